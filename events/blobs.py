@@ -1,0 +1,57 @@
+"""Claim check: bodies larger than the payload limit live in object storage by content hash."""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Protocol
+
+from pydantic import BaseModel, ConfigDict
+
+
+class BlobRef(BaseModel):
+    """Where a body lives: the store kind, its key (the SHA-256 of the bytes) and its size."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    store: str
+    key: str
+    sha256: str
+    size: int
+
+
+class BlobNotFound(LookupError):
+    """A referenced blob is missing from object storage."""
+
+
+class BlobStore(Protocol):
+    """Content-addressed object storage; ``put`` is idempotent for equal bytes."""
+
+    kind: str
+
+    async def put(self, data: bytes) -> BlobRef: ...
+
+    async def get(self, ref: BlobRef) -> bytes: ...
+
+
+def sha256_hex(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+class MemoryBlobStore:
+    """In-process store for unit tests and tools that never publish large bodies."""
+
+    kind = "memory"
+
+    def __init__(self) -> None:
+        self._data: dict[str, bytes] = {}
+
+    async def put(self, data: bytes) -> BlobRef:
+        digest = sha256_hex(data)
+        self._data[digest] = data
+        return BlobRef(store=self.kind, key=digest, sha256=digest, size=len(data))
+
+    async def get(self, ref: BlobRef) -> bytes:
+        try:
+            return self._data[ref.key]
+        except KeyError as exc:
+            raise BlobNotFound(ref.key) from exc

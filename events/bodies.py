@@ -1,0 +1,35 @@
+"""Packing message bodies into events: inline below the limit, claim check above it."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from events.blobs import BlobRef, BlobStore
+from events.catalog import MessageBodyEvent
+from events.messages import JsonObject, body_hash, canonical_json
+
+
+async def pack_body(body: JsonObject, store: BlobStore | None, limit_bytes: int) -> dict[str, Any]:
+    """Event fields for a body: ``message`` inline, or ``message_ref`` when over ``limit_bytes``."""
+    data = canonical_json(body)
+    fields: dict[str, Any] = {"body_sha256": body_hash(body), "role": str(body.get("role", ""))}
+    if len(data) <= limit_bytes or store is None:
+        if len(data) > limit_bytes:
+            raise ValueError(f"message body is {len(data)} bytes and no object store is configured")
+        fields["message"] = body
+    else:
+        fields["message_ref"] = await store.put(data)
+    return fields
+
+
+async def unpack_body(event: MessageBodyEvent, store: BlobStore | None) -> JsonObject:
+    """The full body of a message event, fetched from object storage when referenced."""
+    if event.message is not None:
+        return event.message
+    ref: BlobRef | None = event.message_ref
+    assert ref is not None
+    if store is None:
+        raise LookupError(f"event {event.id} references blob {ref.key} but no store is configured")
+    body: JsonObject = json.loads(await store.get(ref))
+    return body

@@ -1,0 +1,42 @@
+"""The one event base: a frozen, versioned envelope that every Chronicle event extends."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import UTC, datetime
+from typing import ClassVar
+
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
+
+
+def new_event_id() -> str:
+    return str(uuid.uuid4())
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+class Event(BaseModel):
+    """Envelope fields shared by every event; subclasses add the facts.
+
+    ``id`` is also the ``Nats-Msg-Id``: publishing the same event twice records it once.
+    Events are immutable: a change of shape is a new ``version`` plus an upcaster.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    TYPE: ClassVar[str]
+    VERSION: ClassVar[int]
+
+    id: str = Field(default_factory=new_event_id, min_length=1, max_length=128)
+    type: str
+    version: int
+    tenant: str
+    session: str
+    occurred_at: AwareDatetime = Field(default_factory=utcnow)
+    correlation_id: str | None = None
+    causation_id: str | None = None
+
+    def to_json(self) -> bytes:
+        return self.model_dump_json().encode()

@@ -1,0 +1,70 @@
+"""Identifier rules and NATS subject-token encoding.
+
+Tenant and session ids become subject tokens. Ids made only of ``[A-Za-z0-9_-]`` are used as
+they are; any other id is encoded as ``~`` + unpadded base64url of its UTF-8 bytes. ``~`` is not
+in the plain alphabet, so the two forms never collide and no id can inject ``.``, ``*``, ``>``
+or whitespace into a subject.
+"""
+
+from __future__ import annotations
+
+import base64
+import re
+import unicodedata
+
+MAX_TENANT_LEN = 64
+MAX_SESSION_LEN = 128
+MAX_MESSAGE_ID_LEN = 256
+
+_PLAIN = re.compile(r"[A-Za-z0-9_-]+")
+
+
+class InvalidId(ValueError):
+    """An id is empty, too long, or holds characters we refuse."""
+
+
+def _check(kind: str, value: str, max_len: int) -> str:
+    if not value:
+        raise InvalidId(f"{kind} must not be empty")
+    if len(value) > max_len:
+        raise InvalidId(f"{kind} is longer than {max_len} characters")
+    if any(unicodedata.category(ch).startswith("C") for ch in value):
+        raise InvalidId(f"{kind} must not contain control or unassigned characters")
+    if value != value.strip():
+        raise InvalidId(f"{kind} must not start or end with whitespace")
+    return value
+
+
+def check_tenant(value: str) -> str:
+    """A tenant id: 1-64 characters of ``[A-Za-z0-9_-]``."""
+    _check("tenant id", value, MAX_TENANT_LEN)
+    if not _PLAIN.fullmatch(value):
+        raise InvalidId("tenant id may only contain letters, digits, '_' and '-'")
+    return value
+
+
+def check_session(value: str) -> str:
+    """A session id: 1-128 printable characters, no surrounding whitespace."""
+    return _check("session id", value, MAX_SESSION_LEN)
+
+
+def check_message_id(value: str) -> str:
+    """A message id: 1-256 printable characters, no surrounding whitespace."""
+    return _check("message id", value, MAX_MESSAGE_ID_LEN)
+
+
+def encode_token(value: str) -> str:
+    """Encode an id as one NATS subject token (reversible, collision-free)."""
+    if _PLAIN.fullmatch(value):
+        return value
+    raw = base64.urlsafe_b64encode(value.encode("utf-8")).rstrip(b"=").decode("ascii")
+    return "~" + raw
+
+
+def decode_token(token: str) -> str:
+    """Inverse of :func:`encode_token`."""
+    if not token.startswith("~"):
+        return token
+    body = token[1:]
+    padded = body + "=" * (-len(body) % 4)
+    return base64.urlsafe_b64decode(padded.encode("ascii")).decode("utf-8")

@@ -1,0 +1,71 @@
+"""Reading the log back: one session's events, or the whole stream, in stream order."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+import nats.errors
+from nats.js import JetStreamContext
+from nats.js.api import ConsumerConfig, DeliverPolicy
+from nats.js.errors import NotFoundError
+
+from events.subjects import SubjectLayout
+
+
+@dataclass(frozen=True, slots=True)
+class StoredEvent:
+    seq: int
+    subject: str
+    data: bytes
+
+
+async def last_seq(js: JetStreamContext, layout: SubjectLayout, subject: str | None = None) -> int:
+    """Last stream sequence overall, or of one subject (0 when none)."""
+    if subject is None:
+        info = await js.stream_info(layout.stream)
+        return int(info.state.last_seq)
+    try:
+        msg = await js.get_last_msg(layout.stream, subject, direct=True)
+    except NotFoundError:
+        return 0
+    return int(msg.seq or 0)
+
+
+async def read(
+    js: JetStreamContext,
+    layout: SubjectLayout,
+    subject: str | None = None,
+    from_seq: int = 1,
+    to_seq: int | None = None,
+    idle_timeout_s: float = 5.0,
+) -> AsyncIterator[StoredEvent]:
+    """Events on ``subject`` (default: all) with ``from_seq <= seq <= to_seq``, in order.
+
+    Reads through an ordered (ephemeral, flow-controlled) consumer and stops at the last
+    sequence present when the read began, so it always terminates.
+    """
+    end = await last_seq(js, layout, subject)
+    if to_seq is not None:
+        end = min(end, to_seq)
+    if end < max(from_seq, 1):
+        return
+    config = ConsumerConfig(deliver_policy=DeliverPolicy.BY_START_SEQUENCE, opt_start_seq=max(from_seq, 1))
+    sub = await js.subscribe(
+        subject or layout.wildcard, ordered_consumer=True, config=config, stream=layout.stream, pending_msgs_limit=-1
+    )
+    try:
+        while True:
+            try:
+                msg = await sub.next_msg(timeout=idle_timeout_s)
+            except (nats.errors.TimeoutError, asyncio.TimeoutError) as exc:
+                raise TimeoutError("the event stream stopped delivering before the end") from exc
+            seq = msg.metadata.sequence.stream
+            if seq > end:
+                return
+            yield StoredEvent(seq=seq, subject=msg.subject, data=msg.data)
+            if seq >= end:
+                return
+    finally:
+        await sub.unsubscribe()

@@ -1,0 +1,55 @@
+"""JetStream Object Store as the content-addressed blob store of the local stack."""
+
+from __future__ import annotations
+
+from nats.js import JetStreamContext
+from nats.js.api import ObjectStoreConfig, StorageType
+from nats.js.errors import BucketNotFoundError, NotFoundError, ObjectNotFoundError
+from nats.js.object_store import ObjectStore
+
+from events.blobs import BlobNotFound, BlobRef, sha256_hex
+
+
+class JetStreamBlobStore:
+    """Blobs keyed by their SHA-256 in one Object Store bucket; ``put`` skips existing keys."""
+
+    kind = "jetstream-object"
+
+    def __init__(self, js: JetStreamContext, bucket: str = "chronicle-blobs") -> None:
+        self._js = js
+        self._bucket = bucket
+        self._store: ObjectStore | None = None
+
+    async def _get_store(self) -> ObjectStore:
+        if self._store is None:
+            try:
+                self._store = await self._js.object_store(self._bucket)
+            except (BucketNotFoundError, NotFoundError):
+                self._store = await self._js.create_object_store(
+                    self._bucket, config=ObjectStoreConfig(storage=StorageType.FILE)
+                )
+        return self._store
+
+    async def put(self, data: bytes) -> BlobRef:
+        digest = sha256_hex(data)
+        store = await self._get_store()
+        ref = BlobRef(store=self.kind, key=digest, sha256=digest, size=len(data))
+        try:
+            info = await store.get_info(digest)
+            if info.size == len(data):
+                return ref
+        except (ObjectNotFoundError, NotFoundError):
+            pass
+        await store.put(digest, data)
+        return ref
+
+    async def get(self, ref: BlobRef) -> bytes:
+        store = await self._get_store()
+        try:
+            result = await store.get(ref.key)
+        except (ObjectNotFoundError, NotFoundError) as exc:
+            raise BlobNotFound(ref.key) from exc
+        data = result.data or b""
+        if sha256_hex(data) != ref.sha256:
+            raise BlobNotFound(f"{ref.key}: content hash mismatch")
+        return data

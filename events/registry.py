@@ -1,0 +1,51 @@
+"""Decode in one place: stored JSON -> upcast to the current version -> the event model.
+
+Upcasters are small pure ``dict -> dict`` steps keyed by ``(type, from_version)``; each step
+returns the next version's dict. Shipped events are never edited: add a version and a step.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import Any
+
+from events.catalog import EVENT_TYPES
+from events.envelope import Event
+
+Upcaster = Callable[[dict[str, Any]], dict[str, Any]]
+
+CURRENT: dict[str, type[Event]] = {cls.TYPE: cls for cls in EVENT_TYPES}
+
+# (type, from_version) -> step to from_version + 1. Empty while every type is at v1.
+UPCASTERS: dict[tuple[str, int], Upcaster] = {}
+
+
+class UnknownEvent(ValueError):
+    """The stored type or version is not one this release can read."""
+
+
+def upcast(raw: dict[str, Any]) -> dict[str, Any]:
+    """Apply upcasters until ``raw`` is at the current version of its type."""
+    kind = raw.get("type")
+    if not isinstance(kind, str) or kind not in CURRENT:
+        raise UnknownEvent(f"unknown event type {kind!r}")
+    target = CURRENT[kind].VERSION
+    version = raw.get("version")
+    if not isinstance(version, int):
+        raise UnknownEvent(f"event {kind} has no integer version")
+    while version < target:
+        step = UPCASTERS.get((kind, version))
+        if step is None:
+            raise UnknownEvent(f"no upcaster for {kind} v{version}")
+        raw = step(raw)
+        version = raw["version"]
+    if version != target:
+        raise UnknownEvent(f"{kind} v{version} is newer than this release (v{target})")
+    return raw
+
+
+def decode(data: bytes | str | dict[str, Any]) -> Event:
+    raw: dict[str, Any] = json.loads(data) if isinstance(data, bytes | str) else dict(data)
+    raw = upcast(raw)
+    return CURRENT[raw["type"]].model_validate(raw)

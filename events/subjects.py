@@ -1,0 +1,53 @@
+"""Stream and subject layout: ``<prefix>.<tenant>.p<NN>.<session>``, one stream for all events.
+
+The partition token is a stable hash of (tenant, session) so a session always lands in the same
+partition: projector workers can split partitions while each session stays in order.
+"""
+
+from __future__ import annotations
+
+import zlib
+from dataclasses import dataclass
+
+from events.ids import decode_token, encode_token
+
+DEFAULT_STREAM = "CHRONICLE"
+DEFAULT_PREFIX = "chronicle.ev"
+
+
+def partition_of(tenant: str, session: str, partitions: int) -> int:
+    """The partition (0-based) of a session; stable across processes and releases."""
+    if partitions < 1:
+        raise ValueError("partitions must be >= 1")
+    return zlib.crc32(f"{tenant}\x00{session}".encode()) % partitions
+
+
+@dataclass(frozen=True, slots=True)
+class SubjectLayout:
+    """Where events live: the stream name, the subject prefix and the partition count."""
+
+    stream: str = DEFAULT_STREAM
+    prefix: str = DEFAULT_PREFIX
+    partitions: int = 1
+
+    @property
+    def wildcard(self) -> str:
+        return f"{self.prefix}.>"
+
+    def session_subject(self, tenant: str, session: str) -> str:
+        part = partition_of(tenant, session, self.partitions)
+        return f"{self.prefix}.{encode_token(tenant)}.p{part:03d}.{encode_token(session)}"
+
+    def partition_filter(self, partition: int) -> str:
+        """Subject filter for one partition across all tenants."""
+        return f"{self.prefix}.*.p{partition:03d}.*"
+
+    def parse(self, subject: str) -> tuple[str, str]:
+        """(tenant, session) of a session subject."""
+        head = self.prefix + "."
+        if not subject.startswith(head):
+            raise ValueError(f"subject {subject!r} is not under {self.prefix!r}")
+        tokens = subject[len(head) :].split(".")
+        if len(tokens) != 3:
+            raise ValueError(f"subject {subject!r} does not have the session layout")
+        return decode_token(tokens[0]), decode_token(tokens[2])

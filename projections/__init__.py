@@ -1,0 +1,1 @@
+"""Read models materialised from the event log, and the queries that serve them."""

@@ -1,0 +1,262 @@
+"""History projection: sessions registry and the message tree (with its FTS column).
+
+Pure core: :func:`plan` turns one event (and its resolved body) into row operations.
+Thin shell: :func:`apply_ops` runs them on a connection inside the caller's transaction.
+Every operation is idempotent given the checkpoint: an append of an existing id keeps the first
+body, as the reference's contract says.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from psycopg import AsyncConnection
+
+from events.blobs import BlobStore
+from events.bodies import unpack_body
+from events.catalog import (
+    MessageBodyEvent,
+    MessageAppended,
+    MessagesCleared,
+    MessagesDeleted,
+    MessageUpdated,
+    SessionCreated,
+    SessionDeleted,
+    SessionRenamed,
+)
+from events.envelope import Event
+from events.messages import JsonObject, text_of
+
+NAME = "history"
+
+
+@dataclass(frozen=True, slots=True)
+class TouchSession:
+    """Every event: make sure the session row exists and record the event's sequence."""
+
+    tenant: str
+    session: str
+    at: datetime
+    seq: int
+    created_at: datetime
+    created_seq: int
+
+
+@dataclass(frozen=True, slots=True)
+class CreateSession:
+    tenant: str
+    session: str
+    name: str
+    parent_session_id: str | None
+    metadata: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class RenameSession:
+    tenant: str
+    session: str
+    name: str
+
+
+@dataclass(frozen=True, slots=True)
+class DeleteSession:
+    tenant: str
+    session: str
+    at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class InsertMessage:
+    tenant: str
+    session: str
+    id: str
+    parent_id: str | None
+    role: str
+    content: str
+    body_sha256: str
+    text: str
+    at: datetime
+    seq: int
+
+
+@dataclass(frozen=True, slots=True)
+class UpdateMessage:
+    tenant: str
+    session: str
+    id: str
+    content: str
+    body_sha256: str
+    text: str
+    seq: int
+
+
+@dataclass(frozen=True, slots=True)
+class DeleteMessages:
+    tenant: str
+    session: str
+    ids: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class ClearMessages:
+    tenant: str
+    session: str
+
+
+Op = (
+    TouchSession
+    | CreateSession
+    | RenameSession
+    | DeleteSession
+    | InsertMessage
+    | UpdateMessage
+    | DeleteMessages
+    | ClearMessages
+)
+
+
+def store_json(body: JsonObject) -> str:
+    """How a body is stored: the client's JSON, key order kept, unicode unescaped."""
+    return json.dumps(body, ensure_ascii=False, separators=(",", ":"))
+
+
+def plan(event: Event, seq: int, body: JsonObject | None = None) -> list[Op]:
+    """Row operations for one event at stream sequence ``seq``; ``body`` is the resolved body."""
+    t, s = event.tenant, event.session
+    ops: list[Op] = [TouchSession(t, s, event.occurred_at, seq, event.occurred_at, seq)]
+    match event:
+        case SessionCreated():
+            ops.append(CreateSession(t, s, event.name, event.parent_session_id, dict(event.metadata)))
+        case SessionRenamed():
+            ops.append(RenameSession(t, s, event.name))
+        case SessionDeleted():
+            ops.append(DeleteSession(t, s, event.occurred_at))
+        case MessageAppended():
+            assert body is not None
+            ops.append(
+                InsertMessage(
+                    t, s, event.message_id, event.parent_id, event.role, store_json(body),
+                    event.body_sha256, text_of(body), event.occurred_at, seq,
+                )
+            )
+        case MessageUpdated():
+            assert body is not None
+            ops.append(UpdateMessage(t, s, event.message_id, store_json(body), event.body_sha256, text_of(body), seq))
+        case MessagesDeleted():
+            ops.append(DeleteMessages(t, s, tuple(event.message_ids)))
+        case MessagesCleared():
+            ops.append(ClearMessages(t, s))
+        case _:
+            pass
+    return ops
+
+
+_SQL: dict[type[Any], str] = {
+    TouchSession: (
+        "INSERT INTO sessions (tenant, id, created_at, updated_at, created_seq, last_seq) "
+        "VALUES (%s, %s, %s, %s, %s, %s) ON CONFLICT (tenant, id) DO UPDATE "
+        "SET updated_at = excluded.updated_at, last_seq = excluded.last_seq"
+    ),
+    CreateSession: (
+        "UPDATE sessions SET name = %s, parent_session_id = %s, metadata = %s::jsonb "
+        "WHERE tenant = %s AND id = %s AND deleted_at IS NULL"
+    ),
+    RenameSession: "UPDATE sessions SET name = %s WHERE tenant = %s AND id = %s AND deleted_at IS NULL",
+    DeleteSession: "UPDATE sessions SET deleted_at = %s WHERE tenant = %s AND id = %s AND deleted_at IS NULL",
+    InsertMessage: (
+        "INSERT INTO messages (tenant, session_id, id, parent_id, role, content, body_sha256, text_content, "
+        "created_at, seq, updated_seq) SELECT %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s "
+        "WHERE EXISTS (SELECT 1 FROM sessions x WHERE x.tenant = %s AND x.id = %s AND x.deleted_at IS NULL) "
+        "ON CONFLICT (tenant, session_id, id) DO NOTHING"
+    ),
+    UpdateMessage: (
+        "UPDATE messages SET content = %s, body_sha256 = %s, text_content = %s, updated_seq = %s "
+        "WHERE tenant = %s AND session_id = %s AND id = %s"
+    ),
+    DeleteMessages: "DELETE FROM messages WHERE tenant = %s AND session_id = %s AND id = ANY(%s)",
+    ClearMessages: "DELETE FROM messages WHERE tenant = %s AND session_id = %s",
+}
+
+
+def params(op: Op) -> tuple[Any, ...]:
+    match op:
+        case TouchSession():
+            return (op.tenant, op.session, op.created_at, op.at, op.created_seq, op.seq)
+        case CreateSession():
+            return (op.name, op.parent_session_id, json.dumps(op.metadata), op.tenant, op.session)
+        case RenameSession():
+            return (op.name, op.tenant, op.session)
+        case DeleteSession():
+            return (op.at, op.tenant, op.session)
+        case InsertMessage():
+            return (
+                op.tenant, op.session, op.id, op.parent_id, op.role, op.content, op.body_sha256,
+                op.text, op.at, op.seq, op.seq, op.tenant, op.session,
+            )
+        case UpdateMessage():
+            return (op.content, op.body_sha256, op.text, op.seq, op.tenant, op.session, op.id)
+        case DeleteMessages():
+            return (op.tenant, op.session, list(op.ids))
+        case ClearMessages():
+            return (op.tenant, op.session)
+
+
+def merge_touches(ops: Sequence[Op]) -> list[TouchSession]:
+    """One touch per session: first event's time as creation, last event's sequence and time.
+
+    Touches only create a missing row and advance ``updated_at``/``last_seq``, so running the
+    merged touches first gives the same rows as running every touch in place.
+    """
+    merged: dict[tuple[str, str], tuple[TouchSession, TouchSession]] = {}
+    for op in ops:
+        if isinstance(op, TouchSession):
+            key = (op.tenant, op.session)
+            first, _ = merged.get(key, (op, op))
+            merged[key] = (first, op)
+    return [TouchSession(f.tenant, f.session, last.at, last.seq, f.created_at, f.created_seq) for f, last in merged.values()]
+
+
+async def apply_ops(conn: AsyncConnection[Any], ops: Sequence[Op]) -> None:
+    """Apply a batch's operations: merged session touches first, then the rest in order.
+
+    Consecutive operations of one kind go as one ``executemany``. A deleted session also loses
+    its message rows (the log keeps them).
+    """
+    rest = [op for op in ops if not isinstance(op, TouchSession)]
+    async with conn.cursor() as cur:
+        touches = merge_touches(ops)
+        if touches:
+            await cur.executemany(_SQL[TouchSession], [params(t) for t in touches])
+        i = 0
+        while i < len(rest):
+            kind = type(rest[i])
+            j = i
+            while j < len(rest) and type(rest[j]) is kind:
+                j += 1
+            await cur.executemany(_SQL[kind], [params(op) for op in rest[i:j]])
+            if kind is DeleteSession:
+                await cur.executemany(
+                    "DELETE FROM messages WHERE tenant = %s AND session_id = %s",
+                    [(op.tenant, op.session) for op in rest[i:j] if isinstance(op, DeleteSession)],
+                )
+            i = j
+
+
+class HistoryProjection:
+    """Sessions and messages; bodies referenced by claim check are fetched before writing."""
+
+    name = NAME
+
+    def __init__(self, blobs: BlobStore | None = None) -> None:
+        self._blobs = blobs
+
+    async def apply(self, conn: AsyncConnection[Any], items: Sequence[tuple[int, Event]]) -> None:
+        ops: list[Op] = []
+        for seq, event in items:
+            body = await unpack_body(event, self._blobs) if isinstance(event, MessageBodyEvent) else None
+            ops.extend(plan(event, seq, body))
+        await apply_ops(conn, ops)

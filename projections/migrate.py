@@ -1,0 +1,45 @@
+"""Versioned SQL migrations: files ``NNN_name.sql`` applied once each, in order, under a lock."""
+
+from __future__ import annotations
+
+from importlib import resources
+
+import psycopg
+
+LOCK_KEY = 7_234_001
+
+
+def migration_files() -> list[tuple[int, str, str]]:
+    found: list[tuple[int, str, str]] = []
+    for entry in resources.files("projections.migrations").iterdir():
+        if entry.name.endswith(".sql"):
+            found.append((int(entry.name.split("_", 1)[0]), entry.name, entry.read_text()))
+    return sorted(found)
+
+
+async def migrate(conninfo: str, schema: str = "public") -> list[str]:
+    """Apply pending migrations to ``schema``; returns the names applied. Safe to run concurrently."""
+    applied: list[str] = []
+    async with await psycopg.AsyncConnection.connect(conninfo, autocommit=True) as conn:
+        await conn.execute("SELECT pg_advisory_lock(%s)", (LOCK_KEY,))
+        try:
+            await conn.execute(f'CREATE SCHEMA IF NOT EXISTS "{schema}"')
+            await conn.execute(f'SET search_path TO "{schema}"')
+            await conn.execute(
+                "CREATE TABLE IF NOT EXISTS schema_migrations "
+                "(version int PRIMARY KEY, name text NOT NULL, applied_at timestamptz NOT NULL DEFAULT now())"
+            )
+            cur = await conn.execute("SELECT version FROM schema_migrations")
+            done = {row[0] for row in await cur.fetchall()}
+            for version, name, sql in migration_files():
+                if version in done:
+                    continue
+                async with conn.transaction():
+                    await conn.execute(sql.encode())
+                    await conn.execute(
+                        "INSERT INTO schema_migrations (version, name) VALUES (%s, %s)", (version, name)
+                    )
+                applied.append(name)
+        finally:
+            await conn.execute("SELECT pg_advisory_unlock(%s)", (LOCK_KEY,))
+    return applied

@@ -1,0 +1,183 @@
+"""The projector: a durable JetStream pull consumer feeding projections, one transaction a batch.
+
+Contract:
+* Each fetched batch is applied in one Postgres transaction together with the checkpoint (the
+  highest stream sequence applied); the batch is acked only after that commit.
+* Sequences at or below the checkpoint are skipped (redelivery has no effect).
+* The checkpoint, not the consumer, is the truth: on start and after any failure the durable
+  consumer is re-created at ``checkpoint + 1``, so nothing is skipped after a crash.
+* One runner per checkpoint name: a Postgres advisory lock keeps a second instance waiting.
+* The commit sends ``NOTIFY chronicle_applied`` so readers waiting on a sequence wake at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import nats.errors
+import psycopg
+from nats.js import JetStreamContext
+from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
+from nats.js.errors import NotFoundError
+from psycopg_pool import AsyncConnectionPool
+
+from events.envelope import Event
+from events.registry import decode
+from events.subjects import SubjectLayout
+
+log = logging.getLogger("chronicle.projector")
+
+NOTIFY_CHANNEL = "chronicle_applied"
+
+
+class Projection(Protocol):
+    """A read model: applies already-decoded events inside the runner's transaction."""
+
+    name: str
+
+    async def apply(self, conn: psycopg.AsyncConnection[Any], items: Sequence[tuple[int, Event]]) -> None: ...
+
+
+@dataclass
+class RunnerStats:
+    applied: int = 0
+    batches: int = 0
+    skipped: int = 0
+    last_seq: int = 0
+
+
+async def read_checkpoint(conn: psycopg.AsyncConnection[Any], name: str) -> int:
+    cur = await conn.execute("SELECT seq FROM checkpoints WHERE name = %s", (name,))
+    row = await cur.fetchone()
+    return int(row[0]) if row else 0
+
+
+async def apply_batch(
+    conn: psycopg.AsyncConnection[Any],
+    name: str,
+    projections: Sequence[Projection],
+    items: Sequence[tuple[int, Event]],
+    *,
+    notify: bool = True,
+) -> int:
+    """Apply ``items`` past the checkpoint and advance it, in the caller's open transaction.
+
+    Returns how many items were applied (the rest were at or below the checkpoint).
+    """
+    await conn.execute("INSERT INTO checkpoints (name, seq) VALUES (%s, 0) ON CONFLICT DO NOTHING", (name,))
+    cur = await conn.execute("SELECT seq FROM checkpoints WHERE name = %s FOR UPDATE", (name,))
+    row = await cur.fetchone()
+    checkpoint = int(row[0]) if row else 0
+    fresh = [(seq, ev) for seq, ev in items if seq > checkpoint]
+    if not fresh:
+        return 0
+    for projection in projections:
+        await projection.apply(conn, fresh)
+    top = fresh[-1][0]
+    await conn.execute("UPDATE checkpoints SET seq = %s, updated_at = now() WHERE name = %s", (top, name))
+    if notify:
+        await conn.execute("SELECT pg_notify(%s, %s)", (NOTIFY_CHANNEL, f"{name}:{top}"))
+    return len(fresh)
+
+
+@dataclass
+class ProjectorRunner:
+    js: JetStreamContext
+    pool: AsyncConnectionPool[psycopg.AsyncConnection[Any]]
+    layout: SubjectLayout
+    projections: Sequence[Projection]
+    name: str = "projector"
+    filter_subject: str | None = None
+    batch_size: int = 1000
+    idle_timeout_s: float = 1.0
+    on_batch: Callable[[int, int], None] | None = None
+    stats: RunnerStats = field(default_factory=RunnerStats)
+
+    @property
+    def durable(self) -> str:
+        return "chronicle-" + self.name.replace(".", "-")
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Consume until ``stop`` is set; failures re-position from the checkpoint with backoff."""
+        async with await psycopg.AsyncConnection.connect(self.pool.conninfo, autocommit=True) as lock_conn:
+            await self._hold_lock(lock_conn, stop)
+            backoff = 0.1
+            while not stop.is_set():
+                try:
+                    sub = await self._position()
+                    backoff = 0.1
+                    await self._consume(sub, stop)
+                except asyncio.CancelledError:
+                    raise
+                except Exception:
+                    log.exception("projector %s failed; re-positioning from its checkpoint", self.name)
+                    await _sleep_or_stop(stop, backoff)
+                    backoff = min(backoff * 2, 5.0)
+
+    async def _hold_lock(self, conn: psycopg.AsyncConnection[Any], stop: asyncio.Event) -> None:
+        warned = False
+        while not stop.is_set():
+            cur = await conn.execute("SELECT pg_try_advisory_lock(hashtext('chronicle-projector'), hashtext(%s))", (self.name,))
+            row = await cur.fetchone()
+            if row and row[0]:
+                return
+            if not warned:
+                log.warning("another projector holds %r; waiting for it to stop", self.name)
+                warned = True
+            await _sleep_or_stop(stop, 1.0)
+
+    async def _position(self) -> JetStreamContext.PullSubscription:
+        async with self.pool.connection() as conn:
+            checkpoint = await read_checkpoint(conn, self.name)
+        try:
+            await self.js.delete_consumer(self.layout.stream, self.durable)
+        except NotFoundError:
+            pass
+        config = ConsumerConfig(
+            durable_name=self.durable,
+            ack_policy=AckPolicy.ALL,
+            ack_wait=60.0,
+            max_ack_pending=max(self.batch_size * 4, 1000),
+            filter_subject=self.filter_subject or self.layout.wildcard,
+            deliver_policy=DeliverPolicy.BY_START_SEQUENCE if checkpoint else DeliverPolicy.ALL,
+            opt_start_seq=checkpoint + 1 if checkpoint else None,
+        )
+        await self.js.add_consumer(self.layout.stream, config)
+        log.info("projector %s positioned at sequence %d", self.name, checkpoint + 1)
+        return await self.js.pull_subscribe_bind(self.durable, stream=self.layout.stream)
+
+    async def _consume(self, sub: JetStreamContext.PullSubscription, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            try:
+                msgs = await sub.fetch(1, timeout=self.idle_timeout_s)
+            except (nats.errors.TimeoutError, asyncio.TimeoutError):
+                continue
+            pending = msgs[-1].metadata.num_pending
+            while pending > 0 and len(msgs) < self.batch_size:
+                try:
+                    more = await sub.fetch(min(pending, self.batch_size - len(msgs)), timeout=self.idle_timeout_s)
+                except (nats.errors.TimeoutError, asyncio.TimeoutError):
+                    break
+                msgs.extend(more)
+                pending = more[-1].metadata.num_pending
+            items = [(m.metadata.sequence.stream, decode(m.data)) for m in msgs]
+            async with self.pool.connection() as conn, conn.transaction():
+                applied = await apply_batch(conn, self.name, self.projections, items)
+            await msgs[-1].ack()
+            self.stats.batches += 1
+            self.stats.applied += applied
+            self.stats.skipped += len(items) - applied
+            self.stats.last_seq = items[-1][0]
+            if self.on_batch is not None:
+                self.on_batch(applied, items[-1][0])
+
+
+async def _sleep_or_stop(stop: asyncio.Event, seconds: float) -> None:
+    try:
+        await asyncio.wait_for(stop.wait(), timeout=seconds)
+    except TimeoutError:
+        pass

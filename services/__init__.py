@@ -1,0 +1,1 @@
+"""Chronicle's processes: the HTTP API, the projector, the CLI and the local stack."""

@@ -1,0 +1,352 @@
+"""The HTTP API v1 (see design.md): commands publish events, queries read projections."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import AsyncIterator
+from typing import Annotated, Any
+
+import psycopg
+from fastapi import Depends, FastAPI, Query, Request, Response
+from fastapi.responses import JSONResponse, StreamingResponse
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from events import ids
+from events import log as eventlog
+from events.messages import UIMessage
+from projections import queries
+from services import metrics
+from services.bootstrap import Container, open_container
+from services.commands import OMITTED, AppendResult
+from services.decisions import ParentSpec
+from services.errors import InvalidId, InvalidRequest, MessageNotFound, SessionNotFound, Unauthorized
+from services.problems import install
+from services.settings import Settings, hash_key
+
+JSON = "application/json"
+
+
+class CreateSessionBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    id: str | None = None
+    name: str = Field(default="", max_length=512)
+    parent_session_id: str | None = None
+    metadata: dict[str, Any] = Field(default_factory=dict)
+
+
+class RenameBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    name: str = Field(max_length=512)
+
+
+class AppendBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    message: dict[str, Any]
+    parent_id: str | None = None
+
+
+class UpdateBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    message: dict[str, Any]
+
+
+def _check(kind: str, value: str) -> str:
+    checker = {"session": ids.check_session, "message": ids.check_message_id}[kind]
+    try:
+        return checker(value)
+    except ids.InvalidId as exc:
+        raise InvalidId(str(exc)) from exc
+
+
+def _message(raw: dict[str, Any]) -> dict[str, Any]:
+    """Validate the UIMessage shape; store the client's dict as sent (unknown fields kept)."""
+    try:
+        UIMessage.model_validate(raw)
+    except ValidationError as exc:
+        detail = "; ".join(
+            f"message.{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors(include_url=False)
+        )
+        raise InvalidRequest(detail) from exc
+    return raw
+
+
+def _raw_json(parts: dict[str, Any], raw_messages: list[str] | None = None) -> Response:
+    """A JSON object whose ``messages`` member is spliced from stored JSON text (no re-parse)."""
+    head = json.dumps(parts)[:-1]
+    if raw_messages is not None:
+        head += (", " if parts else "") + '"messages": [' + ",".join(raw_messages) + "]"
+    return Response(head + "}", media_type=JSON)
+
+
+def _session_json(row: queries.SessionRow) -> dict[str, Any]:
+    return {
+        "id": row.id,
+        "name": row.name,
+        "parent_session_id": row.parent_session_id,
+        "metadata": row.metadata,
+        "created_at": row.created_at.isoformat(),
+        "updated_at": row.updated_at.isoformat(),
+        "seq": row.last_seq,
+    }
+
+
+def build_app(settings: Settings, container: Container | None = None) -> FastAPI:
+    """The API; opens its own adapters from ``settings`` unless a container is injected."""
+    keys = settings.tenants_by_key_hash()
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        if container is not None:
+            app.state.c = container
+            yield
+            return
+        async with open_container(settings) as opened:
+            app.state.c = opened
+            yield
+
+    app = FastAPI(title="Chronicle", version="1.0", lifespan=lifespan)
+    install(app)
+
+    def get_c(request: Request) -> Container:
+        c: Container = request.app.state.c
+        return c
+
+    async def tenant_of(request: Request) -> str:
+        header = request.headers.get("authorization", "")
+        scheme, _, token = header.partition(" ")
+        if scheme.lower() != "bearer" or not token.strip():
+            raise Unauthorized("send 'Authorization: Bearer <api key>'")
+        tenant = keys.get(hash_key(token.strip()))
+        if tenant is None:
+            raise Unauthorized("unknown API key")
+        return tenant
+
+    Tenant = Annotated[str, Depends(tenant_of)]
+    C = Annotated[Container, Depends(get_c)]
+    MinSeq = Annotated[int | None, Query(ge=0)]
+
+    async def caught_up(c: Container, tenant: str, sid: str, min_seq: int | None) -> None:
+        """Read-your-writes for one session: wait until its events up to ``min_seq`` are applied."""
+        if not min_seq or await c.waiter.session_applied(tenant, sid, min_seq):
+            return
+        last = await c.publisher.last_subject_seq(tenant, sid)
+        await c.waiter.wait_session(tenant, sid, min(min_seq, last))
+
+    async def conn(c: Container) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
+        async with c.pool.connection() as cx:
+            yield cx
+
+    # -- sessions --------------------------------------------------------------------------
+
+    @app.post("/v1/sessions", status_code=201)
+    async def create_session(body: CreateSessionBody, tenant: Tenant, c: C) -> dict[str, Any]:
+        sid = _check("session", body.id) if body.id is not None else None
+        parent = _check("session", body.parent_session_id) if body.parent_session_id is not None else None
+        w = await c.commands.create_session(tenant, sid, body.name, parent, body.metadata)
+        metrics.published("session.created")
+        return {"id": w.ids[0], "name": body.name, "parent_session_id": parent, "metadata": body.metadata, "seq": w.seq}
+
+    @app.get("/v1/sessions")
+    async def list_sessions(
+        tenant: Tenant, c: C, limit: Annotated[int, Query(ge=1, le=500)] = 50,
+        cursor: Annotated[int | None, Query(ge=0)] = None, min_seq: MinSeq = None,
+    ) -> dict[str, Any]:
+        if min_seq:
+            await c.waiter.wait_all(min_seq)
+        async with c.pool.connection() as cx:
+            rows = await queries.list_sessions(cx, tenant, limit, cursor)
+        nxt = rows[-1].created_seq if len(rows) == limit else None
+        return {"sessions": [_session_json(r) for r in rows], "next_cursor": nxt}
+
+    async def live_session(c: Container, tenant: str, sid: str) -> queries.SessionRow:
+        async with c.pool.connection() as cx:
+            row = await queries.get_session(cx, tenant, sid)
+        if row is None or row.deleted_at is not None:
+            raise SessionNotFound(f"session {sid!r} does not exist")
+        return row
+
+    @app.get("/v1/sessions/{sid}")
+    async def get_session(sid: str, tenant: Tenant, c: C, min_seq: MinSeq = None) -> dict[str, Any]:
+        _check("session", sid)
+        await caught_up(c, tenant, sid, min_seq)
+        return _session_json(await live_session(c, tenant, sid))
+
+    @app.patch("/v1/sessions/{sid}")
+    async def rename_session(sid: str, body: RenameBody, tenant: Tenant, c: C) -> dict[str, Any]:
+        _check("session", sid)
+        w = await c.commands.rename_session(tenant, sid, body.name)
+        metrics.published("session.renamed")
+        return {"id": sid, "name": body.name, "seq": w.seq}
+
+    @app.delete("/v1/sessions/{sid}")
+    async def delete_session(sid: str, tenant: Tenant, c: C) -> dict[str, Any]:
+        _check("session", sid)
+        w = await c.commands.delete_session(tenant, sid)
+        metrics.published("session.deleted")
+        return {"id": sid, "deleted": True, "seq": w.seq}
+
+    # -- messages --------------------------------------------------------------------------
+
+    @app.post("/v1/sessions/{sid}/messages", status_code=201)
+    async def append(sid: str, body: AppendBody, tenant: Tenant, c: C, response: Response) -> dict[str, Any]:
+        _check("session", sid)
+        message = _message(body.message)
+        parent: ParentSpec = OMITTED
+        if "parent_id" in body.model_fields_set:
+            parent = _check("message", body.parent_id) if body.parent_id is not None else None
+        r: AppendResult = await c.commands.append(tenant, sid, message, parent)
+        if r.created:
+            metrics.published("message.appended")
+        else:
+            response.status_code = 200
+        return {"id": r.id, "parent_id": r.parent_id, "seq": r.seq, "created": r.created}
+
+    @app.get("/v1/sessions/{sid}/messages/{mid}")
+    async def get_message(sid: str, mid: str, tenant: Tenant, c: C, min_seq: MinSeq = None) -> Response:
+        _check("session", sid)
+        _check("message", mid)
+        await caught_up(c, tenant, sid, min_seq)
+        async with c.pool.connection() as cx:
+            row = await queries.get_message(cx, tenant, sid, mid)
+        if row is None:
+            raise MessageNotFound(f"message {mid!r} is not in this session")
+        return Response(row.content, media_type=JSON)
+
+    @app.put("/v1/sessions/{sid}/messages/{mid}")
+    async def update_message(sid: str, mid: str, body: UpdateBody, tenant: Tenant, c: C) -> dict[str, Any]:
+        _check("session", sid)
+        _check("message", mid)
+        message = _message(body.message)
+        if message["id"] != mid:
+            raise InvalidRequest("message.id must equal the id in the path")
+        w = await c.commands.update(tenant, sid, message)
+        metrics.published("message.updated")
+        return {"id": mid, "seq": w.seq}
+
+    @app.get("/v1/sessions/{sid}/messages/{mid}/children")
+    async def children(sid: str, mid: str, tenant: Tenant, c: C, min_seq: MinSeq = None) -> Response:
+        _check("session", sid)
+        _check("message", mid)
+        await caught_up(c, tenant, sid, min_seq)
+        async with c.pool.connection() as cx:
+            rows = await queries.children(cx, tenant, sid, mid)
+        return _raw_json({}, [r.content for r in rows])
+
+    @app.delete("/v1/sessions/{sid}/messages")
+    async def delete_messages(
+        sid: str, tenant: Tenant, c: C, ids_: Annotated[list[str] | None, Query(alias="ids")] = None
+    ) -> dict[str, Any]:
+        _check("session", sid)
+        if ids_ is None:
+            w = await c.commands.clear(tenant, sid)
+            metrics.published("messages.cleared")
+            return {"cleared": True, "seq": w.seq}
+        wanted = [_check("message", i) for raw in ids_ for i in raw.split(",") if i]
+        if not wanted:
+            raise InvalidRequest("ids must name at least one message")
+        w = await c.commands.delete_messages(tenant, sid, wanted)
+        if w.ids:
+            metrics.published("messages.deleted")
+        return {"deleted": list(w.ids), "seq": w.seq}
+
+    # -- reads -----------------------------------------------------------------------------
+
+    @app.get("/v1/sessions/{sid}/history")
+    async def history(
+        sid: str, tenant: Tenant, c: C, leaf_id: str | None = None, min_seq: MinSeq = None
+    ) -> Response:
+        _check("session", sid)
+        if leaf_id is not None:
+            _check("message", leaf_id)
+        await caught_up(c, tenant, sid, min_seq)
+        async with c.pool.connection() as cx, cx.transaction():
+            if leaf_id is None:
+                leaf = await queries.latest_leaf(cx, tenant, sid)
+                leaf_id = leaf.id if leaf else None
+            rows = await queries.history(cx, tenant, sid, leaf_id) if leaf_id else []
+        return _raw_json({"leaf_id": leaf_id if rows else None}, [r.content for r in rows])
+
+    @app.get("/v1/sessions/{sid}/leaf")
+    async def leaf(sid: str, tenant: Tenant, c: C, min_seq: MinSeq = None) -> Response:
+        _check("session", sid)
+        await caught_up(c, tenant, sid, min_seq)
+        async with c.pool.connection() as cx:
+            row = await queries.latest_leaf(cx, tenant, sid)
+        if row is None:
+            return Response('{"leaf_id": null, "message": null}', media_type=JSON)
+        return Response(f'{{"leaf_id": {json.dumps(row.id)}, "message": {row.content}}}', media_type=JSON)
+
+    @app.get("/v1/sessions/{sid}/path-length")
+    async def path_length(
+        sid: str, tenant: Tenant, c: C, leaf_id: str | None = None, min_seq: MinSeq = None
+    ) -> dict[str, Any]:
+        _check("session", sid)
+        await caught_up(c, tenant, sid, min_seq)
+        async with c.pool.connection() as cx:
+            if leaf_id is None:
+                leaf = await queries.latest_leaf(cx, tenant, sid)
+                leaf_id = leaf.id if leaf else None
+            length = await queries.path_length(cx, tenant, sid, leaf_id) if leaf_id else 0
+        return {"leaf_id": leaf_id, "length": length}
+
+    def _hits(hits: list[queries.SearchHit]) -> dict[str, Any]:
+        return {
+            "results": [
+                {"id": h.id, "session_id": h.session_id, "role": h.role, "content": h.content,
+                 "snippet": h.snippet, "rank": h.rank, "created_at": h.created_at.isoformat()}
+                for h in hits
+            ]
+        }
+
+    Q = Annotated[str, Query(min_length=1, max_length=1000)]
+    Limit = Annotated[int, Query(ge=1, le=200)]
+
+    @app.get("/v1/sessions/{sid}/search")
+    async def search_session(
+        sid: str, q: Q, tenant: Tenant, c: C, limit: Limit = 20, min_seq: MinSeq = None
+    ) -> dict[str, Any]:
+        _check("session", sid)
+        await caught_up(c, tenant, sid, min_seq)
+        async with c.pool.connection() as cx:
+            return _hits(await queries.search(cx, tenant, sid, q, limit))
+
+    @app.get("/v1/search")
+    async def search_tenant(q: Q, tenant: Tenant, c: C, limit: Limit = 20, min_seq: MinSeq = None) -> dict[str, Any]:
+        if min_seq:
+            await c.waiter.wait_all(min_seq)
+        async with c.pool.connection() as cx:
+            return _hits(await queries.search(cx, tenant, None, q, limit))
+
+    @app.get("/v1/sessions/{sid}/events")
+    async def events(
+        sid: str, tenant: Tenant, c: C,
+        from_seq: Annotated[int, Query(ge=1)] = 1, to_seq: Annotated[int | None, Query(ge=1)] = None,
+    ) -> StreamingResponse:
+        _check("session", sid)
+        subject = c.layout.session_subject(tenant, sid)
+
+        async def lines() -> AsyncIterator[bytes]:
+            async for ev in eventlog.read(c.js, c.layout, subject, from_seq, to_seq):
+                yield b'{"seq": %d, "event": ' % ev.seq + ev.data + b"}\n"
+
+        return StreamingResponse(lines(), media_type="application/x-ndjson")
+
+    # -- operations ------------------------------------------------------------------------
+
+    @app.get("/healthz")
+    async def healthz() -> dict[str, str]:
+        return {"status": "ok"}
+
+    @app.get("/readyz")
+    async def readyz(c: C) -> JSONResponse:
+        status = await metrics.readiness(c)
+        return JSONResponse(status, status_code=200 if status["ready"] else 503)
+
+    @app.get("/metrics")
+    async def prometheus(c: C) -> Response:
+        await metrics.refresh(c)
+        return Response(generate_latest(metrics.REGISTRY), media_type=CONTENT_TYPE_LATEST)
+
+    return app

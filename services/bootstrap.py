@@ -1,0 +1,93 @@
+"""The composition root: real adapters wired from settings, opened and closed in one place."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+import nats
+import psycopg
+from nats.aio.client import Client as NATS
+from nats.js import JetStreamContext
+from psycopg_pool import AsyncConnectionPool
+
+from events.blobs import BlobStore
+from events.objectstore import JetStreamBlobStore
+from events.publisher import Publisher
+from events.stream import ensure_stream
+from events.subjects import SubjectLayout
+from projections.history import HistoryProjection
+from projections.migrate import migrate
+from projections.runner import Projection, ProjectorRunner
+from services.commands import Commands
+from services.settings import Settings
+from services.waiting import AppliedWaiter
+
+
+@dataclass
+class Container:
+    settings: Settings
+    layout: SubjectLayout
+    nc: NATS
+    js: JetStreamContext
+    pool: AsyncConnectionPool[psycopg.AsyncConnection[Any]]
+    publisher: Publisher
+    blobs: BlobStore
+    waiter: AppliedWaiter
+    commands: Commands
+
+    def projections(self) -> list[Projection]:
+        return [HistoryProjection(self.blobs)]
+
+    def projector(self) -> ProjectorRunner:
+        s = self.settings
+        filt = None
+        name = s.projector_name
+        if s.projector_partitions is not None:
+            parts = sorted(set(s.projector_partitions))
+            if len(parts) != 1:
+                raise ValueError("a partitioned projector consumes exactly one partition")
+            filt = self.layout.partition_filter(parts[0])
+            name = f"{name}.p{parts[0]:03d}"
+        return ProjectorRunner(
+            js=self.js, pool=self.pool, layout=self.layout, projections=self.projections(),
+            name=name, filter_subject=filt, batch_size=s.projector_batch,
+        )
+
+
+async def connect_nats(url: str) -> NATS:
+    return await nats.connect(url, name="chronicle", max_reconnect_attempts=-1, reconnect_time_wait=0.5)
+
+
+@contextlib.asynccontextmanager
+async def open_container(settings: Settings) -> AsyncIterator[Container]:
+    """Open every adapter (migrating the database first when ``auto_migrate``), close on exit."""
+    if settings.auto_migrate:
+        await migrate(settings.database_url)
+    layout = settings.layout()
+    nc = await connect_nats(settings.nats_url)
+    pool: AsyncConnectionPool[psycopg.AsyncConnection[Any]] = AsyncConnectionPool(
+        settings.database_url, min_size=2, max_size=20, open=False, kwargs={"autocommit": True}
+    )
+    await pool.open(wait=True, timeout=15)
+    waiter = AppliedWaiter(pool, settings.read_wait_timeout_s)
+    try:
+        js = nc.jetstream()
+        await ensure_stream(js, layout)
+        publisher = Publisher(js, layout)
+        blobs = JetStreamBlobStore(js, settings.blob_bucket)
+        await waiter.start()
+        commands = Commands(
+            publisher, pool, waiter, blobs,
+            payload_limit_bytes=settings.payload_limit_bytes,
+            max_message_bytes=settings.max_message_bytes,
+            attempts=settings.command_attempts,
+        )
+        yield Container(settings, layout, nc, js, pool, publisher, blobs, waiter, commands)
+    finally:
+        await waiter.stop()
+        await pool.close()
+        await nc.flush()
+        await nc.close()

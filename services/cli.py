@@ -1,0 +1,52 @@
+"""``chronicle``: one entry point for every process and tool."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import secrets
+import sys
+
+from projections.migrate import migrate
+from services.settings import Settings, hash_key
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="chronicle", description="Event-sourced memory for AI agents")
+    sub = parser.add_subparsers(dest="command", required=True)
+    p_up = sub.add_parser("up", help="run the whole stack on this machine (no Docker)")
+    p_up.add_argument("--nats-port", type=int, default=4250, help="port of the nats-server it starts")
+    sub.add_parser("api", help="run the HTTP API")
+    sub.add_parser("projector", help="run the projector (event log -> Postgres read models)")
+    sub.add_parser("migrate", help="apply database migrations")
+    p_key = sub.add_parser("keygen", help="make an API key and print its settings entry")
+    p_key.add_argument("--tenant", required=True)
+    args = parser.parse_args(argv)
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    settings = Settings()
+    match args.command:
+        case "up":
+            from services.localstack import up
+
+            return up(settings, args.nats_port)
+        case "api":
+            from services.processes import run_api
+
+            run_api(settings)
+        case "projector":
+            from services.processes import run_projector
+
+            asyncio.run(run_projector(settings))
+        case "migrate":
+            applied = asyncio.run(migrate(settings.database_url))
+            print("applied: " + (", ".join(applied) if applied else "nothing (up to date)"))
+        case "keygen":
+            key = "chr_" + secrets.token_urlsafe(24)
+            print(f"API key: {key}\nsettings entry: CHRONICLE_API_KEYS='[\"{args.tenant}:{hash_key(key)}\"]'")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,231 @@
+"""Command handlers: validate, decide from the read model, publish one event.
+
+State-dependent commands all take one shape (:meth:`Commands._conditional`):
+1. read the session subject's last sequence from JetStream;
+2. wait until the projection has applied it;
+3. decide from the projection (a pure function in :mod:`services.decisions`);
+4. publish with that sequence as ``Nats-Expected-Last-Subject-Sequence``;
+5. on a conflict (another writer got there first) repeat, a bounded number of times.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import psycopg
+from psycopg_pool import AsyncConnectionPool
+
+from events.blobs import BlobStore
+from events.bodies import pack_body
+from events.catalog import (
+    MessageAppended,
+    MessagesCleared,
+    MessagesDeleted,
+    MessageUpdated,
+    SessionCreated,
+    SessionDeleted,
+    SessionRenamed,
+)
+from events.envelope import Event
+from events.messages import JsonObject, body_hash, canonical_json
+from events.publisher import ConcurrencyConflict, Publisher
+from projections import queries
+from services.decisions import OMITTED, Append, AppendState, Existing, ParentSpec, Replay, decide_append
+from services.errors import (
+    ContentionExhausted,
+    MessageNotFound,
+    PayloadTooLarge,
+    SessionExists,
+    SessionNotFound,
+    UnknownParent,
+)
+from services.waiting import AppliedWaiter
+
+Conn = psycopg.AsyncConnection[Any]
+T = TypeVar("T")
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """An event to publish (or None for a no-op) and how to answer once it has a sequence."""
+
+    event: Event | None
+    answer: Callable[[int], Any]
+
+
+@dataclass(frozen=True, slots=True)
+class AppendResult:
+    id: str
+    parent_id: str | None
+    seq: int
+    created: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Written:
+    seq: int
+    ids: tuple[str, ...] = ()
+
+
+class Commands:
+    def __init__(
+        self,
+        publisher: Publisher,
+        pool: AsyncConnectionPool[Conn],
+        waiter: AppliedWaiter,
+        blobs: BlobStore | None,
+        *,
+        payload_limit_bytes: int,
+        max_message_bytes: int,
+        attempts: int = 100,
+    ) -> None:
+        self._pub = publisher
+        self._pool = pool
+        self._waiter = waiter
+        self._blobs = blobs
+        self._limit = payload_limit_bytes
+        self._max = max_message_bytes
+        self._attempts = attempts
+
+    async def _conditional(self, tenant: str, session: str, decide: Callable[[Conn], Awaitable[Decision]]) -> Any:
+        for attempt in range(self._attempts):
+            last = await self._pub.last_subject_seq(tenant, session)
+            await self._waiter.wait_session(tenant, session, last)
+            async with self._pool.connection() as conn:
+                decision = await decide(conn)
+            if decision.event is None:
+                return decision.answer(last)
+            try:
+                published = await self._pub.publish(decision.event, expected_last_subject_seq=last)
+            except ConcurrencyConflict:
+                await asyncio.sleep(random.uniform(0, 0.002 * min(attempt + 1, 10)))  # noqa: S311
+                continue
+            return decision.answer(published.seq)
+        raise ContentionExhausted(f"gave up after {self._attempts} conflicting attempts")
+
+    async def _live_session(self, conn: Conn, tenant: str, session: str, *, must_exist: bool) -> queries.SessionRow | None:
+        row = await queries.get_session(conn, tenant, session)
+        if row is not None and row.deleted_at is not None:
+            raise SessionNotFound(f"session {session!r} was deleted")
+        if row is None and must_exist:
+            raise SessionNotFound(f"session {session!r} does not exist")
+        return row
+
+    # -- sessions -------------------------------------------------------------------------
+
+    async def create_session(
+        self, tenant: str, session: str | None, name: str, parent_session_id: str | None, metadata: JsonObject
+    ) -> Written:
+        sid = session or str(uuid.uuid4())
+
+        async def decide(conn: Conn) -> Decision:
+            if await queries.get_session(conn, tenant, sid) is not None:
+                raise SessionExists(f"session {sid!r} already exists")
+            if parent_session_id is not None:
+                await self._live_session(conn, tenant, parent_session_id, must_exist=True)
+            event = SessionCreated(
+                tenant=tenant, session=sid, name=name, parent_session_id=parent_session_id, metadata=metadata
+            )
+            return Decision(event, lambda seq: Written(seq, (sid,)))
+
+        result: Written = await self._conditional(tenant, sid, decide)
+        return result
+
+    async def rename_session(self, tenant: str, session: str, name: str) -> Written:
+        async def decide(conn: Conn) -> Decision:
+            await self._live_session(conn, tenant, session, must_exist=True)
+            return Decision(SessionRenamed(tenant=tenant, session=session, name=name), Written)
+
+        result: Written = await self._conditional(tenant, session, decide)
+        return result
+
+    async def delete_session(self, tenant: str, session: str) -> Written:
+        async def decide(conn: Conn) -> Decision:
+            await self._live_session(conn, tenant, session, must_exist=True)
+            return Decision(SessionDeleted(tenant=tenant, session=session), Written)
+
+        result: Written = await self._conditional(tenant, session, decide)
+        return result
+
+    # -- messages -------------------------------------------------------------------------
+
+    async def _pack(self, body: JsonObject) -> dict[str, Any]:
+        size = len(canonical_json(body))
+        if size > self._max:
+            raise PayloadTooLarge(f"message is {size} bytes; the limit is {self._max}")
+        return await pack_body(body, self._blobs, self._limit)
+
+    async def append(self, tenant: str, session: str, body: JsonObject, parent: ParentSpec = OMITTED) -> AppendResult:
+        """Append one message; same id + same body answers as the first time (``created=False``)."""
+        message_id = str(body["id"])
+        digest = body_hash(body)
+        packed = await self._pack(body)
+
+        async def decide(conn: Conn) -> Decision:
+            row = await queries.get_session(conn, tenant, session)
+            existing = await queries.get_message(conn, tenant, session, message_id)
+            leaf = await queries.latest_leaf(conn, tenant, session) if parent is OMITTED else None
+            parent_exists = (
+                isinstance(parent, str) and await queries.get_message(conn, tenant, session, parent) is not None
+            )
+            state = AppendState(
+                session_deleted=row is not None and row.deleted_at is not None,
+                existing=Existing(existing.parent_id, existing.seq, existing.body_sha256) if existing else None,
+                latest_leaf=leaf.id if leaf else None,
+                parent_exists=parent_exists,
+            )
+            match decide_append(state, digest, parent):
+                case Replay(parent_id=pid, seq=first_seq):
+                    return Decision(None, lambda _seq: AppendResult(message_id, pid, first_seq, created=False))
+                case Append(parent_id=pid):
+                    event = MessageAppended(
+                        tenant=tenant, session=session, message_id=message_id, parent_id=pid, **packed
+                    )
+                    return Decision(event, lambda seq: AppendResult(message_id, pid, seq, created=True))
+
+        result: AppendResult = await self._conditional(tenant, session, decide)
+        return result
+
+    async def update(self, tenant: str, session: str, body: JsonObject) -> Written:
+        message_id = str(body["id"])
+        packed = await self._pack(body)
+
+        async def decide(conn: Conn) -> Decision:
+            await self._live_session(conn, tenant, session, must_exist=False)
+            if await queries.get_message(conn, tenant, session, message_id) is None:
+                raise MessageNotFound(f"message {message_id!r} is not in this session")
+            event = MessageUpdated(tenant=tenant, session=session, message_id=message_id, **packed)
+            return Decision(event, lambda seq: Written(seq, (message_id,)))
+
+        result: Written = await self._conditional(tenant, session, decide)
+        return result
+
+    async def delete_messages(self, tenant: str, session: str, ids: list[str]) -> Written:
+        """Delete the listed messages that exist; children keep their parent id."""
+
+        async def decide(conn: Conn) -> Decision:
+            await self._live_session(conn, tenant, session, must_exist=False)
+            present = [i for i in dict.fromkeys(ids) if await queries.get_message(conn, tenant, session, i)]
+            if not present:
+                return Decision(None, Written)
+            event = MessagesDeleted(tenant=tenant, session=session, message_ids=present)
+            return Decision(event, lambda seq: Written(seq, tuple(present)))
+
+        result: Written = await self._conditional(tenant, session, decide)
+        return result
+
+    async def clear(self, tenant: str, session: str) -> Written:
+        async def decide(conn: Conn) -> Decision:
+            await self._live_session(conn, tenant, session, must_exist=False)
+            return Decision(MessagesCleared(tenant=tenant, session=session), Written)
+
+        result: Written = await self._conditional(tenant, session, decide)
+        return result
+
+
+__all__ = ["OMITTED", "AppendResult", "Commands", "UnknownParent", "Written"]

@@ -1,0 +1,65 @@
+"""Pure decisions of the state-dependent commands: given what the read model says, what to do."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Final
+
+from services.errors import MessageConflict, SessionNotFound, UnknownParent
+
+
+class _Omitted:
+    def __repr__(self) -> str:
+        return "OMITTED"
+
+
+OMITTED: Final = _Omitted()
+ParentSpec = str | None | _Omitted
+
+
+@dataclass(frozen=True, slots=True)
+class Existing:
+    """An already-stored message with the same id: what the first append answered."""
+
+    parent_id: str | None
+    seq: int
+    body_sha256: str
+
+
+@dataclass(frozen=True, slots=True)
+class AppendState:
+    session_deleted: bool
+    existing: Existing | None
+    latest_leaf: str | None
+    parent_exists: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Replay:
+    """Idempotent repeat: answer as the first append did, publish nothing."""
+
+    parent_id: str | None
+    seq: int
+
+
+@dataclass(frozen=True, slots=True)
+class Append:
+    parent_id: str | None
+
+
+def decide_append(state: AppendState, body_sha256: str, parent: ParentSpec) -> Replay | Append:
+    """Reference rules, made explicit: omitted parent -> latest leaf, ``None`` -> new root,
+    an id -> that message, which must exist in this session (no silent fallback to root)."""
+    if state.session_deleted:
+        raise SessionNotFound("the session was deleted")
+    if state.existing is not None:
+        if state.existing.body_sha256 != body_sha256:
+            raise MessageConflict("a message with this id and a different body exists")
+        return Replay(state.existing.parent_id, state.existing.seq)
+    if isinstance(parent, _Omitted):
+        return Append(state.latest_leaf)
+    if parent is None:
+        return Append(None)
+    if not state.parent_exists:
+        raise UnknownParent(f"parent message {parent!r} is not in this session")
+    return Append(parent)

@@ -1,0 +1,35 @@
+"""Errors named for the situation, and the one table that maps them to HTTP problem codes."""
+
+from __future__ import annotations
+
+
+class ChronicleError(Exception):
+    """Base of every error a client may see; ``code`` is stable, ``status`` is the HTTP status."""
+
+    code = "internal_error"
+    status = 500
+    title = "Internal error"
+
+    def __init__(self, detail: str = "") -> None:
+        super().__init__(detail or self.title)
+        self.detail = detail or self.title
+
+
+def _error(name: str, code: str, status: int, title: str) -> type[ChronicleError]:
+    return type(name, (ChronicleError,), {"code": code, "status": status, "title": title})
+
+
+InvalidRequest = _error("InvalidRequest", "invalid_request", 422, "The request is not valid")
+MalformedJson = _error("MalformedJson", "malformed_json", 400, "The request body is not valid JSON")
+InvalidId = _error("InvalidId", "invalid_id", 422, "An id is not valid")
+Unauthorized = _error("Unauthorized", "unauthorized", 401, "Missing or unknown API key")
+SessionNotFound = _error("SessionNotFound", "session_not_found", 404, "Session not found")
+SessionExists = _error("SessionExists", "session_exists", 409, "Session already exists")
+MessageNotFound = _error("MessageNotFound", "message_not_found", 404, "Message not found")
+UnknownParent = _error("UnknownParent", "unknown_parent", 422, "The parent message is not in this session")
+MessageConflict = _error("MessageConflict", "message_conflict", 409, "A different message with this id exists")
+PayloadTooLarge = _error("PayloadTooLarge", "payload_too_large", 413, "The message is too large")
+ProjectionTimeout = _error("ProjectionTimeout", "projection_timeout", 503, "The read model did not catch up in time")
+ContentionExhausted = _error("ContentionExhausted", "contention", 503, "Too many concurrent writers; retry")
+Unavailable = _error("Unavailable", "unavailable", 503, "A backing service is unavailable")
+NotFound = _error("NotFound", "not_found", 404, "Not found")

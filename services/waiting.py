@@ -1,0 +1,101 @@
+"""Read-your-writes: wait, bounded, until the projector has applied a stream sequence.
+
+One dedicated connection LISTENs on the projector's ``NOTIFY`` channel; every notification wakes
+all waiters, which re-check their condition with one indexed query. No sleep loops.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import psycopg
+from psycopg_pool import AsyncConnectionPool
+
+from projections.runner import NOTIFY_CHANNEL
+from services.errors import ProjectionTimeout
+
+log = logging.getLogger("chronicle.waiting")
+
+
+class AppliedWaiter:
+    def __init__(self, pool: AsyncConnectionPool[psycopg.AsyncConnection[Any]], timeout_s: float) -> None:
+        self._pool = pool
+        self._timeout = timeout_s
+        self._changed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._task: asyncio.Task[None] | None = None
+        self._listening = asyncio.Event()
+
+    async def start(self) -> None:
+        self._task = asyncio.create_task(self._listen(), name="chronicle-listen")
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._listening.wait(), timeout=5)
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+    def _wake(self) -> None:
+        fut, self._changed = self._changed, asyncio.get_running_loop().create_future()
+        if not fut.done():
+            fut.set_result(None)
+
+    async def _listen(self) -> None:
+        while True:
+            try:
+                async with await psycopg.AsyncConnection.connect(self._pool.conninfo, autocommit=True) as conn:
+                    await conn.execute(f"LISTEN {NOTIFY_CHANNEL}")
+                    self._listening.set()
+                    self._wake()  # anything applied while we were not listening
+                    async for _ in conn.notifies():
+                        self._wake()
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                self._listening.clear()
+                log.warning("LISTEN connection lost; reconnecting", exc_info=True)
+                self._wake()
+                await asyncio.sleep(0.5)
+
+    async def wait_until(self, check: Callable[[], Awaitable[bool]], what: str, timeout_s: float | None = None) -> None:
+        """Return once ``check()`` is true; raise :class:`ProjectionTimeout` after the bound."""
+        deadline = asyncio.get_running_loop().time() + (timeout_s or self._timeout)
+        while True:
+            changed = self._changed
+            if await check():
+                return
+            remaining = deadline - asyncio.get_running_loop().time()
+            if remaining <= 0:
+                raise ProjectionTimeout(f"the read model has not applied {what} yet")
+            # Without a live LISTEN connection, re-check at a coarse interval instead.
+            step = remaining if self._listening.is_set() else min(remaining, 0.25)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.shield(changed), timeout=step)
+
+    async def session_applied(self, tenant: str, session: str, seq: int) -> bool:
+        if seq <= 0:
+            return True
+        async with self._pool.connection() as conn:
+            cur = await conn.execute("SELECT last_seq FROM sessions WHERE tenant = %s AND id = %s", (tenant, session))
+            row = await cur.fetchone()
+        return bool(row and row[0] >= seq)
+
+    async def wait_session(self, tenant: str, session: str, seq: int, timeout_s: float | None = None) -> None:
+        """Wait until every event of ``session`` up to ``seq`` is applied."""
+        await self.wait_until(lambda: self.session_applied(tenant, session, seq), f"sequence {seq}", timeout_s)
+
+    async def all_applied(self, seq: int) -> bool:
+        async with self._pool.connection() as conn:
+            cur = await conn.execute("SELECT coalesce(min(seq), 0) FROM checkpoints")
+            row = await cur.fetchone()
+        return bool(row and row[0] >= seq)
+
+    async def wait_all(self, seq: int, timeout_s: float | None = None) -> None:
+        """Wait until every projector checkpoint has reached ``seq`` (tenant-wide reads)."""
+        if seq > 0:
+            await self.wait_until(lambda: self.all_applied(seq), f"sequence {seq}", timeout_s)

@@ -1,0 +1,89 @@
+"""Shared fixtures: real NATS JetStream and real Postgres, started once per run."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import uuid
+from collections.abc import AsyncIterator, Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from services.bootstrap import Container, open_container
+from services.settings import Settings, hash_key
+from tests.support import nats_server, postgres_server, scratch_database
+
+KEYS = {"tenant-a": "key-a-" + uuid.uuid4().hex, "tenant-b": "key-b-" + uuid.uuid4().hex}
+
+
+@pytest.fixture(scope="session")
+def nats_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    with nats_server(tmp_path_factory.mktemp("nats")) as url:
+        yield url
+
+
+@pytest.fixture(scope="session")
+def pg_admin(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    with postgres_server(tmp_path_factory.mktemp("pg")) as url:
+        yield url
+
+
+def make_settings(nats_url: str, db_url: str, **overrides: object) -> Settings:
+    tag = uuid.uuid4().hex[:8]
+    base: dict[str, object] = {
+        "nats_url": nats_url,
+        "database_url": db_url,
+        "stream": f"T{tag}",
+        "subject_prefix": f"t{tag}.ev",
+        "blob_bucket": f"b{tag}",
+        "partitions": 4,
+        "api_keys": [f"{t}:{hash_key(k)}" for t, k in KEYS.items()],
+        "read_wait_timeout_s": 10.0,
+        "data_dir": "/nonexistent",
+    }
+    base.update(overrides)
+    return Settings.model_validate(base)
+
+
+@pytest.fixture(scope="session")
+def db_url(pg_admin: str) -> Iterator[str]:
+    with scratch_database(pg_admin) as url:
+        yield url
+
+
+@pytest.fixture
+def fresh_db(pg_admin: str) -> Iterator[str]:
+    """A database of its own, for tests that drop or compare whole read models."""
+    with scratch_database(pg_admin) as url:
+        yield url
+
+
+@contextlib.asynccontextmanager
+async def running_stack(settings: Settings, *, projector: bool = True) -> AsyncIterator[Container]:
+    async with open_container(settings) as c:
+        stop = asyncio.Event()
+        task = asyncio.create_task(c.projector().run(stop)) if projector else None
+        try:
+            yield c
+        finally:
+            stop.set()
+            if task is not None:
+                await asyncio.wait_for(task, timeout=15)
+
+
+@pytest.fixture(scope="session")
+async def stack(nats_url: str, db_url: str) -> AsyncIterator[Container]:
+    """API-less stack shared by integration tests: container + an in-process projector."""
+    async with running_stack(make_settings(nats_url, db_url)) as c:
+        yield c
+
+
+@pytest.fixture
+def new_id() -> Callable[[str], str]:
+    return lambda prefix="s": f"{prefix}-{uuid.uuid4().hex[:12]}"
+
+
+@pytest.fixture(scope="session")
+def tmp_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("chronicle")

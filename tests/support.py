@@ -1,0 +1,62 @@
+"""Test infrastructure: a pinned nats-server and a scratch Postgres database per test run."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import subprocess
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import psycopg
+
+from services.localstack import (
+    free_port,
+    postgres_reachable,
+    start_embedded_postgres,
+    start_nats,
+    with_database,
+)
+
+DEFAULT_PG = "postgresql://postgres@127.0.0.1:5432/postgres"
+
+
+@contextlib.contextmanager
+def nats_server(tmp: Path) -> Iterator[str]:
+    port = free_port()
+    proc = start_nats(port, tmp / "nats", tmp / "nats.log")
+    try:
+        yield f"nats://127.0.0.1:{port}"
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+@contextlib.contextmanager
+def postgres_server(tmp: Path) -> Iterator[str]:
+    """An admin URL: the machine's Postgres when reachable, else embedded-postgres."""
+    url = os.environ.get("CHRONICLE_TEST_POSTGRES", DEFAULT_PG)
+    if postgres_reachable(url):
+        yield url
+        return
+    uri, server = start_embedded_postgres(tmp / "pg")
+    try:
+        yield uri
+    finally:
+        server.cleanup()  # type: ignore[attr-defined]
+
+
+@contextlib.contextmanager
+def scratch_database(admin_url: str) -> Iterator[str]:
+    name = "chronicle_test_" + uuid.uuid4().hex[:12]
+    with psycopg.connect(admin_url, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    try:
+        yield with_database(admin_url, name)
+    finally:
+        with psycopg.connect(admin_url, autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
