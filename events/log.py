@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
@@ -59,7 +58,7 @@ async def read(
         while True:
             try:
                 msg = await sub.next_msg(timeout=idle_timeout_s)
-            except (nats.errors.TimeoutError, asyncio.TimeoutError) as exc:
+            except (TimeoutError, nats.errors.TimeoutError) as exc:
                 raise TimeoutError("the event stream stopped delivering before the end") from exc
             seq = msg.metadata.sequence.stream
             if seq > end:

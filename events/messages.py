@@ -54,8 +54,6 @@ def text_of(body: JsonObject) -> str:
     if not isinstance(parts, list):
         return ""
     texts = [
-        p["text"]
-        for p in parts
-        if isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)
+        p["text"] for p in parts if isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)
     ]
     return "\n".join(texts)

@@ -19,8 +19,8 @@ from psycopg import AsyncConnection
 from events.blobs import BlobStore
 from events.bodies import unpack_body
 from events.catalog import (
-    MessageBodyEvent,
     MessageAppended,
+    MessageBodyEvent,
     MessagesCleared,
     MessagesDeleted,
     MessageUpdated,
@@ -139,8 +139,16 @@ def plan(event: Event, seq: int, body: JsonObject | None = None) -> list[Op]:
             assert body is not None
             ops.append(
                 InsertMessage(
-                    t, s, event.message_id, event.parent_id, event.role, store_json(body),
-                    event.body_sha256, text_of(body), event.occurred_at, seq,
+                    t,
+                    s,
+                    event.message_id,
+                    event.parent_id,
+                    event.role,
+                    store_json(body),
+                    event.body_sha256,
+                    text_of(body),
+                    event.occurred_at,
+                    seq,
                 )
             )
         case MessageUpdated():
@@ -194,8 +202,19 @@ def params(op: Op) -> tuple[Any, ...]:
             return (op.at, op.tenant, op.session)
         case InsertMessage():
             return (
-                op.tenant, op.session, op.id, op.parent_id, op.role, op.content, op.body_sha256,
-                op.text, op.at, op.seq, op.seq, op.tenant, op.session,
+                op.tenant,
+                op.session,
+                op.id,
+                op.parent_id,
+                op.role,
+                op.content,
+                op.body_sha256,
+                op.text,
+                op.at,
+                op.seq,
+                op.seq,
+                op.tenant,
+                op.session,
             )
         case UpdateMessage():
             return (op.content, op.body_sha256, op.text, op.seq, op.tenant, op.session, op.id)
@@ -217,7 +236,9 @@ def merge_touches(ops: Sequence[Op]) -> list[TouchSession]:
             key = (op.tenant, op.session)
             first, _ = merged.get(key, (op, op))
             merged[key] = (first, op)
-    return [TouchSession(f.tenant, f.session, last.at, last.seq, f.created_at, f.created_seq) for f, last in merged.values()]
+    return [
+        TouchSession(f.tenant, f.session, last.at, last.seq, f.created_at, f.created_seq) for f, last in merged.values()
+    ]
 
 
 async def apply_ops(conn: AsyncConnection[Any], ops: Sequence[Op]) -> None:

@@ -36,9 +36,7 @@ async def migrate(conninfo: str, schema: str = "public") -> list[str]:
                     continue
                 async with conn.transaction():
                     await conn.execute(sql.encode())
-                    await conn.execute(
-                        "INSERT INTO schema_migrations (version, name) VALUES (%s, %s)", (version, name)
-                    )
+                    await conn.execute("INSERT INTO schema_migrations (version, name) VALUES (%s, %s)", (version, name))
                 applied.append(name)
         finally:
             await conn.execute("SELECT pg_advisory_unlock(%s)", (LOCK_KEY,))

@@ -51,7 +51,9 @@ class SearchHit:
     created_at: datetime
 
 
-_SESSION_COLS = "tenant, id, name, parent_session_id, metadata, created_at, updated_at, deleted_at, created_seq, last_seq"
+_SESSION_COLS = (
+    "tenant, id, name, parent_session_id, metadata, created_at, updated_at, deleted_at, created_seq, last_seq"
+)
 _MESSAGE_COLS = "id, parent_id, role, content, body_sha256, created_at, seq"
 
 

@@ -13,6 +13,7 @@ Contract:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -88,6 +89,7 @@ async def apply_batch(
 class ProjectorRunner:
     js: JetStreamContext
     pool: AsyncConnectionPool[psycopg.AsyncConnection[Any]]
+    conninfo: str
     layout: SubjectLayout
     projections: Sequence[Projection]
     name: str = "projector"
@@ -103,7 +105,7 @@ class ProjectorRunner:
 
     async def run(self, stop: asyncio.Event) -> None:
         """Consume until ``stop`` is set; failures re-position from the checkpoint with backoff."""
-        async with await psycopg.AsyncConnection.connect(self.pool.conninfo, autocommit=True) as lock_conn:
+        async with await psycopg.AsyncConnection.connect(self.conninfo, autocommit=True) as lock_conn:
             await self._hold_lock(lock_conn, stop)
             backoff = 0.1
             while not stop.is_set():
@@ -121,7 +123,9 @@ class ProjectorRunner:
     async def _hold_lock(self, conn: psycopg.AsyncConnection[Any], stop: asyncio.Event) -> None:
         warned = False
         while not stop.is_set():
-            cur = await conn.execute("SELECT pg_try_advisory_lock(hashtext('chronicle-projector'), hashtext(%s))", (self.name,))
+            cur = await conn.execute(
+                "SELECT pg_try_advisory_lock(hashtext('chronicle-projector'), hashtext(%s))", (self.name,)
+            )
             row = await cur.fetchone()
             if row and row[0]:
                 return
@@ -133,10 +137,8 @@ class ProjectorRunner:
     async def _position(self) -> JetStreamContext.PullSubscription:
         async with self.pool.connection() as conn:
             checkpoint = await read_checkpoint(conn, self.name)
-        try:
+        with contextlib.suppress(NotFoundError):
             await self.js.delete_consumer(self.layout.stream, self.durable)
-        except NotFoundError:
-            pass
         config = ConsumerConfig(
             durable_name=self.durable,
             ack_policy=AckPolicy.ALL,
@@ -154,13 +156,13 @@ class ProjectorRunner:
         while not stop.is_set():
             try:
                 msgs = await sub.fetch(1, timeout=self.idle_timeout_s)
-            except (nats.errors.TimeoutError, asyncio.TimeoutError):
+            except (TimeoutError, nats.errors.TimeoutError):
                 continue
             pending = msgs[-1].metadata.num_pending
             while pending > 0 and len(msgs) < self.batch_size:
                 try:
                     more = await sub.fetch(min(pending, self.batch_size - len(msgs)), timeout=self.idle_timeout_s)
-                except (nats.errors.TimeoutError, asyncio.TimeoutError):
+                except (TimeoutError, nats.errors.TimeoutError):
                     break
                 msgs.extend(more)
                 pending = more[-1].metadata.num_pending
@@ -177,7 +179,5 @@ class ProjectorRunner:
 
 
 async def _sleep_or_stop(stop: asyncio.Event, seconds: float) -> None:
-    try:
+    with contextlib.suppress(TimeoutError):
         await asyncio.wait_for(stop.wait(), timeout=seconds)
-    except TimeoutError:
-        pass

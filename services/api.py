@@ -1,13 +1,10 @@
 """The HTTP API v1 (see design.md): commands publish events, queries read projections."""
 
-from __future__ import annotations
-
 import contextlib
 import json
 from collections.abc import AsyncIterator
 from typing import Annotated, Any
 
-import psycopg
 from fastapi import Depends, FastAPI, Query, Request, Response
 from fastapi.responses import JSONResponse, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -92,6 +89,31 @@ def _session_json(row: queries.SessionRow) -> dict[str, Any]:
     }
 
 
+def get_c(request: Request) -> Container:
+    c: Container = request.app.state.c
+    return c
+
+
+async def tenant_of(request: Request) -> str:
+    """The tenant of the request's ``Authorization: Bearer`` key (keys are kept as SHA-256)."""
+    header = request.headers.get("authorization", "")
+    scheme, _, token = header.partition(" ")
+    if scheme.lower() != "bearer" or not token.strip():
+        raise Unauthorized("send 'Authorization: Bearer <api key>'")
+    keys: dict[str, str] = request.app.state.keys
+    tenant = keys.get(hash_key(token.strip()))
+    if tenant is None:
+        raise Unauthorized("unknown API key")
+    return tenant
+
+
+Tenant = Annotated[str, Depends(tenant_of)]
+C = Annotated[Container, Depends(get_c)]
+MinSeq = Annotated[int | None, Query(ge=0)]
+Q = Annotated[str, Query(min_length=1, max_length=1000)]
+Limit = Annotated[int, Query(ge=1, le=200)]
+
+
 def build_app(settings: Settings, container: Container | None = None) -> FastAPI:
     """The API; opens its own adapters from ``settings`` unless a container is injected."""
     keys = settings.tenants_by_key_hash()
@@ -107,25 +129,8 @@ def build_app(settings: Settings, container: Container | None = None) -> FastAPI
             yield
 
     app = FastAPI(title="Chronicle", version="1.0", lifespan=lifespan)
+    app.state.keys = keys
     install(app)
-
-    def get_c(request: Request) -> Container:
-        c: Container = request.app.state.c
-        return c
-
-    async def tenant_of(request: Request) -> str:
-        header = request.headers.get("authorization", "")
-        scheme, _, token = header.partition(" ")
-        if scheme.lower() != "bearer" or not token.strip():
-            raise Unauthorized("send 'Authorization: Bearer <api key>'")
-        tenant = keys.get(hash_key(token.strip()))
-        if tenant is None:
-            raise Unauthorized("unknown API key")
-        return tenant
-
-    Tenant = Annotated[str, Depends(tenant_of)]
-    C = Annotated[Container, Depends(get_c)]
-    MinSeq = Annotated[int | None, Query(ge=0)]
 
     async def caught_up(c: Container, tenant: str, sid: str, min_seq: int | None) -> None:
         """Read-your-writes for one session: wait until its events up to ``min_seq`` are applied."""
@@ -133,10 +138,6 @@ def build_app(settings: Settings, container: Container | None = None) -> FastAPI
             return
         last = await c.publisher.last_subject_seq(tenant, sid)
         await c.waiter.wait_session(tenant, sid, min(min_seq, last))
-
-    async def conn(c: Container) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
-        async with c.pool.connection() as cx:
-            yield cx
 
     # -- sessions --------------------------------------------------------------------------
 
@@ -150,8 +151,11 @@ def build_app(settings: Settings, container: Container | None = None) -> FastAPI
 
     @app.get("/v1/sessions")
     async def list_sessions(
-        tenant: Tenant, c: C, limit: Annotated[int, Query(ge=1, le=500)] = 50,
-        cursor: Annotated[int | None, Query(ge=0)] = None, min_seq: MinSeq = None,
+        tenant: Tenant,
+        c: C,
+        limit: Annotated[int, Query(ge=1, le=500)] = 50,
+        cursor: Annotated[int | None, Query(ge=0)] = None,
+        min_seq: MinSeq = None,
     ) -> dict[str, Any]:
         if min_seq:
             await c.waiter.wait_all(min_seq)
@@ -254,9 +258,7 @@ def build_app(settings: Settings, container: Container | None = None) -> FastAPI
     # -- reads -----------------------------------------------------------------------------
 
     @app.get("/v1/sessions/{sid}/history")
-    async def history(
-        sid: str, tenant: Tenant, c: C, leaf_id: str | None = None, min_seq: MinSeq = None
-    ) -> Response:
+    async def history(sid: str, tenant: Tenant, c: C, leaf_id: str | None = None, min_seq: MinSeq = None) -> Response:
         _check("session", sid)
         if leaf_id is not None:
             _check("message", leaf_id)
@@ -294,14 +296,18 @@ def build_app(settings: Settings, container: Container | None = None) -> FastAPI
     def _hits(hits: list[queries.SearchHit]) -> dict[str, Any]:
         return {
             "results": [
-                {"id": h.id, "session_id": h.session_id, "role": h.role, "content": h.content,
-                 "snippet": h.snippet, "rank": h.rank, "created_at": h.created_at.isoformat()}
+                {
+                    "id": h.id,
+                    "session_id": h.session_id,
+                    "role": h.role,
+                    "content": h.content,
+                    "snippet": h.snippet,
+                    "rank": h.rank,
+                    "created_at": h.created_at.isoformat(),
+                }
                 for h in hits
             ]
         }
-
-    Q = Annotated[str, Query(min_length=1, max_length=1000)]
-    Limit = Annotated[int, Query(ge=1, le=200)]
 
     @app.get("/v1/sessions/{sid}/search")
     async def search_session(
@@ -321,8 +327,11 @@ def build_app(settings: Settings, container: Container | None = None) -> FastAPI
 
     @app.get("/v1/sessions/{sid}/events")
     async def events(
-        sid: str, tenant: Tenant, c: C,
-        from_seq: Annotated[int, Query(ge=1)] = 1, to_seq: Annotated[int | None, Query(ge=1)] = None,
+        sid: str,
+        tenant: Tenant,
+        c: C,
+        from_seq: Annotated[int, Query(ge=1)] = 1,
+        to_seq: Annotated[int | None, Query(ge=1)] = None,
     ) -> StreamingResponse:
         _check("session", sid)
         subject = c.layout.session_subject(tenant, sid)

@@ -9,7 +9,7 @@ from typing import Any
 
 import nats
 import psycopg
-from nats.aio.client import Client as NATS
+from nats.aio.client import Client as NatsClient
 from nats.js import JetStreamContext
 from psycopg_pool import AsyncConnectionPool
 
@@ -30,7 +30,7 @@ from services.waiting import AppliedWaiter
 class Container:
     settings: Settings
     layout: SubjectLayout
-    nc: NATS
+    nc: NatsClient
     js: JetStreamContext
     pool: AsyncConnectionPool[psycopg.AsyncConnection[Any]]
     publisher: Publisher
@@ -52,12 +52,18 @@ class Container:
             filt = self.layout.partition_filter(parts[0])
             name = f"{name}.p{parts[0]:03d}"
         return ProjectorRunner(
-            js=self.js, pool=self.pool, layout=self.layout, projections=self.projections(),
-            name=name, filter_subject=filt, batch_size=s.projector_batch,
+            js=self.js,
+            pool=self.pool,
+            conninfo=self.settings.database_url,
+            layout=self.layout,
+            projections=self.projections(),
+            name=name,
+            filter_subject=filt,
+            batch_size=s.projector_batch,
         )
 
 
-async def connect_nats(url: str) -> NATS:
+async def connect_nats(url: str) -> NatsClient:
     return await nats.connect(url, name="chronicle", max_reconnect_attempts=-1, reconnect_time_wait=0.5)
 
 
@@ -72,7 +78,7 @@ async def open_container(settings: Settings) -> AsyncIterator[Container]:
         settings.database_url, min_size=2, max_size=20, open=False, kwargs={"autocommit": True}
     )
     await pool.open(wait=True, timeout=15)
-    waiter = AppliedWaiter(pool, settings.read_wait_timeout_s)
+    waiter = AppliedWaiter(pool, settings.database_url, settings.read_wait_timeout_s)
     try:
         js = nc.jetstream()
         await ensure_stream(js, layout)
@@ -80,7 +86,10 @@ async def open_container(settings: Settings) -> AsyncIterator[Container]:
         blobs = JetStreamBlobStore(js, settings.blob_bucket)
         await waiter.start()
         commands = Commands(
-            publisher, pool, waiter, blobs,
+            publisher,
+            pool,
+            waiter,
+            blobs,
             payload_limit_bytes=settings.payload_limit_bytes,
             max_message_bytes=settings.max_message_bytes,
             attempts=settings.command_attempts,

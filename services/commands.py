@@ -108,7 +108,9 @@ class Commands:
             return decision.answer(published.seq)
         raise ContentionExhausted(f"gave up after {self._attempts} conflicting attempts")
 
-    async def _live_session(self, conn: Conn, tenant: str, session: str, *, must_exist: bool) -> queries.SessionRow | None:
+    async def _live_session(
+        self, conn: Conn, tenant: str, session: str, *, must_exist: bool
+    ) -> queries.SessionRow | None:
         row = await queries.get_session(conn, tenant, session)
         if row is not None and row.deleted_at is not None:
             raise SessionNotFound(f"session {session!r} was deleted")

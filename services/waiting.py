@@ -22,8 +22,11 @@ log = logging.getLogger("chronicle.waiting")
 
 
 class AppliedWaiter:
-    def __init__(self, pool: AsyncConnectionPool[psycopg.AsyncConnection[Any]], timeout_s: float) -> None:
+    def __init__(
+        self, pool: AsyncConnectionPool[psycopg.AsyncConnection[Any]], conninfo: str, timeout_s: float
+    ) -> None:
         self._pool = pool
+        self._conninfo = conninfo
         self._timeout = timeout_s
         self._changed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._task: asyncio.Task[None] | None = None
@@ -48,7 +51,7 @@ class AppliedWaiter:
     async def _listen(self) -> None:
         while True:
             try:
-                async with await psycopg.AsyncConnection.connect(self._pool.conninfo, autocommit=True) as conn:
+                async with await psycopg.AsyncConnection.connect(self._conninfo, autocommit=True) as conn:
                     await conn.execute(f"LISTEN {NOTIFY_CHANNEL}")
                     self._listening.set()
                     self._wake()  # anything applied while we were not listening

@@ -47,7 +47,7 @@ def postgres_server(tmp: Path) -> Iterator[str]:
     try:
         yield uri
     finally:
-        server.cleanup()  # type: ignore[attr-defined]
+        server.cleanup()
 
 
 @contextlib.contextmanager

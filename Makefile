@@ -1,0 +1,26 @@
+# The two commands a newcomer needs: `make up` (run Chronicle) and `make test` (run the tests).
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+
+.PHONY: up test lint install
+
+$(VENV)/.installed: pyproject.toml
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -e '.[dev]'
+	touch $@
+
+install: $(VENV)/.installed
+
+up: install
+	$(BIN)/chronicle up
+
+lint: install
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check events projections services
+	$(BIN)/mypy
+	$(BIN)/lint-imports
+
+test: lint
+	$(BIN)/pytest

@@ -1,0 +1,70 @@
+"""E2E fixtures: `chronicle api` and `chronicle projector` as real processes, spoken to over HTTP."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import AsyncIterator, Iterator
+
+import httpx
+import pytest
+
+from services.localstack import free_port, wait_for_port
+from services.settings import Settings
+from tests.conftest import KEYS, make_settings
+
+
+def settings_env(settings: Settings) -> dict[str, str]:
+    env = dict(os.environ)
+    for name, value in settings.model_dump().items():
+        if value is None:
+            continue
+        env[f"CHRONICLE_{name.upper()}"] = json.dumps(value) if isinstance(value, list | dict) else str(value)
+    return env
+
+
+@pytest.fixture(scope="session")
+def api_settings(nats_url: str, db_url: str) -> Settings:
+    return make_settings(nats_url, db_url, api_port=free_port())
+
+
+@pytest.fixture(scope="session")
+def api_url(api_settings: Settings) -> Iterator[str]:
+    env = settings_env(api_settings)
+    subprocess.run([sys.executable, "-m", "services.cli", "migrate"], env=env, check=True, capture_output=True)
+    procs = [
+        subprocess.Popen([sys.executable, "-m", "services.cli", "projector"], env=env),
+        subprocess.Popen([sys.executable, "-m", "services.cli", "api"], env=env),
+    ]
+    try:
+        wait_for_port("127.0.0.1", api_settings.api_port, procs[1], "chronicle api", timeout=30)
+        yield f"http://127.0.0.1:{api_settings.api_port}"
+    finally:
+        for p in procs:
+            p.terminate()
+        for p in procs:
+            p.wait(timeout=20)
+
+
+@pytest.fixture
+async def client(api_url: str) -> AsyncIterator[httpx.AsyncClient]:
+    """Authenticated as tenant-a."""
+    headers = {"Authorization": f"Bearer {KEYS['tenant-a']}"}
+    async with httpx.AsyncClient(base_url=api_url, headers=headers, timeout=30) as c:
+        yield c
+
+
+@pytest.fixture
+async def client_b(api_url: str) -> AsyncIterator[httpx.AsyncClient]:
+    """Authenticated as tenant-b."""
+    headers = {"Authorization": f"Bearer {KEYS['tenant-b']}"}
+    async with httpx.AsyncClient(base_url=api_url, headers=headers, timeout=30) as c:
+        yield c
+
+
+@pytest.fixture
+async def anon(api_url: str) -> AsyncIterator[httpx.AsyncClient]:
+    async with httpx.AsyncClient(base_url=api_url, timeout=30) as c:
+        yield c
