@@ -38,6 +38,7 @@ def make_settings(nats_url: str, db_url: str, **overrides: object) -> Settings:
         "subject_prefix": f"t{tag}.ev",
         "blob_bucket": f"b{tag}",
         "partitions": 4,
+        "projector_name": f"projector-{tag}",
         "api_keys": [f"{t}:{hash_key(k)}" for t, k in KEYS.items()],
         "read_wait_timeout_s": 10.0,
         "data_dir": "/nonexistent",
