@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import subprocess
 import uuid
@@ -18,6 +19,7 @@ from services.localstack import (
     start_nats,
     with_database,
 )
+from services.settings import Settings
 
 DEFAULT_PG = "postgresql://postgres@127.0.0.1:5432/postgres"
 
@@ -60,3 +62,13 @@ def scratch_database(admin_url: str) -> Iterator[str]:
     finally:
         with psycopg.connect(admin_url, autocommit=True) as conn:
             conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def settings_env(settings: Settings) -> dict[str, str]:
+    """Environment that gives a child process exactly these settings."""
+    env = dict(os.environ)
+    for name, value in settings.model_dump().items():
+        if value is None:
+            continue
+        env[f"CHRONICLE_{name.upper()}"] = json.dumps(value) if isinstance(value, list | dict) else str(value)
+    return env

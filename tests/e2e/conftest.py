@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import json
-import os
 import subprocess
 import sys
 from collections.abc import AsyncIterator, Iterator
@@ -14,15 +12,7 @@ import pytest
 from services.localstack import free_port, wait_for_port
 from services.settings import Settings
 from tests.conftest import KEYS, make_settings
-
-
-def settings_env(settings: Settings) -> dict[str, str]:
-    env = dict(os.environ)
-    for name, value in settings.model_dump().items():
-        if value is None:
-            continue
-        env[f"CHRONICLE_{name.upper()}"] = json.dumps(value) if isinstance(value, list | dict) else str(value)
-    return env
+from tests.support import settings_env
 
 
 @pytest.fixture(scope="session")

@@ -1,0 +1,34 @@
+"""Builders shared by the integration tests."""
+
+from __future__ import annotations
+
+from events.catalog import MessageAppended
+from events.messages import body_hash
+
+
+def text_message(mid: str, text: str, role: str = "user") -> dict[str, object]:
+    return {"id": mid, "role": role, "parts": [{"type": "text", "text": text}]}
+
+
+def appended(tenant: str, session: str, mid: str, parent: str | None, text: str = "hello") -> MessageAppended:
+    body = text_message(mid, text)
+    return MessageAppended(
+        tenant=tenant,
+        session=session,
+        message_id=mid,
+        parent_id=parent,
+        role="user",
+        body_sha256=body_hash(body),
+        message=body,
+    )
+
+
+def chain(tenant: str, session: str, n: int, prefix: str = "m") -> list[MessageAppended]:
+    """``n`` messages, each the child of the previous one, built client-side (bulk path)."""
+    out: list[MessageAppended] = []
+    parent: str | None = None
+    for i in range(n):
+        mid = f"{prefix}{i}"
+        out.append(appended(tenant, session, mid, parent, f"message number {i} about {session}"))
+        parent = mid
+    return out
