@@ -7,12 +7,12 @@ from typing import Any
 
 from events.blobs import BlobRef, BlobStore
 from events.catalog import MessageBodyEvent
-from events.messages import JsonObject, body_hash, canonical_json
+from events.messages import JsonObject, body_hash, stored_json
 
 
 async def pack_body(body: JsonObject, store: BlobStore | None, limit_bytes: int) -> dict[str, Any]:
     """Event fields for a body: ``message`` inline, or ``message_ref`` when over ``limit_bytes``."""
-    data = canonical_json(body)
+    data = stored_json(body).encode()
     fields: dict[str, Any] = {"body_sha256": body_hash(body), "role": str(body.get("role", ""))}
     if len(data) <= limit_bytes or store is None:
         if len(data) > limit_bytes:

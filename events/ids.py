@@ -67,4 +67,7 @@ def decode_token(token: str) -> str:
         return token
     body = token[1:]
     padded = body + "=" * (-len(body) % 4)
-    return base64.urlsafe_b64decode(padded.encode("ascii")).decode("utf-8")
+    value = base64.urlsafe_b64decode(padded.encode("ascii")).decode("utf-8")
+    if encode_token(value) != token:
+        raise InvalidId(f"subject token {token!r} is not in canonical form")
+    return value

@@ -44,6 +44,11 @@ def canonical_json(body: JsonObject) -> bytes:
     return json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
 
 
+def stored_json(body: JsonObject) -> str:
+    """How a body is stored: the client's JSON, key order kept, unicode unescaped."""
+    return json.dumps(body, ensure_ascii=False, separators=(",", ":"))
+
+
 def body_hash(body: JsonObject) -> str:
     return hashlib.sha256(canonical_json(body)).hexdigest()
 

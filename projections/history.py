@@ -29,7 +29,7 @@ from events.catalog import (
     SessionRenamed,
 )
 from events.envelope import Event
-from events.messages import JsonObject, text_of
+from events.messages import JsonObject, stored_json, text_of
 
 NAME = "history"
 
@@ -119,9 +119,7 @@ Op = (
 )
 
 
-def store_json(body: JsonObject) -> str:
-    """How a body is stored: the client's JSON, key order kept, unicode unescaped."""
-    return json.dumps(body, ensure_ascii=False, separators=(",", ":"))
+store_json = stored_json
 
 
 def plan(event: Event, seq: int, body: JsonObject | None = None) -> list[Op]:

@@ -1,0 +1,299 @@
+"""compose.yaml and the Dockerfile, checked without Docker: services, images, health checks, order, env.
+
+The environment the Chronicle containers get must be understood by ``services.settings.Settings``:
+a misspelt ``CHRONICLE_*`` key is otherwise ignored silently (``extra="ignore"``) and the process
+falls back to its 127.0.0.1 defaults inside the container.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import pytest
+import yaml
+
+from services.settings import Settings
+
+ROOT = Path(__file__).resolve().parents[2]
+COMPOSE = ROOT / "compose.yaml"
+DOCKERFILE = ROOT / "Dockerfile"
+
+PREFIX = "CHRONICLE_"
+INFRA = ("nats", "postgres", "minio")
+CHRONICLE = ("migrate", "api", "projector")
+# Not fields of Settings yet: they arrive with the MinIO adapter (object storage for claim checks,
+# skills and archives). Remove each entry when its field lands; the test below insists on that.
+PENDING_SETTINGS = frozenset(
+    {"CHRONICLE_S3_ENDPOINT", "CHRONICLE_S3_ACCESS_KEY", "CHRONICLE_S3_SECRET_KEY", "CHRONICLE_S3_SECURE"}
+)
+
+# ${VAR}, ${VAR:-default}, ${VAR-default}, ${VAR:?error}, ${VAR?error}; `$$` is a literal dollar
+_INTERPOLATION = re.compile(r"\$\{(?P<name>[A-Za-z_][A-Za-z0-9_]*)(?:(?P<op>:?[-?])(?P<arg>[^}]*))?\}")
+
+
+def resolve(value: str) -> str:
+    """What compose makes of ``value`` when no variable is set: ``${VAR:-default}`` becomes ``default``."""
+
+    def default(m: re.Match[str]) -> str:
+        if m["op"] not in (":-", "-"):
+            raise AssertionError(f"{m[0]!r} has no default, so the stack does not start without a .env")
+        return m["arg"]
+
+    resolved = _INTERPOLATION.sub(default, value.replace("$$", "\0"))
+    assert "$" not in resolved, f"unresolved interpolation in {value!r}"
+    return resolved.replace("\0", "$")
+
+
+@pytest.fixture(scope="module")
+def compose() -> dict[str, Any]:
+    data = yaml.safe_load(COMPOSE.read_text())
+    assert isinstance(data, dict)
+    return data
+
+
+@pytest.fixture(scope="module")
+def services(compose: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    svcs = compose["services"]
+    assert isinstance(svcs, dict)
+    return svcs
+
+
+def env_of(service: dict[str, Any]) -> dict[str, str]:
+    env = service.get("environment", {})
+    if isinstance(env, list):  # the `- KEY=value` form
+        env = dict(item.split("=", 1) for item in env)
+    assert isinstance(env, dict)
+    for key, value in env.items():
+        assert isinstance(value, str), f"{key}: quote it, compose values are strings ({value!r})"
+    return {key: resolve(value) for key, value in env.items()}
+
+
+def settings_from(env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> Settings:
+    """Settings exactly as the container builds them: from its environment and nothing else."""
+    for key in list(os.environ):
+        if key.upper().startswith(PREFIX):
+            monkeypatch.delenv(key)
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    return Settings(_env_file=None)
+
+
+def container_ports(service: dict[str, Any]) -> set[int]:
+    """Container side of each ``[host_ip:][host:]container`` mapping."""
+    return {int(str(p).rsplit(":", 1)[-1].split("/")[0]) for p in service.get("ports", [])}
+
+
+def image_tag(service: dict[str, Any]) -> tuple[str, str]:
+    name, _, tag = str(service["image"]).rpartition(":")
+    return name, tag
+
+
+# -- shape ----------------------------------------------------------------------------------------
+
+
+def test_service_set(compose: dict[str, Any], services: dict[str, dict[str, Any]]) -> None:
+    assert set(services) == {*INFRA, *CHRONICLE}
+    assert "version" not in compose, "the top-level `version:` key is obsolete"
+
+
+def test_infra_images(services: dict[str, dict[str, Any]]) -> None:
+    name, tag = image_tag(services["nats"])
+    assert name == "nats"
+    m = re.fullmatch(r"(\d+)\.(\d+)(?:\.(\d+))?(?:-alpine[0-9.]*)?", tag)
+    assert m, f"pin a numeric nats tag, not {tag!r}"
+    major, minor = int(m[1]), int(m[2])
+    assert major == 2, "nats 2.x"
+    assert minor >= 11, f"nats >= 2.11 is required, got {tag}"
+    # the alpine variant has busybox wget, which the health check uses (scratch images have no shell)
+    assert "alpine" in tag
+
+    name, tag = image_tag(services["postgres"])
+    assert name == "pgvector/pgvector"
+    assert re.fullmatch(r"pg1[6-9](?:-.*)?", tag), tag
+
+    name, tag = image_tag(services["minio"])
+    assert name == "minio/minio"
+    assert re.fullmatch(r"RELEASE\.\d{4}-\d{2}-\d{2}T\d{2}-\d{2}-\d{2}Z", tag), f"pin a MinIO release, not {tag!r}"
+
+
+def test_nats_runs_jetstream_on_its_volume(services: dict[str, dict[str, Any]]) -> None:
+    command = services["nats"]["command"]
+    assert isinstance(command, list)
+    assert "-js" in command
+    store = command[command.index("-sd") + 1]
+    assert "-m" in command
+    assert "8222" in command
+    mounts = {str(v).split(":")[1] for v in services["nats"]["volumes"]}
+    assert store in mounts, "the JetStream store must be on a volume"
+
+
+def test_minio_serves_s3_and_console(services: dict[str, dict[str, Any]]) -> None:
+    minio = services["minio"]
+    command = minio["command"]
+    assert command[:2] == ["server", "/data"]
+    assert command[command.index("--console-address") + 1] == ":9001"
+    env = env_of(minio)
+    assert len(env["MINIO_ROOT_USER"]) >= 3
+    assert len(env["MINIO_ROOT_PASSWORD"]) >= 8, "MinIO refuses to start with a shorter root password"
+
+
+def test_infra_health_checks(services: dict[str, dict[str, Any]]) -> None:
+    for name in INFRA:
+        check = services[name].get("healthcheck")
+        assert check, f"{name} has no healthcheck"
+        test = check["test"]
+        assert isinstance(test, list)
+        assert test[0] in ("CMD", "CMD-SHELL")
+        assert not check.get("disable", False)
+    assert "healthz" in " ".join(services["nats"]["healthcheck"]["test"])
+    pg = services["postgres"]["healthcheck"]["test"]
+    assert "pg_isready" in pg
+    assert pg[pg.index("-d") + 1] == "chronicle"
+    assert "ready" in services["minio"]["healthcheck"]["test"] or "/minio/health/live" in " ".join(
+        services["minio"]["healthcheck"]["test"]
+    )
+
+
+def test_chronicle_services_are_built_here(services: dict[str, dict[str, Any]]) -> None:
+    for name in CHRONICLE:
+        svc = services[name]
+        assert svc.get("build") in (".", {"context": "."}), name
+        assert svc["command"] == [name], name
+    assert services["migrate"]["restart"] == "no"
+
+
+def test_start_order(services: dict[str, dict[str, Any]]) -> None:
+    assert services["migrate"]["depends_on"] == {"postgres": {"condition": "service_healthy"}}
+    expected = {
+        "nats": {"condition": "service_healthy"},
+        "postgres": {"condition": "service_healthy"},
+        "minio": {"condition": "service_healthy"},
+        "migrate": {"condition": "service_completed_successfully"},
+    }
+    for name in ("api", "projector"):
+        assert services[name]["depends_on"] == expected, name
+    # every service_healthy condition points at a service that has a health check
+    for name, svc in services.items():
+        for dep, cond in svc.get("depends_on", {}).items():
+            if cond["condition"] == "service_healthy":
+                assert "healthcheck" in services[dep], f"{name} waits on {dep}, which has no healthcheck"
+
+
+def test_ports(services: dict[str, dict[str, Any]]) -> None:
+    assert container_ports(services["nats"]) >= {4222}
+    assert container_ports(services["minio"]) == {9000, 9001}
+    assert "8080:8080" in services["api"]["ports"]
+    assert not services["projector"].get("ports")
+    assert not services["migrate"].get("ports")
+
+
+def test_api_health_check_uses_python(services: dict[str, dict[str, Any]]) -> None:
+    test = services["api"]["healthcheck"]["test"]
+    assert test[:3] == ["CMD", "python", "-c"], "the slim image has no curl"
+    compile(test[3], "<healthcheck>", "exec")
+    assert ":8080/healthz" in test[3]
+
+
+def test_named_volumes_are_declared(compose: dict[str, Any], services: dict[str, dict[str, Any]]) -> None:
+    declared = set(compose.get("volumes") or {})
+    used: set[str] = set()
+    for svc in services.values():
+        for volume in svc.get("volumes", []):
+            source = str(volume).split(":")[0]
+            if not source.startswith((".", "/", "~")):
+                used.add(source)
+    assert used == declared
+    for name in INFRA:
+        assert services[name].get("volumes"), f"{name} keeps its data on a volume"
+
+
+# -- environment against the settings model -------------------------------------------------------
+
+
+def test_every_chronicle_key_is_a_setting(services: dict[str, dict[str, Any]]) -> None:
+    fields = set(Settings.model_fields)
+    stale = {key for key in PENDING_SETTINGS if key.removeprefix(PREFIX).lower() in fields}
+    assert not stale, f"now real settings, drop them from PENDING_SETTINGS: {sorted(stale)}"
+    for name, svc in services.items():
+        for key in env_of(svc):
+            if not key.startswith(PREFIX) or key in PENDING_SETTINGS:
+                continue
+            assert key.removeprefix(PREFIX).lower() in fields, f"{name}: {key} is not a Settings field"
+
+
+def test_chronicle_services_share_one_environment(services: dict[str, dict[str, Any]]) -> None:
+    api = env_of(services["api"])
+    for name in CHRONICLE:
+        assert env_of(services[name]) == api, f"{name} must use the shared x-chronicle-env"
+    for name in INFRA:
+        assert not any(k.startswith(PREFIX) for k in env_of(services[name])), name
+
+
+def test_environment_validates_against_settings(
+    services: dict[str, dict[str, Any]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    env = env_of(services["api"])
+    s = settings_from(env, monkeypatch)
+
+    nats = urlsplit(s.nats_url)
+    assert (nats.scheme, nats.hostname, nats.port) == ("nats", "nats", 4222)
+    assert 4222 in container_ports(services["nats"])
+
+    db = urlsplit(s.database_url)
+    assert db.scheme in ("postgresql", "postgres")
+    assert (db.hostname, db.port) == ("postgres", 5432)
+    pg = env_of(services["postgres"])
+    assert db.username == pg["POSTGRES_USER"]
+    assert db.password == pg["POSTGRES_PASSWORD"]
+    assert db.path.lstrip("/") == pg["POSTGRES_DB"] == "chronicle"
+
+    assert s.api_host == "0.0.0.0"
+    assert s.api_port == 8080
+    assert f":{s.api_port}/healthz" in services["api"]["healthcheck"]["test"][3]
+    assert s.api_port in container_ports(services["api"])
+    # the placeholder is well-formed, so the API starts (and answers 401 until a real key is set)
+    assert s.api_keys
+    assert s.tenants_by_key_hash()
+    # the migrate service migrates; api and projector must not race it
+    assert s.auto_migrate is False
+
+    # the S3 credentials are MinIO's root credentials, and the endpoint is the minio service
+    minio = env_of(services["minio"])
+    assert env["CHRONICLE_S3_ENDPOINT"] == "minio:9000"
+    assert env["CHRONICLE_S3_ACCESS_KEY"] == minio["MINIO_ROOT_USER"]
+    assert env["CHRONICLE_S3_SECRET_KEY"] == minio["MINIO_ROOT_PASSWORD"]
+    assert env["CHRONICLE_S3_SECURE"] in ("false", "true")
+
+
+def test_interpolation_resolves_to_defaults() -> None:
+    assert resolve("${X:-a:b}") == "a:b"
+    assert resolve("${X-[1]}/y") == "[1]/y"
+    assert resolve("cost $$5") == "cost $5"
+    with pytest.raises(AssertionError):
+        resolve("${X}")
+    with pytest.raises(AssertionError):
+        resolve("${X:?set X}")
+
+
+# -- Dockerfile -----------------------------------------------------------------------------------
+
+
+def test_dockerfile() -> None:
+    text = DOCKERFILE.read_text()
+    lines = [line.strip() for line in text.splitlines() if line.strip() and not line.lstrip().startswith("#")]
+    froms = [line for line in lines if line.upper().startswith("FROM ")]
+    assert froms
+    assert all(line.split()[1] == "python:3.11-slim" for line in froms)
+    assert 'ENTRYPOINT ["chronicle"]' in lines
+    assert 'CMD ["api"]' in lines
+    assert "EXPOSE 8080" in lines
+    assert re.search(r"\bCHRONICLE_API_HOST=0\.0\.0\.0\b", text)
+    assert re.search(r"pip install \.(\s|$)", text), "install the project itself, without dev extras"
+    assert "[dev]" not in text
+    users = [line.split()[1] for line in lines if line.upper().startswith("USER ")]
+    assert users
+    assert users[-1].split(":")[0] not in ("root", "0"), "run as a non-root user"

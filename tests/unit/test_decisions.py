@@ -1,0 +1,82 @@
+"""decide_append: the reference's parent rules and idempotent message ids, as pure decisions."""
+
+from __future__ import annotations
+
+import pytest
+
+from services.decisions import OMITTED, Append, AppendState, Existing, ParentSpec, Replay, decide_append
+from services.errors import MessageConflict, SessionNotFound, UnknownParent
+
+HASH = "a" * 64
+OTHER_HASH = "b" * 64
+
+
+def state(
+    *,
+    deleted: bool = False,
+    existing: Existing | None = None,
+    leaf: str | None = None,
+    parent_exists: bool = False,
+) -> AppendState:
+    return AppendState(session_deleted=deleted, existing=existing, latest_leaf=leaf, parent_exists=parent_exists)
+
+
+def test_omitted_parent_appends_to_the_latest_leaf() -> None:
+    assert decide_append(state(leaf="m3"), HASH, OMITTED) == Append("m3")
+
+
+def test_omitted_parent_in_an_empty_session_starts_a_root() -> None:
+    assert decide_append(state(leaf=None), HASH, OMITTED) == Append(None)
+
+
+def test_none_parent_starts_a_new_root_even_with_a_leaf() -> None:
+    assert decide_append(state(leaf="m3", parent_exists=True), HASH, None) == Append(None)
+
+
+def test_explicit_existing_parent_is_used() -> None:
+    assert decide_append(state(leaf="m3", parent_exists=True), HASH, "m1") == Append("m1")
+
+
+def test_unknown_parent_is_an_error_not_a_fallback() -> None:
+    with pytest.raises(UnknownParent, match="'m9'") as info:
+        decide_append(state(leaf="m3", parent_exists=False), HASH, "m9")
+    assert info.value.status == 422
+    assert info.value.code == "unknown_parent"
+
+
+@pytest.mark.parametrize("parent", [OMITTED, None, "m1", "m-unknown"])
+def test_same_id_same_body_replays_the_first_answer(parent: ParentSpec) -> None:
+    first = Existing(parent_id="m0", seq=42, body_sha256=HASH)
+    decision = decide_append(state(existing=first, leaf="m7", parent_exists=False), HASH, parent)
+    assert decision == Replay(parent_id="m0", seq=42)
+
+
+def test_replay_of_a_root_message_keeps_parent_none() -> None:
+    first = Existing(parent_id=None, seq=1, body_sha256=HASH)
+    assert decide_append(state(existing=first, leaf="m7"), HASH, OMITTED) == Replay(None, 1)
+
+
+@pytest.mark.parametrize("parent", [OMITTED, None, "m0"])
+def test_same_id_other_body_is_a_conflict(parent: ParentSpec) -> None:
+    first = Existing(parent_id="m0", seq=42, body_sha256=HASH)
+    with pytest.raises(MessageConflict) as info:
+        decide_append(state(existing=first, parent_exists=True), OTHER_HASH, parent)
+    assert info.value.status == 409
+
+
+@pytest.mark.parametrize("parent", [OMITTED, None, "m1"])
+def test_deleted_session_is_not_found(parent: ParentSpec) -> None:
+    with pytest.raises(SessionNotFound) as info:
+        decide_append(state(deleted=True, leaf="m3", parent_exists=True), HASH, parent)
+    assert info.value.status == 404
+
+
+def test_deleted_session_wins_over_replay() -> None:
+    first = Existing(parent_id="m0", seq=42, body_sha256=HASH)
+    with pytest.raises(SessionNotFound):
+        decide_append(state(deleted=True, existing=first), HASH, OMITTED)
+
+
+def test_omitted_is_distinct_from_none() -> None:
+    assert OMITTED is not None
+    assert repr(OMITTED) == "OMITTED"

@@ -1,0 +1,78 @@
+"""Stored-JSON fixtures: every event type (and every shipped version) still decodes.
+
+A fixture at the current version must also re-encode to exactly the stored JSON, so a change of
+field names, defaults or datetime format in a shipped event is caught here.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from events.catalog import EVENT_TYPES, MessageBodyEvent
+from events.messages import body_hash
+from events.registry import CURRENT, decode
+
+FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "events"
+NAME = re.compile(r"(?P<type>[a-z_.]+)\.v(?P<version>\d+)(?:\.[a-z0-9_-]+)?\.json")
+ENVELOPE = ("id", "type", "version", "tenant", "session", "occurred_at", "correlation_id", "causation_id")
+
+FIXTURE_FILES = sorted(FIXTURES.glob("*.json"))
+
+
+def load(path: Path) -> dict[str, Any]:
+    raw: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
+    return raw
+
+
+def test_fixture_folder_is_not_empty() -> None:
+    assert FIXTURE_FILES, f"no fixtures in {FIXTURES}"
+
+
+@pytest.mark.parametrize("event_type", EVENT_TYPES, ids=lambda cls: f"{cls.TYPE}.v{cls.VERSION}")
+def test_every_event_type_has_a_fixture(event_type: type[Any]) -> None:
+    path = FIXTURES / f"{event_type.TYPE}.v{event_type.VERSION}.json"
+    assert path.is_file(), f"missing stored-JSON fixture {path.name} for {event_type.__name__}"
+
+
+@pytest.mark.parametrize("path", FIXTURE_FILES, ids=lambda p: p.name)
+def test_fixture_decodes(path: Path) -> None:
+    raw = load(path)
+    match = NAME.fullmatch(path.name)
+    assert match, f"fixture name {path.name} is not <type>.v<version>[.<variant>].json"
+    assert (raw["type"], raw["version"]) == (match["type"], int(match["version"]))
+    for field in ENVELOPE:
+        assert raw.get(field) is not None, f"{path.name}: envelope field {field} is not filled"
+
+    event = decode(path.read_bytes())
+
+    current = CURRENT[raw["type"]]
+    assert type(event) is current
+    assert event.type == raw["type"]
+    assert event.version == current.VERSION
+    if raw["version"] == current.VERSION:
+        assert event.model_dump(mode="json") == raw
+        assert json.loads(event.to_json()) == raw
+
+
+def test_fixture_body_hashes_match_their_bodies() -> None:
+    events = [decode(path.read_bytes()) for path in FIXTURE_FILES]
+    bodies = [event for event in events if isinstance(event, MessageBodyEvent)]
+    assert bodies
+    for event in bodies:
+        if event.message is not None:
+            assert event.body_sha256 == body_hash(event.message)
+            assert event.role == event.message["role"]
+        else:
+            assert event.message_ref is not None
+            assert event.message_ref.key == event.message_ref.sha256 == event.body_sha256
+
+
+def test_claim_check_fixture_exists() -> None:
+    raw = load(FIXTURES / "message.appended.v1.claimcheck.json")
+    assert raw["message"] is None
+    assert raw["message_ref"] is not None

@@ -1,0 +1,231 @@
+"""The history projection's pure core: event -> row operations, text extraction, merged touches."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime, timedelta
+from typing import Any, ClassVar, Literal
+
+import pytest
+
+from events.blobs import BlobRef
+from events.catalog import (
+    MessageAppended,
+    MessagesCleared,
+    MessagesDeleted,
+    MessageUpdated,
+    SessionCreated,
+    SessionDeleted,
+    SessionRenamed,
+)
+from events.envelope import Event
+from events.messages import body_hash, text_of
+from projections.history import (
+    ClearMessages,
+    CreateSession,
+    DeleteMessages,
+    DeleteSession,
+    InsertMessage,
+    Op,
+    RenameSession,
+    TouchSession,
+    UpdateMessage,
+    merge_touches,
+    plan,
+    store_json,
+)
+
+T, S = "acme", "chat-1"
+AT = datetime(2025, 3, 1, 12, 0, tzinfo=UTC)
+ENV: dict[str, Any] = {"tenant": T, "session": S, "occurred_at": AT}
+BODY: dict[str, Any] = {
+    "id": "m2",
+    "role": "assistant",
+    "parts": [
+        {"type": "reasoning", "text": "let me think"},
+        {"type": "text", "text": "première ligne"},
+        {"type": "tool-search", "toolCallId": "c1", "input": {"q": "x"}, "output": "text"},
+        {"type": "text", "text": "second line"},
+    ],
+    "metadata": {"model": "m"},
+}
+CONTENT = (
+    '{"id":"m2","role":"assistant","parts":[{"type":"reasoning","text":"let me think"},'
+    '{"type":"text","text":"première ligne"},'
+    '{"type":"tool-search","toolCallId":"c1","input":{"q":"x"},"output":"text"},'
+    '{"type":"text","text":"second line"}],"metadata":{"model":"m"}}'
+)
+TOUCH = TouchSession(T, S, AT, 17, AT, 17)
+
+
+def test_store_json_of_the_sample_body() -> None:
+    assert store_json(BODY) == CONTENT
+
+
+def test_session_created() -> None:
+    event = SessionCreated(**ENV, name="Chat", parent_session_id="chat-0", metadata={"k": "v"})
+    assert plan(event, 17) == [TOUCH, CreateSession(T, S, "Chat", "chat-0", {"k": "v"})]
+
+
+def test_session_created_copies_metadata() -> None:
+    event = SessionCreated(**ENV, metadata={"k": "v"})
+    ops = plan(event, 17)
+    create = ops[1]
+    assert isinstance(create, CreateSession)
+    assert create.metadata == {"k": "v"}
+    assert create.metadata is not event.metadata
+    assert (create.name, create.parent_session_id) == ("", None)
+
+
+def test_session_renamed() -> None:
+    assert plan(SessionRenamed(**ENV, name="New"), 17) == [TOUCH, RenameSession(T, S, "New")]
+
+
+def test_session_deleted() -> None:
+    assert plan(SessionDeleted(**ENV), 17) == [TOUCH, DeleteSession(T, S, AT)]
+
+
+def test_message_appended() -> None:
+    event = MessageAppended(
+        **ENV, message_id="m2", role="assistant", body_sha256=body_hash(BODY), message=BODY, parent_id="m1"
+    )
+    assert plan(event, 17, BODY) == [
+        TOUCH,
+        InsertMessage(T, S, "m2", "m1", "assistant", CONTENT, body_hash(BODY), "première ligne\nsecond line", AT, 17),
+    ]
+
+
+def test_message_appended_as_root() -> None:
+    event = MessageAppended(
+        **ENV, message_id="m2", role="assistant", body_sha256=body_hash(BODY), message=BODY, parent_id=None
+    )
+    insert = plan(event, 17, BODY)[1]
+    assert isinstance(insert, InsertMessage)
+    assert insert.parent_id is None
+
+
+def test_message_appended_by_claim_check_uses_the_resolved_body() -> None:
+    digest = body_hash(BODY)
+    ref = BlobRef(store="memory", key=digest, sha256=digest, size=999)
+    event = MessageAppended(
+        **ENV, message_id="m2", role="assistant", body_sha256=digest, message_ref=ref, parent_id="m1"
+    )
+    insert = plan(event, 17, BODY)[1]
+    assert isinstance(insert, InsertMessage)
+    assert (insert.content, insert.text) == (CONTENT, "première ligne\nsecond line")
+
+
+def test_message_updated() -> None:
+    event = MessageUpdated(**ENV, message_id="m2", role="assistant", body_sha256=body_hash(BODY), message=BODY)
+    assert plan(event, 17, BODY) == [
+        TOUCH,
+        UpdateMessage(T, S, "m2", CONTENT, body_hash(BODY), "première ligne\nsecond line", 17),
+    ]
+
+
+def test_messages_deleted() -> None:
+    event = MessagesDeleted(**ENV, message_ids=["m1", "m2"])
+    assert plan(event, 17) == [TOUCH, DeleteMessages(T, S, ("m1", "m2"))]
+
+
+def test_messages_cleared() -> None:
+    assert plan(MessagesCleared(**ENV), 17) == [TOUCH, ClearMessages(T, S)]
+
+
+class SomethingNew(Event):
+    TYPE: ClassVar[str] = "something.new"
+    VERSION: ClassVar[int] = 1
+    type: Literal["something.new"] = "something.new"
+    version: Literal[1] = 1
+
+
+def test_other_events_only_touch_the_session() -> None:
+    assert plan(SomethingNew(**ENV), 17) == [TOUCH]
+
+
+def test_plan_is_deterministic() -> None:
+    event = MessageAppended(
+        **ENV, message_id="m2", role="assistant", body_sha256=body_hash(BODY), message=BODY, parent_id="m1"
+    )
+    assert plan(event, 17, json.loads(json.dumps(BODY))) == plan(event, 17, BODY)
+
+
+# -- text_of and store_json ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("body", "text"),
+    [
+        (BODY, "première ligne\nsecond line"),
+        ({"parts": [{"type": "text", "text": "only"}]}, "only"),
+        (
+            {"parts": [{"type": "text", "text": "a"}, {"type": "text", "text": ""}, {"type": "text", "text": "b"}]},
+            "a\n\nb",
+        ),
+        ({"parts": [{"type": "reasoning", "text": "hidden"}, {"type": "dynamic-tool", "output": "x"}]}, ""),
+        ({"parts": [{"type": "text", "text": 3}, {"type": "text"}, "text", None, {"text": "no type"}]}, ""),
+        ({"parts": "not a list"}, ""),
+        ({}, ""),
+    ],
+)
+def test_text_of_indexes_only_text_parts(body: dict[str, Any], text: str) -> None:
+    assert text_of(body) == text
+
+
+def test_store_json_keeps_key_order_and_unicode() -> None:
+    body = {"role": "user", "id": "m1", "parts": [{"text": "こんにちは 🙂", "type": "text"}], "z": {"b": 1, "a": 2}}
+    stored = store_json(body)
+    assert stored == '{"role":"user","id":"m1","parts":[{"text":"こんにちは 🙂","type":"text"}],"z":{"b":1,"a":2}}'
+    assert json.loads(stored) == body
+    assert list(json.loads(stored)) == list(body)
+
+
+# -- merge_touches ------------------------------------------------------------------------------
+
+
+def touch(tenant: str, session: str, minute: int, seq: int) -> TouchSession:
+    at = AT + timedelta(minutes=minute)
+    return TouchSession(tenant, session, at, seq, at, seq)
+
+
+def test_merge_touches_keeps_first_creation_and_last_position() -> None:
+    ops: list[Op] = [
+        touch(T, "a", 0, 10),
+        ClearMessages(T, "a"),
+        touch(T, "b", 1, 11),
+        touch(T, "a", 2, 12),
+        RenameSession(T, "b", "x"),
+        touch(T, "a", 3, 13),
+        touch(T, "b", 4, 14),
+    ]
+    assert merge_touches(ops) == [
+        TouchSession(T, "a", AT + timedelta(minutes=3), 13, AT, 10),
+        TouchSession(T, "b", AT + timedelta(minutes=4), 14, AT + timedelta(minutes=1), 11),
+    ]
+
+
+def test_merge_touches_keeps_tenants_apart() -> None:
+    ops: list[Op] = [touch("t1", "s", 0, 1), touch("t2", "s", 1, 2), touch("t1", "s", 2, 3)]
+    assert merge_touches(ops) == [
+        TouchSession("t1", "s", AT + timedelta(minutes=2), 3, AT, 1),
+        TouchSession("t2", "s", AT + timedelta(minutes=1), 2, AT + timedelta(minutes=1), 2),
+    ]
+
+
+def test_merge_touches_of_a_single_touch_is_that_touch() -> None:
+    assert merge_touches([touch(T, S, 0, 5)]) == [touch(T, S, 0, 5)]
+
+
+def test_merge_touches_without_touches_is_empty() -> None:
+    assert merge_touches([]) == []
+    assert merge_touches([ClearMessages(T, S), DeleteMessages(T, S, ("m",))]) == []
+
+
+def test_merge_touches_of_planned_batch() -> None:
+    events: list[Event] = [
+        SessionCreated(tenant=T, session=S, occurred_at=AT, name="c"),
+        SessionRenamed(tenant=T, session=S, occurred_at=AT + timedelta(seconds=5), name="r"),
+        MessagesCleared(tenant=T, session=S, occurred_at=AT + timedelta(seconds=9)),
+    ]
+    ops = [op for seq, event in enumerate(events, start=100) for op in plan(event, seq)]
+    assert merge_touches(ops) == [TouchSession(T, S, AT + timedelta(seconds=9), 102, AT, 100)]
