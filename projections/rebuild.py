@@ -26,6 +26,41 @@ TABLES: dict[str, str] = {
 }
 
 
+async def apply_range(
+    conn: psycopg.AsyncConnection[Any],
+    js: JetStreamContext,
+    layout: SubjectLayout,
+    projections: Sequence[Projection],
+    checkpoint: str,
+    from_seq: int,
+    to_seq: int,
+    *,
+    batch_size: int = 2000,
+    progress: Callable[[int, int], None] | None = None,
+) -> int:
+    """Apply the stream's events ``from_seq..to_seq`` on ``conn`` (its search_path decides the
+    schema), one transaction or savepoint per batch. Returns the last sequence applied."""
+    last = 0
+    batch: list[tuple[int, Event]] = []
+
+    async def flush() -> None:
+        async with conn.transaction():
+            await apply_batch(conn, checkpoint, projections, batch, notify=False)
+        if progress is not None:
+            progress(batch[-1][0], to_seq)
+        batch.clear()
+
+    if to_seq >= from_seq:
+        async for stored in eventlog.read(js, layout, None, from_seq, to_seq):
+            batch.append((stored.seq, decode(stored.data)))
+            last = stored.seq
+            if len(batch) >= batch_size:
+                await flush()
+        if batch:
+            await flush()
+    return last
+
+
 async def rebuild_into(
     js: JetStreamContext,
     layout: SubjectLayout,
@@ -38,36 +73,17 @@ async def rebuild_into(
     batch_size: int = 2000,
     progress: Callable[[int, int], None] | None = None,
 ) -> int:
-    """Replay the stream (up to ``to_seq``) into ``schema`` (created and migrated first).
-
-    Returns the last sequence applied. ``progress(applied_seq, end_seq)`` is called per batch.
-    """
+    """Replay the stream from sequence 1 (up to ``to_seq``) into ``schema``, created and migrated
+    first. Returns the last sequence applied."""
     await migrate(conninfo, schema)
     end = await eventlog.last_seq(js, layout)
     if to_seq is not None:
         end = min(end, to_seq)
-    last = 0
-    async with await psycopg.AsyncConnection.connect(conninfo) as conn:
+    async with await psycopg.AsyncConnection.connect(conninfo, autocommit=True) as conn:
         await conn.execute(f'SET search_path TO "{schema}"')
-        await conn.commit()
-        batch: list[tuple[int, Event]] = []
-
-        async def flush() -> None:
-            async with conn.transaction():
-                await apply_batch(conn, checkpoint, projections, batch, notify=False)
-            if progress is not None:
-                progress(batch[-1][0], end)
-            batch.clear()
-
-        if end > 0:
-            async for stored in eventlog.read(js, layout, None, 1, end):
-                batch.append((stored.seq, decode(stored.data)))
-                last = stored.seq
-                if len(batch) >= batch_size:
-                    await flush()
-            if batch:
-                await flush()
-    return last
+        return await apply_range(
+            conn, js, layout, projections, checkpoint, 1, end, batch_size=batch_size, progress=progress
+        )
 
 
 async def checksums(conn: psycopg.AsyncConnection[Any], schema: str) -> dict[str, tuple[int, str]]:
@@ -75,25 +91,10 @@ async def checksums(conn: psycopg.AsyncConnection[Any], schema: str) -> dict[str
     out: dict[str, tuple[int, str]] = {}
     for table, key in TABLES.items():
         cur = await conn.execute(
-            f'SELECT count(*), coalesce(md5(string_agg(t::text, E\'\\n\' ORDER BY {key})), \'\') '
+            f"SELECT count(*), coalesce(md5(string_agg(t::text, E'\\n' ORDER BY {key})), '') "
             f'FROM "{schema}"."{table}" t'
         )
         row = await cur.fetchone()
         assert row is not None
         out[table] = (int(row[0]), str(row[1]))
     return out
-
-
-async def first_differences(
-    conn: psycopg.AsyncConnection[Any], live: str, shadow: str, table: str, limit: int = 5
-) -> list[str]:
-    """Up to ``limit`` rows present on one side only, as text, prefixed with the side."""
-    key = TABLES[table]
-    cur = await conn.execute(
-        f'(SELECT \'live\', t::text FROM (SELECT * FROM "{live}"."{table}" EXCEPT '
-        f'SELECT * FROM "{shadow}"."{table}") t ORDER BY {key} LIMIT %s) UNION ALL '
-        f'(SELECT \'rebuilt\', t::text FROM (SELECT * FROM "{shadow}"."{table}" EXCEPT '
-        f'SELECT * FROM "{live}"."{table}") t ORDER BY {key} LIMIT %s)',
-        (limit, limit),
-    )
-    return [f"{side}: {text}" for side, text in await cur.fetchall()]

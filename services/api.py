@@ -14,7 +14,7 @@ from events import ids
 from events import log as eventlog
 from events.messages import UIMessage
 from projections import queries
-from services import metrics
+from services import audit, metrics
 from services.bootstrap import Container, open_container
 from services.commands import OMITTED, AppendResult
 from services.decisions import ParentSpec
@@ -258,10 +258,22 @@ def build_app(settings: Settings, container: Container | None = None) -> FastAPI
     # -- reads -----------------------------------------------------------------------------
 
     @app.get("/v1/sessions/{sid}/history")
-    async def history(sid: str, tenant: Tenant, c: C, leaf_id: str | None = None, min_seq: MinSeq = None) -> Response:
+    async def history(
+        sid: str,
+        tenant: Tenant,
+        c: C,
+        leaf_id: str | None = None,
+        min_seq: MinSeq = None,
+        as_of_seq: Annotated[int | None, Query(ge=0)] = None,
+    ) -> Response:
         _check("session", sid)
         if leaf_id is not None:
             _check("message", leaf_id)
+        if as_of_seq is not None:
+            state = await audit.session_as_of(c, tenant, sid, as_of_seq)
+            leaf_id = leaf_id or state.latest_leaf()
+            path = state.path(leaf_id)
+            return _raw_json({"leaf_id": leaf_id if path else None, "as_of_seq": as_of_seq}, path)
         await caught_up(c, tenant, sid, min_seq)
         async with c.pool.connection() as cx, cx.transaction():
             if leaf_id is None:

@@ -20,6 +20,22 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("api", help="run the HTTP API")
     sub.add_parser("projector", help="run the projector (event log -> Postgres read models)")
     sub.add_parser("migrate", help="apply database migrations")
+    p_replay = sub.add_parser("replay", help="print a session's events exactly as stored, in order")
+    p_replay.add_argument("--session", required=True)
+    p_replay.add_argument("--tenant", default="default")
+    p_replay.add_argument("--from-seq", type=int, default=1)
+    p_replay.add_argument("--to-seq", type=int, default=None)
+    p_replay.add_argument("--format", choices=["jsonl", "table"], default="jsonl")
+    p_hist = sub.add_parser("history", help="a session's history, optionally as of a stream sequence")
+    p_hist.add_argument("--session", required=True)
+    p_hist.add_argument("--tenant", default="default")
+    p_hist.add_argument("--leaf-id", default=None)
+    p_hist.add_argument("--as-of-seq", type=int, default=None)
+    p_rebuild = sub.add_parser("rebuild", help="rebuild read models from sequence 1, then swap atomically")
+    p_rebuild.add_argument("--projection", choices=["history"], default="history")
+    p_rebuild.add_argument("--keep-old", action="store_true", help="keep the replaced tables in a schema")
+    p_verify = sub.add_parser("verify", help="rebuild into a shadow schema and compare with the live read models")
+    p_verify.add_argument("--limit", type=int, default=5, help="differences to print per table")
     p_key = sub.add_parser("keygen", help="make an API key and print its settings entry")
     p_key.add_argument("--tenant", required=True)
     args = parser.parse_args(argv)
@@ -42,6 +58,10 @@ def main(argv: list[str] | None = None) -> int:
         case "migrate":
             applied = asyncio.run(migrate(settings.database_url))
             print("applied: " + (", ".join(applied) if applied else "nothing (up to date)"))
+        case "replay" | "history" | "rebuild" | "verify":
+            from services.audit_cli import run_audit
+
+            return asyncio.run(run_audit(settings, args))
         case "keygen":
             key = "chr_" + secrets.token_urlsafe(24)
             print(f"API key: {key}\nsettings entry: CHRONICLE_API_KEYS='[\"{args.tenant}:{hash_key(key)}\"]'")

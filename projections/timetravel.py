@@ -1,0 +1,72 @@
+"""Time travel: one session's history as it was after stream sequence N.
+
+A pure, in-memory fold of the session's events (read back from the log) with the same rules as
+the history projection: first append of an id wins, updates replace the body, deletes and clears
+remove rows, a deleted session has no messages. Tests check it agrees with the live read model.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from events.catalog import (
+    MessageAppended,
+    MessagesCleared,
+    MessagesDeleted,
+    MessageUpdated,
+    SessionDeleted,
+)
+from events.envelope import Event
+from events.messages import JsonObject, stored_json
+
+
+@dataclass
+class _Row:
+    id: str
+    parent_id: str | None
+    content: str
+    seq: int
+
+
+@dataclass
+class SessionState:
+    """Messages of one session after folding events in stream order."""
+
+    rows: dict[str, _Row] = field(default_factory=dict)
+    deleted: bool = False
+
+    def apply(self, seq: int, event: Event, body: JsonObject | None = None) -> None:
+        match event:
+            case SessionDeleted():
+                self.deleted = True
+                self.rows.clear()
+            case MessageAppended() if not self.deleted and event.message_id not in self.rows:
+                assert body is not None
+                self.rows[event.message_id] = _Row(event.message_id, event.parent_id, stored_json(body), seq)
+            case MessageUpdated() if event.message_id in self.rows:
+                assert body is not None
+                self.rows[event.message_id].content = stored_json(body)
+            case MessagesDeleted():
+                for mid in event.message_ids:
+                    self.rows.pop(mid, None)
+            case MessagesCleared():
+                self.rows.clear()
+            case _:
+                pass
+
+    def latest_leaf(self) -> str | None:
+        parents = {r.parent_id for r in self.rows.values()}
+        leaves = [r for r in self.rows.values() if r.id not in parents]
+        return max(leaves, key=lambda r: r.seq).id if leaves else None
+
+    def path(self, leaf_id: str | None) -> list[str]:
+        """Stored JSON of the root-to-leaf path; stops at a deleted ancestor, as the projection."""
+        out: list[str] = []
+        seen: set[str] = set()
+        current = self.rows.get(leaf_id) if leaf_id else None
+        while current is not None and current.id not in seen:
+            seen.add(current.id)
+            out.append(current.content)
+            current = self.rows.get(current.parent_id) if current.parent_id else None
+        out.reverse()
+        return out
