@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import json
 import subprocess
-from collections.abc import Callable
 import sys
+from collections.abc import Callable
 
 import psycopg
 
