@@ -11,6 +11,7 @@ from typing import Any, ClassVar, Literal
 from pydantic import Field, model_validator
 
 from events.blobs import BlobRef
+from events.context import SessionConfig
 from events.envelope import Event
 
 
@@ -89,6 +90,111 @@ class MessagesCleared(Event):
     version: Literal[1] = 1
 
 
+class SessionConfigured(Event):
+    """The whole configuration (blocks in render order, compaction); replaces the previous one."""
+
+    TYPE: ClassVar[str] = "session.configured"
+    VERSION: ClassVar[int] = 1
+    type: Literal["session.configured"] = "session.configured"
+    version: Literal[1] = 1
+
+    config: SessionConfig
+
+
+class ContextWritten(Event):
+    """A writable block's full resulting content (not a delta) and its token count."""
+
+    TYPE: ClassVar[str] = "context.written"
+    VERSION: ClassVar[int] = 1
+    type: Literal["context.written"] = "context.written"
+    version: Literal[1] = 1
+
+    label: str
+    content: str
+    tokens: int
+    mode: Literal["replace", "append"]
+    writer: Literal["tool", "api"]
+
+
+class SearchEntryIndexed(Event):
+    """An entry of a searchable block, keyed; the same key replaces the entry."""
+
+    TYPE: ClassVar[str] = "search_entry.indexed"
+    VERSION: ClassVar[int] = 1
+    type: Literal["search_entry.indexed"] = "search_entry.indexed"
+    version: Literal[1] = 1
+
+    label: str
+    key: str
+    content: str
+
+
+class SkillIndexed(Event):
+    """A skill document stored in (or found in) a bucket; tenant-scoped (``session == ""``)."""
+
+    TYPE: ClassVar[str] = "skill.indexed"
+    VERSION: ClassVar[int] = 1
+    type: Literal["skill.indexed"] = "skill.indexed"
+    version: Literal[1] = 1
+
+    bucket: str
+    key: str
+    description: str | None
+    etag: str
+    size: int
+
+
+class SkillRemoved(Event):
+    """A skill document disappeared from its bucket (found by ``chronicle skills sync``)."""
+
+    TYPE: ClassVar[str] = "skill.removed"
+    VERSION: ClassVar[int] = 1
+    type: Literal["skill.removed"] = "skill.removed"
+    version: Literal[1] = 1
+
+    bucket: str
+    key: str
+
+
+class SkillLoaded(Event):
+    TYPE: ClassVar[str] = "skill.loaded"
+    VERSION: ClassVar[int] = 1
+    type: Literal["skill.loaded"] = "skill.loaded"
+    version: Literal[1] = 1
+
+    label: str
+    key: str
+
+
+class SkillUnloaded(Event):
+    """Unloading a skill; ``message_id``/``tool_call_id`` name the tool output that history
+    reads now show as ``[skill unloaded: <key>]`` (the original stays in the log)."""
+
+    TYPE: ClassVar[str] = "skill.unloaded"
+    VERSION: ClassVar[int] = 1
+    type: Literal["skill.unloaded"] = "skill.unloaded"
+    version: Literal[1] = 1
+
+    label: str
+    key: str
+    message_id: str | None = None
+    tool_call_id: str | None = None
+
+
+class PromptRendered(Event):
+    """The system prompt in force from this event on: the rendered text, never recomputed."""
+
+    TYPE: ClassVar[str] = "prompt.rendered"
+    VERSION: ClassVar[int] = 1
+    type: Literal["prompt.rendered"] = "prompt.rendered"
+    version: Literal[1] = 1
+
+    text: str
+    tokens: int
+    version_no: int
+    reason: Literal["freeze", "refresh", "clear", "compaction"]
+
+
 EVENT_TYPES: tuple[type[Event], ...] = (
     SessionCreated,
     SessionRenamed,
@@ -97,4 +203,12 @@ EVENT_TYPES: tuple[type[Event], ...] = (
     MessageUpdated,
     MessagesDeleted,
     MessagesCleared,
+    SessionConfigured,
+    ContextWritten,
+    SearchEntryIndexed,
+    SkillIndexed,
+    SkillRemoved,
+    SkillLoaded,
+    SkillUnloaded,
+    PromptRendered,
 )

@@ -53,8 +53,16 @@ def check_message_id(value: str) -> str:
     return _check("message id", value, MAX_MESSAGE_ID_LEN)
 
 
+TENANT_SCOPE = ""
+TENANT_SCOPE_TOKEN = "="  # noqa: S105 - a NATS subject token, not a credential
+"""The session id of tenant-level events (e.g. the skills index); its token is ``=``, which no
+session id can produce (``=`` is neither plain nor in the base64url alphabet)."""
+
+
 def encode_token(value: str) -> str:
     """Encode an id as one NATS subject token (reversible, collision-free)."""
+    if value == TENANT_SCOPE:
+        return TENANT_SCOPE_TOKEN
     if _PLAIN.fullmatch(value):
         return value
     raw = base64.urlsafe_b64encode(value.encode("utf-8")).rstrip(b"=").decode("ascii")
@@ -63,6 +71,8 @@ def encode_token(value: str) -> str:
 
 def decode_token(token: str) -> str:
     """Inverse of :func:`encode_token`."""
+    if token == TENANT_SCOPE_TOKEN:
+        return TENANT_SCOPE
     if not token.startswith("~"):
         return token
     body = token[1:]

@@ -29,6 +29,7 @@ from events.catalog import (
     SessionRenamed,
 )
 from events.envelope import Event
+from events.ids import TENANT_SCOPE
 from events.messages import JsonObject, stored_json, text_of
 
 NAME = "history"
@@ -125,6 +126,8 @@ store_json = stored_json
 def plan(event: Event, seq: int, body: JsonObject | None = None) -> list[Op]:
     """Row operations for one event at stream sequence ``seq``; ``body`` is the resolved body."""
     t, s = event.tenant, event.session
+    if s == TENANT_SCOPE:
+        return []
     ops: list[Op] = [TouchSession(t, s, event.occurred_at, seq, event.occurred_at, seq)]
     match event:
         case SessionCreated():

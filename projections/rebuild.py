@@ -23,6 +23,13 @@ from projections.runner import Projection, apply_batch
 TABLES: dict[str, str] = {
     "sessions": "tenant, id",
     "messages": "tenant, session_id, id",
+    "session_configs": "tenant, session_id",
+    "context_blocks": "tenant, session_id, label",
+    "search_entries": "tenant, session_id, label, key",
+    "skills_index": "tenant, bucket, key",
+    "loaded_skills": "tenant, session_id, label, key",
+    "reclaimed_outputs": "tenant, session_id, message_id, tool_call_id",
+    "prompts": "tenant, session_id, version",
 }
 
 

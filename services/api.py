@@ -5,22 +5,25 @@ import json
 from collections.abc import AsyncIterator
 from typing import Annotated, Any
 
-from fastapi import Depends, FastAPI, Query, Request, Response
+from fastapi import FastAPI, Query, Response
 from fastapi.responses import JSONResponse, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from events import ids
 from events import log as eventlog
 from events.messages import UIMessage
+from projections import context_queries as cq
 from projections import queries
 from services import audit, metrics
+from services.api_context import router as context_router
 from services.bootstrap import Container, open_container
 from services.commands import OMITTED, AppendResult
+from services.context import reclaim
 from services.decisions import ParentSpec
-from services.errors import InvalidId, InvalidRequest, MessageNotFound, SessionNotFound, Unauthorized
+from services.deps import C, Limit, MinSeq, Q, Tenant, caught_up, check_id
+from services.errors import InvalidRequest, MessageNotFound, SessionNotFound
 from services.problems import install
-from services.settings import Settings, hash_key
+from services.settings import Settings
 
 JSON = "application/json"
 
@@ -47,14 +50,6 @@ class AppendBody(BaseModel):
 class UpdateBody(BaseModel):
     model_config = ConfigDict(extra="forbid")
     message: dict[str, Any]
-
-
-def _check(kind: str, value: str) -> str:
-    checker = {"session": ids.check_session, "message": ids.check_message_id}[kind]
-    try:
-        return checker(value)
-    except ids.InvalidId as exc:
-        raise InvalidId(str(exc)) from exc
 
 
 def _message(raw: dict[str, Any]) -> dict[str, Any]:
@@ -89,31 +84,6 @@ def _session_json(row: queries.SessionRow) -> dict[str, Any]:
     }
 
 
-def get_c(request: Request) -> Container:
-    c: Container = request.app.state.c
-    return c
-
-
-async def tenant_of(request: Request) -> str:
-    """The tenant of the request's ``Authorization: Bearer`` key (keys are kept as SHA-256)."""
-    header = request.headers.get("authorization", "")
-    scheme, _, token = header.partition(" ")
-    if scheme.lower() != "bearer" or not token.strip():
-        raise Unauthorized("send 'Authorization: Bearer <api key>'")
-    keys: dict[str, str] = request.app.state.keys
-    tenant = keys.get(hash_key(token.strip()))
-    if tenant is None:
-        raise Unauthorized("unknown API key")
-    return tenant
-
-
-Tenant = Annotated[str, Depends(tenant_of)]
-C = Annotated[Container, Depends(get_c)]
-MinSeq = Annotated[int | None, Query(ge=0)]
-Q = Annotated[str, Query(min_length=1, max_length=1000)]
-Limit = Annotated[int, Query(ge=1, le=200)]
-
-
 def build_app(settings: Settings, container: Container | None = None) -> FastAPI:
     """The API; opens its own adapters from ``settings`` unless a container is injected."""
     keys = settings.tenants_by_key_hash()
@@ -131,20 +101,14 @@ def build_app(settings: Settings, container: Container | None = None) -> FastAPI
     app = FastAPI(title="Chronicle", version="1.0", lifespan=lifespan)
     app.state.keys = keys
     install(app)
-
-    async def caught_up(c: Container, tenant: str, sid: str, min_seq: int | None) -> None:
-        """Read-your-writes for one session: wait until its events up to ``min_seq`` are applied."""
-        if not min_seq or await c.waiter.session_applied(tenant, sid, min_seq):
-            return
-        last = await c.publisher.last_subject_seq(tenant, sid)
-        await c.waiter.wait_session(tenant, sid, min(min_seq, last))
+    app.include_router(context_router)
 
     # -- sessions --------------------------------------------------------------------------
 
     @app.post("/v1/sessions", status_code=201)
     async def create_session(body: CreateSessionBody, tenant: Tenant, c: C) -> dict[str, Any]:
-        sid = _check("session", body.id) if body.id is not None else None
-        parent = _check("session", body.parent_session_id) if body.parent_session_id is not None else None
+        sid = check_id("session", body.id) if body.id is not None else None
+        parent = check_id("session", body.parent_session_id) if body.parent_session_id is not None else None
         w = await c.commands.create_session(tenant, sid, body.name, parent, body.metadata)
         metrics.published("session.created")
         return {"id": w.ids[0], "name": body.name, "parent_session_id": parent, "metadata": body.metadata, "seq": w.seq}
@@ -173,20 +137,20 @@ def build_app(settings: Settings, container: Container | None = None) -> FastAPI
 
     @app.get("/v1/sessions/{sid}")
     async def get_session(sid: str, tenant: Tenant, c: C, min_seq: MinSeq = None) -> dict[str, Any]:
-        _check("session", sid)
+        check_id("session", sid)
         await caught_up(c, tenant, sid, min_seq)
         return _session_json(await live_session(c, tenant, sid))
 
     @app.patch("/v1/sessions/{sid}")
     async def rename_session(sid: str, body: RenameBody, tenant: Tenant, c: C) -> dict[str, Any]:
-        _check("session", sid)
+        check_id("session", sid)
         w = await c.commands.rename_session(tenant, sid, body.name)
         metrics.published("session.renamed")
         return {"id": sid, "name": body.name, "seq": w.seq}
 
     @app.delete("/v1/sessions/{sid}")
     async def delete_session(sid: str, tenant: Tenant, c: C) -> dict[str, Any]:
-        _check("session", sid)
+        check_id("session", sid)
         w = await c.commands.delete_session(tenant, sid)
         metrics.published("session.deleted")
         return {"id": sid, "deleted": True, "seq": w.seq}
@@ -195,11 +159,11 @@ def build_app(settings: Settings, container: Container | None = None) -> FastAPI
 
     @app.post("/v1/sessions/{sid}/messages", status_code=201)
     async def append(sid: str, body: AppendBody, tenant: Tenant, c: C, response: Response) -> dict[str, Any]:
-        _check("session", sid)
+        check_id("session", sid)
         message = _message(body.message)
         parent: ParentSpec = OMITTED
         if "parent_id" in body.model_fields_set:
-            parent = _check("message", body.parent_id) if body.parent_id is not None else None
+            parent = check_id("message", body.parent_id) if body.parent_id is not None else None
         r: AppendResult = await c.commands.append(tenant, sid, message, parent)
         if r.created:
             metrics.published("message.appended")
@@ -209,8 +173,8 @@ def build_app(settings: Settings, container: Container | None = None) -> FastAPI
 
     @app.get("/v1/sessions/{sid}/messages/{mid}")
     async def get_message(sid: str, mid: str, tenant: Tenant, c: C, min_seq: MinSeq = None) -> Response:
-        _check("session", sid)
-        _check("message", mid)
+        check_id("session", sid)
+        check_id("message", mid)
         await caught_up(c, tenant, sid, min_seq)
         async with c.pool.connection() as cx:
             row = await queries.get_message(cx, tenant, sid, mid)
@@ -220,8 +184,8 @@ def build_app(settings: Settings, container: Container | None = None) -> FastAPI
 
     @app.put("/v1/sessions/{sid}/messages/{mid}")
     async def update_message(sid: str, mid: str, body: UpdateBody, tenant: Tenant, c: C) -> dict[str, Any]:
-        _check("session", sid)
-        _check("message", mid)
+        check_id("session", sid)
+        check_id("message", mid)
         message = _message(body.message)
         if message["id"] != mid:
             raise InvalidRequest("message.id must equal the id in the path")
@@ -231,8 +195,8 @@ def build_app(settings: Settings, container: Container | None = None) -> FastAPI
 
     @app.get("/v1/sessions/{sid}/messages/{mid}/children")
     async def children(sid: str, mid: str, tenant: Tenant, c: C, min_seq: MinSeq = None) -> Response:
-        _check("session", sid)
-        _check("message", mid)
+        check_id("session", sid)
+        check_id("message", mid)
         await caught_up(c, tenant, sid, min_seq)
         async with c.pool.connection() as cx:
             rows = await queries.children(cx, tenant, sid, mid)
@@ -242,12 +206,14 @@ def build_app(settings: Settings, container: Container | None = None) -> FastAPI
     async def delete_messages(
         sid: str, tenant: Tenant, c: C, ids_: Annotated[list[str] | None, Query(alias="ids")] = None
     ) -> dict[str, Any]:
-        _check("session", sid)
+        check_id("session", sid)
         if ids_ is None:
             w = await c.commands.clear(tenant, sid)
             metrics.published("messages.cleared")
+            if await c.context.has_prompt(tenant, sid):
+                await c.context.refresh_prompt(tenant, sid, "clear")
             return {"cleared": True, "seq": w.seq}
-        wanted = [_check("message", i) for raw in ids_ for i in raw.split(",") if i]
+        wanted = [check_id("message", i) for raw in ids_ for i in raw.split(",") if i]
         if not wanted:
             raise InvalidRequest("ids must name at least one message")
         w = await c.commands.delete_messages(tenant, sid, wanted)
@@ -266,9 +232,9 @@ def build_app(settings: Settings, container: Container | None = None) -> FastAPI
         min_seq: MinSeq = None,
         as_of_seq: Annotated[int | None, Query(ge=0)] = None,
     ) -> Response:
-        _check("session", sid)
+        check_id("session", sid)
         if leaf_id is not None:
-            _check("message", leaf_id)
+            check_id("message", leaf_id)
         if as_of_seq is not None:
             state = await audit.session_as_of(c, tenant, sid, as_of_seq)
             leaf_id = leaf_id or state.latest_leaf()
@@ -280,11 +246,18 @@ def build_app(settings: Settings, container: Container | None = None) -> FastAPI
                 leaf = await queries.latest_leaf(cx, tenant, sid)
                 leaf_id = leaf.id if leaf else None
             rows = await queries.history(cx, tenant, sid, leaf_id) if leaf_id else []
-        return _raw_json({"leaf_id": leaf_id if rows else None}, [r.content for r in rows])
+            outputs = await cq.reclaimed(cx, tenant, sid) if rows else {}
+        contents = [r.content for r in rows]
+        if outputs:
+            by_message: dict[str, dict[str, str]] = {}
+            for (mid, call), key in outputs.items():
+                by_message.setdefault(mid, {})[call] = key
+            contents = [reclaim(r.content, by_message[r.id]) if r.id in by_message else r.content for r in rows]
+        return _raw_json({"leaf_id": leaf_id if rows else None}, contents)
 
     @app.get("/v1/sessions/{sid}/leaf")
     async def leaf(sid: str, tenant: Tenant, c: C, min_seq: MinSeq = None) -> Response:
-        _check("session", sid)
+        check_id("session", sid)
         await caught_up(c, tenant, sid, min_seq)
         async with c.pool.connection() as cx:
             row = await queries.latest_leaf(cx, tenant, sid)
@@ -296,7 +269,7 @@ def build_app(settings: Settings, container: Container | None = None) -> FastAPI
     async def path_length(
         sid: str, tenant: Tenant, c: C, leaf_id: str | None = None, min_seq: MinSeq = None
     ) -> dict[str, Any]:
-        _check("session", sid)
+        check_id("session", sid)
         await caught_up(c, tenant, sid, min_seq)
         async with c.pool.connection() as cx:
             if leaf_id is None:
@@ -325,7 +298,7 @@ def build_app(settings: Settings, container: Container | None = None) -> FastAPI
     async def search_session(
         sid: str, q: Q, tenant: Tenant, c: C, limit: Limit = 20, min_seq: MinSeq = None
     ) -> dict[str, Any]:
-        _check("session", sid)
+        check_id("session", sid)
         await caught_up(c, tenant, sid, min_seq)
         async with c.pool.connection() as cx:
             return _hits(await queries.search(cx, tenant, sid, q, limit))
@@ -345,7 +318,7 @@ def build_app(settings: Settings, container: Container | None = None) -> FastAPI
         from_seq: Annotated[int, Query(ge=1)] = 1,
         to_seq: Annotated[int | None, Query(ge=1)] = None,
     ) -> StreamingResponse:
-        _check("session", sid)
+        check_id("session", sid)
         subject = c.layout.session_subject(tenant, sid)
 
         async def lines() -> AsyncIterator[bytes]:

@@ -19,7 +19,18 @@ from projections.rebuild import TABLES, apply_range, checksums, rebuild_into
 from projections.timetravel import SessionState
 from services.bootstrap import Container
 
-PROJECTION_TABLES: dict[str, tuple[str, ...]] = {"history": ("sessions", "messages")}
+PROJECTION_TABLES: dict[str, tuple[str, ...]] = {
+    "history": ("sessions", "messages"),
+    "context": (
+        "session_configs",
+        "context_blocks",
+        "search_entries",
+        "skills_index",
+        "loaded_skills",
+        "reclaimed_outputs",
+        "prompts",
+    ),
+}
 
 
 async def session_events(

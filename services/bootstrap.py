@@ -18,11 +18,15 @@ from events.objectstore import JetStreamBlobStore
 from events.publisher import Publisher
 from events.stream import ensure_stream
 from events.subjects import SubjectLayout
+from projections.context import ContextProjection
 from projections.history import HistoryProjection
 from projections.migrate import migrate
 from projections.runner import Projection, ProjectorRunner
 from services.commands import Commands
+from services.context import ContextService
 from services.settings import Settings
+from services.skills_store import SkillStore
+from services.tokens import TokenCounter
 from services.waiting import AppliedWaiter
 
 
@@ -37,9 +41,10 @@ class Container:
     blobs: BlobStore
     waiter: AppliedWaiter
     commands: Commands
+    context: ContextService
 
     def projections(self) -> list[Projection]:
-        return [HistoryProjection(self.blobs)]
+        return [HistoryProjection(self.blobs), ContextProjection()]
 
     def projector(self) -> ProjectorRunner:
         s = self.settings
@@ -94,7 +99,17 @@ async def open_container(settings: Settings) -> AsyncIterator[Container]:
             max_message_bytes=settings.max_message_bytes,
             attempts=settings.command_attempts,
         )
-        yield Container(settings, layout, nc, js, pool, publisher, blobs, waiter, commands)
+        skills = SkillStore(
+            settings.s3_endpoint,
+            settings.s3_access_key,
+            settings.s3_secret_key,
+            secure=settings.s3_secure,
+            region=settings.s3_region,
+        )
+        context = ContextService(
+            commands.conditional, publisher, pool, TokenCounter(settings.tiktoken_encoding), skills
+        )
+        yield Container(settings, layout, nc, js, pool, publisher, blobs, waiter, commands, context)
     finally:
         await waiter.stop()
         await pool.close()

@@ -10,10 +10,7 @@ State-dependent commands all take one shape (:meth:`Commands._conditional`):
 
 from __future__ import annotations
 
-import asyncio
-import random
 import uuid
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -31,13 +28,12 @@ from events.catalog import (
     SessionDeleted,
     SessionRenamed,
 )
-from events.envelope import Event
 from events.messages import JsonObject, body_hash, canonical_json
-from events.publisher import ConcurrencyConflict, Publisher
+from events.publisher import Publisher
 from projections import queries
+from services.conditional import Conditional, Decision
 from services.decisions import OMITTED, Append, AppendState, Existing, ParentSpec, Replay, decide_append
 from services.errors import (
-    ContentionExhausted,
     MessageNotFound,
     PayloadTooLarge,
     SessionExists,
@@ -48,14 +44,6 @@ from services.waiting import AppliedWaiter
 
 Conn = psycopg.AsyncConnection[Any]
 T = TypeVar("T")
-
-
-@dataclass(frozen=True, slots=True)
-class Decision:
-    """An event to publish (or None for a no-op) and how to answer once it has a sequence."""
-
-    event: Event | None
-    answer: Callable[[int], Any]
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,27 +74,11 @@ class Commands:
     ) -> None:
         self._pub = publisher
         self._pool = pool
-        self._waiter = waiter
         self._blobs = blobs
         self._limit = payload_limit_bytes
         self._max = max_message_bytes
-        self._attempts = attempts
-
-    async def _conditional(self, tenant: str, session: str, decide: Callable[[Conn], Awaitable[Decision]]) -> Any:
-        for attempt in range(self._attempts):
-            last = await self._pub.last_subject_seq(tenant, session)
-            await self._waiter.wait_session(tenant, session, last)
-            async with self._pool.connection() as conn:
-                decision = await decide(conn)
-            if decision.event is None:
-                return decision.answer(last)
-            try:
-                published = await self._pub.publish(decision.event, expected_last_subject_seq=last)
-            except ConcurrencyConflict:
-                await asyncio.sleep(random.uniform(0, 0.002 * min(attempt + 1, 10)))  # noqa: S311
-                continue
-            return decision.answer(published.seq)
-        raise ContentionExhausted(f"gave up after {self._attempts} conflicting attempts")
+        self.conditional = Conditional(publisher, pool, waiter, attempts)
+        self._conditional = self.conditional.run
 
     async def _live_session(
         self, conn: Conn, tenant: str, session: str, *, must_exist: bool

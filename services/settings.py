@@ -44,6 +44,14 @@ class Settings(BaseSettings):
         default=None, description="partitions this projector consumes; None = all"
     )
 
+    tiktoken_encoding: str = "cl100k_base"
+
+    s3_endpoint: str = "127.0.0.1:9000"
+    s3_access_key: str = "minioadmin"
+    s3_secret_key: str = "minioadmin"  # noqa: S105 - the local MinIO default, override in production
+    s3_secure: bool = False
+    s3_region: str | None = None
+
     data_dir: str = ".chronicle"
 
     def layout(self) -> SubjectLayout:

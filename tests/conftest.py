@@ -12,7 +12,7 @@ import pytest
 
 from services.bootstrap import Container, open_container
 from services.settings import Settings, hash_key
-from tests.support import nats_server, postgres_server, scratch_database
+from tests.support import nats_server, postgres_server, s3_server, scratch_database
 
 KEYS = {"tenant-a": "key-a-" + uuid.uuid4().hex, "tenant-b": "key-b-" + uuid.uuid4().hex}
 
@@ -21,6 +21,12 @@ KEYS = {"tenant-a": "key-a-" + uuid.uuid4().hex, "tenant-b": "key-b-" + uuid.uui
 def nats_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     with nats_server(tmp_path_factory.mktemp("nats")) as url:
         yield url
+
+
+@pytest.fixture(scope="session")
+def s3_endpoint() -> Iterator[str]:
+    with s3_server() as endpoint:
+        yield endpoint
 
 
 @pytest.fixture(scope="session")
@@ -42,6 +48,9 @@ def make_settings(nats_url: str, db_url: str, **overrides: object) -> Settings:
         "api_keys": [f"{t}:{hash_key(k)}" for t, k in KEYS.items()],
         "read_wait_timeout_s": 10.0,
         "data_dir": "/nonexistent",
+        "s3_access_key": "testing",
+        "s3_secret_key": "testing",
+        "s3_region": "us-east-1",
     }
     base.update(overrides)
     return Settings.model_validate(base)
@@ -74,9 +83,9 @@ async def running_stack(settings: Settings, *, projector: bool = True) -> AsyncI
 
 
 @pytest.fixture(scope="session")
-async def stack(nats_url: str, db_url: str) -> AsyncIterator[Container]:
+async def stack(nats_url: str, db_url: str, s3_endpoint: str) -> AsyncIterator[Container]:
     """API-less stack shared by integration tests: container + an in-process projector."""
-    async with running_stack(make_settings(nats_url, db_url)) as c:
+    async with running_stack(make_settings(nats_url, db_url, s3_endpoint=s3_endpoint)) as c:
         yield c
 
 

@@ -6,6 +6,7 @@ import contextlib
 import json
 import os
 import subprocess
+import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,6 +18,7 @@ from services.localstack import (
     postgres_reachable,
     start_embedded_postgres,
     start_nats,
+    wait_for_port,
     with_database,
 )
 from services.settings import Settings
@@ -72,3 +74,19 @@ def settings_env(settings: Settings) -> dict[str, str]:
             continue
         env[f"CHRONICLE_{name.upper()}"] = json.dumps(value) if isinstance(value, list | dict) else str(value)
     return env
+
+
+@contextlib.contextmanager
+def s3_server() -> Iterator[str]:
+    """moto's standalone S3 server on a free loopback port (stands in for MinIO)."""
+    port = free_port()
+    exe = str(Path(sys.executable).parent / "moto_server")
+    proc = subprocess.Popen(
+        [exe, "-H", "127.0.0.1", "-p", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    try:
+        wait_for_port("127.0.0.1", port, proc, "moto_server")
+        yield f"127.0.0.1:{port}"
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)

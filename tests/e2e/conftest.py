@@ -16,8 +16,8 @@ from tests.support import settings_env
 
 
 @pytest.fixture(scope="session")
-def api_settings(nats_url: str, db_url: str) -> Settings:
-    return make_settings(nats_url, db_url, api_port=free_port())
+def api_settings(nats_url: str, db_url: str, s3_endpoint: str) -> Settings:
+    return make_settings(nats_url, db_url, api_port=free_port(), s3_endpoint=s3_endpoint)
 
 
 @pytest.fixture(scope="session")

@@ -1,0 +1,101 @@
+"""Session configuration: context blocks (in render order) and compaction settings.
+
+Part of the contract: agent services send it, ``SessionConfigured`` events carry it whole.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+LABEL_RE = r"^[A-Za-z0-9_][A-Za-z0-9_-]{0,63}$"
+Label = Annotated[str, Field(pattern=LABEL_RE)]
+BUCKET_RE = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
+
+
+class _Block(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    label: Label
+    description: str | None = Field(default=None, max_length=2000)
+    max_tokens: int | None = Field(default=None, ge=1)
+
+
+class ObjectSource(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    bucket: str = Field(min_length=3, max_length=63)
+    key: str = Field(min_length=1, max_length=1024)
+
+
+class ReadonlyBlock(_Block):
+    """Fixed text, inline or read from an object at render time."""
+
+    kind: Literal["readonly"] = "readonly"
+    content: str | None = Field(default=None, max_length=1_000_000)
+    source: ObjectSource | None = None
+
+    @model_validator(mode="after")
+    def _one_source(self) -> ReadonlyBlock:
+        if self.content is not None and self.source is not None:
+            raise ValueError("a readonly block has either content or source, not both")
+        return self
+
+
+class WritableBlock(_Block):
+    """Free text the LLM and the application write, within ``max_tokens``."""
+
+    kind: Literal["writable"] = "writable"
+
+
+class SearchableBlock(_Block):
+    """Keyed entries indexed with Postgres FTS; the prompt shows how many there are."""
+
+    kind: Literal["searchable"] = "searchable"
+
+
+class SkillsBlock(_Block):
+    """Documents in an object-storage bucket, listed in the prompt, loaded on demand."""
+
+    kind: Literal["skills"] = "skills"
+    bucket: str = Field(min_length=3, max_length=63)
+    prefix: str = Field(default="", max_length=512)
+    keys: list[str] | None = None
+
+    @model_validator(mode="after")
+    def _bucket_name(self) -> SkillsBlock:
+        if not BUCKET_RE.match(self.bucket):
+            raise ValueError(f"invalid bucket name {self.bucket!r}")
+        return self
+
+
+Block = Annotated[ReadonlyBlock | WritableBlock | SearchableBlock | SkillsBlock, Field(discriminator="kind")]
+
+
+class CompactionConfig(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    compact_after: int | None = Field(default=None, ge=1)
+    protect_head: int = Field(default=3, ge=0)
+    tail_token_budget: int = Field(default=20_000, ge=0)
+    min_tail_messages: int = Field(default=2, ge=0)
+
+
+class SessionConfig(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    blocks: list[Block] = Field(default_factory=list, max_length=64)
+    compaction: CompactionConfig | None = None
+    searchable_history: Label | None = None
+
+    @model_validator(mode="after")
+    def _unique_labels(self) -> SessionConfig:
+        labels = [b.label for b in self.blocks]
+        if self.searchable_history is not None:
+            labels.append(self.searchable_history)
+        dupes = sorted({x for x in labels if labels.count(x) > 1})
+        if dupes:
+            raise ValueError(f"duplicate block labels: {', '.join(dupes)}")
+        return self

@@ -1,0 +1,145 @@
+"""Read queries over the context read models."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from psycopg import AsyncConnection
+
+from events.context import SessionConfig
+
+Conn = AsyncConnection[Any]
+
+
+@dataclass(frozen=True, slots=True)
+class PromptRow:
+    version: int
+    text: str
+    tokens: int
+    reason: str
+    seq: int
+
+
+async def config(conn: Conn, tenant: str, session: str) -> SessionConfig | None:
+    cur = await conn.execute(
+        "SELECT config FROM session_configs WHERE tenant = %s AND session_id = %s", (tenant, session)
+    )
+    row = await cur.fetchone()
+    return SessionConfig.model_validate(row[0]) if row else None
+
+
+async def block_contents(conn: Conn, tenant: str, session: str) -> dict[str, str]:
+    cur = await conn.execute(
+        "SELECT label, content FROM context_blocks WHERE tenant = %s AND session_id = %s", (tenant, session)
+    )
+    return {str(label): str(content) for label, content in await cur.fetchall()}
+
+
+async def entry_count(conn: Conn, tenant: str, session: str, label: str) -> int:
+    cur = await conn.execute(
+        "SELECT count(*) FROM search_entries WHERE tenant = %s AND session_id = %s AND label = %s",
+        (tenant, session, label),
+    )
+    row = await cur.fetchone()
+    return int(row[0]) if row else 0
+
+
+async def search_entries(
+    conn: Conn, tenant: str, session: str, label: str, query: str, limit: int = 10
+) -> list[tuple[str, str]]:
+    """(key, content) of entries matching every word (stemmed), best first."""
+    cur = await conn.execute(
+        "WITH q AS (SELECT plainto_tsquery('english', %s) AS q) "
+        "SELECT key, content FROM search_entries, q WHERE tenant = %s AND session_id = %s AND label = %s "
+        "AND numnode(q.q) > 0 AND content_tsv @@ q.q ORDER BY ts_rank(content_tsv, q.q) DESC, updated_seq DESC "
+        "LIMIT %s",
+        (query, tenant, session, label, limit),
+    )
+    return [(str(k), str(c)) for k, c in await cur.fetchall()]
+
+
+async def skill_listing(conn: Conn, tenant: str, bucket: str, prefix: str) -> list[tuple[str, str | None]]:
+    """(full key, description) under ``prefix``, in S3 listing order (binary key order)."""
+    cur = await conn.execute(
+        "SELECT key, description FROM skills_index WHERE tenant = %s AND bucket = %s AND starts_with(key, %s) "
+        'ORDER BY key COLLATE "C"',
+        (tenant, bucket, prefix),
+    )
+    return [(str(k), d) for k, d in await cur.fetchall()]
+
+
+async def indexed_skills(conn: Conn, tenant: str, bucket: str) -> dict[str, str]:
+    cur = await conn.execute("SELECT key, etag FROM skills_index WHERE tenant = %s AND bucket = %s", (tenant, bucket))
+    return {str(k): str(e) for k, e in await cur.fetchall()}
+
+
+async def loaded_skills(conn: Conn, tenant: str, session: str) -> list[tuple[str, str]]:
+    cur = await conn.execute(
+        "SELECT label, key FROM loaded_skills WHERE tenant = %s AND session_id = %s ORDER BY seq",
+        (tenant, session),
+    )
+    return [(str(label), str(key)) for label, key in await cur.fetchall()]
+
+
+async def latest_prompt(conn: Conn, tenant: str, session: str) -> PromptRow | None:
+    cur = await conn.execute(
+        "SELECT version, text, tokens, reason, seq FROM prompts WHERE tenant = %s AND session_id = %s "
+        "ORDER BY version DESC LIMIT 1",
+        (tenant, session),
+    )
+    row = await cur.fetchone()
+    return PromptRow(int(row[0]), str(row[1]), int(row[2]), str(row[3]), int(row[4])) if row else None
+
+
+async def live_session_count(conn: Conn, tenant: str) -> int:
+    cur = await conn.execute(
+        "SELECT count(*) FROM sessions WHERE tenant = %s AND deleted_at IS NULL AND id <> ''", (tenant,)
+    )
+    row = await cur.fetchone()
+    return int(row[0]) if row else 0
+
+
+async def reclaimed(conn: Conn, tenant: str, session: str) -> dict[tuple[str, str], str]:
+    """(message id, tool call id) -> skill key, for tool outputs shown as unloaded."""
+    cur = await conn.execute(
+        "SELECT message_id, tool_call_id, skill_key FROM reclaimed_outputs WHERE tenant = %s AND session_id = %s",
+        (tenant, session),
+    )
+    return {(str(m), str(t)): str(k) for m, t, k in await cur.fetchall()}
+
+
+def is_load_output(part: Any, label: str, key: str) -> bool:
+    """A ``load_context`` tool part with its output, for this label and key.
+
+    Matches AI SDK static parts (``type: "tool-load_context"``) as well as parts that carry
+    ``toolName`` (the reference matched only the latter; see its §7.6.2).
+    """
+    if not isinstance(part, dict):
+        return False
+    named = part.get("type") == "tool-load_context" or part.get("toolName") == "load_context"
+    inp = part.get("input")
+    return bool(
+        named
+        and part.get("state") == "output-available"
+        and isinstance(inp, dict)
+        and inp.get("label") == label
+        and inp.get("key") == key
+        and isinstance(part.get("toolCallId"), str)
+    )
+
+
+async def newest_load_output(conn: Conn, tenant: str, session: str, label: str, key: str) -> tuple[str, str] | None:
+    """(message id, tool call id) of the newest stored ``load_context`` output for label/key."""
+    cur = await conn.execute(
+        "SELECT id, content FROM messages WHERE tenant = %s AND session_id = %s AND role = 'assistant' "
+        "AND strpos(content, 'load_context') > 0 ORDER BY seq DESC LIMIT 200",
+        (tenant, session),
+    )
+    for mid, content in await cur.fetchall():
+        body = json.loads(content)
+        for part in reversed(body.get("parts") or []):
+            if is_load_output(part, label, key):
+                return str(mid), str(part["toolCallId"])
+    return None

@@ -1,0 +1,135 @@
+"""HTTP routes of context memory: config, blocks, application writes, tools, system prompt."""
+
+from typing import Annotated, Any, Literal
+
+from fastapi import APIRouter, Body, Query
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from events.context import SessionConfig
+from services import metrics
+from services.deps import C, MinSeq, Tenant, caught_up, check_id
+from services.errors import InvalidConfig
+
+router = APIRouter()
+
+
+class ContextWriteBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    content: str = Field(max_length=1_000_000)
+    mode: Literal["replace", "append"] = "replace"
+
+
+def _config(raw: Any) -> SessionConfig:
+    try:
+        return SessionConfig.model_validate(raw)
+    except ValidationError as exc:
+        detail = "; ".join(
+            f"{'.'.join(str(p) for p in e['loc']) or 'config'}: {e['msg']}" for e in exc.errors(include_url=False)
+        )
+        raise InvalidConfig(detail) from exc
+
+
+@router.put("/v1/sessions/{sid}/config")
+async def put_config(sid: str, tenant: Tenant, c: C, body: Annotated[dict[str, Any], Body()]) -> dict[str, Any]:
+    check_id("session", sid)
+    config = _config(body)
+    seq = await c.context.configure(tenant, sid, config)
+    metrics.published("session.configured")
+    return {"config": config.model_dump(mode="json", exclude_none=True), "seq": seq}
+
+
+@router.get("/v1/sessions/{sid}/config")
+async def get_config(sid: str, tenant: Tenant, c: C, min_seq: MinSeq = None) -> dict[str, Any]:
+    check_id("session", sid)
+    await caught_up(c, tenant, sid, min_seq)
+    async with c.pool.connection() as conn:
+        config = await c.context.config(conn, tenant, sid)
+    return {"config": config.model_dump(mode="json", exclude_none=True)}
+
+
+@router.get("/v1/sessions/{sid}/context")
+async def get_context(sid: str, tenant: Tenant, c: C, min_seq: MinSeq = None) -> dict[str, Any]:
+    check_id("session", sid)
+    await caught_up(c, tenant, sid, min_seq)
+    async with c.pool.connection() as conn:
+        blocks = await c.context.blocks(conn, tenant, sid)
+    return {
+        "blocks": [
+            {
+                "label": b.label,
+                "kind": b.kind,
+                "description": b.description,
+                "content": b.content,
+                "tokens": b.tokens,
+                "max_tokens": b.max_tokens,
+                "writable": b.writable,
+            }
+            for b in blocks
+        ]
+    }
+
+
+@router.put("/v1/sessions/{sid}/context/{label}")
+async def write_context(sid: str, label: str, body: ContextWriteBody, tenant: Tenant, c: C) -> dict[str, Any]:
+    check_id("session", sid)
+    result = await c.context.write(tenant, sid, label, body.content, body.mode, "api")
+    metrics.published("context.written")
+    return {
+        "label": result.label,
+        "content": result.content,
+        "tokens": result.tokens,
+        "max_tokens": result.max_tokens,
+        "seq": result.seq,
+    }
+
+
+@router.get("/v1/sessions/{sid}/tools")
+async def get_tools(
+    sid: str, tenant: Tenant, c: C, format: Literal["openai", "anthropic"] = "openai", min_seq: MinSeq = None
+) -> dict[str, Any]:
+    check_id("session", sid)
+    await caught_up(c, tenant, sid, min_seq)
+    specs = await c.context.tools(tenant, sid)
+    return {"format": format, "tools": [s.to(format) for s in specs]}
+
+
+@router.post("/v1/sessions/{sid}/tools/{name}")
+async def run_tool(
+    sid: str, name: str, tenant: Tenant, c: C, arguments: Annotated[Any, Body()] = None
+) -> dict[str, Any]:
+    """Execute a tool with the LLM's arguments; failures come back as ``Error: …`` results."""
+    check_id("session", sid)
+    result = await c.context.execute(tenant, sid, name, arguments if arguments is not None else {})
+    seq = await c.publisher.last_subject_seq(tenant, sid)
+    return {"result": result, "seq": seq}
+
+
+async def _prompt_json(c: C, tenant: str, sid: str, refresh: bool) -> dict[str, Any]:
+    prompt = await (c.context.refresh_prompt(tenant, sid) if refresh else c.context.frozen_prompt(tenant, sid))
+    return {"prompt": prompt.text, "tokens": prompt.tokens, "version": prompt.version, "seq": prompt.seq}
+
+
+@router.get("/v1/sessions/{sid}/system-prompt")
+async def system_prompt(
+    sid: str, tenant: Tenant, c: C, as_of_seq: Annotated[int | None, Query(ge=0)] = None
+) -> dict[str, Any]:
+    """The frozen prompt (frozen on first call); ``as_of_seq`` gives the one in force then."""
+    check_id("session", sid)
+    if as_of_seq is not None:
+        async with c.pool.connection() as conn:
+            cur = await conn.execute(
+                "SELECT text, tokens, version, seq FROM prompts WHERE tenant = %s AND session_id = %s AND seq <= %s "
+                "ORDER BY version DESC LIMIT 1",
+                (tenant, sid, as_of_seq),
+            )
+            row = await cur.fetchone()
+        if row is None:
+            return {"prompt": None, "tokens": 0, "version": 0, "seq": 0}
+        return {"prompt": row[0], "tokens": row[1], "version": row[2], "seq": row[3]}
+    return await _prompt_json(c, tenant, sid, refresh=False)
+
+
+@router.post("/v1/sessions/{sid}/system-prompt:refresh")
+async def refresh_prompt(sid: str, tenant: Tenant, c: C) -> dict[str, Any]:
+    check_id("session", sid)
+    return await _prompt_json(c, tenant, sid, refresh=True)

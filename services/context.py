@@ -1,0 +1,430 @@
+"""Context memory: session config, block writes within token budgets, keyed entries, skills,
+frozen system prompts, and the LLM tools over them. Every change is an event; state-dependent
+changes go through :class:`~services.conditional.Conditional`."""
+
+from __future__ import annotations
+
+import json
+import logging
+import uuid
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import psycopg
+from psycopg_pool import AsyncConnectionPool
+
+from events.catalog import (
+    ContextWritten,
+    PromptRendered,
+    SearchEntryIndexed,
+    SessionConfigured,
+    SkillIndexed,
+    SkillLoaded,
+    SkillUnloaded,
+)
+from events.context import ReadonlyBlock, SearchableBlock, SessionConfig, SkillsBlock, WritableBlock
+from events.ids import TENANT_SCOPE
+from events.publisher import Publisher
+from projections import context_queries as cq
+from projections import queries
+from services.conditional import Conditional, Decision
+from services.errors import (
+    BlockNotFound,
+    BudgetExceeded,
+    ChronicleError,
+    InvalidConfig,
+    KeyedBlock,
+    ObjectStorageError,
+    ReadOnlyBlock,
+    SessionNotFound,
+)
+from services.keys import context_entry_key
+from services.prompt import RenderedBlock, history_summary, render, search_summary, skill_listing, usage
+from services.skills_store import SkillStore
+from services.tokens import TokenCounter
+from services.tools import blocks_of, tool_specs
+
+Conn = psycopg.AsyncConnection[Any]
+Mode = Literal["replace", "append"]
+HISTORY_DESCRIPTION = "Cross-session conversation history"
+log = logging.getLogger("chronicle.context")
+
+
+@dataclass(frozen=True, slots=True)
+class WriteResult:
+    label: str
+    content: str
+    tokens: int
+    max_tokens: int | None
+    seq: int
+
+
+@dataclass(frozen=True, slots=True)
+class Prompt:
+    text: str
+    tokens: int
+    version: int
+    seq: int
+
+
+def joined(current: str, addition: str) -> str:
+    """Append as the reference does: a newline between, unless empty or already starting with one."""
+    sep = "\n" if current and not addition.startswith("\n") else ""
+    return current + sep + addition
+
+
+class ContextService:
+    def __init__(
+        self,
+        conditional: Conditional,
+        publisher: Publisher,
+        pool: AsyncConnectionPool[Conn],
+        counter: TokenCounter,
+        skills: SkillStore | None,
+    ) -> None:
+        self._cond = conditional
+        self._pub = publisher
+        self._pool = pool
+        self.counter = counter
+        self._skills = skills
+
+    # -- config -----------------------------------------------------------------------------
+
+    async def configure(self, tenant: str, session: str, config: SessionConfig) -> int:
+        for block in config.blocks:
+            if isinstance(block, SkillsBlock) and self._skills is not None:
+                await self._require_bucket(block.bucket)
+
+        async def decide(conn: Conn) -> Decision:
+            await _live(conn, tenant, session)
+            return Decision(SessionConfigured(tenant=tenant, session=session, config=config), lambda seq: seq)
+
+        seq: int = await self._cond.run(tenant, session, decide)
+        return seq
+
+    async def _require_bucket(self, bucket: str) -> None:
+        assert self._skills is not None
+        if not await self._skills.bucket_exists(bucket):
+            raise InvalidConfig(f"bucket {bucket!r} does not exist")
+
+    async def config(self, conn: Conn, tenant: str, session: str) -> SessionConfig:
+        return await cq.config(conn, tenant, session) or SessionConfig()
+
+    # -- blocks -----------------------------------------------------------------------------
+
+    async def blocks(
+        self, conn: Conn, tenant: str, session: str, config: SessionConfig | None = None
+    ) -> list[RenderedBlock]:
+        """Every configured block with its current content and exact token count, in order."""
+        config = config or await self.config(conn, tenant, session)
+        contents = await cq.block_contents(conn, tenant, session)
+        out: list[RenderedBlock] = []
+        for b in config.blocks:
+            match b:
+                case ReadonlyBlock():
+                    content = b.content or ""
+                    if b.source is not None:
+                        content = await self._storage().get_text(b.source.bucket, b.source.key) or ""
+                case WritableBlock():
+                    content = contents.get(b.label, "")
+                case SearchableBlock():
+                    content = search_summary(await cq.entry_count(conn, tenant, session, b.label))
+                case SkillsBlock():
+                    content = skill_listing(await self._listing(conn, tenant, b))
+            out.append(
+                RenderedBlock(b.label, b.kind, b.description, content, self.counter.count(content), b.max_tokens)
+            )
+        if config.searchable_history:
+            content = history_summary(await cq.live_session_count(conn, tenant))
+            out.append(
+                RenderedBlock(
+                    config.searchable_history,
+                    "history",
+                    HISTORY_DESCRIPTION,
+                    content,
+                    self.counter.count(content),
+                    None,
+                )
+            )
+        return out
+
+    async def _listing(self, conn: Conn, tenant: str, block: SkillsBlock) -> list[tuple[str, str | None]]:
+        entries: list[tuple[str, str | None]] = []
+        for key, desc in await cq.skill_listing(conn, tenant, block.bucket, block.prefix):
+            rel = key[len(block.prefix) :]
+            if rel and (not block.keys or rel in block.keys):
+                entries.append((rel, desc))
+        return entries
+
+    def _storage(self) -> SkillStore:
+        if self._skills is None:
+            raise ObjectStorageError("object storage is not configured")
+        return self._skills
+
+    async def write(
+        self, tenant: str, session: str, label: str, content: str, mode: Mode, writer: Literal["tool", "api"]
+    ) -> WriteResult:
+        """Replace or append to a writable block; the budget is checked on the resulting text."""
+
+        async def decide(conn: Conn) -> Decision:
+            await _live(conn, tenant, session)
+            config = await self.config(conn, tenant, session)
+            block = _find(config, label)
+            if block is None:
+                raise BlockNotFound(f'Block "{label}" not found')
+            if isinstance(block, SearchableBlock | SkillsBlock):
+                raise KeyedBlock(f'Block "{label}" is a keyed provider. Use set_context with metadata instead.')
+            if not isinstance(block, WritableBlock):
+                raise ReadOnlyBlock(f'Block "{label}" is readonly')
+            current = (await cq.block_contents(conn, tenant, session)).get(label, "")
+            new = joined(current, content) if mode == "append" else content
+            tokens = self.counter.count(new)
+            if block.max_tokens is not None and tokens > block.max_tokens:
+                raise BudgetExceeded(f'Block "{label}" exceeds maxTokens: {tokens} > {block.max_tokens}')
+            event = ContextWritten(
+                tenant=tenant, session=session, label=label, content=new, tokens=tokens, mode=mode, writer=writer
+            )
+            return Decision(event, lambda seq: WriteResult(label, new, tokens, block.max_tokens, seq))
+
+        result: WriteResult = await self._cond.run(tenant, session, decide)
+        return result
+
+    async def index_entry(self, tenant: str, session: str, label: str, key: str, content: str) -> int:
+        async def decide(conn: Conn) -> Decision:
+            await _live(conn, tenant, session)
+            block = _find(await self.config(conn, tenant, session), label)
+            if not isinstance(block, SearchableBlock):
+                raise BlockNotFound(f'Block "{label}" is not a search provider')
+            event = SearchEntryIndexed(tenant=tenant, session=session, label=label, key=key, content=content)
+            return Decision(event, lambda seq: seq)
+
+        seq: int = await self._cond.run(tenant, session, decide)
+        return seq
+
+    # -- skills -----------------------------------------------------------------------------
+
+    async def put_skill(self, tenant: str, bucket: str, key: str, content: str, description: str | None) -> int:
+        """Store a document and record it in the tenant's skills index (idempotent per etag)."""
+        stored = await self._storage().put(bucket, key, content, description)
+        return await self.record_skill(tenant, bucket, stored.key, stored.description, stored.etag, stored.size)
+
+    async def record_skill(
+        self, tenant: str, bucket: str, key: str, description: str | None, etag: str, size: int
+    ) -> int:
+        event_id = str(uuid.uuid5(uuid.NAMESPACE_URL, f"chronicle:skill:{tenant}:{bucket}:{key}:{etag}:{description}"))
+        event = SkillIndexed(
+            id=event_id,
+            tenant=tenant,
+            session=TENANT_SCOPE,
+            bucket=bucket,
+            key=key,
+            description=description,
+            etag=etag,
+            size=size,
+        )
+        return (await self._pub.publish(event)).seq
+
+    async def set_skill(
+        self, tenant: str, session: str, label: str, key: str, content: str, description: str | None
+    ) -> int:
+        async with self._pool.connection() as conn:
+            await _live(conn, tenant, session)
+            block = _find(await self.config(conn, tenant, session), label)
+        if not isinstance(block, SkillsBlock):
+            raise BlockNotFound(f'Block "{label}" is not a skill provider')
+        return await self.put_skill(tenant, block.bucket, block.prefix + key, content, description)
+
+    async def load_skill(self, tenant: str, session: str, label: str, key: str) -> str | None:
+        """The document, recorded as loaded; None (never fetched) for a key outside the allowlist."""
+        async with self._pool.connection() as conn:
+            await _live(conn, tenant, session)
+            block = _find(await self.config(conn, tenant, session), label)
+        if not isinstance(block, SkillsBlock):
+            raise BlockNotFound(f'Block "{label}" is not a skill provider')
+        if block.keys and key not in block.keys:
+            return None
+        text = await self._storage().get_text(block.bucket, block.prefix + key)
+        if text is None:
+            return None
+        await self._pub.publish(SkillLoaded(tenant=tenant, session=session, label=label, key=key))
+        return text
+
+    async def unload_skill(self, tenant: str, session: str, label: str, key: str) -> bool:
+        async def decide(conn: Conn) -> Decision:
+            if (label, key) not in await cq.loaded_skills(conn, tenant, session):
+                return Decision(None, lambda _seq: False)
+            output = await cq.newest_load_output(conn, tenant, session, label, key)
+            event = SkillUnloaded(
+                tenant=tenant,
+                session=session,
+                label=label,
+                key=key,
+                message_id=output[0] if output else None,
+                tool_call_id=output[1] if output else None,
+            )
+            return Decision(event, lambda _seq: True)
+
+        done: bool = await self._cond.run(tenant, session, decide)
+        return done
+
+    # -- search -----------------------------------------------------------------------------
+
+    async def search(self, tenant: str, session: str, label: str, query: str) -> str | None:
+        if not query.strip():
+            return None
+        async with self._pool.connection() as conn:
+            config = await self.config(conn, tenant, session)
+            if label == config.searchable_history:
+                hits = await queries.search(conn, tenant, None, query, 10)
+                return "\n---\n".join(f"[{h.role}] {h.content}" for h in hits) or None
+            rows = await cq.search_entries(conn, tenant, session, label, query)
+        return "\n\n".join(f"[{k}]\n{c}" for k, c in rows) or None
+
+    async def session_search(self, tenant: str, query: str) -> str:
+        async with self._pool.connection() as conn:
+            hits = await queries.search(conn, tenant, None, query, 10) if query.strip() else []
+        return "\n---\n".join(f"[{h.role}] {h.content}" for h in hits) if hits else "No results found."
+
+    # -- system prompt ----------------------------------------------------------------------
+
+    async def frozen_prompt(self, tenant: str, session: str) -> Prompt:
+        """The frozen prompt; rendered and recorded on first use, the same string afterwards."""
+        async with self._pool.connection() as conn:
+            row = await cq.latest_prompt(conn, tenant, session)
+        if row is not None:
+            return Prompt(row.text, row.tokens, row.version, row.seq)
+        return await self._render_prompt(tenant, session, "freeze")
+
+    async def refresh_prompt(
+        self, tenant: str, session: str, reason: Literal["refresh", "clear", "compaction"] = "refresh"
+    ) -> Prompt:
+        return await self._render_prompt(tenant, session, reason)
+
+    async def _render_prompt(
+        self, tenant: str, session: str, reason: Literal["freeze", "refresh", "clear", "compaction"]
+    ) -> Prompt:
+        async def decide(conn: Conn) -> Decision:
+            await _live(conn, tenant, session)
+            latest = await cq.latest_prompt(conn, tenant, session)
+            if reason == "freeze" and latest is not None:
+                return Decision(None, lambda _seq: Prompt(latest.text, latest.tokens, latest.version, latest.seq))
+            text = render(await self.blocks(conn, tenant, session))
+            tokens = self.counter.count(text)
+            version = (latest.version if latest else 0) + 1
+            event = PromptRendered(
+                tenant=tenant, session=session, text=text, tokens=tokens, version_no=version, reason=reason
+            )
+            return Decision(event, lambda seq: Prompt(text, tokens, version, seq))
+
+        prompt: Prompt = await self._cond.run(tenant, session, decide)
+        return prompt
+
+    async def has_prompt(self, tenant: str, session: str) -> bool:
+        async with self._pool.connection() as conn:
+            return await cq.latest_prompt(conn, tenant, session) is not None
+
+    # -- tools ------------------------------------------------------------------------------
+
+    async def tools(self, tenant: str, session: str) -> list[Any]:
+        async with self._pool.connection() as conn:
+            config = await self.config(conn, tenant, session)
+            loaded = [f"{label}:{key}" for label, key in await cq.loaded_skills(conn, tenant, session)]
+        return tool_specs(config, loaded)
+
+    async def execute(self, tenant: str, session: str, name: str, args: Any) -> str:
+        """Run a tool with the LLM's arguments; never raises: failures are ``Error: …`` strings."""
+        try:
+            await self._cond.catch_up(tenant, session)
+            names = {spec.name for spec in await self.tools(tenant, session)}
+            if name not in names:
+                return f'Error: tool "{name}" is not available in this session'
+            if not isinstance(args, dict):
+                return "Error: tool arguments must be a JSON object"
+            return await self._dispatch(tenant, session, name, args)
+        except ChronicleError as exc:
+            return f"Error: {exc.detail}"
+        except Exception as exc:
+            log.exception("tool %s failed", name)
+            return f"Error: {exc}"
+
+    async def _dispatch(self, tenant: str, session: str, name: str, args: dict[str, Any]) -> str:
+        async with self._pool.connection() as conn:
+            config = await self.config(conn, tenant, session)
+        infos = blocks_of(config)
+        if name == "session_search":
+            return await self.session_search(tenant, _str(args, "query"))
+        label = _str(args, "label")
+        if name == "set_context":
+            return await self._set_context(tenant, session, config, label, args)
+        if name in ("load_context", "unload_context"):
+            skills = [b.label for b in infos if b.kind == "skills"]
+            key = _str(args, "key")
+            if label not in skills:
+                return f'Error: "{label}" is not a skill block. Skill blocks: {", ".join(skills)}'
+            if name == "load_context":
+                content = await self.load_skill(tenant, session, label, key)
+                return content if content is not None else f"Not found: {key}"
+            if not await self.unload_skill(tenant, session, label, key):
+                return f'Skill "{key}" is not currently loaded in "{label}".'
+            return f'Unloaded "{key}" from {label}. Context reclaimed.'
+        # search_context
+        searchable = [b.label for b in infos if b.kind in ("searchable", "history")]
+        if label not in searchable:
+            return f'Error: "{label}" is not searchable. Searchable blocks: {", ".join(searchable)}'
+        return await self.search(tenant, session, label, _str(args, "query")) or "No results found."
+
+    async def _set_context(
+        self, tenant: str, session: str, config: SessionConfig, label: str, args: dict[str, Any]
+    ) -> str:
+        content = _str(args, "content")
+        info = next((b for b in blocks_of(config) if b.label == label), None)
+        if info is None:
+            return f'Error: block "{label}" not found'
+        if info.kind in ("skills", "searchable"):
+            meta = args.get("metadata") if isinstance(args.get("metadata"), dict) else {}
+            assert isinstance(meta, dict)
+            title = meta.get("title") if isinstance(meta.get("title"), str) else None
+            description = meta.get("description") if isinstance(meta.get("description"), str) else None
+            key = context_entry_key(title, content)
+            if info.kind == "skills":
+                await self.set_skill(tenant, session, label, key, content, description or title)
+            else:
+                await self.index_entry(tenant, session, label, key, content)
+            return f'Indexed "{key}" in {label}.'
+        if info.kind == "history":
+            return f'Error: Block "{label}" does not support writes'
+        mode: Mode = "append" if args.get("action") == "append" else "replace"
+        result = await self.write(tenant, session, label, content, mode, "tool")
+        return usage(label, result.tokens, result.max_tokens)
+
+
+def _str(args: dict[str, Any], name: str) -> str:
+    value = args.get(name)
+    if not isinstance(value, str):
+        raise InvalidToolArguments(f"argument {name!r} must be a string")
+    return value
+
+
+class InvalidToolArguments(ChronicleError):
+    code = "invalid_tool_arguments"
+    status = 422
+    title = "Invalid tool arguments"
+
+
+def _find(config: SessionConfig, label: str) -> ReadonlyBlock | WritableBlock | SearchableBlock | SkillsBlock | None:
+    return next((b for b in config.blocks if b.label == label), None)
+
+
+async def _live(conn: Conn, tenant: str, session: str) -> None:
+    row = await queries.get_session(conn, tenant, session)
+    if row is not None and row.deleted_at is not None:
+        raise SessionNotFound(f"session {session!r} was deleted")
+
+
+def reclaim(content: str, outputs: dict[str, str]) -> str:
+    """Stored message JSON with unloaded skills' tool outputs shown as ``[skill unloaded: key]``."""
+    body = json.loads(content)
+    for part in body.get("parts") or []:
+        if isinstance(part, dict) and part.get("toolCallId") in outputs:
+            part["output"] = f"[skill unloaded: {outputs[part['toolCallId']]}]"
+    return json.dumps(body, ensure_ascii=False, separators=(",", ":"))

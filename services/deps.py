@@ -1,0 +1,51 @@
+"""Request dependencies shared by the API routers: the container, the tenant, common params."""
+
+from typing import Annotated
+
+from fastapi import Depends, Query, Request
+
+from events import ids
+from services.bootstrap import Container
+from services.errors import InvalidId, Unauthorized
+from services.settings import hash_key
+
+
+def get_c(request: Request) -> Container:
+    c: Container = request.app.state.c
+    return c
+
+
+async def tenant_of(request: Request) -> str:
+    """The tenant of the request's ``Authorization: Bearer`` key (keys are kept as SHA-256)."""
+    header = request.headers.get("authorization", "")
+    scheme, _, token = header.partition(" ")
+    if scheme.lower() != "bearer" or not token.strip():
+        raise Unauthorized("send 'Authorization: Bearer <api key>'")
+    keys: dict[str, str] = request.app.state.keys
+    tenant = keys.get(hash_key(token.strip()))
+    if tenant is None:
+        raise Unauthorized("unknown API key")
+    return tenant
+
+
+Tenant = Annotated[str, Depends(tenant_of)]
+C = Annotated[Container, Depends(get_c)]
+MinSeq = Annotated[int | None, Query(ge=0)]
+Q = Annotated[str, Query(min_length=1, max_length=1000)]
+Limit = Annotated[int, Query(ge=1, le=200)]
+
+
+def check_id(kind: str, value: str) -> str:
+    checker = {"session": ids.check_session, "message": ids.check_message_id}[kind]
+    try:
+        return checker(value)
+    except ids.InvalidId as exc:
+        raise InvalidId(str(exc)) from exc
+
+
+async def caught_up(c: Container, tenant: str, sid: str, min_seq: int | None) -> None:
+    """Read-your-writes for one session: wait until its events up to ``min_seq`` are applied."""
+    if not min_seq or await c.waiter.session_applied(tenant, sid, min_seq):
+        return
+    last = await c.publisher.last_subject_seq(tenant, sid)
+    await c.waiter.wait_session(tenant, sid, min(min_seq, last))

@@ -1,0 +1,102 @@
+"""Skill documents and read-only sources in S3/MinIO, through the ``minio`` client.
+
+The client is synchronous; each call runs in a worker thread (``asyncio.to_thread``) so the event
+loop never blocks on storage I/O.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TypeVar
+
+from minio import Minio
+from minio.error import S3Error
+
+from services.errors import ObjectStorageError
+
+DESCRIPTION_META = "description"
+T = TypeVar("T")
+
+
+@dataclass(frozen=True, slots=True)
+class StoredObject:
+    key: str
+    description: str | None
+    etag: str
+    size: int
+
+
+class SkillStore:
+    def __init__(self, endpoint: str, access_key: str, secret_key: str, *, secure: bool, region: str | None) -> None:
+        self._client = Minio(endpoint, access_key=access_key, secret_key=secret_key, secure=secure, region=region)
+
+    def _ensure_bucket(self, bucket: str) -> None:
+        if not self._client.bucket_exists(bucket):
+            self._client.make_bucket(bucket)
+
+    async def put(self, bucket: str, key: str, content: str, description: str | None) -> StoredObject:
+        """Store a document; the description becomes object metadata (dropped when None)."""
+        data = content.encode()
+
+        def put() -> StoredObject:
+            self._ensure_bucket(bucket)
+            meta: dict[str, str | list[str] | tuple[str]] | None = (
+                {DESCRIPTION_META: description} if description else None
+            )
+            result = self._client.put_object(
+                bucket, key, io.BytesIO(data), len(data), content_type="text/markdown; charset=utf-8", metadata=meta
+            )
+            return StoredObject(key, description, str(result.etag).strip('"'), len(data))
+
+        return await self._call(put)
+
+    async def bucket_exists(self, bucket: str) -> bool:
+        return await self._call(lambda: bool(self._client.bucket_exists(bucket)))
+
+    async def get_text(self, bucket: str, key: str) -> str | None:
+        """The object's text, or None when it does not exist."""
+
+        def get() -> str | None:
+            try:
+                resp = self._client.get_object(bucket, key)
+            except S3Error as exc:
+                if exc.code in ("NoSuchKey", "NoSuchBucket"):
+                    return None
+                raise
+            try:
+                return bytes(resp.read()).decode("utf-8")
+            finally:
+                resp.close()
+                resp.release_conn()
+
+        return await self._call(get)
+
+    async def list(self, bucket: str, prefix: str) -> list[StoredObject]:
+        """Every object under ``prefix`` in listing order, with its description metadata."""
+
+        def listing() -> list[StoredObject]:
+            if not self._client.bucket_exists(bucket):
+                return []
+            out: list[StoredObject] = []
+            for obj in self._client.list_objects(bucket, prefix=prefix, recursive=True):
+                if obj.object_name is None or obj.is_dir:
+                    continue
+                stat = self._client.stat_object(bucket, obj.object_name)
+                meta = {k.lower(): v for k, v in (stat.metadata or {}).items()}
+                desc = meta.get(f"x-amz-meta-{DESCRIPTION_META}")
+                out.append(StoredObject(obj.object_name, desc, str(stat.etag).strip('"'), int(stat.size or 0)))
+            return out
+
+        return await self._call(listing)
+
+    @staticmethod
+    async def _call(fn: Callable[[], T]) -> T:
+        try:
+            return await asyncio.to_thread(fn)
+        except S3Error as exc:
+            raise ObjectStorageError(f"{exc.code}: {exc.message}") from exc
+        except OSError as exc:
+            raise ObjectStorageError(str(exc)) from exc
