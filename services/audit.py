@@ -12,8 +12,10 @@ import psycopg
 
 from events import log as eventlog
 from events.bodies import unpack_body
-from events.catalog import MessageBodyEvent
+from events.catalog import MessageBodyEvent, SkillRemoved
+from events.ids import TENANT_SCOPE
 from events.registry import decode
+from projections import context_queries as cq
 from projections import queries
 from projections.rebuild import TABLES, apply_range, checksums, rebuild_into
 from projections.timetravel import SessionState
@@ -156,4 +158,39 @@ async def verify(c: Container, *, limit: int = 5, progress: Callable[[int, int],
                     diffs += [f"rebuilt: {b[k][1]}" for k in sorted(b) if k not in a or a[k][0] != b[k][0]]
                     report.differences[table] = diffs[:limit]
                 await sh.execute(f'DROP SCHEMA "{shadow}" CASCADE')
+    return report
+
+
+# -- skills index -------------------------------------------------------------------------
+
+
+@dataclass
+class SyncReport:
+    indexed: int = 0
+    removed: int = 0
+    unchanged: int = 0
+
+
+async def sync_skills(c: Container, tenant: str, bucket: str, prefix: str = "") -> SyncReport:
+    """Bring the tenant's skills index in line with the bucket: record new or changed objects
+    (by etag and description) and removed ones, so rendering never has to list the bucket."""
+    if c.context.skills is None:
+        raise RuntimeError("object storage is not configured")
+    objects = await c.context.skills.list(bucket, prefix)
+    async with c.pool.connection() as conn:
+        known = await cq.indexed_skills(conn, tenant, bucket)
+        listing = dict(await cq.skill_listing(conn, tenant, bucket, prefix))
+    report = SyncReport()
+    seen: set[str] = set()
+    for obj in objects:
+        seen.add(obj.key)
+        if known.get(obj.key) == obj.etag and listing.get(obj.key) == obj.description:
+            report.unchanged += 1
+            continue
+        await c.context.record_skill(tenant, bucket, obj.key, obj.description, obj.etag, obj.size)
+        report.indexed += 1
+    for key in sorted(set(known) - seen):
+        if key.startswith(prefix):
+            await c.publisher.publish(SkillRemoved(tenant=tenant, session=TENANT_SCOPE, bucket=bucket, key=key))
+            report.removed += 1
     return report

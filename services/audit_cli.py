@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import sys
+from pathlib import Path
 
 from events import ids
 from projections import queries
@@ -70,4 +72,18 @@ async def run_audit(settings: Settings, args: argparse.Namespace) -> int:
                         print("  " + line)
                 print(f"verified at sequence {result.at_seq}: " + ("identical" if result.ok else "DIFFERENT"))
                 return 0 if result.ok else 1
+    return 0
+
+
+async def run_skills(settings: Settings, args: argparse.Namespace) -> int:
+    """``skills put`` uploads and records; ``skills sync`` records what changed in the bucket."""
+    async with open_container(settings) as c:
+        ids.check_tenant(args.tenant)
+        if args.skills_command == "put":
+            content = await asyncio.to_thread(Path(args.file).read_text, encoding="utf-8")
+            seq = await c.context.put_skill(args.tenant, args.bucket, args.key, content, args.description)
+            print(f"stored {args.bucket}/{args.key} ({len(content.encode())} bytes); recorded at sequence {seq}")
+            return 0
+        report = await audit.sync_skills(c, args.tenant, args.bucket, args.prefix)
+        print(f"indexed {report.indexed}, removed {report.removed}, unchanged {report.unchanged}")
     return 0

@@ -36,6 +36,18 @@ def main(argv: list[str] | None = None) -> int:
     p_rebuild.add_argument("--keep-old", action="store_true", help="keep the replaced tables in a schema")
     p_verify = sub.add_parser("verify", help="rebuild into a shadow schema and compare with the live read models")
     p_verify.add_argument("--limit", type=int, default=5, help="differences to print per table")
+    p_skills = sub.add_parser("skills", help="skill documents in object storage")
+    skills_sub = p_skills.add_subparsers(dest="skills_command", required=True)
+    p_put = skills_sub.add_parser("put", help="upload a skill document and record it in the skills index")
+    p_put.add_argument("file")
+    p_put.add_argument("--bucket", required=True)
+    p_put.add_argument("--key", required=True, help="object key (include the block's prefix, e.g. skills/tax)")
+    p_put.add_argument("--description", default=None)
+    p_put.add_argument("--tenant", default="default")
+    p_sync = skills_sub.add_parser("sync", help="index objects uploaded out of band")
+    p_sync.add_argument("--bucket", required=True)
+    p_sync.add_argument("--prefix", default="")
+    p_sync.add_argument("--tenant", default="default")
     p_key = sub.add_parser("keygen", help="make an API key and print its settings entry")
     p_key.add_argument("--tenant", required=True)
     args = parser.parse_args(argv)
@@ -58,6 +70,10 @@ def main(argv: list[str] | None = None) -> int:
         case "migrate":
             applied = asyncio.run(migrate(settings.database_url))
             print("applied: " + (", ".join(applied) if applied else "nothing (up to date)"))
+        case "skills":
+            from services.audit_cli import run_skills
+
+            return asyncio.run(run_skills(settings, args))
         case "replay" | "history" | "rebuild" | "verify":
             from services.audit_cli import run_audit
 

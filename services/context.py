@@ -88,6 +88,10 @@ class ContextService:
         self.counter = counter
         self._skills = skills
 
+    @property
+    def skills(self) -> SkillStore | None:
+        return self._skills
+
     # -- config -----------------------------------------------------------------------------
 
     async def configure(self, tenant: str, session: str, config: SessionConfig) -> int:
