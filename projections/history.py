@@ -89,6 +89,7 @@ class UpdateMessage:
     tenant: str
     session: str
     id: str
+    role: str
     content: str
     body_sha256: str
     text: str
@@ -154,7 +155,11 @@ def plan(event: Event, seq: int, body: JsonObject | None = None) -> list[Op]:
             )
         case MessageUpdated():
             assert body is not None
-            ops.append(UpdateMessage(t, s, event.message_id, store_json(body), event.body_sha256, text_of(body), seq))
+            ops.append(
+                UpdateMessage(
+                    t, s, event.message_id, event.role, store_json(body), event.body_sha256, text_of(body), seq
+                )
+            )
         case MessagesDeleted():
             ops.append(DeleteMessages(t, s, tuple(event.message_ids)))
         case MessagesCleared():
@@ -183,7 +188,7 @@ _SQL: dict[type[Any], str] = {
         "ON CONFLICT (tenant, session_id, id) DO NOTHING"
     ),
     UpdateMessage: (
-        "UPDATE messages SET content = %s, body_sha256 = %s, text_content = %s, updated_seq = %s "
+        "UPDATE messages SET role = %s, content = %s, body_sha256 = %s, text_content = %s, updated_seq = %s "
         "WHERE tenant = %s AND session_id = %s AND id = %s"
     ),
     DeleteMessages: "DELETE FROM messages WHERE tenant = %s AND session_id = %s AND id = ANY(%s)",
@@ -218,7 +223,7 @@ def params(op: Op) -> tuple[Any, ...]:
                 op.session,
             )
         case UpdateMessage():
-            return (op.content, op.body_sha256, op.text, op.seq, op.tenant, op.session, op.id)
+            return (op.role, op.content, op.body_sha256, op.text, op.seq, op.tenant, op.session, op.id)
         case DeleteMessages():
             return (op.tenant, op.session, list(op.ids))
         case ClearMessages():

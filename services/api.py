@@ -2,10 +2,10 @@
 
 import contextlib
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Annotated, Any
 
-from fastapi import FastAPI, Query, Response
+from fastapi import FastAPI, Query, Request, Response
 from fastapi.responses import JSONResponse, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -20,9 +20,9 @@ from services.bootstrap import Container, open_container
 from services.commands import OMITTED, AppendResult
 from services.context import reclaim
 from services.decisions import ParentSpec
-from services.deps import C, Limit, MinSeq, Q, Tenant, caught_up, check_id
-from services.errors import InvalidRequest, MessageNotFound, SessionNotFound
-from services.problems import install
+from services.deps import C, Limit, MinSeq, Q, Tenant, caught_up, check_id, tenant_for
+from services.errors import ChronicleError, InvalidRequest, MessageNotFound, SessionNotFound
+from services.problems import from_error, install
 from services.settings import Settings
 
 JSON = "application/json"
@@ -101,6 +101,17 @@ def build_app(settings: Settings, container: Container | None = None) -> FastAPI
     app = FastAPI(title="Chronicle", version="1.0", lifespan=lifespan)
     app.state.keys = keys
     install(app)
+
+    @app.middleware("http")
+    async def authenticate(request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Response:
+        """Check the API key before anything reads the body: a bad key is 401 whatever the body."""
+        if request.url.path.startswith("/v1/"):
+            try:
+                request.state.tenant = tenant_for(keys, request.headers.get("authorization", ""))
+            except ChronicleError as exc:
+                return from_error(exc)
+        return await call_next(request)
+
     app.include_router(context_router)
 
     # -- sessions --------------------------------------------------------------------------
@@ -270,6 +281,8 @@ def build_app(settings: Settings, container: Container | None = None) -> FastAPI
         sid: str, tenant: Tenant, c: C, leaf_id: str | None = None, min_seq: MinSeq = None
     ) -> dict[str, Any]:
         check_id("session", sid)
+        if leaf_id is not None:
+            check_id("message", leaf_id)
         await caught_up(c, tenant, sid, min_seq)
         async with c.pool.connection() as cx:
             if leaf_id is None:

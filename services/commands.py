@@ -96,6 +96,8 @@ class Commands:
         self, tenant: str, session: str | None, name: str, parent_session_id: str | None, metadata: JsonObject
     ) -> Written:
         sid = session or str(uuid.uuid4())
+        if parent_session_id is not None:
+            await self.conditional.catch_up(tenant, parent_session_id)
 
         async def decide(conn: Conn) -> Decision:
             if await queries.get_session(conn, tenant, sid) is not None:
@@ -195,7 +197,8 @@ class Commands:
 
     async def clear(self, tenant: str, session: str) -> Written:
         async def decide(conn: Conn) -> Decision:
-            await self._live_session(conn, tenant, session, must_exist=False)
+            if await self._live_session(conn, tenant, session, must_exist=False) is None:
+                return Decision(None, lambda _seq: Written(0))  # nothing to clear; record nothing
             return Decision(MessagesCleared(tenant=tenant, session=session), Written)
 
         result: Written = await self._conditional(tenant, session, decide)

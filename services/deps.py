@@ -15,17 +15,24 @@ def get_c(request: Request) -> Container:
     return c
 
 
-async def tenant_of(request: Request) -> str:
-    """The tenant of the request's ``Authorization: Bearer`` key (keys are kept as SHA-256)."""
-    header = request.headers.get("authorization", "")
+def tenant_for(keys: dict[str, str], header: str) -> str:
+    """The tenant of an ``Authorization: Bearer`` header (keys are kept as SHA-256)."""
     scheme, _, token = header.partition(" ")
     if scheme.lower() != "bearer" or not token.strip():
         raise Unauthorized("send 'Authorization: Bearer <api key>'")
-    keys: dict[str, str] = request.app.state.keys
     tenant = keys.get(hash_key(token.strip()))
     if tenant is None:
         raise Unauthorized("unknown API key")
     return tenant
+
+
+async def tenant_of(request: Request) -> str:
+    """Set by the authentication middleware before the body is read."""
+    tenant = getattr(request.state, "tenant", None)
+    if tenant is None:
+        keys: dict[str, str] = request.app.state.keys
+        tenant = tenant_for(keys, request.headers.get("authorization", ""))
+    return str(tenant)
 
 
 Tenant = Annotated[str, Depends(tenant_of)]

@@ -1,0 +1,321 @@
+"""Every bad input gets a 4xx problem+json with a stable code, and writes nothing."""
+
+from __future__ import annotations
+
+from typing import Any
+from urllib.parse import quote
+
+import httpx
+import pytest
+
+from tests.e2e.helpers import append, append_body, assert_problem, chain, events, msg, new_sid, stream_last_seq
+
+LONG_ID = "x" * 257
+LONG_SID = "s" * 129
+
+BAD_APPEND_BODIES: dict[str, Any] = {
+    "parts-not-a-list": {"message": {"id": "m", "role": "user", "parts": "hello"}},
+    "parts-is-an-object": {"message": {"id": "m", "role": "user", "parts": {"type": "text", "text": "x"}}},
+    "part-not-an-object": {"message": {"id": "m", "role": "user", "parts": ["hello"]}},
+    "part-without-type": {"message": {"id": "m", "role": "user", "parts": [{"text": "hello"}]}},
+    "role-a-number": {"message": {"id": "m", "role": 7, "parts": []}},
+    "role-missing": {"message": {"id": "m", "parts": []}},
+    "role-empty": {"message": {"id": "m", "role": "", "parts": []}},
+    "id-missing": {"message": {"role": "user", "parts": []}},
+    "id-a-number": {"message": {"id": 42, "role": "user", "parts": []}},
+    "id-null": {"message": {"id": None, "role": "user", "parts": []}},
+    "id-empty": {"message": {"id": "", "role": "user", "parts": []}},
+    "id-too-long": {"message": {"id": LONG_ID, "role": "user", "parts": []}},
+    "id-control-char": {"message": {"id": "a\u0001b", "role": "user", "parts": []}},
+    "id-surrounding-space": {"message": {"id": " m ", "role": "user", "parts": []}},
+    "parts-missing": {"message": {"id": "m", "role": "user"}},
+    "parts-null": {"message": {"id": "m", "role": "user", "parts": None}},
+    "message-missing": {"parent_id": None},
+    "message-a-string": {"message": "hello"},
+    "message-a-list": {"message": [{"id": "m"}]},
+    "body-a-list": [{"message": {"id": "m", "role": "user", "parts": []}}],
+    "body-a-string": "hello",
+    "unknown-top-level-field": {"message": {"id": "m", "role": "user", "parts": []}, "extra": 1},
+    "parent-id-a-number": {"message": {"id": "m", "role": "user", "parts": []}, "parent_id": 5},
+    "parent-id-empty": {"message": {"id": "m", "role": "user", "parts": []}, "parent_id": ""},
+    "parent-id-too-long": {"message": {"id": "m", "role": "user", "parts": []}, "parent_id": LONG_ID},
+}
+
+
+async def assert_nothing_written(client: httpx.AsyncClient, sid: str, last_seq: int) -> None:
+    assert await events(client, sid) == []
+    assert_problem(await client.get(f"/v1/sessions/{sid}"), 404, "session_not_found")
+    assert await stream_last_seq(client) == last_seq
+
+
+@pytest.mark.parametrize("body", BAD_APPEND_BODIES.values(), ids=BAD_APPEND_BODIES.keys())
+async def test_bad_append_bodies(client: httpx.AsyncClient, body: Any) -> None:
+    sid = new_sid()
+    last = await stream_last_seq(client)
+    r = await client.post(f"/v1/sessions/{sid}/messages", json=body)
+    assert 400 <= r.status_code < 500, r.text
+    problem = assert_problem(r, 422, r.json().get("code", "?"))
+    assert problem["code"] in {"invalid_request", "invalid_id"}, problem
+    assert problem["detail"]
+    await assert_nothing_written(client, sid, last)
+
+
+async def test_bad_input_to_an_existing_session_writes_nothing(client: httpx.AsyncClient) -> None:
+    sid = new_sid()
+    seq = await chain(client, sid, ["m1", "m2"])
+    before = await events(client, sid)
+    last = await stream_last_seq(client)
+    for body in BAD_APPEND_BODIES.values():
+        r = await client.post(f"/v1/sessions/{sid}/messages", json=body)
+        assert r.status_code == 422, r.text
+        r = await client.put(f"/v1/sessions/{sid}/messages/m1", json=body)
+        assert r.status_code == 422, r.text
+    r = await client.post(f"/v1/sessions/{sid}/messages", content=b'{"message": ', headers=_json)
+    assert_problem(r, 400, "malformed_json")
+    assert await events(client, sid) == before
+    assert await stream_last_seq(client) == last
+    h = await client.get(f"/v1/sessions/{sid}/history", params={"min_seq": seq})
+    assert [m["id"] for m in h.json()["messages"]] == ["m1", "m2"]
+
+
+_json = {"Content-Type": "application/json"}
+MALFORMED = [b"{", b'{"message": {"id": "m",}}', b"not json at all", b'{"message": {"id": "m"}} trailing', b"\xff\xfe"]
+
+
+@pytest.mark.parametrize("raw", MALFORMED)
+async def test_malformed_json_append(client: httpx.AsyncClient, raw: bytes) -> None:
+    sid = new_sid()
+    last = await stream_last_seq(client)
+    r = await client.post(f"/v1/sessions/{sid}/messages", content=raw, headers=_json)
+    assert_problem(r, 400, "malformed_json")
+    await assert_nothing_written(client, sid, last)
+
+
+@pytest.mark.parametrize(
+    ("method", "path"),
+    [
+        ("POST", "/v1/sessions"),
+        ("PATCH", "/v1/sessions/{sid}"),
+        ("PUT", "/v1/sessions/{sid}/messages/m1"),
+    ],
+)
+async def test_malformed_json_other_writes(client: httpx.AsyncClient, method: str, path: str) -> None:
+    sid = new_sid()
+    await append(client, sid, msg("m1", "exists"))
+    before = await events(client, sid)
+    last = await stream_last_seq(client)
+    r = await client.request(method, path.format(sid=sid), content=b'{"name": ', headers=_json)
+    assert_problem(r, 400, "malformed_json")
+    assert await events(client, sid) == before
+    assert await stream_last_seq(client) == last
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        {"id": 5},
+        {"id": ""},
+        {"id": LONG_SID},
+        {"id": "a\u0001b"},
+        {"name": 5},
+        {"name": "x" * 513},
+        {"metadata": "not an object"},
+        {"parent_session_id": ""},
+        {"unknown": True},
+        ["not", "an", "object"],
+    ],
+)
+async def test_bad_create_session_bodies(client: httpx.AsyncClient, body: Any) -> None:
+    last = await stream_last_seq(client)
+    r = await client.post("/v1/sessions", json=body)
+    assert r.status_code == 422, r.text
+    problem = assert_problem(r, 422, r.json()["code"])
+    assert problem["code"] in {"invalid_request", "invalid_id"}
+    assert await stream_last_seq(client) == last
+
+
+@pytest.mark.parametrize("body", [{}, {"name": 5}, {"name": None}, {"name": "x" * 513}, {"name": "ok", "x": 1}])
+async def test_bad_rename_bodies(client: httpx.AsyncClient, body: Any) -> None:
+    sid = new_sid()
+    r = await client.post("/v1/sessions", json={"id": sid, "name": "kept"})
+    seq = r.json()["seq"]
+    r = await client.patch(f"/v1/sessions/{sid}", json=body)
+    assert_problem(r, 422, "invalid_request")
+    assert len(await events(client, sid)) == 1
+    assert (await client.get(f"/v1/sessions/{sid}", params={"min_seq": seq})).json()["name"] == "kept"
+
+
+INVALID_SIDS = {
+    "too-long": LONG_SID,
+    "control-char": "bad\u0001id",
+    "newline": "bad\nid",
+    "del-char": "bad\u007fid",
+    "leading-space": " padded",
+}
+
+
+@pytest.mark.parametrize("sid", INVALID_SIDS.values(), ids=INVALID_SIDS.keys())
+async def test_invalid_session_ids_in_the_path(client: httpx.AsyncClient, sid: str) -> None:
+    p = quote(sid, safe="")
+    last = await stream_last_seq(client)
+    requests: list[tuple[str, str, Any]] = [
+        ("POST", f"/v1/sessions/{p}/messages", append_body(msg("m1", "x"))),
+        ("PUT", f"/v1/sessions/{p}/messages/m1", {"message": msg("m1", "x")}),
+        ("DELETE", f"/v1/sessions/{p}/messages", None),
+        ("DELETE", f"/v1/sessions/{p}/messages?ids=m1", None),
+        ("PATCH", f"/v1/sessions/{p}", {"name": "x"}),
+        ("DELETE", f"/v1/sessions/{p}", None),
+        ("GET", f"/v1/sessions/{p}", None),
+        ("GET", f"/v1/sessions/{p}/history", None),
+        ("GET", f"/v1/sessions/{p}/leaf", None),
+        ("GET", f"/v1/sessions/{p}/path-length", None),
+        ("GET", f"/v1/sessions/{p}/messages/m1", None),
+        ("GET", f"/v1/sessions/{p}/messages/m1/children", None),
+        ("GET", f"/v1/sessions/{p}/search?q=x", None),
+        ("GET", f"/v1/sessions/{p}/events", None),
+    ]
+    for method, path, body in requests:
+        r = await client.request(method, path, json=body)
+        assert_problem(r, 422, "invalid_id")
+    r = await client.post("/v1/sessions", json={"id": sid})
+    assert_problem(r, 422, "invalid_id")
+    assert await stream_last_seq(client) == last
+
+
+async def test_session_id_of_128_chars_is_fine(client: httpx.AsyncClient) -> None:
+    sid = new_sid("max").ljust(128, "z")
+    assert len(sid) == 128
+    out = await append(client, sid, msg("m1", "ok"))
+    r = await client.get(f"/v1/sessions/{sid}/history", params={"min_seq": out["seq"]})
+    assert [m["id"] for m in r.json()["messages"]] == ["m1"]
+
+
+async def test_unusual_but_valid_ids_round_trip(client: httpx.AsyncClient) -> None:
+    """Dots, wildcards, spaces and non-ASCII cannot break the subject layout and stay separate."""
+    base = new_sid()
+    sids = [f"{base}.a.b", f"{base}.*", f"{base}.>", f"{base} with space", f"{base}-ünïcødé-日本"]
+    seqs: dict[str, int] = {}
+    for i, sid in enumerate(sids):
+        seqs[sid] = (await append(client, sid, msg(f"id.{i} *>", f"text {i}")))["seq"]
+    for i, sid in enumerate(sids):
+        p = quote(sid, safe="")
+        r = await client.get(f"/v1/sessions/{p}/history", params={"min_seq": seqs[sid]})
+        assert [m["id"] for m in r.json()["messages"]] == [f"id.{i} *>"]
+        evs = await events(client, p)
+        assert [e["event"]["session"] for e in evs] == [sid]
+        r = await client.get(f"/v1/sessions/{p}/messages/{quote(f'id.{i} *>', safe='')}")
+        assert r.status_code == 200, r.text
+    # The whole tenant wildcard-like session did not swallow the others.
+    r = await client.get(f"/v1/sessions/{quote(base + '.*', safe='')}/history")
+    assert len(r.json()["messages"]) == 1
+
+
+@pytest.mark.parametrize(
+    ("path", "params"),
+    [
+        ("/v1/sessions/{sid}/history", {"leaf_id": ""}),
+        ("/v1/sessions/{sid}/history", {"leaf_id": LONG_ID}),
+        ("/v1/sessions/{sid}/history", {"min_seq": -1}),
+        ("/v1/sessions/{sid}/history", {"min_seq": "abc"}),
+        ("/v1/sessions/{sid}/search", {}),
+        ("/v1/sessions/{sid}/search", {"q": ""}),
+        ("/v1/sessions/{sid}/search", {"q": "x", "limit": 0}),
+        ("/v1/sessions/{sid}/search", {"q": "x", "limit": 201}),
+        ("/v1/sessions/{sid}/search", {"q": "x", "limit": "many"}),
+        ("/v1/search", {}),
+        ("/v1/search", {"q": "x" * 1001}),
+        ("/v1/sessions", {"limit": 0}),
+        ("/v1/sessions", {"cursor": -1}),
+        ("/v1/sessions/{sid}/events", {"from_seq": 0}),
+        ("/v1/sessions/{sid}/events", {"to_seq": "x"}),
+        ("/v1/sessions/{sid}/messages/{long}", {}),
+    ],
+)
+async def test_bad_query_parameters(client: httpx.AsyncClient, path: str, params: dict[str, Any]) -> None:
+    r = await client.get(path.format(sid=new_sid(), long=LONG_ID), params=params)
+    assert r.status_code == 422, r.text
+    problem = assert_problem(r, 422, r.json()["code"])
+    assert problem["code"] in {"invalid_request", "invalid_id"}
+
+
+@pytest.mark.parametrize("leaf_id", ["", LONG_ID, "a\u0001b"])
+async def test_path_length_validates_leaf_id(client: httpx.AsyncClient, leaf_id: str) -> None:
+    r = await client.get(f"/v1/sessions/{new_sid()}/path-length", params={"leaf_id": leaf_id})
+    assert_problem(r, 422, "invalid_id")
+
+
+async def test_bad_ids_on_delete_writes_nothing(client: httpx.AsyncClient) -> None:
+    sid = new_sid()
+    await chain(client, sid, ["m1"])
+    before = await events(client, sid)
+    assert_problem(await client.delete(f"/v1/sessions/{sid}/messages", params={"ids": ""}), 422, "invalid_request")
+    assert_problem(await client.delete(f"/v1/sessions/{sid}/messages", params={"ids": ","}), 422, "invalid_request")
+    r = await client.delete(f"/v1/sessions/{sid}/messages", params={"ids": f"m1,{LONG_ID}"})
+    assert_problem(r, 422, "invalid_id")
+    assert await events(client, sid) == before
+
+
+async def test_missing_authorization(anon: httpx.AsyncClient) -> None:
+    sid = new_sid()
+    last = await stream_last_seq(anon)
+    for method, path, body in [
+        ("POST", f"/v1/sessions/{sid}/messages", append_body(msg("m1", "x"))),
+        ("POST", "/v1/sessions", {"id": sid}),
+        ("GET", f"/v1/sessions/{sid}/history", None),
+        ("GET", "/v1/sessions", None),
+        ("GET", "/v1/search?q=x", None),
+        ("GET", f"/v1/sessions/{sid}/events", None),
+        ("DELETE", f"/v1/sessions/{sid}/messages", None),
+    ]:
+        r = await anon.request(method, path, json=body)
+        assert_problem(r, 401, "unauthorized")
+        assert r.headers.get("www-authenticate", "").lower().startswith("bearer")
+    assert await stream_last_seq(anon) == last
+
+
+@pytest.mark.parametrize(
+    "header",
+    ["Bearer wrong-key", "Bearer", "Basic dXNlcjpwYXNz", "key-a-only", "Token abc", "Bearer a b"],
+)
+async def test_wrong_api_key(anon: httpx.AsyncClient, client: httpx.AsyncClient, header: str) -> None:
+    sid = new_sid()
+    last = await stream_last_seq(anon)
+    h = {"Authorization": header}
+    r = await anon.post(f"/v1/sessions/{sid}/messages", json=append_body(msg("m1", "x")), headers=h)
+    assert_problem(r, 401, "unauthorized")
+    r = await anon.get(f"/v1/sessions/{sid}/history", headers=h)
+    assert_problem(r, 401, "unauthorized")
+    assert await stream_last_seq(anon) == last
+    assert await events(client, sid) == []
+
+
+async def test_bearer_scheme_is_case_insensitive(anon: httpx.AsyncClient, client: httpx.AsyncClient) -> None:
+    token = client.headers["authorization"].split(" ", 1)[1]
+    r = await anon.get(f"/v1/sessions/{new_sid()}/history", headers={"Authorization": f"bearer {token}"})
+    assert r.status_code == 200, r.text
+
+
+async def test_unauthenticated_malformed_body_is_401(anon: httpx.AsyncClient) -> None:
+    """Authentication comes before parsing: an anonymous caller learns nothing about the body rules."""
+    r = await anon.post(f"/v1/sessions/{new_sid()}/messages", content=b"{", headers=_json)
+    assert_problem(r, 401, "unauthorized")
+
+
+async def test_unauthenticated_invalid_body_is_401(anon: httpx.AsyncClient) -> None:
+    r = await anon.post(f"/v1/sessions/{new_sid()}/messages", json={"message": {"parts": 1}})
+    assert_problem(r, 401, "unauthorized")
+
+
+async def test_roles_are_free_strings(client: httpx.AsyncClient) -> None:
+    sid = new_sid()
+    for role in ["narrator", "system", "tool", "Critic 2", "ü-role"]:
+        out = await append(client, sid, msg(f"m-{role}", f"spoken by {role}", role=role))
+        r = await client.get(
+            f"/v1/sessions/{sid}/messages/{quote(f'm-{role}', safe='')}", params={"min_seq": out["seq"]}
+        )
+        assert r.json()["role"] == role
+
+
+async def test_unknown_route_and_method_are_problems(client: httpx.AsyncClient) -> None:
+    assert_problem(await client.get("/v1/nope"), 404, "not_found")
+    assert_problem(await client.put("/v1/sessions"), 405, "method_not_allowed")

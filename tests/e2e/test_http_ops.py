@@ -1,0 +1,67 @@
+"""Operations endpoints: liveness, readiness with projection lag, Prometheus metrics, OpenAPI."""
+
+from __future__ import annotations
+
+import re
+
+import httpx
+
+from tests.e2e.helpers import append, msg, new_sid
+
+
+async def test_healthz(anon: httpx.AsyncClient) -> None:
+    r = await anon.get("/healthz")
+    assert r.status_code == 200, r.text
+    assert r.json() == {"status": "ok"}
+
+
+async def test_readyz_reports_backends_and_lag(client: httpx.AsyncClient, anon: httpx.AsyncClient) -> None:
+    out = await append(client, new_sid(), msg("m1", "make sure the projector has something to apply"))
+    await client.get("/v1/sessions", params={"min_seq": out["seq"], "limit": 1})
+    r = await anon.get("/readyz")
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["ready"] is True
+    assert body["nats"] is True
+    assert body["postgres"] is True
+    lag = body["lag"]
+    assert isinstance(lag, dict)
+    assert lag, "no projector checkpoint reported"
+    assert all(isinstance(v, int) and v >= 0 for v in lag.values())
+
+
+async def test_metrics(client: httpx.AsyncClient, anon: httpx.AsyncClient) -> None:
+    out = await append(client, new_sid(), msg("m1", "counted"))
+    await client.get("/v1/sessions", params={"min_seq": out["seq"], "limit": 1})
+    r = await anon.get("/metrics")
+    assert r.status_code == 200, r.text
+    assert r.headers["content-type"].startswith("text/plain")
+    text = r.text
+    assert "chronicle_events_published_total" in text
+    m = re.search(r'^chronicle_events_published_total\{type="message.appended"\} (\S+)$', text, re.MULTILINE)
+    assert m, text
+    assert float(m.group(1)) >= 1
+    assert re.search(r"^chronicle_projection_lag\{projector=", text, re.MULTILINE), text
+    assert re.search(r"^chronicle_events_applied\{projector=", text, re.MULTILINE), text
+    last = re.search(r"^chronicle_stream_last_seq (\S+)$", text, re.MULTILINE)
+    assert last
+    assert float(last.group(1)) >= out["seq"]
+
+
+async def test_openapi_lists_the_v1_routes(anon: httpx.AsyncClient) -> None:
+    r = await anon.get("/openapi.json")
+    assert r.status_code == 200, r.text
+    paths = r.json()["paths"]
+    for p in [
+        "/v1/sessions",
+        "/v1/sessions/{sid}",
+        "/v1/sessions/{sid}/messages",
+        "/v1/sessions/{sid}/messages/{mid}",
+        "/v1/sessions/{sid}/messages/{mid}/children",
+        "/v1/sessions/{sid}/history",
+        "/v1/sessions/{sid}/leaf",
+        "/v1/sessions/{sid}/search",
+        "/v1/search",
+        "/v1/sessions/{sid}/events",
+    ]:
+        assert p in paths, p

@@ -1,0 +1,181 @@
+"""Full-text search over HTTP: all words, any order, English stemming, text parts only, limits."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+
+from tests.e2e.helpers import append, msg, new_sid, unique_word
+
+
+async def search(client: httpx.AsyncClient, sid: str, q: str, **params: Any) -> list[dict[str, Any]]:
+    r = await client.get(f"/v1/sessions/{sid}/search", params={"q": q, **params})
+    assert r.status_code == 200, r.text
+    results: list[dict[str, Any]] = r.json()["results"]
+    return results
+
+
+async def fill(client: httpx.AsyncClient, sid: str, texts: dict[str, str]) -> int:
+    seq = 0
+    for mid, text in texts.items():
+        seq = (await append(client, sid, msg(mid, text)))["seq"]
+    return seq
+
+
+async def test_words_match_in_any_order(client: httpx.AsyncClient) -> None:
+    sid = new_sid()
+    seq = await fill(
+        client,
+        sid,
+        {
+            "m1": "the deployment is on Friday",
+            "m2": "the deployment is on Monday",
+            "m3": "Friday is a holiday",
+        },
+    )
+    hits = await search(client, sid, "Friday deployment", min_seq=seq)
+    assert [h["id"] for h in hits] == ["m1"]
+    hits = await search(client, sid, "deployment friday", min_seq=seq)
+    assert [h["id"] for h in hits] == ["m1"]
+    # All words must match: m2 has "deployment" but not "Friday".
+    assert {h["id"] for h in await search(client, sid, "deployment", min_seq=seq)} == {"m1", "m2"}
+
+
+async def test_english_stemming(client: httpx.AsyncClient) -> None:
+    sid = new_sid()
+    seq = await fill(
+        client,
+        sid,
+        {
+            "m1": "the deployment is on Friday",
+            "m2": "we keep running the databases",
+            "m3": "connection refused",
+        },
+    )
+    # Postgres' english snowball stemmer: deploying/deployment/deployed -> deploy.
+    assert [h["id"] for h in await search(client, sid, "deploying", min_seq=seq)] == ["m1"]
+    assert [h["id"] for h in await search(client, sid, "deployed fridays", min_seq=seq)] == ["m1"]
+    assert [h["id"] for h in await search(client, sid, "runs database", min_seq=seq)] == ["m2"]
+    assert [h["id"] for h in await search(client, sid, "connecting", min_seq=seq)] == ["m3"]
+    # Stemming is not lemmatisation: the irregular "ran" is its own stem.
+    assert await search(client, sid, "ran", min_seq=seq) == []
+
+
+async def test_only_text_parts_are_indexed(client: httpx.AsyncClient) -> None:
+    sid = new_sid()
+    secret_reasoning, secret_tool, visible = unique_word(), unique_word(), unique_word()
+    body = {
+        "id": "m1",
+        "role": "assistant",
+        "parts": [
+            {"type": "reasoning", "text": f"I think about {secret_reasoning}"},
+            {
+                "type": "tool-lookup",
+                "toolCallId": "c1",
+                "state": "output-available",
+                "input": {"query": secret_tool},
+                "output": {"text": f"{secret_tool} found"},
+            },
+            {"type": "dynamic-tool", "toolName": "x", "toolCallId": "c2", "output": f"{secret_tool}"},
+            {"type": "text", "text": f"the answer is {visible}"},
+        ],
+    }
+    seq = (await append(client, sid, body))["seq"]
+    assert [h["id"] for h in await search(client, sid, visible, min_seq=seq)] == ["m1"]
+    assert await search(client, sid, secret_reasoning, min_seq=seq) == []
+    assert await search(client, sid, secret_tool, min_seq=seq) == []
+
+
+async def test_no_match_gives_an_empty_list(client: httpx.AsyncClient) -> None:
+    sid = new_sid()
+    seq = await fill(client, sid, {"m1": "nothing to see here"})
+    assert await search(client, sid, unique_word(), min_seq=seq) == []
+    # Only stop words: the query is empty after parsing, which matches nothing (and is not an error).
+    assert await search(client, sid, "the and of", min_seq=seq) == []
+    # Query syntax characters are plain text, not tsquery operators.
+    assert [h["id"] for h in await search(client, sid, "see & (here | !", min_seq=seq)] == ["m1"]
+    assert [h["id"] for h in await search(client, sid, "here:* see", min_seq=seq)] == ["m1"]
+    # An empty session has no results either.
+    assert await search(client, new_sid(), "anything") == []
+
+
+async def test_limit_and_snippet(client: httpx.AsyncClient) -> None:
+    sid = new_sid()
+    word = unique_word()
+    seq = await fill(client, sid, {f"m{i}": f"note {i} mentions {word} among other words" for i in range(6)})
+    hits = await search(client, sid, word, min_seq=seq)
+    assert len(hits) == 6
+    assert len(await search(client, sid, word, min_seq=seq, limit=2)) == 2
+    for h in hits:
+        assert h["session_id"] == sid
+        assert h["role"] == "user"
+        assert word in h["content"]
+        assert f"**{word}**" in h["snippet"]
+        assert isinstance(h["rank"], float)
+        assert h["created_at"]
+
+
+async def test_results_are_ranked(client: httpx.AsyncClient) -> None:
+    sid = new_sid()
+    word = unique_word()
+    seq = await fill(
+        client,
+        sid,
+        {"once": f"a long sentence that mentions {word} only once among many other words", "many": f"{word} " * 5},
+    )
+    hits = await search(client, sid, word, min_seq=seq)
+    assert [h["id"] for h in hits] == ["many", "once"]
+    assert hits[0]["rank"] > hits[1]["rank"]
+
+
+async def test_default_limit_is_20(client: httpx.AsyncClient) -> None:
+    sid = new_sid()
+    word = unique_word()
+    seq = await fill(client, sid, {f"m{i}": f"{word} {i}" for i in range(23)})
+    assert len(await search(client, sid, word, min_seq=seq)) == 20
+
+
+async def test_search_sees_updates_and_deletes(client: httpx.AsyncClient) -> None:
+    sid = new_sid()
+    before, after = unique_word(), unique_word()
+    await fill(client, sid, {"m1": f"draft {before}", "m2": f"keep {before}"})
+    r = await client.put(f"/v1/sessions/{sid}/messages/m1", json={"message": msg("m1", f"final {after}")})
+    assert r.status_code == 200, r.text
+    r = await client.delete(f"/v1/sessions/{sid}/messages", params={"ids": "m2"})
+    seq = r.json()["seq"]
+    assert await search(client, sid, before, min_seq=seq) == []
+    assert [h["id"] for h in await search(client, sid, after, min_seq=seq)] == ["m1"]
+
+
+async def test_tenant_wide_search_spans_sessions(client: httpx.AsyncClient) -> None:
+    word = unique_word()
+    s1, s2, s3 = new_sid(), new_sid(), new_sid()
+    await append(client, s1, msg("a", f"first mention of {word}"))
+    await append(client, s2, msg("b", f"second mention of {word}"))
+    seq = (await append(client, s3, msg("c", "unrelated")))["seq"]
+
+    r = await client.get("/v1/search", params={"q": word, "min_seq": seq})
+    assert r.status_code == 200, r.text
+    hits = r.json()["results"]
+    assert {(h["session_id"], h["id"]) for h in hits} == {(s1, "a"), (s2, "b")}
+    for h in hits:
+        assert f"**{word}**" in h["snippet"]
+
+    r = await client.get("/v1/search", params={"q": word, "limit": 1, "min_seq": seq})
+    assert len(r.json()["results"]) == 1
+    r = await client.get("/v1/search", params={"q": unique_word(), "min_seq": seq})
+    assert r.json()["results"] == []
+
+
+async def test_deleted_sessions_are_not_searched(client: httpx.AsyncClient) -> None:
+    word = unique_word()
+    gone, kept = new_sid(), new_sid()
+    await append(client, gone, msg("g", f"{word} in a session that will be deleted"))
+    await append(client, kept, msg("k", f"{word} in a session that stays"))
+    r = await client.delete(f"/v1/sessions/{gone}")
+    assert r.status_code == 200, r.text
+    seq = r.json()["seq"]
+    r = await client.get("/v1/search", params={"q": word, "min_seq": seq})
+    assert [(h["session_id"], h["id"]) for h in r.json()["results"]] == [(kept, "k")]
+    assert await search(client, gone, word, min_seq=seq) == []

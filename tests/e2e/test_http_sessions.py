@@ -1,0 +1,197 @@
+"""Sessions over HTTP: create, read, list (newest first, paginated), rename, delete."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import httpx
+
+from tests.e2e.helpers import append, append_body, assert_problem, events, msg, new_sid
+
+
+async def create(client: httpx.AsyncClient, **body: Any) -> dict[str, Any]:
+    r = await client.post("/v1/sessions", json=body)
+    assert r.status_code == 201, r.text
+    out: dict[str, Any] = r.json()
+    assert isinstance(out["seq"], int)
+    return out
+
+
+async def test_create_then_get(client: httpx.AsyncClient) -> None:
+    sid = new_sid()
+    out = await create(client, id=sid, name="planning", metadata={"owner": "ada", "tags": ["x"]})
+    assert out["id"] == sid
+    assert out["name"] == "planning"
+    assert out["metadata"] == {"owner": "ada", "tags": ["x"]}
+
+    r = await client.get(f"/v1/sessions/{sid}", params={"min_seq": out["seq"]})
+    assert r.status_code == 200, r.text
+    got = r.json()
+    assert got["id"] == sid
+    assert got["name"] == "planning"
+    assert got["metadata"] == {"owner": "ada", "tags": ["x"]}
+    assert got["parent_session_id"] is None
+    assert got["seq"] == out["seq"]
+    assert got["created_at"]
+    assert got["updated_at"]
+    [ev] = await events(client, sid)
+    assert ev["seq"] == out["seq"]
+    assert ev["event"]["type"] == "session.created"
+    assert ev["event"]["name"] == "planning"
+
+
+async def test_create_without_id_generates_one(client: httpx.AsyncClient) -> None:
+    out = await create(client, name="anonymous")
+    assert out["id"]
+    r = await client.get(f"/v1/sessions/{out['id']}", params={"min_seq": out["seq"]})
+    assert r.status_code == 200, r.text
+    assert r.json()["name"] == "anonymous"
+
+
+async def test_create_with_parent_session(client: httpx.AsyncClient) -> None:
+    parent = await create(client, id=new_sid())
+    r = await client.get(f"/v1/sessions/{parent['id']}", params={"min_seq": parent["seq"]})
+    assert r.status_code == 200, r.text
+    child = await create(client, id=new_sid(), parent_session_id=parent["id"])
+    r = await client.get(f"/v1/sessions/{child['id']}", params={"min_seq": child["seq"]})
+    assert r.json()["parent_session_id"] == parent["id"]
+
+
+async def test_create_child_right_after_its_parent(client: httpx.AsyncClient) -> None:
+    """Read-your-writes for commands: a parent created by the previous request must be visible."""
+    for _ in range(50):  # the race loses about one time in three
+        parent = await create(client, id=new_sid())
+        child = await create(client, id=new_sid(), parent_session_id=parent["id"])
+        assert child["parent_session_id"] == parent["id"]
+
+
+async def test_create_with_unknown_parent_session_is_404(client: httpx.AsyncClient) -> None:
+    sid = new_sid()
+    r = await client.post("/v1/sessions", json={"id": sid, "parent_session_id": new_sid()})
+    assert_problem(r, 404, "session_not_found")
+    assert await events(client, sid) == []
+
+
+async def test_create_existing_id_conflicts(client: httpx.AsyncClient) -> None:
+    sid = new_sid()
+    out = await create(client, id=sid, name="first")
+    r = await client.post("/v1/sessions", json={"id": sid, "name": "second"})
+    assert_problem(r, 409, "session_exists")
+    assert len(await events(client, sid)) == 1
+    r = await client.get(f"/v1/sessions/{sid}", params={"min_seq": out["seq"]})
+    assert r.json()["name"] == "first"
+
+
+async def test_create_id_of_a_session_made_by_an_append_conflicts(client: httpx.AsyncClient) -> None:
+    sid = new_sid()
+    await append(client, sid, msg("m1", "implicitly creates the session"))
+    r = await client.post("/v1/sessions", json={"id": sid})
+    assert_problem(r, 409, "session_exists")
+
+
+async def test_append_creates_the_session_implicitly(client: httpx.AsyncClient) -> None:
+    sid = new_sid()
+    out = await append(client, sid, msg("m1", "first words"))
+    r = await client.get(f"/v1/sessions/{sid}", params={"min_seq": out["seq"]})
+    assert r.status_code == 200, r.text
+    got = r.json()
+    assert got["id"] == sid
+    assert got["name"] == ""
+    assert got["seq"] == out["seq"]
+
+
+async def test_list_newest_first_with_pagination(client: httpx.AsyncClient) -> None:
+    made = [await create(client, id=new_sid("list"), name=f"n{i}") for i in range(5)]
+    newest_first = [m["id"] for m in reversed(made)]
+    min_seq = made[-1]["seq"]
+
+    r = await client.get("/v1/sessions", params={"limit": 2, "min_seq": min_seq})
+    assert r.status_code == 200, r.text
+    page = r.json()
+    assert [s["id"] for s in page["sessions"]] == newest_first[:2]
+    assert page["next_cursor"] is not None
+
+    seen = [s["id"] for s in page["sessions"]]
+    cursor = page["next_cursor"]
+    while len(seen) < 5:
+        r = await client.get("/v1/sessions", params={"limit": 2, "cursor": cursor})
+        assert r.status_code == 200, r.text
+        page = r.json()
+        assert page["sessions"], "ran out of pages before seeing our sessions"
+        seen.extend(s["id"] for s in page["sessions"])
+        cursor = page["next_cursor"]
+    assert seen[:5] == newest_first
+    assert len(set(seen)) == len(seen)  # no session on two pages
+
+
+async def test_list_last_page_has_no_cursor(client: httpx.AsyncClient) -> None:
+    await create(client, id=new_sid())
+    r = await client.get("/v1/sessions", params={"limit": 500})
+    page = r.json()
+    seen: list[str] = [s["id"] for s in page["sessions"]]
+    while page["next_cursor"] is not None:
+        r = await client.get("/v1/sessions", params={"limit": 500, "cursor": page["next_cursor"]})
+        page = r.json()
+        seen.extend(s["id"] for s in page["sessions"])
+    assert len(seen) == len(set(seen))
+    assert page["next_cursor"] is None
+
+
+async def test_rename(client: httpx.AsyncClient) -> None:
+    sid = new_sid()
+    await create(client, id=sid, name="old")
+    r = await client.patch(f"/v1/sessions/{sid}", json={"name": "new name"})
+    assert r.status_code == 200, r.text
+    out = r.json()
+    assert out["name"] == "new name"
+    r = await client.get(f"/v1/sessions/{sid}", params={"min_seq": out["seq"]})
+    assert r.json()["name"] == "new name"
+    assert [e["event"]["type"] for e in await events(client, sid)] == ["session.created", "session.renamed"]
+
+
+async def test_rename_unknown_session_is_404(client: httpx.AsyncClient) -> None:
+    sid = new_sid()
+    r = await client.patch(f"/v1/sessions/{sid}", json={"name": "x"})
+    assert_problem(r, 404, "session_not_found")
+    assert await events(client, sid) == []
+
+
+async def test_delete_session(client: httpx.AsyncClient) -> None:
+    sid = new_sid()
+    created = await create(client, id=sid, name="doomed")
+    await append(client, sid, msg("m1", "soon gone"))
+    r = await client.delete(f"/v1/sessions/{sid}")
+    assert r.status_code == 200, r.text
+    out = r.json()
+    assert out["deleted"] is True
+    seq = out["seq"]
+
+    assert_problem(await client.get(f"/v1/sessions/{sid}", params={"min_seq": seq}), 404, "session_not_found")
+    r = await client.post(f"/v1/sessions/{sid}/messages", json=append_body(msg("m2", "too late")))
+    assert_problem(r, 404, "session_not_found")
+    assert_problem(await client.delete(f"/v1/sessions/{sid}"), 404, "session_not_found")
+    assert_problem(await client.patch(f"/v1/sessions/{sid}", json={"name": "x"}), 404, "session_not_found")
+    assert_problem(await client.delete(f"/v1/sessions/{sid}/messages"), 404, "session_not_found")
+    r = await client.put(f"/v1/sessions/{sid}/messages/m1", json={"message": msg("m1", "edit")})
+    assert_problem(r, 404, "session_not_found")
+
+    r = await client.get("/v1/sessions", params={"limit": 500, "min_seq": seq})
+    assert sid not in [s["id"] for s in r.json()["sessions"]]
+    # The log keeps everything.
+    kinds = [e["event"]["type"] for e in await events(client, sid)]
+    assert kinds == ["session.created", "message.appended", "session.deleted"]
+    assert created["seq"] < seq
+
+
+async def test_delete_unknown_session_is_404(client: httpx.AsyncClient) -> None:
+    sid = new_sid()
+    assert_problem(await client.delete(f"/v1/sessions/{sid}"), 404, "session_not_found")
+    assert await events(client, sid) == []
+
+
+async def test_concurrent_creates_of_one_id(client: httpx.AsyncClient) -> None:
+    sid = new_sid()
+    answers = await asyncio.gather(*(client.post("/v1/sessions", json={"id": sid, "name": f"n{i}"}) for i in range(6)))
+    assert sorted(r.status_code for r in answers) == [201] + [409] * 5
+    assert [e["event"]["type"] for e in await events(client, sid)] == ["session.created"]
