@@ -195,6 +195,44 @@ class PromptRendered(Event):
     reason: Literal["freeze", "refresh", "clear", "compaction"]
 
 
+class CompactionRecorded(Event):
+    """A summary overlay over ``from_message_id..to_message_id`` of one branch; originals stay.
+
+    Its id is derived from (tenant, session, from, to), so two compactors, or a retry, record
+    it once. ``from_message_id`` keeps the first id of an earlier overlay on the same branch, so
+    one overlay grows instead of stacking.
+    """
+
+    TYPE: ClassVar[str] = "compaction.recorded"
+    VERSION: ClassVar[int] = 1
+    type: Literal["compaction.recorded"] = "compaction.recorded"
+    version: Literal[1] = 1
+
+    overlay_id: str
+    from_message_id: str
+    to_message_id: str
+    leaf_id: str
+    tokens_before: int
+    tokens_after: int
+    summarizer: str
+    model: str | None
+    summary: str
+
+
+class CompactionFailed(Event):
+    """A summarizer failed; appends are unaffected and the compactor retries with backoff."""
+
+    TYPE: ClassVar[str] = "compaction.failed"
+    VERSION: ClassVar[int] = 1
+    type: Literal["compaction.failed"] = "compaction.failed"
+    version: Literal[1] = 1
+
+    leaf_id: str
+    summarizer: str
+    error: str
+    attempt: int
+
+
 EVENT_TYPES: tuple[type[Event], ...] = (
     SessionCreated,
     SessionRenamed,
@@ -211,4 +249,6 @@ EVENT_TYPES: tuple[type[Event], ...] = (
     SkillLoaded,
     SkillUnloaded,
     PromptRendered,
+    CompactionRecorded,
+    CompactionFailed,
 )

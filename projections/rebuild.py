@@ -30,6 +30,8 @@ TABLES: dict[str, str] = {
     "loaded_skills": "tenant, session_id, label, key",
     "reclaimed_outputs": "tenant, session_id, message_id, tool_call_id",
     "prompts": "tenant, session_id, version",
+    "overlays": "tenant, session_id, overlay_id",
+    "compaction_failures": "tenant, session_id, seq",
 }
 
 

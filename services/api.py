@@ -5,7 +5,7 @@ import json
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Annotated, Any
 
-from fastapi import FastAPI, Query, Request, Response
+from fastapi import Body, FastAPI, Query, Request, Response
 from fastapi.responses import JSONResponse, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -14,16 +14,19 @@ from events import log as eventlog
 from events.messages import UIMessage
 from projections import context_queries as cq
 from projections import queries
+from projections.overlays import Overlay, overlay_json, overlays
 from services import audit, metrics
 from services.api_context import router as context_router
 from services.bootstrap import Container, open_container
 from services.commands import OMITTED, AppendResult
+from services.compactor import compacted_view
 from services.context import reclaim
 from services.decisions import ParentSpec
 from services.deps import C, Limit, MinSeq, Q, Tenant, caught_up, check_id, tenant_for
-from services.errors import ChronicleError, InvalidRequest, MessageNotFound, SessionNotFound
+from services.errors import ChronicleError, InvalidRequest, MessageNotFound, SessionNotFound, SummarizerFailed
 from services.problems import from_error, install
 from services.settings import Settings
+from services.summarizers import SummarizerError
 
 JSON = "application/json"
 
@@ -45,6 +48,28 @@ class AppendBody(BaseModel):
     model_config = ConfigDict(extra="forbid")
     message: dict[str, Any]
     parent_id: str | None = None
+
+
+class CompactBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    leaf_id: str | None = None
+
+
+def overlay_dict(o: Overlay) -> dict[str, Any]:
+    return {
+        "id": o.overlay_id,
+        "message_id": o.message_id,
+        "from_message_id": o.from_message_id,
+        "to_message_id": o.to_message_id,
+        "leaf_id": o.leaf_id,
+        "tokens_before": o.tokens_before,
+        "tokens_after": o.tokens_after,
+        "summarizer": o.summarizer,
+        "model": o.model,
+        "summary": o.summary,
+        "created_at": o.created_at.isoformat(),
+        "seq": o.seq,
+    }
 
 
 class UpdateBody(BaseModel):
@@ -242,7 +267,9 @@ def build_app(settings: Settings, container: Container | None = None) -> FastAPI
         leaf_id: str | None = None,
         min_seq: MinSeq = None,
         as_of_seq: Annotated[int | None, Query(ge=0)] = None,
+        compacted: bool = True,
     ) -> Response:
+        """Root-to-leaf path (default: the latest leaf), overlays applied unless ``compacted=false``."""
         check_id("session", sid)
         if leaf_id is not None:
             check_id("message", leaf_id)
@@ -253,18 +280,44 @@ def build_app(settings: Settings, container: Container | None = None) -> FastAPI
             return _raw_json({"leaf_id": leaf_id if path else None, "as_of_seq": as_of_seq}, path)
         await caught_up(c, tenant, sid, min_seq)
         async with c.pool.connection() as cx, cx.transaction():
-            if leaf_id is None:
-                leaf = await queries.latest_leaf(cx, tenant, sid)
-                leaf_id = leaf.id if leaf else None
-            rows = await queries.history(cx, tenant, sid, leaf_id) if leaf_id else []
-            outputs = await cq.reclaimed(cx, tenant, sid) if rows else {}
-        contents = [r.content for r in rows]
-        if outputs:
-            by_message: dict[str, dict[str, str]] = {}
-            for (mid, call), key in outputs.items():
-                by_message.setdefault(mid, {})[call] = key
-            contents = [reclaim(r.content, by_message[r.id]) if r.id in by_message else r.content for r in rows]
-        return _raw_json({"leaf_id": leaf_id if rows else None}, contents)
+            leaf_id, _, view = await compacted_view(cx, tenant, sid, leaf_id, compacted=compacted)
+            outputs = await cq.reclaimed(cx, tenant, sid) if view else {}
+        by_message: dict[str, dict[str, str]] = {}
+        for (mid, call), key in outputs.items():
+            by_message.setdefault(mid, {})[call] = key
+        contents = [
+            overlay_json(v)
+            if isinstance(v, Overlay)
+            else (reclaim(v.content, by_message[v.id]) if v.id in by_message else v.content)
+            for v in view
+        ]
+        return _raw_json({"leaf_id": leaf_id if view else None}, contents)
+
+    @app.post("/v1/sessions/{sid}/compact")
+    async def compact(
+        sid: str, tenant: Tenant, c: C, body: Annotated[CompactBody | None, Body()] = None
+    ) -> dict[str, Any]:
+        """Compact now: the overlay, or why nothing was compacted."""
+        check_id("session", sid)
+        leaf = body.leaf_id if body else None
+        if leaf is not None:
+            check_id("message", leaf)
+        try:
+            outcome = await c.compaction.compact(tenant, sid, leaf)
+        except SummarizerError as exc:
+            raise SummarizerFailed(str(exc)) from exc
+        if outcome.overlay is None:
+            return {"compacted": False, "reason": outcome.reason, "seq": outcome.seq}
+        metrics.published("compaction.recorded")
+        return {"compacted": True, "overlay": overlay_dict(outcome.overlay), "seq": outcome.seq}
+
+    @app.get("/v1/sessions/{sid}/compactions")
+    async def compactions(sid: str, tenant: Tenant, c: C, min_seq: MinSeq = None) -> dict[str, Any]:
+        """Every overlay of the session, superseded ones included, oldest first."""
+        check_id("session", sid)
+        await caught_up(c, tenant, sid, min_seq)
+        async with c.pool.connection() as cx:
+            return {"compactions": [overlay_dict(o) for o in await overlays(cx, tenant, sid)]}
 
     @app.get("/v1/sessions/{sid}/leaf")
     async def leaf(sid: str, tenant: Tenant, c: C, min_seq: MinSeq = None) -> Response:

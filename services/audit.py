@@ -32,7 +32,9 @@ PROJECTION_TABLES: dict[str, tuple[str, ...]] = {
         "reclaimed_outputs",
         "prompts",
     ),
+    "overlays": ("overlays", "compaction_failures"),
 }
+PROJECTION_TABLES["all"] = tuple(t for name in ("history", "context", "overlays") for t in PROJECTION_TABLES[name])
 
 
 async def session_events(
@@ -76,7 +78,7 @@ class RebuildReport:
 
 async def rebuild_and_swap(
     c: Container,
-    projection: str = "history",
+    projection: str = "all",
     *,
     keep_old: bool = False,
     progress: Callable[[int, int], None] | None = None,

@@ -21,11 +21,15 @@ from events.subjects import SubjectLayout
 from projections.context import ContextProjection
 from projections.history import HistoryProjection
 from projections.migrate import migrate
+from projections.overlays import OverlayProjection
 from projections.runner import Projection, ProjectorRunner
 from services.commands import Commands
+from services.compactor import CompactionService, Compactor
+from services.compactor_state import CompactorState
 from services.context import ContextService
 from services.settings import Settings
 from services.skills_store import SkillStore
+from services.summarizers import OfflineSummarizer, OpenAISummarizer, Summarizer
 from services.tokens import TokenCounter
 from services.waiting import AppliedWaiter
 
@@ -42,9 +46,24 @@ class Container:
     waiter: AppliedWaiter
     commands: Commands
     context: ContextService
+    compaction: CompactionService
 
     def projections(self) -> list[Projection]:
-        return [HistoryProjection(self.blobs), ContextProjection()]
+        return [HistoryProjection(self.blobs), ContextProjection(), OverlayProjection()]
+
+    def compactor(self) -> Compactor:
+        s = self.settings
+        state = CompactorState(s.compactor_name, self.context.counter.count, self.blobs)
+        runner = ProjectorRunner(
+            js=self.js,
+            pool=self.pool,
+            conninfo=s.database_url,
+            layout=self.layout,
+            projections=[state],
+            name=s.compactor_name,
+            batch_size=s.projector_batch,
+        )
+        return Compactor(runner, state, self.compaction)
 
     def projector(self) -> ProjectorRunner:
         s = self.settings
@@ -70,6 +89,18 @@ class Container:
 
 async def connect_nats(url: str) -> NatsClient:
     return await nats.connect(url, name="chronicle", max_reconnect_attempts=-1, reconnect_time_wait=0.5)
+
+
+def summarizer_of(settings: Settings) -> Summarizer:
+    if settings.summarizer == "openai":
+        return OpenAISummarizer(
+            base_url=settings.summarizer_base_url,
+            model=settings.summarizer_model,
+            api_key=settings.summarizer_api_key,
+            timeout_s=settings.summarizer_timeout_s,
+            attempts=settings.summarizer_attempts,
+        )
+    return OfflineSummarizer()
 
 
 @contextlib.asynccontextmanager
@@ -106,10 +137,10 @@ async def open_container(settings: Settings) -> AsyncIterator[Container]:
             secure=settings.s3_secure,
             region=settings.s3_region,
         )
-        context = ContextService(
-            commands.conditional, publisher, pool, TokenCounter(settings.tiktoken_encoding), skills
-        )
-        yield Container(settings, layout, nc, js, pool, publisher, blobs, waiter, commands, context)
+        counter = TokenCounter(settings.tiktoken_encoding)
+        context = ContextService(commands.conditional, publisher, pool, counter, skills)
+        compaction = CompactionService(pool, publisher, commands.conditional, context, counter, summarizer_of(settings))
+        yield Container(settings, layout, nc, js, pool, publisher, blobs, waiter, commands, context, compaction)
     finally:
         await waiter.stop()
         await pool.close()

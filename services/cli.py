@@ -19,6 +19,7 @@ def main(argv: list[str] | None = None) -> int:
     p_up.add_argument("--nats-port", type=int, default=4250, help="port of the nats-server it starts")
     sub.add_parser("api", help="run the HTTP API")
     sub.add_parser("projector", help="run the projector (event log -> Postgres read models)")
+    sub.add_parser("compactor", help="run the compaction worker (summary overlays)")
     sub.add_parser("migrate", help="apply database migrations")
     p_replay = sub.add_parser("replay", help="print a session's events exactly as stored, in order")
     p_replay.add_argument("--session", required=True)
@@ -32,7 +33,7 @@ def main(argv: list[str] | None = None) -> int:
     p_hist.add_argument("--leaf-id", default=None)
     p_hist.add_argument("--as-of-seq", type=int, default=None)
     p_rebuild = sub.add_parser("rebuild", help="rebuild read models from sequence 1, then swap atomically")
-    p_rebuild.add_argument("--projection", choices=["history"], default="history")
+    p_rebuild.add_argument("--projection", choices=["all", "history", "context", "overlays"], default="all")
     p_rebuild.add_argument("--keep-old", action="store_true", help="keep the replaced tables in a schema")
     p_verify = sub.add_parser("verify", help="rebuild into a shadow schema and compare with the live read models")
     p_verify.add_argument("--limit", type=int, default=5, help="differences to print per table")
@@ -48,6 +49,14 @@ def main(argv: list[str] | None = None) -> int:
     p_sync.add_argument("--bucket", required=True)
     p_sync.add_argument("--prefix", default="")
     p_sync.add_argument("--tenant", default="default")
+    p_bench = sub.add_parser("bench", help="benchmarks on private infrastructure, against a same-run baseline")
+    p_bench.add_argument("which", choices=["ingest", "api", "history", "search", "rebuild", "all"])
+    p_bench.add_argument("--smoke", action="store_true", help="tiny sizes (seconds), as the tests run them")
+    p_bench.add_argument("--out", default=None, help="JSON file (a directory with 'all'); default bench-results/")
+    p_bench.add_argument("--messages", type=int, default=None, help="messages to ingest/rebuild/load")
+    p_bench.add_argument("--sessions", type=int, default=None, help="sessions the messages are spread over")
+    p_bench.add_argument("--requests", type=int, default=None, help="timed requests per measurement")
+    p_bench.add_argument("--nats-url", default=None, help="use this NATS server instead of starting one")
     p_key = sub.add_parser("keygen", help="make an API key and print its settings entry")
     p_key.add_argument("--tenant", required=True)
     args = parser.parse_args(argv)
@@ -67,6 +76,10 @@ def main(argv: list[str] | None = None) -> int:
             from services.processes import run_projector
 
             asyncio.run(run_projector(settings))
+        case "compactor":
+            from services.processes import run_compactor
+
+            asyncio.run(run_compactor(settings))
         case "migrate":
             applied = asyncio.run(migrate(settings.database_url))
             print("applied: " + (", ".join(applied) if applied else "nothing (up to date)"))
@@ -78,6 +91,10 @@ def main(argv: list[str] | None = None) -> int:
             from services.audit_cli import run_audit
 
             return asyncio.run(run_audit(settings, args))
+        case "bench":
+            from services.bench import run_bench
+
+            return run_bench(settings, args)
         case "keygen":
             key = "chr_" + secrets.token_urlsafe(24)
             print(f"API key: {key}\nsettings entry: CHRONICLE_API_KEYS='[\"{args.tenant}:{hash_key(key)}\"]'")

@@ -144,7 +144,7 @@ def _interrupt(signum: int, frame: object) -> None:
 
 def up(settings: Settings, nats_port: int) -> int:
     """Run the stack until Ctrl-C or SIGTERM. Children live in their own process groups, so the
-    signal reaches only us and we stop them in order: API, projector, nats-server, Postgres."""
+    signal reaches only us and we stop them in order: API, compactor, projector, nats-server, Postgres."""
     signal.signal(signal.SIGTERM, _interrupt)
     signal.signal(signal.SIGINT, _interrupt)
     data = Path(settings.data_dir).resolve()
@@ -187,6 +187,7 @@ def _serve(settings: Settings, env: dict[str, str], key: str, procs: list[subpro
     exe = [sys.executable, "-m", "services.cli"]
     subprocess.run([*exe, "migrate"], env=env, check=True)
     procs.append(subprocess.Popen([*exe, "projector"], env=env, start_new_session=True))
+    procs.append(subprocess.Popen([*exe, "compactor"], env=env, start_new_session=True))
     procs.append(subprocess.Popen([*exe, "api"], env=env, start_new_session=True))
     base = f"http://{settings.api_host}:{settings.api_port}"
     _wait_ready(base, procs)

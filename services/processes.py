@@ -32,6 +32,17 @@ async def run_projector(settings: Settings) -> None:
     log.info("projector stopped")
 
 
+async def run_compactor(settings: Settings) -> None:
+    """Watch token estimates and compact sessions over ``compact_after`` until SIGINT/SIGTERM."""
+    stop = asyncio.Event()
+    _stop_on_signals(stop)
+    async with open_container(settings) as c:
+        compactor = c.compactor()
+        log.info("compactor %s running with the %s summarizer", settings.compactor_name, settings.summarizer)
+        await compactor.run(stop)
+    log.info("compactor stopped")
+
+
 def run_api(settings: Settings) -> None:
     config = uvicorn.Config(
         build_app(settings),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+from typing import Literal
 
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -51,6 +52,16 @@ class Settings(BaseSettings):
     s3_secret_key: str = "minioadmin"  # noqa: S105 - the local MinIO default, override in production
     s3_secure: bool = False
     s3_region: str | None = None
+
+    compactor_name: str = "compactor"
+    summarizer: Literal["offline", "openai"] = "offline"
+    summarizer_base_url: str = "http://127.0.0.1:11434/v1"
+    summarizer_model: str | None = None
+    summarizer_api_key: str | None = None
+    summarizer_timeout_s: float = Field(default=60.0, gt=0)
+    summarizer_attempts: int = Field(default=3, ge=1)
+
+    row_cap_bytes: int = Field(default=1_800_000, ge=10_000, description="larger messages are stored capped")
 
     data_dir: str = ".chronicle"
 

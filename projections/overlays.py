@@ -1,0 +1,138 @@
+"""Summary overlays: the projection of compaction events, and their read-time application.
+
+History reads apply, per requested branch, the newest overlay whose first and last messages are
+both on that branch's path (sibling branches never see each other's overlays). The originals
+are never touched; ``compacted=false`` reads return the raw path.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from psycopg import AsyncConnection
+from psycopg.rows import class_row
+
+from events.catalog import CompactionFailed, CompactionRecorded, MessagesCleared, SessionDeleted
+from events.envelope import Event
+
+COMPACTION_PREFIX = "compaction_"
+Statement = tuple[str, tuple[Any, ...]]
+
+
+@dataclass(frozen=True, slots=True)
+class Overlay:
+    overlay_id: str
+    from_message_id: str
+    to_message_id: str
+    leaf_id: str
+    summary: str
+    tokens_before: int
+    tokens_after: int
+    summarizer: str
+    model: str | None
+    created_at: datetime
+    seq: int
+
+    @property
+    def message_id(self) -> str:
+        return COMPACTION_PREFIX + self.overlay_id
+
+    def as_message(self) -> dict[str, Any]:
+        return {
+            "id": self.message_id,
+            "role": "assistant",
+            "parts": [{"type": "text", "text": self.summary}],
+            "createdAt": self.created_at.isoformat().replace("+00:00", "Z"),
+        }
+
+
+def plan(event: Event, seq: int) -> list[Statement]:
+    t, s = event.tenant, event.session
+    match event:
+        case CompactionRecorded():
+            return [
+                (
+                    "INSERT INTO overlays (tenant, session_id, overlay_id, from_message_id, to_message_id, leaf_id, "
+                    "summary, tokens_before, tokens_after, summarizer, model, created_at, seq) "
+                    "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s) ON CONFLICT DO NOTHING",
+                    (
+                        t,
+                        s,
+                        event.overlay_id,
+                        event.from_message_id,
+                        event.to_message_id,
+                        event.leaf_id,
+                        event.summary,
+                        event.tokens_before,
+                        event.tokens_after,
+                        event.summarizer,
+                        event.model,
+                        event.occurred_at,
+                        seq,
+                    ),
+                )
+            ]
+        case CompactionFailed():
+            return [
+                (
+                    "INSERT INTO compaction_failures (tenant, session_id, seq, leaf_id, summarizer, error, attempt, "
+                    "created_at) VALUES (%s, %s, %s, %s, %s, %s, %s, %s) ON CONFLICT DO NOTHING",
+                    (t, s, seq, event.leaf_id, event.summarizer, event.error, event.attempt, event.occurred_at),
+                )
+            ]
+        case MessagesCleared() | SessionDeleted():
+            return [("DELETE FROM overlays WHERE tenant = %s AND session_id = %s", (t, s))]
+        case _:
+            return []
+
+
+class OverlayProjection:
+    name = "overlays"
+
+    async def apply(self, conn: AsyncConnection[Any], items: Sequence[tuple[int, Event]]) -> None:
+        async with conn.cursor() as cur:
+            for seq, event in items:
+                for sql, params in plan(event, seq):
+                    await cur.execute(sql, params)
+
+
+async def overlays(conn: AsyncConnection[Any], tenant: str, session: str) -> list[Overlay]:
+    """Every overlay of the session, oldest first (stream order breaks every tie)."""
+    async with conn.cursor(row_factory=class_row(Overlay)) as cur:
+        await cur.execute(
+            "SELECT overlay_id, from_message_id, to_message_id, leaf_id, summary, tokens_before, tokens_after, "
+            "summarizer, model, created_at, seq FROM overlays WHERE tenant = %s AND session_id = %s ORDER BY seq",
+            (tenant, session),
+        )
+        return await cur.fetchall()
+
+
+def apply_overlays(path_ids: Sequence[str], all_overlays: Sequence[Overlay]) -> list[str | Overlay]:
+    """The compacted view of a path: message ids, with covered ranges replaced by their overlay.
+
+    At each index, the candidates are overlays starting there whose end is on the path at or
+    after it; the newest wins and the walk continues after its end.
+    """
+    index = {mid: i for i, mid in enumerate(path_ids)}
+    out: list[str | Overlay] = []
+    i = 0
+    while i < len(path_ids):
+        best: Overlay | None = None
+        for ov in all_overlays:
+            if ov.from_message_id == path_ids[i] and index.get(ov.to_message_id, -1) >= i:
+                best = ov  # ordered by seq: the last candidate is the newest
+        if best is None:
+            out.append(path_ids[i])
+            i += 1
+        else:
+            out.append(best)
+            i = index[best.to_message_id] + 1
+    return out
+
+
+def overlay_json(overlay: Overlay) -> str:
+    return json.dumps(overlay.as_message(), ensure_ascii=False, separators=(",", ":"))

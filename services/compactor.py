@@ -1,0 +1,254 @@
+"""Compaction: the service behind ``POST …/compact`` and the ``chronicle compactor`` worker.
+
+The worker runs its own durable consumer (checkpoint ``compactor``) feeding
+:class:`~services.compactor_state.CompactorState`; after each batch, sessions whose estimate
+passed ``compact_after`` are compacted one at a time. An overlay's event id is derived from
+(tenant, session, first id, last id), so two compactors, or a retry after a crash, record it once.
+A failing summarizer records ``compaction.failed`` and is retried with backoff; appends never wait
+for any of this.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+import psycopg
+from psycopg_pool import AsyncConnectionPool
+
+from events.catalog import CompactionFailed, CompactionRecorded
+from events.context import CompactionConfig
+from events.publisher import Publisher
+from projections import context_queries as cq
+from projections import queries
+from projections.overlays import Overlay, apply_overlays, overlays
+from projections.runner import ProjectorRunner
+from services.compaction import Message, Plan, Skip, message_tokens, plan_compaction
+from services.conditional import Conditional
+from services.context import ContextService
+from services.summarizers import Summarizer
+from services.tokens import TokenCounter
+
+Conn = psycopg.AsyncConnection[Any]
+log = logging.getLogger("chronicle.compactor")
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    overlay: Overlay | None
+    reason: str | None
+    seq: int
+
+
+async def compacted_view(
+    conn: Conn, tenant: str, session: str, leaf_id: str | None, *, compacted: bool = True
+) -> tuple[str | None, list[str], list[queries.MessageRow | Overlay]]:
+    """(leaf, raw path ids, view) — the view has overlays applied unless ``compacted`` is false."""
+    if leaf_id is None:
+        leaf = await queries.latest_leaf(conn, tenant, session)
+        leaf_id = leaf.id if leaf else None
+    rows = await queries.history(conn, tenant, session, leaf_id) if leaf_id else []
+    ids = [r.id for r in rows]
+    if not compacted or not rows:
+        return leaf_id, ids, list(rows)
+    by_id = {r.id: r for r in rows}
+    view: list[queries.MessageRow | Overlay] = [
+        by_id[x] if isinstance(x, str) else x for x in apply_overlays(ids, await overlays(conn, tenant, session))
+    ]
+    return leaf_id, ids, view
+
+
+def as_message(item: queries.MessageRow | Overlay) -> Message:
+    if isinstance(item, Overlay):
+        return item.as_message()
+    body: Message = json.loads(item.content)
+    return body
+
+
+class CompactionService:
+    def __init__(
+        self,
+        pool: AsyncConnectionPool[Conn],
+        publisher: Publisher,
+        conditional: Conditional,
+        context: ContextService,
+        counter: TokenCounter,
+        summarizer: Summarizer,
+    ) -> None:
+        self._pool = pool
+        self._pub = publisher
+        self._cond = conditional
+        self._context = context
+        self._counter = counter
+        self.summarizer = summarizer
+        self._attempts: dict[tuple[str, str], int] = {}
+
+    def tokens(self, msg: Message) -> int:
+        return message_tokens(msg, self._counter.count)
+
+    async def compact(self, tenant: str, session: str, leaf_id: str | None = None) -> Outcome:
+        """Compact the branch ending at ``leaf_id`` (default: the latest leaf) now.
+
+        Raises :class:`~services.summarizers.SummarizerError` after recording
+        ``compaction.failed`` when the summarizer fails.
+        """
+        last = await self._cond.catch_up(tenant, session)
+        async with self._pool.connection() as conn:
+            cfg = (await self._context.config(conn, tenant, session)).compaction or CompactionConfig()
+            leaf, _, view = await compacted_view(conn, tenant, session, leaf_id)
+            prompt = await cq.latest_prompt(conn, tenant, session)
+        if leaf is None or not view:
+            return Outcome(None, "no messages", last)
+        messages = [as_message(v) for v in view]
+        plan = plan_compaction(
+            messages,
+            self.tokens,
+            protect_head=cfg.protect_head,
+            tail_token_budget=cfg.tail_token_budget,
+            min_tail_messages=cfg.min_tail_messages,
+        )
+        if isinstance(plan, Skip):
+            return Outcome(None, plan.reason, last)
+        summary = await self._summarize(tenant, session, leaf, plan)
+        if not summary.strip():
+            return Outcome(None, "the summarizer returned an empty summary", last)
+        existing = next((v for v in view if isinstance(v, Overlay)), None)
+        first = existing.from_message_id if existing else str(plan.middle[0]["id"])
+        last_id = str(plan.middle[-1]["id"])
+        prompt_tokens = prompt.tokens if prompt else 0
+        before = sum(self.tokens(m) for m in messages) + prompt_tokens
+        covered = _covered(messages, first, last_id, existing)
+        summary_msg: Message = {"id": "", "role": "assistant", "parts": [{"type": "text", "text": summary}]}
+        after = before - sum(self.tokens(m) for m in covered) + self.tokens(summary_msg)
+        overlay_id = str(uuid.uuid5(uuid.NAMESPACE_URL, f"chronicle:overlay:{tenant}:{session}:{first}:{last_id}"))
+        event = CompactionRecorded(
+            id=overlay_id,
+            tenant=tenant,
+            session=session,
+            overlay_id=overlay_id,
+            from_message_id=first,
+            to_message_id=last_id,
+            leaf_id=leaf,
+            tokens_before=before,
+            tokens_after=after,
+            summarizer=self.summarizer.name,
+            model=self.summarizer.model,
+            summary=summary,
+        )
+        published = await self._pub.publish(event)
+        self._attempts.pop((tenant, session), None)
+        if not published.duplicate and await self._context.has_prompt(tenant, session):
+            await self._context.refresh_prompt(tenant, session, "compaction")
+        await self._cond.catch_up(tenant, session)
+        async with self._pool.connection() as conn:
+            recorded = next((o for o in await overlays(conn, tenant, session) if o.overlay_id == overlay_id), None)
+        return Outcome(recorded, None if recorded else "recorded; not yet visible", published.seq)
+
+    async def _summarize(self, tenant: str, session: str, leaf: str, plan: Plan) -> str:
+        try:
+            return await self.summarizer.summarize(plan)
+        except Exception as exc:
+            attempt = self._attempts.get((tenant, session), 0) + 1
+            self._attempts[(tenant, session)] = attempt
+            await self._pub.publish(
+                CompactionFailed(
+                    tenant=tenant,
+                    session=session,
+                    leaf_id=leaf,
+                    summarizer=self.summarizer.name,
+                    error=f"{type(exc).__name__}: {exc}"[:2000],
+                    attempt=attempt,
+                )
+            )
+            raise
+
+
+def _covered(messages: list[Message], first: str, last: str, existing: Overlay | None) -> list[Message]:
+    """The view's messages the new overlay replaces (the old overlay message included)."""
+    ids = [str(m.get("id")) for m in messages]
+    start_id = existing.message_id if existing else first
+    start = ids.index(start_id) if start_id in ids else 0
+    end = ids.index(last) if last in ids else len(ids) - 1
+    return messages[start : end + 1]
+
+
+class Compactor:
+    """The worker: state projection + a queue of sessions to compact, with retry backoff."""
+
+    def __init__(
+        self, runner: ProjectorRunner, state: Any, service: CompactionService, *, max_backoff_s: float = 300
+    ) -> None:
+        self._runner = runner
+        self._state = state
+        self._service = service
+        self._queue: asyncio.Queue[tuple[str, str]] = asyncio.Queue()
+        self._queued: set[tuple[str, str]] = set()
+        self._tried_at: dict[tuple[str, str], int] = {}
+        self._retry_at: dict[tuple[str, str], float] = {}
+        self._failures: dict[tuple[str, str], int] = {}
+        self._max_backoff = max_backoff_s
+        runner.on_batch = self._after_batch
+        self.compactions = 0
+        self.failures = 0
+
+    def _after_batch(self, applied: int, last_seq: int) -> None:
+        now = time.monotonic()
+        for key, cand in list(self._state.candidates.items()):
+            if self._tried_at.get(key) == cand.estimate or self._retry_at.get(key, 0) > now:
+                continue
+            self._enqueue(key)
+
+    def _enqueue(self, key: tuple[str, str]) -> None:
+        if key not in self._queued:
+            self._queued.add(key)
+            self._queue.put_nowait(key)
+
+    async def run(self, stop: asyncio.Event) -> None:
+        worker = asyncio.create_task(self._work(stop))
+        retries = asyncio.create_task(self._retry_loop(stop))
+        try:
+            await self._runner.run(stop)
+        finally:
+            for task in (worker, retries):
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+
+    async def _retry_loop(self, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            await asyncio.sleep(0.5)
+            now = time.monotonic()
+            for key, when in list(self._retry_at.items()):
+                if when <= now and key in self._state.candidates:
+                    del self._retry_at[key]
+                    self._enqueue(key)
+
+    async def _work(self, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            key = await self._queue.get()
+            self._queued.discard(key)
+            cand = self._state.candidates.get(key)
+            if cand is None:
+                continue
+            try:
+                outcome = await self._service.compact(*key)
+                self._tried_at[key] = cand.estimate
+                self._failures.pop(key, None)
+                if outcome.overlay is not None:
+                    self.compactions += 1
+                    log.info("compacted %s/%s: %s", key[0], key[1], outcome.overlay.overlay_id)
+                else:
+                    log.info("nothing to compact in %s/%s: %s", key[0], key[1], outcome.reason)
+            except Exception:
+                n = self._failures.get(key, 0) + 1
+                self._failures[key] = n
+                self.failures += 1
+                delay = min(self._max_backoff, 0.5 * 2**n)
+                self._retry_at[key] = time.monotonic() + delay
+                log.warning("compaction of %s/%s failed (attempt %d); retrying in %.1fs", *key, n, delay, exc_info=True)

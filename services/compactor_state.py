@@ -1,0 +1,209 @@
+"""The compactor's incremental token state: a projection it owns and checkpoints itself.
+
+Each message is tokenised once, when it arrives. The running estimate of the active branch
+(compacted view) grows by that count when a message extends the active leaf, so the cost of an
+append does not depend on history length; only a branch switch, an update, a delete or a new
+overlay re-sums the stored per-message counts (never re-tokenising).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from psycopg import AsyncConnection
+
+from events.blobs import BlobStore
+from events.bodies import unpack_body
+from events.catalog import (
+    CompactionRecorded,
+    MessageAppended,
+    MessagesCleared,
+    MessagesDeleted,
+    MessageUpdated,
+    PromptRendered,
+    SessionConfigured,
+    SessionDeleted,
+)
+from events.envelope import Event
+from services.compaction import TOKENS_PER_MESSAGE, message_tokens
+
+Conn = AsyncConnection[Any]
+
+
+@dataclass(frozen=True, slots=True)
+class Candidate:
+    tenant: str
+    session: str
+    estimate: int
+    seq: int
+
+
+class CompactorState:
+    """Keeps ``compactor_*`` tables for one compactor instance and reports sessions over threshold."""
+
+    name = "compactor-state"
+
+    def __init__(self, worker: str, count: Callable[[str], int], blobs: BlobStore | None) -> None:
+        self.worker = worker
+        self._count = count
+        self._blobs = blobs
+        self.candidates: dict[tuple[str, str], Candidate] = {}
+
+    async def apply(self, conn: Conn, items: Sequence[tuple[int, Event]]) -> None:
+        for seq, event in items:
+            await self._apply_one(conn, seq, event)
+
+    async def _session(self, conn: Conn, t: str, s: str, seq: int) -> tuple[str | None, int, int, int | None]:
+        await conn.execute(
+            "INSERT INTO compactor_sessions (worker, tenant, session_id, seq) VALUES (%s, %s, %s, %s) "
+            "ON CONFLICT DO NOTHING",
+            (self.worker, t, s, seq),
+        )
+        cur = await conn.execute(
+            "SELECT leaf_id, estimate, prompt_tokens, compact_after FROM compactor_sessions "
+            "WHERE worker = %s AND tenant = %s AND session_id = %s",
+            (self.worker, t, s),
+        )
+        row = await cur.fetchone()
+        assert row is not None
+        return row[0], int(row[1]), int(row[2]), row[3]
+
+    async def _set(self, conn: Conn, t: str, s: str, seq: int, **values: Any) -> None:
+        cols = ", ".join(f"{k} = %s" for k in values)
+        await conn.execute(
+            f"UPDATE compactor_sessions SET {cols}, seq = %s WHERE worker = %s AND tenant = %s AND session_id = %s",
+            (*values.values(), seq, self.worker, t, s),
+        )
+
+    async def _apply_one(self, conn: Conn, seq: int, event: Event) -> None:
+        t, s = event.tenant, event.session
+        if not s:
+            return
+        match event:
+            case SessionConfigured():
+                cfg = event.config.compaction
+                await self._session(conn, t, s, seq)
+                await self._set(conn, t, s, seq, compact_after=cfg.compact_after if cfg else None)
+            case PromptRendered():
+                await self._session(conn, t, s, seq)
+                await self._set(conn, t, s, seq, prompt_tokens=event.tokens)
+            case MessageAppended():
+                body = await unpack_body(event, self._blobs)
+                tokens = message_tokens(body, self._count)
+                cur = await conn.execute(
+                    "INSERT INTO compactor_messages (worker, tenant, session_id, id, parent_id, tokens, seq) "
+                    "VALUES (%s, %s, %s, %s, %s, %s, %s) ON CONFLICT DO NOTHING",
+                    (self.worker, t, s, event.message_id, event.parent_id, tokens, seq),
+                )
+                if cur.rowcount == 0:
+                    return
+                leaf, estimate, _, _ = await self._session(conn, t, s, seq)
+                if leaf == event.parent_id and (leaf is not None or estimate == 0):
+                    await self._set(conn, t, s, seq, leaf_id=event.message_id, estimate=estimate + tokens)
+                else:
+                    await self._resum(conn, t, s, seq, event.message_id)
+            case MessageUpdated():
+                body = await unpack_body(event, self._blobs)
+                await conn.execute(
+                    "UPDATE compactor_messages SET tokens = %s WHERE worker = %s AND tenant = %s AND session_id = %s "
+                    "AND id = %s",
+                    (message_tokens(body, self._count), self.worker, t, s, event.message_id),
+                )
+                leaf, *_ = await self._session(conn, t, s, seq)
+                await self._resum(conn, t, s, seq, leaf)
+            case MessagesDeleted() | MessagesCleared() | SessionDeleted():
+                if isinstance(event, MessagesDeleted):
+                    await conn.execute(
+                        "DELETE FROM compactor_messages WHERE worker = %s AND tenant = %s AND session_id = %s "
+                        "AND id = ANY(%s)",
+                        (self.worker, t, s, list(event.message_ids)),
+                    )
+                else:
+                    for table in ("compactor_messages", "compactor_overlays"):
+                        await conn.execute(
+                            f"DELETE FROM {table} WHERE worker = %s AND tenant = %s AND session_id = %s",
+                            (self.worker, t, s),
+                        )
+                await self._session(conn, t, s, seq)
+                await self._resum(conn, t, s, seq, await self._latest_leaf(conn, t, s))
+            case CompactionRecorded():
+                await conn.execute(
+                    "INSERT INTO compactor_overlays (worker, tenant, session_id, overlay_id, from_id, to_id, "
+                    "summary_tokens, seq) VALUES (%s, %s, %s, %s, %s, %s, %s, %s) ON CONFLICT DO NOTHING",
+                    (
+                        self.worker,
+                        t,
+                        s,
+                        event.overlay_id,
+                        event.from_message_id,
+                        event.to_message_id,
+                        TOKENS_PER_MESSAGE + self._count(event.summary),
+                        seq,
+                    ),
+                )
+                leaf, *_ = await self._session(conn, t, s, seq)
+                await self._resum(conn, t, s, seq, leaf)
+            case _:
+                return
+        await self._check(conn, t, s, seq)
+
+    async def _latest_leaf(self, conn: Conn, t: str, s: str) -> str | None:
+        cur = await conn.execute(
+            "SELECT m.id FROM compactor_messages m WHERE m.worker = %s AND m.tenant = %s AND m.session_id = %s "
+            "AND NOT EXISTS (SELECT 1 FROM compactor_messages c WHERE c.worker = m.worker AND c.tenant = m.tenant "
+            "AND c.session_id = m.session_id AND c.parent_id = m.id) ORDER BY m.seq DESC LIMIT 1",
+            (self.worker, t, s),
+        )
+        row = await cur.fetchone()
+        return str(row[0]) if row else None
+
+    async def _resum(self, conn: Conn, t: str, s: str, seq: int, leaf: str | None) -> None:
+        """Re-sum the stored counts along ``leaf``'s path, with its newest overlay applied."""
+        estimate = 0
+        if leaf is not None:
+            cur = await conn.execute(
+                "WITH RECURSIVE path (id, parent_id, tokens, depth) AS ("
+                " SELECT id, parent_id, tokens, 0 FROM compactor_messages"
+                " WHERE worker = %(w)s AND tenant = %(t)s AND session_id = %(s)s AND id = %(leaf)s"
+                " UNION ALL SELECT m.id, m.parent_id, m.tokens, p.depth + 1 FROM path p JOIN compactor_messages m"
+                " ON m.worker = %(w)s AND m.tenant = %(t)s AND m.session_id = %(s)s AND m.id = p.parent_id"
+                ") CYCLE id SET is_cycle USING trail "
+                "SELECT id, tokens FROM path WHERE NOT is_cycle ORDER BY depth DESC",
+                {"w": self.worker, "t": t, "s": s, "leaf": leaf},
+            )
+            path = [(str(i), int(n)) for i, n in await cur.fetchall()]
+            cur = await conn.execute(
+                "SELECT from_id, to_id, summary_tokens FROM compactor_overlays WHERE worker = %s AND tenant = %s "
+                "AND session_id = %s ORDER BY seq",
+                (self.worker, t, s),
+            )
+            overlays = [(str(a), str(b), int(n)) for a, b, n in await cur.fetchall()]
+            estimate = compacted_sum(path, overlays)
+        await self._set(conn, t, s, seq, leaf_id=leaf, estimate=estimate)
+
+    async def _check(self, conn: Conn, t: str, s: str, seq: int) -> None:
+        _, estimate, prompt_tokens, compact_after = await self._session(conn, t, s, seq)
+        if compact_after is not None and estimate + prompt_tokens > compact_after:
+            self.candidates[(t, s)] = Candidate(t, s, estimate + prompt_tokens, seq)
+        else:
+            self.candidates.pop((t, s), None)
+
+
+def compacted_sum(path: Sequence[tuple[str, int]], overlays: Sequence[tuple[str, str, int]]) -> int:
+    """Sum of per-message tokens along a path with the newest applicable overlay per position."""
+    index = {mid: i for i, (mid, _) in enumerate(path)}
+    total, i = 0, 0
+    while i < len(path):
+        best: tuple[str, str, int] | None = None
+        for ov in overlays:
+            if ov[0] == path[i][0] and index.get(ov[1], -1) >= i:
+                best = ov
+        if best is None:
+            total += path[i][1]
+            i += 1
+        else:
+            total += best[2]
+            i = index[best[1]] + 1
+    return total

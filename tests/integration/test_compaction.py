@@ -1,0 +1,182 @@
+"""Compaction on the real stack: overlays on read, manual and automatic compaction, failures."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+
+from events.catalog import CompactionRecorded
+from events.context import CompactionConfig, SessionConfig
+from projections.overlays import Overlay, overlays
+from services.bootstrap import Container
+from services.compaction import Plan
+from services.compactor import compacted_view
+from services.decisions import OMITTED
+from services.summarizers import SummarizerError
+from tests.conftest import make_settings, running_stack
+from tests.integration.helpers import text_message
+
+T = "tenant-a"
+
+
+async def _append_chain(c: Container, sid: str, ids: list[str], parent: str | object | None = OMITTED) -> int:
+    seq = 0
+    for i, mid in enumerate(ids):
+        r = await c.commands.append(
+            T, sid, text_message(mid, f"message {mid} " + "lorem ipsum " * 20), parent if i == 0 else OMITTED
+        )  # type: ignore[arg-type]
+        seq = r.seq
+    return seq
+
+
+async def _overlay(c: Container, sid: str, first: str, last: str, text: str) -> int:
+    ev = CompactionRecorded(
+        tenant=T,
+        session=sid,
+        overlay_id=f"{first}-{last}-{text}",
+        from_message_id=first,
+        to_message_id=last,
+        leaf_id=last,
+        tokens_before=0,
+        tokens_after=0,
+        summarizer="test",
+        model=None,
+        summary=text,
+    )
+    return (await c.publisher.publish(ev)).seq
+
+
+async def _view_ids(c: Container, sid: str, leaf: str | None = None) -> list[str]:
+    await c.commands.conditional.catch_up(T, sid)
+    async with c.pool.connection() as conn:
+        _, _, view = await compacted_view(conn, T, sid, leaf)
+    return [v.message_id if isinstance(v, Overlay) else v.id for v in view]
+
+
+async def test_overlays_apply_per_branch_and_supersede(stack: Container, new_id: Callable[[str], str]) -> None:
+    sid = new_id("ov")
+    await _append_chain(stack, sid, [f"m{i}" for i in range(6)])
+    await _overlay(stack, sid, "m1", "m3", "S1")
+    assert await _view_ids(stack, sid) == ["m0", "compaction_m1-m3-S1", "m4", "m5"]
+    await _append_chain(stack, sid, [f"m{i}" for i in range(6, 15)])
+    await _overlay(stack, sid, "m1", "m12", "S2")
+    assert await _view_ids(stack, sid) == ["m0", "compaction_m1-m12-S2", "m13", "m14"]
+    async with stack.pool.connection() as conn:
+        assert len(await overlays(conn, T, sid)) == 2
+    # sibling isolation
+    sid2 = new_id("sib")
+    await _append_chain(stack, sid2, ["m0"])
+    await _append_chain(stack, sid2, ["a1", "a2", "a3", "a4"], "m0")
+    await _append_chain(stack, sid2, ["b1", "b2", "b3"], "m0")
+    await _overlay(stack, sid2, "m0", "a2", "A1")
+    await _overlay(stack, sid2, "m0", "a3", "A2")
+    await _overlay(stack, sid2, "m0", "b2", "B1")
+    assert await _view_ids(stack, sid2, "a4") == ["compaction_m0-a3-A2", "a4"]
+    assert await _view_ids(stack, sid2, "b3") == ["compaction_m0-b2-B1", "b3"]
+
+
+async def test_manual_compaction_is_iterative_and_branch_local(stack: Container, new_id: Callable[[str], str]) -> None:
+    sid = new_id("cmp")
+    config = SessionConfig(compaction=CompactionConfig(protect_head=1, tail_token_budget=10, min_tail_messages=2))
+    await stack.context.configure(T, sid, config)
+    await _append_chain(stack, sid, [f"m{i}" for i in range(10)])
+    first = await stack.compaction.compact(T, sid)
+    assert first.overlay is not None
+    assert (first.overlay.from_message_id, first.overlay.to_message_id) == ("m1", "m7")
+    assert "## Topic" in first.overlay.summary
+    assert await _view_ids(stack, sid) == ["m0", first.overlay.message_id, "m8", "m9"]
+    await _append_chain(stack, sid, ["m10", "m11", "m12"])
+    second = await stack.compaction.compact(T, sid)
+    assert second.overlay is not None
+    assert (second.overlay.from_message_id, second.overlay.to_message_id) == ("m1", "m10")
+    assert await _view_ids(stack, sid) == ["m0", second.overlay.message_id, "m11", "m12"]
+    assert second.overlay.tokens_after < second.overlay.tokens_before
+    # a repeated compaction of the same state records nothing new
+    again = await stack.compaction.compact(T, sid)
+    assert again.overlay is None
+    # compacted=false still has every original
+    raw = await stack.commands.conditional.catch_up(T, sid)
+    assert raw > 0
+    async with stack.pool.connection() as conn:
+        _, ids, _ = await compacted_view(conn, T, sid, None, compacted=False)
+    assert ids == [f"m{i}" for i in range(13)]
+    short = new_id("short")
+    await _append_chain(stack, short, ["x0", "x1"])
+    outcome = await stack.compaction.compact(T, short)
+    assert (outcome.overlay, outcome.reason) == (None, "too few messages")
+
+
+class _Flaky:
+    name = "flaky"
+    model: str | None = "m"
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    async def summarize(self, plan: Plan) -> str:
+        self.calls += 1
+        if self.calls == 1:
+            raise SummarizerError("boom")
+        return "## Topic\nrecovered"
+
+
+async def test_auto_compaction_with_failure_and_retry(nats_url: str, fresh_db: str, s3_endpoint: str) -> None:
+    settings = make_settings(nats_url, fresh_db, s3_endpoint=s3_endpoint)
+    async with running_stack(settings) as c:
+        flaky = _Flaky()
+        c.compaction.summarizer = flaky
+        compactor = c.compactor()
+        stop = asyncio.Event()
+        task = asyncio.create_task(compactor.run(stop))
+        try:
+            sid = "auto"
+            cfg = CompactionConfig(compact_after=400, protect_head=1, tail_token_budget=50, min_tail_messages=2)
+            await c.context.configure(T, sid, SessionConfig(compaction=cfg))
+            seq = await _append_chain(c, sid, ["m0", "m1"])
+            # below the threshold: nothing happens
+            await asyncio.sleep(0.5)
+            assert flaky.calls == 0
+            await _append_chain(c, sid, [f"m{i}" for i in range(2, 12)])
+            for _ in range(100):
+                async with c.pool.connection() as conn:
+                    found = await overlays(conn, T, sid)
+                if found:
+                    break
+                await asyncio.sleep(0.1)
+            assert found, "auto-compaction did not record an overlay"
+            assert flaky.calls >= 2
+            async with c.pool.connection() as conn:
+                cur = await conn.execute("SELECT count(*) FROM compaction_failures WHERE session_id = 'auto'")
+                assert await cur.fetchone() == (1,)
+            assert seq > 0
+        finally:
+            stop.set()
+            await asyncio.wait_for(task, 15)
+
+
+async def test_two_compactors_record_each_overlay_once(nats_url: str, fresh_db: str, s3_endpoint: str) -> None:
+    settings = make_settings(nats_url, fresh_db, s3_endpoint=s3_endpoint)
+    async with running_stack(settings) as c:
+        cfg = CompactionConfig(compact_after=300, protect_head=1, tail_token_budget=50, min_tail_messages=2)
+        await c.context.configure(T, "twice", SessionConfig(compaction=cfg))
+        await _append_chain(c, "twice", [f"m{i}" for i in range(12)])
+        stop = asyncio.Event()
+        workers = []
+        for name in ("compactor-a", "compactor-b"):
+            c.settings = c.settings.model_copy(update={"compactor_name": name})
+            workers.append(asyncio.create_task(c.compactor().run(stop)))
+        try:
+            for _ in range(100):
+                async with c.pool.connection() as conn:
+                    found = await overlays(conn, T, "twice")
+                if found:
+                    break
+                await asyncio.sleep(0.1)
+            await asyncio.sleep(1.5)
+            async with c.pool.connection() as conn:
+                found = await overlays(conn, T, "twice")
+            assert len(found) == 1, [(o.from_message_id, o.to_message_id) for o in found]
+        finally:
+            stop.set()
+            for w in workers:
+                await asyncio.wait_for(w, 15)
