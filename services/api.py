@@ -18,7 +18,7 @@ from projections.overlays import Overlay, overlay_json, overlays
 from services import audit, metrics
 from services.api_context import router as context_router
 from services.bootstrap import Container, open_container
-from services.commands import OMITTED, AppendResult
+from services.commands import OMITTED, AppendResult, fork
 from services.compactor import compacted_view
 from services.context import reclaim
 from services.decisions import ParentSpec
@@ -48,6 +48,13 @@ class AppendBody(BaseModel):
     model_config = ConfigDict(extra="forbid")
     message: dict[str, Any]
     parent_id: str | None = None
+
+
+class ForkBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    at_message_id: str
+    name: str | None = Field(default=None, max_length=512)
+    id: str | None = None
 
 
 class CompactBody(BaseModel):
@@ -292,6 +299,16 @@ def build_app(settings: Settings, container: Container | None = None) -> FastAPI
             for v in view
         ]
         return _raw_json({"leaf_id": leaf_id if view else None}, contents)
+
+    @app.post("/v1/sessions/{sid}/fork", status_code=201)
+    async def fork_session(sid: str, body: ForkBody, tenant: Tenant, c: C) -> dict[str, Any]:
+        """A new session holding this one's history up to ``at_message_id`` (overlays carried over)."""
+        check_id("session", sid)
+        check_id("message", body.at_message_id)
+        new_id = check_id("session", body.id) if body.id is not None else None
+        forked = await fork(c.commands, tenant, sid, body.at_message_id, new_id, body.name)
+        metrics.published("session.forked")
+        return {"id": forked.id, "parent_session_id": sid, "messages": forked.messages, "seq": forked.seq}
 
     @app.post("/v1/sessions/{sid}/compact")
     async def compact(

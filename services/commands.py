@@ -10,6 +10,7 @@ State-dependent commands all take one shape (:meth:`Commands._conditional`):
 
 from __future__ import annotations
 
+import json
 import uuid
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -20,6 +21,7 @@ from psycopg_pool import AsyncConnectionPool
 from events.blobs import BlobStore
 from events.bodies import pack_body
 from events.catalog import (
+    CompactionRecorded,
     MessageAppended,
     MessagesCleared,
     MessagesDeleted,
@@ -28,9 +30,12 @@ from events.catalog import (
     SessionDeleted,
     SessionRenamed,
 )
+from events.envelope import Event
 from events.messages import JsonObject, body_hash, canonical_json
 from events.publisher import Publisher
 from projections import queries
+from projections.overlays import apply_overlays
+from projections.overlays import overlays as overlays_of
 from services.conditional import Conditional, Decision
 from services.decisions import OMITTED, Append, AppendState, Existing, ParentSpec, Replay, decide_append
 from services.errors import (
@@ -206,3 +211,61 @@ class Commands:
 
 
 __all__ = ["OMITTED", "AppendResult", "Commands", "UnknownParent", "Written"]
+
+
+@dataclass(frozen=True, slots=True)
+class Forked:
+    id: str
+    seq: int
+    messages: int
+
+
+async def fork(
+    cmd: Commands, tenant: str, session: str, at_message_id: str, new_id: str | None, name: str | None
+) -> Forked:
+    """A new session (``parent_session_id`` = source) holding the source's path to ``at_message_id``.
+
+    The path's messages are re-recorded on the new session with their ids and parents, and the
+    overlay in force on that path is carried over, so the fork reads exactly like the source
+    branch did. The source's log is untouched.
+    """
+    await cmd.conditional.catch_up(tenant, session)
+    async with cmd._pool.connection() as conn:
+        source = await cmd._live_session(conn, tenant, session, must_exist=True)
+        rows = await queries.history(conn, tenant, session, at_message_id)
+        in_force = await overlays_of(conn, tenant, session)
+    if not rows:
+        raise MessageNotFound(f"message {at_message_id!r} is not in this session")
+    assert source is not None
+    created = await cmd.create_session(
+        tenant, new_id, name if name is not None else source.name, session, {"forked_from": at_message_id}
+    )
+    sid = created.ids[0]
+    events: list[Event] = []
+    for row in rows:
+        body = json.loads(row.content)
+        packed = await cmd._pack(body)
+        events.append(MessageAppended(tenant=tenant, session=sid, message_id=row.id, parent_id=row.parent_id, **packed))
+    path_ids = [r.id for r in rows]
+    for item in apply_overlays(path_ids, in_force):
+        if isinstance(item, str):
+            continue
+        overlay_id = str(uuid.uuid5(uuid.NAMESPACE_URL, f"chronicle:fork:{tenant}:{sid}:{item.overlay_id}"))
+        events.append(
+            CompactionRecorded(
+                id=overlay_id,
+                tenant=tenant,
+                session=sid,
+                overlay_id=overlay_id,
+                from_message_id=item.from_message_id,
+                to_message_id=item.to_message_id,
+                leaf_id=at_message_id,
+                tokens_before=item.tokens_before,
+                tokens_after=item.tokens_after,
+                summarizer=item.summarizer,
+                model=item.model,
+                summary=item.summary,
+            )
+        )
+    results = await cmd._pub.publish_many(events)
+    return Forked(sid, max([created.seq, *(r.seq for r in results)]), len(rows))

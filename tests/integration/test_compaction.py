@@ -180,3 +180,22 @@ async def test_two_compactors_record_each_overlay_once(nats_url: str, fresh_db: 
             stop.set()
             for w in workers:
                 await asyncio.wait_for(w, 15)
+
+
+async def test_fork_copies_the_branch_and_its_overlay(stack: Container, new_id: Callable[[str], str]) -> None:
+    from services.commands import fork
+
+    sid = new_id("src")
+    await _append_chain(stack, sid, [f"m{i}" for i in range(6)])
+    await _overlay(stack, sid, "m1", "m3", "S1")
+    await _append_chain(stack, sid, ["b5"], "m4")
+    forked = await fork(stack.commands, T, sid, "m5", None, "copy")
+    assert forked.messages == 6
+    assert await _view_ids(stack, forked.id) == ["m0", await _fork_overlay_id(stack, forked.id), "m4", "m5"]
+    assert await _view_ids(stack, sid, "m5") == ["m0", "compaction_m1-m3-S1", "m4", "m5"]
+
+
+async def _fork_overlay_id(c: Container, sid: str) -> str:
+    async with c.pool.connection() as conn:
+        (only,) = await overlays(conn, T, sid)
+    return only.message_id
