@@ -1,0 +1,86 @@
+"""`chronicle up` from a clean data directory: ready, serves, stops cleanly, restarts with its data."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+from services.localstack import free_port
+
+
+def _start(data: Path, db_url: str, api_port: int, nats_port: int) -> tuple[subprocess.Popen[str], list[str]]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CHRONICLE_")}
+    env.update(
+        CHRONICLE_DATA_DIR=str(data),
+        CHRONICLE_DATABASE_URL=db_url,
+        CHRONICLE_API_PORT=str(api_port),
+        CHRONICLE_S3_ENDPOINT=f"127.0.0.1:{free_port()}",
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "services.cli", "up", "--nats-port", str(nats_port)],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    lines: list[str] = []
+    deadline = time.monotonic() + 90
+    assert proc.stdout is not None
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        if not line:
+            break
+        lines.append(line)
+        if line.startswith("Chronicle is ready"):
+            # consume the two lines with the key and the hint
+            lines.append(proc.stdout.readline())
+            return proc, lines
+    proc.kill()
+    raise AssertionError("chronicle up did not become ready:\n" + "".join(lines))
+
+
+def _stop(proc: subprocess.Popen[str]) -> str:
+    proc.send_signal(signal.SIGINT)
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 0, out
+    return out
+
+
+def test_up_serves_stops_and_restarts_with_its_data(tmp_path: Path, fresh_db: str) -> None:
+    api_port, nats_port = free_port(), free_port()
+    proc, lines = _start(tmp_path / "data", fresh_db, api_port, nats_port)
+    key = lines[-1].split(":", 1)[1].strip()
+    base = f"http://127.0.0.1:{api_port}"
+    headers = {"Authorization": f"Bearer {key}"}
+    try:
+        msg = {"id": "m1", "role": "user", "parts": [{"type": "text", "text": "remember me"}]}
+        r = httpx.post(f"{base}/v1/sessions/up-demo/messages", json={"message": msg}, headers=headers, timeout=30)
+        assert r.status_code == 201, r.text
+        h = httpx.get(f"{base}/v1/sessions/up-demo/history", params={"min_seq": r.json()["seq"]}, headers=headers)
+        assert [m["id"] for m in h.json()["messages"]] == ["m1"]
+        # a second instance refuses: the ports are taken
+        second = subprocess.run(
+            [sys.executable, "-m", "services.cli", "up", "--nats-port", str(nats_port)],
+            env={**os.environ, "CHRONICLE_API_PORT": str(api_port), "CHRONICLE_DATA_DIR": str(tmp_path / "other")},
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert second.returncode == 1
+        assert "already taken" in second.stderr
+    finally:
+        out = _stop(proc)
+    assert "stopping" in out
+    proc, lines = _start(tmp_path / "data", fresh_db, api_port, nats_port)
+    try:
+        assert lines[-1].split(":", 1)[1].strip() == key  # the same key, kept in the data dir
+        h = httpx.get(f"{base}/v1/sessions/up-demo/history", headers=headers, timeout=30)
+        assert [m["id"] for m in h.json()["messages"]] == ["m1"]
+    finally:
+        _stop(proc)
