@@ -11,7 +11,7 @@ _DIGITS = "0123456789abcdefghijklmnopqrstuvwxyz"
 def fnv1a_utf16(text: str) -> int:
     """32-bit FNV-1a over UTF-16 code units (as JavaScript's ``charCodeAt``)."""
     h = 0x811C9DC5
-    data = text.encode("utf-16-le")
+    data = text.encode("utf-16-le", errors="surrogatepass")
     for i in range(0, len(data), 2):
         h ^= data[i] | (data[i + 1] << 8)
         h = (h * 0x01000193) & 0xFFFFFFFF
@@ -30,8 +30,8 @@ def base36(n: int) -> str:
 
 def _js_slice(text: str, n: int) -> str:
     """``text.slice(0, n)`` in UTF-16 code units."""
-    units = text.encode("utf-16-le")[: 2 * n]
-    return units.decode("utf-16-le", errors="ignore")
+    units = text.encode("utf-16-le", errors="surrogatepass")[: 2 * n]
+    return units.decode("utf-16-le", errors="surrogatepass")
 
 
 def slugify(text: str) -> str:

@@ -13,15 +13,26 @@ from events import registry
 from events.blobs import BlobRef
 from events.catalog import (
     EVENT_TYPES,
+    CompactionFailed,
+    CompactionRecorded,
+    ContextWritten,
     MessageAppended,
     MessageBodyEvent,
     MessagesCleared,
     MessagesDeleted,
     MessageUpdated,
+    PromptRendered,
+    SearchEntryIndexed,
+    SessionConfigured,
     SessionCreated,
     SessionDeleted,
     SessionRenamed,
+    SkillIndexed,
+    SkillLoaded,
+    SkillRemoved,
+    SkillUnloaded,
 )
+from events.context import SessionConfig
 from events.envelope import Event
 from events.messages import body_hash
 from events.registry import UnknownEvent, decode, upcast
@@ -54,6 +65,38 @@ def sample(event_type: type[Event]) -> Event:
         MessageUpdated: {"message_id": "m1", "role": "user", "body_sha256": body_hash(BODY), "message": BODY},
         MessagesDeleted: {"message_ids": ["m1", "m2"]},
         MessagesCleared: {},
+        SessionConfigured: {
+            "config": SessionConfig.model_validate(
+                {
+                    "blocks": [
+                        {"kind": "readonly", "label": "soul", "content": "Be kind."},
+                        {"kind": "writable", "label": "memory", "max_tokens": 100},
+                        {"kind": "searchable", "label": "knowledge"},
+                        {"kind": "skills", "label": "skills", "bucket": "skills-bucket", "keys": ["tax"]},
+                    ],
+                    "searchable_history": "history",
+                }
+            )
+        },
+        ContextWritten: {"label": "memory", "content": "fact 一", "tokens": 3, "mode": "append", "writer": "api"},
+        SearchEntryIndexed: {"label": "knowledge", "key": "deploy", "content": "Deploys on Friday"},
+        SkillIndexed: {"bucket": "skills-bucket", "key": "tax", "description": None, "etag": "e1", "size": 10},
+        SkillRemoved: {"bucket": "skills-bucket", "key": "tax"},
+        SkillLoaded: {"label": "skills", "key": "tax"},
+        SkillUnloaded: {"label": "skills", "key": "tax", "message_id": "m1", "tool_call_id": "c1"},
+        PromptRendered: {"text": "═══\nMEMORY [writable]", "tokens": 5, "version_no": 1, "reason": "refresh"},
+        CompactionRecorded: {
+            "overlay_id": "o1",
+            "from_message_id": "m1",
+            "to_message_id": "m9",
+            "leaf_id": "m11",
+            "tokens_before": 900,
+            "tokens_after": 200,
+            "summarizer": "offline",
+            "model": None,
+            "summary": "## Topic",
+        },
+        CompactionFailed: {"leaf_id": "m11", "summarizer": "openai-compatible", "error": "HTTP 503", "attempt": 1},
     }
     return event_type(**ENV, **fields[event_type])
 

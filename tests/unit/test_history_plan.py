@@ -119,7 +119,7 @@ def test_message_updated() -> None:
     event = MessageUpdated(**ENV, message_id="m2", role="assistant", body_sha256=body_hash(BODY), message=BODY)
     assert plan(event, 17, BODY) == [
         TOUCH,
-        UpdateMessage(T, S, "m2", CONTENT, body_hash(BODY), "première ligne\nsecond line", 17),
+        UpdateMessage(T, S, "m2", "assistant", CONTENT, body_hash(BODY), "première ligne\nsecond line", 17),
     ]
 
 
