@@ -210,6 +210,9 @@ class Compactor:
             self._queue.put_nowait(key)
 
     async def run(self, stop: asyncio.Event) -> None:
+        async with self._runner.pool.connection() as conn:
+            await self._state.load_candidates(conn)
+        self._after_batch(0, 0)
         worker = asyncio.create_task(self._work(stop))
         retries = asyncio.create_task(self._retry_loop(stop))
         try:

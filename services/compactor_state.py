@@ -51,6 +51,16 @@ class CompactorState:
         self._blobs = blobs
         self.candidates: dict[tuple[str, str], Candidate] = {}
 
+    async def load_candidates(self, conn: Conn) -> None:
+        """Sessions already over their threshold (after a restart, nothing new may arrive for them)."""
+        cur = await conn.execute(
+            "SELECT tenant, session_id, estimate + prompt_tokens, seq FROM compactor_sessions "
+            "WHERE worker = %s AND compact_after IS NOT NULL AND estimate + prompt_tokens > compact_after",
+            (self.worker,),
+        )
+        for t, s, estimate, seq in await cur.fetchall():
+            self.candidates[(str(t), str(s))] = Candidate(str(t), str(s), int(estimate), int(seq))
+
     async def apply(self, conn: Conn, items: Sequence[tuple[int, Event]]) -> None:
         for seq, event in items:
             await self._apply_one(conn, seq, event)

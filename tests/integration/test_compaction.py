@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Callable
 
 from events.catalog import CompactionRecorded
@@ -199,3 +200,55 @@ async def _fork_overlay_id(c: Container, sid: str) -> str:
     async with c.pool.connection() as conn:
         (only,) = await overlays(conn, T, sid)
     return only.message_id
+
+
+class _Blocking:
+    """A summarizer that blocks until released, to kill the compactor mid-compaction."""
+
+    name = "offline"
+    model: str | None = None
+
+    def __init__(self) -> None:
+        self.entered = asyncio.Event()
+        self.release = asyncio.Event()
+
+    async def summarize(self, plan: Plan) -> str:
+        self.entered.set()
+        await self.release.wait()
+        return "## Topic\nsummary"
+
+
+async def test_compactor_killed_mid_compaction_records_once_after_restart(
+    nats_url: str, fresh_db: str, s3_endpoint: str
+) -> None:
+    settings = make_settings(nats_url, fresh_db, s3_endpoint=s3_endpoint)
+    async with running_stack(settings) as c:
+        cfg = CompactionConfig(compact_after=300, protect_head=1, tail_token_budget=50, min_tail_messages=2)
+        await c.context.configure(T, "killed", SessionConfig(compaction=cfg))
+        await _append_chain(c, "killed", [f"m{i}" for i in range(12)])
+        blocking = _Blocking()
+        c.compaction.summarizer = blocking
+        stop = asyncio.Event()
+        task = asyncio.create_task(c.compactor().run(stop))
+        await asyncio.wait_for(blocking.entered.wait(), 20)
+        task.cancel()  # the process dies while the summarizer runs
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        async with c.pool.connection() as conn:
+            assert await overlays(conn, T, "killed") == []
+        blocking.release.set()
+        stop = asyncio.Event()
+        task = asyncio.create_task(c.compactor().run(stop))
+        try:
+            for _ in range(100):
+                async with c.pool.connection() as conn:
+                    found = await overlays(conn, T, "killed")
+                if found:
+                    break
+                await asyncio.sleep(0.1)
+            await asyncio.sleep(1.0)
+            async with c.pool.connection() as conn:
+                assert len(await overlays(conn, T, "killed")) == 1
+        finally:
+            stop.set()
+            await asyncio.wait_for(task, 15)
