@@ -59,12 +59,16 @@ class MessageBodyEvent(Event):
 
 
 class MessageAppended(MessageBodyEvent):
+    """v2 adds ``original_ref``: when the message was over the row cap, ``message`` is the
+    size-capped form and the untruncated original lives in object storage (nothing is lost)."""
+
     TYPE: ClassVar[str] = "message.appended"
-    VERSION: ClassVar[int] = 1
+    VERSION: ClassVar[int] = 2
     type: Literal["message.appended"] = "message.appended"
-    version: Literal[1] = 1
+    version: Literal[2] = 2
 
     parent_id: str | None
+    original_ref: BlobRef | None = None
 
 
 class MessageUpdated(MessageBodyEvent):

@@ -17,8 +17,16 @@ Upcaster = Callable[[dict[str, Any]], dict[str, Any]]
 
 CURRENT: dict[str, type[Event]] = {cls.TYPE: cls for cls in EVENT_TYPES}
 
-# (type, from_version) -> step to from_version + 1. Empty while every type is at v1.
-UPCASTERS: dict[tuple[str, int], Upcaster] = {}
+
+def _message_appended_v1_to_v2(raw: dict[str, Any]) -> dict[str, Any]:
+    """v1 had no row cap: every v1 body is the original, so there is no ``original_ref``."""
+    return {**raw, "version": 2, "original_ref": None}
+
+
+# (type, from_version) -> step to from_version + 1.
+UPCASTERS: dict[tuple[str, int], Upcaster] = {
+    ("message.appended", 1): _message_appended_v1_to_v2,
+}
 
 
 class UnknownEvent(ValueError):

@@ -82,6 +82,7 @@ class InsertMessage:
     text: str
     at: datetime
     seq: int
+    original_ref: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,6 +152,7 @@ def plan(event: Event, seq: int, body: JsonObject | None = None) -> list[Op]:
                     text_of(body),
                     event.occurred_at,
                     seq,
+                    event.original_ref.model_dump_json() if event.original_ref else None,
                 )
             )
         case MessageUpdated():
@@ -183,7 +185,7 @@ _SQL: dict[type[Any], str] = {
     DeleteSession: "UPDATE sessions SET deleted_at = %s WHERE tenant = %s AND id = %s AND deleted_at IS NULL",
     InsertMessage: (
         "INSERT INTO messages (tenant, session_id, id, parent_id, role, content, body_sha256, text_content, "
-        "created_at, seq, updated_seq) SELECT %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s "
+        "created_at, seq, updated_seq, original_ref) SELECT %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s::jsonb "
         "WHERE EXISTS (SELECT 1 FROM sessions x WHERE x.tenant = %s AND x.id = %s AND x.deleted_at IS NULL) "
         "ON CONFLICT (tenant, session_id, id) DO NOTHING"
     ),
@@ -219,6 +221,7 @@ def params(op: Op) -> tuple[Any, ...]:
                 op.at,
                 op.seq,
                 op.seq,
+                op.original_ref,
                 op.tenant,
                 op.session,
             )

@@ -38,6 +38,7 @@ class MessageRow:
     body_sha256: str
     created_at: datetime
     seq: int
+    original_ref: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,7 +55,7 @@ class SearchHit:
 _SESSION_COLS = (
     "tenant, id, name, parent_session_id, metadata, created_at, updated_at, deleted_at, created_seq, last_seq"
 )
-_MESSAGE_COLS = "id, parent_id, role, content, body_sha256, created_at, seq"
+_MESSAGE_COLS = "id, parent_id, role, content, body_sha256, created_at, seq, original_ref"
 
 
 async def get_session(conn: Conn, tenant: str, session: str) -> SessionRow | None:

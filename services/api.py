@@ -11,10 +11,11 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from events import log as eventlog
-from events.messages import UIMessage
+from events.blobs import BlobRef
+from events.messages import UIMessage, stored_json
 from projections import context_queries as cq
 from projections import queries
-from projections.overlays import Overlay, overlay_json, overlays
+from projections.overlays import Overlay, apply_overlays, overlay_json, overlays
 from services import audit, metrics
 from services.api_context import router as context_router
 from services.bootstrap import Container, open_container
@@ -24,6 +25,7 @@ from services.context import reclaim
 from services.decisions import ParentSpec
 from services.deps import C, Limit, MinSeq, Q, Tenant, caught_up, check_id, tenant_for
 from services.errors import ChronicleError, InvalidRequest, MessageNotFound, SessionNotFound, SummarizerFailed
+from services.microcompact import recent_window, truncate_older_messages
 from services.problems import from_error, install
 from services.settings import Settings
 from services.summarizers import SummarizerError
@@ -132,6 +134,8 @@ def build_app(settings: Settings, container: Container | None = None) -> FastAPI
 
     app = FastAPI(title="Chronicle", version="1.0", lifespan=lifespan)
     app.state.keys = keys
+    if container is not None:
+        app.state.c = container  # usable without running the lifespan (in-process clients)
     install(app)
 
     @app.middleware("http")
@@ -215,7 +219,10 @@ def build_app(settings: Settings, container: Container | None = None) -> FastAPI
         return {"id": r.id, "parent_id": r.parent_id, "seq": r.seq, "created": r.created}
 
     @app.get("/v1/sessions/{sid}/messages/{mid}")
-    async def get_message(sid: str, mid: str, tenant: Tenant, c: C, min_seq: MinSeq = None) -> Response:
+    async def get_message(
+        sid: str, mid: str, tenant: Tenant, c: C, min_seq: MinSeq = None, original: bool = False
+    ) -> Response:
+        """The stored message; ``original=true`` gives the untruncated one when it was over the row cap."""
         check_id("session", sid)
         check_id("message", mid)
         await caught_up(c, tenant, sid, min_seq)
@@ -223,6 +230,9 @@ def build_app(settings: Settings, container: Container | None = None) -> FastAPI
             row = await queries.get_message(cx, tenant, sid, mid)
         if row is None:
             raise MessageNotFound(f"message {mid!r} is not in this session")
+        if original and row.original_ref is not None:
+            data = await c.originals.get(BlobRef.model_validate(row.original_ref))
+            return Response(data, media_type=JSON)
         return Response(row.content, media_type=JSON)
 
     @app.put("/v1/sessions/{sid}/messages/{mid}")
@@ -275,8 +285,19 @@ def build_app(settings: Settings, container: Container | None = None) -> FastAPI
         min_seq: MinSeq = None,
         as_of_seq: Annotated[int | None, Query(ge=0)] = None,
         compacted: bool = True,
+        truncate_older: bool = False,
+        keep_recent: Annotated[int, Query(ge=0, le=10_000)] = 4,
+        max_tool_output_chars: Annotated[int, Query(ge=1)] = 500,
+        max_text_chars: Annotated[int, Query(ge=1)] = 10_000,
+        max_bytes: Annotated[int | None, Query(ge=0)] = None,
+        min_recent: Annotated[int, Query(ge=0)] = 1,
     ) -> Response:
-        """Root-to-leaf path (default: the latest leaf), overlays applied unless ``compacted=false``."""
+        """Root-to-leaf path (default: the latest leaf), overlays applied unless ``compacted=false``.
+
+        ``truncate_older`` returns a micro-compacted copy (older tool outputs and long texts cut,
+        structure kept); ``max_bytes`` returns the byte-budgeted recent suffix with ``truncated``
+        and ``total_content_bytes``. Stored messages are never changed by a read.
+        """
         check_id("session", sid)
         if leaf_id is not None:
             check_id("message", leaf_id)
@@ -286,8 +307,18 @@ def build_app(settings: Settings, container: Container | None = None) -> FastAPI
             path = state.path(leaf_id)
             return _raw_json({"leaf_id": leaf_id if path else None, "as_of_seq": as_of_seq}, path)
         await caught_up(c, tenant, sid, min_seq)
+        extra: dict[str, Any] = {}
         async with c.pool.connection() as cx, cx.transaction():
-            leaf_id, _, view = await compacted_view(cx, tenant, sid, leaf_id, compacted=compacted)
+            leaf_id, raw, view = await compacted_view(cx, tenant, sid, leaf_id, compacted=compacted)
+            if max_bytes is not None and view:
+                start, truncated, total = recent_window(
+                    [(r.id, len(r.content.encode())) for r in raw], max_bytes, min_recent
+                )
+                window = raw[start:]
+                by_id = {r.id: r for r in window}
+                found = await overlays(cx, tenant, sid) if compacted else []
+                view = [by_id[x] if isinstance(x, str) else x for x in apply_overlays([r.id for r in window], found)]
+                extra = {"truncated": truncated, "total_content_bytes": total}
             outputs = await cq.reclaimed(cx, tenant, sid) if view else {}
         by_message: dict[str, dict[str, str]] = {}
         for (mid, call), key in outputs.items():
@@ -298,7 +329,11 @@ def build_app(settings: Settings, container: Container | None = None) -> FastAPI
             else (reclaim(v.content, by_message[v.id]) if v.id in by_message else v.content)
             for v in view
         ]
-        return _raw_json({"leaf_id": leaf_id if view else None}, contents)
+        if truncate_older:
+            parsed = [json.loads(x) for x in contents]
+            cut = truncate_older_messages(parsed, keep_recent, max_tool_output_chars, max_text_chars)
+            contents = [x if m is p else stored_json(m) for x, m, p in zip(contents, cut, parsed, strict=True)]
+        return _raw_json({"leaf_id": leaf_id if view else None, **extra}, contents)
 
     @app.post("/v1/sessions/{sid}/fork", status_code=201)
     async def fork_session(sid: str, body: ForkBody, tenant: Tenant, c: C) -> dict[str, Any]:

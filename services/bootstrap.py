@@ -27,6 +27,7 @@ from services.commands import Commands
 from services.compactor import CompactionService, Compactor
 from services.compactor_state import CompactorState
 from services.context import ContextService
+from services.s3_blobs import S3BlobStore
 from services.settings import Settings
 from services.skills_store import SkillStore
 from services.summarizers import OfflineSummarizer, OpenAISummarizer, Summarizer
@@ -44,6 +45,7 @@ class Container:
     publisher: Publisher
     blobs: BlobStore
     waiter: AppliedWaiter
+    originals: BlobStore
     commands: Commands
     context: ContextService
     compaction: CompactionService
@@ -121,6 +123,14 @@ async def open_container(settings: Settings) -> AsyncIterator[Container]:
         publisher = Publisher(js, layout)
         blobs = JetStreamBlobStore(js, settings.blob_bucket)
         await waiter.start()
+        skills = SkillStore(
+            settings.s3_endpoint,
+            settings.s3_access_key,
+            settings.s3_secret_key,
+            secure=settings.s3_secure,
+            region=settings.s3_region,
+        )
+        originals = S3BlobStore(skills, settings.originals_bucket)
         commands = Commands(
             publisher,
             pool,
@@ -129,18 +139,15 @@ async def open_container(settings: Settings) -> AsyncIterator[Container]:
             payload_limit_bytes=settings.payload_limit_bytes,
             max_message_bytes=settings.max_message_bytes,
             attempts=settings.command_attempts,
-        )
-        skills = SkillStore(
-            settings.s3_endpoint,
-            settings.s3_access_key,
-            settings.s3_secret_key,
-            secure=settings.s3_secure,
-            region=settings.s3_region,
+            originals=originals,
+            row_cap_bytes=settings.row_cap_bytes,
         )
         counter = TokenCounter(settings.tiktoken_encoding)
         context = ContextService(commands.conditional, publisher, pool, counter, skills)
         compaction = CompactionService(pool, publisher, commands.conditional, context, counter, summarizer_of(settings))
-        yield Container(settings, layout, nc, js, pool, publisher, blobs, waiter, commands, context, compaction)
+        yield Container(
+            settings, layout, nc, js, pool, publisher, blobs, waiter, originals, commands, context, compaction
+        )
     finally:
         await waiter.stop()
         await pool.close()

@@ -31,7 +31,7 @@ from events.catalog import (
     SessionRenamed,
 )
 from events.envelope import Event
-from events.messages import JsonObject, body_hash, canonical_json
+from events.messages import JsonObject, body_hash, canonical_json, stored_json
 from events.publisher import Publisher
 from projections import queries
 from projections.overlays import apply_overlays
@@ -45,6 +45,7 @@ from services.errors import (
     SessionNotFound,
     UnknownParent,
 )
+from services.microcompact import ROW_MAX_BYTES, enforce_row_size_limit
 from services.waiting import AppliedWaiter
 
 Conn = psycopg.AsyncConnection[Any]
@@ -76,12 +77,16 @@ class Commands:
         payload_limit_bytes: int,
         max_message_bytes: int,
         attempts: int = 100,
+        originals: BlobStore | None = None,
+        row_cap_bytes: int = ROW_MAX_BYTES,
     ) -> None:
         self._pub = publisher
         self._pool = pool
         self._blobs = blobs
         self._limit = payload_limit_bytes
         self._max = max_message_bytes
+        self._originals = originals
+        self._row_cap = row_cap_bytes
         self.conditional = Conditional(publisher, pool, waiter, attempts)
         self._conditional = self.conditional.run
 
@@ -142,10 +147,19 @@ class Commands:
         return await pack_body(body, self._blobs, self._limit)
 
     async def append(self, tenant: str, session: str, body: JsonObject, parent: ParentSpec = OMITTED) -> AppendResult:
-        """Append one message; same id + same body answers as the first time (``created=False``)."""
+        """Append one message; same id + same body answers as the first time (``created=False``).
+
+        A message over the row cap is recorded in the reference's size-capped form, with the
+        untruncated original stored whole in object storage (``original_ref``).
+        """
         message_id = str(body["id"])
         digest = body_hash(body)
         packed = await self._pack(body)
+        if self._originals is not None and len(stored_json(body).encode()) > self._row_cap:
+            capped, changed = enforce_row_size_limit(body, self._row_cap)
+            if changed:
+                original = await self._originals.put(stored_json(body).encode())
+                packed = {**await self._pack(capped), "body_sha256": digest, "original_ref": original}
 
         async def decide(conn: Conn) -> Decision:
             row = await queries.get_session(conn, tenant, session)

@@ -48,20 +48,20 @@ class Outcome:
 
 async def compacted_view(
     conn: Conn, tenant: str, session: str, leaf_id: str | None, *, compacted: bool = True
-) -> tuple[str | None, list[str], list[queries.MessageRow | Overlay]]:
-    """(leaf, raw path ids, view) — the view has overlays applied unless ``compacted`` is false."""
+) -> tuple[str | None, list[queries.MessageRow], list[queries.MessageRow | Overlay]]:
+    """(leaf, raw path rows, view) — the view has overlays applied unless ``compacted`` is false."""
     if leaf_id is None:
         leaf = await queries.latest_leaf(conn, tenant, session)
         leaf_id = leaf.id if leaf else None
     rows = await queries.history(conn, tenant, session, leaf_id) if leaf_id else []
     ids = [r.id for r in rows]
     if not compacted or not rows:
-        return leaf_id, ids, list(rows)
+        return leaf_id, rows, list(rows)
     by_id = {r.id: r for r in rows}
     view: list[queries.MessageRow | Overlay] = [
         by_id[x] if isinstance(x, str) else x for x in apply_overlays(ids, await overlays(conn, tenant, session))
     ]
-    return leaf_id, ids, view
+    return leaf_id, rows, view
 
 
 def as_message(item: queries.MessageRow | Overlay) -> Message:

@@ -61,6 +61,7 @@ class Settings(BaseSettings):
     summarizer_timeout_s: float = Field(default=60.0, gt=0)
     summarizer_attempts: int = Field(default=3, ge=1)
 
+    originals_bucket: str = "chronicle-originals"
     row_cap_bytes: int = Field(default=1_800_000, ge=10_000, description="larger messages are stored capped")
 
     data_dir: str = ".chronicle"

@@ -53,13 +53,15 @@ class SkillStore:
 
         return await self._call(put)
 
-    async def bucket_exists(self, bucket: str) -> bool:
-        return await self._call(lambda: bool(self._client.bucket_exists(bucket)))
+    async def put_bytes(self, bucket: str, key: str, data: bytes) -> None:
+        def put() -> None:
+            self._ensure_bucket(bucket)
+            self._client.put_object(bucket, key, io.BytesIO(data), len(data))
 
-    async def get_text(self, bucket: str, key: str) -> str | None:
-        """The object's text, or None when it does not exist."""
+        await self._call(put)
 
-        def get() -> str | None:
+    async def get_bytes(self, bucket: str, key: str) -> bytes | None:
+        def get() -> bytes | None:
             try:
                 resp = self._client.get_object(bucket, key)
             except S3Error as exc:
@@ -67,12 +69,20 @@ class SkillStore:
                     return None
                 raise
             try:
-                return bytes(resp.read()).decode("utf-8")
+                return bytes(resp.read())
             finally:
                 resp.close()
                 resp.release_conn()
 
         return await self._call(get)
+
+    async def bucket_exists(self, bucket: str) -> bool:
+        return await self._call(lambda: bool(self._client.bucket_exists(bucket)))
+
+    async def get_text(self, bucket: str, key: str) -> str | None:
+        """The object's text, or None when it does not exist."""
+        data = await self.get_bytes(bucket, key)
+        return data.decode("utf-8") if data is not None else None
 
     async def list(self, bucket: str, prefix: str) -> list[StoredObject]:
         """Every object under ``prefix`` in listing order, with its description metadata."""

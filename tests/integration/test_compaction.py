@@ -99,8 +99,8 @@ async def test_manual_compaction_is_iterative_and_branch_local(stack: Container,
     raw = await stack.commands.conditional.catch_up(T, sid)
     assert raw > 0
     async with stack.pool.connection() as conn:
-        _, ids, _ = await compacted_view(conn, T, sid, None, compacted=False)
-    assert ids == [f"m{i}" for i in range(13)]
+        _, rows, _ = await compacted_view(conn, T, sid, None, compacted=False)
+    assert [r.id for r in rows] == [f"m{i}" for i in range(13)]
     short = new_id("short")
     await _append_chain(stack, short, ["x0", "x1"])
     outcome = await stack.compaction.compact(T, short)
