@@ -1,0 +1,81 @@
+"""The compactor's incremental estimate: exact, threshold strictly greater, prompt counted."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from events.catalog import CompactionRecorded, MessageAppended, PromptRendered, SessionConfigured
+from events.context import CompactionConfig, SessionConfig
+from events.messages import body_hash
+from projections.runner import apply_batch
+from services.bootstrap import Container
+from services.compaction import message_tokens
+from services.compactor_state import CompactorState
+
+T = "tenant-a"
+
+
+def _msg(sid: str, mid: str, parent: str | None, text: str) -> MessageAppended:
+    body = {"id": mid, "role": "user", "parts": [{"type": "text", "text": text}]}
+    return MessageAppended(
+        tenant=T, session=sid, message_id=mid, parent_id=parent, role="user", body_sha256=body_hash(body), message=body
+    )
+
+
+async def test_estimate_threshold_and_prompt(stack: Container, new_id: Callable[[str], str]) -> None:
+    sid = new_id("est")
+    count = stack.context.counter.count
+    state = CompactorState(new_id("w"), count, None)
+    events = [_msg(sid, f"m{i}", f"m{i - 1}" if i else None, f"hello number {i} " * 5) for i in range(5)]
+    total = sum(message_tokens(e.message or {}, count) for e in events)
+    seq = 10_000_000
+
+    async def feed(*evs: object) -> None:
+        nonlocal seq
+        items = []
+        for ev in evs:
+            seq += 1
+            items.append((seq, ev))
+        async with stack.pool.connection() as conn, conn.transaction():
+            await apply_batch(conn, state.worker, [state], items, notify=False)  # type: ignore[arg-type]
+
+    at = SessionConfig(compaction=CompactionConfig(compact_after=total))
+    await feed(SessionConfigured(tenant=T, session=sid, config=at), *events)
+    assert (T, sid) not in state.candidates  # equal to the threshold: not over it
+    await feed(PromptRendered(tenant=T, session=sid, text="x", tokens=1, version_no=1, reason="freeze"))
+    assert state.candidates[(T, sid)].estimate == total + 1  # the frozen prompt counts
+    # a branch from m2 re-sums the stored counts for the new path
+    await feed(_msg(sid, "b3", "m2", "short"))
+    expected = sum(message_tokens(e.message or {}, count) for e in events[:3]) + message_tokens(
+        {"parts": [{"type": "text", "text": "short"}]}, count
+    )
+    assert state.candidates.get((T, sid)) is None or state.candidates[(T, sid)].estimate == expected + 1
+    async with stack.pool.connection() as conn:
+        cur = await conn.execute(
+            "SELECT estimate, leaf_id FROM compactor_sessions WHERE worker = %s AND session_id = %s",
+            (state.worker, sid),
+        )
+        assert await cur.fetchone() == (expected, "b3")
+    # an overlay on the branch replaces the covered messages by the summary
+    await feed(
+        CompactionRecorded(
+            tenant=T,
+            session=sid,
+            overlay_id="o1",
+            from_message_id="m0",
+            to_message_id="m2",
+            leaf_id="b3",
+            tokens_before=0,
+            tokens_after=0,
+            summarizer="t",
+            model=None,
+            summary="sum",
+        )
+    )
+    async with stack.pool.connection() as conn:
+        cur = await conn.execute(
+            "SELECT estimate FROM compactor_sessions WHERE worker = %s AND session_id = %s", (state.worker, sid)
+        )
+        row = await cur.fetchone()
+    assert row is not None
+    assert row[0] == 4 + count("sum") + message_tokens({"parts": [{"type": "text", "text": "short"}]}, count)
