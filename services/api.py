@@ -81,6 +81,12 @@ def overlay_dict(o: Overlay) -> dict[str, Any]:
     }
 
 
+class AppendBatchBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    messages: list[dict[str, Any]] = Field(min_length=1, max_length=1000)
+    parent_id: str | None = None
+
+
 class UpdateBody(BaseModel):
     model_config = ConfigDict(extra="forbid")
     message: dict[str, Any]
@@ -217,6 +223,32 @@ def build_app(settings: Settings, container: Container | None = None) -> FastAPI
         else:
             response.status_code = 200
         return {"id": r.id, "parent_id": r.parent_id, "seq": r.seq, "created": r.created}
+
+    @app.post("/v1/sessions/{sid}/messages:batch", status_code=201)
+    async def append_batch(sid: str, body: AppendBatchBody, tenant: Tenant, c: C) -> dict[str, Any]:
+        """Append a chain: the first message takes ``parent_id`` as a single append does (omitted:
+        the latest leaf; ``null``: a new root), each next one is the child of the previous.
+
+        Each message is its own event; a retried batch re-answers the appended ones (idempotent).
+        """
+        check_id("session", sid)
+        messages = [_message(m) for m in body.messages]
+        if len({m["id"] for m in messages}) != len(messages):
+            raise InvalidRequest("message ids in a batch must be distinct")
+        parent: ParentSpec = OMITTED
+        if "parent_id" in body.model_fields_set:
+            parent = check_id("message", body.parent_id) if body.parent_id is not None else None
+        results: list[AppendResult] = []
+        for message in messages:
+            r = await c.commands.append(tenant, sid, message, parent)
+            if r.created:
+                metrics.published("message.appended")
+            results.append(r)
+            parent = r.id
+        return {
+            "messages": [{"id": r.id, "parent_id": r.parent_id, "seq": r.seq, "created": r.created} for r in results],
+            "seq": max(r.seq for r in results),
+        }
 
     @app.get("/v1/sessions/{sid}/messages/{mid}")
     async def get_message(

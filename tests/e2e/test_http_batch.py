@@ -1,0 +1,31 @@
+from __future__ import annotations
+
+import uuid
+
+import httpx
+
+
+def msg(mid: str) -> dict[str, object]:
+    return {"id": mid, "role": "user", "parts": [{"type": "text", "text": f"text {mid}"}]}
+
+
+async def test_batch_appends_a_chain(client: httpx.AsyncClient) -> None:
+    sid = "batch-" + uuid.uuid4().hex[:8]
+    r = await client.post(f"/v1/sessions/{sid}/messages", json={"message": msg("a")})
+    assert r.status_code == 201
+    r = await client.post(f"/v1/sessions/{sid}/messages:batch", json={"messages": [msg("b"), msg("c")]})
+    assert r.status_code == 201, r.text
+    assert [(m["id"], m["parent_id"]) for m in r.json()["messages"]] == [("b", "a"), ("c", "b")]
+    r2 = await client.post(
+        f"/v1/sessions/{sid}/messages:batch", json={"messages": [msg("x"), msg("y")], "parent_id": None}
+    )
+    assert r2.json()["messages"][0]["parent_id"] is None
+    again = await client.post(f"/v1/sessions/{sid}/messages:batch", json={"messages": [msg("b"), msg("c")]})
+    assert [m["created"] for m in again.json()["messages"]] == [False, False]
+    h = await client.get(f"/v1/sessions/{sid}/history", params={"leaf_id": "c", "min_seq": r2.json()["seq"]})
+    assert [m["id"] for m in h.json()["messages"]] == ["a", "b", "c"]
+    bad = await client.post(f"/v1/sessions/{sid}/messages:batch", json={"messages": [msg("z"), msg("z")]})
+    assert bad.status_code == 422
+    assert bad.json()["code"] == "invalid_request"
+    empty = await client.post(f"/v1/sessions/{sid}/messages:batch", json={"messages": []})
+    assert empty.status_code == 422
