@@ -128,9 +128,9 @@ store_json = stored_json
 def plan(event: Event, seq: int, body: JsonObject | None = None) -> list[Op]:
     """Row operations for one event at stream sequence ``seq``; ``body`` is the resolved body."""
     t, s = event.tenant, event.session
-    if s == TENANT_SCOPE:
-        return []
     ops: list[Op] = [TouchSession(t, s, event.occurred_at, seq, event.occurred_at, seq)]
+    if s == TENANT_SCOPE:
+        return ops  # the tenant-scope row only tracks how far tenant-level events are applied
     match event:
         case SessionCreated():
             ops.append(CreateSession(t, s, event.name, event.parent_session_id, dict(event.metadata)))

@@ -68,7 +68,7 @@ async def list_sessions(conn: Conn, tenant: str, limit: int, before_seq: int | N
     """Live sessions, newest first; ``before_seq`` is the cursor (a ``created_seq``)."""
     async with conn.cursor(row_factory=class_row(SessionRow)) as cur:
         await cur.execute(
-            f"SELECT {_SESSION_COLS} FROM sessions WHERE tenant = %s AND deleted_at IS NULL "
+            f"SELECT {_SESSION_COLS} FROM sessions WHERE tenant = %s AND deleted_at IS NULL AND id <> '' "
             "AND (%s::bigint IS NULL OR created_seq < %s) ORDER BY created_seq DESC LIMIT %s",
             (tenant, before_seq, before_seq, limit),
         )

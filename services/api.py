@@ -265,7 +265,9 @@ def build_app(settings: Settings, container: Container | None = None) -> FastAPI
         if original and row.original_ref is not None:
             data = await c.originals.get(BlobRef.model_validate(row.original_ref))
             return Response(data, media_type=JSON)
-        return Response(row.content, media_type=JSON)
+        async with c.pool.connection() as cx:
+            outputs = {call: key for (m, call), key in (await cq.reclaimed(cx, tenant, sid)).items() if m == mid}
+        return Response(reclaim(row.content, outputs) if outputs else row.content, media_type=JSON)
 
     @app.put("/v1/sessions/{sid}/messages/{mid}")
     async def update_message(sid: str, mid: str, body: UpdateBody, tenant: Tenant, c: C) -> dict[str, Any]:

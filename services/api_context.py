@@ -111,10 +111,17 @@ async def _prompt_json(c: C, tenant: str, sid: str, refresh: bool) -> dict[str, 
 
 @router.get("/v1/sessions/{sid}/system-prompt")
 async def system_prompt(
-    sid: str, tenant: Tenant, c: C, as_of_seq: Annotated[int | None, Query(ge=0)] = None
+    sid: str,
+    tenant: Tenant,
+    c: C,
+    as_of_seq: Annotated[int | None, Query(ge=0)] = None,
+    min_seq: MinSeq = None,
 ) -> dict[str, Any]:
     """The frozen prompt (frozen on first call); ``as_of_seq`` gives the one in force then."""
     check_id("session", sid)
+    # read-your-writes: a refresh (or a clear) just answered must be visible, and so must every
+    # prompt recorded up to ``as_of_seq``
+    await caught_up(c, tenant, sid, max(min_seq or 0, as_of_seq or 0))
     if as_of_seq is not None:
         async with c.pool.connection() as conn:
             cur = await conn.execute(

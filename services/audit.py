@@ -195,4 +195,5 @@ async def sync_skills(c: Container, tenant: str, bucket: str, prefix: str = "") 
         if key.startswith(prefix):
             await c.publisher.publish(SkillRemoved(tenant=tenant, session=TENANT_SCOPE, bucket=bucket, key=key))
             report.removed += 1
+    await c.commands.conditional.catch_up(tenant, TENANT_SCOPE)
     return report

@@ -96,8 +96,12 @@ class ContextService:
 
     async def configure(self, tenant: str, session: str, config: SessionConfig) -> int:
         for block in config.blocks:
-            if isinstance(block, SkillsBlock) and self._skills is not None:
+            if self._skills is None:
+                break
+            if isinstance(block, SkillsBlock):
                 await self._require_bucket(block.bucket)
+            elif isinstance(block, ReadonlyBlock) and block.source is not None:
+                await self._require_bucket(block.source.bucket)
 
         async def decide(conn: Conn) -> Decision:
             await _live(conn, tenant, session)
@@ -174,6 +178,9 @@ class ContextService:
             await _live(conn, tenant, session)
             config = await self.config(conn, tenant, session)
             block = _find(config, label)
+            if block is None and label == config.searchable_history:
+                # the history block is searchable but has no writer: read-only, as in the reference
+                raise ReadOnlyBlock(f'Block "{label}" is readonly')
             if block is None:
                 raise BlockNotFound(f'Block "{label}" not found')
             if isinstance(block, SearchableBlock | SkillsBlock):
@@ -226,7 +233,9 @@ class ContextService:
             etag=etag,
             size=size,
         )
-        return (await self._pub.publish(event)).seq
+        seq = (await self._pub.publish(event)).seq
+        await self._cond.catch_up(tenant, TENANT_SCOPE)  # the next render sees it
+        return seq
 
     async def set_skill(
         self, tenant: str, session: str, label: str, key: str, content: str, description: str | None

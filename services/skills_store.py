@@ -11,6 +11,7 @@ import io
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TypeVar
+from urllib.parse import quote, unquote
 
 from minio import Minio
 from minio.error import S3Error
@@ -18,6 +19,8 @@ from minio.error import S3Error
 from services.errors import ObjectStorageError
 
 DESCRIPTION_META = "description"
+# S3 metadata values must be ASCII: anything else is percent-encoded (and decoded on listing).
+SAFE_META = " !\"#$&'()*+,-./:;<=>?@[\\]^_`{|}~"
 T = TypeVar("T")
 
 
@@ -44,7 +47,7 @@ class SkillStore:
         def put() -> StoredObject:
             self._ensure_bucket(bucket)
             meta: dict[str, str | list[str] | tuple[str]] | None = (
-                {DESCRIPTION_META: description} if description else None
+                {DESCRIPTION_META: quote(description, safe=SAFE_META)} if description else None
             )
             result = self._client.put_object(
                 bucket, key, io.BytesIO(data), len(data), content_type="text/markdown; charset=utf-8", metadata=meta
@@ -96,7 +99,8 @@ class SkillStore:
                     continue
                 stat = self._client.stat_object(bucket, obj.object_name)
                 meta = {k.lower(): v for k, v in (stat.metadata or {}).items()}
-                desc = meta.get(f"x-amz-meta-{DESCRIPTION_META}")
+                raw = meta.get(f"x-amz-meta-{DESCRIPTION_META}")
+                desc = unquote(raw) if raw is not None else None
                 out.append(StoredObject(obj.object_name, desc, str(stat.etag).strip('"'), int(stat.size or 0)))
             return out
 

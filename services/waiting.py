@@ -23,8 +23,13 @@ log = logging.getLogger("chronicle.waiting")
 
 class AppliedWaiter:
     def __init__(
-        self, pool: AsyncConnectionPool[psycopg.AsyncConnection[Any]], conninfo: str, timeout_s: float
+        self,
+        pool: AsyncConnectionPool[psycopg.AsyncConnection[Any]],
+        conninfo: str,
+        timeout_s: float,
+        projector: str = "projector",
     ) -> None:
+        self._projector = projector
         self._pool = pool
         self._conninfo = conninfo
         self._timeout = timeout_s
@@ -94,7 +99,11 @@ class AppliedWaiter:
 
     async def all_applied(self, seq: int) -> bool:
         async with self._pool.connection() as conn:
-            cur = await conn.execute("SELECT coalesce(min(seq), 0) FROM checkpoints")
+            # the projector's checkpoints only (one, or one per partition): not the compactor's
+            cur = await conn.execute(
+                "SELECT coalesce(min(seq), 0) FROM checkpoints WHERE name = %s OR starts_with(name, %s)",
+                (self._projector, self._projector + ".p"),
+            )
             row = await cur.fetchone()
         return bool(row and row[0] >= seq)
 

@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -81,12 +82,15 @@ def s3_server() -> Iterator[str]:
     """moto's standalone S3 server on a free loopback port (stands in for MinIO)."""
     port = free_port()
     exe = str(Path(sys.executable).parent / "moto_server")
-    proc = subprocess.Popen(
-        [exe, "-H", "127.0.0.1", "-p", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-    )
-    try:
-        wait_for_port("127.0.0.1", port, proc, "moto_server")
-        yield f"127.0.0.1:{port}"
-    finally:
-        proc.terminate()
-        proc.wait(timeout=10)
+    with tempfile.TemporaryDirectory(prefix="moto-") as tmp:
+        # the request recorder (/moto-api/recorder/…) writes here, not into the working directory
+        env = {**os.environ, "MOTO_RECORDER_FILEPATH": str(Path(tmp) / "recording.jsonl")}
+        proc = subprocess.Popen(
+            [exe, "-H", "127.0.0.1", "-p", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env
+        )
+        try:
+            wait_for_port("127.0.0.1", port, proc, "moto_server")
+            yield f"127.0.0.1:{port}"
+        finally:
+            proc.terminate()
+            proc.wait(timeout=10)

@@ -110,7 +110,7 @@ async def test_events_are_ndjson_in_order(client: httpx.AsyncClient) -> None:
         ev = e["event"]
         assert ev["tenant"] == "tenant-a"
         assert ev["session"] == sid
-        assert ev["version"] == 1
+        assert ev["version"] == (2 if ev["type"] == "message.appended" else 1)
         assert ev["id"]
         assert ev["occurred_at"]
     assert len({e["event"]["id"] for e in evs}) == len(evs)

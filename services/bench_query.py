@@ -1,0 +1,248 @@
+"""``chronicle bench history`` and ``chronicle bench search``: the read side.
+
+The read model is loaded directly with ``COPY`` (the rows a projector would write, byte for byte:
+see :mod:`services.bench_data`), since these benchmarks measure queries, not ingestion.
+history: :func:`projections.queries.history` and ``GET …/history`` of a long branch; baseline: a
+plain ``SELECT content`` of the same session's rows.
+search: :func:`projections.queries.search`, selective and common words, in a session and
+tenant-wide; baseline: the same match unranked with ``LIMIT``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import psycopg
+
+from projections import queries
+from projections.migrate import migrate
+from services.bench_data import (
+    COMMON_QUERY,
+    TENANT,
+    Msg,
+    add_sessions,
+    chain,
+    copy_rows,
+    message_id,
+    messages,
+    session_name,
+    to_row,
+)
+from services.bench_http import running_api
+from services.bench_support import (
+    BenchOptions,
+    CpuMeter,
+    Infra,
+    Report,
+    Target,
+    bench_settings,
+    db_name,
+    fmt_ms,
+    scratch_database,
+    summary_ms,
+    timed,
+)
+from services.localstack import free_port
+from services.progress import Progress
+from services.settings import Settings
+
+FTS_INDEX = "CREATE INDEX IF NOT EXISTS messages_fts ON messages USING gin (content_tsv)"
+
+
+async def load(db: str, msgs: Iterator[Msg], total: int, show: bool | None, *, connections: int = 2) -> float:
+    """``COPY`` messages into the read model over ``connections`` backends (the tsvector is
+    computed by each backend), with the GIN index built once at the end. Returns seconds."""
+    bar = Progress("load (COPY)", enabled=show)
+    done = [0]
+    seq = itertools.count(1)
+    rows = (to_row(m, next(seq)) for m in msgs)
+
+    def tick() -> None:
+        done[0] += 1
+        if done[0] % 1000 == 0:
+            bar(done[0], total)
+
+    start = time.perf_counter()
+    async with await psycopg.AsyncConnection.connect(db, autocommit=True) as conn:
+        await conn.execute("DROP INDEX IF EXISTS messages_fts")
+        # The tasks share one generator: asyncio runs one ``next()`` at a time.
+        await asyncio.gather(*(copy_rows(db, rows, on_row=tick) for _ in range(connections)))
+        bar(total, total)
+        bar.close()
+        await conn.execute("SET maintenance_work_mem = '512MB'")
+        await conn.execute(FTS_INDEX)
+        await conn.execute("ANALYZE messages")
+    return time.perf_counter() - start
+
+
+async def history(settings: Settings, infra: Infra, options: BenchOptions) -> Report:
+    sizes = (50, 200) if options.smoke else (1_000, 10_000)
+    reps = options.size(options.requests, 200, 5)
+    bg_n = options.size(options.messages, 20_000, 200)
+    bg_sessions = options.size(options.sessions, 20, 4)
+    report = Report("history", {"branches": list(sizes), "requests": reps, "other_messages": bg_n})
+    async with scratch_database(infra) as db:
+        cfg = bench_settings(settings, infra, db, api_port=free_port())
+        await migrate(db)
+        branches = {size: f"branch-{size}" for size in sizes}
+        data = itertools.chain(
+            messages(bg_n, bg_sessions, prefix="other-"), *(chain(name, size) for size, name in branches.items())
+        )
+        total = bg_n + sum(sizes)
+        load_s = await load(db, data, total, options.progress, connections=1)
+        names = [f"other-{session_name(i)}" for i in range(bg_sessions)] + list(branches.values())
+        await add_sessions(db, names, total)
+        report.metrics["load_rows_per_s"] = round(total / load_s, 1)
+
+        meter = CpuMeter(infra.pids, db_name(db))
+        async with await psycopg.AsyncConnection.connect(db, autocommit=True) as conn:
+            for size, name in branches.items():
+                leaf = message_id(size - 1)
+                n = reps if size <= 1_000 else max(3, reps // 5)
+                got = await queries.history(conn, TENANT, name, leaf)
+                if len(got) != size:
+                    raise RuntimeError(f"history of {name} has {len(got)} messages, expected {size}")
+
+                async def hist(_: int, name: str = name, leaf: str = leaf) -> None:
+                    await queries.history(conn, TENANT, name, leaf)
+
+                async def plain(_: int, name: str = name) -> None:
+                    cur = await conn.execute(
+                        "SELECT content FROM messages WHERE tenant = %s AND session_id = %s", (TENANT, name)
+                    )
+                    await cur.fetchall()
+
+                meter.reset()
+                report.metrics[f"query_{size}"] = summary_ms(await timed(hist, n))
+                report.cpu_s[f"queries.history {size}"] = await meter.used()
+                report.baseline[f"select_{size}"] = summary_ms(await timed(plain, n))
+
+        async with running_api(cfg, infra, projector=False) as running:
+            client = running.client
+            for size, name in branches.items():
+                leaf = message_id(size - 1)
+                n = reps if size <= 1_000 else max(3, reps // 5)
+
+                async def get(_: int, name: str = name, leaf: str | None = leaf) -> None:
+                    params = {"leaf_id": leaf} if leaf else {}
+                    resp = await client.get(f"/v1/sessions/{name}/history", params=params)
+                    resp.raise_for_status()
+                    resp.json()
+
+                await get(0)
+                report.metrics[f"http_{size}"] = summary_ms(await timed(get, n))
+
+                async def get_latest(i: int, name: str = name) -> None:
+                    await get(i, name, None)
+
+                report.metrics[f"http_latest_leaf_{size}"] = summary_ms(await timed(get_latest, n))
+
+    for size in sizes:
+        q, http, latest = (report.metrics[f"{k}_{size}"] for k in ("query", "http", "http_latest_leaf"))
+        base = report.baseline[f"select_{size}"]
+        report.ratio[f"query_{size} p50 / select p50"] = round(q["p50"] / base["p50"], 2)
+        report.ratio[f"http_{size} p50 / select p50"] = round(http["p50"] / base["p50"], 2)
+        b = fmt_ms(base, "p50", "p95")
+        report.row(
+            f"queries.history, {size:,} messages p50 / p95",
+            fmt_ms(q, "p50", "p95"),
+            b,
+            f"{q['p50'] / base['p50']:.1f}x",
+        )
+        report.row(
+            f"GET history?leaf_id, {size:,} p50 / p95",
+            fmt_ms(http, "p50", "p95"),
+            b,
+            f"{http['p50'] / base['p50']:.1f}x",
+        )
+        report.row(
+            f"GET history (latest leaf), {size:,} p50 / p95",
+            fmt_ms(latest, "p50", "p95"),
+            b,
+            f"{latest['p50'] / base['p50']:.1f}x",
+        )
+    small = sizes[0]
+    report.targets = [
+        Target(
+            f"queries.history p50, {small:,}-message branch", report.metrics[f"query_{small}"]["p50"], "<", 10.0, " ms"
+        ),
+        Target(f"GET history p50, {small:,}-message branch", report.metrics[f"http_{small}"]["p50"], "<", 10.0, " ms"),
+    ]
+    return report
+
+
+UNRANKED = (
+    "SELECT id FROM messages WHERE tenant = %s AND (%s::text IS NULL OR session_id = %s) "
+    "AND content_tsv @@ plainto_tsquery('english', %s) LIMIT %s"
+)
+COMMON_WORDS = (COMMON_QUERY, "water", "time", "work")
+
+
+async def search(settings: Settings, infra: Infra, options: BenchOptions) -> Report:
+    m = options.size(options.messages, 1_000_000, 2_000)
+    s = options.size(options.sessions, 1_000, 10)
+    reps = options.size(options.requests, 50, 5)
+    budget = 5.0 if options.smoke else 20.0
+    limit = 20
+    report = Report("search", {"messages": m, "sessions": s, "requests": reps, "limit": limit})
+    samples: list[tuple[str, str]] = []
+
+    def remember(msgs: Iterator[Msg]) -> Iterator[Msg]:
+        for msg in msgs:
+            if msg.index % 97 == 0:
+                samples.append((msg.session, msg.rare[0]))
+            yield msg
+
+    async with scratch_database(infra) as db:
+        await migrate(db)
+        load_s = await load(db, remember(messages(m, s)), m, options.progress)
+        await add_sessions(db, [session_name(i) for i in range(s)], m)
+        report.metrics["load_rows_per_s"] = round(m / load_s, 1)
+        report.metrics["load_s"] = round(load_s, 1)
+
+        meter = CpuMeter(infra.pids, db_name(db))
+        scenarios: dict[str, list[tuple[str | None, str]]] = {
+            "selective_session": [(sess, w) for sess, w in samples],
+            "selective_tenant": [(None, w) for _, w in samples],
+            "common_session": [(session_name(i % s), COMMON_WORDS[i % 4]) for i in range(reps)],
+            "common_tenant": [(None, COMMON_WORDS[i % 4]) for i in range(reps)],
+        }
+        async with await psycopg.AsyncConnection.connect(db, autocommit=True) as conn:
+            for name, cases in scenarios.items():
+                hits: list[int] = []
+
+                async def ranked(i: int, cases: list[tuple[str | None, str]] = cases, hits: list[int] = hits) -> None:
+                    session, q = cases[i % len(cases)]
+                    hits.append(len(await queries.search(conn, TENANT, session, q, limit)))
+
+                async def unranked(i: int, cases: list[tuple[str | None, str]] = cases) -> None:
+                    session, q = cases[i % len(cases)]
+                    cur = await conn.execute(UNRANKED, (TENANT, session, session, q, limit))
+                    await cur.fetchall()
+
+                meter.reset()
+                stats: dict[str, Any] = summary_ms(await timed(ranked, reps, budget_s=budget))
+                report.cpu_s[name] = await meter.used()
+                stats["mean_hits"] = round(sum(hits) / max(len(hits), 1), 1)
+                report.metrics[name] = stats
+                report.baseline[name] = summary_ms(await timed(unranked, reps, budget_s=budget))
+
+    for name in ("selective_session", "selective_tenant", "common_session", "common_tenant"):
+        q, base = report.metrics[name], report.baseline[name]
+        report.ratio[f"{name} p50 / unranked p50"] = round(q["p50"] / base["p50"], 2)
+        report.row(
+            f"{name.replace('_', ', ')} p50 / p95 (hits {q['mean_hits']:g})",
+            fmt_ms(q, "p50", "p95"),
+            fmt_ms(base, "p50", "p95"),
+            f"{q['p50'] / base['p50']:.1f}x",
+        )
+    report.row("load (COPY, 2 backends, GIN built after)", f"{report.metrics['load_rows_per_s']:,.0f} rows/s")
+    report.targets = [
+        Target("selective p95, session", report.metrics["selective_session"]["p95"], "<", 50.0, " ms"),
+        Target("selective p95, tenant-wide", report.metrics["selective_tenant"]["p95"], "<", 50.0, " ms"),
+    ]
+    return report

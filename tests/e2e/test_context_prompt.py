@@ -1,0 +1,232 @@
+"""System prompt over HTTP: rendering byte for byte, freeze, refresh, clear, and as_of_seq."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import httpx
+
+from services.settings import Settings
+from tests.e2e.context_support import (
+    block,
+    configure,
+    context,
+    events,
+    last_seq,
+    listed,
+    new_bucket,
+    pct,
+    problem,
+    prompt,
+    put_object,
+    refresh,
+    sid,
+    tokens,
+    tool,
+)
+
+
+async def test_prompt_renders_every_block_kind_exactly(client: httpx.AsyncClient, api_settings: Settings) -> None:
+    s = sid()
+    bucket = new_bucket(api_settings)
+    put_object(api_settings, bucket, "policy.md", "Refunds within 30 days.")
+    config: dict[str, Any] = {
+        "blocks": [
+            {"kind": "readonly", "label": "soul", "content": "You are a careful assistant.\nAnswer in English."},
+            {"kind": "readonly", "label": "notes", "content": ""},
+            {"kind": "readonly", "label": "unset"},
+            {
+                "kind": "readonly",
+                "label": "policy",
+                "description": "Refund policy",
+                "max_tokens": 50,
+                "source": {"bucket": bucket, "key": "policy.md"},
+            },
+            {"kind": "writable", "label": "memory", "description": "Learned facts", "max_tokens": 100},
+            {"kind": "writable", "label": "scratch"},
+            {"kind": "searchable", "label": "knowledge", "description": "Searchable docs"},
+            {"kind": "searchable", "label": "archive"},
+            {
+                "kind": "skills",
+                "label": "skills",
+                "description": "Loadable docs",
+                "bucket": bucket,
+                "prefix": "skills/",
+                "keys": ["tax", "bank-reconciliation"],
+            },
+        ]
+    }
+    await configure(client, s, config)
+    r = await client.put(f"/v1/sessions/{s}/context/memory", json={"content": "User likes tea."})
+    assert r.status_code == 200, r.text
+    res, _ = await tool(
+        client, s, "set_context", {"label": "memory", "content": "User lives in Kyoto.", "action": "append"}
+    )
+    assert res.startswith("Written to memory. Usage: ")
+    for title, content in [("deploy", "Deploys happen on Friday."), ("oncall", "Ask Kim when paged.")]:
+        res, _ = await tool(
+            client, s, "set_context", {"label": "knowledge", "content": content, "metadata": {"title": title}}
+        )
+        assert res == f'Indexed "{title}" in knowledge.'
+    for title, desc in [("tax", "Tax workflows"), ("bank reconciliation", "Bank reconciliation"), ("hidden", "Nope")]:
+        res, seq = await tool(
+            client,
+            s,
+            "set_context",
+            {"label": "skills", "content": f"# {title}", "metadata": {"title": title, "description": desc}},
+        )
+        assert res == f'Indexed "{title.replace(" ", "-")}" in skills.'
+
+    memory = "User likes tea.\nUser lives in Kyoto."
+    policy = "Refunds within 30 days."
+    listing = "- bank-reconciliation: Bank reconciliation\n- tax: Tax workflows"
+    await listed(client, s, "skills", listing)
+    expected = "\n\n".join(
+        [
+            block("SOUL [readonly]", "You are a careful assistant.\nAnswer in English."),
+            block(
+                f"POLICY (Refund policy) [{pct(tokens(policy), 50)}% \u2014 {tokens(policy)}/50 tokens] [readonly]",
+                policy,
+            ),
+            block(
+                f"MEMORY (Learned facts) [{pct(tokens(memory), 100)}% \u2014 {tokens(memory)}/100 tokens] [writable]",
+                memory,
+            ),
+            block("SCRATCH [writable]", ""),
+            block("KNOWLEDGE (Searchable docs) [searchable]", "2 entries indexed."),
+            block("ARCHIVE [searchable]", ""),
+            block("SKILLS (Loadable docs) [loadable]", listing),
+        ]
+    )
+    p = await prompt(client, s)
+    assert p["prompt"] == expected
+    assert p["tokens"] == tokens(expected)
+    assert p["version"] == 1
+
+    blocks = await context(client, s, seq)
+    assert list(blocks) == ["soul", "notes", "unset", "policy", "memory", "scratch", "knowledge", "archive", "skills"]
+    assert blocks["memory"] == {
+        "label": "memory",
+        "kind": "writable",
+        "description": "Learned facts",
+        "content": memory,
+        "tokens": tokens(memory),
+        "max_tokens": 100,
+        "writable": True,
+    }
+    assert blocks["policy"]["content"] == policy
+    assert blocks["policy"]["writable"] is False
+    assert blocks["skills"]["content"] == listing
+    assert blocks["notes"]["content"] == ""
+
+
+async def test_prompt_of_a_session_with_only_empty_readonly_blocks_is_empty(client: httpx.AsyncClient) -> None:
+    s = sid()
+    await configure(client, s, {"blocks": [{"kind": "readonly", "label": "soul", "content": ""}]})
+    first = await prompt(client, s)
+    assert (first["prompt"], first["tokens"], first["version"]) == ("", 0, 1)
+    # the stored "" is a value: it is returned, not re-rendered
+    await configure(client, s, {"blocks": [{"kind": "readonly", "label": "soul", "content": "Now set."}]})
+    again = await prompt(client, s)
+    assert again == first
+
+
+async def test_prompt_without_config_is_empty(client: httpx.AsyncClient) -> None:
+    s = sid()
+    p = await prompt(client, s)
+    assert (p["prompt"], p["version"]) == ("", 1)
+
+
+async def test_frozen_prompt_is_stable_until_refresh(client: httpx.AsyncClient) -> None:
+    s = sid()
+    await configure(client, s, {"blocks": [{"kind": "writable", "label": "memory", "description": "Learned facts"}]})
+    await client.put(f"/v1/sessions/{s}/context/memory", json={"content": "old fact"})
+    first = await prompt(client, s)
+    assert first["prompt"] == block("MEMORY (Learned facts) [writable]", "old fact")
+
+    await tool(client, s, "set_context", {"label": "memory", "content": "new fact"})
+    r = await client.put(f"/v1/sessions/{s}/context/memory", json={"content": "newer fact", "mode": "append"})
+    assert r.status_code == 200, r.text
+    assert (await context(client, s, r.json()["seq"]))["memory"]["content"] == "new fact\nnewer fact"
+    assert await prompt(client, s) == first
+    assert await prompt(client, s) == first
+
+    second = await refresh(client, s)
+    assert second["prompt"] == block("MEMORY (Learned facts) [writable]", "new fact\nnewer fact")
+    assert second["version"] == 2
+    assert second["seq"] > first["seq"]
+    # frozen again, at the refreshed text, even after another write
+    await tool(client, s, "set_context", {"label": "memory", "content": "third"})
+    assert await prompt(client, s, min_seq=second["seq"]) == second
+
+    rendered = [e["event"] for e in await events(client, s) if e["event"]["type"] == "prompt.rendered"]
+    assert [(e["version_no"], e["reason"]) for e in rendered] == [(1, "freeze"), (2, "refresh")]
+    assert [e["text"] for e in rendered] == [first["prompt"], second["prompt"]]
+
+
+async def test_clearing_messages_refreshes_the_frozen_prompt(client: httpx.AsyncClient) -> None:
+    s = sid()
+    r = await client.post("/v1/sessions", json={"id": s, "name": "clear"})
+    assert r.status_code == 201, r.text
+    await configure(client, s, {"blocks": [{"kind": "writable", "label": "memory"}]})
+    msg = {"id": "m1", "role": "user", "parts": [{"type": "text", "text": "hello"}]}
+    assert (await client.post(f"/v1/sessions/{s}/messages", json={"message": msg})).status_code == 201
+    first = await prompt(client, s)
+    assert first["prompt"] == block("MEMORY [writable]", "")
+    await client.put(f"/v1/sessions/{s}/context/memory", json={"content": "kept across clear"})
+
+    r = await client.delete(f"/v1/sessions/{s}/messages")
+    assert r.status_code == 200, r.text
+    after = await prompt(client, s, min_seq=await last_seq(client, s))
+    assert after["prompt"] == block("MEMORY [writable]", "kept across clear")
+    assert after["version"] == 2
+    types = [(e["event"]["type"], e["event"].get("reason")) for e in await events(client, s)]
+    assert types[-2:] == [("messages.cleared", None), ("prompt.rendered", "clear")]
+
+
+async def test_clearing_a_session_without_a_frozen_prompt_renders_none(client: httpx.AsyncClient) -> None:
+    s = sid()
+    await client.post("/v1/sessions", json={"id": s})
+    await configure(client, s, {"blocks": [{"kind": "writable", "label": "memory"}]})
+    msg = {"id": "m1", "role": "user", "parts": [{"type": "text", "text": "hello"}]}
+    await client.post(f"/v1/sessions/{s}/messages", json={"message": msg})
+    r = await client.delete(f"/v1/sessions/{s}/messages")
+    assert r.status_code == 200, r.text
+    assert "prompt.rendered" not in [e["event"]["type"] for e in await events(client, s)]
+
+
+async def test_prompt_as_of_seq_is_the_one_in_force_then(client: httpx.AsyncClient) -> None:
+    s = sid()
+    await configure(client, s, {"blocks": [{"kind": "writable", "label": "memory"}]})
+    await client.put(f"/v1/sessions/{s}/context/memory", json={"content": "v1"})
+    before = await last_seq(client, s)
+    v1 = await prompt(client, s)
+    await client.put(f"/v1/sessions/{s}/context/memory", json={"content": "v2"})
+    v2 = await refresh(client, s)
+    r = await client.put(f"/v1/sessions/{s}/context/memory", json={"content": "v3"})
+    v3 = await refresh(client, s)
+    assert [v1["version"], v2["version"], v3["version"]] == [1, 2, 3]
+
+    async def as_of(seq: int) -> dict[str, Any]:
+        return await prompt(client, s, as_of_seq=seq)
+
+    assert (await as_of(before))["prompt"] is None
+    assert (await as_of(v1["seq"]))["prompt"] == block("MEMORY [writable]", "v1")
+    assert (await as_of(v2["seq"] - 1))["version"] == 1
+    assert await as_of(v2["seq"]) == {k: v2[k] for k in ("prompt", "tokens", "version", "seq")}
+    assert (await as_of(r.json()["seq"]))["prompt"] == block("MEMORY [writable]", "v2")
+    assert (await as_of(v3["seq"]))["prompt"] == block("MEMORY [writable]", "v3")
+    assert (await as_of(10**12))["version"] == 3
+    problem(await client.get(f"/v1/sessions/{s}/system-prompt", params={"as_of_seq": -1}), 422, "invalid_request")
+
+
+async def test_concurrent_first_reads_freeze_once(client: httpx.AsyncClient) -> None:
+    s = sid()
+    await configure(client, s, {"blocks": [{"kind": "readonly", "label": "soul", "content": "Be brief."}]})
+    answers = await asyncio.gather(*(prompt(client, s) for _ in range(8)))
+    assert all(a == answers[0] for a in answers)
+    assert answers[0]["version"] == 1
+    rendered = [e for e in await events(client, s) if e["event"]["type"] == "prompt.rendered"]
+    assert len(rendered) == 1
+    assert rendered[0]["seq"] == answers[0]["seq"]

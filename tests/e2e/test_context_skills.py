@@ -1,0 +1,287 @@
+"""Skills on S3 (moto) over HTTP: allowlist filtering, load/unload/reload, the history view of
+unloaded skills, and ``chronicle skills put|sync``."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from services.settings import Settings
+from tests.e2e.context_support import (
+    block,
+    configure,
+    events,
+    listed,
+    minio,
+    new_bucket,
+    prompt,
+    put_object,
+    refresh,
+    sid,
+    tool,
+)
+from tests.support import settings_env
+
+PIRATE = "# Pirate style\nSay arr — always. 🏴\u200d☠️"
+
+
+def skills_block(bucket: str, **extra: Any) -> dict[str, Any]:
+    return {"kind": "skills", "label": "skills", "description": "Loadable docs", "bucket": bucket, **extra}
+
+
+async def set_skill(client: httpx.AsyncClient, s: str, title: str, content: str, description: str | None) -> None:
+    meta = {"title": title} if description is None else {"title": title, "description": description}
+    res, _ = await tool(client, s, "set_context", {"label": "skills", "content": content, "metadata": meta})
+    assert res.startswith('Indexed "'), res
+
+
+async def unload_description(client: httpx.AsyncClient, s: str, min_seq: int) -> str:
+    r = await client.get(f"/v1/sessions/{s}/tools", params={"format": "anthropic", "min_seq": min_seq})
+    tools = {t["name"]: t for t in r.json()["tools"]}
+    description: str = tools["unload_context"]["description"]
+    return description
+
+
+def recorded_paths(api_settings: Settings, action: str) -> list[str]:
+    """Drive moto's request recorder; returns the recorded (method, path) lines on 'download'."""
+    r = httpx.post(f"http://{api_settings.s3_endpoint}/moto-api/recorder/{action}", timeout=10)
+    assert r.status_code == 200, r.text
+    if action != "download-recording":
+        return []
+    return [f"{e['method']} {e['url']}" for e in map(json.loads, r.text.splitlines()) if e]
+
+
+async def test_allowlist_filters_the_listing_and_loads(client: httpx.AsyncClient, api_settings: Settings) -> None:
+    bucket = new_bucket(api_settings)
+    s = sid()
+    await configure(
+        client, s, {"blocks": [skills_block(bucket, prefix="skills/", keys=["tax", "bank-reconciliation"])]}
+    )
+    await set_skill(client, s, "tax", "Tax doc", "Tax workflows")
+    await set_skill(client, s, "bank reconciliation", "Bank doc", "Bank reconciliation")
+    await set_skill(client, s, "hidden", "Hidden doc", "Not for this session")  # the allowlist is ignored on writes
+    put_object(api_settings, bucket, "elsewhere/tax", "outside the prefix")
+    assert minio(api_settings).stat_object(bucket, "skills/hidden").size == len(b"Hidden doc")
+
+    listing = "- bank-reconciliation: Bank reconciliation\n- tax: Tax workflows"
+    await listed(client, s, "skills", listing)
+    p = await prompt(client, s)
+    assert p["prompt"] == block("SKILLS (Loadable docs) [loadable]", listing)
+
+    recorded_paths(api_settings, "reset-recording")
+    recorded_paths(api_settings, "start-recording")
+    try:
+        hidden, _ = await tool(client, s, "load_context", {"label": "skills", "key": "hidden"})
+        tax, _ = await tool(client, s, "load_context", {"label": "skills", "key": "tax"})
+    finally:
+        recorded_paths(api_settings, "stop-recording")
+    requests = recorded_paths(api_settings, "download-recording")
+    recorded_paths(api_settings, "reset-recording")
+    assert (hidden, tax) == ("Not found: hidden", "Tax doc")
+    assert any(line.startswith("GET ") and f"/{bucket}/skills/tax" in line for line in requests), requests
+    assert not [line for line in requests if "hidden" in line]
+    loaded = [e["event"] for e in await events(client, s) if e["event"]["type"] == "skill.loaded"]
+    assert [(e["label"], e["key"]) for e in loaded] == [("skills", "tax")]
+
+
+async def test_no_or_empty_allowlist_lists_every_key(client: httpx.AsyncClient, api_settings: Settings) -> None:
+    bucket = new_bucket(api_settings)
+    no_allowlist: list[list[str] | None] = [None, []]
+    for keys in no_allowlist:
+        s = sid()
+        await configure(client, s, {"blocks": [skills_block(bucket, keys=keys)]})
+        await set_skill(client, s, "tax", "Tax doc", "Tax workflows")
+        await set_skill(client, s, "hidden", "Hidden doc", "Hidden")
+        await listed(client, s, "skills", "- hidden: Hidden\n- tax: Tax workflows")
+        assert (await prompt(client, s))["prompt"] == block(
+            "SKILLS (Loadable docs) [loadable]", "- hidden: Hidden\n- tax: Tax workflows"
+        )
+        assert (await tool(client, s, "load_context", {"label": "skills", "key": "hidden"}))[0] == "Hidden doc"
+
+
+async def test_title_doubles_as_description_and_writes_accumulate(
+    client: httpx.AsyncClient, api_settings: Settings
+) -> None:
+    bucket = new_bucket(api_settings)
+    s = sid()
+    await configure(client, s, {"blocks": [skills_block(bucket, prefix="p/")]})
+    assert (await prompt(client, s))["prompt"] == block("SKILLS (Loadable docs) [loadable]", "")
+    await set_skill(client, s, "Pirate style", PIRATE, None)
+    await set_skill(client, s, "Legal", "Be careful.", "Legal review steps")
+    await listed(client, s, "skills", "- legal: Legal review steps\n- pirate-style: Pirate style")
+    await set_skill(client, s, "Pirate style", PIRATE + "\nv2", "Talk like a pirate")  # same key: replaced
+    listing = "- legal: Legal review steps\n- pirate-style: Talk like a pirate"
+    await listed(client, s, "skills", listing)
+    p = await refresh(client, s)
+    assert p["prompt"] == block("SKILLS (Loadable docs) [loadable]", listing)
+    stat = minio(api_settings).stat_object(bucket, "p/pirate-style")
+    assert {k.lower(): v for k, v in (stat.metadata or {}).items()}["x-amz-meta-description"] == "Talk like a pirate"
+    res, _ = await tool(client, s, "load_context", {"label": "skills", "key": "pirate-style"})
+    assert res == PIRATE + "\nv2"
+
+
+async def test_load_unload_reload(client: httpx.AsyncClient, api_settings: Settings) -> None:
+    bucket = new_bucket(api_settings)
+    s = sid()
+    await configure(client, s, {"blocks": [skills_block(bucket, prefix="skills/", keys=["pirate", "gone"])]})
+    await set_skill(client, s, "pirate", PIRATE, "Talk like a pirate")
+    await set_skill(client, s, "gone", "soon deleted", "Gone")
+    minio(api_settings).remove_object(bucket, "skills/gone")
+
+    assert (await tool(client, s, "load_context", {"label": "skills", "key": "gone"}))[0] == "Not found: gone"
+    assert (await tool(client, s, "load_context", {"label": "skills", "key": "never"}))[0] == "Not found: never"
+    res, seq = await tool(client, s, "load_context", {"label": "skills", "key": "pirate"})
+    assert res == PIRATE
+    assert (await unload_description(client, s, seq)).endswith(" Currently loaded: skills:pirate.")
+
+    res, seq = await tool(client, s, "unload_context", {"label": "skills", "key": "pirate"})
+    assert res == 'Unloaded "pirate" from skills. Context reclaimed.'
+    assert (await unload_description(client, s, seq)).endswith(" No skills currently loaded.")
+    res, _ = await tool(client, s, "unload_context", {"label": "skills", "key": "pirate"})
+    assert res == 'Skill "pirate" is not currently loaded in "skills".'
+
+    res, seq = await tool(client, s, "load_context", {"label": "skills", "key": "pirate"})
+    assert res == PIRATE
+    assert (await unload_description(client, s, seq)).endswith(" Currently loaded: skills:pirate.")
+    kinds = [(e["event"]["type"], e["event"].get("key")) for e in await events(client, s)]
+    assert [k for k in kinds if k[0] in ("skill.loaded", "skill.unloaded")] == [
+        ("skill.loaded", "pirate"),
+        ("skill.unloaded", "pirate"),
+        ("skill.loaded", "pirate"),
+    ]
+
+
+def load_part(call: str, key: str, output: str) -> dict[str, Any]:
+    return {
+        "type": "tool-load_context",
+        "toolCallId": call,
+        "state": "output-available",
+        "input": {"label": "skills", "key": key},
+        "output": output,
+    }
+
+
+async def history_parts(client: httpx.AsyncClient, s: str, min_seq: int) -> dict[str, list[dict[str, Any]]]:
+    r = await client.get(f"/v1/sessions/{s}/history", params={"min_seq": min_seq})
+    assert r.status_code == 200, r.text
+    return {m["id"]: m["parts"] for m in r.json()["messages"]}
+
+
+async def test_history_view_shows_unloaded_skills(client: httpx.AsyncClient, api_settings: Settings) -> None:
+    bucket = new_bucket(api_settings)
+    s = sid()
+    assert (await client.post("/v1/sessions", json={"id": s})).status_code == 201
+    await configure(client, s, {"blocks": [skills_block(bucket)]})
+    await set_skill(client, s, "pirate", PIRATE, "Talk like a pirate")
+    await set_skill(client, s, "tax", "Tax doc", "Tax")
+
+    user = {"id": "u1", "role": "user", "parts": [{"type": "text", "text": "talk like a pirate"}]}
+    assert (await client.post(f"/v1/sessions/{s}/messages", json={"message": user})).status_code == 201
+    doc, _ = await tool(client, s, "load_context", {"label": "skills", "key": "pirate"})
+    tax, _ = await tool(client, s, "load_context", {"label": "skills", "key": "tax"})
+    a1 = {
+        "id": "a1",
+        "role": "assistant",
+        "parts": [
+            {"type": "text", "text": "Loading"},
+            load_part("c1", "pirate", doc),
+            load_part("c2", "tax", tax),
+        ],
+    }
+    assert (await client.post(f"/v1/sessions/{s}/messages", json={"message": a1})).status_code == 201
+
+    res, seq = await tool(client, s, "unload_context", {"label": "skills", "key": "pirate"})
+    assert res == 'Unloaded "pirate" from skills. Context reclaimed.'
+    parts = (await history_parts(client, s, seq))["a1"]
+    assert parts[1] == {**load_part("c1", "pirate", doc), "output": "[skill unloaded: pirate]"}
+    assert parts[2] == load_part("c2", "tax", "Tax doc")
+    assert parts[0] == {"type": "text", "text": "Loading"}
+
+    # the log keeps the original tool output
+    appended = [e["event"] for e in await events(client, s) if e["event"]["type"] == "message.appended"]
+    assert appended[-1]["message"]["parts"][1]["output"] == PIRATE
+    unloaded = [e["event"] for e in await events(client, s) if e["event"]["type"] == "skill.unloaded"]
+    assert [(e["key"], e["message_id"], e["tool_call_id"]) for e in unloaded] == [("pirate", "a1", "c1")]
+
+    # reload, a second output, unload again: both outputs read as unloaded
+    again, _ = await tool(client, s, "load_context", {"label": "skills", "key": "pirate"})
+    a2 = {"id": "a2", "role": "assistant", "parts": [load_part("c3", "pirate", again)]}
+    assert (await client.post(f"/v1/sessions/{s}/messages", json={"message": a2})).status_code == 201
+    _, seq = await tool(client, s, "unload_context", {"label": "skills", "key": "pirate"})
+    parts_by_id = await history_parts(client, s, seq)
+    assert parts_by_id["a1"][1]["output"] == "[skill unloaded: pirate]"
+    assert parts_by_id["a2"][0]["output"] == "[skill unloaded: pirate]"
+    assert parts_by_id["u1"] == user["parts"]
+
+
+async def test_clear_forgets_loaded_skills(client: httpx.AsyncClient, api_settings: Settings) -> None:
+    bucket = new_bucket(api_settings)
+    s = sid()
+    assert (await client.post("/v1/sessions", json={"id": s})).status_code == 201
+    await configure(client, s, {"blocks": [skills_block(bucket)]})
+    await set_skill(client, s, "pirate", PIRATE, "Talk like a pirate")
+    msg = {"id": "m1", "role": "user", "parts": [{"type": "text", "text": "hi"}]}
+    await client.post(f"/v1/sessions/{s}/messages", json={"message": msg})
+    _, seq = await tool(client, s, "load_context", {"label": "skills", "key": "pirate"})
+    assert (await unload_description(client, s, seq)).endswith("Currently loaded: skills:pirate.")
+    r = await client.delete(f"/v1/sessions/{s}/messages")
+    assert (await unload_description(client, s, r.json()["seq"])).endswith("No skills currently loaded.")
+
+
+def chronicle(settings: Settings, *args: str) -> str:
+    done = subprocess.run(
+        [sys.executable, "-m", "services.cli", "skills", *args],
+        env=settings_env(settings),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+async def test_cli_put_and_sync(client: httpx.AsyncClient, api_settings: Settings, tmp_path: Path) -> None:
+    bucket = new_bucket(api_settings)
+    s = sid()
+    await configure(client, s, {"blocks": [skills_block(bucket, prefix="skills/")]})
+    doc = tmp_path / "tax.md"
+    doc.write_text("# Tax\nFile by April — 日本", encoding="utf-8")
+
+    out = chronicle(
+        api_settings, "put", str(doc), "--bucket", bucket, "--key", "skills/tax", "--description", "Tax workflows",
+        "--tenant", "tenant-a",
+    )  # fmt: skip
+    assert out.startswith(f"stored {bucket}/skills/tax ({len(doc.read_bytes())} bytes); recorded at sequence ")
+    await listed(client, s, "skills", "- tax: Tax workflows")
+    assert (await prompt(client, s))["prompt"] == block("SKILLS (Loadable docs) [loadable]", "- tax: Tax workflows")
+    assert (await tool(client, s, "load_context", {"label": "skills", "key": "tax"}))[0] == doc.read_text("utf-8")
+
+    # uploaded out of band: invisible until synced
+    put_object(api_settings, bucket, "skills/direct", "Direct doc", description="Direct upload")
+    put_object(api_settings, bucket, "skills/plain", "Plain doc")
+    put_object(api_settings, bucket, "other/x", "outside the prefix", description="Other")
+    assert (await refresh(client, s))["prompt"] == block("SKILLS (Loadable docs) [loadable]", "- tax: Tax workflows")
+    out = chronicle(api_settings, "sync", "--bucket", bucket, "--prefix", "skills/", "--tenant", "tenant-a")
+    assert out.strip() == "indexed 2, removed 0, unchanged 1"
+    listing = "- direct: Direct upload\n- plain\n- tax: Tax workflows"
+    await listed(client, s, "skills", listing)
+    assert (await refresh(client, s))["prompt"] == block("SKILLS (Loadable docs) [loadable]", listing)
+
+    # removed out of band: gone after the next sync; a second sync changes nothing
+    minio(api_settings).remove_object(bucket, "skills/plain")
+    out = chronicle(api_settings, "sync", "--bucket", bucket, "--prefix", "skills/", "--tenant", "tenant-a")
+    assert out.strip() == "indexed 0, removed 1, unchanged 2"
+    await listed(client, s, "skills", "- direct: Direct upload\n- tax: Tax workflows")
+    out = chronicle(api_settings, "sync", "--bucket", bucket, "--prefix", "skills/", "--tenant", "tenant-a")
+    assert out.strip() == "indexed 0, removed 0, unchanged 2"
+    listing = "- direct: Direct upload\n- tax: Tax workflows"
+    last = await refresh(client, s)
+    assert last["prompt"] == block("SKILLS (Loadable docs) [loadable]", listing)
+    assert last["version"] == 4
+    assert await prompt(client, s, min_seq=last["seq"]) == last  # frozen at the last refresh
