@@ -1,0 +1,114 @@
+"""Chronicle SDK: the Cloudflare Agents "Session API", in Python, backed by Chronicle.
+
+Moving an agent from the reference is a mechanical rename::
+
+    async with ChronicleClient("http://127.0.0.1:8080", api_key) as client:
+        session = (
+            Session.create(client, "chat-123")
+            .with_context("soul", provider=Readonly("You are a helpful assistant."))
+            .with_context("memory", description="Learned facts", max_tokens=1100)
+            .with_cached_prompt()
+            .compact_after(100_000)
+        )
+        await session.append_message({"id": "m1", "role": "user", "parts": [{"type": "text", "text": "Hi"}]})
+        prompt = await session.freeze_system_prompt()
+        messages = to_openai_messages(await session.get_history(), prompt)
+        tools = await session.tools()  # tools.openai(), tools.anthropic(), await tools.execute(name, args)
+
+The package imports only ``events`` (the contract), ``httpx``, ``pydantic`` and ``nats-py``.
+"""
+
+from chronicle_sdk.client import ChronicleClient, Via
+from chronicle_sdk.config import ObjectSource, Provider, Readonly, Searchable, Skills, Writable
+from chronicle_sdk.convert import to_anthropic_messages, to_openai_messages
+from chronicle_sdk.errors import (
+    BlockNotFound,
+    BudgetExceeded,
+    ChronicleError,
+    Conflict,
+    Contention,
+    InvalidConfig,
+    InvalidId,
+    InvalidRequest,
+    KeyedBlock,
+    MalformedJson,
+    MessageConflict,
+    MessageNotFound,
+    NotFound,
+    PayloadTooLarge,
+    ProjectionTimeout,
+    ReadOnlyBlock,
+    ServerError,
+    SessionExists,
+    SessionNotFound,
+    SummarizerFailed,
+    TransientError,
+    Unauthorized,
+    Unavailable,
+    UnknownParent,
+    UnknownTool,
+)
+from chronicle_sdk.manager import SessionManager, format_session_search
+from chronicle_sdk.session import Session
+from chronicle_sdk.tools import ToolDefinition, Tools
+from chronicle_sdk.types import (
+    OMITTED,
+    AppendResult,
+    Compaction,
+    ContextBlock,
+    Message,
+    SearchResult,
+    SessionInfo,
+    SystemPrompt,
+)
+
+__all__ = [
+    "OMITTED",
+    "AppendResult",
+    "BlockNotFound",
+    "BudgetExceeded",
+    "ChronicleClient",
+    "ChronicleError",
+    "Compaction",
+    "Conflict",
+    "Contention",
+    "ContextBlock",
+    "InvalidConfig",
+    "InvalidId",
+    "InvalidRequest",
+    "KeyedBlock",
+    "MalformedJson",
+    "Message",
+    "MessageConflict",
+    "MessageNotFound",
+    "NotFound",
+    "ObjectSource",
+    "PayloadTooLarge",
+    "ProjectionTimeout",
+    "Provider",
+    "ReadOnlyBlock",
+    "Readonly",
+    "SearchResult",
+    "Searchable",
+    "ServerError",
+    "Session",
+    "SessionExists",
+    "SessionInfo",
+    "SessionManager",
+    "SessionNotFound",
+    "Skills",
+    "SummarizerFailed",
+    "SystemPrompt",
+    "ToolDefinition",
+    "Tools",
+    "TransientError",
+    "Unauthorized",
+    "Unavailable",
+    "UnknownParent",
+    "UnknownTool",
+    "Via",
+    "Writable",
+    "format_session_search",
+    "to_anthropic_messages",
+    "to_openai_messages",
+]

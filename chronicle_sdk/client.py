@@ -1,0 +1,468 @@
+"""The connection to Chronicle: HTTP with retries and read-your-writes, plus the direct JetStream path."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, Literal, Self
+
+import httpx
+from pydantic import ValidationError
+
+from chronicle_sdk.errors import (
+    ChronicleError,
+    Contention,
+    InvalidId,
+    InvalidRequest,
+    NotFound,
+    PayloadTooLarge,
+    SessionNotFound,
+    TransientError,
+    Unavailable,
+    UnknownParent,
+    error_from_problem,
+)
+from chronicle_sdk.types import OMITTED, AppendResult, Message, ParentId
+from events import ids
+from events.messages import UIMessage, body_hash, canonical_json
+from events.subjects import DEFAULT_PREFIX, DEFAULT_STREAM, SubjectLayout
+
+if TYPE_CHECKING:
+    from nats.aio.client import Client as NatsClient
+
+    from chronicle_sdk.manager import SessionManager
+    from chronicle_sdk.session import Session
+    from events.objectstore import JetStreamBlobStore
+    from events.publisher import Publisher
+
+Via = Literal["http", "jetstream"]
+_NOT_FOUND_CODES = frozenset({"message_not_found", "session_not_found", "not_found"})
+
+
+@dataclass(slots=True)
+class _Direct:
+    nc: NatsClient
+    publisher: Publisher
+    blobs: JetStreamBlobStore
+
+
+def _check_session_id(session_id: str) -> str:
+    try:
+        return ids.check_session(session_id)
+    except ids.InvalidId as exc:
+        raise InvalidId(str(exc), status=422) from exc
+
+
+def _check_message_id(message_id: str) -> str:
+    try:
+        return ids.check_message_id(message_id)
+    except ids.InvalidId as exc:
+        raise InvalidId(str(exc), status=422) from exc
+
+
+def _check_message(message: Mapping[str, Any]) -> Message:
+    """Validate the ``UIMessage`` shape as the server does; the dict is sent as it is."""
+    try:
+        UIMessage.model_validate(message)
+    except ValidationError as exc:
+        detail = "; ".join(
+            f"message.{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors(include_url=False)
+        )
+        raise InvalidRequest(detail, status=422) from exc
+    return dict(message)
+
+
+class ChronicleClient:
+    """An async client for one Chronicle API (one tenant, selected by ``api_key``).
+
+    * Retries transient failures (connection errors, 502/503/504, ``projection_timeout``,
+      ``contention``) with exponential backoff and jitter, at most ``retries`` times. Requests
+      that are not idempotent are retried only when nothing can have been written.
+    * Read-your-writes: remembers the ``seq`` of its last write per session and sends it as
+      ``min_seq`` on every read of that session (tenant-wide reads send the highest one).
+    * Direct path: with ``nats_url`` and ``tenant`` (which must be the tenant of ``api_key``)
+      and the server's stream settings, appends can be published straight to JetStream with the
+      ``events`` publisher (``append_via="jetstream"`` or ``via=`` per call).
+
+    Use it as an async context manager, or call :meth:`aclose`.
+    """
+
+    def __init__(
+        self,
+        base_url: str,
+        api_key: str,
+        *,
+        nats_url: str | None = None,
+        tenant: str | None = None,
+        stream: str = DEFAULT_STREAM,
+        subject_prefix: str = DEFAULT_PREFIX,
+        partitions: int = 16,
+        blob_bucket: str = "chronicle-blobs",
+        payload_limit_bytes: int = 256 * 1024,
+        max_message_bytes: int = 32 * 1024 * 1024,
+        append_via: Via = "http",
+        timeout_s: float = 30.0,
+        retries: int = 4,
+        backoff_s: float = 0.1,
+        max_backoff_s: float = 2.0,
+        conflict_attempts: int = 100,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
+        if append_via == "jetstream" and (nats_url is None or tenant is None):
+            raise ValueError("append_via='jetstream' needs nats_url and tenant")
+        self.base_url = base_url.rstrip("/")
+        self.tenant = ids.check_tenant(tenant) if tenant is not None else None
+        self.nats_url = nats_url
+        self.layout = SubjectLayout(stream=stream, prefix=subject_prefix, partitions=partitions)
+        self.append_via: Via = append_via
+        self._blob_bucket = blob_bucket
+        self._payload_limit = payload_limit_bytes
+        self._max_message = max_message_bytes
+        self._retries = max(0, retries)
+        self._backoff = backoff_s
+        self._max_backoff = max_backoff_s
+        self._conflict_attempts = max(1, conflict_attempts)
+        self._http = httpx.AsyncClient(
+            base_url=self.base_url,
+            headers={"Authorization": f"Bearer {api_key}", "Accept": "application/json"},
+            timeout=timeout_s,
+            transport=transport,
+        )
+        self._seqs: dict[str, int] = {}
+        self._direct: _Direct | None = None
+        self._direct_lock = asyncio.Lock()
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        """Close the HTTP client and, if it was opened, the NATS connection."""
+        await self._http.aclose()
+        if self._direct is not None:
+            direct, self._direct = self._direct, None
+            await direct.nc.drain()
+
+    # -- factories --------------------------------------------------------------------------
+
+    def session(self, session_id: str) -> Session:
+        """``Session.create(self, session_id)``: a session builder bound to this client."""
+        from chronicle_sdk.session import Session
+
+        return Session.create(self, session_id)
+
+    def manager(self) -> SessionManager:
+        """A :class:`~chronicle_sdk.SessionManager` on this client."""
+        from chronicle_sdk.manager import SessionManager
+
+        return SessionManager(self)
+
+    # -- read-your-writes -------------------------------------------------------------------
+
+    def last_seq(self, session_id: str | None = None) -> int:
+        """The highest write ``seq`` seen for a session (``None``: for any session); 0 if none."""
+        if session_id is None:
+            return max(self._seqs.values(), default=0)
+        return self._seqs.get(session_id, 0)
+
+    def note_seq(self, session_id: str, seq: Any) -> None:
+        """Remember a write's ``seq`` so that later reads of ``session_id`` wait for it."""
+        if isinstance(seq, int) and not isinstance(seq, bool) and seq > self._seqs.get(session_id, 0):
+            self._seqs[session_id] = seq
+
+    # -- HTTP -------------------------------------------------------------------------------
+
+    def _delay(self, attempt: int) -> float:
+        return float(min(self._max_backoff, self._backoff * 2**attempt) * (0.5 + random.random()))  # noqa: S311
+
+    async def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        params: Mapping[str, Any] | Sequence[tuple[str, Any]] | None = None,
+        body: Any = OMITTED,
+        session: str | None = None,
+        tenant_wide: bool = False,
+        idempotent: bool | None = None,
+    ) -> Any:
+        """Send one API request and return its decoded JSON (or text for NDJSON).
+
+        ``session`` makes a GET wait for this client's last write to that session (``min_seq``);
+        ``tenant_wide`` waits for its last write to any session. ``idempotent`` (default: every
+        method but POST) allows retrying after failures that may have reached the server.
+        Errors are raised as typed :class:`~chronicle_sdk.ChronicleError` subclasses.
+        """
+        query: list[tuple[str, Any]] = list(params.items() if isinstance(params, Mapping) else params or [])
+        if method == "GET" and not any(k == "min_seq" for k, _ in query):
+            wait = self.last_seq(None) if tenant_wide else (self.last_seq(session) if session is not None else 0)
+            if wait:
+                query.append(("min_seq", wait))
+        safe = idempotent if idempotent is not None else method != "POST"
+        content = None if body is OMITTED else json.dumps(body, ensure_ascii=False).encode()
+        headers = {"Content-Type": "application/json"} if content is not None else None
+        for attempt in range(self._retries + 1):
+            last = attempt == self._retries
+            try:
+                resp = await self._http.request(method, path, params=query or None, content=content, headers=headers)
+            except httpx.TransportError as exc:
+                unsent = isinstance(exc, httpx.ConnectError | httpx.ConnectTimeout | httpx.PoolTimeout)
+                if (safe or unsent) and not last:
+                    await asyncio.sleep(self._delay(attempt))
+                    continue
+                raise Unavailable(f"{method} {path}: {type(exc).__name__}: {exc}", status=0) from exc
+            if resp.status_code < 400:
+                if resp.headers.get("content-type", "").startswith("application/x-ndjson"):
+                    return resp.text
+                return resp.json() if resp.content else None
+            try:
+                payload: Any = resp.json()
+            except ValueError:
+                payload = resp.text
+            err = error_from_problem(resp.status_code, payload)
+            nothing_written = err.code in ("projection_timeout", "contention")
+            if isinstance(err, TransientError) and (safe or nothing_written) and not last:
+                await asyncio.sleep(self._delay(attempt))
+                continue
+            raise err
+        raise AssertionError("unreachable")
+
+    async def get_optional(self, path: str, *, session: str | None = None, min_seq: int | None = None) -> Any:
+        """GET that answers None instead of raising for a missing session or message."""
+        params = {"min_seq": min_seq} if min_seq else None
+        try:
+            return await self.request("GET", path, params=params, session=session)
+        except NotFound as exc:
+            if exc.code in _NOT_FOUND_CODES:
+                return None
+            raise
+
+    # -- appends ----------------------------------------------------------------------------
+
+    def _via(self, via: Via | None) -> Via:
+        chosen = via or self.append_via
+        if chosen == "jetstream" and (self.nats_url is None or self.tenant is None):
+            raise ValueError("appending via JetStream needs a client built with nats_url and tenant")
+        return chosen
+
+    async def append(
+        self, session_id: str, message: Mapping[str, Any], parent_id: ParentId = OMITTED, *, via: Via | None = None
+    ) -> AppendResult:
+        """Append one message (see :meth:`chronicle_sdk.Session.append_message`)."""
+        if self._via(via) == "jetstream":
+            return await self._append_direct(session_id, message, parent_id)
+        return await self._append_http(session_id, message, parent_id)
+
+    async def append_chain(
+        self,
+        session_id: str,
+        messages: Sequence[Mapping[str, Any]],
+        parent_id: str | None = None,
+        *,
+        via: Via | None = None,
+    ) -> list[AppendResult]:
+        """Append ``messages`` as one chain under ``parent_id`` (``None``: a new root chain)."""
+        if not messages:
+            return []
+        if self._via(via) == "jetstream":
+            return await self._append_chain_direct(session_id, messages, parent_id)
+        results: list[AppendResult] = []
+        parent: str | None = parent_id
+        for message in messages:
+            results.append(await self._append_http(session_id, message, parent))
+            parent = str(message["id"])
+        return results
+
+    def _path(self, session_id: str, tail: str = "") -> str:
+        return f"/v1/sessions/{quote(session_id)}{tail}"
+
+    async def _append_http(self, session_id: str, message: Mapping[str, Any], parent: ParentId) -> AppendResult:
+        body: dict[str, Any] = {"message": dict(message)}
+        if parent is not OMITTED:
+            body["parent_id"] = parent
+        # idempotent by message id: the same body again answers like the first append
+        out = await self.request(
+            "POST", self._path(session_id, "/messages"), body=body, session=session_id, idempotent=True
+        )
+        self.note_seq(session_id, out["seq"])
+        return AppendResult(str(out["id"]), out.get("parent_id"), int(out["seq"]), bool(out.get("created", True)))
+
+    # -- direct JetStream path --------------------------------------------------------------
+
+    async def _connect_direct(self) -> _Direct:
+        async with self._direct_lock:
+            if self._direct is None:
+                import nats
+
+                from events.objectstore import JetStreamBlobStore
+                from events.publisher import Publisher
+
+                assert self.nats_url is not None
+                try:
+                    nc = await nats.connect(self.nats_url, connect_timeout=5, max_reconnect_attempts=5)
+                except Exception as exc:
+                    raise Unavailable(f"cannot connect to NATS at {self.nats_url}: {exc}") from exc
+                js = nc.jetstream()
+                self._direct = _Direct(nc, Publisher(js, self.layout), JetStreamBlobStore(js, self._blob_bucket))
+            return self._direct
+
+    async def _pack(self, direct: _Direct, message: Mapping[str, Any]) -> tuple[Message, dict[str, Any]]:
+        from events.bodies import pack_body
+
+        body = _check_message(message)
+        size = len(canonical_json(body))
+        if size > self._max_message:
+            raise PayloadTooLarge(f"message is {size} bytes; the limit is {self._max_message}", status=413)
+        return body, await pack_body(body, direct.blobs, self._payload_limit)
+
+    async def _live_state(self, session_id: str, last: int) -> None:
+        """Raise :class:`SessionNotFound` when the session has events but no live registry row (deleted)."""
+        if last and await self.get_optional(self._path(session_id), min_seq=last) is None:
+            raise SessionNotFound(f"session {session_id!r} was deleted", status=404)
+
+    async def _has_message(self, session_id: str, message_id: str, last: int) -> bool:
+        if not last:
+            return False
+        found = await self.get_optional(self._path(session_id, f"/messages/{quote(message_id)}"), min_seq=last)
+        return found is not None
+
+    async def _publish(self, direct: _Direct, event: Any, expected: int | None) -> int | None:
+        """Publish; the stream seq, or None on a concurrency conflict."""
+        from events.publisher import ConcurrencyConflict, PublishFailed
+
+        try:
+            return (await direct.publisher.publish(event, expected_last_subject_seq=expected)).seq
+        except ConcurrencyConflict:
+            return None
+        except PublishFailed as exc:
+            raise Unavailable(str(exc)) from exc
+
+    async def _conflict_pause(self, attempt: int) -> None:
+        await asyncio.sleep(random.uniform(0, 0.002 * min(attempt + 1, 10)))  # noqa: S311
+
+    async def _append_direct(self, session_id: str, message: Mapping[str, Any], parent: ParentId) -> AppendResult:
+        """The server's append decision, made here, published with optimistic concurrency."""
+        from events.catalog import MessageAppended
+
+        _check_session_id(session_id)
+        direct = await self._connect_direct()
+        body, packed = await self._pack(direct, message)
+        message_id = str(body["id"])
+        if isinstance(parent, str):
+            parent = _check_message_id(parent)
+        tenant = self.tenant
+        assert tenant is not None
+        for attempt in range(self._conflict_attempts):
+            last = await direct.publisher.last_subject_seq(tenant, session_id)
+
+            async def parent_state(last: int = last) -> Any:
+                """The latest leaf (omitted parent) or whether the named parent exists."""
+                if parent is OMITTED:
+                    return await self.get_optional(self._path(session_id, "/leaf"), min_seq=last) if last else None
+                if isinstance(parent, str):
+                    return await self._has_message(session_id, parent, last)
+                return None
+
+            checks = await asyncio.gather(
+                self._live_state(session_id, last),
+                self._has_message(session_id, message_id, last),
+                parent_state(),
+            )
+            if checks[1]:
+                # the id exists: the server answers the idempotent repeat (or the conflict)
+                return await self._append_http(session_id, message, parent)
+            pid: str | None
+            if parent is OMITTED:
+                leaf = checks[2]
+                pid = leaf.get("leaf_id") if isinstance(leaf, dict) else None
+            elif parent is None:
+                pid = None
+            else:
+                if not checks[2]:
+                    raise UnknownParent(f"parent message {parent!r} is not in this session", status=422)
+                pid = str(parent)
+            event = MessageAppended(tenant=tenant, session=session_id, message_id=message_id, parent_id=pid, **packed)
+            seq = await self._publish(direct, event, last)
+            if seq is None:
+                await self._conflict_pause(attempt)
+                continue
+            self.note_seq(session_id, seq)
+            return AppendResult(message_id, pid, seq, True)
+        raise Contention(f"gave up after {self._conflict_attempts} conflicting attempts", status=503)
+
+    async def _append_chain_direct(
+        self, session_id: str, messages: Sequence[Mapping[str, Any]], parent_id: str | None
+    ) -> list[AppendResult]:
+        """A chain pipelined with ``Publisher.publish_many``; the first event is conditional.
+
+        Event ids are derived from (tenant, session, message, parent, body), so re-running a
+        failed bulk call inside the stream's duplicate window appends nothing twice; an id that
+        is already stored keeps its first body (the projection ignores the repeat), as the
+        reference's ``appendAll`` does.
+        """
+        from events.catalog import MessageAppended
+
+        _check_session_id(session_id)
+        direct = await self._connect_direct()
+        tenant = self.tenant
+        assert tenant is not None
+        if parent_id is not None:
+            parent_id = _check_message_id(parent_id)
+        events: list[MessageAppended] = []
+        results: list[tuple[str, str | None]] = []
+        parent = parent_id
+        for message in messages:
+            body, packed = await self._pack(direct, message)
+            mid = str(body["id"])
+            key = f"chronicle:sdk:append:{tenant}:{session_id}:{mid}:{parent}:{body_hash(body)}"
+            event_id = str(uuid.uuid5(uuid.NAMESPACE_URL, key))
+            events.append(
+                MessageAppended(
+                    id=event_id, tenant=tenant, session=session_id, message_id=mid, parent_id=parent, **packed
+                )
+            )
+            results.append((mid, parent))
+            parent = mid
+        for attempt in range(self._conflict_attempts):
+            last = await direct.publisher.last_subject_seq(tenant, session_id)
+            _, parent_found = await asyncio.gather(
+                self._live_state(session_id, last),
+                self._has_message(session_id, parent_id, last) if parent_id is not None else _none(),
+            )
+            if parent_id is not None and not parent_found:
+                raise UnknownParent(f"parent message {parent_id!r} is not in this session", status=422)
+            first = await self._publish(direct, events[0], last)
+            if first is None:
+                await self._conflict_pause(attempt)
+                continue
+            seqs = [first]
+            try:
+                seqs += [p.seq for p in await direct.publisher.publish_many(events[1:])]
+            except Exception as exc:
+                raise Unavailable(f"bulk publish failed: {exc}") from exc
+            self.note_seq(session_id, max(seqs))
+            return [AppendResult(mid, pid, seq, True) for (mid, pid), seq in zip(results, seqs, strict=True)]
+        raise Contention(f"gave up after {self._conflict_attempts} conflicting attempts", status=503)
+
+
+async def _none() -> None:
+    return None
+
+
+def quote(value: str) -> str:
+    """An id as one URL path segment."""
+    from urllib.parse import quote as _q
+
+    return _q(value, safe="")
+
+
+__all__ = ["ChronicleClient", "ChronicleError", "Via"]

@@ -1,0 +1,264 @@
+"""Typed exceptions, one per stable problem ``code`` of the Chronicle HTTP API.
+
+Every error the SDK raises is a :class:`ChronicleError` carrying the server's ``code``,
+HTTP ``status`` and ``detail`` (the server's message). Errors are grouped by what a caller
+usually does about them: :class:`Conflict` (409), :class:`NotFound` (404),
+:class:`InvalidRequest` (422/400/413: fix the request) and :class:`TransientError` (the SDK
+already retried, with backoff, before raising it).
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+
+class ChronicleError(Exception):
+    """Base of every SDK error: ``code`` (stable), ``status`` (HTTP; 0 when no answer came) and ``detail``."""
+
+    default_code: ClassVar[str] = "internal_error"
+
+    def __init__(
+        self, detail: str = "", *, code: str | None = None, status: int = 0, problem: dict[str, Any] | None = None
+    ) -> None:
+        self.code = code or self.default_code
+        self.status = status
+        self.detail = detail or self.code
+        self.problem: dict[str, Any] = problem or {}
+        super().__init__(self.detail)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(code={self.code!r}, status={self.status}, detail={self.detail!r})"
+
+
+class Conflict(ChronicleError):
+    """409: the request contradicts stored state (base of every 409 error)."""
+
+    default_code = "conflict"
+
+
+class NotFound(ChronicleError):
+    """404: something named in the request does not exist (base of every 404 error)."""
+
+    default_code = "not_found"
+
+
+class InvalidRequest(ChronicleError):
+    """422/400: the request is not valid; sending it again will fail again."""
+
+    default_code = "invalid_request"
+
+
+class TransientError(ChronicleError):
+    """A failure that may pass (connection, 502/503/504); raised only after the bounded retries."""
+
+    default_code = "unavailable"
+
+
+class Unauthorized(ChronicleError):
+    """401: missing or unknown API key."""
+
+    default_code = "unauthorized"
+
+
+class UnknownParent(InvalidRequest):
+    """``parent_id`` names a message that is not in this session (the reference silently made a root)."""
+
+    default_code = "unknown_parent"
+
+
+class MessageConflict(Conflict):
+    """A different message with this id is already stored (the same body again is an idempotent no-op)."""
+
+    default_code = "message_conflict"
+
+
+class SessionExists(Conflict):
+    """A session with this id already exists (deleted sessions keep their id)."""
+
+    default_code = "session_exists"
+
+
+class ReadOnlyBlock(Conflict):
+    """The context block is read-only (reference: ``Block "<l>" is readonly``)."""
+
+    default_code = "readonly_block"
+
+
+class KeyedBlock(Conflict):
+    """The block holds keyed entries (skills, searchable); write them with the ``set_context`` tool."""
+
+    default_code = "keyed_block"
+
+
+class SessionNotFound(NotFound):
+    """The session does not exist or was deleted."""
+
+    default_code = "session_not_found"
+
+
+class MessageNotFound(NotFound):
+    """The message is not in this session."""
+
+    default_code = "message_not_found"
+
+
+class BlockNotFound(NotFound):
+    """No context block with this label (reference: ``Block "<l>" not found``)."""
+
+    default_code = "block_not_found"
+
+
+class UnknownTool(NotFound):
+    """No tool of this name for this session."""
+
+    default_code = "unknown_tool"
+
+
+class BudgetExceeded(InvalidRequest):
+    """The block would exceed its ``max_tokens`` (reference: ``Block "<l>" exceeds maxTokens: n > max``)."""
+
+    default_code = "budget_exceeded"
+
+
+class InvalidConfig(InvalidRequest):
+    """The session config is not valid (for example a skills bucket that does not exist)."""
+
+    default_code = "invalid_config"
+
+
+class InvalidId(InvalidRequest):
+    """A session or message id is empty, too long or holds refused characters."""
+
+    default_code = "invalid_id"
+
+
+class MalformedJson(InvalidRequest):
+    """The request body is not valid JSON."""
+
+    default_code = "malformed_json"
+
+
+class PayloadTooLarge(InvalidRequest):
+    """The message is larger than the server's ``max_message_bytes``."""
+
+    default_code = "payload_too_large"
+
+
+class ProjectionTimeout(TransientError):
+    """The read model did not catch up with ``min_seq`` in time."""
+
+    default_code = "projection_timeout"
+
+
+class Contention(TransientError):
+    """Too many concurrent writers on one session; nothing was written."""
+
+    default_code = "contention"
+
+
+class Unavailable(TransientError):
+    """A backing service (NATS, Postgres, object storage) is unavailable, or the connection failed."""
+
+    default_code = "unavailable"
+
+
+class SummarizerFailed(ChronicleError):
+    """The summarizer failed during ``compact()``; the failure is recorded and the session is unchanged."""
+
+    default_code = "summarizer_failed"
+
+
+class ServerError(ChronicleError):
+    """An unexpected server error (500)."""
+
+    default_code = "internal_error"
+
+
+BY_CODE: dict[str, type[ChronicleError]] = {
+    cls.default_code: cls
+    for cls in (
+        Unauthorized,
+        UnknownParent,
+        MessageConflict,
+        SessionExists,
+        ReadOnlyBlock,
+        KeyedBlock,
+        SessionNotFound,
+        MessageNotFound,
+        BlockNotFound,
+        UnknownTool,
+        BudgetExceeded,
+        InvalidConfig,
+        InvalidId,
+        MalformedJson,
+        PayloadTooLarge,
+        ProjectionTimeout,
+        Contention,
+        Unavailable,
+        SummarizerFailed,
+        InvalidRequest,
+        NotFound,
+        ServerError,
+    )
+}
+BY_CODE["object_storage"] = Unavailable
+
+BY_STATUS: dict[int, type[ChronicleError]] = {
+    400: InvalidRequest,
+    401: Unauthorized,
+    404: NotFound,
+    409: Conflict,
+    413: PayloadTooLarge,
+    422: InvalidRequest,
+    500: ServerError,
+    502: TransientError,
+    503: Unavailable,
+    504: TransientError,
+}
+
+TRANSIENT_STATUS = frozenset({502, 503, 504})
+
+
+def error_from_problem(status: int, body: Any) -> ChronicleError:
+    """The typed error for an HTTP error answer (``application/problem+json`` or anything else)."""
+    problem = body if isinstance(body, dict) else {}
+    code = problem.get("code") if isinstance(problem.get("code"), str) else None
+    detail = problem.get("detail") if isinstance(problem.get("detail"), str) else None
+    if detail is None:
+        detail = problem.get("title") if isinstance(problem.get("title"), str) else None
+    cls = BY_CODE.get(code or "")
+    if cls is None:
+        cls = BY_STATUS.get(status) or (TransientError if status >= 500 else ChronicleError)
+    text = detail if detail is not None else (body if isinstance(body, str) and body else f"HTTP {status}")
+    return cls(str(text), code=code or cls.default_code, status=status, problem=problem)
+
+
+__all__ = [
+    "BY_CODE",
+    "BlockNotFound",
+    "BudgetExceeded",
+    "ChronicleError",
+    "Conflict",
+    "Contention",
+    "InvalidConfig",
+    "InvalidId",
+    "InvalidRequest",
+    "KeyedBlock",
+    "MalformedJson",
+    "MessageConflict",
+    "MessageNotFound",
+    "NotFound",
+    "PayloadTooLarge",
+    "ProjectionTimeout",
+    "ReadOnlyBlock",
+    "ServerError",
+    "SessionExists",
+    "SessionNotFound",
+    "SummarizerFailed",
+    "TransientError",
+    "Unauthorized",
+    "Unavailable",
+    "UnknownParent",
+    "UnknownTool",
+    "error_from_problem",
+]

@@ -1,0 +1,240 @@
+"""``SessionManager``: the registry of many sessions, cross-session search and ``session_search``."""
+
+from __future__ import annotations
+
+import builtins
+import uuid
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from chronicle_sdk.config import ConfigBuilder
+from chronicle_sdk.errors import ChronicleError, SessionExists
+from chronicle_sdk.session import Session, _q
+from chronicle_sdk.tools import SESSION_SEARCH, Tools
+from chronicle_sdk.types import OMITTED, Compaction, Message, ParentId, SearchResult, SessionInfo
+
+if TYPE_CHECKING:
+    from chronicle_sdk.client import ChronicleClient, Via
+
+NO_RESULTS = "No results found."
+
+
+def format_session_search(results: Sequence[SearchResult]) -> str:
+    """The reference's ``session_search`` text: ``[role] content`` joined by ``\\n---\\n``, or ``No results found.``."""
+    if not results:
+        return NO_RESULTS
+    return "\n---\n".join(f"[{r.role}] {r.content}" for r in results)
+
+
+class SessionManager(ConfigBuilder):
+    """Many sessions of one tenant (``SessionManager.create(agent)``).
+
+    The builder methods (:meth:`with_context`, :meth:`with_cached_prompt`, :meth:`compact_after`,
+    :meth:`on_compaction`, :meth:`with_searchable_history`) form a template applied to every
+    session returned by :meth:`get_session`.
+    """
+
+    def __init__(self, client: ChronicleClient) -> None:
+        super().__init__()
+        self.client = client
+        self._sessions: dict[str, Session] = {}
+
+    # -- sessions ---------------------------------------------------------------------------
+
+    def get_session(self, session_id: str) -> Session:
+        """The :class:`Session` for ``session_id`` with the manager's template, cached per manager.
+
+        Like the reference it does not check that the session is registered.
+        """
+        session = self._sessions.get(session_id)
+        if session is None:
+            session = Session(self.client, session_id)
+            session._copy_template(self)
+            self._sessions[session_id] = session
+        return session
+
+    async def create(
+        self,
+        name: str = "",
+        *,
+        id: str | None = None,
+        parent_session_id: str | None = None,
+        metadata: Mapping[str, Any] | None = None,
+        model: str | None = None,
+        source: str | None = None,
+    ) -> SessionInfo:
+        """Register a new session (``create(name, {parentSessionId, model, source})``); returns its entry.
+
+        The id is a new UUID unless given; ``model`` and ``source`` are kept in ``metadata``.
+        Raises :class:`SessionExists` for a taken id.
+        """
+        sid = id or str(uuid.uuid4())
+        meta = dict(metadata or {})
+        if model is not None:
+            meta["model"] = model
+        if source is not None:
+            meta["source"] = source
+        body: dict[str, Any] = {"id": sid, "name": name, "metadata": meta}
+        if parent_session_id is not None:
+            body["parent_session_id"] = parent_session_id
+        try:
+            out = await self.client.request("POST", "/v1/sessions", body=body, idempotent=True)
+        except SessionExists:
+            # a retried create whose first attempt succeeded: answer with what was stored
+            existing = await self.get(sid) if id is None else None
+            if existing is None or existing.name != name:
+                raise
+            return existing
+        self.client.note_seq(sid, out.get("seq"))
+        info = await self.get(sid)
+        if info is None:  # deleted in between
+            raise ChronicleError(f"session {sid!r} vanished after creation", code="session_not_found", status=404)
+        return info
+
+    async def get(self, session_id: str) -> SessionInfo | None:
+        """The registry entry, or None for an unknown or deleted session (``get(id)``)."""
+        out = await self.client.get_optional(f"/v1/sessions/{_q(session_id)}", session=session_id)
+        return SessionInfo.from_json(out) if isinstance(out, dict) else None
+
+    async def rename(self, session_id: str, name: str) -> None:
+        """Rename a session (``rename(id, name)``)."""
+        out = await self.client.request("PATCH", f"/v1/sessions/{_q(session_id)}", body={"name": name})
+        self.client.note_seq(session_id, out.get("seq"))
+
+    async def delete(self, session_id: str) -> None:
+        """Delete a session and its messages (``delete(id)``); its events stay in the log."""
+        out = await self.client.request("DELETE", f"/v1/sessions/{_q(session_id)}")
+        self.client.note_seq(session_id, out.get("seq"))
+        self._sessions.pop(session_id, None)
+
+    async def fork(
+        self,
+        session_id: str,
+        at_message_id: str,
+        new_name: str | None = None,
+        *,
+        id: str | None = None,
+    ) -> SessionInfo:
+        """A new session holding ``session_id``'s path up to ``at_message_id`` (``fork(sid, atId, name)``).
+
+        ``parent_session_id`` is the source. Unlike the reference, messages keep their ids and
+        the overlay in force is carried over (not materialised as a message), so the fork reads
+        exactly like the source branch did.
+        """
+        body: dict[str, Any] = {"at_message_id": at_message_id}
+        if new_name is not None:
+            body["name"] = new_name
+        if id is not None:
+            body["id"] = id
+        await self.get_session(session_id)._ensure_ready()
+        out = await self.client.request("POST", f"/v1/sessions/{_q(session_id)}/fork", body=body, session=session_id)
+        new_id = str(out["id"])
+        self.client.note_seq(new_id, out.get("seq"))
+        info = await self.get(new_id)
+        assert info is not None
+        return info
+
+    # -- search and tools -------------------------------------------------------------------
+
+    async def search(self, query: str, limit: int = 20) -> list[SearchResult]:
+        """Full-text search across the tenant's sessions (``search(query, {limit})``); hits carry ``session_id``."""
+        if not query.strip():
+            return []
+        out = await self.client.request("GET", "/v1/search", params={"q": query, "limit": limit}, tenant_wide=True)
+        return [SearchResult.from_json(r) for r in out.get("results", [])]
+
+    def tools(self) -> Tools:
+        """``{session_search}`` (``manager.tools()``), run here through :meth:`search` with limit 10.
+
+        Not part of ``Session.tools()``; merge them with ``await session.tools() + manager.tools()``.
+        """
+
+        async def session_search(_name: str, args: dict[str, Any]) -> str:
+            query = args.get("query")
+            if not isinstance(query, str):
+                return "Error: argument 'query' must be a string"
+            try:
+                return format_session_search(await self.search(query, limit=10))
+            except ChronicleError as exc:
+                return f"Error: {exc.detail}"
+
+        return Tools([SESSION_SEARCH], {SESSION_SEARCH.name: session_search})
+
+    # -- convenience (the reference's pass-throughs) ----------------------------------------
+
+    async def append(
+        self, session_id: str, message: Mapping[str, Any], parent_id: ParentId = OMITTED, *, via: Via | None = None
+    ) -> str:
+        """Append one message (``append(sid, msg, parentId?)``); returns its id."""
+        return (await self.get_session(session_id).append_message(message, parent_id, via=via)).id
+
+    async def upsert(self, session_id: str, message: Mapping[str, Any], parent_id: ParentId = OMITTED) -> str:
+        """Update the message if its id exists, else append it (``upsert``); returns its id."""
+        session = self.get_session(session_id)
+        if await session.get_message(str(message["id"])) is not None:
+            await session.update_message(message)
+            return str(message["id"])
+        return (await session.append_message(message, parent_id)).id
+
+    async def append_all(
+        self,
+        session_id: str,
+        messages: Sequence[Mapping[str, Any]],
+        parent_id: str | None = None,
+        *,
+        via: Via | None = None,
+    ) -> str | None:
+        """Append a chain (``appendAll``); returns the last id (None for no messages).
+
+        Each message's parent is the previous one and the first's is ``parent_id``; so, as in
+        the reference, without ``parent_id`` the batch starts a new root chain. Via JetStream
+        the batch is pipelined with ``Publisher.publish_many``.
+        """
+        results = await self.get_session(session_id).append_all(messages, parent_id, via=via)
+        return results[-1].id if results else None
+
+    async def get_history(self, session_id: str, leaf_id: str | None = None) -> list[Message]:
+        """``getHistory(sid, leafId?)``."""
+        return await self.get_session(session_id).get_history(leaf_id)
+
+    async def get_message_count(self, session_id: str) -> int:
+        """The active path length (``getMessageCount``), not the number of stored messages."""
+        return await self.get_session(session_id).get_path_length()
+
+    async def clear_messages(self, session_id: str) -> None:
+        """``clearMessages(sid)``."""
+        await self.get_session(session_id).clear_messages()
+
+    async def delete_messages(self, session_id: str, message_ids: Sequence[str]) -> list[str]:
+        """``deleteMessages(sid, ids)``; returns the ids that existed."""
+        return await self.get_session(session_id).delete_messages(message_ids)
+
+    async def get_branches(self, session_id: str, message_id: str) -> list[Message]:
+        """``getBranches(sid, messageId)``."""
+        return await self.get_session(session_id).get_branches(message_id)
+
+    async def get_compactions(self, session_id: str) -> list[Compaction]:
+        """``getCompactions(sid)``."""
+        return await self.get_session(session_id).get_compactions()
+
+    async def compact(self, session_id: str, leaf_id: str | None = None) -> Compaction | None:
+        """``compact`` on one session (see :meth:`Session.compact`)."""
+        return await self.get_session(session_id).compact(leaf_id)
+
+    async def list(self, limit: int | None = None) -> builtins.list[SessionInfo]:
+        """Live sessions, newest first (``list()``); every page unless ``limit`` is given."""
+        found: builtins.list[SessionInfo] = []
+        cursor: int | None = None
+        while True:
+            page = 200 if limit is None else min(200, limit - len(found))
+            params: dict[str, Any] = {"limit": page}
+            if cursor is not None:
+                params["cursor"] = cursor
+            out = await self.client.request("GET", "/v1/sessions", params=params, tenant_wide=True)
+            found += [SessionInfo.from_json(s) for s in out.get("sessions", [])]
+            cursor = out.get("next_cursor")
+            if cursor is None or (limit is not None and len(found) >= limit):
+                return found
+
+
+__all__ = ["NO_RESULTS", "SessionManager", "format_session_search"]

@@ -1,0 +1,375 @@
+"""``Session``: one conversation's history, context blocks, tools and frozen system prompt."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from chronicle_sdk.config import ConfigBuilder, parse_config
+from chronicle_sdk.errors import InvalidConfig
+from chronicle_sdk.tools import ToolDefinition, Tools
+from chronicle_sdk.types import (
+    OMITTED,
+    AppendResult,
+    Compaction,
+    ContextBlock,
+    Message,
+    ParentId,
+    SearchResult,
+    SystemPrompt,
+)
+
+if TYPE_CHECKING:
+    from chronicle_sdk.client import ChronicleClient, Via
+    from chronicle_sdk.config import Provider
+
+
+def _q(value: str) -> str:
+    from chronicle_sdk.client import quote
+
+    return quote(value)
+
+
+class Session(ConfigBuilder):
+    """A session, built like the reference's ``Session.create(agent).forSession(id)``.
+
+    Builder methods (:meth:`with_context`, :meth:`with_cached_prompt`, :meth:`compact_after`,
+    :meth:`on_compaction`, :meth:`with_searchable_history`) return the session; the first data
+    call sends the resulting config once (``PUT …/config``, skipped when the server already has
+    exactly this config). Builder calls after that are sent with the next data call, where the
+    reference silently ignored them. A session with no builder calls never sends a config, so it
+    keeps whatever another process configured.
+
+    Every data method is async and waits, on the server, until this client's own earlier
+    writes are visible (``min_seq``): ``append_message`` then ``get_history`` always shows the
+    message.
+    """
+
+    def __init__(self, client: ChronicleClient, session_id: str) -> None:
+        super().__init__()
+        self.client = client
+        self.id = session_id
+        self._ready_lock = asyncio.Lock()
+        self._prompt_version = 0
+        self.last_compact_reason: str | None = None
+        """Why the last :meth:`compact` compacted nothing (None after a compaction)."""
+
+    @classmethod
+    def create(cls, client: ChronicleClient, session_id: str) -> Session:
+        """A session builder for ``session_id`` (``Session.create(agent).forSession(id)``).
+
+        Nothing is sent yet; a session that was never created is created by its first write,
+        as ``forSession`` does in the reference.
+        """
+        return cls(client, session_id)
+
+    def __repr__(self) -> str:
+        return f"Session({self.id!r})"
+
+    # -- plumbing ---------------------------------------------------------------------------
+
+    def _path(self, tail: str = "") -> str:
+        return f"/v1/sessions/{_q(self.id)}{tail}"
+
+    async def _ensure_ready(self) -> None:
+        if not self._dirty:
+            return
+        async with self._ready_lock:
+            if not self._dirty:
+                return
+            wanted = self.session_config()
+            current = await self.client.request("GET", self._path("/config"), session=self.id)
+            try:
+                same = parse_config(current.get("config") if isinstance(current, dict) else None) == wanted
+            except InvalidConfig:
+                same = False
+            if not same:
+                out = await self.client.request("PUT", self._path("/config"), body=self.config_json(), session=self.id)
+                self.client.note_seq(self.id, out.get("seq"))
+            self._dirty = False
+
+    async def _get(self, tail: str, params: Mapping[str, Any] | None = None) -> Any:
+        await self._ensure_ready()
+        return await self.client.request("GET", self._path(tail), params=params, session=self.id)
+
+    async def _write(self, method: str, tail: str, body: Any = OMITTED, *, idempotent: bool | None = None) -> Any:
+        await self._ensure_ready()
+        out = await self.client.request(method, self._path(tail), body=body, session=self.id, idempotent=idempotent)
+        if isinstance(out, dict):
+            self.client.note_seq(self.id, out.get("seq"))
+        return out
+
+    # -- writes -----------------------------------------------------------------------------
+
+    async def append_message(
+        self, message: Mapping[str, Any], parent_id: ParentId = OMITTED, *, via: Via | None = None
+    ) -> AppendResult:
+        """Append a message to the tree (``appendMessage(message, parentId?)``).
+
+        ``parent_id`` omitted: attach to the latest leaf; ``None``: start a new root; an id:
+        that message, which must be in this session (else :class:`UnknownParent`; the reference
+        silently made a root). Appending the same id with the same body again is a no-op that
+        answers like the first time (``created=False``); with a different body it raises
+        :class:`MessageConflict` (the reference silently kept the first).
+
+        ``via="jetstream"`` publishes the event straight to JetStream (the client needs
+        ``nats_url`` and ``tenant``); ``"http"`` goes through the API; the default is the
+        client's ``append_via``. Both give the same result.
+        """
+        await self._ensure_ready()
+        return await self.client.append(self.id, message, parent_id, via=via)
+
+    async def append_all(
+        self, messages: Sequence[Mapping[str, Any]], parent_id: str | None = None, *, via: Via | None = None
+    ) -> list[AppendResult]:
+        """Append a chain: each message's parent is the previous one; the first's is ``parent_id``.
+
+        As the reference's ``appendAll``, without ``parent_id`` the chain starts a new root
+        (it does not attach to the latest leaf). Via JetStream the chain is pipelined with
+        ``Publisher.publish_many``.
+        """
+        await self._ensure_ready()
+        return await self.client.append_chain(self.id, messages, parent_id, via=via)
+
+    async def update_message(self, message: Mapping[str, Any]) -> int:
+        """Replace a stored message by its ``id`` (``updateMessage``); returns the event ``seq``.
+
+        Raises :class:`MessageNotFound` for an unknown id (the reference: a silent no-op).
+        """
+        body = {"message": dict(message)}
+        out = await self._write("PUT", f"/messages/{_q(str(message['id']))}", body)
+        return int(out["seq"])
+
+    async def delete_messages(self, message_ids: Sequence[str]) -> list[str]:
+        """Delete messages (``deleteMessages``); returns the ids that existed. Children keep their parent id."""
+        if not message_ids:
+            return []
+        await self._ensure_ready()
+        out = await self.client.request(
+            "DELETE", self._path("/messages"), params=[("ids", i) for i in message_ids], session=self.id
+        )
+        self.client.note_seq(self.id, out.get("seq"))
+        return [str(i) for i in out.get("deleted", [])]
+
+    async def clear_messages(self) -> None:
+        """Delete every message (``clearMessages``); a frozen prompt is re-rendered, blocks stay."""
+        await self._write("DELETE", "/messages")
+
+    # -- history reads ----------------------------------------------------------------------
+
+    async def get_history(self, leaf_id: str | None = None, *, compacted: bool = True) -> list[Message]:
+        """Root-to-leaf path (``getHistory(leafId?)``), the latest leaf by default, overlays applied.
+
+        An unknown ``leaf_id`` gives ``[]``. ``compacted=False`` returns the raw path.
+        """
+        params: dict[str, Any] = {} if compacted else {"compacted": "false"}
+        if leaf_id is not None:
+            params["leaf_id"] = leaf_id
+        out = await self._get("/history", params)
+        return list(out.get("messages", []))
+
+    async def get_message(self, message_id: str) -> Message | None:
+        """The stored message, or None (``getMessage``)."""
+        await self._ensure_ready()
+        found = await self.client.get_optional(self._path(f"/messages/{_q(message_id)}"), session=self.id)
+        return found if isinstance(found, dict) else None
+
+    async def get_latest_leaf(self) -> Message | None:
+        """The most recently appended childless message, or None (``getLatestLeaf``)."""
+        out = await self._get("/leaf")
+        message = out.get("message") if isinstance(out, dict) else None
+        return message if isinstance(message, dict) else None
+
+    async def get_branches(self, message_id: str) -> list[Message]:
+        """Direct children of a message, oldest first (``getBranches``)."""
+        out = await self._get(f"/messages/{_q(message_id)}/children")
+        return list(out.get("messages", []))
+
+    async def get_path_length(self, leaf_id: str | None = None) -> int:
+        """Number of stored messages on the path to ``leaf_id`` (default: latest leaf), overlays not applied."""
+        out = await self._get("/path-length", {"leaf_id": leaf_id} if leaf_id is not None else None)
+        return int(out.get("length", 0))
+
+    async def search(self, query: str, limit: int = 20) -> list[SearchResult]:
+        """Full-text search in this session (``search(query, {limit})``): all words, stemmed, ranked."""
+        if not query.strip():
+            return []
+        out = await self._get("/search", {"q": query, "limit": limit})
+        return [SearchResult.from_json(r) for r in out.get("results", [])]
+
+    async def get_events(self, from_seq: int = 1, to_seq: int | None = None) -> list[dict[str, Any]]:
+        """The session's raw events ``{seq, event}``, in order, as stored in the log (audit)."""
+        params: dict[str, Any] = {"from_seq": from_seq}
+        if to_seq is not None:
+            params["to_seq"] = to_seq
+        await self._ensure_ready()
+        text = await self.client.request("GET", self._path("/events"), params=params)
+        return [json.loads(line) for line in str(text or "").splitlines() if line.strip()]
+
+    # -- compaction -------------------------------------------------------------------------
+
+    async def compact(self, leaf_id: str | None = None) -> Compaction | None:
+        """Compact the branch of ``leaf_id`` (default: latest leaf) now (``compact(leafId?)``).
+
+        Returns the new overlay, or None when there was nothing to compact (the reason is kept
+        in :attr:`last_compact_reason`). Originals are never changed; history reads apply it.
+        """
+        out = await self._write("POST", "/compact", {"leaf_id": leaf_id} if leaf_id is not None else {})
+        if not out.get("compacted"):
+            self.last_compact_reason = out.get("reason")
+            return None
+        self.last_compact_reason = None
+        return Compaction.from_json(out["overlay"])
+
+    async def get_compactions(self) -> list[Compaction]:
+        """Every overlay of the session, superseded ones included, oldest first (``getCompactions``)."""
+        out = await self._get("/compactions")
+        return [Compaction.from_json(c) for c in out.get("compactions", [])]
+
+    # -- context blocks ---------------------------------------------------------------------
+
+    async def get_context_blocks(self) -> list[ContextBlock]:
+        """Every configured block with its current content and tokens, in render order."""
+        out = await self._get("/context")
+        return [ContextBlock.from_json(b) for b in out.get("blocks", [])]
+
+    async def get_context_block(self, label: str) -> ContextBlock | None:
+        """One block by label, or None."""
+        return next((b for b in await self.get_context_blocks() if b.label == label), None)
+
+    async def replace_context_block(self, label: str, content: str) -> ContextBlock:
+        """Replace a writable block's content (``replaceContextBlock``); the frozen prompt is unchanged.
+
+        Raises :class:`ReadOnlyBlock` (read-only block), :class:`BlockNotFound` (unknown label),
+        :class:`KeyedBlock` (skills/searchable) or :class:`BudgetExceeded` (over ``max_tokens``).
+        """
+        return await self._write_block(label, content, "replace")
+
+    async def append_context_block(self, label: str, content: str) -> ContextBlock:
+        """Append to a writable block (``appendContextBlock``), joined with a newline as the reference does."""
+        return await self._write_block(label, content, "append")
+
+    async def _write_block(self, label: str, content: str, mode: str) -> ContextBlock:
+        out = await self._write(
+            "PUT", f"/context/{_q(label)}", {"content": content, "mode": mode}, idempotent=mode == "replace"
+        )
+        return ContextBlock(
+            label=str(out["label"]),
+            kind="writable",
+            description=None,
+            content=str(out["content"]),
+            tokens=int(out["tokens"]),
+            max_tokens=out.get("max_tokens"),
+            writable=True,
+        )
+
+    async def add_context(
+        self,
+        label: str,
+        description: str | None = None,
+        max_tokens: int | None = None,
+        provider: Provider | None = None,
+    ) -> None:
+        """Add a block at runtime (``addContext``); raises :class:`InvalidConfig` if the label exists.
+
+        Like the reference it does not refresh the frozen prompt.
+        """
+        await self._ensure_ready()
+        config = await self._server_config()
+        if any(b.get("label") == label for b in config["blocks"]) or config.get("searchable_history") == label:
+            raise InvalidConfig(f'Block "{label}" already exists', status=422)
+        self.with_context(label, description, max_tokens, provider)
+        config["blocks"].append(self._blocks[-1])
+        await self._put_config(config)
+
+    async def remove_context(self, label: str) -> bool:
+        """Remove a block at runtime (``removeContext``); False if there was none. History is untouched."""
+        await self._ensure_ready()
+        config = await self._server_config()
+        blocks = [b for b in config["blocks"] if b.get("label") != label]
+        removed = len(blocks) != len(config["blocks"])
+        if config.get("searchable_history") == label:
+            config.pop("searchable_history")
+            removed = True
+        if not removed:
+            return False
+        config["blocks"] = blocks
+        self._blocks = [b for b in self._blocks if b["label"] != label]
+        if self._searchable_history == label:
+            self._searchable_history = None
+        await self._put_config(config)
+        return True
+
+    async def _server_config(self) -> dict[str, Any]:
+        out = await self.client.request("GET", self._path("/config"), session=self.id)
+        config = dict(out.get("config") or {})
+        config["blocks"] = list(config.get("blocks") or [])
+        return config
+
+    async def _put_config(self, config: dict[str, Any]) -> None:
+        out = await self.client.request("PUT", self._path("/config"), body=config, session=self.id)
+        self.client.note_seq(self.id, out.get("seq"))
+        self._dirty = False
+
+    # -- system prompt ----------------------------------------------------------------------
+
+    async def get_system_prompt(self) -> SystemPrompt:
+        """The frozen prompt with its version and tokens; frozen (version 1) on first call."""
+        await self._ensure_ready()
+        delay = 0.02
+        while True:
+            out = await self.client.request("GET", self._path("/system-prompt"), session=self.id)
+            prompt = SystemPrompt(str(out["prompt"]), int(out["tokens"]), int(out["version"]), int(out["seq"]))
+            # the endpoint takes no min_seq: wait (bounded) until it shows this client's last refresh
+            if prompt.version >= self._prompt_version or delay > 5:
+                break
+            await asyncio.sleep(delay)
+            delay *= 1.5
+        self._prompt_version = max(self._prompt_version, prompt.version)
+        self.client.note_seq(self.id, prompt.seq)
+        return prompt
+
+    async def freeze_system_prompt(self) -> str:
+        """The frozen system prompt (``freezeSystemPrompt``): rendered and stored once, then the same text.
+
+        Block writes do not change it until :meth:`refresh_system_prompt`, so the provider's
+        prompt cache stays valid across turns.
+        """
+        return (await self.get_system_prompt()).prompt
+
+    async def refresh_system_prompt(self) -> str:
+        """Re-render from the current blocks and store it as the new frozen prompt (``refreshSystemPrompt``)."""
+        out = await self._write("POST", "/system-prompt:refresh", idempotent=False)
+        self._prompt_version = max(self._prompt_version, int(out["version"]))
+        return str(out["prompt"])
+
+    # -- tools ------------------------------------------------------------------------------
+
+    async def tools(self) -> Tools:
+        """The session's LLM tools (``tools()``): ``set_context``, ``load_context``, ``unload_context``,
+        ``search_context`` as the blocks call for them; empty when only read-only blocks exist.
+
+        ``execute(name, arguments)`` runs a tool on the server and returns the reference's result
+        string (``Written to memory. Usage: …``, ``Error: …``).
+        """
+        out = await self._get("/tools", {"format": "openai"})
+        definitions = [ToolDefinition.from_openai(t) for t in out.get("tools", [])]
+        return Tools(definitions, {d.name: self._execute for d in definitions})
+
+    async def _execute(self, name: str, arguments: dict[str, Any]) -> str:
+        out = await self._write("POST", f"/tools/{_q(name)}", arguments, idempotent=False)
+        return str(out["result"])
+
+    async def execute_tool(self, name: str, arguments: Any = None) -> str:
+        """Run one tool without fetching the definitions first (see :meth:`Tools.execute`)."""
+        from chronicle_sdk.tools import parse_arguments
+
+        args = parse_arguments(arguments)
+        if isinstance(args, str):
+            return args
+        return await self._execute(name, args)
+
+
+__all__ = ["Session"]

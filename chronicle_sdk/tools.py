@@ -1,0 +1,141 @@
+"""LLM tool sets: definitions for the OpenAI and Anthropic SDKs plus ``execute`` returning the result string."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Awaitable, Callable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+Executor = Callable[[str, dict[str, Any]], Awaitable[str]]
+
+
+@dataclass(frozen=True, slots=True)
+class ToolDefinition:
+    """One tool: its name, the reference's description, and the JSON schema of its arguments."""
+
+    name: str
+    description: str
+    parameters: dict[str, Any]
+
+    def openai(self) -> dict[str, Any]:
+        """The Chat Completions ``tools`` entry (``{"type": "function", "function": {...}}``)."""
+        return {
+            "type": "function",
+            "function": {"name": self.name, "description": self.description, "parameters": self.parameters},
+        }
+
+    def anthropic(self) -> dict[str, Any]:
+        """The Messages API ``tools`` entry (``{"name", "description", "input_schema"}``)."""
+        return {"name": self.name, "description": self.description, "input_schema": self.parameters}
+
+    @classmethod
+    def from_openai(cls, data: Mapping[str, Any]) -> ToolDefinition:
+        """Parse an OpenAI-format definition (as the API's ``GET …/tools?format=openai`` returns)."""
+        fn = data.get("function", data)
+        return cls(str(fn["name"]), str(fn.get("description") or ""), dict(fn.get("parameters") or {}))
+
+
+def parse_arguments(arguments: Any) -> dict[str, Any] | str:
+    """The arguments object of a tool call, or an ``Error: …`` string.
+
+    Accepts a dict, or the JSON text OpenAI puts in ``tool_calls[].function.arguments``
+    (an empty string counts as ``{}``).
+    """
+    if arguments is None:
+        return {}
+    if isinstance(arguments, str):
+        if not arguments.strip():
+            return {}
+        try:
+            arguments = json.loads(arguments)
+        except json.JSONDecodeError as exc:
+            return f"Error: tool arguments are not valid JSON: {exc.msg}"
+    if not isinstance(arguments, dict):
+        return "Error: tool arguments must be a JSON object"
+    return arguments
+
+
+class Tools:
+    """A tool set (reference ``ToolSet``): ``openai()``/``anthropic()`` definitions and ``execute``.
+
+    Empty when the session has no blocks that generate tools (the reference's ``{}``), so
+    ``if tools:`` works. Sets combine with ``+`` (``await session.tools() + manager.tools()``),
+    as callers of the reference merge ``session.tools()`` and ``manager.tools()``.
+    """
+
+    def __init__(self, definitions: list[ToolDefinition], executors: Mapping[str, Executor]) -> None:
+        self._defs = list(definitions)
+        self._exec = dict(executors)
+
+    @property
+    def definitions(self) -> list[ToolDefinition]:
+        """The tool definitions, in the server's order."""
+        return list(self._defs)
+
+    @property
+    def names(self) -> list[str]:
+        """The tool names, in order."""
+        return [d.name for d in self._defs]
+
+    def openai(self) -> list[dict[str, Any]]:
+        """Definitions for ``client.chat.completions.create(tools=...)``."""
+        return [d.openai() for d in self._defs]
+
+    def anthropic(self) -> list[dict[str, Any]]:
+        """Definitions for ``client.messages.create(tools=...)``."""
+        return [d.anthropic() for d in self._defs]
+
+    def get(self, name: str) -> ToolDefinition | None:
+        """The definition of ``name``, or None."""
+        return next((d for d in self._defs if d.name == name), None)
+
+    async def execute(self, name: str, arguments: Any = None) -> str:
+        """Run a tool with the LLM's arguments (dict or JSON text); returns the result string.
+
+        Like the reference, tool failures never raise: they come back as ``Error: …`` strings, so
+        a model's bad call cannot orphan the conversation. Transport and authentication failures
+        (after the client's retries) do raise :class:`~chronicle_sdk.ChronicleError`.
+        """
+        executor = self._exec.get(name)
+        if executor is None:
+            return f'Error: tool "{name}" is not available in this session'
+        args = parse_arguments(arguments)
+        if isinstance(args, str):
+            return args
+        return await executor(name, args)
+
+    def __add__(self, other: Tools) -> Tools:
+        names = {d.name for d in other._defs}
+        merged = [d for d in self._defs if d.name not in names] + other._defs
+        return Tools(merged, {**self._exec, **other._exec})
+
+    def __contains__(self, name: object) -> bool:
+        return any(d.name == name for d in self._defs)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.names)
+
+    def __len__(self) -> int:
+        return len(self._defs)
+
+    def __bool__(self) -> bool:
+        return bool(self._defs)
+
+    def __repr__(self) -> str:
+        return f"Tools({self.names!r})"
+
+
+SESSION_SEARCH = ToolDefinition(
+    "session_search",
+    "Search past conversations for relevant context. Searches across all sessions.",
+    {
+        "type": "object",
+        "properties": {"query": {"type": "string", "description": "Search query"}},
+        "required": ["query"],
+    },
+)
+"""The reference's ``session_search`` tool (``SessionManager.tools()``), word for word."""
+
+
+__all__ = ["SESSION_SEARCH", "ToolDefinition", "Tools", "parse_arguments"]

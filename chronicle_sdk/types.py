@@ -1,0 +1,213 @@
+"""Value types the SDK returns: plain frozen dataclasses built from the API's JSON."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, Final
+
+Message = dict[str, Any]
+"""An AI SDK ``UIMessage``: ``{"id", "role", "parts": [...], ...}``; unknown fields round-trip."""
+
+
+class _Omitted:
+    """The type of :data:`OMITTED`."""
+
+    _instance: _Omitted | None = None
+
+    def __new__(cls) -> _Omitted:
+        if cls._instance is None:
+            cls._instance = super().__new__(cls)
+        return cls._instance
+
+    def __repr__(self) -> str:
+        return "OMITTED"
+
+    def __bool__(self) -> bool:
+        return False
+
+
+OMITTED: Final = _Omitted()
+"""``parent_id=OMITTED`` (the default) attaches to the latest leaf; ``parent_id=None`` starts a new root."""
+
+ParentId = str | None | _Omitted
+
+
+def parse_time(value: Any) -> datetime | None:
+    """An ISO 8601 timestamp from the API (``Z`` accepted), or None."""
+    if not isinstance(value, str) or not value:
+        return None
+    return datetime.fromisoformat(value.replace("Z", "+00:00"))
+
+
+@dataclass(frozen=True, slots=True)
+class AppendResult:
+    """What an append did: the message id, its resolved parent, the event's ``seq``, and whether it was new."""
+
+    id: str
+    parent_id: str | None
+    seq: int
+    created: bool
+
+
+@dataclass(frozen=True, slots=True)
+class SessionInfo:
+    """A registry entry (``SessionManager.get``/``list``)."""
+
+    id: str
+    name: str
+    parent_session_id: str | None
+    metadata: dict[str, Any]
+    created_at: datetime | None
+    updated_at: datetime | None
+    seq: int
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> SessionInfo:
+        """Build from the API's session JSON."""
+        return cls(
+            id=str(data["id"]),
+            name=str(data.get("name") or ""),
+            parent_session_id=data.get("parent_session_id"),
+            metadata=dict(data.get("metadata") or {}),
+            created_at=parse_time(data.get("created_at")),
+            updated_at=parse_time(data.get("updated_at")),
+            seq=int(data.get("seq") or 0),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class SearchResult:
+    """A full-text hit: the reference's ``{id, role, content, createdAt, sessionId}`` plus snippet and rank."""
+
+    id: str
+    role: str
+    content: str
+    session_id: str | None = None
+    created_at: datetime | None = None
+    snippet: str = ""
+    rank: float = 0.0
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> SearchResult:
+        """Build from one entry of the API's ``results``."""
+        return cls(
+            id=str(data["id"]),
+            role=str(data.get("role") or ""),
+            content=str(data.get("content") or ""),
+            session_id=data.get("session_id"),
+            created_at=parse_time(data.get("created_at")),
+            snippet=str(data.get("snippet") or ""),
+            rank=float(data.get("rank") or 0.0),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class ContextBlock:
+    """A context block as the session sees it now (reference ``ContextBlock``)."""
+
+    label: str
+    kind: str
+    description: str | None
+    content: str
+    tokens: int
+    max_tokens: int | None
+    writable: bool
+
+    @property
+    def is_skill(self) -> bool:
+        """True for a skills block (``[loadable]``)."""
+        return self.kind == "skills"
+
+    @property
+    def is_searchable(self) -> bool:
+        """True for a searchable block or the cross-session history block (``[searchable]``)."""
+        return self.kind in ("searchable", "history")
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> ContextBlock:
+        """Build from one entry of the API's ``blocks``."""
+        return cls(
+            label=str(data["label"]),
+            kind=str(data.get("kind") or ""),
+            description=data.get("description"),
+            content=str(data.get("content") or ""),
+            tokens=int(data.get("tokens") or 0),
+            max_tokens=data.get("max_tokens"),
+            writable=bool(data.get("writable")),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class SystemPrompt:
+    """A frozen system prompt: its text, exact token count, version (1 = first freeze) and event ``seq``."""
+
+    prompt: str
+    tokens: int
+    version: int
+    seq: int
+
+
+@dataclass(frozen=True, slots=True)
+class Compaction:
+    """A summary overlay over ``from_message_id..to_message_id`` (reference ``StoredCompaction``)."""
+
+    id: str
+    message_id: str
+    from_message_id: str
+    to_message_id: str
+    summary: str
+    leaf_id: str | None = None
+    tokens_before: int = 0
+    tokens_after: int = 0
+    summarizer: str = ""
+    model: str | None = None
+    created_at: datetime | None = None
+    seq: int = 0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Compaction:
+        """Build from the API's overlay JSON."""
+        known = {
+            "id",
+            "message_id",
+            "from_message_id",
+            "to_message_id",
+            "summary",
+            "leaf_id",
+            "tokens_before",
+            "tokens_after",
+            "summarizer",
+            "model",
+            "created_at",
+            "seq",
+        }
+        return cls(
+            id=str(data["id"]),
+            message_id=str(data.get("message_id") or ""),
+            from_message_id=str(data["from_message_id"]),
+            to_message_id=str(data["to_message_id"]),
+            summary=str(data.get("summary") or ""),
+            leaf_id=data.get("leaf_id"),
+            tokens_before=int(data.get("tokens_before") or 0),
+            tokens_after=int(data.get("tokens_after") or 0),
+            summarizer=str(data.get("summarizer") or ""),
+            model=data.get("model"),
+            created_at=parse_time(data.get("created_at")),
+            seq=int(data.get("seq") or 0),
+            extra={k: v for k, v in data.items() if k not in known},
+        )
+
+
+__all__ = [
+    "OMITTED",
+    "AppendResult",
+    "Compaction",
+    "ContextBlock",
+    "Message",
+    "ParentId",
+    "SearchResult",
+    "SessionInfo",
+    "SystemPrompt",
+]

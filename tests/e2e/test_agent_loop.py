@@ -1,0 +1,144 @@
+"""The example agent loop, run as a program against the real stack and the scripted stub LLM."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from chronicle_sdk import ChronicleClient, Session
+from services.settings import Settings
+from tests.conftest import KEYS
+from tests.e2e.sdk_support import open_client, sid, word
+from tests.e2e.stub_llm import DEFAULT_FACT, StubLLM
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLE = ROOT / "examples" / "agent_loop.py"
+
+
+@pytest.fixture
+async def sdk(api_url: str, api_settings: Settings) -> AsyncIterator[ChronicleClient]:
+    async with open_client(api_url, api_settings) as c:
+        yield c
+
+
+def run_example(api_url: str, llm: StubLLM, session_id: str, *prompts: str, extra: list[str] | None = None) -> Any:
+    cmd = [
+        sys.executable,
+        str(EXAMPLE),
+        "--base-url",
+        api_url,
+        "--api-key",
+        KEYS["tenant-a"],
+        "--llm-base-url",
+        llm.base_url,
+        "--llm-api-key",
+        "stub-key",
+        "--model",
+        "stub-model",
+        "--session",
+        session_id,
+        "--json",
+        *(extra or []),
+        *prompts,
+    ]
+    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=90, check=False)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+async def prompt_events(s: Session) -> list[dict[str, Any]]:
+    return [e["event"] for e in await s.get_events() if e["event"]["type"] == "prompt.rendered"]
+
+
+async def test_agent_loop_end_to_end(api_url: str, sdk: ChronicleClient) -> None:
+    session_id = sid("agent")
+    with StubLLM() as llm:
+        summary = run_example(api_url, llm, session_id, "My favourite colour is teal. Remember it.")
+    assert summary == {
+        "session": session_id,
+        "answers": ["Noted: your favourite colour is teal."],
+        "prompt_version": 2,
+    }
+    s = Session.create(sdk, session_id)
+
+    # history: user turn, assistant tool call with its output, final answer
+    user, tool_turn, final = await s.get_history()
+    assert user["role"] == "user"
+    assert user["parts"] == [{"type": "text", "text": "My favourite colour is teal. Remember it."}]
+    assert tool_turn["role"] == "assistant"
+    step, part = tool_turn["parts"]
+    assert step == {"type": "step-start"}
+    assert part["type"] == "tool-set_context"
+    assert part["state"] == "output-available"
+    assert part["toolCallId"] == "call_1_0"
+    assert part["input"] == {"label": "memory", "content": DEFAULT_FACT}
+    assert part["output"].startswith("Written to memory. Usage: ")
+    assert final["role"] == "assistant"
+    assert final["parts"] == [{"type": "text", "text": "Noted: your favourite colour is teal."}]
+
+    # the memory block holds the fact
+    memory = await s.get_context_block("memory")
+    assert memory is not None
+    assert memory.content == DEFAULT_FACT
+
+    # prompts: frozen v1 (without the fact) for the whole turn, refreshed v2 (with it) after
+    v1, v2 = await prompt_events(s)
+    assert (v1["version_no"], v1["reason"], v2["version_no"], v2["reason"]) == (1, "freeze", 2, "refresh")
+    assert DEFAULT_FACT not in v1["text"]
+    assert "MEMORY (Learned facts about the user)" in v1["text"]
+    assert DEFAULT_FACT in v2["text"]
+    current = await s.get_system_prompt()
+    assert (current.version, current.prompt) == (2, v2["text"])
+
+    # what the LLM saw: the frozen prompt, the tools, then the tool result on the second call
+    first, second = llm.requests
+    for request in (first, second):
+        assert request["model"] == "stub-model"
+        assert request["messages"][0] == {"role": "system", "content": v1["text"]}
+        assert [t["function"]["name"] for t in request["tools"]] == ["set_context", "session_search"]
+    assert first["messages"][1:] == [{"role": "user", "content": "My favourite colour is teal. Remember it."}]
+    assistant, tool = second["messages"][2:]
+    assert assistant["tool_calls"][0]["function"]["name"] == "set_context"
+    assert json.loads(assistant["tool_calls"][0]["function"]["arguments"]) == {
+        "label": "memory",
+        "content": DEFAULT_FACT,
+    }
+    assert tool["role"] == "tool"
+    assert tool["tool_call_id"] == "call_1_0"
+    assert tool["content"] == part["output"]
+
+
+async def test_the_next_turn_sees_what_was_learned(api_url: str, api_settings: Settings, sdk: ChronicleClient) -> None:
+    """Two turns, appending straight to JetStream: turn two's prompt is the refreshed one."""
+    session_id = sid("agent")
+    w = word()
+    script = [
+        StubLLM.call("set_context", {"label": "memory", "content": DEFAULT_FACT}),
+        StubLLM.say("Noted."),
+        StubLLM.call("session_search", {"query": w}),
+        StubLLM.say("Teal."),
+    ]
+    direct = [
+        *("--nats-url", api_settings.nats_url, "--tenant", "tenant-a", "--stream", api_settings.stream),
+        *("--subject-prefix", api_settings.subject_prefix, "--partitions", str(api_settings.partitions)),
+    ]
+    with StubLLM(script) as llm:
+        summary = run_example(api_url, llm, session_id, f"Remember {w}: teal.", "What is my colour?", extra=direct)
+    assert summary["answers"] == ["Noted.", "Teal."]
+    assert summary["prompt_version"] == 3
+    s = Session.create(sdk, session_id)
+    versions = [(e["version_no"], e["reason"]) for e in await prompt_events(s)]
+    assert versions == [(1, "freeze"), (2, "refresh"), (3, "refresh")]
+    turn_two = llm.requests[2]
+    assert DEFAULT_FACT in turn_two["messages"][0]["content"]
+    search_result = llm.requests[3]["messages"][-1]
+    assert search_result["role"] == "tool"
+    assert search_result["content"] == f"[user] Remember {w}: teal."
+    roles = [m["role"] for m in await s.get_history()]
+    assert roles == ["user", "assistant", "assistant", "user", "assistant", "assistant"]

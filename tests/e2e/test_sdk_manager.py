@@ -1,0 +1,154 @@
+"""The reference's SessionManager behaviours (§1.5, §6.3) through the SDK on the real stack."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import pytest
+
+from chronicle_sdk import ChronicleClient, Readonly, SessionExists, SessionManager, Via
+from services.settings import Settings
+from tests.e2e.sdk_support import VIAS, ids, open_client, sid, text, word
+
+
+@pytest.fixture
+async def sdk(api_url: str, api_settings: Settings) -> AsyncIterator[ChronicleClient]:
+    async with open_client(api_url, api_settings) as c:
+        yield c
+
+
+@pytest.fixture
+def manager(sdk: ChronicleClient) -> SessionManager:
+    return SessionManager(sdk).with_context("memory", description="Learned facts", max_tokens=200)
+
+
+async def test_create_get_and_unknown(manager: SessionManager) -> None:
+    info = await manager.create("Planning", metadata={"owner": "ada"}, model="gpt-x", source="web")
+    got = await manager.get(info.id)
+    assert got == info
+    assert got.name == "Planning"
+    assert got.metadata == {"owner": "ada", "model": "gpt-x", "source": "web"}
+    assert got.parent_session_id is None
+    assert got.created_at is not None
+    assert await manager.get(sid("unknown")) is None
+    with pytest.raises(SessionExists):
+        await manager.create("again", id=info.id)
+
+
+async def test_list_rename_delete(manager: SessionManager) -> None:
+    a = await manager.create("first")
+    b = await manager.create("second")
+    listed = {s.id: s for s in await manager.list()}
+    assert {a.id, b.id} <= set(listed)
+    order = [s.id for s in await manager.list()]
+    assert order.index(b.id) < order.index(a.id)  # newest first
+    await manager.rename(a.id, "renamed")
+    assert {s.id: s.name for s in await manager.list()}[a.id] == "renamed"
+    await manager.delete(b.id)
+    assert await manager.get(b.id) is None
+    assert b.id not in {s.id for s in await manager.list()}
+    assert len(await manager.list(limit=1)) == 1
+
+
+async def test_cross_session_search(manager: SessionManager) -> None:
+    w = word()
+    one, two = await manager.create("one"), await manager.create("two")
+    await manager.append(one.id, text("m1", f"I write TypeScript {w}"))
+    await manager.append(two.id, text("m1", f"TypeScript again {w}", "assistant"))
+    hits = await manager.search(f"typescript {w}")
+    assert {(h.session_id, h.id) for h in hits} == {(one.id, "m1"), (two.id, "m1")}
+    assert await manager.search("") == []
+
+
+async def test_delete_messages_is_scoped_to_one_session(manager: SessionManager) -> None:
+    one, two = await manager.create("one"), await manager.create("two")
+    for s in (one, two):
+        await manager.append_all(s.id, [text("a", "x"), text("b", "y")])
+    assert await manager.delete_messages(one.id, ["b"]) == ["b"]
+    assert ids(await manager.get_history(one.id)) == ["a"]
+    assert ids(await manager.get_history(two.id)) == ["a", "b"]
+    assert await manager.get_message_count(two.id) == 2
+    await manager.clear_messages(two.id)
+    assert await manager.get_message_count(two.id) == 0
+
+
+async def test_fork_copies_the_branch(manager: SessionManager) -> None:
+    src = await manager.create("source")
+    for i in range(4):
+        await manager.append(src.id, text(f"m{i}", f"turn {i}"))
+    forked = await manager.fork(src.id, "m1", "fork")
+    assert forked.parent_session_id == src.id
+    assert forked.name == "fork"
+    assert forked.created_at is not None
+    assert forked.updated_at is not None
+    assert forked.updated_at >= forked.created_at
+    assert ids(await manager.get_history(forked.id)) == ["m0", "m1"]
+    assert ids(await manager.get_history(src.id)) == ["m0", "m1", "m2", "m3"]
+    # the fork is a session of its own
+    await manager.append(forked.id, text("f2", "fork only"))
+    assert ids(await manager.get_history(forked.id)) == ["m0", "m1", "f2"]
+    assert ids(await manager.get_history(src.id)) == ["m0", "m1", "m2", "m3"]
+
+
+async def test_session_tools_and_manager_tools(manager: SessionManager) -> None:
+    info = await manager.create("tools")
+    session = manager.get_session(info.id)
+    session_tools = await session.tools()
+    assert "set_context" in session_tools
+    assert "session_search" not in session_tools
+    manager_tools = manager.tools()
+    assert manager_tools.names == ["session_search"]
+    [definition] = manager_tools.anthropic()
+    assert definition["description"] == "Search past conversations for relevant context. Searches across all sessions."
+    assert definition["input_schema"]["required"] == ["query"]
+    w = word()
+    await session.append_message(text("m1", f"We deploy {w} to production on Fridays"))
+    await session.append_message(text("m2", f"Production deploy {w} done", "assistant"))
+    result = await manager_tools.execute("session_search", {"query": f"deploy production {w}"})
+    parts = result.split("\n---\n")
+    assert sorted(parts) == sorted(
+        [f"[user] We deploy {w} to production on Fridays", f"[assistant] Production deploy {w} done"]
+    )
+    assert "deploy" in result
+    assert await manager_tools.execute("session_search", {"query": word()}) == "No results found."
+    assert (await manager_tools.execute("session_search", {})).startswith("Error: ")
+    merged = session_tools + manager_tools
+    assert merged.names == ["set_context", "session_search"]
+    assert "Written to memory" in await merged.execute("set_context", {"label": "memory", "content": "x"})
+
+
+async def test_get_session_is_cached_and_carries_the_template(manager: SessionManager) -> None:
+    info = await manager.create("templated")
+    session = manager.get_session(info.id)
+    assert manager.get_session(info.id) is session
+    assert [b.label for b in await session.get_context_blocks()] == ["memory"]
+    await manager.delete(info.id)
+    assert manager.get_session(info.id) is not session
+
+
+async def test_manager_template_with_readonly_and_searchable_history(sdk: ChronicleClient) -> None:
+    manager = SessionManager(sdk).with_context("soul", provider=Readonly("Hi")).with_searchable_history("past")
+    info = await manager.create("x")
+    blocks = await manager.get_session(info.id).get_context_blocks()
+    assert [(b.label, b.kind) for b in blocks] == [("soul", "readonly"), ("past", "history")]
+
+
+@pytest.mark.parametrize("via", VIAS)
+async def test_append_all_starts_a_new_root_without_parent(manager: SessionManager, via: Via) -> None:
+    info = await manager.create("bulk")
+    await manager.append(info.id, text("old", "existing"), via=via)
+    last = await manager.append_all(info.id, [text(f"b{i}", f"bulk {i}") for i in range(50)], via=via)
+    assert last == "b49"
+    history = await manager.get_history(info.id)
+    assert ids(history) == [f"b{i}" for i in range(50)]  # not attached to "old"
+    last = await manager.append_all(info.id, [text("c0", "x"), text("c1", "y")], "old", via=via)
+    assert ids(await manager.get_history(info.id, last)) == ["old", "c0", "c1"]
+    assert await manager.append_all(info.id, [], via=via) is None
+
+
+async def test_upsert(manager: SessionManager) -> None:
+    info = await manager.create("upsert")
+    await manager.upsert(info.id, text("m1", "v1"))
+    await manager.upsert(info.id, text("m1", "v2"))
+    assert await manager.get_session(info.id).get_message("m1") == text("m1", "v2")
+    assert await manager.get_message_count(info.id) == 1
