@@ -24,7 +24,7 @@ DOCKERFILE = ROOT / "Dockerfile"
 
 PREFIX = "CHRONICLE_"
 INFRA = ("nats", "postgres", "minio")
-CHRONICLE = ("migrate", "api", "projector")
+CHRONICLE = ("migrate", "api", "projector", "compactor")
 # CHRONICLE_* keys of compose.yaml that are not Settings fields yet (none now: the S3 settings
 # landed with the skills store). Remove each entry when its field lands; the test below insists on that.
 PENDING_SETTINGS: frozenset[str] = frozenset()
@@ -172,7 +172,7 @@ def test_start_order(services: dict[str, dict[str, Any]]) -> None:
         "minio": {"condition": "service_healthy"},
         "migrate": {"condition": "service_completed_successfully"},
     }
-    for name in ("api", "projector"):
+    for name in ("api", "projector", "compactor"):
         assert services[name]["depends_on"] == expected, name
     # every service_healthy condition points at a service that has a health check
     for name, svc in services.items():
@@ -186,6 +186,7 @@ def test_ports(services: dict[str, dict[str, Any]]) -> None:
     assert container_ports(services["minio"]) == {9000, 9001}
     assert "8080:8080" in services["api"]["ports"]
     assert not services["projector"].get("ports")
+    assert not services["compactor"].get("ports")
     assert not services["migrate"].get("ports")
 
 
