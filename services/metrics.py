@@ -16,6 +16,10 @@ APPLIED = Gauge(
     "chronicle_events_applied", "Highest stream sequence applied, per projector", ["projector"], registry=REGISTRY
 )
 STREAM_LAST = Gauge("chronicle_stream_last_seq", "Last sequence in the event stream", registry=REGISTRY)
+OVERLAYS = Gauge("chronicle_compactions_recorded", "Summary overlays recorded (all sessions)", registry=REGISTRY)
+COMPACTION_FAILURES = Gauge(
+    "chronicle_compaction_failures", "Summarizer failures recorded as compaction.failed events", registry=REGISTRY
+)
 LAG = Gauge(
     "chronicle_projection_lag", "Events in the stream not yet applied, per projector", ["projector"], registry=REGISTRY
 )
@@ -29,6 +33,11 @@ async def refresh(c: Container) -> dict[str, int]:
     last = await eventlog.last_seq(c.js, c.layout)
     async with c.pool.connection() as cx:
         points = await queries.checkpoints(cx)
+        cur = await cx.execute("SELECT (SELECT count(*) FROM overlays), (SELECT count(*) FROM compaction_failures)")
+        row = await cur.fetchone()
+    if row is not None:
+        OVERLAYS.set(row[0])
+        COMPACTION_FAILURES.set(row[1])
     STREAM_LAST.set(last)
     lags: dict[str, int] = {}
     for name, seq in points.items():

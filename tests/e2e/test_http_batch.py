@@ -29,3 +29,19 @@ async def test_batch_appends_a_chain(client: httpx.AsyncClient) -> None:
     assert bad.json()["code"] == "invalid_request"
     empty = await client.post(f"/v1/sessions/{sid}/messages:batch", json={"messages": []})
     assert empty.status_code == 422
+
+
+async def test_history_as_of_a_sequence(client: httpx.AsyncClient) -> None:
+    sid = "asof-" + uuid.uuid4().hex[:8]
+    first = (await client.post(f"/v1/sessions/{sid}/messages", json={"message": msg("a")})).json()
+    await client.post(f"/v1/sessions/{sid}/messages", json={"message": msg("b")})
+    edited = {"id": "a", "role": "user", "parts": [{"type": "text", "text": "edited"}]}
+    last = (await client.put(f"/v1/sessions/{sid}/messages/a", json={"message": edited})).json()
+    then = (await client.get(f"/v1/sessions/{sid}/history", params={"as_of_seq": first["seq"]})).json()
+    assert [m["id"] for m in then["messages"]] == ["a"]
+    assert then["messages"][0]["parts"][0]["text"] == "text a"
+    now = (await client.get(f"/v1/sessions/{sid}/history", params={"min_seq": last["seq"]})).json()
+    assert [m["id"] for m in now["messages"]] == ["a", "b"]
+    assert now["messages"][0]["parts"][0]["text"] == "edited"
+    metrics = (await client.get("/metrics")).text
+    assert "chronicle_compaction_failures" in metrics
