@@ -101,6 +101,10 @@ def _message(raw: dict[str, Any]) -> dict[str, Any]:
             f"message.{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors(include_url=False)
         )
         raise InvalidRequest(detail) from exc
+    try:
+        stored_json(raw).encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise InvalidRequest("message contains invalid Unicode (a lone surrogate)") from exc
     return raw
 
 

@@ -45,7 +45,7 @@ from services.errors import (
     SessionNotFound,
     UnknownParent,
 )
-from services.microcompact import ROW_MAX_BYTES, enforce_row_size_limit
+from services.microcompact import ROW_MAX_BYTES, enforce_row_size_limit, json_bytes
 from services.waiting import AppliedWaiter
 
 Conn = psycopg.AsyncConnection[Any]
@@ -155,7 +155,7 @@ class Commands:
         message_id = str(body["id"])
         digest = body_hash(body)
         packed = await self._pack(body)
-        if self._originals is not None and len(stored_json(body).encode()) > self._row_cap:
+        if self._originals is not None and json_bytes(body) > self._row_cap:
             capped, changed = enforce_row_size_limit(body, self._row_cap)
             if changed:
                 original = await self._originals.put(stored_json(body).encode())

@@ -22,11 +22,11 @@ JavaScript rather than a rule:
 
 from __future__ import annotations
 
-import json
 import math
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from json.encoder import encode_basestring
 from typing import Any, TypeAlias
 
 JsonValue: TypeAlias = Any
@@ -49,6 +49,7 @@ COMPACTED_TEXT_PARTS = "compactedTextParts"
 _SURROGATE = re.compile("[\ud800-\udfff]")
 _SURROGATE_PAIR = re.compile("[\ud800-\udbff][\udc00-\udfff]")
 _ARRAY_INDEX = re.compile(r"0|[1-9][0-9]{0,9}")
+_DIGIT_KEY = re.compile("\x00[0-9]")
 _MAX_ARRAY_INDEX = 2**32 - 2
 
 
@@ -83,11 +84,12 @@ def _join_pair(m: re.Match[str]) -> str:
 
 
 def _quote(s: str) -> str:
-    # json.dumps escapes exactly what JSON.stringify does (", \, \b \f \n \r \t, other C0 as \u00xx,
-    # nothing else: not "/", DEL or U+2028/2029) but writes surrogate code points raw; JavaScript
-    # sees a high+low pair as one character and escapes a lone half as \udxxx.
-    quoted = json.dumps(s, ensure_ascii=False)
-    if _SURROGATE.search(quoted) is None:
+    # json's own encoder (ensure_ascii off) escapes exactly what JSON.stringify does: ", \, \b \f \n
+    # \r \t, other C0 as \u00xx, nothing else (not "/", DEL or U+2028/2029). But it writes surrogate
+    # code points raw, where JavaScript sees a high+low pair as one character and escapes a lone
+    # half as \udxxx.
+    quoted = encode_basestring(s)
+    if s.isascii() or _SURROGATE.search(quoted) is None:
         return quoted
     quoted = _SURROGATE_PAIR.sub(_join_pair, quoted)
     return _SURROGATE.sub(lambda m: f"\\u{ord(m.group()):04x}", quoted)
@@ -128,46 +130,65 @@ def _is_array_index(key: str) -> bool:
 def js_items(obj: dict[str, JsonValue]) -> list[tuple[str, JsonValue]]:
     """``Object.entries(obj)``: integer-like keys first in ascending order, then insertion order."""
     items = list(obj.items())
-    for key, _ in items:
-        if not isinstance(key, str):
-            raise TypeError(f"JSON object keys must be strings, not {type(key).__name__}")
-    if not any(key[:1].isdigit() and _is_array_index(key) for key, _ in items):
+    # One C-speed pass finds whether any key starts with a digit (it also rejects non-string keys).
+    if not obj or _DIGIT_KEY.search("\x00" + "\x00".join(obj)) is None:
         return items
     indexed = sorted((kv for kv in items if _is_array_index(kv[0])), key=lambda kv: int(kv[0]))
-    return indexed + [kv for kv in items if not _is_array_index(kv[0])]
+    return indexed if len(indexed) == len(items) else indexed + [kv for kv in items if not _is_array_index(kv[0])]
 
 
 def _write(value: JsonValue, out: list[str]) -> None:
-    if isinstance(value, str):
+    kind = type(value)
+    if kind is str:
         out.append(_quote(value))
-    elif value is None:
-        out.append("null")
-    elif value is True:
-        out.append("true")
-    elif value is False:
-        out.append("false")
-    elif isinstance(value, int):
-        out.append(str(value))
-    elif isinstance(value, float):
-        out.append(_number(value))
-    elif isinstance(value, dict):
-        out.append("{")
-        for i, (key, item) in enumerate(js_items(value)):
-            if i:
-                out.append(",")
-            out.append(_quote(key))
-            out.append(":")
-            _write(item, out)
-        out.append("}")
+    elif kind is dict:
+        sep = "{"
+        for key, item in js_items(value):
+            sub = type(item)
+            if sub is str:
+                out.append(f"{sep}{_quote(key)}:{_quote(item)}")
+            elif sub is int:
+                out.append(f"{sep}{_quote(key)}:{item}")
+            else:
+                out.append(f"{sep}{_quote(key)}:")
+                _write(item, out)
+            sep = ","
+        out.append("{}" if sep == "{" else "}")
+    elif kind is list or kind is tuple:
+        sep = "["
+        for item in value:
+            sub = type(item)
+            if sub is str:
+                out.append(sep + _quote(item))
+            elif sub is int:
+                out.append(f"{sep}{item}")
+            else:
+                out.append(sep)
+                _write(item, out)
+            sep = ","
+        out.append("[]" if sep == "[" else "]")
+    elif isinstance(value, dict):  # subclasses of the containers
+        _write(dict(value), out)
     elif isinstance(value, list | tuple):
-        out.append("[")
-        for i, item in enumerate(value):
-            if i:
-                out.append(",")
-            _write(item, out)
-        out.append("]")
+        _write(list(value), out)
     else:
-        raise TypeError(f"{type(value).__name__} is not a JSON value")
+        out.append(_scalar(value))
+
+
+def _scalar(value: JsonValue) -> str:
+    if value is None:
+        return "null"
+    if value is True:
+        return "true"
+    if value is False:
+        return "false"
+    if isinstance(value, str):
+        return _quote(value)
+    if isinstance(value, int):
+        return str(int(value))
+    if isinstance(value, float):
+        return _number(value)
+    raise TypeError(f"{type(value).__name__} is not a JSON value")
 
 
 def stringify(value: JsonValue) -> str:
@@ -208,7 +229,7 @@ def tool_output_truncation(value: JsonValue, max_chars: int) -> TruncatedToolOut
     original = _length(value)
     if original <= max_chars:
         return TruncatedToolOutput(value, False, original)
-    return TruncatedToolOutput(_truncate_value(value, max_chars, original, 0), True, original)
+    return TruncatedToolOutput(_truncate_value(value, max_chars, 0, original), True, original)
 
 
 def truncate_tool_output(value: JsonValue, max_chars: int) -> JsonValue:
@@ -216,16 +237,21 @@ def truncate_tool_output(value: JsonValue, max_chars: int) -> JsonValue:
     return tool_output_truncation(value, max_chars).output
 
 
-def _truncate_value(value: JsonValue, max_chars: int, original_length: int, depth: int) -> JsonValue:
+# The reference passes each value's original JSON length down with it; it only shows up in
+# markers, so here it is measured when a marker needs it (``None`` until then).
+
+
+def _truncate_value(value: JsonValue, max_chars: int, depth: int, original_length: int | None = None) -> JsonValue:
     if isinstance(value, str):
         return _truncate_string(value, max_chars, js_len(value))
     if not isinstance(value, dict | list | tuple):
         return value
     if depth >= MAX_DEPTH:
-        return f"[Nested output omitted {truncated_suffix(original_length)}]"
+        length = _length(value) if original_length is None else original_length
+        return f"[Nested output omitted {truncated_suffix(length)}]"
     if isinstance(value, dict):
-        return _truncate_object(value, max_chars, original_length, depth)
-    return _truncate_array(value, max_chars, original_length, depth)
+        return _truncate_object(value, max_chars, depth, original_length)
+    return _truncate_array(value, max_chars, depth, original_length)
 
 
 def _child_max_chars(max_chars: int, child_count: int) -> int:
@@ -234,39 +260,55 @@ def _child_max_chars(max_chars: int, child_count: int) -> int:
     return max(80, max_chars // min(child_count, 10))
 
 
-def _truncate_array(value: Sequence[JsonValue], max_chars: int, original_length: int, depth: int) -> list[JsonValue]:
+def _truncate_array(
+    value: Sequence[JsonValue], max_chars: int, depth: int, original_length: int | None
+) -> list[JsonValue]:
     budget = _child_max_chars(max_chars, len(value))
-    result = [_truncate_value(item, budget, _length(item), depth + 1) for item in value]
-    # Pop trailing items until it fits, keeping the serialised length by arithmetic (the
-    # reference re-serialises the whole array on every pop).
+    result = [_truncate_value(item, budget, depth + 1) for item in value]
+    # Lengths by arithmetic: the reference re-serialises the whole array on every pop.
     sizes = [js_len(stringify(item)) for item in result]
     total = 2 + sum(sizes) + max(len(sizes) - 1, 0)
     while len(result) > 1 and total > max_chars:
         result.pop()
         total -= sizes.pop() + 1
+    if len(result) == len(value) and total <= max_chars:
+        return result
+    original = _length(value) if original_length is None else original_length
     if len(result) < len(value):
-        result.append(f"Array output truncated {truncated_suffix(original_length)}")
-    if _length(result) > max_chars:
-        return _compact_array_marker(max_chars, original_length)
+        marker = f"Array output truncated {truncated_suffix(original)}"
+        total += js_len(marker) + 2 + (1 if result else 0)
+        result.append(marker)
+    if total > max_chars:
+        return _compact_array_marker(max_chars, original)
     return result
 
 
 def _truncate_object(
-    value: dict[str, JsonValue], max_chars: int, original_length: int, depth: int
+    value: dict[str, JsonValue], max_chars: int, depth: int, original_length: int | None
 ) -> dict[str, JsonValue]:
     entries = js_items(value)
     budget = _child_max_chars(max_chars, len(entries))
-    result = {key: _truncate_value(item, budget, _length(item), depth + 1) for key, item in entries}
+    result = {key: _truncate_value(item, budget, depth + 1) for key, item in entries}
     result_length = _length(result)
     if result_length <= max_chars:
         return result
-    shrunk_length = _shrink_string_fields(result, result_length, max_chars)
-    if shrunk_length > max_chars:
-        result[TRUNCATED_FLAG] = True
-        result[TRUNCATED_CHARS] = result_length
-    if _length(result) > max_chars:
-        return _compact_object_marker(max_chars, original_length)
+    length = _shrink_string_fields(result, result_length, max_chars)
+    if length > max_chars:
+        length = _assign(result, length, TRUNCATED_FLAG, True)
+        length = _assign(result, length, TRUNCATED_CHARS, result_length)
+    if length > max_chars:
+        return _compact_object_marker(max_chars, _length(value) if original_length is None else original_length)
     return result
+
+
+def _assign(obj: dict[str, JsonValue], length: int, key: str, item: JsonValue) -> int:
+    """``obj[key] = item``, returning the object's new JSON length from its old one."""
+    if key in obj:
+        length -= js_len(stringify(obj[key]))
+    else:
+        length += js_len(_quote(key)) + 1 + (1 if obj else 0)
+    obj[key] = item
+    return length + js_len(stringify(item))
 
 
 def _shrink_string_fields(value: dict[str, JsonValue], length: int, max_chars: int) -> int:

@@ -45,3 +45,13 @@ async def test_history_as_of_a_sequence(client: httpx.AsyncClient) -> None:
     assert now["messages"][0]["parts"][0]["text"] == "edited"
     metrics = (await client.get("/metrics")).text
     assert "chronicle_compaction_failures" in metrics
+
+
+async def test_lone_surrogate_is_refused(client: httpx.AsyncClient) -> None:
+    sid = "sur-" + uuid.uuid4().hex[:8]
+    raw = '{"message": {"id": "s1", "role": "user", "parts": [{"type": "text", "text": "bad \\ud800 here"}]}}'
+    r = await client.post(
+        f"/v1/sessions/{sid}/messages", content=raw.encode(), headers={"content-type": "application/json"}
+    )
+    assert r.status_code == 422
+    assert r.json()["code"] == "invalid_request"
