@@ -11,7 +11,7 @@ from typing import Any, Protocol
 
 import httpx
 
-from services.compaction import Message, Plan, _parts
+from services.compaction import Message, Plan, _parts, is_tool_part
 
 Summarized = str
 
@@ -43,6 +43,25 @@ def _section(previous: str | None, title: str) -> list[str]:
     return [line for line in (m.group(1).strip().splitlines() if m else []) if line.strip()]
 
 
+def _sections(topic: list[str], points: list[str], state: str, open_items: list[str]) -> str:
+    """The reference's four sections."""
+    return "\n".join(
+        [
+            "## Topic",
+            *topic,
+            "",
+            "## Key Points",
+            *points,
+            "",
+            "## Current State",
+            state,
+            "",
+            "## Open Items",
+            *open_items,
+        ]
+    )
+
+
 class OfflineSummarizer:
     """Deterministic extractive summary in the reference's four sections; extends the previous one."""
 
@@ -65,7 +84,7 @@ class OfflineSummarizer:
                 str(p.get("toolName") or str(p.get("type", ""))[5:] or "unknown")
                 for m in plan.middle
                 for p in _parts(m)
-                if str(p.get("type", "")).startswith("tool-") or p.get("type") == "dynamic-tool"
+                if is_tool_part(p)
             }
         )
         if tools:
@@ -73,38 +92,10 @@ class OfflineSummarizer:
         questions = [f"- {_clip(t, 200)}" for r, t in turns if r == "user" and t.rstrip().endswith("?")]
         open_items = _section(plan.previous_summary, "Open Items")
         open_items = [x for x in open_items if x != "- None recorded."] + questions or ["- None recorded."]
-        body = "\n".join(
-            [
-                "## Topic",
-                *topic,
-                "",
-                "## Key Points",
-                *points,
-                "",
-                "## Current State",
-                state,
-                "",
-                "## Open Items",
-                *open_items,
-            ]
-        )
+        body = _sections(topic, points, state, open_items)
         while len(body) > budget_chars and len(points) > 1:
-            points.pop(0)
-            body = "\n".join(
-                [
-                    "## Topic",
-                    *topic,
-                    "",
-                    "## Key Points",
-                    *points,
-                    "",
-                    "## Current State",
-                    state,
-                    "",
-                    "## Open Items",
-                    *open_items,
-                ]
-            )
+            points.pop(0)  # the oldest points go first when over budget
+            body = _sections(topic, points, state, open_items)
         return body
 
 

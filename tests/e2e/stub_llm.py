@@ -48,6 +48,11 @@ class StubLLM:
         """A scripted final text answer."""
         return {"content": text}
 
+    @staticmethod
+    def fail(status: int) -> Reply:
+        """A scripted HTTP error (e.g. 503) instead of a completion."""
+        return {"status": status}
+
     @property
     def base_url(self) -> str:
         """The OpenAI ``base_url`` (``http://127.0.0.1:<port>/v1``)."""
@@ -71,11 +76,13 @@ class StubLLM:
     ) -> None:
         self.stop()
 
-    def _next(self, request: dict[str, Any]) -> dict[str, Any]:
+    def _next(self, request: dict[str, Any]) -> tuple[int, dict[str, Any]]:
         with self._lock:
             self.requests.append(request)
             reply = self.script.pop(0) if self.script else self.say(self.fallback)
             n = next(self._ids)
+        if "status" in reply:
+            return int(reply["status"]), {"error": {"message": "scripted failure", "type": "server_error"}}
         message: dict[str, Any] = {"role": "assistant", "content": reply.get("content")}
         finish = "stop"
         if reply.get("tool_calls"):
@@ -88,7 +95,7 @@ class StubLLM:
                 for i, c in enumerate(reply["tool_calls"])
             ]
             finish = "tool_calls"
-        return {
+        return 200, {
             "id": f"chatcmpl-{n}",
             "object": "chat.completion",
             "created": int(time.time()),
@@ -114,7 +121,7 @@ class StubLLM:
                 if not isinstance(request.get("messages"), list):
                     self._send(400, {"error": {"message": "messages is required", "type": "invalid_request_error"}})
                     return
-                self._send(200, stub._next(request))
+                self._send(*stub._next(request))
 
             def _send(self, status: int, body: dict[str, Any]) -> None:
                 data = json.dumps(body).encode()

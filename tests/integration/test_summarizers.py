@@ -1,0 +1,66 @@
+"""Summarizers: the offline one (deterministic, four sections, iterative) and the OpenAI-compatible
+client against a local stub server (retries on 5xx, gives up with SummarizerError)."""
+
+from __future__ import annotations
+
+import pytest
+
+from services.compaction import plan_compaction
+from services.summarizers import OfflineSummarizer, OpenAISummarizer, SummarizerError
+from tests.e2e.stub_llm import StubLLM
+
+
+def _msgs(n: int) -> list[dict[str, object]]:
+    out: list[dict[str, object]] = []
+    for i in range(n):
+        role = "user" if i % 2 == 0 else "assistant"
+        text = f"Question {i} about deployments?" if role == "user" else f"Answer {i}: deploy on Friday."
+        out.append({"id": f"m{i}", "role": role, "parts": [{"type": "text", "text": text}]})
+    return out
+
+
+def _plan(messages: list[dict[str, object]]):  # type: ignore[no-untyped-def]
+    plan = plan_compaction(messages, lambda m: 50, protect_head=1, tail_token_budget=100, min_tail_messages=2)
+    assert not hasattr(plan, "reason")
+    return plan
+
+
+async def test_offline_summary_is_deterministic_with_four_sections() -> None:
+    plan = _plan(_msgs(12))
+    a = await OfflineSummarizer().summarize(plan)
+    b = await OfflineSummarizer().summarize(plan)
+    assert a == b
+    for section in ("## Topic", "## Key Points", "## Current State", "## Open Items"):
+        assert section in a
+    assert "Question 2 about deployments?" in a
+
+
+async def test_offline_summary_extends_the_previous_one() -> None:
+    first = await OfflineSummarizer().summarize(_plan(_msgs(8)))
+    msgs = _msgs(14)
+    overlay = {"id": "compaction_x", "role": "assistant", "parts": [{"type": "text", "text": first}]}
+    view = [msgs[0], overlay, *msgs[8:]]
+    second = await OfflineSummarizer().summarize(_plan(view))
+    assert "Question 2 about deployments?" in second  # kept from the previous summary
+    assert "Answer 9" in second  # added
+
+
+async def test_openai_compatible_summarizer_retries_then_succeeds() -> None:
+    with StubLLM([StubLLM.fail(503), StubLLM.say("## Topic\nfrom the model")]) as llm:
+        s = OpenAISummarizer(base_url=llm.base_url, model="m", api_key="k", backoff_s=0.01)
+        assert await s.summarize(_plan(_msgs(10))) == "## Topic\nfrom the model"
+        assert len(llm.requests) == 2
+        assert llm.requests[0]["messages"][0]["content"].startswith("Create a concise summary")
+
+
+async def test_openai_compatible_summarizer_gives_up() -> None:
+    with StubLLM([StubLLM.fail(500)] * 3) as llm:
+        s = OpenAISummarizer(base_url=llm.base_url, model="m", attempts=3, backoff_s=0.01)
+        with pytest.raises(SummarizerError):
+            await s.summarize(_plan(_msgs(10)))
+        assert len(llm.requests) == 3
+    with StubLLM([StubLLM.fail(400)]) as llm:
+        s = OpenAISummarizer(base_url=llm.base_url, model="m", attempts=3, backoff_s=0.01)
+        with pytest.raises(SummarizerError):
+            await s.summarize(_plan(_msgs(10)))
+        assert len(llm.requests) == 1  # a client error is not retried
