@@ -43,10 +43,10 @@ async def run_benchmarks(settings: Settings, names: list[str], options: BenchOpt
     with tempfile.TemporaryDirectory(prefix="chronicle-bench-") as tmp:
         async with infrastructure(settings, options, Path(tmp)) as infra:
             for name in names:
-                load_before = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
+                load_before = f"{os.getloadavg()[0]:.2f}" if hasattr(os, "getloadavg") else "?"
                 report = await BENCHMARKS[name](settings, infra, options)
                 report.params["smoke"] = options.smoke
-                report.where = {**infra.described, "loadavg_1m_at_start": str(load_before)}
+                report.where = {**infra.described, "loadavg_1m_at_start": load_before}
                 if options.out is not None and len(names) == 1:
                     path = options.out
                 else:
