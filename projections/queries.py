@@ -11,7 +11,6 @@ from psycopg.rows import class_row
 
 Conn = AsyncConnection[Any]
 
-MAX_DEPTH = 1_000_000
 SEARCH_CANDIDATES = 1000
 
 
@@ -107,38 +106,49 @@ async def children(conn: Conn, tenant: str, session: str, message_id: str) -> li
 
 
 _PATH = """
-WITH RECURSIVE path (id, parent_id, depth) AS (
-    SELECT id, parent_id, 0 FROM messages WHERE tenant = %(t)s AND session_id = %(s)s AND id = %(leaf)s
+WITH RECURSIVE bound AS (
+    SELECT count(*) AS n FROM messages WHERE tenant = %(t)s AND session_id = %(s)s
+), path AS (
+    SELECT {cols}, 0 AS depth FROM messages WHERE tenant = %(t)s AND session_id = %(s)s AND id = %(leaf)s
   UNION ALL
-    SELECT m.id, m.parent_id, p.depth + 1
+    SELECT {mcols}, p.depth + 1
     FROM path p JOIN messages m ON m.tenant = %(t)s AND m.session_id = %(s)s AND m.id = p.parent_id
-    WHERE p.depth < %(max)s
-) CYCLE id SET is_cycle USING trail
+    WHERE p.depth < (SELECT n FROM bound)
+)
 """
+
+
+def _acyclic(rows: list[MessageRow]) -> list[MessageRow]:
+    """Leaf-first rows cut at the first repeated id (a cycle is possible only after a message was
+    deleted and its id re-appended under one of its former descendants)."""
+    seen: set[str] = set()
+    out: list[MessageRow] = []
+    for row in rows:
+        if row.id in seen:
+            break
+        seen.add(row.id)
+        out.append(row)
+    return out
 
 
 async def history(conn: Conn, tenant: str, session: str, leaf_id: str) -> list[MessageRow]:
     """Root-to-``leaf_id`` path, root first; an unknown leaf gives ``[]``.
 
     A deleted ancestor ends the path there (children keep their parent id, as the reference).
+    The walk carries the row's columns, so each step is one index lookup.
     """
+    sql = _PATH.format(cols=_MESSAGE_COLS, mcols=", ".join("m." + c for c in _MESSAGE_COLS.split(", ")))
     async with conn.cursor(row_factory=class_row(MessageRow)) as cur:
         await cur.execute(
-            _PATH + f"SELECT {', '.join('m.' + c for c in _MESSAGE_COLS.split(', '))} "
-            "FROM path p JOIN messages m ON m.tenant = %(t)s AND m.session_id = %(s)s AND m.id = p.id "
-            "WHERE NOT p.is_cycle ORDER BY p.depth DESC",
-            {"t": tenant, "s": session, "leaf": leaf_id, "max": MAX_DEPTH},
+            sql + f"SELECT {_MESSAGE_COLS} FROM path ORDER BY depth",
+            {"t": tenant, "s": session, "leaf": leaf_id},
         )
-        return await cur.fetchall()
+        rows = await cur.fetchall()
+    return list(reversed(_acyclic(rows)))
 
 
 async def path_length(conn: Conn, tenant: str, session: str, leaf_id: str) -> int:
-    cur = await conn.execute(
-        _PATH + "SELECT count(*) FROM path WHERE NOT is_cycle",
-        {"t": tenant, "s": session, "leaf": leaf_id, "max": MAX_DEPTH},
-    )
-    row = await cur.fetchone()
-    return int(row[0]) if row else 0
+    return len(await history(conn, tenant, session, leaf_id))
 
 
 async def search(conn: Conn, tenant: str, session: str | None, query: str, limit: int) -> list[SearchHit]:
@@ -153,9 +163,10 @@ async def search(conn: Conn, tenant: str, session: str | None, query: str, limit
             WITH q AS (SELECT plainto_tsquery('english', %(q)s) AS q),
             cand AS (
                 SELECT m.session_id, m.id, m.role, m.text_content, m.content_tsv, m.created_at, m.seq
-                FROM messages m, q
+                FROM messages m
                 WHERE m.tenant = %(t)s AND (%(s)s::text IS NULL OR m.session_id = %(s)s)
-                  AND numnode(q.q) > 0 AND m.content_tsv @@ q.q
+                  AND numnode(plainto_tsquery('english', %(q)s)) > 0
+                  AND m.content_tsv @@ plainto_tsquery('english', %(q)s)
                 ORDER BY m.seq DESC
                 LIMIT %(cand)s
             ),

@@ -145,3 +145,18 @@ async def test_conditional_publish_rejects_stale_expectation(
         await stack.publisher.publish(appended("tenant-a", sid, "m2", parent), expected_last_subject_seq=0)
     ok = await stack.publisher.publish(appended("tenant-a", sid, "m2", parent), expected_last_subject_seq=first.seq)
     assert ok.seq > first.seq
+
+
+async def test_history_survives_a_parent_cycle(stack: Container, new_id: Callable[[str], str]) -> None:
+    """Deleting a message and re-appending its id under a former descendant makes a cycle."""
+    sid = new_id("cycle")
+    await stack.commands.append("tenant-a", sid, text_message("a", "root"), None)
+    await stack.commands.append("tenant-a", sid, text_message("b", "child"), "a")
+    await stack.commands.delete_messages("tenant-a", sid, ["a"])
+    r = await stack.commands.append("tenant-a", sid, text_message("a", "root again"), "b")
+    await stack.waiter.wait_session("tenant-a", sid, r.seq)
+    async with stack.pool.connection() as conn:
+        path = await queries.history(conn, "tenant-a", sid, "a")
+        length = await queries.path_length(conn, "tenant-a", sid, "a")
+    assert [m.id for m in path] == ["b", "a"]
+    assert length == 2
