@@ -95,6 +95,42 @@ async def latest_leaf(conn: Conn, tenant: str, session: str) -> MessageRow | Non
         return await cur.fetchone()
 
 
+@dataclass(frozen=True, slots=True)
+class AppendState:
+    session_deleted: bool
+    existing_parent_id: str | None
+    existing_seq: int | None
+    existing_sha256: str | None
+    latest_leaf: str | None
+    parent_exists: bool
+
+
+async def append_state(
+    conn: Conn, tenant: str, session: str, message_id: str, parent_id: str | None, want_leaf: bool
+) -> AppendState:
+    """Everything an append decides on, in one round trip."""
+    cur = await conn.execute(
+        """
+        SELECT
+          coalesce((SELECT deleted_at IS NOT NULL FROM sessions WHERE tenant = %(t)s AND id = %(s)s), false),
+          e.parent_id, e.seq, e.body_sha256,
+          CASE WHEN %(leaf)s THEN (
+            SELECT m.id FROM messages m WHERE m.tenant = %(t)s AND m.session_id = %(s)s
+              AND NOT EXISTS (SELECT 1 FROM messages c WHERE c.tenant = m.tenant
+                              AND c.session_id = m.session_id AND c.parent_id = m.id)
+            ORDER BY m.seq DESC LIMIT 1) END,
+          %(p)s::text IS NOT NULL AND EXISTS (
+            SELECT 1 FROM messages WHERE tenant = %(t)s AND session_id = %(s)s AND id = %(p)s)
+        FROM (SELECT 1) one
+        LEFT JOIN messages e ON e.tenant = %(t)s AND e.session_id = %(s)s AND e.id = %(m)s
+        """,
+        {"t": tenant, "s": session, "m": message_id, "p": parent_id, "leaf": want_leaf},
+    )
+    row = await cur.fetchone()
+    assert row is not None
+    return AppendState(bool(row[0]), row[1], row[2], row[3], row[4], bool(row[5]))
+
+
 async def children(conn: Conn, tenant: str, session: str, message_id: str) -> list[MessageRow]:
     async with conn.cursor(row_factory=class_row(MessageRow)) as cur:
         await cur.execute(

@@ -162,17 +162,19 @@ class Commands:
                 packed = {**await self._pack(capped), "body_sha256": digest, "original_ref": original}
 
         async def decide(conn: Conn) -> Decision:
-            row = await queries.get_session(conn, tenant, session)
-            existing = await queries.get_message(conn, tenant, session, message_id)
-            leaf = await queries.latest_leaf(conn, tenant, session) if parent is OMITTED else None
-            parent_exists = (
-                isinstance(parent, str) and await queries.get_message(conn, tenant, session, parent) is not None
+            found = await queries.append_state(
+                conn, tenant, session, message_id, parent if isinstance(parent, str) else None, parent is OMITTED
+            )
+            existing = (
+                Existing(found.existing_parent_id, found.existing_seq, found.existing_sha256)
+                if found.existing_seq is not None and found.existing_sha256 is not None
+                else None
             )
             state = AppendState(
-                session_deleted=row is not None and row.deleted_at is not None,
-                existing=Existing(existing.parent_id, existing.seq, existing.body_sha256) if existing else None,
-                latest_leaf=leaf.id if leaf else None,
-                parent_exists=parent_exists,
+                session_deleted=found.session_deleted,
+                existing=existing,
+                latest_leaf=found.latest_leaf,
+                parent_exists=found.parent_exists,
             )
             match decide_append(state, digest, parent):
                 case Replay(parent_id=pid, seq=first_seq):
