@@ -31,6 +31,7 @@ from events.catalog import (
 from events.envelope import Event
 from events.ids import TENANT_SCOPE
 from events.messages import JsonObject, stored_json, text_of
+from projections.sanitize import storable
 
 NAME = "history"
 
@@ -190,8 +191,8 @@ _SQL: dict[type[Any], str] = {
         "ON CONFLICT (tenant, session_id, id) DO NOTHING"
     ),
     UpdateMessage: (
-        "UPDATE messages SET role = %s, content = %s, body_sha256 = %s, text_content = %s, updated_seq = %s "
-        "WHERE tenant = %s AND session_id = %s AND id = %s"
+        "UPDATE messages SET original_ref = NULL, role = %s, content = %s, body_sha256 = %s, text_content = %s, "
+        "updated_seq = %s WHERE tenant = %s AND session_id = %s AND id = %s"
     ),
     DeleteMessages: "DELETE FROM messages WHERE tenant = %s AND session_id = %s AND id = ANY(%s)",
     ClearMessages: "DELETE FROM messages WHERE tenant = %s AND session_id = %s",
@@ -203,9 +204,9 @@ def params(op: Op) -> tuple[Any, ...]:
         case TouchSession():
             return (op.tenant, op.session, op.created_at, op.at, op.created_seq, op.seq)
         case CreateSession():
-            return (op.name, op.parent_session_id, json.dumps(op.metadata), op.tenant, op.session)
+            return (storable(op.name), op.parent_session_id, json.dumps(storable(op.metadata)), op.tenant, op.session)
         case RenameSession():
-            return (op.name, op.tenant, op.session)
+            return (storable(op.name), op.tenant, op.session)
         case DeleteSession():
             return (op.at, op.tenant, op.session)
         case InsertMessage():
@@ -214,10 +215,10 @@ def params(op: Op) -> tuple[Any, ...]:
                 op.session,
                 op.id,
                 op.parent_id,
-                op.role,
+                storable(op.role),
                 op.content,
                 op.body_sha256,
-                op.text,
+                storable(op.text),
                 op.at,
                 op.seq,
                 op.seq,
@@ -226,7 +227,16 @@ def params(op: Op) -> tuple[Any, ...]:
                 op.session,
             )
         case UpdateMessage():
-            return (op.role, op.content, op.body_sha256, op.text, op.seq, op.tenant, op.session, op.id)
+            return (
+                storable(op.role),
+                op.content,
+                op.body_sha256,
+                storable(op.text),
+                op.seq,
+                op.tenant,
+                op.session,
+                op.id,
+            )
         case DeleteMessages():
             return (op.tenant, op.session, list(op.ids))
         case ClearMessages():

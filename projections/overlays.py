@@ -18,6 +18,7 @@ from psycopg.rows import class_row
 
 from events.catalog import CompactionFailed, CompactionRecorded, MessagesCleared, SessionDeleted
 from events.envelope import Event
+from projections.sanitize import storable
 
 COMPACTION_PREFIX = "compaction_"
 Statement = tuple[str, tuple[Any, ...]]
@@ -66,7 +67,7 @@ def plan(event: Event, seq: int) -> list[Statement]:
                         event.from_message_id,
                         event.to_message_id,
                         event.leaf_id,
-                        event.summary,
+                        storable(event.summary),
                         event.tokens_before,
                         event.tokens_after,
                         event.summarizer,
@@ -81,7 +82,16 @@ def plan(event: Event, seq: int) -> list[Statement]:
                 (
                     "INSERT INTO compaction_failures (tenant, session_id, seq, leaf_id, summarizer, error, attempt, "
                     "created_at) VALUES (%s, %s, %s, %s, %s, %s, %s, %s) ON CONFLICT DO NOTHING",
-                    (t, s, seq, event.leaf_id, event.summarizer, event.error, event.attempt, event.occurred_at),
+                    (
+                        t,
+                        s,
+                        seq,
+                        event.leaf_id,
+                        event.summarizer,
+                        storable(event.error),
+                        event.attempt,
+                        event.occurred_at,
+                    ),
                 )
             ]
         case MessagesCleared() | SessionDeleted():

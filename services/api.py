@@ -23,7 +23,7 @@ from services.commands import OMITTED, AppendResult, fork
 from services.compactor import compacted_view
 from services.context import reclaim
 from services.decisions import ParentSpec
-from services.deps import C, Limit, MinSeq, Q, Tenant, caught_up, check_id, tenant_for
+from services.deps import C, Limit, MinSeq, Q, Tenant, caught_up, check_id, no_nul, tenant_for
 from services.errors import ChronicleError, InvalidRequest, MessageNotFound, SessionNotFound, SummarizerFailed
 from services.microcompact import recent_window, truncate_older_messages
 from services.problems import from_error, install
@@ -105,6 +105,7 @@ def _message(raw: dict[str, Any]) -> dict[str, Any]:
         stored_json(raw).encode("utf-8")
     except UnicodeEncodeError as exc:
         raise InvalidRequest("message contains invalid Unicode (a lone surrogate)") from exc
+    no_nul(raw, "message")
     return raw
 
 
@@ -164,6 +165,7 @@ def build_app(settings: Settings, container: Container | None = None) -> FastAPI
 
     @app.post("/v1/sessions", status_code=201)
     async def create_session(body: CreateSessionBody, tenant: Tenant, c: C) -> dict[str, Any]:
+        no_nul([body.name, body.metadata], "name and metadata")
         sid = check_id("session", body.id) if body.id is not None else None
         parent = check_id("session", body.parent_session_id) if body.parent_session_id is not None else None
         w = await c.commands.create_session(tenant, sid, body.name, parent, body.metadata)
@@ -175,7 +177,7 @@ def build_app(settings: Settings, container: Container | None = None) -> FastAPI
         tenant: Tenant,
         c: C,
         limit: Annotated[int, Query(ge=1, le=500)] = 50,
-        cursor: Annotated[int | None, Query(ge=0)] = None,
+        cursor: Annotated[int | None, Query(ge=0, le=2**63 - 1)] = None,
         min_seq: MinSeq = None,
     ) -> dict[str, Any]:
         if min_seq:
@@ -200,6 +202,7 @@ def build_app(settings: Settings, container: Container | None = None) -> FastAPI
 
     @app.patch("/v1/sessions/{sid}")
     async def rename_session(sid: str, body: RenameBody, tenant: Tenant, c: C) -> dict[str, Any]:
+        no_nul(body.name, "name")
         check_id("session", sid)
         w = await c.commands.rename_session(tenant, sid, body.name)
         metrics.published("session.renamed")

@@ -7,7 +7,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from events.context import SessionConfig
 from services import metrics
-from services.deps import C, MinSeq, Tenant, caught_up, check_id
+from services.deps import C, MinSeq, Tenant, caught_up, check_id, no_nul
 from services.errors import InvalidConfig
 
 router = APIRouter()
@@ -32,6 +32,7 @@ def _config(raw: Any) -> SessionConfig:
 @router.put("/v1/sessions/{sid}/config")
 async def put_config(sid: str, tenant: Tenant, c: C, body: Annotated[dict[str, Any], Body()]) -> dict[str, Any]:
     check_id("session", sid)
+    no_nul(body, "config")
     config = _config(body)
     seq = await c.context.configure(tenant, sid, config)
     metrics.published("session.configured")
@@ -72,6 +73,7 @@ async def get_context(sid: str, tenant: Tenant, c: C, min_seq: MinSeq = None) ->
 @router.put("/v1/sessions/{sid}/context/{label}")
 async def write_context(sid: str, label: str, body: ContextWriteBody, tenant: Tenant, c: C) -> dict[str, Any]:
     check_id("session", sid)
+    no_nul(body.content, "content")
     result = await c.context.write(tenant, sid, label, body.content, body.mode, "api")
     metrics.published("context.written")
     return {

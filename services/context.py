@@ -27,6 +27,7 @@ from events.ids import TENANT_SCOPE
 from events.publisher import Publisher
 from projections import context_queries as cq
 from projections import queries
+from projections.sanitize import has_nul
 from services.conditional import Conditional, Decision
 from services.errors import (
     BlockNotFound,
@@ -353,6 +354,8 @@ class ContextService:
                 return f'Error: tool "{name}" is not available in this session'
             if not isinstance(args, dict):
                 return "Error: tool arguments must be a JSON object"
+            if has_nul(args):
+                return "Error: tool arguments must not contain NUL characters"
             return await self._dispatch(tenant, session, name, args)
         except ChronicleError as exc:
             return f"Error: {exc.detail}"

@@ -5,8 +5,9 @@ from typing import Annotated
 from fastapi import Depends, Query, Request
 
 from events import ids
+from projections.sanitize import has_nul
 from services.bootstrap import Container
-from services.errors import InvalidId, Unauthorized
+from services.errors import InvalidId, InvalidRequest, Unauthorized
 from services.settings import hash_key
 
 
@@ -37,8 +38,8 @@ async def tenant_of(request: Request) -> str:
 
 Tenant = Annotated[str, Depends(tenant_of)]
 C = Annotated[Container, Depends(get_c)]
-MinSeq = Annotated[int | None, Query(ge=0)]
-Q = Annotated[str, Query(min_length=1, max_length=1000)]
+MinSeq = Annotated[int | None, Query(ge=0, le=2**63 - 1)]
+Q = Annotated[str, Query(min_length=1, max_length=1000, pattern=r"^[^\x00]*$")]
 Limit = Annotated[int, Query(ge=1, le=200)]
 
 
@@ -56,3 +57,9 @@ async def caught_up(c: Container, tenant: str, sid: str, min_seq: int | None) ->
         return
     last = await c.publisher.last_subject_seq(tenant, sid)
     await c.waiter.wait_session(tenant, sid, min(min_seq, last))
+
+
+def no_nul(value: object, what: str) -> None:
+    """Postgres cannot store NUL characters: refuse them at the edge (nothing is written)."""
+    if has_nul(value):
+        raise InvalidRequest(f"{what} must not contain NUL characters")
