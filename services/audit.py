@@ -20,6 +20,8 @@ from projections import queries
 from projections.rebuild import TABLES, apply_range, checksums, rebuild_into
 from projections.timetravel import SessionState
 from services.bootstrap import Container
+from services.context import object_key
+from services.skills_store import StoredObject
 
 PROJECTION_TABLES: dict[str, tuple[str, ...]] = {
     "history": ("sessions", "messages"),
@@ -178,7 +180,11 @@ async def sync_skills(c: Container, tenant: str, bucket: str, prefix: str = "") 
     (by etag and description) and removed ones, so rendering never has to list the bucket."""
     if c.context.skills is None:
         raise RuntimeError("object storage is not configured")
-    objects = await c.context.skills.list(bucket, prefix)
+    root = object_key(tenant, "")
+    objects = [
+        StoredObject(o.key[len(root) :], o.description, o.etag, o.size)
+        for o in await c.context.skills.list(bucket, root + prefix)
+    ]
     async with c.pool.connection() as conn:
         known = await cq.indexed_skills(conn, tenant, bucket)
         listing = dict(await cq.skill_listing(conn, tenant, bucket, prefix))

@@ -144,6 +144,7 @@ async def open_container(settings: Settings) -> AsyncIterator[Container]:
         )
         counter = TokenCounter(settings.tiktoken_encoding)
         context = ContextService(commands.conditional, publisher, pool, counter, skills)
+        context.reserved_buckets = frozenset({settings.originals_bucket})
         compaction = CompactionService(pool, publisher, commands.conditional, context, counter, summarizer_of(settings))
         yield Container(
             settings, layout, nc, js, pool, publisher, blobs, waiter, originals, commands, context, compaction

@@ -68,6 +68,15 @@ class Prompt:
     seq: int
 
 
+def object_key(tenant: str, key: str) -> str:
+    """Where a tenant's objects live in a bucket: ``tenants/<tenant>/<key>``.
+
+    Every tenant's reads and writes go through the server's S3 credentials, so each tenant is
+    confined to its own key space; one tenant cannot name another's objects.
+    """
+    return f"tenants/{tenant}/{key}"
+
+
 def joined(current: str, addition: str) -> str:
     """Append as the reference does: a newline between, unless empty or already starting with one."""
     sep = "\n" if current and not addition.startswith("\n") else ""
@@ -88,6 +97,7 @@ class ContextService:
         self._pool = pool
         self.counter = counter
         self._skills = skills
+        self.reserved_buckets: frozenset[str] = frozenset()
 
     @property
     def skills(self) -> SkillStore | None:
@@ -113,6 +123,8 @@ class ContextService:
 
     async def _require_bucket(self, bucket: str) -> None:
         assert self._skills is not None
+        if bucket in self.reserved_buckets:
+            raise InvalidConfig(f"bucket {bucket!r} is reserved for Chronicle's own data")
         if not await self._skills.bucket_exists(bucket):
             raise InvalidConfig(f"bucket {bucket!r} does not exist")
 
@@ -133,7 +145,8 @@ class ContextService:
                 case ReadonlyBlock():
                     content = b.content or ""
                     if b.source is not None:
-                        content = await self._storage().get_text(b.source.bucket, b.source.key) or ""
+                        key = object_key(tenant, b.source.key)
+                        content = await self._storage().get_text(b.source.bucket, key) or ""
                 case WritableBlock():
                     content = contents.get(b.label, "")
                 case SearchableBlock():
@@ -217,8 +230,8 @@ class ContextService:
 
     async def put_skill(self, tenant: str, bucket: str, key: str, content: str, description: str | None) -> int:
         """Store a document and record it in the tenant's skills index (idempotent per etag)."""
-        stored = await self._storage().put(bucket, key, content, description)
-        return await self.record_skill(tenant, bucket, stored.key, stored.description, stored.etag, stored.size)
+        stored = await self._storage().put(bucket, object_key(tenant, key), content, description)
+        return await self.record_skill(tenant, bucket, key, stored.description, stored.etag, stored.size)
 
     async def record_skill(
         self, tenant: str, bucket: str, key: str, description: str | None, etag: str, size: int
@@ -257,7 +270,7 @@ class ContextService:
             raise BlockNotFound(f'Block "{label}" is not a skill provider')
         if block.keys and key not in block.keys:
             return None
-        text = await self._storage().get_text(block.bucket, block.prefix + key)
+        text = await self._storage().get_text(block.bucket, object_key(tenant, block.prefix + key))
         if text is None:
             return None
         await self._pub.publish(SkillLoaded(tenant=tenant, session=session, label=label, key=key))

@@ -47,10 +47,17 @@ def new_bucket(settings: Settings) -> str:
     return name
 
 
-def put_object(settings: Settings, bucket: str, key: str, text: str, description: str | None = None) -> None:
+def tenant_key(key: str, tenant: str = "tenant-a") -> str:
+    """Where the server keeps a tenant's objects (services.context.object_key)."""
+    return f"tenants/{tenant}/{key}"
+
+
+def put_object(
+    settings: Settings, bucket: str, key: str, text: str, description: str | None = None, tenant: str = "tenant-a"
+) -> None:
     data = text.encode()
     meta: dict[str, str | list[str] | tuple[str]] | None = {"description": description} if description else None
-    minio(settings).put_object(bucket, key, io.BytesIO(data), len(data), metadata=meta)
+    minio(settings).put_object(bucket, tenant_key(key, tenant), io.BytesIO(data), len(data), metadata=meta)
 
 
 async def configure(client: httpx.AsyncClient, session: str, config: dict[str, Any]) -> int:

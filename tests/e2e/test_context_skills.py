@@ -23,6 +23,7 @@ from tests.e2e.context_support import (
     put_object,
     refresh,
     sid,
+    tenant_key,
     tool,
 )
 from tests.support import settings_env
@@ -66,7 +67,7 @@ async def test_allowlist_filters_the_listing_and_loads(client: httpx.AsyncClient
     await set_skill(client, s, "bank reconciliation", "Bank doc", "Bank reconciliation")
     await set_skill(client, s, "hidden", "Hidden doc", "Not for this session")  # the allowlist is ignored on writes
     put_object(api_settings, bucket, "elsewhere/tax", "outside the prefix")
-    assert minio(api_settings).stat_object(bucket, "skills/hidden").size == len(b"Hidden doc")
+    assert minio(api_settings).stat_object(bucket, tenant_key("skills/hidden")).size == len(b"Hidden doc")
 
     listing = "- bank-reconciliation: Bank reconciliation\n- tax: Tax workflows"
     await listed(client, s, "skills", listing)
@@ -83,7 +84,9 @@ async def test_allowlist_filters_the_listing_and_loads(client: httpx.AsyncClient
     requests = recorded_paths(api_settings, "download-recording")
     recorded_paths(api_settings, "reset-recording")
     assert (hidden, tax) == ("Not found: hidden", "Tax doc")
-    assert any(line.startswith("GET ") and f"/{bucket}/skills/tax" in line for line in requests), requests
+    assert any(line.startswith("GET ") and f"/{bucket}/{tenant_key('skills/tax')}" in line for line in requests), (
+        requests
+    )
     assert not [line for line in requests if "hidden" in line]
     loaded = [e["event"] for e in await events(client, s) if e["event"]["type"] == "skill.loaded"]
     assert [(e["label"], e["key"]) for e in loaded] == [("skills", "tax")]
@@ -119,7 +122,7 @@ async def test_title_doubles_as_description_and_writes_accumulate(
     await listed(client, s, "skills", listing)
     p = await refresh(client, s)
     assert p["prompt"] == block("SKILLS (Loadable docs) [loadable]", listing)
-    stat = minio(api_settings).stat_object(bucket, "p/pirate-style")
+    stat = minio(api_settings).stat_object(bucket, tenant_key("p/pirate-style"))
     assert {k.lower(): v for k, v in (stat.metadata or {}).items()}["x-amz-meta-description"] == "Talk like a pirate"
     res, _ = await tool(client, s, "load_context", {"label": "skills", "key": "pirate-style"})
     assert res == PIRATE + "\nv2"
@@ -131,7 +134,7 @@ async def test_load_unload_reload(client: httpx.AsyncClient, api_settings: Setti
     await configure(client, s, {"blocks": [skills_block(bucket, prefix="skills/", keys=["pirate", "gone"])]})
     await set_skill(client, s, "pirate", PIRATE, "Talk like a pirate")
     await set_skill(client, s, "gone", "soon deleted", "Gone")
-    minio(api_settings).remove_object(bucket, "skills/gone")
+    minio(api_settings).remove_object(bucket, tenant_key("skills/gone"))
 
     assert (await tool(client, s, "load_context", {"label": "skills", "key": "gone"}))[0] == "Not found: gone"
     assert (await tool(client, s, "load_context", {"label": "skills", "key": "never"}))[0] == "Not found: never"
@@ -274,7 +277,7 @@ async def test_cli_put_and_sync(client: httpx.AsyncClient, api_settings: Setting
     assert (await refresh(client, s))["prompt"] == block("SKILLS (Loadable docs) [loadable]", listing)
 
     # removed out of band: gone after the next sync; a second sync changes nothing
-    minio(api_settings).remove_object(bucket, "skills/plain")
+    minio(api_settings).remove_object(bucket, tenant_key("skills/plain"))
     out = chronicle(api_settings, "sync", "--bucket", bucket, "--prefix", "skills/", "--tenant", "tenant-a")
     assert out.strip() == "indexed 0, removed 1, unchanged 2"
     await listed(client, s, "skills", "- direct: Direct upload\n- tax: Tax workflows")

@@ -1,0 +1,46 @@
+"""Tenants share S3 credentials on the server, so each is confined to its own key space."""
+
+from __future__ import annotations
+
+import uuid
+
+import httpx
+
+from services.settings import Settings
+from tests.e2e.context_support import new_bucket, put_object
+
+
+async def test_a_tenant_cannot_read_or_overwrite_another_tenants_objects(
+    client: httpx.AsyncClient, client_b: httpx.AsyncClient, api_settings: Settings
+) -> None:
+    bucket = new_bucket(api_settings)
+    put_object(api_settings, bucket, "secret.md", "TENANT A SECRET", tenant="tenant-a")
+    s = "iso-" + uuid.uuid4().hex[:8]
+    config = {
+        "blocks": [
+            {"label": "soul", "kind": "readonly", "source": {"bucket": bucket, "key": "secret.md"}},
+            {"label": "skills", "kind": "skills", "bucket": bucket, "prefix": ""},
+        ]
+    }
+    assert (await client.put(f"/v1/sessions/{s}/config", json=config)).status_code == 200
+    assert (await client_b.put(f"/v1/sessions/{s}/config", json=config)).status_code == 200
+    a = (await client.get(f"/v1/sessions/{s}/context")).json()["blocks"][0]["content"]
+    b = (await client_b.get(f"/v1/sessions/{s}/context")).json()["blocks"][0]["content"]
+    assert (a, b) == ("TENANT A SECRET", "")
+    loaded = await client_b.post(f"/v1/sessions/{s}/tools/load_context", json={"label": "skills", "key": "secret.md"})
+    assert loaded.json()["result"] == "Not found: secret.md"
+    await client_b.post(
+        f"/v1/sessions/{s}/tools/set_context",
+        json={"label": "skills", "content": "overwritten", "metadata": {"title": "secret.md"}},
+    )
+    a_again = (await client.get(f"/v1/sessions/{s}/context")).json()["blocks"][0]["content"]
+    assert a_again == "TENANT A SECRET"
+
+
+async def test_chronicles_own_bucket_cannot_be_configured(client: httpx.AsyncClient, api_settings: Settings) -> None:
+    s = "iso-" + uuid.uuid4().hex[:8]
+    config = {
+        "blocks": [{"label": "x", "kind": "readonly", "source": {"bucket": api_settings.originals_bucket, "key": "k"}}]
+    }
+    r = await client.put(f"/v1/sessions/{s}/config", json=config)
+    assert (r.status_code, r.json()["code"]) == (422, "invalid_config")
