@@ -137,6 +137,30 @@ _CLOSING = (
 )
 
 
+def _js_truthy(value: Any) -> bool:
+    """JavaScript truthiness: empty objects and arrays are true; "", 0, null, false are not."""
+    if isinstance(value, dict | list):
+        return True
+    return bool(value)
+
+
+def _js_to_string(value: Any) -> str:
+    """JavaScript ``String(value)`` for JSON values."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if value is None:
+        return "null"
+    if isinstance(value, dict):
+        return "[object Object]"
+    if isinstance(value, list):
+        return ",".join("" if v is None else _js_to_string(v) for v in value)
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    return str(value)
+
+
 def _js_slice(text: str, n: int) -> str:
     return text.encode("utf-16-le")[: 2 * n].decode("utf-16-le", errors="ignore")
 
@@ -150,11 +174,10 @@ def transcript(messages: Sequence[Message]) -> str:
             if not is_tool_part(p):
                 continue
             lines = [f"[Tool: {p.get('toolName') or 'unknown'}]"]
-            if p.get("input"):
+            if _js_truthy(p.get("input")):
                 lines.append(f"Input: {_js_slice(_js_string(p['input']), 500)}")
-            if p.get("output"):
-                out = p["output"]
-                lines.append(f"Output: {_js_slice(out if isinstance(out, str) else '[object Object]', 500)}")
+            if _js_truthy(p.get("output")):
+                lines.append(f"Output: {_js_slice(_js_to_string(p['output']), 500)}")
             tools.append("\n".join(lines))
         tool_text = "\n".join(tools)
         blocks.append(f"[{msg.get('role')}]\n{texts}" + ("\n" + tool_text if tool_text else ""))

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import TypeVar
 from urllib.parse import quote, unquote
 
+import urllib3
 from minio import Minio
 from minio.error import S3Error
 
@@ -34,7 +35,15 @@ class StoredObject:
 
 class SkillStore:
     def __init__(self, endpoint: str, access_key: str, secret_key: str, *, secure: bool, region: str | None) -> None:
-        self._client = Minio(endpoint, access_key=access_key, secret_key=secret_key, secure=secure, region=region)
+        # Short timeouts and few retries: a slow object store must fail a request, not hang it.
+        http = urllib3.PoolManager(
+            timeout=urllib3.Timeout(connect=3.0, read=15.0),
+            retries=urllib3.Retry(total=2, backoff_factor=0.2, status_forcelist=[500, 502, 503, 504]),
+            maxsize=16,
+        )
+        self._client = Minio(
+            endpoint, access_key=access_key, secret_key=secret_key, secure=secure, region=region, http_client=http
+        )
 
     def _ensure_bucket(self, bucket: str) -> None:
         if not self._client.bucket_exists(bucket):
