@@ -152,11 +152,30 @@ class ProjectorRunner:
         log.info("projector %s positioned at sequence %d", self.name, checkpoint + 1)
         return await self.js.pull_subscribe_bind(self.durable, stream=self.layout.stream)
 
+    async def _advance_when_idle(self) -> None:
+        """With nothing pending for this consumer's filter, every event up to the stream's last
+        sequence that this projector could see is applied: move the checkpoint there, so readers
+        waiting on a sequence of another partition are not kept waiting by an idle one."""
+        stream = await self.js.stream_info(self.layout.stream)
+        last = int(stream.state.last_seq)
+        info = await self.js.consumer_info(self.layout.stream, self.durable)
+        if info.num_pending or info.num_ack_pending:
+            return
+        async with self.pool.connection() as conn, conn.transaction():
+            cur = await conn.execute(
+                "INSERT INTO checkpoints (name, seq) VALUES (%s, %s) ON CONFLICT (name) DO UPDATE "
+                "SET seq = excluded.seq, updated_at = now() WHERE checkpoints.seq < excluded.seq",
+                (self.name, last),
+            )
+            if cur.rowcount:
+                await conn.execute("SELECT pg_notify(%s, %s)", (NOTIFY_CHANNEL, f"{self.name}:{last}"))
+
     async def _consume(self, sub: JetStreamContext.PullSubscription, stop: asyncio.Event) -> None:
         while not stop.is_set():
             try:
                 msgs = await sub.fetch(1, timeout=self.idle_timeout_s)
             except (TimeoutError, nats.errors.TimeoutError):
+                await self._advance_when_idle()
                 continue
             pending = msgs[-1].metadata.num_pending
             while pending > 0 and len(msgs) < self.batch_size:

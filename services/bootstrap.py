@@ -116,7 +116,9 @@ async def open_container(settings: Settings) -> AsyncIterator[Container]:
         settings.database_url, min_size=2, max_size=20, open=False, kwargs={"autocommit": True}
     )
     await pool.open(wait=True, timeout=15)
-    waiter = AppliedWaiter(pool, settings.database_url, settings.read_wait_timeout_s, settings.projector_name)
+    waiter = AppliedWaiter(
+        pool, settings.database_url, settings.read_wait_timeout_s, settings.projector_name, settings.partitions
+    )
     try:
         js = nc.jetstream()
         await ensure_stream(js, layout)

@@ -28,8 +28,10 @@ class AppliedWaiter:
         conninfo: str,
         timeout_s: float,
         projector: str = "projector",
+        partitions: int = 1,
     ) -> None:
         self._projector = projector
+        self._partitions = partitions
         self._pool = pool
         self._conninfo = conninfo
         self._timeout = timeout_s
@@ -99,12 +101,16 @@ class AppliedWaiter:
 
     async def all_applied(self, seq: int) -> bool:
         async with self._pool.connection() as conn:
-            # the projector's checkpoints only (one, or one per partition): not the compactor's
+            # the projector's checkpoints only (one, or one per partition): not the compactor's;
+            # with partitioned projectors every partition must have reported
             cur = await conn.execute(
-                "SELECT coalesce(min(seq), 0) FROM checkpoints WHERE name = %s OR starts_with(name, %s)",
-                (self._projector, self._projector + ".p"),
+                "SELECT coalesce(min(seq), 0), count(*) FILTER (WHERE name <> %s) FROM checkpoints "
+                "WHERE name = %s OR starts_with(name, %s)",
+                (self._projector, self._projector, self._projector + ".p"),
             )
             row = await cur.fetchone()
+        if row is not None and 0 < row[1] < self._partitions:
+            return False
         return bool(row and row[0] >= seq)
 
     async def wait_all(self, seq: int, timeout_s: float | None = None) -> None:

@@ -12,12 +12,19 @@ import pytest
 from services.localstack import free_port, wait_for_port
 from services.settings import Settings
 from tests.conftest import KEYS, make_settings
-from tests.support import settings_env
+from tests.support import scratch_database, settings_env
 
 
 @pytest.fixture(scope="session")
-def api_settings(nats_url: str, db_url: str, s3_endpoint: str) -> Settings:
-    return make_settings(nats_url, db_url, api_port=free_port(), s3_endpoint=s3_endpoint)
+def e2e_db(pg_admin: str) -> Iterator[str]:
+    """A database of the e2e stack's own: one database holds one stream's read models."""
+    with scratch_database(pg_admin) as url:
+        yield url
+
+
+@pytest.fixture(scope="session")
+def api_settings(nats_url: str, e2e_db: str, s3_endpoint: str) -> Settings:
+    return make_settings(nats_url, e2e_db, api_port=free_port(), s3_endpoint=s3_endpoint)
 
 
 @pytest.fixture(scope="session")
