@@ -11,6 +11,7 @@ from psycopg import AsyncConnection
 from events.context import SessionConfig
 
 Conn = AsyncConnection[Any]
+SEARCH_CANDIDATES = 1000  # newest matches ranked, so a common word costs the same as a rare one
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,11 +52,14 @@ async def search_entries(
 ) -> list[tuple[str, str]]:
     """(key, content) of entries matching every word (stemmed), best first."""
     cur = await conn.execute(
-        "WITH q AS (SELECT plainto_tsquery('english', %s) AS q) "
-        "SELECT key, content FROM search_entries, q WHERE tenant = %s AND session_id = %s AND label = %s "
-        "AND numnode(q.q) > 0 AND content_tsv @@ q.q ORDER BY ts_rank(content_tsv, q.q) DESC, updated_seq DESC "
-        "LIMIT %s",
-        (query, tenant, session, label, limit),
+        "WITH cand AS (SELECT key, content, content_tsv, updated_seq FROM search_entries"
+        " WHERE tenant = %(t)s AND session_id = %(s)s AND label = %(l)s"
+        " AND numnode(plainto_tsquery('english', %(q)s)) > 0"
+        " AND content_tsv @@ plainto_tsquery('english', %(q)s)"
+        " ORDER BY updated_seq DESC LIMIT %(cand)s)"
+        " SELECT key, content FROM cand"
+        " ORDER BY ts_rank(content_tsv, plainto_tsquery('english', %(q)s)) DESC, updated_seq DESC LIMIT %(n)s",
+        {"q": query, "t": tenant, "s": session, "l": label, "cand": SEARCH_CANDIDATES, "n": limit},
     )
     return [(str(k), str(c)) for k, c in await cur.fetchall()]
 

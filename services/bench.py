@@ -1,9 +1,10 @@
-"""``chronicle bench {ingest,api,history,search,rebuild,all}``: benchmarks against a same-run baseline.
+"""``chronicle bench {ingest,api,history,search,rebuild,context,compaction,all}``.
 
-Each benchmark starts its own infrastructure (see :mod:`services.bench_support`), prints a table,
-writes JSON (default ``bench-results/<name>.json``) and reports its ratio to a baseline measured
-in the same run on the same machine, because absolute numbers on small machines drift.
-``--smoke`` runs tiny sizes in seconds, so the benchmarks are exercised by the tests.
+Benchmarks against a same-run baseline. Each benchmark starts its own infrastructure (see
+:mod:`services.bench_support`), prints a table, writes JSON (default
+``bench-results/<name>.json``) and reports its ratio to a baseline measured in the same run on the
+same machine, because absolute numbers on small machines drift. ``--smoke`` runs tiny sizes in
+seconds, so the benchmarks are exercised by the tests.
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ import tempfile
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
+from services.bench_compaction import compaction
+from services.bench_context import context
 from services.bench_http import api
 from services.bench_ingest import ingest, rebuild
 from services.bench_query import history, search
@@ -30,6 +33,8 @@ BENCHMARKS: dict[str, Bench] = {
     "history": history,
     "search": search,
     "rebuild": rebuild,
+    "context": context,
+    "compaction": compaction,
 }
 RESULTS_DIR = Path("bench-results")
 

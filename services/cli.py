@@ -50,7 +50,9 @@ def main(argv: list[str] | None = None) -> int:
     p_sync.add_argument("--prefix", default="")
     p_sync.add_argument("--tenant", default="default")
     p_bench = sub.add_parser("bench", help="benchmarks on private infrastructure, against a same-run baseline")
-    p_bench.add_argument("which", choices=["ingest", "api", "history", "search", "rebuild", "all"])
+    p_bench.add_argument(
+        "which", choices=["ingest", "api", "history", "search", "rebuild", "context", "compaction", "all"]
+    )
     p_bench.add_argument("--smoke", action="store_true", help="tiny sizes (seconds), as the tests run them")
     p_bench.add_argument("--out", default=None, help="JSON file (a directory with 'all'); default bench-results/")
     p_bench.add_argument("--messages", type=int, default=None, help="messages to ingest/rebuild/load")

@@ -174,16 +174,26 @@ class CompactorState:
         estimate = 0
         if leaf is not None:
             cur = await conn.execute(
-                "WITH RECURSIVE path (id, parent_id, tokens, depth) AS ("
+                "WITH RECURSIVE bound AS (SELECT count(*) AS n FROM compactor_messages"
+                " WHERE worker = %(w)s AND tenant = %(t)s AND session_id = %(s)s),"
+                " path (id, parent_id, tokens, depth) AS ("
                 " SELECT id, parent_id, tokens, 0 FROM compactor_messages"
                 " WHERE worker = %(w)s AND tenant = %(t)s AND session_id = %(s)s AND id = %(leaf)s"
                 " UNION ALL SELECT m.id, m.parent_id, m.tokens, p.depth + 1 FROM path p JOIN compactor_messages m"
                 " ON m.worker = %(w)s AND m.tenant = %(t)s AND m.session_id = %(s)s AND m.id = p.parent_id"
-                ") CYCLE id SET is_cycle USING trail "
-                "SELECT id, tokens FROM path WHERE NOT is_cycle ORDER BY depth DESC",
+                " WHERE p.depth < (SELECT n FROM bound)"
+                ") SELECT id, tokens FROM path ORDER BY depth",
                 {"w": self.worker, "t": t, "s": s, "leaf": leaf},
             )
-            path = [(str(i), int(n)) for i, n in await cur.fetchall()]
+            walked = [(str(i), int(n)) for i, n in await cur.fetchall()]
+            seen: set[str] = set()
+            path: list[tuple[str, int]] = []
+            for mid, n in walked:  # leaf first; a cycle (delete + re-append) ends the path
+                if mid in seen:
+                    break
+                seen.add(mid)
+                path.append((mid, n))
+            path.reverse()
             cur = await conn.execute(
                 "SELECT from_id, to_id, summary_tokens FROM compactor_overlays WHERE worker = %s AND tenant = %s "
                 "AND session_id = %s ORDER BY seq",

@@ -38,7 +38,7 @@ async def smoke(name: str, nats_url: str, pg_admin: str, out: Path) -> dict[str,
 
 
 def test_every_benchmark_is_covered() -> None:
-    assert set(BENCHMARKS) == {"ingest", "api", "history", "search", "rebuild"}
+    assert set(BENCHMARKS) == {"ingest", "api", "history", "search", "rebuild", "context", "compaction"}
 
 
 async def test_ingest_smoke(nats_url: str, pg_admin: str, tmp_path: Path) -> None:
@@ -79,6 +79,31 @@ async def test_rebuild_smoke(nats_url: str, pg_admin: str, tmp_path: Path) -> No
     assert m["stored_rows"] == m["events"] == data["params"]["messages"]
     positive(m, "events_per_s", "read_decode_per_s")
     positive(data["baseline"], "rows_per_s")
+
+
+async def test_context_smoke(nats_url: str, pg_admin: str, tmp_path: Path) -> None:
+    data = await smoke("context", nats_url, pg_admin, tmp_path / "context.json")
+    m = data["metrics"]
+    for key in ("frozen_prompt", "http_frozen_prompt", "set_context_append", "http_set_context_append"):
+        positive(m[key], "n", "p50", "p95")
+    for key in ("search_selective", "search_common"):
+        positive(m[key], "p50", "p95", "mean_hits")
+        positive(m[f"{key}_query"], "p50", "p95")
+        positive(data["baseline"][f"{key}_unranked"], "p50", "p95")
+    positive(data["baseline"]["select_1"], "p50")
+    # every append (in-process and over HTTP) added one line to the writable block
+    assert m["writable_block_lines"] == m["set_context_append"]["n"] + m["http_set_context_append"]["n"]
+
+
+async def test_compaction_smoke(nats_url: str, pg_admin: str, tmp_path: Path) -> None:
+    data = await smoke("compaction", nats_url, pg_admin, tmp_path / "compaction.json")
+    m, b = data["metrics"], data["baseline"]
+    positive(m["ingest_with_compactor"], "msgs_per_s", "end_to_end_s", "compactions", "overlays_projected")
+    assert m["ingest_with_compactor"]["compaction_failures"] == 0
+    positive(b["ingest_without_compactor"], "msgs_per_s", "end_to_end_s")
+    for size in data["params"]["histories"]:
+        positive(m[f"append_{size}"], "n", "p50", "p95")
+        positive(b[f"resum_{size}"], "p50")
 
 
 def test_bench_cli_wiring(monkeypatch: pytest.MonkeyPatch) -> None:
