@@ -62,8 +62,69 @@ class CompactorState:
             self.candidates[(str(t), str(s))] = Candidate(str(t), str(s), int(estimate), int(seq))
 
     async def apply(self, conn: Conn, items: Sequence[tuple[int, Event]]) -> None:
+        """Runs of appends are applied set-wise (a few statements per run, not per message);
+        anything else one event at a time, in order."""
+        run: list[tuple[int, MessageAppended]] = []
         for seq, event in items:
+            if isinstance(event, MessageAppended) and event.session:
+                run.append((seq, event))
+                continue
+            if run:
+                await self._apply_appends(conn, run)
+                run = []
             await self._apply_one(conn, seq, event)
+        if run:
+            await self._apply_appends(conn, run)
+
+    async def _apply_appends(self, conn: Conn, run: list[tuple[int, MessageAppended]]) -> None:
+        rows = []
+        for seq, ev in run:
+            body = await unpack_body(ev, self._blobs)
+            rows.append((ev.tenant, ev.session, ev.message_id, ev.parent_id, message_tokens(body, self._count), seq))
+        cur = await conn.execute(
+            "INSERT INTO compactor_messages (worker, tenant, session_id, id, parent_id, tokens, seq) "
+            "SELECT %s, t, s, i, p, n, q FROM unnest(%s::text[], %s::text[], %s::text[], %s::text[], %s::int[], "
+            "%s::bigint[]) AS u(t, s, i, p, n, q) ON CONFLICT DO NOTHING RETURNING tenant, session_id, id",
+            (self.worker, *(list(col) for col in zip(*rows, strict=True))),
+        )
+        fresh = {(str(t), str(s), str(i)) for t, s, i in await cur.fetchall()}
+        keys = sorted({(t, s) for t, s, *_ in rows})
+        last_seq = run[-1][0]
+        await conn.execute(
+            "INSERT INTO compactor_sessions (worker, tenant, session_id, seq) "
+            "SELECT %s, t, s, %s FROM unnest(%s::text[], %s::text[]) AS u(t, s) ON CONFLICT DO NOTHING",
+            (self.worker, last_seq, [k[0] for k in keys], [k[1] for k in keys]),
+        )
+        cur = await conn.execute(
+            "SELECT tenant, session_id, leaf_id, estimate, prompt_tokens, compact_after FROM compactor_sessions "
+            "WHERE worker = %s AND (tenant, session_id) IN (SELECT * FROM unnest(%s::text[], %s::text[]))",
+            (self.worker, [k[0] for k in keys], [k[1] for k in keys]),
+        )
+        state = {(str(t), str(s)): [leaf, int(est), int(pt), ca] for t, s, leaf, est, pt, ca in await cur.fetchall()}
+        resum: set[tuple[str, str]] = set()
+        for t, s, mid, parent, tokens, _seq in rows:
+            if (t, s, mid) not in fresh:
+                continue
+            st = state[(t, s)]
+            if (t, s) not in resum and st[0] == parent and (parent is not None or st[1] == 0):
+                st[0], st[1] = mid, st[1] + tokens
+            else:
+                st[0] = mid
+                resum.add((t, s))
+        async with conn.cursor() as update:
+            await update.executemany(
+                "UPDATE compactor_sessions SET leaf_id = %s, estimate = %s, seq = %s "
+                "WHERE worker = %s AND tenant = %s AND session_id = %s",
+                [(st[0], st[1], last_seq, self.worker, t, s) for (t, s), st in state.items() if (t, s) not in resum],
+            )
+        for t, s in sorted(resum):
+            await self._resum(conn, t, s, last_seq, state[(t, s)][0])
+        for t, s in keys:
+            if (t, s) in resum:
+                await self._check(conn, t, s, last_seq)
+            else:
+                _, estimate, prompt_tokens, compact_after = state[(t, s)]
+                self._mark(t, s, estimate + prompt_tokens, compact_after, last_seq)
 
     async def _session(self, conn: Conn, t: str, s: str, seq: int) -> tuple[str | None, int, int, int | None]:
         await conn.execute(
@@ -205,8 +266,11 @@ class CompactorState:
 
     async def _check(self, conn: Conn, t: str, s: str, seq: int) -> None:
         _, estimate, prompt_tokens, compact_after = await self._session(conn, t, s, seq)
-        if compact_after is not None and estimate + prompt_tokens > compact_after:
-            self.candidates[(t, s)] = Candidate(t, s, estimate + prompt_tokens, seq)
+        self._mark(t, s, estimate + prompt_tokens, compact_after, seq)
+
+    def _mark(self, t: str, s: str, total: int, compact_after: int | None, seq: int) -> None:
+        if compact_after is not None and total > compact_after:
+            self.candidates[(t, s)] = Candidate(t, s, total, seq)
         else:
             self.candidates.pop((t, s), None)
 
