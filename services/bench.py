@@ -78,6 +78,7 @@ def run_bench(settings: Settings, args: argparse.Namespace) -> int:
         sessions=args.sessions,
         requests=args.requests,
         nats_url=args.nats_url,
+        projector_workers=args.projector_workers,
     )
     reports = asyncio.run(run_benchmarks(settings, names, options))
     missed = [f"{n}: {t.name}" for n, r in reports.items() for t in r.targets if not t.met]

@@ -88,12 +88,23 @@ async def count_messages(c: Container, schema: str = "public") -> int:
 async def ingest(settings: Settings, infra: Infra, options: BenchOptions) -> Report:
     n = options.size(options.messages, 200_000, 300)
     sessions = options.size(options.sessions, 1_000, 10)
-    report = Report("ingest", {"messages": n, "sessions": sessions, "projector_batch": settings.projector_batch})
+    workers = max(1, options.projector_workers)
+    report = Report(
+        "ingest",
+        {
+            "messages": n,
+            "sessions": sessions,
+            "projector_batch": settings.projector_batch,
+            "projector_workers": workers,
+        },
+    )
     events, rows = prepare(n, sessions, options.progress)
     wal = WalMeter(infra.pg_admin)
     async with scratch_database(infra) as db:
         meter = CpuMeter(infra.pids, db_name(db))
         cfg = bench_settings(settings, infra, db)
+        if workers > 1:
+            cfg = cfg.model_copy(update={"partitions": workers})
         await migrate(db)
         await checkpoint(infra.pg_admin)
 
@@ -121,6 +132,18 @@ async def ingest(settings: Settings, infra: Infra, options: BenchOptions) -> Rep
 
             runner.on_batch = on_batch
             stop = asyncio.Event()
+            extra: list[asyncio.Task[None]] = []
+            if workers > 1:
+                # one worker per partition; the first one's stats stand for the run's progress
+                runners = []
+                for p in range(workers):
+                    c.settings = cfg.model_copy(update={"projector_partitions": [p]})
+                    runners.append(c.projector())
+                runner = runners[0]
+                runner.on_batch = on_batch
+                extra = [
+                    asyncio.create_task(r.run(stop), name=f"bench-projector-{i}") for i, r in enumerate(runners[1:])
+                ]
             task = asyncio.create_task(runner.run(stop), name="bench-projector")
             await _consumer_ready(c, runner.durable)
             lag_samples: list[int] = []
@@ -143,7 +166,14 @@ async def ingest(settings: Settings, infra: Infra, options: BenchOptions) -> Rep
                 target[0] = acks[-1][1]
                 if runner.stats.last_seq >= target[0]:
                     done.set()
-                await asyncio.wait_for(done.wait(), timeout=max(120.0, n / 100))
+                if workers > 1:
+                    deadline = time.perf_counter() + max(120.0, n / 100)
+                    while await count_messages(c) < n:  # every row present: all partitions are done
+                        if time.perf_counter() > deadline:
+                            raise TimeoutError("partitioned projectors did not finish")
+                        await asyncio.sleep(0.05)
+                else:
+                    await asyncio.wait_for(done.wait(), timeout=max(120.0, n / 100))
                 t_end = time.perf_counter()
                 report.cpu_s["chronicle ingest"] = await meter.used()
                 report.wal["chronicle ingest"] = await wal.used(n)
@@ -154,6 +184,8 @@ async def ingest(settings: Settings, infra: Infra, options: BenchOptions) -> Rep
                 bar.close()
                 stop.set()
                 await asyncio.wait_for(task, timeout=30)
+                for t in extra:
+                    await asyncio.wait_for(t, timeout=30)
             stored = await count_messages(c)
 
     ack_times = [t for t, _ in acks]

@@ -48,6 +48,7 @@ class BenchOptions:
     nats_url: str | None = None
     postgres_url: str | None = None
     progress: bool | None = None
+    projector_workers: int = 1
 
     def size(self, value: int | None, full: int, smoke: int) -> int:
         if value is not None:

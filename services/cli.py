@@ -58,6 +58,9 @@ def main(argv: list[str] | None = None) -> int:
     p_bench.add_argument("--messages", type=int, default=None, help="messages to ingest/rebuild/load")
     p_bench.add_argument("--sessions", type=int, default=None, help="sessions the messages are spread over")
     p_bench.add_argument("--requests", type=int, default=None, help="timed requests per measurement")
+    p_bench.add_argument(
+        "--projector-workers", type=int, default=1, help="ingest: partitioned projector workers (one per partition)"
+    )
     p_bench.add_argument("--nats-url", default=None, help="use this NATS server instead of starting one")
     p_key = sub.add_parser("keygen", help="make an API key and print its settings entry")
     p_key.add_argument("--tenant", required=True)
