@@ -49,6 +49,11 @@ class StubLLM:
         return {"content": text}
 
     @staticmethod
+    def slow(text: str, seconds: float) -> Reply:
+        """A scripted text answer that arrives after ``seconds``."""
+        return {"content": text, "delay": seconds}
+
+    @staticmethod
     def fail(status: int) -> Reply:
         """A scripted HTTP error (e.g. 503) instead of a completion."""
         return {"status": status}
@@ -81,6 +86,8 @@ class StubLLM:
             self.requests.append(request)
             reply = self.script.pop(0) if self.script else self.say(self.fallback)
             n = next(self._ids)
+        if "delay" in reply:
+            time.sleep(float(reply["delay"]))
         if "status" in reply:
             return int(reply["status"]), {"error": {"message": "scripted failure", "type": "server_error"}}
         message: dict[str, Any] = {"role": "assistant", "content": reply.get("content")}
