@@ -68,6 +68,10 @@ class Publisher:
         self._timeout = timeout_s
         self._backoff = backoff_s
 
+    @property
+    def js(self) -> JetStreamContext:
+        return self._js
+
     def subject_of(self, event: Event) -> str:
         return self.layout.session_subject(event.tenant, event.session)
 

@@ -22,9 +22,18 @@ from typing import Any
 import psycopg
 from psycopg_pool import AsyncConnectionPool
 
-from events.catalog import CompactionFailed, CompactionRecorded
+from events import log as eventlog
+from events.catalog import (
+    CompactionFailed,
+    CompactionRecorded,
+    MessagesCleared,
+    MessagesDeleted,
+    MessageUpdated,
+    SessionDeleted,
+)
 from events.context import CompactionConfig
-from events.publisher import Publisher
+from events.publisher import ConcurrencyConflict, Published, Publisher
+from events.registry import decode
 from projections import context_queries as cq
 from projections import queries
 from projections.overlays import Overlay, apply_overlays, overlays
@@ -141,7 +150,10 @@ class CompactionService:
             model=self.summarizer.model,
             summary=summary,
         )
-        published = await self._pub.publish(event)
+        covered_ids = {str(m.get("id")) for m in covered}
+        published = await self._publish_unless_changed(event, last, covered_ids)
+        if published is None:
+            return Outcome(None, "the session changed while summarising; nothing recorded", last)
         self._attempts.pop((tenant, session), None)
         if not published.duplicate and await self._context.has_prompt(tenant, session):
             await self._context.refresh_prompt(tenant, session, "compaction")
@@ -149,6 +161,38 @@ class CompactionService:
         async with self._pool.connection() as conn:
             recorded = next((o for o in await overlays(conn, tenant, session) if o.overlay_id == overlay_id), None)
         return Outcome(recorded, None if recorded else "recorded; not yet visible", published.seq)
+
+    async def _publish_unless_changed(
+        self, event: CompactionRecorded, expected: int, covered: set[str]
+    ) -> Published | None:
+        """Publish the overlay only if nothing that invalidates it reached the session meanwhile.
+
+        The decision was made at ``expected``; appends (and other events that leave the covered
+        range alone) that arrived during the summary are fine, and the expectation moves past
+        them. A clear, a deletion, an update in the range or another overlay aborts (``None``);
+        the same overlay recorded by another compactor counts as done.
+        """
+        subject = self._pub.layout.session_subject(event.tenant, event.session)
+        for _ in range(20):
+            try:
+                return await self._pub.publish(event, expected_last_subject_seq=expected)
+            except ConcurrencyConflict:
+                pass
+            async for stored in eventlog.read(self._pub.js, self._pub.layout, subject, expected + 1):
+                newer = decode(stored.data)
+                expected = stored.seq
+                match newer:
+                    case CompactionRecorded() if newer.overlay_id == event.overlay_id:
+                        return Published(seq=stored.seq, duplicate=True)
+                    case MessagesCleared() | SessionDeleted() | CompactionRecorded():
+                        return None
+                    case MessageUpdated() if newer.message_id in covered:
+                        return None
+                    case MessagesDeleted() if covered & set(newer.message_ids):
+                        return None
+                    case _:
+                        continue
+        return None
 
     async def _summarize(self, tenant: str, session: str, leaf: str, plan: Plan) -> str:
         try:

@@ -252,3 +252,46 @@ async def test_compactor_killed_mid_compaction_records_once_after_restart(
         finally:
             stop.set()
             await asyncio.wait_for(task, 15)
+
+
+async def test_a_clear_during_the_summary_records_nothing(stack: Container, new_id: Callable[[str], str]) -> None:
+    sid = new_id("race")
+    cfg = CompactionConfig(protect_head=1, tail_token_budget=50, min_tail_messages=2)
+    await stack.context.configure(T, sid, SessionConfig(compaction=cfg))
+    await _append_chain(stack, sid, [f"m{i}" for i in range(10)])
+    blocking = _Blocking()
+    original = stack.compaction.summarizer
+    stack.compaction.summarizer = blocking
+    try:
+        task = asyncio.create_task(stack.compaction.compact(T, sid))
+        await asyncio.wait_for(blocking.entered.wait(), 10)
+        await _append_chain(stack, sid, ["late"])  # harmless: an append after the decision
+        await stack.commands.clear(T, sid)  # not harmless: the covered messages are gone
+        blocking.release.set()
+        outcome = await asyncio.wait_for(task, 20)
+    finally:
+        stack.compaction.summarizer = original
+    assert outcome.overlay is None
+    assert outcome.reason == "the session changed while summarising; nothing recorded"
+    async with stack.pool.connection() as conn:
+        assert await overlays(conn, T, sid) == []
+
+
+async def test_appends_during_the_summary_do_not_stop_it(stack: Container, new_id: Callable[[str], str]) -> None:
+    sid = new_id("busy")
+    cfg = CompactionConfig(protect_head=1, tail_token_budget=50, min_tail_messages=2)
+    await stack.context.configure(T, sid, SessionConfig(compaction=cfg))
+    await _append_chain(stack, sid, [f"m{i}" for i in range(10)])
+    blocking = _Blocking()
+    original = stack.compaction.summarizer
+    stack.compaction.summarizer = blocking
+    try:
+        task = asyncio.create_task(stack.compaction.compact(T, sid))
+        await asyncio.wait_for(blocking.entered.wait(), 10)
+        await _append_chain(stack, sid, ["late1", "late2"])
+        blocking.release.set()
+        outcome = await asyncio.wait_for(task, 20)
+    finally:
+        stack.compaction.summarizer = original
+    assert outcome.overlay is not None
+    assert await _view_ids(stack, sid) == ["m0", outcome.overlay.message_id, "m8", "m9", "late1", "late2"]
