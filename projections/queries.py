@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, TypeVar
 
 from psycopg import AsyncConnection
 from psycopg.rows import class_row
 
 Conn = AsyncConnection[Any]
+T = TypeVar("T")
 
 SEARCH_CANDIDATES = 1000
 
@@ -154,15 +156,15 @@ WITH RECURSIVE bound AS (
 """
 
 
-def _acyclic(rows: list[MessageRow]) -> list[MessageRow]:
+def _acyclic(rows: list[T], key: Callable[[T], str]) -> list[T]:
     """Leaf-first rows cut at the first repeated id (a cycle is possible only after a message was
     deleted and its id re-appended under one of its former descendants)."""
     seen: set[str] = set()
-    out: list[MessageRow] = []
+    out: list[T] = []
     for row in rows:
-        if row.id in seen:
+        if key(row) in seen:
             break
-        seen.add(row.id)
+        seen.add(key(row))
         out.append(row)
     return out
 
@@ -180,11 +182,16 @@ async def history(conn: Conn, tenant: str, session: str, leaf_id: str) -> list[M
             {"t": tenant, "s": session, "leaf": leaf_id},
         )
         rows = await cur.fetchall()
-    return list(reversed(_acyclic(rows)))
+    return list(reversed(_acyclic(rows, lambda r: r.id)))
 
 
 async def path_length(conn: Conn, tenant: str, session: str, leaf_id: str) -> int:
-    return len(await history(conn, tenant, session, leaf_id))
+    """Rows on the path (no overlays applied); walks ids only, never the bodies."""
+    cur = await conn.execute(
+        _PATH.format(cols="id, parent_id", mcols="m.id, m.parent_id") + "SELECT id FROM path ORDER BY depth",
+        {"t": tenant, "s": session, "leaf": leaf_id},
+    )
+    return len(_acyclic(list(await cur.fetchall()), lambda r: str(r[0])))
 
 
 async def search(conn: Conn, tenant: str, session: str | None, query: str, limit: int) -> list[SearchHit]:

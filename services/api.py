@@ -19,10 +19,10 @@ from projections.overlays import Overlay, apply_overlays, overlay_json, overlays
 from services import audit, metrics
 from services.api_context import router as context_router
 from services.bootstrap import Container, open_container
-from services.commands import OMITTED, AppendResult, fork
+from services.commands import AppendResult, fork
 from services.compactor import compacted_view
 from services.context import reclaim
-from services.decisions import ParentSpec
+from services.decisions import OMITTED, ParentSpec
 from services.deps import C, Limit, MinSeq, Q, Tenant, caught_up, check_id, no_nul, tenant_for
 from services.errors import ChronicleError, InvalidRequest, MessageNotFound, SessionNotFound, SummarizerFailed
 from services.microcompact import recent_window, truncate_older_messages

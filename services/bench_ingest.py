@@ -85,6 +85,20 @@ async def count_messages(c: Container, schema: str = "public") -> int:
     return int(row[0]) if row else 0
 
 
+async def _baseline(
+    db: str, rows: list[Row], wal: WalMeter, meter: CpuMeter, report: Report, options: BenchOptions
+) -> float:
+    """Raw psycopg inserts of the same rows (the same-run baseline); returns the seconds it took."""
+    bar = Progress("baseline insert", enabled=options.progress)
+    await wal.reset()
+    meter.reset()
+    seconds = await baseline_insert(db, rows, progress=bar)
+    bar.close()
+    report.cpu_s["baseline"] = await meter.used()
+    report.wal["baseline"] = await wal.used(len(rows))
+    return seconds
+
+
 async def ingest(settings: Settings, infra: Infra, options: BenchOptions) -> Report:
     n = options.size(options.messages, 200_000, 300)
     sessions = options.size(options.sessions, 1_000, 10)
@@ -108,13 +122,7 @@ async def ingest(settings: Settings, infra: Infra, options: BenchOptions) -> Rep
         await migrate(db)
         await checkpoint(infra.pg_admin)
 
-        bar = Progress("baseline insert", enabled=options.progress)
-        await wal.reset()
-        meter.reset()
-        base_s = await baseline_insert(db, rows, progress=bar)
-        bar.close()
-        report.cpu_s["baseline"] = await meter.used()
-        report.wal["baseline"] = await wal.used(n)
+        base_s = await _baseline(db, rows, wal, meter, report, options)
         base_rate = n / base_s
         del rows
 
@@ -258,14 +266,8 @@ async def rebuild(settings: Settings, infra: Infra, options: BenchOptions) -> Re
             bar.close()
             del events
 
-            bar = Progress("baseline insert", enabled=options.progress)
             await checkpoint(infra.pg_admin)
-            await wal.reset()
-            meter.reset()
-            base_s = await baseline_insert(db, rows, progress=bar)
-            bar.close()
-            report.cpu_s["baseline"] = await meter.used()
-            report.wal["baseline"] = await wal.used(n)
+            base_s = await _baseline(db, rows, wal, meter, report, options)
             base_rate = n / base_s
             del rows
 

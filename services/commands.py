@@ -43,7 +43,6 @@ from services.errors import (
     PayloadTooLarge,
     SessionExists,
     SessionNotFound,
-    UnknownParent,
 )
 from services.microcompact import ROW_MAX_BYTES, enforce_row_size_limit, json_bytes
 from services.waiting import AppliedWaiter
@@ -224,9 +223,6 @@ class Commands:
 
         result: Written = await self._conditional(tenant, session, decide)
         return result
-
-
-__all__ = ["OMITTED", "AppendResult", "Commands", "UnknownParent", "Written"]
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,8 +13,6 @@ import httpx
 
 from services.compaction import Message, Plan, _parts, is_tool_part
 
-Summarized = str
-
 
 class SummarizerError(Exception):
     """The summarizer could not produce a summary (after its retries)."""

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 from events.catalog import CompactionRecorded
 from events.context import CompactionConfig, SessionConfig
 from projections.overlays import Overlay, overlays
 from services.bootstrap import Container
 from services.compaction import Plan
-from services.compactor import compacted_view
+from services.compactor import Outcome, compacted_view
 from services.decisions import OMITTED
 from services.summarizers import SummarizerError
 from tests.conftest import make_settings, running_stack
@@ -254,8 +254,8 @@ async def test_compactor_killed_mid_compaction_records_once_after_restart(
             await asyncio.wait_for(task, 15)
 
 
-async def test_a_clear_during_the_summary_records_nothing(stack: Container, new_id: Callable[[str], str]) -> None:
-    sid = new_id("race")
+async def _compact_around(stack: Container, sid: str, during: Callable[[], Awaitable[object]]) -> Outcome:
+    """Compact ``sid`` with a summarizer held open while ``during`` runs, then release it."""
     cfg = CompactionConfig(protect_head=1, tail_token_budget=50, min_tail_messages=2)
     await stack.context.configure(T, sid, SessionConfig(compaction=cfg))
     await _append_chain(stack, sid, [f"m{i}" for i in range(10)])
@@ -265,12 +265,21 @@ async def test_a_clear_during_the_summary_records_nothing(stack: Container, new_
     try:
         task = asyncio.create_task(stack.compaction.compact(T, sid))
         await asyncio.wait_for(blocking.entered.wait(), 10)
-        await _append_chain(stack, sid, ["late"])  # harmless: an append after the decision
-        await stack.commands.clear(T, sid)  # not harmless: the covered messages are gone
+        await during()
         blocking.release.set()
-        outcome = await asyncio.wait_for(task, 20)
+        return await asyncio.wait_for(task, 20)
     finally:
         stack.compaction.summarizer = original
+
+
+async def test_a_clear_during_the_summary_records_nothing(stack: Container, new_id: Callable[[str], str]) -> None:
+    sid = new_id("race")
+
+    async def append_then_clear() -> None:
+        await _append_chain(stack, sid, ["late"])  # harmless: an append after the decision
+        await stack.commands.clear(T, sid)  # not harmless: the covered messages are gone
+
+    outcome = await _compact_around(stack, sid, append_then_clear)
     assert outcome.overlay is None
     assert outcome.reason == "the session changed while summarising; nothing recorded"
     async with stack.pool.connection() as conn:
@@ -279,19 +288,6 @@ async def test_a_clear_during_the_summary_records_nothing(stack: Container, new_
 
 async def test_appends_during_the_summary_do_not_stop_it(stack: Container, new_id: Callable[[str], str]) -> None:
     sid = new_id("busy")
-    cfg = CompactionConfig(protect_head=1, tail_token_budget=50, min_tail_messages=2)
-    await stack.context.configure(T, sid, SessionConfig(compaction=cfg))
-    await _append_chain(stack, sid, [f"m{i}" for i in range(10)])
-    blocking = _Blocking()
-    original = stack.compaction.summarizer
-    stack.compaction.summarizer = blocking
-    try:
-        task = asyncio.create_task(stack.compaction.compact(T, sid))
-        await asyncio.wait_for(blocking.entered.wait(), 10)
-        await _append_chain(stack, sid, ["late1", "late2"])
-        blocking.release.set()
-        outcome = await asyncio.wait_for(task, 20)
-    finally:
-        stack.compaction.summarizer = original
+    outcome = await _compact_around(stack, sid, lambda: _append_chain(stack, sid, ["late1", "late2"]))
     assert outcome.overlay is not None
     assert await _view_ids(stack, sid) == ["m0", outcome.overlay.message_id, "m8", "m9", "late1", "late2"]
