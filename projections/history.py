@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from psycopg import AsyncConnection
+from psycopg import AsyncConnection, AsyncCursor
 
 from events.blobs import BlobStore
 from events.bodies import unpack_body
@@ -173,23 +173,12 @@ def plan(event: Event, seq: int, body: JsonObject | None = None) -> list[Op]:
 
 
 _SQL: dict[type[Any], str] = {
-    TouchSession: (
-        "INSERT INTO sessions (tenant, id, created_at, updated_at, created_seq, last_seq) "
-        "VALUES (%s, %s, %s, %s, %s, %s) ON CONFLICT (tenant, id) DO UPDATE "
-        "SET updated_at = excluded.updated_at, last_seq = excluded.last_seq"
-    ),
     CreateSession: (
         "UPDATE sessions SET name = %s, parent_session_id = %s, metadata = %s::jsonb "
         "WHERE tenant = %s AND id = %s AND deleted_at IS NULL"
     ),
     RenameSession: "UPDATE sessions SET name = %s WHERE tenant = %s AND id = %s AND deleted_at IS NULL",
     DeleteSession: "UPDATE sessions SET deleted_at = %s WHERE tenant = %s AND id = %s AND deleted_at IS NULL",
-    InsertMessage: (
-        "INSERT INTO messages (tenant, session_id, id, parent_id, role, content, body_sha256, text_content, "
-        "created_at, seq, updated_seq, original_ref) SELECT %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s::jsonb "
-        "WHERE EXISTS (SELECT 1 FROM sessions x WHERE x.tenant = %s AND x.id = %s AND x.deleted_at IS NULL) "
-        "ON CONFLICT (tenant, session_id, id) DO NOTHING"
-    ),
     UpdateMessage: (
         "UPDATE messages SET original_ref = NULL, role = %s, content = %s, body_sha256 = %s, text_content = %s, "
         "updated_seq = %s WHERE tenant = %s AND session_id = %s AND id = %s"
@@ -199,7 +188,69 @@ _SQL: dict[type[Any], str] = {
 }
 
 
+# A batch's merged touches go as one statement over arrays, not one Bind/Execute per session.
+_TOUCH_ALL = (
+    "INSERT INTO sessions (tenant, id, created_at, updated_at, created_seq, last_seq) "
+    "SELECT * FROM unnest(%s::text[], %s::text[], %s::timestamptz[], %s::timestamptz[], %s::bigint[], %s::bigint[]) "
+    "ON CONFLICT (tenant, id) DO UPDATE SET updated_at = excluded.updated_at, last_seq = excluded.last_seq"
+)
+# Inserts are copied into a temporary table and moved with one statement: COPY's row encoding
+# runs in psycopg's C code, and Postgres binds no statement per row. With the touches above,
+# this took the projector from ~420 to ~295 µs of Postgres CPU per 1 KB message (the plain
+# executemany baseline: ~275).
+_STAGE = (
+    "CREATE TEMP TABLE IF NOT EXISTS history_stage (tenant text, session_id text, id text, parent_id text, "
+    "role text, content text, body_sha256 text, text_content text, created_at timestamptz, seq bigint, "
+    "original_ref text) ON COMMIT DELETE ROWS"
+)
+_COPY_STAGE = (
+    "COPY history_stage (tenant, session_id, id, parent_id, role, content, body_sha256, text_content, created_at, "
+    "seq, original_ref) FROM STDIN"
+)
+_INSERT_STAGED = (
+    "INSERT INTO messages (tenant, session_id, id, parent_id, role, content, body_sha256, text_content, "
+    "created_at, seq, updated_seq, original_ref) "
+    "SELECT u.tenant, u.session_id, u.id, u.parent_id, u.role, u.content, u.body_sha256, u.text_content, "
+    "u.created_at, u.seq, u.seq, u.original_ref::jsonb FROM history_stage u "
+    "WHERE EXISTS (SELECT 1 FROM sessions x "
+    "WHERE x.tenant = u.tenant AND x.id = u.session_id AND x.deleted_at IS NULL) "
+    "ORDER BY u.seq ON CONFLICT (tenant, session_id, id) DO NOTHING"
+)
+
+
+async def insert_messages(cur: AsyncCursor[Any], ops: Sequence[InsertMessage]) -> None:
+    """Insert a run of messages (a message of a deleted or unknown session is dropped)."""
+    await cur.execute(_STAGE)
+    await cur.execute("DELETE FROM history_stage")  # empty unless a run came earlier in this transaction
+    async with cur.copy(_COPY_STAGE) as copy:
+        for op in ops:
+            await copy.write_row(insert_row(op))
+    await cur.execute(_INSERT_STAGED)
+
+
+def columns(rows: Sequence[tuple[Any, ...]]) -> list[list[Any]]:
+    """Row tuples as one list per column (the arrays of an ``unnest`` statement)."""
+    return [list(col) for col in zip(*rows, strict=True)]
+
+
+def insert_row(op: InsertMessage) -> tuple[Any, ...]:
+    return (
+        op.tenant,
+        op.session,
+        op.id,
+        op.parent_id,
+        storable(op.role),
+        op.content,
+        op.body_sha256,
+        storable(op.text),
+        op.at,
+        op.seq,
+        op.original_ref,
+    )
+
+
 def params(op: Op) -> tuple[Any, ...]:
+    """Statement parameters of one operation (inserts use :func:`insert_row`)."""
     match op:
         case TouchSession():
             return (op.tenant, op.session, op.created_at, op.at, op.created_seq, op.seq)
@@ -209,23 +260,6 @@ def params(op: Op) -> tuple[Any, ...]:
             return (storable(op.name), op.tenant, op.session)
         case DeleteSession():
             return (op.at, op.tenant, op.session)
-        case InsertMessage():
-            return (
-                op.tenant,
-                op.session,
-                op.id,
-                op.parent_id,
-                storable(op.role),
-                op.content,
-                op.body_sha256,
-                storable(op.text),
-                op.at,
-                op.seq,
-                op.seq,
-                op.original_ref,
-                op.tenant,
-                op.session,
-            )
         case UpdateMessage():
             return (
                 storable(op.role),
@@ -241,6 +275,8 @@ def params(op: Op) -> tuple[Any, ...]:
             return (op.tenant, op.session, list(op.ids))
         case ClearMessages():
             return (op.tenant, op.session)
+        case InsertMessage():
+            return insert_row(op)
 
 
 def merge_touches(ops: Sequence[Op]) -> list[TouchSession]:
@@ -268,16 +304,19 @@ async def apply_ops(conn: AsyncConnection[Any], ops: Sequence[Op]) -> None:
     """
     rest = [op for op in ops if not isinstance(op, TouchSession)]
     async with conn.cursor() as cur:
-        touches = merge_touches(ops)
+        touches = sorted(merge_touches(ops), key=lambda t: (t.tenant, t.session))  # one lock order
         if touches:
-            await cur.executemany(_SQL[TouchSession], [params(t) for t in touches])
+            await cur.execute(_TOUCH_ALL, columns([params(t) for t in touches]))
         i = 0
         while i < len(rest):
             kind = type(rest[i])
             j = i
             while j < len(rest) and type(rest[j]) is kind:
                 j += 1
-            await cur.executemany(_SQL[kind], [params(op) for op in rest[i:j]])
+            if kind is InsertMessage:
+                await insert_messages(cur, [op for op in rest[i:j] if isinstance(op, InsertMessage)])
+            else:
+                await cur.executemany(_SQL[kind], [params(op) for op in rest[i:j]])
             if kind is DeleteSession:
                 await cur.executemany(
                     "DELETE FROM messages WHERE tenant = %s AND session_id = %s",
@@ -294,9 +333,16 @@ class HistoryProjection:
     def __init__(self, blobs: BlobStore | None = None) -> None:
         self._blobs = blobs
 
-    async def apply(self, conn: AsyncConnection[Any], items: Sequence[tuple[int, Event]]) -> None:
-        ops: list[Op] = []
+    async def prepare(self, items: Sequence[tuple[int, Event]]) -> list[list[Op]]:
+        """One plan per item; claim-checked bodies are fetched here, outside any transaction."""
+        plans: list[list[Op]] = []
         for seq, event in items:
             body = await unpack_body(event, self._blobs) if isinstance(event, MessageBodyEvent) else None
-            ops.extend(plan(event, seq, body))
-        await apply_ops(conn, ops)
+            plans.append(plan(event, seq, body))
+        return plans
+
+    async def apply_prepared(self, conn: AsyncConnection[Any], plans: Sequence[list[Op]]) -> None:
+        await apply_ops(conn, [op for ops in plans for op in ops])
+
+    async def apply(self, conn: AsyncConnection[Any], items: Sequence[tuple[int, Event]]) -> None:
+        await self.apply_prepared(conn, await self.prepare(items))

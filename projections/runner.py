@@ -3,6 +3,8 @@
 Contract:
 * Each fetched batch is applied in one Postgres transaction together with the checkpoint (the
   highest stream sequence applied); the batch is acked only after that commit.
+* Fetching, decoding and planning run ahead of the transaction (a bounded queue of prepared
+  batches), so the Python work of batch N+1 overlaps Postgres's work on batch N.
 * Sequences at or below the checkpoint are skipped (redelivery has no effect).
 * The checkpoint, not the consumer, is the truth: on start and after any failure the durable
   consumer is re-created at ``checkpoint + 1``, so nothing is skipped after a crash.
@@ -15,12 +17,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 import nats.errors
 import psycopg
+from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 from nats.js.errors import NotFoundError
@@ -33,6 +36,7 @@ from events.subjects import SubjectLayout
 log = logging.getLogger("chronicle.projector")
 
 NOTIFY_CHANNEL = "chronicle_applied"
+PREPARE_SLICE = 100
 
 
 class Projection(Protocol):
@@ -41,6 +45,27 @@ class Projection(Protocol):
     name: str
 
     async def apply(self, conn: psycopg.AsyncConnection[Any], items: Sequence[tuple[int, Event]]) -> None: ...
+
+
+@runtime_checkable
+class Planning(Protocol):
+    """A projection whose per-event work (fetching bodies, planning rows) needs no connection:
+    the runner calls :meth:`prepare` before the transaction, one plan per item, and
+    :meth:`apply_prepared` inside it with the plans of the items past the checkpoint."""
+
+    name: str
+
+    async def prepare(self, items: Sequence[tuple[int, Event]]) -> list[Any]: ...
+
+    async def apply_prepared(self, conn: psycopg.AsyncConnection[Any], plans: Sequence[Any]) -> None: ...
+
+
+Prepared = Mapping[str, Sequence[Any]]
+
+
+async def prepare(projections: Sequence[Projection], items: Sequence[tuple[int, Event]]) -> dict[str, list[Any]]:
+    """The plans of every planning projection for ``items`` (outside any transaction)."""
+    return {p.name: await p.prepare(items) for p in projections if isinstance(p, Planning)}
 
 
 @dataclass
@@ -64,10 +89,13 @@ async def apply_batch(
     items: Sequence[tuple[int, Event]],
     *,
     notify: bool = True,
+    prepared: Prepared | None = None,
 ) -> int:
     """Apply ``items`` past the checkpoint and advance it, in the caller's open transaction.
 
-    Returns how many items were applied (the rest were at or below the checkpoint).
+    ``prepared`` holds plans made by :func:`prepare` for these ``items`` (in order), used for the
+    items past the checkpoint. Returns how many items were applied (the rest were at or below
+    the checkpoint).
     """
     await conn.execute("INSERT INTO checkpoints (name, seq) VALUES (%s, 0) ON CONFLICT DO NOTHING", (name,))
     cur = await conn.execute("SELECT seq FROM checkpoints WHERE name = %s FOR UPDATE", (name,))
@@ -76,8 +104,13 @@ async def apply_batch(
     fresh = [(seq, ev) for seq, ev in items if seq > checkpoint]
     if not fresh:
         return 0
+    skipped = len(items) - len(fresh)  # items are in stream order: the fresh ones are a suffix
     for projection in projections:
-        await projection.apply(conn, fresh)
+        plans = prepared.get(projection.name) if prepared is not None else None
+        if plans is not None and isinstance(projection, Planning):
+            await projection.apply_prepared(conn, plans[skipped:])
+        else:
+            await projection.apply(conn, fresh)
     top = fresh[-1][0]
     await conn.execute("UPDATE checkpoints SET seq = %s, updated_at = now() WHERE name = %s", (top, name))
     if notify:
@@ -96,6 +129,7 @@ class ProjectorRunner:
     filter_subject: str | None = None
     batch_size: int = 1000
     idle_timeout_s: float = 1.0
+    prefetch: int = 2
     on_batch: Callable[[int, int], None] | None = None
     stats: RunnerStats = field(default_factory=RunnerStats)
 
@@ -171,30 +205,89 @@ class ProjectorRunner:
                 await conn.execute("SELECT pg_notify(%s, %s)", (NOTIFY_CHANNEL, f"{self.name}:{last}"))
 
     async def _consume(self, sub: JetStreamContext.PullSubscription, stop: asyncio.Event) -> None:
-        while not stop.is_set():
+        """Commit prepared batches in order while the fetcher prepares the next ones."""
+        queue: asyncio.Queue[_Batch | BaseException | None] = asyncio.Queue(maxsize=self.prefetch)
+        fetcher = asyncio.create_task(self._fetch_loop(sub, stop, queue))
+        try:
+            while (batch := await queue.get()) is not None:
+                if isinstance(batch, BaseException):
+                    raise batch
+                await self._commit(batch)
+        finally:
+            fetcher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await fetcher
+
+    async def _fetch_loop(
+        self,
+        sub: JetStreamContext.PullSubscription,
+        stop: asyncio.Event,
+        queue: asyncio.Queue[_Batch | BaseException | None],
+    ) -> None:
+        try:
+            while not stop.is_set():
+                msgs = await self._fetch(sub)
+                if not msgs:
+                    if queue.empty():
+                        await self._advance_when_idle()
+                    continue
+                await queue.put(await self._prepare(msgs))
+        except asyncio.CancelledError:
+            raise
+        except BaseException as exc:  # handed to the committing side, which re-positions
+            await queue.put(exc)
+            return
+        await queue.put(None)
+
+    async def _prepare(self, msgs: list[Msg]) -> _Batch:
+        """Decode and plan in slices, yielding between them, so a commit that has finished is
+        acknowledged and the next one started without waiting for the whole batch's Python."""
+        items: list[tuple[int, Event]] = []
+        prepared: dict[str, list[Any]] = {}
+        for start in range(0, len(msgs), PREPARE_SLICE):
+            part = [(m.metadata.sequence.stream, decode(m.data)) for m in msgs[start : start + PREPARE_SLICE]]
+            items.extend(part)
+            for name, plans in (await prepare(self.projections, part)).items():
+                prepared.setdefault(name, []).extend(plans)
+            await asyncio.sleep(0)
+        return _Batch(msgs[-1], items, prepared)
+
+    async def _fetch(self, sub: JetStreamContext.PullSubscription) -> list[Msg]:
+        """Up to ``batch_size`` messages: wait for the first, then take what is already pending."""
+        try:
+            msgs = await sub.fetch(1, timeout=self.idle_timeout_s)
+        except (TimeoutError, nats.errors.TimeoutError):
+            return []
+        pending = msgs[-1].metadata.num_pending
+        while pending > 0 and len(msgs) < self.batch_size:
             try:
-                msgs = await sub.fetch(1, timeout=self.idle_timeout_s)
+                more = await sub.fetch(min(pending, self.batch_size - len(msgs)), timeout=self.idle_timeout_s)
             except (TimeoutError, nats.errors.TimeoutError):
-                await self._advance_when_idle()
-                continue
-            pending = msgs[-1].metadata.num_pending
-            while pending > 0 and len(msgs) < self.batch_size:
-                try:
-                    more = await sub.fetch(min(pending, self.batch_size - len(msgs)), timeout=self.idle_timeout_s)
-                except (TimeoutError, nats.errors.TimeoutError):
-                    break
-                msgs.extend(more)
-                pending = more[-1].metadata.num_pending
-            items = [(m.metadata.sequence.stream, decode(m.data)) for m in msgs]
-            async with self.pool.connection() as conn, conn.transaction():
-                applied = await apply_batch(conn, self.name, self.projections, items)
-            await msgs[-1].ack()
-            self.stats.batches += 1
-            self.stats.applied += applied
-            self.stats.skipped += len(items) - applied
-            self.stats.last_seq = items[-1][0]
-            if self.on_batch is not None:
-                self.on_batch(applied, items[-1][0])
+                break
+            msgs.extend(more)
+            pending = more[-1].metadata.num_pending
+        return msgs
+
+    async def _commit(self, batch: _Batch) -> None:
+        items = batch.items
+        async with self.pool.connection() as conn, conn.transaction():
+            applied = await apply_batch(conn, self.name, self.projections, items, prepared=batch.prepared)
+        await batch.last.ack()
+        self.stats.batches += 1
+        self.stats.applied += applied
+        self.stats.skipped += len(items) - applied
+        self.stats.last_seq = items[-1][0]
+        if self.on_batch is not None:
+            self.on_batch(applied, items[-1][0])
+
+
+@dataclass(frozen=True, slots=True)
+class _Batch:
+    """Fetched messages, decoded and planned, waiting for their transaction."""
+
+    last: Msg
+    items: list[tuple[int, Event]]
+    prepared: Prepared
 
 
 async def _sleep_or_stop(stop: asyncio.Event, seconds: float) -> None:

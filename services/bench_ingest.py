@@ -13,11 +13,13 @@ import asyncio
 import bisect
 import contextlib
 import time
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
+from pathlib import Path
 
 from events import log as eventlog
 from events.catalog import MessageAppended
 from events.registry import decode
+from events.subjects import partition_of
 from projections.migrate import migrate
 from projections.rebuild import rebuild_into
 from services.bench_data import TENANT, Row, baseline_insert, messages, to_event, to_row
@@ -34,6 +36,7 @@ from services.bench_support import (
     fmt_rate,
     percentile,
     scratch_database,
+    service,
     summary_ms,
 )
 from services.bootstrap import Container, open_container
@@ -58,14 +61,23 @@ def prepare(n: int, sessions: int, show: bool | None) -> tuple[list[MessageAppen
     return events, rows
 
 
-async def publish_all(c: Container, events: Sequence[MessageAppended], bar: Progress) -> list[tuple[float, int]]:
-    """Publish in chunks; returns (ack time of the chunk, its highest sequence) per chunk."""
+async def publish_all(
+    c: Container, events: Sequence[MessageAppended], bar: Progress
+) -> tuple[list[tuple[float, int]], dict[int, int]]:
+    """Publish in chunks; returns (ack time of the chunk, its highest sequence) per chunk, and the
+    highest sequence per partition."""
     acks: list[tuple[float, int]] = []
+    last: dict[int, int] = {}
+    parts = c.layout.partitions
     for start in range(0, len(events), CHUNK):
-        results = await c.publisher.publish_many(events[start : start + CHUNK])
+        chunk = events[start : start + CHUNK]
+        results = await c.publisher.publish_many(chunk)
         acks.append((time.perf_counter(), max(r.seq for r in results)))
+        for ev, r in zip(chunk, results, strict=True):
+            p = partition_of(ev.tenant, ev.session, parts)
+            last[p] = max(last.get(p, 0), r.seq)
         bar(start + len(results), len(events))
-    return acks
+    return acks, last
 
 
 async def _consumer_ready(c: Container, durable: str, timeout_s: float = 15.0) -> None:
@@ -99,6 +111,32 @@ async def _baseline(
     return seconds
 
 
+@contextlib.asynccontextmanager
+async def projector_processes(cfg: Settings, workers: int, log_path: Path) -> AsyncIterator[dict[str, int]]:
+    """``chronicle projector`` child processes, one per partition when ``workers`` > 1, as they
+    run in production; yields their pids by checkpoint name once their consumers exist."""
+    async with contextlib.AsyncExitStack() as stack:
+        pids: dict[str, int] = {}
+        for p in range(workers):
+            wcfg = cfg if workers == 1 else cfg.model_copy(update={"projector_partitions": [p]})
+            name = cfg.projector_name if workers == 1 else f"{cfg.projector_name}.p{p:03d}"
+            proc = await stack.enter_async_context(service("projector", wcfg, log_path))
+            pids[name] = proc.pid
+        yield pids
+
+
+async def _consumers_ready(c: Container, names: Sequence[str], timeout_s: float = 30.0) -> None:
+    for name in names:
+        await _consumer_ready(c, "chronicle-" + name.replace(".", "-"), timeout_s)
+
+
+async def _checkpoints(c: Container, names: Sequence[str]) -> dict[str, int]:
+    async with c.pool.connection() as conn:
+        cur = await conn.execute("SELECT name, seq FROM checkpoints WHERE name = ANY(%s)", (list(names),))
+        got = {str(n): int(q) for n, q in await cur.fetchall()}
+    return {n: got.get(n, 0) for n in names}
+
+
 async def ingest(settings: Settings, infra: Infra, options: BenchOptions) -> Report:
     n = options.size(options.messages, 200_000, 300)
     sessions = options.size(options.sessions, 1_000, 10)
@@ -115,91 +153,68 @@ async def ingest(settings: Settings, infra: Infra, options: BenchOptions) -> Rep
     events, rows = prepare(n, sessions, options.progress)
     wal = WalMeter(infra.pg_admin)
     async with scratch_database(infra) as db:
-        meter = CpuMeter(infra.pids, db_name(db))
         cfg = bench_settings(settings, infra, db)
         if workers > 1:
             cfg = cfg.model_copy(update={"partitions": workers})
         await migrate(db)
         await checkpoint(infra.pg_admin)
 
-        base_s = await _baseline(db, rows, wal, meter, report, options)
+        base_s = await _baseline(db, rows, wal, CpuMeter(infra.pids, db_name(db)), report, options)
         base_rate = n / base_s
         del rows
 
-        async with open_container(cfg) as c:
+        async with (
+            open_container(cfg) as c,
+            projector_processes(cfg, workers, infra.tmp / "ingest-projector.log") as pids,
+        ):
+            names = list(pids)
+            await _consumers_ready(c, names)
+            meter = CpuMeter({**infra.pids, **{f"projector {name}": pid for name, pid in pids.items()}}, db_name(db))
             await checkpoint(infra.pg_admin)
-            runner = c.projector()
-            applied: list[tuple[float, int]] = []
-            target = [2**62]
-            done = asyncio.Event()
-
-            def on_batch(count: int, seq: int) -> None:
-                applied.append((time.perf_counter(), seq))
-                if seq >= target[0]:
-                    done.set()
-
-            runner.on_batch = on_batch
-            stop = asyncio.Event()
-            extra: list[asyncio.Task[None]] = []
-            if workers > 1:
-                # one worker per partition; the first one's stats stand for the run's progress
-                runners = []
-                for p in range(workers):
-                    c.settings = cfg.model_copy(update={"projector_partitions": [p]})
-                    runners.append(c.projector())
-                runner = runners[0]
-                runner.on_batch = on_batch
-                extra = [
-                    asyncio.create_task(r.run(stop), name=f"bench-projector-{i}") for i, r in enumerate(runners[1:])
-                ]
-            task = asyncio.create_task(runner.run(stop), name="bench-projector")
-            await _consumer_ready(c, runner.durable)
+            # the last sequence each projector must reach: known once everything is published
+            targets: dict[str, int] = {}
+            applied: list[tuple[float, int]] = []  # (time, lowest checkpoint) per poll
             lag_samples: list[int] = []
+            done = asyncio.Event()
             bar = Progress("ingest (applied)", enabled=options.progress)
 
-            async def sample() -> None:
+            async def poll() -> None:
                 while True:
+                    seqs = await _checkpoints(c, names)
+                    now = time.perf_counter()
+                    low = min(seqs.values())
+                    applied.append((now, low))
                     info = await c.js.stream_info(c.layout.stream)
-                    lag_samples.append(max(0, int(info.state.last_seq) - runner.stats.last_seq))
-                    bar(runner.stats.last_seq, n)
-                    await asyncio.sleep(0.1)
+                    lag_samples.append(max(0, int(info.state.last_seq) - low))
+                    bar(low, n)
+                    if targets and all(seqs[k] >= v for k, v in targets.items()):
+                        done.set()
+                    await asyncio.sleep(0.05)
 
             await wal.reset()
             meter.reset()
-            sampler = asyncio.create_task(sample(), name="bench-lag-sampler")
+            poller = asyncio.create_task(poll(), name="bench-checkpoint-poller")
             t0 = time.perf_counter()
             try:
-                acks = await publish_all(c, events, Progress("", enabled=False))
+                acks, last_by_partition = await publish_all(c, events, Progress("", enabled=False))
                 t_pub = time.perf_counter()
-                target[0] = acks[-1][1]
-                if runner.stats.last_seq >= target[0]:
-                    done.set()
-                if workers > 1:
-                    deadline = time.perf_counter() + max(120.0, n / 100)
-                    while await count_messages(c) < n:  # every row present: all partitions are done
-                        if time.perf_counter() > deadline:
-                            raise TimeoutError("partitioned projectors did not finish")
-                        await asyncio.sleep(0.05)
-                else:
-                    await asyncio.wait_for(done.wait(), timeout=max(120.0, n / 100))
-                t_end = time.perf_counter()
+                for name, part in zip(names, range(workers), strict=True):
+                    targets[name] = acks[-1][1] if workers == 1 else last_by_partition.get(part, 0)
+                await asyncio.wait_for(done.wait(), timeout=max(120.0, n / 100))
+                t_end = applied[-1][0]
                 report.cpu_s["chronicle ingest"] = await meter.used()
                 report.wal["chronicle ingest"] = await wal.used(n)
             finally:
-                sampler.cancel()
+                poller.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
-                    await sampler
+                    await poller
                 bar.close()
-                stop.set()
-                await asyncio.wait_for(task, timeout=30)
-                for t in extra:
-                    await asyncio.wait_for(t, timeout=30)
             stored = await count_messages(c)
 
     ack_times = [t for t, _ in acks]
     ack_seqs = [s for _, s in acks]
     lag_s: list[float] = []
-    for t_apply, seq in applied:
+    for t_apply, seq in _advances(applied):
         i = min(bisect.bisect_left(ack_seqs, seq), len(acks) - 1)
         lag_s.append(max(0.0, t_apply - ack_times[i]))
     e2e = t_end - t0
@@ -214,8 +229,6 @@ async def ingest(settings: Settings, infra: Infra, options: BenchOptions) -> Rep
         "publish_s": round(t_pub - t0, 3),
         "publish_per_s": round(publish_rate, 1),
         "drain_after_publish_s": round(t_end - t_pub, 3),
-        "projector_batches": runner.stats.batches,
-        "mean_batch": round(runner.stats.applied / max(runner.stats.batches, 1), 1),
         "lag_events_p50": percentile(lag_samples, 50),
         "lag_events_p99": percentile(lag_samples, 99),
         "lag_events_max": max(lag_samples, default=0),
@@ -240,7 +253,7 @@ async def ingest(settings: Settings, infra: Infra, options: BenchOptions) -> Rep
         f"{report.metrics['lag_events_p50']:,} / {report.metrics['lag_events_p99']:,}",
     )
     report.row("projection lag p50 / p99 (time)", f"{lag_ms['p50']:,.0f} / {lag_ms['p99']:,.0f} ms")
-    report.row("projector batches (mean size)", f"{runner.stats.batches:,} ({report.metrics['mean_batch']:,.0f})")
+    report.row("projector processes", f"{workers}")
     report.row("rows in messages", f"{stored:,}")
     report.targets = [
         Target("end to end vs baseline", round(rate / base_rate, 3), ">=", 0.8, "x"),
@@ -249,6 +262,15 @@ async def ingest(settings: Settings, infra: Infra, options: BenchOptions) -> Rep
     if stored != n:
         report.notes.append(f"expected {n} rows in messages, found {stored}")
     return report
+
+
+def _advances(samples: Sequence[tuple[float, int]]) -> list[tuple[float, int]]:
+    """The polls at which the lowest checkpoint moved (when each applied sequence was first seen)."""
+    out: list[tuple[float, int]] = []
+    for t, seq in samples:
+        if not out or seq > out[-1][1]:
+            out.append((t, seq))
+    return out
 
 
 async def rebuild(settings: Settings, infra: Infra, options: BenchOptions) -> Report:

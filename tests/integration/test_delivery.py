@@ -10,6 +10,7 @@ import nats
 import nats.errors
 import pytest
 
+from events.catalog import MessagesDeleted
 from events.publisher import Publisher
 from projections import queries
 from projections.history import HistoryProjection
@@ -160,3 +161,23 @@ async def test_history_survives_a_parent_cycle(stack: Container, new_id: Callabl
         length = await queries.path_length(conn, "tenant-a", sid, "a")
     assert [m.id for m in path] == ["b", "a"]
     assert length == 2
+
+
+async def test_one_batch_with_two_runs_of_inserts_does_not_resurrect_a_deleted_message(
+    stack: Container, new_id: Callable[[str], str]
+) -> None:
+    """Inserts are staged in a temporary table: a second run in the same transaction starts empty."""
+    sid = new_id("runs")
+    items = [
+        (20_000_001, appended("tenant-a", sid, "m1", None)),
+        (20_000_002, MessagesDeleted(tenant="tenant-a", session=sid, message_ids=["m1"])),
+        (20_000_003, appended("tenant-a", sid, "m2", None)),
+    ]
+    async with stack.pool.connection() as conn:
+        async with conn.transaction():
+            await apply_batch(conn, "runs-test-" + sid, [HistoryProjection()], items, notify=False)
+        cur = await conn.execute(
+            "SELECT id FROM messages WHERE tenant = 'tenant-a' AND session_id = %s ORDER BY id", (sid,)
+        )
+        ids = [r[0] for r in await cur.fetchall()]
+    assert ids == ["m2"]
