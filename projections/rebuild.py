@@ -7,7 +7,10 @@ projector runs, so a rebuild equals the live read model whenever projections are
 
 from __future__ import annotations
 
+import asyncio
+import zlib
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import psycopg
@@ -18,7 +21,7 @@ from events.envelope import Event
 from events.registry import decode
 from events.subjects import SubjectLayout
 from projections.migrate import migrate
-from projections.runner import Projection, apply_batch
+from projections.runner import Prepared, Projection, apply_batch, prepare
 
 TABLES: dict[str, str] = {
     "sessions": "tenant, id",
@@ -80,19 +83,74 @@ async def rebuild_into(
     *,
     to_seq: int | None = None,
     batch_size: int = 2000,
+    workers: int = 2,
     progress: Callable[[int, int], None] | None = None,
 ) -> int:
     """Replay the stream from sequence 1 (up to ``to_seq``) into ``schema``, created and migrated
-    first. Returns the last sequence applied."""
+    first. Returns the last sequence applied, recorded as ``checkpoint`` in ``schema``.
+
+    One reader decodes and plans; ``workers`` connections apply in parallel, each the events of
+    its share of subjects (a session's events, and a tenant's tenant-scope events, stay on one
+    connection and in order), as partitioned projectors do.
+    """
     await migrate(conninfo, schema)
     end = await eventlog.last_seq(js, layout)
     if to_seq is not None:
         end = min(end, to_seq)
-    async with await psycopg.AsyncConnection.connect(conninfo, autocommit=True) as conn:
-        await conn.execute(f'SET search_path TO "{schema}"')
-        return await apply_range(
-            conn, js, layout, projections, checkpoint, 1, end, batch_size=batch_size, progress=progress
+    workers = max(1, workers)
+    queues: list[asyncio.Queue[_Planned | None]] = [asyncio.Queue(maxsize=2) for _ in range(workers)]
+    committed = [0] * workers
+    last = 0
+
+    async def apply(i: int) -> None:
+        async with await psycopg.AsyncConnection.connect(conninfo, autocommit=True) as conn:
+            await conn.execute(f'SET search_path TO "{schema}"')
+            name = f"{checkpoint}.rebuild{i}"
+            while (planned := await queues[i].get()) is not None:
+                async with conn.transaction():
+                    await apply_batch(conn, name, projections, planned.items, notify=False, prepared=planned.plans)
+                committed[i] = planned.items[-1][0]
+                if progress is not None:
+                    progress(max(committed), end)
+
+    async def read() -> None:
+        nonlocal last
+        pending: list[list[tuple[int, Event]]] = [[] for _ in range(workers)]
+
+        async def hand_over(i: int) -> None:
+            items, pending[i] = pending[i], []
+            await queues[i].put(_Planned(items, await prepare(projections, items)))
+
+        if end >= 1:
+            async for stored in eventlog.read(js, layout, None, 1, end):
+                i = zlib.crc32(stored.subject.encode()) % workers
+                pending[i].append((stored.seq, decode(stored.data)))
+                last = stored.seq
+                if len(pending[i]) >= batch_size:
+                    await hand_over(i)
+        for i in range(workers):
+            if pending[i]:
+                await hand_over(i)
+            await queues[i].put(None)
+
+    async with asyncio.TaskGroup() as group:
+        for i in range(workers):
+            group.create_task(apply(i), name=f"rebuild-apply-{i}")
+        group.create_task(read(), name="rebuild-read")
+    async with await psycopg.AsyncConnection.connect(conninfo, autocommit=True) as conn, conn.transaction():
+        await conn.execute(f'SET LOCAL search_path TO "{schema}"')
+        await conn.execute("DELETE FROM checkpoints WHERE starts_with(name, %s)", (f"{checkpoint}.rebuild",))
+        await conn.execute(
+            "INSERT INTO checkpoints (name, seq) VALUES (%s, %s) ON CONFLICT (name) DO UPDATE SET seq = excluded.seq",
+            (checkpoint, last),
         )
+    return last
+
+
+@dataclass(frozen=True, slots=True)
+class _Planned:
+    items: list[tuple[int, Event]]
+    plans: Prepared
 
 
 async def checksums(conn: psycopg.AsyncConnection[Any], schema: str) -> dict[str, tuple[int, str]]:

@@ -59,7 +59,10 @@ def main(argv: list[str] | None = None) -> int:
     p_bench.add_argument("--sessions", type=int, default=None, help="sessions the messages are spread over")
     p_bench.add_argument("--requests", type=int, default=None, help="timed requests per measurement")
     p_bench.add_argument(
-        "--projector-workers", type=int, default=1, help="ingest: partitioned projector workers (one per partition)"
+        "--projector-workers",
+        type=int,
+        default=2,
+        help="ingest: projector processes, one per partition (CHRONICLE_PARTITIONS = this); default 2, one per core",
     )
     p_bench.add_argument("--nats-url", default=None, help="use this NATS server instead of starting one")
     p_key = sub.add_parser("keygen", help="make an API key and print its settings entry")
