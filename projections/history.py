@@ -218,8 +218,22 @@ _INSERT_STAGED = (
 )
 
 
+_INSERT_ONE = (
+    "INSERT INTO messages (tenant, session_id, id, parent_id, role, content, body_sha256, text_content, "
+    "created_at, seq, updated_seq, original_ref) SELECT %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s::jsonb "
+    "WHERE EXISTS (SELECT 1 FROM sessions x WHERE x.tenant = %s AND x.id = %s AND x.deleted_at IS NULL) "
+    "ON CONFLICT (tenant, session_id, id) DO NOTHING"
+)
+# Below this many rows the temporary table's extra round trips cost more than they save.
+COPY_MIN_ROWS = 32
+
+
 async def insert_messages(cur: AsyncCursor[Any], ops: Sequence[InsertMessage]) -> None:
     """Insert a run of messages (a message of a deleted or unknown session is dropped)."""
+    if len(ops) < COPY_MIN_ROWS:
+        rows = [(*insert_row(op)[:10], op.seq, op.original_ref, op.tenant, op.session) for op in ops]
+        await cur.executemany(_INSERT_ONE, rows)
+        return
     await cur.execute(_STAGE)
     await cur.execute("DELETE FROM history_stage")  # empty unless a run came earlier in this transaction
     async with cur.copy(_COPY_STAGE) as copy:

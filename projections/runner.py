@@ -97,8 +97,11 @@ async def apply_batch(
     items past the checkpoint. Returns how many items were applied (the rest were at or below
     the checkpoint).
     """
-    await conn.execute("INSERT INTO checkpoints (name, seq) VALUES (%s, 0) ON CONFLICT DO NOTHING", (name,))
-    cur = await conn.execute("SELECT seq FROM checkpoints WHERE name = %s FOR UPDATE", (name,))
+    cur = await conn.execute(  # creates the row if needed and locks it until the commit
+        "INSERT INTO checkpoints (name, seq) VALUES (%s, 0) ON CONFLICT (name) DO UPDATE SET name = excluded.name "
+        "RETURNING seq",
+        (name,),
+    )
     row = await cur.fetchone()
     checkpoint = int(row[0]) if row else 0
     fresh = [(seq, ev) for seq, ev in items if seq > checkpoint]
@@ -112,9 +115,11 @@ async def apply_batch(
         else:
             await projection.apply(conn, fresh)
     top = fresh[-1][0]
-    await conn.execute("UPDATE checkpoints SET seq = %s, updated_at = now() WHERE name = %s", (top, name))
-    if notify:
-        await conn.execute("SELECT pg_notify(%s, %s)", (NOTIFY_CHANNEL, f"{name}:{top}"))
+    await conn.execute(
+        "WITH moved AS (UPDATE checkpoints SET seq = %s, updated_at = now() WHERE name = %s RETURNING seq) "
+        "SELECT pg_notify(%s, %s) FROM moved WHERE %s",
+        (top, name, NOTIFY_CHANNEL, f"{name}:{top}", notify),
+    )
     return len(fresh)
 
 

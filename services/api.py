@@ -2,13 +2,14 @@
 
 import contextlib
 import json
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from typing import Annotated, Any
 
-from fastapi import Body, FastAPI, Query, Request, Response
+from fastapi import Body, FastAPI, Query, Response
 from fastapi.responses import JSONResponse, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from events import log as eventlog
 from events.blobs import BlobRef
@@ -20,7 +21,7 @@ from services import audit, metrics
 from services.api_context import router as context_router
 from services.bootstrap import Container, open_container
 from services.commands import AppendResult, fork
-from services.compactor import compacted_view
+from services.compactor import compacted_contents
 from services.context import reclaim
 from services.decisions import OMITTED, ParentSpec
 from services.deps import C, Limit, MinSeq, Q, Tenant, caught_up, check_id, no_nul, tenant_for
@@ -109,6 +110,26 @@ def _message(raw: dict[str, Any]) -> dict[str, Any]:
     return raw
 
 
+class ApiKeyAuth:
+    """Checks the API key before anything reads the body (a bad key is 401 whatever the body) and
+    puts the tenant in the request state. Plain ASGI: no response buffering or copying."""
+
+    def __init__(self, app: ASGIApp, keys: dict[str, str]) -> None:
+        self.app = app
+        self.keys = keys
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["path"].startswith("/v1/"):
+            header = next((v for k, v in scope["headers"] if k == b"authorization"), b"")
+            try:
+                tenant = tenant_for(self.keys, header.decode("latin-1"))
+            except ChronicleError as exc:
+                await from_error(exc)(scope, receive, send)
+                return
+            scope.setdefault("state", {})["tenant"] = tenant
+        await self.app(scope, receive, send)
+
+
 def _raw_json(parts: dict[str, Any], raw_messages: list[str] | None = None) -> Response:
     """A JSON object whose ``messages`` member is spliced from stored JSON text (no re-parse)."""
     head = json.dumps(parts)[:-1]
@@ -149,15 +170,7 @@ def build_app(settings: Settings, container: Container | None = None) -> FastAPI
         app.state.c = container  # usable without running the lifespan (in-process clients)
     install(app)
 
-    @app.middleware("http")
-    async def authenticate(request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Response:
-        """Check the API key before anything reads the body: a bad key is 401 whatever the body."""
-        if request.url.path.startswith("/v1/"):
-            try:
-                request.state.tenant = tenant_for(keys, request.headers.get("authorization", ""))
-            except ChronicleError as exc:
-                return from_error(exc)
-        return await call_next(request)
+    app.add_middleware(ApiKeyAuth, keys=keys)
 
     app.include_router(context_router)
 
@@ -349,8 +362,8 @@ def build_app(settings: Settings, container: Container | None = None) -> FastAPI
             return _raw_json({"leaf_id": leaf_id if path else None, "as_of_seq": as_of_seq}, path)
         await caught_up(c, tenant, sid, min_seq)
         extra: dict[str, Any] = {}
-        async with c.pool.connection() as cx, cx.transaction():
-            leaf_id, raw, view = await compacted_view(cx, tenant, sid, leaf_id, compacted=compacted)
+        async with c.pool.connection() as cx:  # one connection; each read sees committed rows
+            leaf_id, raw, view = await compacted_contents(cx, tenant, sid, leaf_id, compacted=compacted)
             if max_bytes is not None and view:
                 start, truncated, total = recent_window(
                     [(r.id, len(r.content.encode())) for r in raw], max_bytes, min_recent

@@ -36,7 +36,7 @@ from events.publisher import Publisher
 from projections import queries
 from projections.overlays import apply_overlays
 from projections.overlays import overlays as overlays_of
-from services.conditional import Conditional, Decision
+from services.conditional import Conditional, Decision, Tip
 from services.decisions import OMITTED, Append, AppendState, Existing, ParentSpec, Replay, decide_append
 from services.errors import (
     MessageNotFound,
@@ -160,20 +160,30 @@ class Commands:
                 original = await self._originals.put(stored_json(body).encode())
                 packed = {**await self._pack(capped), "body_sha256": digest, "original_ref": original}
 
-        async def decide(conn: Conn) -> Decision:
+        async def decide(conn: Conn, tip: Tip | None = None) -> Decision | None:
+            want_leaf = parent is OMITTED
             found = await queries.append_state(
-                conn, tenant, session, message_id, parent if isinstance(parent, str) else None, parent is OMITTED
+                conn, tenant, session, message_id, parent if isinstance(parent, str) else None, want_leaf
             )
+            unapplied = tip.unapplied(found.applied_seq) if tip is not None else []
+            if unapplied is None:
+                return None  # the read model is behind this process's chain: decide the slow way
+            if tip is not None:
+                self.conditional.trim(tenant, session, found.applied_seq)
             existing = (
                 Existing(found.existing_parent_id, found.existing_seq, found.existing_sha256)
                 if found.existing_seq is not None and found.existing_sha256 is not None
                 else None
             )
+            seqs = {ev.message_id: seq for seq, ev in tip.appends} if tip is not None else {}
+            for ev in unapplied:
+                if existing is None and ev.message_id == message_id:
+                    existing = Existing(ev.parent_id, seqs[ev.message_id], ev.body_sha256)
             state = AppendState(
                 session_deleted=found.session_deleted,
                 existing=existing,
-                latest_leaf=found.latest_leaf,
-                parent_exists=found.parent_exists,
+                latest_leaf=unapplied[-1].message_id if unapplied else found.latest_leaf,
+                parent_exists=found.parent_exists or any(ev.message_id == parent for ev in unapplied),
             )
             match decide_append(state, digest, parent):
                 case Replay(parent_id=pid, seq=first_seq):
@@ -184,7 +194,12 @@ class Commands:
                     )
                     return Decision(event, lambda seq: AppendResult(message_id, pid, seq, created=True))
 
-        result: AppendResult = await self._conditional(tenant, session, decide)
+        async def slow(conn: Conn) -> Decision:
+            decision = await decide(conn)
+            assert decision is not None  # without a chain the read model is never "behind"
+            return decision
+
+        result: AppendResult = await self._conditional(tenant, session, slow, decide)
         return result
 
     async def update(self, tenant: str, session: str, body: JsonObject) -> Written:

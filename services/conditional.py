@@ -5,19 +5,28 @@
 3. decide from the projection (``decide`` returns an event, or ``None`` for a no-op);
 4. publish with that sequence as ``Nats-Expected-Last-Subject-Sequence``;
 5. on a conflict (another writer got there first) repeat, a bounded number of times.
+
+Appends may skip steps 1 and 2 (:class:`Tip`): this process remembers the chain of appends it
+published to a session, each one published expecting the one before, so the chain is exactly the
+session's events after its start. When the read model has applied up to the start of the chain,
+the read model plus the chain's unapplied appends is the session's state at the chain's end; the
+decision is made from that, and the publish expects the chain's end. A writer elsewhere makes the
+publish conflict: the chain is forgotten and the attempt repeats the slow way.
 """
 
 from __future__ import annotations
 
 import asyncio
 import random
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import psycopg
 from psycopg_pool import AsyncConnectionPool
 
+from events.catalog import MessageAppended
 from events.envelope import Event
 from events.publisher import ConcurrencyConflict, Publisher
 from services.errors import ContentionExhausted
@@ -34,6 +43,27 @@ class Decision:
     answer: Callable[[int], Any]
 
 
+@dataclass(slots=True)
+class Tip:
+    """Appends this process published to one session, each expecting the sequence before it."""
+
+    base: int  # the session's last sequence before the first of ``appends``
+    last: int  # the sequence of the newest of ``appends``
+    appends: list[tuple[int, MessageAppended]] = field(default_factory=list)
+
+    def unapplied(self, applied: int) -> list[MessageAppended] | None:
+        """The appends the read model (at ``applied``) lacks, or None when it lacks more than the
+        chain holds (it has not reached the chain's start)."""
+        if applied < self.base:
+            return None
+        return [event for seq, event in self.appends if seq > applied]
+
+
+FastDecide = Callable[[Conn, Tip], Awaitable[Decision | None]]
+
+MAX_TIPS = 10_000
+
+
 class Conditional:
     def __init__(
         self, publisher: Publisher, pool: AsyncConnectionPool[Conn], waiter: AppliedWaiter, attempts: int
@@ -42,6 +72,7 @@ class Conditional:
         self._pool = pool
         self._waiter = waiter
         self._attempts = attempts
+        self._tips: OrderedDict[tuple[str, str], Tip] = OrderedDict()
 
     async def catch_up(self, tenant: str, session: str) -> int:
         """Wait until the projection has applied every event of the session; returns its last seq."""
@@ -49,17 +80,58 @@ class Conditional:
         await self._waiter.wait_session(tenant, session, last)
         return last
 
-    async def run(self, tenant: str, session: str, decide: Callable[[Conn], Awaitable[Decision]]) -> Any:
+    async def run(
+        self,
+        tenant: str,
+        session: str,
+        decide: Callable[[Conn], Awaitable[Decision]],
+        fast: FastDecide | None = None,
+    ) -> Any:
+        """Decide and publish under optimistic concurrency. ``fast`` decides from the read model
+        and this process's :class:`Tip` without waiting for the projector (None: it cannot)."""
+        key = (tenant, session)
         for attempt in range(self._attempts):
-            last = await self.catch_up(tenant, session)
-            async with self._pool.connection() as conn:
-                decision = await decide(conn)
+            decision: Decision | None = None
+            tip = self._tips.get(key) if fast is not None else None
+            if tip is not None and fast is not None:
+                last = tip.last
+                async with self._pool.connection() as conn:
+                    decision = await fast(conn, tip)
+                if decision is None:
+                    self._tips.pop(key, None)
+            if decision is None:
+                last = await self.catch_up(tenant, session)
+                async with self._pool.connection() as conn:
+                    decision = await decide(conn)
             if decision.event is None:
                 return decision.answer(last)
             try:
                 published = await self._pub.publish(decision.event, expected_last_subject_seq=last)
             except ConcurrencyConflict:
+                self._tips.pop(key, None)
                 await asyncio.sleep(random.uniform(0, 0.002 * min(attempt + 1, 10)))  # noqa: S311
                 continue
+            self._remember(key, last, published.seq, decision.event, fast is not None)
             return decision.answer(published.seq)
         raise ContentionExhausted(f"gave up after {self._attempts} conflicting attempts")
+
+    def _remember(self, key: tuple[str, str], expected: int, seq: int, event: Event, chain: bool) -> None:
+        """Extend the session's chain with an append published expecting ``expected``; anything
+        else ends the chain (the next append of the session takes the slow way once)."""
+        tip = self._tips.pop(key, None)
+        if not chain or not isinstance(event, MessageAppended) or seq <= expected:  # a duplicate: not new
+            return
+        if tip is None or tip.last != expected:
+            tip = Tip(base=expected, last=expected)
+        tip.appends.append((seq, event))
+        tip.last = seq
+        self._tips[key] = tip  # newest last: the least recently used session goes first
+        while len(self._tips) > MAX_TIPS:
+            self._tips.popitem(last=False)
+
+    def trim(self, tenant: str, session: str, applied: int) -> None:
+        """Forget the appends the read model has applied (``applied`` is its session sequence)."""
+        tip = self._tips.get((tenant, session))
+        if tip is not None and applied >= tip.base:
+            tip.appends = [(seq, ev) for seq, ev in tip.appends if seq > applied]
+            tip.base = max(tip.base, min(applied, tip.last))

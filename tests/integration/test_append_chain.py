@@ -1,0 +1,93 @@
+"""Appends decided from the read model plus this process's chain of unapplied appends.
+
+A process that published a session's last appends (each expecting the one before) knows the
+session's state without waiting for the projector; a writer elsewhere breaks the chain through
+optimistic concurrency and the next append decides the slow way.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+
+import pytest
+
+from events.publisher import Publisher
+from projections import queries
+from services.bootstrap import Container
+from services.decisions import OMITTED
+from services.errors import MessageConflict, UnknownParent
+from tests.conftest import make_settings, running_stack
+from tests.integration.helpers import appended, text_message
+
+T = "tenant-a"
+
+
+async def _path(c: Container, sid: str, leaf: str) -> list[tuple[str, str | None]]:
+    async with c.pool.connection() as conn:
+        return [(r.id, r.parent_id) for r in await queries.history(conn, T, sid, leaf)]
+
+
+async def _run_projector_until(c: Container, sid: str, seq: int) -> None:
+    stop = asyncio.Event()
+    task = asyncio.create_task(c.projector().run(stop))
+    try:
+        await c.waiter.wait_session(T, sid, seq, timeout_s=20)
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, timeout=15)
+
+
+async def test_a_chain_of_appends_needs_no_projector(
+    nats_url: str, fresh_db: str, new_id: Callable[[str], str]
+) -> None:
+    sid = new_id("chain")
+    async with running_stack(make_settings(nats_url, fresh_db), projector=False) as c:
+        a = await c.commands.append(T, sid, text_message("m1", "one"), None)
+        b = await asyncio.wait_for(c.commands.append(T, sid, text_message("m2", "two"), "m1"), timeout=5)
+        # parent omitted: the latest leaf is m2, which only this process's chain knows of
+        d = await asyncio.wait_for(c.commands.append(T, sid, text_message("m3", "three"), OMITTED), timeout=5)
+        assert (a.parent_id, b.parent_id, d.parent_id) == (None, "m1", "m2")
+        assert a.seq < b.seq < d.seq
+        await _run_projector_until(c, sid, d.seq)
+        assert await _path(c, sid, "m3") == [("m1", None), ("m2", "m1"), ("m3", "m2")]
+
+
+async def test_an_unapplied_append_is_replayed_or_conflicts(
+    nats_url: str, fresh_db: str, new_id: Callable[[str], str]
+) -> None:
+    sid = new_id("replay")
+    async with running_stack(make_settings(nats_url, fresh_db), projector=False) as c:
+        first = await c.commands.append(T, sid, text_message("m1", "one"), None)
+        again = await asyncio.wait_for(c.commands.append(T, sid, text_message("m1", "one"), None), timeout=5)
+        assert (again.created, again.seq) == (False, first.seq)
+        with pytest.raises(MessageConflict):
+            await asyncio.wait_for(c.commands.append(T, sid, text_message("m1", "other"), None), timeout=5)
+        with pytest.raises(UnknownParent):
+            await asyncio.wait_for(c.commands.append(T, sid, text_message("m2", "two"), "nope"), timeout=5)
+        assert await c.publisher.last_subject_seq(T, sid) == first.seq  # nothing else was published
+
+
+async def test_a_writer_elsewhere_ends_the_chain(stack: Container, new_id: Callable[[str], str]) -> None:
+    sid = new_id("elsewhere")
+    await stack.commands.append(T, sid, text_message("m1", "one"), None)
+    m2 = await stack.commands.append(T, sid, text_message("m2", "two"), "m1")
+    # another process appends x under m2, expecting m2 (a valid write this process never saw)
+    other = Publisher(stack.js, stack.layout)
+    x = await other.publish(appended(T, sid, "x", "m2"), expected_last_subject_seq=m2.seq)
+    m3 = await stack.commands.append(T, sid, text_message("m3", "three"), OMITTED)
+    assert m3.parent_id == "x"  # the chain's guess (m2) conflicted; the slow way saw x
+    assert m3.seq > x.seq
+    await stack.waiter.wait_session(T, sid, m3.seq)
+    assert await _path(stack, sid, "m3") == [("m1", None), ("m2", "m1"), ("x", "m2"), ("m3", "x")]
+
+
+async def test_a_delete_ends_the_chain(stack: Container, new_id: Callable[[str], str]) -> None:
+    sid = new_id("deleted")
+    await stack.commands.append(T, sid, text_message("m1", "one"), None)
+    await stack.commands.append(T, sid, text_message("m2", "two"), "m1")
+    await stack.commands.delete_messages(T, sid, ["m2"])
+    with pytest.raises(UnknownParent):
+        await stack.commands.append(T, sid, text_message("m3", "three"), "m2")
+    m3 = await stack.commands.append(T, sid, text_message("m3", "three"), OMITTED)
+    assert m3.parent_id == "m1"
