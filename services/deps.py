@@ -11,7 +11,7 @@ from services.errors import InvalidId, InvalidRequest, Unauthorized
 from services.settings import hash_key
 
 
-def get_c(request: Request) -> Container:
+async def get_c(request: Request) -> Container:
     c: Container = request.app.state.c
     return c
 
