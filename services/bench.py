@@ -18,6 +18,8 @@ import tempfile
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
+import uvloop
+
 from services.bench_compaction import compaction
 from services.bench_context import context
 from services.bench_http import api
@@ -80,7 +82,8 @@ def run_bench(settings: Settings, args: argparse.Namespace) -> int:
         nats_url=args.nats_url,
         projector_workers=args.projector_workers,
     )
-    reports = asyncio.run(run_benchmarks(settings, names, options))
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:  # the services' loop, for the clients too
+        reports = runner.run(run_benchmarks(settings, names, options))
     missed = [f"{n}: {t.name}" for n, r in reports.items() for t in r.targets if not t.met]
     if missed:
         print("targets missed:\n  " + "\n  ".join(missed), file=sys.stderr)

@@ -1,7 +1,9 @@
 """``chronicle bench api``: HTTP latency of appends and read-your-writes against the real API.
 
 ``chronicle api`` and ``chronicle projector`` run as child processes (as in production: the client,
-the API and the projector do not share an event loop); the client is httpx in this process.
+the API and the projector do not share an event loop); the client is
+:class:`services.bench_client.BenchClient`, a minimal keep-alive HTTP/1.1 client in this process (so
+the numbers are the server's, not a client library's).
 Baseline: ``GET /healthz`` on the same server, same client, same run.
 """
 
@@ -12,9 +14,10 @@ import contextlib
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from projections.migrate import migrate
+from services.bench_client import BenchClient
 from services.bench_data import Corpus, message_id
 from services.bench_support import (
     BENCH_KEY,
@@ -35,21 +38,16 @@ from services.localstack import free_port
 from services.progress import Progress
 from services.settings import Settings
 
-if TYPE_CHECKING:
-    import httpx
-
 
 @dataclass
 class RunningApi:
-    client: httpx.AsyncClient
+    client: BenchClient
     pids: dict[str, int]
 
 
 @contextlib.asynccontextmanager
 async def running_api(cfg: Settings, infra: Infra, *, projector: bool) -> AsyncIterator[RunningApi]:
     """The API (and optionally a projector) as child processes, and a client authenticated to it."""
-    import httpx  # a dev dependency: only the benchmarks and tests speak HTTP as a client
-
     base = f"http://{cfg.api_host}:{cfg.api_port}"
     log = infra.tmp / "services.log"
     async with contextlib.AsyncExitStack() as stack:
@@ -59,17 +57,13 @@ async def running_api(cfg: Settings, infra: Infra, *, projector: bool) -> AsyncI
             pids["projector process"] = proc.pid
         api_proc = await stack.enter_async_context(service("api", cfg, log))
         pids["api process"] = api_proc.pid
-        limits = httpx.Limits(max_connections=64, max_keepalive_connections=64)
-        client = await stack.enter_async_context(
-            httpx.AsyncClient(
-                base_url=base, headers={"Authorization": f"Bearer {BENCH_KEY}"}, timeout=120, limits=limits
-            )
-        )
+        client = BenchClient(base, {"Authorization": f"Bearer {BENCH_KEY}"})
+        stack.push_async_callback(client.aclose)
         deadline = time.monotonic() + 60
         while True:
             if api_proc.returncode is not None:
                 raise RuntimeError(f"chronicle api exited with {api_proc.returncode}; see {log}")
-            with contextlib.suppress(httpx.TransportError):
+            with contextlib.suppress(OSError, asyncio.IncompleteReadError):
                 if (await client.get("/readyz")).status_code == 200:
                     break
             if time.monotonic() > deadline:
@@ -89,7 +83,7 @@ def _appending(w: Appender) -> Callable[[int], Awaitable[int]]:
 class Appender:
     """Appends ~1 KB messages to one session as a chain (explicit ``parent_id``), as an agent does."""
 
-    def __init__(self, client: httpx.AsyncClient, session: str, corpus: Corpus) -> None:
+    def __init__(self, client: BenchClient, session: str, corpus: Corpus) -> None:
         self.client = client
         self.session = session
         self.corpus = corpus

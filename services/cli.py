@@ -81,13 +81,13 @@ def main(argv: list[str] | None = None) -> int:
 
             run_api(settings)
         case "projector":
-            from services.processes import run_projector
+            from services.processes import run_projector, serve
 
-            asyncio.run(run_projector(settings))
+            serve(run_projector(settings))
         case "compactor":
-            from services.processes import run_compactor
+            from services.processes import run_compactor, serve
 
-            asyncio.run(run_compactor(settings))
+            serve(run_compactor(settings))
         case "migrate":
             applied = asyncio.run(migrate(settings.database_url))
             print("applied: " + (", ".join(applied) if applied else "nothing (up to date)"))

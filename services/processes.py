@@ -5,14 +5,23 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+from collections.abc import Coroutine
+from typing import Any
 
 import uvicorn
+import uvloop
 
 from services.api import build_app
 from services.bootstrap import open_container
 from services.settings import Settings
 
 log = logging.getLogger("chronicle")
+
+
+def serve(main: Coroutine[Any, Any, None]) -> None:
+    """Run a long-lived service on uvloop (the API gets it from uvicorn): less CPU per event."""
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        runner.run(main)
 
 
 def _stop_on_signals(stop: asyncio.Event) -> None:
