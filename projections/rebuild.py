@@ -23,6 +23,9 @@ from events.subjects import SubjectLayout
 from projections.migrate import migrate
 from projections.runner import Prepared, Projection, apply_batch, prepare
 
+Horizon = Callable[[str], int]
+"""For an event's subject, the last sequence to apply (the live checkpoint of its partition)."""
+
 TABLES: dict[str, str] = {
     "sessions": "tenant, id",
     "messages": "tenant, session_id, id",
@@ -49,9 +52,11 @@ async def apply_range(
     *,
     batch_size: int = 2000,
     progress: Callable[[int, int], None] | None = None,
+    horizon: Horizon | None = None,
 ) -> int:
     """Apply the stream's events ``from_seq..to_seq`` on ``conn`` (its search_path decides the
-    schema), one transaction or savepoint per batch. Returns the last sequence applied."""
+    schema), one transaction or savepoint per batch, skipping events past their ``horizon``.
+    Returns the last sequence applied."""
     last = 0
     batch: list[tuple[int, Event]] = []
 
@@ -64,6 +69,8 @@ async def apply_range(
 
     if to_seq >= from_seq:
         async for stored in eventlog.read(js, layout, None, from_seq, to_seq):
+            if horizon is not None and stored.seq > horizon(stored.subject):
+                continue
             batch.append((stored.seq, decode(stored.data)))
             last = stored.seq
             if len(batch) >= batch_size:
@@ -85,13 +92,15 @@ async def rebuild_into(
     batch_size: int = 2000,
     workers: int = 2,
     progress: Callable[[int, int], None] | None = None,
+    horizon: Horizon | None = None,
 ) -> int:
     """Replay the stream from sequence 1 (up to ``to_seq``) into ``schema``, created and migrated
     first. Returns the last sequence applied, recorded as ``checkpoint`` in ``schema``.
 
     One reader decodes and plans; ``workers`` connections apply in parallel, each the events of
     its share of subjects (a session's events, and a tenant's tenant-scope events, stay on one
-    connection and in order), as partitioned projectors do.
+    connection and in order), as partitioned projectors do. Events past their ``horizon`` (the
+    live checkpoint of their partition, for a comparison) are skipped.
     """
     await migrate(conninfo, schema)
     end = await eventlog.last_seq(js, layout)
@@ -123,6 +132,8 @@ async def rebuild_into(
 
         if end >= 1:
             async for stored in eventlog.read(js, layout, None, 1, end):
+                if horizon is not None and stored.seq > horizon(stored.subject):
+                    continue
                 i = zlib.crc32(stored.subject.encode()) % workers
                 pending[i].append((stored.seq, decode(stored.data)))
                 last = stored.seq

@@ -15,9 +15,10 @@ from events.bodies import unpack_body
 from events.catalog import MessageBodyEvent, SkillRemoved
 from events.ids import TENANT_SCOPE
 from events.registry import decode
+from events.subjects import partition_of
 from projections import context_queries as cq
 from projections import queries
-from projections.rebuild import TABLES, apply_range, checksums, rebuild_into
+from projections.rebuild import TABLES, Horizon, apply_range, checksums, rebuild_into
 from projections.timetravel import SessionState
 from services.bootstrap import Container
 from services.context import object_key
@@ -78,6 +79,25 @@ class RebuildReport:
     kept_old: str | None = None
 
 
+def live_horizon(c: Container, checkpoints: dict[str, int]) -> tuple[Horizon, int]:
+    """How far the live projectors got: one checkpoint, or one per partition (``<name>.pNNN``)
+    when partitioned projectors run; returns the horizon per subject and the highest of them."""
+    base = c.settings.projector_name + ".p"
+    parts = {
+        int(n[len(base) :]): seq for n, seq in checkpoints.items() if n.startswith(base) and n[len(base) :].isdigit()
+    }
+    if not parts:
+        at = checkpoints.get(c.settings.projector_name, 0)
+        return (lambda _subject: at), at
+    layout = c.layout
+
+    def horizon(subject: str) -> int:
+        tenant, session = layout.parse(subject)
+        return parts.get(partition_of(tenant, session, layout.partitions), 0)
+
+    return horizon, max(parts.values())
+
+
 async def rebuild_and_swap(
     c: Container,
     projection: str = "all",
@@ -90,7 +110,7 @@ async def rebuild_and_swap(
     tables = PROJECTION_TABLES[projection]
     stamp = time.strftime("%Y%m%d%H%M%S")
     shadow, old = f"rebuild_{stamp}", f"old_{stamp}"
-    name = c.projector().name
+    name = c.settings.projector_name
     start = time.monotonic()
     built = await rebuild_into(
         c.js, c.layout, c.settings.database_url, shadow, c.projections(), name, progress=progress
@@ -99,9 +119,9 @@ async def rebuild_and_swap(
         async with conn.transaction():
             locked = ", ".join(f'public."{t}"' for t in (*tables, "checkpoints"))
             await conn.execute(f"LOCK TABLE {locked} IN ACCESS EXCLUSIVE MODE")
-            live = (await queries.checkpoints(conn)).get(name, 0)
+            horizon, live = live_horizon(c, await queries.checkpoints(conn))
             await conn.execute(f'SET LOCAL search_path TO "{shadow}"')
-            await apply_range(conn, c.js, c.layout, c.projections(), name, built + 1, live)
+            await apply_range(conn, c.js, c.layout, c.projections(), name, built + 1, live, horizon=horizon)
             await conn.execute(f'CREATE SCHEMA "{old}"')
             for table in tables:
                 await conn.execute(f'ALTER TABLE public."{table}" SET SCHEMA "{old}"')
@@ -141,13 +161,21 @@ async def verify(c: Container, *, limit: int = 5, progress: Callable[[int, int],
     projector does not make the comparison flap.
     """
     shadow = f"verify_{time.strftime('%Y%m%d%H%M%S')}"
-    name = c.projector().name
+    name = c.settings.projector_name
     async with await psycopg.AsyncConnection.connect(c.settings.database_url) as live_conn:
         await live_conn.set_isolation_level(psycopg.IsolationLevel.REPEATABLE_READ)
         async with live_conn.transaction():
-            at = (await queries.checkpoints(live_conn)).get(name, 0)
+            horizon, at = live_horizon(c, await queries.checkpoints(live_conn))
             await rebuild_into(
-                c.js, c.layout, c.settings.database_url, shadow, c.projections(), name, to_seq=at, progress=progress
+                c.js,
+                c.layout,
+                c.settings.database_url,
+                shadow,
+                c.projections(),
+                name,
+                to_seq=at,
+                progress=progress,
+                horizon=horizon,
             )
             live = await checksums(live_conn, "public")
             async with await psycopg.AsyncConnection.connect(c.settings.database_url, autocommit=True) as sh:
