@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
@@ -84,7 +84,7 @@ async def read_checkpoint(conn: psycopg.AsyncConnection[Any], name: str) -> int:
 
 async def apply_batch(
     conn: psycopg.AsyncConnection[Any],
-    name: str,
+    name: str | Sequence[str],
     projections: Sequence[Projection],
     items: Sequence[tuple[int, Event]],
     *,
@@ -95,15 +95,16 @@ async def apply_batch(
 
     ``prepared`` holds plans made by :func:`prepare` for these ``items`` (in order), used for the
     items past the checkpoint. Returns how many items were applied (the rest were at or below
-    the checkpoint).
+    the checkpoint). Several names (one per partition a worker consumes) all move together;
+    the lowest decides what is fresh.
     """
-    cur = await conn.execute(  # creates the row if needed and locks it until the commit
-        "INSERT INTO checkpoints (name, seq) VALUES (%s, 0) ON CONFLICT (name) DO UPDATE SET name = excluded.name "
-        "RETURNING seq",
-        (name,),
+    names = sorted({name} if isinstance(name, str) else set(name))  # one lock order for every worker
+    cur = await conn.execute(  # creates the rows if needed and locks them until the commit
+        "INSERT INTO checkpoints (name, seq) SELECT unnest(%s::text[]), 0 "
+        "ON CONFLICT (name) DO UPDATE SET name = excluded.name RETURNING seq",
+        (names,),
     )
-    row = await cur.fetchone()
-    checkpoint = int(row[0]) if row else 0
+    checkpoint = min((int(r[0]) for r in await cur.fetchall()), default=0)
     fresh = [(seq, ev) for seq, ev in items if seq > checkpoint]
     if not fresh:
         return 0
@@ -116,9 +117,9 @@ async def apply_batch(
             await projection.apply(conn, fresh)
     top = fresh[-1][0]
     await conn.execute(
-        "WITH moved AS (UPDATE checkpoints SET seq = %s, updated_at = now() WHERE name = %s RETURNING seq) "
-        "SELECT pg_notify(%s, %s) FROM moved WHERE %s",
-        (top, name, NOTIFY_CHANNEL, f"{name}:{top}", notify),
+        "WITH moved AS (UPDATE checkpoints SET seq = %s, updated_at = now() WHERE name = ANY(%s) RETURNING seq) "
+        "SELECT pg_notify(%s, %s) FROM (SELECT 1 FROM moved LIMIT 1) one WHERE %s",
+        (top, names, NOTIFY_CHANNEL, f"{names[0]}:{top}", notify),
     )
     return len(fresh)
 
@@ -132,6 +133,12 @@ class ProjectorRunner:
     projections: Sequence[Projection]
     name: str = "projector"
     filter_subject: str | None = None
+    # a worker of several partitions: one filter and one checkpoint per partition
+    filter_subjects: Sequence[str] = ()
+    checkpoints: Sequence[str] = ()
+    # where to start when the other layout (unpartitioned <-> per partition) ran last: a sequence
+    # for this runner's checkpoints, or None to keep them
+    seed: Callable[[psycopg.AsyncConnection[Any]], Awaitable[int | None]] | None = None
     batch_size: int = 1000
     idle_timeout_s: float = 1.0
     prefetch: int = 2
@@ -141,6 +148,10 @@ class ProjectorRunner:
     @property
     def durable(self) -> str:
         return "chronicle-" + self.name.replace(".", "-")
+
+    @property
+    def checkpoint_names(self) -> list[str]:
+        return sorted(self.checkpoints) if self.checkpoints else [self.name]
 
     async def run(self, stop: asyncio.Event) -> None:
         """Consume until ``stop`` is set; failures re-position from the checkpoint with backoff."""
@@ -160,22 +171,39 @@ class ProjectorRunner:
                     backoff = min(backoff * 2, 5.0)
 
     async def _hold_lock(self, conn: psycopg.AsyncConnection[Any], stop: asyncio.Event) -> None:
+        """One advisory lock per checkpoint: two workers never own the same partition."""
         warned = False
         while not stop.is_set():
-            cur = await conn.execute(
-                "SELECT pg_try_advisory_lock(hashtext('chronicle-projector'), hashtext(%s))", (self.name,)
-            )
-            row = await cur.fetchone()
-            if row and row[0]:
+            held: list[str] = []
+            for name in self.checkpoint_names:
+                cur = await conn.execute(
+                    "SELECT pg_try_advisory_lock(hashtext('chronicle-projector'), hashtext(%s))", (name,)
+                )
+                row = await cur.fetchone()
+                if not (row and row[0]):
+                    break
+                held.append(name)
+            else:
                 return
+            for name in held:
+                await conn.execute("SELECT pg_advisory_unlock(hashtext('chronicle-projector'), hashtext(%s))", (name,))
             if not warned:
-                log.warning("another projector holds %r; waiting for it to stop", self.name)
+                log.warning("another projector holds a checkpoint of %r; waiting for it to stop", self.name)
                 warned = True
             await _sleep_or_stop(stop, 1.0)
 
     async def _position(self) -> JetStreamContext.PullSubscription:
-        async with self.pool.connection() as conn:
-            checkpoint = await read_checkpoint(conn, self.name)
+        async with self.pool.connection() as conn, conn.transaction():
+            names = self.checkpoint_names
+            seeded = await self.seed(conn) if self.seed is not None else None
+            if seeded is not None:
+                await conn.execute(
+                    "INSERT INTO checkpoints (name, seq) SELECT unnest(%s::text[]), %s "
+                    "ON CONFLICT (name) DO UPDATE SET seq = excluded.seq, updated_at = now()",
+                    (names, seeded),
+                )
+                log.info("projector %s starts from the other layout's checkpoint %d", self.name, seeded)
+            checkpoint = min([await read_checkpoint(conn, n) for n in names])
         with contextlib.suppress(NotFoundError):
             await self.js.delete_consumer(self.layout.stream, self.durable)
         config = ConsumerConfig(
@@ -183,7 +211,8 @@ class ProjectorRunner:
             ack_policy=AckPolicy.ALL,
             ack_wait=60.0,
             max_ack_pending=max(self.batch_size * 4, 1000),
-            filter_subject=self.filter_subject or self.layout.wildcard,
+            filter_subject=None if self.filter_subjects else self.filter_subject or self.layout.wildcard,
+            filter_subjects=list(self.filter_subjects) or None,
             deliver_policy=DeliverPolicy.BY_START_SEQUENCE if checkpoint else DeliverPolicy.ALL,
             opt_start_seq=checkpoint + 1 if checkpoint else None,
         )
@@ -200,14 +229,15 @@ class ProjectorRunner:
         info = await self.js.consumer_info(self.layout.stream, self.durable)
         if info.num_pending or info.num_ack_pending:
             return
+        names = self.checkpoint_names
         async with self.pool.connection() as conn, conn.transaction():
             cur = await conn.execute(
-                "INSERT INTO checkpoints (name, seq) VALUES (%s, %s) ON CONFLICT (name) DO UPDATE "
+                "INSERT INTO checkpoints (name, seq) SELECT unnest(%s::text[]), %s ON CONFLICT (name) DO UPDATE "
                 "SET seq = excluded.seq, updated_at = now() WHERE checkpoints.seq < excluded.seq",
-                (self.name, last),
+                (names, last),
             )
             if cur.rowcount:
-                await conn.execute("SELECT pg_notify(%s, %s)", (NOTIFY_CHANNEL, f"{self.name}:{last}"))
+                await conn.execute("SELECT pg_notify(%s, %s)", (NOTIFY_CHANNEL, f"{names[0]}:{last}"))
 
     async def _consume(self, sub: JetStreamContext.PullSubscription, stop: asyncio.Event) -> None:
         """Commit prepared batches in order while the fetcher prepares the next ones."""
@@ -276,7 +306,7 @@ class ProjectorRunner:
     async def _commit(self, batch: _Batch) -> None:
         items = batch.items
         async with self.pool.connection() as conn, conn.transaction():
-            applied = await apply_batch(conn, self.name, self.projections, items, prepared=batch.prepared)
+            applied = await apply_batch(conn, self.checkpoint_names, self.projections, items, prepared=batch.prepared)
         await batch.last.ack()
         self.stats.batches += 1
         self.stats.applied += applied

@@ -39,7 +39,7 @@ from services.bench_support import (
     service,
     summary_ms,
 )
-from services.bootstrap import Container, open_container
+from services.bootstrap import Container, open_container, worker_partitions
 from services.progress import Progress
 from services.settings import Settings
 
@@ -113,21 +113,37 @@ async def _baseline(
 
 @contextlib.asynccontextmanager
 async def projector_processes(cfg: Settings, workers: int, log_path: Path) -> AsyncIterator[dict[str, int]]:
-    """``chronicle projector`` child processes, one per partition when ``workers`` > 1, as they
-    run in production; yields their pids by checkpoint name once their consumers exist."""
+    """``chronicle projector`` child processes as ``chronicle up`` starts them: one, or ``workers``
+    each with its share of the partitions; yields their pids by name."""
     async with contextlib.AsyncExitStack() as stack:
         pids: dict[str, int] = {}
-        for p in range(workers):
-            wcfg = cfg if workers == 1 else cfg.model_copy(update={"projector_partitions": [p]})
-            name = cfg.projector_name if workers == 1 else f"{cfg.projector_name}.p{p:03d}"
-            proc = await stack.enter_async_context(service("projector", wcfg, log_path))
-            pids[name] = proc.pid
+        for w in range(workers):
+            parts = worker_partitions(cfg.partitions, workers, w) if workers > 1 else None
+            proc = await stack.enter_async_context(
+                service("projector", cfg.model_copy(update={"projector_partitions": parts}), log_path)
+            )
+            pids[f"projector {w}" if workers > 1 else "projector"] = proc.pid
         yield pids
 
 
-async def _consumers_ready(c: Container, names: Sequence[str], timeout_s: float = 30.0) -> None:
-    for name in names:
-        await _consumer_ready(c, "chronicle-" + name.replace(".", "-"), timeout_s)
+def checkpoint_names(cfg: Settings, workers: int) -> dict[str, int | None]:
+    """The projector checkpoints to watch, with the partition each one covers (None: all)."""
+    if workers == 1:
+        return {cfg.projector_name: None}
+    return {f"{cfg.projector_name}.p{p:03d}": p for p in range(cfg.partitions)}
+
+
+async def _consumers_ready(c: Container, count: int, timeout_s: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while len([x async for x in _consumer_names(c)]) < count:
+        if time.monotonic() > deadline:
+            raise TimeoutError("the projectors did not create their consumers")
+        await asyncio.sleep(0.05)
+
+
+async def _consumer_names(c: Container) -> AsyncIterator[str]:
+    for info in await c.js.consumers_info(c.layout.stream):
+        yield str(info.name)
 
 
 async def _checkpoints(c: Container, names: Sequence[str]) -> dict[str, int]:
@@ -154,7 +170,7 @@ async def ingest(settings: Settings, infra: Infra, options: BenchOptions) -> Rep
     wal = WalMeter(infra.pg_admin)
     async with scratch_database(infra) as db:
         cfg = bench_settings(settings, infra, db)
-        if workers > 1:
+        if workers > 1:  # one partition per worker: one subject filter each (several cost nats-server CPU)
             cfg = cfg.model_copy(update={"partitions": workers})
         await migrate(db)
         await checkpoint(infra.pg_admin)
@@ -167,9 +183,10 @@ async def ingest(settings: Settings, infra: Infra, options: BenchOptions) -> Rep
             open_container(cfg) as c,
             projector_processes(cfg, workers, infra.tmp / "ingest-projector.log") as pids,
         ):
-            names = list(pids)
-            await _consumers_ready(c, names)
-            meter = CpuMeter({**infra.pids, **{f"projector {name}": pid for name, pid in pids.items()}}, db_name(db))
+            watched = checkpoint_names(cfg, workers)
+            names = list(watched)
+            await _consumers_ready(c, workers)
+            meter = CpuMeter({**infra.pids, **pids}, db_name(db))
             await checkpoint(infra.pg_admin)
             # the last sequence each projector must reach: known once everything is published
             targets: dict[str, int] = {}
@@ -198,8 +215,8 @@ async def ingest(settings: Settings, infra: Infra, options: BenchOptions) -> Rep
             try:
                 acks, last_by_partition = await publish_all(c, events, Progress("", enabled=False))
                 t_pub = time.perf_counter()
-                for name, part in zip(names, range(workers), strict=True):
-                    targets[name] = acks[-1][1] if workers == 1 else last_by_partition.get(part, 0)
+                for name, part in watched.items():
+                    targets[name] = acks[-1][1] if part is None else last_by_partition.get(part, 0)
                 await asyncio.wait_for(done.wait(), timeout=max(120.0, n / 100))
                 t_end = applied[-1][0]
                 report.cpu_s["chronicle ingest"] = await meter.used()

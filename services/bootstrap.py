@@ -22,7 +22,7 @@ from projections.context import ContextProjection
 from projections.history import HistoryProjection
 from projections.migrate import migrate
 from projections.overlays import OverlayProjection
-from projections.runner import Projection, ProjectorRunner
+from projections.runner import Projection, ProjectorRunner, read_checkpoint
 from services.commands import Commands
 from services.compactor import CompactionService, Compactor
 from services.compactor_state import CompactorState
@@ -68,15 +68,47 @@ class Container:
         return Compactor(runner, state, self.compaction)
 
     def projector(self) -> ProjectorRunner:
+        """The projector of ``projector_partitions`` (None: every partition, one checkpoint):
+        one durable consumer over those partitions and one checkpoint per partition."""
         s = self.settings
-        filt = None
-        name = s.projector_name
-        if s.projector_partitions is not None:
-            parts = sorted(set(s.projector_partitions))
-            if len(parts) != 1:
-                raise ValueError("a partitioned projector consumes exactly one partition")
-            filt = self.layout.partition_filter(parts[0])
-            name = f"{name}.p{parts[0]:03d}"
+        base, partitions = s.projector_name, s.partitions
+        if s.projector_partitions is None:
+
+            async def from_partitions(conn: psycopg.AsyncConnection[Any]) -> int | None:
+                """After partitioned projectors (their rows newer than this one's): the lowest of
+                their checkpoints, when every partition has one; their rows go either way."""
+                cur = await conn.execute(
+                    "WITH gone AS (DELETE FROM checkpoints WHERE starts_with(name, %s) RETURNING seq, updated_at) "
+                    "SELECT min(seq), count(*), max(updated_at) > coalesce("
+                    "(SELECT updated_at FROM checkpoints WHERE name = %s), '-infinity') FROM gone",
+                    (base + ".p", base),
+                )
+                row = await cur.fetchone()
+                return int(row[0]) if row and row[1] == partitions and row[2] else None
+
+            return self._runner(base, seed=from_partitions)
+        parts = sorted(set(s.projector_partitions))
+        if not parts or parts[0] < 0 or parts[-1] >= s.partitions:
+            raise ValueError(f"projector_partitions must name partitions 0..{s.partitions - 1}")
+        names = [f"{base}.p{p:03d}" for p in parts]
+
+        async def from_unpartitioned(conn: psycopg.AsyncConnection[Any]) -> int | None:
+            """Before this layout's first run: the unpartitioned projector's checkpoint."""
+            cur = await conn.execute("SELECT count(*) FROM checkpoints WHERE name = ANY(%s)", (names,))
+            row = await cur.fetchone()
+            return (await read_checkpoint(conn, base) or None) if row and row[0] == 0 else None
+
+        filters = [self.layout.partition_filter(p) for p in parts]
+        if len(parts) == 1:
+            return self._runner(names[0], filter_subject=filters[0], seed=from_unpartitioned)
+        return self._runner(
+            f"{names[0]}-{parts[-1]:03d}x{len(parts)}",
+            filter_subjects=filters,
+            checkpoints=names,
+            seed=from_unpartitioned,
+        )
+
+    def _runner(self, name: str, **kwargs: Any) -> ProjectorRunner:
         return ProjectorRunner(
             js=self.js,
             pool=self.pool,
@@ -84,9 +116,14 @@ class Container:
             layout=self.layout,
             projections=self.projections(),
             name=name,
-            filter_subject=filt,
-            batch_size=s.projector_batch,
+            batch_size=self.settings.projector_batch,
+            **kwargs,
         )
+
+
+def worker_partitions(partitions: int, workers: int, worker: int) -> list[int]:
+    """The partitions of projector worker ``worker`` of ``workers`` (round robin)."""
+    return [p for p in range(partitions) if p % workers == worker]
 
 
 async def connect_nats(url: str) -> NatsClient:

@@ -27,6 +27,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import psycopg
 
+from services.bootstrap import worker_partitions
 from services.settings import Settings, hash_key
 
 DEFAULT_TENANT = "default"
@@ -215,7 +216,14 @@ def up(settings: Settings, nats_port: int) -> int:
 def _serve(settings: Settings, env: dict[str, str], key: str, procs: list[subprocess.Popen[bytes]]) -> int:
     exe = [sys.executable, "-m", "services.cli"]
     subprocess.run([*exe, "migrate"], env=env, check=True)
-    procs.append(subprocess.Popen([*exe, "projector"], env=env, start_new_session=True))
+    workers = min(settings.projector_workers, settings.partitions)
+    for w in range(workers):  # one per core by default: each has its own Postgres backend for FTS
+        shares = (
+            {}
+            if workers == 1
+            else {"CHRONICLE_PROJECTOR_PARTITIONS": json.dumps(worker_partitions(settings.partitions, workers, w))}
+        )
+        procs.append(subprocess.Popen([*exe, "projector"], env={**env, **shares}, start_new_session=True))
     procs.append(subprocess.Popen([*exe, "compactor"], env=env, start_new_session=True))
     procs.append(subprocess.Popen([*exe, "api"], env=env, start_new_session=True))
     base = f"http://{settings.api_host}:{settings.api_port}"

@@ -44,6 +44,13 @@ class Settings(BaseSettings):
     projector_partitions: list[int] | None = Field(
         default=None, description="partitions this projector consumes; None = all"
     )
+    projector_workers: int = Field(
+        default=1,
+        ge=1,
+        le=1024,
+        description="`chronicle up`: projector processes, each with its share of partitions (fastest when "
+        "partitions equals workers: one subject filter per consumer)",
+    )
 
     tiktoken_encoding: str = "cl100k_base"
 

@@ -100,18 +100,25 @@ class AppliedWaiter:
         await self.wait_until(lambda: self.session_applied(tenant, session, seq), f"sequence {seq}", timeout_s)
 
     async def all_applied(self, seq: int) -> bool:
+        """Every projector checkpoint (not the compactor's) has reached ``seq``: the one of an
+        unpartitioned projector, or all partitions' (while projectors switch from one layout to
+        the other, both count)."""
         async with self._pool.connection() as conn:
-            # the projector's checkpoints only (one, or one per partition): not the compactor's;
-            # with partitioned projectors every partition must have reported
             cur = await conn.execute(
-                "SELECT coalesce(min(seq), 0), count(*) FILTER (WHERE name <> %s) FROM checkpoints "
-                "WHERE name = %s OR starts_with(name, %s)",
-                (self._projector, self._projector, self._projector + ".p"),
+                "SELECT min(seq) FILTER (WHERE name <> %(p)s), count(*) FILTER (WHERE name <> %(p)s), "
+                "min(seq) FILTER (WHERE name = %(p)s) FROM checkpoints WHERE name = %(p)s OR starts_with(name, %(pp)s)",
+                {"p": self._projector, "pp": self._projector + ".p"},
             )
             row = await cur.fetchone()
-        if row is not None and 0 < row[1] < self._partitions:
+        assert row is not None
+        partitions_min, partitions_seen, whole = row
+        if partitions_seen == self._partitions:
+            applied = int(partitions_min)
+        elif whole is not None:
+            applied = min(int(whole), int(partitions_min)) if partitions_seen else int(whole)
+        else:
             return False
-        return bool(row and row[0] >= seq)
+        return applied >= seq
 
     async def wait_all(self, seq: int, timeout_s: float | None = None) -> None:
         """Wait until every projector checkpoint has reached ``seq`` (tenant-wide reads)."""

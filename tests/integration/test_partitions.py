@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 
 from events.subjects import partition_of
+from projections import queries
 from services import audit
 from services.decisions import OMITTED
 from tests.conftest import make_settings, running_stack
@@ -80,3 +81,53 @@ async def test_verify_with_partitioned_projectors_compares_each_partition_at_its
                 stop.set()
             for w in workers:
                 await asyncio.wait_for(w, 15)
+
+
+async def test_workers_of_several_partitions_and_switching_layouts(
+    nats_url: str, fresh_db: str, s3_endpoint: str
+) -> None:
+    """Two workers of two partitions each serve tenant-wide reads; switching between one projector
+    and partitioned workers starts from the other layout's checkpoint (nothing re-applied)."""
+    settings = make_settings(nats_url, fresh_db, s3_endpoint=s3_endpoint, partitions=4)
+    async with running_stack(settings, projector=False) as c:
+
+        async def run(shares: list[list[int] | None], sessions: range) -> tuple[list[int], int]:
+            stop = asyncio.Event()
+            runners = []
+            for parts in shares:
+                c.settings = settings.model_copy(update={"projector_partitions": parts})
+                runners.append(c.projector())
+            c.settings = settings
+            tasks = [asyncio.create_task(r.run(stop)) for r in runners]
+            try:
+                last = 0
+                for i in sessions:
+                    r = await c.commands.append("tenant-a", f"w-{i}", text_message("m0", f"switch {i}"), None)
+                    last = max(last, r.seq)
+                await c.waiter.wait_all(last, timeout_s=10)
+            finally:
+                stop.set()
+                for t in tasks:
+                    await asyncio.wait_for(t, 15)
+            return [r.stats.applied for r in runners], last
+
+        async def names() -> dict[str, int]:
+            async with c.pool.connection() as conn:
+                return {
+                    k: v for k, v in (await queries.checkpoints(conn)).items() if k.startswith(settings.projector_name)
+                }
+
+        applied, first = await run([None], range(0, 6))
+        assert applied == [6]
+        applied, last = await run([[0, 2], [1, 3]], range(6, 12))
+        assert sum(applied) == 6  # started from the single projector's checkpoint
+        assert {n for n in await names() if ".p" in n} == {f"{settings.projector_name}.p{p:03d}" for p in range(4)}
+        assert all(seq >= last for n, seq in (await names()).items() if ".p" in n)
+        applied, _ = await run([None], range(12, 15))
+        assert applied == [3]  # back to one projector: from the partitions' lowest checkpoint
+        assert set(await names()) == {settings.projector_name}  # the partitions' rows are gone
+        async with c.pool.connection() as conn:
+            cur = await conn.execute("SELECT count(*) FROM messages WHERE session_id LIKE 'w-%%'")
+            assert await cur.fetchone() == (15,)
+        assert first < last
+        assert (await audit.verify(c)).ok
