@@ -1,10 +1,11 @@
 """``chronicle bench compaction``: the compaction worker's cost to the write path.
 
 ingest: sessions configured with ``compact_after`` (``SessionConfigured`` events), then messages
-published with :meth:`Publisher.publish_many` while an in-process projector applies them; measured
-until the projector's checkpoint reaches the last message. Run once with an in-process
-:meth:`Container.compactor` (offline summarizer, compaction triggering) and once without it, each
-on a fresh database and stream; the run without is the baseline.
+published with :meth:`Publisher.publish_many` while a ``chronicle projector`` child process applies
+them (as in production); measured until the projector's checkpoint reaches the last message. Run
+once with :meth:`Container.compactor` running in this process (offline summarizer, compaction
+triggering; its counters are read here) and once without it, each on a fresh database and stream;
+the run without is the baseline.
 estimate: :meth:`CompactorState.apply` of one ``MessageAppended`` extending the active leaf of a
 session with 100 and with 10,000 messages of history (``compactor_*`` rows loaded directly), to
 show the per-append cost does not depend on history length; the baseline is the full re-sum of
@@ -23,6 +24,7 @@ import psycopg
 from events.catalog import MessageAppended, SessionConfigured
 from events.context import CompactionConfig, SessionConfig
 from projections.migrate import migrate
+from projections.runner import read_checkpoint
 from services.bench_data import TENANT, Corpus, Msg, messages, session_name, to_event
 from services.bench_ingest import CHUNK, _consumer_ready
 from services.bench_support import (
@@ -37,6 +39,7 @@ from services.bench_support import (
     fmt_ms,
     fmt_rate,
     scratch_database,
+    service,
     summary_ms,
     timed,
 )
@@ -71,24 +74,27 @@ async def ingest_run(
     """One ingest on a fresh database and stream; seconds, rates and compactor counters."""
     n = len(events)
     async with scratch_database(infra) as db:
-        meter = CpuMeter(infra.pids, db_name(db))
         cfg = bench_settings(settings, infra, db)
-        async with open_container(cfg) as c:
+        log_path = infra.tmp / "compaction-projector.log"
+        # the projector in a process of its own, as in production; the compactor in this one
+        async with open_container(cfg) as c, service("projector", cfg, log_path) as projector:
+            meter = CpuMeter({**infra.pids, "projector process": projector.pid}, db_name(db))
             await checkpoint(infra.pg_admin)
-            runner = c.projector()
             target = [2**62]
             done = asyncio.Event()
 
-            def on_batch(count: int, seq: int) -> None:
-                if seq >= target[0]:
-                    done.set()
+            async def watch() -> None:
+                while True:
+                    async with c.pool.connection() as conn:
+                        if await read_checkpoint(conn, cfg.projector_name) >= target[0]:
+                            done.set()
+                    await asyncio.sleep(0.02)
 
-            runner.on_batch = on_batch
             stop = asyncio.Event()
-            tasks = [asyncio.create_task(runner.run(stop), name="bench-projector")]
+            tasks = [asyncio.create_task(watch(), name="bench-checkpoint-watch")]
             compactor = c.compactor() if with_compactor else None
             try:
-                await _consumer_ready(c, runner.durable)
+                await _consumer_ready(c, "chronicle-" + cfg.projector_name.replace(".", "-"), 30.0)
                 state_done = asyncio.Event()
                 if compactor is not None:
                     after_batch = compactor._runner.on_batch
@@ -105,8 +111,6 @@ async def ingest_run(
                     await _consumer_ready(c, compactor._runner.durable)
                 published = await c.publisher.publish_many(configs)
                 target[0] = max(p.seq for p in published)
-                if runner.stats.last_seq >= target[0]:
-                    done.set()
                 await asyncio.wait_for(done.wait(), timeout=120)
                 done.clear()
                 state_done.clear()
@@ -121,8 +125,6 @@ async def ingest_run(
                     bar(start + len(results), n)
                 t_pub = time.perf_counter()
                 target[0] = last
-                if runner.stats.last_seq >= last:
-                    done.set()
                 if compactor is not None and compactor._runner.stats.last_seq >= last:
                     state_done.set()
                 await asyncio.wait_for(done.wait(), timeout=max(120.0, n / 100))
@@ -151,8 +153,9 @@ async def ingest_run(
                     out["overlays_projected"] = int(row[0]) if row else 0
             finally:
                 stop.set()
+                tasks[0].cancel()
                 for task in tasks:
-                    with contextlib.suppress(Exception):
+                    with contextlib.suppress(Exception, asyncio.CancelledError):
                         await asyncio.wait_for(task, timeout=30)
     return out
 
