@@ -175,15 +175,14 @@ class Commands:
                 if found.existing_seq is not None and found.existing_sha256 is not None
                 else None
             )
-            seqs = {ev.message_id: seq for seq, ev in tip.appends} if tip is not None else {}
-            for ev in unapplied:
-                if existing is None and ev.message_id == message_id:
-                    existing = Existing(ev.parent_id, seqs[ev.message_id], ev.body_sha256)
+            for a in unapplied:
+                if existing is None and a.message_id == message_id:
+                    existing = Existing(a.parent_id, a.seq, a.body_sha256)
             state = AppendState(
                 session_deleted=found.session_deleted,
                 existing=existing,
                 latest_leaf=unapplied[-1].message_id if unapplied else found.latest_leaf,
-                parent_exists=found.parent_exists or any(ev.message_id == parent for ev in unapplied),
+                parent_exists=found.parent_exists or any(a.message_id == parent for a in unapplied),
             )
             match decide_append(state, digest, parent):
                 case Replay(parent_id=pid, seq=first_seq):

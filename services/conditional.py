@@ -43,25 +43,36 @@ class Decision:
     answer: Callable[[int], Any]
 
 
+@dataclass(frozen=True, slots=True)
+class Appended:
+    """What a decision needs of an append (never its body: a chain stays small)."""
+
+    seq: int
+    message_id: str
+    parent_id: str | None
+    body_sha256: str
+
+
 @dataclass(slots=True)
 class Tip:
     """Appends this process published to one session, each expecting the sequence before it."""
 
     base: int  # the session's last sequence before the first of ``appends``
     last: int  # the sequence of the newest of ``appends``
-    appends: list[tuple[int, MessageAppended]] = field(default_factory=list)
+    appends: list[Appended] = field(default_factory=list)
 
-    def unapplied(self, applied: int) -> list[MessageAppended] | None:
+    def unapplied(self, applied: int) -> list[Appended] | None:
         """The appends the read model (at ``applied``) lacks, or None when it lacks more than the
         chain holds (it has not reached the chain's start)."""
         if applied < self.base:
             return None
-        return [event for seq, event in self.appends if seq > applied]
+        return [a for a in self.appends if a.seq > applied]
 
 
 FastDecide = Callable[[Conn, Tip], Awaitable[Decision | None]]
 
-MAX_TIPS = 10_000
+MAX_TIPS = 10_000  # sessions remembered per process (least recently appended to go first)
+MAX_CHAIN = 1_000  # unapplied appends remembered per session
 
 
 class Conditional:
@@ -123,7 +134,9 @@ class Conditional:
             return
         if tip is None or tip.last != expected:
             tip = Tip(base=expected, last=expected)
-        tip.appends.append((seq, event))
+        if len(tip.appends) >= MAX_CHAIN:  # the projector is far behind: let appends wait for it
+            return
+        tip.appends.append(Appended(seq, event.message_id, event.parent_id, event.body_sha256))
         tip.last = seq
         self._tips[key] = tip  # newest last: the least recently used session goes first
         while len(self._tips) > MAX_TIPS:
@@ -133,5 +146,5 @@ class Conditional:
         """Forget the appends the read model has applied (``applied`` is its session sequence)."""
         tip = self._tips.get((tenant, session))
         if tip is not None and applied >= tip.base:
-            tip.appends = [(seq, ev) for seq, ev in tip.appends if seq > applied]
+            tip.appends = [a for a in tip.appends if a.seq > applied]
             tip.base = max(tip.base, min(applied, tip.last))
