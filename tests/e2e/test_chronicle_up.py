@@ -10,17 +10,21 @@ import time
 from pathlib import Path
 
 import httpx
+import psycopg
 
 from services.localstack import free_port
 
 
-def _start(data: Path, db_url: str, api_port: int, nats_port: int) -> tuple[subprocess.Popen[str], list[str]]:
+def _start(
+    data: Path, db_url: str, api_port: int, nats_port: int, **extra: str
+) -> tuple[subprocess.Popen[str], list[str]]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("CHRONICLE_")}
     env.update(
         CHRONICLE_DATA_DIR=str(data),
         CHRONICLE_DATABASE_URL=db_url,
         CHRONICLE_API_PORT=str(api_port),
         CHRONICLE_S3_ENDPOINT=f"127.0.0.1:{free_port()}",
+        **extra,
     )
     proc = subprocess.Popen(
         [sys.executable, "-m", "services.cli", "up", "--nats-port", str(nats_port)],
@@ -84,3 +88,31 @@ def test_up_serves_stops_and_restarts_with_its_data(tmp_path: Path, fresh_db: st
         assert [m["id"] for m in h.json()["messages"]] == ["m1"]
     finally:
         _stop(proc)
+
+
+def test_up_with_two_partitioned_projectors(tmp_path: Path, fresh_db: str) -> None:
+    """CHRONICLE_PROJECTOR_WORKERS=2: two projector processes, one partition each; session and
+    tenant-wide reads with ``min_seq`` see every append."""
+    api_port, nats_port = free_port(), free_port()
+    proc, lines = _start(
+        tmp_path / "data", fresh_db, api_port, nats_port, CHRONICLE_PARTITIONS="2", CHRONICLE_PROJECTOR_WORKERS="2"
+    )
+    key = lines[-1].split(":", 1)[1].strip()
+    base = f"http://127.0.0.1:{api_port}"
+    headers = {"Authorization": f"Bearer {key}"}
+    try:
+        with httpx.Client(base_url=base, headers=headers, timeout=30) as client:
+            last = 0
+            for i in range(8):  # sessions spread over both partitions
+                msg = {"id": "m1", "role": "user", "parts": [{"type": "text", "text": f"partition probe {i}"}]}
+                r = client.post(f"/v1/sessions/two-{i}/messages", json={"message": msg})
+                assert r.status_code == 201, r.text
+                last = max(last, r.json()["seq"])
+            listed = client.get("/v1/sessions", params={"min_seq": last, "limit": 50})
+            assert listed.status_code == 200, listed.text
+            assert {s["id"] for s in listed.json()["sessions"]} >= {f"two-{i}" for i in range(8)}
+    finally:
+        _stop(proc)
+    with psycopg.connect(fresh_db) as conn:
+        names = {r[0] for r in conn.execute("SELECT name FROM checkpoints WHERE name LIKE 'projector%'")}
+    assert names == {"projector.p000", "projector.p001"}  # one checkpoint per partition, no other
