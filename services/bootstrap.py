@@ -65,7 +65,7 @@ class Container:
             name=s.compactor_name,
             batch_size=s.projector_batch,
         )
-        return Compactor(runner, state, self.compaction)
+        return Compactor(runner, state, self.compaction, concurrency=s.compactor_concurrency)
 
     def projector(self) -> ProjectorRunner:
         """The projector of ``projector_partitions`` (None: every partition, one checkpoint):

@@ -246,13 +246,21 @@ class Compactor:
     """The worker: state projection + a queue of sessions to compact, with retry backoff."""
 
     def __init__(
-        self, runner: ProjectorRunner, state: Any, service: CompactionService, *, max_backoff_s: float = 300
+        self,
+        runner: ProjectorRunner,
+        state: Any,
+        service: CompactionService,
+        *,
+        max_backoff_s: float = 300,
+        concurrency: int = 4,
     ) -> None:
         self._runner = runner
         self._state = state
         self._service = service
+        self._concurrency = max(1, concurrency)
         self._queue: asyncio.Queue[tuple[str, str]] = asyncio.Queue()
         self._queued: set[tuple[str, str]] = set()
+        self._active: set[tuple[str, str]] = set()  # sessions being compacted (never twice at once)
         self._tried_at: dict[tuple[str, str], int] = {}
         self._retry_at: dict[tuple[str, str], float] = {}
         self._failures: dict[tuple[str, str], int] = {}
@@ -269,7 +277,7 @@ class Compactor:
             self._enqueue(key)
 
     def _enqueue(self, key: tuple[str, str]) -> None:
-        if key not in self._queued:
+        if key not in self._queued and key not in self._active:
             self._queued.add(key)
             self._queue.put_nowait(key)
 
@@ -277,12 +285,13 @@ class Compactor:
         async with self._runner.pool.connection() as conn:
             await self._state.load_candidates(conn)
         self._after_batch(0, 0)
-        worker = asyncio.create_task(self._work(stop))
+        # summaries wait on an LLM: several sessions are compacted at once (each one by one worker)
+        workers = [asyncio.create_task(self._work(stop)) for _ in range(self._concurrency)]
         retries = asyncio.create_task(self._retry_loop(stop))
         try:
             await self._runner.run(stop)
         finally:
-            for task in (worker, retries):
+            for task in (*workers, retries):
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
@@ -303,6 +312,7 @@ class Compactor:
             cand = self._state.candidates.get(key)
             if cand is None:
                 continue
+            self._active.add(key)
             try:
                 outcome = await self._service.compact(*key)
                 self._tried_at[key] = cand.estimate
@@ -319,3 +329,9 @@ class Compactor:
                 delay = min(self._max_backoff, 0.5 * 2**n)
                 self._retry_at[key] = time.monotonic() + delay
                 log.warning("compaction of %s/%s failed (attempt %d); retrying in %.1fs", *key, n, delay, exc_info=True)
+            finally:
+                self._active.discard(key)
+                # what arrived for the session meanwhile was not enqueued while it was active
+                now = self._state.candidates.get(key)
+                if now is not None and self._tried_at.get(key) != now.estimate and key not in self._retry_at:
+                    self._enqueue(key)

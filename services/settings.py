@@ -61,6 +61,7 @@ class Settings(BaseSettings):
     s3_region: str | None = None
 
     compactor_name: str = "compactor"
+    compactor_concurrency: int = Field(default=4, ge=1, le=64, description="sessions summarised at once")
     summarizer: Literal["offline", "openai"] = "offline"
     summarizer_base_url: str = "http://127.0.0.1:11434/v1"
     summarizer_model: str | None = None

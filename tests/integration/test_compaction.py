@@ -291,3 +291,57 @@ async def test_appends_during_the_summary_do_not_stop_it(stack: Container, new_i
     outcome = await _compact_around(stack, sid, lambda: _append_chain(stack, sid, ["late1", "late2"]))
     assert outcome.overlay is not None
     assert await _view_ids(stack, sid) == ["m0", outcome.overlay.message_id, "m8", "m9", "late1", "late2"]
+
+
+class _Slow:
+    """A summarizer that takes a while and records how many summaries run at once, per session too."""
+
+    name = "slow"
+    model: str | None = "m"
+
+    def __init__(self) -> None:
+        self.in_flight: set[str] = set()
+        self.peak = 0
+        self.overlapping_same_session = False
+
+    async def summarize(self, plan: Plan) -> str:
+        session = str(plan.middle[0]["id"]).split("-m")[0] if plan.middle else ""  # ids are "<session>-m<i>"
+        if session in self.in_flight:
+            self.overlapping_same_session = True
+        self.in_flight.add(session)
+        self.peak = max(self.peak, len(self.in_flight))
+        try:
+            await asyncio.sleep(0.3)
+            return "## Topic\nslow"
+        finally:
+            self.in_flight.discard(session)
+
+
+async def test_the_compactor_summarises_several_sessions_at_once(
+    nats_url: str, fresh_db: str, s3_endpoint: str
+) -> None:
+    settings = make_settings(nats_url, fresh_db, s3_endpoint=s3_endpoint, compactor_concurrency=3)
+    async with running_stack(settings) as c:
+        slow = _Slow()
+        c.compaction.summarizer = slow
+        stop = asyncio.Event()
+        task = asyncio.create_task(c.compactor().run(stop))
+        try:
+            cfg = CompactionConfig(compact_after=400, protect_head=1, tail_token_budget=50, min_tail_messages=2)
+            sessions = [f"busy-{i}" for i in range(6)]
+            for sid in sessions:
+                await c.context.configure(T, sid, SessionConfig(compaction=cfg))
+            for sid in sessions:
+                await _append_chain(c, sid, [f"{sid}-m{i}" for i in range(12)])
+            for _ in range(150):
+                async with c.pool.connection() as conn:
+                    done = [sid for sid in sessions if await overlays(conn, T, sid)]
+                if len(done) == len(sessions):
+                    break
+                await asyncio.sleep(0.1)
+            assert sorted(done) == sessions
+            assert 2 <= slow.peak <= 3  # several at once, never more than the setting
+            assert not slow.overlapping_same_session
+        finally:
+            stop.set()
+            await asyncio.wait_for(task, 15)
