@@ -52,8 +52,9 @@ async def get_config(sid: str, tenant: Tenant, c: C, min_seq: MinSeq = None) -> 
 async def get_context(sid: str, tenant: Tenant, c: C, min_seq: MinSeq = None) -> dict[str, Any]:
     check_id("session", sid)
     await caught_up(c, tenant, sid, min_seq)
+    sources = await c.context.sources(tenant, sid)
     async with c.pool.connection() as conn:
-        blocks = await c.context.blocks(conn, tenant, sid)
+        blocks = await c.context.blocks(conn, tenant, sid, sources=sources)
     return {
         "blocks": [
             {

@@ -4,6 +4,7 @@ changes go through :class:`~services.conditional.Conditional`."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import uuid
@@ -83,6 +84,10 @@ def joined(current: str, addition: str) -> str:
     return current + sep + addition
 
 
+Sources = dict[tuple[str, str], str]
+"""Object-storage texts of read-only blocks by (bucket, key)."""
+
+
 class ContextService:
     def __init__(
         self,
@@ -133,10 +138,36 @@ class ContextService:
 
     # -- blocks -----------------------------------------------------------------------------
 
+    async def sources(self, tenant: str, session: str, *, catch_up: bool = False) -> Sources:
+        """The object-storage texts of the session's read-only blocks, read with no database
+        connection held (object storage may be slow; the pool must not wait on it). With
+        ``catch_up``, the configuration is read once the session's events are all applied."""
+        if catch_up:
+            await self._cond.catch_up(tenant, session)
+        async with self._pool.connection() as conn:
+            config = await self.config(conn, tenant, session)
+        wanted = [
+            (b.source.bucket, object_key(tenant, b.source.key))
+            for b in config.blocks
+            if isinstance(b, ReadonlyBlock) and b.source is not None
+        ]
+        if not wanted:
+            return {}
+        texts = await asyncio.gather(*(self._storage().get_text(bucket, key) for bucket, key in wanted))
+        return {where: text or "" for where, text in zip(wanted, texts, strict=True)}
+
     async def blocks(
-        self, conn: Conn, tenant: str, session: str, config: SessionConfig | None = None
+        self,
+        conn: Conn,
+        tenant: str,
+        session: str,
+        config: SessionConfig | None = None,
+        sources: Sources | None = None,
     ) -> list[RenderedBlock]:
-        """Every configured block with its current content and exact token count, in order."""
+        """Every configured block with its current content and exact token count, in order.
+
+        Read-only blocks kept in object storage take their text from ``sources`` (see
+        :meth:`sources`); one missing there (the configuration changed since) is read here."""
         config = config or await self.config(conn, tenant, session)
         contents = await cq.block_contents(conn, tenant, session)
         out: list[RenderedBlock] = []
@@ -145,8 +176,11 @@ class ContextService:
                 case ReadonlyBlock():
                     content = b.content or ""
                     if b.source is not None:
-                        key = object_key(tenant, b.source.key)
-                        content = await self._storage().get_text(b.source.bucket, key) or ""
+                        where = (b.source.bucket, object_key(tenant, b.source.key))
+                        if sources is not None and where in sources:
+                            content = sources[where]
+                        else:
+                            content = await self._storage().get_text(*where) or ""
                 case WritableBlock():
                     content = contents.get(b.label, "")
                 case SearchableBlock():
@@ -330,12 +364,14 @@ class ContextService:
     async def _render_prompt(
         self, tenant: str, session: str, reason: Literal["freeze", "refresh", "clear", "compaction"]
     ) -> Prompt:
+        texts: Sources | None = None
+
         async def decide(conn: Conn) -> Decision:
             await _live(conn, tenant, session)
             latest = await cq.latest_prompt(conn, tenant, session)
             if reason == "freeze" and latest is not None:
                 return Decision(None, lambda _seq: Prompt(latest.text, latest.tokens, latest.version, latest.seq))
-            text = render(await self.blocks(conn, tenant, session))
+            text = render(await self.blocks(conn, tenant, session, sources=texts))
             tokens = self.counter.count(text)
             version = (latest.version if latest else 0) + 1
             event = PromptRendered(
@@ -343,6 +379,7 @@ class ContextService:
             )
             return Decision(event, lambda seq: Prompt(text, tokens, version, seq))
 
+        texts = await self.sources(tenant, session, catch_up=True)
         prompt: Prompt = await self._cond.run(tenant, session, decide)
         return prompt
 
