@@ -356,20 +356,34 @@ class Session(ConfigBuilder):
         """
         out = await self._get("/tools", {"format": "openai"})
         definitions = [ToolDefinition.from_openai(t) for t in out.get("tools", [])]
-        return Tools(definitions, {d.name: self._execute for d in definitions})
+        remote = _RemoteTool(self)
+        return Tools(definitions, {d.name: remote for d in definitions})
 
-    async def _execute(self, name: str, arguments: dict[str, Any]) -> str:
-        out = await self._write("POST", f"/tools/{_q(name)}", arguments, idempotent=False)
+    async def _execute(self, name: str, arguments: dict[str, Any], tool_call_id: str | None = None) -> str:
+        tail = f"/tools/{_q(name)}" + (f"?tool_call_id={_q(tool_call_id)}" if tool_call_id is not None else "")
+        out = await self._write("POST", tail, arguments, idempotent=False)
         return str(out["result"])
 
-    async def execute_tool(self, name: str, arguments: Any = None) -> str:
+    async def execute_tool(self, name: str, arguments: Any = None, *, tool_call_id: str | None = None) -> str:
         """Run one tool without fetching the definitions first (see :meth:`Tools.execute`)."""
         from chronicle_sdk.tools import parse_arguments
 
         args = parse_arguments(arguments)
         if isinstance(args, str):
             return args
-        return await self._execute(name, args)
+        return await self._execute(name, args, tool_call_id)
+
+
+class _RemoteTool:
+    """Executes a Chronicle tool over the API, passing the LLM's tool call id along."""
+
+    accepts_tool_call_id = True
+
+    def __init__(self, session: Session) -> None:
+        self._session = session
+
+    async def __call__(self, name: str, arguments: dict[str, Any], tool_call_id: str | None = None) -> str:
+        return await self._session._execute(name, arguments, tool_call_id)
 
 
 __all__ = ["Session"]

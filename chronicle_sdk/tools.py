@@ -90,8 +90,12 @@ class Tools:
         """The definition of ``name``, or None."""
         return next((d for d in self._defs if d.name == name), None)
 
-    async def execute(self, name: str, arguments: Any = None) -> str:
+    async def execute(self, name: str, arguments: Any = None, *, tool_call_id: str | None = None) -> str:
         """Run a tool with the LLM's arguments (dict or JSON text); returns the result string.
+
+        ``tool_call_id`` is the LLM's id for this call: Chronicle's tools record it, so that an
+        ``unload_context`` in the same turn reclaims the ``load_context`` output even before the
+        message holding it is appended (other executors are called without it).
 
         Like the reference, tool failures never raise: they come back as ``Error: …`` strings, so
         a model's bad call cannot orphan the conversation. Transport and authentication failures
@@ -103,6 +107,9 @@ class Tools:
         args = parse_arguments(arguments)
         if isinstance(args, str):
             return args
+        if tool_call_id is not None and getattr(executor, "accepts_tool_call_id", False):
+            aware: Any = executor
+            return str(await aware(name, args, tool_call_id=tool_call_id))
         return await executor(name, args)
 
     def __add__(self, other: Tools) -> Tools:

@@ -161,18 +161,23 @@ class SkillRemoved(Event):
 
 
 class SkillLoaded(Event):
+    """v2 adds ``tool_call_id``: the ``load_context`` call that loaded the skill, when the caller
+    said, so an unload can reclaim that output even before its message is stored."""
+
     TYPE: ClassVar[str] = "skill.loaded"
-    VERSION: ClassVar[int] = 1
+    VERSION: ClassVar[int] = 2
     type: Literal["skill.loaded"] = "skill.loaded"
-    version: Literal[1] = 1
+    version: Literal[2] = 2
 
     label: str
     key: str
+    tool_call_id: str | None = None
 
 
 class SkillUnloaded(Event):
-    """Unloading a skill; ``message_id``/``tool_call_id`` name the tool output that history
-    reads now show as ``[skill unloaded: <key>]`` (the original stays in the log)."""
+    """Unloading a skill; ``tool_call_id`` names the tool output that history reads now show as
+    ``[skill unloaded: <key>]`` (the original stays in the log), in message ``message_id``, or in
+    whichever message carries that call when ``message_id`` is None (not stored yet)."""
 
     TYPE: ClassVar[str] = "skill.unloaded"
     VERSION: ClassVar[int] = 1

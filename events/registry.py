@@ -23,9 +23,15 @@ def _message_appended_v1_to_v2(raw: dict[str, Any]) -> dict[str, Any]:
     return {**raw, "version": 2, "original_ref": None}
 
 
+def _skill_loaded_v1_to_v2(raw: dict[str, Any]) -> dict[str, Any]:
+    """v1 loads did not say which tool call loaded the skill."""
+    return {**raw, "version": 2, "tool_call_id": None}
+
+
 # (type, from_version) -> step to from_version + 1.
 UPCASTERS: dict[tuple[str, int], Upcaster] = {
     ("message.appended", 1): _message_appended_v1_to_v2,
+    ("skill.loaded", 1): _skill_loaded_v1_to_v2,
 }
 
 

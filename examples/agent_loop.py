@@ -88,7 +88,7 @@ async def run_turn(
         for call in calls:
             name = str(call["function"]["name"])
             raw = call["function"].get("arguments") or "{}"
-            result = await tools.execute(name, raw)
+            result = await tools.execute(name, raw, tool_call_id=str(call["id"]))
             parsed = parse_arguments(raw)
             parts.append(
                 {

@@ -89,9 +89,10 @@ def plan(event: Event, seq: int) -> list[Statement]:
         case SkillLoaded():
             return [
                 (
-                    "INSERT INTO loaded_skills (tenant, session_id, label, key, seq) VALUES (%s, %s, %s, %s, %s) "
-                    "ON CONFLICT (tenant, session_id, label, key) DO UPDATE SET seq = excluded.seq",
-                    (t, s, event.label, event.key, seq),
+                    "INSERT INTO loaded_skills (tenant, session_id, label, key, seq, tool_call_id) "
+                    "VALUES (%s, %s, %s, %s, %s, %s) ON CONFLICT (tenant, session_id, label, key) "
+                    "DO UPDATE SET seq = excluded.seq, tool_call_id = excluded.tool_call_id",
+                    (t, s, event.label, event.key, seq, event.tool_call_id),
                 )
             ]
         case SkillUnloaded():
@@ -101,12 +102,12 @@ def plan(event: Event, seq: int) -> list[Statement]:
                     (t, s, event.label, event.key),
                 )
             ]
-            if event.message_id is not None and event.tool_call_id is not None:
+            if event.tool_call_id is not None:  # message '' : whichever message carries the call
                 out.append(
                     (
                         "INSERT INTO reclaimed_outputs (tenant, session_id, message_id, tool_call_id, skill_key, seq) "
                         "VALUES (%s, %s, %s, %s, %s, %s) ON CONFLICT DO NOTHING",
-                        (t, s, event.message_id, event.tool_call_id, event.key, seq),
+                        (t, s, event.message_id or "", event.tool_call_id, event.key, seq),
                     )
                 )
             return out

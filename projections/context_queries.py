@@ -87,6 +87,16 @@ async def loaded_skills(conn: Conn, tenant: str, session: str) -> list[tuple[str
     return [(str(label), str(key)) for label, key in await cur.fetchall()]
 
 
+async def load_call(conn: Conn, tenant: str, session: str, label: str, key: str) -> str | None:
+    """The ``load_context`` tool call id that loaded a skill, when the load said."""
+    cur = await conn.execute(
+        "SELECT tool_call_id FROM loaded_skills WHERE tenant = %s AND session_id = %s AND label = %s AND key = %s",
+        (tenant, session, label, key),
+    )
+    row = await cur.fetchone()
+    return str(row[0]) if row and row[0] is not None else None
+
+
 async def latest_prompt(conn: Conn, tenant: str, session: str) -> PromptRow | None:
     cur = await conn.execute(
         "SELECT version, text, tokens, reason, seq FROM prompts WHERE tenant = %s AND session_id = %s "
@@ -106,7 +116,8 @@ async def live_session_count(conn: Conn, tenant: str) -> int:
 
 
 async def reclaimed(conn: Conn, tenant: str, session: str) -> dict[tuple[str, str], str]:
-    """(message id, tool call id) -> skill key, for tool outputs shown as unloaded."""
+    """(message id, tool call id) -> skill key, for tool outputs shown as unloaded; message id ''
+    stands for whichever message carries the call."""
     cur = await conn.execute(
         "SELECT message_id, tool_call_id, skill_key FROM reclaimed_outputs WHERE tenant = %s AND session_id = %s",
         (tenant, session),

@@ -22,7 +22,7 @@ from services.api_context import router as context_router
 from services.bootstrap import Container, open_container
 from services.commands import AppendResult, fork
 from services.compactor import compacted_contents
-from services.context import reclaim
+from services.context import reclaim, reclaimed_in
 from services.decisions import OMITTED, ParentSpec
 from services.deps import C, Limit, MinSeq, Q, Tenant, caught_up, check_id, no_nul, tenant_for
 from services.errors import ChronicleError, InvalidRequest, MessageNotFound, SessionNotFound, SummarizerFailed
@@ -286,7 +286,7 @@ def build_app(settings: Settings, container: Container | None = None) -> FastAPI
             data = await c.originals.get(BlobRef.model_validate(row.original_ref))
             return Response(data, media_type=JSON)
         async with c.pool.connection() as cx:
-            outputs = {call: key for (m, call), key in (await cq.reclaimed(cx, tenant, sid)).items() if m == mid}
+            outputs = reclaimed_in(await cq.reclaimed(cx, tenant, sid)).outputs(row.id, row.content)
         return Response(reclaim(row.content, outputs) if outputs else row.content, media_type=JSON)
 
     @app.put("/v1/sessions/{sid}/messages/{mid}")
@@ -373,16 +373,14 @@ def build_app(settings: Settings, container: Container | None = None) -> FastAPI
                 found = await overlays(cx, tenant, sid) if compacted else []
                 view = [by_id[x] if isinstance(x, str) else x for x in apply_overlays([r.id for r in window], found)]
                 extra = {"truncated": truncated, "total_content_bytes": total}
-            outputs = await cq.reclaimed(cx, tenant, sid) if view else {}
-        by_message: dict[str, dict[str, str]] = {}
-        for (mid, call), key in outputs.items():
-            by_message.setdefault(mid, {})[call] = key
-        contents = [
-            overlay_json(v)
-            if isinstance(v, Overlay)
-            else (reclaim(v.content, by_message[v.id]) if v.id in by_message else v.content)
-            for v in view
-        ]
+            unloaded = reclaimed_in(await cq.reclaimed(cx, tenant, sid) if view else {})
+        contents: list[str] = []
+        for v in view:
+            if isinstance(v, Overlay):
+                contents.append(overlay_json(v))
+                continue
+            outputs = unloaded.outputs(v.id, v.content)
+            contents.append(reclaim(v.content, outputs) if outputs else v.content)
         if truncate_older:
             parsed = [json.loads(x) for x in contents]
             cut = truncate_older_messages(parsed, keep_recent, max_tool_output_chars, max_text_chars)

@@ -98,11 +98,20 @@ async def get_tools(
 
 @router.post("/v1/sessions/{sid}/tools/{name}")
 async def run_tool(
-    sid: str, name: str, tenant: Tenant, c: C, arguments: Annotated[Any, Body()] = None
+    sid: str,
+    name: str,
+    tenant: Tenant,
+    c: C,
+    arguments: Annotated[Any, Body()] = None,
+    tool_call_id: Annotated[str | None, Query(min_length=1, max_length=256, pattern=r"^[^\x00]*$")] = None,
 ) -> dict[str, Any]:
-    """Execute a tool with the LLM's arguments; failures come back as ``Error: …`` results."""
+    """Execute a tool with the LLM's arguments; failures come back as ``Error: …`` results.
+
+    ``tool_call_id`` (the LLM's id for this call) lets a later ``unload_context`` reclaim a
+    ``load_context`` output even before the message holding it is stored."""
     check_id("session", sid)
-    result = await c.context.execute(tenant, sid, name, arguments if arguments is not None else {})
+    args = arguments if arguments is not None else {}
+    result = await c.context.execute(tenant, sid, name, args, tool_call_id)
     seq = await c.publisher.last_subject_seq(tenant, sid)
     return {"result": result, "seq": seq}
 

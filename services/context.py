@@ -295,8 +295,11 @@ class ContextService:
             raise BlockNotFound(f'Block "{label}" is not a skill provider')
         return await self.put_skill(tenant, block.bucket, block.prefix + key, content, description)
 
-    async def load_skill(self, tenant: str, session: str, label: str, key: str) -> str | None:
-        """The document, recorded as loaded; None (never fetched) for a key outside the allowlist."""
+    async def load_skill(
+        self, tenant: str, session: str, label: str, key: str, tool_call_id: str | None = None
+    ) -> str | None:
+        """The document, recorded as loaded (by ``tool_call_id`` when given); None (never fetched)
+        for a key outside the allowlist."""
         async with self._pool.connection() as conn:
             await _live(conn, tenant, session)
             block = _find(await self.config(conn, tenant, session), label)
@@ -307,14 +310,19 @@ class ContextService:
         text = await self._storage().get_text(block.bucket, object_key(tenant, block.prefix + key))
         if text is None:
             return None
-        await self._pub.publish(SkillLoaded(tenant=tenant, session=session, label=label, key=key))
+        await self._pub.publish(
+            SkillLoaded(tenant=tenant, session=session, label=label, key=key, tool_call_id=tool_call_id)
+        )
         return text
 
     async def unload_skill(self, tenant: str, session: str, label: str, key: str) -> bool:
         async def decide(conn: Conn) -> Decision:
             if (label, key) not in await cq.loaded_skills(conn, tenant, session):
                 return Decision(None, lambda _seq: False)
-            output = await cq.newest_load_output(conn, tenant, session, label, key)
+            call = await cq.load_call(conn, tenant, session, label, key)
+            # the loading call when known (its output may not be stored yet: the reference's
+            # unload race, its §7.6.3), else the newest stored load output
+            output = (None, call) if call else await cq.newest_load_output(conn, tenant, session, label, key)
             event = SkillUnloaded(
                 tenant=tenant,
                 session=session,
@@ -395,8 +403,9 @@ class ContextService:
             loaded = [f"{label}:{key}" for label, key in await cq.loaded_skills(conn, tenant, session)]
         return tool_specs(config, loaded)
 
-    async def execute(self, tenant: str, session: str, name: str, args: Any) -> str:
-        """Run a tool with the LLM's arguments; never raises: failures are ``Error: …`` strings."""
+    async def execute(self, tenant: str, session: str, name: str, args: Any, tool_call_id: str | None = None) -> str:
+        """Run a tool with the LLM's arguments (``tool_call_id``: the LLM's id for this call);
+        never raises: failures are ``Error: …`` strings."""
         try:
             await self._cond.catch_up(tenant, session)
             names = {spec.name for spec in await self.tools(tenant, session)}
@@ -406,14 +415,16 @@ class ContextService:
                 return "Error: tool arguments must be a JSON object"
             if has_nul(args):
                 return "Error: tool arguments must not contain NUL characters"
-            return await self._dispatch(tenant, session, name, args)
+            return await self._dispatch(tenant, session, name, args, tool_call_id)
         except ChronicleError as exc:
             return f"Error: {exc.detail}"
         except Exception as exc:
             log.exception("tool %s failed", name)
             return f"Error: {exc}"
 
-    async def _dispatch(self, tenant: str, session: str, name: str, args: dict[str, Any]) -> str:
+    async def _dispatch(
+        self, tenant: str, session: str, name: str, args: dict[str, Any], tool_call_id: str | None = None
+    ) -> str:
         async with self._pool.connection() as conn:
             config = await self.config(conn, tenant, session)
         infos = blocks_of(config)
@@ -428,7 +439,7 @@ class ContextService:
             if label not in skills:
                 return f'Error: "{label}" is not a skill block. Skill blocks: {", ".join(skills)}'
             if name == "load_context":
-                content = await self.load_skill(tenant, session, label, key)
+                content = await self.load_skill(tenant, session, label, key, tool_call_id)
                 return content if content is not None else f"Not found: {key}"
             if not await self.unload_skill(tenant, session, label, key):
                 return f'Skill "{key}" is not currently loaded in "{label}".'
@@ -485,6 +496,34 @@ async def _live(conn: Conn, tenant: str, session: str) -> None:
     row = await queries.get_session(conn, tenant, session)
     if row is not None and row.deleted_at is not None:
         raise SessionNotFound(f"session {session!r} was deleted")
+
+
+@dataclass(frozen=True, slots=True)
+class Reclaimed:
+    """Unloaded skills' tool outputs: by message, and by tool call alone (message not known)."""
+
+    by_message: dict[str, dict[str, str]]
+    by_call: dict[str, str]
+
+    def outputs(self, message_id: str, content: str) -> dict[str, str]:
+        """{tool call id: skill key} to show as unloaded in this stored message."""
+        found = dict(self.by_message.get(message_id, {}))
+        for call, key in self.by_call.items():
+            if f'"toolCallId":{json.dumps(call, ensure_ascii=False)}' in content:  # stored compact JSON
+                found.setdefault(call, key)
+        return found
+
+
+def reclaimed_in(rows: dict[tuple[str, str], str]) -> Reclaimed:
+    """:func:`projections.context_queries.reclaimed` rows, grouped for history reads."""
+    by_message: dict[str, dict[str, str]] = {}
+    by_call: dict[str, str] = {}
+    for (mid, call), key in rows.items():
+        if mid:
+            by_message.setdefault(mid, {})[call] = key
+        else:
+            by_call[call] = key
+    return Reclaimed(by_message, by_call)
 
 
 def reclaim(content: str, outputs: dict[str, str]) -> str:

@@ -222,6 +222,53 @@ async def test_history_view_shows_unloaded_skills(client: httpx.AsyncClient, api
     assert parts_by_id["u1"] == user["parts"]
 
 
+async def test_unload_in_the_same_turn_reclaims_an_output_not_stored_yet(
+    client: httpx.AsyncClient, api_settings: Settings
+) -> None:
+    """The reference's unload race (its §7.6.3): load and unload in one turn, the assistant
+    message with the load output appended only afterwards. The load said its tool call id, so
+    the unload names it and the later message reads as unloaded."""
+    bucket = new_bucket(api_settings)
+    s = sid()
+    assert (await client.post("/v1/sessions", json={"id": s})).status_code == 201
+    await configure(client, s, {"blocks": [skills_block(bucket)]})
+    await set_skill(client, s, "pirate", PIRATE, "Talk like a pirate")
+
+    r = await client.post(
+        f"/v1/sessions/{s}/tools/load_context",
+        params={"tool_call_id": "call-1"},
+        json={"label": "skills", "key": "pirate"},
+    )
+    assert r.status_code == 200, r.text
+    doc = r.json()["result"]
+    assert doc == PIRATE
+    res, _ = await tool(client, s, "unload_context", {"label": "skills", "key": "pirate"})
+    assert res == 'Unloaded "pirate" from skills. Context reclaimed.'
+    unloaded = [e["event"] for e in await events(client, s) if e["event"]["type"] == "skill.unloaded"]
+    assert [(e["message_id"], e["tool_call_id"]) for e in unloaded] == [(None, "call-1")]
+
+    # only now does the turn's message reach the log
+    a1 = {"id": "a1", "role": "assistant", "parts": [load_part("call-1", "pirate", doc), load_part("c9", "tax", "x")]}
+    r = await client.post(f"/v1/sessions/{s}/messages", json={"message": a1})
+    assert r.status_code == 201, r.text
+    parts = (await history_parts(client, s, r.json()["seq"]))["a1"]
+    assert parts[0]["output"] == "[skill unloaded: pirate]"
+    assert parts[1]["output"] == "x"  # another call in the same message is untouched
+    one = await client.get(f"/v1/sessions/{s}/messages/a1")
+    assert one.json()["parts"][0]["output"] == "[skill unloaded: pirate]"
+
+
+async def test_a_tool_call_id_is_checked(client: httpx.AsyncClient, api_settings: Settings) -> None:
+    s = sid()
+    assert (await client.post("/v1/sessions", json={"id": s})).status_code == 201
+    for bad in ("", "x" * 257, "a\x00b"):
+        r = await client.post(
+            f"/v1/sessions/{s}/tools/load_context", params={"tool_call_id": bad}, json={"label": "skills", "key": "k"}
+        )
+        assert r.status_code == 422, (bad, r.text)
+        assert r.json()["code"] == "invalid_request"
+
+
 async def test_clear_forgets_loaded_skills(client: httpx.AsyncClient, api_settings: Settings) -> None:
     bucket = new_bucket(api_settings)
     s = sid()

@@ -183,7 +183,9 @@ def test_plan_skill_loaded_and_unloaded() -> None:
     [(sql, params)] = plan(SkillLoaded(tenant=T, session=S, label="skills", key="tax"), 14)
     assert sql.startswith("INSERT INTO loaded_skills")
     assert "DO UPDATE" in sql
-    assert params == (T, S, "skills", "tax", 14)
+    assert params == (T, S, "skills", "tax", 14, None)
+    [(_, params)] = plan(SkillLoaded(tenant=T, session=S, label="skills", key="tax", tool_call_id="c0"), 14)
+    assert params == (T, S, "skills", "tax", 14, "c0")
 
     bare = plan(SkillUnloaded(tenant=T, session=S, label="skills", key="tax"), 15)
     assert tables(bare) == ["DELETE loaded_skills"]
@@ -196,6 +198,11 @@ def test_plan_skill_loaded_and_unloaded() -> None:
 
     half = plan(SkillUnloaded(tenant=T, session=S, label="skills", key="tax", message_id="m1"), 17)
     assert tables(half) == ["DELETE loaded_skills"]
+
+    # the load's call id, its message not stored yet: '' stands for whichever message carries it
+    early = plan(SkillUnloaded(tenant=T, session=S, label="skills", key="tax", tool_call_id="c0"), 18)
+    assert tables(early) == ["DELETE loaded_skills", "INSERT reclaimed_outputs"]
+    assert early[1][1] == (T, S, "", "c0", "tax", 18)
 
 
 def test_plan_prompt_rendered_keeps_every_version() -> None:

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from events.catalog import EVENT_TYPES, MessageBodyEvent
+from events.catalog import EVENT_TYPES, MessageBodyEvent, SkillLoaded
 from events.messages import body_hash
 from events.registry import CURRENT, decode
 
@@ -76,3 +76,9 @@ def test_claim_check_fixture_exists() -> None:
     raw = load(FIXTURES / "message.appended.v1.claimcheck.json")
     assert raw["message"] is None
     assert raw["message_ref"] is not None
+
+
+def test_skill_loaded_v1_is_lifted_to_v2_without_a_tool_call() -> None:
+    event = decode((FIXTURES / "skill.loaded.v1.json").read_bytes())
+    assert isinstance(event, SkillLoaded)
+    assert (event.version, event.tool_call_id, event.key) == (2, None, "tax")
