@@ -150,7 +150,11 @@ async def open_container(settings: Settings) -> AsyncIterator[Container]:
     layout = settings.layout()
     nc = await connect_nats(settings.nats_url)
     pool: AsyncConnectionPool[psycopg.AsyncConnection[Any]] = AsyncConnectionPool(
-        settings.database_url, min_size=2, max_size=20, open=False, kwargs={"autocommit": True}
+        settings.database_url,
+        min_size=min(settings.db_pool_min, settings.db_pool_max),
+        max_size=settings.db_pool_max,
+        open=False,
+        kwargs={"autocommit": True},
     )
     await pool.open(wait=True, timeout=15)
     waiter = AppliedWaiter(

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import logging
 import secrets
 import sys
 
 from projections.migrate import migrate
+from services import logs
 from services.settings import Settings, hash_key
 
 
@@ -69,8 +69,8 @@ def main(argv: list[str] | None = None) -> int:
     p_key.add_argument("--tenant", required=True)
     args = parser.parse_args(argv)
 
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     settings = Settings()
+    logs.configure(settings.log_level, settings.log_format)
     match args.command:
         case "up":
             from services.localstack import up

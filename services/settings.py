@@ -35,6 +35,10 @@ class Settings(BaseSettings):
     api_keys: list[str] = Field(
         default_factory=list, description="entries 'tenant:sha256-hex-of-key'; see `chronicle keygen`"
     )
+    db_pool_min: int = Field(default=2, ge=0, le=1000, description="Postgres connections kept open per process")
+    db_pool_max: int = Field(default=20, ge=1, le=1000, description="at most this many per process")
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+    log_format: Literal["text", "json"] = "text"
     read_wait_timeout_s: float = Field(default=5.0, gt=0)
     command_attempts: int = Field(default=100, ge=1)
     auto_migrate: bool = True
