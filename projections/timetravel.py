@@ -10,14 +10,19 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from events.catalog import (
+    CompactionRecorded,
     MessageAppended,
     MessagesCleared,
     MessagesDeleted,
     MessageUpdated,
     SessionDeleted,
+    SkillUnloaded,
 )
 from events.envelope import Event
 from events.messages import JsonObject, stored_json
+from projections.overlays import Overlay
+from projections.queries import PathRow
+from projections.sanitize import storable
 
 
 @dataclass
@@ -30,16 +35,21 @@ class _Row:
 
 @dataclass
 class SessionState:
-    """Messages of one session after folding events in stream order."""
+    """Messages of one session after folding events in stream order, with its summary overlays
+    and unloaded-skill outputs (as the overlay and context projections keep them)."""
 
     rows: dict[str, _Row] = field(default_factory=dict)
     deleted: bool = False
+    overlays: dict[str, Overlay] = field(default_factory=dict)
+    reclaimed: dict[tuple[str, str], str] = field(default_factory=dict)
 
     def apply(self, seq: int, event: Event, body: JsonObject | None = None) -> None:
         match event:
             case SessionDeleted():
                 self.deleted = True
                 self.rows.clear()
+                self.overlays.clear()
+                self.reclaimed.clear()
             case MessageAppended() if not self.deleted and event.message_id not in self.rows:
                 assert body is not None
                 self.rows[event.message_id] = _Row(event.message_id, event.parent_id, stored_json(body), seq)
@@ -51,22 +61,48 @@ class SessionState:
                     self.rows.pop(mid, None)
             case MessagesCleared():
                 self.rows.clear()
+                self.overlays.clear()
+                self.reclaimed.clear()
+            case CompactionRecorded() if event.overlay_id not in self.overlays:
+                self.overlays[event.overlay_id] = Overlay(
+                    event.overlay_id,
+                    event.from_message_id,
+                    event.to_message_id,
+                    event.leaf_id,
+                    storable(event.summary),
+                    event.tokens_before,
+                    event.tokens_after,
+                    event.summarizer,
+                    event.model,
+                    event.occurred_at,
+                    seq,
+                )
+            case SkillUnloaded() if event.tool_call_id is not None:
+                self.reclaimed.setdefault((event.message_id or "", event.tool_call_id), event.key)
             case _:
                 pass
+
+    def overlay_list(self) -> list[Overlay]:
+        """The overlays oldest first, as :func:`projections.overlays.overlays` returns them."""
+        return sorted(self.overlays.values(), key=lambda o: o.seq)
 
     def latest_leaf(self) -> str | None:
         parents = {r.parent_id for r in self.rows.values()}
         leaves = [r for r in self.rows.values() if r.id not in parents]
         return max(leaves, key=lambda r: r.seq).id if leaves else None
 
-    def path(self, leaf_id: str | None) -> list[str]:
-        """Stored JSON of the root-to-leaf path; stops at a deleted ancestor, as the projection."""
-        out: list[str] = []
+    def path_rows(self, leaf_id: str | None) -> list[PathRow]:
+        """The root-to-leaf path; stops at a deleted ancestor, as the projection."""
+        out: list[PathRow] = []
         seen: set[str] = set()
         current = self.rows.get(leaf_id) if leaf_id else None
         while current is not None and current.id not in seen:
             seen.add(current.id)
-            out.append(current.content)
+            out.append(PathRow(current.id, current.content))
             current = self.rows.get(current.parent_id) if current.parent_id else None
         out.reverse()
         return out
+
+    def path(self, leaf_id: str | None) -> list[str]:
+        """Stored JSON of the root-to-leaf path."""
+        return [r.content for r in self.path_rows(leaf_id)]

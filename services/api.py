@@ -21,7 +21,6 @@ from services import audit, metrics
 from services.api_context import router as context_router
 from services.bootstrap import Container, open_container
 from services.commands import AppendResult, fork
-from services.compactor import compacted_contents
 from services.context import reclaim, reclaimed_in
 from services.decisions import OMITTED, ParentSpec
 from services.deps import C, Limit, MinSeq, Q, Tenant, caught_up, check_id, no_nul, tenant_for
@@ -355,37 +354,43 @@ def build_app(settings: Settings, container: Container | None = None) -> FastAPI
         check_id("session", sid)
         if leaf_id is not None:
             check_id("message", leaf_id)
-        if as_of_seq is not None:
+        head: dict[str, Any] = {}
+        if as_of_seq is not None:  # folded from the log: the same view as the read models had then
             state = await audit.session_as_of(c, tenant, sid, as_of_seq)
             leaf_id = leaf_id or state.latest_leaf()
-            path = state.path(leaf_id)
-            return _raw_json({"leaf_id": leaf_id if path else None, "as_of_seq": as_of_seq}, path)
-        await caught_up(c, tenant, sid, min_seq)
-        extra: dict[str, Any] = {}
-        async with c.pool.connection() as cx:  # one connection; each read sees committed rows
-            leaf_id, raw, view = await compacted_contents(cx, tenant, sid, leaf_id, compacted=compacted)
-            if max_bytes is not None and view:
-                start, truncated, total = recent_window(
-                    [(r.id, len(r.content.encode())) for r in raw], max_bytes, min_recent
-                )
-                window = raw[start:]
-                by_id = {r.id: r for r in window}
-                found = await overlays(cx, tenant, sid) if compacted else []
-                view = [by_id[x] if isinstance(x, str) else x for x in apply_overlays([r.id for r in window], found)]
-                extra = {"truncated": truncated, "total_content_bytes": total}
-            unloaded = reclaimed_in(await cq.reclaimed(cx, tenant, sid) if view else {})
+            raw = state.path_rows(leaf_id)
+            found = state.overlay_list() if compacted and raw else []
+            unloaded = reclaimed_in(state.reclaimed)
+            head = {"as_of_seq": as_of_seq}
+        else:
+            await caught_up(c, tenant, sid, min_seq)
+            async with c.pool.connection() as cx:  # one connection; each read sees committed rows
+                if leaf_id is None:
+                    latest = await queries.latest_leaf(cx, tenant, sid)
+                    leaf_id = latest.id if latest else None
+                raw = await queries.path_contents(cx, tenant, sid, leaf_id) if leaf_id else []
+                found = await overlays(cx, tenant, sid) if compacted and raw else []
+                unloaded = reclaimed_in(await cq.reclaimed(cx, tenant, sid) if raw else {})
+        if max_bytes is not None and raw:
+            start, truncated, total = recent_window(
+                [(r.id, len(r.content.encode())) for r in raw], max_bytes, min_recent
+            )
+            raw = raw[start:]
+            head |= {"truncated": truncated, "total_content_bytes": total}
+        by_id = {r.id: r for r in raw}
         contents: list[str] = []
-        for v in view:
-            if isinstance(v, Overlay):
-                contents.append(overlay_json(v))
+        for item in apply_overlays(list(by_id), found):
+            if isinstance(item, Overlay):
+                contents.append(overlay_json(item))
                 continue
-            outputs = unloaded.outputs(v.id, v.content)
-            contents.append(reclaim(v.content, outputs) if outputs else v.content)
+            row = by_id[item]
+            outputs = unloaded.outputs(row.id, row.content)
+            contents.append(reclaim(row.content, outputs) if outputs else row.content)
         if truncate_older:
             parsed = [json.loads(x) for x in contents]
             cut = truncate_older_messages(parsed, keep_recent, max_tool_output_chars, max_text_chars)
             contents = [x if m is p else stored_json(m) for x, m, p in zip(contents, cut, parsed, strict=True)]
-        return _raw_json({"leaf_id": leaf_id if view else None, **extra}, contents)
+        return _raw_json({"leaf_id": leaf_id if raw else None, **head}, contents)
 
     @app.post("/v1/sessions/{sid}/fork", status_code=201)
     async def fork_session(sid: str, body: ForkBody, tenant: Tenant, c: C) -> dict[str, Any]:

@@ -16,9 +16,8 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any
 
 import psycopg
 from psycopg_pool import AsyncConnectionPool
@@ -60,36 +59,17 @@ async def compacted_view(
     conn: Conn, tenant: str, session: str, leaf_id: str | None, *, compacted: bool = True
 ) -> tuple[str | None, list[queries.MessageRow], list[queries.MessageRow | Overlay]]:
     """(leaf, raw path rows, view) — the view has overlays applied unless ``compacted`` is false."""
-    return await _view(conn, tenant, session, leaf_id, compacted, queries.history)
-
-
-async def compacted_contents(
-    conn: Conn, tenant: str, session: str, leaf_id: str | None, *, compacted: bool = True
-) -> tuple[str | None, list[queries.PathRow], list[queries.PathRow | Overlay]]:
-    """:func:`compacted_view` with ids and bodies only (what a history read serves)."""
-    return await _view(conn, tenant, session, leaf_id, compacted, queries.path_contents)
-
-
-R = TypeVar("R", queries.MessageRow, queries.PathRow)
-
-
-async def _view(
-    conn: Conn,
-    tenant: str,
-    session: str,
-    leaf_id: str | None,
-    compacted: bool,
-    path: Callable[[Conn, str, str, str], Awaitable[list[R]]],
-) -> tuple[str | None, list[R], list[R | Overlay]]:
     if leaf_id is None:
         leaf = await queries.latest_leaf(conn, tenant, session)
         leaf_id = leaf.id if leaf else None
-    rows = await path(conn, tenant, session, leaf_id) if leaf_id else []
+    rows = await queries.history(conn, tenant, session, leaf_id) if leaf_id else []
     if not compacted or not rows:
         return leaf_id, rows, list(rows)
     by_id = {r.id: r for r in rows}
     found = await overlays(conn, tenant, session)
-    view: list[R | Overlay] = [by_id[x] if isinstance(x, str) else x for x in apply_overlays(list(by_id), found)]
+    view: list[queries.MessageRow | Overlay] = [
+        by_id[x] if isinstance(x, str) else x for x in apply_overlays(list(by_id), found)
+    ]
     return leaf_id, rows, view
 
 

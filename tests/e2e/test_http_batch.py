@@ -55,3 +55,33 @@ async def test_lone_surrogate_is_refused(client: httpx.AsyncClient) -> None:
     )
     assert r.status_code == 422
     assert r.json()["code"] == "invalid_request"
+
+
+async def test_history_as_of_applies_the_overlays_and_windows_of_then(client: httpx.AsyncClient) -> None:
+    """``as_of_seq`` serves the view the read models served then: overlays recorded by then
+    (not later ones), ``compacted=false``, and the ``max_bytes`` window."""
+    sid = "asof-ov-" + uuid.uuid4().hex[:8]
+    config = {"compaction": {"protect_head": 1, "tail_token_budget": 10, "min_tail_messages": 2}}
+    assert (await client.put(f"/v1/sessions/{sid}/config", json=config)).status_code == 200
+    r = await client.post(f"/v1/sessions/{sid}/messages:batch", json={"messages": [msg(f"m{i}") for i in range(8)]})
+    before = r.json()["seq"]
+    compacted = (await client.post(f"/v1/sessions/{sid}/compact", json={})).json()
+    assert compacted["compacted"] is True, compacted
+    after = compacted["seq"]
+
+    async def ids(**params: object) -> list[str]:
+        r = await client.get(f"/v1/sessions/{sid}/history", params={"min_seq": after, **params})
+        assert r.status_code == 200, r.text
+        return [m["id"] for m in r.json()["messages"]]
+
+    assert await ids(as_of_seq=before) == [f"m{i}" for i in range(8)]
+    then = await ids(as_of_seq=after)
+    assert then == await ids()  # the compacted view, as served live
+    assert then[:2] == ["m0", compacted["overlay"]["message_id"]]
+    assert await ids(as_of_seq=after, compacted="false") == [f"m{i}" for i in range(8)]
+    window = (
+        await client.get(f"/v1/sessions/{sid}/history", params={"as_of_seq": before, "max_bytes": 1, "min_recent": 2})
+    ).json()
+    assert [m["id"] for m in window["messages"]] == ["m6", "m7"]
+    assert window["truncated"] is True
+    assert window["as_of_seq"] == before

@@ -1,0 +1,52 @@
+"""The in-memory fold behind ``as_of_seq``: messages, overlays and unloaded outputs, as the
+projections keep them."""
+
+from __future__ import annotations
+
+from events.catalog import CompactionRecorded, MessagesCleared, SkillUnloaded
+from projections.queries import PathRow
+from projections.timetravel import SessionState
+from tests.integration.helpers import appended
+
+T, S = "acme", "chat"
+
+
+def _overlay(oid: str, first: str, last: str, summary: str = "sum") -> CompactionRecorded:
+    return CompactionRecorded(
+        tenant=T,
+        session=S,
+        overlay_id=oid,
+        from_message_id=first,
+        to_message_id=last,
+        leaf_id=last,
+        summary=summary,
+        tokens_before=10,
+        tokens_after=2,
+        summarizer="offline",
+        model=None,
+    )
+
+
+def test_overlays_first_wins_and_come_oldest_first() -> None:
+    state = SessionState()
+    for i, (mid, parent) in enumerate([("m0", None), ("m1", "m0"), ("m2", "m1")]):
+        ev = appended(T, S, mid, parent)
+        state.apply(i + 1, ev, ev.message)
+    state.apply(5, _overlay("o2", "m1", "m2"))
+    state.apply(4, _overlay("o1", "m0", "m1"))
+    state.apply(6, _overlay("o1", "m0", "m2", "a retry: ignored"))
+    assert [o.overlay_id for o in state.overlay_list()] == ["o1", "o2"]
+    assert state.overlays["o1"].to_message_id == "m1"
+    assert [r.id for r in state.path_rows("m2")] == ["m0", "m1", "m2"]
+    assert isinstance(state.path_rows("m2")[0], PathRow)
+
+
+def test_unloaded_outputs_by_message_or_by_call_and_a_clear_forgets_them() -> None:
+    state = SessionState()
+    state.apply(1, SkillUnloaded(tenant=T, session=S, label="skills", key="tax", message_id="a1", tool_call_id="c1"))
+    state.apply(2, SkillUnloaded(tenant=T, session=S, label="skills", key="pirate", tool_call_id="c2"))
+    state.apply(3, SkillUnloaded(tenant=T, session=S, label="skills", key="none"))
+    assert state.reclaimed == {("a1", "c1"): "tax", ("", "c2"): "pirate"}
+    state.apply(4, _overlay("o1", "m0", "m1"))
+    state.apply(5, MessagesCleared(tenant=T, session=S))
+    assert (state.reclaimed, state.overlays) == ({}, {})
