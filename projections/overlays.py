@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import astuple, dataclass
 from datetime import datetime
 from typing import Any
 
@@ -51,30 +51,34 @@ class Overlay:
         }
 
 
+def overlay_of(event: CompactionRecorded, seq: int) -> Overlay:
+    """The overlay a ``compaction.recorded`` event at ``seq`` records (summary made storable)."""
+    return Overlay(
+        event.overlay_id,
+        event.from_message_id,
+        event.to_message_id,
+        event.leaf_id,
+        storable(event.summary),
+        event.tokens_before,
+        event.tokens_after,
+        event.summarizer,
+        event.model,
+        event.occurred_at,
+        seq,
+    )
+
+
 def plan(event: Event, seq: int) -> list[Statement]:
     t, s = event.tenant, event.session
     match event:
         case CompactionRecorded():
+            o = overlay_of(event, seq)
             return [
                 (
                     "INSERT INTO overlays (tenant, session_id, overlay_id, from_message_id, to_message_id, leaf_id, "
                     "summary, tokens_before, tokens_after, summarizer, model, created_at, seq) "
                     "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s) ON CONFLICT DO NOTHING",
-                    (
-                        t,
-                        s,
-                        event.overlay_id,
-                        event.from_message_id,
-                        event.to_message_id,
-                        event.leaf_id,
-                        storable(event.summary),
-                        event.tokens_before,
-                        event.tokens_after,
-                        event.summarizer,
-                        event.model,
-                        event.occurred_at,
-                        seq,
-                    ),
+                    (t, s, *astuple(o)),
                 )
             ]
         case CompactionFailed():

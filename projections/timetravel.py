@@ -20,9 +20,8 @@ from events.catalog import (
 )
 from events.envelope import Event
 from events.messages import JsonObject, stored_json
-from projections.overlays import Overlay
+from projections.overlays import Overlay, overlay_of
 from projections.queries import PathRow
-from projections.sanitize import storable
 
 
 @dataclass
@@ -64,19 +63,7 @@ class SessionState:
                 self.overlays.clear()
                 self.reclaimed.clear()
             case CompactionRecorded() if event.overlay_id not in self.overlays:
-                self.overlays[event.overlay_id] = Overlay(
-                    event.overlay_id,
-                    event.from_message_id,
-                    event.to_message_id,
-                    event.leaf_id,
-                    storable(event.summary),
-                    event.tokens_before,
-                    event.tokens_after,
-                    event.summarizer,
-                    event.model,
-                    event.occurred_at,
-                    seq,
-                )
+                self.overlays[event.overlay_id] = overlay_of(event, seq)
             case SkillUnloaded() if event.tool_call_id is not None:
                 self.reclaimed.setdefault((event.message_id or "", event.tool_call_id), event.key)
             case _:
