@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import ssl
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
@@ -126,8 +127,28 @@ def worker_partitions(partitions: int, workers: int, worker: int) -> list[int]:
     return [p for p in range(partitions) if p % workers == worker]
 
 
-async def connect_nats(url: str) -> NatsClient:
-    return await nats.connect(url, name="chronicle", max_reconnect_attempts=-1, reconnect_time_wait=0.5)
+def nats_options(settings: Settings) -> dict[str, Any]:
+    """Connection options beyond the URL: credentials file and TLS (CA, client certificate)."""
+    options: dict[str, Any] = {}
+    if settings.nats_creds_file:
+        options["user_credentials"] = settings.nats_creds_file
+    if settings.nats_tls_ca_file or settings.nats_tls_cert_file:
+        tls = ssl.create_default_context(cafile=settings.nats_tls_ca_file)
+        if settings.nats_tls_cert_file:
+            tls.load_cert_chain(settings.nats_tls_cert_file, settings.nats_tls_key_file)
+        options["tls"] = tls
+    return options
+
+
+async def connect_nats(settings: Settings) -> NatsClient:
+    """A client that keeps reconnecting (the event log may restart under a running service)."""
+    return await nats.connect(
+        settings.nats_url,
+        name="chronicle",
+        max_reconnect_attempts=-1,
+        reconnect_time_wait=0.5,
+        **nats_options(settings),
+    )
 
 
 def summarizer_of(settings: Settings) -> Summarizer:
@@ -148,7 +169,7 @@ async def open_container(settings: Settings) -> AsyncIterator[Container]:
     if settings.auto_migrate:
         await migrate(settings.database_url)
     layout = settings.layout()
-    nc = await connect_nats(settings.nats_url)
+    nc = await connect_nats(settings)
     pool: AsyncConnectionPool[psycopg.AsyncConnection[Any]] = AsyncConnectionPool(
         settings.database_url,
         min_size=min(settings.db_pool_min, settings.db_pool_max),

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import secrets
 import sys
 
@@ -69,7 +70,9 @@ def main(argv: list[str] | None = None) -> int:
     p_key.add_argument("--tenant", required=True)
     args = parser.parse_args(argv)
 
-    settings = Settings()
+    # CHRONICLE_SECRETS_DIR: one file per setting, named like its variable, lower case
+    # (e.g. /run/secrets/chronicle_database_url); environment variables take precedence
+    settings = Settings(_secrets_dir=os.environ.get("CHRONICLE_SECRETS_DIR"))
     logs.configure(settings.log_level, settings.log_format)
     match args.command:
         case "up":

@@ -20,7 +20,13 @@ class Settings(BaseSettings):
 
     model_config = SettingsConfigDict(env_prefix="CHRONICLE_", env_file=".env", extra="ignore")
 
-    nats_url: str = "nats://127.0.0.1:4222"
+    nats_url: str = Field(
+        default="nats://127.0.0.1:4222", description="user:password@ in the URL works; tls://… for TLS"
+    )
+    nats_creds_file: str | None = Field(default=None, description="NATS credentials file (JWT and NKey seed)")
+    nats_tls_ca_file: str | None = Field(default=None, description="CA bundle that signed the NATS server's cert")
+    nats_tls_cert_file: str | None = Field(default=None, description="client certificate, for mutual TLS")
+    nats_tls_key_file: str | None = Field(default=None, description="the client certificate's key")
     database_url: str = "postgresql://postgres@127.0.0.1:5432/chronicle"
     stream: str = "CHRONICLE"
     subject_prefix: str = "chronicle.ev"
