@@ -93,10 +93,11 @@ async def apply_batch(
 ) -> int:
     """Apply ``items`` past the checkpoint and advance it, in the caller's open transaction.
 
-    ``prepared`` holds plans made by :func:`prepare` for these ``items`` (in order), used for the
-    items past the checkpoint. Returns how many items were applied (the rest were at or below
-    the checkpoint). Several names (one per partition a worker consumes) all move together;
-    the lowest decides what is fresh.
+    ``prepared`` holds plans made by :func:`prepare` for these ``items`` (one per item, in the
+    same order), used for the items past the checkpoint. Items are applied in stream order, each
+    sequence once, whatever order they came in (redeliveries may mix older ones in). Returns how
+    many items were applied. Several names (one per partition a worker consumes) all move
+    together, never backwards; the lowest decides what is fresh.
     """
     names = sorted({name} if isinstance(name, str) else set(name))  # one lock order for every worker
     cur = await conn.execute(  # creates the rows if needed and locks them until the commit
@@ -105,20 +106,24 @@ async def apply_batch(
         (names,),
     )
     checkpoint = min((int(r[0]) for r in await cur.fetchall()), default=0)
-    fresh = [(seq, ev) for seq, ev in items if seq > checkpoint]
-    if not fresh:
+    order: dict[int, int] = {}  # sequence -> index of its first occurrence in items
+    for i, (seq, _) in enumerate(items):
+        if seq > checkpoint:
+            order.setdefault(seq, i)
+    if not order:
         return 0
-    skipped = len(items) - len(fresh)  # items are in stream order: the fresh ones are a suffix
+    picked = [order[seq] for seq in sorted(order)]
+    fresh = [items[i] for i in picked]
     for projection in projections:
         plans = prepared.get(projection.name) if prepared is not None else None
         if plans is not None and isinstance(projection, Planning):
-            await projection.apply_prepared(conn, plans[skipped:])
+            await projection.apply_prepared(conn, [plans[i] for i in picked])
         else:
             await projection.apply(conn, fresh)
     top = fresh[-1][0]
     await conn.execute(
-        "WITH moved AS (UPDATE checkpoints SET seq = %s, updated_at = now() WHERE name = ANY(%s) RETURNING seq) "
-        "SELECT pg_notify(%s, %s) FROM (SELECT 1 FROM moved LIMIT 1) one WHERE %s",
+        "WITH moved AS (UPDATE checkpoints SET seq = GREATEST(seq, %s), updated_at = now() WHERE name = ANY(%s) "
+        "RETURNING seq) SELECT pg_notify(%s, %s) FROM (SELECT 1 FROM moved LIMIT 1) one WHERE %s",
         (top, names, NOTIFY_CHANNEL, f"{names[0]}:{top}", notify),
     )
     return len(fresh)
@@ -311,9 +316,10 @@ class ProjectorRunner:
         self.stats.batches += 1
         self.stats.applied += applied
         self.stats.skipped += len(items) - applied
-        self.stats.last_seq = items[-1][0]
+        top = max(seq for seq, _ in items)  # redeliveries may have mixed older ones in
+        self.stats.last_seq = max(self.stats.last_seq, top)
         if self.on_batch is not None:
-            self.on_batch(applied, items[-1][0])
+            self.on_batch(applied, top)
 
 
 @dataclass(frozen=True, slots=True)

@@ -14,7 +14,7 @@ from events.catalog import MessagesDeleted
 from events.publisher import Publisher
 from projections import queries
 from projections.history import HistoryProjection
-from projections.runner import apply_batch
+from projections.runner import apply_batch, prepare
 from services.bootstrap import Container
 from services.commands import Commands
 from services.decisions import OMITTED
@@ -181,3 +181,41 @@ async def test_one_batch_with_two_runs_of_inserts_does_not_resurrect_a_deleted_m
         )
         ids = [r[0] for r in await cur.fetchall()]
     assert ids == ["m2"]
+
+
+async def test_a_batch_with_redelivered_older_events_applies_each_new_one_with_its_own_plan(
+    stack: Container, new_id: Callable[[str], str]
+) -> None:
+    """A fetch may mix redelivered events (at or below the checkpoint) in after new ones: the
+    prepared plans must still be the fresh events' own, in stream order."""
+    sid = new_id("mixed")
+    name = "mixed-test-" + sid
+    projections = [HistoryProjection()]
+    old = [
+        (30_000_001, appended("tenant-a", sid, "m1", None, "one")),
+        (30_000_002, appended("tenant-a", sid, "m2", "m1")),
+    ]
+    new = [
+        (30_000_004, appended("tenant-a", sid, "m4", "m3", "four")),
+        (30_000_003, appended("tenant-a", sid, "m3", "m2", "three")),
+    ]
+    async with stack.pool.connection() as conn:
+        async with conn.transaction():
+            await apply_batch(conn, name, projections, old, notify=False, prepared=await prepare(projections, old))
+        mixed = [new[0], *old, new[1], new[0]]  # out of order, with repeats
+        async with conn.transaction():
+            applied = await apply_batch(
+                conn, name, projections, mixed, notify=False, prepared=await prepare(projections, mixed)
+            )
+        rows = await queries.history(conn, "tenant-a", sid, "m4")
+        cur = await conn.execute("SELECT seq FROM checkpoints WHERE name = %s", (name,))
+        checkpoint = await cur.fetchone()
+    assert applied == 2
+    assert [(r.id, r.parent_id, r.seq) for r in rows] == [
+        ("m1", None, 30_000_001),
+        ("m2", "m1", 30_000_002),
+        ("m3", "m2", 30_000_003),
+        ("m4", "m3", 30_000_004),
+    ]
+    assert "four" in rows[-1].content
+    assert checkpoint == (30_000_004,)
