@@ -11,7 +11,9 @@ published to a session, each one published expecting the one before, so the chai
 session's events after its start. When the read model has applied up to the start of the chain,
 the read model plus the chain's unapplied appends is the session's state at the chain's end; the
 decision is made from that, and the publish expects the chain's end. A writer elsewhere makes the
-publish conflict: the chain is forgotten and the attempt repeats the slow way.
+publish conflict: the chain is forgotten and the attempt repeats the slow way. Only a decision
+that publishes is taken this way: a refusal or a no-op publishes nothing that a conflict could
+catch, so those are decided again the slow way (the session may have moved on elsewhere).
 """
 
 from __future__ import annotations
@@ -106,8 +108,13 @@ class Conditional:
             tip = self._tips.get(key) if fast is not None else None
             if tip is not None and fast is not None:
                 last = tip.last
-                async with self._pool.connection() as conn:
-                    decision = await fast(conn, tip)
+                try:
+                    async with self._pool.connection() as conn:
+                        decision = await fast(conn, tip)
+                except Exception:  # a refusal is only as fresh as the chain: decide again the slow way
+                    decision = None
+                if decision is not None and decision.event is None:
+                    decision = None  # a no-op (a replay) publishes nothing: no conflict would catch staleness
                 if decision is None:
                     self._tips.pop(key, None)
             if decision is None:

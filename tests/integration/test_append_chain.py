@@ -12,6 +12,7 @@ from collections.abc import Callable
 
 import pytest
 
+from events.catalog import MessagesDeleted
 from events.publisher import Publisher
 from projections import queries
 from services.bootstrap import Container
@@ -53,19 +54,18 @@ async def test_a_chain_of_appends_needs_no_projector(
         assert await _path(c, sid, "m3") == [("m1", None), ("m2", "m1"), ("m3", "m2")]
 
 
-async def test_an_unapplied_append_is_replayed_or_conflicts(
-    nats_url: str, fresh_db: str, new_id: Callable[[str], str]
+async def test_replays_and_refusals_after_a_chain_are_decided_the_slow_way(
+    stack: Container, new_id: Callable[[str], str]
 ) -> None:
     sid = new_id("replay")
-    async with running_stack(make_settings(nats_url, fresh_db), projector=False) as c:
-        first = await c.commands.append(T, sid, text_message("m1", "one"), None)
-        again = await asyncio.wait_for(c.commands.append(T, sid, text_message("m1", "one"), None), timeout=5)
-        assert (again.created, again.seq) == (False, first.seq)
-        with pytest.raises(MessageConflict):
-            await asyncio.wait_for(c.commands.append(T, sid, text_message("m1", "other"), None), timeout=5)
-        with pytest.raises(UnknownParent):
-            await asyncio.wait_for(c.commands.append(T, sid, text_message("m2", "two"), "nope"), timeout=5)
-        assert await c.publisher.last_subject_seq(T, sid) == first.seq  # nothing else was published
+    first = await stack.commands.append(T, sid, text_message("m1", "one"), None)
+    again = await stack.commands.append(T, sid, text_message("m1", "one"), None)
+    assert (again.created, again.seq) == (False, first.seq)
+    with pytest.raises(MessageConflict):
+        await stack.commands.append(T, sid, text_message("m1", "other"), None)
+    with pytest.raises(UnknownParent):
+        await stack.commands.append(T, sid, text_message("m2", "two"), "nope")
+    assert await stack.publisher.last_subject_seq(T, sid) == first.seq  # nothing else was published
 
 
 async def test_a_writer_elsewhere_ends_the_chain(stack: Container, new_id: Callable[[str], str]) -> None:
@@ -91,3 +91,25 @@ async def test_a_delete_ends_the_chain(stack: Container, new_id: Callable[[str],
         await stack.commands.append(T, sid, text_message("m3", "three"), "m2")
     m3 = await stack.commands.append(T, sid, text_message("m3", "three"), OMITTED)
     assert m3.parent_id == "m1"
+
+
+async def test_refusals_and_replays_are_not_taken_from_a_stale_chain(
+    stack: Container, new_id: Callable[[str], str]
+) -> None:
+    """A refusal or a no-op publishes nothing for a conflict to catch: after a writer elsewhere,
+    an append under its message is accepted, and a message it deleted is appended anew."""
+    sid = new_id("stale")
+    await stack.commands.append(T, sid, text_message("m1", "one"), None)
+    m2 = await stack.commands.append(T, sid, text_message("m2", "two"), "m1")
+    other = Publisher(stack.js, stack.layout)
+    x = await other.publish(appended(T, sid, "x", "m2"), expected_last_subject_seq=m2.seq)
+    y = await stack.commands.append(T, sid, text_message("y", "under x"), "x")  # the chain never saw x
+    assert (y.parent_id, y.created) == ("x", True)
+    assert y.seq > x.seq
+
+    gone = await other.publish(
+        MessagesDeleted(tenant=T, session=sid, message_ids=["y"]), expected_last_subject_seq=y.seq
+    )
+    again = await stack.commands.append(T, sid, text_message("y", "under x"), "x")  # not a replay: y was deleted
+    assert again.created is True
+    assert again.seq > gone.seq
