@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, NamedTuple, TypeVar
@@ -65,6 +66,19 @@ _SESSION_COLS = (
     "tenant, id, name, parent_session_id, metadata, created_at, updated_at, deleted_at, created_seq, last_seq"
 )
 _MESSAGE_COLS = "id, parent_id, role, content, body_sha256, created_at, seq, original_ref"
+
+
+@contextlib.asynccontextmanager
+async def snapshot(conn: Conn) -> AsyncIterator[None]:
+    """A read-only REPEATABLE READ transaction on an autocommit connection: several reads that
+    see one state (a read in pieces never mixes a tree from before a clear with rows after it)."""
+    await conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+    try:
+        yield
+    except BaseException:
+        await conn.execute("ROLLBACK")
+        raise
+    await conn.execute("COMMIT")
 
 
 async def get_session(conn: Conn, tenant: str, session: str) -> SessionRow | None:

@@ -141,6 +141,9 @@ class ProjectorRunner:
     # a worker of several partitions: one filter and one checkpoint per partition
     filter_subjects: Sequence[str] = ()
     checkpoints: Sequence[str] = ()
+    # advisory locks held while running (default: the checkpoints'); a projector of every partition
+    # also takes every partition's, so it never runs next to partition workers
+    locks: Sequence[str] = ()
     # where to start when the other layout (unpartitioned <-> per partition) ran last: a sequence
     # for this runner's checkpoints, or None to keep them
     seed: Callable[[psycopg.AsyncConnection[Any]], Awaitable[int | None]] | None = None
@@ -180,7 +183,7 @@ class ProjectorRunner:
         warned = False
         while not stop.is_set():
             held: list[str] = []
-            for name in self.checkpoint_names:
+            for name in sorted(self.locks) or self.checkpoint_names:
                 cur = await conn.execute(
                     "SELECT pg_try_advisory_lock(hashtext('chronicle-projector'), hashtext(%s))", (name,)
                 )

@@ -364,7 +364,7 @@ def build_app(settings: Settings, container: Container | None = None) -> FastAPI
             head = {"as_of_seq": as_of_seq}
         else:
             await caught_up(c, tenant, sid, min_seq)
-            async with c.pool.connection() as cx:  # one connection; each read sees committed rows
+            async with c.pool.connection() as cx, queries.snapshot(cx):  # the reads see one state
                 if leaf_id is None:
                     latest = await queries.latest_leaf(cx, tenant, sid)
                     leaf_id = latest.id if latest else None

@@ -86,16 +86,17 @@ def live_horizon(c: Container, checkpoints: dict[str, int]) -> tuple[Horizon, in
     parts = {
         int(n[len(base) :]): seq for n, seq in checkpoints.items() if n.startswith(base) and n[len(base) :].isdigit()
     }
+    whole = checkpoints.get(c.settings.projector_name, 0)
     if not parts:
-        at = checkpoints.get(c.settings.projector_name, 0)
-        return (lambda _subject: at), at
+        return (lambda _subject: whole), whole
     layout = c.layout
 
     def horizon(subject: str) -> int:
         tenant, session = layout.parse(subject)
-        return parts.get(partition_of(tenant, session, layout.partitions), 0)
+        # a partition not yet reported by its worker is where the single projector left it
+        return parts.get(partition_of(tenant, session, layout.partitions), whole)
 
-    return horizon, max(parts.values())
+    return horizon, max([*parts.values(), whole])
 
 
 async def rebuild_and_swap(

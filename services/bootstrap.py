@@ -87,7 +87,8 @@ class Container:
                 row = await cur.fetchone()
                 return int(row[0]) if row and row[1] == partitions and row[2] else None
 
-            return self._runner(base, seed=from_partitions)
+            every = [base] + [f"{base}.p{p:03d}" for p in range(partitions)]
+            return self._runner(base, seed=from_partitions, locks=every)
         parts = sorted(set(s.projector_partitions))
         if not parts or parts[0] < 0 or parts[-1] >= s.partitions:
             raise ValueError(f"projector_partitions must name partitions 0..{s.partitions - 1}")

@@ -131,3 +131,34 @@ async def test_workers_of_several_partitions_and_switching_layouts(
             assert await cur.fetchone() == (15,)
         assert first < last
         assert (await audit.verify(c)).ok
+
+
+async def test_a_projector_of_every_partition_and_partition_workers_never_run_together(
+    nats_url: str, fresh_db: str, s3_endpoint: str
+) -> None:
+    settings = make_settings(nats_url, fresh_db, s3_endpoint=s3_endpoint, partitions=2)
+    async with running_stack(settings, projector=False) as c:
+        single_stop, worker_stop = asyncio.Event(), asyncio.Event()
+        single = c.projector()
+        c.settings = settings.model_copy(update={"projector_partitions": [0, 1]})
+        worker = c.projector()
+        c.settings = settings
+        tasks = [asyncio.create_task(single.run(single_stop))]
+        try:
+            r = await c.commands.append("tenant-a", "lock-0", text_message("m0", "first"), None)
+            await c.waiter.wait_session("tenant-a", "lock-0", r.seq, timeout_s=10)
+            tasks.append(asyncio.create_task(worker.run(worker_stop)))
+            r = await c.commands.append("tenant-a", "lock-1", text_message("m0", "second"), None)
+            await c.waiter.wait_session("tenant-a", "lock-1", r.seq, timeout_s=10)
+            await asyncio.sleep(1.5)
+            assert (single.stats.applied, worker.stats.applied) == (2, 0)  # the worker waits for the locks
+            single_stop.set()
+            await asyncio.wait_for(tasks[0], 15)
+            r = await c.commands.append("tenant-a", "lock-2", text_message("m0", "third"), None)
+            await c.waiter.wait_session("tenant-a", "lock-2", r.seq, timeout_s=15)
+            assert worker.stats.applied == 1  # took over from the single projector's checkpoint
+        finally:
+            single_stop.set()
+            worker_stop.set()
+            for t in tasks:
+                await asyncio.wait_for(t, 15)
