@@ -305,6 +305,7 @@ class ChronicleClient:
 
                 from events.objectstore import JetStreamBlobStore
                 from events.publisher import Publisher
+                from events.stream import PartitionMismatch, check_partitions
 
                 assert self.nats_url is not None
                 try:
@@ -312,6 +313,11 @@ class ChronicleClient:
                 except Exception as exc:
                     raise Unavailable(f"cannot connect to NATS at {self.nats_url}: {exc}") from exc
                 js = nc.jetstream()
+                try:
+                    await check_partitions(js, self.layout)
+                except PartitionMismatch as exc:
+                    await nc.close()
+                    raise ValueError(str(exc)) from exc
                 self._direct = _Direct(nc, Publisher(js, self.layout), JetStreamBlobStore(js, self._blob_bucket))
             return self._direct
 
