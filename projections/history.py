@@ -231,8 +231,7 @@ COPY_MIN_ROWS = 32
 async def insert_messages(cur: AsyncCursor[Any], ops: Sequence[InsertMessage]) -> None:
     """Insert a run of messages (a message of a deleted or unknown session is dropped)."""
     if len(ops) < COPY_MIN_ROWS:
-        rows = [(*insert_row(op)[:10], op.seq, op.original_ref, op.tenant, op.session) for op in ops]
-        await cur.executemany(_INSERT_ONE, rows)
+        await cur.executemany(_INSERT_ONE, [params(op) for op in ops])
         return
     await cur.execute(_STAGE)
     await cur.execute("DELETE FROM history_stage")  # empty unless a run came earlier in this transaction
@@ -248,6 +247,7 @@ def columns(rows: Sequence[tuple[Any, ...]]) -> list[list[Any]]:
 
 
 def insert_row(op: InsertMessage) -> tuple[Any, ...]:
+    """The columns of ``history_stage`` for one message (``COPY`` order)."""
     return (
         op.tenant,
         op.session,
@@ -264,7 +264,7 @@ def insert_row(op: InsertMessage) -> tuple[Any, ...]:
 
 
 def params(op: Op) -> tuple[Any, ...]:
-    """Statement parameters of one operation (inserts use :func:`insert_row`)."""
+    """Statement parameters of one operation (``_INSERT_ONE``'s for an insert)."""
     match op:
         case TouchSession():
             return (op.tenant, op.session, op.created_at, op.at, op.created_seq, op.seq)
@@ -289,8 +289,9 @@ def params(op: Op) -> tuple[Any, ...]:
             return (op.tenant, op.session, list(op.ids))
         case ClearMessages():
             return (op.tenant, op.session)
-        case InsertMessage():
-            return insert_row(op)
+        case InsertMessage():  # the single-row statement: the staged columns, then the session check
+            tenant, session, mid, parent, role, content, sha, text, at, seq, ref = insert_row(op)
+            return (tenant, session, mid, parent, role, content, sha, text, at, seq, seq, ref, tenant, session)
 
 
 def merge_touches(ops: Sequence[Op]) -> list[TouchSession]:

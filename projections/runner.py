@@ -211,7 +211,9 @@ class ProjectorRunner:
                     (names, seeded),
                 )
                 log.info("projector %s starts from the other layout's checkpoint %d", self.name, seeded)
-            checkpoint = min([await read_checkpoint(conn, n) for n in names])
+            cur = await conn.execute("SELECT name, seq FROM checkpoints WHERE name = ANY(%s)", (names,))
+            found = dict(await cur.fetchall())
+            checkpoint = min(int(found.get(n, 0)) for n in names)  # a missing row: nothing applied yet
         with contextlib.suppress(NotFoundError):
             await self.js.delete_consumer(self.layout.stream, self.durable)
         config = ConsumerConfig(

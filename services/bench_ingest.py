@@ -39,7 +39,7 @@ from services.bench_support import (
     service,
     summary_ms,
 )
-from services.bootstrap import Container, open_container, worker_partitions
+from services.bootstrap import Container, open_container, partition_checkpoint, worker_partitions
 from services.progress import Progress
 from services.settings import Settings
 
@@ -130,20 +130,15 @@ def checkpoint_names(cfg: Settings, workers: int) -> dict[str, int | None]:
     """The projector checkpoints to watch, with the partition each one covers (None: all)."""
     if workers == 1:
         return {cfg.projector_name: None}
-    return {f"{cfg.projector_name}.p{p:03d}": p for p in range(cfg.partitions)}
+    return {partition_checkpoint(cfg.projector_name, p): p for p in range(cfg.partitions)}
 
 
 async def _consumers_ready(c: Container, count: int, timeout_s: float = 30.0) -> None:
     deadline = time.monotonic() + timeout_s
-    while len([x async for x in _consumer_names(c)]) < count:
+    while len(await c.js.consumers_info(c.layout.stream)) < count:
         if time.monotonic() > deadline:
             raise TimeoutError("the projectors did not create their consumers")
         await asyncio.sleep(0.05)
-
-
-async def _consumer_names(c: Container) -> AsyncIterator[str]:
-    for info in await c.js.consumers_info(c.layout.stream):
-        yield str(info.name)
 
 
 async def _checkpoints(c: Container, names: Sequence[str]) -> dict[str, int]:

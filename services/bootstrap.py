@@ -87,12 +87,12 @@ class Container:
                 row = await cur.fetchone()
                 return int(row[0]) if row and row[1] == partitions and row[2] else None
 
-            every = [base] + [f"{base}.p{p:03d}" for p in range(partitions)]
+            every = [base] + [partition_checkpoint(base, p) for p in range(partitions)]
             return self._runner(base, seed=from_partitions, locks=every)
         parts = sorted(set(s.projector_partitions))
         if not parts or parts[0] < 0 or parts[-1] >= s.partitions:
             raise ValueError(f"projector_partitions must name partitions 0..{s.partitions - 1}")
-        names = [f"{base}.p{p:03d}" for p in parts]
+        names = [partition_checkpoint(base, p) for p in parts]
 
         async def from_unpartitioned(conn: psycopg.AsyncConnection[Any]) -> int | None:
             """Before this layout's first run: the unpartitioned projector's checkpoint."""
@@ -121,6 +121,11 @@ class Container:
             batch_size=self.settings.projector_batch,
             **kwargs,
         )
+
+
+def partition_checkpoint(projector: str, partition: int) -> str:
+    """The checkpoint (and lock) name of one partition of a projector: ``<name>.pNNN``."""
+    return f"{projector}.p{partition:03d}"
 
 
 def worker_partitions(partitions: int, workers: int, worker: int) -> list[int]:

@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import secrets
 import sys
 
 from projections.migrate import migrate
 from services import logs
-from services.settings import Settings, hash_key
+from services.settings import hash_key, load_settings
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -70,9 +69,7 @@ def main(argv: list[str] | None = None) -> int:
     p_key.add_argument("--tenant", required=True)
     args = parser.parse_args(argv)
 
-    # CHRONICLE_SECRETS_DIR: one file per setting, named like its variable, lower case
-    # (e.g. /run/secrets/chronicle_database_url); environment variables take precedence
-    settings = Settings(_secrets_dir=os.environ.get("CHRONICLE_SECRETS_DIR"))
+    settings = load_settings()
     logs.configure(settings.log_level, settings.log_format)
     match args.command:
         case "up":

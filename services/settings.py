@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import os
 from typing import Literal
 
 from pydantic import Field
@@ -95,3 +96,10 @@ class Settings(BaseSettings):
                 raise ValueError(f"api_keys entry {entry!r} is not 'tenant:sha256hex'")
             table[digest.lower()] = tenant
         return table
+
+
+def load_settings() -> Settings:
+    """The process's settings: environment (and ``.env``), then files in ``CHRONICLE_SECRETS_DIR``,
+    one per setting, named like its variable in lower case (``/run/secrets/chronicle_database_url``);
+    environment variables take precedence."""
+    return Settings(_secrets_dir=os.environ.get("CHRONICLE_SECRETS_DIR"))

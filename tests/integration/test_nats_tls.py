@@ -11,7 +11,7 @@ import pytest
 
 from services.bootstrap import open_container
 from services.localstack import free_port, nats_server_binary, wait_for_port
-from services.settings import Settings
+from services.settings import load_settings
 from tests.conftest import make_settings
 from tests.integration.helpers import text_message
 
@@ -66,6 +66,7 @@ def test_settings_come_from_a_secrets_directory(tmp_path: Path, monkeypatch: pyt
     monkeypatch.delenv("CHRONICLE_DATABASE_URL", raising=False)
     (tmp_path / "chronicle_database_url").write_text("postgresql://svc:s3cret@db.internal:5432/chronicle")
     (tmp_path / "chronicle_summarizer_api_key").write_text("sk-from-a-file")
-    settings = Settings(_secrets_dir=tmp_path)  # what `chronicle` does with CHRONICLE_SECRETS_DIR
+    monkeypatch.setenv("CHRONICLE_SECRETS_DIR", str(tmp_path))
+    settings = load_settings()  # what every `chronicle` command starts from
     assert settings.database_url == "postgresql://svc:s3cret@db.internal:5432/chronicle"
     assert settings.summarizer_api_key == "sk-from-a-file"

@@ -6,10 +6,22 @@ import asyncio
 
 from events.subjects import partition_of
 from projections import queries
+from projections.runner import ProjectorRunner
 from services import audit
+from services.bootstrap import Container
 from services.decisions import OMITTED
+from services.settings import Settings
 from tests.conftest import make_settings, running_stack
 from tests.integration.helpers import appended, text_message
+
+
+def projector_of(c: Container, settings: Settings, parts: list[int] | None) -> ProjectorRunner:
+    """The projector a process configured with ``projector_partitions=parts`` would run."""
+    c.settings = settings.model_copy(update={"projector_partitions": parts})
+    try:
+        return c.projector()
+    finally:
+        c.settings = settings
 
 
 async def test_partitioned_projectors_serve_reads_with_min_seq(nats_url: str, fresh_db: str, s3_endpoint: str) -> None:
@@ -18,8 +30,7 @@ async def test_partitioned_projectors_serve_reads_with_min_seq(nats_url: str, fr
         stop = asyncio.Event()
         workers = []
         for p in range(4):
-            c.settings = settings.model_copy(update={"projector_partitions": [p]})
-            workers.append(asyncio.create_task(c.projector().run(stop)))
+            workers.append(asyncio.create_task(projector_of(c, settings, [p]).run(stop)))
         try:
             last = 0
             for i in range(3):  # a few sessions: some partitions stay idle
@@ -51,9 +62,7 @@ async def test_verify_with_partitioned_projectors_compares_each_partition_at_its
         stops = [asyncio.Event(), asyncio.Event()]
         workers = []
         for p in range(2):
-            c.settings = settings.model_copy(update={"projector_partitions": [p]})
-            workers.append(asyncio.create_task(c.projector().run(stops[p])))
-        c.settings = settings
+            workers.append(asyncio.create_task(projector_of(c, settings, [p]).run(stops[p])))
         sessions = {partition_of("tenant-a", f"v-{i}", 2): f"v-{i}" for i in range(20)}
         assert set(sessions) == {0, 1}
         try:
@@ -93,11 +102,7 @@ async def test_workers_of_several_partitions_and_switching_layouts(
 
         async def run(shares: list[list[int] | None], sessions: range) -> tuple[list[int], int]:
             stop = asyncio.Event()
-            runners = []
-            for parts in shares:
-                c.settings = settings.model_copy(update={"projector_partitions": parts})
-                runners.append(c.projector())
-            c.settings = settings
+            runners = [projector_of(c, settings, parts) for parts in shares]
             tasks = [asyncio.create_task(r.run(stop)) for r in runners]
             try:
                 last = 0
@@ -139,10 +144,8 @@ async def test_a_projector_of_every_partition_and_partition_workers_never_run_to
     settings = make_settings(nats_url, fresh_db, s3_endpoint=s3_endpoint, partitions=2)
     async with running_stack(settings, projector=False) as c:
         single_stop, worker_stop = asyncio.Event(), asyncio.Event()
-        single = c.projector()
-        c.settings = settings.model_copy(update={"projector_partitions": [0, 1]})
-        worker = c.projector()
-        c.settings = settings
+        single = projector_of(c, settings, None)
+        worker = projector_of(c, settings, [0, 1])
         tasks = [asyncio.create_task(single.run(single_stop))]
         try:
             r = await c.commands.append("tenant-a", "lock-0", text_message("m0", "first"), None)
