@@ -177,9 +177,14 @@ def to_row(m: Msg, seq: int) -> Row:
 
 
 async def create_baseline_table(conn: psycopg.AsyncConnection[Any], name: str) -> None:
-    """A scratch table exactly like ``messages``: columns, generated tsvector, primary key, GIN."""
+    """A scratch table exactly like ``messages``: columns, generated tsvector, primary key, GIN,
+    and its storage parameters (``LIKE`` does not copy those)."""
     await conn.execute(f'DROP TABLE IF EXISTS "{name}"')
     await conn.execute(f'CREATE TABLE "{name}" (LIKE messages INCLUDING ALL)')
+    cur = await conn.execute("SELECT reloptions FROM pg_class WHERE oid = 'messages'::regclass")
+    row = await cur.fetchone()
+    if row and row[0]:
+        await conn.execute(f'ALTER TABLE "{name}" SET ({", ".join(row[0])})')
 
 
 async def baseline_insert(
