@@ -20,7 +20,7 @@ from projections import context_queries as cq
 from projections import queries
 from projections.rebuild import TABLES, Horizon, apply_range, checksums, rebuild_into
 from projections.timetravel import SessionState
-from services.bootstrap import Container
+from services.bootstrap import Container, checkpoint_partition
 from services.context import object_key
 from services.skills_store import StoredObject
 
@@ -82,10 +82,8 @@ class RebuildReport:
 def live_horizon(c: Container, checkpoints: dict[str, int]) -> tuple[Horizon, int]:
     """How far the live projectors got: one checkpoint, or one per partition (``<name>.pNNN``)
     when partitioned projectors run; returns the horizon per subject and the highest of them."""
-    base = c.settings.projector_name + ".p"
-    parts = {
-        int(n[len(base) :]): seq for n, seq in checkpoints.items() if n.startswith(base) and n[len(base) :].isdigit()
-    }
+    found = {checkpoint_partition(c.settings.projector_name, n): seq for n, seq in checkpoints.items()}
+    parts = {p: seq for p, seq in found.items() if p is not None}
     whole = checkpoints.get(c.settings.projector_name, 0)
     if not parts:
         return (lambda _subject: whole), whole

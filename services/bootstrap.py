@@ -128,6 +128,14 @@ def partition_checkpoint(projector: str, partition: int) -> str:
     return f"{projector}.p{partition:03d}"
 
 
+def checkpoint_partition(projector: str, name: str) -> int | None:
+    """The partition a checkpoint name of ``projector`` stands for (the inverse of
+    :func:`partition_checkpoint`); None for the unpartitioned one and for other names."""
+    prefix = f"{projector}.p"
+    digits = name[len(prefix) :] if name.startswith(prefix) else ""
+    return int(digits) if digits.isascii() and digits.isdigit() else None
+
+
 def worker_partitions(partitions: int, workers: int, worker: int) -> list[int]:
     """The partitions of projector worker ``worker`` of ``workers`` (round robin)."""
     return [p for p in range(partitions) if p % workers == worker]
