@@ -82,9 +82,9 @@ class RebuildReport:
 def live_horizon(c: Container, checkpoints: dict[str, int]) -> tuple[Horizon, int]:
     """How far the live projectors got: one checkpoint, or one per partition (``<name>.pNNN``)
     when partitioned projectors run; returns the horizon per subject and the highest of them."""
-    found = {checkpoint_partition(c.settings.projector_name, n): seq for n, seq in checkpoints.items()}
-    parts = {p: seq for p, seq in found.items() if p is not None}
-    whole = checkpoints.get(c.settings.projector_name, 0)
+    name = c.settings.projector_name
+    parts = {p: seq for n, seq in checkpoints.items() if (p := checkpoint_partition(name, n)) is not None}
+    whole = checkpoints.get(name, 0)
     if not parts:
         return (lambda _subject: whole), whole
     layout = c.layout
