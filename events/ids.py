@@ -28,6 +28,8 @@ def _check(kind: str, value: str, max_len: int) -> str:
         raise InvalidId(f"{kind} must not be empty")
     if len(value) > max_len:
         raise InvalidId(f"{kind} is longer than {max_len} characters")
+    if _PLAIN.fullmatch(value):  # the common case: nothing below can refuse it
+        return value
     if any(unicodedata.category(ch).startswith("C") for ch in value):
         raise InvalidId(f"{kind} must not contain control or unassigned characters")
     if value != value.strip():

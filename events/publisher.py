@@ -8,6 +8,8 @@
 * Transient failures (timeouts, no responders while JetStream starts) are retried, a bounded
   number of times, with the same message id.
 * :meth:`Publisher.publish_many` pipelines with ``publish_async`` for bulk appends.
+* Every event is admitted first (:func:`events.admission.admit` on its encoded bytes and its
+  subject): what a projector would refuse is never published; :class:`Refused` says why.
 """
 
 from __future__ import annotations
@@ -21,8 +23,11 @@ import nats.errors
 from nats.js import JetStreamContext
 from nats.js.errors import APIError, NotFoundError
 
+from events.admission import Refused, admit
 from events.envelope import Event
 from events.subjects import SubjectLayout
+
+__all__ = ["ConcurrencyConflict", "PublishFailed", "Published", "Publisher", "Refused"]
 
 HDR_MSG_ID = "Nats-Msg-Id"
 HDR_EXPECTED_SUBJECT_SEQ = "Nats-Expected-Last-Subject-Sequence"
@@ -75,6 +80,13 @@ class Publisher:
     def subject_of(self, event: Event) -> str:
         return self.layout.session_subject(event.tenant, event.session)
 
+    def encode(self, event: Event) -> tuple[str, bytes]:
+        """The subject and bytes ``event`` is published as, admitted by the contract (else
+        :class:`Refused`): a publisher built on the contract cannot send what a projector refuses."""
+        subject, payload = self.subject_of(event), event.to_json()
+        admit(payload, subject, self.layout)
+        return subject, payload
+
     async def last_subject_seq(self, tenant: str, session: str) -> int:
         """Stream sequence of the newest event of a session (0 when it has none)."""
         subject = self.layout.session_subject(tenant, session)
@@ -94,8 +106,7 @@ class Publisher:
         headers = {HDR_MSG_ID: event.id}
         if expected_last_subject_seq is not None:
             headers[HDR_EXPECTED_SUBJECT_SEQ] = str(expected_last_subject_seq)
-        payload = event.to_json()
-        subject = self.subject_of(event)
+        subject, payload = self.encode(event)
         last_error: BaseException | None = None
         for attempt in range(self._attempts):
             try:
@@ -119,16 +130,16 @@ class Publisher:
         """Pipeline many unconditional publishes; returns one result per event, in order.
 
         Each event keeps its id as ``Nats-Msg-Id``, so re-running a failed bulk call appends
-        nothing twice. Failed entries are retried once through :meth:`publish`.
+        nothing twice. Failed entries are retried once through :meth:`publish`. Every event is
+        admitted before any is published: one :class:`Refused` event publishes nothing.
         """
+        encoded = [self.encode(ev) for ev in events]
         results: list[Published] = []
         for start in range(0, len(events), window):
             chunk = events[start : start + window]
             futures = [
-                await self._js.publish_async(
-                    self.subject_of(ev), ev.to_json(), stream=self.layout.stream, headers={HDR_MSG_ID: ev.id}
-                )
-                for ev in chunk
+                await self._js.publish_async(subject, payload, stream=self.layout.stream, headers={HDR_MSG_ID: ev.id})
+                for ev, (subject, payload) in zip(chunk, encoded[start : start + window], strict=True)
             ]
             done = await asyncio.gather(*futures, return_exceptions=True)
             for ev, outcome in zip(chunk, done, strict=True):

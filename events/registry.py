@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Literal
 
 from events.catalog import EVENT_TYPES
 from events.envelope import Event
@@ -35,27 +35,40 @@ UPCASTERS: dict[tuple[str, int], Upcaster] = {
 }
 
 
+UnknownReason = Literal["unknown_type", "newer_version", "invalid"]
+
+
 class UnknownEvent(ValueError):
-    """The stored type or version is not one this release can read."""
+    """The stored type or version is not one this release can read.
+
+    ``reason`` says which: ``unknown_type`` (a type this release does not know),
+    ``newer_version`` (a known type at a version newer than this release's: a later release may
+    read it), ``invalid`` (no integer version, or an old version with no upcaster).
+    """
+
+    def __init__(self, reason: UnknownReason, detail: str) -> None:
+        super().__init__(detail)
+        self.reason: UnknownReason = reason
+        self.detail = detail
 
 
 def upcast(raw: dict[str, Any]) -> dict[str, Any]:
     """Apply upcasters until ``raw`` is at the current version of its type."""
     kind = raw.get("type")
     if not isinstance(kind, str) or kind not in CURRENT:
-        raise UnknownEvent(f"unknown event type {kind!r}")
+        raise UnknownEvent("unknown_type", f"unknown event type {str(kind)[:64]!r}")
     target = CURRENT[kind].VERSION
     version = raw.get("version")
-    if not isinstance(version, int):
-        raise UnknownEvent(f"event {kind} has no integer version")
+    if not isinstance(version, int) or isinstance(version, bool):
+        raise UnknownEvent("invalid", f"event {kind} has no integer version")
     while version < target:
         step = UPCASTERS.get((kind, version))
         if step is None:
-            raise UnknownEvent(f"no upcaster for {kind} v{version}")
+            raise UnknownEvent("invalid", f"no upcaster for {kind} v{version}")
         raw = step(raw)
         version = raw["version"]
     if version != target:
-        raise UnknownEvent(f"{kind} v{version} is newer than this release (v{target})")
+        raise UnknownEvent("newer_version", f"{kind} v{version} is newer than this release (v{target})")
     return raw
 
 

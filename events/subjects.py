@@ -42,6 +42,16 @@ class SubjectLayout:
         """Subject filter for one partition across all tenants."""
         return f"{self.prefix}.*.p{partition:03d}.*"
 
+    def partition_token(self, subject: str) -> int | None:
+        """The partition whose filter (:meth:`partition_filter`) ``subject`` matches, from the
+        subject's own token (not recomputed from the ids); None when no partition's does."""
+        head = self.prefix + "."
+        tokens = subject[len(head) :].split(".") if subject.startswith(head) else []
+        if len(tokens) != 3 or not tokens[1].startswith("p") or not tokens[1][1:].isdigit():
+            return None
+        part = int(tokens[1][1:])
+        return part if part < self.partitions and tokens[1] == f"p{part:03d}" else None
+
     def parse(self, subject: str) -> tuple[str, str]:
         """(tenant, session) of a session subject."""
         head = self.prefix + "."

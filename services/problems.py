@@ -10,6 +10,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from events.admission import Refused
 from events.blobs import BlobNotFound
 from events.publisher import PublishFailed
 from services.errors import ChronicleError
@@ -54,6 +55,12 @@ def install(app: FastAPI) -> None:
     @app.exception_handler(PublishFailed)
     async def _publish(_: Request, exc: PublishFailed) -> JSONResponse:
         return problem(503, "unavailable", "The event log is unavailable", str(exc))
+
+    @app.exception_handler(Refused)
+    async def _refused(_: Request, exc: Refused) -> JSONResponse:
+        # the request passed the API's checks but would make an event the contract refuses
+        status, code = (413, "payload_too_large") if exc.reason == "too_large" else (422, "invalid_request")
+        return problem(status, code, "The request would make an event the log refuses", exc.detail, reason=exc.reason)
 
     @app.exception_handler(BlobNotFound)
     async def _blob(_: Request, exc: BlobNotFound) -> JSONResponse:

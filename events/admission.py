@@ -1,0 +1,180 @@
+"""The contract's one validation: which stored bytes are an event, and under which subject.
+
+:func:`admit` is a pure function of ``(bytes, subject, layout)``: the same bytes under the same
+subject always get the same decision, in every release that shares this contract. Publishers run
+it before publishing (nothing they send is refused later); projectors, rebuild, verify, time
+travel and replay run it on what they read, and record what it refuses (quarantine) instead of
+applying it. Checks, in this order (the first failure decides the reason):
+
+1. ``too_large``: more than :data:`MAX_EVENT_BYTES`.
+2. ``not_json``: not UTF-8, not JSON (``NaN``/``Infinity`` included), or not a JSON object.
+3. ``invalid``: a NUL or a lone surrogate in any string (keys included).
+4. ``unknown_type`` / ``newer_version`` / ``invalid``: the type and version (see the registry).
+5. ``invalid``: the model's validation; the ids as the API checks them (tenant, session unless
+   tenant-scoped, every message id the event names).
+6. ``subject_mismatch``: the subject is not exactly the event's session subject (prefix, tenant,
+   partition token of this layout, session): the subject is the authority.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterator
+from typing import Any, Literal, get_args
+
+from pydantic import ValidationError
+
+from events.catalog import (
+    CompactionFailed,
+    CompactionRecorded,
+    MessageAppended,
+    MessageBodyEvent,
+    MessagesDeleted,
+    SessionCreated,
+    SkillUnloaded,
+)
+from events.envelope import Event
+from events.ids import TENANT_SCOPE, InvalidId, check_message_id, check_session, check_tenant
+from events.registry import CURRENT, UnknownEvent, upcast
+from events.subjects import SubjectLayout, partition_of
+
+MAX_EVENT_BYTES = 1024 * 1024
+"""NATS's default ``max_payload``: the largest event the contract admits."""
+
+Reason = Literal["too_large", "not_json", "unknown_type", "newer_version", "invalid", "subject_mismatch", "data_error"]
+REASONS: tuple[Reason, ...] = get_args(Reason)
+"""Every reason code, stable: operators, metrics and the quarantine table use them.
+``data_error`` is the projector's: an admitted event a projection's database refused."""
+
+
+class Refused(ValueError):
+    """Bytes the contract does not admit as an event; ``reason`` is one of :data:`REASONS`."""
+
+    def __init__(self, reason: Reason, detail: str) -> None:
+        super().__init__(f"{reason}: {detail}")
+        self.reason: Reason = reason
+        self.detail = detail
+
+
+# Only a ``\\u`` escape can put NUL or a surrogate into a parsed string: raw control characters are
+# not JSON, and surrogates are not UTF-8. Most events have no such escape, so the walk is skipped.
+_SUSPECT_ESCAPE = re.compile(rb"\\u(?:0000|[dD][89a-fA-F][0-9a-fA-F]{2})")
+_BAD_CHAR = re.compile("[\x00\ud800-\udfff]")
+
+
+def admit(data: bytes, subject: str, layout: SubjectLayout) -> Event:
+    """The event ``data`` holds, if the contract admits it under ``subject``; else :class:`Refused`."""
+    if len(data) > MAX_EVENT_BYTES:
+        raise Refused("too_large", f"{len(data)} bytes, more than the {MAX_EVENT_BYTES} an event may have")
+    raw = _parse(data)
+    if b"\\u" in data and _SUSPECT_ESCAPE.search(data) and has_bad_chars(raw):
+        raise Refused("invalid", "a string holds a NUL character or a lone surrogate")
+    try:
+        raw = upcast(raw)
+    except UnknownEvent as exc:
+        raise Refused(exc.reason, exc.detail) from None
+    except (KeyError, TypeError) as exc:  # an upcaster step met a field of the wrong shape
+        raise Refused("invalid", f"cannot upcast: {type(exc).__name__}") from None
+    try:
+        event = CURRENT[raw["type"]].model_validate(raw)
+    except ValidationError as exc:
+        raise Refused("invalid", _first_error(exc)) from None
+    _check_ids(event)
+    if layout.session_subject(event.tenant, event.session) != subject:
+        raise Refused("subject_mismatch", _mismatch(event, subject, layout))
+    return event
+
+
+def has_bad_chars(value: Any) -> bool:
+    """True when any string in ``value`` (a parsed JSON value, keys included) holds NUL or a lone
+    surrogate: Postgres cannot store either, and no id or text of the contract may carry them.
+    Iterative: JSON nested as deep as the parser allows does not exhaust the stack."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            if _BAD_CHAR.search(item) is not None:
+                return True
+        elif isinstance(item, dict):
+            stack.extend(item)
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+    return False
+
+
+def scrub(text: str) -> str:
+    """``text`` with every NUL and lone surrogate replaced by U+FFFD: for free text from outside
+    the contract (a summarizer's output, an error message) before it goes into an event."""
+    return _BAD_CHAR.sub("\ufffd", text)
+
+
+def _reject_constant(name: str) -> None:
+    raise ValueError(f"{name} is not JSON")
+
+
+_DECODER = json.JSONDecoder(parse_constant=_reject_constant)  # one decoder: json.loads(**kw) makes one a call
+
+
+def _parse(data: bytes) -> dict[str, Any]:
+    try:
+        raw = _DECODER.decode(data.decode("utf-8"))
+    except UnicodeDecodeError:
+        raise Refused("not_json", "not UTF-8") from None
+    except (ValueError, RecursionError) as exc:
+        raise Refused("not_json", f"not JSON: {str(exc)[:120]}") from None
+    if not isinstance(raw, dict):
+        raise Refused("not_json", f"a JSON {type(raw).__name__}, not an object")
+    return raw
+
+
+def _first_error(exc: ValidationError) -> str:
+    errors = exc.errors(include_url=False, include_input=False, include_context=False)
+    first = errors[0]
+    where = ".".join(str(p) for p in first["loc"]) or "event"
+    more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
+    return f"{where}: {first['msg']}"[:200] + more
+
+
+def message_ids(event: Event) -> Iterator[str]:
+    """Every message id ``event`` names (its own, parents, ranges, deletions)."""
+    if isinstance(event, MessageBodyEvent):
+        yield event.message_id
+    if isinstance(event, MessageAppended) and event.parent_id is not None:
+        yield event.parent_id
+    if isinstance(event, MessagesDeleted):
+        yield from event.message_ids
+    if isinstance(event, SkillUnloaded) and event.message_id is not None:
+        yield event.message_id
+    if isinstance(event, CompactionRecorded):
+        yield from (event.from_message_id, event.to_message_id, event.leaf_id)
+    if isinstance(event, CompactionFailed):
+        yield event.leaf_id
+
+
+def _check_ids(event: Event) -> None:
+    try:
+        check_tenant(event.tenant)
+        if event.session != TENANT_SCOPE:
+            check_session(event.session)
+        if isinstance(event, SessionCreated) and event.parent_session_id is not None:
+            check_session(event.parent_session_id)
+        for mid in message_ids(event):
+            check_message_id(mid)
+    except InvalidId as exc:
+        raise Refused("invalid", str(exc)) from None
+
+
+def _mismatch(event: Event, subject: str, layout: SubjectLayout) -> str:
+    """Why ``subject`` is not ``event``'s session subject (only computed for a refusal)."""
+    try:
+        tenant, session = layout.parse(subject)
+    except ValueError:
+        return "the subject is not a session subject of this stream"
+    if tenant != event.tenant:
+        return f"the event's tenant {event.tenant!r} is not the subject's {tenant[:64]!r}"
+    if session != event.session:
+        return f"the event's session {event.session[:64]!r} is not the subject's {session[:64]!r}"
+    part = partition_of(tenant, session, layout.partitions)
+    return f"the subject's partition token is not p{part:03d}"

@@ -1,0 +1,257 @@
+"""The contract's one validation: every reason, the escape fast path, determinism, publishers."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any, cast
+
+import pytest
+from nats.js import JetStreamContext
+
+from events import admission
+from events.admission import MAX_EVENT_BYTES, REASONS, Refused, admit, has_bad_chars, scrub
+from events.catalog import MessagesDeleted, SkillIndexed
+from events.ids import TENANT_SCOPE
+from events.publisher import Publisher
+from events.subjects import SubjectLayout, partition_of
+from tests.integration.helpers import appended
+
+LAYOUT = SubjectLayout(partitions=4)
+FIXTURES = Path(__file__).parents[1] / "fixtures" / "events"
+
+
+def good(session: str = "s-1") -> tuple[bytes, str]:
+    event = appended("tenant-a", session, "m1", "m0", "hello")
+    return event.to_json(), LAYOUT.session_subject("tenant-a", session)
+
+
+def raw_of(data: bytes) -> dict[str, Any]:
+    out: dict[str, Any] = json.loads(data)
+    return out
+
+
+def edited(**fields: Any) -> bytes:
+    data, _ = good()
+    return json.dumps({**raw_of(data), **fields}).encode()
+
+
+def reason(data: bytes, subject: str | None = None) -> str:
+    with pytest.raises(Refused) as caught:
+        admit(data, subject or good()[1], LAYOUT)
+    assert caught.value.reason in REASONS
+    assert caught.value.detail
+    return caught.value.reason
+
+
+def test_a_good_event_is_admitted_as_its_model() -> None:
+    data, subject = good()
+    event = admit(data, subject, LAYOUT)
+    assert event.to_json() == data
+
+
+@pytest.mark.parametrize("path", sorted(FIXTURES.glob("*.json")), ids=lambda p: p.name)
+def test_every_stored_fixture_is_admitted_under_its_own_subject(path: Path) -> None:
+    raw = raw_of(path.read_bytes())
+    event = admit(path.read_bytes(), LAYOUT.session_subject(raw["tenant"], raw["session"]), LAYOUT)
+    assert event.id == raw["id"]
+
+
+def test_too_large() -> None:
+    data = edited(correlation_id="x" * MAX_EVENT_BYTES)
+    assert reason(data) == "too_large"
+
+
+@pytest.mark.parametrize(
+    "data",
+    [b"not json", b"\xff\xfe{}", b"[1, 2]", b'"a string"', b"{", b'{"a": NaN}', b'{"a": -Infinity}', b"[" * 100_000],
+)
+def test_not_json(data: bytes) -> None:
+    assert reason(data) == "not_json"
+
+
+def test_utf16_json_is_not_admitted_although_json_loads_would_read_it() -> None:
+    data, _ = good()
+    assert reason(json.dumps(raw_of(data)).encode("utf-16")) == "not_json"
+
+
+def test_unknown_type() -> None:
+    assert reason(edited(type="evil.happened")) == "unknown_type"
+
+
+def test_newer_version() -> None:
+    assert reason(edited(version=3)) == "newer_version"
+
+
+@pytest.mark.parametrize("version", [None, True, 0, "2"])
+def test_a_version_that_is_no_version_is_invalid(version: object) -> None:
+    assert reason(edited(version=version)) == "invalid"
+
+
+def test_a_model_violation_is_invalid_with_a_short_detail() -> None:
+    with pytest.raises(Refused) as caught:
+        admit(edited(message=None, unexpected="x" * 10_000), good()[1], LAYOUT)
+    assert caught.value.reason == "invalid"
+    assert len(caught.value.detail) < 300
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("session", "a\u0000b"),
+        ("message_id", "m\u00001"),
+        ("role", "us\u0000er"),
+        ("message", {"id": "m1", "role": "user", "parts": [{"type": "text", "text": "a\u0000b"}]}),
+        ("message", {"id": "m1", "role": "user", "parts": [], "k\u0000": 1}),
+        ("role", "\ud800"),
+        ("message", {"id": "m1", "role": "user", "parts": [{"type": "text", "text": "lone \udfff"}]}),
+    ],
+)
+def test_nul_or_lone_surrogate_anywhere_is_invalid(field: str, value: object) -> None:
+    assert reason(edited(**{field: value})) == "invalid"
+
+
+def test_escaped_surrogate_pairs_are_fine() -> None:
+    data = edited(role="smile \U0001f600")  # json.dumps escapes it as a surrogate pair
+    assert b"\\ud83d\\ude00" in data
+    assert admit(data, good()[1], LAYOUT).model_dump()["role"] == "smile \U0001f600"
+
+
+def test_an_escaped_backslash_before_u0000_is_text_not_nul() -> None:
+    data = edited(role="a\\u0000b")
+    assert b"\\\\u0000" in data
+    assert admit(data, good()[1], LAYOUT).model_dump()["role"] == "a\\u0000b"
+
+
+def test_has_bad_chars_walks_keys_values_and_deep_nesting() -> None:
+    deep: object = "x\u0000"
+    for _ in range(5000):
+        deep = [deep]
+    assert has_bad_chars(deep)
+    assert has_bad_chars({"k": [1, {"\ud800": 2}]})
+    assert not has_bad_chars({"k": [1, {"a": "\U0001f600"}], "n": None})
+
+
+def test_the_walk_runs_only_when_an_escape_could_hide_a_bad_character(monkeypatch: pytest.MonkeyPatch) -> None:
+    walked: list[object] = []
+
+    def spy(value: object) -> bool:
+        walked.append(value)
+        return False
+
+    monkeypatch.setattr(admission, "has_bad_chars", spy)
+    data, subject = good()
+    admit(data, subject, LAYOUT)
+    admit(edited(role="\\u0041 is text"), subject, LAYOUT)
+    assert walked == []
+    admit(edited(role="smile \U0001f600"), subject, LAYOUT)
+    assert len(walked) == 1
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("tenant", "tenant a"),
+        ("session", " padded"),
+        ("session", "s" * 129),
+        ("message_id", ""),
+        ("parent_id", "p\u0007"),
+    ],
+)
+def test_ids_are_checked_as_the_api_checks_them(field: str, value: str) -> None:
+    assert reason(edited(**{field: value})) == "invalid"
+
+
+def test_every_message_id_an_event_names_is_checked() -> None:
+    ok = MessagesDeleted(tenant="tenant-a", session="s-1", message_ids=["m1", "m2"])
+    subject = LAYOUT.session_subject("tenant-a", "s-1")
+    admit(ok.to_json(), subject, LAYOUT)
+    bad = json.dumps({**raw_of(ok.to_json()), "message_ids": ["m1", "m2 "]}).encode()
+    assert reason(bad, subject) == "invalid"
+
+
+def test_tenant_scope_events_are_admitted_under_the_tenant_scope_subject() -> None:
+    event = SkillIndexed(
+        tenant="tenant-a", session=TENANT_SCOPE, bucket="b", key="k", description=None, etag="e", size=1
+    )
+    admit(event.to_json(), LAYOUT.session_subject("tenant-a", TENANT_SCOPE), LAYOUT)
+
+
+def test_a_tenant_other_than_the_subjects_is_a_mismatch() -> None:
+    data, _ = good()
+    with pytest.raises(Refused) as caught:
+        admit(data, LAYOUT.session_subject("tenant-b", "s-1"), LAYOUT)
+    assert (caught.value.reason, "tenant" in caught.value.detail) == ("subject_mismatch", True)
+
+
+def test_a_session_other_than_the_subjects_is_a_mismatch() -> None:
+    data, _ = good("s-1")
+    assert reason(data, LAYOUT.session_subject("tenant-a", "s-2")) == "subject_mismatch"
+
+
+def test_a_wrong_partition_token_is_a_mismatch() -> None:
+    data, subject = good()
+    part = partition_of("tenant-a", "s-1", LAYOUT.partitions)
+    wrong = subject.replace(f".p{part:03d}.", f".p{(part + 1) % LAYOUT.partitions:03d}.")
+    with pytest.raises(Refused) as caught:
+        admit(data, wrong, LAYOUT)
+    assert (caught.value.reason, "partition" in caught.value.detail) == ("subject_mismatch", True)
+
+
+@pytest.mark.parametrize(
+    "subject",
+    ["elsewhere.tenant-a.p000.s-1", "chronicle.ev.tenant-a.s-1", "chronicle.ev.tenant-a.p000.~!!", "chronicle.ev.~"],
+)
+def test_a_subject_that_is_not_a_session_subject_is_a_mismatch(subject: str) -> None:
+    assert reason(good()[0], subject) == "subject_mismatch"
+
+
+def test_the_same_bytes_and_subject_always_get_the_same_decision() -> None:
+    cases = [good(), (edited(type="x"), good()[1]), (b"{", "a.b"), (good()[0], "chronicle.ev.tenant-b.p000.s-1")]
+    for data, subject in cases:
+        outcomes = set()
+        for _ in range(3):
+            try:
+                outcomes.add(("admitted", admit(data, subject, LAYOUT).to_json()))
+            except Refused as exc:
+                outcomes.add((exc.reason, exc.detail.encode()))
+        assert len(outcomes) == 1
+
+
+def test_the_common_path_costs_tens_of_microseconds() -> None:
+    event = appended("tenant-a", "s-1", "m1", "m0", "x" * 900)  # ~1.3 KB encoded
+    publisher = Publisher(cast(JetStreamContext, None), LAYOUT)
+    n = 2000
+    start = time.perf_counter()
+    for _ in range(n):
+        publisher.encode(event)
+    per_event = (time.perf_counter() - start) / n
+    assert per_event < 200e-6  # ~17 µs measured; a wide bound for a loaded CI machine
+
+
+class RecordingJs:
+    def __init__(self) -> None:
+        self.published: list[str] = []
+
+    async def publish_async(self, subject: str, payload: bytes, **_: object) -> object:
+        self.published.append(subject)
+        raise AssertionError("nothing should be published")
+
+
+async def test_the_publisher_refuses_what_a_projector_would_refuse_and_publishes_nothing() -> None:
+    js = RecordingJs()
+    publisher = Publisher(cast(JetStreamContext, js), LAYOUT)
+    fine = appended("tenant-a", "s-1", "m1", None)
+    bad = appended("tenant-a", "s-1", "m2", "m1", "a\u0000b")
+    with pytest.raises(Refused) as caught:
+        await publisher.publish_many([fine, bad])
+    assert caught.value.reason == "invalid"
+    with pytest.raises(Refused):
+        await publisher.publish(bad)
+    assert js.published == []
+
+
+def test_scrub_makes_free_text_admissible() -> None:
+    assert scrub("a\u0000b\ud800c\U0001f600") == "a\ufffdb\ufffdc\U0001f600"
+    assert not has_bad_chars(scrub("x\u0000"))
