@@ -26,7 +26,6 @@ from events.catalog import (
     SkillUnloaded,
 )
 from events.envelope import Event
-from projections.sanitize import storable
 
 Statement = tuple[str, tuple[Any, ...]]
 
@@ -48,7 +47,7 @@ def plan(event: Event, seq: int) -> list[Statement]:
                 (
                     "INSERT INTO session_configs (tenant, session_id, config, seq) VALUES (%s, %s, %s, %s) "
                     "ON CONFLICT (tenant, session_id) DO UPDATE SET config = excluded.config, seq = excluded.seq",
-                    (t, s, Jsonb(storable(event.config.model_dump(mode="json"))), seq),
+                    (t, s, Jsonb(event.config.model_dump(mode="json")), seq),
                 )
             ]
         case ContextWritten():
@@ -57,7 +56,7 @@ def plan(event: Event, seq: int) -> list[Statement]:
                     "INSERT INTO context_blocks (tenant, session_id, label, content, tokens, seq) "
                     "VALUES (%s, %s, %s, %s, %s, %s) ON CONFLICT (tenant, session_id, label) DO UPDATE "
                     "SET content = excluded.content, tokens = excluded.tokens, seq = excluded.seq",
-                    (t, s, event.label, storable(event.content), event.tokens, seq),
+                    (t, s, event.label, event.content, event.tokens, seq),
                 )
             ]
         case SearchEntryIndexed():
@@ -66,7 +65,7 @@ def plan(event: Event, seq: int) -> list[Statement]:
                     "INSERT INTO search_entries (tenant, session_id, label, key, content, created_seq, updated_seq) "
                     "VALUES (%s, %s, %s, %s, %s, %s, %s) ON CONFLICT (tenant, session_id, label, key) DO UPDATE "
                     "SET content = excluded.content, updated_seq = excluded.updated_seq",
-                    (t, s, event.label, storable(event.key), storable(event.content), seq, seq),
+                    (t, s, event.label, event.key, event.content, seq, seq),
                 )
             ]
         case SkillIndexed():
@@ -76,7 +75,7 @@ def plan(event: Event, seq: int) -> list[Statement]:
                     "VALUES (%s, %s, %s, %s, %s, %s, %s) ON CONFLICT (tenant, bucket, key) DO UPDATE "
                     "SET description = excluded.description, etag = excluded.etag, size = excluded.size, "
                     "seq = excluded.seq",
-                    (t, event.bucket, storable(event.key), storable(event.description), event.etag, event.size, seq),
+                    (t, event.bucket, event.key, event.description, event.etag, event.size, seq),
                 )
             ]
         case SkillRemoved():
@@ -116,7 +115,7 @@ def plan(event: Event, seq: int) -> list[Statement]:
                 (
                     "INSERT INTO prompts (tenant, session_id, version, text, tokens, reason, seq) "
                     "VALUES (%s, %s, %s, %s, %s, %s, %s) ON CONFLICT DO NOTHING",
-                    (t, s, event.version_no, storable(event.text), event.tokens, event.reason, seq),
+                    (t, s, event.version_no, event.text, event.tokens, event.reason, seq),
                 )
             ]
         case MessagesCleared():

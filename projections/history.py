@@ -31,7 +31,6 @@ from events.catalog import (
 from events.envelope import Event
 from events.ids import TENANT_SCOPE
 from events.messages import JsonObject, stored_json, text_of
-from projections.sanitize import storable
 
 NAME = "history"
 
@@ -253,10 +252,10 @@ def insert_row(op: InsertMessage) -> tuple[Any, ...]:
         op.session,
         op.id,
         op.parent_id,
-        storable(op.role),
+        op.role,
         op.content,
         op.body_sha256,
-        storable(op.text),
+        op.text,
         op.at,
         op.seq,
         op.original_ref,
@@ -269,17 +268,17 @@ def params(op: Op) -> tuple[Any, ...]:
         case TouchSession():
             return (op.tenant, op.session, op.created_at, op.at, op.created_seq, op.seq)
         case CreateSession():
-            return (storable(op.name), op.parent_session_id, json.dumps(storable(op.metadata)), op.tenant, op.session)
+            return (op.name, op.parent_session_id, json.dumps(op.metadata), op.tenant, op.session)
         case RenameSession():
-            return (storable(op.name), op.tenant, op.session)
+            return (op.name, op.tenant, op.session)
         case DeleteSession():
             return (op.at, op.tenant, op.session)
         case UpdateMessage():
             return (
-                storable(op.role),
+                op.role,
                 op.content,
                 op.body_sha256,
-                storable(op.text),
+                op.text,
                 op.seq,
                 op.tenant,
                 op.session,

@@ -18,7 +18,6 @@ from psycopg.rows import class_row
 
 from events.catalog import CompactionFailed, CompactionRecorded, MessagesCleared, SessionDeleted
 from events.envelope import Event
-from projections.sanitize import storable
 
 COMPACTION_PREFIX = "compaction_"
 Statement = tuple[str, tuple[Any, ...]]
@@ -52,13 +51,13 @@ class Overlay:
 
 
 def overlay_of(event: CompactionRecorded, seq: int) -> Overlay:
-    """The overlay a ``compaction.recorded`` event at ``seq`` records (summary made storable)."""
+    """The overlay a ``compaction.recorded`` event at ``seq`` records."""
     return Overlay(
         event.overlay_id,
         event.from_message_id,
         event.to_message_id,
         event.leaf_id,
-        storable(event.summary),
+        event.summary,
         event.tokens_before,
         event.tokens_after,
         event.summarizer,
@@ -92,7 +91,7 @@ def plan(event: Event, seq: int) -> list[Statement]:
                         seq,
                         event.leaf_id,
                         event.summarizer,
-                        storable(event.error),
+                        event.error,
                         event.attempt,
                         event.occurred_at,
                     ),

@@ -3,6 +3,8 @@
 ``rebuild_into`` replays the stream from sequence 1 through the same projection code the live
 projector runs, so a rebuild equals the live read model whenever projections are deterministic.
 ``checksums`` gives one digest per table, ordered by primary key, for row-by-row comparison.
+Events are admitted as the live projector admits them (:func:`projections.quarantine.screen`),
+so the refused ones land in the schema's ``quarantine`` table exactly as they did live.
 """
 
 from __future__ import annotations
@@ -10,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import zlib
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import psycopg
@@ -18,9 +20,9 @@ from nats.js import JetStreamContext
 
 from events import log as eventlog
 from events.envelope import Event
-from events.registry import decode
 from events.subjects import SubjectLayout
 from projections.migrate import migrate
+from projections.quarantine import Quarantined, screen
 from projections.runner import Prepared, Projection, apply_batch, prepare
 
 Horizon = Callable[[str], int]
@@ -58,24 +60,26 @@ async def apply_range(
     schema), one transaction or savepoint per batch, skipping events past their ``horizon``.
     Returns the last sequence applied."""
     last = 0
-    batch: list[tuple[int, Event]] = []
+    batch = _Pending()
 
     async def flush() -> None:
         async with conn.transaction():
-            await apply_batch(conn, checkpoint, projections, batch, notify=False)
+            await apply_batch(
+                conn, checkpoint, projections, batch.items, notify=False, refused=batch.refused, sources=batch.sources
+            )
         if progress is not None:
-            progress(batch[-1][0], to_seq)
+            progress(last, to_seq)
         batch.clear()
 
     if to_seq >= from_seq:
         async for stored in eventlog.read(js, layout, None, from_seq, to_seq):
             if horizon is not None and stored.seq > horizon(stored.subject):
                 continue
-            batch.append((stored.seq, decode(stored.data)))
+            batch.add(stored, layout)
             last = stored.seq
             if len(batch) >= batch_size:
                 await flush()
-        if batch:
+        if len(batch):
             await flush()
     return last
 
@@ -116,31 +120,41 @@ async def rebuild_into(
             await conn.execute(f'SET search_path TO "{schema}"')
             name = f"{checkpoint}.rebuild{i}"
             while (planned := await queues[i].get()) is not None:
+                batch = planned.batch
                 async with conn.transaction():
-                    await apply_batch(conn, name, projections, planned.items, notify=False, prepared=planned.plans)
-                committed[i] = planned.items[-1][0]
+                    await apply_batch(
+                        conn,
+                        name,
+                        projections,
+                        batch.items,
+                        notify=False,
+                        prepared=planned.plans,
+                        refused=batch.refused,
+                        sources=batch.sources,
+                    )
+                committed[i] = max(batch.sources)
                 if progress is not None:
                     progress(max(committed), end)
 
     async def read() -> None:
         nonlocal last
-        pending: list[list[tuple[int, Event]]] = [[] for _ in range(workers)]
+        pending = [_Pending() for _ in range(workers)]
 
         async def hand_over(i: int) -> None:
-            items, pending[i] = pending[i], []
-            await queues[i].put(_Planned(items, await prepare(projections, items)))
+            batch, pending[i] = pending[i], _Pending()
+            await queues[i].put(_Planned(batch, await prepare(projections, batch.items)))
 
         if end >= 1:
             async for stored in eventlog.read(js, layout, None, 1, end):
                 if horizon is not None and stored.seq > horizon(stored.subject):
                     continue
                 i = zlib.crc32(stored.subject.encode()) % workers
-                pending[i].append((stored.seq, decode(stored.data)))
+                pending[i].add(stored, layout)
                 last = stored.seq
                 if len(pending[i]) >= batch_size:
                     await hand_over(i)
         for i in range(workers):
-            if pending[i]:
+            if len(pending[i]):
                 await hand_over(i)
             await queues[i].put(None)
 
@@ -158,10 +172,43 @@ async def rebuild_into(
     return last
 
 
+@dataclass(slots=True)
+class _Pending:
+    """Stored events read for one batch: the admitted ones and the refused ones."""
+
+    items: list[tuple[int, Event]] = field(default_factory=list)
+    refused: list[Quarantined] = field(default_factory=list)
+    sources: dict[int, tuple[str, bytes]] = field(default_factory=dict)
+
+    def add(self, stored: eventlog.StoredEvent, layout: SubjectLayout) -> None:
+        self.sources[stored.seq] = (stored.subject, stored.data)
+        decided = screen(stored.seq, stored.subject, stored.data, layout)
+        if isinstance(decided, Quarantined):
+            self.refused.append(decided)
+        else:
+            self.items.append(decided)
+
+    def clear(self) -> None:
+        self.items, self.refused, self.sources = [], [], {}
+
+    def __len__(self) -> int:
+        return len(self.sources)
+
+
 @dataclass(frozen=True, slots=True)
 class _Planned:
-    items: list[tuple[int, Event]]
+    batch: _Pending
     plans: Prepared
+
+
+QuarantineRow = tuple[int, str, str, str, str]
+
+
+async def quarantine_rows(conn: psycopg.AsyncConnection[Any], schema: str) -> list[QuarantineRow]:
+    """``(seq, subject, reason, detail, md5 of raw)`` of every quarantined event, by sequence: what
+    a rebuild must reproduce (who recorded a row, and when, may differ)."""
+    cur = await conn.execute(f'SELECT seq, subject, reason, detail, md5(raw) FROM "{schema}".quarantine ORDER BY seq')
+    return [(int(s), str(subj), str(r), str(d), str(h)) for s, subj, r, d, h in await cur.fetchall()]
 
 
 async def checksums(conn: psycopg.AsyncConnection[Any], schema: str) -> dict[str, tuple[int, str]]:

@@ -10,6 +10,14 @@ Contract:
   consumer is re-created at ``checkpoint + 1``, so nothing is skipped after a crash.
 * One runner per checkpoint name: a Postgres advisory lock keeps a second instance waiting.
 * The commit sends ``NOTIFY chronicle_applied`` so readers waiting on a sequence wake at once.
+* Projections see only events the contract admits (:func:`events.admission.admit` on the stored
+  bytes and subject); the others, and an event a projection's database refuses for its data
+  (:data:`projections.quarantine.DATA_ERRORS`: the batch is re-applied one event at a time, each
+  in a savepoint), are recorded in ``quarantine`` in the batch's transaction, and the checkpoint
+  moves past them: one bad event never stops the projector, and a rebuild decides the same.
+* Any other failure (the database or NATS is down) re-positions after an exponential backoff
+  (``retry_base_s`` doubling up to ``retry_cap_s``, reset once a batch commits), one log line per
+  retry (the traceback only on the first of a run of failures, else at DEBUG).
 """
 
 from __future__ import annotations
@@ -30,8 +38,8 @@ from nats.js.errors import NotFoundError
 from psycopg_pool import AsyncConnectionPool
 
 from events.envelope import Event
-from events.registry import decode
 from events.subjects import SubjectLayout
+from projections.quarantine import DATA_ERRORS, Quarantined, data_error, record, screen
 
 log = logging.getLogger("chronicle.projector")
 
@@ -61,6 +69,8 @@ class Planning(Protocol):
 
 
 Prepared = Mapping[str, Sequence[Any]]
+Sources = Mapping[int, tuple[str, bytes]]
+"""For a sequence: the subject and raw bytes it is stored as (what a data error quarantines)."""
 
 
 async def prepare(projections: Sequence[Projection], items: Sequence[tuple[int, Event]]) -> dict[str, list[Any]]:
@@ -73,7 +83,13 @@ class RunnerStats:
     applied: int = 0
     batches: int = 0
     skipped: int = 0
+    quarantined: int = 0
     last_seq: int = 0
+
+
+def retry_delay(failures: int, base_s: float, cap_s: float) -> float:
+    """The wait before retry number ``failures`` (1, 2, ...): ``base_s`` doubling, at most ``cap_s``."""
+    return float(min(cap_s, base_s * 2 ** min(max(failures - 1, 0), 32)))
 
 
 async def read_checkpoint(conn: psycopg.AsyncConnection[Any], name: str) -> int:
@@ -90,6 +106,9 @@ async def apply_batch(
     *,
     notify: bool = True,
     prepared: Prepared | None = None,
+    refused: Sequence[Quarantined] = (),
+    sources: Sources | None = None,
+    quarantined: list[Quarantined] | None = None,
 ) -> int:
     """Apply ``items`` past the checkpoint and advance it, in the caller's open transaction.
 
@@ -98,6 +117,12 @@ async def apply_batch(
     sequence once, whatever order they came in (redeliveries may mix older ones in). Returns how
     many items were applied. Several names (one per partition a worker consumes) all move
     together, never backwards; the lowest decides what is fresh.
+
+    ``refused`` are the batch's events the contract refused: those past the checkpoint are
+    recorded in ``quarantine`` and the checkpoint moves past them. The projections run in a
+    savepoint; when one raises a data error the items are applied again one at a time, each in
+    its own savepoint, and the ones that fail are quarantined as ``data_error`` (with their
+    ``sources``' subject and bytes). ``quarantined``, when given, receives what this call recorded.
     """
     names = sorted({name} if isinstance(name, str) else set(name))  # one lock order for every worker
     cur = await conn.execute(  # creates the rows if needed and locks them until the commit
@@ -110,23 +135,69 @@ async def apply_batch(
     for i, (seq, _) in enumerate(items):
         if seq > checkpoint:
             order.setdefault(seq, i)
-    if not order:
+    late = list({q.seq: q for q in refused if q.seq > checkpoint}.values())
+    if not order and not late:
         return 0
     picked = [order[seq] for seq in sorted(order)]
-    fresh = [items[i] for i in picked]
-    for projection in projections:
-        plans = prepared.get(projection.name) if prepared is not None else None
-        if plans is not None and isinstance(projection, Planning):
-            await projection.apply_prepared(conn, [plans[i] for i in picked])
-        else:
-            await projection.apply(conn, fresh)
-    top = fresh[-1][0]
+    failed: list[Quarantined] = []
+    if picked:
+        try:
+            async with conn.transaction():  # a savepoint: a data error rolls back to here only
+                await _apply(conn, projections, items, picked, prepared)
+        except DATA_ERRORS:
+            failed = await _apply_each(conn, projections, items, picked, prepared, sources or {})
+    if late or failed:
+        await record(conn, names[0], [*late, *failed], announce=notify)
+        if quarantined is not None:
+            quarantined.extend([*late, *failed])
+    top = max([items[picked[-1]][0] if picked else 0, *(q.seq for q in late)])
     await conn.execute(
         "WITH moved AS (UPDATE checkpoints SET seq = GREATEST(seq, %s), updated_at = now() WHERE name = ANY(%s) "
         "RETURNING seq) SELECT pg_notify(%s, %s) FROM (SELECT 1 FROM moved LIMIT 1) one WHERE %s",
         (top, names, NOTIFY_CHANNEL, f"{names[0]}:{top}", notify),
     )
-    return len(fresh)
+    return len(picked) - len(failed)
+
+
+async def _apply(
+    conn: psycopg.AsyncConnection[Any],
+    projections: Sequence[Projection],
+    items: Sequence[tuple[int, Event]],
+    picked: Sequence[int],
+    prepared: Prepared | None,
+) -> None:
+    """Every projection applies the ``picked`` items (indexes into ``items``, in stream order)."""
+    for projection in projections:
+        plans = prepared.get(projection.name) if prepared is not None else None
+        if plans is not None and isinstance(projection, Planning):
+            await projection.apply_prepared(conn, [plans[i] for i in picked])
+        else:
+            await projection.apply(conn, [items[i] for i in picked])
+
+
+async def _apply_each(
+    conn: psycopg.AsyncConnection[Any],
+    projections: Sequence[Projection],
+    items: Sequence[tuple[int, Event]],
+    picked: Sequence[int],
+    prepared: Prepared | None,
+    sources: Sources,
+) -> list[Quarantined]:
+    """Apply the ``picked`` items one at a time, each in a savepoint; the ones a projection's
+    database refuses for their data are rolled back and returned as quarantine items."""
+    failed: list[Quarantined] = []
+    for i in picked:
+        seq, event = items[i]
+        current = "?"
+        try:
+            async with conn.transaction():
+                for projection in projections:
+                    current = projection.name
+                    await _apply(conn, [projection], items, [i], prepared)
+        except DATA_ERRORS as exc:
+            subject, raw = sources.get(seq) or ("", event.to_json())
+            failed.append(data_error(seq, subject, raw, current, exc))
+    return failed
 
 
 @dataclass
@@ -150,8 +221,11 @@ class ProjectorRunner:
     batch_size: int = 1000
     idle_timeout_s: float = 1.0
     prefetch: int = 2
+    retry_base_s: float = 0.1
+    retry_cap_s: float = 30.0
     on_batch: Callable[[int, int], None] | None = None
     stats: RunnerStats = field(default_factory=RunnerStats)
+    _failures: int = field(default=0, init=False, repr=False)  # in a row; a committed batch resets it
 
     @property
     def durable(self) -> str:
@@ -162,21 +236,33 @@ class ProjectorRunner:
         return sorted(self.checkpoints) if self.checkpoints else [self.name]
 
     async def run(self, stop: asyncio.Event) -> None:
-        """Consume until ``stop`` is set; failures re-position from the checkpoint with backoff."""
-        async with await psycopg.AsyncConnection.connect(self.conninfo, autocommit=True) as lock_conn:
-            await self._hold_lock(lock_conn, stop)
-            backoff = 0.1
-            while not stop.is_set():
-                try:
-                    sub = await self._position()
-                    backoff = 0.1
-                    await self._consume(sub, stop)
-                except asyncio.CancelledError:
-                    raise
-                except Exception:
-                    log.exception("projector %s failed; re-positioning from its checkpoint", self.name)
-                    await _sleep_or_stop(stop, backoff)
-                    backoff = min(backoff * 2, 5.0)
+        """Consume until ``stop`` is set; failures re-position from the checkpoint with backoff.
+
+        The advisory lock's connection is opened again after every failure (a database restart
+        ends it, and with it the lock), so the runner never consumes without holding its lock.
+        """
+        while not stop.is_set():
+            try:
+                async with await psycopg.AsyncConnection.connect(self.conninfo, autocommit=True) as lock_conn:
+                    await self._hold_lock(lock_conn, stop)
+                    while not stop.is_set():
+                        await self._consume(await self._position(), stop)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                self._failures += 1
+                delay = retry_delay(self._failures, self.retry_base_s, self.retry_cap_s)
+                log.warning(
+                    "projector %s failed (%s: %s); retry %d in %.1fs from its checkpoint",
+                    self.name,
+                    type(exc).__name__,
+                    _first_line(exc),
+                    self._failures,
+                    delay,
+                    exc_info=self._failures == 1,
+                )
+                log.debug("projector %s failure", self.name, exc_info=True)
+                await _sleep_or_stop(stop, delay)
 
     async def _hold_lock(self, conn: psycopg.AsyncConnection[Any], stop: asyncio.Event) -> None:
         """One advisory lock per checkpoint: two workers never own the same partition."""
@@ -285,17 +371,28 @@ class ProjectorRunner:
         await queue.put(None)
 
     async def _prepare(self, msgs: list[Msg]) -> _Batch:
-        """Decode and plan in slices, yielding between them, so a commit that has finished is
-        acknowledged and the next one started without waiting for the whole batch's Python."""
+        """Admit, decode and plan in slices, yielding between them, so a commit that has finished
+        is acknowledged and the next one started without waiting for the whole batch's Python.
+        What the contract refuses becomes a quarantine item, never an exception."""
         items: list[tuple[int, Event]] = []
+        refused: list[Quarantined] = []
+        sources: dict[int, tuple[str, bytes]] = {}
         prepared: dict[str, list[Any]] = {}
         for start in range(0, len(msgs), PREPARE_SLICE):
-            part = [(m.metadata.sequence.stream, decode(m.data)) for m in msgs[start : start + PREPARE_SLICE]]
+            part: list[tuple[int, Event]] = []
+            for m in msgs[start : start + PREPARE_SLICE]:
+                seq = m.metadata.sequence.stream
+                sources[seq] = (m.subject, m.data)
+                decided = screen(seq, m.subject, m.data, self.layout)
+                if isinstance(decided, Quarantined):
+                    refused.append(decided)
+                else:
+                    part.append(decided)
             items.extend(part)
             for name, plans in (await prepare(self.projections, part)).items():
                 prepared.setdefault(name, []).extend(plans)
             await asyncio.sleep(0)
-        return _Batch(msgs[-1], items, prepared)
+        return _Batch(msgs[-1], max(sources), items, prepared, refused, sources)
 
     async def _fetch(self, sub: JetStreamContext.PullSubscription) -> list[Msg]:
         """Up to ``batch_size`` messages: wait for the first, then take what is already pending."""
@@ -315,25 +412,44 @@ class ProjectorRunner:
 
     async def _commit(self, batch: _Batch) -> None:
         items = batch.items
+        quarantined: list[Quarantined] = []
         async with self.pool.connection() as conn, conn.transaction():
-            applied = await apply_batch(conn, self.checkpoint_names, self.projections, items, prepared=batch.prepared)
+            applied = await apply_batch(
+                conn,
+                self.checkpoint_names,
+                self.projections,
+                items,
+                prepared=batch.prepared,
+                refused=batch.refused,
+                sources=batch.sources,
+                quarantined=quarantined,
+            )
         await batch.last.ack()
+        self._failures = 0
         self.stats.batches += 1
         self.stats.applied += applied
-        self.stats.skipped += len(items) - applied
-        top = max(seq for seq, _ in items)  # redeliveries may have mixed older ones in
-        self.stats.last_seq = max(self.stats.last_seq, top)
+        self.stats.quarantined += len(quarantined)
+        self.stats.skipped += len(batch.sources) - applied - len(quarantined)
+        self.stats.last_seq = max(self.stats.last_seq, batch.top)  # redeliveries may have mixed older ones in
         if self.on_batch is not None:
-            self.on_batch(applied, top)
+            self.on_batch(applied, batch.top)
 
 
 @dataclass(frozen=True, slots=True)
 class _Batch:
-    """Fetched messages, decoded and planned, waiting for their transaction."""
+    """Fetched messages, admitted, decoded and planned, waiting for their transaction."""
 
     last: Msg
+    top: int  # the highest sequence fetched
     items: list[tuple[int, Event]]
     prepared: Prepared
+    refused: list[Quarantined]
+    sources: Sources
+
+
+def _first_line(exc: BaseException) -> str:
+    lines = str(exc).strip().splitlines()
+    return lines[0][:300] if lines else ""
 
 
 async def _sleep_or_stop(stop: asyncio.Event, seconds: float) -> None:

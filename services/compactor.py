@@ -23,6 +23,7 @@ import psycopg
 from psycopg_pool import AsyncConnectionPool
 
 from events import log as eventlog
+from events.admission import Refused, admit, scrub
 from events.catalog import (
     CompactionFailed,
     CompactionRecorded,
@@ -33,7 +34,6 @@ from events.catalog import (
 )
 from events.context import CompactionConfig
 from events.publisher import ConcurrencyConflict, Published, Publisher
-from events.registry import decode
 from projections import context_queries as cq
 from projections import queries
 from projections.overlays import Overlay, apply_overlays, overlays
@@ -148,7 +148,7 @@ class CompactionService:
             tokens_after=after,
             summarizer=self.summarizer.name,
             model=self.summarizer.model,
-            summary=summary,
+            summary=scrub(summary),
         )
         covered_ids = {str(m.get("id")) for m in covered}
         published = await self._publish_unless_changed(event, last, covered_ids)
@@ -179,8 +179,11 @@ class CompactionService:
             except ConcurrencyConflict:
                 pass
             async for stored in eventlog.read(self._pub.js, self._pub.layout, subject, expected + 1):
-                newer = decode(stored.data)
                 expected = stored.seq
+                try:
+                    newer = admit(stored.data, stored.subject, self._pub.layout)
+                except Refused:
+                    continue  # quarantined: no projection applies it, so it changes nothing here
                 match newer:
                     case CompactionRecorded() if newer.overlay_id == event.overlay_id:
                         return Published(seq=stored.seq, duplicate=True)
@@ -206,7 +209,7 @@ class CompactionService:
                     session=session,
                     leaf_id=leaf,
                     summarizer=self.summarizer.name,
-                    error=f"{type(exc).__name__}: {exc}"[:2000],
+                    error=scrub(f"{type(exc).__name__}: {exc}"[:2000]),
                     attempt=attempt,
                 )
             )

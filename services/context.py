@@ -14,6 +14,7 @@ from typing import Any, Literal
 import psycopg
 from psycopg_pool import AsyncConnectionPool
 
+from events.admission import has_bad_chars
 from events.catalog import (
     ContextWritten,
     PromptRendered,
@@ -28,7 +29,6 @@ from events.ids import TENANT_SCOPE
 from events.publisher import Publisher
 from projections import context_queries as cq
 from projections import queries
-from projections.sanitize import has_nul
 from services.conditional import Conditional, Decision
 from services.errors import (
     BlockNotFound,
@@ -413,8 +413,8 @@ class ContextService:
                 return f'Error: tool "{name}" is not available in this session'
             if not isinstance(args, dict):
                 return "Error: tool arguments must be a JSON object"
-            if has_nul(args):
-                return "Error: tool arguments must not contain NUL characters"
+            if has_bad_chars(args):
+                return "Error: tool arguments must not contain NUL characters or lone surrogates"
             return await self._dispatch(tenant, session, name, args, tool_call_id)
         except ChronicleError as exc:
             return f"Error: {exc.detail}"

@@ -5,7 +5,7 @@ from typing import Annotated
 from fastapi import Depends, Query, Request
 
 from events import ids
-from projections.sanitize import has_nul
+from events.admission import has_bad_chars
 from services.bootstrap import Container
 from services.errors import InvalidId, InvalidRequest, Unauthorized
 from services.settings import hash_key
@@ -60,6 +60,7 @@ async def caught_up(c: Container, tenant: str, sid: str, min_seq: int | None) ->
 
 
 def no_nul(value: object, what: str) -> None:
-    """Postgres cannot store NUL characters: refuse them at the edge (nothing is written)."""
-    if has_nul(value):
-        raise InvalidRequest(f"{what} must not contain NUL characters")
+    """Postgres cannot store NUL characters (nor lone surrogates), and the event contract refuses
+    both: refuse them at the edge (nothing is written)."""
+    if has_bad_chars(value):
+        raise InvalidRequest(f"{what} must not contain NUL characters or lone surrogates")

@@ -1,13 +1,20 @@
-"""NUL characters cannot be stored by Postgres: refused at the edge, harmless in the log."""
+"""NUL characters cannot be stored by Postgres: refused at the edge and by the event contract;
+an event holding one that reaches the log anyway is quarantined, never applied."""
 
 from __future__ import annotations
 
 import uuid
 
 import httpx
+import nats
+import psycopg
+import pytest
 
+from events.admission import Refused
 from events.catalog import MessageAppended
 from events.messages import body_hash
+from events.publisher import Publisher
+from services.settings import Settings
 
 
 def sid() -> str:
@@ -31,32 +38,36 @@ async def test_nul_is_refused_everywhere(client: httpx.AsyncClient) -> None:
     assert len(events) == 1  # only the good append was recorded
 
 
-async def test_a_nul_event_from_another_publisher_does_not_stop_the_projector(
-    client: httpx.AsyncClient, api_settings: object
+async def test_a_nul_event_is_refused_by_the_publisher_and_quarantined_when_published_raw(
+    client: httpx.AsyncClient, api_settings: Settings
 ) -> None:
-    import nats
-
-    from events.publisher import Publisher
-
     s = sid()
     body = {"id": "m1", "role": "us\u0000er", "parts": [{"type": "text", "text": "a\u0000b"}]}
-    nc = await nats.connect(api_settings.nats_url)  # type: ignore[attr-defined]
+    ev = MessageAppended(
+        tenant="tenant-a",
+        session=s,
+        message_id="m1",
+        parent_id=None,
+        role=body["role"],
+        body_sha256=body_hash(body),
+        message=body,
+    )
+    nc = await nats.connect(api_settings.nats_url)
     try:
-        pub = Publisher(nc.jetstream(), api_settings.layout())  # type: ignore[attr-defined]
-        ev = MessageAppended(
-            tenant="tenant-a",
-            session=s,
-            message_id="m1",
-            parent_id=None,
-            role=body["role"],
-            body_sha256=body_hash(body),
-            message=body,
-        )
-        seq = (await pub.publish(ev)).seq
+        pub = Publisher(nc.jetstream(), api_settings.layout())
+        with pytest.raises(Refused) as refused:
+            await pub.publish(ev)
+        assert refused.value.reason == "invalid"
+        # a publisher that bypasses the contract: stored, then quarantined by the projector
+        ack = await nc.jetstream().publish(pub.subject_of(ev), ev.to_json(), stream=api_settings.stream)
     finally:
         await nc.close()
-    h = await client.get(f"/v1/sessions/{s}/history", params={"min_seq": seq})
-    assert h.status_code == 200
-    assert [m["id"] for m in h.json()["messages"]] == ["m1"]
-    r = await client.post(f"/v1/sessions/{sid()}/messages", json={"message": {"id": "x", "role": "user", "parts": []}})
-    assert r.status_code == 201  # the projector kept going
+    other = sid()
+    r = await client.post(f"/v1/sessions/{other}/messages", json={"message": {"id": "x", "role": "user", "parts": []}})
+    assert r.status_code == 201  # the projector kept going past the bad event
+    h = await client.get(f"/v1/sessions/{other}/history", params={"min_seq": r.json()["seq"]})
+    assert [m["id"] for m in h.json()["messages"]] == ["x"]
+    assert r.json()["seq"] > ack.seq
+    async with await psycopg.AsyncConnection.connect(api_settings.database_url) as conn:
+        cur = await conn.execute("SELECT reason FROM quarantine WHERE seq = %s", (ack.seq,))
+        assert await cur.fetchone() == ("invalid",)

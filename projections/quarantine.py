@@ -1,0 +1,98 @@
+"""Quarantine: stored events no projection applies, recorded instead of stopping a projector.
+
+Pure core: :func:`screen` decides, for one stored event, the admitted event or the quarantine
+item (the same bytes and subject always decide the same). Thin shell: :func:`record` writes items
+inside the caller's transaction, the one that moves the checkpoint past them.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import psycopg
+
+from events.admission import Reason, Refused, admit
+from events.envelope import Event
+from events.subjects import SubjectLayout
+
+log = logging.getLogger("chronicle.quarantine")
+
+MAX_DETAIL = 500
+
+DATA_ERRORS: tuple[type[Exception], ...] = (
+    psycopg.errors.DataError,  # SQLSTATE class 22: a value the column cannot hold
+    psycopg.errors.IntegrityError,  # class 23: a constraint the rows would break
+    psycopg.errors.ProgramLimitExceeded,  # 54000: e.g. a text too long for a tsvector
+)
+"""What a projection raises for an event's data (decided by the data, so the same on a rebuild),
+as opposed to a failure of the database itself (retried, never quarantined)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Quarantined:
+    """One stored event that no projection applies, and why."""
+
+    seq: int
+    subject: str
+    reason: Reason
+    detail: str
+    raw: bytes
+
+
+def storable_text(value: str, limit: int = MAX_DETAIL) -> str:
+    """``value`` as Postgres ``text`` can hold it: NUL and lone surrogates escaped, bounded."""
+    text = value.encode("utf-8", "backslashreplace").decode("utf-8").replace("\x00", "\\x00")
+    return text[:limit]
+
+
+def screen(seq: int, subject: str, data: bytes, layout: SubjectLayout) -> tuple[int, Event] | Quarantined:
+    """The admitted ``(seq, event)``, or the quarantine item the contract's refusal makes."""
+    try:
+        return seq, admit(data, subject, layout)
+    except Refused as exc:
+        return Quarantined(seq, subject, exc.reason, exc.detail, data)
+
+
+def data_error(seq: int, subject: str, data: bytes, projection: str, exc: Exception) -> Quarantined:
+    """The quarantine item of an admitted event that ``projection``'s database refused."""
+    state = getattr(exc, "sqlstate", None) or "client"
+    detail = f"{projection}: {type(exc).__name__} [{state}]: {str(exc).strip()}"
+    return Quarantined(seq, subject, "data_error", detail, data)
+
+
+_INSERT = (
+    "INSERT INTO quarantine (seq, subject, reason, detail, raw, consumer) "
+    "SELECT * FROM unnest(%s::bigint[], %s::text[], %s::text[], %s::text[], %s::bytea[], %s::text[]) "
+    "ON CONFLICT (seq) DO NOTHING RETURNING seq"
+)
+
+
+async def record(
+    conn: psycopg.AsyncConnection[Any], consumer: str, items: Sequence[Quarantined], *, announce: bool = True
+) -> int:
+    """Record ``items`` (a sequence already recorded, by any consumer, is left as it is); returns
+    how many rows are new. ``announce`` logs one warning per new row (live projectors)."""
+    if not items:
+        return 0
+    cur = await conn.execute(
+        _INSERT,
+        (
+            [q.seq for q in items],
+            [storable_text(q.subject) for q in items],
+            [q.reason for q in items],
+            [storable_text(q.detail) for q in items],
+            [q.raw for q in items],
+            [consumer] * len(items),
+        ),
+    )
+    new = {int(row[0]) for row in await cur.fetchall()}
+    if announce:
+        for q in items:
+            if q.seq in new:
+                log.warning(
+                    "quarantined event %d on %s (%s): %s", q.seq, storable_text(q.subject, 200), q.reason, q.detail
+                )
+    return len(new)
