@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import time
 from collections.abc import AsyncIterator, Callable
@@ -11,17 +12,19 @@ from typing import Any
 import psycopg
 
 from events import log as eventlog
+from events.admission import Refused, admit
 from events.bodies import unpack_body
 from events.catalog import MessageBodyEvent, SkillRemoved
 from events.ids import TENANT_SCOPE
-from events.registry import decode
-from events.subjects import partition_of
+from events.subjects import SubjectLayout
 from projections import context_queries as cq
 from projections import queries
-from projections.rebuild import TABLES, Horizon, apply_range, checksums, rebuild_into
+from projections.quarantine import storable_text
+from projections.rebuild import TABLES, Horizon, apply_range, checksums, quarantine_rows, rebuild_into
 from projections.timetravel import SessionState
 from services.bootstrap import Container, checkpoint_partition
 from services.context import object_key
+from services.quarantine import raw_text
 from services.skills_store import StoredObject
 
 PROJECTION_TABLES: dict[str, tuple[str, ...]] = {
@@ -49,17 +52,48 @@ async def session_events(
 
 
 async def session_as_of(c: Container, tenant: str, session: str, as_of_seq: int) -> SessionState:
-    """The session's messages as they were right after stream sequence ``as_of_seq``."""
+    """The session's messages as they were right after stream sequence ``as_of_seq``; events the
+    contract refuses are skipped, as the projector quarantines them."""
     state = SessionState()
     async for stored in session_events(c, tenant, session, 1, as_of_seq):
-        event = decode(stored.data)
+        try:
+            event = admit(stored.data, stored.subject, c.layout)
+        except Refused:
+            continue
         body = await unpack_body(event, c.blobs) if isinstance(event, MessageBodyEvent) else None
         state.apply(stored.seq, event, body)
     return state
 
 
-def format_table_row(stored: eventlog.StoredEvent) -> str:
-    raw: dict[str, Any] = json.loads(stored.data)
+def replay_record(stored: eventlog.StoredEvent, layout: SubjectLayout) -> dict[str, Any]:
+    """One replayed event as JSON: ``{"seq", "event"}``, or for an event the contract refuses
+    ``{"seq", "subject", "refused": {"reason", "detail"}, "raw": {"text"|"base64": ...}}``."""
+    try:
+        admit(stored.data, stored.subject, layout)
+    except Refused as exc:
+        refused = {"reason": exc.reason, "detail": exc.detail}
+        return {"seq": stored.seq, "subject": stored.subject, "refused": refused, "raw": raw_text(stored.data)}
+    return {"seq": stored.seq, "event": json.loads(stored.data)}
+
+
+def event_line(stored: eventlog.StoredEvent, layout: SubjectLayout) -> bytes:
+    """One NDJSON line of ``GET /v1/sessions/{id}/events``: the stored bytes as they are when the
+    contract admits them (always a JSON object then), else the refusal (never the raw bytes,
+    which may not be JSON at all)."""
+    try:
+        admit(stored.data, stored.subject, layout)
+    except Refused as exc:
+        refused = {"reason": exc.reason, "detail": storable_text(exc.detail)}
+        return json.dumps({"seq": stored.seq, "refused": refused}).encode() + b"\n"
+    return b'{"seq": %d, "event": ' % stored.seq + stored.data + b"}\n"
+
+
+def format_table_row(stored: eventlog.StoredEvent, layout: SubjectLayout) -> str:
+    record = replay_record(stored, layout)
+    if "refused" in record:
+        refused = record["refused"]
+        return f"{stored.seq:>8}  {'':<32}  {'REFUSED':<18}  {refused['reason']}: {refused['detail']}"[:200]
+    raw: dict[str, Any] = record["event"]
     detail = {k: v for k, v in raw.items() if k not in {"id", "type", "version", "tenant", "session", "occurred_at"}}
     for key in ("message",):
         if isinstance(detail.get(key), dict):
@@ -90,9 +124,11 @@ def live_horizon(c: Container, checkpoints: dict[str, int]) -> tuple[Horizon, in
     layout = c.layout
 
     def horizon(subject: str) -> int:
-        tenant, session = layout.parse(subject)
-        # a partition not yet reported by its worker is where the single projector left it
-        return parts.get(partition_of(tenant, session, layout.partitions), whole)
+        # the partition whose worker received it: the subject's own token (an event on a subject
+        # no partition's filter matches was only ever seen by the single projector); a partition
+        # not yet reported by its worker is where the single projector left it
+        part = layout.partition_token(subject)
+        return whole if part is None else parts.get(part, whole)
 
     return horizon, max([*parts.values(), whole])
 
@@ -179,7 +215,15 @@ async def verify(c: Container, *, limit: int = 5, progress: Callable[[int, int],
             live = await checksums(live_conn, "public")
             async with await psycopg.AsyncConnection.connect(c.settings.database_url, autocommit=True) as sh:
                 rebuilt = await checksums(sh, shadow)
+                # the live table also holds what consumers past the horizon (the compactor) met
+                live_q = [r for r in await quarantine_rows(live_conn, "public") if r[0] <= horizon(r[1])]
+                rebuilt_q = await quarantine_rows(sh, shadow)
+                live["quarantine"], rebuilt["quarantine"] = _digest(live_q), _digest(rebuilt_q)
                 report = VerifyReport(at, live, rebuilt)
+                if live_q != rebuilt_q:
+                    diffs = [f"live:    {r}" for r in live_q if r not in rebuilt_q]
+                    diffs += [f"rebuilt: {r}" for r in rebuilt_q if r not in live_q]
+                    report.differences["quarantine"] = diffs[:limit]
                 for table in TABLES:
                     if live[table] == rebuilt[table]:
                         continue
@@ -190,6 +234,10 @@ async def verify(c: Container, *, limit: int = 5, progress: Callable[[int, int],
                     report.differences[table] = diffs[:limit]
                 await sh.execute(f'DROP SCHEMA "{shadow}" CASCADE')
     return report
+
+
+def _digest(rows: list[tuple[Any, ...]]) -> tuple[int, str]:
+    return len(rows), hashlib.md5(repr(rows).encode(), usedforsecurity=False).hexdigest()
 
 
 # -- skills index -------------------------------------------------------------------------

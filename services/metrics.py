@@ -1,14 +1,19 @@
-"""Prometheus metrics and readiness: events published, applied (checkpoints), projection lag."""
+"""Prometheus metrics and readiness: events published, applied (checkpoints), projection lag,
+quarantined events; readiness that tells the truth (:func:`assess` is its pure core)."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
+from nats.js.errors import NotFoundError
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from events import log as eventlog
-from projections import queries
-from services.bootstrap import Container
+from services import quarantine
+from services.bootstrap import Container, checkpoint_partition
 
 REGISTRY = CollectorRegistry()
 PUBLISHED = Counter("chronicle_events_published_total", "Events published by this API", ["type"], registry=REGISTRY)
@@ -23,37 +28,132 @@ COMPACTION_FAILURES = Gauge(
 LAG = Gauge(
     "chronicle_projection_lag", "Events in the stream not yet applied, per projector", ["projector"], registry=REGISTRY
 )
+QUARANTINED = Counter(
+    "chronicle_quarantined_events",
+    "Stored events no projection applies (the quarantine table), by reason",
+    ["reason"],
+    registry=REGISTRY,
+)
+_counted: dict[str, int] = {}  # what QUARANTINED already holds, per reason (the table only grows)
+
+READINESS_STALL_S = 60.0
+READINESS_MAX_LAG = 100_000
 
 
 def published(event_type: str) -> None:
     PUBLISHED.labels(event_type).inc()
 
 
-async def refresh(c: Container) -> dict[str, int]:
+def count_quarantined(by_reason: Mapping[str, int]) -> None:
+    """Bring the counter up to the table's counts (a counter never goes down)."""
+    for reason, n in by_reason.items():
+        delta = n - _counted.get(reason, 0)
+        if delta > 0:
+            QUARANTINED.labels(reason).inc(delta)
+            _counted[reason] = n
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    """What readiness and the metrics are computed from, read once."""
+
+    last_seq: int
+    checkpoints: dict[str, tuple[int, datetime]]  # name -> (seq, updated_at)
+    now: datetime
+    quarantined: dict[str, int]
+
+
+async def snapshot(c: Container) -> Snapshot:
     last = await eventlog.last_seq(c.js, c.layout)
     async with c.pool.connection() as cx:
-        points = await queries.checkpoints(cx)
+        cur = await cx.execute("SELECT name, seq, updated_at FROM checkpoints")
+        rows = await cur.fetchall()
         cur = await cx.execute("SELECT (SELECT count(*) FROM overlays), (SELECT count(*) FROM compaction_failures)")
         row = await cur.fetchone()
+        by_reason = await quarantine.counts(cx)
+        cur = await cx.execute("SELECT now()")
+        now_row = await cur.fetchone()
     if row is not None:
         OVERLAYS.set(row[0])
         COMPACTION_FAILURES.set(row[1])
-    STREAM_LAST.set(last)
+    assert now_row is not None
+    return Snapshot(last, {str(n): (int(s), at) for n, s, at in rows}, now_row[0], by_reason)
+
+
+async def refresh(c: Container) -> dict[str, int]:
+    return _export(await snapshot(c))
+
+
+def _export(snap: Snapshot) -> dict[str, int]:
+    STREAM_LAST.set(snap.last_seq)
+    count_quarantined(snap.quarantined)
     lags: dict[str, int] = {}
-    for name, seq in points.items():
+    for name, (seq, _) in snap.checkpoints.items():
         APPLIED.labels(name).set(seq)
-        lags[name] = max(0, last - seq)
+        lags[name] = max(0, snap.last_seq - seq)
         LAG.labels(name).set(lags[name])
     return lags
 
 
+def projector_checkpoints(
+    checkpoints: Mapping[str, tuple[int, datetime]], projector: str, partitions: int
+) -> dict[str, tuple[int, datetime]]:
+    """The checkpoints that serve reads now: every partition's when all report, else the single
+    projector's (with the partitions' that report), as the read-your-writes waiter counts them."""
+    parts = {n: v for n, v in checkpoints.items() if checkpoint_partition(projector, n) is not None}
+    if len(parts) == partitions or projector not in checkpoints:
+        return parts
+    return {projector: checkpoints[projector], **parts}
+
+
+def assess(
+    snap: Snapshot, projector: str, partitions: int, *, stall_s: float, max_lag: int
+) -> tuple[list[str], int | None]:
+    """Why the projection is not ready (empty: it is), and its lag (the stream's last sequence
+    minus the lowest projector checkpoint; None before any projector has run, which is not a
+    reason: nothing can be said yet). A consumer has stalled when events wait past its checkpoint
+    and it has not moved for ``stall_s`` seconds. Quarantined events are never a reason."""
+    points = projector_checkpoints(snap.checkpoints, projector, partitions)
+    if not points:
+        return [], None
+    reasons: list[str] = []
+    for name, (seq, at) in sorted(points.items()):
+        idle = (snap.now - at).total_seconds()
+        if seq < snap.last_seq and idle > stall_s:
+            reasons.append(
+                f"consumer {name} has not advanced for {idle:.0f}s with {snap.last_seq - seq} events waiting"
+            )
+    lag = max(0, snap.last_seq - min(seq for seq, _ in points.values()))
+    if lag > max_lag:
+        reasons.append(f"projection lag {lag} is past the threshold {max_lag}")
+    return reasons, lag
+
+
 async def readiness(c: Container) -> dict[str, Any]:
-    out: dict[str, Any] = {"nats": False, "postgres": False, "lag": None}
+    """``ready`` is false, with ``reasons``, when NATS or Postgres does not answer, the stream is
+    missing, a projector consumer has stalled while events wait, or the lag passes the threshold.
+    ``quarantined`` (counts by reason) is reported and never makes it unready."""
+    out: dict[str, Any] = {"nats": False, "postgres": False, "stream": False, "lag": None, "quarantined": {}}
+    reasons: list[str] = []
     try:
-        out["lag"] = await refresh(c)
+        snap = await snapshot(c)
+        out["lag"] = _export(snap)
         out["nats"] = c.nc.is_connected
-        out["postgres"] = True
+        out["postgres"] = out["stream"] = True
+        out["quarantined"] = snap.quarantined
+        s = c.settings
+        stall_s = float(getattr(s, "readiness_stall_s", READINESS_STALL_S))
+        max_lag = int(getattr(s, "readiness_max_lag", READINESS_MAX_LAG))
+        found, out["projection_lag"] = assess(snap, s.projector_name, s.partitions, stall_s=stall_s, max_lag=max_lag)
+        reasons.extend(found)
+    except NotFoundError:
+        out["nats"] = c.nc.is_connected
+        reasons.append(f"stream {c.layout.stream} is missing")
     except Exception as exc:  # readiness reports, it does not raise
         out["error"] = f"{type(exc).__name__}: {exc}"
-    out["ready"] = bool(out["nats"] and out["postgres"])
+        reasons.append(out["error"])
+    if not out["nats"] and out["stream"]:
+        reasons.append("NATS is not connected")
+    out["reasons"] = reasons
+    out["ready"] = not reasons
     return out

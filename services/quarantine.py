@@ -1,0 +1,118 @@
+"""Quarantined events for operators: list, show one, counts by reason; ``chronicle quarantine``.
+
+Reads only Postgres (the ``quarantine`` table the projectors write), so it answers while NATS is
+down. The tenant of an entry is read from its subject, the authority (``None`` when the subject
+is not a session subject of this layout).
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import json
+from dataclasses import asdict, dataclass
+from datetime import datetime
+from typing import Any
+
+import psycopg
+
+from events.ids import check_tenant, encode_token
+from events.subjects import SubjectLayout
+from services.settings import Settings
+
+DEFAULT_LIMIT = 50
+
+
+@dataclass(frozen=True, slots=True)
+class Entry:
+    seq: int
+    subject: str
+    tenant: str | None
+    session: str | None
+    reason: str
+    detail: str
+    consumer: str
+    recorded_at: datetime
+    size: int
+
+
+def raw_text(data: bytes) -> dict[str, str]:
+    """Raw bytes for people: ``{"text": ...}`` when UTF-8, else ``{"base64": ...}``."""
+    try:
+        return {"text": data.decode("utf-8")}
+    except UnicodeDecodeError:
+        return {"base64": base64.b64encode(data).decode("ascii")}
+
+
+def _entry(layout: SubjectLayout, row: tuple[Any, ...]) -> Entry:
+    seq, subject, reason, detail, consumer, recorded_at, size = row
+    tenant: str | None
+    session: str | None
+    try:
+        tenant, session = layout.parse(subject)
+    except ValueError:
+        tenant = session = None
+    return Entry(int(seq), subject, tenant, session, reason, detail, consumer, recorded_at, int(size))
+
+
+_COLUMNS = "seq, subject, reason, detail, consumer, recorded_at, length(raw)"
+
+
+async def list_quarantined(
+    conn: psycopg.AsyncConnection[Any], layout: SubjectLayout, *, tenant: str | None = None, limit: int = DEFAULT_LIMIT
+) -> list[Entry]:
+    """The newest ``limit`` quarantined events, newest first; ``tenant``: only those stored under
+    that tenant's subjects."""
+    head = f"{layout.prefix}.{encode_token(check_tenant(tenant))}." if tenant is not None else ""
+    cur = await conn.execute(
+        f"SELECT {_COLUMNS} FROM quarantine WHERE starts_with(subject, %s) ORDER BY seq DESC LIMIT %s",
+        (head, max(0, limit)),
+    )
+    return [_entry(layout, row) for row in await cur.fetchall()]
+
+
+async def show(conn: psycopg.AsyncConnection[Any], layout: SubjectLayout, seq: int) -> dict[str, Any] | None:
+    """One quarantined event with its raw bytes (as text when UTF-8, else base64); None if the
+    sequence is not quarantined."""
+    cur = await conn.execute(f"SELECT {_COLUMNS}, raw FROM quarantine WHERE seq = %s", (seq,))
+    row = await cur.fetchone()
+    if row is None:
+        return None
+    out = asdict(_entry(layout, row[:-1]))
+    out["recorded_at"] = out["recorded_at"].isoformat()
+    out["raw"] = raw_text(bytes(row[-1]))
+    return out
+
+
+async def counts(conn: psycopg.AsyncConnection[Any]) -> dict[str, int]:
+    """How many events are quarantined, by reason."""
+    cur = await conn.execute("SELECT reason, count(*) FROM quarantine GROUP BY reason ORDER BY reason")
+    return {str(reason): int(n) for reason, n in await cur.fetchall()}
+
+
+def format_entry(e: Entry) -> str:
+    who = f"{e.tenant}/{e.session}" if e.tenant is not None else e.subject
+    return f"{e.seq:>10}  {e.recorded_at:%Y-%m-%d %H:%M:%S}  {e.reason:<16}  {who[:60]:<60}  {e.detail[:120]}"
+
+
+async def run_quarantine(settings: Settings, args: argparse.Namespace) -> int:
+    """``chronicle quarantine list [--tenant T] [--limit N]`` and ``chronicle quarantine show SEQ``
+    (``args.quarantine_command``, ``args.tenant``, ``args.limit``, ``args.seq``). ``show`` of a
+    sequence that is not quarantined exits 1."""
+    layout = settings.layout()
+    async with await psycopg.AsyncConnection.connect(settings.database_url, autocommit=True) as conn:
+        if args.quarantine_command == "show":
+            found = await show(conn, layout, args.seq)
+            if found is None:
+                print(f"sequence {args.seq} is not quarantined")
+                return 1
+            print(json.dumps(found, indent=2, ensure_ascii=False))
+            return 0
+        entries = await list_quarantined(conn, layout, tenant=args.tenant, limit=args.limit)
+        for e in entries:
+            print(format_entry(e))
+        by_reason = await counts(conn)
+        total = sum(by_reason.values())
+        summary = ", ".join(f"{r} {n}" for r, n in by_reason.items())
+        print(f"{total} quarantined in all" + (f" ({summary})" if summary else ""))
+    return 0

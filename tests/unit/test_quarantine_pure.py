@@ -1,0 +1,79 @@
+"""Pure cores around quarantine: screening, storable text, backoff, partition tokens, readiness."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+from events.subjects import SubjectLayout, partition_of
+from projections.quarantine import Quarantined, screen, storable_text
+from projections.runner import retry_delay
+from services.metrics import Snapshot, assess, projector_checkpoints
+from tests.integration.helpers import appended
+
+LAYOUT = SubjectLayout(partitions=4)
+NOW = datetime(2025, 3, 1, 12, 0, tzinfo=UTC)
+
+
+def test_screen_admits_or_makes_the_quarantine_item_with_the_raw_bytes() -> None:
+    event = appended("tenant-a", "s-1", "m1", None)
+    subject = LAYOUT.session_subject("tenant-a", "s-1")
+    assert screen(7, subject, event.to_json(), LAYOUT) == (7, event)
+    refused = screen(8, subject, b"not json", LAYOUT)
+    assert refused == Quarantined(8, subject, "not_json", refused.detail, b"not json")  # type: ignore[union-attr]
+
+
+def test_storable_text_escapes_what_postgres_text_cannot_hold_and_bounds_it() -> None:
+    assert storable_text("a\x00b\ud800c") == "a\\x00b\\ud800c"
+    assert len(storable_text("x" * 10_000)) == 500
+
+
+def test_retry_delay_doubles_up_to_the_cap() -> None:
+    assert [retry_delay(n, 0.1, 1.0) for n in range(1, 7)] == [0.1, 0.2, 0.4, 0.8, 1.0, 1.0]
+    assert retry_delay(10_000, 0.1, 30.0) == 30.0
+
+
+def test_partition_token_is_read_from_the_subject_not_recomputed() -> None:
+    subject = LAYOUT.session_subject("tenant-a", "s-1")
+    part = partition_of("tenant-a", "s-1", 4)
+    assert LAYOUT.partition_token(subject) == part
+    wrong = subject.replace(f".p{part:03d}.", f".p{(part + 1) % 4:03d}.")
+    assert LAYOUT.partition_token(wrong) == (part + 1) % 4
+    odd = ["chronicle.ev.t.p004.s", "chronicle.ev.t.p1.s", "chronicle.ev.t.x.s", "chronicle.ev.t.p000", "x.t.p000.s"]
+    for subject in odd:
+        assert LAYOUT.partition_token(subject) is None
+
+
+def snap(last: int, **points: tuple[int, float]) -> Snapshot:
+    return Snapshot(last, {n: (seq, NOW - timedelta(seconds=ago)) for n, (seq, ago) in points.items()}, NOW, {})
+
+
+def test_ready_when_caught_up_however_long_ago_the_last_move() -> None:
+    assert assess(snap(10, projector=(10, 3600)), "projector", 1, stall_s=60, max_lag=100) == ([], 0)
+
+
+def test_a_consumer_that_has_not_moved_while_events_wait_is_a_reason() -> None:
+    reasons, lag = assess(snap(12, projector=(10, 61)), "projector", 1, stall_s=60, max_lag=100)
+    assert lag == 2
+    assert len(reasons) == 1
+    assert "projector" in reasons[0]
+    assert "not advanced" in reasons[0]
+    assert assess(snap(12, projector=(10, 5)), "projector", 1, stall_s=60, max_lag=100) == ([], 2)
+
+
+def test_lag_past_the_threshold_is_a_reason() -> None:
+    reasons, lag = assess(snap(500, projector=(100, 1)), "projector", 1, stall_s=60, max_lag=100)
+    assert lag == 400
+    assert reasons == ["projection lag 400 is past the threshold 100"]
+
+
+def test_before_any_projector_ran_nothing_can_be_said() -> None:
+    assert assess(snap(50, compactor=(0, 999)), "projector", 1, stall_s=60, max_lag=10) == ([], None)
+
+
+def test_partition_checkpoints_replace_the_single_one_once_all_report() -> None:
+    fresh = {f"projector.p{p:03d}": (10, 1.0) for p in range(2)}
+    stale_single = snap(10, projector=(3, 999), **fresh)
+    assert set(projector_checkpoints(stale_single.checkpoints, "projector", 2)) == set(fresh)
+    assert assess(stale_single, "projector", 2, stall_s=60, max_lag=100) == ([], 0)
+    half = snap(10, projector=(3, 999), **{"projector.p000": (10, 1.0)})
+    assert set(projector_checkpoints(half.checkpoints, "projector", 2)) == {"projector", "projector.p000"}
