@@ -1,0 +1,254 @@
+"""Quarantine on real NATS and Postgres: bad events never stop anybody, and decide the same again.
+
+Tenant B publishes each kind of bad event straight to JetStream (bypassing the contract) while
+tenant A keeps appending; the projector (one, or a worker per partition) serves A, records every
+bad event once with its reason, and rebuild/verify reproduce the quarantine exactly.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import subprocess
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+
+from events.catalog import ContextWritten, SessionRenamed
+from events.envelope import Event
+from events.subjects import partition_of
+from projections.rebuild import quarantine_rows, rebuild_into
+from projections.runner import ProjectorRunner
+from services import audit, metrics
+from services import quarantine as ops
+from services.bootstrap import Container
+from services.localstack import free_port, nats_server_binary, wait_for_port
+from services.settings import Settings
+from tests.conftest import make_settings, running_stack
+from tests.integration.helpers import appended, text_message
+from tests.integration.test_partitions import projector_of
+
+
+def raw(event: Event, **fields: Any) -> bytes:
+    return json.dumps({**json.loads(event.to_json()), **fields}).encode()
+
+
+def bad_events(c: Container) -> list[tuple[str, bytes, str]]:
+    """(subject, bytes, expected reason) of every kind of bad event, all from tenant B."""
+    layout = c.layout
+    subject = layout.session_subject("tenant-b", "b-1")
+    renamed = SessionRenamed(tenant="tenant-b", session="b-1", name="x")
+    part = partition_of("tenant-b", "b-1", layout.partitions)
+    wrong_part = subject.replace(f".p{part:03d}.", f".p{(part + 1) % layout.partitions:03d}.")
+    nul_session = "b\x00x"
+    return [
+        (subject, b"this is not json", "not_json"),
+        (subject, raw(renamed, type="evil.happened"), "unknown_type"),
+        (subject, raw(renamed, version=99), "newer_version"),
+        (layout.session_subject("tenant-b", nul_session), raw(renamed, session=nul_session), "invalid"),
+        (subject, raw(renamed, tenant="tenant-a"), "subject_mismatch"),
+        (wrong_part, renamed.to_json(), "subject_mismatch"),
+    ]
+
+
+@contextlib.asynccontextmanager
+async def projectors(c: Container, settings: Settings, shares: list[list[int] | None]) -> AsyncIterator[list[Any]]:
+    stop = asyncio.Event()
+    runners = [projector_of(c, settings, parts) for parts in shares]
+    tasks = [asyncio.create_task(r.run(stop)) for r in runners]
+    try:
+        yield runners
+    finally:
+        stop.set()
+        for t in tasks:
+            await asyncio.wait_for(t, 15)
+
+
+async def quarantined(conninfo: str) -> list[tuple[int, str]]:
+    async with await psycopg.AsyncConnection.connect(conninfo) as conn:
+        cur = await conn.execute("SELECT seq, reason FROM quarantine ORDER BY seq")
+        return [(int(s), str(r)) for s, r in await cur.fetchall()]
+
+
+@pytest.mark.parametrize("shares", [[None], [[0], [1]]], ids=["one-projector", "partition-workers"])
+async def test_tenant_a_is_served_while_tenant_b_publishes_every_kind_of_bad_event(
+    nats_url: str, fresh_db: str, s3_endpoint: str, shares: list[list[int] | None]
+) -> None:
+    settings = make_settings(nats_url, fresh_db, s3_endpoint=s3_endpoint, partitions=2)
+    async with running_stack(settings, projector=False) as c, projectors(c, settings, shares) as runners:
+        stop_compactor = asyncio.Event()
+        compactor = asyncio.create_task(c.compactor().run(stop_compactor))
+        expected: list[tuple[int, str]] = []
+        last = 0
+        try:
+            for i, (subject, data, reason) in enumerate(bad_events(c)):
+                r = await c.commands.append("tenant-a", "a-1", text_message(f"m{i}", f"before bad event {i}"), None)
+                ack = await c.js.publish(subject, data, stream=settings.stream)
+                expected.append((ack.seq, reason))
+                last = r.seq
+            r = await c.commands.append("tenant-a", "a-1", text_message("last", "after every bad event"), None)
+            last = r.seq
+            await c.waiter.wait_all(last, timeout_s=20)
+            async with c.pool.connection() as conn:
+                cur = await conn.execute(
+                    "SELECT count(*) FROM messages WHERE tenant = 'tenant-a' AND session_id = 'a-1'"
+                )
+                assert await cur.fetchone() == (7,)
+                cur = await conn.execute("SELECT count(*) FROM sessions WHERE tenant <> 'tenant-a'")
+                assert await cur.fetchone() == (0,)  # nothing of B's was applied, nothing landed in A
+                by_reason = await ops.counts(conn)
+                listed = await ops.list_quarantined(conn, c.layout, tenant="tenant-b")
+                shown = await ops.show(conn, c.layout, expected[0][0])
+            assert await quarantined(fresh_db) == expected  # each exactly once, with its reason
+            assert sum(r.stats.quarantined for r in runners) == len(expected)
+            assert by_reason == {
+                "invalid": 1,
+                "newer_version": 1,
+                "not_json": 1,
+                "subject_mismatch": 2,
+                "unknown_type": 1,
+            }
+            assert [e.seq for e in listed] == sorted((s for s, _ in expected), reverse=True)
+            assert shown is not None
+            assert shown["raw"] == {"text": "this is not json"}
+            ready = await metrics.readiness(c)
+            assert ready["ready"], ready  # quarantines are reported, never an outage
+            assert ready["quarantined"] == by_reason
+            # the compactor's own consumer met every bad event too, and kept going
+            await c.waiter.wait_until(
+                lambda: _checkpoint_at_least(c, settings.compactor_name, last), "the compactor", 20
+            )
+            assert not compactor.done()
+            report = await audit.verify(c)
+            assert report.ok, report.differences
+            assert report.live["quarantine"][0] == len(expected)
+        finally:
+            stop_compactor.set()
+            await asyncio.wait_for(compactor, 15)
+
+
+async def _checkpoint_at_least(c: Container, name: str, seq: int) -> bool:
+    async with c.pool.connection() as conn:
+        cur = await conn.execute("SELECT seq FROM checkpoints WHERE name = %s", (name,))
+        row = await cur.fetchone()
+    return bool(row and row[0] >= seq)
+
+
+async def test_a_data_error_is_quarantined_and_the_rest_of_its_batch_applied(
+    nats_url: str, fresh_db: str, s3_endpoint: str
+) -> None:
+    settings = make_settings(nats_url, fresh_db, s3_endpoint=s3_endpoint)
+    async with running_stack(settings, projector=False) as c:
+        too_many_tokens = ContextWritten(
+            tenant="tenant-a", session="d-1", label="notes", content="x", tokens=2**31, mode="replace", writer="api"
+        )  # admitted by the contract; the tokens column is a Postgres integer
+        events = [
+            appended("tenant-a", "d-1", "m0", None),
+            too_many_tokens,
+            appended("tenant-a", "d-1", "m1", "m0"),
+        ]
+        seqs = [p.seq for p in await c.publisher.publish_many(events)]
+        async with projectors(c, settings, [None]) as runners:  # started after: one batch
+            await c.waiter.wait_all(seqs[-1], timeout_s=20)
+        assert runners[0].stats.batches == 1
+        assert await quarantined(fresh_db) == [(seqs[1], "data_error")]
+        async with c.pool.connection() as conn:
+            cur = await conn.execute("SELECT id FROM messages WHERE session_id = 'd-1' ORDER BY seq")
+            assert [r[0] for r in await cur.fetchall()] == ["m0", "m1"]
+            shown = await ops.show(conn, c.layout, seqs[1])
+        assert shown is not None
+        assert "NumericValueOutOfRange" in shown["detail"]
+        assert json.loads(shown["raw"]["text"])["tokens"] == 2**31
+        # the same bytes decide the same on a rebuild
+        await rebuild_into(c.js, c.layout, fresh_db, "shadow", c.projections(), settings.projector_name)
+        async with await psycopg.AsyncConnection.connect(fresh_db) as conn:
+            assert await quarantine_rows(conn, "shadow") == await quarantine_rows(conn, "public")
+        assert (await audit.verify(c)).ok
+
+
+class Records(logging.Handler):
+    """Collects log records and wakes a waiter once ``wanted`` have arrived."""
+
+    def __init__(self, wanted: int) -> None:
+        super().__init__(logging.WARNING)
+        self.records: list[logging.LogRecord] = []
+        self.wanted = wanted
+        self.enough = asyncio.Event()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+        if len(self.records) >= self.wanted:
+            self.enough.set()
+
+
+async def test_a_projector_whose_database_is_down_retries_with_growing_delays_and_one_line_each(
+    nats_url: str, fresh_db: str
+) -> None:
+    settings = make_settings(nats_url, fresh_db)
+    async with running_stack(settings, projector=False) as c:
+        dead = f"postgresql://postgres@127.0.0.1:{free_port()}/nowhere?connect_timeout=2"
+        runner = ProjectorRunner(
+            js=c.js,
+            pool=c.pool,
+            conninfo=dead,
+            layout=c.layout,
+            projections=c.projections(),
+            name="backoff-test",
+            retry_base_s=0.05,
+            retry_cap_s=0.4,
+        )
+        records = Records(wanted=6)
+        logger = logging.getLogger("chronicle.projector")
+        logger.addHandler(records)
+        stop = asyncio.Event()
+        task = asyncio.create_task(runner.run(stop))
+        try:
+            await asyncio.wait_for(records.enough.wait(), timeout=30)
+        finally:
+            stop.set()
+            await asyncio.wait_for(task, 15)
+            logger.removeHandler(records)
+        retries = [r for r in records.records if r.getMessage().startswith("projector backoff-test failed")]
+        delays = [r.args[-1] for r in retries[:6] if isinstance(r.args, tuple)]
+        assert delays == [0.05, 0.1, 0.2, 0.4, 0.4, 0.4]
+        assert "OperationalError" in retries[0].getMessage()
+        assert [bool(r.exc_info) for r in retries[:3]] == [True, False, False]  # one traceback, then lines
+
+
+@contextlib.contextmanager
+def nats_with_max_payload(tmp: Path, max_payload: int) -> Iterator[str]:
+    """A nats-server of this test's own that accepts messages up to ``max_payload`` bytes."""
+    port = free_port()
+    conf = tmp / "nats.conf"
+    conf.write_text(
+        f'listen: "127.0.0.1:{port}"\nmax_payload: {max_payload}\njetstream {{ store_dir: "{tmp / "js"}" }}\n'
+    )
+    proc = subprocess.Popen(
+        [nats_server_binary(), "-c", str(conf)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    try:
+        wait_for_port("127.0.0.1", port, proc, "nats-server")
+        yield f"nats://127.0.0.1:{port}"
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+async def test_an_event_over_the_size_limit_is_quarantined_where_the_server_accepts_it(
+    tmp_path: Path, fresh_db: str
+) -> None:
+    """NATS's default max_payload (1 MiB) is the contract's limit, so only a server configured for
+    more stores such an event; the projector then quarantines it."""
+    with nats_with_max_payload(tmp_path, 4 * 1024 * 1024) as url:
+        settings = make_settings(url, fresh_db)
+        async with running_stack(settings) as c:
+            big = raw(SessionRenamed(tenant="tenant-b", session="big", name="x"), name="x" * (1024 * 1024 + 1))
+            ack = await c.js.publish(c.layout.session_subject("tenant-b", "big"), big, stream=settings.stream)
+            r = await c.commands.append("tenant-a", "after-big", text_message("m0", "still served"), None)
+            await c.waiter.wait_all(r.seq, timeout_s=20)
+            assert await quarantined(fresh_db) == [(ack.seq, "too_large")]
