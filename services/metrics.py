@@ -129,9 +129,10 @@ def assess(
     return reasons, lag
 
 
-async def readiness(c: Container) -> dict[str, Any]:
+async def readiness(c: Container, *, stall_s: float | None = None, max_lag: int | None = None) -> dict[str, Any]:
     """``ready`` is false, with ``reasons``, when NATS or Postgres does not answer, the stream is
-    missing, a projector consumer has stalled while events wait, or the lag passes the threshold.
+    missing, a projector consumer has stalled while events wait, or the lag passes the threshold
+    (``stall_s``/``max_lag``, by default the settings ``readiness_stall_s``/``readiness_max_lag``).
     ``quarantined`` (counts by reason) is reported and never makes it unready."""
     out: dict[str, Any] = {"nats": False, "postgres": False, "stream": False, "lag": None, "quarantined": {}}
     reasons: list[str] = []
@@ -142,8 +143,10 @@ async def readiness(c: Container) -> dict[str, Any]:
         out["postgres"] = out["stream"] = True
         out["quarantined"] = snap.quarantined
         s = c.settings
-        stall_s = float(getattr(s, "readiness_stall_s", READINESS_STALL_S))
-        max_lag = int(getattr(s, "readiness_max_lag", READINESS_MAX_LAG))
+        if stall_s is None:
+            stall_s = float(getattr(s, "readiness_stall_s", READINESS_STALL_S))
+        if max_lag is None:
+            max_lag = int(getattr(s, "readiness_max_lag", READINESS_MAX_LAG))
         found, out["projection_lag"] = assess(snap, s.projector_name, s.partitions, stall_s=stall_s, max_lag=max_lag)
         reasons.extend(found)
     except NotFoundError:

@@ -252,3 +252,31 @@ async def test_an_event_over_the_size_limit_is_quarantined_where_the_server_acce
             r = await c.commands.append("tenant-a", "after-big", text_message("m0", "still served"), None)
             await c.waiter.wait_all(r.seq, timeout_s=20)
             assert await quarantined(fresh_db) == [(ack.seq, "too_large")]
+
+
+async def test_readiness_fails_with_the_reason_when_the_projector_stops_while_events_wait(
+    nats_url: str, fresh_db: str
+) -> None:
+    settings = make_settings(nats_url, fresh_db)
+    async with running_stack(settings, projector=False) as c:
+        async with projectors(c, settings, [None]):
+            r = await c.commands.append("tenant-a", "ready-1", text_message("m0", "applied"), None)
+            await c.waiter.wait_all(r.seq, timeout_s=20)
+            ready = await metrics.readiness(c, stall_s=0, max_lag=0)
+            assert ready["ready"], ready  # caught up: however old its last move, not stalled
+        await c.publisher.publish(appended("tenant-a", "ready-1", "m1", "m0"))  # waits: nobody applies it
+        ready = await metrics.readiness(c, stall_s=0, max_lag=10)
+        assert not ready["ready"]
+        assert [x for x in ready["reasons"] if "not advanced" in x and settings.projector_name in x], ready
+        ready = await metrics.readiness(c, stall_s=3600, max_lag=0)
+        assert ready["reasons"] == ["projection lag 1 is past the threshold 0"]
+        assert (await metrics.readiness(c, stall_s=3600, max_lag=10))["ready"]
+
+
+async def test_readiness_fails_when_the_stream_is_missing(nats_url: str, fresh_db: str) -> None:
+    settings = make_settings(nats_url, fresh_db)
+    async with running_stack(settings, projector=False) as c:
+        await c.js.delete_stream(settings.stream)
+        ready = await metrics.readiness(c)
+        assert not ready["ready"]
+        assert ready["reasons"] == [f"stream {settings.stream} is missing"]

@@ -1,0 +1,72 @@
+"""readyz over HTTP: 503 with the reason once the projector stops while events wait."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+from collections.abc import Iterator
+
+import httpx
+import nats
+import pytest
+
+from events.publisher import Publisher
+from services.localstack import free_port, wait_for_port
+from services.settings import Settings
+from tests.conftest import make_settings
+from tests.integration.helpers import appended
+from tests.support import scratch_database, settings_env
+
+pytestmark = pytest.mark.skipif(
+    "readiness_stall_s" not in Settings.model_fields, reason="the readiness_stall_s setting is not there yet"
+)
+
+
+@pytest.fixture
+def own_settings(nats_url: str, pg_admin: str, s3_endpoint: str) -> Iterator[Settings]:
+    with scratch_database(pg_admin) as db:
+        yield make_settings(nats_url, db, api_port=free_port(), s3_endpoint=s3_endpoint, readiness_stall_s=1)
+
+
+def start(command: str, settings: Settings) -> subprocess.Popen[bytes]:
+    return subprocess.Popen([sys.executable, "-m", "services.cli", command], env=settings_env(settings))
+
+
+async def readyz_until(client: httpx.AsyncClient, status: int, timeout: float = 30) -> httpx.Response:
+    """Poll readyz until it answers ``status`` (the positive signal), within ``timeout``."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    while True:
+        r = await client.get("/readyz")
+        if r.status_code == status:
+            return r
+        assert asyncio.get_running_loop().time() < deadline, r.text
+        await asyncio.sleep(0.2)
+
+
+async def test_readyz_goes_503_when_the_projector_stops_while_events_wait(own_settings: Settings) -> None:
+    env = settings_env(own_settings)
+    subprocess.run([sys.executable, "-m", "services.cli", "migrate"], env=env, check=True, capture_output=True)
+    projector, api = start("projector", own_settings), start("api", own_settings)
+    try:
+        wait_for_port("127.0.0.1", own_settings.api_port, api, "chronicle api", timeout=30)
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{own_settings.api_port}", timeout=30) as client:
+            nc = await nats.connect(own_settings.nats_url)
+            try:
+                pub = Publisher(nc.jetstream(), own_settings.layout())
+                await pub.publish(appended("tenant-a", "ready", "m0", None))
+                await readyz_until(client, 200)
+                projector.terminate()
+                projector.wait(timeout=20)
+                await pub.publish(appended("tenant-a", "ready", "m1", "m0"))
+            finally:
+                await nc.close()
+            r = await readyz_until(client, 503)
+            body = r.json()
+            assert body["ready"] is False
+            assert any("not advanced" in reason for reason in body["reasons"]), body
+    finally:
+        for p in (projector, api):
+            p.terminate()
+        for p in (projector, api):
+            p.wait(timeout=20)
