@@ -12,7 +12,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from events import log as eventlog
+from events.admission import MAX_EVENT_BYTES
 from events.blobs import BlobRef
+from events.credentials import tenant_inbox_prefix, tenant_permissions
 from events.messages import UIMessage, stored_json
 from projections import context_queries as cq
 from projections import queries
@@ -503,9 +505,33 @@ def build_app(settings: Settings, container: Container | None = None) -> FastAPI
 
         async def lines() -> AsyncIterator[bytes]:
             async for ev in eventlog.read(c.js, c.layout, subject, from_seq, to_seq):
-                yield b'{"seq": %d, "event": ' % ev.seq + ev.data + b"}\n"
+                yield audit.event_line(ev, c.layout)
 
         return StreamingResponse(lines(), media_type="application/x-ndjson")
+
+    @app.get("/v1/sessions/{sid}/last-seq")
+    async def last_seq(sid: str, tenant: Tenant, c: C) -> dict[str, int]:
+        """The stream sequence of the session's newest event (0 when it has none): what a direct
+        publisher sends as its expected last subject sequence."""
+        check_id("session", sid)
+        return {"seq": await c.publisher.last_subject_seq(tenant, sid)}
+
+    @app.get("/v1/nats")
+    async def nats_publishing(tenant: Tenant, c: C) -> dict[str, Any]:
+        """How this key's tenant publishes straight to JetStream: its subjects, the inbox prefix
+        its publish acks arrive under (its NATS credentials are derived from the same key)."""
+        layout = c.layout
+        return {
+            "tenant": tenant,
+            "stream": layout.stream,
+            "subject_prefix": layout.prefix,
+            "partitions": layout.partitions,
+            "inbox_prefix": tenant_inbox_prefix(tenant),
+            "publish": tenant_permissions(layout, tenant)["publish"]["allow"],
+            "payload_limit_bytes": c.settings.payload_limit_bytes,
+            "max_message_bytes": c.settings.max_message_bytes,
+            "max_event_bytes": MAX_EVENT_BYTES,
+        }
 
     # -- operations ------------------------------------------------------------------------
 

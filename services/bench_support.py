@@ -25,7 +25,10 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import psycopg
+from pydantic import SecretStr
 
+from events.credentials import nkey_public_key
+from services.bootstrap import connect_nats
 from services.localstack import (
     free_port,
     postgres_reachable,
@@ -33,7 +36,8 @@ from services.localstack import (
     start_nats,
     with_database,
 )
-from services.settings import Settings, hash_key
+from services.natsconf import NatsAccess
+from services.settings import Settings, hash_key, new_operator_seed
 
 
 @dataclass(frozen=True)
@@ -63,6 +67,7 @@ class Infra:
     nats_url: str
     pg_admin: str
     tmp: Path
+    operator_seed: str | None = None  # Chronicle's NATS identity on that server
     pids: dict[str, int] = field(default_factory=dict)
     own_nats: bool = True
     used: list[Settings] = field(default_factory=list)
@@ -75,9 +80,12 @@ async def infrastructure(settings: Settings, options: BenchOptions, tmp: Path) -
     pids: dict[str, int] = {}
     async with contextlib.AsyncExitStack() as stack:
         nats_url = options.nats_url
+        seed = settings.nats_nkey_seed.get_secret_value() if settings.nats_nkey_seed else None
         if nats_url is None:
             port = free_port()
-            proc = await asyncio.to_thread(start_nats, port, tmp / "nats", tmp / "nats.log")
+            seed = new_operator_seed()
+            access = NatsAccess((nkey_public_key(seed),), settings.layout())
+            proc = await asyncio.to_thread(start_nats, port, tmp / "nats", tmp / "nats.log", access)
             pids["nats-server"] = proc.pid
 
             def stop_nats() -> None:
@@ -97,7 +105,14 @@ async def infrastructure(settings: Settings, options: BenchOptions, tmp: Path) -
             stack.callback(server.cleanup)
             admin = uri
             embedded = True
-        infra = Infra(nats_url=nats_url, pg_admin=admin, tmp=tmp, pids=pids, own_nats=options.nats_url is None)
+        infra = Infra(
+            nats_url=nats_url,
+            pg_admin=admin,
+            tmp=tmp,
+            operator_seed=seed,
+            pids=pids,
+            own_nats=options.nats_url is None,
+        )
         async with await psycopg.AsyncConnection.connect(admin, autocommit=True) as conn:
             cur = await conn.execute("SELECT current_setting('server_version'), current_setting('shared_buffers')")
             row = await cur.fetchone()
@@ -133,6 +148,7 @@ def bench_settings(base: Settings, infra: Infra, db_url: str, **overrides: Any) 
     tag = uuid.uuid4().hex[:8]
     update: dict[str, Any] = {
         "nats_url": infra.nats_url,
+        "nats_nkey_seed": SecretStr(infra.operator_seed) if infra.operator_seed else None,
         "database_url": db_url,
         "stream": f"BENCH_{tag}",
         "subject_prefix": f"bench{tag}.ev",
@@ -152,9 +168,7 @@ def bench_settings(base: Settings, infra: Infra, db_url: str, **overrides: Any) 
 
 async def drop_streams(settings: Settings) -> None:
     """Remove the benchmark's stream and blob bucket (used when the NATS server is not ours)."""
-    import nats
-
-    nc = await nats.connect(settings.nats_url)
+    nc = await connect_nats(settings)
     try:
         js = nc.jetstream()
         for stream in (settings.stream, f"OBJ_{settings.blob_bucket}"):
@@ -166,14 +180,7 @@ async def drop_streams(settings: Settings) -> None:
 
 def settings_env(settings: Settings) -> dict[str, str]:
     """Environment that gives a child process exactly these settings."""
-    env = dict(os.environ)
-    for name, value in settings.model_dump().items():
-        key = f"CHRONICLE_{name.upper()}"
-        if value is None:
-            env.pop(key, None)
-            continue
-        env[key] = json.dumps(value) if isinstance(value, list | dict) else str(value)
-    return env
+    return settings.as_env(os.environ)
 
 
 @contextlib.asynccontextmanager

@@ -142,9 +142,12 @@ def worker_partitions(partitions: int, workers: int, worker: int) -> list[int]:
 
 
 def nats_options(settings: Settings) -> dict[str, Any]:
-    """Connection options beyond the URL: credentials file and TLS (CA, client certificate)."""
+    """Connection options beyond the URL: the operator NKey or a credentials file, and TLS (CA,
+    client certificate)."""
     options: dict[str, Any] = {}
-    if settings.nats_creds_file:
+    if settings.nats_nkey_seed is not None:
+        options["nkeys_seed_str"] = settings.nats_nkey_seed.get_secret_value()
+    elif settings.nats_creds_file:
         options["user_credentials"] = settings.nats_creds_file
     if settings.nats_tls_ca_file or settings.nats_tls_cert_file:
         tls = ssl.create_default_context(cafile=settings.nats_tls_ca_file)

@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import secrets
+import json
 import sys
+from pathlib import Path
 
+from events.credentials import tenant_nkey_seed
+from events.ids import check_tenant
 from projections.migrate import migrate
 from services import logs
-from services.settings import hash_key, load_settings
+from services.natsconf import MissingOperator, NatsAccess, server_config, write_config
+from services.settings import Settings, api_key_entry, load_settings, new_api_key, new_operator_seed
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -65,8 +69,24 @@ def main(argv: list[str] | None = None) -> int:
         help="ingest: projector processes, one per partition (CHRONICLE_PARTITIONS = this); default 2, one per core",
     )
     p_bench.add_argument("--nats-url", default=None, help="use this NATS server instead of starting one")
-    p_key = sub.add_parser("keygen", help="make an API key and print its settings entry")
-    p_key.add_argument("--tenant", required=True)
+    p_key = sub.add_parser(
+        "keygen", help="make a tenant's API key (and NATS identity), or the operator's NATS identity"
+    )
+    who = p_key.add_mutually_exclusive_group(required=True)
+    who.add_argument("--tenant", help="a tenant: prints its API key, NATS seed and `api_keys` entry")
+    who.add_argument("--operator", action="store_true", help="Chronicle's own NATS identity (an NKey seed)")
+    p_conf = sub.add_parser("nats-config", help="write the nats-server configuration for these settings")
+    p_conf.add_argument("--out", type=Path, default=None, help="file to write (default: print)")
+    p_conf.add_argument("--host", default="0.0.0.0")  # noqa: S104 - the server's own listen address
+    p_conf.add_argument("--port", type=int, default=4222)
+    p_conf.add_argument("--store-dir", default="/data")
+    p_quar = sub.add_parser("quarantine", help="events the projectors refused (quarantined)")
+    quar_sub = p_quar.add_subparsers(dest="quarantine_command", required=True)
+    p_qlist = quar_sub.add_parser("list", help="quarantined events, newest first")
+    p_qlist.add_argument("--tenant", default=None)
+    p_qlist.add_argument("--limit", type=int, default=50)
+    p_qshow = quar_sub.add_parser("show", help="one quarantined event, with its raw bytes")
+    p_qshow.add_argument("seq", type=int)
     args = parser.parse_args(argv)
 
     settings = load_settings()
@@ -104,8 +124,42 @@ def main(argv: list[str] | None = None) -> int:
 
             return run_bench(settings, args)
         case "keygen":
-            key = "chr_" + secrets.token_urlsafe(24)
-            print(f"API key: {key}\nsettings entry: CHRONICLE_API_KEYS='[\"{args.tenant}:{hash_key(key)}\"]'")
+            return keygen(args)
+        case "nats-config":
+            return nats_config(settings, args)
+        case "quarantine":
+            from services.quarantine import run_quarantine
+
+            return asyncio.run(run_quarantine(settings, args))
+    return 0
+
+
+def keygen(args: argparse.Namespace) -> int:
+    if args.operator:
+        print(f"CHRONICLE_NATS_NKEY_SEED={new_operator_seed()}")
+        return 0
+    check_tenant(args.tenant)
+    key = new_api_key()
+    print(
+        f"API key: {key}\n"
+        f"NATS seed (derived from the key; for clients other than chronicle_sdk): {tenant_nkey_seed(key)}\n"
+        f"settings entry: CHRONICLE_API_KEYS='[\"{api_key_entry(args.tenant, key)}\"]'"
+    )
+    return 0
+
+
+def nats_config(settings: Settings, args: argparse.Namespace) -> int:
+    try:
+        access = NatsAccess.of(settings)
+    except MissingOperator as exc:
+        print(f"chronicle nats-config: {exc}", file=sys.stderr)
+        return 2
+    config = server_config(access, host=args.host, port=args.port, store_dir=args.store_dir)
+    if args.out is None:
+        print(json.dumps(config, indent=2))
+    else:
+        write_config(args.out, config)
+        print(f"wrote {args.out} ({len(access.users())} users)")
     return 0
 
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import secrets
 import shutil
 import signal
 import socket
@@ -20,15 +19,17 @@ import sys
 import sysconfig
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import psycopg
+from pydantic import SecretStr
 
 from services.bootstrap import worker_partitions
-from services.settings import Settings, hash_key
+from services.natsconf import NatsAccess, server_config, write_config
+from services.settings import Settings, api_key_entry, new_api_key, new_operator_seed
 
 DEFAULT_TENANT = "default"
 
@@ -61,10 +62,16 @@ def nats_server_binary() -> str:
     return found
 
 
-def start_nats(port: int, store_dir: Path, log_file: Path) -> subprocess.Popen[bytes]:
+def start_nats(
+    port: int, store_dir: Path, log_file: Path, access: NatsAccess, extra: Mapping[str, Any] | None = None
+) -> subprocess.Popen[bytes]:
+    """A nats-server on loopback with JetStream, configured by ``access`` (never open); its
+    configuration is written next to ``store_dir`` (``<store_dir>.conf``)."""
     store_dir.mkdir(parents=True, exist_ok=True)
+    config = server_config(access, host="127.0.0.1", port=port, store_dir=str(store_dir), extra=extra)
+    conf = write_config(store_dir.with_name(store_dir.name + ".conf"), config)
     proc = subprocess.Popen(
-        [nats_server_binary(), "-a", "127.0.0.1", "-p", str(port), "-js", "-sd", str(store_dir), "-l", str(log_file)],
+        [nats_server_binary(), "-c", str(conf), "-l", str(log_file)],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
         start_new_session=True,
@@ -143,10 +150,18 @@ def start_s3_if_missing(endpoint: str) -> subprocess.Popen[bytes] | None:
 
 def api_key(data_dir: Path) -> str:
     """The local stack's key for tenant ``default``, created once and kept in the data dir."""
-    path = data_dir / "api-key"
+    return _secret_file(data_dir / "api-key", new_api_key)
+
+
+def operator_seed(data_dir: Path) -> str:
+    """The local stack's operator NKey seed (Chronicle's own NATS identity), created once."""
+    return _secret_file(data_dir / "nats-operator.nk", new_operator_seed)
+
+
+def _secret_file(path: Path, make: Callable[[], str]) -> str:
     if not path.exists():
-        path.write_text("chr_" + secrets.token_urlsafe(24) + "\n")
-        path.chmod(0o600)
+        path.touch(mode=0o600)
+        path.write_text(make() + "\n")
     return path.read_text().strip()
 
 
@@ -183,14 +198,19 @@ def up(settings: Settings, nats_port: int) -> int:
         )
         return 1
     key = api_key(data)
+    seed = settings.nats_nkey_seed.get_secret_value() if settings.nats_nkey_seed else operator_seed(data)
+    settings = settings.model_copy(
+        update={"api_keys": [*settings.api_keys, api_key_entry(DEFAULT_TENANT, key)], "nats_nkey_seed": SecretStr(seed)}
+    )
     env = dict(os.environ)
-    env["CHRONICLE_API_KEYS"] = json.dumps([*settings.api_keys, f"{DEFAULT_TENANT}:{hash_key(key)}"])
+    env["CHRONICLE_API_KEYS"] = json.dumps(settings.api_keys)
     env["CHRONICLE_NATS_URL"] = f"nats://127.0.0.1:{nats_port}"
+    env["CHRONICLE_NATS_NKEY_SEED"] = seed
     pg_server: Any = None
     try:
         with _children() as procs:
             print(f"chronicle up: starting nats-server on 127.0.0.1:{nats_port} (data {data / 'nats'})", flush=True)
-            procs.append(start_nats(nats_port, data / "nats", data / "nats.log"))
+            procs.append(start_nats(nats_port, data / "nats", data / "nats.log", NatsAccess.of(settings)))
             db_url = settings.database_url
             if postgres_reachable(db_url):
                 where = urlsplit(db_url)

@@ -3,17 +3,33 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import os
+import secrets
+from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Literal
 
-from pydantic import Field
+import nkeys
+from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from events.credentials import is_user_public_key, nkey_public_key, tenant_nkey_seed
+from events.ids import InvalidId, check_tenant
 from events.subjects import SubjectLayout
 
 
 def hash_key(key: str) -> str:
     return hashlib.sha256(key.encode()).hexdigest()
+
+
+def new_api_key() -> str:
+    return "chr_" + secrets.token_urlsafe(24)
+
+
+def new_operator_seed() -> str:
+    """A fresh NKey user seed for Chronicle's own (operator) NATS identity."""
+    return str(nkeys.encode_seed(secrets.token_bytes(32), nkeys.PREFIX_BYTE_USER).decode())
 
 
 class Settings(BaseSettings):
@@ -23,6 +39,10 @@ class Settings(BaseSettings):
 
     nats_url: str = Field(
         default="nats://127.0.0.1:4222", description="user:password@ in the URL works; tls://… for TLS"
+    )
+    nats_nkey_seed: SecretStr | None = Field(
+        default=None,
+        description="NKey user seed of Chronicle's own (operator) NATS identity; `chronicle keygen --operator`",
     )
     nats_creds_file: str | None = Field(default=None, description="NATS credentials file (JWT and NKey seed)")
     nats_tls_ca_file: str | None = Field(default=None, description="CA bundle that signed the NATS server's cert")
@@ -40,13 +60,19 @@ class Settings(BaseSettings):
     api_host: str = "127.0.0.1"
     api_port: int = 8080
     api_keys: list[str] = Field(
-        default_factory=list, description="entries 'tenant:sha256-hex-of-key'; see `chronicle keygen`"
+        default_factory=list,
+        description="entries 'tenant:sha256-hex-of-key[:nkey-public-key]'; see `chronicle keygen`. The third field "
+        "lets the tenant publish to NATS directly (its credentials are derived from the same key)",
     )
     db_pool_min: int = Field(default=2, ge=0, le=1000, description="Postgres connections kept open per process")
     db_pool_max: int = Field(default=20, ge=1, le=1000, description="at most this many per process")
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
     log_format: Literal["text", "json"] = "text"
     read_wait_timeout_s: float = Field(default=5.0, gt=0)
+    readiness_stall_s: float = Field(
+        default=60.0, ge=0, description="readyz is 503 when a projector has not advanced this long while events wait"
+    )
+    readiness_max_lag: int = Field(default=100_000, ge=0, description="readyz is 503 past this many unapplied events")
     command_attempts: int = Field(default=100, ge=1)
     auto_migrate: bool = True
 
@@ -88,14 +114,64 @@ class Settings(BaseSettings):
     def layout(self) -> SubjectLayout:
         return SubjectLayout(stream=self.stream, prefix=self.subject_prefix, partitions=self.partitions)
 
+    def as_env(self, base: Mapping[str, str]) -> dict[str, str]:
+        """``base`` (an environment) with exactly these settings as ``CHRONICLE_*`` variables, for
+        a child process: a setting that is None is removed."""
+        env = dict(base)
+        for name, value in self.model_dump().items():
+            key = f"CHRONICLE_{name.upper()}"
+            if value is None:
+                env.pop(key, None)
+            elif isinstance(value, SecretStr):
+                env[key] = value.get_secret_value()
+            else:
+                env[key] = json.dumps(value) if isinstance(value, list | dict) else str(value)
+        return env
+
+    def api_key_entries(self) -> list[ApiKeyEntry]:
+        return [ApiKeyEntry.parse(entry) for entry in self.api_keys]
+
     def tenants_by_key_hash(self) -> dict[str, str]:
-        table: dict[str, str] = {}
-        for entry in self.api_keys:
-            tenant, _, digest = entry.partition(":")
-            if not tenant or len(digest) != 64:
-                raise ValueError(f"api_keys entry {entry!r} is not 'tenant:sha256hex'")
-            table[digest.lower()] = tenant
+        return {e.digest: e.tenant for e in self.api_key_entries()}
+
+    def tenant_nkeys(self) -> dict[str, list[str]]:
+        """The NKey public keys each tenant may publish with (entries that carry one)."""
+        table: dict[str, list[str]] = {}
+        for e in self.api_key_entries():
+            if e.nkey is not None:
+                table.setdefault(e.tenant, []).append(e.nkey)
         return table
+
+
+@dataclass(frozen=True, slots=True)
+class ApiKeyEntry:
+    """One ``tenant:sha256hex[:nkey]`` entry: a key's digest and, optionally, its NKey public key."""
+
+    tenant: str
+    digest: str
+    nkey: str | None = None
+
+    @classmethod
+    def parse(cls, entry: str) -> ApiKeyEntry:
+        tenant, _, tail = entry.partition(":")
+        digest, has_nkey, nkey = tail.partition(":")
+        problem = None
+        try:
+            check_tenant(tenant)
+        except InvalidId as exc:
+            problem = str(exc)
+        if len(digest) != 64 or any(ch not in "0123456789abcdefABCDEF" for ch in digest):
+            problem = "the digest is not 64 hex digits"
+        if has_nkey and not is_user_public_key(nkey):
+            problem = "the third field is not an NKey user public key"
+        if problem:
+            raise ValueError(f"api_keys entry {entry!r} is not 'tenant:sha256hex[:nkey]': {problem}")
+        return cls(tenant, digest.lower(), nkey or None)
+
+
+def api_key_entry(tenant: str, key: str) -> str:
+    """The ``api_keys`` entry of ``key``: its digest and the public key of its NATS identity."""
+    return f"{tenant}:{hash_key(key)}:{nkey_public_key(tenant_nkey_seed(key))}"
 
 
 def load_settings() -> Settings:

@@ -8,19 +8,39 @@ import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 
+import nats
 import pytest
+from nats.aio.client import Client as NatsClient
 
+from events.credentials import nkey_public_key, tenant_inbox_prefix, tenant_nkey_seed
+from events.subjects import SubjectLayout
 from services.bootstrap import Container, open_container
-from services.settings import Settings, hash_key
+from services.natsconf import NatsAccess
+from services.settings import Settings, api_key_entry, new_operator_seed
 from tests.support import nats_server, postgres_server, s3_server, scratch_database
 
 KEYS = {"tenant-a": "key-a-" + uuid.uuid4().hex, "tenant-b": "key-b-" + uuid.uuid4().hex}
+OPERATOR_SEED = new_operator_seed()  # Chronicle's own NATS identity in this test run
 
 
 @pytest.fixture(scope="session")
 def nats_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    with nats_server(tmp_path_factory.mktemp("nats")) as url:
+    """The run's shared nats-server: the operator identity only (tests of tenant credentials
+    start a server of their own, configured for their settings with :func:`tenant_nats`)."""
+    access = NatsAccess((nkey_public_key(OPERATOR_SEED),), SubjectLayout())
+    with nats_server(tmp_path_factory.mktemp("nats"), access) as url:
         yield url
+
+
+async def operator_nats(url: str) -> NatsClient:
+    """A connection as Chronicle's operator identity (what the services use)."""
+    return await nats.connect(url, nkeys_seed_str=OPERATOR_SEED)
+
+
+async def tenant_nats(url: str, tenant: str, key: str | None = None) -> NatsClient:
+    """A connection with ``tenant``'s NATS credentials (derived from its API key)."""
+    seed = tenant_nkey_seed(key if key is not None else KEYS[tenant])
+    return await nats.connect(url, nkeys_seed_str=seed, inbox_prefix=tenant_inbox_prefix(tenant), allow_reconnect=False)
 
 
 @pytest.fixture(scope="session")
@@ -45,7 +65,8 @@ def make_settings(nats_url: str, db_url: str, **overrides: object) -> Settings:
         "blob_bucket": f"b{tag}",
         "partitions": 4,
         "projector_name": f"projector-{tag}",
-        "api_keys": [f"{t}:{hash_key(k)}" for t, k in KEYS.items()],
+        "api_keys": [api_key_entry(t, k) for t, k in KEYS.items()],
+        "nats_nkey_seed": OPERATOR_SEED,
         "read_wait_timeout_s": 10.0,
         "data_dir": "/nonexistent",
         "s3_access_key": "testing",

@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import subprocess
 import sys
 import tempfile
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
+from typing import Any
 
 import psycopg
 
@@ -22,15 +22,19 @@ from services.localstack import (
     wait_for_port,
     with_database,
 )
+from services.natsconf import NatsAccess
 from services.settings import Settings
 
 DEFAULT_PG = "postgresql://postgres@127.0.0.1:5432/postgres"
 
 
 @contextlib.contextmanager
-def nats_server(tmp: Path) -> Iterator[str]:
-    port = free_port()
-    proc = start_nats(port, tmp / "nats", tmp / "nats.log")
+def nats_server(
+    tmp: Path, access: NatsAccess, *, port: int | None = None, extra: Mapping[str, Any] | None = None
+) -> Iterator[str]:
+    """A pinned nats-server configured as Chronicle runs it: no anonymous access, ``access``'s users."""
+    port = port or free_port()
+    proc = start_nats(port, tmp / "nats", tmp / "nats.log", access, extra)
     try:
         yield f"nats://127.0.0.1:{port}"
     finally:
@@ -69,12 +73,7 @@ def scratch_database(admin_url: str) -> Iterator[str]:
 
 def settings_env(settings: Settings) -> dict[str, str]:
     """Environment that gives a child process exactly these settings."""
-    env = dict(os.environ)
-    for name, value in settings.model_dump().items():
-        if value is None:
-            continue
-        env[f"CHRONICLE_{name.upper()}"] = json.dumps(value) if isinstance(value, list | dict) else str(value)
-    return env
+    return settings.as_env(os.environ)
 
 
 @contextlib.contextmanager

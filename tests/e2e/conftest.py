@@ -10,9 +10,10 @@ import httpx
 import pytest
 
 from services.localstack import free_port, wait_for_port
+from services.natsconf import NatsAccess
 from services.settings import Settings
 from tests.conftest import KEYS, make_settings
-from tests.support import scratch_database, settings_env
+from tests.support import nats_server, scratch_database, settings_env
 
 
 @pytest.fixture(scope="session")
@@ -23,8 +24,13 @@ def e2e_db(pg_admin: str) -> Iterator[str]:
 
 
 @pytest.fixture(scope="session")
-def api_settings(nats_url: str, e2e_db: str, s3_endpoint: str) -> Settings:
-    return make_settings(nats_url, e2e_db, api_port=free_port(), s3_endpoint=s3_endpoint)
+def api_settings(tmp_path_factory: pytest.TempPathFactory, e2e_db: str, s3_endpoint: str) -> Iterator[Settings]:
+    """The e2e stack's settings, on a nats-server of its own configured from them: the operator
+    and the NATS identities of tenant-a and tenant-b (derived from their API keys)."""
+    port = free_port()
+    settings = make_settings(f"nats://127.0.0.1:{port}", e2e_db, api_port=free_port(), s3_endpoint=s3_endpoint)
+    with nats_server(tmp_path_factory.mktemp("e2e-nats"), NatsAccess.of(settings), port=port):
+        yield settings
 
 
 @pytest.fixture(scope="session")

@@ -6,7 +6,6 @@ from __future__ import annotations
 import uuid
 
 import httpx
-import nats
 import psycopg
 import pytest
 
@@ -15,6 +14,7 @@ from events.catalog import MessageAppended
 from events.messages import body_hash
 from events.publisher import Publisher
 from services.settings import Settings
+from tests.conftest import operator_nats
 
 
 def sid() -> str:
@@ -52,7 +52,7 @@ async def test_a_nul_event_is_refused_by_the_publisher_and_quarantined_when_publ
         body_sha256=body_hash(body),
         message=body,
     )
-    nc = await nats.connect(api_settings.nats_url)
+    nc = await operator_nats(api_settings.nats_url)
     try:
         pub = Publisher(nc.jetstream(), api_settings.layout())
         with pytest.raises(Refused) as refused:

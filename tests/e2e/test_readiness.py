@@ -8,13 +8,12 @@ import sys
 from collections.abc import Iterator
 
 import httpx
-import nats
 import pytest
 
 from events.publisher import Publisher
 from services.localstack import free_port, wait_for_port
 from services.settings import Settings
-from tests.conftest import make_settings
+from tests.conftest import make_settings, operator_nats
 from tests.integration.helpers import appended
 from tests.support import scratch_database, settings_env
 
@@ -51,7 +50,7 @@ async def test_readyz_goes_503_when_the_projector_stops_while_events_wait(own_se
     try:
         wait_for_port("127.0.0.1", own_settings.api_port, api, "chronicle api", timeout=30)
         async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{own_settings.api_port}", timeout=30) as client:
-            nc = await nats.connect(own_settings.nats_url)
+            nc = await operator_nats(own_settings.nats_url)
             try:
                 pub = Publisher(nc.jetstream(), own_settings.layout())
                 await pub.publish(appended("tenant-a", "ready", "m0", None))

@@ -7,7 +7,6 @@ import asyncio
 import re
 from collections.abc import Callable
 
-import nats
 import pytest
 
 from events.context import SessionConfig
@@ -18,7 +17,7 @@ from services.context import ContextService
 from services.errors import BudgetExceeded
 from services.prompt import SEP
 from services.tokens import TokenCounter
-from tests.conftest import make_settings, running_stack
+from tests.conftest import make_settings, operator_nats, running_stack
 
 MEMORY = SessionConfig.model_validate(
     {"blocks": [{"kind": "writable", "label": "memory", "description": "Learned facts", "max_tokens": 120}]}
@@ -32,7 +31,7 @@ async def test_concurrent_appends_stay_within_budget_and_lose_no_accepted_write(
     sid = new_id("budget")
     await stack.context.configure("tenant-a", sid, MEMORY)
     writers, per_writer = 10, 8
-    conns = [await nats.connect(stack.settings.nats_url) for _ in range(writers)]
+    conns = [await operator_nats(stack.settings.nats_url) for _ in range(writers)]
     counter = TokenCounter(stack.settings.tiktoken_encoding)
     accepted: list[str] = []
     refused: list[str] = []

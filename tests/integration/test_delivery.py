@@ -6,7 +6,6 @@ import asyncio
 from collections.abc import Callable
 from typing import Any
 
-import nats
 import nats.errors
 import pytest
 
@@ -18,6 +17,7 @@ from projections.runner import apply_batch, prepare
 from services.bootstrap import Container
 from services.commands import Commands
 from services.decisions import OMITTED
+from tests.conftest import operator_nats
 from tests.integration.helpers import appended, text_message
 
 
@@ -89,7 +89,7 @@ async def test_concurrent_writers_never_lose_a_message(stack: Container, new_id:
     """10 writers, each with its own NATS connection, append 100 messages each without a parent."""
     sid = new_id("race")
     writers, per_writer = 10, 100
-    conns = [await nats.connect(stack.settings.nats_url) for _ in range(writers)]
+    conns = [await operator_nats(stack.settings.nats_url) for _ in range(writers)]
     try:
         commands = [
             Commands(

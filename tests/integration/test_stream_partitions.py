@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import dataclasses
 
-import nats
 import pytest
 
 from events.stream import PARTITIONS_KEY, PartitionMismatch, check_partitions, stream_config
 from services.bootstrap import open_container
-from tests.conftest import make_settings
+from tests.conftest import make_settings, operator_nats
 
 
 async def test_a_process_with_another_partition_count_refuses_the_stream(nats_url: str, fresh_db: str) -> None:
@@ -28,7 +27,7 @@ async def test_a_process_with_another_partition_count_refuses_the_stream(nats_ur
 async def test_a_stream_made_before_the_count_was_recorded_adopts_it(nats_url: str, fresh_db: str) -> None:
     settings = make_settings(nats_url, fresh_db, partitions=4)
     layout = settings.layout()
-    nc = await nats.connect(nats_url)
+    nc = await operator_nats(nats_url)
     try:
         js = nc.jetstream()
         await js.add_stream(dataclasses.replace(stream_config(layout), metadata=None))

@@ -1,0 +1,80 @@
+"""The nats-server configuration Chronicle runs with: never open, one operator, one user per tenant key.
+
+* No anonymous access: every connection signs the server's nonce with an NKey.
+* Chronicle's own processes connect as the operator identity (``CHRONICLE_NATS_NKEY_SEED``): the
+  only one allowed to use the JetStream API (create, change or delete streams and consumers, read
+  the log).
+* Each tenant key that carries an NKey public key (``tenant:sha256:nkey`` in ``api_keys``) becomes
+  a user that may publish on its tenant's subjects and receive its publish acks, nothing else
+  (:func:`events.credentials.tenant_permissions`).
+
+The configuration is JSON, which nats-server's configuration parser reads as it is. Users are
+listed by public key only, so the file holds no secret; it is still written owner-only.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from events.credentials import nkey_public_key, tenant_permissions
+from events.subjects import SubjectLayout
+from services.settings import Settings
+
+EVERYTHING = {"publish": {"allow": [">"]}, "subscribe": {"allow": [">"]}}
+
+
+class MissingOperator(ValueError):
+    """No operator identity is configured, so no NATS configuration can be made."""
+
+
+@dataclass(frozen=True, slots=True)
+class NatsAccess:
+    """Who may connect: the operator's public keys and each tenant's."""
+
+    operators: tuple[str, ...]
+    layout: SubjectLayout
+    tenants: Mapping[str, Sequence[str]] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, settings: Settings) -> NatsAccess:
+        if settings.nats_nkey_seed is None:
+            raise MissingOperator(
+                "CHRONICLE_NATS_NKEY_SEED is not set: make an operator identity with `chronicle keygen --operator`"
+            )
+        operator = nkey_public_key(settings.nats_nkey_seed.get_secret_value())
+        return cls((operator,), settings.layout(), settings.tenant_nkeys())
+
+    def users(self) -> list[dict[str, Any]]:
+        users: list[dict[str, Any]] = [{"nkey": key, "permissions": EVERYTHING} for key in self.operators]
+        for tenant in sorted(self.tenants):
+            users += [
+                {"nkey": key, "permissions": tenant_permissions(self.layout, tenant)}
+                for key in sorted(set(self.tenants[tenant]))
+            ]
+        return users
+
+
+def server_config(
+    access: NatsAccess, *, host: str, port: int, store_dir: str, extra: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
+    """A nats-server configuration with JetStream and :class:`NatsAccess`'s users only."""
+    return {
+        "host": host,
+        "port": port,
+        "jetstream": {"store_dir": store_dir},
+        "authorization": {"users": access.users()},
+        **(extra or {}),
+    }
+
+
+def write_config(path: Path, config: Mapping[str, Any]) -> Path:
+    """Write ``config`` (owner-only) where nats-server's ``-c`` can read it."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.touch(mode=0o600, exist_ok=True)
+    path.chmod(0o600)
+    path.write_text(json.dumps(config, indent=2) + "\n")
+    return path
