@@ -1,0 +1,79 @@
+"""Tenant NATS identities derived from API keys, api_keys entries and the generated server config."""
+
+from __future__ import annotations
+
+import pytest
+from pydantic import SecretStr
+
+from events.credentials import is_user_public_key, nkey_public_key, tenant_inbox_prefix, tenant_nkey_seed
+from events.subjects import SubjectLayout
+from services.natsconf import MissingOperator, NatsAccess, server_config
+from services.settings import ApiKeyEntry, Settings, api_key_entry, hash_key, new_operator_seed
+
+
+def test_a_keys_nats_identity_is_stable_and_its_own() -> None:
+    seed = tenant_nkey_seed("chr_one")
+    assert seed.startswith("SU")
+    assert seed == tenant_nkey_seed("chr_one")
+    assert tenant_nkey_seed("chr_two") != seed
+    assert is_user_public_key(nkey_public_key(seed))
+
+
+def test_public_keys_are_checked() -> None:
+    public = nkey_public_key(new_operator_seed())
+    assert is_user_public_key(public)
+    assert not is_user_public_key(public[:-1] + ("A" if public[-1] != "A" else "B"))  # checksum
+    assert not is_user_public_key("A" + public[1:])  # an account key, not a user's
+    assert not is_user_public_key("U")
+    with pytest.raises(ValueError, match="not an NKey seed"):
+        nkey_public_key("SUnot-a-seed")
+
+
+def test_an_entry_carries_the_digest_and_the_nats_public_key() -> None:
+    entry = ApiKeyEntry.parse(api_key_entry("acme", "chr_k"))
+    assert entry == ApiKeyEntry("acme", hash_key("chr_k"), nkey_public_key(tenant_nkey_seed("chr_k")))
+    assert ApiKeyEntry.parse(f"acme:{hash_key('x').upper()}") == ApiKeyEntry("acme", hash_key("x"), None)
+
+
+@pytest.mark.parametrize(
+    ("entry", "problem"),
+    [
+        ("acme", "digest"),
+        (f"a.b:{'a' * 64}", "tenant id"),
+        (f"acme:{'g' * 64}", "digest"),
+        (f"acme:{'a' * 64}:UNOPE", "NKey"),
+        (f"{api_key_entry('acme', 'k')}:extra", "NKey"),
+    ],
+)
+def test_a_malformed_entry_is_refused(entry: str, problem: str) -> None:
+    with pytest.raises(ValueError, match=problem):
+        ApiKeyEntry.parse(entry)
+
+
+def test_the_server_config_lists_the_operator_and_each_tenant_key_with_its_own_subjects() -> None:
+    op = new_operator_seed()
+    settings = Settings(
+        nats_nkey_seed=SecretStr(op),
+        partitions=2,
+        subject_prefix="c.ev",
+        api_keys=[api_key_entry("acme", "k1"), api_key_entry("acme", "k2"), f"http-only:{'a' * 64}"],
+    )
+    config = server_config(NatsAccess.of(settings), host="127.0.0.1", port=4222, store_dir="/d")
+    users = config["authorization"]["users"]
+    assert "no_auth_user" not in config
+    assert "accounts" not in config
+    assert users[0] == {
+        "nkey": nkey_public_key(op),
+        "permissions": {"publish": {"allow": [">"]}, "subscribe": {"allow": [">"]}},
+    }
+    assert [u["nkey"] for u in users[1:]] == sorted(nkey_public_key(tenant_nkey_seed(k)) for k in ("k1", "k2"))
+    assert users[1]["permissions"] == {
+        "publish": {"allow": ["c.ev.acme.p000.*", "c.ev.acme.p001.*"]},
+        "subscribe": {"allow": [f"{tenant_inbox_prefix('acme')}.>"]},
+    }
+    assert SubjectLayout(prefix="c.ev", partitions=2).session_subject("acme", "s").startswith("c.ev.acme.p00")
+
+
+def test_no_config_without_an_operator_identity() -> None:
+    with pytest.raises(MissingOperator, match="keygen --operator"):
+        NatsAccess.of(Settings(nats_nkey_seed=None))
