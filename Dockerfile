@@ -14,6 +14,7 @@ COPY pyproject.toml README.md ./
 COPY events ./events
 COPY projections ./projections
 COPY services ./services
+COPY chronicle_sdk ./chronicle_sdk
 RUN /opt/chronicle/bin/pip install .
 
 FROM python:3.11-slim
@@ -27,8 +28,9 @@ ENV PATH=/opt/chronicle/bin:$PATH \
 RUN groupadd --system --gid 10001 chronicle \
     && useradd --system --uid 10001 --gid chronicle --home-dir /app --no-create-home \
         --shell /usr/sbin/nologin chronicle \
-    && mkdir -p /app \
-    && chown chronicle:chronicle /app
+    && mkdir -p /app /conf \
+    && chown chronicle:chronicle /app /conf
+# /conf: where `chronicle nats-config` writes the nats-server configuration (a volume in compose.yaml)
 WORKDIR /app
 USER 10001:10001
 EXPOSE 8080

@@ -7,6 +7,7 @@ falls back to its 127.0.0.1 defaults inside the container.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 from pathlib import Path
@@ -16,7 +17,10 @@ from urllib.parse import urlsplit
 import pytest
 import yaml
 
-from services.settings import Settings
+from events.credentials import nkey_public_key
+from services import cli
+from services.natsconf import NatsAccess, server_config
+from services.settings import Settings, new_operator_seed
 
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE = ROOT / "compose.yaml"
@@ -25,6 +29,9 @@ DOCKERFILE = ROOT / "Dockerfile"
 PREFIX = "CHRONICLE_"
 INFRA = ("nats", "postgres", "minio")
 CHRONICLE = ("migrate", "api", "projector", "compactor")
+NATS_CONFIG = "nats-config"  # the one-shot service that writes nats-server's configuration
+# variables compose refuses to start without (``${VAR:?…}``), and a value for each in these tests
+REQUIRED = {"CHRONICLE_NATS_NKEY_SEED": new_operator_seed()}
 # CHRONICLE_* keys of compose.yaml that are not Settings fields yet (none now: the S3 settings
 # landed with the skills store). Remove each entry when its field lands; the test below insists on that.
 PENDING_SETTINGS: frozenset[str] = frozenset()
@@ -37,6 +44,8 @@ def resolve(value: str) -> str:
     """What compose makes of ``value`` when no variable is set: ``${VAR:-default}`` becomes ``default``."""
 
     def default(m: re.Match[str]) -> str:
+        if m["op"] == ":?" and m["name"] in REQUIRED:
+            return REQUIRED[m["name"]]
         if m["op"] not in (":-", "-"):
             raise AssertionError(f"{m[0]!r} has no default, so the stack does not start without a .env")
         return m["arg"]
@@ -94,7 +103,7 @@ def image_tag(service: dict[str, Any]) -> tuple[str, str]:
 
 
 def test_service_set(compose: dict[str, Any], services: dict[str, dict[str, Any]]) -> None:
-    assert set(services) == {*INFRA, *CHRONICLE}
+    assert set(services) == {*INFRA, *CHRONICLE, NATS_CONFIG}
     assert "version" not in compose, "the top-level `version:` key is obsolete"
 
 
@@ -118,15 +127,43 @@ def test_infra_images(services: dict[str, dict[str, Any]]) -> None:
     assert re.fullmatch(r"RELEASE\.\d{4}-\d{2}-\d{2}T\d{2}-\d{2}-\d{2}Z", tag), f"pin a MinIO release, not {tag!r}"
 
 
-def test_nats_runs_jetstream_on_its_volume(services: dict[str, dict[str, Any]]) -> None:
+def volume_at(service: dict[str, Any], path: str) -> str:
+    """The volume mounted at ``path`` (the longest mount point that holds it)."""
+    mounts = {str(v).split(":")[1]: str(v).split(":")[0] for v in service.get("volumes", [])}
+    point = max((m for m in mounts if path == m or path.startswith(m.rstrip("/") + "/")), key=len, default=None)
+    assert point is not None, f"{path} is on no volume"
+    return mounts[point]
+
+
+def test_nats_runs_the_generated_configuration(
+    services: dict[str, dict[str, Any]], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """nats reads the file nats-config writes (a shared volume), JetStream's store is on its own
+    volume, and the configuration holds users only (never open), for the settings the services use."""
     command = services["nats"]["command"]
     assert isinstance(command, list)
-    assert "-js" in command
-    store = command[command.index("-sd") + 1]
-    assert "-m" in command
-    assert "8222" in command
-    mounts = {str(v).split(":")[1] for v in services["nats"]["volumes"]}
-    assert store in mounts, "the JetStream store must be on a volume"
+    conf = command[command.index("-c") + 1]
+    assert command[command.index("-m") + 1] == "8222"
+    writer = services[NATS_CONFIG]
+    args = writer["command"]
+    assert args[0] == "nats-config"
+    assert args[args.index("--out") + 1] == conf
+    assert volume_at(writer, conf) == volume_at(services["nats"], conf)
+    assert any(str(v).endswith(":ro") for v in services["nats"]["volumes"] if volume_at(services["nats"], conf) in v)
+    assert services["nats"]["depends_on"] == {NATS_CONFIG: {"condition": "service_completed_successfully"}}
+    assert writer["restart"] == "no"
+
+    # what `chronicle nats-config` writes in that container: its environment, its arguments
+    settings = settings_from(env_of(writer), monkeypatch)
+    out = tmp_path / "nats.conf"
+    out_at = args.index("--out") + 1
+    assert cli.main([*args[:out_at], str(out), *args[out_at + 1 :]]) == 0
+    config = json.loads(out.read_text())
+    assert config == server_config(NatsAccess.of(settings), host="0.0.0.0", port=4222, store_dir="/data")
+    assert volume_at(services["nats"], config["jetstream"]["store_dir"]) == "nats-data", "JetStream on its volume"
+    users = config["authorization"]["users"]
+    assert users[0]["nkey"] == nkey_public_key(REQUIRED["CHRONICLE_NATS_NKEY_SEED"])
+    assert "no_auth_user" not in config
 
 
 def test_minio_serves_s3_and_console(services: dict[str, dict[str, Any]]) -> None:
@@ -157,10 +194,10 @@ def test_infra_health_checks(services: dict[str, dict[str, Any]]) -> None:
 
 
 def test_chronicle_services_are_built_here(services: dict[str, dict[str, Any]]) -> None:
-    for name in CHRONICLE:
+    for name in (*CHRONICLE, NATS_CONFIG):
         svc = services[name]
         assert svc.get("build") in (".", {"context": "."}), name
-        assert svc["command"] == [name], name
+        assert svc["command"][0] == name, name
     assert services["migrate"]["restart"] == "no"
 
 
@@ -226,7 +263,7 @@ def test_every_chronicle_key_is_a_setting(services: dict[str, dict[str, Any]]) -
 
 def test_chronicle_services_share_one_environment(services: dict[str, dict[str, Any]]) -> None:
     api = env_of(services["api"])
-    for name in CHRONICLE:
+    for name in (*CHRONICLE, NATS_CONFIG):
         assert env_of(services[name]) == api, f"{name} must use the shared x-chronicle-env"
     for name in INFRA:
         assert not any(k.startswith(PREFIX) for k in env_of(services[name])), name
@@ -276,6 +313,7 @@ def test_interpolation_resolves_to_defaults() -> None:
         resolve("${X}")
     with pytest.raises(AssertionError):
         resolve("${X:?set X}")
+    assert resolve("${CHRONICLE_NATS_NKEY_SEED:?make one}") == REQUIRED["CHRONICLE_NATS_NKEY_SEED"]
 
 
 # -- Dockerfile -----------------------------------------------------------------------------------
