@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
+import base64
 import contextlib
+import json
 import os
 import subprocess
 import sys
@@ -12,6 +15,7 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
+import nkeys
 import psycopg
 
 from services.localstack import (
@@ -93,3 +97,24 @@ def s3_server() -> Iterator[str]:
         finally:
             proc.terminate()
             proc.wait(timeout=10)
+
+
+async def nats_handshake(url: str, seed: str | None) -> str:
+    """The server's answer to a CONNECT (signed with ``seed``'s NKey, or anonymous) and a PING,
+    spoken on a plain socket (nats-py leaks the socket of a refused connection)."""
+    host, port = url.removeprefix("nats://").rsplit(":", 1)
+    reader, writer = await asyncio.open_connection(host, int(port))
+    try:
+        info = json.loads((await reader.readline()).decode().removeprefix("INFO "))
+        assert info["auth_required"] is True
+        options: dict[str, object] = {"verbose": False, "pedantic": False, "protocol": 1}
+        if seed is not None:
+            pair = nkeys.from_seed(bytearray(seed.encode()))
+            options["nkey"] = pair.public_key.decode()
+            options["sig"] = base64.urlsafe_b64encode(pair.sign(info["nonce"].encode())).decode().rstrip("=")
+        writer.write(b"CONNECT " + json.dumps(options).encode() + b"\r\nPING\r\n")
+        await writer.drain()
+        return (await asyncio.wait_for(reader.readline(), 5)).decode().strip()
+    finally:
+        writer.close()
+        await writer.wait_closed()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import subprocess
@@ -12,7 +13,9 @@ from pathlib import Path
 import httpx
 import psycopg
 
+from events.credentials import tenant_nkey_seed
 from services.localstack import free_port
+from tests.support import nats_handshake
 
 
 def _start(
@@ -63,6 +66,13 @@ def test_up_serves_stops_and_restarts_with_its_data(tmp_path: Path, fresh_db: st
     base = f"http://127.0.0.1:{api_port}"
     headers = {"Authorization": f"Bearer {key}"}
     try:
+        # NATS is never open: no anonymous client; the default tenant's key-derived identity and
+        # the operator's (kept in the data dir) are admitted
+        nats_url = f"nats://127.0.0.1:{nats_port}"
+        assert asyncio.run(nats_handshake(nats_url, None)) == "-ERR 'Authorization Violation'"
+        assert asyncio.run(nats_handshake(nats_url, tenant_nkey_seed(key))) == "PONG"
+        operator = (tmp_path / "data" / "nats-operator.nk").read_text().strip()
+        assert asyncio.run(nats_handshake(nats_url, operator)) == "PONG"
         msg = {"id": "m1", "role": "user", "parts": [{"type": "text", "text": "remember me"}]}
         r = httpx.post(f"{base}/v1/sessions/up-demo/messages", json={"message": msg}, headers=headers, timeout=30)
         assert r.status_code == 201, r.text

@@ -4,16 +4,13 @@ and nothing else; only the operator identity uses the JetStream API; nobody conn
 from __future__ import annotations
 
 import asyncio
-import base64
 import contextlib
-import json
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
 import nats
 import nats.errors
-import nkeys
 import pytest
 from nats.aio.client import Client as NatsClient
 from nats.js.api import ConsumerConfig
@@ -25,7 +22,7 @@ from services.localstack import free_port
 from services.natsconf import NatsAccess
 from services.settings import Settings
 from tests.conftest import KEYS, OPERATOR_SEED, make_settings, operator_nats
-from tests.support import nats_server
+from tests.support import nats_handshake, nats_server
 
 Violations = list[str]
 
@@ -90,32 +87,11 @@ async def stream_messages(url: str, settings: Settings) -> int:
         await nc.close()
 
 
-async def handshake(url: str, seed: str | None) -> str:
-    """The server's answer to a CONNECT (signed with ``seed``'s NKey, or anonymous) and a PING,
-    spoken on a plain socket (nats-py leaks the socket of a refused connection)."""
-    host, port = url.removeprefix("nats://").rsplit(":", 1)
-    reader, writer = await asyncio.open_connection(host, int(port))
-    try:
-        info = json.loads((await reader.readline()).decode().removeprefix("INFO "))
-        assert info["auth_required"] is True
-        options: dict[str, object] = {"verbose": False, "pedantic": False, "protocol": 1}
-        if seed is not None:
-            pair = nkeys.from_seed(bytearray(seed.encode()))
-            options["nkey"] = pair.public_key.decode()
-            options["sig"] = base64.urlsafe_b64encode(pair.sign(info["nonce"].encode())).decode().rstrip("=")
-        writer.write(b"CONNECT " + json.dumps(options).encode() + b"\r\nPING\r\n")
-        await writer.drain()
-        return (await asyncio.wait_for(reader.readline(), 5)).decode().strip()
-    finally:
-        writer.close()
-        await writer.wait_closed()
-
-
 async def test_nobody_connects_anonymously_or_with_an_unknown_key(server: str) -> None:
-    assert await handshake(server, None) == "-ERR 'Authorization Violation'"
-    assert await handshake(server, tenant_nkey_seed("not-a-key-of-this-stack")) == "-ERR 'Authorization Violation'"
-    assert await handshake(server, tenant_nkey_seed(KEYS["tenant-a"])) == "PONG"
-    assert await handshake(server, OPERATOR_SEED) == "PONG"
+    assert await nats_handshake(server, None) == "-ERR 'Authorization Violation'"
+    assert await nats_handshake(server, tenant_nkey_seed("not-a-key-of-this-stack")) == "-ERR 'Authorization Violation'"
+    assert await nats_handshake(server, tenant_nkey_seed(KEYS["tenant-a"])) == "PONG"
+    assert await nats_handshake(server, OPERATOR_SEED) == "PONG"
 
 
 async def test_a_tenant_publishes_its_own_events_and_gets_the_ack(server: str, settings: Settings) -> None:
