@@ -41,6 +41,7 @@ SECTIONS: list[tuple[str, ModuleType | None, list[str]]] = [
             "ContextBlock",
             "SystemPrompt",
             "Compaction",
+            "NatsPublishing",
         ],
     ),
 ]

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import random
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Literal, Self
 
@@ -23,32 +25,28 @@ from chronicle_sdk.errors import (
     PayloadTooLarge,
     SessionNotFound,
     TransientError,
+    Unauthorized,
     Unavailable,
     UnknownParent,
     error_from_problem,
 )
-from chronicle_sdk.types import OMITTED, AppendResult, Message, ParentId
+from chronicle_sdk.types import OMITTED, AppendResult, Message, NatsPublishing, ParentId
 from events import ids
-from events.messages import UIMessage, body_hash, canonical_json
-from events.subjects import DEFAULT_PREFIX, DEFAULT_STREAM, SubjectLayout
+from events.messages import UIMessage, body_hash, canonical_json, stored_json
+from events.subjects import SubjectLayout
 
 if TYPE_CHECKING:
     from nats.aio.client import Client as NatsClient
 
     from chronicle_sdk.manager import SessionManager
     from chronicle_sdk.session import Session
-    from events.objectstore import JetStreamBlobStore
     from events.publisher import Publisher
 
 Via = Literal["http", "jetstream"]
 _NOT_FOUND_CODES = frozenset({"message_not_found", "session_not_found", "not_found"})
 
 
-@dataclass(slots=True)
-class _Direct:
-    nc: NatsClient
-    publisher: Publisher
-    blobs: JetStreamBlobStore
+_BATCH_LIMIT = 1000  # messages in one POST …/messages:batch (the API's limit)
 
 
 def _check_session_id(session_id: str) -> str:
@@ -85,9 +83,15 @@ class ChronicleClient:
       that are not idempotent are retried only when nothing can have been written.
     * Read-your-writes: remembers the ``seq`` of its last write per session and sends it as
       ``min_seq`` on every read of that session (tenant-wide reads send the highest one).
-    * Direct path: with ``nats_url`` and ``tenant`` (which must be the tenant of ``api_key``)
-      and the server's stream settings, appends can be published straight to JetStream with the
-      ``events`` publisher (``append_via="jetstream"`` or ``via=`` per call).
+    * Direct path: with ``nats_url``, appends can be published straight to JetStream with the
+      ``events`` publisher (``append_via="jetstream"`` or ``via=`` per call). On first use the
+      client asks the API (``GET /v1/nats``) which tenant ``api_key`` belongs to, the stream's
+      layout, the inbox prefix and the size limits, then connects as that tenant: with the NKey
+      derived from ``api_key`` (what ``chronicle keygen`` registers), or with
+      ``nats_credentials``, a ``.creds`` file for an external NATS cluster with its own accounts
+      (its user must allow publishing on the tenant's subjects and subscribing under the inbox
+      prefix). The tenant is never a parameter: NATS lets these credentials publish only on
+      that tenant's subjects.
 
     Use it as an async context manager, or call :meth:`aclose`.
     """
@@ -98,13 +102,7 @@ class ChronicleClient:
         api_key: str,
         *,
         nats_url: str | None = None,
-        tenant: str | None = None,
-        stream: str = DEFAULT_STREAM,
-        subject_prefix: str = DEFAULT_PREFIX,
-        partitions: int = 16,
-        blob_bucket: str = "chronicle-blobs",
-        payload_limit_bytes: int = 256 * 1024,
-        max_message_bytes: int = 32 * 1024 * 1024,
+        nats_credentials: str | None = None,
         append_via: Via = "http",
         timeout_s: float = 30.0,
         retries: int = 4,
@@ -113,16 +111,13 @@ class ChronicleClient:
         conflict_attempts: int = 100,
         transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
-        if append_via == "jetstream" and (nats_url is None or tenant is None):
-            raise ValueError("append_via='jetstream' needs nats_url and tenant")
+        if append_via == "jetstream" and nats_url is None:
+            raise ValueError("append_via='jetstream' needs nats_url")
         self.base_url = base_url.rstrip("/")
-        self.tenant = ids.check_tenant(tenant) if tenant is not None else None
         self.nats_url = nats_url
-        self.layout = SubjectLayout(stream=stream, prefix=subject_prefix, partitions=partitions)
+        self.nats_credentials = nats_credentials
         self.append_via: Via = append_via
-        self._blob_bucket = blob_bucket
-        self._payload_limit = payload_limit_bytes
-        self._max_message = max_message_bytes
+        self._api_key = api_key
         self._retries = max(0, retries)
         self._backoff = backoff_s
         self._max_backoff = max_backoff_s
@@ -134,8 +129,20 @@ class ChronicleClient:
             transport=transport,
         )
         self._seqs: dict[str, int] = {}
+        self._publishing: NatsPublishing | None = None
         self._direct: _Direct | None = None
         self._direct_lock = asyncio.Lock()
+
+    @property
+    def tenant(self) -> str | None:
+        """The tenant ``api_key`` belongs to, as the server said (``None`` until the first direct
+        append or :meth:`nats_publishing`)."""
+        return self._publishing.tenant if self._publishing is not None else None
+
+    @property
+    def layout(self) -> SubjectLayout | None:
+        """The stream's subject layout, as the server said (``None`` until it was asked)."""
+        return self._publishing.layout if self._publishing is not None else None
 
     async def __aenter__(self) -> Self:
         return self
@@ -150,7 +157,12 @@ class ChronicleClient:
         await self._http.aclose()
         if self._direct is not None:
             direct, self._direct = self._direct, None
-            await direct.nc.drain()
+            from nats.errors import Error as NatsError
+
+            try:
+                await direct.nc.drain()
+            except NatsError:  # already closed (for example: the server dropped it)
+                await direct.nc.close()
 
     # -- factories --------------------------------------------------------------------------
 
@@ -250,8 +262,8 @@ class ChronicleClient:
 
     def _via(self, via: Via | None) -> Via:
         chosen = via or self.append_via
-        if chosen == "jetstream" and (self.nats_url is None or self.tenant is None):
-            raise ValueError("appending via JetStream needs a client built with nats_url and tenant")
+        if chosen == "jetstream" and self.nats_url is None:
+            raise ValueError("appending via JetStream needs a client built with nats_url")
         return chosen
 
     async def append(
@@ -270,17 +282,18 @@ class ChronicleClient:
         *,
         via: Via | None = None,
     ) -> list[AppendResult]:
-        """Append ``messages`` as one chain under ``parent_id`` (``None``: a new root chain)."""
+        """Append ``messages`` as one chain under ``parent_id`` (``None``: a new root chain).
+
+        Over HTTP the chain is sent with ``POST …/messages:batch`` (1,000 messages a request);
+        via JetStream it is pipelined. Message ids in a chain must be distinct.
+        """
         if not messages:
             return []
+        if len({str(m.get("id")) for m in messages}) != len(messages):
+            raise InvalidRequest("message ids in a chain must be distinct", status=422)
         if self._via(via) == "jetstream":
             return await self._append_chain_direct(session_id, messages, parent_id)
-        results: list[AppendResult] = []
-        parent: str | None = parent_id
-        for message in messages:
-            results.append(await self._append_http(session_id, message, parent))
-            parent = str(message["id"])
-        return results
+        return await self._append_chain_http(session_id, messages, parent_id)
 
     def _path(self, session_id: str, tail: str = "") -> str:
         return f"/v1/sessions/{quote(session_id)}{tail}"
@@ -296,39 +309,127 @@ class ChronicleClient:
         self.note_seq(session_id, out["seq"])
         return AppendResult(str(out["id"]), out.get("parent_id"), int(out["seq"]), bool(out.get("created", True)))
 
+    async def _append_chain_http(
+        self, session_id: str, messages: Sequence[Mapping[str, Any]], parent_id: str | None
+    ) -> list[AppendResult]:
+        """The chain in ``messages:batch`` requests. Idempotent by message id, as single appends: a
+        retried batch re-answers the messages already appended (``created=False``), and an id
+        already stored with a different body is a :class:`~chronicle_sdk.MessageConflict`."""
+        results: list[AppendResult] = []
+        parent = parent_id
+        for start in range(0, len(messages), _BATCH_LIMIT):
+            chunk = [dict(m) for m in messages[start : start + _BATCH_LIMIT]]
+            out = await self.request(
+                "POST",
+                self._path(session_id, "/messages:batch"),
+                body={"messages": chunk, "parent_id": parent},
+                session=session_id,
+                idempotent=True,
+            )
+            self.note_seq(session_id, out["seq"])
+            results += [
+                AppendResult(str(r["id"]), r.get("parent_id"), int(r["seq"]), bool(r.get("created", True)))
+                for r in out["messages"]
+            ]
+            parent = results[-1].id
+        return results
+
     # -- direct JetStream path --------------------------------------------------------------
 
-    async def _connect_direct(self) -> _Direct:
+    async def nats_publishing(self) -> NatsPublishing:
+        """How this key's tenant publishes to JetStream (``GET /v1/nats``, asked once): its tenant,
+        the stream's layout, the inbox prefix and the size limits. Raises
+        :class:`~chronicle_sdk.Unauthorized` for an unknown API key."""
+        if self._publishing is None:
+            try:
+                out = await self.request("GET", "/v1/nats")
+            except Unauthorized as exc:
+                raise Unauthorized(
+                    f"the API refused this client's API key ({exc.detail}), so it has no NATS credentials "
+                    "for the direct path either",
+                    code=exc.code,
+                    status=exc.status,
+                    problem=exc.problem,
+                ) from exc
+            except NotFound as exc:
+                raise NotFound(
+                    f"this server does not offer direct publishing (GET /v1/nats: {exc.detail})",
+                    code=exc.code,
+                    status=exc.status,
+                    problem=exc.problem,
+                ) from exc
+            self._publishing = NatsPublishing.from_json(out)
+        return self._publishing
+
+    def _credentials(self, info: NatsPublishing) -> str:
+        """The NATS credentials this client uses, in words (for error messages; never a secret);
+        ``ValueError`` for a credentials file that does not exist."""
+        if self.nats_credentials is not None:
+            if not Path(self.nats_credentials).is_file():
+                raise ValueError(f"nats_credentials: no such file {self.nats_credentials}")
+            return f"credentials file {self.nats_credentials}"
+        from events.credentials import nkey_public_key, tenant_nkey_seed
+
+        public = nkey_public_key(tenant_nkey_seed(self._api_key))
+        return f"NKey user {public} derived from the API key of tenant {info.tenant!r}"
+
+    async def _connect_direct(self, info: NatsPublishing) -> _Direct:
         async with self._direct_lock:
             if self._direct is None:
-                import nats
-
-                from events.objectstore import JetStreamBlobStore
-                from events.publisher import Publisher
-                from events.stream import PartitionMismatch, check_partitions
-
-                assert self.nats_url is not None
-                try:
-                    nc = await nats.connect(self.nats_url, connect_timeout=5, max_reconnect_attempts=5)
-                except Exception as exc:
-                    raise Unavailable(f"cannot connect to NATS at {self.nats_url}: {exc}") from exc
-                js = nc.jetstream()
-                try:
-                    await check_partitions(js, self.layout)
-                except PartitionMismatch as exc:
-                    await nc.close()
-                    raise ValueError(str(exc)) from exc
-                self._direct = _Direct(nc, Publisher(js, self.layout), JetStreamBlobStore(js, self._blob_bucket))
+                self._direct = await self._open_nats(info)
             return self._direct
 
-    async def _pack(self, direct: _Direct, message: Mapping[str, Any]) -> tuple[Message, dict[str, Any]]:
+    async def _open_nats(self, info: NatsPublishing) -> _Direct:
+        from nats.aio.client import Client
+
+        from events.credentials import tenant_nkey_seed
+        from events.publisher import Publisher
+
+        assert self.nats_url is not None
+        who = self._credentials(info)
+        guard = _NatsErrors()
+        nc = Client()
+        auth: dict[str, Any] = (
+            {"user_credentials": self.nats_credentials}
+            if self.nats_credentials is not None
+            else {"nkeys_seed_str": tenant_nkey_seed(self._api_key)}
+        )
+        try:
+            await nc.connect(
+                self.nats_url,
+                connect_timeout=5,
+                max_reconnect_attempts=5,
+                inbox_prefix=info.inbox_prefix,
+                error_cb=guard.on_error,
+                **auth,
+            )
+        except _NatsRefused as exc:
+            await _discard(nc)
+            raise Unauthorized(
+                f"NATS at {self.nats_url} refused the {who}: {exc}", code="nats_unauthorized", status=0
+            ) from exc
+        except Exception as exc:
+            await _discard(nc)
+            raise Unavailable(f"cannot connect to NATS at {self.nats_url} with the {who}: {exc!r}") from exc
+        guard.connecting = False
+        return _Direct(nc, Publisher(nc.jetstream(), info.layout), guard, who)
+
+    async def _pack(self, info: NatsPublishing, message: Mapping[str, Any]) -> tuple[Message, dict[str, Any] | None]:
+        """The validated body and its event fields; ``None`` when the body needs a claim check."""
         from events.bodies import pack_body
 
         body = _check_message(message)
         size = len(canonical_json(body))
-        if size > self._max_message:
-            raise PayloadTooLarge(f"message is {size} bytes; the limit is {self._max_message}", status=413)
-        return body, await pack_body(body, direct.blobs, self._payload_limit)
+        if size > info.max_message_bytes:
+            raise PayloadTooLarge(f"message is {size} bytes; the limit is {info.max_message_bytes}", status=413)
+        if len(stored_json(body).encode()) > info.payload_limit_bytes:  # pack_body's claim-check rule
+            return body, None
+        return body, await pack_body(body, None, info.payload_limit_bytes)
+
+    async def _last_seq(self, session_id: str) -> int:
+        """The stream sequence of the session's newest event (0 when none), from the API."""
+        out = await self.request("GET", self._path(session_id, "/last-seq"))
+        return int(out["seq"])
 
     async def _live_state(self, session_id: str, last: int) -> None:
         """Raise :class:`SessionNotFound` when the session has events but no live registry row (deleted)."""
@@ -341,34 +442,54 @@ class ChronicleClient:
         found = await self.get_optional(self._path(session_id, f"/messages/{quote(message_id)}"), min_seq=last)
         return found is not None
 
+    def _publish_error(self, direct: _Direct, exc: Exception) -> ChronicleError:
+        """The SDK error for a failed publish: refused by the contract, denied by NATS, or unavailable."""
+        from events.publisher import Refused
+
+        if isinstance(exc, Refused):
+            problem = {"code": "", "detail": exc.detail, "reason": exc.reason}
+            if exc.reason == "too_large":
+                return PayloadTooLarge(exc.detail, status=413, problem={**problem, "code": "payload_too_large"})
+            return InvalidRequest(exc.detail, status=422, problem={**problem, "code": "invalid_request"})
+        if direct.errors.denied is not None:
+            return Unauthorized(
+                f"NATS denied the {direct.who}: {direct.errors.denied}", code="nats_unauthorized", status=0
+            )
+        return Unavailable(f"publishing to NATS at {self.nats_url} with the {direct.who} failed: {exc}")
+
     async def _publish(self, direct: _Direct, event: Any, expected: int | None) -> int | None:
         """Publish; the stream seq, or None on a concurrency conflict."""
-        from events.publisher import ConcurrencyConflict, PublishFailed
+        from events.publisher import ConcurrencyConflict
 
         try:
             return (await direct.publisher.publish(event, expected_last_subject_seq=expected)).seq
         except ConcurrencyConflict:
             return None
-        except PublishFailed as exc:
-            raise Unavailable(str(exc)) from exc
+        except Exception as exc:
+            raise self._publish_error(direct, exc) from exc
 
     async def _conflict_pause(self, attempt: int) -> None:
         await asyncio.sleep(random.uniform(0, 0.002 * min(attempt + 1, 10)))  # noqa: S311
 
     async def _append_direct(self, session_id: str, message: Mapping[str, Any], parent: ParentId) -> AppendResult:
-        """The server's append decision, made here, published with optimistic concurrency."""
+        """The server's append decision, made here, published with optimistic concurrency.
+
+        A body over the payload limit needs the claim-check store, which only the server
+        writes: that message is appended over HTTP (the same decision, made by the server).
+        """
         from events.catalog import MessageAppended
 
         _check_session_id(session_id)
-        direct = await self._connect_direct()
-        body, packed = await self._pack(direct, message)
+        info = await self.nats_publishing()
+        body, packed = await self._pack(info, message)
+        if packed is None:
+            return await self._append_http(session_id, message, parent)
+        direct = await self._connect_direct(info)
         message_id = str(body["id"])
         if isinstance(parent, str):
             parent = _check_message_id(parent)
-        tenant = self.tenant
-        assert tenant is not None
         for attempt in range(self._conflict_attempts):
-            last = await direct.publisher.last_subject_seq(tenant, session_id)
+            last = await self._last_seq(session_id)
 
             async def parent_state(last: int = last) -> Any:
                 """The latest leaf (omitted parent) or whether the named parent exists."""
@@ -396,7 +517,9 @@ class ChronicleClient:
                 if not checks[2]:
                     raise UnknownParent(f"parent message {parent!r} is not in this session", status=422)
                 pid = str(parent)
-            event = MessageAppended(tenant=tenant, session=session_id, message_id=message_id, parent_id=pid, **packed)
+            event = MessageAppended(
+                tenant=info.tenant, session=session_id, message_id=message_id, parent_id=pid, **packed
+            )
             seq = await self._publish(direct, event, last)
             if seq is None:
                 await self._conflict_pause(attempt)
@@ -414,20 +537,26 @@ class ChronicleClient:
         failed bulk call inside the stream's duplicate window appends nothing twice; an id that
         is already stored keeps its first body (the projection ignores the repeat), as the
         reference's ``appendAll`` does.
+
+        A chain holding a body over the payload limit (claim check, which only the server
+        writes) is sent whole over HTTP (``messages:batch``): nothing is appended twice there
+        either (the server is idempotent by message id), but an id already stored with a
+        different body is a :class:`~chronicle_sdk.MessageConflict`, as on the HTTP path.
         """
         from events.catalog import MessageAppended
 
         _check_session_id(session_id)
-        direct = await self._connect_direct()
-        tenant = self.tenant
-        assert tenant is not None
+        info = await self.nats_publishing()
+        tenant = info.tenant
         if parent_id is not None:
             parent_id = _check_message_id(parent_id)
         events: list[MessageAppended] = []
         results: list[tuple[str, str | None]] = []
         parent = parent_id
         for message in messages:
-            body, packed = await self._pack(direct, message)
+            body, packed = await self._pack(info, message)
+            if packed is None:
+                return await self._append_chain_http(session_id, messages, parent_id)
             mid = str(body["id"])
             key = f"chronicle:sdk:append:{tenant}:{session_id}:{mid}:{parent}:{body_hash(body)}"
             event_id = str(uuid.uuid5(uuid.NAMESPACE_URL, key))
@@ -438,8 +567,9 @@ class ChronicleClient:
             )
             results.append((mid, parent))
             parent = mid
+        direct = await self._connect_direct(info)
         for attempt in range(self._conflict_attempts):
-            last = await direct.publisher.last_subject_seq(tenant, session_id)
+            last = await self._last_seq(session_id)
             _, parent_found = await asyncio.gather(
                 self._live_state(session_id, last),
                 self._has_message(session_id, parent_id, last) if parent_id is not None else _none(),
@@ -454,14 +584,56 @@ class ChronicleClient:
             try:
                 seqs += [p.seq for p in await direct.publisher.publish_many(events[1:])]
             except Exception as exc:
-                raise Unavailable(f"bulk publish failed: {exc}") from exc
+                raise self._publish_error(direct, exc) from exc
             self.note_seq(session_id, max(seqs))
             return [AppendResult(mid, pid, seq, True) for (mid, pid), seq in zip(results, seqs, strict=True)]
         raise Contention(f"gave up after {self._conflict_attempts} conflicting attempts", status=503)
 
 
+class _NatsRefused(Exception):
+    """The NATS server refused the client's credentials while connecting."""
+
+
+class _NatsErrors:
+    """The NATS connection's error callback: fails the first connect at once when the server refuses
+    the credentials (instead of retrying them), and remembers permission violations, which the
+    server reports asynchronously (a denied publish otherwise only times out)."""
+
+    def __init__(self) -> None:
+        self.connecting = True
+        self.denied: str | None = None
+
+    async def on_error(self, exc: Exception) -> None:
+        text = str(exc) or type(exc).__name__
+        lowered = text.lower()
+        if (
+            "authorization violation" in lowered
+            or "authentication" in lowered
+            or type(exc).__name__ == ("AuthorizationError")
+        ):
+            if self.connecting:
+                raise _NatsRefused(text)
+            self.denied = text
+        elif "permissions violation" in lowered:
+            self.denied = text
+
+
+@dataclass(slots=True)
+class _Direct:
+    nc: NatsClient
+    publisher: Publisher
+    errors: _NatsErrors
+    who: str
+
+
 async def _none() -> None:
     return None
+
+
+async def _discard(nc: NatsClient) -> None:
+    """Close a connection whose connect failed (whatever state that left it in)."""
+    with contextlib.suppress(Exception):
+        await nc.close()
 
 
 def quote(value: str) -> str:

@@ -6,6 +6,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Final
 
+from events.subjects import SubjectLayout
+
 Message = dict[str, Any]
 """An AI SDK ``UIMessage``: ``{"id", "role", "parts": [...], ...}``; unknown fields round-trip."""
 
@@ -200,12 +202,54 @@ class Compaction:
         )
 
 
+@dataclass(frozen=True, slots=True)
+class NatsPublishing:
+    """How the API key's tenant publishes straight to JetStream, as the server answers ``GET /v1/nats``.
+
+    ``tenant`` is the tenant the key belongs to: the only one its NATS credentials may publish
+    for. ``publish`` lists the subject patterns they allow; publish acks arrive under
+    ``inbox_prefix``. Bodies over ``payload_limit_bytes`` need the claim-check store, which only
+    the server writes; messages over ``max_message_bytes`` are refused.
+    """
+
+    tenant: str
+    stream: str
+    subject_prefix: str
+    partitions: int
+    inbox_prefix: str
+    publish: tuple[str, ...]
+    payload_limit_bytes: int
+    max_message_bytes: int
+    max_event_bytes: int
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> NatsPublishing:
+        """Build from the answer of ``GET /v1/nats``."""
+        return cls(
+            tenant=str(data["tenant"]),
+            stream=str(data["stream"]),
+            subject_prefix=str(data["subject_prefix"]),
+            partitions=int(data["partitions"]),
+            inbox_prefix=str(data["inbox_prefix"]),
+            publish=tuple(str(p) for p in data.get("publish") or ()),
+            payload_limit_bytes=int(data["payload_limit_bytes"]),
+            max_message_bytes=int(data["max_message_bytes"]),
+            max_event_bytes=int(data["max_event_bytes"]),
+        )
+
+    @property
+    def layout(self) -> SubjectLayout:
+        """The stream's subject layout (stream name, subject prefix, partition count)."""
+        return SubjectLayout(stream=self.stream, prefix=self.subject_prefix, partitions=self.partitions)
+
+
 __all__ = [
     "OMITTED",
     "AppendResult",
     "Compaction",
     "ContextBlock",
     "Message",
+    "NatsPublishing",
     "ParentId",
     "SearchResult",
     "SessionInfo",

@@ -16,7 +16,9 @@ Run it (Chronicle from ``make up``; any OpenAI-compatible server: OpenAI, vLLM, 
         --llm-base-url http://127.0.0.1:11434/v1 --model llama3.1 \\
         "Remember that my favourite colour is teal." "What is my favourite colour?"
 
-With no prompts on the command line it reads one user turn per line from stdin.
+With no prompts on the command line it reads one user turn per line from stdin. With
+``--nats-url nats://127.0.0.1:4250`` appends are published straight to JetStream as the API key's
+tenant (``--nats-creds FILE`` for an external NATS cluster with its own accounts).
 """
 
 from __future__ import annotations
@@ -114,11 +116,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--llm-api-key", default=os.environ.get("OPENAI_API_KEY"))
     p.add_argument("--model", default=os.environ.get("OPENAI_MODEL", "gpt-4o-mini"))
     p.add_argument("--max-steps", type=int, default=8)
-    p.add_argument("--nats-url", default=None, help="append straight to JetStream (with --tenant)")
-    p.add_argument("--tenant", default=None)
-    p.add_argument("--stream", default=os.environ.get("CHRONICLE_STREAM", "CHRONICLE"))
-    p.add_argument("--subject-prefix", default=os.environ.get("CHRONICLE_SUBJECT_PREFIX", "chronicle.ev"))
-    p.add_argument("--partitions", type=int, default=int(os.environ.get("CHRONICLE_PARTITIONS", "16")))
+    p.add_argument(
+        "--nats-url",
+        default=None,
+        help="append straight to JetStream, as the API key's tenant (its NATS credentials derive from the key)",
+    )
+    p.add_argument("--nats-creds", default=None, help="a .creds file for an external NATS cluster instead")
     p.add_argument("--json", action="store_true", help="print a JSON summary at the end")
     args = p.parse_args(argv)
     if not args.api_key:
@@ -129,16 +132,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 async def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     prompts: list[str] = list(args.prompts) or [line.strip() for line in sys.stdin if line.strip()]
-    direct = args.nats_url is not None and args.tenant is not None
     async with ChronicleClient(
         args.base_url,
         args.api_key,
         nats_url=args.nats_url,
-        tenant=args.tenant,
-        stream=args.stream,
-        subject_prefix=args.subject_prefix,
-        partitions=args.partitions,
-        append_via="jetstream" if direct else "http",
+        nats_credentials=args.nats_creds,
+        append_via="jetstream" if args.nats_url else "http",
     ) as client:
         manager = SessionManager(client)
         session_id = args.session or new_id("agent")

@@ -30,21 +30,9 @@ def text(mid: str, content: str, role: str = "user") -> dict[str, Any]:
 def client_for(
     api_url: str, settings: Settings, *, tenant: str = "tenant-a", via: Via = "http", **kw: Any
 ) -> ChronicleClient:
-    """An SDK client for ``tenant``, able to publish straight to the stack's JetStream."""
-    return ChronicleClient(
-        api_url,
-        KEYS[tenant],
-        nats_url=settings.nats_url,
-        tenant=tenant,
-        stream=settings.stream,
-        subject_prefix=settings.subject_prefix,
-        partitions=settings.partitions,
-        blob_bucket=settings.blob_bucket,
-        payload_limit_bytes=settings.payload_limit_bytes,
-        max_message_bytes=settings.max_message_bytes,
-        append_via=via,
-        **kw,
-    )
+    """An SDK client with ``tenant``'s API key, able to publish straight to the stack's JetStream
+    (as that tenant: its NATS credentials are derived from the key)."""
+    return ChronicleClient(api_url, KEYS[tenant], nats_url=settings.nats_url, append_via=via, **kw)
 
 
 @contextlib.asynccontextmanager

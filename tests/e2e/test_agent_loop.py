@@ -124,10 +124,7 @@ async def test_the_next_turn_sees_what_was_learned(api_url: str, api_settings: S
         StubLLM.call("session_search", {"query": w}),
         StubLLM.say("Teal."),
     ]
-    direct = [
-        *("--nats-url", api_settings.nats_url, "--tenant", "tenant-a", "--stream", api_settings.stream),
-        *("--subject-prefix", api_settings.subject_prefix, "--partitions", str(api_settings.partitions)),
-    ]
+    direct = ["--nats-url", api_settings.nats_url]
     with StubLLM(script) as llm:
         summary = run_example(api_url, llm, session_id, f"Remember {w}: teal.", "What is my colour?", extra=direct)
     assert summary["answers"] == ["Noted.", "Teal."]
