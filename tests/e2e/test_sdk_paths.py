@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import json
+import time
+from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
-from chronicle_sdk import AppendResult, ChronicleClient, Session, SessionManager, Via
+from chronicle_sdk import AppendResult, ChronicleClient, InvalidRequest, Session, SessionManager, Unauthorized, Via
+from events.credentials import nkey_public_key, tenant_nkey_seed
 from services.settings import Settings
-from tests.e2e.sdk_support import client_for, sid, text
+from tests.conftest import operator_nats
+from tests.e2e.sdk_support import VIAS, client_for, ids, sid, text
 
 
 class CountingTransport(httpx.AsyncHTTPTransport):
@@ -114,3 +119,126 @@ async def test_direct_append_needs_nats_settings(api_url: str) -> None:
         s = Session.create(c, sid())
         with pytest.raises(ValueError, match="nats_url"):
             await s.append_message(text("m1", "x"), via="jetstream")
+
+
+async def test_the_direct_path_writes_as_the_keys_tenant(api_url: str, api_settings: Settings) -> None:
+    """tenant-b's key publishes on tenant-b's subjects, even for a session id tenant-a also has."""
+    shared = sid("tenants")
+    async with client_for(api_url, api_settings, tenant="tenant-a") as a:
+        sa = Session.create(a, shared)
+        await sa.append_message(text("a1", "tenant a's own"))
+        history_a = await sa.get_history()
+        events_a = await sa.get_events()
+    async with client_for(api_url, api_settings, tenant="tenant-b", via="jetstream") as b:
+        assert b.tenant is None  # only the server says which tenant a key is
+        sb = Session.create(b, shared)
+        first = await sb.append_message(text("b1", "tenant b's own"))
+        chain = await sb.append_all([text("b2", "second"), text("b3", "third")], "b1")
+        assert b.tenant == "tenant-b"
+        assert (await b.nats_publishing()).tenant == "tenant-b"
+        assert ids(await sb.get_history()) == ["b1", "b2", "b3"]
+    nc = await operator_nats(api_settings.nats_url)
+    try:
+        js, layout = nc.jetstream(), api_settings.layout()
+        newest_b = await js.get_last_msg(layout.stream, layout.session_subject("tenant-b", shared))
+        assert newest_b.seq == chain[-1].seq > first.seq
+        assert json.loads(newest_b.data or b"")["tenant"] == "tenant-b"
+        newest_a = await js.get_last_msg(layout.stream, layout.session_subject("tenant-a", shared))
+        assert newest_a.seq == events_a[-1]["seq"]
+    finally:
+        await nc.close()
+    async with client_for(api_url, api_settings, tenant="tenant-a") as a:
+        sa = Session.create(a, shared)
+        assert await sa.get_history() == history_a
+        assert await sa.get_events() == events_a
+
+
+async def test_a_chain_with_a_claim_checked_body_goes_through_the_api(api_url: str, api_settings: Settings) -> None:
+    transport = CountingTransport()
+    async with client_for(api_url, api_settings, via="jetstream", transport=transport) as c:
+        s = Session.create(c, sid("bigchain"))
+        await s.append_message(text("m1", "small"))  # published directly
+        chain = [text("c1", "before"), text("c2", BIG), text("c3", "after")]
+        results = await s.append_all(chain, "m1")
+        assert [(r.id, r.parent_id, r.created) for r in results] == [
+            ("c1", "m1", True),
+            ("c2", "c1", True),
+            ("c3", "c2", True),
+        ]
+        history = await s.get_history()
+        assert ids(history) == ["m1", "c1", "c2", "c3"]
+        assert history[2]["parts"][0]["text"] == BIG
+        appended = [e["event"] for e in await s.get_events() if e["event"]["type"] == "message.appended"]
+        assert [e["message_id"] for e in appended] == ["m1", "c1", "c2", "c3"]
+        assert appended[2]["message_ref"]
+        assert appended[2].get("message") is None
+        again = await s.append_all(chain, "m1")  # a re-run appends nothing twice
+        assert [(r.id, r.created) for r in again] == [("c1", False), ("c2", False), ("c3", False)]
+        assert len([e for e in await s.get_events() if e["event"]["type"] == "message.appended"]) == 4
+    posts = [p for m, p in transport.calls if m == "POST"]
+    assert posts == [f"/v1/sessions/{s.id}/messages:batch"] * 2
+
+
+async def test_the_contract_refuses_the_same_on_both_paths(api_url: str, api_settings: Settings) -> None:
+    bad = {"id": "m1", "role": "user", "parts": [{"type": "text", "text": "a\u0000b"}]}
+    async with client_for(api_url, api_settings) as c:
+        for via in VIAS:
+            s = Session.create(c, sid(f"nul-{via}"))
+            with pytest.raises(InvalidRequest) as err:
+                await s.append_message(bad, via=via)
+            assert (type(err.value), err.value.status, err.value.code) == (InvalidRequest, 422, "invalid_request")
+            assert await s.get_events() == []
+
+
+async def test_a_wrong_api_key_is_a_clear_error_on_the_direct_path(api_url: str, api_settings: Settings) -> None:
+    async with ChronicleClient(api_url, "not-a-key", nats_url=api_settings.nats_url, retries=0) as c:
+        with pytest.raises(Unauthorized, match="API key") as err:
+            await c.append(sid(), text("m1", "x"), via="jetstream")
+        assert err.value.status == 401
+        assert c.tenant is None
+
+
+async def test_nats_refusing_the_credentials_is_a_clear_error(api_url: str, api_settings: Settings) -> None:
+    """An API that knows the key but a NATS server that does not (not configured, rotated): the
+    error names the NATS server and the credentials, and comes at once (no reconnect loop)."""
+    async with client_for(api_url, api_settings) as real:
+        publishing = await real.request("GET", "/v1/nats")
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        assert request.url.path == "/v1/nats"
+        return httpx.Response(200, json=publishing)
+
+    unknown = "key-unknown-to-nats"
+    public = nkey_public_key(tenant_nkey_seed(unknown))
+    transport = httpx.MockTransport(answer)
+    async with ChronicleClient(api_url, unknown, nats_url=api_settings.nats_url, transport=transport) as c:
+        started = time.monotonic()
+        with pytest.raises(Unauthorized) as err:
+            await c.append(sid(), text("m1", "x"), via="jetstream")
+        assert time.monotonic() - started < 5
+    assert err.value.code == "nats_unauthorized"
+    assert api_settings.nats_url in err.value.detail
+    assert public in err.value.detail
+    assert "Authorization Violation" in err.value.detail
+
+
+async def test_a_creds_file_is_used_instead_of_the_derived_key(
+    api_url: str, api_settings: Settings, tmp_path: Path
+) -> None:
+    """``nats_credentials``: the user of a .creds file (here one this server does not trust, as it
+    has no JWT accounts); refused, the error names the file."""
+    creds = tmp_path / "bad.creds"
+    creds.write_text(
+        "-----BEGIN NATS USER JWT-----\neyJ0eXAiOiJKV1QiLCJhbGciOiJlZDI1NTE5LW5rZXkifQ.e30.c2ln\n"
+        "------END NATS USER JWT------\n\n"
+        f"-----BEGIN USER NKEY SEED-----\n{tenant_nkey_seed('key-unknown-to-nats')}\n"
+        "------END USER NKEY SEED------\n"
+    )
+    async with client_for(api_url, api_settings, nats_credentials=str(creds)) as c:
+        with pytest.raises(Unauthorized) as err:
+            await c.append(sid(), text("m1", "x"), via="jetstream")
+    assert err.value.code == "nats_unauthorized"
+    assert str(creds) in err.value.detail
+    async with client_for(api_url, api_settings, nats_credentials=str(tmp_path / "missing.creds")) as c:
+        with pytest.raises(ValueError, match=r"missing\.creds"):
+            await c.append(sid(), text("m1", "x"), via="jetstream")

@@ -14,8 +14,10 @@ from chronicle_sdk import (
     ChronicleClient,
     ChronicleError,
     Conflict,
+    InvalidRequest,
     MessageConflict,
     NotFound,
+    PayloadTooLarge,
     ProjectionTimeout,
     ReadOnlyBlock,
     ServerError,
@@ -29,6 +31,7 @@ from chronicle_sdk import (
 from chronicle_sdk.errors import error_from_problem
 from chronicle_sdk.tools import ToolDefinition, Tools
 from chronicle_sdk.types import SearchResult
+from events.subjects import SubjectLayout
 
 Handler = Callable[[httpx.Request], httpx.Response]
 
@@ -296,3 +299,94 @@ async def test_tools_merge_and_formats() -> None:
 def test_jetstream_default_needs_nats_settings() -> None:
     with pytest.raises(ValueError, match="nats_url"):
         ChronicleClient("http://x", "k", append_via="jetstream")
+
+
+NATS_INFO = {
+    "tenant": "tenant-x",
+    "stream": "CHRONICLE",
+    "subject_prefix": "chronicle.ev",
+    "partitions": 4,
+    "inbox_prefix": "_INBOX_T.tenant-x",
+    "publish": [f"chronicle.ev.tenant-x.p{p:03d}.*" for p in range(4)],
+    "payload_limit_bytes": 1024,
+    "max_message_bytes": 4096,
+    "max_event_bytes": 1024 * 1024,
+}
+
+
+def batch_answer(request: httpx.Request) -> httpx.Response:
+    body = json.loads(request.content)
+    parent, out = body.get("parent_id"), []
+    for i, m in enumerate(body["messages"]):
+        out.append({"id": m["id"], "parent_id": parent, "seq": 100 + i, "created": True})
+        parent = m["id"]
+    return httpx.Response(201, json={"messages": out, "seq": out[-1]["seq"]})
+
+
+async def test_the_tenant_and_layout_are_what_the_server_says() -> None:
+    rec = Recorder(lambda r: httpx.Response(200, json=NATS_INFO))
+    async with rec.client(nats_url="nats://127.0.0.1:1") as c:
+        assert (c.tenant, c.layout) == (None, None)
+        info = await c.nats_publishing()
+        assert await c.nats_publishing() is info  # asked once
+        assert c.tenant == "tenant-x"
+        assert c.layout == SubjectLayout(stream="CHRONICLE", prefix="chronicle.ev", partitions=4)
+        assert (info.inbox_prefix, info.payload_limit_bytes, len(info.publish)) == ("_INBOX_T.tenant-x", 1024, 4)
+    assert [r.url.path for r in rec.requests] == ["/v1/nats"]
+
+
+async def test_claim_checked_bodies_go_through_the_api_without_nats() -> None:
+    """Over the payload limit (only the server writes the claim-check store): HTTP, one message or
+    the whole chain; NATS (here: nothing listening) is never dialled."""
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/v1/nats":
+            return httpx.Response(200, json=NATS_INFO)
+        if request.url.path.endswith("/messages:batch"):
+            return batch_answer(request)
+        return appended(request)
+
+    big = {"id": "big", "role": "user", "parts": [{"type": "text", "text": "x" * 2000}]}
+    rec = Recorder(handler)
+    async with rec.client(nats_url="nats://127.0.0.1:1", append_via="jetstream") as c:
+        s = Session.create(c, "s1")
+        assert (await s.append_message(big)).seq == 7
+        results = await s.append_all([msg("a"), {**big, "id": "big2"}, msg("b")], "big")
+        assert [(r.id, r.parent_id) for r in results] == [("a", "big"), ("big2", "a"), ("b", "big2")]
+        with pytest.raises(PayloadTooLarge):  # over max_message_bytes: refused here
+            await s.append_message({**big, "parts": [{"type": "text", "text": "x" * 5000}]})
+    assert [(r.method, r.url.path) for r in rec.requests] == [
+        ("GET", "/v1/nats"),
+        ("POST", "/v1/sessions/s1/messages"),
+        ("POST", "/v1/sessions/s1/messages:batch"),
+    ]
+    assert rec.bodies()[1]["parent_id"] == "big"
+
+
+async def test_http_chains_are_batches_of_at_most_1000() -> None:
+    rec = Recorder(batch_answer)
+    async with rec.client() as c:
+        results = await c.append_chain("s1", [msg(f"m{i}") for i in range(1500)], None)
+        with pytest.raises(InvalidRequest, match="distinct"):
+            await c.append_chain("s1", [msg("a"), msg("a")])
+    assert [len(b["messages"]) for b in rec.bodies()] == [1000, 500]
+    assert [b["parent_id"] for b in rec.bodies()] == [None, "m999"]
+    assert [r.parent_id for r in results[999:1001]] == ["m998", "m999"]
+
+
+def test_publish_failures_map_to_sdk_errors() -> None:
+    from chronicle_sdk.client import _Direct, _NatsErrors
+    from events.admission import Refused
+
+    c = ChronicleClient("http://x", "k", nats_url="nats://127.0.0.1:1")
+    errors = _NatsErrors()
+    direct = _Direct(nc=None, publisher=None, errors=errors, who="NKey user U…")  # type: ignore[arg-type]
+    too_large = c._publish_error(direct, Refused("too_large", "2000000 bytes"))
+    assert (type(too_large), too_large.status, too_large.problem["reason"]) == (PayloadTooLarge, 413, "too_large")
+    invalid = c._publish_error(direct, Refused("invalid", "a NUL"))
+    assert (type(invalid), invalid.status, invalid.detail) == (InvalidRequest, 422, "a NUL")
+    assert type(c._publish_error(direct, TimeoutError())) is Unavailable
+    errors.denied = "nats: permissions violation for publish to 'x'"
+    denied = c._publish_error(direct, TimeoutError())
+    assert (type(denied), denied.code) == (Unauthorized, "nats_unauthorized")
+    assert "NKey user U…" in denied.detail
