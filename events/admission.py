@@ -14,6 +14,12 @@ applying it. Checks, in this order (the first failure decides the reason):
    tenant-scoped, every message id the event names).
 6. ``subject_mismatch``: the subject is not exactly the event's session subject (prefix, tenant,
    partition token of this layout, session): the subject is the authority.
+
+A claim check (a body event's ``message_ref``) is decided when the body is fetched
+(:func:`events.bodies.unpack_body`, with :func:`admit_body`): ``body_unavailable`` when the object
+store answers that no such object exists, or its bytes do not hash to the reference's SHA-256, or
+they are not a JSON object. Objects are immutable and never deleted, so the same reference decides
+the same on a rebuild; a store that cannot answer (connection, timeout) decides nothing (retried).
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ from typing import Any, Literal, get_args
 
 from pydantic import ValidationError
 
+from events.blobs import BlobRef, sha256_hex
 from events.catalog import (
     CompactionFailed,
     CompactionRecorded,
@@ -42,10 +49,21 @@ from events.subjects import SubjectLayout, partition_of
 MAX_EVENT_BYTES = 1024 * 1024
 """NATS's default ``max_payload``: the largest event the contract admits."""
 
-Reason = Literal["too_large", "not_json", "unknown_type", "newer_version", "invalid", "subject_mismatch", "data_error"]
+Reason = Literal[
+    "too_large",
+    "not_json",
+    "unknown_type",
+    "newer_version",
+    "invalid",
+    "subject_mismatch",
+    "body_unavailable",
+    "data_error",
+]
 REASONS: tuple[Reason, ...] = get_args(Reason)
 """Every reason code, stable: operators, metrics and the quarantine table use them.
-``data_error`` is the projector's: an admitted event a projection's database refused."""
+``body_unavailable`` is an admitted event whose claim-checked body cannot be had (no such object,
+not the referenced bytes, not a JSON object: :func:`admit_body`); ``data_error`` is the
+projector's: an admitted event a projection's database refused."""
 
 
 class Refused(ValueError):
@@ -55,6 +73,13 @@ class Refused(ValueError):
         super().__init__(f"{reason}: {detail}")
         self.reason: Reason = reason
         self.detail = detail
+
+
+class BodyUnavailable(Refused):
+    """An admitted event's claim-checked body that can never be had: reason ``body_unavailable``."""
+
+    def __init__(self, detail: str) -> None:
+        super().__init__("body_unavailable", detail)
 
 
 # Only a ``\\u`` escape can put NUL or a surrogate into a parsed string: raw control characters are
@@ -84,6 +109,21 @@ def admit(data: bytes, subject: str, layout: SubjectLayout) -> Event:
     if layout.session_subject(event.tenant, event.session) != subject:
         raise Refused("subject_mismatch", _mismatch(event, subject, layout))
     return event
+
+
+def admit_body(data: bytes, ref: BlobRef) -> dict[str, Any]:
+    """The body a claim check's object holds, when ``data`` are the referenced bytes and a JSON
+    object; else :class:`BodyUnavailable`. (Parsed as the projector always did: what a projection
+    cannot store is its database's data error.)"""
+    if sha256_hex(data) != ref.sha256:
+        raise BodyUnavailable(f"claim check: object {ref.key[:80]!r}: its bytes do not hash to the reference's sha256")
+    try:
+        body = json.loads(data)
+    except (ValueError, RecursionError) as exc:  # UnicodeDecodeError is a ValueError
+        raise BodyUnavailable(f"claim check: object {ref.key[:80]!r}: not JSON: {str(exc)[:120]}") from None
+    if not isinstance(body, dict):
+        raise BodyUnavailable(f"claim check: object {ref.key[:80]!r}: a JSON {type(body).__name__}, not an object")
+    return body
 
 
 def has_bad_chars(value: Any) -> bool:

@@ -54,4 +54,4 @@ class MemoryBlobStore:
         try:
             return self._data[ref.key]
         except KeyError as exc:
-            raise BlobNotFound(ref.key) from exc
+            raise BlobNotFound(f"no object {ref.key[:80]!r}") from exc

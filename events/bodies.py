@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
-from events.blobs import BlobRef, BlobStore
+from events.admission import BodyUnavailable, admit_body
+from events.blobs import BlobNotFound, BlobRef, BlobStore
 from events.catalog import MessageBodyEvent
 from events.messages import JsonObject, body_hash, stored_json
 
@@ -24,12 +24,20 @@ async def pack_body(body: JsonObject, store: BlobStore | None, limit_bytes: int)
 
 
 async def unpack_body(event: MessageBodyEvent, store: BlobStore | None) -> JsonObject:
-    """The full body of a message event, fetched from object storage when referenced."""
+    """The full body of a message event, fetched from object storage when referenced.
+
+    A reference that can never resolve (the store has no such object, its bytes are not the
+    referenced ones or not a JSON object) raises :class:`~events.admission.BodyUnavailable`, a
+    decision as stable as the log (objects are immutable, never deleted); a store that cannot
+    answer raises its own error, to be retried."""
     if event.message is not None:
         return event.message
     ref: BlobRef | None = event.message_ref
     assert ref is not None
     if store is None:
         raise LookupError(f"event {event.id} references blob {ref.key} but no store is configured")
-    body: JsonObject = json.loads(await store.get(ref))
-    return body
+    try:
+        data = await store.get(ref)
+    except BlobNotFound as exc:
+        raise BodyUnavailable(f"claim check: {str(exc)[:300]}") from None
+    return admit_body(data, ref)

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import re
+
 from nats.js import JetStreamContext
 from nats.js.api import ObjectStoreConfig, StorageType
 from nats.js.errors import BucketNotFoundError, NotFoundError, ObjectNotFoundError
 from nats.js.object_store import ObjectStore
 
 from events.blobs import BlobNotFound, BlobRef, sha256_hex
+
+_DIGEST = re.compile(r"[0-9a-f]{64}")
 
 
 class JetStreamBlobStore:
@@ -44,12 +48,18 @@ class JetStreamBlobStore:
         return ref
 
     async def get(self, ref: BlobRef) -> bytes:
+        """The object's bytes; :class:`BlobNotFound` when the store answers that there is no such
+        object (or none can be: every key is a SHA-256 hex digest, so a reference naming anything
+        else is never sent to the server) or its bytes do not hash to ``ref.sha256``. A store
+        that cannot answer raises NATS's own errors (connection, timeout)."""
+        if not _DIGEST.fullmatch(ref.key):
+            raise BlobNotFound(f"no object {ref.key[:80]!r}: not a SHA-256 key")
         store = await self._get_store()
         try:
             result = await store.get(ref.key)
         except (ObjectNotFoundError, NotFoundError) as exc:
-            raise BlobNotFound(ref.key) from exc
+            raise BlobNotFound(f"no object {ref.key!r}") from exc
         data = result.data or b""
         if sha256_hex(data) != ref.sha256:
-            raise BlobNotFound(f"{ref.key}: content hash mismatch")
+            raise BlobNotFound(f"object {ref.key!r}: its bytes do not hash to the reference's sha256")
         return data

@@ -6,7 +6,8 @@ from typing import Any
 
 import pytest
 
-from events.blobs import BlobNotFound, BlobRef, MemoryBlobStore, sha256_hex
+from events.admission import REASONS, BodyUnavailable, admit_body
+from events.blobs import BlobRef, MemoryBlobStore, sha256_hex
 from events.bodies import pack_body, unpack_body
 from events.catalog import MessageAppended, MessageUpdated
 from events.messages import body_hash, canonical_json, stored_json
@@ -119,10 +120,52 @@ async def test_unpack_reference_without_store_is_a_lookup_error() -> None:
         await unpack_body(event, None)
 
 
-async def test_unpack_missing_blob_is_blob_not_found() -> None:
+async def test_unpack_missing_blob_is_a_body_that_can_never_be_had() -> None:
     event = appended(await pack_body(LARGE, MemoryBlobStore(), LIMIT), "m2")
-    with pytest.raises(BlobNotFound):
+    with pytest.raises(BodyUnavailable, match="no object") as caught:
         await unpack_body(event, MemoryBlobStore())
+    assert caught.value.reason == "body_unavailable"
+    assert caught.value.reason in REASONS
+
+
+class Tampered(MemoryBlobStore):
+    """A store whose object under a key holds other bytes (what no real store returns)."""
+
+    def __init__(self, data: bytes) -> None:
+        super().__init__()
+        self.data = data
+
+    async def get(self, ref: BlobRef) -> bytes:
+        return self.data
+
+
+@pytest.mark.parametrize(
+    ("data", "why"),
+    [
+        (b'{"role": "user", "parts": []}', "do not hash"),
+        (b"\xff\xfe not json", "not JSON"),
+        (b'["a", "list"]', "a JSON list, not an object"),
+        (b'"text"', "a JSON str, not an object"),
+        (b"[" * 100_000, "not JSON"),
+    ],
+)
+async def test_unpack_refuses_bytes_that_are_not_the_referenced_json_object(data: bytes, why: str) -> None:
+    event = appended(await pack_body(LARGE, MemoryBlobStore(), LIMIT), "m2")
+    assert event.message_ref is not None
+    ref = event.message_ref
+    if why != "do not hash":  # the reference names these very bytes: only their content is wrong
+        ref = BlobRef(store="memory", key=sha256_hex(data), sha256=sha256_hex(data), size=len(data))
+    event = event.model_copy(update={"message_ref": ref})
+    with pytest.raises(BodyUnavailable, match=why):
+        await unpack_body(event, Tampered(data))
+    with pytest.raises(BodyUnavailable, match=why):
+        admit_body(data, ref)  # the pure decision, the same every time
+
+
+def test_admit_body_returns_the_referenced_object() -> None:
+    data = stored_json(LARGE).encode()
+    ref = BlobRef(store="memory", key=sha256_hex(data), sha256=sha256_hex(data), size=len(data))
+    assert admit_body(data, ref) == LARGE
 
 
 async def test_claim_checked_body_keeps_the_clients_key_order() -> None:
