@@ -53,7 +53,12 @@ def screen(seq: int, subject: str, data: bytes, layout: SubjectLayout) -> tuple[
     try:
         return seq, admit(data, subject, layout)
     except Refused as exc:
-        return Quarantined(seq, subject, exc.reason, exc.detail, data)
+        return refused_item(seq, subject, data, exc)
+
+
+def refused_item(seq: int, subject: str, data: bytes, exc: Refused) -> Quarantined:
+    """The quarantine item of the stored event ``data`` the contract refused with ``exc``."""
+    return Quarantined(seq, subject, exc.reason, exc.detail, data)
 
 
 def data_error(seq: int, subject: str, data: bytes, projection: str, exc: Exception) -> Quarantined:

@@ -15,6 +15,10 @@ Contract:
   (:data:`projections.quarantine.DATA_ERRORS`: the batch is re-applied one event at a time, each
   in a savepoint), are recorded in ``quarantine`` in the batch's transaction, and the checkpoint
   moves past them: one bad event never stops the projector, and a rebuild decides the same.
+  So is an event whose claim-checked body can never be had
+  (:class:`events.admission.BodyUnavailable`: reason ``body_unavailable``); a projection that
+  meets one while preparing leaves its plans to the transaction, where the batch is re-applied
+  one event at a time and that event quarantined.
 * Any other failure (the database or NATS is down) re-positions after an exponential backoff
   (``retry_base_s`` doubling up to ``retry_cap_s``, reset once a batch commits), one log line per
   retry (the traceback only on the first of a run of failures, else at DEBUG).
@@ -37,14 +41,17 @@ from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 from nats.js.errors import NotFoundError
 from psycopg_pool import AsyncConnectionPool
 
+from events.admission import BodyUnavailable
 from events.envelope import Event
 from events.subjects import SubjectLayout
-from projections.quarantine import DATA_ERRORS, Quarantined, data_error, record, screen
+from projections.quarantine import DATA_ERRORS, Quarantined, data_error, record, refused_item, screen
 
 log = logging.getLogger("chronicle.projector")
 
 NOTIFY_CHANNEL = "chronicle_applied"
 PREPARE_SLICE = 100
+_PER_EVENT: tuple[type[Exception], ...] = (*DATA_ERRORS, BodyUnavailable)
+"""What one event's data makes a batch raise: re-applied one event at a time, the event quarantined."""
 
 
 class Projection(Protocol):
@@ -74,8 +81,15 @@ Sources = Mapping[int, tuple[str, bytes]]
 
 
 async def prepare(projections: Sequence[Projection], items: Sequence[tuple[int, Event]]) -> dict[str, list[Any]]:
-    """The plans of every planning projection for ``items`` (outside any transaction)."""
-    return {p.name: await p.prepare(items) for p in projections if isinstance(p, Planning)}
+    """The plans of every planning projection for ``items`` (outside any transaction). A
+    projection that meets a body that can never be had (:class:`BodyUnavailable`) has no plans
+    here: :func:`apply_batch` applies it unplanned, and quarantines the event that raises."""
+    plans: dict[str, list[Any]] = {}
+    for p in projections:
+        if isinstance(p, Planning):
+            with contextlib.suppress(BodyUnavailable):
+                plans[p.name] = await p.prepare(items)
+    return plans
 
 
 @dataclass
@@ -120,9 +134,10 @@ async def apply_batch(
 
     ``refused`` are the batch's events the contract refused: those past the checkpoint are
     recorded in ``quarantine`` and the checkpoint moves past them. The projections run in a
-    savepoint; when one raises a data error the items are applied again one at a time, each in
-    its own savepoint, and the ones that fail are quarantined as ``data_error`` (with their
-    ``sources``' subject and bytes). ``quarantined``, when given, receives what this call recorded.
+    savepoint; when one raises a data error or :class:`BodyUnavailable`, the items are applied
+    again one at a time, each in its own savepoint, and the ones that fail are quarantined as
+    ``data_error`` or ``body_unavailable`` (with their ``sources``' subject and bytes).
+    ``quarantined``, when given, receives what this call recorded.
     """
     names = sorted({name} if isinstance(name, str) else set(name))  # one lock order for every worker
     cur = await conn.execute(  # creates the rows if needed and locks them until the commit
@@ -144,7 +159,7 @@ async def apply_batch(
         try:
             async with conn.transaction():  # a savepoint: a data error rolls back to here only
                 await _apply(conn, projections, items, picked, prepared)
-        except DATA_ERRORS:
+        except _PER_EVENT:
             failed = await _apply_each(conn, projections, items, picked, prepared, sources or {})
     if late or failed:
         await record(conn, names[0], [*late, *failed], announce=notify)
@@ -184,7 +199,8 @@ async def _apply_each(
     sources: Sources,
 ) -> list[Quarantined]:
     """Apply the ``picked`` items one at a time, each in a savepoint; the ones a projection's
-    database refuses for their data are rolled back and returned as quarantine items."""
+    database refuses for their data, or whose body can never be had, are rolled back and returned
+    as quarantine items."""
     failed: list[Quarantined] = []
     for i in picked:
         seq, event = items[i]
@@ -197,6 +213,9 @@ async def _apply_each(
         except DATA_ERRORS as exc:
             subject, raw = sources.get(seq) or ("", event.to_json())
             failed.append(data_error(seq, subject, raw, current, exc))
+        except BodyUnavailable as exc:  # the same for every projection and consumer: no name
+            subject, raw = sources.get(seq) or ("", event.to_json())
+            failed.append(refused_item(seq, subject, raw, exc))
     return failed
 
 
@@ -378,6 +397,7 @@ class ProjectorRunner:
         refused: list[Quarantined] = []
         sources: dict[int, tuple[str, bytes]] = {}
         prepared: dict[str, list[Any]] = {}
+        unplanned: set[str] = set()
         for start in range(0, len(msgs), PREPARE_SLICE):
             part: list[tuple[int, Event]] = []
             for m in msgs[start : start + PREPARE_SLICE]:
@@ -389,9 +409,14 @@ class ProjectorRunner:
                 else:
                     part.append(decided)
             items.extend(part)
-            for name, plans in (await prepare(self.projections, part)).items():
+            planning = [p for p in self.projections if isinstance(p, Planning) and p.name not in unplanned]
+            planned = await prepare(planning, part)
+            for name, plans in planned.items():
                 prepared.setdefault(name, []).extend(plans)
+            unplanned.update(p.name for p in planning if p.name not in planned)
             await asyncio.sleep(0)
+        for name in unplanned:  # plans of some slices only: the projection applies the batch unplanned
+            prepared.pop(name, None)
         return _Batch(msgs[-1], max(sources), items, prepared, refused, sources)
 
     async def _fetch(self, sub: JetStreamContext.PullSubscription) -> list[Msg]:

@@ -53,14 +53,15 @@ async def session_events(
 
 async def session_as_of(c: Container, tenant: str, session: str, as_of_seq: int) -> SessionState:
     """The session's messages as they were right after stream sequence ``as_of_seq``; events the
-    contract refuses are skipped, as the projector quarantines them."""
+    contract refuses, or whose claim-checked body can never be had, are skipped, as the projector
+    quarantines them."""
     state = SessionState()
     async for stored in session_events(c, tenant, session, 1, as_of_seq):
         try:
             event = admit(stored.data, stored.subject, c.layout)
-        except Refused:
+            body = await unpack_body(event, c.blobs) if isinstance(event, MessageBodyEvent) else None
+        except Refused:  # BodyUnavailable included
             continue
-        body = await unpack_body(event, c.blobs) if isinstance(event, MessageBodyEvent) else None
         state.apply(stored.seq, event, body)
     return state
 
