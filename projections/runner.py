@@ -101,6 +101,19 @@ class RunnerStats:
     last_seq: int = 0
 
 
+def partition_checkpoint(projector: str, partition: int) -> str:
+    """The checkpoint (and lock) name of one partition of a projector: ``<name>.pNNN``."""
+    return f"{projector}.p{partition:03d}"
+
+
+def checkpoint_partition(projector: str, name: str) -> int | None:
+    """The partition a checkpoint name of ``projector`` stands for (the inverse of
+    :func:`partition_checkpoint`); None for the unpartitioned one and for other names."""
+    prefix = f"{projector}.p"
+    digits = name[len(prefix) :] if name.startswith(prefix) else ""
+    return int(digits) if digits.isascii() and digits.isdigit() else None
+
+
 def retry_delay(failures: int, base_s: float, cap_s: float) -> float:
     """The wait before retry number ``failures`` (1, 2, ...): ``base_s`` doubling, at most ``cap_s``."""
     return float(min(cap_s, base_s * 2 ** min(max(failures - 1, 0), 32)))

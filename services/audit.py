@@ -21,8 +21,9 @@ from projections import context_queries as cq
 from projections import queries
 from projections.quarantine import storable_text
 from projections.rebuild import TABLES, Horizon, apply_range, checksums, quarantine_rows, rebuild_into
+from projections.runner import checkpoint_partition
 from projections.timetravel import SessionState
-from services.bootstrap import Container, checkpoint_partition
+from services.bootstrap import Container
 from services.context import object_key
 from services.quarantine import raw_text
 from services.skills_store import StoredObject

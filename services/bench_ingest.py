@@ -22,6 +22,7 @@ from events.registry import decode
 from events.subjects import partition_of
 from projections.migrate import migrate
 from projections.rebuild import rebuild_into
+from projections.runner import partition_checkpoint
 from services.bench_data import TENANT, Row, baseline_insert, messages, to_event, to_row
 from services.bench_support import (
     BenchOptions,
@@ -39,7 +40,7 @@ from services.bench_support import (
     service,
     summary_ms,
 )
-from services.bootstrap import Container, open_container, partition_checkpoint, worker_partitions
+from services.bootstrap import Container, open_container, worker_partitions
 from services.progress import Progress
 from services.settings import Settings
 

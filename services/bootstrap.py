@@ -23,7 +23,7 @@ from projections.context import ContextProjection
 from projections.history import HistoryProjection
 from projections.migrate import migrate
 from projections.overlays import OverlayProjection
-from projections.runner import Projection, ProjectorRunner, read_checkpoint
+from projections.runner import Projection, ProjectorRunner, partition_checkpoint, read_checkpoint
 from services.commands import Commands
 from services.compactor import CompactionService, Compactor
 from services.compactor_state import CompactorState
@@ -121,19 +121,6 @@ class Container:
             batch_size=self.settings.projector_batch,
             **kwargs,
         )
-
-
-def partition_checkpoint(projector: str, partition: int) -> str:
-    """The checkpoint (and lock) name of one partition of a projector: ``<name>.pNNN``."""
-    return f"{projector}.p{partition:03d}"
-
-
-def checkpoint_partition(projector: str, name: str) -> int | None:
-    """The partition a checkpoint name of ``projector`` stands for (the inverse of
-    :func:`partition_checkpoint`); None for the unpartitioned one and for other names."""
-    prefix = f"{projector}.p"
-    digits = name[len(prefix) :] if name.startswith(prefix) else ""
-    return int(digits) if digits.isascii() and digits.isdigit() else None
 
 
 def worker_partitions(partitions: int, workers: int, worker: int) -> list[int]:

@@ -12,8 +12,9 @@ from nats.js.errors import NotFoundError
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from events import log as eventlog
+from projections.runner import checkpoint_partition
 from services import quarantine
-from services.bootstrap import Container, checkpoint_partition
+from services.bootstrap import Container
 
 REGISTRY = CollectorRegistry()
 PUBLISHED = Counter("chronicle_events_published_total", "Events published by this API", ["type"], registry=REGISTRY)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from services.bootstrap import checkpoint_partition, partition_checkpoint
+from projections.runner import checkpoint_partition, partition_checkpoint
 
 
 @pytest.mark.parametrize("partition", [0, 7, 42, 999, 1000])
