@@ -15,7 +15,8 @@ from typing import Any
 import psycopg
 from psycopg_pool import AsyncConnectionPool
 
-from projections.runner import NOTIFY_CHANNEL
+from events.subjects import partition_of
+from projections.runner import NOTIFY_CHANNEL, partition_checkpoint
 from services.errors import ProjectionTimeout
 
 log = logging.getLogger("chronicle.waiting")
@@ -88,12 +89,27 @@ class AppliedWaiter:
                 await asyncio.wait_for(asyncio.shield(changed), timeout=step)
 
     async def session_applied(self, tenant: str, session: str, seq: int) -> bool:
+        """Every event of the session up to ``seq`` is applied or quarantined: the session row has
+        reached ``seq`` (the hot path: one index lookup, nothing more), or else the projector
+        checkpoint that covers the session's subject has (the unpartitioned projector's, or its
+        partition's). A quarantined event never moves the session row, only the checkpoint, which
+        moves in stream order in the same transaction; a quarantine row alone would prove
+        nothing (the compactor may record it before the projector got there)."""
         if seq <= 0:
             return True
         async with self._pool.connection() as conn:
             cur = await conn.execute("SELECT last_seq FROM sessions WHERE tenant = %s AND id = %s", (tenant, session))
             row = await cur.fetchone()
-        return bool(row and row[0] >= seq)
+            if row and row[0] >= seq:
+                return True
+            names = [
+                self._projector,
+                partition_checkpoint(self._projector, partition_of(tenant, session, self._partitions)),
+            ]
+            cur = await conn.execute(
+                "SELECT 1 FROM checkpoints WHERE name = ANY(%s) AND seq >= %s LIMIT 1", (names, seq)
+            )
+            return await cur.fetchone() is not None
 
     async def wait_session(self, tenant: str, session: str, seq: int, timeout_s: float | None = None) -> None:
         """Wait until every event of ``session`` up to ``seq`` is applied."""
