@@ -46,8 +46,13 @@ def check_tenant(value: str) -> str:
 
 
 def check_session(value: str) -> str:
-    """A session id: 1-128 printable characters, no surrounding whitespace."""
-    return _check("session id", value, MAX_SESSION_LEN)
+    """A session id: 1-128 printable characters, no surrounding whitespace, no ``/`` (a session's
+    id is one segment of its URL paths: ``%2F`` reaches the server as ``/``, so a session whose id
+    holds one could never be named again)."""
+    _check("session id", value, MAX_SESSION_LEN)
+    if "/" in value:
+        raise InvalidId("session id must not contain '/'")
+    return value
 
 
 def check_message_id(value: str) -> str:

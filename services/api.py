@@ -28,8 +28,9 @@ from services.decisions import OMITTED, ParentSpec
 from services.deps import C, Limit, MinSeq, Q, Tenant, caught_up, check_id, no_nul, tenant_for
 from services.errors import ChronicleError, InvalidRequest, MessageNotFound, SessionNotFound, SummarizerFailed
 from services.microcompact import recent_window, truncate_older_messages
-from services.problems import from_error, install
+from services.problems import CrashGuard, from_error, install
 from services.settings import Settings
+from services.strict_json import StrictJsonRoute
 from services.summarizers import SummarizerError
 
 JSON = "application/json"
@@ -171,12 +172,14 @@ def build_app(settings: Settings, container: Container | None = None) -> FastAPI
             yield
 
     app = FastAPI(title="Chronicle", version="1.0", lifespan=lifespan)
+    app.router.route_class = StrictJsonRoute  # every JSON body parsed strictly, before the route runs
     app.state.keys = keys
     if container is not None:
         app.state.c = container  # usable without running the lifespan (in-process clients)
     install(app)
 
     app.add_middleware(ApiKeyAuth, keys=keys)
+    app.add_middleware(CrashGuard)  # outermost: no error drops the connection
 
     app.include_router(context_router)
 

@@ -9,8 +9,9 @@ from events.context import SessionConfig
 from services import metrics
 from services.deps import C, MinSeq, Tenant, caught_up, check_id, no_nul
 from services.errors import InvalidConfig
+from services.strict_json import StrictJsonRoute
 
-router = APIRouter()
+router = APIRouter(route_class=StrictJsonRoute)
 
 
 class ContextWriteBody(BaseModel):

@@ -5,10 +5,13 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+import nats.errors
+import psycopg
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from events.admission import Refused
 from events.blobs import BlobNotFound
@@ -66,7 +69,42 @@ def install(app: FastAPI) -> None:
     async def _blob(_: Request, exc: BlobNotFound) -> JSONResponse:
         return problem(503, "unavailable", "Object storage is unavailable", str(exc))
 
-    @app.exception_handler(Exception)
-    async def _crash(_: Request, exc: Exception) -> JSONResponse:
-        log.exception("unhandled error")
-        return problem(500, "internal_error", "Internal error", type(exc).__name__)
+    @app.exception_handler(psycopg.OperationalError)  # a lost connection, a pool timeout
+    async def _database(_: Request, exc: psycopg.OperationalError) -> JSONResponse:
+        log.warning("database unavailable: %s", exc)
+        return problem(503, "unavailable", "The database is unavailable", type(exc).__name__)
+
+    @app.exception_handler(nats.errors.Error)  # NATS timeouts, no responders, a closed connection
+    async def _nats(_: Request, exc: nats.errors.Error) -> JSONResponse:
+        log.warning("event log unavailable: %r", exc)
+        return problem(503, "unavailable", "The event log is unavailable", type(exc).__name__)
+
+
+class CrashGuard:
+    """The outermost handler of unexpected errors: a complete ``500 internal_error`` answer, and
+    nothing re-raised to the server, so the keep-alive connection stays usable. (Starlette's
+    handler for ``Exception`` re-raises after answering, and uvicorn then closes the connection.)
+    A response that had already started (a stream failing mid-way) cannot be turned into a
+    problem: the error is re-raised and the server closes the connection, the only honest end."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = False
+
+        async def tracked(message: Message) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, receive, tracked)
+        except Exception as exc:
+            if started:
+                raise
+            log.exception("unhandled error")
+            await problem(500, "internal_error", "Internal error", type(exc).__name__)(scope, receive, send)

@@ -80,6 +80,13 @@ def test_session_and_message_ids_allow_printable_characters(check: Checker, valu
     assert check(value) == value
 
 
+@pytest.mark.parametrize("value", ["a/b", "/a", "a/", "/", "会話/1"])
+def test_session_ids_must_not_hold_a_slash(value: str) -> None:
+    with pytest.raises(InvalidId, match="'/'"):
+        check_session(value)
+    assert check_message_id(value) == value  # message ids are query or path segments: allowed
+
+
 @pytest.mark.parametrize("value", ["a.b", "a b", "a*", "a>", "~abc", "ünï", "a/b", "a:b"])
 def test_tenant_ids_are_plain_only(value: str) -> None:
     with pytest.raises(InvalidId, match="letters, digits"):
