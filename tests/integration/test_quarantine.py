@@ -11,8 +11,7 @@ import asyncio
 import contextlib
 import json
 import logging
-import subprocess
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -27,11 +26,13 @@ from projections.runner import ProjectorRunner
 from services import audit, metrics
 from services import quarantine as ops
 from services.bootstrap import Container
-from services.localstack import free_port, nats_server_binary, wait_for_port
+from services.localstack import free_port
+from services.natsconf import NatsAccess
 from services.settings import Settings
 from tests.conftest import make_settings, running_stack
 from tests.integration.helpers import appended, text_message
 from tests.integration.test_partitions import projector_of
+from tests.support import nats_server
 
 
 def raw(event: Event, **fields: Any) -> bytes:
@@ -220,32 +221,15 @@ async def test_a_projector_whose_database_is_down_retries_with_growing_delays_an
         assert [bool(r.exc_info) for r in retries[:3]] == [True, False, False]  # one traceback, then lines
 
 
-@contextlib.contextmanager
-def nats_with_max_payload(tmp: Path, max_payload: int) -> Iterator[str]:
-    """A nats-server of this test's own that accepts messages up to ``max_payload`` bytes."""
-    port = free_port()
-    conf = tmp / "nats.conf"
-    conf.write_text(
-        f'listen: "127.0.0.1:{port}"\nmax_payload: {max_payload}\njetstream {{ store_dir: "{tmp / "js"}" }}\n'
-    )
-    proc = subprocess.Popen(
-        [nats_server_binary(), "-c", str(conf)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-    )
-    try:
-        wait_for_port("127.0.0.1", port, proc, "nats-server")
-        yield f"nats://127.0.0.1:{port}"
-    finally:
-        proc.terminate()
-        proc.wait(timeout=10)
-
-
 async def test_an_event_over_the_size_limit_is_quarantined_where_the_server_accepts_it(
     tmp_path: Path, fresh_db: str
 ) -> None:
     """NATS's default max_payload (1 MiB) is the contract's limit, so only a server configured for
     more stores such an event; the projector then quarantines it."""
-    with nats_with_max_payload(tmp_path, 4 * 1024 * 1024) as url:
-        settings = make_settings(url, fresh_db)
+    port = free_port()
+    settings = make_settings(f"nats://127.0.0.1:{port}", fresh_db)
+    access = NatsAccess.of(settings)
+    with nats_server(tmp_path, access, port=port, extra={"max_payload": 4 * 1024 * 1024}):
         async with running_stack(settings) as c:
             big = raw(SessionRenamed(tenant="tenant-b", session="big", name="x"), name="x" * (1024 * 1024 + 1))
             ack = await c.js.publish(c.layout.session_subject("tenant-b", "big"), big, stream=settings.stream)
