@@ -30,6 +30,7 @@ from collections.abc import Iterator
 from typing import Any, Literal, get_args
 
 from pydantic import ValidationError
+from pydantic_core import PydanticSerializationError
 
 from events.blobs import BlobRef, sha256_hex
 from events.catalog import (
@@ -109,6 +110,28 @@ def admit(data: bytes, subject: str, layout: SubjectLayout) -> Event:
     if layout.session_subject(event.tenant, event.session) != subject:
         raise Refused("subject_mismatch", _mismatch(event, subject, layout))
     return event
+
+
+def admit_built(event: Event, layout: SubjectLayout) -> tuple[str, bytes]:
+    """The subject and bytes of ``event``, a model built (and so validated) in this process, if
+    :func:`admit` would admit them; else :class:`Refused`. For publishers: it decides as
+    :func:`admit` does without parsing back what the model just wrote (the model's own
+    validation ran when it was built); the subject is the event's own session subject."""
+    cls = CURRENT.get(event.type)
+    if cls is None or type(event) is not cls:
+        raise Refused("unknown_type", f"{type(event).__name__} is not the current model of {event.type!r}")
+    if event.version != cls.VERSION:
+        raise Refused("newer_version" if event.version > cls.VERSION else "invalid", f"{event.type} v{event.version}")
+    try:
+        data = event.to_json()
+    except PydanticSerializationError:  # a lone surrogate cannot be written as UTF-8
+        raise Refused("invalid", "a string holds a lone surrogate") from None
+    if len(data) > MAX_EVENT_BYTES:
+        raise Refused("too_large", f"{len(data)} bytes, more than the {MAX_EVENT_BYTES} an event may have")
+    if b"\\u" in data and _SUSPECT_ESCAPE.search(data) and has_bad_chars(_parse(data)):
+        raise Refused("invalid", "a string holds a NUL character or a lone surrogate")
+    _check_ids(event)
+    return layout.session_subject(event.tenant, event.session), data
 
 
 def admit_body(data: bytes, ref: BlobRef) -> dict[str, Any]:

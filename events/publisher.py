@@ -23,7 +23,7 @@ import nats.errors
 from nats.js import JetStreamContext
 from nats.js.errors import APIError, NotFoundError
 
-from events.admission import Refused, admit
+from events.admission import Refused, admit_built
 from events.envelope import Event
 from events.subjects import SubjectLayout
 
@@ -83,9 +83,7 @@ class Publisher:
     def encode(self, event: Event) -> tuple[str, bytes]:
         """The subject and bytes ``event`` is published as, admitted by the contract (else
         :class:`Refused`): a publisher built on the contract cannot send what a projector refuses."""
-        subject, payload = self.subject_of(event), event.to_json()
-        admit(payload, subject, self.layout)
-        return subject, payload
+        return admit_built(event, self.layout)
 
     async def last_subject_seq(self, tenant: str, session: str) -> int:
         """Stream sequence of the newest event of a session (0 when it has none)."""
