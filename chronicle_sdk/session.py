@@ -8,7 +8,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from chronicle_sdk.config import ConfigBuilder, parse_config
-from chronicle_sdk.errors import InvalidConfig
+from chronicle_sdk.errors import InvalidConfig, NotFound
 from chronicle_sdk.tools import ToolDefinition, Tools
 from chronicle_sdk.types import (
     OMITTED,
@@ -24,6 +24,9 @@ from chronicle_sdk.types import (
 if TYPE_CHECKING:
     from chronicle_sdk.client import ChronicleClient, Via
     from chronicle_sdk.config import Provider
+
+
+_EVENTS_PAGE = 10_000  # events per GET …/events (the server's bound)
 
 
 def _q(value: str) -> str:
@@ -91,8 +94,15 @@ class Session(ConfigBuilder):
             self._dirty = False
 
     async def _get(self, tail: str, params: Mapping[str, Any] | None = None) -> Any:
+        """A read of this session; one that was never written to reads as empty (``{}``), as the
+        reference's sessions exist implicitly (the server answers ``404 session_not_found``)."""
         await self._ensure_ready()
-        return await self.client.request("GET", self._path(tail), params=params, session=self.id)
+        try:
+            return await self.client.request("GET", self._path(tail), params=params, session=self.id)
+        except NotFound as exc:
+            if exc.code != "session_not_found":
+                raise
+            return {}
 
     async def _write(self, method: str, tail: str, body: Any = OMITTED, *, idempotent: bool | None = None) -> Any:
         await self._ensure_ready()
@@ -157,7 +167,7 @@ class Session(ConfigBuilder):
 
     async def clear_messages(self) -> None:
         """Delete every message (``clearMessages``); a frozen prompt is re-rendered, blocks stay."""
-        await self._write("DELETE", "/messages")
+        await self._write("POST", "/messages:clear")
 
     # -- history reads ----------------------------------------------------------------------
 
@@ -186,8 +196,14 @@ class Session(ConfigBuilder):
 
     async def get_branches(self, message_id: str) -> list[Message]:
         """Direct children of a message, oldest first (``getBranches``)."""
-        out = await self._get(f"/messages/{_q(message_id)}/children")
-        return list(out.get("messages", []))
+        found: list[Message] = []
+        params: dict[str, Any] = {}
+        while True:  # the server answers a page at a time
+            out = await self._get(f"/messages/{_q(message_id)}/children", params)
+            found.extend(out.get("messages", []))
+            if out.get("next_cursor") is None:
+                return found
+            params = {"cursor": out["next_cursor"]}
 
     async def get_path_length(self, leaf_id: str | None = None) -> int:
         """Number of stored messages on the path to ``leaf_id`` (default: latest leaf), overlays not applied."""
@@ -203,12 +219,18 @@ class Session(ConfigBuilder):
 
     async def get_events(self, from_seq: int = 1, to_seq: int | None = None) -> list[dict[str, Any]]:
         """The session's raw events ``{seq, event}``, in order, as stored in the log (audit)."""
-        params: dict[str, Any] = {"from_seq": from_seq}
+        params: dict[str, Any] = {"from_seq": from_seq, "limit": _EVENTS_PAGE}
         if to_seq is not None:
             params["to_seq"] = to_seq
         await self._ensure_ready()
-        text = await self.client.request("GET", self._path("/events"), params=params)
-        return [json.loads(line) for line in str(text or "").splitlines() if line.strip()]
+        found: list[dict[str, Any]] = []
+        while True:  # a page holds at most ``limit`` events; a full one may have more after it
+            text = await self.client.request("GET", self._path("/events"), params=params)
+            page = [json.loads(line) for line in str(text or "").splitlines() if line.strip()]
+            found.extend(page)
+            if len(page) < _EVENTS_PAGE:
+                return found
+            params["from_seq"] = int(page[-1]["seq"]) + 1
 
     # -- compaction -------------------------------------------------------------------------
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass
 
 import nats.errors
@@ -39,7 +39,7 @@ async def read(
     from_seq: int = 1,
     to_seq: int | None = None,
     idle_timeout_s: float = 5.0,
-) -> AsyncIterator[StoredEvent]:
+) -> AsyncGenerator[StoredEvent, None]:
     """Events on ``subject`` (default: all) with ``from_seq <= seq <= to_seq``, in order.
 
     Reads through an ordered (ephemeral, flow-controlled) consumer and stops at the last

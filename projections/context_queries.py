@@ -38,13 +38,16 @@ async def block_contents(conn: Conn, tenant: str, session: str) -> dict[str, str
     return {str(label): str(content) for label, content in await cur.fetchall()}
 
 
-async def entry_count(conn: Conn, tenant: str, session: str, label: str) -> int:
+async def entry_counts(conn: Conn, tenant: str, session: str, labels: list[str]) -> dict[str, int]:
+    """Entries per searchable block (one query for all of a render's blocks; absent labels: 0)."""
+    if not labels:
+        return {}
     cur = await conn.execute(
-        "SELECT count(*) FROM search_entries WHERE tenant = %s AND session_id = %s AND label = %s",
-        (tenant, session, label),
+        "SELECT label, count(*) FROM search_entries WHERE tenant = %s AND session_id = %s AND label = ANY(%s) "
+        "GROUP BY label",
+        (tenant, session, labels),
     )
-    row = await cur.fetchone()
-    return int(row[0]) if row else 0
+    return {label: 0 for label in labels} | {str(k): int(n) for k, n in await cur.fetchall()}
 
 
 async def search_entries(
@@ -72,6 +75,24 @@ async def skill_listing(conn: Conn, tenant: str, bucket: str, prefix: str) -> li
         (tenant, bucket, prefix),
     )
     return [(str(k), d) for k, d in await cur.fetchall()]
+
+
+async def skill_listings(
+    conn: Conn, tenant: str, wanted: list[tuple[str, str]]
+) -> dict[tuple[str, str], list[tuple[str, str | None]]]:
+    """:func:`skill_listing` of several (bucket, prefix) pairs in one query."""
+    if not wanted:
+        return {}
+    cur = await conn.execute(
+        "SELECT w.bucket, w.prefix, s.key, s.description FROM unnest(%s::text[], %s::text[]) AS w(bucket, prefix) "
+        "JOIN skills_index s ON s.tenant = %s AND s.bucket = w.bucket AND starts_with(s.key, w.prefix) "
+        'ORDER BY s.key COLLATE "C"',
+        ([b for b, _ in wanted], [p for _, p in wanted], tenant),
+    )
+    out: dict[tuple[str, str], list[tuple[str, str | None]]] = {w: [] for w in wanted}
+    for bucket, prefix, key, description in await cur.fetchall():
+        out[(bucket, prefix)].append((str(key), description))
+    return out
 
 
 async def indexed_skills(conn: Conn, tenant: str, bucket: str) -> dict[str, str]:

@@ -107,6 +107,15 @@ async def get_message(conn: Conn, tenant: str, session: str, message_id: str) ->
         return await cur.fetchone()
 
 
+async def existing_ids(conn: Conn, tenant: str, session: str, message_ids: list[str]) -> set[str]:
+    """Which of ``message_ids`` are messages of the session (one set-based query)."""
+    cur = await conn.execute(
+        "SELECT id FROM messages WHERE tenant = %s AND session_id = %s AND id = ANY(%s)",
+        (tenant, session, message_ids),
+    )
+    return {row[0] for row in await cur.fetchall()}
+
+
 async def latest_leaf(conn: Conn, tenant: str, session: str) -> MessageRow | None:
     """The most recently appended message without children (ties impossible: seq is total)."""
     async with conn.cursor(row_factory=class_row(MessageRow)) as cur:
@@ -158,12 +167,15 @@ async def append_state(
     return AppendState(bool(row[0]), row[1], row[2], row[3], row[4], bool(row[5]), int(row[6]))
 
 
-async def children(conn: Conn, tenant: str, session: str, message_id: str) -> list[MessageRow]:
+async def children(
+    conn: Conn, tenant: str, session: str, message_id: str, after_seq: int = 0, limit: int | None = None
+) -> list[MessageRow]:
+    """The message's children in append order: those appended after ``after_seq``, at most ``limit``."""
     async with conn.cursor(row_factory=class_row(MessageRow)) as cur:
         await cur.execute(
             f"SELECT {_MESSAGE_COLS} FROM messages WHERE tenant = %s AND session_id = %s AND parent_id = %s "
-            "ORDER BY seq",
-            (tenant, session, message_id),
+            "AND seq > %s ORDER BY seq LIMIT %s",
+            (tenant, session, message_id, after_seq, limit),
         )
         return await cur.fetchall()
 

@@ -1,7 +1,9 @@
 """The HTTP API v1 (see design.md): commands publish events, queries read projections."""
 
 import contextlib
+import hmac
 import json
+import logging
 from collections.abc import AsyncIterator
 from typing import Annotated, Any
 
@@ -12,7 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from events import log as eventlog
-from events.admission import MAX_EVENT_BYTES
+from events.admission import MAX_EVENT_BYTES, Refused
 from events.blobs import BlobRef
 from events.credentials import tenant_inbox_prefix, tenant_permissions
 from events.messages import UIMessage, stored_json
@@ -25,8 +27,20 @@ from services.bootstrap import Container, open_container
 from services.commands import AppendResult, fork
 from services.context import reclaim, reclaimed_in
 from services.decisions import OMITTED, ParentSpec
-from services.deps import C, Limit, MinSeq, Q, Tenant, caught_up, check_id, no_nul, tenant_for
-from services.errors import ChronicleError, InvalidRequest, MessageNotFound, SessionNotFound, SummarizerFailed
+from services.deps import (
+    C,
+    Limit,
+    MinSeq,
+    Q,
+    Tenant,
+    caught_up,
+    caught_up_all,
+    check_id,
+    no_nul,
+    require_session,
+    tenant_for,
+)
+from services.errors import ChronicleError, InvalidRequest, MessageNotFound, SummarizerFailed, Unauthorized
 from services.microcompact import recent_window, truncate_older_messages
 from services.problems import CrashGuard, from_error, install
 from services.settings import Settings
@@ -34,6 +48,13 @@ from services.strict_json import StrictJsonRoute
 from services.summarizers import SummarizerError
 
 JSON = "application/json"
+MAX_PAGE = 1000
+"""The most children or events one read answers (``limit``'s bound and default)."""
+MAX_EVENTS_PAGE = 10_000
+"""The most events one ``GET …/events`` answers (``limit``'s bound and default)."""
+MAX_DELETE_IDS = 1000
+"""The most message ids one delete names."""
+log = logging.getLogger("chronicle.api")
 
 
 class CreateSessionBody(BaseModel):
@@ -112,15 +133,28 @@ def _message(raw: dict[str, Any]) -> dict[str, Any]:
     return raw
 
 
+OPS_PATHS = frozenset({"/metrics", "/readyz", "/docs", "/docs/oauth2-redirect", "/redoc", "/openapi.json"})
+"""Operator routes: they show every tenant's totals, so ``CHRONICLE_OPS_KEY`` guards them."""
+
+
 class ApiKeyAuth:
     """Checks the API key before anything reads the body (a bad key is 401 whatever the body) and
-    puts the tenant in the request state. Plain ASGI: no response buffering or copying."""
+    puts the tenant in the request state; with an ops key, the operator routes need it. Plain ASGI:
+    no response buffering or copying."""
 
-    def __init__(self, app: ASGIApp, keys: dict[str, str]) -> None:
+    def __init__(self, app: ASGIApp, keys: dict[str, str], ops_key: str | None = None) -> None:
         self.app = app
         self.keys = keys
+        self.ops_key = ops_key
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and self.ops_key is not None and scope["path"] in OPS_PATHS:
+            header = next((v for k, v in scope["headers"] if k == b"authorization"), b"")
+            if not hmac.compare_digest(header, f"Bearer {self.ops_key}".encode()):
+                await from_error(Unauthorized("this route needs 'Authorization: Bearer <ops key>'"))(
+                    scope, receive, send
+                )
+                return
         if scope["type"] == "http" and scope["path"].startswith("/v1/"):
             header = next((v for k, v in scope["headers"] if k == b"authorization"), b"")
             try:
@@ -178,7 +212,8 @@ def build_app(settings: Settings, container: Container | None = None) -> FastAPI
         app.state.c = container  # usable without running the lifespan (in-process clients)
     install(app)
 
-    app.add_middleware(ApiKeyAuth, keys=keys)
+    ops_key = settings.ops_key.get_secret_value() if settings.ops_key is not None else None
+    app.add_middleware(ApiKeyAuth, keys=keys, ops_key=ops_key)
     app.add_middleware(CrashGuard)  # outermost: no error drops the connection
 
     app.include_router(context_router)
@@ -202,25 +237,17 @@ def build_app(settings: Settings, container: Container | None = None) -> FastAPI
         cursor: Annotated[int | None, Query(ge=0, le=2**63 - 1)] = None,
         min_seq: MinSeq = None,
     ) -> dict[str, Any]:
-        if min_seq:
-            await c.waiter.wait_all(min_seq)
+        await caught_up_all(c, min_seq)
         async with c.pool.connection() as cx:
             rows = await queries.list_sessions(cx, tenant, limit, cursor)
         nxt = rows[-1].created_seq if len(rows) == limit else None
         return {"sessions": [_session_json(r) for r in rows], "next_cursor": nxt}
 
-    async def live_session(c: Container, tenant: str, sid: str) -> queries.SessionRow:
-        async with c.pool.connection() as cx:
-            row = await queries.get_session(cx, tenant, sid)
-        if row is None or row.deleted_at is not None:
-            raise SessionNotFound(f"session {sid!r} does not exist")
-        return row
-
     @app.get("/v1/sessions/{sid}")
     async def get_session(sid: str, tenant: Tenant, c: C, min_seq: MinSeq = None) -> dict[str, Any]:
         check_id("session", sid)
         await caught_up(c, tenant, sid, min_seq)
-        return _session_json(await live_session(c, tenant, sid))
+        return _session_json(await require_session(c, tenant, sid))
 
     @app.patch("/v1/sessions/{sid}")
     async def rename_session(sid: str, body: RenameBody, tenant: Tenant, c: C) -> dict[str, Any]:
@@ -290,6 +317,7 @@ def build_app(settings: Settings, container: Container | None = None) -> FastAPI
         async with c.pool.connection() as cx:
             row = await queries.get_message(cx, tenant, sid, mid)
         if row is None:
+            await require_session(c, tenant, sid)
             raise MessageNotFound(f"message {mid!r} is not in this session")
         if original and row.original_ref is not None:
             data = await c.originals.get(BlobRef.model_validate(row.original_ref))
@@ -310,32 +338,61 @@ def build_app(settings: Settings, container: Container | None = None) -> FastAPI
         return {"id": mid, "seq": w.seq}
 
     @app.get("/v1/sessions/{sid}/messages/{mid}/children")
-    async def children(sid: str, mid: str, tenant: Tenant, c: C, min_seq: MinSeq = None) -> Response:
+    async def children(
+        sid: str,
+        mid: str,
+        tenant: Tenant,
+        c: C,
+        min_seq: MinSeq = None,
+        limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = MAX_PAGE,
+        cursor: Annotated[int, Query(ge=0, le=2**63 - 1)] = 0,
+    ) -> Response:
+        """The message's children in append order, a page at a time (``next_cursor``: the next
+        page's ``cursor``, null on the last one)."""
         check_id("session", sid)
         check_id("message", mid)
         await caught_up(c, tenant, sid, min_seq)
         async with c.pool.connection() as cx:
-            rows = await queries.children(cx, tenant, sid, mid)
-        return _raw_json({}, [r.content for r in rows])
+            rows = await queries.children(cx, tenant, sid, mid, cursor, limit)
+        if not rows:
+            await require_session(c, tenant, sid)
+        nxt = rows[-1].seq if len(rows) == limit else None
+        return _raw_json({"next_cursor": nxt}, [r.content for r in rows])
 
     @app.delete("/v1/sessions/{sid}/messages")
     async def delete_messages(
         sid: str, tenant: Tenant, c: C, ids_: Annotated[list[str] | None, Query(alias="ids")] = None
     ) -> dict[str, Any]:
+        """Delete the listed messages (``ids``, at most :data:`MAX_DELETE_IDS`); clearing a whole
+        session is its own operation (``POST …/messages:clear``): a forgotten parameter clears nothing."""
         check_id("session", sid)
         if ids_ is None:
-            w = await c.commands.clear(tenant, sid)
-            metrics.published("messages.cleared")
-            if await c.context.has_prompt(tenant, sid):
-                await c.context.refresh_prompt(tenant, sid, "clear")
-            return {"cleared": True, "seq": w.seq}
+            raise InvalidRequest("ids is required; to delete every message use POST /v1/sessions/{sid}/messages:clear")
         wanted = [check_id("message", i) for raw in ids_ for i in raw.split(",") if i]
         if not wanted:
             raise InvalidRequest("ids must name at least one message")
+        if len(wanted) > MAX_DELETE_IDS:
+            raise InvalidRequest(f"at most {MAX_DELETE_IDS} ids per request, not {len(wanted)}")
         w = await c.commands.delete_messages(tenant, sid, wanted)
         if w.ids:
             metrics.published("messages.deleted")
         return {"deleted": list(w.ids), "seq": w.seq}
+
+    @app.post("/v1/sessions/{sid}/messages:clear")
+    async def clear_messages(sid: str, tenant: Tenant, c: C) -> dict[str, Any]:
+        """Delete every message of the session (``seq`` 0 when it never existed); a frozen prompt
+        is re-rendered (blocks stay)."""
+        check_id("session", sid)
+        w = await c.commands.clear(tenant, sid)
+        if w.seq == 0:
+            return {"cleared": True, "seq": 0}
+        metrics.published("messages.cleared")
+        if await c.context.has_prompt(tenant, sid):
+            try:
+                await c.context.refresh_prompt(tenant, sid, "clear")
+            except Refused as exc:  # the clear stands; the prompt in force stays until a refresh fits
+                log.warning("after clearing %s/%s the prompt was not re-rendered: %s", tenant, sid, exc)
+        return {"cleared": True, "seq": w.seq}
 
     # -- reads -----------------------------------------------------------------------------
 
@@ -381,6 +438,8 @@ def build_app(settings: Settings, container: Container | None = None) -> FastAPI
                 raw = await queries.path_contents(cx, tenant, sid, leaf_id) if leaf_id else []
                 found = await overlays(cx, tenant, sid) if compacted and raw else []
                 unloaded = reclaimed_in(await cq.reclaimed(cx, tenant, sid) if raw else {})
+            if not raw:
+                await require_session(c, tenant, sid)
         if max_bytes is not None and raw:
             start, truncated, total = recent_window(
                 [(r.id, len(r.content.encode())) for r in raw], max_bytes, min_recent
@@ -436,7 +495,10 @@ def build_app(settings: Settings, container: Container | None = None) -> FastAPI
         check_id("session", sid)
         await caught_up(c, tenant, sid, min_seq)
         async with c.pool.connection() as cx:
-            return {"compactions": [overlay_dict(o) for o in await overlays(cx, tenant, sid)]}
+            found = await overlays(cx, tenant, sid)
+        if not found:
+            await require_session(c, tenant, sid)
+        return {"compactions": [overlay_dict(o) for o in found]}
 
     @app.get("/v1/sessions/{sid}/leaf")
     async def leaf(sid: str, tenant: Tenant, c: C, min_seq: MinSeq = None) -> Response:
@@ -445,6 +507,7 @@ def build_app(settings: Settings, container: Container | None = None) -> FastAPI
         async with c.pool.connection() as cx:
             row = await queries.latest_leaf(cx, tenant, sid)
         if row is None:
+            await require_session(c, tenant, sid)
             return Response('{"leaf_id": null, "message": null}', media_type=JSON)
         return Response(f'{{"leaf_id": {json.dumps(row.id)}, "message": {row.content}}}', media_type=JSON)
 
@@ -461,6 +524,8 @@ def build_app(settings: Settings, container: Container | None = None) -> FastAPI
                 leaf = await queries.latest_leaf(cx, tenant, sid)
                 leaf_id = leaf.id if leaf else None
             length = await queries.path_length(cx, tenant, sid, leaf_id) if leaf_id else 0
+        if not length:
+            await require_session(c, tenant, sid)
         return {"leaf_id": leaf_id, "length": length}
 
     def _hits(hits: list[queries.SearchHit]) -> dict[str, Any]:
@@ -486,12 +551,14 @@ def build_app(settings: Settings, container: Container | None = None) -> FastAPI
         check_id("session", sid)
         await caught_up(c, tenant, sid, min_seq)
         async with c.pool.connection() as cx:
-            return _hits(await queries.search(cx, tenant, sid, q, limit))
+            hits = await queries.search(cx, tenant, sid, q, limit)
+        if not hits:
+            await require_session(c, tenant, sid)
+        return _hits(hits)
 
     @app.get("/v1/search")
     async def search_tenant(q: Q, tenant: Tenant, c: C, limit: Limit = 20, min_seq: MinSeq = None) -> dict[str, Any]:
-        if min_seq:
-            await c.waiter.wait_all(min_seq)
+        await caught_up_all(c, min_seq)
         async with c.pool.connection() as cx:
             return _hits(await queries.search(cx, tenant, None, q, limit))
 
@@ -502,13 +569,24 @@ def build_app(settings: Settings, container: Container | None = None) -> FastAPI
         c: C,
         from_seq: Annotated[int, Query(ge=1)] = 1,
         to_seq: Annotated[int | None, Query(ge=1)] = None,
+        limit: Annotated[int, Query(ge=1, le=MAX_EVENTS_PAGE)] = MAX_EVENTS_PAGE,
     ) -> StreamingResponse:
+        """The session's events from ``from_seq``, at most ``limit``: a full page may have more
+        after it (ask again with ``from_seq`` = its last ``seq`` + 1)."""
         check_id("session", sid)
         subject = c.layout.session_subject(tenant, sid)
 
         async def lines() -> AsyncIterator[bytes]:
-            async for ev in eventlog.read(c.js, c.layout, subject, from_seq, to_seq):
-                yield audit.event_line(ev, c.layout)
+            read = eventlog.read(c.js, c.layout, subject, from_seq, to_seq)
+            try:
+                n = 0
+                async for ev in read:
+                    yield audit.event_line(ev, c.layout)
+                    n += 1
+                    if n == limit:
+                        break
+            finally:
+                await read.aclose()  # the ordered consumer is unsubscribed now, not at collection
 
         return StreamingResponse(lines(), media_type="application/x-ndjson")
 

@@ -7,7 +7,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from events.context import SessionConfig
 from services import metrics
-from services.deps import C, MinSeq, Tenant, caught_up, check_id, no_nul
+from services.deps import C, MinSeq, Tenant, caught_up, check_id, no_nul, require_session
 from services.errors import InvalidConfig
 from services.strict_json import StrictJsonRoute
 
@@ -56,6 +56,8 @@ async def get_context(sid: str, tenant: Tenant, c: C, min_seq: MinSeq = None) ->
     sources = await c.context.sources(tenant, sid)
     async with c.pool.connection() as conn:
         blocks = await c.context.blocks(conn, tenant, sid, sources=sources)
+    if not blocks:
+        await require_session(c, tenant, sid)
     return {
         "blocks": [
             {

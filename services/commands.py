@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import uuid
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any, TypeVar
 
 import psycopg
@@ -160,7 +161,14 @@ class Commands:
                 original = await self._originals.put(stored_json(body).encode())
                 packed = {**await self._pack(capped), "body_sha256": digest, "original_ref": original}
 
+        # One event id for every attempt of this request: when an attempt was stored but its ack
+        # was lost (NATS restarting), a later attempt finds the message and, by the stored event's
+        # id, knows this request created it.
+        event_id = str(uuid.uuid4())
+        attempted = False
+
         async def decide(conn: Conn, tip: Tip | None = None) -> Decision | None:
+            nonlocal attempted
             want_leaf = parent is OMITTED
             found = await queries.append_state(
                 conn, tenant, session, message_id, parent if isinstance(parent, str) else None, want_leaf
@@ -186,10 +194,12 @@ class Commands:
             )
             match decide_append(state, digest, parent):
                 case Replay(parent_id=pid, seq=first_seq):
-                    return Decision(None, lambda _seq: AppendResult(message_id, pid, first_seq, created=False))
+                    created = attempted and await self._stored_event_id(first_seq) == event_id
+                    return Decision(None, lambda _seq: AppendResult(message_id, pid, first_seq, created=created))
                 case Append(parent_id=pid):
+                    attempted = True
                     event = MessageAppended(
-                        tenant=tenant, session=session, message_id=message_id, parent_id=pid, **packed
+                        id=event_id, tenant=tenant, session=session, message_id=message_id, parent_id=pid, **packed
                     )
                     return Decision(event, lambda seq: AppendResult(message_id, pid, seq, created=True))
 
@@ -200,6 +210,14 @@ class Commands:
 
         result: AppendResult = await self._conditional(tenant, session, slow, decide)
         return result
+
+    async def _stored_event_id(self, seq: int) -> str | None:
+        """The event id (``Nats-Msg-Id``) stored at stream sequence ``seq``; None if unknown."""
+        try:
+            msg = await self._pub.js.get_msg(self._pub.layout.stream, seq)
+        except Exception:  # unknown counts as someone else's: the answer is then created=False
+            return None
+        return (msg.headers or {}).get("Nats-Msg-Id")
 
     async def update(self, tenant: str, session: str, body: JsonObject) -> Written:
         message_id = str(body["id"])
@@ -220,7 +238,9 @@ class Commands:
 
         async def decide(conn: Conn) -> Decision:
             await self._live_session(conn, tenant, session, must_exist=False)
-            present = [i for i in dict.fromkeys(ids) if await queries.get_message(conn, tenant, session, i)]
+            wanted = list(dict.fromkeys(ids))
+            found = await queries.existing_ids(conn, tenant, session, wanted)
+            present = [i for i in wanted if i in found]
             if not present:
                 return Decision(None, Written)
             event = MessagesDeleted(tenant=tenant, session=session, message_ids=present)
@@ -263,10 +283,7 @@ async def fork(
     if not rows:
         raise MessageNotFound(f"message {at_message_id!r} is not in this session")
     assert source is not None
-    created = await cmd.create_session(
-        tenant, new_id, name if name is not None else source.name, session, {"forked_from": at_message_id}
-    )
-    sid = created.ids[0]
+    sid = new_id or str(uuid.uuid4())
     events: list[Event] = []
     for row in rows:
         body = json.loads(row.content)
@@ -293,5 +310,13 @@ async def fork(
                 summary=item.summary,
             )
         )
-    results = await cmd._pub.publish_many(events)
+    # Every event is admitted before the first one (the new session) is published: a fork the
+    # log would refuse part-way publishes nothing.
+    for event in events:
+        cmd._pub.encode(event)
+    created = await cmd.create_session(
+        tenant, sid, name if name is not None else source.name, session, {"forked_from": at_message_id}
+    )
+    now = datetime.now(UTC)  # the copies happen after the new session's creation
+    results = await cmd._pub.publish_many([e.model_copy(update={"occurred_at": now}) for e in events])
     return Forked(sid, max([created.seq, *(r.seq for r in results)]), len(rows))

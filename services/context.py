@@ -14,7 +14,7 @@ from typing import Any, Literal
 import psycopg
 from psycopg_pool import AsyncConnectionPool
 
-from events.admission import has_bad_chars
+from events.admission import Refused, has_bad_chars
 from events.catalog import (
     ContextWritten,
     PromptRendered,
@@ -35,12 +35,14 @@ from services.errors import (
     BudgetExceeded,
     ChronicleError,
     InvalidConfig,
+    InvalidRequest,
     KeyedBlock,
     ObjectStorageError,
     ReadOnlyBlock,
     SessionNotFound,
+    UnsafeStoredConfig,
 )
-from services.keys import context_entry_key
+from services.keys import context_entry_key, unsafe_object_key, unsafe_prefix
 from services.prompt import RenderedBlock, history_summary, render, search_summary, skill_listing, usage
 from services.skills_store import SkillStore
 from services.tokens import TokenCounter
@@ -50,6 +52,8 @@ Conn = psycopg.AsyncConnection[Any]
 Mode = Literal["replace", "append"]
 HISTORY_DESCRIPTION = "Cross-session conversation history"
 log = logging.getLogger("chronicle.context")
+TOOL_FAILED = "Error: the tool failed unexpectedly; try again later"
+"""What an LLM is told of an unexpected failure (the exception goes to the log, never to it)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,6 +115,9 @@ class ContextService:
     # -- config -----------------------------------------------------------------------------
 
     async def configure(self, tenant: str, session: str, config: SessionConfig) -> int:
+        problem = unsafe_keys(config)
+        if problem is not None:
+            raise InvalidConfig(problem)
         for block in config.blocks:
             if self._skills is None:
                 break
@@ -146,6 +153,7 @@ class ContextService:
             await self._cond.catch_up(tenant, session)
         async with self._pool.connection() as conn:
             config = await self.config(conn, tenant, session)
+        _refuse_unsafe(config)
         wanted = [
             (b.source.bucket, object_key(tenant, b.source.key))
             for b in config.blocks
@@ -169,7 +177,15 @@ class ContextService:
         Read-only blocks kept in object storage take their text from ``sources`` (see
         :meth:`sources`); one missing there (the configuration changed since) is read here."""
         config = config or await self.config(conn, tenant, session)
+        _refuse_unsafe(config)
         contents = await cq.block_contents(conn, tenant, session)
+        # one query per kind, never one per block
+        counts = await cq.entry_counts(
+            conn, tenant, session, [b.label for b in config.blocks if isinstance(b, SearchableBlock)]
+        )
+        listings = await cq.skill_listings(
+            conn, tenant, list(dict.fromkeys((b.bucket, b.prefix) for b in config.blocks if isinstance(b, SkillsBlock)))
+        )
         out: list[RenderedBlock] = []
         for b in config.blocks:
             match b:
@@ -184,9 +200,9 @@ class ContextService:
                 case WritableBlock():
                     content = contents.get(b.label, "")
                 case SearchableBlock():
-                    content = search_summary(await cq.entry_count(conn, tenant, session, b.label))
+                    content = search_summary(counts[b.label])
                 case SkillsBlock():
-                    content = skill_listing(await self._listing(conn, tenant, b))
+                    content = skill_listing(_allowed(b, listings[(b.bucket, b.prefix)]))
             out.append(
                 RenderedBlock(b.label, b.kind, b.description, content, self.counter.count(content), b.max_tokens)
             )
@@ -203,14 +219,6 @@ class ContextService:
                 )
             )
         return out
-
-    async def _listing(self, conn: Conn, tenant: str, block: SkillsBlock) -> list[tuple[str, str | None]]:
-        entries: list[tuple[str, str | None]] = []
-        for key, desc in await cq.skill_listing(conn, tenant, block.bucket, block.prefix):
-            rel = key[len(block.prefix) :]
-            if rel and (not block.keys or rel in block.keys):
-                entries.append((rel, desc))
-        return entries
 
     def _storage(self) -> SkillStore:
         if self._skills is None:
@@ -264,6 +272,9 @@ class ContextService:
 
     async def put_skill(self, tenant: str, bucket: str, key: str, content: str, description: str | None) -> int:
         """Store a document and record it in the tenant's skills index (idempotent per etag)."""
+        problem = unsafe_object_key(key)
+        if problem is not None:
+            raise InvalidRequest(f"key {key[:200]!r} is not a safe object key: {problem}")
         stored = await self._storage().put(bucket, object_key(tenant, key), content, description)
         return await self.record_skill(tenant, bucket, key, stored.description, stored.etag, stored.size)
 
@@ -305,7 +316,7 @@ class ContextService:
             block = _find(await self.config(conn, tenant, session), label)
         if not isinstance(block, SkillsBlock):
             raise BlockNotFound(f'Block "{label}" is not a skill provider')
-        if block.keys and key not in block.keys:
+        if (block.keys and key not in block.keys) or unsafe_object_key(block.prefix + key) is not None:
             return None
         text = await self._storage().get_text(block.bucket, object_key(tenant, block.prefix + key))
         if text is None:
@@ -417,10 +428,15 @@ class ContextService:
                 return "Error: tool arguments must not contain NUL characters or lone surrogates"
             return await self._dispatch(tenant, session, name, args, tool_call_id)
         except ChronicleError as exc:
+            if exc.status < 500:  # the caller's mistake, in our words
+                return f"Error: {exc.detail}"
+            log.warning("tool %s failed: %s", name, exc.detail)
+            return f"Error: {exc.title}"  # a backing service's detail is for the log, not the LLM
+        except Refused as exc:  # the write would make an event the log refuses (e.g. too large)
             return f"Error: {exc.detail}"
-        except Exception as exc:
+        except Exception:
             log.exception("tool %s failed", name)
-            return f"Error: {exc}"
+            return TOOL_FAILED
 
     async def _dispatch(
         self, tenant: str, session: str, name: str, args: dict[str, Any], tool_call_id: str | None = None
@@ -473,6 +489,39 @@ class ContextService:
         mode: Mode = "append" if args.get("action") == "append" else "replace"
         result = await self.write(tenant, session, label, content, mode, "tool")
         return usage(label, result.tokens, result.max_tokens)
+
+
+def unsafe_keys(config: SessionConfig) -> str | None:
+    """Why ``config`` names an object outside its tenant's space (the first block that does), or
+    None. Object keys are relative to ``tenants/<tenant>/`` (see :func:`object_key`)."""
+    for b in config.blocks:
+        found: list[tuple[str, str, str | None]] = []
+        if isinstance(b, ReadonlyBlock) and b.source is not None:
+            found.append(("source.key", b.source.key, unsafe_object_key(b.source.key)))
+        if isinstance(b, SkillsBlock):
+            found.append(("prefix", b.prefix, unsafe_prefix(b.prefix)))
+            found.extend(("keys", k, unsafe_object_key(b.prefix + k)) for k in b.keys or [])
+        for field, value, why in found:
+            if why is not None:
+                return f"block {b.label!r}: {field} {value[:200]!r} is not a safe object key: {why}"
+    return None
+
+
+def _refuse_unsafe(config: SessionConfig) -> None:
+    """A configuration stored before keys were checked is refused where it would be rendered."""
+    problem = unsafe_keys(config)
+    if problem is not None:
+        raise UnsafeStoredConfig(problem)
+
+
+def _allowed(block: SkillsBlock, listing: list[tuple[str, str | None]]) -> list[tuple[str, str | None]]:
+    """(key relative to the block's prefix, description) of the listed skills the block allows."""
+    entries: list[tuple[str, str | None]] = []
+    for key, desc in listing:
+        rel = key[len(block.prefix) :]
+        if rel and (not block.keys or rel in block.keys):
+            entries.append((rel, desc))
+    return entries
 
 
 def _str(args: dict[str, Any], name: str) -> str:

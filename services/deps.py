@@ -5,9 +5,11 @@ from typing import Annotated
 from fastapi import Depends, Query, Request
 
 from events import ids
+from events import log as eventlog
 from events.admission import has_bad_chars
+from projections import queries
 from services.bootstrap import Container
-from services.errors import InvalidId, InvalidRequest, Unauthorized
+from services.errors import InvalidId, InvalidRequest, SessionNotFound, Unauthorized
 from services.settings import hash_key
 
 
@@ -57,6 +59,24 @@ async def caught_up(c: Container, tenant: str, sid: str, min_seq: int | None) ->
         return
     last = await c.publisher.last_subject_seq(tenant, sid)
     await c.waiter.wait_session(tenant, sid, min(min_seq, last))
+
+
+async def require_session(c: Container, tenant: str, sid: str) -> queries.SessionRow:
+    """The live session, or ``404 session_not_found`` (never created for this tenant, or deleted).
+    Reads call it only when their answer is empty, so the hot path gains no query."""
+    async with c.pool.connection() as cx:
+        row = await queries.get_session(cx, tenant, sid)
+    if row is None or row.deleted_at is not None:
+        raise SessionNotFound(f"session {sid!r} does not exist")
+    return row
+
+
+async def caught_up_all(c: Container, min_seq: int | None) -> None:
+    """Read-your-writes for tenant-wide reads: wait until every projector has applied ``min_seq``,
+    capped to the stream's last sequence (a ``min_seq`` beyond it cannot hang the read)."""
+    if not min_seq or await c.waiter.all_applied(min_seq):
+        return
+    await c.waiter.wait_all(min(min_seq, await eventlog.last_seq(c.js, c.layout)))
 
 
 def no_nul(value: object, what: str) -> None:

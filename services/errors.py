@@ -34,6 +34,9 @@ ContentionExhausted = _error("ContentionExhausted", "contention", 503, "Too many
 Unavailable = _error("Unavailable", "unavailable", 503, "A backing service is unavailable")
 NotFound = _error("NotFound", "not_found", 404, "Not found")
 InvalidConfig = _error("InvalidConfig", "invalid_config", 422, "The session config is not valid")
+UnsafeStoredConfig = _error(
+    "UnsafeStoredConfig", "unsafe_config", 409, "The session config names an unsafe object key; PUT a new one"
+)
 BlockNotFound = _error("BlockNotFound", "block_not_found", 404, "No block with this label")
 ReadOnlyBlock = _error("ReadOnlyBlock", "readonly_block", 409, "The block is read-only")
 KeyedBlock = _error("KeyedBlock", "keyed_block", 409, "The block holds keyed entries")

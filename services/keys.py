@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import unicodedata
 
 _NON_ALNUM = re.compile(r"[^a-z0-9]+")
 _DIGITS = "0123456789abcdefghijklmnopqrstuvwxyz"
@@ -47,3 +48,28 @@ def context_entry_key(title: str | None, content: str) -> str:
     if title is not None and title.strip():
         return slugify(title) or f"entry-{hash36(title)}"
     return f"{slugify(content) or 'entry'}-{hash36(content)}"
+
+
+def unsafe_object_key(key: str) -> str | None:
+    """Why ``key`` may not name an object under a tenant's root (``tenants/<tenant>/``), or None.
+
+    Keys are relative: no leading ``/``, no empty, ``.`` or ``..`` segment (object stores that map
+    keys to paths resolve them, and a key could step out of the tenant's space), no backslash, no
+    control character."""
+    if not key:
+        return "it is empty"
+    if key.startswith("/"):
+        return "it is absolute (starts with '/')"
+    if "\\" in key:
+        return "it holds a backslash"
+    if any(unicodedata.category(ch) == "Cc" for ch in key):
+        return "it holds a control character"
+    segments = key.split("/")
+    if any(s in ("", ".", "..") for s in segments):
+        return "it has an empty, '.' or '..' segment"
+    return None
+
+
+def unsafe_prefix(prefix: str) -> str | None:
+    """:func:`unsafe_object_key` for a key prefix: empty, or a safe key, optionally ending in ``/``."""
+    return unsafe_object_key(prefix.removesuffix("/")) if prefix else None

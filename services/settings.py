@@ -64,6 +64,11 @@ class Settings(BaseSettings):
         description="entries 'tenant:sha256-hex-of-key[:nkey-public-key]'; see `chronicle keygen`. The third field "
         "lets the tenant publish to NATS directly (its credentials are derived from the same key)",
     )
+    ops_key: SecretStr | None = Field(
+        default=None,
+        description="when set, /metrics, /readyz, /docs, /redoc and /openapi.json need 'Authorization: Bearer "
+        "<ops key>' (they show every tenant's totals); /healthz stays open",
+    )
     db_pool_min: int = Field(default=2, ge=0, le=1000, description="Postgres connections kept open per process")
     db_pool_max: int = Field(default=20, ge=1, le=1000, description="at most this many per process")
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"

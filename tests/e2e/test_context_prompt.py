@@ -176,7 +176,7 @@ async def test_clearing_messages_refreshes_the_frozen_prompt(client: httpx.Async
     assert first["prompt"] == block("MEMORY [writable]", "")
     await client.put(f"/v1/sessions/{s}/context/memory", json={"content": "kept across clear"})
 
-    r = await client.delete(f"/v1/sessions/{s}/messages")
+    r = await client.post(f"/v1/sessions/{s}/messages:clear")
     assert r.status_code == 200, r.text
     after = await prompt(client, s, min_seq=await last_seq(client, s))
     assert after["prompt"] == block("MEMORY [writable]", "kept across clear")
@@ -191,7 +191,7 @@ async def test_clearing_a_session_without_a_frozen_prompt_renders_none(client: h
     await configure(client, s, {"blocks": [{"kind": "writable", "label": "memory"}]})
     msg = {"id": "m1", "role": "user", "parts": [{"type": "text", "text": "hello"}]}
     await client.post(f"/v1/sessions/{s}/messages", json={"message": msg})
-    r = await client.delete(f"/v1/sessions/{s}/messages")
+    r = await client.post(f"/v1/sessions/{s}/messages:clear")
     assert r.status_code == 200, r.text
     assert "prompt.rendered" not in [e["event"]["type"] for e in await events(client, s)]
 

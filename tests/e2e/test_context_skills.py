@@ -279,7 +279,7 @@ async def test_clear_forgets_loaded_skills(client: httpx.AsyncClient, api_settin
     await client.post(f"/v1/sessions/{s}/messages", json={"message": msg})
     _, seq = await tool(client, s, "load_context", {"label": "skills", "key": "pirate"})
     assert (await unload_description(client, s, seq)).endswith("Currently loaded: skills:pirate.")
-    r = await client.delete(f"/v1/sessions/{s}/messages")
+    r = await client.post(f"/v1/sessions/{s}/messages:clear")
     assert (await unload_description(client, s, r.json()["seq"])).endswith("No skills currently loaded.")
 
 

@@ -291,8 +291,8 @@ async def test_wrong_api_key(anon: httpx.AsyncClient, client: httpx.AsyncClient,
 
 async def test_bearer_scheme_is_case_insensitive(anon: httpx.AsyncClient, client: httpx.AsyncClient) -> None:
     token = client.headers["authorization"].split(" ", 1)[1]
-    r = await anon.get(f"/v1/sessions/{new_sid()}/history", headers={"Authorization": f"bearer {token}"})
-    assert r.status_code == 200, r.text
+    r = await anon.get(f"/v1/sessions/{new_sid()}", headers={"Authorization": f"bearer {token}"})
+    assert_problem(r, 404, "session_not_found")  # authenticated: the session is looked up
 
 
 async def test_unauthenticated_malformed_body_is_401(anon: httpx.AsyncClient) -> None:

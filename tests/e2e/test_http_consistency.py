@@ -58,7 +58,7 @@ async def test_read_your_writes_for_every_write_kind(client: httpx.AsyncClient) 
     seq = r.json()["seq"]
     assert await history_ids(client, sid, min_seq=seq) == ["m1"]
 
-    r = await client.delete(f"/v1/sessions/{sid}/messages")
+    r = await client.post(f"/v1/sessions/{sid}/messages:clear")
     seq = r.json()["seq"]
     assert await history_ids(client, sid, min_seq=seq) == []
 
@@ -74,7 +74,8 @@ async def test_min_seq_beyond_the_session_does_not_hang(client: httpx.AsyncClien
     b = await append(client, s2, msg("b", "second"))
     assert b["seq"] > a["seq"]
     assert await history_ids(client, s1, min_seq=b["seq"]) == ["a"]
-    assert await history_ids(client, new_sid(), min_seq=b["seq"]) == []
+    r = await client.get(f"/v1/sessions/{new_sid()}/history", params={"min_seq": b["seq"]})
+    assert (r.status_code, r.json()["code"]) == (404, "session_not_found")
 
 
 async def test_events_are_ndjson_in_order(client: httpx.AsyncClient) -> None:
@@ -87,7 +88,7 @@ async def test_events_are_ndjson_in_order(client: httpx.AsyncClient) -> None:
     up = (await client.put(f"/v1/sessions/{sid}/messages/m1", json={"message": msg("m1", "uno")})).json()
     dl = (await client.delete(f"/v1/sessions/{sid}/messages", params={"ids": "m2"})).json()
     rn = (await client.patch(f"/v1/sessions/{sid}", json={"name": "renamed"})).json()
-    cl = (await client.delete(f"/v1/sessions/{sid}/messages")).json()
+    cl = (await client.post(f"/v1/sessions/{sid}/messages:clear")).json()
 
     r = await client.get(f"/v1/sessions/{sid}/events")
     assert r.status_code == 200, r.text
@@ -151,7 +152,7 @@ async def test_events_from_and_to_seq(client: httpx.AsyncClient) -> None:
 async def test_events_keep_what_the_read_model_dropped(client: httpx.AsyncClient) -> None:
     sid = new_sid()
     await chain(client, sid, ["m1", "m2"])
-    r = await client.delete(f"/v1/sessions/{sid}/messages")
+    r = await client.post(f"/v1/sessions/{sid}/messages:clear")
     assert (await history(client, sid, min_seq=r.json()["seq"]))["messages"] == []
     evs = await events(client, sid)
     assert [e["event"].get("message_id") for e in evs[:2]] == ["m1", "m2"]

@@ -96,8 +96,9 @@ async def test_no_match_gives_an_empty_list(client: httpx.AsyncClient) -> None:
     # Query syntax characters are plain text, not tsquery operators.
     assert [h["id"] for h in await search(client, sid, "see & (here | !", min_seq=seq)] == ["m1"]
     assert [h["id"] for h in await search(client, sid, "here:* see", min_seq=seq)] == ["m1"]
-    # An empty session has no results either.
-    assert await search(client, new_sid(), "anything") == []
+    # A session that does not exist is not found.
+    r = await client.get(f"/v1/sessions/{new_sid()}/search", params={"q": "anything"})
+    assert (r.status_code, r.json()["code"]) == (404, "session_not_found")
 
 
 async def test_limit_and_snippet(client: httpx.AsyncClient) -> None:
@@ -178,4 +179,5 @@ async def test_deleted_sessions_are_not_searched(client: httpx.AsyncClient) -> N
     seq = r.json()["seq"]
     r = await client.get("/v1/search", params={"q": word, "min_seq": seq})
     assert [(h["session_id"], h["id"]) for h in r.json()["results"]] == [(kept, "k")]
-    assert await search(client, gone, word, min_seq=seq) == []
+    r = await client.get(f"/v1/sessions/{gone}/search", params={"q": word, "min_seq": seq})
+    assert (r.status_code, r.json()["code"]) == (404, "session_not_found")

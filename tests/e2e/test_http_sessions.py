@@ -172,7 +172,7 @@ async def test_delete_session(client: httpx.AsyncClient) -> None:
     assert_problem(r, 404, "session_not_found")
     assert_problem(await client.delete(f"/v1/sessions/{sid}"), 404, "session_not_found")
     assert_problem(await client.patch(f"/v1/sessions/{sid}", json={"name": "x"}), 404, "session_not_found")
-    assert_problem(await client.delete(f"/v1/sessions/{sid}/messages"), 404, "session_not_found")
+    assert_problem(await client.post(f"/v1/sessions/{sid}/messages:clear"), 404, "session_not_found")
     r = await client.put(f"/v1/sessions/{sid}/messages/m1", json={"message": msg("m1", "edit")})
     assert_problem(r, 404, "session_not_found")
 

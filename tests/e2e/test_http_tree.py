@@ -9,7 +9,10 @@ from tests.e2e.helpers import append, assert_problem, chain, history, history_id
 
 async def test_new_session_has_empty_history(client: httpx.AsyncClient) -> None:
     sid = new_sid()
-    h = await history(client, sid)
+    for path in ("history", "leaf", "path-length"):  # never created: not found
+        assert_problem(await client.get(f"/v1/sessions/{sid}/{path}"), 404, "session_not_found")
+    seq = (await client.post("/v1/sessions", json={"id": sid})).json()["seq"]
+    h = await history(client, sid, min_seq=seq)
     assert h == {"leaf_id": None, "messages": []}
     r = await client.get(f"/v1/sessions/{sid}/leaf")
     assert r.status_code == 200, r.text
@@ -171,7 +174,7 @@ async def test_get_message_and_unknown_message(client: httpx.AsyncClient) -> Non
     r = await client.get(f"/v1/sessions/{sid}/messages/missing", params={"min_seq": seq})
     assert_problem(r, 404, "message_not_found")
     r = await client.get(f"/v1/sessions/{new_sid()}/messages/rich")
-    assert_problem(r, 404, "message_not_found")
+    assert_problem(r, 404, "session_not_found")
 
 
 async def test_message_ids_are_per_session(client: httpx.AsyncClient) -> None:

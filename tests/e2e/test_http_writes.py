@@ -206,7 +206,7 @@ async def test_clear_empties_the_session(client: httpx.AsyncClient) -> None:
     sid = new_sid()
     await chain(client, sid, ["m1", "m2"])
     await append(client, sid, msg("b1", "branch"), "m1")
-    r = await client.delete(f"/v1/sessions/{sid}/messages")
+    r = await client.post(f"/v1/sessions/{sid}/messages:clear")
     assert r.status_code == 200, r.text
     out = r.json()
     assert out["cleared"] is True
@@ -228,7 +228,7 @@ async def test_clear_empties_the_session(client: httpx.AsyncClient) -> None:
 async def test_clear_of_an_unknown_session_writes_nothing(client: httpx.AsyncClient) -> None:
     """Like deleting unknown ids, clearing a session that has never existed is a no-op."""
     sid = new_sid()
-    r = await client.delete(f"/v1/sessions/{sid}/messages")
+    r = await client.post(f"/v1/sessions/{sid}/messages:clear")
     assert r.status_code in {200, 404}, r.text
     assert await events(client, sid) == []
     assert_problem(await client.get(f"/v1/sessions/{sid}"), 404, "session_not_found")
