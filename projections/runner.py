@@ -22,6 +22,15 @@ Contract:
 * Any other failure (the database or NATS is down) re-positions after an exponential backoff
   (``retry_base_s`` doubling up to ``retry_cap_s``, reset once a batch commits), one log line per
   retry (the traceback only on the first of a run of failures, else at DEBUG).
+* Nothing waits on the database without a bound: connecting (``connect_timeout_s``) and each
+  database step (``db_timeout_s``: a commit, positioning, an idle advance) time out and count as a
+  failure, so a connection whose server vanished (a Postgres restart) is retried, never awaited
+  forever. After a failure the pool's broken connections are dropped before the retry.
+* The lock's session is watched (every ``lock_check_s``): when it ends (a Postgres restart ends it
+  and frees the lock), consuming stops at once and the runner takes the lock again before it
+  consumes another batch.
+* ``stop`` always ends :meth:`ProjectorRunner.run`: the batch in flight gets ``stop_grace_s`` to
+  commit (or roll back), then the work is cancelled.
 """
 
 from __future__ import annotations
@@ -29,7 +38,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
@@ -99,6 +108,12 @@ class RunnerStats:
     skipped: int = 0
     quarantined: int = 0
     last_seq: int = 0
+    pending: int = 0  # messages the consumer had not delivered yet when the last batch was fetched
+    lock_losses: int = 0  # times the advisory lock's session ended under a running runner
+
+
+class LockLost(Exception):
+    """The advisory lock's session ended (the database restarted or closed it): the lock is gone."""
 
 
 def partition_checkpoint(projector: str, partition: int) -> str:
@@ -255,6 +270,10 @@ class ProjectorRunner:
     prefetch: int = 2
     retry_base_s: float = 0.1
     retry_cap_s: float = 30.0
+    connect_timeout_s: float = 10.0
+    db_timeout_s: float = 60.0
+    lock_check_s: float = 1.0
+    stop_grace_s: float = 15.0
     on_batch: Callable[[int, int], None] | None = None
     stats: RunnerStats = field(default_factory=RunnerStats)
     _failures: int = field(default=0, init=False, repr=False)  # in a row; a committed batch resets it
@@ -270,19 +289,46 @@ class ProjectorRunner:
     async def run(self, stop: asyncio.Event) -> None:
         """Consume until ``stop`` is set; failures re-position from the checkpoint with backoff.
 
-        The advisory lock's connection is opened again after every failure (a database restart
-        ends it, and with it the lock), so the runner never consumes without holding its lock.
+        Once ``stop`` is set the batch in flight has ``stop_grace_s`` to finish, then the work is
+        cancelled: a stop request is never lost in an await that does not return.
         """
+        work = asyncio.create_task(self._run(stop), name=f"projector-{self.name}")
+        stopping = asyncio.create_task(stop.wait())
+        try:
+            await asyncio.wait({work, stopping}, return_when=asyncio.FIRST_COMPLETED)
+            if not work.done():
+                done, _ = await asyncio.wait({work}, timeout=self.stop_grace_s)
+                if not done:
+                    log.warning("projector %s did not stop within %.0fs; cancelling it", self.name, self.stop_grace_s)
+            if not work.done():
+                work.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await work
+            else:
+                work.result()
+        finally:
+            stopping.cancel()
+            if not work.done():  # run itself was cancelled
+                work.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await work
+
+    async def _run(self, stop: asyncio.Event) -> None:
+        """The advisory lock's connection is opened again after every failure (a database restart
+        ends it, and with it the lock), and watched while consuming, so the runner never consumes
+        without holding its lock."""
         while not stop.is_set():
             try:
-                async with await psycopg.AsyncConnection.connect(self.conninfo, autocommit=True) as lock_conn:
+                async with await self._connect() as lock_conn:
                     await self._hold_lock(lock_conn, stop)
-                    while not stop.is_set():
-                        await self._consume(await self._position(), stop)
+                    held = await self._held_locks(lock_conn)
+                    await _first_of(self._watch_lock(lock_conn, held), self._consume_all(stop))
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
                 self._failures += 1
+                if isinstance(exc, LockLost):
+                    self.stats.lock_losses += 1
                 delay = retry_delay(self._failures, self.retry_base_s, self.retry_cap_s)
                 log.warning(
                     "projector %s failed (%s: %s); retry %d in %.1fs from its checkpoint",
@@ -294,14 +340,62 @@ class ProjectorRunner:
                     exc_info=self._failures == 1,
                 )
                 log.debug("projector %s failure", self.name, exc_info=True)
+                await self._drop_broken_connections()
                 await _sleep_or_stop(stop, delay)
+
+    async def _consume_all(self, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            await self._consume(await self._position(), stop)
+
+    async def _connect(self) -> psycopg.AsyncConnection[Any]:
+        async with asyncio.timeout(self.connect_timeout_s + 1):
+            return await psycopg.AsyncConnection.connect(
+                self.conninfo,
+                autocommit=True,
+                connect_timeout=max(1, round(self.connect_timeout_s)),
+                keepalives=1,
+                keepalives_idle=5,
+                keepalives_interval=2,
+                keepalives_count=3,
+            )
+
+    async def _drop_broken_connections(self) -> None:
+        """Let the pool test its idle connections now: after a database restart every one of them
+        is broken, and each would otherwise cost a failed batch and a longer backoff."""
+        with contextlib.suppress(Exception):
+            async with asyncio.timeout(self.db_timeout_s):
+                await self.pool.check()
+
+    def _lock_names(self) -> list[str]:
+        return sorted(self.locks) or self.checkpoint_names
+
+    async def _held_locks(self, conn: psycopg.AsyncConnection[Any]) -> int:
+        async with asyncio.timeout(self.db_timeout_s):
+            cur = await conn.execute(
+                "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted AND pid = pg_backend_pid()"
+            )
+            row = await cur.fetchone()
+        return int(row[0]) if row else 0
+
+    async def _watch_lock(self, conn: psycopg.AsyncConnection[Any], held: int) -> None:
+        """Raise :class:`LockLost` when the lock's session ends or holds fewer locks than it took
+        (``held``), checked every ``lock_check_s``; runs until cancelled (the consuming side ends
+        first on ``stop``, so the batch in flight is never cut short here)."""
+        while True:
+            await asyncio.sleep(self.lock_check_s)
+            try:
+                now = await self._held_locks(conn)
+            except Exception as exc:
+                raise LockLost(f"the advisory lock's connection ended ({type(exc).__name__}: {exc})") from exc
+            if now < held:
+                raise LockLost(f"the advisory lock's session holds {now} of its {held} locks")
 
     async def _hold_lock(self, conn: psycopg.AsyncConnection[Any], stop: asyncio.Event) -> None:
         """One advisory lock per checkpoint: two workers never own the same partition."""
         warned = False
         while not stop.is_set():
             held: list[str] = []
-            for name in sorted(self.locks) or self.checkpoint_names:
+            for name in self._lock_names():
                 cur = await conn.execute(
                     "SELECT pg_try_advisory_lock(hashtext('chronicle-projector'), hashtext(%s))", (name,)
                 )
@@ -319,7 +413,7 @@ class ProjectorRunner:
             await _sleep_or_stop(stop, 1.0)
 
     async def _position(self) -> JetStreamContext.PullSubscription:
-        async with self.pool.connection() as conn, conn.transaction():
+        async with asyncio.timeout(self.db_timeout_s), self.pool.connection() as conn, conn.transaction():
             names = self.checkpoint_names
             seeded = await self.seed(conn) if self.seed is not None else None
             if seeded is not None:
@@ -358,7 +452,7 @@ class ProjectorRunner:
         if info.num_pending or info.num_ack_pending:
             return
         names = self.checkpoint_names
-        async with self.pool.connection() as conn, conn.transaction():
+        async with asyncio.timeout(self.db_timeout_s), self.pool.connection() as conn, conn.transaction():
             cur = await conn.execute(
                 "INSERT INTO checkpoints (name, seq) SELECT unnest(%s::text[]), %s ON CONFLICT (name) DO UPDATE "
                 "SET seq = excluded.seq, updated_at = now() WHERE checkpoints.seq < excluded.seq",
@@ -380,6 +474,8 @@ class ProjectorRunner:
             fetcher.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await fetcher
+            with contextlib.suppress(Exception):  # the next position subscribes anew
+                await sub.unsubscribe()
 
     async def _fetch_loop(
         self,
@@ -437,6 +533,7 @@ class ProjectorRunner:
         try:
             msgs = await sub.fetch(1, timeout=self.idle_timeout_s)
         except (TimeoutError, nats.errors.TimeoutError):
+            self.stats.pending = 0
             return []
         pending = msgs[-1].metadata.num_pending
         while pending > 0 and len(msgs) < self.batch_size:
@@ -446,12 +543,13 @@ class ProjectorRunner:
                 break
             msgs.extend(more)
             pending = more[-1].metadata.num_pending
+        self.stats.pending = max(pending, 0)
         return msgs
 
     async def _commit(self, batch: _Batch) -> None:
         items = batch.items
         quarantined: list[Quarantined] = []
-        async with self.pool.connection() as conn, conn.transaction():
+        async with asyncio.timeout(self.db_timeout_s), self.pool.connection() as conn, conn.transaction():
             applied = await apply_batch(
                 conn,
                 self.checkpoint_names,
@@ -488,6 +586,21 @@ class _Batch:
 def _first_line(exc: BaseException) -> str:
     lines = str(exc).strip().splitlines()
     return lines[0][:300] if lines else ""
+
+
+async def _first_of(*coros: Coroutine[Any, Any, None]) -> None:
+    """Run ``coros`` together until the first one ends; cancel the others; re-raise its error."""
+    tasks = [asyncio.create_task(c) for c in coros]
+    try:
+        done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+        for task in done:
+            task.result()
+    finally:
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
 
 
 async def _sleep_or_stop(stop: asyncio.Event, seconds: float) -> None:

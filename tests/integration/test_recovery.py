@@ -6,6 +6,7 @@ import asyncio
 import signal
 import subprocess
 import sys
+from collections.abc import Callable
 
 import psycopg
 
@@ -92,3 +93,46 @@ async def test_dropping_read_models_and_replaying_gives_identical_rows(nats_url:
         await c.waiter.wait_all(last)
         async with c.pool.connection() as conn:
             assert await checksums(conn, "public") == before
+
+
+async def _lock_holders(conninfo: str) -> dict[int, int]:
+    """``{backend pid: advisory locks it holds}`` in this database."""
+    async with await psycopg.AsyncConnection.connect(conninfo) as conn:
+        cur = await conn.execute(
+            "SELECT pid, count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted "
+            "AND database = (SELECT oid FROM pg_database WHERE datname = current_database()) GROUP BY pid"
+        )
+        return {int(pid): int(n) for pid, n in await cur.fetchall()}
+
+
+async def _wait_holders(conninfo: str, ok: Callable[[dict[int, int]], bool], timeout: float = 30) -> dict[int, int]:
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not ok(holders := await _lock_holders(conninfo)):
+        assert asyncio.get_running_loop().time() < deadline, f"advisory locks: {holders}"
+        await asyncio.sleep(0.05)
+    return holders
+
+
+async def test_a_projector_whose_lock_session_ends_takes_its_locks_again_and_keeps_applying(
+    nats_url: str, fresh_db: str
+) -> None:
+    settings = make_settings(nats_url, fresh_db)
+    async with running_stack(settings, projector=False) as c:
+        runner = c.projector()
+        runner.lock_check_s = 0.2
+        stop = asyncio.Event()
+        task = asyncio.create_task(runner.run(stop))
+        try:
+            expected = 1 + settings.partitions  # its own checkpoint's and every partition's
+            before = await _wait_holders(fresh_db, lambda h: sum(h.values()) == expected)
+            (pid,) = before
+            async with await psycopg.AsyncConnection.connect(fresh_db, autocommit=True) as conn:
+                await conn.execute("SELECT pg_terminate_backend(%s)", (pid,))  # nothing else fails
+            after = await _wait_holders(fresh_db, lambda h: sum(h.values()) == expected and pid not in h)
+            assert len(after) == 1
+            assert runner.stats.lock_losses == 1
+            last = await _publish_history(c, sessions=2, per_session=10)
+            await _wait_checkpoint(fresh_db, settings.projector_name, last)
+        finally:
+            stop.set()
+            await asyncio.wait_for(task, timeout=20)
