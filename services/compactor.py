@@ -5,7 +5,8 @@ The worker runs its own durable consumer (checkpoint ``compactor``) feeding
 passed ``compact_after`` are compacted one at a time. An overlay's event id is derived from
 (tenant, session, first id, last id), so two compactors, or a retry after a crash, record it once.
 A failing summarizer records ``compaction.failed`` and is retried with backoff; appends never wait
-for any of this.
+for any of this. While its consumer is more than a batch behind the log (after a restart under
+load), the worker only catches up: sessions are compacted again once the state is current.
 """
 
 from __future__ import annotations
@@ -236,7 +237,9 @@ class Compactor:
         *,
         max_backoff_s: float = 300,
         concurrency: int = 4,
+        compact_timeout_s: float = 600,
     ) -> None:
+        self._compact_timeout_s = compact_timeout_s
         self._runner = runner
         self._state = state
         self._service = service
@@ -248,11 +251,18 @@ class Compactor:
         self._retry_at: dict[tuple[str, str], float] = {}
         self._failures: dict[tuple[str, str], int] = {}
         self._max_backoff = max_backoff_s
+        # set while the state is caught up with the log: compacting from a state far behind would
+        # only be redone, and it takes the CPU the consumer needs to catch up under load
+        self._caught_up = asyncio.Event()
         runner.on_batch = self._after_batch
         self.compactions = 0
         self.failures = 0
 
     def _after_batch(self, applied: int, last_seq: int) -> None:
+        if self._runner.stats.pending > self._runner.batch_size:
+            self._caught_up.clear()
+            return  # candidates are looked at again once the state has caught up
+        self._caught_up.set()
         now = time.monotonic()
         for key, cand in list(self._state.candidates.items()):
             if self._tried_at.get(key) == cand.estimate or self._retry_at.get(key, 0) > now:
@@ -290,6 +300,7 @@ class Compactor:
 
     async def _work(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
+            await self._caught_up.wait()
             key = await self._queue.get()
             self._queued.discard(key)
             cand = self._state.candidates.get(key)
@@ -297,7 +308,8 @@ class Compactor:
                 continue
             self._active.add(key)
             try:
-                outcome = await self._service.compact(*key)
+                async with asyncio.timeout(self._compact_timeout_s):  # a dead connection never holds a worker
+                    outcome = await self._service.compact(*key)
                 self._tried_at[key] = cand.estimate
                 self._failures.pop(key, None)
                 if outcome.overlay is not None:
