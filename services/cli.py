@@ -69,6 +69,13 @@ def main(argv: list[str] | None = None) -> int:
         help="ingest: projector processes, one per partition (CHRONICLE_PARTITIONS = this); default 2, one per core",
     )
     p_bench.add_argument("--nats-url", default=None, help="use this NATS server instead of starting one")
+    p_chaos = sub.add_parser("chaos", help="kill -9 and restart every component under load; check nothing is lost")
+    p_chaos.add_argument("--short", action="store_true", help="the short form the test suite runs (about a minute)")
+    p_chaos.add_argument("--writers", type=int, default=None, help="concurrent HTTP writers (default 8)")
+    p_chaos.add_argument("--rounds", type=int, default=None, help="times each fault is injected (default 1)")
+    p_chaos.add_argument("--down", type=float, default=None, help="seconds a killed component stays down")
+    p_chaos.add_argument("--between", type=float, default=None, help="seconds of load between faults")
+    p_chaos.add_argument("--keep", type=Path, default=None, help="keep logs and data in this directory")
     p_key = sub.add_parser(
         "keygen", help="make a tenant's API key (and NATS identity), or the operator's NATS identity"
     )
@@ -123,6 +130,11 @@ def main(argv: list[str] | None = None) -> int:
             from services.bench import run_bench
 
             return run_bench(settings, args)
+        case "chaos":
+            from services.chaos import main as chaos
+            from services.chaos import options_from
+
+            return chaos(settings, options_from(args))
         case "keygen":
             return keygen(args)
         case "nats-config":
