@@ -327,3 +327,62 @@ async def test_a_stored_config_with_an_unsafe_key_is_a_clear_409(
     assert r.status_code == 200, r.text  # a new config repairs it
     assert (await client.get(f"/v1/sessions/{sid}/context", params={"min_seq": r.json()["seq"]})).status_code == 200
     assert await stream_last_seq(client) > last
+
+
+# -- events over the log's limit ----------------------------------------------------------------
+
+
+async def test_a_prompt_or_block_over_the_event_limit_is_413_and_publishes_nothing(client: httpx.AsyncClient) -> None:
+    sid = new_sid()
+    config = {"blocks": [{"label": "a", "kind": "writable"}, {"label": "b", "kind": "writable"}]}
+    assert (await client.put(f"/v1/sessions/{sid}/config", json=config)).status_code == 200
+    for label in ("a", "b"):
+        r = await client.put(f"/v1/sessions/{sid}/context/{label}", json={"content": "x" * 600_000})
+        assert r.status_code == 200, r.text[:300]
+    before, last = await events(client, sid), await stream_last_seq(client)
+    r = await client.put(f"/v1/sessions/{sid}/context/a", json={"content": "y" * 600_000, "mode": "append"})
+    assert_problem(r, 413, "payload_too_large")
+    assert_problem(await client.get(f"/v1/sessions/{sid}/system-prompt"), 413, "payload_too_large")
+    assert_problem(await client.post(f"/v1/sessions/{sid}/system-prompt:refresh"), 413, "payload_too_large")
+    await _unchanged(client, sid, before, last)
+
+
+# -- paging ------------------------------------------------------------------------------------
+
+
+async def test_events_are_paged(client: httpx.AsyncClient) -> None:
+    sid = new_sid()
+    await chain(client, sid, [f"m{i}" for i in range(5)])
+    every = await events(client, sid)
+    pages: list[dict[str, Any]] = []
+    params = {"from_seq": 1, "limit": 2}
+    while True:
+        page = await events(client, sid, **params)
+        pages.extend(page)
+        if len(page) < params["limit"]:
+            break
+        params["from_seq"] = page[-1]["seq"] + 1
+    assert pages == every
+    assert len(every) == 5
+    r = await client.get(f"/v1/sessions/{sid}/events", params={"limit": 10_001})
+    assert_problem(r, 422, "invalid_request")
+
+
+async def test_children_are_paged(client: httpx.AsyncClient) -> None:
+    sid = new_sid()
+    await append(client, sid, msg("root", "r"), None)
+    seq = 0
+    for i in range(5):
+        seq = (await append(client, sid, msg(f"c{i}", "x"), "root"))["seq"]
+    got: list[str] = []
+    params: dict[str, Any] = {"limit": 2, "min_seq": seq}
+    while True:
+        out = (await client.get(f"/v1/sessions/{sid}/messages/root/children", params=params)).json()
+        got.extend(m["id"] for m in out["messages"])
+        if out["next_cursor"] is None:
+            break
+        params["cursor"] = out["next_cursor"]
+    assert got == [f"c{i}" for i in range(5)]
+    out = (await client.get(f"/v1/sessions/{sid}/messages/root/children")).json()
+    assert [m["id"] for m in out["messages"]] == got
+    assert out["next_cursor"] is None
