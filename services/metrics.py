@@ -108,16 +108,34 @@ def projector_checkpoints(
 
 
 def assess(
-    snap: Snapshot, projector: str, partitions: int, *, stall_s: float, max_lag: int
+    snap: Snapshot,
+    projector: str,
+    partitions: int,
+    *,
+    stall_s: float,
+    max_lag: int,
+    unapplied_since: datetime | None = None,
 ) -> tuple[list[str], int | None]:
     """Why the projection is not ready (empty: it is), and its lag (the stream's last sequence
-    minus the lowest projector checkpoint; None before any projector has run, which is not a
-    reason: nothing can be said yet). A consumer has stalled when events wait past its checkpoint
-    and it has not moved for ``stall_s`` seconds. Quarantined events are never a reason."""
+    minus the lowest projector checkpoint). A consumer has stalled when events wait past its
+    checkpoint and it has not moved for ``stall_s`` seconds. Before any projector checkpoint
+    exists, events that have waited since ``unapplied_since`` (when readiness first saw them
+    unapplied) for ``stall_s`` are a stall too: a projector that never starts is not ready; with
+    no such time, nothing can be said yet (lag None). Quarantined events are never a reason."""
     points = projector_checkpoints(snap.checkpoints, projector, partitions)
     if not points:
-        return [], None
-    reasons: list[str] = []
+        if not snap.last_seq or unapplied_since is None:
+            return [], None
+        reasons = []
+        idle = (snap.now - unapplied_since).total_seconds()
+        if idle > stall_s:
+            reasons.append(
+                f"projector {projector} has applied nothing for {idle:.0f}s with {snap.last_seq} events waiting"
+            )
+        if snap.last_seq > max_lag:
+            reasons.append(f"projection lag {snap.last_seq} is past the threshold {max_lag}")
+        return reasons, snap.last_seq
+    reasons = []
     for name, (seq, at) in sorted(points.items()):
         idle = (snap.now - at).total_seconds()
         if seq < snap.last_seq and idle > stall_s:
@@ -128,6 +146,17 @@ def assess(
     if lag > max_lag:
         reasons.append(f"projection lag {lag} is past the threshold {max_lag}")
     return reasons, lag
+
+
+_first_unapplied: dict[str, datetime] = {}  # projector -> when readiness first saw events and no checkpoint
+
+
+def _unapplied_since(snap: Snapshot, projector: str, partitions: int) -> datetime | None:
+    """Since when this process has seen events in the stream and no checkpoint of ``projector``."""
+    if snap.last_seq and not projector_checkpoints(snap.checkpoints, projector, partitions):
+        return _first_unapplied.setdefault(projector, snap.now)
+    _first_unapplied.pop(projector, None)
+    return None
 
 
 async def readiness(c: Container, *, stall_s: float | None = None, max_lag: int | None = None) -> dict[str, Any]:
@@ -148,7 +177,10 @@ async def readiness(c: Container, *, stall_s: float | None = None, max_lag: int 
             stall_s = float(getattr(s, "readiness_stall_s", READINESS_STALL_S))
         if max_lag is None:
             max_lag = int(getattr(s, "readiness_max_lag", READINESS_MAX_LAG))
-        found, out["projection_lag"] = assess(snap, s.projector_name, s.partitions, stall_s=stall_s, max_lag=max_lag)
+        since = _unapplied_since(snap, s.projector_name, s.partitions)
+        found, out["projection_lag"] = assess(
+            snap, s.projector_name, s.partitions, stall_s=stall_s, max_lag=max_lag, unapplied_since=since
+        )
         reasons.extend(found)
     except NotFoundError:
         out["nats"] = c.nc.is_connected

@@ -13,7 +13,7 @@ import pytest
 from events.publisher import Publisher
 from services.localstack import free_port, wait_for_port
 from services.settings import Settings
-from tests.conftest import make_settings, operator_nats
+from tests.conftest import KEYS, make_settings, operator_nats
 from tests.integration.helpers import appended
 from tests.support import scratch_database, settings_env
 
@@ -53,7 +53,13 @@ async def test_readyz_goes_503_when_the_projector_stops_while_events_wait(own_se
             nc = await operator_nats(own_settings.nats_url)
             try:
                 pub = Publisher(nc.jetstream(), own_settings.layout())
-                await pub.publish(appended("tenant-a", "ready", "m0", None))
+                first = await pub.publish(appended("tenant-a", "ready", "m0", None))
+                history = await client.get(
+                    "/v1/sessions/ready/history",
+                    params={"min_seq": first.seq},
+                    headers={"Authorization": f"Bearer {KEYS['tenant-a']}"},
+                )
+                assert [m["id"] for m in history.json()["messages"]] == ["m0"]  # the projector runs
                 await readyz_until(client, 200)
                 projector.terminate()
                 projector.wait(timeout=20)

@@ -77,3 +77,13 @@ def test_partition_checkpoints_replace_the_single_one_once_all_report() -> None:
     assert assess(stale_single, "projector", 2, stall_s=60, max_lag=100) == ([], 0)
     half = snap(10, projector=(3, 999), **{"projector.p000": (10, 1.0)})
     assert set(projector_checkpoints(half.checkpoints, "projector", 2)) == {"projector", "projector.p000"}
+
+
+def test_a_projector_that_never_applied_anything_is_a_stall_once_events_have_waited_long_enough() -> None:
+    waited = NOW - timedelta(seconds=61)
+    reasons, lag = assess(snap(7), "projector", 1, stall_s=60, max_lag=100, unapplied_since=waited)
+    assert lag == 7
+    assert reasons == ["projector projector has applied nothing for 61s with 7 events waiting"]
+    recent = NOW - timedelta(seconds=5)
+    assert assess(snap(7), "projector", 1, stall_s=60, max_lag=100, unapplied_since=recent) == ([], 7)
+    assert assess(snap(0), "projector", 1, stall_s=60, max_lag=100, unapplied_since=waited) == ([], None)
