@@ -13,6 +13,14 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 LABEL_RE = r"^[A-Za-z0-9_][A-Za-z0-9_-]{0,63}$"
 Label = Annotated[str, Field(pattern=LABEL_RE)]
 BUCKET_RE = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
+Bucket = Annotated[str, Field(min_length=3, max_length=63, json_schema_extra={"pattern": BUCKET_RE.pattern})]
+"""An S3 bucket name (checked by :func:`_bucket_name`, which names the bucket in its error)."""
+
+
+def _bucket_name(bucket: str) -> str:
+    if not BUCKET_RE.match(bucket):
+        raise ValueError(f"invalid bucket name {bucket!r}")
+    return bucket
 
 
 class _Block(BaseModel):
@@ -26,8 +34,13 @@ class _Block(BaseModel):
 class ObjectSource(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    bucket: str = Field(min_length=3, max_length=63)
+    bucket: Bucket
     key: str = Field(min_length=1, max_length=1024)
+
+    @model_validator(mode="after")
+    def _bucket_name(self) -> ObjectSource:
+        _bucket_name(self.bucket)
+        return self
 
 
 class ReadonlyBlock(_Block):
@@ -60,14 +73,13 @@ class SkillsBlock(_Block):
     """Documents in an object-storage bucket, listed in the prompt, loaded on demand."""
 
     kind: Literal["skills"] = "skills"
-    bucket: str = Field(min_length=3, max_length=63)
+    bucket: Bucket
     prefix: str = Field(default="", max_length=512)
     keys: list[str] | None = None
 
     @model_validator(mode="after")
     def _bucket_name(self) -> SkillsBlock:
-        if not BUCKET_RE.match(self.bucket):
-            raise ValueError(f"invalid bucket name {self.bucket!r}")
+        _bucket_name(self.bucket)
         return self
 
 

@@ -27,6 +27,11 @@ INVALID: dict[str, tuple[Any, str]] = {
     "budget-not-a-number": ({"blocks": [{"kind": "writable", "label": "m", "max_tokens": "lots"}]}, "max_tokens"),
     "missing-bucket": ({"blocks": [{"kind": "skills", "label": "skills"}]}, "bucket"),
     "invalid-bucket-name": ({"blocks": [{"kind": "skills", "label": "skills", "bucket": "No_Such"}]}, "bucket"),
+    # found by schemathesis: a source's bucket went unchecked to the S3 client, which raised (500)
+    "invalid-source-bucket-name": (
+        {"blocks": [{"kind": "readonly", "label": "r", "source": {"bucket": "A\u00b5\u00e3\u00a3", "key": "k"}}]},
+        "invalid bucket name",
+    ),
     "content-and-source": (
         {
             "blocks": [

@@ -84,6 +84,10 @@ def _with_block(block: dict[str, Any], **top: Any) -> dict[str, Any]:
         (_with_block({"kind": "skills", "label": "x"}), "bucket"),
         (_with_block({"kind": "skills", "label": "x", "bucket": "Bad_Bucket"}), "invalid bucket name"),
         (_with_block({"kind": "skills", "label": "x", "bucket": "-leading"}), "invalid bucket name"),
+        (
+            _with_block({"kind": "readonly", "label": "x", "source": {"bucket": "Bad_B", "key": "k"}}),
+            "invalid bucket name",
+        ),
         (_with_block({"kind": "skills", "label": "x", "bucket": "ab"}), "at least 3"),
         (_with_block({"kind": "skills", "label": "x", "bucket": "b" * 64}), "at most 63"),
         (
