@@ -54,6 +54,10 @@ MAX_EVENTS_PAGE = 10_000
 """The most events one ``GET …/events`` answers (``limit``'s bound and default)."""
 MAX_DELETE_IDS = 1000
 """The most message ids one delete names."""
+HISTORY_LIMIT = 10_000
+"""How many messages a history answers by default (the recent end of a longer path)."""
+MAX_HISTORY_LIMIT = 100_000
+"""The most messages one history answers (``limit``'s bound)."""
 log = logging.getLogger("chronicle.api")
 
 
@@ -411,12 +415,15 @@ def build_app(settings: Settings, container: Container | None = None) -> FastAPI
         max_text_chars: Annotated[int, Query(ge=1)] = 10_000,
         max_bytes: Annotated[int | None, Query(ge=0)] = None,
         min_recent: Annotated[int, Query(ge=0)] = 1,
+        limit: Annotated[int, Query(ge=1, le=MAX_HISTORY_LIMIT)] = HISTORY_LIMIT,
     ) -> Response:
         """Root-to-leaf path (default: the latest leaf), overlays applied unless ``compacted=false``.
 
         ``truncate_older`` returns a micro-compacted copy (older tool outputs and long texts cut,
         structure kept); ``max_bytes`` returns the byte-budgeted recent suffix with ``truncated``
-        and ``total_content_bytes``. Stored messages are never changed by a read.
+        and ``total_content_bytes``. At most ``limit`` messages (the recent end, after overlays)
+        are answered: a longer path adds ``truncated: true``. Stored messages are never changed
+        by a read.
         """
         check_id("session", sid)
         if leaf_id is not None:
@@ -455,6 +462,9 @@ def build_app(settings: Settings, container: Container | None = None) -> FastAPI
             row = by_id[item]
             outputs = unloaded.outputs(row.id, row.content)
             contents.append(reclaim(row.content, outputs) if outputs else row.content)
+        if len(contents) > limit:  # the recent end, as max_bytes keeps it
+            contents = contents[-limit:]
+            head["truncated"] = True
         if truncate_older:
             parsed = [json.loads(x) for x in contents]
             cut = truncate_older_messages(parsed, keep_recent, max_tool_output_chars, max_text_chars)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import httpx
 
 from tests.e2e.helpers import append, assert_problem, chain, history, history_ids, msg, new_sid
@@ -187,3 +189,31 @@ async def test_message_ids_are_per_session(client: httpx.AsyncClient) -> None:
     r2 = await client.get(f"/v1/sessions/{s2}/messages/same", params={"min_seq": b["seq"]})
     assert r1.json()["parts"][0]["text"] == "in session one"
     assert r2.json()["parts"][0]["text"] == "in session two"
+
+
+async def test_history_limit_keeps_the_recent_end_and_says_truncated(client: httpx.AsyncClient) -> None:
+    sid = new_sid()
+    r = await client.post(
+        f"/v1/sessions/{sid}/messages:batch", json={"messages": [msg(f"m{i}", "x") for i in range(6)]}
+    )
+    seq = r.json()["seq"]
+
+    async def read(**params: object) -> dict[str, Any]:
+        r = await client.get(f"/v1/sessions/{sid}/history", params={"min_seq": seq, **params})
+        assert r.status_code == 200, r.text
+        out: dict[str, Any] = r.json()
+        return out
+
+    cut = await read(limit=2)
+    assert [m["id"] for m in cut["messages"]] == ["m4", "m5"]
+    assert cut["truncated"] is True
+    assert cut["leaf_id"] == "m5"
+    for limit in (6, 7, None):  # the whole path (the default is far above it): no flag, as before
+        whole = await read(**({"limit": limit} if limit else {}))
+        assert [m["id"] for m in whole["messages"]] == [f"m{i}" for i in range(6)]
+        assert "truncated" not in whole
+    both = await read(limit=3, max_bytes=10**6)  # the byte window holds all; the limit still cuts
+    assert [m["id"] for m in both["messages"]] == ["m3", "m4", "m5"]
+    assert both["truncated"] is True
+    for bad in (0, 100_001):
+        assert_problem(await client.get(f"/v1/sessions/{sid}/history", params={"limit": bad}), 422, "invalid_request")
