@@ -11,12 +11,47 @@ from __future__ import annotations
 import base64
 import re
 import unicodedata
+from typing import Any
 
 MAX_TENANT_LEN = 64
 MAX_SESSION_LEN = 128
 MAX_MESSAGE_ID_LEN = 256
 
 _PLAIN = re.compile(r"[A-Za-z0-9_-]+")
+
+_CONTROLS = r"\x00-\x1f\x7f-\x9f"
+SESSION_ID_PATTERN = rf"^[^\s/{_CONTROLS}](?:[^/{_CONTROLS}]*[^\s/{_CONTROLS}])?$"
+MESSAGE_ID_PATTERN = rf"^[^\s{_CONTROLS}](?:[^{_CONTROLS}]*[^\s{_CONTROLS}])?$"
+"""The id rules as regular expressions for JSON Schema: no control characters, no surrounding
+whitespace (and no ``/`` in a session id). A regex cannot name every Unicode category-C code point
+(format, private-use, unassigned), so the schemas below also carry a ``format`` that says so."""
+
+TENANT_ID_SCHEMA: dict[str, Any] = {
+    "type": "string",
+    "minLength": 1,
+    "maxLength": MAX_TENANT_LEN,
+    "pattern": "^[A-Za-z0-9_-]+$",
+}
+SESSION_ID_SCHEMA: dict[str, Any] = {
+    "type": "string",
+    "minLength": 1,
+    "maxLength": MAX_SESSION_LEN,
+    "pattern": SESSION_ID_PATTERN,
+    "format": "chronicle-session-id",
+    "description": "1-128 characters, none of Unicode category C (control, format, private-use, "
+    "unassigned), no '/', no leading or trailing whitespace",
+}
+MESSAGE_ID_SCHEMA: dict[str, Any] = {
+    "type": "string",
+    "minLength": 1,
+    "maxLength": MAX_MESSAGE_ID_LEN,
+    "pattern": MESSAGE_ID_PATTERN,
+    "format": "chronicle-message-id",
+    "description": "1-256 characters, none of Unicode category C (control, format, private-use, "
+    "unassigned), no leading or trailing whitespace",
+}
+"""JSON Schemas of the ids :func:`check_tenant`, :func:`check_session` and
+:func:`check_message_id` admit (the OpenAPI document uses them)."""
 
 
 class InvalidId(ValueError):

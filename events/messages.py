@@ -11,7 +11,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from events.ids import MAX_MESSAGE_ID_LEN, check_message_id
+from events.ids import MAX_MESSAGE_ID_LEN, MESSAGE_ID_SCHEMA, check_message_id
 
 JsonObject = dict[str, Any]
 
@@ -29,7 +29,7 @@ class UIMessage(BaseModel):
 
     model_config = ConfigDict(extra="allow")
 
-    id: str = Field(min_length=1, max_length=MAX_MESSAGE_ID_LEN)
+    id: str = Field(min_length=1, max_length=MAX_MESSAGE_ID_LEN, json_schema_extra=MESSAGE_ID_SCHEMA)
     role: str = Field(min_length=1, max_length=64)
     parts: list[Part]
 

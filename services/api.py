@@ -8,11 +8,12 @@ from collections.abc import AsyncIterator
 from typing import Annotated, Any
 
 from fastapi import Body, FastAPI, Query, Response
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, WithJsonSchema
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from events import ids
 from events import log as eventlog
 from events.admission import MAX_EVENT_BYTES, Refused
 from events.blobs import BlobRef
@@ -21,17 +22,25 @@ from events.messages import UIMessage, stored_json
 from projections import context_queries as cq
 from projections import queries
 from projections.overlays import Overlay, apply_overlays, overlay_json, overlays
-from services import audit, metrics
+from services import api_models as m
+from services import audit, metrics, openapi
 from services.api_context import router as context_router
+from services.api_models import ok
 from services.bootstrap import Container, open_container
 from services.commands import AppendResult, fork
 from services.context import reclaim, reclaimed_in
 from services.decisions import OMITTED, ParentSpec
 from services.deps import (
     C,
+    LeafId,
     Limit,
+    MessageId,
+    MessageJson,
+    Mid,
     MinSeq,
     Q,
+    SessionId,
+    Sid,
     Tenant,
     caught_up,
     caught_up_all,
@@ -58,38 +67,55 @@ HISTORY_LIMIT = 10_000
 """How many messages a history answers by default (the recent end of a longer path)."""
 MAX_HISTORY_LIMIT = 100_000
 """The most messages one history answers (``limit``'s bound)."""
+MAX_SEQ = 2**63 - 1
+"""The largest stream sequence a query parameter may name."""
+_IDS_ITEM = {
+    "type": "string",
+    "minLength": 1,
+    "maxLength": ids.MAX_MESSAGE_ID_LEN,
+    "pattern": ids.MESSAGE_ID_PATTERN,
+    "format": "chronicle-message-id",
+    "description": "a message id (several may also be joined with ',')",
+}
 log = logging.getLogger("chronicle.api")
 
 
+def _examples(*examples: dict[str, Any]) -> ConfigDict:
+    return ConfigDict(extra="forbid", json_schema_extra={"examples": list(examples)})
+
+
+_MESSAGE = {"id": "m1", "role": "user", "parts": [{"type": "text", "text": "We deploy on Friday"}]}
+
+
 class CreateSessionBody(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    id: str | None = None
+    model_config = _examples({"id": "demo", "name": "Demo", "metadata": {"team": "ops"}})
+    id: SessionId | None = None
     name: str = Field(default="", max_length=512)
-    parent_session_id: str | None = None
+    parent_session_id: SessionId | None = None
     metadata: dict[str, Any] = Field(default_factory=dict)
 
 
 class RenameBody(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = _examples({"name": "Release planning"})
     name: str = Field(max_length=512)
 
 
 class AppendBody(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    message: dict[str, Any]
-    parent_id: str | None = None
+    model_config = _examples({"message": _MESSAGE}, {"message": {**_MESSAGE, "id": "m0"}, "parent_id": None})
+    message: MessageJson
+    parent_id: MessageId | None = None
 
 
 class ForkBody(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    at_message_id: str
+    model_config = _examples({"at_message_id": "m1", "name": "What if Thursday"})
+    at_message_id: MessageId
     name: str | None = Field(default=None, max_length=512)
-    id: str | None = None
+    id: SessionId | None = None
 
 
 class CompactBody(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    leaf_id: str | None = None
+    model_config = _examples({}, {"leaf_id": "m1"})
+    leaf_id: MessageId | None = None
 
 
 def overlay_dict(o: Overlay) -> dict[str, Any]:
@@ -110,14 +136,14 @@ def overlay_dict(o: Overlay) -> dict[str, Any]:
 
 
 class AppendBatchBody(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    messages: list[dict[str, Any]] = Field(min_length=1, max_length=1000)
-    parent_id: str | None = None
+    model_config = _examples({"messages": [_MESSAGE, {**_MESSAGE, "id": "m2", "role": "assistant"}]})
+    messages: list[MessageJson] = Field(min_length=1, max_length=1000)
+    parent_id: MessageId | None = None
 
 
 class UpdateBody(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    message: dict[str, Any]
+    model_config = _examples({"message": _MESSAGE})
+    message: MessageJson
 
 
 def _message(raw: dict[str, Any]) -> dict[str, Any]:
@@ -170,6 +196,10 @@ class ApiKeyAuth:
         await self.app(scope, receive, send)
 
 
+class NdjsonResponse(StreamingResponse):
+    media_type = "application/x-ndjson"
+
+
 def _raw_json(parts: dict[str, Any], raw_messages: list[str] | None = None) -> Response:
     """A JSON object whose ``messages`` member is spliced from stored JSON text (no re-parse)."""
     head = json.dumps(parts)[:-1]
@@ -215,6 +245,7 @@ def build_app(settings: Settings, container: Container | None = None) -> FastAPI
     if container is not None:
         app.state.c = container  # usable without running the lifespan (in-process clients)
     install(app)
+    openapi.install(app)
 
     ops_key = settings.ops_key.get_secret_value() if settings.ops_key is not None else None
     app.add_middleware(ApiKeyAuth, keys=keys, ops_key=ops_key)
@@ -224,7 +255,7 @@ def build_app(settings: Settings, container: Container | None = None) -> FastAPI
 
     # -- sessions --------------------------------------------------------------------------
 
-    @app.post("/v1/sessions", status_code=201)
+    @app.post("/v1/sessions", status_code=201, response_model=None, responses=ok(m.SessionCreated, 201))
     async def create_session(body: CreateSessionBody, tenant: Tenant, c: C) -> dict[str, Any]:
         no_nul([body.name, body.metadata], "name and metadata")
         sid = check_id("session", body.id) if body.id is not None else None
@@ -233,7 +264,7 @@ def build_app(settings: Settings, container: Container | None = None) -> FastAPI
         metrics.published("session.created")
         return {"id": w.ids[0], "name": body.name, "parent_session_id": parent, "metadata": body.metadata, "seq": w.seq}
 
-    @app.get("/v1/sessions")
+    @app.get("/v1/sessions", response_model=None, responses=ok(m.SessionPage))
     async def list_sessions(
         tenant: Tenant,
         c: C,
@@ -247,22 +278,22 @@ def build_app(settings: Settings, container: Container | None = None) -> FastAPI
         nxt = rows[-1].created_seq if len(rows) == limit else None
         return {"sessions": [_session_json(r) for r in rows], "next_cursor": nxt}
 
-    @app.get("/v1/sessions/{sid}")
-    async def get_session(sid: str, tenant: Tenant, c: C, min_seq: MinSeq = None) -> dict[str, Any]:
+    @app.get("/v1/sessions/{sid}", response_model=None, responses=ok(m.Session))
+    async def get_session(sid: Sid, tenant: Tenant, c: C, min_seq: MinSeq = None) -> dict[str, Any]:
         check_id("session", sid)
         await caught_up(c, tenant, sid, min_seq)
         return _session_json(await require_session(c, tenant, sid))
 
-    @app.patch("/v1/sessions/{sid}")
-    async def rename_session(sid: str, body: RenameBody, tenant: Tenant, c: C) -> dict[str, Any]:
+    @app.patch("/v1/sessions/{sid}", response_model=None, responses=ok(m.Renamed))
+    async def rename_session(sid: Sid, body: RenameBody, tenant: Tenant, c: C) -> dict[str, Any]:
         no_nul(body.name, "name")
         check_id("session", sid)
         w = await c.commands.rename_session(tenant, sid, body.name)
         metrics.published("session.renamed")
         return {"id": sid, "name": body.name, "seq": w.seq}
 
-    @app.delete("/v1/sessions/{sid}")
-    async def delete_session(sid: str, tenant: Tenant, c: C) -> dict[str, Any]:
+    @app.delete("/v1/sessions/{sid}", response_model=None, responses=ok(m.SessionDeleted))
+    async def delete_session(sid: Sid, tenant: Tenant, c: C) -> dict[str, Any]:
         check_id("session", sid)
         w = await c.commands.delete_session(tenant, sid)
         metrics.published("session.deleted")
@@ -270,8 +301,14 @@ def build_app(settings: Settings, container: Container | None = None) -> FastAPI
 
     # -- messages --------------------------------------------------------------------------
 
-    @app.post("/v1/sessions/{sid}/messages", status_code=201)
-    async def append(sid: str, body: AppendBody, tenant: Tenant, c: C, response: Response) -> dict[str, Any]:
+    @app.post(
+        "/v1/sessions/{sid}/messages",
+        status_code=201,
+        response_model=None,
+        responses=ok(m.Appended, 201)
+        | ok(m.Appended, 200, "The same message again: the first answer, `created: false`"),
+    )
+    async def append(sid: Sid, body: AppendBody, tenant: Tenant, c: C, response: Response) -> dict[str, Any]:
         check_id("session", sid)
         message = _message(body.message)
         parent: ParentSpec = OMITTED
@@ -284,8 +321,10 @@ def build_app(settings: Settings, container: Container | None = None) -> FastAPI
             response.status_code = 200
         return {"id": r.id, "parent_id": r.parent_id, "seq": r.seq, "created": r.created}
 
-    @app.post("/v1/sessions/{sid}/messages:batch", status_code=201)
-    async def append_batch(sid: str, body: AppendBatchBody, tenant: Tenant, c: C) -> dict[str, Any]:
+    @app.post(
+        "/v1/sessions/{sid}/messages:batch", status_code=201, response_model=None, responses=ok(m.BatchAppended, 201)
+    )
+    async def append_batch(sid: Sid, body: AppendBatchBody, tenant: Tenant, c: C) -> dict[str, Any]:
         """Append a chain: the first message takes ``parent_id`` as a single append does (omitted:
         the latest leaf; ``null``: a new root), each next one is the child of the previous.
 
@@ -310,9 +349,9 @@ def build_app(settings: Settings, container: Container | None = None) -> FastAPI
             "seq": max(r.seq for r in results),
         }
 
-    @app.get("/v1/sessions/{sid}/messages/{mid}")
+    @app.get("/v1/sessions/{sid}/messages/{mid}", responses=ok(m.MessageRead))
     async def get_message(
-        sid: str, mid: str, tenant: Tenant, c: C, min_seq: MinSeq = None, original: bool = False
+        sid: Sid, mid: Mid, tenant: Tenant, c: C, min_seq: MinSeq = None, original: bool = False
     ) -> Response:
         """The stored message; ``original=true`` gives the untruncated one when it was over the row cap."""
         check_id("session", sid)
@@ -330,8 +369,8 @@ def build_app(settings: Settings, container: Container | None = None) -> FastAPI
             outputs = reclaimed_in(await cq.reclaimed(cx, tenant, sid)).outputs(row.id, row.content)
         return Response(reclaim(row.content, outputs) if outputs else row.content, media_type=JSON)
 
-    @app.put("/v1/sessions/{sid}/messages/{mid}")
-    async def update_message(sid: str, mid: str, body: UpdateBody, tenant: Tenant, c: C) -> dict[str, Any]:
+    @app.put("/v1/sessions/{sid}/messages/{mid}", response_model=None, responses=ok(m.Updated))
+    async def update_message(sid: Sid, mid: Mid, body: UpdateBody, tenant: Tenant, c: C) -> dict[str, Any]:
         check_id("session", sid)
         check_id("message", mid)
         message = _message(body.message)
@@ -341,10 +380,10 @@ def build_app(settings: Settings, container: Container | None = None) -> FastAPI
         metrics.published("message.updated")
         return {"id": mid, "seq": w.seq}
 
-    @app.get("/v1/sessions/{sid}/messages/{mid}/children")
+    @app.get("/v1/sessions/{sid}/messages/{mid}/children", responses=ok(m.MessagePage))
     async def children(
-        sid: str,
-        mid: str,
+        sid: Sid,
+        mid: Mid,
         tenant: Tenant,
         c: C,
         min_seq: MinSeq = None,
@@ -363,9 +402,14 @@ def build_app(settings: Settings, container: Container | None = None) -> FastAPI
         nxt = rows[-1].seq if len(rows) == limit else None
         return _raw_json({"next_cursor": nxt}, [r.content for r in rows])
 
-    @app.delete("/v1/sessions/{sid}/messages")
+    @app.delete("/v1/sessions/{sid}/messages", response_model=None, responses=ok(m.MessagesDeleted))
     async def delete_messages(
-        sid: str, tenant: Tenant, c: C, ids_: Annotated[list[str] | None, Query(alias="ids")] = None
+        sid: Sid,
+        tenant: Tenant,
+        c: C,
+        ids_: Annotated[
+            list[Annotated[str, WithJsonSchema(_IDS_ITEM)]] | None, Query(alias="ids", max_length=MAX_DELETE_IDS)
+        ] = None,
     ) -> dict[str, Any]:
         """Delete the listed messages (``ids``, at most :data:`MAX_DELETE_IDS`); clearing a whole
         session is its own operation (``POST …/messages:clear``): a forgotten parameter clears nothing."""
@@ -382,8 +426,8 @@ def build_app(settings: Settings, container: Container | None = None) -> FastAPI
             metrics.published("messages.deleted")
         return {"deleted": list(w.ids), "seq": w.seq}
 
-    @app.post("/v1/sessions/{sid}/messages:clear")
-    async def clear_messages(sid: str, tenant: Tenant, c: C) -> dict[str, Any]:
+    @app.post("/v1/sessions/{sid}/messages:clear", response_model=None, responses=ok(m.Cleared))
+    async def clear_messages(sid: Sid, tenant: Tenant, c: C) -> dict[str, Any]:
         """Delete every message of the session (``seq`` 0 when it never existed); a frozen prompt
         is re-rendered (blocks stay)."""
         check_id("session", sid)
@@ -400,21 +444,21 @@ def build_app(settings: Settings, container: Container | None = None) -> FastAPI
 
     # -- reads -----------------------------------------------------------------------------
 
-    @app.get("/v1/sessions/{sid}/history")
+    @app.get("/v1/sessions/{sid}/history", responses=ok(m.History))
     async def history(
-        sid: str,
+        sid: Sid,
         tenant: Tenant,
         c: C,
-        leaf_id: str | None = None,
+        leaf_id: LeafId = None,
         min_seq: MinSeq = None,
-        as_of_seq: Annotated[int | None, Query(ge=0)] = None,
+        as_of_seq: Annotated[int | None, Query(ge=0, le=MAX_SEQ)] = None,
         compacted: bool = True,
         truncate_older: bool = False,
         keep_recent: Annotated[int, Query(ge=0, le=10_000)] = 4,
-        max_tool_output_chars: Annotated[int, Query(ge=1)] = 500,
-        max_text_chars: Annotated[int, Query(ge=1)] = 10_000,
-        max_bytes: Annotated[int | None, Query(ge=0)] = None,
-        min_recent: Annotated[int, Query(ge=0)] = 1,
+        max_tool_output_chars: Annotated[int, Query(ge=1, le=MAX_SEQ)] = 500,
+        max_text_chars: Annotated[int, Query(ge=1, le=MAX_SEQ)] = 10_000,
+        max_bytes: Annotated[int | None, Query(ge=0, le=MAX_SEQ)] = None,
+        min_recent: Annotated[int, Query(ge=0, le=MAX_SEQ)] = 1,
         limit: Annotated[int, Query(ge=1, le=MAX_HISTORY_LIMIT)] = HISTORY_LIMIT,
     ) -> Response:
         """Root-to-leaf path (default: the latest leaf), overlays applied unless ``compacted=false``.
@@ -471,8 +515,8 @@ def build_app(settings: Settings, container: Container | None = None) -> FastAPI
             contents = [x if m is p else stored_json(m) for x, m, p in zip(contents, cut, parsed, strict=True)]
         return _raw_json({"leaf_id": leaf_id if raw else None, **head}, contents)
 
-    @app.post("/v1/sessions/{sid}/fork", status_code=201)
-    async def fork_session(sid: str, body: ForkBody, tenant: Tenant, c: C) -> dict[str, Any]:
+    @app.post("/v1/sessions/{sid}/fork", status_code=201, response_model=None, responses=ok(m.Forked, 201))
+    async def fork_session(sid: Sid, body: ForkBody, tenant: Tenant, c: C) -> dict[str, Any]:
         """A new session holding this one's history up to ``at_message_id`` (overlays carried over)."""
         check_id("session", sid)
         check_id("message", body.at_message_id)
@@ -481,9 +525,9 @@ def build_app(settings: Settings, container: Container | None = None) -> FastAPI
         metrics.published("session.forked")
         return {"id": forked.id, "parent_session_id": sid, "messages": forked.messages, "seq": forked.seq}
 
-    @app.post("/v1/sessions/{sid}/compact")
+    @app.post("/v1/sessions/{sid}/compact", response_model=None, responses=ok(m.Compacted))
     async def compact(
-        sid: str, tenant: Tenant, c: C, body: Annotated[CompactBody | None, Body()] = None
+        sid: Sid, tenant: Tenant, c: C, body: Annotated[CompactBody | None, Body()] = None
     ) -> dict[str, Any]:
         """Compact now: the overlay, or why nothing was compacted."""
         check_id("session", sid)
@@ -499,8 +543,8 @@ def build_app(settings: Settings, container: Container | None = None) -> FastAPI
         metrics.published("compaction.recorded")
         return {"compacted": True, "overlay": overlay_dict(outcome.overlay), "seq": outcome.seq}
 
-    @app.get("/v1/sessions/{sid}/compactions")
-    async def compactions(sid: str, tenant: Tenant, c: C, min_seq: MinSeq = None) -> dict[str, Any]:
+    @app.get("/v1/sessions/{sid}/compactions", response_model=None, responses=ok(m.Compactions))
+    async def compactions(sid: Sid, tenant: Tenant, c: C, min_seq: MinSeq = None) -> dict[str, Any]:
         """Every overlay of the session, superseded ones included, oldest first."""
         check_id("session", sid)
         await caught_up(c, tenant, sid, min_seq)
@@ -510,8 +554,8 @@ def build_app(settings: Settings, container: Container | None = None) -> FastAPI
             await require_session(c, tenant, sid)
         return {"compactions": [overlay_dict(o) for o in found]}
 
-    @app.get("/v1/sessions/{sid}/leaf")
-    async def leaf(sid: str, tenant: Tenant, c: C, min_seq: MinSeq = None) -> Response:
+    @app.get("/v1/sessions/{sid}/leaf", responses=ok(m.Leaf))
+    async def leaf(sid: Sid, tenant: Tenant, c: C, min_seq: MinSeq = None) -> Response:
         check_id("session", sid)
         await caught_up(c, tenant, sid, min_seq)
         async with c.pool.connection() as cx:
@@ -521,9 +565,9 @@ def build_app(settings: Settings, container: Container | None = None) -> FastAPI
             return Response('{"leaf_id": null, "message": null}', media_type=JSON)
         return Response(f'{{"leaf_id": {json.dumps(row.id)}, "message": {row.content}}}', media_type=JSON)
 
-    @app.get("/v1/sessions/{sid}/path-length")
+    @app.get("/v1/sessions/{sid}/path-length", response_model=None, responses=ok(m.PathLength))
     async def path_length(
-        sid: str, tenant: Tenant, c: C, leaf_id: str | None = None, min_seq: MinSeq = None
+        sid: Sid, tenant: Tenant, c: C, leaf_id: LeafId = None, min_seq: MinSeq = None
     ) -> dict[str, Any]:
         check_id("session", sid)
         if leaf_id is not None:
@@ -554,9 +598,9 @@ def build_app(settings: Settings, container: Container | None = None) -> FastAPI
             ]
         }
 
-    @app.get("/v1/sessions/{sid}/search")
+    @app.get("/v1/sessions/{sid}/search", response_model=None, responses=ok(m.SearchResults))
     async def search_session(
-        sid: str, q: Q, tenant: Tenant, c: C, limit: Limit = 20, min_seq: MinSeq = None
+        sid: Sid, q: Q, tenant: Tenant, c: C, limit: Limit = 20, min_seq: MinSeq = None
     ) -> dict[str, Any]:
         check_id("session", sid)
         await caught_up(c, tenant, sid, min_seq)
@@ -566,19 +610,19 @@ def build_app(settings: Settings, container: Container | None = None) -> FastAPI
             await require_session(c, tenant, sid)
         return _hits(hits)
 
-    @app.get("/v1/search")
+    @app.get("/v1/search", response_model=None, responses=ok(m.SearchResults))
     async def search_tenant(q: Q, tenant: Tenant, c: C, limit: Limit = 20, min_seq: MinSeq = None) -> dict[str, Any]:
         await caught_up_all(c, min_seq)
         async with c.pool.connection() as cx:
             return _hits(await queries.search(cx, tenant, None, q, limit))
 
-    @app.get("/v1/sessions/{sid}/events")
+    @app.get("/v1/sessions/{sid}/events", response_class=NdjsonResponse)
     async def events(
-        sid: str,
+        sid: Sid,
         tenant: Tenant,
         c: C,
-        from_seq: Annotated[int, Query(ge=1)] = 1,
-        to_seq: Annotated[int | None, Query(ge=1)] = None,
+        from_seq: Annotated[int, Query(ge=1, le=MAX_SEQ)] = 1,
+        to_seq: Annotated[int | None, Query(ge=1, le=MAX_SEQ)] = None,
         limit: Annotated[int, Query(ge=1, le=MAX_EVENTS_PAGE)] = MAX_EVENTS_PAGE,
     ) -> StreamingResponse:
         """The session's events from ``from_seq``, at most ``limit``: a full page may have more
@@ -600,14 +644,14 @@ def build_app(settings: Settings, container: Container | None = None) -> FastAPI
 
         return StreamingResponse(lines(), media_type="application/x-ndjson")
 
-    @app.get("/v1/sessions/{sid}/last-seq")
-    async def last_seq(sid: str, tenant: Tenant, c: C) -> dict[str, int]:
+    @app.get("/v1/sessions/{sid}/last-seq", response_model=None, responses=ok(m.Seq))
+    async def last_seq(sid: Sid, tenant: Tenant, c: C) -> dict[str, int]:
         """The stream sequence of the session's newest event (0 when it has none): what a direct
         publisher sends as its expected last subject sequence."""
         check_id("session", sid)
         return {"seq": await c.publisher.last_subject_seq(tenant, sid)}
 
-    @app.get("/v1/nats")
+    @app.get("/v1/nats", response_model=None, responses=ok(m.NatsPublishing))
     async def nats_publishing(tenant: Tenant, c: C) -> dict[str, Any]:
         """How this key's tenant publishes straight to JetStream: its subjects, the inbox prefix
         its publish acks arrive under (its NATS credentials are derived from the same key)."""
@@ -630,12 +674,12 @@ def build_app(settings: Settings, container: Container | None = None) -> FastAPI
     async def healthz() -> dict[str, str]:
         return {"status": "ok"}
 
-    @app.get("/readyz")
+    @app.get("/readyz", responses={503: {"description": "Not ready: `reasons` says why"}})
     async def readyz(c: C) -> JSONResponse:
         status = await metrics.readiness(c)
         return JSONResponse(status, status_code=200 if status["ready"] else 503)
 
-    @app.get("/metrics")
+    @app.get("/metrics", response_class=PlainTextResponse)
     async def prometheus(c: C) -> Response:
         await metrics.refresh(c)
         return Response(generate_latest(metrics.REGISTRY), media_type=CONTENT_TYPE_LATEST)

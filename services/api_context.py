@@ -2,20 +2,26 @@
 
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Body, Query
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from fastapi import APIRouter, Body, Path, Query
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, WithJsonSchema
 
-from events.context import SessionConfig
+from events.context import LABEL_RE, SessionConfig
+from services import api_models as m
 from services import metrics
-from services.deps import C, MinSeq, Tenant, caught_up, check_id, no_nul, require_session
+from services.api_models import ok
+from services.deps import C, ConfigJson, MinSeq, Sid, Tenant, caught_up, check_id, no_nul, require_session
 from services.errors import InvalidConfig
 from services.strict_json import StrictJsonRoute
 
 router = APIRouter(route_class=StrictJsonRoute)
+BlockLabel = Annotated[str, Path(), WithJsonSchema({"type": "string", "pattern": LABEL_RE})]
+"""A block label (documented; an unknown one is ``404 block_not_found``)."""
 
 
 class ContextWriteBody(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(
+        extra="forbid", json_schema_extra={"examples": [{"content": "The user deploys on Fridays", "mode": "append"}]}
+    )
     content: str = Field(max_length=1_000_000)
     mode: Literal["replace", "append"] = "replace"
 
@@ -30,8 +36,8 @@ def _config(raw: Any) -> SessionConfig:
         raise InvalidConfig(detail) from exc
 
 
-@router.put("/v1/sessions/{sid}/config")
-async def put_config(sid: str, tenant: Tenant, c: C, body: Annotated[dict[str, Any], Body()]) -> dict[str, Any]:
+@router.put("/v1/sessions/{sid}/config", response_model=None, responses=ok(m.ConfigWritten))
+async def put_config(sid: Sid, tenant: Tenant, c: C, body: Annotated[ConfigJson, Body()]) -> dict[str, Any]:
     check_id("session", sid)
     no_nul(body, "config")
     config = _config(body)
@@ -40,8 +46,8 @@ async def put_config(sid: str, tenant: Tenant, c: C, body: Annotated[dict[str, A
     return {"config": config.model_dump(mode="json", exclude_none=True), "seq": seq}
 
 
-@router.get("/v1/sessions/{sid}/config")
-async def get_config(sid: str, tenant: Tenant, c: C, min_seq: MinSeq = None) -> dict[str, Any]:
+@router.get("/v1/sessions/{sid}/config", response_model=None, responses=ok(m.ConfigRead))
+async def get_config(sid: Sid, tenant: Tenant, c: C, min_seq: MinSeq = None) -> dict[str, Any]:
     check_id("session", sid)
     await caught_up(c, tenant, sid, min_seq)
     async with c.pool.connection() as conn:
@@ -49,8 +55,8 @@ async def get_config(sid: str, tenant: Tenant, c: C, min_seq: MinSeq = None) -> 
     return {"config": config.model_dump(mode="json", exclude_none=True)}
 
 
-@router.get("/v1/sessions/{sid}/context")
-async def get_context(sid: str, tenant: Tenant, c: C, min_seq: MinSeq = None) -> dict[str, Any]:
+@router.get("/v1/sessions/{sid}/context", response_model=None, responses=ok(m.Blocks))
+async def get_context(sid: Sid, tenant: Tenant, c: C, min_seq: MinSeq = None) -> dict[str, Any]:
     check_id("session", sid)
     await caught_up(c, tenant, sid, min_seq)
     sources = await c.context.sources(tenant, sid)
@@ -74,8 +80,8 @@ async def get_context(sid: str, tenant: Tenant, c: C, min_seq: MinSeq = None) ->
     }
 
 
-@router.put("/v1/sessions/{sid}/context/{label}")
-async def write_context(sid: str, label: str, body: ContextWriteBody, tenant: Tenant, c: C) -> dict[str, Any]:
+@router.put("/v1/sessions/{sid}/context/{label}", response_model=None, responses=ok(m.BlockWritten))
+async def write_context(sid: Sid, label: BlockLabel, body: ContextWriteBody, tenant: Tenant, c: C) -> dict[str, Any]:
     check_id("session", sid)
     no_nul(body.content, "content")
     result = await c.context.write(tenant, sid, label, body.content, body.mode, "api")
@@ -89,9 +95,9 @@ async def write_context(sid: str, label: str, body: ContextWriteBody, tenant: Te
     }
 
 
-@router.get("/v1/sessions/{sid}/tools")
+@router.get("/v1/sessions/{sid}/tools", response_model=None, responses=ok(m.Tools))
 async def get_tools(
-    sid: str, tenant: Tenant, c: C, format: Literal["openai", "anthropic"] = "openai", min_seq: MinSeq = None
+    sid: Sid, tenant: Tenant, c: C, format: Literal["openai", "anthropic"] = "openai", min_seq: MinSeq = None
 ) -> dict[str, Any]:
     check_id("session", sid)
     await caught_up(c, tenant, sid, min_seq)
@@ -99,9 +105,9 @@ async def get_tools(
     return {"format": format, "tools": [s.to(format) for s in specs]}
 
 
-@router.post("/v1/sessions/{sid}/tools/{name}")
+@router.post("/v1/sessions/{sid}/tools/{name}", response_model=None, responses=ok(m.ToolResult))
 async def run_tool(
-    sid: str,
+    sid: Sid,
     name: str,
     tenant: Tenant,
     c: C,
@@ -124,12 +130,12 @@ async def _prompt_json(c: C, tenant: str, sid: str, refresh: bool) -> dict[str, 
     return {"prompt": prompt.text, "tokens": prompt.tokens, "version": prompt.version, "seq": prompt.seq}
 
 
-@router.get("/v1/sessions/{sid}/system-prompt")
+@router.get("/v1/sessions/{sid}/system-prompt", response_model=None, responses=ok(m.SystemPrompt))
 async def system_prompt(
-    sid: str,
+    sid: Sid,
     tenant: Tenant,
     c: C,
-    as_of_seq: Annotated[int | None, Query(ge=0)] = None,
+    as_of_seq: Annotated[int | None, Query(ge=0, le=2**63 - 1)] = None,
     min_seq: MinSeq = None,
 ) -> dict[str, Any]:
     """The frozen prompt (frozen on first call); ``as_of_seq`` gives the one in force then."""
@@ -151,7 +157,7 @@ async def system_prompt(
     return await _prompt_json(c, tenant, sid, refresh=False)
 
 
-@router.post("/v1/sessions/{sid}/system-prompt:refresh")
-async def refresh_prompt(sid: str, tenant: Tenant, c: C) -> dict[str, Any]:
+@router.post("/v1/sessions/{sid}/system-prompt:refresh", response_model=None, responses=ok(m.SystemPrompt))
+async def refresh_prompt(sid: Sid, tenant: Tenant, c: C) -> dict[str, Any]:
     check_id("session", sid)
     return await _prompt_json(c, tenant, sid, refresh=True)

@@ -1,8 +1,9 @@
 """Request dependencies shared by the API routers: the container, the tenant, common params."""
 
-from typing import Annotated
+from typing import Annotated, Any
 
-from fastapi import Depends, Query, Request
+from fastapi import Depends, Path, Query, Request
+from pydantic import WithJsonSchema
 
 from events import ids
 from events import log as eventlog
@@ -43,6 +44,17 @@ C = Annotated[Container, Depends(get_c)]
 MinSeq = Annotated[int | None, Query(ge=0, le=2**63 - 1)]
 Q = Annotated[str, Query(min_length=1, max_length=1000, pattern=r"^[^\x00]*$")]
 Limit = Annotated[int, Query(ge=1, le=200)]
+
+# Ids are checked by :func:`check_id` (``422 invalid_id``); these types only document the rules.
+SessionId = Annotated[str, WithJsonSchema(ids.SESSION_ID_SCHEMA)]
+MessageId = Annotated[str, WithJsonSchema(ids.MESSAGE_ID_SCHEMA)]
+Sid = Annotated[str, Path(), WithJsonSchema(ids.SESSION_ID_SCHEMA)]
+Mid = Annotated[str, Path(), WithJsonSchema(ids.MESSAGE_ID_SCHEMA)]
+LeafId = Annotated[MessageId | None, Query()]
+# Bodies the route validates itself (kept exactly as sent), documented with the model's schema.
+# (``x-model`` becomes a reference to that model's schema in services/openapi.py.)
+MessageJson = Annotated[dict[str, Any], WithJsonSchema({"type": "object", "x-model": "UIMessage"})]
+ConfigJson = Annotated[dict[str, Any], WithJsonSchema({"type": "object", "x-model": "SessionConfig"})]
 
 
 def check_id(kind: str, value: str) -> str:
