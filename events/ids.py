@@ -22,9 +22,12 @@ _PLAIN = re.compile(r"[A-Za-z0-9_-]+")
 _CONTROLS = r"\x00-\x1f\x7f-\x9f"
 SESSION_ID_PATTERN = rf"^[^\s/{_CONTROLS}](?:[^/{_CONTROLS}]*[^\s/{_CONTROLS}])?$"
 MESSAGE_ID_PATTERN = rf"^[^\s{_CONTROLS}](?:[^{_CONTROLS}]*[^\s{_CONTROLS}])?$"
+_LISTED = rf"[^\s,{_CONTROLS}](?:[^,{_CONTROLS}]*[^\s,{_CONTROLS}])?"
+MESSAGE_ID_LIST_PATTERN = rf"^{_LISTED}(?:,{_LISTED})*$"
 """The id rules as regular expressions for JSON Schema: no control characters, no surrounding
-whitespace (and no ``/`` in a session id). A regex cannot name every Unicode category-C code point
-(format, private-use, unassigned), so the schemas below also carry a ``format`` that says so."""
+whitespace (no ``/`` in a session id; the list is message ids without ',' joined with ','). A
+regex cannot name every Unicode category-C code point (format, private-use, unassigned), so the
+schemas below also carry a ``format`` that says so."""
 
 TENANT_ID_SCHEMA: dict[str, Any] = {
     "type": "string",

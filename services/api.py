@@ -73,9 +73,8 @@ _IDS_ITEM = {
     "type": "string",
     "minLength": 1,
     "maxLength": ids.MAX_MESSAGE_ID_LEN,
-    "pattern": ids.MESSAGE_ID_PATTERN,
-    "format": "chronicle-message-id",
-    "description": "a message id (several may also be joined with ',')",
+    "pattern": ids.MESSAGE_ID_LIST_PATTERN,
+    "description": "a message id, or several joined with ',' (an id that holds ',' needs POST …/messages:delete)",
 }
 log = logging.getLogger("chronicle.api")
 
@@ -141,6 +140,11 @@ class AppendBatchBody(BaseModel):
     parent_id: MessageId | None = None
 
 
+class DeleteMessagesBody(BaseModel):
+    model_config = _examples({"ids": ["m1", "m2,with a comma"]})
+    ids: list[MessageId] = Field(min_length=1, max_length=MAX_DELETE_IDS)
+
+
 class UpdateBody(BaseModel):
     model_config = _examples({"message": _MESSAGE})
     message: MessageJson
@@ -198,6 +202,15 @@ class ApiKeyAuth:
 
 class NdjsonResponse(StreamingResponse):
     media_type = "application/x-ndjson"
+
+
+async def _delete_messages(c: Container, tenant: str, sid: str, wanted: list[str]) -> dict[str, Any]:
+    if len(wanted) > MAX_DELETE_IDS:
+        raise InvalidRequest(f"at most {MAX_DELETE_IDS} ids per request, not {len(wanted)}")
+    w = await c.commands.delete_messages(tenant, sid, wanted)
+    if w.ids:
+        metrics.published("messages.deleted")
+    return {"deleted": list(w.ids), "seq": w.seq}
 
 
 def _raw_json(parts: dict[str, Any], raw_messages: list[str] | None = None) -> Response:
@@ -419,12 +432,14 @@ def build_app(settings: Settings, container: Container | None = None) -> FastAPI
         wanted = [check_id("message", i) for raw in ids_ for i in raw.split(",") if i]
         if not wanted:
             raise InvalidRequest("ids must name at least one message")
-        if len(wanted) > MAX_DELETE_IDS:
-            raise InvalidRequest(f"at most {MAX_DELETE_IDS} ids per request, not {len(wanted)}")
-        w = await c.commands.delete_messages(tenant, sid, wanted)
-        if w.ids:
-            metrics.published("messages.deleted")
-        return {"deleted": list(w.ids), "seq": w.seq}
+        return await _delete_messages(c, tenant, sid, wanted)
+
+    @app.post("/v1/sessions/{sid}/messages:delete", response_model=None, responses=ok(m.MessagesDeleted))
+    async def delete_listed_messages(sid: Sid, body: DeleteMessagesBody, tenant: Tenant, c: C) -> dict[str, Any]:
+        """The same delete with the ids in a JSON list: any id (one holding ',' too), and no URL to
+        outgrow."""
+        check_id("session", sid)
+        return await _delete_messages(c, tenant, sid, [check_id("message", i) for i in body.ids])
 
     @app.post("/v1/sessions/{sid}/messages:clear", response_model=None, responses=ok(m.Cleared))
     async def clear_messages(sid: Sid, tenant: Tenant, c: C) -> dict[str, Any]:

@@ -135,7 +135,7 @@ def document(app: FastAPI) -> dict[str, Any]:
             param["required"] = True
             param["schema"] = param["schema"]["anyOf"][0]
     delete["responses"]["400"] = {
-        "description": "The request line is over the HTTP server's 64 KiB: send the ids in several requests",
+        "description": "The request line is over the HTTP server's 64 KiB: use POST …/messages:delete",
         "content": {"text/plain": {"schema": {"type": "string"}}},
     }
     _links(doc["paths"])

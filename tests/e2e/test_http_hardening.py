@@ -41,6 +41,7 @@ def _bad_bodies(sid: str) -> list[tuple[str, str, bytes]]:
         ("POST", f"/v1/sessions/{sid}/messages:batch", b'{"messages": [{"id": "m9", "role": "user", "parts": [BAD]}]}'),
         ("PUT", f"/v1/sessions/{sid}/messages/m1", b'{"message": {"id": "m1", "role": "user", "parts": [], "x": BAD}}'),
         ("POST", f"/v1/sessions/{sid}/fork", b'{"at_message_id": "m1", "name": BAD}'),
+        ("POST", f"/v1/sessions/{sid}/messages:delete", b'{"ids": ["m1", BAD]}'),
         ("PUT", f"/v1/sessions/{sid}/config", b'{"blocks": [{"label": "a", "kind": "readonly", "content": BAD}]}'),
         ("PUT", f"/v1/sessions/{sid}/context/mem", b'{"content": BAD}'),
         ("POST", f"/v1/sessions/{sid}/tools/set_context", b'{"label": "mem", "content": BAD}'),
@@ -237,6 +238,31 @@ async def test_too_many_ids_are_422(client: httpx.AsyncClient) -> None:
     sid, before, last = await _session_with_messages(client)
     ids = ",".join(f"m{i}" for i in range(1001))
     assert_problem(await client.delete(f"/v1/sessions/{sid}/messages", params={"ids": ids}), 422, "invalid_request")
+    await _unchanged(client, sid, before, last)
+
+
+async def test_an_id_holding_a_comma_is_deleted_with_a_json_list(client: httpx.AsyncClient) -> None:
+    """Found by schemathesis: ``ids`` splits on ',', so a message whose id holds one could never be
+    deleted; ``POST …/messages:delete`` takes the ids as a JSON list."""
+    sid = new_sid()
+    await chain(client, sid, ["a", "b"])
+    await append(client, sid, msg("a,b", "x"))
+    r = await client.delete(f"/v1/sessions/{sid}/messages", params={"ids": "a,b"})
+    assert r.json()["deleted"] == ["a", "b"]  # the query form names two ids
+    r = await client.post(f"/v1/sessions/{sid}/messages:delete", json={"ids": ["a,b", "absent"]})
+    assert r.status_code == 200, r.text
+    assert r.json()["deleted"] == ["a,b"]
+    r = await client.get(f"/v1/sessions/{sid}/messages/a%2Cb", params={"min_seq": r.json()["seq"]})
+    assert_problem(r, 404, "message_not_found")
+
+
+async def test_json_delete_refuses_what_the_query_form_refuses(client: httpx.AsyncClient) -> None:
+    sid, before, last = await _session_with_messages(client)
+    path = f"/v1/sessions/{sid}/messages:delete"
+    assert_problem(await client.post(path, json={"ids": []}), 422, "invalid_request")
+    assert_problem(await client.post(path, json={}), 422, "invalid_request")
+    assert_problem(await client.post(path, json={"ids": [f"m{i}" for i in range(1001)]}), 422, "invalid_request")
+    assert_problem(await client.post(path, json={"ids": ["m1", " m2"]}), 422, "invalid_id")
     await _unchanged(client, sid, before, last)
 
 

@@ -155,6 +155,14 @@ async def test_delete_keeps_children_parent_and_is_scoped(sdk: ChronicleClient) 
     assert ids(await s2.get_history()) == ["m1", "m2", "m3"]
 
 
+async def test_delete_names_an_id_holding_a_comma(sdk: ChronicleClient) -> None:
+    s = Session.create(sdk, sid())
+    for mid in ("a", "b", "a,b"):
+        await s.append_message(text(mid, mid))
+    assert await s.delete_messages(["a,b"]) == ["a,b"]
+    assert ids(await s.get_history("b")) == ["a", "b"]
+
+
 # -- errors --------------------------------------------------------------------------------------
 
 
