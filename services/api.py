@@ -74,6 +74,7 @@ _IDS_ITEM = {
     "minLength": 1,
     "maxLength": ids.MAX_MESSAGE_ID_LEN,
     "pattern": ids.MESSAGE_ID_LIST_PATTERN,
+    "format": "chronicle-message-id-list",
     "description": "a message id, or several joined with ',' (an id that holds ',' needs POST …/messages:delete)",
 }
 log = logging.getLogger("chronicle.api")
