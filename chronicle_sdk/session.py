@@ -83,7 +83,7 @@ class Session(ConfigBuilder):
             if not self._dirty:
                 return
             wanted = self.session_config()
-            current = await self.client.request("GET", self._path("/config"), session=self.id)
+            current = await self._read_config()
             try:
                 same = parse_config(current.get("config") if isinstance(current, dict) else None) == wanted
             except InvalidConfig:
@@ -323,8 +323,18 @@ class Session(ConfigBuilder):
         await self._put_config(config)
         return True
 
+    async def _read_config(self) -> Any:
+        """The server's config answer; a session that does not exist yet has none (``{}``): the
+        reference's sessions exist implicitly, and the first write makes it."""
+        try:
+            return await self.client.request("GET", self._path("/config"), session=self.id)
+        except NotFound as exc:
+            if exc.code != "session_not_found":
+                raise
+            return {}
+
     async def _server_config(self) -> dict[str, Any]:
-        out = await self.client.request("GET", self._path("/config"), session=self.id)
+        out = await self._read_config()
         config = dict(out.get("config") or {})
         config["blocks"] = list(config.get("blocks") or [])
         return config
@@ -341,7 +351,13 @@ class Session(ConfigBuilder):
         await self._ensure_ready()
         delay = 0.02
         while True:
-            out = await self.client.request("GET", self._path("/system-prompt"), session=self.id)
+            try:
+                out = await self.client.request("GET", self._path("/system-prompt"), session=self.id)
+            except NotFound as exc:
+                if exc.code != "session_not_found":
+                    raise
+                # nothing configured or written yet: the empty prompt, and nothing is frozen
+                return SystemPrompt("", 0, 0, 0)
             prompt = SystemPrompt(str(out["prompt"]), int(out["tokens"]), int(out["version"]), int(out["seq"]))
             # the endpoint takes no min_seq: wait (bounded) until it shows this client's last refresh
             if prompt.version >= self._prompt_version or delay > 5:

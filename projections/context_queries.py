@@ -31,6 +31,18 @@ async def config(conn: Conn, tenant: str, session: str) -> SessionConfig | None:
     return SessionConfig.model_validate(row[0]) if row else None
 
 
+async def session_known(conn: Conn, tenant: str, session: str) -> bool:
+    """The session lives for this tenant: a live registry row, or a stored configuration (a
+    session is configured before its first message, as the SDK's builder does)."""
+    cur = await conn.execute(
+        "SELECT EXISTS (SELECT 1 FROM sessions WHERE tenant = %s AND id = %s AND deleted_at IS NULL) "
+        "OR EXISTS (SELECT 1 FROM session_configs WHERE tenant = %s AND session_id = %s)",
+        (tenant, session, tenant, session),
+    )
+    row = await cur.fetchone()
+    return bool(row and row[0])
+
+
 async def block_contents(conn: Conn, tenant: str, session: str) -> dict[str, str]:
     cur = await conn.execute(
         "SELECT label, content FROM context_blocks WHERE tenant = %s AND session_id = %s", (tenant, session)

@@ -6,11 +6,12 @@ from fastapi import APIRouter, Body, Path, Query
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, WithJsonSchema
 
 from events.context import LABEL_RE, SessionConfig
+from projections import context_queries as cq
 from services import api_models as m
 from services import metrics
 from services.api_models import ok
 from services.deps import C, ConfigJson, MinSeq, Sid, Tenant, caught_up, check_id, no_nul, require_session
-from services.errors import InvalidConfig
+from services.errors import InvalidConfig, SessionNotFound
 from services.strict_json import StrictJsonRoute
 
 router = APIRouter(route_class=StrictJsonRoute)
@@ -51,7 +52,10 @@ async def get_config(sid: Sid, tenant: Tenant, c: C, min_seq: MinSeq = None) -> 
     check_id("session", sid)
     await caught_up(c, tenant, sid, min_seq)
     async with c.pool.connection() as conn:
-        config = await c.context.config(conn, tenant, sid)
+        stored = await cq.config(conn, tenant, sid)
+        if stored is None and not await cq.session_known(conn, tenant, sid):
+            raise SessionNotFound(f"session {sid!r} does not exist")
+    config = stored or SessionConfig()
     return {"config": config.model_dump(mode="json", exclude_none=True)}
 
 
@@ -101,6 +105,9 @@ async def get_tools(
 ) -> dict[str, Any]:
     check_id("session", sid)
     await caught_up(c, tenant, sid, min_seq)
+    async with c.pool.connection() as conn:
+        if not await cq.session_known(conn, tenant, sid):
+            raise SessionNotFound(f"session {sid!r} does not exist")
     specs = await c.context.tools(tenant, sid)
     return {"format": format, "tools": [s.to(format) for s in specs]}
 

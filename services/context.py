@@ -388,6 +388,9 @@ class ContextService:
         async def decide(conn: Conn) -> Decision:
             await _live(conn, tenant, session)
             latest = await cq.latest_prompt(conn, tenant, session)
+            if latest is None and not await cq.session_known(conn, tenant, session):
+                # a read must not create state: no prompt is frozen for a session that does not exist
+                raise SessionNotFound(f"session {session!r} does not exist")
             if reason == "freeze" and latest is not None:
                 return Decision(None, lambda _seq: Prompt(latest.text, latest.tokens, latest.version, latest.seq))
             text = render(await self.blocks(conn, tenant, session, sources=texts))

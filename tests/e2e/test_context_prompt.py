@@ -25,6 +25,7 @@ from tests.e2e.context_support import (
     tokens,
     tool,
 )
+from tests.e2e.helpers import append, msg
 
 
 async def test_prompt_renders_every_block_kind_exactly(client: httpx.AsyncClient, api_settings: Settings) -> None:
@@ -132,9 +133,17 @@ async def test_prompt_of_a_session_with_only_empty_readonly_blocks_is_empty(clie
     assert again == first
 
 
+async def test_the_prompt_of_an_unknown_session_is_404_and_freezes_nothing(client: httpx.AsyncClient) -> None:
+    s = sid()
+    problem(await client.get(f"/v1/sessions/{s}/system-prompt"), 404, "session_not_found")
+    problem(await client.post(f"/v1/sessions/{s}/system-prompt:refresh"), 404, "session_not_found")
+    assert await events(client, s) == []
+
+
 async def test_prompt_without_config_is_empty(client: httpx.AsyncClient) -> None:
     s = sid()
-    p = await prompt(client, s)
+    seq = (await append(client, s, msg("m1", "hello")))["seq"]
+    p = await prompt(client, s, min_seq=seq)
     assert (p["prompt"], p["version"]) == ("", 1)
 
 

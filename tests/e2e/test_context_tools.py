@@ -22,6 +22,7 @@ from tests.e2e.context_support import (
     tool,
     tool_names,
 )
+from tests.e2e.helpers import append, msg
 
 SOUL: dict[str, Any] = {"kind": "readonly", "label": "soul", "content": "You are helpful."}
 MEMORY: dict[str, Any] = {"kind": "writable", "label": "memory", "description": "Learned facts", "max_tokens": 10}
@@ -60,10 +61,19 @@ async def test_tools_per_block_kind(client: httpx.AsyncClient, api_settings: Set
         assert await tool_names(client, s, seq) == names, (blocks, history)
 
 
+async def test_tools_of_an_unknown_session_are_404(client: httpx.AsyncClient) -> None:
+    s = sid()
+    problem(await client.get(f"/v1/sessions/{s}/tools"), 404, "session_not_found")
+    problem(await client.get(f"/v1/sessions/{s}/config"), 404, "session_not_found")
+
+
 async def test_tools_of_an_unconfigured_session(client: httpx.AsyncClient) -> None:
     s = sid()
-    r = await client.get(f"/v1/sessions/{s}/tools")
+    seq = (await append(client, s, msg("m1", "hello")))["seq"]
+    r = await client.get(f"/v1/sessions/{s}/tools", params={"min_seq": seq})
     assert r.json() == {"format": "openai", "tools": []}
+    r = await client.get(f"/v1/sessions/{s}/config", params={"min_seq": seq})
+    assert r.json() == {"config": {"blocks": []}}
     res, _ = await tool(client, s, "set_context", {"label": "memory", "content": "x"})
     assert res == 'Error: tool "set_context" is not available in this session'
 

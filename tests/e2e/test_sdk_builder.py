@@ -77,6 +77,16 @@ async def test_create_is_usable_without_build_and_sends_the_config_once(sdk: Chr
     assert await configured_events(s) == 3
 
 
+async def test_a_session_that_does_not_exist_yet_reads_as_empty_and_records_nothing(sdk: ChronicleClient) -> None:
+    """The reference's sessions exist implicitly: the SDK reads an unknown one as empty (the server
+    answers 404 and freezes no prompt for it)."""
+    s = Session.create(sdk, sid())
+    assert await s.freeze_system_prompt() == ""
+    assert len(await s.tools()) == 0
+    assert await s.get_context_blocks() == []
+    assert await s.get_events() == []
+
+
 async def test_a_session_without_builder_calls_keeps_the_servers_config(sdk: ChronicleClient) -> None:
     s = memory_session(sdk)
     await s.get_history()
