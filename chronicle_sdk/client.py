@@ -206,6 +206,7 @@ class ChronicleClient:
         session: str | None = None,
         tenant_wide: bool = False,
         idempotent: bool | None = None,
+        headers: Mapping[str, str] | None = None,
     ) -> Any:
         """Send one API request and return its decoded JSON (or text for NDJSON).
 
@@ -221,11 +222,13 @@ class ChronicleClient:
                 query.append(("min_seq", wait))
         safe = idempotent if idempotent is not None else method != "POST"
         content = None if body is OMITTED else json.dumps(body, ensure_ascii=False).encode()
-        headers = {"Content-Type": "application/json"} if content is not None else None
+        sent = {**({"Content-Type": "application/json"} if content is not None else {}), **(headers or {})}
         for attempt in range(self._retries + 1):
             last = attempt == self._retries
             try:
-                resp = await self._http.request(method, path, params=query or None, content=content, headers=headers)
+                resp = await self._http.request(
+                    method, path, params=query or None, content=content, headers=sent or None
+                )
             except httpx.TransportError as exc:
                 unsent = isinstance(exc, httpx.ConnectError | httpx.ConnectTimeout | httpx.PoolTimeout)
                 if (safe or unsent) and not last:
@@ -302,9 +305,15 @@ class ChronicleClient:
         body: dict[str, Any] = {"message": dict(message)}
         if parent is not OMITTED:
             body["parent_id"] = parent
-        # idempotent by message id: the same body again answers like the first append
+        # idempotent by message id: the same body again answers like the first append; the key
+        # (one per call, the same in every retry) makes a retry of a stored attempt answer created
         out = await self.request(
-            "POST", self._path(session_id, "/messages"), body=body, session=session_id, idempotent=True
+            "POST",
+            self._path(session_id, "/messages"),
+            body=body,
+            session=session_id,
+            idempotent=True,
+            headers={"Idempotency-Key": uuid.uuid4().hex},
         )
         self.note_seq(session_id, out["seq"])
         return AppendResult(str(out["id"]), out.get("parent_id"), int(out["seq"]), bool(out.get("created", True)))

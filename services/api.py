@@ -7,7 +7,7 @@ import logging
 from collections.abc import AsyncIterator
 from typing import Annotated, Any
 
-from fastapi import Body, FastAPI, Query, Response
+from fastapi import Body, FastAPI, Header, Query, Response
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, WithJsonSchema
@@ -322,13 +322,30 @@ def build_app(settings: Settings, container: Container | None = None) -> FastAPI
         responses=ok(m.Appended, 201)
         | ok(m.Appended, 200, "The same message again: the first answer, `created: false`"),
     )
-    async def append(sid: Sid, body: AppendBody, tenant: Tenant, c: C, response: Response) -> dict[str, Any]:
+    async def append(
+        sid: Sid,
+        body: AppendBody,
+        tenant: Tenant,
+        c: C,
+        response: Response,
+        idempotency_key: Annotated[
+            str | None,
+            Header(
+                alias="Idempotency-Key",
+                min_length=1,
+                max_length=128,
+                pattern=r"^[!-~]+$",
+                description="the client's name for this append, kept across its retries: a retry whose "
+                "first attempt was stored answers `created: true` too",
+            ),
+        ] = None,
+    ) -> dict[str, Any]:
         check_id("session", sid)
         message = _message(body.message)
         parent: ParentSpec = OMITTED
         if "parent_id" in body.model_fields_set:
             parent = check_id("message", body.parent_id) if body.parent_id is not None else None
-        r: AppendResult = await c.commands.append(tenant, sid, message, parent)
+        r: AppendResult = await c.commands.append(tenant, sid, message, parent, idempotency_key)
         if r.created:
             metrics.published("message.appended")
         else:

@@ -146,8 +146,19 @@ class Commands:
             raise PayloadTooLarge(f"message is {size} bytes; the limit is {self._max}")
         return await pack_body(body, self._blobs, self._limit)
 
-    async def append(self, tenant: str, session: str, body: JsonObject, parent: ParentSpec = OMITTED) -> AppendResult:
+    async def append(
+        self,
+        tenant: str,
+        session: str,
+        body: JsonObject,
+        parent: ParentSpec = OMITTED,
+        request_key: str | None = None,
+    ) -> AppendResult:
         """Append one message; same id + same body answers as the first time (``created=False``).
+
+        ``request_key`` (the client's ``Idempotency-Key``) names the request across the client's
+        retries: the event id is derived from it (with the message id and body), so a retry whose
+        first attempt was stored although its answer was lost answers ``created=True`` too.
 
         A message over the row cap is recorded in the reference's size-capped form, with the
         untruncated original stored whole in object storage (``original_ref``).
@@ -164,8 +175,16 @@ class Commands:
         # One event id for every attempt of this request: when an attempt was stored but its ack
         # was lost (NATS restarting), a later attempt finds the message and, by the stored event's
         # id, knows this request created it.
-        event_id = str(uuid.uuid4())
-        attempted = False
+        event_id = (
+            str(
+                uuid.uuid5(
+                    uuid.NAMESPACE_URL, f"chronicle:append:{tenant}:{session}:{message_id}:{digest}:{request_key}"
+                )
+            )
+            if request_key is not None
+            else str(uuid.uuid4())
+        )
+        attempted = request_key is not None  # a keyed request may have been stored by an earlier try
 
         async def decide(conn: Conn, tip: Tip | None = None) -> Decision | None:
             nonlocal attempted

@@ -36,6 +36,25 @@ async def test_same_id_same_body_answers_as_the_first_time(client: httpx.AsyncCl
     assert await history_ids(client, sid, min_seq=second["seq"]) == ["m1", "m2"]
 
 
+async def test_a_retry_with_the_same_idempotency_key_answers_created(client: httpx.AsyncClient) -> None:
+    """A client whose first attempt was stored but whose answer was lost retries with the same key:
+    it is told it created the message (once in the log); another key, or none, is a repeat."""
+    sid = new_sid()
+    path = f"/v1/sessions/{sid}/messages"
+    body = append_body(msg("m1", "hello"))
+    first = await client.post(path, json=body, headers={"Idempotency-Key": "try-1"})
+    assert first.status_code == 201, first.text
+    retry = await client.post(path, json=body, headers={"Idempotency-Key": "try-1"})
+    assert (retry.status_code, retry.json()) == (201, first.json())  # the first answer, again
+    other = await client.post(path, json=body, headers={"Idempotency-Key": "try-2"})
+    assert (other.status_code, other.json()["created"], other.json()["seq"]) == (200, False, first.json()["seq"])
+    plain = await client.post(path, json=body)
+    assert (plain.status_code, plain.json()["created"]) == (200, False)
+    assert len(await events(client, sid)) == 1
+    bad = await client.post(path, json=body, headers={"Idempotency-Key": "has space"})
+    assert_problem(bad, 422, "invalid_request")
+
+
 async def test_same_body_with_other_key_order_is_the_same_body(client: httpx.AsyncClient) -> None:
     sid = new_sid()
     first = await append(client, sid, {"id": "k", "role": "user", "parts": [{"type": "text", "text": "t"}]})
