@@ -459,15 +459,22 @@ class Report:
     rows: list[tuple[str, str, str, str]] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     where: dict[str, str] = field(default_factory=dict)
+    # read once, at the first as_dict (the end of the run): the file and the report then agree
+    ended: dict[str, Any] | None = None
 
     def row(self, metric: str, value: str, baseline: str = "", ratio: str = "") -> None:
         self.rows.append((metric, value, baseline, ratio))
+
+    def end_environment(self) -> dict[str, Any]:
+        if self.ended is None:
+            self.ended = environment()
+        return self.ended
 
     def as_dict(self) -> dict[str, Any]:
         return {
             "benchmark": self.benchmark,
             "params": self.params,
-            "environment": {**environment(), **self.where},
+            "environment": {**self.end_environment(), **self.where},
             "metrics": self.metrics,
             "baseline": self.baseline,
             "ratio": self.ratio,
