@@ -56,7 +56,7 @@ class Container:
 
     def compactor(self) -> Compactor:
         s = self.settings
-        state = CompactorState(s.compactor_name, self.context.counter.count, self.blobs)
+        state = CompactorState(s.compactor_name, self.context.counter.count, self.blobs, self.waiter.wait_session)
         runner = ProjectorRunner(
             js=self.js,
             pool=self.pool,

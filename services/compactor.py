@@ -276,7 +276,7 @@ class Compactor:
 
     async def run(self, stop: asyncio.Event) -> None:
         async with self._runner.pool.connection() as conn:
-            await self._state.load_candidates(conn)
+            await self._state.load(conn)
         self._after_batch(0, 0)
         # summaries wait on an LLM: several sessions are compacted at once (each one by one worker)
         workers = [asyncio.create_task(self._work(stop)) for _ in range(self._concurrency)]

@@ -1,6 +1,14 @@
 """The compactor's incremental token state: a projection it owns and checkpoints itself.
 
-Each message is tokenised once, when it arrives. The running estimate of the active branch
+Only sessions with compaction configured (``compact_after``) are tracked: an event of any other
+session is skipped before anything is tokenised or stored, so a session without compaction costs
+the compactor nothing but reading the event. When a session's compaction is switched on, its
+state is backfilled once from the read models (after the projector has applied the session up
+to the configuration): per-message counts of the stored bodies, its overlays, its frozen prompt.
+Events the read model already reflected are then recognised as applied (inserts are idempotent),
+so the state converges to what tracking the session from its first event would have built.
+
+Each message of a tracked session is tokenised once, when it arrives. The running estimate of the active branch
 (compacted view) grows by that count when a message extends the active leaf, so the cost of an
 append does not depend on history length; only a branch switch, an update, a delete or a new
 overlay re-sums the stored per-message counts (never re-tokenising).
@@ -8,7 +16,8 @@ overlay re-sums the stored per-message counts (never re-tokenising).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import json
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,9 +36,13 @@ from events.catalog import (
     SessionDeleted,
 )
 from events.envelope import Event
+from projections import context_queries
 from services.compaction import TOKENS_PER_MESSAGE, message_tokens
 
 Conn = AsyncConnection[Any]
+Key = tuple[str, str]
+WaitApplied = Callable[[str, str, int], Awaitable[None]]
+"""Returns once the projector has applied a session's events up to a sequence."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,14 +58,27 @@ class CompactorState:
 
     name = "compactor-state"
 
-    def __init__(self, worker: str, count: Callable[[str], int], blobs: BlobStore | None) -> None:
+    def __init__(
+        self,
+        worker: str,
+        count: Callable[[str], int],
+        blobs: BlobStore | None,
+        wait_applied: WaitApplied | None = None,
+    ) -> None:
+        """``wait_applied`` guards the backfill of a session whose compaction is switched on;
+        ``None`` backfills from the read models as they are (for states fed synthetic events)."""
         self.worker = worker
         self._count = count
         self._blobs = blobs
-        self.candidates: dict[tuple[str, str], Candidate] = {}
+        self._wait_applied = wait_applied
+        self.candidates: dict[Key, Candidate] = {}
+        self.tracked: set[Key] = set()
+        self._stale = True  # ``tracked`` must be read again from the database before it is used
 
-    async def load_candidates(self, conn: Conn) -> None:
-        """Sessions already over their threshold (after a restart, nothing new may arrive for them)."""
+    async def load(self, conn: Conn) -> None:
+        """The tracked sessions, and those already over their threshold (after a restart,
+        nothing new may arrive for them)."""
+        await self._load_tracked(conn)
         cur = await conn.execute(
             "SELECT tenant, session_id, estimate + prompt_tokens, seq FROM compactor_sessions "
             "WHERE worker = %s AND compact_after IS NOT NULL AND estimate + prompt_tokens > compact_after",
@@ -61,11 +87,27 @@ class CompactorState:
         for t, s, estimate, seq in await cur.fetchall():
             self.candidates[(str(t), str(s))] = Candidate(str(t), str(s), int(estimate), int(seq))
 
+    async def _load_tracked(self, conn: Conn) -> None:
+        cur = await conn.execute(
+            "SELECT tenant, session_id FROM compactor_sessions WHERE worker = %s AND compact_after IS NOT NULL",
+            (self.worker,),
+        )
+        self.tracked = {(str(t), str(s)) for t, s in await cur.fetchall()}
+        self._stale = False
+
     async def apply(self, conn: Conn, items: Sequence[tuple[int, Event]]) -> None:
         """Runs of appends are applied set-wise (a few statements per run, not per message);
-        anything else one event at a time, in order."""
+        anything else one event at a time, in order. Events of untracked sessions are skipped.
+
+        ``tracked`` changes only with a ``SessionConfigured`` event; such a change marks it
+        stale, and the next call reads it from the database inside its own transaction. The
+        database is the truth: a batch that rolled back leaves no trace in ``tracked``."""
+        if self._stale:
+            await self._load_tracked(conn)
         run: list[tuple[int, MessageAppended]] = []
         for seq, event in items:
+            if not isinstance(event, SessionConfigured) and (event.tenant, event.session) not in self.tracked:
+                continue  # no compaction configured: nothing to count
             if isinstance(event, MessageAppended) and event.session:
                 run.append((seq, event))
                 continue
@@ -155,8 +197,16 @@ class CompactorState:
         match event:
             case SessionConfigured():
                 cfg = event.config.compaction
-                await self._session(conn, t, s, seq)
-                await self._set(conn, t, s, seq, compact_after=cfg.compact_after if cfg else None)
+                after = cfg.compact_after if cfg else None
+                self._stale = True  # re-read in the next call, whatever this transaction becomes
+                if after is None:
+                    if (t, s) in self.tracked:
+                        await self._untrack(conn, t, s)
+                    return
+                if (t, s) not in self.tracked:
+                    await self._backfill(conn, t, s, seq)
+                    self.tracked.add((t, s))
+                await self._set(conn, t, s, seq, compact_after=after)
             case PromptRendered():
                 await self._session(conn, t, s, seq)
                 await self._set(conn, t, s, seq, prompt_tokens=event.tokens)
@@ -219,6 +269,48 @@ class CompactorState:
             case _:
                 return
         await self._check(conn, t, s, seq)
+
+    async def _untrack(self, conn: Conn, t: str, s: str) -> None:
+        """Compaction switched off: the session's state is dropped (a later switch-on backfills)."""
+        for table in ("compactor_messages", "compactor_overlays", "compactor_sessions"):
+            await conn.execute(
+                f"DELETE FROM {table} WHERE worker = %s AND tenant = %s AND session_id = %s", (self.worker, t, s)
+            )
+        self.tracked.discard((t, s))
+        self.candidates.pop((t, s), None)
+
+    async def _backfill(self, conn: Conn, t: str, s: str, seq: int) -> None:
+        """Start tracking a session at ``seq`` from the read models' copy of its history."""
+        if self._wait_applied is not None:
+            await self._wait_applied(t, s, seq)
+        cur = await conn.execute(
+            "SELECT id, parent_id, content, seq FROM messages WHERE tenant = %s AND session_id = %s", (t, s)
+        )
+        messages = [
+            (str(i), p, message_tokens(json.loads(c), self._count), int(q)) for i, p, c, q in await cur.fetchall()
+        ]
+        if messages:
+            await conn.execute(
+                "INSERT INTO compactor_messages (worker, tenant, session_id, id, parent_id, tokens, seq) "
+                "SELECT %s, %s, %s, i, p, n, q FROM unnest(%s::text[], %s::text[], %s::int[], %s::bigint[]) "
+                "AS u(i, p, n, q) ON CONFLICT DO NOTHING",
+                (self.worker, t, s, *(list(col) for col in zip(*messages, strict=True))),
+            )
+        cur = await conn.execute(
+            "SELECT overlay_id, from_message_id, to_message_id, summary, seq FROM overlays "
+            "WHERE tenant = %s AND session_id = %s",
+            (t, s),
+        )
+        for overlay_id, first, last, summary, at in await cur.fetchall():
+            await conn.execute(
+                "INSERT INTO compactor_overlays (worker, tenant, session_id, overlay_id, from_id, to_id, "
+                "summary_tokens, seq) VALUES (%s, %s, %s, %s, %s, %s, %s, %s) ON CONFLICT DO NOTHING",
+                (self.worker, t, s, overlay_id, first, last, TOKENS_PER_MESSAGE + self._count(summary), at),
+            )
+        prompt = await context_queries.latest_prompt(conn, t, s)
+        await self._session(conn, t, s, seq)
+        await self._set(conn, t, s, seq, prompt_tokens=prompt.tokens if prompt else 0)
+        await self._resum(conn, t, s, seq, await self._latest_leaf(conn, t, s))
 
     async def _latest_leaf(self, conn: Conn, t: str, s: str) -> str | None:
         cur = await conn.execute(

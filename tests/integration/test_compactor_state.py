@@ -79,3 +79,75 @@ async def test_estimate_threshold_and_prompt(stack: Container, new_id: Callable[
         row = await cur.fetchone()
     assert row is not None
     assert row[0] == 4 + count("sum") + message_tokens({"parts": [{"type": "text", "text": "short"}]}, count)
+
+
+async def _compactor_rows(stack: Container, worker: str, sid: str) -> int:
+    async with stack.pool.connection() as conn:
+        cur = await conn.execute(
+            "SELECT (SELECT count(*) FROM compactor_messages WHERE worker = %(w)s AND session_id = %(s)s)"
+            " + (SELECT count(*) FROM compactor_sessions WHERE worker = %(w)s AND session_id = %(s)s)",
+            {"w": worker, "s": sid},
+        )
+        row = await cur.fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+async def test_session_without_compaction_stores_nothing(stack: Container, new_id: Callable[[str], str]) -> None:
+    sid = new_id("plain")
+    tokenised: list[str] = []
+
+    def count(text: str) -> int:
+        tokenised.append(text)
+        return len(text)
+
+    state = CompactorState(new_id("w"), count, None)
+    items = [(20_000_000 + i, _msg(sid, f"m{i}", f"m{i - 1}" if i else None, f"text {i}")) for i in range(5)]
+    async with stack.pool.connection() as conn, conn.transaction():
+        await apply_batch(conn, state.worker, [state], items, notify=False)  # type: ignore[arg-type]
+    assert tokenised == []
+    assert await _compactor_rows(stack, state.worker, sid) == 0
+    assert (T, sid) not in state.tracked
+
+
+async def test_switching_compaction_on_backfills_from_the_read_model(
+    stack: Container, new_id: Callable[[str], str]
+) -> None:
+    """Messages appended before compaction was configured count as if tracked from the start."""
+    sid = new_id("late")
+    await stack.commands.create_session(T, sid, "", None, {})
+    texts = [f"hello number {i} " * 5 for i in range(4)]
+    seq = 0
+    for i, text in enumerate(texts):
+        body = {"id": f"m{i}", "role": "user", "parts": [{"type": "text", "text": text}]}
+        seq = (await stack.commands.append(T, sid, body)).seq
+    await stack.waiter.wait_session(T, sid, seq)
+    count = stack.context.counter.count
+    state = CompactorState(new_id("w"), count, None, stack.waiter.wait_session)
+    total = sum(message_tokens({"parts": [{"type": "text", "text": t}]}, count) for t in texts)
+    configured = SessionConfigured(
+        tenant=T, session=sid, config=SessionConfig(compaction=CompactionConfig(compact_after=total - 1))
+    )
+    config_seq = await stack.publisher.publish(configured)  # the backfill waits for the projector to apply it
+    async with stack.pool.connection() as conn, conn.transaction():
+        await apply_batch(conn, state.worker, [state], [(config_seq.seq, configured)], notify=False)  # type: ignore[arg-type]
+    assert (T, sid) in state.tracked
+    assert state.candidates[(T, sid)].estimate == total
+    async with stack.pool.connection() as conn:
+        cur = await conn.execute(
+            "SELECT leaf_id, estimate FROM compactor_sessions WHERE worker = %s AND session_id = %s",
+            (state.worker, sid),
+        )
+        assert await cur.fetchone() == ("m3", total)
+    # the appends the backfill already counted, delivered afterwards, count once
+    late = _msg(sid, "m3", "m2", texts[3])
+    async with stack.pool.connection() as conn, conn.transaction():
+        await apply_batch(conn, state.worker, [state], [(config_seq.seq + 1, late)], notify=False)  # type: ignore[arg-type]
+    assert state.candidates[(T, sid)].estimate == total
+    # switching it off drops the state
+    off = SessionConfigured(tenant=T, session=sid, config=SessionConfig())
+    async with stack.pool.connection() as conn, conn.transaction():
+        await apply_batch(conn, state.worker, [state], [(config_seq.seq + 2, off)], notify=False)  # type: ignore[arg-type]
+    assert (T, sid) not in state.tracked
+    assert (T, sid) not in state.candidates
+    assert await _compactor_rows(stack, state.worker, sid) == 0
