@@ -310,8 +310,46 @@ def merge_touches(ops: Sequence[Op]) -> list[TouchSession]:
     ]
 
 
+_LATEST_LEAF = (
+    "SELECT m.id FROM messages m WHERE m.tenant = u.t AND m.session_id = u.s AND NOT EXISTS "
+    "(SELECT 1 FROM messages c WHERE c.tenant = m.tenant AND c.session_id = m.session_id AND c.parent_id = m.id) "
+    "ORDER BY m.seq DESC LIMIT 1"
+)
+# The newest inserted message is the latest leaf (the highest sequence, and nothing can name it as
+# a parent yet) unless the insert was dropped, or children of an earlier message with its id are
+# still stored (a re-append after a delete): then, and after any delete or clear, the leaf is
+# looked for the slow way. CASE evaluates the subquery only when it is reached.
+_SET_LEAF = (
+    "UPDATE sessions x SET leaf_id = CASE WHEN u.id IS NOT NULL "
+    "AND EXISTS (SELECT 1 FROM messages m WHERE m.tenant = u.t AND m.session_id = u.s AND m.id = u.id "
+    "AND m.seq = u.q) "
+    "AND NOT EXISTS (SELECT 1 FROM messages c WHERE c.tenant = u.t AND c.session_id = u.s AND c.parent_id = u.id) "
+    f"THEN u.id ELSE ({_LATEST_LEAF}) END "
+    "FROM unnest(%s::text[], %s::text[], %s::text[], %s::bigint[]) AS u(t, s, id, q) "
+    "WHERE x.tenant = u.t AND x.id = u.s"
+)
+
+
+def leaf_changes(ops: Sequence[Op]) -> list[tuple[str, str, str | None, int | None]]:
+    """Per session whose tree the operations change: ``(tenant, session, newest insert, its seq)``,
+    or ``(tenant, session, None, None)`` when something was removed (the leaf must be looked for)."""
+    changes: dict[tuple[str, str], tuple[str | None, int | None]] = {}
+    for op in ops:
+        match op:
+            case InsertMessage():
+                _, newest = changes.get((op.tenant, op.session), ("", 0))
+                if newest is not None and op.seq > newest:
+                    changes[(op.tenant, op.session)] = (op.id, op.seq)
+            case DeleteMessages() | ClearMessages() | DeleteSession():
+                changes[(op.tenant, op.session)] = (None, None)
+            case _:
+                pass
+    return [(t, s, leaf, seq) for (t, s), (leaf, seq) in sorted(changes.items())]
+
+
 async def apply_ops(conn: AsyncConnection[Any], ops: Sequence[Op]) -> None:
-    """Apply a batch's operations: merged session touches first, then the rest in order.
+    """Apply a batch's operations: merged session touches first, then the rest in order, then
+    each changed session's latest leaf.
 
     Consecutive operations of one kind go as one ``executemany``. A deleted session also loses
     its message rows (the log keeps them).
@@ -337,6 +375,9 @@ async def apply_ops(conn: AsyncConnection[Any], ops: Sequence[Op]) -> None:
                     [(op.tenant, op.session) for op in rest[i:j] if isinstance(op, DeleteSession)],
                 )
             i = j
+        leaves = leaf_changes(rest)
+        if leaves:
+            await cur.execute(_SET_LEAF, columns(leaves))
 
 
 class HistoryProjection:

@@ -117,12 +117,13 @@ async def existing_ids(conn: Conn, tenant: str, session: str, message_ids: list[
 
 
 async def latest_leaf(conn: Conn, tenant: str, session: str) -> MessageRow | None:
-    """The most recently appended message without children (ties impossible: seq is total)."""
+    """The most recently appended message without children (ties impossible: seq is total), as
+    the projector keeps it in ``sessions.leaf_id``: one index lookup, whatever the session's size."""
     async with conn.cursor(row_factory=class_row(MessageRow)) as cur:
         await cur.execute(
-            f"SELECT {_MESSAGE_COLS} FROM messages m WHERE m.tenant = %s AND m.session_id = %s "
-            "AND NOT EXISTS (SELECT 1 FROM messages c WHERE c.tenant = m.tenant "
-            "AND c.session_id = m.session_id AND c.parent_id = m.id) ORDER BY m.seq DESC LIMIT 1",
+            f"SELECT {', '.join('m.' + c.strip() for c in _MESSAGE_COLS.split(','))} FROM sessions x "
+            "JOIN messages m ON m.tenant = x.tenant AND m.session_id = x.id AND m.id = x.leaf_id "
+            "WHERE x.tenant = %s AND x.id = %s",
             (tenant, session),
         )
         return await cur.fetchone()
@@ -148,11 +149,7 @@ async def append_state(
         SELECT
           coalesce(x.deleted_at IS NOT NULL, false),
           e.parent_id, e.seq, e.body_sha256,
-          CASE WHEN %(leaf)s THEN (
-            SELECT m.id FROM messages m WHERE m.tenant = %(t)s AND m.session_id = %(s)s
-              AND NOT EXISTS (SELECT 1 FROM messages c WHERE c.tenant = m.tenant
-                              AND c.session_id = m.session_id AND c.parent_id = m.id)
-            ORDER BY m.seq DESC LIMIT 1) END,
+          CASE WHEN %(leaf)s THEN x.leaf_id END,
           %(p)s::text IS NOT NULL AND EXISTS (
             SELECT 1 FROM messages WHERE tenant = %(t)s AND session_id = %(s)s AND id = %(p)s),
           coalesce(x.last_seq, 0)
