@@ -15,7 +15,8 @@ Moving an agent from the reference is a mechanical rename::
         messages = to_openai_messages(await session.get_history(), prompt)
         tools = await session.tools()  # tools.openai(), tools.anthropic(), await tools.execute(name, args)
 
-The package imports only ``events`` (the contract), ``httpx``, ``pydantic`` and ``nats-py``.
+The package imports only ``events`` (the contract), ``pydantic`` and ``nats-py``; ``httpx`` only when
+an httpx transport is passed in.
 """
 
 from chronicle_sdk.client import ChronicleClient, Via

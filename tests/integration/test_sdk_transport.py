@@ -1,0 +1,157 @@
+"""The SDK's HTTP/1.1 transport against scripted servers on loopback: framing, keep-alive, and
+each way a connection fails."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+from collections.abc import AsyncIterator, Awaitable, Callable
+
+import pytest
+
+from chronicle_sdk.transport import Http11Transport, TransportError
+
+Script = Callable[[asyncio.StreamReader, asyncio.StreamWriter, int], Awaitable[None]]
+
+
+@contextlib.asynccontextmanager
+async def serving(script: Script) -> AsyncIterator[tuple[str, list[int]]]:
+    """A server running ``script`` for each request; yields its URL and the connection numbers seen."""
+    seen: list[int] = []
+    connections = 0
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        nonlocal connections
+        connections += 1
+        number = connections
+        try:
+            while True:
+                try:
+                    head = await reader.readuntil(b"\r\n\r\n")
+                except (asyncio.IncompleteReadError, ConnectionError):
+                    return
+                length = next(
+                    (
+                        int(line.split(b":")[1])
+                        for line in head.split(b"\r\n")
+                        if line.lower().startswith(b"content-length")
+                    ),
+                    0,
+                )
+                await reader.readexactly(length)
+                seen.append(number)
+                await script(reader, writer, len(seen))
+                if writer.is_closing():
+                    return
+        finally:
+            writer.close()
+
+    server = await asyncio.start_server(handle, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        yield f"http://127.0.0.1:{port}", seen
+    finally:
+        server.close()
+
+
+def answer(body: bytes, *extra: str) -> bytes:
+    head = ["HTTP/1.1 200 OK", f"Content-Length: {len(body)}", "Content-Type: application/json", *extra]
+    return ("\r\n".join(head) + "\r\n\r\n").encode() + body
+
+
+async def test_keep_alive_reuses_one_connection() -> None:
+    async def script(_r: asyncio.StreamReader, w: asyncio.StreamWriter, n: int) -> None:
+        w.write(answer(b'{"n": %d}' % n))
+
+    async with serving(script) as (url, seen):
+        t = Http11Transport(url, timeout_s=5)
+        replies = [await t.send("GET", "/x?a=1", {}, None) for _ in range(5)]
+        await t.aclose()
+    assert [r.content for r in replies] == [b'{"n": %d}' % i for i in range(1, 6)]
+    assert seen == [1, 1, 1, 1, 1]
+    assert replies[0].headers["content-type"] == "application/json"
+
+
+async def test_chunked_and_close_delimited_bodies() -> None:
+    async def script(_r: asyncio.StreamReader, w: asyncio.StreamWriter, n: int) -> None:
+        if n == 1:
+            w.write(
+                b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n6;ext=1\r\n world\r\n0\r\n\r\n"
+            )
+        else:
+            w.write(b"HTTP/1.1 200 OK\r\nConnection: close\r\n\r\nuntil the end")
+            await w.drain()
+            w.close()
+
+    async with serving(script) as (url, seen):
+        t = Http11Transport(url, timeout_s=5)
+        first = await t.send("GET", "/", {}, None)
+        second = await t.send("GET", "/", {}, None)
+        third = await t.send("GET", "/", {}, None)  # the closed connection is not reused
+        await t.aclose()
+    assert first.content == b"hello world"
+    assert second.content == b"until the end"
+    assert third.content == b"until the end"
+    assert seen == [1, 1, 2]
+
+
+async def test_a_connection_closed_while_idle_is_retried_when_the_request_may_repeat() -> None:
+    async def script(_r: asyncio.StreamReader, w: asyncio.StreamWriter, n: int) -> None:
+        w.write(answer(b"{}"))
+        await w.drain()
+        w.close()  # as a server's keep-alive timeout would, without saying Connection: close
+
+    async with serving(script) as (url, seen):
+        t = Http11Transport(url, timeout_s=5)
+        await t.send("GET", "/", {}, None)
+        await asyncio.sleep(0.05)  # let the close arrive
+        again = await t.send("GET", "/", {}, None)
+        keyed = await t.send("POST", "/", {"Idempotency-Key": "k"}, b"{}")
+        await asyncio.sleep(0.05)
+        with pytest.raises(TransportError) as failed:
+            await t.send("POST", "/", {}, b"{}")
+        await t.aclose()
+    assert again.status == 200
+    assert keyed.status == 200
+    assert failed.value.unsent is False  # it was written: the caller must not assume it was not
+    assert len(seen) == 3
+
+
+async def test_refused_connection_is_unsent() -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    t = Http11Transport(f"http://127.0.0.1:{port}", timeout_s=5)
+    with pytest.raises(TransportError) as failed:
+        await t.send("POST", "/", {}, b"{}")
+    assert failed.value.unsent is True
+
+
+async def test_no_answer_times_out_as_sent() -> None:
+    async def script(_r: asyncio.StreamReader, _w: asyncio.StreamWriter, _n: int) -> None:
+        await asyncio.sleep(10)
+
+    async with serving(script) as (url, _seen):
+        t = Http11Transport(url, timeout_s=0.2)
+        with pytest.raises(TransportError) as failed:
+            await t.send("GET", "/", {}, None)
+        await t.aclose()
+    assert failed.value.unsent is False
+    assert "no answer" in str(failed.value)
+
+
+async def test_malformed_answer_is_a_transport_error() -> None:
+    async def script(_r: asyncio.StreamReader, w: asyncio.StreamWriter, _n: int) -> None:
+        w.write(b"garbage\r\n\r\n")
+
+    async with serving(script) as (url, _seen):
+        t = Http11Transport(url, timeout_s=5)
+        with pytest.raises(TransportError):
+            await t.send("GET", "/", {}, None)
+        await t.aclose()
+
+
+def test_base_url_must_be_http() -> None:
+    with pytest.raises(ValueError, match="http"):
+        Http11Transport("ftp://example.org", timeout_s=1)
