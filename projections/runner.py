@@ -38,6 +38,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
@@ -82,6 +83,18 @@ class Planning(Protocol):
     async def prepare(self, items: Sequence[tuple[int, Event]]) -> list[Any]: ...
 
     async def apply_prepared(self, conn: psycopg.AsyncConnection[Any], plans: Sequence[Any]) -> None: ...
+
+
+@runtime_checkable
+class Selective(Protocol):
+    """A projection that ignores most events and can say which, before any transaction: a batch
+    no projection of the runner wants is acknowledged without one. Its checkpoint then moves at
+    most every ``checkpoint_interval_s`` (or when the consumer is idle, or with the next applied
+    batch); after a restart the skipped events are read again, and skipped again."""
+
+    name: str
+
+    def wants(self, event: Event) -> bool: ...
 
 
 Prepared = Mapping[str, Sequence[Any]]
@@ -275,8 +288,10 @@ class ProjectorRunner:
     lock_check_s: float = 1.0
     stop_grace_s: float = 15.0
     on_batch: Callable[[int, int], None] | None = None
+    checkpoint_interval_s: float = 1.0  # at most this stale while batches are skipped (Selective)
     stats: RunnerStats = field(default_factory=RunnerStats)
     _failures: int = field(default=0, init=False, repr=False)  # in a row; a committed batch resets it
+    _saved_at: float = field(default=float("-inf"), init=False, repr=False)  # when the checkpoint was last written
 
     @property
     def durable(self) -> str:
@@ -451,15 +466,29 @@ class ProjectorRunner:
         info = await self.js.consumer_info(self.layout.stream, self.durable)
         if info.num_pending or info.num_ack_pending:
             return
+        await self._save_checkpoint(last)
+
+    async def _save_checkpoint(self, seq: int) -> None:
+        """Move the checkpoint forward to ``seq`` (never back) outside a batch."""
         names = self.checkpoint_names
         async with asyncio.timeout(self.db_timeout_s), self.pool.connection() as conn, conn.transaction():
             cur = await conn.execute(
                 "INSERT INTO checkpoints (name, seq) SELECT unnest(%s::text[]), %s ON CONFLICT (name) DO UPDATE "
                 "SET seq = excluded.seq, updated_at = now() WHERE checkpoints.seq < excluded.seq",
-                (names, last),
+                (names, seq),
             )
             if cur.rowcount:
-                await conn.execute("SELECT pg_notify(%s, %s)", (NOTIFY_CHANNEL, f"{names[0]}:{last}"))
+                await conn.execute("SELECT pg_notify(%s, %s)", (NOTIFY_CHANNEL, f"{names[0]}:{seq}"))
+        self._saved_at = time.monotonic()
+
+    def _unwanted(self, batch: _Batch) -> bool:
+        """No projection of this runner wants any event of the batch, and nothing is refused."""
+        selective = [p for p in self.projections if isinstance(p, Selective)]
+        return (
+            not batch.refused
+            and len(selective) == len(self.projections)
+            and not any(p.wants(event) for _, event in batch.items for p in selective)
+        )
 
     async def _consume(self, sub: JetStreamContext.PullSubscription, stop: asyncio.Event) -> None:
         """Commit prepared batches in order while the fetcher prepares the next ones."""
@@ -548,6 +577,12 @@ class ProjectorRunner:
 
     async def _commit(self, batch: _Batch) -> None:
         items = batch.items
+        if self._unwanted(batch):
+            if time.monotonic() - self._saved_at >= self.checkpoint_interval_s:
+                await self._save_checkpoint(batch.top)
+            await batch.last.ack()
+            self._done(batch, 0, 0)
+            return
         quarantined: list[Quarantined] = []
         async with asyncio.timeout(self.db_timeout_s), self.pool.connection() as conn, conn.transaction():
             applied = await apply_batch(
@@ -560,12 +595,16 @@ class ProjectorRunner:
                 sources=batch.sources,
                 quarantined=quarantined,
             )
+        self._saved_at = time.monotonic()
         await batch.last.ack()
+        self._done(batch, applied, len(quarantined))
+
+    def _done(self, batch: _Batch, applied: int, quarantined: int) -> None:
         self._failures = 0
         self.stats.batches += 1
         self.stats.applied += applied
-        self.stats.quarantined += len(quarantined)
-        self.stats.skipped += len(batch.sources) - applied - len(quarantined)
+        self.stats.quarantined += quarantined
+        self.stats.skipped += len(batch.sources) - applied - quarantined
         self.stats.last_seq = max(self.stats.last_seq, batch.top)  # redeliveries may have mixed older ones in
         if self.on_batch is not None:
             self.on_batch(applied, batch.top)

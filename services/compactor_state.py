@@ -95,6 +95,10 @@ class CompactorState:
         self.tracked = {(str(t), str(s)) for t, s in await cur.fetchall()}
         self._stale = False
 
+    def wants(self, event: Event) -> bool:
+        """A configuration (it may switch compaction on), or any event of a tracked session."""
+        return self._stale or isinstance(event, SessionConfigured) or (event.tenant, event.session) in self.tracked
+
     async def apply(self, conn: Conn, items: Sequence[tuple[int, Event]]) -> None:
         """Runs of appends are applied set-wise (a few statements per run, not per message);
         anything else one event at a time, in order. Events of untracked sessions are skipped.
