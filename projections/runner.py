@@ -96,6 +96,19 @@ class Selective(Protocol):
 
     def wants(self, event: Event) -> bool: ...
 
+    def wants_stored(self, tenant: str, session: str, data: bytes) -> bool:
+        """Before decoding: False only when no event of ``session`` with these bytes is wanted
+        (the event is then neither decoded nor admitted by this runner; the projector's runner
+        admits, and quarantines, every event). Batches are prepared while the previous one
+        commits: when :attr:`generation` has changed by the time a batch that left events out
+        commits, the batch is prepared again."""
+        ...
+
+    @property
+    def generation(self) -> int:
+        """Changes whenever what :meth:`wants_stored` answers may have changed."""
+        ...
+
 
 Prepared = Mapping[str, Sequence[Any]]
 Sources = Mapping[int, tuple[str, bytes]]
@@ -483,10 +496,10 @@ class ProjectorRunner:
 
     def _unwanted(self, batch: _Batch) -> bool:
         """No projection of this runner wants any event of the batch, and nothing is refused."""
-        selective = [p for p in self.projections if isinstance(p, Selective)]
+        selective = self._all_selective()
         return (
-            not batch.refused
-            and len(selective) == len(self.projections)
+            bool(selective)
+            and not batch.refused
             and not any(p.wants(event) for _, event in batch.items for p in selective)
         )
 
@@ -534,12 +547,15 @@ class ProjectorRunner:
         items: list[tuple[int, Event]] = []
         refused: list[Quarantined] = []
         sources: dict[int, tuple[str, bytes]] = {}
+        selective = self._all_selective()
         prepared: dict[str, list[Any]] = {}
         unplanned: set[str] = set()
         for start in range(0, len(msgs), PREPARE_SLICE):
             part: list[tuple[int, Event]] = []
             for m in msgs[start : start + PREPARE_SLICE]:
                 seq = m.metadata.sequence.stream
+                if selective and not self._wanted_stored(selective, m):
+                    continue
                 sources[seq] = (m.subject, m.data)
                 decided = screen(seq, m.subject, m.data, self.layout)
                 if isinstance(decided, Quarantined):
@@ -555,7 +571,25 @@ class ProjectorRunner:
             await asyncio.sleep(0)
         for name in unplanned:  # plans of some slices only: the projection applies the batch unplanned
             prepared.pop(name, None)
-        return _Batch(msgs[-1], max(sources), items, prepared, refused, sources)
+        top = max(m.metadata.sequence.stream for m in msgs)
+        left_out = (msgs, self._generations(selective)) if len(sources) < len(msgs) else None
+        return _Batch(msgs[-1], top, items, prepared, refused, sources, left_out)
+
+    @staticmethod
+    def _generations(selective: Sequence[Selective]) -> tuple[int, ...]:
+        return tuple(p.generation for p in selective)
+
+    def _wanted_stored(self, selective: Sequence[Selective], m: Msg) -> bool:
+        try:
+            tenant, session = self.layout.parse(m.subject)
+        except ValueError:  # not a session subject: decoded (and refused) as usual
+            return True
+        return any(p.wants_stored(tenant, session, m.data) for p in selective)
+
+    def _all_selective(self) -> list[Selective]:
+        """The projections, when every one is :class:`Selective` (else none)."""
+        selective: list[Selective] = [p for p in self.projections if isinstance(p, Selective)]
+        return selective if len(selective) == len(self.projections) else []
 
     async def _fetch(self, sub: JetStreamContext.PullSubscription) -> list[Msg]:
         """Up to ``batch_size`` messages: wait for the first, then take what is already pending."""
@@ -576,6 +610,8 @@ class ProjectorRunner:
         return msgs
 
     async def _commit(self, batch: _Batch) -> None:
+        if batch.left_out is not None and batch.left_out[1] != self._generations(self._all_selective()):
+            batch = await self._prepare(batch.left_out[0])  # left out under what its projections no longer say
         items = batch.items
         if self._unwanted(batch):
             if time.monotonic() - self._saved_at >= self.checkpoint_interval_s:
@@ -620,6 +656,8 @@ class _Batch:
     prepared: Prepared
     refused: list[Quarantined]
     sources: Sources
+    # the fetched messages and their projections' generations, when some were left out undecoded
+    left_out: tuple[list[Msg], tuple[int, ...]] | None = None
 
 
 def _first_line(exc: BaseException) -> str:

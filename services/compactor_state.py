@@ -41,6 +41,7 @@ from services.compaction import TOKENS_PER_MESSAGE, message_tokens
 
 Conn = AsyncConnection[Any]
 Key = tuple[str, str]
+_CONFIGURED = SessionConfigured.TYPE.encode()
 WaitApplied = Callable[[str, str, int], Awaitable[None]]
 """Returns once the projector has applied a session's events up to a sequence."""
 
@@ -74,6 +75,7 @@ class CompactorState:
         self.candidates: dict[Key, Candidate] = {}
         self.tracked: set[Key] = set()
         self._stale = True  # ``tracked`` must be read again from the database before it is used
+        self.generation = 0  # moves with every change of ``tracked`` or ``_stale`` (see Selective)
 
     async def load(self, conn: Conn) -> None:
         """The tracked sessions, and those already over their threshold (after a restart,
@@ -94,6 +96,17 @@ class CompactorState:
         )
         self.tracked = {(str(t), str(s)) for t, s in await cur.fetchall()}
         self._stale = False
+        self.generation += 1
+
+    def wants_stored(self, tenant: str, session: str, data: bytes) -> bool:
+        """Before decoding: a tracked session's event, or bytes that may hold a configuration
+        (its type name, or a JSON escape that could spell it). A configuration may change what
+        is tracked, so from there on everything is wanted until ``tracked`` is read again."""
+        if _CONFIGURED in data or b"\\u" in data:
+            self._stale = True
+            self.generation += 1
+            return True
+        return self._stale or (tenant, session) in self.tracked
 
     def wants(self, event: Event) -> bool:
         """A configuration (it may switch compaction on), or any event of a tracked session."""
@@ -203,6 +216,7 @@ class CompactorState:
                 cfg = event.config.compaction
                 after = cfg.compact_after if cfg else None
                 self._stale = True  # re-read in the next call, whatever this transaction becomes
+                self.generation += 1
                 if after is None:
                     if (t, s) in self.tracked:
                         await self._untrack(conn, t, s)

@@ -151,3 +151,22 @@ async def test_switching_compaction_on_backfills_from_the_read_model(
     assert (T, sid) not in state.tracked
     assert (T, sid) not in state.candidates
     assert await _compactor_rows(stack, state.worker, sid) == 0
+
+
+async def test_undecoded_events_are_wanted_from_a_configuration_until_tracked_is_read_again(
+    stack: Container, new_id: Callable[[str], str]
+) -> None:
+    sid = new_id("raw")
+    state = CompactorState(new_id("w"), stack.context.counter.count, None)
+    async with stack.pool.connection() as conn:
+        await state.load(conn)
+    plain = _msg(sid, "m0", None, "hello").model_dump_json().encode()
+    assert not state.wants_stored(T, sid, plain)
+    configured = SessionConfigured(tenant=T, session=sid, config=SessionConfig())
+    before = state.generation
+    assert state.wants_stored(T, sid, configured.model_dump_json().encode())
+    assert state.generation != before  # a batch prepared earlier is prepared again
+    assert state.wants_stored(T, sid, plain)  # the configuration may track this session
+    async with stack.pool.connection() as conn:
+        await state.load(conn)
+    assert not state.wants_stored(T, sid, plain)

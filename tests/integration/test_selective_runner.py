@@ -26,9 +26,13 @@ class OneSession:
         self.session = session
         self.applied: list[int] = []
         self.got = asyncio.Event()
+        self.generation = 0
 
     def wants(self, event: Event) -> bool:
         return event.session == self.session
+
+    def wants_stored(self, tenant: str, session: str, data: bytes) -> bool:
+        return session == self.session
 
     async def apply(self, conn: psycopg.AsyncConnection[Any], items: Sequence[tuple[int, Event]]) -> None:
         self.applied.extend(seq for seq, _ in items)
