@@ -5,9 +5,10 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
+from nats.js.api import StoreCompression
 
 from events.stream import PARTITIONS_KEY, PartitionMismatch, check_partitions, stream_config
-from services.bootstrap import open_container
+from services.bootstrap import Container, open_container
 from tests.conftest import make_settings, operator_nats
 
 
@@ -37,3 +38,9 @@ async def test_a_stream_made_before_the_count_was_recorded_adopts_it(nats_url: s
         await js.delete_stream(layout.stream)
     finally:
         await nc.close()
+
+
+async def test_the_stream_is_stored_s2_compressed(stack: Container) -> None:
+    """The log's blocks are compressed on the pinned nats-server (2.10+ keeps the setting)."""
+    info = await stack.js.stream_info(stack.layout.stream)
+    assert info.config.compression == StoreCompression.S2
