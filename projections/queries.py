@@ -197,7 +197,30 @@ async def path_ids(conn: Conn, tenant: str, session: str, leaf_id: str) -> tuple
     cur = await conn.execute(
         "SELECT id, parent_id FROM messages WHERE tenant = %s AND session_id = %s", (tenant, session)
     )
-    parent: dict[str, str | None] = dict(await cur.fetchall())
+    return _walk(dict(await cur.fetchall()), leaf_id)
+
+
+async def latest_path_ids(conn: Conn, tenant: str, session: str) -> tuple[str | None, list[str], int]:
+    """:func:`path_ids` of the latest leaf, which comes with the pairs (one round trip):
+    (the leaf, the path's ids leaf first, the session's message count)."""
+    cur = await conn.execute(
+        "SELECT true, leaf_id, NULL FROM sessions WHERE tenant = %(t)s AND id = %(s)s "
+        "UNION ALL SELECT false, id, parent_id FROM messages WHERE tenant = %(t)s AND session_id = %(s)s",
+        {"t": tenant, "s": session},
+    )
+    leaf: str | None = None
+    parent: dict[str, str | None] = {}
+    for is_leaf, mid, pid in await cur.fetchall():
+        if is_leaf:
+            leaf = mid
+        else:
+            parent[mid] = pid
+    if leaf is None:
+        return None, [], len(parent)
+    return (leaf, *_walk(parent, leaf))
+
+
+def _walk(parent: dict[str, str | None], leaf_id: str) -> tuple[list[str], int]:
     ids: list[str] = []
     seen: set[str] = set()
     node: str | None = leaf_id
@@ -208,10 +231,23 @@ async def path_ids(conn: Conn, tenant: str, session: str, leaf_id: str) -> tuple
     return ids, len(parent)
 
 
+async def latest_path_contents(conn: Conn, tenant: str, session: str) -> tuple[str | None, list[PathRow]]:
+    """(the latest leaf, :func:`path_contents` of it) in two round trips."""
+    leaf, ids, total = await latest_path_ids(conn, tenant, session)
+    return leaf, await _rows_of(conn, tenant, session, ids, total, "id, content", PathRow._make)
+
+
 async def _path_rows(
     conn: Conn, tenant: str, session: str, leaf_id: str, cols: str, make: Callable[[Any], T]
 ) -> list[T]:
     ids, total = await path_ids(conn, tenant, session, leaf_id)
+    return await _rows_of(conn, tenant, session, ids, total, cols, make)
+
+
+async def _rows_of(
+    conn: Conn, tenant: str, session: str, ids: list[str], total: int, cols: str, make: Callable[[Any], T]
+) -> list[T]:
+    """The rows of a walked path (``ids`` leaf first), root first."""
     if not ids:
         return []
     if 2 * len(ids) >= total:  # most of the session: one sequential read beats a probe per id

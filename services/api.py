@@ -517,9 +517,9 @@ def build_app(settings: Settings, container: Container | None = None) -> FastAPI
             await caught_up(c, tenant, sid, min_seq)
             async with c.pool.connection() as cx, queries.snapshot(cx):  # the reads see one state
                 if leaf_id is None:
-                    latest = await queries.latest_leaf(cx, tenant, sid)
-                    leaf_id = latest.id if latest else None
-                raw = await queries.path_contents(cx, tenant, sid, leaf_id) if leaf_id else []
+                    leaf_id, raw = await queries.latest_path_contents(cx, tenant, sid)
+                else:
+                    raw = await queries.path_contents(cx, tenant, sid, leaf_id)
                 found = await overlays(cx, tenant, sid) if compacted and raw else []
                 unloaded = reclaimed_in(await cq.reclaimed(cx, tenant, sid) if raw else {})
             if not raw:
