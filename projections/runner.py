@@ -60,6 +60,11 @@ log = logging.getLogger("chronicle.projector")
 
 NOTIFY_CHANNEL = "chronicle_applied"
 PREPARE_SLICE = 100
+PIPELINE_MAX_ITEMS = 16
+"""A batch of at most this many events is applied in pipeline mode: its statements go without
+waiting for each other's answers (a handful of round trips instead of one per statement, what a
+batch of one append costs most). Projections use no ``COPY`` (not possible in pipeline mode) for
+batches this small."""
 _PER_EVENT: tuple[type[Exception], ...] = (*DATA_ERRORS, BodyUnavailable)
 """What one event's data makes a batch raise: re-applied one event at a time, the event quarantined."""
 
@@ -263,7 +268,8 @@ async def _apply_each(
             async with conn.transaction():
                 for projection in projections:
                     current = projection.name
-                    await _apply(conn, [projection], items, [i], prepared)
+                    async with conn.pipeline():  # its exit syncs: an error is this projection's
+                        await _apply(conn, [projection], items, [i], prepared)
         except DATA_ERRORS as exc:
             subject, raw = sources.get(seq) or ("", event.to_json())
             failed.append(data_error(seq, subject, raw, current, exc))
@@ -620,7 +626,12 @@ class ProjectorRunner:
             self._done(batch, 0, 0)
             return
         quarantined: list[Quarantined] = []
-        async with asyncio.timeout(self.db_timeout_s), self.pool.connection() as conn, conn.transaction():
+        async with (
+            asyncio.timeout(self.db_timeout_s),
+            self.pool.connection() as conn,
+            conn.pipeline() if len(batch.sources) <= PIPELINE_MAX_ITEMS else contextlib.nullcontext(),
+            conn.transaction(),
+        ):
             applied = await apply_batch(
                 conn,
                 self.checkpoint_names,

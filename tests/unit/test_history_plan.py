@@ -229,3 +229,11 @@ def test_merge_touches_of_planned_batch() -> None:
     ]
     ops = [op for seq, event in enumerate(events, start=100) for op in plan(event, seq)]
     assert merge_touches(ops) == [TouchSession(T, S, AT + timedelta(seconds=9), 102, AT, 100)]
+
+
+def test_batches_applied_in_pipeline_mode_never_copy() -> None:
+    """``COPY`` is impossible in pipeline mode: the runner pipelines only batches below it."""
+    from projections.history import COPY_MIN_ROWS
+    from projections.runner import PIPELINE_MAX_ITEMS
+
+    assert PIPELINE_MAX_ITEMS < COPY_MIN_ROWS
