@@ -51,6 +51,9 @@ class System:
     modules: tuple[str, ...]  # importable modules it needs
     distributions: tuple[str, ...]  # their packages, for the report
     open: Callable[[Settings, Infra, str, int], AbstractAsyncContextManager[MemoryBackend]]
+    # longest session it is run with, and why (None: any)
+    max_appends: int | None = None
+    why_max: str = ""
 
     def missing(self) -> list[str]:
         """The modules it needs that are not installed."""
@@ -256,5 +259,8 @@ SYSTEMS: dict[str, System] = {
         ("langgraph", "langgraph.checkpoint.postgres", "langchain_core"),
         ("langgraph", "langgraph-checkpoint-postgres", "langchain-core"),
         open_langgraph,
+        max_appends=2_000,
+        why_max="each checkpoint stores the whole message list again: storage and time per append grow with the "
+        "session (~90 KB per message at 1,000 messages, so ~9 GB and hours at 10,000)",
     ),
 }

@@ -66,11 +66,12 @@ def plan(options: BenchOptions) -> list[Workload]:
     return [out[w] for w in WORKLOADS if w in chosen]
 
 
-def _for(system: str, workloads: list[Workload], analyze: bool) -> list[Workload]:
-    """Chronicle runs W3 a second time after ``ANALYZE``; the peers do not depend on statistics."""
-    out = list(workloads)
+def _for(system: System, workloads: list[Workload], analyze: bool) -> list[Workload]:
+    """Chronicle runs W3 a second time after ``ANALYZE``; the peers do not depend on statistics.
+    A system does not run sessions longer than its ``max_appends``."""
+    out = [w for w in workloads if system.max_appends is None or w.appends <= system.max_appends]
     w3 = next((w for w in workloads if w.name == "W3"), None)
-    if system == "chronicle" and analyze and w3 is not None:
+    if system.name == "chronicle" and analyze and w3 is not None:
         out.append(Workload(ANALYZED, 1, w3.appends, 1, w3.reads, analyze=True))
     return out
 
@@ -139,6 +140,13 @@ async def peers(settings: Settings, infra: Infra, options: BenchOptions) -> Repo
         else:
             systems.append(SYSTEMS[name])
     workloads = plan(options)
+    for system in systems:
+        left_out = [w.name for w in workloads if w not in _for(system, workloads, analyze=False)]
+        if left_out:
+            longest = f"{system.max_appends:,}"
+            skipped.append(
+                f"{system.label} not run on {', '.join(left_out)} (over {longest} appends): {system.why_max}"
+            )
     repeats = options.repeats or (1 if options.smoke else 3)
     postmaster = await postmaster_pid(infra.pg_admin)
 
@@ -146,7 +154,7 @@ async def peers(settings: Settings, infra: Infra, options: BenchOptions) -> Repo
     for r in range(repeats):
         shift = r % max(1, len(systems))
         for system in systems[shift:] + systems[:shift]:
-            wanted = _for(system.name, workloads, options.peers.analyze)
+            wanted = _for(system, workloads, options.peers.analyze)
             runs[system.name].append(await run_system(settings, infra, system, wanted, postmaster, options.progress))
     results = {name: median_of(per) for name, per in runs.items()}
 

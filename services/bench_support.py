@@ -309,13 +309,19 @@ def _postgres_processes(postmaster: int | None = None) -> dict[int, str]:
     """``{pid: process title}`` of every ``postgres`` process (the title names the database); with
     ``postmaster``, of that cluster only (the postmaster and its children)."""
     found: dict[int, str] = {}
+    candidates: list[Path] | None = None
+    if postmaster is not None:  # the cluster's children in one read, where the kernel lists them
+        with contextlib.suppress(OSError, ValueError):
+            children = Path(f"/proc/{postmaster}/task/{postmaster}/children").read_text().split()
+            candidates = [Path(f"/proc/{pid}") for pid in [postmaster, *map(int, children)]]
     with contextlib.suppress(OSError):
-        for entry in Path("/proc").iterdir():
+        for entry in candidates if candidates is not None else Path("/proc").iterdir():
             if entry.name.isdigit():
                 with contextlib.suppress(OSError):
                     if (entry / "comm").read_text().strip() == "postgres":
                         pid = int(entry.name)
-                        if postmaster is not None and postmaster not in (pid, _parent_pid(pid)):
+                        mine = candidates is not None or postmaster in (pid, _parent_pid(pid))
+                        if postmaster is not None and not mine:
                             continue
                         title = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
                         found[pid] = title
@@ -350,7 +356,8 @@ class CpuMeter:
     and backends of other databases (someone else's load on a shared server). ``machine`` is all
     busy CPU time of the machine, so a run disturbed by other work is recognisable. Processes are
     sampled every 0.2 s while a phase runs, so a backend that exits keeps its last sampled share.
-    Linux ``/proc`` only; elsewhere it reports this process alone.
+    The sampling's own CPU, and whatever the caller :meth:`exclude`-s (its own polling), is not
+    counted in ``bench process``. Linux ``/proc`` only; elsewhere it reports this process alone.
     """
 
     def __init__(
@@ -362,6 +369,7 @@ class CpuMeter:
         self._seen: dict[int, tuple[str, float]] = {}
         self._base: dict[int, float] = {}
         self._self0 = self._machine0 = self._wall = 0.0
+        self._own = 0.0  # CPU seconds of this process that were the meter's (or excluded)
         self._task: asyncio.Task[None] | None = None
 
     def _group(self, title: str) -> str:
@@ -372,6 +380,7 @@ class CpuMeter:
         return "postgres other dbs"
 
     def _sample(self) -> None:
+        start = time.process_time()
         for pid, title in _postgres_processes(self.postmaster).items():
             cpu = _proc_cpu(pid)
             if pid in self._seen and not title.strip():  # an exiting backend has no title
@@ -380,6 +389,11 @@ class CpuMeter:
                 self._seen[pid] = (self._group(title), cpu)
         for name, pid in self.pids.items():
             self._seen[pid] = (name, _proc_cpu(pid))
+        self._own += time.process_time() - start
+
+    def exclude(self, cpu_s: float) -> None:
+        """Do not count ``cpu_s`` of this process's CPU (the benchmark's own bookkeeping)."""
+        self._own += cpu_s
 
     async def _sampling(self) -> None:
         while True:
@@ -393,6 +407,7 @@ class CpuMeter:
         self._seen = {}
         self._sample()
         self._base = {pid: cpu for pid, (_, cpu) in self._seen.items()}
+        self._own = 0.0
         t = os.times()
         self._self0, self._machine0, self._wall = t.user + t.system, _machine_busy(), time.perf_counter()
         self._task = asyncio.get_running_loop().create_task(self._sampling())
@@ -407,7 +422,7 @@ class CpuMeter:
         self._sample()
         t = os.times()
         out: dict[str, float] = {
-            "bench process": t.user + t.system - self._self0,
+            "bench process": max(0.0, t.user + t.system - self._self0 - self._own),
             "machine": _machine_busy() - self._machine0,
         }
         for name in [*self.pids, "postgres", "postgres autovacuum", "postgres server", "postgres other dbs"]:
