@@ -122,40 +122,60 @@ def median_of(values: Sequence[Any]) -> Any:
     return first
 
 
-async def peers(settings: Settings, infra: Infra, options: BenchOptions) -> Report:
-    chosen = options.peers.systems or tuple(SYSTEMS)
+def _say(line: str, notes: list[str] | None = None) -> None:
+    """A line on stderr (long runs are followed in logs); with ``notes``, also in the report."""
+    print(f"chronicle bench peers: {line}", file=sys.stderr, flush=True)
+    if notes is not None:
+        notes.append(line)
+
+
+def runnable(chosen: Sequence[str], workloads: list[Workload], notes: list[str]) -> list[System]:
+    """The chosen systems that are installed; what is not, or not on every workload, is noted."""
     unknown = set(chosen) - set(SYSTEMS)
     if unknown:
         raise ValueError(f"unknown system(s) {sorted(unknown)}; choose from {', '.join(SYSTEMS)}")
     systems: list[System] = []
-    skipped: list[str] = []
-    for name in chosen:
-        missing = SYSTEMS[name].missing()
+    for system in (SYSTEMS[name] for name in chosen):
+        missing = system.missing()
         if missing:
-            skipped.append(
-                f"{SYSTEMS[name].label} ({name}) NOT measured: {', '.join(missing)} not installed "
-                "(pip install -e '.[bench]')"
-            )
-            print(f"chronicle bench peers: {skipped[-1]}", file=sys.stderr, flush=True)
-        else:
-            systems.append(SYSTEMS[name])
-    workloads = plan(options)
-    for system in systems:
+            why = f"{', '.join(missing)} not installed (pip install -e '.[bench]')"
+            _say(f"{system.label} ({system.name}) NOT measured: {why}", notes)
+            continue
+        systems.append(system)
         left_out = [w.name for w in workloads if w not in _for(system, workloads, analyze=False)]
         if left_out:
             longest = f"{system.max_appends:,}"
-            skipped.append(
-                f"{system.label} not run on {', '.join(left_out)} (over {longest} appends): {system.why_max}"
-            )
+            notes.append(f"{system.label} not run on {', '.join(left_out)} (over {longest} appends): {system.why_max}")
+    return systems
+
+
+async def peers(settings: Settings, infra: Infra, options: BenchOptions) -> Report:
+    notes: list[str] = []
+    workloads = plan(options)
+    systems = runnable(options.peers.systems or tuple(SYSTEMS), workloads, notes)
     repeats = options.repeats or (1 if options.smoke else 3)
     postmaster = await postmaster_pid(infra.pg_admin)
+    verbose = options.progress is not False
 
     runs: dict[str, list[dict[str, dict[str, Any]]]] = {s.name: [] for s in systems}
     for r in range(repeats):
         shift = r % max(1, len(systems))
         for system in systems[shift:] + systems[:shift]:
             wanted = _for(system, workloads, options.peers.analyze)
-            runs[system.name].append(await run_system(settings, infra, system, wanted, postmaster, options.progress))
+            try:
+                result = await run_system(settings, infra, system, wanted, postmaster, options.progress)
+            except Exception as exc:
+                if system.name == "chronicle":
+                    raise
+                # a peer that breaks (a new release, say) must not cost the run Chronicle's numbers
+                _say(f"{system.label} FAILED and is left out: {type(exc).__name__}: {exc}", notes)
+                systems.remove(system)
+                del runs[system.name]
+                continue
+            runs[system.name].append(result)
+            if verbose:
+                done = ", ".join(f"{w} {m['appends_per_s']:,.0f}/s" for w, m in result.items())
+                _say(f"repeat {r + 1}/{repeats} {system.name}: {done}")
     results = {name: median_of(per) for name, per in runs.items()}
 
     report = Report(
@@ -168,5 +188,5 @@ async def peers(settings: Settings, infra: Infra, options: BenchOptions) -> Repo
             "versions": {k: v for s in systems for k, v in s.versions().items()},
         },
     )
-    fill(report, results, runs, systems, workloads, skipped, postmaster is not None)
+    fill(report, results, runs, systems, workloads, notes, postmaster is not None)
     return report

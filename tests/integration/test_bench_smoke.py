@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -124,14 +126,23 @@ def _workload_shape(result: dict[str, Any], appends: int) -> None:
 async def test_peers_smoke_chronicle_alone(
     nats_url: str, pg_admin: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Chronicle's side of ``bench peers``, and a peer that is not installed is named and skipped
-    (the real peers, from the ``bench`` extra, are in the next test)."""
+    """Chronicle's side of ``bench peers``; a peer that is not installed, or that fails, is named
+    and left out (the real peers, from the ``bench`` extra, are in the next test)."""
+
+    @contextlib.asynccontextmanager
+    async def broken(*args: object) -> AsyncIterator[Any]:
+        raise RuntimeError("this peer does not start")
+        yield
+
     absent = dataclasses.replace(SYSTEMS["agents"], modules=("no_such_module_for_chronicle_bench",))
     monkeypatch.setitem(SYSTEMS, "agents", absent)
-    peers = PeersOptions(systems=("chronicle", "agents"))
+    monkeypatch.setitem(SYSTEMS, "langgraph", dataclasses.replace(SYSTEMS["langgraph"], modules=(), open=broken))
+    peers = PeersOptions(systems=("chronicle", "agents", "langgraph"))
     data = await smoke("peers", nats_url, pg_admin, tmp_path / "peers.json", peers=peers)
     assert data["params"]["systems"] == ["chronicle"]
-    assert any("(agents) NOT measured: no_such_module_for_chronicle_bench not installed" in n for n in data["notes"])
+    notes = "\n".join(data["notes"])
+    assert "(agents) NOT measured: no_such_module_for_chronicle_bench not installed" in notes
+    assert "FAILED and is left out: RuntimeError: this peer does not start" in notes
     mine = data["metrics"]["chronicle"]
     assert set(mine) == {"W1", "W2", "W3", "W3 after ANALYZE"}
     sizes = {"W1": 2 * 10, "W2": 20, "W3": 40, "W3 after ANALYZE": 40}
