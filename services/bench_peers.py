@@ -66,7 +66,7 @@ def plan(options: BenchOptions) -> list[Workload]:
     return [out[w] for w in WORKLOADS if w in chosen]
 
 
-def _for(system: System, workloads: list[Workload], analyze: bool) -> list[Workload]:
+def workloads_for(system: System, workloads: list[Workload], analyze: bool) -> list[Workload]:
     """Chronicle runs W3 a second time after ``ANALYZE``; the peers do not depend on statistics.
     A system does not run sessions longer than its ``max_appends``."""
     out = [w for w in workloads if system.max_appends is None or w.appends <= system.max_appends]
@@ -142,7 +142,7 @@ def runnable(chosen: Sequence[str], workloads: list[Workload], notes: list[str])
             _say(f"{system.label} ({system.name}) NOT measured: {why}", notes)
             continue
         systems.append(system)
-        left_out = [w.name for w in workloads if w not in _for(system, workloads, analyze=False)]
+        left_out = [w.name for w in workloads if w not in workloads_for(system, workloads, analyze=False)]
         if left_out:
             longest = f"{system.max_appends:,}"
             notes.append(f"{system.label} not run on {', '.join(left_out)} (over {longest} appends): {system.why_max}")
@@ -161,7 +161,7 @@ async def peers(settings: Settings, infra: Infra, options: BenchOptions) -> Repo
     for r in range(repeats):
         shift = r % max(1, len(systems))
         for system in systems[shift:] + systems[:shift]:
-            wanted = _for(system, workloads, options.peers.analyze)
+            wanted = workloads_for(system, workloads, options.peers.analyze)
             try:
                 result = await run_system(settings, infra, system, wanted, postmaster, options.progress)
             except Exception as exc:
