@@ -117,7 +117,9 @@ def _workload_shape(result: dict[str, Any], appends: int) -> None:
     for key in ("append", "append_first_10pct", "append_last_10pct", "history"):
         positive(result[key], "n", "p50", "p99")
     positive(result, "last_over_first_p50")
-    positive(result["cpu_ms_per_append"], "client", "total")
+    # a cheap process can show 0 at smoke sizes (CPU time is counted in 10 ms ticks)
+    assert all(v >= 0 for v in result["cpu_ms_per_append"].values())
+    positive(result["cpu_ms_per_append"], "total")
     storage = result["storage"]
     positive(storage, "text_bytes_per_message")
     assert storage["bytes_per_message"] >= storage["postgres_bytes_per_message"] >= 0
@@ -148,7 +150,7 @@ async def test_peers_smoke_chronicle_alone(
     sizes = {"W1": 2 * 10, "W2": 20, "W3": 40, "W3 after ANALYZE": 40}
     for workload, appends in sizes.items():
         _workload_shape(mine[workload], appends)
-        positive(mine[workload]["cpu_ms_per_append"], "api", "projector", "postgres")
+        assert {"client", "api", "projector", "compactor", "postgres"} <= set(mine[workload]["cpu_ms_per_append"])
         positive(mine[workload]["storage"], "log_bytes_per_message")
     assert mine["W1"]["history_messages"] == 10
     assert data["baseline"] == {}
