@@ -320,8 +320,7 @@ def _postgres_processes(postmaster: int | None = None) -> dict[int, str]:
                 with contextlib.suppress(OSError):
                     if (entry / "comm").read_text().strip() == "postgres":
                         pid = int(entry.name)
-                        mine = candidates is not None or postmaster in (pid, _parent_pid(pid))
-                        if postmaster is not None and not mine:
+                        if candidates is None and postmaster is not None and postmaster not in (pid, _parent_pid(pid)):
                             continue
                         title = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
                         found[pid] = title
