@@ -1,4 +1,4 @@
-"""``chronicle bench {ingest,api,history,search,rebuild,context,compaction,all}``.
+"""``chronicle bench {ingest,api,history,search,rebuild,context,compaction,peers,all}``.
 
 Benchmarks against a same-run baseline. Each benchmark starts its own infrastructure (see
 :mod:`services.bench_support`), prints a table, writes JSON (default
@@ -24,8 +24,9 @@ from services.bench_compaction import compaction
 from services.bench_context import context
 from services.bench_http import api
 from services.bench_ingest import ingest, rebuild
+from services.bench_peers import peers
 from services.bench_query import history, search
-from services.bench_support import BenchOptions, Infra, Report, infrastructure
+from services.bench_support import BenchOptions, Infra, PeersOptions, Report, infrastructure
 from services.settings import Settings
 
 Bench = Callable[[Settings, Infra, BenchOptions], Awaitable[Report]]
@@ -37,6 +38,7 @@ BENCHMARKS: dict[str, Bench] = {
     "rebuild": rebuild,
     "context": context,
     "compaction": compaction,
+    "peers": peers,
 }
 RESULTS_DIR = Path("bench-results")
 
@@ -81,6 +83,18 @@ def run_bench(settings: Settings, args: argparse.Namespace) -> int:
         requests=args.requests,
         nats_url=args.nats_url,
         projector_workers=args.projector_workers,
+        repeats=args.repeats,
+        peers=PeersOptions(
+            appends=args.appends,
+            concurrency=args.concurrency,
+            w2_appends=args.w2_appends,
+            w3_appends=args.w3_appends,
+            reads=args.reads,
+            scale=args.scale,
+            systems=_names(args.systems),
+            workloads=_names(args.workloads, upper=True),
+            analyze=not args.no_analyze,
+        ),
     )
     with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:  # the services' loop, for the clients too
         reports = runner.run(run_benchmarks(settings, names, options))
@@ -88,3 +102,10 @@ def run_bench(settings: Settings, args: argparse.Namespace) -> int:
     if missed:
         print("targets missed:\n  " + "\n  ".join(missed), file=sys.stderr)
     return 0
+
+
+def _names(value: str | None, *, upper: bool = False) -> tuple[str, ...] | None:
+    if not value:
+        return None
+    names = tuple(v.strip() for v in value.split(",") if v.strip())
+    return tuple(n.upper() for n in names) if upper else tuple(n.lower() for n in names)

@@ -46,8 +46,11 @@ class RunningApi:
 
 
 @contextlib.asynccontextmanager
-async def running_api(cfg: Settings, infra: Infra, *, projector: bool) -> AsyncIterator[RunningApi]:
-    """The API (and optionally a projector) as child processes, and a client authenticated to it."""
+async def running_api(
+    cfg: Settings, infra: Infra, *, projector: bool, compactor: bool = False
+) -> AsyncIterator[RunningApi]:
+    """The API (and optionally a projector and a compactor, as ``chronicle up`` runs them) as child
+    processes, and a client authenticated to it."""
     base = f"http://{cfg.api_host}:{cfg.api_port}"
     log = infra.tmp / "services.log"
     async with contextlib.AsyncExitStack() as stack:
@@ -55,6 +58,9 @@ async def running_api(cfg: Settings, infra: Infra, *, projector: bool) -> AsyncI
         if projector:
             proc = await stack.enter_async_context(service("projector", cfg, log))
             pids["projector process"] = proc.pid
+        if compactor:
+            proc = await stack.enter_async_context(service("compactor", cfg, log))
+            pids["compactor process"] = proc.pid
         api_proc = await stack.enter_async_context(service("api", cfg, log))
         pids["api process"] = api_proc.pid
         client = BenchClient(base, {"Authorization": f"Bearer {BENCH_KEY}"})

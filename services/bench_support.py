@@ -41,6 +41,21 @@ from services.settings import Settings, hash_key, new_operator_seed
 
 
 @dataclass(frozen=True)
+class PeersOptions:
+    """``bench peers``: workload sizes (``None``: the default, or the smoke size), scaled by ``scale``."""
+
+    appends: int | None = None  # W1 appends per session
+    concurrency: int | None = None  # W1
+    w2_appends: int | None = None
+    w3_appends: int | None = None
+    reads: int | None = None  # timed history reads per workload
+    scale: float = 1.0
+    systems: tuple[str, ...] | None = None  # None: Chronicle and every installed peer
+    workloads: tuple[str, ...] | None = None  # None: all
+    analyze: bool = True  # rerun W3 on Chronicle after ANALYZE
+
+
+@dataclass(frozen=True)
 class BenchOptions:
     """What to run and at which size; ``None`` sizes take the benchmark's default (or smoke) size."""
 
@@ -53,6 +68,8 @@ class BenchOptions:
     postgres_url: str | None = None
     progress: bool | None = None
     projector_workers: int = 1
+    repeats: int | None = None
+    peers: PeersOptions = field(default_factory=PeersOptions)
 
     def size(self, value: int | None, full: int, smoke: int) -> int:
         if value is not None:
@@ -281,17 +298,53 @@ def db_name(url: str) -> str:
 _PG_SERVER_PROCESSES = ("checkpointer", "background writer", "walwriter", "autovacuum launcher", "logical replication")
 
 
-def _postgres_processes() -> dict[int, str]:
-    """``{pid: process title}`` of every ``postgres`` process (the title names the database)."""
+def _parent_pid(pid: int) -> int:
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return 0
+
+
+def _postgres_processes(postmaster: int | None = None) -> dict[int, str]:
+    """``{pid: process title}`` of every ``postgres`` process (the title names the database); with
+    ``postmaster``, of that cluster only (the postmaster and its children)."""
     found: dict[int, str] = {}
+    candidates: list[Path] | None = None
+    if postmaster is not None:  # the cluster's children in one read, where the kernel lists them
+        with contextlib.suppress(OSError, ValueError):
+            children = Path(f"/proc/{postmaster}/task/{postmaster}/children").read_text().split()
+            candidates = [Path(f"/proc/{pid}") for pid in [postmaster, *map(int, children)]]
     with contextlib.suppress(OSError):
-        for entry in Path("/proc").iterdir():
+        for entry in candidates if candidates is not None else Path("/proc").iterdir():
             if entry.name.isdigit():
                 with contextlib.suppress(OSError):
                     if (entry / "comm").read_text().strip() == "postgres":
+                        pid = int(entry.name)
+                        if candidates is None and postmaster is not None and postmaster not in (pid, _parent_pid(pid)):
+                            continue
                         title = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-                        found[int(entry.name)] = title
+                        found[pid] = title
     return found
+
+
+async def postmaster_pid(conninfo: str) -> int | None:
+    """The pid of the postmaster serving ``conninfo`` when it runs on this machine (a backend's
+    parent), else ``None``."""
+    async with await psycopg.AsyncConnection.connect(conninfo, autocommit=True) as conn:
+        cur = await conn.execute("SELECT pg_backend_pid()")
+        row = await cur.fetchone()
+    return _local_postmaster(int(row[0])) if row else None
+
+
+def _local_postmaster(backend: int) -> int | None:
+    def is_postgres(pid: int) -> bool:
+        try:
+            return Path(f"/proc/{pid}/comm").read_text().strip() == "postgres"
+        except OSError:
+            return False
+
+    parent = _parent_pid(backend) if is_postgres(backend) else 0
+    return parent if parent > 1 and is_postgres(parent) else None
 
 
 class CpuMeter:
@@ -302,15 +355,20 @@ class CpuMeter:
     and backends of other databases (someone else's load on a shared server). ``machine`` is all
     busy CPU time of the machine, so a run disturbed by other work is recognisable. Processes are
     sampled every 0.2 s while a phase runs, so a backend that exits keeps its last sampled share.
-    Linux ``/proc`` only; elsewhere it reports this process alone.
+    The sampling's own CPU, and whatever the caller :meth:`exclude`-s (its own polling), is not
+    counted in ``bench process``. Linux ``/proc`` only; elsewhere it reports this process alone.
     """
 
-    def __init__(self, pids: dict[str, int] | None = None, database: str | None = None) -> None:
+    def __init__(
+        self, pids: dict[str, int] | None = None, database: str | None = None, *, postmaster: int | None = None
+    ) -> None:
         self.pids = dict(pids or {})
         self.database = database
+        self.postmaster = postmaster  # count only this cluster's processes (others may run on the machine)
         self._seen: dict[int, tuple[str, float]] = {}
         self._base: dict[int, float] = {}
         self._self0 = self._machine0 = self._wall = 0.0
+        self._own = 0.0  # CPU seconds of this process that were the meter's (or excluded)
         self._task: asyncio.Task[None] | None = None
 
     def _group(self, title: str) -> str:
@@ -321,7 +379,8 @@ class CpuMeter:
         return "postgres other dbs"
 
     def _sample(self) -> None:
-        for pid, title in _postgres_processes().items():
+        start = time.process_time()
+        for pid, title in _postgres_processes(self.postmaster).items():
             cpu = _proc_cpu(pid)
             if pid in self._seen and not title.strip():  # an exiting backend has no title
                 self._seen[pid] = (self._seen[pid][0], max(cpu, self._seen[pid][1]))
@@ -329,6 +388,11 @@ class CpuMeter:
                 self._seen[pid] = (self._group(title), cpu)
         for name, pid in self.pids.items():
             self._seen[pid] = (name, _proc_cpu(pid))
+        self._own += time.process_time() - start
+
+    def exclude(self, cpu_s: float) -> None:
+        """Do not count ``cpu_s`` of this process's CPU (the benchmark's own bookkeeping)."""
+        self._own += cpu_s
 
     async def _sampling(self) -> None:
         while True:
@@ -342,6 +406,7 @@ class CpuMeter:
         self._seen = {}
         self._sample()
         self._base = {pid: cpu for pid, (_, cpu) in self._seen.items()}
+        self._own = 0.0
         t = os.times()
         self._self0, self._machine0, self._wall = t.user + t.system, _machine_busy(), time.perf_counter()
         self._task = asyncio.get_running_loop().create_task(self._sampling())
@@ -356,7 +421,7 @@ class CpuMeter:
         self._sample()
         t = os.times()
         out: dict[str, float] = {
-            "bench process": t.user + t.system - self._self0,
+            "bench process": max(0.0, t.user + t.system - self._self0 - self._own),
             "machine": _machine_busy() - self._machine0,
         }
         for name in [*self.pids, "postgres", "postgres autovacuum", "postgres server", "postgres other dbs"]:
@@ -425,13 +490,15 @@ class WalMeter:
 class Target:
     name: str
     value: float
-    op: str  # ">=" or "<"
+    op: str  # ">=", "<" or "<="
     threshold: float
     unit: str = ""
 
     @property
     def met(self) -> bool:
-        return self.value >= self.threshold if self.op == ">=" else self.value < self.threshold
+        if self.op == ">=":
+            return self.value >= self.threshold
+        return self.value <= self.threshold if self.op == "<=" else self.value < self.threshold
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -456,7 +523,8 @@ class Report:
     targets: list[Target] = field(default_factory=list)
     cpu_s: dict[str, dict[str, float]] = field(default_factory=dict)
     wal: dict[str, dict[str, float]] = field(default_factory=dict)
-    rows: list[tuple[str, str, str, str]] = field(default_factory=list)
+    rows: list[tuple[str, ...]] = field(default_factory=list)
+    head: tuple[str, ...] = ("metric", "value", "baseline", "ratio")
     notes: list[str] = field(default_factory=list)
     where: dict[str, str] = field(default_factory=dict)
     # read once, at the first as_dict (the end of the run): the file and the report then agree
@@ -464,6 +532,10 @@ class Report:
 
     def row(self, metric: str, value: str, baseline: str = "", ratio: str = "") -> None:
         self.rows.append((metric, value, baseline, ratio))
+
+    def cells(self, metric: str, *values: str) -> None:
+        """A row of a table with :attr:`head`'s columns (missing cells are blank)."""
+        self.rows.append((metric, *values, *[""] * (len(self.head) - 1 - len(values))))
 
     def end_environment(self) -> dict[str, Any]:
         if self.ended is None:
@@ -485,15 +557,15 @@ class Report:
         }
 
     def table(self) -> str:
-        head = ("metric", "value", "baseline", "ratio")
-        widths = [max(len(r[i]) for r in [head, *self.rows]) for i in range(4)]
+        head = self.head
+        widths = [max(len(r[i]) for r in [head, *self.rows]) for i in range(len(head))]
         params = ", ".join(
             f"{k}={v:,}" if isinstance(v, int) and not isinstance(v, bool) else f"{k}={v}"
             for k, v in self.params.items()
         )
         lines = [f"chronicle bench {self.benchmark}  ({params})", ""]
 
-        def line(cells: tuple[str, str, str, str]) -> str:
+        def line(cells: tuple[str, ...]) -> str:
             first = cells[0].ljust(widths[0])
             return "  ".join([first, *(c.rjust(w) for c, w in zip(cells[1:], widths[1:], strict=True))])
 

@@ -55,12 +55,14 @@ def main(argv: list[str] | None = None) -> int:
     p_sync.add_argument("--tenant", default="default")
     p_bench = sub.add_parser("bench", help="benchmarks on private infrastructure, against a same-run baseline")
     p_bench.add_argument(
-        "which", choices=["ingest", "api", "history", "search", "rebuild", "context", "compaction", "all"]
+        "which", choices=["ingest", "api", "history", "search", "rebuild", "context", "compaction", "peers", "all"]
     )
     p_bench.add_argument("--smoke", action="store_true", help="tiny sizes (seconds), as the tests run them")
     p_bench.add_argument("--out", default=None, help="JSON file (a directory with 'all'); default bench-results/")
     p_bench.add_argument("--messages", type=int, default=None, help="messages to ingest/rebuild/load")
-    p_bench.add_argument("--sessions", type=int, default=None, help="sessions the messages are spread over")
+    p_bench.add_argument(
+        "--sessions", type=int, default=None, help="sessions the messages are spread over (peers: W1's, default 10)"
+    )
     p_bench.add_argument("--requests", type=int, default=None, help="timed requests per measurement")
     p_bench.add_argument(
         "--projector-workers",
@@ -69,6 +71,19 @@ def main(argv: list[str] | None = None) -> int:
         help="ingest: projector processes, one per partition (CHRONICLE_PARTITIONS = this); default 2, one per core",
     )
     p_bench.add_argument("--nats-url", default=None, help="use this NATS server instead of starting one")
+    peers = p_bench.add_argument_group("peers", "chronicle bench peers: W1, W2, W3 on Chronicle and its peers")
+    peers.add_argument("--repeats", type=int, default=None, help="runs of each system; medians (default 3)")
+    peers.add_argument("--scale", type=float, default=1.0, help="multiply every default append count (0.1: quick)")
+    peers.add_argument("--appends", type=int, default=None, help="W1 appends per session (default 200)")
+    peers.add_argument("--concurrency", type=int, default=None, help="W1 sessions at a time (default 10)")
+    peers.add_argument("--w2-appends", type=int, default=None, help="W2 appends, one session (default 1,000)")
+    peers.add_argument("--w3-appends", type=int, default=None, help="W3 appends, one session (default 10,000)")
+    peers.add_argument("--reads", type=int, default=None, help="timed history reads per workload (default 20)")
+    peers.add_argument(
+        "--systems", default=None, help="comma-separated: chronicle,agents,langgraph (default: all installed)"
+    )
+    peers.add_argument("--workloads", default=None, help="comma-separated: W1,W2,W3 (default: all)")
+    peers.add_argument("--no-analyze", action="store_true", help="do not rerun W3 on Chronicle after ANALYZE")
     p_chaos = sub.add_parser("chaos", help="kill -9 and restart every component under load; check nothing is lost")
     p_chaos.add_argument("--short", action="store_true", help="the short form the test suite runs (about a minute)")
     p_chaos.add_argument("--writers", type=int, default=None, help="concurrent HTTP writers (default 8)")

@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
+import dataclasses
 import json
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from services.bench import BENCHMARKS, run_one
-from services.bench_support import BenchOptions
+from services.bench_backends import SYSTEMS
+from services.bench_support import BenchOptions, PeersOptions
 from tests.conftest import make_settings
 
 COMMON_KEYS = {"benchmark", "params", "environment", "metrics", "baseline", "ratio", "targets", "cpu_s"}
@@ -21,8 +25,8 @@ def positive(stats: dict[str, Any], *keys: str) -> None:
         assert stats[key] > 0, f"{key} = {stats[key]!r}"
 
 
-async def smoke(name: str, nats_url: str, pg_admin: str, out: Path) -> dict[str, Any]:
-    options = BenchOptions(smoke=True, out=out, nats_url=nats_url, postgres_url=pg_admin, progress=False)
+async def smoke(name: str, nats_url: str, pg_admin: str, out: Path, **more: Any) -> dict[str, Any]:
+    options = BenchOptions(smoke=True, out=out, nats_url=nats_url, postgres_url=pg_admin, progress=False, **more)
     report = await run_one(make_settings(nats_url, pg_admin), name, options)
     data: dict[str, Any] = json.loads(out.read_text())
     assert data == json.loads(json.dumps(report.as_dict()))
@@ -32,13 +36,14 @@ async def smoke(name: str, nats_url: str, pg_admin: str, out: Path) -> dict[str,
     assert data["targets"], "every benchmark states its targets"
     for target in data["targets"]:
         assert {"name", "value", "op", "threshold", "met"} <= set(target)
-        assert target["value"] > 0
+        # what a target bounds from above may reach 0 (the compactor's cost for sessions that never compact)
+        assert target["value"] > 0 or (target["op"] in {"<", "<="} and target["value"] == 0)
     assert all(v > 0 for v in data["ratio"].values())
     return data
 
 
 def test_every_benchmark_is_covered() -> None:
-    assert set(BENCHMARKS) == {"ingest", "api", "history", "search", "rebuild", "context", "compaction"}
+    assert set(BENCHMARKS) == {"ingest", "api", "history", "search", "rebuild", "context", "compaction", "peers"}
 
 
 async def test_ingest_smoke(nats_url: str, pg_admin: str, tmp_path: Path) -> None:
@@ -106,6 +111,71 @@ async def test_compaction_smoke(nats_url: str, pg_admin: str, tmp_path: Path) ->
         positive(b[f"resum_{size}"], "p50")
 
 
+def _workload_shape(result: dict[str, Any], appends: int) -> None:
+    assert result["appends"] == appends
+    positive(result, "appends_per_s")
+    for key in ("append", "append_first_10pct", "append_last_10pct", "history"):
+        positive(result[key], "n", "p50", "p99")
+    positive(result, "last_over_first_p50")
+    # a cheap process can show 0 at smoke sizes (CPU time is counted in 10 ms ticks)
+    assert all(v >= 0 for v in result["cpu_ms_per_append"].values())
+    positive(result["cpu_ms_per_append"], "total")
+    storage = result["storage"]
+    positive(storage, "text_bytes_per_message")
+    assert storage["bytes_per_message"] >= storage["postgres_bytes_per_message"] >= 0
+
+
+async def test_peers_smoke_chronicle_alone(
+    nats_url: str, pg_admin: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Chronicle's side of ``bench peers``; a peer that is not installed, or that fails, is named
+    and left out (the real peers, from the ``bench`` extra, are in the next test)."""
+
+    @contextlib.asynccontextmanager
+    async def broken(*args: object) -> AsyncIterator[Any]:
+        raise RuntimeError("this peer does not start")
+        yield
+
+    absent = dataclasses.replace(SYSTEMS["agents"], modules=("no_such_module_for_chronicle_bench",))
+    monkeypatch.setitem(SYSTEMS, "agents", absent)
+    monkeypatch.setitem(SYSTEMS, "langgraph", dataclasses.replace(SYSTEMS["langgraph"], modules=(), open=broken))
+    peers = PeersOptions(systems=("chronicle", "agents", "langgraph"))
+    data = await smoke("peers", nats_url, pg_admin, tmp_path / "peers.json", peers=peers)
+    assert data["params"]["systems"] == ["chronicle"]
+    notes = "\n".join(data["notes"])
+    assert "(agents) NOT measured: no_such_module_for_chronicle_bench not installed" in notes
+    assert "FAILED and is left out: RuntimeError: this peer does not start" in notes
+    mine = data["metrics"]["chronicle"]
+    assert set(mine) == {"W1", "W2", "W3", "W3 after ANALYZE"}
+    sizes = {"W1": 2 * 10, "W2": 20, "W3": 40, "W3 after ANALYZE": 40}
+    for workload, appends in sizes.items():
+        _workload_shape(mine[workload], appends)
+        assert {"client", "api", "projector", "compactor", "postgres"} <= set(mine[workload]["cpu_ms_per_append"])
+        positive(mine[workload]["storage"], "log_bytes_per_message")
+    assert mine["W1"]["history_messages"] == 10
+    assert data["baseline"] == {}
+    assert len(data["metrics"]["runs"]["chronicle"]) == data["params"]["repeats"] == 1
+    names = {t["name"] for t in data["targets"]}
+    assert "W3 after ANALYZE: append p50 last 10 % / first 10 %" in names
+    assert "W1 CPU per append, all processes" in names
+
+
+async def test_peers_smoke_with_the_peers(nats_url: str, pg_admin: str, tmp_path: Path) -> None:
+    """Needs the ``bench`` extra (``pip install -e '.[bench]'``): skipped without it."""
+    pytest.importorskip("agents.extensions.memory.sqlalchemy_session")
+    pytest.importorskip("langgraph.checkpoint.postgres.aio")
+    peers = PeersOptions(workloads=("W1", "W2"), analyze=False)
+    data = await smoke("peers", nats_url, pg_admin, tmp_path / "peers.json", peers=peers)
+    assert set(data["baseline"]) == {"agents", "langgraph"}
+    for system in (data["metrics"]["chronicle"], *data["baseline"].values()):
+        assert set(system) == {"W1", "W2"}
+        _workload_shape(system["W1"], 20)
+        _workload_shape(system["W2"], 20)
+    assert "W1 appends/s: chronicle/agents" in data["ratio"]
+    assert "W2 appends/s: chronicle/langgraph" in data["ratio"]
+    assert any(t["name"].startswith("W1 appends/s, Chronicle / Agents SDK") for t in data["targets"])
+
+
 def test_bench_cli_wiring(monkeypatch: pytest.MonkeyPatch) -> None:
     """``chronicle bench`` parses its options and hands them to ``run_bench`` (nothing runs)."""
     import services.bench
@@ -116,3 +186,24 @@ def test_bench_cli_wiring(monkeypatch: pytest.MonkeyPatch) -> None:
     assert cli.main(["bench", "ingest", "--smoke", "--messages", "10", "--sessions", "2", "--out", "x.json"]) == 0
     (args,) = captured
     assert (args.which, args.smoke, args.messages, args.sessions, args.out) == ("ingest", True, 10, 2, "x.json")
+
+
+def test_bench_peers_cli_wiring(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``chronicle bench peers`` hands its sizes to the benchmark (nothing runs)."""
+    import services.bench
+    from services import cli
+
+    captured: list[services.bench.BenchOptions] = []
+
+    async def fake(settings: object, names: list[str], options: BenchOptions) -> dict[str, object]:
+        captured.append(options)
+        return {}
+
+    monkeypatch.setattr(services.bench, "run_benchmarks", fake)
+    argv = ["bench", "peers", "--repeats", "1", "--scale", "0.1", "--w3-appends", "500", "--concurrency", "4"]
+    assert cli.main([*argv, "--systems", "chronicle,Agents", "--workloads", "w1,w3", "--no-analyze"]) == 0
+    (options,) = captured
+    assert options.repeats == 1
+    assert options.peers == PeersOptions(
+        concurrency=4, w3_appends=500, scale=0.1, systems=("chronicle", "agents"), workloads=("W1", "W3"), analyze=False
+    )
