@@ -515,7 +515,8 @@ def build_app(settings: Settings, container: Container | None = None) -> FastAPI
             head = {"as_of_seq": as_of_seq}
         else:
             await caught_up(c, tenant, sid, min_seq)
-            async with c.pool.connection() as cx, queries.snapshot(cx):  # the reads see one state
+            # the reads see one state; pipelined, BEGIN and COMMIT travel with the reads
+            async with c.pool.connection() as cx, cx.pipeline(), queries.snapshot(cx):
                 if leaf_id is None:
                     leaf_id, raw = await queries.latest_path_contents(cx, tenant, sid)
                 else:
