@@ -3,6 +3,7 @@ quarantined events, context as of a sequence) and the page itself, over HTTP."""
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import httpx
@@ -220,3 +221,36 @@ async def test_quarantine_shows_a_tenant_only_its_own_events(
     await _problem(await anon.get("/v1/quarantine"), 401, "unauthorized")
     await _problem(await client.get("/v1/quarantine", params={"session_id": " x"}), 422, "invalid_id")
     await _problem(await client.get("/v1/quarantine", params={"limit": 0}), 422, "invalid_request")
+
+
+# -- the page ------------------------------------------------------------------------------
+
+
+async def test_the_page_and_its_assets_are_served_from_here_without_a_key(anon: httpx.AsyncClient) -> None:
+    r = await anon.get("/audit")
+    assert (r.status_code, r.headers["location"]) == (308, "/audit/")
+    page = await anon.get("/audit/")
+    assert page.status_code == 200
+    assert page.headers["content-type"].startswith("text/html")
+    csp = page.headers["content-security-policy"]
+    assert "default-src 'none'" in csp
+    assert "script-src 'self'" in csp
+    assert "connect-src 'self'" in csp
+    assets = re.findall(r'(?:src|href)="([^"]+)"', page.text)
+    assert assets == ["/audit/static/app.css", "/audit/static/app.js"]
+    seen: set[str] = set()
+    todo = list(assets)
+    while todo:  # every asset and every module it imports is served by this server
+        path = todo.pop()
+        if path in seen:
+            continue
+        seen.add(path)
+        r = await anon.get(path)
+        assert r.status_code == 200, path
+        assert not re.search(r"https?://", r.text), f"{path} names another server"
+        todo += [f"/audit/static/{name}" for name in re.findall(r'from "\./([a-z]+\.js)"', r.text)]
+        if path.endswith(".js"):
+            assert r.headers["content-type"].split(";")[0] in ("text/javascript", "application/javascript")
+    assert {"/audit/static/api.js", "/audit/static/tree.js", "/audit/static/dom.js"} <= seen
+    assert (await anon.get("/audit/static/missing.js")).status_code == 404
+    assert not [p for p in (await anon.get("/openapi.json")).json()["paths"] if p.startswith("/audit")]
