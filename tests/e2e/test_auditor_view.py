@@ -38,7 +38,7 @@ def view_api(api_settings: Settings, api_url: str) -> Iterator[tuple[str, Settin
     settings = api_settings.model_copy(update={"api_port": free_port(), "row_cap_bytes": 20_000})
     proc = subprocess.Popen([sys.executable, "-m", "services.cli", "api"], env=settings_env(settings))
     try:
-        wait_for_port("127.0.0.1", settings.api_port, proc, "chronicle api", timeout=30)
+        wait_for_port("127.0.0.1", settings.api_port, proc, "chronicle api", timeout=60)
         yield f"http://127.0.0.1:{settings.api_port}", settings
     finally:
         proc.terminate()
@@ -144,6 +144,22 @@ async def test_sign_in_shows_only_the_tenants_sessions_newest_first_with_search(
     assert await page.evaluate("sessionStorage.getItem('chronicle.apiKey')") is None
 
 
+async def test_a_session_deleted_after_listing_shows_the_problem(page: Page, view_client: httpx.AsyncClient) -> None:
+    sid = new_sid("audit-gone")
+    r = await view_client.post("/v1/sessions", json={"id": sid, "name": "soon gone"})
+    assert r.status_code == 201, r.text
+    await sign_in(page)
+    await page.get_by_test_id("session-filter").fill(sid)
+    item = page.locator(f'[data-testid="session-item"][data-sid="{sid}"] button')
+    await expect(item).to_be_visible()
+    gone = await view_client.delete(f"/v1/sessions/{sid}")
+    assert gone.status_code == 200, gone.text
+    await view_client.get("/v1/sessions", params={"min_seq": gone.json()["seq"], "limit": 1})
+    await item.click()
+    await expect(page.get_by_test_id("session-error")).to_contain_text("404 session_not_found")
+    await expect(page.get_by_test_id("path")).to_be_hidden()
+
+
 async def test_a_branched_compacted_session_shows_its_tree_overlay_and_markers(
     page: Page, seeded: Seeded, tmp_path: Path
 ) -> None:
@@ -198,6 +214,7 @@ async def test_a_branched_compacted_session_shows_its_tree_overlay_and_markers(
 
     shot = tmp_path / "auditor.png"
     await page.get_by_test_id("branch").first.click()  # collapse the covered list again for the picture
+    await page.get_by_test_id("session-filter").fill("")  # and list every session
     await page.screenshot(path=str(shot), full_page=False)
     assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     if os.environ.get(SCREENSHOT):
