@@ -25,7 +25,7 @@ from tests.e2e.browser_support import ensure_chromium
 from tests.e2e.helpers import msg, new_sid
 from tests.support import settings_env
 
-pytestmark = [pytest.mark.browser, pytest.mark.timeout(600)]  # the first test may install chromium
+pytestmark = [pytest.mark.browser, pytest.mark.timeout(300)]  # the first test may install chromium
 DASH = "\N{EN DASH}"
 SCREENSHOT = "CHRONICLE_AUDITOR_SCREENSHOT"
 """When set, the main view's screenshot is also copied to this path (docs/img/auditor.png)."""
