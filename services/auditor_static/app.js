@@ -4,7 +4,7 @@
 import { ApiError, allPages, get, getLines, key, seg } from "./api.js";
 import { $, clear, el, json, pager, time } from "./dom.js";
 import { messageView, overlayView } from "./messages.js";
-import { applyOverlays, buildTree, latestLeafUnder, leaves, pageOf, pathTo, promptAt, who } from "./tree.js";
+import { applyOverlays, buildTree, latestLeafUnder, leaves, pageOf, pathTo, promptAt, what, who } from "./tree.js";
 
 const PATH_PAGE = 100; // messages (or overlays) shown at once: a 1,000-message session stays light
 const EVENTS_PAGE = 100;
@@ -242,7 +242,8 @@ function eventRow(e) {
     el("td", {}, String(e.seq)),
     el("td", {}, ev ? ev.type : `refused: ${e.refused.reason}`),
     el("td", {}, ev ? time(ev.occurred_at) : ""),
-    el("td", {}, ev ? who(ev) : e.refused.detail),
+    el("td", {}, ev ? who(ev) : ""),
+    el("td", {}, ev ? what(ev) : e.refused.detail),
   );
 }
 
@@ -286,6 +287,7 @@ async function showAsOf() {
   $("asof-seq").value = String(seq);
   const ev = i >= 0 ? S.events[i].event : null;
   $("asof-note").textContent = i >= 0 ? `event ${i + 1} of ${S.events.length}${ev ? ` · ${ev.type} · ${time(ev.occurred_at)}` : ""}` : "before the first event";
+  $("asof-event").textContent = i >= 0 ? json(S.events[i]) : "";
   const ticket = ++asOfTicket;
   const sid = S.sid;
   $("asof").setAttribute("aria-busy", "true");
@@ -357,7 +359,7 @@ function renderBlocks(container, answer) {
       return el(
         "section",
         { class: "block", "data-testid": "block", "data-label": b.label },
-        el("h4", {}, b.label, el("span", { class: "note" }, ` ${b.kind}${b.writable ? " · writable" : ""}${b.description ? ` · ${b.description}` : ""}`)),
+        el("h4", {}, b.label, el("span", { class: "note" }, ` ${b.kind}${b.writable && b.kind !== "writable" ? " · writable" : ""}${b.description ? ` · ${b.description}` : ""}`)),
         el(
           "div",
           { class: "budget", "data-testid": "budget" },

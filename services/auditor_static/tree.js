@@ -102,6 +102,38 @@ export function who(event) {
   }
 }
 
+/** What the event is about, in a few words: the message and its parent, the block, the prompt
+ * version, the overlay's range, the deleted ids. */
+export function what(event) {
+  if (!event) return "";
+  switch (event.type) {
+    case "message.appended":
+      return `${event.message_id} ← ${event.parent_id ?? "(root)"}${event.original_ref ? " · capped" : ""}`;
+    case "message.updated":
+      return event.message_id;
+    case "messages.deleted":
+      return (event.message_ids || []).join(", ");
+    case "context.written":
+      return `${event.label} (${event.mode}, ${event.tokens} tokens)`;
+    case "search_entry.indexed":
+      return `${event.label}: ${event.key}`;
+    case "skill.loaded":
+    case "skill.unloaded":
+      return `${event.label}: ${event.key}${event.message_id ? ` in ${event.message_id}` : ""}`;
+    case "prompt.rendered":
+      return `v${event.version_no} (${event.tokens} tokens)`;
+    case "compaction.recorded":
+      return `${event.from_message_id} … ${event.to_message_id} on ${event.leaf_id}`;
+    case "compaction.failed":
+      return `${event.error} (attempt ${event.attempt})`;
+    case "session.created":
+    case "session.renamed":
+      return event.name || "";
+    default:
+      return "";
+  }
+}
+
 /** One page of ``items`` (1-based ``page``), and the page count. */
 export function pageOf(items, page, size) {
   const pages = Math.max(1, Math.ceil(items.length / size));

@@ -4,6 +4,7 @@ the prompt, context, compaction and quarantine panels, and a 1,000-message sessi
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -265,9 +266,13 @@ async def test_the_time_slider_shows_history_context_and_prompt_as_of_a_sequence
     await expect(memory.get_by_test_id("budget")).to_contain_text("0 / 200 tokens")
     await expect(page.get_by_test_id("asof-prompt")).to_contain_text("v1 (seq")
     await expect(page.get_by_test_id("asof-prompt")).not_to_contain_text(MEMORY)
-    await expect(page.locator(f'[data-testid="event"][data-seq="{seeded.seq_m7}"]')).to_have_class(
-        re.compile("current")
-    )
+    current = page.locator(f'[data-testid="event"][data-seq="{seeded.seq_m7}"]')
+    await expect(current).to_have_class(re.compile("current"))
+    await expect(current).to_contain_text("message.appended")
+    await expect(current).to_contain_text("assistant")  # who: the message's role
+    await expect(current).to_contain_text("m7 ← m6")  # what: the message and its parent
+    event = json.loads(await page.get_by_test_id("asof-event").text_content() or "")
+    assert (event["seq"], event["event"]["message_id"]) == (seeded.seq_m7, "m7")
     later = page.locator('[data-testid="event"].after')
     assert await later.count() > 0  # events after the position are greyed
 
