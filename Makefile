@@ -3,7 +3,7 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: up test lint install
+.PHONY: up test lint install browser
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -22,5 +22,10 @@ lint: install
 	$(BIN)/mypy
 	$(BIN)/lint-imports
 
-test: lint
+# the view's tests drive Debian's chromium; installed with apt-get when missing (Playwright's own
+# browser download is not reachable from our machines)
+browser: install
+	$(BIN)/python -m tests.e2e.browser_support
+
+test: lint browser
 	$(BIN)/pytest

@@ -140,6 +140,15 @@ async def latest_prompt(conn: Conn, tenant: str, session: str) -> PromptRow | No
     return PromptRow(int(row[0]), str(row[1]), int(row[2]), str(row[3]), int(row[4])) if row else None
 
 
+async def prompts(conn: Conn, tenant: str, session: str) -> list[PromptRow]:
+    """Every recorded system prompt of the session, oldest version first."""
+    cur = await conn.execute(
+        "SELECT version, text, tokens, reason, seq FROM prompts WHERE tenant = %s AND session_id = %s ORDER BY version",
+        (tenant, session),
+    )
+    return [PromptRow(int(v), str(t), int(n), str(r), int(q)) for v, t, n, r, q in await cur.fetchall()]
+
+
 async def live_session_count(conn: Conn, tenant: str) -> int:
     cur = await conn.execute(
         "SELECT count(*) FROM sessions WHERE tenant = %s AND deleted_at IS NULL AND id <> ''", (tenant,)

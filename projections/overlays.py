@@ -124,6 +124,27 @@ async def overlays(conn: AsyncConnection[Any], tenant: str, session: str) -> lis
         return await cur.fetchall()
 
 
+@dataclass(frozen=True, slots=True)
+class CompactionFailure:
+    seq: int
+    leaf_id: str
+    summarizer: str
+    error: str
+    attempt: int
+    created_at: datetime
+
+
+async def failures(conn: AsyncConnection[Any], tenant: str, session: str) -> list[CompactionFailure]:
+    """Every recorded summarizer failure of the session, oldest first."""
+    async with conn.cursor(row_factory=class_row(CompactionFailure)) as cur:
+        await cur.execute(
+            "SELECT seq, leaf_id, summarizer, error, attempt, created_at FROM compaction_failures "
+            "WHERE tenant = %s AND session_id = %s ORDER BY seq",
+            (tenant, session),
+        )
+        return await cur.fetchall()
+
+
 def apply_overlays(path_ids: Sequence[str], all_overlays: Sequence[Overlay]) -> list[str | Overlay]:
     """The compacted view of a path: message ids, with covered ranges replaced by their overlay.
 

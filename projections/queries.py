@@ -177,6 +177,18 @@ async def children(
         return await cur.fetchall()
 
 
+async def session_messages(conn: Conn, tenant: str, session: str, after_seq: int, limit: int) -> list[MessageRow]:
+    """Every message of the session, every branch, in append order: those appended after
+    ``after_seq``, at most ``limit`` (the whole tree a page at a time)."""
+    async with conn.cursor(row_factory=class_row(MessageRow)) as cur:
+        await cur.execute(
+            f"SELECT {_MESSAGE_COLS} FROM messages WHERE tenant = %s AND session_id = %s AND seq > %s "
+            "ORDER BY seq LIMIT %s",
+            (tenant, session, after_seq, limit),
+        )
+        return await cur.fetchall()
+
+
 async def history(conn: Conn, tenant: str, session: str, leaf_id: str) -> list[MessageRow]:
     """Root-to-``leaf_id`` path, root first; an unknown leaf gives ``[]``.
 

@@ -1,8 +1,10 @@
-"""Time travel: one session's history as it was after stream sequence N.
+"""Time travel: one session's history and context as they were after stream sequence N.
 
 A pure, in-memory fold of the session's events (read back from the log) with the same rules as
-the history projection: first append of an id wins, updates replace the body, deletes and clears
-remove rows, a deleted session has no messages. Tests check it agrees with the live read model.
+the history and context projections: first append of an id wins, updates replace the body,
+deletes and clears remove rows, a deleted session has no messages; the newest configuration and
+each writable block's newest content stand, searchable entries are keyed. Tests check it agrees
+with the live read models.
 """
 
 from __future__ import annotations
@@ -11,13 +13,17 @@ from dataclasses import dataclass, field
 
 from events.catalog import (
     CompactionRecorded,
+    ContextWritten,
     MessageAppended,
     MessagesCleared,
     MessagesDeleted,
     MessageUpdated,
+    SearchEntryIndexed,
+    SessionConfigured,
     SessionDeleted,
     SkillUnloaded,
 )
+from events.context import SessionConfig
 from events.envelope import Event
 from events.messages import JsonObject, stored_json
 from projections.overlays import Overlay, overlay_of
@@ -35,12 +41,16 @@ class _Row:
 @dataclass
 class SessionState:
     """Messages of one session after folding events in stream order, with its summary overlays
-    and unloaded-skill outputs (as the overlay and context projections keep them)."""
+    and unloaded-skill outputs (as the overlay and context projections keep them), and its
+    context: the configuration, writable blocks' contents, searchable entries' keys."""
 
     rows: dict[str, _Row] = field(default_factory=dict)
     deleted: bool = False
     overlays: dict[str, Overlay] = field(default_factory=dict)
     reclaimed: dict[tuple[str, str], str] = field(default_factory=dict)
+    config: SessionConfig | None = None
+    contents: dict[str, str] = field(default_factory=dict)
+    entries: dict[str, set[str]] = field(default_factory=dict)
 
     def apply(self, seq: int, event: Event, body: JsonObject | None = None) -> None:
         match event:
@@ -49,6 +59,9 @@ class SessionState:
                 self.rows.clear()
                 self.overlays.clear()
                 self.reclaimed.clear()
+                self.config = None
+                self.contents.clear()
+                self.entries.clear()
             case MessageAppended() if not self.deleted and event.message_id not in self.rows:
                 assert body is not None
                 self.rows[event.message_id] = _Row(event.message_id, event.parent_id, stored_json(body), seq)
@@ -66,8 +79,18 @@ class SessionState:
                 self.overlays[event.overlay_id] = overlay_of(event, seq)
             case SkillUnloaded() if event.tool_call_id is not None:
                 self.reclaimed.setdefault((event.message_id or "", event.tool_call_id), event.key)
+            case SessionConfigured():
+                self.config = event.config
+            case ContextWritten():
+                self.contents[event.label] = event.content
+            case SearchEntryIndexed():
+                self.entries.setdefault(event.label, set()).add(event.key)
             case _:
                 pass
+
+    def entry_counts(self) -> dict[str, int]:
+        """Entries per searchable block label, as the context read model counts them."""
+        return {label: len(keys) for label, keys in self.entries.items()}
 
     def overlay_list(self) -> list[Overlay]:
         """The overlays oldest first, as :func:`projections.overlays.overlays` returns them."""

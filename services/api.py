@@ -23,7 +23,8 @@ from projections import context_queries as cq
 from projections import queries
 from projections.overlays import Overlay, apply_overlays, overlay_json, overlays
 from services import api_models as m
-from services import audit, metrics, openapi
+from services import audit, auditor_view, metrics, openapi
+from services.api_audit import router as audit_router
 from services.api_context import router as context_router
 from services.api_models import ok
 from services.bootstrap import Container, open_container
@@ -266,6 +267,8 @@ def build_app(settings: Settings, container: Container | None = None) -> FastAPI
     app.add_middleware(CrashGuard)  # outermost: no error drops the connection
 
     app.include_router(context_router)
+    app.include_router(audit_router)
+    auditor_view.install(app)
 
     # -- sessions --------------------------------------------------------------------------
 

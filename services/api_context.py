@@ -8,7 +8,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, WithJsonSche
 from events.context import LABEL_RE, SessionConfig
 from projections import context_queries as cq
 from services import api_models as m
-from services import metrics
+from services import audit, metrics
 from services.api_models import ok
 from services.deps import C, ConfigJson, MinSeq, Sid, Tenant, caught_up, check_id, no_nul, require_session
 from services.errors import InvalidConfig, SessionNotFound
@@ -60,15 +60,39 @@ async def get_config(sid: Sid, tenant: Tenant, c: C, min_seq: MinSeq = None) -> 
 
 
 @router.get("/v1/sessions/{sid}/context", response_model=None, responses=ok(m.Blocks))
-async def get_context(sid: Sid, tenant: Tenant, c: C, min_seq: MinSeq = None) -> dict[str, Any]:
+async def get_context(
+    sid: Sid,
+    tenant: Tenant,
+    c: C,
+    min_seq: MinSeq = None,
+    as_of_seq: Annotated[int | None, Query(ge=0, le=2**63 - 1)] = None,
+) -> dict[str, Any]:
+    """The blocks with their content and token counts; ``as_of_seq`` folds the configuration,
+    writable contents and searchable entries from the log as they were after that sequence
+    (object-storage texts, skill listings and the session count are read as they are now)."""
     check_id("session", sid)
-    await caught_up(c, tenant, sid, min_seq)
-    sources = await c.context.sources(tenant, sid)
-    async with c.pool.connection() as conn:
-        blocks = await c.context.blocks(conn, tenant, sid, sources=sources)
+    head: dict[str, Any] = {}
+    if as_of_seq is not None:
+        state = await audit.session_as_of(c, tenant, sid, as_of_seq)
+        async with c.pool.connection() as conn:
+            blocks = await c.context.blocks(
+                conn,
+                tenant,
+                sid,
+                config=state.config or SessionConfig(),
+                contents=state.contents,
+                counts=state.entry_counts(),
+            )
+        head = {"as_of_seq": as_of_seq}
+    else:
+        await caught_up(c, tenant, sid, min_seq)
+        sources = await c.context.sources(tenant, sid)
+        async with c.pool.connection() as conn:
+            blocks = await c.context.blocks(conn, tenant, sid, sources=sources)
     if not blocks:
         await require_session(c, tenant, sid)
     return {
+        **head,
         "blocks": [
             {
                 "label": b.label,
@@ -80,7 +104,7 @@ async def get_context(sid: Sid, tenant: Tenant, c: C, min_seq: MinSeq = None) ->
                 "writable": b.writable,
             }
             for b in blocks
-        ]
+        ],
     }
 
 

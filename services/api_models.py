@@ -186,6 +186,7 @@ class BlockView(_Answer):
 
 
 class Blocks(_Answer):
+    as_of_seq: int | None = None
     blocks: list[BlockView]
 
 
@@ -212,6 +213,61 @@ class SystemPrompt(_Answer):
     tokens: int
     version: int
     seq: int
+
+
+class TreeNode(_Answer):
+    id: str
+    parent_id: str | None
+    role: str
+    seq: int
+    created_at: str
+    capped: bool
+    unloaded: list[str]
+    message: Message
+
+
+class Tree(_Answer):
+    leaf_id: str | None
+    next_cursor: int | None
+    messages: list[TreeNode]
+
+
+class PromptVersion(_Answer):
+    version: int
+    reason: str
+    tokens: int
+    seq: int
+    text: str
+
+
+class Prompts(_Answer):
+    prompts: list[PromptVersion]
+
+
+class CompactionFailure(_Answer):
+    seq: int
+    leaf_id: str
+    summarizer: str
+    error: str
+    attempt: int
+    created_at: str
+
+
+class CompactionFailures(_Answer):
+    failures: list[CompactionFailure]
+
+
+class QuarantinedEvent(_Answer):
+    seq: int
+    session_id: str | None
+    reason: str
+    detail: str
+    recorded_at: str
+    size: int
+
+
+class QuarantineList(_Answer):
+    quarantined: list[QuarantinedEvent]
 
 
 def ok(model: type[BaseModel], status: int = 200, description: str = "Done") -> dict[int | str, dict[str, Any]]:

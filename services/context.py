@@ -171,18 +171,24 @@ class ContextService:
         session: str,
         config: SessionConfig | None = None,
         sources: Sources | None = None,
+        *,
+        contents: dict[str, str] | None = None,
+        counts: dict[str, int] | None = None,
     ) -> list[RenderedBlock]:
         """Every configured block with its current content and exact token count, in order.
 
         Read-only blocks kept in object storage take their text from ``sources`` (see
-        :meth:`sources`); one missing there (the configuration changed since) is read here."""
+        :meth:`sources`); one missing there (the configuration changed since) is read here.
+        ``contents`` (writable blocks) and ``counts`` (searchable entries), when given, replace
+        the read models' (time travel folds them from the log)."""
         config = config or await self.config(conn, tenant, session)
         _refuse_unsafe(config)
-        contents = await cq.block_contents(conn, tenant, session)
-        # one query per kind, never one per block
-        counts = await cq.entry_counts(
-            conn, tenant, session, [b.label for b in config.blocks if isinstance(b, SearchableBlock)]
-        )
+        if contents is None:
+            contents = await cq.block_contents(conn, tenant, session)
+        if counts is None:  # one query per kind, never one per block
+            counts = await cq.entry_counts(
+                conn, tenant, session, [b.label for b in config.blocks if isinstance(b, SearchableBlock)]
+            )
         listings = await cq.skill_listings(
             conn, tenant, list(dict.fromkeys((b.bucket, b.prefix) for b in config.blocks if isinstance(b, SkillsBlock)))
         )
@@ -200,7 +206,7 @@ class ContextService:
                 case WritableBlock():
                     content = contents.get(b.label, "")
                 case SearchableBlock():
-                    content = search_summary(counts[b.label])
+                    content = search_summary(counts.get(b.label, 0))
                 case SkillsBlock():
                     content = skill_listing(_allowed(b, listings[(b.bucket, b.prefix)]))
             out.append(

@@ -59,14 +59,21 @@ _COLUMNS = "seq, subject, reason, detail, consumer, recorded_at, length(raw)"
 
 
 async def list_quarantined(
-    conn: psycopg.AsyncConnection[Any], layout: SubjectLayout, *, tenant: str | None = None, limit: int = DEFAULT_LIMIT
+    conn: psycopg.AsyncConnection[Any],
+    layout: SubjectLayout,
+    *,
+    tenant: str | None = None,
+    session: str | None = None,
+    limit: int = DEFAULT_LIMIT,
 ) -> list[Entry]:
     """The newest ``limit`` quarantined events, newest first; ``tenant``: only those stored under
-    that tenant's subjects."""
+    that tenant's subjects; with ``session`` too, only those under that session's subject."""
     head = f"{layout.prefix}.{encode_token(check_tenant(tenant))}." if tenant is not None else ""
+    exact = layout.session_subject(tenant, session) if tenant is not None and session is not None else None
     cur = await conn.execute(
-        f"SELECT {_COLUMNS} FROM quarantine WHERE starts_with(subject, %s) ORDER BY seq DESC LIMIT %s",
-        (head, max(0, limit)),
+        f"SELECT {_COLUMNS} FROM quarantine WHERE starts_with(subject, %s) AND (%s::text IS NULL OR subject = %s) "
+        "ORDER BY seq DESC LIMIT %s",
+        (head, exact, exact, max(0, limit)),
     )
     return [_entry(layout, row) for row in await cur.fetchall()]
 

@@ -1,9 +1,18 @@
-"""The in-memory fold behind ``as_of_seq``: messages, overlays and unloaded outputs, as the
-projections keep them."""
+"""The in-memory fold behind ``as_of_seq``: messages, overlays, unloaded outputs and context
+(configuration, writable contents, searchable entries), as the projections keep them."""
 
 from __future__ import annotations
 
-from events.catalog import CompactionRecorded, MessagesCleared, SkillUnloaded
+from events.catalog import (
+    CompactionRecorded,
+    ContextWritten,
+    MessagesCleared,
+    SearchEntryIndexed,
+    SessionConfigured,
+    SessionDeleted,
+    SkillUnloaded,
+)
+from events.context import SessionConfig
 from projections.queries import PathRow
 from projections.timetravel import SessionState
 from tests.integration.helpers import appended
@@ -50,3 +59,25 @@ def test_unloaded_outputs_by_message_or_by_call_and_a_clear_forgets_them() -> No
     state.apply(4, _overlay("o1", "m0", "m1"))
     state.apply(5, MessagesCleared(tenant=T, session=S))
     assert (state.reclaimed, state.overlays) == ({}, {})
+
+
+def test_context_folds_the_newest_config_and_contents_and_keyed_entries() -> None:
+    first = SessionConfig.model_validate({"blocks": [{"label": "memory", "kind": "writable", "max_tokens": 50}]})
+    second = SessionConfig.model_validate({"blocks": [{"label": "notes", "kind": "searchable"}]})
+    state = SessionState()
+    assert (state.config, state.contents, state.entry_counts()) == (None, {}, {})
+    state.apply(1, SessionConfigured(tenant=T, session=S, config=first))
+    state.apply(
+        2, ContextWritten(tenant=T, session=S, label="memory", content="a", tokens=1, mode="replace", writer="api")
+    )
+    state.apply(
+        3, ContextWritten(tenant=T, session=S, label="memory", content="a b", tokens=2, mode="append", writer="tool")
+    )
+    for seq, key in ((4, "k1"), (5, "k2"), (6, "k1")):  # the same key replaces its entry
+        state.apply(seq, SearchEntryIndexed(tenant=T, session=S, label="notes", key=key, content=f"v{seq}"))
+    assert (state.config, state.contents, state.entry_counts()) == (first, {"memory": "a b"}, {"notes": 2})
+    state.apply(7, MessagesCleared(tenant=T, session=S))  # a clear keeps the context, as the projection
+    state.apply(8, SessionConfigured(tenant=T, session=S, config=second))
+    assert (state.config, state.contents, state.entry_counts()) == (second, {"memory": "a b"}, {"notes": 2})
+    state.apply(9, SessionDeleted(tenant=T, session=S))
+    assert (state.config, state.contents, state.entry_counts()) == (None, {}, {})

@@ -1,0 +1,481 @@
+// The auditor's page: sign in, sessions, and one session's tree, timeline, prompts, context,
+// compactions and quarantined events. Everything comes from the /v1 JSON API.
+
+import { ApiError, allPages, get, getLines, key, seg } from "./api.js";
+import { $, clear, el, json, pager, time } from "./dom.js";
+import { messageView, overlayView } from "./messages.js";
+import { applyOverlays, buildTree, latestLeafUnder, leaves, pageOf, pathTo, promptAt, what, who } from "./tree.js";
+
+const PATH_PAGE = 100; // messages (or overlays) shown at once: a 1,000-message session stays light
+const EVENTS_PAGE = 100;
+const ASOF_SHOWN = 50;
+
+let S = null; // the open session: {sid, session, tree, overlays, prompts, leaf, page, events, eventsPage, tab, asOf}
+let sessionsCursor = null;
+let loadedSessions = [];
+let asOfTicket = 0;
+
+function plural(n, one, many = `${one}s`) {
+  return `${n} ${n === 1 ? one : many}`;
+}
+
+function problem(e) {
+  return e instanceof ApiError ? `${e.status} ${e.code || ""}: ${e.message}` : String(e);
+}
+
+// -- sign in -------------------------------------------------------------------------------
+
+async function signIn(candidate) {
+  key.set(candidate);
+  try {
+    await get("/v1/sessions", { limit: 1 });
+  } catch (e) {
+    key.clear();
+    throw e;
+  }
+}
+
+async function showApp(signedIn) {
+  $("signin").hidden = signedIn;
+  $("app").hidden = !signedIn;
+  $("who").hidden = !signedIn;
+  if (signedIn) {
+    const { tenant } = await get("/v1/nats").catch(() => ({ tenant: null }));
+    $("tenant-note").textContent = tenant ? `tenant ${tenant}` : "signed in";
+  }
+}
+
+// -- sessions --------------------------------------------------------------------------------
+
+function sessionItem(s, extra) {
+  return el(
+    "li",
+    { class: S && S.sid === s.id ? "current" : "", "data-testid": "session-item", "data-sid": s.id },
+    el(
+      "button",
+      { type: "button", class: "session-link", onclick: () => openSession(s.id) },
+      el("b", {}, s.name || s.id),
+      el("span", { class: "note" }, s.name ? ` ${s.id}` : ""),
+      el("br"),
+      el("span", { class: "note" }, s.created_at ? `${time(s.created_at)} · seq ${s.seq}` : ""),
+      extra ? el("span", { class: "snippet" }, extra) : null,
+    ),
+  );
+}
+
+function renderSessions() {
+  const q = $("session-filter").value.trim().toLowerCase();
+  const shown = loadedSessions.filter((s) => !q || s.id.toLowerCase().includes(q) || (s.name || "").toLowerCase().includes(q));
+  clear($("session-list"), shown.map((s) => sessionItem(s)));
+  $("search-note").textContent = q ? `${shown.length} of ${loadedSessions.length} loaded sessions match; Enter searches messages` : "";
+  $("more-sessions").hidden = sessionsCursor === null;
+}
+
+async function loadSessions(more) {
+  const page = await get("/v1/sessions", { limit: 100, cursor: more ? sessionsCursor : undefined });
+  loadedSessions = more ? loadedSessions.concat(page.sessions) : page.sessions;
+  sessionsCursor = page.next_cursor;
+  renderSessions();
+}
+
+async function searchMessages(q) {
+  const { results } = await get("/v1/search", { q, limit: 200 });
+  const bySession = new Map();
+  for (const r of results) if (!bySession.has(r.session_id)) bySession.set(r.session_id, r);
+  $("search-note").textContent = `${results.length} messages match "${q}" in ${bySession.size} sessions`;
+  const known = new Map(loadedSessions.map((s) => [s.id, s]));
+  clear(
+    $("session-list"),
+    [...bySession.values()].map((r) => sessionItem(known.get(r.session_id) || { id: r.session_id }, r.snippet)),
+  );
+  $("more-sessions").hidden = true;
+}
+
+// -- a session -----------------------------------------------------------------------------
+
+async function openSession(sid) {
+  asOfTicket += 1;
+  const base = `/v1/sessions/${seg(sid)}`;
+  $("pick-note").hidden = true;
+  $("session-body").hidden = false;
+  $("session-error").textContent = "";
+  try {
+    const session = await get(base);
+    const { items: nodes, last } = await allPages(`${base}/tree`, { limit: 1000 }, (p) => p.messages, (p) => p.next_cursor);
+    const [overlays, prompts] = await Promise.all([
+      get(`${base}/compactions`).then((r) => r.compactions, () => []),
+      get(`${base}/prompts`).then((r) => r.prompts, () => []),
+    ]);
+    S = { sid, base, session, tree: buildTree(nodes), overlays, prompts, leaf: last.leaf_id, page: 1, events: null, eventsPage: 1, tab: S ? S.tab : "messages", asOf: null };
+  } catch (e) {
+    $("session-error").textContent = problem(e);
+    return;
+  }
+  $("session-title").textContent = S.session.name || S.sid;
+  $("session-meta").textContent = `id ${S.sid} · created ${time(S.session.created_at)} · last seq ${S.session.seq} · ${plural(S.tree.byId.size, "message")}, ${plural(leaves(S.tree).length, "branch", "branches")}, ${plural(S.overlays.length, "overlay")}, ${plural(S.prompts.length, "prompt version")}`;
+  renderSessions();
+  renderMessages();
+  await showTab(S.tab);
+}
+
+async function showTab(tab) {
+  S.tab = tab;
+  for (const b of document.querySelectorAll("[data-tab]")) b.setAttribute("aria-selected", String(b.dataset.tab === tab));
+  for (const p of document.querySelectorAll("[data-panel]")) p.hidden = p.dataset.panel !== tab;
+  try {
+    if (tab === "timeline") await renderTimeline();
+    if (tab === "prompts") renderPrompts();
+    if (tab === "context") await renderContext();
+    if (tab === "compactions") await renderCompactions();
+    if (tab === "quarantine") await renderQuarantine();
+  } catch (e) {
+    $("session-error").textContent = problem(e);
+  }
+}
+
+// -- messages: branches and the path ------------------------------------------------------
+
+function renderBranches() {
+  const all = leaves(S.tree);
+  const onPath = new Set(S.leaf ? pathTo(S.tree, S.leaf) : []);
+  clear(
+    $("branches"),
+    el("b", {}, `${plural(all.length, "branch", "branches")}: `),
+    all.map((n, i) =>
+      el(
+        "button",
+        {
+          type: "button",
+          class: onPath.has(n.id) ? "branch current" : "branch",
+          "data-testid": "branch",
+          "data-leaf": n.id,
+          "aria-pressed": String(onPath.has(n.id)),
+          onclick: () => selectLeaf(n.id),
+        },
+        `${n.id}`,
+        el("span", { class: "note" }, ` ${pathTo(S.tree, n.id).length} msgs${i === 0 ? " · latest" : ""}`),
+      ),
+    ),
+  );
+}
+
+function selectLeaf(leafId, page) {
+  S.leaf = leafId;
+  S.page = page || 1;
+  renderMessages();
+}
+
+function siblingSwitch(node) {
+  const siblings = S.tree.children.get(node.parent_id && S.tree.byId.has(node.parent_id) ? node.parent_id : null) || [];
+  if (siblings.length < 2) return null;
+  const i = siblings.findIndex((s) => s.id === node.id);
+  const go = (j) => selectLeaf(latestLeafUnder(S.tree, siblings[j].id));
+  return el(
+    "span",
+    { class: "switch", "data-testid": "branch-switch" },
+    el("button", { type: "button", disabled: i === 0, "data-testid": "branch-prev", onclick: () => go(i - 1) }, "‹"),
+    ` branch ${i + 1}/${siblings.length} `,
+    el("button", { type: "button", disabled: i === siblings.length - 1, "data-testid": "branch-next", onclick: () => go(i + 1) }, "›"),
+  );
+}
+
+async function showOriginal(node, card) {
+  const pre = el("pre", { class: "original", "data-testid": "original" }, "loading the original…");
+  card.append(pre);
+  try {
+    pre.textContent = json(await get(`${S.base}/messages/${seg(node.id)}`, { original: true }));
+  } catch (e) {
+    pre.textContent = problem(e);
+  }
+}
+
+function card(id, withSwitch) {
+  const node = S.tree.byId.get(id);
+  return messageView(node, {
+    prompt: promptAt(S.prompts, node.seq),
+    onOriginal: showOriginal,
+    extra: withSwitch ? siblingSwitch(node) : null,
+  });
+}
+
+function renderMessages() {
+  renderBranches();
+  const ids = S.leaf ? pathTo(S.tree, S.leaf) : [];
+  const items = applyOverlays(ids, S.overlays);
+  const view = pageOf(items, S.page, PATH_PAGE);
+  S.page = view.page;
+  pager($("path-pager"), view, PATH_PAGE, items.length, (p) => selectLeaf(S.leaf, p), "path");
+  clear(
+    $("path"),
+    items.length ? null : el("li", { class: "note" }, "No messages."),
+    view.items.map((item) =>
+      item.overlay ? overlayView(item.overlay, item.covered, (id) => card(id, true)) : card(item.id, true),
+    ),
+  );
+}
+
+// -- timeline and "as of" ---------------------------------------------------------------
+
+async function loadEvents() {
+  if (S.events) return;
+  const events = [];
+  let from = 1;
+  for (;;) {
+    const page = await getLines(`${S.base}/events`, { from_seq: from, limit: 1000 });
+    events.push(...page);
+    if (page.length < 1000) break;
+    from = page[page.length - 1].seq + 1;
+  }
+  S.events = events;
+}
+
+function eventRow(e) {
+  const ev = e.event;
+  return el(
+    "tr",
+    {
+      "data-testid": "event",
+      "data-seq": e.seq,
+      class: [S.asOf !== null && e.seq > S.asOf ? "after" : "", S.asOf === e.seq ? "current" : "", e.refused ? "refused" : ""].join(" "),
+      onclick: () => setAsOf(e.seq),
+    },
+    el("td", {}, String(e.seq)),
+    el("td", {}, ev ? ev.type : `refused: ${e.refused.reason}`),
+    el("td", {}, ev ? time(ev.occurred_at) : ""),
+    el("td", {}, ev ? who(ev) : ""),
+    el("td", {}, ev ? what(ev) : e.refused.detail),
+  );
+}
+
+function renderEvents() {
+  const view = pageOf(S.events, S.eventsPage, EVENTS_PAGE);
+  S.eventsPage = view.page;
+  pager($("events-pager"), view, EVENTS_PAGE, S.events.length, (p) => { S.eventsPage = p; renderEvents(); }, "events");
+  clear($("events-body"), view.items.map(eventRow));
+}
+
+async function renderTimeline() {
+  await loadEvents();
+  const slider = $("asof-slider");
+  slider.max = String(Math.max(0, S.events.length - 1));
+  if (S.asOf === null && S.events.length) {
+    S.asOf = S.events[S.events.length - 1].seq;
+    S.eventsPage = Math.ceil(S.events.length / EVENTS_PAGE);
+  }
+  renderEvents();
+  await showAsOf();
+}
+
+function setAsOf(seq) {
+  S.asOf = seq;
+  const i = indexAtOrBefore(seq);
+  if (i >= 0) S.eventsPage = Math.floor(i / EVENTS_PAGE) + 1;
+  renderEvents();
+  showAsOf();
+}
+
+function indexAtOrBefore(seq) {
+  let found = -1;
+  S.events.forEach((e, i) => { if (e.seq <= seq) found = i; });
+  return found;
+}
+
+async function showAsOf() {
+  const seq = S.asOf ?? 0;
+  const i = indexAtOrBefore(seq);
+  $("asof-slider").value = String(Math.max(0, i));
+  $("asof-seq").value = String(seq);
+  const ev = i >= 0 ? S.events[i].event : null;
+  $("asof-note").textContent = i >= 0 ? `event ${i + 1} of ${S.events.length}${ev ? ` · ${ev.type} · ${time(ev.occurred_at)}` : ""}` : "before the first event";
+  $("asof-event").textContent = i >= 0 ? json(S.events[i]) : "";
+  const ticket = ++asOfTicket;
+  const sid = S.sid;
+  $("asof").setAttribute("aria-busy", "true");
+  const [history, context, prompt] = await Promise.all([
+    get(`${S.base}/history`, { as_of_seq: seq }).catch((e) => ({ error: e })),
+    get(`${S.base}/context`, { as_of_seq: seq }).catch((e) => ({ error: e })),
+    get(`${S.base}/system-prompt`, { as_of_seq: seq }).catch((e) => ({ error: e })),
+  ]);
+  if (ticket !== asOfTicket || !S || S.sid !== sid) return; // a newer position was asked for meanwhile
+  if (history.error) {
+    $("asof-history-note").textContent = problem(history.error);
+    clear($("asof-history"));
+  } else {
+    const msgs = history.messages;
+    const shown = msgs.slice(-ASOF_SHOWN);
+    $("asof-history-note").textContent = `${msgs.length} messages on the latest branch${msgs.length > shown.length ? `, the last ${shown.length} shown` : ""}`;
+    clear($("asof-history"), shown.map(briefMessage));
+  }
+  renderBlocks($("asof-context"), context);
+  $("asof-prompt").textContent = prompt.error ? problem(prompt.error) : prompt.prompt === null ? "(no prompt recorded yet)" : `v${prompt.version} (seq ${prompt.seq}, ${prompt.tokens} tokens)\n\n${prompt.prompt}`;
+  $("asof").setAttribute("aria-busy", "false");
+  $("asof").dataset.seq = String(seq);
+}
+
+function briefMessage(m) {
+  const parts = Array.isArray(m.parts) ? m.parts : [];
+  const text = parts.map((p) => (p.type === "text" ? p.text : p.type)).join(" · ");
+  const isSummary = String(m.id).startsWith("compaction_");
+  return el("li", { class: isSummary ? "brief summary-brief" : "brief", "data-testid": "asof-message", "data-id": m.id }, el("span", { class: "role" }, isSummary ? "summary" : m.role), " ", text.length > 200 ? `${text.slice(0, 200)}…` : text);
+}
+
+// -- prompts, context, compactions, quarantine --------------------------------------------
+
+function renderPrompts() {
+  const nodes = [...S.tree.byId.values()];
+  clear(
+    $("prompts"),
+    S.prompts.length ? null : el("p", { class: "note" }, "No system prompt recorded for this session."),
+    S.prompts.map((p, i) => {
+      const next = S.prompts[i + 1];
+      const turns = nodes.filter((n) => n.seq > p.seq && (!next || n.seq < next.seq));
+      return el(
+        "section",
+        { class: "prompt-version", "data-testid": "prompt-version", "data-version": p.version },
+        el("h3", {}, `Version ${p.version}`, el("span", { class: "note" }, ` · ${p.reason} · seq ${p.seq} · ${p.tokens} tokens`)),
+        el(
+          "p",
+          { "data-testid": "prompt-turns" },
+          turns.length ? `In force for ${plural(turns.length, "turn")}: ` : "In force for no turns yet.",
+          turns.slice(0, 30).map((n) => el("code", { class: "turn" }, `${n.role}:${n.id} `)),
+          turns.length > 30 ? `… and ${turns.length - 30} more` : "",
+        ),
+        el("pre", { class: "prompt" }, p.text),
+      );
+    }),
+  );
+}
+
+function renderBlocks(container, answer) {
+  if (answer.error) {
+    clear(container, el("p", { class: "error" }, problem(answer.error)));
+    return;
+  }
+  clear(
+    container,
+    answer.blocks.length ? null : el("p", { class: "note" }, "No context blocks."),
+    answer.blocks.map((b) => {
+      const pct = b.max_tokens ? Math.min(100, Math.round((100 * b.tokens) / b.max_tokens)) : null;
+      return el(
+        "section",
+        { class: "block", "data-testid": "block", "data-label": b.label },
+        el("h4", {}, b.label, el("span", { class: "note" }, ` ${b.kind}${b.writable && b.kind !== "writable" ? " · writable" : ""}${b.description ? ` · ${b.description}` : ""}`)),
+        el(
+          "div",
+          { class: "budget", "data-testid": "budget" },
+          b.max_tokens ? el("meter", { min: 0, max: b.max_tokens, value: b.tokens, high: b.max_tokens * 0.9 }) : null,
+          ` ${b.tokens}${b.max_tokens ? ` / ${b.max_tokens} tokens (${pct}%)` : " tokens"}`,
+        ),
+        el("pre", { class: "block-content" }, b.content),
+      );
+    }),
+  );
+}
+
+async function renderContext() {
+  renderBlocks($("context"), await get(`${S.base}/context`).catch((e) => ({ error: e })));
+}
+
+function table(testid, headers, rows) {
+  if (!rows.length) return el("p", { class: "note", "data-testid": testid }, "None.");
+  return el(
+    "table",
+    { class: "grid", "data-testid": testid },
+    el("thead", {}, el("tr", {}, headers.map((h) => el("th", {}, h)))),
+    el("tbody", {}, rows.map((r) => el("tr", {}, r.map((c) => el("td", {}, c))))),
+  );
+}
+
+async function renderCompactions() {
+  const failures = await get(`${S.base}/compaction-failures`).then((r) => r.failures, () => []);
+  clear(
+    $("overlays"),
+    table(
+      "overlay-table",
+      ["seq", "range", "leaf", "tokens", "summarizer", "recorded", "summary"],
+      S.overlays.map((o) => [
+        String(o.seq),
+        `${o.from_message_id} … ${o.to_message_id}`,
+        o.leaf_id,
+        `${o.tokens_before} → ${o.tokens_after}`,
+        `${o.summarizer}${o.model ? ` (${o.model})` : ""}`,
+        time(o.created_at),
+        el("details", {}, el("summary", {}, "summary"), el("pre", {}, o.summary)),
+      ]),
+    ),
+  );
+  clear(
+    $("failures"),
+    table("failure-table", ["seq", "leaf", "summarizer", "attempt", "error", "recorded"], failures.map((f) => [String(f.seq), f.leaf_id, f.summarizer, String(f.attempt), f.error, time(f.created_at)])),
+  );
+}
+
+async function renderQuarantine() {
+  const { quarantined } = await get("/v1/quarantine", { session_id: S.sid, limit: 500 });
+  clear(
+    $("quarantine"),
+    el("p", { class: "note" }, "Events stored for this session that the projectors refused, newest first."),
+    table("quarantine-table", ["seq", "reason", "detail", "recorded", "bytes"], quarantined.map((q) => [String(q.seq), q.reason, q.detail, time(q.recorded_at), String(q.size)])),
+  );
+}
+
+// -- wiring ------------------------------------------------------------------------------
+
+function debounce(fn, ms) {
+  let t;
+  return (...args) => { clearTimeout(t); t = setTimeout(() => fn(...args), ms); };
+}
+
+async function start() {
+  $("signin-form").addEventListener("submit", async (ev) => {
+    ev.preventDefault();
+    $("signin-error").textContent = "";
+    try {
+      await signIn($("api-key").value.trim());
+      $("api-key").value = "";
+      await showApp(true);
+      await loadSessions(false);
+    } catch (e) {
+      $("signin-error").textContent = e instanceof ApiError && e.status === 401 ? "That key was refused." : problem(e);
+    }
+  });
+  $("sign-out").addEventListener("click", () => {
+    key.clear();
+    S = null;
+    loadedSessions = [];
+    clear($("session-list"));
+    $("session-body").hidden = true;
+    $("pick-note").hidden = false;
+    showApp(false);
+  });
+  $("session-filter").addEventListener("input", renderSessions);
+  $("session-search").addEventListener("submit", (ev) => {
+    ev.preventDefault();
+    const q = $("session-filter").value.trim();
+    (q ? searchMessages(q) : loadSessions(false)).catch((e) => { $("search-note").textContent = problem(e); });
+  });
+  $("more-sessions").addEventListener("click", () => loadSessions(true));
+  for (const b of document.querySelectorAll("[data-tab]")) b.addEventListener("click", () => S && showTab(b.dataset.tab));
+  const fromSlider = debounce(() => {
+    const e = S && S.events && S.events[Number($("asof-slider").value)];
+    if (e) setAsOf(e.seq);
+  }, 150);
+  $("asof-slider").addEventListener("input", fromSlider);
+  $("asof-seq").addEventListener("change", () => {
+    const seq = Number($("asof-seq").value);
+    if (S && S.events && Number.isInteger(seq) && seq >= 0) setAsOf(seq);
+  });
+  if (key.get()) {
+    try {
+      await get("/v1/sessions", { limit: 1 });
+      await showApp(true);
+      await loadSessions(false);
+      return;
+    } catch {
+      key.clear();
+    }
+  }
+  showApp(false);
+}
+
+start();

@@ -1,0 +1,361 @@
+"""The auditor's view at /audit/ in a real headless browser (Debian's chromium driven by
+Playwright): sign in, the sessions list, a branched and compacted session's tree, the time slider,
+the prompt, context, compaction and quarantine panels, and a 1,000-message session."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from playwright.async_api import Browser, Locator, Page, async_playwright, expect
+
+from services.localstack import free_port, wait_for_port
+from services.settings import Settings
+from tests.conftest import KEYS
+from tests.e2e.auditor_data import BIG_TEXT_CHARS, LOAD_OUTPUT, MEMORY, Seeded, seed
+from tests.e2e.browser_support import ensure_chromium
+from tests.e2e.helpers import msg, new_sid
+from tests.support import settings_env
+
+pytestmark = [pytest.mark.browser, pytest.mark.timeout(300)]  # the first test may install chromium
+DASH = "\N{EN DASH}"
+SCREENSHOT = "CHRONICLE_AUDITOR_SCREENSHOT"
+"""When set, the main view's screenshot is also copied to this path (docs/img/auditor.png)."""
+
+
+@pytest.fixture(scope="module")
+def view_api(api_settings: Settings, api_url: str) -> Iterator[tuple[str, Settings]]:
+    """A second `chronicle api` on the e2e stack (its projector and database), with a 20,000-byte
+    row cap so that a test message is stored capped."""
+    settings = api_settings.model_copy(update={"api_port": free_port(), "row_cap_bytes": 20_000})
+    proc = subprocess.Popen([sys.executable, "-m", "services.cli", "api"], env=settings_env(settings))
+    try:
+        wait_for_port("127.0.0.1", settings.api_port, proc, "chronicle api", timeout=60)
+        yield f"http://127.0.0.1:{settings.api_port}", settings
+    finally:
+        proc.terminate()
+        proc.wait(timeout=20)
+
+
+@pytest.fixture(scope="module")
+async def view_client(view_api: tuple[str, Settings]) -> AsyncIterator[httpx.AsyncClient]:
+    headers = {"Authorization": f"Bearer {KEYS['tenant-a']}"}
+    async with httpx.AsyncClient(base_url=view_api[0], headers=headers, timeout=60) as c:
+        yield c
+
+
+@pytest.fixture(scope="module")
+async def seeded(view_client: httpx.AsyncClient, view_api: tuple[str, Settings]) -> Seeded:
+    return await seed(view_client, view_api[1])
+
+
+@pytest.fixture(scope="module")
+async def other_tenant_sid(view_api: tuple[str, Settings]) -> str:
+    sid = new_sid("audit-b")
+    headers = {"Authorization": f"Bearer {KEYS['tenant-b']}"}
+    async with httpx.AsyncClient(base_url=view_api[0], headers=headers, timeout=30) as c:
+        r = await c.post("/v1/sessions", json={"id": sid, "name": "tenant b"})
+        assert r.status_code == 201, r.text
+    return sid
+
+
+@pytest.fixture(scope="session")
+async def browser() -> AsyncIterator[Browser]:
+    path = ensure_chromium()
+    async with async_playwright() as pw:
+        b = await pw.chromium.launch(executable_path=str(path), args=["--no-sandbox", "--disable-gpu"])
+        yield b
+        await b.close()
+
+
+@pytest.fixture
+async def page(browser: Browser, view_api: tuple[str, Settings]) -> AsyncIterator[Page]:
+    """A fresh tab (its own session storage); fails the test on any uncaught script error."""
+    context = await browser.new_context(base_url=view_api[0], viewport={"width": 1440, "height": 1000})
+    tab = await context.new_page()
+    errors: list[str] = []
+    tab.on("pageerror", lambda e: errors.append(str(e)))
+    tab.on(
+        "console",
+        lambda m: errors.append(m.text) if m.type == "error" and "Failed to load resource" not in m.text else None,
+    )
+    yield tab
+    await context.close()
+    assert not errors, errors
+
+
+async def sign_in(page: Page, key: str = KEYS["tenant-a"]) -> None:
+    await page.goto("/audit/")
+    await page.get_by_test_id("api-key").fill(key)
+    await page.get_by_test_id("sign-in").click()
+
+
+async def open_session(page: Page, sid: str) -> None:
+    await sign_in(page)
+    await page.get_by_test_id("session-filter").fill(sid)
+    await page.locator(f'[data-testid="session-item"][data-sid="{sid}"] button').click()
+    await expect(page.get_by_test_id("session-title")).to_have_text("Release audit")
+
+
+def path_ids(page: Page) -> Locator:
+    return page.locator('#path > [data-testid="message"]')
+
+
+async def test_sign_in_shows_only_the_tenants_sessions_newest_first_with_search(
+    page: Page, seeded: Seeded, other_tenant_sid: str
+) -> None:
+    await sign_in(page, "not-a-key")
+    await expect(page.get_by_test_id("signin-error")).to_have_text("That key was refused.")
+    await expect(page.get_by_test_id("session-list")).to_be_hidden()
+    await sign_in(page)
+    items = page.get_by_test_id("session-item")
+    await expect(items.first).to_be_visible()
+    await expect(page.get_by_test_id("signin")).to_be_hidden()
+    await expect(page.get_by_test_id("tenant-note")).to_have_text("tenant tenant-a")
+    listed = [await i.get_attribute("data-sid") for i in await items.all()]
+    assert {seeded.sid, seeded.older_sid} <= set(listed)
+    assert listed.index(seeded.sid) < listed.index(seeded.older_sid)  # newest first
+    assert other_tenant_sid not in listed  # another tenant's session is never shown
+    assert await page.evaluate("sessionStorage.getItem('chronicle.apiKey')") == KEYS["tenant-a"]
+
+    await page.get_by_test_id("session-filter").fill(seeded.older_sid)
+    await expect(items).to_have_count(1)
+    await expect(items.first).to_have_attribute("data-sid", seeded.older_sid)
+
+    await page.get_by_test_id("session-filter").fill(seeded.word)  # a word of one message
+    await page.get_by_test_id("session-filter").press("Enter")
+    await expect(page.get_by_test_id("search-note")).to_contain_text("1 messages match")
+    await expect(items).to_have_count(1)
+    await expect(items.first).to_have_attribute("data-sid", seeded.sid)
+
+    await page.reload()  # the key stays for this tab's session
+    await expect(page.get_by_test_id("session-item").first).to_be_visible()
+    await page.get_by_test_id("sign-out").click()
+    await expect(page.get_by_test_id("signin")).to_be_visible()
+    await expect(page.get_by_test_id("session-list")).to_be_hidden()
+    assert await page.evaluate("sessionStorage.getItem('chronicle.apiKey')") is None
+
+
+async def test_a_session_deleted_after_listing_shows_the_problem(page: Page, view_client: httpx.AsyncClient) -> None:
+    sid = new_sid("audit-gone")
+    r = await view_client.post("/v1/sessions", json={"id": sid, "name": "soon gone"})
+    assert r.status_code == 201, r.text
+    await sign_in(page)
+    await page.get_by_test_id("session-filter").fill(sid)
+    item = page.locator(f'[data-testid="session-item"][data-sid="{sid}"] button')
+    await expect(item).to_be_visible()
+    gone = await view_client.delete(f"/v1/sessions/{sid}")
+    assert gone.status_code == 200, gone.text
+    await view_client.get("/v1/sessions", params={"min_seq": gone.json()["seq"], "limit": 1})
+    await item.click()
+    await expect(page.get_by_test_id("session-error")).to_contain_text("404 session_not_found")
+    await expect(page.get_by_test_id("path")).to_be_hidden()
+
+
+async def test_a_branched_compacted_session_shows_its_tree_overlay_and_markers(
+    page: Page, seeded: Seeded, tmp_path: Path
+) -> None:
+    await open_session(page, seeded.sid)
+    branches = page.get_by_test_id("branch")
+    await expect(branches).to_have_count(2)
+    assert [await b.get_attribute("data-leaf") for b in await branches.all()] == ["m8", "m3b"]  # newest first
+    await expect(page.locator('[data-testid="branch"][aria-pressed="true"]')).to_have_attribute("data-leaf", "m8")
+
+    # the latest branch: the head, the overlay over the range it replaces, the tail
+    await expect(path_ids(page)).to_have_count(4)
+    assert [await m.get_attribute("data-id") for m in await path_ids(page).all()] == ["m0", "m6", "m7", "m8"]
+    overlay = page.get_by_test_id("overlay")
+    await expect(overlay).to_have_count(1)
+    await expect(overlay).to_have_attribute("data-overlay", seeded.overlay_id)
+    await expect(overlay).to_contain_text("replaces 5 messages, m1 … m5")
+    assert (await overlay.get_by_test_id("summary").inner_text()).strip()
+    assert await page.locator("#path > li").evaluate_all("els => els.map(e => e.dataset.id || 'overlay')") == [
+        "m0",
+        "overlay",
+        "m6",
+        "m7",
+        "m8",
+    ]
+
+    covered = overlay.get_by_test_id("covered")
+    await expect(covered).to_be_hidden()
+    await overlay.get_by_test_id("toggle-covered").click()
+    await expect(covered.get_by_test_id("message")).to_have_count(5)
+    # m1's tool call: its output was unloaded, the marker stands in for it
+    m1 = covered.locator('[data-id="m1"]')
+    await expect(m1.get_by_test_id("unload-marker")).to_have_text("[skill unloaded: deploy.md]")
+    await expect(m1).to_contain_text("skill unloaded: deploy.md")
+    await expect(m1).not_to_contain_text(LOAD_OUTPUT)
+    await expect(m1).to_contain_text("load_context")
+    # text is shown as text, never as markup
+    m2 = covered.locator('[data-id="m2"]')
+    await expect(m2).to_contain_text("<b>bold?</b>")
+    await expect(m2.locator("b", has_text="bold?")).to_have_count(0)
+    # the turns under each prompt version
+    await expect(page.locator('#path [data-id="m0"] .badge')).to_have_count(0)  # before the first freeze
+    await expect(m1).to_contain_text("prompt v1")
+    await expect(page.locator('#path > [data-id="m8"]')).to_contain_text("prompt v3")  # re-rendered on compaction
+
+    # the capped message links to its original
+    m8 = page.locator('#path > [data-id="m8"]')
+    await expect(m8.get_by_test_id("capped")).to_be_visible()
+    await m8.get_by_test_id("show-original").click()
+    await expect(m8.get_by_test_id("original")).to_contain_text("x" * 1000)
+    original = await m8.get_by_test_id("original").inner_text()
+    assert original.count("x") >= BIG_TEXT_CHARS
+
+    shot = tmp_path / "auditor.png"
+    await page.get_by_test_id("branch").first.click()  # collapse the covered list again for the picture
+    await page.get_by_test_id("session-filter").fill("")  # and list every session
+    await page.screenshot(path=str(shot), full_page=False)
+    assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    if os.environ.get(SCREENSHOT):
+        shutil.copyfile(shot, os.environ[SCREENSHOT])
+
+    # switch to the other branch: its own path, and the overlay of the first does not apply
+    await page.locator('[data-testid="branch"][data-leaf="m3b"]').click()
+    await expect(page.locator('[data-testid="branch"][aria-pressed="true"]')).to_have_attribute("data-leaf", "m3b")
+    await expect(path_ids(page)).to_have_count(4)
+    assert [await m.get_attribute("data-id") for m in await path_ids(page).all()] == ["m0", "m1", "m2", "m3b"]
+    await expect(page.get_by_test_id("overlay")).to_have_count(0)
+    # and back through the switch at the fork
+    switch = page.locator('#path > [data-id="m3b"]').get_by_test_id("branch-switch")
+    await expect(switch).to_contain_text("branch 1/2")
+    await switch.get_by_test_id("branch-next").click()
+    await expect(page.locator('[data-testid="branch"][aria-pressed="true"]')).to_have_attribute("data-leaf", "m8")
+    await expect(page.get_by_test_id("overlay")).to_have_count(1)
+
+
+async def asof_ids(page: Page, seq: int) -> list[str]:
+    await expect(page.get_by_test_id("asof")).to_have_attribute("data-seq", str(seq))
+    await expect(page.get_by_test_id("asof")).to_have_attribute("aria-busy", "false")
+    ids: list[str] = await page.get_by_test_id("asof-message").evaluate_all("els => els.map(e => e.dataset.id)")
+    return ids
+
+
+async def test_the_time_slider_shows_history_context_and_prompt_as_of_a_sequence(page: Page, seeded: Seeded) -> None:
+    await open_session(page, seeded.sid)
+    await page.get_by_test_id("tab-timeline").click()
+    rows = page.get_by_test_id("event")
+    await expect(rows).to_have_count(seeded.events)
+    await expect(rows.last).to_contain_text("refused: not_json")  # the quarantined event, in its place
+
+    # now: the compacted latest branch, the written block, the refreshed prompt
+    now = await asof_ids(page, seeded.seq_last)
+    assert [now[0], now[1][: len("compaction_")], now[-1]] == ["m0", "compaction_", "m8"]
+    memory = page.get_by_test_id("asof-context").locator('[data-label="memory"]')
+    await expect(memory).to_contain_text(MEMORY)
+    await expect(memory.get_by_test_id("budget")).to_contain_text("/ 200 tokens")
+    await expect(page.get_by_test_id("asof-prompt")).to_contain_text("v3 (seq")
+    await expect(page.get_by_test_id("asof-prompt")).to_contain_text(MEMORY)
+
+    # the sequence box: right after m7, before the block write, the refresh and the compaction
+    await page.get_by_test_id("asof-seq").fill(str(seeded.seq_m7))
+    await page.get_by_test_id("asof-seq").press("Tab")
+    assert await asof_ids(page, seeded.seq_m7) == ["m0", "m1", "m2", "m3", "m4", "m5", "m6", "m7"]
+    await expect(memory).not_to_contain_text(MEMORY)
+    await expect(memory.get_by_test_id("budget")).to_contain_text("0 / 200 tokens")
+    await expect(page.get_by_test_id("asof-prompt")).to_contain_text("v1 (seq")
+    await expect(page.get_by_test_id("asof-prompt")).not_to_contain_text(MEMORY)
+    current = page.locator(f'[data-testid="event"][data-seq="{seeded.seq_m7}"]')
+    await expect(current).to_have_class(re.compile("current"))
+    await expect(current).to_contain_text("message.appended")
+    await expect(current).to_contain_text("assistant")  # who: the message's role
+    await expect(current).to_contain_text("m7 ← m6")  # what: the message and its parent
+    event = json.loads(await page.get_by_test_id("asof-event").text_content() or "")
+    assert (event["seq"], event["event"]["message_id"]) == (seeded.seq_m7, "m7")
+    later = page.locator('[data-testid="event"].after')
+    assert await later.count() > 0  # events after the position are greyed
+
+    # the slider: its first event (the session's creation), then one step on (the configuration)
+    slider = page.get_by_test_id("asof-slider")
+    await slider.focus()
+    await slider.press("Home")
+    assert await asof_ids(page, seeded.seq_created) == []
+    await expect(page.get_by_test_id("asof-prompt")).to_have_text("(no prompt recorded yet)")
+    await expect(page.get_by_test_id("asof-context").get_by_test_id("block")).to_have_count(0)
+    await slider.press("ArrowRight")
+    await expect(page.get_by_test_id("asof-note")).to_contain_text("event 2 of")
+    await expect(page.get_by_test_id("asof-note")).to_contain_text("session.configured")
+    await expect(page.get_by_test_id("asof-context").get_by_test_id("block")).to_have_count(2)
+    await slider.press("End")
+    assert (await asof_ids(page, seeded.seq_last))[1].startswith("compaction_")
+
+
+async def test_prompt_context_compaction_and_quarantine_panels(page: Page, seeded: Seeded) -> None:
+    await open_session(page, seeded.sid)
+    await page.get_by_test_id("tab-prompts").click()
+    versions = page.get_by_test_id("prompt-version")
+    await expect(versions).to_have_count(3)
+    # v1 (the freeze) was in force for m1 … m7 on both branches; v2 (the refresh after the block
+    # write) for none; v3 (re-rendered by the compaction) for m8
+    await expect(versions.nth(0)).to_contain_text("freeze")
+    await expect(versions.nth(0).get_by_test_id("prompt-turns")).to_contain_text("In force for 8 turns")
+    await expect(versions.nth(0).get_by_test_id("prompt-turns")).to_contain_text("assistant:m3b")
+    await expect(versions.nth(1)).to_contain_text("refresh")
+    await expect(versions.nth(1).get_by_test_id("prompt-turns")).to_have_text("In force for no turns yet.")
+    await expect(versions.nth(2)).to_contain_text("compaction")
+    await expect(versions.nth(2).get_by_test_id("prompt-turns")).to_have_text("In force for 1 turn: assistant:m8 ")
+
+    await page.get_by_test_id("tab-context").click()
+    memory = page.get_by_test_id("context").locator('[data-label="memory"]')
+    await expect(memory).to_contain_text(MEMORY)
+    await expect(memory.get_by_test_id("budget")).to_contain_text(re.compile(r"\d+ / 200 tokens \(\d+%\)"))
+    await expect(page.get_by_test_id("context").locator('[data-label="soul"]')).to_contain_text("readonly")
+
+    await page.get_by_test_id("tab-compactions").click()
+    await expect(page.get_by_test_id("overlay-table").locator("tbody tr")).to_have_count(1)
+    await expect(page.get_by_test_id("overlay-table")).to_contain_text("m1 … m5")
+    failures = page.get_by_test_id("failure-table").locator("tbody tr")
+    await expect(failures).to_have_count(1)
+    await expect(failures.first).to_contain_text("HTTP 503")
+
+    await page.get_by_test_id("tab-quarantine").click()
+    rows = page.get_by_test_id("quarantine-table").locator("tbody tr")
+    await expect(rows).to_have_count(1)
+    await expect(rows.first).to_contain_text("not_json")
+    await expect(rows.first).to_contain_text(str(seeded.seq_last))
+
+
+async def test_a_thousand_message_session_is_paged(page: Page, view_client: httpx.AsyncClient) -> None:
+    sid = new_sid("audit-big")
+    last = 0
+    for start in (0, 500):
+        batch = [
+            msg(f"b{i}", f"message {i} " + "words " * 30, "user" if i % 2 else "assistant")
+            for i in range(start, start + 500)
+        ]
+        r = await view_client.post(f"/v1/sessions/{sid}/messages:batch", json={"messages": batch})
+        assert r.status_code == 201, r.text
+        last = r.json()["seq"]
+    r = await view_client.get(f"/v1/sessions/{sid}/tree", params={"min_seq": last, "limit": 1})
+    assert r.status_code == 200, r.text
+
+    await sign_in(page)
+    await page.get_by_test_id("session-filter").fill(sid)
+    began = time.monotonic()
+    await page.locator(f'[data-testid="session-item"][data-sid="{sid}"] button').click()
+    await expect(page.get_by_test_id("path-range")).to_have_text(f"1{DASH}100 of 1000")
+    opened = time.monotonic() - began
+    await expect(path_ids(page)).to_have_count(100)  # one page in the document, not a thousand
+    assert opened < 15, f"opening a 1,000-message session took {opened:.1f} s"
+    await page.get_by_test_id("path-last").click()
+    await expect(page.get_by_test_id("path-range")).to_have_text(f"901{DASH}1000 of 1000")
+    await expect(path_ids(page).last).to_have_attribute("data-id", "b999")
+
+    await page.get_by_test_id("tab-timeline").click()
+    await expect(page.get_by_test_id("events-range")).to_have_text(f"901{DASH}1000 of 1000")  # the page of "now"
+    await expect(page.get_by_test_id("event")).to_have_count(100)
+    await expect(page.get_by_test_id("asof-history-note")).to_contain_text(
+        "1000 messages on the latest branch, the last 50 shown"
+    )
+    await expect(page.get_by_test_id("asof-message")).to_have_count(50)

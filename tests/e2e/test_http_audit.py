@@ -1,0 +1,256 @@
+"""The JSON reads behind the auditor's view (the whole tree, prompt versions, compaction failures,
+quarantined events, context as of a sequence) and the page itself, over HTTP."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import httpx
+import pytest
+
+from events.catalog import CompactionFailed, SkillUnloaded
+from events.publisher import Publisher
+from services.settings import Settings
+from tests.conftest import operator_nats
+from tests.e2e.helpers import PROBLEM, append, chain, msg, new_sid
+
+
+async def _json(r: httpx.Response, status: int = 200) -> dict[str, Any]:
+    assert r.status_code == status, r.text
+    out: dict[str, Any] = r.json()
+    return out
+
+
+async def _problem(r: httpx.Response, status: int, code: str) -> None:
+    assert (r.status_code, r.headers["content-type"], r.json()["code"]) == (status, PROBLEM, code), r.text
+
+
+async def _publish_raw(settings: Settings, tenant: str, sid: str, data: bytes) -> int:
+    nc = await operator_nats(settings.nats_url)
+    try:
+        ack = await nc.jetstream().publish(settings.layout().session_subject(tenant, sid), data, stream=settings.stream)
+    finally:
+        await nc.close()
+    return int(ack.seq)
+
+
+# -- the tree ------------------------------------------------------------------------------
+
+
+async def test_tree_answers_every_branch_a_page_at_a_time(client: httpx.AsyncClient) -> None:
+    sid = new_sid()
+    await chain(client, sid, ["a", "b", "c"])
+    last = (await append(client, sid, msg("b2", "another answer", "assistant"), "a"))["seq"]
+    nodes: list[dict[str, Any]] = []
+    cursor = 0
+    pages = 0
+    while True:
+        page = await _json(
+            await client.get(f"/v1/sessions/{sid}/tree", params={"limit": 2, "cursor": cursor, "min_seq": last})
+        )
+        nodes += page["messages"]
+        pages += 1
+        assert page["leaf_id"] == "b2"
+        if page["next_cursor"] is None:
+            break
+        cursor = page["next_cursor"]
+    assert pages == 3  # 2 + 2 + an empty last page
+    assert [(n["id"], n["parent_id"]) for n in nodes] == [("a", None), ("b", "a"), ("c", "b"), ("b2", "a")]
+    assert [n["seq"] for n in nodes] == sorted(n["seq"] for n in nodes)
+    assert nodes[3]["message"] == msg("b2", "another answer", "assistant")
+    assert {(n["role"], n["capped"], tuple(n["unloaded"])) for n in nodes[:3]} == {("user", False, ())}
+
+
+async def test_tree_shows_an_unloaded_skill_output_as_its_marker(
+    client: httpx.AsyncClient, api_settings: Settings
+) -> None:
+    sid = new_sid()
+    part = {
+        "type": "tool-load_context",
+        "toolCallId": "c1",
+        "input": {"key": "tax"},
+        "output": "SECRET RULES",
+        "state": "output-available",
+    }
+    await append(client, sid, {"id": "t1", "role": "assistant", "parts": [part]})
+    nc = await operator_nats(api_settings.nats_url)
+    try:
+        pub = Publisher(nc.jetstream(), api_settings.layout())
+        done = await pub.publish(
+            SkillUnloaded(tenant="tenant-a", session=sid, label="skills", key="tax", message_id="t1", tool_call_id="c1")
+        )
+    finally:
+        await nc.close()
+    node = (await _json(await client.get(f"/v1/sessions/{sid}/tree", params={"min_seq": done.seq})))["messages"][0]
+    assert node["unloaded"] == ["tax"]
+    assert node["message"]["parts"][0]["output"] == "[skill unloaded: tax]"
+    assert "SECRET RULES" in (await client.get(f"/v1/sessions/{sid}/events")).text  # the log keeps the original
+
+
+@pytest.mark.parametrize("route", ["tree", "prompts", "compaction-failures"])
+async def test_session_reads_of_unknown_or_foreign_sessions_are_404(
+    route: str, client: httpx.AsyncClient, client_b: httpx.AsyncClient, anon: httpx.AsyncClient
+) -> None:
+    sid = new_sid()
+    await _problem(await client.get(f"/v1/sessions/{sid}/{route}"), 404, "session_not_found")
+    seq = (await append(client, sid, msg("m1", "hello")))["seq"]
+    await _problem(await client_b.get(f"/v1/sessions/{sid}/{route}"), 404, "session_not_found")
+    await _problem(await anon.get(f"/v1/sessions/{sid}/{route}"), 401, "unauthorized")
+    await _problem(await client.get(f"/v1/sessions/%20{sid}/{route}"), 422, "invalid_id")
+    r = await client.get(f"/v1/sessions/{sid}/{route}", params={"min_seq": seq})
+    assert r.status_code == 200, r.text
+
+
+@pytest.mark.parametrize("params", [{"limit": 0}, {"limit": 1001}, {"cursor": -1}, {"min_seq": "x"}])
+async def test_tree_refuses_bad_paging(params: dict[str, Any], client: httpx.AsyncClient) -> None:
+    sid = new_sid()
+    await append(client, sid, msg("m1", "hello"))
+    await _problem(await client.get(f"/v1/sessions/{sid}/tree", params=params), 422, "invalid_request")
+
+
+# -- prompts, failures, context as of ------------------------------------------------------
+
+
+async def test_prompts_lists_every_version_with_its_reason(client: httpx.AsyncClient) -> None:
+    sid = new_sid()
+    seq = (await append(client, sid, msg("m1", "hello")))["seq"]
+    assert await _json(await client.get(f"/v1/sessions/{sid}/prompts", params={"min_seq": seq})) == {"prompts": []}
+    config = {"blocks": [{"label": "memory", "kind": "writable", "max_tokens": 100}]}
+    await _json(await client.put(f"/v1/sessions/{sid}/config", json=config))
+    first = await _json(await client.get(f"/v1/sessions/{sid}/system-prompt"))
+    await _json(await client.put(f"/v1/sessions/{sid}/context/memory", json={"content": "Fridays"}))
+    second = await _json(await client.post(f"/v1/sessions/{sid}/system-prompt:refresh"))
+    found = (await _json(await client.get(f"/v1/sessions/{sid}/prompts", params={"min_seq": second["seq"]})))["prompts"]
+    assert [(p["version"], p["reason"], p["seq"], p["text"]) for p in found] == [
+        (1, "freeze", first["seq"], first["prompt"]),
+        (2, "refresh", second["seq"], second["prompt"]),
+    ]
+    assert "Fridays" in found[1]["text"]
+
+
+async def test_compaction_failures_are_listed(client: httpx.AsyncClient, api_settings: Settings) -> None:
+    sid = new_sid()
+    seq = (await append(client, sid, msg("m1", "hello")))["seq"]
+    assert await _json(await client.get(f"/v1/sessions/{sid}/compaction-failures", params={"min_seq": seq})) == {
+        "failures": []
+    }
+    nc = await operator_nats(api_settings.nats_url)
+    try:
+        pub = Publisher(nc.jetstream(), api_settings.layout())
+        failed = CompactionFailed(
+            tenant="tenant-a", session=sid, leaf_id="m1", summarizer="openai-compatible", error="HTTP 503", attempt=2
+        )
+        done = await pub.publish(failed)
+    finally:
+        await nc.close()
+    found = await _json(await client.get(f"/v1/sessions/{sid}/compaction-failures", params={"min_seq": done.seq}))
+    assert found["failures"] == [
+        {
+            "seq": done.seq,
+            "leaf_id": "m1",
+            "summarizer": "openai-compatible",
+            "error": "HTTP 503",
+            "attempt": 2,
+            "created_at": failed.occurred_at.isoformat(),
+        }
+    ]
+
+
+async def test_context_as_of_a_sequence(client: httpx.AsyncClient) -> None:
+    sid = new_sid()
+    before = (await append(client, sid, msg("m1", "hello")))["seq"]
+    config = {
+        "blocks": [
+            {"label": "memory", "kind": "writable", "max_tokens": 100},
+            {"label": "notes", "kind": "searchable", "description": "Notes"},
+        ]
+    }
+    await _json(await client.put(f"/v1/sessions/{sid}/config", json=config))
+    one = (await _json(await client.put(f"/v1/sessions/{sid}/context/memory", json={"content": "one"})))["seq"]
+    await _json(
+        await client.post(f"/v1/sessions/{sid}/tools/set_context", json={"label": "notes", "key": "k", "content": "x"})
+    )
+    two = (await _json(await client.put(f"/v1/sessions/{sid}/context/memory", json={"content": "two"})))["seq"]
+
+    async def at(seq: int) -> dict[str, Any]:
+        return await _json(await client.get(f"/v1/sessions/{sid}/context", params={"as_of_seq": seq}))
+
+    assert await at(before) == {"as_of_seq": before, "blocks": []}
+    memory_then = (await at(one))["blocks"][0]
+    assert (memory_then["label"], memory_then["content"], memory_then["tokens"]) == ("memory", "one", 1)
+    then = (await at(two))["blocks"]
+    now = (await _json(await client.get(f"/v1/sessions/{sid}/context", params={"min_seq": two})))["blocks"]
+    assert then == now  # the fold agrees with the live read model
+    assert now[0]["content"] == "two"
+    assert now[1]["content"] == "1 entries indexed."
+    assert (await at(one))["blocks"][1]["content"] == ""  # the entry came after
+    await _problem(await client.get(f"/v1/sessions/{sid}/context", params={"as_of_seq": -1}), 422, "invalid_request")
+    await _problem(
+        await client.get(f"/v1/sessions/{new_sid()}/context", params={"as_of_seq": 1}), 404, "session_not_found"
+    )
+
+
+# -- quarantine ----------------------------------------------------------------------------
+
+
+async def test_quarantine_shows_a_tenant_only_its_own_events(
+    client: httpx.AsyncClient, client_b: httpx.AsyncClient, anon: httpx.AsyncClient, api_settings: Settings
+) -> None:
+    sa, sb = new_sid(), new_sid()
+    await append(client, sa, msg("m1", "hello"))
+    await append(client_b, sb, msg("m1", "hello"))
+    bad_a = await _publish_raw(api_settings, "tenant-a", sa, b"not json from a")
+    bad_b = await _publish_raw(api_settings, "tenant-b", sb, b"not json from b")
+    await _json(await client.get(f"/v1/sessions/{sa}/tree", params={"min_seq": bad_a}))  # projected past it
+    await _json(await client_b.get(f"/v1/sessions/{sb}/tree", params={"min_seq": bad_b}))
+
+    mine = (await _json(await client.get("/v1/quarantine", params={"session_id": sa})))["quarantined"]
+    assert [(q["seq"], q["session_id"], q["reason"]) for q in mine] == [(bad_a, sa, "not_json")]
+    assert mine[0]["size"] == len(b"not json from a")
+    every = [q["seq"] for q in (await _json(await client.get("/v1/quarantine", params={"limit": 500})))["quarantined"]]
+    assert bad_a in every
+    assert bad_b not in every
+    theirs = [
+        q["seq"] for q in (await _json(await client_b.get("/v1/quarantine", params={"limit": 500})))["quarantined"]
+    ]
+    assert bad_b in theirs
+    assert bad_a not in theirs
+    assert (await _json(await client_b.get("/v1/quarantine", params={"session_id": sa})))["quarantined"] == []
+
+    await _problem(await anon.get("/v1/quarantine"), 401, "unauthorized")
+    await _problem(await client.get("/v1/quarantine", params={"session_id": " x"}), 422, "invalid_id")
+    await _problem(await client.get("/v1/quarantine", params={"limit": 0}), 422, "invalid_request")
+
+
+# -- the page ------------------------------------------------------------------------------
+
+
+async def test_the_page_and_its_assets_are_served_from_here_without_a_key(anon: httpx.AsyncClient) -> None:
+    r = await anon.get("/audit")
+    assert (r.status_code, r.headers["location"]) == (308, "/audit/")
+    page = await anon.get("/audit/")
+    assert page.status_code == 200
+    assert page.headers["content-type"].startswith("text/html")
+    csp = page.headers["content-security-policy"]
+    assert "default-src 'none'" in csp
+    assert "script-src 'self'" in csp
+    assert "connect-src 'self'" in csp
+    assets = re.findall(r'(?:src|href)="([^"]+)"', page.text)
+    assert assets == ["/audit/static/app.css", "/audit/static/app.js"]
+    seen: set[str] = set()
+    todo = list(assets)
+    while todo:  # every asset and every module it imports is served by this server
+        path = todo.pop()
+        if path in seen:
+            continue
+        seen.add(path)
+        r = await anon.get(path)
+        assert r.status_code == 200, path
+        assert not re.search(r"https?://", r.text), f"{path} names another server"
+        todo += [f"/audit/static/{name}" for name in re.findall(r'from "\./([a-z]+\.js)"', r.text)]
+        if path.endswith(".js"):
+            assert r.headers["content-type"].split(";")[0] in ("text/javascript", "application/javascript")
+    assert {"/audit/static/api.js", "/audit/static/tree.js", "/audit/static/dom.js"} <= seen
+    assert (await anon.get("/audit/static/missing.js")).status_code == 404
+    assert not [p for p in (await anon.get("/openapi.json")).json()["paths"] if p.startswith("/audit")]
