@@ -10,10 +10,15 @@ from events.catalog import MessageBodyEvent
 from events.messages import JsonObject, body_hash, stored_json
 
 
-async def pack_body(body: JsonObject, store: BlobStore | None, limit_bytes: int) -> dict[str, Any]:
-    """Event fields for a body: ``message`` inline, or ``message_ref`` when over ``limit_bytes``."""
-    data = stored_json(body).encode()
-    fields: dict[str, Any] = {"body_sha256": body_hash(body), "role": str(body.get("role", ""))}
+async def pack_body(
+    body: JsonObject, store: BlobStore | None, limit_bytes: int, *, data: bytes | None = None, digest: str | None = None
+) -> dict[str, Any]:
+    """Event fields for a body: ``message`` inline, or ``message_ref`` when over ``limit_bytes``.
+
+    ``data`` (its :func:`stored_json` bytes) and ``digest`` (its :func:`body_hash`) may be
+    passed when the caller has them already."""
+    data = stored_json(body).encode() if data is None else data
+    fields: dict[str, Any] = {"body_sha256": digest or body_hash(body), "role": str(body.get("role", ""))}
     if len(data) <= limit_bytes or store is None:
         if len(data) > limit_bytes:
             raise ValueError(f"message body is {len(data)} bytes and no object store is configured")

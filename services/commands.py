@@ -32,7 +32,7 @@ from events.catalog import (
     SessionRenamed,
 )
 from events.envelope import Event
-from events.messages import JsonObject, body_hash, canonical_json, stored_json
+from events.messages import JsonObject, body_hash, stored_json
 from events.publisher import Publisher
 from projections import queries
 from projections.overlays import apply_overlays
@@ -140,11 +140,11 @@ class Commands:
 
     # -- messages -------------------------------------------------------------------------
 
-    async def _pack(self, body: JsonObject) -> dict[str, Any]:
-        size = len(canonical_json(body))
-        if size > self._max:
-            raise PayloadTooLarge(f"message is {size} bytes; the limit is {self._max}")
-        return await pack_body(body, self._blobs, self._limit)
+    async def _pack(self, body: JsonObject, digest: str | None = None) -> dict[str, Any]:
+        data = stored_json(body).encode()  # as long as the canonical form: only the key order differs
+        if len(data) > self._max:
+            raise PayloadTooLarge(f"message is {len(data)} bytes; the limit is {self._max}")
+        return await pack_body(body, self._blobs, self._limit, data=data, digest=digest)
 
     async def append(
         self,
@@ -165,7 +165,7 @@ class Commands:
         """
         message_id = str(body["id"])
         digest = body_hash(body)
-        packed = await self._pack(body)
+        packed = await self._pack(body, digest)
         if self._originals is not None and json_bytes(body) > self._row_cap:
             capped, changed = enforce_row_size_limit(body, self._row_cap)
             if changed:
