@@ -9,9 +9,11 @@ from typing import Any
 from psycopg import AsyncConnection
 
 from events.context import SessionConfig
+from projections import search_query as sq
 
 Conn = AsyncConnection[Any]
 SEARCH_CANDIDATES = 1000  # newest matches ranked, so a common word costs the same as a rare one
+SEARCH_SAMPLE = 2000  # newest entries of the block that give BM25 its statistics
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,16 +67,32 @@ async def entry_counts(conn: Conn, tenant: str, session: str, labels: list[str])
 async def search_entries(
     conn: Conn, tenant: str, session: str, label: str, query: str, limit: int = 10
 ) -> list[tuple[str, str]]:
-    """(key, content) of entries matching every word (stemmed), best first."""
+    """(key, content) of entries matching every part of the query (:mod:`projections.search_query`),
+    best first by BM25 over the block's entries (bounded as message search is)."""
+    parts = sq.parse(query)
+    if not parts:
+        return []
+    match = sq.match_sql(parts)
+    scope = "e.tenant = %(t)s AND e.session_id = %(s)s AND e.label = %(l)s"
     cur = await conn.execute(
-        "WITH cand AS (SELECT key, content, content_tsv, updated_seq FROM search_entries"
-        " WHERE tenant = %(t)s AND session_id = %(s)s AND label = %(l)s"
-        " AND numnode(plainto_tsquery('english', %(q)s)) > 0"
-        " AND content_tsv @@ plainto_tsquery('english', %(q)s)"
-        " ORDER BY updated_seq DESC LIMIT %(cand)s)"
-        " SELECT key, content FROM cand"
-        " ORDER BY ts_rank(content_tsv, plainto_tsquery('english', %(q)s)) DESC, updated_seq DESC LIMIT %(n)s",
-        {"q": query, "t": tenant, "s": session, "l": label, "cand": SEARCH_CANDIDATES, "n": limit},
+        f"""
+        WITH cand AS (
+            SELECT e.key, e.content, e.content_tsv, e.updated_seq FROM search_entries e
+            WHERE {scope} AND numnode({match}) > 0 AND e.content_tsv @@ {match}
+            ORDER BY e.updated_seq DESC LIMIT %(cand)s
+        ),
+        sample AS (
+            SELECT e.content_tsv, octet_length(e.content) AS len FROM search_entries e
+            WHERE {scope} ORDER BY e.updated_seq DESC LIMIT %(sample)s
+        ),
+        stats AS (SELECT {sq.stats_sql(parts, "sample.content_tsv", "sample.len")} FROM sample)
+        SELECT cand.key, cand.content FROM cand, stats
+        ORDER BY {sq.bm25_sql(parts, "cand.content_tsv", "octet_length(cand.content)", "stats")} DESC,
+                 cand.updated_seq DESC
+        LIMIT %(n)s
+        """,
+        {"t": tenant, "s": session, "l": label, "cand": SEARCH_CANDIDATES, "sample": SEARCH_SAMPLE, "n": limit}
+        | sq.params(parts),
     )
     return [(str(k), str(c)) for k, c in await cur.fetchall()]
 

@@ -11,10 +11,13 @@ from typing import Any, NamedTuple, TypeVar
 from psycopg import AsyncConnection
 from psycopg.rows import class_row
 
+from projections import search_query as sq
+
 Conn = AsyncConnection[Any]
 T = TypeVar("T")
 
-SEARCH_CANDIDATES = 1000
+SEARCH_CANDIDATES = 1000  # newest matches ranked
+SEARCH_SAMPLE = 2000  # newest messages of the scope that give BM25 its statistics
 
 
 @dataclass(frozen=True, slots=True)
@@ -287,35 +290,53 @@ async def path_length(conn: Conn, tenant: str, session: str, leaf_id: str) -> in
 
 
 async def search(conn: Conn, tenant: str, session: str | None, query: str, limit: int) -> list[SearchHit]:
-    """All words must match (stemmed, English); ranked; snippet per hit.
+    """Every part of the query must match (:mod:`projections.search_query`: words in any order,
+    phrases, prefixes; stop words are words); ranked by BM25 over the scope; snippet per hit.
 
-    Ranking is bounded: at most ``SEARCH_CANDIDATES`` newest matches are ranked, so a very common
-    word costs the same as a rare one.
+    Ranking is bounded: at most ``SEARCH_CANDIDATES`` newest matches are ranked, with statistics
+    from the scope's newest ``SEARCH_SAMPLE`` messages, so a very common word costs about what a
+    rare one does.
     """
+    parts = sq.parse(query)
+    if not parts:
+        return []
+    match = sq.match_sql(parts)
+    scope = "m.tenant = %(t)s AND (%(s)s::text IS NULL OR m.session_id = %(s)s)"
     async with conn.cursor(row_factory=class_row(SearchHit)) as cur:
         await cur.execute(
-            """
-            WITH q AS (SELECT plainto_tsquery('english', %(q)s) AS q),
-            cand AS (
+            f"""
+            WITH cand AS (
                 SELECT m.session_id, m.id, m.role, m.text_content, m.content_tsv, m.created_at, m.seq
                 FROM messages m
-                WHERE m.tenant = %(t)s AND (%(s)s::text IS NULL OR m.session_id = %(s)s)
-                  AND numnode(plainto_tsquery('english', %(q)s)) > 0
-                  AND m.content_tsv @@ plainto_tsquery('english', %(q)s)
+                WHERE {scope} AND numnode({match}) > 0 AND m.content_tsv @@ {match}
                 ORDER BY m.seq DESC
                 LIMIT %(cand)s
             ),
+            sample AS (
+                SELECT m.content_tsv, octet_length(m.text_content) AS len FROM messages m
+                WHERE {scope} ORDER BY m.seq DESC LIMIT %(sample)s
+            ),
+            stats AS (SELECT {sq.stats_sql(parts, "sample.content_tsv", "sample.len")} FROM sample),
             ranked AS (
-                SELECT cand.*, ts_rank(cand.content_tsv, q.q) AS rank FROM cand, q
+                SELECT cand.*,
+                       {sq.bm25_sql(parts, "cand.content_tsv", "octet_length(cand.text_content)", "stats")} AS rank
+                FROM cand, stats
                 ORDER BY rank DESC, cand.seq DESC LIMIT %(limit)s
             )
             SELECT r.session_id, r.id, r.role, r.text_content AS content,
-                   ts_headline('english', r.text_content, q.q,
+                   ts_headline(%(cfg)s::regconfig, r.text_content, {match},
                                'MaxWords=24, MinWords=8, MaxFragments=2, StartSel=**, StopSel=**') AS snippet,
                    r.rank::float8 AS rank, r.created_at
-            FROM ranked r, q ORDER BY r.rank DESC, r.seq DESC
+            FROM ranked r ORDER BY r.rank DESC, r.seq DESC
             """,
-            {"q": query, "t": tenant, "s": session, "cand": SEARCH_CANDIDATES, "limit": limit},
+            {
+                "t": tenant,
+                "s": session,
+                "cand": SEARCH_CANDIDATES,
+                "sample": SEARCH_SAMPLE,
+                "limit": limit,
+                **sq.params(parts),
+            },
         )
         return await cur.fetchall()
 

@@ -1,5 +1,5 @@
 """Searchable blocks and searchable history over HTTP: keyed entries upserted by key, FTS with
-all words required, and the tenant-wide ``session_search``."""
+all words required (stop words too), phrases and prefixes, and the tenant-wide ``session_search``."""
 
 from __future__ import annotations
 
@@ -49,8 +49,15 @@ async def test_search_entries(client: httpx.AsyncClient) -> None:
     assert await search(client, s, "friday database") == "No results found."
     assert await search(client, s, "nothing-like-this") == "No results found."
     assert await search(client, s, "") == "No results found."
-    assert await search(client, s, "the") == "No results found."  # only a stop word: an empty query
     assert await search(client, s, "'\"&|!():*") == "No results found."  # FTS operators are plain text
+    # common words are words: nothing is dropped as a stop word
+    assert await search(client, s, "the deploy") == "[deploy]\nThe deploy happens on Friday afternoon"
+    assert await search(client, s, "is on") == "[oncall]\nKim is on call for the database"
+    assert await search(client, s, '"on call"') == "[oncall]\nKim is on call for the database"
+    assert await search(client, s, '"call on"') == "No results found."  # a phrase keeps its order
+    nightly = await search(client, s, "nigh*")  # a prefix
+    assert nightly.startswith("[backups-run-nightly-at-02-00-")
+    assert nightly.endswith("]\nBackups run nightly at 02:00")
 
     p = await refresh(client, s)
     assert p["prompt"] == block("KNOWLEDGE (Searchable docs) [searchable]", "3 entries indexed.")

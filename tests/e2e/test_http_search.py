@@ -1,4 +1,4 @@
-"""Full-text search over HTTP: all words, any order, English stemming, text parts only, limits."""
+"""Full-text search over HTTP: all words, any order, Porter stemming, phrases, prefixes, text parts only, limits."""
 
 from __future__ import annotations
 
@@ -42,7 +42,7 @@ async def test_words_match_in_any_order(client: httpx.AsyncClient) -> None:
     assert {h["id"] for h in await search(client, sid, "deployment", min_seq=seq)} == {"m1", "m2"}
 
 
-async def test_english_stemming(client: httpx.AsyncClient) -> None:
+async def test_porter_stemming_as_the_reference(client: httpx.AsyncClient) -> None:
     sid = new_sid()
     seq = await fill(
         client,
@@ -51,15 +51,47 @@ async def test_english_stemming(client: httpx.AsyncClient) -> None:
             "m1": "the deployment is on Friday",
             "m2": "we keep running the databases",
             "m3": "connection refused",
+            "m4": "one more thing",
         },
     )
-    # Postgres' english snowball stemmer: deploying/deployment/deployed -> deploy.
-    assert [h["id"] for h in await search(client, sid, "deploying", min_seq=seq)] == ["m1"]
-    assert [h["id"] for h in await search(client, sid, "deployed fridays", min_seq=seq)] == ["m1"]
+    # The original Porter algorithm, as FTS5's porter tokenizer: deployments/deployment -> deploy.
+    assert [h["id"] for h in await search(client, sid, "deployments", min_seq=seq)] == ["m1"]
+    assert [h["id"] for h in await search(client, sid, "deployment fridays", min_seq=seq)] == ["m1"]
     assert [h["id"] for h in await search(client, sid, "runs database", min_seq=seq)] == ["m2"]
     assert [h["id"] for h in await search(client, sid, "connecting", min_seq=seq)] == ["m3"]
+    # Porter's own conflations are the reference's too: "one" and "on" share the stem "on", and
+    # "deploying" and "deploys" (deploi) are not "deployment" (deploy).
+    assert {h["id"] for h in await search(client, sid, "one", min_seq=seq)} == {"m1", "m4"}
+    assert await search(client, sid, "deploying", min_seq=seq) == []
     # Stemming is not lemmatisation: the irregular "ran" is its own stem.
     assert await search(client, sid, "ran", min_seq=seq) == []
+
+
+async def test_common_words_phrases_and_prefixes(client: httpx.AsyncClient) -> None:
+    sid = new_sid()
+    seq = await fill(
+        client,
+        sid,
+        {
+            "m1": "who deploys the blue green stack when it rains",
+            "m2": "green and blue are colours",
+            "m3": "the deployment of blue-green stacks",
+        },
+    )
+    # Stop words are words: every one a user types is searched.
+    assert {h["id"] for h in await search(client, sid, "the", min_seq=seq)} == {"m1", "m3"}
+    assert [h["id"] for h in await search(client, sid, "who when", min_seq=seq)] == ["m1"]
+    # A quoted phrase matches its words adjacent and in order; a hyphenated word is the phrase of its parts.
+    assert {h["id"] for h in await search(client, sid, '"blue green"', min_seq=seq)} == {"m1", "m3"}
+    assert [h["id"] for h in await search(client, sid, '"green blue"', min_seq=seq)] == []
+    assert {h["id"] for h in await search(client, sid, "blue-green", min_seq=seq)} == {"m1", "m3"}
+    assert {h["id"] for h in await search(client, sid, "green blue", min_seq=seq)} == {"m1", "m2", "m3"}
+    # An unclosed quote is a phrase to the end of the query.
+    assert {h["id"] for h in await search(client, sid, 'stack "blue green', min_seq=seq)} == {"m1", "m3"}
+    # A trailing * is a prefix (of the stemmed word).
+    assert {h["id"] for h in await search(client, sid, "deplo*", min_seq=seq)} == {"m1", "m3"}
+    assert {h["id"] for h in await search(client, sid, "col*", min_seq=seq)} == {"m2"}
+    assert await search(client, sid, "*", min_seq=seq) == []
 
 
 async def test_only_text_parts_are_indexed(client: httpx.AsyncClient) -> None:
@@ -91,8 +123,8 @@ async def test_no_match_gives_an_empty_list(client: httpx.AsyncClient) -> None:
     sid = new_sid()
     seq = await fill(client, sid, {"m1": "nothing to see here"})
     assert await search(client, sid, unique_word(), min_seq=seq) == []
-    # Only stop words: the query is empty after parsing, which matches nothing (and is not an error).
-    assert await search(client, sid, "the and of", min_seq=seq) == []
+    # Only punctuation: the query is empty after parsing, which matches nothing (and is not an error).
+    assert await search(client, sid, "&& !? --", min_seq=seq) == []
     # Query syntax characters are plain text, not tsquery operators.
     assert [h["id"] for h in await search(client, sid, "see & (here | !", min_seq=seq)] == ["m1"]
     assert [h["id"] for h in await search(client, sid, "here:* see", min_seq=seq)] == ["m1"]

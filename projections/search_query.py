@@ -1,0 +1,103 @@
+"""Search queries: the user's syntax parsed into parts (pure), and the SQL that matches and ranks them.
+
+Syntax (it never raises; anything else is words):
+
+- ``"blue green"``: a phrase, its words adjacent and in order; an unclosed quote runs to the end;
+- ``deploy*``: a prefix (of the stemmed word, as FTS5's porter tokenizer stems a prefix);
+- every other whitespace-separated word must match, in any order; a word with punctuation inside
+  (``blue-green``, ``it's``) is the phrase of its parts, as the reference quotes each word.
+
+Ranking is Okapi BM25 (FTS5's ``bm25()``: k1 = 1.2, b = 0.75) with the parts as its terms:
+term frequency from the stored positions, inverse document frequency and the average length over
+the search's scope, document length in bytes of indexed text. Two bounds keep every query cheap:
+only the newest ``candidates`` matches are ranked, and document frequencies and the average
+length come from the scope's newest ``sample`` messages (exact whenever the scope is smaller).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any, Literal
+
+# The text search configuration every tenant uses (migration 010).
+CONFIG = "chronicle_english"
+MAX_PARTS = 16  # later parts of a longer query are ignored (each part costs a term in the SQL)
+K1 = 1.2
+B = 0.75
+
+_TOKEN = re.compile(r"[^\W_]+")
+_QUOTED = re.compile(r'"([^"]*)"?')
+
+
+@dataclass(frozen=True, slots=True)
+class Part:
+    """One term of a query: a word (or the phrase of a word's parts), a quoted phrase or a prefix."""
+
+    kind: Literal["phrase", "prefix"]
+    text: str
+
+
+def parse(query: str) -> list[Part]:
+    """The query's parts, in order, duplicates dropped; ``[]`` when nothing searchable is left."""
+    parts: list[Part] = []
+    pos = 0
+    for m in _QUOTED.finditer(query):
+        parts.extend(_words(query[pos : m.start()]))
+        if _TOKEN.search(m.group(1)):
+            parts.append(Part("phrase", " ".join(m.group(1).split())))
+        pos = m.end()
+    parts.extend(_words(query[pos:]))
+    unique = list(dict.fromkeys(parts))
+    return unique[:MAX_PARTS]
+
+
+def _words(text: str) -> list[Part]:
+    out: list[Part] = []
+    for word in text.split():
+        tokens = _TOKEN.findall(word)
+        if not tokens:
+            continue
+        if word.endswith("*"):
+            out.extend(Part("phrase", t) for t in tokens[:-1])
+            out.append(Part("prefix", tokens[-1]))
+        else:
+            out.append(Part("phrase", word))
+    return out
+
+
+def part_sql(i: int, part: Part) -> str:
+    """The tsquery of part ``i`` (its text is the parameter ``p{i}``; ``cfg`` the configuration)."""
+    if part.kind == "prefix":  # the prefix is letters and digits only: no tsquery syntax can get in
+        return f"to_tsquery(%(cfg)s::regconfig, %(p{i})s || ':*')"
+    return f"phraseto_tsquery(%(cfg)s::regconfig, %(p{i})s)"
+
+
+def params(parts: list[Part], config: str = CONFIG) -> dict[str, Any]:
+    return {"cfg": config} | {f"p{i}": p.text for i, p in enumerate(parts)}
+
+
+def match_sql(parts: list[Part]) -> str:
+    """All parts must match: one tsquery, written inline so the planner sees how common it is."""
+    return "(" + " && ".join(part_sql(i, p) for i, p in enumerate(parts)) + ")"
+
+
+def stats_sql(parts: list[Part], tsv: str, length: str) -> str:
+    """Select-list of the sample's statistics: ``n``, ``avgdl`` and ``df{i}`` per part."""
+    dfs = "".join(f", count(*) FILTER (WHERE {tsv} @@ {part_sql(i, p)}) AS df{i}" for i, p in enumerate(parts))
+    return f"count(*) AS n, greatest(avg({length}), 1) AS avgdl{dfs}"
+
+
+def bm25_sql(parts: list[Part], tsv: str, length: str, stats: str) -> str:
+    """BM25 of a candidate (``tsv``, ``length``) against the sample statistics relation ``stats``.
+
+    The frequency of a part in a document is ``ts_rank_cd`` with unit weights and no
+    normalisation: the number of its covers, i.e. of the word's (prefix's, phrase's) occurrences.
+    """
+    norm = f"{K1} * (1 - {B} + {B} * {length} / {stats}.avgdl)"
+    terms = []
+    for i, p in enumerate(parts):
+        tf = f"ts_rank_cd('{{1,1,1,1}}', {tsv}, {part_sql(i, p)}, 0)"
+        idf = f"ln(1 + ({stats}.n - {stats}.df{i} + 0.5) / ({stats}.df{i} + 0.5))"
+        terms.append(f"{idf} * {tf} * {K1 + 1} / ({tf} + {norm})")
+    return " + ".join(terms)
