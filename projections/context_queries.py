@@ -13,7 +13,7 @@ from projections import search_query as sq
 
 Conn = AsyncConnection[Any]
 SEARCH_CANDIDATES = 1000  # newest matches ranked, so a common word costs the same as a rare one
-SEARCH_SAMPLE = 2000  # newest entries of the block that give BM25 its statistics
+SEARCH_SAMPLE = 1000  # newest entries of the block that give BM25 its statistics
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,19 +76,23 @@ async def search_entries(
     scope = "e.tenant = %(t)s AND e.session_id = %(s)s AND e.label = %(l)s"
     cur = await conn.execute(
         f"""
-        WITH cand AS (
+        WITH cand AS MATERIALIZED (
             SELECT e.key, e.content, e.content_tsv, e.updated_seq FROM search_entries e
             WHERE {scope} AND numnode({match}) > 0 AND e.content_tsv @@ {match}
             ORDER BY e.updated_seq DESC LIMIT %(cand)s
+        ),
+        scored AS MATERIALIZED (  -- each frequency computed once, for the candidates only
+            SELECT c.key, c.content, c.updated_seq, octet_length(c.content)::float8 AS len,
+                   {sq.tf_sql(parts, "c.content_tsv")}
+            FROM cand c
         ),
         sample AS (
             SELECT e.content_tsv, octet_length(e.content) AS len FROM search_entries e
             WHERE {scope} ORDER BY e.updated_seq DESC LIMIT %(sample)s
         ),
         stats AS (SELECT {sq.stats_sql(parts, "sample.content_tsv", "sample.len")} FROM sample)
-        SELECT cand.key, cand.content FROM cand, stats
-        ORDER BY {sq.bm25_sql(parts, "cand.content_tsv", "octet_length(cand.content)", "stats")} DESC,
-                 cand.updated_seq DESC
+        SELECT scored.key, scored.content FROM scored, stats
+        ORDER BY {sq.bm25_sql(parts, "scored.len", "stats", "scored")} DESC, scored.updated_seq DESC
         LIMIT %(n)s
         """,
         {"t": tenant, "s": session, "l": label, "cand": SEARCH_CANDIDATES, "sample": SEARCH_SAMPLE, "n": limit}

@@ -17,7 +17,7 @@ Conn = AsyncConnection[Any]
 T = TypeVar("T")
 
 SEARCH_CANDIDATES = 1000  # newest matches ranked
-SEARCH_SAMPLE = 2000  # newest messages of the scope that give BM25 its statistics
+SEARCH_SAMPLE = 1000  # newest messages of the scope that give BM25 its statistics
 
 
 @dataclass(frozen=True, slots=True)
@@ -305,12 +305,17 @@ async def search(conn: Conn, tenant: str, session: str | None, query: str, limit
     async with conn.cursor(row_factory=class_row(SearchHit)) as cur:
         await cur.execute(
             f"""
-            WITH cand AS (
+            WITH cand AS MATERIALIZED (
                 SELECT m.session_id, m.id, m.role, m.text_content, m.content_tsv, m.created_at, m.seq
                 FROM messages m
                 WHERE {scope} AND numnode({match}) > 0 AND m.content_tsv @@ {match}
                 ORDER BY m.seq DESC
                 LIMIT %(cand)s
+            ),
+            scored AS MATERIALIZED (  -- each frequency computed once, for the candidates only
+                SELECT c.session_id, c.id, c.role, c.text_content, c.created_at, c.seq,
+                       octet_length(c.text_content)::float8 AS len, {sq.tf_sql(parts, "c.content_tsv")}
+                FROM cand c
             ),
             sample AS (
                 SELECT m.content_tsv, octet_length(m.text_content) AS len FROM messages m
@@ -318,10 +323,9 @@ async def search(conn: Conn, tenant: str, session: str | None, query: str, limit
             ),
             stats AS (SELECT {sq.stats_sql(parts, "sample.content_tsv", "sample.len")} FROM sample),
             ranked AS (
-                SELECT cand.*,
-                       {sq.bm25_sql(parts, "cand.content_tsv", "octet_length(cand.text_content)", "stats")} AS rank
-                FROM cand, stats
-                ORDER BY rank DESC, cand.seq DESC LIMIT %(limit)s
+                SELECT scored.*, {sq.bm25_sql(parts, "scored.len", "stats", "scored")} AS rank
+                FROM scored, stats
+                ORDER BY rank DESC, scored.seq DESC LIMIT %(limit)s
             )
             SELECT r.session_id, r.id, r.role, r.text_content AS content,
                    ts_headline(%(cfg)s::regconfig, r.text_content, {match},

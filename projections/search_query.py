@@ -82,22 +82,32 @@ def match_sql(parts: list[Part]) -> str:
     return "(" + " && ".join(part_sql(i, p) for i, p in enumerate(parts)) + ")"
 
 
-def stats_sql(parts: list[Part], tsv: str, length: str) -> str:
-    """Select-list of the sample's statistics: ``n``, ``avgdl`` and ``df{i}`` per part."""
-    dfs = "".join(f", count(*) FILTER (WHERE {tsv} @@ {part_sql(i, p)}) AS df{i}" for i, p in enumerate(parts))
-    return f"count(*) AS n, greatest(avg({length}), 1) AS avgdl{dfs}"
+def tf_sql(parts: list[Part], tsv: str) -> str:
+    """Select-list items ``tf{i}``: how often part ``i`` occurs in the document ``tsv``.
 
-
-def bm25_sql(parts: list[Part], tsv: str, length: str, stats: str) -> str:
-    """BM25 of a candidate (``tsv``, ``length``) against the sample statistics relation ``stats``.
-
-    The frequency of a part in a document is ``ts_rank_cd`` with unit weights and no
-    normalisation: the number of its covers, i.e. of the word's (prefix's, phrase's) occurrences.
+    ``ts_rank_cd`` with unit weights and no normalisation counts a query's covers: the word's
+    (prefix's, phrase's) occurrences.
     """
+    tfs = (f"ts_rank_cd('{{1,1,1,1}}', {tsv}, {part_sql(i, p)}, 0)::float8 AS tf{i}" for i, p in enumerate(parts))
+    return ", ".join(tfs)
+
+
+def stats_sql(parts: list[Part], tsv: str, length: str) -> str:
+    """Select-list of the sample's statistics: ``n``, ``avgdl`` and ``df{i}`` per part (a query of
+    one part needs no document frequency: its idf scales every score alike)."""
+    dfs = (
+        "".join(f", count(*) FILTER (WHERE {tsv} @@ {part_sql(i, p)})::float8 AS df{i}" for i, p in enumerate(parts))
+        if len(parts) > 1
+        else ""
+    )
+    return f"count(*)::float8 AS n, greatest(avg({length}), 1)::float8 AS avgdl{dfs}"
+
+
+def bm25_sql(parts: list[Part], length: str, stats: str, cand: str) -> str:
+    """BM25 of a candidate (``{cand}.tf{i}``, ``length``) against the statistics relation ``stats``."""
     norm = f"{K1} * (1 - {B} + {B} * {length} / {stats}.avgdl)"
     terms = []
-    for i, p in enumerate(parts):
-        tf = f"ts_rank_cd('{{1,1,1,1}}', {tsv}, {part_sql(i, p)}, 0)"
-        idf = f"ln(1 + ({stats}.n - {stats}.df{i} + 0.5) / ({stats}.df{i} + 0.5))"
-        terms.append(f"{idf} * {tf} * {K1 + 1} / ({tf} + {norm})")
+    for i in range(len(parts)):
+        idf = f"ln(1 + ({stats}.n - {stats}.df{i} + 0.5) / ({stats}.df{i} + 0.5)) * " if len(parts) > 1 else ""
+        terms.append(f"{idf}{cand}.tf{i} * {K1 + 1} / ({cand}.tf{i} + {norm})")
     return " + ".join(terms)

@@ -48,7 +48,7 @@ SEARCHABLE = "kb"
 ENTRY_BYTES = 400
 UNRANKED = (
     "SELECT key FROM search_entries WHERE tenant = %s AND session_id = %s AND label = %s "
-    "AND content_tsv @@ plainto_tsquery('english', %s) LIMIT 10"
+    "AND content_tsv @@ plainto_tsquery('chronicle_search.english', %s) LIMIT 10"
 )
 COMMON_WORDS = (COMMON_QUERY, "water", "time", "work")
 
