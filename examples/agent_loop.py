@@ -10,9 +10,11 @@ Each user turn:
    message of AI SDK tool parts; go back to 3 until the model answers in text;
 6. append the answer, then refresh the system prompt so the next turn sees what was learned.
 
-Run it (Chronicle from ``make up``; any OpenAI-compatible server: OpenAI, vLLM, Ollama, llama.cpp)::
+Run it with the project's Python (``.venv/bin/python``; Chronicle from ``make up``; any
+OpenAI-compatible server: OpenAI, vLLM, Ollama, llama.cpp, or the offline stub that
+``.venv/bin/python -m tests.e2e.stub_llm`` serves)::
 
-    python examples/agent_loop.py --base-url http://127.0.0.1:8080 --api-key "$(cat .chronicle/api-key)" \\
+    .venv/bin/python examples/agent_loop.py --base-url http://127.0.0.1:8080 --api-key "$(cat .chronicle/api-key)" \\
         --llm-base-url http://127.0.0.1:11434/v1 --model llama3.1 \\
         "Remember that my favourite colour is teal." "What is my favourite colour?"
 
