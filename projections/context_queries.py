@@ -9,11 +9,12 @@ from typing import Any
 from psycopg import AsyncConnection
 
 from events.context import SessionConfig
+from projections import search_languages
 from projections import search_query as sq
 
 Conn = AsyncConnection[Any]
 SEARCH_CANDIDATES = 1000  # newest matches ranked, so a common word costs the same as a rare one
-SEARCH_SAMPLE = 1000  # newest entries of the block that give BM25 its statistics
+SEARCH_SAMPLE = 1000  # newest entries of the block that give BM25 its document frequencies
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,8 +73,10 @@ async def search_entries(
     parts = sq.parse(query)
     if not parts:
         return []
+    config = await search_languages.config_of(conn, tenant)  # the one its rows were indexed with
     match = sq.match_sql(parts)
     scope = "e.tenant = %(t)s AND e.session_id = %(s)s AND e.label = %(l)s"
+    sample = f"SELECT e.content_tsv FROM search_entries e WHERE {scope} ORDER BY e.updated_seq DESC LIMIT %(sample)s"
     cur = await conn.execute(
         f"""
         WITH cand AS MATERIALIZED (
@@ -86,17 +89,13 @@ async def search_entries(
                    {sq.tf_sql(parts, "c.content_tsv")}
             FROM cand c
         ),
-        sample AS (
-            SELECT e.content_tsv, octet_length(e.content) AS len FROM search_entries e
-            WHERE {scope} ORDER BY e.updated_seq DESC LIMIT %(sample)s
-        ),
-        stats AS (SELECT {sq.stats_sql(parts, "sample.content_tsv", "sample.len")} FROM sample)
+        {sq.stats_sql(parts, sample)}
         SELECT scored.key, scored.content FROM scored, stats
         ORDER BY {sq.bm25_sql(parts, "scored.len", "stats", "scored")} DESC, scored.updated_seq DESC
         LIMIT %(n)s
         """,
         {"t": tenant, "s": session, "l": label, "cand": SEARCH_CANDIDATES, "sample": SEARCH_SAMPLE, "n": limit}
-        | sq.params(parts),
+        | sq.params(parts, config),
     )
     return [(str(k), str(c)) for k, c in await cur.fetchall()]
 

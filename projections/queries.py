@@ -11,13 +11,14 @@ from typing import Any, NamedTuple, TypeVar
 from psycopg import AsyncConnection
 from psycopg.rows import class_row
 
+from projections import search_languages
 from projections import search_query as sq
 
 Conn = AsyncConnection[Any]
 T = TypeVar("T")
 
 SEARCH_CANDIDATES = 1000  # newest matches ranked
-SEARCH_SAMPLE = 1000  # newest messages of the scope that give BM25 its statistics
+SEARCH_SAMPLE = 1000  # newest messages of the scope that give BM25 its document frequencies
 
 
 @dataclass(frozen=True, slots=True)
@@ -293,15 +294,17 @@ async def search(conn: Conn, tenant: str, session: str | None, query: str, limit
     """Every part of the query must match (:mod:`projections.search_query`: words in any order,
     phrases, prefixes; stop words are words); ranked by BM25 over the scope; snippet per hit.
 
-    Ranking is bounded: at most ``SEARCH_CANDIDATES`` newest matches are ranked, with statistics
-    from the scope's newest ``SEARCH_SAMPLE`` messages, so a very common word costs about what a
-    rare one does.
+    Ranking is bounded: at most ``SEARCH_CANDIDATES`` newest matches are ranked (document
+    frequencies of a query of several words from the scope's newest ``SEARCH_SAMPLE`` messages),
+    so a very common word costs about what a rare one does.
     """
     parts = sq.parse(query)
     if not parts:
         return []
+    config = await search_languages.config_of(conn, tenant)  # the one its rows were indexed with
     match = sq.match_sql(parts)
     scope = "m.tenant = %(t)s AND (%(s)s::text IS NULL OR m.session_id = %(s)s)"
+    sample = f"SELECT m.content_tsv FROM messages m WHERE {scope} ORDER BY m.seq DESC LIMIT %(sample)s"
     async with conn.cursor(row_factory=class_row(SearchHit)) as cur:
         await cur.execute(
             f"""
@@ -317,11 +320,7 @@ async def search(conn: Conn, tenant: str, session: str | None, query: str, limit
                        octet_length(c.text_content)::float8 AS len, {sq.tf_sql(parts, "c.content_tsv")}
                 FROM cand c
             ),
-            sample AS (
-                SELECT m.content_tsv, octet_length(m.text_content) AS len FROM messages m
-                WHERE {scope} ORDER BY m.seq DESC LIMIT %(sample)s
-            ),
-            stats AS (SELECT {sq.stats_sql(parts, "sample.content_tsv", "sample.len")} FROM sample),
+            {sq.stats_sql(parts, sample)},
             ranked AS (
                 SELECT scored.*, {sq.bm25_sql(parts, "scored.len", "stats", "scored")} AS rank
                 FROM scored, stats
@@ -339,7 +338,7 @@ async def search(conn: Conn, tenant: str, session: str | None, query: str, limit
                 "cand": SEARCH_CANDIDATES,
                 "sample": SEARCH_SAMPLE,
                 "limit": limit,
-                **sq.params(parts),
+                **sq.params(parts, config),
             },
         )
         return await cur.fetchall()

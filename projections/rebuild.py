@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import zlib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,9 +21,11 @@ from nats.js import JetStreamContext
 from events import log as eventlog
 from events.envelope import Event
 from events.subjects import SubjectLayout
+from projections import search_languages
 from projections.migrate import migrate
 from projections.quarantine import Quarantined, screen
 from projections.runner import Prepared, Projection, apply_batch, prepare
+from projections.search_languages import Language
 
 Horizon = Callable[[str], int]
 """For an event's subject, the last sequence to apply (the live checkpoint of its partition)."""
@@ -97,9 +99,11 @@ async def rebuild_into(
     workers: int = 2,
     progress: Callable[[int, int], None] | None = None,
     horizon: Horizon | None = None,
+    languages: Mapping[str, Language] | None = None,
 ) -> int:
     """Replay the stream from sequence 1 (up to ``to_seq``) into ``schema``, created and migrated
-    first. Returns the last sequence applied, recorded as ``checkpoint`` in ``schema``.
+    first (with the tenants' search ``languages``, as the live read model has them). Returns the
+    last sequence applied, recorded as ``checkpoint`` in ``schema``.
 
     One reader decodes and plans; ``workers`` connections apply in parallel, each the events of
     its share of subjects (a session's events, and a tenant's tenant-scope events, stay on one
@@ -107,6 +111,9 @@ async def rebuild_into(
     live checkpoint of their partition, for a comparison) are skipped.
     """
     await migrate(conninfo, schema)
+    async with await psycopg.AsyncConnection.connect(conninfo, autocommit=True) as conn:
+        await conn.execute(f'SET search_path TO "{schema}"')
+        await search_languages.apply(conn, languages or {})
     end = await eventlog.last_seq(js, layout)
     if to_seq is not None:
         end = min(end, to_seq)

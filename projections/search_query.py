@@ -8,10 +8,11 @@ Syntax (it never raises; anything else is words):
   (``blue-green``, ``it's``) is the phrase of its parts, as the reference quotes each word.
 
 Ranking is Okapi BM25 (FTS5's ``bm25()``: k1 = 1.2, b = 0.75) with the parts as its terms:
-term frequency from the stored positions, inverse document frequency and the average length over
-the search's scope, document length in bytes of indexed text. Two bounds keep every query cheap:
-only the newest ``candidates`` matches are ranked, and document frequencies and the average
-length come from the scope's newest ``sample`` messages (exact whenever the scope is smaller).
+term frequency from the stored positions, inverse document frequency over the search's scope,
+document length in bytes of indexed text against the candidates' average. Two bounds keep every
+query cheap: only the newest ``candidates`` matches are ranked, and document frequencies (needed
+only when a query has several parts) come from the scope's newest ``sample`` messages (exact
+whenever the scope is smaller).
 """
 
 from __future__ import annotations
@@ -92,15 +93,19 @@ def tf_sql(parts: list[Part], tsv: str) -> str:
     return ", ".join(tfs)
 
 
-def stats_sql(parts: list[Part], tsv: str, length: str) -> str:
-    """Select-list of the sample's statistics: ``n``, ``avgdl`` and ``df{i}`` per part (a query of
-    one part needs no document frequency: its idf scales every score alike)."""
-    dfs = (
-        "".join(f", count(*) FILTER (WHERE {tsv} @@ {part_sql(i, p)})::float8 AS df{i}" for i, p in enumerate(parts))
-        if len(parts) > 1
-        else ""
+def stats_sql(parts: list[Part], sample: str) -> str:
+    """The CTE ``stats``: ``avgdl`` over the candidates (``scored.len``), and for a query of several
+    parts ``n`` and ``df{i}`` over ``sample`` (a query selecting ``content_tsv``: the scope's newest
+    rows). A query of one part needs no document frequency (its idf scales every score alike), so
+    it reads no row beyond its candidates."""
+    avgdl = "(SELECT greatest(avg(scored.len), 1) FROM scored)"
+    if len(parts) == 1:
+        return f"stats AS (SELECT {avgdl} AS avgdl)"
+    dfs = "".join(
+        f", count(*) FILTER (WHERE sample.content_tsv @@ {part_sql(i, p)})::float8 AS df{i}"
+        for i, p in enumerate(parts)
     )
-    return f"count(*)::float8 AS n, greatest(avg({length}), 1)::float8 AS avgdl{dfs}"
+    return f"sample AS ({sample}), stats AS (SELECT {avgdl} AS avgdl, count(*)::float8 AS n{dfs} FROM sample)"
 
 
 def bm25_sql(parts: list[Part], length: str, stats: str, cand: str) -> str:

@@ -150,7 +150,14 @@ async def rebuild_and_swap(
     name = c.settings.projector_name
     start = time.monotonic()
     built = await rebuild_into(
-        c.js, c.layout, c.settings.database_url, shadow, c.projections(), name, progress=progress
+        c.js,
+        c.layout,
+        c.settings.database_url,
+        shadow,
+        c.projections(),
+        name,
+        progress=progress,
+        languages=c.settings.search_languages,
     )
     async with await psycopg.AsyncConnection.connect(c.settings.database_url) as conn:
         async with conn.transaction():
@@ -213,6 +220,7 @@ async def verify(c: Container, *, limit: int = 5, progress: Callable[[int, int],
                 to_seq=at,
                 progress=progress,
                 horizon=horizon,
+                languages=c.settings.search_languages,
             )
             live = await checksums(live_conn, "public")
             async with await psycopg.AsyncConnection.connect(c.settings.database_url, autocommit=True) as sh:

@@ -19,6 +19,7 @@ from events.objectstore import JetStreamBlobStore
 from events.publisher import Publisher
 from events.stream import ensure_stream
 from events.subjects import SubjectLayout
+from projections import search_languages
 from projections.context import ContextProjection
 from projections.history import HistoryProjection
 from projections.migrate import migrate
@@ -167,11 +168,19 @@ def summarizer_of(settings: Settings) -> Summarizer:
     return OfflineSummarizer()
 
 
+async def prepare_database(settings: Settings) -> list[str]:
+    """Apply pending migrations, then the tenants' search languages; returns the migrations applied."""
+    applied = await migrate(settings.database_url)
+    async with await psycopg.AsyncConnection.connect(settings.database_url, autocommit=True) as conn:
+        await search_languages.apply(conn, settings.search_languages)
+    return applied
+
+
 @contextlib.asynccontextmanager
 async def open_container(settings: Settings) -> AsyncIterator[Container]:
     """Open every adapter (migrating the database first when ``auto_migrate``), close on exit."""
     if settings.auto_migrate:
-        await migrate(settings.database_url)
+        await prepare_database(settings)
     layout = settings.layout()
     nc = await connect_nats(settings)
     pool: AsyncConnectionPool[psycopg.AsyncConnection[Any]] = AsyncConnectionPool(

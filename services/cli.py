@@ -10,7 +10,6 @@ from pathlib import Path
 
 from events.credentials import tenant_nkey_seed
 from events.ids import check_tenant
-from projections.migrate import migrate
 from services import logs
 from services.natsconf import MissingOperator, NatsAccess, server_config, write_config
 from services.settings import Settings, api_key_entry, load_settings, new_api_key, new_operator_seed
@@ -131,7 +130,9 @@ def main(argv: list[str] | None = None) -> int:
 
             serve(run_compactor(settings))
         case "migrate":
-            applied = asyncio.run(migrate(settings.database_url))
+            from services.bootstrap import prepare_database
+
+            applied = asyncio.run(prepare_database(settings))
             print("applied: " + (", ".join(applied) if applied else "nothing (up to date)"))
         case "skills":
             from services.audit_cli import run_skills

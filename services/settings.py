@@ -17,6 +17,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from events.credentials import is_user_public_key, nkey_public_key, tenant_nkey_seed
 from events.ids import InvalidId, check_tenant
 from events.subjects import SubjectLayout
+from projections.search_languages import Language
 
 
 def hash_key(key: str) -> str:
@@ -95,6 +96,12 @@ class Settings(BaseSettings):
     )
 
     tiktoken_encoding: str = "cl100k_base"
+    search_languages: dict[str, Language] = Field(
+        default_factory=dict,
+        description="tenant -> search language (english, simple, german, french, spanish, italian, portuguese, "
+        "dutch, swedish, russian); tenants not named are english (Porter, as the reference). A change re-indexes "
+        "the tenant's messages and search entries when a service starts or `chronicle migrate` runs",
+    )
 
     s3_endpoint: str = "127.0.0.1:9000"
     s3_access_key: str = "minioadmin"

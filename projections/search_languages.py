@@ -1,0 +1,79 @@
+"""The search language of each tenant: which text search configuration indexes and parses its text.
+
+A tenant's language is a setting (``CHRONICLE_SEARCH_LANGUAGES``); :func:`apply` records it in the
+read model, where an insert trigger (present only while some tenant is not English, so English
+costs nothing) gives every new message and search entry of the tenant its configuration, and
+re-indexes the rows of a tenant whose language changed. Queries
+read the tenant's configuration from the same table (:func:`config_of`), so a query is always
+parsed as the rows it searches were indexed. Tenants not named are English.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Literal, get_args
+
+from psycopg import AsyncConnection
+
+from projections.search_query import CONFIG
+
+Language = Literal[
+    "english", "simple", "german", "french", "spanish", "italian", "portuguese", "dutch", "swedish", "russian"
+]
+DEFAULT: Language = "english"
+# language -> text search configuration (migration 010): english is Porter, as the reference's
+# FTS5 tokenizer; simple does not stem; the others are Snowball stemmers. No configuration drops
+# stop words.
+LANGUAGES: dict[str, str] = {lang: f"chronicle_search.{lang}" for lang in get_args(Language)}
+TABLES = ("messages", "search_entries")
+
+
+async def config_of(conn: AsyncConnection[Any], tenant: str) -> str:
+    """The configuration ``tenant``'s rows are indexed with."""
+    cur = await conn.execute("SELECT config::text FROM search_languages WHERE tenant = %s", (tenant,))
+    row = await cur.fetchone()
+    return str(row[0]) if row else CONFIG
+
+
+async def apply(conn: AsyncConnection[Any], languages: Mapping[str, Language]) -> list[str]:
+    """Make the read model match ``languages`` (tenant -> language); returns the
+    tenants whose language changed, whose rows were re-indexed.
+
+    A change locks the tables against writers for its transaction, so no row is inserted with the
+    old language after the re-index has passed it. Without a change it only reads.
+    """
+    wanted = {t: LANGUAGES[lang] for t, lang in languages.items() if lang != DEFAULT}
+    cur = await conn.execute("SELECT tenant, config::text FROM search_languages")
+    current = {str(t): str(c) for t, c in await cur.fetchall()}
+    changed = sorted(t for t in wanted.keys() | current.keys() if wanted.get(t) != current.get(t))
+    if not changed:
+        return []
+    async with conn.transaction():
+        await conn.execute("LOCK TABLE search_languages, messages, search_entries IN SHARE ROW EXCLUSIVE MODE")
+        for tenant in changed:
+            config = wanted.get(tenant, CONFIG)
+            if tenant in wanted:
+                await conn.execute(
+                    "INSERT INTO search_languages (tenant, config) VALUES (%s, %s::regconfig) "
+                    "ON CONFLICT (tenant) DO UPDATE SET config = excluded.config",
+                    (tenant, config),
+                )
+            else:
+                await conn.execute("DELETE FROM search_languages WHERE tenant = %s", (tenant,))
+        for table in TABLES:  # the insert trigger exists while some tenant is not English
+            if wanted:
+                await conn.execute(
+                    f"CREATE OR REPLACE TRIGGER {table}_search_config BEFORE INSERT ON {table} "
+                    "FOR EACH ROW EXECUTE FUNCTION chronicle_search.tenant_config()"
+                )
+            else:
+                await conn.execute(f"DROP TRIGGER IF EXISTS {table}_search_config ON {table}")
+        for tenant in changed:
+            config = wanted.get(tenant, CONFIG)
+            for table in TABLES:
+                await conn.execute(
+                    f"UPDATE {table} SET search_config = %s::regconfig "
+                    "WHERE tenant = %s AND search_config <> %s::regconfig",
+                    (config, tenant, config),
+                )
+    return changed

@@ -1,0 +1,99 @@
+"""A search language per tenant: rows are indexed, and queries parsed, in the tenant's language;
+changing it re-indexes the tenant's rows and nobody else's."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+import psycopg
+import pytest
+from pydantic import ValidationError
+
+from events.catalog import MessageAppended
+from events.messages import body_hash
+from projections import context_queries, queries, search_languages
+from projections.history import HistoryProjection
+from projections.migrate import migrate
+from services import audit
+from services.decisions import OMITTED
+from services.settings import Settings
+from tests.conftest import make_settings, running_stack
+from tests.integration.helpers import text_message
+
+
+def appended(tenant: str, mid: str, text: str) -> MessageAppended:
+    body = {"id": mid, "role": "user", "parts": [{"type": "text", "text": text}]}
+    return MessageAppended(
+        tenant=tenant,
+        session="s",
+        message_id=mid,
+        parent_id=None,
+        role="user",
+        body_sha256=body_hash(body),
+        message=body,
+        occurred_at=datetime(2025, 1, 1, tzinfo=UTC),
+    )
+
+
+async def ids(conn: psycopg.AsyncConnection[object], tenant: str, q: str) -> list[str]:
+    return [h.id for h in await queries.search(conn, tenant, "s", q, 10)]
+
+
+async def test_each_tenant_is_indexed_and_searched_in_its_language(fresh_db: str) -> None:
+    await migrate(fresh_db)
+    async with await psycopg.AsyncConnection.connect(fresh_db, autocommit=True) as conn:
+        assert await search_languages.apply(conn, {"a": "english", "b": "simple"}) == ["b"]
+        assert await search_languages.apply(conn, {"a": "english", "b": "simple"}) == []  # no change
+        cur = await conn.execute("SELECT count(*) FROM pg_trigger WHERE tgname LIKE '%%search_config'")
+        assert await cur.fetchone() == (2,)
+        async with conn.transaction():
+            await HistoryProjection().apply(
+                conn, [(1, appended("a", "m1", "running the tests")), (2, appended("b", "m1", "running the tests"))]
+            )
+        await conn.execute(
+            "INSERT INTO search_entries (tenant, session_id, label, key, content, created_seq, updated_seq) "
+            "VALUES ('b', 's', 'kb', 'k', 'Die Häuser laufen', 3, 3)"
+        )
+        assert await ids(conn, "a", "run") == ["m1"]  # English: Porter
+        assert await ids(conn, "b", "run") == []  # simple: no stemming
+        assert await ids(conn, "b", "running") == ["m1"]
+        assert await context_queries.search_entries(conn, "b", "s", "kb", "haus") == []
+
+        # German for b: b's rows are re-indexed, a's are untouched
+        assert await search_languages.apply(conn, {"b": "german"}) == ["b"]
+        assert await context_queries.search_entries(conn, "b", "s", "kb", "haus") == [("k", "Die Häuser laufen")]
+        cur = await conn.execute("SELECT tenant, search_config::text FROM messages ORDER BY tenant")
+        assert await cur.fetchall() == [("a", "chronicle_search.english"), ("b", "chronicle_search.german")]
+
+        # back to the default: the setting's row goes, the rows are English again
+        assert await search_languages.apply(conn, {}) == ["b"]
+        assert await ids(conn, "b", "run") == ["m1"]
+        cur = await conn.execute("SELECT count(*) FROM search_languages")
+        assert await cur.fetchone() == (0,)
+        # every tenant English: no insert trigger is left to cost anything
+        cur = await conn.execute("SELECT count(*) FROM pg_trigger WHERE tgname LIKE '%%search_config'")
+        assert await cur.fetchone() == (0,)
+
+
+def test_an_unknown_language_is_refused() -> None:
+    with pytest.raises(ValidationError, match="search_languages"):
+        Settings.model_validate({"search_languages": {"t": "klingon"}})
+    assert Settings.model_validate({"search_languages": {"t": "german"}}).search_languages == {"t": "german"}
+
+
+async def test_services_apply_the_setting_and_a_rebuild_equals_the_live_model(nats_url: str, fresh_db: str) -> None:
+    settings = make_settings(nats_url, fresh_db, search_languages={"tenant-b": "simple"})
+    async with running_stack(settings) as c:
+        for tenant in ("tenant-a", "tenant-b"):
+            r = await c.commands.append(tenant, "s", text_message("m1", "running the tests"), OMITTED)
+            await c.waiter.wait_session(tenant, "s", r.seq)
+        async with c.pool.connection() as conn:
+            assert await ids(conn, "tenant-a", "run") == ["m1"]
+            assert await ids(conn, "tenant-b", "run") == []
+            assert await ids(conn, "tenant-b", "running") == ["m1"]
+        report = await audit.verify(c)
+        assert report.ok, report.differences
+        assert (await audit.rebuild_and_swap(c)).swapped_at_seq > 0
+        async with c.pool.connection() as conn:
+            assert await ids(conn, "tenant-b", "run") == []
+            assert await ids(conn, "tenant-b", "running") == ["m1"]
