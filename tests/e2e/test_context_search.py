@@ -151,6 +151,10 @@ async def test_searchable_history_spans_the_tenants_sessions(
     assert sorted(res.split("\n---\n")) == sorted(expected.split("\n---\n"))
     res, _ = await tool(client, s, "session_search", {"query": f"{w} production"})
     assert res == f"[user] How do we deploy {w} to production?"
+    # stop words are searched like any word
+    res, _ = await tool(client, s, "session_search", {"query": f"how do we {w}"})
+    assert res == f"[user] How do we deploy {w} to production?"
+    assert await search(client, s, f'"the {w}"', "past") == f"[assistant] Run the {w} deploy script."
     res, _ = await tool(client, s, "session_search", {"query": word()})
     assert res == "No results found."
     res, _ = await tool(client, s, "session_search", {"query": "  "})
