@@ -32,7 +32,7 @@ async def test_existing_rows_are_reindexed(fresh_db: str) -> None:
         cur = await conn.execute("SELECT content_tsv::text FROM messages")
         assert await cur.fetchone() == ("'call':4 'left':9 'one':6",)
 
-    assert await migrate(fresh_db) == ["010_search_porter.sql"]
+    assert "010_search_porter.sql" in await migrate(fresh_db)
 
     async with await psycopg.AsyncConnection.connect(fresh_db, autocommit=True) as conn:
         assert [h.id for h in await queries.search(conn, "t", "s", "who", 10)] == ["m1"]
