@@ -21,7 +21,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Literal
 
-# The text search configuration every tenant uses (migration 010).
+# The text search configuration of a tenant without a language setting (migration 010).
 CONFIG = "chronicle_search.english"
 MAX_PARTS = 16  # later parts of a longer query are ignored (each part costs a term in the SQL)
 K1 = 1.2
