@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -181,11 +182,20 @@ async def live_session_count(conn: Conn, tenant: str) -> int:
 async def reclaimed(conn: Conn, tenant: str, session: str) -> dict[tuple[str, str], str]:
     """(message id, tool call id) -> skill key, for tool outputs shown as unloaded; message id ''
     stands for whichever message carries the call."""
+    return await (await send_reclaimed(conn, tenant, session))()
+
+
+async def send_reclaimed(conn: Conn, tenant: str, session: str) -> Callable[[], Awaitable[dict[tuple[str, str], str]]]:
+    """:func:`reclaimed`, sent now and answered when the returned function is awaited."""
     cur = await conn.execute(
         "SELECT message_id, tool_call_id, skill_key FROM reclaimed_outputs WHERE tenant = %s AND session_id = %s",
         (tenant, session),
     )
-    return {(str(m), str(t)): str(k) for m, t, k in await cur.fetchall()}
+
+    async def answer() -> dict[tuple[str, str], str]:
+        return {(str(m), str(t)): str(k) for m, t, k in await cur.fetchall()}
+
+    return answer
 
 
 def is_load_output(part: Any, label: str, key: str) -> bool:

@@ -8,7 +8,7 @@ are never touched; ``compacted=false`` reads return the raw path.
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import astuple, dataclass
 from datetime import datetime
 from typing import Any
@@ -115,13 +115,26 @@ class OverlayProjection:
 
 async def overlays(conn: AsyncConnection[Any], tenant: str, session: str) -> list[Overlay]:
     """Every overlay of the session, oldest first (stream order breaks every tie)."""
-    async with conn.cursor(row_factory=class_row(Overlay)) as cur:
-        await cur.execute(
-            "SELECT overlay_id, from_message_id, to_message_id, leaf_id, summary, tokens_before, tokens_after, "
-            "summarizer, model, created_at, seq FROM overlays WHERE tenant = %s AND session_id = %s ORDER BY seq",
-            (tenant, session),
-        )
-        return await cur.fetchall()
+    return await (await send_overlays(conn, tenant, session))()
+
+
+async def send_overlays(
+    conn: AsyncConnection[Any], tenant: str, session: str
+) -> Callable[[], Awaitable[list[Overlay]]]:
+    """:func:`overlays`, sent now and answered when the returned function is awaited (in pipeline
+    mode the query travels with the statements that follow it)."""
+    cur = conn.cursor(row_factory=class_row(Overlay))
+    await cur.execute(
+        "SELECT overlay_id, from_message_id, to_message_id, leaf_id, summary, tokens_before, tokens_after, "
+        "summarizer, model, created_at, seq FROM overlays WHERE tenant = %s AND session_id = %s ORDER BY seq",
+        (tenant, session),
+    )
+
+    async def answer() -> list[Overlay]:
+        async with cur:
+            return await cur.fetchall()
+
+    return answer
 
 
 @dataclass(frozen=True, slots=True)

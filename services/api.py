@@ -21,7 +21,7 @@ from events.credentials import tenant_inbox_prefix, tenant_permissions
 from events.messages import UIMessage, stored_json
 from projections import context_queries as cq
 from projections import queries
-from projections.overlays import Overlay, apply_overlays, overlay_json, overlays
+from projections.overlays import Overlay, apply_overlays, overlay_json, overlays, send_overlays
 from services import api_models as m
 from services import audit, auditor_view, metrics, openapi
 from services.api_audit import router as audit_router
@@ -517,15 +517,25 @@ def build_app(settings: Settings, container: Container | None = None) -> FastAPI
             unloaded = reclaimed_in(state.reclaimed)
             head = {"as_of_seq": as_of_seq}
         else:
-            await caught_up(c, tenant, sid, min_seq)
-            # the reads see one state; pipelined, BEGIN and COMMIT travel with the reads
-            async with c.pool.connection() as cx, cx.pipeline(), queries.snapshot(cx):
-                if leaf_id is None:
-                    leaf_id, raw = await queries.latest_path_contents(cx, tenant, sid)
-                else:
-                    raw = await queries.path_contents(cx, tenant, sid, leaf_id)
-                found = await overlays(cx, tenant, sid) if compacted and raw else []
-                unloaded = reclaimed_in(await cq.reclaimed(cx, tenant, sid) if raw else {})
+            wanted, leaf = min_seq, leaf_id
+            while True:
+                # The reads see one state; pipelined, BEGIN, COMMIT and the read-your-writes check
+                # travel with the reads. A state older than min_seq is read again after waiting.
+                async with c.pool.connection() as cx, cx.pipeline(), queries.snapshot(cx):
+                    fresh = await c.waiter.send_applied_check(cx, tenant, sid, wanted) if wanted else None
+                    sent_overlays = await send_overlays(cx, tenant, sid) if compacted else None
+                    sent_reclaimed = await cq.send_reclaimed(cx, tenant, sid)
+                    if leaf is None:
+                        leaf_id, raw = await queries.latest_path_contents(cx, tenant, sid)
+                    else:
+                        raw = await queries.path_contents(cx, tenant, sid, leaf)
+                    found = await sent_overlays() if sent_overlays is not None else []
+                    unloaded = reclaimed_in(await sent_reclaimed())
+                    stale = fresh is not None and not await fresh()
+                if not stale:
+                    break
+                await caught_up(c, tenant, sid, wanted)
+                wanted = None  # applied now, and the read model never goes back
             if not raw:
                 await require_session(c, tenant, sid)
         if max_bytes is not None and raw:

@@ -90,7 +90,7 @@ class AppliedWaiter:
 
     async def session_applied(self, tenant: str, session: str, seq: int) -> bool:
         """Every event of the session up to ``seq`` is applied or quarantined: the session row has
-        reached ``seq`` (the hot path: one index lookup, nothing more), or else the projector
+        reached ``seq`` (one index lookup), or else the projector
         checkpoint that covers the session's subject has (the unpartitioned projector's, or its
         partition's). A quarantined event never moves the session row, only the checkpoint, which
         moves in stream order in the same transaction; a quarantine row alone would prove
@@ -98,18 +98,30 @@ class AppliedWaiter:
         if seq <= 0:
             return True
         async with self._pool.connection() as conn:
-            cur = await conn.execute("SELECT last_seq FROM sessions WHERE tenant = %s AND id = %s", (tenant, session))
+            answer = await self.send_applied_check(conn, tenant, session, seq)
+            return await answer()
+
+    async def send_applied_check(
+        self, conn: psycopg.AsyncConnection[Any], tenant: str, session: str, seq: int
+    ) -> Callable[[], Awaitable[bool]]:
+        """:meth:`session_applied`, sent on ``conn`` now and answered when the returned function is
+        awaited: in pipeline mode the check travels with the statements that follow it, and in a
+        snapshot it sees the same state they do (a read that proves itself fresh)."""
+        names = [
+            self._projector,
+            partition_checkpoint(self._projector, partition_of(tenant, session, self._partitions)),
+        ]
+        cur = await conn.execute(
+            "SELECT coalesce((SELECT last_seq >= %(q)s FROM sessions WHERE tenant = %(t)s AND id = %(s)s), false) "
+            "OR EXISTS (SELECT 1 FROM checkpoints WHERE name = ANY(%(n)s) AND seq >= %(q)s)",
+            {"q": seq, "t": tenant, "s": session, "n": names},
+        )
+
+        async def answer() -> bool:
             row = await cur.fetchone()
-            if row and row[0] >= seq:
-                return True
-            names = [
-                self._projector,
-                partition_checkpoint(self._projector, partition_of(tenant, session, self._partitions)),
-            ]
-            cur = await conn.execute(
-                "SELECT 1 FROM checkpoints WHERE name = ANY(%s) AND seq >= %s LIMIT 1", (names, seq)
-            )
-            return await cur.fetchone() is not None
+            return bool(row and row[0])
+
+        return answer
 
     async def wait_session(self, tenant: str, session: str, seq: int, timeout_s: float | None = None) -> None:
         """Wait until every event of ``session`` up to ``seq`` is applied."""

@@ -156,3 +156,12 @@ async def test_events_keep_what_the_read_model_dropped(client: httpx.AsyncClient
     assert (await history(client, sid, min_seq=r.json()["seq"]))["messages"] == []
     evs = await events(client, sid)
     assert [e["event"].get("message_id") for e in evs[:2]] == ["m1", "m2"]
+
+
+async def test_a_history_read_ahead_of_the_read_model_waits_and_reads_again(client: httpx.AsyncClient) -> None:
+    """``min_seq`` past everything applied: the read's own check finds its state stale, it waits
+    (capped to the session's last event) and reads again."""
+    sid = new_sid()
+    out = await append(client, sid, msg("m1", "hello"))
+    ids = await history_ids(client, sid, min_seq=out["seq"] + 1_000_000)
+    assert ids == ["m1"]
