@@ -35,6 +35,7 @@ from chronicle_sdk.types import OMITTED, AppendResult, Message, NatsPublishing, 
 from events import ids
 from events.messages import UIMessage, body_hash, canonical_json, stored_json
 from events.subjects import SubjectLayout
+from events.validation import validation_detail
 
 if TYPE_CHECKING:
     import httpx
@@ -70,10 +71,7 @@ def _check_message(message: Mapping[str, Any]) -> Message:
     try:
         UIMessage.model_validate(message)
     except ValidationError as exc:
-        detail = "; ".join(
-            f"message.{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors(include_url=False)
-        )
-        raise InvalidRequest(detail, status=422) from exc
+        raise InvalidRequest(validation_detail(exc, prefix="message."), status=422) from exc
     return dict(message)
 
 

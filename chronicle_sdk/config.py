@@ -24,6 +24,7 @@ from pydantic import ValidationError
 
 from chronicle_sdk.errors import InvalidConfig
 from events.context import SessionConfig
+from events.validation import validation_detail
 
 
 @dataclass(frozen=True, slots=True)
@@ -203,10 +204,7 @@ def parse_config(raw: Any) -> SessionConfig:
     try:
         return SessionConfig.model_validate(raw)
     except ValidationError as exc:
-        detail = "; ".join(
-            f"{'.'.join(str(p) for p in e['loc']) or 'config'}: {e['msg']}" for e in exc.errors(include_url=False)
-        )
-        raise InvalidConfig(detail, status=422) from exc
+        raise InvalidConfig(validation_detail(exc, root="config"), status=422) from exc
 
 
 __all__ = [

@@ -19,6 +19,7 @@ from events.admission import MAX_EVENT_BYTES, Refused
 from events.blobs import BlobRef
 from events.credentials import tenant_inbox_prefix, tenant_permissions
 from events.messages import UIMessage, stored_json
+from events.validation import validation_detail
 from projections import context_queries as cq
 from projections import queries
 from projections.overlays import Overlay, apply_overlays, overlay_json, overlays, send_overlays
@@ -157,10 +158,7 @@ def _message(raw: dict[str, Any]) -> dict[str, Any]:
     try:
         UIMessage.model_validate(raw)
     except ValidationError as exc:
-        detail = "; ".join(
-            f"message.{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors(include_url=False)
-        )
-        raise InvalidRequest(detail) from exc
+        raise InvalidRequest(validation_detail(exc, prefix="message.")) from exc
     try:
         stored_json(raw).encode("utf-8")
     except UnicodeEncodeError as exc:

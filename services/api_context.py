@@ -6,6 +6,7 @@ from fastapi import APIRouter, Body, Path, Query
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, WithJsonSchema
 
 from events.context import LABEL_RE, SessionConfig
+from events.validation import validation_detail
 from projections import context_queries as cq
 from services import api_models as m
 from services import audit, metrics
@@ -31,10 +32,7 @@ def _config(raw: Any) -> SessionConfig:
     try:
         return SessionConfig.model_validate(raw)
     except ValidationError as exc:
-        detail = "; ".join(
-            f"{'.'.join(str(p) for p in e['loc']) or 'config'}: {e['msg']}" for e in exc.errors(include_url=False)
-        )
-        raise InvalidConfig(detail) from exc
+        raise InvalidConfig(validation_detail(exc, root="config")) from exc
 
 
 @router.put("/v1/sessions/{sid}/config", response_model=None, responses=ok(m.ConfigWritten))

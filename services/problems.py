@@ -16,6 +16,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from events.admission import Refused
 from events.blobs import BlobNotFound
 from events.publisher import PublishFailed
+from events.validation import validation_detail
 from services.errors import ChronicleError
 
 log = logging.getLogger("chronicle.api")
@@ -47,7 +48,7 @@ def install(app: FastAPI) -> None:
         ]
         if any(e["type"] == "json_invalid" for e in errors):
             return problem(400, "malformed_json", "The request body is not valid JSON", "invalid JSON", errors=errors)
-        detail = "; ".join(f"{'.'.join(e['loc'])}: {e['msg']}" for e in errors)
+        detail = validation_detail(errors)
         return problem(422, "invalid_request", "The request is not valid", detail, errors=errors)
 
     @app.exception_handler(StarletteHTTPException)
