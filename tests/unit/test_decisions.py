@@ -78,5 +78,6 @@ def test_deleted_session_wins_over_replay() -> None:
 
 
 def test_omitted_is_distinct_from_none() -> None:
-    assert OMITTED is not None
+    """An omitted parent attaches to the latest leaf; ``None`` starts a new root."""
+    assert decide_append(state(leaf="m3"), HASH, OMITTED) != decide_append(state(leaf="m3"), HASH, None)
     assert repr(OMITTED) == "OMITTED"
