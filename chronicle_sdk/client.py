@@ -575,8 +575,7 @@ class ChronicleClient:
             if packed is None:
                 return await self._append_chain_http(session_id, messages, parent_id)
             mid = str(body["id"])
-            key = f"chronicle:sdk:append:{tenant}:{session_id}:{mid}:{parent}:{body_hash(body)}"
-            event_id = str(uuid.uuid5(uuid.NAMESPACE_URL, key))
+            event_id = ids.derived_id("sdk:append", tenant, session_id, mid, parent, body_hash(body))
             events.append(
                 MessageAppended(
                     id=event_id, tenant=tenant, session=session_id, message_id=mid, parent_id=parent, **packed

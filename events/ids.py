@@ -11,6 +11,7 @@ from __future__ import annotations
 import base64
 import re
 import unicodedata
+import uuid
 from typing import Any
 
 MAX_TENANT_LEN = 64
@@ -126,3 +127,10 @@ def decode_token(token: str) -> str:
     if encode_token(value) != token:
         raise InvalidId(f"subject token {token!r} is not in canonical form")
     return value
+
+
+def derived_id(kind: str, *parts: object) -> str:
+    """A deterministic event id: the same ``kind`` and parts always give the same id, so a retry
+    or a second worker publishing the same fact is deduplicated by the stream (``Nats-Msg-Id``).
+    The parts are joined with ``:`` under ``chronicle:<kind>:`` (the ids recorded so far)."""
+    return str(uuid.uuid5(uuid.NAMESPACE_URL, ":".join(["chronicle", kind, *(str(p) for p in parts)])))

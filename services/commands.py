@@ -32,6 +32,7 @@ from events.catalog import (
     SessionRenamed,
 )
 from events.envelope import Event
+from events.ids import derived_id
 from events.messages import JsonObject, body_hash, stored_json
 from events.publisher import Publisher
 from projections import queries
@@ -176,11 +177,7 @@ class Commands:
         # was lost (NATS restarting), a later attempt finds the message and, by the stored event's
         # id, knows this request created it.
         event_id = (
-            str(
-                uuid.uuid5(
-                    uuid.NAMESPACE_URL, f"chronicle:append:{tenant}:{session}:{message_id}:{digest}:{request_key}"
-                )
-            )
+            derived_id("append", tenant, session, message_id, digest, request_key)
             if request_key is not None
             else str(uuid.uuid4())
         )
@@ -312,7 +309,7 @@ async def fork(
     for item in apply_overlays(path_ids, in_force):
         if isinstance(item, str):
             continue
-        overlay_id = str(uuid.uuid5(uuid.NAMESPACE_URL, f"chronicle:fork:{tenant}:{sid}:{item.overlay_id}"))
+        overlay_id = derived_id("fork", tenant, sid, item.overlay_id)
         events.append(
             CompactionRecorded(
                 id=overlay_id,

@@ -16,7 +16,6 @@ import contextlib
 import json
 import logging
 import time
-import uuid
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,6 +33,7 @@ from events.catalog import (
     SessionDeleted,
 )
 from events.context import CompactionConfig
+from events.ids import derived_id
 from events.publisher import ConcurrencyConflict, Published, Publisher
 from projections import context_queries as cq
 from projections import queries
@@ -136,7 +136,7 @@ class CompactionService:
         covered = _covered(messages, first, last_id, existing)
         summary_msg: Message = {"id": "", "role": "assistant", "parts": [{"type": "text", "text": summary}]}
         after = before - sum(self.tokens(m) for m in covered) + self.tokens(summary_msg)
-        overlay_id = str(uuid.uuid5(uuid.NAMESPACE_URL, f"chronicle:overlay:{tenant}:{session}:{first}:{last_id}"))
+        overlay_id = derived_id("overlay", tenant, session, first, last_id)
         event = CompactionRecorded(
             id=overlay_id,
             tenant=tenant,

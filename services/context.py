@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import uuid
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -25,7 +24,7 @@ from events.catalog import (
     SkillUnloaded,
 )
 from events.context import ReadonlyBlock, SearchableBlock, SessionConfig, SkillsBlock, WritableBlock
-from events.ids import TENANT_SCOPE
+from events.ids import TENANT_SCOPE, derived_id
 from events.publisher import Publisher
 from projections import context_queries as cq
 from projections import queries
@@ -287,7 +286,7 @@ class ContextService:
     async def record_skill(
         self, tenant: str, bucket: str, key: str, description: str | None, etag: str, size: int
     ) -> int:
-        event_id = str(uuid.uuid5(uuid.NAMESPACE_URL, f"chronicle:skill:{tenant}:{bucket}:{key}:{etag}:{description}"))
+        event_id = derived_id("skill", tenant, bucket, key, etag, description)
         event = SkillIndexed(
             id=event_id,
             tenant=tenant,

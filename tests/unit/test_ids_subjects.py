@@ -274,3 +274,19 @@ def test_nats_match_helper() -> None:
     assert not nats_match("a.*", "a.b.c")
     assert nats_match("a.>", "a.b.c")
     assert not nats_match("a.>", "a")
+
+
+def test_derived_ids_keep_the_ids_recorded_so_far() -> None:
+    """Overlay, fork, skill and append ids are derived as they always were: a retry that spans an
+    upgrade is still deduplicated."""
+    import uuid
+
+    from events.ids import derived_id
+
+    assert derived_id("overlay", "t", "s", "m1", "m3") == str(
+        uuid.uuid5(uuid.NAMESPACE_URL, "chronicle:overlay:t:s:m1:m3")
+    )
+    assert derived_id("append", "t", "s", "m", "h", None) == str(
+        uuid.uuid5(uuid.NAMESPACE_URL, "chronicle:append:t:s:m:h:None")
+    )
+    assert derived_id("a", 1) != derived_id("b", 1)
