@@ -4,35 +4,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Final
+from typing import Any
 
+from events.omitted import OMITTED, ParentId
 from events.subjects import SubjectLayout
 
 Message = dict[str, Any]
 """An AI SDK ``UIMessage``: ``{"id", "role", "parts": [...], ...}``; unknown fields round-trip."""
-
-
-class _Omitted:
-    """The type of :data:`OMITTED`."""
-
-    _instance: _Omitted | None = None
-
-    def __new__(cls) -> _Omitted:
-        if cls._instance is None:
-            cls._instance = super().__new__(cls)
-        return cls._instance
-
-    def __repr__(self) -> str:
-        return "OMITTED"
-
-    def __bool__(self) -> bool:
-        return False
-
-
-OMITTED: Final = _Omitted()
-"""``parent_id=OMITTED`` (the default) attaches to the latest leaf; ``parent_id=None`` starts a new root."""
-
-ParentId = str | None | _Omitted
 
 
 def parse_time(value: Any) -> datetime | None:

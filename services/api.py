@@ -19,6 +19,7 @@ from events.admission import MAX_EVENT_BYTES, Refused
 from events.blobs import BlobRef
 from events.credentials import tenant_inbox_prefix, tenant_permissions
 from events.messages import UIMessage, stored_json
+from events.omitted import OMITTED
 from events.validation import validation_detail
 from projections import context_queries as cq
 from projections import queries
@@ -31,7 +32,7 @@ from services.api_models import ok
 from services.bootstrap import Container, open_container
 from services.commands import AppendResult, fork
 from services.context import reclaim, reclaimed_in
-from services.decisions import OMITTED, ParentSpec
+from services.decisions import ParentSpec
 from services.deps import (
     C,
     LeafId,

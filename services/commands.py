@@ -34,12 +34,13 @@ from events.catalog import (
 from events.envelope import Event
 from events.ids import derived_id
 from events.messages import JsonObject, body_hash, stored_json
+from events.omitted import OMITTED
 from events.publisher import Publisher
 from projections import queries
 from projections.overlays import apply_overlays
 from projections.overlays import overlays as overlays_of
 from services.conditional import Conditional, Decision, Tip
-from services.decisions import OMITTED, Append, AppendState, Existing, ParentSpec, Replay, decide_append
+from services.decisions import Append, AppendState, Existing, ParentSpec, Replay, decide_append
 from services.errors import (
     MessageNotFound,
     PayloadTooLarge,

@@ -3,18 +3,11 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Final
 
+from events.omitted import Omitted, ParentId
 from services.errors import MessageConflict, SessionNotFound, UnknownParent
 
-
-class _Omitted:
-    def __repr__(self) -> str:
-        return "OMITTED"
-
-
-OMITTED: Final = _Omitted()
-ParentSpec = str | None | _Omitted
+ParentSpec = ParentId
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,7 +49,7 @@ def decide_append(state: AppendState, body_sha256: str, parent: ParentSpec) -> R
         if state.existing.body_sha256 != body_sha256:
             raise MessageConflict("a message with this id and a different body exists")
         return Replay(state.existing.parent_id, state.existing.seq)
-    if isinstance(parent, _Omitted):
+    if isinstance(parent, Omitted):
         return Append(state.latest_leaf)
     if parent is None:
         return Append(None)

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from services.decisions import OMITTED, Append, AppendState, Existing, ParentSpec, Replay, decide_append
+from events.omitted import OMITTED
+from services.decisions import Append, AppendState, Existing, ParentSpec, Replay, decide_append
 from services.errors import MessageConflict, SessionNotFound, UnknownParent
 
 HASH = "a" * 64
