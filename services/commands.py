@@ -45,8 +45,8 @@ from services.errors import (
     MessageNotFound,
     PayloadTooLarge,
     SessionExists,
-    SessionNotFound,
 )
+from services.liveness import live_session
 from services.microcompact import ROW_MAX_BYTES, enforce_row_size_limit, json_bytes
 from services.waiting import AppliedWaiter
 
@@ -92,16 +92,6 @@ class Commands:
         self.conditional = Conditional(publisher, pool, waiter, attempts)
         self._conditional = self.conditional.run
 
-    async def _live_session(
-        self, conn: Conn, tenant: str, session: str, *, must_exist: bool
-    ) -> queries.SessionRow | None:
-        row = await queries.get_session(conn, tenant, session)
-        if row is not None and row.deleted_at is not None:
-            raise SessionNotFound(f"session {session!r} was deleted")
-        if row is None and must_exist:
-            raise SessionNotFound(f"session {session!r} does not exist")
-        return row
-
     # -- sessions -------------------------------------------------------------------------
 
     async def create_session(
@@ -115,7 +105,7 @@ class Commands:
             if await queries.get_session(conn, tenant, sid) is not None:
                 raise SessionExists(f"session {sid!r} already exists")
             if parent_session_id is not None:
-                await self._live_session(conn, tenant, parent_session_id, must_exist=True)
+                await live_session(conn, tenant, parent_session_id, must_exist=True)
             event = SessionCreated(
                 tenant=tenant, session=sid, name=name, parent_session_id=parent_session_id, metadata=metadata
             )
@@ -126,7 +116,7 @@ class Commands:
 
     async def rename_session(self, tenant: str, session: str, name: str) -> Written:
         async def decide(conn: Conn) -> Decision:
-            await self._live_session(conn, tenant, session, must_exist=True)
+            await live_session(conn, tenant, session, must_exist=True)
             return Decision(SessionRenamed(tenant=tenant, session=session, name=name), Written)
 
         result: Written = await self._conditional(tenant, session, decide)
@@ -134,7 +124,7 @@ class Commands:
 
     async def delete_session(self, tenant: str, session: str) -> Written:
         async def decide(conn: Conn) -> Decision:
-            await self._live_session(conn, tenant, session, must_exist=True)
+            await live_session(conn, tenant, session, must_exist=True)
             return Decision(SessionDeleted(tenant=tenant, session=session), Written)
 
         result: Written = await self._conditional(tenant, session, decide)
@@ -241,7 +231,7 @@ class Commands:
         packed = await self._pack(body)
 
         async def decide(conn: Conn) -> Decision:
-            await self._live_session(conn, tenant, session, must_exist=False)
+            await live_session(conn, tenant, session, must_exist=False)
             if await queries.get_message(conn, tenant, session, message_id) is None:
                 raise MessageNotFound(f"message {message_id!r} is not in this session")
             event = MessageUpdated(tenant=tenant, session=session, message_id=message_id, **packed)
@@ -254,7 +244,7 @@ class Commands:
         """Delete the listed messages that exist; children keep their parent id."""
 
         async def decide(conn: Conn) -> Decision:
-            await self._live_session(conn, tenant, session, must_exist=False)
+            await live_session(conn, tenant, session, must_exist=False)
             wanted = list(dict.fromkeys(ids))
             found = await queries.existing_ids(conn, tenant, session, wanted)
             present = [i for i in wanted if i in found]
@@ -268,7 +258,7 @@ class Commands:
 
     async def clear(self, tenant: str, session: str) -> Written:
         async def decide(conn: Conn) -> Decision:
-            if await self._live_session(conn, tenant, session, must_exist=False) is None:
+            if await live_session(conn, tenant, session, must_exist=False) is None:
                 return Decision(None, lambda _seq: Written(0))  # nothing to clear; record nothing
             return Decision(MessagesCleared(tenant=tenant, session=session), Written)
 
@@ -294,7 +284,7 @@ async def fork(
     """
     await cmd.conditional.catch_up(tenant, session)
     async with cmd._pool.connection() as conn:
-        source = await cmd._live_session(conn, tenant, session, must_exist=True)
+        source = await live_session(conn, tenant, session, must_exist=True)
         rows = await queries.history(conn, tenant, session, at_message_id)
         in_force = await overlays_of(conn, tenant, session)
     if not rows:

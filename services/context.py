@@ -42,6 +42,7 @@ from services.errors import (
     UnsafeStoredConfig,
 )
 from services.keys import context_entry_key, unsafe_object_key, unsafe_prefix
+from services.liveness import live_session
 from services.prompt import RenderedBlock, history_summary, render, search_summary, skill_listing, usage
 from services.skills_store import SkillStore
 from services.tokens import TokenCounter
@@ -126,7 +127,7 @@ class ContextService:
                 await self._require_bucket(block.source.bucket)
 
         async def decide(conn: Conn) -> Decision:
-            await _live(conn, tenant, session)
+            await live_session(conn, tenant, session, must_exist=False)
             return Decision(SessionConfigured(tenant=tenant, session=session, config=config), lambda seq: seq)
 
         seq: int = await self._cond.run(tenant, session, decide)
@@ -236,7 +237,7 @@ class ContextService:
         """Replace or append to a writable block; the budget is checked on the resulting text."""
 
         async def decide(conn: Conn) -> Decision:
-            await _live(conn, tenant, session)
+            await live_session(conn, tenant, session, must_exist=False)
             config = await self.config(conn, tenant, session)
             block = _find(config, label)
             if block is None and label == config.searchable_history:
@@ -263,7 +264,7 @@ class ContextService:
 
     async def index_entry(self, tenant: str, session: str, label: str, key: str, content: str) -> int:
         async def decide(conn: Conn) -> Decision:
-            await _live(conn, tenant, session)
+            await live_session(conn, tenant, session, must_exist=False)
             block = _find(await self.config(conn, tenant, session), label)
             if not isinstance(block, SearchableBlock):
                 raise BlockNotFound(f'Block "{label}" is not a search provider')
@@ -305,7 +306,7 @@ class ContextService:
         self, tenant: str, session: str, label: str, key: str, content: str, description: str | None
     ) -> int:
         async with self._pool.connection() as conn:
-            await _live(conn, tenant, session)
+            await live_session(conn, tenant, session, must_exist=False)
             block = _find(await self.config(conn, tenant, session), label)
         if not isinstance(block, SkillsBlock):
             raise BlockNotFound(f'Block "{label}" is not a skill provider')
@@ -317,7 +318,7 @@ class ContextService:
         """The document, recorded as loaded (by ``tool_call_id`` when given); None (never fetched)
         for a key outside the allowlist."""
         async with self._pool.connection() as conn:
-            await _live(conn, tenant, session)
+            await live_session(conn, tenant, session, must_exist=False)
             block = _find(await self.config(conn, tenant, session), label)
         if not isinstance(block, SkillsBlock):
             raise BlockNotFound(f'Block "{label}" is not a skill provider')
@@ -391,7 +392,7 @@ class ContextService:
         texts: Sources | None = None
 
         async def decide(conn: Conn) -> Decision:
-            await _live(conn, tenant, session)
+            await live_session(conn, tenant, session, must_exist=False)
             latest = await cq.latest_prompt(conn, tenant, session)
             if latest is None and not await cq.session_known(conn, tenant, session):
                 # a read must not create state: no prompt is frozen for a session that does not exist
@@ -547,12 +548,6 @@ class InvalidToolArguments(ChronicleError):
 
 def _find(config: SessionConfig, label: str) -> ReadonlyBlock | WritableBlock | SearchableBlock | SkillsBlock | None:
     return next((b for b in config.blocks if b.label == label), None)
-
-
-async def _live(conn: Conn, tenant: str, session: str) -> None:
-    row = await queries.get_session(conn, tenant, session)
-    if row is not None and row.deleted_at is not None:
-        raise SessionNotFound(f"session {session!r} was deleted")
 
 
 @dataclass(frozen=True, slots=True)

@@ -10,7 +10,8 @@ from events import log as eventlog
 from events.admission import has_bad_chars
 from projections import queries
 from services.bootstrap import Container
-from services.errors import InvalidId, InvalidRequest, SessionNotFound, Unauthorized
+from services.errors import InvalidId, InvalidRequest, Unauthorized
+from services.liveness import live_session
 from services.settings import hash_key
 
 
@@ -77,9 +78,8 @@ async def require_session(c: Container, tenant: str, sid: str) -> queries.Sessio
     """The live session, or ``404 session_not_found`` (never created for this tenant, or deleted).
     Reads call it only when their answer is empty, so the hot path gains no query."""
     async with c.pool.connection() as cx:
-        row = await queries.get_session(cx, tenant, sid)
-    if row is None or row.deleted_at is not None:
-        raise SessionNotFound(f"session {sid!r} does not exist")
+        row = await live_session(cx, tenant, sid, must_exist=True)
+    assert row is not None
     return row
 
 
