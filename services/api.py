@@ -1,4 +1,4 @@
-"""The HTTP API v1 (see design.md): commands publish events, queries read projections."""
+"""The HTTP API v1 (docs/http-api.md): commands publish events, queries read projections."""
 
 import contextlib
 import hmac
