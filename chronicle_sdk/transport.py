@@ -7,7 +7,8 @@ transport spends about 0.2 ms. TLS is ``ssl``'s (``https://`` base URLs).
 
 Failures below HTTP raise :class:`TransportError`; ``unsent`` says the request certainly never
 reached the server (no connection, no free connection slot), which makes any request safe to
-retry. A pooled connection the server closed while it was idle is retried once on a fresh one,
+retry. A pooled connection whose close has already arrived is dropped before it is used; one
+that turns out closed only when the request is written is retried once on a fresh connection,
 as other clients do, when the request may be repeated (``GET``, ``HEAD``, ``PUT``, ``DELETE``,
 ``OPTIONS``, or any request carrying an ``Idempotency-Key``).
 """
@@ -100,6 +101,10 @@ class _Connection:
             pass
         return b"".join(parts)
 
+    def closed_by_peer(self) -> bool:
+        """The server ended the connection while it was idle (its FIN has arrived)."""
+        return self._reader.at_eof() or self._writer.is_closing()
+
     def close(self) -> None:
         self._writer.close()
 
@@ -144,6 +149,8 @@ class Http11Transport:
             async with asyncio.timeout(self._timeout):
                 async with self._slots:
                     while True:
+                        while self._idle and self._idle[-1].closed_by_peer():
+                            self._idle.pop().close()  # closed while idle: never written to
                         reused = bool(self._idle)
                         conn = self._idle.pop() if reused else await self._open()
                         sent = True

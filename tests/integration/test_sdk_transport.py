@@ -109,13 +109,32 @@ async def test_a_connection_closed_while_idle_is_retried_when_the_request_may_re
         again = await t.send("GET", "/", {}, None)
         keyed = await t.send("POST", "/", {"Idempotency-Key": "k"}, b"{}")
         await asyncio.sleep(0.05)
-        with pytest.raises(TransportError) as failed:
-            await t.send("POST", "/", {}, b"{}")
+        plain = await t.send("POST", "/", {}, b"{}")  # the close had arrived: a fresh connection
         await t.aclose()
     assert again.status == 200
     assert keyed.status == 200
-    assert failed.value.unsent is False  # it was written: the caller must not assume it was not
-    assert len(seen) == 3
+    assert plain.status == 200
+    assert len(seen) == 4
+
+
+async def test_a_close_that_arrives_with_the_request_fails_a_request_that_may_not_repeat() -> None:
+    """The server reads the request and closes without answering: a POST without a key is not
+    retried, and the caller learns it may have been received."""
+
+    async def script(_r: asyncio.StreamReader, w: asyncio.StreamWriter, n: int) -> None:
+        if n == 1:
+            w.write(answer(b"{}"))
+        else:
+            w.close()
+
+    async with serving(script) as (url, seen):
+        t = Http11Transport(url, timeout_s=5)
+        await t.send("GET", "/", {}, None)
+        with pytest.raises(TransportError) as failed:
+            await t.send("POST", "/", {}, b"{}")
+        await t.aclose()
+    assert failed.value.unsent is False
+    assert len(seen) == 2
 
 
 async def test_refused_connection_is_unsent() -> None:
