@@ -39,11 +39,18 @@ class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="CHRONICLE_", env_file=".env", extra="ignore")
 
     nats_url: str = Field(
-        default="nats://127.0.0.1:4222", description="user:password@ in the URL works; tls://… for TLS"
+        default="nats://127.0.0.1:4222",
+        description="one URL, or several comma-separated (the nodes of a cluster: a client reconnects to another "
+        "when its node goes); user:password@ in the URL works; tls://… for TLS",
     )
     nats_nkey_seed: SecretStr | None = Field(
         default=None,
         description="NKey user seed of Chronicle's own (operator) NATS identity; `chronicle keygen --operator`",
+    )
+    nats_route_password: SecretStr | None = Field(
+        default=None,
+        description="a NATS cluster's route password (`chronicle nats-config --cluster-port`): nodes open routes "
+        "to each other with it",
     )
     nats_creds_file: str | None = Field(default=None, description="NATS credentials file (JWT and NKey seed)")
     nats_tls_ca_file: str | None = Field(default=None, description="CA bundle that signed the NATS server's cert")
@@ -53,6 +60,17 @@ class Settings(BaseSettings):
     stream: str = "CHRONICLE"
     subject_prefix: str = "chronicle.ev"
     partitions: int = Field(default=16, ge=1, le=1024)
+    stream_replicas: int = Field(
+        default=1,
+        ge=1,
+        le=5,
+        description="copies of the event stream (and the blob bucket) on a NATS cluster: 3 in production; at "
+        "start a process refuses a count the cluster cannot hold, or a stream that has fewer (move it with "
+        "`chronicle stream-replicas N`)",
+    )
+    consumer_replicas: int = Field(
+        default=0, ge=0, le=5, description="copies of each projector's and the compactor's consumer; 0: the stream's"
+    )
 
     payload_limit_bytes: int = Field(default=256 * 1024, ge=1024, description="larger bodies go to object storage")
     max_message_bytes: int = Field(default=32 * 1024 * 1024, ge=1024)
@@ -122,6 +140,13 @@ class Settings(BaseSettings):
     row_cap_bytes: int = Field(default=1_800_000, ge=10_000, description="larger messages are stored capped")
 
     data_dir: str = ".chronicle"
+
+    def nats_servers(self) -> list[str]:
+        """The NATS URLs of ``nats_url``, in order (a cluster's nodes, or one server)."""
+        servers = [url.strip() for url in self.nats_url.split(",") if url.strip()]
+        if not servers:
+            raise ValueError("CHRONICLE_NATS_URL names no server")
+        return servers
 
     def layout(self) -> SubjectLayout:
         return SubjectLayout(stream=self.stream, prefix=self.subject_prefix, partitions=self.partitions)
