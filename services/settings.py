@@ -69,7 +69,12 @@ class Settings(BaseSettings):
         "`chronicle stream-replicas N`)",
     )
     consumer_replicas: int = Field(
-        default=0, ge=0, le=5, description="copies of each projector's and the compactor's consumer; 0: the stream's"
+        default=1,
+        ge=0,
+        le=5,
+        description="copies of each projector's and the compactor's consumer; 0: the stream's. One is enough: "
+        "a runner's position is its checkpoint in Postgres, and it makes its consumer anew at every start or "
+        "failure, so a consumer lost with its node costs a re-position, not data",
     )
 
     payload_limit_bytes: int = Field(default=256 * 1024, ge=1024, description="larger bodies go to object storage")
