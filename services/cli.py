@@ -29,6 +29,13 @@ def main(argv: list[str] | None = None) -> int:
         help="start N nats-servers clustered on loopback (ports --nats-port..+N-1, routes 1000 above) and keep "
         "the stream at N replicas; 3 survives the loss of any one node",
     )
+    p_up.add_argument(
+        "--api-processes",
+        type=int,
+        default=None,
+        metavar="N",
+        help="N `chronicle api` processes sharing the API port (SO_REUSEPORT); default CHRONICLE_API_PROCESSES or 1",
+    )
     sub.add_parser("api", help="run the HTTP API")
     sub.add_parser("projector", help="run the projector (event log -> Postgres read models)")
     sub.add_parser("compactor", help="run the compaction worker (summary overlays)")
@@ -142,6 +149,8 @@ def main(argv: list[str] | None = None) -> int:
         case "up":
             from services.localstack import up
 
+            if args.api_processes is not None:
+                settings = settings.model_copy(update={"api_processes": max(1, args.api_processes)})
             return up(settings, args.nats_port, args.nats_cluster)
         case "api":
             from services.processes import run_api

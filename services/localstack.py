@@ -300,7 +300,10 @@ def _serve(settings: Settings, env: dict[str, str], key: str, procs: list[subpro
         procs.append(subprocess.Popen([*exe, "projector"], env={**env, **shares}, start_new_session=True))
     near = {"CHRONICLE_NATS_URL": ",".join(rotated(servers, workers))}
     procs.append(subprocess.Popen([*exe, "compactor"], env={**env, **near}, start_new_session=True))
-    procs.append(subprocess.Popen([*exe, "api"], env=env, start_new_session=True))
+    shared = {"CHRONICLE_API_REUSE_PORT": "true"} if settings.api_processes > 1 else {}
+    for a in range(settings.api_processes):  # one port; the kernel spreads connections (SO_REUSEPORT)
+        api_env = {**env, **shared, "CHRONICLE_NATS_URL": ",".join(rotated(servers, workers + 1 + a))}
+        procs.append(subprocess.Popen([*exe, "api"], env=api_env, start_new_session=True))
     base = f"http://{settings.api_host}:{settings.api_port}"
     _wait_ready(base, procs)
     print(

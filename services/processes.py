@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+import socket
 from collections.abc import Coroutine
 from typing import Any
 
@@ -52,7 +53,22 @@ async def run_compactor(settings: Settings) -> None:
     log.info("compactor stopped")
 
 
+def listening_socket(host: str, port: int, *, reuse_port: bool) -> socket.socket:
+    """A bound TCP socket for uvicorn; with ``reuse_port`` other processes may bind the same port
+    (Linux spreads incoming connections over them)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    if reuse_port:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    sock.bind((host, port))
+    sock.set_inheritable(True)
+    return sock
+
+
 def run_api(settings: Settings) -> None:
+    """Serve the API until SIGINT/SIGTERM; with ``api_reuse_port`` on a socket shared with the
+    other API processes on the same port."""
     config = uvicorn.Config(
         build_app(settings),
         host=settings.api_host,
@@ -61,4 +77,11 @@ def run_api(settings: Settings) -> None:
         access_log=False,
         timeout_graceful_shutdown=10,
     )
-    uvicorn.Server(config).run()
+    if not settings.api_reuse_port:
+        uvicorn.Server(config).run()
+        return
+    sock = listening_socket(settings.api_host, settings.api_port, reuse_port=True)
+    try:
+        uvicorn.Server(config).run(sockets=[sock])
+    finally:
+        sock.close()

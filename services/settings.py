@@ -83,6 +83,11 @@ class Settings(BaseSettings):
 
     api_host: str = "127.0.0.1"
     api_port: int = 8080
+    api_reuse_port: bool = Field(
+        default=False,
+        description="listen with SO_REUSEPORT, so several `chronicle api` processes share the port and the kernel "
+        "spreads connections over them (`chronicle up --api-processes N`)",
+    )
     api_keys: list[str] = Field(
         default_factory=list,
         description="entries 'tenant:sha256-hex-of-key[:nkey-public-key]'; see `chronicle keygen`. The third field "
@@ -109,6 +114,9 @@ class Settings(BaseSettings):
     projector_batch: int = Field(default=1000, ge=1)
     projector_partitions: list[int] | None = Field(
         default=None, description="partitions this projector consumes; None = all"
+    )
+    api_processes: int = Field(
+        default=1, ge=1, le=64, description="`chronicle up`: API processes on the one port (SO_REUSEPORT)"
     )
     projector_workers: int = Field(
         default=1,

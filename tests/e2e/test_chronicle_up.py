@@ -132,7 +132,8 @@ def test_up_with_two_partitioned_projectors(tmp_path: Path, fresh_db: str) -> No
 
 def test_up_on_a_three_node_nats_cluster(tmp_path: Path, fresh_db: str) -> None:
     """--nats-cluster 3: three nats-servers on consecutive ports, none open, the stream at R3 with
-    every copy current, and two projector workers (each preferring another node) serving reads."""
+    every copy current, two projector workers (each preferring another node) serving reads, and
+    --api-processes 2: two API processes on the one port."""
     api_port = free_port()
     nats_port = _free_run(3)
     proc, lines = _start(
@@ -142,6 +143,8 @@ def test_up_on_a_three_node_nats_cluster(tmp_path: Path, fresh_db: str) -> None:
         nats_port,
         "--nats-cluster",
         "3",
+        "--api-processes",
+        "2",
         CHRONICLE_PARTITIONS="2",
         CHRONICLE_PROJECTOR_WORKERS="2",
     )
@@ -149,6 +152,7 @@ def test_up_on_a_three_node_nats_cluster(tmp_path: Path, fresh_db: str) -> None:
     operator = (tmp_path / "data" / "nats-operator.nk").read_text().strip()
     try:
         assert any("a cluster of 3 nats-servers" in line for line in lines)
+        assert len(_children(proc.pid, "api")) == 2
         urls = [f"nats://127.0.0.1:{nats_port + i}" for i in range(3)]
         for url in urls:
             assert asyncio.run(nats_handshake(url, None)) == "-ERR 'Authorization Violation'"
@@ -162,6 +166,9 @@ def test_up_on_a_three_node_nats_cluster(tmp_path: Path, fresh_db: str) -> None:
                 last = max(last, r.json()["seq"])
             listed = c.get("/v1/sessions", params={"min_seq": last, "limit": 50}, timeout=30)
             assert {s["id"] for s in listed.json()["sessions"]} >= {f"c-{i}" for i in range(6)}
+        for _ in range(10):  # new connections, spread by the kernel over both processes: all answered
+            fresh = httpx.get(f"http://127.0.0.1:{api_port}/healthz", timeout=30)
+            assert fresh.status_code == 200
         info = asyncio.run(_stream_info(urls, operator))
         assert info.config.num_replicas == 3
         assert info.cluster is not None
@@ -171,6 +178,20 @@ def test_up_on_a_three_node_nats_cluster(tmp_path: Path, fresh_db: str) -> None:
         )
     finally:
         _stop(proc)
+
+
+def _children(parent: int, command: str) -> list[int]:
+    """Live child processes of ``parent`` running ``chronicle <command>``."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            ppid = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+            argv = (stat.parent / "cmdline").read_bytes().split(b"\0")
+        except (OSError, ValueError, IndexError):
+            continue
+        if ppid == parent and command.encode() in argv[-2:]:
+            found.append(int(stat.parent.name))
+    return found
 
 
 def _free_run(size: int) -> int:
