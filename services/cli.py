@@ -70,7 +70,19 @@ def main(argv: list[str] | None = None) -> int:
     p_sync.add_argument("--tenant", default="default")
     p_bench = sub.add_parser("bench", help="benchmarks on private infrastructure, against a same-run baseline")
     p_bench.add_argument(
-        "which", choices=["ingest", "api", "history", "search", "rebuild", "context", "compaction", "peers", "all"]
+        "which",
+        choices=[
+            "ingest",
+            "api",
+            "history",
+            "search",
+            "rebuild",
+            "context",
+            "compaction",
+            "peers",
+            "api-replicas",
+            "all",
+        ],
     )
     p_bench.add_argument("--smoke", action="store_true", help="tiny sizes (seconds), as the tests run them")
     p_bench.add_argument("--out", default=None, help="JSON file (a directory with 'all'); default bench-results/")
