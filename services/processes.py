@@ -11,6 +11,7 @@ from typing import Any
 
 import uvicorn
 import uvloop
+from nats.aio.client import Client as NatsClient
 
 from services.api import build_app
 from services.bootstrap import open_container
@@ -25,6 +26,12 @@ def serve(main: Coroutine[Any, Any, None]) -> None:
         runner.run(main)
 
 
+def nats_node(nc: NatsClient) -> str:
+    """``host:port`` of the NATS server ``nc`` is connected to (a cluster's node), no credentials."""
+    url = nc.connected_url
+    return f"{url.hostname}:{url.port}" if url is not None else "(not connected)"
+
+
 def _stop_on_signals(stop: asyncio.Event) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -37,7 +44,12 @@ async def run_projector(settings: Settings) -> None:
     _stop_on_signals(stop)
     async with open_container(settings) as c:
         runner = c.projector()
-        log.info("projector %s consuming %s", runner.name, runner.filter_subject or c.layout.wildcard)
+        log.info(
+            "projector %s consuming %s via NATS %s",
+            runner.name,
+            runner.filter_subject or c.layout.wildcard,
+            nats_node(c.nc),
+        )
         await runner.run(stop)
     log.info("projector stopped")
 
@@ -48,7 +60,12 @@ async def run_compactor(settings: Settings) -> None:
     _stop_on_signals(stop)
     async with open_container(settings) as c:
         compactor = c.compactor()
-        log.info("compactor %s running with the %s summarizer", settings.compactor_name, settings.summarizer)
+        log.info(
+            "compactor %s running with the %s summarizer via NATS %s",
+            settings.compactor_name,
+            settings.summarizer,
+            nats_node(c.nc),
+        )
         await compactor.run(stop)
     log.info("compactor stopped")
 

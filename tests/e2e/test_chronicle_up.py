@@ -177,7 +177,14 @@ def test_up_on_a_three_node_nats_cluster(tmp_path: Path, fresh_db: str) -> None:
             {"n1", "n2", "n3"} - {info.cluster.leader}
         )
     finally:
-        _stop(proc)
+        out = _stop(proc)
+    # each projector worker logged the node it reached: the URL order made them pick different ones
+    nodes = {
+        line.split(" projector ", 1)[1].split()[0]: line.rsplit(" via NATS ", 1)[1].strip()
+        for line in [*lines, *out.splitlines()]
+        if " consuming " in line and " via NATS " in line
+    }
+    assert nodes == {"projector.p000": f"127.0.0.1:{nats_port}", "projector.p001": f"127.0.0.1:{nats_port + 1}"}
 
 
 def _children(parent: int, command: str) -> list[int]:
