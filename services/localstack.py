@@ -102,6 +102,21 @@ def start_cluster_node(
     return start_nats(port, data / f"nats-{node.name}", data / f"nats-{node.name}.log", access, extra)
 
 
+def other_log(data: Path, cluster: int) -> str | None:
+    """Why ``data`` cannot serve a stack of ``cluster`` nats-servers (1: one server), or None: it
+    already holds the event log of the other kind. A new log beside it would start at sequence 1
+    while the read models' checkpoints are further on, so its first events would never be applied."""
+    single = (data / "nats").is_dir()
+    clustered = sorted(p.name for p in data.glob("nats-n*") if p.is_dir())
+    if cluster > 1 and single and not clustered:
+        return f"{data} holds the event log of one nats-server ({data / 'nats'})"
+    if cluster == 1 and clustered:
+        return f"{data} holds the event log of a NATS cluster ({', '.join(clustered)})"
+    if cluster > 1 and len(clustered) not in (0, cluster):
+        return f"{data} holds the event log of a cluster of {len(clustered)} nats-servers"
+    return None
+
+
 def rotated(items: list[str], by: int) -> list[str]:
     """``items`` starting at ``by`` (modulo its length): process ``by`` prefers another node."""
     k = by % len(items) if items else 0
@@ -227,6 +242,14 @@ def up(settings: Settings, nats_port: int, nats_cluster: int = 1) -> int:
     signal.signal(signal.SIGINT, _interrupt)
     data = Path(settings.data_dir).resolve()
     data.mkdir(parents=True, exist_ok=True)
+    conflict = other_log(data, nats_cluster)
+    if conflict:
+        print(
+            f"chronicle up: {conflict}; a new log beside it would not match the read models. Use another "
+            "CHRONICLE_DATA_DIR (and database), or the layout it was made with",
+            file=sys.stderr,
+        )
+        return 1
     cluster = local_cluster(nats_port, nats_cluster) if nats_cluster > 1 else []
     ports = [nats_port, settings.api_port, *(p for p, _ in cluster[1:]), *(n.route_port for _, n in cluster)]
     taken = [str(p) for p in ports if not port_free("127.0.0.1", p)]

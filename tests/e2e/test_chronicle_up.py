@@ -217,3 +217,20 @@ async def _stream_info(urls: list[str], operator: str) -> StreamInfo:
         return await nc.jetstream().stream_info("CHRONICLE")
     finally:
         await nc.close()
+
+
+def test_up_refuses_a_data_dir_made_with_the_other_log_layout(tmp_path: Path) -> None:
+    """A cluster's new, empty log beside a one-server log would start at sequence 1 under read
+    models whose checkpoints are further on: refused before anything starts."""
+    (tmp_path / "nats").mkdir()
+    env = {**os.environ, "CHRONICLE_DATA_DIR": str(tmp_path), "CHRONICLE_API_PORT": str(free_port())}
+    done = subprocess.run(
+        [sys.executable, "-m", "services.cli", "up", "--nats-cluster", "3", "--nats-port", str(_free_run(3))],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 1
+    assert "holds the event log of one nats-server" in done.stderr
+    assert not list(tmp_path.glob("nats-n*"))

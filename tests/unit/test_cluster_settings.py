@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 
 import nats.errors
 import pytest
 from nats.js.errors import APIError
 
 from services.bootstrap import when_jetstream_ready
-from services.localstack import ROUTE_PORT_OFFSET, local_cluster, rotated
+from services.localstack import ROUTE_PORT_OFFSET, local_cluster, other_log, rotated
 from services.natsconf import ROUTE_USER, ClusterNode, cluster_extra
 from services.replicas import blob_stream
 from services.settings import Settings
@@ -98,3 +99,16 @@ async def test_other_errors_are_not_waited_for() -> None:
     with pytest.raises(APIError, match="bad request"):
         await when_jetstream_ready(step, timeout_s=5, pause_s=0)
     assert calls == 1
+
+
+def test_a_data_dir_serves_only_the_log_layout_it_was_made_with(tmp_path: Path) -> None:
+    assert other_log(tmp_path, 1) is None
+    assert other_log(tmp_path, 3) is None
+    (tmp_path / "nats").mkdir()
+    assert other_log(tmp_path, 1) is None
+    assert "one nats-server" in (other_log(tmp_path, 3) or "")
+    for name in ("nats-n1", "nats-n2", "nats-n3"):
+        (tmp_path / name).mkdir()
+    assert other_log(tmp_path, 3) is None
+    assert "a NATS cluster (nats-n1, nats-n2, nats-n3)" in (other_log(tmp_path, 1) or "")
+    assert "a cluster of 3 nats-servers" in (other_log(tmp_path, 5) or "")
