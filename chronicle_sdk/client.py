@@ -83,8 +83,9 @@ class ChronicleClient:
       that are not idempotent are retried only when nothing can have been written.
     * Read-your-writes: remembers the ``seq`` of its last write per session and sends it as
       ``min_seq`` on every read of that session (tenant-wide reads send the highest one).
-    * Direct path: with ``nats_url``, appends can be published straight to JetStream with the
-      ``events`` publisher (``append_via="jetstream"`` or ``via=`` per call). On first use the
+    * Direct path: with ``nats_url`` (a cluster's nodes comma-separated), appends can be published
+      straight to JetStream with the ``events`` publisher (``append_via="jetstream"`` or ``via=``
+      per call). On first use the
       client asks the API (``GET /v1/nats``) which tenant ``api_key`` belongs to, the stream's
       layout, the inbox prefix and the size limits, then connects as that tenant: with the NKey
       derived from ``api_key`` (what ``chronicle keygen`` registers), or with
@@ -413,7 +414,7 @@ class ChronicleClient:
         )
         try:
             await nc.connect(
-                self.nats_url,
+                [url.strip() for url in self.nats_url.split(",") if url.strip()],  # a cluster: its nodes
                 connect_timeout=5,
                 max_reconnect_attempts=5,
                 inbox_prefix=info.inbox_prefix,

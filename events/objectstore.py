@@ -19,9 +19,10 @@ class JetStreamBlobStore:
 
     kind = "jetstream-object"
 
-    def __init__(self, js: JetStreamContext, bucket: str = "chronicle-blobs") -> None:
+    def __init__(self, js: JetStreamContext, bucket: str = "chronicle-blobs", *, replicas: int = 1) -> None:
         self._js = js
         self._bucket = bucket
+        self._replicas = replicas  # when the bucket is created (an existing one keeps its count)
         self._store: ObjectStore | None = None
 
     async def _get_store(self) -> ObjectStore:
@@ -30,7 +31,7 @@ class JetStreamBlobStore:
                 self._store = await self._js.object_store(self._bucket)
             except (BucketNotFoundError, NotFoundError):
                 self._store = await self._js.create_object_store(
-                    self._bucket, config=ObjectStoreConfig(storage=StorageType.FILE)
+                    self._bucket, config=ObjectStoreConfig(storage=StorageType.FILE, replicas=self._replicas)
                 )
         return self._store
 

@@ -1,24 +1,41 @@
-"""The JetStream stream that holds every event: file storage, delete/purge denied, dedup window."""
+"""The JetStream stream that holds every event: file storage, delete/purge denied, dedup window,
+and as many replicas as the settings ask (on a NATS cluster)."""
 
 from __future__ import annotations
 
+from collections.abc import Awaitable
 from dataclasses import replace
 
 from nats.js import JetStreamContext
-from nats.js.api import StorageType, StoreCompression, StreamConfig
-from nats.js.errors import NotFoundError
+from nats.js.api import StorageType, StoreCompression, StreamConfig, StreamInfo
+from nats.js.errors import APIError, NotFoundError
 
 from events.subjects import SubjectLayout
 
 DUPLICATE_WINDOW_S = 120.0
 PARTITIONS_KEY = "chronicle.partitions"  # stream metadata: the partition count in every subject
+# the server's answers to a replica count it cannot place: not clustered; too few servers (peers)
+ERR_REPLICAS_NOT_CLUSTERED = 10074
+ERR_INSUFFICIENT_RESOURCES = 10023
+ERR_NO_SUITABLE_PEERS = 10005
+
+
+class ReplicasUnavailable(RuntimeError):
+    """The NATS server or cluster cannot hold the replica count asked for."""
+
+
+class TooFewReplicas(RuntimeError):
+    """The stream exists with fewer replicas than this process is set to; moving it is an explicit
+    operator step (``chronicle stream-replicas N``), never a side effect of a process starting."""
 
 
 class PartitionMismatch(RuntimeError):
     """The stream's subjects were made with another partition count than this process's."""
 
 
-def stream_config(layout: SubjectLayout, *, duplicate_window_s: float = DUPLICATE_WINDOW_S) -> StreamConfig:
+def stream_config(
+    layout: SubjectLayout, *, duplicate_window_s: float = DUPLICATE_WINDOW_S, replicas: int = 1
+) -> StreamConfig:
     return StreamConfig(
         name=layout.stream,
         subjects=[layout.wildcard],
@@ -33,17 +50,54 @@ def stream_config(layout: SubjectLayout, *, duplicate_window_s: float = DUPLICAT
         # their block is sealed, so a publish pays nothing for it.
         compression=StoreCompression.S2,
         metadata={PARTITIONS_KEY: str(layout.partitions)},
+        num_replicas=replicas,
     )
 
 
-async def ensure_stream(js: JetStreamContext, layout: SubjectLayout) -> None:
-    """Create the stream if it is missing (an existing one is left as it is), and check that it
-    was made with this layout's partition count."""
+async def ensure_stream(js: JetStreamContext, layout: SubjectLayout, *, replicas: int = 1) -> None:
+    """Create the stream with ``replicas`` copies if it is missing, and check that it was made
+    with this layout's partition count. An existing stream is left as it is, but one with fewer
+    replicas than ``replicas`` is refused (:class:`TooFewReplicas`); a count the server cannot
+    place is refused too (:class:`ReplicasUnavailable`)."""
     try:
-        await js.stream_info(layout.stream)
+        info = await js.stream_info(layout.stream)
     except NotFoundError:
-        await js.add_stream(stream_config(layout))
+        await replica_call(js.add_stream(stream_config(layout, replicas=replicas)), layout.stream, replicas)
+    else:
+        have = info.config.num_replicas or 1
+        if have < replicas:
+            raise TooFewReplicas(
+                f"stream {layout.stream} has {have} replica(s); this process is set to {replicas} "
+                f"(CHRONICLE_STREAM_REPLICAS). Move it with `chronicle stream-replicas {replicas}`, or set "
+                f"CHRONICLE_STREAM_REPLICAS={have}"
+            )
     await check_partitions(js, layout)
+
+
+async def set_replicas(js: JetStreamContext, stream: str, replicas: int) -> StreamInfo:
+    """Change an existing stream's replica count (nats-server copies the log to the new peers
+    while it keeps serving; consumers that inherit the stream's count follow it)."""
+    info = await js.stream_info(stream)
+    return await replica_call(js.update_stream(replace(info.config, num_replicas=replicas)), stream, replicas)
+
+
+async def replica_call(call: Awaitable[StreamInfo], stream: str, replicas: int) -> StreamInfo:
+    """``call`` (a stream create or update), with the server's refusals to place ``replicas``
+    copies turned into :class:`ReplicasUnavailable`."""
+    try:
+        return await call
+    except APIError as exc:
+        if exc.err_code == ERR_REPLICAS_NOT_CLUSTERED:
+            raise ReplicasUnavailable(
+                f"stream {stream}: {replicas} replicas need a NATS cluster, and this server is not clustered "
+                f"(set CHRONICLE_STREAM_REPLICAS=1, or run a cluster: `chronicle up --nats-cluster 3`)"
+            ) from exc
+        if exc.err_code in (ERR_INSUFFICIENT_RESOURCES, ERR_NO_SUITABLE_PEERS):
+            raise ReplicasUnavailable(
+                f"stream {stream}: the NATS cluster cannot place {replicas} replicas ({exc.description}); "
+                f"it needs at least {replicas} JetStream servers up"
+            ) from exc
+        raise
 
 
 async def check_partitions(js: JetStreamContext, layout: SubjectLayout) -> None:

@@ -298,6 +298,9 @@ class ProjectorRunner:
     # for this runner's checkpoints, or None to keep them
     seed: Callable[[psycopg.AsyncConnection[Any]], Awaitable[int | None]] | None = None
     batch_size: int = 1000
+    replicas: int = 0  # the consumer's copies on a NATS cluster; 0: the stream's
+    # a consumer's creation on a cluster waits for its group to elect a leader: seconds, under load
+    consumer_timeout_s: float = 20.0
     idle_timeout_s: float = 1.0
     prefetch: int = 2
     retry_base_s: float = 0.1
@@ -471,8 +474,9 @@ class ProjectorRunner:
             filter_subjects=list(self.filter_subjects) or None,
             deliver_policy=DeliverPolicy.BY_START_SEQUENCE if checkpoint else DeliverPolicy.ALL,
             opt_start_seq=checkpoint + 1 if checkpoint else None,
+            num_replicas=self.replicas or None,
         )
-        await self.js.add_consumer(self.layout.stream, config)
+        await self.js.add_consumer(self.layout.stream, config, timeout=self.consumer_timeout_s)
         log.info("projector %s positioned at sequence %d", self.name, checkpoint + 1)
         return await self.js.pull_subscribe_bind(self.durable, stream=self.layout.stream)
 

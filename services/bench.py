@@ -1,4 +1,4 @@
-"""``chronicle bench {ingest,api,history,search,rebuild,context,compaction,peers,all}``.
+"""``chronicle bench {ingest,api,history,search,rebuild,context,compaction,peers,api-replicas,all}``.
 
 Benchmarks against a same-run baseline. Each benchmark starts its own infrastructure (see
 :mod:`services.bench_support`), prints a table, writes JSON (default
@@ -26,6 +26,7 @@ from services.bench_http import api
 from services.bench_ingest import ingest, rebuild
 from services.bench_peers import peers
 from services.bench_query import history, search
+from services.bench_replicas import api_replicas
 from services.bench_support import BenchOptions, Infra, PeersOptions, Report, infrastructure
 from services.settings import Settings
 
@@ -39,6 +40,7 @@ BENCHMARKS: dict[str, Bench] = {
     "context": context,
     "compaction": compaction,
     "peers": peers,
+    "api-replicas": api_replicas,
 }
 RESULTS_DIR = Path("bench-results")
 
@@ -73,7 +75,7 @@ async def run_one(settings: Settings, name: str, options: BenchOptions) -> Repor
 
 def run_bench(settings: Settings, args: argparse.Namespace) -> int:
     """The ``chronicle bench`` command; exit status 0 when every benchmark ran (targets may miss)."""
-    names = list(BENCHMARKS) if args.which == "all" else [args.which]
+    names = [n for n in BENCHMARKS if n != "api-replicas"] if args.which == "all" else [args.which]
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one INFO line per request otherwise
     options = BenchOptions(
         smoke=args.smoke,

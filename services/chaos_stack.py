@@ -85,13 +85,18 @@ class ChaosStack:
     pg: PrivatePostgres
     procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
     logs: dict[str, IO[bytes]] = field(default_factory=dict)
+    # settings of one process beyond the stack's, by name ("api-2" runs `chronicle api` with these)
+    overrides: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     @property
     def api_url(self) -> str:
         return f"http://127.0.0.1:{self.settings.api_port}"
 
-    def env(self) -> dict[str, str]:
-        return self.settings.as_env(os.environ)
+    def env(self, name: str = "") -> dict[str, str]:
+        return self.settings_of(name).as_env(os.environ)
+
+    def settings_of(self, name: str) -> Settings:
+        return self.settings.model_copy(update=self.overrides.get(name, {}))
 
     def start_nats(self) -> None:
         self.procs["nats"] = start_nats(self.nats_port, self.tmp / "nats", self.tmp / "nats.log", self.access)
@@ -103,15 +108,17 @@ class ChaosStack:
             return
         log = self.logs.get(name) or (self.tmp / f"{name}.log").open("ab")
         self.logs[name] = log
+        command = name.split("-")[0]  # "api-2": a second `chronicle api`
         self.procs[name] = subprocess.Popen(  # noqa: S603 - our own interpreter and CLI
-            [sys.executable, "-m", "services.cli", name],
-            env=self.env(),
+            [sys.executable, "-m", "services.cli", command],
+            env=self.env(name),
             stdout=log,
             stderr=log,
             start_new_session=True,
         )
-        if name == "api":
-            wait_for_port("127.0.0.1", self.settings.api_port, self.procs[name], "chronicle api", timeout=60)
+        if command == "api":
+            port = self.settings_of(name).api_port
+            wait_for_port("127.0.0.1", port, self.procs[name], "chronicle api", timeout=60)
 
     def kill(self, name: str) -> None:
         """SIGKILL, no warning (Postgres: an immediate stop)."""
@@ -144,9 +151,8 @@ class ChaosStack:
         return time.monotonic() - start
 
     def close(self) -> None:
-        for name in ("api", "compactor", "projector", "nats"):
-            proc = self.procs.get(name)
-            if proc is not None and proc.poll() is None:
+        for proc in reversed(self.procs.values()):  # Chronicle's processes first, then the servers
+            if proc.poll() is None:
                 proc.kill()
                 proc.wait()
         for log in self.logs.values():

@@ -11,7 +11,7 @@ from pathlib import Path
 from events.credentials import tenant_nkey_seed
 from events.ids import check_tenant
 from services import logs
-from services.natsconf import MissingOperator, NatsAccess, server_config, write_config
+from services.natsconf import ClusterNode, MissingOperator, NatsAccess, cluster_extra, server_config, write_config
 from services.settings import Settings, api_key_entry, load_settings, new_api_key, new_operator_seed
 
 
@@ -20,6 +20,22 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     p_up = sub.add_parser("up", help="run the whole stack on this machine (no Docker)")
     p_up.add_argument("--nats-port", type=int, default=4250, help="port of the nats-server it starts")
+    p_up.add_argument(
+        "--nats-cluster",
+        type=int,
+        default=1,
+        choices=range(1, 6),
+        metavar="N",
+        help="start N nats-servers clustered on loopback (ports --nats-port..+N-1, routes 1000 above) and keep "
+        "the stream at N replicas; 3 survives the loss of any one node",
+    )
+    p_up.add_argument(
+        "--api-processes",
+        type=int,
+        default=None,
+        metavar="N",
+        help="N `chronicle api` processes sharing the API port (SO_REUSEPORT); default CHRONICLE_API_PROCESSES or 1",
+    )
     sub.add_parser("api", help="run the HTTP API")
     sub.add_parser("projector", help="run the projector (event log -> Postgres read models)")
     sub.add_parser("compactor", help="run the compaction worker (summary overlays)")
@@ -54,7 +70,19 @@ def main(argv: list[str] | None = None) -> int:
     p_sync.add_argument("--tenant", default="default")
     p_bench = sub.add_parser("bench", help="benchmarks on private infrastructure, against a same-run baseline")
     p_bench.add_argument(
-        "which", choices=["ingest", "api", "history", "search", "rebuild", "context", "compaction", "peers", "all"]
+        "which",
+        choices=[
+            "ingest",
+            "api",
+            "history",
+            "search",
+            "rebuild",
+            "context",
+            "compaction",
+            "peers",
+            "api-replicas",
+            "all",
+        ],
     )
     p_bench.add_argument("--smoke", action="store_true", help="tiny sizes (seconds), as the tests run them")
     p_bench.add_argument("--out", default=None, help="JSON file (a directory with 'all'); default bench-results/")
@@ -90,6 +118,11 @@ def main(argv: list[str] | None = None) -> int:
     p_chaos.add_argument("--down", type=float, default=None, help="seconds a killed component stays down")
     p_chaos.add_argument("--between", type=float, default=None, help="seconds of load between faults")
     p_chaos.add_argument("--keep", type=Path, default=None, help="keep logs and data in this directory")
+    p_fail = sub.add_parser(
+        "failover", help="a three-node NATS cluster under load: kill -9 the stream's leader, then a follower"
+    )
+    p_fail.add_argument("--writers", type=int, default=6, help="concurrent HTTP writers over two API processes")
+    p_fail.add_argument("--keep", type=Path, default=None, help="keep logs and data in this directory")
     p_key = sub.add_parser(
         "keygen", help="make a tenant's API key (and NATS identity), or the operator's NATS identity"
     )
@@ -101,6 +134,18 @@ def main(argv: list[str] | None = None) -> int:
     p_conf.add_argument("--host", default="0.0.0.0")  # noqa: S104 - the server's own listen address
     p_conf.add_argument("--port", type=int, default=4222)
     p_conf.add_argument("--store-dir", default="/data")
+    p_conf.add_argument(
+        "--cluster-nodes",
+        default="",
+        help="a cluster: its nodes' host names, comma-separated; --out is then a directory that gets one "
+        "<name>.conf per node (routes between them on --cluster-port, CHRONICLE_NATS_ROUTE_PASSWORD)",
+    )
+    p_conf.add_argument("--cluster-port", type=int, default=6222, help="a cluster's route port")
+    p_repl = sub.add_parser(
+        "stream-replicas", help="move the event stream (and the blob bucket) to N replicas on the NATS cluster"
+    )
+    p_repl.add_argument("replicas", type=int, choices=range(1, 6), metavar="N")
+    p_repl.add_argument("--timeout", type=float, default=600.0, help="seconds to wait for the new copies to catch up")
     p_quar = sub.add_parser("quarantine", help="events the projectors refused (quarantined)")
     quar_sub = p_quar.add_subparsers(dest="quarantine_command", required=True)
     p_qlist = quar_sub.add_parser("list", help="quarantined events, newest first")
@@ -116,7 +161,9 @@ def main(argv: list[str] | None = None) -> int:
         case "up":
             from services.localstack import up
 
-            return up(settings, args.nats_port)
+            if args.api_processes is not None:
+                settings = settings.model_copy(update={"api_processes": max(1, args.api_processes)})
+            return up(settings, args.nats_port, args.nats_cluster)
         case "api":
             from services.processes import run_api
 
@@ -151,10 +198,19 @@ def main(argv: list[str] | None = None) -> int:
             from services.chaos import options_from
 
             return chaos(settings, options_from(args))
+        case "failover":
+            from services.failover import FailoverOptions
+            from services.failover import main as failover
+
+            return failover(settings, FailoverOptions(writers=args.writers, keep=args.keep))
         case "keygen":
             return keygen(args)
         case "nats-config":
             return nats_config(settings, args)
+        case "stream-replicas":
+            from services.replicas import run_stream_replicas
+
+            return asyncio.run(run_stream_replicas(settings, args.replicas, args.timeout))
         case "quarantine":
             from services.quarantine import run_quarantine
 
@@ -182,12 +238,31 @@ def nats_config(settings: Settings, args: argparse.Namespace) -> int:
     except MissingOperator as exc:
         print(f"chronicle nats-config: {exc}", file=sys.stderr)
         return 2
+    names = [n.strip() for n in args.cluster_nodes.split(",") if n.strip()]
+    if names:
+        return nats_cluster_config(settings, access, args, names)
     config = server_config(access, host=args.host, port=args.port, store_dir=args.store_dir)
     if args.out is None:
         print(json.dumps(config, indent=2))
     else:
         write_config(args.out, config)
         print(f"wrote {args.out} ({len(access.users())} users)")
+    return 0
+
+
+def nats_cluster_config(settings: Settings, access: NatsAccess, args: argparse.Namespace, names: list[str]) -> int:
+    """One configuration per node of a cluster, ``<out>/<name>.conf``: routes to the other nodes
+    by host name on ``--cluster-port``, authenticated with the route password."""
+    if settings.nats_route_password is None or args.out is None:
+        print("chronicle nats-config: a cluster needs CHRONICLE_NATS_ROUTE_PASSWORD and --out DIR", file=sys.stderr)
+        return 2
+    nodes = [ClusterNode(name, name, args.cluster_port) for name in names]
+    password = settings.nats_route_password.get_secret_value()
+    for node in nodes:
+        extra = cluster_extra(node, nodes, password, listen=args.host)
+        config = server_config(access, host=args.host, port=args.port, store_dir=args.store_dir, extra=extra)
+        write_config(args.out / f"{node.name}.conf", config)
+    print(f"wrote {len(nodes)} node configurations in {args.out} ({len(access.users())} users)")
     return 0
 
 

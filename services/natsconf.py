@@ -8,8 +8,13 @@
   a user that may publish on its tenant's subjects and receive its publish acks, nothing else
   (:func:`events.credentials.tenant_permissions`).
 
+A cluster node's configuration adds a ``server_name`` and a ``cluster`` block: routes to the other
+nodes, authenticated with a shared route password (a route is a server-to-server connection that
+bypasses client authorization, so an open route port would be a way around every rule above).
+
 The configuration is JSON, which nats-server's configuration parser reads as it is. Users are
-listed by public key only, so the file holds no secret; it is still written owner-only.
+listed by public key only; a cluster node's file holds the route password, and every file is
+written owner-only.
 """
 
 from __future__ import annotations
@@ -19,12 +24,15 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 from events.credentials import nkey_public_key, tenant_permissions
 from events.subjects import SubjectLayout
 from services.settings import Settings
 
 EVERYTHING = {"publish": {"allow": [">"]}, "subscribe": {"allow": [">"]}}
+ROUTE_USER = "route"
+CLUSTER_NAME = "chronicle"
 
 
 class MissingOperator(ValueError):
@@ -68,6 +76,37 @@ def server_config(
         "jetstream": {"store_dir": store_dir},
         "authorization": {"users": access.users()},
         **(extra or {}),
+    }
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterNode:
+    """One node of a NATS cluster: its server name and where its cluster (route) port listens."""
+
+    name: str
+    host: str
+    route_port: int
+
+    def route_url(self, password: str) -> str:
+        return f"nats-route://{ROUTE_USER}:{quote(password, safe='')}@{self.host}:{self.route_port}"
+
+
+def cluster_extra(
+    node: ClusterNode, peers: Sequence[ClusterNode], password: str, *, listen: str | None = None
+) -> dict[str, Any]:
+    """What :func:`server_config` needs beyond one server for ``node`` of a cluster with ``peers``
+    (the other nodes): its name, and routes that only holders of ``password`` can open."""
+    if not password:
+        raise ValueError("a NATS cluster needs a route password (CHRONICLE_NATS_ROUTE_PASSWORD)")
+    return {
+        "server_name": node.name,
+        "cluster": {
+            "name": CLUSTER_NAME,
+            "host": listen or node.host,
+            "port": node.route_port,
+            "authorization": {"user": ROUTE_USER, "password": password},
+            "routes": [peer.route_url(password) for peer in peers if peer.name != node.name],
+        },
     }
 
 

@@ -5,11 +5,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+import socket
 from collections.abc import Coroutine
 from typing import Any
 
 import uvicorn
 import uvloop
+from nats.aio.client import Client as NatsClient
 
 from services.api import build_app
 from services.bootstrap import open_container
@@ -24,6 +26,12 @@ def serve(main: Coroutine[Any, Any, None]) -> None:
         runner.run(main)
 
 
+def nats_node(nc: NatsClient) -> str:
+    """``host:port`` of the NATS server ``nc`` is connected to (a cluster's node), no credentials."""
+    url = nc.connected_url
+    return f"{url.hostname}:{url.port}" if url is not None else "(not connected)"
+
+
 def _stop_on_signals(stop: asyncio.Event) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -36,7 +44,12 @@ async def run_projector(settings: Settings) -> None:
     _stop_on_signals(stop)
     async with open_container(settings) as c:
         runner = c.projector()
-        log.info("projector %s consuming %s", runner.name, runner.filter_subject or c.layout.wildcard)
+        log.info(
+            "projector %s consuming %s via NATS %s",
+            runner.name,
+            runner.filter_subject or c.layout.wildcard,
+            nats_node(c.nc),
+        )
         await runner.run(stop)
     log.info("projector stopped")
 
@@ -47,12 +60,32 @@ async def run_compactor(settings: Settings) -> None:
     _stop_on_signals(stop)
     async with open_container(settings) as c:
         compactor = c.compactor()
-        log.info("compactor %s running with the %s summarizer", settings.compactor_name, settings.summarizer)
+        log.info(
+            "compactor %s running with the %s summarizer via NATS %s",
+            settings.compactor_name,
+            settings.summarizer,
+            nats_node(c.nc),
+        )
         await compactor.run(stop)
     log.info("compactor stopped")
 
 
+def listening_socket(host: str, port: int, *, reuse_port: bool) -> socket.socket:
+    """A bound TCP socket for uvicorn; with ``reuse_port`` other processes may bind the same port
+    (Linux spreads incoming connections over them)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    if reuse_port:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    sock.bind((host, port))
+    sock.set_inheritable(True)
+    return sock
+
+
 def run_api(settings: Settings) -> None:
+    """Serve the API until SIGINT/SIGTERM; with ``api_reuse_port`` on a socket shared with the
+    other API processes on the same port."""
     config = uvicorn.Config(
         build_app(settings),
         host=settings.api_host,
@@ -61,4 +94,11 @@ def run_api(settings: Settings) -> None:
         access_log=False,
         timeout_graceful_shutdown=10,
     )
-    uvicorn.Server(config).run()
+    if not settings.api_reuse_port:
+        uvicorn.Server(config).run()
+        return
+    sock = listening_socket(settings.api_host, settings.api_port, reuse_port=True)
+    try:
+        uvicorn.Server(config).run(sockets=[sock])
+    finally:
+        sock.close()

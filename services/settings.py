@@ -39,11 +39,18 @@ class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="CHRONICLE_", env_file=".env", extra="ignore")
 
     nats_url: str = Field(
-        default="nats://127.0.0.1:4222", description="user:password@ in the URL works; tls://… for TLS"
+        default="nats://127.0.0.1:4222",
+        description="one URL, or several comma-separated (the nodes of a cluster: a client reconnects to another "
+        "when its node goes); user:password@ in the URL works; tls://… for TLS",
     )
     nats_nkey_seed: SecretStr | None = Field(
         default=None,
         description="NKey user seed of Chronicle's own (operator) NATS identity; `chronicle keygen --operator`",
+    )
+    nats_route_password: SecretStr | None = Field(
+        default=None,
+        description="a NATS cluster's route password (`chronicle nats-config --cluster-port`): nodes open routes "
+        "to each other with it",
     )
     nats_creds_file: str | None = Field(default=None, description="NATS credentials file (JWT and NKey seed)")
     nats_tls_ca_file: str | None = Field(default=None, description="CA bundle that signed the NATS server's cert")
@@ -53,6 +60,22 @@ class Settings(BaseSettings):
     stream: str = "CHRONICLE"
     subject_prefix: str = "chronicle.ev"
     partitions: int = Field(default=16, ge=1, le=1024)
+    stream_replicas: int = Field(
+        default=1,
+        ge=1,
+        le=5,
+        description="copies of the event stream (and the blob bucket) on a NATS cluster: 3 in production; at "
+        "start a process refuses a count the cluster cannot hold, or a stream that has fewer (move it with "
+        "`chronicle stream-replicas N`)",
+    )
+    consumer_replicas: int = Field(
+        default=1,
+        ge=0,
+        le=5,
+        description="copies of each projector's and the compactor's consumer; 0: the stream's. One is enough: "
+        "a runner's position is its checkpoint in Postgres, and it makes its consumer anew at every start or "
+        "failure, so a consumer lost with its node costs a re-position, not data",
+    )
 
     payload_limit_bytes: int = Field(default=256 * 1024, ge=1024, description="larger bodies go to object storage")
     max_message_bytes: int = Field(default=32 * 1024 * 1024, ge=1024)
@@ -60,6 +83,11 @@ class Settings(BaseSettings):
 
     api_host: str = "127.0.0.1"
     api_port: int = 8080
+    api_reuse_port: bool = Field(
+        default=False,
+        description="listen with SO_REUSEPORT, so several `chronicle api` processes share the port and the kernel "
+        "spreads connections over them (`chronicle up --api-processes N`)",
+    )
     api_keys: list[str] = Field(
         default_factory=list,
         description="entries 'tenant:sha256-hex-of-key[:nkey-public-key]'; see `chronicle keygen`. The third field "
@@ -86,6 +114,9 @@ class Settings(BaseSettings):
     projector_batch: int = Field(default=1000, ge=1)
     projector_partitions: list[int] | None = Field(
         default=None, description="partitions this projector consumes; None = all"
+    )
+    api_processes: int = Field(
+        default=1, ge=1, le=64, description="`chronicle up`: API processes on the one port (SO_REUSEPORT)"
     )
     projector_workers: int = Field(
         default=1,
@@ -122,6 +153,13 @@ class Settings(BaseSettings):
     row_cap_bytes: int = Field(default=1_800_000, ge=10_000, description="larger messages are stored capped")
 
     data_dir: str = ".chronicle"
+
+    def nats_servers(self) -> list[str]:
+        """The NATS URLs of ``nats_url``, in order (a cluster's nodes, or one server)."""
+        servers = [url.strip() for url in self.nats_url.split(",") if url.strip()]
+        if not servers:
+            raise ValueError("CHRONICLE_NATS_URL names no server")
+        return servers
 
     def layout(self) -> SubjectLayout:
         return SubjectLayout(stream=self.stream, prefix=self.subject_prefix, partitions=self.partitions)

@@ -7,6 +7,7 @@ import base64
 import contextlib
 import json
 import os
+import secrets
 import subprocess
 import sys
 import tempfile
@@ -21,12 +22,13 @@ import psycopg
 from services.localstack import (
     free_port,
     postgres_reachable,
+    start_cluster_node,
     start_embedded_postgres,
     start_nats,
     wait_for_port,
     with_database,
 )
-from services.natsconf import NatsAccess
+from services.natsconf import ClusterNode, NatsAccess
 from services.settings import Settings
 
 DEFAULT_PG = "postgresql://postgres@127.0.0.1:5432/postgres"
@@ -47,6 +49,28 @@ def nats_server(
             proc.wait(timeout=10)
         except subprocess.TimeoutExpired:
             proc.kill()
+
+
+@contextlib.contextmanager
+def nats_cluster(tmp: Path, access: NatsAccess, *, size: int = 3) -> Iterator[list[str]]:
+    """``size`` pinned nats-servers clustered on loopback (free ports, a fresh route password),
+    configured as Chronicle runs them; their client URLs. JetStream may still be electing its
+    meta leader when this yields (``services.bootstrap.when_jetstream_ready``)."""
+    nodes = [(free_port(), ClusterNode(f"n{i + 1}", "127.0.0.1", free_port())) for i in range(size)]
+    password = secrets.token_urlsafe(16)
+    procs: list[subprocess.Popen[bytes]] = []
+    try:
+        for i in range(size):
+            procs.append(start_cluster_node(nodes, i, tmp, access, password))
+        yield [f"nats://127.0.0.1:{port}" for port, _ in nodes]
+    finally:
+        for proc in procs:
+            proc.terminate()
+        for proc in procs:
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
 
 
 @contextlib.contextmanager

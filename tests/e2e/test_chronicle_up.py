@@ -11,15 +11,17 @@ import time
 from pathlib import Path
 
 import httpx
+import nats
 import psycopg
+from nats.js.api import StreamInfo
 
 from events.credentials import tenant_nkey_seed
-from services.localstack import free_port
+from services.localstack import ROUTE_PORT_OFFSET, free_port, port_free
 from tests.support import nats_handshake
 
 
 def _start(
-    data: Path, db_url: str, api_port: int, nats_port: int, **extra: str
+    data: Path, db_url: str, api_port: int, nats_port: int, *args: str, **extra: str
 ) -> tuple[subprocess.Popen[str], list[str]]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("CHRONICLE_")}
     env.update(
@@ -30,7 +32,7 @@ def _start(
         **extra,
     )
     proc = subprocess.Popen(
-        [sys.executable, "-m", "services.cli", "up", "--nats-port", str(nats_port)],
+        [sys.executable, "-m", "services.cli", "up", "--nats-port", str(nats_port), *args],
         env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
@@ -126,3 +128,109 @@ def test_up_with_two_partitioned_projectors(tmp_path: Path, fresh_db: str) -> No
     with psycopg.connect(fresh_db) as conn:
         names = {r[0] for r in conn.execute("SELECT name FROM checkpoints WHERE name LIKE 'projector%'")}
     assert names == {"projector.p000", "projector.p001"}  # one checkpoint per partition, no other
+
+
+def test_up_on_a_three_node_nats_cluster(tmp_path: Path, fresh_db: str) -> None:
+    """--nats-cluster 3: three nats-servers on consecutive ports, none open, the stream at R3 with
+    every copy current, two projector workers (each preferring another node) serving reads, and
+    --api-processes 2: two API processes on the one port."""
+    api_port = free_port()
+    nats_port = _free_run(3)
+    proc, lines = _start(
+        tmp_path / "data",
+        fresh_db,
+        api_port,
+        nats_port,
+        "--nats-cluster",
+        "3",
+        "--api-processes",
+        "2",
+        CHRONICLE_PARTITIONS="2",
+        CHRONICLE_PROJECTOR_WORKERS="2",
+    )
+    key = lines[-1].split(":", 1)[1].strip()
+    operator = (tmp_path / "data" / "nats-operator.nk").read_text().strip()
+    try:
+        assert any("a cluster of 3 nats-servers" in line for line in lines)
+        assert len(_children(proc.pid, "api")) == 2
+        urls = [f"nats://127.0.0.1:{nats_port + i}" for i in range(3)]
+        for url in urls:
+            assert asyncio.run(nats_handshake(url, None)) == "-ERR 'Authorization Violation'"
+            assert asyncio.run(nats_handshake(url, operator)) == "PONG"
+        with httpx.Client(base_url=f"http://127.0.0.1:{api_port}", headers={"Authorization": f"Bearer {key}"}) as c:
+            last = 0
+            for i in range(6):
+                msg = {"id": "m1", "role": "user", "parts": [{"type": "text", "text": f"cluster probe {i}"}]}
+                r = c.post(f"/v1/sessions/c-{i}/messages", json={"message": msg}, timeout=30)
+                assert r.status_code == 201, r.text
+                last = max(last, r.json()["seq"])
+            listed = c.get("/v1/sessions", params={"min_seq": last, "limit": 50}, timeout=30)
+            assert {s["id"] for s in listed.json()["sessions"]} >= {f"c-{i}" for i in range(6)}
+        for _ in range(10):  # new connections, spread by the kernel over both processes: all answered
+            fresh = httpx.get(f"http://127.0.0.1:{api_port}/healthz", timeout=30)
+            assert fresh.status_code == 200
+        info = asyncio.run(_stream_info(urls, operator))
+        assert info.config.num_replicas == 3
+        assert info.cluster is not None
+        assert info.cluster.leader
+        assert sorted(p.name or "" for p in info.cluster.replicas or []) == sorted(
+            {"n1", "n2", "n3"} - {info.cluster.leader}
+        )
+    finally:
+        out = _stop(proc)
+    # each projector worker logged the node it reached: the URL order made them pick different ones
+    nodes = {
+        line.split(" projector ", 1)[1].split()[0]: line.rsplit(" via NATS ", 1)[1].strip()
+        for line in [*lines, *out.splitlines()]
+        if " consuming " in line and " via NATS " in line
+    }
+    assert nodes == {"projector.p000": f"127.0.0.1:{nats_port}", "projector.p001": f"127.0.0.1:{nats_port + 1}"}
+
+
+def _children(parent: int, command: str) -> list[int]:
+    """Live child processes of ``parent`` running ``chronicle <command>``."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            ppid = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+            argv = (stat.parent / "cmdline").read_bytes().split(b"\0")
+        except (OSError, ValueError, IndexError):
+            continue
+        if ppid == parent and command.encode() in argv[-2:]:
+            found.append(int(stat.parent.name))
+    return found
+
+
+def _free_run(size: int) -> int:
+    """A first port such that it and the next ``size - 1`` (and the routes 1000 above) are free."""
+    for _ in range(50):
+        first = free_port()
+        ports = [first + i for i in range(size)] + [first + ROUTE_PORT_OFFSET + i for i in range(size)]
+        if all(port_free("127.0.0.1", p) for p in ports):
+            return first
+    raise AssertionError("no run of free ports")
+
+
+async def _stream_info(urls: list[str], operator: str) -> StreamInfo:
+    nc = await nats.connect(urls, nkeys_seed_str=operator)
+    try:
+        return await nc.jetstream().stream_info("CHRONICLE")
+    finally:
+        await nc.close()
+
+
+def test_up_refuses_a_data_dir_made_with_the_other_log_layout(tmp_path: Path) -> None:
+    """A cluster's new, empty log beside a one-server log would start at sequence 1 under read
+    models whose checkpoints are further on: refused before anything starts."""
+    (tmp_path / "nats").mkdir()
+    env = {**os.environ, "CHRONICLE_DATA_DIR": str(tmp_path), "CHRONICLE_API_PORT": str(free_port())}
+    done = subprocess.run(
+        [sys.executable, "-m", "services.cli", "up", "--nats-cluster", "3", "--nats-port", str(_free_run(3))],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 1
+    assert "holds the event log of one nats-server" in done.stderr
+    assert not list(tmp_path.glob("nats-n*"))

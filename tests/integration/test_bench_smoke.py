@@ -43,7 +43,17 @@ async def smoke(name: str, nats_url: str, pg_admin: str, out: Path, **more: Any)
 
 
 def test_every_benchmark_is_covered() -> None:
-    assert set(BENCHMARKS) == {"ingest", "api", "history", "search", "rebuild", "context", "compaction", "peers"}
+    assert set(BENCHMARKS) == {
+        "ingest",
+        "api",
+        "history",
+        "search",
+        "rebuild",
+        "context",
+        "compaction",
+        "peers",
+        "api-replicas",
+    }
 
 
 async def test_ingest_smoke(nats_url: str, pg_admin: str, tmp_path: Path) -> None:
@@ -60,6 +70,12 @@ async def test_api_smoke(nats_url: str, pg_admin: str, tmp_path: Path) -> None:
     for key in ("append_c1", "append_c1_spread", "append_c16", "ryw_read", "ryw_total"):
         positive(data["metrics"][key], "n", "p50", "p99")
     positive(data["baseline"]["healthz"], "n", "p50", "p99")
+
+
+async def test_api_replicas_smoke(nats_url: str, pg_admin: str, tmp_path: Path) -> None:
+    data = await smoke("api-replicas", nats_url, pg_admin, tmp_path / "api-replicas.json")
+    for count in data["params"]["api_processes"]:
+        positive(data["metrics"][f"api_processes_{count}"], "w1_appends_per_s", "w100_appends_per_s")
 
 
 async def test_history_smoke(nats_url: str, pg_admin: str, tmp_path: Path) -> None:
