@@ -13,10 +13,10 @@ from collections.abc import Callable
 import pytest
 
 from events.catalog import MessagesDeleted
+from events.omitted import OMITTED
 from events.publisher import Publisher
 from projections import queries
 from services.bootstrap import Container
-from services.decisions import OMITTED
 from services.errors import MessageConflict, UnknownParent
 from tests.conftest import make_settings, running_stack
 from tests.integration.helpers import appended, text_message

@@ -9,11 +9,11 @@ from collections.abc import Callable
 
 import psycopg
 
+from events.omitted import OMITTED
 from projections import queries
 from projections.rebuild import checksums
 from services import audit
 from services.bootstrap import Container
-from services.decisions import OMITTED
 from tests.conftest import make_settings, running_stack
 from tests.integration.helpers import text_message
 from tests.support import settings_env

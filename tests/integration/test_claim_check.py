@@ -8,9 +8,9 @@ from collections.abc import AsyncIterator, Callable
 import pytest
 
 from events import log as eventlog
+from events.omitted import OMITTED
 from projections import queries
 from services.bootstrap import Container
-from services.decisions import OMITTED
 from services.errors import PayloadTooLarge
 from tests.conftest import make_settings, running_stack
 

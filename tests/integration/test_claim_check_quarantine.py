@@ -20,6 +20,7 @@ import pytest
 from events.blobs import BlobRef, BlobStore, sha256_hex
 from events.catalog import MessageAppended, MessageUpdated
 from events.messages import JsonObject, body_hash, stored_json
+from events.omitted import OMITTED
 from projections.context import ContextProjection
 from projections.history import HistoryProjection
 from projections.overlays import OverlayProjection
@@ -28,7 +29,6 @@ from projections.runner import ProjectorRunner
 from services import audit
 from services import quarantine as ops
 from services.bootstrap import Container
-from services.decisions import OMITTED
 from tests.conftest import make_settings, running_stack
 from tests.integration.helpers import text_message
 from tests.integration.test_quarantine import _checkpoint_at_least, projectors, quarantined

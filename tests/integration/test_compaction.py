@@ -8,11 +8,11 @@ from collections.abc import Awaitable, Callable
 
 from events.catalog import CompactionRecorded
 from events.context import CompactionConfig, SessionConfig
+from events.omitted import OMITTED
 from projections.overlays import Overlay, overlays
 from services.bootstrap import Container
 from services.compaction import Plan
 from services.compactor import Outcome, compacted_view
-from services.decisions import OMITTED
 from services.summarizers import SummarizerError
 from tests.conftest import make_settings, running_stack
 from tests.integration.helpers import text_message

@@ -10,13 +10,13 @@ import nats.errors
 import pytest
 
 from events.catalog import MessagesDeleted
+from events.omitted import OMITTED
 from events.publisher import Publisher
 from projections import queries
 from projections.history import HistoryProjection
 from projections.runner import apply_batch, prepare
 from services.bootstrap import Container
 from services.commands import Commands
-from services.decisions import OMITTED
 from tests.conftest import operator_nats
 from tests.integration.helpers import appended, text_message
 

@@ -9,10 +9,10 @@ import httpx
 import pytest
 
 from events.blobs import BlobRef
+from events.omitted import OMITTED
 from projections import queries
 from services.api import build_app
 from services.bootstrap import Container
-from services.decisions import OMITTED
 from tests.conftest import KEYS, make_settings, running_stack
 
 T = "tenant-a"

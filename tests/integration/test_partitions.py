@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import asyncio
 
+from events.omitted import OMITTED
 from events.subjects import partition_of
 from projections import queries
 from projections.runner import ProjectorRunner
 from services import audit
 from services.bootstrap import Container
-from services.decisions import OMITTED
 from services.settings import Settings
 from tests.conftest import make_settings, running_stack
 from tests.integration.helpers import appended, text_message

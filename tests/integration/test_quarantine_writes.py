@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from services.decisions import OMITTED
+from events.omitted import OMITTED
 from services.errors import ProjectionTimeout
 from tests.conftest import make_settings, running_stack
 from tests.integration.helpers import text_message

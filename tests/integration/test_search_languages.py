@@ -11,11 +11,11 @@ from pydantic import ValidationError
 
 from events.catalog import MessageAppended
 from events.messages import body_hash
+from events.omitted import OMITTED
 from projections import context_queries, queries, search_languages
 from projections.history import HistoryProjection
 from projections.migrate import migrate
 from services import audit
-from services.decisions import OMITTED
 from services.settings import Settings
 from tests.conftest import make_settings, running_stack
 from tests.integration.helpers import text_message

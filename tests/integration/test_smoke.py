@@ -2,10 +2,10 @@ from __future__ import annotations
 
 import psycopg
 
+from events.omitted import OMITTED
 from projections import queries
 from services.bench_data import create_baseline_table
 from services.bootstrap import Container
-from services.decisions import OMITTED
 
 
 async def test_append_and_read(stack: Container) -> None:
