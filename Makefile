@@ -18,7 +18,7 @@ up: install
 
 lint: install
 	$(BIN)/ruff check .
-	$(BIN)/ruff format --check events projections services chronicle_sdk examples tests
+	$(BIN)/ruff format --check events projections services bench chronicle_sdk examples tests
 	$(BIN)/mypy
 	$(BIN)/lint-imports
 

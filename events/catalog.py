@@ -204,6 +204,10 @@ class PromptRendered(Event):
     reason: Literal["freeze", "refresh", "clear", "compaction"]
 
 
+COMPACTION_PREFIX = "compaction_"
+"""An overlay reads as a message whose id is this prefix and the overlay's id."""
+
+
 class CompactionRecorded(Event):
     """A summary overlay over ``from_message_id..to_message_id`` of one branch; originals stay.
 

@@ -16,10 +16,9 @@ from typing import Any
 from psycopg import AsyncConnection
 from psycopg.rows import class_row
 
-from events.catalog import CompactionFailed, CompactionRecorded, MessagesCleared, SessionDeleted
+from events.catalog import COMPACTION_PREFIX, CompactionFailed, CompactionRecorded, MessagesCleared, SessionDeleted
 from events.envelope import Event
 
-COMPACTION_PREFIX = "compaction_"
 Statement = tuple[str, tuple[Any, ...]]
 
 

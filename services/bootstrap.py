@@ -29,16 +29,16 @@ from projections.history import HistoryProjection
 from projections.migrate import migrate
 from projections.overlays import OverlayProjection
 from projections.runner import Projection, ProjectorRunner, partition_checkpoint, read_checkpoint
-from services.commands import Commands
-from services.compactor import CompactionService, Compactor
-from services.compactor_state import CompactorState
-from services.context import ContextService
-from services.s3_blobs import S3BlobStore
+from services.compaction.state import CompactorState
+from services.compaction.summarizers import OfflineSummarizer, OpenAISummarizer, Summarizer
+from services.compaction.worker import CompactionService, Compactor
+from services.context.service import ContextService
 from services.settings import Settings
-from services.skills_store import SkillStore
-from services.summarizers import OfflineSummarizer, OpenAISummarizer, Summarizer
+from services.storage.blobs import S3BlobStore
+from services.storage.s3 import SkillStore
 from services.tokens import TokenCounter
-from services.waiting import AppliedWaiter
+from services.writes.commands import Commands
+from services.writes.waiting import AppliedWaiter
 
 JETSTREAM_READY_S = 60.0  # how long a process waits at its start for JetStream to answer
 
@@ -260,9 +260,9 @@ async def open_container(settings: Settings) -> AsyncIterator[Container]:
             row_cap_bytes=settings.row_cap_bytes,
         )
         counter = TokenCounter(settings.tiktoken_encoding)
-        context = ContextService(commands.conditional, publisher, pool, counter, skills)
+        context = ContextService(commands.optimistic, publisher, pool, counter, skills)
         context.reserved_buckets = frozenset({settings.originals_bucket})
-        compaction = CompactionService(pool, publisher, commands.conditional, context, counter, summarizer_of(settings))
+        compaction = CompactionService(pool, publisher, commands.optimistic, context, counter, summarizer_of(settings))
         yield Container(
             settings, layout, nc, js, pool, publisher, blobs, waiter, originals, commands, context, compaction
         )

@@ -15,7 +15,7 @@ from nats.aio.client import Client as NatsClient
 from events.credentials import nkey_public_key, tenant_inbox_prefix, tenant_nkey_seed
 from events.subjects import SubjectLayout
 from services.bootstrap import Container, open_container
-from services.natsconf import NatsAccess
+from services.ops.natsconf import NatsAccess
 from services.settings import Settings, api_key_entry, new_operator_seed
 from tests.support import nats_server, postgres_server, s3_server, scratch_database
 

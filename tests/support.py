@@ -19,7 +19,7 @@ from typing import Any
 import nkeys
 import psycopg
 
-from services.localstack import (
+from services.ops.localstack import (
     free_port,
     postgres_reachable,
     start_cluster_node,
@@ -28,7 +28,7 @@ from services.localstack import (
     wait_for_port,
     with_database,
 )
-from services.natsconf import ClusterNode, NatsAccess
+from services.ops.natsconf import ClusterNode, NatsAccess
 from services.settings import Settings
 
 DEFAULT_PG = "postgresql://postgres@127.0.0.1:5432/postgres"

@@ -9,8 +9,8 @@ from collections.abc import AsyncIterator, Iterator
 import httpx
 import pytest
 
-from services.localstack import free_port, wait_for_port
-from services.natsconf import NatsAccess
+from services.ops.localstack import free_port, wait_for_port
+from services.ops.natsconf import NatsAccess
 from services.settings import Settings
 from tests.conftest import KEYS, make_settings
 from tests.support import nats_server, scratch_database, settings_env
@@ -36,10 +36,10 @@ def api_settings(tmp_path_factory: pytest.TempPathFactory, e2e_db: str, s3_endpo
 @pytest.fixture(scope="session")
 def api_url(api_settings: Settings) -> Iterator[str]:
     env = settings_env(api_settings)
-    subprocess.run([sys.executable, "-m", "services.cli", "migrate"], env=env, check=True, capture_output=True)
+    subprocess.run([sys.executable, "-m", "services.ops.cli", "migrate"], env=env, check=True, capture_output=True)
     procs = [
-        subprocess.Popen([sys.executable, "-m", "services.cli", "projector"], env=env),
-        subprocess.Popen([sys.executable, "-m", "services.cli", "api"], env=env),
+        subprocess.Popen([sys.executable, "-m", "services.ops.cli", "projector"], env=env),
+        subprocess.Popen([sys.executable, "-m", "services.ops.cli", "api"], env=env),
     ]
     try:
         wait_for_port("127.0.0.1", api_settings.api_port, procs[1], "chronicle api", timeout=30)

@@ -48,7 +48,7 @@ def new_bucket(settings: Settings) -> str:
 
 
 def tenant_key(key: str, tenant: str = "tenant-a") -> str:
-    """Where the server keeps a tenant's objects (services.context.object_key)."""
+    """Where the server keeps a tenant's objects (services.context.service.object_key)."""
     return f"tenants/{tenant}/{key}"
 
 

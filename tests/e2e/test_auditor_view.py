@@ -18,7 +18,7 @@ import httpx
 import pytest
 from playwright.async_api import Browser, Locator, Page, async_playwright, expect
 
-from services.localstack import free_port, wait_for_port
+from services.ops.localstack import free_port, wait_for_port
 from services.settings import Settings
 from tests.conftest import KEYS
 from tests.e2e.auditor_data import BIG_TEXT_CHARS, LOAD_OUTPUT, MEMORY, Seeded, seed
@@ -37,7 +37,7 @@ def view_api(api_settings: Settings, api_url: str) -> Iterator[tuple[str, Settin
     """A second `chronicle api` on the e2e stack (its projector and database), with a 20,000-byte
     row cap so that a test message is stored capped."""
     settings = api_settings.model_copy(update={"api_port": free_port(), "row_cap_bytes": 20_000})
-    proc = subprocess.Popen([sys.executable, "-m", "services.cli", "api"], env=settings_env(settings))
+    proc = subprocess.Popen([sys.executable, "-m", "services.ops.cli", "api"], env=settings_env(settings))
     try:
         wait_for_port("127.0.0.1", settings.api_port, proc, "chronicle api", timeout=60)
         yield f"http://127.0.0.1:{settings.api_port}", settings

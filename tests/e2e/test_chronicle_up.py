@@ -16,7 +16,7 @@ import psycopg
 from nats.js.api import StreamInfo
 
 from events.credentials import tenant_nkey_seed
-from services.localstack import ROUTE_PORT_OFFSET, free_port, port_free
+from services.ops.localstack import ROUTE_PORT_OFFSET, free_port, port_free
 from tests.support import nats_handshake
 
 
@@ -32,7 +32,7 @@ def _start(
         **extra,
     )
     proc = subprocess.Popen(
-        [sys.executable, "-m", "services.cli", "up", "--nats-port", str(nats_port), *args],
+        [sys.executable, "-m", "services.ops.cli", "up", "--nats-port", str(nats_port), *args],
         env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
@@ -82,7 +82,7 @@ def test_up_serves_stops_and_restarts_with_its_data(tmp_path: Path, fresh_db: st
         assert [m["id"] for m in h.json()["messages"]] == ["m1"]
         # a second instance refuses: the ports are taken
         second = subprocess.run(
-            [sys.executable, "-m", "services.cli", "up", "--nats-port", str(nats_port)],
+            [sys.executable, "-m", "services.ops.cli", "up", "--nats-port", str(nats_port)],
             env={**os.environ, "CHRONICLE_API_PORT": str(api_port), "CHRONICLE_DATA_DIR": str(tmp_path / "other")},
             capture_output=True,
             text=True,
@@ -225,7 +225,7 @@ def test_up_refuses_a_data_dir_made_with_the_other_log_layout(tmp_path: Path) ->
     (tmp_path / "nats").mkdir()
     env = {**os.environ, "CHRONICLE_DATA_DIR": str(tmp_path), "CHRONICLE_API_PORT": str(free_port())}
     done = subprocess.run(
-        [sys.executable, "-m", "services.cli", "up", "--nats-cluster", "3", "--nats-port", str(_free_run(3))],
+        [sys.executable, "-m", "services.ops.cli", "up", "--nats-cluster", "3", "--nats-port", str(_free_run(3))],
         env=env,
         capture_output=True,
         text=True,

@@ -27,7 +27,7 @@ def _compactor(settings: Settings, name: str, llm: StubLLM) -> subprocess.Popen[
         CHRONICLE_SUMMARIZER_MODEL="stub",
         CHRONICLE_SUMMARIZER_ATTEMPTS="1",
     )
-    return subprocess.Popen([sys.executable, "-m", "services.cli", "compactor"], env=env, stderr=subprocess.DEVNULL)
+    return subprocess.Popen([sys.executable, "-m", "services.ops.cli", "compactor"], env=env, stderr=subprocess.DEVNULL)
 
 
 async def _session_with_history(client: httpx.AsyncClient) -> str:

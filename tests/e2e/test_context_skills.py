@@ -285,7 +285,7 @@ async def test_clear_forgets_loaded_skills(client: httpx.AsyncClient, api_settin
 
 def chronicle(settings: Settings, *args: str) -> str:
     done = subprocess.run(
-        [sys.executable, "-m", "services.cli", "skills", *args],
+        [sys.executable, "-m", "services.ops.cli", "skills", *args],
         env=settings_env(settings),
         capture_output=True,
         text=True,

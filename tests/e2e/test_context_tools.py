@@ -8,7 +8,7 @@ from typing import Any
 import httpx
 import pytest
 
-from services.keys import hash36
+from services.context.entry_keys import hash36
 from services.settings import Settings
 from tests.e2e.context_support import (
     configure,

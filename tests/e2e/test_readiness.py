@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 from events.publisher import Publisher
-from services.localstack import free_port, wait_for_port
+from services.ops.localstack import free_port, wait_for_port
 from services.settings import Settings
 from tests.conftest import KEYS, make_settings, operator_nats
 from tests.integration.helpers import appended
@@ -29,7 +29,7 @@ def own_settings(nats_url: str, pg_admin: str, s3_endpoint: str) -> Iterator[Set
 
 
 def start(command: str, settings: Settings) -> subprocess.Popen[bytes]:
-    return subprocess.Popen([sys.executable, "-m", "services.cli", command], env=settings_env(settings))
+    return subprocess.Popen([sys.executable, "-m", "services.ops.cli", command], env=settings_env(settings))
 
 
 async def readyz_until(client: httpx.AsyncClient, status: int, timeout: float = 30) -> httpx.Response:
@@ -45,7 +45,7 @@ async def readyz_until(client: httpx.AsyncClient, status: int, timeout: float = 
 
 async def test_readyz_goes_503_when_the_projector_stops_while_events_wait(own_settings: Settings) -> None:
     env = settings_env(own_settings)
-    subprocess.run([sys.executable, "-m", "services.cli", "migrate"], env=env, check=True, capture_output=True)
+    subprocess.run([sys.executable, "-m", "services.ops.cli", "migrate"], env=env, check=True, capture_output=True)
     projector, api = start("projector", own_settings), start("api", own_settings)
     try:
         wait_for_port("127.0.0.1", own_settings.api_port, api, "chronicle api", timeout=30)

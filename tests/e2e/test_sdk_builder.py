@@ -345,7 +345,7 @@ async def test_clear_only_affects_its_own_session(sdk: ChronicleClient) -> None:
 async def test_compact_after_lets_the_compactor_compact(sdk: ChronicleClient, api_settings: Settings) -> None:
     """``compact_after`` + ``on_compaction`` from the builder drive a running ``chronicle compactor``."""
     env = {**settings_env(api_settings), "CHRONICLE_COMPACTOR_NAME": f"compactor-{uuid.uuid4().hex[:8]}"}
-    proc = subprocess.Popen([sys.executable, "-m", "services.cli", "compactor"], env=env)
+    proc = subprocess.Popen([sys.executable, "-m", "services.ops.cli", "compactor"], env=env)
     try:
         s = (
             Session.create(sdk, sid())

@@ -12,7 +12,7 @@ import psycopg
 from events.omitted import OMITTED
 from projections import queries
 from projections.rebuild import checksums
-from services import audit
+from services.audit import readers as audit
 from services.bootstrap import Container
 from tests.conftest import make_settings, running_stack
 from tests.integration.helpers import text_message
@@ -66,7 +66,7 @@ async def test_replay_cli_prints_the_events_in_order(stack: Container, new_id: C
     for i in range(3):
         await stack.commands.append(T, sid, text_message(f"m{i}", f"hello {i}"), OMITTED)
     env = settings_env(stack.settings)
-    cmd = [sys.executable, "-m", "services.cli", "replay", "--tenant", T, "--session", sid]
+    cmd = [sys.executable, "-m", "services.ops.cli", "replay", "--tenant", T, "--session", sid]
     out = subprocess.run(cmd, env=env, capture_output=True, text=True, check=True).stdout.splitlines()
     events = [json.loads(line) for line in out]
     assert [e["event"]["message_id"] for e in events] == ["m0", "m1", "m2"]
@@ -114,6 +114,8 @@ async def test_verify_reports_a_tampered_read_model(nats_url: str, fresh_db: str
         assert not report.ok
         assert any("tampered" in line for line in report.differences["messages"])
         env = settings_env(settings)
-        done = subprocess.run([sys.executable, "-m", "services.cli", "verify"], env=env, capture_output=True, text=True)
+        done = subprocess.run(
+            [sys.executable, "-m", "services.ops.cli", "verify"], env=env, capture_output=True, text=True
+        )
         assert done.returncode == 1
         assert "DIFFERENT" in done.stdout

@@ -12,9 +12,9 @@ from typing import Any
 
 import pytest
 
-from services.bench import BENCHMARKS, run_one
-from services.bench_backends import SYSTEMS
-from services.bench_support import BenchOptions, PeersOptions
+from bench.backends import SYSTEMS
+from bench.cli import BENCHMARKS, run_one
+from bench.support import BenchOptions, PeersOptions
 from tests.conftest import make_settings
 
 COMMON_KEYS = {"benchmark", "params", "environment", "metrics", "baseline", "ratio", "targets", "cpu_s"}
@@ -194,11 +194,11 @@ async def test_peers_smoke_with_the_peers(nats_url: str, pg_admin: str, tmp_path
 
 def test_bench_cli_wiring(monkeypatch: pytest.MonkeyPatch) -> None:
     """``chronicle bench`` parses its options and hands them to ``run_bench`` (nothing runs)."""
-    import services.bench
-    from services import cli
+    import bench.cli
+    from services.ops import cli
 
     captured: list[argparse.Namespace] = []
-    monkeypatch.setattr(services.bench, "run_bench", lambda settings, args: captured.append(args) or 0)
+    monkeypatch.setattr(bench.cli, "run_bench", lambda settings, args: captured.append(args) or 0)
     assert cli.main(["bench", "ingest", "--smoke", "--messages", "10", "--sessions", "2", "--out", "x.json"]) == 0
     (args,) = captured
     assert (args.which, args.smoke, args.messages, args.sessions, args.out) == ("ingest", True, 10, 2, "x.json")
@@ -206,16 +206,16 @@ def test_bench_cli_wiring(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_bench_peers_cli_wiring(monkeypatch: pytest.MonkeyPatch) -> None:
     """``chronicle bench peers`` hands its sizes to the benchmark (nothing runs)."""
-    import services.bench
-    from services import cli
+    import bench.cli
+    from services.ops import cli
 
-    captured: list[services.bench.BenchOptions] = []
+    captured: list[bench.cli.BenchOptions] = []
 
     async def fake(settings: object, names: list[str], options: BenchOptions) -> dict[str, object]:
         captured.append(options)
         return {}
 
-    monkeypatch.setattr(services.bench, "run_benchmarks", fake)
+    monkeypatch.setattr(bench.cli, "run_benchmarks", fake)
     argv = ["bench", "peers", "--repeats", "1", "--scale", "0.1", "--w3-appends", "500", "--concurrency", "4"]
     assert cli.main([*argv, "--systems", "chronicle,Agents", "--workloads", "w1,w3", "--no-analyze"]) == 0
     (options,) = captured

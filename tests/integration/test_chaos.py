@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from services.chaos import FAULTS, ChaosOptions, run_chaos
+from bench.chaos import FAULTS, ChaosOptions, run_chaos
 from services.settings import Settings
 
 

@@ -26,8 +26,8 @@ from projections.history import HistoryProjection
 from projections.overlays import OverlayProjection
 from projections.rebuild import quarantine_rows, rebuild_into
 from projections.runner import ProjectorRunner
-from services import audit
-from services import quarantine as ops
+from services.audit import quarantine as ops
+from services.audit import readers as audit
 from services.bootstrap import Container
 from tests.conftest import make_settings, running_stack
 from tests.integration.helpers import text_message

@@ -11,9 +11,9 @@ from events.context import CompactionConfig, SessionConfig
 from events.omitted import OMITTED
 from projections.overlays import Overlay, overlays
 from services.bootstrap import Container
-from services.compaction import Plan
-from services.compactor import Outcome, compacted_view
-from services.summarizers import SummarizerError
+from services.compaction.ranges import Plan
+from services.compaction.summarizers import SummarizerError
+from services.compaction.worker import Outcome, compacted_view
 from tests.conftest import make_settings, running_stack
 from tests.integration.helpers import text_message
 
@@ -48,7 +48,7 @@ async def _overlay(c: Container, sid: str, first: str, last: str, text: str) -> 
 
 
 async def _view_ids(c: Container, sid: str, leaf: str | None = None) -> list[str]:
-    await c.commands.conditional.catch_up(T, sid)
+    await c.commands.optimistic.catch_up(T, sid)
     async with c.pool.connection() as conn:
         _, _, view = await compacted_view(conn, T, sid, leaf)
     return [v.message_id if isinstance(v, Overlay) else v.id for v in view]
@@ -96,7 +96,7 @@ async def test_manual_compaction_is_iterative_and_branch_local(stack: Container,
     again = await stack.compaction.compact(T, sid)
     assert again.overlay is None
     # compacted=false still has every original
-    raw = await stack.commands.conditional.catch_up(T, sid)
+    raw = await stack.commands.optimistic.catch_up(T, sid)
     assert raw > 0
     async with stack.pool.connection() as conn:
         _, rows, _ = await compacted_view(conn, T, sid, None, compacted=False)
@@ -184,7 +184,7 @@ async def test_two_compactors_record_each_overlay_once(nats_url: str, fresh_db: 
 
 
 async def test_fork_copies_the_branch_and_its_overlay(stack: Container, new_id: Callable[[str], str]) -> None:
-    from services.commands import fork
+    from services.writes.commands import fork
 
     sid = new_id("src")
     await _append_chain(stack, sid, [f"m{i}" for i in range(6)])

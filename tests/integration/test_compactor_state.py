@@ -9,8 +9,8 @@ from events.context import CompactionConfig, SessionConfig
 from events.messages import body_hash
 from projections.runner import apply_batch
 from services.bootstrap import Container
-from services.compaction import message_tokens
-from services.compactor_state import CompactorState
+from services.compaction.ranges import message_tokens
+from services.compaction.state import CompactorState
 
 T = "tenant-a"
 

@@ -12,11 +12,11 @@ import pytest
 from events.context import SessionConfig
 from events.publisher import Publisher
 from services.bootstrap import Container
-from services.conditional import Conditional
-from services.context import ContextService
+from services.context.prompt_text import SEP
+from services.context.service import ContextService
 from services.errors import BudgetExceeded
-from services.prompt import SEP
 from services.tokens import TokenCounter
+from services.writes.optimistic import OptimisticWriter
 from tests.conftest import make_settings, operator_nats, running_stack
 
 MEMORY = SessionConfig.model_validate(
@@ -39,7 +39,7 @@ async def test_concurrent_appends_stay_within_budget_and_lose_no_accepted_write(
     try:
         services = [
             ContextService(
-                Conditional(Publisher(nc.jetstream(), stack.layout), stack.pool, stack.waiter, attempts=1000),
+                OptimisticWriter(Publisher(nc.jetstream(), stack.layout), stack.pool, stack.waiter, attempts=1000),
                 Publisher(nc.jetstream(), stack.layout),
                 stack.pool,
                 counter,
@@ -98,7 +98,7 @@ async def test_concurrent_appends_through_one_service_lose_nothing(
         await stack.context.write("tenant-a", sid, "memory", f"a{i}", "append", "api")
 
     await asyncio.gather(*(append(i) for i in range(20)))
-    await stack.commands.conditional.catch_up("tenant-a", sid)
+    await stack.commands.optimistic.catch_up("tenant-a", sid)
     async with stack.pool.connection() as conn:
         [memory] = await stack.context.blocks(conn, "tenant-a", sid)
     assert sorted(memory.content.split("\n")) == sorted(f"a{i}" for i in range(20))
@@ -123,7 +123,7 @@ async def test_frozen_prompt_survives_a_restart(
         assert await c.context.frozen_prompt("tenant-a", sid) == frozen
 
     async with running_stack(settings) as c:
-        await c.commands.conditional.catch_up("tenant-a", sid)
+        await c.commands.optimistic.catch_up("tenant-a", sid)
         again = await c.context.frozen_prompt("tenant-a", sid)
         assert again == frozen
         assert (again.text, again.version) == (frozen.text, 1)
@@ -134,5 +134,5 @@ async def test_frozen_prompt_survives_a_restart(
         header = f"MEMORY (Learned facts) [{pct}% \u2014 {used}/120 tokens] [writable]"
         assert refreshed.text == f"{SEP}\n{header}\n{SEP}\n{content}"
         assert refreshed.version == 2
-        await c.commands.conditional.catch_up("tenant-a", sid)
+        await c.commands.optimistic.catch_up("tenant-a", sid)
         assert await c.context.frozen_prompt("tenant-a", sid) == refreshed

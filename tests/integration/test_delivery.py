@@ -16,7 +16,7 @@ from projections import queries
 from projections.history import HistoryProjection
 from projections.runner import apply_batch, prepare
 from services.bootstrap import Container
-from services.commands import Commands
+from services.writes.commands import Commands
 from tests.conftest import operator_nats
 from tests.integration.helpers import appended, text_message
 

@@ -14,8 +14,8 @@ import pytest
 import uvicorn
 from fastapi import FastAPI, Request
 
-from services.localstack import free_port
-from services.problems import CrashGuard, install
+from services.api.problems import CrashGuard, install
+from services.ops.localstack import free_port
 
 
 def _app() -> FastAPI:

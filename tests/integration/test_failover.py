@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from services.failover import FailoverOptions, longest_gap, run_failover
+from bench.failover import FailoverOptions, longest_gap, run_failover
 from services.settings import Settings
 
 

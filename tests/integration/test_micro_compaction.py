@@ -11,7 +11,7 @@ import pytest
 from events.blobs import BlobRef
 from events.omitted import OMITTED
 from projections import queries
-from services.api import build_app
+from services.api.app import build_app
 from services.bootstrap import Container
 from tests.conftest import KEYS, make_settings, running_stack
 

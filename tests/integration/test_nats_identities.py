@@ -18,8 +18,8 @@ from nats.js.api import ConsumerConfig
 from events.catalog import SessionCreated
 from events.credentials import tenant_inbox_prefix, tenant_nkey_seed
 from events.stream import ensure_stream
-from services.localstack import free_port
-from services.natsconf import NatsAccess
+from services.ops.localstack import free_port
+from services.ops.natsconf import NatsAccess
 from services.settings import Settings
 from tests.conftest import KEYS, OPERATOR_SEED, make_settings, operator_nats
 from tests.support import nats_handshake, nats_server

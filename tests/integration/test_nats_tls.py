@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from services.bootstrap import open_container
-from services.localstack import free_port, nats_server_binary, wait_for_port
+from services.ops.localstack import free_port, nats_server_binary, wait_for_port
 from services.settings import load_settings
 from tests.conftest import make_settings
 from tests.integration.helpers import text_message

@@ -8,7 +8,7 @@ from events.omitted import OMITTED
 from events.subjects import partition_of
 from projections import queries
 from projections.runner import ProjectorRunner
-from services import audit
+from services.audit import readers as audit
 from services.bootstrap import Container
 from services.settings import Settings
 from tests.conftest import make_settings, running_stack

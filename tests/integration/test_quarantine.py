@@ -23,11 +23,12 @@ from events.envelope import Event
 from events.subjects import partition_of
 from projections.rebuild import quarantine_rows, rebuild_into
 from projections.runner import ProjectorRunner
-from services import audit, metrics
-from services import quarantine as ops
+from services.api import metrics
+from services.audit import quarantine as ops
+from services.audit import readers as audit
 from services.bootstrap import Container
-from services.localstack import free_port
-from services.natsconf import NatsAccess
+from services.ops.localstack import free_port
+from services.ops.natsconf import NatsAccess
 from services.settings import Settings
 from tests.conftest import make_settings, running_stack
 from tests.integration.helpers import appended, text_message

@@ -42,7 +42,7 @@ async def test_projector_killed_mid_run_ends_with_exactly_the_logged_rows(nats_u
     async with running_stack(settings, projector=False) as c:
         last = await _publish_history(c, sessions=20, per_session=150)
         env = settings_env(settings)
-        cmd = [sys.executable, "-m", "services.cli", "projector"]
+        cmd = [sys.executable, "-m", "services.ops.cli", "projector"]
         proc = subprocess.Popen(cmd, env=env, stderr=subprocess.DEVNULL)
         try:
             await _wait_checkpoint(fresh_db, settings.projector_name, 500)

@@ -15,7 +15,7 @@ from events.omitted import OMITTED
 from projections import context_queries, queries, search_languages
 from projections.history import HistoryProjection
 from projections.migrate import migrate
-from services import audit
+from services.audit import readers as audit
 from services.settings import Settings
 from tests.conftest import make_settings, running_stack
 from tests.integration.helpers import text_message

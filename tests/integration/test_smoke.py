@@ -2,9 +2,9 @@ from __future__ import annotations
 
 import psycopg
 
+from bench.data import create_baseline_table
 from events.omitted import OMITTED
 from projections import queries
-from services.bench_data import create_baseline_table
 from services.bootstrap import Container
 
 

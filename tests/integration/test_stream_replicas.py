@@ -16,8 +16,8 @@ from events.credentials import nkey_public_key
 from events.stream import ReplicasUnavailable, TooFewReplicas, ensure_stream
 from events.subjects import SubjectLayout
 from services.bootstrap import open_container, when_jetstream_ready
-from services.natsconf import NatsAccess
-from services.replicas import copies_current, run_stream_replicas
+from services.ops.natsconf import NatsAccess
+from services.ops.replicas import copies_current, run_stream_replicas
 from services.settings import Settings
 from tests.conftest import OPERATOR_SEED, make_settings
 from tests.support import nats_cluster

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from services.compaction import plan_compaction
-from services.summarizers import OfflineSummarizer, OpenAISummarizer, SummarizerError
+from services.compaction.ranges import plan_compaction
+from services.compaction.summarizers import OfflineSummarizer, OpenAISummarizer, SummarizerError
 from tests.e2e.stub_llm import StubLLM
 
 

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from services.bench_backends import SYSTEMS, asyncpg_url
-from services.bench_peers import median_of, plan, workloads_for
-from services.bench_peers_report import ANALYZED, targets
-from services.bench_support import BenchOptions, PeersOptions
-from services.bench_workloads import Appended, cpu_per_append
+from bench.backends import SYSTEMS, asyncpg_url
+from bench.peers import median_of, plan, workloads_for
+from bench.peers_report import ANALYZED, targets
+from bench.support import BenchOptions, PeersOptions
+from bench.workloads import Appended, cpu_per_append
 
 
 def test_full_sizes_are_the_issues_and_scale_shrinks_the_defaults_only() -> None:

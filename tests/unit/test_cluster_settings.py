@@ -10,9 +10,9 @@ import pytest
 from nats.js.errors import APIError
 
 from services.bootstrap import when_jetstream_ready
-from services.localstack import ROUTE_PORT_OFFSET, local_cluster, other_log, rotated
-from services.natsconf import ROUTE_USER, ClusterNode, cluster_extra
-from services.replicas import blob_stream
+from services.ops.localstack import ROUTE_PORT_OFFSET, local_cluster, other_log, rotated
+from services.ops.natsconf import ROUTE_USER, ClusterNode, cluster_extra
+from services.ops.replicas import blob_stream
 from services.settings import Settings
 
 

@@ -18,8 +18,8 @@ import pytest
 import yaml
 
 from events.credentials import nkey_public_key
-from services import cli
-from services.natsconf import NatsAccess, server_config
+from services.ops import cli
+from services.ops.natsconf import NatsAccess, server_config
 from services.settings import Settings, new_operator_seed
 
 ROOT = Path(__file__).resolve().parents[2]

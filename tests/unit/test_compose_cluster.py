@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 import yaml
 
-from services import cli
-from services.natsconf import ROUTE_USER, NatsAccess, server_config
+from services.ops import cli
+from services.ops.natsconf import ROUTE_USER, NatsAccess, server_config
 from services.settings import Settings
 from tests.unit.test_compose import COMPOSE, REQUIRED, ROOT, env_of, resolve, settings_from, volume_at
 

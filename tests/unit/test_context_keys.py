@@ -13,7 +13,7 @@ import subprocess
 
 import pytest
 
-from services.keys import base36, context_entry_key, fnv1a_utf16, hash36, slugify
+from services.context.entry_keys import base36, context_entry_key, fnv1a_utf16, hash36, slugify
 
 # (title, content) -> key, as the reference computes it (checked with node, see below)
 CASES: list[tuple[str | None, str, str]] = [

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from services.prompt import (
+from services.context.prompt_text import (
     SEP,
     RenderedBlock,
     header,

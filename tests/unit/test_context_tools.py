@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from events.context import SessionConfig
-from services.tools import ToolSpec, blocks_of, tool_specs
+from services.context.tool_specs import ToolSpec, blocks_of, tool_specs
 
 SOUL: dict[str, Any] = {"kind": "readonly", "label": "soul", "content": "You are helpful."}
 MEMORY: dict[str, Any] = {"kind": "writable", "label": "memory", "description": "Learned facts", "max_tokens": 100}

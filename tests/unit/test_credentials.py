@@ -7,7 +7,7 @@ from pydantic import SecretStr
 
 from events.credentials import is_user_public_key, nkey_public_key, tenant_inbox_prefix, tenant_nkey_seed
 from events.subjects import SubjectLayout
-from services.natsconf import MissingOperator, NatsAccess, server_config
+from services.ops.natsconf import MissingOperator, NatsAccess, server_config
 from services.settings import ApiKeyEntry, Settings, api_key_entry, hash_key, new_operator_seed
 
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from events.omitted import OMITTED
-from services.decisions import Append, AppendState, Existing, ParentSpec, Replay, decide_append
 from services.errors import MessageConflict, SessionNotFound, UnknownParent
+from services.writes.decisions import Append, AppendState, Existing, ParentSpec, Replay, decide_append
 
 HASH = "a" * 64
 OTHER_HASH = "b" * 64

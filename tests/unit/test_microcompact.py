@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from services.microcompact import (
+from services.compaction.micro import (
     ROW_MAX_BYTES,
     enforce_row_size_limit,
     js_items,

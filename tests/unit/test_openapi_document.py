@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from events import ids
-from services.api import build_app
+from services.api.app import build_app
 from services.settings import Settings
 
 SAMPLES = ["a", "a b", "é-ü", "~x", "a.b", " a", "a ", "a/b", "\x00", "a\x7fb", "a\u200bb", "\u00a0a", "a\n", "x" * 300]

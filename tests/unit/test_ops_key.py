@@ -5,7 +5,7 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from services.api import build_app
+from services.api.app import build_app
 from services.settings import Settings
 
 OPS = "ops-secret-key"

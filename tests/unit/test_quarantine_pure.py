@@ -7,7 +7,7 @@ from datetime import UTC, datetime, timedelta
 from events.subjects import SubjectLayout, partition_of
 from projections.quarantine import Quarantined, screen, storable_text
 from projections.runner import retry_delay
-from services.metrics import Snapshot, assess, projector_checkpoints
+from services.api.metrics import Snapshot, assess, projector_checkpoints
 from tests.integration.helpers import appended
 
 LAYOUT = SubjectLayout(partitions=4)

@@ -6,7 +6,7 @@ from typing import Any, cast
 
 import pytest
 
-from services.context import TOOL_FAILED, ContextService
+from services.context.service import TOOL_FAILED, ContextService
 from services.errors import ObjectStorageError, SessionNotFound
 
 

@@ -1,0 +1,7 @@
+"""``python -m bench …``: the benchmarks and fault drills of a source checkout."""
+
+import sys
+
+from bench.cli import main
+
+sys.exit(main())

@@ -1,0 +1,67 @@
+"""The HTTP API v1 (docs/http-api.md): the app factory. Commands publish events, queries read
+projections; each resource's routes are a router of their own module."""
+
+import contextlib
+from collections.abc import AsyncIterator
+
+from fastapi import FastAPI
+
+from services.api import auditor_view, openapi
+from services.api.audit import router as audit_router
+from services.api.auth import ApiKeyAuth
+from services.api.compaction import router as compaction_router
+from services.api.context import router as context_router
+from services.api.history import router as history_router
+from services.api.log import router as log_router
+from services.api.messages import router as messages_router
+from services.api.operations import router as operations_router
+from services.api.problems import CrashGuard, install
+from services.api.search import router as search_router
+from services.api.sessions import router as sessions_router
+from services.api.strict_json import StrictJsonRoute
+from services.bootstrap import Container, open_container
+from services.settings import Settings
+
+ROUTERS = (
+    context_router,
+    audit_router,
+    sessions_router,
+    messages_router,
+    history_router,
+    compaction_router,
+    search_router,
+    log_router,
+    operations_router,
+)
+
+
+def build_app(settings: Settings, container: Container | None = None) -> FastAPI:
+    """The API; opens its own adapters from ``settings`` unless a container is injected."""
+    keys = settings.tenants_by_key_hash()
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        if container is not None:
+            app.state.c = container
+            yield
+            return
+        async with open_container(settings) as opened:
+            app.state.c = opened
+            yield
+
+    app = FastAPI(title="Chronicle", version="1.0", lifespan=lifespan)
+    app.router.route_class = StrictJsonRoute  # every JSON body parsed strictly, before the route runs
+    app.state.keys = keys
+    if container is not None:
+        app.state.c = container  # usable without running the lifespan (in-process clients)
+    install(app)
+    openapi.install(app)
+
+    ops_key = settings.ops_key.get_secret_value() if settings.ops_key is not None else None
+    app.add_middleware(ApiKeyAuth, keys=keys, ops_key=ops_key)
+    app.add_middleware(CrashGuard)  # outermost: no error drops the connection
+
+    for router in ROUTERS:
+        app.include_router(router)
+    auditor_view.install(app)
+    return app

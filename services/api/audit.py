@@ -1,0 +1,126 @@
+"""HTTP reads for auditors (and the view at ``/audit/``): a session's whole message tree, its
+system prompt versions, its compaction failures, and the tenant's quarantined events."""
+
+import json
+from collections.abc import Awaitable, Callable
+from dataclasses import asdict
+from typing import Annotated, Any, TypeVar
+
+from fastapi import APIRouter, Query, Response
+
+from projections import context_queries, queries
+from projections.overlays import failures
+from services.api import models as m
+from services.api.deps import ContainerDep, MinSeq, SessionId, Sid, Tenant, caught_up, check_id, require_session
+from services.api.models import ok
+from services.api.strict_json import StrictJsonRoute
+from services.audit.quarantine import list_quarantined
+from services.bootstrap import Container
+from services.context.service import reclaim, reclaimed_in
+
+router = APIRouter(route_class=StrictJsonRoute)
+JSON = "application/json"
+MAX_TREE_PAGE = 1000
+"""The most messages one tree page answers (``limit``'s bound)."""
+MAX_QUARANTINE = 500
+"""The most quarantined events one read answers."""
+T = TypeVar("T")
+
+
+def tree_node(row: queries.MessageRow, unloaded: dict[str, str]) -> str:
+    """One node of ``GET …/tree`` as JSON text, its ``message`` spliced from the stored JSON
+    (with unloaded skills' outputs shown as their marker, as history reads show them)."""
+    head = {
+        "id": row.id,
+        "parent_id": row.parent_id,
+        "role": row.role,
+        "seq": row.seq,
+        "created_at": row.created_at.isoformat(),
+        "capped": row.original_ref is not None,
+        "unloaded": sorted(set(unloaded.values())),
+    }
+    content = reclaim(row.content, unloaded) if unloaded else row.content
+    return json.dumps(head, ensure_ascii=False)[:-1] + ', "message": ' + content + "}"
+
+
+@router.get("/v1/sessions/{sid}/tree", responses=ok(m.Tree))
+async def tree(
+    sid: Sid,
+    tenant: Tenant,
+    c: ContainerDep,
+    min_seq: MinSeq = None,
+    cursor: Annotated[int, Query(ge=0, le=2**63 - 1)] = 0,
+    limit: Annotated[int, Query(ge=1, le=MAX_TREE_PAGE)] = MAX_TREE_PAGE,
+) -> Response:
+    """Every message of every branch in append order, a page at a time (``next_cursor``: the next
+    page's ``cursor``, null on the last one), with the latest leaf; each node says whether it was
+    over the row cap (``capped``: ``GET …/messages/{mid}?original=true`` has the original) and
+    which skills' outputs in it are unloaded."""
+    check_id("session", sid)
+    await caught_up(c, tenant, sid, min_seq)
+    async with c.pool.connection() as conn, queries.snapshot(conn):
+        rows = await queries.session_messages(conn, tenant, sid, cursor, limit)
+        latest = await queries.latest_leaf(conn, tenant, sid)
+        found = reclaimed_in(await context_queries.reclaimed(conn, tenant, sid) if rows else {})
+    if not rows:
+        await require_session(c, tenant, sid)
+    head = {"leaf_id": latest.id if latest else None, "next_cursor": rows[-1].seq if len(rows) == limit else None}
+    nodes = ",".join(tree_node(r, found.outputs(r.id, r.content)) for r in rows)
+    return Response(json.dumps(head)[:-1] + ', "messages": [' + nodes + "]}", media_type=JSON)
+
+
+async def _session_read(
+    c: Container, tenant: str, sid: str, min_seq: int | None, read: Callable[[queries.Conn], Awaitable[list[T]]]
+) -> list[T]:
+    """A per-session read: the id checked, read-your-writes, and ``404 session_not_found`` when
+    the answer is empty and the session does not exist for this tenant."""
+    check_id("session", sid)
+    await caught_up(c, tenant, sid, min_seq)
+    async with c.pool.connection() as conn:
+        found = await read(conn)
+    if not found:
+        await require_session(c, tenant, sid)
+    return found
+
+
+@router.get("/v1/sessions/{sid}/prompts", response_model=None, responses=ok(m.Prompts))
+async def prompts(sid: Sid, tenant: Tenant, c: ContainerDep, min_seq: MinSeq = None) -> dict[str, Any]:
+    """Every system prompt version recorded for the session, oldest first; each was in force from
+    its ``seq`` until the next version's."""
+    found = await _session_read(c, tenant, sid, min_seq, lambda conn: context_queries.prompts(conn, tenant, sid))
+    return {"prompts": [asdict(p) for p in found]}
+
+
+@router.get("/v1/sessions/{sid}/compaction-failures", response_model=None, responses=ok(m.CompactionFailures))
+async def compaction_failures(sid: Sid, tenant: Tenant, c: ContainerDep, min_seq: MinSeq = None) -> dict[str, Any]:
+    """Every recorded summarizer failure of the session (``compaction.failed``), oldest first."""
+    found = await _session_read(c, tenant, sid, min_seq, lambda conn: failures(conn, tenant, sid))
+    return {"failures": [asdict(f) | {"created_at": f.created_at.isoformat()} for f in found]}
+
+
+@router.get("/v1/quarantine", response_model=None, responses=ok(m.QuarantineList))
+async def quarantine(
+    tenant: Tenant,
+    c: ContainerDep,
+    session_id: Annotated[SessionId | None, Query()] = None,
+    limit: Annotated[int, Query(ge=1, le=MAX_QUARANTINE)] = 50,
+) -> dict[str, Any]:
+    """The newest events stored under this tenant's subjects (``session_id``: that session's)
+    that the projectors quarantined, newest first: the reason, never another tenant's."""
+    if session_id is not None:
+        check_id("session", session_id)
+    async with c.pool.connection() as conn:
+        entries = await list_quarantined(conn, c.layout, tenant=tenant, session=session_id, limit=limit)
+    return {
+        "quarantined": [
+            {
+                "seq": e.seq,
+                "session_id": e.session,
+                "reason": e.reason,
+                "detail": e.detail,
+                "recorded_at": e.recorded_at.isoformat(),
+                "size": e.size,
+            }
+            for e in entries
+        ]
+    }

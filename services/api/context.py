@@ -1,0 +1,205 @@
+"""HTTP routes of context memory: config, blocks, application writes, tools, system prompt."""
+
+from typing import Annotated, Any, Literal
+
+from fastapi import APIRouter, Body, Path, Query
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, WithJsonSchema
+
+from events.context import LABEL_RE, SessionConfig
+from events.validation import validation_detail
+from projections import context_queries
+from services.api import metrics
+from services.api import models as m
+from services.api.deps import (
+    ConfigJson,
+    ContainerDep,
+    MinSeq,
+    Sid,
+    Tenant,
+    caught_up,
+    check_id,
+    no_nul,
+    require_session,
+)
+from services.api.models import ok
+from services.api.strict_json import StrictJsonRoute
+from services.audit import readers as audit
+from services.errors import InvalidConfig, SessionNotFound
+
+router = APIRouter(route_class=StrictJsonRoute)
+BlockLabel = Annotated[str, Path(), WithJsonSchema({"type": "string", "pattern": LABEL_RE})]
+"""A block label (documented; an unknown one is ``404 block_not_found``)."""
+
+
+class ContextWriteBody(BaseModel):
+    model_config = ConfigDict(
+        extra="forbid", json_schema_extra={"examples": [{"content": "The user deploys on Fridays", "mode": "append"}]}
+    )
+    content: str = Field(max_length=1_000_000)
+    mode: Literal["replace", "append"] = "replace"
+
+
+def _config(raw: Any) -> SessionConfig:
+    try:
+        return SessionConfig.model_validate(raw)
+    except ValidationError as exc:
+        raise InvalidConfig(validation_detail(exc, root="config")) from exc
+
+
+@router.put("/v1/sessions/{sid}/config", response_model=None, responses=ok(m.ConfigWritten))
+async def put_config(sid: Sid, tenant: Tenant, c: ContainerDep, body: Annotated[ConfigJson, Body()]) -> dict[str, Any]:
+    check_id("session", sid)
+    no_nul(body, "config")
+    config = _config(body)
+    seq = await c.context.configure(tenant, sid, config)
+    metrics.published("session.configured")
+    return {"config": config.model_dump(mode="json", exclude_none=True), "seq": seq}
+
+
+@router.get("/v1/sessions/{sid}/config", response_model=None, responses=ok(m.ConfigRead))
+async def get_config(sid: Sid, tenant: Tenant, c: ContainerDep, min_seq: MinSeq = None) -> dict[str, Any]:
+    check_id("session", sid)
+    await caught_up(c, tenant, sid, min_seq)
+    async with c.pool.connection() as conn:
+        stored = await context_queries.config(conn, tenant, sid)
+        if stored is None and not await context_queries.session_known(conn, tenant, sid):
+            raise SessionNotFound(f"session {sid!r} does not exist")
+    config = stored or SessionConfig()
+    return {"config": config.model_dump(mode="json", exclude_none=True)}
+
+
+@router.get("/v1/sessions/{sid}/context", response_model=None, responses=ok(m.Blocks))
+async def get_context(
+    sid: Sid,
+    tenant: Tenant,
+    c: ContainerDep,
+    min_seq: MinSeq = None,
+    as_of_seq: Annotated[int | None, Query(ge=0, le=2**63 - 1)] = None,
+) -> dict[str, Any]:
+    """The blocks with their content and token counts; ``as_of_seq`` folds the configuration,
+    writable contents and searchable entries from the log as they were after that sequence
+    (object-storage texts, skill listings and the session count are read as they are now)."""
+    check_id("session", sid)
+    head: dict[str, Any] = {}
+    if as_of_seq is not None:
+        state = await audit.session_as_of(c, tenant, sid, as_of_seq)
+        async with c.pool.connection() as conn:
+            blocks = await c.context.blocks(
+                conn,
+                tenant,
+                sid,
+                config=state.config or SessionConfig(),
+                contents=state.contents,
+                counts=state.entry_counts(),
+            )
+        head = {"as_of_seq": as_of_seq}
+    else:
+        await caught_up(c, tenant, sid, min_seq)
+        sources = await c.context.sources(tenant, sid)
+        async with c.pool.connection() as conn:
+            blocks = await c.context.blocks(conn, tenant, sid, sources=sources)
+    if not blocks:
+        await require_session(c, tenant, sid)
+    return {
+        **head,
+        "blocks": [
+            {
+                "label": b.label,
+                "kind": b.kind,
+                "description": b.description,
+                "content": b.content,
+                "tokens": b.tokens,
+                "max_tokens": b.max_tokens,
+                "writable": b.writable,
+            }
+            for b in blocks
+        ],
+    }
+
+
+@router.put("/v1/sessions/{sid}/context/{label}", response_model=None, responses=ok(m.BlockWritten))
+async def write_context(
+    sid: Sid, label: BlockLabel, body: ContextWriteBody, tenant: Tenant, c: ContainerDep
+) -> dict[str, Any]:
+    check_id("session", sid)
+    no_nul(body.content, "content")
+    result = await c.context.write(tenant, sid, label, body.content, body.mode, "api")
+    metrics.published("context.written")
+    return {
+        "label": result.label,
+        "content": result.content,
+        "tokens": result.tokens,
+        "max_tokens": result.max_tokens,
+        "seq": result.seq,
+    }
+
+
+@router.get("/v1/sessions/{sid}/tools", response_model=None, responses=ok(m.Tools))
+async def get_tools(
+    sid: Sid, tenant: Tenant, c: ContainerDep, format: Literal["openai", "anthropic"] = "openai", min_seq: MinSeq = None
+) -> dict[str, Any]:
+    check_id("session", sid)
+    await caught_up(c, tenant, sid, min_seq)
+    async with c.pool.connection() as conn:
+        if not await context_queries.session_known(conn, tenant, sid):
+            raise SessionNotFound(f"session {sid!r} does not exist")
+    specs = await c.context.tools(tenant, sid)
+    return {"format": format, "tools": [s.to(format) for s in specs]}
+
+
+@router.post("/v1/sessions/{sid}/tools/{name}", response_model=None, responses=ok(m.ToolResult))
+async def run_tool(
+    sid: Sid,
+    name: str,
+    tenant: Tenant,
+    c: ContainerDep,
+    arguments: Annotated[Any, Body()] = None,
+    tool_call_id: Annotated[str | None, Query(min_length=1, max_length=256, pattern=r"^[^\x00]*$")] = None,
+) -> dict[str, Any]:
+    """Execute a tool with the LLM's arguments; failures come back as ``Error: …`` results.
+
+    ``tool_call_id`` (the LLM's id for this call) lets a later ``unload_context`` reclaim a
+    ``load_context`` output even before the message holding it is stored."""
+    check_id("session", sid)
+    args = arguments if arguments is not None else {}
+    result = await c.context.execute(tenant, sid, name, args, tool_call_id)
+    seq = await c.publisher.last_subject_seq(tenant, sid)
+    return {"result": result, "seq": seq}
+
+
+async def _prompt_json(c: ContainerDep, tenant: str, sid: str, refresh: bool) -> dict[str, Any]:
+    prompt = await (c.context.refresh_prompt(tenant, sid) if refresh else c.context.frozen_prompt(tenant, sid))
+    return {"prompt": prompt.text, "tokens": prompt.tokens, "version": prompt.version, "seq": prompt.seq}
+
+
+@router.get("/v1/sessions/{sid}/system-prompt", response_model=None, responses=ok(m.SystemPrompt))
+async def system_prompt(
+    sid: Sid,
+    tenant: Tenant,
+    c: ContainerDep,
+    as_of_seq: Annotated[int | None, Query(ge=0, le=2**63 - 1)] = None,
+    min_seq: MinSeq = None,
+) -> dict[str, Any]:
+    """The frozen prompt (frozen on first call); ``as_of_seq`` gives the one in force then."""
+    check_id("session", sid)
+    # read-your-writes: a refresh (or a clear) just answered must be visible, and so must every
+    # prompt recorded up to ``as_of_seq``
+    await caught_up(c, tenant, sid, max(min_seq or 0, as_of_seq or 0))
+    if as_of_seq is not None:
+        async with c.pool.connection() as conn:
+            cur = await conn.execute(
+                "SELECT text, tokens, version, seq FROM prompts WHERE tenant = %s AND session_id = %s AND seq <= %s "
+                "ORDER BY version DESC LIMIT 1",
+                (tenant, sid, as_of_seq),
+            )
+            row = await cur.fetchone()
+        if row is None:
+            return {"prompt": None, "tokens": 0, "version": 0, "seq": 0}
+        return {"prompt": row[0], "tokens": row[1], "version": row[2], "seq": row[3]}
+    return await _prompt_json(c, tenant, sid, refresh=False)
+
+
+@router.post("/v1/sessions/{sid}/system-prompt:refresh", response_model=None, responses=ok(m.SystemPrompt))
+async def refresh_prompt(sid: Sid, tenant: Tenant, c: ContainerDep) -> dict[str, Any]:
+    check_id("session", sid)
+    return await _prompt_json(c, tenant, sid, refresh=True)

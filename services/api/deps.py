@@ -1,0 +1,98 @@
+"""Request dependencies shared by the API routers: the container, the tenant, common params."""
+
+from typing import Annotated, Any
+
+from fastapi import Depends, Path, Query, Request
+from pydantic import WithJsonSchema
+
+from events import ids
+from events import log as eventlog
+from events.admission import has_bad_chars
+from projections import queries
+from services.bootstrap import Container
+from services.errors import InvalidId, InvalidRequest, Unauthorized
+from services.settings import hash_key
+from services.writes.liveness import live_session
+
+
+async def get_container(request: Request) -> Container:
+    c: Container = request.app.state.c
+    return c
+
+
+def tenant_for(keys: dict[str, str], header: str) -> str:
+    """The tenant of an ``Authorization: Bearer`` header (keys are kept as SHA-256)."""
+    scheme, _, token = header.partition(" ")
+    if scheme.lower() != "bearer" or not token.strip():
+        raise Unauthorized("send 'Authorization: Bearer <api key>'")
+    tenant = keys.get(hash_key(token.strip()))
+    if tenant is None:
+        raise Unauthorized("unknown API key")
+    return tenant
+
+
+async def tenant_of(request: Request) -> str:
+    """Set by the authentication middleware before the body is read."""
+    tenant = getattr(request.state, "tenant", None)
+    if tenant is None:
+        keys: dict[str, str] = request.app.state.keys
+        tenant = tenant_for(keys, request.headers.get("authorization", ""))
+    return str(tenant)
+
+
+Tenant = Annotated[str, Depends(tenant_of)]
+ContainerDep = Annotated[Container, Depends(get_container)]
+MinSeq = Annotated[int | None, Query(ge=0, le=2**63 - 1)]
+SearchQuery = Annotated[str, Query(min_length=1, max_length=1000, pattern=r"^[^\x00]*$")]
+Limit = Annotated[int, Query(ge=1, le=200)]
+
+# Ids are checked by :func:`check_id` (``422 invalid_id``); these types only document the rules.
+SessionId = Annotated[str, WithJsonSchema(ids.SESSION_ID_SCHEMA)]
+MessageId = Annotated[str, WithJsonSchema(ids.MESSAGE_ID_SCHEMA)]
+Sid = Annotated[str, Path(), WithJsonSchema(ids.SESSION_ID_SCHEMA)]
+Mid = Annotated[str, Path(), WithJsonSchema(ids.MESSAGE_ID_SCHEMA)]
+LeafId = Annotated[MessageId | None, Query()]
+# Bodies the route validates itself (kept exactly as sent), documented with the model's schema.
+# (``x-model`` becomes a reference to that model's schema in services/api/openapi.py.)
+MessageJson = Annotated[dict[str, Any], WithJsonSchema({"type": "object", "x-model": "UIMessage"})]
+ConfigJson = Annotated[dict[str, Any], WithJsonSchema({"type": "object", "x-model": "SessionConfig"})]
+
+
+def check_id(kind: str, value: str) -> str:
+    checker = {"session": ids.check_session, "message": ids.check_message_id}[kind]
+    try:
+        return checker(value)
+    except ids.InvalidId as exc:
+        raise InvalidId(str(exc)) from exc
+
+
+async def caught_up(c: Container, tenant: str, sid: str, min_seq: int | None) -> None:
+    """Read-your-writes for one session: wait until its events up to ``min_seq`` are applied."""
+    if not min_seq or await c.waiter.session_applied(tenant, sid, min_seq):
+        return
+    last = await c.publisher.last_subject_seq(tenant, sid)
+    await c.waiter.wait_session(tenant, sid, min(min_seq, last))
+
+
+async def require_session(c: Container, tenant: str, sid: str) -> queries.SessionRow:
+    """The live session, or ``404 session_not_found`` (never created for this tenant, or deleted).
+    Reads call it only when their answer is empty, so the hot path gains no query."""
+    async with c.pool.connection() as conn:
+        row = await live_session(conn, tenant, sid, must_exist=True)
+    assert row is not None
+    return row
+
+
+async def caught_up_all(c: Container, min_seq: int | None) -> None:
+    """Read-your-writes for tenant-wide reads: wait until every projector has applied ``min_seq``,
+    capped to the stream's last sequence (a ``min_seq`` beyond it cannot hang the read)."""
+    if not min_seq or await c.waiter.all_applied(min_seq):
+        return
+    await c.waiter.wait_all(min(min_seq, await eventlog.last_seq(c.js, c.layout)))
+
+
+def no_nul(value: object, what: str) -> None:
+    """Postgres cannot store NUL characters (nor lone surrogates), and the event contract refuses
+    both: refuse them at the edge (nothing is written)."""
+    if has_bad_chars(value):
+        raise InvalidRequest(f"{what} must not contain NUL characters or lone surrogates")

@@ -1,0 +1,137 @@
+"""Reads of the tree: the history of a path (overlays applied), the latest leaf, a path's length."""
+
+import json
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Query, Response
+
+from events.messages import stored_json
+from projections import context_queries, queries
+from projections.overlays import Overlay, apply_overlays, overlay_json, send_overlays
+from services.api import models as m
+from services.api.deps import ContainerDep, LeafId, MinSeq, Sid, Tenant, caught_up, check_id, require_session
+from services.api.models import ok
+from services.api.responses import JSON, raw_json
+from services.api.strict_json import StrictJsonRoute
+from services.audit import readers as audit
+from services.compaction.micro import recent_window, truncate_older_messages
+from services.context.service import reclaim, reclaimed_in
+
+HISTORY_LIMIT = 10_000
+"""How many messages a history answers by default (the recent end of a longer path)."""
+MAX_HISTORY_LIMIT = 100_000
+"""The most messages one history answers (``limit``'s bound)."""
+MAX_SEQ = 2**63 - 1
+"""The largest stream sequence a query parameter may name."""
+router = APIRouter(route_class=StrictJsonRoute)
+
+
+@router.get("/v1/sessions/{sid}/history", responses=ok(m.History))
+async def history(
+    sid: Sid,
+    tenant: Tenant,
+    c: ContainerDep,
+    leaf_id: LeafId = None,
+    min_seq: MinSeq = None,
+    as_of_seq: Annotated[int | None, Query(ge=0, le=MAX_SEQ)] = None,
+    compacted: bool = True,
+    truncate_older: bool = False,
+    keep_recent: Annotated[int, Query(ge=0, le=10_000)] = 4,
+    max_tool_output_chars: Annotated[int, Query(ge=1, le=MAX_SEQ)] = 500,
+    max_text_chars: Annotated[int, Query(ge=1, le=MAX_SEQ)] = 10_000,
+    max_bytes: Annotated[int | None, Query(ge=0, le=MAX_SEQ)] = None,
+    min_recent: Annotated[int, Query(ge=0, le=MAX_SEQ)] = 1,
+    limit: Annotated[int, Query(ge=1, le=MAX_HISTORY_LIMIT)] = HISTORY_LIMIT,
+) -> Response:
+    """Root-to-leaf path (default: the latest leaf), overlays applied unless ``compacted=false``.
+
+    ``truncate_older`` returns a micro-compacted copy (older tool outputs and long texts cut,
+    structure kept); ``max_bytes`` returns the byte-budgeted recent suffix with ``truncated``
+    and ``total_content_bytes``. At most ``limit`` messages (the recent end, after overlays)
+    are answered: a longer path adds ``truncated: true``. Stored messages are never changed
+    by a read.
+    """
+    check_id("session", sid)
+    if leaf_id is not None:
+        check_id("message", leaf_id)
+    head: dict[str, Any] = {}
+    if as_of_seq is not None:  # folded from the log: the same view as the read models had then
+        state = await audit.session_as_of(c, tenant, sid, as_of_seq)
+        leaf_id = leaf_id or state.latest_leaf()
+        raw = state.path_rows(leaf_id)
+        found = state.overlay_list() if compacted and raw else []
+        unloaded = reclaimed_in(state.reclaimed)
+        head = {"as_of_seq": as_of_seq}
+    else:
+        wanted, leaf = min_seq, leaf_id
+        while True:
+            # The reads see one state; pipelined, BEGIN, COMMIT and the read-your-writes check
+            # travel with the reads. A state older than min_seq is read again after waiting.
+            async with c.pool.connection() as conn, conn.pipeline(), queries.snapshot(conn):
+                fresh = await c.waiter.send_applied_check(conn, tenant, sid, wanted) if wanted else None
+                sent_overlays = await send_overlays(conn, tenant, sid) if compacted else None
+                sent_reclaimed = await context_queries.send_reclaimed(conn, tenant, sid)
+                if leaf is None:
+                    leaf_id, raw = await queries.latest_path_contents(conn, tenant, sid)
+                else:
+                    raw = await queries.path_contents(conn, tenant, sid, leaf)
+                found = await sent_overlays() if sent_overlays is not None else []
+                unloaded = reclaimed_in(await sent_reclaimed())
+                stale = fresh is not None and not await fresh()
+            if not stale:
+                break
+            await caught_up(c, tenant, sid, wanted)
+            wanted = None  # applied now, and the read model never goes back
+        if not raw:
+            await require_session(c, tenant, sid)
+    if max_bytes is not None and raw:
+        start, truncated, total = recent_window([(r.id, len(r.content.encode())) for r in raw], max_bytes, min_recent)
+        raw = raw[start:]
+        head |= {"truncated": truncated, "total_content_bytes": total}
+    by_id = {r.id: r for r in raw}
+    contents: list[str] = []
+    for item in apply_overlays(list(by_id), found):
+        if isinstance(item, Overlay):
+            contents.append(overlay_json(item))
+            continue
+        row = by_id[item]
+        outputs = unloaded.outputs(row.id, row.content)
+        contents.append(reclaim(row.content, outputs) if outputs else row.content)
+    if len(contents) > limit:  # the recent end, as max_bytes keeps it
+        contents = contents[-limit:]
+        head["truncated"] = True
+    if truncate_older:
+        parsed = [json.loads(x) for x in contents]
+        cut = truncate_older_messages(parsed, keep_recent, max_tool_output_chars, max_text_chars)
+        contents = [x if m is p else stored_json(m) for x, m, p in zip(contents, cut, parsed, strict=True)]
+    return raw_json({"leaf_id": leaf_id if raw else None, **head}, contents)
+
+
+@router.get("/v1/sessions/{sid}/leaf", responses=ok(m.Leaf))
+async def leaf(sid: Sid, tenant: Tenant, c: ContainerDep, min_seq: MinSeq = None) -> Response:
+    check_id("session", sid)
+    await caught_up(c, tenant, sid, min_seq)
+    async with c.pool.connection() as conn:
+        row = await queries.latest_leaf(conn, tenant, sid)
+    if row is None:
+        await require_session(c, tenant, sid)
+        return Response('{"leaf_id": null, "message": null}', media_type=JSON)
+    return Response(f'{{"leaf_id": {json.dumps(row.id)}, "message": {row.content}}}', media_type=JSON)
+
+
+@router.get("/v1/sessions/{sid}/path-length", response_model=None, responses=ok(m.PathLength))
+async def path_length(
+    sid: Sid, tenant: Tenant, c: ContainerDep, leaf_id: LeafId = None, min_seq: MinSeq = None
+) -> dict[str, Any]:
+    check_id("session", sid)
+    if leaf_id is not None:
+        check_id("message", leaf_id)
+    await caught_up(c, tenant, sid, min_seq)
+    async with c.pool.connection() as conn:
+        if leaf_id is None:
+            leaf = await queries.latest_leaf(conn, tenant, sid)
+            leaf_id = leaf.id if leaf else None
+        length = await queries.path_length(conn, tenant, sid, leaf_id) if leaf_id else 0
+    if not length:
+        await require_session(c, tenant, sid)
+    return {"leaf_id": leaf_id, "length": length}

@@ -1,0 +1,153 @@
+"""The OpenAPI document, made to say what the server accepts and answers: the message and config
+schemas the routes validate with, problem+json errors, the bearer key, and links that lead a
+stateful client from a created session or message to the routes that read and change it."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from fastapi import FastAPI
+from fastapi.openapi.utils import get_openapi
+from pydantic import BaseModel, ConfigDict
+
+from events.context import SessionConfig
+from events.messages import UIMessage
+
+REF = "#/components/schemas/{model}"
+
+
+class ProblemError(BaseModel):
+    loc: list[str]
+    msg: str
+    type: str
+
+
+class Problem(BaseModel):
+    """An RFC 9457 problem: ``code`` is stable and what clients branch on."""
+
+    model_config = ConfigDict(extra="allow")
+
+    type: str
+    title: str
+    status: int
+    detail: str
+    code: str
+    errors: list[ProblemError] | None = None
+    reason: str | None = None
+
+
+_WHEN = {
+    400: "The body is not JSON or not UTF-8 (`malformed_json`)",
+    401: "Missing or unknown API key (`unauthorized`)",
+    404: "Unknown session, message, block or route",
+    409: "Conflicts with what exists (`session_exists`, `message_conflict`, a read-only block, …)",
+    413: "An event would be over the log's limit (`payload_too_large`)",
+    422: "The request breaks a rule (`invalid_request`, `invalid_id`, `unknown_parent`, `invalid_config`, …)",
+    500: "A bug (`internal_error`); the connection stays usable",
+    502: "The summarizer failed (`summarizer_failed`)",
+    503: "A backing service is unavailable or the read model is behind; retry",
+}
+_PROBLEM_CONTENT = {"application/problem+json": {"schema": {"$ref": REF.format(model="Problem")}}}
+
+
+def _statuses(path: str, op: dict[str, Any]) -> list[int]:
+    if not path.startswith("/v1/"):
+        return [401] if path in ("/readyz", "/metrics") else []
+    statuses = [401, 404, 409, 422, 500, 503]
+    if "requestBody" in op:
+        statuses += [400, 413]
+    if path.endswith("/compact"):
+        statuses.append(502)
+    return sorted(statuses)
+
+
+def _links(paths: dict[str, Any]) -> None:
+    """OpenAPI links: a created (or forked) session's id feeds every session route; an appended
+    message's id feeds every message route, ``leaf_id`` of the path reads and a fork's
+    ``at_message_id``; the first id of a batch feeds the message routes."""
+    ops = {(path, method): op for path, item in paths.items() for method, op in item.items()}
+
+    def to(where: Callable[[str, str], bool], **link: Any) -> dict[str, Any]:
+        return {
+            op["operationId"]: {"operationId": op["operationId"], **link} for (p, m), op in ops.items() if where(p, m)
+        }
+
+    def links(path: str, method: str, status: str, found: dict[str, Any]) -> None:
+        ops[(path, method)]["responses"][status]["links"] = found
+
+    in_session = to(lambda p, _: "{sid}" in p and "{mid}" not in p, parameters={"path.sid": "$response.body#/id"})
+    links("/v1/sessions", "post", "201", in_session)
+    links("/v1/sessions/{sid}/fork", "post", "201", in_session)
+    sid = "$request.path.sid"
+    appended = (
+        to(lambda p, _: "{mid}" in p, parameters={"path.sid": sid, "path.mid": "$response.body#/id"})
+        | to(
+            lambda p, m: m == "get" and p.endswith(("/history", "/path-length")),
+            parameters={"path.sid": sid, "query.leaf_id": "$response.body#/id"},
+        )
+        | to(
+            lambda p, m: m == "post" and p.endswith("/fork"),
+            parameters={"path.sid": sid},
+            requestBody={"at_message_id": "$response.body#/id"},
+        )
+    )
+    links("/v1/sessions/{sid}/messages", "post", "201", appended)
+    links("/v1/sessions/{sid}/messages", "post", "200", appended)
+    first = to(lambda p, _: "{mid}" in p, parameters={"path.sid": sid, "path.mid": "$response.body#/messages/0/id"})
+    links("/v1/sessions/{sid}/messages:batch", "post", "201", first)
+
+
+def _model_refs(node: Any) -> Any:
+    """Replace each ``{"x-model": name}`` placeholder (see services/api/deps.py) with a reference."""
+    if isinstance(node, dict):
+        if "x-model" in node:
+            return {"$ref": REF.format(model=node["x-model"])}
+        return {k: _model_refs(v) for k, v in node.items()}
+    if isinstance(node, list):
+        return [_model_refs(v) for v in node]
+    return node
+
+
+def document(app: FastAPI) -> dict[str, Any]:
+    """FastAPI's document, completed: shared schemas, the bearer key, problem responses, links."""
+    doc: dict[str, Any] = _model_refs(get_openapi(title=app.title, version=app.version, routes=app.routes))
+    components = doc.setdefault("components", {})
+    schemas = components.setdefault("schemas", {})
+    for model in (UIMessage, SessionConfig, Problem):
+        schema = model.model_json_schema(ref_template=REF)
+        schemas.update(schema.pop("$defs", {}))
+        schemas[model.__name__] = schema
+    for name in ("HTTPValidationError", "ValidationError"):  # FastAPI's 422 shape: ours is a problem
+        schemas.pop(name, None)
+    components["securitySchemes"] = {"bearer": {"type": "http", "scheme": "bearer", "description": "An API key"}}
+    for path, item in doc["paths"].items():
+        for op in item.values():
+            if path.startswith("/v1/"):
+                op["security"] = [{"bearer": []}]
+            responses = op["responses"]
+            responses.pop("422", None)
+            for status in _statuses(path, op):
+                responses.setdefault(str(status), {"description": _WHEN[status], "content": _PROBLEM_CONTENT})
+    delete = doc["paths"]["/v1/sessions/{sid}/messages"]["delete"]
+    for param in delete["parameters"]:  # None by default only so that its absence gets a pointed 422
+        if param["name"] == "ids":
+            param["required"] = True
+            param["schema"] = param["schema"]["anyOf"][0]
+    delete["responses"]["400"] = {
+        "description": "The request line is over the HTTP server's 64 KiB: use POST …/messages:delete",
+        "content": {"text/plain": {"schema": {"type": "string"}}},
+    }
+    _links(doc["paths"])
+    return doc
+
+
+def install(app: FastAPI) -> None:
+    """Serve :func:`document` (built once) as the app's ``/openapi.json``."""
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            app.openapi_schema = document(app)
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]

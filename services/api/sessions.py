@@ -1,0 +1,98 @@
+"""Sessions: create, list, read, rename, delete, fork."""
+
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Query
+
+from projections import queries
+from services.api import metrics
+from services.api import models as m
+from services.api.bodies import CreateSessionBody, ForkBody, RenameBody
+from services.api.deps import (
+    ContainerDep,
+    MinSeq,
+    Sid,
+    Tenant,
+    caught_up,
+    caught_up_all,
+    check_id,
+    no_nul,
+    require_session,
+)
+from services.api.models import ok
+from services.api.strict_json import StrictJsonRoute
+from services.writes.commands import fork
+
+router = APIRouter(route_class=StrictJsonRoute)
+
+
+def _session_json(row: queries.SessionRow) -> dict[str, Any]:
+    return {
+        "id": row.id,
+        "name": row.name,
+        "parent_session_id": row.parent_session_id,
+        "metadata": row.metadata,
+        "created_at": row.created_at.isoformat(),
+        "updated_at": row.updated_at.isoformat(),
+        "seq": row.last_seq,
+    }
+
+
+@router.post("/v1/sessions", status_code=201, response_model=None, responses=ok(m.SessionCreated, 201))
+async def create_session(body: CreateSessionBody, tenant: Tenant, c: ContainerDep) -> dict[str, Any]:
+    no_nul([body.name, body.metadata], "name and metadata")
+    sid = check_id("session", body.id) if body.id is not None else None
+    parent = check_id("session", body.parent_session_id) if body.parent_session_id is not None else None
+    w = await c.commands.create_session(tenant, sid, body.name, parent, body.metadata)
+    metrics.published("session.created")
+    return {"id": w.ids[0], "name": body.name, "parent_session_id": parent, "metadata": body.metadata, "seq": w.seq}
+
+
+@router.get("/v1/sessions", response_model=None, responses=ok(m.SessionPage))
+async def list_sessions(
+    tenant: Tenant,
+    c: ContainerDep,
+    limit: Annotated[int, Query(ge=1, le=500)] = 50,
+    cursor: Annotated[int | None, Query(ge=0, le=2**63 - 1)] = None,
+    min_seq: MinSeq = None,
+) -> dict[str, Any]:
+    await caught_up_all(c, min_seq)
+    async with c.pool.connection() as conn:
+        rows = await queries.list_sessions(conn, tenant, limit, cursor)
+    nxt = rows[-1].created_seq if len(rows) == limit else None
+    return {"sessions": [_session_json(r) for r in rows], "next_cursor": nxt}
+
+
+@router.get("/v1/sessions/{sid}", response_model=None, responses=ok(m.Session))
+async def get_session(sid: Sid, tenant: Tenant, c: ContainerDep, min_seq: MinSeq = None) -> dict[str, Any]:
+    check_id("session", sid)
+    await caught_up(c, tenant, sid, min_seq)
+    return _session_json(await require_session(c, tenant, sid))
+
+
+@router.patch("/v1/sessions/{sid}", response_model=None, responses=ok(m.Renamed))
+async def rename_session(sid: Sid, body: RenameBody, tenant: Tenant, c: ContainerDep) -> dict[str, Any]:
+    no_nul(body.name, "name")
+    check_id("session", sid)
+    w = await c.commands.rename_session(tenant, sid, body.name)
+    metrics.published("session.renamed")
+    return {"id": sid, "name": body.name, "seq": w.seq}
+
+
+@router.delete("/v1/sessions/{sid}", response_model=None, responses=ok(m.SessionDeleted))
+async def delete_session(sid: Sid, tenant: Tenant, c: ContainerDep) -> dict[str, Any]:
+    check_id("session", sid)
+    w = await c.commands.delete_session(tenant, sid)
+    metrics.published("session.deleted")
+    return {"id": sid, "deleted": True, "seq": w.seq}
+
+
+@router.post("/v1/sessions/{sid}/fork", status_code=201, response_model=None, responses=ok(m.Forked, 201))
+async def fork_session(sid: Sid, body: ForkBody, tenant: Tenant, c: ContainerDep) -> dict[str, Any]:
+    """A new session holding this one's history up to ``at_message_id`` (overlays carried over)."""
+    check_id("session", sid)
+    check_id("message", body.at_message_id)
+    new_id = check_id("session", body.id) if body.id is not None else None
+    forked = await fork(c.commands, tenant, sid, body.at_message_id, new_id, body.name)
+    metrics.published("session.forked")
+    return {"id": forked.id, "parent_session_id": sid, "messages": forked.messages, "seq": forked.seq}

@@ -1,0 +1,289 @@
+"""Audit and integrity over the log: replay, time travel, rebuild-and-swap, verify."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import psycopg
+
+from events import log as eventlog
+from events.admission import Refused, admit
+from events.bodies import unpack_body
+from events.catalog import MessageBodyEvent, SkillRemoved
+from events.ids import TENANT_SCOPE
+from events.subjects import SubjectLayout
+from projections import context_queries, queries
+from projections.quarantine import storable_text
+from projections.rebuild import TABLES, Horizon, apply_range, checksums, quarantine_rows, rebuild_into
+from projections.runner import checkpoint_partition
+from projections.timetravel import SessionState
+from services.audit.quarantine import raw_text
+from services.bootstrap import Container
+from services.context.service import object_key
+from services.storage.s3 import StoredObject
+
+PROJECTION_TABLES: dict[str, tuple[str, ...]] = {
+    "history": ("sessions", "messages"),
+    "context": (
+        "session_configs",
+        "context_blocks",
+        "search_entries",
+        "skills_index",
+        "loaded_skills",
+        "reclaimed_outputs",
+        "prompts",
+    ),
+    "overlays": ("overlays", "compaction_failures"),
+}
+PROJECTION_TABLES["all"] = tuple(t for name in ("history", "context", "overlays") for t in PROJECTION_TABLES[name])
+
+
+async def session_events(
+    c: Container, tenant: str, session: str, from_seq: int = 1, to_seq: int | None = None
+) -> AsyncIterator[eventlog.StoredEvent]:
+    subject = c.layout.session_subject(tenant, session)
+    async for stored in eventlog.read(c.js, c.layout, subject, from_seq, to_seq):
+        yield stored
+
+
+async def session_as_of(c: Container, tenant: str, session: str, as_of_seq: int) -> SessionState:
+    """The session's messages as they were right after stream sequence ``as_of_seq``; events the
+    contract refuses, or whose claim-checked body can never be had, are skipped, as the projector
+    quarantines them."""
+    state = SessionState()
+    async for stored in session_events(c, tenant, session, 1, as_of_seq):
+        try:
+            event = admit(stored.data, stored.subject, c.layout)
+            body = await unpack_body(event, c.blobs) if isinstance(event, MessageBodyEvent) else None
+        except Refused:  # BodyUnavailable included
+            continue
+        state.apply(stored.seq, event, body)
+    return state
+
+
+def replay_record(stored: eventlog.StoredEvent, layout: SubjectLayout) -> dict[str, Any]:
+    """One replayed event as JSON: ``{"seq", "event"}``, or for an event the contract refuses
+    ``{"seq", "subject", "refused": {"reason", "detail"}, "raw": {"text"|"base64": ...}}``."""
+    try:
+        admit(stored.data, stored.subject, layout)
+    except Refused as exc:
+        refused = {"reason": exc.reason, "detail": exc.detail}
+        return {"seq": stored.seq, "subject": stored.subject, "refused": refused, "raw": raw_text(stored.data)}
+    return {"seq": stored.seq, "event": json.loads(stored.data)}
+
+
+def event_line(stored: eventlog.StoredEvent, layout: SubjectLayout) -> bytes:
+    """One NDJSON line of ``GET /v1/sessions/{id}/events``: the stored bytes as they are when the
+    contract admits them (always a JSON object then), else the refusal (never the raw bytes,
+    which may not be JSON at all)."""
+    try:
+        admit(stored.data, stored.subject, layout)
+    except Refused as exc:
+        refused = {"reason": exc.reason, "detail": storable_text(exc.detail)}
+        return json.dumps({"seq": stored.seq, "refused": refused}).encode() + b"\n"
+    return b'{"seq": %d, "event": ' % stored.seq + stored.data + b"}\n"
+
+
+def format_table_row(stored: eventlog.StoredEvent, layout: SubjectLayout) -> str:
+    record = replay_record(stored, layout)
+    if "refused" in record:
+        refused = record["refused"]
+        return f"{stored.seq:>8}  {'':<32}  {'REFUSED':<18}  {refused['reason']}: {refused['detail']}"[:200]
+    raw: dict[str, Any] = record["event"]
+    detail = {k: v for k, v in raw.items() if k not in {"id", "type", "version", "tenant", "session", "occurred_at"}}
+    for key in ("message",):
+        if isinstance(detail.get(key), dict):
+            detail[key] = f"<{len(json.dumps(detail[key]))} bytes>"
+    return f"{stored.seq:>8}  {raw['occurred_at']:<32}  {raw['type']:<18}  {json.dumps(detail)[:120]}"
+
+
+# -- rebuild ------------------------------------------------------------------------------
+
+
+@dataclass
+class RebuildReport:
+    schema: str
+    events: int
+    seconds: float
+    swapped_at_seq: int
+    kept_old: str | None = None
+
+
+def live_horizon(c: Container, checkpoints: dict[str, int]) -> tuple[Horizon, int]:
+    """How far the live projectors got: one checkpoint, or one per partition (``<name>.pNNN``)
+    when partitioned projectors run; returns the horizon per subject and the highest of them."""
+    name = c.settings.projector_name
+    parts = {p: seq for n, seq in checkpoints.items() if (p := checkpoint_partition(name, n)) is not None}
+    whole = checkpoints.get(name, 0)
+    if not parts:
+        return (lambda _subject: whole), whole
+    layout = c.layout
+
+    def horizon(subject: str) -> int:
+        # the partition whose worker received it: the subject's own token (an event on a subject
+        # no partition's filter matches was only ever seen by the single projector); a partition
+        # not yet reported by its worker is where the single projector left it
+        part = layout.partition_token(subject)
+        return whole if part is None else parts.get(part, whole)
+
+    return horizon, max([*parts.values(), whole])
+
+
+async def rebuild_and_swap(
+    c: Container,
+    projection: str = "all",
+    *,
+    keep_old: bool = False,
+    progress: Callable[[int, int], None] | None = None,
+) -> RebuildReport:
+    """Rebuild ``projection`` from sequence 1 into new tables while the old ones keep serving,
+    then, under a short exclusive lock, catch up to the live checkpoint and swap atomically."""
+    tables = PROJECTION_TABLES[projection]
+    stamp = time.strftime("%Y%m%d%H%M%S")
+    shadow, old = f"rebuild_{stamp}", f"old_{stamp}"
+    name = c.settings.projector_name
+    start = time.monotonic()
+    built = await rebuild_into(
+        c.js,
+        c.layout,
+        c.settings.database_url,
+        shadow,
+        c.projections(),
+        name,
+        progress=progress,
+        languages=c.settings.search_languages,
+    )
+    async with await psycopg.AsyncConnection.connect(c.settings.database_url) as conn:
+        async with conn.transaction():
+            locked = ", ".join(f'public."{t}"' for t in (*tables, "checkpoints"))
+            await conn.execute(f"LOCK TABLE {locked} IN ACCESS EXCLUSIVE MODE")
+            horizon, live = live_horizon(c, await queries.checkpoints(conn))
+            await conn.execute(f'SET LOCAL search_path TO "{shadow}"')
+            await apply_range(conn, c.js, c.layout, c.projections(), name, built + 1, live, horizon=horizon)
+            await conn.execute(f'CREATE SCHEMA "{old}"')
+            for table in tables:
+                await conn.execute(f'ALTER TABLE public."{table}" SET SCHEMA "{old}"')
+                await conn.execute(f'ALTER TABLE "{shadow}"."{table}" SET SCHEMA public')
+        if not keep_old:
+            await conn.execute(f'DROP SCHEMA "{old}" CASCADE')
+        await conn.execute(f'DROP SCHEMA "{shadow}" CASCADE')
+        await conn.commit()
+    return RebuildReport(shadow, max(built, live), time.monotonic() - start, live, old if keep_old else None)
+
+
+# -- verify -------------------------------------------------------------------------------
+
+
+@dataclass
+class VerifyReport:
+    at_seq: int
+    live: dict[str, tuple[int, str]]
+    rebuilt: dict[str, tuple[int, str]]
+    differences: dict[str, list[str]] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return self.live == self.rebuilt
+
+
+async def _row_hashes(conn: psycopg.AsyncConnection[Any], schema: str, table: str) -> dict[str, tuple[str, str]]:
+    key = TABLES[table]
+    cur = await conn.execute(f'SELECT ({key})::text, md5(t::text), t::text FROM "{schema}"."{table}" t')
+    return {str(k): (str(h), str(text)) for k, h, text in await cur.fetchall()}
+
+
+async def verify(c: Container, *, limit: int = 5, progress: Callable[[int, int], None] | None = None) -> VerifyReport:
+    """Rebuild into a shadow schema up to the live checkpoint and compare table by table.
+
+    The live side is read in one REPEATABLE READ snapshot taken before the rebuild, so a running
+    projector does not make the comparison flap.
+    """
+    shadow = f"verify_{time.strftime('%Y%m%d%H%M%S')}"
+    name = c.settings.projector_name
+    async with await psycopg.AsyncConnection.connect(c.settings.database_url) as live_conn:
+        await live_conn.set_isolation_level(psycopg.IsolationLevel.REPEATABLE_READ)
+        async with live_conn.transaction():
+            horizon, at = live_horizon(c, await queries.checkpoints(live_conn))
+            await rebuild_into(
+                c.js,
+                c.layout,
+                c.settings.database_url,
+                shadow,
+                c.projections(),
+                name,
+                to_seq=at,
+                progress=progress,
+                horizon=horizon,
+                languages=c.settings.search_languages,
+            )
+            live = await checksums(live_conn, "public")
+            async with await psycopg.AsyncConnection.connect(c.settings.database_url, autocommit=True) as sh:
+                rebuilt = await checksums(sh, shadow)
+                # the live table also holds what consumers past the horizon (the compactor) met
+                live_q = [r for r in await quarantine_rows(live_conn, "public") if r[0] <= horizon(r[1])]
+                rebuilt_q = await quarantine_rows(sh, shadow)
+                live["quarantine"], rebuilt["quarantine"] = _digest(live_q), _digest(rebuilt_q)
+                report = VerifyReport(at, live, rebuilt)
+                if live_q != rebuilt_q:
+                    diffs = [f"live:    {r}" for r in live_q if r not in rebuilt_q]
+                    diffs += [f"rebuilt: {r}" for r in rebuilt_q if r not in live_q]
+                    report.differences["quarantine"] = diffs[:limit]
+                for table in TABLES:
+                    if live[table] == rebuilt[table]:
+                        continue
+                    a = await _row_hashes(live_conn, "public", table)
+                    b = await _row_hashes(sh, shadow, table)
+                    diffs = [f"live:    {a[k][1]}" for k in sorted(a) if k not in b or b[k][0] != a[k][0]]
+                    diffs += [f"rebuilt: {b[k][1]}" for k in sorted(b) if k not in a or a[k][0] != b[k][0]]
+                    report.differences[table] = diffs[:limit]
+                await sh.execute(f'DROP SCHEMA "{shadow}" CASCADE')
+    return report
+
+
+def _digest(rows: list[tuple[Any, ...]]) -> tuple[int, str]:
+    return len(rows), hashlib.md5(repr(rows).encode(), usedforsecurity=False).hexdigest()
+
+
+# -- skills index -------------------------------------------------------------------------
+
+
+@dataclass
+class SyncReport:
+    indexed: int = 0
+    removed: int = 0
+    unchanged: int = 0
+
+
+async def sync_skills(c: Container, tenant: str, bucket: str, prefix: str = "") -> SyncReport:
+    """Bring the tenant's skills index in line with the bucket: record new or changed objects
+    (by etag and description) and removed ones, so rendering never has to list the bucket."""
+    if c.context.skills is None:
+        raise RuntimeError("object storage is not configured")
+    root = object_key(tenant, "")
+    objects = [
+        StoredObject(o.key[len(root) :], o.description, o.etag, o.size)
+        for o in await c.context.skills.list(bucket, root + prefix)
+    ]
+    async with c.pool.connection() as conn:
+        known = await context_queries.indexed_skills(conn, tenant, bucket)
+        listing = dict(await context_queries.skill_listing(conn, tenant, bucket, prefix))
+    report = SyncReport()
+    seen: set[str] = set()
+    for obj in objects:
+        seen.add(obj.key)
+        if known.get(obj.key) == obj.etag and listing.get(obj.key) == obj.description:
+            report.unchanged += 1
+            continue
+        await c.context.record_skill(tenant, bucket, obj.key, obj.description, obj.etag, obj.size)
+        report.indexed += 1
+    for key in sorted(set(known) - seen):
+        if key.startswith(prefix):
+            await c.publisher.publish(SkillRemoved(tenant=tenant, session=TENANT_SCOPE, bucket=bucket, key=key))
+            report.removed += 1
+    await c.commands.optimistic.catch_up(tenant, TENANT_SCOPE)
+    return report

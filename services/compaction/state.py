@@ -1,0 +1,403 @@
+"""The compactor's incremental token state: a projection it owns and checkpoints itself.
+
+Only sessions with compaction configured (``compact_after``) are tracked: an event of any other
+session is skipped before anything is tokenised or stored, so a session without compaction costs
+the compactor nothing but reading the event. When a session's compaction is switched on, its
+state is backfilled once from the read models (after the projector has applied the session up
+to the configuration): per-message counts of the stored bodies, its overlays, its frozen prompt.
+Events the read model already reflected are then recognised as applied (inserts are idempotent),
+so the state converges to what tracking the session from its first event would have built.
+
+Each message of a tracked session is tokenised once, when it arrives. The running estimate of the active branch
+(compacted view) grows by that count when a message extends the active leaf, so the cost of an
+append does not depend on history length; only a branch switch, an update, a delete or a new
+overlay re-sums the stored per-message counts (never re-tokenising).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from psycopg import AsyncConnection
+
+from events.blobs import BlobStore
+from events.bodies import unpack_body
+from events.catalog import (
+    CompactionRecorded,
+    MessageAppended,
+    MessagesCleared,
+    MessagesDeleted,
+    MessageUpdated,
+    PromptRendered,
+    SessionConfigured,
+    SessionDeleted,
+)
+from events.envelope import Event
+from projections import context_queries
+from services.compaction.ranges import TOKENS_PER_MESSAGE, message_tokens
+
+Conn = AsyncConnection[Any]
+Key = tuple[str, str]
+_CONFIGURED = SessionConfigured.TYPE.encode()
+WaitApplied = Callable[[str, str, int], Awaitable[None]]
+"""Returns once the projector has applied a session's events up to a sequence."""
+
+
+@dataclass(frozen=True, slots=True)
+class Candidate:
+    tenant: str
+    session: str
+    estimate: int
+    seq: int
+
+
+class CompactorState:
+    """Keeps ``compactor_*`` tables for one compactor instance and reports sessions over threshold."""
+
+    name = "compactor-state"
+
+    def __init__(
+        self,
+        worker: str,
+        count: Callable[[str], int],
+        blobs: BlobStore | None,
+        wait_applied: WaitApplied | None = None,
+    ) -> None:
+        """``wait_applied`` guards the backfill of a session whose compaction is switched on;
+        ``None`` backfills from the read models as they are (for states fed synthetic events)."""
+        self.worker = worker
+        self._count = count
+        self._blobs = blobs
+        self._wait_applied = wait_applied
+        self.candidates: dict[Key, Candidate] = {}
+        self.tracked: set[Key] = set()
+        self._stale = True  # ``tracked`` must be read again from the database before it is used
+        self.generation = 0  # moves with every change of ``tracked`` or ``_stale`` (see Selective)
+
+    async def load(self, conn: Conn) -> None:
+        """The tracked sessions, and those already over their threshold (after a restart,
+        nothing new may arrive for them)."""
+        await self._load_tracked(conn)
+        cur = await conn.execute(
+            "SELECT tenant, session_id, estimate + prompt_tokens, seq FROM compactor_sessions "
+            "WHERE worker = %s AND compact_after IS NOT NULL AND estimate + prompt_tokens > compact_after",
+            (self.worker,),
+        )
+        for t, s, estimate, seq in await cur.fetchall():
+            self.candidates[(str(t), str(s))] = Candidate(str(t), str(s), int(estimate), int(seq))
+
+    async def _load_tracked(self, conn: Conn) -> None:
+        cur = await conn.execute(
+            "SELECT tenant, session_id FROM compactor_sessions WHERE worker = %s AND compact_after IS NOT NULL",
+            (self.worker,),
+        )
+        self.tracked = {(str(t), str(s)) for t, s in await cur.fetchall()}
+        self._stale = False
+        self.generation += 1
+
+    def wants_stored(self, tenant: str, session: str, data: bytes) -> bool:
+        """Before decoding: a tracked session's event, or bytes that may hold a configuration
+        (its type name, or a JSON escape that could spell it). A configuration may change what
+        is tracked, so from there on everything is wanted until ``tracked`` is read again."""
+        if _CONFIGURED in data or b"\\u" in data:
+            self._stale = True
+            self.generation += 1
+            return True
+        return self._stale or (tenant, session) in self.tracked
+
+    def wants(self, event: Event) -> bool:
+        """A configuration (it may switch compaction on), or any event of a tracked session."""
+        return self._stale or isinstance(event, SessionConfigured) or (event.tenant, event.session) in self.tracked
+
+    async def apply(self, conn: Conn, items: Sequence[tuple[int, Event]]) -> None:
+        """Runs of appends are applied set-wise (a few statements per run, not per message);
+        anything else one event at a time, in order. Events of untracked sessions are skipped.
+
+        ``tracked`` changes only with a ``SessionConfigured`` event; such a change marks it
+        stale, and the next call reads it from the database inside its own transaction. The
+        database is the truth: a batch that rolled back leaves no trace in ``tracked``."""
+        if self._stale:
+            await self._load_tracked(conn)
+        run: list[tuple[int, MessageAppended]] = []
+        for seq, event in items:
+            if not isinstance(event, SessionConfigured) and (event.tenant, event.session) not in self.tracked:
+                continue  # no compaction configured: nothing to count
+            if isinstance(event, MessageAppended) and event.session:
+                run.append((seq, event))
+                continue
+            if run:
+                await self._apply_appends(conn, run)
+                run = []
+            await self._apply_one(conn, seq, event)
+        if run:
+            await self._apply_appends(conn, run)
+
+    async def _apply_appends(self, conn: Conn, run: list[tuple[int, MessageAppended]]) -> None:
+        rows = []
+        for seq, ev in run:
+            body = await unpack_body(ev, self._blobs)
+            rows.append((ev.tenant, ev.session, ev.message_id, ev.parent_id, message_tokens(body, self._count), seq))
+        cur = await conn.execute(
+            "INSERT INTO compactor_messages (worker, tenant, session_id, id, parent_id, tokens, seq) "
+            "SELECT %s, t, s, i, p, n, q FROM unnest(%s::text[], %s::text[], %s::text[], %s::text[], %s::int[], "
+            "%s::bigint[]) AS u(t, s, i, p, n, q) ON CONFLICT DO NOTHING RETURNING tenant, session_id, id",
+            (self.worker, *(list(col) for col in zip(*rows, strict=True))),
+        )
+        fresh = {(str(t), str(s), str(i)) for t, s, i in await cur.fetchall()}
+        keys = sorted({(t, s) for t, s, *_ in rows})
+        last_seq = run[-1][0]
+        await conn.execute(
+            "INSERT INTO compactor_sessions (worker, tenant, session_id, seq) "
+            "SELECT %s, t, s, %s FROM unnest(%s::text[], %s::text[]) AS u(t, s) ON CONFLICT DO NOTHING",
+            (self.worker, last_seq, [k[0] for k in keys], [k[1] for k in keys]),
+        )
+        cur = await conn.execute(
+            "SELECT tenant, session_id, leaf_id, estimate, prompt_tokens, compact_after FROM compactor_sessions "
+            "WHERE worker = %s AND (tenant, session_id) IN (SELECT * FROM unnest(%s::text[], %s::text[]))",
+            (self.worker, [k[0] for k in keys], [k[1] for k in keys]),
+        )
+        state = {(str(t), str(s)): [leaf, int(est), int(pt), ca] for t, s, leaf, est, pt, ca in await cur.fetchall()}
+        resum: set[tuple[str, str]] = set()
+        for t, s, mid, parent, tokens, _seq in rows:
+            if (t, s, mid) not in fresh:
+                continue
+            st = state[(t, s)]
+            if (t, s) not in resum and st[0] == parent and (parent is not None or st[1] == 0):
+                st[0], st[1] = mid, st[1] + tokens
+            else:
+                st[0] = mid
+                resum.add((t, s))
+        async with conn.cursor() as update:
+            await update.executemany(
+                "UPDATE compactor_sessions SET leaf_id = %s, estimate = %s, seq = %s "
+                "WHERE worker = %s AND tenant = %s AND session_id = %s",
+                [(st[0], st[1], last_seq, self.worker, t, s) for (t, s), st in state.items() if (t, s) not in resum],
+            )
+        for t, s in sorted(resum):
+            await self._resum(conn, t, s, last_seq, state[(t, s)][0])
+        for t, s in keys:
+            if (t, s) in resum:
+                await self._check(conn, t, s, last_seq)
+            else:
+                _, estimate, prompt_tokens, compact_after = state[(t, s)]
+                self._mark(t, s, estimate + prompt_tokens, compact_after, last_seq)
+
+    async def _session(self, conn: Conn, t: str, s: str, seq: int) -> tuple[str | None, int, int, int | None]:
+        await conn.execute(
+            "INSERT INTO compactor_sessions (worker, tenant, session_id, seq) VALUES (%s, %s, %s, %s) "
+            "ON CONFLICT DO NOTHING",
+            (self.worker, t, s, seq),
+        )
+        cur = await conn.execute(
+            "SELECT leaf_id, estimate, prompt_tokens, compact_after FROM compactor_sessions "
+            "WHERE worker = %s AND tenant = %s AND session_id = %s",
+            (self.worker, t, s),
+        )
+        row = await cur.fetchone()
+        assert row is not None
+        return row[0], int(row[1]), int(row[2]), row[3]
+
+    async def _set(self, conn: Conn, t: str, s: str, seq: int, **values: Any) -> None:
+        cols = ", ".join(f"{k} = %s" for k in values)
+        await conn.execute(
+            f"UPDATE compactor_sessions SET {cols}, seq = %s WHERE worker = %s AND tenant = %s AND session_id = %s",
+            (*values.values(), seq, self.worker, t, s),
+        )
+
+    async def _apply_one(self, conn: Conn, seq: int, event: Event) -> None:
+        t, s = event.tenant, event.session
+        if not s:
+            return
+        match event:
+            case SessionConfigured():
+                cfg = event.config.compaction
+                after = cfg.compact_after if cfg else None
+                self._stale = True  # re-read in the next call, whatever this transaction becomes
+                self.generation += 1
+                if after is None:
+                    if (t, s) in self.tracked:
+                        await self._untrack(conn, t, s)
+                    return
+                if (t, s) not in self.tracked:
+                    await self._backfill(conn, t, s, seq)
+                    self.tracked.add((t, s))
+                await self._set(conn, t, s, seq, compact_after=after)
+            case PromptRendered():
+                await self._session(conn, t, s, seq)
+                await self._set(conn, t, s, seq, prompt_tokens=event.tokens)
+            case MessageAppended():
+                body = await unpack_body(event, self._blobs)
+                tokens = message_tokens(body, self._count)
+                cur = await conn.execute(
+                    "INSERT INTO compactor_messages (worker, tenant, session_id, id, parent_id, tokens, seq) "
+                    "VALUES (%s, %s, %s, %s, %s, %s, %s) ON CONFLICT DO NOTHING",
+                    (self.worker, t, s, event.message_id, event.parent_id, tokens, seq),
+                )
+                if cur.rowcount == 0:
+                    return
+                leaf, estimate, _, _ = await self._session(conn, t, s, seq)
+                if leaf == event.parent_id and (leaf is not None or estimate == 0):
+                    await self._set(conn, t, s, seq, leaf_id=event.message_id, estimate=estimate + tokens)
+                else:
+                    await self._resum(conn, t, s, seq, event.message_id)
+            case MessageUpdated():
+                body = await unpack_body(event, self._blobs)
+                await conn.execute(
+                    "UPDATE compactor_messages SET tokens = %s WHERE worker = %s AND tenant = %s AND session_id = %s "
+                    "AND id = %s",
+                    (message_tokens(body, self._count), self.worker, t, s, event.message_id),
+                )
+                leaf, *_ = await self._session(conn, t, s, seq)
+                await self._resum(conn, t, s, seq, leaf)
+            case MessagesDeleted() | MessagesCleared() | SessionDeleted():
+                if isinstance(event, MessagesDeleted):
+                    await conn.execute(
+                        "DELETE FROM compactor_messages WHERE worker = %s AND tenant = %s AND session_id = %s "
+                        "AND id = ANY(%s)",
+                        (self.worker, t, s, list(event.message_ids)),
+                    )
+                else:
+                    for table in ("compactor_messages", "compactor_overlays"):
+                        await conn.execute(
+                            f"DELETE FROM {table} WHERE worker = %s AND tenant = %s AND session_id = %s",
+                            (self.worker, t, s),
+                        )
+                await self._session(conn, t, s, seq)
+                await self._resum(conn, t, s, seq, await self._latest_leaf(conn, t, s))
+            case CompactionRecorded():
+                await conn.execute(
+                    "INSERT INTO compactor_overlays (worker, tenant, session_id, overlay_id, from_id, to_id, "
+                    "summary_tokens, seq) VALUES (%s, %s, %s, %s, %s, %s, %s, %s) ON CONFLICT DO NOTHING",
+                    (
+                        self.worker,
+                        t,
+                        s,
+                        event.overlay_id,
+                        event.from_message_id,
+                        event.to_message_id,
+                        TOKENS_PER_MESSAGE + self._count(event.summary),
+                        seq,
+                    ),
+                )
+                leaf, *_ = await self._session(conn, t, s, seq)
+                await self._resum(conn, t, s, seq, leaf)
+            case _:
+                return
+        await self._check(conn, t, s, seq)
+
+    async def _untrack(self, conn: Conn, t: str, s: str) -> None:
+        """Compaction switched off: the session's state is dropped (a later switch-on backfills)."""
+        for table in ("compactor_messages", "compactor_overlays", "compactor_sessions"):
+            await conn.execute(
+                f"DELETE FROM {table} WHERE worker = %s AND tenant = %s AND session_id = %s", (self.worker, t, s)
+            )
+        self.tracked.discard((t, s))
+        self.candidates.pop((t, s), None)
+
+    async def _backfill(self, conn: Conn, t: str, s: str, seq: int) -> None:
+        """Start tracking a session at ``seq`` from the read models' copy of its history."""
+        if self._wait_applied is not None:
+            await self._wait_applied(t, s, seq)
+        cur = await conn.execute(
+            "SELECT id, parent_id, content, seq FROM messages WHERE tenant = %s AND session_id = %s", (t, s)
+        )
+        messages = [
+            (str(i), p, message_tokens(json.loads(c), self._count), int(q)) for i, p, c, q in await cur.fetchall()
+        ]
+        if messages:
+            await conn.execute(
+                "INSERT INTO compactor_messages (worker, tenant, session_id, id, parent_id, tokens, seq) "
+                "SELECT %s, %s, %s, i, p, n, q FROM unnest(%s::text[], %s::text[], %s::int[], %s::bigint[]) "
+                "AS u(i, p, n, q) ON CONFLICT DO NOTHING",
+                (self.worker, t, s, *(list(col) for col in zip(*messages, strict=True))),
+            )
+        cur = await conn.execute(
+            "SELECT overlay_id, from_message_id, to_message_id, summary, seq FROM overlays "
+            "WHERE tenant = %s AND session_id = %s",
+            (t, s),
+        )
+        for overlay_id, first, last, summary, at in await cur.fetchall():
+            await conn.execute(
+                "INSERT INTO compactor_overlays (worker, tenant, session_id, overlay_id, from_id, to_id, "
+                "summary_tokens, seq) VALUES (%s, %s, %s, %s, %s, %s, %s, %s) ON CONFLICT DO NOTHING",
+                (self.worker, t, s, overlay_id, first, last, TOKENS_PER_MESSAGE + self._count(summary), at),
+            )
+        prompt = await context_queries.latest_prompt(conn, t, s)
+        await self._session(conn, t, s, seq)
+        await self._set(conn, t, s, seq, prompt_tokens=prompt.tokens if prompt else 0)
+        await self._resum(conn, t, s, seq, await self._latest_leaf(conn, t, s))
+
+    async def _latest_leaf(self, conn: Conn, t: str, s: str) -> str | None:
+        cur = await conn.execute(
+            "SELECT m.id FROM compactor_messages m WHERE m.worker = %s AND m.tenant = %s AND m.session_id = %s "
+            "AND NOT EXISTS (SELECT 1 FROM compactor_messages c WHERE c.worker = m.worker AND c.tenant = m.tenant "
+            "AND c.session_id = m.session_id AND c.parent_id = m.id) ORDER BY m.seq DESC LIMIT 1",
+            (self.worker, t, s),
+        )
+        row = await cur.fetchone()
+        return str(row[0]) if row else None
+
+    async def _resum(self, conn: Conn, t: str, s: str, seq: int, leaf: str | None) -> None:
+        """Re-sum the stored counts along ``leaf``'s path, with its newest overlay applied."""
+        estimate = 0
+        if leaf is not None:
+            cur = await conn.execute(
+                "WITH RECURSIVE bound AS (SELECT count(*) AS n FROM compactor_messages"
+                " WHERE worker = %(w)s AND tenant = %(t)s AND session_id = %(s)s),"
+                " path (id, parent_id, tokens, depth) AS ("
+                " SELECT id, parent_id, tokens, 0 FROM compactor_messages"
+                " WHERE worker = %(w)s AND tenant = %(t)s AND session_id = %(s)s AND id = %(leaf)s"
+                " UNION ALL SELECT m.id, m.parent_id, m.tokens, p.depth + 1 FROM path p JOIN compactor_messages m"
+                " ON m.worker = %(w)s AND m.tenant = %(t)s AND m.session_id = %(s)s AND m.id = p.parent_id"
+                " WHERE p.depth < (SELECT n FROM bound)"
+                ") SELECT id, tokens FROM path ORDER BY depth",
+                {"w": self.worker, "t": t, "s": s, "leaf": leaf},
+            )
+            walked = [(str(i), int(n)) for i, n in await cur.fetchall()]
+            seen: set[str] = set()
+            path: list[tuple[str, int]] = []
+            for mid, n in walked:  # leaf first; a cycle (delete + re-append) ends the path
+                if mid in seen:
+                    break
+                seen.add(mid)
+                path.append((mid, n))
+            path.reverse()
+            cur = await conn.execute(
+                "SELECT from_id, to_id, summary_tokens FROM compactor_overlays WHERE worker = %s AND tenant = %s "
+                "AND session_id = %s ORDER BY seq",
+                (self.worker, t, s),
+            )
+            overlays = [(str(a), str(b), int(n)) for a, b, n in await cur.fetchall()]
+            estimate = compacted_sum(path, overlays)
+        await self._set(conn, t, s, seq, leaf_id=leaf, estimate=estimate)
+
+    async def _check(self, conn: Conn, t: str, s: str, seq: int) -> None:
+        _, estimate, prompt_tokens, compact_after = await self._session(conn, t, s, seq)
+        self._mark(t, s, estimate + prompt_tokens, compact_after, seq)
+
+    def _mark(self, t: str, s: str, total: int, compact_after: int | None, seq: int) -> None:
+        if compact_after is not None and total > compact_after:
+            self.candidates[(t, s)] = Candidate(t, s, total, seq)
+        else:
+            self.candidates.pop((t, s), None)
+
+
+def compacted_sum(path: Sequence[tuple[str, int]], overlays: Sequence[tuple[str, str, int]]) -> int:
+    """Sum of per-message tokens along a path with the newest applicable overlay per position."""
+    index = {mid: i for i, (mid, _) in enumerate(path)}
+    total, i = 0, 0
+    while i < len(path):
+        best: tuple[str, str, int] | None = None
+        for ov in overlays:
+            if ov[0] == path[i][0] and index.get(ov[1], -1) >= i:
+                best = ov
+        if best is None:
+            total += path[i][1]
+            i += 1
+        else:
+            total += best[2]
+            i = index[best[1]] + 1
+    return total

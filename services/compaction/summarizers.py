@@ -1,0 +1,141 @@
+"""Summarizers: a built-in offline one (deterministic, no network; the default) and an
+OpenAI-compatible chat-completions client (OpenAI, vLLM, Ollama, llama.cpp's server)."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import re
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import httpx
+
+from services.compaction.ranges import Message, Plan, _parts, is_tool_part
+
+
+class SummarizerError(Exception):
+    """The summarizer could not produce a summary (after its retries)."""
+
+
+class Summarizer(Protocol):
+    name: str
+    model: str | None
+
+    async def summarize(self, plan: Plan) -> str: ...
+
+
+def _text(msg: Message) -> str:
+    return " ".join(str(p.get("text", "")) for p in _parts(msg) if p.get("type") == "text").strip()
+
+
+def _clip(text: str, n: int) -> str:
+    text = re.sub(r"\s+", " ", text).strip()
+    return text if len(text) <= n else text[: n - 1].rstrip() + "\u2026"
+
+
+def _section(previous: str | None, title: str) -> list[str]:
+    if not previous:
+        return []
+    m = re.search(rf"## {title}\n(.*?)(?=\n## |\Z)", previous, re.S)
+    return [line for line in (m.group(1).strip().splitlines() if m else []) if line.strip()]
+
+
+def _sections(topic: list[str], points: list[str], state: str, open_items: list[str]) -> str:
+    """The reference's four sections."""
+    return "\n".join(
+        [
+            "## Topic",
+            *topic,
+            "",
+            "## Key Points",
+            *points,
+            "",
+            "## Current State",
+            state,
+            "",
+            "## Open Items",
+            *open_items,
+        ]
+    )
+
+
+class OfflineSummarizer:
+    """Deterministic extractive summary in the reference's four sections; extends the previous one."""
+
+    name = "offline"
+    model: str | None = None
+
+    async def summarize(self, plan: Plan) -> str:
+        budget_chars = max(400, plan.budget * 4)
+        turns = [(str(m.get("role")), _text(m)) for m in plan.middle]
+        turns = [(r, t) for r, t in turns if t]
+        topic = _section(plan.previous_summary, "Topic") or [
+            _clip(next((t for r, t in turns if r == "user"), turns[0][1] if turns else "Conversation"), 200)
+        ]
+        points = _section(plan.previous_summary, "Key Points")
+        per_line = max(60, budget_chars // max(4, len(turns) + len(points) + 4))
+        points += [f"- [{role}] {_clip(text, per_line)}" for role, text in turns]
+        state = _clip(turns[-1][1], 300) if turns else "No text in the summarised turns."
+        tools = sorted(
+            {
+                str(p.get("toolName") or str(p.get("type", ""))[5:] or "unknown")
+                for m in plan.middle
+                for p in _parts(m)
+                if is_tool_part(p)
+            }
+        )
+        if tools:
+            state += f" Tools used: {', '.join(tools)}."
+        questions = [f"- {_clip(t, 200)}" for r, t in turns if r == "user" and t.rstrip().endswith("?")]
+        open_items = _section(plan.previous_summary, "Open Items")
+        open_items = [x for x in open_items if x != "- None recorded."] + questions or ["- None recorded."]
+        body = _sections(topic, points, state, open_items)
+        while len(body) > budget_chars and len(points) > 1:
+            points.pop(0)  # the oldest points go first when over budget
+            body = _sections(topic, points, state, open_items)
+        return body
+
+
+@dataclass
+class OpenAISummarizer:
+    """Chat completions against any OpenAI-compatible server, with bounded retries and backoff."""
+
+    base_url: str
+    model: str | None
+    api_key: str | None = None
+    timeout_s: float = 60.0
+    attempts: int = 3
+    backoff_s: float = 0.5
+    name: str = "openai-compatible"
+
+    async def summarize(self, plan: Plan) -> str:
+        headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+        body: dict[str, Any] = {
+            "model": self.model or "default",
+            "messages": [{"role": "user", "content": plan.prompt}],
+            "max_tokens": max(256, plan.budget * 2),
+            "temperature": 0,
+        }
+        url = self.base_url.rstrip("/") + "/chat/completions"
+        last: Exception | None = None
+        async with httpx.AsyncClient(timeout=self.timeout_s) as client:
+            for attempt in range(self.attempts):
+                try:
+                    resp = await client.post(url, json=body, headers=headers)
+                    if resp.status_code == 429 or resp.status_code >= 500:
+                        raise SummarizerError(f"HTTP {resp.status_code}: {resp.text[:200]}")
+                    if resp.status_code >= 400:
+                        raise SummarizerError(f"HTTP {resp.status_code}: {resp.text[:200]}")  # not retried
+                    content = resp.json()["choices"][0]["message"]["content"]
+                    if not isinstance(content, str):
+                        raise SummarizerError("the response has no text content")
+                    return content
+                except SummarizerError as exc:
+                    last = exc
+                    if not str(exc).startswith(("HTTP 429", "HTTP 5")):
+                        raise
+                except (httpx.TransportError, httpx.TimeoutException, KeyError, IndexError, ValueError) as exc:
+                    last = exc
+                await asyncio.sleep(self.backoff_s * (2**attempt) * (0.5 + random.random()))  # noqa: S311
+        raise SummarizerError(f"summarizer failed after {self.attempts} attempts: {last}")

@@ -1,0 +1,89 @@
+"""The audit commands of the CLI: replay, history (time travel), rebuild, verify."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+from pathlib import Path
+
+from events import ids
+from projections import queries
+from services.audit import readers as audit
+from services.bootstrap import open_container
+from services.ops.progress import Progress
+from services.settings import Settings
+
+
+async def run_audit(settings: Settings, args: argparse.Namespace) -> int:
+    async with open_container(settings) as c:
+        match args.command:
+            case "replay":
+                ids.check_session(args.session)
+                bar = Progress("replay")
+                end = await c.publisher.last_subject_seq(args.tenant, args.session)
+                if args.to_seq is not None:
+                    end = min(end, args.to_seq)
+                async for stored in audit.session_events(c, args.tenant, args.session, args.from_seq, args.to_seq):
+                    if args.format == "jsonl":
+                        sys.stdout.write(json.dumps(audit.replay_record(stored, c.layout)) + "\n")
+                    else:
+                        sys.stdout.write(audit.format_table_row(stored, c.layout) + "\n")
+                    bar(stored.seq, end)
+                bar.close()
+            case "history":
+                if args.as_of_seq is not None:
+                    state = await audit.session_as_of(c, args.tenant, args.session, args.as_of_seq)
+                    leaf = args.leaf_id or state.latest_leaf()
+                    for content in state.path(leaf):
+                        sys.stdout.write(content + "\n")
+                else:
+                    async with c.pool.connection() as conn:
+                        leaf = args.leaf_id
+                        if leaf is None:
+                            row = await queries.latest_leaf(conn, args.tenant, args.session)
+                            leaf = row.id if row else None
+                        rows = await queries.history(conn, args.tenant, args.session, leaf) if leaf else []
+                    for r in rows:
+                        sys.stdout.write(r.content + "\n")
+            case "rebuild":
+                bar = Progress("rebuild")
+                report = await audit.rebuild_and_swap(c, args.projection, keep_old=args.keep_old, progress=bar)
+                bar.close()
+                rate = report.events / report.seconds if report.seconds else 0.0
+                print(
+                    f"rebuilt {args.projection}: {report.events} events in {report.seconds:.1f}s ({rate:,.0f} ev/s); "
+                    f"swapped at sequence {report.swapped_at_seq}"
+                    + (f"; old tables kept in schema {report.kept_old}" if report.kept_old else "")
+                )
+            case "verify":
+                bar = Progress("verify")
+                result = await audit.verify(c, limit=args.limit, progress=bar)
+                bar.close()
+                for table in result.live:
+                    live, rebuilt = result.live[table], result.rebuilt[table]
+                    mark = "ok" if live == rebuilt else "DIFFERENT"
+                    print(f"{table:<10} live {live[0]:>9} rows {live[1]}  rebuilt {rebuilt[0]:>9} rows {rebuilt[1]}")
+                    print(f"{'':<10} {mark}")
+                for table, diffs in result.differences.items():
+                    print(f"first differences in {table}:")
+                    for line in diffs:
+                        print("  " + line)
+                print(f"verified at sequence {result.at_seq}: " + ("identical" if result.ok else "DIFFERENT"))
+                return 0 if result.ok else 1
+    return 0
+
+
+async def run_skills(settings: Settings, args: argparse.Namespace) -> int:
+    """``skills put`` uploads and records; ``skills sync`` records what changed in the bucket."""
+    async with open_container(settings) as c:
+        ids.check_tenant(args.tenant)
+        if args.skills_command == "put":
+            content = await asyncio.to_thread(Path(args.file).read_text, encoding="utf-8")
+            seq = await c.context.put_skill(args.tenant, args.bucket, args.key, content, args.description)
+            print(f"stored {args.bucket}/{args.key} ({len(content.encode())} bytes); recorded at sequence {seq}")
+            return 0
+        report = await audit.sync_skills(c, args.tenant, args.bucket, args.prefix)
+        print(f"indexed {report.indexed}, removed {report.removed}, unchanged {report.unchanged}")
+    return 0

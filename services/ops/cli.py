@@ -1,0 +1,233 @@
+"""``chronicle``: one entry point for every process and tool."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import importlib
+import json
+import sys
+from pathlib import Path
+
+from events.credentials import tenant_nkey_seed
+from events.ids import check_tenant
+from services import logs
+from services.ops.natsconf import ClusterNode, MissingOperator, NatsAccess, cluster_extra, server_config, write_config
+from services.settings import Settings, api_key_entry, load_settings, new_api_key, new_operator_seed
+
+DRILLS = {
+    "bench": "benchmarks on private infrastructure, against a same-run baseline (source checkout only)",
+    "chaos": "kill -9 and restart every component under load; check nothing is lost (source checkout only)",
+    "failover": "a three-node NATS cluster under load: kill the leader, then a follower (source checkout only)",
+}
+
+
+def run_drill(argv: list[str]) -> int:
+    """``chronicle bench|chaos|failover …``: handed to ``python -m bench`` of a source checkout.
+
+    The benchmarks and fault drills are not part of the installed product (the wheel ships
+    ``events``, ``projections``, ``services`` and the SDK); the import is by name so that the
+    product's import graph never reaches them.
+    """
+    try:
+        drills = importlib.import_module("bench.cli")
+    except ModuleNotFoundError:
+        print(
+            f"chronicle {argv[0]}: the benchmarks ship with the source checkout: run `python -m bench`", file=sys.stderr
+        )
+        return 2
+    status: int = drills.main(argv)
+    return status
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="chronicle", description="Event-sourced memory for AI agents")
+    sub = parser.add_subparsers(dest="command", required=True)
+    p_up = sub.add_parser("up", help="run the whole stack on this machine (no Docker)")
+    p_up.add_argument("--nats-port", type=int, default=4250, help="port of the nats-server it starts")
+    p_up.add_argument(
+        "--nats-cluster",
+        type=int,
+        default=1,
+        choices=range(1, 6),
+        metavar="N",
+        help="start N nats-servers clustered on loopback (ports --nats-port..+N-1, routes 1000 above) and keep "
+        "the stream at N replicas; 3 survives the loss of any one node",
+    )
+    p_up.add_argument(
+        "--api-processes",
+        type=int,
+        default=None,
+        metavar="N",
+        help="N `chronicle api` processes sharing the API port (SO_REUSEPORT); default CHRONICLE_API_PROCESSES or 1",
+    )
+    sub.add_parser("api", help="run the HTTP API")
+    sub.add_parser("projector", help="run the projector (event log -> Postgres read models)")
+    sub.add_parser("compactor", help="run the compaction worker (summary overlays)")
+    sub.add_parser("migrate", help="apply database migrations")
+    p_replay = sub.add_parser("replay", help="print a session's events exactly as stored, in order")
+    p_replay.add_argument("--session", required=True)
+    p_replay.add_argument("--tenant", default="default")
+    p_replay.add_argument("--from-seq", type=int, default=1)
+    p_replay.add_argument("--to-seq", type=int, default=None)
+    p_replay.add_argument("--format", choices=["jsonl", "table"], default="jsonl")
+    p_hist = sub.add_parser("history", help="a session's history, optionally as of a stream sequence")
+    p_hist.add_argument("--session", required=True)
+    p_hist.add_argument("--tenant", default="default")
+    p_hist.add_argument("--leaf-id", default=None)
+    p_hist.add_argument("--as-of-seq", type=int, default=None)
+    p_rebuild = sub.add_parser("rebuild", help="rebuild read models from sequence 1, then swap atomically")
+    p_rebuild.add_argument("--projection", choices=["all", "history", "context", "overlays"], default="all")
+    p_rebuild.add_argument("--keep-old", action="store_true", help="keep the replaced tables in a schema")
+    p_verify = sub.add_parser("verify", help="rebuild into a shadow schema and compare with the live read models")
+    p_verify.add_argument("--limit", type=int, default=5, help="differences to print per table")
+    p_skills = sub.add_parser("skills", help="skill documents in object storage")
+    skills_sub = p_skills.add_subparsers(dest="skills_command", required=True)
+    p_put = skills_sub.add_parser("put", help="upload a skill document and record it in the skills index")
+    p_put.add_argument("file")
+    p_put.add_argument("--bucket", required=True)
+    p_put.add_argument("--key", required=True, help="object key (include the block's prefix, e.g. skills/tax)")
+    p_put.add_argument("--description", default=None)
+    p_put.add_argument("--tenant", default="default")
+    p_sync = skills_sub.add_parser("sync", help="index objects uploaded out of band")
+    p_sync.add_argument("--bucket", required=True)
+    p_sync.add_argument("--prefix", default="")
+    p_sync.add_argument("--tenant", default="default")
+    for name, what in DRILLS.items():
+        # the benchmarks and drills live in the source checkout's bench/ package (not in the wheel):
+        # their own parser reads the rest of the command line
+        drill = sub.add_parser(name, help=what, add_help=False)
+        drill.add_argument("rest", nargs=argparse.REMAINDER)
+    p_key = sub.add_parser(
+        "keygen", help="make a tenant's API key (and NATS identity), or the operator's NATS identity"
+    )
+    who = p_key.add_mutually_exclusive_group(required=True)
+    who.add_argument("--tenant", help="a tenant: prints its API key, NATS seed and `api_keys` entry")
+    who.add_argument("--operator", action="store_true", help="Chronicle's own NATS identity (an NKey seed)")
+    p_conf = sub.add_parser("nats-config", help="write the nats-server configuration for these settings")
+    p_conf.add_argument("--out", type=Path, default=None, help="file to write (default: print)")
+    p_conf.add_argument("--host", default="0.0.0.0")  # noqa: S104 - the server's own listen address
+    p_conf.add_argument("--port", type=int, default=4222)
+    p_conf.add_argument("--store-dir", default="/data")
+    p_conf.add_argument(
+        "--cluster-nodes",
+        default="",
+        help="a cluster: its nodes' host names, comma-separated; --out is then a directory that gets one "
+        "<name>.conf per node (routes between them on --cluster-port, CHRONICLE_NATS_ROUTE_PASSWORD)",
+    )
+    p_conf.add_argument("--cluster-port", type=int, default=6222, help="a cluster's route port")
+    p_repl = sub.add_parser(
+        "stream-replicas", help="move the event stream (and the blob bucket) to N replicas on the NATS cluster"
+    )
+    p_repl.add_argument("replicas", type=int, choices=range(1, 6), metavar="N")
+    p_repl.add_argument("--timeout", type=float, default=600.0, help="seconds to wait for the new copies to catch up")
+    p_quar = sub.add_parser("quarantine", help="events the projectors refused (quarantined)")
+    quar_sub = p_quar.add_subparsers(dest="quarantine_command", required=True)
+    p_qlist = quar_sub.add_parser("list", help="quarantined events, newest first")
+    p_qlist.add_argument("--tenant", default=None)
+    p_qlist.add_argument("--limit", type=int, default=50)
+    p_qshow = quar_sub.add_parser("show", help="one quarantined event, with its raw bytes")
+    p_qshow.add_argument("seq", type=int)
+    args = parser.parse_args(argv)
+
+    settings = load_settings()
+    logs.configure(settings.log_level, settings.log_format)
+    match args.command:
+        case "up":
+            from services.ops.localstack import up
+
+            if args.api_processes is not None:
+                settings = settings.model_copy(update={"api_processes": max(1, args.api_processes)})
+            return up(settings, args.nats_port, args.nats_cluster)
+        case "api":
+            from services.ops.processes import run_api
+
+            run_api(settings)
+        case "projector":
+            from services.ops.processes import run_projector, serve
+
+            serve(run_projector(settings))
+        case "compactor":
+            from services.ops.processes import run_compactor, serve
+
+            serve(run_compactor(settings))
+        case "migrate":
+            from services.bootstrap import prepare_database
+
+            applied = asyncio.run(prepare_database(settings))
+            print("applied: " + (", ".join(applied) if applied else "nothing (up to date)"))
+        case "skills":
+            from services.ops.audit_cli import run_skills
+
+            return asyncio.run(run_skills(settings, args))
+        case "replay" | "history" | "rebuild" | "verify":
+            from services.ops.audit_cli import run_audit
+
+            return asyncio.run(run_audit(settings, args))
+        case "bench" | "chaos" | "failover":
+            return run_drill([args.command, *args.rest])
+        case "keygen":
+            return keygen(args)
+        case "nats-config":
+            return nats_config(settings, args)
+        case "stream-replicas":
+            from services.ops.replicas import run_stream_replicas
+
+            return asyncio.run(run_stream_replicas(settings, args.replicas, args.timeout))
+        case "quarantine":
+            from services.audit.quarantine import run_quarantine
+
+            return asyncio.run(run_quarantine(settings, args))
+    return 0
+
+
+def keygen(args: argparse.Namespace) -> int:
+    if args.operator:
+        print(f"CHRONICLE_NATS_NKEY_SEED={new_operator_seed()}")
+        return 0
+    check_tenant(args.tenant)
+    key = new_api_key()
+    print(
+        f"API key: {key}\n"
+        f"NATS seed (derived from the key; for clients other than chronicle_sdk): {tenant_nkey_seed(key)}\n"
+        f"settings entry: CHRONICLE_API_KEYS='[\"{api_key_entry(args.tenant, key)}\"]'"
+    )
+    return 0
+
+
+def nats_config(settings: Settings, args: argparse.Namespace) -> int:
+    try:
+        access = NatsAccess.of(settings)
+    except MissingOperator as exc:
+        print(f"chronicle nats-config: {exc}", file=sys.stderr)
+        return 2
+    names = [n.strip() for n in args.cluster_nodes.split(",") if n.strip()]
+    if names:
+        return nats_cluster_config(settings, access, args, names)
+    config = server_config(access, host=args.host, port=args.port, store_dir=args.store_dir)
+    if args.out is None:
+        print(json.dumps(config, indent=2))
+    else:
+        write_config(args.out, config)
+        print(f"wrote {args.out} ({len(access.users())} users)")
+    return 0
+
+
+def nats_cluster_config(settings: Settings, access: NatsAccess, args: argparse.Namespace, names: list[str]) -> int:
+    """One configuration per node of a cluster, ``<out>/<name>.conf``: routes to the other nodes
+    by host name on ``--cluster-port``, authenticated with the route password."""
+    if settings.nats_route_password is None or args.out is None:
+        print("chronicle nats-config: a cluster needs CHRONICLE_NATS_ROUTE_PASSWORD and --out DIR", file=sys.stderr)
+        return 2
+    nodes = [ClusterNode(name, name, args.cluster_port) for name in names]
+    password = settings.nats_route_password.get_secret_value()
+    for node in nodes:
+        extra = cluster_extra(node, nodes, password, listen=args.host)
+        config = server_config(access, host=args.host, port=args.port, store_dir=args.store_dir, extra=extra)
+        write_config(args.out / f"{node.name}.conf", config)
+    print(f"wrote {len(nodes)} node configurations in {args.out} ({len(access.users())} users)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

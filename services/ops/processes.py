@@ -1,0 +1,104 @@
+"""Long-running process bodies: the projector loop and the API server, with signal handling."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import socket
+from collections.abc import Coroutine
+from typing import Any
+
+import uvicorn
+import uvloop
+from nats.aio.client import Client as NatsClient
+
+from services.api.app import build_app
+from services.bootstrap import open_container
+from services.settings import Settings
+
+log = logging.getLogger("chronicle")
+
+
+def serve(main: Coroutine[Any, Any, None]) -> None:
+    """Run a long-lived service on uvloop (the API gets it from uvicorn): less CPU per event."""
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        runner.run(main)
+
+
+def nats_node(nc: NatsClient) -> str:
+    """``host:port`` of the NATS server ``nc`` is connected to (a cluster's node), no credentials."""
+    url = nc.connected_url
+    return f"{url.hostname}:{url.port}" if url is not None else "(not connected)"
+
+
+def _stop_on_signals(stop: asyncio.Event) -> None:
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+
+
+async def run_projector(settings: Settings) -> None:
+    """Apply events until SIGINT/SIGTERM; the batch in flight commits (or rolls back) first."""
+    stop = asyncio.Event()
+    _stop_on_signals(stop)
+    async with open_container(settings) as c:
+        runner = c.projector()
+        log.info(
+            "projector %s consuming %s via NATS %s",
+            runner.name,
+            runner.filter_subject or c.layout.wildcard,
+            nats_node(c.nc),
+        )
+        await runner.run(stop)
+    log.info("projector stopped")
+
+
+async def run_compactor(settings: Settings) -> None:
+    """Watch token estimates and compact sessions over ``compact_after`` until SIGINT/SIGTERM."""
+    stop = asyncio.Event()
+    _stop_on_signals(stop)
+    async with open_container(settings) as c:
+        compactor = c.compactor()
+        log.info(
+            "compactor %s running with the %s summarizer via NATS %s",
+            settings.compactor_name,
+            settings.summarizer,
+            nats_node(c.nc),
+        )
+        await compactor.run(stop)
+    log.info("compactor stopped")
+
+
+def listening_socket(host: str, port: int, *, reuse_port: bool) -> socket.socket:
+    """A bound TCP socket for uvicorn; with ``reuse_port`` other processes may bind the same port
+    (Linux spreads incoming connections over them)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    if reuse_port:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    sock.bind((host, port))
+    sock.set_inheritable(True)
+    return sock
+
+
+def run_api(settings: Settings) -> None:
+    """Serve the API until SIGINT/SIGTERM; with ``api_reuse_port`` on a socket shared with the
+    other API processes on the same port."""
+    config = uvicorn.Config(
+        build_app(settings),
+        host=settings.api_host,
+        port=settings.api_port,
+        log_level="warning",
+        access_log=False,
+        timeout_graceful_shutdown=10,
+    )
+    if not settings.api_reuse_port:
+        uvicorn.Server(config).run()
+        return
+    sock = listening_socket(settings.api_host, settings.api_port, reuse_port=True)
+    try:
+        uvicorn.Server(config).run(sockets=[sock])
+    finally:
+        sock.close()

@@ -1,0 +1,329 @@
+"""Command handlers: validate, decide from the read model, publish one event.
+
+State-dependent commands all take one shape (:meth:`Commands._optimistic`):
+1. read the session subject's last sequence from JetStream;
+2. wait until the projection has applied it;
+3. decide from the projection (a pure function in :mod:`services.writes.decisions`);
+4. publish with that sequence as ``Nats-Expected-Last-Subject-Sequence``;
+5. on a conflict (another writer got there first) repeat, a bounded number of times.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any, TypeVar
+
+import psycopg
+from psycopg_pool import AsyncConnectionPool
+
+from events.blobs import BlobStore
+from events.bodies import pack_body
+from events.catalog import (
+    CompactionRecorded,
+    MessageAppended,
+    MessagesCleared,
+    MessagesDeleted,
+    MessageUpdated,
+    SessionCreated,
+    SessionDeleted,
+    SessionRenamed,
+)
+from events.envelope import Event
+from events.ids import derived_id
+from events.messages import JsonObject, body_hash, stored_json
+from events.omitted import OMITTED
+from events.publisher import Publisher
+from projections import queries
+from projections.overlays import apply_overlays
+from projections.overlays import overlays as overlays_of
+from services.compaction.micro import ROW_MAX_BYTES, enforce_row_size_limit, json_bytes
+from services.errors import (
+    MessageNotFound,
+    PayloadTooLarge,
+    SessionExists,
+)
+from services.writes.decisions import Append, AppendState, Existing, ParentSpec, Replay, decide_append
+from services.writes.liveness import live_session
+from services.writes.optimistic import Decision, OptimisticWriter, UnappliedChain
+from services.writes.waiting import AppliedWaiter
+
+Conn = psycopg.AsyncConnection[Any]
+T = TypeVar("T")
+
+
+@dataclass(frozen=True, slots=True)
+class AppendResult:
+    id: str
+    parent_id: str | None
+    seq: int
+    created: bool
+
+
+@dataclass(frozen=True, slots=True)
+class WriteReceipt:
+    seq: int
+    ids: tuple[str, ...] = ()
+
+
+class Commands:
+    def __init__(
+        self,
+        publisher: Publisher,
+        pool: AsyncConnectionPool[Conn],
+        waiter: AppliedWaiter,
+        blobs: BlobStore | None,
+        *,
+        payload_limit_bytes: int,
+        max_message_bytes: int,
+        attempts: int = 100,
+        originals: BlobStore | None = None,
+        row_cap_bytes: int = ROW_MAX_BYTES,
+    ) -> None:
+        self._pub = publisher
+        self._pool = pool
+        self._blobs = blobs
+        self._limit = payload_limit_bytes
+        self._max = max_message_bytes
+        self._originals = originals
+        self._row_cap = row_cap_bytes
+        self.optimistic = OptimisticWriter(publisher, pool, waiter, attempts)
+        self._optimistic = self.optimistic.run
+
+    # -- sessions -------------------------------------------------------------------------
+
+    async def create_session(
+        self, tenant: str, session: str | None, name: str, parent_session_id: str | None, metadata: JsonObject
+    ) -> WriteReceipt:
+        sid = session or str(uuid.uuid4())
+        if parent_session_id is not None:
+            await self.optimistic.catch_up(tenant, parent_session_id)
+
+        async def decide(conn: Conn) -> Decision:
+            if await queries.get_session(conn, tenant, sid) is not None:
+                raise SessionExists(f"session {sid!r} already exists")
+            if parent_session_id is not None:
+                await live_session(conn, tenant, parent_session_id, must_exist=True)
+            event = SessionCreated(
+                tenant=tenant, session=sid, name=name, parent_session_id=parent_session_id, metadata=metadata
+            )
+            return Decision(event, lambda seq: WriteReceipt(seq, (sid,)))
+
+        result: WriteReceipt = await self._optimistic(tenant, sid, decide)
+        return result
+
+    async def rename_session(self, tenant: str, session: str, name: str) -> WriteReceipt:
+        async def decide(conn: Conn) -> Decision:
+            await live_session(conn, tenant, session, must_exist=True)
+            return Decision(SessionRenamed(tenant=tenant, session=session, name=name), WriteReceipt)
+
+        result: WriteReceipt = await self._optimistic(tenant, session, decide)
+        return result
+
+    async def delete_session(self, tenant: str, session: str) -> WriteReceipt:
+        async def decide(conn: Conn) -> Decision:
+            await live_session(conn, tenant, session, must_exist=True)
+            return Decision(SessionDeleted(tenant=tenant, session=session), WriteReceipt)
+
+        result: WriteReceipt = await self._optimistic(tenant, session, decide)
+        return result
+
+    # -- messages -------------------------------------------------------------------------
+
+    async def _pack(self, body: JsonObject, digest: str | None = None) -> dict[str, Any]:
+        data = stored_json(body).encode()  # as long as the canonical form: only the key order differs
+        if len(data) > self._max:
+            raise PayloadTooLarge(f"message is {len(data)} bytes; the limit is {self._max}")
+        return await pack_body(body, self._blobs, self._limit, data=data, digest=digest)
+
+    async def append(
+        self,
+        tenant: str,
+        session: str,
+        body: JsonObject,
+        parent: ParentSpec = OMITTED,
+        request_key: str | None = None,
+    ) -> AppendResult:
+        """Append one message; same id + same body answers as the first time (``created=False``).
+
+        ``request_key`` (the client's ``Idempotency-Key``) names the request across the client's
+        retries: the event id is derived from it (with the message id and body), so a retry whose
+        first attempt was stored although its answer was lost answers ``created=True`` too.
+
+        A message over the row cap is recorded in the reference's size-capped form, with the
+        untruncated original stored whole in object storage (``original_ref``).
+        """
+        message_id = str(body["id"])
+        digest = body_hash(body)
+        packed = await self._pack(body, digest)
+        if self._originals is not None and json_bytes(body) > self._row_cap:
+            capped, changed = enforce_row_size_limit(body, self._row_cap)
+            if changed:
+                original = await self._originals.put(stored_json(body).encode())
+                packed = {**await self._pack(capped), "body_sha256": digest, "original_ref": original}
+
+        # One event id for every attempt of this request: when an attempt was stored but its ack
+        # was lost (NATS restarting), a later attempt finds the message and, by the stored event's
+        # id, knows this request created it.
+        event_id = (
+            derived_id("append", tenant, session, message_id, digest, request_key)
+            if request_key is not None
+            else str(uuid.uuid4())
+        )
+        attempted = request_key is not None  # a keyed request may have been stored by an earlier try
+
+        async def decide(conn: Conn, tip: UnappliedChain | None = None) -> Decision | None:
+            nonlocal attempted
+            want_leaf = parent is OMITTED
+            found = await queries.append_state(
+                conn, tenant, session, message_id, parent if isinstance(parent, str) else None, want_leaf
+            )
+            unapplied = tip.unapplied(found.applied_seq) if tip is not None else []
+            if unapplied is None:
+                return None  # the read model is behind this process's chain: decide the slow way
+            if tip is not None:
+                self.optimistic.trim(tenant, session, found.applied_seq)
+            existing = (
+                Existing(found.existing_parent_id, found.existing_seq, found.existing_sha256)
+                if found.existing_seq is not None and found.existing_sha256 is not None
+                else None
+            )
+            for a in unapplied:
+                if existing is None and a.message_id == message_id:
+                    existing = Existing(a.parent_id, a.seq, a.body_sha256)
+            state = AppendState(
+                session_deleted=found.session_deleted,
+                existing=existing,
+                latest_leaf=unapplied[-1].message_id if unapplied else found.latest_leaf,
+                parent_exists=found.parent_exists or any(a.message_id == parent for a in unapplied),
+            )
+            match decide_append(state, digest, parent):
+                case Replay(parent_id=pid, seq=first_seq):
+                    created = attempted and await self._stored_event_id(first_seq) == event_id
+                    return Decision(None, lambda _seq: AppendResult(message_id, pid, first_seq, created=created))
+                case Append(parent_id=pid):
+                    attempted = True
+                    event = MessageAppended(
+                        id=event_id, tenant=tenant, session=session, message_id=message_id, parent_id=pid, **packed
+                    )
+                    return Decision(event, lambda seq: AppendResult(message_id, pid, seq, created=True))
+
+        async def slow(conn: Conn) -> Decision:
+            decision = await decide(conn)
+            assert decision is not None  # without a chain the read model is never "behind"
+            return decision
+
+        result: AppendResult = await self._optimistic(tenant, session, slow, decide)
+        return result
+
+    async def _stored_event_id(self, seq: int) -> str | None:
+        """The event id (``Nats-Msg-Id``) stored at stream sequence ``seq``; None if unknown."""
+        try:
+            msg = await self._pub.js.get_msg(self._pub.layout.stream, seq)
+        except Exception:  # unknown counts as someone else's: the answer is then created=False
+            return None
+        return (msg.headers or {}).get("Nats-Msg-Id")
+
+    async def update(self, tenant: str, session: str, body: JsonObject) -> WriteReceipt:
+        message_id = str(body["id"])
+        packed = await self._pack(body)
+
+        async def decide(conn: Conn) -> Decision:
+            await live_session(conn, tenant, session, must_exist=False)
+            if await queries.get_message(conn, tenant, session, message_id) is None:
+                raise MessageNotFound(f"message {message_id!r} is not in this session")
+            event = MessageUpdated(tenant=tenant, session=session, message_id=message_id, **packed)
+            return Decision(event, lambda seq: WriteReceipt(seq, (message_id,)))
+
+        result: WriteReceipt = await self._optimistic(tenant, session, decide)
+        return result
+
+    async def delete_messages(self, tenant: str, session: str, ids: list[str]) -> WriteReceipt:
+        """Delete the listed messages that exist; children keep their parent id."""
+
+        async def decide(conn: Conn) -> Decision:
+            await live_session(conn, tenant, session, must_exist=False)
+            wanted = list(dict.fromkeys(ids))
+            found = await queries.existing_ids(conn, tenant, session, wanted)
+            present = [i for i in wanted if i in found]
+            if not present:
+                return Decision(None, WriteReceipt)
+            event = MessagesDeleted(tenant=tenant, session=session, message_ids=present)
+            return Decision(event, lambda seq: WriteReceipt(seq, tuple(present)))
+
+        result: WriteReceipt = await self._optimistic(tenant, session, decide)
+        return result
+
+    async def clear(self, tenant: str, session: str) -> WriteReceipt:
+        async def decide(conn: Conn) -> Decision:
+            if await live_session(conn, tenant, session, must_exist=False) is None:
+                return Decision(None, lambda _seq: WriteReceipt(0))  # nothing to clear; record nothing
+            return Decision(MessagesCleared(tenant=tenant, session=session), WriteReceipt)
+
+        result: WriteReceipt = await self._optimistic(tenant, session, decide)
+        return result
+
+
+@dataclass(frozen=True, slots=True)
+class Forked:
+    id: str
+    seq: int
+    messages: int
+
+
+async def fork(
+    cmd: Commands, tenant: str, session: str, at_message_id: str, new_id: str | None, name: str | None
+) -> Forked:
+    """A new session (``parent_session_id`` = source) holding the source's path to ``at_message_id``.
+
+    The path's messages are re-recorded on the new session with their ids and parents, and the
+    overlay in force on that path is carried over, so the fork reads exactly like the source
+    branch did. The source's log is untouched.
+    """
+    await cmd.optimistic.catch_up(tenant, session)
+    async with cmd._pool.connection() as conn:
+        source = await live_session(conn, tenant, session, must_exist=True)
+        rows = await queries.history(conn, tenant, session, at_message_id)
+        in_force = await overlays_of(conn, tenant, session)
+    if not rows:
+        raise MessageNotFound(f"message {at_message_id!r} is not in this session")
+    assert source is not None
+    sid = new_id or str(uuid.uuid4())
+    events: list[Event] = []
+    for row in rows:
+        body = json.loads(row.content)
+        packed = await cmd._pack(body)
+        events.append(MessageAppended(tenant=tenant, session=sid, message_id=row.id, parent_id=row.parent_id, **packed))
+    path_ids = [r.id for r in rows]
+    for item in apply_overlays(path_ids, in_force):
+        if isinstance(item, str):
+            continue
+        overlay_id = derived_id("fork", tenant, sid, item.overlay_id)
+        events.append(
+            CompactionRecorded(
+                id=overlay_id,
+                tenant=tenant,
+                session=sid,
+                overlay_id=overlay_id,
+                from_message_id=item.from_message_id,
+                to_message_id=item.to_message_id,
+                leaf_id=at_message_id,
+                tokens_before=item.tokens_before,
+                tokens_after=item.tokens_after,
+                summarizer=item.summarizer,
+                model=item.model,
+                summary=item.summary,
+            )
+        )
+    # Every event is admitted before the first one (the new session) is published: a fork the
+    # log would refuse part-way publishes nothing.
+    for event in events:
+        cmd._pub.encode(event)
+    created = await cmd.create_session(
+        tenant, sid, name if name is not None else source.name, session, {"forked_from": at_message_id}
+    )
+    now = datetime.now(UTC)  # the copies happen after the new session's creation
+    results = await cmd._pub.publish_many([e.model_copy(update={"occurred_at": now}) for e in events])
+    return Forked(sid, max([created.seq, *(r.seq for r in results)]), len(rows))

@@ -1,0 +1,157 @@
+"""The one shape of every state-dependent command (optimistic concurrency on the session subject):
+
+1. read the session subject's last sequence from JetStream;
+2. wait until the projection has applied it;
+3. decide from the projection (``decide`` returns an event, or ``None`` for a no-op);
+4. publish with that sequence as ``Nats-Expected-Last-Subject-Sequence``;
+5. on a conflict (another writer got there first) repeat, a bounded number of times.
+
+Appends may skip steps 1 and 2 (:class:`UnappliedChain`): this process remembers the chain of appends it
+published to a session, each one published expecting the one before, so the chain is exactly the
+session's events after its start. When the read model has applied up to the start of the chain,
+the read model plus the chain's unapplied appends is the session's state at the chain's end; the
+decision is made from that, and the publish expects the chain's end. A writer elsewhere makes the
+publish conflict: the chain is forgotten and the attempt repeats the slow way. Only a decision
+that publishes is taken this way: a refusal or a no-op publishes nothing that a conflict could
+catch, so those are decided again the slow way (the session may have moved on elsewhere).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import psycopg
+from psycopg_pool import AsyncConnectionPool
+
+from events.catalog import MessageAppended
+from events.envelope import Event
+from events.publisher import ConcurrencyConflict, Publisher
+from services.errors import ContentionExhausted
+from services.writes.waiting import AppliedWaiter
+
+Conn = psycopg.AsyncConnection[Any]
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """An event to publish (or None for a no-op) and how to answer once it has a sequence."""
+
+    event: Event | None
+    answer: Callable[[int], Any]
+
+
+@dataclass(frozen=True, slots=True)
+class Appended:
+    """What a decision needs of an append (never its body: a chain stays small)."""
+
+    seq: int
+    message_id: str
+    parent_id: str | None
+    body_sha256: str
+
+
+@dataclass(slots=True)
+class UnappliedChain:
+    """Appends this process published to one session, each expecting the sequence before it."""
+
+    base: int  # the session's last sequence before the first of ``appends``
+    last: int  # the sequence of the newest of ``appends``
+    appends: list[Appended] = field(default_factory=list)
+
+    def unapplied(self, applied: int) -> list[Appended] | None:
+        """The appends the read model (at ``applied``) lacks, or None when it lacks more than the
+        chain holds (it has not reached the chain's start)."""
+        if applied < self.base:
+            return None
+        return [a for a in self.appends if a.seq > applied]
+
+
+FastDecide = Callable[[Conn, UnappliedChain], Awaitable[Decision | None]]
+
+MAX_CHAINS = 10_000  # sessions remembered per process (least recently appended to go first)
+MAX_CHAIN = 1_000  # unapplied appends remembered per session
+
+
+class OptimisticWriter:
+    def __init__(
+        self, publisher: Publisher, pool: AsyncConnectionPool[Conn], waiter: AppliedWaiter, attempts: int
+    ) -> None:
+        self._pub = publisher
+        self._pool = pool
+        self._waiter = waiter
+        self._attempts = attempts
+        self._chains: OrderedDict[tuple[str, str], UnappliedChain] = OrderedDict()
+
+    async def catch_up(self, tenant: str, session: str) -> int:
+        """Wait until the projection has applied every event of the session; returns its last seq."""
+        last = await self._pub.last_subject_seq(tenant, session)
+        await self._waiter.wait_session(tenant, session, last)
+        return last
+
+    async def run(
+        self,
+        tenant: str,
+        session: str,
+        decide: Callable[[Conn], Awaitable[Decision]],
+        fast: FastDecide | None = None,
+    ) -> Any:
+        """Decide and publish under optimistic concurrency. ``fast`` decides from the read model
+        and this process's :class:`UnappliedChain` without waiting for the projector (None: it cannot)."""
+        key = (tenant, session)
+        for attempt in range(self._attempts):
+            decision: Decision | None = None
+            tip = self._chains.get(key) if fast is not None else None
+            if tip is not None and fast is not None:
+                last = tip.last
+                try:
+                    async with self._pool.connection() as conn:
+                        decision = await fast(conn, tip)
+                except Exception:  # a refusal is only as fresh as the chain: decide again the slow way
+                    decision = None
+                if decision is not None and decision.event is None:
+                    decision = None  # a no-op (a replay) publishes nothing: no conflict would catch staleness
+                if decision is None:
+                    self._chains.pop(key, None)
+            if decision is None:
+                last = await self.catch_up(tenant, session)
+                async with self._pool.connection() as conn:
+                    decision = await decide(conn)
+            if decision.event is None:
+                return decision.answer(last)
+            try:
+                published = await self._pub.publish(decision.event, expected_last_subject_seq=last)
+            except ConcurrencyConflict:
+                self._chains.pop(key, None)
+                await asyncio.sleep(random.uniform(0, 0.002 * min(attempt + 1, 10)))  # noqa: S311
+                continue
+            self._remember(key, last, published.seq, decision.event, fast is not None)
+            return decision.answer(published.seq)
+        raise ContentionExhausted(f"gave up after {self._attempts} conflicting attempts")
+
+    def _remember(self, key: tuple[str, str], expected: int, seq: int, event: Event, chain: bool) -> None:
+        """Extend the session's chain with an append published expecting ``expected``; anything
+        else ends the chain (the next append of the session takes the slow way once)."""
+        tip = self._chains.pop(key, None)
+        if not chain or not isinstance(event, MessageAppended) or seq <= expected:  # a duplicate: not new
+            return
+        if tip is None or tip.last != expected:
+            tip = UnappliedChain(base=expected, last=expected)
+        if len(tip.appends) >= MAX_CHAIN:  # the projector is far behind: let appends wait for it
+            return
+        tip.appends.append(Appended(seq, event.message_id, event.parent_id, event.body_sha256))
+        tip.last = seq
+        self._chains[key] = tip  # newest last: the least recently used session goes first
+        while len(self._chains) > MAX_CHAINS:
+            self._chains.popitem(last=False)
+
+    def trim(self, tenant: str, session: str, applied: int) -> None:
+        """Forget the appends the read model has applied (``applied`` is its session sequence)."""
+        tip = self._chains.get((tenant, session))
+        if tip is not None and applied >= tip.base:
+            tip.appends = [a for a in tip.appends if a.seq > applied]
+            tip.base = max(tip.base, min(applied, tip.last))

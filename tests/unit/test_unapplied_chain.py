@@ -1,0 +1,71 @@
+"""The chain of unapplied appends a process remembers per session (services.writes.optimistic.UnappliedChain)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from events.catalog import MessageAppended, MessagesCleared
+from services.writes import optimistic
+from services.writes.optimistic import OptimisticWriter
+from tests.integration.helpers import appended
+
+T, S = "acme", "chat"
+KEY = (T, S)
+
+
+def _cond() -> OptimisticWriter:
+    none: Any = None
+    return OptimisticWriter(none, none, none, attempts=3)
+
+
+def _ev(mid: str, parent: str | None = None) -> MessageAppended:
+    return appended(T, S, mid, parent)
+
+
+def test_a_chain_grows_only_when_each_append_expected_the_previous_one() -> None:
+    c = _cond()
+    c._remember(KEY, 0, 5, _ev("m1"), True)
+    c._remember(KEY, 5, 9, _ev("m2", "m1"), True)
+    tip = c._chains[KEY]
+    assert (tip.base, tip.last, [a.message_id for a in tip.appends]) == (0, 9, ["m1", "m2"])
+    c._remember(KEY, 12, 14, _ev("m3", "m2"), True)  # expected 12: someone else wrote 10..12
+    tip = c._chains[KEY]
+    assert (tip.base, tip.last, [a.message_id for a in tip.appends]) == (12, 14, ["m3"])
+
+
+def test_anything_but_a_new_append_ends_the_chain() -> None:
+    c = _cond()
+    c._remember(KEY, 0, 5, _ev("m1"), True)
+    c._remember(KEY, 5, 6, MessagesCleared(tenant=T, session=S), False)
+    assert KEY not in c._chains
+    c._remember(KEY, 0, 5, _ev("m1"), True)
+    c._remember(KEY, 5, 5, _ev("m1"), True)  # a duplicate publish answers the old sequence
+    assert KEY not in c._chains
+
+
+def test_unapplied_is_what_the_read_model_lacks_or_none_when_it_lacks_more() -> None:
+    c = _cond()
+    c._remember(KEY, 4, 7, _ev("m1"), True)
+    c._remember(KEY, 7, 9, _ev("m2", "m1"), True)
+    tip = c._chains[KEY]
+    assert tip.unapplied(3) is None  # behind the chain's start: the chain cannot complete it
+    assert [a.message_id for a in tip.unapplied(4) or []] == ["m1", "m2"]
+    assert [a.message_id for a in tip.unapplied(7) or []] == ["m2"]
+    assert tip.unapplied(9) == []
+    c.trim(T, S, 7)
+    assert (tip.base, [a.seq for a in tip.appends]) == (7, [9])
+    c.trim(T, S, 20)  # someone else's events applied after the chain: nothing left to remember
+    assert (tip.base, tip.appends) == (9, [])
+
+
+def test_chains_and_sessions_are_bounded(monkeypatch: Any) -> None:
+    monkeypatch.setattr(optimistic, "MAX_CHAIN", 2)
+    monkeypatch.setattr(optimistic, "MAX_CHAINS", 2)
+    c = _cond()
+    c._remember(KEY, 0, 1, _ev("m1"), True)
+    c._remember(KEY, 1, 2, _ev("m2", "m1"), True)
+    c._remember(KEY, 2, 3, _ev("m3", "m2"), True)  # a third unapplied append: forget the session
+    assert KEY not in c._chains
+    for i in range(3):
+        c._remember((T, f"s{i}"), 0, 1, _ev("m1"), True)
+    assert list(c._chains) == [(T, "s1"), (T, "s2")]  # the least recently appended to went first
