@@ -1,6 +1,8 @@
 """The message shape (AI SDK ``UIMessage``) and the pure helpers both sides need.
 
 Messages are stored as the client sent them: unknown fields round-trip untouched.
+
+Reference: the Cloudflare Agents SDK Session API, §5 of docs/reference.md.
 """
 
 from __future__ import annotations

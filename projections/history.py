@@ -4,6 +4,8 @@ Pure core: :func:`plan` turns one event (and its resolved body) into row operati
 Thin shell: :func:`apply_ops` runs them on a connection inside the caller's transaction.
 Every operation is idempotent given the checkpoint: an append of an existing id keeps the first
 body, as the reference's contract says.
+
+Reference: the Cloudflare Agents SDK Session API, §1.3 and §5 of docs/reference.md.
 """
 
 from __future__ import annotations

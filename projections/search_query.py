@@ -13,6 +13,8 @@ document length in bytes of indexed text against the candidates' average. Two bo
 query cheap: only the newest ``candidates`` matches are ranked, and document frequencies (needed
 only when a query has several parts) come from the scope's newest ``sample`` messages (exact
 whenever the scope is smaller).
+
+Reference: the Cloudflare Agents SDK Session API, §1.3 and §7.6.1 of docs/reference.md.
 """
 
 from __future__ import annotations

@@ -29,7 +29,6 @@ from services.ops.localstack import (
     with_database,
 )
 from services.ops.natsconf import ClusterNode, NatsAccess
-from services.settings import Settings
 
 DEFAULT_PG = "postgresql://postgres@127.0.0.1:5432/postgres"
 
@@ -97,11 +96,6 @@ def scratch_database(admin_url: str) -> Iterator[str]:
     finally:
         with psycopg.connect(admin_url, autocommit=True) as conn:
             conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-
-
-def settings_env(settings: Settings) -> dict[str, str]:
-    """Environment that gives a child process exactly these settings."""
-    return settings.as_env(os.environ)
 
 
 @contextlib.contextmanager

@@ -16,7 +16,7 @@ from services.api.models import ok
 from services.api.strict_json import StrictJsonRoute
 from services.audit.quarantine import list_quarantined
 from services.bootstrap import Container
-from services.context.service import reclaim, reclaimed_in
+from services.context.rules import reclaim, reclaimed_in
 
 router = APIRouter(route_class=StrictJsonRoute)
 JSON = "application/json"

@@ -15,7 +15,7 @@ from services.api.responses import JSON, raw_json
 from services.api.strict_json import StrictJsonRoute
 from services.audit import readers as audit
 from services.compaction.micro import recent_window, truncate_older_messages
-from services.context.service import reclaim, reclaimed_in
+from services.context.rules import reclaim, reclaimed_in
 
 HISTORY_LIMIT = 10_000
 """How many messages a history answers by default (the recent end of a longer path)."""

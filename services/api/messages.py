@@ -21,7 +21,7 @@ from services.api.models import ok
 from services.api.responses import JSON, raw_json
 from services.api.strict_json import StrictJsonRoute
 from services.bootstrap import Container
-from services.context.service import reclaim, reclaimed_in
+from services.context.rules import reclaim, reclaimed_in
 from services.errors import InvalidRequest, MessageNotFound
 from services.writes.commands import AppendResult
 from services.writes.decisions import ParentSpec

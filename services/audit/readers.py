@@ -24,7 +24,7 @@ from projections.runner import checkpoint_partition
 from projections.timetravel import SessionState
 from services.audit.quarantine import raw_text
 from services.bootstrap import Container
-from services.context.service import object_key
+from services.context.rules import object_key
 from services.storage.s3 import StoredObject
 
 PROJECTION_TABLES: dict[str, tuple[str, ...]] = {

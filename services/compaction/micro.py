@@ -18,6 +18,8 @@ JavaScript rather than a rule:
 - A ``"__proto__"`` key of an over-budget object is kept. JavaScript's assignment to it sets the
   prototype of the copy instead, silently dropping the field.
 - Python integers are written exactly; JavaScript would first round ones beyond 2**53 to a double.
+
+Reference: the Cloudflare Agents SDK Session API, §4.4 (read time) and §4.5 (row size on write) of docs/reference.md.
 """
 
 from __future__ import annotations

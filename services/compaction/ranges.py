@@ -4,6 +4,8 @@
 Improvement over the reference (its §7.6.8 head-alignment drift): when the branch already has an
 overlay, the middle starts no later than that overlay, so the grown overlay never hides a message
 that was not summarised.
+
+Reference: the Cloudflare Agents SDK Session API, §4.1 and §4.3 of docs/reference.md.
 """
 
 from __future__ import annotations

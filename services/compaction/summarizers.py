@@ -1,5 +1,7 @@
 """Summarizers: a built-in offline one (deterministic, no network; the default) and an
-OpenAI-compatible chat-completions client (OpenAI, vLLM, Ollama, llama.cpp's server)."""
+OpenAI-compatible chat-completions client (OpenAI, vLLM, Ollama, llama.cpp's server).
+
+Reference: the Cloudflare Agents SDK Session API, §4.3 of docs/reference.md."""
 
 from __future__ import annotations
 

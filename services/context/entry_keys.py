@@ -1,4 +1,6 @@
-"""Keys of keyed writes, derived exactly as the reference does (slug, or slug + FNV-1a base 36)."""
+"""Keys of keyed writes, derived exactly as the reference does (slug, or slug + FNV-1a base 36).
+
+Reference: the Cloudflare Agents SDK Session API, §2 and §8 of docs/reference.md."""
 
 from __future__ import annotations
 

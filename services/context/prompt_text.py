@@ -4,6 +4,8 @@ Each rendered block is ``SEP\\nHEADER\\nSEP\\ncontent`` with SEP = 46 x U+2550; 
 by a blank line; no trailing newline. The header is ``LABEL`` + `` (description)`` +
 `` [pct% — used/max tokens]`` (when a budget exists; half-up rounding) + one tag. Empty read-only
 blocks are skipped; empty writable, searchable and skill blocks are still shown.
+
+Reference: the Cloudflare Agents SDK Session API, §3.1 of docs/reference.md.
 """
 
 from __future__ import annotations

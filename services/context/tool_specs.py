@@ -1,5 +1,7 @@
 """The LLM tools of a session: definitions (pure) in the reference's wording and schemas, and the
-provider-specific shapes (OpenAI function calling, Anthropic tool use)."""
+provider-specific shapes (OpenAI function calling, Anthropic tool use).
+
+Reference: the Cloudflare Agents SDK Session API, §2 of docs/reference.md."""
 
 from __future__ import annotations
 

@@ -6,6 +6,8 @@ State-dependent commands all take one shape (:meth:`Commands._optimistic`):
 3. decide from the projection (a pure function in :mod:`services.writes.decisions`);
 4. publish with that sequence as ``Nats-Expected-Last-Subject-Sequence``;
 5. on a conflict (another writer got there first) repeat, a bounded number of times.
+
+Reference: the Cloudflare Agents SDK Session API, §1.2 (writes) and §4.5 of docs/reference.md.
 """
 
 from __future__ import annotations

@@ -9,11 +9,12 @@ from collections.abc import AsyncIterator, Iterator
 import httpx
 import pytest
 
+from bench.support import settings_env
 from services.ops.localstack import free_port, wait_for_port
 from services.ops.natsconf import NatsAccess
 from services.settings import Settings
 from tests.conftest import KEYS, make_settings
-from tests.support import nats_server, scratch_database, settings_env
+from tests.support import nats_server, scratch_database
 
 
 @pytest.fixture(scope="session")

@@ -18,13 +18,13 @@ import httpx
 import pytest
 from playwright.async_api import Browser, Locator, Page, async_playwright, expect
 
+from bench.support import settings_env
 from services.ops.localstack import free_port, wait_for_port
 from services.settings import Settings
 from tests.conftest import KEYS
 from tests.e2e.auditor_data import BIG_TEXT_CHARS, LOAD_OUTPUT, MEMORY, Seeded, seed
 from tests.e2e.browser_support import ensure_chromium
 from tests.e2e.helpers import msg, new_sid
-from tests.support import settings_env
 
 pytestmark = [pytest.mark.browser, pytest.mark.timeout(300)]  # the first test may install chromium
 DASH = "\N{EN DASH}"

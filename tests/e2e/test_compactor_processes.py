@@ -10,10 +10,11 @@ import sys
 import uuid
 
 import httpx
+import pytest
 
+from bench.support import settings_env
 from services.settings import Settings
 from tests.e2e.stub_llm import StubLLM
-from tests.support import settings_env
 
 CONFIG = {"compaction": {"compact_after": 300, "protect_head": 1, "tail_token_budget": 50, "min_tail_messages": 2}}
 
@@ -49,6 +50,7 @@ async def _overlays(client: httpx.AsyncClient, sid: str, want: int = 1, seconds:
     return found
 
 
+@pytest.mark.timing  # "nothing more happened" is checked after a fixed wait (no signal marks it)
 async def test_two_compactor_processes_record_once(client: httpx.AsyncClient, api_settings: Settings) -> None:
     sid = await _session_with_history(client)
     with StubLLM([], fallback="## Topic\nthe same summary") as llm:
@@ -64,6 +66,7 @@ async def test_two_compactor_processes_record_once(client: httpx.AsyncClient, ap
                 p.wait(timeout=20)
 
 
+@pytest.mark.timing  # "nothing more happened" is checked after a fixed wait (no signal marks it)
 async def test_compactor_killed_mid_compaction_records_once(client: httpx.AsyncClient, api_settings: Settings) -> None:
     sid = await _session_with_history(client)
     name = f"cmp-k-{sid}"

@@ -11,6 +11,7 @@ from typing import Any
 
 import httpx
 
+from bench.support import settings_env
 from services.settings import Settings
 from tests.e2e.context_support import (
     block,
@@ -26,7 +27,6 @@ from tests.e2e.context_support import (
     tenant_key,
     tool,
 )
-from tests.support import settings_env
 
 PIRATE = "# Pirate style\nSay arr — always. 🏴\u200d☠️"
 

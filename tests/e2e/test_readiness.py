@@ -10,12 +10,13 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
+from bench.support import settings_env
 from events.publisher import Publisher
 from services.ops.localstack import free_port, wait_for_port
 from services.settings import Settings
 from tests.conftest import KEYS, make_settings, operator_nats
 from tests.integration.helpers import appended
-from tests.support import scratch_database, settings_env
+from tests.support import scratch_database
 
 pytestmark = pytest.mark.skipif(
     "readiness_stall_s" not in Settings.model_fields, reason="the readiness_stall_s setting is not there yet"

@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
+from bench.support import settings_env
 from chronicle_sdk import (
     BlockNotFound,
     BudgetExceeded,
@@ -29,7 +30,6 @@ from chronicle_sdk import (
 from services.settings import Settings
 from tests.e2e.context_support import SEP, new_bucket, put_object
 from tests.e2e.sdk_support import ids, open_client, sid, text, word
-from tests.support import settings_env
 
 
 @pytest.fixture

@@ -9,6 +9,7 @@ from collections.abc import Callable
 
 import psycopg
 
+from bench.support import settings_env
 from events.omitted import OMITTED
 from projections import queries
 from projections.rebuild import checksums
@@ -16,7 +17,6 @@ from services.audit import readers as audit
 from services.bootstrap import Container
 from tests.conftest import make_settings, running_stack
 from tests.integration.helpers import text_message
-from tests.support import settings_env
 
 T = "tenant-a"
 

@@ -6,6 +6,8 @@ import asyncio
 import contextlib
 from collections.abc import Awaitable, Callable
 
+import pytest
+
 from events.catalog import CompactionRecorded
 from events.context import CompactionConfig, SessionConfig
 from events.omitted import OMITTED
@@ -121,6 +123,7 @@ class _Flaky:
         return "## Topic\nrecovered"
 
 
+@pytest.mark.timing  # "nothing more happened" is checked after a fixed wait (no signal marks it)
 async def test_auto_compaction_with_failure_and_retry(nats_url: str, fresh_db: str, s3_endpoint: str) -> None:
     settings = make_settings(nats_url, fresh_db, s3_endpoint=s3_endpoint)
     async with running_stack(settings) as c:
@@ -155,6 +158,7 @@ async def test_auto_compaction_with_failure_and_retry(nats_url: str, fresh_db: s
             await asyncio.wait_for(task, 15)
 
 
+@pytest.mark.timing  # "nothing more happened" is checked after a fixed wait (no signal marks it)
 async def test_two_compactors_record_each_overlay_once(nats_url: str, fresh_db: str, s3_endpoint: str) -> None:
     settings = make_settings(nats_url, fresh_db, s3_endpoint=s3_endpoint)
     async with running_stack(settings) as c:
@@ -218,6 +222,7 @@ class _Blocking:
         return "## Topic\nsummary"
 
 
+@pytest.mark.timing  # "nothing more happened" is checked after a fixed wait (no signal marks it)
 async def test_compactor_killed_mid_compaction_records_once_after_restart(
     nats_url: str, fresh_db: str, s3_endpoint: str
 ) -> None:

@@ -9,7 +9,7 @@ from typing import Any
 
 from events.context import SessionConfig
 from services.bootstrap import Container
-from services.context.service import object_key
+from services.context.rules import object_key
 
 T = "tenant-a"
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
+
 from events.omitted import OMITTED
 from events.subjects import partition_of
 from projections import queries
@@ -138,6 +140,7 @@ async def test_workers_of_several_partitions_and_switching_layouts(
         assert (await audit.verify(c)).ok
 
 
+@pytest.mark.timing  # "nothing more happened" is checked after a fixed wait (no signal marks it)
 async def test_a_projector_of_every_partition_and_partition_workers_never_run_together(
     nats_url: str, fresh_db: str, s3_endpoint: str
 ) -> None:

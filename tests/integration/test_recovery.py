@@ -10,11 +10,11 @@ from collections.abc import Callable
 
 import psycopg
 
+from bench.support import settings_env
 from projections.rebuild import checksums, rebuild_into
 from services.bootstrap import Container
 from tests.conftest import make_settings, running_stack
 from tests.integration.helpers import chain
-from tests.support import settings_env
 
 
 async def _checkpoint(conninfo: str, name: str) -> int:

@@ -27,7 +27,7 @@ from events.catalog import (
 from events.context import ReadonlyBlock, SearchableBlock, SessionConfig, SkillsBlock, WritableBlock
 from events.ids import TENANT_SCOPE
 from projections.context import SESSION_TABLES, plan
-from services.context.service import joined, reclaim
+from services.context.rules import joined, reclaim
 
 T, S = "acme", "chat-1"
 

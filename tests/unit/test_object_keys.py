@@ -6,7 +6,7 @@ import pytest
 
 from events.context import ObjectSource, ReadonlyBlock, SessionConfig, SkillsBlock
 from services.context.entry_keys import unsafe_object_key, unsafe_prefix
-from services.context.service import unsafe_keys
+from services.context.rules import unsafe_keys
 
 BAD = ["", "/abs", "../x", "a/../b", "a/./b", ".", "..", "a//b", "a/", "a\\b", "a\x00b", "a\nb", "a\x7fb"]
 GOOD = ["x.md", "docs/policy v2.md", "a..b", "...", ".hidden", "skills/tax", "日本/語.md"]

@@ -6,7 +6,8 @@ from typing import Any, cast
 
 import pytest
 
-from services.context.service import TOOL_FAILED, ContextService
+from services.context.service import ContextService
+from services.context.tools import TOOL_FAILED
 from services.errors import ObjectStorageError, SessionNotFound
 
 

@@ -1,0 +1,253 @@
+"""Context blocks: the session's configuration, block contents within token budgets, keyed
+search entries, and searching them. Every change is an event; state-dependent changes go through
+:class:`~services.writes.optimistic.OptimisticWriter`.
+
+Reference: the Cloudflare Agents SDK Session API, §1.4 of docs/reference.md."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import psycopg
+from psycopg_pool import AsyncConnectionPool
+
+from events.catalog import (
+    ContextWritten,
+    SearchEntryIndexed,
+    SessionConfigured,
+)
+from events.context import ReadonlyBlock, SearchableBlock, SessionConfig, SkillsBlock, WritableBlock
+from events.publisher import Publisher
+from projections import context_queries, queries
+from services.context.prompt_text import RenderedBlock, history_summary, search_summary, skill_listing
+from services.context.rules import Sources, allowed, find_block, joined, object_key, refuse_unsafe, unsafe_keys
+from services.errors import (
+    BlockNotFound,
+    BudgetExceeded,
+    InvalidConfig,
+    KeyedBlock,
+    ObjectStorageError,
+    ReadOnlyBlock,
+)
+from services.storage.s3 import SkillStore
+from services.tokens import TokenCounter
+from services.writes.liveness import live_session
+from services.writes.optimistic import Decision, OptimisticWriter
+
+Conn = psycopg.AsyncConnection[Any]
+Mode = Literal["replace", "append"]
+HISTORY_DESCRIPTION = "Cross-session conversation history"
+
+
+@dataclass(frozen=True, slots=True)
+class WriteResult:
+    label: str
+    content: str
+    tokens: int
+    max_tokens: int | None
+    seq: int
+
+
+class ContextBlocks:
+    """Configuration, blocks and search entries of sessions (the base of :class:`ContextService`)."""
+
+    def __init__(
+        self,
+        optimistic: OptimisticWriter,
+        publisher: Publisher,
+        pool: AsyncConnectionPool[Conn],
+        counter: TokenCounter,
+        skills: SkillStore | None,
+    ) -> None:
+        self._cond = optimistic
+        self._pub = publisher
+        self._pool = pool
+        self.counter = counter
+        self._skills = skills
+        self.reserved_buckets: frozenset[str] = frozenset()
+
+    @property
+    def skills(self) -> SkillStore | None:
+        return self._skills
+
+    # -- config -----------------------------------------------------------------------------
+
+    async def configure(self, tenant: str, session: str, config: SessionConfig) -> int:
+        problem = unsafe_keys(config)
+        if problem is not None:
+            raise InvalidConfig(problem)
+        for block in config.blocks:
+            if self._skills is None:
+                break
+            if isinstance(block, SkillsBlock):
+                await self._require_bucket(block.bucket)
+            elif isinstance(block, ReadonlyBlock) and block.source is not None:
+                await self._require_bucket(block.source.bucket)
+
+        async def decide(conn: Conn) -> Decision:
+            await live_session(conn, tenant, session, must_exist=False)
+            return Decision(SessionConfigured(tenant=tenant, session=session, config=config), lambda seq: seq)
+
+        seq: int = await self._cond.run(tenant, session, decide)
+        return seq
+
+    async def _require_bucket(self, bucket: str) -> None:
+        assert self._skills is not None
+        if bucket in self.reserved_buckets:
+            raise InvalidConfig(f"bucket {bucket!r} is reserved for Chronicle's own data")
+        if not await self._skills.bucket_exists(bucket):
+            raise InvalidConfig(f"bucket {bucket!r} does not exist")
+
+    async def config(self, conn: Conn, tenant: str, session: str) -> SessionConfig:
+        return await context_queries.config(conn, tenant, session) or SessionConfig()
+
+    # -- blocks -----------------------------------------------------------------------------
+
+    async def sources(self, tenant: str, session: str, *, catch_up: bool = False) -> Sources:
+        """The object-storage texts of the session's read-only blocks, read with no database
+        connection held (object storage may be slow; the pool must not wait on it). With
+        ``catch_up``, the configuration is read once the session's events are all applied."""
+        if catch_up:
+            await self._cond.catch_up(tenant, session)
+        async with self._pool.connection() as conn:
+            config = await self.config(conn, tenant, session)
+        refuse_unsafe(config)
+        wanted = [
+            (b.source.bucket, object_key(tenant, b.source.key))
+            for b in config.blocks
+            if isinstance(b, ReadonlyBlock) and b.source is not None
+        ]
+        if not wanted:
+            return {}
+        texts = await asyncio.gather(*(self._storage().get_text(bucket, key) for bucket, key in wanted))
+        return {where: text or "" for where, text in zip(wanted, texts, strict=True)}
+
+    async def blocks(
+        self,
+        conn: Conn,
+        tenant: str,
+        session: str,
+        config: SessionConfig | None = None,
+        sources: Sources | None = None,
+        *,
+        contents: dict[str, str] | None = None,
+        counts: dict[str, int] | None = None,
+    ) -> list[RenderedBlock]:
+        """Every configured block with its current content and exact token count, in order.
+
+        Read-only blocks kept in object storage take their text from ``sources`` (see
+        :meth:`sources`); one missing there (the configuration changed since) is read here.
+        ``contents`` (writable blocks) and ``counts`` (searchable entries), when given, replace
+        the read models' (time travel folds them from the log)."""
+        config = config or await self.config(conn, tenant, session)
+        refuse_unsafe(config)
+        if contents is None:
+            contents = await context_queries.block_contents(conn, tenant, session)
+        if counts is None:  # one query per kind, never one per block
+            counts = await context_queries.entry_counts(
+                conn, tenant, session, [b.label for b in config.blocks if isinstance(b, SearchableBlock)]
+            )
+        listings = await context_queries.skill_listings(
+            conn, tenant, list(dict.fromkeys((b.bucket, b.prefix) for b in config.blocks if isinstance(b, SkillsBlock)))
+        )
+        out: list[RenderedBlock] = []
+        for b in config.blocks:
+            match b:
+                case ReadonlyBlock():
+                    content = b.content or ""
+                    if b.source is not None:
+                        where = (b.source.bucket, object_key(tenant, b.source.key))
+                        if sources is not None and where in sources:
+                            content = sources[where]
+                        else:
+                            content = await self._storage().get_text(*where) or ""
+                case WritableBlock():
+                    content = contents.get(b.label, "")
+                case SearchableBlock():
+                    content = search_summary(counts.get(b.label, 0))
+                case SkillsBlock():
+                    content = skill_listing(allowed(b, listings[(b.bucket, b.prefix)]))
+            out.append(
+                RenderedBlock(b.label, b.kind, b.description, content, self.counter.count(content), b.max_tokens)
+            )
+        if config.searchable_history:
+            content = history_summary(await context_queries.live_session_count(conn, tenant))
+            out.append(
+                RenderedBlock(
+                    config.searchable_history,
+                    "history",
+                    HISTORY_DESCRIPTION,
+                    content,
+                    self.counter.count(content),
+                    None,
+                )
+            )
+        return out
+
+    def _storage(self) -> SkillStore:
+        if self._skills is None:
+            raise ObjectStorageError("object storage is not configured")
+        return self._skills
+
+    async def write(
+        self, tenant: str, session: str, label: str, content: str, mode: Mode, writer: Literal["tool", "api"]
+    ) -> WriteResult:
+        """Replace or append to a writable block; the budget is checked on the resulting text."""
+
+        async def decide(conn: Conn) -> Decision:
+            await live_session(conn, tenant, session, must_exist=False)
+            config = await self.config(conn, tenant, session)
+            block = find_block(config, label)
+            if block is None and label == config.searchable_history:
+                # the history block is searchable but has no writer: read-only, as in the reference
+                raise ReadOnlyBlock(f'Block "{label}" is readonly')
+            if block is None:
+                raise BlockNotFound(f'Block "{label}" not found')
+            if isinstance(block, SearchableBlock | SkillsBlock):
+                raise KeyedBlock(f'Block "{label}" is a keyed provider. Use set_context with metadata instead.')
+            if not isinstance(block, WritableBlock):
+                raise ReadOnlyBlock(f'Block "{label}" is readonly')
+            current = (await context_queries.block_contents(conn, tenant, session)).get(label, "")
+            new = joined(current, content) if mode == "append" else content
+            tokens = self.counter.count(new)
+            if block.max_tokens is not None and tokens > block.max_tokens:
+                raise BudgetExceeded(f'Block "{label}" exceeds maxTokens: {tokens} > {block.max_tokens}')
+            event = ContextWritten(
+                tenant=tenant, session=session, label=label, content=new, tokens=tokens, mode=mode, writer=writer
+            )
+            return Decision(event, lambda seq: WriteResult(label, new, tokens, block.max_tokens, seq))
+
+        result: WriteResult = await self._cond.run(tenant, session, decide)
+        return result
+
+    async def index_entry(self, tenant: str, session: str, label: str, key: str, content: str) -> int:
+        async def decide(conn: Conn) -> Decision:
+            await live_session(conn, tenant, session, must_exist=False)
+            block = find_block(await self.config(conn, tenant, session), label)
+            if not isinstance(block, SearchableBlock):
+                raise BlockNotFound(f'Block "{label}" is not a search provider')
+            event = SearchEntryIndexed(tenant=tenant, session=session, label=label, key=key, content=content)
+            return Decision(event, lambda seq: seq)
+
+        seq: int = await self._cond.run(tenant, session, decide)
+        return seq
+
+    # -- search -----------------------------------------------------------------------------
+
+    async def search(self, tenant: str, session: str, label: str, query: str) -> str | None:
+        if not query.strip():
+            return None
+        async with self._pool.connection() as conn:
+            config = await self.config(conn, tenant, session)
+            if label == config.searchable_history:
+                hits = await queries.search(conn, tenant, None, query, 10)
+                return "\n---\n".join(f"[{h.role}] {h.content}" for h in hits) or None
+            rows = await context_queries.search_entries(conn, tenant, session, label, query)
+        return "\n\n".join(f"[{k}]\n{c}" for k, c in rows) or None
+
+    async def session_search(self, tenant: str, query: str) -> str:
+        async with self._pool.connection() as conn:
+            hits = await queries.search(conn, tenant, None, query, 10) if query.strip() else []
+        return "\n---\n".join(f"[{h.role}] {h.content}" for h in hits) if hits else "No results found."

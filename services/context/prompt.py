@@ -1,0 +1,74 @@
+"""The frozen system prompt: rendered from the blocks and recorded on first use, the same string
+afterwards until a refresh (cache-stable for the LLM provider).
+
+Reference: the Cloudflare Agents SDK Session API, §1.2 and §3.1 of docs/reference.md."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from events.catalog import (
+    PromptRendered,
+)
+from projections import context_queries
+from services.context.blocks import Conn, ContextBlocks
+from services.context.prompt_text import render
+from services.context.rules import Sources
+from services.errors import (
+    SessionNotFound,
+)
+from services.writes.liveness import live_session
+from services.writes.optimistic import Decision
+
+
+@dataclass(frozen=True, slots=True)
+class Prompt:
+    text: str
+    tokens: int
+    version: int
+    seq: int
+
+
+class ContextPrompt(ContextBlocks):
+    async def frozen_prompt(self, tenant: str, session: str) -> Prompt:
+        """The frozen prompt; rendered and recorded on first use, the same string afterwards."""
+        async with self._pool.connection() as conn:
+            row = await context_queries.latest_prompt(conn, tenant, session)
+        if row is not None:
+            return Prompt(row.text, row.tokens, row.version, row.seq)
+        return await self._render_prompt(tenant, session, "freeze")
+
+    async def refresh_prompt(
+        self, tenant: str, session: str, reason: Literal["refresh", "clear", "compaction"] = "refresh"
+    ) -> Prompt:
+        return await self._render_prompt(tenant, session, reason)
+
+    async def _render_prompt(
+        self, tenant: str, session: str, reason: Literal["freeze", "refresh", "clear", "compaction"]
+    ) -> Prompt:
+        texts: Sources | None = None
+
+        async def decide(conn: Conn) -> Decision:
+            await live_session(conn, tenant, session, must_exist=False)
+            latest = await context_queries.latest_prompt(conn, tenant, session)
+            if latest is None and not await context_queries.session_known(conn, tenant, session):
+                # a read must not create state: no prompt is frozen for a session that does not exist
+                raise SessionNotFound(f"session {session!r} does not exist")
+            if reason == "freeze" and latest is not None:
+                return Decision(None, lambda _seq: Prompt(latest.text, latest.tokens, latest.version, latest.seq))
+            text = render(await self.blocks(conn, tenant, session, sources=texts))
+            tokens = self.counter.count(text)
+            version = (latest.version if latest else 0) + 1
+            event = PromptRendered(
+                tenant=tenant, session=session, text=text, tokens=tokens, version_no=version, reason=reason
+            )
+            return Decision(event, lambda seq: Prompt(text, tokens, version, seq))
+
+        texts = await self.sources(tenant, session, catch_up=True)
+        prompt: Prompt = await self._cond.run(tenant, session, decide)
+        return prompt
+
+    async def has_prompt(self, tenant: str, session: str) -> bool:
+        async with self._pool.connection() as conn:
+            return await context_queries.latest_prompt(conn, tenant, session) is not None

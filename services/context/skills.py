@@ -1,0 +1,105 @@
+"""Skills: documents in object storage, indexed per tenant, loaded into and unloaded from a
+session's context.
+
+Reference: the Cloudflare Agents SDK Session API, §1.4 and §2 of docs/reference.md."""
+
+from __future__ import annotations
+
+from events.catalog import (
+    SkillIndexed,
+    SkillLoaded,
+    SkillUnloaded,
+)
+from events.context import SkillsBlock
+from events.ids import TENANT_SCOPE, derived_id
+from projections import context_queries
+from services.context.blocks import Conn, ContextBlocks
+from services.context.entry_keys import unsafe_object_key
+from services.context.rules import find_block, object_key
+from services.errors import (
+    BlockNotFound,
+    InvalidRequest,
+)
+from services.writes.liveness import live_session
+from services.writes.optimistic import Decision
+
+
+class ContextSkills(ContextBlocks):
+    async def put_skill(self, tenant: str, bucket: str, key: str, content: str, description: str | None) -> int:
+        """Store a document and record it in the tenant's skills index (idempotent per etag)."""
+        problem = unsafe_object_key(key)
+        if problem is not None:
+            raise InvalidRequest(f"key {key[:200]!r} is not a safe object key: {problem}")
+        stored = await self._storage().put(bucket, object_key(tenant, key), content, description)
+        return await self.record_skill(tenant, bucket, key, stored.description, stored.etag, stored.size)
+
+    async def record_skill(
+        self, tenant: str, bucket: str, key: str, description: str | None, etag: str, size: int
+    ) -> int:
+        event_id = derived_id("skill", tenant, bucket, key, etag, description)
+        event = SkillIndexed(
+            id=event_id,
+            tenant=tenant,
+            session=TENANT_SCOPE,
+            bucket=bucket,
+            key=key,
+            description=description,
+            etag=etag,
+            size=size,
+        )
+        seq = (await self._pub.publish(event)).seq
+        await self._cond.catch_up(tenant, TENANT_SCOPE)  # the next render sees it
+        return seq
+
+    async def set_skill(
+        self, tenant: str, session: str, label: str, key: str, content: str, description: str | None
+    ) -> int:
+        async with self._pool.connection() as conn:
+            await live_session(conn, tenant, session, must_exist=False)
+            block = find_block(await self.config(conn, tenant, session), label)
+        if not isinstance(block, SkillsBlock):
+            raise BlockNotFound(f'Block "{label}" is not a skill provider')
+        return await self.put_skill(tenant, block.bucket, block.prefix + key, content, description)
+
+    async def load_skill(
+        self, tenant: str, session: str, label: str, key: str, tool_call_id: str | None = None
+    ) -> str | None:
+        """The document, recorded as loaded (by ``tool_call_id`` when given); None (never fetched)
+        for a key outside the allowlist."""
+        async with self._pool.connection() as conn:
+            await live_session(conn, tenant, session, must_exist=False)
+            block = find_block(await self.config(conn, tenant, session), label)
+        if not isinstance(block, SkillsBlock):
+            raise BlockNotFound(f'Block "{label}" is not a skill provider')
+        if (block.keys and key not in block.keys) or unsafe_object_key(block.prefix + key) is not None:
+            return None
+        text = await self._storage().get_text(block.bucket, object_key(tenant, block.prefix + key))
+        if text is None:
+            return None
+        await self._pub.publish(
+            SkillLoaded(tenant=tenant, session=session, label=label, key=key, tool_call_id=tool_call_id)
+        )
+        return text
+
+    async def unload_skill(self, tenant: str, session: str, label: str, key: str) -> bool:
+        async def decide(conn: Conn) -> Decision:
+            if (label, key) not in await context_queries.loaded_skills(conn, tenant, session):
+                return Decision(None, lambda _seq: False)
+            call = await context_queries.load_call(conn, tenant, session, label, key)
+            # the loading call when known (its output may not be stored yet: the reference's
+            # unload race, its §7.6.3), else the newest stored load output
+            output = (
+                (None, call) if call else await context_queries.newest_load_output(conn, tenant, session, label, key)
+            )
+            event = SkillUnloaded(
+                tenant=tenant,
+                session=session,
+                label=label,
+                key=key,
+                message_id=output[0] if output else None,
+                tool_call_id=output[1] if output else None,
+            )
+            return Decision(event, lambda _seq: True)
+
+        done: bool = await self._cond.run(tenant, session, decide)
+        return done

@@ -1,0 +1,125 @@
+"""The LLM tools over context memory (set_context, search_context, load_context,
+unload_context, session_search): the reference's tool results, never an exception.
+
+Reference: the Cloudflare Agents SDK Session API, §2 of docs/reference.md."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from events.admission import Refused, has_bad_chars
+from events.context import SessionConfig
+from projections import context_queries
+from services.context.blocks import Mode
+from services.context.entry_keys import context_entry_key
+from services.context.prompt import ContextPrompt
+from services.context.prompt_text import usage
+from services.context.skills import ContextSkills
+from services.context.tool_specs import blocks_of, tool_specs
+from services.errors import (
+    ChronicleError,
+)
+
+log = logging.getLogger("chronicle.context")
+TOOL_FAILED = "Error: the tool failed unexpectedly; try again later"
+"""What an LLM is told of an unexpected failure (the exception goes to the log, never to it)."""
+
+
+class ContextTools(ContextSkills, ContextPrompt):
+    """The LLM tools, over the blocks, skills and prompt of the classes below."""
+
+    async def tools(self, tenant: str, session: str) -> list[Any]:
+        async with self._pool.connection() as conn:
+            config = await self.config(conn, tenant, session)
+            loaded = [f"{label}:{key}" for label, key in await context_queries.loaded_skills(conn, tenant, session)]
+        return tool_specs(config, loaded)
+
+    async def execute(self, tenant: str, session: str, name: str, args: Any, tool_call_id: str | None = None) -> str:
+        """Run a tool with the LLM's arguments (``tool_call_id``: the LLM's id for this call);
+        never raises: failures are ``Error: …`` strings."""
+        try:
+            await self._cond.catch_up(tenant, session)
+            names = {spec.name for spec in await self.tools(tenant, session)}
+            if name not in names:
+                return f'Error: tool "{name}" is not available in this session'
+            if not isinstance(args, dict):
+                return "Error: tool arguments must be a JSON object"
+            if has_bad_chars(args):
+                return "Error: tool arguments must not contain NUL characters or lone surrogates"
+            return await self._dispatch(tenant, session, name, args, tool_call_id)
+        except ChronicleError as exc:
+            if exc.status < 500:  # the caller's mistake, in our words
+                return f"Error: {exc.detail}"
+            log.warning("tool %s failed: %s", name, exc.detail)
+            return f"Error: {exc.title}"  # a backing service's detail is for the log, not the LLM
+        except Refused as exc:  # the write would make an event the log refuses (e.g. too large)
+            return f"Error: {exc.detail}"
+        except Exception:
+            log.exception("tool %s failed", name)
+            return TOOL_FAILED
+
+    async def _dispatch(
+        self, tenant: str, session: str, name: str, args: dict[str, Any], tool_call_id: str | None = None
+    ) -> str:
+        async with self._pool.connection() as conn:
+            config = await self.config(conn, tenant, session)
+        infos = blocks_of(config)
+        if name == "session_search":
+            return await self.session_search(tenant, _str(args, "query"))
+        label = _str(args, "label")
+        if name == "set_context":
+            return await self._set_context(tenant, session, config, label, args)
+        if name in ("load_context", "unload_context"):
+            skills = [b.label for b in infos if b.kind == "skills"]
+            key = _str(args, "key")
+            if label not in skills:
+                return f'Error: "{label}" is not a skill block. Skill blocks: {", ".join(skills)}'
+            if name == "load_context":
+                content = await self.load_skill(tenant, session, label, key, tool_call_id)
+                return content if content is not None else f"Not found: {key}"
+            if not await self.unload_skill(tenant, session, label, key):
+                return f'Skill "{key}" is not currently loaded in "{label}".'
+            return f'Unloaded "{key}" from {label}. Context reclaimed.'
+        # search_context
+        searchable = [b.label for b in infos if b.kind in ("searchable", "history")]
+        if label not in searchable:
+            return f'Error: "{label}" is not searchable. Searchable blocks: {", ".join(searchable)}'
+        return await self.search(tenant, session, label, _str(args, "query")) or "No results found."
+
+    async def _set_context(
+        self, tenant: str, session: str, config: SessionConfig, label: str, args: dict[str, Any]
+    ) -> str:
+        content = _str(args, "content")
+        info = next((b for b in blocks_of(config) if b.label == label), None)
+        if info is None:
+            return f'Error: block "{label}" not found'
+        if info.kind in ("skills", "searchable"):
+            meta = args.get("metadata") if isinstance(args.get("metadata"), dict) else {}
+            assert isinstance(meta, dict)
+            title = meta.get("title") if isinstance(meta.get("title"), str) else None
+            description = meta.get("description") if isinstance(meta.get("description"), str) else None
+            key = context_entry_key(title, content)
+            if info.kind == "skills":
+                await self.set_skill(tenant, session, label, key, content, description or title)
+            else:
+                await self.index_entry(tenant, session, label, key, content)
+            return f'Indexed "{key}" in {label}.'
+        if info.kind == "history":
+            return f'Error: Block "{label}" does not support writes'
+        mode: Mode = "append" if args.get("action") == "append" else "replace"
+        result = await self.write(tenant, session, label, content, mode, "tool")
+        return usage(label, result.tokens, result.max_tokens)
+
+
+def _str(args: dict[str, Any], name: str) -> str:
+    value = args.get(name)
+    if not isinstance(value, str):
+        raise InvalidToolArguments(f"argument {name!r} must be a string")
+    return value
+
+
+class InvalidToolArguments(ChronicleError):
+    code = "invalid_tool_arguments"
+    status = 422
+    title = "Invalid tool arguments"
