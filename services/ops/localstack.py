@@ -336,8 +336,17 @@ def _serve(settings: Settings, env: dict[str, str], key: str, procs: list[subpro
     )
     while all(p.poll() is None for p in procs):
         time.sleep(0.5)
-    print("chronicle up: a component exited; stopping", file=sys.stderr)
+    gone = ", ".join(f"{_named(p)} (exit status {p.returncode})" for p in procs if p.poll() is not None)
+    print(f"chronicle up: {gone} exited; stopping", file=sys.stderr)
     return 1
+
+
+def _named(proc: subprocess.Popen[bytes]) -> str:
+    """A child as its command reads: ``chronicle api``, ``nats-server``, ``moto_server``…"""
+    args = [str(a) for a in proc.args] if isinstance(proc.args, list | tuple) else [str(proc.args)]
+    if "services.ops.cli" in args:
+        return "chronicle " + " ".join(args[args.index("services.ops.cli") + 1 :])
+    return Path(args[0]).name
 
 
 def _wait_ready(base: str, procs: list[subprocess.Popen[bytes]], timeout: float = 60) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import subprocess
@@ -55,10 +56,36 @@ def _start(
 
 
 def _stop(proc: subprocess.Popen[str]) -> str:
+    """Ctrl-C, as a user stops it. Should the stop hang, every process it started is killed (they
+    run in their own sessions, so killing ``chronicle up`` alone would leave them serving for the
+    rest of the test run) and the test fails with what it printed."""
     proc.send_signal(signal.SIGINT)
-    out, _ = proc.communicate(timeout=60)
+    try:
+        out, _ = proc.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        for pid in _descendants(proc.pid):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        proc.kill()
+        out, _ = proc.communicate()
+        raise AssertionError("chronicle up did not stop within 60 s:\n" + out) from None
     assert proc.returncode == 0, out
     return out
+
+
+def _descendants(root: int) -> list[int]:
+    """Every live process under ``root``, children first."""
+    parents: dict[int, int] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            parents[int(stat.parent.name)] = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+    found: list[int] = []
+    frontier = [root]
+    while frontier:
+        kids = [pid for pid, ppid in parents.items() if ppid in frontier]
+        found.extend(kids)
+        frontier = kids
+    return found
 
 
 def test_up_serves_stops_and_restarts_with_its_data(tmp_path: Path, fresh_db: str) -> None:
