@@ -9,13 +9,15 @@ ENV PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
 RUN python -m venv /opt/chronicle
 WORKDIR /src
-# Only what the wheel is built from (see .dockerignore); no dev extras.
+# Only what the wheels are built from (see .dockerignore); no dev extras. Two distributions:
+# chronicle-sdk (sdk/pyproject.toml: chronicle_sdk/ and events/) and chronicle, which depends on it.
 COPY pyproject.toml README.md ./
+COPY sdk ./sdk
 COPY events ./events
 COPY projections ./projections
 COPY services ./services
 COPY chronicle_sdk ./chronicle_sdk
-RUN /opt/chronicle/bin/pip install .
+RUN /opt/chronicle/bin/pip install ./sdk .
 
 FROM python:3.11-slim
 # The venv is copied to the same path on the same base image, so its interpreter links stay valid.

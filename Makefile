@@ -5,10 +5,11 @@ BIN := $(VENV)/bin
 
 .PHONY: up test lint install browser
 
-$(VENV)/.installed: pyproject.toml
+# two distributions, both editable: chronicle-sdk (sdk/: chronicle_sdk + events) and chronicle
+$(VENV)/.installed: pyproject.toml sdk/pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -e '.[dev]'
+	$(BIN)/python -m pip install -q -e ./sdk -e '.[dev]'
 	touch $@
 
 install: $(VENV)/.installed
@@ -18,7 +19,7 @@ up: install
 
 lint: install
 	$(BIN)/ruff check .
-	$(BIN)/ruff format --check events projections services bench chronicle_sdk examples tests
+	$(BIN)/ruff format --check events projections services bench chronicle_sdk sdk examples tests
 	$(BIN)/mypy
 	$(BIN)/lint-imports
 

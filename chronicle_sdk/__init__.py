@@ -15,12 +15,15 @@ Moving an agent from the reference is a mechanical rename::
         messages = to_openai_messages(await session.get_history(), prompt)
         tools = await session.tools()  # tools.openai(), tools.anthropic(), await tools.execute(name, args)
 
-The package imports only ``events`` (the contract), ``pydantic`` and ``nats-py``; ``httpx`` only when
-an httpx transport is passed in.
+The package imports only ``events`` (the contract) and ``pydantic``; ``nats-py`` for the direct
+JetStream path (``nats_url``), ``httpx`` only when an httpx transport is passed in. It is its own
+distribution, ``chronicle-sdk`` (``sdk/pyproject.toml``), without the server's dependencies:
+``pip install ./sdk``, or ``pip install './sdk[nats]'`` for the direct path.
 """
 
 from chronicle_sdk.client import ChronicleClient, Via
 from chronicle_sdk.config import ObjectSource, Provider, Readonly, Searchable, Skills, Writable
+from chronicle_sdk.connection import Connection
 from chronicle_sdk.convert import to_anthropic_messages, to_openai_messages
 from chronicle_sdk.errors import (
     BlockNotFound,
@@ -73,6 +76,7 @@ __all__ = [
     "ChronicleError",
     "Compaction",
     "Conflict",
+    "Connection",
     "Contention",
     "ContextBlock",
     "InvalidConfig",

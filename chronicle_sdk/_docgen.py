@@ -25,7 +25,7 @@ DOC_PATH = Path(__file__).resolve().parent.parent / "docs" / "sdk.md"
 
 SECTIONS: list[tuple[str, ModuleType | None, list[str]]] = [
     ("Client", None, ["ChronicleClient", "Via"]),
-    ("Sessions", None, ["Session", "SessionManager"]),
+    ("Sessions", None, ["Session", "SessionManager", "Connection"]),
     ("Context providers", config, ["Readonly", "ObjectSource", "Writable", "Searchable", "Skills", "Provider"]),
     ("Tools", None, ["Tools", "ToolDefinition", "format_session_search"]),
     ("Converters", convert, ["to_openai_messages", "to_anthropic_messages"]),
@@ -116,7 +116,7 @@ def _member(name: str, value: Any) -> list[str]:
 def _class(name: str, cls: type) -> list[str]:
     bases = [b.__name__ for b in cls.__bases__ if b is not object]
     lines = [f"### class `{name}`" + (f"({', '.join(bases)})" if bases else ""), ""]
-    if "__init__" in vars(cls):
+    if "__init__" in vars(cls) and not getattr(cls, "_is_protocol", False):  # a Protocol's is typing's
         lines += ["```python", f"{name}{_signature(vars(cls)['__init__'], skip_self=True)}", "```", ""]
     lines += [_doc(cls), ""]
     for member_name, value in _members(cls):

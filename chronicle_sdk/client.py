@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib.util
 import json
 import random
 import uuid
@@ -11,11 +12,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Literal, Self
+from typing import TYPE_CHECKING, Any, Self
 from urllib.parse import urlencode
 
 from pydantic import ValidationError
 
+from chronicle_sdk.connection import Via, quote
 from chronicle_sdk.errors import (
     ChronicleError,
     Contention,
@@ -30,6 +32,8 @@ from chronicle_sdk.errors import (
     UnknownParent,
     error_from_problem,
 )
+from chronicle_sdk.manager import SessionManager
+from chronicle_sdk.session import Session
 from chronicle_sdk.transport import Http11Transport, HttpxTransport, Transport, TransportError
 from chronicle_sdk.types import OMITTED, AppendResult, Message, NatsPublishing, ParentId
 from events import ids
@@ -41,11 +45,8 @@ if TYPE_CHECKING:
     import httpx
     from nats.aio.client import Client as NatsClient
 
-    from chronicle_sdk.manager import SessionManager
-    from chronicle_sdk.session import Session
     from events.publisher import Publisher
 
-Via = Literal["http", "jetstream"]
 _NOT_FOUND_CODES = frozenset({"message_not_found", "session_not_found", "not_found"})
 
 
@@ -85,7 +86,8 @@ class ChronicleClient:
       ``min_seq`` on every read of that session (tenant-wide reads send the highest one).
     * Direct path: with ``nats_url`` (a cluster's nodes comma-separated), appends can be published
       straight to JetStream with the ``events`` publisher (``append_via="jetstream"`` or ``via=``
-      per call). On first use the
+      per call); it needs nats-py, the SDK's ``nats`` extra (``pip install 'chronicle-sdk[nats]'``):
+      without it, a client given ``nats_url`` raises ``ImportError``. On first use the
       client asks the API (``GET /v1/nats``) which tenant ``api_key`` belongs to, the stream's
       layout, the inbox prefix and the size limits, then connects as that tenant: with the NKey
       derived from ``api_key`` (what ``chronicle keygen`` registers), or with
@@ -119,6 +121,8 @@ class ChronicleClient:
     ) -> None:
         if append_via == "jetstream" and nats_url is None:
             raise ValueError("append_via='jetstream' needs nats_url")
+        if nats_url is not None:
+            _require_nats()
         self.base_url = base_url.rstrip("/")
         self.nats_url = nats_url
         self.nats_credentials = nats_credentials
@@ -174,14 +178,10 @@ class ChronicleClient:
 
     def session(self, session_id: str) -> Session:
         """``Session.create(self, session_id)``: a session builder bound to this client."""
-        from chronicle_sdk.session import Session
-
         return Session.create(self, session_id)
 
     def manager(self) -> SessionManager:
         """A :class:`~chronicle_sdk.SessionManager` on this client."""
-        from chronicle_sdk.manager import SessionManager
-
         return SessionManager(self)
 
     # -- read-your-writes -------------------------------------------------------------------
@@ -607,6 +607,16 @@ class ChronicleClient:
         raise Contention(f"gave up after {self._conflict_attempts} conflicting attempts", status=503)
 
 
+def _require_nats() -> None:
+    """The direct path's libraries (nats-py and its nkeys), which only the ``nats`` extra installs."""
+    missing = [name for name in ("nats", "nkeys") if importlib.util.find_spec(name) is None]
+    if missing:
+        raise ImportError(
+            f"nats_url needs {' and '.join(missing)}, which the SDK installs only with its nats extra: "
+            "pip install 'chronicle-sdk[nats]'"
+        )
+
+
 class _NatsRefused(Exception):
     """The NATS server refused the client's credentials while connecting."""
 
@@ -658,13 +668,6 @@ def _query_value(value: Any) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
     return "" if value is None else str(value)
-
-
-def quote(value: str) -> str:
-    """An id as one URL path segment."""
-    from urllib.parse import quote as _q
-
-    return _q(value, safe="")
 
 
 __all__ = ["ChronicleClient", "ChronicleError", "Via"]

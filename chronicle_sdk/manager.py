@@ -5,16 +5,14 @@ from __future__ import annotations
 import builtins
 import uuid
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from chronicle_sdk.config import ConfigBuilder
+from chronicle_sdk.connection import Connection, Via, quote
 from chronicle_sdk.errors import ChronicleError, SessionExists
-from chronicle_sdk.session import Session, _q
+from chronicle_sdk.session import Session
 from chronicle_sdk.tools import SESSION_SEARCH, Tools
 from chronicle_sdk.types import OMITTED, Compaction, Message, ParentId, SearchResult, SessionInfo
-
-if TYPE_CHECKING:
-    from chronicle_sdk.client import ChronicleClient, Via
 
 NO_RESULTS = "No results found."
 
@@ -34,7 +32,7 @@ class SessionManager(ConfigBuilder):
     session returned by :meth:`get_session`.
     """
 
-    def __init__(self, client: ChronicleClient) -> None:
+    def __init__(self, client: Connection) -> None:
         super().__init__()
         self.client = client
         self._sessions: dict[str, Session] = {}
@@ -93,17 +91,17 @@ class SessionManager(ConfigBuilder):
 
     async def get(self, session_id: str) -> SessionInfo | None:
         """The registry entry, or None for an unknown or deleted session (``get(id)``)."""
-        out = await self.client.get_optional(f"/v1/sessions/{_q(session_id)}", session=session_id)
+        out = await self.client.get_optional(f"/v1/sessions/{quote(session_id)}", session=session_id)
         return SessionInfo.from_json(out) if isinstance(out, dict) else None
 
     async def rename(self, session_id: str, name: str) -> None:
         """Rename a session (``rename(id, name)``)."""
-        out = await self.client.request("PATCH", f"/v1/sessions/{_q(session_id)}", body={"name": name})
+        out = await self.client.request("PATCH", f"/v1/sessions/{quote(session_id)}", body={"name": name})
         self.client.note_seq(session_id, out.get("seq"))
 
     async def delete(self, session_id: str) -> None:
         """Delete a session and its messages (``delete(id)``); its events stay in the log."""
-        out = await self.client.request("DELETE", f"/v1/sessions/{_q(session_id)}")
+        out = await self.client.request("DELETE", f"/v1/sessions/{quote(session_id)}")
         self.client.note_seq(session_id, out.get("seq"))
         self._sessions.pop(session_id, None)
 
@@ -127,7 +125,7 @@ class SessionManager(ConfigBuilder):
         if id is not None:
             body["id"] = id
         await self.get_session(session_id)._ensure_ready()
-        out = await self.client.request("POST", f"/v1/sessions/{_q(session_id)}/fork", body=body, session=session_id)
+        out = await self.client.request("POST", f"/v1/sessions/{quote(session_id)}/fork", body=body, session=session_id)
         new_id = str(out["id"])
         self.client.note_seq(new_id, out.get("seq"))
         info = await self.get(new_id)

@@ -8,8 +8,9 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from chronicle_sdk.config import ConfigBuilder, parse_config
+from chronicle_sdk.connection import Connection, Via, quote
 from chronicle_sdk.errors import InvalidConfig, NotFound
-from chronicle_sdk.tools import ToolDefinition, Tools
+from chronicle_sdk.tools import ToolDefinition, Tools, parse_arguments
 from chronicle_sdk.types import (
     OMITTED,
     AppendResult,
@@ -22,17 +23,10 @@ from chronicle_sdk.types import (
 )
 
 if TYPE_CHECKING:
-    from chronicle_sdk.client import ChronicleClient, Via
     from chronicle_sdk.config import Provider
 
 
 _EVENTS_PAGE = 10_000  # events per GET …/events (the server's bound)
-
-
-def _q(value: str) -> str:
-    from chronicle_sdk.client import quote
-
-    return quote(value)
 
 
 class Session(ConfigBuilder):
@@ -50,7 +44,7 @@ class Session(ConfigBuilder):
     message.
     """
 
-    def __init__(self, client: ChronicleClient, session_id: str) -> None:
+    def __init__(self, client: Connection, session_id: str) -> None:
         super().__init__()
         self.client = client
         self.id = session_id
@@ -60,7 +54,7 @@ class Session(ConfigBuilder):
         """Why the last :meth:`compact` compacted nothing (None after a compaction)."""
 
     @classmethod
-    def create(cls, client: ChronicleClient, session_id: str) -> Session:
+    def create(cls, client: Connection, session_id: str) -> Session:
         """A session builder for ``session_id`` (``Session.create(agent).forSession(id)``).
 
         Nothing is sent yet; a session that was never created is created by its first write,
@@ -74,7 +68,7 @@ class Session(ConfigBuilder):
     # -- plumbing ---------------------------------------------------------------------------
 
     def _path(self, tail: str = "") -> str:
-        return f"/v1/sessions/{_q(self.id)}{tail}"
+        return f"/v1/sessions/{quote(self.id)}{tail}"
 
     async def _ensure_ready(self) -> None:
         if not self._dirty:
@@ -151,7 +145,7 @@ class Session(ConfigBuilder):
         Raises :class:`MessageNotFound` for an unknown id (the reference: a silent no-op).
         """
         body = {"message": dict(message)}
-        out = await self._write("PUT", f"/messages/{_q(str(message['id']))}", body)
+        out = await self._write("PUT", f"/messages/{quote(str(message['id']))}", body)
         return int(out["seq"])
 
     async def delete_messages(self, message_ids: Sequence[str]) -> list[str]:
@@ -182,7 +176,7 @@ class Session(ConfigBuilder):
     async def get_message(self, message_id: str) -> Message | None:
         """The stored message, or None (``getMessage``)."""
         await self._ensure_ready()
-        found = await self.client.get_optional(self._path(f"/messages/{_q(message_id)}"), session=self.id)
+        found = await self.client.get_optional(self._path(f"/messages/{quote(message_id)}"), session=self.id)
         return found if isinstance(found, dict) else None
 
     async def get_latest_leaf(self) -> Message | None:
@@ -196,7 +190,7 @@ class Session(ConfigBuilder):
         found: list[Message] = []
         params: dict[str, Any] = {}
         while True:  # the server answers a page at a time
-            out = await self._get(f"/messages/{_q(message_id)}/children", params)
+            out = await self._get(f"/messages/{quote(message_id)}/children", params)
             found.extend(out.get("messages", []))
             if out.get("next_cursor") is None:
                 return found
@@ -274,7 +268,7 @@ class Session(ConfigBuilder):
 
     async def _write_block(self, label: str, content: str, mode: str) -> ContextBlock:
         out = await self._write(
-            "PUT", f"/context/{_q(label)}", {"content": content, "mode": mode}, idempotent=mode == "replace"
+            "PUT", f"/context/{quote(label)}", {"content": content, "mode": mode}, idempotent=mode == "replace"
         )
         return ContextBlock(
             label=str(out["label"]),
@@ -397,14 +391,12 @@ class Session(ConfigBuilder):
         return Tools(definitions, {d.name: remote for d in definitions})
 
     async def _execute(self, name: str, arguments: dict[str, Any], tool_call_id: str | None = None) -> str:
-        tail = f"/tools/{_q(name)}" + (f"?tool_call_id={_q(tool_call_id)}" if tool_call_id is not None else "")
+        tail = f"/tools/{quote(name)}" + (f"?tool_call_id={quote(tool_call_id)}" if tool_call_id is not None else "")
         out = await self._write("POST", tail, arguments, idempotent=False)
         return str(out["result"])
 
     async def execute_tool(self, name: str, arguments: Any = None, *, tool_call_id: str | None = None) -> str:
         """Run one tool without fetching the definitions first (see :meth:`Tools.execute`)."""
-        from chronicle_sdk.tools import parse_arguments
-
         args = parse_arguments(arguments)
         if isinstance(args, str):
             return args

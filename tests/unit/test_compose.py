@@ -319,6 +319,21 @@ def test_interpolation_resolves_to_defaults() -> None:
 # -- Dockerfile -----------------------------------------------------------------------------------
 
 
+def test_the_build_context_holds_what_the_dockerfile_copies() -> None:
+    """.dockerignore is an allowlist: a COPY of a path it leaves out fails the image build."""
+    allowed = {
+        line[1:].strip("/") for line in (ROOT / ".dockerignore").read_text().splitlines() if line.startswith("!")
+    }
+    copied = [
+        source
+        for line in DOCKERFILE.read_text().splitlines()
+        if line.startswith("COPY ") and "--from=" not in line
+        for source in line.split()[1:-1]
+    ]
+    assert copied
+    assert [source for source in copied if source.rstrip("/") not in allowed] == []
+
+
 def test_dockerfile() -> None:
     text = DOCKERFILE.read_text()
     lines = [line.strip() for line in text.splitlines() if line.strip() and not line.lstrip().startswith("#")]
@@ -329,7 +344,7 @@ def test_dockerfile() -> None:
     assert 'CMD ["api"]' in lines
     assert "EXPOSE 8080" in lines
     assert re.search(r"\bCHRONICLE_API_HOST=0\.0\.0\.0\b", text)
-    assert re.search(r"pip install \.(\s|$)", text), "install the project itself, without dev extras"
+    assert re.search(r"pip install \./sdk \.(\s|$)", text), "install the SDK's distribution and the project, no extras"
     assert "[dev]" not in text
     users = [line.split()[1] for line in lines if line.upper().startswith("USER ")]
     assert users

@@ -1,0 +1,74 @@
+"""What a session and the manager need of their connection to Chronicle, as a protocol.
+
+:class:`~chronicle_sdk.Session` and :class:`~chronicle_sdk.SessionManager` are typed against
+:class:`Connection`, never against the client that implements it
+(:class:`~chronicle_sdk.ChronicleClient`), so the SDK's modules import one another in one
+direction only: the client above the manager, the manager above the session, this protocol below
+them, the transport and the value types at the bottom.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any, Literal, Protocol
+from urllib.parse import quote as _quote
+
+from chronicle_sdk.types import OMITTED, AppendResult, ParentId
+
+Via = Literal["http", "jetstream"]
+"""How an append reaches the log: through the API (``"http"``) or published straight to JetStream."""
+
+
+class Connection(Protocol):
+    """An authenticated connection to one Chronicle API, with read-your-writes.
+
+    :class:`~chronicle_sdk.ChronicleClient` is the implementation; a test may pass its own.
+    """
+
+    async def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        params: Mapping[str, Any] | Sequence[tuple[str, Any]] | None = None,
+        body: Any = OMITTED,
+        session: str | None = None,
+        tenant_wide: bool = False,
+        idempotent: bool | None = None,
+        headers: Mapping[str, str] | None = None,
+    ) -> Any:
+        """Send one API request and return its decoded JSON; errors raise ``ChronicleError`` subclasses."""
+        ...
+
+    async def get_optional(self, path: str, *, session: str | None = None, min_seq: int | None = None) -> Any:
+        """A GET that answers None instead of raising for a missing session or message."""
+        ...
+
+    def note_seq(self, session_id: str, seq: Any) -> None:
+        """Remember a write's ``seq`` so that later reads of ``session_id`` wait for it."""
+        ...
+
+    async def append(
+        self, session_id: str, message: Mapping[str, Any], parent_id: ParentId = OMITTED, *, via: Via | None = None
+    ) -> AppendResult:
+        """Append one message."""
+        ...
+
+    async def append_chain(
+        self,
+        session_id: str,
+        messages: Sequence[Mapping[str, Any]],
+        parent_id: str | None = None,
+        *,
+        via: Via | None = None,
+    ) -> list[AppendResult]:
+        """Append ``messages`` as one chain under ``parent_id`` (``None``: a new root chain)."""
+        ...
+
+
+def quote(value: str) -> str:
+    """An id as one URL path segment."""
+    return _quote(value, safe="")
+
+
+__all__ = ["Connection", "Via", "quote"]
