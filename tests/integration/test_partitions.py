@@ -162,6 +162,11 @@ async def test_a_projector_of_every_partition_and_partition_workers_never_run_to
             await asyncio.wait_for(tasks[0], 15)
             r = await c.commands.append("tenant-a", "lock-2", text_message("m0", "third"), None)
             await c.waiter.wait_session("tenant-a", "lock-2", r.seq, timeout_s=15)
+            # the runner counts a batch after its commit, which the read-model wait may see first
+            for _ in range(100):
+                if worker.stats.applied:
+                    break
+                await asyncio.sleep(0.05)
             assert worker.stats.applied == 1  # took over from the single projector's checkpoint
         finally:
             single_stop.set()
