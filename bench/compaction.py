@@ -45,21 +45,11 @@ from projections.migrate import migrate
 from projections.runner import read_checkpoint
 from services.bootstrap import open_container
 from services.compaction.state import CompactorState
-from services.compaction.worker import Compactor
 from services.ops.progress import Progress
 from services.settings import Settings
 from services.tokens import TokenCounter
 
 WORKER = "bench-estimate"
-
-
-def idle(compactor: Compactor) -> bool:
-    """Nothing queued and every session over its threshold tried (or waiting for a retry)."""
-    state = compactor._state
-    return compactor._queue.empty() and all(
-        compactor._tried_at.get(key) == cand.estimate or key in compactor._retry_at
-        for key, cand in state.candidates.items()
-    )
 
 
 async def ingest_run(
@@ -97,8 +87,8 @@ async def ingest_run(
                 await _consumer_ready(c, "chronicle-" + cfg.projector_name.replace(".", "-"), 30.0)
                 state_done = asyncio.Event()
                 if compactor is not None:
-                    after_batch = compactor._runner.on_batch
-                    state_runner = compactor._runner
+                    after_batch = compactor.runner.on_batch
+                    state_runner = compactor.runner
 
                     def on_state_batch(count: int, seq: int) -> None:
                         if after_batch is not None:
@@ -108,7 +98,7 @@ async def ingest_run(
 
                     state_runner.on_batch = on_state_batch
                     tasks.append(asyncio.create_task(compactor.run(stop), name="bench-compactor"))
-                    await _consumer_ready(c, compactor._runner.durable)
+                    await _consumer_ready(c, compactor.runner.durable)
                 published = await c.publisher.publish_many(configs)
                 target[0] = max(p.seq for p in published)
                 await asyncio.wait_for(done.wait(), timeout=120)
@@ -125,7 +115,7 @@ async def ingest_run(
                     bar(start + len(results), n)
                 t_pub = time.perf_counter()
                 target[0] = last
-                if compactor is not None and compactor._runner.stats.last_seq >= last:
+                if compactor is not None and compactor.runner.stats.last_seq >= last:
                     state_done.set()
                 await asyncio.wait_for(done.wait(), timeout=max(120.0, n / 100))
                 t_end = time.perf_counter()
@@ -141,12 +131,12 @@ async def ingest_run(
                     await asyncio.wait_for(state_done.wait(), timeout=max(120.0, n / 100))
                     out["compactor_state_lag_s"] = round(time.perf_counter() - t_end, 3)
                     for _ in range(int(max(120.0, n / 100) * 10)):
-                        if idle(compactor):
+                        if await compactor.idle():
                             break
                         await asyncio.sleep(0.1)
                     out["compactor_idle_after_s"] = round(time.perf_counter() - t_end, 3)
-                    out["compactions"] = compactor.compactions
-                    out["compaction_failures"] = compactor.failures
+                    out["compactions"] = compactor.work.compactions
+                    out["compaction_failures"] = compactor.work.failures
                     async with c.pool.connection() as conn:
                         cur = await conn.execute("SELECT count(*) FROM overlays")
                         row = await cur.fetchone()
@@ -204,7 +194,7 @@ async def estimate_cost(db: str, sizes: tuple[int, ...], reps: int, budget: floa
             async def resum(_: int, session: str = session, leaf: list[str] = leaf) -> None:
                 seq[0] += 1
                 async with conn.transaction():
-                    await state._resum(conn, TENANT, session, seq[0], leaf[0])
+                    await state.resum(conn, TENANT, session, seq[0], leaf[0])
 
             await append(10**6)  # warm: the first statement of each shape is planned
             out[f"append_{size}"] = summary_ms(await timed(append, reps, budget_s=budget))

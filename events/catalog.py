@@ -233,7 +233,10 @@ class CompactionRecorded(Event):
 
 
 class CompactionFailed(Event):
-    """A summarizer failed; appends are unaffected and the compactor retries with backoff."""
+    """A summarizer failed, and nothing more will be tried for this decision: a manual compaction
+    (``POST …/compact``) records each failure; the compaction work queue records one when a
+    request's redelivery is exhausted (``attempt`` is its delivery count, the id is derived from
+    the request's, so a redelivered last attempt records it once). Appends are unaffected."""
 
     TYPE: ClassVar[str] = "compaction.failed"
     VERSION: ClassVar[int] = 1
@@ -244,6 +247,30 @@ class CompactionFailed(Event):
     summarizer: str
     error: str
     attempt: int
+
+
+class CompactionRequested(Event):
+    """A compactor's state found the session over its ``compact_after``: summarise it.
+
+    Not a fact of the session's history: it travels on the compaction work-queue stream
+    (:meth:`~events.subjects.SubjectLayout.work_subject`, never on the event log, where admission
+    refuses it as an unknown type). Its id is derived from (tenant, session, leaf, estimate), so
+    the same decision taken twice (by two compactors, or again after a restart) is one request
+    within the stream's duplicate window. ``seq`` is the log position the decision was made at.
+    """
+
+    TYPE: ClassVar[str] = "compaction.requested"
+    VERSION: ClassVar[int] = 1
+    type: Literal["compaction.requested"] = "compaction.requested"
+    version: Literal[1] = 1
+
+    leaf_id: str | None
+    estimate: int
+    seq: int
+
+
+WORK_TYPES: tuple[type[Event], ...] = (CompactionRequested,)
+"""Messages of the work-queue stream: events in shape, but never part of a session's log."""
 
 
 EVENT_TYPES: tuple[type[Event], ...] = (

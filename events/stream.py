@@ -1,5 +1,6 @@
 """The JetStream stream that holds every event: file storage, delete/purge denied, dedup window,
-and as many replicas as the settings ask (on a NATS cluster)."""
+and as many replicas as the settings ask (on a NATS cluster); beside it, the work-queue stream of
+compaction requests (retention ``workqueue``: a request is gone once a compactor acks it)."""
 
 from __future__ import annotations
 
@@ -7,12 +8,20 @@ from collections.abc import Awaitable
 from dataclasses import replace
 
 from nats.js import JetStreamContext
-from nats.js.api import StorageType, StoreCompression, StreamConfig, StreamInfo
+from nats.js.api import (
+    DiscardPolicy,
+    RetentionPolicy,
+    StorageType,
+    StoreCompression,
+    StreamConfig,
+    StreamInfo,
+)
 from nats.js.errors import APIError, NotFoundError
 
 from events.subjects import SubjectLayout
 
 DUPLICATE_WINDOW_S = 120.0
+WORK_MAX_AGE_S = 24 * 3600.0  # a request no compactor settled (its deliveries exhausted) expires
 PARTITIONS_KEY = "chronicle.partitions"  # stream metadata: the partition count in every subject
 # the server's answers to a replica count it cannot place: not clustered; too few servers (peers)
 ERR_REPLICAS_NOT_CLUSTERED = 10074
@@ -54,6 +63,42 @@ def stream_config(
     )
 
 
+def work_stream_config(layout: SubjectLayout, *, replicas: int = 1) -> StreamConfig:
+    """Requests to do work (compaction), one subject per session: the newest request of a session
+    replaces one not yet taken (``max_msgs_per_subject=1``), so a backlog never holds a session
+    twice; an ack removes a request; the id dedups a decision taken twice."""
+    return StreamConfig(
+        name=layout.work_stream,
+        subjects=[f"{layout.work_prefix}.>"],
+        retention=RetentionPolicy.WORK_QUEUE,
+        storage=StorageType.FILE,
+        discard=DiscardPolicy.OLD,
+        max_msgs_per_subject=1,
+        max_age=WORK_MAX_AGE_S,
+        duplicate_window=DUPLICATE_WINDOW_S,
+        num_replicas=replicas,
+    )
+
+
+async def ensure_work_stream(js: JetStreamContext, layout: SubjectLayout, *, replicas: int = 1) -> None:
+    """Create the work-queue stream, or bring an existing one to this release's configuration
+    (it holds only pending work: changing it loses nothing)."""
+    want = work_stream_config(layout, replicas=replicas)
+    try:
+        info = await js.stream_info(layout.work_stream)
+    except NotFoundError:
+        await replica_call(js.add_stream(want), layout.work_stream, replicas)
+        return
+    have = info.config
+    if (have.subjects, have.max_msgs_per_subject, have.max_age, have.num_replicas or 1) != (
+        want.subjects,
+        want.max_msgs_per_subject,
+        want.max_age,
+        replicas,
+    ):
+        await replica_call(js.update_stream(want), layout.work_stream, replicas)
+
+
 async def ensure_stream(js: JetStreamContext, layout: SubjectLayout, *, replicas: int = 1) -> None:
     """Create the stream with ``replicas`` copies if it is missing, and check that it was made
     with this layout's partition count. An existing stream is left as it is, but one with fewer
@@ -72,6 +117,7 @@ async def ensure_stream(js: JetStreamContext, layout: SubjectLayout, *, replicas
                 f"CHRONICLE_STREAM_REPLICAS={have}"
             )
     await check_partitions(js, layout)
+    await ensure_work_stream(js, layout, replicas=replicas)
 
 
 async def set_replicas(js: JetStreamContext, stream: str, replicas: int) -> StreamInfo:

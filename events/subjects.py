@@ -34,6 +34,21 @@ class SubjectLayout:
     def wildcard(self) -> str:
         return f"{self.prefix}.>"
 
+    @property
+    def work_stream(self) -> str:
+        """The work-queue stream beside the log (compaction requests): retention ``workqueue``."""
+        return f"{self.stream}_WORK"
+
+    @property
+    def work_prefix(self) -> str:
+        """Subjects of :attr:`work_stream`: outside :attr:`wildcard` (streams may not overlap) and
+        outside every tenant's publish permissions."""
+        return f"{self.prefix}-work"
+
+    def work_subject(self, kind: str, tenant: str, session: str) -> str:
+        """One subject per session and kind of work: the stream keeps the newest request of each."""
+        return f"{self.work_prefix}.{kind}.{encode_token(tenant)}.{encode_token(session)}"
+
     def session_subject(self, tenant: str, session: str) -> str:
         part = partition_of(tenant, session, self.partitions)
         return f"{self.prefix}.{encode_token(tenant)}.p{part:03d}.{encode_token(session)}"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import ssl
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -13,12 +14,15 @@ from typing import Any
 import nats
 import nats.errors
 import psycopg
+from faststream.nats import NatsBroker
+from faststream.nats.security import NatsCredentials, NatsNKey, NatsSecurity
 from nats.aio.client import Client as NatsClient
 from nats.js import JetStreamContext
 from nats.js.errors import APIError
 from psycopg_pool import AsyncConnectionPool
 
 from events.blobs import BlobStore
+from events.catalog import CompactionRequested
 from events.objectstore import JetStreamBlobStore
 from events.publisher import Publisher
 from events.stream import ensure_stream
@@ -29,9 +33,11 @@ from projections.history import HistoryProjection
 from projections.migrate import migrate
 from projections.overlays import OverlayProjection
 from projections.runner import Projection, ProjectorRunner, partition_checkpoint, read_checkpoint
+from services.compaction.queue import Requests, consumer_config, subscribe
+from services.compaction.service import CompactionService
 from services.compaction.state import CompactorState
 from services.compaction.summarizers import OfflineSummarizer, OpenAISummarizer, Summarizer
-from services.compaction.worker import CompactionService, Compactor
+from services.compaction.worker import Compactor
 from services.context.service import ContextService
 from services.settings import Settings
 from services.storage.blobs import S3BlobStore
@@ -74,7 +80,25 @@ class Container:
             batch_size=s.projector_batch,
             replicas=s.consumer_replicas,
         )
-        return Compactor(runner, state, self.compaction, concurrency=s.compactor_concurrency)
+        broker = work_broker(s)
+        consumer = consumer_config(self.layout, s.compaction_queue, s.compaction_attempts, s.compaction_backoff_s)
+        compactor: Compactor | None = None
+
+        def still_due(req: CompactionRequested) -> bool:
+            return compactor is None or compactor.still_due(req)
+
+        work = subscribe(
+            broker,
+            self.layout,
+            self.compaction,
+            durable=s.compaction_queue,
+            concurrency=s.compactor_concurrency,
+            attempts=s.compaction_attempts,
+            backoff_s=s.compaction_backoff_s,
+            still_due=still_due,
+        )
+        compactor = Compactor(runner, state, Requests(self.js, self.layout), broker, work, consumer)
+        return compactor
 
     def projector(self) -> ProjectorRunner:
         """The projector of ``projector_partitions`` (None: every partition, one checkpoint):
@@ -145,12 +169,45 @@ def nats_options(settings: Settings) -> dict[str, Any]:
         options["nkeys_seed_str"] = settings.nats_nkey_seed.get_secret_value()
     elif settings.nats_creds_file:
         options["user_credentials"] = settings.nats_creds_file
-    if settings.nats_tls_ca_file or settings.nats_tls_cert_file:
-        tls = ssl.create_default_context(cafile=settings.nats_tls_ca_file)
-        if settings.nats_tls_cert_file:
-            tls.load_cert_chain(settings.nats_tls_cert_file, settings.nats_tls_key_file)
+    tls = tls_context(settings)
+    if tls is not None:
         options["tls"] = tls
     return options
+
+
+def tls_context(settings: Settings) -> ssl.SSLContext | None:
+    """The TLS of the NATS connections (CA, client certificate), when the settings ask for it."""
+    if not (settings.nats_tls_ca_file or settings.nats_tls_cert_file):
+        return None
+    tls = ssl.create_default_context(cafile=settings.nats_tls_ca_file)
+    if settings.nats_tls_cert_file:
+        tls.load_cert_chain(settings.nats_tls_cert_file, settings.nats_tls_key_file)
+    return tls
+
+
+def nats_security(settings: Settings) -> NatsSecurity | None:
+    """:func:`nats_options`'s identity and TLS, as FastStream takes them."""
+    tls = tls_context(settings)
+    if settings.nats_nkey_seed is not None:
+        return NatsNKey.from_seed(settings.nats_nkey_seed.get_secret_value(), ssl_context=tls)
+    if settings.nats_creds_file:
+        return NatsCredentials.from_file(settings.nats_creds_file, ssl_context=tls)
+    return NatsSecurity(ssl_context=tls) if tls is not None else None
+
+
+def work_broker(settings: Settings) -> NatsBroker:
+    """A FastStream broker for the compaction work queue, connected as :func:`connect_nats` is
+    (started and stopped by its :class:`Compactor`)."""
+    return NatsBroker(
+        settings.nats_servers(),
+        name="chronicle-compactor",
+        max_reconnect_attempts=-1,
+        dont_randomize=True,
+        security=nats_security(settings),
+        graceful_timeout=1.0,  # a summary cut short at shutdown is redelivered: nothing is lost
+        logger=logging.getLogger("chronicle.compactor.queue"),
+        log_level=logging.DEBUG,
+    )
 
 
 async def connect_nats(settings: Settings) -> NatsClient:

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 import nkeys
-from pydantic import Field, SecretStr
+from pydantic import Field, PositiveFloat, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from events.credentials import is_user_public_key, nkey_public_key, tenant_nkey_seed
@@ -141,7 +141,23 @@ class Settings(BaseSettings):
     s3_region: str | None = None
 
     compactor_name: str = "compactor"
-    compactor_concurrency: int = Field(default=4, ge=1, le=64, description="sessions summarised at once")
+    compactor_concurrency: int = Field(
+        default=4, ge=1, le=64, description="sessions one compactor process summarises at once"
+    )
+    compaction_queue: str = Field(
+        default="compaction",
+        pattern=r"^[A-Za-z0-9_-]+$",
+        description="the one durable consumer every compactor takes compaction requests from",
+    )
+    compaction_attempts: int = Field(
+        default=4, ge=1, le=20, description="summaries tried for one request before compaction.failed is recorded"
+    )
+    compaction_backoff_s: tuple[PositiveFloat, ...] = Field(
+        default=(10.0, 60.0, 300.0),
+        min_length=1,
+        description="redelivery delays of a request after its 1st, 2nd, … failed attempt (the last repeats); "
+        "the first is also how long a compactor that stopped answering (killed) holds a request",
+    )
     summarizer: Literal["offline", "openai"] = "offline"
     summarizer_base_url: str = "http://127.0.0.1:11434/v1"
     summarizer_model: str | None = None
@@ -175,7 +191,7 @@ class Settings(BaseSettings):
             elif isinstance(value, SecretStr):
                 env[key] = value.get_secret_value()
             else:
-                env[key] = json.dumps(value) if isinstance(value, list | dict) else str(value)
+                env[key] = json.dumps(value) if isinstance(value, list | tuple | dict) else str(value)
         return env
 
     def api_key_entries(self) -> list[ApiKeyEntry]:

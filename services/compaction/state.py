@@ -48,8 +48,12 @@ WaitApplied = Callable[[str, str, int], Awaitable[None]]
 
 @dataclass(frozen=True, slots=True)
 class Candidate:
+    """A session over its ``compact_after``: its active leaf and estimate (prompt included) at
+    log position ``seq``."""
+
     tenant: str
     session: str
+    leaf: str | None
     estimate: int
     seq: int
 
@@ -82,12 +86,12 @@ class CompactorState:
         nothing new may arrive for them)."""
         await self._load_tracked(conn)
         cur = await conn.execute(
-            "SELECT tenant, session_id, estimate + prompt_tokens, seq FROM compactor_sessions "
+            "SELECT tenant, session_id, leaf_id, estimate + prompt_tokens, seq FROM compactor_sessions "
             "WHERE worker = %s AND compact_after IS NOT NULL AND estimate + prompt_tokens > compact_after",
             (self.worker,),
         )
-        for t, s, estimate, seq in await cur.fetchall():
-            self.candidates[(str(t), str(s))] = Candidate(str(t), str(s), int(estimate), int(seq))
+        for t, s, leaf, estimate, seq in await cur.fetchall():
+            self.candidates[(str(t), str(s))] = Candidate(str(t), str(s), leaf, int(estimate), int(seq))
 
     async def _load_tracked(self, conn: Conn) -> None:
         cur = await conn.execute(
@@ -160,30 +164,30 @@ class CompactorState:
             (self.worker, [k[0] for k in keys], [k[1] for k in keys]),
         )
         state = {(str(t), str(s)): [leaf, int(est), int(pt), ca] for t, s, leaf, est, pt, ca in await cur.fetchall()}
-        resum: set[tuple[str, str]] = set()
+        resummed: set[tuple[str, str]] = set()
         for t, s, mid, parent, tokens, _seq in rows:
             if (t, s, mid) not in fresh:
                 continue
             st = state[(t, s)]
-            if (t, s) not in resum and st[0] == parent and (parent is not None or st[1] == 0):
+            if (t, s) not in resummed and st[0] == parent and (parent is not None or st[1] == 0):
                 st[0], st[1] = mid, st[1] + tokens
             else:
                 st[0] = mid
-                resum.add((t, s))
+                resummed.add((t, s))
         async with conn.cursor() as update:
             await update.executemany(
                 "UPDATE compactor_sessions SET leaf_id = %s, estimate = %s, seq = %s "
                 "WHERE worker = %s AND tenant = %s AND session_id = %s",
-                [(st[0], st[1], last_seq, self.worker, t, s) for (t, s), st in state.items() if (t, s) not in resum],
+                [(st[0], st[1], last_seq, self.worker, t, s) for (t, s), st in state.items() if (t, s) not in resummed],
             )
-        for t, s in sorted(resum):
-            await self._resum(conn, t, s, last_seq, state[(t, s)][0])
+        for t, s in sorted(resummed):
+            await self.resum(conn, t, s, last_seq, state[(t, s)][0])
         for t, s in keys:
-            if (t, s) in resum:
+            if (t, s) in resummed:
                 await self._check(conn, t, s, last_seq)
             else:
-                _, estimate, prompt_tokens, compact_after = state[(t, s)]
-                self._mark(t, s, estimate + prompt_tokens, compact_after, last_seq)
+                leaf, estimate, prompt_tokens, compact_after = state[(t, s)]
+                self._mark(t, s, leaf, estimate + prompt_tokens, compact_after, last_seq)
 
     async def _session(self, conn: Conn, t: str, s: str, seq: int) -> tuple[str | None, int, int, int | None]:
         await conn.execute(
@@ -242,7 +246,7 @@ class CompactorState:
                 if leaf == event.parent_id and (leaf is not None or estimate == 0):
                     await self._set(conn, t, s, seq, leaf_id=event.message_id, estimate=estimate + tokens)
                 else:
-                    await self._resum(conn, t, s, seq, event.message_id)
+                    await self.resum(conn, t, s, seq, event.message_id)
             case MessageUpdated():
                 body = await unpack_body(event, self._blobs)
                 await conn.execute(
@@ -251,7 +255,7 @@ class CompactorState:
                     (message_tokens(body, self._count), self.worker, t, s, event.message_id),
                 )
                 leaf, *_ = await self._session(conn, t, s, seq)
-                await self._resum(conn, t, s, seq, leaf)
+                await self.resum(conn, t, s, seq, leaf)
             case MessagesDeleted() | MessagesCleared() | SessionDeleted():
                 if isinstance(event, MessagesDeleted):
                     await conn.execute(
@@ -266,7 +270,7 @@ class CompactorState:
                             (self.worker, t, s),
                         )
                 await self._session(conn, t, s, seq)
-                await self._resum(conn, t, s, seq, await self._latest_leaf(conn, t, s))
+                await self.resum(conn, t, s, seq, await self._latest_leaf(conn, t, s))
             case CompactionRecorded():
                 await conn.execute(
                     "INSERT INTO compactor_overlays (worker, tenant, session_id, overlay_id, from_id, to_id, "
@@ -283,7 +287,7 @@ class CompactorState:
                     ),
                 )
                 leaf, *_ = await self._session(conn, t, s, seq)
-                await self._resum(conn, t, s, seq, leaf)
+                await self.resum(conn, t, s, seq, leaf)
             case _:
                 return
         await self._check(conn, t, s, seq)
@@ -328,7 +332,7 @@ class CompactorState:
         prompt = await context_queries.latest_prompt(conn, t, s)
         await self._session(conn, t, s, seq)
         await self._set(conn, t, s, seq, prompt_tokens=prompt.tokens if prompt else 0)
-        await self._resum(conn, t, s, seq, await self._latest_leaf(conn, t, s))
+        await self.resum(conn, t, s, seq, await self._latest_leaf(conn, t, s))
 
     async def _latest_leaf(self, conn: Conn, t: str, s: str) -> str | None:
         cur = await conn.execute(
@@ -340,7 +344,7 @@ class CompactorState:
         row = await cur.fetchone()
         return str(row[0]) if row else None
 
-    async def _resum(self, conn: Conn, t: str, s: str, seq: int, leaf: str | None) -> None:
+    async def resum(self, conn: Conn, t: str, s: str, seq: int, leaf: str | None) -> None:
         """Re-sum the stored counts along ``leaf``'s path, with its newest overlay applied."""
         estimate = 0
         if leaf is not None:
@@ -375,12 +379,12 @@ class CompactorState:
         await self._set(conn, t, s, seq, leaf_id=leaf, estimate=estimate)
 
     async def _check(self, conn: Conn, t: str, s: str, seq: int) -> None:
-        _, estimate, prompt_tokens, compact_after = await self._session(conn, t, s, seq)
-        self._mark(t, s, estimate + prompt_tokens, compact_after, seq)
+        leaf, estimate, prompt_tokens, compact_after = await self._session(conn, t, s, seq)
+        self._mark(t, s, leaf, estimate + prompt_tokens, compact_after, seq)
 
-    def _mark(self, t: str, s: str, total: int, compact_after: int | None, seq: int) -> None:
+    def _mark(self, t: str, s: str, leaf: str | None, total: int, compact_after: int | None, seq: int) -> None:
         if compact_after is not None and total > compact_after:
-            self.candidates[(t, s)] = Candidate(t, s, total, seq)
+            self.candidates[(t, s)] = Candidate(t, s, leaf, total, seq)
         else:
             self.candidates.pop((t, s), None)
 

@@ -116,6 +116,22 @@ async def test_a_tenant_cannot_publish_on_another_tenants_subjects(server: str, 
     assert await stream_messages(server, settings) == before
 
 
+async def test_a_tenant_cannot_request_compaction_work(server: str, settings: Settings) -> None:
+    """The work-queue stream is the operator's: a tenant can neither publish a request nor take one."""
+    layout = settings.layout()
+    subject = layout.work_subject("compaction", "tenant-a", "s-1")
+    async with as_tenant(server, "tenant-a") as (nc, violations):
+        js = nc.jetstream(timeout=1)
+        await refused(violations, subject, lambda: js.publish(subject, b"{}", timeout=1))
+        api = f"$JS.API.CONSUMER.INFO.{layout.work_stream}"
+        await refused(violations, api, lambda: js.consumer_info(layout.work_stream, settings.compaction_queue))
+    nc = await operator_nats(server)
+    try:
+        assert (await nc.jetstream().stream_info(layout.work_stream)).state.messages == 0
+    finally:
+        await nc.close()
+
+
 async def test_a_tenant_cannot_delete_or_change_the_stream(server: str, settings: Settings) -> None:
     async with as_tenant(server, "tenant-a") as (nc, violations):
         js = nc.jetstream(timeout=1)

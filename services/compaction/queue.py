@@ -1,0 +1,265 @@
+"""The compaction work queue: requests on a JetStream work-queue stream, taken by FastStream
+subscribers in every compactor process through one durable pull consumer.
+
+Request side (:class:`Requests`): a compactor's state decides which sessions are due; each due
+(session, leaf, estimate) is published once as ``compaction.requested`` to the session's work
+subject, with a deterministic id, so the same decision taken by two compactors, or again after a
+restart, is one request (the stream's duplicate window). The stream keeps one request per session
+(the newest): a backlog never holds a session twice.
+
+Work side (:func:`subscribe`): any number of compactor processes share the durable consumer
+``compaction_queue``; each takes up to ``compactor_concurrency`` requests at once and runs
+:meth:`CompactionService.compact` (the same code path as ``POST …/compact``). Acknowledgement is
+explicit, never FastStream's default (which would terminate a message whose handler raised):
+
+* done, or nothing to do: ack (the work-queue stream then drops the request);
+* failed, attempts left: nak with the backoff delay of this attempt;
+* failed on the last of ``compaction_attempts``: ``compaction.failed`` (id derived from the
+  request's), then ack;
+* while a summary runs, a heartbeat (``in_progress``) keeps the request; a compactor that stops
+  answering (killed) loses it after the first backoff delay, and another takes it (the consumer's
+  ``backoff`` and ``max_deliver`` bound that too). A request delivered once more than its attempts
+  (its last attempt died unsettled) records ``compaction.failed`` without summarising.
+
+Overlay ids are deterministic, so a redelivery never records an overlay twice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass
+
+from faststream import AckPolicy
+from faststream.nats import JStream, NatsBroker, NatsMessage, PullSub
+from nats.js import JetStreamContext
+from nats.js.api import AckPolicy as ConsumerAckPolicy
+from nats.js.api import ConsumerConfig, DeliverPolicy
+from pydantic import ValidationError
+
+from events.catalog import CompactionRequested
+from events.ids import derived_id
+from events.publisher import HDR_MSG_ID
+from events.subjects import SubjectLayout
+from services.compaction.service import Attempt, CompactionService
+
+log = logging.getLogger("chronicle.compactor")
+KIND = "compaction"
+Key = tuple[str, str]
+
+
+def request_id(tenant: str, session: str, leaf: str | None, estimate: int) -> str:
+    """The same decision gives the same id: the stream stores it once."""
+    return derived_id("compaction-requested", tenant, session, leaf or "", estimate)
+
+
+@dataclass(frozen=True, slots=True)
+class Retry:
+    delay_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class GiveUp:
+    """Record ``compaction.failed`` and ack: no attempt is left."""
+
+
+def after_failure(delivery: int, attempts: int, backoff_s: Sequence[float]) -> Retry | GiveUp:
+    """What a failed ``delivery`` (1-based) of a request leads to (pure)."""
+    if delivery >= attempts:
+        return GiveUp()
+    return Retry(backoff_s[min(delivery, len(backoff_s)) - 1])
+
+
+def consumer_config(layout: SubjectLayout, durable: str, attempts: int, backoff_s: Sequence[float]) -> ConsumerConfig:
+    """The one durable every compactor shares. ``backoff`` paces redeliveries of requests whose
+    compactor went silent (its first entry is the ack wait a heartbeat renews); ``max_deliver``
+    leaves one delivery beyond the attempts, to record the failure of a last attempt that died."""
+    deliveries = attempts + 1
+    return ConsumerConfig(
+        durable_name=durable,
+        ack_policy=ConsumerAckPolicy.EXPLICIT,
+        deliver_policy=DeliverPolicy.ALL,
+        filter_subject=f"{layout.work_prefix}.{KIND}.>",
+        max_deliver=deliveries,
+        backoff=list(backoff_s)[:deliveries],
+        max_ack_pending=-1,
+    )
+
+
+class Requests:
+    """Publishes the state's due sessions as ``compaction.requested``, each decision once."""
+
+    def __init__(self, js: JetStreamContext, layout: SubjectLayout) -> None:
+        self._js = js
+        self._layout = layout
+        self._sent: dict[Key, str] = {}  # the last request id published per session
+        self.published = 0
+
+    def unsent(self, due: Sequence[CompactionRequested]) -> list[CompactionRequested]:
+        """Those of ``due`` not yet published; sessions no longer due are forgotten (a later
+        decision for them is new)."""
+        keys = {(r.tenant, r.session) for r in due}
+        for key in [k for k in self._sent if k not in keys]:
+            del self._sent[key]
+        return [r for r in due if self._sent.get((r.tenant, r.session)) != r.id]
+
+    async def publish(self, due: Sequence[CompactionRequested]) -> int:
+        """Publish what :meth:`unsent` returns (pipelined); the number published."""
+        todo = self.unsent(due)
+        futures = []
+        for req in todo:
+            subject = self._layout.work_subject(KIND, req.tenant, req.session)
+            futures.append(
+                await self._js.publish_async(
+                    subject, req.to_json(), headers={HDR_MSG_ID: req.id}, stream=self._layout.work_stream
+                )
+            )
+        await asyncio.gather(*futures)
+        for req in todo:
+            self._sent[(req.tenant, req.session)] = req.id
+        self.published += len(todo)
+        return len(todo)
+
+
+def request(tenant: str, session: str, leaf: str | None, estimate: int, seq: int) -> CompactionRequested:
+    return CompactionRequested(
+        id=request_id(tenant, session, leaf, estimate),
+        tenant=tenant,
+        session=session,
+        leaf_id=leaf,
+        estimate=estimate,
+        seq=seq,
+    )
+
+
+@dataclass
+class WorkStats:
+    compactions: int = 0  # overlays recorded
+    nothing: int = 0  # requests settled with nothing to record (or no longer due)
+    failures: int = 0  # failed attempts (each retried or, on the last, recorded)
+    gave_up: int = 0  # requests whose attempts ran out (compaction.failed recorded)
+    in_flight: int = 0
+
+
+StillDue = Callable[[CompactionRequested], bool]
+
+
+class SessionLocks:
+    """A lock per session, held only while someone holds or awaits it."""
+
+    def __init__(self) -> None:
+        self._locks: dict[Key, tuple[asyncio.Lock, int]] = {}
+
+    @contextlib.asynccontextmanager
+    async def hold(self, key: Key) -> AsyncIterator[None]:
+        lock, users = self._locks.get(key, (asyncio.Lock(), 0))
+        self._locks[key] = (lock, users + 1)
+        try:
+            async with lock:
+                yield
+        finally:
+            lock, users = self._locks[key]
+            if users == 1:
+                del self._locks[key]
+            else:
+                self._locks[key] = (lock, users - 1)
+
+
+def subscribe(
+    broker: NatsBroker,
+    layout: SubjectLayout,
+    service: CompactionService,
+    *,
+    durable: str,
+    concurrency: int,
+    attempts: int,
+    backoff_s: Sequence[float],
+    still_due: StillDue | None = None,
+    compact_timeout_s: float = 600,
+) -> WorkStats:
+    """Register the work-queue subscriber on ``broker`` (started by the caller); its counters.
+
+    ``still_due`` lets a request that the local state has since seen settled (compacted by
+    someone, or no longer over its threshold) be acked without work; None: every request runs.
+    """
+    stats = WorkStats()
+    busy = SessionLocks()  # one summary of a session at a time in this process
+    beat_s = max(0.1, backoff_s[0] / 3)
+
+    async def heartbeat(msg: NatsMessage) -> None:
+        while True:
+            await asyncio.sleep(beat_s)
+            with contextlib.suppress(Exception):  # a lost connection: the request is redelivered
+                await msg.in_progress()
+
+    @broker.subscriber(
+        f"{layout.work_prefix}.{KIND}.>",
+        stream=JStream(name=layout.work_stream, declare=False),
+        durable=durable,
+        config=consumer_config(layout, durable, attempts, backoff_s),
+        pull_sub=PullSub(batch_size=1, timeout=1.0),
+        max_workers=concurrency,
+        ack_policy=AckPolicy.MANUAL,
+        title="compaction.requested",
+        description="Summarise a session that its compactor's state found over compact_after.",
+    )
+    async def compaction_requested(msg: NatsMessage) -> None:
+        delivery = msg.raw_message.metadata.num_delivered
+        try:
+            req = CompactionRequested.model_validate_json(msg.body)
+        except ValidationError as exc:
+            log.error("dropping a malformed compaction request: %s", exc)
+            await msg.reject()  # it would fail the same way every time
+            return
+        key = (req.tenant, req.session)
+        attempt = Attempt(req.id, delivery)
+        stats.in_flight += 1
+        beat = asyncio.create_task(heartbeat(msg))
+        try:
+            if delivery > attempts:  # the last attempt died without settling (killed)
+                await _give_up(service, req, attempt, RuntimeError("the last attempt ended without an answer"))
+                stats.gave_up += 1
+                await msg.ack()
+                return
+            if still_due is not None and not still_due(req):
+                stats.nothing += 1
+                await msg.ack()
+                return
+            try:
+                async with busy.hold(key), asyncio.timeout(compact_timeout_s):  # a dead connection never holds it
+                    outcome = await service.compact(req.tenant, req.session, attempt=attempt)
+            except Exception as exc:
+                stats.failures += 1
+                match after_failure(delivery, attempts, backoff_s):
+                    case Retry(delay_s=delay):
+                        log.warning(
+                            "compaction of %s/%s failed (attempt %d of %d); again in %.1fs: %s",
+                            *key, delivery, attempts, delay, exc,
+                        )  # fmt: skip
+                        await msg.nack(delay=delay)
+                    case GiveUp():
+                        log.error("compaction of %s/%s failed %d times; recorded", *key, delivery, exc_info=exc)
+                        await _give_up(service, req, attempt, exc)
+                        stats.gave_up += 1
+                        await msg.ack()
+                return
+            if outcome.overlay is not None:
+                stats.compactions += 1
+                log.info("compacted %s/%s: %s", *key, outcome.overlay.overlay_id)
+            else:
+                stats.nothing += 1
+                log.info("nothing to compact in %s/%s: %s", *key, outcome.reason)
+            await msg.ack()
+        finally:
+            stats.in_flight -= 1
+            beat.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await beat
+
+    return stats
+
+
+async def _give_up(service: CompactionService, req: CompactionRequested, attempt: Attempt, exc: BaseException) -> None:
+    await service.record_failure(req.tenant, req.session, req.leaf_id, exc, attempt)

@@ -1,0 +1,235 @@
+"""Compaction of one session now: the one code path behind ``POST …/compact`` and every request
+the compaction work queue (:mod:`services.compaction.queue`) delivers.
+
+An overlay's event id is derived from (tenant, session, first id, last id), so two compactors, or
+a redelivery after a crash, record it once; it is published only if nothing that invalidates it
+reached the session while the summary was written. Appends never wait for any of this.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+import psycopg
+from psycopg_pool import AsyncConnectionPool
+
+from events import log as eventlog
+from events.admission import Refused, admit, scrub
+from events.catalog import (
+    CompactionFailed,
+    CompactionRecorded,
+    MessagesCleared,
+    MessagesDeleted,
+    MessageUpdated,
+    SessionDeleted,
+)
+from events.context import CompactionConfig
+from events.envelope import new_event_id
+from events.ids import derived_id
+from events.publisher import ConcurrencyConflict, Published, Publisher
+from projections import context_queries, queries
+from projections.overlays import Overlay, apply_overlays, overlays
+from services.compaction.ranges import Message, Plan, Skip, message_tokens, plan_compaction
+from services.compaction.summarizers import Summarizer
+from services.context.service import ContextService
+from services.tokens import TokenCounter
+from services.writes.optimistic import OptimisticWriter
+
+Conn = psycopg.AsyncConnection[Any]
+log = logging.getLogger("chronicle.compactor")
+
+
+@dataclass(frozen=True, slots=True)
+class Attempt:
+    """Which delivery of which work-queue request a compaction is: its failure is then recorded
+    by the queue, once, when the last attempt fails (not by :meth:`CompactionService.compact`)."""
+
+    request_id: str
+    number: int
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    overlay: Overlay | None
+    reason: str | None
+    seq: int
+
+
+async def compacted_view(
+    conn: Conn, tenant: str, session: str, leaf_id: str | None, *, compacted: bool = True
+) -> tuple[str | None, list[queries.MessageRow], list[queries.MessageRow | Overlay]]:
+    """(leaf, raw path rows, view) — the view has overlays applied unless ``compacted`` is false."""
+    if leaf_id is None:
+        leaf = await queries.latest_leaf(conn, tenant, session)
+        leaf_id = leaf.id if leaf else None
+    rows = await queries.history(conn, tenant, session, leaf_id) if leaf_id else []
+    if not compacted or not rows:
+        return leaf_id, rows, list(rows)
+    by_id = {r.id: r for r in rows}
+    found = await overlays(conn, tenant, session)
+    view: list[queries.MessageRow | Overlay] = [
+        by_id[x] if isinstance(x, str) else x for x in apply_overlays(list(by_id), found)
+    ]
+    return leaf_id, rows, view
+
+
+def as_message(item: queries.MessageRow | Overlay) -> Message:
+    if isinstance(item, Overlay):
+        return item.as_message()
+    body: Message = json.loads(item.content)
+    return body
+
+
+class CompactionService:
+    def __init__(
+        self,
+        pool: AsyncConnectionPool[Conn],
+        publisher: Publisher,
+        optimistic: OptimisticWriter,
+        context: ContextService,
+        counter: TokenCounter,
+        summarizer: Summarizer,
+    ) -> None:
+        self._pool = pool
+        self._pub = publisher
+        self._cond = optimistic
+        self._context = context
+        self._counter = counter
+        self.summarizer = summarizer
+
+    def tokens(self, msg: Message) -> int:
+        return message_tokens(msg, self._counter.count)
+
+    async def compact(
+        self, tenant: str, session: str, leaf_id: str | None = None, *, attempt: Attempt | None = None
+    ) -> Outcome:
+        """Compact the branch ending at ``leaf_id`` (default: the latest leaf) now.
+
+        Raises :class:`~services.compaction.summarizers.SummarizerError` when the summarizer
+        fails, after recording ``compaction.failed`` unless this is a work-queue ``attempt`` (the
+        queue records the failure of a request's last attempt).
+        """
+        last = await self._cond.catch_up(tenant, session)
+        async with self._pool.connection() as conn:
+            cfg = (await self._context.config(conn, tenant, session)).compaction or CompactionConfig()
+            leaf, _, view = await compacted_view(conn, tenant, session, leaf_id)
+            prompt = await context_queries.latest_prompt(conn, tenant, session)
+        if leaf is None or not view:
+            return Outcome(None, "no messages", last)
+        messages = [as_message(v) for v in view]
+        plan = plan_compaction(
+            messages,
+            self.tokens,
+            protect_head=cfg.protect_head,
+            tail_token_budget=cfg.tail_token_budget,
+            min_tail_messages=cfg.min_tail_messages,
+        )
+        if isinstance(plan, Skip):
+            return Outcome(None, plan.reason, last)
+        summary = await self._summarize(tenant, session, leaf, plan, attempt)
+        if not summary.strip():
+            return Outcome(None, "the summarizer returned an empty summary", last)
+        existing = next((v for v in view if isinstance(v, Overlay)), None)
+        first = existing.from_message_id if existing else str(plan.middle[0]["id"])
+        last_id = str(plan.middle[-1]["id"])
+        prompt_tokens = prompt.tokens if prompt else 0
+        before = sum(self.tokens(m) for m in messages) + prompt_tokens
+        covered = _covered(messages, first, last_id, existing)
+        summary_msg: Message = {"id": "", "role": "assistant", "parts": [{"type": "text", "text": summary}]}
+        after = before - sum(self.tokens(m) for m in covered) + self.tokens(summary_msg)
+        overlay_id = derived_id("overlay", tenant, session, first, last_id)
+        event = CompactionRecorded(
+            id=overlay_id,
+            tenant=tenant,
+            session=session,
+            overlay_id=overlay_id,
+            from_message_id=first,
+            to_message_id=last_id,
+            leaf_id=leaf,
+            tokens_before=before,
+            tokens_after=after,
+            summarizer=self.summarizer.name,
+            model=self.summarizer.model,
+            summary=scrub(summary),
+        )
+        covered_ids = {str(m.get("id")) for m in covered}
+        published = await self._publish_unless_changed(event, last, covered_ids)
+        if published is None:
+            return Outcome(None, "the session changed while summarising; nothing recorded", last)
+        if not published.duplicate and await self._context.has_prompt(tenant, session):
+            await self._context.refresh_prompt(tenant, session, "compaction")
+        await self._cond.catch_up(tenant, session)
+        async with self._pool.connection() as conn:
+            recorded = next((o for o in await overlays(conn, tenant, session) if o.overlay_id == overlay_id), None)
+        return Outcome(recorded, None if recorded else "recorded; not yet visible", published.seq)
+
+    async def _publish_unless_changed(
+        self, event: CompactionRecorded, expected: int, covered: set[str]
+    ) -> Published | None:
+        """Publish the overlay only if nothing that invalidates it reached the session meanwhile.
+
+        The decision was made at ``expected``; appends (and other events that leave the covered
+        range alone) that arrived during the summary are fine, and the expectation moves past
+        them. A clear, a deletion, an update in the range or another overlay aborts (``None``);
+        the same overlay recorded by another compactor counts as done.
+        """
+        subject = self._pub.layout.session_subject(event.tenant, event.session)
+        for _ in range(20):
+            try:
+                return await self._pub.publish(event, expected_last_subject_seq=expected)
+            except ConcurrencyConflict:
+                pass
+            async for stored in eventlog.read(self._pub.js, self._pub.layout, subject, expected + 1):
+                expected = stored.seq
+                try:
+                    newer = admit(stored.data, stored.subject, self._pub.layout)
+                except Refused:
+                    continue  # quarantined: no projection applies it, so it changes nothing here
+                match newer:
+                    case CompactionRecorded() if newer.overlay_id == event.overlay_id:
+                        return Published(seq=stored.seq, duplicate=True)
+                    case MessagesCleared() | SessionDeleted() | CompactionRecorded():
+                        return None
+                    case MessageUpdated() if newer.message_id in covered:
+                        return None
+                    case MessagesDeleted() if covered & set(newer.message_ids):
+                        return None
+                    case _:
+                        continue
+        return None
+
+    async def _summarize(self, tenant: str, session: str, leaf: str, plan: Plan, attempt: Attempt | None) -> str:
+        try:
+            return await self.summarizer.summarize(plan)
+        except Exception as exc:
+            if attempt is None:
+                await self.record_failure(tenant, session, leaf, exc)
+            raise
+
+    async def record_failure(
+        self, tenant: str, session: str, leaf: str | None, exc: BaseException, attempt: Attempt | None = None
+    ) -> Published:
+        """Record ``compaction.failed``: for a work-queue request, with an id derived from the
+        request's (a redelivered last attempt records it once) and its delivery count."""
+        failed = CompactionFailed(
+            id=derived_id("compaction-failed", attempt.request_id) if attempt else new_event_id(),
+            tenant=tenant,
+            session=session,
+            leaf_id=leaf or "",
+            summarizer=self.summarizer.name,
+            error=scrub(f"{type(exc).__name__}: {exc}"[:2000]),
+            attempt=attempt.number if attempt else 1,
+        )
+        return await self._pub.publish(failed)
+
+
+def _covered(messages: list[Message], first: str, last: str, existing: Overlay | None) -> list[Message]:
+    """The view's messages the new overlay replaces (the old overlay message included)."""
+    ids = [str(m.get("id")) for m in messages]
+    start_id = existing.message_id if existing else first
+    start = ids.index(start_id) if start_id in ids else 0
+    end = ids.index(last) if last in ids else len(ids) - 1
+    return messages[start : end + 1]

@@ -1,0 +1,309 @@
+"""The compaction work queue on a real nats-server (never FastStream's TestNatsBroker, which
+ignores acks, dedup and redelivery): one request per decision, explicit acks, redelivery with
+backoff, ``compaction.failed`` once when attempts run out, one durable shared by subscribers in
+several processes, and a killed subscriber's request taken by another."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+
+from nats.js.api import StreamInfo
+
+from bench.support import settings_env
+from events.context import CompactionConfig, SessionConfig
+from projections.overlays import Overlay, overlays
+from services.bootstrap import Container, work_broker
+from services.compaction.queue import KIND, Requests, WorkStats, consumer_config, request, subscribe
+from services.compaction.ranges import Plan
+from services.compaction.service import CompactionService
+from services.compaction.summarizers import Summarizer, SummarizerError
+from services.compaction.worker import ensure_consumer
+from services.settings import Settings
+from tests.conftest import make_settings, running_stack
+from tests.e2e.stub_llm import StubLLM
+from tests.integration.helpers import text_message
+
+T = "tenant-a"
+POLICY = CompactionConfig(protect_head=1, tail_token_budget=50, min_tail_messages=2)
+
+
+async def _session(c: Container, sid: str, policy: CompactionConfig = POLICY) -> int:
+    """A session with enough history to compact; the sequence of its last append."""
+    await c.context.configure(T, sid, SessionConfig(compaction=policy))
+    seq = 0
+    for i in range(12):
+        seq = (await c.commands.append(T, sid, text_message(f"m{i}", f"{sid} turn {i} " + "lorem ipsum " * 20))).seq
+    return seq
+
+
+async def _until(check: Callable[[], Awaitable[bool]], what: str, seconds: float = 30) -> None:
+    deadline = time.monotonic() + seconds
+    while not await check():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        await asyncio.sleep(0.05)
+
+
+async def _overlays(c: Container, sid: str) -> list[Overlay]:
+    async with c.pool.connection() as conn:
+        return await overlays(conn, T, sid)
+
+
+async def _failures(c: Container, sid: str) -> list[tuple[int, str]]:
+    async with c.pool.connection() as conn:
+        cur = await conn.execute(
+            "SELECT attempt, error FROM compaction_failures WHERE tenant = %s AND session_id = %s", (T, sid)
+        )
+        return [(int(a), str(e)) for a, e in await cur.fetchall()]
+
+
+async def _work_stream(c: Container) -> StreamInfo:
+    return await c.js.stream_info(c.layout.work_stream)
+
+
+async def _settled(c: Container) -> bool:
+    """Nothing left to deliver or to acknowledge: no delivery can happen any more."""
+    info = await c.js.consumer_info(c.layout.work_stream, c.settings.compaction_queue)
+    return info.num_pending == 0 and info.num_ack_pending == 0 and (await _work_stream(c)).state.messages == 0
+
+
+@contextlib.asynccontextmanager
+async def _subscriber(c: Container, summarizer: Summarizer, *, attempts: int = 3) -> AsyncIterator[WorkStats]:
+    """A work-queue subscriber on a NATS connection of its own, on the shared durable."""
+    s = c.settings
+    service = CompactionService(c.pool, c.publisher, c.commands.optimistic, c.context, c.context.counter, summarizer)
+    broker = work_broker(s)
+    stats = subscribe(
+        broker,
+        c.layout,
+        service,
+        durable=s.compaction_queue,
+        concurrency=1,
+        attempts=attempts,
+        backoff_s=s.compaction_backoff_s,
+    )
+    await ensure_consumer(
+        c.js, c.layout, consumer_config(c.layout, s.compaction_queue, attempts, s.compaction_backoff_s)
+    )
+    await broker.start()
+    try:
+        yield stats
+    finally:
+        await broker.stop()
+
+
+async def _request(c: Container, sid: str, seq: int, leaf: str = "m11", estimate: int = 1000) -> None:
+    assert await Requests(c.js, c.layout).publish([request(T, sid, leaf, estimate, seq)]) == 1
+
+
+class _Failing:
+    name = "failing"
+    model: str | None = None
+
+    def __init__(self) -> None:
+        self.at: list[float] = []
+
+    async def summarize(self, plan: Plan) -> str:
+        self.at.append(time.monotonic())
+        raise SummarizerError("the model is down")
+
+
+class _Counting:
+    def __init__(self, name: str, delay_s: float = 0.0) -> None:
+        self.name = name
+        self.model: str | None = None
+        self.delay_s = delay_s
+        self.sessions: list[str] = []
+        self.entered = asyncio.Event()
+
+    async def summarize(self, plan: Plan) -> str:
+        self.entered.set()
+        self.sessions.append(str(plan.middle[0]["parts"][0]["text"]).split(" turn ")[0])  # "<sid> turn <i> …"
+        await asyncio.sleep(self.delay_s)
+        return f"## Topic\nsummary by {self.name}"
+
+
+async def test_a_decision_taken_twice_is_one_request_and_a_newer_one_replaces_it(
+    nats_url: str, fresh_db: str, s3_endpoint: str
+) -> None:
+    settings = make_settings(nats_url, fresh_db, s3_endpoint=s3_endpoint)
+    async with running_stack(settings, projector=False) as c:
+        first = request(T, "s1", "m5", 700, 10)
+        # two compactors (two Requests) decide the same: the stream stores it once
+        assert await Requests(c.js, c.layout).publish([first]) == 1
+        assert await Requests(c.js, c.layout).publish([first]) == 1
+        info = await _work_stream(c)
+        assert (info.state.messages, info.state.last_seq) == (1, 1)
+        # the same Requests does not publish a decision again
+        requests = Requests(c.js, c.layout)
+        assert await requests.publish([first]) == 1
+        assert await requests.publish([first]) == 0
+        # a newer decision for the session replaces the one no compactor has taken yet
+        newer = request(T, "s1", "m7", 900, 12)
+        assert await requests.publish([newer]) == 1
+        info = await _work_stream(c)
+        assert info.state.messages == 1
+        stored = await c.js.get_last_msg(c.layout.work_stream, c.layout.work_subject(KIND, T, "s1"))
+        assert json.loads(stored.data or b"{}")["id"] == newer.id
+        # another session's request waits beside it
+        assert await requests.publish([newer, request(T, "s2", "m1", 800, 13)]) == 1
+        assert (await _work_stream(c)).state.messages == 2
+
+
+async def test_the_shared_consumer_follows_the_settings(nats_url: str, fresh_db: str, s3_endpoint: str) -> None:
+    """Attempts and backoff are on the durable consumer itself, and a new release's values reach it."""
+    settings = make_settings(nats_url, fresh_db, s3_endpoint=s3_endpoint)
+    async with running_stack(settings, projector=False) as c:
+        name = settings.compaction_queue
+        await ensure_consumer(c.js, c.layout, consumer_config(c.layout, name, 4, (0.5, 1.0)))
+        info = await c.js.consumer_info(c.layout.work_stream, name)
+        assert (info.config.max_deliver, info.config.backoff, info.config.ack_wait) == (5, [0.5, 1.0], 0.5)
+        await ensure_consumer(c.js, c.layout, consumer_config(c.layout, name, 2, (2.0, 3.0, 4.0)))
+        info = await c.js.consumer_info(c.layout.work_stream, name)
+        assert (info.config.max_deliver, info.config.backoff) == (3, [2.0, 3.0, 4.0])
+
+
+async def test_a_failing_summarizer_is_redelivered_with_backoff_then_failed_once(
+    nats_url: str, fresh_db: str, s3_endpoint: str
+) -> None:
+    settings = make_settings(nats_url, fresh_db, s3_endpoint=s3_endpoint, compaction_backoff_s=(0.6, 1.2))
+    async with running_stack(settings) as c:
+        seq = await _session(c, "failing")
+        failing = _Failing()
+        async with _subscriber(c, failing, attempts=3) as stats:
+            await _request(c, "failing", seq)
+            await _until(lambda: _settled_after(c, failing), "the request to be settled")
+        assert len(failing.at) == 3, failing.at
+        gaps = [b - a for a, b in zip(failing.at, failing.at[1:], strict=False)]
+        assert gaps[0] >= 0.55, gaps  # nak delays: the backoff of each attempt
+        assert gaps[1] >= 1.15, gaps
+        await c.commands.optimistic.catch_up(T, "failing")
+        failures = await _failures(c, "failing")
+        assert len(failures) == 1, failures
+        assert failures[0][0] == 3
+        assert "the model is down" in failures[0][1]
+        assert (stats.failures, stats.gave_up, stats.compactions) == (3, 1, 0)
+        assert await _overlays(c, "failing") == []
+
+
+async def _settled_after(c: Container, failing: _Failing) -> bool:
+    return bool(failing.at) and await _settled(c)
+
+
+async def test_the_last_attempt_that_died_unsettled_is_recorded_once_without_a_summary(
+    nats_url: str, fresh_db: str, s3_endpoint: str
+) -> None:
+    """A compactor killed during the last attempt settles nothing: the extra delivery that
+    ``max_deliver`` leaves records ``compaction.failed`` and summarises no more."""
+    settings = make_settings(nats_url, fresh_db, s3_endpoint=s3_endpoint)
+    async with running_stack(settings) as c:
+        seq = await _session(c, "died")
+        blocking = _Counting("blocking", delay_s=3600)
+        async with _subscriber(c, blocking, attempts=1):
+            await _request(c, "died", seq)
+            await asyncio.wait_for(blocking.entered.wait(), 20)
+        # stopped mid-summary without an ack (as a killed process): the request comes back
+        counting = _Counting("other")
+        async with _subscriber(c, counting, attempts=1) as stats:
+            await _until(lambda: _settled(c), "the request to be settled")
+        assert counting.sessions == []
+        assert stats.gave_up == 1
+        await c.commands.optimistic.catch_up(T, "died")
+        failures = await _failures(c, "died")
+        assert [a for a, _ in failures] == [2]
+        assert "without an answer" in failures[0][1]
+
+
+async def test_a_malformed_request_is_dropped_not_redelivered(nats_url: str, fresh_db: str, s3_endpoint: str) -> None:
+    settings = make_settings(nats_url, fresh_db, s3_endpoint=s3_endpoint)
+    async with running_stack(settings, projector=False) as c:
+        counting = _Counting("any")
+        async with _subscriber(c, counting) as stats:
+            await c.js.publish(c.layout.work_subject(KIND, T, "bad"), b'{"not": "a request"}')
+            await _until(lambda: _settled(c), "the malformed request to be dropped")
+        assert counting.sessions == []
+        assert (stats.compactions, stats.failures, stats.nothing) == (0, 0, 0)
+
+
+def _compactor(settings: Settings, name: str, llm: StubLLM, model: str) -> subprocess.Popen[bytes]:
+    env = settings_env(settings)
+    env.update(
+        CHRONICLE_COMPACTOR_NAME=name,
+        CHRONICLE_COMPACTOR_CONCURRENCY="1",
+        CHRONICLE_SUMMARIZER="openai",
+        CHRONICLE_SUMMARIZER_BASE_URL=llm.base_url,
+        CHRONICLE_SUMMARIZER_MODEL=model,
+        CHRONICLE_SUMMARIZER_ATTEMPTS="1",
+    )
+    return subprocess.Popen([sys.executable, "-m", "services.ops.cli", "compactor"], env=env, stderr=subprocess.DEVNULL)
+
+
+def _stop(*procs: subprocess.Popen[bytes]) -> None:
+    for p in procs:
+        if p.poll() is None:
+            p.send_signal(signal.SIGTERM)
+    for p in procs:
+        p.wait(timeout=20)
+
+
+def _asked_about(llm: StubLLM, sid: str) -> int:
+    return sum(1 for body in llm.requests if f"{sid} turn" in json.dumps(body))
+
+
+async def test_two_compactor_processes_share_the_work_without_duplicates(
+    nats_url: str, fresh_db: str, s3_endpoint: str
+) -> None:
+    settings = make_settings(nats_url, fresh_db, s3_endpoint=s3_endpoint)
+    sessions = [f"share-{i}" for i in range(6)]
+    async with running_stack(settings) as c:
+        for sid in sessions:
+            await _session(c, sid, POLICY.model_copy(update={"compact_after": 300}))
+        script = [StubLLM.slow("## Topic\nshared", 1.0) for _ in sessions]
+        with StubLLM(script, fallback="## Topic\nshared") as llm:
+            procs = [_compactor(settings, "cmp-a", llm, "stub-a"), _compactor(settings, "cmp-b", llm, "stub-b")]
+            try:
+
+                async def all_compacted() -> bool:
+                    return all([await _overlays(c, sid) for sid in sessions])
+
+                await _until(all_compacted, "every session to be compacted", 60)
+                await _until(lambda: _settled(c), "the work queue to be empty")
+            finally:
+                _stop(*procs)
+            found = {sid: await _overlays(c, sid) for sid in sessions}
+            assert all(len(found[sid]) == 1 for sid in sessions), found
+            assert {sid: _asked_about(llm, sid) for sid in sessions} == dict.fromkeys(sessions, 1)
+            assert {o.model for sid in sessions for o in found[sid]} == {"stub-a", "stub-b"}
+
+
+async def test_a_killed_compactors_request_is_redelivered_to_the_other(
+    nats_url: str, fresh_db: str, s3_endpoint: str
+) -> None:
+    settings = make_settings(nats_url, fresh_db, s3_endpoint=s3_endpoint)
+    async with running_stack(settings) as c:
+        await _session(c, "victim", POLICY.model_copy(update={"compact_after": 300}))
+        with StubLLM([StubLLM.slow("## Topic\nnever", 60.0)], fallback="## Topic\nunused") as llm:
+            killed = _compactor(settings, "cmp-killed", llm, "stub-killed")
+            try:
+                await _until(lambda: _asked(llm), "the first compactor to ask its summarizer")
+            finally:
+                killed.send_signal(signal.SIGKILL)
+                killed.wait()
+            assert await _overlays(c, "victim") == []
+            other = _Counting("the-other")
+            async with _subscriber(c, other) as stats:
+                await _until(lambda: _settled(c), "the request to be redelivered and settled")
+            assert other.sessions == ["victim"]
+            assert stats.compactions == 1
+            (overlay,) = await _overlays(c, "victim")
+            assert overlay.summarizer == "the-other"
+
+
+async def _asked(llm: StubLLM) -> bool:
+    return bool(llm.requests)

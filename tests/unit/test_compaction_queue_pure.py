@@ -1,0 +1,32 @@
+"""The work queue's pure parts: what a failed attempt leads to, request ids, the consumer's bounds."""
+
+from __future__ import annotations
+
+from events.subjects import SubjectLayout
+from services.compaction.queue import GiveUp, Retry, after_failure, consumer_config, request_id
+
+
+def test_a_failed_attempt_is_retried_with_its_backoff_until_the_last() -> None:
+    backoff = (1.0, 5.0)
+    assert after_failure(1, 4, backoff) == Retry(1.0)
+    assert after_failure(2, 4, backoff) == Retry(5.0)
+    assert after_failure(3, 4, backoff) == Retry(5.0)  # the last delay repeats
+    assert after_failure(4, 4, backoff) == GiveUp()
+    assert after_failure(5, 4, backoff) == GiveUp()
+    assert after_failure(1, 1, backoff) == GiveUp()
+
+
+def test_the_same_decision_has_the_same_request_id() -> None:
+    assert request_id("t", "s", "m9", 700) == request_id("t", "s", "m9", 700)
+    assert len({request_id("t", "s", "m9", 700), request_id("t", "s", "m9", 701), request_id("t", "s", "m8", 700)}) == 3
+    assert request_id("t", "s", None, 7) != request_id("t", "s2", None, 7)
+
+
+def test_the_consumer_bounds_deliveries_one_past_the_attempts() -> None:
+    layout = SubjectLayout(stream="S", prefix="p.ev")
+    config = consumer_config(layout, "compaction", 3, (0.5, 1.0, 2.0, 4.0, 8.0))
+    assert config.max_deliver == 4
+    assert config.backoff == [0.5, 1.0, 2.0, 4.0]  # never longer than max_deliver (the server refuses that)
+    assert config.filter_subject == "p.ev-work.compaction.>"
+    assert layout.work_subject("compaction", "t", "s").startswith("p.ev-work.compaction.")
+    assert not layout.work_subject("compaction", "t", "s").startswith(layout.wildcard[:-1])
