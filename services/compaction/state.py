@@ -1,4 +1,5 @@
-"""The compactor's incremental token state: a projection it owns and checkpoints itself.
+"""The compactor's incremental token state: a projection it owns and checkpoints itself (the SQL
+shell; the steps themselves are pure, in :mod:`services.compaction.estimate`).
 
 Only sessions with compaction configured (``compact_after``) are tracked: an event of any other
 session is skipped before anything is tokenised or stored, so a session without compaction costs
@@ -37,6 +38,15 @@ from events.catalog import (
 )
 from events.envelope import Event
 from projections import context_queries
+from services.compaction.estimate import (
+    Append,
+    Branch,
+    compacted_sum,
+    extends,
+    fold_appends,
+    is_due,
+    path_from_leaf,
+)
 from services.compaction.ranges import TOKENS_PER_MESSAGE, message_tokens
 
 Conn = AsyncConnection[Any]
@@ -163,31 +173,30 @@ class CompactorState:
             "WHERE worker = %s AND (tenant, session_id) IN (SELECT * FROM unnest(%s::text[], %s::text[]))",
             (self.worker, [k[0] for k in keys], [k[1] for k in keys]),
         )
-        state = {(str(t), str(s)): [leaf, int(est), int(pt), ca] for t, s, leaf, est, pt, ca in await cur.fetchall()}
-        resummed: set[tuple[str, str]] = set()
-        for t, s, mid, parent, tokens, _seq in rows:
-            if (t, s, mid) not in fresh:
-                continue
-            st = state[(t, s)]
-            if (t, s) not in resummed and st[0] == parent and (parent is not None or st[1] == 0):
-                st[0], st[1] = mid, st[1] + tokens
-            else:
-                st[0] = mid
-                resummed.add((t, s))
+        found = {(str(t), str(s)): (leaf, int(est), int(pt), ca) for t, s, leaf, est, pt, ca in await cur.fetchall()}
+        branches, switched = fold_appends(
+            {key: Branch(leaf, est) for key, (leaf, est, _, _) in found.items()},
+            (Append(t, s, mid, parent, tokens) for t, s, mid, parent, tokens, _ in rows if (t, s, mid) in fresh),
+        )
         async with conn.cursor() as update:
             await update.executemany(
                 "UPDATE compactor_sessions SET leaf_id = %s, estimate = %s, seq = %s "
                 "WHERE worker = %s AND tenant = %s AND session_id = %s",
-                [(st[0], st[1], last_seq, self.worker, t, s) for (t, s), st in state.items() if (t, s) not in resummed],
+                [
+                    (b.leaf, b.estimate, last_seq, self.worker, *key)
+                    for key, b in branches.items()
+                    if key not in switched
+                ],
             )
-        for t, s in sorted(resummed):
-            await self.resum(conn, t, s, last_seq, state[(t, s)][0])
+        for t, s in sorted(switched):
+            await self.resum(conn, t, s, last_seq, branches[(t, s)].leaf)
         for t, s in keys:
-            if (t, s) in resummed:
+            if (t, s) in switched:
                 await self._check(conn, t, s, last_seq)
             else:
-                leaf, estimate, prompt_tokens, compact_after = state[(t, s)]
-                self._mark(t, s, leaf, estimate + prompt_tokens, compact_after, last_seq)
+                _, _, prompt_tokens, compact_after = found[(t, s)]
+                branch = branches[(t, s)]
+                self._mark(t, s, branch, prompt_tokens, compact_after, last_seq)
 
     async def _session(self, conn: Conn, t: str, s: str, seq: int) -> tuple[str | None, int, int, int | None]:
         await conn.execute(
@@ -243,7 +252,7 @@ class CompactorState:
                 if cur.rowcount == 0:
                     return
                 leaf, estimate, _, _ = await self._session(conn, t, s, seq)
-                if leaf == event.parent_id and (leaf is not None or estimate == 0):
+                if extends(Branch(leaf, estimate), event.parent_id):
                     await self._set(conn, t, s, seq, leaf_id=event.message_id, estimate=estimate + tokens)
                 else:
                     await self.resum(conn, t, s, seq, event.message_id)
@@ -360,15 +369,7 @@ class CompactorState:
                 ") SELECT id, tokens FROM path ORDER BY depth",
                 {"w": self.worker, "t": t, "s": s, "leaf": leaf},
             )
-            walked = [(str(i), int(n)) for i, n in await cur.fetchall()]
-            seen: set[str] = set()
-            path: list[tuple[str, int]] = []
-            for mid, n in walked:  # leaf first; a cycle (delete + re-append) ends the path
-                if mid in seen:
-                    break
-                seen.add(mid)
-                path.append((mid, n))
-            path.reverse()
+            path = path_from_leaf([(str(i), int(n)) for i, n in await cur.fetchall()])
             cur = await conn.execute(
                 "SELECT from_id, to_id, summary_tokens FROM compactor_overlays WHERE worker = %s AND tenant = %s "
                 "AND session_id = %s ORDER BY seq",
@@ -380,28 +381,10 @@ class CompactorState:
 
     async def _check(self, conn: Conn, t: str, s: str, seq: int) -> None:
         leaf, estimate, prompt_tokens, compact_after = await self._session(conn, t, s, seq)
-        self._mark(t, s, leaf, estimate + prompt_tokens, compact_after, seq)
+        self._mark(t, s, Branch(leaf, estimate), prompt_tokens, compact_after, seq)
 
-    def _mark(self, t: str, s: str, leaf: str | None, total: int, compact_after: int | None, seq: int) -> None:
-        if compact_after is not None and total > compact_after:
-            self.candidates[(t, s)] = Candidate(t, s, leaf, total, seq)
+    def _mark(self, t: str, s: str, branch: Branch, prompt_tokens: int, compact_after: int | None, seq: int) -> None:
+        if is_due(branch.estimate, prompt_tokens, compact_after):
+            self.candidates[(t, s)] = Candidate(t, s, branch.leaf, branch.estimate + prompt_tokens, seq)
         else:
             self.candidates.pop((t, s), None)
-
-
-def compacted_sum(path: Sequence[tuple[str, int]], overlays: Sequence[tuple[str, str, int]]) -> int:
-    """Sum of per-message tokens along a path with the newest applicable overlay per position."""
-    index = {mid: i for i, (mid, _) in enumerate(path)}
-    total, i = 0, 0
-    while i < len(path):
-        best: tuple[str, str, int] | None = None
-        for ov in overlays:
-            if ov[0] == path[i][0] and index.get(ov[1], -1) >= i:
-                best = ov
-        if best is None:
-            total += path[i][1]
-            i += 1
-        else:
-            total += best[2]
-            i = index[best[1]] + 1
-    return total

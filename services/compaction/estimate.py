@@ -1,0 +1,92 @@
+"""The compactor's token estimate, pure: how appends move a session's active branch and its
+running count, how a path is re-summed under its overlays, and when a session is due.
+
+:mod:`services.compaction.state` is the SQL shell around these steps (its ``compactor_*`` tables
+hold the per-message counts, the overlays and each session's leaf and estimate).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+Key = tuple[str, str]
+
+
+@dataclass(frozen=True, slots=True)
+class Branch:
+    """A session's active leaf and the estimate of its compacted path (prompt not included)."""
+
+    leaf: str | None
+    estimate: int
+
+
+@dataclass(frozen=True, slots=True)
+class Append:
+    """A message new to the state (not one it had already counted), with its token count."""
+
+    tenant: str
+    session: str
+    message_id: str
+    parent_id: str | None
+    tokens: int
+
+
+def extends(branch: Branch, parent_id: str | None) -> bool:
+    """An append under ``parent_id`` continues the active branch (the first message of an empty
+    session does too): its count adds to the estimate; anything else is a branch switch."""
+    return branch.leaf == parent_id and (parent_id is not None or branch.estimate == 0)
+
+
+def fold_appends(branches: Mapping[Key, Branch], appends: Iterable[Append]) -> tuple[dict[Key, Branch], set[Key]]:
+    """Apply a run of appends, in order: each session's new branch, and the sessions whose leaf
+    switched (their estimate must be re-summed from the stored counts: :func:`compacted_sum`)."""
+    out = dict(branches)
+    switched: set[Key] = set()
+    for a in appends:
+        key = (a.tenant, a.session)
+        branch = out[key]
+        if key not in switched and extends(branch, a.parent_id):
+            out[key] = Branch(a.message_id, branch.estimate + a.tokens)
+        else:
+            out[key] = Branch(a.message_id, branch.estimate)
+            switched.add(key)
+    return out, switched
+
+
+def path_from_leaf(walked: Sequence[tuple[str, int]]) -> list[tuple[str, int]]:
+    """(id, tokens) from the root to the leaf, given the walk from the leaf up; a cycle (a
+    message deleted and appended again under a descendant) ends the walk."""
+    seen: set[str] = set()
+    path: list[tuple[str, int]] = []
+    for mid, n in walked:
+        if mid in seen:
+            break
+        seen.add(mid)
+        path.append((mid, n))
+    path.reverse()
+    return path
+
+
+def compacted_sum(path: Sequence[tuple[str, int]], overlays: Sequence[tuple[str, str, int]]) -> int:
+    """Sum of per-message tokens along a path with the newest applicable overlay per position
+    (``overlays``: (from id, to id, summary tokens), oldest first)."""
+    index = {mid: i for i, (mid, _) in enumerate(path)}
+    total, i = 0, 0
+    while i < len(path):
+        best: tuple[str, str, int] | None = None
+        for ov in overlays:
+            if ov[0] == path[i][0] and index.get(ov[1], -1) >= i:
+                best = ov
+        if best is None:
+            total += path[i][1]
+            i += 1
+        else:
+            total += best[2]
+            i = index[best[1]] + 1
+    return total
+
+
+def is_due(estimate: int, prompt_tokens: int, compact_after: int | None) -> bool:
+    """Over the threshold, strictly: the branch's estimate and the frozen prompt together."""
+    return compact_after is not None and estimate + prompt_tokens > compact_after
