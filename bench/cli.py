@@ -20,6 +20,7 @@ from pathlib import Path
 
 import uvloop
 
+from bench.commands import commands
 from bench.compaction import compaction
 from bench.context import context
 from bench.http import api
@@ -35,6 +36,7 @@ Bench = Callable[[Settings, Infra, BenchOptions], Awaitable[Report]]
 BENCHMARKS: dict[str, Bench] = {
     "ingest": ingest,
     "api": api,
+    "commands": commands,
     "history": history,
     "search": search,
     "rebuild": rebuild,

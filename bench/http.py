@@ -47,10 +47,10 @@ class RunningApi:
 
 @contextlib.asynccontextmanager
 async def running_api(
-    cfg: Settings, infra: Infra, *, projector: bool, compactor: bool = False
+    cfg: Settings, infra: Infra, *, projector: bool, compactor: bool = False, commands: bool = False
 ) -> AsyncIterator[RunningApi]:
-    """The API (and optionally a projector and a compactor, as ``chronicle up`` runs them) as child
-    processes, and a client authenticated to it."""
+    """The API (and optionally a projector, a compactor and the command service, as ``chronicle
+    up`` runs them) as child processes, and a client authenticated to it."""
     base = f"http://{cfg.api_host}:{cfg.api_port}"
     log = infra.tmp / "services.log"
     async with contextlib.AsyncExitStack() as stack:
@@ -61,6 +61,9 @@ async def running_api(
         if compactor:
             proc = await stack.enter_async_context(service("compactor", cfg, log))
             pids["compactor process"] = proc.pid
+        if commands:
+            proc = await stack.enter_async_context(service("commands", cfg, log))
+            pids["commands process"] = proc.pid
         api_proc = await stack.enter_async_context(service("api", cfg, log))
         pids["api process"] = api_proc.pid
         client = BenchClient(base, {"Authorization": f"Bearer {BENCH_KEY}"})

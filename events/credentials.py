@@ -6,9 +6,11 @@ public key (the third field of a ``tenant:sha256:nkey`` API key entry), so neith
 the NATS server stores anything that could sign in as the tenant. The permissions every tenant
 user gets are defined here too, so the server configuration and the clients agree on them:
 
-* publish: the tenant's own event subjects, ``<prefix>.<tenant>.p<NNN>.*``, and nothing else (no
-  JetStream API: no stream or consumer management, no reading the log);
-* subscribe: the tenant's own inbox, ``_INBOX_T.<tenant>.>``, where publish acks arrive. Clients
+* publish: the tenant's own event subjects, ``<prefix>.<tenant>.p<NNN>.*``, and its own command
+  subjects, ``<commands>.<tenant>.>`` (requests), and nothing else (no JetStream API: no stream
+  or consumer management, no reading the log);
+* subscribe: the tenant's own inbox, ``_INBOX_T.<tenant>.>``, where publish acks and command
+  replies arrive. Clients
   must connect with that inbox prefix (:func:`tenant_inbox_prefix`): the default ``_INBOX`` is
   denied, so no tenant can listen to another client's replies.
 """
@@ -65,9 +67,11 @@ def tenant_inbox_prefix(tenant: str) -> str:
 
 def tenant_permissions(layout: SubjectLayout, tenant: str) -> dict[str, Any]:
     """nats-server permissions of a tenant's user: its own session subjects (one pattern per
-    partition, so nothing outside the subject layout) and its own inbox only."""
+    partition, so nothing outside the subject layout), its own command subjects, and its own
+    inbox only."""
     token = encode_token(check_tenant(tenant))
+    events = [f"{layout.prefix}.{token}.p{p:03d}.*" for p in range(layout.partitions)]
     return {
-        "publish": {"allow": [f"{layout.prefix}.{token}.p{p:03d}.*" for p in range(layout.partitions)]},
+        "publish": {"allow": [*events, layout.command_filter(tenant)]},
         "subscribe": {"allow": [f"{tenant_inbox_prefix(tenant)}.>"]},
     }

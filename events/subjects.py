@@ -1,4 +1,5 @@
-"""Stream and subject layout: ``<prefix>.<tenant>.p<NN>.<session>``, one stream for all events.
+"""Stream and subject layout: ``<prefix>.<tenant>.p<NN>.<session>``, one stream for all events;
+commands (requests answered over core NATS, never stored) at ``<commands>.<tenant>.<command>``.
 
 The partition token is a stable hash of (tenant, session) so a session always lands in the same
 partition: projector workers can split partitions while each session stays in order.
@@ -13,6 +14,7 @@ from events.ids import decode_token, encode_token
 
 DEFAULT_STREAM = "CHRONICLE"
 DEFAULT_PREFIX = "chronicle.ev"
+DEFAULT_COMMANDS = "chronicle.cmd"
 
 
 def partition_of(tenant: str, session: str, partitions: int) -> int:
@@ -24,11 +26,25 @@ def partition_of(tenant: str, session: str, partitions: int) -> int:
 
 @dataclass(frozen=True, slots=True)
 class SubjectLayout:
-    """Where events live: the stream name, the subject prefix and the partition count."""
+    """Where events live: the stream name, the subject prefix and the partition count; and the
+    prefix of the command subjects (outside the stream's: a request is never stored)."""
 
     stream: str = DEFAULT_STREAM
     prefix: str = DEFAULT_PREFIX
     partitions: int = 1
+    commands: str = DEFAULT_COMMANDS
+
+    def __post_init__(self) -> None:
+        if self.commands == self.prefix or self.commands.startswith(self.prefix + "."):
+            raise ValueError(f"command subjects ({self.commands!r}) must lie outside the stream's ({self.prefix!r})")
+
+    def command_subject(self, tenant: str, command: str) -> str:
+        """Where ``tenant`` sends ``command`` (a request; the reply is the answer)."""
+        return f"{self.commands}.{encode_token(tenant)}.{command}"
+
+    def command_filter(self, tenant: str) -> str:
+        """Every command subject of ``tenant``."""
+        return f"{self.commands}.{encode_token(tenant)}.>"
 
     @property
     def wildcard(self) -> str:

@@ -59,6 +59,14 @@ class Settings(BaseSettings):
     database_url: str = "postgresql://postgres@127.0.0.1:5432/chronicle"
     stream: str = "CHRONICLE"
     subject_prefix: str = "chronicle.ev"
+    command_workers: int = Field(
+        default=64, ge=1, le=4096, description="`chronicle commands`: requests one process answers at a time"
+    )
+    command_prefix: str = Field(
+        default="chronicle.cmd",
+        description="where tenants send commands over NATS request/reply: <command_prefix>.<tenant>.<command> "
+        "(`chronicle commands` answers them); outside the stream's subjects",
+    )
     partitions: int = Field(default=16, ge=1, le=1024)
     stream_replicas: int = Field(
         default=1,
@@ -178,7 +186,9 @@ class Settings(BaseSettings):
         return servers
 
     def layout(self) -> SubjectLayout:
-        return SubjectLayout(stream=self.stream, prefix=self.subject_prefix, partitions=self.partitions)
+        return SubjectLayout(
+            stream=self.stream, prefix=self.subject_prefix, partitions=self.partitions, commands=self.command_prefix
+        )
 
     def as_env(self, base: Mapping[str, str]) -> dict[str, str]:
         """``base`` (an environment) with exactly these settings as ``CHRONICLE_*`` variables, for

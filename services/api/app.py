@@ -7,6 +7,7 @@ from collections.abc import AsyncIterator
 from fastapi import FastAPI
 
 from services.api import auditor_view, openapi
+from services.api.asyncapi import router as asyncapi_router
 from services.api.audit import router as audit_router
 from services.api.auth import ApiKeyAuth
 from services.api.compaction import router as compaction_router
@@ -32,6 +33,7 @@ ROUTERS = (
     search_router,
     log_router,
     operations_router,
+    asyncapi_router,
 )
 
 

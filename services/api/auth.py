@@ -9,7 +9,9 @@ from services.api.deps import tenant_for
 from services.api.problems import from_error
 from services.errors import ChronicleError, Unauthorized
 
-OPS_PATHS = frozenset({"/metrics", "/readyz", "/docs", "/docs/oauth2-redirect", "/redoc", "/openapi.json"})
+OPS_PATHS = frozenset(
+    {"/metrics", "/readyz", "/docs", "/docs/oauth2-redirect", "/redoc", "/openapi.json", "/asyncapi.yaml"}
+)
 """Operator routes: they show every tenant's totals, so ``CHRONICLE_OPS_KEY`` guards them."""
 
 

@@ -5,10 +5,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from services.api.deps import MessageId, MessageJson, SessionId
-
-MAX_DELETE_IDS = 1000
-"""The most message ids one delete names."""
+from events.commands import MAX_DELETE_IDS, MessageId, MessageJson, SessionId
 
 
 def _examples(*examples: dict[str, Any]) -> ConfigDict:

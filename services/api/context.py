@@ -3,10 +3,9 @@
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Body, Path, Query
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, WithJsonSchema
+from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema
 
 from events.context import LABEL_RE, SessionConfig
-from events.validation import validation_detail
 from projections import context_queries
 from services.api import metrics
 from services.api import models as m
@@ -18,13 +17,13 @@ from services.api.deps import (
     Tenant,
     caught_up,
     check_id,
-    no_nul,
     require_session,
 )
 from services.api.models import ok
 from services.api.strict_json import StrictJsonRoute
 from services.audit import readers as audit
-from services.errors import InvalidConfig, SessionNotFound
+from services.errors import SessionNotFound
+from services.requests import writes
 
 router = APIRouter(route_class=StrictJsonRoute)
 BlockLabel = Annotated[str, Path(), WithJsonSchema({"type": "string", "pattern": LABEL_RE})]
@@ -39,21 +38,11 @@ class ContextWriteBody(BaseModel):
     mode: Literal["replace", "append"] = "replace"
 
 
-def _config(raw: Any) -> SessionConfig:
-    try:
-        return SessionConfig.model_validate(raw)
-    except ValidationError as exc:
-        raise InvalidConfig(validation_detail(exc, root="config")) from exc
-
-
 @router.put("/v1/sessions/{sid}/config", response_model=None, responses=ok(m.ConfigWritten))
 async def put_config(sid: Sid, tenant: Tenant, c: ContainerDep, body: Annotated[ConfigJson, Body()]) -> dict[str, Any]:
-    check_id("session", sid)
-    no_nul(body, "config")
-    config = _config(body)
-    seq = await c.context.configure(tenant, sid, config)
+    out = await writes.configure(c, tenant, sid, body)
     metrics.published("session.configured")
-    return {"config": config.model_dump(mode="json", exclude_none=True), "seq": seq}
+    return out
 
 
 @router.get("/v1/sessions/{sid}/config", response_model=None, responses=ok(m.ConfigRead))
@@ -121,17 +110,9 @@ async def get_context(
 async def write_context(
     sid: Sid, label: BlockLabel, body: ContextWriteBody, tenant: Tenant, c: ContainerDep
 ) -> dict[str, Any]:
-    check_id("session", sid)
-    no_nul(body.content, "content")
-    result = await c.context.write(tenant, sid, label, body.content, body.mode, "api")
+    out = await writes.write_context(c, tenant, sid, label, body.content, body.mode)
     metrics.published("context.written")
-    return {
-        "label": result.label,
-        "content": result.content,
-        "tokens": result.tokens,
-        "max_tokens": result.max_tokens,
-        "seq": result.seq,
-    }
+    return out
 
 
 @router.get("/v1/sessions/{sid}/tools", response_model=None, responses=ok(m.Tools))
@@ -160,16 +141,7 @@ async def run_tool(
 
     ``tool_call_id`` (the LLM's id for this call) lets a later ``unload_context`` reclaim a
     ``load_context`` output even before the message holding it is stored."""
-    check_id("session", sid)
-    args = arguments if arguments is not None else {}
-    result = await c.context.execute(tenant, sid, name, args, tool_call_id)
-    seq = await c.publisher.last_subject_seq(tenant, sid)
-    return {"result": result, "seq": seq}
-
-
-async def _prompt_json(c: ContainerDep, tenant: str, sid: str, refresh: bool) -> dict[str, Any]:
-    prompt = await (c.context.refresh_prompt(tenant, sid) if refresh else c.context.frozen_prompt(tenant, sid))
-    return {"prompt": prompt.text, "tokens": prompt.tokens, "version": prompt.version, "seq": prompt.seq}
+    return await writes.run_tool(c, tenant, sid, name, arguments, tool_call_id)
 
 
 @router.get("/v1/sessions/{sid}/system-prompt", response_model=None, responses=ok(m.SystemPrompt))
@@ -196,10 +168,10 @@ async def system_prompt(
         if row is None:
             return {"prompt": None, "tokens": 0, "version": 0, "seq": 0}
         return {"prompt": row[0], "tokens": row[1], "version": row[2], "seq": row[3]}
-    return await _prompt_json(c, tenant, sid, refresh=False)
+    prompt = await c.context.frozen_prompt(tenant, sid)
+    return {"prompt": prompt.text, "tokens": prompt.tokens, "version": prompt.version, "seq": prompt.seq}
 
 
 @router.post("/v1/sessions/{sid}/system-prompt:refresh", response_model=None, responses=ok(m.SystemPrompt))
 async def refresh_prompt(sid: Sid, tenant: Tenant, c: ContainerDep) -> dict[str, Any]:
-    check_id("session", sid)
-    return await _prompt_json(c, tenant, sid, refresh=True)
+    return await writes.refresh_prompt(c, tenant, sid)

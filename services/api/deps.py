@@ -1,16 +1,21 @@
 """Request dependencies shared by the API routers: the container, the tenant, common params."""
 
-from typing import Annotated, Any
+from typing import Annotated
 
 from fastapi import Depends, Path, Query, Request
 from pydantic import WithJsonSchema
 
 from events import ids
 from events import log as eventlog
-from events.admission import has_bad_chars
+from events.commands import ConfigJson as ConfigJson
+from events.commands import MessageId
+from events.commands import MessageJson as MessageJson
+from events.commands import SessionId as SessionId
 from projections import queries
 from services.bootstrap import Container
-from services.errors import InvalidId, InvalidRequest, Unauthorized
+from services.errors import Unauthorized
+from services.requests.checks import check_id as check_id
+from services.requests.checks import no_nul as no_nul
 from services.settings import hash_key
 from services.writes.liveness import live_session
 
@@ -47,23 +52,12 @@ SearchQuery = Annotated[str, Query(min_length=1, max_length=1000, pattern=r"^[^\
 Limit = Annotated[int, Query(ge=1, le=200)]
 
 # Ids are checked by :func:`check_id` (``422 invalid_id``); these types only document the rules.
-SessionId = Annotated[str, WithJsonSchema(ids.SESSION_ID_SCHEMA)]
-MessageId = Annotated[str, WithJsonSchema(ids.MESSAGE_ID_SCHEMA)]
 Sid = Annotated[str, Path(), WithJsonSchema(ids.SESSION_ID_SCHEMA)]
 Mid = Annotated[str, Path(), WithJsonSchema(ids.MESSAGE_ID_SCHEMA)]
 LeafId = Annotated[MessageId | None, Query()]
-# Bodies the route validates itself (kept exactly as sent), documented with the model's schema.
-# (``x-model`` becomes a reference to that model's schema in services/api/openapi.py.)
-MessageJson = Annotated[dict[str, Any], WithJsonSchema({"type": "object", "x-model": "UIMessage"})]
-ConfigJson = Annotated[dict[str, Any], WithJsonSchema({"type": "object", "x-model": "SessionConfig"})]
-
-
-def check_id(kind: str, value: str) -> str:
-    checker = {"session": ids.check_session, "message": ids.check_message_id}[kind]
-    try:
-        return checker(value)
-    except ids.InvalidId as exc:
-        raise InvalidId(str(exc)) from exc
+# Bodies the route validates itself (kept exactly as sent) are documented with the model's schema:
+# ``x-model`` (events/commands.py's MessageJson, ConfigJson) becomes a reference to it in
+# services/api/openapi.py.
 
 
 async def caught_up(c: Container, tenant: str, sid: str, min_seq: int | None) -> None:
@@ -89,10 +83,3 @@ async def caught_up_all(c: Container, min_seq: int | None) -> None:
     if not min_seq or await c.waiter.all_applied(min_seq):
         return
     await c.waiter.wait_all(min(min_seq, await eventlog.last_seq(c.js, c.layout)))
-
-
-def no_nul(value: object, what: str) -> None:
-    """Postgres cannot store NUL characters (nor lone surrogates), and the event contract refuses
-    both: refuse them at the edge (nothing is written)."""
-    if has_bad_chars(value):
-        raise InvalidRequest(f"{what} must not contain NUL characters or lone surrogates")

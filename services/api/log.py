@@ -63,14 +63,16 @@ async def last_seq(sid: Sid, tenant: Tenant, c: ContainerDep) -> dict[str, int]:
 
 @router.get("/v1/nats", response_model=None, responses=ok(m.NatsPublishing))
 async def nats_publishing(tenant: Tenant, c: ContainerDep) -> dict[str, Any]:
-    """How this key's tenant publishes straight to JetStream: its subjects, the inbox prefix
-    its publish acks arrive under (its NATS credentials are derived from the same key)."""
+    """How this key's tenant publishes straight to JetStream and sends commands over NATS: its
+    subjects, the command prefix, the inbox prefix its publish acks and replies arrive under (its
+    NATS credentials are derived from the same key)."""
     layout = c.layout
     return {
         "tenant": tenant,
         "stream": layout.stream,
         "subject_prefix": layout.prefix,
         "partitions": layout.partitions,
+        "command_prefix": layout.commands,
         "inbox_prefix": tenant_inbox_prefix(tenant),
         "publish": tenant_permissions(layout, tenant)["publish"]["allow"],
         "payload_limit_bytes": c.settings.payload_limit_bytes,

@@ -8,23 +8,51 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, RootModel, WithJsonSchema
 
+from events.commands import (
+    Appended,
+    BatchAppended,
+    BlockWritten,
+    Cleared,
+    Compacted,
+    ConfigJson,
+    ConfigWritten,
+    Forked,
+    MessageJson,
+    Overlay,
+    Renamed,
+    SystemPrompt,
+    ToolResult,
+    Updated,
+)
+from events.commands import CreatedSession as SessionCreated
+from events.commands import DeletedMessages as MessagesDeleted
+from events.commands import DeletedSession as SessionDeleted
 from events.context import LABEL_RE
-from services.api.deps import ConfigJson, MessageJson
 
 Message = MessageJson
 Config = ConfigJson
+# the answers of writes are the command replies' (events/commands.py): one shape over HTTP and NATS
+__all__ = [
+    "Appended",
+    "BatchAppended",
+    "BlockWritten",
+    "Cleared",
+    "Compacted",
+    "ConfigWritten",
+    "Forked",
+    "MessagesDeleted",
+    "Overlay",
+    "Renamed",
+    "SessionCreated",
+    "SessionDeleted",
+    "SystemPrompt",
+    "ToolResult",
+    "Updated",
+]
 
 
 class _Answer(BaseModel):
     model_config = ConfigDict(extra="forbid")
-
-
-class SessionCreated(_Answer):
-    id: str
-    name: str
-    parent_session_id: str | None
-    metadata: dict[str, Any]
-    seq: int
 
 
 class Session(SessionCreated):
@@ -35,52 +63,6 @@ class Session(SessionCreated):
 class SessionPage(_Answer):
     sessions: list[Session]
     next_cursor: int | None
-
-
-class Renamed(_Answer):
-    id: str
-    name: str
-    seq: int
-
-
-class SessionDeleted(_Answer):
-    id: str
-    deleted: bool
-    seq: int
-
-
-class Forked(_Answer):
-    id: str
-    parent_session_id: str
-    messages: int
-    seq: int
-
-
-class Appended(_Answer):
-    id: str
-    parent_id: str | None
-    seq: int
-    created: bool
-
-
-class BatchAppended(_Answer):
-    messages: list[Appended]
-    seq: int
-
-
-class Updated(_Answer):
-    id: str
-    seq: int
-
-
-class MessagesDeleted(_Answer):
-    deleted: list[str]
-    seq: int
-
-
-class Cleared(_Answer):
-    cleared: bool
-    seq: int
 
 
 class MessageRead(RootModel[Message]):
@@ -110,28 +92,6 @@ class PathLength(_Answer):
     length: int
 
 
-class Overlay(_Answer):
-    id: str
-    message_id: str
-    from_message_id: str
-    to_message_id: str
-    leaf_id: str
-    tokens_before: int
-    tokens_after: int
-    summarizer: str
-    model: str | None
-    summary: str
-    created_at: str
-    seq: int
-
-
-class Compacted(_Answer):
-    compacted: bool
-    overlay: Overlay | None = None
-    reason: str | None = None
-    seq: int
-
-
 class Compactions(_Answer):
     compactions: list[Overlay]
 
@@ -159,16 +119,12 @@ class NatsPublishing(_Answer):
     stream: str
     subject_prefix: str
     partitions: int
+    command_prefix: str
     inbox_prefix: str
     publish: list[str]
     payload_limit_bytes: int
     max_message_bytes: int
     max_event_bytes: int
-
-
-class ConfigWritten(_Answer):
-    config: Config
-    seq: int
 
 
 class ConfigRead(_Answer):
@@ -190,29 +146,9 @@ class Blocks(_Answer):
     blocks: list[BlockView]
 
 
-class BlockWritten(_Answer):
-    label: str
-    content: str
-    tokens: int
-    max_tokens: int | None
-    seq: int
-
-
 class Tools(_Answer):
     format: str
     tools: list[dict[str, Any]]
-
-
-class ToolResult(_Answer):
-    result: str
-    seq: int
-
-
-class SystemPrompt(_Answer):
-    prompt: str | None
-    tokens: int
-    version: int
-    seq: int
 
 
 class TreeNode(_Answer):

@@ -9,32 +9,12 @@ from typing import Any
 
 from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
-from pydantic import BaseModel, ConfigDict
 
+from events.commands import Problem, model_refs
 from events.context import SessionConfig
 from events.messages import UIMessage
 
 REF = "#/components/schemas/{model}"
-
-
-class ProblemError(BaseModel):
-    loc: list[str]
-    msg: str
-    type: str
-
-
-class Problem(BaseModel):
-    """An RFC 9457 problem: ``code`` is stable and what clients branch on."""
-
-    model_config = ConfigDict(extra="allow")
-
-    type: str
-    title: str
-    status: int
-    detail: str
-    code: str
-    errors: list[ProblemError] | None = None
-    reason: str | None = None
 
 
 _WHEN = {
@@ -98,20 +78,9 @@ def _links(paths: dict[str, Any]) -> None:
     links("/v1/sessions/{sid}/messages:batch", "post", "201", first)
 
 
-def _model_refs(node: Any) -> Any:
-    """Replace each ``{"x-model": name}`` placeholder (see services/api/deps.py) with a reference."""
-    if isinstance(node, dict):
-        if "x-model" in node:
-            return {"$ref": REF.format(model=node["x-model"])}
-        return {k: _model_refs(v) for k, v in node.items()}
-    if isinstance(node, list):
-        return [_model_refs(v) for v in node]
-    return node
-
-
 def document(app: FastAPI) -> dict[str, Any]:
     """FastAPI's document, completed: shared schemas, the bearer key, problem responses, links."""
-    doc: dict[str, Any] = _model_refs(get_openapi(title=app.title, version=app.version, routes=app.routes))
+    doc: dict[str, Any] = model_refs(get_openapi(title=app.title, version=app.version, routes=app.routes))
     components = doc.setdefault("components", {})
     schemas = components.setdefault("schemas", {})
     for model in (UIMessage, SessionConfig, Problem):

@@ -16,17 +16,23 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from events.admission import Refused
 from events.blobs import BlobNotFound
 from events.publisher import PublishFailed
-from events.validation import validation_detail
 from services.errors import ChronicleError
+from services.requests.problems import internal_error, invalid_request, problem_of
+from services.requests.problems import problem as problem_body
 
 log = logging.getLogger("chronicle.api")
 
-PROBLEM_BASE = "https://chronicle.dev/problems/"
 _HTTP_CODES = {401: "unauthorized", 404: "not_found", 405: "method_not_allowed", 413: "payload_too_large"}
+HANDLED = (ChronicleError, PublishFailed, Refused, BlobNotFound, psycopg.OperationalError, nats.errors.Error)
+"""The errors answered with a problem of their own (:func:`services.requests.problems.problem_of`)."""
 
 
 def problem(status: int, code: str, title: str, detail: str, **extra: Any) -> JSONResponse:
-    body = {"type": PROBLEM_BASE + code, "title": title, "status": status, "detail": detail, "code": code, **extra}
+    return as_response(problem_body(status, code, title, detail, **extra))
+
+
+def as_response(body: dict[str, Any]) -> JSONResponse:
+    status = int(body["status"])
     headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
     return JSONResponse(body, status_code=status, media_type="application/problem+json", headers=headers)
 
@@ -35,10 +41,16 @@ def from_error(exc: ChronicleError) -> JSONResponse:
     return problem(exc.status, exc.code, exc.title, exc.detail)
 
 
+async def _mapped(_: Request, exc: Exception) -> JSONResponse:
+    body = problem_of(exc)
+    if body is None:
+        raise exc
+    return as_response(body)
+
+
 def install(app: FastAPI) -> None:
-    @app.exception_handler(ChronicleError)
-    async def _chronicle(_: Request, exc: ChronicleError) -> JSONResponse:
-        return from_error(exc)
+    for kind in HANDLED:
+        app.add_exception_handler(kind, _mapped)
 
     @app.exception_handler(RequestValidationError)
     async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:
@@ -48,37 +60,12 @@ def install(app: FastAPI) -> None:
         ]
         if any(e["type"] == "json_invalid" for e in errors):
             return problem(400, "malformed_json", "The request body is not valid JSON", "invalid JSON", errors=errors)
-        detail = validation_detail(errors)
-        return problem(422, "invalid_request", "The request is not valid", detail, errors=errors)
+        return as_response(invalid_request(errors))
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
         code = _HTTP_CODES.get(exc.status_code, f"http_{exc.status_code}")
         return problem(exc.status_code, code, str(exc.detail), str(exc.detail))
-
-    @app.exception_handler(PublishFailed)
-    async def _publish(_: Request, exc: PublishFailed) -> JSONResponse:
-        return problem(503, "unavailable", "The event log is unavailable", str(exc))
-
-    @app.exception_handler(Refused)
-    async def _refused(_: Request, exc: Refused) -> JSONResponse:
-        # the request passed the API's checks but would make an event the contract refuses
-        status, code = (413, "payload_too_large") if exc.reason == "too_large" else (422, "invalid_request")
-        return problem(status, code, "The request would make an event the log refuses", exc.detail, reason=exc.reason)
-
-    @app.exception_handler(BlobNotFound)
-    async def _blob(_: Request, exc: BlobNotFound) -> JSONResponse:
-        return problem(503, "unavailable", "Object storage is unavailable", str(exc))
-
-    @app.exception_handler(psycopg.OperationalError)  # a lost connection, a pool timeout
-    async def _database(_: Request, exc: psycopg.OperationalError) -> JSONResponse:
-        log.warning("database unavailable: %s", exc)
-        return problem(503, "unavailable", "The database is unavailable", type(exc).__name__)
-
-    @app.exception_handler(nats.errors.Error)  # NATS timeouts, no responders, a closed connection
-    async def _nats(_: Request, exc: nats.errors.Error) -> JSONResponse:
-        log.warning("event log unavailable: %r", exc)
-        return problem(503, "unavailable", "The event log is unavailable", type(exc).__name__)
 
 
 class CrashGuard:
@@ -108,4 +95,4 @@ class CrashGuard:
             if started:
                 raise
             log.exception("unhandled error")
-            await problem(500, "internal_error", "Internal error", type(exc).__name__)(scope, receive, send)
+            await as_response(internal_error(exc))(scope, receive, send)

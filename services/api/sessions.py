@@ -16,12 +16,11 @@ from services.api.deps import (
     caught_up,
     caught_up_all,
     check_id,
-    no_nul,
     require_session,
 )
 from services.api.models import ok
 from services.api.strict_json import StrictJsonRoute
-from services.writes.commands import fork
+from services.requests import writes
 
 router = APIRouter(route_class=StrictJsonRoute)
 
@@ -40,12 +39,9 @@ def _session_json(row: queries.SessionRow) -> dict[str, Any]:
 
 @router.post("/v1/sessions", status_code=201, response_model=None, responses=ok(m.SessionCreated, 201))
 async def create_session(body: CreateSessionBody, tenant: Tenant, c: ContainerDep) -> dict[str, Any]:
-    no_nul([body.name, body.metadata], "name and metadata")
-    sid = check_id("session", body.id) if body.id is not None else None
-    parent = check_id("session", body.parent_session_id) if body.parent_session_id is not None else None
-    w = await c.commands.create_session(tenant, sid, body.name, parent, body.metadata)
+    out = await writes.create_session(c, tenant, body.id, body.name, body.parent_session_id, body.metadata)
     metrics.published("session.created")
-    return {"id": w.ids[0], "name": body.name, "parent_session_id": parent, "metadata": body.metadata, "seq": w.seq}
+    return out
 
 
 @router.get("/v1/sessions", response_model=None, responses=ok(m.SessionPage))
@@ -72,27 +68,21 @@ async def get_session(sid: Sid, tenant: Tenant, c: ContainerDep, min_seq: MinSeq
 
 @router.patch("/v1/sessions/{sid}", response_model=None, responses=ok(m.Renamed))
 async def rename_session(sid: Sid, body: RenameBody, tenant: Tenant, c: ContainerDep) -> dict[str, Any]:
-    no_nul(body.name, "name")
-    check_id("session", sid)
-    w = await c.commands.rename_session(tenant, sid, body.name)
+    out = await writes.rename_session(c, tenant, sid, body.name)
     metrics.published("session.renamed")
-    return {"id": sid, "name": body.name, "seq": w.seq}
+    return out
 
 
 @router.delete("/v1/sessions/{sid}", response_model=None, responses=ok(m.SessionDeleted))
 async def delete_session(sid: Sid, tenant: Tenant, c: ContainerDep) -> dict[str, Any]:
-    check_id("session", sid)
-    w = await c.commands.delete_session(tenant, sid)
+    out = await writes.delete_session(c, tenant, sid)
     metrics.published("session.deleted")
-    return {"id": sid, "deleted": True, "seq": w.seq}
+    return out
 
 
 @router.post("/v1/sessions/{sid}/fork", status_code=201, response_model=None, responses=ok(m.Forked, 201))
 async def fork_session(sid: Sid, body: ForkBody, tenant: Tenant, c: ContainerDep) -> dict[str, Any]:
     """A new session holding this one's history up to ``at_message_id`` (overlays carried over)."""
-    check_id("session", sid)
-    check_id("message", body.at_message_id)
-    new_id = check_id("session", body.id) if body.id is not None else None
-    forked = await fork(c.commands, tenant, sid, body.at_message_id, new_id, body.name)
+    out = await writes.fork_session(c, tenant, sid, body.at_message_id, body.id, body.name)
     metrics.published("session.forked")
-    return {"id": forked.id, "parent_session_id": sid, "messages": forked.messages, "seq": forked.seq}
+    return out

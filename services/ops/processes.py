@@ -15,6 +15,7 @@ from nats.aio.client import Client as NatsClient
 
 from services.api.app import build_app
 from services.bootstrap import open_container
+from services.commands_nats.app import serving_commands
 from services.settings import Settings
 
 log = logging.getLogger("chronicle")
@@ -68,6 +69,16 @@ async def run_compactor(settings: Settings) -> None:
         )
         await compactor.run(stop)
     log.info("compactor stopped")
+
+
+async def run_commands(settings: Settings) -> None:
+    """Answer commands over NATS request/reply until SIGINT/SIGTERM (requests in flight finish)."""
+    stop = asyncio.Event()
+    _stop_on_signals(stop)
+    async with open_container(settings) as c, serving_commands(settings, c):
+        log.info("commands answered on %s.<tenant>.<command> via NATS %s", c.layout.commands, nats_node(c.nc))
+        await stop.wait()
+    log.info("commands stopped")
 
 
 def listening_socket(host: str, port: int, *, reuse_port: bool) -> socket.socket:

@@ -28,7 +28,7 @@ DOCKERFILE = ROOT / "Dockerfile"
 
 PREFIX = "CHRONICLE_"
 INFRA = ("nats", "postgres", "minio")
-CHRONICLE = ("migrate", "api", "projector", "compactor")
+CHRONICLE = ("migrate", "api", "projector", "compactor", "commands")
 NATS_CONFIG = "nats-config"  # the one-shot service that writes nats-server's configuration
 # variables compose refuses to start without (``${VAR:?…}``), and a value for each in these tests
 REQUIRED = {"CHRONICLE_NATS_NKEY_SEED": new_operator_seed()}
@@ -209,7 +209,7 @@ def test_start_order(services: dict[str, dict[str, Any]]) -> None:
         "minio": {"condition": "service_healthy"},
         "migrate": {"condition": "service_completed_successfully"},
     }
-    for name in ("api", "projector", "compactor"):
+    for name in ("api", "projector", "compactor", "commands"):
         assert services[name]["depends_on"] == expected, name
     # every service_healthy condition points at a service that has a health check
     for name, svc in services.items():
@@ -224,6 +224,7 @@ def test_ports(services: dict[str, dict[str, Any]]) -> None:
     assert "8080:8080" in services["api"]["ports"]
     assert not services["projector"].get("ports")
     assert not services["compactor"].get("ports")
+    assert not services["commands"].get("ports")
     assert not services["migrate"].get("ports")
 
 

@@ -75,7 +75,7 @@ def test_three_nodes_each_on_its_own_store(merged: dict[str, Any], services: dic
 
 
 def test_chronicle_waits_for_every_node(services: dict[str, dict[str, Any]]) -> None:
-    for name in ("api", "projector", "compactor"):
+    for name in ("api", "projector", "compactor", "commands"):
         deps = services[name]["depends_on"]
         assert {n: deps[n] for n in NODES} == {n: {"condition": "service_healthy"} for n in NODES}, name
 
@@ -84,7 +84,7 @@ def test_settings_name_every_node_and_three_replicas(
     services: dict[str, dict[str, Any]], monkeypatch: pytest.MonkeyPatch, required: None
 ) -> None:
     api = env_of(services["api"])
-    for name in ("migrate", "projector", "compactor", "nats-config"):
+    for name in ("migrate", "projector", "compactor", "commands", "nats-config"):
         assert env_of(services[name]) == api, f"{name} must have the cluster environment too"
     s = settings_from(api, monkeypatch)
     assert s.nats_servers() == [f"nats://{n}:4222" for n in NODES]

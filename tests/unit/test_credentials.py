@@ -68,7 +68,7 @@ def test_the_server_config_lists_the_operator_and_each_tenant_key_with_its_own_s
     }
     assert [u["nkey"] for u in users[1:]] == sorted(nkey_public_key(tenant_nkey_seed(k)) for k in ("k1", "k2"))
     assert users[1]["permissions"] == {
-        "publish": {"allow": ["c.ev.acme.p000.*", "c.ev.acme.p001.*"]},
+        "publish": {"allow": ["c.ev.acme.p000.*", "c.ev.acme.p001.*", "chronicle.cmd.acme.>"]},
         "subscribe": {"allow": [f"{tenant_inbox_prefix('acme')}.>"]},
     }
     assert SubjectLayout(prefix="c.ev", partitions=2).session_subject("acme", "s").startswith("c.ev.acme.p00")

@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from services.api.strict_json import MAX_JSON_DEPTH, strict_loads
 from services.errors import InvalidRequest, MalformedJson
+from services.requests.strict_json import MAX_JSON_DEPTH, strict_loads
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,233 @@
+"""Commands over NATS request/reply, served with FastStream: a tenant sends a request to
+``<commands>.<tenant>.<command>`` (events/commands.py) and the reply is the answer.
+
+Each command runs the same code as its HTTP route (services/requests/writes.py): the same checks,
+the same command handlers and decisions, the same answer body; an error replies with the same
+problem (``code``, ``status``, ``detail``) through the same mapping (services/requests/problems.py),
+with the HTTP status in the ``Chronicle-Status`` header. The tenant is the subject's token: NATS
+lets a tenant's credentials request on its own command subjects only (events/credentials.py).
+
+Core NATS, not JetStream: nothing is stored, so the ack policy is ``MANUAL`` (stated, as FastStream's
+default for a stream would terminate a message whose handler raised) and a request that gets no
+reply is simply retried by its client; idempotency is the command handlers' own (message ids, the
+append's ``idempotency_key``). The subscribers form one queue group: any number of ``chronicle
+commands`` processes share the requests.
+"""
+
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, cast
+
+from faststream import AckPolicy, ExceptionMiddleware, Path
+from faststream.nats import (
+    NatsBroker,
+    NatsCredentials,
+    NatsMessage,
+    NatsNKey,
+    NatsResponse,
+    NatsRouter,
+    NatsSecurity,
+)
+
+from events import commands as cmd
+from events.commands import STATUS_HEADER
+from events.ids import InvalidId, check_tenant, decode_token
+from events.subjects import SubjectLayout
+from services.bootstrap import Container, nats_options
+from services.errors import InvalidRequest, MalformedJson
+from services.requests import writes
+from services.requests.problems import internal_error, problem_of
+from services.requests.strict_json import strict_loads
+from services.settings import Settings
+
+log = logging.getLogger("chronicle.commands")
+QUEUE = "chronicle-commands"
+"""The queue group of every command subscriber: each request goes to one process."""
+
+ContainerOf = Callable[[], Container]
+Handler = Callable[..., Awaitable[NatsResponse]]
+
+
+def reply(body: dict[str, Any], status: int = 200) -> NatsResponse:
+    return NatsResponse(body, headers={STATUS_HEADER: str(status)})
+
+
+async def _strict_json(msg: NatsMessage) -> Any:
+    """The request's JSON, parsed as strictly as an HTTP body (services/requests/strict_json.py)."""
+    try:
+        return strict_loads(msg.body)
+    except ValueError as exc:
+        if isinstance(exc, InvalidRequest | MalformedJson):
+            raise
+        raise MalformedJson("the request is not valid JSON") from exc
+
+
+def problems() -> ExceptionMiddleware:
+    """Every error becomes a problem reply, as over HTTP: a mapped one with its code, anything
+    else ``500 internal_error`` (logged)."""
+    middleware = ExceptionMiddleware()
+
+    @middleware.add_handler(Exception, publish=True)
+    async def _problem(exc: Exception) -> NatsResponse:
+        body = problem_of(exc)
+        if body is None:
+            log.error("command failed", exc_info=exc)
+            body = internal_error(exc)
+        return reply(body, int(body["status"]))
+
+    return middleware
+
+
+def operation_name(command: cmd.Command) -> str:
+    """The command's name in the AsyncAPI document (its channel and operation)."""
+    return f"cmd.{command.name}"
+
+
+def tenant_of(token: str) -> str:
+    try:
+        return check_tenant(decode_token(token))
+    except (InvalidId, ValueError) as exc:
+        raise InvalidRequest(f"the subject's tenant token is not valid: {exc}") from exc
+
+
+def command_router(layout: SubjectLayout, container: ContainerOf, *, workers: int = 64) -> NatsRouter:
+    """The subscribers of every command in :data:`events.commands.COMMANDS` under ``layout``'s
+    command prefix; ``container`` gives the composition root when a request arrives."""
+    router = NatsRouter(prefix=f"{layout.commands}.")
+
+    def subscriber(command: cmd.Command) -> Callable[[Handler], Handler]:
+        registered = router.subscriber(
+            f"{{tenant}}.{command.name}",
+            queue=QUEUE,
+            ack_policy=AckPolicy.MANUAL,  # core NATS: nothing to ack; the reply is the answer
+            max_workers=workers,
+            decoder=_strict_json,
+            title=operation_name(command),
+            description=f"{command.summary} (as `{command.http}`). Reply: `{command.reply.__name__}`, "
+            f"or a `Problem`; the `{STATUS_HEADER}` header holds the HTTP status.",
+        )
+        return cast("Callable[[Handler], Handler]", registered)
+
+    by = cmd.BY_NAME
+
+    @subscriber(by["session.create"])
+    async def create_session(body: cmd.CreateSession, tenant: str = Path()) -> NatsResponse:
+        c = container()
+        out = await writes.create_session(
+            c, tenant_of(tenant), body.id, body.name, body.parent_session_id, body.metadata
+        )
+        return reply(out, 201)
+
+    @subscriber(by["session.rename"])
+    async def rename_session(body: cmd.RenameSession, tenant: str = Path()) -> NatsResponse:
+        return reply(await writes.rename_session(container(), tenant_of(tenant), body.session_id, body.name))
+
+    @subscriber(by["session.delete"])
+    async def delete_session(body: cmd.DeleteSession, tenant: str = Path()) -> NatsResponse:
+        return reply(await writes.delete_session(container(), tenant_of(tenant), body.session_id))
+
+    @subscriber(by["session.fork"])
+    async def fork_session(body: cmd.ForkSession, tenant: str = Path()) -> NatsResponse:
+        out = await writes.fork_session(
+            container(), tenant_of(tenant), body.session_id, body.at_message_id, body.id, body.name
+        )
+        return reply(out, 201)
+
+    @subscriber(by["append"])
+    async def append(body: cmd.AppendMessage, tenant: str = Path()) -> NatsResponse:
+        parent = writes.parent_spec(body.parent_id, "parent_id" in body.model_fields_set)
+        out = await writes.append(
+            container(), tenant_of(tenant), body.session_id, body.message, parent, body.idempotency_key
+        )
+        return reply(out, 201 if out["created"] else 200)
+
+    @subscriber(by["append_batch"])
+    async def append_batch(body: cmd.AppendBatch, tenant: str = Path()) -> NatsResponse:
+        parent = writes.parent_spec(body.parent_id, "parent_id" in body.model_fields_set)
+        out = await writes.append_batch(container(), tenant_of(tenant), body.session_id, body.messages, parent)
+        return reply(out, 201)
+
+    @subscriber(by["update"])
+    async def update(body: cmd.UpdateMessage, tenant: str = Path()) -> NatsResponse:
+        return reply(await writes.update_message(container(), tenant_of(tenant), body.session_id, None, body.message))
+
+    @subscriber(by["delete"])
+    async def delete(body: cmd.DeleteMessages, tenant: str = Path()) -> NatsResponse:
+        return reply(await writes.delete_messages(container(), tenant_of(tenant), body.session_id, body.ids))
+
+    @subscriber(by["clear"])
+    async def clear(body: cmd.ClearMessages, tenant: str = Path()) -> NatsResponse:
+        return reply(await writes.clear_messages(container(), tenant_of(tenant), body.session_id))
+
+    @subscriber(by["compact"])
+    async def compact(body: cmd.Compact, tenant: str = Path()) -> NatsResponse:
+        return reply(await writes.compact(container(), tenant_of(tenant), body.session_id, body.leaf_id))
+
+    @subscriber(by["config.put"])
+    async def configure(body: cmd.Configure, tenant: str = Path()) -> NatsResponse:
+        return reply(await writes.configure(container(), tenant_of(tenant), body.session_id, body.config))
+
+    @subscriber(by["context.write"])
+    async def write_context(body: cmd.WriteContext, tenant: str = Path()) -> NatsResponse:
+        out = await writes.write_context(
+            container(), tenant_of(tenant), body.session_id, body.label, body.content, body.mode
+        )
+        return reply(out)
+
+    @subscriber(by["tool"])
+    async def run_tool(body: cmd.RunTool, tenant: str = Path()) -> NatsResponse:
+        out = await writes.run_tool(
+            container(), tenant_of(tenant), body.session_id, body.name, body.arguments, body.tool_call_id
+        )
+        return reply(out)
+
+    @subscriber(by["prompt.refresh"])
+    async def refresh_prompt(body: cmd.RefreshPrompt, tenant: str = Path()) -> NatsResponse:
+        return reply(await writes.refresh_prompt(container(), tenant_of(tenant), body.session_id))
+
+    return router
+
+
+def security_of(settings: Settings) -> NatsSecurity | None:
+    """The operator identity and TLS of :func:`services.bootstrap.nats_options`, as FastStream takes them."""
+    options = nats_options(settings)
+    tls = options.get("tls")
+    if "nkeys_seed_str" in options:
+        return NatsNKey.from_seed(options["nkeys_seed_str"], ssl_context=tls)
+    if "user_credentials" in options:
+        return NatsCredentials.from_file(options["user_credentials"], ssl_context=tls)
+    return NatsSecurity(ssl_context=tls) if tls is not None else None
+
+
+def broker_for(settings: Settings, **options: Any) -> NatsBroker:
+    """A FastStream broker that connects as Chronicle's operator identity (per-message logs at
+    DEBUG: a service answering thousands of requests a second logs what goes wrong, not each one)."""
+    return NatsBroker(
+        settings.nats_servers(),
+        name="chronicle-commands",
+        max_reconnect_attempts=-1,
+        reconnect_time_wait=1,
+        middlewares=[problems()],
+        log_level=logging.DEBUG,
+        security=security_of(settings),
+        **options,
+    )
+
+
+def command_broker(settings: Settings, container: ContainerOf) -> NatsBroker:
+    """The broker of ``chronicle commands``: every command's subscriber, not yet connected."""
+    broker = broker_for(settings)
+    broker.include_router(command_router(settings.layout(), container, workers=settings.command_workers))
+    return broker
+
+
+@contextlib.asynccontextmanager
+async def serving_commands(settings: Settings, container: Container) -> AsyncIterator[NatsBroker]:
+    """Answer commands with ``container`` until the block exits (requests in flight finish first)."""
+    broker = command_broker(settings, lambda: container)
+    await broker.start()
+    try:
+        yield broker
+    finally:
+        await broker.stop()

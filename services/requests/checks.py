@@ -1,0 +1,43 @@
+"""The checks of a client's request that come before any decision, whichever transport brought it:
+ids, NUL characters, and the shape of a message."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import ValidationError
+
+from events import ids
+from events.admission import has_bad_chars
+from events.messages import UIMessage, stored_json
+from events.validation import validation_detail
+from services.errors import InvalidId, InvalidRequest
+
+
+def check_id(kind: str, value: str) -> str:
+    checker = {"session": ids.check_session, "message": ids.check_message_id}[kind]
+    try:
+        return checker(value)
+    except ids.InvalidId as exc:
+        raise InvalidId(str(exc)) from exc
+
+
+def no_nul(value: object, what: str) -> None:
+    """Postgres cannot store NUL characters (nor lone surrogates), and the event contract refuses
+    both: refuse them at the edge (nothing is written)."""
+    if has_bad_chars(value):
+        raise InvalidRequest(f"{what} must not contain NUL characters or lone surrogates")
+
+
+def checked_message(raw: dict[str, Any]) -> dict[str, Any]:
+    """Validate the UIMessage shape; the client's dict is stored as sent (unknown fields kept)."""
+    try:
+        UIMessage.model_validate(raw)
+    except ValidationError as exc:
+        raise InvalidRequest(validation_detail(exc, prefix="message.")) from exc
+    try:
+        stored_json(raw).encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise InvalidRequest("message contains invalid Unicode (a lone surrogate)") from exc
+    no_nul(raw, "message")
+    return raw

@@ -1,0 +1,65 @@
+"""RFC 9457 problems: the one mapping from an error to ``status``, ``code``, ``title`` and
+``detail``, for HTTP answers (services/api/problems.py) and NATS command replies alike."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import nats.errors
+import psycopg
+from pydantic import ValidationError
+
+from events.admission import Refused
+from events.blobs import BlobNotFound
+from events.publisher import PublishFailed
+from events.validation import validation_detail
+from services.errors import ChronicleError
+
+log = logging.getLogger("chronicle.requests")
+
+PROBLEM_BASE = "https://chronicle.dev/problems/"
+Problem = dict[str, Any]
+
+
+def problem(status: int, code: str, title: str, detail: str, **extra: Any) -> Problem:
+    return {"type": PROBLEM_BASE + code, "title": title, "status": status, "detail": detail, "code": code, **extra}
+
+
+def invalid_request(errors: list[dict[str, Any]]) -> Problem:
+    """``422 invalid_request`` for a request's validation errors (``loc``, ``msg``, ``type``)."""
+    return problem(422, "invalid_request", "The request is not valid", validation_detail(errors), errors=errors)
+
+
+def validation_errors(exc: ValidationError) -> list[dict[str, Any]]:
+    return [
+        {"loc": [str(p) for p in e.get("loc", ())], "msg": str(e.get("msg", "")), "type": str(e.get("type", ""))}
+        for e in exc.errors(include_url=False)
+    ]
+
+
+def problem_of(exc: BaseException) -> Problem | None:
+    """The problem for an error a request may meet; None for one that is a bug (500)."""
+    if isinstance(exc, ChronicleError):
+        return problem(exc.status, exc.code, exc.title, exc.detail)
+    if isinstance(exc, ValidationError):
+        return invalid_request(validation_errors(exc))
+    if isinstance(exc, PublishFailed):
+        return problem(503, "unavailable", "The event log is unavailable", str(exc))
+    if isinstance(exc, Refused):
+        # the request passed the checks but would make an event the contract refuses
+        status, code = (413, "payload_too_large") if exc.reason == "too_large" else (422, "invalid_request")
+        return problem(status, code, "The request would make an event the log refuses", exc.detail, reason=exc.reason)
+    if isinstance(exc, BlobNotFound):
+        return problem(503, "unavailable", "Object storage is unavailable", str(exc))
+    if isinstance(exc, psycopg.OperationalError):  # a lost connection, a pool timeout
+        log.warning("database unavailable: %s", exc)
+        return problem(503, "unavailable", "The database is unavailable", type(exc).__name__)
+    if isinstance(exc, nats.errors.Error):  # NATS timeouts, no responders, a closed connection
+        log.warning("event log unavailable: %r", exc)
+        return problem(503, "unavailable", "The event log is unavailable", type(exc).__name__)
+    return None
+
+
+def internal_error(exc: BaseException) -> Problem:
+    return problem(500, "internal_error", "Internal error", type(exc).__name__)

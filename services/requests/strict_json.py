@@ -1,0 +1,63 @@
+"""Request bodies parsed strictly, once, before anything is decided (an HTTP route, a NATS command):
+what the event contract would refuse later (NaN, infinities, NUL, lone surrogates) or what would
+exhaust a validator (deep nesting) is a ``422 invalid_request`` before anything is published."""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+from events.admission import has_bad_chars
+from services.errors import InvalidRequest, MalformedJson
+
+MAX_JSON_DEPTH = 64
+"""The deepest nesting of arrays and objects a request body may have (the body itself is 1)."""
+
+
+def _constant(name: str) -> Any:
+    raise InvalidRequest(f"{name} is not JSON: numbers must be finite")
+
+
+def _float(text: str) -> float:
+    value = float(text)
+    if math.isinf(value):
+        raise InvalidRequest(f"the number {text[:40]} is out of range: numbers must be finite")
+    return value
+
+
+_DECODER = json.JSONDecoder(parse_constant=_constant, parse_float=_float)
+
+
+def _too_deep(value: Any, limit: int) -> bool:
+    """True when ``value`` nests arrays/objects deeper than ``limit`` (iterative, stops early)."""
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        children = item.values() if isinstance(item, dict) else item if isinstance(item, list) else None
+        if children is None:
+            continue
+        if depth > limit:
+            return True
+        stack.extend((child, depth + 1) for child in children if isinstance(child, dict | list))
+    return False
+
+
+def strict_loads(body: bytes) -> Any:
+    """The JSON value of a request body, or :class:`InvalidRequest` (422) for what Chronicle never
+    stores; :class:`json.JSONDecodeError` for text that is not JSON (FastAPI's 400)."""
+    try:
+        text = body.decode("utf-8")
+    except UnicodeDecodeError:
+        raise MalformedJson("the body is not UTF-8") from None
+    try:
+        value = _DECODER.decode(text)
+    except RecursionError:
+        raise InvalidRequest(f"the body is nested deeper than {MAX_JSON_DEPTH} levels") from None
+    # Cheap guards first: nesting needs that many brackets, NUL or a surrogate needs a \u escape
+    # (raw ones are not JSON, or not UTF-8).
+    if text.count("[") + text.count("{") > MAX_JSON_DEPTH and _too_deep(value, MAX_JSON_DEPTH):
+        raise InvalidRequest(f"the body is nested deeper than {MAX_JSON_DEPTH} levels")
+    if "\\u" in text and has_bad_chars(value):
+        raise InvalidRequest("the body must not contain NUL characters or lone surrogates")
+    return value

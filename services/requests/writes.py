@@ -1,0 +1,218 @@
+"""The writes a client asks for, whichever transport brought the request (HTTP routes in
+services/api/, NATS commands in services/commands_nats/): checked, run through the command
+handlers (services/writes/commands.py, the context and compaction services), answered with the
+body both transports send. One code path, so both answer alike: the same result or the same error.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from pydantic import ValidationError
+
+from events.admission import Refused
+from events.commands import MAX_DELETE_IDS
+from events.context import SessionConfig
+from events.omitted import OMITTED
+from events.validation import validation_detail
+from projections.overlays import Overlay
+from services.bootstrap import Container
+from services.compaction.summarizers import SummarizerError
+from services.errors import InvalidConfig, InvalidRequest, SummarizerFailed
+from services.requests.checks import check_id, checked_message, no_nul
+from services.writes.commands import fork
+from services.writes.decisions import ParentSpec
+
+Answer = dict[str, Any]
+log = logging.getLogger("chronicle.requests")
+
+
+def parent_spec(parent_id: str | None, given: bool) -> ParentSpec:
+    """The parent an append names: omitted (the latest leaf), None (a new root) or a checked id."""
+    if not given:
+        return OMITTED
+    return check_id("message", parent_id) if parent_id is not None else None
+
+
+# -- sessions -----------------------------------------------------------------------------------
+
+
+async def create_session(
+    c: Container, tenant: str, sid: str | None, name: str, parent: str | None, metadata: dict[str, Any]
+) -> Answer:
+    no_nul([name, metadata], "name and metadata")
+    sid = check_id("session", sid) if sid is not None else None
+    parent = check_id("session", parent) if parent is not None else None
+    w = await c.commands.create_session(tenant, sid, name, parent, metadata)
+    return {"id": w.ids[0], "name": name, "parent_session_id": parent, "metadata": metadata, "seq": w.seq}
+
+
+async def rename_session(c: Container, tenant: str, sid: str, name: str) -> Answer:
+    no_nul(name, "name")
+    check_id("session", sid)
+    w = await c.commands.rename_session(tenant, sid, name)
+    return {"id": sid, "name": name, "seq": w.seq}
+
+
+async def delete_session(c: Container, tenant: str, sid: str) -> Answer:
+    check_id("session", sid)
+    w = await c.commands.delete_session(tenant, sid)
+    return {"id": sid, "deleted": True, "seq": w.seq}
+
+
+async def fork_session(
+    c: Container, tenant: str, sid: str, at_message_id: str, new_id: str | None, name: str | None
+) -> Answer:
+    check_id("session", sid)
+    check_id("message", at_message_id)
+    new_id = check_id("session", new_id) if new_id is not None else None
+    forked = await fork(c.commands, tenant, sid, at_message_id, new_id, name)
+    return {"id": forked.id, "parent_session_id": sid, "messages": forked.messages, "seq": forked.seq}
+
+
+# -- messages -----------------------------------------------------------------------------------
+
+
+async def append(
+    c: Container, tenant: str, sid: str, message: dict[str, Any], parent: ParentSpec, request_key: str | None
+) -> Answer:
+    """One message; ``created`` is false for the same message again (HTTP answers it with 200)."""
+    check_id("session", sid)
+    body = checked_message(message)
+    r = await c.commands.append(tenant, sid, body, parent, request_key)
+    return {"id": r.id, "parent_id": r.parent_id, "seq": r.seq, "created": r.created}
+
+
+async def append_batch(
+    c: Container, tenant: str, sid: str, messages: list[dict[str, Any]], parent: ParentSpec
+) -> Answer:
+    """A chain: the first message takes ``parent`` as a single append does, each next one is the
+    child of the previous. Each message is its own event; a retried batch re-answers the appended
+    ones (idempotent)."""
+    check_id("session", sid)
+    bodies = [checked_message(m) for m in messages]
+    if len({m["id"] for m in bodies}) != len(bodies):
+        raise InvalidRequest("message ids in a batch must be distinct")
+    answers: list[Answer] = []
+    for body in bodies:
+        r = await c.commands.append(tenant, sid, body, parent)
+        answers.append({"id": r.id, "parent_id": r.parent_id, "seq": r.seq, "created": r.created})
+        parent = r.id
+    return {"messages": answers, "seq": max(a["seq"] for a in answers)}
+
+
+async def update_message(c: Container, tenant: str, sid: str, mid: str | None, message: dict[str, Any]) -> Answer:
+    """Replace a message's body; ``mid`` (the HTTP path's id), when given, must be the body's."""
+    check_id("session", sid)
+    if mid is not None:
+        check_id("message", mid)
+    body = checked_message(message)
+    if mid is not None and body["id"] != mid:
+        raise InvalidRequest("message.id must equal the id in the path")
+    w = await c.commands.update(tenant, sid, body)
+    return {"id": body["id"], "seq": w.seq}
+
+
+async def delete_messages(c: Container, tenant: str, sid: str, wanted: list[str]) -> Answer:
+    check_id("session", sid)
+    if len(wanted) > MAX_DELETE_IDS:
+        raise InvalidRequest(f"at most {MAX_DELETE_IDS} ids per request, not {len(wanted)}")
+    w = await c.commands.delete_messages(tenant, sid, [check_id("message", i) for i in wanted])
+    return {"deleted": list(w.ids), "seq": w.seq}
+
+
+async def clear_messages(c: Container, tenant: str, sid: str) -> Answer:
+    """Delete every message (``seq`` 0 when the session never existed); a frozen prompt is
+    re-rendered (blocks stay)."""
+    check_id("session", sid)
+    w = await c.commands.clear(tenant, sid)
+    if w.seq == 0:
+        return {"cleared": True, "seq": 0}
+    if await c.context.has_prompt(tenant, sid):
+        try:
+            await c.context.refresh_prompt(tenant, sid, "clear")
+        except Refused as exc:  # the clear stands; the prompt in force stays until a refresh fits
+            log.warning("after clearing %s/%s the prompt was not re-rendered: %s", tenant, sid, exc)
+    return {"cleared": True, "seq": w.seq}
+
+
+# -- compaction ---------------------------------------------------------------------------------
+
+
+def overlay_json(o: Overlay) -> Answer:
+    return {
+        "id": o.overlay_id,
+        "message_id": o.message_id,
+        "from_message_id": o.from_message_id,
+        "to_message_id": o.to_message_id,
+        "leaf_id": o.leaf_id,
+        "tokens_before": o.tokens_before,
+        "tokens_after": o.tokens_after,
+        "summarizer": o.summarizer,
+        "model": o.model,
+        "summary": o.summary,
+        "created_at": o.created_at.isoformat(),
+        "seq": o.seq,
+    }
+
+
+async def compact(c: Container, tenant: str, sid: str, leaf: str | None) -> Answer:
+    """Compact now: the overlay, or why nothing was compacted."""
+    check_id("session", sid)
+    if leaf is not None:
+        check_id("message", leaf)
+    try:
+        outcome = await c.compaction.compact(tenant, sid, leaf)
+    except SummarizerError as exc:
+        raise SummarizerFailed(str(exc)) from exc
+    if outcome.overlay is None:
+        return {"compacted": False, "reason": outcome.reason, "seq": outcome.seq}
+    return {"compacted": True, "overlay": overlay_json(outcome.overlay), "seq": outcome.seq}
+
+
+# -- context ------------------------------------------------------------------------------------
+
+
+def session_config(raw: Any) -> SessionConfig:
+    try:
+        return SessionConfig.model_validate(raw)
+    except ValidationError as exc:
+        raise InvalidConfig(validation_detail(exc, root="config")) from exc
+
+
+async def configure(c: Container, tenant: str, sid: str, raw: Any) -> Answer:
+    check_id("session", sid)
+    no_nul(raw, "config")
+    config = session_config(raw)
+    seq = await c.context.configure(tenant, sid, config)
+    return {"config": config.model_dump(mode="json", exclude_none=True), "seq": seq}
+
+
+async def write_context(c: Container, tenant: str, sid: str, label: str, content: str, mode: str) -> Answer:
+    check_id("session", sid)
+    no_nul(content, "content")
+    if mode not in ("replace", "append"):
+        raise InvalidRequest("mode must be 'replace' or 'append'")
+    result = await c.context.write(tenant, sid, label, content, "append" if mode == "append" else "replace", "api")
+    return {
+        "label": result.label,
+        "content": result.content,
+        "tokens": result.tokens,
+        "max_tokens": result.max_tokens,
+        "seq": result.seq,
+    }
+
+
+async def run_tool(c: Container, tenant: str, sid: str, name: str, arguments: Any, tool_call_id: str | None) -> Answer:
+    """Execute a tool with the LLM's arguments; failures come back as ``Error: …`` results."""
+    check_id("session", sid)
+    args = arguments if arguments is not None else {}
+    result = await c.context.execute(tenant, sid, name, args, tool_call_id)
+    return {"result": result, "seq": await c.publisher.last_subject_seq(tenant, sid)}
+
+
+async def refresh_prompt(c: Container, tenant: str, sid: str) -> Answer:
+    check_id("session", sid)
+    prompt = await c.context.refresh_prompt(tenant, sid)
+    return {"prompt": prompt.text, "tokens": prompt.tokens, "version": prompt.version, "seq": prompt.seq}

@@ -1,0 +1,371 @@
+"""Commands over NATS request/reply answer as the HTTP API does: the same result body, the same
+problem for each refusal, the same idempotency; and a tenant may request on its own command subjects
+only. Real parts: a nats-server configured from the settings (operator + tenant NKeys), Postgres, a
+projector, `chronicle commands`' broker, and the HTTP API served by uvicorn on a port."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import httpx
+import nats.errors
+import pytest
+import uvicorn
+from nats.aio.client import Client as NatsClient
+
+from events.commands import COMMANDS, STATUS_HEADER
+from events.credentials import tenant_inbox_prefix, tenant_nkey_seed
+from services.api.app import build_app
+from services.bootstrap import Container
+from services.commands_nats.app import serving_commands
+from services.ops.localstack import free_port
+from services.ops.natsconf import NatsAccess
+from services.settings import Settings
+from tests.conftest import KEYS, make_settings, running_stack
+from tests.support import nats_server, scratch_database
+
+Reply = tuple[int, dict[str, Any]]
+
+
+@pytest.fixture(scope="module")
+def settings(tmp_path_factory: pytest.TempPathFactory, pg_admin: str, s3_endpoint: str) -> Iterator[Settings]:
+    port = free_port()
+    with scratch_database(pg_admin) as db:
+        s = make_settings(
+            f"nats://127.0.0.1:{port}",
+            db,
+            s3_endpoint=s3_endpoint,
+            command_prefix=f"c{uuid.uuid4().hex[:8]}.cmd",
+            max_message_bytes=4096,
+            payload_limit_bytes=2048,
+        )
+        with nats_server(tmp_path_factory.mktemp("cmd-nats"), NatsAccess.of(s), port=port):
+            yield s
+
+
+@pytest.fixture(scope="module")
+async def stack(settings: Settings) -> AsyncIterator[Container]:
+    async with running_stack(settings) as c, serving_commands(settings, c):
+        yield c
+
+
+@pytest.fixture(scope="module")
+async def http(settings: Settings, stack: Container) -> AsyncIterator[httpx.AsyncClient]:
+    """tenant-a over real HTTP: the API with the same container, served by uvicorn on a port."""
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(build_app(settings, stack), host="127.0.0.1", port=port, log_level="error"))
+    task = asyncio.create_task(server.serve())
+    while not server.started:
+        assert not task.done(), "uvicorn did not start"
+        await asyncio.sleep(0.02)
+    headers = {"Authorization": f"Bearer {KEYS['tenant-a']}"}
+    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", headers=headers, timeout=30) as client:
+        yield client
+    server.should_exit = True
+    await task
+
+
+@contextlib.asynccontextmanager
+async def connected(settings: Settings, tenant: str) -> AsyncIterator[tuple[NatsClient, list[str]]]:
+    """``tenant``'s NATS connection (its credentials, its inbox) and the server's permission errors."""
+    violations: list[str] = []
+
+    async def on_error(exc: Exception) -> None:
+        violations.append(str(exc).lower())
+
+    nc = await nats.connect(
+        settings.nats_url,
+        nkeys_seed_str=tenant_nkey_seed(KEYS[tenant]),
+        inbox_prefix=tenant_inbox_prefix(tenant),
+        error_cb=on_error,
+        allow_reconnect=False,
+    )
+    try:
+        yield nc, violations
+    finally:
+        await nc.close()
+
+
+@pytest.fixture
+async def tenant_a(settings: Settings, stack: Container) -> AsyncIterator[NatsClient]:
+    async with connected(settings, "tenant-a") as (nc, _):
+        yield nc
+
+
+async def request(nc: NatsClient, settings: Settings, command: str, body: Any, tenant: str = "tenant-a") -> Reply:
+    data = body if isinstance(body, bytes) else json.dumps(body).encode()
+    msg = await nc.request(settings.layout().command_subject(tenant, command), data, timeout=15)
+    return int((msg.headers or {})[STATUS_HEADER]), json.loads(msg.data)
+
+
+def message(mid: str, text: str = "hello", role: str = "user") -> dict[str, Any]:
+    return {"id": mid, "role": role, "parts": [{"type": "text", "text": text}]}
+
+
+async def created_session(http: httpx.AsyncClient) -> str:
+    sid = "s-" + uuid.uuid4().hex[:10]
+    assert (await http.post("/v1/sessions", json={"id": sid})).status_code == 201
+    return sid
+
+
+async def test_an_append_over_nats_answers_like_http_and_is_read_back(
+    http: httpx.AsyncClient, tenant_a: NatsClient, settings: Settings
+) -> None:
+    via_http, via_nats = await created_session(http), await created_session(http)
+    h = await http.post(f"/v1/sessions/{via_http}/messages", json={"message": message("m1")})
+    status, body = await request(tenant_a, settings, "append", {"session_id": via_nats, "message": message("m1")})
+    assert (status, {**body, "seq": 0}) == (h.status_code, {**h.json(), "seq": 0}) == (201, {**body, "seq": 0})
+    assert body == {"id": "m1", "parent_id": None, "seq": body["seq"], "created": True}
+
+    # the latest leaf is the parent when none is named, as over HTTP; the same message again: 200
+    status, child = await request(tenant_a, settings, "append", {"session_id": via_nats, "message": message("m2")})
+    assert (status, child["parent_id"]) == (201, "m1")
+    again = await request(tenant_a, settings, "append", {"session_id": via_nats, "message": message("m2")})
+    h_again = await http.post(f"/v1/sessions/{via_http}/messages", json={"message": message("m1")})
+    assert again == (200, {**child, "created": False})
+    assert h_again.status_code == 200
+    assert h_again.json()["created"] is False
+
+    # read-your-writes: the seq of the reply is what a read waits for
+    history = await http.get(f"/v1/sessions/{via_nats}/history", params={"min_seq": child["seq"]})
+    assert [m["id"] for m in history.json()["messages"]] == ["m1", "m2"]
+
+
+REFUSALS: list[tuple[str, str, dict[str, Any], str, dict[str, Any] | bytes]] = [
+    # (case, HTTP method and path tail, HTTP body, NATS command, NATS request) — {sid} is a live session
+    (
+        "unknown parent",
+        "POST /messages",
+        {"message": message("m1"), "parent_id": "nope"},
+        "append",
+        {"session_id": "{sid}", "message": message("m1"), "parent_id": "nope"},
+    ),
+    (
+        "invalid message",
+        "POST /messages",
+        {"message": {"id": "m1", "parts": []}},
+        "append",
+        {"session_id": "{sid}", "message": {"id": "m1", "parts": []}},
+    ),
+    (
+        "too large",
+        "POST /messages",
+        {"message": message("big", "x" * 5000)},
+        "append",
+        {"session_id": "{sid}", "message": message("big", "x" * 5000)},
+    ),
+    (
+        "invalid id",
+        "POST /messages",
+        {"message": message("m 1\x7f")},
+        "append",
+        {"session_id": "{sid}", "message": message("m 1\x7f")},
+    ),
+    (
+        "unknown session",
+        "DELETE ",
+        {},
+        "session.delete",
+        {"session_id": "never-created"},
+    ),
+    (
+        "unknown message",
+        "PUT /messages/ghost",
+        {"message": message("ghost")},
+        "update",
+        {"session_id": "{sid}", "message": message("ghost")},
+    ),
+    (
+        "unknown block",
+        "PUT /context/nope",
+        {"content": "x"},
+        "context.write",
+        {"session_id": "{sid}", "label": "nope", "content": "x"},
+    ),
+    (
+        "invalid config",
+        "PUT /config",
+        {"blocks": [{"label": "x", "kind": "no-such-kind"}]},
+        "config.put",
+        {"session_id": "{sid}", "config": {"blocks": [{"label": "x", "kind": "no-such-kind"}]}},
+    ),
+    (
+        "NUL in content",
+        "PUT /context/notes",
+        {"content": "a\x00b"},
+        "context.write",
+        {"session_id": "{sid}", "label": "notes", "content": "a\x00b"},
+    ),
+]
+
+
+@pytest.mark.parametrize(("case", "route", "http_body", "command", "nats_body"), REFUSALS, ids=[r[0] for r in REFUSALS])
+async def test_each_refusal_replies_with_the_problem_http_answers(
+    http: httpx.AsyncClient,
+    tenant_a: NatsClient,
+    settings: Settings,
+    case: str,
+    route: str,
+    http_body: dict[str, Any],
+    command: str,
+    nats_body: dict[str, Any],
+) -> None:
+    sid = await created_session(http)
+    method, tail = route.split(" ")
+    sid_path = "never-created" if command == "session.delete" else sid
+    target = f"/v1/sessions/{sid_path}{tail}"
+    h = await (http.request(method, target, json=http_body) if http_body else http.request(method, target))
+    filled = json.loads(json.dumps(nats_body).replace("{sid}", sid))
+    status, problem = await request(tenant_a, settings, command, filled)
+    assert h.status_code >= 400, h.text
+    expected = h.json()
+    assert (status, problem["status"], problem["code"], problem["detail"]) == (
+        h.status_code,
+        expected["status"],
+        expected["code"],
+        expected["detail"],
+    )
+    assert problem["type"] == expected["type"]
+    assert problem["title"] == expected["title"]
+
+
+async def test_requests_the_api_would_refuse_as_bodies_are_refused_alike(
+    http: httpx.AsyncClient, tenant_a: NatsClient, settings: Settings
+) -> None:
+    sid = await created_session(http)
+    # not JSON: 400 malformed_json on both
+    h = await http.post(
+        f"/v1/sessions/{sid}/messages", content=b"{not json", headers={"content-type": "application/json"}
+    )
+    assert (
+        (await request(tenant_a, settings, "append", b"{not json"))[1]["code"] == h.json()["code"] == "malformed_json"
+    )
+    # a field the request does not have: 422 invalid_request on both
+    h = await http.post(f"/v1/sessions/{sid}/messages", json={"message": message("m1"), "extra": 1})
+    status, problem = await request(
+        tenant_a, settings, "append", {"session_id": sid, "message": message("m1"), "extra": 1}
+    )
+    assert (status, problem["code"]) == (h.status_code, h.json()["code"]) == (422, "invalid_request")
+    # NaN is not JSON Chronicle stores: 422 invalid_request on both
+    raw = b'{"session_id": "%s", "message": {"id": "m1", "role": "user", "parts": [], "n": NaN}}' % sid.encode()
+    h = await http.post(
+        f"/v1/sessions/{sid}/messages",
+        content=b'{"message": {"id": "m1", "role": "user", "parts": [], "n": NaN}}',
+        headers={"content-type": "application/json"},
+    )
+    status, problem = await request(tenant_a, settings, "append", raw)
+    assert (status, problem["code"], problem["detail"]) == (h.status_code, h.json()["code"], h.json()["detail"])
+    # the same id with another body: 409 message_conflict on both
+    await http.post(f"/v1/sessions/{sid}/messages", json={"message": message("m1")})
+    h = await http.post(f"/v1/sessions/{sid}/messages", json={"message": message("m1", "other")})
+    status, problem = await request(
+        tenant_a, settings, "append", {"session_id": sid, "message": message("m1", "other")}
+    )
+    assert (status, problem["code"]) == (h.status_code, h.json()["code"]) == (409, "message_conflict")
+    # an existing session again: 409 session_exists on both
+    h = await http.post("/v1/sessions", json={"id": sid})
+    status, problem = await request(tenant_a, settings, "session.create", {"id": sid})
+    assert (status, problem["code"], problem["detail"]) == (409, h.json()["code"], h.json()["detail"])
+
+
+async def test_a_retried_append_is_idempotent(
+    http: httpx.AsyncClient, tenant_a: NatsClient, settings: Settings
+) -> None:
+    sid = await created_session(http)
+    keyed = {"session_id": sid, "message": message("m1"), "idempotency_key": uuid.uuid4().hex}
+    first = await request(tenant_a, settings, "append", keyed)
+    retried = await request(tenant_a, settings, "append", keyed)
+    # the retry of a stored request answers as the first one did (created: it was this request)
+    assert first == retried
+    assert first[0] == 201
+    # without a key, the same message id and body again is a repeat: the first seq, created false
+    unkeyed = await request(tenant_a, settings, "append", {"session_id": sid, "message": message("m1")})
+    assert unkeyed == (200, {**first[1], "created": False})
+    batch = {"session_id": sid, "messages": [message("m2"), message("m3")], "parent_id": "m1"}
+    b1, b2 = (
+        await request(tenant_a, settings, "append_batch", batch),
+        await request(tenant_a, settings, "append_batch", batch),
+    )
+    assert [m["seq"] for m in b1[1]["messages"]] == [m["seq"] for m in b2[1]["messages"]]
+    assert [m["created"] for m in b2[1]["messages"]] == [False, False]
+    history = await http.get(f"/v1/sessions/{sid}/history", params={"min_seq": b1[1]["seq"]})
+    assert [m["id"] for m in history.json()["messages"]] == ["m1", "m2", "m3"]
+
+
+async def test_every_write_the_sdk_uses_runs_over_nats(
+    http: httpx.AsyncClient, tenant_a: NatsClient, settings: Settings
+) -> None:
+    sid = "s-" + uuid.uuid4().hex[:10]
+    fork_id = sid + "-fork"
+    config = {"blocks": [{"label": "notes", "kind": "writable", "max_tokens": 200}]}
+    steps: list[tuple[str, dict[str, Any], int]] = [
+        ("session.create", {"id": sid, "name": "n"}, 201),
+        ("session.rename", {"session_id": sid, "name": "renamed"}, 200),
+        ("config.put", {"session_id": sid, "config": config}, 200),
+        ("append", {"session_id": sid, "message": message("m1")}, 201),
+        ("append_batch", {"session_id": sid, "messages": [message("m2"), message("m3")]}, 201),
+        ("update", {"session_id": sid, "message": message("m2", "changed")}, 200),
+        ("context.write", {"session_id": sid, "label": "notes", "content": "Fridays", "mode": "append"}, 200),
+        ("tool", {"session_id": sid, "name": "set_context", "arguments": {"label": "notes", "content": "Mon"}}, 200),
+        ("prompt.refresh", {"session_id": sid}, 200),
+        ("compact", {"session_id": sid}, 200),
+        ("session.fork", {"session_id": sid, "at_message_id": "m2", "id": fork_id}, 201),
+        ("delete", {"session_id": sid, "ids": ["m3"]}, 200),
+        ("clear", {"session_id": fork_id}, 200),
+        ("session.delete", {"session_id": sid}, 200),
+    ]
+    assert {name for name, _, _ in steps} == {c.name for c in COMMANDS}
+    answers: dict[str, dict[str, Any]] = {}
+    for name, body, expected in steps:
+        status, answers[name] = await request(tenant_a, settings, name, body)
+        assert status == expected, (name, answers[name])
+    assert answers["append_batch"]["messages"][0]["parent_id"] == "m1"
+    assert answers["context.write"]["content"] == "Fridays"
+    assert answers["session.fork"]["messages"] == 2
+    assert answers["delete"]["deleted"] == ["m3"]
+    assert answers["tool"]["result"].startswith("Written to notes"), answers["tool"]
+    gone = await http.get(f"/v1/sessions/{sid}", params={"min_seq": answers["session.delete"]["seq"]})
+    assert gone.status_code == 404
+    fork = await http.get(f"/v1/sessions/{fork_id}/history", params={"min_seq": answers["clear"]["seq"]})
+    assert fork.json()["messages"] == []
+
+
+async def test_a_tenant_requests_on_its_own_command_subjects_only(
+    http: httpx.AsyncClient, settings: Settings, stack: Container
+) -> None:
+    sid = "s-" + uuid.uuid4().hex[:10]
+    subject = settings.layout().command_subject("tenant-a", "session.create")
+    async with connected(settings, "tenant-b") as (nc, violations):
+        with pytest.raises((nats.errors.TimeoutError, nats.errors.NoRespondersError)):
+            await nc.request(subject, json.dumps({"id": sid}).encode(), timeout=2)
+        for _ in range(100):
+            if any("permissions violation" in v and subject.lower() in v for v in violations):
+                break
+            await asyncio.sleep(0.02)
+        else:
+            raise AssertionError(f"no permissions violation for {subject}: {violations}")
+        # its own subjects answer, as tenant-b
+        status, body = await request(nc, settings, "session.create", {"id": sid}, tenant="tenant-b")
+        assert status == 201
+    # the session exists for tenant-b and not for tenant-a
+    assert (await http.get(f"/v1/sessions/{sid}", params={"min_seq": body["seq"]})).status_code == 404
+    b = {"Authorization": f"Bearer {KEYS['tenant-b']}"}
+    assert (await http.get(f"/v1/sessions/{sid}", params={"min_seq": body["seq"]}, headers=b)).status_code == 200
+
+
+async def test_replies_arrive_only_on_the_requesters_inbox(settings: Settings, stack: Container) -> None:
+    """A tenant cannot listen under another tenant's inbox (where that tenant's replies arrive)."""
+    async with connected(settings, "tenant-b") as (nc, violations):
+        other = tenant_inbox_prefix("tenant-a") + ".>"
+        await nc.subscribe(other)
+        await nc.flush()
+        for _ in range(100):
+            if any("permissions violation" in v and other.lower() in v for v in violations):
+                return
+            await asyncio.sleep(0.02)
+    raise AssertionError(f"no permissions violation for subscribing to {other}: {violations}")
