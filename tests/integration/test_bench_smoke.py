@@ -46,6 +46,7 @@ def test_every_benchmark_is_covered() -> None:
     assert set(BENCHMARKS) == {
         "ingest",
         "api",
+        "commands",
         "history",
         "search",
         "rebuild",
@@ -70,6 +71,15 @@ async def test_api_smoke(nats_url: str, pg_admin: str, tmp_path: Path) -> None:
     for key in ("append_c1", "append_c1_spread", "append_c16", "ryw_read", "ryw_total"):
         positive(data["metrics"][key], "n", "p50", "p99")
     positive(data["baseline"]["healthz"], "n", "p50", "p99")
+
+
+async def test_commands_smoke(nats_url: str, pg_admin: str, tmp_path: Path) -> None:
+    data = await smoke("commands", nats_url, pg_admin, tmp_path / "commands.json")
+    for key in ("http_append_c1", "nats_append_c1", "http_append_c16", "nats_append_c16"):
+        positive(data["metrics"][key], "n", "p50", "p99")
+    positive(data["metrics"], "http_append_c16_per_s", "nats_append_c16_per_s")
+    positive(data["baseline"]["healthz"], "n", "p50", "p99")
+    positive(data["baseline"]["nats_echo"], "n", "p50", "p99")
 
 
 async def test_api_replicas_smoke(nats_url: str, pg_admin: str, tmp_path: Path) -> None:
