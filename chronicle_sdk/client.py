@@ -12,11 +12,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Self
+from typing import TYPE_CHECKING, Any, Literal, Self
 from urllib.parse import urlencode
 
 from pydantic import ValidationError
 
+from chronicle_sdk.commands import Routed, reply_status, route
 from chronicle_sdk.connection import Via, quote
 from chronicle_sdk.errors import (
     ChronicleError,
@@ -84,7 +85,13 @@ class ChronicleClient:
       that are not idempotent are retried only when nothing can have been written.
     * Read-your-writes: remembers the ``seq`` of its last write per session and sends it as
       ``min_seq`` on every read of that session (tenant-wide reads send the highest one).
-    * Direct path: with ``nats_url`` (a cluster's nodes comma-separated), appends can be published
+    * Commands over NATS: with ``nats_url`` and ``via="nats"``, every write (appends, sessions,
+      messages, context, tools, prompts, compaction) is sent as a NATS request to the server's
+      command service (``chronicle commands``) instead of an HTTP request: the server runs the
+      same code, so the answers, the typed errors, the retries and read-your-writes are those of
+      HTTP. Reads stay on HTTP. A request bigger than the NATS server's ``max_payload`` goes over
+      HTTP. ``via=`` per append, ``append_via`` for appends only.
+    * Direct path: with ``nats_url`` (a cluster's nodes comma-separated), chains can be published
       straight to JetStream with the ``events`` publisher (``append_via="jetstream"`` or ``via=``
       per call); it needs nats-py, the SDK's ``nats`` extra (``pip install 'chronicle-sdk[nats]'``):
       without it, a client given ``nats_url`` raises ``ImportError``. On first use the
@@ -111,7 +118,8 @@ class ChronicleClient:
         *,
         nats_url: str | None = None,
         nats_credentials: str | None = None,
-        append_via: Via = "http",
+        via: Literal["http", "nats"] = "http",
+        append_via: Via | None = None,
         timeout_s: float = 30.0,
         retries: int = 4,
         backoff_s: float = 0.1,
@@ -119,14 +127,16 @@ class ChronicleClient:
         conflict_attempts: int = 100,
         transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
-        if append_via == "jetstream" and nats_url is None:
-            raise ValueError("append_via='jetstream' needs nats_url")
+        if nats_url is None and (via != "http" or (append_via or via) != "http"):
+            raise ValueError(f"via={via!r}, append_via={append_via!r} need nats_url")
         if nats_url is not None:
             _require_nats()
         self.base_url = base_url.rstrip("/")
         self.nats_url = nats_url
         self.nats_credentials = nats_credentials
-        self.append_via: Via = append_via
+        self.via: Literal["http", "nats"] = via
+        self.append_via: Via = append_via or via
+        self._timeout = timeout_s
         self._api_key = api_key
         self._retries = max(0, retries)
         self._backoff = backoff_s
@@ -222,11 +232,29 @@ class ChronicleClient:
         Errors are raised as typed :class:`~chronicle_sdk.ChronicleError` subclasses.
         """
         query: list[tuple[str, Any]] = list(params.items() if isinstance(params, Mapping) else params or [])
+        safe = idempotent if idempotent is not None else method != "POST"
+        if self.via == "nats" and method != "GET":
+            routed = route(method, path, body, dict(query), headers or {})
+            if routed is not None:
+                with contextlib.suppress(_TooBigForNats):
+                    return await self._command(routed, safe)
+        return await self._http_request(method, path, query, body, session, tenant_wide, safe, headers)
+
+    async def _http_request(
+        self,
+        method: str,
+        path: str,
+        query: list[tuple[str, Any]],
+        body: Any,
+        session: str | None,
+        tenant_wide: bool,
+        safe: bool,
+        headers: Mapping[str, str] | None,
+    ) -> Any:
         if method == "GET" and not any(k == "min_seq" for k, _ in query):
             wait = self.last_seq(None) if tenant_wide else (self.last_seq(session) if session is not None else 0)
             if wait:
                 query.append(("min_seq", wait))
-        safe = idempotent if idempotent is not None else method != "POST"
         content = None if body is OMITTED else json.dumps(body, ensure_ascii=False).encode()
         sent = {
             **self._headers,
@@ -274,17 +302,17 @@ class ChronicleClient:
 
     def _via(self, via: Via | None) -> Via:
         chosen = via or self.append_via
-        if chosen == "jetstream" and self.nats_url is None:
-            raise ValueError("appending via JetStream needs a client built with nats_url")
+        if chosen != "http" and self.nats_url is None:
+            raise ValueError(f"appending via {chosen} needs a client built with nats_url")
         return chosen
 
     async def append(
         self, session_id: str, message: Mapping[str, Any], parent_id: ParentId = OMITTED, *, via: Via | None = None
     ) -> AppendResult:
-        """Append one message (see :meth:`chronicle_sdk.Session.append_message`)."""
-        if self._via(via) == "jetstream":
-            return await self._append_direct(session_id, message, parent_id)
-        return await self._append_http(session_id, message, parent_id)
+        """Append one message (see :meth:`chronicle_sdk.Session.append_message`): over HTTP, or as a
+        NATS command (``"nats"``; ``"jetstream"`` too: one message is never published without the
+        server's decision, which only the server makes)."""
+        return await self._append_api(session_id, message, parent_id, "http" if self._via(via) == "http" else "nats")
 
     async def append_chain(
         self,
@@ -303,23 +331,39 @@ class ChronicleClient:
             return []
         if len({str(m.get("id")) for m in messages}) != len(messages):
             raise InvalidRequest("message ids in a chain must be distinct", status=422)
-        if self._via(via) == "jetstream":
+        chosen = self._via(via)
+        if chosen == "jetstream":
             return await self._append_chain_direct(session_id, messages, parent_id)
-        return await self._append_chain_http(session_id, messages, parent_id)
+        return await self._append_chain_api(session_id, messages, parent_id, chosen)
 
     def _path(self, session_id: str, tail: str = "") -> str:
         return f"/v1/sessions/{quote(session_id)}{tail}"
 
-    async def _append_http(self, session_id: str, message: Mapping[str, Any], parent: ParentId) -> AppendResult:
+    async def _send(self, via: Literal["http", "nats"], method: str, path: str, body: Any, **kw: Any) -> Any:
+        """One write over ``via``, whatever the client's default."""
+        if via == "nats":
+            routed = route(method, path, body, {}, kw.get("headers") or {})
+            assert routed is not None, f"{method} {path} has no command"
+            with contextlib.suppress(_TooBigForNats):
+                return await self._command(routed, bool(kw.get("idempotent")))
+        return await self._http_request(
+            method, path, [], body, kw.get("session"), False, bool(kw.get("idempotent")), kw.get("headers")
+        )
+
+    async def _append_api(
+        self, session_id: str, message: Mapping[str, Any], parent: ParentId, via: Literal["http", "nats"] = "http"
+    ) -> AppendResult:
+        """One append decided by the server, sent over HTTP or as a NATS command."""
         body: dict[str, Any] = {"message": dict(message)}
         if parent is not OMITTED:
             body["parent_id"] = parent
         # idempotent by message id: the same body again answers like the first append; the key
         # (one per call, the same in every retry) makes a retry of a stored attempt answer created
-        out = await self.request(
+        out = await self._send(
+            via,
             "POST",
             self._path(session_id, "/messages"),
-            body=body,
+            body,
             session=session_id,
             idempotent=True,
             headers={"Idempotency-Key": uuid.uuid4().hex},
@@ -327,20 +371,26 @@ class ChronicleClient:
         self.note_seq(session_id, out["seq"])
         return AppendResult(str(out["id"]), out.get("parent_id"), int(out["seq"]), bool(out.get("created", True)))
 
-    async def _append_chain_http(
-        self, session_id: str, messages: Sequence[Mapping[str, Any]], parent_id: str | None
+    async def _append_chain_api(
+        self,
+        session_id: str,
+        messages: Sequence[Mapping[str, Any]],
+        parent_id: str | None,
+        via: Literal["http", "nats"] = "http",
     ) -> list[AppendResult]:
-        """The chain in ``messages:batch`` requests. Idempotent by message id, as single appends: a
-        retried batch re-answers the messages already appended (``created=False``), and an id
-        already stored with a different body is a :class:`~chronicle_sdk.MessageConflict`."""
+        """The chain in ``messages:batch`` requests (HTTP or NATS commands). Idempotent by message
+        id, as single appends: a retried batch re-answers the messages already appended
+        (``created=False``), and an id already stored with a different body is a
+        :class:`~chronicle_sdk.MessageConflict`."""
         results: list[AppendResult] = []
         parent = parent_id
         for start in range(0, len(messages), _BATCH_LIMIT):
             chunk = [dict(m) for m in messages[start : start + _BATCH_LIMIT]]
-            out = await self.request(
+            out = await self._send(
+                via,
                 "POST",
                 self._path(session_id, "/messages:batch"),
-                body={"messages": chunk, "parent_id": parent},
+                {"messages": chunk, "parent_id": parent},
                 session=session_id,
                 idempotent=True,
             )
@@ -351,6 +401,61 @@ class ChronicleClient:
             ]
             parent = results[-1].id
         return results
+
+    # -- commands over NATS -----------------------------------------------------------------
+
+    async def _command(self, routed: Routed, safe: bool) -> Any:
+        """Send a write as a NATS command and return its reply as :meth:`request` returns an
+        answer: the server ran the route's code, so success, errors and retries are HTTP's."""
+        info = await self.nats_publishing()
+        direct = await self._connect_direct(info)
+        data = json.dumps(routed.payload, ensure_ascii=False).encode()
+        if len(data) > direct.nc.max_payload:  # bigger than one NATS message: the API takes it
+            raise _TooBigForNats()
+        subject = f"{info.command_prefix}.{ids.encode_token(info.tenant)}.{routed.command.name}"
+        from nats.errors import NoRespondersError
+        from nats.errors import TimeoutError as NatsTimeout
+
+        for attempt in range(self._retries + 1):
+            last = attempt == self._retries
+            try:
+                msg = await direct.nc.request(subject, data, timeout=self._timeout)
+            except NoRespondersError as exc:  # nobody received it: nothing can have been written
+                if not last:
+                    await asyncio.sleep(self._delay(attempt))
+                    continue
+                raise Unavailable(f"no command service answers on {subject}: is `chronicle commands` running?") from exc
+            except (NatsTimeout, TimeoutError) as exc:
+                if direct.errors.denied is not None:
+                    raise Unauthorized(
+                        f"NATS denied the {direct.who}: {direct.errors.denied}", code="nats_unauthorized", status=0
+                    ) from exc
+                if safe and not last:
+                    await asyncio.sleep(self._delay(attempt))
+                    continue
+                raise Unavailable(f"{routed.command.name}: no reply on {subject} in {self._timeout} s") from exc
+            status = reply_status(msg.headers)
+            try:
+                payload: Any = json.loads(msg.data)
+            except ValueError:
+                payload = msg.data.decode("utf-8", "replace")
+            if 200 <= status < 400:
+                try:
+                    routed.command.reply.model_validate(payload)  # the contract's reply
+                except ValidationError as exc:
+                    raise ChronicleError(
+                        f"the reply to {routed.command.name} does not match the contract: {exc}",
+                        code="invalid_reply",
+                        status=status,
+                    ) from exc
+                return payload
+            err = error_from_problem(status or 502, payload)
+            nothing_written = err.code in ("projection_timeout", "contention")
+            if isinstance(err, TransientError) and (safe or nothing_written) and not last:
+                await asyncio.sleep(self._delay(attempt))
+                continue
+            raise err
+        raise AssertionError("unreachable")
 
     # -- direct JetStream path --------------------------------------------------------------
 
@@ -489,63 +594,6 @@ class ChronicleClient:
     async def _conflict_pause(self, attempt: int) -> None:
         await asyncio.sleep(random.uniform(0, 0.002 * min(attempt + 1, 10)))  # noqa: S311
 
-    async def _append_direct(self, session_id: str, message: Mapping[str, Any], parent: ParentId) -> AppendResult:
-        """The server's append decision, made here, published with optimistic concurrency.
-
-        A body over the payload limit needs the claim-check store, which only the server
-        writes: that message is appended over HTTP (the same decision, made by the server).
-        """
-        from events.catalog import MessageAppended
-
-        _check_session_id(session_id)
-        info = await self.nats_publishing()
-        body, packed = await self._pack(info, message)
-        if packed is None:
-            return await self._append_http(session_id, message, parent)
-        direct = await self._connect_direct(info)
-        message_id = str(body["id"])
-        if isinstance(parent, str):
-            parent = _check_message_id(parent)
-        for attempt in range(self._conflict_attempts):
-            last = await self._last_seq(session_id)
-
-            async def parent_state(last: int = last) -> Any:
-                """The latest leaf (omitted parent) or whether the named parent exists."""
-                if parent is OMITTED:
-                    return await self.get_optional(self._path(session_id, "/leaf"), min_seq=last) if last else None
-                if isinstance(parent, str):
-                    return await self._has_message(session_id, parent, last)
-                return None
-
-            checks = await asyncio.gather(
-                self._live_state(session_id, last),
-                self._has_message(session_id, message_id, last),
-                parent_state(),
-            )
-            if checks[1]:
-                # the id exists: the server answers the idempotent repeat (or the conflict)
-                return await self._append_http(session_id, message, parent)
-            pid: str | None
-            if parent is OMITTED:
-                leaf = checks[2]
-                pid = leaf.get("leaf_id") if isinstance(leaf, dict) else None
-            elif parent is None:
-                pid = None
-            else:
-                if not checks[2]:
-                    raise UnknownParent(f"parent message {parent!r} is not in this session", status=422)
-                pid = str(parent)
-            event = MessageAppended(
-                tenant=info.tenant, session=session_id, message_id=message_id, parent_id=pid, **packed
-            )
-            seq = await self._publish(direct, event, last)
-            if seq is None:
-                await self._conflict_pause(attempt)
-                continue
-            self.note_seq(session_id, seq)
-            return AppendResult(message_id, pid, seq, True)
-        raise Contention(f"gave up after {self._conflict_attempts} conflicting attempts", status=503)
-
     async def _append_chain_direct(
         self, session_id: str, messages: Sequence[Mapping[str, Any]], parent_id: str | None
     ) -> list[AppendResult]:
@@ -574,7 +622,7 @@ class ChronicleClient:
         for message in messages:
             body, packed = await self._pack(info, message)
             if packed is None:
-                return await self._append_chain_http(session_id, messages, parent_id)
+                return await self._append_chain_api(session_id, messages, parent_id, "http")
             mid = str(body["id"])
             event_id = ids.derived_id("sdk:append", tenant, session_id, mid, parent, body_hash(body))
             events.append(
@@ -615,6 +663,10 @@ def _require_nats() -> None:
             f"nats_url needs {' and '.join(missing)}, which the SDK installs only with its nats extra: "
             "pip install 'chronicle-sdk[nats]'"
         )
+
+
+class _TooBigForNats(Exception):
+    """A command's request is over the NATS server's ``max_payload``: it goes over HTTP instead."""
 
 
 class _NatsRefused(Exception):

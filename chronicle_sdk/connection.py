@@ -15,8 +15,9 @@ from urllib.parse import quote as _quote
 
 from chronicle_sdk.types import OMITTED, AppendResult, ParentId
 
-Via = Literal["http", "jetstream"]
-"""How an append reaches the log: through the API (``"http"``) or published straight to JetStream."""
+Via = Literal["http", "nats", "jetstream"]
+"""How a write reaches the server: through the API (``"http"``), as a NATS command (``"nats"``), or,
+for a chain of appends, published straight to JetStream (``"jetstream"``)."""
 
 
 class Connection(Protocol):

@@ -118,10 +118,10 @@ class Session(ConfigBuilder):
         answers like the first time (``created=False``); with a different body it raises
         :class:`MessageConflict` (the reference silently kept the first).
 
-        ``via="jetstream"`` publishes the event straight to JetStream as the API key's tenant
-        (the client needs ``nats_url``; a body over the server's payload limit, which needs the
-        claim-check store, still goes through the API); ``"http"`` goes through the API; the
-        default is the client's ``append_via``. Both give the same result.
+        ``via="nats"`` (or ``"jetstream"``) sends it as a NATS command to the server's command
+        service, as the API key's tenant (the client needs ``nats_url``); ``"http"`` goes through
+        the API; the default is the client's ``append_via``. The server decides either way (the
+        parent, the repeat, the conflict), so all give the same result.
         """
         await self._ensure_ready()
         return await self.client.append(self.id, message, parent_id, via=via)
@@ -133,8 +133,9 @@ class Session(ConfigBuilder):
 
         As the reference's ``appendAll``, without ``parent_id`` the chain starts a new root
         (it does not attach to the latest leaf). Over HTTP the chain goes in ``messages:batch``
-        requests; via JetStream it is pipelined with ``Publisher.publish_many`` (a chain holding
-        a body over the payload limit is sent whole over HTTP). Ids must be distinct.
+        requests, via NATS in ``append_batch`` commands; via JetStream it is pipelined with
+        ``Publisher.publish_many`` (a chain holding a body over the payload limit is sent whole
+        over HTTP). Ids must be distinct.
         """
         await self._ensure_ready()
         return await self.client.append_chain(self.id, messages, parent_id, via=via)

@@ -186,8 +186,9 @@ class NatsPublishing:
 
     ``tenant`` is the tenant the key belongs to: the only one its NATS credentials may publish
     for. ``publish`` lists the subject patterns they allow; publish acks arrive under
-    ``inbox_prefix``. Bodies over ``payload_limit_bytes`` need the claim-check store, which only
-    the server writes; messages over ``max_message_bytes`` are refused.
+    ``inbox_prefix``, as do replies to its commands, sent under ``command_prefix``. Bodies over
+    ``payload_limit_bytes`` need the claim-check store, which only the server writes; messages over
+    ``max_message_bytes`` are refused.
     """
 
     tenant: str
@@ -199,6 +200,7 @@ class NatsPublishing:
     payload_limit_bytes: int
     max_message_bytes: int
     max_event_bytes: int
+    command_prefix: str = "chronicle.cmd"
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> NatsPublishing:
@@ -213,6 +215,7 @@ class NatsPublishing:
             payload_limit_bytes=int(data["payload_limit_bytes"]),
             max_message_bytes=int(data["max_message_bytes"]),
             max_event_bytes=int(data["max_event_bytes"]),
+            command_prefix=str(data.get("command_prefix") or "chronicle.cmd"),
         )
 
     @property

@@ -1,4 +1,5 @@
-"""E2E fixtures: `chronicle api` and `chronicle projector` as real processes, spoken to over HTTP."""
+"""E2E fixtures: `chronicle api`, `chronicle projector` and `chronicle commands` as real processes,
+spoken to over HTTP (and NATS)."""
 
 from __future__ import annotations
 
@@ -40,10 +41,11 @@ def api_url(api_settings: Settings) -> Iterator[str]:
     subprocess.run([sys.executable, "-m", "services.ops.cli", "migrate"], env=env, check=True, capture_output=True)
     procs = [
         subprocess.Popen([sys.executable, "-m", "services.ops.cli", "projector"], env=env),
+        subprocess.Popen([sys.executable, "-m", "services.ops.cli", "commands"], env=env),
         subprocess.Popen([sys.executable, "-m", "services.ops.cli", "api"], env=env),
     ]
     try:
-        wait_for_port("127.0.0.1", api_settings.api_port, procs[1], "chronicle api", timeout=30)
+        wait_for_port("127.0.0.1", api_settings.api_port, procs[-1], "chronicle api", timeout=30)
         yield f"http://127.0.0.1:{api_settings.api_port}"
     finally:
         for p in procs:

@@ -11,7 +11,9 @@ from chronicle_sdk import ChronicleClient, Via
 from services.settings import Settings
 from tests.conftest import KEYS
 
-VIAS: tuple[Via, ...] = ("http", "jetstream")
+VIAS: tuple[Via, ...] = ("http", "nats", "jetstream")
+"""HTTP; every write as a NATS command; appends published straight to JetStream (chains) or as
+commands (single messages)."""
 
 
 def sid(prefix: str = "sdk") -> str:
@@ -31,7 +33,10 @@ def client_for(
     api_url: str, settings: Settings, *, tenant: str = "tenant-a", via: Via = "http", **kw: Any
 ) -> ChronicleClient:
     """An SDK client with ``tenant``'s API key, able to publish straight to the stack's JetStream
-    (as that tenant: its NATS credentials are derived from the key)."""
+    and to send commands (as that tenant: its NATS credentials are derived from the key).
+    ``via="nats"`` sends every write as a command; ``"jetstream"`` publishes appends directly."""
+    if via == "nats":
+        return ChronicleClient(api_url, KEYS[tenant], nats_url=settings.nats_url, via="nats", **kw)
     return ChronicleClient(api_url, KEYS[tenant], nats_url=settings.nats_url, append_via=via, **kw)
 
 

@@ -84,12 +84,12 @@ async def snapshot(s: Session) -> dict[str, Any]:
     }
 
 
-async def test_http_and_jetstream_give_identical_histories(api_url: str, api_settings: Settings) -> None:
+async def test_http_nats_and_jetstream_give_identical_histories(api_url: str, api_settings: Settings) -> None:
     snapshots: dict[str, dict[str, Any]] = {}
     answers: dict[str, list[tuple[str, str | None, bool]]] = {}
     posts: dict[str, int] = {}
     batches: dict[str, int] = {}
-    for via in ("http", "jetstream"):
+    for via in ("http", "nats", "jetstream"):
         transport = CountingTransport()
         async with client_for(api_url, api_settings, transport=transport) as c:
             s = Session.create(c, sid(f"paths-{via}"))
@@ -97,19 +97,19 @@ async def test_http_and_jetstream_give_identical_histories(api_url: str, api_set
             snapshots[via] = await snapshot(s)
         posts[via] = sum(1 for m, p in transport.calls if m == "POST" and p.endswith("/messages"))
         batches[via] = sum(1 for m, p in transport.calls if m == "POST" and p.endswith("/messages:batch"))
-    assert answers["http"] == answers["jetstream"]
+    assert answers["http"] == answers["nats"] == answers["jetstream"]
     assert answers["http"][4] == ("m1", None, False)
-    assert snapshots["http"] == snapshots["jetstream"]
+    assert snapshots["http"] == snapshots["nats"] == snapshots["jetstream"]
     assert snapshots["http"]["big_is_referenced"]
     assert snapshots["http"]["latest"][-1]["parts"][0]["text"] == BIG
     assert [m["id"] for m in snapshots["http"]["paths"]["c3"]] == ["m1", "m2", "c1", "c2", "c3"]
     assert [m["id"] for m in snapshots["http"]["paths"]["d2"]] == ["d1", "d2"]
     assert snapshots["http"]["paths"]["t1"][-1] == tool_message("t1")
-    # the direct path published everything itself but for the idempotent repeat (the API answers
-    # it) and the claim-checked body (only the server writes the object store); HTTP chains are
-    # one messages:batch request each
-    assert posts == {"http": 8, "jetstream": 2}
-    assert batches == {"http": 2, "jetstream": 0}
+    # over NATS nothing went over HTTP: single appends are commands the server decides (the claim-
+    # checked body too: the server writes the object store), chains are commands ("nats") or
+    # published straight to the stream ("jetstream"); HTTP chains are one messages:batch each
+    assert posts == {"http": 8, "nats": 0, "jetstream": 0}
+    assert batches == {"http": 2, "nats": 0, "jetstream": 0}
 
 
 async def test_direct_append_needs_nats_settings(api_url: str) -> None:

@@ -30,7 +30,7 @@ from chronicle_sdk import (
 )
 from chronicle_sdk.errors import error_from_problem
 from chronicle_sdk.tools import ToolDefinition, Tools
-from chronicle_sdk.types import SearchResult
+from chronicle_sdk.types import NatsPublishing, SearchResult
 from events.subjects import SubjectLayout
 
 Handler = Callable[[httpx.Request], httpx.Response]
@@ -335,32 +335,28 @@ async def test_the_tenant_and_layout_are_what_the_server_says() -> None:
     assert [r.url.path for r in rec.requests] == ["/v1/nats"]
 
 
-async def test_claim_checked_bodies_go_through_the_api_without_nats() -> None:
-    """Over the payload limit (only the server writes the claim-check store): HTTP, one message or
-    the whole chain; NATS (here: nothing listening) is never dialled."""
+async def test_claim_checked_chains_go_through_the_api_without_nats() -> None:
+    """A chain holding a body over the payload limit (only the server writes the claim-check
+    store) goes whole over HTTP; NATS (here: nothing listening) is never dialled."""
 
     def handler(request: httpx.Request) -> httpx.Response:
         if request.url.path == "/v1/nats":
             return httpx.Response(200, json=NATS_INFO)
-        if request.url.path.endswith("/messages:batch"):
-            return batch_answer(request)
-        return appended(request)
+        return batch_answer(request)
 
     big = {"id": "big", "role": "user", "parts": [{"type": "text", "text": "x" * 2000}]}
     rec = Recorder(handler)
     async with rec.client(nats_url="nats://127.0.0.1:1", append_via="jetstream") as c:
         s = Session.create(c, "s1")
-        assert (await s.append_message(big)).seq == 7
         results = await s.append_all([msg("a"), {**big, "id": "big2"}, msg("b")], "big")
         assert [(r.id, r.parent_id) for r in results] == [("a", "big"), ("big2", "a"), ("b", "big2")]
         with pytest.raises(PayloadTooLarge):  # over max_message_bytes: refused here
-            await s.append_message({**big, "parts": [{"type": "text", "text": "x" * 5000}]})
+            await s.append_all([{**big, "parts": [{"type": "text", "text": "x" * 5000}]}])
     assert [(r.method, r.url.path) for r in rec.requests] == [
         ("GET", "/v1/nats"),
-        ("POST", "/v1/sessions/s1/messages"),
         ("POST", "/v1/sessions/s1/messages:batch"),
     ]
-    assert rec.bodies()[1]["parent_id"] == "big"
+    assert rec.bodies()[0]["parent_id"] == "big"
 
 
 async def test_http_chains_are_batches_of_at_most_1000() -> None:
@@ -390,3 +386,94 @@ def test_publish_failures_map_to_sdk_errors() -> None:
     denied = c._publish_error(direct, TimeoutError())
     assert (type(denied), denied.code) == (Unauthorized, "nats_unauthorized")
     assert "NKey user U…" in denied.detail
+
+
+class FakeNats:
+    """A NATS connection whose requests answer from a script (each item: a reply or an error)."""
+
+    max_payload = 1024 * 1024
+
+    def __init__(self, *script: Any) -> None:
+        self.script = list(script)
+        self.subjects: list[str] = []
+
+    async def request(self, subject: str, data: bytes, timeout: float) -> Any:
+        self.subjects.append(subject)
+        item = self.script.pop(0) if len(self.script) > 1 else self.script[0]
+        if isinstance(item, BaseException):
+            raise item
+        return item
+
+
+class Reply:
+    def __init__(self, status: int, body: dict[str, Any]) -> None:
+        self.headers = {"Chronicle-Status": str(status)}
+        self.data = json.dumps(body).encode()
+
+
+def commanding(nc: FakeNats, errors: Any = None) -> ChronicleClient:
+    from chronicle_sdk.client import _Direct, _NatsErrors
+
+    c = ChronicleClient("http://x", "k", nats_url="nats://127.0.0.1:1", via="nats", backoff_s=0.0, retries=2)
+    c._publishing = NatsPublishing.from_json({**NATS_INFO, "command_prefix": "c.cmd"})
+    c._direct = _Direct(nc=nc, publisher=None, errors=errors or _NatsErrors(), who="NKey user U…")  # type: ignore[arg-type]
+    return c
+
+
+async def test_a_write_goes_as_its_command_and_a_problem_is_the_typed_error() -> None:
+    appended = {"id": "m1", "parent_id": None, "seq": 3, "created": True}
+    nc = FakeNats(Reply(201, appended))
+    result = await commanding(nc).append("s/1", msg("m1"))
+    assert (result.id, result.seq, nc.subjects) == ("m1", 3, ["c.cmd.tenant-x.append"])
+    refused = FakeNats(Reply(422, {"status": 422, "code": "unknown_parent", "detail": "no parent p"}))
+    with pytest.raises(UnknownParent, match="no parent p"):
+        await commanding(refused).append("s1", msg("m1"), "p")
+    assert len(refused.subjects) == 1  # a refusal is not retried
+
+
+async def test_a_command_without_a_command_service_is_retried_then_unavailable() -> None:
+    import nats.errors
+
+    nc = FakeNats(nats.errors.NoRespondersError())
+    with pytest.raises(Unavailable, match="chronicle commands"):
+        await commanding(nc).request("POST", "/v1/sessions/s1/messages:clear")
+    assert len(nc.subjects) == 3  # nobody received it: retried (retries=2)
+
+
+async def test_a_timed_out_command_is_retried_only_when_repeating_it_is_safe() -> None:
+    import nats.errors
+
+    unsafe = FakeNats(nats.errors.TimeoutError())
+    with pytest.raises(Unavailable, match="no reply"):
+        await commanding(unsafe).request("POST", "/v1/sessions/s1/system-prompt:refresh", idempotent=False)
+    assert len(unsafe.subjects) == 1
+    written = {"label": "notes", "content": "x", "tokens": 1, "max_tokens": None, "seq": 9}
+    safe = FakeNats(nats.errors.TimeoutError(), Reply(200, written))
+    assert await commanding(safe).request("PUT", "/v1/sessions/s1/context/notes", body={"content": "x"}) == written
+    assert safe.subjects == ["c.cmd.tenant-x.context.write"] * 2
+
+
+async def test_a_denied_command_is_unauthorized() -> None:
+    import nats.errors
+
+    from chronicle_sdk.client import _NatsErrors
+
+    errors = _NatsErrors()
+    errors.denied = "nats: permissions violation for publish to 'c.cmd.tenant-x.clear'"
+    with pytest.raises(Unauthorized) as caught:
+        await commanding(FakeNats(nats.errors.TimeoutError()), errors).request("POST", "/v1/sessions/s1/messages:clear")
+    assert caught.value.code == "nats_unauthorized"
+
+
+async def test_reads_stay_on_http_when_writes_go_over_nats() -> None:
+    rec = Recorder(lambda r: httpx.Response(200, json={"leaf_id": None, "messages": []}))
+    async with rec.client(nats_url="nats://127.0.0.1:1", via="nats") as c:
+        assert await c.request("GET", "/v1/sessions/s1/history") == {"leaf_id": None, "messages": []}
+    assert [r.url.path for r in rec.requests] == ["/v1/sessions/s1/history"]
+
+
+async def test_a_reply_outside_the_contract_is_an_error_not_a_result() -> None:
+    nc = FakeNats(Reply(200, {"cleared": True, "seq": 9}))
+    with pytest.raises(ChronicleError, match="does not match") as caught:
+        await commanding(nc).request("PUT", "/v1/sessions/s1/context/notes", body={"content": "x"})
+    assert caught.value.code == "invalid_reply"
