@@ -15,6 +15,7 @@ commands`` processes share the requests.
 """
 
 import contextlib
+import json
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, cast
@@ -57,10 +58,8 @@ async def _strict_json(msg: NatsMessage) -> Any:
     """The request's JSON, parsed as strictly as an HTTP body (services/requests/strict_json.py)."""
     try:
         return strict_loads(msg.body)
-    except ValueError as exc:
-        if isinstance(exc, InvalidRequest | MalformedJson):
-            raise
-        raise MalformedJson("the request is not valid JSON") from exc
+    except json.JSONDecodeError as exc:  # what strict_loads refuses itself is its own problem already
+        raise MalformedJson(f"the request is not valid JSON: {exc.msg}") from exc
 
 
 def problems() -> ExceptionMiddleware:
