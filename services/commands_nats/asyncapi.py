@@ -5,8 +5,8 @@ commands from it alone. It is committed as docs/asyncapi.yaml (a test fails when
 and served by the API (``GET /asyncapi.yaml``, for the server's own settings).
 
 Regenerate with ``python -m services.commands_nats.asyncapi`` (``--check`` tells whether the
-committed file is current). Every broker that :func:`brokers` returns is documented: a room that
-adds FastStream subscribers or publishers adds its broker (or router) there.
+committed file is current). Every registration in :data:`REGISTERED` is documented: a room that
+adds FastStream subscribers or publishers adds the call that registers them there.
 """
 
 from __future__ import annotations
@@ -39,10 +39,6 @@ TITLE = "Chronicle on NATS"
 VERSION = "1.0"
 
 
-def _no_container() -> Container:
-    raise RuntimeError("a broker built for its document answers no requests")
-
-
 def event_router(layout: SubjectLayout) -> NatsRouter:
     """One documented publisher per event type: what a direct publisher sends to the stream."""
     router = NatsRouter()
@@ -61,16 +57,27 @@ def event_router(layout: SubjectLayout) -> NatsRouter:
     return router
 
 
+Registration = Callable[[NatsBroker, Settings], object]
+"""Puts one room's subscribers or publishers on a broker, as that room's process does."""
+
+
+def _no_container() -> Container:
+    raise RuntimeError("a broker built for its document answers no requests")
+
+
+REGISTERED: list[Registration] = [
+    lambda broker, s: broker.include_router(event_router(s.layout())),
+    lambda broker, s: broker.include_router(command_router(s.layout(), _no_container)),
+]
+"""Every FastStream subscriber and publisher of Chronicle: a room that adds some adds its
+registration here (the same call its process makes, with placeholders for what only runs)."""
+
+
 def brokers(settings: Settings) -> list[NatsBroker]:
     """Every FastStream broker of Chronicle, as its processes build them (not connected)."""
-    layout = settings.layout()
-    documented: list[Callable[[SubjectLayout], NatsRouter]] = [
-        event_router,
-        lambda lay: command_router(lay, _no_container),
-    ]
     broker = NatsBroker(settings.nats_servers())  # no credentials: a document holds no secret
-    for router in documented:
-        broker.include_router(router(layout))
+    for register in REGISTERED:
+        register(broker, settings)
     return [broker]
 
 
