@@ -21,21 +21,13 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, cast
 
 from faststream import AckPolicy, ExceptionMiddleware, Path
-from faststream.nats import (
-    NatsBroker,
-    NatsCredentials,
-    NatsMessage,
-    NatsNKey,
-    NatsResponse,
-    NatsRouter,
-    NatsSecurity,
-)
+from faststream.nats import NatsBroker, NatsMessage, NatsResponse, NatsRouter
 
 from events import commands as cmd
 from events.commands import STATUS_HEADER
 from events.ids import InvalidId, check_tenant, decode_token
 from events.subjects import SubjectLayout
-from services.bootstrap import Container, nats_options
+from services.bootstrap import Container, nats_security
 from services.errors import InvalidRequest, MalformedJson
 from services.requests import writes
 from services.requests.problems import internal_error, problem_of
@@ -188,17 +180,6 @@ def command_router(layout: SubjectLayout, container: ContainerOf, *, workers: in
     return router
 
 
-def security_of(settings: Settings) -> NatsSecurity | None:
-    """The operator identity and TLS of :func:`services.bootstrap.nats_options`, as FastStream takes them."""
-    options = nats_options(settings)
-    tls = options.get("tls")
-    if "nkeys_seed_str" in options:
-        return NatsNKey.from_seed(options["nkeys_seed_str"], ssl_context=tls)
-    if "user_credentials" in options:
-        return NatsCredentials.from_file(options["user_credentials"], ssl_context=tls)
-    return NatsSecurity(ssl_context=tls) if tls is not None else None
-
-
 def broker_for(settings: Settings, **options: Any) -> NatsBroker:
     """A FastStream broker that connects as Chronicle's operator identity (per-message logs at
     DEBUG: a service answering thousands of requests a second logs what goes wrong, not each one)."""
@@ -209,7 +190,7 @@ def broker_for(settings: Settings, **options: Any) -> NatsBroker:
         reconnect_time_wait=1,
         middlewares=[problems()],
         log_level=logging.DEBUG,
-        security=security_of(settings),
+        security=nats_security(settings),
         **options,
     )
 

@@ -13,17 +13,18 @@ from __future__ import annotations
 
 import argparse
 import copy
+import json
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import yaml
 from faststream.nats import NatsBroker, NatsRouter
 from faststream.specification import AsyncAPI
 from pydantic import BaseModel
 
-from events.catalog import EVENT_TYPES
+from events.catalog import EVENT_TYPES, WORK_TYPES
 from events.commands import COMMANDS, STATUS_HEADER, Problem, model_refs
 from events.context import SessionConfig
 from events.credentials import TENANT_INBOX_ROOT
@@ -31,6 +32,8 @@ from events.messages import UIMessage
 from events.subjects import SubjectLayout
 from services.bootstrap import Container
 from services.commands_nats.app import command_router, operation_name
+from services.compaction.queue import KIND, subscribe
+from services.compaction.service import CompactionService
 from services.settings import Settings
 
 DOC_PATH = Path(__file__).resolve().parents[2] / "docs" / "asyncapi.yaml"
@@ -54,6 +57,16 @@ def event_router(layout: SubjectLayout) -> NatsRouter:
             "tokens encoded as events/ids.py encodes them), with the event id as `Nats-Msg-Id`."
             + (f" {doc}" if doc and not doc.startswith("Envelope fields") else ""),
         )
+    work = f"{layout.work_prefix}.{KIND}.{{tenant}}.{{session}}"
+    for item in WORK_TYPES:
+        doc = " ".join((item.__doc__ or "").split())
+        router.publisher(
+            work,
+            schema=item,
+            title=f"{item.TYPE}.v{item.VERSION}",
+            description=f"`{item.TYPE}`, version {item.VERSION}, on the work-queue stream `{layout.work_stream}` "
+            f"(`{work}`; Chronicle's own processes only: no tenant may publish or read there). {doc}",
+        )
     return router
 
 
@@ -65,9 +78,23 @@ def _no_container() -> Container:
     raise RuntimeError("a broker built for its document answers no requests")
 
 
+def _work_queue(broker: NatsBroker, s: Settings) -> None:
+    """The compaction work queue's subscriber, as ``Container.compactor`` registers it."""
+    subscribe(
+        broker,
+        s.layout(),
+        cast("CompactionService", None),  # never called: the document's broker is not started
+        durable=s.compaction_queue,
+        concurrency=s.compactor_concurrency,
+        attempts=s.compaction_attempts,
+        backoff_s=s.compaction_backoff_s,
+    )
+
+
 REGISTERED: list[Registration] = [
     lambda broker, s: broker.include_router(event_router(s.layout())),
     lambda broker, s: broker.include_router(command_router(s.layout(), _no_container)),
+    _work_queue,
 ]
 """Every FastStream subscriber and publisher of Chronicle: a room that adds some adds its
 registration here (the same call its process makes, with placeholders for what only runs)."""
@@ -147,7 +174,20 @@ def document(settings: Settings) -> dict[str, Any]:
         schema_version="3.0.0",
     )
     doc: dict[str, Any] = model_refs(copy.deepcopy(spec.to_specification().to_jsonable()), REF)
-    return _in_order(_with_security(_with_parameters(_with_replies(doc))))
+    return _in_order(_with_security(_with_parameters(_with_work_payloads(_with_replies(doc)))))
+
+
+def _with_work_payloads(doc: dict[str, Any]) -> dict[str, Any]:
+    """A work-queue subscriber reads its raw message (it acks, naks and rejects it itself), so
+    FastStream documents no payload: it is the work type's schema, as its publisher says."""
+    messages = doc["components"]["messages"]
+    for item in WORK_TYPES:
+        received = messages.get(f"{item.TYPE}:SubscribeMessage")
+        if received is not None:
+            received["payload"] = {"$ref": REF.format(model=item.__name__)}
+    if REF.format(model="EmptyPayload") not in json.dumps(doc):
+        doc["components"]["schemas"].pop("EmptyPayload", None)
+    return doc
 
 
 def _with_security(doc: dict[str, Any]) -> dict[str, Any]:

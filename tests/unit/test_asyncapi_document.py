@@ -7,7 +7,7 @@ from typing import Any
 
 import yaml
 
-from events.catalog import EVENT_TYPES
+from events.catalog import EVENT_TYPES, WORK_TYPES
 from events.commands import COMMANDS, STATUS_HEADER
 from services.commands_nats import asyncapi
 
@@ -77,3 +77,13 @@ def test_every_reference_resolves() -> None:
 
     walk(doc)
     assert missing == []
+
+
+def test_the_compaction_work_queue_is_documented_with_its_payload() -> None:
+    doc = _doc()
+    for item in WORK_TYPES:
+        sent = doc["channels"][f"{item.TYPE}.v{item.VERSION}"]
+        assert sent["address"] == "chronicle.ev-work.compaction.{tenant}.{session}"
+        received = doc["components"]["messages"][f"{item.TYPE}:SubscribeMessage"]
+        assert received["payload"] == {"$ref": f"#/components/schemas/{item.__name__}"}
+        assert doc["operations"][item.TYPE]["action"] == "receive"
