@@ -22,10 +22,14 @@ async def test_a_tenant_cannot_read_or_overwrite_another_tenants_objects(
             {"label": "skills", "kind": "skills", "bucket": bucket, "prefix": ""},
         ]
     }
-    assert (await client.put(f"/v1/sessions/{s}/config", json=config)).status_code == 200
-    assert (await client_b.put(f"/v1/sessions/{s}/config", json=config)).status_code == 200
-    a = (await client.get(f"/v1/sessions/{s}/context")).json()["blocks"][0]["content"]
-    b = (await client_b.get(f"/v1/sessions/{s}/context")).json()["blocks"][0]["content"]
+    put_a = await client.put(f"/v1/sessions/{s}/config", json=config)
+    put_b = await client_b.put(f"/v1/sessions/{s}/config", json=config)
+    assert (put_a.status_code, put_b.status_code) == (200, 200)
+    # each read waits for its own tenant's write (min_seq): without it a read may come first
+    read_a = await client.get(f"/v1/sessions/{s}/context", params={"min_seq": put_a.json()["seq"]})
+    read_b = await client_b.get(f"/v1/sessions/{s}/context", params={"min_seq": put_b.json()["seq"]})
+    a = read_a.json()["blocks"][0]["content"]
+    b = read_b.json()["blocks"][0]["content"]
     assert (a, b) == ("TENANT A SECRET", "")
     loaded = await client_b.post(f"/v1/sessions/{s}/tools/load_context", json={"label": "skills", "key": "secret.md"})
     assert loaded.json()["result"] == "Not found: secret.md"
