@@ -28,6 +28,7 @@ from bench.ingest import ingest, rebuild
 from bench.peers import peers
 from bench.query import history, search
 from bench.replicas import api_replicas
+from bench.sealing import encryption
 from bench.support import BenchOptions, Infra, PeersOptions, Report, infrastructure
 from services import logs
 from services.settings import Settings, load_settings
@@ -44,6 +45,7 @@ BENCHMARKS: dict[str, Bench] = {
     "compaction": compaction,
     "peers": peers,
     "api-replicas": api_replicas,
+    "encryption": encryption,
 }
 RESULTS_DIR = Path("bench-results")
 

@@ -34,8 +34,8 @@ from bench.support import (
     summary_ms,
 )
 from events import log as eventlog
+from events.admission import admit
 from events.catalog import MessageAppended
-from events.registry import decode
 from events.subjects import partition_of
 from projections.migrate import migrate
 from projections.rebuild import rebuild_into
@@ -309,8 +309,9 @@ async def rebuild(settings: Settings, infra: Infra, options: BenchOptions) -> Re
             meter.reset()
             start = time.perf_counter()
             count = 0
+            await c.keys.load_all()
             async for stored in eventlog.read(c.js, c.layout):
-                decode(stored.data)
+                admit(stored.data, stored.subject, c.layout, c.keys)  # as the projector reads (sealed: opened)
                 count += 1
             read_s = time.perf_counter() - start
             report.cpu_s["read + decode"] = await meter.used()
@@ -321,7 +322,7 @@ async def rebuild(settings: Settings, infra: Infra, options: BenchOptions) -> Re
             meter.reset()
             start = time.perf_counter()
             last = await rebuild_into(
-                c.js, c.layout, db, "bench_rebuild", c.projections(), "bench-rebuild", progress=bar
+                c.js, c.layout, db, "bench_rebuild", c.projections(), "bench-rebuild", progress=bar, keys=c.keys
             )
             rebuild_s = time.perf_counter() - start
             bar.close()

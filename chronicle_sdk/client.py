@@ -535,7 +535,14 @@ class ChronicleClient:
             await _discard(nc)
             raise Unavailable(f"cannot connect to NATS at {self.nats_url} with the {who}: {exc!r}") from exc
         guard.connecting = False
-        return _Direct(nc, Publisher(nc.jetstream(), info.layout), guard, who)
+        from chronicle_sdk.sealing import ServerKeys
+
+        async def ask(path: str) -> dict[str, Any]:
+            out: dict[str, Any] = await self.request("GET", path)
+            return out
+
+        # sealed with the session's data key when the deployment seals (chronicle_sdk/sealing.py)
+        return _Direct(nc, Publisher(nc.jetstream(), info.layout, keys=ServerKeys(ask)), guard, who)
 
     async def _pack(self, info: NatsPublishing, message: Mapping[str, Any]) -> tuple[Message, dict[str, Any] | None]:
         """The validated body and its event fields; ``None`` when the body needs a claim check."""
@@ -569,6 +576,8 @@ class ChronicleClient:
         """The SDK error for a failed publish: refused by the contract, denied by NATS, or unavailable."""
         from events.publisher import Refused
 
+        if isinstance(exc, ChronicleError):  # the API's answer while sealing (the session is erased, say)
+            return exc
         if isinstance(exc, Refused):
             problem = {"code": "", "detail": exc.detail, "reason": exc.reason}
             if exc.reason == "too_large":
@@ -656,8 +665,9 @@ class ChronicleClient:
 
 
 def _require_nats() -> None:
-    """The direct path's libraries (nats-py and its nkeys), which only the ``nats`` extra installs."""
-    missing = [name for name in ("nats", "nkeys") if importlib.util.find_spec(name) is None]
+    """The direct path's libraries (nats-py, its nkeys, and cryptography to seal events), which only
+    the ``nats`` extra installs."""
+    missing = [name for name in ("nats", "nkeys", "cryptography") if importlib.util.find_spec(name) is None]
     if missing:
         raise ImportError(
             f"nats_url needs {' and '.join(missing)}, which the SDK installs only with its nats extra: "

@@ -45,6 +45,16 @@ from events.catalog import (
 from events.envelope import Event
 from events.ids import TENANT_SCOPE, InvalidId, check_message_id, check_session, check_tenant
 from events.registry import CURRENT, UnknownEvent, upcast
+from events.sealing import (
+    SEALED,
+    SEALED_FIELDS,
+    KeyLookup,
+    KeyUnavailable,
+    SealBroken,
+    is_sealed_blob,
+    open_blob,
+    open_fields,
+)
 from events.subjects import SubjectLayout, partition_of
 
 MAX_EVENT_BYTES = 1024 * 1024
@@ -89,13 +99,20 @@ _SUSPECT_ESCAPE = re.compile(rb"\\u(?:0000|[dD][89a-fA-F][0-9a-fA-F]{2})")
 _BAD_CHAR = re.compile("[\x00\ud800-\udfff]")
 
 
-def admit(data: bytes, subject: str, layout: SubjectLayout) -> Event:
-    """The event ``data`` holds, if the contract admits it under ``subject``; else :class:`Refused`."""
+def admit(data: bytes, subject: str, layout: SubjectLayout, keys: KeyLookup | None = None) -> Event:
+    """The event ``data`` holds, if the contract admits it under ``subject``; else :class:`Refused`.
+
+    A sealed event (:mod:`events.sealing`) is opened with ``keys`` first: its session's destroyed
+    key raises :class:`~events.sealing.KeyDestroyed` (a tombstone, not a refusal); no ``keys`` at
+    all raises :class:`~events.sealing.KeyUnavailable` (a configuration to fix, retried); a seal
+    that does not open, or names a key the session does not have, is ``invalid``."""
     if len(data) > MAX_EVENT_BYTES:
         raise Refused("too_large", f"{len(data)} bytes, more than the {MAX_EVENT_BYTES} an event may have")
     raw = _parse(data)
     if b"\\u" in data and _SUSPECT_ESCAPE.search(data) and has_bad_chars(raw):
         raise Refused("invalid", "a string holds a NUL character or a lone surrogate")
+    if SEALED in raw:
+        raw = _unseal(raw, subject, layout, keys)
     try:
         raw = upcast(raw)
     except UnknownEvent as exc:
@@ -110,6 +127,28 @@ def admit(data: bytes, subject: str, layout: SubjectLayout) -> Event:
     if layout.session_subject(event.tenant, event.session) != subject:
         raise Refused("subject_mismatch", _mismatch(event, subject, layout))
     return event
+
+
+def _unseal(raw: dict[str, Any], subject: str, layout: SubjectLayout, keys: KeyLookup | None) -> dict[str, Any]:
+    tenant, session = raw.get("tenant"), raw.get("session")
+    if not isinstance(tenant, str) or not isinstance(session, str):
+        raise Refused("invalid", "a sealed event's tenant and session must be strings")
+    try:
+        own = layout.session_subject(tenant, session)
+    except ValueError:
+        raise Refused("invalid", "a sealed event's tenant or session is not a subject token") from None
+    if own != subject:  # checked before opening: a key is only ever looked up for the subject's session
+        raise Refused("subject_mismatch", "the subject is not the sealed event's session subject")
+    if keys is None:
+        raise KeyUnavailable("a sealed event and no data keys are configured")
+    try:
+        opened, plain = open_fields(raw, keys)
+    except (SealBroken, KeyUnavailable) as exc:
+        raise Refused("invalid", f"sealed: {str(exc)[:200]}") from None
+    names = SEALED_FIELDS.get(str(raw.get("type")), ())
+    if b"\\u" in plain and _SUSPECT_ESCAPE.search(plain) and has_bad_chars({n: opened.get(n) for n in names}):
+        raise Refused("invalid", "a string holds a NUL character or a lone surrogate")
+    return opened
 
 
 def admit_built(event: Event, layout: SubjectLayout) -> tuple[str, bytes]:
@@ -134,12 +173,22 @@ def admit_built(event: Event, layout: SubjectLayout) -> tuple[str, bytes]:
     return layout.session_subject(event.tenant, event.session), data
 
 
-def admit_body(data: bytes, ref: BlobRef) -> dict[str, Any]:
+def admit_body(
+    data: bytes, ref: BlobRef, keys: KeyLookup | None = None, owner: tuple[str, str] = ("", "")
+) -> dict[str, Any]:
     """The body a claim check's object holds, when ``data`` are the referenced bytes and a JSON
     object; else :class:`BodyUnavailable`. (Parsed as the projector always did: what a projection
-    cannot store is its database's data error.)"""
+    cannot store is its database's data error.) A sealed object is opened with ``keys`` as the
+    session ``owner``'s (:func:`events.sealing.open_blob`)."""
     if sha256_hex(data) != ref.sha256:
         raise BodyUnavailable(f"claim check: object {ref.key[:80]!r}: its bytes do not hash to the reference's sha256")
+    if is_sealed_blob(data):
+        try:
+            data = open_blob(data, keys, *owner)
+        except (SealBroken, KeyUnavailable) as exc:
+            if keys is None:
+                raise
+            raise BodyUnavailable(f"claim check: object {ref.key[:80]!r}: {str(exc)[:120]}") from None
     try:
         body = json.loads(data)
     except (ValueError, RecursionError) as exc:  # UnicodeDecodeError is a ValueError

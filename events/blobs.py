@@ -32,6 +32,10 @@ class BlobStore(Protocol):
 
     async def get(self, ref: BlobRef) -> bytes: ...
 
+    async def delete(self, ref: BlobRef) -> None:
+        """Remove the object (erasure); none there: nothing to do."""
+        ...
+
 
 def sha256_hex(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
@@ -49,6 +53,9 @@ class MemoryBlobStore:
         digest = sha256_hex(data)
         self._data[digest] = data
         return BlobRef(store=self.kind, key=digest, sha256=digest, size=len(data))
+
+    async def delete(self, ref: BlobRef) -> None:
+        self._data.pop(ref.key, None)
 
     async def get(self, ref: BlobRef) -> bytes:
         try:

@@ -2,21 +2,32 @@
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from events.admission import BodyUnavailable, admit_body
 from events.blobs import BlobNotFound, BlobRef, BlobStore
 from events.catalog import MessageBodyEvent
 from events.messages import JsonObject, body_hash, stored_json
+from events.sealing import KeyLookup
+
+Sealer = Callable[[bytes], Awaitable[bytes]]
+"""How an object's bytes are stored: sealed with the session's data key, or as they are."""
 
 
 async def pack_body(
-    body: JsonObject, store: BlobStore | None, limit_bytes: int, *, data: bytes | None = None, digest: str | None = None
+    body: JsonObject,
+    store: BlobStore | None,
+    limit_bytes: int,
+    *,
+    data: bytes | None = None,
+    digest: str | None = None,
+    seal: Sealer | None = None,
 ) -> dict[str, Any]:
     """Event fields for a body: ``message`` inline, or ``message_ref`` when over ``limit_bytes``.
 
     ``data`` (its :func:`stored_json` bytes) and ``digest`` (its :func:`body_hash`) may be
-    passed when the caller has them already."""
+    passed when the caller has them already; ``seal`` seals a claim-checked object's bytes."""
     data = stored_json(body).encode() if data is None else data
     fields: dict[str, Any] = {"body_sha256": digest or body_hash(body), "role": str(body.get("role", ""))}
     if len(data) <= limit_bytes or store is None:
@@ -24,11 +35,11 @@ async def pack_body(
             raise ValueError(f"message body is {len(data)} bytes and no object store is configured")
         fields["message"] = body
     else:
-        fields["message_ref"] = await store.put(data)
+        fields["message_ref"] = await store.put(await seal(data) if seal is not None else data)
     return fields
 
 
-async def unpack_body(event: MessageBodyEvent, store: BlobStore | None) -> JsonObject:
+async def unpack_body(event: MessageBodyEvent, store: BlobStore | None, keys: KeyLookup | None = None) -> JsonObject:
     """The full body of a message event, fetched from object storage when referenced.
 
     A reference that can never resolve (the store has no such object, its bytes are not the
@@ -45,4 +56,4 @@ async def unpack_body(event: MessageBodyEvent, store: BlobStore | None) -> JsonO
         data = await store.get(ref)
     except BlobNotFound as exc:
         raise BodyUnavailable(f"claim check: {str(exc)[:300]}") from None
-    return admit_body(data, ref)
+    return admit_body(data, ref, keys, (event.tenant, event.session))

@@ -42,6 +42,17 @@ class SessionDeleted(Event):
     version: Literal[1] = 1
 
 
+class SessionErased(Event):
+    """The session's data key was destroyed (:mod:`events.sealing`): its sealed events can never
+    be read again, and projections drop every row of it. Carries no personal data. With
+    ``session == ""`` (the tenant scope): the tenant's tenant-level entries (skills) go too."""
+
+    TYPE: ClassVar[str] = "session.erased"
+    VERSION: ClassVar[int] = 1
+    type: Literal["session.erased"] = "session.erased"
+    version: Literal[1] = 1
+
+
 class MessageBodyEvent(Event):
     """A message body, inline (``message``) or in object storage (``message_ref``)."""
 
@@ -277,6 +288,7 @@ EVENT_TYPES: tuple[type[Event], ...] = (
     SessionCreated,
     SessionRenamed,
     SessionDeleted,
+    SessionErased,
     MessageAppended,
     MessageUpdated,
     MessagesDeleted,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import re
 
 from nats.js import JetStreamContext
@@ -47,6 +48,14 @@ class JetStreamBlobStore:
             pass
         await store.put(digest, data)
         return ref
+
+    async def delete(self, ref: BlobRef) -> None:
+        """Remove the object (its chunks are purged from the bucket's stream)."""
+        if not _DIGEST.fullmatch(ref.key):
+            return
+        store = await self._get_store()
+        with contextlib.suppress(ObjectNotFoundError, NotFoundError):
+            await store.delete(ref.key)
 
     async def get(self, ref: BlobRef) -> bytes:
         """The object's bytes; :class:`BlobNotFound` when the store answers that there is no such

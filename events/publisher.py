@@ -23,8 +23,9 @@ import nats.errors
 from nats.js import JetStreamContext
 from nats.js.errors import APIError, NotFoundError
 
-from events.admission import Refused, admit_built
+from events.admission import MAX_EVENT_BYTES, Refused, admit_built
 from events.envelope import Event
+from events.sealing import SEALED_FIELDS, DataKeys, seal_blob, seal_event
 from events.subjects import SubjectLayout
 
 __all__ = ["ConcurrencyConflict", "PublishFailed", "Published", "Publisher", "Refused"]
@@ -66,8 +67,10 @@ class Publisher:
         attempts: int = 5,
         timeout_s: float = 2.0,
         backoff_s: float = 0.05,
+        keys: DataKeys | None = None,
     ) -> None:
         self._js = js
+        self.keys = keys  # None: events are published as they are (nothing sealed)
         self.layout = layout
         self._attempts = attempts
         self._timeout = timeout_s
@@ -84,6 +87,27 @@ class Publisher:
         """The subject and bytes ``event`` is published as, admitted by the contract (else
         :class:`Refused`): a publisher built on the contract cannot send what a projector refuses."""
         return admit_built(event, self.layout)
+
+    async def encode_sealed(self, event: Event) -> tuple[str, bytes]:
+        """:meth:`encode`, with the event's personal fields sealed by its session's data key when
+        this publisher seals (:mod:`events.sealing`); :class:`~events.sealing.KeyDestroyed` when
+        the session is erased."""
+        subject, data = self.encode(event)
+        if self.keys is None or event.type == "session.erased":
+            return subject, data
+        key = await self.keys.for_writing(event.tenant, event.session)  # an erased session takes no writes
+        if key is None or event.type not in SEALED_FIELDS:
+            return subject, data
+        sealed = seal_event(event, data, key)
+        if len(sealed) > MAX_EVENT_BYTES:
+            raise Refused("too_large", f"{len(sealed)} bytes sealed, more than the {MAX_EVENT_BYTES} an event may have")
+        return subject, sealed
+
+    async def seal_object(self, tenant: str, session: str, data: bytes) -> bytes:
+        """An object's bytes (a claim-checked body, an original) as this publisher stores them:
+        sealed with the session's data key when it seals."""
+        key = await self.keys.for_writing(tenant, session) if self.keys is not None else None
+        return data if key is None else seal_blob(data, key, tenant, session)
 
     async def last_subject_seq(self, tenant: str, session: str) -> int:
         """Stream sequence of the newest event of a session (0 when it has none)."""
@@ -104,7 +128,7 @@ class Publisher:
         headers = {HDR_MSG_ID: event.id}
         if expected_last_subject_seq is not None:
             headers[HDR_EXPECTED_SUBJECT_SEQ] = str(expected_last_subject_seq)
-        subject, payload = self.encode(event)
+        subject, payload = await self.encode_sealed(event)
         last_error: BaseException | None = None
         for attempt in range(self._attempts):
             try:
@@ -131,7 +155,7 @@ class Publisher:
         nothing twice. Failed entries are retried once through :meth:`publish`. Every event is
         admitted before any is published: one :class:`Refused` event publishes nothing.
         """
-        encoded = [self.encode(ev) for ev in events]
+        encoded = [await self.encode_sealed(ev) for ev in events]
         results: list[Published] = []
         for start in range(0, len(events), window):
             chunk = events[start : start + window]
@@ -142,7 +166,7 @@ class Publisher:
             done = await asyncio.gather(*futures, return_exceptions=True)
             for ev, outcome in zip(chunk, done, strict=True):
                 if isinstance(outcome, BaseException):
-                    results.append(await self.publish(ev))
+                    results.append(await self.publish(ev))  # sealed anew: same id, so stored once
                 else:
                     results.append(Published(seq=outcome.seq, duplicate=bool(outcome.duplicate)))
         return results

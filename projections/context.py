@@ -20,6 +20,7 @@ from events.catalog import (
     SearchEntryIndexed,
     SessionConfigured,
     SessionDeleted,
+    SessionErased,
     SkillIndexed,
     SkillLoaded,
     SkillRemoved,
@@ -124,6 +125,10 @@ def plan(event: Event, seq: int) -> list[Statement]:
                 ("DELETE FROM reclaimed_outputs WHERE tenant = %s AND session_id = %s", (t, s)),
             ]
         case SessionDeleted():
+            return [(f"DELETE FROM {table} WHERE tenant = %s AND session_id = %s", (t, s)) for table in SESSION_TABLES]
+        case SessionErased() if s == "":  # the tenant scope: the tenant-level entries
+            return [("DELETE FROM skills_index WHERE tenant = %s", (t,))]
+        case SessionErased():
             return [(f"DELETE FROM {table} WHERE tenant = %s AND session_id = %s", (t, s)) for table in SESSION_TABLES]
         case _:
             return []

@@ -28,11 +28,13 @@ from events.catalog import (
     MessageUpdated,
     SessionCreated,
     SessionDeleted,
+    SessionErased,
     SessionRenamed,
 )
 from events.envelope import Event
 from events.ids import TENANT_SCOPE
 from events.messages import JsonObject, stored_json, text_of
+from events.sealing import KeyLookup
 
 NAME = "history"
 
@@ -70,6 +72,14 @@ class DeleteSession:
     tenant: str
     session: str
     at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class EraseSession:
+    """The session's row and messages go (the log keeps only tombstones of them)."""
+
+    tenant: str
+    session: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,6 +127,7 @@ Op = (
     | CreateSession
     | RenameSession
     | DeleteSession
+    | EraseSession
     | InsertMessage
     | UpdateMessage
     | DeleteMessages
@@ -130,6 +141,8 @@ store_json = stored_json
 def plan(event: Event, seq: int, body: JsonObject | None = None) -> list[Op]:
     """Row operations for one event at stream sequence ``seq``; ``body`` is the resolved body."""
     t, s = event.tenant, event.session
+    if isinstance(event, SessionErased):
+        return [EraseSession(t, s)]  # no touch: the session's row must not come back
     ops: list[Op] = [TouchSession(t, s, event.occurred_at, seq, event.occurred_at, seq)]
     if s == TENANT_SCOPE:
         return ops  # the tenant-scope row only tracks how far tenant-level events are applied
@@ -186,6 +199,10 @@ _SQL: dict[type[Any], str] = {
     ),
     DeleteMessages: "DELETE FROM messages WHERE tenant = %s AND session_id = %s AND id = ANY(%s)",
     ClearMessages: "DELETE FROM messages WHERE tenant = %s AND session_id = %s",
+    EraseSession: (
+        "WITH gone AS (DELETE FROM messages WHERE tenant = %s AND session_id = %s) "
+        "DELETE FROM sessions WHERE tenant = %s AND id = %s"
+    ),
 }
 
 
@@ -290,6 +307,8 @@ def params(op: Op) -> tuple[Any, ...]:
             return (op.tenant, op.session, list(op.ids))
         case ClearMessages():
             return (op.tenant, op.session)
+        case EraseSession():
+            return (op.tenant, op.session, op.tenant, op.session)
         case InsertMessage():  # the single-row statement: the staged columns, then the session check
             tenant, session, mid, parent, role, content, sha, text, at, seq, ref = insert_row(op)
             return (tenant, session, mid, parent, role, content, sha, text, at, seq, seq, ref, tenant, session)
@@ -387,14 +406,15 @@ class HistoryProjection:
 
     name = NAME
 
-    def __init__(self, blobs: BlobStore | None = None) -> None:
+    def __init__(self, blobs: BlobStore | None = None, keys: KeyLookup | None = None) -> None:
         self._blobs = blobs
+        self._keys = keys
 
     async def prepare(self, items: Sequence[tuple[int, Event]]) -> list[list[Op]]:
         """One plan per item; claim-checked bodies are fetched here, outside any transaction."""
         plans: list[list[Op]] = []
         for seq, event in items:
-            body = await unpack_body(event, self._blobs) if isinstance(event, MessageBodyEvent) else None
+            body = await unpack_body(event, self._blobs, self._keys) if isinstance(event, MessageBodyEvent) else None
             plans.append(plan(event, seq, body))
         return plans
 

@@ -16,7 +16,14 @@ from typing import Any
 from psycopg import AsyncConnection
 from psycopg.rows import class_row
 
-from events.catalog import COMPACTION_PREFIX, CompactionFailed, CompactionRecorded, MessagesCleared, SessionDeleted
+from events.catalog import (
+    COMPACTION_PREFIX,
+    CompactionFailed,
+    CompactionRecorded,
+    MessagesCleared,
+    SessionDeleted,
+    SessionErased,
+)
 from events.envelope import Event
 
 Statement = tuple[str, tuple[Any, ...]]
@@ -98,6 +105,11 @@ def plan(event: Event, seq: int) -> list[Statement]:
             ]
         case MessagesCleared() | SessionDeleted():
             return [("DELETE FROM overlays WHERE tenant = %s AND session_id = %s", (t, s))]
+        case SessionErased():
+            return [
+                ("DELETE FROM overlays WHERE tenant = %s AND session_id = %s", (t, s)),
+                ("DELETE FROM compaction_failures WHERE tenant = %s AND session_id = %s", (t, s)),
+            ]
         case _:
             return []
 

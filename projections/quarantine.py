@@ -15,7 +15,9 @@ from typing import Any
 import psycopg
 
 from events.admission import Reason, Refused, admit
+from events.catalog import SessionErased
 from events.envelope import Event
+from events.sealing import KeyDestroyed, KeyReader
 from events.subjects import SubjectLayout
 
 log = logging.getLogger("chronicle.quarantine")
@@ -48,12 +50,33 @@ def storable_text(value: str, limit: int = MAX_DETAIL) -> str:
     return text[:limit]
 
 
-def screen(seq: int, subject: str, data: bytes, layout: SubjectLayout) -> tuple[int, Event] | Quarantined:
-    """The admitted ``(seq, event)``, or the quarantine item the contract's refusal makes."""
+@dataclass(frozen=True, slots=True)
+class Tombstone:
+    """A stored event of an erased session: not applied, not quarantined; the checkpoint moves past it."""
+
+    seq: int
+    subject: str
+
+
+def screen(
+    seq: int, subject: str, data: bytes, layout: SubjectLayout, keys: KeyReader | None = None
+) -> tuple[int, Event] | Quarantined | Tombstone:
+    """The admitted ``(seq, event)``, the quarantine item the contract's refusal makes, or a
+    :class:`Tombstone` for an event of an erased session (its key destroyed, or its erasure
+    recorded: nothing of an erased session is materialised, whether sealed or not). The
+    ``session.erased`` event itself is admitted (projections drop the session's rows)."""
     try:
-        return seq, admit(data, subject, layout)
+        event = admit(data, subject, layout, keys)
+    except KeyDestroyed:
+        return Tombstone(seq, subject)
     except Refused as exc:
         return refused_item(seq, subject, data, exc)
+    if keys is not None:
+        if isinstance(event, SessionErased):
+            keys.forget(event.tenant, event.session)
+        elif keys.erased(event.tenant, event.session):
+            return Tombstone(seq, subject)
+    return seq, event
 
 
 def refused_item(seq: int, subject: str, data: bytes, exc: Refused) -> Quarantined:

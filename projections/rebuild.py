@@ -22,8 +22,9 @@ from events import log as eventlog
 from events.envelope import Event
 from events.subjects import SubjectLayout
 from projections import search_languages
+from projections.keystore import PgKeyStore
 from projections.migrate import migrate
-from projections.quarantine import Quarantined, screen
+from projections.quarantine import Quarantined, Tombstone, screen
 from projections.runner import Prepared, Projection, apply_batch, prepare
 from projections.search_languages import Language
 
@@ -57,17 +58,27 @@ async def apply_range(
     batch_size: int = 2000,
     progress: Callable[[int, int], None] | None = None,
     horizon: Horizon | None = None,
+    keys: PgKeyStore | None = None,
 ) -> int:
     """Apply the stream's events ``from_seq..to_seq`` on ``conn`` (its search_path decides the
     schema), one transaction or savepoint per batch, skipping events past their ``horizon``.
     Returns the last sequence applied."""
     last = 0
-    batch = _Pending()
+    batch = _Pending(keys)
+    if keys is not None:
+        await keys.load_all()
 
     async def flush() -> None:
         async with conn.transaction():
             await apply_batch(
-                conn, checkpoint, projections, batch.items, notify=False, refused=batch.refused, sources=batch.sources
+                conn,
+                checkpoint,
+                projections,
+                batch.items,
+                notify=False,
+                refused=batch.refused,
+                sources=batch.sources,
+                passed=batch.passed,
             )
         if progress is not None:
             progress(last, to_seq)
@@ -100,6 +111,7 @@ async def rebuild_into(
     progress: Callable[[int, int], None] | None = None,
     horizon: Horizon | None = None,
     languages: Mapping[str, Language] | None = None,
+    keys: PgKeyStore | None = None,
 ) -> int:
     """Replay the stream from sequence 1 (up to ``to_seq``) into ``schema``, created and migrated
     first (with the tenants' search ``languages``, as the live read model has them). Returns the
@@ -108,7 +120,9 @@ async def rebuild_into(
     One reader decodes and plans; ``workers`` connections apply in parallel, each the events of
     its share of subjects (a session's events, and a tenant's tenant-scope events, stay on one
     connection and in order), as partitioned projectors do. Events past their ``horizon`` (the
-    live checkpoint of their partition, for a comparison) are skipped.
+    live checkpoint of their partition, for a comparison) are skipped. Sealed events are opened
+    with ``keys`` (every key and erasure is loaded once the end is known: the keys of the events
+    up to it exist by then); an erased session's events are tombstones, materialising nothing.
     """
     await migrate(conninfo, schema)
     async with await psycopg.AsyncConnection.connect(conninfo, autocommit=True) as conn:
@@ -117,6 +131,8 @@ async def rebuild_into(
     end = await eventlog.last_seq(js, layout)
     if to_seq is not None:
         end = min(end, to_seq)
+    if keys is not None:
+        await keys.load_all()
     workers = max(1, workers)
     queues: list[asyncio.Queue[_Planned | None]] = [asyncio.Queue(maxsize=2) for _ in range(workers)]
     committed = [0] * workers
@@ -138,6 +154,7 @@ async def rebuild_into(
                         prepared=planned.plans,
                         refused=batch.refused,
                         sources=batch.sources,
+                        passed=batch.passed,
                     )
                 committed[i] = max(batch.sources)
                 if progress is not None:
@@ -145,10 +162,10 @@ async def rebuild_into(
 
     async def read() -> None:
         nonlocal last
-        pending = [_Pending() for _ in range(workers)]
+        pending = [_Pending(keys) for _ in range(workers)]
 
         async def hand_over(i: int) -> None:
-            batch, pending[i] = pending[i], _Pending()
+            batch, pending[i] = pending[i], _Pending(keys)
             await queues[i].put(_Planned(batch, await prepare(projections, batch.items)))
 
         if end >= 1:
@@ -183,20 +200,24 @@ async def rebuild_into(
 class _Pending:
     """Stored events read for one batch: the admitted ones and the refused ones."""
 
+    keys: PgKeyStore | None = None
     items: list[tuple[int, Event]] = field(default_factory=list)
     refused: list[Quarantined] = field(default_factory=list)
     sources: dict[int, tuple[str, bytes]] = field(default_factory=dict)
+    passed: list[int] = field(default_factory=list)
 
     def add(self, stored: eventlog.StoredEvent, layout: SubjectLayout) -> None:
         self.sources[stored.seq] = (stored.subject, stored.data)
-        decided = screen(stored.seq, stored.subject, stored.data, layout)
+        decided = screen(stored.seq, stored.subject, stored.data, layout, self.keys)
         if isinstance(decided, Quarantined):
             self.refused.append(decided)
+        elif isinstance(decided, Tombstone):
+            self.passed.append(stored.seq)
         else:
             self.items.append(decided)
 
     def clear(self) -> None:
-        self.items, self.refused, self.sources = [], [], {}
+        self.items, self.refused, self.sources, self.passed = [], [], {}, []
 
     def __len__(self) -> int:
         return len(self.sources)

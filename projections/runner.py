@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
@@ -53,8 +54,9 @@ from psycopg_pool import AsyncConnectionPool
 
 from events.admission import BodyUnavailable
 from events.envelope import Event
+from events.sealing import KeyReader, kid_in
 from events.subjects import SubjectLayout
-from projections.quarantine import DATA_ERRORS, Quarantined, data_error, record, refused_item, screen
+from projections.quarantine import DATA_ERRORS, Quarantined, Tombstone, data_error, record, refused_item, screen
 
 log = logging.getLogger("chronicle.projector")
 
@@ -182,6 +184,7 @@ async def apply_batch(
     refused: Sequence[Quarantined] = (),
     sources: Sources | None = None,
     quarantined: list[Quarantined] | None = None,
+    passed: Sequence[int] = (),
 ) -> int:
     """Apply ``items`` past the checkpoint and advance it, in the caller's open transaction.
 
@@ -196,7 +199,8 @@ async def apply_batch(
     savepoint; when one raises a data error or :class:`BodyUnavailable`, the items are applied
     again one at a time, each in its own savepoint, and the ones that fail are quarantined as
     ``data_error`` or ``body_unavailable`` (with their ``sources``' subject and bytes).
-    ``quarantined``, when given, receives what this call recorded.
+    ``quarantined``, when given, receives what this call recorded. ``passed`` are sequences
+    no projection applies (tombstones of erased sessions): the checkpoint moves past them.
     """
     names = sorted({name} if isinstance(name, str) else set(name))  # one lock order for every worker
     cur = await conn.execute(  # creates the rows if needed and locks them until the commit
@@ -210,7 +214,8 @@ async def apply_batch(
         if seq > checkpoint:
             order.setdefault(seq, i)
     late = list({q.seq: q for q in refused if q.seq > checkpoint}.values())
-    if not order and not late:
+    gone = [seq for seq in passed if seq > checkpoint]
+    if not order and not late and not gone:
         return 0
     picked = [order[seq] for seq in sorted(order)]
     failed: list[Quarantined] = []
@@ -224,7 +229,7 @@ async def apply_batch(
         await record(conn, names[0], [*late, *failed], announce=notify)
         if quarantined is not None:
             quarantined.extend([*late, *failed])
-    top = max([items[picked[-1]][0] if picked else 0, *(q.seq for q in late)])
+    top = max([items[picked[-1]][0] if picked else 0, *(q.seq for q in late), *gone])
     await conn.execute(
         "WITH moved AS (UPDATE checkpoints SET seq = GREATEST(seq, %s), updated_at = now() WHERE name = ANY(%s) "
         "RETURNING seq) SELECT pg_notify(%s, %s) FROM (SELECT 1 FROM moved LIMIT 1) one WHERE %s",
@@ -310,6 +315,8 @@ class ProjectorRunner:
     lock_check_s: float = 1.0
     stop_grace_s: float = 15.0
     on_batch: Callable[[int, int], None] | None = None
+    # data keys: sealed events are opened with them, erased sessions' events are tombstones
+    keys: KeyReader | None = None
     checkpoint_interval_s: float = 1.0  # at most this stale while batches are skipped (Selective)
     stats: RunnerStats = field(default_factory=RunnerStats)
     _failures: int = field(default=0, init=False, repr=False)  # in a row; a committed batch resets it
@@ -556,20 +563,30 @@ class ProjectorRunner:
         What the contract refuses becomes a quarantine item, never an exception."""
         items: list[tuple[int, Event]] = []
         refused: list[Quarantined] = []
+        passed: list[int] = []
         sources: dict[int, tuple[str, bytes]] = {}
         selective = self._all_selective()
         prepared: dict[str, list[Any]] = {}
         unplanned: set[str] = set()
         for start in range(0, len(msgs), PREPARE_SLICE):
             part: list[tuple[int, Event]] = []
-            for m in msgs[start : start + PREPARE_SLICE]:
+            chunk = msgs[start : start + PREPARE_SLICE]
+            if self.keys is not None:
+                await self.keys.load(self._wanted_keys(chunk))
+            for m in chunk:
                 seq = m.metadata.sequence.stream
                 if selective and not self._wanted_stored(selective, m):
                     continue
                 sources[seq] = (m.subject, m.data)
-                decided = screen(seq, m.subject, m.data, self.layout)
+                decided = screen(seq, m.subject, m.data, self.layout, self.keys)
+                if isinstance(decided, Quarantined) and self.keys is not None and "no data key" in decided.detail:
+                    # a key made since this session was asked about, named where kid_in did not see it
+                    await self.keys.load([(*self.layout.parse(m.subject), _sealed_kid(m.data))])
+                    decided = screen(seq, m.subject, m.data, self.layout, self.keys)
                 if isinstance(decided, Quarantined):
                     refused.append(decided)
+                elif isinstance(decided, Tombstone):
+                    passed.append(seq)
                 else:
                     part.append(decided)
             items.extend(part)
@@ -583,7 +600,16 @@ class ProjectorRunner:
             prepared.pop(name, None)
         top = max(m.metadata.sequence.stream for m in msgs)
         left_out = (msgs, self._generations(selective)) if len(sources) < len(msgs) else None
-        return _Batch(msgs[-1], top, items, prepared, refused, sources, left_out)
+        return _Batch(msgs[-1], top, items, prepared, refused, sources, left_out, passed)
+
+    def _wanted_keys(self, msgs: Sequence[Msg]) -> set[tuple[str, str, str | None]]:
+        """(tenant, session, key id) of every message: its subject's (the subject is the
+        authority) and the key id it names, if sealed."""
+        found: set[tuple[str, str, str | None]] = set()
+        for m in msgs:
+            with contextlib.suppress(ValueError):
+                found.add((*self.layout.parse(m.subject), kid_in(m.data)))
+        return found
 
     @staticmethod
     def _generations(selective: Sequence[Selective]) -> tuple[int, ...]:
@@ -645,6 +671,7 @@ class ProjectorRunner:
                 refused=batch.refused,
                 sources=batch.sources,
                 quarantined=quarantined,
+                passed=batch.passed,
             )
         self._saved_at = time.monotonic()
         await batch.last.ack()
@@ -673,6 +700,16 @@ class _Batch:
     sources: Sources
     # the fetched messages and their projections' generations, when some were left out undecoded
     left_out: tuple[list[Msg], tuple[int, ...]] | None = None
+    passed: list[int] = field(default_factory=list)  # tombstones: sequences of erased sessions
+
+
+def _sealed_kid(data: bytes) -> str | None:
+    with contextlib.suppress(ValueError):
+        raw = json.loads(data)
+        sealed = raw.get("sealed") if isinstance(raw, dict) else None
+        kid = sealed.get("kid") if isinstance(sealed, dict) else None
+        return kid if isinstance(kid, str) else None
+    return None
 
 
 def _first_line(exc: BaseException) -> str:

@@ -30,6 +30,7 @@ from events.subjects import SubjectLayout
 from projections import search_languages
 from projections.context import ContextProjection
 from projections.history import HistoryProjection
+from projections.keystore import PgKeyStore
 from projections.migrate import migrate
 from projections.overlays import OverlayProjection
 from projections.runner import Projection, ProjectorRunner, partition_checkpoint, read_checkpoint
@@ -38,12 +39,14 @@ from services.compaction.service import CompactionService
 from services.compaction.state import CompactorState
 from services.compaction.summarizers import OfflineSummarizer, OpenAISummarizer, Summarizer
 from services.compaction.worker import Compactor
+from services.context.rules import object_key
 from services.context.service import ContextService
 from services.settings import Settings
 from services.storage.blobs import S3BlobStore
 from services.storage.s3 import SkillStore
 from services.tokens import TokenCounter
 from services.writes.commands import Commands
+from services.writes.erasure import Eraser
 from services.writes.waiting import AppliedWaiter
 
 JETSTREAM_READY_S = 60.0  # how long a process waits at its start for JetStream to answer
@@ -64,13 +67,38 @@ class Container:
     context: ContextService
     compaction: CompactionService
 
+    @property
+    def keys(self) -> PgKeyStore:
+        """The data keys (the publisher's: it seals with them; readers open with them)."""
+        keys = self.publisher.keys
+        assert isinstance(keys, PgKeyStore)
+        return keys
+
+    @property
+    def eraser(self) -> Eraser:
+        return Eraser(self.keys, self.publisher, self.pool, [self.blobs, self.originals], self._skill_documents)
+
+    async def _skill_documents(self, tenant: str) -> int:
+        """Delete the tenant's skill documents (those its skills index lists); how many."""
+        store = self.context.skills
+        if store is None:
+            return 0
+        async with self.pool.connection() as conn:
+            cur = await conn.execute("SELECT bucket, key FROM skills_index WHERE tenant = %s", (tenant,))
+            rows = await cur.fetchall()
+        for bucket, key in rows:
+            await store.delete(str(bucket), object_key(tenant, str(key)))
+        return len(rows)
+
     def projections(self) -> list[Projection]:
-        return [HistoryProjection(self.blobs), ContextProjection(), OverlayProjection()]
+        return [HistoryProjection(self.blobs, self.keys), ContextProjection(), OverlayProjection()]
 
     def compactor(self) -> Compactor:
         s = self.settings
         state = CompactorState(s.compactor_name, self.context.counter.count, self.blobs, self.waiter.wait_session)
+        state.keys = self.keys
         runner = ProjectorRunner(
+            keys=self.keys,
             js=self.js,
             pool=self.pool,
             conninfo=s.database_url,
@@ -152,6 +180,7 @@ class Container:
             name=name,
             batch_size=self.settings.projector_batch,
             replicas=self.settings.consumer_replicas,
+            keys=self.keys,
             **kwargs,
         )
 
@@ -294,7 +323,10 @@ async def open_container(settings: Settings) -> AsyncIterator[Container]:
     try:
         js = nc.jetstream()
         await when_jetstream_ready(lambda: ensure_stream(js, layout, replicas=settings.stream_replicas))
-        publisher = Publisher(js, layout)
+        wrapper = settings.key_wrapper()
+        if settings.encryption and wrapper is None:
+            raise ValueError("CHRONICLE_ENCRYPTION is on and no key-encryption key is set (CHRONICLE_KEK or _KEK_FILE)")
+        publisher = Publisher(js, layout, keys=PgKeyStore(pool, wrapper, seal=settings.encryption))
         blobs = JetStreamBlobStore(js, settings.blob_bucket, replicas=settings.stream_replicas)
         await waiter.start()
         skills = SkillStore(

@@ -8,6 +8,7 @@ import os
 import secrets
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Literal
 
 import nkeys
@@ -17,6 +18,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from events.credentials import is_user_public_key, nkey_public_key, tenant_nkey_seed
 from events.ids import InvalidId, check_tenant
 from events.subjects import SubjectLayout
+from projections.keystore import LocalKek
 from projections.search_languages import Language
 
 
@@ -177,6 +179,28 @@ class Settings(BaseSettings):
     row_cap_bytes: int = Field(default=1_800_000, ge=10_000, description="larger messages are stored capped")
 
     data_dir: str = ".chronicle"
+
+    encryption: bool = Field(
+        default=False,
+        description="seal the personal fields of new events, claim-checked bodies and originals with per-session "
+        "data keys (erasure by crypto-shredding; docs/security.md); needs a key-encryption key. `chronicle up` and "
+        "compose.yaml turn it on; off by default here so that a deployment upgraded in place keeps running "
+        "without a key it does not have yet",
+    )
+    kek: SecretStr | None = Field(
+        default=None,
+        description="key-encryption keys that wrap the data keys: 'id:base64 of 32 bytes', several comma-separated, "
+        "the newest (current) first; `chronicle keys new-kek` makes one",
+    )
+    kek_file: str | None = Field(default=None, description="a file holding `kek` (a secrets mount)")
+
+    def key_wrapper(self) -> LocalKek | None:
+        """The key-encryption keys (setting, else file); None when neither is set."""
+        if self.kek is not None:
+            return LocalKek.parse(self.kek.get_secret_value())
+        if self.kek_file:
+            return LocalKek.parse(Path(self.kek_file).read_text())
+        return None
 
     def nats_servers(self) -> list[str]:
         """The NATS URLs of ``nats_url``, in order (a cluster's nodes, or one server)."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
@@ -14,6 +15,7 @@ from nats.aio.client import Client as NatsClient
 
 from events.credentials import nkey_public_key, tenant_inbox_prefix, tenant_nkey_seed
 from events.subjects import SubjectLayout
+from projections.keystore import new_kek_line
 from services.bootstrap import Container, open_container
 from services.ops.natsconf import NatsAccess
 from services.settings import Settings, api_key_entry, new_operator_seed
@@ -21,6 +23,10 @@ from tests.support import nats_server, postgres_server, s3_server, scratch_datab
 
 KEYS = {"tenant-a": "key-a-" + uuid.uuid4().hex, "tenant-b": "key-b-" + uuid.uuid4().hex}
 OPERATOR_SEED = new_operator_seed()  # Chronicle's own NATS identity in this test run
+TEST_KEK = new_kek_line()  # the key-encryption key of the stacks that seal
+SEALING = os.environ.get("CHRONICLE_TEST_ENCRYPTION") == "1"
+"""``CHRONICLE_TEST_ENCRYPTION=1`` runs every stack of the suite with encryption on (its default
+here is off, as a deployment's; the erasure tests turn it on themselves)."""
 
 
 @pytest.fixture(scope="session")
@@ -73,6 +79,8 @@ def make_settings(nats_url: str, db_url: str, **overrides: object) -> Settings:
         "s3_secret_key": "testing",
         "s3_region": "us-east-1",
         "compaction_backoff_s": (0.5, 1.0),  # a failed or abandoned summary is retried within the tests' waits
+        "kek": TEST_KEK,
+        "encryption": SEALING,
     }
     base.update(overrides)
     return Settings.model_validate(base)

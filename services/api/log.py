@@ -39,11 +39,12 @@ async def events(
     subject = c.layout.session_subject(tenant, sid)
 
     async def lines() -> AsyncIterator[bytes]:
+        await c.keys.refresh([(tenant, sid)])
         read = eventlog.read(c.js, c.layout, subject, from_seq, to_seq)
         try:
             n = 0
             async for ev in read:
-                yield audit.event_line(ev, c.layout)
+                yield audit.event_line(ev, c.layout, c.keys)
                 n += 1
                 if n == limit:
                     break

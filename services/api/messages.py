@@ -8,6 +8,7 @@ from pydantic import WithJsonSchema
 from events import ids
 from events.blobs import BlobRef
 from events.commands import MAX_DELETE_IDS
+from events.sealing import is_sealed_blob, open_blob
 from projections import context_queries, queries
 from services.api import metrics
 from services.api import models as m
@@ -104,6 +105,9 @@ async def get_message(
         raise MessageNotFound(f"message {mid!r} is not in this session")
     if original and row.original_ref is not None:
         data = await c.originals.get(BlobRef.model_validate(row.original_ref))
+        if is_sealed_blob(data):
+            await c.keys.refresh([(tenant, sid)])
+            data = open_blob(data, c.keys, tenant, sid)
         return Response(data, media_type=JSON)
     async with c.pool.connection() as conn:
         outputs = reclaimed_in(await context_queries.reclaimed(conn, tenant, sid)).outputs(row.id, row.content)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, RootModel, WithJsonSchema
+from pydantic import BaseModel, ConfigDict, Field, RootModel, WithJsonSchema
 
 from events.commands import (
     Appended,
@@ -58,6 +58,23 @@ class _Answer(BaseModel):
 class Session(SessionCreated):
     created_at: str
     updated_at: str
+
+
+class Erased(_Answer):
+    """The session's data key is destroyed and its rows dropped (``seq``: the ``session.erased`` event)."""
+
+    id: str
+    erased: bool
+    seq: int
+    objects_deleted: int
+
+
+class DataKey(_Answer):
+    """The session's data key, for a direct publisher that seals its events (events/sealing.py)."""
+
+    session_id: str
+    kid: str
+    key: str = Field(description="the 32-byte AES-256-GCM key, base64")
 
 
 class SessionPage(_Answer):

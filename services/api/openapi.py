@@ -22,6 +22,7 @@ _WHEN = {
     401: "Missing or unknown API key (`unauthorized`)",
     404: "Unknown session, message, block or route",
     409: "Conflicts with what exists (`session_exists`, `message_conflict`, a read-only block, …)",
+    410: "The session is erased (`session_erased`): it takes no writes, its id cannot be used again",
     413: "An event would be over the log's limit (`payload_too_large`)",
     422: "The request breaks a rule (`invalid_request`, `invalid_id`, `unknown_parent`, `invalid_config`, …)",
     500: "A bug (`internal_error`); the connection stays usable",
@@ -39,6 +40,8 @@ def _statuses(path: str, op: dict[str, Any]) -> list[int]:
         statuses += [400, 413]
     if path.endswith("/compact"):
         statuses.append(502)
+    if path.startswith("/v1/sessions"):  # a write (or a read that records, as the first prompt read)
+        statuses.append(410)
     return sorted(statuses)
 
 

@@ -1,5 +1,7 @@
-"""Sessions: create, list, read, rename, delete, fork."""
+"""Sessions: create, list, read, rename, delete, erase, fork; a session's data key."""
 
+import base64
+import logging
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Query
@@ -20,9 +22,11 @@ from services.api.deps import (
 )
 from services.api.models import ok
 from services.api.strict_json import StrictJsonRoute
+from services.errors import EncryptionOff
 from services.requests import writes
 
 router = APIRouter(route_class=StrictJsonRoute)
+log = logging.getLogger("chronicle.keys")
 
 
 def _session_json(row: queries.SessionRow) -> dict[str, Any]:
@@ -78,6 +82,33 @@ async def delete_session(sid: Sid, tenant: Tenant, c: ContainerDep) -> dict[str,
     out = await writes.delete_session(c, tenant, sid)
     metrics.published("session.deleted")
     return out
+
+
+@router.post("/v1/sessions/{sid}:erase", response_model=None, responses=ok(m.Erased))
+async def erase_session(sid: Sid, tenant: Tenant, c: ContainerDep) -> dict[str, Any]:
+    """Erase the session for good (crypto-shredding): its data key is destroyed, so what the log
+    holds of it can never be read again; every read-model row and stored object of it is dropped;
+    the log keeps tombstones (ids, types, sequences, sizes). Answers once the projections have
+    dropped the rows. Erasing again is harmless. Writes to the session answer 410 afterwards."""
+    check_id("session", sid)
+    done = await c.eraser.erase_session(tenant, sid)
+    await c.waiter.wait_session(tenant, sid, done.seq)
+    metrics.published("session.erased")
+    return {"id": sid, "erased": True, "seq": done.seq, "objects_deleted": done.objects_deleted}
+
+
+@router.get("/v1/sessions/{sid}/data-key", response_model=None, responses=ok(m.DataKey))
+async def data_key(sid: Sid, tenant: Tenant, c: ContainerDep) -> dict[str, Any]:
+    """The session's data key (made if it has none), for an agent service that publishes sealed
+    events straight to JetStream. Only the caller's tenant's sessions; every read is logged.
+    404 ``encryption_off`` when this deployment does not seal; 410 when the session is erased."""
+    check_id("session", sid)
+    if not c.keys.seal:
+        raise EncryptionOff("this deployment does not seal events (CHRONICLE_ENCRYPTION is off)")
+    key = await c.keys.key_of(tenant, sid, create=True)
+    assert key is not None
+    log.info("data key %s of session %r read by tenant %r", key.kid, sid, tenant)
+    return {"session_id": sid, "kid": key.kid, "key": base64.b64encode(key.secret).decode("ascii")}
 
 
 @router.post("/v1/sessions/{sid}/fork", status_code=201, response_model=None, responses=ok(m.Forked, 201))

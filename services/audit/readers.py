@@ -14,8 +14,10 @@ import psycopg
 from events import log as eventlog
 from events.admission import Refused, admit
 from events.bodies import unpack_body
-from events.catalog import MessageBodyEvent, SkillRemoved
+from events.catalog import MessageBodyEvent, SessionErased, SkillRemoved
+from events.envelope import Event
 from events.ids import TENANT_SCOPE
+from events.sealing import SEALED, KeyDestroyed, KeyLookup, tombstone_of, unseal_fields
 from events.subjects import SubjectLayout
 from projections import context_queries, queries
 from projections.quarantine import storable_text
@@ -47,8 +49,21 @@ async def session_events(
     c: Container, tenant: str, session: str, from_seq: int = 1, to_seq: int | None = None
 ) -> AsyncIterator[eventlog.StoredEvent]:
     subject = c.layout.session_subject(tenant, session)
+    await c.keys.refresh([(tenant, session)])
     async for stored in eventlog.read(c.js, c.layout, subject, from_seq, to_seq):
         yield stored
+
+
+def read_event(stored: eventlog.StoredEvent, layout: SubjectLayout, keys: KeyLookup | None) -> Event | None:
+    """The admitted event (sealed fields opened), None for a tombstone (an erased session's
+    event: its key destroyed, or its erasure recorded), or :class:`Refused`."""
+    try:
+        event = admit(stored.data, stored.subject, layout, keys)
+    except KeyDestroyed:
+        return None
+    if keys is not None and not isinstance(event, SessionErased) and keys.erased(event.tenant, event.session):
+        return None
+    return event
 
 
 async def session_as_of(c: Container, tenant: str, session: str, as_of_seq: int) -> SessionState:
@@ -58,39 +73,58 @@ async def session_as_of(c: Container, tenant: str, session: str, as_of_seq: int)
     state = SessionState()
     async for stored in session_events(c, tenant, session, 1, as_of_seq):
         try:
-            event = admit(stored.data, stored.subject, c.layout)
-            body = await unpack_body(event, c.blobs) if isinstance(event, MessageBodyEvent) else None
+            event = read_event(stored, c.layout, c.keys)
+            if event is None:  # a tombstone: nothing of an erased session is shown
+                continue
+            body = await unpack_body(event, c.blobs, c.keys) if isinstance(event, MessageBodyEvent) else None
         except Refused:  # BodyUnavailable included
             continue
         state.apply(stored.seq, event, body)
     return state
 
 
-def replay_record(stored: eventlog.StoredEvent, layout: SubjectLayout) -> dict[str, Any]:
-    """One replayed event as JSON: ``{"seq", "event"}``, or for an event the contract refuses
-    ``{"seq", "subject", "refused": {"reason", "detail"}, "raw": {"text"|"base64": ...}}``."""
+def replay_record(stored: eventlog.StoredEvent, layout: SubjectLayout, keys: KeyLookup | None) -> dict[str, Any]:
+    """One replayed event as JSON: ``{"seq", "event"}`` (as stored, its sealed fields opened), for
+    an erased session's event ``{"seq", "erased": <its envelope and ids>}``, or for an event the
+    contract refuses ``{"seq", "subject", "refused": {"reason", "detail"}, "raw": {"text"|"base64": ...}}``."""
     try:
-        admit(stored.data, stored.subject, layout)
+        event = read_event(stored, layout, keys)
     except Refused as exc:
         refused = {"reason": exc.reason, "detail": exc.detail}
         return {"seq": stored.seq, "subject": stored.subject, "refused": refused, "raw": raw_text(stored.data)}
-    return {"seq": stored.seq, "event": json.loads(stored.data)}
+    if event is None:
+        return {"seq": stored.seq, "erased": tombstone_of(stored.data)}
+    return {"seq": stored.seq, "event": _opened(stored.data, keys)}
 
 
-def event_line(stored: eventlog.StoredEvent, layout: SubjectLayout) -> bytes:
+def _opened(data: bytes, keys: KeyLookup | None) -> dict[str, Any]:
+    raw: dict[str, Any] = json.loads(data)
+    return unseal_fields(raw, keys) if SEALED in raw else raw
+
+
+def event_line(stored: eventlog.StoredEvent, layout: SubjectLayout, keys: KeyLookup | None) -> bytes:
     """One NDJSON line of ``GET /v1/sessions/{id}/events``: the stored bytes as they are when the
-    contract admits them (always a JSON object then), else the refusal (never the raw bytes,
-    which may not be JSON at all)."""
+    contract admits them (always a JSON object then; sealed fields opened for the tenant), an
+    erased session's event as its tombstone, else the refusal (never the raw bytes, which may not
+    be JSON at all)."""
     try:
-        admit(stored.data, stored.subject, layout)
+        event = read_event(stored, layout, keys)
     except Refused as exc:
         refused = {"reason": exc.reason, "detail": storable_text(exc.detail)}
         return json.dumps({"seq": stored.seq, "refused": refused}).encode() + b"\n"
+    if event is None:
+        return json.dumps({"seq": stored.seq, "erased": tombstone_of(stored.data)}).encode() + b"\n"
+    if b'"sealed"' in stored.data:
+        opened = json.dumps(_opened(stored.data, keys), ensure_ascii=False, separators=(",", ":")).encode()
+        return b'{"seq": %d, "event": ' % stored.seq + opened + b"}\n"
     return b'{"seq": %d, "event": ' % stored.seq + stored.data + b"}\n"
 
 
-def format_table_row(stored: eventlog.StoredEvent, layout: SubjectLayout) -> str:
-    record = replay_record(stored, layout)
+def format_table_row(stored: eventlog.StoredEvent, layout: SubjectLayout, keys: KeyLookup | None) -> str:
+    record = replay_record(stored, layout, keys)
+    if "erased" in record:
+        gone = record["erased"]
+        return f"{stored.seq:>8}  {gone.get('occurred_at', ''):<32}  {gone.get('type', ''):<18}  ERASED"[:200]
     if "refused" in record:
         refused = record["refused"]
         return f"{stored.seq:>8}  {'':<32}  {'REFUSED':<18}  {refused['reason']}: {refused['detail']}"[:200]
@@ -157,6 +191,7 @@ async def rebuild_and_swap(
         name,
         progress=progress,
         languages=c.settings.search_languages,
+        keys=c.keys,
     )
     async with await psycopg.AsyncConnection.connect(c.settings.database_url) as conn:
         async with conn.transaction():
@@ -164,7 +199,9 @@ async def rebuild_and_swap(
             await conn.execute(f"LOCK TABLE {locked} IN ACCESS EXCLUSIVE MODE")
             horizon, live = live_horizon(c, await queries.checkpoints(conn))
             await conn.execute(f'SET LOCAL search_path TO "{shadow}"')
-            await apply_range(conn, c.js, c.layout, c.projections(), name, built + 1, live, horizon=horizon)
+            await apply_range(
+                conn, c.js, c.layout, c.projections(), name, built + 1, live, horizon=horizon, keys=c.keys
+            )
             await conn.execute(f'CREATE SCHEMA "{old}"')
             for table in tables:
                 await conn.execute(f'ALTER TABLE public."{table}" SET SCHEMA "{old}"')
@@ -220,6 +257,7 @@ async def verify(c: Container, *, limit: int = 5, progress: Callable[[int, int],
                 progress=progress,
                 horizon=horizon,
                 languages=c.settings.search_languages,
+                keys=c.keys,
             )
             live = await checksums(live_conn, "public")
             async with await psycopg.AsyncConnection.connect(c.settings.database_url, autocommit=True) as sh:

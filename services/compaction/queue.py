@@ -42,6 +42,7 @@ from pydantic import ValidationError
 from events.catalog import CompactionRequested
 from events.ids import derived_id
 from events.publisher import HDR_MSG_ID
+from events.sealing import KeyDestroyed
 from events.subjects import SubjectLayout
 from services.compaction.service import Attempt, CompactionService
 
@@ -230,6 +231,11 @@ def subscribe(
             try:
                 async with busy.hold(key), asyncio.timeout(compact_timeout_s):  # a dead connection never holds it
                     outcome = await service.compact(req.tenant, req.session, attempt=attempt)
+            except KeyDestroyed:  # erased while it waited or summarised: nothing to record, nothing to retry
+                stats.nothing += 1
+                log.info("%s/%s is erased: nothing to compact", *key)
+                await msg.ack()
+                return
             except Exception as exc:
                 stats.failures += 1
                 match after_failure(delivery, attempts, backoff_s):

@@ -30,6 +30,7 @@ from events.context import CompactionConfig
 from events.envelope import new_event_id
 from events.ids import derived_id
 from events.publisher import ConcurrencyConflict, Published, Publisher
+from events.sealing import KeyDestroyed
 from projections import context_queries, queries
 from projections.overlays import Overlay, apply_overlays, overlays
 from services.compaction.ranges import Message, Plan, Skip, message_tokens, plan_compaction
@@ -182,12 +183,17 @@ class CompactionService:
                 return await self._pub.publish(event, expected_last_subject_seq=expected)
             except ConcurrencyConflict:
                 pass
+            keys = self._pub.keys
+            if keys is not None:
+                await keys.load([(event.tenant, event.session, None)])
             async for stored in eventlog.read(self._pub.js, self._pub.layout, subject, expected + 1):
                 expected = stored.seq
                 try:
-                    newer = admit(stored.data, stored.subject, self._pub.layout)
+                    newer = admit(stored.data, stored.subject, self._pub.layout, keys)
                 except Refused:
                     continue  # quarantined: no projection applies it, so it changes nothing here
+                except KeyDestroyed:
+                    return None  # the session is erased: nothing to record
                 match newer:
                     case CompactionRecorded() if newer.overlay_id == event.overlay_id:
                         return Published(seq=stored.seq, duplicate=True)

@@ -35,8 +35,10 @@ from events.catalog import (
     PromptRendered,
     SessionConfigured,
     SessionDeleted,
+    SessionErased,
 )
 from events.envelope import Event
+from events.sealing import KeyLookup
 from projections import context_queries
 from services.compaction.estimate import (
     Append,
@@ -86,6 +88,7 @@ class CompactorState:
         self._count = count
         self._blobs = blobs
         self._wait_applied = wait_applied
+        self.keys: KeyLookup | None = None  # data keys for sealed claim-checked bodies
         self.candidates: dict[Key, Candidate] = {}
         self.tracked: set[Key] = set()
         self._stale = True  # ``tracked`` must be read again from the database before it is used
@@ -152,7 +155,7 @@ class CompactorState:
     async def _apply_appends(self, conn: Conn, run: list[tuple[int, MessageAppended]]) -> None:
         rows = []
         for seq, ev in run:
-            body = await unpack_body(ev, self._blobs)
+            body = await unpack_body(ev, self._blobs, self.keys)
             rows.append((ev.tenant, ev.session, ev.message_id, ev.parent_id, message_tokens(body, self._count), seq))
         cur = await conn.execute(
             "INSERT INTO compactor_messages (worker, tenant, session_id, id, parent_id, tokens, seq) "
@@ -238,11 +241,13 @@ class CompactorState:
                     await self._backfill(conn, t, s, seq)
                     self.tracked.add((t, s))
                 await self._set(conn, t, s, seq, compact_after=after)
+            case SessionErased():
+                await self._untrack(conn, t, s)
             case PromptRendered():
                 await self._session(conn, t, s, seq)
                 await self._set(conn, t, s, seq, prompt_tokens=event.tokens)
             case MessageAppended():
-                body = await unpack_body(event, self._blobs)
+                body = await unpack_body(event, self._blobs, self.keys)
                 tokens = message_tokens(body, self._count)
                 cur = await conn.execute(
                     "INSERT INTO compactor_messages (worker, tenant, session_id, id, parent_id, tokens, seq) "
@@ -257,7 +262,7 @@ class CompactorState:
                 else:
                     await self.resum(conn, t, s, seq, event.message_id)
             case MessageUpdated():
-                body = await unpack_body(event, self._blobs)
+                body = await unpack_body(event, self._blobs, self.keys)
                 await conn.execute(
                     "UPDATE compactor_messages SET tokens = %s WHERE worker = %s AND tenant = %s AND session_id = %s "
                     "AND id = %s",

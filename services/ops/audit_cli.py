@@ -27,9 +27,9 @@ async def run_audit(settings: Settings, args: argparse.Namespace) -> int:
                     end = min(end, args.to_seq)
                 async for stored in audit.session_events(c, args.tenant, args.session, args.from_seq, args.to_seq):
                     if args.format == "jsonl":
-                        sys.stdout.write(json.dumps(audit.replay_record(stored, c.layout)) + "\n")
+                        sys.stdout.write(json.dumps(audit.replay_record(stored, c.layout, c.keys)) + "\n")
                     else:
-                        sys.stdout.write(audit.format_table_row(stored, c.layout) + "\n")
+                        sys.stdout.write(audit.format_table_row(stored, c.layout, c.keys) + "\n")
                     bar(stored.seq, end)
                 bar.close()
             case "history":

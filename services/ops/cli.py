@@ -129,6 +129,15 @@ def main(argv: list[str] | None = None) -> int:
     p_qlist.add_argument("--limit", type=int, default=50)
     p_qshow = quar_sub.add_parser("show", help="one quarantined event, with its raw bytes")
     p_qshow.add_argument("seq", type=int)
+    p_erase = sub.add_parser(
+        "erase", help="erase a session, or a whole tenant, for good (destroy the data keys; docs/security.md)"
+    )
+    p_erase.add_argument("--tenant", required=True)
+    p_erase.add_argument("--session", default=None, help="one session (default: every session of the tenant)")
+    p_keys = sub.add_parser("keys", help="key-encryption keys of the data keys")
+    keys_sub = p_keys.add_subparsers(dest="keys_command", required=True)
+    keys_sub.add_parser("new-kek", help="print a new key-encryption key (put it first in CHRONICLE_KEK)")
+    keys_sub.add_parser("rewrap", help="wrap every data key under the current (first) key-encryption key")
     args = parser.parse_args(argv)
 
     settings = load_settings()
@@ -183,6 +192,10 @@ def main(argv: list[str] | None = None) -> int:
             from services.audit.quarantine import run_quarantine
 
             return asyncio.run(run_quarantine(settings, args))
+        case "erase" | "keys":
+            from services.ops.erase_cli import run_erase, run_keys
+
+            return asyncio.run(run_erase(settings, args) if args.command == "erase" else run_keys(settings, args))
     return 0
 
 

@@ -31,6 +31,7 @@ from urllib.parse import urlsplit, urlunsplit
 import psycopg
 from pydantic import SecretStr
 
+from projections.keystore import new_kek_line
 from services.bootstrap import worker_partitions
 from services.ops.natsconf import ClusterNode, NatsAccess, cluster_extra, server_config, write_config
 from services.settings import Settings, api_key_entry, new_api_key, new_operator_seed
@@ -207,6 +208,13 @@ def operator_seed(data_dir: Path) -> str:
     return _secret_file(data_dir / "nats-operator.nk", new_operator_seed)
 
 
+def kek_file(data_dir: Path) -> Path:
+    """The local stack's key-encryption key (it wraps the sessions' data keys), created once."""
+    path = data_dir / "kek"
+    _secret_file(path, new_kek_line)
+    return path
+
+
 def _secret_file(path: Path, make: Callable[[], str]) -> str:
     if not path.exists():
         path.touch(mode=0o600)
@@ -269,6 +277,10 @@ def up(settings: Settings, nats_port: int, nats_cluster: int = 1) -> int:
     env["CHRONICLE_API_KEYS"] = json.dumps(settings.api_keys)
     env["CHRONICLE_NATS_URL"] = ",".join(f"nats://127.0.0.1:{p}" for p, _ in cluster) or f"nats://127.0.0.1:{nats_port}"
     env["CHRONICLE_NATS_NKEY_SEED"] = seed
+    if settings.kek is None and settings.kek_file is None:
+        env["CHRONICLE_KEK_FILE"] = str(kek_file(data))
+    if "encryption" not in settings.model_fields_set:  # not set (environment or .env): a local stack seals
+        env["CHRONICLE_ENCRYPTION"] = "true"
     if cluster and settings.stream_replicas == 1:
         env["CHRONICLE_STREAM_REPLICAS"] = str(len(cluster))
     pg_server: Any = None

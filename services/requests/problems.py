@@ -13,6 +13,7 @@ from pydantic import ValidationError
 from events.admission import Refused
 from events.blobs import BlobNotFound
 from events.publisher import PublishFailed
+from events.sealing import KeyDestroyed
 from events.validation import validation_detail
 from services.errors import ChronicleError
 
@@ -50,6 +51,8 @@ def problem_of(exc: BaseException) -> Problem | None:
         # the request passed the checks but would make an event the contract refuses
         status, code = (413, "payload_too_large") if exc.reason == "too_large" else (422, "invalid_request")
         return problem(status, code, "The request would make an event the log refuses", exc.detail, reason=exc.reason)
+    if isinstance(exc, KeyDestroyed):  # the session's data key is destroyed: it takes no writes
+        return problem(410, "session_erased", "The session is erased", f"session {exc.session!r} was erased")
     if isinstance(exc, BlobNotFound):
         return problem(503, "unavailable", "Object storage is unavailable", str(exc))
     if isinstance(exc, psycopg.OperationalError):  # a lost connection, a pool timeout

@@ -18,6 +18,10 @@ class S3BlobStore:
         await self._store.put_bytes(self._bucket, f"blobs/{digest}", data)
         return BlobRef(store=self.kind, key=f"{self._bucket}/blobs/{digest}", sha256=digest, size=len(data))
 
+    async def delete(self, ref: BlobRef) -> None:
+        bucket, _, key = ref.key.partition("/")
+        await self._store.delete(bucket, key)
+
     async def get(self, ref: BlobRef) -> bytes:
         bucket, _, key = ref.key.partition("/")
         data = await self._store.get_bytes(bucket, key)

@@ -88,6 +88,18 @@ class SkillStore:
 
         return await self._call(get)
 
+    async def delete(self, bucket: str, key: str) -> None:
+        """Remove an object (none there: nothing to do)."""
+
+        def remove() -> None:
+            try:
+                self._client.remove_object(bucket, key)
+            except S3Error as exc:
+                if exc.code not in ("NoSuchKey", "NoSuchBucket"):
+                    raise
+
+        await self._call(remove)
+
     async def bucket_exists(self, bucket: str) -> bool:
         return await self._call(lambda: bool(self._client.bucket_exists(bucket)))
 

@@ -134,11 +134,15 @@ class Commands:
 
     # -- messages -------------------------------------------------------------------------
 
-    async def _pack(self, body: JsonObject, digest: str | None = None) -> dict[str, Any]:
+    async def _pack(self, tenant: str, session: str, body: JsonObject, digest: str | None = None) -> dict[str, Any]:
         data = stored_json(body).encode()  # as long as the canonical form: only the key order differs
         if len(data) > self._max:
             raise PayloadTooLarge(f"message is {len(data)} bytes; the limit is {self._max}")
-        return await pack_body(body, self._blobs, self._limit, data=data, digest=digest)
+
+        async def seal(raw: bytes) -> bytes:
+            return await self._pub.seal_object(tenant, session, raw)
+
+        return await pack_body(body, self._blobs, self._limit, data=data, digest=digest, seal=seal)
 
     async def append(
         self,
@@ -159,12 +163,13 @@ class Commands:
         """
         message_id = str(body["id"])
         digest = body_hash(body)
-        packed = await self._pack(body, digest)
+        packed = await self._pack(tenant, session, body, digest)
         if self._originals is not None and json_bytes(body) > self._row_cap:
             capped, changed = enforce_row_size_limit(body, self._row_cap)
             if changed:
-                original = await self._originals.put(stored_json(body).encode())
-                packed = {**await self._pack(capped), "body_sha256": digest, "original_ref": original}
+                whole = await self._pub.seal_object(tenant, session, stored_json(body).encode())
+                original = await self._originals.put(whole)
+                packed = {**await self._pack(tenant, session, capped), "body_sha256": digest, "original_ref": original}
 
         # One event id for every attempt of this request: when an attempt was stored but its ack
         # was lost (NATS restarting), a later attempt finds the message and, by the stored event's
@@ -230,7 +235,7 @@ class Commands:
 
     async def update(self, tenant: str, session: str, body: JsonObject) -> WriteReceipt:
         message_id = str(body["id"])
-        packed = await self._pack(body)
+        packed = await self._pack(tenant, session, body)
 
         async def decide(conn: Conn) -> Decision:
             await live_session(conn, tenant, session, must_exist=False)
@@ -296,7 +301,7 @@ async def fork(
     events: list[Event] = []
     for row in rows:
         body = json.loads(row.content)
-        packed = await cmd._pack(body)
+        packed = await cmd._pack(tenant, sid, body)
         events.append(MessageAppended(tenant=tenant, session=sid, message_id=row.id, parent_id=row.parent_id, **packed))
     path_ids = [r.id for r in rows]
     for item in apply_overlays(path_ids, in_force):

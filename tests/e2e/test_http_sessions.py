@@ -6,7 +6,9 @@ import asyncio
 from typing import Any
 
 import httpx
+import pytest
 
+from tests.conftest import SEALING
 from tests.e2e.helpers import append, append_body, assert_problem, events, msg, new_sid
 
 
@@ -195,3 +197,26 @@ async def test_concurrent_creates_of_one_id(client: httpx.AsyncClient) -> None:
     answers = await asyncio.gather(*(client.post("/v1/sessions", json={"id": sid, "name": f"n{i}"}) for i in range(6)))
     assert sorted(r.status_code for r in answers) == [201] + [409] * 5
     assert [e["event"]["type"] for e in await events(client, sid)] == ["session.created"]
+
+
+async def test_erasure_without_encryption_drops_the_rows_and_shows_tombstones(client: httpx.AsyncClient) -> None:
+    """This stack does not seal (the setting's default): erasure still drops every row, refuses
+    writes and shows the log's events as tombstones (docs/security.md: the log keeps their
+    plaintext, which only sealing removes)."""
+    sid = new_sid("erase-plain")
+    await append(client, sid, msg("m1", "plain words"))
+    before = await events(client, sid)
+    r = await client.post(f"/v1/sessions/{sid}:erase")
+    assert r.status_code == 200, r.text
+    assert r.json()["objects_deleted"] == 0
+    assert_problem(await client.get(f"/v1/sessions/{sid}/history"), 404, "session_not_found")
+    after = await events(client, sid)
+    assert [e["seq"] for e in after if "erased" in e] == [e["seq"] for e in before]
+    assert "plain words" not in str(after)
+    r = await client.post(f"/v1/sessions/{sid}/messages", json=append_body(msg("m2", "again")))
+    assert_problem(r, 410, "session_erased")
+
+
+@pytest.mark.skipif(SEALING, reason="CHRONICLE_TEST_ENCRYPTION=1: this stack seals")
+async def test_a_data_key_is_refused_where_nothing_is_sealed(client: httpx.AsyncClient) -> None:
+    assert_problem(await client.get(f"/v1/sessions/{new_sid()}/data-key"), 404, "encryption_off")

@@ -54,6 +54,7 @@ def test_every_benchmark_is_covered() -> None:
         "compaction",
         "peers",
         "api-replicas",
+        "encryption",
     }
 
 
@@ -64,6 +65,13 @@ async def test_ingest_smoke(nats_url: str, pg_admin: str, tmp_path: Path) -> Non
     positive(m, "msgs_per_s", "publish_per_s", "end_to_end_s")
     assert m["lag_events_p99"] >= m["lag_events_p50"] >= 0
     positive(data["baseline"], "rows_per_s")
+
+
+async def test_encryption_smoke(nats_url: str, pg_admin: str, tmp_path: Path) -> None:
+    data = await smoke("encryption", nats_url, pg_admin, tmp_path / "encryption.json")
+    for mode in ("on", "off"):
+        positive(data["metrics"][mode], "ingest_per_s", "rebuild_per_s", "history_per_s", "as_of_per_s")
+    assert len(data["targets"]) == 4
 
 
 async def test_api_smoke(nats_url: str, pg_admin: str, tmp_path: Path) -> None:

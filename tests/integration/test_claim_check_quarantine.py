@@ -130,7 +130,9 @@ async def test_unresolvable_claim_checks_are_quarantined_while_tenant_a_is_serve
             assert not compactor.done()
 
             # the same references decide the same on a rebuild, and verify is exact
-            await rebuild_into(c.js, c.layout, fresh_db, "shadow", c.projections(), settings.projector_name)
+            await rebuild_into(
+                c.js, c.layout, fresh_db, "shadow", c.projections(), settings.projector_name, keys=c.keys
+            )
             async with await psycopg.AsyncConnection.connect(fresh_db) as conn:
                 assert await quarantine_rows(conn, "shadow") == await quarantine_rows(conn, "public")
             report = await audit.verify(c)
@@ -175,8 +177,9 @@ async def test_a_store_that_cannot_answer_is_retried_never_quarantined(nats_url:
             pool=c.pool,
             conninfo=fresh_db,
             layout=c.layout,
-            projections=[HistoryProjection(store), ContextProjection(), OverlayProjection()],
+            projections=[HistoryProjection(store, c.keys), ContextProjection(), OverlayProjection()],
             name=settings.projector_name,
+            keys=c.keys,
             retry_base_s=0.05,
             retry_cap_s=0.1,
         )

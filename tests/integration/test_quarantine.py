@@ -167,7 +167,7 @@ async def test_a_data_error_is_quarantined_and_the_rest_of_its_batch_applied(
         assert "NumericValueOutOfRange" in shown["detail"]
         assert json.loads(shown["raw"]["text"])["tokens"] == 2**31
         # the same bytes decide the same on a rebuild
-        await rebuild_into(c.js, c.layout, fresh_db, "shadow", c.projections(), settings.projector_name)
+        await rebuild_into(c.js, c.layout, fresh_db, "shadow", c.projections(), settings.projector_name, keys=c.keys)
         async with await psycopg.AsyncConnection.connect(fresh_db) as conn:
             assert await quarantine_rows(conn, "shadow") == await quarantine_rows(conn, "public")
         assert (await audit.verify(c)).ok

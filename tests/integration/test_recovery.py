@@ -63,7 +63,7 @@ async def test_projector_killed_mid_run_ends_with_exactly_the_logged_rows(nats_u
             )
             assert await cur.fetchone() == (3000, 3000)
             live = await checksums(conn, "public")
-        await rebuild_into(c.js, c.layout, fresh_db, "shadow", c.projections(), settings.projector_name)
+        await rebuild_into(c.js, c.layout, fresh_db, "shadow", c.projections(), settings.projector_name, keys=c.keys)
         async with await psycopg.AsyncConnection.connect(fresh_db) as conn:
             assert await checksums(conn, "shadow") == live
 

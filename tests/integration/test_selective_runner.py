@@ -57,6 +57,7 @@ async def test_unwanted_batches_are_skipped_and_checkpointed_lazily(
         batch_size=5,
         idle_timeout_s=30,  # no idle checkpoint advance while the test looks
         checkpoint_interval_s=3600,
+        keys=stack.keys,
     )
     stop = asyncio.Event()
     task = asyncio.create_task(runner.run(stop))

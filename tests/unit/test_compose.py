@@ -18,6 +18,7 @@ import pytest
 import yaml
 
 from events.credentials import nkey_public_key
+from projections.keystore import new_kek_line
 from services.ops import cli
 from services.ops.natsconf import NatsAccess, server_config
 from services.settings import Settings, new_operator_seed
@@ -31,7 +32,7 @@ INFRA = ("nats", "postgres", "minio")
 CHRONICLE = ("migrate", "api", "projector", "compactor", "commands")
 NATS_CONFIG = "nats-config"  # the one-shot service that writes nats-server's configuration
 # variables compose refuses to start without (``${VAR:?…}``), and a value for each in these tests
-REQUIRED = {"CHRONICLE_NATS_NKEY_SEED": new_operator_seed()}
+REQUIRED = {"CHRONICLE_NATS_NKEY_SEED": new_operator_seed(), "CHRONICLE_KEK": new_kek_line()}
 # CHRONICLE_* keys of compose.yaml that are not Settings fields yet (none now: the S3 settings
 # landed with the skills store). Remove each entry when its field lands; the test below insists on that.
 PENDING_SETTINGS: frozenset[str] = frozenset()

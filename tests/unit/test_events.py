@@ -26,6 +26,7 @@ from events.catalog import (
     SessionConfigured,
     SessionCreated,
     SessionDeleted,
+    SessionErased,
     SessionRenamed,
     SkillIndexed,
     SkillLoaded,
@@ -55,6 +56,7 @@ def sample(event_type: type[Event]) -> Event:
         SessionCreated: {"name": "Chat", "parent_session_id": "chat-0", "metadata": {"k": [1, "二"]}},
         SessionRenamed: {"name": "Renamed"},
         SessionDeleted: {},
+        SessionErased: {},
         MessageAppended: {
             "message_id": "m1",
             "role": "user",

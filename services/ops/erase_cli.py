@@ -1,0 +1,44 @@
+"""``chronicle erase`` and ``chronicle keys``: erasure and key-encryption-key rotation."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from events import ids
+from projections.keystore import new_kek_line
+from services.bootstrap import open_container
+from services.settings import Settings
+
+
+async def run_erase(settings: Settings, args: argparse.Namespace) -> int:
+    """Erase one session (``--session``) or every session of the tenant and its tenant-level
+    entries; prints one JSON line per session erased."""
+    try:
+        ids.check_tenant(args.tenant)
+        if args.session is not None:
+            ids.check_session(args.session)
+    except ids.InvalidId as exc:
+        print(f"chronicle erase: {exc}", file=sys.stderr)
+        return 2
+    async with open_container(settings) as c:
+        eraser = c.eraser
+        if args.session is not None:
+            done = [await eraser.erase_session(args.tenant, args.session)]
+        else:
+            done = await eraser.erase_tenant(args.tenant)
+        for erased in done:
+            line = {"tenant": args.tenant, "session": erased.session, "seq": erased.seq}
+            line |= {"newly_erased": erased.newly_erased, "objects_deleted": erased.objects_deleted}
+            sys.stdout.write(json.dumps(line) + "\n")
+    return 0
+
+
+async def run_keys(settings: Settings, args: argparse.Namespace) -> int:
+    if args.keys_command == "new-kek":
+        print(new_kek_line())
+        return 0
+    async with open_container(settings) as c:
+        print(f"rewrapped {await c.keys.rewrap()} data keys under {c.keys.kek_id}")
+    return 0

@@ -1,0 +1,125 @@
+"""Erasure by crypto-shredding: destroy a session's data key, record it, drop what can be dropped.
+
+Order, each step idempotent so a failed erasure is finished by running it again:
+
+1. The data key is destroyed and the erasure recorded (``data_keys``/``erasures``): from here on
+   every event of the session sealed with it is unreadable, wherever a copy of the log lives, and
+   every reader of the log shows the session's events as tombstones.
+2. ``session.erased`` is published (its id derived from tenant and session: stored once); the
+   projections drop every row of the session when they apply it.
+3. The objects the session's events reference (claim-checked bodies, over-cap originals) are
+   deleted when they are sealed: a sealed object belongs to this session alone. An unsealed one
+   (written before encryption was on) is content-addressed and may be another session's too, so
+   it is left (docs/security.md).
+4. Quarantined events of the session's subject are deleted (their raw bytes are the session's).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import psycopg
+from psycopg_pool import AsyncConnectionPool
+
+from events import log as eventlog
+from events.blobs import BlobNotFound, BlobRef, BlobStore
+from events.catalog import SessionErased
+from events.ids import TENANT_SCOPE, derived_id
+from events.publisher import Publisher
+from events.sealing import is_sealed_blob
+from projections.keystore import PgKeyStore
+
+log = logging.getLogger("chronicle.erasure")
+
+
+@dataclass(frozen=True, slots=True)
+class Erasure:
+    """What erasing one session did."""
+
+    session: str
+    seq: int
+    newly_erased: bool
+    objects_deleted: int
+
+
+class Eraser:
+    def __init__(
+        self,
+        keys: PgKeyStore,
+        publisher: Publisher,
+        pool: AsyncConnectionPool[psycopg.AsyncConnection[Any]],
+        stores: Sequence[BlobStore],
+        tenant_objects: Callable[[str], Awaitable[int]] | None = None,
+    ) -> None:
+        """``tenant_objects`` deletes a tenant's own objects (its skill documents) and says how many."""
+        self._tenant_objects = tenant_objects
+        self._keys = keys
+        self._pub = publisher
+        self._pool = pool
+        self._stores = {s.kind: s for s in stores}
+
+    async def erase_session(self, tenant: str, session: str) -> Erasure:
+        new = await self._keys.erase(tenant, [session])
+        event = SessionErased(id=derived_id("erase", tenant, session), tenant=tenant, session=session)
+        published = await self._pub.publish(event)
+        deleted = await self._delete_objects(tenant, session, published.seq)
+        subject = self._pub.layout.session_subject(tenant, session)
+        async with self._pool.connection() as conn:
+            await conn.execute("DELETE FROM quarantine WHERE subject = %s", (subject,))
+        log.warning(
+            "erased session %r of tenant %r (event %d, %d objects deleted)", session, tenant, published.seq, deleted
+        )
+        return Erasure(session, published.seq, bool(new), deleted)
+
+    async def erase_tenant(self, tenant: str) -> list[Erasure]:
+        """Every session of ``tenant``, then its tenant-level entries (the tenant scope): its skill
+        documents are deleted from their buckets before the skills index goes."""
+        sessions = [s for s in await self._keys.sessions_of(tenant) if s != TENANT_SCOPE]
+        done = [await self.erase_session(tenant, s) for s in sessions]
+        documents = await self._tenant_objects(tenant) if self._tenant_objects is not None else 0
+        scope = await self.erase_session(tenant, TENANT_SCOPE)
+        done.append(Erasure(scope.session, scope.seq, scope.newly_erased, scope.objects_deleted + documents))
+        return done
+
+    async def _delete_objects(self, tenant: str, session: str, to_seq: int) -> int:
+        refs: dict[str, BlobRef] = {}
+        subject = self._pub.layout.session_subject(tenant, session)
+        async for stored in eventlog.read(self._pub.js, self._pub.layout, subject, 1, to_seq):
+            for ref in _refs_of(stored.data):
+                refs[f"{ref.store}/{ref.key}"] = ref
+        deleted = 0
+        for ref in refs.values():
+            store = self._stores.get(ref.store)
+            if store is None:
+                continue
+            try:
+                data = await store.get(ref)
+            except BlobNotFound:
+                continue  # already gone (an erasure run again)
+            if is_sealed_blob(data):
+                await store.delete(ref)
+                deleted += 1
+        return deleted
+
+
+def _refs_of(data: bytes) -> list[BlobRef]:
+    """The object references a stored event names (readable fields: nothing needs opening)."""
+    if b'"message_ref"' not in data and b'"original_ref"' not in data:
+        return []
+    try:
+        raw = json.loads(data)
+    except ValueError:
+        return []
+    out: list[BlobRef] = []
+    for name in ("message_ref", "original_ref"):
+        value = raw.get(name) if isinstance(raw, dict) else None
+        if isinstance(value, dict):
+            try:
+                out.append(BlobRef.model_validate(value))
+            except ValueError:
+                continue
+    return out

@@ -1,0 +1,324 @@
+"""Erasure, proved: a canary written into a session by every path is, after ``:erase``, nowhere
+(JetStream's files on disk, any Postgres table, the S3 bucket, a rebuild, the events API, the CLI
+replay), while another session's text stays everywhere it was. A stack of its own (API and
+projector processes, a nats-server whose store directory the test reads), encryption on."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psycopg
+import pytest
+from minio import Minio
+
+from bench.support import settings_env
+from services.ops.localstack import free_port, wait_for_port
+from services.ops.natsconf import NatsAccess
+from services.settings import Settings
+from tests.conftest import KEYS, make_settings
+from tests.e2e.context_support import configure, tool
+from tests.e2e.helpers import msg
+from tests.support import nats_server, scratch_database
+
+
+@pytest.fixture(scope="module")
+def sealed(
+    tmp_path_factory: pytest.TempPathFactory, pg_admin: str, s3_endpoint: str
+) -> Iterator[tuple[Settings, Path]]:
+    """Settings of a sealing stack and its nats-server's store directory."""
+    tmp = tmp_path_factory.mktemp("erase-nats")
+    with scratch_database(pg_admin) as db:
+        port = free_port()
+        settings = make_settings(
+            f"nats://127.0.0.1:{port}",
+            db,
+            s3_endpoint=s3_endpoint,
+            encryption=True,
+            payload_limit_bytes=2048,
+            row_cap_bytes=10_000,
+            originals_bucket=f"orig-{uuid.uuid4().hex[:8]}",
+        )
+        with nats_server(tmp, NatsAccess.of(settings), port=port):
+            yield settings, tmp / "nats"
+
+
+def cli(settings: Settings, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "services.ops.cli", *args],
+        env=settings_env(settings),
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+@pytest.fixture(scope="module")
+async def client(sealed: tuple[Settings, Path]) -> AsyncIterator[httpx.AsyncClient]:
+    """tenant-a's client of the sealing stack's API. The machine is shared: a port picked free may
+    be taken before the API binds it, so the API is asked who it is (our key must be known)."""
+    settings, _ = sealed
+    assert cli(settings, "migrate").returncode == 0
+    procs = [subprocess.Popen([sys.executable, "-m", "services.ops.cli", "projector"], env=settings_env(settings))]
+    headers = {"Authorization": f"Bearer {KEYS['tenant-a']}"}
+    try:
+        for _ in range(3):
+            mine = settings.model_copy(update={"api_port": free_port()})
+            api = subprocess.Popen([sys.executable, "-m", "services.ops.cli", "api"], env=settings_env(mine))
+            procs.append(api)
+            wait_for_port("127.0.0.1", mine.api_port, api, "chronicle api", timeout=30)
+            c = httpx.AsyncClient(base_url=f"http://127.0.0.1:{mine.api_port}", headers=headers, timeout=30)
+            if api.poll() is None and (await c.get("/v1/nats")).status_code == 200:
+                break
+            await c.aclose()
+            api.terminate()
+        else:
+            pytest.fail("the API never answered as this stack's")
+        try:
+            yield c
+        finally:
+            await c.aclose()
+    finally:
+        for p in procs:
+            p.terminate()
+        for p in procs:
+            p.wait(timeout=20)
+
+
+CONFIG: dict[str, Any] = {
+    "blocks": [
+        {"kind": "writable", "label": "memory", "description": "Facts"},
+        {"kind": "searchable", "label": "knowledge", "description": "Docs"},
+    ],
+    "compaction": {"protect_head": 1, "tail_token_budget": 10, "min_tail_messages": 2},
+}
+
+
+async def ok(r: httpx.Response, status: int = 200) -> dict[str, Any]:
+    assert r.status_code == status, r.text
+    out: dict[str, Any] = r.json()
+    return out
+
+
+async def write_by_every_path(c: httpx.AsyncClient, sid: str, canary: str) -> int:
+    """The canary in: append, update, context write, searchable entry, rendered prompt, summary,
+    a claim-checked body, an over-cap original. Returns the last sequence."""
+    await configure(c, sid, CONFIG)
+    await ok(await c.post(f"/v1/sessions/{sid}/messages", json={"message": msg("m0", f"hello {canary}")}), 201)
+    await ok(await c.post(f"/v1/sessions/{sid}/messages", json={"message": msg("m1", "first draft")}), 201)
+    await ok(await c.put(f"/v1/sessions/{sid}/messages/m1", json={"message": msg("m1", f"edited {canary}")}))
+    await ok(await c.put(f"/v1/sessions/{sid}/context/memory", json={"content": f"remember {canary}"}))
+    res, _ = await tool(c, sid, "set_context", {"label": "knowledge", "content": f"fact {canary}"})
+    assert res.startswith("Indexed"), res
+    prompt = await ok(await c.get(f"/v1/sessions/{sid}/system-prompt"))
+    assert canary in prompt["prompt"]
+    claim = msg("m2", f"{canary} " + "claim-checked words " * 200)  # over the 2 KB payload limit
+    await ok(await c.post(f"/v1/sessions/{sid}/messages", json={"message": claim}), 201)
+    capped = msg("m3", f"{canary} " + "over the row cap " * 1000)  # over the 10 KB row cap
+    await ok(await c.post(f"/v1/sessions/{sid}/messages", json={"message": capped}), 201)
+    for i in range(4, 9):
+        await ok(
+            await c.post(f"/v1/sessions/{sid}/messages", json={"message": msg(f"m{i}", f"turn {i} {canary}")}), 201
+        )
+    compacted = await ok(await c.post(f"/v1/sessions/{sid}/compact", json={}))
+    assert compacted["compacted"] is True, compacted
+    assert canary in compacted["overlay"]["summary"]
+    return int(compacted["seq"])
+
+
+def files_holding(root: Path, needle: bytes) -> list[str]:
+    return [str(p) for p in root.rglob("*") if p.is_file() and needle in p.read_bytes()]
+
+
+def tables_holding(db: str, needle: str) -> list[str]:
+    """Every table of every schema (read models, quarantine, keys, checkpoints) whose rows' text holds ``needle``."""
+    found = []
+    with psycopg.connect(db, autocommit=True) as conn:
+        tables = conn.execute(
+            "SELECT table_schema, table_name FROM information_schema.tables WHERE table_type = 'BASE TABLE' "
+            "AND table_schema NOT IN ('pg_catalog', 'information_schema')"
+        ).fetchall()
+        for schema, table in tables:
+            row = conn.execute(
+                f'SELECT count(*) FROM "{schema}"."{table}" t WHERE strpos(t::text, %s) > 0', (needle,)
+            ).fetchone()
+            if row and row[0]:
+                found.append(f"{schema}.{table}")
+    return found
+
+
+def objects_holding(settings: Settings, needle: bytes) -> tuple[list[str], int]:
+    """The S3 objects (every bucket) whose bytes hold ``needle``, and how many objects were read."""
+    s3 = Minio(settings.s3_endpoint, "testing", "testing", secure=False, region="us-east-1")
+    found, read = [], 0
+    for bucket in s3.list_buckets():
+        for obj in s3.list_objects(bucket.name, recursive=True):
+            assert obj.object_name is not None
+            resp = s3.get_object(bucket.name, obj.object_name)
+            try:
+                data = resp.read()
+            finally:
+                resp.close()
+                resp.release_conn()
+            read += 1
+            if needle in data:
+                found.append(f"{bucket.name}/{obj.object_name}")
+    return found, read
+
+
+async def event_lines(c: httpx.AsyncClient, sid: str) -> list[dict[str, Any]]:
+    r = await c.get(f"/v1/sessions/{sid}/events")
+    assert r.status_code == 200, r.text
+    return [json.loads(line) for line in r.text.splitlines()]
+
+
+async def test_a_canary_written_by_every_path_is_nowhere_after_erasure(
+    client: httpx.AsyncClient, sealed: tuple[Settings, Path]
+) -> None:
+    settings, store = sealed
+    canary, keeper = f"canary{uuid.uuid4().hex}", f"keeper{uuid.uuid4().hex}"
+    sid, other = f"erase-{uuid.uuid4().hex[:8]}", f"keep-{uuid.uuid4().hex[:8]}"
+    await write_by_every_path(client, other, keeper)
+    last = await write_by_every_path(client, sid, canary)
+    before = await event_lines(client, sid)
+    assert any(canary in json.dumps(line) for line in before)  # the tenant reads its own events opened
+    assert tables_holding(settings.database_url, canary)  # materialised before: the checks below can fail
+    assert not files_holding(store, canary.encode()), "plaintext reached JetStream's files"
+    assert files_holding(store, sid.encode())  # the readable envelope is on disk: the search sees the log
+
+    erased = await ok(await client.post(f"/v1/sessions/{sid}:erase"))
+    assert erased["erased"] is True
+    assert erased["seq"] > last
+    assert erased["objects_deleted"] >= 2  # the claim-checked body and the original
+
+    assert not files_holding(store, canary.encode())
+    assert tables_holding(settings.database_url, canary) == []
+    found, read = objects_holding(settings, canary.encode())
+    assert found == []
+    assert read > 0
+    lines = await event_lines(client, sid)
+    assert len(lines) == len(before) + 1
+    assert all("erased" in line for line in lines[:-1])
+    assert lines[-1]["event"]["type"] == "session.erased"
+    assert canary not in json.dumps(lines)
+    replay = cli(settings, "replay", "--tenant", "tenant-a", "--session", sid)
+    assert replay.returncode == 0, replay.stderr
+    assert canary not in replay.stdout
+    replayed = [json.loads(line) for line in replay.stdout.splitlines()]
+    assert [r["seq"] for r in replayed if "erased" in r] == [line["seq"] for line in before]
+    gone = await client.get(f"/v1/sessions/{sid}/history")
+    assert gone.status_code == 404, gone.text
+
+    verify = cli(settings, "verify")
+    assert verify.returncode == 0, verify.stdout + verify.stderr
+    rebuild = cli(settings, "rebuild")
+    assert rebuild.returncode == 0, rebuild.stdout + rebuild.stderr
+    assert tables_holding(settings.database_url, canary) == []
+
+    # the other session is untouched: its text is materialised, searchable, readable
+    assert tables_holding(settings.database_url, keeper)
+    history = await ok(await client.get(f"/v1/sessions/{other}/history"))
+    assert keeper in json.dumps(history)
+    found = await ok(await client.get("/v1/search", params={"q": keeper}))
+    assert found["results"], found
+    assert any(keeper in json.dumps(line) for line in await event_lines(client, other))
+
+
+async def test_an_erased_session_takes_no_writes_and_erasing_again_is_harmless(client: httpx.AsyncClient) -> None:
+    sid = f"erase-{uuid.uuid4().hex[:8]}"
+    await ok(await client.post(f"/v1/sessions/{sid}/messages", json={"message": msg("m0", "hello")}), 201)
+    first = await ok(await client.post(f"/v1/sessions/{sid}:erase"))
+    again = await ok(await client.post(f"/v1/sessions/{sid}:erase"))
+    assert again["seq"] == first["seq"]  # the same session.erased event: stored once
+    r = await client.post(f"/v1/sessions/{sid}/messages", json={"message": msg("m1", "after")})
+    assert (r.status_code, r.json()["code"]) == (410, "session_erased"), r.text
+    r = await client.post("/v1/sessions", json={"id": sid})
+    assert (r.status_code, r.json()["code"]) == (410, "session_erased"), r.text
+
+
+async def test_a_tenant_is_erased_with_every_session_and_other_tenants_keep_theirs(
+    client: httpx.AsyncClient, sealed: tuple[Settings, Path], tmp_path: Path
+) -> None:
+    settings, _ = sealed
+    word = f"tenantword{uuid.uuid4().hex}"
+    headers = {"Authorization": f"Bearer {KEYS['tenant-b']}"}
+    async with httpx.AsyncClient(base_url=str(client.base_url), headers=headers, timeout=30) as b:
+        for i in range(2):
+            await ok(await b.post(f"/v1/sessions/b-{i}-{word[-6:]}/messages", json={"message": msg("m0", word)}), 201)
+        mine = f"a-{word[-6:]}"
+        await ok(await client.post(f"/v1/sessions/{mine}/messages", json={"message": msg("m0", word)}), 201)
+        doc = tmp_path / "skill.md"
+        doc.write_text(f"# A skill\n{word}\n")
+        bucket = f"skills-{uuid.uuid4().hex[:8]}"
+        put = cli(
+            settings, "skills", "put", str(doc), "--bucket", bucket, "--key", "skills/one", "--tenant", "tenant-b"
+        )
+        assert put.returncode == 0, put.stderr
+        assert objects_holding(settings, word.encode())[0] == [f"{bucket}/tenants/tenant-b/skills/one"]
+        erase = cli(settings, "erase", "--tenant", "tenant-b")
+        assert erase.returncode == 0, erase.stderr
+        erased = [json.loads(line) for line in erase.stdout.splitlines()]
+        assert {e["session"] for e in erased} >= {f"b-0-{word[-6:]}", f"b-1-{word[-6:]}", ""}
+        listed = await ok(await b.get("/v1/sessions"))
+        assert listed["sessions"] == []
+    assert objects_holding(settings, word.encode())[0] == []  # its skill document went too
+    assert tables_holding(settings.database_url, word) != []  # tenant-a's copy
+    history = await ok(await client.get(f"/v1/sessions/{mine}/history"))
+    assert word in json.dumps(history)
+
+
+async def test_the_sdk_direct_path_seals_with_the_key_chronicle_gives_its_tenant(
+    client: httpx.AsyncClient, sealed: tuple[Settings, Path]
+) -> None:
+    """An agent service publishing straight to JetStream writes ciphertext too: its session's key
+    comes from Chronicle (its own tenant's only), the projector opens it, erasure shreds it."""
+    from chronicle_sdk import ChronicleClient
+    from events import log as eventlog
+    from tests.conftest import operator_nats
+
+    settings, store = sealed
+    canary, sid = f"direct{uuid.uuid4().hex}", f"direct-{uuid.uuid4().hex[:8]}"
+    api = str(client.base_url)
+    async with ChronicleClient(api, KEYS["tenant-a"], nats_url=settings.nats_url, append_via="jetstream") as sdk:
+        session = sdk.session(sid)
+        await session.append_message(msg("m1", f"direct {canary}"))
+        history = await session.get_history()
+    assert canary in json.dumps(history)
+    nc = await operator_nats(settings.nats_url)
+    try:
+        stored = [
+            e
+            async for e in eventlog.read(
+                nc.jetstream(), settings.layout(), settings.layout().session_subject("tenant-a", sid)
+            )
+        ]
+    finally:
+        await nc.close()
+    assert stored
+    assert all(canary.encode() not in e.data for e in stored)
+    assert any(b'"sealed"' in e.data for e in stored)
+    other = await client.get(f"/v1/sessions/{sid}/data-key")  # tenant-a's own session: its key
+    assert other.status_code == 200
+    headers = {"Authorization": f"Bearer {KEYS['tenant-b']}"}
+    async with httpx.AsyncClient(base_url=api, headers=headers, timeout=30) as b:
+        theirs = await ok(await b.get(f"/v1/sessions/{sid}/data-key"))  # tenant-b's session of that name
+    assert theirs["key"] != other.json()["key"]
+    await ok(await client.post(f"/v1/sessions/{sid}:erase"))
+    assert not files_holding(store, canary.encode())
+    assert tables_holding(settings.database_url, canary) == []
+    gone = await client.get(f"/v1/sessions/{sid}/data-key")
+    assert (gone.status_code, gone.json()["code"]) == (410, "session_erased")
+
+
+def test_chronicle_erase_refuses_an_invalid_id_and_erases_nothing(sealed: tuple[Settings, Path]) -> None:
+    settings, _ = sealed
+    done = cli(settings, "erase", "--tenant", "tenant a")
+    assert done.returncode == 2
+    assert "tenant" in done.stderr

@@ -1,0 +1,204 @@
+"""Sealing (events/sealing.py) and how the contract admits sealed events: pure, no I/O."""
+
+from __future__ import annotations
+
+import base64
+import json
+
+import pytest
+
+from events.admission import Refused, admit, admit_body
+from events.blobs import BlobRef, sha256_hex
+from events.catalog import ContextWritten, SessionErased
+from events.sealing import (
+    SEALED,
+    SEALED_FIELDS,
+    KeyDestroyed,
+    KeyUnavailable,
+    StaticKeys,
+    new_data_key,
+    open_blob,
+    seal_blob,
+    seal_event,
+    seal_event_json,
+    tombstone_of,
+)
+from events.subjects import SubjectLayout
+from projections.keystore import LocalKek, new_kek_line
+from projections.quarantine import Quarantined, Tombstone, screen
+from tests.integration.helpers import appended
+
+LAYOUT = SubjectLayout(partitions=4)
+CANARY = "canary-7f3e-sealed"
+
+
+def keys_with(tenant: str, session: str) -> tuple[StaticKeys, bytes, str]:
+    keys = StaticKeys()
+    key = new_data_key("dk-1")
+    keys.put(tenant, session, key)
+    event = appended(tenant, session, "m1", None, CANARY)
+    return keys, seal_event_json(event.to_json(), key), LAYOUT.session_subject(tenant, session)
+
+
+def test_a_sealed_event_keeps_its_envelope_readable_and_hides_the_personal_fields() -> None:
+    _, data, _ = keys_with("tenant-a", "s-1")
+    raw = json.loads(data)
+    assert CANARY.encode() not in data
+    assert {"id", "type", "version", "tenant", "session", "message_id", "parent_id", "role"} <= set(raw)
+    assert "message" not in raw
+    assert "body_sha256" not in raw
+    assert set(raw[SEALED]) == {"kid", "nonce", "ct"}
+    assert raw[SEALED]["kid"] == "dk-1"
+
+
+def test_admission_opens_a_sealed_event_into_the_same_model() -> None:
+    keys, data, subject = keys_with("tenant-a", "s-1")
+    event = admit(data, subject, LAYOUT, keys)
+    assert event == appended("tenant-a", "s-1", "m1", None, CANARY).model_copy(
+        update={"id": event.id, "occurred_at": event.occurred_at}
+    )
+
+
+def test_sealing_twice_gives_other_bytes_but_the_same_event_and_id() -> None:
+    key = new_data_key("dk-1")
+    event = appended("tenant-a", "s-1", "m1", None, CANARY)
+    one, two = seal_event_json(event.to_json(), key), seal_event_json(event.to_json(), key)
+    assert one != two
+    keys = StaticKeys()
+    keys.put("tenant-a", "s-1", key)
+    subject = LAYOUT.session_subject("tenant-a", "s-1")
+    assert admit(one, subject, LAYOUT, keys) == admit(two, subject, LAYOUT, keys) == event
+
+
+def test_a_destroyed_key_is_an_erasure_not_a_refusal() -> None:
+    keys, data, subject = keys_with("tenant-a", "s-1")
+    keys.erase("tenant-a", "s-1")
+    with pytest.raises(KeyDestroyed):
+        admit(data, subject, LAYOUT, keys)
+    assert screen(5, subject, data, LAYOUT, keys) == Tombstone(5, subject)
+
+
+def test_an_erased_sessions_unsealed_events_are_tombstones_but_its_erasure_is_admitted() -> None:
+    keys = StaticKeys()
+    keys.erase("tenant-a", "s-1")
+    subject = LAYOUT.session_subject("tenant-a", "s-1")
+    plain = ContextWritten(
+        tenant="tenant-a", session="s-1", label="x", content="c", tokens=1, mode="replace", writer="api"
+    )
+    assert screen(3, subject, plain.to_json(), LAYOUT, keys) == Tombstone(3, subject)
+    erased = SessionErased(tenant="tenant-a", session="s-1")
+    assert screen(4, subject, erased.to_json(), LAYOUT, keys) == (4, erased)
+
+
+def test_screen_forgets_the_key_when_it_reads_the_erasure() -> None:
+    keys, data, subject = keys_with("tenant-a", "s-1")
+    assert not isinstance(screen(1, subject, data, LAYOUT, keys), Tombstone)
+    screen(2, subject, SessionErased(tenant="tenant-a", session="s-1").to_json(), LAYOUT, keys)
+    assert screen(3, subject, data, LAYOUT, keys) == Tombstone(3, subject)
+
+
+def test_a_tampered_seal_or_an_unknown_key_id_is_quarantined_as_invalid() -> None:
+    keys, data, subject = keys_with("tenant-a", "s-1")
+    raw = json.loads(data)
+    raw[SEALED]["ct"] = raw[SEALED]["ct"][:-8] + "AAAAAAA="
+    decided = screen(1, subject, json.dumps(raw).encode(), LAYOUT, keys)
+    assert isinstance(decided, Quarantined)
+    assert decided.reason == "invalid"
+    assert "sealed" in decided.detail
+    raw = json.loads(data)
+    raw[SEALED]["kid"] = "dk-other"
+    decided = screen(2, subject, json.dumps(raw).encode(), LAYOUT, keys)
+    assert isinstance(decided, Quarantined)
+    assert decided.reason == "invalid"
+
+
+def test_a_seal_moved_to_another_session_does_not_open() -> None:
+    keys, data, _ = keys_with("tenant-a", "s-1")
+    keys.put("tenant-a", "s-2", keys.key("tenant-a", "s-1", "dk-1"))
+    moved = data.replace(b'"session":"s-1"', b'"session":"s-2"')
+    with pytest.raises(Refused) as info:
+        admit(moved, LAYOUT.session_subject("tenant-a", "s-2"), LAYOUT, keys)
+    assert info.value.reason == "invalid"
+
+
+def test_a_sealed_event_on_another_sessions_subject_is_a_subject_mismatch() -> None:
+    keys, data, _ = keys_with("tenant-a", "s-1")
+    with pytest.raises(Refused) as info:
+        admit(data, LAYOUT.session_subject("tenant-b", "s-1"), LAYOUT, keys)
+    assert info.value.reason == "subject_mismatch"
+
+
+def test_a_sealed_event_without_any_keys_is_a_configuration_error_not_a_refusal() -> None:
+    _, data, subject = keys_with("tenant-a", "s-1")
+    with pytest.raises(KeyUnavailable):
+        admit(data, subject, LAYOUT, None)
+
+
+def test_sealed_objects_open_with_the_sessions_key_only() -> None:
+    keys = StaticKeys()
+    key = new_data_key("dk-1")
+    keys.put("tenant-a", "s-1", key)
+    body = json.dumps({"id": "m1", "role": "user", "parts": [{"type": "text", "text": CANARY}]}).encode()
+    sealed = seal_blob(body, key, "tenant-a", "s-1")
+    assert CANARY.encode() not in sealed
+    assert open_blob(sealed, keys, "tenant-a", "s-1") == body
+    ref = BlobRef(store="memory", key=sha256_hex(sealed), sha256=sha256_hex(sealed), size=len(sealed))
+    assert admit_body(sealed, ref, keys, ("tenant-a", "s-1"))["parts"][0]["text"] == CANARY
+    keys.erase("tenant-a", "s-1")
+    with pytest.raises(KeyDestroyed):
+        admit_body(sealed, ref, keys, ("tenant-a", "s-1"))
+
+
+def test_a_tombstone_shows_the_envelope_and_ids_only() -> None:
+    _, data, _ = keys_with("tenant-a", "s-1")
+    gone = tombstone_of(data)
+    assert gone["erased"] is True
+    assert gone["message_id"] == "m1"
+    assert gone["size"] == len(data)
+    assert SEALED not in gone
+    assert "role" not in gone
+
+
+def test_every_sealed_field_is_a_field_of_its_event_type() -> None:
+    from events.registry import CURRENT
+
+    for kind, names in SEALED_FIELDS.items():
+        assert set(names) <= set(CURRENT[kind].model_fields), kind
+
+
+def test_local_kek_wraps_for_its_session_and_rotates() -> None:
+    old_line = new_kek_line()
+    old = LocalKek.parse(old_line)
+    secret = b"k" * 32
+    kek_id, wrapped = old.wrap(secret, b"ctx")
+    assert old.unwrap(kek_id, wrapped, b"ctx") == secret
+    with pytest.raises(KeyUnavailable):
+        old.unwrap(kek_id, wrapped, b"other session")
+    line = new_kek_line()
+    rotated = LocalKek.parse(f"{line},{old_line}")
+    assert rotated.current == line.split(":")[0]
+    assert rotated.unwrap(kek_id, wrapped, b"ctx") == secret
+    with pytest.raises(ValueError, match="32 bytes"):
+        LocalKek.parse("k1:" + base64.b64encode(b"short").decode())
+
+
+def test_seal_event_writes_what_seal_event_json_writes_without_parsing_back() -> None:
+    keys = StaticKeys()
+    key = new_data_key("dk-1")
+    keys.put("tenant-a", "s-1", key)
+    event = appended("tenant-a", "s-1", "m1", None, CANARY)
+    data = seal_event(event, event.to_json(), key)
+    raw = json.loads(data)
+    assert CANARY.encode() not in data
+    assert set(raw) == set(json.loads(seal_event_json(event.to_json(), key)))
+    assert admit(data, LAYOUT.session_subject("tenant-a", "s-1"), LAYOUT, keys) == event
+
+
+def test_a_nul_inside_the_sealed_fields_is_refused_as_in_plain_events() -> None:
+    keys = StaticKeys()
+    key = new_data_key("dk-1")
+    keys.put("tenant-a", "s-1", key)
+    event = appended("tenant-a", "s-1", "m1", None, "bad \x00 text")
+    with pytest.raises(Refused) as info:
+        admit(seal_event_json(event.to_json(), key), LAYOUT.session_subject("tenant-a", "s-1"), LAYOUT, keys)
+    assert info.value.reason == "invalid"
