@@ -202,3 +202,11 @@ def test_a_nul_inside_the_sealed_fields_is_refused_as_in_plain_events() -> None:
     with pytest.raises(Refused) as info:
         admit(seal_event_json(event.to_json(), key), LAYOUT.session_subject("tenant-a", "s-1"), LAYOUT, keys)
     assert info.value.reason == "invalid"
+
+
+def test_an_erased_session_is_the_same_problem_over_http_and_nats_commands() -> None:
+    from services.requests.problems import problem_of
+
+    found = problem_of(KeyDestroyed("tenant-a", "s-1"))
+    assert found is not None
+    assert (found["status"], found["code"]) == (410, "session_erased")
