@@ -16,6 +16,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from events.admission import Refused
 from events.blobs import BlobNotFound
 from events.publisher import PublishFailed
+from events.sealing import KeyDestroyed
 from services.errors import ChronicleError
 from services.requests.problems import internal_error, invalid_request, problem_of
 from services.requests.problems import problem as problem_body
@@ -23,7 +24,15 @@ from services.requests.problems import problem as problem_body
 log = logging.getLogger("chronicle.api")
 
 _HTTP_CODES = {401: "unauthorized", 404: "not_found", 405: "method_not_allowed", 413: "payload_too_large"}
-HANDLED = (ChronicleError, PublishFailed, Refused, BlobNotFound, psycopg.OperationalError, nats.errors.Error)
+HANDLED = (
+    ChronicleError,
+    PublishFailed,
+    Refused,
+    KeyDestroyed,
+    BlobNotFound,
+    psycopg.OperationalError,
+    nats.errors.Error,
+)
 """The errors answered with a problem of their own (:func:`services.requests.problems.problem_of`)."""
 
 

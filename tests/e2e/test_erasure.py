@@ -286,10 +286,10 @@ async def test_the_sdk_direct_path_seals_with_the_key_chronicle_gives_its_tenant
     settings, store = sealed
     canary, sid = f"direct{uuid.uuid4().hex}", f"direct-{uuid.uuid4().hex[:8]}"
     api = str(client.base_url)
-    async with ChronicleClient(api, KEYS["tenant-a"], nats_url=settings.nats_url, append_via="jetstream") as sdk:
-        session = sdk.session(sid)
-        await session.append_message(msg("m1", f"direct {canary}"))
-        history = await session.get_history()
+    async with ChronicleClient(api, KEYS["tenant-a"], nats_url=settings.nats_url) as sdk:
+        # a chain via JetStream is published by the SDK itself (single appends go as commands)
+        await sdk.append_chain(sid, [msg("m1", f"direct {canary}"), msg("m2", "more")], None, via="jetstream")
+        history = await sdk.session(sid).get_history()
     assert canary in json.dumps(history)
     nc = await operator_nats(settings.nats_url)
     try:
