@@ -105,6 +105,14 @@ class SessionManager(ConfigBuilder):
         self.client.note_seq(session_id, out.get("seq"))
         self._sessions.pop(session_id, None)
 
+    async def erase(self, session_id: str) -> int:
+        """Erase a session for good (``POST /v1/sessions/{id}:erase``): its data key is destroyed,
+        every row and stored object of it dropped, the log keeps tombstones; writes to it then
+        fail (``session_erased``). Returns the sequence of its ``session.erased`` event."""
+        out = await self.client.request("POST", f"/v1/sessions/{quote(session_id)}:erase")
+        self._sessions.pop(session_id, None)
+        return int(out["seq"])
+
     async def fork(
         self,
         session_id: str,

@@ -322,3 +322,17 @@ def test_chronicle_erase_refuses_an_invalid_id_and_erases_nothing(sealed: tuple[
     done = cli(settings, "erase", "--tenant", "tenant a")
     assert done.returncode == 2
     assert "tenant" in done.stderr
+
+
+async def test_the_sdk_erases_a_session_and_then_hears_session_erased(client: httpx.AsyncClient) -> None:
+    from chronicle_sdk import ChronicleClient, ChronicleError, SessionManager
+
+    sid = f"sdk-erase-{uuid.uuid4().hex[:8]}"
+    async with ChronicleClient(str(client.base_url), KEYS["tenant-a"]) as sdk:
+        session = sdk.session(sid)
+        await session.append_message(msg("m1", "to be forgotten"))
+        seq = await SessionManager(sdk).erase(sid)
+        assert seq > 0
+        with pytest.raises(ChronicleError) as info:
+            await session.append_message(msg("m2", "after"))
+    assert (info.value.status, info.value.code) == (410, "session_erased")
