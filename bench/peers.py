@@ -138,7 +138,7 @@ def runnable(chosen: Sequence[str], workloads: list[Workload], notes: list[str])
     for system in (SYSTEMS[name] for name in chosen):
         missing = system.missing()
         if missing:
-            why = f"{', '.join(missing)} not installed (pip install -e '.[bench]')"
+            why = f"{', '.join(missing)} not installed (pip install -e ./sdk -e '.[dev,bench]')"
             _say(f"{system.label} ({system.name}) NOT measured: {why}", notes)
             continue
         systems.append(system)
