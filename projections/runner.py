@@ -315,6 +315,9 @@ class ProjectorRunner:
     lock_check_s: float = 1.0
     stop_grace_s: float = 15.0
     on_batch: Callable[[int, int], None] | None = None
+    # work that runs beside the consuming while :meth:`run` runs (started first, cancelled last);
+    # what a projection's commits decide and the runner's process acts on after them
+    sidecars: Sequence[Callable[[asyncio.Event], Coroutine[Any, Any, None]]] = ()
     # data keys: sealed events are opened with them, erased sessions' events are tombstones
     keys: KeyReader | None = None
     checkpoint_interval_s: float = 1.0  # at most this stale while batches are skipped (Selective)
@@ -336,6 +339,7 @@ class ProjectorRunner:
         Once ``stop`` is set the batch in flight has ``stop_grace_s`` to finish, then the work is
         cancelled: a stop request is never lost in an await that does not return.
         """
+        beside = [asyncio.create_task(side(stop), name=f"projector-{self.name}-sidecar") for side in self.sidecars]
         work = asyncio.create_task(self._run(stop), name=f"projector-{self.name}")
         stopping = asyncio.create_task(stop.wait())
         try:
@@ -356,6 +360,11 @@ class ProjectorRunner:
                 work.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await work
+            for task in beside:
+                task.cancel()
+            for task in beside:
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await task
 
     async def _run(self, stop: asyncio.Event) -> None:
         """The advisory lock's connection is opened again after every failure (a database restart

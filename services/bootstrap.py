@@ -26,7 +26,7 @@ from events.catalog import CompactionRequested
 from events.objectstore import JetStreamBlobStore
 from events.publisher import Publisher
 from events.stream import ensure_stream
-from events.subjects import SubjectLayout
+from events.subjects import SubjectLayout, partition_of
 from projections import search_languages
 from projections.context import ContextProjection
 from projections.history import HistoryProjection
@@ -35,8 +35,9 @@ from projections.migrate import migrate
 from projections.overlays import OverlayProjection
 from projections.runner import Projection, ProjectorRunner, partition_checkpoint, read_checkpoint
 from services.compaction.queue import Requests, consumer_config, subscribe
+from services.compaction.requester import Requester
 from services.compaction.service import CompactionService
-from services.compaction.state import CompactorState
+from services.compaction.state import CompactorState, still_due
 from services.compaction.summarizers import OfflineSummarizer, OpenAISummarizer, Summarizer
 from services.compaction.worker import Compactor
 from services.context.rules import object_key
@@ -91,29 +92,19 @@ class Container:
         return len(rows)
 
     def projections(self) -> list[Projection]:
+        """The read models: what a rebuild replays and ``verify`` compares (the projector also
+        keeps the compaction state after them: :meth:`_runner`)."""
         return [HistoryProjection(self.blobs, self.keys), ContextProjection(), OverlayProjection()]
 
     def compactor(self) -> Compactor:
+        """A compactor process's work-queue subscriber; the requests come from the projector."""
         s = self.settings
-        state = CompactorState(s.compactor_name, self.context.counter.count, self.blobs, self.waiter.wait_session)
-        state.keys = self.keys
-        runner = ProjectorRunner(
-            keys=self.keys,
-            js=self.js,
-            pool=self.pool,
-            conninfo=s.database_url,
-            layout=self.layout,
-            projections=[state],
-            name=s.compactor_name,
-            batch_size=s.projector_batch,
-            replicas=s.consumer_replicas,
-        )
         broker = work_broker(s)
         consumer = consumer_config(self.layout, s.compaction_queue, s.compaction_attempts, s.compaction_backoff_s)
-        compactor: Compactor | None = None
 
-        def still_due(req: CompactionRequested) -> bool:
-            return compactor is None or compactor.still_due(req)
+        async def due(req: CompactionRequested) -> bool:
+            async with self.pool.connection() as conn:
+                return await still_due(conn, s.projector_name, req.tenant, req.session, req.seq)
 
         work = subscribe(
             broker,
@@ -123,10 +114,9 @@ class Container:
             concurrency=s.compactor_concurrency,
             attempts=s.compaction_attempts,
             backoff_s=s.compaction_backoff_s,
-            still_due=still_due,
+            still_due=due,
         )
-        compactor = Compactor(runner, state, Requests(self.js, self.layout), broker, work, consumer)
-        return compactor
+        return Compactor(self.js, self.layout, broker, work, consumer)
 
     def projector(self) -> ProjectorRunner:
         """The projector of ``projector_partitions`` (None: every partition, one checkpoint):
@@ -161,28 +151,46 @@ class Container:
             return (await read_checkpoint(conn, base) or None) if row and row[0] == 0 else None
 
         filters = [self.layout.partition_filter(p) for p in parts]
+        mine = set(parts)
+
+        def owns(tenant: str, session: str) -> bool:
+            return partition_of(tenant, session, s.partitions) in mine
+
         if len(parts) == 1:
-            return self._runner(names[0], filter_subject=filters[0], seed=from_unpartitioned)
+            return self._runner(names[0], owns, filter_subject=filters[0], seed=from_unpartitioned)
         return self._runner(
             f"{names[0]}-{parts[-1]:03d}x{len(parts)}",
+            owns,
             filter_subjects=filters,
             checkpoints=names,
             seed=from_unpartitioned,
         )
 
-    def _runner(self, name: str, **kwargs: Any) -> ProjectorRunner:
-        return ProjectorRunner(
+    def _runner(self, name: str, owns: Callable[[str, str], bool] | None = None, **kwargs: Any) -> ProjectorRunner:
+        """A projector: the read models, then the compaction state in the same transaction
+        (rows keyed by the projector's base name, each partition worker writing its own
+        sessions'); after its commits, the due sessions go to the work queue."""
+        s = self.settings
+        state = CompactorState(s.projector_name, self.context.counter.count, self.blobs, owns)
+        state.keys = self.keys
+        runner = ProjectorRunner(
             js=self.js,
             pool=self.pool,
-            conninfo=self.settings.database_url,
+            conninfo=s.database_url,
             layout=self.layout,
-            projections=self.projections(),
+            projections=[*self.projections(), state],
             name=name,
-            batch_size=self.settings.projector_batch,
-            replicas=self.settings.consumer_replicas,
+            batch_size=s.projector_batch,
+            replicas=s.consumer_replicas,
             keys=self.keys,
             **kwargs,
         )
+        requester = Requester(
+            state, Requests(self.js, self.layout), self.pool, lambda: runner.stats.pending <= runner.batch_size
+        )
+        runner.on_batch = requester.after_batch
+        runner.sidecars = [requester.run]
+        return runner
 
 
 def worker_partitions(partitions: int, workers: int, worker: int) -> list[int]:

@@ -1,11 +1,12 @@
 """The compaction work queue: requests on a JetStream work-queue stream, taken by FastStream
 subscribers in every compactor process through one durable pull consumer.
 
-Request side (:class:`Requests`): a compactor's state decides which sessions are due; each due
-(session, leaf, estimate) is published once as ``compaction.requested`` to the session's work
-subject, with a deterministic id, so the same decision taken by two compactors, or again after a
-restart, is one request (the stream's duplicate window). The stream keeps one request per session
-(the newest): a backlog never holds a session twice.
+Request side (:class:`Requests`): the projector's compaction state decides which sessions are due;
+each due (session, leaf, estimate) is published once as ``compaction.requested`` to the session's
+work subject, with a deterministic id, so the same decision published twice (again after a
+restart, or by two projectors of one layout handing over) is one request (the stream's duplicate
+window). The stream keeps one request per session (the newest): a backlog never holds a session
+twice.
 
 Work side (:func:`subscribe`): any number of compactor processes share the durable consumer
 ``compaction_queue``; each takes up to ``compactor_concurrency`` requests at once and runs
@@ -29,7 +30,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
 from faststream import AckPolicy
@@ -144,7 +145,7 @@ class WorkStats:
     in_flight: int = 0
 
 
-StillDue = Callable[[CompactionRequested], bool]
+StillDue = Callable[[CompactionRequested], Awaitable[bool]]
 
 
 class SessionLocks:
@@ -182,8 +183,9 @@ def subscribe(
 ) -> WorkStats:
     """Register the work-queue subscriber on ``broker`` (started by the caller); its counters.
 
-    ``still_due`` lets a request that the local state has since seen settled (compacted by
-    someone, or no longer over its threshold) be acked without work; None: every request runs.
+    ``still_due`` lets a request that the committed compaction state has since seen settled
+    (compacted by someone, or no longer over its threshold) be acked without work; None: every
+    request runs.
     """
     stats = WorkStats()
     busy = SessionLocks()  # one summary of a session at a time in this process
@@ -224,7 +226,7 @@ def subscribe(
                 stats.gave_up += 1
                 await msg.ack()
                 return
-            if still_due is not None and not still_due(req):
+            if still_due is not None and not await still_due(req):
                 stats.nothing += 1
                 await msg.ack()
                 return

@@ -1,24 +1,31 @@
-"""The compactor's incremental token state: a projection it owns and checkpoints itself (the SQL
-shell; the steps themselves are pure, in :mod:`services.compaction.estimate`).
+"""The compaction state: each tracked session's token estimate, kept by the projector in the
+same transaction as the read models and its checkpoint (the SQL shell; the steps themselves are
+pure, in :mod:`services.compaction.estimate`).
 
 Only sessions with compaction configured (``compact_after``) are tracked: an event of any other
 session is skipped before anything is tokenised or stored, so a session without compaction costs
-the compactor nothing but reading the event. When a session's compaction is switched on, its
-state is backfilled once from the read models (after the projector has applied the session up
-to the configuration): per-message counts of the stored bodies, its overlays, its frozen prompt.
-Events the read model already reflected are then recognised as applied (inserts are idempotent),
-so the state converges to what tracking the session from its first event would have built.
+nothing but a set lookup. When a session's compaction is switched on, its state is backfilled
+from the read models of the same transaction (the projections before this one have applied the
+whole batch already: nothing to wait for): per-message counts of the stored bodies, its overlays,
+its frozen prompt. Events the read model already reflected are then recognised as applied
+(inserts are idempotent), so the state converges to what tracking the session from its first
+event would have built.
 
-Each message of a tracked session is tokenised once, when it arrives. The running estimate of the active branch
-(compacted view) grows by that count when a message extends the active leaf, so the cost of an
-append does not depend on history length; only a branch switch, an update, a delete or a new
-overlay re-sums the stored per-message counts (never re-tokenising).
+Each message of a tracked session is tokenised once, when it arrives. The running estimate of the
+active branch (compacted view) grows by that count when a message extends the active leaf, so the
+cost of an append does not depend on history length; only a branch switch, an update, a delete or
+a new overlay re-sums the stored per-message counts (never re-tokenising).
+
+The rows are keyed by ``worker`` (the projector's name): partition workers share it, each writing
+only its own partitions' sessions. The state is not part of a rebuild (``verify`` compares the
+read models only): it is the live projector's bookkeeping of decisions to come, and a rebuilt
+schema swapped in leaves it where the live projector's checkpoint has it.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -54,8 +61,6 @@ from services.compaction.ranges import TOKENS_PER_MESSAGE, message_tokens
 Conn = AsyncConnection[Any]
 Key = tuple[str, str]
 _CONFIGURED = SessionConfigured.TYPE.encode()
-WaitApplied = Callable[[str, str, int], Awaitable[None]]
-"""Returns once the projector has applied a session's events up to a sequence."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,7 +76,8 @@ class Candidate:
 
 
 class CompactorState:
-    """Keeps ``compactor_*`` tables for one compactor instance and reports sessions over threshold."""
+    """Keeps the ``compactor_*`` tables of one projector (``worker``) and reports sessions over
+    threshold. A projection: it runs after the read models, in their transaction."""
 
     name = "compactor-state"
 
@@ -80,14 +86,14 @@ class CompactorState:
         worker: str,
         count: Callable[[str], int],
         blobs: BlobStore | None,
-        wait_applied: WaitApplied | None = None,
+        owns: Callable[[str, str], bool] | None = None,
     ) -> None:
-        """``wait_applied`` guards the backfill of a session whose compaction is switched on;
-        ``None`` backfills from the read models as they are (for states fed synthetic events)."""
+        """``owns``: the sessions whose events reach this projector (a partition worker's); the
+        candidates loaded at the start are those only. None: every session."""
         self.worker = worker
         self._count = count
         self._blobs = blobs
-        self._wait_applied = wait_applied
+        self._owns = owns
         self.keys: KeyLookup | None = None  # data keys for sealed claim-checked bodies
         self.candidates: dict[Key, Candidate] = {}
         self.tracked: set[Key] = set()
@@ -104,6 +110,8 @@ class CompactorState:
             (self.worker,),
         )
         for t, s, leaf, estimate, seq in await cur.fetchall():
+            if self._owns is not None and not self._owns(str(t), str(s)):
+                continue
             self.candidates[(str(t), str(s))] = Candidate(str(t), str(s), leaf, int(estimate), int(seq))
 
     async def _load_tracked(self, conn: Conn) -> None:
@@ -316,9 +324,8 @@ class CompactorState:
         self.candidates.pop((t, s), None)
 
     async def _backfill(self, conn: Conn, t: str, s: str, seq: int) -> None:
-        """Start tracking a session at ``seq`` from the read models' copy of its history."""
-        if self._wait_applied is not None:
-            await self._wait_applied(t, s, seq)
+        """Start tracking a session at ``seq`` from the read models' copy of its history (in
+        this transaction, they hold the whole batch: events after ``seq`` are recognised later)."""
         cur = await conn.execute(
             "SELECT id, parent_id, content, seq FROM messages WHERE tenant = %s AND session_id = %s", (t, s)
         )
@@ -393,3 +400,19 @@ class CompactorState:
             self.candidates[(t, s)] = Candidate(t, s, branch.leaf, branch.estimate + prompt_tokens, seq)
         else:
             self.candidates.pop((t, s), None)
+
+
+async def still_due(conn: Conn, worker: str, tenant: str, session: str, seq: int) -> bool:
+    """Whether a request decided at ``seq`` still stands, from the committed state: the session
+    is tracked and over its threshold. A state that has not reached ``seq`` (it cannot happen
+    while requests are published after their commit) cannot tell: True."""
+    cur = await conn.execute(
+        "SELECT seq, estimate, prompt_tokens, compact_after FROM compactor_sessions "
+        "WHERE worker = %s AND tenant = %s AND session_id = %s",
+        (worker, tenant, session),
+    )
+    row = await cur.fetchone()
+    if row is None:
+        return False  # compaction switched off, or the session erased: nothing is due
+    at, estimate, prompt_tokens, compact_after = row
+    return int(at) < seq or is_due(int(estimate), int(prompt_tokens), compact_after)

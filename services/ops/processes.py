@@ -56,14 +56,14 @@ async def run_projector(settings: Settings) -> None:
 
 
 async def run_compactor(settings: Settings) -> None:
-    """Watch token estimates and compact sessions over ``compact_after`` until SIGINT/SIGTERM."""
+    """Take compaction requests (the projector publishes them) and summarise until SIGINT/SIGTERM."""
     stop = asyncio.Event()
     _stop_on_signals(stop)
     async with open_container(settings) as c:
         compactor = c.compactor()
         log.info(
-            "compactor %s running with the %s summarizer via NATS %s",
-            settings.compactor_name,
+            "compactor taking %s with the %s summarizer via NATS %s",
+            settings.compaction_queue,
             settings.summarizer,
             nats_node(c.nc),
         )

@@ -3,7 +3,7 @@
 Only Chronicle's operator writes the object store, so a tenant that publishes straight to
 JetStream can reference an object that does not exist, or bytes that are not the ones it names,
 or not a JSON object. Each is quarantined as ``body_unavailable`` while tenant A is served (one
-projector and partition workers, the compactor alongside), and rebuild/verify decide the same.
+projector and partition workers), and rebuild/verify decide the same.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from services.audit import readers as audit
 from services.bootstrap import Container
 from tests.conftest import make_settings, running_stack
 from tests.integration.helpers import text_message
-from tests.integration.test_quarantine import _checkpoint_at_least, projectors, quarantined
+from tests.integration.test_quarantine import projectors, quarantined
 
 
 def referencing(tenant: str, session: str, mid: str, ref: BlobRef, *, update: bool = False) -> bytes:
@@ -92,58 +92,45 @@ async def test_unresolvable_claim_checks_are_quarantined_while_tenant_a_is_serve
 ) -> None:
     settings = make_settings(nats_url, fresh_db, s3_endpoint=s3_endpoint, partitions=2, payload_limit_bytes=1024)
     async with running_stack(settings, projector=False) as c, projectors(c, settings, shares):
-        stop_compactor = asyncio.Event()
-        compactor = asyncio.create_task(c.compactor().run(stop_compactor))
         subject = c.layout.session_subject("tenant-b", "b-1")
         expected: list[tuple[int, str]] = []
         details: list[str] = []
-        try:
-            for i, (data, detail) in enumerate(await bad_references(c)):
-                text = f"before bad reference {i} " + "x" * 2000 * (i % 2)  # every other one claim-checked
-                await c.commands.append("tenant-a", "a-1", text_message(f"m{i}", text), OMITTED)
-                ack = await c.js.publish(subject, data, stream=settings.stream)
-                expected.append((ack.seq, "body_unavailable"))
-                details.append(detail)
-            # tenant B's own good claim check after its bad ones is applied
-            good = await claim_checked(c, "tenant-b", "b-1", text_message("good", "y" * 3000))
-            await c.js.publish(subject, good.to_json(), stream=settings.stream)
-            last = await c.commands.append("tenant-a", "a-1", text_message("last", "after them all"), OMITTED)
-            assert last.parent_id == f"m{len(expected) - 1}"
-            await c.waiter.wait_all(last.seq, timeout_s=20)
+        for i, (data, detail) in enumerate(await bad_references(c)):
+            text = f"before bad reference {i} " + "x" * 2000 * (i % 2)  # every other one claim-checked
+            await c.commands.append("tenant-a", "a-1", text_message(f"m{i}", text), OMITTED)
+            ack = await c.js.publish(subject, data, stream=settings.stream)
+            expected.append((ack.seq, "body_unavailable"))
+            details.append(detail)
+        # tenant B's own good claim check after its bad ones is applied
+        good = await claim_checked(c, "tenant-b", "b-1", text_message("good", "y" * 3000))
+        await c.js.publish(subject, good.to_json(), stream=settings.stream)
+        last = await c.commands.append("tenant-a", "a-1", text_message("last", "after them all"), OMITTED)
+        assert last.parent_id == f"m{len(expected) - 1}"
+        await c.waiter.wait_all(last.seq, timeout_s=20)
 
-            assert await quarantined(fresh_db) == expected  # each exactly once
-            async with c.pool.connection() as conn:
-                cur = await conn.execute("SELECT tenant, session_id, id FROM messages ORDER BY seq")
-                rows = await cur.fetchall()
-                shown = [await ops.show(conn, c.layout, seq) for seq, _ in expected]
-            assert rows == [("tenant-a", "a-1", f"m{i}") for i in range(len(expected))] + [
-                ("tenant-b", "b-1", "good"),
-                ("tenant-a", "a-1", "last"),
-            ]
-            for item, detail in zip(shown, details, strict=True):
-                assert item is not None
-                assert detail in item["detail"], item
-                assert item["reason"] == "body_unavailable"
-            await c.waiter.wait_until(
-                lambda: _checkpoint_at_least(c, settings.compactor_name, last.seq), "the compactor", 20
-            )
-            assert not compactor.done()
-
-            # the same references decide the same on a rebuild, and verify is exact
-            await rebuild_into(
-                c.js, c.layout, fresh_db, "shadow", c.projections(), settings.projector_name, keys=c.keys
-            )
-            async with await psycopg.AsyncConnection.connect(fresh_db) as conn:
-                assert await quarantine_rows(conn, "shadow") == await quarantine_rows(conn, "public")
-            report = await audit.verify(c)
-            assert report.ok, report.differences
-            assert report.live["quarantine"][0] == len(expected)
-            # time travel skips them as the projector does
-            state = await audit.session_as_of(c, "tenant-b", "b-1", last.seq)
-            assert list(state.rows) == ["good"]
-        finally:
-            stop_compactor.set()
-            await asyncio.wait_for(compactor, 15)
+        assert await quarantined(fresh_db) == expected  # each exactly once
+        async with c.pool.connection() as conn:
+            cur = await conn.execute("SELECT tenant, session_id, id FROM messages ORDER BY seq")
+            rows = await cur.fetchall()
+            shown = [await ops.show(conn, c.layout, seq) for seq, _ in expected]
+        assert rows == [("tenant-a", "a-1", f"m{i}") for i in range(len(expected))] + [
+            ("tenant-b", "b-1", "good"),
+            ("tenant-a", "a-1", "last"),
+        ]
+        for item, detail in zip(shown, details, strict=True):
+            assert item is not None
+            assert detail in item["detail"], item
+            assert item["reason"] == "body_unavailable"
+        # the same references decide the same on a rebuild, and verify is exact
+        await rebuild_into(c.js, c.layout, fresh_db, "shadow", c.projections(), settings.projector_name, keys=c.keys)
+        async with await psycopg.AsyncConnection.connect(fresh_db) as conn:
+            assert await quarantine_rows(conn, "shadow") == await quarantine_rows(conn, "public")
+        report = await audit.verify(c)
+        assert report.ok, report.differences
+        assert report.live["quarantine"][0] == len(expected)
+        # time travel skips them as the projector does
+        state = await audit.session_as_of(c, "tenant-b", "b-1", last.seq)
+        assert list(state.rows) == ["good"]
 
 
 class Unreachable:

@@ -123,12 +123,12 @@ async def test_switching_compaction_on_backfills_from_the_read_model(
         seq = (await stack.commands.append(T, sid, body)).seq
     await stack.waiter.wait_session(T, sid, seq)
     count = stack.context.counter.count
-    state = CompactorState(new_id("w"), count, None, stack.waiter.wait_session)
+    state = CompactorState(new_id("w"), count, None)
     total = sum(message_tokens({"parts": [{"type": "text", "text": t}]}, count) for t in texts)
     configured = SessionConfigured(
         tenant=T, session=sid, config=SessionConfig(compaction=CompactionConfig(compact_after=total - 1))
     )
-    config_seq = await stack.publisher.publish(configured)  # the backfill waits for the projector to apply it
+    config_seq = await stack.publisher.publish(configured)
     async with stack.pool.connection() as conn, conn.transaction():
         await apply_batch(conn, state.worker, [state], [(config_seq.seq, configured)], notify=False)  # type: ignore[arg-type]
     assert (T, sid) in state.tracked
@@ -170,3 +170,31 @@ async def test_undecoded_events_are_wanted_from_a_configuration_until_tracked_is
     async with stack.pool.connection() as conn:
         await state.load(conn)
     assert not state.wants_stored(T, sid, plain)
+
+
+async def test_switched_on_mid_batch_the_backfill_reads_the_batchs_own_rows(
+    stack: Container, new_id: Callable[[str], str]
+) -> None:
+    """In the projector's transaction, after the read models: a configuration between a
+    session's appends backfills from the rows this batch wrote (nothing to wait for), and the
+    appends after it count once."""
+    sid = new_id("same")
+    count = stack.context.counter.count
+    state = CompactorState(new_id("w"), count, None)
+    texts = [f"hello number {i} " * 5 for i in range(4)]
+    total = sum(message_tokens({"parts": [{"type": "text", "text": t}]}, count) for t in texts)
+    configured = SessionConfigured(
+        tenant=T, session=sid, config=SessionConfig(compaction=CompactionConfig(compact_after=total - 1))
+    )
+    msgs = [_msg(sid, f"m{i}", f"m{i - 1}" if i else None, t) for i, t in enumerate(texts)]
+    base = 30_000_000
+    items = [(base + 1, msgs[0]), (base + 2, msgs[1]), (base + 3, configured), (base + 4, msgs[2]), (base + 5, msgs[3])]
+    async with stack.pool.connection() as conn, conn.transaction():
+        await apply_batch(conn, new_id("cp"), [*stack.projections(), state], items, notify=False)
+    assert state.candidates[(T, sid)].estimate == total
+    async with stack.pool.connection() as conn:
+        cur = await conn.execute(
+            "SELECT leaf_id, estimate, seq FROM compactor_sessions WHERE worker = %s AND session_id = %s",
+            (state.worker, sid),
+        )
+        assert await cur.fetchone() == ("m3", total, base + 5)

@@ -83,62 +83,42 @@ async def test_tenant_a_is_served_while_tenant_b_publishes_every_kind_of_bad_eve
 ) -> None:
     settings = make_settings(nats_url, fresh_db, s3_endpoint=s3_endpoint, partitions=2)
     async with running_stack(settings, projector=False) as c, projectors(c, settings, shares) as runners:
-        stop_compactor = asyncio.Event()
-        compactor = asyncio.create_task(c.compactor().run(stop_compactor))
         expected: list[tuple[int, str]] = []
         last = 0
-        try:
-            for i, (subject, data, reason) in enumerate(bad_events(c)):
-                r = await c.commands.append("tenant-a", "a-1", text_message(f"m{i}", f"before bad event {i}"), None)
-                ack = await c.js.publish(subject, data, stream=settings.stream)
-                expected.append((ack.seq, reason))
-                last = r.seq
-            r = await c.commands.append("tenant-a", "a-1", text_message("last", "after every bad event"), None)
+        for i, (subject, data, reason) in enumerate(bad_events(c)):
+            r = await c.commands.append("tenant-a", "a-1", text_message(f"m{i}", f"before bad event {i}"), None)
+            ack = await c.js.publish(subject, data, stream=settings.stream)
+            expected.append((ack.seq, reason))
             last = r.seq
-            await c.waiter.wait_all(last, timeout_s=20)
-            async with c.pool.connection() as conn:
-                cur = await conn.execute(
-                    "SELECT count(*) FROM messages WHERE tenant = 'tenant-a' AND session_id = 'a-1'"
-                )
-                assert await cur.fetchone() == (7,)
-                cur = await conn.execute("SELECT count(*) FROM sessions WHERE tenant <> 'tenant-a'")
-                assert await cur.fetchone() == (0,)  # nothing of B's was applied, nothing landed in A
-                by_reason = await ops.counts(conn)
-                listed = await ops.list_quarantined(conn, c.layout, tenant="tenant-b")
-                shown = await ops.show(conn, c.layout, expected[0][0])
-            assert await quarantined(fresh_db) == expected  # each exactly once, with its reason
-            assert sum(r.stats.quarantined for r in runners) == len(expected)
-            assert by_reason == {
-                "invalid": 1,
-                "newer_version": 1,
-                "not_json": 1,
-                "subject_mismatch": 2,
-                "unknown_type": 1,
-            }
-            assert [e.seq for e in listed] == sorted((s for s, _ in expected), reverse=True)
-            assert shown is not None
-            assert shown["raw"] == {"text": "this is not json"}
-            ready = await metrics.readiness(c)
-            assert ready["ready"], ready  # quarantines are reported, never an outage
-            assert ready["quarantined"] == by_reason
-            # the compactor's own consumer met every bad event too, and kept going
-            await c.waiter.wait_until(
-                lambda: _checkpoint_at_least(c, settings.compactor_name, last), "the compactor", 20
-            )
-            assert not compactor.done()
-            report = await audit.verify(c)
-            assert report.ok, report.differences
-            assert report.live["quarantine"][0] == len(expected)
-        finally:
-            stop_compactor.set()
-            await asyncio.wait_for(compactor, 15)
-
-
-async def _checkpoint_at_least(c: Container, name: str, seq: int) -> bool:
-    async with c.pool.connection() as conn:
-        cur = await conn.execute("SELECT seq FROM checkpoints WHERE name = %s", (name,))
-        row = await cur.fetchone()
-    return bool(row and row[0] >= seq)
+        r = await c.commands.append("tenant-a", "a-1", text_message("last", "after every bad event"), None)
+        last = r.seq
+        await c.waiter.wait_all(last, timeout_s=20)
+        async with c.pool.connection() as conn:
+            cur = await conn.execute("SELECT count(*) FROM messages WHERE tenant = 'tenant-a' AND session_id = 'a-1'")
+            assert await cur.fetchone() == (7,)
+            cur = await conn.execute("SELECT count(*) FROM sessions WHERE tenant <> 'tenant-a'")
+            assert await cur.fetchone() == (0,)  # nothing of B's was applied, nothing landed in A
+            by_reason = await ops.counts(conn)
+            listed = await ops.list_quarantined(conn, c.layout, tenant="tenant-b")
+            shown = await ops.show(conn, c.layout, expected[0][0])
+        assert await quarantined(fresh_db) == expected  # each exactly once, with its reason
+        assert sum(r.stats.quarantined for r in runners) == len(expected)
+        assert by_reason == {
+            "invalid": 1,
+            "newer_version": 1,
+            "not_json": 1,
+            "subject_mismatch": 2,
+            "unknown_type": 1,
+        }
+        assert [e.seq for e in listed] == sorted((s for s, _ in expected), reverse=True)
+        assert shown is not None
+        assert shown["raw"] == {"text": "this is not json"}
+        ready = await metrics.readiness(c)
+        assert ready["ready"], ready  # quarantines are reported, never an outage
+        assert ready["quarantined"] == by_reason
+        report = await audit.verify(c)
+        assert report.ok, report.differences
+        assert report.live["quarantine"][0] == len(expected)
 
 
 async def test_a_data_error_is_quarantined_and_the_rest_of_its_batch_applied(
