@@ -352,3 +352,48 @@ async def test_the_compactor_summarises_several_sessions_at_once(
         finally:
             stop.set()
             await asyncio.wait_for(task, 15)
+
+
+async def test_partition_workers_keep_and_request_their_own_sessions(
+    nats_url: str, fresh_db: str, s3_endpoint: str
+) -> None:
+    """Each partition worker keeps the compaction state of its partitions' sessions in its own
+    transactions and requests their compaction; one compactor (no consumer of the log) takes both."""
+    from events.subjects import partition_of
+    from services.compaction.state import CompactorState
+    from tests.integration.test_quarantine import projectors
+
+    settings = make_settings(nats_url, fresh_db, s3_endpoint=s3_endpoint, partitions=2)
+    sids: dict[int, str] = {}
+    i = 0
+    while len(sids) < 2:
+        sids.setdefault(partition_of(T, f"part-{i}", 2), f"part-{i}")
+        i += 1
+    async with running_stack(settings, projector=False) as c, projectors(c, settings, [[0], [1]]) as runners:
+        stop = asyncio.Event()
+        task = asyncio.create_task(c.compactor().run(stop))
+        try:
+            cfg = CompactionConfig(compact_after=300, protect_head=1, tail_token_budget=50, min_tail_messages=2)
+            for sid in sids.values():
+                await c.context.configure(T, sid, SessionConfig(compaction=cfg))
+                await _append_chain(c, sid, [f"m{k}" for k in range(12)])
+            for _ in range(200):
+                async with c.pool.connection() as conn:
+                    found = {p: await overlays(conn, T, sid) for p, sid in sids.items()}
+                if all(found.values()):
+                    break
+                await asyncio.sleep(0.1)
+            assert all(found.values()), "a partition's session was not compacted"
+            for part, runner in enumerate(runners):
+                (state,) = [p for p in runner.projections if isinstance(p, CompactorState)]
+                assert (T, sids[part]) in state.tracked
+                assert all(partition_of(t, s, 2) == part for t, s in state.candidates)
+            async with c.pool.connection() as conn:
+                cur = await conn.execute(
+                    "SELECT session_id FROM compactor_sessions WHERE worker = %s ORDER BY session_id",
+                    (settings.projector_name,),
+                )
+                assert [r[0] for r in await cur.fetchall()] == sorted(sids.values())
+        finally:
+            stop.set()
+            await asyncio.wait_for(task, 15)

@@ -198,3 +198,46 @@ async def test_switched_on_mid_batch_the_backfill_reads_the_batchs_own_rows(
             (state.worker, sid),
         )
         assert await cur.fetchone() == ("m3", total, base + 5)
+
+
+async def test_still_due_is_read_from_the_committed_state(stack: Container, new_id: Callable[[str], str]) -> None:
+    """A redelivered request stands while the committed state finds the session over its
+    threshold; compacted (estimate below it) or switched off, it does not."""
+    from services.compaction.state import still_due
+
+    sid = new_id("due")
+    count = stack.context.counter.count
+    state = CompactorState(new_id("w"), count, None)
+    text = "hello there " * 10
+    tokens = message_tokens({"parts": [{"type": "text", "text": text}]}, count)
+    on = SessionConfigured(
+        tenant=T, session=sid, config=SessionConfig(compaction=CompactionConfig(compact_after=tokens))
+    )
+    items = [(40_000_001, on), (40_000_002, _msg(sid, "m0", None, text)), (40_000_003, _msg(sid, "m1", "m0", text))]
+    async with stack.pool.connection() as conn, conn.transaction():
+        await apply_batch(conn, state.worker, [state], items, notify=False)  # type: ignore[arg-type]
+    async with stack.pool.connection() as conn:
+        assert await still_due(conn, state.worker, T, sid, 40_000_003)
+        assert not await still_due(conn, state.worker, T, new_id("never"), 1)  # untracked: nothing due
+    overlay = CompactionRecorded(
+        tenant=T,
+        session=sid,
+        overlay_id="o1",
+        from_message_id="m0",
+        to_message_id="m1",
+        leaf_id="m1",
+        tokens_before=2 * tokens,
+        tokens_after=1,
+        summarizer="x",
+        model=None,
+        summary="s",
+    )
+    async with stack.pool.connection() as conn, conn.transaction():
+        await apply_batch(conn, state.worker, [state], [(40_000_004, overlay)], notify=False)  # type: ignore[arg-type]
+    async with stack.pool.connection() as conn:
+        assert not await still_due(conn, state.worker, T, sid, 40_000_003)  # compacted meanwhile
+    off = SessionConfigured(tenant=T, session=sid, config=SessionConfig())
+    async with stack.pool.connection() as conn, conn.transaction():
+        await apply_batch(conn, state.worker, [state], [(40_000_005, off)], notify=False)  # type: ignore[arg-type]
+    async with stack.pool.connection() as conn:
+        assert not await still_due(conn, state.worker, T, sid, 40_000_003)
