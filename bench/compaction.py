@@ -137,7 +137,7 @@ async def ingest_run(
 async def estimate_cost(db: str, sizes: tuple[int, ...], reps: int, budget: float) -> dict[str, dict[str, float]]:
     """Per-append :meth:`CompactorState.apply` cost (and a full re-sum) at each history length."""
     counter = TokenCounter()
-    state = CompactorState(WORKER, counter.count, None)
+    state = CompactorState(WORKER, counter.count, None, adopt=False)
     corpus = Corpus(seed=17)
     texts = [corpus.text()[0] for _ in range(64)]
     out: dict[str, dict[str, float]] = {}

@@ -116,7 +116,8 @@ class Container:
             backoff_s=s.compaction_backoff_s,
             still_due=due,
         )
-        return Compactor(self.js, self.layout, broker, work, consumer)
+        retired = "chronicle-" + s.compactor_name.replace(".", "-")  # its consumer of the log, before
+        return Compactor(self.js, self.layout, broker, work, consumer, retired)
 
     def projector(self) -> ProjectorRunner:
         """The projector of ``projector_partitions`` (None: every partition, one checkpoint):

@@ -150,7 +150,11 @@ class Settings(BaseSettings):
     s3_secure: bool = False
     s3_region: str | None = None
 
-    compactor_name: str = "compactor"
+    compactor_name: str = Field(
+        default="compactor",
+        description="the name under which compactors consumed the log before the projector kept the compaction "
+        "state: its durable consumer is deleted when a compactor starts",
+    )
     compactor_concurrency: int = Field(
         default=4, ge=1, le=64, description="sessions one compactor process summarises at once"
     )

@@ -87,9 +87,13 @@ class CompactorState:
         count: Callable[[str], int],
         blobs: BlobStore | None,
         owns: Callable[[str, str], bool] | None = None,
+        *,
+        adopt: bool = True,
     ) -> None:
         """``owns``: the sessions whose events reach this projector (a partition worker's); the
-        candidates loaded at the start are those only. None: every session."""
+        candidates loaded at the start, and the sessions adopted, are those only. None: every
+        session. ``adopt``: backfill the configured sessions this state does not track at its
+        first batches (:meth:`_adopt`); False for a state fed synthetic events."""
         self.worker = worker
         self._count = count
         self._blobs = blobs
@@ -98,6 +102,7 @@ class CompactorState:
         self.candidates: dict[Key, Candidate] = {}
         self.tracked: set[Key] = set()
         self._stale = True  # ``tracked`` must be read again from the database before it is used
+        self._adopting = adopt  # until a batch finds no configured session untracked (see _adopt)
         self.generation = 0  # moves with every change of ``tracked`` or ``_stale`` (see Selective)
 
     async def load(self, conn: Conn) -> None:
@@ -146,6 +151,8 @@ class CompactorState:
         database is the truth: a batch that rolled back leaves no trace in ``tracked``."""
         if self._stale:
             await self._load_tracked(conn)
+        if self._adopting:
+            await self._adopt(conn)
         run: list[tuple[int, MessageAppended]] = []
         for seq, event in items:
             if not isinstance(event, SessionConfigured) and (event.tenant, event.session) not in self.tracked:
@@ -159,6 +166,32 @@ class CompactorState:
             await self._apply_one(conn, seq, event)
         if run:
             await self._apply_appends(conn, run)
+
+    async def _adopt(self, conn: Conn) -> None:
+        """Sessions the read models have configured for compaction (``compact_after``) that this
+        state does not track: a state started after their configuration (an upgrade from the
+        compactor's own consumer of the log). Each is backfilled here, consistently with the
+        checkpoint; once a batch finds none, nothing is asked again (a batch that rolled back
+        finds its sessions again in the next)."""
+        cur = await conn.execute(
+            "SELECT c.tenant, c.session_id, c.seq, (c.config->'compaction'->>'compact_after')::bigint "
+            "FROM session_configs c WHERE c.config->'compaction'->>'compact_after' IS NOT NULL "
+            "AND NOT EXISTS (SELECT 1 FROM compactor_sessions s WHERE s.worker = %s AND s.tenant = c.tenant "
+            "AND s.session_id = c.session_id)",
+            (self.worker,),
+        )
+        found = [(str(t), str(s), int(q), int(a)) for t, s, q, a in await cur.fetchall()]
+        mine = [f for f in found if self._owns is None or self._owns(f[0], f[1])]
+        if not mine:
+            self._adopting = False
+            return
+        for t, s, seq, after in mine:
+            await self._backfill(conn, t, s, seq)
+            await self._set(conn, t, s, seq, compact_after=after)
+            self.tracked.add((t, s))
+            await self._check(conn, t, s, seq)
+        self._stale = True  # read ``tracked`` again next time, whatever this transaction becomes
+        self.generation += 1
 
     async def _apply_appends(self, conn: Conn, run: list[tuple[int, MessageAppended]]) -> None:
         rows = []

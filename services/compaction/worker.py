@@ -15,11 +15,13 @@ Appends never wait for any of this.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 
 from faststream.nats import NatsBroker
 from nats.js import JetStreamContext
 from nats.js.api import ConsumerConfig
+from nats.js.errors import NotFoundError
 
 from events.subjects import SubjectLayout
 from services.compaction.queue import WorkStats
@@ -37,14 +39,21 @@ class Compactor:
         broker: NatsBroker,
         work: WorkStats,
         consumer: ConsumerConfig,
+        retired: str | None = None,
     ) -> None:
+        """``retired``: the durable consumer of the log that compactors kept before the projector
+        kept the compaction state; deleted at the start (an upgrade leaves it behind)."""
         self.js = js
         self.layout = layout
         self.broker = broker
         self.work = work
         self._consumer = consumer
+        self._retired = retired
 
     async def run(self, stop: asyncio.Event) -> None:
+        if self._retired is not None:
+            with contextlib.suppress(NotFoundError):
+                await self.js.delete_consumer(self.layout.stream, self._retired)
         await ensure_consumer(self.js, self.layout, self._consumer)
         await self.broker.start()
         try:

@@ -25,7 +25,7 @@ def _msg(sid: str, mid: str, parent: str | None, text: str) -> MessageAppended:
 async def test_estimate_threshold_and_prompt(stack: Container, new_id: Callable[[str], str]) -> None:
     sid = new_id("est")
     count = stack.context.counter.count
-    state = CompactorState(new_id("w"), count, None)
+    state = CompactorState(new_id("w"), count, None, adopt=False)
     events = [_msg(sid, f"m{i}", f"m{i - 1}" if i else None, f"hello number {i} " * 5) for i in range(5)]
     total = sum(message_tokens(e.message or {}, count) for e in events)
     seq = 10_000_000
@@ -101,7 +101,7 @@ async def test_session_without_compaction_stores_nothing(stack: Container, new_i
         tokenised.append(text)
         return len(text)
 
-    state = CompactorState(new_id("w"), count, None)
+    state = CompactorState(new_id("w"), count, None, adopt=False)
     items = [(20_000_000 + i, _msg(sid, f"m{i}", f"m{i - 1}" if i else None, f"text {i}")) for i in range(5)]
     async with stack.pool.connection() as conn, conn.transaction():
         await apply_batch(conn, state.worker, [state], items, notify=False)  # type: ignore[arg-type]
@@ -123,7 +123,7 @@ async def test_switching_compaction_on_backfills_from_the_read_model(
         seq = (await stack.commands.append(T, sid, body)).seq
     await stack.waiter.wait_session(T, sid, seq)
     count = stack.context.counter.count
-    state = CompactorState(new_id("w"), count, None)
+    state = CompactorState(new_id("w"), count, None, adopt=False)
     total = sum(message_tokens({"parts": [{"type": "text", "text": t}]}, count) for t in texts)
     configured = SessionConfigured(
         tenant=T, session=sid, config=SessionConfig(compaction=CompactionConfig(compact_after=total - 1))
@@ -157,7 +157,7 @@ async def test_undecoded_events_are_wanted_from_a_configuration_until_tracked_is
     stack: Container, new_id: Callable[[str], str]
 ) -> None:
     sid = new_id("raw")
-    state = CompactorState(new_id("w"), stack.context.counter.count, None)
+    state = CompactorState(new_id("w"), stack.context.counter.count, None, adopt=False)
     async with stack.pool.connection() as conn:
         await state.load(conn)
     plain = _msg(sid, "m0", None, "hello").model_dump_json().encode()
@@ -180,7 +180,7 @@ async def test_switched_on_mid_batch_the_backfill_reads_the_batchs_own_rows(
     appends after it count once."""
     sid = new_id("same")
     count = stack.context.counter.count
-    state = CompactorState(new_id("w"), count, None)
+    state = CompactorState(new_id("w"), count, None, adopt=False)
     texts = [f"hello number {i} " * 5 for i in range(4)]
     total = sum(message_tokens({"parts": [{"type": "text", "text": t}]}, count) for t in texts)
     configured = SessionConfigured(
@@ -207,7 +207,7 @@ async def test_still_due_is_read_from_the_committed_state(stack: Container, new_
 
     sid = new_id("due")
     count = stack.context.counter.count
-    state = CompactorState(new_id("w"), count, None)
+    state = CompactorState(new_id("w"), count, None, adopt=False)
     text = "hello there " * 10
     tokens = message_tokens({"parts": [{"type": "text", "text": text}]}, count)
     on = SessionConfigured(
@@ -241,3 +241,30 @@ async def test_still_due_is_read_from_the_committed_state(stack: Container, new_
         await apply_batch(conn, state.worker, [state], [(40_000_005, off)], notify=False)  # type: ignore[arg-type]
     async with stack.pool.connection() as conn:
         assert not await still_due(conn, state.worker, T, sid, 40_000_003)
+
+
+async def test_configured_sessions_it_does_not_track_are_adopted_at_the_first_batch(
+    stack: Container, new_id: Callable[[str], str]
+) -> None:
+    """A state started after a session's configuration (an upgrade from the compactor's own
+    consumer of the log) backfills it from the read models at its first batch."""
+    sid = new_id("adopt")
+    count = stack.context.counter.count
+    texts = [f"hello number {i} " * 5 for i in range(3)]
+    total = sum(message_tokens({"parts": [{"type": "text", "text": t}]}, count) for t in texts)
+    configured = SessionConfigured(
+        tenant=T, session=sid, config=SessionConfig(compaction=CompactionConfig(compact_after=total - 1))
+    )
+    msgs = [_msg(sid, f"m{i}", f"m{i - 1}" if i else None, t) for i, t in enumerate(texts)]
+    base = 50_000_000
+    items = [(base + 1, configured), *((base + 2 + i, m) for i, m in enumerate(msgs))]
+    async with stack.pool.connection() as conn, conn.transaction():
+        await apply_batch(conn, new_id("cp"), stack.projections(), items, notify=False)  # read models only
+    mine = {(T, sid)}
+    state = CompactorState(new_id("w"), count, None, lambda t, s: (t, s) in mine)
+    unrelated = _msg(new_id("other"), "x0", None, "not tracked")
+    async with stack.pool.connection() as conn, conn.transaction():
+        await apply_batch(conn, new_id("cp"), [state], [(base + 10, unrelated)], notify=False)  # type: ignore[arg-type]
+    assert state.tracked >= mine
+    assert state.candidates[(T, sid)].estimate == total
+    assert state.candidates.keys() == mine  # only the sessions it owns
