@@ -181,12 +181,7 @@ async def test_switched_on_mid_batch_the_backfill_reads_the_batchs_own_rows(
     sid = new_id("same")
     count = stack.context.counter.count
     state = CompactorState(new_id("w"), count, None, adopt=False)
-    texts = [f"hello number {i} " * 5 for i in range(4)]
-    total = sum(message_tokens({"parts": [{"type": "text", "text": t}]}, count) for t in texts)
-    configured = SessionConfigured(
-        tenant=T, session=sid, config=SessionConfig(compaction=CompactionConfig(compact_after=total - 1))
-    )
-    msgs = [_msg(sid, f"m{i}", f"m{i - 1}" if i else None, t) for i, t in enumerate(texts)]
+    configured, msgs, total = _chain_over_threshold(sid, 4, count)
     base = 30_000_000
     items = [(base + 1, msgs[0]), (base + 2, msgs[1]), (base + 3, configured), (base + 4, msgs[2]), (base + 5, msgs[3])]
     async with stack.pool.connection() as conn, conn.transaction():
@@ -250,12 +245,7 @@ async def test_configured_sessions_it_does_not_track_are_adopted_at_the_first_ba
     consumer of the log) backfills it from the read models at its first batch."""
     sid = new_id("adopt")
     count = stack.context.counter.count
-    texts = [f"hello number {i} " * 5 for i in range(3)]
-    total = sum(message_tokens({"parts": [{"type": "text", "text": t}]}, count) for t in texts)
-    configured = SessionConfigured(
-        tenant=T, session=sid, config=SessionConfig(compaction=CompactionConfig(compact_after=total - 1))
-    )
-    msgs = [_msg(sid, f"m{i}", f"m{i - 1}" if i else None, t) for i, t in enumerate(texts)]
+    configured, msgs, total = _chain_over_threshold(sid, 3, count)
     base = 50_000_000
     items = [(base + 1, configured), *((base + 2 + i, m) for i, m in enumerate(msgs))]
     async with stack.pool.connection() as conn, conn.transaction():
@@ -268,3 +258,15 @@ async def test_configured_sessions_it_does_not_track_are_adopted_at_the_first_ba
     assert state.tracked >= mine
     assert state.candidates[(T, sid)].estimate == total
     assert state.candidates.keys() == mine  # only the sessions it owns
+
+
+def _chain_over_threshold(
+    sid: str, n: int, count: Callable[[str], int]
+) -> tuple[SessionConfigured, list[MessageAppended], int]:
+    """``n`` chained messages and a configuration whose ``compact_after`` they pass; their tokens."""
+    texts = [f"hello number {i} " * 5 for i in range(n)]
+    total = sum(message_tokens({"parts": [{"type": "text", "text": t}]}, count) for t in texts)
+    configured = SessionConfigured(
+        tenant=T, session=sid, config=SessionConfig(compaction=CompactionConfig(compact_after=total - 1))
+    )
+    return configured, [_msg(sid, f"m{i}", f"m{i - 1}" if i else None, t) for i, t in enumerate(texts)], total
