@@ -110,7 +110,7 @@ class ChronicleBackend:
         return len(await self._session(session).get_history())
 
     async def settle(self) -> None:
-        """Wait until every durable consumer of the stream (projector, compactor) has acked all."""
+        """Wait until every durable consumer of the stream (the projector's) has acked all."""
         deadline = time.monotonic() + SETTLE_TIMEOUT_S
         while True:
             infos = await self._js.consumers_info(self._stream)
