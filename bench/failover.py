@@ -9,7 +9,8 @@ block and compacting. Then:
 1. ``kill -9`` of the node that leads the stream. Writes pause until the remaining two elect a
    leader and the clients on the dead node reconnect to another; the pause is measured as the
    longest time without an acknowledged append. Recovery is a new write answered, read back
-   through the read model and passed by the compactor, with nothing restarted but the node.
+   through the read model, and a compactor pulling from the work queue, with nothing restarted but
+   the node.
 2. The node is started again (same store, same routes) and catches up: the time until every copy
    of the stream is current is measured.
 3. The same with a node that does not lead the stream.
@@ -66,8 +67,8 @@ class NodeLoss:
     led_stream: bool
     new_leader: str | None = None
     pause_s: float | None = None  # longest time without an acknowledged append, around the kill
-    recovered_s: float | None = None  # kill -> a write answered, read back and passed by the compactor
-    stages_s: tuple[float, ...] = ()  # kill -> that write answered, read back, passed by the compactor
+    recovered_s: float | None = None  # kill -> a write answered, read back, and a compactor pulling
+    stages_s: tuple[float, ...] = ()  # kill -> that write answered, read back, a compactor pulling
     caught_up_s: float | None = None  # restart -> every copy of the stream current
     retries: int = 0  # requests the writers repeated meanwhile
 
@@ -76,7 +77,7 @@ class NodeLoss:
         stages = "/".join(f"{s:.1f}" for s in self.stages_s) or "-"
         return (
             f"  {self.node} ({role}): writes paused {_secs(self.pause_s)}, recovered {_secs(self.recovered_s)} "
-            f"after the kill (a new write answered/read back/passed by the compactor at {stages}s; new leader "
+            f"after the kill (a new write answered/read back/a compactor pulling at {stages}s; new leader "
             f"{self.new_leader}), caught up {_secs(self.caught_up_s)} after its restart, {self.retries} retries"
         )
 
@@ -204,7 +205,8 @@ async def checked(stack: ChaosStack, ledger: Ledger, say: Callable[[str], None],
     restarted may take seconds to answer a consumer's creation on a loaded machine) repeats the
     whole read, into a fresh report: reading the log again changes nothing."""
     for attempt in range(1, attempts + 1):
-        report = ChaosReport(ledger, [], locks_expected=1 + stack.settings.partitions + 1)
+        # the projector's own advisory lock and every partition's
+        report = ChaosReport(ledger, [], locks_expected=1 + stack.settings.partitions)
         try:
             await check(stack, report)
             return report

@@ -82,7 +82,7 @@ class Settings(BaseSettings):
         default=1,
         ge=0,
         le=5,
-        description="copies of each projector's and the compactor's consumer; 0: the stream's. One is enough: "
+        description="copies of each projector's consumer; 0: the stream's. One is enough: "
         "a runner's position is its checkpoint in Postgres, and it makes its consumer anew at every start or "
         "failure, so a consumer lost with its node costs a re-position, not data",
     )
