@@ -11,7 +11,17 @@ from fastapi import APIRouter, Query, Response
 from projections import context_queries, queries
 from projections.overlays import failures
 from services.api import models as m
-from services.api.deps import ContainerDep, MinSeq, SessionId, Sid, Tenant, caught_up, check_id, require_session
+from services.api.deps import (
+    MAX_SEQ,
+    ContainerDep,
+    MinSeq,
+    SessionId,
+    Sid,
+    Tenant,
+    caught_up,
+    check_id,
+    require_session,
+)
 from services.api.models import ok
 from services.api.strict_json import StrictJsonRoute
 from services.audit.quarantine import list_quarantined
@@ -49,7 +59,7 @@ async def tree(
     tenant: Tenant,
     c: ContainerDep,
     min_seq: MinSeq = None,
-    cursor: Annotated[int, Query(ge=0, le=2**63 - 1)] = 0,
+    cursor: Annotated[int, Query(ge=0, le=MAX_SEQ)] = 0,
     limit: Annotated[int, Query(ge=1, le=MAX_TREE_PAGE)] = MAX_TREE_PAGE,
 ) -> Response:
     """Every message of every branch in append order, a page at a time (``next_cursor``: the next

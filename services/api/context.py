@@ -10,6 +10,7 @@ from projections import context_queries
 from services.api import metrics
 from services.api import models as m
 from services.api.deps import (
+    MAX_SEQ,
     ConfigJson,
     ContainerDep,
     MinSeq,
@@ -63,7 +64,7 @@ async def get_context(
     tenant: Tenant,
     c: ContainerDep,
     min_seq: MinSeq = None,
-    as_of_seq: Annotated[int | None, Query(ge=0, le=2**63 - 1)] = None,
+    as_of_seq: Annotated[int | None, Query(ge=0, le=MAX_SEQ)] = None,
 ) -> dict[str, Any]:
     """The blocks with their content and token counts; ``as_of_seq`` folds the configuration,
     writable contents and searchable entries from the log as they were after that sequence
@@ -149,7 +150,7 @@ async def system_prompt(
     sid: Sid,
     tenant: Tenant,
     c: ContainerDep,
-    as_of_seq: Annotated[int | None, Query(ge=0, le=2**63 - 1)] = None,
+    as_of_seq: Annotated[int | None, Query(ge=0, le=MAX_SEQ)] = None,
     min_seq: MinSeq = None,
 ) -> dict[str, Any]:
     """The frozen prompt (frozen on first call); ``as_of_seq`` gives the one in force then."""

@@ -47,7 +47,9 @@ async def tenant_of(request: Request) -> str:
 
 Tenant = Annotated[str, Depends(tenant_of)]
 ContainerDep = Annotated[Container, Depends(get_container)]
-MinSeq = Annotated[int | None, Query(ge=0, le=2**63 - 1)]
+MAX_SEQ = 2**63 - 1
+"""The largest stream sequence (or cursor) a query parameter may name."""
+MinSeq = Annotated[int | None, Query(ge=0, le=MAX_SEQ)]
 SearchQuery = Annotated[str, Query(min_length=1, max_length=1000, pattern=r"^[^\x00]*$")]
 Limit = Annotated[int, Query(ge=1, le=200)]
 

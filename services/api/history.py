@@ -9,7 +9,7 @@ from events.messages import stored_json
 from projections import context_queries, queries
 from projections.overlays import Overlay, apply_overlays, overlay_json, send_overlays
 from services.api import models as m
-from services.api.deps import ContainerDep, LeafId, MinSeq, Sid, Tenant, caught_up, check_id, require_session
+from services.api.deps import MAX_SEQ, ContainerDep, LeafId, MinSeq, Sid, Tenant, caught_up, check_id, require_session
 from services.api.models import ok
 from services.api.responses import JSON, raw_json
 from services.api.strict_json import StrictJsonRoute
@@ -21,8 +21,6 @@ HISTORY_LIMIT = 10_000
 """How many messages a history answers by default (the recent end of a longer path)."""
 MAX_HISTORY_LIMIT = 100_000
 """The most messages one history answers (``limit``'s bound)."""
-MAX_SEQ = 2**63 - 1
-"""The largest stream sequence a query parameter may name."""
 router = APIRouter(route_class=StrictJsonRoute)
 
 

@@ -11,7 +11,7 @@ from events import log as eventlog
 from events.admission import MAX_EVENT_BYTES
 from events.credentials import tenant_inbox_prefix, tenant_permissions
 from services.api import models as m
-from services.api.deps import ContainerDep, Sid, Tenant, check_id
+from services.api.deps import MAX_SEQ, ContainerDep, Sid, Tenant, check_id
 from services.api.models import ok
 from services.api.responses import NdjsonResponse
 from services.api.strict_json import StrictJsonRoute
@@ -19,8 +19,6 @@ from services.audit import readers as audit
 
 MAX_EVENTS_PAGE = 10_000
 """The most events one ``GET …/events`` answers (``limit``'s bound and default)."""
-MAX_SEQ = 2**63 - 1
-"""The largest stream sequence a query parameter may name."""
 router = APIRouter(route_class=StrictJsonRoute)
 
 

@@ -13,7 +13,7 @@ from projections import context_queries, queries
 from services.api import metrics
 from services.api import models as m
 from services.api.bodies import AppendBatchBody, AppendBody, DeleteMessagesBody, UpdateBody
-from services.api.deps import ContainerDep, Mid, MinSeq, Sid, Tenant, caught_up, check_id, require_session
+from services.api.deps import MAX_SEQ, ContainerDep, Mid, MinSeq, Sid, Tenant, caught_up, check_id, require_session
 from services.api.models import ok
 from services.api.responses import JSON, raw_json
 from services.api.strict_json import StrictJsonRoute
@@ -129,7 +129,7 @@ async def children(
     c: ContainerDep,
     min_seq: MinSeq = None,
     limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = MAX_PAGE,
-    cursor: Annotated[int, Query(ge=0, le=2**63 - 1)] = 0,
+    cursor: Annotated[int, Query(ge=0, le=MAX_SEQ)] = 0,
 ) -> Response:
     """The message's children in append order, a page at a time (``next_cursor``: the next
     page's ``cursor``, null on the last one)."""

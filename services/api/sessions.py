@@ -11,6 +11,7 @@ from services.api import metrics
 from services.api import models as m
 from services.api.bodies import CreateSessionBody, ForkBody, RenameBody
 from services.api.deps import (
+    MAX_SEQ,
     ContainerDep,
     MinSeq,
     Sid,
@@ -53,7 +54,7 @@ async def list_sessions(
     tenant: Tenant,
     c: ContainerDep,
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
-    cursor: Annotated[int | None, Query(ge=0, le=2**63 - 1)] = None,
+    cursor: Annotated[int | None, Query(ge=0, le=MAX_SEQ)] = None,
     min_seq: MinSeq = None,
 ) -> dict[str, Any]:
     await caught_up_all(c, min_seq)
