@@ -93,6 +93,11 @@ class Settings(BaseSettings):
 
     api_host: str = "127.0.0.1"
     api_port: int = 8080
+    api_hot_paths: bool = Field(
+        default=True,
+        description="serve a plain append and a plain history read without FastAPI's routing (services/api/hot.py; "
+        "same answers, less CPU); off: every request through the routes",
+    )
     api_reuse_port: bool = Field(
         default=False,
         description="listen with SO_REUSEPORT, so several `chronicle api` processes share the port and the kernel "

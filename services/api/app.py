@@ -13,6 +13,7 @@ from services.api.auth import ApiKeyAuth
 from services.api.compaction import router as compaction_router
 from services.api.context import router as context_router
 from services.api.history import router as history_router
+from services.api.hot import HotPaths
 from services.api.log import router as log_router
 from services.api.messages import router as messages_router
 from services.api.operations import router as operations_router
@@ -60,6 +61,8 @@ def build_app(settings: Settings, container: Container | None = None) -> FastAPI
     openapi.install(app)
 
     ops_key = settings.ops_key.get_secret_value() if settings.ops_key is not None else None
+    if settings.api_hot_paths:
+        app.add_middleware(HotPaths)  # inside the key check: the tenant is known
     app.add_middleware(ApiKeyAuth, keys=keys, ops_key=ops_key)
     app.add_middleware(CrashGuard)  # outermost: no error drops the connection
 

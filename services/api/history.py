@@ -14,6 +14,7 @@ from services.api.models import ok
 from services.api.responses import JSON, raw_json
 from services.api.strict_json import StrictJsonRoute
 from services.audit import readers as audit
+from services.bootstrap import Container
 from services.compaction.micro import recent_window, truncate_older_messages
 from services.context.rules import reclaim, reclaimed_in
 
@@ -49,6 +50,43 @@ async def history(
     are answered: a longer path adds ``truncated: true``. Stored messages are never changed
     by a read.
     """
+    return await read_history(
+        c,
+        tenant,
+        sid,
+        leaf_id=leaf_id,
+        min_seq=min_seq,
+        as_of_seq=as_of_seq,
+        compacted=compacted,
+        truncate_older=truncate_older,
+        keep_recent=keep_recent,
+        max_tool_output_chars=max_tool_output_chars,
+        max_text_chars=max_text_chars,
+        max_bytes=max_bytes,
+        min_recent=min_recent,
+        limit=limit,
+    )
+
+
+async def read_history(
+    c: Container,
+    tenant: str,
+    sid: str,
+    *,
+    leaf_id: str | None = None,
+    min_seq: int | None = None,
+    as_of_seq: int | None = None,
+    compacted: bool = True,
+    truncate_older: bool = False,
+    keep_recent: int = 4,
+    max_tool_output_chars: int = 500,
+    max_text_chars: int = 10_000,
+    max_bytes: int | None = None,
+    min_recent: int = 1,
+    limit: int = HISTORY_LIMIT,
+) -> Response:
+    """The history route's answer (the parameters as the route documents them, already bounded):
+    the route and the hot path (services/api/hot.py) both serve this."""
     check_id("session", sid)
     if leaf_id is not None:
         check_id("message", leaf_id)

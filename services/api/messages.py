@@ -17,10 +17,14 @@ from services.api.deps import MAX_SEQ, ContainerDep, Mid, MinSeq, Sid, Tenant, c
 from services.api.models import ok
 from services.api.responses import JSON, raw_json
 from services.api.strict_json import StrictJsonRoute
+from services.bootstrap import Container
 from services.context.rules import reclaim, reclaimed_in
 from services.errors import InvalidRequest, MessageNotFound
 from services.requests import writes
 
+IDEMPOTENCY_KEY_MAX = 128
+IDEMPOTENCY_KEY_PATTERN = r"^[!-~]+$"
+"""An ``Idempotency-Key`` header: 1 to 128 printable ASCII characters, no space."""
 MAX_PAGE = 1000
 """The most children one read answers (``limit``'s bound and default)."""
 _IDS_ITEM = {
@@ -57,20 +61,29 @@ async def append(
         Header(
             alias="Idempotency-Key",
             min_length=1,
-            max_length=128,
-            pattern=r"^[!-~]+$",
+            max_length=IDEMPOTENCY_KEY_MAX,
+            pattern=IDEMPOTENCY_KEY_PATTERN,
             description="the client's name for this append, kept across its retries: a retry whose "
             "first attempt was stored answers `created: true` too",
         ),
     ] = None,
 ) -> dict[str, Any]:
+    status, out = await append_one(c, tenant, sid, body, idempotency_key)
+    response.status_code = status
+    return out
+
+
+async def append_one(
+    c: Container, tenant: str, sid: str, body: AppendBody, idempotency_key: str | None
+) -> tuple[int, dict[str, Any]]:
+    """The append route's status and answer: the route and the hot path (services/api/hot.py)
+    both serve this."""
     parent = writes.parent_spec(body.parent_id, "parent_id" in body.model_fields_set)
     out = await writes.append(c, tenant, sid, body.message, parent, idempotency_key)
     if out["created"]:
         metrics.published("message.appended")
-    else:
-        response.status_code = 200
-    return out
+        return 201, out
+    return 200, out
 
 
 @router.post(

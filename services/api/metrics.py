@@ -35,6 +35,12 @@ QUARANTINED = Counter(
     ["reason"],
     registry=REGISTRY,
 )
+HOT_PATHS = Counter(
+    "chronicle_api_hot_path_requests_total",
+    "Appends and history reads the hot paths looked at: served there, or handed on to the routes",
+    ["route", "outcome"],
+    registry=REGISTRY,
+)
 _counted: dict[str, int] = {}  # what QUARANTINED already holds, per reason (the table only grows)
 
 READINESS_STALL_S = 60.0
