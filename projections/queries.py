@@ -142,12 +142,20 @@ class AppendState:
     latest_leaf: str | None
     parent_exists: bool
     applied_seq: int = 0  # the session's last sequence the read model has applied
+    ids: list[str] | None = None  # every message id of the session, when asked for and at most the cap
 
 
 async def append_state(
-    conn: Conn, tenant: str, session: str, message_id: str, parent_id: str | None, want_leaf: bool
+    conn: Conn,
+    tenant: str,
+    session: str,
+    message_id: str,
+    parent_id: str | None,
+    want_leaf: bool,
+    ids_cap: int | None = None,
 ) -> AppendState:
-    """Everything an append decides on, in one round trip."""
+    """Everything an append decides on, in one round trip; with ``ids_cap``, also every message
+    id of the session when it has at most that many (an index-only scan of the primary key)."""
     cur = await conn.execute(
         """
         SELECT
@@ -156,16 +164,21 @@ async def append_state(
           CASE WHEN %(leaf)s THEN x.leaf_id END,
           %(p)s::text IS NOT NULL AND EXISTS (
             SELECT 1 FROM messages WHERE tenant = %(t)s AND session_id = %(s)s AND id = %(p)s),
-          coalesce(x.last_seq, 0)
+          coalesce(x.last_seq, 0),
+          CASE WHEN %(cap)s::int IS NOT NULL THEN (
+            SELECT coalesce(array_agg(k.id), '{}') FROM (
+              SELECT id FROM messages WHERE tenant = %(t)s AND session_id = %(s)s LIMIT %(cap)s::int + 1) k)
+          END
         FROM (SELECT 1) one
         LEFT JOIN sessions x ON x.tenant = %(t)s AND x.id = %(s)s
         LEFT JOIN messages e ON e.tenant = %(t)s AND e.session_id = %(s)s AND e.id = %(m)s
         """,
-        {"t": tenant, "s": session, "m": message_id, "p": parent_id, "leaf": want_leaf},
+        {"t": tenant, "s": session, "m": message_id, "p": parent_id, "leaf": want_leaf, "cap": ids_cap},
     )
     row = await cur.fetchone()
     assert row is not None
-    return AppendState(bool(row[0]), row[1], row[2], row[3], row[4], bool(row[5]), int(row[6]))
+    ids = list(row[7]) if row[7] is not None and ids_cap is not None and len(row[7]) <= ids_cap else None
+    return AppendState(bool(row[0]), row[1], row[2], row[3], row[4], bool(row[5]), int(row[6]), ids)
 
 
 async def children(

@@ -49,7 +49,7 @@ from services.errors import (
 )
 from services.writes.decisions import Append, AppendState, Existing, ParentSpec, Replay, decide_append
 from services.writes.liveness import live_session
-from services.writes.optimistic import Decision, OptimisticWriter, UnappliedChain
+from services.writes.optimistic import MAX_SESSION_IDS, Decision, OptimisticWriter, UnappliedChain
 from services.writes.waiting import AppliedWaiter
 
 Conn = psycopg.AsyncConnection[Any]
@@ -181,11 +181,33 @@ class Commands:
         )
         attempted = request_key is not None  # a keyed request may have been stored by an earlier try
 
-        async def decide(conn: Conn, tip: UnappliedChain | None = None) -> Decision | None:
+        def publish(pid: str | None) -> Decision:
             nonlocal attempted
+            attempted = True
+            event = MessageAppended(
+                id=event_id, tenant=tenant, session=session, message_id=message_id, parent_id=pid, **packed
+            )
+            return Decision(event, lambda seq: AppendResult(message_id, pid, seq, created=True))
+
+        async def decided(state: AppendState) -> Decision:
+            match decide_append(state, digest, parent):
+                case Replay(parent_id=pid, seq=first_seq):
+                    created = attempted and await self._stored_event_id(first_seq) == event_id
+                    return Decision(None, lambda _seq: AppendResult(message_id, pid, first_seq, created=created))
+                case Append(parent_id=pid):
+                    return publish(pid)
+
+        async def decide(conn: Conn, tip: UnappliedChain | None = None) -> Decision | None:
             want_leaf = parent is OMITTED
+            ask_ids = tip is not None and tip.ids is None and not tip.ids_tried
             found = await queries.append_state(
-                conn, tenant, session, message_id, parent if isinstance(parent, str) else None, want_leaf
+                conn,
+                tenant,
+                session,
+                message_id,
+                parent if isinstance(parent, str) else None,
+                want_leaf or ask_ids,
+                MAX_SESSION_IDS if ask_ids else None,
             )
             unapplied = tip.unapplied(found.applied_seq) if tip is not None else []
             if unapplied is None:
@@ -206,23 +228,30 @@ class Commands:
                 latest_leaf=unapplied[-1].message_id if unapplied else found.latest_leaf,
                 parent_exists=found.parent_exists or any(a.message_id == parent for a in unapplied),
             )
+            if ask_ids and not found.session_deleted:
+                ids = None if found.ids is None else {*found.ids, *(a.message_id for a in unapplied)}
+                self.optimistic.know(tenant, session, ids, state.latest_leaf)
+            return await decided(state)
+
+        def known(tip: UnappliedChain) -> Decision | None:
+            """From the chain's ids alone: a new id (an id the session holds, or a parent it
+            lacks, is decided the slow way, where its answer or its error is exact)."""
+            ids = tip.ids
+            if ids is None or message_id in ids or (isinstance(parent, str) and parent not in ids):
+                return None
+            state = AppendState(session_deleted=False, existing=None, latest_leaf=tip.leaf, parent_exists=True)
             match decide_append(state, digest, parent):
-                case Replay(parent_id=pid, seq=first_seq):
-                    created = attempted and await self._stored_event_id(first_seq) == event_id
-                    return Decision(None, lambda _seq: AppendResult(message_id, pid, first_seq, created=created))
                 case Append(parent_id=pid):
-                    attempted = True
-                    event = MessageAppended(
-                        id=event_id, tenant=tenant, session=session, message_id=message_id, parent_id=pid, **packed
-                    )
-                    return Decision(event, lambda seq: AppendResult(message_id, pid, seq, created=True))
+                    return publish(pid)
+                case _:  # no existing message: never a replay
+                    return None
 
         async def slow(conn: Conn) -> Decision:
             decision = await decide(conn)
             assert decision is not None  # without a chain the read model is never "behind"
             return decision
 
-        result: AppendResult = await self._optimistic(tenant, session, slow, decide)
+        result: AppendResult = await self._optimistic(tenant, session, slow, decide, known)
         return result
 
     async def _stored_event_id(self, seq: int) -> str | None:

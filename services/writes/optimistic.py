@@ -14,6 +14,13 @@ decision is made from that, and the publish expects the chain's end. A writer el
 publish conflict: the chain is forgotten and the attempt repeats the slow way. Only a decision
 that publishes is taken this way: a refusal or a no-op publishes nothing that a conflict could
 catch, so those are decided again the slow way (the session may have moved on elsewhere).
+
+A chain may also know the session's message ids (:attr:`UnappliedChain.ids`, read once from the
+read model, then kept by each append of the chain) and its latest leaf: an append of a new id
+is then decided without reading the read model at all (``known``), which keeps its cost
+independent of the database. What it decides on is exact for the same reason as above: the
+publish expects the chain's end, so any other writer's event makes it conflict, and the chain
+(its ids with it) is forgotten.
 """
 
 from __future__ import annotations
@@ -62,6 +69,15 @@ class UnappliedChain:
     base: int  # the session's last sequence before the first of ``appends``
     last: int  # the sequence of the newest of ``appends``
     appends: list[Appended] = field(default_factory=list)
+    # every message id of the session at ``last`` (None: not known; then ``appends`` are kept)
+    ids: set[str] | None = None
+    leaf: str | None = None  # the latest leaf at ``last``, when ``ids`` are known
+    ids_tried: bool = False  # the ids were asked for once (a session over the cap has none)
+
+    def know(self, ids: set[str], leaf: str | None) -> None:
+        """The session's ids and latest leaf at ``last``: from now on ``appends`` are not kept."""
+        self.ids, self.leaf, self.ids_tried = ids, leaf, True
+        self.appends, self.base = [], self.last
 
     def unapplied(self, applied: int) -> list[Appended] | None:
         """The appends the read model (at ``applied``) lacks, or None when it lacks more than the
@@ -72,9 +88,12 @@ class UnappliedChain:
 
 
 FastDecide = Callable[[Conn, UnappliedChain], Awaitable[Decision | None]]
+KnownDecide = Callable[[UnappliedChain], Decision | None]
 
 MAX_CHAINS = 10_000  # sessions remembered per process (least recently appended to go first)
 MAX_CHAIN = 1_000  # unapplied appends remembered per session
+MAX_SESSION_IDS = 20_000  # a session with more messages keeps no ids (its appends read the read model)
+MAX_KNOWN_IDS = 500_000  # ids kept per process, all chains together (~40 MB; the oldest chains go first)
 
 
 class OptimisticWriter:
@@ -86,6 +105,7 @@ class OptimisticWriter:
         self._waiter = waiter
         self._attempts = attempts
         self._chains: OrderedDict[tuple[str, str], UnappliedChain] = OrderedDict()
+        self._known_ids = 0  # ids kept by all chains
 
     async def catch_up(self, tenant: str, session: str) -> int:
         """Wait until the projection has applied every event of the session; returns its last seq."""
@@ -99,9 +119,11 @@ class OptimisticWriter:
         session: str,
         decide: Callable[[Conn], Awaitable[Decision]],
         fast: FastDecide | None = None,
+        known: KnownDecide | None = None,
     ) -> Any:
         """Decide and publish under optimistic concurrency. ``fast`` decides from the read model
-        and this process's :class:`UnappliedChain` without waiting for the projector (None: it cannot)."""
+        and this process's :class:`UnappliedChain` without waiting for the projector (None: it
+        cannot); ``known`` from a chain that knows the session's ids, without the read model."""
         key = (tenant, session)
         for attempt in range(self._attempts):
             decision: Decision | None = None
@@ -109,14 +131,17 @@ class OptimisticWriter:
             if tip is not None and fast is not None:
                 last = tip.last
                 try:
-                    async with self._pool.connection() as conn:
-                        decision = await fast(conn, tip)
+                    if tip.ids is not None and known is not None:
+                        decision = known(tip)
+                    else:
+                        async with self._pool.connection() as conn:
+                            decision = await fast(conn, tip)
                 except Exception:  # a refusal is only as fresh as the chain: decide again the slow way
                     decision = None
                 if decision is not None and decision.event is None:
                     decision = None  # a no-op (a replay) publishes nothing: no conflict would catch staleness
                 if decision is None:
-                    self._chains.pop(key, None)
+                    self._forget(key)
             if decision is None:
                 last = await self.catch_up(tenant, session)
                 async with self._pool.connection() as conn:
@@ -126,7 +151,7 @@ class OptimisticWriter:
             try:
                 published = await self._pub.publish(decision.event, expected_last_subject_seq=last)
             except ConcurrencyConflict:
-                self._chains.pop(key, None)
+                self._forget(key)
                 await asyncio.sleep(random.uniform(0, 0.002 * min(attempt + 1, 10)))  # noqa: S311
                 continue
             self._remember(key, last, published.seq, decision.event, fast is not None)
@@ -136,18 +161,42 @@ class OptimisticWriter:
     def _remember(self, key: tuple[str, str], expected: int, seq: int, event: Event, chain: bool) -> None:
         """Extend the session's chain with an append published expecting ``expected``; anything
         else ends the chain (the next append of the session takes the slow way once)."""
-        tip = self._chains.pop(key, None)
+        tip = self._forget(key)
         if not chain or not isinstance(event, MessageAppended) or seq <= expected:  # a duplicate: not new
             return
         if tip is None or tip.last != expected:
             tip = UnappliedChain(base=expected, last=expected)
-        if len(tip.appends) >= MAX_CHAIN:  # the projector is far behind: let appends wait for it
+        if tip.ids is not None:
+            tip.ids.add(event.message_id)
+            tip.leaf = event.message_id
+            tip.base = seq
+        elif len(tip.appends) >= MAX_CHAIN:  # the projector is far behind: let appends wait for it
             return
-        tip.appends.append(Appended(seq, event.message_id, event.parent_id, event.body_sha256))
+        else:
+            tip.appends.append(Appended(seq, event.message_id, event.parent_id, event.body_sha256))
         tip.last = seq
         self._chains[key] = tip  # newest last: the least recently used session goes first
-        while len(self._chains) > MAX_CHAINS:
-            self._chains.popitem(last=False)
+        self._known_ids += len(tip.ids or ())
+        while len(self._chains) > MAX_CHAINS or self._known_ids > MAX_KNOWN_IDS:
+            self._forget(next(iter(self._chains)))
+
+    def _forget(self, key: tuple[str, str]) -> UnappliedChain | None:
+        tip = self._chains.pop(key, None)
+        if tip is not None:
+            self._known_ids -= len(tip.ids or ())
+        return tip
+
+    def know(self, tenant: str, session: str, ids: set[str] | None, leaf: str | None) -> None:
+        """The session's chain learns its ids and latest leaf at the chain's end (read from the
+        read model together with the chain's unapplied appends); None: the session has too
+        many to keep (the chain does not ask again)."""
+        tip = self._chains.get((tenant, session))
+        if tip is None or tip.ids is not None:
+            return
+        tip.ids_tried = True
+        if ids is not None:
+            tip.know(ids, leaf)
+            self._known_ids += len(ids)
 
     def trim(self, tenant: str, session: str, applied: int) -> None:
         """Forget the appends the read model has applied (``applied`` is its session sequence)."""

@@ -113,3 +113,66 @@ async def test_refusals_and_replays_are_not_taken_from_a_stale_chain(
     again = await stack.commands.append(T, sid, text_message("y", "under x"), "x")  # not a replay: y was deleted
     assert again.created is True
     assert again.seq > gone.seq
+
+
+async def _known_chain(c: Container, sid: str, n: int) -> list[int]:
+    """``n`` appends m1..mn on one chain; from the third on the chain knows the session's ids."""
+    seqs = [(await c.commands.append(T, sid, text_message("m1", "one"), None)).seq]
+    for i in range(2, n + 1):
+        seqs.append((await c.commands.append(T, sid, text_message(f"m{i}", str(i)), OMITTED)).seq)
+    tip = c.commands.optimistic._chains[(T, sid)]
+    assert tip.ids == {f"m{i}" for i in range(1, n + 1)}
+    assert tip.leaf == f"m{n}"
+    return seqs
+
+
+async def test_a_chain_that_knows_the_ids_appends_without_reading_the_read_model(
+    nats_url: str, fresh_db: str, new_id: Callable[[str], str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    sid = new_id("known")
+    async with running_stack(make_settings(nats_url, fresh_db), projector=False) as c:
+        await _known_chain(c, sid, 3)
+
+        async def no_read(*_: object, **__: object) -> None:
+            raise AssertionError("the read model was read")
+
+        monkeypatch.setattr(queries, "append_state", no_read)
+        m4 = await asyncio.wait_for(c.commands.append(T, sid, text_message("m4", "four"), OMITTED), timeout=5)
+        m5 = await c.commands.append(T, sid, text_message("m5", "five"), "m2")  # a branch under a known id
+        m6 = await c.commands.append(T, sid, text_message("m6", "six"), OMITTED)
+        assert (m4.parent_id, m5.parent_id, m6.parent_id) == ("m3", "m2", "m5")
+        monkeypatch.undo()
+        await _run_projector_until(c, sid, m6.seq)
+        assert await _path(c, sid, "m6") == [("m1", None), ("m2", "m1"), ("m5", "m2"), ("m6", "m5")]
+        assert await _path(c, sid, "m4") == [("m1", None), ("m2", "m1"), ("m3", "m2"), ("m4", "m3")]
+
+
+async def test_replays_and_refusals_after_a_known_chain_are_exact(
+    stack: Container, new_id: Callable[[str], str]
+) -> None:
+    sid = new_id("known-replay")
+    seqs = await _known_chain(stack, sid, 4)
+    again = await stack.commands.append(T, sid, text_message("m2", "2"), OMITTED)
+    assert (again.created, again.seq, again.parent_id) == (False, seqs[1], "m1")
+    with pytest.raises(MessageConflict):
+        await stack.commands.append(T, sid, text_message("m3", "other"), OMITTED)
+    with pytest.raises(UnknownParent):
+        await stack.commands.append(T, sid, text_message("m9", "nine"), "nope")
+    assert await stack.publisher.last_subject_seq(T, sid) == seqs[-1]  # nothing else was published
+
+
+async def test_a_writer_elsewhere_ends_a_known_chain(stack: Container, new_id: Callable[[str], str]) -> None:
+    """Another process's append and delete make the known chain's next publish conflict: the
+    append after them sees both (the latest leaf, and a deleted parent refused)."""
+    sid = new_id("known-elsewhere")
+    seqs = await _known_chain(stack, sid, 4)
+    other = Publisher(stack.js, stack.layout)
+    x = await other.publish(appended(T, sid, "x", "m2"), expected_last_subject_seq=seqs[-1])
+    gone = await other.publish(
+        MessagesDeleted(tenant=T, session=sid, message_ids=["m4"]), expected_last_subject_seq=x.seq
+    )
+    with pytest.raises(UnknownParent):
+        await stack.commands.append(T, sid, text_message("m5", "five"), "m4")
+    m5 = await stack.commands.append(T, sid, text_message("m5", "five"), OMITTED)
+    assert m5.parent_id == "x"
+    assert m5.seq > gone.seq

@@ -69,3 +69,38 @@ def test_chains_and_sessions_are_bounded(monkeypatch: Any) -> None:
     for i in range(3):
         c._remember((T, f"s{i}"), 0, 1, _ev("m1"), True)
     assert list(c._chains) == [(T, "s1"), (T, "s2")]  # the least recently appended to went first
+
+
+def test_a_chain_that_learns_the_ids_keeps_them_instead_of_its_appends() -> None:
+    c = _cond()
+    c._remember(KEY, 4, 7, _ev("m1"), True)
+    c.know(T, S, {"m0", "m1"}, "m1")
+    tip = c._chains[KEY]
+    assert (tip.ids, tip.leaf, tip.appends, tip.base) == ({"m0", "m1"}, "m1", [], 7)
+    c._remember(KEY, 7, 9, _ev("m2", "m1"), True)
+    assert (tip.ids, tip.leaf, tip.appends, tip.last) == ({"m0", "m1", "m2"}, "m2", [], 9)
+    assert c._known_ids == 3
+    c._remember(KEY, 12, 14, _ev("m3"), True)  # someone else wrote 10..12: a new chain, ids unknown
+    assert (c._chains[KEY].ids, c._known_ids) == (None, 0)
+
+
+def test_a_session_over_the_cap_is_asked_for_its_ids_once() -> None:
+    c = _cond()
+    c._remember(KEY, 4, 7, _ev("m1"), True)
+    c.know(T, S, None, "m1")
+    tip = c._chains[KEY]
+    assert (tip.ids, tip.ids_tried) == (None, True)
+    c._remember(KEY, 7, 9, _ev("m2", "m1"), True)
+    assert [a.message_id for a in tip.appends] == ["m1", "m2"]  # the chain keeps its appends
+
+
+def test_the_ids_budget_forgets_the_least_recently_appended_chains(monkeypatch: Any) -> None:
+    monkeypatch.setattr(optimistic, "MAX_KNOWN_IDS", 5)
+    c = _cond()
+    for s in ("a", "b"):
+        c._remember((T, s), 0, 1, appended(T, s, "m1", None), True)
+        c.know(T, s, {"m1", "x", "y"}, "m1")
+    assert c._known_ids == 6  # over, until the next append is remembered
+    c._remember((T, "b"), 1, 2, appended(T, "b", "m2", "m1"), True)
+    assert list(c._chains) == [(T, "b")]
+    assert c._known_ids == 4
