@@ -215,8 +215,8 @@ async def history(conn: Conn, tenant: str, session: str, leaf_id: str) -> list[M
 
 
 async def path_contents(conn: Conn, tenant: str, session: str, leaf_id: str) -> list[PathRow]:
-    """:func:`history` with only ids and bodies: what a history read serves."""
-    return await _path_rows(conn, tenant, session, leaf_id, "id, content", PathRow._make)
+    """:func:`history` with only ids and bodies: what a history read serves (:func:`path_from`)."""
+    return (await path_from(conn, tenant, session, leaf_id))[1]
 
 
 async def path_ids(conn: Conn, tenant: str, session: str, leaf_id: str) -> tuple[list[str], int]:
@@ -227,26 +227,6 @@ async def path_ids(conn: Conn, tenant: str, session: str, leaf_id: str) -> tuple
         "SELECT id, parent_id FROM messages WHERE tenant = %s AND session_id = %s", (tenant, session)
     )
     return _walk(dict(await cur.fetchall()), leaf_id)
-
-
-async def latest_path_ids(conn: Conn, tenant: str, session: str) -> tuple[str | None, list[str], int]:
-    """:func:`path_ids` of the latest leaf, which comes with the pairs (one round trip):
-    (the leaf, the path's ids leaf first, the session's message count)."""
-    cur = await conn.execute(
-        "SELECT true, leaf_id, NULL FROM sessions WHERE tenant = %(t)s AND id = %(s)s "
-        "UNION ALL SELECT false, id, parent_id FROM messages WHERE tenant = %(t)s AND session_id = %(s)s",
-        {"t": tenant, "s": session},
-    )
-    leaf: str | None = None
-    parent: dict[str, str | None] = {}
-    for is_leaf, mid, pid in await cur.fetchall():
-        if is_leaf:
-            leaf = mid
-        else:
-            parent[mid] = pid
-    if leaf is None:
-        return None, [], len(parent)
-    return (leaf, *_walk(parent, leaf))
 
 
 def _walk(parent: dict[str, str | None], leaf_id: str) -> tuple[list[str], int]:
@@ -260,10 +240,54 @@ def _walk(parent: dict[str, str | None], leaf_id: str) -> tuple[list[str], int]:
     return ids, len(parent)
 
 
-async def latest_path_contents(conn: Conn, tenant: str, session: str) -> tuple[str | None, list[PathRow]]:
-    """(the latest leaf, :func:`path_contents` of it) in two round trips."""
-    leaf, ids, total = await latest_path_ids(conn, tenant, session)
-    return leaf, await _rows_of(conn, tenant, session, ids, total, "id, content", PathRow._make)
+PATH_PAGE = 2_000
+"""Messages read per round trip by :func:`path_from`, newest first."""
+_PATH_PAGE_SQL = (
+    "SELECT id, parent_id, content, seq FROM messages WHERE tenant = %s AND session_id = %s AND seq < %s "
+    "ORDER BY seq DESC LIMIT %s"
+)
+
+
+async def path_from(conn: Conn, tenant: str, session: str, leaf_id: str | None) -> tuple[str | None, list[PathRow]]:
+    """(the leaf, the ids and bodies of the path to it, root first); ``leaf_id`` None: the latest leaf.
+
+    The session's messages are read newest first, a page at a time, and the path is walked
+    as they come: a path is usually the newest messages (an agent appends under the latest
+    leaf), so a session of up to :data:`PATH_PAGE` messages takes one round trip, sent with the
+    leaf's query (and, in pipeline mode, with whatever the caller sent before). A walk that
+    leaves the pages read so far reads the next (older) one; a parent missing once every page
+    is read (deleted) or a repeated id ends the path."""
+    leaf_cur = (
+        await conn.execute("SELECT leaf_id FROM sessions WHERE tenant = %s AND id = %s", (tenant, session))
+        if leaf_id is None
+        else None
+    )
+    cur = await conn.execute(_PATH_PAGE_SQL, (tenant, session, 2**63 - 1, PATH_PAGE))
+    if leaf_cur is not None:
+        row = await leaf_cur.fetchone()
+        leaf_id = row[0] if row else None
+    rows = await cur.fetchall()
+    if leaf_id is None:
+        return None, []
+    parent: dict[str, str | None] = {}
+    content: dict[str, str] = {}
+    ids: list[str] = []
+    seen: set[str] = set()
+    node: str | None = leaf_id
+    while True:
+        for mid, pid, body, _ in rows:
+            parent[mid] = pid
+            content[mid] = body
+        while node is not None and node in parent and node not in seen:
+            ids.append(node)
+            seen.add(node)
+            node = parent[node]
+        if node is None or node in seen or len(rows) < PATH_PAGE:
+            break
+        cur = await conn.execute(_PATH_PAGE_SQL, (tenant, session, rows[-1][3], PATH_PAGE))
+        rows = await cur.fetchall()
+    ids.reverse()
+    return leaf_id, [PathRow(i, content[i]) for i in ids]
 
 
 async def _path_rows(

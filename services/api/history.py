@@ -107,10 +107,7 @@ async def read_history(
                 fresh = await c.waiter.send_applied_check(conn, tenant, sid, wanted) if wanted else None
                 sent_overlays = await send_overlays(conn, tenant, sid) if compacted else None
                 sent_reclaimed = await context_queries.send_reclaimed(conn, tenant, sid)
-                if leaf is None:
-                    leaf_id, raw = await queries.latest_path_contents(conn, tenant, sid)
-                else:
-                    raw = await queries.path_contents(conn, tenant, sid, leaf)
+                leaf_id, raw = await queries.path_from(conn, tenant, sid, leaf)
                 found = await sent_overlays() if sent_overlays is not None else []
                 unloaded = reclaimed_in(await sent_reclaimed())
                 stale = fresh is not None and not await fresh()
