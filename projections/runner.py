@@ -29,6 +29,9 @@ Contract:
 * The lock's session is watched (every ``lock_check_s``): when it ends (a Postgres restart ends it
   and frees the lock), consuming stops at once and the runner takes the lock again before it
   consumes another batch.
+* The checkpoints must belong to the stream (:func:`projections.logbinding.check_log`, in the
+  transaction that reads them at every positioning): on :class:`LogMismatch` (the stream was made
+  again, or is another's) :meth:`ProjectorRunner.run` raises it at once, having consumed nothing.
 * ``stop`` always ends :meth:`ProjectorRunner.run`: the batch in flight gets ``stop_grace_s`` to
   commit (or roll back), then the work is cancelled.
 """
@@ -56,6 +59,7 @@ from events.admission import BodyUnavailable
 from events.envelope import Event
 from events.sealing import KeyReader, kid_in
 from events.subjects import SubjectLayout
+from projections.logbinding import LogMismatch, check_log
 from projections.quarantine import DATA_ERRORS, Quarantined, Tombstone, data_error, record, refused_item, screen
 
 log = logging.getLogger("chronicle.projector")
@@ -321,6 +325,9 @@ class ProjectorRunner:
     # data keys: sealed events are opened with them, erased sessions' events are tombstones
     keys: KeyReader | None = None
     checkpoint_interval_s: float = 1.0  # at most this stale while batches are skipped (Selective)
+    # the projector whose log binding is checked at every positioning (default: this runner's name);
+    # a partition worker checks its base projector's
+    log_owner: str | None = None
     stats: RunnerStats = field(default_factory=RunnerStats)
     _failures: int = field(default=0, init=False, repr=False)  # in a row; a committed batch resets it
     _saved_at: float = field(default=float("-inf"), init=False, repr=False)  # when the checkpoint was last written
@@ -376,7 +383,7 @@ class ProjectorRunner:
                     await self._hold_lock(lock_conn, stop)
                     held = await self._held_locks(lock_conn)
                     await _first_of(self._watch_lock(lock_conn, held), self._consume_all(stop))
-            except asyncio.CancelledError:
+            except (asyncio.CancelledError, LogMismatch):
                 raise
             except Exception as exc:
                 self._failures += 1
@@ -479,6 +486,11 @@ class ProjectorRunner:
             cur = await conn.execute("SELECT name, seq FROM checkpoints WHERE name = ANY(%s)", (names,))
             found = dict(await cur.fetchall())
             checkpoint = min(int(found.get(n, 0)) for n in names)  # a missing row: nothing applied yet
+            try:
+                await check_log(conn, self.js, self.layout.stream, self.log_owner or self.name)
+            except LogMismatch as exc:
+                log.error("projector %s refuses to start: %s", self.name, exc)
+                raise
         with contextlib.suppress(NotFoundError):
             await self.js.delete_consumer(self.layout.stream, self.durable)
         config = ConsumerConfig(

@@ -31,6 +31,7 @@ from projections import search_languages
 from projections.context import ContextProjection
 from projections.history import HistoryProjection
 from projections.keystore import PgKeyStore
+from projections.logbinding import check_log
 from projections.migrate import migrate
 from projections.overlays import OverlayProjection
 from projections.runner import Projection, ProjectorRunner, partition_checkpoint, read_checkpoint
@@ -184,6 +185,7 @@ class Container:
             batch_size=s.projector_batch,
             replicas=s.consumer_replicas,
             keys=self.keys,
+            log_owner=s.projector_name,
             **kwargs,
         )
         requester = Requester(
@@ -311,9 +313,21 @@ async def prepare_database(settings: Settings) -> list[str]:
     return applied
 
 
+async def check_log_binding(
+    settings: Settings, pool: AsyncConnectionPool[psycopg.AsyncConnection[Any]], js: JetStreamContext
+) -> None:
+    """Raise :class:`projections.logbinding.LogMismatch` unless the read models belong to the
+    stream (recording the binding when there is none yet)."""
+    async with pool.connection() as conn, conn.transaction():
+        await check_log(conn, js, settings.stream, settings.projector_name)
+
+
 @contextlib.asynccontextmanager
-async def open_container(settings: Settings) -> AsyncIterator[Container]:
-    """Open every adapter (migrating the database first when ``auto_migrate``), close on exit."""
+async def open_container(settings: Settings, *, log_check: bool = True) -> AsyncIterator[Container]:
+    """Open every adapter (migrating the database first when ``auto_migrate``), close on exit.
+
+    Unless ``log_check`` is off (tools that repair the binding: ``rebuild``, ``log rebind``), the
+    read models must belong to the stream: :class:`projections.logbinding.LogMismatch` otherwise."""
     if settings.auto_migrate:
         await prepare_database(settings)
     layout = settings.layout()
@@ -332,6 +346,8 @@ async def open_container(settings: Settings) -> AsyncIterator[Container]:
     try:
         js = nc.jetstream()
         await when_jetstream_ready(lambda: ensure_stream(js, layout, replicas=settings.stream_replicas))
+        if log_check:
+            await check_log_binding(settings, pool, js)
         wrapper = settings.key_wrapper()
         if settings.encryption and wrapper is None:
             raise ValueError("CHRONICLE_ENCRYPTION is on and no key-encryption key is set (CHRONICLE_KEK or _KEK_FILE)")

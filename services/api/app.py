@@ -6,6 +6,7 @@ from collections.abc import AsyncIterator
 
 from fastapi import FastAPI
 
+from projections.logbinding import LogMismatch
 from services.api import auditor_view, openapi
 from services.api.asyncapi import router as asyncapi_router
 from services.api.audit import router as audit_router
@@ -48,8 +49,12 @@ def build_app(settings: Settings, container: Container | None = None) -> FastAPI
             app.state.c = container
             yield
             return
-        async with open_container(settings) as opened:
-            app.state.c = opened
+        async with contextlib.AsyncExitStack() as stack:
+            try:
+                app.state.c = await stack.enter_async_context(open_container(settings))
+            except LogMismatch as exc:  # run_api raises it again once uvicorn has given up
+                app.state.refused = exc
+                raise
             yield
 
     app = FastAPI(title="Chronicle", version="1.0", lifespan=lifespan)

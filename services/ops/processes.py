@@ -97,8 +97,9 @@ def listening_socket(host: str, port: int, *, reuse_port: bool) -> socket.socket
 def run_api(settings: Settings) -> None:
     """Serve the API until SIGINT/SIGTERM; with ``api_reuse_port`` on a socket shared with the
     other API processes on the same port."""
+    app = build_app(settings)
     config = uvicorn.Config(
-        build_app(settings),
+        app,
         host=settings.api_host,
         port=settings.api_port,
         log_level="warning",
@@ -107,9 +108,12 @@ def run_api(settings: Settings) -> None:
     )
     if not settings.api_reuse_port:
         uvicorn.Server(config).run()
-        return
-    sock = listening_socket(settings.api_host, settings.api_port, reuse_port=True)
-    try:
-        uvicorn.Server(config).run(sockets=[sock])
-    finally:
-        sock.close()
+    else:
+        sock = listening_socket(settings.api_host, settings.api_port, reuse_port=True)
+        try:
+            uvicorn.Server(config).run(sockets=[sock])
+        finally:
+            sock.close()
+    refused = getattr(app.state, "refused", None)
+    if refused is not None:  # the lifespan refused to start (uvicorn logged it and returned)
+        raise refused

@@ -1,0 +1,192 @@
+"""Which event log the read models belong to: checked by every component before it reads or
+writes by them.
+
+A projector's checkpoints (``<name>`` and ``<name>.pNNN``) are stream sequences; they mean
+something only in the stream they were taken in. A stream deleted and made again under the same
+name (its data directory wiped), another server's stream, or a database restored next to the
+wrong log starts at sequence 1 under checkpoints further on: the projector would skip the new
+log's first events as already applied, and the API would answer appends from read models of the
+other log. So ``log_binding`` records, per projector, the stream and its identity as JetStream
+reports it (the stream's creation time from stream info: the same on every node of a cluster and
+across leader changes, since it comes from the stream's assignment, not from a node), and
+:func:`check_log` refuses when
+
+* the binding names another stream, or the stream's creation time differs from the bound one, or
+* a checkpoint is beyond the stream's last sequence (the read models hold events this log does
+  not: a second, independent symptom, which also covers a purged or truncated stream).
+
+The first component that starts on an empty binding records it, in the transaction that reads the
+checkpoints. A rebuild binds the database to the stream it rebuilt from; ``chronicle log rebind
+--yes`` rewrites the binding after a deliberate restore.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+import psycopg
+from nats.js import JetStreamContext
+
+log = logging.getLogger("chronicle.logbinding")
+
+REMEDY = (
+    "Nothing was consumed. Either rebuild the read models from this log (`chronicle rebuild`), or point "
+    "CHRONICLE_DATABASE_URL / CHRONICLE_NATS_URL / CHRONICLE_STREAM at the database and the log that belong "
+    "together. After a deliberate restore (this log restored from a backup of the one the read models were made "
+    "from), `chronicle log rebind --yes` records this stream as theirs."
+)
+
+
+@dataclass(frozen=True, slots=True)
+class LogIdentity:
+    """A stream as JetStream reports it now: its name, creation time (None: not reported) and last sequence."""
+
+    stream: str
+    created: datetime | None
+    last_seq: int
+
+
+@dataclass(frozen=True, slots=True)
+class Binding:
+    """The log a projector's checkpoints (and so the read models) were made from."""
+
+    projector: str
+    stream: str
+    created: datetime | None
+    first_seen: datetime
+
+
+class LogMismatch(RuntimeError):
+    """The read models belong to another event log than the stream this process is set to: the
+    process refuses to start (it would skip or misread events). ``str()`` says what differs and
+    what to do."""
+
+    def __init__(
+        self,
+        detail: str,
+        *,
+        database: str,
+        identity: LogIdentity,
+        bound: Binding | None = None,
+        checkpoint: tuple[str, int] | None = None,
+    ) -> None:
+        super().__init__(f"{detail}. {REMEDY}")
+        self.database = database
+        self.identity = identity
+        self.bound = bound
+        self.checkpoint = checkpoint
+
+
+def _when(at: datetime | None) -> str:
+    return at.isoformat() if at is not None else "(not reported)"
+
+
+def database_of(conn: psycopg.AsyncConnection[Any]) -> str:
+    """``name`` on ``host:port``, no credentials."""
+    info = conn.info
+    return f"{info.dbname!r} on {info.host}:{info.port}"
+
+
+async def stream_identity(js: JetStreamContext, stream: str) -> LogIdentity:
+    info = await js.stream_info(stream)
+    return LogIdentity(stream, info.created, int(info.state.last_seq))
+
+
+async def read_binding(conn: psycopg.AsyncConnection[Any], projector: str, *, lock: bool = False) -> Binding | None:
+    cur = await conn.execute(
+        "SELECT projector, stream, stream_created, first_seen FROM log_binding WHERE projector = %s"
+        + (" FOR UPDATE" if lock else ""),
+        (projector,),
+    )
+    row = await cur.fetchone()
+    return Binding(str(row[0]), str(row[1]), row[2], row[3]) if row else None
+
+
+async def highest_checkpoint(conn: psycopg.AsyncConnection[Any], projector: str) -> tuple[str, int] | None:
+    """The furthest checkpoint of ``projector`` (``<name>`` or ``<name>.<partition>``), or None."""
+    cur = await conn.execute(
+        "SELECT name, seq FROM checkpoints WHERE name = %s OR starts_with(name, %s) ORDER BY seq DESC, name LIMIT 1",
+        (projector, projector + "."),
+    )
+    row = await cur.fetchone()
+    return (str(row[0]), int(row[1])) if row else None
+
+
+async def bind(conn: psycopg.AsyncConnection[Any], projector: str, identity: LogIdentity) -> None:
+    """Record ``identity`` as the log of ``projector``'s checkpoints (replacing any binding)."""
+    await conn.execute(
+        "INSERT INTO log_binding (projector, stream, stream_created) VALUES (%s, %s, %s) ON CONFLICT (projector) "
+        "DO UPDATE SET stream = excluded.stream, stream_created = excluded.stream_created, first_seen = now()",
+        (projector, identity.stream, identity.created),
+    )
+
+
+async def check_log(
+    conn: psycopg.AsyncConnection[Any], js: JetStreamContext, stream: str, projector: str, *, bind_empty: bool = True
+) -> Binding | None:
+    """Raise :class:`LogMismatch` unless ``projector``'s checkpoints belong to ``stream`` as it is
+    now; on an empty binding, record it (``bind_empty``). Run it inside the transaction that reads
+    the checkpoints: they are read before the stream's state, so a checkpoint moved meanwhile by a
+    running projector is never taken for one beyond the log. Returns the binding (None: empty and
+    not recorded)."""
+    furthest = await highest_checkpoint(conn, projector)
+    bound = await read_binding(conn, projector)
+    identity = await stream_identity(js, stream)
+    database = database_of(conn)
+    if bound is not None and bound.stream != stream:
+        raise LogMismatch(
+            f"the read models in database {database} (projector {projector!r}) were made from stream "
+            f"{bound.stream!r}, but this process is set to stream {stream!r}",
+            database=database,
+            identity=identity,
+            bound=bound,
+        )
+    if identity.created is None:
+        log.warning(
+            "stream %s reports no creation time (an old nats-server?): only its last sequence is checked against "
+            "the checkpoints of %s",
+            stream,
+            projector,
+        )
+    elif bound is not None and bound.created is not None and bound.created != identity.created:
+        raise LogMismatch(
+            f"the read models in database {database} (projector {projector!r}) were made from stream {stream!r} "
+            f"created {_when(bound.created)} (first seen {_when(bound.first_seen)}), but stream {stream!r} now "
+            f"was created {_when(identity.created)} (last sequence {identity.last_seq}): another log under the "
+            "same name (deleted and made again, or another server's)",
+            database=database,
+            identity=identity,
+            bound=bound,
+        )
+    if furthest is not None and furthest[1] > identity.last_seq:
+        name, seq = furthest
+        raise LogMismatch(
+            f"checkpoint {name!r} in database {database} is at sequence {seq}, beyond the last sequence "
+            f"{identity.last_seq} of stream {stream!r} (created {_when(identity.created)}): the read models hold "
+            "events this log does not (it was made again, truncated, or is another's)",
+            database=database,
+            identity=identity,
+            bound=bound,
+            checkpoint=furthest,
+        )
+    if bound is None and bind_empty:
+        await conn.execute(
+            "INSERT INTO log_binding (projector, stream, stream_created) VALUES (%s, %s, %s) "
+            "ON CONFLICT (projector) DO NOTHING",
+            (projector, stream, identity.created),
+        )
+        bound = await read_binding(conn, projector)
+        if bound is not None and (bound.stream, bound.created) != (stream, identity.created):
+            # another component bound it first, to something else, between our reads: check again
+            return await check_log(conn, js, stream, projector, bind_empty=False)
+        if furthest is not None and furthest[1] > 0:
+            log.info("bound the existing checkpoints of %s to stream %s (recorded now)", projector, stream)
+    elif bound is not None and bound.created is None and identity.created is not None:
+        await conn.execute(
+            "UPDATE log_binding SET stream_created = %s WHERE projector = %s AND stream_created IS NULL",
+            (identity.created, projector),
+        )
+    return bound
