@@ -20,6 +20,7 @@ from events.ids import TENANT_SCOPE
 from events.sealing import SEALED, KeyDestroyed, KeyLookup, tombstone_of, unseal_fields
 from events.subjects import SubjectLayout
 from projections import context_queries, queries
+from projections.logbinding import LogMismatch, bind, check_log, stream_identity
 from projections.quarantine import storable_text
 from projections.rebuild import TABLES, Horizon, apply_range, checksums, quarantine_rows, rebuild_into
 from projections.runner import checkpoint_partition
@@ -146,6 +147,7 @@ class RebuildReport:
     seconds: float
     swapped_at_seq: int
     kept_old: str | None = None
+    rebound: bool = False  # the read models belonged to another log: replaced, checkpoints reset
 
 
 def live_horizon(c: Container, checkpoints: dict[str, int]) -> tuple[Horizon, int]:
@@ -168,6 +170,16 @@ def live_horizon(c: Container, checkpoints: dict[str, int]) -> tuple[Horizon, in
     return horizon, max([*parts.values(), whole])
 
 
+async def log_mismatch(c: Container) -> LogMismatch | None:
+    """Why the read models do not belong to the stream (:func:`check_log`, recording nothing), or None."""
+    async with c.pool.connection() as conn, conn.transaction():
+        try:
+            await check_log(conn, c.js, c.settings.stream, c.settings.projector_name, bind_empty=False)
+        except LogMismatch as exc:
+            return exc
+    return None
+
+
 async def rebuild_and_swap(
     c: Container,
     projection: str = "all",
@@ -176,11 +188,28 @@ async def rebuild_and_swap(
     progress: Callable[[int, int], None] | None = None,
 ) -> RebuildReport:
     """Rebuild ``projection`` from sequence 1 into new tables while the old ones keep serving,
-    then, under a short exclusive lock, catch up to the live checkpoint and swap atomically."""
+    then, under a short exclusive lock, catch up to the live checkpoint and swap atomically; the
+    database is then bound to the stream it was rebuilt from (:mod:`projections.logbinding`).
+
+    When the read models belong to another log (:class:`LogMismatch`: no projector runs then),
+    only ``all`` may be rebuilt: every read-model table and the quarantine are replaced, the
+    projector's checkpoints (and its compaction state, backfilled again from the read models) are
+    reset to the sequence rebuilt, up to the stream's last one."""
     tables = PROJECTION_TABLES[projection]
     stamp = time.strftime("%Y%m%d%H%M%S")
     shadow, old = f"rebuild_{stamp}", f"old_{stamp}"
     name = c.settings.projector_name
+    mismatch = await log_mismatch(c)
+    if mismatch is not None and projection != "all":
+        raise LogMismatch(
+            f"only `chronicle rebuild --projection all` can rebuild read models of another log ({mismatch})",
+            database=mismatch.database,
+            identity=mismatch.identity,
+            bound=mismatch.bound,
+            checkpoint=mismatch.checkpoint,
+        )
+    if mismatch is not None:
+        tables = (*tables, "quarantine")
     start = time.monotonic()
     built = await rebuild_into(
         c.js,
@@ -195,22 +224,39 @@ async def rebuild_and_swap(
     )
     async with await psycopg.AsyncConnection.connect(c.settings.database_url) as conn:
         async with conn.transaction():
-            locked = ", ".join(f'public."{t}"' for t in (*tables, "checkpoints"))
+            locked = ", ".join(f'public."{t}"' for t in (*tables, "checkpoints", "log_binding"))
             await conn.execute(f"LOCK TABLE {locked} IN ACCESS EXCLUSIVE MODE")
-            horizon, live = live_horizon(c, await queries.checkpoints(conn))
-            await conn.execute(f'SET LOCAL search_path TO "{shadow}"')
-            await apply_range(
-                conn, c.js, c.layout, c.projections(), name, built + 1, live, horizon=horizon, keys=c.keys
-            )
+            identity = await stream_identity(c.js, c.settings.stream)
+            if mismatch is None:
+                horizon, live = live_horizon(c, await queries.checkpoints(conn))
+                await conn.execute(f'SET LOCAL search_path TO "{shadow}"')
+                await apply_range(
+                    conn, c.js, c.layout, c.projections(), name, built + 1, live, horizon=horizon, keys=c.keys
+                )
+            else:  # nothing applies from this log: rebuilt up to its end, the checkpoints start there
+                live = max(built, identity.last_seq)
+                await conn.execute(f'SET LOCAL search_path TO "{shadow}"')
+                await apply_range(conn, c.js, c.layout, c.projections(), name, built + 1, live, keys=c.keys)
+                await conn.execute("SET LOCAL search_path TO public")
+                await conn.execute(
+                    "DELETE FROM checkpoints WHERE name = %s OR starts_with(name, %s)", (name, name + ".")
+                )
+                await conn.execute("INSERT INTO checkpoints (name, seq) VALUES (%s, %s)", (name, live))
+                for state in ("compactor_messages", "compactor_overlays", "compactor_sessions"):
+                    await conn.execute(f"DELETE FROM {state} WHERE worker = %s", (name,))
             await conn.execute(f'CREATE SCHEMA "{old}"')
             for table in tables:
                 await conn.execute(f'ALTER TABLE public."{table}" SET SCHEMA "{old}"')
                 await conn.execute(f'ALTER TABLE "{shadow}"."{table}" SET SCHEMA public')
+            await conn.execute("SET LOCAL search_path TO public")
+            await bind(conn, name, identity)
         if not keep_old:
             await conn.execute(f'DROP SCHEMA "{old}" CASCADE')
         await conn.execute(f'DROP SCHEMA "{shadow}" CASCADE')
         await conn.commit()
-    return RebuildReport(shadow, max(built, live), time.monotonic() - start, live, old if keep_old else None)
+    return RebuildReport(
+        shadow, max(built, live), time.monotonic() - start, live, old if keep_old else None, mismatch is not None
+    )
 
 
 # -- verify -------------------------------------------------------------------------------

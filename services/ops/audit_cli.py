@@ -17,7 +17,8 @@ from services.settings import Settings
 
 
 async def run_audit(settings: Settings, args: argparse.Namespace) -> int:
-    async with open_container(settings) as c:
+    # the log's tools read the stream itself; a rebuild repairs a database bound to another log
+    async with open_container(settings, log_check=args.command == "history") as c:
         match args.command:
             case "replay":
                 ids.check_session(args.session)
@@ -57,6 +58,12 @@ async def run_audit(settings: Settings, args: argparse.Namespace) -> int:
                     f"swapped at sequence {report.swapped_at_seq}"
                     + (f"; old tables kept in schema {report.kept_old}" if report.kept_old else "")
                 )
+                if report.rebound:
+                    print(
+                        "the read models belonged to another log: replaced, and the checkpoints of "
+                        f"{settings.projector_name} start at sequence {report.swapped_at_seq} "
+                        f"of stream {settings.stream}"
+                    )
             case "verify":
                 bar = Progress("verify")
                 result = await audit.verify(c, limit=args.limit, progress=bar)

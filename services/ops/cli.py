@@ -80,6 +80,15 @@ def main(argv: list[str] | None = None) -> int:
     p_rebuild = sub.add_parser("rebuild", help="rebuild read models from sequence 1, then swap atomically")
     p_rebuild.add_argument("--projection", choices=["all", "history", "context", "overlays"], default="all")
     p_rebuild.add_argument("--keep-old", action="store_true", help="keep the replaced tables in a schema")
+    p_log = sub.add_parser("log", help="which event log the read models are bound to (docs/reliability.md)")
+    log_sub = p_log.add_subparsers(dest="log_command", required=True)
+    log_sub.add_parser("show", help="print the binding, the stream's identity and the furthest checkpoint")
+    p_rebind = log_sub.add_parser(
+        "rebind", help="bind the read models to the stream as it is now (after a deliberate restore from a backup)"
+    )
+    p_rebind.add_argument(
+        "--yes", action="store_true", help="rewrite the binding (without it: print both, change nothing)"
+    )
     p_verify = sub.add_parser("verify", help="rebuild into a shadow schema and compare with the live read models")
     p_verify.add_argument("--limit", type=int, default=5, help="differences to print per table")
     p_skills = sub.add_parser("skills", help="skill documents in object storage")
@@ -142,6 +151,20 @@ def main(argv: list[str] | None = None) -> int:
 
     settings = load_settings()
     logs.configure(settings.log_level, settings.log_format)
+    from projections.logbinding import LogMismatch
+
+    try:
+        return _dispatch(settings, args)
+    except LogMismatch as exc:
+        print(f"chronicle {args.command}: refusing to start: {exc}", file=sys.stderr, flush=True)
+        return LOG_MISMATCH_EXIT
+
+
+LOG_MISMATCH_EXIT = 3
+"""The exit status of a process that refused to start: its read models belong to another log."""
+
+
+def _dispatch(settings: Settings, args: argparse.Namespace) -> int:
     match args.command:
         case "up":
             from services.ops.localstack import up
@@ -174,6 +197,10 @@ def main(argv: list[str] | None = None) -> int:
             from services.ops.audit_cli import run_skills
 
             return asyncio.run(run_skills(settings, args))
+        case "log":
+            from services.ops.log_cli import run_log
+
+            return asyncio.run(run_log(settings, args))
         case "replay" | "history" | "rebuild" | "verify":
             from services.ops.audit_cli import run_audit
 
