@@ -343,7 +343,11 @@ def _serve(settings: Settings, env: dict[str, str], key: str, procs: list[subpro
         api_env = {**env, **shared, "CHRONICLE_NATS_URL": ",".join(rotated(servers, workers + 1 + a))}
         procs.append(subprocess.Popen([*exe, "api"], env=api_env, start_new_session=True))
     base = f"http://{settings.api_host}:{settings.api_port}"
-    _wait_ready(base, procs)
+    try:
+        _wait_ready(base, procs)
+    except RuntimeError as exc:  # what the process said (a refusal: its read models are another log's) is above
+        print(f"chronicle up: {exc}; stopping", file=sys.stderr, flush=True)
+        return 1
     print(
         f"\nChronicle is ready: {base}\n  API key (tenant '{DEFAULT_TENANT}'): {key}\n"
         f"  try: curl -H 'Authorization: Bearer {key}' {base}/v1/sessions\nPress Ctrl-C to stop.",
@@ -367,8 +371,9 @@ def _named(proc: subprocess.Popen[bytes]) -> str:
 def _wait_ready(base: str, procs: list[subprocess.Popen[bytes]], timeout: float = 60) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if any(p.poll() is not None for p in procs):
-            raise RuntimeError("a Chronicle process exited during start-up")
+        gone = [f"{_named(p)} (exit status {p.returncode})" for p in procs if p.poll() is not None]
+        if gone:
+            raise RuntimeError(f"{', '.join(gone)} exited during start-up")
         with contextlib.suppress(OSError), urllib.request.urlopen(base + "/readyz", timeout=2) as resp:  # noqa: S310
             if resp.status == 200:
                 return

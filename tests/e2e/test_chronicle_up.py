@@ -1,10 +1,12 @@
-"""`chronicle up` from a clean data directory: ready, serves, stops cleanly, restarts with its data."""
+"""`chronicle up` from a clean data directory: ready, serves, stops cleanly, restarts with its data,
+and refuses to start on a new event log under read models of the old one."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -21,9 +23,7 @@ from services.ops.localstack import ROUTE_PORT_OFFSET, free_port, port_free
 from tests.support import nats_handshake
 
 
-def _start(
-    data: Path, db_url: str, api_port: int, nats_port: int, *args: str, **extra: str
-) -> tuple[subprocess.Popen[str], list[str]]:
+def _env(data: Path, db_url: str, api_port: int, **extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("CHRONICLE_")}
     env.update(
         CHRONICLE_DATA_DIR=str(data),
@@ -32,9 +32,15 @@ def _start(
         CHRONICLE_S3_ENDPOINT=f"127.0.0.1:{free_port()}",
         **extra,
     )
+    return env
+
+
+def _start(
+    data: Path, db_url: str, api_port: int, nats_port: int, *args: str, **extra: str
+) -> tuple[subprocess.Popen[str], list[str]]:
     proc = subprocess.Popen(
         [sys.executable, "-m", "services.ops.cli", "up", "--nats-port", str(nats_port), *args],
-        env=env,
+        env=_env(data, db_url, api_port, **extra),
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
@@ -127,6 +133,20 @@ def test_up_serves_stops_and_restarts_with_its_data(tmp_path: Path, fresh_db: st
         assert [m["id"] for m in h.json()["messages"]] == ["m1"]
     finally:
         _stop(proc)
+    # the event log wiped, the database kept: a new stream under the old name, whose first events
+    # the read models would take for applied ones. Refused, with what to do
+    shutil.rmtree(tmp_path / "data" / "nats")
+    refused = subprocess.run(
+        [sys.executable, "-m", "services.ops.cli", "up", "--nats-port", str(nats_port)],
+        env=_env(tmp_path / "data", fresh_db, api_port),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert refused.returncode == 1, refused.stdout + refused.stderr
+    assert "refusing to start: the read models in database" in refused.stderr, refused.stderr
+    assert "chronicle rebuild" in refused.stderr
+    assert "exit status 3) exited during start-up; stopping" in refused.stderr
 
 
 def test_up_with_two_partitioned_projectors(tmp_path: Path, fresh_db: str) -> None:
