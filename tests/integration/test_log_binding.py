@@ -6,17 +6,21 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
+import logging
 import subprocess
 import sys
 from datetime import datetime
 
 import psycopg
 import pytest
+from nats.js import JetStreamContext
 from nats.js.errors import NotFoundError
 
 from bench.support import settings_env
 from events.stream import ensure_stream
-from projections.logbinding import LogMismatch
+from projections import logbinding
+from projections.logbinding import LogIdentity, LogMismatch
 from services.api.app import build_app
 from services.audit import readers as audit
 from services.bootstrap import Container, open_container
@@ -239,3 +243,25 @@ async def test_log_rebind_prints_both_and_rewrites_only_with_yes(
     assert await _binding(fresh_db, settings.projector_name) == (settings.stream, created)
     async with running_stack(settings) as c:  # starts: the restored log is the read models' now
         await _append(c, "after", "a0", "after the rebind")
+
+
+async def test_without_a_reported_creation_time_only_the_last_sequence_is_checked(
+    nats_url: str, fresh_db: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A server that reports no creation time: a warning, and the checkpoint check alone."""
+    settings = make_settings(nats_url, fresh_db)
+    checkpoint = await _used_log(settings)
+    real = logbinding.stream_identity
+
+    async def unreported(js: JetStreamContext, stream: str) -> LogIdentity:
+        return dataclasses.replace(await real(js, stream), created=None)
+
+    monkeypatch.setattr(logbinding, "stream_identity", unreported)
+    with caplog.at_level(logging.WARNING, logger="chronicle.logbinding"):
+        async with open_container(settings):
+            pass
+    assert any("reports no creation time" in r.getMessage() for r in caplog.records)
+    await _made_again(settings)
+    with pytest.raises(LogMismatch, match=f"at sequence {checkpoint}, beyond the last sequence 0"):
+        async with open_container(settings):
+            pass

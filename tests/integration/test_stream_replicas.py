@@ -127,3 +127,27 @@ async def _consumer_moved(js: JetStreamContext, stream: str, name: str, replicas
             return True
         await asyncio.sleep(0.1)
     return False
+
+
+async def test_the_streams_creation_time_survives_a_leader_change(
+    cluster_nc: NatsClient, cluster_urls: list[str], db_url: str
+) -> None:
+    """The log's identity (projections/logbinding.py) is the stream's creation time: it comes from
+    the stream's assignment, so every leader reports the same one and a failover is no mismatch."""
+    settings = on_cluster(cluster_urls, db_url, stream_replicas=3)
+    async with open_container(settings) as c:  # binds the log
+        before = await c.js.stream_info(settings.stream)
+        assert before.created is not None
+        assert before.cluster is not None
+        assert await _eventually_current(c.js, settings.stream, 3)
+        await cluster_nc.request(f"$JS.API.STREAM.LEADER.STEPDOWN.{settings.stream}", b"", timeout=10)
+        for _ in range(100):
+            after = await c.js.stream_info(settings.stream)
+            if after.cluster is not None and after.cluster.leader not in (None, before.cluster.leader):
+                break
+            await asyncio.sleep(0.1)
+        else:
+            raise AssertionError("the stream kept its leader")
+        assert after.created == before.created
+    async with open_container(settings):  # the check passes under the new leader
+        pass
