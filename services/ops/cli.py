@@ -80,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
     p_rebuild = sub.add_parser("rebuild", help="rebuild read models from sequence 1, then swap atomically")
     p_rebuild.add_argument("--projection", choices=["all", "history", "context", "overlays"], default="all")
     p_rebuild.add_argument("--keep-old", action="store_true", help="keep the replaced tables in a schema")
-    p_log = sub.add_parser("log", help="which event log the read models are bound to (docs/reliability.md)")
+    p_log = sub.add_parser("log", help="which event log the read models are bound to (docs/architecture.md)")
     log_sub = p_log.add_subparsers(dest="log_command", required=True)
     log_sub.add_parser("show", help="print the binding, the stream's identity and the furthest checkpoint")
     p_rebind = log_sub.add_parser(
