@@ -269,25 +269,34 @@ async def path_from(conn: Conn, tenant: str, session: str, leaf_id: str | None) 
     rows = await cur.fetchall()
     if leaf_id is None:
         return None, []
+    path: list[PathRow] = []
+    seen: set[str] = set()
     parent: dict[str, str | None] = {}
     content: dict[str, str] = {}
-    ids: list[str] = []
-    seen: set[str] = set()
     node: str | None = leaf_id
     while True:
-        for mid, pid, body, _ in rows:
+        start = 0
+        if not parent:  # the usual shape: the page's rows are the path, newest first
+            for mid, pid, body, _ in rows:
+                if mid != node or mid in seen:
+                    break
+                path.append(PathRow(mid, body))
+                seen.add(mid)
+                node = pid
+                start += 1
+        for mid, pid, body, _ in rows[start:]:
             parent[mid] = pid
             content[mid] = body
         while node is not None and node in parent and node not in seen:
-            ids.append(node)
+            path.append(PathRow(node, content[node]))
             seen.add(node)
             node = parent[node]
         if node is None or node in seen or len(rows) < PATH_PAGE:
             break
         cur = await conn.execute(_PATH_PAGE_SQL, (tenant, session, rows[-1][3], PATH_PAGE))
         rows = await cur.fetchall()
-    ids.reverse()
-    return leaf_id, [PathRow(i, content[i]) for i in ids]
+    path.reverse()
+    return leaf_id, path
 
 
 async def _path_rows(

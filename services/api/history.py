@@ -121,15 +121,18 @@ async def read_history(
         start, truncated, total = recent_window([(r.id, len(r.content.encode())) for r in raw], max_bytes, min_recent)
         raw = raw[start:]
         head |= {"truncated": truncated, "total_content_bytes": total}
-    by_id = {r.id: r for r in raw}
     contents: list[str] = []
-    for item in apply_overlays(list(by_id), found):
-        if isinstance(item, Overlay):
-            contents.append(overlay_json(item))
-            continue
-        row = by_id[item]
-        outputs = unloaded.outputs(row.id, row.content)
-        contents.append(reclaim(row.content, outputs) if outputs else row.content)
+    if not found and unloaded.empty:  # nothing to splice in: the stored bodies as they are
+        contents = [r.content for r in raw]
+    else:
+        by_id = {r.id: r for r in raw}
+        for item in apply_overlays(list(by_id), found):
+            if isinstance(item, Overlay):
+                contents.append(overlay_json(item))
+                continue
+            row = by_id[item]
+            outputs = unloaded.outputs(row.id, row.content)
+            contents.append(reclaim(row.content, outputs) if outputs else row.content)
     if len(contents) > limit:  # the recent end, as max_bytes keeps it
         contents = contents[-limit:]
         head["truncated"] = True

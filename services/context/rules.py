@@ -76,6 +76,11 @@ class Reclaimed:
     by_message: dict[str, dict[str, str]]
     by_call: dict[str, str]
 
+    @property
+    def empty(self) -> bool:
+        """No unloaded output anywhere: every stored message reads as it is."""
+        return not self.by_message and not self.by_call
+
     def outputs(self, message_id: str, content: str) -> dict[str, str]:
         """{tool call id: skill key} to show as unloaded in this stored message."""
         found = dict(self.by_message.get(message_id, {}))
