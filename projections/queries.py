@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, NamedTuple, TypeVar
@@ -238,6 +238,79 @@ def _walk(parent: dict[str, str | None], leaf_id: str) -> tuple[list[str], int]:
         seen.add(node)
         node = parent[node]
     return ids, len(parent)
+
+
+@dataclass(frozen=True, slots=True)
+class SingleBranch:
+    """A history read answered by :func:`single_branch`: the path is every message of the session."""
+
+    leaf_id: str
+    body: str  # the messages' stored JSON, root first, joined with ","
+    count: int
+
+
+_SINGLE_BRANCH_SQL = """
+WITH st AS MATERIALIZED (
+  SELECT x.leaf_id AS leaf,
+    (%(q)s::bigint IS NULL OR coalesce(x.last_seq >= %(q)s, false)
+      OR EXISTS (SELECT 1 FROM checkpoints WHERE name = ANY(%(n)s) AND seq >= %(q)s)) AS fresh,
+    %(ov)s AND EXISTS (SELECT 1 FROM overlays o WHERE o.tenant = %(t)s AND o.session_id = %(s)s) AS has_ov,
+    EXISTS (SELECT 1 FROM reclaimed_outputs r WHERE r.tenant = %(t)s AND r.session_id = %(s)s) AS has_rc
+  FROM (SELECT 1) one LEFT JOIN sessions x ON x.tenant = %(t)s AND x.id = %(s)s
+)
+SELECT st.leaf, st.fresh, st.has_ov, st.has_rc, p.n, p.chained, p.newest, p.body
+FROM st LEFT JOIN LATERAL (
+  SELECT count(*) AS n, coalesce(bool_and(w.chained), true) AS chained,
+         max(w.id) FILTER (WHERE w.last) AS newest, string_agg(w.content, ',' ORDER BY w.seq) AS body
+  FROM (
+    SELECT id, content, seq,
+           parent_id IS NOT DISTINCT FROM lag(id) OVER (ORDER BY seq) AS chained,
+           lead(id) OVER (ORDER BY seq) IS NULL AS last
+    FROM (SELECT id, parent_id, content, seq FROM messages
+          WHERE tenant = %(t)s AND session_id = %(s)s AND st.fresh AND NOT st.has_rc AND NOT st.has_ov
+          ORDER BY seq LIMIT %(lim)s) oldest
+  ) w
+) p ON true
+"""
+
+
+async def single_branch(
+    conn: Conn,
+    tenant: str,
+    session: str,
+    leaf_id: str | None,
+    *,
+    min_seq: int | None,
+    checkpoints: Sequence[str],
+    limit: int,
+    overlays: bool,
+) -> SingleBranch | None:
+    """A history read in one statement (one snapshot, no transaction), when the session is a
+    single branch: its messages in append order each the child of the one before, the first a
+    root, the newest the leaf asked for (``leaf_id``, or the latest leaf). The database joins
+    the stored bodies; nothing is done per message here. None when the read needs
+    :func:`path_from` and the overlays and unloaded outputs instead: another shape (branches, a
+    deleted message, another leaf), more than ``limit`` messages, none, a summary overlay
+    (``overlays``: they are applied), an unloaded skill output, or a state older than
+    ``min_seq`` (by the projector's ``checkpoints``, as :meth:`AppliedWaiter.send_applied_check`)."""
+    cur = await conn.execute(
+        _SINGLE_BRANCH_SQL,
+        {
+            "t": tenant,
+            "s": session,
+            "q": min_seq or None,
+            "n": list(checkpoints),
+            "ov": overlays,
+            "lim": limit + 1,
+        },
+    )
+    row = await cur.fetchone()
+    if row is None:
+        return None
+    latest, fresh, _, _, count, chained, newest, body = row
+    if not fresh or not count or count > limit or not chained or newest != (leaf_id or latest) or body is None:
+        return None
+    return SingleBranch(str(newest), str(body), int(count))
 
 
 PATH_PAGE = 2_000

@@ -11,7 +11,7 @@ from projections.overlays import Overlay, apply_overlays, overlay_json, send_ove
 from services.api import models as m
 from services.api.deps import MAX_SEQ, ContainerDep, LeafId, MinSeq, Sid, Tenant, caught_up, check_id, require_session
 from services.api.models import ok
-from services.api.responses import JSON, raw_json
+from services.api.responses import JSON, joined_json, raw_json
 from services.api.strict_json import StrictJsonRoute
 from services.audit import readers as audit
 from services.bootstrap import Container
@@ -99,6 +99,20 @@ async def read_history(
         unloaded = reclaimed_in(state.reclaimed)
         head = {"as_of_seq": as_of_seq}
     else:
+        if max_bytes is None and not truncate_older:  # the usual read, in one statement when it can be
+            async with c.pool.connection() as conn:
+                single = await queries.single_branch(
+                    conn,
+                    tenant,
+                    sid,
+                    leaf_id,
+                    min_seq=min_seq,
+                    checkpoints=c.waiter.checkpoints_of(tenant, sid),
+                    limit=limit,
+                    overlays=compacted,
+                )
+            if single is not None:
+                return joined_json({"leaf_id": single.leaf_id}, single.body)
         wanted, leaf = min_seq, leaf_id
         while True:
             # The reads see one state; pipelined, BEGIN, COMMIT and the read-your-writes check

@@ -24,3 +24,9 @@ def raw_json(parts: dict[str, Any], raw_messages: list[str] | None = None) -> Re
     items[0] = head + items[0]
     items[-1] += "]}"
     return Response(",".join(items).encode(), media_type=JSON)
+
+
+def joined_json(parts: dict[str, Any], joined_messages: str) -> Response:
+    """:func:`raw_json` of messages already joined with ``,`` (the same bytes)."""
+    head = json.dumps(parts)[:-1] + (", " if parts else "") + '"messages": ['
+    return Response((head + joined_messages + "]}").encode(), media_type=JSON)

@@ -101,16 +101,21 @@ class AppliedWaiter:
             answer = await self.send_applied_check(conn, tenant, session, seq)
             return await answer()
 
+    def checkpoints_of(self, tenant: str, session: str) -> list[str]:
+        """The checkpoints that cover the session's subject: the unpartitioned projector's and
+        its partition's (either may be the one in use)."""
+        return [
+            self._projector,
+            partition_checkpoint(self._projector, partition_of(tenant, session, self._partitions)),
+        ]
+
     async def send_applied_check(
         self, conn: psycopg.AsyncConnection[Any], tenant: str, session: str, seq: int
     ) -> Callable[[], Awaitable[bool]]:
         """:meth:`session_applied`, sent on ``conn`` now and answered when the returned function is
         awaited: in pipeline mode the check travels with the statements that follow it, and in a
         snapshot it sees the same state they do (a read that proves itself fresh)."""
-        names = [
-            self._projector,
-            partition_checkpoint(self._projector, partition_of(tenant, session, self._partitions)),
-        ]
+        names = self.checkpoints_of(tenant, session)
         cur = await conn.execute(
             "SELECT coalesce((SELECT last_seq >= %(q)s FROM sessions WHERE tenant = %(t)s AND id = %(s)s), false) "
             "OR EXISTS (SELECT 1 FROM checkpoints WHERE name = ANY(%(n)s) AND seq >= %(q)s)",

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 
@@ -70,7 +71,23 @@ async def test_the_paged_path_is_the_walked_path(
         expected = [(r.id, r.content) for r in await queries.history(conn, T, sid, latest)] if latest else []
         got_leaf, got = await queries.path_from(conn, T, sid, None)
         assert (got_leaf, [(r.id, r.content) for r in got]) == (latest, expected)
+        for leaf in [None, *stored]:
+            await check_single_branch(conn, sid, leaf)
     assert walked_any  # some walk took several pages
+
+
+async def check_single_branch(conn: Any, sid: str, leaf: str | None) -> None:
+    """:func:`queries.single_branch` answers exactly when the path is every message of the
+    session in append order, and then with the path's bodies."""
+    leaf_id, path = await queries.path_from(conn, T, sid, leaf)
+    cur = await conn.execute("SELECT id FROM messages WHERE tenant = %s AND session_id = %s ORDER BY seq", (T, sid))
+    every = [r[0] for r in await cur.fetchall()]
+    single = await queries.single_branch(conn, T, sid, leaf, min_seq=None, checkpoints=[], limit=1000, overlays=True)
+    if path and [r.id for r in path] == every:
+        assert single is not None, (leaf, every)
+        assert (single.leaf_id, single.body, single.count) == (leaf_id, ",".join(r.content for r in path), len(path))
+    else:
+        assert single is None, (leaf, every, [r.id for r in path])
 
 
 async def test_a_session_without_messages_has_no_path(stack: Container, new_id: Callable[[str], str]) -> None:
@@ -89,4 +106,16 @@ async def test_a_long_chain_is_read_a_page_at_a_time(
     monkeypatch.setattr(queries, "PATH_PAGE", 3)
     async with stack.pool.connection() as conn:
         leaf, path = await queries.path_from(conn, T, sid, None)
-    assert (leaf, [r.id for r in path]) == ("m9", [f"m{i}" for i in range(10)])
+        assert (leaf, [r.id for r in path]) == ("m9", [f"m{i}" for i in range(10)])
+        await check_single_branch(conn, sid, None)
+        await check_single_branch(conn, sid, "m9")
+        await check_single_branch(conn, sid, "m5")  # not the newest: the path is not every message
+        args = {"min_seq": None, "checkpoints": [], "overlays": True}
+        assert await queries.single_branch(conn, T, sid, None, limit=9, **args) is None  # over the limit
+        assert await queries.single_branch(conn, T, sid, None, limit=10, **args) is not None
+        cur = await conn.execute("SELECT last_seq FROM sessions WHERE tenant = %s AND id = %s", (T, sid))
+        row = await cur.fetchone()
+        assert row is not None
+        fresh = {"checkpoints": ["no-such-checkpoint"], "overlays": True, "limit": 100}
+        assert await queries.single_branch(conn, T, sid, None, min_seq=row[0], **fresh) is not None
+        assert await queries.single_branch(conn, T, sid, None, min_seq=row[0] + 1, **fresh) is None  # not yet
