@@ -258,20 +258,22 @@ WITH st AS MATERIALIZED (
     EXISTS (SELECT 1 FROM reclaimed_outputs r WHERE r.tenant = %(t)s AND r.session_id = %(s)s) AS has_rc
   FROM (SELECT 1) one LEFT JOIN sessions x ON x.tenant = %(t)s AND x.id = %(s)s
 )
-SELECT st.leaf, st.fresh, st.has_ov, st.has_rc, p.n, p.chained, p.newest, p.body
+SELECT st.leaf, st.fresh, p.n, p.chained, p.body
 FROM st LEFT JOIN LATERAL (
   SELECT count(*) AS n, coalesce(bool_and(w.chained), true) AS chained,
-         max(w.id) FILTER (WHERE w.last) AS newest, string_agg(w.content, ',' ORDER BY w.seq) AS body
+         string_agg(w.content, ',' ORDER BY w.seq) AS body
   FROM (
-    SELECT id, content, seq,
-           parent_id IS NOT DISTINCT FROM lag(id) OVER (ORDER BY seq) AS chained,
-           lead(id) OVER (ORDER BY seq) IS NULL AS last
+    SELECT content, seq, parent_id IS NOT DISTINCT FROM lag(id) OVER (ORDER BY seq) AS chained
     FROM (SELECT id, parent_id, content, seq FROM messages
           WHERE tenant = %(t)s AND session_id = %(s)s AND st.fresh AND NOT st.has_rc AND NOT st.has_ov
+            AND (%(l)s::text IS NULL OR %(l)s = st.leaf)
           ORDER BY seq LIMIT %(lim)s) oldest
   ) w
 ) p ON true
 """
+# When every message is the child of the one appended before it, the newest is the session's
+# only leaf, so the latest leaf the projector keeps (``sessions.leaf_id``, read in the same
+# statement) is the newest message: the path to it is every message, in append order.
 
 
 async def single_branch(
@@ -302,15 +304,16 @@ async def single_branch(
             "n": list(checkpoints),
             "ov": overlays,
             "lim": limit + 1,
+            "l": leaf_id,
         },
     )
     row = await cur.fetchone()
     if row is None:
         return None
-    latest, fresh, _, _, count, chained, newest, body = row
-    if not fresh or not count or count > limit or not chained or newest != (leaf_id or latest) or body is None:
+    latest, fresh, count, chained, body = row
+    if not fresh or not count or count > limit or not chained or latest is None or body is None:
         return None
-    return SingleBranch(str(newest), str(body), int(count))
+    return SingleBranch(str(latest), str(body), int(count))
 
 
 PATH_PAGE = 2_000

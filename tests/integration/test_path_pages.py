@@ -44,7 +44,7 @@ def random_tree(rng: random.Random, sid: str, n: int) -> list[Event]:
     return events
 
 
-@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("seed", range(8))
 async def test_the_paged_path_is_the_walked_path(
     stack: Container, new_id: Callable[[str], str], monkeypatch: pytest.MonkeyPatch, seed: int
 ) -> None:
