@@ -331,6 +331,12 @@ def merge_touches(ops: Sequence[Op]) -> list[TouchSession]:
     ]
 
 
+SINGLE_BRANCH_OF = (
+    "SELECT coalesce(bool_and(w.chained), true) FROM (SELECT m.parent_id IS NOT DISTINCT FROM "
+    "lag(m.id) OVER (ORDER BY m.seq) AS chained FROM messages m WHERE m.tenant = u.t AND m.session_id = u.s) w"
+)
+"""Whether the session's messages, in append order, are one chain (each the child of the one
+before, the first a root): ``sessions.single_branch``, computed from every row (``u.t``, ``u.s``)."""
 _LATEST_LEAF = (
     "SELECT m.id FROM messages m WHERE m.tenant = u.t AND m.session_id = u.s AND NOT EXISTS "
     "(SELECT 1 FROM messages c WHERE c.tenant = m.tenant AND c.session_id = m.session_id AND c.parent_id = m.id) "
@@ -345,8 +351,14 @@ _SET_LEAF = (
     "AND EXISTS (SELECT 1 FROM messages m WHERE m.tenant = u.t AND m.session_id = u.s AND m.id = u.id "
     "AND m.seq = u.q) "
     "AND NOT EXISTS (SELECT 1 FROM messages c WHERE c.tenant = u.t AND c.session_id = u.s AND c.parent_id = u.id) "
-    f"THEN u.id ELSE ({_LATEST_LEAF}) END "
-    "FROM unnest(%s::text[], %s::text[], %s::text[], %s::bigint[]) AS u(t, s, id, q) "
+    f"THEN u.id ELSE ({_LATEST_LEAF}) END, "
+    # ``single_branch`` (on the old row: x.linear, x.leaf_id): see :func:`shape_changes`
+    "single_branch = CASE WHEN u.mode IN ('appended', 'branched') AND (SELECT count(*) FROM messages m "
+    "WHERE m.tenant = u.t AND m.session_id = u.s AND m.seq BETWEEN u.lo AND u.hi) = u.n "
+    "THEN u.mode = 'appended' AND x.single_branch AND u.fp IS NOT DISTINCT FROM x.leaf_id "
+    f"ELSE ({SINGLE_BRANCH_OF}) END "
+    "FROM unnest(%s::text[], %s::text[], %s::text[], %s::bigint[], %s::text[], %s::text[], %s::bigint[], "
+    "%s::bigint[], %s::int[]) AS u(t, s, id, q, mode, fp, lo, hi, n) "
     "WHERE x.tenant = u.t AND x.id = u.s"
 )
 
@@ -366,6 +378,44 @@ def leaf_changes(ops: Sequence[Op]) -> list[tuple[str, str, str | None, int | No
             case _:
                 pass
     return [(t, s, leaf, seq) for (t, s), (leaf, seq) in sorted(changes.items())]
+
+
+@dataclass(slots=True)
+class _Shape:
+    mode: str = "appended"  # appended | branched | recount
+    first_parent: str | None = None
+    expected: str | None = None
+    lo: int = 0
+    hi: int = 0
+    n: int = 0
+
+
+def shape_changes(ops: Sequence[Op]) -> dict[tuple[str, str], tuple[str, str | None, int, int, int]]:
+    """Per session whose tree the operations change, how ``sessions.single_branch`` follows:
+    ``(mode, first parent, lowest and highest insert sequence, inserts)``.
+
+    ``appended``: only inserts, each the child of the one before; the session stays a single
+    branch when it was one and the first insert's parent is its latest leaf (the newest message)
+    before them. ``branched``: only inserts, one of them not under the one before: not a single
+    branch. Either holds only when every insert was stored (the sequences ``lo..hi`` hold ``n``
+    of the session's rows; an insert of an id already stored is dropped); otherwise, and after a
+    delete or a clear (``recount``), the flag is computed again from every row."""
+    shapes: dict[tuple[str, str], _Shape] = {}
+    for op in ops:
+        match op:
+            case InsertMessage():
+                shape = shapes.get((op.tenant, op.session))
+                if shape is None:
+                    shapes[(op.tenant, op.session)] = _Shape("appended", op.parent_id, op.id, op.seq, op.seq, 1)
+                    continue
+                if shape.mode == "appended" and op.parent_id != shape.expected:
+                    shape.mode = "branched"
+                shape.expected, shape.hi, shape.n = op.id, op.seq, shape.n + 1
+            case DeleteMessages() | ClearMessages() | DeleteSession():
+                shapes[(op.tenant, op.session)] = _Shape("recount")
+            case _:
+                pass
+    return {k: (v.mode, v.first_parent, v.lo, v.hi, v.n) for k, v in shapes.items()}
 
 
 async def apply_ops(conn: AsyncConnection[Any], ops: Sequence[Op]) -> None:
@@ -398,7 +448,9 @@ async def apply_ops(conn: AsyncConnection[Any], ops: Sequence[Op]) -> None:
             i = j
         leaves = leaf_changes(rest)
         if leaves:
-            await cur.execute(_SET_LEAF, columns(leaves))
+            shapes = shape_changes(rest)
+            rows = [(*leaf, *shapes.get((leaf[0], leaf[1]), ("recount", None, 0, 0, 0))) for leaf in leaves]
+            await cur.execute(_SET_LEAF, columns(rows))
 
 
 class HistoryProjection:

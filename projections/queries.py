@@ -251,29 +251,25 @@ class SingleBranch:
 
 _SINGLE_BRANCH_SQL = """
 WITH st AS MATERIALIZED (
-  SELECT x.leaf_id AS leaf,
+  SELECT x.leaf_id AS leaf, coalesce(x.single_branch, false) AS single,
     (%(q)s::bigint IS NULL OR coalesce(x.last_seq >= %(q)s, false)
       OR EXISTS (SELECT 1 FROM checkpoints WHERE name = ANY(%(n)s) AND seq >= %(q)s)) AS fresh,
     %(ov)s AND EXISTS (SELECT 1 FROM overlays o WHERE o.tenant = %(t)s AND o.session_id = %(s)s) AS has_ov,
     EXISTS (SELECT 1 FROM reclaimed_outputs r WHERE r.tenant = %(t)s AND r.session_id = %(s)s) AS has_rc
   FROM (SELECT 1) one LEFT JOIN sessions x ON x.tenant = %(t)s AND x.id = %(s)s
 )
-SELECT st.leaf, st.fresh, p.n, p.chained, p.body
+SELECT st.leaf, m.content
 FROM st LEFT JOIN LATERAL (
-  SELECT count(*) AS n, coalesce(bool_and(w.chained), true) AS chained,
-         string_agg(w.content, ',' ORDER BY w.seq) AS body
-  FROM (
-    SELECT content, seq, parent_id IS NOT DISTINCT FROM lag(id) OVER (ORDER BY seq) AS chained
-    FROM (SELECT id, parent_id, content, seq FROM messages
-          WHERE tenant = %(t)s AND session_id = %(s)s AND st.fresh AND NOT st.has_rc AND NOT st.has_ov
-            AND (%(l)s::text IS NULL OR %(l)s = st.leaf)
-          ORDER BY seq LIMIT %(lim)s) oldest
-  ) w
-) p ON true
+  SELECT content FROM messages
+  WHERE tenant = %(t)s AND session_id = %(s)s
+    AND st.single AND st.fresh AND NOT st.has_rc AND NOT st.has_ov AND st.leaf IS NOT NULL
+    AND (%(l)s::text IS NULL OR %(l)s = st.leaf)
+  ORDER BY seq LIMIT %(lim)s
+) m ON true
 """
-# When every message is the child of the one appended before it, the newest is the session's
-# only leaf, so the latest leaf the projector keeps (``sessions.leaf_id``, read in the same
-# statement) is the newest message: the path to it is every message, in append order.
+# When every message is the child of the one appended before it (``sessions.single_branch``, kept
+# by the projector in the transaction that writes the rows), the newest is the session's only
+# leaf, which is the latest leaf it keeps: the path to it is every message, in append order.
 
 
 async def single_branch(
@@ -288,13 +284,13 @@ async def single_branch(
     overlays: bool,
 ) -> SingleBranch | None:
     """A history read in one statement (one snapshot, no transaction), when the session is a
-    single branch: its messages in append order each the child of the one before, the first a
-    root, the newest the leaf asked for (``leaf_id``, or the latest leaf). The database joins
-    the stored bodies; nothing is done per message here. None when the read needs
-    :func:`path_from` and the overlays and unloaded outputs instead: another shape (branches, a
-    deleted message, another leaf), more than ``limit`` messages, none, a summary overlay
-    (``overlays``: they are applied), an unloaded skill output, or a state older than
-    ``min_seq`` (by the projector's ``checkpoints``, as :meth:`AppliedWaiter.send_applied_check`)."""
+    single branch (``sessions.single_branch``: its messages in append order each the child of
+    the one before, the first a root) and the leaf asked for (``leaf_id``, or the latest leaf)
+    is its newest message. None when the read needs :func:`path_from` and the overlays and
+    unloaded outputs instead: another shape or leaf, more than ``limit`` messages, none, a
+    summary overlay (``overlays``: they are applied), an unloaded skill output, or a state older
+    than ``min_seq`` (by the projector's ``checkpoints``, as
+    :meth:`AppliedWaiter.send_applied_check`)."""
     cur = await conn.execute(
         _SINGLE_BRANCH_SQL,
         {
@@ -307,13 +303,10 @@ async def single_branch(
             "l": leaf_id,
         },
     )
-    row = await cur.fetchone()
-    if row is None:
+    rows = await cur.fetchall()
+    if not rows or rows[0][1] is None or len(rows) > limit:
         return None
-    latest, fresh, count, chained, body = row
-    if not fresh or not count or count > limit or not chained or latest is None or body is None:
-        return None
-    return SingleBranch(str(latest), str(body), int(count))
+    return SingleBranch(str(rows[0][0]), ",".join([r[1] for r in rows]), len(rows))
 
 
 PATH_PAGE = 2_000

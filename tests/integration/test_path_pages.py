@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from events.catalog import MessagesDeleted
+from events.catalog import MessageAppended, MessagesCleared, MessagesDeleted
 from events.envelope import Event
 from projections import queries
 from projections.history import HistoryProjection
@@ -76,18 +76,74 @@ async def test_the_paged_path_is_the_walked_path(
     assert walked_any  # some walk took several pages
 
 
+async def chained(conn: Any, sid: str) -> tuple[bool, str | None]:
+    """(whether the session's messages in append order are one chain from a root, the newest)."""
+    cur = await conn.execute(
+        "SELECT id, parent_id FROM messages WHERE tenant = %s AND session_id = %s ORDER BY seq", (T, sid)
+    )
+    rows = await cur.fetchall()
+    ok = all(pid == (rows[i - 1][0] if i else None) for i, (_, pid) in enumerate(rows))
+    return ok, rows[-1][0] if rows else None
+
+
 async def check_single_branch(conn: Any, sid: str, leaf: str | None) -> None:
-    """:func:`queries.single_branch` answers exactly when the path is every message of the
-    session in append order, and then with the path's bodies."""
+    """:func:`queries.single_branch` answers exactly when the session is one chain and the leaf
+    asked for is its newest message, and then with the path's bodies."""
     leaf_id, path = await queries.path_from(conn, T, sid, leaf)
-    cur = await conn.execute("SELECT id FROM messages WHERE tenant = %s AND session_id = %s ORDER BY seq", (T, sid))
-    every = [r[0] for r in await cur.fetchall()]
-    single = await queries.single_branch(conn, T, sid, leaf, min_seq=None, checkpoints=[], limit=1000, overlays=True)
-    if path and [r.id for r in path] == every:
-        assert single is not None, (leaf, every)
-        assert (single.leaf_id, single.body, single.count) == (leaf_id, ",".join(r.content for r in path), len(path))
+    one_chain, newest = await chained(conn, sid)
+    found = await single(conn, sid, leaf)
+    if one_chain and newest is not None and leaf in (None, newest):
+        assert found is not None, (leaf, newest)
+        assert (found.leaf_id, found.body, found.count) == (leaf_id, ",".join(r.content for r in path), len(path))
     else:
-        assert single is None, (leaf, every, [r.id for r in path])
+        assert found is None, (leaf, newest, [r.id for r in path])
+
+
+@pytest.mark.parametrize("seed", range(8))
+async def test_the_single_branch_flag_follows_every_batch(
+    stack: Container, new_id: Callable[[str], str], seed: int
+) -> None:
+    """``sessions.single_branch``, kept batch by batch (appends under the leaf, branches,
+    deletes, clears, re-appends of stored ids, batches of every size), is always what the rows
+    say."""
+    rng = random.Random(1000 + seed)
+    sid = new_id("shape")
+    events: list[Event] = []
+    for i in range(60):
+        roll = rng.random()
+        if roll < 0.03:
+            events.append(MessagesCleared(tenant=T, session=sid))
+        elif roll < 0.08:
+            events.append(MessagesDeleted(tenant=T, session=sid, message_ids=[f"m{rng.randrange(max(i, 1))}"]))
+        elif roll < 0.12:
+            events.append(appended(T, sid, f"m{rng.randrange(max(i, 1))}", None))  # an id maybe stored
+        elif roll < 0.2:
+            events.append(appended(T, sid, f"m{i}", f"m{rng.randrange(max(i, 1))}"))  # maybe a branch
+        else:
+            events.append(appended(T, sid, f"m{i}", None))  # placeholder parent, set below
+    leaf: str | None = None
+    fixed: list[Event] = []
+    for e in events:  # most plain appends go under the latest leaf, as the API would put them
+        if isinstance(e, MessagesCleared):
+            leaf = None
+        elif isinstance(e, MessageAppended):
+            if e.parent_id is None and rng.random() < 0.9:
+                e = appended(T, sid, e.message_id, leaf)
+            leaf = e.message_id
+        fixed.append(e)
+    seq, i = 70_000_000 + seed * 1_000, 0
+    while i < len(fixed):
+        size = rng.choice([1, 1, 2, 3, 7, 20])
+        batch = [(seq + j, e) for j, e in enumerate(fixed[i : i + size])]
+        async with stack.pool.connection() as conn, conn.transaction():
+            await apply_batch(conn, "shape-test-" + sid, [HistoryProjection()], batch, notify=False)
+        seq, i = seq + size, i + size
+        async with stack.pool.connection() as conn:
+            cur = await conn.execute("SELECT single_branch FROM sessions WHERE tenant = %s AND id = %s", (T, sid))
+            row = await cur.fetchone()
+            assert row is not None
+            assert row[0] == (await chained(conn, sid))[0], i
+            await check_single_branch(conn, sid, None)
 
 
 async def test_a_session_without_messages_has_no_path(stack: Container, new_id: Callable[[str], str]) -> None:
@@ -110,12 +166,18 @@ async def test_a_long_chain_is_read_a_page_at_a_time(
         await check_single_branch(conn, sid, None)
         await check_single_branch(conn, sid, "m9")
         await check_single_branch(conn, sid, "m5")  # not the newest: the path is not every message
-        args = {"min_seq": None, "checkpoints": [], "overlays": True}
-        assert await queries.single_branch(conn, T, sid, None, limit=9, **args) is None  # over the limit
-        assert await queries.single_branch(conn, T, sid, None, limit=10, **args) is not None
+        assert await single(conn, sid, limit=9) is None  # over the limit
+        assert await single(conn, sid, limit=10) is not None
         cur = await conn.execute("SELECT last_seq FROM sessions WHERE tenant = %s AND id = %s", (T, sid))
         row = await cur.fetchone()
         assert row is not None
-        fresh = {"checkpoints": ["no-such-checkpoint"], "overlays": True, "limit": 100}
-        assert await queries.single_branch(conn, T, sid, None, min_seq=row[0], **fresh) is not None
-        assert await queries.single_branch(conn, T, sid, None, min_seq=row[0] + 1, **fresh) is None  # not yet
+        assert await single(conn, sid, min_seq=row[0]) is not None
+        assert await single(conn, sid, min_seq=row[0] + 1) is None  # not applied yet: the read waits elsewhere
+
+
+async def single(
+    conn: Any, sid: str, leaf: str | None = None, *, limit: int = 1000, min_seq: int | None = None
+) -> queries.SingleBranch | None:
+    return await queries.single_branch(
+        conn, T, sid, leaf, min_seq=min_seq, checkpoints=["no-such-checkpoint"], limit=limit, overlays=True
+    )
