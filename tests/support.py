@@ -136,3 +136,18 @@ async def nats_handshake(url: str, seed: str | None) -> str:
     finally:
         writer.close()
         await writer.wait_closed()
+
+
+async def migrate_before(conn: Any, version: int) -> None:
+    """Bring an empty database to the schema just before migration ``version`` (the state a
+    database written by an older Chronicle is in), recorded as ``migrate`` records it."""
+    from projections.migrate import migration_files
+
+    await conn.execute(
+        "CREATE TABLE schema_migrations (version int PRIMARY KEY, name text NOT NULL, "
+        "applied_at timestamptz NOT NULL DEFAULT now())"
+    )
+    for number, name, sql in migration_files():
+        if number < version:
+            await conn.execute(sql.encode())
+            await conn.execute("INSERT INTO schema_migrations (version, name) VALUES (%s, %s)", (number, name))

@@ -6,19 +6,13 @@ from __future__ import annotations
 import psycopg
 
 from projections import context_queries, queries
-from projections.migrate import migrate, migration_files
+from projections.migrate import migrate
+from tests.support import migrate_before
 
 
 async def test_existing_rows_are_reindexed(fresh_db: str) -> None:
     async with await psycopg.AsyncConnection.connect(fresh_db, autocommit=True) as conn:
-        await conn.execute(
-            "CREATE TABLE schema_migrations (version int PRIMARY KEY, name text NOT NULL, "
-            "applied_at timestamptz NOT NULL DEFAULT now())"
-        )
-        for version, name, sql in migration_files():
-            if version < 10:
-                await conn.execute(sql.encode())
-                await conn.execute("INSERT INTO schema_migrations (version, name) VALUES (%s, %s)", (version, name))
+        await migrate_before(conn, 10)
         await conn.execute(
             "INSERT INTO messages (tenant, session_id, id, role, content, body_sha256, text_content, created_at, "
             "seq, updated_seq) VALUES ('t', 's', 'm1', 'user', '{}', 'x', 'Who is on call? The one on the left', "

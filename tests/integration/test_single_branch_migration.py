@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import psycopg
 
-from projections.migrate import migrate, migration_files
+from projections.migrate import migrate
+from tests.support import migrate_before
 
 SESSIONS = {
     "chain": [("a", None), ("b", "a"), ("c", "b")],
@@ -17,14 +18,7 @@ SESSIONS = {
 
 async def test_existing_sessions_get_their_shape(fresh_db: str) -> None:
     async with await psycopg.AsyncConnection.connect(fresh_db, autocommit=True) as conn:
-        await conn.execute(
-            "CREATE TABLE schema_migrations (version int PRIMARY KEY, name text NOT NULL, "
-            "applied_at timestamptz NOT NULL DEFAULT now())"
-        )
-        for version, name, sql in migration_files():
-            if version < 15:
-                await conn.execute(sql.encode())
-                await conn.execute("INSERT INTO schema_migrations (version, name) VALUES (%s, %s)", (version, name))
+        await migrate_before(conn, 15)
         seq = 0
         for sid, rows in SESSIONS.items():
             seq += 1
