@@ -31,7 +31,7 @@ from projections import search_languages
 from projections.context import ContextProjection
 from projections.history import HistoryProjection
 from projections.keystore import PgKeyStore
-from projections.logbinding import check_log
+from projections.logbinding import LogMismatch, check_log
 from projections.migrate import migrate
 from projections.overlays import OverlayProjection
 from projections.runner import Projection, ProjectorRunner, partition_checkpoint, read_checkpoint
@@ -320,6 +320,26 @@ async def check_log_binding(
     stream (recording the binding when there is none yet)."""
     async with pool.connection() as conn, conn.transaction():
         await check_log(conn, js, settings.stream, settings.projector_name)
+
+
+async def refuse_foreign_log(settings: Settings) -> None:
+    """The log check alone, before a server starts (a failed start-up buries the refusal in the
+    server's traceback): raise :class:`projections.logbinding.LogMismatch` on a mismatch; what it
+    cannot check yet (no stream, no table, a server not up) is left to :func:`open_container`."""
+    try:
+        nc = await connect_nats(settings)
+    except Exception:
+        return
+    try:
+        conn = await psycopg.AsyncConnection.connect(settings.database_url, autocommit=True)
+        async with conn, conn.transaction():
+            await check_log(conn, nc.jetstream(), settings.stream, settings.projector_name)
+    except LogMismatch:
+        raise
+    except Exception:  # checked again, with its own errors, when the container opens
+        return
+    finally:
+        await nc.close()
 
 
 @contextlib.asynccontextmanager

@@ -14,7 +14,7 @@ import uvloop
 from nats.aio.client import Client as NatsClient
 
 from services.api.app import build_app
-from services.bootstrap import open_container
+from services.bootstrap import open_container, refuse_foreign_log
 from services.commands_nats.app import serving_commands
 from services.settings import Settings
 
@@ -97,6 +97,7 @@ def listening_socket(host: str, port: int, *, reuse_port: bool) -> socket.socket
 def run_api(settings: Settings) -> None:
     """Serve the API until SIGINT/SIGTERM; with ``api_reuse_port`` on a socket shared with the
     other API processes on the same port."""
+    asyncio.run(refuse_foreign_log(settings))  # before uvicorn: a refusal is one line, not a traceback
     app = build_app(settings)
     config = uvicorn.Config(
         app,
