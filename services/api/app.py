@@ -22,7 +22,7 @@ from services.api.problems import CrashGuard, install
 from services.api.search import router as search_router
 from services.api.sessions import router as sessions_router
 from services.api.strict_json import StrictJsonRoute
-from services.bootstrap import Container, open_container
+from services.bootstrap import Container, open_container, settle_heap
 from services.settings import Settings
 
 ROUTERS = (
@@ -55,6 +55,7 @@ def build_app(settings: Settings, container: Container | None = None) -> FastAPI
             except LogMismatch as exc:  # run_api raises it again once uvicorn has given up
                 app.state.refused = exc
                 raise
+            settle_heap()  # this process's container: its start-up heap is done growing
             yield
 
     app = FastAPI(title="Chronicle", version="1.0", lifespan=lifespan)

@@ -14,7 +14,7 @@ import uvloop
 from nats.aio.client import Client as NatsClient
 
 from services.api.app import build_app
-from services.bootstrap import open_container, refuse_foreign_log
+from services.bootstrap import open_container, refuse_foreign_log, settle_heap
 from services.commands_nats.app import serving_commands
 from services.settings import Settings
 
@@ -45,6 +45,7 @@ async def run_projector(settings: Settings) -> None:
     _stop_on_signals(stop)
     async with open_container(settings) as c:
         runner = c.projector()
+        settle_heap()
         log.info(
             "projector %s consuming %s via NATS %s",
             runner.name,
@@ -61,6 +62,7 @@ async def run_compactor(settings: Settings) -> None:
     _stop_on_signals(stop)
     async with open_container(settings) as c:
         compactor = c.compactor()
+        settle_heap()
         log.info(
             "compactor taking %s with the %s summarizer via NATS %s",
             settings.compaction_queue,
@@ -76,6 +78,7 @@ async def run_commands(settings: Settings) -> None:
     stop = asyncio.Event()
     _stop_on_signals(stop)
     async with open_container(settings) as c, serving_commands(settings, c):
+        settle_heap()
         log.info("commands answered on %s.<tenant>.<command> via NATS %s", c.layout.commands, nats_node(c.nc))
         await stop.wait()
     log.info("commands stopped")
