@@ -69,17 +69,7 @@ async def apply_range(
         await keys.load_all()
 
     async def flush() -> None:
-        async with conn.transaction():
-            await apply_batch(
-                conn,
-                checkpoint,
-                projections,
-                batch.items,
-                notify=False,
-                refused=batch.refused,
-                sources=batch.sources,
-                passed=batch.passed,
-            )
+        await batch.apply(conn, checkpoint, projections)
         if progress is not None:
             progress(last, to_seq)
         batch.clear()
@@ -144,18 +134,7 @@ async def rebuild_into(
             name = f"{checkpoint}.rebuild{i}"
             while (planned := await queues[i].get()) is not None:
                 batch = planned.batch
-                async with conn.transaction():
-                    await apply_batch(
-                        conn,
-                        name,
-                        projections,
-                        batch.items,
-                        notify=False,
-                        prepared=planned.plans,
-                        refused=batch.refused,
-                        sources=batch.sources,
-                        passed=batch.passed,
-                    )
+                await batch.apply(conn, name, projections, planned.plans)
                 committed[i] = max(batch.sources)
                 if progress is not None:
                     progress(max(committed), end)
@@ -218,6 +197,27 @@ class _Pending:
 
     def clear(self) -> None:
         self.items, self.refused, self.sources, self.passed = [], [], {}, []
+
+    async def apply(
+        self,
+        conn: psycopg.AsyncConnection[Any],
+        checkpoint: str,
+        projections: Sequence[Projection],
+        prepared: Prepared | None = None,
+    ) -> None:
+        """Apply the batch in one transaction (a savepoint inside the caller's) with its checkpoint."""
+        async with conn.transaction():
+            await apply_batch(
+                conn,
+                checkpoint,
+                projections,
+                self.items,
+                notify=False,
+                prepared=prepared,
+                refused=self.refused,
+                sources=self.sources,
+                passed=self.passed,
+            )
 
     def __len__(self) -> int:
         return len(self.sources)
