@@ -336,15 +336,17 @@ def settle_heap() -> None:
 async def refuse_foreign_log(settings: Settings) -> None:
     """The log check alone, before a server starts (a failed start-up buries the refusal in the
     server's traceback): raise :class:`projections.logbinding.LogMismatch` on a mismatch; what it
-    cannot check yet (no stream, no table, a server not up) is left to :func:`open_container`."""
+    cannot check yet (no table, a server not up) is left to :func:`open_container`."""
     try:
         nc = await connect_nats(settings)
     except Exception:
         return
     try:
+        js = nc.jetstream()  # the stream as open_container makes it (a wiped server has none yet)
+        await when_jetstream_ready(lambda: ensure_stream(js, settings.layout(), replicas=settings.stream_replicas))
         conn = await psycopg.AsyncConnection.connect(settings.database_url, autocommit=True)
         async with conn, conn.transaction():
-            await check_log(conn, nc.jetstream(), settings.stream, settings.projector_name)
+            await check_log(conn, js, settings.stream, settings.projector_name)
     except LogMismatch:
         raise
     except Exception:  # checked again, with its own errors, when the container opens
