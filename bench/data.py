@@ -21,6 +21,7 @@ import psycopg
 
 from events.catalog import MessageAppended
 from events.messages import body_hash, stored_json, text_of
+from projections.search_query import CONFIG
 
 TENANT = "bench"
 EPOCH = datetime(2025, 1, 1, tzinfo=UTC)
@@ -152,11 +153,19 @@ def to_event(m: Msg) -> MessageAppended:
     )
 
 
-# The columns a projector writes into ``messages`` (``content_tsv`` is generated from text_content).
-MESSAGE_COLUMNS = (
-    "tenant, session_id, id, parent_id, role, content, body_sha256, text_content, created_at, seq, updated_seq"
+# A message row as generated: its columns in ``messages`` but the text in place of its vector and
+# length (the text is not stored: migration 017).
+ROW_COLUMNS = (
+    "tenant, session_id, id, parent_id, role, content, body_sha256, indexed_text, created_at, seq, updated_seq"
 )
 Row = tuple[str, str, str, str | None, str, str, str, str, datetime, int, int]
+# What a projector writes into ``messages``, from a relation of ``ROW_COLUMNS`` (``{source}``).
+INSERT_ROWS = (
+    "INSERT INTO {table} (tenant, session_id, id, parent_id, role, content, body_sha256, content_tsv, text_bytes, "
+    "created_at, seq, updated_seq) SELECT tenant, session_id, id, parent_id, role, content, body_sha256, "
+    f"to_tsvector('{CONFIG}'::regconfig, indexed_text), octet_length(indexed_text), created_at, seq, updated_seq "
+    "FROM {source}"
+)
 
 
 def to_row(m: Msg, seq: int) -> Row:
@@ -196,7 +205,8 @@ async def baseline_insert(
     progress: Callable[[int, int], None] | None = None,
 ) -> float:
     """Seconds to insert ``rows`` with plain psycopg ``executemany``, one transaction a batch."""
-    sql = f'INSERT INTO "{table}" ({MESSAGE_COLUMNS}) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)'
+    values = "(VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s::timestamptz, %s::bigint, %s::bigint))"
+    sql = INSERT_ROWS.format(table=f'"{table}"', source=f"{values} AS v({ROW_COLUMNS})")
     async with await psycopg.AsyncConnection.connect(conninfo, autocommit=True) as conn:
         await create_baseline_table(conn, table)
         start = time.perf_counter()
@@ -211,15 +221,23 @@ async def baseline_insert(
 
 
 async def copy_rows(conninfo: str, rows: Iterable[Row], *, on_row: Callable[[], None] | None = None) -> int:
-    """``COPY`` rows into ``messages`` on one connection (one transaction); returns the count."""
+    """``COPY`` rows into ``messages`` on one connection (one transaction, through a temporary
+    table: each vector is computed by the backend); returns the count."""
     n = 0
     async with await psycopg.AsyncConnection.connect(conninfo) as conn:
-        async with conn.cursor() as cur, cur.copy(f"COPY messages ({MESSAGE_COLUMNS}) FROM STDIN") as copy:
-            for row in rows:
-                await copy.write_row(row)
-                n += 1
-                if on_row is not None:
-                    on_row()
+        async with conn.cursor() as cur:
+            await cur.execute(
+                "CREATE TEMP TABLE bench_rows (tenant text, session_id text, id text, parent_id text, role text, "
+                "content text, body_sha256 text, indexed_text text, created_at timestamptz, seq bigint, "
+                "updated_seq bigint) ON COMMIT DROP"
+            )
+            async with cur.copy(f"COPY bench_rows ({ROW_COLUMNS}) FROM STDIN") as copy:
+                for row in rows:
+                    await copy.write_row(row)
+                    n += 1
+                    if on_row is not None:
+                        on_row()
+            await cur.execute(INSERT_ROWS.format(table="messages", source="bench_rows"))
         await conn.commit()
     return n
 

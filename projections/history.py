@@ -1,4 +1,4 @@
-"""History projection: sessions registry and the message tree (with its FTS column).
+"""History projection: sessions registry and the message tree (with its FTS vector).
 
 Pure core: :func:`plan` turns one event (and its resolved body) into row operations.
 Thin shell: :func:`apply_ops` runs them on a connection inside the caller's transaction.
@@ -35,6 +35,7 @@ from events.envelope import Event
 from events.ids import TENANT_SCOPE
 from events.messages import JsonObject, stored_json, text_of
 from events.sealing import KeyLookup
+from projections.search_query import CONFIG
 
 NAME = "history"
 
@@ -194,8 +195,9 @@ _SQL: dict[type[Any], str] = {
     RenameSession: "UPDATE sessions SET name = %s WHERE tenant = %s AND id = %s AND deleted_at IS NULL",
     DeleteSession: "UPDATE sessions SET deleted_at = %s WHERE tenant = %s AND id = %s AND deleted_at IS NULL",
     UpdateMessage: (
-        "UPDATE messages SET original_ref = NULL, role = %s, content = %s, body_sha256 = %s, text_content = %s, "
-        "updated_seq = %s WHERE tenant = %s AND session_id = %s AND id = %s"
+        "UPDATE messages SET original_ref = NULL, role = %s, content = %s, body_sha256 = %s, "
+        "content_tsv = to_tsvector(search_config, v.txt), text_bytes = octet_length(v.txt), updated_seq = %s "
+        "FROM (SELECT %s::text AS txt) v WHERE tenant = %s AND session_id = %s AND id = %s"
     ),
     DeleteMessages: "DELETE FROM messages WHERE tenant = %s AND session_id = %s AND id = ANY(%s)",
     ClearMessages: "DELETE FROM messages WHERE tenant = %s AND session_id = %s",
@@ -218,29 +220,39 @@ _TOUCH_ALL = (
 # executemany baseline: ~275).
 _STAGE = (
     "CREATE TEMP TABLE IF NOT EXISTS history_stage (tenant text, session_id text, id text, parent_id text, "
-    "role text, content text, body_sha256 text, text_content text, created_at timestamptz, seq bigint, "
+    "role text, content text, body_sha256 text, indexed_text text, created_at timestamptz, seq bigint, "
     "original_ref text) ON COMMIT DELETE ROWS"
 )
 _COPY_STAGE = (
-    "COPY history_stage (tenant, session_id, id, parent_id, role, content, body_sha256, text_content, created_at, "
+    "COPY history_stage (tenant, session_id, id, parent_id, role, content, body_sha256, indexed_text, created_at, "
     "seq, original_ref) FROM STDIN"
 )
-_INSERT_STAGED = (
-    "INSERT INTO messages (tenant, session_id, id, parent_id, role, content, body_sha256, text_content, "
-    "created_at, seq, updated_seq, original_ref) "
-    "SELECT u.tenant, u.session_id, u.id, u.parent_id, u.role, u.content, u.body_sha256, u.text_content, "
-    "u.created_at, u.seq, u.seq, u.original_ref::jsonb FROM history_stage u "
+# The text itself is not stored (migration 017): its vector, with the tenant's configuration, and
+# its length in bytes (BM25's document length) are.
+_COLUMNS = (
+    "tenant, session_id, id, parent_id, role, content, body_sha256, search_config, content_tsv, text_bytes, "
+    "created_at, seq, updated_seq, original_ref"
+)
+_VALUES = (
+    "u.tenant, u.session_id, u.id, u.parent_id, u.role, u.content, u.body_sha256, c.config, "
+    "to_tsvector(c.config, u.indexed_text), octet_length(u.indexed_text), u.created_at, u.seq, u.seq, "
+    "u.original_ref::jsonb"
+)
+_CONFIG = (
+    "CROSS JOIN LATERAL (SELECT coalesce((SELECT l.config FROM search_languages l WHERE l.tenant = u.tenant), "
+    f"'{CONFIG}'::regconfig) AS config) c "
     "WHERE EXISTS (SELECT 1 FROM sessions x "
     "WHERE x.tenant = u.tenant AND x.id = u.session_id AND x.deleted_at IS NULL) "
+)
+_INSERT_STAGED = (
+    f"INSERT INTO messages ({_COLUMNS}) SELECT {_VALUES} FROM history_stage u {_CONFIG}"
     "ORDER BY u.seq ON CONFLICT (tenant, session_id, id) DO NOTHING"
 )
-
-
 _INSERT_ONE = (
-    "INSERT INTO messages (tenant, session_id, id, parent_id, role, content, body_sha256, text_content, "
-    "created_at, seq, updated_seq, original_ref) SELECT %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s::jsonb "
-    "WHERE EXISTS (SELECT 1 FROM sessions x WHERE x.tenant = %s AND x.id = %s AND x.deleted_at IS NULL) "
-    "ON CONFLICT (tenant, session_id, id) DO NOTHING"
+    f"INSERT INTO messages ({_COLUMNS}) SELECT {_VALUES} FROM (VALUES (%s::text, %s::text, %s::text, %s::text, "
+    "%s::text, %s::text, %s::text, %s::text, %s::timestamptz, %s::bigint, %s::text)) "
+    "AS u(tenant, session_id, id, parent_id, role, content, body_sha256, indexed_text, created_at, seq, original_ref) "
+    f"{_CONFIG}ON CONFLICT (tenant, session_id, id) DO NOTHING"
 )
 # Below this many rows the temporary table's extra round trips cost more than they save.
 COPY_MIN_ROWS = 32
@@ -297,8 +309,8 @@ def params(op: Op) -> tuple[Any, ...]:
                 op.role,
                 op.content,
                 op.body_sha256,
-                op.text,
                 op.seq,
+                op.text,
                 op.tenant,
                 op.session,
                 op.id,
@@ -309,9 +321,8 @@ def params(op: Op) -> tuple[Any, ...]:
             return (op.tenant, op.session)
         case EraseSession():
             return (op.tenant, op.session, op.tenant, op.session)
-        case InsertMessage():  # the single-row statement: the staged columns, then the session check
-            tenant, session, mid, parent, role, content, sha, text, at, seq, ref = insert_row(op)
-            return (tenant, session, mid, parent, role, content, sha, text, at, seq, seq, ref, tenant, session)
+        case InsertMessage():  # the single-row statement: the staged columns
+            return insert_row(op)
 
 
 def merge_touches(ops: Sequence[Op]) -> list[TouchSession]:

@@ -424,15 +424,15 @@ async def search(conn: Conn, tenant: str, session: str | None, query: str, limit
         await cur.execute(
             f"""
             WITH cand AS MATERIALIZED (
-                SELECT m.session_id, m.id, m.role, m.text_content, m.content_tsv, m.created_at, m.seq
+                SELECT m.session_id, m.id, m.role, m.content, m.text_bytes, m.content_tsv, m.created_at, m.seq
                 FROM messages m
                 WHERE {scope} AND numnode({match}) > 0 AND m.content_tsv @@ {match}
                 ORDER BY m.seq DESC
                 LIMIT %(cand)s
             ),
             scored AS MATERIALIZED (  -- each frequency computed once, for the candidates only
-                SELECT c.session_id, c.id, c.role, c.text_content, c.created_at, c.seq,
-                       octet_length(c.text_content)::float8 AS len, {sq.tf_sql(parts, "c.content_tsv")}
+                SELECT c.session_id, c.id, c.role, c.content, c.created_at, c.seq,
+                       c.text_bytes::float8 AS len, {sq.tf_sql(parts, "c.content_tsv")}
                 FROM cand c
             ),
             {sq.stats_sql(parts, sample)},
@@ -441,11 +441,13 @@ async def search(conn: Conn, tenant: str, session: str | None, query: str, limit
                 FROM scored, stats
                 ORDER BY rank DESC, scored.seq DESC LIMIT %(limit)s
             )
-            SELECT r.session_id, r.id, r.role, r.text_content AS content,
-                   ts_headline(%(cfg)s::regconfig, r.text_content, {match},
+            SELECT r.session_id, r.id, r.role, t.text AS content,
+                   ts_headline(%(cfg)s::regconfig, t.text, {match},
                                'MaxWords=24, MinWords=8, MaxFragments=2, StartSel=**, StopSel=**') AS snippet,
                    r.rank::float8 AS rank, r.created_at
-            FROM ranked r ORDER BY r.rank DESC, r.seq DESC
+            FROM ranked r  -- the text is not stored (migration 017): derived for the hits only
+            CROSS JOIN LATERAL (SELECT chronicle_search.message_text(r.content) AS text) t
+            ORDER BY r.rank DESC, r.seq DESC
             """,
             {
                 "t": tenant,

@@ -1,9 +1,10 @@
 """The search language of each tenant: which text search configuration indexes and parses its text.
 
 A tenant's language is a setting (``CHRONICLE_SEARCH_LANGUAGES``); :func:`apply` records it in the
-read model, where an insert trigger (present only while some tenant is not English, so English
-costs nothing) gives every new message and search entry of the tenant its configuration, and
-re-indexes the rows of a tenant whose language changed. Queries
+read model, where the projector takes every new message's configuration from it and an insert
+trigger (present only while some tenant is not English, so English costs nothing) gives every
+new search entry of the tenant its configuration; it re-indexes the rows of a tenant whose
+language changed. Queries
 read the tenant's configuration from the same table (:func:`config_of`), so a query is always
 parsed as the rows it searches were indexed. Tenants not named are English.
 """
@@ -25,7 +26,14 @@ DEFAULT: Language = "english"
 # FTS5 tokenizer; simple does not stem; the others are Snowball stemmers. No configuration drops
 # stop words.
 LANGUAGES: dict[str, str] = {lang: f"chronicle_search.{lang}" for lang in get_args(Language)}
-TABLES = ("messages", "search_entries")
+# search_entries' vector is generated from its stored text with the row's configuration, which the
+# trigger sets; a message's text is not stored (migration 017): the projector computes its vector
+# with the tenant's configuration itself, and a change of language re-derives it from the body.
+TRIGGERED = ("search_entries",)
+REINDEX = {
+    "messages": ", content_tsv = to_tsvector(%(c)s::regconfig, chronicle_search.message_text(content))",
+    "search_entries": "",
+}
 
 
 async def config_of(conn: AsyncConnection[Any], tenant: str) -> str:
@@ -60,7 +68,7 @@ async def apply(conn: AsyncConnection[Any], languages: Mapping[str, Language]) -
                 )
             else:
                 await conn.execute("DELETE FROM search_languages WHERE tenant = %s", (tenant,))
-        for table in TABLES:  # the insert trigger exists while some tenant is not English
+        for table in TRIGGERED:  # the insert trigger exists while some tenant is not English
             if wanted:
                 await conn.execute(
                     f"CREATE OR REPLACE TRIGGER {table}_search_config BEFORE INSERT ON {table} "
@@ -70,10 +78,10 @@ async def apply(conn: AsyncConnection[Any], languages: Mapping[str, Language]) -
                 await conn.execute(f"DROP TRIGGER IF EXISTS {table}_search_config ON {table}")
         for tenant in changed:
             config = wanted.get(tenant, CONFIG)
-            for table in TABLES:
+            for table, reindex in REINDEX.items():
                 await conn.execute(
-                    f"UPDATE {table} SET search_config = %s::regconfig "
-                    "WHERE tenant = %s AND search_config <> %s::regconfig",
-                    (config, tenant, config),
+                    f"UPDATE {table} SET search_config = %(c)s::regconfig{reindex} "
+                    "WHERE tenant = %(t)s AND search_config <> %(c)s::regconfig",
+                    {"c": config, "t": tenant},
                 )
     return changed

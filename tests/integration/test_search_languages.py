@@ -44,8 +44,9 @@ async def test_each_tenant_is_indexed_and_searched_in_its_language(fresh_db: str
     async with await psycopg.AsyncConnection.connect(fresh_db, autocommit=True) as conn:
         assert await search_languages.apply(conn, {"a": "english", "b": "simple"}) == ["b"]
         assert await search_languages.apply(conn, {"a": "english", "b": "simple"}) == []  # no change
-        cur = await conn.execute("SELECT count(*) FROM pg_trigger WHERE tgname LIKE '%%search_config'")
-        assert await cur.fetchone() == (2,)
+        # search entries take theirs from a trigger; the projector gives a message its own (017)
+        cur = await conn.execute("SELECT tgname FROM pg_trigger WHERE tgname LIKE '%%search_config'")
+        assert await cur.fetchall() == [("search_entries_search_config",)]
         async with conn.transaction():
             await HistoryProjection().apply(
                 conn, [(1, appended("a", "m1", "running the tests")), (2, appended("b", "m1", "running the tests"))]
@@ -64,6 +65,16 @@ async def test_each_tenant_is_indexed_and_searched_in_its_language(fresh_db: str
         assert await context_queries.search_entries(conn, "b", "s", "kb", "haus") == [("k", "Die Häuser laufen")]
         cur = await conn.execute("SELECT tenant, search_config::text FROM messages ORDER BY tenant")
         assert await cur.fetchall() == [("a", "chronicle_search.english"), ("b", "chronicle_search.german")]
+        # the message's vector is derived again from its body (its text is not stored)
+        cur = await conn.execute(
+            "SELECT tenant, content_tsv = to_tsvector(search_config, 'running the tests') FROM messages ORDER BY 1"
+        )
+        assert await cur.fetchall() == [("a", True), ("b", True)]
+        cur = await conn.execute(
+            "SELECT content_tsv = to_tsvector('chronicle_search.simple', 'running the tests') FROM messages "
+            "WHERE tenant = 'b'"
+        )
+        assert await cur.fetchone() == (False,)  # it was the simple one before the change
 
         # back to the default: the setting's row goes, the rows are English again
         assert await search_languages.apply(conn, {}) == ["b"]

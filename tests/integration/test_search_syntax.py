@@ -7,6 +7,7 @@ import random
 
 import psycopg
 
+from events.messages import stored_json, text_of
 from projections import context_queries, queries
 from projections.migrate import migrate
 
@@ -16,9 +17,12 @@ ALPHABET = [*"abc XYZ\"'*:&|!()<->\\_-.,;%{}[]$@#~`^+=?/\t\n", "²", "٣", "日�
 async def test_random_queries_never_raise(fresh_db: str) -> None:
     await migrate(fresh_db)
     async with await psycopg.AsyncConnection.connect(fresh_db, autocommit=True) as conn:
+        body = {"id": "m", "role": "user", "parts": [{"type": "text", "text": "abc xyz the 日本 café ß"}]}
         await conn.execute(
-            "INSERT INTO messages (tenant, session_id, id, role, content, body_sha256, text_content, created_at, "
-            "seq, updated_seq) VALUES ('t', 's', 'm', 'user', '{}', 'x', 'abc xyz the 日本 café ß', now(), 1, 1)"
+            "INSERT INTO messages (tenant, session_id, id, role, content, body_sha256, content_tsv, text_bytes, "
+            "created_at, seq, updated_seq) VALUES ('t', 's', 'm', 'user', %s, 'x', "
+            "to_tsvector('chronicle_search.english', %s), 20, now(), 1, 1)",
+            (stored_json(body), text_of(body)),
         )
         await conn.execute(
             "INSERT INTO search_entries (tenant, session_id, label, key, content, created_seq, updated_seq) "

@@ -153,21 +153,28 @@ def test_plan_is_deterministic() -> None:
 # -- text_of and store_json ---------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(
-    ("body", "text"),
-    [
-        (BODY, "première ligne\nsecond line"),
-        ({"parts": [{"type": "text", "text": "only"}]}, "only"),
-        (
-            {"parts": [{"type": "text", "text": "a"}, {"type": "text", "text": ""}, {"type": "text", "text": "b"}]},
-            "a\n\nb",
-        ),
-        ({"parts": [{"type": "reasoning", "text": "hidden"}, {"type": "dynamic-tool", "output": "x"}]}, ""),
-        ({"parts": [{"type": "text", "text": 3}, {"type": "text"}, "text", None, {"text": "no type"}]}, ""),
-        ({"parts": "not a list"}, ""),
-        ({}, ""),
-    ],
-)
+# Also the cases of chronicle_search.message_text(), the SQL that derives a stored body's text
+# where search shows it (tests/integration/test_search_migration.py).
+TEXT_CASES: list[tuple[dict[str, Any], str]] = [
+    (BODY, "première ligne\nsecond line"),
+    ({"parts": [{"type": "text", "text": "only"}]}, "only"),
+    (
+        {"parts": [{"type": "text", "text": "a"}, {"type": "text", "text": ""}, {"type": "text", "text": "b"}]},
+        "a\n\nb",
+    ),
+    ({"parts": [{"type": "reasoning", "text": "hidden"}, {"type": "dynamic-tool", "output": "x"}]}, ""),
+    ({"parts": [{"type": "text", "text": 3}, {"type": "text"}, "text", None, {"text": "no type"}]}, ""),
+    ({"parts": "not a list"}, ""),
+    ({}, ""),
+    ({"parts": [{"type": "Text", "text": "case matters"}, {"type": ["text"], "text": "x"}]}, ""),
+    (
+        {"parts": [{"text": 'quote " back \\ nl \n tab \t \u2028 é 🙂', "type": "text", "extra": {"text": "no"}}]},
+        'quote " back \\ nl \n tab \t \u2028 é 🙂',
+    ),
+]
+
+
+@pytest.mark.parametrize(("body", "text"), TEXT_CASES)
 def test_text_of_indexes_only_text_parts(body: dict[str, Any], text: str) -> None:
     assert text_of(body) == text
 
