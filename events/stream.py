@@ -30,7 +30,13 @@ ERR_NO_SUITABLE_PEERS = 10005
 
 
 class ReplicasUnavailable(RuntimeError):
-    """The NATS server or cluster cannot hold the replica count asked for."""
+    """The NATS server or cluster cannot hold the replica count asked for. ``pending``: a cluster
+    could not place them *now* (too few peers known): one just started may not have gathered its
+    peers yet, so a process starting waits a while before it gives up (services.bootstrap)."""
+
+    def __init__(self, message: str, *, pending: bool = False) -> None:
+        super().__init__(message)
+        self.pending = pending
 
 
 class TooFewReplicas(RuntimeError):
@@ -141,7 +147,8 @@ async def replica_call(call: Awaitable[StreamInfo], stream: str, replicas: int) 
         if exc.err_code in (ERR_INSUFFICIENT_RESOURCES, ERR_NO_SUITABLE_PEERS):
             raise ReplicasUnavailable(
                 f"stream {stream}: the NATS cluster cannot place {replicas} replicas ({exc.description}); "
-                f"it needs at least {replicas} JetStream servers up"
+                f"it needs at least {replicas} JetStream servers up",
+                pending=True,
             ) from exc
         raise
 

@@ -26,7 +26,7 @@ from events.blobs import BlobStore
 from events.catalog import CompactionRequested
 from events.objectstore import JetStreamBlobStore
 from events.publisher import Publisher
-from events.stream import ensure_stream
+from events.stream import ReplicasUnavailable, ensure_stream
 from events.subjects import SubjectLayout, partition_of
 from projections import search_languages
 from projections.context import ContextProjection
@@ -53,6 +53,9 @@ from services.writes.erasure import Eraser
 from services.writes.waiting import AppliedWaiter
 
 JETSTREAM_READY_S = 60.0  # how long a process waits at its start for JetStream to answer
+# ... and for a cluster that answers to know enough peers to place the stream's replicas (seen: a
+# 3-node cluster refusing 3 replicas for a moment after electing its meta leader)
+PLACEMENT_WAIT_S = 15.0
 
 
 @dataclass
@@ -275,21 +278,30 @@ JETSTREAM_UNAVAILABLE: tuple[type[BaseException], ...] = (
 
 
 async def when_jetstream_ready(
-    step: Callable[[], Awaitable[None]], *, timeout_s: float = JETSTREAM_READY_S, pause_s: float = 0.25
+    step: Callable[[], Awaitable[None]],
+    *,
+    timeout_s: float = JETSTREAM_READY_S,
+    placement_s: float = PLACEMENT_WAIT_S,
+    pause_s: float = 0.25,
 ) -> None:
     """``step``, repeated while JetStream cannot answer yet (a cluster electing its meta leader
     answers 503; a server still starting does not answer): a cluster's nodes may be up before it
-    can create a stream. Any other error, or still unavailable after ``timeout_s``, is raised."""
-    deadline = time.monotonic() + timeout_s
+    can create a stream. A cluster that answers but cannot place the replicas yet (its leader has
+    not heard from enough peers) is waited for ``placement_s``. Any other error, or still
+    unavailable after its wait, is raised."""
+    start = time.monotonic()
     while True:
         try:
             await step()
             return
         except APIError as exc:
-            if exc.code != 503 or time.monotonic() > deadline:
+            if exc.code != 503 or time.monotonic() > start + timeout_s:
                 raise
         except JETSTREAM_UNAVAILABLE:
-            if time.monotonic() > deadline:
+            if time.monotonic() > start + timeout_s:
+                raise
+        except ReplicasUnavailable as exc:
+            if not exc.pending or time.monotonic() > start + placement_s:
                 raise
         await asyncio.sleep(pause_s)
 

@@ -9,6 +9,7 @@ import nats.errors
 import pytest
 from nats.js.errors import APIError
 
+from events.stream import ReplicasUnavailable
 from services.bootstrap import when_jetstream_ready
 from services.ops.localstack import ROUTE_PORT_OFFSET, local_cluster, other_log, rotated
 from services.ops.natsconf import ROUTE_USER, ClusterNode, cluster_extra
@@ -98,6 +99,46 @@ async def test_other_errors_are_not_waited_for() -> None:
 
     with pytest.raises(APIError, match="bad request"):
         await when_jetstream_ready(step, timeout_s=5, pause_s=0)
+    assert calls == 1
+
+
+async def test_a_cluster_still_gathering_its_peers_is_waited_for() -> None:
+    """A cluster that cannot place the replicas yet (pending) is retried until it can."""
+    calls = 0
+
+    async def step() -> None:
+        nonlocal calls
+        calls += 1
+        if calls < 3:
+            raise ReplicasUnavailable("cannot place 3 replicas (no suitable peers)", pending=True)
+
+    await when_jetstream_ready(step, placement_s=5, pause_s=0)
+    assert calls == 3
+
+
+async def test_replicas_that_cannot_be_placed_are_refused_after_the_placement_wait() -> None:
+    calls = 0
+
+    async def step() -> None:
+        nonlocal calls
+        calls += 1
+        raise ReplicasUnavailable("cannot place 5 replicas", pending=True)
+
+    with pytest.raises(ReplicasUnavailable, match="cannot place 5"):
+        await asyncio.wait_for(when_jetstream_ready(step, placement_s=0.05, pause_s=0.01), timeout=5)
+    assert calls > 1
+
+
+async def test_a_server_that_is_not_clustered_is_refused_at_once() -> None:
+    calls = 0
+
+    async def step() -> None:
+        nonlocal calls
+        calls += 1
+        raise ReplicasUnavailable("3 replicas need a NATS cluster")
+
+    with pytest.raises(ReplicasUnavailable, match="need a NATS cluster"):
+        await when_jetstream_ready(step, placement_s=5, pause_s=0)
     assert calls == 1
 
 
