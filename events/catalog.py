@@ -6,13 +6,16 @@ Every event is self-sufficient: ``MessageAppended.parent_id`` is the resolved pa
 
 from __future__ import annotations
 
+from collections.abc import Collection
+from contextlib import suppress
 from typing import Any, ClassVar, Literal
 
-from pydantic import Field, model_validator
+from pydantic import ConfigDict, Field, model_validator
 
 from events.blobs import BlobRef
 from events.context import SessionConfig
 from events.envelope import Event
+from events.messages import body_hash
 
 
 class SessionCreated(Event):
@@ -53,8 +56,57 @@ class SessionErased(Event):
     version: Literal[1] = 1
 
 
+DERIVED_FIELDS = ("message_id", "role", "body_sha256")
+"""What a body event's inline ``message`` says itself (its ``id``, its ``role``, its
+:func:`~events.messages.body_hash`): left out of the stored JSON when exactly that."""
+
+NULL_OMITTED = ("correlation_id", "causation_id", "message", "message_ref", "original_ref")
+"""Optional fields a body event's stored JSON leaves out when unset (they decode to None)."""
+
+
+def derived_fields(body: dict[str, Any], wanted: Collection[str] = DERIVED_FIELDS) -> dict[str, str]:
+    """The fields an inline body gives: ``message_id`` (its ``id``, when a string), ``role`` (its
+    ``role`` when a string, ``""`` when it has none, as :func:`events.bodies.pack_body` records
+    it) and ``body_sha256``, of those ``wanted``; a field the body cannot give exactly is not in
+    the answer."""
+    out: dict[str, str] = {}
+    mid = body.get("id")
+    if isinstance(mid, str) and "message_id" in wanted:
+        out["message_id"] = mid
+    role = body.get("role", "")
+    if isinstance(role, str) and "role" in wanted:
+        out["role"] = role
+    if "body_sha256" not in wanted:
+        return out
+    with suppress(TypeError, ValueError, RecursionError):  # not JSON-writable: the field must be explicit
+        out["body_sha256"] = body_hash(body)
+    return out
+
+
+def _body_event_schema(schema: dict[str, Any]) -> None:
+    """The stored shape: the derived fields may be left out when ``message`` is inline."""
+    schema["required"] = [n for n in schema.get("required", []) if n not in DERIVED_FIELDS]
+    note = (
+        "Stored compact: `message_id`, `role` and `body_sha256` are left out when `message` is inline and "
+        'they are exactly its `id`, its `role` ("" when it has none) and the SHA-256 of its canonical JSON '
+        "(keys sorted, no spaces, UTF-8); a reader fills them from `message`. They are always written with "
+        "`message_ref` (claim check) and in a sealed event. Unset optional fields are left out, not null."
+    )
+    schema["description"] = f"{schema.get('description', '').rstrip()}\n\n{note}".lstrip()
+
+
 class MessageBodyEvent(Event):
-    """A message body, inline (``message``) or in object storage (``message_ref``)."""
+    """A message body, inline (``message``) or in object storage (``message_ref``).
+
+    Stored compact (``message.appended`` v3, ``message.updated`` v2): :data:`DERIVED_FIELDS` are
+    left out of the JSON when ``message`` is inline and they are exactly what it says
+    (:func:`derived_fields`), and the :data:`NULL_OMITTED` fields when None. In memory every field
+    is there as before: a field left out is filled from the body when the event is read. A field
+    written explicitly is taken as written (as every earlier version was), even when the body says
+    otherwise: an over-cap message's ``body_sha256`` is its original's, not its capped form's.
+    """
+
+    model_config = ConfigDict(json_schema_extra=_body_event_schema)
 
     message_id: str
     role: str
@@ -62,31 +114,55 @@ class MessageBodyEvent(Event):
     message: dict[str, Any] | None = None
     message_ref: BlobRef | None = None
 
+    @model_validator(mode="before")
+    @classmethod
+    def _fill_from_body(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            missing = [n for n in DERIVED_FIELDS if n not in data]
+            body = data.get("message") if missing else None
+            if isinstance(body, dict):
+                data = {**derived_fields(body, missing), **data}  # what is written wins
+        return data
+
     @model_validator(mode="after")
     def _one_body(self) -> MessageBodyEvent:
         if (self.message is None) == (self.message_ref is None):
             raise ValueError("exactly one of message and message_ref must be set")
         return self
 
+    def left_out(self, *, sealed: bool = False) -> set[str]:
+        """The fields the stored JSON leaves out: unset optionals, and (unless the event is to
+        be sealed: its envelope keeps its ids and role readable) the fields an inline body gives
+        exactly."""
+        out = {n for n in NULL_OMITTED if getattr(self, n, ...) is None}
+        body = self.message
+        if not sealed and body is not None:
+            given = derived_fields(body)
+            out.update(n for n in DERIVED_FIELDS if n in given and given[n] == getattr(self, n))
+        return out
+
 
 class MessageAppended(MessageBodyEvent):
     """v2 adds ``original_ref``: when the message was over the row cap, ``message`` is the
-    size-capped form and the untruncated original lives in object storage (nothing is lost)."""
+    size-capped form and the untruncated original lives in object storage (nothing is lost).
+    v3 has v2's fields, stored compact: what the inline body gives, and unset optionals, are left out."""
 
     TYPE: ClassVar[str] = "message.appended"
-    VERSION: ClassVar[int] = 2
+    VERSION: ClassVar[int] = 3
     type: Literal["message.appended"] = "message.appended"
-    version: Literal[2] = 2
+    version: Literal[3] = 3
 
     parent_id: str | None
     original_ref: BlobRef | None = None
 
 
 class MessageUpdated(MessageBodyEvent):
+    """v2 has v1's fields, stored compact: what the inline body gives, and unset optionals, are left out."""
+
     TYPE: ClassVar[str] = "message.updated"
-    VERSION: ClassVar[int] = 1
+    VERSION: ClassVar[int] = 2
     type: Literal["message.updated"] = "message.updated"
-    version: Literal[1] = 1
+    version: Literal[2] = 2
 
 
 class MessagesDeleted(Event):

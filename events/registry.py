@@ -23,6 +23,17 @@ def _message_appended_v1_to_v2(raw: dict[str, Any]) -> dict[str, Any]:
     return {**raw, "version": 2, "original_ref": None}
 
 
+def _message_appended_v2_to_v3(raw: dict[str, Any]) -> dict[str, Any]:
+    """v3 has v2's fields; it is only stored compact (a field left out is filled from the body),
+    and a v2 event writes every field, so each keeps its stored value."""
+    return {**raw, "version": 3}
+
+
+def _message_updated_v1_to_v2(raw: dict[str, Any]) -> dict[str, Any]:
+    """v2 has v1's fields, stored compact as ``message.appended`` v3."""
+    return {**raw, "version": 2}
+
+
 def _skill_loaded_v1_to_v2(raw: dict[str, Any]) -> dict[str, Any]:
     """v1 loads did not say which tool call loaded the skill."""
     return {**raw, "version": 2, "tool_call_id": None}
@@ -31,6 +42,8 @@ def _skill_loaded_v1_to_v2(raw: dict[str, Any]) -> dict[str, Any]:
 # (type, from_version) -> step to from_version + 1.
 UPCASTERS: dict[tuple[str, int], Upcaster] = {
     ("message.appended", 1): _message_appended_v1_to_v2,
+    ("message.appended", 2): _message_appended_v2_to_v3,
+    ("message.updated", 1): _message_updated_v1_to_v2,
     ("skill.loaded", 1): _skill_loaded_v1_to_v2,
 }
 

@@ -33,6 +33,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
+from events.catalog import DERIVED_FIELDS, derived_fields
 from events.envelope import Event
 
 if TYPE_CHECKING:  # cryptography is imported where a seal is made or opened: the SDK's HTTP path needs none
@@ -176,6 +177,9 @@ def tombstone_of(data: bytes) -> dict[str, Any]:
     except ValueError:
         raw = {}
     kept = {k: raw[k] for k in TOMBSTONE_FIELDS if isinstance(raw, dict) and k in raw}
+    body = raw.get("message") if isinstance(raw, dict) else None
+    if "message_id" not in kept and isinstance(body, dict) and isinstance(body.get("id"), str):
+        kept["message_id"] = body["id"]  # a compact body event's id is its body's
     return {**kept, "size": len(data), "erased": True}
 
 
@@ -195,6 +199,8 @@ def seal_fields(raw: dict[str, Any], key: DataKey) -> dict[str, Any]:
     names = SEALED_FIELDS.get(str(raw.get("type")), ())
     if not names:
         return raw
+    if isinstance(raw.get("message"), dict) and not all(n in raw for n in DERIVED_FIELDS):
+        raw = {**derived_fields(raw["message"]), **raw}  # sealed, a body event writes them (as seal_event)
     secret = {n: raw[n] for n in names if n in raw}
     nonce = os.urandom(NONCE_BYTES)
     ct = key.aead().encrypt(nonce, _canonical(secret), _aad(raw))
@@ -213,7 +219,7 @@ def seal_event(event: Event, data: bytes, key: DataKey) -> bytes:
     nonce = os.urandom(NONCE_BYTES)
     aad = f"{event.id}\n{event.type}\n{event.version}\n{event.tenant}\n{event.session}".encode()
     ct = key.aead().encrypt(nonce, secret, aad)
-    rest = event.model_dump_json(exclude=names).encode()
+    rest = event.model_dump_json(exclude=names | event.left_out(sealed=True)).encode()
     return b"".join(
         (
             rest[:-1],

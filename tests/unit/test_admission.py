@@ -80,7 +80,7 @@ def test_unknown_type() -> None:
 
 
 def test_newer_version() -> None:
-    assert reason(edited(version=3)) == "newer_version"
+    assert reason(edited(version=4)) == "newer_version"
 
 
 @pytest.mark.parametrize("version", [None, True, 0, "2"])
@@ -243,9 +243,9 @@ def test_a_built_event_is_published_as_admit_would_read_it(path: Path) -> None:
     ],
 )
 def test_a_built_event_is_refused_for_the_reason_its_bytes_would_be(field: str, value: object) -> None:
-    data, _ = good()
     expected = reason(edited(**{field: value}))
-    event = MessageAppended.model_validate({**raw_of(data), field: value})
+    built = appended("tenant-a", "s-1", "m1", "m0", "hello")  # every field: the body below may give none
+    event = MessageAppended.model_validate({**built.model_dump(), field: value})
     with pytest.raises(Refused) as caught:
         admit_built(event, LAYOUT)
     assert caught.value.reason == expected
