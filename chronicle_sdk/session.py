@@ -210,7 +210,12 @@ class Session(ConfigBuilder):
         return [SearchResult.from_json(r) for r in out.get("results", [])]
 
     async def get_events(self, from_seq: int = 1, to_seq: int | None = None) -> list[dict[str, Any]]:
-        """The session's raw events ``{seq, event}``, in order, as stored in the log (audit)."""
+        """The session's raw events ``{seq, event}``, in order, as stored in the log (audit).
+
+        Raw means compact where the event's version is: a ``message.appended`` (v3) or
+        ``message.updated`` (v2) with an inline ``message`` leaves out ``message_id``, ``role`` and
+        ``body_sha256`` when they are its body's (``id``, ``role``, hash), and unset optional fields;
+        ``events.registry.decode(record["event"])`` gives the event with every field."""
         params: dict[str, Any] = {"from_seq": from_seq, "limit": _EVENTS_PAGE}
         if to_seq is not None:
             params["to_seq"] = to_seq

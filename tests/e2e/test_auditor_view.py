@@ -25,6 +25,7 @@ from tests.conftest import KEYS
 from tests.e2e.auditor_data import BIG_TEXT_CHARS, LOAD_OUTPUT, MEMORY, Seeded, seed
 from tests.e2e.browser_support import ensure_chromium
 from tests.e2e.helpers import msg, new_sid
+from tests.integration.helpers import logged_message
 
 pytestmark = [pytest.mark.browser, pytest.mark.timeout(300)]  # the first test may install chromium
 DASH = "\N{EN DASH}"
@@ -272,7 +273,7 @@ async def test_the_time_slider_shows_history_context_and_prompt_as_of_a_sequence
     await expect(current).to_contain_text("assistant")  # who: the message's role
     await expect(current).to_contain_text("m7 ← m6")  # what: the message and its parent
     event = json.loads(await page.get_by_test_id("asof-event").text_content() or "")
-    assert (event["seq"], event["event"]["message_id"]) == (seeded.seq_m7, "m7")
+    assert (event["seq"], logged_message(event["event"]).message_id) == (seeded.seq_m7, "m7")
     later = page.locator('[data-testid="event"].after')
     assert await later.count() > 0  # events after the position are greyed
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import httpx
 
 from tests.e2e.helpers import append, chain, events, history, history_ids, msg, new_sid, unique_word
+from tests.integration.helpers import logged_message
 
 
 async def test_read_your_writes_append_then_read(client: httpx.AsyncClient) -> None:
@@ -111,17 +112,17 @@ async def test_events_are_ndjson_in_order(client: httpx.AsyncClient) -> None:
         ev = e["event"]
         assert ev["tenant"] == "tenant-a"
         assert ev["session"] == sid
-        assert ev["version"] == (2 if ev["type"] == "message.appended" else 1)
+        assert ev["version"] == {"message.appended": 3, "message.updated": 2}.get(ev["type"], 1)
         assert ev["id"]
         assert ev["occurred_at"]
     assert len({e["event"]["id"] for e in evs}) == len(evs)
     appended = evs[1]["event"]
-    assert appended["message_id"] == "m1"
+    assert logged_message(appended).message_id == "m1"
     assert appended["parent_id"] is None
     assert appended["message"] == msg("m1", "one")
     # The resolved parent is in the event (never "latest leaf").
     assert evs[2]["event"]["parent_id"] == "m1"
-    assert evs[2]["event"]["role"] == "narrator"
+    assert logged_message(evs[2]["event"]).role == "narrator"
     assert evs[3]["event"]["message"] == msg("m1", "uno")
     assert evs[4]["event"]["message_ids"] == ["m2"]
     assert evs[5]["event"]["name"] == "renamed"
@@ -155,7 +156,7 @@ async def test_events_keep_what_the_read_model_dropped(client: httpx.AsyncClient
     r = await client.post(f"/v1/sessions/{sid}/messages:clear")
     assert (await history(client, sid, min_seq=r.json()["seq"]))["messages"] == []
     evs = await events(client, sid)
-    assert [e["event"].get("message_id") for e in evs[:2]] == ["m1", "m2"]
+    assert [logged_message(e["event"]).message_id for e in evs[:2]] == ["m1", "m2"]
 
 
 async def test_a_history_read_ahead_of_the_read_model_waits_and_reads_again(client: httpx.AsyncClient) -> None:

@@ -15,6 +15,7 @@ from tests.e2e.helpers import (
     new_sid,
     unique_word,
 )
+from tests.integration.helpers import logged_message
 
 
 async def test_other_tenant_sees_nothing(client: httpx.AsyncClient, client_b: httpx.AsyncClient) -> None:
@@ -96,8 +97,8 @@ async def test_same_session_id_in_two_tenants_is_two_histories(
     assert hb["messages"] == [msg("m1", "tenant b says something else"), msg("b2", "b again")]
     ea = await events(client, sid)
     eb = await events(client_b, sid)
-    assert [e["event"]["message_id"] for e in ea] == ["m1", "a2"]
-    assert [e["event"]["message_id"] for e in eb] == ["m1", "b2"]
+    assert [logged_message(e["event"]).message_id for e in ea] == ["m1", "a2"]
+    assert [logged_message(e["event"]).message_id for e in eb] == ["m1", "b2"]
     assert {e["event"]["tenant"] for e in ea} == {"tenant-a"}
     assert {e["event"]["tenant"] for e in eb} == {"tenant-b"}
 

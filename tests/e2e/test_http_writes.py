@@ -17,6 +17,7 @@ from tests.e2e.helpers import (
     msg,
     new_sid,
 )
+from tests.integration.helpers import logged_message
 
 # -- idempotent append ---------------------------------------------------------------------------
 
@@ -290,7 +291,7 @@ async def test_concurrent_appends_without_parent_make_one_chain(client: httpx.As
     assert sorted(ids) == sorted(f"w{w}-{i}" for w in range(6) for i in range(5))
     evs = await events(client, sid)
     parents = [e["event"]["parent_id"] for e in evs]
-    assert parents == [None, *[e["event"]["message_id"] for e in evs[:-1]]]  # one linear chain
+    assert parents == [None, *[logged_message(e["event"]).message_id for e in evs[:-1]]]  # one linear chain
 
 
 async def test_concurrent_duplicate_appends(client: httpx.AsyncClient) -> None:

@@ -15,6 +15,7 @@ from events.credentials import nkey_public_key, tenant_nkey_seed
 from services.settings import Settings
 from tests.conftest import operator_nats
 from tests.e2e.sdk_support import VIAS, client_for, ids, sid, text
+from tests.integration.helpers import logged_message
 
 
 class CountingTransport(httpx.AsyncHTTPTransport):
@@ -69,7 +70,10 @@ async def run_script(s: Session, manager: SessionManager, via: Via) -> list[tupl
 
 async def snapshot(s: Session) -> dict[str, Any]:
     """Everything a reader can see of the tree: each message's path and children, plus the log's facts."""
-    events = [e["event"] for e in await s.get_events() if e["event"]["type"] in ("message.appended", "session.created")]
+    logged = [e["event"] for e in await s.get_events() if e["event"]["type"] in ("message.appended", "session.created")]
+    events = [
+        {**e, **logged_message(e).model_dump(mode="json")} if e["type"] == "message.appended" else e for e in logged
+    ]
     all_ids = [e["message_id"] for e in events if e["type"] == "message.appended"]
     return {
         "latest": await s.get_history(),
@@ -168,10 +172,12 @@ async def test_a_chain_with_a_claim_checked_body_goes_through_the_api(api_url: s
         history = await s.get_history()
         assert ids(history) == ["m1", "c1", "c2", "c3"]
         assert history[2]["parts"][0]["text"] == BIG
-        appended = [e["event"] for e in await s.get_events() if e["event"]["type"] == "message.appended"]
-        assert [e["message_id"] for e in appended] == ["m1", "c1", "c2", "c3"]
-        assert appended[2]["message_ref"]
-        assert appended[2].get("message") is None
+        appended = [
+            logged_message(e["event"]) for e in await s.get_events() if e["event"]["type"] == "message.appended"
+        ]
+        assert [e.message_id for e in appended] == ["m1", "c1", "c2", "c3"]
+        assert appended[2].message_ref
+        assert appended[2].message is None
         again = await s.append_all(chain, "m1")  # a re-run appends nothing twice
         assert [(r.id, r.created) for r in again] == [("c1", False), ("c2", False), ("c3", False)]
         assert len([e for e in await s.get_events() if e["event"]["type"] == "message.appended"]) == 4

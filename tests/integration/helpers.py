@@ -2,12 +2,24 @@
 
 from __future__ import annotations
 
-from events.catalog import MessageAppended
+from typing import Any
+
+from events.catalog import MessageAppended, MessageBodyEvent
 from events.messages import body_hash
+from events.registry import decode
 
 
 def text_message(mid: str, text: str, role: str = "user") -> dict[str, object]:
     return {"id": mid, "role": role, "parts": [{"type": "text", "text": text}]}
+
+
+def logged_message(raw: dict[str, Any]) -> MessageBodyEvent:
+    """A message event of the log as the registry reads it, from its raw JSON (``GET …/events``,
+    replay): stored compact, its ``message_id``, ``role`` and ``body_sha256`` may be left out
+    there, given by its body."""
+    event = decode(raw)
+    assert isinstance(event, MessageBodyEvent)
+    return event
 
 
 def appended(tenant: str, session: str, mid: str, parent: str | None, text: str = "hello") -> MessageAppended:

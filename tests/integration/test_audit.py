@@ -16,7 +16,7 @@ from projections.rebuild import checksums
 from services.audit import readers as audit
 from services.bootstrap import Container
 from tests.conftest import make_settings, running_stack
-from tests.integration.helpers import text_message
+from tests.integration.helpers import logged_message, text_message
 
 T = "tenant-a"
 
@@ -69,7 +69,7 @@ async def test_replay_cli_prints_the_events_in_order(stack: Container, new_id: C
     cmd = [sys.executable, "-m", "services.ops.cli", "replay", "--tenant", T, "--session", sid]
     out = subprocess.run(cmd, env=env, capture_output=True, text=True, check=True).stdout.splitlines()
     events = [json.loads(line) for line in out]
-    assert [e["event"]["message_id"] for e in events] == ["m0", "m1", "m2"]
+    assert [logged_message(e["event"]).message_id for e in events] == ["m0", "m1", "m2"]
     assert [e["seq"] for e in events] == sorted(e["seq"] for e in events)
     table = subprocess.run(
         [*cmd, "--format", "table", "--from-seq", str(events[1]["seq"])],

@@ -82,6 +82,16 @@ export function promptAt(prompts, seq) {
   return found;
 }
 
+/** A message event's id and role: written in it, or (stored compact: message.appended v3,
+ * message.updated v2) its inline body's. */
+function messageId(event) {
+  return event.message_id ?? event.message?.id ?? "";
+}
+
+function messageRole(event) {
+  return event.role ?? event.message?.role ?? "";
+}
+
 /** Who did it, as far as the event says: the role of a message, the writer of a block, the
  * summarizer of a compaction, the reason of a prompt. */
 export function who(event) {
@@ -89,7 +99,7 @@ export function who(event) {
   switch (event.type) {
     case "message.appended":
     case "message.updated":
-      return event.role || "";
+      return String(messageRole(event));
     case "context.written":
       return event.writer || "";
     case "compaction.recorded":
@@ -108,9 +118,9 @@ export function what(event) {
   if (!event) return "";
   switch (event.type) {
     case "message.appended":
-      return `${event.message_id} ← ${event.parent_id ?? "(root)"}${event.original_ref ? " · capped" : ""}`;
+      return `${messageId(event)} ← ${event.parent_id ?? "(root)"}${event.original_ref ? " · capped" : ""}`;
     case "message.updated":
-      return event.message_id;
+      return messageId(event);
     case "messages.deleted":
       return (event.message_ids || []).join(", ");
     case "context.written":
