@@ -19,6 +19,7 @@ import yaml
 from nats.aio.client import Client as NatsClient
 
 from bench.support import settings_env
+from events.catalog import MessageAppended
 from events.commands import STATUS_HEADER
 from events.credentials import tenant_inbox_prefix, tenant_nkey_seed
 from services.settings import Settings
@@ -66,7 +67,8 @@ async def test_a_tenant_appends_over_nats_and_reads_over_http(
     assert served.headers["content-type"].startswith("application/yaml")
     doc = yaml.safe_load(served.text)
     assert doc["channels"]["cmd.append"]["address"] == f"{api_settings.command_prefix}.{{tenant}}.append"
-    assert doc["channels"]["message.appended.v2"]["address"].startswith(api_settings.subject_prefix + ".")
+    appended = doc["channels"][f"message.appended.v{MessageAppended.VERSION}"]
+    assert appended["address"].startswith(api_settings.subject_prefix + ".")
 
 
 async def test_sigterm_stops_a_command_process_cleanly(api_settings: Settings, client: httpx.AsyncClient) -> None:
