@@ -52,7 +52,10 @@ from services.ops.localstack import free_port
 from services.ops.progress import Progress
 from services.settings import Settings
 
-FTS_INDEX = "CREATE INDEX IF NOT EXISTS messages_fts ON messages USING gin (content_tsv)"
+FTS_INDEX = (  # as migrations 010 and 018 make it
+    "CREATE INDEX IF NOT EXISTS messages_fts ON messages USING gin (content_tsv) "
+    "WITH (fastupdate = on, gin_pending_list_limit = 128)"
+)
 
 
 async def load(db: str, msgs: Iterator[Msg], total: int, show: bool | None, *, connections: int = 2) -> float:

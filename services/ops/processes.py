@@ -53,7 +53,8 @@ async def run_projector(settings: Settings) -> None:
             nats_node(c.nc),
         )
         await runner.run(stop)
-    log.info("projector stopped")
+    st = runner.stats
+    log.info("projector stopped: %d events applied in %d batches", st.applied, st.batches)
 
 
 async def run_compactor(settings: Settings) -> None:

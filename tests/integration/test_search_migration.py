@@ -50,8 +50,8 @@ async def test_existing_rows_are_reindexed(fresh_db: str) -> None:
 
 
 async def test_rows_written_before_016_and_017_stay_searchable(fresh_db: str) -> None:
-    """Migration 016 (storage, issue #13): the FTS indexes keep no pending list, tenant-wide
-    newest-first reads use the ascending index backwards. Migration 017: the text is no longer
+    """Migration 016 (storage, issue #13): tenant-wide newest-first reads use the ascending index
+    backwards; the FTS indexes keep a small pending list (018). Migration 017: the text is no longer
     stored; rows written before keep their vectors, get their length from their bodies, and search
     finds, ranks and shows them as before."""
     texts = ["Who is on call? The one on the left", "the deploy failed twice", "deployment of the left wing"]
@@ -88,10 +88,8 @@ async def test_rows_written_before_016_and_017_stay_searchable(fresh_db: str) ->
             "SELECT relname, reloptions FROM pg_class WHERE relname IN ('messages_fts', 'search_entries_fts') "
             "ORDER BY 1"
         )
-        assert await cur.fetchall() == [
-            ("messages_fts", ["fastupdate=off"]),
-            ("search_entries_fts", ["fastupdate=off"]),
-        ]
+        small_list = ["fastupdate=on", "gin_pending_list_limit=128"]  # migration 018
+        assert await cur.fetchall() == [("messages_fts", small_list), ("search_entries_fts", small_list)]
         cur = await conn.execute("SELECT indexdef FROM pg_indexes WHERE indexname = 'messages_by_tenant_seq'")
         row = await cur.fetchone()
         assert row is not None
@@ -125,3 +123,24 @@ async def test_message_text_agrees_with_text_of_on_random_bodies(db_url: str) ->
             ([stored_json(b) for b in bodies],),
         )
         assert [r[0] for r in await cur.fetchall()] == [text_of(b) for b in bodies]
+
+
+async def test_a_message_is_found_while_its_lexemes_wait_in_the_pending_list(db_url: str) -> None:
+    """Migration 018: a new row's lexemes go to the index's small pending list first; search finds
+    it there, and the list is merged (by the insert that fills it, or here by hand) without loss."""
+    await migrate(db_url)
+    async with await psycopg.AsyncConnection.connect(db_url, autocommit=True) as conn:
+        await conn.execute("SELECT gin_clean_pending_list('messages_fts'::regclass)")  # an empty list to begin
+        text = "the zebracorn deploys at dawn"
+        await conn.execute(
+            "INSERT INTO messages (tenant, session_id, id, role, content, body_sha256, content_tsv, text_bytes, "
+            "created_at, seq, updated_seq) VALUES ('pending', 's', 'm1', 'user', %s, 'x', "
+            "to_tsvector('chronicle_search.english', %s), %s, now(), 1, 1)",
+            (body_json("m1", text), text, len(text)),
+        )
+        assert [h.id for h in await queries.search(conn, "pending", "s", "zebracorn", 10)] == ["m1"]
+        cur = await conn.execute("SELECT gin_clean_pending_list('messages_fts'::regclass)")
+        row = await cur.fetchone()
+        assert row is not None
+        assert row[0] >= 1  # the row was found in the list, and only now merged
+        assert [h.id for h in await queries.search(conn, "pending", "s", "zebracorn", 10)] == ["m1"]
