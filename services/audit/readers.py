@@ -284,8 +284,19 @@ async def verify(c: Container, *, limit: int = 5, progress: Callable[[int, int],
     """Rebuild into a shadow schema up to the live checkpoint and compare table by table.
 
     The live side is read in one REPEATABLE READ snapshot taken before the rebuild, so a running
-    projector does not make the comparison flap.
+    projector does not make the comparison flap. Read models of another log (:class:`LogMismatch`)
+    are refused, not compared: every table would differ for a reason a comparison cannot name
+    (`chronicle rebuild --projection all` replaces them; `chronicle log show` tells which log).
     """
+    mismatch = await log_mismatch(c)
+    if mismatch is not None:
+        raise LogMismatch(
+            f"nothing to verify against: {mismatch}",
+            database=mismatch.database,
+            identity=mismatch.identity,
+            bound=mismatch.bound,
+            checkpoint=mismatch.checkpoint,
+        )
     shadow = f"verify_{time.strftime('%Y%m%d%H%M%S')}"
     name = c.settings.projector_name
     async with await psycopg.AsyncConnection.connect(c.settings.database_url) as live_conn:

@@ -211,6 +211,27 @@ async def test_a_rebuild_replaces_the_other_logs_read_models_and_binds(nats_url:
         assert seq == 3
 
 
+async def test_verify_refuses_read_models_of_another_log(nats_url: str, fresh_db: str) -> None:
+    """A verify of a database bound to a wiped stream names the cause (the log) instead of
+    reporting every table different; after the rebuild it verifies."""
+    settings = make_settings(nats_url, fresh_db)
+    await _used_log(settings)
+    await _made_again(settings, events=1)
+    async with open_container(settings, log_check=False) as c:
+        with pytest.raises(LogMismatch, match="nothing to verify against"):
+            await audit.verify(c)
+        cur_schemas = await _schemas(fresh_db)
+        assert not [s for s in cur_schemas if s.startswith("verify_")]  # refused before any shadow
+        await audit.rebuild_and_swap(c)
+        assert (await audit.verify(c)).ok
+
+
+async def _schemas(db: str) -> list[str]:
+    async with await psycopg.AsyncConnection.connect(db) as conn:
+        cur = await conn.execute("SELECT nspname FROM pg_namespace")
+        return [str(r[0]) for r in await cur.fetchall()]
+
+
 async def test_a_rebuild_on_the_bound_stream_keeps_the_binding(nats_url: str, fresh_db: str) -> None:
     settings = make_settings(nats_url, fresh_db)
     await _used_log(settings)
