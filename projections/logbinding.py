@@ -74,10 +74,21 @@ class LogMismatch(RuntimeError):
         checkpoint: tuple[str, int] | None = None,
     ) -> None:
         super().__init__(f"{detail}. {REMEDY}")
+        self.detail = detail
         self.database = database
         self.identity = identity
         self.bound = bound
         self.checkpoint = checkpoint
+
+    def restated(self, detail: str) -> LogMismatch:
+        """The same mismatch, said by a tool that refuses because of it (``detail`` first)."""
+        return LogMismatch(
+            f"{detail}: {self.detail}",
+            database=self.database,
+            identity=self.identity,
+            bound=self.bound,
+            checkpoint=self.checkpoint,
+        )
 
 
 def _when(at: datetime | None) -> str:

@@ -201,13 +201,7 @@ async def rebuild_and_swap(
     name = c.settings.projector_name
     mismatch = await log_mismatch(c)
     if mismatch is not None and projection != "all":
-        raise LogMismatch(
-            f"only `chronicle rebuild --projection all` can rebuild read models of another log ({mismatch})",
-            database=mismatch.database,
-            identity=mismatch.identity,
-            bound=mismatch.bound,
-            checkpoint=mismatch.checkpoint,
-        )
+        raise mismatch.restated("only `chronicle rebuild --projection all` can rebuild read models of another log")
     if mismatch is not None:
         tables = (*tables, "quarantine")
     start = time.monotonic()
@@ -290,13 +284,7 @@ async def verify(c: Container, *, limit: int = 5, progress: Callable[[int, int],
     """
     mismatch = await log_mismatch(c)
     if mismatch is not None:
-        raise LogMismatch(
-            f"nothing to verify against: {mismatch}",
-            database=mismatch.database,
-            identity=mismatch.identity,
-            bound=mismatch.bound,
-            checkpoint=mismatch.checkpoint,
-        )
+        raise mismatch.restated("nothing to verify against")
     shadow = f"verify_{time.strftime('%Y%m%d%H%M%S')}"
     name = c.settings.projector_name
     async with await psycopg.AsyncConnection.connect(c.settings.database_url) as live_conn:
