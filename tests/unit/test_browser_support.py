@@ -3,6 +3,7 @@ the first try fails, and a machine that cannot install it is told so."""
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import pytest
@@ -33,7 +34,7 @@ def test_a_missing_chromium_is_installed_updating_the_lists_when_needed(
         return 0 if args[0] == "update" else 100  # stale lists: the first install fails
 
     monkeypatch.setattr(browser_support, "CHROMIUM", exe)
-    monkeypatch.setattr(browser_support.shutil, "which", lambda name: f"/usr/bin/{name}")
+    monkeypatch.setattr(shutil, "which", lambda name: f"/usr/bin/{name}")
     monkeypatch.setattr(browser_support, "_apt", apt)
     assert ensure_chromium() == exe
     assert calls == [("install", "-y", "chromium"), ("update",), ("install", "-y", "chromium")]
@@ -42,9 +43,9 @@ def test_a_missing_chromium_is_installed_updating_the_lists_when_needed(
 def test_a_machine_that_cannot_install_chromium_says_so(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(browser_support, "CHROMIUM", tmp_path / "chromium")
     monkeypatch.setattr(browser_support, "_apt", lambda *args: 100)
-    monkeypatch.setattr(browser_support.shutil, "which", lambda name: f"/usr/bin/{name}")
+    monkeypatch.setattr(shutil, "which", lambda name: f"/usr/bin/{name}")
     with pytest.raises(NoBrowser, match="did not install it"):
         ensure_chromium()
-    monkeypatch.setattr(browser_support.shutil, "which", lambda name: None)
+    monkeypatch.setattr(shutil, "which", lambda name: None)
     with pytest.raises(NoBrowser, match="no apt-get"):
         ensure_chromium()

@@ -458,13 +458,16 @@ def test_matches_the_reference(case: dict[str, Any]) -> None:
         assert stringify(case["value"]) == expected
     elif op == "tool":
         snapshot = copy.deepcopy(case["value"])
-        result = tool_output_truncation(case["value"], case["max"])
-        assert (result.truncated, result.original_length) == (expected["truncated"], expected["originalLength"])
-        assert stringify(result.output) == stringify(expected["output"])
-        if result.truncated:  # rebuilt containers follow JavaScript's key order too
-            assert key_order(result.output) == key_order(expected["output"])
+        truncation = tool_output_truncation(case["value"], case["max"])
+        assert (truncation.truncated, truncation.original_length) == (
+            expected["truncated"],
+            expected["originalLength"],
+        )
+        assert stringify(truncation.output) == stringify(expected["output"])
+        if truncation.truncated:  # rebuilt containers follow JavaScript's key order too
+            assert key_order(truncation.output) == key_order(expected["output"])
         else:
-            assert result.output is case["value"]
+            assert truncation.output is case["value"]
         assert case["value"] == snapshot
     elif op == "older":
         messages = case["messages"]
@@ -485,12 +488,12 @@ def test_matches_the_reference(case: dict[str, Any]) -> None:
     elif op == "row":
         message = case["message"]
         snapshot = copy.deepcopy(message)
-        result, changed = enforce_row_size_limit(message, case["max"])
+        row, changed = enforce_row_size_limit(message, case["max"])
         # The reference returns an equal copy when nothing could be cut; this returns the input.
         want = message if expected["same"] else expected["message"]
-        assert stringify(result) == stringify(want)
+        assert stringify(row) == stringify(want)
         assert changed == (stringify(want) != stringify(snapshot))
-        assert (result is message) == (not changed)
+        assert (row is message) == (not changed)
         assert message == snapshot
     elif op == "window":
         rows = [(str(i), size) for i, size in enumerate(case["bytes"])]
