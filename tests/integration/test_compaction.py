@@ -10,7 +10,7 @@ import pytest
 
 from events.catalog import CompactionRecorded
 from events.context import CompactionConfig, SessionConfig
-from events.omitted import OMITTED
+from events.omitted import OMITTED, ParentId
 from projections.overlays import Overlay, overlays
 from services.bootstrap import Container
 from services.compaction.ranges import Plan
@@ -22,12 +22,12 @@ from tests.integration.helpers import text_message
 T = "tenant-a"
 
 
-async def _append_chain(c: Container, sid: str, ids: list[str], parent: str | object | None = OMITTED) -> int:
+async def _append_chain(c: Container, sid: str, ids: list[str], parent: ParentId = OMITTED) -> int:
     seq = 0
     for i, mid in enumerate(ids):
         r = await c.commands.append(
             T, sid, text_message(mid, f"message {mid} " + "lorem ipsum " * 20), parent if i == 0 else OMITTED
-        )  # type: ignore[arg-type]
+        )
         seq = r.seq
     return seq
 

@@ -6,6 +6,7 @@ from collections.abc import Callable
 
 from events.catalog import CompactionRecorded, MessageAppended, PromptRendered, SessionConfigured
 from events.context import CompactionConfig, SessionConfig
+from events.envelope import Event
 from events.messages import body_hash
 from projections.runner import apply_batch
 from services.bootstrap import Container
@@ -30,14 +31,14 @@ async def test_estimate_threshold_and_prompt(stack: Container, new_id: Callable[
     total = sum(message_tokens(e.message or {}, count) for e in events)
     seq = 10_000_000
 
-    async def feed(*evs: object) -> None:
+    async def feed(*evs: Event) -> None:
         nonlocal seq
-        items = []
+        items: list[tuple[int, Event]] = []
         for ev in evs:
             seq += 1
             items.append((seq, ev))
         async with stack.pool.connection() as conn, conn.transaction():
-            await apply_batch(conn, state.worker, [state], items, notify=False)  # type: ignore[arg-type]
+            await apply_batch(conn, state.worker, [state], items, notify=False)
 
     at = SessionConfig(compaction=CompactionConfig(compact_after=total))
     await feed(SessionConfigured(tenant=T, session=sid, config=at), *events)
@@ -104,7 +105,7 @@ async def test_session_without_compaction_stores_nothing(stack: Container, new_i
     state = CompactorState(new_id("w"), count, None, adopt=False)
     items = [(20_000_000 + i, _msg(sid, f"m{i}", f"m{i - 1}" if i else None, f"text {i}")) for i in range(5)]
     async with stack.pool.connection() as conn, conn.transaction():
-        await apply_batch(conn, state.worker, [state], items, notify=False)  # type: ignore[arg-type]
+        await apply_batch(conn, state.worker, [state], items, notify=False)
     assert tokenised == []
     assert await _compactor_rows(stack, state.worker, sid) == 0
     assert (T, sid) not in state.tracked
@@ -130,7 +131,7 @@ async def test_switching_compaction_on_backfills_from_the_read_model(
     )
     config_seq = await stack.publisher.publish(configured)
     async with stack.pool.connection() as conn, conn.transaction():
-        await apply_batch(conn, state.worker, [state], [(config_seq.seq, configured)], notify=False)  # type: ignore[arg-type]
+        await apply_batch(conn, state.worker, [state], [(config_seq.seq, configured)], notify=False)
     assert (T, sid) in state.tracked
     assert state.candidates[(T, sid)].estimate == total
     async with stack.pool.connection() as conn:
@@ -142,12 +143,12 @@ async def test_switching_compaction_on_backfills_from_the_read_model(
     # the appends the backfill already counted, delivered afterwards, count once
     late = _msg(sid, "m3", "m2", texts[3])
     async with stack.pool.connection() as conn, conn.transaction():
-        await apply_batch(conn, state.worker, [state], [(config_seq.seq + 1, late)], notify=False)  # type: ignore[arg-type]
+        await apply_batch(conn, state.worker, [state], [(config_seq.seq + 1, late)], notify=False)
     assert state.candidates[(T, sid)].estimate == total
     # switching it off drops the state
     off = SessionConfigured(tenant=T, session=sid, config=SessionConfig())
     async with stack.pool.connection() as conn, conn.transaction():
-        await apply_batch(conn, state.worker, [state], [(config_seq.seq + 2, off)], notify=False)  # type: ignore[arg-type]
+        await apply_batch(conn, state.worker, [state], [(config_seq.seq + 2, off)], notify=False)
     assert (T, sid) not in state.tracked
     assert (T, sid) not in state.candidates
     assert await _compactor_rows(stack, state.worker, sid) == 0
@@ -210,7 +211,7 @@ async def test_still_due_is_read_from_the_committed_state(stack: Container, new_
     )
     items = [(40_000_001, on), (40_000_002, _msg(sid, "m0", None, text)), (40_000_003, _msg(sid, "m1", "m0", text))]
     async with stack.pool.connection() as conn, conn.transaction():
-        await apply_batch(conn, state.worker, [state], items, notify=False)  # type: ignore[arg-type]
+        await apply_batch(conn, state.worker, [state], items, notify=False)
     async with stack.pool.connection() as conn:
         assert await still_due(conn, state.worker, T, sid, 40_000_003)
         assert not await still_due(conn, state.worker, T, new_id("never"), 1)  # untracked: nothing due
@@ -228,12 +229,12 @@ async def test_still_due_is_read_from_the_committed_state(stack: Container, new_
         summary="s",
     )
     async with stack.pool.connection() as conn, conn.transaction():
-        await apply_batch(conn, state.worker, [state], [(40_000_004, overlay)], notify=False)  # type: ignore[arg-type]
+        await apply_batch(conn, state.worker, [state], [(40_000_004, overlay)], notify=False)
     async with stack.pool.connection() as conn:
         assert not await still_due(conn, state.worker, T, sid, 40_000_003)  # compacted meanwhile
     off = SessionConfigured(tenant=T, session=sid, config=SessionConfig())
     async with stack.pool.connection() as conn, conn.transaction():
-        await apply_batch(conn, state.worker, [state], [(40_000_005, off)], notify=False)  # type: ignore[arg-type]
+        await apply_batch(conn, state.worker, [state], [(40_000_005, off)], notify=False)
     async with stack.pool.connection() as conn:
         assert not await still_due(conn, state.worker, T, sid, 40_000_003)
 
@@ -254,7 +255,7 @@ async def test_configured_sessions_it_does_not_track_are_adopted_at_the_first_ba
     state = CompactorState(new_id("w"), count, None, lambda t, s: (t, s) in mine)
     unrelated = _msg(new_id("other"), "x0", None, "not tracked")
     async with stack.pool.connection() as conn, conn.transaction():
-        await apply_batch(conn, new_id("cp"), [state], [(base + 10, unrelated)], notify=False)  # type: ignore[arg-type]
+        await apply_batch(conn, new_id("cp"), [state], [(base + 10, unrelated)], notify=False)
     assert state.tracked >= mine
     assert state.candidates[(T, sid)].estimate == total
     assert state.candidates.keys() == mine  # only the sessions it owns
