@@ -8,7 +8,7 @@ import psycopg
 from projections.migrate import migrate
 from tests.support import migrate_before
 
-SESSIONS = {
+SESSIONS: dict[str, list[tuple[str, str | None]]] = {
     "chain": [("a", None), ("b", "a"), ("c", "b")],
     "branched": [("a", None), ("b", "a"), ("c", "a")],
     "rootless": [("b", "a"), ("c", "b")],  # the root was deleted

@@ -50,7 +50,7 @@ async def test_the_ingest_baseline_table_has_the_storage_of_messages(db_url: str
             cur = await conn.execute(
                 "SELECT relname, reloptions FROM pg_class WHERE relname IN ('messages', 'baseline_storage_check')"
             )
-            options = dict(await cur.fetchall())
+            options: dict[str, list[str] | None] = dict(await cur.fetchall())
         finally:
             await conn.execute('DROP TABLE "baseline_storage_check"')
     assert options["messages"] == ["toast_tuple_target=8160"]

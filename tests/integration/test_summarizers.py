@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import pytest
 
-from services.compaction.ranges import plan_compaction
+from services.compaction.ranges import Message, Plan, plan_compaction
 from services.compaction.summarizers import OfflineSummarizer, OpenAISummarizer, SummarizerError
 from tests.e2e.stub_llm import StubLLM
 
 
-def _msgs(n: int) -> list[dict[str, object]]:
-    out: list[dict[str, object]] = []
+def _msgs(n: int) -> list[Message]:
+    out: list[Message] = []
     for i in range(n):
         role = "user" if i % 2 == 0 else "assistant"
         text = f"Question {i} about deployments?" if role == "user" else f"Answer {i}: deploy on Friday."
@@ -19,9 +19,9 @@ def _msgs(n: int) -> list[dict[str, object]]:
     return out
 
 
-def _plan(messages: list[dict[str, object]]):  # type: ignore[no-untyped-def]
+def _plan(messages: list[Message]) -> Plan:
     plan = plan_compaction(messages, lambda m: 50, protect_head=1, tail_token_budget=100, min_tail_messages=2)
-    assert not hasattr(plan, "reason")
+    assert isinstance(plan, Plan), plan  # not a Skip
     return plan
 
 
@@ -38,7 +38,7 @@ async def test_offline_summary_is_deterministic_with_four_sections() -> None:
 async def test_offline_summary_extends_the_previous_one() -> None:
     first = await OfflineSummarizer().summarize(_plan(_msgs(8)))
     msgs = _msgs(14)
-    overlay = {"id": "compaction_x", "role": "assistant", "parts": [{"type": "text", "text": first}]}
+    overlay: Message = {"id": "compaction_x", "role": "assistant", "parts": [{"type": "text", "text": first}]}
     view = [msgs[0], overlay, *msgs[8:]]
     second = await OfflineSummarizer().summarize(_plan(view))
     assert "Question 2 about deployments?" in second  # kept from the previous summary
