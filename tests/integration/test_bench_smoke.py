@@ -216,7 +216,12 @@ def test_bench_cli_wiring(monkeypatch: pytest.MonkeyPatch) -> None:
     from services.ops import cli
 
     captured: list[argparse.Namespace] = []
-    monkeypatch.setattr(bench.cli, "run_bench", lambda settings, args: captured.append(args) or 0)
+
+    def fake(settings: object, args: argparse.Namespace) -> int:
+        captured.append(args)
+        return 0
+
+    monkeypatch.setattr(bench.cli, "run_bench", fake)
     assert cli.main(["bench", "ingest", "--smoke", "--messages", "10", "--sessions", "2", "--out", "x.json"]) == 0
     (args,) = captured
     assert (args.which, args.smoke, args.messages, args.sessions, args.out) == ("ingest", True, 10, 2, "x.json")
@@ -227,7 +232,7 @@ def test_bench_peers_cli_wiring(monkeypatch: pytest.MonkeyPatch) -> None:
     import bench.cli
     from services.ops import cli
 
-    captured: list[bench.cli.BenchOptions] = []
+    captured: list[BenchOptions] = []
 
     async def fake(settings: object, names: list[str], options: BenchOptions) -> dict[str, object]:
         captured.append(options)

@@ -152,6 +152,9 @@ class Unreachable:
             raise nats.errors.TimeoutError
         return await self._store.get(ref)
 
+    async def delete(self, ref: BlobRef) -> None:
+        await self._store.delete(ref)
+
 
 async def test_a_store_that_cannot_answer_is_retried_never_quarantined(nats_url: str, fresh_db: str) -> None:
     settings = make_settings(nats_url, fresh_db)

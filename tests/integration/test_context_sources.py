@@ -41,10 +41,10 @@ async def test_object_storage_is_read_with_no_connection_held(stack: Container, 
     held: list[int] = []
     get_text = storage.get_text
 
-    async def watched(b: str, key: str) -> str | None:
+    async def watched(bucket: str, key: str) -> str | None:  # get_text's own signature
         # connections held by anything but the projector (which applies events meanwhile)
         held.append(sum(n for t, n in holders.items() if "ProjectorRunner" not in repr(t.get_coro())))
-        return await get_text(b, key)
+        return await get_text(bucket, key)
 
     storage.get_text = watched  # type: ignore[method-assign]
     stack.pool.connection = tracked  # type: ignore[method-assign]

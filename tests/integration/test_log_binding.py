@@ -18,6 +18,7 @@ from nats.js import JetStreamContext
 from nats.js.errors import NotFoundError
 
 from bench.support import settings_env
+from events.omitted import OMITTED
 from events.stream import ensure_stream
 from projections import logbinding
 from projections.logbinding import LogIdentity, LogMismatch
@@ -27,7 +28,6 @@ from services.bootstrap import Container, open_container
 from services.ops.cli import LOG_MISMATCH_EXIT
 from services.ops.log_cli import run_log
 from services.settings import Settings
-from services.writes.commands import OMITTED
 from tests.conftest import make_settings, operator_nats, running_stack
 from tests.integration.helpers import text_message
 
