@@ -121,7 +121,10 @@ async def stack(nats_url: str, db_url: str, s3_endpoint: str) -> AsyncIterator[C
 
 @pytest.fixture
 def new_id() -> Callable[[str], str]:
-    return lambda prefix="s": f"{prefix}-{uuid.uuid4().hex[:12]}"
+    def make(prefix: str) -> str:
+        return f"{prefix}-{uuid.uuid4().hex[:12]}"
+
+    return make
 
 
 @pytest.fixture(scope="session")

@@ -226,8 +226,8 @@ async def test_a_canary_written_by_every_path_is_nowhere_after_erasure(
     assert tables_holding(settings.database_url, keeper)
     history = await ok(await client.get(f"/v1/sessions/{other}/history"))
     assert keeper in json.dumps(history)
-    found = await ok(await client.get("/v1/search", params={"q": keeper}))
-    assert found["results"], found
+    search = await ok(await client.get("/v1/search", params={"q": keeper}))
+    assert search["results"], search
     assert any(keeper in json.dumps(line) for line in await event_lines(client, other))
 
 

@@ -69,7 +69,7 @@ async def test_history_as_of_applies_the_overlays_and_windows_of_then(client: ht
     assert compacted["compacted"] is True, compacted
     after = compacted["seq"]
 
-    async def ids(**params: object) -> list[str]:
+    async def ids(**params: str | int) -> list[str]:
         r = await client.get(f"/v1/sessions/{sid}/history", params={"min_seq": after, **params})
         assert r.status_code == 200, r.text
         return [m["id"] for m in r.json()["messages"]]

@@ -198,7 +198,7 @@ async def test_history_limit_keeps_the_recent_end_and_says_truncated(client: htt
     )
     seq = r.json()["seq"]
 
-    async def read(**params: object) -> dict[str, Any]:
+    async def read(**params: str | int) -> dict[str, Any]:
         r = await client.get(f"/v1/sessions/{sid}/history", params={"min_seq": seq, **params})
         assert r.status_code == 200, r.text
         out: dict[str, Any] = r.json()
