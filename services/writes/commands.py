@@ -228,9 +228,9 @@ class Commands:
                 latest_leaf=unapplied[-1].message_id if unapplied else found.latest_leaf,
                 parent_exists=found.parent_exists or any(a.message_id == parent for a in unapplied),
             )
-            if ask_ids and not found.session_deleted:
+            if ask_ids and tip is not None and not found.session_deleted:
                 ids = None if found.ids is None else {*found.ids, *(a.message_id for a in unapplied)}
-                self.optimistic.know(tenant, session, ids, state.latest_leaf)
+                self.optimistic.know(tenant, session, tip, ids, state.latest_leaf)
             return await decided(state)
 
         def known(tip: UnappliedChain) -> Decision | None:

@@ -186,12 +186,17 @@ class OptimisticWriter:
             self._known_ids -= len(tip.ids or ())
         return tip
 
-    def know(self, tenant: str, session: str, ids: set[str] | None, leaf: str | None) -> None:
-        """The session's chain learns its ids and latest leaf at the chain's end (read from the
-        read model together with the chain's unapplied appends); None: the session has too
-        many to keep (the chain does not ask again)."""
-        tip = self._chains.get((tenant, session))
-        if tip is None or tip.ids is not None:
+    def know(self, tenant: str, session: str, tip: UnappliedChain, ids: set[str] | None, leaf: str | None) -> None:
+        """``tip`` learns the session's ids and latest leaf at its end (read from the read model
+        together with ``tip``'s unapplied appends, with no await since); None: the session has
+        too many to keep (the chain does not ask again).
+
+        Only while ``tip`` is still the session's chain: the read was awaited, and meanwhile
+        another append of this process may have ended ``tip`` and started a new chain, whose end
+        these ids and this leaf are not. Taught to the new chain, they would let its next append
+        take a stale leaf as its parent while expecting the new chain's end, which the log would
+        accept: two children of one parent where appends without a parent must make one chain."""
+        if self._chains.get((tenant, session)) is not tip or tip.ids is not None:
             return
         tip.ids_tried = True
         if ids is not None:

@@ -74,7 +74,7 @@ def test_chains_and_sessions_are_bounded(monkeypatch: Any) -> None:
 def test_a_chain_that_learns_the_ids_keeps_them_instead_of_its_appends() -> None:
     c = _cond()
     c._remember(KEY, 4, 7, _ev("m1"), True)
-    c.know(T, S, {"m0", "m1"}, "m1")
+    c.know(T, S, c._chains[KEY], {"m0", "m1"}, "m1")
     tip = c._chains[KEY]
     assert (tip.ids, tip.leaf, tip.appends, tip.base) == ({"m0", "m1"}, "m1", [], 7)
     c._remember(KEY, 7, 9, _ev("m2", "m1"), True)
@@ -87,7 +87,7 @@ def test_a_chain_that_learns_the_ids_keeps_them_instead_of_its_appends() -> None
 def test_a_session_over_the_cap_is_asked_for_its_ids_once() -> None:
     c = _cond()
     c._remember(KEY, 4, 7, _ev("m1"), True)
-    c.know(T, S, None, "m1")
+    c.know(T, S, c._chains[KEY], None, "m1")
     tip = c._chains[KEY]
     assert (tip.ids, tip.ids_tried) == (None, True)
     c._remember(KEY, 7, 9, _ev("m2", "m1"), True)
@@ -99,8 +99,26 @@ def test_the_ids_budget_forgets_the_least_recently_appended_chains(monkeypatch: 
     c = _cond()
     for s in ("a", "b"):
         c._remember((T, s), 0, 1, appended(T, s, "m1", None), True)
-        c.know(T, s, {"m1", "x", "y"}, "m1")
+        c.know(T, s, c._chains[(T, s)], {"m1", "x", "y"}, "m1")
     assert c._known_ids == 6  # over, until the next append is remembered
     c._remember((T, "b"), 1, 2, appended(T, "b", "m2", "m1"), True)
     assert list(c._chains) == [(T, "b")]
     assert c._known_ids == 4
+
+
+def test_ids_read_for_a_chain_that_ended_meanwhile_are_not_taught_to_the_next_one() -> None:
+    """The read of a chain's ids is awaited; if meanwhile another append of this process ended the
+    chain and began a new one (a conflict, then a slow-path append), the ids and the leaf read
+    for the old chain are not the new chain's end: taught to it, the next append would take the
+    old leaf as parent while expecting the new end, and the log would accept a second child."""
+    c = _cond()
+    c._remember(KEY, 4, 7, _ev("m1"), True)
+    old = c._chains[KEY]
+    c._forget(KEY)  # another coroutine's publish conflicted
+    c._remember(KEY, 7, 8, _ev("m2", "m1"), True)  # ... and its slow-path append began a new chain
+    new = c._chains[KEY]
+    c.know(T, S, old, {"m0", "m1"}, "m1")  # the awaited read, for the old chain, comes back
+    assert (new.ids, new.leaf, new.ids_tried, [a.message_id for a in new.appends]) == (None, None, False, ["m2"])
+    assert c._known_ids == 0
+    c.know(T, S, new, {"m0", "m1", "m2"}, "m2")  # read for the new chain: learnt
+    assert (new.ids, new.leaf) == ({"m0", "m1", "m2"}, "m2")
