@@ -238,21 +238,25 @@ _VALUES = (
     "to_tsvector(c.config, u.indexed_text), octet_length(u.indexed_text), u.created_at, u.seq, u.seq, "
     "u.original_ref::jsonb"
 )
-_CONFIG = (
+# each row's search configuration: its tenant's language, English when it has none
+_WITH_CONFIG = (
     "CROSS JOIN LATERAL (SELECT coalesce((SELECT l.config FROM search_languages l WHERE l.tenant = u.tenant), "
     f"'{CONFIG}'::regconfig) AS config) c "
+)
+# a message of a deleted or unknown session is dropped
+_OF_LIVE_SESSIONS = (
     "WHERE EXISTS (SELECT 1 FROM sessions x "
     "WHERE x.tenant = u.tenant AND x.id = u.session_id AND x.deleted_at IS NULL) "
 )
 _INSERT_STAGED = (
-    f"INSERT INTO messages ({_COLUMNS}) SELECT {_VALUES} FROM history_stage u {_CONFIG}"
+    f"INSERT INTO messages ({_COLUMNS}) SELECT {_VALUES} FROM history_stage u {_WITH_CONFIG}{_OF_LIVE_SESSIONS}"
     "ORDER BY u.seq ON CONFLICT (tenant, session_id, id) DO NOTHING"
 )
 _INSERT_ONE = (
     f"INSERT INTO messages ({_COLUMNS}) SELECT {_VALUES} FROM (VALUES (%s::text, %s::text, %s::text, %s::text, "
     "%s::text, %s::text, %s::text, %s::text, %s::timestamptz, %s::bigint, %s::text)) "
     "AS u(tenant, session_id, id, parent_id, role, content, body_sha256, indexed_text, created_at, seq, original_ref) "
-    f"{_CONFIG}ON CONFLICT (tenant, session_id, id) DO NOTHING"
+    f"{_WITH_CONFIG}{_OF_LIVE_SESSIONS}ON CONFLICT (tenant, session_id, id) DO NOTHING"
 )
 # Below this many rows the temporary table's extra round trips cost more than they save.
 COPY_MIN_ROWS = 32

@@ -45,6 +45,11 @@ def stored(event: MessageBodyEvent) -> dict[str, Any]:
     return raw
 
 
+def body_event(**fields: Any) -> MessageAppended:
+    """A ``message.appended`` of one tenant's session, a root unless ``parent_id`` is given."""
+    return MessageAppended(**{"tenant": "tenant-a", "session": "s-1", "parent_id": None, **fields})
+
+
 def ref(digest: str = "a" * 64, size: int = 4096) -> BlobRef:
     return BlobRef(store="memory", key=digest, sha256=digest, size=size)
 
@@ -127,14 +132,11 @@ def test_set_optionals_are_kept() -> None:
 
 def test_a_body_without_a_role_gives_the_empty_role_as_the_writer_records_it() -> None:
     body = {"id": "m1", "parts": []}
-    event = MessageAppended(
-        tenant="tenant-a",
-        session="s-1",
+    event = body_event(
         message_id="m1",
         role="",
         body_sha256=body_hash(body),
         message=body,
-        parent_id=None,
     )
     assert "role" not in stored(event)
     assert decode(event.to_json()) == event
@@ -179,9 +181,7 @@ def test_an_erased_compact_event_still_shows_its_message_id() -> None:
 
 def test_a_claim_checked_event_keeps_its_id_role_and_hash_explicit() -> None:
     digest = body_hash(text_message("m2", "big"))
-    event = MessageAppended(
-        tenant="tenant-a",
-        session="s-1",
+    event = body_event(
         message_id="m2",
         role="assistant",
         body_sha256=digest,
@@ -198,14 +198,11 @@ def test_a_claim_checked_event_keeps_its_id_role_and_hash_explicit() -> None:
 
 @pytest.mark.parametrize("left_out", DERIVED_FIELDS)
 def test_a_claim_checked_event_without_an_explicit_field_is_refused_as_invalid(left_out: str) -> None:
-    event = MessageAppended(
-        tenant="tenant-a",
-        session="s-1",
+    event = body_event(
         message_id="m2",
         role="user",
         body_sha256="b" * 64,
         message_ref=ref(),
-        parent_id=None,
     )
     raw = {k: v for k, v in stored(event).items() if k != left_out}
     with pytest.raises(Refused) as caught:
@@ -217,14 +214,11 @@ def test_a_claim_checked_event_without_an_explicit_field_is_refused_as_invalid(l
 def test_a_capped_message_keeps_its_originals_hash_explicit() -> None:
     capped = text_message("m1", "short form")
     original_hash = body_hash(text_message("m1", "the whole, much longer text"))
-    event = MessageAppended(
-        tenant="tenant-a",
-        session="s-1",
+    event = body_event(
         message_id="m1",
         role="user",
         body_sha256=original_hash,
         message=capped,
-        parent_id=None,
         original_ref=ref("c" * 64),
     )
     raw = stored(event)
@@ -281,14 +275,11 @@ def test_a_compact_event_whose_body_cannot_give_a_left_out_field_is_refused_as_i
 
 def test_a_body_that_cannot_give_a_field_writes_it_explicitly() -> None:
     body = {"id": "m1", "role": 5, "parts": []}
-    event = MessageAppended(
-        tenant="tenant-a",
-        session="s-1",
+    event = body_event(
         message_id="m1",
         role="5",
         body_sha256=body_hash(body),
         message=body,
-        parent_id=None,
     )
     raw = stored(event)
     assert raw["role"] == "5"
