@@ -279,6 +279,9 @@ class Problem(BaseModel):
     code: str
     errors: list[ProblemError] | None = None
     reason: str | None = None
+    retry_after: float | None = Field(
+        default=None, description="`rate_limited`: seconds until a request of this tenant would be admitted"
+    )
 
 
 # -- the commands ------------------------------------------------------------------------------------

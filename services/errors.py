@@ -44,4 +44,18 @@ KeyedBlock = _error("KeyedBlock", "keyed_block", 409, "The block holds keyed ent
 BudgetExceeded = _error("BudgetExceeded", "budget_exceeded", 422, "The block would exceed its token budget")
 UnknownTool = _error("UnknownTool", "unknown_tool", 404, "No such tool for this session")
 ObjectStorageError = _error("ObjectStorageError", "object_storage", 503, "Object storage failed")
+
+
+class RateLimited(ChronicleError):
+    """The tenant is over its request limit (services/requests/limits.py); nothing was done."""
+
+    code = "rate_limited"
+    status = 429
+    title = "Too many requests for this tenant"
+
+    def __init__(self, retry_after_s: float, detail: str = "") -> None:
+        super().__init__(detail)
+        self.retry_after_s = retry_after_s
+
+
 SummarizerFailed = _error("SummarizerFailed", "summarizer_failed", 502, "The summarizer failed; recorded, retry later")

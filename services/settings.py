@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Literal
 
 import nkeys
-from pydantic import Field, PositiveFloat, SecretStr
+from pydantic import Field, NonNegativeFloat, NonNegativeInt, PositiveFloat, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from events.credentials import is_user_public_key, nkey_public_key, tenant_nkey_seed
@@ -63,6 +63,19 @@ class Settings(BaseSettings):
     subject_prefix: str = "chronicle.ev"
     command_workers: int = Field(
         default=64, ge=1, le=4096, description="`chronicle commands`: requests one process answers at a time"
+    )
+    rate_limit: NonNegativeFloat = Field(
+        default=0,
+        description="requests a second each tenant may make to one API or `chronicle commands` process (a token "
+        "bucket per tenant; over it: 429 rate_limited with Retry-After, nothing done); 0: no limit. With N processes "
+        "a tenant's ceiling is N times this",
+    )
+    rate_limit_burst: NonNegativeInt = Field(
+        default=0, description="requests a tenant may make at once before `rate_limit` applies; 0: one second's worth"
+    )
+    rate_limits: dict[str, NonNegativeFloat] = Field(
+        default_factory=dict,
+        description="tenant -> requests a second, instead of `rate_limit` for that tenant (0: no limit for it)",
     )
     command_prefix: str = Field(
         default="chronicle.cmd",
@@ -222,6 +235,16 @@ class Settings(BaseSettings):
         return SubjectLayout(
             stream=self.stream, prefix=self.subject_prefix, partitions=self.partitions, commands=self.command_prefix
         )
+
+    @field_validator("rate_limits")
+    @classmethod
+    def _tenants_named(cls, limits: dict[str, float]) -> dict[str, float]:
+        for tenant in limits:
+            try:
+                check_tenant(tenant)
+            except InvalidId as exc:
+                raise ValueError(f"rate_limits names {tenant!r}, not a tenant: {exc}") from exc
+        return limits
 
     def as_env(self, base: Mapping[str, str]) -> dict[str, str]:
         """``base`` (an environment) with exactly these settings as ``CHRONICLE_*`` variables, for

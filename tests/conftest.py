@@ -17,6 +17,7 @@ from events.credentials import nkey_public_key, tenant_inbox_prefix, tenant_nkey
 from events.subjects import SubjectLayout
 from projections.keystore import new_kek_line
 from services.bootstrap import Container, open_container
+from services.ops.localstack import free_port
 from services.ops.natsconf import NatsAccess
 from services.settings import Settings, api_key_entry, new_operator_seed
 from tests.support import nats_server, postgres_server, s3_server, scratch_database
@@ -110,6 +111,23 @@ async def running_stack(settings: Settings, *, projector: bool = True) -> AsyncI
             stop.set()
             if task is not None:
                 await asyncio.wait_for(task, timeout=15)
+
+
+@contextlib.contextmanager
+def tenant_nats_settings(tmp: Path, pg_admin: str, s3_endpoint: str, **overrides: object) -> Iterator[Settings]:
+    """Settings with a scratch database, command subjects of their own, and a nats-server of their
+    own configured from them (the tenants' NKeys: requests and publishing as a tenant)."""
+    port = free_port()
+    with scratch_database(pg_admin) as db:
+        s = make_settings(
+            f"nats://127.0.0.1:{port}",
+            db,
+            s3_endpoint=s3_endpoint,
+            command_prefix=f"c{uuid.uuid4().hex[:8]}.cmd",
+            **overrides,
+        )
+        with nats_server(tmp, NatsAccess.of(s), port=port):
+            yield s
 
 
 @pytest.fixture(scope="session")

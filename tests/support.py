@@ -12,12 +12,14 @@ import subprocess
 import sys
 import tempfile
 import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import AsyncIterator, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 import nkeys
 import psycopg
+import uvicorn
+from starlette.types import ASGIApp
 
 from services.ops.localstack import (
     free_port,
@@ -48,6 +50,22 @@ def nats_server(
             proc.wait(timeout=10)
         except subprocess.TimeoutExpired:
             proc.kill()
+
+
+@contextlib.asynccontextmanager
+async def served(app: ASGIApp) -> AsyncIterator[str]:
+    """``app`` served by uvicorn on a free loopback port (real HTTP); yields its base URL."""
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="error"))
+    task = asyncio.create_task(server.serve())
+    while not server.started:
+        assert not task.done(), "uvicorn did not start"
+        await asyncio.sleep(0.02)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        await task
 
 
 @contextlib.contextmanager

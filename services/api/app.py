@@ -15,6 +15,7 @@ from services.api.compaction import router as compaction_router
 from services.api.context import router as context_router
 from services.api.history import router as history_router
 from services.api.hot import HotPaths
+from services.api.limits import TenantRateLimit
 from services.api.log import router as log_router
 from services.api.messages import router as messages_router
 from services.api.operations import router as operations_router
@@ -23,6 +24,7 @@ from services.api.search import router as search_router
 from services.api.sessions import router as sessions_router
 from services.api.strict_json import StrictJsonRoute
 from services.bootstrap import Container, open_container, settle_heap
+from services.requests.limits import limits_of
 from services.settings import Settings
 
 ROUTERS = (
@@ -69,6 +71,8 @@ def build_app(settings: Settings, container: Container | None = None) -> FastAPI
     ops_key = settings.ops_key.get_secret_value() if settings.ops_key is not None else None
     if settings.api_hot_paths:
         app.add_middleware(HotPaths)  # inside the key check: the tenant is known
+    if (limits := limits_of(settings)) is not None:
+        app.add_middleware(TenantRateLimit, limits=limits)  # before the hot paths: they are requests too
     app.add_middleware(ApiKeyAuth, keys=keys, ops_key=ops_key)
     app.add_middleware(CrashGuard)  # outermost: no error drops the connection
 

@@ -41,6 +41,12 @@ HOT_PATHS = Counter(
     ["route", "outcome"],
     registry=REGISTRY,
 )
+RATE_LIMITED = Counter(
+    "chronicle_rate_limited_requests_total",
+    "Requests refused because their tenant was over its limit (CHRONICLE_RATE_LIMIT), by transport",
+    ["transport"],
+    registry=REGISTRY,
+)
 _counted: dict[str, int] = {}  # what QUARANTINED already holds, per reason (the table only grows)
 
 READINESS_STALL_S = 60.0

@@ -25,6 +25,7 @@ _WHEN = {
     410: "The session is erased (`session_erased`): it takes no writes, its id cannot be used again",
     413: "An event would be over the log's limit (`payload_too_large`)",
     422: "The request breaks a rule (`invalid_request`, `invalid_id`, `unknown_parent`, `invalid_config`, …)",
+    429: "The tenant is over its request limit (`rate_limited`; `retry_after` seconds, `Retry-After`); nothing done",
     500: "A bug (`internal_error`); the connection stays usable",
     502: "The summarizer failed (`summarizer_failed`)",
     503: "A backing service is unavailable or the read model is behind; retry",
@@ -35,7 +36,7 @@ _PROBLEM_CONTENT = {"application/problem+json": {"schema": {"$ref": REF.format(m
 def _statuses(path: str, op: dict[str, Any]) -> list[int]:
     if not path.startswith("/v1/"):
         return [401] if path in ("/readyz", "/metrics") else []
-    statuses = [401, 404, 409, 422, 500, 503]
+    statuses = [401, 404, 409, 422, 429, 500, 503]
     if "requestBody" in op:
         statuses += [400, 413]
     if path.endswith("/compact"):

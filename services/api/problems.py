@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import math
 from typing import Any
 
 import nats.errors
@@ -42,7 +43,11 @@ def problem(status: int, code: str, title: str, detail: str, **extra: Any) -> JS
 
 def as_response(body: dict[str, Any]) -> JSONResponse:
     status = int(body["status"])
-    headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
+    headers = None
+    if status == 401:
+        headers = {"WWW-Authenticate": "Bearer"}
+    elif status == 429:  # whole seconds, rounded up (RFC 9110); the body has the fraction
+        headers = {"Retry-After": str(max(1, math.ceil(float(body.get("retry_after", 1)))))}
     return JSONResponse(body, status_code=status, media_type="application/problem+json", headers=headers)
 
 

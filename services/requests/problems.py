@@ -15,7 +15,7 @@ from events.blobs import BlobNotFound
 from events.publisher import PublishFailed
 from events.sealing import KeyDestroyed
 from events.validation import validation_detail
-from services.errors import ChronicleError
+from services.errors import ChronicleError, RateLimited
 
 log = logging.getLogger("chronicle.requests")
 
@@ -41,6 +41,8 @@ def validation_errors(exc: ValidationError) -> list[dict[str, Any]]:
 
 def problem_of(exc: BaseException) -> Problem | None:
     """The problem for an error a request may meet; None for one that is a bug (500)."""
+    if isinstance(exc, RateLimited):  # when a request would be admitted, in seconds
+        return problem(exc.status, exc.code, exc.title, exc.detail, retry_after=round(exc.retry_after_s, 3))
     if isinstance(exc, ChronicleError):
         return problem(exc.status, exc.code, exc.title, exc.detail)
     if isinstance(exc, ValidationError):

@@ -15,7 +15,6 @@ from typing import Any
 import httpx
 import nats.errors
 import pytest
-import uvicorn
 from nats.aio.client import Client as NatsClient
 
 from events.commands import COMMANDS, STATUS_HEADER
@@ -23,29 +22,18 @@ from events.credentials import tenant_inbox_prefix, tenant_nkey_seed
 from services.api.app import build_app
 from services.bootstrap import Container
 from services.commands_nats.app import serving_commands
-from services.ops.localstack import free_port
-from services.ops.natsconf import NatsAccess
 from services.settings import Settings
-from tests.conftest import KEYS, make_settings, running_stack
-from tests.support import nats_server, scratch_database
+from tests.conftest import KEYS, running_stack, tenant_nats_settings
+from tests.support import served
 
 Reply = tuple[int, dict[str, Any]]
 
 
 @pytest.fixture(scope="module")
 def settings(tmp_path_factory: pytest.TempPathFactory, pg_admin: str, s3_endpoint: str) -> Iterator[Settings]:
-    port = free_port()
-    with scratch_database(pg_admin) as db:
-        s = make_settings(
-            f"nats://127.0.0.1:{port}",
-            db,
-            s3_endpoint=s3_endpoint,
-            command_prefix=f"c{uuid.uuid4().hex[:8]}.cmd",
-            max_message_bytes=4096,
-            payload_limit_bytes=2048,
-        )
-        with nats_server(tmp_path_factory.mktemp("cmd-nats"), NatsAccess.of(s), port=port):
-            yield s
+    tmp = tmp_path_factory.mktemp("cmd-nats")
+    with tenant_nats_settings(tmp, pg_admin, s3_endpoint, max_message_bytes=4096, payload_limit_bytes=2048) as s:
+        yield s
 
 
 @pytest.fixture(scope="module")
@@ -57,17 +45,12 @@ async def stack(settings: Settings) -> AsyncIterator[Container]:
 @pytest.fixture(scope="module")
 async def http(settings: Settings, stack: Container) -> AsyncIterator[httpx.AsyncClient]:
     """tenant-a over real HTTP: the API with the same container, served by uvicorn on a port."""
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(build_app(settings, stack), host="127.0.0.1", port=port, log_level="error"))
-    task = asyncio.create_task(server.serve())
-    while not server.started:
-        assert not task.done(), "uvicorn did not start"
-        await asyncio.sleep(0.02)
     headers = {"Authorization": f"Bearer {KEYS['tenant-a']}"}
-    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", headers=headers, timeout=30) as client:
+    async with (
+        served(build_app(settings, stack)) as url,
+        httpx.AsyncClient(base_url=url, headers=headers, timeout=30) as client,
+    ):
         yield client
-    server.should_exit = True
-    await task
 
 
 @contextlib.asynccontextmanager

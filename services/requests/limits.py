@@ -1,0 +1,119 @@
+"""Per-tenant request limits: one token bucket per tenant, in each API or ``chronicle commands``
+process (a tenant's ceiling over N processes is N times its rate).
+
+A tenant may make ``burst`` requests at once, then ``per_s`` a second. A request over the limit is
+refused before it does anything (``429 rate_limited``, with the seconds until one would be
+admitted), so it is always safe to send again. The buckets are a pure core: the clock is passed in.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+from services.errors import RateLimited
+from services.settings import Settings
+
+MAX_BUCKETS = 10_000
+"""Buckets kept before the full ones (a tenant idle for a while) are dropped: a full bucket is
+what a tenant never seen gets, so dropping it changes no decision."""
+REPORT_EVERY_S = 60.0
+"""A tenant's refusals are reported (logged) at most once in this many seconds."""
+
+
+@dataclass(frozen=True, slots=True)
+class Rate:
+    """``per_s`` requests a second after a ``burst`` of requests at once."""
+
+    per_s: float
+    burst: float
+
+    @classmethod
+    def of(cls, per_s: float, burst: int = 0) -> Rate | None:
+        """The rate, None for no limit (``per_s`` 0); a ``burst`` of 0 is one second's worth."""
+        if per_s <= 0:
+            return None
+        return cls(per_s, float(burst or max(1, math.ceil(per_s))))
+
+
+@dataclass(slots=True)
+class _Bucket:
+    rate: Rate
+    tokens: float
+    at: float
+
+    def level(self, now: float) -> float:
+        return min(self.rate.burst, self.tokens + (now - self.at) * self.rate.per_s)
+
+
+class TenantLimits:
+    """The buckets of every tenant: ``default`` for a tenant ``overrides`` does not name (None in
+    either: no limit)."""
+
+    def __init__(
+        self,
+        default: Rate | None,
+        overrides: Mapping[str, Rate | None] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._default = default
+        self._overrides = dict(overrides or {})
+        self._clock = clock
+        self._buckets: dict[str, _Bucket] = {}
+        self._reported: dict[str, float] = {}
+
+    def rate_of(self, tenant: str) -> Rate | None:
+        return self._overrides.get(tenant, self._default)
+
+    def wait_s(self, tenant: str) -> float:
+        """0 when ``tenant`` may make a request now (it is counted); otherwise the seconds until it may."""
+        rate = self.rate_of(tenant)
+        if rate is None:
+            return 0.0
+        now = self._clock()
+        bucket = self._buckets.get(tenant)
+        if bucket is None or bucket.rate != rate:
+            if len(self._buckets) >= MAX_BUCKETS:
+                self._drop_full(now)
+            bucket = self._buckets[tenant] = _Bucket(rate, rate.burst, now)
+        bucket.tokens, bucket.at = bucket.level(now), now
+        if bucket.tokens >= 1.0:
+            bucket.tokens -= 1.0
+            return 0.0
+        return (1.0 - bucket.tokens) / rate.per_s
+
+    def admit(self, tenant: str) -> None:
+        """Count a request of ``tenant``, or raise :class:`RateLimited` when it is over its limit."""
+        wait = self.wait_s(tenant)
+        if wait > 0:
+            raise RateLimited(wait, f"tenant {tenant!r} is over its limit of {self._described(tenant)}")
+
+    def first_refusal(self, tenant: str) -> bool:
+        """True for the first refusal of ``tenant`` in :data:`REPORT_EVERY_S` (to log it once)."""
+        now = self._clock()
+        if now - self._reported.get(tenant, -math.inf) < REPORT_EVERY_S:
+            return False
+        if len(self._reported) >= MAX_BUCKETS:
+            self._reported = {t: at for t, at in self._reported.items() if now - at < REPORT_EVERY_S}
+        self._reported[tenant] = now
+        return True
+
+    def _described(self, tenant: str) -> str:
+        rate = self.rate_of(tenant)
+        assert rate is not None
+        return f"{rate.per_s:g} requests/s (bursts of {rate.burst:g}) per process"
+
+    def _drop_full(self, now: float) -> None:
+        self._buckets = {t: b for t, b in self._buckets.items() if b.level(now) < b.rate.burst}
+
+
+def limits_of(settings: Settings) -> TenantLimits | None:
+    """The process's limits from ``rate_limit``, ``rate_limit_burst`` and ``rate_limits``; None
+    when no tenant has one (nothing to check per request)."""
+    default = Rate.of(settings.rate_limit, settings.rate_limit_burst)
+    overrides = {t: Rate.of(per_s, settings.rate_limit_burst) for t, per_s in settings.rate_limits.items()}
+    if default is None and not any(overrides.values()):
+        return None
+    return TenantLimits(default, overrides)

@@ -1,0 +1,144 @@
+"""The per-tenant token buckets (services/requests/limits.py), their settings, and how a refusal
+reads as a problem and an HTTP answer. The clock is a variable: no test waits."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from pydantic import ValidationError
+
+from services.api.problems import as_response
+from services.errors import RateLimited
+from services.requests import limits as limits_module
+from services.requests.limits import Rate, TenantLimits, limits_of
+from services.requests.problems import problem_of
+from services.settings import Settings
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def limited(per_s: float = 2.0, burst: int = 3, **overrides: Rate | None) -> tuple[TenantLimits, Clock]:
+    clock = Clock()
+    return TenantLimits(Rate.of(per_s, burst), overrides, clock=clock), clock
+
+
+def test_a_tenant_gets_its_burst_at_once_then_waits_for_the_next_token() -> None:
+    limits, _ = limited(per_s=2.0, burst=3)
+    assert [limits.wait_s("a") for _ in range(3)] == [0.0, 0.0, 0.0]
+    assert limits.wait_s("a") == pytest.approx(0.5)
+
+
+def test_tokens_come_back_at_the_rate_up_to_the_burst() -> None:
+    limits, clock = limited(per_s=2.0, burst=3)
+    for _ in range(3):
+        limits.wait_s("a")
+    clock.now += 0.25
+    assert limits.wait_s("a") == pytest.approx(0.25)  # half a token back
+    clock.now += 0.25
+    assert limits.wait_s("a") == 0.0  # one token: admitted
+    clock.now += 60
+    assert [limits.wait_s("a") for _ in range(4)][-1] == pytest.approx(0.5)  # refilled to 3, not more
+
+
+def test_a_refused_request_takes_no_token() -> None:
+    limits, clock = limited(per_s=1.0, burst=1)
+    assert limits.wait_s("a") == 0.0
+    for _ in range(5):
+        assert limits.wait_s("a") == pytest.approx(1.0)
+    clock.now += 1.0
+    assert limits.wait_s("a") == 0.0
+
+
+def test_each_tenant_has_its_own_bucket_and_overrides_replace_the_default() -> None:
+    limits, _ = limited(per_s=1.0, burst=1, vip=Rate.of(100.0), free=None)
+    assert limits.wait_s("a") == 0.0
+    assert limits.wait_s("a") > 0
+    assert limits.wait_s("b") == 0.0  # another tenant, a full bucket
+    assert all(limits.wait_s("vip") == 0.0 for _ in range(100))  # a burst of one second's worth
+    assert limits.wait_s("vip") > 0
+    assert all(limits.wait_s("free") == 0.0 for _ in range(10_000))  # no limit
+
+
+def test_a_burst_of_zero_is_one_seconds_worth_and_a_rate_of_zero_no_limit() -> None:
+    assert Rate.of(2.5) == Rate(2.5, 3.0)
+    assert Rate.of(0.2) == Rate(0.2, 1.0)
+    assert Rate.of(5, burst=7) == Rate(5, 7.0)
+    assert Rate.of(0) is None
+
+
+def test_admit_raises_rate_limited_with_the_wait() -> None:
+    limits, _ = limited(per_s=4.0, burst=1)
+    limits.admit("a")
+    with pytest.raises(RateLimited) as caught:
+        limits.admit("a")
+    assert caught.value.retry_after_s == pytest.approx(0.25)
+    assert "'a'" in caught.value.detail
+    assert "4 requests/s" in caught.value.detail
+
+
+def test_dropping_full_buckets_changes_no_decision(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(limits_module, "MAX_BUCKETS", 4)
+    limits, clock = limited(per_s=1.0, burst=2)
+    limits.wait_s("busy")
+    limits.wait_s("busy")  # empty
+    for t in ("t1", "t2", "t3"):
+        limits.wait_s(t)
+    clock.now += 1.0  # t1..t3 full again (2 tokens), busy at 1
+    limits.wait_s("new")  # over MAX_BUCKETS: the full ones go, busy stays
+    assert set(limits._buckets) == {"busy", "new"}
+    assert limits.wait_s("busy") == 0.0  # its one token
+    assert limits.wait_s("busy") == pytest.approx(1.0)  # and no more: its bucket was kept
+    assert limits.wait_s("t1") == 0.0
+    assert limits.wait_s("t1") == 0.0
+
+
+def test_a_tenants_refusals_are_reported_once_a_minute() -> None:
+    limits, clock = limited()
+    assert limits.first_refusal("a") is True
+    assert limits.first_refusal("a") is False
+    assert limits.first_refusal("b") is True
+    clock.now += limits_module.REPORT_EVERY_S
+    assert limits.first_refusal("a") is True
+
+
+def test_settings_make_limits_only_when_a_tenant_has_one() -> None:
+    assert limits_of(Settings(rate_limit=0)) is None
+    assert limits_of(Settings(rate_limit=0, rate_limits={"t": 0})) is None
+    only_t = limits_of(Settings(rate_limit=0, rate_limits={"t": 5}))
+    assert only_t is not None
+    assert only_t.rate_of("t") == Rate(5, 5.0)
+    assert only_t.rate_of("other") is None
+    every = limits_of(Settings(rate_limit=10, rate_limit_burst=20, rate_limits={"t": 0}))
+    assert every is not None
+    assert every.rate_of("x") == Rate(10, 20.0)
+    assert every.rate_of("t") is None
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [{"rate_limit": -1}, {"rate_limit_burst": -1}, {"rate_limits": {"t": -1}}, {"rate_limits": {"bad tenant!": 1}}],
+)
+def test_settings_refuse_negative_rates_and_names_that_are_not_tenants(fields: dict[str, object]) -> None:
+    with pytest.raises(ValidationError):
+        Settings.model_validate(fields)
+
+
+@pytest.mark.parametrize(("wait", "header"), [(0.001, "1"), (0.5, "1"), (1.0, "1"), (1.2, "2"), (7.9, "8")])
+def test_a_refusal_is_a_429_problem_with_the_wait_and_retry_after_in_whole_seconds(wait: float, header: str) -> None:
+    body = problem_of(RateLimited(wait, "tenant 't' is over its limit"))
+    assert body is not None
+    assert body["status"] == 429
+    assert body["code"] == "rate_limited"
+    assert body["retry_after"] == round(wait, 3)
+    resp = as_response(body)
+    assert resp.status_code == 429
+    assert resp.headers["retry-after"] == header
+    assert resp.media_type == "application/problem+json"
+    assert json.loads(bytes(resp.body))["detail"] == "tenant 't' is over its limit"
