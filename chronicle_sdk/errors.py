@@ -4,7 +4,9 @@ Every error the SDK raises is a :class:`ChronicleError` carrying the server's ``
 HTTP ``status`` and ``detail`` (the server's message). Errors are grouped by what a caller
 usually does about them: :class:`Conflict` (409), :class:`NotFound` (404),
 :class:`InvalidRequest` (422/400/413: fix the request) and :class:`TransientError` (the SDK
-already retried, with backoff, before raising it).
+already retried, with backoff, before raising it). :class:`RateLimited` (429) is transient: the
+tenant is over its rate limit, nothing was written, and the SDK waits at least its
+``retry_after`` before each retry (one over a minute is raised at once).
 """
 
 from __future__ import annotations
@@ -156,6 +158,34 @@ class Contention(TransientError):
     default_code = "contention"
 
 
+class RateLimited(TransientError):
+    """429: the tenant is over its rate limit; nothing was written, so any request may be sent again."""
+
+    default_code = "rate_limited"
+
+    def __init__(
+        self,
+        detail: str = "",
+        *,
+        code: str | None = None,
+        status: int = 0,
+        problem: dict[str, Any] | None = None,
+        retry_after_header: str | None = None,
+    ) -> None:
+        super().__init__(detail, code=code, status=status, problem=problem)
+        self._header = retry_after_header
+
+    @property
+    def retry_after(self) -> float | None:
+        """Seconds until the server would admit a request: the problem's ``retry_after``, else the
+        ``Retry-After`` header's seconds (a bare 429 from a proxy); ``None`` when neither says."""
+        given = self.problem.get("retry_after")
+        if isinstance(given, int | float) and not isinstance(given, bool) and given > 0:
+            return float(given)
+        header = (self._header or "").strip()
+        return float(header) if header.isdigit() else None  # an HTTP-date is not read
+
+
 class Unavailable(TransientError):
     """A backing service (NATS, Postgres, object storage) is unavailable, or the connection failed."""
 
@@ -194,6 +224,7 @@ BY_CODE: dict[str, type[ChronicleError]] = {
         PayloadTooLarge,
         ProjectionTimeout,
         Contention,
+        RateLimited,
         Unavailable,
         SummarizerFailed,
         InvalidRequest,
@@ -210,6 +241,7 @@ BY_STATUS: dict[int, type[ChronicleError]] = {
     409: Conflict,
     413: PayloadTooLarge,
     422: InvalidRequest,
+    429: RateLimited,
     500: ServerError,
     502: TransientError,
     503: Unavailable,
@@ -219,8 +251,9 @@ BY_STATUS: dict[int, type[ChronicleError]] = {
 TRANSIENT_STATUS = frozenset({502, 503, 504})
 
 
-def error_from_problem(status: int, body: Any) -> ChronicleError:
-    """The typed error for an HTTP error answer (``application/problem+json`` or anything else)."""
+def error_from_problem(status: int, body: Any, *, retry_after: str | None = None) -> ChronicleError:
+    """The typed error for an HTTP error answer (``application/problem+json`` or anything else);
+    ``retry_after``: the answer's ``Retry-After`` header, if it had one."""
     problem = body if isinstance(body, dict) else {}
     code = problem.get("code") if isinstance(problem.get("code"), str) else None
     detail = problem.get("detail") if isinstance(problem.get("detail"), str) else None
@@ -230,6 +263,10 @@ def error_from_problem(status: int, body: Any) -> ChronicleError:
     if cls is None:
         cls = BY_STATUS.get(status) or (TransientError if status >= 500 else ChronicleError)
     text = detail if detail is not None else (body if isinstance(body, str) and body else f"HTTP {status}")
+    if issubclass(cls, RateLimited):
+        return cls(
+            str(text), code=code or cls.default_code, status=status, problem=problem, retry_after_header=retry_after
+        )
     return cls(str(text), code=code or cls.default_code, status=status, problem=problem)
 
 
@@ -250,6 +287,7 @@ __all__ = [
     "NotFound",
     "PayloadTooLarge",
     "ProjectionTimeout",
+    "RateLimited",
     "ReadOnlyBlock",
     "ServerError",
     "SessionExists",
