@@ -26,6 +26,7 @@ from chronicle_sdk.errors import (
     InvalidRequest,
     NotFound,
     PayloadTooLarge,
+    RateLimited,
     SessionNotFound,
     TransientError,
     Unauthorized,
@@ -49,6 +50,11 @@ if TYPE_CHECKING:
     from events.publisher import Publisher
 
 _NOT_FOUND_CODES = frozenset({"message_not_found", "session_not_found", "not_found"})
+_NOTHING_WRITTEN = frozenset({"projection_timeout", "contention", "rate_limited"})  # any request may be resent
+
+# The longest ``retry_after`` the client waits out before a retry: a RateLimited asking for more is
+# raised at once, for the caller to decide (a sleep of minutes inside one call looks like a hang).
+MAX_RETRY_AFTER_S = 60.0
 
 
 _BATCH_LIMIT = 1000  # messages in one POST …/messages:batch (the API's limit)
@@ -81,8 +87,11 @@ class ChronicleClient:
     """An async client for one Chronicle API (one tenant, selected by ``api_key``).
 
     * Retries transient failures (connection errors, 502/503/504, ``projection_timeout``,
-      ``contention``) with exponential backoff and jitter, at most ``retries`` times. Requests
-      that are not idempotent are retried only when nothing can have been written.
+      ``contention``, 429 ``rate_limited``) with exponential backoff and jitter, at most
+      ``retries`` times. Requests that are not idempotent are retried only when nothing can have
+      been written (a 429 wrote nothing). After a 429 the client waits at least the server's
+      ``retry_after``; one over ``MAX_RETRY_AFTER_S`` (60 s) raises
+      :class:`~chronicle_sdk.RateLimited` at once instead.
     * Read-your-writes: remembers the ``seq`` of its last write per session and sends it as
       ``min_seq`` on every read of that session (tenant-wide reads send the highest one).
     * Commands over NATS: with ``nats_url`` and ``via="nats"``, every write (appends, sessions,
@@ -212,6 +221,29 @@ class ChronicleClient:
     def _delay(self, attempt: int) -> float:
         return float(min(self._max_backoff, self._backoff * 2**attempt) * (0.5 + random.random()))  # noqa: S311
 
+    def _retry_pause(self, err: ChronicleError, attempt: int, safe: bool) -> float | None:
+        """Seconds to wait before sending again after the error answer ``err``; None: raise it.
+
+        Transient errors are retried, up to ``retries`` times, when the request is safe to repeat or
+        nothing was written (``projection_timeout``, ``contention``, ``rate_limited``). A
+        :class:`RateLimited` waits at least its ``retry_after``, and is raised at once when that is
+        over :data:`MAX_RETRY_AFTER_S`.
+        """
+        if attempt == self._retries or not isinstance(err, TransientError):
+            return None
+        if not (safe or err.code in _NOTHING_WRITTEN):
+            return None
+        wait = self._delay(attempt)
+        if isinstance(err, RateLimited) and err.retry_after is not None:
+            if err.retry_after > MAX_RETRY_AFTER_S:
+                return None
+            wait = max(wait, err.retry_after)
+        return wait
+
+    async def _sleep(self, seconds: float) -> None:
+        """The pause between attempts (one place, so that tests can count it instead of waiting)."""
+        await asyncio.sleep(seconds)
+
     async def request(
         self,
         method: str,
@@ -268,7 +300,7 @@ class ChronicleClient:
                 resp = await self._http.send(method, target, sent, content)
             except TransportError as exc:
                 if (safe or exc.unsent) and not last:
-                    await asyncio.sleep(self._delay(attempt))
+                    await self._sleep(self._delay(attempt))
                     continue
                 raise Unavailable(f"{method} {path}: {exc}", status=0) from exc
             if resp.status < 400:
@@ -280,10 +312,10 @@ class ChronicleClient:
                 payload: Any = json.loads(text)
             except ValueError:
                 payload = text
-            err = error_from_problem(resp.status, payload)
-            nothing_written = err.code in ("projection_timeout", "contention")
-            if isinstance(err, TransientError) and (safe or nothing_written) and not last:
-                await asyncio.sleep(self._delay(attempt))
+            err = error_from_problem(resp.status, payload, retry_after=resp.headers.get("retry-after"))
+            pause = self._retry_pause(err, attempt, safe)
+            if pause is not None:
+                await self._sleep(pause)
                 continue
             raise err
         raise AssertionError("unreachable")
@@ -422,7 +454,7 @@ class ChronicleClient:
                 msg = await direct.nc.request(subject, data, timeout=self._timeout)
             except NoRespondersError as exc:  # nobody received it: nothing can have been written
                 if not last:
-                    await asyncio.sleep(self._delay(attempt))
+                    await self._sleep(self._delay(attempt))
                     continue
                 raise Unavailable(f"no command service answers on {subject}: is `chronicle commands` running?") from exc
             except (NatsTimeout, TimeoutError) as exc:
@@ -431,7 +463,7 @@ class ChronicleClient:
                         f"NATS denied the {direct.who}: {direct.errors.denied}", code="nats_unauthorized", status=0
                     ) from exc
                 if safe and not last:
-                    await asyncio.sleep(self._delay(attempt))
+                    await self._sleep(self._delay(attempt))
                     continue
                 raise Unavailable(f"{routed.command.name}: no reply on {subject} in {self._timeout} s") from exc
             status = reply_status(msg.headers)
@@ -450,9 +482,9 @@ class ChronicleClient:
                     ) from exc
                 return payload
             err = error_from_problem(status or 502, payload)
-            nothing_written = err.code in ("projection_timeout", "contention")
-            if isinstance(err, TransientError) and (safe or nothing_written) and not last:
-                await asyncio.sleep(self._delay(attempt))
+            pause = self._retry_pause(err, attempt, safe)
+            if pause is not None:
+                await self._sleep(pause)
                 continue
             raise err
         raise AssertionError("unreachable")

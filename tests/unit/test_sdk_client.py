@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -19,6 +20,7 @@ from chronicle_sdk import (
     NotFound,
     PayloadTooLarge,
     ProjectionTimeout,
+    RateLimited,
     ReadOnlyBlock,
     ServerError,
     Session,
@@ -28,6 +30,7 @@ from chronicle_sdk import (
     UnknownParent,
     format_session_search,
 )
+from chronicle_sdk.client import MAX_RETRY_AFTER_S
 from chronicle_sdk.errors import error_from_problem
 from chronicle_sdk.tools import ToolDefinition, Tools
 from chronicle_sdk.types import NatsPublishing, SearchResult
@@ -197,6 +200,100 @@ async def test_non_idempotent_posts_are_not_retried_after_they_may_have_run() ->
         with pytest.raises(Unavailable):
             await s.refresh_system_prompt()
         assert len(rec.requests) == 2
+
+
+def rate_limited(retry_after: float) -> httpx.Response:
+    """The server's 429: a problem with ``retry_after`` and the header's whole seconds."""
+    body = {
+        "type": "about:blank",
+        "title": "Too many requests for this tenant",
+        "status": 429,
+        "code": "rate_limited",
+        "detail": "tenant over its limit",
+        "retry_after": retry_after,
+    }
+    headers = {"content-type": "application/problem+json", "retry-after": str(max(1, math.ceil(retry_after)))}
+    return httpx.Response(429, json=body, headers=headers)
+
+
+def counting_sleeps(client: ChronicleClient, monkeypatch: pytest.MonkeyPatch) -> list[float]:
+    """The client's pauses between attempts, recorded instead of slept."""
+    slept: list[float] = []
+
+    async def sleep(seconds: float) -> None:
+        slept.append(seconds)
+
+    monkeypatch.setattr(client, "_sleep", sleep)
+    return slept
+
+
+async def test_a_rate_limited_append_waits_retry_after_then_succeeds(monkeypatch: pytest.MonkeyPatch) -> None:
+    answers = [rate_limited(1.5)]
+    rec = Recorder(lambda r: answers.pop(0) if answers else appended(r))
+    async with rec.client() as c:
+        slept = counting_sleeps(c, monkeypatch)
+        result = await Session.create(c, "s").append_message(msg("a"))
+    assert (result.id, result.seq) == ("a", 7)
+    assert len(rec.requests) == 2
+    assert len(slept) == 1
+    assert slept[0] >= 1.5
+
+
+async def test_a_rate_limited_post_that_is_not_idempotent_is_retried(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A 429 wrote nothing, so even a POST that may not be repeated is sent again."""
+    answers = [rate_limited(0.25)]
+    rec = Recorder(lambda r: answers.pop(0) if answers else httpx.Response(200, json={"ok": True}))
+    async with rec.client() as c:
+        slept = counting_sleeps(c, monkeypatch)
+        out = await c.request("POST", "/v1/sessions/s/system-prompt:refresh", idempotent=False)
+    assert out == {"ok": True}
+    assert len(rec.requests) == 2
+    assert slept[0] >= 0.25
+
+
+async def test_rate_limited_on_every_attempt_raises_after_the_retries(monkeypatch: pytest.MonkeyPatch) -> None:
+    rec = Recorder(lambda r: rate_limited(2.0))
+    async with rec.client(retries=3) as c:
+        slept = counting_sleeps(c, monkeypatch)
+        with pytest.raises(RateLimited) as caught:
+            await Session.create(c, "s").append_message(msg("a"))
+    assert len(rec.requests) == 4
+    assert len(slept) == 3
+    assert all(s >= 2.0 for s in slept)
+    assert (caught.value.code, caught.value.status, caught.value.retry_after) == ("rate_limited", 429, 2.0)
+    assert caught.value.detail == "tenant over its limit"
+
+
+async def test_a_bare_429_is_rate_limited_with_the_headers_seconds(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A proxy's 429 without a problem body: typed all the same, waiting what ``Retry-After`` says."""
+    answers = [httpx.Response(429, text="slow down", headers={"retry-after": "3"})]
+    rec = Recorder(lambda r: answers.pop(0) if answers else appended(r))
+    async with rec.client() as c:
+        slept = counting_sleeps(c, monkeypatch)
+        await Session.create(c, "s").append_message(msg("a"))
+    assert len(rec.requests) == 2
+    assert slept[0] >= 3.0
+    bare = error_from_problem(429, "slow down", retry_after="3")
+    assert (type(bare), bare.code, bare.status, bare.detail) == (RateLimited, "rate_limited", 429, "slow down")
+    assert isinstance(bare, RateLimited)
+    assert bare.retry_after == 3.0
+    unknown = error_from_problem(429, "")
+    assert isinstance(unknown, RateLimited)
+    assert unknown.retry_after is None
+    dated = error_from_problem(429, "", retry_after="Wed, 21 Oct 2026 07:28:00 GMT")  # an HTTP-date is not read
+    assert isinstance(dated, RateLimited)
+    assert dated.retry_after is None
+
+
+async def test_a_retry_after_over_the_cap_raises_without_sleeping(monkeypatch: pytest.MonkeyPatch) -> None:
+    rec = Recorder(lambda r: rate_limited(MAX_RETRY_AFTER_S + 1))
+    async with rec.client() as c:
+        slept = counting_sleeps(c, monkeypatch)
+        with pytest.raises(RateLimited) as caught:
+            await Session.create(c, "s").append_message(msg("a"))
+    assert caught.value.retry_after == MAX_RETRY_AFTER_S + 1
+    assert len(rec.requests) == 1
+    assert slept == []
 
 
 async def test_get_message_unknown_is_none() -> None:
@@ -477,3 +574,27 @@ async def test_a_reply_outside_the_contract_is_an_error_not_a_result() -> None:
     with pytest.raises(ChronicleError, match="does not match") as caught:
         await commanding(nc).request("PUT", "/v1/sessions/s1/context/notes", body={"content": "x"})
     assert caught.value.code == "invalid_reply"
+
+
+async def test_a_rate_limited_command_waits_retry_after_then_succeeds(monkeypatch: pytest.MonkeyPatch) -> None:
+    limited = {"status": 429, "code": "rate_limited", "detail": "tenant over its limit", "retry_after": 0.5}
+    nc = FakeNats(Reply(429, limited), Reply(200, {"prompt": "p", "tokens": 1, "version": 2, "seq": 9}))
+    c = commanding(nc)
+    slept = counting_sleeps(c, monkeypatch)
+    out = await c.request("POST", "/v1/sessions/s1/system-prompt:refresh", idempotent=False)
+    assert out["seq"] == 9
+    assert nc.subjects == ["c.cmd.tenant-x.prompt.refresh"] * 2
+    assert len(slept) == 1
+    assert slept[0] >= 0.5
+
+
+async def test_a_command_rate_limited_on_every_attempt_raises(monkeypatch: pytest.MonkeyPatch) -> None:
+    limited = {"status": 429, "code": "rate_limited", "detail": "tenant over its limit", "retry_after": 0.5}
+    nc = FakeNats(Reply(429, limited))
+    c = commanding(nc)  # retries=2
+    slept = counting_sleeps(c, monkeypatch)
+    with pytest.raises(RateLimited) as caught:
+        await c.request("POST", "/v1/sessions/s1/messages:clear")
+    assert (caught.value.code, caught.value.retry_after) == ("rate_limited", 0.5)
+    assert len(nc.subjects) == 3
+    assert len(slept) == 2
