@@ -224,6 +224,7 @@ async def serving_commands(settings: Settings, container: Container) -> AsyncIte
     """Answer commands with ``container`` until the block exits (requests in flight finish first)."""
     broker = command_broker(settings, lambda: container)
     await broker.start()
+    await broker.connection.flush()  # the server has the subscriptions: a request now finds responders
     try:
         yield broker
     finally:

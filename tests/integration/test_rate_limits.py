@@ -15,8 +15,10 @@ from typing import Any
 import httpx
 import pytest
 
+from chronicle_sdk import ChronicleClient
 from events.commands import STATUS_HEADER
 from services.api.app import build_app
+from services.api.metrics import RATE_LIMITED
 from services.bootstrap import Container
 from services.commands_nats.app import serving_commands
 from services.settings import Settings
@@ -132,3 +134,18 @@ async def test_a_command_over_nats_over_its_limit_is_refused_with_the_same_probl
         assert admitted.json()["code"] == "session_exists"
         refused = await http.post("/v1/sessions", json={"id": sids[-1]})
         assert refused.status_code == 201, refused.text  # the refused command created nothing
+
+
+async def test_the_sdk_waits_out_a_refusal_and_every_append_lands_once(api: str) -> None:
+    refused = RATE_LIMITED.labels("http")
+    before = refused._value.get()
+    async with ChronicleClient(api, KEYS["tenant-a"]) as sdk:
+        session = sdk.session("s-" + uuid.uuid4().hex[:10])
+        texts = [f"message {i}" for i in range(BURST + 3)]  # past the burst: some answers are 429s
+        for text in texts:
+            await session.append_message(
+                {"id": uuid.uuid4().hex, "role": "user", "parts": [{"type": "text", "text": text}]}
+            )
+        history = await session.get_history()
+    assert refused._value.get() > before  # the server did refuse some
+    assert [m["parts"][0]["text"] for m in history] == texts  # each exactly once, in order
