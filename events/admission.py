@@ -18,8 +18,10 @@ applying it. Checks, in this order (the first failure decides the reason):
 A claim check (a body event's ``message_ref``) is decided when the body is fetched
 (:func:`events.bodies.unpack_body`, with :func:`admit_body`): ``body_unavailable`` when the object
 store answers that no such object exists, or its bytes do not hash to the reference's SHA-256, or
-they are not a JSON object. Objects are immutable and never deleted, so the same reference decides
-the same on a rebuild; a store that cannot answer (connection, timeout) decides nothing (retried).
+they are bound to another session than the event's (events/objects.py), or are not a JSON
+object. Objects are immutable and never deleted (but with their session's erasure), so the same
+reference decides the same on a rebuild; a store that cannot answer (connection, timeout)
+decides nothing (retried).
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ from events.catalog import (
 )
 from events.envelope import Event
 from events.ids import TENANT_SCOPE, InvalidId, check_message_id, check_session, check_tenant
+from events.objects import NotTheOwner, open_object
 from events.registry import CURRENT, UnknownEvent, upcast
 from events.sealing import (
     SEALED,
@@ -51,8 +54,6 @@ from events.sealing import (
     KeyLookup,
     KeyUnavailable,
     SealBroken,
-    is_sealed_blob,
-    open_blob,
     open_fields,
 )
 from events.subjects import SubjectLayout, partition_of
@@ -179,16 +180,18 @@ def admit_body(
     """The body a claim check's object holds, when ``data`` are the referenced bytes and a JSON
     object; else :class:`BodyUnavailable`. (Parsed as the projector always did: what a projection
     cannot store is its database's data error.) A sealed object is opened with ``keys`` as the
-    session ``owner``'s (:func:`events.sealing.open_blob`)."""
+    session ``owner``'s (:func:`events.sealing.open_blob`); an object bound to another session
+    than ``owner`` is unavailable to it (:func:`events.objects.open_object`)."""
     if sha256_hex(data) != ref.sha256:
         raise BodyUnavailable(f"claim check: object {ref.key[:80]!r}: its bytes do not hash to the reference's sha256")
-    if is_sealed_blob(data):
-        try:
-            data = open_blob(data, keys, *owner)
-        except (SealBroken, KeyUnavailable) as exc:
-            if keys is None:
-                raise
-            raise BodyUnavailable(f"claim check: object {ref.key[:80]!r}: {str(exc)[:120]}") from None
+    try:
+        data = open_object(data, keys, *owner)
+    except NotTheOwner as exc:
+        raise BodyUnavailable(f"claim check: object {ref.key[:80]!r}: {str(exc)[:200]}") from None
+    except (SealBroken, KeyUnavailable) as exc:
+        if keys is None:
+            raise
+        raise BodyUnavailable(f"claim check: object {ref.key[:80]!r}: {str(exc)[:120]}") from None
     try:
         body = json.loads(data)
     except (ValueError, RecursionError) as exc:  # UnicodeDecodeError is a ValueError

@@ -25,6 +25,7 @@ from nats.js.errors import APIError, NotFoundError
 
 from events.admission import MAX_EVENT_BYTES, Refused, admit_built
 from events.envelope import Event
+from events.objects import owned
 from events.sealing import SEALED_FIELDS, DataKeys, seal_blob, seal_event
 from events.subjects import SubjectLayout
 
@@ -104,10 +105,11 @@ class Publisher:
         return subject, sealed
 
     async def seal_object(self, tenant: str, session: str, data: bytes) -> bytes:
-        """An object's bytes (a claim-checked body, an original) as this publisher stores them:
-        sealed with the session's data key when it seals."""
+        """An object's bytes (a claim-checked body, an original) as this publisher stores them,
+        bound to their session (events/objects.py): sealed with its data key when it seals, else
+        behind a header naming it."""
         key = await self.keys.for_writing(tenant, session) if self.keys is not None else None
-        return data if key is None else seal_blob(data, key, tenant, session)
+        return owned(data, tenant, session) if key is None else seal_blob(data, key, tenant, session)
 
     async def last_subject_seq(self, tenant: str, session: str) -> int:
         """Stream sequence of the newest event of a session (0 when it has none)."""

@@ -8,7 +8,8 @@ from pydantic import WithJsonSchema
 from events import ids
 from events.blobs import BlobRef
 from events.commands import MAX_DELETE_IDS
-from events.sealing import is_sealed_blob, open_blob
+from events.objects import open_object
+from events.sealing import is_sealed_blob
 from projections import context_queries, queries
 from services.api import metrics
 from services.api import models as m
@@ -120,7 +121,7 @@ async def get_message(
         data = await c.originals.get(BlobRef.model_validate(row.original_ref))
         if is_sealed_blob(data):
             await c.keys.refresh([(tenant, sid)])
-            data = open_blob(data, c.keys, tenant, sid)
+        data = open_object(data, c.keys, tenant, sid)  # the row's own reference: it is this session's
         return Response(data, media_type=JSON)
     async with c.pool.connection() as conn:
         outputs = reclaimed_in(await context_queries.reclaimed(conn, tenant, sid)).outputs(row.id, row.content)

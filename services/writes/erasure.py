@@ -8,9 +8,9 @@ Order, each step idempotent so a failed erasure is finished by running it again:
 2. ``session.erased`` is published (its id derived from tenant and session: stored once); the
    projections drop every row of the session when they apply it.
 3. The objects the session's events reference (claim-checked bodies, over-cap originals) are
-   deleted when they are sealed: a sealed object belongs to this session alone. An unsealed one
-   (written before encryption was on) is content-addressed and may be another session's too, so
-   it is left (docs/security.md).
+   deleted when they are this session's alone (events/objects.py): sealed, or bound to it by
+   their header. One written unbound (before objects named their owner) is content-addressed and
+   may be another session's too, so it is left (docs/security.md).
 4. Quarantined events of the session's subject are deleted (their raw bytes are the session's).
 """
 
@@ -29,8 +29,8 @@ from events import log as eventlog
 from events.blobs import BlobNotFound, BlobRef, BlobStore
 from events.catalog import SessionErased
 from events.ids import TENANT_SCOPE, derived_id
+from events.objects import belongs_to
 from events.publisher import Publisher
-from events.sealing import is_sealed_blob
 from projections.keystore import PgKeyStore
 
 log = logging.getLogger("chronicle.erasure")
@@ -100,7 +100,7 @@ class Eraser:
                 data = await store.get(ref)
             except BlobNotFound:
                 continue  # already gone (an erasure run again)
-            if is_sealed_blob(data):
+            if belongs_to(data, tenant, session):
                 await store.delete(ref)
                 deleted += 1
         return deleted

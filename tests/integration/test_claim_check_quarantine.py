@@ -2,8 +2,9 @@
 
 Only Chronicle's operator writes the object store, so a tenant that publishes straight to
 JetStream can reference an object that does not exist, or bytes that are not the ones it names,
-or not a JSON object. Each is quarantined as ``body_unavailable`` while tenant A is served (one
-projector and partition workers), and rebuild/verify decide the same.
+or not a JSON object, or another session's object (another tenant's included). Each is
+quarantined as ``body_unavailable`` while tenant A is served (one projector and partition
+workers), and rebuild/verify decide the same.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import pytest
 from events.blobs import BlobRef, BlobStore, sha256_hex
 from events.catalog import MessageAppended, MessageUpdated
 from events.messages import JsonObject, body_hash, stored_json
+from events.objects import owned
 from events.omitted import OMITTED
 from projections.context import ContextProjection
 from projections.history import HistoryProjection
@@ -76,6 +78,11 @@ async def bad_references(c: Container) -> list[tuple[bytes, str]]:
     not_json = b"\xff\xfe definitely not json"
     await c.blobs.put(not_json)
     never_stored = f"never stored {uuid.uuid4()}".encode()
+    body = stored_json({"id": "m6", "role": "user", "parts": [{"type": "text", "text": "tenant A's words"}]}).encode()
+    a_s = owned(body, "tenant-a", "a-1")  # as the API stores tenant A's claim-checked body
+    await c.blobs.put(a_s)
+    b_2s = owned(body, "tenant-b", "b-2")  # tenant B's own, of another session
+    await c.blobs.put(b_2s)
     return [
         (referencing("tenant-b", "b-1", "m1", ref_of(never_stored)), "no object"),
         (referencing("tenant-b", "b-1", "m2", ref_of(stored_object, sha256=sha256_hex(b"other"))), "do not hash"),
@@ -83,6 +90,8 @@ async def bad_references(c: Container) -> list[tuple[bytes, str]]:
         (referencing("tenant-b", "b-1", "m4", ref_of(not_json)), "not JSON"),
         (referencing("tenant-b", "b-1", "m5", ref_of(never_stored, key="../../" + "x" * 5000)), "not a SHA-256 key"),
         (referencing("tenant-b", "b-1", "m1", ref_of(never_stored), update=True), "no object"),
+        (referencing("tenant-b", "b-1", "m6", ref_of(a_s)), "belongs to session 'a-1' of tenant 'tenant-a'"),
+        (referencing("tenant-b", "b-1", "m7", ref_of(b_2s)), "belongs to session 'b-2'"),
     ]
 
 

@@ -1,0 +1,74 @@
+"""Objects bound to their session (events/objects.py) on a stack that does not seal: the API
+stores a claim-checked body behind its owner's header, its session reads it back, another
+session's reference to it is quarantined, and erasing the session deletes it while the objects it
+merely references (another session's, one written before owners) stay. Real NATS (JetStream
+object store), Postgres, the projector."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from events.blobs import BlobNotFound, BlobRef, sha256_hex
+from events.messages import stored_json
+from events.objects import owned, owner_of
+from events.omitted import OMITTED
+from services.settings import Settings
+from tests.conftest import make_settings, running_stack
+from tests.integration.helpers import text_message
+from tests.integration.test_claim_check_quarantine import referencing
+from tests.integration.test_quarantine import quarantined
+
+LIMIT = 1024
+
+
+def ref_of(data: bytes) -> BlobRef:
+    digest = sha256_hex(data)
+    return BlobRef(store="jetstream-object", key=digest, sha256=digest, size=len(data))
+
+
+def big(mid: str, words: str) -> dict[str, Any]:
+    return text_message(mid, words + " " + "x" * (2 * LIMIT))  # over the payload limit: claim-checked
+
+
+@pytest.fixture
+def settings(nats_url: str, fresh_db: str, s3_endpoint: str) -> Settings:
+    return make_settings(nats_url, fresh_db, s3_endpoint=s3_endpoint, payload_limit_bytes=LIMIT, encryption=False)
+
+
+async def test_an_unsealed_claim_check_is_its_sessions_alone_and_goes_with_its_erasure(
+    settings: Settings, fresh_db: str
+) -> None:
+    async with running_stack(settings) as c:
+        mine, theirs = big("m1", "x-1's words"), big("m1", "y-1's words")
+        await c.commands.append("tenant-a", "x-1", mine, OMITTED)
+        other = await c.commands.append("tenant-a", "y-1", theirs, OMITTED)
+        own_object = owned(stored_json(mine).encode(), "tenant-a", "x-1")
+        their_object = owned(stored_json(theirs).encode(), "tenant-a", "y-1")
+        assert owner_of(await c.blobs.get(ref_of(own_object))) == (("tenant-a", "x-1"), stored_json(mine).encode())
+
+        legacy = stored_json(text_message("m3", "written before owners")).encode()  # no header
+        await c.blobs.put(legacy)
+        subject = c.layout.session_subject("tenant-a", "x-1")
+        forged = await c.js.publish(subject, referencing("tenant-a", "x-1", "m2", ref_of(their_object)))
+        await c.js.publish(subject, referencing("tenant-a", "x-1", "m3", ref_of(legacy)))
+        last = await c.commands.append("tenant-a", "x-1", text_message("m4", "the last"), OMITTED)
+        await c.waiter.wait_all(max(last.seq, other.seq), timeout_s=20)
+
+        assert await quarantined(fresh_db) == [(forged.seq, "body_unavailable")]  # y-1's object, named by x-1
+        async with c.pool.connection() as conn:
+            cur = await conn.execute(
+                "SELECT session_id, id, content FROM messages WHERE tenant = 'tenant-a' ORDER BY seq"
+            )
+            rows = {(s, i): content for s, i, content in await cur.fetchall()}
+        assert set(rows) == {("x-1", "m1"), ("y-1", "m1"), ("x-1", "m3"), ("x-1", "m4")}
+        assert "x-1's words" in rows[("x-1", "m1")]  # read back without its header
+        assert "y-1's words" in rows[("y-1", "m1")]
+
+        erased = await c.eraser.erase_session("tenant-a", "x-1")
+        assert erased.objects_deleted == 1
+        with pytest.raises(BlobNotFound):
+            await c.blobs.get(ref_of(own_object))
+        assert await c.blobs.get(ref_of(their_object)) == their_object  # referenced, not x-1's
+        assert await c.blobs.get(ref_of(legacy)) == legacy  # unbound: may be anybody's
