@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import re
 from typing import Protocol
 
 from pydantic import BaseModel, ConfigDict
@@ -35,6 +36,10 @@ class BlobStore(Protocol):
     async def delete(self, ref: BlobRef) -> None:
         """Remove the object (erasure); none there: nothing to do."""
         ...
+
+
+SHA256_HEX = re.compile(r"[0-9a-f]{64}")
+"""A SHA-256 hex digest as stores write it: the keys of the objects they write are made of it."""
 
 
 def sha256_hex(data: bytes) -> str:

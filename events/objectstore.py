@@ -3,16 +3,13 @@
 from __future__ import annotations
 
 import contextlib
-import re
 
 from nats.js import JetStreamContext
 from nats.js.api import ObjectStoreConfig, StorageType
 from nats.js.errors import BucketNotFoundError, NotFoundError, ObjectNotFoundError
 from nats.js.object_store import ObjectStore
 
-from events.blobs import BlobNotFound, BlobRef, sha256_hex
-
-_DIGEST = re.compile(r"[0-9a-f]{64}")
+from events.blobs import SHA256_HEX, BlobNotFound, BlobRef, sha256_hex
 
 
 class JetStreamBlobStore:
@@ -51,7 +48,7 @@ class JetStreamBlobStore:
 
     async def delete(self, ref: BlobRef) -> None:
         """Remove the object (its chunks are purged from the bucket's stream)."""
-        if not _DIGEST.fullmatch(ref.key):
+        if not SHA256_HEX.fullmatch(ref.key):
             return
         store = await self._get_store()
         with contextlib.suppress(ObjectNotFoundError, NotFoundError):
@@ -62,7 +59,7 @@ class JetStreamBlobStore:
         object (or none can be: every key is a SHA-256 hex digest, so a reference naming anything
         else is never sent to the server) or its bytes do not hash to ``ref.sha256``. A store
         that cannot answer raises NATS's own errors (connection, timeout)."""
-        if not _DIGEST.fullmatch(ref.key):
+        if not SHA256_HEX.fullmatch(ref.key):
             raise BlobNotFound(f"no object {ref.key[:80]!r}: not a SHA-256 key")
         store = await self._get_store()
         try:

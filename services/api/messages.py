@@ -6,9 +6,9 @@ from fastapi import APIRouter, Header, Query, Response
 from pydantic import WithJsonSchema
 
 from events import ids
-from events.blobs import BlobRef
+from events.blobs import BlobNotFound, BlobRef
 from events.commands import MAX_DELETE_IDS
-from events.objects import open_object
+from events.objects import NotTheOwner, open_object
 from events.sealing import is_sealed_blob
 from projections import context_queries, queries
 from services.api import metrics
@@ -20,7 +20,7 @@ from services.api.responses import JSON, raw_json
 from services.api.strict_json import StrictJsonRoute
 from services.bootstrap import Container
 from services.context.rules import reclaim, reclaimed_in
-from services.errors import InvalidRequest, MessageNotFound
+from services.errors import InvalidRequest, MessageNotFound, NotFound
 from services.requests import writes
 
 IDEMPOTENCY_KEY_MAX = 128
@@ -118,10 +118,13 @@ async def get_message(
         await require_session(c, tenant, sid)
         raise MessageNotFound(f"message {mid!r} is not in this session")
     if original and row.original_ref is not None:
-        data = await c.originals.get(BlobRef.model_validate(row.original_ref))
-        if is_sealed_blob(data):
-            await c.keys.refresh([(tenant, sid)])
-        data = open_object(data, c.keys, tenant, sid)  # the row's own reference: it is this session's
+        try:  # a reference published straight to the log may name what is not this session's
+            data = await c.originals.get(BlobRef.model_validate(row.original_ref))
+            if is_sealed_blob(data):
+                await c.keys.refresh([(tenant, sid)])
+            data = open_object(data, c.keys, tenant, sid)
+        except (BlobNotFound, NotTheOwner) as exc:
+            raise NotFound(f"message {mid!r} has no original this session can read: {str(exc)[:200]}") from None
         return Response(data, media_type=JSON)
     async with c.pool.connection() as conn:
         outputs = reclaimed_in(await context_queries.reclaimed(conn, tenant, sid)).outputs(row.id, row.content)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from events.blobs import BlobNotFound, BlobRef, sha256_hex
+from events.blobs import SHA256_HEX, BlobNotFound, BlobRef, sha256_hex
 from services.storage.s3 import SkillStore
 
 
@@ -23,7 +23,13 @@ class S3BlobStore:
         await self._store.delete(bucket, key)
 
     async def get(self, ref: BlobRef) -> bytes:
+        """The object's bytes; :class:`BlobNotFound` when there is none, its bytes do not hash to
+        ``ref.sha256``, or the reference names a key this store never writes (``<bucket>/blobs/
+        <its sha256>``: a reference published straight to the log could name any object the
+        credentials reach, a skill document included)."""
         bucket, _, key = ref.key.partition("/")
+        if key != f"blobs/{ref.sha256}" or not SHA256_HEX.fullmatch(ref.sha256):
+            raise BlobNotFound(f"no object {ref.key[:80]!r}: not a key this store writes")
         data = await self._store.get_bytes(bucket, key)
         if data is None or sha256_hex(data) != ref.sha256:
             raise BlobNotFound(ref.key)

@@ -1,24 +1,30 @@
 """Objects bound to their session (events/objects.py) on a stack that does not seal: the API
 stores a claim-checked body behind its owner's header, its session reads it back, another
 session's reference to it is quarantined, and erasing the session deletes it while the objects it
-merely references (another session's, one written before owners) stay. Real NATS (JetStream
-object store), Postgres, the projector."""
+merely references (another session's, one written before owners) stay; an over-cap original is
+served to its session only, whatever a reference published straight to the log names. Real NATS
+(JetStream object store), Postgres, S3 (moto), the projector, the API over HTTP."""
 
 from __future__ import annotations
 
 from typing import Any
 
+import httpx
 import pytest
 
 from events.blobs import BlobNotFound, BlobRef, sha256_hex
 from events.messages import stored_json
 from events.objects import owned, owner_of
 from events.omitted import OMITTED
+from projections import queries
+from services.api.app import build_app
 from services.settings import Settings
-from tests.conftest import make_settings, running_stack
-from tests.integration.helpers import text_message
+from tests.conftest import KEYS, make_settings, running_stack
+from tests.integration.helpers import appended, text_message
 from tests.integration.test_claim_check_quarantine import referencing
+from tests.integration.test_micro_compaction import tool_message
 from tests.integration.test_quarantine import quarantined
+from tests.support import served
 
 LIMIT = 1024
 
@@ -72,3 +78,39 @@ async def test_an_unsealed_claim_check_is_its_sessions_alone_and_goes_with_its_e
             await c.blobs.get(ref_of(own_object))
         assert await c.blobs.get(ref_of(their_object)) == their_object  # referenced, not x-1's
         assert await c.blobs.get(ref_of(legacy)) == legacy  # unbound: may be anybody's
+
+
+async def test_an_original_is_read_by_its_session_only_whatever_a_published_reference_names(
+    nats_url: str, fresh_db: str, s3_endpoint: str
+) -> None:
+    settings = make_settings(nats_url, fresh_db, s3_endpoint=s3_endpoint, row_cap_bytes=20_000, encryption=False)
+    async with running_stack(settings) as c, served(build_app(settings, c)) as url:
+        body = tool_message("big", {"path": "/tmp/x", "content": "line of text\n" * 3000})
+        capped = await c.commands.append("tenant-a", "x-1", body, OMITTED)
+        await c.waiter.wait_all(capped.seq, timeout_s=20)
+        async with c.pool.connection() as conn:
+            row = await queries.get_message(conn, "tenant-a", "x-1", "big")
+        assert row is not None
+        assert row.original_ref is not None
+        a_original = BlobRef.model_validate(row.original_ref)
+        elsewhere = BlobRef(store="s3", key="skills-bucket/notes.md", sha256=a_original.sha256, size=10)
+        subject = c.layout.session_subject("tenant-b", "y-1")
+        await c.commands.create_session("tenant-b", "y-1", "", None, {})
+        for mid, ref in (("m1", a_original), ("m2", elsewhere)):  # published straight to the log
+            event = appended("tenant-b", "y-1", mid, None, "small").model_copy(update={"original_ref": ref})
+            last = await c.js.publish(subject, event.to_json())
+        await c.waiter.wait_all(last.seq, timeout_s=20)
+
+        async with httpx.AsyncClient(base_url=url, timeout=30) as http:
+            a = {"Authorization": f"Bearer {KEYS['tenant-a']}"}
+            own = await http.get("/v1/sessions/x-1/messages/big", params={"original": "true"}, headers=a)
+            assert own.status_code == 200
+            assert own.json() == body
+            b = {"Authorization": f"Bearer {KEYS['tenant-b']}"}
+            for mid in ("m1", "m2"):
+                forged = await http.get(f"/v1/sessions/y-1/messages/{mid}", params={"original": "true"}, headers=b)
+                assert forged.status_code == 404, forged.text
+                assert forged.json()["code"] == "not_found"
+                assert "no original this session can read" in forged.json()["detail"]
+            plain = await http.get("/v1/sessions/y-1/messages/m1", headers=b)
+            assert plain.json() == text_message("m1", "small")  # the message itself reads as published
