@@ -42,6 +42,12 @@ SHA256_HEX = re.compile(r"[0-9a-f]{64}")
 """A SHA-256 hex digest as stores write it: the keys of the objects they write are made of it."""
 
 
+def no_object(key: str) -> str:
+    """What a store says of a key it has no object at (and admission of another session's object:
+    the same words, so that a reference learns nothing more from either)."""
+    return f"no object {key[:80]!r}"
+
+
 def sha256_hex(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
@@ -66,4 +72,4 @@ class MemoryBlobStore:
         try:
             return self._data[ref.key]
         except KeyError as exc:
-            raise BlobNotFound(f"no object {ref.key[:80]!r}") from exc
+            raise BlobNotFound(no_object(ref.key)) from exc

@@ -9,7 +9,7 @@ from nats.js.api import ObjectStoreConfig, StorageType
 from nats.js.errors import BucketNotFoundError, NotFoundError, ObjectNotFoundError
 from nats.js.object_store import ObjectStore
 
-from events.blobs import SHA256_HEX, BlobNotFound, BlobRef, sha256_hex
+from events.blobs import SHA256_HEX, BlobNotFound, BlobRef, no_object, sha256_hex
 
 
 class JetStreamBlobStore:
@@ -65,7 +65,7 @@ class JetStreamBlobStore:
         try:
             result = await store.get(ref.key)
         except (ObjectNotFoundError, NotFoundError) as exc:
-            raise BlobNotFound(f"no object {ref.key!r}") from exc
+            raise BlobNotFound(no_object(ref.key)) from exc
         data = result.data or b""
         if sha256_hex(data) != ref.sha256:
             raise BlobNotFound(f"object {ref.key!r}: its bytes do not hash to the reference's sha256")

@@ -105,11 +105,11 @@ class Publisher:
         return subject, sealed
 
     async def seal_object(self, tenant: str, session: str, data: bytes) -> bytes:
-        """An object's bytes (a claim-checked body, an original) as this publisher stores them,
-        bound to their session (events/objects.py): sealed with its data key when it seals, else
-        behind a header naming it."""
+        """An object's bytes (a claim-checked body, an original) as this publisher stores them:
+        behind a header naming their session (events/objects.py), sealed with its data key inside
+        it when this publisher seals."""
         key = await self.keys.for_writing(tenant, session) if self.keys is not None else None
-        return owned(data, tenant, session) if key is None else seal_blob(data, key, tenant, session)
+        return owned(data if key is None else seal_blob(data, key, tenant, session), tenant, session)
 
     async def last_subject_seq(self, tenant: str, session: str) -> int:
         """Stream sequence of the newest event of a session (0 when it has none)."""

@@ -3,8 +3,6 @@
 
 from __future__ import annotations
 
-import logging
-
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from services.api.metrics import RATE_LIMITED
@@ -12,8 +10,6 @@ from services.api.problems import as_response
 from services.errors import RateLimited
 from services.requests.limits import TenantLimits
 from services.requests.problems import problem_of
-
-log = logging.getLogger("chronicle.api")
 
 
 class TenantRateLimit:
@@ -31,8 +27,6 @@ class TenantRateLimit:
                 self.limits.admit(tenant)
             except RateLimited as exc:
                 RATE_LIMITED.labels("http").inc()
-                if self.limits.first_refusal(tenant):
-                    log.warning("rate limit: refusing requests of tenant %r (%s)", tenant, exc.detail)
                 body = problem_of(exc)
                 assert body is not None
                 await as_response(body)(scope, receive, send)

@@ -8,8 +8,8 @@ from pydantic import WithJsonSchema
 from events import ids
 from events.blobs import BlobNotFound, BlobRef
 from events.commands import MAX_DELETE_IDS
-from events.objects import NotTheOwner, open_object
-from events.sealing import is_sealed_blob
+from events.objects import NotTheOwner, is_sealed_object, open_object
+from events.sealing import KeyUnavailable, SealBroken
 from projections import context_queries, queries
 from services.api import metrics
 from services.api import models as m
@@ -120,11 +120,11 @@ async def get_message(
     if original and row.original_ref is not None:
         try:  # a reference published straight to the log may name what is not this session's
             data = await c.originals.get(BlobRef.model_validate(row.original_ref))
-            if is_sealed_blob(data):
+            if is_sealed_object(data):
                 await c.keys.refresh([(tenant, sid)])
             data = open_object(data, c.keys, tenant, sid)
-        except (BlobNotFound, NotTheOwner) as exc:
-            raise NotFound(f"message {mid!r} has no original this session can read: {str(exc)[:200]}") from None
+        except (BlobNotFound, NotTheOwner, SealBroken, KeyUnavailable):  # one answer: it learns nothing more
+            raise NotFound(f"message {mid!r} has no original this session can read") from None
         return Response(data, media_type=JSON)
     async with c.pool.connection() as conn:
         outputs = reclaimed_in(await context_queries.reclaimed(conn, tenant, sid)).outputs(row.id, row.content)

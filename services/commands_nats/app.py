@@ -28,7 +28,7 @@ from events.commands import STATUS_HEADER
 from events.ids import InvalidId, check_tenant, decode_token
 from events.subjects import SubjectLayout
 from services.bootstrap import Container, nats_security
-from services.errors import InvalidRequest, MalformedJson, RateLimited
+from services.errors import InvalidRequest, MalformedJson
 from services.requests import writes
 from services.requests.limits import TenantLimits, limits_of
 from services.requests.problems import internal_error, problem_of
@@ -89,18 +89,15 @@ def command_router(
     """The subscribers of every command in :data:`events.commands.COMMANDS` under ``layout``'s
     command prefix; ``container`` gives the composition root when a request arrives; ``limits``
     refuses a tenant's requests over its limit (``429 rate_limited``) before they do anything."""
-    router = NatsRouter(prefix=f"{layout.commands}.")
+    prefix = f"{layout.commands}."
+    router = NatsRouter(prefix=prefix)
 
-    def admitted(token: str) -> str:
-        tenant = tenant_of(token)
+    async def decoded(msg: NatsMessage) -> Any:
+        """The request's JSON, once its tenant (the subject's token) is under its limit: a request
+        over it is refused before its body is parsed, whatever the body."""
         if limits is not None:
-            try:
-                limits.admit(tenant)
-            except RateLimited as exc:
-                if limits.first_refusal(tenant):
-                    log.warning("rate limit: refusing commands of tenant %r (%s)", tenant, exc.detail)
-                raise
-        return tenant
+            limits.admit(tenant_of(msg.raw_message.subject[len(prefix) :].partition(".")[0]))
+        return await _strict_json(msg)
 
     def subscriber(command: cmd.Command) -> Callable[[Handler], Handler]:
         registered = router.subscriber(
@@ -108,7 +105,7 @@ def command_router(
             queue=QUEUE,
             ack_policy=AckPolicy.MANUAL,  # core NATS: nothing to ack; the reply is the answer
             max_workers=workers,
-            decoder=_strict_json,
+            decoder=decoded,
             title=operation_name(command),
             description=f"{command.summary} (as `{command.http}`). Reply: `{command.reply.__name__}`, "
             f"or a `Problem`; the `{STATUS_HEADER}` header holds the HTTP status.",
@@ -121,22 +118,22 @@ def command_router(
     async def create_session(body: cmd.CreateSession, tenant: str = Path()) -> NatsResponse:
         c = container()
         out = await writes.create_session(
-            c, admitted(tenant), body.id, body.name, body.parent_session_id, body.metadata
+            c, tenant_of(tenant), body.id, body.name, body.parent_session_id, body.metadata
         )
         return reply(out, 201)
 
     @subscriber(by["session.rename"])
     async def rename_session(body: cmd.RenameSession, tenant: str = Path()) -> NatsResponse:
-        return reply(await writes.rename_session(container(), admitted(tenant), body.session_id, body.name))
+        return reply(await writes.rename_session(container(), tenant_of(tenant), body.session_id, body.name))
 
     @subscriber(by["session.delete"])
     async def delete_session(body: cmd.DeleteSession, tenant: str = Path()) -> NatsResponse:
-        return reply(await writes.delete_session(container(), admitted(tenant), body.session_id))
+        return reply(await writes.delete_session(container(), tenant_of(tenant), body.session_id))
 
     @subscriber(by["session.fork"])
     async def fork_session(body: cmd.ForkSession, tenant: str = Path()) -> NatsResponse:
         out = await writes.fork_session(
-            container(), admitted(tenant), body.session_id, body.at_message_id, body.id, body.name
+            container(), tenant_of(tenant), body.session_id, body.at_message_id, body.id, body.name
         )
         return reply(out, 201)
 
@@ -144,53 +141,53 @@ def command_router(
     async def append(body: cmd.AppendMessage, tenant: str = Path()) -> NatsResponse:
         parent = writes.parent_spec(body.parent_id, "parent_id" in body.model_fields_set)
         out = await writes.append(
-            container(), admitted(tenant), body.session_id, body.message, parent, body.idempotency_key
+            container(), tenant_of(tenant), body.session_id, body.message, parent, body.idempotency_key
         )
         return reply(out, 201 if out["created"] else 200)
 
     @subscriber(by["append_batch"])
     async def append_batch(body: cmd.AppendBatch, tenant: str = Path()) -> NatsResponse:
         parent = writes.parent_spec(body.parent_id, "parent_id" in body.model_fields_set)
-        out = await writes.append_batch(container(), admitted(tenant), body.session_id, body.messages, parent)
+        out = await writes.append_batch(container(), tenant_of(tenant), body.session_id, body.messages, parent)
         return reply(out, 201)
 
     @subscriber(by["update"])
     async def update(body: cmd.UpdateMessage, tenant: str = Path()) -> NatsResponse:
-        return reply(await writes.update_message(container(), admitted(tenant), body.session_id, None, body.message))
+        return reply(await writes.update_message(container(), tenant_of(tenant), body.session_id, None, body.message))
 
     @subscriber(by["delete"])
     async def delete(body: cmd.DeleteMessages, tenant: str = Path()) -> NatsResponse:
-        return reply(await writes.delete_messages(container(), admitted(tenant), body.session_id, body.ids))
+        return reply(await writes.delete_messages(container(), tenant_of(tenant), body.session_id, body.ids))
 
     @subscriber(by["clear"])
     async def clear(body: cmd.ClearMessages, tenant: str = Path()) -> NatsResponse:
-        return reply(await writes.clear_messages(container(), admitted(tenant), body.session_id))
+        return reply(await writes.clear_messages(container(), tenant_of(tenant), body.session_id))
 
     @subscriber(by["compact"])
     async def compact(body: cmd.Compact, tenant: str = Path()) -> NatsResponse:
-        return reply(await writes.compact(container(), admitted(tenant), body.session_id, body.leaf_id))
+        return reply(await writes.compact(container(), tenant_of(tenant), body.session_id, body.leaf_id))
 
     @subscriber(by["config.put"])
     async def configure(body: cmd.Configure, tenant: str = Path()) -> NatsResponse:
-        return reply(await writes.configure(container(), admitted(tenant), body.session_id, body.config))
+        return reply(await writes.configure(container(), tenant_of(tenant), body.session_id, body.config))
 
     @subscriber(by["context.write"])
     async def write_context(body: cmd.WriteContext, tenant: str = Path()) -> NatsResponse:
         out = await writes.write_context(
-            container(), admitted(tenant), body.session_id, body.label, body.content, body.mode
+            container(), tenant_of(tenant), body.session_id, body.label, body.content, body.mode
         )
         return reply(out)
 
     @subscriber(by["tool"])
     async def run_tool(body: cmd.RunTool, tenant: str = Path()) -> NatsResponse:
         out = await writes.run_tool(
-            container(), admitted(tenant), body.session_id, body.name, body.arguments, body.tool_call_id
+            container(), tenant_of(tenant), body.session_id, body.name, body.arguments, body.tool_call_id
         )
         return reply(out)
 
     @subscriber(by["prompt.refresh"])
     async def refresh_prompt(body: cmd.RefreshPrompt, tenant: str = Path()) -> NatsResponse:
-        return reply(await writes.refresh_prompt(container(), admitted(tenant), body.session_id))
+        return reply(await writes.refresh_prompt(container(), tenant_of(tenant), body.session_id))
 
     return router
 

@@ -8,6 +8,7 @@ admitted), so it is always safe to send again. The buckets are a pure core: the 
 
 from __future__ import annotations
 
+import logging
 import math
 import time
 from collections.abc import Callable, Mapping
@@ -20,7 +21,9 @@ MAX_BUCKETS = 10_000
 """Buckets kept before the full ones (a tenant idle for a while) are dropped: a full bucket is
 what a tenant never seen gets, so dropping it changes no decision."""
 REPORT_EVERY_S = 60.0
-"""A tenant's refusals are reported (logged) at most once in this many seconds."""
+"""A tenant's refusals are logged at most once in this many seconds."""
+
+log = logging.getLogger("chronicle.limits")
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,13 +88,17 @@ class TenantLimits:
         return (1.0 - bucket.tokens) / rate.per_s
 
     def admit(self, tenant: str) -> None:
-        """Count a request of ``tenant``, or raise :class:`RateLimited` when it is over its limit."""
+        """Count a request of ``tenant``, or raise :class:`RateLimited` when it is over its limit
+        (logged once in :data:`REPORT_EVERY_S` per tenant)."""
         wait = self.wait_s(tenant)
         if wait > 0:
-            raise RateLimited(wait, f"tenant {tenant!r} is over its limit of {self._described(tenant)}")
+            refused = RateLimited(wait, f"tenant {tenant!r} is over its limit of {self._described(tenant)}")
+            if self.first_refusal(tenant):
+                log.warning("rate limit: refusing requests of tenant %r (%s)", tenant, refused.detail)
+            raise refused
 
     def first_refusal(self, tenant: str) -> bool:
-        """True for the first refusal of ``tenant`` in :data:`REPORT_EVERY_S` (to log it once)."""
+        """True for the first refusal of ``tenant`` in :data:`REPORT_EVERY_S`."""
         now = self._clock()
         if now - self._reported.get(tenant, -math.inf) < REPORT_EVERY_S:
             return False
@@ -110,8 +117,9 @@ class TenantLimits:
 
 
 def limits_of(settings: Settings) -> TenantLimits | None:
-    """The process's limits from ``rate_limit``, ``rate_limit_burst`` and ``rate_limits``; None
-    when no tenant has one (nothing to check per request)."""
+    """The process's limits from ``rate_limit``, ``rate_limit_burst`` and ``rate_limits`` (a
+    tenant's own rate takes the same burst setting: 0 is one second of its own rate); None when
+    no tenant has one (nothing to check per request)."""
     default = Rate.of(settings.rate_limit, settings.rate_limit_burst)
     overrides = {t: Rate.of(per_s, settings.rate_limit_burst) for t, per_s in settings.rate_limits.items()}
     if default is None and not any(overrides.values()):

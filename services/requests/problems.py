@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import logging
+import math
 from typing import Any
 
 import nats.errors
@@ -41,8 +42,9 @@ def validation_errors(exc: ValidationError) -> list[dict[str, Any]]:
 
 def problem_of(exc: BaseException) -> Problem | None:
     """The problem for an error a request may meet; None for one that is a bug (500)."""
-    if isinstance(exc, RateLimited):  # when a request would be admitted, in seconds
-        return problem(exc.status, exc.code, exc.title, exc.detail, retry_after=round(exc.retry_after_s, 3))
+    if isinstance(exc, RateLimited):  # when a request would be admitted, in seconds (ms, rounded up)
+        retry_after = max(0.001, math.ceil(exc.retry_after_s * 1000) / 1000)
+        return problem(exc.status, exc.code, exc.title, exc.detail, retry_after=retry_after)
     if isinstance(exc, ChronicleError):
         return problem(exc.status, exc.code, exc.title, exc.detail)
     if isinstance(exc, ValidationError):

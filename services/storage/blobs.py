@@ -2,8 +2,16 @@
 
 from __future__ import annotations
 
-from events.blobs import SHA256_HEX, BlobNotFound, BlobRef, sha256_hex
+from events.blobs import SHA256_HEX, BlobNotFound, BlobRef, no_object, sha256_hex
 from services.storage.s3 import SkillStore
+
+
+def _written(ref: BlobRef) -> tuple[str, str]:
+    """The bucket and key of a reference this store could have written; else :class:`BlobNotFound`."""
+    bucket, _, key = ref.key.partition("/")
+    if key != f"blobs/{ref.sha256}" or not SHA256_HEX.fullmatch(ref.sha256):
+        raise BlobNotFound(f"{no_object(ref.key)}: not a key this store writes")
+    return bucket, key
 
 
 class S3BlobStore:
@@ -19,18 +27,17 @@ class S3BlobStore:
         return BlobRef(store=self.kind, key=f"{self._bucket}/blobs/{digest}", sha256=digest, size=len(data))
 
     async def delete(self, ref: BlobRef) -> None:
-        bucket, _, key = ref.key.partition("/")
+        bucket, key = _written(ref)
         await self._store.delete(bucket, key)
 
     async def get(self, ref: BlobRef) -> bytes:
         """The object's bytes; :class:`BlobNotFound` when there is none, its bytes do not hash to
-        ``ref.sha256``, or the reference names a key this store never writes (``<bucket>/blobs/
-        <its sha256>``: a reference published straight to the log could name any object the
-        credentials reach, a skill document included)."""
-        bucket, _, key = ref.key.partition("/")
-        if key != f"blobs/{ref.sha256}" or not SHA256_HEX.fullmatch(ref.sha256):
-            raise BlobNotFound(f"no object {ref.key[:80]!r}: not a key this store writes")
+        ``ref.sha256``, or the reference names a key of another shape than the ones this store
+        writes (``<bucket>/blobs/<its sha256>``, the bucket the one set when it was written): a
+        reference published straight to the log could name any object the credentials reach, a
+        skill document included."""
+        bucket, key = _written(ref)
         data = await self._store.get_bytes(bucket, key)
         if data is None or sha256_hex(data) != ref.sha256:
-            raise BlobNotFound(ref.key)
+            raise BlobNotFound(no_object(ref.key))
         return data

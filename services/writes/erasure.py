@@ -8,9 +8,10 @@ Order, each step idempotent so a failed erasure is finished by running it again:
 2. ``session.erased`` is published (its id derived from tenant and session: stored once); the
    projections drop every row of the session when they apply it.
 3. The objects the session's events reference (claim-checked bodies, over-cap originals) are
-   deleted when they are this session's alone (events/objects.py): sealed, or bound to it by
-   their header. One written unbound (before objects named their owner) is content-addressed and
-   may be another session's too, so it is left (docs/security.md).
+   deleted when they are this session's alone (events/objects.py): their header names it (a
+   reference published into the session may name any object), or, written before headers, they
+   are sealed. A plain one written before headers is content-addressed and may be another
+   session's too, so it is left (docs/security.md).
 4. Quarantined events of the session's subject are deleted (their raw bytes are the session's).
 """
 

@@ -9,9 +9,8 @@ import httpx
 import pytest
 
 from events.blobs import BlobRef
-from events.objects import open_object
+from events.objects import is_sealed_object, open_object
 from events.omitted import OMITTED
-from events.sealing import is_sealed_blob
 from projections import queries
 from services.api.app import build_app
 from services.bootstrap import Container
@@ -73,7 +72,7 @@ async def test_oversized_message_is_capped_and_the_original_kept(
     assert stored["metadata"]["compactedToolOutputs"] == ["c-big"]
     assert row.original_ref is not None
     original = await capped.originals.get(BlobRef.model_validate(row.original_ref))
-    if is_sealed_blob(original):  # CHRONICLE_TEST_ENCRYPTION=1
+    if is_sealed_object(original):  # CHRONICLE_TEST_ENCRYPTION=1
         await capped.keys.refresh([(T, sid)])
     assert json.loads(open_object(original, capped.keys, T, sid)) == body  # sealed, or behind its owner
     served = await http.get(f"/v1/sessions/{sid}/messages/big", params={"original": "true"})

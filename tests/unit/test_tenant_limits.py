@@ -99,13 +99,25 @@ def test_dropping_full_buckets_changes_no_decision(monkeypatch: pytest.MonkeyPat
     assert limits.wait_s("t1") == 0.0
 
 
-def test_a_tenants_refusals_are_reported_once_a_minute() -> None:
-    limits, clock = limited()
-    assert limits.first_refusal("a") is True
-    assert limits.first_refusal("a") is False
-    assert limits.first_refusal("b") is True
-    clock.now += limits_module.REPORT_EVERY_S
-    assert limits.first_refusal("a") is True
+def test_a_tenants_refusals_are_logged_once_a_minute(caplog: pytest.LogCaptureFixture) -> None:
+    limits, clock = limited(per_s=1.0, burst=1)
+
+    def refusals(tenant: str, n: int) -> None:
+        for _ in range(n):
+            with pytest.raises(RateLimited):
+                limits.admit(tenant)
+
+    limits.admit("a")
+    limits.admit("b")
+    with caplog.at_level("WARNING", logger="chronicle.limits"):
+        refusals("a", 5)
+        refusals("b", 2)
+        clock.now += limits_module.REPORT_EVERY_S  # the buckets refill too: empty them again
+        limits.admit("a")
+        refusals("a", 3)
+    logged = [r.getMessage() for r in caplog.records]
+    assert len(logged) == 3
+    assert ["'a'" in m for m in logged] == [True, False, True]
 
 
 def test_settings_make_limits_only_when_a_tenant_has_one() -> None:
@@ -130,13 +142,18 @@ def test_settings_refuse_negative_rates_and_names_that_are_not_tenants(fields: d
         Settings.model_validate(fields)
 
 
-@pytest.mark.parametrize(("wait", "header"), [(0.001, "1"), (0.5, "1"), (1.0, "1"), (1.2, "2"), (7.9, "8")])
-def test_a_refusal_is_a_429_problem_with_the_wait_and_retry_after_in_whole_seconds(wait: float, header: str) -> None:
+@pytest.mark.parametrize(
+    ("wait", "header", "seconds"),
+    [(0.00001, "1", 0.001), (0.0012, "1", 0.002), (0.5, "1", 0.5), (1.0, "1", 1.0), (1.2, "2", 1.2), (7.9, "8", 7.9)],
+)
+def test_a_refusal_is_a_429_problem_with_the_wait_and_retry_after_in_whole_seconds(
+    wait: float, header: str, seconds: float
+) -> None:
     body = problem_of(RateLimited(wait, "tenant 't' is over its limit"))
     assert body is not None
     assert body["status"] == 429
     assert body["code"] == "rate_limited"
-    assert body["retry_after"] == round(wait, 3)
+    assert body["retry_after"] == seconds  # never less than the wait: waiting it is enough
     resp = as_response(body)
     assert resp.status_code == 429
     assert resp.headers["retry-after"] == header
