@@ -134,9 +134,9 @@ class Publisher:
         last_error: BaseException | None = None
         for attempt in range(self._attempts):
             try:
-                ack = await self._js.publish(
-                    subject, payload, timeout=self._timeout, stream=self.layout.stream, headers=headers
-                )
+                # no ``stream=`` (a ``Nats-Expected-Stream`` header, stored with every event, ~35 B):
+                # the server refuses streams with overlapping subjects, so only this one takes them
+                ack = await self._js.publish(subject, payload, timeout=self._timeout, headers=headers)
                 return Published(seq=ack.seq, duplicate=bool(ack.duplicate))
             except APIError as exc:
                 if exc.err_code == ERR_WRONG_LAST_SEQUENCE:
@@ -162,7 +162,7 @@ class Publisher:
         for start in range(0, len(events), window):
             chunk = events[start : start + window]
             futures = [
-                await self._js.publish_async(subject, payload, stream=self.layout.stream, headers={HDR_MSG_ID: ev.id})
+                await self._js.publish_async(subject, payload, headers={HDR_MSG_ID: ev.id})
                 for ev, (subject, payload) in zip(chunk, encoded[start : start + window], strict=True)
             ]
             done = await asyncio.gather(*futures, return_exceptions=True)
