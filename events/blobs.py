@@ -73,3 +73,29 @@ class MemoryBlobStore:
             return self._data[ref.key]
         except KeyError as exc:
             raise BlobNotFound(no_object(ref.key)) from exc
+
+
+class RoutedBlobStores:
+    """Several stores as one: ``put`` writes to the first (the one configured for new objects);
+    ``get`` and ``delete`` go to the store a reference names (``ref.store``), so objects written
+    while another store was configured still read. A reference naming no store here is no object."""
+
+    def __init__(self, writer: BlobStore, *others: BlobStore) -> None:
+        self.members = (writer, *others)
+        self.kind = writer.kind
+        self._writer = writer
+        self._by_kind = {s.kind: s for s in self.members}
+
+    async def put(self, data: bytes) -> BlobRef:
+        return await self._writer.put(data)
+
+    async def get(self, ref: BlobRef) -> bytes:
+        store = self._by_kind.get(ref.store)
+        if store is None:
+            raise BlobNotFound(no_object(ref.key))
+        return await store.get(ref)
+
+    async def delete(self, ref: BlobRef) -> None:
+        store = self._by_kind.get(ref.store)
+        if store is not None:
+            await store.delete(ref)

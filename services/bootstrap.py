@@ -22,7 +22,7 @@ from nats.js import JetStreamContext
 from nats.js.errors import APIError
 from psycopg_pool import AsyncConnectionPool
 
-from events.blobs import BlobStore
+from events.blobs import BlobStore, RoutedBlobStores
 from events.catalog import CompactionRequested
 from events.objectstore import JetStreamBlobStore
 from events.publisher import Publisher
@@ -45,7 +45,7 @@ from services.compaction.worker import Compactor
 from services.context.rules import object_key
 from services.context.service import ContextService
 from services.settings import Settings
-from services.storage.blobs import S3BlobStore
+from services.storage.blobs import CLAIM_CHECK_S3, S3BlobStore
 from services.storage.s3 import SkillStore
 from services.tokens import TokenCounter
 from services.writes.commands import Commands
@@ -66,7 +66,7 @@ class Container:
     js: JetStreamContext
     pool: AsyncConnectionPool[psycopg.AsyncConnection[Any]]
     publisher: Publisher
-    blobs: BlobStore
+    blobs: RoutedBlobStores
     waiter: AppliedWaiter
     originals: BlobStore
     commands: Commands
@@ -82,7 +82,8 @@ class Container:
 
     @property
     def eraser(self) -> Eraser:
-        return Eraser(self.keys, self.publisher, self.pool, [self.blobs, self.originals], self._skill_documents)
+        stores = [*self.blobs.members, self.originals]
+        return Eraser(self.keys, self.publisher, self.pool, stores, self._skill_documents)
 
     async def _skill_documents(self, tenant: str) -> int:
         """Delete the tenant's skill documents (those its skills index lists); how many."""
@@ -397,7 +398,7 @@ async def open_container(settings: Settings, *, log_check: bool = True) -> Async
         if settings.encryption and wrapper is None:
             raise ValueError("CHRONICLE_ENCRYPTION is on and no key-encryption key is set (CHRONICLE_KEK or _KEK_FILE)")
         publisher = Publisher(js, layout, keys=PgKeyStore(pool, wrapper, seal=settings.encryption))
-        blobs = JetStreamBlobStore(js, settings.blob_bucket, replicas=settings.stream_replicas)
+        nats_blobs = JetStreamBlobStore(js, settings.blob_bucket, replicas=settings.stream_replicas)
         await waiter.start()
         skills = SkillStore(
             settings.s3_endpoint,
@@ -407,6 +408,13 @@ async def open_container(settings: Settings, *, log_check: bool = True) -> Async
             region=settings.s3_region,
         )
         originals = S3BlobStore(skills, settings.originals_bucket)
+        s3_blobs = S3BlobStore(skills, settings.claim_check_bucket, kind=CLAIM_CHECK_S3)
+        # new claim checks go to the configured store; a reference reads from the store it names
+        blobs = (
+            RoutedBlobStores(s3_blobs, nats_blobs)
+            if settings.claim_check_store == "s3"
+            else RoutedBlobStores(nats_blobs, s3_blobs)
+        )
         commands = Commands(
             publisher,
             pool,

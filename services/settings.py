@@ -198,6 +198,13 @@ class Settings(BaseSettings):
     summarizer_attempts: int = Field(default=3, ge=1)
 
     originals_bucket: str = "chronicle-originals"
+    claim_check_store: Literal["nats", "s3"] = Field(
+        default="nats",
+        description="where bodies over `payload_limit_bytes` go (the event carries a reference): the JetStream "
+        "object store (`blob_bucket`, replicated as the stream is) or S3/MinIO (`claim_check_bucket`). Either way "
+        "bodies written before a change keep reading from where they are",
+    )
+    claim_check_bucket: str = "chronicle-bodies"
     row_cap_bytes: int = Field(default=1_800_000, ge=10_000, description="larger messages are stored capped")
 
     data_dir: str = ".chronicle"

@@ -1,9 +1,13 @@
-"""Content-addressed blobs in S3/MinIO (originals of capped messages): key = SHA-256 of the bytes."""
+"""Content-addressed blobs in S3/MinIO (originals of capped messages; claim-checked bodies when
+``CHRONICLE_CLAIM_CHECK_STORE=s3``): key = SHA-256 of the bytes."""
 
 from __future__ import annotations
 
 from events.blobs import SHA256_HEX, BlobNotFound, BlobRef, no_object, sha256_hex
 from services.storage.s3 import SkillStore
+
+CLAIM_CHECK_S3 = "s3-claim-check"
+"""The store claim-checked bodies in S3 name in their references (``CHRONICLE_CLAIM_CHECK_STORE=s3``)."""
 
 
 def _written(ref: BlobRef) -> tuple[str, str]:
@@ -15,11 +19,14 @@ def _written(ref: BlobRef) -> tuple[str, str]:
 
 
 class S3BlobStore:
-    kind = "s3"
+    """One bucket's ``blobs/`` objects; ``kind`` is what its references name as their store (the
+    originals' ``s3``, claim-checked bodies' ``s3-claim-check``: a reference of one is never
+    looked up in the other)."""
 
-    def __init__(self, store: SkillStore, bucket: str) -> None:
+    def __init__(self, store: SkillStore, bucket: str, kind: str = "s3") -> None:
         self._store = store
         self._bucket = bucket
+        self.kind = kind
 
     async def put(self, data: bytes) -> BlobRef:
         digest = sha256_hex(data)

@@ -8,10 +8,13 @@ from collections.abc import AsyncIterator, Callable
 import pytest
 
 from events import log as eventlog
+from events.blobs import BlobNotFound, BlobRef
 from events.omitted import OMITTED
 from projections import queries
+from services.audit import readers as audit
 from services.bootstrap import Container
 from services.errors import PayloadTooLarge
+from services.storage.blobs import CLAIM_CHECK_S3
 from tests.conftest import make_settings, running_stack
 
 
@@ -54,3 +57,37 @@ async def test_body_over_the_hard_limit_is_refused(small_limit_stack: Container,
     with pytest.raises(PayloadTooLarge):
         await c.commands.append("tenant-a", sid, body, OMITTED)
     assert await c.publisher.last_subject_seq("tenant-a", sid) == 0
+
+
+async def test_claim_checks_in_s3_read_back_with_those_written_before_to_nats_and_go_with_erasure(
+    nats_url: str, fresh_db: str, s3_endpoint: str
+) -> None:
+    """``CHRONICLE_CLAIM_CHECK_STORE=s3``: new bodies go to S3/MinIO; one a deployment wrote to the
+    JetStream object store before the switch still reads; a rebuild decides the same; erasing the
+    session deletes its S3 object."""
+    common = {"s3_endpoint": s3_endpoint, "payload_limit_bytes": 1024}
+    before = {"id": "m1", "role": "user", "parts": [{"type": "text", "text": "before the switch " * 200}]}
+    after = {"id": "m2", "role": "user", "parts": [{"type": "text", "text": "after the switch " * 200}]}
+    async with running_stack(make_settings(nats_url, fresh_db, **common)) as c:
+        settings = c.settings
+        first = await c.commands.append("tenant-a", "s-1", before, OMITTED)
+        await c.waiter.wait_all(first.seq, timeout_s=20)
+    s3 = settings.model_copy(update={"claim_check_store": "s3"})
+    async with running_stack(s3) as c:
+        second = await c.commands.append("tenant-a", "s-1", after, OMITTED)
+        await c.waiter.wait_all(second.seq, timeout_s=20)
+        stored = [e async for e in eventlog.read(c.js, c.layout, c.layout.session_subject("tenant-a", "s-1"))]
+        refs = [BlobRef.model_validate(json.loads(e.data)["message_ref"]) for e in stored]
+        assert [r.store for r in refs] == ["jetstream-object", CLAIM_CHECK_S3]
+        assert refs[1].key == f"{s3.claim_check_bucket}/blobs/{refs[1].sha256}"
+        async with c.pool.connection() as conn:
+            rows = [await queries.get_message(conn, "tenant-a", "s-1", mid) for mid in ("m1", "m2")]
+        assert [json.loads(r.content) if r is not None else None for r in rows] == [before, after]
+        report = await audit.verify(c)
+        assert report.ok, report.differences
+
+        erased = await c.eraser.erase_session("tenant-a", "s-1")
+        assert erased.objects_deleted == 2  # one in each store
+        for ref in refs:
+            with pytest.raises(BlobNotFound):
+                await c.blobs.get(ref)

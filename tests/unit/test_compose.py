@@ -305,6 +305,7 @@ def test_environment_validates_against_settings(
     assert env["CHRONICLE_S3_ACCESS_KEY"] == minio["MINIO_ROOT_USER"]
     assert env["CHRONICLE_S3_SECRET_KEY"] == minio["MINIO_ROOT_PASSWORD"]
     assert env["CHRONICLE_S3_SECURE"] in ("false", "true")
+    assert s.claim_check_store == "s3"  # large bodies in MinIO, as the design has them
 
 
 def test_interpolation_resolves_to_defaults() -> None:
