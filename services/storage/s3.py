@@ -133,5 +133,5 @@ class SkillStore:
             return await asyncio.to_thread(fn)
         except S3Error as exc:
             raise ObjectStorageError(f"{exc.code}: {exc.message}") from exc
-        except OSError as exc:
+        except (OSError, urllib3.exceptions.HTTPError) as exc:  # refused, reset, retries exhausted
             raise ObjectStorageError(str(exc)) from exc
