@@ -29,6 +29,7 @@ from events.commands import COMMANDS, STATUS_HEADER, Problem, model_refs
 from events.context import SessionConfig
 from events.credentials import TENANT_INBOX_ROOT
 from events.messages import UIMessage
+from events.sealing import SEALED, SEALED_FIELDS
 from events.subjects import SubjectLayout
 from services.bootstrap import Container
 from services.commands_nats.app import command_router, operation_name
@@ -40,6 +41,20 @@ DOC_PATH = Path(__file__).resolve().parents[2] / "docs" / "asyncapi.yaml"
 REF = "#/components/schemas/{model}"
 TITLE = "Chronicle on NATS"
 VERSION = "1.0"
+
+
+def _sealed_note(event_type: str) -> str:
+    """How the event travels where the deployment seals (``CHRONICLE_ENCRYPTION``): the schema
+    shows the readable form; the personal fields then travel inside ``sealed``."""
+    fields = SEALED_FIELDS.get(event_type)
+    if not fields:
+        return ""
+    named = ", ".join(f"`{f}`" for f in fields)
+    return (
+        f" Where the deployment seals (CHRONICLE_ENCRYPTION), the personal fields ({named}) are left out (or null) "
+        f'and travel encrypted in `"{SEALED}": {{"kid", "nonce", "ct"}}`, AES-256-GCM with the session\'s data key '
+        "(`GET /v1/sessions/{sid}/data-key`; docs/security.md)."
+    )
 
 
 def event_router(layout: SubjectLayout) -> NatsRouter:
@@ -55,7 +70,8 @@ def event_router(layout: SubjectLayout) -> NatsRouter:
             description=f"`{event.TYPE}`, version {event.VERSION}, published to JetStream stream `{layout.stream}` "
             f"on `{subject}` (partition: `p` + three digits, crc32(tenant NUL session) mod {layout.partitions}; "
             "tokens encoded as events/ids.py encodes them), with the event id as `Nats-Msg-Id`."
-            + (f" {doc}" if doc and not doc.startswith("Envelope fields") else ""),
+            + (f" {doc}" if doc and not doc.startswith("Envelope fields") else "")
+            + _sealed_note(event.TYPE),
         )
     work = f"{layout.work_prefix}.{KIND}.{{tenant}}.{{session}}"
     for item in WORK_TYPES:
