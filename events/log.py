@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass
+from datetime import datetime
 
 import nats.errors
 from nats.js import JetStreamContext
@@ -18,6 +19,8 @@ class StoredEvent:
     seq: int
     subject: str
     data: bytes
+    headers: dict[str, str] | None = None  # as stored (Nats-Msg-Id, the expectations it was published with)
+    time: datetime | None = None  # when the stream stored it
 
 
 async def last_seq(js: JetStreamContext, layout: SubjectLayout, subject: str | None = None) -> int:
@@ -63,7 +66,9 @@ async def read(
             seq = msg.metadata.sequence.stream
             if seq > end:
                 return
-            yield StoredEvent(seq=seq, subject=msg.subject, data=msg.data)
+            yield StoredEvent(
+                seq=seq, subject=msg.subject, data=msg.data, headers=msg.headers, time=msg.metadata.timestamp
+            )
             if seq >= end:
                 return
     finally:

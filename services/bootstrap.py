@@ -428,7 +428,9 @@ async def open_container(settings: Settings, *, log_check: bool = True) -> Async
         )
         counter = TokenCounter(settings.tiktoken_encoding)
         context = ContextService(commands.optimistic, publisher, pool, counter, skills)
-        context.reserved_buckets = frozenset({settings.originals_bucket})
+        context.reserved_buckets = frozenset(
+            {settings.originals_bucket, settings.claim_check_bucket, settings.archive_bucket}
+        )
         compaction = CompactionService(pool, publisher, commands.optimistic, context, counter, summarizer_of(settings))
         yield Container(
             settings, layout, nc, js, pool, publisher, blobs, waiter, originals, commands, context, compaction

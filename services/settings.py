@@ -205,6 +205,9 @@ class Settings(BaseSettings):
         "bodies written before a change keep reading from where they are",
     )
     claim_check_bucket: str = "chronicle-bodies"
+    archive_bucket: str = Field(
+        default="chronicle-archive", description="`chronicle archive`: where the log is copied for auditors (S3/MinIO)"
+    )
     row_cap_bytes: int = Field(default=1_800_000, ge=10_000, description="larger messages are stored capped")
 
     data_dir: str = ".chronicle"

@@ -52,6 +52,20 @@ def nats_server(
             proc.kill()
 
 
+def chronicle_cli(settings: Any, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    """``chronicle <args>`` as a process with exactly these settings (``CHRONICLE_*``); its result."""
+    from bench.support import settings_env
+
+    return subprocess.run(
+        [sys.executable, "-m", "services.ops.cli", *args],
+        env=settings_env(settings),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+
+
 @contextlib.asynccontextmanager
 async def served(app: ASGIApp) -> AsyncIterator[str]:
     """``app`` served by uvicorn on a free loopback port (real HTTP); yields its base URL."""

@@ -10,10 +10,41 @@ from pathlib import Path
 
 from events import ids
 from projections import queries
+from services.audit import archive
 from services.audit import readers as audit
+from services.audit.archive import ArchiveBusy
+from services.audit.archive_segments import ArchiveError
 from services.bootstrap import open_container
 from services.ops.progress import Progress
 from services.settings import Settings
+
+
+async def run_archive(settings: Settings, args: argparse.Namespace) -> int:
+    """``chronicle archive`` (0: archived, or the check found nothing wrong; 1: it found problems;
+    2: another run holds the lock, or the bucket holds another stream's archive)."""
+    if args.segment_events < 1 or (args.to_seq is not None and args.to_seq < 1):
+        print("chronicle archive: --segment-events and --to-seq must be at least 1", file=sys.stderr)
+        return 2
+    async with open_container(settings, log_check=False) as c:  # the log alone: no read model is read
+        try:
+            if args.check:
+                checked = await archive.check(c)
+                for problem in checked.problems:
+                    print(f"problem: {problem}")
+                print(
+                    f"checked {checked.segments} segments, {checked.events} events; {checked.compared} equal to the "
+                    f"stream's; {len(checked.problems)} problems"
+                )
+                return 0 if checked.ok else 1
+            done = await archive.archive(c, segment_events=args.segment_events, to_seq=args.to_seq)
+        except (ArchiveBusy, ArchiveError) as exc:
+            print(f"chronicle archive: {exc}", file=sys.stderr)
+            return 2
+        print(
+            f"archived {done.events} events in {done.segments} segments to bucket {settings.archive_bucket!r}; "
+            f"the archive now ends at sequence {done.last_seq}"
+        )
+        return 0
 
 
 async def run_audit(settings: Settings, args: argparse.Namespace) -> int:

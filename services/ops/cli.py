@@ -91,6 +91,16 @@ def main(argv: list[str] | None = None) -> int:
     )
     p_verify = sub.add_parser("verify", help="rebuild into a shadow schema and compare with the live read models")
     p_verify.add_argument("--limit", type=int, default=5, help="differences to print per table")
+    p_archive = sub.add_parser(
+        "archive", help="copy the log to object storage for auditors (CHRONICLE_ARCHIVE_BUCKET), or check that copy"
+    )
+    p_archive.add_argument(
+        "--check",
+        action="store_true",
+        help="read the archive back: every segment against its manifest, every event against the stream's",
+    )
+    p_archive.add_argument("--to-seq", type=int, default=None, help="archive up to this stream sequence")
+    p_archive.add_argument("--segment-events", type=int, default=10_000, help="events per segment (default 10,000)")
     p_skills = sub.add_parser("skills", help="skill documents in object storage")
     skills_sub = p_skills.add_subparsers(dest="skills_command", required=True)
     p_put = skills_sub.add_parser("put", help="upload a skill document and record it in the skills index")
@@ -193,6 +203,10 @@ def _dispatch(settings: Settings, args: argparse.Namespace) -> int:
 
             applied = asyncio.run(prepare_database(settings))
             print("applied: " + (", ".join(applied) if applied else "nothing (up to date)"))
+        case "archive":
+            from services.ops.audit_cli import run_archive
+
+            return asyncio.run(run_archive(settings, args))
         case "skills":
             from services.ops.audit_cli import run_skills
 

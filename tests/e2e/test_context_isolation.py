@@ -5,6 +5,7 @@ from __future__ import annotations
 import uuid
 
 import httpx
+import pytest
 
 from services.settings import Settings
 from tests.e2e.context_support import new_bucket, put_object
@@ -41,10 +42,13 @@ async def test_a_tenant_cannot_read_or_overwrite_another_tenants_objects(
     assert a_again == "TENANT A SECRET"
 
 
-async def test_chronicles_own_bucket_cannot_be_configured(client: httpx.AsyncClient, api_settings: Settings) -> None:
+@pytest.mark.parametrize("bucket", ["originals_bucket", "claim_check_bucket", "archive_bucket"])
+async def test_chronicles_own_buckets_cannot_be_configured(
+    client: httpx.AsyncClient, api_settings: Settings, bucket: str
+) -> None:
     s = "iso-" + uuid.uuid4().hex[:8]
-    config = {
-        "blocks": [{"label": "x", "kind": "readonly", "source": {"bucket": api_settings.originals_bucket, "key": "k"}}]
-    }
+    own = getattr(api_settings, bucket)
+    config = {"blocks": [{"label": "x", "kind": "readonly", "source": {"bucket": own, "key": "k"}}]}
     r = await client.put(f"/v1/sessions/{s}/config", json=config)
     assert (r.status_code, r.json()["code"]) == (422, "invalid_config")
+    assert "reserved" in r.json()["detail"]

@@ -4,14 +4,11 @@ unloaded skills, and ``chronicle skills put|sync``."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import httpx
 
-from bench.support import settings_env
 from services.settings import Settings
 from tests.e2e.context_support import (
     block,
@@ -27,6 +24,7 @@ from tests.e2e.context_support import (
     tenant_key,
     tool,
 )
+from tests.support import chronicle_cli
 
 PIRATE = "# Pirate style\nSay arr — always. 🏴\u200d☠️"
 
@@ -284,14 +282,7 @@ async def test_clear_forgets_loaded_skills(client: httpx.AsyncClient, api_settin
 
 
 def chronicle(settings: Settings, *args: str) -> str:
-    done = subprocess.run(
-        [sys.executable, "-m", "services.ops.cli", "skills", *args],
-        env=settings_env(settings),
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    done = chronicle_cli(settings, "skills", *args, timeout=60)
     assert done.returncode == 0, done.stderr
     return done.stdout
 

@@ -25,7 +25,7 @@ from services.settings import Settings
 from tests.conftest import KEYS, make_settings
 from tests.e2e.context_support import configure, tool
 from tests.e2e.helpers import msg
-from tests.support import nats_server, scratch_database
+from tests.support import chronicle_cli, nats_server, scratch_database
 
 
 @pytest.fixture(scope="module")
@@ -49,15 +49,7 @@ def sealed(
             yield settings, tmp / "nats"
 
 
-def cli(settings: Settings, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "services.ops.cli", *args],
-        env=settings_env(settings),
-        check=False,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+cli = chronicle_cli
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,157 @@
+"""``chronicle archive``: the log copied to object storage for auditors (S3/MinIO bucket
+``CHRONICLE_ARCHIVE_BUCKET``), and the check that an archive is whole and equals the log.
+
+Each run appends segments for the events stored since the last one (services/audit/
+archive_segments.py: the format), then rewrites the manifest, segment by segment, so that a run
+stopped anywhere leaves an archive that the next run continues. Segments are immutable: a
+segment's key names its range, and the same events always make the same bytes. One run at a time
+per stream (a Postgres advisory lock). The archive holds the events as stored: sealed fields stay
+sealed (an erased session's stay unreadable there too), events written unsealed stay readable.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from events import log as eventlog
+from events.log import StoredEvent
+from projections.logbinding import stream_identity
+from services.audit.archive_segments import (
+    ArchiveError,
+    Manifest,
+    decode,
+    encode,
+    manifest_key,
+    parse_manifest,
+    segment_key,
+    segment_of,
+)
+from services.bootstrap import Container
+from services.errors import Unavailable
+from services.storage.s3 import SkillStore
+
+SEGMENT_EVENTS = 10_000
+"""Events per segment (the last segment of a run may hold fewer)."""
+
+
+class ArchiveBusy(RuntimeError):
+    """Another archive run of the same stream holds the lock."""
+
+
+@dataclass(frozen=True, slots=True)
+class Archived:
+    """What a run added: segments, events, and the last sequence now archived."""
+
+    segments: int
+    events: int
+    last_seq: int
+
+
+@dataclass(slots=True)
+class Checked:
+    """What :func:`check` found: segments and events read, events compared with the stream, and
+    every difference (empty: the archive is whole and equals the log)."""
+
+    segments: int = 0
+    events: int = 0
+    compared: int = 0
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+
+def _store(c: Container) -> SkillStore:
+    store = c.context.skills
+    if store is None:
+        raise Unavailable("no object storage is configured (CHRONICLE_S3_ENDPOINT)")
+    return store
+
+
+async def _manifest(store: SkillStore, bucket: str, stream: str) -> Manifest | None:
+    data = await store.get_bytes(bucket, manifest_key(stream))
+    return parse_manifest(data) if data is not None else None
+
+
+async def archive(c: Container, *, segment_events: int = SEGMENT_EVENTS, to_seq: int | None = None) -> Archived:
+    """Archive the events stored after the last archived one (up to ``to_seq``)."""
+    store, bucket, stream = _store(c), c.settings.archive_bucket, c.layout.stream
+    identity = await stream_identity(c.js, stream)
+    if identity.created is None:
+        raise ArchiveError(f"stream {stream!r} has no creation time: it cannot be told from another of its name")
+    async with c.pool.connection() as lock:
+        cur = await lock.execute("SELECT pg_try_advisory_lock(hashtext(%s))", (f"chronicle-archive:{stream}",))
+        row = await cur.fetchone()
+        if row is None or not row[0]:
+            raise ArchiveBusy(f"another `chronicle archive` of stream {stream!r} is running")
+        try:
+            manifest = await _manifest(store, bucket, stream)
+            if manifest is None:
+                manifest = Manifest(stream=stream, stream_created=identity.created)
+            elif manifest.stream_created != identity.created:
+                raise ArchiveError(
+                    f"bucket {bucket!r} holds the archive of another stream {stream!r} (created "
+                    f"{manifest.stream_created.isoformat()}, this one {identity.created.isoformat()})"
+                )
+            added = Archived(0, 0, manifest.last_seq)
+            batch: list[StoredEvent] = []
+            async for event in eventlog.read(c.js, c.layout, None, manifest.last_seq + 1, to_seq):
+                batch.append(event)
+                if len(batch) == segment_events:
+                    added = await _write(store, bucket, manifest, batch, added)
+                    batch = []
+            if batch:
+                added = await _write(store, bucket, manifest, batch, added)
+            return added
+        finally:
+            await lock.execute("SELECT pg_advisory_unlock(hashtext(%s))", (f"chronicle-archive:{stream}",))
+
+
+async def _write(
+    store: SkillStore, bucket: str, manifest: Manifest, batch: list[StoredEvent], added: Archived
+) -> Archived:
+    data = encode(batch)
+    key = segment_key(manifest.stream, batch[0].seq, batch[-1].seq)
+    await store.put_bytes(bucket, key, data)  # first the segment, then the manifest that lists it
+    manifest.segments.append(segment_of(key, batch, data))
+    await store.put_bytes(bucket, manifest_key(manifest.stream), manifest.model_dump_json(indent=1).encode())
+    return Archived(added.segments + 1, added.events + len(batch), batch[-1].seq)
+
+
+async def check(c: Container) -> Checked:
+    """Read every segment the manifest lists, check each against the manifest (hash, range,
+    count) and that they follow each other without a gap, and compare each event that the
+    stream still holds with it, byte for byte."""
+    store, bucket, stream = _store(c), c.settings.archive_bucket, c.layout.stream
+    out = Checked()
+    manifest = await _manifest(store, bucket, stream)
+    if manifest is None:
+        out.problems.append(f"bucket {bucket!r} holds no archive of stream {stream!r}")
+        return out
+    after = 0
+    for segment in manifest.segments:
+        if segment.first != after + 1:
+            out.problems.append(f"segment {segment.key} starts at {segment.first}, after {after}: a gap")
+        after = segment.last
+        data = await store.get_bytes(bucket, segment.key)
+        if data is None:
+            out.problems.append(f"segment {segment.key} is missing")
+            continue
+        try:
+            events = decode(data, segment)
+        except ArchiveError as exc:
+            out.problems.append(str(exc))
+            continue
+        out.segments += 1
+        out.events += len(events)
+        held = {e.seq: e async for e in eventlog.read(c.js, c.layout, None, segment.first, segment.last)}
+        for archived in events:
+            stored = held.get(archived.seq)
+            if stored is None:
+                continue  # no longer in the stream: the archive is all there is of it
+            if stored.subject != archived.subject or stored.data != archived.data:
+                out.problems.append(f"sequence {archived.seq}: the archived event differs from the stream's")
+            else:
+                out.compared += 1
+    return out

@@ -1,0 +1,150 @@
+"""The audit archive's format (pure): the log copied to object storage as it is stored, in
+segments an auditor can read with any gzip and JSON tool.
+
+A segment is gzip'd NDJSON, one line per stored event, in stream order::
+
+    {"seq": 41, "subject": "chronicle.ev.acme.p007.s-1", "time": "2026-12-02T05:31:07.123456+00:00",
+     "headers": {"Nats-Msg-Id": "…"}, "data": "<base64 of the event's bytes exactly as stored>"}
+
+The bytes are base64 so that what is archived is what the stream holds, byte for byte (a sealed
+event stays sealed; a quarantined one keeps the bytes that were refused). The gzip header carries
+no name or time, so the same events always make the same segment (a run repeated after a crash
+writes identical objects). The manifest lists the segments with their ranges and SHA-256: it is
+what makes an archive checkable without the stream.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import gzip
+import hashlib
+import json
+from collections.abc import Iterable
+from datetime import datetime
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from events.log import StoredEvent
+
+FORMAT = "chronicle-archive/1"
+
+
+class ArchiveError(ValueError):
+    """An archive that is not what its manifest says (or not an archive of this format)."""
+
+
+class Segment(BaseModel):
+    """One object of the archive: the events with ``first <= seq <= last``, ``count`` of them."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    key: str
+    first: int = Field(ge=1)
+    last: int = Field(ge=1)
+    count: int = Field(ge=1)
+    bytes: int = Field(ge=0)
+    sha256: str
+
+
+class Manifest(BaseModel):
+    """The archive of one stream: its name and creation time (which stream, not only which name),
+    and its segments in order, contiguous in sequence."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    format: str = FORMAT
+    stream: str
+    stream_created: datetime
+    segments: list[Segment] = Field(default_factory=list)
+
+    @property
+    def last_seq(self) -> int:
+        """The last sequence archived (0 when nothing is)."""
+        return self.segments[-1].last if self.segments else 0
+
+
+def encode(events: Iterable[StoredEvent]) -> bytes:
+    """A segment's bytes: deterministic for the same events."""
+    lines = [
+        json.dumps(
+            {
+                "seq": e.seq,
+                "subject": e.subject,
+                "time": e.time.isoformat() if e.time is not None else None,
+                "headers": e.headers or None,
+                "data": base64.b64encode(e.data).decode("ascii"),
+            },
+            separators=(",", ":"),
+        )
+        for e in events
+    ]
+    return gzip.compress(("\n".join(lines) + "\n").encode(), mtime=0)
+
+
+def decode(data: bytes, segment: Segment) -> list[StoredEvent]:
+    """The events of a segment, checked against its manifest entry: its SHA-256, then each line,
+    then the sequence range and count. :class:`ArchiveError` for anything else."""
+    if hashlib.sha256(data).hexdigest() != segment.sha256:
+        raise ArchiveError(f"segment {segment.key}: its bytes do not hash to the manifest's sha256")
+    try:
+        text = gzip.decompress(data).decode("utf-8")
+    except (OSError, EOFError, UnicodeDecodeError) as exc:
+        raise ArchiveError(f"segment {segment.key}: not gzip'd UTF-8: {exc}") from None
+    out = [_event(line, segment.key) for line in text.splitlines() if line]
+    seqs = [e.seq for e in out]
+    if not seqs or seqs != sorted(set(seqs)) or seqs[0] != segment.first or seqs[-1] != segment.last:
+        raise ArchiveError(f"segment {segment.key}: sequences are not {segment.first}..{segment.last} in order")
+    if len(out) != segment.count:
+        raise ArchiveError(f"segment {segment.key}: {len(out)} events, the manifest says {segment.count}")
+    return out
+
+
+def segment_of(key: str, events: list[StoredEvent], data: bytes) -> Segment:
+    return Segment(
+        key=key,
+        first=events[0].seq,
+        last=events[-1].seq,
+        count=len(events),
+        bytes=len(data),
+        sha256=hashlib.sha256(data).hexdigest(),
+    )
+
+
+def segment_key(stream: str, first: int, last: int) -> str:
+    """Segments sort by their key as they do by sequence."""
+    return f"{stream}/segments/{first:020d}-{last:020d}.ndjson.gz"
+
+
+def manifest_key(stream: str) -> str:
+    return f"{stream}/manifest.json"
+
+
+def parse_manifest(data: bytes) -> Manifest:
+    try:
+        manifest = Manifest.model_validate_json(data)
+    except ValueError as exc:
+        raise ArchiveError(f"the manifest is not valid: {str(exc)[:300]}") from None
+    if manifest.format != FORMAT:
+        raise ArchiveError(f"the manifest's format is {manifest.format!r}, not {FORMAT!r}")
+    after = 0
+    for s in manifest.segments:
+        if s.first <= after or s.last < s.first:
+            raise ArchiveError(f"the manifest's segments overlap or go back at {s.key}")
+        after = s.last
+    return manifest
+
+
+def _event(line: str, key: str) -> StoredEvent:
+    try:
+        raw: Any = json.loads(line)
+        return StoredEvent(
+            seq=int(raw["seq"]),
+            subject=str(raw["subject"]),
+            data=base64.b64decode(raw["data"], validate=True),
+            headers=dict(raw["headers"]) if raw.get("headers") else None,
+            time=datetime.fromisoformat(raw["time"]) if raw.get("time") else None,
+        )
+    except (ValueError, KeyError, TypeError, binascii.Error) as exc:
+        raise ArchiveError(f"segment {key}: a line is not an archived event: {str(exc)[:200]}") from None

@@ -1,0 +1,142 @@
+"""``chronicle archive``: the log copied to S3 for auditors, segment by segment, continued by each
+run, checked against the stream; one run at a time; never into another stream's archive. Real
+NATS, Postgres, S3 (moto), and the CLI as a process."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+from collections.abc import AsyncIterator
+
+import psycopg
+import pytest
+
+from events import log as eventlog
+from events.omitted import OMITTED
+from services.audit import archive
+from services.audit.archive import ArchiveBusy
+from services.audit.archive_segments import ArchiveError, decode, manifest_key, parse_manifest
+from services.bootstrap import Container
+from services.settings import Settings
+from tests.conftest import make_settings, running_stack
+from tests.integration.helpers import text_message
+from tests.support import chronicle_cli
+
+
+@pytest.fixture
+async def stack(nats_url: str, fresh_db: str, s3_endpoint: str) -> AsyncIterator[Container]:
+    settings = make_settings(nats_url, fresh_db, s3_endpoint=s3_endpoint, archive_bucket=f"archive-{fresh_db[-8:]}")
+    async with running_stack(settings) as c:
+        yield c
+
+
+async def appended(c: Container, session: str, n: int, start: int = 0) -> None:
+    for i in range(start, start + n):
+        await c.commands.append("tenant-a", session, text_message(f"m{i}", f"message {i}"), OMITTED)
+
+
+async def manifest_of(c: Container) -> bytes:
+    store = c.context.skills
+    assert store is not None
+    data = await store.get_bytes(c.settings.archive_bucket, manifest_key(c.layout.stream))
+    assert data is not None
+    return data
+
+
+def cli(settings: Settings, *args: str) -> subprocess.CompletedProcess[str]:
+    return chronicle_cli(settings, "archive", *args)
+
+
+async def test_each_run_archives_what_came_since_as_stored_and_the_check_finds_it_equal(stack: Container) -> None:
+    c = stack
+    await appended(c, "s-1", 12)
+    await appended(c, "s-2", 9)
+    end = await eventlog.last_seq(c.js, c.layout)
+    first = await archive.archive(c, segment_events=10)
+    assert (first.events, first.last_seq, first.segments) == (end, end, -(-end // 10))
+    manifest = parse_manifest(await manifest_of(c))
+    assert (manifest.segments[0].first, manifest.segments[0].last) == (1, 10)
+    assert manifest.last_seq == end
+
+    store = c.context.skills
+    assert store is not None
+    archived = []
+    for segment in manifest.segments:
+        data = await store.get_bytes(c.settings.archive_bucket, segment.key)
+        assert data is not None
+        archived.extend(decode(data, segment))
+    stored = [e async for e in eventlog.read(c.js, c.layout)]
+    assert [(e.seq, e.subject, e.data, e.headers) for e in archived] == [
+        (e.seq, e.subject, e.data, e.headers) for e in stored
+    ]
+
+    again = await archive.archive(c, segment_events=10)
+    assert (again.segments, again.events, again.last_seq) == (0, 0, end)  # nothing new: nothing written
+    await appended(c, "s-1", 3, start=12)
+    later = await archive.archive(c, segment_events=10)
+    assert (later.events, later.last_seq) == (3, end + 3)
+    assert parse_manifest(await manifest_of(c)).segments[-1].first == end + 1
+
+    checked = await archive.check(c)
+    assert checked.ok, checked.problems
+    assert (checked.events, checked.compared) == (end + 3, end + 3)
+
+
+async def test_the_check_names_a_segment_changed_or_gone(stack: Container) -> None:
+    c = stack
+    await appended(c, "s-1", 15)
+    await archive.archive(c, segment_events=10)
+    manifest = parse_manifest(await manifest_of(c))
+    store = c.context.skills
+    assert store is not None
+    bucket = c.settings.archive_bucket
+    first, second = manifest.segments[0], manifest.segments[1]
+    data = await store.get_bytes(bucket, second.key)
+    assert data is not None
+    await store.put_bytes(bucket, first.key, data)  # another segment's bytes in its place
+    await store.delete(bucket, second.key)
+    checked = await archive.check(c)
+    assert not checked.ok
+    assert any(first.key in p and "do not hash" in p for p in checked.problems), checked.problems
+    assert any(second.key in p and "missing" in p for p in checked.problems), checked.problems
+
+
+async def test_one_run_at_a_time_and_never_into_another_streams_archive(stack: Container) -> None:
+    c = stack
+    await appended(c, "s-1", 2)
+    async with await psycopg.AsyncConnection.connect(c.settings.database_url, autocommit=True) as other:
+        await other.execute("SELECT pg_advisory_lock(hashtext(%s))", (f"chronicle-archive:{c.layout.stream}",))
+        with pytest.raises(ArchiveBusy):
+            await archive.archive(c)
+    done = await archive.archive(c)  # the lock is free again
+    assert done.events == 2
+    manifest = parse_manifest(await manifest_of(c))
+    store = c.context.skills
+    assert store is not None
+    recreated = manifest.model_copy(update={"stream_created": manifest.stream_created.replace(year=2020)})
+    await store.put_bytes(
+        c.settings.archive_bucket, manifest_key(c.layout.stream), recreated.model_dump_json().encode()
+    )
+    with pytest.raises(ArchiveError, match="another stream"):
+        await archive.archive(c)
+
+
+async def test_the_command_archives_then_checks_and_fails_a_check_that_finds_problems(stack: Container) -> None:
+    c = stack
+    await appended(c, "s-1", 4)
+    done = await asyncio.to_thread(cli, c.settings, "--segment-events", "3")
+    assert done.returncode == 0, done.stderr
+    assert "archived 4 events in 2 segments" in done.stdout
+    checked = await asyncio.to_thread(cli, c.settings, "--check")
+    assert checked.returncode == 0, checked.stderr
+    assert "4 equal to the stream's; 0 problems" in checked.stdout
+    store = c.context.skills
+    assert store is not None
+    manifest = parse_manifest(await manifest_of(c))
+    await store.delete(c.settings.archive_bucket, manifest.segments[0].key)
+    failed = await asyncio.to_thread(cli, c.settings, "--check")
+    assert failed.returncode == 1
+    assert "missing" in failed.stdout
+    refused = await asyncio.to_thread(cli, c.settings, "--segment-events", "0")
+    assert refused.returncode == 2
+    assert "at least 1" in refused.stderr

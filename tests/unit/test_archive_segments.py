@@ -1,0 +1,99 @@
+"""The audit archive's format (services/audit/archive_segments.py): segments hold the events
+byte for byte, always the same bytes for the same events, and anything that is not what the
+manifest says is an ArchiveError naming the segment."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from datetime import UTC, datetime
+
+import pytest
+
+from events.log import StoredEvent
+from services.audit.archive_segments import (
+    FORMAT,
+    ArchiveError,
+    Manifest,
+    Segment,
+    decode,
+    encode,
+    parse_manifest,
+    segment_key,
+    segment_of,
+)
+
+AT = datetime(2026, 12, 2, 5, 31, 7, 123456, tzinfo=UTC)
+EVENTS = [
+    StoredEvent(41, "c.ev.acme.p007.s-1", b'{"type":"message.appended","v":3}', {"Nats-Msg-Id": "e-41"}, AT),
+    StoredEvent(42, "c.ev.acme.p007.s-1", b"\xff\xfe not even UTF-8", None, AT),  # as a refused event was stored
+    StoredEvent(44, "c.ev.acme.p002.s-2", b"{}", {"Nats-Msg-Id": "e-44", "Nats-Expected-Last-Subject-Sequence": "7"}),
+]
+
+
+def segment(data: bytes, events: list[StoredEvent] = EVENTS) -> Segment:
+    return segment_of(segment_key("S", events[0].seq, events[-1].seq), events, data)
+
+
+def test_a_segment_gives_back_the_events_as_stored() -> None:
+    data = encode(EVENTS)
+    assert decode(data, segment(data)) == EVENTS
+
+
+def test_the_same_events_always_make_the_same_bytes_an_auditor_can_read() -> None:
+    assert encode(EVENTS) == encode(list(EVENTS))
+    lines = gzip.decompress(encode(EVENTS)).decode().splitlines()
+    assert [json.loads(line)["seq"] for line in lines] == [41, 42, 44]
+    assert json.loads(lines[0])["time"] == "2026-12-02T05:31:07.123456+00:00"
+
+
+def test_keys_sort_as_sequences_do() -> None:
+    keys = [segment_key("S", a, b) for a, b in ((1, 9), (10, 99), (100, 1000))]
+    assert keys == sorted(keys)
+
+
+def test_bytes_that_do_not_hash_to_the_manifest_are_refused() -> None:
+    data = encode(EVENTS)
+    with pytest.raises(ArchiveError, match="do not hash"):
+        decode(encode(EVENTS[:2]), segment(data))
+
+
+@pytest.mark.parametrize(
+    ("payload", "match"),
+    [
+        (b"not gzip", "not gzip"),
+        (gzip.compress(b'{"seq": 41}\n', mtime=0), "not an archived event"),
+        (gzip.compress(b'{"seq": 41, "subject": "s", "data": "%%%"}\n', mtime=0), "not an archived event"),
+    ],
+)
+def test_a_segment_that_is_not_one_is_refused(payload: bytes, match: str) -> None:
+    entry = Segment(key="k", first=41, last=41, count=1, bytes=len(payload), sha256=segment(payload).sha256)
+    with pytest.raises(ArchiveError, match=match):
+        decode(payload, entry)
+
+
+def test_a_range_or_count_other_than_the_manifests_is_refused() -> None:
+    data = encode(EVENTS)
+    right = segment(data)
+    for wrong in (
+        right.model_copy(update={"first": 40}),
+        right.model_copy(update={"last": 45}),
+        right.model_copy(update={"count": 4}),
+    ):
+        with pytest.raises(ArchiveError, match="segment"):
+            decode(data, wrong)
+
+
+def test_a_manifest_must_be_this_format_with_segments_in_order() -> None:
+    manifest = Manifest(stream="S", stream_created=AT, segments=[segment(encode(EVENTS))])
+    assert parse_manifest(manifest.model_dump_json().encode()) == manifest
+    assert manifest.last_seq == 44
+    assert Manifest(stream="S", stream_created=AT).last_seq == 0
+    with pytest.raises(ArchiveError, match="format"):
+        parse_manifest(manifest.model_copy(update={"format": "other/2"}).model_dump_json().encode())
+    twice = manifest.model_copy(update={"segments": manifest.segments * 2})
+    with pytest.raises(ArchiveError, match="overlap"):
+        parse_manifest(twice.model_dump_json().encode())
+    with pytest.raises(ArchiveError, match="not valid"):
+        parse_manifest(b"{")
+    assert FORMAT == "chronicle-archive/1"
