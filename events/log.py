@@ -67,7 +67,7 @@ async def read(
             if seq > end:
                 return
             yield StoredEvent(
-                seq=seq, subject=msg.subject, data=msg.data, headers=msg.headers, time=msg.metadata.timestamp
+                seq=seq, subject=msg.subject, data=msg.data, headers=msg.headers or None, time=msg.metadata.timestamp
             )
             if seq >= end:
                 return

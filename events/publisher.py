@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 import nats.errors
 from nats.js import JetStreamContext
+from nats.js.api import PubAck
 from nats.js.errors import APIError, NotFoundError
 
 from events.admission import MAX_EVENT_BYTES, Refused, admit_built
@@ -136,8 +137,7 @@ class Publisher:
             try:
                 # no ``stream=`` (a ``Nats-Expected-Stream`` header, stored with every event, ~35 B):
                 # the server refuses streams with overlapping subjects, so only this one takes them
-                ack = await self._js.publish(subject, payload, timeout=self._timeout, headers=headers)
-                return Published(seq=ack.seq, duplicate=bool(ack.duplicate))
+                return self._stored(await self._js.publish(subject, payload, timeout=self._timeout, headers=headers))
             except APIError as exc:
                 if exc.err_code == ERR_WRONG_LAST_SEQUENCE:
                     raise ConcurrencyConflict(str(exc.description)) from exc
@@ -170,8 +170,19 @@ class Publisher:
                 if isinstance(outcome, BaseException):
                     results.append(await self.publish(ev))  # sealed anew: same id, so stored once
                 else:
-                    results.append(Published(seq=outcome.seq, duplicate=bool(outcome.duplicate)))
+                    results.append(self._stored(outcome))
         return results
+
+    def _stored(self, ack: PubAck) -> Published:
+        """The ack's sequence, once it is this layout's stream that stored the event: a stream
+        of another name that took the subject (this one gone, another made over its subjects)
+        is not the log, and its sequences mean nothing to the read models."""
+        if ack.stream != self.layout.stream:
+            raise PublishFailed(
+                f"stream {ack.stream!r} stored the event, not {self.layout.stream!r}: another stream takes the "
+                f"subjects under {self.layout.prefix!r}"
+            )
+        return Published(seq=ack.seq, duplicate=bool(ack.duplicate))
 
     def _delay(self, attempt: int) -> float:
         return float(self._backoff * (2**attempt) * (0.5 + random.random()))  # noqa: S311

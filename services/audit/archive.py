@@ -31,7 +31,10 @@ from services.errors import Unavailable
 from services.storage.s3 import SkillStore
 
 SEGMENT_EVENTS = 10_000
-"""Events per segment (the last segment of a run may hold fewer)."""
+"""Events per segment at most (the last segment of a run may hold fewer)."""
+SEGMENT_BYTES = 64 * 1024 * 1024
+"""Bytes of events per segment at most (claim checks keep events under the payload limit, but a
+segment of 10,000 such events would be gigabytes to hold, encode and read back)."""
 
 
 class ArchiveBusy(RuntimeError):
@@ -74,8 +77,12 @@ async def _manifest(store: SkillStore, bucket: str, stream: str) -> Manifest | N
     return parse_manifest(data) if data is not None else None
 
 
-async def archive(c: Container, *, segment_events: int = SEGMENT_EVENTS, to_seq: int | None = None) -> Archived:
-    """Archive the events stored after the last archived one (up to ``to_seq``)."""
+async def archive(
+    c: Container, *, segment_events: int = SEGMENT_EVENTS, segment_bytes: int = SEGMENT_BYTES, to_seq: int | None = None
+) -> Archived:
+    """Archive the events stored after the last archived one (up to ``to_seq``). A segment a
+    stopped run wrote but did not list (it stopped before the manifest) is deleted first: this run
+    writes that range again, perhaps cut elsewhere."""
     store, bucket, stream = _store(c), c.settings.archive_bucket, c.layout.stream
     identity = await stream_identity(c.js, stream)
     if identity.created is None:
@@ -94,13 +101,17 @@ async def archive(c: Container, *, segment_events: int = SEGMENT_EVENTS, to_seq:
                     f"bucket {bucket!r} holds the archive of another stream {stream!r} (created "
                     f"{manifest.stream_created.isoformat()}, this one {identity.created.isoformat()})"
                 )
+            for key in await _unlisted(store, bucket, manifest):
+                await store.delete(bucket, key)
             added = Archived(0, 0, manifest.last_seq)
             batch: list[StoredEvent] = []
+            size = 0
             async for event in eventlog.read(c.js, c.layout, None, manifest.last_seq + 1, to_seq):
                 batch.append(event)
-                if len(batch) == segment_events:
+                size += len(event.data)
+                if len(batch) == segment_events or size >= segment_bytes:
                     added = await _write(store, bucket, manifest, batch, added)
-                    batch = []
+                    batch, size = [], 0
             if batch:
                 added = await _write(store, bucket, manifest, batch, added)
             return added
@@ -119,16 +130,36 @@ async def _write(
     return Archived(added.segments + 1, added.events + len(batch), batch[-1].seq)
 
 
+async def _unlisted(store: SkillStore, bucket: str, manifest: Manifest) -> list[str]:
+    """Segment objects of the stream's archive that its manifest does not list."""
+    listed = {s.key for s in manifest.segments}
+    prefix = segment_key(manifest.stream, 1, 1).rsplit("/", 1)[0] + "/"
+    return [o.key for o in await store.list(bucket, prefix) if o.key not in listed]
+
+
 async def check(c: Container) -> Checked:
     """Read every segment the manifest lists, check each against the manifest (hash, range,
-    count) and that they follow each other without a gap, and compare each event that the
-    stream still holds with it, byte for byte."""
+    count) and that they follow each other without a gap, that no other segment object lies
+    beside them, and that the archive is this stream's (its creation time); then compare each
+    event with the stream's at its sequence: subject, headers, time and bytes. An event the stream
+    should hold (its range; it refuses deletes) and does not is a problem too."""
     store, bucket, stream = _store(c), c.settings.archive_bucket, c.layout.stream
     out = Checked()
     manifest = await _manifest(store, bucket, stream)
     if manifest is None:
         out.problems.append(f"bucket {bucket!r} holds no archive of stream {stream!r}")
         return out
+    identity = await stream_identity(c.js, stream)
+    same_stream = manifest.stream_created == identity.created
+    if not same_stream:
+        out.problems.append(
+            f"the archive is of another stream {stream!r} (created {manifest.stream_created.isoformat()}); this one "
+            f"was created {identity.created.isoformat() if identity.created else 'at an unknown time'}"
+        )
+    out.problems.extend(
+        f"segment object {key} is not in the manifest" for key in await _unlisted(store, bucket, manifest)
+    )
+    first_held = int((await c.js.stream_info(stream)).state.first_seq)
     after = 0
     for segment in manifest.segments:
         if segment.first != after + 1:
@@ -145,12 +176,16 @@ async def check(c: Container) -> Checked:
             continue
         out.segments += 1
         out.events += len(events)
+        if not same_stream:
+            continue
         held = {e.seq: e async for e in eventlog.read(c.js, c.layout, None, segment.first, segment.last)}
         for archived in events:
             stored = held.get(archived.seq)
             if stored is None:
-                continue  # no longer in the stream: the archive is all there is of it
-            if stored.subject != archived.subject or stored.data != archived.data:
+                if archived.seq >= first_held:
+                    out.problems.append(f"sequence {archived.seq} is archived but missing from the stream")
+                continue  # before the stream's first: the archive is all there is of it
+            if stored != archived:
                 out.problems.append(f"sequence {archived.seq}: the archived event differs from the stream's")
             else:
                 out.compared += 1

@@ -51,9 +51,11 @@ def _sealed_note(event_type: str) -> str:
         return ""
     named = ", ".join(f"`{f}`" for f in fields)
     return (
-        f" Where the deployment seals (CHRONICLE_ENCRYPTION), the personal fields ({named}) are left out (or null) "
-        f'and travel encrypted in `"{SEALED}": {{"kid", "nonce", "ct"}}`, AES-256-GCM with the session\'s data key '
-        "(`GET /v1/sessions/{sid}/data-key`; docs/security.md)."
+        f" Where the deployment seals (CHRONICLE_ENCRYPTION), the personal fields ({named}) are removed and travel "
+        f'in `"{SEALED}": {{"kid", "nonce", "ct"}}`: `ct` is the AES-256-GCM ciphertext (base64, the 12-byte '
+        "`nonce` too) of their JSON object, under the session's data key (`GET /v1/sessions/{sid}/data-key`), with "
+        "the event's `id`, `type`, `version`, `tenant` and `session` joined by newlines as associated data "
+        "(events/sealing.py; docs/security.md)."
     )
 
 

@@ -15,13 +15,15 @@ from services.audit import readers as audit
 from services.audit.archive import ArchiveBusy
 from services.audit.archive_segments import ArchiveError
 from services.bootstrap import open_container
+from services.errors import ChronicleError
 from services.ops.progress import Progress
 from services.settings import Settings
 
 
 async def run_archive(settings: Settings, args: argparse.Namespace) -> int:
-    """``chronicle archive`` (0: archived, or the check found nothing wrong; 1: it found problems;
-    2: another run holds the lock, or the bucket holds another stream's archive)."""
+    """``chronicle archive`` (0: archived, or the check found nothing wrong; 1: the check found
+    problems; 2: it could not run: another run holds the lock, the bucket holds another stream's
+    archive, object storage or the stream did not answer)."""
     if args.segment_events < 1 or (args.to_seq is not None and args.to_seq < 1):
         print("chronicle archive: --segment-events and --to-seq must be at least 1", file=sys.stderr)
         return 2
@@ -37,7 +39,7 @@ async def run_archive(settings: Settings, args: argparse.Namespace) -> int:
                 )
                 return 0 if checked.ok else 1
             done = await archive.archive(c, segment_events=args.segment_events, to_seq=args.to_seq)
-        except (ArchiveBusy, ArchiveError) as exc:
+        except (ArchiveBusy, ArchiveError, ChronicleError, TimeoutError) as exc:  # could not run: not a finding
             print(f"chronicle archive: {exc}", file=sys.stderr)
             return 2
         print(

@@ -15,7 +15,7 @@ from urllib.parse import quote, unquote
 
 import urllib3
 from minio import Minio
-from minio.error import S3Error
+from minio.error import MinioException, S3Error
 
 from services.errors import ObjectStorageError
 
@@ -133,5 +133,6 @@ class SkillStore:
             return await asyncio.to_thread(fn)
         except S3Error as exc:
             raise ObjectStorageError(f"{exc.code}: {exc.message}") from exc
-        except (OSError, urllib3.exceptions.HTTPError) as exc:  # refused, reset, retries exhausted
+        # refused, reset, retries exhausted; a 5xx page from a proxy, a response minio cannot read
+        except (OSError, urllib3.exceptions.HTTPError, MinioException) as exc:
             raise ObjectStorageError(str(exc)) from exc

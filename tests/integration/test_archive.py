@@ -5,17 +5,28 @@ NATS, Postgres, S3 (moto), and the CLI as a process."""
 from __future__ import annotations
 
 import asyncio
+import socket
 import subprocess
 from collections.abc import AsyncIterator
+from dataclasses import replace
 
 import psycopg
 import pytest
 
 from events import log as eventlog
+from events.log import StoredEvent
 from events.omitted import OMITTED
 from services.audit import archive
 from services.audit.archive import ArchiveBusy
-from services.audit.archive_segments import ArchiveError, decode, manifest_key, parse_manifest
+from services.audit.archive_segments import (
+    ArchiveError,
+    decode,
+    encode,
+    manifest_key,
+    parse_manifest,
+    segment_key,
+    segment_of,
+)
 from services.bootstrap import Container
 from services.settings import Settings
 from tests.conftest import make_settings, running_stack
@@ -140,3 +151,92 @@ async def test_the_command_archives_then_checks_and_fails_a_check_that_finds_pro
     refused = await asyncio.to_thread(cli, c.settings, "--segment-events", "0")
     assert refused.returncode == 2
     assert "at least 1" in refused.stderr
+
+
+async def _rewrite(c: Container, index: int, events: list[StoredEvent]) -> None:
+    """Segment ``index`` replaced by these events, its manifest entry made to match them."""
+    store = c.context.skills
+    assert store is not None
+    bucket = c.settings.archive_bucket
+    manifest = parse_manifest(await manifest_of(c))
+    data = encode(events)
+    old = manifest.segments[index]
+    manifest.segments[index] = segment_of(old.key, events, data)
+    await store.put_bytes(bucket, old.key, data)
+    await store.put_bytes(bucket, manifest_key(c.layout.stream), manifest.model_dump_json().encode())
+
+
+async def test_the_check_finds_an_event_changed_missing_from_the_stream_a_gap_and_a_stray_object(
+    stack: Container,
+) -> None:
+    c = stack
+    await appended(c, "s-1", 9)
+    await archive.archive(c, segment_events=3)
+    store = c.context.skills
+    assert store is not None
+    bucket = c.settings.archive_bucket
+    manifest = parse_manifest(await manifest_of(c))
+    first = manifest.segments[0]
+    data = await store.get_bytes(bucket, first.key)
+    assert data is not None
+    events = decode(data, first)
+    changed = [events[0], replace(events[1], data=events[1].data.replace(b"message 1", b"message X")), events[2]]
+    await _rewrite(c, 0, changed)
+    last = manifest.segments[-1]
+    tail = await store.get_bytes(bucket, last.key)
+    assert tail is not None
+    beyond = replace(decode(tail, last)[-1], seq=last.last + 100)  # a sequence the stream never had
+    await _rewrite(c, len(manifest.segments) - 1, [*decode(tail, last), beyond])
+    stray = segment_key(c.layout.stream, 500, 600)
+    await store.put_bytes(bucket, stray, b"left by a stopped run")
+    checked = await archive.check(c)
+    problems = "\n".join(checked.problems)
+    assert f"sequence {events[1].seq}: the archived event differs" in problems
+    assert f"sequence {last.last + 100} is archived but missing from the stream" in problems
+    assert f"segment object {stray} is not in the manifest" in problems
+
+    manifest = parse_manifest(await manifest_of(c))
+    del manifest.segments[1]
+    await store.put_bytes(bucket, manifest_key(c.layout.stream), manifest.model_dump_json().encode())
+    gap = await archive.check(c)
+    assert any("a gap" in p for p in gap.problems), gap.problems
+
+
+async def test_a_run_deletes_what_a_stopped_run_left_unlisted_and_cuts_segments_by_bytes(stack: Container) -> None:
+    c = stack
+    await appended(c, "s-1", 3)
+    store = c.context.skills
+    assert store is not None
+    stray = segment_key(c.layout.stream, 1, 7)  # a stopped run's segment, never listed
+    await store.put_bytes(c.settings.archive_bucket, stray, b"partial")
+    done = await archive.archive(c, segment_bytes=1)  # every event is over a byte: one a segment
+    assert (done.segments, done.events) == (3, 3)
+    assert await store.get_bytes(c.settings.archive_bucket, stray) is None
+    checked = await archive.check(c)
+    assert checked.ok, checked.problems
+
+
+async def test_the_check_refuses_the_archive_of_another_stream_of_the_same_name(stack: Container) -> None:
+    c = stack
+    await appended(c, "s-1", 2)
+    await archive.archive(c)
+    manifest = parse_manifest(await manifest_of(c))
+    store = c.context.skills
+    assert store is not None
+    earlier = manifest.model_copy(update={"stream_created": manifest.stream_created.replace(year=2020)})
+    await store.put_bytes(c.settings.archive_bucket, manifest_key(c.layout.stream), earlier.model_dump_json().encode())
+    checked = await archive.check(c)
+    assert checked.compared == 0
+    assert any("another stream" in p for p in checked.problems), checked.problems
+
+
+async def test_the_command_says_it_could_not_run_when_object_storage_does_not_answer(stack: Container) -> None:
+    c = stack
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    down = c.settings.model_copy(update={"s3_endpoint": f"127.0.0.1:{port}"})
+    done = await asyncio.to_thread(cli, down)
+    assert done.returncode == 2, done.stderr
+    assert "chronicle archive:" in done.stderr
+    assert "Traceback" not in done.stderr

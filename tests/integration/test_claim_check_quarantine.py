@@ -31,6 +31,7 @@ from projections.runner import ProjectorRunner
 from services.audit import quarantine as ops
 from services.audit import readers as audit
 from services.bootstrap import Container
+from services.storage.blobs import CLAIM_CHECK_S3
 from tests.conftest import make_settings, running_stack
 from tests.integration.helpers import text_message
 from tests.integration.test_quarantine import projectors, quarantined
@@ -69,6 +70,11 @@ def ref_of(data: bytes, *, key: str | None = None, sha256: str | None = None) ->
     return BlobRef(store="jetstream-object", key=key or digest, sha256=sha256 or digest, size=len(data))
 
 
+def s3_ref(data: bytes, bucket: str) -> BlobRef:
+    digest = sha256_hex(data)
+    return BlobRef(store=CLAIM_CHECK_S3, key=f"{bucket}/blobs/{digest}", sha256=digest, size=len(data))
+
+
 async def bad_references(c: Container) -> list[tuple[bytes, str]]:
     """(event bytes on tenant B's session b-1, what the detail says) of every unresolvable claim check."""
     stored_object = stored_json({"id": "x", "role": "user", "parts": []}).encode()
@@ -92,6 +98,9 @@ async def bad_references(c: Container) -> list[tuple[bytes, str]]:
         (referencing("tenant-b", "b-1", "m1", ref_of(never_stored), update=True), "no object"),
         (referencing("tenant-b", "b-1", "m6", ref_of(a_s)), "no object"),  # as if none: nothing learnt
         (referencing("tenant-b", "b-1", "m7", ref_of(b_2s)), "no object"),
+        # S3 claim checks: a bucket S3 refuses to name, another of Chronicle's buckets; neither is asked
+        (referencing("tenant-b", "b-1", "m8", s3_ref(never_stored, "x")), "not a key this store writes"),
+        (referencing("tenant-b", "b-1", "m9", s3_ref(never_stored, c.settings.originals_bucket)), "not a key"),
     ]
 
 
