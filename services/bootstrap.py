@@ -52,6 +52,7 @@ from services.writes.commands import Commands
 from services.writes.erasure import Eraser
 from services.writes.waiting import AppliedWaiter
 
+nats_log = logging.getLogger("chronicle.nats")
 JETSTREAM_READY_S = 60.0  # how long a process waits at its start for JetStream to answer
 # ... and for a cluster that answers to know enough peers to place the stream's replicas (seen: a
 # 3-node cluster refusing 3 replicas for a moment after electing its meta leader)
@@ -259,15 +260,42 @@ async def connect_nats(settings: Settings) -> NatsClient:
     """A client that keeps reconnecting (the event log may restart under a running service). With
     several URLs (a cluster's nodes) it connects to the first that answers, in the order given
     (so processes can be spread over the nodes), and on losing its node reconnects to another:
-    the stream and its consumers are served by whichever node leads them."""
-    return await nats.connect(
-        settings.nats_servers(),
-        name="chronicle",
-        max_reconnect_attempts=-1,
-        reconnect_time_wait=0.5,
-        dont_randomize=True,
-        **nats_options(settings),
+    the stream and its consumers are served by whichever node leads them.
+
+    A server that refuses the identity while connecting is not waited out: no retry is going to
+    be let in, so :class:`nats.errors.AuthorizationError` is raised (a tool given the wrong seed
+    said nothing and tried forever)."""
+    refused: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+
+    async def on_error(exc: Exception) -> None:
+        if not refused.done() and "authorization violation" in str(exc).lower():
+            refused.set_result(str(exc))
+        else:
+            nats_log.error("nats: %r", exc)  # a line each: reconnecting is routine, its traceback noise
+
+    connecting = asyncio.ensure_future(
+        nats.connect(
+            settings.nats_servers(),
+            name="chronicle",
+            max_reconnect_attempts=-1,
+            reconnect_time_wait=0.5,
+            dont_randomize=True,
+            error_cb=on_error,
+            **nats_options(settings),
+        )
     )
+    either: list[asyncio.Future[Any]] = [connecting, refused]
+    await asyncio.wait(either, return_when=asyncio.FIRST_COMPLETED)
+    if connecting.done():
+        if not refused.done():
+            refused.cancel()  # a refusal later (a reload of the server's users) is logged, retried
+        return connecting.result()
+    connecting.cancel()
+    with contextlib.suppress(asyncio.CancelledError, Exception):
+        await connecting
+    log_refusal = refused.result()
+    nats_log.error("nats: %s: the server does not admit this identity", log_refusal)
+    raise nats.errors.AuthorizationError
 
 
 JETSTREAM_UNAVAILABLE: tuple[type[BaseException], ...] = (

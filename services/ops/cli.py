@@ -9,6 +9,8 @@ import json
 import sys
 from pathlib import Path
 
+import nats.errors
+
 from events.credentials import tenant_nkey_seed
 from events.ids import check_tenant
 from services import logs
@@ -168,10 +170,21 @@ def main(argv: list[str] | None = None) -> int:
     except LogMismatch as exc:
         print(f"chronicle {args.command}: refusing to start: {exc}", file=sys.stderr, flush=True)
         return LOG_MISMATCH_EXIT
+    except nats.errors.Error as exc:  # one line that says what to fix, not a traceback
+        hint = (
+            " (this NATS server needs Chronicle's operator identity: CHRONICLE_NATS_NKEY_SEED, or for the stack "
+            "`make up` runs, $(cat .chronicle/nats-operator.nk))"
+            if "authorization" in str(exc).lower()
+            else ""
+        )
+        print(f"chronicle {args.command}: NATS at {settings.nats_url}: {exc}{hint}", file=sys.stderr, flush=True)
+        return UNREACHABLE_EXIT
 
 
 LOG_MISMATCH_EXIT = 3
 """The exit status of a process that refused to start: its read models belong to another log."""
+UNREACHABLE_EXIT = 4
+"""The exit status of a command that could not use NATS (refused, unreachable, not allowed)."""
 
 
 def _dispatch(settings: Settings, args: argparse.Namespace) -> int:

@@ -12,6 +12,7 @@ from dataclasses import replace
 
 import psycopg
 import pytest
+from pydantic import SecretStr
 
 from events import log as eventlog
 from events.log import StoredEvent
@@ -28,7 +29,8 @@ from services.audit.archive_segments import (
     segment_of,
 )
 from services.bootstrap import Container
-from services.settings import Settings
+from services.ops.cli import UNREACHABLE_EXIT
+from services.settings import Settings, new_operator_seed
 from tests.conftest import make_settings, running_stack
 from tests.integration.helpers import text_message
 from tests.support import chronicle_cli
@@ -239,4 +241,13 @@ async def test_the_command_says_it_could_not_run_when_object_storage_does_not_an
     done = await asyncio.to_thread(cli, down)
     assert done.returncode == 2, done.stderr
     assert "chronicle archive:" in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+async def test_a_command_without_the_operator_identity_says_so_in_one_line(stack: Container) -> None:
+    stranger = stack.settings.model_copy(update={"nats_nkey_seed": SecretStr(new_operator_seed())})
+    done = await asyncio.to_thread(cli, stranger, "--check")
+    assert done.returncode == UNREACHABLE_EXIT, done.stderr
+    assert f"chronicle archive: NATS at {stack.settings.nats_url}:" in done.stderr
+    assert "operator identity" in done.stderr
     assert "Traceback" not in done.stderr
