@@ -33,7 +33,7 @@ from events.catalog import (
 )
 from events.envelope import Event
 from events.ids import TENANT_SCOPE
-from events.messages import JsonObject, stored_json, text_of
+from events.messages import JsonObject, body_hash, stored_json, text_of
 from events.sealing import KeyLookup
 from projections.search_query import CONFIG
 
@@ -91,7 +91,7 @@ class InsertMessage:
     parent_id: str | None
     role: str
     content: str
-    body_sha256: str
+    body_sha256: str | None  # None when it is the stored body's own (:func:`row_hash`)
     text: str
     at: datetime
     seq: int
@@ -105,7 +105,7 @@ class UpdateMessage:
     id: str
     role: str
     content: str
-    body_sha256: str
+    body_sha256: str | None
     text: str
     seq: int
 
@@ -139,6 +139,13 @@ Op = (
 store_json = stored_json
 
 
+def row_hash(event_hash: str, body: JsonObject) -> str | None:
+    """What a row stores of its message's hash: nothing when it is the stored body's own, which
+    :func:`projections.queries.append_state` derives on the rare re-append of an id (migration
+    019: 65 B a row); the event's when it is not (an over-cap message's is its original's)."""
+    return None if event_hash == body_hash(body) else event_hash
+
+
 def plan(event: Event, seq: int, body: JsonObject | None = None) -> list[Op]:
     """Row operations for one event at stream sequence ``seq``; ``body`` is the resolved body."""
     t, s = event.tenant, event.session
@@ -164,7 +171,7 @@ def plan(event: Event, seq: int, body: JsonObject | None = None) -> list[Op]:
                     event.parent_id,
                     event.role,
                     store_json(body),
-                    event.body_sha256,
+                    row_hash(event.body_sha256, body),
                     text_of(body),
                     event.occurred_at,
                     seq,
@@ -175,7 +182,14 @@ def plan(event: Event, seq: int, body: JsonObject | None = None) -> list[Op]:
             assert body is not None
             ops.append(
                 UpdateMessage(
-                    t, s, event.message_id, event.role, store_json(body), event.body_sha256, text_of(body), seq
+                    t,
+                    s,
+                    event.message_id,
+                    event.role,
+                    store_json(body),
+                    row_hash(event.body_sha256, body),
+                    text_of(body),
+                    seq,
                 )
             )
         case MessagesDeleted():

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -11,6 +12,7 @@ from typing import Any, NamedTuple, TypeVar
 from psycopg import AsyncConnection
 from psycopg.rows import class_row
 
+from events.messages import body_hash
 from projections import search_languages
 from projections import search_query as sq
 
@@ -42,7 +44,7 @@ class MessageRow(NamedTuple):
     parent_id: str | None
     role: str
     content: str
-    body_sha256: str
+    body_sha256: str | None  # None: the stored body's own (migration 019)
     created_at: datetime
     seq: int
     original_ref: dict[str, Any] | None = None
@@ -168,7 +170,8 @@ async def append_state(
           CASE WHEN %(cap)s::int IS NOT NULL THEN (
             SELECT coalesce(array_agg(k.id), '{}') FROM (
               SELECT id FROM messages WHERE tenant = %(t)s AND session_id = %(s)s LIMIT %(cap)s::int + 1) k)
-          END
+          END,
+          CASE WHEN e.body_sha256 IS NULL THEN e.content END
         FROM (SELECT 1) one
         LEFT JOIN sessions x ON x.tenant = %(t)s AND x.id = %(s)s
         LEFT JOIN messages e ON e.tenant = %(t)s AND e.session_id = %(s)s AND e.id = %(m)s
@@ -178,7 +181,10 @@ async def append_state(
     row = await cur.fetchone()
     assert row is not None
     ids = list(row[7]) if row[7] is not None and ids_cap is not None and len(row[7]) <= ids_cap else None
-    return AppendState(bool(row[0]), row[1], row[2], row[3], row[4], bool(row[5]), int(row[6]), ids)
+    # a row stores its hash only when it is not its body's own (migration 019): derived here, on
+    # the rare append of an id that exists
+    sha = row[3] if row[8] is None else body_hash(json.loads(row[8]))
+    return AppendState(bool(row[0]), row[1], row[2], sha, row[4], bool(row[5]), int(row[6]), ids)
 
 
 async def children(

@@ -91,8 +91,22 @@ def test_message_appended() -> None:
     )
     assert plan(event, 17, BODY) == [
         TOUCH,
-        InsertMessage(T, S, "m2", "m1", "assistant", CONTENT, body_hash(BODY), "première ligne\nsecond line", AT, 17),
-    ]
+        InsertMessage(T, S, "m2", "m1", "assistant", CONTENT, None, "première ligne\nsecond line", AT, 17),
+    ]  # the hash is the body's own: the row stores none (derived where needed)
+
+
+def test_a_hash_that_is_not_the_bodys_own_is_stored() -> None:
+    original = "9" * 64  # an over-cap message: the hash of its original, not of its capped body
+    event = MessageAppended(
+        **ENV, message_id="m2", role="assistant", body_sha256=original, message=BODY, parent_id=None
+    )
+    insert = plan(event, 17, BODY)[1]
+    assert isinstance(insert, InsertMessage)
+    assert insert.body_sha256 == original
+    updated = MessageUpdated(**ENV, message_id="m2", role="assistant", body_sha256=original, message=BODY)
+    update = plan(updated, 18, BODY)[1]
+    assert isinstance(update, UpdateMessage)
+    assert update.body_sha256 == original
 
 
 def test_message_appended_as_root() -> None:
@@ -119,7 +133,7 @@ def test_message_updated() -> None:
     event = MessageUpdated(**ENV, message_id="m2", role="assistant", body_sha256=body_hash(BODY), message=BODY)
     assert plan(event, 17, BODY) == [
         TOUCH,
-        UpdateMessage(T, S, "m2", "assistant", CONTENT, body_hash(BODY), "première ligne\nsecond line", 17),
+        UpdateMessage(T, S, "m2", "assistant", CONTENT, None, "première ligne\nsecond line", 17),
     ]
 
 
