@@ -9,6 +9,7 @@ import pytest
 
 from events.messages import body_hash
 from events.omitted import OMITTED
+from services.audit import readers as audit
 from services.errors import MessageConflict
 from tests.conftest import make_settings, running_stack
 from tests.integration.helpers import text_message
@@ -39,3 +40,25 @@ async def test_an_existing_id_is_told_apart_by_a_writer_that_never_saw_it(
             await c.commands.append("tenant-a", "s-1", text_message("m1", "another text"), OMITTED)
         with pytest.raises(MessageConflict):
             await c.commands.append("tenant-a", "s-1", tool_message("big", {"other": True}), OMITTED)
+
+
+async def test_verify_takes_a_kept_hash_of_the_body_for_none_and_finds_a_wrong_one(
+    nats_url: str, fresh_db: str, s3_endpoint: str
+) -> None:
+    settings = make_settings(nats_url, fresh_db, s3_endpoint=s3_endpoint, row_cap_bytes=20_000)
+    plain = text_message("m1", "a plain message")
+    big = tool_message("big", {"path": "/tmp/x", "content": "line of text\n" * 3000})
+    async with running_stack(settings) as c:
+        await c.commands.append("tenant-a", "s-1", plain, OMITTED)
+        last = await c.commands.append("tenant-a", "s-1", big, OMITTED)
+        await c.waiter.wait_all(last.seq, timeout_s=20)
+        async with c.pool.connection() as conn:  # m1 as a row written before migration 019 keeps it
+            await conn.execute("UPDATE messages SET body_sha256 = %s WHERE id = 'm1'", (body_hash(plain),))
+        report = await audit.verify(c)
+        assert report.ok, report.differences
+        async with c.pool.connection() as conn:
+            await conn.execute("UPDATE messages SET body_sha256 = %s WHERE id = 'm1'", ("0" * 64,))
+        wrong = await audit.verify(c)
+    assert not wrong.ok
+    assert list(wrong.differences) == ["message hashes"]
+    assert wrong.differences["message hashes"] == [f"live:    ('(tenant-a,s-1,m1)', '{'0' * 64}')"]
