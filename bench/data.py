@@ -158,7 +158,7 @@ def to_event(m: Msg) -> MessageAppended:
 ROW_COLUMNS = (
     "tenant, session_id, id, parent_id, role, content, body_sha256, indexed_text, created_at, seq, updated_seq"
 )
-Row = tuple[str, str, str, str | None, str, str, str, str, datetime, int, int]
+Row = tuple[str, str, str, str | None, str, str, str | None, str, datetime, int, int]
 # What a projector writes into ``messages``, from a relation of ``ROW_COLUMNS`` (``{source}``).
 INSERT_ROWS = (
     "INSERT INTO {table} (tenant, session_id, id, parent_id, role, content, body_sha256, content_tsv, text_bytes, "
@@ -177,7 +177,7 @@ def to_row(m: Msg, seq: int) -> Row:
         m.parent_id,
         str(m.body["role"]),
         stored_json(m.body),
-        body_hash(m.body),
+        None,  # the hash is the body's own: a row keeps none (migration 019)
         text_of(m.body),
         at,
         seq,

@@ -279,11 +279,17 @@ async def kept_hashes(conn: psycopg.AsyncConnection[Any], schema: str) -> list[t
     """``(message key, hash)`` of every message whose row keeps a hash that is not its stored
     body's own: what a rebuild must reproduce. A row written before migration 019 keeps its
     body's own hash where a rebuild stores none; the two mean the same."""
-    cur = await conn.execute(
-        f'SELECT (tenant, session_id, id)::text, body_sha256, content FROM "{schema}".messages '
-        "WHERE body_sha256 IS NOT NULL ORDER BY tenant, session_id, id"
-    )
-    return [(str(k), str(h)) for k, h, content in await cur.fetchall() if h != _content_hash(str(content))]
+    out: list[tuple[str, str]] = []
+    # a server-side cursor: in a database upgraded to 019 every older row keeps a hash, read with its body
+    async with conn.transaction(), conn.cursor(name="kept_hashes") as cur:
+        await cur.execute(
+            f'SELECT (tenant, session_id, id)::text, body_sha256, content FROM "{schema}".messages '
+            "WHERE body_sha256 IS NOT NULL ORDER BY tenant, session_id, id"
+        )
+        async for k, h, content in cur:
+            if h != _content_hash(str(content)):
+                out.append((str(k), str(h)))
+    return out
 
 
 def _content_hash(content: str) -> str | None:

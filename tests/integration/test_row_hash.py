@@ -59,6 +59,12 @@ async def test_verify_takes_a_kept_hash_of_the_body_for_none_and_finds_a_wrong_o
         async with c.pool.connection() as conn:
             await conn.execute("UPDATE messages SET body_sha256 = %s WHERE id = 'm1'", ("0" * 64,))
         wrong = await audit.verify(c)
+        async with c.pool.connection() as conn:  # and an over-cap row that lost its original's hash
+            await conn.execute("UPDATE messages SET body_sha256 = %s WHERE id = 'm1'", (body_hash(plain),))
+            await conn.execute("UPDATE messages SET body_sha256 = NULL WHERE id = 'big'")
+        lost = await audit.verify(c)
     assert not wrong.ok
     assert list(wrong.differences) == ["message hashes"]
     assert wrong.differences["message hashes"] == [f"live:    ('(tenant-a,s-1,m1)', '{'0' * 64}')"]
+    assert not lost.ok
+    assert lost.differences["message hashes"] == [f"rebuilt: ('(tenant-a,s-1,big)', '{body_hash(big)}')"]
