@@ -21,7 +21,7 @@ from typing import Any, TypeVar
 import psycopg
 from psycopg_pool import AsyncConnectionPool
 
-from events.blobs import BlobStore
+from events.blobs import BlobRef, BlobStore
 from events.bodies import pack_body
 from events.catalog import (
     CompactionRecorded,
@@ -36,6 +36,7 @@ from events.catalog import (
 from events.envelope import Event
 from events.ids import derived_id
 from events.messages import JsonObject, body_hash, stored_json
+from events.objects import is_sealed_object, open_object
 from events.omitted import OMITTED
 from events.publisher import Publisher
 from projections import queries
@@ -143,6 +144,20 @@ class Commands:
             return await self._pub.seal_object(tenant, session, raw)
 
         return await pack_body(body, self._blobs, self._limit, data=data, digest=digest, seal=seal)
+
+    async def carried_original(
+        self, tenant: str, source: str, target: str, original_ref: dict[str, Any]
+    ) -> dict[str, Any]:
+        """A capped message's original, stored again for the session ``target`` (a fork of
+        ``source``: objects belong to one session), as event fields: its hash and reference."""
+        assert self._originals is not None  # a row has an original only where originals are kept
+        data = await self._originals.get(BlobRef.model_validate(original_ref))
+        keys = self._pub.keys
+        if is_sealed_object(data) and keys is not None:
+            await keys.load([(tenant, source, None)])
+        whole = open_object(data, keys, tenant, source)
+        stored = await self._originals.put(await self._pub.seal_object(tenant, target, whole))
+        return {"body_sha256": body_hash(json.loads(whole)), "original_ref": stored}
 
     async def append(
         self,
@@ -331,6 +346,8 @@ async def fork(
     for row in rows:
         body = json.loads(row.content)
         packed = await cmd._pack(tenant, sid, body)
+        if row.original_ref is not None:  # a capped message keeps its original in the fork too
+            packed = {**packed, **await cmd.carried_original(tenant, session, sid, row.original_ref)}
         events.append(MessageAppended(tenant=tenant, session=sid, message_id=row.id, parent_id=row.parent_id, **packed))
     path_ids = [r.id for r in rows]
     for item in apply_overlays(path_ids, in_force):

@@ -105,3 +105,19 @@ async def test_read_time_truncation_and_byte_window(
     assert [m["id"] for m in w["messages"]] == ["r0", "r1", "r2", "r3"]
     assert w["truncated"] is True
     assert w["total_content_bytes"] > 20_000
+
+
+async def test_a_fork_keeps_a_capped_messages_original(
+    capped: Container, http: httpx.AsyncClient, new_id: Callable[[str], str]
+) -> None:
+    sid, fork = new_id("cap"), new_id("fork")
+    body = tool_message("big", {"path": "/tmp/y", "content": "another line\n" * 3000})
+    await capped.commands.append(T, sid, body, OMITTED)
+    forked = await http.post(f"/v1/sessions/{sid}/fork", json={"at_message_id": "big", "id": fork})
+    assert forked.status_code == 201, forked.text
+    seq = forked.json()["seq"]
+    original = await http.get(f"/v1/sessions/{fork}/messages/big", params={"original": "true", "min_seq": seq})
+    assert original.status_code == 200, original.text
+    assert original.json() == body  # whole, from an object of the fork's own
+    again = await capped.commands.append(T, fork, body, OMITTED)
+    assert again.created is False  # the fork's copy carries the original's hash: the same message
