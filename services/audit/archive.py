@@ -87,8 +87,9 @@ async def archive(
     identity = await stream_identity(c.js, stream)
     if identity.created is None:
         raise ArchiveError(f"stream {stream!r} has no creation time: it cannot be told from another of its name")
+    lock_key = f"chronicle-archive:{stream}"
     async with c.pool.connection() as lock:
-        cur = await lock.execute("SELECT pg_try_advisory_lock(hashtext(%s))", (f"chronicle-archive:{stream}",))
+        cur = await lock.execute("SELECT pg_try_advisory_lock(hashtext(%s))", (lock_key,))
         row = await cur.fetchone()
         if row is None or not row[0]:
             raise ArchiveBusy(f"another `chronicle archive` of stream {stream!r} is running")
@@ -116,7 +117,7 @@ async def archive(
                 added = await _write(store, bucket, manifest, batch, added)
             return added
         finally:
-            await lock.execute("SELECT pg_advisory_unlock(hashtext(%s))", (f"chronicle-archive:{stream}",))
+            await lock.execute("SELECT pg_advisory_unlock(hashtext(%s))", (lock_key,))
 
 
 async def _write(
@@ -149,17 +150,17 @@ async def check(c: Container) -> Checked:
     if manifest is None:
         out.problems.append(f"bucket {bucket!r} holds no archive of stream {stream!r}")
         return out
-    identity = await stream_identity(c.js, stream)
-    same_stream = manifest.stream_created == identity.created
+    info = await c.js.stream_info(stream)  # its identity (creation time) and the range it holds
+    same_stream = manifest.stream_created == info.created
     if not same_stream:
         out.problems.append(
             f"the archive is of another stream {stream!r} (created {manifest.stream_created.isoformat()}); this one "
-            f"was created {identity.created.isoformat() if identity.created else 'at an unknown time'}"
+            f"was created {info.created.isoformat() if info.created else 'at an unknown time'}"
         )
     out.problems.extend(
         f"segment object {key} is not in the manifest" for key in await _unlisted(store, bucket, manifest)
     )
-    first_held = int((await c.js.stream_info(stream)).state.first_seq)
+    first_held = int(info.state.first_seq)
     after = 0
     for segment in manifest.segments:
         if segment.first != after + 1:

@@ -43,12 +43,11 @@ class Rate:
 
 @dataclass(slots=True)
 class _Bucket:
-    rate: Rate
     tokens: float
     at: float
 
-    def level(self, now: float) -> float:
-        return min(self.rate.burst, self.tokens + (now - self.at) * self.rate.per_s)
+    def level(self, rate: Rate, now: float) -> float:
+        return min(rate.burst, self.tokens + (now - self.at) * rate.per_s)
 
 
 class TenantLimits:
@@ -77,11 +76,11 @@ class TenantLimits:
             return 0.0
         now = self._clock()
         bucket = self._buckets.get(tenant)
-        if bucket is None or bucket.rate != rate:
+        if bucket is None:
             if len(self._buckets) >= MAX_BUCKETS:
                 self._drop_full(now)
-            bucket = self._buckets[tenant] = _Bucket(rate, rate.burst, now)
-        bucket.tokens, bucket.at = bucket.level(now), now
+            bucket = self._buckets[tenant] = _Bucket(rate.burst, now)
+        bucket.tokens, bucket.at = bucket.level(rate, now), now
         if bucket.tokens >= 1.0:
             bucket.tokens -= 1.0
             return 0.0
@@ -113,7 +112,11 @@ class TenantLimits:
         return f"{rate.per_s:g} requests/s (bursts of {rate.burst:g}) per process"
 
     def _drop_full(self, now: float) -> None:
-        self._buckets = {t: b for t, b in self._buckets.items() if b.level(now) < b.rate.burst}
+        def full(tenant: str, bucket: _Bucket) -> bool:
+            rate = self.rate_of(tenant)
+            return rate is None or bucket.level(rate, now) >= rate.burst
+
+        self._buckets = {t: b for t, b in self._buckets.items() if not full(t, b)}
 
 
 def limits_of(settings: Settings) -> TenantLimits | None:

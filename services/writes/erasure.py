@@ -27,7 +27,7 @@ import psycopg
 from psycopg_pool import AsyncConnectionPool
 
 from events import log as eventlog
-from events.blobs import BlobNotFound, BlobRef, BlobStore
+from events.blobs import BlobNotFound, BlobRef, BlobStore, RoutedBlobStores
 from events.catalog import SessionErased
 from events.ids import TENANT_SCOPE, derived_id
 from events.objects import belongs_to
@@ -61,7 +61,7 @@ class Eraser:
         self._keys = keys
         self._pub = publisher
         self._pool = pool
-        self._stores = {s.kind: s for s in stores}
+        self._stores = RoutedBlobStores(*stores)  # each reference read and deleted where it says it lives
 
     async def erase_session(self, tenant: str, session: str) -> Erasure:
         new = await self._keys.erase(tenant, [session])
@@ -94,15 +94,12 @@ class Eraser:
                 refs[f"{ref.store}/{ref.key}"] = ref
         deleted = 0
         for ref in refs.values():
-            store = self._stores.get(ref.store)
-            if store is None:
-                continue
             try:
-                data = await store.get(ref)
+                data = await self._stores.get(ref)
             except BlobNotFound:
-                continue  # already gone (an erasure run again)
+                continue  # already gone (an erasure run again), or in no store configured here
             if belongs_to(data, tenant, session):
-                await store.delete(ref)
+                await self._stores.delete(ref)
                 deleted += 1
         return deleted
 
