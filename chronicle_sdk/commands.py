@@ -41,7 +41,7 @@ def _with_session(p: dict[str, str], body: Any, _q: Mapping[str, Any], _h: Mappi
     return {"session_id": p["sid"], **_body(body)}
 
 
-def _append(p: dict[str, str], body: Any, _q: Mapping[str, Any], h: Mapping[str, str]) -> Payload:
+def _keyed(p: dict[str, str], body: Any, _q: Mapping[str, Any], h: Mapping[str, str]) -> Payload:
     key = {k.lower(): v for k, v in h.items()}.get("idempotency-key")
     return {"session_id": p["sid"], **_body(body), **({"idempotency_key": key} if key else {})}
 
@@ -74,8 +74,10 @@ ROUTES: tuple[tuple[str, re.Pattern[str], str, Build], ...] = tuple(
         ("POST", "/v1/sessions", "session.create", _create),
         ("PATCH", _S, "session.rename", _with_session),
         ("DELETE", _S, "session.delete", _with_session),
+        ("POST", _S + "/usage", "session.usage", _keyed),
+        ("POST", _S + ":end", "session.end", _with_session),
         ("POST", _S + "/fork", "session.fork", _with_session),
-        ("POST", _S + "/messages", "append", _append),
+        ("POST", _S + "/messages", "append", _keyed),
         ("POST", _S + "/messages:batch", "append_batch", _with_session),
         ("PUT", _S + "/messages/" + _seg("mid"), "update", _with_session),
         ("POST", _S + "/messages:delete", "delete", _with_session),

@@ -9,12 +9,15 @@ from typing import Any
 
 from chronicle_sdk.config import ConfigBuilder
 from chronicle_sdk.connection import Connection, Via, quote
-from chronicle_sdk.errors import ChronicleError, SessionExists
+from chronicle_sdk.errors import ChronicleError, SessionExists, SessionNotFound
 from chronicle_sdk.session import Session
 from chronicle_sdk.tools import SESSION_SEARCH, Tools
 from chronicle_sdk.types import OMITTED, Compaction, Message, ParentId, SearchResult, SessionInfo
 
 NO_RESULTS = "No results found."
+SPLIT_CONTEXT_PREFIX = "[Context from previous session]"
+"""The first line of the message :meth:`SessionManager.compact_and_split` starts a child with."""
+SPLIT_END_REASON = "compaction"
 
 
 def format_session_search(results: Sequence[SearchResult]) -> str:
@@ -104,6 +107,65 @@ class SessionManager(ConfigBuilder):
         out = await self.client.request("DELETE", f"/v1/sessions/{quote(session_id)}")
         self.client.note_seq(session_id, out.get("seq"))
         self._sessions.pop(session_id, None)
+
+    async def add_usage(
+        self, session_id: str, input_tokens: int = 0, output_tokens: int = 0, cost: float = 0.0
+    ) -> None:
+        """Add token usage and cost to the session's counters (``addUsage(sid, in, out, cost)``);
+        :meth:`get` shows the sums (``input_tokens``, ``output_tokens``, ``estimated_cost``).
+
+        Each call adds once, retries included (it sends an ``Idempotency-Key``). Raises
+        :class:`SessionNotFound` for an unknown or deleted session."""
+        body = {"input_tokens": input_tokens, "output_tokens": output_tokens, "cost": float(cost)}
+        out = await self.client.request(
+            "POST",
+            f"/v1/sessions/{quote(session_id)}/usage",
+            body=body,
+            headers={"Idempotency-Key": uuid.uuid4().hex},
+        )
+        self.client.note_seq(session_id, out.get("seq"))
+
+    async def end(self, session_id: str, reason: str) -> None:
+        """Record why a session ended (its ``end_reason``); it stays readable and writable."""
+        out = await self.client.request("POST", f"/v1/sessions/{quote(session_id)}:end", body={"reason": reason})
+        self.client.note_seq(session_id, out.get("seq"))
+
+    async def compact_and_split(
+        self, session_id: str, summary: str, new_name: str | None = None, *, id: str | None = None
+    ) -> SessionInfo:
+        """Continue a conversation in a new session (``compactAndSplit(sid, summary, newName?)``).
+
+        As the reference: a child session (``parent_session_id`` = ``session_id``, named
+        ``new_name`` or as the old one, with its ``model`` and ``source``) starts with an assistant
+        message ``[Context from previous session]``, a blank line and ``summary``; the old session's
+        ``end_reason`` becomes ``compaction``. Returns the child's entry.
+
+        The child is complete before the old session is marked ended; the summary message's id
+        derives from the child's, so a retry with the same ``id`` appends it once. Raises
+        :class:`SessionNotFound` for an unknown or deleted ``session_id``.
+        """
+        old = await self.get(session_id)
+        if old is None:
+            raise SessionNotFound(f"session {session_id!r} not found", status=404)
+        child_id = id or str(uuid.uuid4())
+        child = await self.get(child_id) if id is not None else None
+        if child is None:
+            child = await self.create(
+                old.name if new_name is None else new_name,
+                id=child_id,
+                parent_session_id=session_id,
+                model=old.model,
+                source=old.source,
+            )
+        message = {
+            "id": str(uuid.uuid5(uuid.NAMESPACE_URL, f"chronicle:split:{child_id}")),
+            "role": "assistant",
+            "parts": [{"type": "text", "text": f"{SPLIT_CONTEXT_PREFIX}\n\n{summary}"}],
+        }
+        await self.get_session(child_id).append_message(message, None)
+        await self.end(session_id, SPLIT_END_REASON)
+        info = await self.get(child_id)
+        return info if info is not None else child
 
     async def erase(self, session_id: str) -> int:
         """Erase a session for good (``POST /v1/sessions/{id}:erase``): its data key is destroyed,

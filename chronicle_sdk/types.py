@@ -41,6 +41,22 @@ class SessionInfo:
     created_at: datetime | None
     updated_at: datetime | None
     seq: int
+    input_tokens: int = 0
+    output_tokens: int = 0
+    estimated_cost: float = 0.0
+    end_reason: str | None = None
+
+    @property
+    def model(self) -> str | None:
+        """The reference's ``model`` column (kept in ``metadata``)."""
+        value = self.metadata.get("model")
+        return value if isinstance(value, str) else None
+
+    @property
+    def source(self) -> str | None:
+        """The reference's ``source`` column (kept in ``metadata``)."""
+        value = self.metadata.get("source")
+        return value if isinstance(value, str) else None
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> SessionInfo:
@@ -53,6 +69,10 @@ class SessionInfo:
             created_at=parse_time(data.get("created_at")),
             updated_at=parse_time(data.get("updated_at")),
             seq=int(data.get("seq") or 0),
+            input_tokens=int(data.get("input_tokens") or 0),
+            output_tokens=int(data.get("output_tokens") or 0),
+            estimated_cost=float(data.get("estimated_cost") or 0.0),
+            end_reason=data.get("end_reason"),
         )
 
 

@@ -45,6 +45,43 @@ class SessionDeleted(Event):
     version: Literal[1] = 1
 
 
+MAX_USAGE_TOKENS = 10**12
+"""The most tokens one ``session.usage_added`` adds to either counter."""
+MAX_USAGE_COST = 10**12
+"""The most cost one ``session.usage_added`` adds."""
+MAX_END_REASON = 256
+"""The longest ``session.ended`` reason, in characters."""
+
+
+class SessionUsageAdded(Event):
+    """Token usage and cost added to the session's counters (the reference's ``addUsage``).
+
+    Increments, never totals: the read model sums them in log order (a counter saturates at
+    the largest 64-bit integer instead of overflowing)."""
+
+    TYPE: ClassVar[str] = "session.usage_added"
+    VERSION: ClassVar[int] = 1
+    type: Literal["session.usage_added"] = "session.usage_added"
+    version: Literal[1] = 1
+
+    input_tokens: int = Field(ge=0, le=MAX_USAGE_TOKENS, strict=True)
+    output_tokens: int = Field(ge=0, le=MAX_USAGE_TOKENS, strict=True)
+    cost: float = Field(ge=0, le=MAX_USAGE_COST, strict=True, allow_inf_nan=False)
+
+
+class SessionEnded(Event):
+    """The session ended, and why (the reference's ``end_reason``: ``compaction`` when
+    ``compactAndSplit`` moved the conversation to a child session). It stays readable and
+    writable; a later end replaces the reason."""
+
+    TYPE: ClassVar[str] = "session.ended"
+    VERSION: ClassVar[int] = 1
+    type: Literal["session.ended"] = "session.ended"
+    version: Literal[1] = 1
+
+    reason: str = Field(min_length=1, max_length=MAX_END_REASON)
+
+
 class SessionErased(Event):
     """The session's data key was destroyed (:mod:`events.sealing`): its sealed events can never
     be read again, and projections drop every row of it. Carries no personal data. With
@@ -365,6 +402,8 @@ EVENT_TYPES: tuple[type[Event], ...] = (
     SessionRenamed,
     SessionDeleted,
     SessionErased,
+    SessionUsageAdded,
+    SessionEnded,
     MessageAppended,
     MessageUpdated,
     MessagesDeleted,

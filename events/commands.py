@@ -12,9 +12,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, WithJsonSchema
 
 from events import ids
+from events.catalog import MAX_END_REASON, MAX_USAGE_COST, MAX_USAGE_TOKENS
 
 STATUS_HEADER = "Chronicle-Status"
 """The reply header holding the HTTP status the same request answers over HTTP (201, 422, …)."""
@@ -30,6 +31,24 @@ MessageId = Annotated[str, WithJsonSchema(ids.MESSAGE_ID_SCHEMA)]
 MessageJson = Annotated[dict[str, Any], WithJsonSchema({"type": "object", "x-model": "UIMessage"})]
 ConfigJson = Annotated[dict[str, Any], WithJsonSchema({"type": "object", "x-model": "SessionConfig"})]
 Name = Annotated[str, Field(max_length=512)]
+
+
+def _whole_number(value: object) -> object:
+    """A JSON integer, or a number with no fraction (JSON Schema's ``integer``: ``1.0`` is one);
+    never a boolean or a string (what pydantic's lax ``int`` would take)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ValueError("must be a whole number")
+    if isinstance(value, float):
+        if not value.is_integer():
+            raise ValueError("must be a whole number")
+        return int(value)
+    return value
+
+
+Tokens = Annotated[Annotated[int, Field(ge=0, le=MAX_USAGE_TOKENS)], BeforeValidator(_whole_number)]
+Cost = Annotated[float, Field(ge=0, le=MAX_USAGE_COST, strict=True, allow_inf_nan=False)]
+EndReason = Annotated[str, Field(min_length=1, max_length=MAX_END_REASON)]
+IdempotencyKey = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[!-~]+$")]
 
 
 def model_refs(node: Any, ref_template: str = "#/components/schemas/{model}") -> Any:
@@ -73,6 +92,26 @@ class DeleteSession(BaseModel):
     session_id: SessionId
 
 
+class AddUsage(BaseModel):
+    """Add to the session's counters. ``idempotency_key`` is HTTP's ``Idempotency-Key``: the
+    same in each retry of one call, so that a retry (within two minutes) adds once."""
+
+    model_config = _strict(
+        {"session_id": "demo", "input_tokens": 1200, "output_tokens": 350, "cost": 0.0042, "idempotency_key": "u-7"}
+    )
+    session_id: SessionId
+    input_tokens: Tokens = 0
+    output_tokens: Tokens = 0
+    cost: Cost = 0.0
+    idempotency_key: IdempotencyKey | None = None
+
+
+class EndSession(BaseModel):
+    model_config = _strict({"session_id": "demo", "reason": "compaction"})
+    session_id: SessionId
+    reason: EndReason
+
+
 class ForkSession(BaseModel):
     model_config = _strict({"session_id": "demo", "at_message_id": "m1", "name": "What if Thursday"})
     session_id: SessionId
@@ -90,7 +129,7 @@ class AppendMessage(BaseModel):
     session_id: SessionId
     message: MessageJson
     parent_id: MessageId | None = None
-    idempotency_key: str | None = Field(default=None, min_length=1, max_length=128, pattern=r"^[!-~]+$")
+    idempotency_key: IdempotencyKey | None = None
 
 
 class AppendBatch(BaseModel):
@@ -176,6 +215,22 @@ class Renamed(_Answer):
 class DeletedSession(_Answer):
     id: str
     deleted: bool
+    seq: int
+
+
+class UsageAdded(_Answer):
+    """What was added (the totals are the session's: ``GET /v1/sessions/{sid}``)."""
+
+    id: str
+    input_tokens: int
+    output_tokens: int
+    cost: float
+    seq: int
+
+
+class Ended(_Answer):
+    id: str
+    end_reason: str
     seq: int
 
 
@@ -303,6 +358,8 @@ COMMANDS: tuple[Command, ...] = (
     Command("session.create", CreateSession, CreatedSession, "POST /v1/sessions", "Create a session"),
     Command("session.rename", RenameSession, Renamed, "PATCH /v1/sessions/{sid}", "Rename a session"),
     Command("session.delete", DeleteSession, DeletedSession, "DELETE /v1/sessions/{sid}", "Delete a session"),
+    Command("session.usage", AddUsage, UsageAdded, "POST /v1/sessions/{sid}/usage", "Add token usage and cost"),
+    Command("session.end", EndSession, Ended, "POST /v1/sessions/{sid}:end", "Record why a session ended"),
     Command("session.fork", ForkSession, Forked, "POST /v1/sessions/{sid}/fork", "Fork a session at a message"),
     Command("append", AppendMessage, Appended, "POST /v1/sessions/{sid}/messages", "Append one message"),
     Command("append_batch", AppendBatch, BatchAppended, "POST /v1/sessions/{sid}/messages:batch", "Append a chain"),

@@ -62,12 +62,14 @@ SEALED_FIELDS: dict[str, tuple[str, ...]] = {
     "compaction.failed": ("error",),
     "session.created": ("name", "metadata"),
     "session.renamed": ("name",),
+    "session.ended": ("reason",),
     "session.configured": ("config",),
 }
 """Per event type, the fields that are personal data (message bodies and their hashes, context
 and search entry contents, rendered prompts, summaries, a summarizer's error, session names and
-metadata, a configuration, whose readonly blocks may hold text). A skill's output reaches the
-log as a tool result inside a message body."""
+metadata, the reason a session ended, a configuration, whose readonly blocks may hold text). A
+skill's output reaches the log as a tool result inside a message body. Token counts and costs
+(``session.usage_added``) are not."""
 
 NONCE_BYTES = 12
 KEY_BYTES = 32

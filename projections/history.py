@@ -28,8 +28,10 @@ from events.catalog import (
     MessageUpdated,
     SessionCreated,
     SessionDeleted,
+    SessionEnded,
     SessionErased,
     SessionRenamed,
+    SessionUsageAdded,
 )
 from events.envelope import Event
 from events.ids import TENANT_SCOPE
@@ -66,6 +68,22 @@ class RenameSession:
     tenant: str
     session: str
     name: str
+
+
+@dataclass(frozen=True, slots=True)
+class AddUsage:
+    tenant: str
+    session: str
+    input_tokens: int
+    output_tokens: int
+    cost: float
+
+
+@dataclass(frozen=True, slots=True)
+class EndSession:
+    tenant: str
+    session: str
+    reason: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,6 +145,8 @@ Op = (
     TouchSession
     | CreateSession
     | RenameSession
+    | AddUsage
+    | EndSession
     | DeleteSession
     | EraseSession
     | InsertMessage
@@ -159,6 +179,10 @@ def plan(event: Event, seq: int, body: JsonObject | None = None) -> list[Op]:
             ops.append(CreateSession(t, s, event.name, event.parent_session_id, dict(event.metadata)))
         case SessionRenamed():
             ops.append(RenameSession(t, s, event.name))
+        case SessionUsageAdded():
+            ops.append(AddUsage(t, s, event.input_tokens, event.output_tokens, event.cost))
+        case SessionEnded():
+            ops.append(EndSession(t, s, event.reason))
         case SessionDeleted():
             ops.append(DeleteSession(t, s, event.occurred_at))
         case MessageAppended():
@@ -207,6 +231,14 @@ _SQL: dict[type[Any], str] = {
         "WHERE tenant = %s AND id = %s AND deleted_at IS NULL"
     ),
     RenameSession: "UPDATE sessions SET name = %s WHERE tenant = %s AND id = %s AND deleted_at IS NULL",
+    # a counter saturates at the largest bigint instead of failing the projector's transaction
+    AddUsage: (
+        "UPDATE sessions SET input_tokens = input_tokens + least(%s::bigint, 9223372036854775807 - input_tokens), "
+        "output_tokens = output_tokens + least(%s::bigint, 9223372036854775807 - output_tokens), "
+        "estimated_cost = estimated_cost + %s::double precision "
+        "WHERE tenant = %s AND id = %s AND deleted_at IS NULL"
+    ),
+    EndSession: "UPDATE sessions SET end_reason = %s WHERE tenant = %s AND id = %s AND deleted_at IS NULL",
     DeleteSession: "UPDATE sessions SET deleted_at = %s WHERE tenant = %s AND id = %s AND deleted_at IS NULL",
     UpdateMessage: (
         "UPDATE messages SET original_ref = NULL, role = %s, content = %s, body_sha256 = %s, "
@@ -320,6 +352,10 @@ def params(op: Op) -> tuple[Any, ...]:
             return (op.name, op.parent_session_id, json.dumps(op.metadata), op.tenant, op.session)
         case RenameSession():
             return (op.name, op.tenant, op.session)
+        case AddUsage():
+            return (op.input_tokens, op.output_tokens, op.cost, op.tenant, op.session)
+        case EndSession():
+            return (op.reason, op.tenant, op.session)
         case DeleteSession():
             return (op.at, op.tenant, op.session)
         case UpdateMessage():

@@ -35,6 +35,10 @@ class SessionRow:
     deleted_at: datetime | None
     created_seq: int
     last_seq: int
+    input_tokens: int
+    output_tokens: int
+    estimated_cost: float
+    end_reason: str | None
 
 
 class MessageRow(NamedTuple):
@@ -69,7 +73,8 @@ class SearchHit:
 
 
 _SESSION_COLS = (
-    "tenant, id, name, parent_session_id, metadata, created_at, updated_at, deleted_at, created_seq, last_seq"
+    "tenant, id, name, parent_session_id, metadata, created_at, updated_at, deleted_at, created_seq, last_seq, "
+    "input_tokens, output_tokens, estimated_cost, end_reason"
 )
 _MESSAGE_COLS = "id, parent_id, role, content, body_sha256, created_at, seq, original_ref"
 

@@ -5,7 +5,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from events.commands import MAX_DELETE_IDS, MessageId, MessageJson, SessionId
+from events.commands import MAX_DELETE_IDS, Cost, EndReason, MessageId, MessageJson, SessionId, Tokens
 
 
 def _examples(*examples: dict[str, Any]) -> ConfigDict:
@@ -26,6 +26,18 @@ class CreateSessionBody(BaseModel):
 class RenameBody(BaseModel):
     model_config = _examples({"name": "Release planning"})
     name: str = Field(max_length=512)
+
+
+class UsageBody(BaseModel):
+    model_config = _examples({"input_tokens": 1200, "output_tokens": 350, "cost": 0.0042})
+    input_tokens: Tokens = 0
+    output_tokens: Tokens = 0
+    cost: Cost = 0.0
+
+
+class EndBody(BaseModel):
+    model_config = _examples({"reason": "compaction"})
+    reason: EndReason
 
 
 class AppendBody(BaseModel):

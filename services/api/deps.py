@@ -1,8 +1,8 @@
 """Request dependencies shared by the API routers: the container, the tenant, common params."""
 
-from typing import Annotated
+from typing import Annotated, Any
 
-from fastapi import Depends, Path, Query, Request
+from fastapi import Depends, Header, Path, Query, Request
 from pydantic import WithJsonSchema
 
 from events import ids
@@ -48,6 +48,22 @@ async def tenant_of(request: Request) -> str:
 Tenant = Annotated[str, Depends(tenant_of)]
 ContainerDep = Annotated[Container, Depends(get_container)]
 MAX_SEQ = 2**63 - 1
+IDEMPOTENCY_KEY_MAX = 128
+IDEMPOTENCY_KEY_PATTERN = r"^[!-~]+$"
+"""An ``Idempotency-Key`` header: 1 to 128 printable ASCII characters, no space."""
+
+
+def idempotency_key(description: str) -> Any:
+    """The ``Idempotency-Key`` header parameter (optional), described for its route."""
+    return Header(
+        alias="Idempotency-Key",
+        min_length=1,
+        max_length=IDEMPOTENCY_KEY_MAX,
+        pattern=IDEMPOTENCY_KEY_PATTERN,
+        description=description,
+    )
+
+
 """The largest stream sequence (or cursor) a query parameter may name."""
 MinSeq = Annotated[int | None, Query(ge=0, le=MAX_SEQ)]
 SearchQuery = Annotated[str, Query(min_length=1, max_length=1000, pattern=r"^[^\x00]*$")]

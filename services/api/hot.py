@@ -20,9 +20,9 @@ from starlette.responses import JSONResponse, Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from services.api.bodies import AppendBody
-from services.api.deps import MAX_SEQ
+from services.api.deps import IDEMPOTENCY_KEY_MAX, IDEMPOTENCY_KEY_PATTERN, MAX_SEQ
 from services.api.history import read_history
-from services.api.messages import IDEMPOTENCY_KEY_MAX, IDEMPOTENCY_KEY_PATTERN, append_one
+from services.api.messages import append_one
 from services.api.metrics import HOT_PATHS
 from services.api.problems import as_response
 from services.bootstrap import Container

@@ -2,7 +2,7 @@
 
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Header, Query, Response
+from fastapi import APIRouter, Query, Response
 from pydantic import WithJsonSchema
 
 from events import ids
@@ -14,7 +14,18 @@ from projections import context_queries, queries
 from services.api import metrics
 from services.api import models as m
 from services.api.bodies import AppendBatchBody, AppendBody, DeleteMessagesBody, UpdateBody
-from services.api.deps import MAX_SEQ, ContainerDep, Mid, MinSeq, Sid, Tenant, caught_up, check_id, require_session
+from services.api.deps import (
+    MAX_SEQ,
+    ContainerDep,
+    Mid,
+    MinSeq,
+    Sid,
+    Tenant,
+    caught_up,
+    check_id,
+    idempotency_key,
+    require_session,
+)
 from services.api.models import ok
 from services.api.responses import JSON, raw_json
 from services.api.strict_json import StrictJsonRoute
@@ -23,9 +34,6 @@ from services.context.rules import reclaim, reclaimed_in
 from services.errors import InvalidRequest, MessageNotFound, NotFound
 from services.requests import writes
 
-IDEMPOTENCY_KEY_MAX = 128
-IDEMPOTENCY_KEY_PATTERN = r"^[!-~]+$"
-"""An ``Idempotency-Key`` header: 1 to 128 printable ASCII characters, no space."""
 MAX_PAGE = 1000
 """The most children one read answers (``limit``'s bound and default)."""
 _IDS_ITEM = {
@@ -59,13 +67,9 @@ async def append(
     response: Response,
     idempotency_key: Annotated[
         str | None,
-        Header(
-            alias="Idempotency-Key",
-            min_length=1,
-            max_length=IDEMPOTENCY_KEY_MAX,
-            pattern=IDEMPOTENCY_KEY_PATTERN,
-            description="the client's name for this append, kept across its retries: a retry whose "
-            "first attempt was stored answers `created: true` too",
+        idempotency_key(
+            "the client's name for this append, kept across its retries: a retry whose "
+            "first attempt was stored answers `created: true` too"
         ),
     ] = None,
 ) -> dict[str, Any]:

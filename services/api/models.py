@@ -16,6 +16,7 @@ from events.commands import (
     Compacted,
     ConfigJson,
     ConfigWritten,
+    Ended,
     Forked,
     MessageJson,
     Overlay,
@@ -23,6 +24,7 @@ from events.commands import (
     SystemPrompt,
     ToolResult,
     Updated,
+    UsageAdded,
 )
 from events.commands import CreatedSession as SessionCreated
 from events.commands import DeletedMessages as MessagesDeleted
@@ -39,6 +41,7 @@ __all__ = [
     "Cleared",
     "Compacted",
     "ConfigWritten",
+    "Ended",
     "Forked",
     "MessagesDeleted",
     "Overlay",
@@ -48,6 +51,7 @@ __all__ = [
     "SystemPrompt",
     "ToolResult",
     "Updated",
+    "UsageAdded",
 ]
 
 
@@ -58,6 +62,10 @@ class _Answer(BaseModel):
 class Session(SessionCreated):
     created_at: str
     updated_at: str
+    input_tokens: int = Field(description="the sum of every `session.usage_added`'s input tokens")
+    output_tokens: int
+    estimated_cost: float
+    end_reason: str | None = Field(description="why the session ended (`POST /v1/sessions/{sid}:end`), or null")
 
 
 class Erased(_Answer):

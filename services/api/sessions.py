@@ -9,7 +9,7 @@ from fastapi import APIRouter, Query
 from projections import queries
 from services.api import metrics
 from services.api import models as m
-from services.api.bodies import CreateSessionBody, ForkBody, RenameBody
+from services.api.bodies import CreateSessionBody, EndBody, ForkBody, RenameBody, UsageBody
 from services.api.deps import (
     MAX_SEQ,
     ContainerDep,
@@ -19,6 +19,7 @@ from services.api.deps import (
     caught_up,
     caught_up_all,
     check_id,
+    idempotency_key,
     require_session,
 )
 from services.api.models import ok
@@ -27,6 +28,10 @@ from services.errors import EncryptionOff
 from services.requests import writes
 
 router = APIRouter(route_class=StrictJsonRoute)
+IdempotencyKeyHeader = Annotated[
+    str | None,
+    idempotency_key("the client's name for this call, kept across its retries: a retry within two minutes adds once"),
+]
 log = logging.getLogger("chronicle.keys")
 
 
@@ -38,6 +43,10 @@ def _session_json(row: queries.SessionRow) -> dict[str, Any]:
         "metadata": row.metadata,
         "created_at": row.created_at.isoformat(),
         "updated_at": row.updated_at.isoformat(),
+        "input_tokens": row.input_tokens,
+        "output_tokens": row.output_tokens,
+        "estimated_cost": row.estimated_cost,
+        "end_reason": row.end_reason,
         "seq": row.last_seq,
     }
 
@@ -75,6 +84,31 @@ async def get_session(sid: Sid, tenant: Tenant, c: ContainerDep, min_seq: MinSeq
 async def rename_session(sid: Sid, body: RenameBody, tenant: Tenant, c: ContainerDep) -> dict[str, Any]:
     out = await writes.rename_session(c, tenant, sid, body.name)
     metrics.published("session.renamed")
+    return out
+
+
+@router.post("/v1/sessions/{sid}/usage", response_model=None, responses=ok(m.UsageAdded))
+async def add_usage(
+    sid: Sid,
+    body: UsageBody,
+    tenant: Tenant,
+    c: ContainerDep,
+    idempotency_key: IdempotencyKeyHeader = None,
+) -> dict[str, Any]:
+    """Add token usage and cost to the session's counters (``addUsage``): `input_tokens`,
+    `output_tokens` and `estimated_cost` of the session add them up. With an `Idempotency-Key`
+    (the same in each retry of one call), a retry within two minutes adds once."""
+    out = await writes.add_usage(c, tenant, sid, body.input_tokens, body.output_tokens, body.cost, idempotency_key)
+    metrics.published("session.usage_added")
+    return out
+
+
+@router.post("/v1/sessions/{sid}:end", response_model=None, responses=ok(m.Ended))
+async def end_session(sid: Sid, body: EndBody, tenant: Tenant, c: ContainerDep) -> dict[str, Any]:
+    """Record why the session ended (its `end_reason`; the SDK's `compact_and_split` records
+    `compaction`). The session stays readable and writable; a later end replaces the reason."""
+    out = await writes.end_session(c, tenant, sid, body.reason)
+    metrics.published("session.ended")
     return out
 
 

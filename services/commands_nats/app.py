@@ -130,6 +130,23 @@ def command_router(
     async def delete_session(body: cmd.DeleteSession, tenant: str = Path()) -> NatsResponse:
         return reply(await writes.delete_session(container(), tenant_of(tenant), body.session_id))
 
+    @subscriber(by["session.usage"])
+    async def add_usage(body: cmd.AddUsage, tenant: str = Path()) -> NatsResponse:
+        out = await writes.add_usage(
+            container(),
+            tenant_of(tenant),
+            body.session_id,
+            body.input_tokens,
+            body.output_tokens,
+            body.cost,
+            body.idempotency_key,
+        )
+        return reply(out)
+
+    @subscriber(by["session.end"])
+    async def end_session(body: cmd.EndSession, tenant: str = Path()) -> NatsResponse:
+        return reply(await writes.end_session(container(), tenant_of(tenant), body.session_id, body.reason))
+
     @subscriber(by["session.fork"])
     async def fork_session(body: cmd.ForkSession, tenant: str = Path()) -> NatsResponse:
         out = await writes.fork_session(

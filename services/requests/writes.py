@@ -55,6 +55,27 @@ async def rename_session(c: Container, tenant: str, sid: str, name: str) -> Answ
     return {"id": sid, "name": name, "seq": w.seq}
 
 
+async def add_usage(
+    c: Container,
+    tenant: str,
+    sid: str,
+    input_tokens: int,
+    output_tokens: int,
+    cost: float,
+    request_key: str | None = None,
+) -> Answer:
+    check_id("session", sid)
+    w = await c.commands.add_usage(tenant, sid, input_tokens, output_tokens, cost, request_key)
+    return {"id": sid, "input_tokens": input_tokens, "output_tokens": output_tokens, "cost": cost, "seq": w.seq}
+
+
+async def end_session(c: Container, tenant: str, sid: str, reason: str) -> Answer:
+    no_nul(reason, "reason")
+    check_id("session", sid)
+    w = await c.commands.end_session(tenant, sid, reason)
+    return {"id": sid, "end_reason": reason, "seq": w.seq}
+
+
 async def delete_session(c: Container, tenant: str, sid: str) -> Answer:
     check_id("session", sid)
     w = await c.commands.delete_session(tenant, sid)

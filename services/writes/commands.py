@@ -31,7 +31,9 @@ from events.catalog import (
     MessageUpdated,
     SessionCreated,
     SessionDeleted,
+    SessionEnded,
     SessionRenamed,
+    SessionUsageAdded,
 )
 from events.envelope import Event
 from events.ids import derived_id
@@ -121,6 +123,49 @@ class Commands:
         async def decide(conn: Conn) -> Decision:
             await live_session(conn, tenant, session, must_exist=True)
             return Decision(SessionRenamed(tenant=tenant, session=session, name=name), WriteReceipt)
+
+        result: WriteReceipt = await self._optimistic(tenant, session, decide)
+        return result
+
+    async def add_usage(
+        self,
+        tenant: str,
+        session: str,
+        input_tokens: int,
+        output_tokens: int,
+        cost: float,
+        request_key: str | None = None,
+    ) -> WriteReceipt:
+        """Add to the session's token and cost counters (``addUsage``). ``request_key`` (the
+        client's ``Idempotency-Key``) names the request across retries: the event id is derived
+        from it and the amounts, so a retry within the stream's duplicate window adds once."""
+        event_id = (
+            derived_id("usage", tenant, session, input_tokens, output_tokens, repr(cost), request_key)
+            if request_key is not None
+            else str(uuid.uuid4())
+        )
+
+        async def decide(conn: Conn) -> Decision:
+            await live_session(conn, tenant, session, must_exist=True)
+            event = SessionUsageAdded(
+                id=event_id,
+                tenant=tenant,
+                session=session,
+                input_tokens=input_tokens,
+                output_tokens=output_tokens,
+                cost=cost,
+            )
+            return Decision(event, WriteReceipt)
+
+        result: WriteReceipt = await self._optimistic(tenant, session, decide)
+        return result
+
+    async def end_session(self, tenant: str, session: str, reason: str) -> WriteReceipt:
+        """Record that the session ended and why (``end_reason``); a later end replaces the reason."""
+
+        async def decide(conn: Conn) -> Decision:
+            await live_session(conn, tenant, session, must_exist=True)
+            return Decision(SessionEnded(tenant=tenant, session=session, reason=reason), WriteReceipt)
 
         result: WriteReceipt = await self._optimistic(tenant, session, decide)
         return result

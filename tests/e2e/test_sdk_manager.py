@@ -6,7 +6,15 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from chronicle_sdk import ChronicleClient, Readonly, SessionExists, SessionManager, Via
+from chronicle_sdk import (
+    ChronicleClient,
+    InvalidRequest,
+    Readonly,
+    SessionExists,
+    SessionManager,
+    SessionNotFound,
+    Via,
+)
 from services.settings import Settings
 from tests.e2e.sdk_support import VIAS, ids, open_client, sid, text, word
 
@@ -152,3 +160,45 @@ async def test_upsert(manager: SessionManager) -> None:
     await manager.upsert(info.id, text("m1", "v2"))
     assert await manager.get_session(info.id).get_message("m1") == text("m1", "v2")
     assert await manager.get_message_count(info.id) == 1
+
+
+@pytest.mark.parametrize("via", ["http", "nats"])
+async def test_add_usage_adds_up_and_get_shows_the_sums(api_url: str, api_settings: Settings, via: Via) -> None:
+    async with open_client(api_url, api_settings, via=via) as client:
+        manager = SessionManager(client)
+        info = await manager.create("metered")
+        assert (info.input_tokens, info.output_tokens, info.estimated_cost, info.end_reason) == (0, 0, 0.0, None)
+        await manager.add_usage(info.id, 1000, 200, 0.5)
+        await manager.add_usage(info.id, input_tokens=24, cost=0.25)
+        got = await manager.get(info.id)
+        assert got is not None
+        assert (got.input_tokens, got.output_tokens, got.estimated_cost) == (1024, 200, 0.75)
+        with pytest.raises(SessionNotFound):
+            await manager.add_usage(sid("unknown"), 1)
+        with pytest.raises(InvalidRequest):
+            await manager.add_usage(info.id, -1)
+
+
+async def test_compact_and_split_continues_in_a_child_and_ends_the_old_session(manager: SessionManager) -> None:
+    old = await manager.create("Support chat", model="gpt-x", source="web")
+    await manager.append(old.id, text("m1", "the printer is on fire"))
+    child = await manager.compact_and_split(old.id, "User reported a printer fire; we advised leaving.")
+    assert child.parent_session_id == old.id
+    assert (child.name, child.model, child.source) == ("Support chat", "gpt-x", "web")
+    [first] = await manager.get_history(child.id)
+    assert first["role"] == "assistant"
+    assert first["parts"] == [
+        {"type": "text", "text": "[Context from previous session]\n\nUser reported a printer fire; we advised leaving."}
+    ]
+    ended = await manager.get(old.id)
+    assert ended is not None
+    assert ended.end_reason == "compaction"
+    assert [m["id"] for m in await manager.get_history(old.id)] == ["m1"]  # the old history stays
+
+    named = await manager.compact_and_split(old.id, "again", "Part 3", id=sid("split"))
+    again = await manager.compact_and_split(old.id, "again", "Part 3", id=named.id)  # a retry
+    assert again.id == named.id
+    assert again.name == "Part 3"
+    assert len(await manager.get_history(named.id)) == 1
+    with pytest.raises(SessionNotFound):
+        await manager.compact_and_split(sid("unknown"), "summary")

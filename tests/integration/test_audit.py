@@ -119,3 +119,51 @@ async def test_verify_reports_a_tampered_read_model(nats_url: str, fresh_db: str
         )
         assert done.returncode == 1
         assert "DIFFERENT" in done.stdout
+
+
+async def _usage(c: Container) -> tuple[tuple[int, int, float, str | None], ...]:
+    async with c.pool.connection() as conn:
+        cur = await conn.execute(
+            "SELECT input_tokens, output_tokens, estimated_cost, end_reason FROM sessions "
+            "WHERE tenant = %s AND id = 'us'",
+            (T,),
+        )
+        return tuple(await cur.fetchall())
+
+
+async def test_a_rebuild_sums_usage_as_live_did_and_verify_finds_a_tampered_counter(
+    nats_url: str, fresh_db: str
+) -> None:
+    settings = make_settings(nats_url, fresh_db)
+    async with running_stack(settings) as c:
+        await c.commands.create_session(T, "us", "usage", None, {})
+        for i in range(5):
+            await c.commands.add_usage(T, "us", 10 + i, i, 0.1 * (i + 1))
+        done = await c.commands.end_session(T, "us", "compaction")
+        await c.waiter.wait_session(T, "us", done.seq)
+        assert await _usage(c) == ((60, 10, 0.1 + 0.2 + 0.30000000000000004 + 0.4 + 0.5, "compaction"),)
+        async with c.pool.connection() as conn:
+            before = await checksums(conn, "public")
+        await audit.rebuild_and_swap(c)
+        async with c.pool.connection() as conn:
+            assert await checksums(conn, "public") == before
+        assert (await audit.verify(c)).ok
+        async with await psycopg.AsyncConnection.connect(fresh_db, autocommit=True) as conn:
+            await conn.execute("UPDATE sessions SET input_tokens = input_tokens + 1 WHERE id = 'us'")
+        report = await audit.verify(c)
+        assert not report.ok
+        assert report.differences["sessions"]
+
+
+async def test_a_usage_counter_saturates_instead_of_halting_the_projector(nats_url: str, fresh_db: str) -> None:
+    settings = make_settings(nats_url, fresh_db)
+    async with running_stack(settings) as c:
+        made = await c.commands.create_session(T, "us", "", None, {})
+        await c.waiter.wait_session(T, "us", made.seq)
+        top = 2**63 - 1
+        async with c.pool.connection() as conn:  # as if 9.2 million maximal additions came before
+            await conn.execute("UPDATE sessions SET input_tokens = %s WHERE tenant = %s AND id = 'us'", (top - 5, T))
+        await c.commands.add_usage(T, "us", 10**12, 3, 0.0)
+        after = await c.commands.end_session(T, "us", "done")  # applied after it: nothing halted
+        await c.waiter.wait_session(T, "us", after.seq)
+        assert await _usage(c) == ((top, 3, 0.0, "done"),)

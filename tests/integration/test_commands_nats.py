@@ -289,6 +289,8 @@ async def test_every_write_the_sdk_uses_runs_over_nats(
     steps: list[tuple[str, dict[str, Any], int]] = [
         ("session.create", {"id": sid, "name": "n"}, 201),
         ("session.rename", {"session_id": sid, "name": "renamed"}, 200),
+        ("session.usage", {"session_id": sid, "input_tokens": 5, "cost": 0.5, "idempotency_key": "u1"}, 200),
+        ("session.end", {"session_id": sid, "reason": "compaction"}, 200),
         ("config.put", {"session_id": sid, "config": config}, 200),
         ("append", {"session_id": sid, "message": message("m1")}, 201),
         ("append_batch", {"session_id": sid, "messages": [message("m2"), message("m3")]}, 201),
@@ -312,6 +314,12 @@ async def test_every_write_the_sdk_uses_runs_over_nats(
     assert answers["session.fork"]["messages"] == 2
     assert answers["delete"]["deleted"] == ["m3"]
     assert answers["tool"]["result"].startswith("Written to notes"), answers["tool"]
+    seen = await http.get(f"/v1/sessions/{sid}", params={"min_seq": answers["session.end"]["seq"]})
+    assert (seen.json()["input_tokens"], seen.json()["estimated_cost"], seen.json()["end_reason"]) == (
+        5,
+        0.5,
+        "compaction",
+    )
     gone = await http.get(f"/v1/sessions/{sid}", params={"min_seq": answers["session.delete"]["seq"]})
     assert gone.status_code == 404
     fork = await http.get(f"/v1/sessions/{fork_id}/history", params={"min_seq": answers["clear"]["seq"]})

@@ -16,15 +16,19 @@ from events.catalog import (
     MessageUpdated,
     SessionCreated,
     SessionDeleted,
+    SessionEnded,
     SessionRenamed,
+    SessionUsageAdded,
 )
 from events.envelope import Event
 from events.messages import body_hash, text_of
 from projections.history import (
+    AddUsage,
     ClearMessages,
     CreateSession,
     DeleteMessages,
     DeleteSession,
+    EndSession,
     InsertMessage,
     Op,
     RenameSession,
@@ -79,6 +83,15 @@ def test_session_created_copies_metadata() -> None:
 
 def test_session_renamed() -> None:
     assert plan(SessionRenamed(**ENV, name="New"), 17) == [TOUCH, RenameSession(T, S, "New")]
+
+
+def test_session_usage_added() -> None:
+    event = SessionUsageAdded(**ENV, input_tokens=12, output_tokens=3, cost=0.5)
+    assert plan(event, 17) == [TOUCH, AddUsage(T, S, 12, 3, 0.5)]
+
+
+def test_session_ended() -> None:
+    assert plan(SessionEnded(**ENV, reason="compaction"), 17) == [TOUCH, EndSession(T, S, "compaction")]
 
 
 def test_session_deleted() -> None:

@@ -139,6 +139,10 @@ export function what(event) {
     case "session.created":
     case "session.renamed":
       return event.name || "";
+    case "session.usage_added":
+      return `+${event.input_tokens} in, +${event.output_tokens} out, +${event.cost} cost`;
+    case "session.ended":
+      return event.reason || "";
     default:
       return "";
   }

@@ -1,0 +1,149 @@
+"""A session's usage counters and end reason over HTTP (the reference's ``addUsage`` and
+``end_reason``): ``POST /v1/sessions/{sid}/usage`` and ``POST /v1/sessions/{sid}:end``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.e2e.helpers import assert_problem, events, new_sid
+
+
+async def created(client: httpx.AsyncClient, **body: Any) -> str:
+    sid = new_sid()
+    r = await client.post("/v1/sessions", json={"id": sid, **body})
+    assert r.status_code == 201, r.text
+    return sid
+
+
+async def session(client: httpx.AsyncClient, sid: str, min_seq: int) -> dict[str, Any]:
+    r = await client.get(f"/v1/sessions/{sid}", params={"min_seq": min_seq})
+    assert r.status_code == 200, r.text
+    out: dict[str, Any] = r.json()
+    return out
+
+
+async def test_a_new_session_has_no_usage_and_no_end_reason(client: httpx.AsyncClient) -> None:
+    sid = new_sid()
+    r = await client.post("/v1/sessions", json={"id": sid})
+    got = await session(client, sid, r.json()["seq"])
+    assert (got["input_tokens"], got["output_tokens"], got["estimated_cost"], got["end_reason"]) == (0, 0, 0.0, None)
+
+
+async def test_usage_adds_up_over_calls(client: httpx.AsyncClient) -> None:
+    sid = await created(client)
+    r = await client.post(f"/v1/sessions/{sid}/usage", json={"input_tokens": 1200, "output_tokens": 350, "cost": 0.25})
+    assert r.status_code == 200, r.text
+    first = r.json()
+    assert first == {"id": sid, "input_tokens": 1200, "output_tokens": 350, "cost": 0.25, "seq": first["seq"]}
+    r = await client.post(f"/v1/sessions/{sid}/usage", json={"input_tokens": 800, "cost": 0.5})
+    assert r.status_code == 200, r.text
+    got = await session(client, sid, r.json()["seq"])
+    assert (got["input_tokens"], got["output_tokens"], got["estimated_cost"]) == (2000, 350, 0.75)
+    kinds = [e["event"]["type"] for e in await events(client, sid)]
+    assert kinds == ["session.created", "session.usage_added", "session.usage_added"]
+
+
+async def test_usage_is_listed_with_the_session(client: httpx.AsyncClient) -> None:
+    sid = await created(client)
+    r = await client.post(f"/v1/sessions/{sid}/usage", json={"output_tokens": 7})
+    seq = r.json()["seq"]
+    r = await client.get("/v1/sessions", params={"limit": 500, "min_seq": seq})
+    [entry] = [s for s in r.json()["sessions"] if s["id"] == sid]
+    assert entry["output_tokens"] == 7
+
+
+async def test_a_retry_with_the_same_idempotency_key_adds_once(client: httpx.AsyncClient) -> None:
+    sid = await created(client)
+    body = {"input_tokens": 10, "output_tokens": 1, "cost": 0.01}
+    path = f"/v1/sessions/{sid}/usage"
+    first = await client.post(path, json=body, headers={"Idempotency-Key": "call-1"})
+    retry = await client.post(path, json=body, headers={"Idempotency-Key": "call-1"})
+    other = await client.post(path, json=body, headers={"Idempotency-Key": "call-2"})
+    assert (first.status_code, retry.status_code, other.status_code) == (200, 200, 200)
+    assert retry.json()["seq"] == first.json()["seq"]
+    assert other.json()["seq"] > first.json()["seq"]
+    got = await session(client, sid, other.json()["seq"])
+    assert (got["input_tokens"], got["output_tokens"], got["estimated_cost"]) == (20, 2, 0.02)
+
+
+async def test_end_records_the_reason_and_the_session_stays_writable(client: httpx.AsyncClient) -> None:
+    sid = await created(client)
+    r = await client.post(f"/v1/sessions/{sid}:end", json={"reason": "compaction"})
+    assert r.status_code == 200, r.text
+    assert r.json() == {"id": sid, "end_reason": "compaction", "seq": r.json()["seq"]}
+    assert (await session(client, sid, r.json()["seq"]))["end_reason"] == "compaction"
+    r = await client.post(f"/v1/sessions/{sid}/usage", json={"input_tokens": 1})
+    assert r.status_code == 200, r.text
+    r = await client.post(f"/v1/sessions/{sid}:end", json={"reason": "user closed it"})
+    got = await session(client, sid, r.json()["seq"])
+    assert (got["end_reason"], got["input_tokens"]) == ("user closed it", 1)
+
+
+@pytest.mark.parametrize("path", ["usage", ":end"])
+async def test_an_unknown_or_deleted_session_is_404_and_nothing_is_written(
+    client: httpx.AsyncClient, path: str
+) -> None:
+    body = {"reason": "x"} if path == ":end" else {"input_tokens": 1}
+    unknown = new_sid()
+    url = f"/v1/sessions/{unknown}{path if path.startswith(':') else '/' + path}"
+    assert_problem(await client.post(url, json=body), 404, "session_not_found")
+    assert await events(client, unknown) == []
+
+    sid = await created(client)
+    r = await client.delete(f"/v1/sessions/{sid}")
+    assert r.status_code == 200, r.text
+    url = f"/v1/sessions/{sid}{path if path.startswith(':') else '/' + path}"
+    assert_problem(await client.post(url, json=body), 404, "session_not_found")
+    assert [e["event"]["type"] for e in await events(client, sid)] == ["session.created", "session.deleted"]
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        {"input_tokens": -1},
+        {"output_tokens": -5},
+        {"cost": -0.01},
+        {"input_tokens": 1.5},
+        {"input_tokens": "12"},
+        {"input_tokens": True},
+        {"cost": "0.1"},
+        {"input_tokens": 10**12 + 1},
+        {"cost": 1e13},
+        {"tokens": 3},
+        [],
+    ],
+    ids=repr,
+)
+async def test_bad_usage_is_422_and_nothing_is_written(client: httpx.AsyncClient, body: Any) -> None:
+    sid = await created(client)
+    assert_problem(await client.post(f"/v1/sessions/{sid}/usage", json=body), 422, "invalid_request")
+    assert [e["event"]["type"] for e in await events(client, sid)] == ["session.created"]
+
+
+async def test_a_non_finite_cost_is_refused(client: httpx.AsyncClient) -> None:
+    sid = await created(client)
+    r = await client.post(
+        f"/v1/sessions/{sid}/usage", content=b'{"cost": NaN}', headers={"content-type": "application/json"}
+    )
+    assert r.status_code in (400, 422), r.text
+    assert r.headers["content-type"].startswith("application/problem+json")
+    assert [e["event"]["type"] for e in await events(client, sid)] == ["session.created"]
+
+
+async def test_a_bad_idempotency_key_is_refused(client: httpx.AsyncClient) -> None:
+    sid = await created(client)
+    r = await client.post(f"/v1/sessions/{sid}/usage", json={"input_tokens": 1}, headers={"Idempotency-Key": "a b"})
+    assert_problem(r, 422, "invalid_request")
+    assert [e["event"]["type"] for e in await events(client, sid)] == ["session.created"]
+
+
+@pytest.mark.parametrize("body", [{}, {"reason": ""}, {"reason": "x" * 257}, {"reason": "nul\u0000"}, {"reason": 3}])
+async def test_a_bad_end_reason_is_refused_and_nothing_is_written(client: httpx.AsyncClient, body: Any) -> None:
+    sid = await created(client)
+    r = await client.post(f"/v1/sessions/{sid}:end", json=body)
+    assert r.status_code == 422, r.text
+    assert r.json()["code"] in ("invalid_request",)
+    assert [e["event"]["type"] for e in await events(client, sid)] == ["session.created"]
