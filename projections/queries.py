@@ -61,6 +61,14 @@ class PathRow(NamedTuple):
     content: str
 
 
+class RowStat(NamedTuple):
+    """A path row's size, read without its body: ``bytes`` is the stored JSON's UTF-8 length."""
+
+    id: str
+    role: str
+    bytes: int
+
+
 @dataclass(frozen=True, slots=True)
 class SearchHit:
     session_id: str
@@ -377,6 +385,36 @@ async def path_from(conn: Conn, tenant: str, session: str, leaf_id: str | None) 
         rows = await cur.fetchall()
     path.reverse()
     return leaf_id, path
+
+
+_PATH_STATS_SQL = (
+    "SELECT (SELECT leaf_id FROM sessions WHERE tenant = %(t)s AND id = %(s)s), "
+    "id, parent_id, role, octet_length(content) FROM messages WHERE tenant = %(t)s AND session_id = %(s)s"
+)
+
+
+async def path_stats(conn: Conn, tenant: str, session: str, leaf_id: str | None) -> tuple[str | None, list[RowStat]]:
+    """(the leaf, the ``(id, role, bytes)`` of the path to it, root first); ``leaf_id`` None: the
+    latest leaf. One statement (one snapshot) over the session's rows that carries no body:
+    ``octet_length`` of a stored body is its size as kept, read without de-TOASTing it. The
+    path is walked as :func:`path_from` walks it (a missing parent or a repeated id ends it),
+    so the sizes are those of the bodies a history read serves, what its ``max_bytes`` counts."""
+    cur = await conn.execute(_PATH_STATS_SQL, {"t": tenant, "s": session})
+    rows = await cur.fetchall()
+    if not rows:
+        return None, []
+    leaf = leaf_id if leaf_id is not None else rows[0][0]
+    by_id = {row[1]: row for row in rows}
+    path: list[RowStat] = []
+    seen: set[str] = set()
+    node: str | None = leaf
+    while node is not None and node in by_id and node not in seen:
+        _, mid, parent, role, size = by_id[node]
+        path.append(RowStat(mid, role, size))
+        seen.add(mid)
+        node = parent
+    path.reverse()
+    return (leaf if path else None), path
 
 
 async def _path_rows(

@@ -1,4 +1,4 @@
-"""Reads of the tree: the history of a path (overlays applied), the latest leaf, a path's length."""
+"""Reads of the tree: the history of a path (overlays applied), its rows' sizes, the latest leaf, a path's length."""
 
 import json
 from typing import Annotated, Any
@@ -131,7 +131,7 @@ async def read_history(
             wanted = None  # applied now, and the read model never goes back
         if not raw:
             await require_session(c, tenant, sid)
-    if max_bytes is not None and raw:
+    if max_bytes is not None:  # an empty path too: {[], false, 0}, as the reference's
         start, truncated, total = recent_window([(r.id, len(r.content.encode())) for r in raw], max_bytes, min_recent)
         raw = raw[start:]
         head |= {"truncated": truncated, "total_content_bytes": total}
@@ -155,6 +155,25 @@ async def read_history(
         cut = truncate_older_messages(parsed, keep_recent, max_tool_output_chars, max_text_chars)
         contents = [x if m is p else stored_json(m) for x, m, p in zip(contents, cut, parsed, strict=True)]
     return raw_json({"leaf_id": leaf_id if raw else None, **head}, contents)
+
+
+@router.get("/v1/sessions/{sid}/history/stats", responses=ok(m.HistoryRowStats))
+async def history_stats(
+    sid: Sid, tenant: Tenant, c: ContainerDep, leaf_id: LeafId = None, min_seq: MinSeq = None
+) -> Response:
+    """Per-row ``{id, role, bytes}`` of the path root→leaf (default: the latest leaf), no overlays
+    applied (the reference's ``getHistoryRowStats``): ``bytes`` is the stored JSON's UTF-8
+    length, what ``max_bytes`` on the history counts, read in Postgres without the bodies."""
+    check_id("session", sid)
+    if leaf_id is not None:
+        check_id("message", leaf_id)
+    await caught_up(c, tenant, sid, min_seq)
+    async with c.pool.connection() as conn:
+        leaf_id, rows = await queries.path_stats(conn, tenant, sid, leaf_id)
+    if not rows:
+        await require_session(c, tenant, sid)
+    body = {"leaf_id": leaf_id, "rows": [{"id": r.id, "role": r.role, "bytes": r.bytes} for r in rows]}
+    return Response(json.dumps(body, ensure_ascii=False).encode(), media_type=JSON)
 
 
 @router.get("/v1/sessions/{sid}/leaf", responses=ok(m.Leaf))

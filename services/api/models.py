@@ -107,6 +107,17 @@ class History(_Answer):
     messages: list[Message]
 
 
+class RowStat(_Answer):
+    id: str
+    role: str
+    bytes: int = Field(ge=0, description="the stored JSON's UTF-8 length, as the history's max_bytes counts it")
+
+
+class HistoryRowStats(_Answer):
+    leaf_id: str | None
+    rows: list[RowStat]
+
+
 class Leaf(_Answer):
     leaf_id: str | None
     message: Message | None

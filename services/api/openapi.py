@@ -67,7 +67,7 @@ def _links(paths: dict[str, Any]) -> None:
     appended = (
         to(lambda p, _: "{mid}" in p, parameters={"path.sid": sid, "path.mid": "$response.body#/id"})
         | to(
-            lambda p, m: m == "get" and p.endswith(("/history", "/path-length")),
+            lambda p, m: m == "get" and p.endswith(("/history", "/history/stats", "/path-length")),
             parameters={"path.sid": sid, "query.leaf_id": "$response.body#/id"},
         )
         | to(

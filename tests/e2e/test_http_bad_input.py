@@ -167,6 +167,7 @@ async def test_invalid_session_ids_in_the_path(client: httpx.AsyncClient, sid: s
         ("DELETE", f"/v1/sessions/{p}", None),
         ("GET", f"/v1/sessions/{p}", None),
         ("GET", f"/v1/sessions/{p}/history", None),
+        ("GET", f"/v1/sessions/{p}/history/stats", None),
         ("GET", f"/v1/sessions/{p}/leaf", None),
         ("GET", f"/v1/sessions/{p}/path-length", None),
         ("GET", f"/v1/sessions/{p}/messages/m1", None),
@@ -217,6 +218,12 @@ async def test_unusual_but_valid_ids_round_trip(client: httpx.AsyncClient) -> No
         ("/v1/sessions/{sid}/history", {"leaf_id": LONG_ID}),
         ("/v1/sessions/{sid}/history", {"min_seq": -1}),
         ("/v1/sessions/{sid}/history", {"min_seq": "abc"}),
+        ("/v1/sessions/{sid}/history", {"max_bytes": -1}),
+        ("/v1/sessions/{sid}/history", {"max_bytes": "lots"}),
+        ("/v1/sessions/{sid}/history", {"max_bytes": 10, "min_recent": -1}),
+        ("/v1/sessions/{sid}/history/stats", {"min_seq": -1}),
+        ("/v1/sessions/{sid}/history/stats", {"min_seq": 2**63}),
+        ("/v1/sessions/{sid}/history/stats", {"leaf_id": ""}),
         ("/v1/sessions/{sid}/search", {}),
         ("/v1/sessions/{sid}/search", {"q": ""}),
         ("/v1/sessions/{sid}/search", {"q": "x", "limit": 0}),
@@ -238,9 +245,10 @@ async def test_bad_query_parameters(client: httpx.AsyncClient, path: str, params
     assert problem["code"] in {"invalid_request", "invalid_id"}
 
 
+@pytest.mark.parametrize("path", ["path-length", "history/stats"])
 @pytest.mark.parametrize("leaf_id", ["", LONG_ID, "a\u0001b"])
-async def test_path_length_validates_leaf_id(client: httpx.AsyncClient, leaf_id: str) -> None:
-    r = await client.get(f"/v1/sessions/{new_sid()}/path-length", params={"leaf_id": leaf_id})
+async def test_path_reads_validate_leaf_id(client: httpx.AsyncClient, path: str, leaf_id: str) -> None:
+    r = await client.get(f"/v1/sessions/{new_sid()}/{path}", params={"leaf_id": leaf_id})
     assert_problem(r, 422, "invalid_id")
 
 

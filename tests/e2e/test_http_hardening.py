@@ -139,6 +139,8 @@ async def _get(client: httpx.AsyncClient, path: str, **params: Any) -> httpx.Res
 
 READS = [
     "/v1/sessions/{sid}/history",
+    "/v1/sessions/{sid}/history?max_bytes=1024",
+    "/v1/sessions/{sid}/history/stats",
     "/v1/sessions/{sid}/leaf",
     "/v1/sessions/{sid}/path-length",
     "/v1/sessions/{sid}/messages/m1",
@@ -193,7 +195,14 @@ async def test_empty_existing_session_reads_are_200(client: httpx.AsyncClient) -
 
 
 @pytest.mark.parametrize(
-    "path", ["/v1/search?q=x", "/v1/sessions", "/v1/sessions/{sid}/history", "/v1/sessions/{sid}/search?q=x"]
+    "path",
+    [
+        "/v1/search?q=x",
+        "/v1/sessions",
+        "/v1/sessions/{sid}/history",
+        "/v1/sessions/{sid}/history/stats",
+        "/v1/sessions/{sid}/search?q=x",
+    ],
 )
 async def test_a_huge_min_seq_is_clamped_not_a_timeout(client: httpx.AsyncClient, path: str) -> None:
     sid = new_sid()

@@ -38,6 +38,9 @@ async def test_other_tenant_sees_nothing(client: httpx.AsyncClient, client_b: ht
     for path, params in [
         ("/history", {}),
         ("/history", {"leaf_id": "m2"}),
+        ("/history", {"max_bytes": "1024"}),
+        ("/history/stats", {}),
+        ("/history/stats", {"leaf_id": "m2"}),
         ("/leaf", {}),
         ("/messages/m1/children", {}),
         ("/path-length", {"leaf_id": "m2"}),

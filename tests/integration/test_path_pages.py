@@ -2,7 +2,7 @@
 a page at a time, walked as it comes) is the path the whole-session walk finds
 (:func:`projections.queries.history`), on random trees with branches, deletes, re-appends and
 cycles, for every message as the leaf and for the latest leaf, with pages small enough that most
-walks take several."""
+walks take several; the row stats of a path (:func:`projections.queries.path_stats`) are its rows."""
 
 from __future__ import annotations
 
@@ -68,12 +68,25 @@ async def test_the_paged_path_is_the_walked_path(
             assert [(r.id, r.content) for r in got] == expected, leaf
             assert got_leaf == leaf
             walked_any = walked_any or len(got) > 3
+            await check_stats(conn, sid, leaf)
         expected = [(r.id, r.content) for r in await queries.history(conn, T, sid, latest)] if latest else []
         got_leaf, got = await queries.path_from(conn, T, sid, None)
         assert (got_leaf, [(r.id, r.content) for r in got]) == (latest, expected)
+        await check_stats(conn, sid, None)
         for leaf in [None, *stored]:
             await check_single_branch(conn, sid, leaf)
     assert walked_any  # some walk took several pages
+
+
+async def check_stats(conn: Any, sid: str, leaf: str | None) -> None:
+    """The row stats of a path (:func:`projections.queries.path_stats`, measured in Postgres) are
+    the walked path's rows, with their roles and their bodies' UTF-8 lengths."""
+    got_leaf, path = await queries.path_from(conn, T, sid, leaf)
+    rows = {r.id: r for r in await queries.history(conn, T, sid, got_leaf)} if got_leaf else {}
+    expected = [(r.id, rows[r.id].role, len(r.content.encode())) for r in path]
+    stats_leaf, stats = await queries.path_stats(conn, T, sid, leaf)
+    assert [tuple(s) for s in stats] == expected, leaf
+    assert stats_leaf == (got_leaf if path else None)
 
 
 async def chained(conn: Any, sid: str) -> tuple[bool, str | None]:

@@ -92,3 +92,15 @@ def test_links_lead_to_sessions_and_messages(doc: dict[str, Any]) -> None:
     assert appended["fork_session_v1_sessions__sid__fork_post"]["requestBody"] == {
         "at_message_id": "$response.body#/id"
     }
+    for read in ("history_v1_sessions__sid__history_get", "history_stats_v1_sessions__sid__history_stats_get"):
+        assert appended[read]["parameters"] == {"path.sid": "$request.path.sid", "query.leaf_id": "$response.body#/id"}
+
+
+def test_row_stats_answer_is_described(doc: dict[str, Any]) -> None:
+    stats = doc["paths"]["/v1/sessions/{sid}/history/stats"]["get"]
+    assert {p["name"] for p in stats["parameters"]} == {"sid", "leaf_id", "min_seq"}
+    answer = stats["responses"]["200"]["content"]["application/json"]["schema"]
+    assert answer == {"$ref": "#/components/schemas/HistoryRowStats"}
+    schemas = doc["components"]["schemas"]
+    assert schemas["HistoryRowStats"]["required"] == ["leaf_id", "rows"]
+    assert schemas["RowStat"]["required"] == ["id", "role", "bytes"]
