@@ -36,6 +36,8 @@ SECTIONS: list[tuple[str, ModuleType | None, list[str]]] = [
             "OMITTED",
             "Message",
             "AppendResult",
+            "RecentHistory",
+            "HistoryRowStat",
             "SessionInfo",
             "SearchResult",
             "ContextBlock",

@@ -16,8 +16,10 @@ from chronicle_sdk.types import (
     AppendResult,
     Compaction,
     ContextBlock,
+    HistoryRowStat,
     Message,
     ParentId,
+    RecentHistory,
     SearchResult,
     SystemPrompt,
 )
@@ -27,6 +29,7 @@ if TYPE_CHECKING:
 
 
 _EVENTS_PAGE = 10_000  # events per GET …/events (the server's bound)
+_MAX_QUERY_INT = 2**63 - 1  # the largest integer a query parameter may carry
 
 
 class Session(ConfigBuilder):
@@ -173,6 +176,29 @@ class Session(ConfigBuilder):
             params["leaf_id"] = leaf_id
         out = await self._get("/history", params)
         return list(out.get("messages", []))
+
+    async def get_recent_history(self, max_content_bytes: int, min_recent_messages: int = 1) -> RecentHistory:
+        """The recent end of the active path within a byte budget (``getRecentHistory``).
+
+        From the latest leaf backwards, while fewer than ``max(1, min_recent_messages)`` are
+        kept or the previous message's stored JSON still fits what is left of
+        ``max_content_bytes`` (UTF-8 bytes); the leaf is always in. Overlays apply when they
+        start inside the window. A budget below 0 counts as 0, as the reference's would.
+        """
+        params = {
+            "max_bytes": min(max(0, int(max_content_bytes)), _MAX_QUERY_INT),
+            "min_recent": min(max(1, int(min_recent_messages)), _MAX_QUERY_INT),
+        }
+        return RecentHistory.from_json(await self._get("/history", params))
+
+    async def get_history_row_stats(self, leaf_id: str | None = None) -> list[HistoryRowStat]:
+        """``{id, role, bytes}`` of each stored row of the path, root first (``getHistoryRowStats``).
+
+        The active path (the latest leaf's) by default; overlays not applied. ``bytes`` is what
+        :meth:`get_recent_history` counts; the server reads them without the messages' content.
+        """
+        out = await self._get("/history/stats", {"leaf_id": leaf_id} if leaf_id is not None else None)
+        return [HistoryRowStat.from_json(r) for r in out.get("rows", [])]
 
     async def get_message(self, message_id: str) -> Message | None:
         """The stored message, or None (``getMessage``)."""

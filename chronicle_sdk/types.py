@@ -31,6 +31,44 @@ class AppendResult:
 
 
 @dataclass(frozen=True, slots=True)
+class RecentHistory:
+    """A byte-budgeted recent end of the active path (the reference's ``getRecentHistory`` answer).
+
+    ``messages`` end at the leaf, overlays applied where they start inside them; ``truncated``
+    is True when they do not start at the root; ``total_content_bytes`` is the stored size of
+    the whole path, the sum of :meth:`Session.get_history_row_stats`' ``bytes``.
+    """
+
+    messages: list[Message]
+    truncated: bool
+    total_content_bytes: int
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> RecentHistory:
+        """Build from a ``GET …/history?max_bytes=…`` answer (``{}``: an empty session)."""
+        return cls(
+            messages=list(data.get("messages") or []),
+            truncated=bool(data.get("truncated")),
+            total_content_bytes=int(data.get("total_content_bytes") or 0),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class HistoryRowStat:
+    """One stored row of a path, without its content (the reference's ``{id, role, bytes}``):
+    ``bytes`` is its stored JSON's UTF-8 length."""
+
+    id: str
+    role: str
+    bytes: int
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> HistoryRowStat:
+        """Build from one entry of the API's ``rows``."""
+        return cls(id=str(data["id"]), role=str(data.get("role") or ""), bytes=int(data.get("bytes") or 0))
+
+
+@dataclass(frozen=True, slots=True)
 class SessionInfo:
     """A registry entry (``SessionManager.get``/``list``)."""
 
@@ -249,9 +287,11 @@ __all__ = [
     "AppendResult",
     "Compaction",
     "ContextBlock",
+    "HistoryRowStat",
     "Message",
     "NatsPublishing",
     "ParentId",
+    "RecentHistory",
     "SearchResult",
     "SessionInfo",
     "SystemPrompt",
