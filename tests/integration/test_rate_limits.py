@@ -97,6 +97,8 @@ async def test_a_tenant_over_its_limit_gets_429_with_retry_after_and_the_append_
 
 
 async def test_a_refused_tenant_does_not_slow_another_nor_the_tenantless_routes(api: str) -> None:
+    refused = RATE_LIMITED.labels("http")
+    before = refused._value.get()
     async with client(api, "tenant-a") as a, client(api, "tenant-b") as b:
         await exhausted(a)
         for _ in range(BURST * 4):  # tenant-b has no limit (rate_limits: 0)
@@ -104,6 +106,8 @@ async def test_a_refused_tenant_does_not_slow_another_nor_the_tenantless_routes(
         assert (await a.get("/healthz")).status_code == 200  # no tenant: not counted
         assert (await a.get("/v1/sessions")).status_code == 429  # still over: nothing above refilled it
         metrics = (await a.get("/metrics")).text
+    # exactly tenant-a's two refusals were counted; tenant-b's and /healthz's requests were not
+    assert refused._value.get() - before == 2
     assert 'chronicle_rate_limited_requests_total{transport="http"}' in metrics
 
 
