@@ -12,6 +12,7 @@ import subprocess
 import sys
 from datetime import datetime
 
+import httpx
 import psycopg
 import pytest
 from nats.js import JetStreamContext
@@ -286,3 +287,26 @@ async def test_without_a_reported_creation_time_only_the_last_sequence_is_checke
     with pytest.raises(LogMismatch, match=f"at sequence {checkpoint}, beyond the last sequence 0"):
         async with open_container(settings):
             pass
+
+
+async def test_readyz_goes_503_when_the_stream_is_made_again_under_a_running_api(nats_url: str, fresh_db: str) -> None:
+    settings = make_settings(nats_url, fresh_db)
+    async with running_stack(settings) as c:
+        await _append(c, "s", "m0", "before")
+        app = build_app(settings, c)
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://api") as client:
+            before = await client.get("/readyz")
+            assert before.status_code == 200, before.text
+            assert before.json()["log"] is True
+            bound = await _binding(fresh_db, settings.projector_name)
+            await _made_again(settings)
+            after = await client.get("/readyz")
+    assert after.status_code == 503, after.text
+    body = after.json()
+    assert body["log"] is False
+    assert body["stream"] is True
+    [reason] = [r for r in body["reasons"] if "another log" in r]
+    assert settings.stream in reason
+    assert "made again" in reason
+    assert await _binding(fresh_db, settings.projector_name) == bound  # readiness rebinds nothing
