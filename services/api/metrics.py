@@ -12,9 +12,9 @@ from nats.js.errors import NotFoundError
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from events import log as eventlog
-from projections.logbinding import LogMismatch, check_log
 from projections.runner import checkpoint_partition
 from services.audit import quarantine
+from services.audit.readers import log_mismatch
 from services.bootstrap import Container
 
 REGISTRY = CollectorRegistry()
@@ -172,20 +172,9 @@ def _unapplied_since(snap: Snapshot, projector: str, partitions: int) -> datetim
     return None
 
 
-async def log_mismatch(c: Container) -> str | None:
-    """What differs when the read models no longer belong to the stream (it was deleted and made
-    again, or truncated, while this process ran: it checked at start only), or None."""
-    async with c.pool.connection() as conn, conn.transaction():
-        try:
-            await check_log(conn, c.js, c.layout.stream, c.settings.projector_name, bind_empty=False)
-        except LogMismatch as exc:
-            return exc.detail
-    return None
-
-
 async def readiness(c: Container, *, stall_s: float | None = None, max_lag: int | None = None) -> dict[str, Any]:
     """``ready`` is false, with ``reasons``, when NATS or Postgres does not answer, the stream is
-    missing or is not the log the read models were made from (``log``: :func:`log_mismatch`), a
+    missing or is not the log the read models were made from (``log``: :func:`services.audit.readers.log_mismatch`), a
     projector consumer has stalled while events wait, or the lag passes the threshold
     (``stall_s``/``max_lag``, by default the settings ``readiness_stall_s``/``readiness_max_lag``).
     ``quarantined`` (counts by reason) is reported and never makes it unready."""
@@ -217,7 +206,7 @@ async def readiness(c: Container, *, stall_s: float | None = None, max_lag: int 
         mismatch = await log_mismatch(c)
         out["log"] = mismatch is None
         if mismatch is not None:
-            reasons.append(f"the read models belong to another log: {mismatch}")
+            reasons.append(f"the read models belong to another log: {mismatch.detail}")
     except NotFoundError:
         out["nats"] = c.nc.is_connected
         reasons.append(f"stream {c.layout.stream} is missing")
