@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from datetime import datetime
 
 import nats.errors
+from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 from nats.js.api import ConsumerConfig, DeliverPolicy
 from nats.js.errors import NotFoundError
@@ -21,6 +22,16 @@ class StoredEvent:
     data: bytes
     headers: dict[str, str] | None = None  # as stored (Nats-Msg-Id, the expectations it was published with)
     time: datetime | None = None  # when the stream stored it
+
+
+def _stored(msg: Msg) -> StoredEvent:
+    return StoredEvent(
+        seq=msg.metadata.sequence.stream,
+        subject=msg.subject,
+        data=msg.data,
+        headers=msg.headers or None,
+        time=msg.metadata.timestamp,
+    )
 
 
 async def last_seq(js: JetStreamContext, layout: SubjectLayout, subject: str | None = None) -> int:
@@ -66,10 +77,33 @@ async def read(
             seq = msg.metadata.sequence.stream
             if seq > end:
                 return
-            yield StoredEvent(
-                seq=seq, subject=msg.subject, data=msg.data, headers=msg.headers or None, time=msg.metadata.timestamp
-            )
+            yield _stored(msg)
             if seq >= end:
                 return
+    finally:
+        await sub.unsubscribe()
+
+
+async def follow(
+    js: JetStreamContext,
+    layout: SubjectLayout,
+    subject: str,
+    from_seq: int = 1,
+    tick_s: float = 15.0,
+) -> AsyncGenerator[StoredEvent | None, None]:
+    """Events on ``subject`` from ``from_seq`` on, in order, as they are stored: never ends by
+    itself. ``None`` when nothing came for ``tick_s`` (a caller's chance to send a keep-alive or
+    to stop). An ordered consumer: flow-controlled, and reset from the last sequence delivered
+    when the server or the connection loses messages, so none is skipped or repeated."""
+    config = ConsumerConfig(deliver_policy=DeliverPolicy.BY_START_SEQUENCE, opt_start_seq=max(from_seq, 1))
+    sub = await js.subscribe(subject, ordered_consumer=True, config=config, stream=layout.stream)
+    try:
+        while True:
+            try:
+                msg = await sub.next_msg(timeout=tick_s)
+            except (TimeoutError, nats.errors.TimeoutError):
+                yield None
+                continue
+            yield _stored(msg)
     finally:
         await sub.unsubscribe()

@@ -44,6 +44,9 @@ KeyedBlock = _error("KeyedBlock", "keyed_block", 409, "The block holds keyed ent
 BudgetExceeded = _error("BudgetExceeded", "budget_exceeded", 422, "The block would exceed its token budget")
 UnknownTool = _error("UnknownTool", "unknown_tool", 404, "No such tool for this session")
 ObjectStorageError = _error("ObjectStorageError", "object_storage", 503, "Object storage failed")
+TooManyStreams = _error(
+    "TooManyStreams", "too_many_streams", 429, "This tenant follows as many event streams as this process allows"
+)
 
 
 class RateLimited(ChronicleError):

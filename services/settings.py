@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Literal
 
 import nkeys
-from pydantic import Field, NonNegativeFloat, NonNegativeInt, PositiveFloat, SecretStr, field_validator
+from pydantic import Field, NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from events.credentials import is_user_public_key, nkey_public_key, tenant_nkey_seed
@@ -63,6 +63,11 @@ class Settings(BaseSettings):
     subject_prefix: str = "chronicle.ev"
     command_workers: int = Field(
         default=64, ge=1, le=4096, description="`chronicle commands`: requests one process answers at a time"
+    )
+    follow_streams_per_tenant: PositiveInt = Field(
+        default=64,
+        description="followed event answers (`GET …/events?follow=true`) one tenant may hold open in one API "
+        "process at once; past it: 429 too_many_streams",
     )
     rate_limit: NonNegativeFloat = Field(
         default=0,
