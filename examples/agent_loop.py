@@ -151,6 +151,8 @@ async def main(argv: Sequence[str] | None = None) -> int:
         )
         llm = ChatCompletions(args.llm_base_url, args.llm_api_key, args.model)
         answers: list[str] = []
+        if not args.json:  # to go on with it later: --session <id>
+            print(f"session {session_id}\n", flush=True)
         try:
             for text in prompts:
                 answer = await run_turn(session, manager, llm, text, args.max_steps)
