@@ -8,7 +8,7 @@ import importlib.util
 import json
 import random
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -55,6 +55,9 @@ _NOTHING_WRITTEN = frozenset({"projection_timeout", "contention", "rate_limited"
 # The longest ``retry_after`` the client waits out before a retry: a RateLimited asking for more is
 # raised at once, for the caller to decide (a sleep of minutes inside one call looks like a hang).
 MAX_RETRY_AFTER_S = 60.0
+FOLLOW_IDLE_S = 60.0
+"""How long a followed answer may stay silent before the connection counts as lost (the server
+sends a blank line every 15 s while nothing happens)."""
 
 
 _BATCH_LIMIT = 1000  # messages in one POST …/messages:batch (the API's limit)
@@ -319,6 +322,25 @@ class ChronicleClient:
                 continue
             raise err
         raise AssertionError("unreachable")
+
+    async def stream_lines(self, path: str, params: Mapping[str, Any]) -> AsyncIterator[bytes]:
+        """The lines of one GET answer that stays open (``…/events?follow=true``), as they come.
+        An error answer raises its typed error; a lost or silent connection raises
+        :class:`Unavailable` (the caller resumes where it was)."""
+        target = f"{path}?{urlencode([(k, _query_value(v)) for k, v in params.items()])}" if params else path
+        try:
+            async with self._http.stream(target, self._headers, FOLLOW_IDLE_S) as opened:
+                if opened.status >= 400:
+                    text = opened.content.decode("utf-8", "replace")
+                    try:
+                        payload: Any = json.loads(text)
+                    except ValueError:
+                        payload = text
+                    raise error_from_problem(opened.status, payload, retry_after=opened.headers.get("retry-after"))
+                async for line in opened.lines:
+                    yield line
+        except TransportError as exc:
+            raise Unavailable(f"GET {path}: {exc}", status=0) from exc
 
     async def get_optional(self, path: str, *, session: str | None = None, min_seq: int | None = None) -> Any:
         """GET that answers None instead of raising for a missing session or message."""

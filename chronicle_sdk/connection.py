@@ -9,7 +9,7 @@ them, the transport and the value types at the bottom.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any, Literal, Protocol
 from urllib.parse import quote as _quote
 
@@ -39,6 +39,10 @@ class Connection(Protocol):
         headers: Mapping[str, str] | None = None,
     ) -> Any:
         """Send one API request and return its decoded JSON; errors raise ``ChronicleError`` subclasses."""
+        ...
+
+    def stream_lines(self, path: str, params: Mapping[str, Any]) -> AsyncIterator[bytes]:
+        """The lines of one GET answer that stays open, as they come (errors raise as ``request``'s)."""
         ...
 
     async def get_optional(self, path: str, *, session: str | None = None, min_seq: int | None = None) -> Any:

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from chronicle_sdk.config import ConfigBuilder, parse_config
 from chronicle_sdk.connection import Connection, Via, quote
-from chronicle_sdk.errors import InvalidConfig, NotFound
+from chronicle_sdk.errors import InvalidConfig, NotFound, Unavailable
 from chronicle_sdk.tools import ToolDefinition, Tools, parse_arguments
 from chronicle_sdk.types import (
     OMITTED,
@@ -29,6 +29,17 @@ if TYPE_CHECKING:
 
 
 _EVENTS_PAGE = 10_000  # events per GET …/events (the server's bound)
+_FOLLOW_RETRIES = 8  # lost connections in a row a followed session survives
+_FOLLOW_PAUSE_S = 0.2  # the pause after the first; doubled after each next, at most 30 s
+_ENDING = frozenset({"session.deleted", "session.erased"})
+
+
+def _ends_session(record: dict[str, Any]) -> bool:
+    """Whether a record of ``GET …/events`` is its session's deletion or erasure (nothing follows)."""
+    shown = record.get("event") or record.get("erased") or {}
+    return isinstance(shown, dict) and shown.get("type") in _ENDING
+
+
 _MAX_QUERY_INT = 2**63 - 1  # the largest integer a query parameter may carry
 
 
@@ -254,6 +265,41 @@ class Session(ConfigBuilder):
             if len(page) < _EVENTS_PAGE:
                 return found
             params["from_seq"] = int(page[-1]["seq"]) + 1
+
+    async def follow_events(self, from_seq: int = 1, to_seq: int | None = None) -> AsyncIterator[dict[str, Any]]:
+        """The session's events as :meth:`get_events` gives them, then each new one as the log
+        stores it (``GET …/events?follow=true``): what the reference broadcasts to a session's
+        clients, for a UI that shows another writer's messages or a compaction as it lands.
+
+        Runs until the caller stops iterating, ``to_seq`` was given, or the session was deleted
+        or erased (those events are given, then it ends). A lost connection is resumed from the
+        event after the last one given (up to 8 lost connections in a row, waiting longer after
+        each), so none is missed or given twice. An event is in the log before the
+        read models apply it: a read after it waits for it by itself (read-your-writes)."""
+        await self._ensure_ready()
+        next_seq, failures = max(1, from_seq), 0
+        while to_seq is None or next_seq <= to_seq:
+            params: dict[str, Any] = {"from_seq": next_seq, "follow": "true"}
+            if to_seq is not None:
+                params["to_seq"] = to_seq
+            ended = False
+            try:
+                async for line in self.client.stream_lines(self._path("/events"), params):
+                    if not line.strip():
+                        continue  # a keep-alive
+                    record: dict[str, Any] = json.loads(line)
+                    failures, next_seq = 0, int(record["seq"]) + 1
+                    self.client.note_seq(self.id, record["seq"])
+                    ended = _ends_session(record)
+                    yield record
+            except Unavailable:
+                failures += 1
+                if failures > _FOLLOW_RETRIES:
+                    raise
+                await asyncio.sleep(min(30.0, _FOLLOW_PAUSE_S * 2 ** (failures - 1)))
+                continue
+            if ended:
+                return
 
     # -- compaction -------------------------------------------------------------------------
 

@@ -18,7 +18,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ssl
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 from urllib.parse import urlsplit
@@ -39,6 +40,17 @@ class Reply:
     content: bytes
 
 
+@dataclass(frozen=True, slots=True)
+class Opened:
+    """An answer being read as it comes: status, headers, and its body as lines (``lines``, when
+    ``status`` is 200) or whole (``content``, an error answer)."""
+
+    status: int
+    headers: Mapping[str, str]
+    content: bytes
+    lines: AsyncIterator[bytes]
+
+
 class TransportError(Exception):
     """The request failed below HTTP (connection, timeout, malformed answer)."""
 
@@ -48,9 +60,14 @@ class TransportError(Exception):
 
 
 class Transport(Protocol):
-    """What the client needs of HTTP: send one request, close."""
+    """What the client needs of HTTP: send one request, read one answer as it comes, close."""
 
     async def send(self, method: str, target: str, headers: Mapping[str, str], body: bytes | None) -> Reply: ...
+
+    def stream(self, target: str, headers: Mapping[str, str], idle_s: float) -> AbstractAsyncContextManager[Opened]:
+        """A GET whose answer's lines are read as they come (an answer that stays open), on a
+        connection of its own; :class:`TransportError` when nothing arrives for ``idle_s``."""
+        ...
 
     async def aclose(self) -> None: ...
 
@@ -66,6 +83,45 @@ class _Connection:
 
     async def exchange(self, request: bytes, method: str) -> tuple[Reply, bool]:
         """(the answer, whether the connection may be reused)."""
+        status, headers, keep = await self.head(request)
+        if method == "HEAD" or status in (204, 304) or 100 <= status < 200:
+            content = b""
+        elif headers.get("transfer-encoding", "").lower() == "chunked":
+            content = await self._chunked()
+        elif "content-length" in headers:
+            content = await self._reader.readexactly(int(headers["content-length"]))
+        else:
+            content, keep = await self._reader.read(), False
+        return Reply(status, headers, content), keep
+
+    async def lines(self, headers: Mapping[str, str], idle_s: float) -> AsyncIterator[bytes]:
+        """The body's lines (without their ends) as they arrive; :class:`TimeoutError` when
+        nothing arrives for ``idle_s``."""
+        chunked = headers.get("transfer-encoding", "").lower() == "chunked"
+        pending = b""
+        if not chunked and "content-length" in headers:  # a whole answer (an error's, say)
+            async with asyncio.timeout(idle_s):
+                body = await self._reader.readexactly(int(headers["content-length"]))
+            for line in body.split(b"\n"):
+                yield line.rstrip(b"\r")
+            return
+        while True:
+            async with asyncio.timeout(idle_s):
+                if chunked:
+                    size = int((await self._reader.readuntil(b"\r\n")).split(b";", 1)[0], 16)
+                    data = (await self._reader.readexactly(size + 2))[:-2] if size else b""
+                else:
+                    data = await self._reader.read(65536)
+            if not data:
+                if pending:
+                    yield pending
+                return
+            *complete, pending = (pending + data).split(b"\n")
+            for line in complete:
+                yield line.rstrip(b"\r")
+
+    async def head(self, request: bytes) -> tuple[int, dict[str, str], bool]:
+        """Send ``request``; (the answer's status, its headers, whether the connection may be reused)."""
         self._writer.write(request)
         try:
             head = await self._reader.readuntil(b"\r\n\r\n")
@@ -83,15 +139,7 @@ class _Connection:
             name, _, value = line.partition(b":")
             headers[name.strip().lower().decode("latin-1")] = value.strip().decode("latin-1")
         keep = headers.get("connection", "").lower() != "close" and version == b"HTTP/1.1"
-        if method == "HEAD" or status in (204, 304) or 100 <= status < 200:
-            content = b""
-        elif headers.get("transfer-encoding", "").lower() == "chunked":
-            content = await self._chunked()
-        elif "content-length" in headers:
-            content = await self._reader.readexactly(int(headers["content-length"]))
-        else:
-            content, keep = await self._reader.read(), False
-        return Reply(status, headers, content), keep
+        return status, headers, keep
 
     async def _chunked(self) -> bytes:
         parts: list[bytes] = []
@@ -174,6 +222,36 @@ class Http11Transport:
         except (OSError, EOFError, ValueError, IndexError) as exc:  # EOFError: IncompleteReadError
             raise TransportError(f"{type(exc).__name__}: {exc}", unsent=not sent) from exc
 
+    @contextlib.asynccontextmanager
+    async def stream(self, target: str, headers: Mapping[str, str], idle_s: float) -> AsyncIterator[Opened]:
+        if self._closed:
+            raise TransportError("the client is closed", unsent=True)
+        head = [f"GET {self._prefix}{target} HTTP/1.1", f"Host: {self._host_header}"]
+        request = ("\r\n".join(head + [f"{k}: {v}" for k, v in headers.items()]) + "\r\n\r\n").encode("latin-1")
+        conn: _Connection | None = None
+        try:
+            async with asyncio.timeout(self._timeout):
+                conn = await self._open()
+                status, found, _ = await conn.head(request)
+                opened = Opened(status, found, b"", conn.lines(found, idle_s))
+                if status != 200:  # an error answer: read whole
+                    content = b"".join([line + b"\n" async for line in opened.lines])
+                    opened = Opened(status, found, content, opened.lines)
+        except TimeoutError as exc:
+            if conn is not None:
+                conn.close()
+            raise TransportError(f"no answer within {self._timeout} s", unsent=conn is None) from exc
+        except (OSError, EOFError, ValueError, IndexError, _Stale) as exc:
+            if conn is not None:
+                conn.close()
+            raise TransportError(f"{type(exc).__name__}: {exc}", unsent=conn is None) from exc
+        try:
+            yield opened
+        except (TimeoutError, OSError, EOFError, ValueError, IndexError) as exc:
+            raise TransportError(f"the answer stopped: {type(exc).__name__}: {exc}", unsent=False) from exc
+        finally:
+            conn.close()
+
     async def _open(self) -> _Connection:
         try:
             reader, writer = await asyncio.open_connection(self._host, self._port, ssl=self._ssl, limit=_MAX_HEAD * 4)
@@ -204,6 +282,20 @@ class HttpxTransport:
             unsent = isinstance(exc, httpx.ConnectError | httpx.ConnectTimeout | httpx.PoolTimeout)
             raise TransportError(f"{type(exc).__name__}: {exc}", unsent=unsent) from exc
         return Reply(resp.status_code, {k.lower(): v for k, v in resp.headers.items()}, resp.content)
+
+    @contextlib.asynccontextmanager
+    async def stream(self, target: str, headers: Mapping[str, str], idle_s: float) -> AsyncIterator[Opened]:
+        httpx = self._httpx
+        timeout = httpx.Timeout(self._client.timeout.connect, read=idle_s)
+        try:
+            async with self._client.stream("GET", target, headers=dict(headers), timeout=timeout) as resp:
+                found = {k.lower(): v for k, v in resp.headers.items()}
+                content = await resp.aread() if resp.status_code != 200 else b""
+                lines = (line.encode() async for line in resp.aiter_lines())
+                yield Opened(resp.status_code, found, content, lines)
+        except httpx.TransportError as exc:
+            unsent = isinstance(exc, httpx.ConnectError | httpx.ConnectTimeout | httpx.PoolTimeout)
+            raise TransportError(f"{type(exc).__name__}: {exc}", unsent=unsent) from exc
 
     async def aclose(self) -> None:
         with contextlib.suppress(Exception):

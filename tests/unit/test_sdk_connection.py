@@ -2,17 +2,29 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import json
+from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any
 
-from chronicle_sdk import OMITTED, AppendResult, SessionManager
+import pytest
+
+from chronicle_sdk import OMITTED, AppendResult, SessionManager, Unavailable
+from chronicle_sdk import session as sdk_session
 
 
 class RecordingConnection:
     """A ``Connection`` of its own: records what it is asked and answers from a script."""
 
-    def __init__(self) -> None:
+    def __init__(self, answers: Sequence[Sequence[bytes | Exception]] = ()) -> None:
         self.calls: list[tuple[Any, ...]] = []
+        self.answers = list(answers)  # per stream_lines call: its lines, an exception ends it
+
+    async def stream_lines(self, path: str, params: Mapping[str, Any]) -> AsyncIterator[bytes]:
+        self.calls.append(("stream_lines", path, dict(params)))
+        for item in self.answers.pop(0):
+            if isinstance(item, Exception):
+                raise item
+            yield item
 
     async def request(self, method: str, path: str, **options: Any) -> Any:
         self.calls.append(("request", method, path, options.get("session")))
@@ -51,3 +63,45 @@ async def test_a_session_of_the_manager_runs_on_any_connection() -> None:
         ("append", "a/b", "m2", None, "jetstream"),
         ("get_optional", "/v1/sessions/a%2Fb/messages/m9", "a/b"),
     ]
+
+
+def line(seq: int, kind: str = "message.appended") -> bytes:
+    return json.dumps({"seq": seq, "event": {"type": kind}}).encode()
+
+
+@pytest.fixture(autouse=True)
+def no_pauses(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(sdk_session, "_FOLLOW_PAUSE_S", 0.0)
+
+
+async def test_following_resumes_after_the_last_event_given_and_ends_at_the_deletion() -> None:
+    lost = Unavailable("GET …/events: the answer stopped", status=0)
+    connection = RecordingConnection(
+        [
+            [line(3), b"", line(5), lost],  # a keep-alive, then the connection is lost
+            [],  # the server ended a page (its limit): go on
+            [line(8), line(9, "session.deleted")],
+        ]
+    )
+    session = SessionManager(connection).get_session("s")
+    got = [record["seq"] async for record in session.follow_events(from_seq=2)]
+    assert got == [3, 5, 8, 9]
+    asked = [c[2] for c in connection.calls if c[0] == "stream_lines"]
+    assert asked == [
+        {"from_seq": 2, "follow": "true"},
+        {"from_seq": 6, "follow": "true"},
+        {"from_seq": 6, "follow": "true"},
+    ]
+    assert ("note_seq", "s", 9) in connection.calls  # later reads wait for what was followed
+
+
+async def test_following_up_to_to_seq_ends_there_and_a_lasting_outage_raises() -> None:
+    connection = RecordingConnection([[line(4), line(6)]])
+    session = SessionManager(connection).get_session("s")
+    assert [r["seq"] async for r in session.follow_events(to_seq=6)] == [4, 6]
+    assert len([c for c in connection.calls if c[0] == "stream_lines"]) == 1
+
+    down = RecordingConnection([[Unavailable("down", status=0)] for _ in range(9)])
+    with pytest.raises(Unavailable):
+        async for _ in SessionManager(down).get_session("s").follow_events():
+            pass
