@@ -24,8 +24,18 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(out, ensure_ascii=False)
 
 
+class QuietSupervisor(logging.Filter):
+    """Drops FastStream's subscriber supervisor line, logged at INFO for every subscriber task as a
+    broker stops ("callback for Task-12 is being executed..."): dozens of lines a shutdown, none
+    saying anything an operator acts on."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.levelno > logging.INFO or not record.getMessage().endswith("is being executed...")
+
+
 def configure(level: str, fmt: str) -> None:
     handler = logging.StreamHandler()
+    handler.addFilter(QuietSupervisor())
     handler.setFormatter(JsonFormatter() if fmt == "json" else logging.Formatter(TEXT_FORMAT))
     root = logging.getLogger()
     root.handlers[:] = [handler]

@@ -218,6 +218,7 @@ def broker_for(settings: Settings, **options: Any) -> NatsBroker:
         max_reconnect_attempts=-1,
         reconnect_time_wait=1,
         middlewares=[problems()],
+        logger=logging.getLogger("chronicle.commands.broker"),  # the process's log format, not FastStream's colours
         log_level=logging.DEBUG,
         security=nats_security(settings),
         **options,

@@ -46,3 +46,14 @@ def test_bad_logging_and_pool_settings_are_refused(monkeypatch: pytest.MonkeyPat
         with pytest.raises(ValueError, match=name.lower()):
             Settings()
         monkeypatch.delenv(f"CHRONICLE_{name}")
+
+
+def test_the_supervisor_chatter_of_a_stopping_broker_is_dropped_and_nothing_else() -> None:
+    quiet = logs.QuietSupervisor()
+
+    def record(level: int, message: str) -> logging.LogRecord:
+        return logging.LogRecord("chronicle.commands.broker", level, __file__, 1, message, (), None)
+
+    assert not quiet.filter(record(logging.INFO, "callback for Task-12 is being executed..."))
+    assert quiet.filter(record(logging.WARNING, "callback for Task-12 is being executed..."))
+    assert quiet.filter(record(logging.INFO, "subscriber started"))
