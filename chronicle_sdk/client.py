@@ -8,7 +8,7 @@ import importlib.util
 import json
 import random
 import uuid
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncGenerator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -323,7 +323,7 @@ class ChronicleClient:
             raise err
         raise AssertionError("unreachable")
 
-    async def stream_lines(self, path: str, params: Mapping[str, Any]) -> AsyncIterator[bytes]:
+    async def stream_lines(self, path: str, params: Mapping[str, Any]) -> AsyncGenerator[bytes, None]:
         """The lines of one GET answer that stays open (``…/events?follow=true``), as they come.
         An error answer raises its typed error; a lost or silent connection raises
         :class:`Unavailable` (the caller resumes where it was)."""

@@ -9,7 +9,7 @@ them, the transport and the value types at the bottom.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncGenerator, Mapping, Sequence
 from typing import Any, Literal, Protocol
 from urllib.parse import quote as _quote
 
@@ -41,7 +41,7 @@ class Connection(Protocol):
         """Send one API request and return its decoded JSON; errors raise ``ChronicleError`` subclasses."""
         ...
 
-    def stream_lines(self, path: str, params: Mapping[str, Any]) -> AsyncIterator[bytes]:
+    def stream_lines(self, path: str, params: Mapping[str, Any]) -> AsyncGenerator[bytes, None]:
         """The lines of one GET answer that stays open, as they come (errors raise as ``request``'s)."""
         ...
 

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from chronicle_sdk.config import ConfigBuilder, parse_config
 from chronicle_sdk.connection import Connection, Via, quote
-from chronicle_sdk.errors import InvalidConfig, NotFound, Unavailable
+from chronicle_sdk.errors import InvalidConfig, NotFound, RateLimited, Unavailable
 from chronicle_sdk.tools import ToolDefinition, Tools, parse_arguments
 from chronicle_sdk.types import (
     OMITTED,
@@ -271,35 +272,45 @@ class Session(ConfigBuilder):
         stores it (``GET …/events?follow=true``): what the reference broadcasts to a session's
         clients, for a UI that shows another writer's messages or a compaction as it lands.
 
-        Runs until the caller stops iterating, ``to_seq`` was given, or the session was deleted
-        or erased (those events are given, then it ends). A lost connection is resumed from the
-        event after the last one given (up to 8 lost connections in a row, waiting longer after
-        each), so none is missed or given twice. An event is in the log before the
-        read models apply it: a read after it waits for it by itself (read-your-writes)."""
+        Runs until the caller stops iterating, the stream passed ``to_seq`` (when given), or the
+        session was deleted or erased (those events are given, then it ends). A lost connection,
+        a server that stops or a request limit (``rate_limited``) is waited out and the answer
+        resumed from the event after the last one given (up to 8 times in a row, waiting longer
+        after each), so none is missed or given twice. Stop early with
+        ``contextlib.aclosing(session.follow_events())``, which closes the connection at once. An
+        event is in the log before the read models apply it: a read after it waits for it by
+        itself (read-your-writes)."""
         await self._ensure_ready()
         next_seq, failures = max(1, from_seq), 0
         while to_seq is None or next_seq <= to_seq:
             params: dict[str, Any] = {"from_seq": next_seq, "follow": "true"}
             if to_seq is not None:
                 params["to_seq"] = to_seq
-            ended = False
+            given, ended = 0, False
             try:
-                async for line in self.client.stream_lines(self._path("/events"), params):
-                    if not line.strip():
-                        continue  # a keep-alive
-                    record: dict[str, Any] = json.loads(line)
-                    failures, next_seq = 0, int(record["seq"]) + 1
-                    self.client.note_seq(self.id, record["seq"])
-                    ended = _ends_session(record)
-                    yield record
-            except Unavailable:
+                async with contextlib.aclosing(self.client.stream_lines(self._path("/events"), params)) as lines:
+                    async for line in lines:
+                        if not line.strip():
+                            continue  # a keep-alive
+                        record: dict[str, Any] = json.loads(line)
+                        failures, given, next_seq = 0, given + 1, int(record["seq"]) + 1
+                        self.client.note_seq(self.id, record["seq"])
+                        ended = _ends_session(record)
+                        yield record
+            except (Unavailable, RateLimited) as exc:
+                if isinstance(exc, RateLimited) and exc.code != "rate_limited":
+                    raise  # too_many_streams: waiting frees nothing
                 failures += 1
                 if failures > _FOLLOW_RETRIES:
                     raise
-                await asyncio.sleep(min(30.0, _FOLLOW_PAUSE_S * 2 ** (failures - 1)))
+                wait = min(30.0, _FOLLOW_PAUSE_S * 2 ** (failures - 1))
+                await asyncio.sleep(max(wait, getattr(exc, "retry_after", None) or 0.0))
                 continue
-            if ended:
-                return
+            if ended or to_seq is not None:
+                return  # the server ended the answer at the deletion or erasure, or past to_seq
+            if not given:  # it ended with nothing to give (a server stopping): wait a little
+                failures += 1
+                await asyncio.sleep(min(30.0, _FOLLOW_PAUSE_S * 2 ** (failures - 1)))
 
     # -- compaction -------------------------------------------------------------------------
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass
 from datetime import datetime
@@ -84,19 +85,42 @@ async def read(
         await sub.unsubscribe()
 
 
+class FollowerBehind(Exception):
+    """A follower's reader fell behind: more events wait in its buffer than :func:`follow` keeps."""
+
+
+FOLLOW_PENDING_MSGS = 5_000
+FOLLOW_PENDING_BYTES = 8 * 1024 * 1024
+
+
 async def follow(
     js: JetStreamContext,
     layout: SubjectLayout,
     subject: str,
     from_seq: int = 1,
-    tick_s: float = 15.0,
+    tick_s: float = 1.0,
 ) -> AsyncGenerator[StoredEvent | None, None]:
     """Events on ``subject`` from ``from_seq`` on, in order, as they are stored: never ends by
     itself. ``None`` when nothing came for ``tick_s`` (a caller's chance to send a keep-alive or
-    to stop). An ordered consumer: flow-controlled, and reset from the last sequence delivered
-    when the server or the connection loses messages, so none is skipped or repeated."""
+    to stop). Meant for what comes next: a reader far behind catches up with :func:`read` first
+    (a backlog arrives at once and would pass the buffer's bound below). An ordered consumer:
+    flow-controlled, and reset from the last sequence delivered when the server or the
+    connection loses messages, so none is skipped or repeated.
+
+    The server keeps delivering to a reader that does not read (its stall heartbeats are
+    answered), so the buffer is bounded: :class:`FollowerBehind` is raised once more than
+    :data:`FOLLOW_PENDING_MSGS` messages or :data:`FOLLOW_PENDING_BYTES` wait in it, before
+    nats-py's own limits (twice those) would drop one unseen; the caller resumes from the
+    last event it took."""
     config = ConsumerConfig(deliver_policy=DeliverPolicy.BY_START_SEQUENCE, opt_start_seq=max(from_seq, 1))
-    sub = await js.subscribe(subject, ordered_consumer=True, config=config, stream=layout.stream)
+    sub = await js.subscribe(
+        subject,
+        ordered_consumer=True,
+        config=config,
+        stream=layout.stream,
+        pending_msgs_limit=2 * FOLLOW_PENDING_MSGS,
+        pending_bytes_limit=2 * FOLLOW_PENDING_BYTES,
+    )
     try:
         while True:
             try:
@@ -104,6 +128,9 @@ async def follow(
             except (TimeoutError, nats.errors.TimeoutError):
                 yield None
                 continue
+            if sub.pending_msgs > FOLLOW_PENDING_MSGS or sub.pending_bytes > FOLLOW_PENDING_BYTES:
+                raise FollowerBehind(f"{sub.pending_msgs} events ({sub.pending_bytes} bytes) wait for the reader")
             yield _stored(msg)
     finally:
-        await sub.unsubscribe()
+        with contextlib.suppress(nats.errors.Error):  # the connection may be closing with the process
+            await sub.unsubscribe()

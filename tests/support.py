@@ -31,6 +31,7 @@ from services.ops.localstack import (
     with_database,
 )
 from services.ops.natsconf import ClusterNode, NatsAccess
+from services.ops.processes import ApiServer
 
 DEFAULT_PG = "postgresql://postgres@127.0.0.1:5432/postgres"
 
@@ -70,7 +71,9 @@ def chronicle_cli(settings: Any, *args: str, timeout: float = 120) -> subprocess
 async def served(app: ASGIApp) -> AsyncIterator[str]:
     """``app`` served by uvicorn on a free loopback port (real HTTP); yields its base URL."""
     port = free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="error"))
+    config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="error")
+    stopping = getattr(getattr(app, "state", None), "stopping", None)  # Chronicle's API: its open answers end
+    server = ApiServer(config, stopping) if isinstance(stopping, asyncio.Event) else uvicorn.Server(config)
     task = asyncio.create_task(server.serve())
     while not server.started:
         assert not task.done(), "uvicorn did not start"

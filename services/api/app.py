@@ -1,6 +1,7 @@
 """The HTTP API v1 (docs/http-api.md): the app factory. Commands publish events, queries read
 projections; each resource's routes are a router of their own module."""
 
+import asyncio
 import contextlib
 from collections.abc import AsyncIterator
 
@@ -63,6 +64,7 @@ def build_app(settings: Settings, container: Container | None = None) -> FastAPI
     app = FastAPI(title="Chronicle", version="1.0", lifespan=lifespan)
     app.router.route_class = StrictJsonRoute  # every JSON body parsed strictly, before the route runs
     app.state.keys = keys
+    app.state.stopping = asyncio.Event()  # set when the server stops: followed answers end (services/api/following.py)
     if container is not None:
         app.state.c = container  # usable without running the lifespan (in-process clients)
     install(app)

@@ -98,6 +98,20 @@ def listening_socket(host: str, port: int, *, reuse_port: bool) -> socket.socket
     return sock
 
 
+class ApiServer(uvicorn.Server):
+    """uvicorn's server that, as it begins to stop, tells the answers that would stay open
+    (followed events) to end: they end within a second, cleanly, instead of being cut after the
+    graceful timeout."""
+
+    def __init__(self, config: uvicorn.Config, stopping: asyncio.Event) -> None:
+        super().__init__(config)
+        self._stopping = stopping
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        self._stopping.set()
+        await super().shutdown(sockets)
+
+
 def run_api(settings: Settings) -> None:
     """Serve the API until SIGINT/SIGTERM; with ``api_reuse_port`` on a socket shared with the
     other API processes on the same port."""
@@ -112,11 +126,11 @@ def run_api(settings: Settings) -> None:
         timeout_graceful_shutdown=10,
     )
     if not settings.api_reuse_port:
-        uvicorn.Server(config).run()
+        ApiServer(config, app.state.stopping).run()
     else:
         sock = listening_socket(settings.api_host, settings.api_port, reuse_port=True)
         try:
-            uvicorn.Server(config).run(sockets=[sock])
+            ApiServer(config, app.state.stopping).run(sockets=[sock])
         finally:
             sock.close()
     refused = getattr(app.state, "refused", None)

@@ -13,9 +13,11 @@ from typing import Any
 
 import httpx
 import pytest
+from fastapi import FastAPI
 
+from events import log as eventlog
 from events.omitted import OMITTED
-from services.api import log as log_routes
+from services.api import following
 from services.api.app import build_app
 from services.bootstrap import Container
 from services.settings import Settings
@@ -41,9 +43,14 @@ async def stack(settings: Settings) -> AsyncIterator[Container]:
 
 
 @pytest.fixture
-async def client(settings: Settings, stack: Container) -> AsyncIterator[httpx.AsyncClient]:
+def app(settings: Settings, stack: Container) -> FastAPI:
+    return build_app(settings, stack)
+
+
+@pytest.fixture
+async def client(app: FastAPI) -> AsyncIterator[httpx.AsyncClient]:
     async with (
-        served(build_app(settings, stack)) as url,
+        served(app) as url,
         httpx.AsyncClient(base_url=url, headers={"Authorization": f"Bearer {KEYS[T]}"}, timeout=30) as http,
     ):
         yield http
@@ -183,7 +190,8 @@ async def test_an_erasure_ends_the_answer_and_nothing_of_the_session_is_shown(
 async def test_a_silent_answer_sends_keep_alive_blank_lines(
     stack: Container, client: httpx.AsyncClient, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(log_routes, "FOLLOW_KEEPALIVE_S", 0.2)
+    monkeypatch.setattr(following, "TICK_S", 0.05)
+    monkeypatch.setattr(following, "KEEPALIVE_S", 0.2)
     sid = new_sid()
     async with client.stream("GET", f"/v1/sessions/{sid}/events", params={"follow": "true"}) as r:
         assert r.status_code == 200
@@ -227,3 +235,88 @@ async def test_bad_parameters_are_422(client: httpx.AsyncClient, params: dict[st
     r = await client.get(f"/v1/sessions/{new_sid()}/events", params={"follow": "true", **params})
     assert r.status_code == 422, r.text
     assert r.json()["code"] == "invalid_request"
+
+
+async def test_a_to_seq_of_another_sessions_event_ends_the_answer_once_the_stream_reaches_it(
+    stack: Container, follow: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(following, "TICK_S", 0.05)
+    sid, other = new_sid(), new_sid()
+    mine = await stack.commands.append(T, sid, text_message("m1", "mine"), OMITTED)
+    follower = await follow(sid, to_seq=mine.seq + 1)  # the next event of the stream, whoever's
+    got = await follower.next()
+    assert got is not None
+    assert got["seq"] == mine.seq
+    theirs = await stack.commands.append(T, other, text_message("o1", "another session's"), OMITTED)
+    assert theirs.seq == mine.seq + 1
+    assert await follower.ended()  # to_seq is passed: nothing of this session can come before it
+
+
+async def test_a_to_seq_before_from_seq_is_an_empty_answer(follow: Any) -> None:
+    follower = await follow(new_sid(), from_seq=10, to_seq=9)
+    assert await follower.ended()
+
+
+async def test_open_answers_end_within_a_tick_when_the_server_stops(
+    app: FastAPI, stack: Container, follow: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(following, "TICK_S", 0.05)
+    sid = new_sid()
+    await stack.commands.append(T, sid, text_message("m1", "before the stop"), OMITTED)
+    follower = await follow(sid)
+    assert await follower.next() is not None
+    app.state.stopping.set()  # what ApiServer.shutdown does first
+    assert await follower.ended(timeout=5)
+
+
+async def test_a_reader_that_falls_behind_is_ended_and_resumes_without_a_gap(
+    stack: Container, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(eventlog, "FOLLOW_PENDING_MSGS", 3)
+    sid = new_sid()
+    subject = stack.layout.session_subject(T, sid)
+    first = await stack.commands.append(T, sid, text_message("m0", "first"), OMITTED)
+    stream = eventlog.follow(stack.js, stack.layout, subject, first.seq, 0.05)
+    got = [await anext(stream)]  # subscribed, and the first event taken
+    seqs = [first.seq]
+    for i in range(1, 12):
+        seqs.append((await stack.commands.append(T, sid, text_message(f"m{i}", f"turn {i}"), OMITTED)).seq)
+    async with asyncio.timeout(20):  # the server has sent every event to the buffer (the positive signal)
+        while True:
+            infos = await stack.js.consumers_info(stack.layout.stream)
+            delivered = [i.delivered.stream_seq for i in infos if i.config.filter_subject == subject and i.delivered]
+            if any((seq or 0) >= seqs[-1] for seq in delivered):
+                break
+            await asyncio.sleep(0.02)
+    with pytest.raises(eventlog.FollowerBehind):
+        await drain(stream, got)
+    taken = [ev.seq for ev in got if ev is not None]
+    assert taken == seqs[: len(taken)]  # in order, no gap
+    assert len(taken) < len(seqs)
+    # the client resumes from its last seq + 1: the backlog read to its end (as a followed answer does)
+    taken += [ev.seq async for ev in eventlog.read(stack.js, stack.layout, subject, taken[-1] + 1)]
+    assert taken == seqs
+
+
+async def drain(stream: AsyncIterator[eventlog.StoredEvent | None], into: list[eventlog.StoredEvent | None]) -> None:
+    async for ev in stream:
+        into.append(ev)
+
+
+async def test_a_client_that_leaves_leaves_no_consumer_behind(stack: Container, client: httpx.AsyncClient) -> None:
+    sid = new_sid()
+    subject = stack.layout.session_subject(T, sid)
+    await stack.commands.append(T, sid, text_message("m1", "one"), OMITTED)
+
+    async def consumers() -> int:
+        infos = await stack.js.consumers_info(stack.layout.stream)
+        return len([i for i in infos if i.config.filter_subject == subject])
+
+    async with client.stream("GET", f"/v1/sessions/{sid}/events", params={"follow": "true"}) as r:
+        lines = r.aiter_lines()
+        assert json.loads(await asyncio.wait_for(anext(lines), 10))["event"]["message"]["id"] == "m1"
+        assert await consumers() >= 1  # the follower's (and, until it expires, the backlog read's)
+    async with asyncio.timeout(20):  # the server saw the client go and unsubscribed
+        while await consumers():
+            await asyncio.sleep(0.05)
+    assert following.open_answers(T) == 0

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncGenerator, Mapping, Sequence
 from typing import Any
 
 import pytest
 
-from chronicle_sdk import OMITTED, AppendResult, SessionManager, Unavailable
+from chronicle_sdk import OMITTED, AppendResult, RateLimited, SessionManager, Unavailable
 from chronicle_sdk import session as sdk_session
 
 
@@ -19,7 +19,7 @@ class RecordingConnection:
         self.calls: list[tuple[Any, ...]] = []
         self.answers = list(answers)  # per stream_lines call: its lines, an exception ends it
 
-    async def stream_lines(self, path: str, params: Mapping[str, Any]) -> AsyncIterator[bytes]:
+    async def stream_lines(self, path: str, params: Mapping[str, Any]) -> AsyncGenerator[bytes, None]:
         self.calls.append(("stream_lines", path, dict(params)))
         for item in self.answers.pop(0):
             if isinstance(item, Exception):
@@ -104,4 +104,24 @@ async def test_following_up_to_to_seq_ends_there_and_a_lasting_outage_raises() -
     down = RecordingConnection([[Unavailable("down", status=0)] for _ in range(9)])
     with pytest.raises(Unavailable):
         async for _ in SessionManager(down).get_session("s").follow_events():
+            pass
+
+
+async def test_an_answer_that_ends_before_to_seq_is_not_reopened_in_a_loop() -> None:
+    # to_seq names another session's event: the server ends the answer once the stream passed it
+    connection = RecordingConnection([[line(4)], [], []])
+    got = [r["seq"] async for r in SessionManager(connection).get_session("s").follow_events(to_seq=5)]
+    assert got == [4]
+    assert len([c for c in connection.calls if c[0] == "stream_lines"]) == 1
+
+
+async def test_a_rate_limited_resume_is_waited_out_and_too_many_streams_raises() -> None:
+    limited = RateLimited("slow down", code="rate_limited", status=429, problem={"retry_after": 0.0})
+    connection = RecordingConnection([[line(3), limited], [line(4, "session.erased")]])
+    got = [r["seq"] async for r in SessionManager(connection).get_session("s").follow_events()]
+    assert got == [3, 4]
+
+    full = RateLimited("no free stream", code="too_many_streams", status=429)
+    with pytest.raises(RateLimited):
+        async for _ in SessionManager(RecordingConnection([[full]])).get_session("s").follow_events():
             pass

@@ -1,0 +1,150 @@
+"""Followed event answers (``GET …/events?follow=true``): a session's events sent as the log
+stores them, in an answer that stays open.
+
+An answer ends when ``to_seq`` is passed (the stream reached it, whichever session's event it
+is), after ``limit`` events, after the session's deletion or erasure, when the client leaves,
+when the process stops (within a tick), or when the client reads too slowly for what is coming
+(its buffer would grow without bound): the client resumes with ``from_seq`` = the last ``seq`` it
+got + 1 and misses nothing. Each tenant holds at most ``follow_streams_per_tenant`` answers in one
+process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections import Counter
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+from starlette.responses import StreamingResponse
+from starlette.types import Receive, Scope, Send
+
+from events import log as eventlog
+from events.catalog import SessionDeleted, SessionErased
+from events.sealing import kid_in
+from services.audit import readers as audit
+from services.bootstrap import Container
+from services.errors import TooManyStreams
+
+KEEPALIVE_S = 15.0
+"""How long a followed answer stays silent before it sends a blank line."""
+TICK_S = 1.0
+"""How often a silent answer looks at what ends it (the process stopping, ``to_seq`` reached)."""
+NDJSON = "application/x-ndjson"
+ENDING_TYPES = frozenset({SessionDeleted.TYPE, SessionErased.TYPE})
+HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}  # proxies pass each line on at once
+
+_following: Counter[str] = Counter()
+"""Followed answers open in this process, per tenant."""
+
+
+class FollowedResponse(StreamingResponse):
+    """A streaming answer that gives its tenant's slot back when it is over, however it ends
+    (finished, the client gone, even before its first byte)."""
+
+    def __init__(self, content: AsyncIterator[bytes], release: Callable[[], None]) -> None:
+        super().__init__(content, media_type=NDJSON, headers=HEADERS)
+        self._release = release
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self._release()
+
+
+def followed(
+    c: Container,
+    stopping: asyncio.Event,
+    tenant: str,
+    sid: str,
+    from_seq: int,
+    to_seq: int | None,
+    limit: int | None,
+) -> FollowedResponse:
+    """The answer, holding one of the tenant's slots (429 ``too_many_streams`` when none is free)."""
+    allowed = c.settings.follow_streams_per_tenant
+    if _following[tenant] >= allowed:
+        raise TooManyStreams(f"tenant {tenant!r} already follows {allowed} event streams in this process")
+    _following[tenant] += 1
+
+    def release() -> None:
+        _following[tenant] -= 1
+        if not _following[tenant]:
+            del _following[tenant]
+
+    return FollowedResponse(_lines(c, stopping, tenant, sid, from_seq, to_seq, limit), release)
+
+
+def open_answers(tenant: str) -> int:
+    """Followed answers the tenant holds open in this process."""
+    return _following[tenant]
+
+
+async def _lines(
+    c: Container,
+    stopping: asyncio.Event,
+    tenant: str,
+    sid: str,
+    from_seq: int,
+    to_seq: int | None,
+    limit: int | None,
+) -> AsyncIterator[bytes]:
+    if to_seq is not None and to_seq < from_seq:
+        return
+    subject = c.layout.session_subject(tenant, sid)
+    await c.keys.refresh([(tenant, sid)])
+    next_seq, sent, quiet = from_seq, 0, 0.0
+
+    async def line(ev: eventlog.StoredEvent) -> bytes:
+        if (kid := kid_in(ev.data)) is not None:
+            await c.keys.load([(tenant, sid, kid)])  # a key made since the answer began
+        return audit.event_line(ev, c.layout, c.keys)
+
+    # what is stored already, read to its end (a backlog arrives at once); then what comes next
+    async for stored in eventlog.read(c.js, c.layout, subject, from_seq, to_seq):
+        shown = await line(stored)
+        yield shown
+        next_seq, sent = stored.seq + 1, sent + 1
+        if sent == limit or stored.seq == to_seq or ends_session(shown) or stopping.is_set():
+            return
+    stream = eventlog.follow(c.js, c.layout, subject, next_seq, TICK_S)
+    try:
+        async for ev in stream:
+            if stopping.is_set():
+                return  # the process stops: the client resumes elsewhere, from its last seq + 1
+            if ev is None:
+                if to_seq is not None and await eventlog.last_seq(c.js, c.layout) >= to_seq:
+                    # every event up to to_seq is stored: read what was not delivered yet, and end
+                    async for rest in eventlog.read(c.js, c.layout, subject, next_seq, to_seq):
+                        yield await line(rest)
+                        sent += 1
+                        if sent == limit:
+                            return
+                    return
+                quiet += TICK_S
+                if quiet >= KEEPALIVE_S:
+                    quiet = 0.0
+                    await c.keys.refresh([(tenant, sid)])  # an erasure by another process, say
+                    yield b"\n"  # a keep-alive: proxies close answers that stay silent
+                continue
+            quiet = 0.0
+            if to_seq is not None and ev.seq > to_seq:
+                return
+            shown = await line(ev)
+            yield shown
+            next_seq, sent = ev.seq + 1, sent + 1
+            if sent == limit or ev.seq == to_seq or ends_session(shown):
+                return
+    except eventlog.FollowerBehind:
+        return  # the client reads slower than events come: it resumes from its last seq + 1
+    finally:
+        await stream.aclose()
+
+
+def ends_session(line: bytes) -> bool:
+    """Whether an answer's line shows its session's deletion or erasure (as the SDK decides)."""
+    record: Any = json.loads(line)
+    shown = record.get("event") or record.get("erased") or {}
+    return isinstance(shown, dict) and shown.get("type") in ENDING_TYPES
