@@ -114,20 +114,28 @@ class SessionManager(ConfigBuilder):
         """Add token usage and cost to the session's counters (``addUsage(sid, in, out, cost)``);
         :meth:`get` shows the sums (``input_tokens``, ``output_tokens``, ``estimated_cost``).
 
-        Each call adds once, retries included (it sends an ``Idempotency-Key``). Raises
-        :class:`SessionNotFound` for an unknown or deleted session."""
+        The client retries a call that failed in a way that may have reached the server (a timeout,
+        a lost connection) with the same ``Idempotency-Key`` (one per call): a retry that reaches
+        the server within its duplicate window (two minutes after the first attempt was stored)
+        adds nothing again; one after it would add twice. Raises :class:`SessionNotFound` for an
+        unknown or deleted session, :class:`InvalidRequest` for a negative amount or when all
+        three are 0 (nothing to add)."""
         body = {"input_tokens": input_tokens, "output_tokens": output_tokens, "cost": float(cost)}
         out = await self.client.request(
             "POST",
             f"/v1/sessions/{quote(session_id)}/usage",
             body=body,
+            idempotent=True,  # the key makes a repeat safe
             headers={"Idempotency-Key": uuid.uuid4().hex},
         )
         self.client.note_seq(session_id, out.get("seq"))
 
     async def end(self, session_id: str, reason: str) -> None:
-        """Record why a session ended (its ``end_reason``); it stays readable and writable."""
-        out = await self.client.request("POST", f"/v1/sessions/{quote(session_id)}:end", body={"reason": reason})
+        """Record why a session ended (its ``end_reason``); it stays readable and writable. Retried
+        like a read: recording the same reason again changes nothing."""
+        out = await self.client.request(
+            "POST", f"/v1/sessions/{quote(session_id)}:end", body={"reason": reason}, idempotent=True
+        )
         self.client.note_seq(session_id, out.get("seq"))
 
     async def compact_and_split(

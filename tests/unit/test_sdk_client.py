@@ -202,6 +202,52 @@ async def test_non_idempotent_posts_are_not_retried_after_they_may_have_run() ->
         assert len(rec.requests) == 2
 
 
+def timing_out_once(answer: Handler) -> Handler:
+    """A handler whose first request times out after it may have reached the server."""
+    calls = {"n": 0}
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        calls["n"] += 1
+        if calls["n"] == 1:
+            raise httpx.ReadTimeout("slow", request=request)
+        return answer(request)
+
+    return handler
+
+
+async def test_add_usage_is_retried_after_a_timeout_with_the_same_idempotency_key() -> None:
+    added = {"id": "s1", "input_tokens": 10, "output_tokens": 2, "cost": 0.5, "seq": 8}
+    rec = Recorder(timing_out_once(lambda r: httpx.Response(200, json=added)))
+    async with rec.client() as c:
+        await SessionManager(c).add_usage("s1", 10, 2, 0.5)
+        assert c.last_seq("s1") == 8
+    assert [r.url.path for r in rec.requests] == ["/v1/sessions/s1/usage"] * 2
+    keys = [r.headers.get("idempotency-key") for r in rec.requests]
+    assert keys[0] is not None
+    assert keys[0] == keys[1]
+    assert rec.bodies() == [{"input_tokens": 10, "output_tokens": 2, "cost": 0.5}] * 2
+
+
+async def test_each_add_usage_call_has_its_own_idempotency_key() -> None:
+    added = {"id": "s1", "input_tokens": 1, "output_tokens": 0, "cost": 0.0, "seq": 8}
+    rec = Recorder(lambda r: httpx.Response(200, json=added))
+    async with rec.client() as c:
+        await SessionManager(c).add_usage("s1", 1)
+        await SessionManager(c).add_usage("s1", 1)
+    first, second = (r.headers.get("idempotency-key") for r in rec.requests)
+    assert first != second
+
+
+async def test_end_is_retried_after_a_timeout() -> None:
+    ended = {"id": "s1", "end_reason": "done", "seq": 9}
+    rec = Recorder(timing_out_once(lambda r: httpx.Response(200, json=ended)))
+    async with rec.client() as c:
+        await SessionManager(c).end("s1", "done")
+        assert c.last_seq("s1") == 9
+    assert [r.url.path for r in rec.requests] == ["/v1/sessions/s1:end"] * 2
+    assert rec.bodies() == [{"reason": "done"}] * 2
+
+
 def rate_limited(retry_after: float) -> httpx.Response:
     """The server's 429: a problem with ``retry_after`` and the header's whole seconds."""
     body = {
@@ -493,9 +539,11 @@ class FakeNats:
     def __init__(self, *script: Any) -> None:
         self.script = list(script)
         self.subjects: list[str] = []
+        self.payloads: list[Any] = []
 
     async def request(self, subject: str, data: bytes, timeout: float) -> Any:
         self.subjects.append(subject)
+        self.payloads.append(json.loads(data))
         item = self.script.pop(0) if len(self.script) > 1 else self.script[0]
         if isinstance(item, BaseException):
             raise item
@@ -598,3 +646,25 @@ async def test_a_command_rate_limited_on_every_attempt_raises(monkeypatch: pytes
     assert (caught.value.code, caught.value.retry_after) == ("rate_limited", 0.5)
     assert len(nc.subjects) == 3
     assert len(slept) == 2
+
+
+async def test_add_usage_as_a_command_is_retried_after_a_timeout_with_the_same_key() -> None:
+    import nats.errors
+
+    added = {"id": "s1", "input_tokens": 10, "output_tokens": 2, "cost": 0.5, "seq": 8}
+    nc = FakeNats(nats.errors.TimeoutError(), Reply(200, added))
+    await SessionManager(commanding(nc)).add_usage("s1", 10, 2, 0.5)
+    assert nc.subjects == ["c.cmd.tenant-x.session.usage"] * 2
+    first, retry = nc.payloads
+    assert first == retry
+    assert first["idempotency_key"]
+    assert (first["session_id"], first["input_tokens"], first["output_tokens"], first["cost"]) == ("s1", 10, 2, 0.5)
+
+
+async def test_end_as_a_command_is_retried_after_a_timeout() -> None:
+    import nats.errors
+
+    nc = FakeNats(nats.errors.TimeoutError(), Reply(200, {"id": "s1", "end_reason": "done", "seq": 9}))
+    await SessionManager(commanding(nc)).end("s1", "done")
+    assert nc.subjects == ["c.cmd.tenant-x.session.end"] * 2
+    assert nc.payloads == [{"session_id": "s1", "reason": "done"}] * 2
