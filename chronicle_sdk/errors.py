@@ -122,6 +122,13 @@ class BudgetExceeded(InvalidRequest):
     default_code = "budget_exceeded"
 
 
+class IdempotencyKeyReused(InvalidRequest):
+    """The ``Idempotency-Key`` was used, within the server's duplicate window, for a request with
+    other values (``POST …/usage`` with other amounts); nothing was written. Use a new key per call."""
+
+    default_code = "idempotency_key_reused"
+
+
 class InvalidConfig(InvalidRequest):
     """The session config is not valid (for example a skills bucket that does not exist)."""
 
@@ -218,6 +225,7 @@ BY_CODE: dict[str, type[ChronicleError]] = {
         BlockNotFound,
         UnknownTool,
         BudgetExceeded,
+        IdempotencyKeyReused,
         InvalidConfig,
         InvalidId,
         MalformedJson,
@@ -277,6 +285,7 @@ __all__ = [
     "ChronicleError",
     "Conflict",
     "Contention",
+    "IdempotencyKeyReused",
     "InvalidConfig",
     "InvalidId",
     "InvalidRequest",

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, WithJsonSchema
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, WithJsonSchema
 
 from events import ids
 from events.catalog import MAX_END_REASON, MAX_USAGE_COST, MAX_USAGE_TOKENS
@@ -46,7 +46,16 @@ def _whole_number(value: object) -> object:
 
 
 Tokens = Annotated[Annotated[int, Field(ge=0, le=MAX_USAGE_TOKENS)], BeforeValidator(_whole_number)]
-Cost = Annotated[float, Field(ge=0, le=MAX_USAGE_COST, strict=True, allow_inf_nan=False)]
+
+
+def _no_negative_zero(value: float) -> float:
+    """``-0.0`` as ``0.0`` (a cost is stored and answered without a sign)."""
+    return value + 0.0
+
+
+Cost = Annotated[
+    float, Field(ge=0, le=MAX_USAGE_COST, strict=True, allow_inf_nan=False), AfterValidator(_no_negative_zero)
+]
 EndReason = Annotated[str, Field(min_length=1, max_length=MAX_END_REASON)]
 IdempotencyKey = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[!-~]+$")]
 
@@ -93,8 +102,11 @@ class DeleteSession(BaseModel):
 
 
 class AddUsage(BaseModel):
-    """Add to the session's counters. ``idempotency_key`` is HTTP's ``Idempotency-Key``: the
-    same in each retry of one call, so that a retry (within two minutes) adds once."""
+    """Add to the session's counters (all three 0 is refused: nothing to add).
+    ``idempotency_key`` is HTTP's ``Idempotency-Key``: the same in each retry of one call, so
+    that a retry within the stream's duplicate window (two minutes after the first was stored)
+    adds nothing again and answers the first ``seq``; the same key with other amounts is refused
+    (``idempotency_key_reused``). After the window the key is forgotten."""
 
     model_config = _strict(
         {"session_id": "demo", "input_tokens": 1200, "output_tokens": 350, "cost": 0.0042, "idempotency_key": "u-7"}

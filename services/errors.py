@@ -28,6 +28,9 @@ SessionExists = _error("SessionExists", "session_exists", 409, "Session already 
 MessageNotFound = _error("MessageNotFound", "message_not_found", 404, "Message not found")
 UnknownParent = _error("UnknownParent", "unknown_parent", 422, "The parent message is not in this session")
 MessageConflict = _error("MessageConflict", "message_conflict", 409, "A different message with this id exists")
+IdempotencyKeyReused = _error(
+    "IdempotencyKeyReused", "idempotency_key_reused", 422, "This Idempotency-Key was used for a different request"
+)
 PayloadTooLarge = _error("PayloadTooLarge", "payload_too_large", 413, "The message is too large")
 ProjectionTimeout = _error("ProjectionTimeout", "projection_timeout", 503, "The read model did not catch up in time")
 ContentionExhausted = _error("ContentionExhausted", "contention", 503, "Too many concurrent writers; retry")

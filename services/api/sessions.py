@@ -30,7 +30,11 @@ from services.requests import writes
 router = APIRouter(route_class=StrictJsonRoute)
 IdempotencyKeyHeader = Annotated[
     str | None,
-    idempotency_key("the client's name for this call, kept across its retries: a retry within two minutes adds once"),
+    idempotency_key(
+        "the client's name for this call, kept across its retries: a retry with the same amounts within the "
+        "stream's duplicate window (two minutes) adds nothing again and answers the first `seq`; other amounts "
+        "are `422 idempotency_key_reused`"
+    ),
 ]
 log = logging.getLogger("chronicle.keys")
 
@@ -96,10 +100,16 @@ async def add_usage(
     idempotency_key: IdempotencyKeyHeader = None,
 ) -> dict[str, Any]:
     """Add token usage and cost to the session's counters (``addUsage``): `input_tokens`,
-    `output_tokens` and `estimated_cost` of the session add them up. With an `Idempotency-Key`
-    (the same in each retry of one call), a retry within two minutes adds once."""
-    out = await writes.add_usage(c, tenant, sid, body.input_tokens, body.output_tokens, body.cost, idempotency_key)
-    metrics.published("session.usage_added")
+    `output_tokens` and `estimated_cost` of the session add them up; all three 0 is `422
+    invalid_request` (nothing to add). With an `Idempotency-Key` (the same in each retry of one
+    call), a retry within the stream's duplicate window (two minutes after the first was stored)
+    adds nothing again and answers the first `seq`; the same key with other amounts is `422
+    idempotency_key_reused`, and nothing is written. After the window the key is forgotten."""
+    written, out = await writes.add_usage(
+        c, tenant, sid, body.input_tokens, body.output_tokens, body.cost, idempotency_key
+    )
+    if written:
+        metrics.published("session.usage_added")
     return out
 
 

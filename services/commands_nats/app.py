@@ -132,7 +132,7 @@ def command_router(
 
     @subscriber(by["session.usage"])
     async def add_usage(body: cmd.AddUsage, tenant: str = Path()) -> NatsResponse:
-        out = await writes.add_usage(
+        _, out = await writes.add_usage(
             container(),
             tenant_of(tenant),
             body.session_id,

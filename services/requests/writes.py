@@ -63,10 +63,20 @@ async def add_usage(
     output_tokens: int,
     cost: float,
     request_key: str | None = None,
-) -> Answer:
+) -> tuple[bool, Answer]:
+    """Whether an event was written (not a retry's, already stored), and the answer. All three
+    amounts 0 is refused: there is nothing to add."""
     check_id("session", sid)
+    if not (input_tokens or output_tokens or cost):
+        raise InvalidRequest("nothing to add: input_tokens, output_tokens and cost are all 0")
     w = await c.commands.add_usage(tenant, sid, input_tokens, output_tokens, cost, request_key)
-    return {"id": sid, "input_tokens": input_tokens, "output_tokens": output_tokens, "cost": cost, "seq": w.seq}
+    return w.written, {
+        "id": sid,
+        "input_tokens": input_tokens,
+        "output_tokens": output_tokens,
+        "cost": cost,
+        "seq": w.seq,
+    }
 
 
 async def end_session(c: Container, tenant: str, sid: str, reason: str) -> Answer:

@@ -41,11 +41,13 @@ from events.messages import JsonObject, body_hash, stored_json
 from events.objects import is_sealed_object, open_object
 from events.omitted import OMITTED
 from events.publisher import Publisher
+from events.registry import decode
 from projections import queries
 from projections.overlays import apply_overlays
 from projections.overlays import overlays as overlays_of
 from services.compaction.micro import ROW_MAX_BYTES, enforce_row_size_limit, json_bytes
 from services.errors import (
+    IdempotencyKeyReused,
     MessageNotFound,
     PayloadTooLarge,
     SessionExists,
@@ -71,6 +73,7 @@ class AppendResult:
 class WriteReceipt:
     seq: int
     ids: tuple[str, ...] = ()
+    written: bool = True  # False: a retry whose first attempt's event was already stored at ``seq``
 
 
 class Commands:
@@ -136,14 +139,29 @@ class Commands:
         cost: float,
         request_key: str | None = None,
     ) -> WriteReceipt:
-        """Add to the session's token and cost counters (``addUsage``). ``request_key`` (the
-        client's ``Idempotency-Key``) names the request across retries: the event id is derived
-        from it and the amounts, so a retry within the stream's duplicate window adds once."""
-        event_id = (
-            derived_id("usage", tenant, session, input_tokens, output_tokens, repr(cost), request_key)
-            if request_key is not None
-            else str(uuid.uuid4())
-        )
+        """Add to the session's token and cost counters (``addUsage``).
+
+        ``request_key`` (the client's ``Idempotency-Key``) names the request across retries: the
+        event id is derived from the tenant, the session and the key alone, so a publish within
+        the stream's duplicate window (two minutes by default) after the first is deduplicated by
+        JetStream. Its stored event is then read back: the same amounts answer as the first time
+        (its ``seq``, ``written=False``); other amounts raise :class:`IdempotencyKeyReused`, and
+        nothing is written either way. After the window the key is forgotten: the call adds again.
+        """
+        event_id = derived_id("usage", tenant, session, request_key) if request_key is not None else str(uuid.uuid4())
+        amounts = (input_tokens, output_tokens, cost)
+
+        async def replayed(seq: int) -> WriteReceipt:
+            stored = await self._stored_event(seq)
+            if not isinstance(stored, SessionUsageAdded) or stored.id != event_id:  # the log broke its word
+                raise RuntimeError(f"the log deduplicated {event_id} as seq {seq}, which holds another event")
+            if (stored.input_tokens, stored.output_tokens, stored.cost) != amounts:
+                raise IdempotencyKeyReused(
+                    f"Idempotency-Key {request_key!r} was used within the last duplicate window to add "
+                    f"input_tokens={stored.input_tokens}, output_tokens={stored.output_tokens}, "
+                    f"cost={stored.cost!r} to this session (seq {seq}); nothing was added"
+                )
+            return WriteReceipt(seq, written=False)
 
         async def decide(conn: Conn) -> Decision:
             await live_session(conn, tenant, session, must_exist=True)
@@ -155,7 +173,7 @@ class Commands:
                 output_tokens=output_tokens,
                 cost=cost,
             )
-            return Decision(event, WriteReceipt)
+            return Decision(event, WriteReceipt, replayed if request_key is not None else None)
 
         result: WriteReceipt = await self._optimistic(tenant, session, decide)
         return result
@@ -321,6 +339,12 @@ class Commands:
         except Exception:  # unknown counts as someone else's: the answer is then created=False
             return None
         return (msg.headers or {}).get("Nats-Msg-Id")
+
+    async def _stored_event(self, seq: int) -> Event:
+        """The event stored at stream sequence ``seq``, read back from the log (never sealed: only
+        events without personal fields are read back this way)."""
+        msg = await self._pub.js.get_msg(self._pub.layout.stream, seq)
+        return decode(msg.data or b"")
 
     async def update(self, tenant: str, session: str, body: JsonObject) -> WriteReceipt:
         message_id = str(body["id"])

@@ -46,10 +46,15 @@ Conn = psycopg.AsyncConnection[Any]
 
 @dataclass(frozen=True, slots=True)
 class Decision:
-    """An event to publish (or None for a no-op) and how to answer once it has a sequence."""
+    """An event to publish (or None for a no-op) and how to answer once it has a sequence.
+
+    ``replayed``: how to answer when the log already held the event's id (the publish was a
+    duplicate within the stream's duplicate window: nothing was written, and the sequence is the
+    first one's); None answers as ``answer`` does."""
 
     event: Event | None
     answer: Callable[[int], Any]
+    replayed: Callable[[int], Awaitable[Any]] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,6 +160,8 @@ class OptimisticWriter:
                 await asyncio.sleep(random.uniform(0, 0.002 * min(attempt + 1, 10)))  # noqa: S311
                 continue
             self._remember(key, last, published.seq, decision.event, fast is not None)
+            if published.duplicate and decision.replayed is not None:
+                return await decision.replayed(published.seq)
             return decision.answer(published.seq)
         raise ContentionExhausted(f"gave up after {self._attempts} conflicting attempts")
 

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import math
+import re
 from typing import Any
 
 import httpx
@@ -55,18 +57,87 @@ async def test_usage_is_listed_with_the_session(client: httpx.AsyncClient) -> No
     assert entry["output_tokens"] == 7
 
 
-async def test_a_retry_with_the_same_idempotency_key_adds_once(client: httpx.AsyncClient) -> None:
+async def published_usage(anon: httpx.AsyncClient) -> float:
+    """The API's count of the ``session.usage_added`` events it published (its /metrics)."""
+    r = await anon.get("/metrics")
+    assert r.status_code == 200, r.text
+    m = re.search(r'^chronicle_events_published_total\{type="session.usage_added"\} (\S+)$', r.text, re.MULTILINE)
+    return float(m.group(1)) if m else 0.0
+
+
+async def test_a_retry_with_the_same_idempotency_key_adds_once(
+    client: httpx.AsyncClient, anon: httpx.AsyncClient
+) -> None:
     sid = await created(client)
     body = {"input_tokens": 10, "output_tokens": 1, "cost": 0.01}
     path = f"/v1/sessions/{sid}/usage"
+    counted = await published_usage(anon)
     first = await client.post(path, json=body, headers={"Idempotency-Key": "call-1"})
     retry = await client.post(path, json=body, headers={"Idempotency-Key": "call-1"})
     other = await client.post(path, json=body, headers={"Idempotency-Key": "call-2"})
     assert (first.status_code, retry.status_code, other.status_code) == (200, 200, 200)
-    assert retry.json()["seq"] == first.json()["seq"]
+    assert retry.json() == first.json()
     assert other.json()["seq"] > first.json()["seq"]
     got = await session(client, sid, other.json()["seq"])
     assert (got["input_tokens"], got["output_tokens"], got["estimated_cost"]) == (20, 2, 0.02)
+    assert await published_usage(anon) - counted == 2  # the retry wrote nothing, and is not counted
+
+
+async def test_an_idempotency_key_is_per_session(client: httpx.AsyncClient) -> None:
+    one, two = await created(client), await created(client)
+    headers = {"Idempotency-Key": "same-key"}
+    a = await client.post(f"/v1/sessions/{one}/usage", json={"input_tokens": 1}, headers=headers)
+    b = await client.post(f"/v1/sessions/{two}/usage", json={"input_tokens": 2}, headers=headers)
+    assert (a.status_code, b.status_code) == (200, 200), b.text
+    assert (await session(client, two, b.json()["seq"]))["input_tokens"] == 2
+
+
+@pytest.mark.parametrize(
+    "other",
+    [{"input_tokens": 11, "output_tokens": 1, "cost": 0.01}, {"input_tokens": 10, "output_tokens": 1, "cost": 0.02}],
+    ids=["tokens", "cost"],
+)
+async def test_the_same_idempotency_key_with_other_amounts_is_refused_and_nothing_is_written(
+    client: httpx.AsyncClient, anon: httpx.AsyncClient, other: dict[str, Any]
+) -> None:
+    sid = await created(client)
+    path = f"/v1/sessions/{sid}/usage"
+    headers = {"Idempotency-Key": "call-1"}
+    first = await client.post(path, json={"input_tokens": 10, "output_tokens": 1, "cost": 0.01}, headers=headers)
+    assert first.status_code == 200, first.text
+    counted = await published_usage(anon)
+    problem = assert_problem(await client.post(path, json=other, headers=headers), 422, "idempotency_key_reused")
+    assert "call-1" in problem["detail"]
+    assert [e["event"]["type"] for e in await events(client, sid)] == ["session.created", "session.usage_added"]
+    got = await session(client, sid, first.json()["seq"])
+    assert (got["input_tokens"], got["output_tokens"], got["estimated_cost"]) == (10, 1, 0.01)
+    assert await published_usage(anon) == counted
+    again = await client.post(path, json={"input_tokens": 10, "output_tokens": 1, "cost": 0.01}, headers=headers)
+    assert again.json() == first.json()  # the first amounts still answer as the first time
+
+
+async def test_a_negative_zero_cost_is_stored_and_answered_as_zero(client: httpx.AsyncClient) -> None:
+    sid = await created(client)
+    r = await client.post(
+        f"/v1/sessions/{sid}/usage",
+        content=b'{"input_tokens": 3, "cost": -0.0}',
+        headers={"content-type": "application/json"},
+    )
+    assert r.status_code == 200, r.text
+    assert '"cost":0.0' in r.text.replace(" ", "")
+    assert math.copysign(1.0, r.json()["cost"]) == 1.0
+    [stored] = [e["event"] for e in await events(client, sid) if e["event"]["type"] == "session.usage_added"]
+    assert math.copysign(1.0, stored["cost"]) == 1.0
+    got = await session(client, sid, r.json()["seq"])
+    assert math.copysign(1.0, got["estimated_cost"]) == 1.0
+
+
+@pytest.mark.parametrize("body", [{}, {"input_tokens": 0, "output_tokens": 0, "cost": 0}, {"cost": -0.0}], ids=repr)
+async def test_nothing_to_add_is_refused_and_nothing_is_written(client: httpx.AsyncClient, body: Any) -> None:
+    sid = await created(client)
+    problem = assert_problem(await client.post(f"/v1/sessions/{sid}/usage", json=body), 422, "invalid_request")
+    assert "nothing to add" in problem["detail"]
+    assert [e["event"]["type"] for e in await events(client, sid)] == ["session.created"]
 
 
 async def test_end_records_the_reason_and_the_session_stays_writable(client: httpx.AsyncClient) -> None:
@@ -128,8 +199,8 @@ async def test_a_non_finite_cost_is_refused(client: httpx.AsyncClient) -> None:
     r = await client.post(
         f"/v1/sessions/{sid}/usage", content=b'{"cost": NaN}', headers={"content-type": "application/json"}
     )
-    assert r.status_code in (400, 422), r.text
-    assert r.headers["content-type"].startswith("application/problem+json")
+    problem = assert_problem(r, 422, "invalid_request")  # the strict JSON reader's refusal
+    assert "NaN" in problem["detail"]
     assert [e["event"]["type"] for e in await events(client, sid)] == ["session.created"]
 
 
@@ -143,7 +214,5 @@ async def test_a_bad_idempotency_key_is_refused(client: httpx.AsyncClient) -> No
 @pytest.mark.parametrize("body", [{}, {"reason": ""}, {"reason": "x" * 257}, {"reason": "nul\u0000"}, {"reason": 3}])
 async def test_a_bad_end_reason_is_refused_and_nothing_is_written(client: httpx.AsyncClient, body: Any) -> None:
     sid = await created(client)
-    r = await client.post(f"/v1/sessions/{sid}:end", json=body)
-    assert r.status_code == 422, r.text
-    assert r.json()["code"] in ("invalid_request",)
+    assert_problem(await client.post(f"/v1/sessions/{sid}:end", json=body), 422, "invalid_request")
     assert [e["event"]["type"] for e in await events(client, sid)] == ["session.created"]

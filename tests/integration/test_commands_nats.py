@@ -184,6 +184,48 @@ REFUSALS: list[tuple[str, str, dict[str, Any], str, dict[str, Any] | bytes]] = [
         "context.write",
         {"session_id": "{sid}", "label": "notes", "content": "a\x00b"},
     ),
+    (
+        "unknown session (usage)",
+        "POST /usage",
+        {"input_tokens": 1},
+        "session.usage",
+        {"session_id": "never-created", "input_tokens": 1},
+    ),
+    (
+        "negative tokens",
+        "POST /usage",
+        {"input_tokens": -1},
+        "session.usage",
+        {"session_id": "{sid}", "input_tokens": -1},
+    ),
+    (
+        "nothing to add",
+        "POST /usage",
+        {"cost": 0},
+        "session.usage",
+        {"session_id": "{sid}", "cost": 0},
+    ),
+    (
+        "unknown session (end)",
+        "POST :end",
+        {"reason": "done"},
+        "session.end",
+        {"session_id": "never-created", "reason": "done"},
+    ),
+    (
+        "NUL in the end reason",
+        "POST :end",
+        {"reason": "a\x00b"},
+        "session.end",
+        {"session_id": "{sid}", "reason": "a\x00b"},
+    ),
+    (
+        "over-long end reason",
+        "POST :end",
+        {"reason": "x" * 257},
+        "session.end",
+        {"session_id": "{sid}", "reason": "x" * 257},
+    ),
 ]
 
 
@@ -200,7 +242,7 @@ async def test_each_refusal_replies_with_the_problem_http_answers(
 ) -> None:
     sid = await created_session(http)
     method, tail = route.split(" ")
-    sid_path = "never-created" if command == "session.delete" else sid
+    sid_path = "never-created" if nats_body.get("session_id") == "never-created" else sid
     target = f"/v1/sessions/{sid_path}{tail}"
     h = await (http.request(method, target, json=http_body) if http_body else http.request(method, target))
     filled = json.loads(json.dumps(nats_body).replace("{sid}", sid))
@@ -278,6 +320,33 @@ async def test_a_retried_append_is_idempotent(
     assert [m["created"] for m in b2[1]["messages"]] == [False, False]
     history = await http.get(f"/v1/sessions/{sid}/history", params={"min_seq": b1[1]["seq"]})
     assert [m["id"] for m in history.json()["messages"]] == ["m1", "m2", "m3"]
+
+
+async def test_usage_with_a_key_is_idempotent_and_a_reused_key_is_refused_alike(
+    http: httpx.AsyncClient, tenant_a: NatsClient, settings: Settings
+) -> None:
+    sid = await created_session(http)
+    key = uuid.uuid4().hex
+    keyed = {"session_id": sid, "input_tokens": 5, "output_tokens": 1, "cost": 0.5, "idempotency_key": key}
+    first = await request(tenant_a, settings, "session.usage", keyed)
+    retried = await request(tenant_a, settings, "session.usage", keyed)
+    assert first == retried
+    assert first[0] == 200
+    # the same key over HTTP is the same request: the first answer
+    h = await http.post(
+        f"/v1/sessions/{sid}/usage",
+        json={"input_tokens": 5, "output_tokens": 1, "cost": 0.5},
+        headers={"Idempotency-Key": key},
+    )
+    assert (h.status_code, h.json()) == first
+    # the same key with other amounts: refused alike, nothing written
+    h = await http.post(f"/v1/sessions/{sid}/usage", json={"input_tokens": 6}, headers={"Idempotency-Key": key})
+    status, problem = await request(tenant_a, settings, "session.usage", {**keyed, "input_tokens": 6})
+    assert (status, problem["code"], problem["detail"]) == (h.status_code, h.json()["code"], h.json()["detail"])
+    assert status == 422
+    assert problem["code"] == "idempotency_key_reused"
+    got = await http.get(f"/v1/sessions/{sid}", params={"min_seq": first[1]["seq"]})
+    assert (got.json()["input_tokens"], got.json()["seq"]) == (5, first[1]["seq"])
 
 
 async def test_every_write_the_sdk_uses_runs_over_nats(

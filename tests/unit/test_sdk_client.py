@@ -15,6 +15,7 @@ from chronicle_sdk import (
     ChronicleClient,
     ChronicleError,
     Conflict,
+    IdempotencyKeyReused,
     InvalidRequest,
     MessageConflict,
     NotFound,
@@ -123,6 +124,7 @@ async def test_reads_wait_for_this_clients_writes() -> None:
     [
         (problem(422, "unknown_parent", "parent message 'x' is not in this session"), UnknownParent, "unknown_parent"),
         (problem(409, "message_conflict"), MessageConflict, "message_conflict"),
+        (problem(422, "idempotency_key_reused"), IdempotencyKeyReused, "idempotency_key_reused"),
         (problem(409, "readonly_block", 'Block "soul" is readonly'), ReadOnlyBlock, "readonly_block"),
         (problem(409, "something_new"), Conflict, "something_new"),
         (problem(401, "unauthorized"), Unauthorized, "unauthorized"),
