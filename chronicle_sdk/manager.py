@@ -150,13 +150,17 @@ class SessionManager(ConfigBuilder):
 
         The child is complete before the old session is marked ended; the summary message's id
         derives from the child's, so a retry with the same ``id`` appends it once. Raises
-        :class:`SessionNotFound` for an unknown or deleted ``session_id``.
+        :class:`SessionNotFound` for an unknown or deleted ``session_id``, and
+        :class:`SessionExists` when ``id`` names a session that is not a child of ``session_id``
+        (or a deleted one), before anything is written.
         """
         old = await self.get(session_id)
         if old is None:
             raise SessionNotFound(f"session {session_id!r} not found", status=404)
         child_id = id or str(uuid.uuid4())
         child = await self.get(child_id) if id is not None else None
+        if child is not None and child.parent_session_id != session_id:
+            raise SessionExists(f"session {child_id!r} already exists and is not a child of {session_id!r}", status=409)
         if child is None:
             child = await self.create(
                 old.name if new_name is None else new_name,

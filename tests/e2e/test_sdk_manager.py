@@ -202,3 +202,24 @@ async def test_compact_and_split_continues_in_a_child_and_ends_the_old_session(m
     assert len(await manager.get_history(named.id)) == 1
     with pytest.raises(SessionNotFound):
         await manager.compact_and_split(sid("unknown"), "summary")
+
+
+async def test_compact_and_split_into_a_session_that_is_not_its_child_is_refused_untouched(
+    manager: SessionManager,
+) -> None:
+    old = await manager.create("Support chat")
+    stranger = await manager.create("Someone else's")
+    await manager.append(stranger.id, text("s1", "theirs"))
+    nephew = await manager.create("A child of the stranger", parent_session_id=stranger.id)
+    gone = await manager.create("Deleted")
+    await manager.delete(gone.id)
+    for taken in (stranger.id, nephew.id, old.id, gone.id):
+        with pytest.raises(SessionExists):
+            await manager.compact_and_split(old.id, "summary", id=taken)
+    assert [m["id"] for m in await manager.get_history(stranger.id)] == ["s1"]
+    assert await manager.get_history(nephew.id) == []
+    assert await manager.get_history(old.id) == []
+    for untouched in (old.id, stranger.id, nephew.id):
+        info = await manager.get(untouched)
+        assert info is not None
+        assert info.end_reason is None
