@@ -57,7 +57,10 @@ class SessionUsageAdded(Event):
     """Token usage and cost added to the session's counters (the reference's ``addUsage``).
 
     Increments, never totals: the read model sums them in log order (a counter saturates at
-    the largest 64-bit integer instead of overflowing)."""
+    the largest 64-bit integer instead of overflowing). Not sealed: the counts and the cost stay
+    readable after an erasure. The API and the ``session.usage`` command refuse an unknown
+    session; published straight to the stream for a session that was never created, it creates
+    the session's row (empty name), as any event of a session does."""
 
     TYPE: ClassVar[str] = "session.usage_added"
     VERSION: ClassVar[int] = 1
@@ -72,7 +75,10 @@ class SessionUsageAdded(Event):
 class SessionEnded(Event):
     """The session ended, and why (the reference's ``end_reason``: ``compaction`` when
     ``compactAndSplit`` moved the conversation to a child session). It stays readable and
-    writable; a later end replaces the reason."""
+    writable; a later end replaces the reason. ``reason`` is sealed. The API and the
+    ``session.end`` command refuse an unknown session; published straight to the stream for a
+    session that was never created, it creates the session's row (empty name), as any event of a
+    session does."""
 
     TYPE: ClassVar[str] = "session.ended"
     VERSION: ClassVar[int] = 1
