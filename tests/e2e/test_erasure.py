@@ -101,7 +101,7 @@ async def ok(r: httpx.Response, status: int = 200) -> dict[str, Any]:
 
 async def write_by_every_path(c: httpx.AsyncClient, sid: str, canary: str) -> int:
     """The canary in: append, update, context write, searchable entry, rendered prompt, summary,
-    a claim-checked body, an over-cap original. Returns the last sequence."""
+    a claim-checked body, an over-cap original, an end reason. Returns the last sequence."""
     await configure(c, sid, CONFIG)
     await ok(await c.post(f"/v1/sessions/{sid}/messages", json={"message": msg("m0", f"hello {canary}")}), 201)
     await ok(await c.post(f"/v1/sessions/{sid}/messages", json={"message": msg("m1", "first draft")}), 201)
@@ -122,7 +122,8 @@ async def write_by_every_path(c: httpx.AsyncClient, sid: str, canary: str) -> in
     compacted = await ok(await c.post(f"/v1/sessions/{sid}/compact", json={}))
     assert compacted["compacted"] is True, compacted
     assert canary in compacted["overlay"]["summary"]
-    return int(compacted["seq"])
+    ended = await ok(await c.post(f"/v1/sessions/{sid}:end", json={"reason": f"closed over {canary}"}))
+    return int(ended["seq"])
 
 
 def files_holding(root: Path, needle: bytes) -> list[str]:

@@ -164,6 +164,8 @@ async def test_invalid_session_ids_in_the_path(client: httpx.AsyncClient, sid: s
         ("DELETE", f"/v1/sessions/{p}/messages", None),
         ("DELETE", f"/v1/sessions/{p}/messages?ids=m1", None),
         ("PATCH", f"/v1/sessions/{p}", {"name": "x"}),
+        ("POST", f"/v1/sessions/{p}/usage", {"input_tokens": 1}),
+        ("POST", f"/v1/sessions/{p}:end", {"reason": "x"}),
         ("DELETE", f"/v1/sessions/{p}", None),
         ("GET", f"/v1/sessions/{p}", None),
         ("GET", f"/v1/sessions/{p}/history", None),

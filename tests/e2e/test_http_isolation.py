@@ -73,10 +73,17 @@ async def test_other_tenant_cannot_change_anything(client: httpx.AsyncClient, cl
     assert r.json()["deleted"] == []
     r = await client_b.post(f"/v1/sessions/{sid}/messages:clear")  # clears tenant-b's own (empty) session
     assert r.status_code == 200, r.text
+    r = await client_b.post(
+        f"/v1/sessions/{sid}/usage", json={"input_tokens": 9, "cost": 1.0}, headers={"Idempotency-Key": "k"}
+    )
+    assert_problem(r, 404, "session_not_found")
+    assert_problem(await client_b.post(f"/v1/sessions/{sid}:end", json={"reason": "stolen"}), 404, "session_not_found")
+    assert [e["event"]["type"] for e in await events(client_b, sid)] == []  # nothing in tenant-b's log either
 
     assert await events(client, sid) == before
     r = await client.get(f"/v1/sessions/{sid}", params={"min_seq": seq})
     assert r.json()["name"] == "mine"
+    assert (r.json()["input_tokens"], r.json()["estimated_cost"], r.json()["end_reason"]) == (0, 0.0, None)
     h = await history(client, sid, min_seq=seq)
     assert h["messages"] == [msg("m1", "original")]
 
