@@ -48,6 +48,7 @@ async def tenant_of(request: Request) -> str:
 Tenant = Annotated[str, Depends(tenant_of)]
 ContainerDep = Annotated[Container, Depends(get_container)]
 MAX_SEQ = 2**63 - 1
+"""The largest stream sequence (or cursor) a query parameter may name."""
 IDEMPOTENCY_KEY_MAX = 128
 IDEMPOTENCY_KEY_PATTERN = r"^[!-~]+$"
 """An ``Idempotency-Key`` header: 1 to 128 printable ASCII characters, no space."""
@@ -64,7 +65,6 @@ def idempotency_key(description: str) -> Any:
     )
 
 
-"""The largest stream sequence (or cursor) a query parameter may name."""
 MinSeq = Annotated[int | None, Query(ge=0, le=MAX_SEQ)]
 SearchQuery = Annotated[str, Query(min_length=1, max_length=1000, pattern=r"^[^\x00]*$")]
 Limit = Annotated[int, Query(ge=1, le=200)]

@@ -62,9 +62,13 @@ class _Answer(BaseModel):
 class Session(SessionCreated):
     created_at: str
     updated_at: str
-    input_tokens: int = Field(description="the sum of every `session.usage_added`'s input tokens")
-    output_tokens: int
-    estimated_cost: float
+    input_tokens: int = Field(
+        description="the sum of every `session.usage_added`'s input tokens (it stops at 2^63 - 1)"
+    )
+    output_tokens: int = Field(
+        description="the sum of every `session.usage_added`'s output tokens (it stops at 2^63 - 1)"
+    )
+    estimated_cost: float = Field(description="the sum of every `session.usage_added`'s cost")
     end_reason: str | None = Field(description="why the session ended (`POST /v1/sessions/{sid}:end`), or null")
 
 
