@@ -58,6 +58,15 @@ Cost = Annotated[
 ]
 EndReason = Annotated[str, Field(min_length=1, max_length=MAX_END_REASON)]
 IdempotencyKey = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[!-~]+$")]
+SOMETHING_TO_ADD: dict[str, Any] = {
+    "anyOf": [
+        {"required": ["input_tokens"], "properties": {"input_tokens": {"minimum": 1}}},
+        {"required": ["output_tokens"], "properties": {"output_tokens": {"minimum": 1}}},
+        {"required": ["cost"], "properties": {"cost": {"exclusiveMinimum": 0}}},
+    ]
+}
+"""A usage request's schema rule: at least one amount above 0 (all 0 is refused: nothing to add;
+the check itself is ``services/requests/writes.py``'s, for both transports)."""
 
 
 def model_refs(node: Any, ref_template: str = "#/components/schemas/{model}") -> Any:
@@ -108,8 +117,20 @@ class AddUsage(BaseModel):
     adds nothing again and answers the first ``seq``; the same key with other amounts is refused
     (``idempotency_key_reused``). After the window the key is forgotten."""
 
-    model_config = _strict(
-        {"session_id": "demo", "input_tokens": 1200, "output_tokens": 350, "cost": 0.0042, "idempotency_key": "u-7"}
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={
+            "examples": [
+                {
+                    "session_id": "demo",
+                    "input_tokens": 1200,
+                    "output_tokens": 350,
+                    "cost": 0.0042,
+                    "idempotency_key": "u-7",
+                }
+            ],
+            **SOMETHING_TO_ADD,
+        },
     )
     session_id: SessionId
     input_tokens: Tokens = 0

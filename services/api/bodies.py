@@ -5,7 +5,16 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from events.commands import MAX_DELETE_IDS, Cost, EndReason, MessageId, MessageJson, SessionId, Tokens
+from events.commands import (
+    MAX_DELETE_IDS,
+    SOMETHING_TO_ADD,
+    Cost,
+    EndReason,
+    MessageId,
+    MessageJson,
+    SessionId,
+    Tokens,
+)
 
 
 def _examples(*examples: dict[str, Any]) -> ConfigDict:
@@ -29,7 +38,13 @@ class RenameBody(BaseModel):
 
 
 class UsageBody(BaseModel):
-    model_config = _examples({"input_tokens": 1200, "output_tokens": 350, "cost": 0.0042})
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={
+            "examples": [{"input_tokens": 1200, "output_tokens": 350, "cost": 0.0042}],
+            **SOMETHING_TO_ADD,
+        },
+    )
     input_tokens: Tokens = 0
     output_tokens: Tokens = 0
     cost: Cost = 0.0
