@@ -73,7 +73,9 @@ class AppendResult:
 class WriteReceipt:
     seq: int
     ids: tuple[str, ...] = ()
-    written: bool = True  # False: a retry whose first attempt's event was already stored at ``seq``
+    # False: the log already held the event's id at ``seq`` (a client's retry, or this call's own
+    # publish repeated after a lost ack): nothing new was stored by this attempt
+    written: bool = True
 
 
 class Commands:
