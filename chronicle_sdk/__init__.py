@@ -53,6 +53,7 @@ from chronicle_sdk.errors import (
     Unavailable,
     UnknownParent,
     UnknownTool,
+    UnsupportedMediaType,
 )
 from chronicle_sdk.manager import SessionManager, format_session_search
 from chronicle_sdk.session import Session
@@ -121,6 +122,7 @@ __all__ = [
     "Unavailable",
     "UnknownParent",
     "UnknownTool",
+    "UnsupportedMediaType",
     "Via",
     "Writable",
     "format_session_search",

@@ -153,6 +153,12 @@ class PayloadTooLarge(InvalidRequest):
     default_code = "payload_too_large"
 
 
+class UnsupportedMediaType(InvalidRequest):
+    """The body was not sent as JSON (``415``: ``Content-Type`` other than ``application/json``)."""
+
+    default_code = "unsupported_media_type"
+
+
 class ProjectionTimeout(TransientError):
     """The read model did not catch up with ``min_seq`` in time."""
 
@@ -230,6 +236,7 @@ BY_CODE: dict[str, type[ChronicleError]] = {
         InvalidId,
         MalformedJson,
         PayloadTooLarge,
+        UnsupportedMediaType,
         ProjectionTimeout,
         Contention,
         RateLimited,
@@ -248,6 +255,7 @@ BY_STATUS: dict[int, type[ChronicleError]] = {
     404: NotFound,
     409: Conflict,
     413: PayloadTooLarge,
+    415: UnsupportedMediaType,
     422: InvalidRequest,
     429: RateLimited,
     500: ServerError,
@@ -307,5 +315,6 @@ __all__ = [
     "Unavailable",
     "UnknownParent",
     "UnknownTool",
+    "UnsupportedMediaType",
     "error_from_problem",
 ]

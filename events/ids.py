@@ -21,12 +21,21 @@ MAX_MESSAGE_ID_LEN = 256
 _PLAIN = re.compile(r"[A-Za-z0-9_-]+")
 
 _CONTROLS = r"\x00-\x1f\x7f-\x9f"
-SESSION_ID_PATTERN = rf"^[^\s/{_CONTROLS}](?:[^/{_CONTROLS}]*[^\s/{_CONTROLS}])?$"
+UNREACHABLE_SESSION_IDS = frozenset({".", ".."})
+"""Session ids the contract admits (events stored with them stay valid) but the API and the
+commands refuse for new writes (services/requests/checks.py): as a URL path segment they are
+dot segments, which clients and proxies remove, so no request could name the session."""
+_S_END = rf"[^\s/{_CONTROLS}]"  # first or last character of a session id
+_S_END_NO_DOT = rf"[^\s/.{_CONTROLS}]"
+SESSION_ID_PATTERN = (
+    rf"^(?:{_S_END_NO_DOT}|\.{_S_END_NO_DOT}|{_S_END_NO_DOT}{_S_END}|{_S_END}[^/{_CONTROLS}]+{_S_END})$"
+)
 MESSAGE_ID_PATTERN = rf"^[^\s{_CONTROLS}](?:[^{_CONTROLS}]*[^\s{_CONTROLS}])?$"
 _LISTED = rf"[^\s,{_CONTROLS}](?:[^,{_CONTROLS}]*[^\s,{_CONTROLS}])?"
 MESSAGE_ID_LIST_PATTERN = rf"^{_LISTED}(?:,{_LISTED})*$"
 """The id rules as regular expressions for JSON Schema: no control characters, no surrounding
-whitespace (no ``/`` in a session id; the list is message ids without ',' joined with ','). A
+whitespace (no ``/`` in a session id, nor ``.`` or ``..`` alone; the list is message ids without
+',' joined with ','). A
 regex cannot name every Unicode category-C code point (format, private-use, unassigned), so the
 schemas below also carry a ``format`` that says so."""
 
@@ -43,7 +52,7 @@ SESSION_ID_SCHEMA: dict[str, Any] = {
     "pattern": SESSION_ID_PATTERN,
     "format": "chronicle-session-id",
     "description": "1-128 characters, none of Unicode category C (control, format, private-use, "
-    "unassigned), no '/', no leading or trailing whitespace",
+    "unassigned), no '/', no leading or trailing whitespace, not '.' or '..'",
 }
 MESSAGE_ID_SCHEMA: dict[str, Any] = {
     "type": "string",
@@ -55,7 +64,8 @@ MESSAGE_ID_SCHEMA: dict[str, Any] = {
     "unassigned), no leading or trailing whitespace",
 }
 """JSON Schemas of the ids :func:`check_tenant`, :func:`check_session` and
-:func:`check_message_id` admit (the OpenAPI document uses them)."""
+:func:`check_message_id` admit (the OpenAPI document uses them); the session id's is what the
+API and the commands take: :data:`UNREACHABLE_SESSION_IDS` left out."""
 
 
 class InvalidId(ValueError):

@@ -21,6 +21,9 @@ def _error(name: str, code: str, status: int, title: str) -> type[ChronicleError
 
 InvalidRequest = _error("InvalidRequest", "invalid_request", 422, "The request is not valid")
 MalformedJson = _error("MalformedJson", "malformed_json", 400, "The request body is not valid JSON")
+UnsupportedMediaType = _error(
+    "UnsupportedMediaType", "unsupported_media_type", 415, "The request body is not declared as JSON"
+)
 InvalidId = _error("InvalidId", "invalid_id", 422, "An id is not valid")
 Unauthorized = _error("Unauthorized", "unauthorized", 401, "Missing or unknown API key")
 SessionNotFound = _error("SessionNotFound", "session_not_found", 404, "Session not found")
@@ -32,6 +35,7 @@ IdempotencyKeyReused = _error(
     "IdempotencyKeyReused", "idempotency_key_reused", 422, "This Idempotency-Key was used for a different request"
 )
 PayloadTooLarge = _error("PayloadTooLarge", "payload_too_large", 413, "The message is too large")
+RequestTooLarge = _error("RequestTooLarge", "payload_too_large", 413, "The request body is too large")
 ProjectionTimeout = _error("ProjectionTimeout", "projection_timeout", 503, "The read model did not catch up in time")
 ContentionExhausted = _error("ContentionExhausted", "contention", 503, "Too many concurrent writers; retry")
 Unavailable = _error("Unavailable", "unavailable", 503, "A backing service is unavailable")

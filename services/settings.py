@@ -107,6 +107,13 @@ class Settings(BaseSettings):
 
     payload_limit_bytes: int = Field(default=256 * 1024, ge=1024, description="larger bodies go to object storage")
     max_message_bytes: int = Field(default=32 * 1024 * 1024, ge=1024)
+    max_request_bytes: int | None = Field(
+        default=None,
+        ge=1024,
+        description="bodies over this many bytes are refused before they are read (`413 payload_too_large`; "
+        "services/api/guards.py); unset: 3 times `max_message_bytes` + 1 MiB, enough for any one message at its "
+        "limit even with every non-ASCII character \\u-escaped. A batch larger than this must be split",
+    )
     blob_bucket: str = "chronicle-blobs"
 
     api_host: str = "127.0.0.1"
@@ -238,6 +245,12 @@ class Settings(BaseSettings):
         if self.kek_file:
             return LocalKek.parse(Path(self.kek_file).read_text())
         return None
+
+    def request_bytes_limit(self) -> int:
+        """The largest request body the API reads (``max_request_bytes``, or its default)."""
+        if self.max_request_bytes is not None:
+            return self.max_request_bytes
+        return 3 * self.max_message_bytes + 1024 * 1024
 
     def nats_servers(self) -> list[str]:
         """The NATS URLs of ``nats_url``, in order (a cluster's nodes, or one server)."""

@@ -14,6 +14,7 @@ from services.api.audit import router as audit_router
 from services.api.auth import ApiKeyAuth
 from services.api.compaction import router as compaction_router
 from services.api.context import router as context_router
+from services.api.guards import BodyLimit, Utf8Path
 from services.api.history import router as history_router
 from services.api.hot import HotPaths
 from services.api.limits import TenantRateLimit
@@ -61,7 +62,9 @@ def build_app(settings: Settings, container: Container | None = None) -> FastAPI
             settle_heap()  # this process's container: its start-up heap is done growing
             yield
 
-    app = FastAPI(title="Chronicle", version="1.0", lifespan=lifespan)
+    # a JSON body without a Content-Type is taken as JSON; one declared as anything else is 415
+    # (services/api/strict_json.py)
+    app = FastAPI(title="Chronicle", version="1.0", lifespan=lifespan, strict_content_type=False)
     app.router.route_class = StrictJsonRoute  # every JSON body parsed strictly, before the route runs
     app.state.keys = keys
     app.state.stopping = asyncio.Event()  # set when the server stops: followed answers end (services/api/following.py)
@@ -73,6 +76,8 @@ def build_app(settings: Settings, container: Container | None = None) -> FastAPI
     ops_key = settings.ops_key.get_secret_value() if settings.ops_key is not None else None
     if settings.api_hot_paths:
         app.add_middleware(HotPaths)  # inside the key check: the tenant is known
+    app.add_middleware(BodyLimit, limit=settings.request_bytes_limit())  # before anything reads a body
+    app.add_middleware(Utf8Path)
     if (limits := limits_of(settings)) is not None:
         app.add_middleware(TenantRateLimit, limits=limits)  # before the hot paths: they are requests too
     app.add_middleware(ApiKeyAuth, keys=keys, ops_key=ops_key)

@@ -203,4 +203,4 @@ async def path_length(
         length = await queries.path_length(conn, tenant, sid, leaf_id) if leaf_id else 0
     if not length:
         await require_session(c, tenant, sid)
-    return {"leaf_id": leaf_id, "length": length}
+    return {"leaf_id": leaf_id if length else None, "length": length}  # an unknown leaf: null, as history says

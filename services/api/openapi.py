@@ -23,7 +23,8 @@ _WHEN = {
     404: "Unknown session, message, block or route",
     409: "Conflicts with what exists (`session_exists`, `message_conflict`, a read-only block, …)",
     410: "The session is erased (`session_erased`): it takes no writes, its id cannot be used again",
-    413: "An event would be over the log's limit (`payload_too_large`)",
+    413: "The body, or an event it makes, is over its limit (`payload_too_large`)",
+    415: "The body is not sent as JSON (`unsupported_media_type`): `Content-Type: application/json`",
     422: "The request breaks a rule (`invalid_request`, `invalid_id`, `unknown_parent`, `invalid_config`, …)",
     429: "The tenant is over its request limit (`rate_limited`; `retry_after` seconds, `Retry-After`); nothing done",
     500: "A bug (`internal_error`); the connection stays usable",
@@ -38,7 +39,7 @@ def _statuses(path: str, op: dict[str, Any]) -> list[int]:
         return [401] if path in ("/readyz", "/metrics") else []
     statuses = [401, 404, 409, 422, 429, 500, 503]
     if "requestBody" in op:
-        statuses += [400, 413]
+        statuses += [400, 413, 415]
     if path.endswith("/compact"):
         statuses.append(502)
     if path.startswith("/v1/sessions"):  # a write (or a read that records, as the first prompt read)

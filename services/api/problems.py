@@ -12,6 +12,8 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
+from starlette.routing import Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from events.admission import Refused
@@ -77,9 +79,28 @@ def install(app: FastAPI) -> None:
         return as_response(invalid_request(errors))
 
     @app.exception_handler(StarletteHTTPException)
-    async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+    async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         code = _HTTP_CODES.get(exc.status_code, f"http_{exc.status_code}")
-        return problem(exc.status_code, code, str(exc.detail), str(exc.detail))
+        response = problem(exc.status_code, code, str(exc.detail), str(exc.detail))
+        response.headers.update(exc.headers or {})
+        if exc.status_code == 405:
+            response.headers["Allow"] = allowed_methods(request)
+        return response
+
+
+_METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS")
+
+
+def allowed_methods(request: Request) -> str:
+    """The ``Allow`` header of a 405 (RFC 9110): each method some route takes on this path (not
+    only the first matching route's, which is what Starlette names)."""
+    routes = request.app.router.routes
+    allowed = [
+        method
+        for method in _METHODS
+        if any(route.matches({**request.scope, "method": method})[0] is Match.FULL for route in routes)
+    ]
+    return ", ".join(allowed)
 
 
 class CrashGuard:
@@ -87,7 +108,9 @@ class CrashGuard:
     nothing re-raised to the server, so the keep-alive connection stays usable. (Starlette's
     handler for ``Exception`` re-raises after answering, and uvicorn then closes the connection.)
     A response that had already started (a stream failing mid-way) cannot be turned into a
-    problem: the error is re-raised and the server closes the connection, the only honest end."""
+    problem: the error is re-raised and the server closes the connection, the only honest end. A
+    client that hung up before its body arrived (``ClientDisconnect``) is no error: nothing is
+    answered, and it is logged at DEBUG only."""
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
@@ -105,6 +128,8 @@ class CrashGuard:
 
         try:
             await self.app(scope, receive, tracked)
+        except ClientDisconnect:  # the client hung up mid-body: no one to answer, nothing went wrong
+            log.debug("the client hung up before its request was read: %s %s", scope["method"], scope["path"])
         except Exception as exc:
             if started:
                 raise

@@ -11,6 +11,7 @@ from typing import Any
 from fastapi import Request, Response
 from fastapi.routing import APIRoute
 
+from services.errors import UnsupportedMediaType
 from services.requests.strict_json import strict_loads
 
 
@@ -21,16 +22,33 @@ class StrictJsonRequest(Request):
         return self._strict_json
 
 
+def is_json(content_type: str) -> bool:
+    """Whether a ``Content-Type`` names JSON: ``application/json`` or an ``application/…+json``
+    type, parameters aside (what FastAPI parses as JSON)."""
+    media = content_type.split(";", 1)[0].strip().lower()
+    kind, _, subtype = media.partition("/")
+    return kind == "application" and (subtype == "json" or subtype.endswith("+json"))
+
+
 class StrictJsonRoute(APIRoute):
-    """Routes whose JSON bodies go through :func:`strict_loads` (FastAPI's custom route class)."""
+    """Routes whose JSON bodies go through :func:`strict_loads` (FastAPI's custom route class). A
+    route that takes a body refuses one declared as something else than JSON (``415
+    unsupported_media_type``; FastAPI would validate the raw bytes and answer a puzzling 422); a
+    body with no ``Content-Type`` at all is taken as JSON."""
 
     def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
         handler = super().get_route_handler()
+        takes_body = self.body_field is not None
 
         async def strict(request: Request) -> Response:
             strict_request = StrictJsonRequest(request.scope, request.receive)
-            content_type = request.headers.get("content-type", "json")
-            if request.method in ("POST", "PUT", "PATCH") and "json" in content_type and await strict_request.body():
+            if takes_body and await strict_request.body():
+                content_type = request.headers.get("content-type")
+                if content_type is not None and not is_json(content_type):
+                    raise UnsupportedMediaType(
+                        f"the body is sent as {content_type!r}; send it as 'Content-Type: application/json' "
+                        "(or an application/…+json type)"
+                    )
                 # parsed here, so a refusal is our problem answer (FastAPI's parse would make any
                 # exception a 400); text that is not JSON is left to FastAPI's own answer
                 with contextlib.suppress(json.JSONDecodeError):

@@ -15,11 +15,17 @@ from services.errors import InvalidId, InvalidRequest
 
 
 def check_id(kind: str, value: str) -> str:
+    """An id of a request: the contract's rules (events/ids.py), and no session id ``.`` or
+    ``..`` (:data:`events.ids.UNREACHABLE_SESSION_IDS`), refused here rather than by the
+    contract so that events stored with one stay admissible."""
     checker = {"session": ids.check_session, "message": ids.check_message_id}[kind]
     try:
-        return checker(value)
+        checked = checker(value)
     except ids.InvalidId as exc:
         raise InvalidId(str(exc)) from exc
+    if kind == "session" and checked in ids.UNREACHABLE_SESSION_IDS:
+        raise InvalidId(f"session id must not be {checked!r}: as a URL path segment it names no session")
+    return checked
 
 
 def no_nul(value: object, what: str) -> None:

@@ -1,0 +1,104 @@
+"""Checks of a request's form, made before anything reads it: a body over the size the API reads
+(``413 payload_too_large``) and a path that is not UTF-8 once percent-decoded (``422
+invalid_id``). Plain ASGI middleware inside the key check (a bad key is 401 whatever the request)."""
+
+from __future__ import annotations
+
+from urllib.parse import unquote_to_bytes
+
+from starlette.responses import JSONResponse
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from services.api.problems import from_error
+from services.errors import InvalidId, RequestTooLarge
+
+
+class _BodyTooLarge(Exception):
+    """Raised to the app by ``receive`` once the body has passed the limit; the middleware
+    answers 413 in place of whatever the app made of it."""
+
+
+def too_large(limit: int, detail: str) -> JSONResponse:
+    """``413 payload_too_large``; the connection is closed after it (the rest of the body is
+    never read, so the connection could not carry another request)."""
+    response = from_error(RequestTooLarge(f"{detail}; the limit is {limit} bytes"))
+    response.headers["Connection"] = "close"
+    return response
+
+
+def _declared_length(headers: list[tuple[bytes, bytes]]) -> int | None:
+    for name, value in headers:
+        if name == b"content-length":
+            try:
+                return int(value)
+            except ValueError:  # the HTTP server refuses it before the app runs
+                return None
+    return None
+
+
+class BodyLimit:
+    """Refuses a body over ``limit`` bytes: at once when its ``Content-Length`` says so, else
+    (chunked) as soon as what arrived passes it, without reading further. The app's own answer
+    to a body cut short is replaced by the 413."""
+
+    def __init__(self, app: ASGIApp, limit: int) -> None:
+        self.app = app
+        self.limit = limit
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        declared = _declared_length(scope["headers"])
+        if declared is not None and declared > self.limit:
+            await too_large(self.limit, f"Content-Length is {declared} bytes")(scope, receive, send)
+            return
+        received = 0
+        over = started = False
+
+        async def limited() -> Message:
+            nonlocal received, over
+            if over:
+                raise _BodyTooLarge
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > self.limit:
+                    over = True
+                    raise _BodyTooLarge
+            return message
+
+        async def tracked(message: Message) -> None:
+            nonlocal started
+            if over and not started:
+                return  # the app's answer to a body it could not read: the 413 replaces it
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, limited, tracked)
+        except Exception:
+            if not over or started:
+                raise
+        if over and not started:
+            await too_large(self.limit, f"the body passed {self.limit} bytes")(scope, receive, send)
+
+
+class Utf8Path:
+    """Refuses a path that is not UTF-8 once percent-decoded (``%FF``, an overlong or surrogate
+    encoding): the server would decode each bad byte to U+FFFD, so different paths, and the ids in
+    them, would name one thing."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        raw = scope.get("raw_path") if scope["type"] == "http" else None
+        if raw is not None:
+            try:
+                unquote_to_bytes(raw.split(b"?", 1)[0]).decode("utf-8")  # (some servers keep the query)
+            except UnicodeDecodeError:
+                refusal = InvalidId("the path is not valid UTF-8 once percent-decoded")
+                await from_error(refusal)(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
