@@ -1,6 +1,7 @@
 """Checks of a request's form, made before anything reads it: a body over the size the API reads
-(``413 payload_too_large``) and a path that is not UTF-8 once percent-decoded (``422
-invalid_id``). Plain ASGI middleware inside the key check (a bad key is 401 whatever the request)."""
+(``413 payload_too_large``), a path that is not UTF-8 once percent-decoded (``422
+invalid_id``) and a query that is not (``422 invalid_request``). Plain ASGI middleware inside
+the key check (a bad key is 401 whatever the request)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from services.api.problems import from_error
-from services.errors import InvalidId, RequestTooLarge
+from services.errors import InvalidId, InvalidRequest, RequestTooLarge
 
 
 class _BodyTooLarge(Exception):
@@ -84,21 +85,31 @@ class BodyLimit:
             await too_large(self.limit, f"the body passed {self.limit} bytes")(scope, receive, send)
 
 
+def _utf8(raw: bytes) -> bool:
+    try:
+        unquote_to_bytes(raw).decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
+
+
 class Utf8Path:
-    """Refuses a path that is not UTF-8 once percent-decoded (``%FF``, an overlong or surrogate
-    encoding): the server would decode each bad byte to U+FFFD, so different paths, and the ids in
-    them, would name one thing."""
+    """Refuses a path or query that is not UTF-8 once percent-decoded (``%FF``, an overlong or
+    surrogate encoding): the server (or Starlette, for the query) would decode each bad byte to
+    U+FFFD, so different paths and parameters, and the ids in them, would name one thing (a
+    ``DELETE …/messages?ids=%FF`` would delete the message named U+FFFD)."""
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        raw = scope.get("raw_path") if scope["type"] == "http" else None
-        if raw is not None:
-            try:
-                unquote_to_bytes(raw.split(b"?", 1)[0]).decode("utf-8")  # (some servers keep the query)
-            except UnicodeDecodeError:
-                refusal = InvalidId("the path is not valid UTF-8 once percent-decoded")
+        if scope["type"] == "http":
+            raw = scope.get("raw_path")
+            if raw is not None and not _utf8(raw.split(b"?", 1)[0]):  # (some servers keep the query there)
+                await from_error(InvalidId("the path is not valid UTF-8 once percent-decoded"))(scope, receive, send)
+                return
+            if not _utf8(scope.get("query_string", b"")):
+                refusal = InvalidRequest("the query string is not valid UTF-8 once percent-decoded")
                 await from_error(refusal)(scope, receive, send)
                 return
         await self.app(scope, receive, send)

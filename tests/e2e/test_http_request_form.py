@@ -1,9 +1,10 @@
 """The form of a request, checked before its content: a body declared as something else than JSON
 is ``415 unsupported_media_type`` (no Content-Type at all is taken as JSON), a body over the
 bound is ``413`` before it is read, a path that is not UTF-8 once percent-decoded is ``422
-invalid_id`` (never folded into U+FFFD), the session ids ``.`` and ``..`` are refused, a 405
-names what is allowed, and ``path-length`` of an unknown leaf says ``leaf_id: null`` as the
-other path reads do. Against the API as a real process."""
+invalid_id`` and a query that is not ``422 invalid_request`` (never folded into U+FFFD), the
+session ids ``.`` and ``..`` are refused, a 405 names what is allowed, and ``path-length`` of an
+unknown leaf says ``leaf_id: null`` as the other path reads do. Against the API as a real
+process."""
 
 from __future__ import annotations
 
@@ -141,6 +142,21 @@ async def test_a_path_that_is_not_utf8_is_422_and_creates_nothing(client: httpx.
     assert await stream_last_seq(client) == last
     replaced = quote(f"{tag}\ufffd", safe="")  # what the bad bytes used to become
     assert_problem(await client.get(f"/v1/sessions/{replaced}"), 404, "session_not_found")
+
+
+@pytest.mark.parametrize("bad", ["%FF", "%FE", "%C0%AF", "%ED%A0%80"])
+async def test_a_query_that_is_not_utf8_is_422_and_deletes_nothing(client: httpx.AsyncClient, bad: str) -> None:
+    sid = new_sid()
+    out = await append(client, sid, msg("\ufffd", "named by the replacement character"))
+    last = await stream_last_seq(client)
+    r = await client.delete(f"/v1/sessions/{sid}/messages?ids={bad}")  # once, this deleted the message "\ufffd"
+    problem = assert_problem(r, 422, "invalid_request")
+    assert "UTF-8" in problem["detail"], problem
+    r = await client.get(f"/v1/sessions/{sid}/history?leaf_id={bad}")
+    assert_problem(r, 422, "invalid_request")
+    assert await stream_last_seq(client) == last
+    history = await client.get(f"/v1/sessions/{sid}/history", params={"min_seq": out["seq"]})
+    assert [m["id"] for m in history.json()["messages"]] == ["\ufffd"]
 
 
 async def test_a_real_replacement_character_in_an_id_still_works(client: httpx.AsyncClient) -> None:
