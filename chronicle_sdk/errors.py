@@ -2,7 +2,8 @@
 
 Every error the SDK raises is a :class:`ChronicleError` carrying the server's ``code``,
 HTTP ``status`` and ``detail`` (the server's message). Errors are grouped by what a caller
-usually does about them: :class:`Conflict` (409), :class:`NotFound` (404),
+usually does about them: :class:`Conflict` (409), :class:`NotFound` (404; :class:`Gone`, 410,
+is one: what the request names existed and never will again),
 :class:`InvalidRequest` (422/400/413: fix the request) and :class:`TransientError` (the SDK
 already retried, with backoff, before raising it). :class:`RateLimited` (429) is transient: the
 tenant is over its rate limit, nothing was written, and the SDK waits at least its
@@ -42,6 +43,12 @@ class NotFound(ChronicleError):
     """404: something named in the request does not exist (base of every 404 error)."""
 
     default_code = "not_found"
+
+
+class Gone(NotFound):
+    """410: what the request names existed and is gone for good (base of every 410 error)."""
+
+    default_code = "gone"
 
 
 class InvalidRequest(ChronicleError):
@@ -98,6 +105,24 @@ class SessionNotFound(NotFound):
     default_code = "session_not_found"
 
 
+class SessionErased(Gone):
+    """The session was erased (crypto-shredded): it takes no writes and its id cannot be used again."""
+
+    default_code = "session_erased"
+
+
+class EncryptionOff(NotFound):
+    """The deployment does not seal events: a session has no data key to give (``GET …/data-key``)."""
+
+    default_code = "encryption_off"
+
+
+class UnsafeConfig(Conflict):
+    """The stored session config names an unsafe object key (stored before keys were checked); PUT a new one."""
+
+    default_code = "unsafe_config"
+
+
 class MessageNotFound(NotFound):
     """The message is not in this session."""
 
@@ -145,6 +170,12 @@ class MalformedJson(InvalidRequest):
     """The request body is not valid JSON."""
 
     default_code = "malformed_json"
+
+
+class MethodNotAllowed(InvalidRequest):
+    """405: the route exists, not with this method (a client older or newer than the server)."""
+
+    default_code = "method_not_allowed"
 
 
 class PayloadTooLarge(InvalidRequest):
@@ -205,6 +236,19 @@ class Unavailable(TransientError):
     default_code = "unavailable"
 
 
+class ObjectStorageUnavailable(Unavailable):
+    """Object storage (S3) failed or is not configured for what the request needs (a skill document)."""
+
+    default_code = "object_storage"
+
+
+class TooManyStreams(ChronicleError):
+    """429: this tenant follows as many event streams as the server process allows; close one
+    first (not retried: waiting does not end a stream)."""
+
+    default_code = "too_many_streams"
+
+
 class SummarizerFailed(ChronicleError):
     """The summarizer failed during ``compact()``; the failure is recorded and the session is unchanged."""
 
@@ -227,6 +271,12 @@ BY_CODE: dict[str, type[ChronicleError]] = {
         ReadOnlyBlock,
         KeyedBlock,
         SessionNotFound,
+        SessionErased,
+        EncryptionOff,
+        UnsafeConfig,
+        MethodNotAllowed,
+        ObjectStorageUnavailable,
+        TooManyStreams,
         MessageNotFound,
         BlockNotFound,
         UnknownTool,
@@ -244,16 +294,18 @@ BY_CODE: dict[str, type[ChronicleError]] = {
         SummarizerFailed,
         InvalidRequest,
         NotFound,
+        Gone,
         ServerError,
     )
 }
-BY_CODE["object_storage"] = Unavailable
 
 BY_STATUS: dict[int, type[ChronicleError]] = {
     400: InvalidRequest,
     401: Unauthorized,
     404: NotFound,
+    405: MethodNotAllowed,
     409: Conflict,
+    410: Gone,
     413: PayloadTooLarge,
     415: UnsupportedMediaType,
     422: InvalidRequest,
@@ -293,6 +345,8 @@ __all__ = [
     "ChronicleError",
     "Conflict",
     "Contention",
+    "EncryptionOff",
+    "Gone",
     "IdempotencyKeyReused",
     "InvalidConfig",
     "InvalidId",
@@ -301,20 +355,25 @@ __all__ = [
     "MalformedJson",
     "MessageConflict",
     "MessageNotFound",
+    "MethodNotAllowed",
     "NotFound",
+    "ObjectStorageUnavailable",
     "PayloadTooLarge",
     "ProjectionTimeout",
     "RateLimited",
     "ReadOnlyBlock",
     "ServerError",
+    "SessionErased",
     "SessionExists",
     "SessionNotFound",
     "SummarizerFailed",
+    "TooManyStreams",
     "TransientError",
     "Unauthorized",
     "Unavailable",
     "UnknownParent",
     "UnknownTool",
+    "UnsafeConfig",
     "UnsupportedMediaType",
     "error_from_problem",
 ]

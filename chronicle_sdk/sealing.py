@@ -5,7 +5,7 @@ do (``events.sealing``): the ``events`` publisher calls :meth:`ServerKeys.for_wr
 ``GET /v1/sessions/{sid}/data-key`` with the client's API key (Chronicle answers only for that
 key's tenant, and logs every read) and keeps the key for the client's life. A deployment that does
 not seal answers ``404 encryption_off``: nothing is sealed. An erased session answers ``410
-session_erased``, raised as the SDK's error, and nothing is published.
+session_erased``, raised as :class:`~chronicle_sdk.SessionErased`, and nothing is published.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ class ServerKeys:
         self._sealing: bool | None = None  # unknown until the first answer
 
     async def for_writing(self, tenant: str, session: str) -> DataKey | None:
-        from chronicle_sdk.errors import ChronicleError
+        from chronicle_sdk.errors import EncryptionOff
 
         if self._sealing is False:
             return None
@@ -39,11 +39,9 @@ class ServerKeys:
             return key
         try:
             out = await self._ask(f"/v1/sessions/{session}/data-key")
-        except ChronicleError as exc:
-            if exc.code == "encryption_off":
-                self._sealing = False
-                return None
-            raise
+        except EncryptionOff:
+            self._sealing = False
+            return None
         self._sealing = True
         key = DataKey(str(out["kid"]), base64.b64decode(str(out["key"])))
         self._keys[(tenant, session)] = key
