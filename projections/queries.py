@@ -106,6 +106,13 @@ async def get_session(conn: Conn, tenant: str, session: str) -> SessionRow | Non
         return await cur.fetchone()
 
 
+async def is_erased(conn: Conn, tenant: str, session: str) -> bool:
+    """Whether the session's erasure is recorded (``erasures``: before its ``session.erased`` event
+    is published, so before the projections drop its rows)."""
+    cur = await conn.execute("SELECT 1 FROM erasures WHERE tenant = %s AND session_id = %s", (tenant, session))
+    return await cur.fetchone() is not None
+
+
 async def list_sessions(conn: Conn, tenant: str, limit: int, before_seq: int | None) -> list[SessionRow]:
     """Live sessions, newest first; ``before_seq`` is the cursor (a ``created_seq``)."""
     async with conn.cursor(row_factory=class_row(SessionRow)) as cur:

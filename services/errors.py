@@ -27,6 +27,7 @@ UnsupportedMediaType = _error(
 InvalidId = _error("InvalidId", "invalid_id", 422, "An id is not valid")
 Unauthorized = _error("Unauthorized", "unauthorized", 401, "Missing or unknown API key")
 SessionNotFound = _error("SessionNotFound", "session_not_found", 404, "Session not found")
+ErasedSession = _error("ErasedSession", "session_erased", 410, "The session is erased")
 SessionExists = _error("SessionExists", "session_exists", 409, "Session already exists")
 MessageNotFound = _error("MessageNotFound", "message_not_found", 404, "Message not found")
 UnknownParent = _error("UnknownParent", "unknown_parent", 422, "The parent message is not in this session")

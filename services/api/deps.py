@@ -90,7 +90,7 @@ async def require_session(c: Container, tenant: str, sid: str) -> queries.Sessio
     """The live session, or ``404 session_not_found`` (never created for this tenant, or deleted).
     Reads call it only when their answer is empty, so the hot path gains no query."""
     async with c.pool.connection() as conn:
-        row = await live_session(conn, tenant, sid, must_exist=True)
+        row = await live_session(conn, tenant, sid, must_exist=True, writing=False)
     assert row is not None
     return row
 

@@ -50,7 +50,8 @@ class ContextPrompt(ContextBlocks):
         texts: Sources | None = None
 
         async def decide(conn: Conn) -> Decision:
-            await live_session(conn, tenant, session, must_exist=False)
+            # freezing is a read (an erased session: 404 as for any read); a refresh is a write (410)
+            await live_session(conn, tenant, session, must_exist=False, writing=reason != "freeze")
             latest = await context_queries.latest_prompt(conn, tenant, session)
             if latest is None and not await context_queries.session_known(conn, tenant, session):
                 # a read must not create state: no prompt is frozen for a session that does not exist

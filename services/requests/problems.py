@@ -16,7 +16,7 @@ from events.blobs import BlobNotFound
 from events.publisher import PublishFailed
 from events.sealing import KeyDestroyed
 from events.validation import validation_detail
-from services.errors import ChronicleError, RateLimited
+from services.errors import ChronicleError, ErasedSession, RateLimited
 
 log = logging.getLogger("chronicle.requests")
 
@@ -56,7 +56,7 @@ def problem_of(exc: BaseException) -> Problem | None:
         status, code = (413, "payload_too_large") if exc.reason == "too_large" else (422, "invalid_request")
         return problem(status, code, "The request would make an event the log refuses", exc.detail, reason=exc.reason)
     if isinstance(exc, KeyDestroyed):  # the session's data key is destroyed: it takes no writes
-        return problem(410, "session_erased", "The session is erased", f"session {exc.session!r} was erased")
+        return problem_of(ErasedSession(f"session {exc.session!r} was erased"))
     if isinstance(exc, BlobNotFound):
         return problem(503, "unavailable", "Object storage is unavailable", str(exc))
     if isinstance(exc, psycopg.OperationalError):  # a lost connection, a pool timeout

@@ -23,6 +23,7 @@ from services.errors import InvalidConfig, InvalidRequest, SummarizerFailed
 from services.requests.checks import check_id, checked_message, no_nul
 from services.writes.commands import fork
 from services.writes.decisions import ParentSpec
+from services.writes.liveness import live_session
 
 Answer = dict[str, Any]
 log = logging.getLogger("chronicle.requests")
@@ -33,6 +34,16 @@ def parent_spec(parent_id: str | None, given: bool) -> ParentSpec:
     if not given:
         return OMITTED
     return check_id("message", parent_id) if parent_id is not None else None
+
+
+async def writable(c: Container, tenant: str, sid: str) -> None:
+    """For a write whose own checks do not ask (a compaction, a tool call, which answers its
+    failures as results): ``410 session_erased`` for an erased session, ``404
+    session_not_found`` for a deleted one, after the session's events are applied. One never
+    written is let through (it exists implicitly)."""
+    await c.commands.optimistic.catch_up(tenant, sid)
+    async with c.pool.connection() as conn:
+        await live_session(conn, tenant, sid, must_exist=False)
 
 
 # -- sessions -----------------------------------------------------------------------------------
@@ -193,6 +204,7 @@ async def compact(c: Container, tenant: str, sid: str, leaf: str | None) -> Answ
     check_id("session", sid)
     if leaf is not None:
         check_id("message", leaf)
+    await writable(c, tenant, sid)
     try:
         outcome = await c.compaction.compact(tenant, sid, leaf)
     except SummarizerError as exc:
@@ -238,6 +250,7 @@ async def write_context(c: Container, tenant: str, sid: str, label: str, content
 async def run_tool(c: Container, tenant: str, sid: str, name: str, arguments: Any, tool_call_id: str | None) -> Answer:
     """Execute a tool with the LLM's arguments; failures come back as ``Error: …`` results."""
     check_id("session", sid)
+    await writable(c, tenant, sid)
     args = arguments if arguments is not None else {}
     result = await c.context.execute(tenant, sid, name, args, tool_call_id)
     return {"result": result, "seq": await c.publisher.last_subject_seq(tenant, sid)}

@@ -115,7 +115,7 @@ class Commands:
             if await queries.get_session(conn, tenant, sid) is not None:
                 raise SessionExists(f"session {sid!r} already exists")
             if parent_session_id is not None:
-                await live_session(conn, tenant, parent_session_id, must_exist=True)
+                await live_session(conn, tenant, parent_session_id, must_exist=True, writing=False)  # read
             event = SessionCreated(
                 tenant=tenant, session=sid, name=name, parent_session_id=parent_session_id, metadata=metadata
             )

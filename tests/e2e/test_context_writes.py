@@ -166,8 +166,8 @@ async def test_writes_to_a_deleted_session_are_refused(client: httpx.AsyncClient
     assert (await client.delete(f"/v1/sessions/{s}")).status_code == 200
     before = await events(client, s)
     problem(await put(client, s, "memory", "x"), 404, "session_not_found")
-    res, _ = await tool(client, s, "set_context", {"label": "memory", "content": "x"})
-    assert res.startswith("Error: ")
+    tool_call = await client.post(f"/v1/sessions/{s}/tools/set_context", json={"label": "memory", "content": "x"})
+    problem(tool_call, 404, "session_not_found")  # a write like any other, not an `Error:` result
     problem(await client.put(f"/v1/sessions/{s}/config", json={"blocks": []}), 404, "session_not_found")
     problem(await client.get(f"/v1/sessions/{s}/system-prompt"), 404, "session_not_found")
     problem(await client.post(f"/v1/sessions/{s}/system-prompt:refresh"), 404, "session_not_found")

@@ -329,3 +329,65 @@ async def test_the_sdk_erases_a_session_and_then_hears_session_erased(client: ht
         with pytest.raises(ChronicleError) as info:
             await session.append_message(msg("m2", "after"))
     assert (info.value.status, info.value.code) == (410, "session_erased")
+
+
+def write_routes(sid: str) -> list[tuple[str, str, Any]]:
+    """Every write route of the API, as (method, path, body), on a session holding ``m0`` with the
+    ``memory`` block of :data:`CONFIG`."""
+    s = f"/v1/sessions/{sid}"
+    return [
+        ("POST", f"{s}/messages", {"message": msg("w1", "after")}),
+        ("POST", f"{s}/messages:batch", {"messages": [msg("w2", "after")]}),
+        ("PUT", f"{s}/messages/m0", {"message": msg("m0", "edited after")}),
+        ("DELETE", f"{s}/messages?ids=m0", None),
+        ("POST", f"{s}/messages:delete", {"ids": ["m0"]}),
+        ("POST", f"{s}/messages:clear", None),
+        ("PATCH", s, {"name": "renamed"}),
+        ("POST", f"{s}/usage", {"input_tokens": 1}),
+        ("POST", f"{s}:end", {"reason": "done"}),
+        ("POST", f"{s}/fork", {"at_message_id": "m0", "id": f"{sid}-fork"}),
+        ("PUT", f"{s}/config", CONFIG),
+        ("PUT", f"{s}/context/memory", {"content": "after"}),
+        ("POST", f"{s}/tools/set_context", {"label": "memory", "content": "after"}),
+        ("POST", f"{s}/system-prompt:refresh", None),
+        ("POST", f"{s}/compact", {}),
+        ("DELETE", s, None),
+    ]
+
+
+async def written_session(c: httpx.AsyncClient, prefix: str) -> str:
+    sid = f"{prefix}-{uuid.uuid4().hex[:8]}"
+    await configure(c, sid, CONFIG)
+    await ok(await c.post(f"/v1/sessions/{sid}/messages", json={"message": msg("m0", "hello")}), 201)
+    return sid
+
+
+async def test_every_write_to_an_erased_session_is_410_and_writes_nothing(client: httpx.AsyncClient) -> None:
+    sid = await written_session(client, "erased")
+    await ok(await client.post(f"/v1/sessions/{sid}:erase"))
+    before = await event_lines(client, sid)
+    answers = {}
+    for method, path, body in [*write_routes(sid), ("POST", "/v1/sessions", {"id": sid})]:
+        r = await client.request(method, path, json=body)
+        answers[f"{method} {path}"] = (r.status_code, r.json().get("code"))
+    assert answers == dict.fromkeys(answers, (410, "session_erased"))
+    assert await event_lines(client, sid) == before
+    assert (await client.get(f"/v1/sessions/{sid}-fork")).status_code == 404  # no fork was made
+    r = await client.get(f"/v1/sessions/{sid}/history")  # reads of it stay 404
+    assert (r.status_code, r.json()["code"]) == (404, "session_not_found")
+
+
+async def test_every_write_to_a_deleted_session_is_404_and_writes_nothing(client: httpx.AsyncClient) -> None:
+    sid = await written_session(client, "deleted")
+    await ok(await client.delete(f"/v1/sessions/{sid}"))
+    before = await event_lines(client, sid)
+    answers = {}
+    for method, path, body in write_routes(sid):
+        r = await client.request(method, path, json=body)
+        answers[f"{method} {path}"] = (r.status_code, r.json().get("code"))
+    assert answers == dict.fromkeys(answers, (404, "session_not_found"))
+    r = await client.post("/v1/sessions", json={"id": sid})  # its id stays taken
+    assert (r.status_code, r.json()["code"]) == (409, "session_exists")
+    assert await event_lines(client, sid) == before
+    assert (await client.get(f"/v1/sessions/{sid}-fork")).status_code == 404
+

@@ -429,3 +429,47 @@ async def test_replies_arrive_only_on_the_requesters_inbox(settings: Settings, s
                 return
             await asyncio.sleep(0.02)
     raise AssertionError(f"no permissions violation for subscribing to {other}: {violations}")
+
+
+def commands_on(sid: str) -> list[tuple[str, dict[str, Any]]]:
+    """Every command but create, on ``sid`` (a session holding ``m1`` and the block ``notes``)."""
+    return [
+        ("session.rename", {"session_id": sid, "name": "renamed"}),
+        ("session.usage", {"session_id": sid, "input_tokens": 5}),
+        ("session.end", {"session_id": sid, "reason": "done"}),
+        ("config.put", {"session_id": sid, "config": {"blocks": [{"label": "notes", "kind": "writable"}]}}),
+        ("append", {"session_id": sid, "message": message("m9")}),
+        ("append_batch", {"session_id": sid, "messages": [message("m8")]}),
+        ("update", {"session_id": sid, "message": message("m1", "changed")}),
+        ("context.write", {"session_id": sid, "label": "notes", "content": "after"}),
+        ("tool", {"session_id": sid, "name": "set_context", "arguments": {"label": "notes", "content": "after"}}),
+        ("prompt.refresh", {"session_id": sid}),
+        ("compact", {"session_id": sid}),
+        ("session.fork", {"session_id": sid, "at_message_id": "m1", "id": sid + "-fork"}),
+        ("delete", {"session_id": sid, "ids": ["m1"]}),
+        ("clear", {"session_id": sid}),
+        ("session.delete", {"session_id": sid}),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("ending", "expected"), [("erase", (410, "session_erased")), ("delete", (404, "session_not_found"))]
+)
+async def test_every_command_to_an_erased_or_deleted_session_is_refused_and_records_nothing(
+    http: httpx.AsyncClient, tenant_a: NatsClient, settings: Settings, ending: str, expected: tuple[int, str]
+) -> None:
+    sid = await created_session(http)
+    config = {"blocks": [{"label": "notes", "kind": "writable"}]}
+    assert (await http.put(f"/v1/sessions/{sid}/config", json=config)).status_code == 200
+    assert (await http.post(f"/v1/sessions/{sid}/messages", json={"message": message("m1")})).status_code == 201
+    ended = await (http.post(f"/v1/sessions/{sid}:erase") if ending == "erase" else http.delete(f"/v1/sessions/{sid}"))
+    assert ended.status_code == 200, ended.text
+    commands = commands_on(sid)
+    assert {name for name, _ in commands} == {c.name for c in COMMANDS} - {"session.create"}
+    answers = {}
+    for name, body in commands:
+        status, answer = await request(tenant_a, settings, name, body)
+        answers[name] = (status, answer.get("code"))
+    assert answers == dict.fromkeys(answers, expected)
+    events = await http.get(f"/v1/sessions/{sid}/events")
+    assert [json.loads(line)["seq"] for line in events.text.splitlines()][-1] == ended.json()["seq"]
