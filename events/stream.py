@@ -48,6 +48,15 @@ class PartitionMismatch(RuntimeError):
     """The stream's subjects were made with another partition count than this process's."""
 
 
+class StreamMissing(LookupError):
+    """The event stream does not exist on this NATS server (a tool that only reads the log never
+    creates it: the server is most likely not the stack's)."""
+
+    def __init__(self, stream: str) -> None:
+        super().__init__(f"no stream {stream}")
+        self.stream = stream
+
+
 def stream_config(
     layout: SubjectLayout, *, duplicate_window_s: float = DUPLICATE_WINDOW_S, replicas: int = 1
 ) -> StreamConfig:
@@ -124,6 +133,22 @@ async def ensure_stream(js: JetStreamContext, layout: SubjectLayout, *, replicas
             )
     await check_partitions(js, layout)
     await ensure_work_stream(js, layout, replicas=replicas)
+
+
+async def require_stream(js: JetStreamContext, layout: SubjectLayout) -> None:
+    """For a tool that only reads the log: the stream must exist (:class:`StreamMissing`; nothing
+    is created, the work queue neither) with this layout's partition count
+    (:class:`PartitionMismatch`; a stream that has not recorded its count is left as it is)."""
+    try:
+        info = await js.stream_info(layout.stream)
+    except NotFoundError:
+        raise StreamMissing(layout.stream) from None
+    recorded = dict(info.config.metadata or {}).get(PARTITIONS_KEY)
+    if recorded is not None and recorded != str(layout.partitions):
+        raise PartitionMismatch(
+            f"stream {layout.stream} was made with {recorded} partitions; this process is set to "
+            f"{layout.partitions} (CHRONICLE_PARTITIONS must match the stream)"
+        )
 
 
 async def set_replicas(js: JetStreamContext, stream: str, replicas: int) -> StreamInfo:

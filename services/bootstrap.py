@@ -26,7 +26,7 @@ from events.blobs import BlobStore, RoutedBlobStores
 from events.catalog import CompactionRequested
 from events.objectstore import JetStreamBlobStore
 from events.publisher import Publisher
-from events.stream import ReplicasUnavailable, ensure_stream
+from events.stream import ReplicasUnavailable, ensure_stream, require_stream
 from events.subjects import SubjectLayout, partition_of
 from projections import search_languages
 from projections.context import ContextProjection
@@ -44,7 +44,7 @@ from services.compaction.summarizers import OfflineSummarizer, OpenAISummarizer,
 from services.compaction.worker import Compactor
 from services.context.rules import object_key
 from services.context.service import ContextService
-from services.settings import Settings
+from services.settings import Settings, UnusableSetting
 from services.storage.blobs import CLAIM_CHECK_S3, S3BlobStore
 from services.storage.s3 import SkillStore
 from services.tokens import TokenCounter
@@ -397,11 +397,17 @@ async def refuse_foreign_log(settings: Settings) -> None:
 
 
 @contextlib.asynccontextmanager
-async def open_container(settings: Settings, *, log_check: bool = True) -> AsyncIterator[Container]:
+async def open_container(
+    settings: Settings, *, log_check: bool = True, create_stream: bool = True
+) -> AsyncIterator[Container]:
     """Open every adapter (migrating the database first when ``auto_migrate``), close on exit.
 
     Unless ``log_check`` is off (tools that repair the binding: ``rebuild``, ``log rebind``), the
-    read models must belong to the stream: :class:`projections.logbinding.LogMismatch` otherwise."""
+    read models must belong to the stream: :class:`projections.logbinding.LogMismatch` otherwise.
+
+    ``create_stream`` off (the tools that only read the log: ``replay``, ``verify``, ``archive``,
+    ...): the stream must exist, :class:`events.stream.StreamMissing` otherwise, and neither it nor
+    the work queue is created (on a NATS server that is not the stack's, a reader made both)."""
     if settings.auto_migrate:
         await prepare_database(settings)
     layout = settings.layout()
@@ -419,12 +425,17 @@ async def open_container(settings: Settings, *, log_check: bool = True) -> Async
     )
     try:
         js = nc.jetstream()
-        await when_jetstream_ready(lambda: ensure_stream(js, layout, replicas=settings.stream_replicas))
+        if create_stream:
+            await when_jetstream_ready(lambda: ensure_stream(js, layout, replicas=settings.stream_replicas))
+        else:
+            await when_jetstream_ready(lambda: require_stream(js, layout))
         if log_check:
             await check_log_binding(settings, pool, js)
         wrapper = settings.key_wrapper()
         if settings.encryption and wrapper is None:
-            raise ValueError("CHRONICLE_ENCRYPTION is on and no key-encryption key is set (CHRONICLE_KEK or _KEK_FILE)")
+            raise UnusableSetting(
+                "CHRONICLE_ENCRYPTION is on and no key-encryption key is set (CHRONICLE_KEK or CHRONICLE_KEK_FILE)"
+            )
         publisher = Publisher(js, layout, keys=PgKeyStore(pool, wrapper, seal=settings.encryption))
         nats_blobs = JetStreamBlobStore(js, settings.blob_bucket, replicas=settings.stream_replicas)
         await waiter.start()

@@ -35,6 +35,11 @@ def new_operator_seed() -> str:
     return str(nkeys.encode_seed(secrets.token_bytes(32), nkeys.PREFIX_BYTE_USER).decode())
 
 
+class UnusableSetting(ValueError):
+    """A setting Chronicle cannot use (a file that is not there, a malformed key); the message
+    names the setting and what to set."""
+
+
 class Settings(BaseSettings):
     """Working defaults for the local stack; override with ``CHRONICLE_<NAME>``."""
 
@@ -240,10 +245,26 @@ class Settings(BaseSettings):
 
     def key_wrapper(self) -> LocalKek | None:
         """The key-encryption keys (setting, else file); None when neither is set."""
+        new = "`chronicle keys new-kek` makes one"
         if self.kek is not None:
-            return LocalKek.parse(self.kek.get_secret_value())
+            try:
+                return LocalKek.parse(self.kek.get_secret_value())
+            except ValueError as exc:
+                raise UnusableSetting(f"CHRONICLE_KEK is not a key-encryption key: {exc} ({new})") from None
         if self.kek_file:
-            return LocalKek.parse(Path(self.kek_file).read_text())
+            try:
+                text = Path(self.kek_file).read_text()
+            except OSError as exc:
+                raise UnusableSetting(
+                    f"CHRONICLE_KEK_FILE {self.kek_file!r} cannot be read ({exc.strerror or type(exc).__name__}): set "
+                    "it to the stack's key-encryption key file (`make up`'s is .chronicle/kek)"
+                ) from None
+            try:
+                return LocalKek.parse(text)
+            except ValueError as exc:
+                raise UnusableSetting(
+                    f"CHRONICLE_KEK_FILE {self.kek_file!r} holds no key-encryption key: {exc} ({new})"
+                ) from None
         return None
 
     def request_bytes_limit(self) -> int:

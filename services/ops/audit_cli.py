@@ -27,7 +27,8 @@ async def run_archive(settings: Settings, args: argparse.Namespace) -> int:
     if args.segment_events < 1 or (args.to_seq is not None and args.to_seq < 1):
         print("chronicle archive: --segment-events and --to-seq must be at least 1", file=sys.stderr)
         return 2
-    async with open_container(settings, log_check=False) as c:  # the log alone: no read model is read
+    # the log alone: no read model is read, and the stream is never created (it is the source)
+    async with open_container(settings, log_check=False, create_stream=False) as c:
         try:
             if args.check:
                 checked = await archive.check(c)
@@ -50,8 +51,10 @@ async def run_archive(settings: Settings, args: argparse.Namespace) -> int:
 
 
 async def run_audit(settings: Settings, args: argparse.Namespace) -> int:
-    # the log's tools read the stream itself; a rebuild repairs a database bound to another log
-    async with open_container(settings, log_check=args.command == "history") as c:
+    # the log's tools read the stream itself; a rebuild repairs a database bound to another log.
+    # None of them writes to the log: a missing stream is an error, never created (a rebuild from
+    # a new, empty stream would replace the read models with nothing)
+    async with open_container(settings, log_check=args.command == "history", create_stream=False) as c:
         match args.command:
             case "replay":
                 ids.check_session(args.session)

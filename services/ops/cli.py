@@ -10,12 +10,20 @@ import sys
 from pathlib import Path
 
 import nats.errors
+import nkeys
 
 from events.credentials import tenant_nkey_seed
 from events.ids import check_tenant
 from services import logs
 from services.ops.natsconf import ClusterNode, MissingOperator, NatsAccess, cluster_extra, server_config, write_config
-from services.settings import Settings, api_key_entry, load_settings, new_api_key, new_operator_seed
+from services.settings import (
+    Settings,
+    UnusableSetting,
+    api_key_entry,
+    load_settings,
+    new_api_key,
+    new_operator_seed,
+)
 
 DRILLS = {
     "bench": "benchmarks on private infrastructure, against a same-run baseline (source checkout only)",
@@ -163,6 +171,8 @@ def main(argv: list[str] | None = None) -> int:
 
     settings = load_settings()
     logs.configure(settings.log_level, settings.log_format)
+    from events.sealing import KeyUnavailable
+    from events.stream import StreamMissing
     from projections.logbinding import LogMismatch
 
     try:
@@ -170,6 +180,34 @@ def main(argv: list[str] | None = None) -> int:
     except LogMismatch as exc:
         print(f"chronicle {args.command}: refusing to start: {exc}", file=sys.stderr, flush=True)
         return LOG_MISMATCH_EXIT
+    except StreamMissing as exc:  # a tool that reads the log, pointed at a NATS server without it
+        print(
+            f"chronicle {args.command}: no stream {exc.stream} on {settings.nats_url}: is CHRONICLE_NATS_URL the "
+            "stack's? (`make up` listens on 4250; see README)",
+            file=sys.stderr,
+            flush=True,
+        )
+        return UNREACHABLE_EXIT
+    except UnusableSetting as exc:
+        print(f"chronicle {args.command}: {exc}", file=sys.stderr, flush=True)
+        return SETTINGS_EXIT
+    except KeyUnavailable as exc:  # sealed events, and no (or not the right) key-encryption key
+        print(
+            f"chronicle {args.command}: {exc}: this stack seals events; set CHRONICLE_KEK_FILE (or CHRONICLE_KEK) to "
+            "its key-encryption key (`make up`'s is .chronicle/kek)",
+            file=sys.stderr,
+            flush=True,
+        )
+        return SETTINGS_EXIT
+    except nkeys.NkeysError as exc:
+        print(
+            f"chronicle {args.command}: CHRONICLE_NATS_NKEY_SEED is not an NKey seed ({type(exc).__name__}): set it "
+            "to Chronicle's operator seed (for the stack `make up` runs, $(cat .chronicle/nats-operator.nk); "
+            "`chronicle keygen --operator` makes a new one)",
+            file=sys.stderr,
+            flush=True,
+        )
+        return SETTINGS_EXIT
     except nats.errors.Error as exc:  # one line that says what to fix, not a traceback
         hint = (
             " (this NATS server needs Chronicle's operator identity: CHRONICLE_NATS_NKEY_SEED, or for the stack "
@@ -181,10 +219,14 @@ def main(argv: list[str] | None = None) -> int:
         return UNREACHABLE_EXIT
 
 
+SETTINGS_EXIT = 2
+"""The exit status of a command that cannot run with these settings or arguments (a file that is
+not there, a malformed key or seed, no key-encryption key for sealed events, an invalid id)."""
 LOG_MISMATCH_EXIT = 3
 """The exit status of a process that refused to start: its read models belong to another log."""
 UNREACHABLE_EXIT = 4
-"""The exit status of a command that could not use NATS (refused, unreachable, not allowed)."""
+"""The exit status of a command that could not use NATS (refused, unreachable, not allowed, or
+without the event stream a tool that only reads the log needs)."""
 
 
 def _dispatch(settings: Settings, args: argparse.Namespace) -> int:

@@ -39,6 +39,6 @@ async def run_keys(settings: Settings, args: argparse.Namespace) -> int:
     if args.keys_command == "new-kek":
         print(new_kek_line())
         return 0
-    async with open_container(settings) as c:
+    async with open_container(settings, create_stream=False) as c:  # the data keys alone: the log is not written
         print(f"rewrapped {await c.keys.rewrap()} data keys under {c.keys.kek_id}")
     return 0

@@ -32,7 +32,9 @@ def _stream_line(identity: LogIdentity) -> str:
 async def run_log(settings: Settings, args: argparse.Namespace) -> int:
     """``show`` prints the binding and the stream; ``rebind --yes`` makes the stream the read
     models' log, after printing both (without ``--yes`` it only prints and exits 1)."""
-    async with open_container(settings, log_check=False) as c, c.pool.connection() as conn, conn.transaction():
+    # the stream as it is: a missing one is an error (binding to a stream made here would be a lie)
+    opened = open_container(settings, log_check=False, create_stream=False)
+    async with opened as c, c.pool.connection() as conn, conn.transaction():
         name = settings.projector_name
         bound = await read_binding(conn, name, lock=True)
         furthest = await highest_checkpoint(conn, name)

@@ -1,0 +1,147 @@
+"""The CLI's failures are one line that says what is wrong and what to set, with a non-zero exit,
+never a traceback; and the tools that only read the log never create the stream (pointed at a
+NATS server that is not the stack's, they made ``CHRONICLE`` and its work queue there)."""
+
+from __future__ import annotations
+
+import subprocess
+import uuid
+from collections.abc import AsyncIterator, Iterator
+
+import pytest
+from nats.js.errors import NotFoundError
+from pydantic import SecretStr
+
+from events.omitted import OMITTED
+from services.bootstrap import open_container
+from services.ops.cli import SETTINGS_EXIT, UNREACHABLE_EXIT
+from services.settings import Settings
+from tests.conftest import TEST_KEK, make_settings, operator_nats
+from tests.integration.helpers import text_message
+from tests.support import chronicle_cli, scratch_database
+
+READERS = [
+    ["replay", "--session", "demo"],
+    ["history", "--session", "demo"],
+    ["history", "--session", "demo", "--as-of-seq", "5"],
+    ["verify"],
+    ["rebuild"],
+    ["archive", "--check"],
+    ["archive"],
+    ["log", "show"],
+    ["log", "rebind", "--yes"],
+    ["keys", "rewrap"],
+]
+"""Every command that opens the stack without writing to the log (``quarantine`` reads Postgres
+alone; ``skills`` and the services write, and create the stream; ``up`` starts its own server)."""
+
+
+def one_line(done: subprocess.CompletedProcess[str]) -> str:
+    """The command's error: exactly one line on stderr, nothing that looks like a traceback."""
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1, done.stderr
+    assert "Traceback" not in done.stderr
+    return lines[0]
+
+
+@pytest.fixture
+def elsewhere(nats_url: str, pg_admin: str) -> Iterator[Settings]:
+    """Settings that name a stream this NATS server does not have (the server is not the stack's)."""
+    with scratch_database(pg_admin) as db:
+        yield make_settings(nats_url, db)
+
+
+async def streams_of(settings: Settings) -> list[str]:
+    """Which of the settings' streams (the log, the work queue) exist on the server."""
+    layout = settings.layout()
+    nc = await operator_nats(settings.nats_url)
+    found = []
+    try:
+        for name in (layout.stream, layout.work_stream):
+            try:
+                await nc.jetstream().stream_info(name)
+                found.append(name)
+            except NotFoundError:
+                pass
+    finally:
+        await nc.close()
+    return found
+
+
+@pytest.mark.parametrize("argv", READERS, ids=" ".join)
+async def test_a_tool_that_reads_the_log_never_creates_the_stream(elsewhere: Settings, argv: list[str]) -> None:
+    done = chronicle_cli(elsewhere, *argv)
+    assert done.returncode == UNREACHABLE_EXIT, done.stderr
+    line = one_line(done)
+    assert line == (
+        f"chronicle {argv[0]}: no stream {elsewhere.stream} on {elsewhere.nats_url}: is CHRONICLE_NATS_URL the "
+        "stack's? (`make up` listens on 4250; see README)"
+    )
+    assert await streams_of(elsewhere) == []
+
+
+async def test_quarantine_listing_reads_postgres_alone_and_creates_no_stream(elsewhere: Settings) -> None:
+    assert chronicle_cli(elsewhere, "migrate").returncode == 0
+    done = chronicle_cli(elsewhere, "quarantine", "list")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip().endswith("0 quarantined in all")
+    assert await streams_of(elsewhere) == []
+
+
+async def test_a_writer_still_creates_the_stream(elsewhere: Settings) -> None:
+    done = chronicle_cli(elsewhere, "skills", "sync", "--bucket", f"nosuch-{uuid.uuid4().hex[:8]}")
+    assert await streams_of(elsewhere) == [elsewhere.layout().stream, elsewhere.layout().work_stream], done.stderr
+
+
+@pytest.fixture
+async def sealed_session(nats_url: str, pg_admin: str) -> AsyncIterator[tuple[Settings, str, int]]:
+    """A sealing stack's settings with one session written (its id, its last sequence)."""
+    with scratch_database(pg_admin) as db:
+        settings = make_settings(nats_url, db, encryption=True, kek=TEST_KEK)
+        sid = f"sealed-{uuid.uuid4().hex[:8]}"
+        async with open_container(settings) as c:
+            seq = (await c.commands.append("tenant-a", sid, text_message("m1", "sealed words"), OMITTED)).seq
+        yield settings, sid, seq
+
+
+@pytest.mark.parametrize("argv", [["replay"], ["history", "--as-of-seq"]], ids=" ".join)
+async def test_reading_sealed_events_without_the_kek_says_to_set_it(
+    sealed_session: tuple[Settings, str, int], argv: list[str]
+) -> None:
+    """(A history of now reads the read models, which need no key: it is not refused.)"""
+    settings, sid, seq = sealed_session
+    without = settings.model_copy(update={"kek": None, "kek_file": None, "encryption": False})
+    args = [*argv, str(seq)] if argv[-1] == "--as-of-seq" else argv
+    done = chronicle_cli(without, *args, "--tenant", "tenant-a", "--session", sid)
+    assert done.returncode == SETTINGS_EXIT, (done.stdout, done.stderr)
+    line = one_line(done)
+    assert line.startswith(f"chronicle {argv[0]}: ")
+    assert "CHRONICLE_KEK_FILE" in line
+    assert "sealed" in line
+
+
+async def test_a_kek_file_that_is_not_there_is_named(sealed_session: tuple[Settings, str, int]) -> None:
+    settings, sid, _ = sealed_session
+    missing = settings.model_copy(update={"kek": None, "kek_file": "/nonexistent/kek"})
+    done = chronicle_cli(missing, "history", "--tenant", "tenant-a", "--session", sid)
+    assert done.returncode == SETTINGS_EXIT, done.stderr
+    assert one_line(done) == (
+        "chronicle history: CHRONICLE_KEK_FILE '/nonexistent/kek' cannot be read (No such file or directory): set it "
+        "to the stack's key-encryption key file (`make up`'s is .chronicle/kek)"
+    )
+
+
+async def test_a_kek_that_is_not_one_is_named(sealed_session: tuple[Settings, str, int]) -> None:
+    settings, sid, _ = sealed_session
+    done = chronicle_cli(settings.model_copy(update={"kek": SecretStr("garbage")}), "replay", "--session", sid)
+    assert done.returncode == SETTINGS_EXIT, done.stderr
+    assert one_line(done).startswith("chronicle replay: CHRONICLE_KEK is not a key-encryption key: ")
+
+
+async def test_a_seed_that_is_not_an_nkey_seed_is_named(elsewhere: Settings) -> None:
+    done = chronicle_cli(elsewhere.model_copy(update={"nats_nkey_seed": SecretStr("garbage")}), "verify")
+    assert done.returncode == SETTINGS_EXIT, done.stderr
+    line = one_line(done)
+    assert line.startswith("chronicle verify: CHRONICLE_NATS_NKEY_SEED is not an NKey seed")
+    assert "chronicle keygen --operator" in line
+    assert await streams_of(elsewhere) == []
