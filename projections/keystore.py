@@ -293,6 +293,12 @@ class PgKeyStore:
             self.forget(tenant, session)
         return new
 
+    async def has_key(self, tenant: str, session: str) -> bool:
+        """Whether the session has a data key (one was made, and not destroyed)."""
+        async with self._pool.connection() as conn:
+            cur = await conn.execute("SELECT 1 FROM data_keys WHERE tenant = %s AND session_id = %s", (tenant, session))
+            return await cur.fetchone() is not None
+
     async def sessions_of(self, tenant: str) -> list[str]:
         """Every session of ``tenant`` with a key, a read-model row or an erasure."""
         async with self._pool.connection() as conn:

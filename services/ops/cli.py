@@ -163,6 +163,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     p_erase.add_argument("--tenant", required=True)
     p_erase.add_argument("--session", default=None, help="one session (default: every session of the tenant)")
+    p_erase.add_argument(
+        "--yes", action="store_true", help="erase the whole tenant (without it: print what would go, erase nothing)"
+    )
     p_keys = sub.add_parser("keys", help="key-encryption keys of the data keys")
     keys_sub = p_keys.add_subparsers(dest="keys_command", required=True)
     keys_sub.add_parser("new-kek", help="print a new key-encryption key (put it first in CHRONICLE_KEK)")

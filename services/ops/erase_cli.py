@@ -7,14 +7,18 @@ import json
 import sys
 
 from events import ids
+from events.ids import TENANT_SCOPE
 from projections.keystore import new_kek_line
 from services.bootstrap import open_container
+from services.errors import SessionNotFound
 from services.settings import Settings
 
 
 async def run_erase(settings: Settings, args: argparse.Namespace) -> int:
-    """Erase one session (``--session``) or every session of the tenant and its tenant-level
-    entries; prints one JSON line per session erased."""
+    """Erase one session (``--session``) or, with ``--yes``, every session of the tenant and its
+    tenant-level entries; prints one JSON line per session erased. A session that does not exist
+    exits 1 (nothing recorded); a whole tenant without ``--yes`` prints what would be erased and
+    exits 1. The stream is never created here: there is nothing to erase in a log that is not."""
     try:
         ids.check_tenant(args.tenant)
         if args.session is not None:
@@ -22,10 +26,27 @@ async def run_erase(settings: Settings, args: argparse.Namespace) -> int:
     except ids.InvalidId as exc:
         print(f"chronicle erase: {exc}", file=sys.stderr)
         return 2
-    async with open_container(settings) as c:
+    async with open_container(settings, create_stream=False) as c:
         eraser = c.eraser
         if args.session is not None:
-            done = [await eraser.erase_session(args.tenant, args.session)]
+            try:
+                done = [await eraser.erase_session(args.tenant, args.session)]
+            except SessionNotFound:
+                print(
+                    f"chronicle erase: no session {args.session!r} of tenant {args.tenant!r} (no event in the log, "
+                    "no data key): nothing erased",
+                    file=sys.stderr,
+                )
+                return 1
+        elif not args.yes:
+            sessions = await c.keys.sessions_of(args.tenant)
+            for session in sessions:
+                print(f"would erase: {'the tenant-level entries' if session == TENANT_SCOPE else repr(session)}")
+            print(
+                f"not erased: erasing tenant {args.tenant!r} destroys every session listed ({len(sessions)}) and its "
+                "skill documents for good. Run again with --yes to erase."
+            )
+            return 1
         else:
             done = await eraser.erase_tenant(args.tenant)
         for erased in done:

@@ -33,6 +33,7 @@ from events.ids import TENANT_SCOPE, derived_id
 from events.objects import belongs_to
 from events.publisher import Publisher
 from projections.keystore import PgKeyStore
+from services.errors import SessionNotFound
 
 log = logging.getLogger("chronicle.erasure")
 
@@ -63,7 +64,13 @@ class Eraser:
         self._pool = pool
         self._stores = RoutedBlobStores(*stores)  # each reference read and deleted where it says it lives
 
-    async def erase_session(self, tenant: str, session: str) -> Erasure:
+    async def erase_session(self, tenant: str, session: str, *, must_exist: bool = True) -> Erasure:
+        """Erase one session. Unless ``must_exist`` is off (a tenant's erasure: its tenant scope),
+        a session the log holds no event of and with no data key is ``404 session_not_found``
+        and nothing is recorded: erasing a mistyped id would otherwise burn it for good. An erased
+        session has its ``session.erased`` event: erasing again finds it and changes nothing."""
+        if must_exist and not await self._exists(tenant, session):
+            raise SessionNotFound(f"session {session!r} does not exist: nothing to erase")
         new = await self._keys.erase(tenant, [session])
         event = SessionErased(id=derived_id("erase", tenant, session), tenant=tenant, session=session)
         published = await self._pub.publish(event)
@@ -80,11 +87,16 @@ class Eraser:
         """Every session of ``tenant``, then its tenant-level entries (the tenant scope): its skill
         documents are deleted from their buckets before the skills index goes."""
         sessions = [s for s in await self._keys.sessions_of(tenant) if s != TENANT_SCOPE]
-        done = [await self.erase_session(tenant, s) for s in sessions]
+        done = [await self.erase_session(tenant, s, must_exist=False) for s in sessions]  # each known here
         documents = await self._tenant_objects(tenant) if self._tenant_objects is not None else 0
-        scope = await self.erase_session(tenant, TENANT_SCOPE)
+        scope = await self.erase_session(tenant, TENANT_SCOPE, must_exist=False)
         done.append(Erasure(scope.session, scope.seq, scope.newly_erased, scope.objects_deleted + documents))
         return done
+
+    async def _exists(self, tenant: str, session: str) -> bool:
+        """The log holds an event of the session, or it has a data key (an agent service asked
+        for one before publishing to the stream itself)."""
+        return await self._pub.last_subject_seq(tenant, session) > 0 or await self._keys.has_key(tenant, session)
 
     async def _delete_objects(self, tenant: str, session: str, to_seq: int) -> int:
         refs: dict[str, BlobRef] = {}

@@ -255,7 +255,7 @@ async def test_a_tenant_is_erased_with_every_session_and_other_tenants_keep_thei
         )
         assert put.returncode == 0, put.stderr
         assert objects_holding(settings, word.encode())[0] == [f"{bucket}/tenants/tenant-b/skills/one"]
-        erase = cli(settings, "erase", "--tenant", "tenant-b")
+        erase = cli(settings, "erase", "--tenant", "tenant-b", "--yes")
         assert erase.returncode == 0, erase.stderr
         erased = [json.loads(line) for line in erase.stdout.splitlines()]
         assert {e["session"] for e in erased} >= {f"b-0-{word[-6:]}", f"b-1-{word[-6:]}", ""}
@@ -391,3 +391,62 @@ async def test_every_write_to_a_deleted_session_is_404_and_writes_nothing(client
     assert await event_lines(client, sid) == before
     assert (await client.get(f"/v1/sessions/{sid}-fork")).status_code == 404
 
+
+async def erasure_recorded(db: str, sid: str) -> bool:
+    async with await psycopg.AsyncConnection.connect(db) as conn:
+        cur = await conn.execute("SELECT 1 FROM erasures WHERE session_id = %s", (sid,))
+        return await cur.fetchone() is not None
+
+
+async def test_erasing_a_session_that_does_not_exist_is_404_and_burns_no_id(
+    client: httpx.AsyncClient, sealed: tuple[Settings, Path]
+) -> None:
+    settings, _ = sealed
+    sid = f"nosuch-{uuid.uuid4().hex[:8]}"
+    r = await client.post(f"/v1/sessions/{sid}:erase")
+    assert (r.status_code, r.json()["code"]) == (404, "session_not_found"), r.text
+    assert not await erasure_recorded(settings.database_url, sid)
+    assert await event_lines(client, sid) == []
+    await ok(await client.post("/v1/sessions", json={"id": sid}), 201)  # the id is still free
+
+
+async def test_a_session_with_only_a_data_key_can_be_erased(client: httpx.AsyncClient) -> None:
+    """An agent service asks for the key before publishing itself: the session exists for erasure."""
+    sid = f"keyonly-{uuid.uuid4().hex[:8]}"
+    await ok(await client.get(f"/v1/sessions/{sid}/data-key"))
+    erased = await ok(await client.post(f"/v1/sessions/{sid}:erase"))
+    assert erased["erased"] is True
+    gone = await client.get(f"/v1/sessions/{sid}/data-key")
+    assert (gone.status_code, gone.json()["code"]) == (410, "session_erased")
+
+
+async def test_chronicle_erase_of_a_session_that_does_not_exist_says_so_and_records_nothing(
+    sealed: tuple[Settings, Path],
+) -> None:
+    settings, _ = sealed
+    sid = f"nosuch-{uuid.uuid4().hex[:8]}"
+    done = cli(settings, "erase", "--tenant", "tenant-a", "--session", sid)
+    assert done.returncode == 1, done.stderr
+    assert done.stdout == ""
+    assert done.stderr.strip().splitlines() == [
+        f"chronicle erase: no session {sid!r} of tenant 'tenant-a' (no event in the log, no data key): nothing erased"
+    ]
+    assert not await erasure_recorded(settings.database_url, sid)
+
+
+async def test_chronicle_erase_of_a_whole_tenant_needs_yes(
+    client: httpx.AsyncClient, sealed: tuple[Settings, Path]
+) -> None:
+    settings, _ = sealed
+    headers = {"Authorization": f"Bearer {KEYS['tenant-b']}"}
+    sid = f"kept-{uuid.uuid4().hex[:8]}"
+    async with httpx.AsyncClient(base_url=str(client.base_url), headers=headers, timeout=30) as c:
+        await ok(await c.post(f"/v1/sessions/{sid}/messages", json={"message": msg("m0", "kept")}), 201)
+        done = cli(settings, "erase", "--tenant", "tenant-b")
+        assert done.returncode == 1, done.stderr
+        assert f"would erase: {sid!r}" in done.stdout.splitlines()
+        assert done.stdout.splitlines()[-1].startswith("not erased: erasing tenant 'tenant-b' destroys every session")
+        assert "--yes" in done.stdout
+        assert not await erasure_recorded(settings.database_url, sid)
+        history = await ok(await c.get(f"/v1/sessions/{sid}/history"))
+    assert [m["id"] for m in history["messages"]] == ["m0"]

@@ -30,6 +30,8 @@ READERS = [
     ["archive"],
     ["log", "show"],
     ["log", "rebind", "--yes"],
+    ["erase", "--tenant", "tenant-a", "--session", "demo"],
+    ["erase", "--tenant", "tenant-a", "--yes"],
     ["keys", "rewrap"],
 ]
 """Every command that opens the stack without writing to the log (``quarantine`` reads Postgres
