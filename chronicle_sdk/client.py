@@ -61,6 +61,23 @@ sends a blank line every 15 s while nothing happens)."""
 
 
 _BATCH_LIMIT = 1000  # messages in one POST …/messages:batch (the API's limit)
+_BATCH_BYTES = 48 * 1024 * 1024  # JSON in one batch: half the API's default request bound (97 MiB)
+
+
+def _batches(messages: Sequence[Mapping[str, Any]]) -> list[list[dict[str, Any]]]:
+    """The chain in ``messages:batch`` requests: at most :data:`_BATCH_LIMIT` messages and, past
+    the first message of each, :data:`_BATCH_BYTES` of JSON (a body over the API's request bound
+    is refused whole)."""
+    batches: list[list[dict[str, Any]]] = []
+    size = 0
+    for m in messages:
+        n = len(json.dumps(m, ensure_ascii=False).encode())
+        if not batches or len(batches[-1]) == _BATCH_LIMIT or size + n > _BATCH_BYTES:
+            batches.append([])
+            size = 0
+        batches[-1].append(dict(m))
+        size += n
+    return batches
 
 
 def _check_session_id(session_id: str) -> str:
@@ -438,8 +455,7 @@ class ChronicleClient:
         :class:`~chronicle_sdk.MessageConflict`."""
         results: list[AppendResult] = []
         parent = parent_id
-        for start in range(0, len(messages), _BATCH_LIMIT):
-            chunk = [dict(m) for m in messages[start : start + _BATCH_LIMIT]]
+        for chunk in _batches(messages):
             out = await self._send(
                 via,
                 "POST",

@@ -179,7 +179,8 @@ class MethodNotAllowed(InvalidRequest):
 
 
 class PayloadTooLarge(InvalidRequest):
-    """The message is larger than the server's ``max_message_bytes``."""
+    """The message is larger than the server's ``max_message_bytes``, or a request body larger
+    than its ``max_request_bytes`` (the SDK cuts chains into batches well under the default)."""
 
     default_code = "payload_too_large"
 

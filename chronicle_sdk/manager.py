@@ -118,8 +118,8 @@ class SessionManager(ConfigBuilder):
         a lost connection) with the same ``Idempotency-Key`` (one per call): a retry that reaches
         the server within its duplicate window (two minutes after the first attempt was stored)
         adds nothing again; one after it would add twice. Raises :class:`SessionNotFound` for an
-        unknown or deleted session, :class:`InvalidRequest` for a negative amount or when all
-        three are 0 (nothing to add)."""
+        unknown or deleted session, :class:`InvalidRequest` for a negative amount; all three 0
+        writes nothing (as the reference's ``addUsage``)."""
         body = {"input_tokens": input_tokens, "output_tokens": output_tokens, "cost": float(cost)}
         out = await self.client.request(
             "POST",
@@ -182,7 +182,9 @@ class SessionManager(ConfigBuilder):
     async def erase(self, session_id: str) -> int:
         """Erase a session for good (``POST /v1/sessions/{id}:erase``): its data key is destroyed,
         every row and stored object of it dropped, the log keeps tombstones; writes to it then
-        fail (``session_erased``). Returns the sequence of its ``session.erased`` event."""
+        fail (``session_erased``). Returns the sequence of its ``session.erased`` event. Raises
+        :class:`SessionNotFound` for a session the log holds nothing of and that has no data key
+        (nothing to erase: the id stays usable)."""
         out = await self.client.request("POST", f"/v1/sessions/{quote(session_id)}:erase")
         self._sessions.pop(session_id, None)
         return int(out["seq"])

@@ -58,15 +58,6 @@ Cost = Annotated[
 ]
 EndReason = Annotated[str, Field(min_length=1, max_length=MAX_END_REASON)]
 IdempotencyKey = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[!-~]+$")]
-SOMETHING_TO_ADD: dict[str, Any] = {
-    "anyOf": [
-        {"required": ["input_tokens"], "properties": {"input_tokens": {"minimum": 1}}},
-        {"required": ["output_tokens"], "properties": {"output_tokens": {"minimum": 1}}},
-        {"required": ["cost"], "properties": {"cost": {"exclusiveMinimum": 0}}},
-    ]
-}
-"""A usage request's schema rule: at least one amount above 0 (all 0 is refused: nothing to add;
-the check itself is ``services/requests/writes.py``'s, for both transports)."""
 
 
 def model_refs(node: Any, ref_template: str = "#/components/schemas/{model}") -> Any:
@@ -111,7 +102,8 @@ class DeleteSession(BaseModel):
 
 
 class AddUsage(BaseModel):
-    """Add to the session's counters (all three 0 is refused: nothing to add).
+    """Add to the session's counters (all three 0: nothing is written, as the reference's
+    ``addUsage`` adds nothing).
     ``idempotency_key`` is HTTP's ``Idempotency-Key``: the same in each retry of one call, so
     that a retry within the stream's duplicate window (two minutes after the first was stored)
     adds nothing again and answers the first ``seq``; the same key with other amounts is refused
@@ -129,7 +121,6 @@ class AddUsage(BaseModel):
                     "idempotency_key": "u-7",
                 }
             ],
-            **SOMETHING_TO_ADD,
         },
     )
     session_id: SessionId

@@ -7,7 +7,6 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from events.commands import (
     MAX_DELETE_IDS,
-    SOMETHING_TO_ADD,
     Cost,
     EndReason,
     MessageId,
@@ -42,7 +41,6 @@ class UsageBody(BaseModel):
         extra="forbid",
         json_schema_extra={
             "examples": [{"input_tokens": 1200, "output_tokens": 350, "cost": 0.0042}],
-            **SOMETHING_TO_ADD,
         },
     )
     input_tokens: Tokens = 0

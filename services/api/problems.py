@@ -83,8 +83,8 @@ def install(app: FastAPI) -> None:
         code = _HTTP_CODES.get(exc.status_code, f"http_{exc.status_code}")
         response = problem(exc.status_code, code, str(exc.detail), str(exc.detail))
         response.headers.update(exc.headers or {})
-        if exc.status_code == 405:
-            response.headers["Allow"] = allowed_methods(request)
+        if exc.status_code == 405 and (allowed := allowed_methods(request)):
+            response.headers["Allow"] = allowed  # else the one Starlette gave (a mounted app's route)
         return response
 
 
@@ -93,7 +93,8 @@ _METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS")
 
 def allowed_methods(request: Request) -> str:
     """The ``Allow`` header of a 405 (RFC 9110): each method some route takes on this path (not
-    only the first matching route's, which is what Starlette names)."""
+    only the first matching route's, which is what Starlette names); empty for a path inside a
+    mounted app (the auditor view's static files), whose routes see another root path."""
     routes = request.app.router.routes
     allowed = [
         method

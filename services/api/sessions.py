@@ -100,8 +100,8 @@ async def add_usage(
     idempotency_key: IdempotencyKeyHeader = None,
 ) -> dict[str, Any]:
     """Add token usage and cost to the session's counters (``addUsage``): `input_tokens`,
-    `output_tokens` and `estimated_cost` of the session add them up; all three 0 is `422
-    invalid_request` (nothing to add). With an `Idempotency-Key` (the same in each retry of one
+    `output_tokens` and `estimated_cost` of the session add them up; all three 0 writes nothing
+    (as the reference's). With an `Idempotency-Key` (the same in each retry of one
     call), a retry within the stream's duplicate window (two minutes after the first was stored)
     adds nothing again and answers the first `seq`; the same key with other amounts is `422
     idempotency_key_reused`, and nothing is written. After the window the key is forgotten."""

@@ -19,7 +19,10 @@ from services.context.skills import ContextSkills
 from services.context.tool_specs import blocks_of, tool_specs
 from services.errors import (
     ChronicleError,
+    ErasedSession,
+    SessionNotFound,
 )
+from services.writes.liveness import live_session
 
 log = logging.getLogger("chronicle.context")
 TOOL_FAILED = "Error: the tool failed unexpectedly; try again later"
@@ -40,7 +43,12 @@ class ContextTools(ContextSkills, ContextPrompt):
         never raises: failures are ``Error: …`` strings."""
         try:
             await self._cond.catch_up(tenant, session)
-            names = {spec.name for spec in await self.tools(tenant, session)}
+            async with self._pool.connection() as conn:
+                # an erased or deleted session is the request's 410 or 404, not an error result
+                await live_session(conn, tenant, session, must_exist=False)
+                config = await self.config(conn, tenant, session)
+                loaded = [f"{label}:{key}" for label, key in await context_queries.loaded_skills(conn, tenant, session)]
+            names = {spec.name for spec in tool_specs(config, loaded)}
             if name not in names:
                 return f'Error: tool "{name}" is not available in this session'
             if not isinstance(args, dict):
@@ -48,6 +56,8 @@ class ContextTools(ContextSkills, ContextPrompt):
             if has_bad_chars(args):
                 return "Error: tool arguments must not contain NUL characters or lone surrogates"
             return await self._dispatch(tenant, session, name, args, tool_call_id)
+        except (SessionNotFound, ErasedSession):
+            raise
         except ChronicleError as exc:
             if exc.status < 500:  # the caller's mistake, in our words
                 return f"Error: {exc.detail}"

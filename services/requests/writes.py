@@ -37,8 +37,7 @@ def parent_spec(parent_id: str | None, given: bool) -> ParentSpec:
 
 
 async def writable(c: Container, tenant: str, sid: str) -> None:
-    """For a write whose own checks do not ask (a compaction, a tool call, which answers its
-    failures as results): ``410 session_erased`` for an erased session, ``404
+    """For a write whose own checks do not ask (a compaction): ``410 session_erased`` for an erased session, ``404
     session_not_found`` for a deleted one, after the session's events are applied. One never
     written is let through (it exists implicitly)."""
     await c.commands.optimistic.catch_up(tenant, sid)
@@ -75,11 +74,9 @@ async def add_usage(
     cost: float,
     request_key: str | None = None,
 ) -> tuple[bool, Answer]:
-    """Whether an event was written (not a retry's, already stored), and the answer. All three
-    amounts 0 is refused: there is nothing to add."""
+    """Whether an event was written (not a retry's, already stored; nothing when all three
+    amounts are 0: a cached or failed LLM call reports no usage), and the answer."""
     check_id("session", sid)
-    if not (input_tokens or output_tokens or cost):
-        raise InvalidRequest("nothing to add: input_tokens, output_tokens and cost are all 0")
     w = await c.commands.add_usage(tenant, sid, input_tokens, output_tokens, cost, request_key)
     return w.written, {
         "id": sid,
@@ -248,9 +245,9 @@ async def write_context(c: Container, tenant: str, sid: str, label: str, content
 
 
 async def run_tool(c: Container, tenant: str, sid: str, name: str, arguments: Any, tool_call_id: str | None) -> Answer:
-    """Execute a tool with the LLM's arguments; failures come back as ``Error: …`` results."""
+    """Execute a tool with the LLM's arguments; failures come back as ``Error: …`` results (an
+    erased or deleted session is the request's 410 or 404: the tools' own check)."""
     check_id("session", sid)
-    await writable(c, tenant, sid)
     args = arguments if arguments is not None else {}
     result = await c.context.execute(tenant, sid, name, args, tool_call_id)
     return {"result": result, "seq": await c.publisher.last_subject_seq(tenant, sid)}

@@ -167,6 +167,8 @@ class Commands:
 
         async def decide(conn: Conn) -> Decision:
             await live_session(conn, tenant, session, must_exist=True)
+            if not (input_tokens or output_tokens or cost):  # nothing to add: nothing written
+                return Decision(None, lambda seq: WriteReceipt(seq, written=False))
             event = SessionUsageAdded(
                 id=event_id,
                 tenant=tenant,

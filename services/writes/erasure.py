@@ -32,6 +32,7 @@ from events.catalog import SessionErased
 from events.ids import TENANT_SCOPE, derived_id
 from events.objects import belongs_to
 from events.publisher import Publisher
+from projections import queries
 from projections.keystore import PgKeyStore
 from services.errors import SessionNotFound
 
@@ -95,8 +96,12 @@ class Eraser:
 
     async def _exists(self, tenant: str, session: str) -> bool:
         """The log holds an event of the session, or it has a data key (an agent service asked
-        for one before publishing to the stream itself)."""
-        return await self._pub.last_subject_seq(tenant, session) > 0 or await self._keys.has_key(tenant, session)
+        for one before publishing to the stream itself), or its erasure is recorded (an erasure
+        that stopped after destroying the key and before its event: running it again finishes it)."""
+        if await self._pub.last_subject_seq(tenant, session) > 0 or await self._keys.has_key(tenant, session):
+            return True
+        async with self._pool.connection() as conn:
+            return await queries.is_erased(conn, tenant, session)
 
     async def _delete_objects(self, tenant: str, session: str, to_seq: int) -> int:
         refs: dict[str, BlobRef] = {}

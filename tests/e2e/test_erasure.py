@@ -420,6 +420,23 @@ async def test_a_session_with_only_a_data_key_can_be_erased(client: httpx.AsyncC
     assert (gone.status_code, gone.json()["code"]) == (410, "session_erased")
 
 
+async def test_an_erasure_stopped_after_destroying_the_key_is_finished_by_running_it_again(
+    client: httpx.AsyncClient, sealed: tuple[Settings, Path]
+) -> None:
+    settings, _ = sealed
+    sid = f"halfway-{uuid.uuid4().hex[:8]}"
+    await ok(await client.get(f"/v1/sessions/{sid}/data-key"))  # a key, no event yet
+    # what the erasure does first, before its event; then it stopped
+    async with await psycopg.AsyncConnection.connect(settings.database_url) as conn, conn.transaction():
+        await conn.execute("DELETE FROM data_keys WHERE tenant = 'tenant-a' AND session_id = %s", (sid,))
+        await conn.execute("INSERT INTO erasures (tenant, session_id) VALUES ('tenant-a', %s)", (sid,))
+    assert await event_lines(client, sid) == []
+    erased = await ok(await client.post(f"/v1/sessions/{sid}:erase"))
+    assert erased["erased"] is True
+    [tombstone] = await event_lines(client, sid)
+    assert tombstone["seq"] == erased["seq"]
+
+
 async def test_chronicle_erase_of_a_session_that_does_not_exist_says_so_and_records_nothing(
     sealed: tuple[Settings, Path],
 ) -> None:

@@ -224,3 +224,10 @@ async def test_405_names_every_method_the_path_takes(client: httpx.AsyncClient, 
         assert allowed == {m.upper() for m in doc["paths"][template]}, (template, allowed)
         for other in allowed:  # each one it names is taken (answered, not 405)
             assert (await client.request(other, template.format(sid=sid, mid="m1"))).status_code != 405
+
+
+async def test_405_inside_the_auditor_views_files_names_what_they_take(anon: httpx.AsyncClient) -> None:
+    r = await anon.post("/audit/static/app.js")
+    assert r.status_code == 405, r.text
+    assert r.headers["allow"], "an empty Allow says no method is allowed"
+    assert "GET" in r.headers["allow"].split(", ")

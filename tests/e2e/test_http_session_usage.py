@@ -133,11 +133,14 @@ async def test_a_negative_zero_cost_is_stored_and_answered_as_zero(client: httpx
 
 
 @pytest.mark.parametrize("body", [{}, {"input_tokens": 0, "output_tokens": 0, "cost": 0}, {"cost": -0.0}], ids=repr)
-async def test_nothing_to_add_is_refused_and_nothing_is_written(client: httpx.AsyncClient, body: Any) -> None:
-    sid = await created(client)
-    problem = assert_problem(await client.post(f"/v1/sessions/{sid}/usage", json=body), 422, "invalid_request")
-    assert "nothing to add" in problem["detail"]
+async def test_nothing_to_add_writes_nothing_and_answers_the_last_seq(client: httpx.AsyncClient, body: Any) -> None:
+    sid = new_sid()
+    made = await client.post("/v1/sessions", json={"id": sid})
+    r = await client.post(f"/v1/sessions/{sid}/usage", json=body)
+    assert r.status_code == 200, r.text
+    assert r.json() == {"id": sid, "input_tokens": 0, "output_tokens": 0, "cost": 0.0, "seq": made.json()["seq"]}
     assert [e["event"]["type"] for e in await events(client, sid)] == ["session.created"]
+    assert_problem(await client.post(f"/v1/sessions/{new_sid()}/usage", json=body), 404, "session_not_found")
 
 
 async def test_end_records_the_reason_and_the_session_stays_writable(client: httpx.AsyncClient) -> None:

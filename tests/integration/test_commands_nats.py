@@ -199,13 +199,6 @@ REFUSALS: list[tuple[str, str, dict[str, Any], str, dict[str, Any] | bytes]] = [
         {"session_id": "{sid}", "input_tokens": -1},
     ),
     (
-        "nothing to add",
-        "POST /usage",
-        {"cost": 0},
-        "session.usage",
-        {"session_id": "{sid}", "cost": 0},
-    ),
-    (
         "unknown session (end)",
         "POST :end",
         {"reason": "done"},

@@ -515,6 +515,19 @@ async def test_http_chains_are_batches_of_at_most_1000() -> None:
     assert [r.parent_id for r in results[999:1001]] == ["m998", "m999"]
 
 
+async def test_http_chains_are_cut_by_size_too(monkeypatch: pytest.MonkeyPatch) -> None:
+    from chronicle_sdk import client as sdk_client
+
+    monkeypatch.setattr(sdk_client, "_BATCH_BYTES", 500)  # the API bounds a request body (413 past it)
+    rec = Recorder(batch_answer)
+    async with rec.client() as c:
+        chain = [{**msg(f"m{i}"), "parts": [{"type": "text", "text": "x" * 150}]} for i in range(5)]
+        await c.append_chain("s1", chain, None)
+    assert [len(b["messages"]) for b in rec.bodies()] == [2, 2, 1]
+    assert [b["parent_id"] for b in rec.bodies()] == [None, "m1", "m3"]
+    assert all(len(json.dumps(b["messages"])) <= 500 for b in rec.bodies())
+
+
 def test_publish_failures_map_to_sdk_errors() -> None:
     from chronicle_sdk.client import _Direct, _NatsErrors
     from events.admission import Refused

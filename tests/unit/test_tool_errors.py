@@ -8,7 +8,7 @@ import pytest
 
 from services.context.service import ContextService
 from services.context.tools import TOOL_FAILED
-from services.errors import ObjectStorageError, SessionNotFound
+from services.errors import BudgetExceeded, ErasedSession, ObjectStorageError, SessionNotFound
 
 
 class _Failing:
@@ -36,5 +36,11 @@ async def test_a_backing_service_failure_gives_its_title_not_its_detail() -> Non
 
 
 async def test_the_callers_mistakes_keep_their_explanation() -> None:
-    out = await _service(SessionNotFound("session 's' was deleted")).execute("t", "s", "x", {})
-    assert out == "Error: session 's' was deleted"
+    out = await _service(BudgetExceeded("notes would hold 120 of 100 tokens")).execute("t", "s", "x", {})
+    assert out == "Error: notes would hold 120 of 100 tokens"
+
+
+@pytest.mark.parametrize("gone", [SessionNotFound("session 's' was deleted"), ErasedSession("session 's' was erased")])
+async def test_a_deleted_or_erased_session_is_the_requests_error_not_a_result(gone: Exception) -> None:
+    with pytest.raises(type(gone)):
+        await _service(gone).execute("t", "s", "x", {})
