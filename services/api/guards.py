@@ -37,10 +37,15 @@ def _declared_length(headers: list[tuple[bytes, bytes]]) -> int | None:
     return None
 
 
+def _chunked(headers: list[tuple[bytes, bytes]]) -> bool:
+    return any(name == b"transfer-encoding" for name, _ in headers)
+
+
 class BodyLimit:
     """Refuses a body over ``limit`` bytes: at once when its ``Content-Length`` says so, else
     (chunked) as soon as what arrived passes it, without reading further. The app's own answer
-    to a body cut short is replaced by the 413."""
+    to a body cut short is replaced by the 413. A request with a ``Content-Length`` within the
+    bound, or with no body, passes untouched (the server reads no more than was declared)."""
 
     def __init__(self, app: ASGIApp, limit: int) -> None:
         self.app = app
@@ -53,6 +58,9 @@ class BodyLimit:
         declared = _declared_length(scope["headers"])
         if declared is not None and declared > self.limit:
             await too_large(self.limit, f"Content-Length is {declared} bytes")(scope, receive, send)
+            return
+        if declared is not None or not _chunked(scope["headers"]):  # the server reads at most what was declared
+            await self.app(scope, receive, send)
             return
         received = 0
         over = started = False
@@ -86,6 +94,8 @@ class BodyLimit:
 
 
 def _utf8(raw: bytes) -> bool:
+    if raw.isascii() and b"%" not in raw:  # the usual path and query: nothing to decode
+        return True
     try:
         unquote_to_bytes(raw).decode("utf-8")
     except UnicodeDecodeError:
