@@ -23,19 +23,26 @@ class JetStreamBlobStore:
         self._replicas = replicas  # when the bucket is created (an existing one keeps its count)
         self._store: ObjectStore | None = None
 
-    async def _get_store(self) -> ObjectStore:
+    async def _made(self) -> ObjectStore | None:
+        """The bucket, or None when it was never made: a read creates nothing (a tool pointed at
+        the wrong server leaves it as it was)."""
         if self._store is None:
-            try:
+            with contextlib.suppress(BucketNotFoundError, NotFoundError):
                 self._store = await self._js.object_store(self._bucket)
-            except (BucketNotFoundError, NotFoundError):
-                self._store = await self._js.create_object_store(
-                    self._bucket, config=ObjectStoreConfig(storage=StorageType.FILE, replicas=self._replicas)
-                )
         return self._store
+
+    async def _for_writing(self) -> ObjectStore:
+        """The bucket, made on the first write."""
+        store = await self._made()
+        if store is None:
+            store = self._store = await self._js.create_object_store(
+                self._bucket, config=ObjectStoreConfig(storage=StorageType.FILE, replicas=self._replicas)
+            )
+        return store
 
     async def put(self, data: bytes) -> BlobRef:
         digest = sha256_hex(data)
-        store = await self._get_store()
+        store = await self._for_writing()
         ref = BlobRef(store=self.kind, key=digest, sha256=digest, size=len(data))
         try:
             info = await store.get_info(digest)
@@ -50,7 +57,9 @@ class JetStreamBlobStore:
         """Remove the object (its chunks are purged from the bucket's stream)."""
         if not SHA256_HEX.fullmatch(ref.key):
             return
-        store = await self._get_store()
+        store = await self._made()
+        if store is None:
+            return
         with contextlib.suppress(ObjectNotFoundError, NotFoundError):
             await store.delete(ref.key)
 
@@ -61,7 +70,9 @@ class JetStreamBlobStore:
         that cannot answer raises NATS's own errors (connection, timeout)."""
         if not SHA256_HEX.fullmatch(ref.key):
             raise BlobNotFound(f"no object {ref.key[:80]!r}: not a SHA-256 key")
-        store = await self._get_store()
+        store = await self._made()
+        if store is None:
+            raise BlobNotFound(no_object(ref.key))
         try:
             result = await store.get(ref.key)
         except (ObjectNotFoundError, NotFoundError) as exc:

@@ -91,3 +91,27 @@ async def test_claim_checks_in_s3_read_back_with_those_written_before_to_nats_an
         for ref in refs:
             with pytest.raises(BlobNotFound):
                 await c.blobs.get(ref)
+
+
+async def test_reading_a_bucket_never_made_creates_nothing(nats_url: str) -> None:
+    from nats.js.errors import BucketNotFoundError, NotFoundError
+
+    from events.blobs import sha256_hex
+    from events.objectstore import JetStreamBlobStore
+    from tests.conftest import operator_nats
+
+    nc = await operator_nats(nats_url)
+    try:
+        js = nc.jetstream()
+        bucket = "never-made-" + sha256_hex(b"x")[:8]
+        store = JetStreamBlobStore(js, bucket)
+        ref = BlobRef(store=store.kind, key=sha256_hex(b"body"), sha256=sha256_hex(b"body"), size=4)
+        with pytest.raises(BlobNotFound):
+            await store.get(ref)
+        await store.delete(ref)  # nothing to delete: nothing made
+        with pytest.raises((BucketNotFoundError, NotFoundError)):
+            await js.object_store(bucket)
+        assert await store.get(await store.put(b"body")) == b"body"  # a write makes it
+        await js.delete_object_store(bucket)
+    finally:
+        await nc.close()
