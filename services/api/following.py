@@ -12,9 +12,10 @@ process.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from collections import Counter
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from typing import Any
 
 from starlette.responses import StreamingResponse
@@ -93,54 +94,58 @@ async def _lines(
 ) -> AsyncIterator[bytes]:
     if to_seq is not None and to_seq < from_seq:
         return
-    subject = c.layout.session_subject(tenant, sid)
     await c.keys.refresh([(tenant, sid)])
-    next_seq, sent, quiet = from_seq, 0, 0.0
-
-    async def line(ev: eventlog.StoredEvent) -> bytes:
-        if (kid := kid_in(ev.data)) is not None:
-            await c.keys.load([(tenant, sid, kid)])  # a key made since the answer began
-        return audit.event_line(ev, c.layout, c.keys)
-
-    # what is stored already, read to its end (a backlog arrives at once); then what comes next
-    async for stored in eventlog.read(c.js, c.layout, subject, from_seq, to_seq):
-        shown = await line(stored)
-        yield shown
-        next_seq, sent = stored.seq + 1, sent + 1
-        if sent == limit or stored.seq == to_seq or ends_session(shown) or stopping.is_set():
-            return
-    stream = eventlog.follow(c.js, c.layout, subject, next_seq, TICK_S)
-    try:
-        async for ev in stream:
-            if stopping.is_set():
-                return  # the process stops: the client resumes elsewhere, from its last seq + 1
+    sent = 0
+    stored = _stored(c, stopping, c.layout.session_subject(tenant, sid), from_seq, to_seq)
+    async with contextlib.aclosing(stored):
+        async for ev in stored:
             if ev is None:
-                if to_seq is not None and await eventlog.last_seq(c.js, c.layout) >= to_seq:
-                    # every event up to to_seq is stored: read what was not delivered yet, and end
-                    async for rest in eventlog.read(c.js, c.layout, subject, next_seq, to_seq):
-                        yield await line(rest)
-                        sent += 1
-                        if sent == limit:
-                            return
-                    return
-                quiet += TICK_S
-                if quiet >= KEEPALIVE_S:
-                    quiet = 0.0
-                    await c.keys.refresh([(tenant, sid)])  # an erasure by another process, say
-                    yield b"\n"  # a keep-alive: proxies close answers that stay silent
+                await c.keys.refresh([(tenant, sid)])  # an erasure by another process, say
+                yield b"\n"  # a keep-alive: proxies close answers that stay silent
                 continue
-            quiet = 0.0
-            if to_seq is not None and ev.seq > to_seq:
-                return
-            shown = await line(ev)
+            if (kid := kid_in(ev.data)) is not None:
+                await c.keys.load([(tenant, sid, kid)])  # a key made since the answer began
+            shown = audit.event_line(ev, c.layout, c.keys)
             yield shown
-            next_seq, sent = ev.seq + 1, sent + 1
-            if sent == limit or ev.seq == to_seq or ends_session(shown):
+            sent += 1
+            if sent == limit or ev.seq == to_seq or ends_session(shown) or stopping.is_set():
                 return
-    except eventlog.FollowerBehind:
-        return  # the client reads slower than events come: it resumes from its last seq + 1
-    finally:
-        await stream.aclose()
+
+
+async def _stored(
+    c: Container, stopping: asyncio.Event, subject: str, from_seq: int, to_seq: int | None
+) -> AsyncGenerator[eventlog.StoredEvent | None, None]:
+    """The subject's events from ``from_seq``: what is stored already, read to its end (a backlog
+    arrives at once), then what comes next; None when a keep-alive is due. Ends once the stream
+    passed ``to_seq``, when the process stops, or when the reader falls behind (the client
+    resumes from its last ``seq`` + 1)."""
+    next_seq = from_seq
+    async with contextlib.aclosing(eventlog.read(c.js, c.layout, subject, from_seq, to_seq)) as backlog:
+        async for old in backlog:
+            next_seq = old.seq + 1
+            yield old
+    quiet = 0.0
+    async with contextlib.aclosing(eventlog.follow(c.js, c.layout, subject, next_seq, TICK_S)) as live:
+        try:
+            async for ev in live:
+                if stopping.is_set():
+                    return  # the process stops: the client resumes elsewhere, from its last seq + 1
+                if ev is not None:
+                    if to_seq is not None and ev.seq > to_seq:
+                        return
+                    quiet, next_seq = 0.0, ev.seq + 1
+                    yield ev
+                elif to_seq is not None and await eventlog.last_seq(c.js, c.layout) >= to_seq:
+                    # every event up to to_seq is stored: read what was not delivered yet, and end
+                    async with contextlib.aclosing(eventlog.read(c.js, c.layout, subject, next_seq, to_seq)) as rest:
+                        async for tail in rest:
+                            yield tail
+                    return
+                elif (quiet := quiet + TICK_S) >= KEEPALIVE_S:
+                    quiet = 0.0
+                    yield None
+        except eventlog.FollowerBehind:
+            return  # the client reads slower than events come: it resumes from its last seq + 1
 
 
 def ends_session(line: bytes) -> bool:

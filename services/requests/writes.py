@@ -37,9 +37,9 @@ def parent_spec(parent_id: str | None, given: bool) -> ParentSpec:
 
 
 async def writable(c: Container, tenant: str, sid: str) -> None:
-    """For a write whose own checks do not ask (a compaction): ``410 session_erased`` for an erased session, ``404
-    session_not_found`` for a deleted one, after the session's events are applied. One never
-    written is let through (it exists implicitly)."""
+    """For a write whose own checks do not ask (a compaction): ``410 session_erased`` for an
+    erased session, ``404 session_not_found`` for a deleted one, after the session's events are
+    applied. One never written is let through (it exists implicitly)."""
     await c.commands.optimistic.catch_up(tenant, sid)
     async with c.pool.connection() as conn:
         await live_session(conn, tenant, sid, must_exist=False)

@@ -124,13 +124,19 @@ class Commands:
         result: WriteReceipt = await self._optimistic(tenant, sid, decide)
         return result
 
-    async def rename_session(self, tenant: str, session: str, name: str) -> WriteReceipt:
-        async def decide(conn: Conn) -> Decision:
-            await live_session(conn, tenant, session, must_exist=True)
-            return Decision(SessionRenamed(tenant=tenant, session=session, name=name), WriteReceipt)
+    async def _of_live(self, event: Event) -> WriteReceipt:
+        """Publish ``event`` if its session is live (``404``/``410`` otherwise): the decision of a
+        write that depends on nothing else."""
 
-        result: WriteReceipt = await self._optimistic(tenant, session, decide)
+        async def decide(conn: Conn) -> Decision:
+            await live_session(conn, event.tenant, event.session, must_exist=True)
+            return Decision(event, WriteReceipt)
+
+        result: WriteReceipt = await self._optimistic(event.tenant, event.session, decide)
         return result
+
+    async def rename_session(self, tenant: str, session: str, name: str) -> WriteReceipt:
+        return await self._of_live(SessionRenamed(tenant=tenant, session=session, name=name))
 
     async def add_usage(
         self,
@@ -184,21 +190,10 @@ class Commands:
 
     async def end_session(self, tenant: str, session: str, reason: str) -> WriteReceipt:
         """Record that the session ended and why (``end_reason``); a later end replaces the reason."""
-
-        async def decide(conn: Conn) -> Decision:
-            await live_session(conn, tenant, session, must_exist=True)
-            return Decision(SessionEnded(tenant=tenant, session=session, reason=reason), WriteReceipt)
-
-        result: WriteReceipt = await self._optimistic(tenant, session, decide)
-        return result
+        return await self._of_live(SessionEnded(tenant=tenant, session=session, reason=reason))
 
     async def delete_session(self, tenant: str, session: str) -> WriteReceipt:
-        async def decide(conn: Conn) -> Decision:
-            await live_session(conn, tenant, session, must_exist=True)
-            return Decision(SessionDeleted(tenant=tenant, session=session), WriteReceipt)
-
-        result: WriteReceipt = await self._optimistic(tenant, session, decide)
-        return result
+        return await self._of_live(SessionDeleted(tenant=tenant, session=session))
 
     # -- messages -------------------------------------------------------------------------
 
