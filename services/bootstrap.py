@@ -28,7 +28,7 @@ from events.objectstore import JetStreamBlobStore
 from events.publisher import Publisher
 from events.stream import ReplicasUnavailable, ensure_stream, require_stream
 from events.subjects import SubjectLayout, partition_of
-from projections import search_languages
+from projections import queries, search_languages
 from projections.context import ContextProjection
 from projections.history import HistoryProjection
 from projections.keystore import PgKeyStore
@@ -398,7 +398,7 @@ async def refuse_foreign_log(settings: Settings) -> None:
 
 @contextlib.asynccontextmanager
 async def open_container(
-    settings: Settings, *, log_check: bool = True, create_stream: bool = True
+    settings: Settings, *, log_check: bool = True, create_stream: bool = True, warm_reads: bool = False
 ) -> AsyncIterator[Container]:
     """Open every adapter (migrating the database first when ``auto_migrate``), close on exit.
 
@@ -407,7 +407,10 @@ async def open_container(
 
     ``create_stream`` off (the tools that only read the log: ``replay``, ``verify``, ``archive``,
     ...): the stream must exist, :class:`events.stream.StreamMissing` otherwise, and neither it nor
-    the work queue is created (on a NATS server that is not the stack's, a reader made both)."""
+    the work queue is created (on a NATS server that is not the stack's, a reader made both).
+
+    ``warm_reads`` (the API): each new Postgres connection runs the hot reads once before it is
+    handed out (:func:`projections.queries.warm_reads`)."""
     if settings.auto_migrate:
         await prepare_database(settings)
     layout = settings.layout()
@@ -418,6 +421,7 @@ async def open_container(
         max_size=settings.db_pool_max,
         open=False,
         kwargs={"autocommit": True},
+        configure=queries.warm_reads if warm_reads else None,
     )
     await pool.open(wait=True, timeout=15)
     waiter = AppliedWaiter(

@@ -55,7 +55,7 @@ def build_app(settings: Settings, container: Container | None = None) -> FastAPI
             return
         async with contextlib.AsyncExitStack() as stack:
             try:
-                app.state.c = await stack.enter_async_context(open_container(settings))
+                app.state.c = await stack.enter_async_context(open_container(settings, warm_reads=True))
             except LogMismatch as exc:  # run_api raises it again once uvicorn has given up
                 app.state.refused = exc
                 raise
