@@ -17,6 +17,7 @@ from urllib.parse import urlencode
 
 from pydantic import ValidationError
 
+from chronicle_sdk import jsondecode
 from chronicle_sdk.commands import Routed, reply_status, route
 from chronicle_sdk.connection import Via, quote
 from chronicle_sdk.errors import (
@@ -326,7 +327,7 @@ class ChronicleClient:
             if resp.status < 400:
                 if resp.headers.get("content-type", "").startswith("application/x-ndjson"):
                     return resp.content.decode("utf-8", "replace")
-                return json.loads(resp.content) if resp.content else None
+                return jsondecode.loads(resp.content) if resp.content else None
             text = resp.content.decode("utf-8", "replace")
             try:
                 payload: Any = json.loads(text)

@@ -75,12 +75,13 @@ def test_the_sdk_wheel_holds_the_sdk_and_the_events_contract_and_nothing_else(sd
     assert _files(sdk_wheel) == expected | {"chronicle_sdk/py.typed"}
 
 
-def test_the_sdk_wheel_requires_pydantic_and_nats_only_with_its_nats_extra(sdk_wheel: Path) -> None:
+def test_the_sdk_wheel_requires_pydantic_msgspec_and_nats_only_with_its_nats_extra(sdk_wheel: Path) -> None:
     metadata = _metadata(sdk_wheel)
     assert metadata["Name"] == "chronicle-sdk"
     requirements = _requirements(metadata)
-    assert set(requirements) == {"pydantic", "nats-py", "cryptography"}
+    assert set(requirements) == {"pydantic", "msgspec", "nats-py", "cryptography"}
     assert "extra ==" not in requirements["pydantic"]
+    assert "extra ==" not in requirements["msgspec"]
     assert re.search(r"""extra\s*==\s*['"]nats['"]""", requirements["nats-py"])
     assert "nkeys" in requirements["nats-py"]  # events.credentials signs with it
     assert re.search(r"""extra\s*==\s*['"]nats['"]""", requirements["cryptography"])  # events.sealing
