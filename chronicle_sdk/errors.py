@@ -123,6 +123,13 @@ class UnsafeConfig(Conflict):
     default_code = "unsafe_config"
 
 
+class IdempotencyKeyConflict(Conflict):
+    """The event id the ``Idempotency-Key`` derives (``POST …/usage``) is held by another event of
+    the log, one published straight to the stream under it; nothing was written. Use another key."""
+
+    default_code = "idempotency_key_conflict"
+
+
 class MessageNotFound(NotFound):
     """The message is not in this session."""
 
@@ -148,8 +155,8 @@ class BudgetExceeded(InvalidRequest):
 
 
 class IdempotencyKeyReused(InvalidRequest):
-    """The ``Idempotency-Key`` was used, within the server's duplicate window, for a request with
-    other values (``POST …/usage`` with other amounts); nothing was written. Use a new key per call."""
+    """The ``Idempotency-Key`` was used for a request with other values (``POST …/usage`` with
+    other amounts, for as long as the session lives); nothing was written. Use a new key per call."""
 
     default_code = "idempotency_key_reused"
 
@@ -275,6 +282,7 @@ BY_CODE: dict[str, type[ChronicleError]] = {
         SessionErased,
         EncryptionOff,
         UnsafeConfig,
+        IdempotencyKeyConflict,
         MethodNotAllowed,
         ObjectStorageUnavailable,
         TooManyStreams,
@@ -348,6 +356,7 @@ __all__ = [
     "Contention",
     "EncryptionOff",
     "Gone",
+    "IdempotencyKeyConflict",
     "IdempotencyKeyReused",
     "InvalidConfig",
     "InvalidId",

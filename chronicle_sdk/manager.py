@@ -115,9 +115,9 @@ class SessionManager(ConfigBuilder):
         :meth:`get` shows the sums (``input_tokens``, ``output_tokens``, ``estimated_cost``).
 
         The client retries a call that failed in a way that may have reached the server (a timeout,
-        a lost connection) with the same ``Idempotency-Key`` (one per call): a retry that reaches
-        the server within its duplicate window (two minutes after the first attempt was stored)
-        adds nothing again; one after it would add twice. Raises :class:`SessionNotFound` for an
+        a lost connection) with the same ``Idempotency-Key`` (one per call): a retry adds nothing
+        again, however late it reaches the server (the server records the usage events it applied
+        for the session's life). Raises :class:`SessionNotFound` for an
         unknown or deleted session, :class:`InvalidRequest` for a negative amount; all three 0
         writes nothing (as the reference's ``addUsage``)."""
         body = {"input_tokens": input_tokens, "output_tokens": output_tokens, "cost": float(cost)}

@@ -105,9 +105,10 @@ class AddUsage(BaseModel):
     """Add to the session's counters (all three 0: nothing is written, as the reference's
     ``addUsage`` adds nothing).
     ``idempotency_key`` is HTTP's ``Idempotency-Key``: the same in each retry of one call, so
-    that a retry within the stream's duplicate window (two minutes after the first was stored)
+    that a retry, however late (the applied usage events are recorded for the session's life),
     adds nothing again and answers the first ``seq``; the same key with other amounts is refused
-    (``idempotency_key_reused``). After the window the key is forgotten."""
+    (``idempotency_key_reused``); a key whose derived event id another event of the log holds is
+    ``idempotency_key_conflict``."""
 
     model_config = ConfigDict(
         extra="forbid",

@@ -72,11 +72,15 @@ class RenameSession:
 
 @dataclass(frozen=True, slots=True)
 class AddUsage:
+    """Add to the counters once per event id (``usage_applied``, migration 021)."""
+
     tenant: str
     session: str
     input_tokens: int
     output_tokens: int
     cost: float
+    event_id: str
+    seq: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -180,7 +184,7 @@ def plan(event: Event, seq: int, body: JsonObject | None = None) -> list[Op]:
         case SessionRenamed():
             ops.append(RenameSession(t, s, event.name))
         case SessionUsageAdded():
-            ops.append(AddUsage(t, s, event.input_tokens, event.output_tokens, event.cost))
+            ops.append(AddUsage(t, s, event.input_tokens, event.output_tokens, event.cost, event.id, seq))
         case SessionEnded():
             ops.append(EndSession(t, s, event.reason))
         case SessionDeleted():
@@ -231,12 +235,19 @@ _SQL: dict[type[Any], str] = {
         "WHERE tenant = %s AND id = %s AND deleted_at IS NULL"
     ),
     RenameSession: "UPDATE sessions SET name = %s WHERE tenant = %s AND id = %s AND deleted_at IS NULL",
-    # a counter saturates at the largest bigint instead of failing the projector's transaction
+    # An event id is applied once: its row in usage_applied goes in with the addition, and an id
+    # already there adds nothing (each statement of a batch sees the rows of the ones before).
+    # A counter saturates at the largest bigint instead of failing the projector's transaction.
     AddUsage: (
-        "UPDATE sessions SET input_tokens = input_tokens + least(%s::bigint, 9223372036854775807 - input_tokens), "
-        "output_tokens = output_tokens + least(%s::bigint, 9223372036854775807 - output_tokens), "
-        "estimated_cost = estimated_cost + %s::double precision "
-        "WHERE tenant = %s AND id = %s AND deleted_at IS NULL"
+        "WITH u AS (SELECT %s::text AS t, %s::text AS s, %s::text AS eid, %s::bigint AS q, %s::bigint AS i, "
+        "%s::bigint AS o, %s::double precision AS c), "
+        "new AS (INSERT INTO usage_applied (tenant, session_id, event_id, seq, input_tokens, output_tokens, cost) "
+        "SELECT u.t, u.s, u.eid, u.q, u.i, u.o, u.c FROM u WHERE EXISTS (SELECT 1 FROM sessions x "
+        "WHERE x.tenant = u.t AND x.id = u.s AND x.deleted_at IS NULL) ON CONFLICT DO NOTHING RETURNING 1) "
+        "UPDATE sessions SET input_tokens = input_tokens + least(u.i, 9223372036854775807 - input_tokens), "
+        "output_tokens = output_tokens + least(u.o, 9223372036854775807 - output_tokens), "
+        "estimated_cost = estimated_cost + u.c FROM u "
+        "WHERE tenant = u.t AND id = u.s AND deleted_at IS NULL AND EXISTS (SELECT 1 FROM new)"
     ),
     EndSession: "UPDATE sessions SET end_reason = %s WHERE tenant = %s AND id = %s AND deleted_at IS NULL",
     DeleteSession: "UPDATE sessions SET deleted_at = %s WHERE tenant = %s AND id = %s AND deleted_at IS NULL",
@@ -248,7 +259,8 @@ _SQL: dict[type[Any], str] = {
     DeleteMessages: "DELETE FROM messages WHERE tenant = %s AND session_id = %s AND id = ANY(%s)",
     ClearMessages: "DELETE FROM messages WHERE tenant = %s AND session_id = %s",
     EraseSession: (
-        "WITH gone AS (DELETE FROM messages WHERE tenant = %s AND session_id = %s) "
+        "WITH gone AS (DELETE FROM messages WHERE tenant = %s AND session_id = %s), "
+        "usage AS (DELETE FROM usage_applied WHERE tenant = %s AND session_id = %s) "
         "DELETE FROM sessions WHERE tenant = %s AND id = %s"
     ),
 }
@@ -353,7 +365,7 @@ def params(op: Op) -> tuple[Any, ...]:
         case RenameSession():
             return (op.name, op.tenant, op.session)
         case AddUsage():
-            return (op.input_tokens, op.output_tokens, op.cost, op.tenant, op.session)
+            return (op.tenant, op.session, op.event_id, op.seq, op.input_tokens, op.output_tokens, op.cost)
         case EndSession():
             return (op.reason, op.tenant, op.session)
         case DeleteSession():
@@ -374,7 +386,7 @@ def params(op: Op) -> tuple[Any, ...]:
         case ClearMessages():
             return (op.tenant, op.session)
         case EraseSession():
-            return (op.tenant, op.session, op.tenant, op.session)
+            return (op.tenant, op.session) * 3
         case InsertMessage():  # the single-row statement: the staged columns
             return insert_row(op)
 
@@ -488,7 +500,7 @@ async def apply_ops(conn: AsyncConnection[Any], ops: Sequence[Op]) -> None:
     each changed session's latest leaf.
 
     Consecutive operations of one kind go as one ``executemany``. A deleted session also loses
-    its message rows (the log keeps them).
+    its message rows and its applied usage ids (the log keeps them).
     """
     rest = [op for op in ops if not isinstance(op, TouchSession)]
     async with conn.cursor() as cur:
@@ -506,10 +518,9 @@ async def apply_ops(conn: AsyncConnection[Any], ops: Sequence[Op]) -> None:
             else:
                 await cur.executemany(_SQL[kind], [params(op) for op in rest[i:j]])
             if kind is DeleteSession:
-                await cur.executemany(
-                    "DELETE FROM messages WHERE tenant = %s AND session_id = %s",
-                    [(op.tenant, op.session) for op in rest[i:j] if isinstance(op, DeleteSession)],
-                )
+                deleted = [(op.tenant, op.session) for op in rest[i:j] if isinstance(op, DeleteSession)]
+                for table in ("messages", "usage_applied"):
+                    await cur.executemany(f"DELETE FROM {table} WHERE tenant = %s AND session_id = %s", deleted)
             i = j
         leaves = leaf_changes(rest)
         if leaves:

@@ -107,6 +107,28 @@ async def get_session(conn: Conn, tenant: str, session: str) -> SessionRow | Non
         return await cur.fetchone()
 
 
+@dataclass(frozen=True, slots=True)
+class AppliedUsage:
+    """A ``session.usage_added`` event the history projection applied (``usage_applied``)."""
+
+    seq: int
+    input_tokens: int
+    output_tokens: int
+    cost: float
+
+
+async def applied_usage(conn: Conn, tenant: str, session: str, event_id: str) -> AppliedUsage | None:
+    """The usage event ``event_id`` of the session, when it was applied (a deleted or erased
+    session has none)."""
+    async with conn.cursor(row_factory=class_row(AppliedUsage)) as cur:
+        await cur.execute(
+            "SELECT seq, input_tokens, output_tokens, cost FROM usage_applied "
+            "WHERE tenant = %s AND session_id = %s AND event_id = %s",
+            (tenant, session, event_id),
+        )
+        return await cur.fetchone()
+
+
 async def is_erased(conn: Conn, tenant: str, session: str) -> bool:
     """Whether the session's erasure is recorded (``erasures``: before its ``session.erased`` event
     is published, so before the projections drop its rows)."""

@@ -34,6 +34,7 @@ Horizon = Callable[[str], int]
 TABLES: dict[str, str] = {
     "sessions": "tenant, id",
     "messages": "tenant, session_id, id",
+    "usage_applied": "tenant, session_id, event_id",
     "session_configs": "tenant, session_id",
     "context_blocks": "tenant, session_id, label",
     "search_entries": "tenant, session_id, label, key",

@@ -35,6 +35,12 @@ MessageConflict = _error("MessageConflict", "message_conflict", 409, "A differen
 IdempotencyKeyReused = _error(
     "IdempotencyKeyReused", "idempotency_key_reused", 422, "This Idempotency-Key was used for a different request"
 )
+IdempotencyKeyConflict = _error(
+    "IdempotencyKeyConflict",
+    "idempotency_key_conflict",
+    409,
+    "The event id this Idempotency-Key derives is held by another event of the log",
+)
 PayloadTooLarge = _error("PayloadTooLarge", "payload_too_large", 413, "The message is too large")
 RequestTooLarge = _error("RequestTooLarge", "payload_too_large", 413, "The request body is too large")
 ProjectionTimeout = _error("ProjectionTimeout", "projection_timeout", 503, "The read model did not catch up in time")

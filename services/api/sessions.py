@@ -31,9 +31,9 @@ router = APIRouter(route_class=StrictJsonRoute)
 IdempotencyKeyHeader = Annotated[
     str | None,
     idempotency_key(
-        "the client's name for this call, kept across its retries: a retry with the same amounts within the "
-        "stream's duplicate window (two minutes) adds nothing again and answers the first `seq`; other amounts "
-        "are `422 idempotency_key_reused`"
+        "the client's name for this call, kept across its retries: a retry with the same amounts, however late, "
+        "adds nothing again and answers the first `seq`; other amounts are `422 idempotency_key_reused`; a key "
+        "whose derived event id another event of the log holds is `409 idempotency_key_conflict`"
     ),
 ]
 log = logging.getLogger("chronicle.keys")
@@ -102,9 +102,11 @@ async def add_usage(
     """Add token usage and cost to the session's counters (``addUsage``): `input_tokens`,
     `output_tokens` and `estimated_cost` of the session add them up; all three 0 writes nothing
     (as the reference's). With an `Idempotency-Key` (the same in each retry of one
-    call), a retry within the stream's duplicate window (two minutes after the first was stored)
+    call), a retry, however late (the applied usage events are recorded for the session's life),
     adds nothing again and answers the first `seq`; the same key with other amounts is `422
-    idempotency_key_reused`, and nothing is written. After the window the key is forgotten."""
+    idempotency_key_reused`; a key whose derived event id another event of the log holds (one
+    published straight to the stream) is `409 idempotency_key_conflict`. Nothing is written in
+    either case."""
     written, out = await writes.add_usage(
         c, tenant, sid, body.input_tokens, body.output_tokens, body.cost, idempotency_key
     )

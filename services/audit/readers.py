@@ -32,7 +32,7 @@ from services.context.rules import object_key
 from services.storage.s3 import StoredObject
 
 PROJECTION_TABLES: dict[str, tuple[str, ...]] = {
-    "history": ("sessions", "messages"),
+    "history": ("sessions", "messages", "usage_applied"),
     "context": (
         "session_configs",
         "context_blocks",

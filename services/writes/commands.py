@@ -47,6 +47,7 @@ from projections.overlays import apply_overlays
 from projections.overlays import overlays as overlays_of
 from services.compaction.micro import ROW_MAX_BYTES, enforce_row_size_limit, json_bytes
 from services.errors import (
+    IdempotencyKeyConflict,
     IdempotencyKeyReused,
     MessageNotFound,
     PayloadTooLarge,
@@ -150,29 +151,45 @@ class Commands:
         """Add to the session's token and cost counters (``addUsage``).
 
         ``request_key`` (the client's ``Idempotency-Key``) names the request across retries: the
-        event id is derived from the tenant, the session and the key alone, so a publish within
-        the stream's duplicate window (two minutes by default) after the first is deduplicated by
-        JetStream. Its stored event is then read back: the same amounts answer as the first time
-        (its ``seq``, ``written=False``); other amounts raise :class:`IdempotencyKeyReused`, and
-        nothing is written either way. After the window the key is forgotten: the call adds again.
+        event id is derived from the tenant, the session and the key alone. Once the history
+        projection has applied that event, its id, amounts and sequence are in ``usage_applied``
+        (for the session's life): a retry is answered from there, with no publish; the same
+        amounts answer as the first time (its ``seq``, ``written=False``); other amounts raise
+        :class:`IdempotencyKeyReused`. A retry racing the first attempt's publish is caught by
+        JetStream's duplicate window instead, and its stored event read back, deciding the same;
+        a stored event that is not this call's (another event published straight to the stream
+        under the id) raises :class:`IdempotencyKeyConflict`. Nothing is written in either case,
+        and a duplicate that reaches the log is applied once all the same.
         """
         event_id = derived_id("usage", tenant, session, request_key) if request_key is not None else str(uuid.uuid4())
         amounts = (input_tokens, output_tokens, cost)
 
-        async def replayed(seq: int) -> WriteReceipt:
-            stored = await self._stored_event(seq)
-            if not isinstance(stored, SessionUsageAdded) or stored.id != event_id:  # the log broke its word
-                raise RuntimeError(f"the log deduplicated {event_id} as seq {seq}, which holds another event")
-            if (stored.input_tokens, stored.output_tokens, stored.cost) != amounts:
+        def first(seq: int, stored: tuple[int, int, float], where: str) -> WriteReceipt:
+            if stored != amounts:
                 raise IdempotencyKeyReused(
-                    f"Idempotency-Key {request_key!r} was used within the last duplicate window to add "
-                    f"input_tokens={stored.input_tokens}, output_tokens={stored.output_tokens}, "
-                    f"cost={stored.cost!r} to this session (seq {seq}); nothing was added"
+                    f"Idempotency-Key {request_key!r} was used {where} to add input_tokens={stored[0]}, "
+                    f"output_tokens={stored[1]}, cost={stored[2]!r} to this session (seq {seq}); nothing was added"
                 )
             return WriteReceipt(seq, written=False)
 
+        async def replayed(seq: int) -> WriteReceipt:
+            stored = await self._stored_event(seq)
+            if not isinstance(stored, SessionUsageAdded) or (stored.id, stored.tenant, stored.session) != (
+                event_id,
+                tenant,
+                session,
+            ):
+                raise IdempotencyKeyConflict(
+                    f"the event id Idempotency-Key {request_key!r} derives is held by another event of the log "
+                    f"(seq {seq}), not a usage call of this session; nothing was added: use another key"
+                )
+            return first(seq, (stored.input_tokens, stored.output_tokens, stored.cost), "just before")
+
         async def decide(conn: Conn) -> Decision:
             await live_session(conn, tenant, session, must_exist=True)
+            if request_key is not None and (done := await queries.applied_usage(conn, tenant, session, event_id)):
+                receipt = first(done.seq, (done.input_tokens, done.output_tokens, done.cost), "before")
+                return Decision(None, lambda _last: receipt)
             if not (input_tokens or output_tokens or cost):  # nothing to add: nothing written
                 return Decision(None, lambda seq: WriteReceipt(seq, written=False))
             event = SessionUsageAdded(
@@ -339,11 +356,16 @@ class Commands:
             return None
         return (msg.headers or {}).get("Nats-Msg-Id")
 
-    async def _stored_event(self, seq: int) -> Event:
+    async def _stored_event(self, seq: int) -> Event | None:
         """The event stored at stream sequence ``seq``, read back from the log (never sealed: only
-        events without personal fields are read back this way)."""
+        events without personal fields are read back this way); None when its bytes are no event
+        of the contract (anything may be published straight to the stream under an id)."""
         msg = await self._pub.js.get_msg(self._pub.layout.stream, seq)
-        return decode(msg.data or b"")
+        try:
+            raw = json.loads(msg.data or b"")
+            return decode(raw) if isinstance(raw, dict) else None
+        except (ValueError, KeyError, TypeError):  # not JSON, no or an unknown type, invalid fields
+            return None
 
     async def update(self, tenant: str, session: str, body: JsonObject) -> WriteReceipt:
         message_id = str(body["id"])

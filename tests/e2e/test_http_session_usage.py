@@ -10,6 +10,10 @@ from typing import Any
 import httpx
 import pytest
 
+from events.catalog import SessionRenamed
+from events.ids import derived_id
+from services.settings import Settings
+from tests.conftest import tenant_nats
 from tests.e2e.helpers import assert_problem, events, new_sid
 
 
@@ -219,3 +223,25 @@ async def test_a_bad_end_reason_is_refused_and_nothing_is_written(client: httpx.
     sid = await created(client)
     assert_problem(await client.post(f"/v1/sessions/{sid}:end", json=body), 422, "invalid_request")
     assert [e["event"]["type"] for e in await events(client, sid)] == ["session.created"]
+
+
+async def test_an_idempotency_key_whose_id_a_tenant_published_under_is_409_and_nothing_is_written(
+    client: httpx.AsyncClient, api_settings: Settings
+) -> None:
+    """A tenant publishing straight to JetStream put another event under the id the call derives
+    (within the duplicate window, JetStream then stores nothing for the call): 409, not a 500."""
+    sid = await created(client)
+    layout = api_settings.layout()
+    nc = await tenant_nats(api_settings.nats_url, "tenant-a")
+    try:
+        renamed = SessionRenamed(tenant="tenant-a", session=sid, name="taken")
+        headers = {"Nats-Msg-Id": derived_id("usage", "tenant-a", sid, "call-1")}
+        ack = await nc.jetstream().publish(layout.session_subject("tenant-a", sid), renamed.to_json(), headers=headers)
+    finally:
+        await nc.close()
+    r = await client.post(f"/v1/sessions/{sid}/usage", json={"input_tokens": 5}, headers={"Idempotency-Key": "call-1"})
+    problem = assert_problem(r, 409, "idempotency_key_conflict")
+    assert "call-1" in problem["detail"]
+    assert [e["event"]["type"] for e in await events(client, sid)] == ["session.created", "session.renamed"]
+    got = await session(client, sid, ack.seq)
+    assert (got["name"], got["input_tokens"]) == ("taken", 0)

@@ -87,7 +87,7 @@ def test_session_renamed() -> None:
 
 def test_session_usage_added() -> None:
     event = SessionUsageAdded(**ENV, input_tokens=12, output_tokens=3, cost=0.5)
-    assert plan(event, 17) == [TOUCH, AddUsage(T, S, 12, 3, 0.5)]
+    assert plan(event, 17) == [TOUCH, AddUsage(T, S, 12, 3, 0.5, event.id, 17)]
 
 
 def test_session_ended() -> None:
