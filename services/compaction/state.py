@@ -284,6 +284,7 @@ class CompactorState:
                 await self._set(conn, t, s, seq, compact_after=after)
             case SessionErased():
                 await self._untrack(conn, t, s)
+                return  # no check: it would make the session's row again, and nothing of it may stay
             case PromptRendered():
                 await self._session(conn, t, s, seq)
                 await self._set(conn, t, s, seq, prompt_tokens=event.tokens)
