@@ -25,12 +25,20 @@ UNREACHABLE_SESSION_IDS = frozenset({".", ".."})
 """Session ids the contract admits (events stored with them stay valid) but the API and the
 commands refuse for new writes (services/requests/checks.py): as a URL path segment they are
 dot segments, which clients and proxies remove, so no request could name the session."""
+UNREACHABLE_MESSAGE_IDS = UNREACHABLE_SESSION_IDS
+"""Message ids refused as the id of a new message for the same reason (``/messages/{mid}``);
+messages stored with one stay valid and keep their id (a fork copies it)."""
 _S_END = rf"[^\s/{_CONTROLS}]"  # first or last character of a session id
 _S_END_NO_DOT = rf"[^\s/.{_CONTROLS}]"
 SESSION_ID_PATTERN = (
     rf"^(?:{_S_END_NO_DOT}|\.{_S_END_NO_DOT}|{_S_END_NO_DOT}{_S_END}|{_S_END}[^/{_CONTROLS}]+{_S_END})$"
 )
 MESSAGE_ID_PATTERN = rf"^[^\s{_CONTROLS}](?:[^{_CONTROLS}]*[^\s{_CONTROLS}])?$"
+_M_END = rf"[^\s{_CONTROLS}]"  # first or last character of a message id
+_M_END_NO_DOT = rf"[^\s.{_CONTROLS}]"
+NEW_MESSAGE_ID_PATTERN = (
+    rf"^(?:{_M_END_NO_DOT}|\.{_M_END_NO_DOT}|{_M_END_NO_DOT}{_M_END}|{_M_END}[^{_CONTROLS}]+{_M_END})$"
+)
 _LISTED = rf"[^\s,{_CONTROLS}](?:[^,{_CONTROLS}]*[^\s,{_CONTROLS}])?"
 MESSAGE_ID_LIST_PATTERN = rf"^{_LISTED}(?:,{_LISTED})*$"
 """The id rules as regular expressions for JSON Schema: no control characters, no surrounding
@@ -63,9 +71,17 @@ MESSAGE_ID_SCHEMA: dict[str, Any] = {
     "description": "1-256 characters, none of Unicode category C (control, format, private-use, "
     "unassigned), no leading or trailing whitespace",
 }
+NEW_MESSAGE_ID_SCHEMA: dict[str, Any] = {
+    **MESSAGE_ID_SCHEMA,
+    "pattern": NEW_MESSAGE_ID_PATTERN,
+    "format": "chronicle-new-message-id",
+    "description": "1-256 characters, none of Unicode category C (control, format, private-use, "
+    "unassigned), no leading or trailing whitespace, not '.' or '..'",
+}
 """JSON Schemas of the ids :func:`check_tenant`, :func:`check_session` and
 :func:`check_message_id` admit (the OpenAPI document uses them); the session id's is what the
-API and the commands take: :data:`UNREACHABLE_SESSION_IDS` left out."""
+API and the commands take: :data:`UNREACHABLE_SESSION_IDS` left out; the new message id's (a
+message's own ``id``) leaves out :data:`UNREACHABLE_MESSAGE_IDS`."""
 
 
 class InvalidId(ValueError):

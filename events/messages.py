@@ -11,19 +11,48 @@ import hashlib
 import json
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from events.ids import MAX_MESSAGE_ID_LEN, MESSAGE_ID_SCHEMA, check_message_id
+from events.ids import MAX_MESSAGE_ID_LEN, NEW_MESSAGE_ID_SCHEMA, check_message_id
 
 JsonObject = dict[str, Any]
 
+_TOOL_STRINGS = ("toolCallId", "toolName", "state", "errorText")
+PART_STRINGS: dict[str, tuple[str, ...]] = {
+    "text": ("text", "state"),
+    "reasoning": ("text", "reasoning", "state"),
+    "file": ("mediaType", "url", "filename"),
+    "source-url": ("sourceId", "url", "title"),
+    "source-document": ("sourceId", "mediaType", "title", "filename"),
+    "dynamic-tool": _TOOL_STRINGS,
+}
+"""The fields that are strings in the AI SDK part of each type (``UIMessage`` parts, and AI SDK
+4's ``reasoning`` field of a reasoning part): one a part carries must be a string. A tool part
+(``tool-<name>``) is checked as ``dynamic-tool``; its ``input`` and ``output``, a data part's
+``data``, ``providerMetadata`` and any part type not listed are arbitrary JSON, kept as sent."""
+
 
 class Part(BaseModel):
-    """One part; only ``type`` is required, everything else is kept as sent."""
+    """One part; ``type`` is required, a text part's ``text`` too, and the fields of
+    :data:`PART_STRINGS` must be strings; everything else is kept as sent."""
 
     model_config = ConfigDict(extra="allow")
 
     type: str = Field(min_length=1, max_length=128)
+
+    @model_validator(mode="after")
+    def _strings(self) -> Part:
+        kind = self.type
+        strings = PART_STRINGS.get("dynamic-tool" if kind.startswith("tool-") else kind)
+        if strings is None:
+            return self
+        extra = self.__pydantic_extra__ or {}
+        if kind == "text" and "text" not in extra:
+            raise ValueError("a text part needs text (a string)")
+        for name in strings:
+            if name in extra and not isinstance(extra[name], str):
+                raise ValueError(f"a {kind} part's {name} must be a string")
+        return self
 
 
 class UIMessage(BaseModel):
@@ -31,7 +60,7 @@ class UIMessage(BaseModel):
 
     model_config = ConfigDict(extra="allow")
 
-    id: str = Field(min_length=1, max_length=MAX_MESSAGE_ID_LEN, json_schema_extra=MESSAGE_ID_SCHEMA)
+    id: str = Field(min_length=1, max_length=MAX_MESSAGE_ID_LEN, json_schema_extra=NEW_MESSAGE_ID_SCHEMA)
     role: str = Field(min_length=1, max_length=64)
     parts: list[Part]
 

@@ -35,12 +35,17 @@ def no_nul(value: object, what: str) -> None:
         raise InvalidRequest(f"{what} must not contain NUL characters or lone surrogates")
 
 
-def checked_message(raw: dict[str, Any]) -> dict[str, Any]:
-    """Validate the UIMessage shape; the client's dict is stored as sent (unknown fields kept)."""
+def checked_message(raw: dict[str, Any], *, new: bool) -> dict[str, Any]:
+    """Validate the UIMessage shape; the client's dict is stored as sent (unknown fields kept).
+    A ``new`` message (an append's) may not take the id ``.`` or ``..``
+    (:data:`events.ids.UNREACHABLE_MESSAGE_IDS`): ``/messages/{mid}`` could never name it. An
+    update names a stored message, which keeps its id."""
     try:
         UIMessage.model_validate(raw)
     except ValidationError as exc:
         raise InvalidRequest(validation_detail(exc, prefix="message.")) from exc
+    if new and raw["id"] in ids.UNREACHABLE_MESSAGE_IDS:
+        raise InvalidId(f"message id must not be {raw['id']!r}: as a URL path segment it names no message")
     try:
         stored_json(raw).encode("utf-8")
     except UnicodeEncodeError as exc:

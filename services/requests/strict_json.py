@@ -1,6 +1,7 @@
 """Request bodies parsed strictly, once, before anything is decided (an HTTP route, a NATS command):
-what the event contract would refuse later (NaN, infinities, NUL, lone surrogates) or what would
-exhaust a validator (deep nesting) is a ``422 invalid_request`` before anything is published."""
+what the event contract would refuse later (NaN, infinities, NUL, lone surrogates), what would
+exhaust a validator (deep nesting) or what JSON leaves undefined (a key twice in one object, which
+a parser may read as either value) is a ``422 invalid_request`` before anything is published."""
 
 from __future__ import annotations
 
@@ -26,7 +27,21 @@ def _float(text: str) -> float:
     return value
 
 
-_DECODER = json.JSONDecoder(parse_constant=_constant, parse_float=_float)
+def _object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """An object, refused when a key is in it twice (RFC 8259: names SHOULD be unique; Python
+    would keep the last value, another reader the first)."""
+    obj = dict(pairs)
+    if len(obj) == len(pairs):
+        return obj
+    seen: set[str] = set()
+    for key, _ in pairs:
+        if key in seen:
+            raise InvalidRequest(f"the key {key[:80]!r} is in one object twice: each key may appear once")
+        seen.add(key)
+    raise AssertionError("unreachable: fewer keys than pairs means one repeats")
+
+
+_DECODER = json.JSONDecoder(parse_constant=_constant, parse_float=_float, object_pairs_hook=_object)
 
 
 def _too_deep(value: Any, limit: int) -> bool:

@@ -118,7 +118,7 @@ async def append(
 ) -> Answer:
     """One message; ``created`` is false for the same message again (HTTP answers it with 200)."""
     check_id("session", sid)
-    body = checked_message(message)
+    body = checked_message(message, new=True)
     r = await c.commands.append(tenant, sid, body, parent, request_key)
     return {"id": r.id, "parent_id": r.parent_id, "seq": r.seq, "created": r.created}
 
@@ -130,7 +130,7 @@ async def append_batch(
     child of the previous. Each message is its own event; a retried batch re-answers the appended
     ones (idempotent)."""
     check_id("session", sid)
-    bodies = [checked_message(m) for m in messages]
+    bodies = [checked_message(m, new=True) for m in messages]
     if len({m["id"] for m in bodies}) != len(bodies):
         raise InvalidRequest("message ids in a batch must be distinct")
     answers: list[Answer] = []
@@ -146,7 +146,7 @@ async def update_message(c: Container, tenant: str, sid: str, mid: str | None, m
     check_id("session", sid)
     if mid is not None:
         check_id("message", mid)
-    body = checked_message(message)
+    body = checked_message(message, new=False)
     if mid is not None and body["id"] != mid:
         raise InvalidRequest("message.id must equal the id in the path")
     w = await c.commands.update(tenant, sid, body)

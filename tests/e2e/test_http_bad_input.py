@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 from urllib.parse import quote
 
@@ -39,6 +40,27 @@ BAD_APPEND_BODIES: dict[str, Any] = {
     "parent-id-a-number": {"message": {"id": "m", "role": "user", "parts": []}, "parent_id": 5},
     "parent-id-empty": {"message": {"id": "m", "role": "user", "parts": []}, "parent_id": ""},
     "parent-id-too-long": {"message": {"id": "m", "role": "user", "parts": []}, "parent_id": LONG_ID},
+    "text-part-text-a-number": {"message": {"id": "m", "role": "user", "parts": [{"type": "text", "text": 123}]}},
+    "text-part-text-null": {"message": {"id": "m", "role": "user", "parts": [{"type": "text", "text": None}]}},
+    "text-part-without-text": {"message": {"id": "m", "role": "user", "parts": [{"type": "text"}]}},
+    "reasoning-part-text-a-list": {
+        "message": {"id": "m", "role": "assistant", "parts": [{"type": "reasoning", "text": ["a"]}]}
+    },
+    "tool-part-call-id-a-number": {
+        "message": {"id": "m", "role": "assistant", "parts": [{"type": "tool-x", "toolCallId": 7, "input": {}}]}
+    },
+    "dynamic-tool-name-an-object": {
+        "message": {
+            "id": "m",
+            "role": "assistant",
+            "parts": [{"type": "dynamic-tool", "toolCallId": "c", "toolName": {"n": 1}, "input": {}}],
+        }
+    },
+    "file-part-url-a-number": {
+        "message": {"id": "m", "role": "user", "parts": [{"type": "file", "mediaType": "image/png", "url": 1}]}
+    },
+    "message-id-dot": {"message": {"id": ".", "role": "user", "parts": []}},
+    "message-id-dot-dot": {"message": {"id": "..", "role": "user", "parts": []}},
 }
 
 
@@ -79,6 +101,124 @@ async def test_bad_input_to_an_existing_session_writes_nothing(client: httpx.Asy
 
 
 _json = {"Content-Type": "application/json"}
+# the same body through the routes instead of the hot path (services/api/hot.py takes only plain JSON)
+_routed = {"Content-Type": "application/vnd.chronicle+json"}
+
+
+@pytest.mark.parametrize("headers", [_json, _routed], ids=["hot-path", "route"])
+@pytest.mark.parametrize(("case", "part"), [("text", {"type": "text", "text": 123}), ("dots", None)])
+async def test_loose_parts_and_dot_ids_are_refused_on_both_append_paths(
+    client: httpx.AsyncClient, headers: dict[str, str], case: str, part: dict[str, Any] | None
+) -> None:
+    sid = new_sid()
+    last = await stream_last_seq(client)
+    for mid in [".", ".."] if part is None else ["m"]:
+        message = {"id": mid, "role": "user", "parts": [part] if part else []}
+        r = await client.post(f"/v1/sessions/{sid}/messages", content=json.dumps({"message": message}), headers=headers)
+        problem = assert_problem(r, 422, "invalid_request" if part else "invalid_id")
+        assert ("text must be a string" if part else f"must not be {mid!r}") in problem["detail"], problem
+    await assert_nothing_written(client, sid, last)
+
+
+async def test_a_batch_with_a_dot_id_writes_none_of_its_messages(client: httpx.AsyncClient) -> None:
+    sid = new_sid()
+    last = await stream_last_seq(client)
+    for bad in (".", ".."):
+        r = await client.post(f"/v1/sessions/{sid}/messages:batch", json={"messages": [msg("m1", "a"), msg(bad, "b")]})
+        problem = assert_problem(r, 422, "invalid_id")
+        assert f"must not be {bad!r}" in problem["detail"], problem
+    r = await client.post(
+        f"/v1/sessions/{sid}/messages:batch",
+        json={"messages": [{"id": "m1", "role": "user", "parts": [{"type": "reasoning", "text": 5}]}]},
+    )
+    assert_problem(r, 422, "invalid_request")
+    await assert_nothing_written(client, sid, last)
+
+
+async def test_ids_with_dots_and_arbitrary_tool_json_are_still_fine(client: httpx.AsyncClient) -> None:
+    sid = new_sid()
+    parts = [
+        {"type": "text", "text": "", "state": "done", "providerMetadata": {"x": [1, None]}},
+        {"type": "reasoning", "reasoning": "AI SDK 4 shape", "details": [{"type": "text", "text": "t"}]},
+        {
+            "type": "tool-lookup",
+            "toolCallId": "c1",
+            "state": "output-available",
+            "input": 5,
+            "output": [1, {"a": None}],
+        },
+        {"type": "dynamic-tool", "toolCallId": "c2", "toolName": "t", "input": None, "output": "plain"},
+        {"type": "data-weather", "data": 3, "title": 4},
+        {"type": "step-start"},
+        {"type": "custom", "text": 9},
+    ]
+    for mid in ("...", ".m", "m.", "..m"):
+        await append(client, sid, {"id": mid, "role": "assistant", "parts": parts})
+    r = await client.put(
+        f"/v1/sessions/{sid}/messages/...", json={"message": {"id": "...", "role": "user", "parts": []}}
+    )
+    assert r.status_code == 200, r.text
+    h = await client.get(f"/v1/sessions/{sid}/history", params={"min_seq": r.json()["seq"]})
+    assert [m["id"] for m in h.json()["messages"]] == ["...", ".m", "m.", "..m"]
+    assert h.json()["messages"][1]["parts"] == parts
+
+
+DUPLICATE_KEYS = {
+    "top level": b'{"message": {"id": "m", "role": "user", "parts": []}, '
+    b'"message": {"id": "n", "role": "user", "parts": []}}',
+    "in the message": b'{"message": {"id": "m", "role": "user", "role": "assistant", "parts": []}}',
+    "in a part": b'{"message": {"id": "m", "role": "user", "parts": [{"type": "text", "text": "a", "text": "b"}]}}',
+    "deep in tool output": b'{"message": {"id": "m", "role": "user", "parts": [{"type": "tool-x", "output": '
+    b'{"rows": [{"k": 1, "v": 2, "k": 3}]}}]}}',
+}
+
+
+@pytest.mark.parametrize("headers", [_json, _routed], ids=["hot-path", "route"])
+@pytest.mark.parametrize("raw", DUPLICATE_KEYS.values(), ids=DUPLICATE_KEYS.keys())
+async def test_a_key_twice_in_one_object_is_refused(
+    client: httpx.AsyncClient, raw: bytes, headers: dict[str, str]
+) -> None:
+    sid = new_sid()
+    last = await stream_last_seq(client)
+    r = await client.post(f"/v1/sessions/{sid}/messages", content=raw, headers=headers)
+    problem = assert_problem(r, 422, "invalid_request")
+    assert "in one object twice" in problem["detail"], problem
+    await assert_nothing_written(client, sid, last)
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "raw"),
+    [
+        ("POST", "/v1/sessions", b'{"id": "{sid}-x", "id": "{sid}-y"}'),
+        (
+            "PUT",
+            "/v1/sessions/{sid}/messages/m1",
+            b'{"message": {"id": "m1", "id": "m1", "role": "user", "parts": []}}',
+        ),
+        (
+            "POST",
+            "/v1/sessions/{sid}/messages:batch",
+            b'{"messages": [{"id": "m2", "role": "user", "parts": [], "parts": []}]}',
+        ),
+        ("PUT", "/v1/sessions/{sid}/config", b'{"blocks": [], "blocks": []}'),
+        ("PATCH", "/v1/sessions/{sid}", b'{"name": "a", "name": "b"}'),
+    ],
+)
+async def test_a_key_twice_is_refused_by_every_write(
+    client: httpx.AsyncClient, method: str, path: str, raw: bytes
+) -> None:
+    sid = new_sid()
+    await append(client, sid, msg("m1", "exists"))
+    before = await events(client, sid)
+    last = await stream_last_seq(client)
+    body = raw.replace(b"{sid}", sid.encode())
+    r = await client.request(method, path.format(sid=sid), content=body, headers=_json)
+    problem = assert_problem(r, 422, "invalid_request")
+    assert "in one object twice" in problem["detail"], problem
+    assert await events(client, sid) == before
+    assert await stream_last_seq(client) == last
+
+
 MALFORMED = [b"{", b'{"message": {"id": "m",}}', b"not json at all", b'{"message": {"id": "m"}} trailing', b"\xff\xfe"]
 
 

@@ -150,6 +150,27 @@ REFUSALS: list[tuple[str, str, dict[str, Any], str, dict[str, Any] | bytes]] = [
         {"session_id": "{sid}", "message": message("m 1\x7f")},
     ),
     (
+        "text part's text a number",
+        "POST /messages",
+        {"message": {"id": "m1", "role": "user", "parts": [{"type": "text", "text": 123}]}},
+        "append",
+        {"session_id": "{sid}", "message": {"id": "m1", "role": "user", "parts": [{"type": "text", "text": 123}]}},
+    ),
+    (
+        "dot message id",
+        "POST /messages",
+        {"message": message(".")},
+        "append",
+        {"session_id": "{sid}", "message": message(".")},
+    ),
+    (
+        "dot-dot message id in a batch",
+        "POST /messages:batch",
+        {"messages": [message("m1"), message("..")]},
+        "append_batch",
+        {"session_id": "{sid}", "messages": [message("m1"), message("..")]},
+    ),
+    (
         "unknown session",
         "DELETE ",
         {},
@@ -278,6 +299,17 @@ async def test_requests_the_api_would_refuse_as_bodies_are_refused_alike(
     )
     status, problem = await request(tenant_a, settings, "append", raw)
     assert (status, problem["code"], problem["detail"]) == (h.status_code, h.json()["code"], h.json()["detail"])
+    # a key twice in one object: 422 invalid_request on both, whichever level it is at
+    raw = b'{"session_id": "%s", "message": {"id": "m1", "role": "user", "parts": [], "id": "m2"}}' % sid.encode()
+    h = await http.post(
+        f"/v1/sessions/{sid}/messages",
+        content=b'{"message": {"id": "m1", "role": "user", "parts": [], "id": "m2"}}',
+        headers={"content-type": "application/json"},
+    )
+    status, problem = await request(tenant_a, settings, "append", raw)
+    assert (status, problem["code"], problem["detail"]) == (h.status_code, h.json()["code"], h.json()["detail"])
+    assert (status, problem["code"]) == (422, "invalid_request")
+    assert "'id'" in problem["detail"], problem
     # the same id with another body: 409 message_conflict on both
     await http.post(f"/v1/sessions/{sid}/messages", json={"message": message("m1")})
     h = await http.post(f"/v1/sessions/{sid}/messages", json={"message": message("m1", "other")})

@@ -12,8 +12,8 @@ import pytest
 
 from events import ids
 from services.api.app import build_app
-from services.errors import InvalidId
-from services.requests.checks import check_id
+from services.errors import InvalidId, InvalidRequest
+from services.requests.checks import check_id, checked_message
 from services.settings import Settings
 
 SAMPLES = [
@@ -39,17 +39,26 @@ SAMPLES = [
 ]
 
 
+def _new_message_id(value: str) -> None:
+    """What an append admits as its message's id (services/requests/checks.py)."""
+    checked_message({"id": value, "role": "user", "parts": []}, new=True)
+
+
 def _admitted(check: Any, value: str) -> bool:
     try:
         check(value)
-    except (ids.InvalidId, InvalidId):
+    except (ids.InvalidId, InvalidId, InvalidRequest):
         return False
     return True
 
 
 @pytest.mark.parametrize(
     ("schema", "check"),
-    [(ids.SESSION_ID_SCHEMA, partial(check_id, "session")), (ids.MESSAGE_ID_SCHEMA, ids.check_message_id)],
+    [
+        (ids.SESSION_ID_SCHEMA, partial(check_id, "session")),
+        (ids.MESSAGE_ID_SCHEMA, ids.check_message_id),
+        (ids.NEW_MESSAGE_ID_SCHEMA, _new_message_id),
+    ],
 )
 def test_id_schemas_admit_only_what_the_checks_admit(schema: dict[str, Any], check: Any) -> None:
     for value in SAMPLES:

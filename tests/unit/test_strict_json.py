@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -54,3 +55,24 @@ def test_not_json_is_left_to_the_decoder_error() -> None:
         strict_loads(b"\xff\xfe")
     with pytest.raises(MalformedJson):
         strict_loads(b'"\xed\xa0\x80"')  # a UTF-8-encoded surrogate: not UTF-8
+
+
+@pytest.mark.parametrize(
+    ("raw", "key"),
+    [
+        (b'{"a": 1, "a": 1}', "a"),
+        (b'{"a": {"b": 1, "c": 2, "b": 3}}', "b"),
+        (b'[{}, [{"x": [{"k": 1, "k": 2}]}]]', "k"),
+        (b'{"\\u00e9": 1, "\xc3\xa9": 2}', "\u00e9"),  # the same key, escaped once and once not
+    ],
+)
+def test_a_key_twice_in_one_object_is_refused_at_any_depth(raw: bytes, key: str) -> None:
+    with pytest.raises(InvalidRequest, match=re.escape(f"the key {key!r} is in one object twice")):
+        strict_loads(raw)
+
+
+def test_the_same_key_in_different_objects_is_fine() -> None:
+    assert strict_loads(b'{"a": {"a": {"a": 1}}, "b": [{"a": 1}, {"a": 2}]}') == {
+        "a": {"a": {"a": 1}},
+        "b": [{"a": 1}, {"a": 2}],
+    }
