@@ -130,6 +130,12 @@ class IdempotencyKeyConflict(Conflict):
     default_code = "idempotency_key_conflict"
 
 
+class SourceMissing(Conflict):
+    """A read-only block's ``source`` object is not in its bucket: upload it, or PUT a config without it."""
+
+    default_code = "source_missing"
+
+
 class MessageNotFound(NotFound):
     """The message is not in this session."""
 
@@ -283,6 +289,7 @@ BY_CODE: dict[str, type[ChronicleError]] = {
         EncryptionOff,
         UnsafeConfig,
         IdempotencyKeyConflict,
+        SourceMissing,
         MethodNotAllowed,
         ObjectStorageUnavailable,
         TooManyStreams,

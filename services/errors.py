@@ -51,6 +51,9 @@ InvalidConfig = _error("InvalidConfig", "invalid_config", 422, "The session conf
 UnsafeStoredConfig = _error(
     "UnsafeStoredConfig", "unsafe_config", 409, "The session config names an unsafe object key; PUT a new one"
 )
+SourceMissing = _error(
+    "SourceMissing", "source_missing", 409, "A read-only block's object is missing; upload it or PUT a new config"
+)
 EncryptionOff = _error("EncryptionOff", "encryption_off", 404, "This deployment does not seal events")
 BlockNotFound = _error("BlockNotFound", "block_not_found", 404, "No block with this label")
 ReadOnlyBlock = _error("ReadOnlyBlock", "readonly_block", 409, "The block is read-only")

@@ -48,6 +48,11 @@ RATE_LIMITED = Counter(
     ["transport"],
     registry=REGISTRY,
 )
+SOURCES_MISSING = Counter(
+    "chronicle_context_sources_missing_total",
+    "Context reads and prompt renders refused because a read-only block's object is missing (409 source_missing)",
+    registry=REGISTRY,
+)
 _counted: dict[str, int] = {}  # what QUARANTINED already holds, per reason (the table only grows)
 
 READINESS_STALL_S = 60.0

@@ -20,7 +20,8 @@ from events.admission import Refused
 from events.blobs import BlobNotFound
 from events.publisher import PublishFailed
 from events.sealing import KeyDestroyed
-from services.errors import ChronicleError
+from services.api.metrics import SOURCES_MISSING
+from services.errors import ChronicleError, SourceMissing
 from services.requests.problems import internal_error, invalid_request, problem_of
 from services.requests.problems import problem as problem_body
 
@@ -64,9 +65,15 @@ async def _mapped(_: Request, exc: Exception) -> JSONResponse:
     return as_response(body)
 
 
+async def _source_missing(request: Request, exc: Exception) -> JSONResponse:
+    SOURCES_MISSING.inc()  # the log line is the context service's (services/context/blocks.py)
+    return await _mapped(request, exc)
+
+
 def install(app: FastAPI) -> None:
     for kind in HANDLED:
         app.add_exception_handler(kind, _mapped)
+    app.add_exception_handler(SourceMissing, _source_missing)
 
     @app.exception_handler(RequestValidationError)
     async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:

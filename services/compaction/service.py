@@ -36,6 +36,7 @@ from projections.overlays import Overlay, apply_overlays, overlays
 from services.compaction.ranges import Message, Plan, Skip, message_tokens, plan_compaction
 from services.compaction.summarizers import Summarizer
 from services.context.service import ContextService
+from services.errors import SourceMissing
 from services.tokens import TokenCounter
 from services.writes.optimistic import OptimisticWriter
 
@@ -161,7 +162,10 @@ class CompactionService:
         if published is None:
             return Outcome(None, "the session changed while summarising; nothing recorded", last)
         if not published.duplicate and await self._context.has_prompt(tenant, session):
-            await self._context.refresh_prompt(tenant, session, "compaction")
+            try:
+                await self._context.refresh_prompt(tenant, session, "compaction")
+            except SourceMissing as exc:  # the overlay stands; the prompt in force stays until a refresh works
+                log.warning("after compacting %s/%s the prompt was not re-rendered: %s", tenant, session, exc)
         await self._cond.catch_up(tenant, session)
         async with self._pool.connection() as conn:
             recorded = next((o for o in await overlays(conn, tenant, session) if o.overlay_id == overlay_id), None)

@@ -7,6 +7,7 @@ Reference: the Cloudflare Agents SDK Session API, §1.4 of docs/reference.md."""
 from __future__ import annotations
 
 import asyncio
+import logging
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -26,10 +27,12 @@ from services.context.rules import Sources, allowed, find_block, joined, object_
 from services.errors import (
     BlockNotFound,
     BudgetExceeded,
+    ChronicleError,
     InvalidConfig,
     KeyedBlock,
     ObjectStorageError,
     ReadOnlyBlock,
+    SourceMissing,
 )
 from services.storage.s3 import SkillStore
 from services.tokens import TokenCounter
@@ -39,6 +42,19 @@ from services.writes.optimistic import Decision, OptimisticWriter
 Conn = psycopg.AsyncConnection[Any]
 Mode = Literal["replace", "append"]
 HISTORY_DESCRIPTION = "Cross-session conversation history"
+log = logging.getLogger("chronicle.context")
+
+
+def source_missing(tenant: str, session: str, block: ReadonlyBlock) -> ChronicleError:
+    """The error (and its log line) of a read-only block whose object is not in storage: the
+    block is never rendered empty in its place (a frozen prompt would keep the gap unseen)."""
+    assert block.source is not None
+    detail = (
+        f"block {block.label!r}: object {block.source.key[:200]!r} is not in bucket {block.source.bucket!r}; "
+        "upload it, or PUT a config without it"
+    )
+    log.warning("read-only source missing for %s/%s: %s", tenant, session, detail)
+    return SourceMissing(detail)
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,15 +130,17 @@ class ContextBlocks:
         async with self._pool.connection() as conn:
             config = await self.config(conn, tenant, session)
         refuse_unsafe(config)
-        wanted = [
-            (b.source.bucket, object_key(tenant, b.source.key))
-            for b in config.blocks
-            if isinstance(b, ReadonlyBlock) and b.source is not None
-        ]
-        if not wanted:
+        blocks = [b for b in config.blocks if isinstance(b, ReadonlyBlock) and b.source is not None]
+        if not blocks:
             return {}
+        wanted = [(b.source.bucket, object_key(tenant, b.source.key)) for b in blocks if b.source is not None]
         texts = await asyncio.gather(*(self._storage().get_text(bucket, key) for bucket, key in wanted))
-        return {where: text or "" for where, text in zip(wanted, texts, strict=True)}
+        found: Sources = {}
+        for block, where, text in zip(blocks, wanted, texts, strict=True):
+            if text is None:
+                raise source_missing(tenant, session, block)
+            found[where] = text
+        return found
 
     async def blocks(
         self,
@@ -138,7 +156,9 @@ class ContextBlocks:
         """Every configured block with its current content and exact token count, in order.
 
         Read-only blocks kept in object storage take their text from ``sources`` (see
-        :meth:`sources`); one missing there (the configuration changed since) is read here.
+        :meth:`sources`); one missing there (the configuration changed since) is read here. An
+        object not in storage is :class:`~services.errors.SourceMissing` (``409
+        source_missing``), never an empty block.
         ``contents`` (writable blocks) and ``counts`` (searchable entries), when given, replace
         the read models' (time travel folds them from the log)."""
         config = config or await self.config(conn, tenant, session)
@@ -162,7 +182,10 @@ class ContextBlocks:
                         if sources is not None and where in sources:
                             content = sources[where]
                         else:
-                            content = await self._storage().get_text(*where) or ""
+                            text = await self._storage().get_text(*where)
+                            if text is None:
+                                raise source_missing(tenant, session, b)
+                            content = text
                 case WritableBlock():
                     content = contents.get(b.label, "")
                 case SearchableBlock():

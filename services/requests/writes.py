@@ -19,7 +19,7 @@ from events.validation import validation_detail
 from projections.overlays import Overlay
 from services.bootstrap import Container
 from services.compaction.summarizers import SummarizerError
-from services.errors import InvalidConfig, InvalidRequest, SummarizerFailed
+from services.errors import InvalidConfig, InvalidRequest, SourceMissing, SummarizerFailed
 from services.requests.checks import check_id, checked_message, no_nul
 from services.writes.commands import fork
 from services.writes.decisions import ParentSpec
@@ -171,7 +171,7 @@ async def clear_messages(c: Container, tenant: str, sid: str) -> Answer:
     if await c.context.has_prompt(tenant, sid):
         try:
             await c.context.refresh_prompt(tenant, sid, "clear")
-        except Refused as exc:  # the clear stands; the prompt in force stays until a refresh fits
+        except (Refused, SourceMissing) as exc:  # the clear stands; the prompt in force stays until a refresh works
             log.warning("after clearing %s/%s the prompt was not re-rendered: %s", tenant, sid, exc)
     return {"cleared": True, "seq": w.seq}
 

@@ -29,9 +29,10 @@ async def test_a_tenant_cannot_read_or_overwrite_another_tenants_objects(
     # each read waits for its own tenant's write (min_seq): without it a read may come first
     read_a = await client.get(f"/v1/sessions/{s}/context", params={"min_seq": put_a.json()["seq"]})
     read_b = await client_b.get(f"/v1/sessions/{s}/context", params={"min_seq": put_b.json()["seq"]})
-    a = read_a.json()["blocks"][0]["content"]
-    b = read_b.json()["blocks"][0]["content"]
-    assert (a, b) == ("TENANT A SECRET", "")
+    assert read_a.json()["blocks"][0]["content"] == "TENANT A SECRET"
+    # tenant-b's key names its own (empty) space: the object is missing there, not tenant-a's
+    assert (read_b.status_code, read_b.json()["code"]) == (409, "source_missing"), read_b.text
+    assert "TENANT A SECRET" not in read_b.text
     loaded = await client_b.post(f"/v1/sessions/{s}/tools/load_context", json={"label": "skills", "key": "secret.md"})
     assert loaded.json()["result"] == "Not found: secret.md"
     await client_b.post(

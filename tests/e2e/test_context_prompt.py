@@ -15,6 +15,7 @@ from tests.e2e.context_support import (
     events,
     last_seq,
     listed,
+    minio,
     new_bucket,
     pct,
     problem,
@@ -22,6 +23,7 @@ from tests.e2e.context_support import (
     put_object,
     refresh,
     sid,
+    tenant_key,
     tokens,
     tool,
 )
@@ -239,3 +241,54 @@ async def test_concurrent_first_reads_freeze_once(client: httpx.AsyncClient) -> 
     rendered = [e for e in await events(client, s) if e["event"]["type"] == "prompt.rendered"]
     assert len(rendered) == 1
     assert rendered[0]["seq"] == answers[0]["seq"]
+
+
+def _missing_count(metrics: str) -> float:
+    line = next(x for x in metrics.splitlines() if x.startswith("chronicle_context_sources_missing_total "))
+    return float(line.split()[1])
+
+
+async def test_a_readonly_block_whose_object_is_missing_is_refused_not_rendered_empty(
+    client: httpx.AsyncClient, api_settings: Settings
+) -> None:
+    s = sid()
+    bucket = new_bucket(api_settings)
+    await append(client, s, msg("m1", "hello"))
+    seq = await configure(
+        client,
+        s,
+        {
+            "blocks": [
+                {"kind": "readonly", "label": "soul", "content": "Be kind."},
+                {"kind": "readonly", "label": "policy", "source": {"bucket": bucket, "key": "policy.md"}},
+            ]
+        },
+    )
+    counted = _missing_count((await client.get("/metrics")).text)
+    last = await last_seq(client, s)
+    answers = [
+        await client.get(f"/v1/sessions/{s}/context", params={"min_seq": seq}),
+        await client.get(f"/v1/sessions/{s}/context", params={"as_of_seq": seq}),
+        await client.get(f"/v1/sessions/{s}/system-prompt"),
+        await client.post(f"/v1/sessions/{s}/system-prompt:refresh"),
+    ]
+    for r in answers:
+        detail = problem(r, 409, "source_missing")["detail"]
+        assert "'policy'" in detail, detail
+        assert f"'policy.md' is not in bucket {bucket!r}" in detail, detail
+    assert await last_seq(client, s) == last  # no prompt was frozen without the block
+    assert _missing_count((await client.get("/metrics")).text) == counted + len(answers)
+
+    put_object(api_settings, bucket, "policy.md", "Refunds within 30 days.")
+    frozen = await prompt(client, s)
+    assert "Refunds within 30 days." in frozen["prompt"]
+    assert (await context(client, s))["policy"]["content"] == "Refunds within 30 days."
+
+    # gone again: a clear still clears, and the prompt in force stays until a refresh works
+    minio(api_settings).remove_object(bucket, tenant_key("policy.md"))
+    cleared = await client.post(f"/v1/sessions/{s}/messages:clear")
+    assert cleared.status_code == 200, cleared.text
+    history = await client.get(f"/v1/sessions/{s}/history", params={"min_seq": cleared.json()["seq"]})
+    assert history.json()["messages"] == []
+    assert await prompt(client, s, min_seq=cleared.json()["seq"]) == frozen
+    problem(await client.post(f"/v1/sessions/{s}/system-prompt:refresh"), 409, "source_missing")
