@@ -8,6 +8,16 @@
 * Transient failures (timeouts, no responders while JetStream starts) are retried, a bounded
   number of times, with the same message id.
 * :meth:`Publisher.publish_many` pipelines with ``publish_async`` for bulk appends.
+* JetStream deduplicates by ``Nats-Msg-Id`` across the whole stream, not per subject: an id is
+  taken by whoever publishes it first, on any subject. A tenant may publish straight to its own
+  subjects, so it can take an id another tenant's write derives (:func:`events.ids.derived_id`
+  is a hash of public inputs) and have that write answered "duplicate" with the taken message's
+  sequence. So a duplicate is checked (only a duplicate: the common path costs nothing more):
+  the message stored at that sequence must be on the subject this publish was for (subjects
+  name tenant and session, and nobody publishes on another tenant's). If it is not,
+  :class:`ForeignDuplicate` is raised instead of reporting success; callers whose id is their
+  own choice (never a client's) may ask for the event to be published again under a fresh
+  random id instead (``fresh_id_on_foreign``).
 * Every event is admitted first (:func:`events.admission.admit` on its encoded bytes and its
   subject): what a projector would refuse is never published; :class:`Refused` says why.
 """
@@ -16,7 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import random
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
 import nats.errors
@@ -25,12 +35,12 @@ from nats.js.api import PubAck
 from nats.js.errors import APIError, NotFoundError
 
 from events.admission import MAX_EVENT_BYTES, Refused, admit_built
-from events.envelope import Event
+from events.envelope import Event, new_event_id
 from events.objects import owned
 from events.sealing import SEALED_FIELDS, DataKeys, seal_blob, seal_event
 from events.subjects import SubjectLayout
 
-__all__ = ["ConcurrencyConflict", "PublishFailed", "Published", "Publisher", "Refused"]
+__all__ = ["ConcurrencyConflict", "ForeignDuplicate", "PublishFailed", "Published", "Publisher", "Refused"]
 
 HDR_MSG_ID = "Nats-Msg-Id"
 HDR_EXPECTED_SUBJECT_SEQ = "Nats-Expected-Last-Subject-Sequence"
@@ -52,6 +62,27 @@ class PublishFailed(Exception):
     """The publish did not succeed within the retry bound."""
 
 
+class ForeignDuplicate(Exception):
+    """JetStream answered "duplicate" for the event's id, but the message stored under that id
+    (at ``seq``) is not on the subject the event was published on: someone else, publishing on
+    their own subjects, took the id first. Nothing of the event was stored."""
+
+    def __init__(self, event_id: str, subject: str, seq: int) -> None:
+        super().__init__(
+            f"event id {event_id} is held by the message at stream sequence {seq}, which is not on {subject!r}: "
+            "nothing was stored"
+        )
+        self.event_id = event_id
+        self.subject = subject
+        self.seq = seq
+
+
+StoredOn = Callable[[Event, str, int], Awaitable[bool]]
+"""Whether the message stored at a sequence is on a subject (``(event, subject, seq)``): how a
+:class:`Publisher` checks a duplicate. The default reads the message back (direct get); a
+publisher without the right to read the log (a tenant's) asks the API instead."""
+
+
 @dataclass(frozen=True, slots=True)
 class Published:
     seq: int
@@ -70,8 +101,10 @@ class Publisher:
         timeout_s: float = 2.0,
         backoff_s: float = 0.05,
         keys: DataKeys | None = None,
+        stored_on: StoredOn | None = None,
     ) -> None:
         self._js = js
+        self._stored_on = stored_on or self._read_back_on
         self.keys = keys  # None: events are published as they are (nothing sealed)
         self.layout = layout
         self._attempts = attempts
@@ -127,7 +160,51 @@ class Publisher:
                 await asyncio.sleep(self._delay(attempt))
         raise AssertionError("unreachable")
 
-    async def publish(self, event: Event, *, expected_last_subject_seq: int | None = None) -> Published:
+    async def publish(
+        self, event: Event, *, expected_last_subject_seq: int | None = None, fresh_id_on_foreign: bool = False
+    ) -> Published:
+        """Publish ``event``; a duplicate whose stored message is not on the event's subject raises
+        :class:`ForeignDuplicate`, or, with ``fresh_id_on_foreign``, publishes the event again under
+        a fresh random id (which nobody can have taken; the caller's ``event.id`` is then not the
+        stored one)."""
+        published = await self._publish_once(event, expected_last_subject_seq)
+        if not published.duplicate:
+            return published
+        try:
+            await self.check_duplicate(event, published.seq)
+        except ForeignDuplicate:
+            if not fresh_id_on_foreign:
+                raise
+            fresh = event.model_copy(update={"id": new_event_id()})
+            return await self._publish_once(fresh, expected_last_subject_seq)
+        return published
+
+    async def check_duplicate(self, event: Event, seq: int) -> None:
+        """:class:`ForeignDuplicate` unless the message at ``seq`` (what JetStream answered a
+        publish of ``event`` with, as a duplicate) is on the event's subject."""
+        subject = self.subject_of(event)
+        if not await self._stored_on(event, subject, seq):
+            raise ForeignDuplicate(event.id, subject, seq)
+
+    async def _read_back_on(self, event: Event, subject: str, seq: int) -> bool:
+        """The message at ``seq`` read back (direct get: any replica answers; the leader's get
+        when a replica does not have it yet), and its subject compared."""
+        for attempt in range(self._attempts):
+            try:
+                try:
+                    msg = await self._js.get_msg(self.layout.stream, seq, direct=True)
+                except NotFoundError:
+                    msg = await self._js.get_msg(self.layout.stream, seq)
+                return msg.subject == subject
+            except NotFoundError:
+                return False  # nothing there (the log never deletes): certainly not this publish's
+            except TRANSIENT:
+                if attempt + 1 == self._attempts:
+                    raise
+                await asyncio.sleep(self._delay(attempt))
+        raise AssertionError("unreachable")
+
+    async def _publish_once(self, event: Event, expected_last_subject_seq: int | None) -> Published:
         headers = {HDR_MSG_ID: event.id}
         if expected_last_subject_seq is not None:
             headers[HDR_EXPECTED_SUBJECT_SEQ] = str(expected_last_subject_seq)
@@ -150,12 +227,17 @@ class Publisher:
             await asyncio.sleep(self._delay(attempt))
         raise PublishFailed(f"publish of {event.type} {event.id} failed: {last_error!r}") from last_error
 
-    async def publish_many(self, events: Sequence[Event], *, window: int = 4000) -> list[Published]:
+    async def publish_many(
+        self, events: Sequence[Event], *, window: int = 4000, fresh_id_on_foreign: bool = False
+    ) -> list[Published]:
         """Pipeline many unconditional publishes; returns one result per event, in order.
 
         Each event keeps its id as ``Nats-Msg-Id``, so re-running a failed bulk call appends
         nothing twice. Failed entries are retried once through :meth:`publish`. Every event is
-        admitted before any is published: one :class:`Refused` event publishes nothing.
+        admitted before any is published: one :class:`Refused` event publishes nothing. A
+        duplicate is checked as :meth:`publish` checks it: :class:`ForeignDuplicate` (the events
+        before it in ``events`` may be stored), or with ``fresh_id_on_foreign`` the event is
+        published again under a fresh id.
         """
         encoded = [await self.encode_sealed(ev) for ev in events]
         results: list[Published] = []
@@ -167,10 +249,18 @@ class Publisher:
             ]
             done = await asyncio.gather(*futures, return_exceptions=True)
             for ev, outcome in zip(chunk, done, strict=True):
-                if isinstance(outcome, BaseException):
-                    results.append(await self.publish(ev))  # sealed anew: same id, so stored once
-                else:
-                    results.append(self._stored(outcome))
+                if isinstance(outcome, BaseException):  # sealed anew: same id, so stored once
+                    results.append(await self.publish(ev, fresh_id_on_foreign=fresh_id_on_foreign))
+                    continue
+                published = self._stored(outcome)
+                if published.duplicate:
+                    try:
+                        await self.check_duplicate(ev, published.seq)
+                    except ForeignDuplicate:
+                        if not fresh_id_on_foreign:
+                            raise
+                        published = await self._publish_once(ev.model_copy(update={"id": new_event_id()}), None)
+                results.append(published)
         return results
 
     def _stored(self, ack: PubAck) -> Published:

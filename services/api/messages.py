@@ -69,7 +69,8 @@ async def append(
         str | None,
         idempotency_key(
             "the client's name for this append, kept across its retries: a retry whose "
-            "first attempt was stored answers `created: true` too"
+            "first attempt was stored answers `created: true` too; a key whose derived event id a message "
+            "on another subject of the log holds is `409 idempotency_key_conflict`"
         ),
     ] = None,
 ) -> dict[str, Any]:

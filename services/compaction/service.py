@@ -184,7 +184,14 @@ class CompactionService:
         subject = self._pub.layout.session_subject(event.tenant, event.session)
         for _ in range(20):
             try:
-                return await self._pub.publish(event, expected_last_subject_seq=expected)
+                # The overlay's event id derives from public inputs (tenant, session, message ids):
+                # a tenant publishing straight to the stream can take it first, on its own subjects.
+                # Then the overlay is published under a fresh random id (its ``overlay_id`` stays):
+                # failing instead would let that tenant stop another's compactions for as long as it
+                # keeps publishing the ids; the fresh id only loses the duplicate window's guard for
+                # this one publish, and a second copy of an overlay (a redelivered request) records
+                # the same range with the same summary, where the newest overlay is the one in force.
+                return await self._pub.publish(event, expected_last_subject_seq=expected, fresh_id_on_foreign=True)
             except ConcurrencyConflict:
                 pass
             keys = self._pub.keys
@@ -233,7 +240,7 @@ class CompactionService:
             error=scrub(f"{type(exc).__name__}: {exc}"[:2000]),
             attempt=attempt.number if attempt else 1,
         )
-        return await self._pub.publish(failed)
+        return await self._pub.publish(failed, fresh_id_on_foreign=True)  # as an overlay's, above
 
 
 def _covered(messages: list[Message], first: str, last: str, existing: Overlay | None) -> list[Message]:

@@ -47,7 +47,9 @@ class ContextSkills(ContextBlocks):
             etag=etag,
             size=size,
         )
-        seq = (await self._pub.publish(event)).seq
+        # the id derives from public inputs: one taken on another subject gets a fresh id (as the
+        # compaction worker's overlay does, services/compaction/service.py)
+        seq = (await self._pub.publish(event, fresh_id_on_foreign=True)).seq
         await self._cond.catch_up(tenant, TENANT_SCOPE)  # the next render sees it
         return seq
 

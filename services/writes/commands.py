@@ -40,7 +40,7 @@ from events.ids import derived_id
 from events.messages import JsonObject, body_hash, stored_json
 from events.objects import is_sealed_object, open_object
 from events.omitted import OMITTED
-from events.publisher import Publisher
+from events.publisher import ForeignDuplicate, Publisher
 from events.registry import decode
 from projections import queries
 from projections.overlays import apply_overlays
@@ -202,8 +202,24 @@ class Commands:
             )
             return Decision(event, WriteReceipt, replayed if request_key is not None else None)
 
-        result: WriteReceipt = await self._optimistic(tenant, session, decide)
+        try:
+            result: WriteReceipt = await self._optimistic(tenant, session, decide)
+        except ForeignDuplicate as exc:
+            raise self._key_conflict(request_key, exc) from exc
         return result
+
+    @staticmethod
+    def _key_conflict(request_key: str | None, exc: ForeignDuplicate) -> Exception:
+        """What a write whose event id derives from the client's ``Idempotency-Key`` answers when
+        the id is held by a message on another subject (another session's, or another tenant's,
+        published straight to the stream): nothing was stored, and only another key can write.
+        An id that derives from no key (a random one) is no client's doing: the error as it is."""
+        if request_key is None:
+            return exc
+        return IdempotencyKeyConflict(
+            f"the event id Idempotency-Key {request_key!r} derives is held by another event of the log "
+            f"(seq {exc.seq}), not one of this session; nothing was written: use another key"
+        )
 
     async def end_session(self, tenant: str, session: str, reason: str) -> WriteReceipt:
         """Record that the session ended and why (``end_reason``); a later end replaces the reason."""
@@ -345,7 +361,10 @@ class Commands:
             assert decision is not None  # without a chain the read model is never "behind"
             return decision
 
-        result: AppendResult = await self._optimistic(tenant, session, slow, decide, known)
+        try:
+            result: AppendResult = await self._optimistic(tenant, session, slow, decide, known)
+        except ForeignDuplicate as exc:
+            raise self._key_conflict(request_key, exc) from exc
         return result
 
     async def _stored_event_id(self, seq: int) -> str | None:
@@ -468,5 +487,9 @@ async def fork(
         tenant, sid, name if name is not None else source.name, session, {"forked_from": at_message_id}
     )
     now = datetime.now(UTC)  # the copies happen after the new session's creation
-    results = await cmd._pub.publish_many([e.model_copy(update={"occurred_at": now}) for e in events])
+    # An overlay copy's id derives from public inputs (the fork's id may be the client's): one
+    # taken on another subject is published again under a fresh id (see events/publisher.py and
+    # the compaction worker's overlay for why server-chosen ids are not a reason to fail)
+    copies = [e.model_copy(update={"occurred_at": now}) for e in events]
+    results = await cmd._pub.publish_many(copies, fresh_id_on_foreign=True)
     return Forked(sid, max([created.seq, *(r.seq for r in results)]), len(rows))

@@ -5,8 +5,9 @@ Order, each step idempotent so a failed erasure is finished by running it again:
 1. The data key is destroyed and the erasure recorded (``data_keys``/``erasures``): from here on
    every event of the session sealed with it is unreadable, wherever a copy of the log lives, and
    every reader of the log shows the session's events as tombstones.
-2. ``session.erased`` is published (its id derived from tenant and session: stored once); the
-   projections drop every row of the session when they apply it.
+2. ``session.erased`` is published (its id derived from tenant and session: stored once; under a
+   fresh id when a message on another subject took that id first); the projections drop every
+   row of the session when they apply it (as often as it comes).
 3. The objects the session's events reference (claim-checked bodies, over-cap originals) are
    deleted when they are this session's alone (events/objects.py): their header names it (a
    reference published into the session may name any object), or, written before headers, they
@@ -74,7 +75,11 @@ class Eraser:
             raise SessionNotFound(f"session {session!r} does not exist: nothing to erase")
         new = await self._keys.erase(tenant, [session])
         event = SessionErased(id=derived_id("erase", tenant, session), tenant=tenant, session=session)
-        published = await self._pub.publish(event)
+        # The derived id makes a repeated erasure store one event, but anyone may take it first on
+        # their own subjects (it is a hash of the tenant and session): then the event goes under a
+        # fresh id. The erasure must happen; a second ``session.erased`` (this one, then a rerun's)
+        # only deletes what is already gone (projections: DELETEs of the session's rows).
+        published = await self._pub.publish(event, fresh_id_on_foreign=True)
         deleted = await self._delete_objects(tenant, session, published.seq)
         subject = self._pub.layout.session_subject(tenant, session)
         async with self._pool.connection() as conn:

@@ -50,7 +50,10 @@ class Decision:
 
     ``replayed``: how to answer when the log already held the event's id (the publish was a
     duplicate within the stream's duplicate window: nothing was written, and the sequence is the
-    first one's); None answers as ``answer`` does."""
+    first one's); None answers as ``answer`` does. Only a duplicate on the session's own subject
+    gets here: one whose stored message is on another subject (someone took the id first,
+    publishing on their own subjects) is :class:`~events.publisher.ForeignDuplicate`, raised
+    out of :meth:`OptimisticWriter.run` (events/publisher.py)."""
 
     event: Event | None
     answer: Callable[[int], Any]

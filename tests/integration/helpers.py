@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import uuid
 from typing import Any
 
-from events.catalog import MessageAppended, MessageBodyEvent
+from events.catalog import MessageAppended, MessageBodyEvent, SessionRenamed
 from events.messages import body_hash
+from events.publisher import HDR_MSG_ID
 from events.registry import decode
+from services.settings import Settings
+from tests.conftest import tenant_nats
 
 
 def text_message(mid: str, text: str, role: str = "user") -> dict[str, object]:
@@ -44,3 +48,18 @@ def chain(tenant: str, session: str, n: int, prefix: str = "m") -> list[MessageA
         out.append(appended(tenant, session, mid, parent, f"message number {i} about {session}"))
         parent = mid
     return out
+
+
+async def take_event_id(settings: Settings, tenant: str, event_id: str) -> int:
+    """``tenant``, with its own NATS credentials, publishes one of its own events on its own
+    subject under ``event_id`` (all its permissions allow), taking the id for the stream's
+    duplicate window; the stream sequence it got."""
+    nc = await tenant_nats(settings.nats_url, tenant)
+    try:
+        own = SessionRenamed(id=event_id, tenant=tenant, session=f"own-{uuid.uuid4().hex[:8]}", name="mine")
+        subject = settings.layout().session_subject(tenant, own.session)
+        ack = await nc.jetstream().publish(subject, own.to_json(), headers={HDR_MSG_ID: event_id})
+    finally:
+        await nc.close()
+    assert not ack.duplicate
+    return int(ack.seq)

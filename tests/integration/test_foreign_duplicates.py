@@ -1,0 +1,164 @@
+"""JetStream deduplicates by ``Nats-Msg-Id`` across the whole stream, not per tenant: a tenant
+publishing straight to its own subjects (with its own NATS credentials, as here) can take the id
+another tenant's later write derives. Such a "duplicate" is never taken for the write's own event
+(events/publisher.py): an erasure still happens, a keyed write is ``idempotency_key_conflict``
+with nothing written, a server-chosen id is replaced by a fresh one."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import AsyncIterator, Callable, Iterator
+
+import pytest
+
+from events.catalog import SessionRenamed
+from events.ids import TENANT_SCOPE, derived_id
+from events.messages import body_hash
+from events.publisher import HDR_MSG_ID, ForeignDuplicate
+from projections import context_queries, queries
+from services.bootstrap import Container
+from services.errors import IdempotencyKeyConflict
+from services.settings import Settings
+from tests.conftest import running_stack, tenant_nats_settings
+from tests.integration.helpers import take_event_id
+
+ATTACKER, VICTIM = "tenant-a", "tenant-b"
+
+
+@pytest.fixture(scope="module")
+def settings(tmp_path_factory: pytest.TempPathFactory, pg_admin: str, s3_endpoint: str) -> Iterator[Settings]:
+    with tenant_nats_settings(tmp_path_factory.mktemp("dupes-nats"), pg_admin, s3_endpoint) as s:
+        yield s
+
+
+@pytest.fixture(scope="module")
+async def stack(settings: Settings) -> AsyncIterator[Container]:
+    async with running_stack(settings) as c:
+        yield c
+
+
+async def stored(c: Container, seq: int) -> tuple[str, str, dict[str, object]]:
+    """Subject, ``Nats-Msg-Id`` and event of the message at ``seq``."""
+    msg = await c.js.get_msg(c.layout.stream, seq)
+    return str(msg.subject), (msg.headers or {}).get(HDR_MSG_ID, ""), json.loads(msg.data or b"")
+
+
+def body(mid: str, text: str) -> dict[str, object]:
+    return {"id": mid, "role": "user", "parts": [{"type": "text", "text": text}]}
+
+
+async def test_a_duplicate_of_another_subjects_message_is_a_foreign_duplicate_not_a_success(
+    stack: Container, settings: Settings, new_id: Callable[[str], str]
+) -> None:
+    c, sid = stack, new_id("pub")
+    stolen = str(uuid.uuid4())
+    seq = await take_event_id(settings, ATTACKER, stolen)
+    event = SessionRenamed(id=stolen, tenant=VICTIM, session=sid, name="victim's")
+    with pytest.raises(ForeignDuplicate) as err:
+        await c.publisher.publish(event)
+    assert (err.value.seq, err.value.subject) == (seq, c.layout.session_subject(VICTIM, sid))
+    with pytest.raises(ForeignDuplicate):
+        await c.publisher.publish_many([event])
+    assert await c.publisher.last_subject_seq(VICTIM, sid) == 0  # nothing stored for the victim
+
+    fresh = await c.publisher.publish(event, fresh_id_on_foreign=True)
+    [many] = await c.publisher.publish_many([event], fresh_id_on_foreign=True)
+    for published in (fresh, many):
+        subject, msg_id, data = await stored(c, published.seq)
+        assert not published.duplicate
+        assert (subject, data["tenant"], data["name"]) == (c.layout.session_subject(VICTIM, sid), VICTIM, "victim's")
+        assert msg_id == data["id"] != stolen
+    assert fresh.seq != many.seq
+
+
+async def test_a_duplicate_of_its_own_subjects_message_is_still_a_duplicate(
+    stack: Container, new_id: Callable[[str], str]
+) -> None:
+    """A retried publish (its ack lost) is answered with the first one's sequence, as before."""
+    c, sid = stack, new_id("own")
+    event = SessionRenamed(tenant=VICTIM, session=sid, name="once")
+    first = await c.publisher.publish(event)
+    again = await c.publisher.publish(event)
+    [many] = await c.publisher.publish_many([event])
+    assert (again.seq, again.duplicate, many.seq, many.duplicate) == (first.seq, True, first.seq, True)
+    assert await c.publisher.last_subject_seq(VICTIM, sid) == first.seq
+
+
+async def test_an_erasure_whose_id_another_tenant_took_still_erases_the_session(
+    stack: Container, settings: Settings, new_id: Callable[[str], str]
+) -> None:
+    c, sid = stack, new_id("erase")
+    await c.commands.create_session(VICTIM, sid, "", None, {})
+    appended = await c.commands.append(VICTIM, sid, body("m1", "the victim's secret"))
+    await c.waiter.wait_all(appended.seq)
+    async with c.pool.connection() as conn:
+        assert await queries.get_session(conn, VICTIM, sid) is not None
+        assert await queries.existing_ids(conn, VICTIM, sid, ["m1"]) == {"m1"}
+    await take_event_id(settings, ATTACKER, derived_id("erase", VICTIM, sid))
+
+    gone = await c.eraser.erase_session(VICTIM, sid)
+    subject, msg_id, data = await stored(c, gone.seq)
+    assert (subject, data["type"]) == (c.layout.session_subject(VICTIM, sid), "session.erased")
+    assert msg_id != derived_id("erase", VICTIM, sid)
+    again = await c.eraser.erase_session(VICTIM, sid)  # run again: another session.erased, harmless
+    await c.waiter.wait_all(again.seq)
+    async with c.pool.connection() as conn:
+        assert await queries.get_session(conn, VICTIM, sid) is None
+        assert await queries.existing_ids(conn, VICTIM, sid, ["m1"]) == set()
+        assert await queries.is_erased(conn, VICTIM, sid)
+
+
+async def test_a_usage_key_whose_id_another_tenant_took_is_a_conflict_and_nothing_is_added(
+    stack: Container, settings: Settings, new_id: Callable[[str], str]
+) -> None:
+    c, sid = stack, new_id("usage")
+    await c.commands.create_session(VICTIM, sid, "", None, {})
+    await take_event_id(settings, ATTACKER, derived_id("usage", VICTIM, sid, "call-1"))
+    before = await c.publisher.last_subject_seq(VICTIM, sid)
+    with pytest.raises(IdempotencyKeyConflict, match="another key"):
+        await c.commands.add_usage(VICTIM, sid, 5, 1, 0.5, "call-1")
+    assert await c.publisher.last_subject_seq(VICTIM, sid) == before
+    other = await c.commands.add_usage(VICTIM, sid, 5, 1, 0.5, "call-2")  # another key writes
+    await c.waiter.wait_all(other.seq)
+    async with c.pool.connection() as conn:
+        row = await queries.get_session(conn, VICTIM, sid)
+    assert row is not None
+    assert (row.input_tokens, row.output_tokens) == (5, 1)
+
+
+async def test_an_append_key_whose_id_another_tenant_took_is_a_conflict_and_nothing_is_appended(
+    stack: Container, settings: Settings, new_id: Callable[[str], str]
+) -> None:
+    c, sid = stack, new_id("append")
+    await c.commands.create_session(VICTIM, sid, "", None, {})
+    message = body("m1", "hello")
+    await take_event_id(settings, ATTACKER, derived_id("append", VICTIM, sid, "m1", body_hash(message), "req-1"))
+    before = await c.publisher.last_subject_seq(VICTIM, sid)
+    with pytest.raises(IdempotencyKeyConflict, match="another key"):
+        await c.commands.append(VICTIM, sid, message, request_key="req-1")
+    assert await c.publisher.last_subject_seq(VICTIM, sid) == before
+    await c.waiter.wait_all(before)
+    async with c.pool.connection() as conn:
+        assert await queries.existing_ids(conn, VICTIM, sid, ["m1"]) == set()
+    appended = await c.commands.append(VICTIM, sid, message, request_key="req-2")
+    assert (appended.id, appended.created, appended.seq > before) == ("m1", True, True)
+
+
+async def test_a_skill_whose_id_another_tenant_took_is_indexed_under_a_fresh_id(
+    stack: Container, settings: Settings, new_id: Callable[[str], str]
+) -> None:
+    """A server-chosen derived id (here a skill's) is replaced by a fresh one: the write happens."""
+    c, bucket, key = stack, new_id("bucket"), "skills/howto.md"
+    stolen = derived_id("skill", VICTIM, bucket, key, "etag-1", "how to")
+    await take_event_id(settings, ATTACKER, stolen)
+    seq = await c.context.record_skill(VICTIM, bucket, key, "how to", "etag-1", 12)
+    subject, msg_id, data = await stored(c, seq)
+    assert (subject, data["type"], data["key"]) == (
+        c.layout.session_subject(VICTIM, TENANT_SCOPE),
+        "skill.indexed",
+        key,
+    )
+    assert msg_id == data["id"] != stolen
+    async with c.pool.connection() as conn:
+        assert await context_queries.indexed_skills(conn, VICTIM, bucket) == {key: "etag-1"}
