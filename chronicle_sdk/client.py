@@ -23,6 +23,7 @@ from chronicle_sdk.connection import Via, quote
 from chronicle_sdk.errors import (
     ChronicleError,
     Contention,
+    EventIdTaken,
     InvalidId,
     InvalidRequest,
     NotFound,
@@ -612,8 +613,17 @@ class ChronicleClient:
             out: dict[str, Any] = await self.request("GET", path)
             return out
 
+        async def stored_on(event: Any, subject: str, seq: int) -> bool:
+            """Whether the message at ``seq`` (a publish answered "duplicate") is this session's:
+            a tenant may not read the log over NATS, so the API reads that one sequence of the
+            session's events (nothing when the message there is on another subject)."""
+            query = {"from_seq": seq, "to_seq": seq, "limit": 1}
+            lines = await self.request("GET", self._path(event.session, "/events"), params=query)
+            return any(json.loads(line).get("seq") == seq for line in str(lines or "").splitlines() if line.strip())
+
         # sealed with the session's data key when the deployment seals (chronicle_sdk/sealing.py)
-        return _Direct(nc, Publisher(nc.jetstream(), info.layout, keys=ServerKeys(ask)), guard, who)
+        publisher = Publisher(nc.jetstream(), info.layout, keys=ServerKeys(ask), stored_on=stored_on)
+        return _Direct(nc, publisher, guard, who)
 
     async def _pack(self, info: NatsPublishing, message: Mapping[str, Any]) -> tuple[Message, dict[str, Any] | None]:
         """The validated body and its event fields; ``None`` when the body needs a claim check."""
@@ -645,8 +655,15 @@ class ChronicleClient:
 
     def _publish_error(self, direct: _Direct, exc: Exception) -> ChronicleError:
         """The SDK error for a failed publish: refused by the contract, denied by NATS, or unavailable."""
-        from events.publisher import Refused
+        from events.publisher import ForeignDuplicate, Refused
 
+        if isinstance(exc, ForeignDuplicate):
+            return EventIdTaken(
+                f"JetStream holds this write's event id {exc.event_id} in another message (seq {exc.seq}), not "
+                "one of this session: someone publishing straight to the stream took it first; nothing of this "
+                "write was stored",
+                status=0,
+            )
         if isinstance(exc, ChronicleError):  # the API's answer while sealing (the session is erased, say)
             return exc
         if isinstance(exc, Refused):
@@ -729,6 +746,7 @@ class ChronicleClient:
             try:
                 seqs += [p.seq for p in await direct.publisher.publish_many(events[1:])]
             except Exception as exc:
+                self.note_seq(session_id, first)  # stored: the client's reads wait for it
                 raise self._publish_error(direct, exc) from exc
             self.note_seq(session_id, max(seqs))
             return [AppendResult(mid, pid, seq, True) for (mid, pid), seq in zip(results, seqs, strict=True)]

@@ -136,6 +136,17 @@ class SourceMissing(Conflict):
     default_code = "source_missing"
 
 
+class EventIdTaken(Conflict):
+    """A direct publish (``via="jetstream"``) was answered "duplicate" by JetStream, but the message
+    holding the event's id is not on this session's subject: someone publishing straight to the
+    stream on their own subjects took the id first (JetStream deduplicates across the whole
+    stream). Nothing of this write was stored; the events before it in a chain may be. Raised by
+    the SDK itself (``status`` 0): the server answers its own such writes with
+    :class:`IdempotencyKeyConflict` or writes them under a fresh id."""
+
+    default_code = "event_id_taken"
+
+
 class MessageNotFound(NotFound):
     """The message is not in this session."""
 
@@ -290,6 +301,7 @@ BY_CODE: dict[str, type[ChronicleError]] = {
         UnsafeConfig,
         IdempotencyKeyConflict,
         SourceMissing,
+        EventIdTaken,
         MethodNotAllowed,
         ObjectStorageUnavailable,
         TooManyStreams,
@@ -362,6 +374,7 @@ __all__ = [
     "Conflict",
     "Contention",
     "EncryptionOff",
+    "EventIdTaken",
     "Gone",
     "IdempotencyKeyConflict",
     "IdempotencyKeyReused",
