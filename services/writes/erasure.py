@@ -30,6 +30,7 @@ from psycopg_pool import AsyncConnectionPool
 from events import log as eventlog
 from events.blobs import BlobNotFound, BlobRef, BlobStore, RoutedBlobStores
 from events.catalog import SessionErased
+from events.envelope import new_event_id
 from events.ids import TENANT_SCOPE, derived_id
 from events.objects import belongs_to
 from events.publisher import Publisher
@@ -80,6 +81,10 @@ class Eraser:
         # fresh id. The erasure must happen; a second ``session.erased`` (this one, then a rerun's)
         # only deletes what is already gone (projections: DELETEs of the session's rows).
         published = await self._pub.publish(event, fresh_id_on_foreign=True)
+        if published.duplicate and not await self._is_erasure(published.seq):
+            # held on the session's own subject by another event (its tenant, publishing straight
+            # to the stream under the id): that tenant cannot keep its session from being erased
+            published = await self._pub.publish(event.model_copy(update={"id": new_event_id()}))
         deleted = await self._delete_objects(tenant, session, published.seq)
         subject = self._pub.layout.session_subject(tenant, session)
         async with self._pool.connection() as conn:
@@ -98,6 +103,15 @@ class Eraser:
         scope = await self.erase_session(tenant, TENANT_SCOPE, must_exist=False)
         done.append(Erasure(scope.session, scope.seq, scope.newly_erased, scope.objects_deleted + documents))
         return done
+
+    async def _is_erasure(self, seq: int) -> bool:
+        """Whether the message at ``seq`` is a ``session.erased`` event (never sealed: readable)."""
+        msg = await self._pub.js.get_msg(self._pub.layout.stream, seq, direct=True)
+        try:
+            raw = json.loads(msg.data or b"")
+        except ValueError:
+            return False
+        return isinstance(raw, dict) and raw.get("type") == SessionErased.model_fields["type"].default
 
     async def _exists(self, tenant: str, session: str) -> bool:
         """The log holds an event of the session, or it has a data key (an agent service asked

@@ -20,7 +20,7 @@ from projections import context_queries, queries
 from services.bootstrap import Container
 from services.errors import IdempotencyKeyConflict
 from services.settings import Settings
-from tests.conftest import running_stack, tenant_nats_settings
+from tests.conftest import running_stack, tenant_nats, tenant_nats_settings
 from tests.integration.helpers import take_event_id
 
 ATTACKER, VICTIM = "tenant-a", "tenant-b"
@@ -107,6 +107,28 @@ async def test_an_erasure_whose_id_another_tenant_took_still_erases_the_session(
         assert await queries.get_session(conn, VICTIM, sid) is None
         assert await queries.existing_ids(conn, VICTIM, sid, ["m1"]) == set()
         assert await queries.is_erased(conn, VICTIM, sid)
+
+
+async def test_an_erasure_whose_id_the_sessions_own_tenant_took_still_erases_the_session(
+    stack: Container, settings: Settings, new_id: Callable[[str], str]
+) -> None:
+    """The same subject, another event under the erasure's id: not an erasure, so one is published."""
+    c, sid = stack, new_id("own-erase")
+    await c.commands.create_session(VICTIM, sid, "", None, {})
+    nc = await tenant_nats(settings.nats_url, VICTIM)
+    try:
+        renamed = SessionRenamed(id=derived_id("erase", VICTIM, sid), tenant=VICTIM, session=sid, name="kept?")
+        subject = c.layout.session_subject(VICTIM, sid)
+        held = await nc.jetstream().publish(subject, renamed.to_json(), headers={HDR_MSG_ID: renamed.id})
+    finally:
+        await nc.close()
+    gone = await c.eraser.erase_session(VICTIM, sid)
+    assert gone.seq > held.seq
+    _, msg_id, data = await stored(c, gone.seq)
+    assert (data["type"], msg_id == renamed.id) == ("session.erased", False)
+    await c.waiter.wait_all(gone.seq)
+    async with c.pool.connection() as conn:
+        assert await queries.get_session(conn, VICTIM, sid) is None
 
 
 async def test_a_usage_key_whose_id_another_tenant_took_is_a_conflict_and_nothing_is_added(
