@@ -23,7 +23,16 @@ from events.subjects import SubjectLayout
 from projections import context_queries, queries
 from projections.logbinding import LogMismatch, bind, check_log, stream_identity
 from projections.quarantine import storable_text
-from projections.rebuild import TABLES, Horizon, apply_range, checksums, quarantine_rows, rebuild_into, row_text
+from projections.rebuild import (
+    TABLES,
+    Horizon,
+    apply_range,
+    checksums,
+    compared_rows,
+    quarantine_rows,
+    rebuild_into,
+    row_text,
+)
 from projections.runner import checkpoint_partition
 from projections.timetravel import SessionState
 from services.audit.quarantine import raw_text
@@ -271,7 +280,8 @@ class VerifyReport:
 
 async def _row_hashes(conn: psycopg.AsyncConnection[Any], schema: str, table: str) -> dict[str, tuple[str, str]]:
     key, text = TABLES[table], row_text(table)
-    cur = await conn.execute(f'SELECT ({key})::text, md5({text}), {text} FROM "{schema}"."{table}" t')
+    where = compared_rows(table)
+    cur = await conn.execute(f'SELECT ({key})::text, md5({text}), {text} FROM "{schema}"."{table}" t {where}')
     return {str(k): (str(h), str(text)) for k, h, text in await cur.fetchall()}
 
 

@@ -17,6 +17,7 @@ from events.catalog import SessionCreated, SessionRenamed, SessionUsageAdded
 from events.ids import derived_id
 from events.publisher import Publisher
 from projections.rebuild import checksums, rebuild_into
+from services.audit import readers as audit
 from services.bootstrap import Container
 from services.errors import IdempotencyKeyConflict, IdempotencyKeyReused
 from tests.conftest import make_settings, running_stack
@@ -174,3 +175,28 @@ async def test_an_id_held_by_another_event_is_a_conflict_and_nothing_is_added(
     assert await c.publisher.last_subject_seq(T, sid) == before
     await c.waiter.wait_all(before)
     assert await counters(c, sid) == (0, 0, 0.0)
+
+
+async def test_verify_of_a_database_upgraded_to_021_compares_the_usage_ids_applied_since(
+    nats_url: str, fresh_db: str, new_id: Callable[[str], str]
+) -> None:
+    """Migration 021 finds usage already applied and no ids recorded: a rebuild records them all,
+    so verify compares the ids applied past the mark the migration left, and still finds a
+    tampered one of those."""
+    async with running_stack(make_settings(nats_url, fresh_db)) as c:
+        sid = new_id("upgraded")
+        await c.commands.create_session(T, sid, "", None, {})
+        before = await c.commands.add_usage(T, sid, 10, 2, 0.5, "before-021")
+        await c.waiter.wait_all(before.seq)
+        async with c.pool.connection() as conn:  # the state 021 leaves on a database with usage
+            await conn.execute("DELETE FROM usage_applied")
+            await conn.execute("UPDATE usage_applied_since SET seq = %s", (before.seq,))
+        after = await c.commands.add_usage(T, sid, 1, 1, 0.0, "after-021")
+        await c.waiter.wait_all(after.seq)
+        assert [seq for _, seq in await applied_ids(c, sid)] == [after.seq]
+        assert (await audit.verify(c)).ok
+        async with c.pool.connection() as conn:
+            await conn.execute("DELETE FROM usage_applied")
+        report = await audit.verify(c)
+        assert list(report.differences) == ["usage_applied"]
+        assert str(after.seq) in report.differences["usage_applied"][0]
