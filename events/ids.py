@@ -158,5 +158,9 @@ def decode_token(token: str) -> str:
 def derived_id(kind: str, *parts: object) -> str:
     """A deterministic event id: the same ``kind`` and parts always give the same id, so a retry
     or a second worker publishing the same fact is deduplicated by the stream (``Nats-Msg-Id``).
-    The parts are joined with ``:`` under ``chronicle:<kind>:`` (the ids recorded so far)."""
-    return str(uuid.uuid5(uuid.NAMESPACE_URL, ":".join(["chronicle", kind, *(str(p) for p in parts)])))
+    The parts are joined with ``:`` under ``chronicle:<kind>:``, each with its ``\\`` and ``:``
+    escaped by a ``\\``: parts that hold neither give the ids recorded before escaping was added,
+    and no two lists of parts give one name (``s``, ``x:k`` against ``s:x``, ``k`` did: a session id
+    and an ``Idempotency-Key`` may both hold a ``:``)."""
+    escaped = (str(p).replace("\\", "\\\\").replace(":", "\\:") for p in parts)
+    return str(uuid.uuid5(uuid.NAMESPACE_URL, ":".join(["chronicle", kind, *escaped])))

@@ -290,3 +290,12 @@ def test_derived_ids_keep_the_ids_recorded_so_far() -> None:
         uuid.uuid5(uuid.NAMESPACE_URL, "chronicle:append:t:s:m:h:None")
     )
     assert derived_id("a", 1) != derived_id("b", 1)
+
+
+def test_derived_ids_of_different_parts_differ_whatever_colons_and_backslashes_they_hold() -> None:
+    from events.ids import derived_id
+
+    assert derived_id("usage", "tenant-a", "s", "x:k") != derived_id("usage", "tenant-a", "s:x", "k")
+    assert derived_id("a", "x\\", ":") != derived_id("a", "x\\:", "")
+    assert derived_id("a", "x\\:y") != derived_id("a", "x", "y")
+    assert len({derived_id("a", *p) for p in [("a:b", "c"), ("a", "b:c"), ("a", "b", "c"), ("a:b:c",)]}) == 4
