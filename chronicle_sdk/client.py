@@ -630,6 +630,9 @@ class ChronicleClient:
         from events.bodies import pack_body
 
         body = _check_message(message)
+        if body["id"] in ids.UNREACHABLE_MESSAGE_IDS:  # as the API refuses it: no URL could name it
+            unreachable = f"message id must not be {body['id']!r}: as a URL path segment it names no message"
+            raise InvalidId(unreachable, status=422)
         size = len(canonical_json(body))
         if size > info.max_message_bytes:
             raise PayloadTooLarge(f"message is {size} bytes; the limit is {info.max_message_bytes}", status=413)

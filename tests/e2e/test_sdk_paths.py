@@ -10,7 +10,16 @@ from typing import Any
 import httpx
 import pytest
 
-from chronicle_sdk import AppendResult, ChronicleClient, InvalidRequest, Session, SessionManager, Unauthorized, Via
+from chronicle_sdk import (
+    AppendResult,
+    ChronicleClient,
+    InvalidId,
+    InvalidRequest,
+    Session,
+    SessionManager,
+    Unauthorized,
+    Via,
+)
 from events.credentials import nkey_public_key, tenant_nkey_seed
 from services.settings import Settings
 from tests.conftest import operator_nats
@@ -248,3 +257,18 @@ async def test_a_creds_file_is_used_instead_of_the_derived_key(
     async with client_for(api_url, api_settings, nats_credentials=str(tmp_path / "missing.creds")) as c:
         with pytest.raises(ValueError, match=r"missing\.creds"):
             await c.append(sid(), text("m1", "x"), via="jetstream")
+
+
+@pytest.mark.parametrize("via", VIAS)
+@pytest.mark.parametrize("dots", [".", ".."])
+async def test_a_dot_message_id_is_refused_on_every_path_and_nothing_is_written(
+    api_url: str, api_settings: Settings, via: Via, dots: str
+) -> None:
+    async with client_for(api_url, api_settings, via=via) as c:
+        s = Session.create(c, sid("dots"))
+        await s.append_message(text("m1", "kept"))
+        with pytest.raises(InvalidId, match="names no message"):
+            await s.append_message(text(dots, "unreachable"), via=via)
+        with pytest.raises(InvalidId, match="names no message"):  # a chain: straight to JetStream with via
+            await c.append_chain(s.id, [text("m2", "before it"), text(dots, "unreachable")], "m1", via=via)
+        assert [m["id"] for m in await s.get_history()] == ["m1"]
