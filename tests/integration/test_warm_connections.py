@@ -11,6 +11,7 @@ import psycopg
 import pytest
 
 from projections.queries import warm_reads
+from services.api.app import build_app
 from services.bootstrap import Container, open_container
 from tests.conftest import make_settings
 from tests.support import scratch_database
@@ -46,6 +47,12 @@ async def test_a_new_api_connection_has_run_the_hot_reads_before_it_is_handed_ou
     async with open_container(make_settings(nats_url, fresh_db), warm_reads=warm) as c, new_connection(c) as conn:
         last = await last_statement(fresh_db, conn.info.backend_pid)
     assert (APPEND_STATE in last) is warm, last
+
+
+async def test_the_api_warms_its_new_connections(nats_url: str, fresh_db: str) -> None:
+    app = build_app(make_settings(nats_url, fresh_db))
+    async with app.router.lifespan_context(app), new_connection(app.state.c) as conn:
+        assert APPEND_STATE in await last_statement(fresh_db, conn.info.backend_pid)
 
 
 async def test_warming_a_connection_to_a_database_without_the_schema_leaves_it_usable(pg_admin: str) -> None:
