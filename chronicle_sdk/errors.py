@@ -130,6 +130,13 @@ class IdempotencyKeyConflict(Conflict):
     default_code = "idempotency_key_conflict"
 
 
+class SourceNotText(Conflict):
+    """A read-only block's (or a skill's) ``source`` object is not UTF-8 text: upload it as text,
+    or PUT a config without it."""
+
+    default_code = "source_not_text"
+
+
 class SourceMissing(Conflict):
     """A read-only block's ``source`` object is not in its bucket: upload it, or PUT a config without it."""
 
@@ -301,6 +308,7 @@ BY_CODE: dict[str, type[ChronicleError]] = {
         UnsafeConfig,
         IdempotencyKeyConflict,
         SourceMissing,
+        SourceNotText,
         EventIdTaken,
         MethodNotAllowed,
         ObjectStorageUnavailable,

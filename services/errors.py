@@ -54,6 +54,9 @@ UnsafeStoredConfig = _error(
 SourceMissing = _error(
     "SourceMissing", "source_missing", 409, "A read-only block's object is missing; upload it or PUT a new config"
 )
+SourceNotText = _error(
+    "SourceNotText", "source_not_text", 409, "A read-only block's object is not UTF-8 text; upload text or PUT a config"
+)
 EncryptionOff = _error("EncryptionOff", "encryption_off", 404, "This deployment does not seal events")
 BlockNotFound = _error("BlockNotFound", "block_not_found", 404, "No block with this label")
 ReadOnlyBlock = _error("ReadOnlyBlock", "readonly_block", 409, "The block is read-only")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import io
 from typing import Any
 
 import httpx
@@ -292,3 +293,23 @@ async def test_a_readonly_block_whose_object_is_missing_is_refused_not_rendered_
     assert history.json()["messages"] == []
     assert await prompt(client, s, min_seq=cleared.json()["seq"]) == frozen
     problem(await client.post(f"/v1/sessions/{s}/system-prompt:refresh"), 409, "source_missing")
+
+
+async def test_a_readonly_block_whose_object_is_not_text_is_refused_not_a_500(
+    client: httpx.AsyncClient, api_settings: Settings
+) -> None:
+    s = sid()
+    bucket = new_bucket(api_settings)
+    data = b"\xff\xfe policy"
+    minio(api_settings).put_object(bucket, tenant_key("policy.bin"), io.BytesIO(data), len(data))
+    await append(client, s, msg("m1", "hello"))
+    source = {"bucket": bucket, "key": "policy.bin"}
+    seq = await configure(client, s, {"blocks": [{"kind": "readonly", "label": "policy", "source": source}]})
+    last = await last_seq(client, s)
+    for r in [
+        await client.get(f"/v1/sessions/{s}/context", params={"min_seq": seq}),
+        await client.get(f"/v1/sessions/{s}/system-prompt"),
+    ]:
+        detail = problem(r, 409, "source_not_text")["detail"]
+        assert f"'policy.bin' in bucket {bucket!r} is not UTF-8 text" in detail, detail
+    assert await last_seq(client, s) == last  # no prompt was frozen
