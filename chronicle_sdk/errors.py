@@ -178,6 +178,13 @@ class BudgetExceeded(InvalidRequest):
     default_code = "budget_exceeded"
 
 
+class CursorOrderMismatch(InvalidRequest):
+    """A session list's ``cursor`` was given by a list in the other ``order``; start that order
+    from its first page."""
+
+    default_code = "cursor_order_mismatch"
+
+
 class IdempotencyKeyReused(InvalidRequest):
     """The ``Idempotency-Key`` was used for a request with other values (``POST …/usage`` with
     other amounts, for as long as the session lives); nothing was written. Use a new key per call."""
@@ -317,6 +324,7 @@ BY_CODE: dict[str, type[ChronicleError]] = {
         BlockNotFound,
         UnknownTool,
         BudgetExceeded,
+        CursorOrderMismatch,
         IdempotencyKeyReused,
         InvalidConfig,
         InvalidId,
@@ -381,6 +389,7 @@ __all__ = [
     "ChronicleError",
     "Conflict",
     "Contention",
+    "CursorOrderMismatch",
     "EncryptionOff",
     "EventIdTaken",
     "Gone",

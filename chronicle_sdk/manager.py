@@ -5,7 +5,7 @@ from __future__ import annotations
 import builtins
 import uuid
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, Literal
 
 from chronicle_sdk.config import ConfigBuilder
 from chronicle_sdk.connection import Connection, Via, quote
@@ -303,13 +303,18 @@ class SessionManager(ConfigBuilder):
         """``compact`` on one session (see :meth:`Session.compact`)."""
         return await self.get_session(session_id).compact(leaf_id)
 
-    async def list(self, limit: int | None = None) -> builtins.list[SessionInfo]:
-        """Live sessions, newest first (``list()``); every page unless ``limit`` is given."""
+    async def list(
+        self, limit: int | None = None, *, order: Literal["recent", "created"] = "recent"
+    ) -> builtins.list[SessionInfo]:
+        """Live sessions, most recently active first (``list()``: the reference's ``ORDER BY
+        updated_at DESC``; any event of a session, an append, a rename, usage, makes it the most
+        recent); ``order="created"`` lists them newest created first. Every page unless ``limit``
+        is given. Sessions active while the pages are read may be missed, never listed twice."""
         found: builtins.list[SessionInfo] = []
-        cursor: int | None = None
+        cursor: int | str | None = None
         while True:
             page = 200 if limit is None else min(200, limit - len(found))
-            params: dict[str, Any] = {"limit": page}
+            params: dict[str, Any] = {"limit": page, "order": order}
             if cursor is not None:
                 params["cursor"] = cursor
             out = await self.client.request("GET", "/v1/sessions", params=params, tenant_wide=True)

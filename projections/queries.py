@@ -22,6 +22,7 @@ T = TypeVar("T")
 
 SEARCH_CANDIDATES = 1000  # newest matches ranked
 SEARCH_SAMPLE = 1000  # newest messages of the scope that give BM25 its document frequencies
+MAX_BIGINT = 2**63 - 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,13 +138,52 @@ async def is_erased(conn: Conn, tenant: str, session: str) -> bool:
 
 
 async def list_sessions(conn: Conn, tenant: str, limit: int, before_seq: int | None) -> list[SessionRow]:
-    """Live sessions, newest first; ``before_seq`` is the cursor (a ``created_seq``)."""
+    """Live sessions, newest created first; ``before_seq`` is the cursor (a ``created_seq``)."""
     async with conn.cursor(row_factory=class_row(SessionRow)) as cur:
         await cur.execute(
             f"SELECT {_SESSION_COLS} FROM sessions WHERE tenant = %s AND deleted_at IS NULL AND id <> '' "
             "AND (%s::bigint IS NULL OR created_seq < %s) ORDER BY created_seq DESC LIMIT %s",
             (tenant, before_seq, before_seq, limit),
         )
+        return await cur.fetchall()
+
+
+ACTIVITY_SHIFT = 16
+"""``sessions.activity`` is ``last_seq >> ACTIVITY_SHIFT`` (migration 022's generated column)."""
+# Every touch of a session changes its ``last_seq``, so it is not indexed (the touches stay HOT):
+# the index holds its coarse ``activity``, and the exact order within a bucket comes from an
+# incremental sort of the index walk. With explicit sorts off (for this statement only), no plan
+# but that walk is left, whatever the planner knows of the table (it may never have been
+# analysed): every other plan sorts all the tenant's sessions. The walk reads the page and the
+# rest of the last bucket it reaches: at most 2**16 stream sequences, so at most that many
+# sessions, in practice the tenant's sessions active in that stretch of the log; each bucket is
+# sorted in memory, top-N bounded by the page.
+RECENT_PLAN = "SET LOCAL enable_sort = off"
+RECENT = (
+    f"SELECT {_SESSION_COLS} FROM sessions WHERE tenant = %(t)s AND deleted_at IS NULL AND id <> '' "
+    "AND activity <= %(a)s AND (last_seq, id) < (%(s)s, %(i)s) "
+    "ORDER BY activity DESC, last_seq DESC, id DESC LIMIT %(n)s"
+)
+
+
+def recent_params(tenant: str, limit: int, after: tuple[int, str] | None) -> dict[str, Any]:
+    """:data:`RECENT`'s parameters; ``after`` is the cursor ``(last_seq, id)``."""
+    seq, sid = after if after is not None else (MAX_BIGINT, "")
+    return {"t": tenant, "a": seq >> ACTIVITY_SHIFT, "s": seq, "i": sid, "n": limit}
+
+
+async def list_sessions_recent(conn: Conn, tenant: str, limit: int, after: tuple[int, str] | None) -> list[SessionRow]:
+    """Live sessions, most recently active first (the highest ``last_seq``: the session's last
+    event of any kind), ties impossible (a sequence is one event's) but broken by id.
+
+    ``after`` is the cursor, the last row of the previous page as ``(last_seq, id)``: the page
+    holds the sessions ordered after it. A session is on at most one page of a walk (its
+    ``last_seq`` only grows, so once passed it stays before the cursor); one active again while
+    the pages are walked moves before the cursor, so a walk misses it unless it was already
+    seen: a fresh first page shows it."""
+    async with conn.transaction(), conn.cursor(row_factory=class_row(SessionRow)) as cur:
+        await cur.execute(RECENT_PLAN)
+        await cur.execute(RECENT, recent_params(tenant, limit, after))
         return await cur.fetchall()
 
 

@@ -25,6 +25,9 @@ UnsupportedMediaType = _error(
     "UnsupportedMediaType", "unsupported_media_type", 415, "The request body is not declared as JSON"
 )
 InvalidId = _error("InvalidId", "invalid_id", 422, "An id is not valid")
+CursorOrderMismatch = _error(
+    "CursorOrderMismatch", "cursor_order_mismatch", 422, "The cursor was given by a list in another order"
+)
 Unauthorized = _error("Unauthorized", "unauthorized", 401, "Missing or unknown API key")
 SessionNotFound = _error("SessionNotFound", "session_not_found", 404, "Session not found")
 ErasedSession = _error("ErasedSession", "session_erased", 410, "The session is erased")

@@ -91,7 +91,10 @@ class DataKey(_Answer):
 
 class SessionPage(_Answer):
     sessions: list[Session]
-    next_cursor: int | None
+    next_cursor: int | str | None = Field(
+        description="the next page's `cursor` (an integer for `order=created`, a string for `order=recent`), "
+        "null on the last page"
+    )
 
 
 class MessageRead(RootModel[Message]):

@@ -2,7 +2,7 @@
 
 import base64
 import logging
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Query
 
@@ -24,8 +24,9 @@ from services.api.deps import (
 )
 from services.api.models import ok
 from services.api.strict_json import StrictJsonRoute
-from services.errors import EncryptionOff
+from services.errors import CursorOrderMismatch, EncryptionOff
 from services.requests import writes
+from services.requests.checks import no_nul
 
 router = APIRouter(route_class=StrictJsonRoute)
 IdempotencyKeyHeader = Annotated[
@@ -62,18 +63,69 @@ async def create_session(body: CreateSessionBody, tenant: Tenant, c: ContainerDe
     return out
 
 
+RECENT_CURSOR = "recent."
+"""How a cursor of ``order=recent`` starts: ``recent.<last_seq>.<id>`` (a ``created`` cursor is
+the integer ``created_seq``, as before ``order`` existed)."""
+CURSOR_PATTERN = r"^(?:[0-9]{1,19}|recent\.[0-9]{1,19}\..*)$"
+
+
+def _cursor_of(order: str, cursor: str | None) -> int | tuple[int, str] | None:
+    """The cursor (its form checked by :data:`CURSOR_PATTERN`) as the order's query takes it, or
+    ``422 cursor_order_mismatch`` for one another order gave. A sequence past the largest is
+    the largest (the same page)."""
+    if cursor is None:
+        return None
+    no_nul(cursor, "cursor")
+    if cursor.startswith(RECENT_CURSOR):
+        if order != "recent":
+            raise CursorOrderMismatch("this cursor was given by order=recent; start order=created from its first page")
+        seq, _, sid = cursor[len(RECENT_CURSOR) :].partition(".")
+        return min(int(seq), MAX_SEQ), sid
+    if order != "created":
+        raise CursorOrderMismatch("this cursor was given by order=created; start order=recent from its first page")
+    return min(int(cursor), MAX_SEQ)
+
+
 @router.get("/v1/sessions", response_model=None, responses=ok(m.SessionPage))
 async def list_sessions(
     tenant: Tenant,
     c: ContainerDep,
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
-    cursor: Annotated[int | None, Query(ge=0, le=MAX_SEQ)] = None,
+    order: Annotated[
+        Literal["created", "recent"],
+        Query(
+            description="`created`: newest created first (the default). `recent`: most recently active "
+            "first (the session's last event of any kind: append, rename, usage, ...), as the reference's "
+            "`list()`"
+        ),
+    ] = "created",
+    cursor: Annotated[
+        str | None,
+        Query(
+            max_length=1024,
+            pattern=CURSOR_PATTERN,
+            description="`next_cursor` of the previous page, as it came; only valid with the `order` "
+            "that gave it (else `422 cursor_order_mismatch`)",
+        ),
+    ] = None,
     min_seq: MinSeq = None,
 ) -> dict[str, Any]:
+    """Live sessions of the tenant, a page at a time (``next_cursor``: the next page's
+    ``cursor``, null on the last one). Paging ``order=recent`` while sessions are active: no
+    session is on two pages, and every session not active since the first page is on one; a
+    session active again meanwhile moves before the pages already read, so the walk shows it
+    only if it had already passed it (a new first page shows it first)."""
+    after = _cursor_of(order, cursor)
     await caught_up_all(c, min_seq)
     async with c.pool.connection() as conn:
-        rows = await queries.list_sessions(conn, tenant, limit, cursor)
-    nxt = rows[-1].created_seq if len(rows) == limit else None
+        if order == "recent":
+            rows = await queries.list_sessions_recent(conn, tenant, limit, after if isinstance(after, tuple) else None)
+        else:
+            rows = await queries.list_sessions(conn, tenant, limit, after if isinstance(after, int) else None)
+    nxt: int | str | None = None
+    if len(rows) == limit:
+        last = rows[-1]
+        nxt = f"{RECENT_CURSOR}{last.last_seq}.{last.id}" if order == "recent" else last.created_seq
     return {"sessions": [_session_json(r) for r in rows], "next_cursor": nxt}
 
 

@@ -1,4 +1,5 @@
-"""Sessions over HTTP: create, read, list (newest first, paginated), rename, delete."""
+"""Sessions over HTTP: create, read, list (newest created or most recently active first, paginated),
+rename, delete."""
 
 from __future__ import annotations
 
@@ -138,6 +139,63 @@ async def test_list_last_page_has_no_cursor(client: httpx.AsyncClient) -> None:
         seen.extend(s["id"] for s in page["sessions"])
     assert len(seen) == len(set(seen))
     assert page["next_cursor"] is None
+
+
+async def _recent(client: httpx.AsyncClient, min_seq: int, ours: set[str], limit: int = 500) -> list[str]:
+    """Our sessions in the order of a whole walk of ``order=recent`` (no session on two pages)."""
+    seen: list[str] = []
+    params: dict[str, Any] = {"order": "recent", "limit": limit, "min_seq": min_seq}
+    while True:
+        r = await client.get("/v1/sessions", params=params)
+        assert r.status_code == 200, r.text
+        page = r.json()
+        seen += [s["id"] for s in page["sessions"]]
+        if page["next_cursor"] is None or ours <= set(seen):
+            break
+        assert isinstance(page["next_cursor"], str)
+        params = {"order": "recent", "limit": limit, "cursor": page["next_cursor"]}
+    assert len(seen) == len(set(seen))
+    return [s for s in seen if s in ours]
+
+
+async def test_list_recent_puts_the_most_recently_active_first(client: httpx.AsyncClient) -> None:
+    a, b, c = [(await create(client, id=new_sid("recent")))["id"] for _ in range(3)]
+    ours = {a, b, c}
+    seq = (await append(client, a, msg("m1", "hello")))["seq"]
+    assert await _recent(client, seq, ours) == [a, c, b]
+    r = await client.patch(f"/v1/sessions/{c}", json={"name": "renamed"})
+    assert r.status_code == 200, r.text
+    assert await _recent(client, r.json()["seq"], ours, limit=1) == [c, a, b]  # a page per session
+    r = await client.post(f"/v1/sessions/{b}/usage", json={"input_tokens": 1, "output_tokens": 0, "cost": 0})
+    assert r.status_code == 200, r.text
+    assert await _recent(client, r.json()["seq"], ours) == [b, c, a]
+    r = await client.get("/v1/sessions", params={"limit": 500})  # the default order is still creation
+    assert [s["id"] for s in r.json()["sessions"] if s["id"] in ours] == [c, b, a]
+
+
+async def test_a_cursor_only_pages_the_order_that_gave_it(client: httpx.AsyncClient) -> None:
+    for _ in range(2):
+        await create(client, id=new_sid("cursor"))
+    created = (await client.get("/v1/sessions", params={"limit": 1})).json()["next_cursor"]
+    recent = (await client.get("/v1/sessions", params={"limit": 1, "order": "recent"})).json()["next_cursor"]
+    assert isinstance(created, int)
+    assert isinstance(recent, str)
+    refused: list[dict[str, Any]] = [
+        {"order": "recent", "cursor": created},
+        {"cursor": recent},
+        {"order": "created", "cursor": recent},
+    ]
+    for params in refused:
+        problem = assert_problem(await client.get("/v1/sessions", params=params), 422, "cursor_order_mismatch")
+        assert "order=" in problem["detail"]
+    accepted: list[dict[str, Any]] = [{"order": "recent", "cursor": recent}, {"order": "created", "cursor": created}]
+    for params in accepted:
+        assert (await client.get("/v1/sessions", params=params)).status_code == 200
+    # a sequence past the largest is the largest: the same page as no cursor
+    first = (await client.get("/v1/sessions", params={"limit": 2, "order": "recent"})).json()
+    past = await client.get("/v1/sessions", params={"limit": 2, "order": "recent", "cursor": f"recent.{'9' * 19}."})
+    assert past.status_code == 200, past.text
+    assert past.json() == first
 
 
 async def test_rename(client: httpx.AsyncClient) -> None:

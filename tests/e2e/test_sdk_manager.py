@@ -49,9 +49,13 @@ async def test_list_rename_delete(manager: SessionManager) -> None:
     listed = {s.id: s for s in await manager.list()}
     assert {a.id, b.id} <= set(listed)
     order = [s.id for s in await manager.list()]
-    assert order.index(b.id) < order.index(a.id)  # newest first
+    assert order.index(b.id) < order.index(a.id)  # most recently active first
     await manager.rename(a.id, "renamed")
     assert {s.id: s.name for s in await manager.list()}[a.id] == "renamed"
+    order = [s.id for s in await manager.list()]
+    assert order.index(a.id) < order.index(b.id)  # the rename made a the most recent (the reference's updated_at)
+    order = [s.id for s in await manager.list(order="created")]
+    assert order.index(b.id) < order.index(a.id)  # newest created first
     await manager.delete(b.id)
     assert await manager.get(b.id) is None
     assert b.id not in {s.id for s in await manager.list()}

@@ -5,10 +5,14 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
+import psycopg
+
 from events.catalog import MessageAppended, MessageBodyEvent, SessionRenamed
 from events.messages import body_hash
 from events.publisher import HDR_MSG_ID
 from events.registry import decode
+from projections.rebuild import checksums, rebuild_into
+from services.bootstrap import Container
 from services.settings import Settings
 from tests.conftest import tenant_nats
 
@@ -63,3 +67,12 @@ async def take_event_id(settings: Settings, tenant: str, event_id: str) -> int:
         await nc.close()
     assert not ack.duplicate
     return int(ack.seq)
+
+
+async def assert_rebuild_equals_live(c: Container, db: str, name: str, schema: str = "shadow") -> None:
+    """Replaying the log into ``schema`` of ``db`` gives the live read models' rows (whole rows)."""
+    async with await psycopg.AsyncConnection.connect(db) as conn:
+        live = await checksums(conn, "public")
+    await rebuild_into(c.js, c.layout, db, schema, c.projections(), name, keys=c.keys)
+    async with await psycopg.AsyncConnection.connect(db) as conn:
+        assert await checksums(conn, schema) == live

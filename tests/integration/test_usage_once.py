@@ -10,17 +10,16 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
-import psycopg
 import pytest
 
 from events.catalog import SessionCreated, SessionRenamed, SessionUsageAdded
 from events.ids import derived_id
 from events.publisher import Publisher
-from projections.rebuild import checksums, rebuild_into
 from services.audit import readers as audit
 from services.bootstrap import Container
 from services.errors import IdempotencyKeyConflict, IdempotencyKeyReused
 from tests.conftest import make_settings, running_stack
+from tests.integration.helpers import assert_rebuild_equals_live
 
 T = "tenant-a"
 
@@ -48,14 +47,6 @@ async def stored_again(c: Container, sid: str, seq: int) -> int:
     msg = await c.js.get_msg(c.layout.stream, seq)
     ack = await c.js.publish(c.layout.session_subject(T, sid), msg.data or b"", stream=c.layout.stream)
     return int(ack.seq)
-
-
-async def assert_rebuild_equals_live(c: Container, db: str, name: str) -> None:
-    async with await psycopg.AsyncConnection.connect(db) as conn:
-        live = await checksums(conn, "public")
-    await rebuild_into(c.js, c.layout, db, "shadow", c.projections(), name, keys=c.keys)
-    async with await psycopg.AsyncConnection.connect(db) as conn:
-        assert await checksums(conn, "shadow") == live
 
 
 async def test_a_usage_event_stored_twice_is_counted_once_live_and_in_a_rebuild(
