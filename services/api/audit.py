@@ -10,6 +10,7 @@ from fastapi import APIRouter, Query, Response
 
 from projections import context_queries, queries
 from projections.overlays import failures
+from projections.reclaimed import reclaim, reclaimed_in
 from services.api import models as m
 from services.api.deps import (
     MAX_SEQ,
@@ -26,7 +27,6 @@ from services.api.models import ok
 from services.api.strict_json import StrictJsonRoute
 from services.audit.quarantine import list_quarantined
 from services.bootstrap import Container
-from services.context.rules import reclaim, reclaimed_in
 
 router = APIRouter(route_class=StrictJsonRoute)
 JSON = "application/json"

@@ -8,6 +8,7 @@ from fastapi import APIRouter, Query, Response
 from events.messages import stored_json
 from projections import context_queries, queries
 from projections.overlays import Overlay, apply_overlays, overlay_json, send_overlays
+from projections.reclaimed import reclaim, reclaimed_in
 from services.api import models as m
 from services.api.deps import MAX_SEQ, ContainerDep, LeafId, MinSeq, Sid, Tenant, caught_up, check_id, require_session
 from services.api.models import ok
@@ -16,7 +17,6 @@ from services.api.strict_json import StrictJsonRoute
 from services.audit import readers as audit
 from services.bootstrap import Container
 from services.compaction.micro import recent_window, truncate_older_messages
-from services.context.rules import reclaim, reclaimed_in
 
 HISTORY_LIMIT = 10_000
 """How many messages a history answers by default (the recent end of a longer path)."""

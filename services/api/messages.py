@@ -11,6 +11,7 @@ from events.commands import MAX_DELETE_IDS
 from events.objects import NotTheOwner, is_sealed_object, open_object
 from events.sealing import KeyUnavailable, SealBroken
 from projections import context_queries, queries
+from projections.reclaimed import reclaim, reclaimed_in
 from services.api import metrics
 from services.api import models as m
 from services.api.bodies import AppendBatchBody, AppendBody, DeleteMessagesBody, UpdateBody
@@ -30,7 +31,6 @@ from services.api.models import ok
 from services.api.responses import JSON, raw_json
 from services.api.strict_json import StrictJsonRoute
 from services.bootstrap import Container
-from services.context.rules import reclaim, reclaimed_in
 from services.errors import InvalidRequest, MessageNotFound, NotFound
 from services.requests import writes
 

@@ -1,11 +1,8 @@
 """What context memory decides without I/O: where a tenant's objects live, how an append joins,
-which configured keys are unsafe, which skills a block allows, and how unloaded skills' outputs
-show in stored messages."""
+which configured keys are unsafe and which skills a block allows (how unloaded skills' outputs
+show in stored messages: projections/reclaimed.py)."""
 
 from __future__ import annotations
-
-import json
-from dataclasses import dataclass
 
 from events.context import ReadonlyBlock, SearchableBlock, SessionConfig, SkillsBlock, WritableBlock
 from services.context.entry_keys import unsafe_object_key, unsafe_prefix
@@ -67,45 +64,3 @@ def find_block(
     config: SessionConfig, label: str
 ) -> ReadonlyBlock | WritableBlock | SearchableBlock | SkillsBlock | None:
     return next((b for b in config.blocks if b.label == label), None)
-
-
-@dataclass(frozen=True, slots=True)
-class Reclaimed:
-    """Unloaded skills' tool outputs: by message, and by tool call alone (message not known)."""
-
-    by_message: dict[str, dict[str, str]]
-    by_call: dict[str, str]
-
-    @property
-    def empty(self) -> bool:
-        """No unloaded output anywhere: every stored message reads as it is."""
-        return not self.by_message and not self.by_call
-
-    def outputs(self, message_id: str, content: str) -> dict[str, str]:
-        """{tool call id: skill key} to show as unloaded in this stored message."""
-        found = dict(self.by_message.get(message_id, {}))
-        for call, key in self.by_call.items():
-            if f'"toolCallId":{json.dumps(call, ensure_ascii=False)}' in content:  # stored compact JSON
-                found.setdefault(call, key)
-        return found
-
-
-def reclaimed_in(rows: dict[tuple[str, str], str]) -> Reclaimed:
-    """:func:`projections.context_queries.reclaimed` rows, grouped for history reads."""
-    by_message: dict[str, dict[str, str]] = {}
-    by_call: dict[str, str] = {}
-    for (mid, call), key in rows.items():
-        if mid:
-            by_message.setdefault(mid, {})[call] = key
-        else:
-            by_call[call] = key
-    return Reclaimed(by_message, by_call)
-
-
-def reclaim(content: str, outputs: dict[str, str]) -> str:
-    """Stored message JSON with unloaded skills' tool outputs shown as ``[skill unloaded: key]``."""
-    body = json.loads(content)
-    for part in body.get("parts") or []:
-        if isinstance(part, dict) and part.get("toolCallId") in outputs:
-            part["output"] = f"[skill unloaded: {outputs[part['toolCallId']]}]"
-    return json.dumps(body, ensure_ascii=False, separators=(",", ":"))

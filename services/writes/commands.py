@@ -42,9 +42,10 @@ from events.objects import is_sealed_object, open_object
 from events.omitted import OMITTED
 from events.publisher import ForeignDuplicate, Publisher
 from events.registry import decode
-from projections import queries
+from projections import context_queries, queries
 from projections.overlays import apply_overlays
 from projections.overlays import overlays as overlays_of
+from projections.reclaimed import reclaim, reclaimed_in
 from services.compaction.micro import ROW_MAX_BYTES, enforce_row_size_limit, json_bytes
 from services.errors import (
     IdempotencyKeyConflict,
@@ -440,20 +441,25 @@ async def fork(
 
     The path's messages are re-recorded on the new session with their ids and parents, and the
     overlay in force on that path is carried over, so the fork reads exactly like the source
-    branch did. The source's log is untouched.
+    branch did. A tool output that an ``unload_context`` reclaimed is copied as history shows it
+    (``[skill unloaded: <key>]``, as the reference's fork copies ``getHistory``), so the skill text
+    does not come back in the fork; a capped message's original keeps what it held. The source's
+    log is untouched.
     """
     await cmd.optimistic.catch_up(tenant, session)
     async with cmd._pool.connection() as conn:
         source = await live_session(conn, tenant, session, must_exist=True)
         rows = await queries.history(conn, tenant, session, at_message_id)
         in_force = await overlays_of(conn, tenant, session)
+        unloaded = reclaimed_in(await context_queries.reclaimed(conn, tenant, session))
     if not rows:
         raise MessageNotFound(f"message {at_message_id!r} is not in this session")
     assert source is not None
     sid = new_id or str(uuid.uuid4())
     events: list[Event] = []
     for row in rows:
-        body = json.loads(row.content)
+        outputs = unloaded.outputs(row.id, row.content)
+        body = json.loads(reclaim(row.content, outputs) if outputs else row.content)
         packed = await cmd._pack(tenant, sid, body)
         if row.original_ref is not None:  # a capped message keeps its original in the fork too
             packed = {**packed, **await cmd.carried_original(tenant, session, sid, row.original_ref)}

@@ -173,13 +173,18 @@ async def history_parts(client: httpx.AsyncClient, s: str, min_seq: int) -> dict
     return {m["id"]: m["parts"] for m in r.json()["messages"]}
 
 
-async def test_history_view_shows_unloaded_skills(client: httpx.AsyncClient, api_settings: Settings) -> None:
-    bucket = new_bucket(api_settings)
+async def pirate_and_tax(client: httpx.AsyncClient, api_settings: Settings) -> str:
+    """A new session with a skills block holding "pirate" and "tax"; its id."""
     s = sid()
     assert (await client.post("/v1/sessions", json={"id": s})).status_code == 201
-    await configure(client, s, {"blocks": [skills_block(bucket)]})
+    await configure(client, s, {"blocks": [skills_block(new_bucket(api_settings))]})
     await set_skill(client, s, "pirate", PIRATE, "Talk like a pirate")
     await set_skill(client, s, "tax", "Tax doc", "Tax")
+    return s
+
+
+async def test_history_view_shows_unloaded_skills(client: httpx.AsyncClient, api_settings: Settings) -> None:
+    s = await pirate_and_tax(client, api_settings)
 
     user = {"id": "u1", "role": "user", "parts": [{"type": "text", "text": "talk like a pirate"}]}
     assert (await client.post(f"/v1/sessions/{s}/messages", json={"message": user})).status_code == 201
@@ -254,6 +259,45 @@ async def test_unload_in_the_same_turn_reclaims_an_output_not_stored_yet(
     assert parts[1]["output"] == "x"  # another call in the same message is untouched
     one = await client.get(f"/v1/sessions/{s}/messages/a1")
     assert one.json()["parts"][0]["output"] == "[skill unloaded: pirate]"
+
+
+async def test_a_fork_keeps_unloaded_skills_unloaded(client: httpx.AsyncClient, api_settings: Settings) -> None:
+    """A fork copies the path as history shows it (the reference copies ``getHistory``): an output
+    an unload reclaimed, by message or by tool call alone, reads ``[skill unloaded: <key>]`` in
+    the fork too, and the fork's own events hold the marker, so a rebuild reads the same."""
+    s = await pirate_and_tax(client, api_settings)
+
+    doc, _ = await tool(client, s, "load_context", {"label": "skills", "key": "pirate"})
+    a1 = {"id": "a1", "role": "assistant", "parts": [load_part("c1", "pirate", doc), load_part("c2", "tax", "Tax doc")]}
+    assert (await client.post(f"/v1/sessions/{s}/messages", json={"message": a1})).status_code == 201
+    await tool(client, s, "unload_context", {"label": "skills", "key": "pirate"})  # reclaimed in message a1
+    r = await client.post(
+        f"/v1/sessions/{s}/tools/load_context", params={"tool_call_id": "c3"}, json={"label": "skills", "key": "pirate"}
+    )
+    assert r.json()["result"] == PIRATE
+    await tool(client, s, "unload_context", {"label": "skills", "key": "pirate"})  # by call: a2 not stored yet
+    a2 = {"id": "a2", "role": "assistant", "parts": [load_part("c3", "pirate", PIRATE)]}
+    r = await client.post(f"/v1/sessions/{s}/messages", json={"message": a2})
+    assert r.status_code == 201, r.text
+    source = await history_parts(client, s, r.json()["seq"])
+
+    r = await client.post(f"/v1/sessions/{s}/fork", json={"at_message_id": "a2"})
+    assert r.status_code == 201, r.text
+    fork, seq = r.json()["id"], r.json()["seq"]
+    forked = await history_parts(client, fork, seq)
+    assert forked == source
+    assert forked["a1"][0]["output"] == "[skill unloaded: pirate]"
+    assert forked["a1"][1]["output"] == "Tax doc"  # the output not unloaded is copied as it was
+    assert forked["a2"][0]["output"] == "[skill unloaded: pirate]"
+    # the fork's own log holds the marker (nothing computed on read): rebuild equals live
+    copies = [e["event"] for e in await events(client, fork) if e["event"]["type"] == "message.appended"]
+    assert [m["message"]["parts"][0]["output"] for m in copies] == ["[skill unloaded: pirate]"] * 2
+    assert PIRATE not in json.dumps(copies, ensure_ascii=False)
+    # the source's log keeps the originals
+    originals = [e["event"] for e in await events(client, s) if e["event"]["type"] == "message.appended"]
+    assert [m["message"]["parts"][0]["output"] for m in originals] == [PIRATE, PIRATE]
+    verify = chronicle_cli(api_settings, "verify", timeout=300)
+    assert verify.returncode == 0, verify.stdout + verify.stderr
 
 
 async def test_a_tool_call_id_is_checked(client: httpx.AsyncClient, api_settings: Settings) -> None:

@@ -27,7 +27,8 @@ from events.catalog import (
 from events.context import ReadonlyBlock, SearchableBlock, SessionConfig, SkillsBlock, WritableBlock
 from events.ids import TENANT_SCOPE
 from projections.context import SESSION_TABLES, plan
-from services.context.rules import joined, reclaim
+from projections.reclaimed import reclaim
+from services.context.rules import joined
 
 T, S = "acme", "chat-1"
 
