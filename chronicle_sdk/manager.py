@@ -9,9 +9,9 @@ from typing import Any, Literal
 
 from chronicle_sdk.config import ConfigBuilder
 from chronicle_sdk.connection import Connection, Via, quote
-from chronicle_sdk.errors import ChronicleError, SessionExists, SessionNotFound
+from chronicle_sdk.errors import ChronicleError, InvalidRequest, SessionExists, SessionNotFound
 from chronicle_sdk.session import Session
-from chronicle_sdk.tools import SESSION_SEARCH, Tools
+from chronicle_sdk.tools import MAX_QUERY_CHARS, SESSION_SEARCH, Tools, arguments_error, arguments_fault
 from chronicle_sdk.types import OMITTED, Compaction, Message, ParentId, SearchResult, SessionInfo
 
 NO_RESULTS = "No results found."
@@ -229,15 +229,25 @@ class SessionManager(ConfigBuilder):
         """``{session_search}`` (``manager.tools()``), run here through :meth:`search` with limit 10.
 
         Not part of ``Session.tools()``; merge them with ``await session.tools() + manager.tools()``.
+        A query over :data:`~chronicle_sdk.tools.MAX_QUERY_CHARS` characters answers
+        ``No results found.``, as ``search_context`` does; arguments and failures are treated as
+        :meth:`Tools.execute` says (transport failures raise).
         """
 
         async def session_search(_name: str, args: dict[str, Any]) -> str:
             query = args.get("query")
             if not isinstance(query, str):
                 return "Error: argument 'query' must be a string"
+            problem = arguments_error(args)
+            if problem is not None:
+                return problem
+            if len(query) > MAX_QUERY_CHARS:  # finds nothing, as search_context answers (no request)
+                return "No results found."
             try:
                 return format_session_search(await self.search(query, limit=10))
-            except ChronicleError as exc:
+            except InvalidRequest as exc:
+                if not arguments_fault(exc):
+                    raise
                 return f"Error: {exc.detail}"
 
         return Tools([SESSION_SEARCH], {SESSION_SEARCH.name: session_search})

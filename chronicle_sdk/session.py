@@ -10,8 +10,8 @@ from typing import TYPE_CHECKING, Any
 
 from chronicle_sdk.config import ConfigBuilder, parse_config
 from chronicle_sdk.connection import Connection, Via, quote
-from chronicle_sdk.errors import InvalidConfig, NotFound, RateLimited, Unavailable
-from chronicle_sdk.tools import ToolDefinition, Tools, parse_arguments
+from chronicle_sdk.errors import InvalidConfig, InvalidRequest, NotFound, RateLimited, Unavailable
+from chronicle_sdk.tools import ToolDefinition, Tools, arguments_error, arguments_fault, parse_arguments
 from chronicle_sdk.types import (
     OMITTED,
     AppendResult,
@@ -24,6 +24,7 @@ from chronicle_sdk.types import (
     SearchResult,
     SystemPrompt,
 )
+from events.admission import has_bad_chars
 
 if TYPE_CHECKING:
     from chronicle_sdk.config import Provider
@@ -480,8 +481,21 @@ class Session(ConfigBuilder):
         return Tools(definitions, {d.name: remote for d in definitions})
 
     async def _execute(self, name: str, arguments: dict[str, Any], tool_call_id: str | None = None) -> str:
+        """The tool's result; what is the arguments' fault is an ``Error: …`` result (see
+        :meth:`Tools.execute`), anything else raises."""
+        problem = arguments_error(arguments)
+        if problem is None and tool_call_id is not None and has_bad_chars(tool_call_id):
+            problem = "Error: the tool call id must not contain NUL characters or lone surrogates"
+        if problem is not None:
+            return problem
+        await self._ensure_ready()  # the builder's config goes first: its refusal is not the arguments'
         tail = f"/tools/{quote(name)}" + (f"?tool_call_id={quote(tool_call_id)}" if tool_call_id is not None else "")
-        out = await self._write("POST", tail, arguments, idempotent=False)
+        try:
+            out = await self._write("POST", tail, arguments, idempotent=False)
+        except InvalidRequest as exc:
+            if not arguments_fault(exc):
+                raise
+            return f"Error: {exc.detail}"
         return str(out["result"])
 
     async def execute_tool(self, name: str, arguments: Any = None, *, tool_call_id: str | None = None) -> str:

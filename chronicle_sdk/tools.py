@@ -7,6 +7,16 @@ from collections.abc import Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from chronicle_sdk.errors import InvalidRequest, MalformedJson, PayloadTooLarge
+from events.admission import has_bad_chars
+
+MAX_ARGUMENT_DEPTH = 64
+"""The deepest nesting of arrays and objects Chronicle takes in tool arguments (the server's
+request-body limit; the arguments object itself is 1)."""
+
+MAX_QUERY_CHARS = 1000
+"""The longest search query the API takes (``GET …/search``'s ``q``)."""
+
 Executor = Callable[[str, dict[str, Any]], Awaitable[str]]
 
 
@@ -51,9 +61,56 @@ def parse_arguments(arguments: Any) -> dict[str, Any] | str:
             arguments = json.loads(arguments)
         except json.JSONDecodeError as exc:
             return f"Error: tool arguments are not valid JSON: {exc.msg}"
+        except RecursionError:
+            return f"Error: tool arguments are nested deeper than {MAX_ARGUMENT_DEPTH} levels"
     if not isinstance(arguments, dict):
         return "Error: tool arguments must be a JSON object"
     return arguments
+
+
+def arguments_error(arguments: dict[str, Any]) -> str | None:
+    """The ``Error: …`` string for arguments Chronicle would refuse, or None.
+
+    Checked before anything is sent, in the server's words: nesting deeper than
+    :data:`MAX_ARGUMENT_DEPTH`, NUL characters or lone surrogates (which no JSON encoder can
+    send as UTF-8), numbers that are not finite, and values JSON cannot hold.
+    """
+    if _too_deep(arguments, MAX_ARGUMENT_DEPTH):
+        return f"Error: tool arguments are nested deeper than {MAX_ARGUMENT_DEPTH} levels"
+    bad_chars = "Error: tool arguments must not contain NUL characters or lone surrogates"
+    if has_bad_chars(arguments):
+        return bad_chars
+    try:
+        json.dumps(arguments, allow_nan=False, ensure_ascii=False).encode()
+    except UnicodeEncodeError:  # a lone surrogate in a tuple, which has_bad_chars does not walk
+        return bad_chars
+    except ValueError:
+        return "Error: tool arguments are not valid JSON: numbers must be finite"
+    except TypeError as exc:
+        return f"Error: tool arguments are not valid JSON: {exc}"
+    return None
+
+
+def arguments_fault(exc: InvalidRequest) -> bool:
+    """Whether the server refused a tool call for its arguments (then the call's result is
+    ``Error: <detail>``): a plain ``422 invalid_request`` (the body, or the tool call id),
+    ``malformed_json`` or ``413 payload_too_large``; not a bad session id (``invalid_id``), a
+    builder config (``invalid_config``) or a client that does not fit the server (405, 415)."""
+    return type(exc) is InvalidRequest or isinstance(exc, MalformedJson | PayloadTooLarge)
+
+
+def _too_deep(value: Any, limit: int) -> bool:
+    """True when ``value`` nests lists/dicts deeper than ``limit`` (iterative: any depth is safe)."""
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        children = item.values() if isinstance(item, dict) else item if isinstance(item, list | tuple) else None
+        if children is None:
+            continue
+        if depth > limit:
+            return True
+        stack.extend((child, depth + 1) for child in children if isinstance(child, dict | list | tuple))
+    return False
 
 
 class Tools:
@@ -98,8 +155,19 @@ class Tools:
         message holding it is appended (other executors are called without it).
 
         Like the reference, tool failures never raise: they come back as ``Error: …`` strings, so
-        a model's bad call cannot orphan the conversation. Transport and authentication failures
-        (after the client's retries) do raise :class:`~chronicle_sdk.ChronicleError`.
+        a model's bad call cannot orphan the conversation. That covers everything that is the
+        arguments' fault: text that is not JSON or nests too deeply to parse, a value that is not
+        an object, an unknown tool, and for Chronicle's tools arguments the server would refuse
+        (NUL characters, lone surrogates, nesting deeper than 64 levels,
+        numbers that are not finite: checked before sending) or does refuse (any ``422``
+        ``invalid_request``, ``413 payload_too_large``: :func:`chronicle_sdk.tools.arguments_fault`), and the
+        tools' own failures (unknown label, read-only block, over budget …).
+
+        What is not the arguments' fault raises :class:`~chronicle_sdk.ChronicleError` as any
+        other call does: the server unreachable or failing (:class:`~chronicle_sdk.TransientError`,
+        after the client's retries; :class:`~chronicle_sdk.ServerError`), authentication
+        (:class:`~chronicle_sdk.Unauthorized`), the session deleted or erased, an invalid session
+        id, and the builder's config refused when it is sent before the first call.
         """
         executor = self._exec.get(name)
         if executor is None:
@@ -145,4 +213,13 @@ SESSION_SEARCH = ToolDefinition(
 """The reference's ``session_search`` tool (``SessionManager.tools()``), word for word."""
 
 
-__all__ = ["SESSION_SEARCH", "ToolDefinition", "Tools", "parse_arguments"]
+__all__ = [
+    "MAX_ARGUMENT_DEPTH",
+    "MAX_QUERY_CHARS",
+    "SESSION_SEARCH",
+    "ToolDefinition",
+    "Tools",
+    "arguments_error",
+    "arguments_fault",
+    "parse_arguments",
+]

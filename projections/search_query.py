@@ -26,6 +26,7 @@ from typing import Any, Literal
 # The text search configuration of a tenant without a language setting (migration 010).
 CONFIG = "chronicle_search.english"
 MAX_PARTS = 16  # later parts of a longer query are ignored (each part costs a term in the SQL)
+MAX_QUERY_CHARS = 1000  # the longest query the search routes take; the tools find nothing for longer
 K1 = 1.2
 B = 0.75
 

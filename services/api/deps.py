@@ -12,6 +12,7 @@ from events.commands import MessageId
 from events.commands import MessageJson as MessageJson
 from events.commands import SessionId as SessionId
 from projections import queries
+from projections.search_query import MAX_QUERY_CHARS
 from services.bootstrap import Container
 from services.errors import Unauthorized
 from services.requests.checks import check_id as check_id
@@ -66,7 +67,7 @@ def idempotency_key(description: str) -> Any:
 
 
 MinSeq = Annotated[int | None, Query(ge=0, le=MAX_SEQ)]
-SearchQuery = Annotated[str, Query(min_length=1, max_length=1000, pattern=r"^[^\x00]*$")]
+SearchQuery = Annotated[str, Query(min_length=1, max_length=MAX_QUERY_CHARS, pattern=r"^[^\x00]*$")]
 Limit = Annotated[int, Query(ge=1, le=200)]
 
 # Ids are checked by :func:`check_id` (``422 invalid_id``); these types only document the rules.

@@ -22,6 +22,7 @@ from events.catalog import (
 from events.context import ReadonlyBlock, SearchableBlock, SessionConfig, SkillsBlock, WritableBlock
 from events.publisher import Publisher
 from projections import context_queries, queries
+from projections.search_query import MAX_QUERY_CHARS
 from services.context.prompt_text import RenderedBlock, history_summary, search_summary, skill_listing
 from services.context.rules import Sources, allowed, find_block, joined, object_key, refuse_unsafe, unsafe_keys
 from services.errors import (
@@ -260,7 +261,9 @@ class ContextBlocks:
     # -- search -----------------------------------------------------------------------------
 
     async def search(self, tenant: str, session: str, label: str, query: str) -> str | None:
-        if not query.strip():
+        """``search_context``'s hits, or None: a blank query, or one longer than the search
+        routes take (as ``session_search`` answers it), finds nothing."""
+        if not query.strip() or len(query) > MAX_QUERY_CHARS:
             return None
         async with self._pool.connection() as conn:
             config = await self.config(conn, tenant, session)
@@ -272,5 +275,6 @@ class ContextBlocks:
 
     async def session_search(self, tenant: str, query: str) -> str:
         async with self._pool.connection() as conn:
-            hits = await queries.search(conn, tenant, None, query, 10) if query.strip() else []
+            searched = query.strip() and len(query) <= MAX_QUERY_CHARS
+            hits = await queries.search(conn, tenant, None, query, 10) if searched else []
         return "\n---\n".join(f"[{h.role}] {h.content}" for h in hits) if hits else "No results found."

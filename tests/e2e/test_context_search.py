@@ -8,7 +8,11 @@ from typing import Any
 
 import httpx
 
+from chronicle_sdk import SessionManager
+from projections.search_query import MAX_QUERY_CHARS
+from services.settings import Settings
 from tests.e2e.context_support import block, configure, context, events, prompt, refresh, sid, tool
+from tests.e2e.sdk_support import open_client
 
 KNOWLEDGE: dict[str, Any] = {"kind": "searchable", "label": "knowledge", "description": "Searchable docs"}
 
@@ -163,3 +167,33 @@ async def test_searchable_history_spans_the_tenants_sessions(
     # the history block is read-only
     res, _ = await tool(client, s, "set_context", {"label": "past", "content": "x"})
     assert res == 'Error: Block "past" does not support writes'
+
+
+async def test_a_query_longer_than_the_search_routes_take_finds_nothing_in_every_tool(
+    client: httpx.AsyncClient, api_url: str, api_settings: Settings
+) -> None:
+    """``search_context`` (entries and history) and ``session_search`` (the server's and the
+    SDK's) answer a query over 1,000 characters alike: ``No results found.``, as the reference's
+    ``session_search`` turns a failed search into no results; one of 1,000 still searches."""
+    s, other, w = sid(), sid(), word()
+    await post_message(client, other, "m1", "user", f"deploy {w}")
+    await configure(client, s, {"blocks": [KNOWLEDGE], "searchable_history": "past"})
+    await index(client, s, f"deploy {w}", "deploy")
+    fits = f"deploy {w}" + " deploy" * ((MAX_QUERY_CHARS - len(w) - 7) // 7)  # repeats count once
+    fits += " " * (MAX_QUERY_CHARS - len(fits))
+    over = fits + " "
+    assert (len(fits), len(over)) == (MAX_QUERY_CHARS, MAX_QUERY_CHARS + 1)
+
+    async with open_client(api_url, api_settings) as sdk:
+        sdk_tools = SessionManager(sdk).tools()
+        for query, entry, history in (
+            (fits, f"[deploy]\ndeploy {w}", f"[user] deploy {w}"),
+            (over, "No results found.", "No results found."),
+        ):
+            assert await search(client, s, query) == entry
+            assert await search(client, s, query, "past") == history
+            assert (await tool(client, s, "session_search", {"query": query}))[0] == history
+            assert await sdk_tools.execute("session_search", {"query": query}) == history
+    r = await client.get("/v1/search", params={"q": over})
+    assert r.status_code == 422, r.text
+    assert r.json()["code"] == "invalid_request"

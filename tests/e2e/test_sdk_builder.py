@@ -128,6 +128,30 @@ async def test_tools_execute_writes_and_appends(sdk: ChronicleClient) -> None:
     assert missing.startswith("Error: ")
 
 
+async def test_tools_execute_answers_arguments_the_server_refuses_with_error_results(sdk: ChronicleClient) -> None:
+    """The trial's arguments, as an LLM may produce them: each is an ``Error: …`` result, never an
+    exception, and nothing is written."""
+    s = memory_session(sdk).with_context("knowledge", description="Docs", provider=Searchable())
+    tools = await s.tools()
+    assert (await tools.execute("set_context", {"label": "memory", "content": "kept"})).startswith("Written to memory")
+    bad_chars = "Error: tool arguments must not contain NUL characters or lone surrogates"
+    deep = '{"label": "memory", "content": "x", "deep": ' + "[" * 64 + "]" * 64 + "}"
+    for name, arguments, expected in [
+        ("set_context", '{"label":"memory","content":"\\ud800"}', bad_chars),
+        ("set_context", '{"label":"memory","content":"a\\u0000b"}', bad_chars),
+        ("search_context", {"label": "knowledge", "query": "\u0000"}, bad_chars),
+        ("set_context", deep, "Error: tool arguments are nested deeper than 64 levels"),
+    ]:
+        assert await tools.execute(name, arguments) == expected
+    # one the server refuses (its 422 for a tool call id over 256 characters): an Error result too
+    refused = await tools.execute("set_context", {"label": "memory", "content": "x"}, tool_call_id="c" * 257)
+    assert refused.startswith("Error: "), refused
+    assert "tool_call_id" in refused
+    block = await s.get_context_block("memory")
+    assert block is not None
+    assert block.content == "kept"
+
+
 async def test_definitions_for_openai_and_anthropic(sdk: ChronicleClient) -> None:
     tools = await memory_session(sdk).tools()
     [openai] = tools.openai()

@@ -16,8 +16,10 @@ from chronicle_sdk import (
     ChronicleError,
     Conflict,
     IdempotencyKeyReused,
+    InvalidId,
     InvalidRequest,
     MessageConflict,
+    MethodNotAllowed,
     NotFound,
     PayloadTooLarge,
     ProjectionTimeout,
@@ -33,7 +35,7 @@ from chronicle_sdk import (
 )
 from chronicle_sdk.client import MAX_RETRY_AFTER_S
 from chronicle_sdk.errors import error_from_problem
-from chronicle_sdk.tools import ToolDefinition, Tools
+from chronicle_sdk.tools import MAX_QUERY_CHARS, ToolDefinition, Tools
 from chronicle_sdk.types import NatsPublishing, SearchResult
 from events.subjects import SubjectLayout
 
@@ -683,3 +685,150 @@ async def test_end_as_a_command_is_retried_after_a_timeout() -> None:
     await SessionManager(commanding(nc)).end("s1", "done")
     assert nc.subjects == ["c.cmd.tenant-x.session.end"] * 2
     assert nc.payloads == [{"session_id": "s1", "reason": "done"}] * 2
+
+
+# -- tools: what is the arguments' fault is an ``Error: …`` result, anything else raises ----------
+
+NESTED = '{"label": "memory", "content": "x", "deep": ' + "[" * 64 + "]" * 64 + "}"
+"""Arguments nested 65 levels deep (the object is level 1), one more than the server takes."""
+BAD_CHARS = "Error: tool arguments must not contain NUL characters or lone surrogates"
+
+
+def with_tools(answer: Handler) -> Recorder:
+    """A server whose sessions offer set_context, search_context and load_context; tool calls
+    (and anything else) get ``answer``."""
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        if request.method == "GET" and request.url.path.endswith("/tools"):
+            names = ["set_context", "search_context", "load_context"]
+            fns = [{"type": "function", "function": {"name": n, "description": "d", "parameters": {}}} for n in names]
+            return httpx.Response(200, json={"format": "openai", "tools": fns})
+        return answer(request)
+
+    return Recorder(handler)
+
+
+def posts(rec: Recorder) -> list[httpx.Request]:
+    return [r for r in rec.requests if r.method == "POST"]
+
+
+@pytest.mark.parametrize(
+    ("name", "arguments", "expected"),
+    [
+        ("set_context", '{"label":"memory","content":"\\ud800"}', BAD_CHARS),
+        ("set_context", {"label": "memory", "content": "\ud800"}, BAD_CHARS),
+        ("set_context", {"label": "memory", "content": ("\udfff",)}, BAD_CHARS),
+        ("set_context", '{"label":"memory","content":"a\\u0000b"}', BAD_CHARS),
+        ("set_context", {"label": "memory\x00", "content": "a"}, BAD_CHARS),
+        ("search_context", {"label": "knowledge", "query": "\u0000"}, BAD_CHARS),
+        ("set_context", NESTED, "Error: tool arguments are nested deeper than 64 levels"),
+        (
+            "set_context",
+            '{"a": ' + "[" * 100_000 + "]" * 100_000 + "}",
+            "Error: tool arguments are nested deeper than 64 levels",
+        ),
+        (
+            "set_context",
+            '{"label": "memory", "content": NaN}',
+            "Error: tool arguments are not valid JSON: numbers must be finite",
+        ),
+        (
+            "set_context",
+            {"label": "memory", "content": {1, 2}},
+            "Error: tool arguments are not valid JSON: Object of type set is not JSON serializable",
+        ),
+    ],
+)
+async def test_arguments_the_server_would_refuse_are_error_results_and_send_nothing(
+    name: str, arguments: Any, expected: str
+) -> None:
+    rec = with_tools(lambda r: httpx.Response(200, json={"result": "ran", "seq": 1}))
+    async with rec.client() as c:
+        s = Session.create(c, "s")
+        tools = await s.tools()
+        assert await tools.execute(name, arguments, tool_call_id="call-1") == expected
+        assert await tools.execute(name, arguments) == expected
+        assert await s.execute_tool(name, arguments) == expected
+    assert posts(rec) == []
+
+
+async def test_arguments_one_level_within_the_limit_are_sent() -> None:
+    rec = Recorder(lambda r: httpx.Response(200, json={"result": "ran", "seq": 1}))
+    within = '{"label": "memory", "content": "x", "deep": ' + "[" * 63 + "]" * 63 + "}"
+    async with rec.client() as c:
+        assert await Session.create(c, "s").execute_tool("set_context", within) == "ran"
+    assert len(rec.bodies()) == 1
+
+
+async def test_a_bad_tool_call_id_is_an_error_result() -> None:
+    rec = with_tools(lambda r: httpx.Response(200, json={"result": "ran", "seq": 1}))
+    async with rec.client() as c:
+        tools = await Session.create(c, "s").tools()
+        result = await tools.execute("load_context", {"label": "skills", "key": "k"}, tool_call_id="c\ud800")
+    assert result == "Error: the tool call id must not contain NUL characters or lone surrogates"
+    assert posts(rec) == []
+
+
+@pytest.mark.parametrize(
+    ("status", "code", "detail"),
+    [
+        (422, "invalid_request", "the body is nested deeper than 64 levels"),
+        (422, "malformed_json", "the body is not UTF-8"),
+        (413, "payload_too_large", "the request body is larger than 1024 bytes"),
+    ],
+)
+async def test_server_refusals_of_the_arguments_are_error_results(status: int, code: str, detail: str) -> None:
+    rec = with_tools(lambda r: problem(status, code, detail))
+    async with rec.client() as c:
+        s = Session.create(c, "s")
+        assert await s.execute_tool("set_context", {"label": "memory", "content": "x"}) == f"Error: {detail}"
+        assert await (await s.tools()).execute("set_context", {"label": "memory", "content": "x"}) == f"Error: {detail}"
+    assert len(posts(rec)) == 2
+
+
+@pytest.mark.parametrize(
+    ("status", "code", "raised"),
+    [
+        (503, "unavailable", Unavailable),
+        (401, "unauthorized", Unauthorized),
+        (404, "session_not_found", NotFound),
+        (422, "invalid_id", InvalidId),
+        (405, "method_not_allowed", MethodNotAllowed),
+        (500, "internal_error", ServerError),
+    ],
+)
+async def test_failures_that_are_not_the_arguments_fault_raise(
+    status: int, code: str, raised: type[ChronicleError]
+) -> None:
+    rec = with_tools(lambda r: problem(status, code, "no"))
+    async with rec.client() as c:
+        tools = await Session.create(c, "s").tools()
+        with pytest.raises(raised):
+            await tools.execute("set_context", {"label": "memory", "content": "x"})
+
+
+async def test_an_unreachable_server_raises_from_execute() -> None:
+    def refused(request: httpx.Request) -> httpx.Response:
+        raise httpx.ConnectError("refused", request=request)
+
+    async with Recorder(refused).client(retries=1) as c:
+        with pytest.raises(Unavailable):
+            await Session.create(c, "s").execute_tool("set_context", {"label": "memory", "content": "x"})
+        with pytest.raises(Unavailable):
+            await SessionManager(c).tools().execute("session_search", {"query": "deploy"})
+
+
+async def test_session_search_treats_arguments_as_the_session_tools_do() -> None:
+    answers = [problem(422, "invalid_request", "q: too short"), httpx.Response(200, json={"results": []})]
+    rec = Recorder(lambda r: answers.pop(0))
+    async with rec.client() as c:
+        tools = SessionManager(c).tools()
+        assert await tools.execute("session_search", {"query": "\u0000"}) == BAD_CHARS
+        assert await tools.execute("session_search", '{"query": "\\ud800"}') == BAD_CHARS
+        assert await tools.execute("session_search", {"query": 3}) == "Error: argument 'query' must be a string"
+        # longer than the API takes: nothing found, as search_context answers, and nothing sent
+        assert await tools.execute("session_search", {"query": "x" * (MAX_QUERY_CHARS + 1)}) == "No results found."
+        assert rec.requests == []
+        assert await tools.execute("session_search", {"query": "q"}) == "Error: q: too short"
+        assert await tools.execute("session_search", {"query": "x" * MAX_QUERY_CHARS}) == "No results found."
+    assert [len(p["q"]) for p in rec.params("/v1/search")] == [1, MAX_QUERY_CHARS]
