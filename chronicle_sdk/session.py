@@ -55,6 +55,14 @@ class Session(ConfigBuilder):
     reference silently ignored them. A session with no builder calls never sends a config, so it
     keeps whatever another process configured.
 
+    The config lives on the server, one per session, and the last writer wins: every instance
+    with builder calls (another replica, this process after a restart) PUTs its whole builder
+    config on its first call when the stored one differs. A block that one instance added at
+    runtime (:meth:`add_context`, or removed with :meth:`remove_context`) is therefore undone by
+    the next instance that starts with a different builder. Configure every replica identically
+    (the same builder calls, runtime additions included), or let one process own the config and
+    build the others with no builder calls.
+
     Every data method is async and waits, on the server, until this client's own earlier
     writes are visible (``min_seq``): ``append_message`` then ``get_history`` always shows the
     message.

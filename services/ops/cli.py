@@ -82,7 +82,10 @@ def main(argv: list[str] | None = None) -> int:
     p_replay.add_argument("--from-seq", type=int, default=1)
     p_replay.add_argument("--to-seq", type=int, default=None)
     p_replay.add_argument("--format", choices=["jsonl", "table"], default="jsonl")
-    p_hist = sub.add_parser("history", help="a session's history, optionally as of a stream sequence")
+    p_hist = sub.add_parser(
+        "history",
+        help="a path's messages as stored (no overlays, no unload markers), optionally as of a stream sequence",
+    )
     p_hist.add_argument("--session", required=True)
     p_hist.add_argument("--tenant", default="default")
     p_hist.add_argument("--leaf-id", default=None)

@@ -277,6 +277,19 @@ async def test_add_and_remove_context_at_runtime(sdk: ChronicleClient) -> None:
     assert [b.label for b in await s.get_context_blocks()] == ["soul", "memory"]
 
 
+async def test_a_runtime_block_is_undone_by_an_instance_with_another_builder(sdk: ChronicleClient) -> None:
+    """What the docs warn of: the config is the last writer's. A replica (or a restart) built
+    without the runtime block PUTs its builder config on its first call; one built identically
+    (the runtime block included) keeps it."""
+    s = memory_session(sdk)
+    await s.add_context("notes", description="Scratch")
+    same = memory_session(sdk, s.id).with_context("notes", description="Scratch")
+    assert [b.label for b in await same.get_context_blocks()] == ["soul", "memory", "notes"]
+    replica = memory_session(sdk, s.id)
+    assert [b.label for b in await replica.get_context_blocks()] == ["soul", "memory"]
+    assert [b.label for b in await s.get_context_blocks()] == ["soul", "memory"]
+
+
 # -- frozen prompt ------------------------------------------------------------------------------
 
 
