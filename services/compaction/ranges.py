@@ -1,9 +1,11 @@
 """Macro compaction, pure: which range to summarise and the summary prompt (the reference's
 ``createCompactFunction``), with exact tiktoken counts instead of its heuristic.
 
-Improvement over the reference (its §7.6.8 head-alignment drift): when the branch already has an
-overlay, the middle starts no later than that overlay, so the grown overlay never hides a message
-that was not summarised.
+Improvements over the reference: when the branch already has an overlay, the middle starts no
+later than that overlay, and the new overlay covers exactly the range summarised (from its first
+message, not the old overlay's), so it never hides a message that was not summarised nor leaves
+a summarised one visible (its §7.6.8 head-alignment drift); and every overlay in that range, not
+only the first, is carried into the summary prompt.
 
 Reference: the Cloudflare Agents SDK Session API, §4.1 and §4.3 of docs/reference.md.
 """
@@ -205,17 +207,25 @@ def summary_prompt(middle: Sequence[Message], previous: str | None, budget: int)
 
 @dataclass(frozen=True, slots=True)
 class Plan:
-    """What to summarise: the middle (overlay messages excluded), the prompt and its budget."""
+    """What to summarise: ``messages[start:end]`` of the view is what the new overlay replaces;
+    its middle (overlay messages excluded), the summaries of the overlays in that range (joined
+    in path order: the previous summary the new one extends), the prompt and its budget."""
 
     middle: list[Message]
     previous_summary: str | None
     budget: int
     prompt: str
+    start: int
+    end: int
 
 
 @dataclass(frozen=True, slots=True)
 class Skip:
     reason: str
+
+
+def summary_text(msg: Message) -> str:
+    return "\n".join(str(p.get("text", "")) for p in _parts(msg) if p.get("type") == "text")
 
 
 def plan_compaction(
@@ -226,7 +236,12 @@ def plan_compaction(
     tail_token_budget: int = 20_000,
     min_tail_messages: int = 2,
 ) -> Plan | Skip:
-    """The range to compact in a compacted history view, or why there is nothing to do."""
+    """The range to compact in a compacted history view, or why there is nothing to do.
+
+    Every overlay message inside the range is carried into the prompt as the previous summary
+    (all of them, in path order, not only the first as the reference does): the new overlay
+    hides them, so what they summarised must reach the summarizer.
+    """
     if len(messages) <= protect_head + min_tail_messages:
         return Skip("too few messages")
     start = align_forward(messages, protect_head)
@@ -239,8 +254,7 @@ def plan_compaction(
     middle = [m for m in messages[start:end] if not is_compaction(m)]
     if not middle:
         return Skip("nothing new to summarise")
-    previous = None
-    if existing is not None:
-        previous = "\n".join(str(p.get("text", "")) for p in _parts(messages[existing]) if p.get("type") == "text")
+    summaries = [summary_text(m) for m in messages[start:end] if is_compaction(m)]
+    previous = "\n\n".join(summaries) if summaries else None
     budget = summary_budget(middle, tokens)
-    return Plan(middle, previous, budget, summary_prompt(middle, previous, budget))
+    return Plan(middle, previous, budget, summary_prompt(middle, previous, budget), start, end)

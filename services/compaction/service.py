@@ -134,12 +134,14 @@ class CompactionService:
         summary = await self._summarize(tenant, session, leaf, plan, attempt)
         if not summary.strip():
             return Outcome(None, "the summarizer returned an empty summary", last)
-        existing = next((v for v in view if isinstance(v, Overlay)), None)
-        first = existing.from_message_id if existing else str(plan.middle[0]["id"])
-        last_id = str(plan.middle[-1]["id"])
+        # The new overlay replaces exactly view[start:end]: from its first message (an overlay
+        # there: from that overlay's first) to its last (an overlay there: to that one's last).
+        head, tail = view[plan.start], view[plan.end - 1]
+        first = head.from_message_id if isinstance(head, Overlay) else head.id
+        last_id = tail.to_message_id if isinstance(tail, Overlay) else tail.id
         prompt_tokens = prompt.tokens if prompt else 0
         before = sum(self.tokens(m) for m in messages) + prompt_tokens
-        covered = _covered(messages, first, last_id, existing)
+        covered = messages[plan.start : plan.end]
         summary_msg: Message = {"id": "", "role": "assistant", "parts": [{"type": "text", "text": summary}]}
         after = before - sum(self.tokens(m) for m in covered) + self.tokens(summary_msg)
         overlay_id = derived_id("overlay", tenant, session, first, last_id)
@@ -241,12 +243,3 @@ class CompactionService:
             attempt=attempt.number if attempt else 1,
         )
         return await self._pub.publish(failed, fresh_id_on_foreign=True)  # as an overlay's, above
-
-
-def _covered(messages: list[Message], first: str, last: str, existing: Overlay | None) -> list[Message]:
-    """The view's messages the new overlay replaces (the old overlay message included)."""
-    ids = [str(m.get("id")) for m in messages]
-    start_id = existing.message_id if existing else first
-    start = ids.index(start_id) if start_id in ids else 0
-    end = ids.index(last) if last in ids else len(ids) - 1
-    return messages[start : end + 1]

@@ -37,10 +37,17 @@ def _clip(text: str, n: int) -> str:
 
 
 def _section(previous: str | None, title: str) -> list[str]:
+    """The lines of every ``## title`` section of the previous summary, in order, once each (the
+    previous summary joins every overlay the new one replaces, each with its own sections)."""
     if not previous:
         return []
-    m = re.search(rf"## {title}\n(.*?)(?=\n## |\Z)", previous, re.S)
-    return [line for line in (m.group(1).strip().splitlines() if m else []) if line.strip()]
+    lines = [
+        line
+        for m in re.finditer(rf"## {title}\n(.*?)(?=\n## |\Z)", previous, re.S)
+        for line in m.group(1).strip().splitlines()
+        if line.strip()
+    ]
+    return list(dict.fromkeys(lines))
 
 
 def _sections(topic: list[str], points: list[str], state: str, open_items: list[str]) -> str:

@@ -31,6 +31,11 @@ def unique_word() -> str:
     return "zq" + "".join(chr(ord("a") + int(c, 16)) for c in uuid.uuid4().hex[:12])
 
 
+PROSE: Final = " we discussed the quarterly deployment plan and its rollout steps" * 6
+"""Padding for messages a test compacts: a few of them are longer than the offline summarizer's
+summary of them (a compaction that would not shrink the context is not recorded)."""
+
+
 def msg(mid: str, text: str, role: str = "user") -> dict[str, Any]:
     return {"id": mid, "role": role, "parts": [{"type": "text", "text": text}]}
 

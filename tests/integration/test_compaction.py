@@ -109,6 +109,49 @@ async def test_manual_compaction_is_iterative_and_branch_local(stack: Container,
     assert (outcome.overlay, outcome.reason) == (None, "too few messages")
 
 
+class _Recording:
+    """A summarizer that keeps every plan it is given."""
+
+    name = "recording"
+    model: str | None = None
+
+    def __init__(self) -> None:
+        self.plans: list[Plan] = []
+
+    async def summarize(self, plan: Plan) -> str:
+        self.plans.append(plan)
+        return "## Topic\nmerged"
+
+
+async def test_compacting_over_two_overlays_gives_the_summarizer_both(
+    stack: Container, new_id: Callable[[str], str]
+) -> None:
+    sid = new_id("two")
+    await stack.context.configure(
+        T, sid, SessionConfig(compaction=CompactionConfig(protect_head=1, tail_token_budget=10, min_tail_messages=2))
+    )
+    await _append_chain(stack, sid, [f"m{i}" for i in range(17)])
+    await _overlay(stack, sid, "m1", "m4", "S1")
+    await _overlay(stack, sid, "m5", "m12", "S2")
+    assert await _view_ids(stack, sid) == ["m0", "compaction_m1-m4-S1", "compaction_m5-m12-S2", *_ids(13, 17)]
+    recording = _Recording()
+    original, stack.compaction.summarizer = stack.compaction.summarizer, recording
+    try:
+        outcome = await stack.compaction.compact(T, sid)
+    finally:
+        stack.compaction.summarizer = original
+    assert outcome.overlay is not None, outcome.reason
+    (plan,) = recording.plans
+    assert plan.previous_summary == "S1\n\nS2"  # both hidden summaries, in path order
+    assert [m["id"] for m in plan.middle] == ["m13", "m14"]
+    assert (outcome.overlay.from_message_id, outcome.overlay.to_message_id) == ("m1", "m14")
+    assert await _view_ids(stack, sid) == ["m0", outcome.overlay.message_id, "m15", "m16"]
+
+
+def _ids(start: int, stop: int) -> list[str]:
+    return [f"m{i}" for i in range(start, stop)]
+
+
 class _Flaky:
     name = "flaky"
     model: str | None = "m"

@@ -1,0 +1,100 @@
+"""Compaction over HTTP against the running stack (the default offline summarizer): every overlay
+a new one hides is carried into its summary, and after a lowered ``protect_head`` nothing
+summarised stays visible."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import httpx
+
+from tests.e2e.helpers import PROSE, msg, new_sid
+
+
+def _text(mid: str) -> str:
+    return f"marker{mid}{PROSE}"
+
+
+async def _chain(client: httpx.AsyncClient, sid: str, ids: list[str], parent: str | None = None) -> int:
+    body: dict[str, Any] = {"messages": [msg(i, _text(i)) for i in ids]}
+    if parent is not None:
+        body["parent_id"] = parent
+    r = await client.post(f"/v1/sessions/{sid}/messages:batch", json=body)
+    assert r.status_code == 201, r.text
+    seq: int = r.json()["seq"]
+    return seq
+
+
+async def _config(client: httpx.AsyncClient, sid: str, protect_head: int) -> None:
+    cfg = {"compaction": {"protect_head": protect_head, "tail_token_budget": 10, "min_tail_messages": 2}}
+    r = await client.put(f"/v1/sessions/{sid}/config", json=cfg)
+    assert r.status_code == 200, r.text
+
+
+async def _compact(client: httpx.AsyncClient, sid: str, leaf: str | None = None) -> dict[str, Any]:
+    r = await client.post(f"/v1/sessions/{sid}/compact", json={"leaf_id": leaf} if leaf else {})
+    assert r.status_code == 200, r.text
+    out: dict[str, Any] = r.json()
+    return out
+
+
+async def _overlay(client: httpx.AsyncClient, sid: str, leaf: str | None = None) -> dict[str, Any]:
+    out = await _compact(client, sid, leaf)
+    assert out["compacted"] is True, out
+    overlay: dict[str, Any] = out["overlay"]
+    overlay["seq"] = out["seq"]
+    return overlay
+
+
+async def _history(client: httpx.AsyncClient, sid: str, seq: int, **params: Any) -> list[dict[str, Any]]:
+    r = await client.get(f"/v1/sessions/{sid}/history", params={"min_seq": seq, **params})
+    assert r.status_code == 200, r.text
+    messages: list[dict[str, Any]] = r.json()["messages"]
+    return messages
+
+
+def _topics(summary: str) -> str:
+    m = re.search(r"## Topic\n(.*?)\n## ", summary, re.S)
+    assert m, summary
+    return m.group(1)
+
+
+async def _compacted_then_head_lowered(client: httpx.AsyncClient, sid: str) -> dict[str, Any]:
+    """m0…m14 compacted under ``protect_head`` 5 (the overlay m5→m12), then ``protect_head`` 1."""
+    await _config(client, sid, protect_head=5)
+    await _chain(client, sid, [f"m{i}" for i in range(15)])
+    overlay = await _overlay(client, sid)
+    assert (overlay["from_message_id"], overlay["to_message_id"]) == ("m5", "m12")
+    await _config(client, sid, protect_head=1)
+    return overlay
+
+
+async def test_compacting_over_two_overlays_carries_both_summaries(client: httpx.AsyncClient) -> None:
+    sid = new_sid("cmp-two")
+    late = await _compacted_then_head_lowered(client, sid)
+    early = await _overlay(client, sid, leaf="m6")  # on m0…m6 the m5→m12 overlay is not in force
+    assert (early["from_message_id"], early["to_message_id"]) == ("m1", "m4")
+    view = await _history(client, sid, early["seq"])
+    assert [m["id"] for m in view] == ["m0", early["message_id"], late["message_id"], "m13", "m14"]
+    assert "markerm1" in _topics(early["summary"])
+    assert "markerm5" in _topics(late["summary"])
+    seq = await _chain(client, sid, ["m15", "m16"])
+    grown = await _overlay(client, sid)
+    assert (grown["from_message_id"], grown["to_message_id"]) == ("m1", "m14")
+    # what both hidden overlays summarised reached the summarizer (the offline one keeps topics)
+    assert "markerm1" in _topics(grown["summary"])
+    assert "markerm5" in _topics(grown["summary"])
+    view = await _history(client, sid, max(seq, grown["seq"]))
+    assert [m["id"] for m in view] == ["m0", grown["message_id"], "m15", "m16"]
+
+
+async def test_after_lowering_protect_head_nothing_summarised_stays_visible(client: httpx.AsyncClient) -> None:
+    sid = new_sid("cmp-head")
+    await _compacted_then_head_lowered(client, sid)
+    seq = await _chain(client, sid, ["m15", "m16"])
+    grown = await _overlay(client, sid)
+    assert "markerm1" in grown["summary"]  # m1…m4 were summarised this time…
+    assert (grown["from_message_id"], grown["to_message_id"]) == ("m1", "m14")
+    view = await _history(client, sid, max(seq, grown["seq"]))
+    assert [m["id"] for m in view] == ["m0", grown["message_id"], "m15", "m16"]  # …so they are hidden

@@ -1,0 +1,25 @@
+"""The compaction plan, pure: every overlay the new one will hide is carried into the summary
+prompt, in path order."""
+
+from __future__ import annotations
+
+from services.compaction.ranges import Message, Plan, plan_compaction
+
+
+def _msg(mid: str, text: str) -> Message:
+    return {"id": mid, "role": "user", "parts": [{"type": "text", "text": text}]}
+
+
+def test_the_plan_carries_every_overlay_it_hides_in_path_order() -> None:
+    view = [
+        _msg("m0", "head"),
+        _msg("compaction_one", "SUMMARY ONE"),
+        _msg("compaction_two", "SUMMARY TWO"),
+        *[_msg(f"m{i}", f"turn {i}") for i in range(13, 17)],
+    ]
+    plan = plan_compaction(view, lambda m: 50, protect_head=1, tail_token_budget=100, min_tail_messages=2)
+    assert isinstance(plan, Plan), plan
+    assert (plan.start, plan.end) == (1, 5)  # both overlays and m13, m14: the new overlay hides them
+    assert [m["id"] for m in plan.middle] == ["m13", "m14"]
+    assert plan.previous_summary == "SUMMARY ONE\n\nSUMMARY TWO"
+    assert plan.prompt.index("SUMMARY ONE") < plan.prompt.index("SUMMARY TWO") < plan.prompt.index("turn 13")
