@@ -1,7 +1,8 @@
 """Summary overlays: the projection of compaction events, and their read-time application.
 
-History reads apply, per requested branch, the newest overlay whose first and last messages are
-both on that branch's path (sibling branches never see each other's overlays). The originals
+History reads apply, per requested branch, the overlays whose first and last messages are both
+on that branch's path (sibling branches never see each other's overlays); where several start at
+the same message, the widest wins, ties to the newest (:func:`in_force`). The originals
 are never touched; ``compacted=false`` reads return the raw path.
 """
 
@@ -25,6 +26,7 @@ from events.catalog import (
     SessionErased,
 )
 from events.envelope import Event
+from projections.overlay_rule import in_force
 
 Statement = tuple[str, tuple[Any, ...]]
 
@@ -170,26 +172,9 @@ async def failures(conn: AsyncConnection[Any], tenant: str, session: str) -> lis
 
 
 def apply_overlays(path_ids: Sequence[str], all_overlays: Sequence[Overlay]) -> list[str | Overlay]:
-    """The compacted view of a path: message ids, with covered ranges replaced by their overlay.
-
-    At each index, the candidates are overlays starting there whose end is on the path at or
-    after it; the newest wins and the walk continues after its end.
-    """
-    index = {mid: i for i, mid in enumerate(path_ids)}
-    out: list[str | Overlay] = []
-    i = 0
-    while i < len(path_ids):
-        best: Overlay | None = None
-        for ov in all_overlays:
-            if ov.from_message_id == path_ids[i] and index.get(ov.to_message_id, -1) >= i:
-                best = ov  # ordered by seq: the last candidate is the newest
-        if best is None:
-            out.append(path_ids[i])
-            i += 1
-        else:
-            out.append(best)
-            i = index[best.to_message_id] + 1
-    return out
+    """The compacted view of a path: message ids, with covered ranges replaced by the overlay in
+    force there (:func:`in_force`; ``all_overlays`` oldest first)."""
+    return in_force(path_ids, all_overlays, lambda o: (o.from_message_id, o.to_message_id))
 
 
 def overlay_json(overlay: Overlay) -> str:

@@ -10,6 +10,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
+from projections.overlay_rule import in_force
+
 Key = tuple[str, str]
 
 
@@ -69,22 +71,12 @@ def path_from_leaf(walked: Sequence[tuple[str, int]]) -> list[tuple[str, int]]:
 
 
 def compacted_sum(path: Sequence[tuple[str, int]], overlays: Sequence[tuple[str, str, int]]) -> int:
-    """Sum of per-message tokens along a path with the newest applicable overlay per position
-    (``overlays``: (from id, to id, summary tokens), oldest first)."""
-    index = {mid: i for i, (mid, _) in enumerate(path)}
-    total, i = 0, 0
-    while i < len(path):
-        best: tuple[str, str, int] | None = None
-        for ov in overlays:
-            if ov[0] == path[i][0] and index.get(ov[1], -1) >= i:
-                best = ov
-        if best is None:
-            total += path[i][1]
-            i += 1
-        else:
-            total += best[2]
-            i = index[best[1]] + 1
-    return total
+    """Sum of per-message tokens along a path with the overlays in force applied, by the readers'
+    rule (:func:`projections.overlay_rule.in_force`; ``overlays``: (from id, to id, summary tokens),
+    oldest first)."""
+    counts = dict(path)
+    view = in_force([mid for mid, _ in path], overlays, lambda ov: (ov[0], ov[1]))
+    return sum(counts[item] if isinstance(item, str) else item[2] for item in view)
 
 
 def is_due(estimate: int, prompt_tokens: int, compact_after: int | None) -> bool:

@@ -1,6 +1,6 @@
 """Compaction over HTTP against the running stack (the default offline summarizer): every overlay
-a new one hides is carried into its summary, and after a lowered ``protect_head`` nothing
-summarised stays visible."""
+a new one hides is carried into its summary, after a lowered ``protect_head`` nothing summarised
+stays visible, and a sibling branch's newer, narrower overlay leaves this branch's in force."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import Any
 
 import httpx
 
-from tests.e2e.helpers import PROSE, msg, new_sid
+from tests.e2e.helpers import PROSE, append, msg, new_sid
 
 
 def _text(mid: str) -> str:
@@ -98,3 +98,33 @@ async def test_after_lowering_protect_head_nothing_summarised_stays_visible(clie
     assert (grown["from_message_id"], grown["to_message_id"]) == ("m1", "m14")
     view = await _history(client, sid, max(seq, grown["seq"]))
     assert [m["id"] for m in view] == ["m0", grown["message_id"], "m15", "m16"]  # …so they are hidden
+
+
+async def test_a_sibling_branchs_newer_narrower_overlay_leaves_the_main_branch_compacted(
+    client: httpx.AsyncClient,
+) -> None:
+    sid = new_sid("cmp-sib")
+    await _config(client, sid, protect_head=1)
+    await _chain(client, sid, [f"a{i}" for i in range(12)])
+    main = await _overlay(client, sid)
+    assert (main["from_message_id"], main["to_message_id"]) == ("a1", "a9")
+    await append(client, sid, msg("b6", _text("b6")), "a5")
+    branch = await _overlay(client, sid, leaf="b6")
+    assert (branch["from_message_id"], branch["to_message_id"]) == ("a1", "a4")
+    seq = branch["seq"]
+    main_view = ["a0", main["message_id"], "a10", "a11"]
+    assert [m["id"] for m in await _history(client, sid, seq, leaf_id="a11")] == main_view
+    assert [m["id"] for m in await _history(client, sid, seq, leaf_id="b6")] == ["a0", branch["message_id"], "a5", "b6"]
+    # time travel folds the log by the same rule
+    as_of = await _history(client, sid, seq, leaf_id="a11", as_of_seq=seq)
+    assert [m["id"] for m in as_of] == main_view
+    # a fork of the main branch carries the overlay in force there
+    r = await client.post(f"/v1/sessions/{sid}/fork", json={"at_message_id": "a11"})
+    assert r.status_code == 201, r.text
+    forked = await _history(client, r.json()["id"], r.json()["seq"])
+    assert [m["id"] for m in forked][2:] == ["a10", "a11"]
+    assert forked[1]["parts"][0]["text"] == main["summary"]
+    # compacting the main branch again extends its own overlay, not the branch's
+    seq = await _chain(client, sid, ["a12", "a13"], parent="a11")
+    again = await _overlay(client, sid, leaf="a13")
+    assert (again["from_message_id"], again["to_message_id"]) == ("a1", "a11")

@@ -26,13 +26,15 @@ def test_a_root_message_of_a_non_empty_session_is_a_switch() -> None:
     assert switched == {("t", "a")}
 
 
-def test_a_path_is_summed_under_its_newest_overlay_and_a_cycle_ends_it() -> None:
+def test_a_path_is_summed_under_its_overlays_in_force_and_a_cycle_ends_it() -> None:
     walked = [("m3", 3), ("m2", 2), ("m1", 1), ("m0", 10), ("m2", 2)]  # leaf first, then a cycle
     path = path_from_leaf(walked)
     assert path == [("m0", 10), ("m1", 1), ("m2", 2), ("m3", 3)]
     assert compacted_sum(path, []) == 16
     assert compacted_sum(path, [("m1", "m2", 1)]) == 10 + 1 + 3
-    assert compacted_sum(path, [("m1", "m2", 1), ("m1", "m3", 2)]) == 10 + 2  # the newest one that fits
+    assert compacted_sum(path, [("m1", "m2", 1), ("m1", "m3", 2)]) == 10 + 2  # the widest one that fits
+    assert compacted_sum(path, [("m1", "m3", 2), ("m1", "m2", 1)]) == 10 + 2  # even when older (a sibling's)
+    assert compacted_sum(path, [("m1", "m3", 2), ("m1", "m3", 5)]) == 10 + 5  # ties: the newest
     assert compacted_sum(path, [("m1", "gone", 1)]) == 16  # an overlay beyond the path does not apply
 
 

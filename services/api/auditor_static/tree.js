@@ -49,9 +49,9 @@ export function latestLeafUnder(tree, id) {
   return best.id;
 }
 
-/** The compacted view of a path, as the server applies it: at each index the newest overlay
- * starting there whose end is on the path at or after it replaces that range.
- * Returns items ``{id}`` or ``{overlay, covered: [ids]}``. */
+/** The compacted view of a path, as the server applies it (projections/overlay_rule.py): at
+ * each index, of the overlays starting there whose end is on the path at or after it, the widest
+ * (ties: the newest) replaces that range. Returns items ``{id}`` or ``{overlay, covered: [ids]}``. */
 export function applyOverlays(pathIds, overlays) {
   const index = new Map(pathIds.map((id, i) => [id, i]));
   const sorted = [...overlays].sort((a, b) => a.seq - b.seq);
@@ -59,17 +59,20 @@ export function applyOverlays(pathIds, overlays) {
   let i = 0;
   while (i < pathIds.length) {
     let best = null;
+    let reach = -1;
     for (const ov of sorted) {
       const end = index.get(ov.to_message_id);
-      if (ov.from_message_id === pathIds[i] && end !== undefined && end >= i) best = ov;
+      if (ov.from_message_id === pathIds[i] && end !== undefined && end >= i && end >= reach) {
+        best = ov;
+        reach = end;
+      }
     }
     if (best === null) {
       out.push({ id: pathIds[i] });
       i += 1;
     } else {
-      const end = index.get(best.to_message_id);
-      out.push({ overlay: best, covered: pathIds.slice(i, end + 1) });
-      i = end + 1;
+      out.push({ overlay: best, covered: pathIds.slice(i, reach + 1) });
+      i = reach + 1;
     }
   }
   return out;
