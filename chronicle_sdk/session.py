@@ -327,9 +327,16 @@ class Session(ConfigBuilder):
         """Compact the branch of ``leaf_id`` (default: latest leaf) now (``compact(leafId?)``).
 
         Returns the new overlay, or None when there was nothing to compact (the reason is kept
-        in :attr:`last_compact_reason`). Originals are never changed; history reads apply it.
+        in :attr:`last_compact_reason`; a session never written has no messages, as the
+        reference's implicit sessions). Originals are never changed; history reads apply it.
+        Raises :class:`MessageNotFound` for a ``leaf_id`` that is not a stored message.
         """
-        out = await self._write("POST", "/compact", {"leaf_id": leaf_id} if leaf_id is not None else {})
+        try:
+            out = await self._write("POST", "/compact", {"leaf_id": leaf_id} if leaf_id is not None else {})
+        except NotFound as exc:
+            if exc.code != "session_not_found":
+                raise
+            out = {"compacted": False, "reason": "no messages"}
         if not out.get("compacted"):
             self.last_compact_reason = out.get("reason")
             return None

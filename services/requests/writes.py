@@ -16,10 +16,11 @@ from events.commands import MAX_DELETE_IDS
 from events.context import SessionConfig
 from events.omitted import OMITTED
 from events.validation import validation_detail
+from projections import queries
 from projections.overlays import Overlay
 from services.bootstrap import Container
 from services.compaction.summarizers import SummarizerError
-from services.errors import InvalidConfig, InvalidRequest, SourceMissing, SummarizerFailed
+from services.errors import InvalidConfig, InvalidRequest, MessageNotFound, SourceMissing, SummarizerFailed
 from services.requests.checks import check_id, checked_message, no_nul
 from services.writes.commands import fork
 from services.writes.decisions import ParentSpec
@@ -34,15 +35,6 @@ def parent_spec(parent_id: str | None, given: bool) -> ParentSpec:
     if not given:
         return OMITTED
     return check_id("message", parent_id) if parent_id is not None else None
-
-
-async def writable(c: Container, tenant: str, sid: str) -> None:
-    """For a write whose own checks do not ask (a compaction): ``410 session_erased`` for an
-    erased session, ``404 session_not_found`` for a deleted one, after the session's events are
-    applied. One never written is let through (it exists implicitly)."""
-    await c.commands.optimistic.catch_up(tenant, sid)
-    async with c.pool.connection() as conn:
-        await live_session(conn, tenant, sid, must_exist=False)
 
 
 # -- sessions -----------------------------------------------------------------------------------
@@ -201,7 +193,12 @@ async def compact(c: Container, tenant: str, sid: str, leaf: str | None) -> Answ
     check_id("session", sid)
     if leaf is not None:
         check_id("message", leaf)
-    await writable(c, tenant, sid)
+    await c.commands.optimistic.catch_up(tenant, sid)
+    async with c.pool.connection() as conn:
+        # a session never written has nothing to compact: 404, as its reads are (not "no messages")
+        await live_session(conn, tenant, sid, must_exist=True)
+        if leaf is not None and await queries.get_message(conn, tenant, sid, leaf) is None:
+            raise MessageNotFound(f"message {leaf!r} is not in this session")  # a compaction_… id neither
     try:
         outcome = await c.compaction.compact(tenant, sid, leaf)
     except SummarizerError as exc:

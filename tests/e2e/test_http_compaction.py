@@ -1,6 +1,7 @@
 """Compaction over HTTP against the running stack (the default offline summarizer): every overlay
 a new one hides is carried into its summary, after a lowered ``protect_head`` nothing summarised
-stays visible, and a sibling branch's newer, narrower overlay leaves this branch's in force."""
+stays visible, a sibling branch's newer, narrower overlay leaves this branch's in force, and an
+unknown session or leaf is refused."""
 
 from __future__ import annotations
 
@@ -128,3 +129,17 @@ async def test_a_sibling_branchs_newer_narrower_overlay_leaves_the_main_branch_c
     seq = await _chain(client, sid, ["a12", "a13"], parent="a11")
     again = await _overlay(client, sid, leaf="a13")
     assert (again["from_message_id"], again["to_message_id"]) == ("a1", "a11")
+
+
+async def test_compact_refuses_an_unknown_session_or_leaf(client: httpx.AsyncClient) -> None:
+    never = await client.post(f"/v1/sessions/{new_sid('cmp-never')}/compact", json={})
+    assert (never.status_code, never.json()["code"]) == (404, "session_not_found")
+    sid = new_sid("cmp-leaf")
+    await _config(client, sid, protect_head=1)
+    await _chain(client, sid, [f"m{i}" for i in range(8)])
+    overlay = await _overlay(client, sid)
+    for leaf in ("nope", overlay["message_id"]):
+        r = await client.post(f"/v1/sessions/{sid}/compact", json={"leaf_id": leaf})
+        assert (r.status_code, r.json()["code"]) == (404, "message_not_found"), (leaf, r.text)
+    listed = (await client.get(f"/v1/sessions/{sid}/compactions")).json()["compactions"]
+    assert [o["id"] for o in listed] == [overlay["id"]]  # the refusals recorded nothing

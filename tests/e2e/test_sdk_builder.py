@@ -85,6 +85,8 @@ async def test_a_session_that_does_not_exist_yet_reads_as_empty_and_records_noth
     assert len(await s.tools()) == 0
     assert await s.get_context_blocks() == []
     assert await s.get_events() == []
+    assert await s.compact() is None  # the server answers 404 session_not_found
+    assert s.last_compact_reason == "no messages"
 
 
 async def test_a_session_without_builder_calls_keeps_the_servers_config(sdk: ChronicleClient) -> None:

@@ -240,6 +240,21 @@ REFUSALS: list[tuple[str, str, dict[str, Any], str, dict[str, Any] | bytes]] = [
         "session.end",
         {"session_id": "{sid}", "reason": "x" * 257},
     ),
+    ("compact a session never created", "POST /compact", {}, "compact", {"session_id": "never-created"}),
+    (
+        "compact at an unknown leaf",
+        "POST /compact",
+        {"leaf_id": "nope"},
+        "compact",
+        {"session_id": "{sid}", "leaf_id": "nope"},
+    ),
+    (
+        "compact at an overlay's message id",
+        "POST /compact",
+        {"leaf_id": "compaction_x"},
+        "compact",
+        {"session_id": "{sid}", "leaf_id": "compaction_x"},
+    ),
 ]
 
 
