@@ -144,6 +144,10 @@ class CompactionService:
         covered = messages[plan.start : plan.end]
         summary_msg: Message = {"id": "", "role": "assistant", "parts": [{"type": "text", "text": summary}]}
         after = before - sum(self.tokens(m) for m in covered) + self.tokens(summary_msg)
+        if after >= before:  # recording it would grow the context, and re-trigger on every append
+            return Outcome(
+                None, f"the summary would not shrink the context ({before} tokens before, {after} after)", last
+            )
         overlay_id = derived_id("overlay", tenant, session, first, last_id)
         event = CompactionRecorded(
             id=overlay_id,

@@ -13,7 +13,7 @@ from events.catalog import CompactionFailed, SkillUnloaded
 from events.publisher import Publisher
 from services.settings import Settings
 from tests.conftest import operator_nats
-from tests.e2e.helpers import msg, new_sid, unique_word
+from tests.e2e.helpers import PROSE, msg, new_sid, unique_word
 
 SOUL = "You are a careful release assistant."
 MEMORY = "The user deploys on Fridays"
@@ -86,7 +86,7 @@ async def seed(client: httpx.AsyncClient, settings: Settings) -> Seeded:
     await add(msg("m3b", "Thursday works too.", "assistant"))  # the first branch, off m2
     await add(msg("m3", "Friday is better.", "assistant"), parent_id="m2")  # the second branch
     for i in range(4, 8):
-        seq_m7 = await add(msg(f"m{i}", f"step {i} of the release", "user" if i % 2 == 0 else "assistant"))
+        seq_m7 = await add(msg(f"m{i}", f"step {i} of the release{PROSE}", "user" if i % 2 == 0 else "assistant"))
     await _ok(await client.put(f"/v1/sessions/{sid}/context/memory", json={"content": MEMORY}))
     await _ok(await client.post(f"/v1/sessions/{sid}/system-prompt:refresh"))  # v2
     compacted = await _ok(await client.post(f"/v1/sessions/{sid}/compact", json={"leaf_id": "m7"}))

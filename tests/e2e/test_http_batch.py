@@ -4,6 +4,8 @@ import uuid
 
 import httpx
 
+from tests.e2e import helpers
+
 
 def msg(mid: str) -> dict[str, object]:
     return {"id": mid, "role": "user", "parts": [{"type": "text", "text": f"text {mid}"}]}
@@ -63,7 +65,8 @@ async def test_history_as_of_applies_the_overlays_and_windows_of_then(client: ht
     sid = "asof-ov-" + uuid.uuid4().hex[:8]
     config = {"compaction": {"protect_head": 1, "tail_token_budget": 10, "min_tail_messages": 2}}
     assert (await client.put(f"/v1/sessions/{sid}/config", json=config)).status_code == 200
-    r = await client.post(f"/v1/sessions/{sid}/messages:batch", json={"messages": [msg(f"m{i}") for i in range(8)]})
+    long = [helpers.msg(f"m{i}", f"text m{i}{helpers.PROSE}") for i in range(8)]
+    r = await client.post(f"/v1/sessions/{sid}/messages:batch", json={"messages": long})
     before = r.json()["seq"]
     compacted = (await client.post(f"/v1/sessions/{sid}/compact", json={})).json()
     assert compacted["compacted"] is True, compacted

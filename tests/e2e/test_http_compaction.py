@@ -1,7 +1,8 @@
 """Compaction over HTTP against the running stack (the default offline summarizer): every overlay
 a new one hides is carried into its summary, after a lowered ``protect_head`` nothing summarised
-stays visible, a sibling branch's newer, narrower overlay leaves this branch's in force, and an
-unknown session or leaf is refused."""
+stays visible, a sibling branch's newer, narrower overlay leaves this branch's in force, an
+unknown session or leaf is refused, and a summary that would not shrink the context is not
+recorded."""
 
 from __future__ import annotations
 
@@ -143,3 +144,18 @@ async def test_compact_refuses_an_unknown_session_or_leaf(client: httpx.AsyncCli
         assert (r.status_code, r.json()["code"]) == (404, "message_not_found"), (leaf, r.text)
     listed = (await client.get(f"/v1/sessions/{sid}/compactions")).json()["compactions"]
     assert [o["id"] for o in listed] == [overlay["id"]]  # the refusals recorded nothing
+
+
+async def test_a_summary_that_would_not_shrink_the_context_is_not_recorded(client: httpx.AsyncClient) -> None:
+    sid = new_sid("cmp-grow")
+    await _config(client, sid, protect_head=1)
+    short = [msg(f"m{i}", f"ok {i}") for i in range(8)]  # the offline summary of these is longer than they are
+    r = await client.post(f"/v1/sessions/{sid}/messages:batch", json={"messages": short})
+    assert r.status_code == 201, r.text
+    out = await _compact(client, sid)
+    assert out["compacted"] is False
+    assert out["reason"].startswith("the summary would not shrink the context"), out
+    listed = (await client.get(f"/v1/sessions/{sid}/compactions")).json()["compactions"]
+    assert listed == []
+    view = await _history(client, sid, r.json()["seq"])
+    assert [m["id"] for m in view] == [f"m{i}" for i in range(8)]

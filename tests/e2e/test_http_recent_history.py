@@ -7,7 +7,7 @@ from typing import Any
 
 import httpx
 
-from tests.e2e.helpers import append, msg, new_sid
+from tests.e2e.helpers import PROSE, append, msg, new_sid
 
 
 async def batch(client: httpx.AsyncClient, sid: str, messages: list[dict[str, Any]]) -> int:
@@ -161,7 +161,7 @@ async def test_an_overlay_applies_only_when_it_starts_inside_the_window(client: 
     sid = new_sid()
     config = {"compaction": {"protect_head": 1, "tail_token_budget": 10, "min_tail_messages": 2}}
     assert (await client.put(f"/v1/sessions/{sid}/config", json=config)).status_code == 200
-    await batch(client, sid, [msg(f"m{i}", f"message number {i}") for i in range(8)])
+    await batch(client, sid, [msg(f"m{i}", f"message number {i}{PROSE}") for i in range(8)])
     compacted = (await client.post(f"/v1/sessions/{sid}/compact", json={})).json()
     assert compacted["compacted"] is True, compacted
     overlay, seq = compacted["overlay"], compacted["seq"]

@@ -10,6 +10,7 @@ import pytest
 
 from chronicle_sdk import ChronicleClient, HistoryRowStat, RecentHistory, Session, Via
 from services.settings import Settings
+from tests.e2e.helpers import PROSE
 from tests.e2e.sdk_support import VIAS, ids, open_client, sid, text
 
 
@@ -76,7 +77,7 @@ async def test_total_is_the_sum_of_the_row_stats(sdk: ChronicleClient) -> None:
 
 async def test_an_overlay_inside_the_window_is_applied(sdk: ChronicleClient) -> None:
     s = Session.create(sdk, sid()).on_compaction(protect_head=1, tail_token_budget=10, min_tail_messages=2)
-    await s.append_all([text(f"m{i}", f"message number {i} about the deployment plan") for i in range(8)])
+    await s.append_all([text(f"m{i}", f"message number {i}{PROSE}") for i in range(8)])
     overlay = await s.compact()
     assert overlay is not None
     first = int(overlay.from_message_id[1:])
