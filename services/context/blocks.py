@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -46,15 +47,27 @@ HISTORY_DESCRIPTION = "Cross-session conversation history"
 log = logging.getLogger("chronicle.context")
 
 
+MISSING_LOG_EVERY_S = 300.0
+"""A missing source is logged once in this many seconds per (tenant, session, bucket, key): a
+client polling the context would otherwise write a warning per request."""
+_missing_logged: dict[tuple[str, str, str, str], float] = {}
+
+
 def source_missing(tenant: str, session: str, block: ReadonlyBlock) -> ChronicleError:
-    """The error (and its log line) of a read-only block whose object is not in storage: the
-    block is never rendered empty in its place (a frozen prompt would keep the gap unseen)."""
+    """The error (and its log line, at most once in :data:`MISSING_LOG_EVERY_S` per object and
+    session) of a read-only block whose object is not in storage: the block is never rendered
+    empty in its place (a frozen prompt would keep the gap unseen)."""
     assert block.source is not None
     detail = (
         f"block {block.label!r}: object {block.source.key[:200]!r} is not in bucket {block.source.bucket!r}; "
         "upload it, or PUT a config without it"
     )
-    log.warning("read-only source missing for %s/%s: %s", tenant, session, detail)
+    which, now = (tenant, session, block.source.bucket, block.source.key), time.monotonic()
+    if now - _missing_logged.get(which, -MISSING_LOG_EVERY_S) >= MISSING_LOG_EVERY_S:
+        if len(_missing_logged) >= 10_000:  # bounded: forget them all rather than grow
+            _missing_logged.clear()
+        _missing_logged[which] = now
+        log.warning("read-only source missing for %s/%s: %s", tenant, session, detail)
     return SourceMissing(detail)
 
 
