@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import time
 
 import pytest
 
@@ -20,7 +21,7 @@ def test_a_missing_source_is_logged_once_per_object_and_session_however_often_it
 ) -> None:
     monkeypatch.setattr(blocks, "_missing_logged", {})
     clock = [1000.0]
-    monkeypatch.setattr(blocks.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(time, "monotonic", lambda: clock[0])
     with caplog.at_level(logging.WARNING, logger="chronicle.context"):
         errors = [blocks.source_missing("t", "s", block("a.md")) for _ in range(5)]
         blocks.source_missing("t", "s", block("b.md"))
