@@ -38,6 +38,7 @@ from events.blobs import BlobRef, no_object, sha256_hex
 from events.catalog import (
     CompactionFailed,
     CompactionRecorded,
+    CompactionSkipped,
     MessageAppended,
     MessageBodyEvent,
     MessagesDeleted,
@@ -265,6 +266,8 @@ def message_ids(event: Event) -> Iterator[str]:
     if isinstance(event, CompactionRecorded):
         yield from (event.from_message_id, event.to_message_id, event.leaf_id)
     if isinstance(event, CompactionFailed):
+        yield event.leaf_id
+    if isinstance(event, CompactionSkipped) and event.leaf_id is not None:
         yield event.leaf_id
 
 

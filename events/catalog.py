@@ -13,7 +13,7 @@ from typing import Any, ClassVar, Literal
 from pydantic import ConfigDict, Field, model_validator
 
 from events.blobs import BlobRef
-from events.context import SessionConfig
+from events.context import CompactionConfig, SessionConfig
 from events.envelope import Event
 from events.messages import body_hash
 
@@ -379,6 +379,26 @@ class CompactionFailed(Event):
     attempt: int
 
 
+class CompactionSkipped(Event):
+    """A compaction the work queue asked for recorded nothing: there was nothing to compact, or
+    the summary would not have shrunk the context (``reason`` says which). ``estimate`` is the
+    requested estimate (the compaction state's, prompt included) and ``config`` the session's
+    compaction settings it was tried under. The compaction state requests the session again only
+    once its estimate passes ``estimate`` by a tenth of ``compact_after``, its compaction settings
+    change, or an overlay or a clear resets it; a manual ``POST …/compact`` always tries. The id is
+    derived from the request's, so a redelivered request records it once."""
+
+    TYPE: ClassVar[str] = "compaction.skipped"
+    VERSION: ClassVar[int] = 1
+    type: Literal["compaction.skipped"] = "compaction.skipped"
+    version: Literal[1] = 1
+
+    leaf_id: str | None
+    estimate: int = Field(ge=0)
+    reason: str = Field(max_length=500)
+    config: CompactionConfig
+
+
 class CompactionRequested(Event):
     """A compactor's state found the session over its ``compact_after``: summarise it.
 
@@ -424,4 +444,5 @@ EVENT_TYPES: tuple[type[Event], ...] = (
     PromptRendered,
     CompactionRecorded,
     CompactionFailed,
+    CompactionSkipped,
 )

@@ -16,11 +16,13 @@ from typing import Any
 
 from psycopg import AsyncConnection
 from psycopg.rows import class_row
+from psycopg.types.json import Jsonb
 
 from events.catalog import (
     COMPACTION_PREFIX,
     CompactionFailed,
     CompactionRecorded,
+    CompactionSkipped,
     MessagesCleared,
     SessionDeleted,
     SessionErased,
@@ -105,12 +107,30 @@ def plan(event: Event, seq: int) -> list[Statement]:
                     ),
                 )
             ]
+        case CompactionSkipped():
+            return [
+                (
+                    "INSERT INTO compaction_skips (tenant, session_id, seq, leaf_id, estimate, reason, config, "
+                    "created_at) VALUES (%s, %s, %s, %s, %s, %s, %s, %s) ON CONFLICT DO NOTHING",
+                    (
+                        t,
+                        s,
+                        seq,
+                        event.leaf_id,
+                        event.estimate,
+                        event.reason,
+                        Jsonb(event.config.model_dump(mode="json")),
+                        event.occurred_at,
+                    ),
+                )
+            ]
         case MessagesCleared() | SessionDeleted():
             return [("DELETE FROM overlays WHERE tenant = %s AND session_id = %s", (t, s))]
         case SessionErased():
             return [
                 ("DELETE FROM overlays WHERE tenant = %s AND session_id = %s", (t, s)),
                 ("DELETE FROM compaction_failures WHERE tenant = %s AND session_id = %s", (t, s)),
+                ("DELETE FROM compaction_skips WHERE tenant = %s AND session_id = %s", (t, s)),
             ]
         case _:
             return []

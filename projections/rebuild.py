@@ -44,6 +44,7 @@ TABLES: dict[str, str] = {
     "prompts": "tenant, session_id, version",
     "overlays": "tenant, session_id, overlay_id",
     "compaction_failures": "tenant, session_id, seq",
+    "compaction_skips": "tenant, session_id, seq",
 }
 
 

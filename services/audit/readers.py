@@ -51,7 +51,7 @@ PROJECTION_TABLES: dict[str, tuple[str, ...]] = {
         "reclaimed_outputs",
         "prompts",
     ),
-    "overlays": ("overlays", "compaction_failures"),
+    "overlays": ("overlays", "compaction_failures", "compaction_skips"),
 }
 PROJECTION_TABLES["all"] = tuple(t for name in ("history", "context", "overlays") for t in PROJECTION_TABLES[name])
 

@@ -79,6 +79,27 @@ def compacted_sum(path: Sequence[tuple[str, int]], overlays: Sequence[tuple[str,
     return sum(counts[item] if isinstance(item, str) else item[2] for item in view)
 
 
-def is_due(estimate: int, prompt_tokens: int, compact_after: int | None) -> bool:
+SKIP_GROWTH_DIVISOR = 10
+"""After a skipped compaction, the session is asked again once its estimate has grown past the
+skipped one by ``compact_after / SKIP_GROWTH_DIVISOR`` (:func:`skip_margin`)."""
+
+
+def skip_margin(compact_after: int) -> int:
+    """How far past a skipped attempt's estimate a session must grow before it is due again: a
+    tenth of ``compact_after`` (rounded up). At most one summary per tenth of the budget grown,
+    however many appends that takes, and never more than a tenth past the last try before the
+    next one."""
+    return -(-compact_after // SKIP_GROWTH_DIVISOR)
+
+
+def over(estimate: int, prompt_tokens: int, compact_after: int | None) -> bool:
     """Over the threshold, strictly: the branch's estimate and the frozen prompt together."""
     return compact_after is not None and estimate + prompt_tokens > compact_after
+
+
+def is_due(estimate: int, prompt_tokens: int, compact_after: int | None, skipped: int | None = None) -> bool:
+    """Over the threshold and, after a skipped attempt at estimate ``skipped`` (prompt included),
+    grown past it by :func:`skip_margin`: only then can a new attempt come out otherwise."""
+    if compact_after is None or not over(estimate, prompt_tokens, compact_after):
+        return False
+    return skipped is None or estimate + prompt_tokens > skipped + skip_margin(compact_after)

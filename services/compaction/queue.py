@@ -13,7 +13,9 @@ Work side (:func:`subscribe`): any number of compactor processes share the durab
 :meth:`CompactionService.compact` (the same code path as ``POST …/compact``). Acknowledgement is
 explicit, never FastStream's default (which would terminate a message whose handler raised):
 
-* done, or nothing to do: ack (the work-queue stream then drops the request);
+* done, or nothing to do: ack (the work-queue stream then drops the request); an attempt that
+  recorded nothing has recorded ``compaction.skipped`` (see :meth:`CompactionService.compact`);
+* no longer due by the committed state (weighed inside the session's lock): ack without work;
 * failed, attempts left: nak with the backoff delay of this attempt;
 * failed on the last of ``compaction_attempts``: ``compaction.failed`` (id derived from the
   request's), then ack;
@@ -217,7 +219,7 @@ def subscribe(
             await msg.reject()  # it would fail the same way every time
             return
         key = (req.tenant, req.session)
-        attempt = Attempt(req.id, delivery)
+        attempt = Attempt(req.id, delivery, req.estimate)
         stats.in_flight += 1
         beat = asyncio.create_task(heartbeat(msg))
         try:
@@ -226,12 +228,14 @@ def subscribe(
                 stats.gave_up += 1
                 await msg.ack()
                 return
-            if still_due is not None and not await still_due(req):
-                stats.nothing += 1
-                await msg.ack()
-                return
             try:
                 async with busy.hold(key), asyncio.timeout(compact_timeout_s):  # a dead connection never holds it
+                    # weighed inside the lock: a request that waited for it sees what the one before
+                    # recorded (an overlay, or a skip that makes this one not worth a summary)
+                    if still_due is not None and not await still_due(req):
+                        stats.nothing += 1
+                        await msg.ack()
+                        return
                     outcome = await service.compact(req.tenant, req.session, attempt=attempt)
             except KeyDestroyed:  # erased while it waited or summarised: nothing to record, nothing to retry
                 stats.nothing += 1

@@ -21,6 +21,7 @@ from events.admission import Refused, admit, scrub
 from events.catalog import (
     CompactionFailed,
     CompactionRecorded,
+    CompactionSkipped,
     MessagesCleared,
     MessagesDeleted,
     MessageUpdated,
@@ -51,6 +52,7 @@ class Attempt:
 
     request_id: str
     number: int
+    estimate: int = 0  # the request's (the compaction state's estimate, prompt included)
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,6 +115,12 @@ class CompactionService:
         Raises :class:`~services.compaction.summarizers.SummarizerError` when the summarizer
         fails, after recording ``compaction.failed`` unless this is a work-queue ``attempt`` (the
         queue records the failure of a request's last attempt).
+
+        A work-queue ``attempt`` that records nothing (nothing to compact, an empty summary, or a
+        summary that would not shrink the context) records ``compaction.skipped`` and waits until
+        the projector has applied it: the compaction state then asks for the session again only
+        after enough growth (:func:`~services.compaction.estimate.is_due`). A manual compaction
+        records no skip, and always tries.
         """
         last = await self._cond.catch_up(tenant, session)
         async with self._pool.connection() as conn:
@@ -120,7 +128,7 @@ class CompactionService:
             leaf, _, view = await compacted_view(conn, tenant, session, leaf_id)
             prompt = await context_queries.latest_prompt(conn, tenant, session)
         if leaf is None or not view:
-            return Outcome(None, "no messages", last)
+            return await self._skipped(tenant, session, leaf, cfg, "no messages", last, attempt)
         messages = [as_message(v) for v in view]
         plan = plan_compaction(
             messages,
@@ -130,10 +138,12 @@ class CompactionService:
             min_tail_messages=cfg.min_tail_messages,
         )
         if isinstance(plan, Skip):
-            return Outcome(None, plan.reason, last)
+            return await self._skipped(tenant, session, leaf, cfg, plan.reason, last, attempt)
         summary = await self._summarize(tenant, session, leaf, plan, attempt)
         if not summary.strip():
-            return Outcome(None, "the summarizer returned an empty summary", last)
+            return await self._skipped(
+                tenant, session, leaf, cfg, "the summarizer returned an empty summary", last, attempt
+            )
         # The new overlay replaces exactly view[start:end]: from its first message (an overlay
         # there: from that overlay's first) to its last (an overlay there: to that one's last).
         head, tail = view[plan.start], view[plan.end - 1]
@@ -144,10 +154,9 @@ class CompactionService:
         covered = messages[plan.start : plan.end]
         summary_msg: Message = {"id": "", "role": "assistant", "parts": [{"type": "text", "text": summary}]}
         after = before - sum(self.tokens(m) for m in covered) + self.tokens(summary_msg)
-        if after >= before:  # recording it would grow the context, and re-trigger on every append
-            return Outcome(
-                None, f"the summary would not shrink the context ({before} tokens before, {after} after)", last
-            )
+        if after >= before:  # recording it would grow the context
+            reason = f"the summary would not shrink the context ({before} tokens before, {after} after)"
+            return await self._skipped(tenant, session, leaf, cfg, reason, last, attempt)
         overlay_id = derived_id("overlay", tenant, session, first, last_id)
         event = CompactionRecorded(
             id=overlay_id,
@@ -176,6 +185,34 @@ class CompactionService:
         async with self._pool.connection() as conn:
             recorded = next((o for o in await overlays(conn, tenant, session) if o.overlay_id == overlay_id), None)
         return Outcome(recorded, None if recorded else "recorded; not yet visible", published.seq)
+
+    async def _skipped(
+        self,
+        tenant: str,
+        session: str,
+        leaf: str | None,
+        cfg: CompactionConfig,
+        reason: str,
+        last: int,
+        attempt: Attempt | None,
+    ) -> Outcome:
+        """Nothing recorded, for ``reason``; a work-queue ``attempt`` records ``compaction.skipped``
+        (id derived from the request's: a redelivery records it once) and waits until it is
+        applied, so the next request of the session is weighed against it."""
+        if attempt is None:
+            return Outcome(None, reason, last)
+        skipped = CompactionSkipped(
+            id=derived_id("compaction-skipped", attempt.request_id),
+            tenant=tenant,
+            session=session,
+            leaf_id=leaf,
+            estimate=attempt.estimate,
+            reason=reason,
+            config=cfg,
+        )
+        published = await self._pub.publish(skipped, fresh_id_on_foreign=True)  # as an overlay's, below
+        await self._cond.catch_up(tenant, session)
+        return Outcome(None, reason, published.seq)
 
     async def _publish_unless_changed(
         self, event: CompactionRecorded, expected: int, covered: set[str]

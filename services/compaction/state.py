@@ -16,6 +16,12 @@ active branch (compacted view) grows by that count when a message extends the ac
 cost of an append does not depend on history length; only a branch switch, an update, a delete or
 a new overlay re-sums the stored per-message counts (never re-tokenising).
 
+A request that recorded nothing leaves ``compaction.skipped`` in the log; applied here (under the
+compaction settings it names), it keeps the session from being due again until its estimate
+passes the skipped one by a tenth of ``compact_after`` (:func:`~services.compaction.estimate.is_due`).
+Other compaction settings, an overlay, a clear, or the estimate falling back under the threshold
+end it. A backfilled session starts without one.
+
 The rows are keyed by ``worker`` (the projector's name): partition workers share it, each writing
 only its own partitions' sessions. The state is not part of a rebuild (``verify`` compares the
 read models only): it is the live projector's bookkeeping of decisions to come, and a rebuilt
@@ -30,11 +36,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from psycopg import AsyncConnection
+from psycopg.types.json import Jsonb
 
 from events.blobs import BlobStore
 from events.bodies import unpack_body
 from events.catalog import (
     CompactionRecorded,
+    CompactionSkipped,
     MessageAppended,
     MessagesCleared,
     MessagesDeleted,
@@ -54,6 +62,7 @@ from services.compaction.estimate import (
     extends,
     fold_appends,
     is_due,
+    over,
     path_from_leaf,
 )
 from services.compaction.ranges import TOKENS_PER_MESSAGE, message_tokens
@@ -110,14 +119,16 @@ class CompactorState:
         nothing new may arrive for them)."""
         await self._load_tracked(conn)
         cur = await conn.execute(
-            "SELECT tenant, session_id, leaf_id, estimate + prompt_tokens, seq FROM compactor_sessions "
+            "SELECT tenant, session_id, leaf_id, estimate, prompt_tokens, compact_after, skipped_estimate, seq "
+            "FROM compactor_sessions "
             "WHERE worker = %s AND compact_after IS NOT NULL AND estimate + prompt_tokens > compact_after",
             (self.worker,),
         )
-        for t, s, leaf, estimate, seq in await cur.fetchall():
+        for t, s, leaf, estimate, prompt, after, skipped, seq in await cur.fetchall():
             if self._owns is not None and not self._owns(str(t), str(s)):
                 continue
-            self.candidates[(str(t), str(s))] = Candidate(str(t), str(s), leaf, int(estimate), int(seq))
+            if is_due(int(estimate), int(prompt), after, skipped):
+                self.candidates[(str(t), str(s))] = Candidate(str(t), str(s), leaf, int(estimate + prompt), int(seq))
 
     async def _load_tracked(self, conn: Conn) -> None:
         cur = await conn.execute(
@@ -174,20 +185,21 @@ class CompactorState:
         checkpoint; once a batch finds none, nothing is asked again (a batch that rolled back
         finds its sessions again in the next)."""
         cur = await conn.execute(
-            "SELECT c.tenant, c.session_id, c.seq, (c.config->'compaction'->>'compact_after')::bigint "
+            "SELECT c.tenant, c.session_id, c.seq, (c.config->'compaction'->>'compact_after')::bigint, "
+            "c.config->'compaction' "
             "FROM session_configs c WHERE c.config->'compaction'->>'compact_after' IS NOT NULL "
             "AND NOT EXISTS (SELECT 1 FROM compactor_sessions s WHERE s.worker = %s AND s.tenant = c.tenant "
             "AND s.session_id = c.session_id)",
             (self.worker,),
         )
-        found = [(str(t), str(s), int(q), int(a)) for t, s, q, a in await cur.fetchall()]
+        found = [(str(t), str(s), int(q), int(a), Jsonb(c)) for t, s, q, a, c in await cur.fetchall()]
         mine = [f for f in found if self._owns is None or self._owns(f[0], f[1])]
         if not mine:
             self._adopting = False
             return
-        for t, s, seq, after in mine:
+        for t, s, seq, after, compaction in mine:
             await self._backfill(conn, t, s, seq)
-            await self._set(conn, t, s, seq, compact_after=after)
+            await self._set(conn, t, s, seq, compact_after=after, compaction=compaction)
             self.tracked.add((t, s))
             await self._check(conn, t, s, seq)
         self._stale = True  # read ``tracked`` again next time, whatever this transaction becomes
@@ -213,13 +225,16 @@ class CompactorState:
             (self.worker, last_seq, [k[0] for k in keys], [k[1] for k in keys]),
         )
         cur = await conn.execute(
-            "SELECT tenant, session_id, leaf_id, estimate, prompt_tokens, compact_after FROM compactor_sessions "
+            "SELECT tenant, session_id, leaf_id, estimate, prompt_tokens, compact_after, skipped_estimate "
+            "FROM compactor_sessions "
             "WHERE worker = %s AND (tenant, session_id) IN (SELECT * FROM unnest(%s::text[], %s::text[]))",
             (self.worker, [k[0] for k in keys], [k[1] for k in keys]),
         )
-        found = {(str(t), str(s)): (leaf, int(est), int(pt), ca) for t, s, leaf, est, pt, ca in await cur.fetchall()}
+        found = {
+            (str(t), str(s)): (leaf, int(est), int(pt), ca, sk) for t, s, leaf, est, pt, ca, sk in await cur.fetchall()
+        }
         branches, switched = fold_appends(
-            {key: Branch(leaf, est) for key, (leaf, est, _, _) in found.items()},
+            {key: Branch(leaf, est) for key, (leaf, est, *_) in found.items()},
             (Append(t, s, mid, parent, tokens) for t, s, mid, parent, tokens, _ in rows if (t, s, mid) in fresh),
         )
         async with conn.cursor() as update:
@@ -238,24 +253,26 @@ class CompactorState:
             if (t, s) in switched:
                 await self._check(conn, t, s, last_seq)
             else:
-                _, _, prompt_tokens, compact_after = found[(t, s)]
-                branch = branches[(t, s)]
-                self._mark(t, s, branch, prompt_tokens, compact_after, last_seq)
+                _, _, prompt_tokens, compact_after, skipped = found[(t, s)]
+                branch = branches[(t, s)]  # only grew: a skip that holds still holds while over
+                self._mark(t, s, branch, prompt_tokens, compact_after, skipped, last_seq)
 
-    async def _session(self, conn: Conn, t: str, s: str, seq: int) -> tuple[str | None, int, int, int | None]:
+    async def _session(
+        self, conn: Conn, t: str, s: str, seq: int
+    ) -> tuple[str | None, int, int, int | None, int | None]:
         await conn.execute(
             "INSERT INTO compactor_sessions (worker, tenant, session_id, seq) VALUES (%s, %s, %s, %s) "
             "ON CONFLICT DO NOTHING",
             (self.worker, t, s, seq),
         )
         cur = await conn.execute(
-            "SELECT leaf_id, estimate, prompt_tokens, compact_after FROM compactor_sessions "
+            "SELECT leaf_id, estimate, prompt_tokens, compact_after, skipped_estimate FROM compactor_sessions "
             "WHERE worker = %s AND tenant = %s AND session_id = %s",
             (self.worker, t, s),
         )
         row = await cur.fetchone()
         assert row is not None
-        return row[0], int(row[1]), int(row[2]), row[3]
+        return row[0], int(row[1]), int(row[2]), row[3], row[4]
 
     async def _set(self, conn: Conn, t: str, s: str, seq: int, **values: Any) -> None:
         cols = ", ".join(f"{k} = %s" for k in values)
@@ -281,6 +298,13 @@ class CompactorState:
                 if (t, s) not in self.tracked:
                     await self._backfill(conn, t, s, seq)
                     self.tracked.add((t, s))
+                compaction = Jsonb(cfg.model_dump(mode="json")) if cfg else None
+                await conn.execute(  # other compaction settings: a skip under the old ones no longer holds
+                    "UPDATE compactor_sessions SET skipped_estimate = CASE WHEN compaction IS DISTINCT FROM %s "
+                    "THEN NULL ELSE skipped_estimate END, compaction = %s "
+                    "WHERE worker = %s AND tenant = %s AND session_id = %s",
+                    (compaction, compaction, self.worker, t, s),
+                )
                 await self._set(conn, t, s, seq, compact_after=after)
             case SessionErased():
                 await self._untrack(conn, t, s)
@@ -298,7 +322,7 @@ class CompactorState:
                 )
                 if cur.rowcount == 0:
                     return
-                leaf, estimate, _, _ = await self._session(conn, t, s, seq)
+                leaf, estimate, *_ = await self._session(conn, t, s, seq)
                 if extends(Branch(leaf, estimate), event.parent_id):
                     await self._set(conn, t, s, seq, leaf_id=event.message_id, estimate=estimate + tokens)
                 else:
@@ -326,7 +350,16 @@ class CompactorState:
                             (self.worker, t, s),
                         )
                 await self._session(conn, t, s, seq)
+                if not isinstance(event, MessagesDeleted):
+                    await self._set(conn, t, s, seq, skipped_estimate=None)  # a new start
                 await self.resum(conn, t, s, seq, await self._latest_leaf(conn, t, s))
+            case CompactionSkipped():
+                await self._session(conn, t, s, seq)
+                await conn.execute(  # only under the settings it was tried with (else a change came between)
+                    "UPDATE compactor_sessions SET skipped_estimate = %s, seq = %s "
+                    "WHERE worker = %s AND tenant = %s AND session_id = %s AND compaction = %s",
+                    (event.estimate, seq, self.worker, t, s, Jsonb(event.config.model_dump(mode="json"))),
+                )
             case CompactionRecorded():
                 await conn.execute(
                     "INSERT INTO compactor_overlays (worker, tenant, session_id, overlay_id, from_id, to_id, "
@@ -343,6 +376,7 @@ class CompactorState:
                     ),
                 )
                 leaf, *_ = await self._session(conn, t, s, seq)
+                await self._set(conn, t, s, seq, skipped_estimate=None)  # the view changed: worth a new try
                 await self.resum(conn, t, s, seq, leaf)
             case _:
                 return
@@ -426,11 +460,25 @@ class CompactorState:
         await self._set(conn, t, s, seq, leaf_id=leaf, estimate=estimate)
 
     async def _check(self, conn: Conn, t: str, s: str, seq: int) -> None:
-        leaf, estimate, prompt_tokens, compact_after = await self._session(conn, t, s, seq)
-        self._mark(t, s, Branch(leaf, estimate), prompt_tokens, compact_after, seq)
+        """Mark the session due or not; a skip lapses once the session is back under its
+        threshold (the next time it passes it, a new attempt is fair)."""
+        leaf, estimate, prompt_tokens, compact_after, skipped = await self._session(conn, t, s, seq)
+        if skipped is not None and not over(estimate, prompt_tokens, compact_after):
+            await self._set(conn, t, s, seq, skipped_estimate=None)
+            skipped = None
+        self._mark(t, s, Branch(leaf, estimate), prompt_tokens, compact_after, skipped, seq)
 
-    def _mark(self, t: str, s: str, branch: Branch, prompt_tokens: int, compact_after: int | None, seq: int) -> None:
-        if is_due(branch.estimate, prompt_tokens, compact_after):
+    def _mark(
+        self,
+        t: str,
+        s: str,
+        branch: Branch,
+        prompt_tokens: int,
+        compact_after: int | None,
+        skipped: int | None,
+        seq: int,
+    ) -> None:
+        if is_due(branch.estimate, prompt_tokens, compact_after, skipped):
             self.candidates[(t, s)] = Candidate(t, s, branch.leaf, branch.estimate + prompt_tokens, seq)
         else:
             self.candidates.pop((t, s), None)
@@ -441,12 +489,12 @@ async def still_due(conn: Conn, worker: str, tenant: str, session: str, seq: int
     is tracked and over its threshold. A state that has not reached ``seq`` (it cannot happen
     while requests are published after their commit) cannot tell: True."""
     cur = await conn.execute(
-        "SELECT seq, estimate, prompt_tokens, compact_after FROM compactor_sessions "
+        "SELECT seq, estimate, prompt_tokens, compact_after, skipped_estimate FROM compactor_sessions "
         "WHERE worker = %s AND tenant = %s AND session_id = %s",
         (worker, tenant, session),
     )
     row = await cur.fetchone()
     if row is None:
         return False  # compaction switched off, or the session erased: nothing is due
-    at, estimate, prompt_tokens, compact_after = row
-    return int(at) < seq or is_due(int(estimate), int(prompt_tokens), compact_after)
+    at, estimate, prompt_tokens, compact_after, skipped = row
+    return int(at) < seq or is_due(int(estimate), int(prompt_tokens), compact_after, skipped)

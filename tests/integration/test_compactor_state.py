@@ -4,7 +4,14 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from events.catalog import CompactionRecorded, MessageAppended, PromptRendered, SessionConfigured
+from events.catalog import (
+    CompactionRecorded,
+    CompactionSkipped,
+    MessageAppended,
+    MessagesDeleted,
+    PromptRendered,
+    SessionConfigured,
+)
 from events.context import CompactionConfig, SessionConfig
 from events.envelope import Event
 from events.messages import body_hash
@@ -271,3 +278,87 @@ def _chain_over_threshold(
         tenant=T, session=sid, config=SessionConfig(compaction=CompactionConfig(compact_after=total - 1))
     )
     return configured, [_msg(sid, f"m{i}", f"m{i - 1}" if i else None, t) for i, t in enumerate(texts)], total
+
+
+async def test_a_skip_holds_under_its_settings_until_growth_an_overlay_or_a_fall_under(
+    stack: Container, new_id: Callable[[str], str]
+) -> None:
+    """``compaction.skipped`` keeps an over-threshold session from being due (and a request of
+    it from standing) until its estimate passes the skipped one by a tenth of ``compact_after``;
+    applied twice, it is the same; under other settings than the session's, it is void; an
+    overlay, or the estimate falling under the threshold, ends it."""
+    from services.compaction.estimate import skip_margin
+    from services.compaction.state import still_due
+
+    sid = new_id("skip")
+    count = stack.context.counter.count
+    state = CompactorState(new_id("w"), count, None, adopt=False)
+    text = "hello there " * 10
+    tokens = message_tokens({"parts": [{"type": "text", "text": text}]}, count)
+    policy = CompactionConfig(compact_after=10 * tokens)  # a margin of one message
+    assert skip_margin(10 * tokens) == tokens
+    seq, n = 50_000_000, 0
+
+    async def feed(*evs: Event) -> None:
+        nonlocal seq
+        items: list[tuple[int, Event]] = []
+        for ev in evs:
+            seq += 1
+            items.append((seq, ev))
+        async with stack.pool.connection() as conn, conn.transaction():
+            await apply_batch(conn, state.worker, [state], items, notify=False)
+
+    leaf: str | None = None
+
+    def grow(k: int) -> list[Event]:
+        nonlocal n, leaf
+        out: list[Event] = []
+        for _ in range(k):
+            out.append(_msg(sid, f"m{n}", leaf, text))
+            leaf, n = f"m{n}", n + 1
+        return out
+
+    def skipped(estimate: int, cfg: CompactionConfig = policy) -> CompactionSkipped:
+        return CompactionSkipped(tenant=T, session=sid, leaf_id=f"m{n - 1}", estimate=estimate, reason="r", config=cfg)
+
+    async def due_now() -> bool:
+        async with stack.pool.connection() as conn:
+            committed = await still_due(conn, state.worker, T, sid, seq)
+        assert committed == ((T, sid) in state.candidates)
+        return committed
+
+    await feed(SessionConfigured(tenant=T, session=sid, config=SessionConfig(compaction=policy)), *grow(11))
+    assert await due_now()
+    await feed(skipped(11 * tokens, policy.model_copy(update={"protect_head": 0})))
+    assert await due_now()  # tried under other settings: void
+    await feed(skipped(11 * tokens))
+    await feed(skipped(11 * tokens))  # the same skip again: the same state
+    assert not await due_now()
+    await feed(*grow(1))  # 12 messages: within the margin of one
+    assert not await due_now()
+    await feed(*grow(1))  # 13: past it
+    assert await due_now()
+    await feed(skipped(13 * tokens))
+    assert not await due_now()
+    overlay = CompactionRecorded(
+        tenant=T,
+        session=sid,
+        overlay_id="o1",
+        from_message_id="m0",
+        to_message_id="m0",
+        leaf_id=f"m{n - 1}",
+        tokens_before=0,
+        tokens_after=0,
+        summarizer="t",
+        model=None,
+        summary=text,
+    )
+    await feed(overlay)  # the view changed (and, the summary as long as the message, still over)
+    assert await due_now()
+    await feed(skipped(13 * tokens))
+    assert not await due_now()
+    await feed(MessagesDeleted(tenant=T, session=sid, message_ids=[f"m{n - 1}", f"m{n - 2}", f"m{n - 3}"]))
+    leaf = f"m{n - 4}"
+    assert not await due_now()  # under the threshold: the skip ends
+    await feed(*grow(3))  # over it again, within the old skip's margin: a new attempt is fair
+    assert await due_now()

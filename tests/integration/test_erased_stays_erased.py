@@ -12,6 +12,7 @@ import psycopg
 from events.catalog import (
     CompactionFailed,
     CompactionRecorded,
+    CompactionSkipped,
     ContextWritten,
     PromptRendered,
     SearchEntryIndexed,
@@ -42,6 +43,7 @@ SESSION_ROWS = {  # table -> its session column
     "prompts": "session_id",
     "overlays": "session_id",
     "compaction_failures": "session_id",
+    "compaction_skips": "session_id",
     "compactor_messages": "session_id",
     "compactor_sessions": "session_id",
 }
@@ -78,6 +80,7 @@ def after_erasure(sid: str) -> list[Event]:
             summary="late summary",
         ),
         CompactionFailed(tenant=T, session=sid, leaf_id="late-2", summarizer="test", error="x", attempt=1),
+        CompactionSkipped(tenant=T, session=sid, leaf_id="late-2", estimate=9, reason="x", config=config.compaction),
     ]
 
 

@@ -2,7 +2,15 @@
 
 from __future__ import annotations
 
-from services.compaction.estimate import Append, Branch, compacted_sum, fold_appends, is_due, path_from_leaf
+from services.compaction.estimate import (
+    Append,
+    Branch,
+    compacted_sum,
+    fold_appends,
+    is_due,
+    path_from_leaf,
+    skip_margin,
+)
 
 
 def test_appends_on_the_active_leaf_add_their_count_and_a_switch_asks_for_a_resum() -> None:
@@ -42,3 +50,15 @@ def test_due_is_strictly_over_the_threshold_with_the_prompt() -> None:
     assert not is_due(90, 10, 100)
     assert is_due(91, 10, 100)
     assert not is_due(10**9, 0, None)
+
+
+def test_after_a_skip_due_again_only_past_it_by_a_tenth_of_compact_after() -> None:
+    assert skip_margin(1000) == 100
+    assert skip_margin(1001) == 101  # rounded up: never zero
+    assert skip_margin(1) == 1
+    # skipped at 1150 (prompt included) under compact_after 1000: due again above 1250
+    assert not is_due(1150, 0, 1000, skipped=1150)
+    assert not is_due(1200, 50, 1000, skipped=1150)
+    assert is_due(1201, 50, 1000, skipped=1150)
+    assert not is_due(900, 0, 1000, skipped=None)  # a skip never makes a session due under its threshold
+    assert is_due(1001, 0, 1000, skipped=None)

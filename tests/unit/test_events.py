@@ -15,6 +15,7 @@ from events.catalog import (
     EVENT_TYPES,
     CompactionFailed,
     CompactionRecorded,
+    CompactionSkipped,
     ContextWritten,
     MessageAppended,
     MessageBodyEvent,
@@ -35,7 +36,7 @@ from events.catalog import (
     SkillRemoved,
     SkillUnloaded,
 )
-from events.context import SessionConfig
+from events.context import CompactionConfig, SessionConfig
 from events.envelope import Event
 from events.messages import body_hash
 from events.registry import UnknownEvent, decode, upcast
@@ -103,6 +104,12 @@ def sample(event_type: type[Event]) -> Event:
             "summary": "## Topic",
         },
         CompactionFailed: {"leaf_id": "m11", "summarizer": "openai-compatible", "error": "HTTP 503", "attempt": 1},
+        CompactionSkipped: {
+            "leaf_id": "m11",
+            "estimate": 1200,
+            "reason": "nothing new to summarise",
+            "config": CompactionConfig(compact_after=1000),
+        },
     }
     return event_type(**ENV, **fields[event_type])
 

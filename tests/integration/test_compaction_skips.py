@@ -1,0 +1,199 @@
+"""A compaction the work queue asked for that records nothing (here: the offline summary of short
+messages would not shrink the context) records ``compaction.skipped``, and the session is not
+asked again on every append while it stays over ``compact_after``: one summary for many appends,
+also across a restart of the projector and the compactor, and a new attempt once the session has
+grown past the skipped estimate by a tenth of ``compact_after``. Real NATS, Postgres, projector
+(its requester) and compactor (its work-queue subscriber)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+from events.context import CompactionConfig, SessionConfig
+from services.bootstrap import Container, open_container
+from services.compaction.estimate import skip_margin
+from services.compaction.ranges import Plan, message_tokens
+from services.compaction.requester import Requester
+from services.compaction.summarizers import OfflineSummarizer
+from services.settings import Settings
+from tests.conftest import make_settings
+from tests.integration.helpers import assert_rebuild_equals_live, text_message
+
+T = "tenant-a"
+# a wide tail: what is left between head and tail stays a few short messages, whose offline
+# summary is longer than they are
+POLICY = CompactionConfig(compact_after=300, protect_head=1, tail_token_budget=260, min_tail_messages=2)
+
+
+class _Recording:
+    """The offline summarizer, counting its calls (each would be a billed LLM call)."""
+
+    name = "offline"
+    model: str | None = None
+
+    def __init__(self) -> None:
+        self.calls = 0
+        self._inner = OfflineSummarizer()
+
+    async def summarize(self, plan: Plan) -> str:
+        self.calls += 1
+        return await self._inner.summarize(plan)
+
+
+async def _until(check: Callable[[], Awaitable[bool]], what: str, seconds: float = 30) -> None:
+    deadline = time.monotonic() + seconds
+    while not await check():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        await asyncio.sleep(0.05)
+
+
+@contextlib.asynccontextmanager
+async def _workers(c: Container, sid: str) -> AsyncIterator[Callable[[int], Awaitable[None]]]:
+    """A projector (with its requester) and a compactor; yields ``settle(seq)``: every event up to
+    ``seq`` applied, every request it made due published, and the work queue drained."""
+    stop = asyncio.Event()
+    runner = c.projector()
+    requester = next(getattr(side, "__self__", None) for side in runner.sidecars)
+    assert isinstance(requester, Requester)
+    compactor = c.compactor()
+    tasks = [asyncio.create_task(runner.run(stop)), asyncio.create_task(compactor.run(stop))]
+
+    async def settle(seq: int) -> None:
+        await _until(lambda: c.waiter.session_applied(T, sid, seq), f"sequence {seq} applied")
+
+        async def quiet() -> bool:
+            return requester.settled() and await compactor.idle()
+
+        await _until(quiet, "the requests published and the work queue drained")
+
+    try:
+        yield settle
+    finally:
+        stop.set()
+        await asyncio.wait_for(asyncio.gather(*tasks), timeout=20)
+
+
+class _Appender:
+    """Short messages (``ok <n>``: their offline summary is longer than they are), one at a time."""
+
+    def __init__(self, c: Container, sid: str) -> None:
+        self.c, self.sid, self.n = c, sid, 0
+
+    async def __call__(self) -> tuple[int, int]:
+        """Append one; (its seq, its tokens)."""
+        body: dict[str, Any] = text_message(f"m{self.n}", f"ok {self.n}", "user" if self.n % 2 == 0 else "assistant")
+        self.n += 1
+        seq = (await self.c.commands.append(T, self.sid, body)).seq
+        return seq, message_tokens(body, self.c.context.counter.count)
+
+    async def just_over(self, threshold: int) -> int:
+        """Append until the session is just over ``threshold`` (one request); the last seq."""
+        total, seq = 0, 0
+        while total <= threshold:
+            seq, tokens = await self()
+            total += tokens
+        return seq
+
+
+async def _requests_stored(c: Container) -> int:
+    """How many ``compaction.requested`` the work stream ever stored (acked ones included)."""
+    return int((await c.js.stream_info(c.layout.work_stream)).state.last_seq)
+
+
+async def _skips(c: Container, sid: str) -> list[tuple[int, str]]:
+    async with c.pool.connection() as conn:
+        cur = await conn.execute(
+            "SELECT estimate, reason FROM compaction_skips WHERE tenant = %s AND session_id = %s ORDER BY seq",
+            (T, sid),
+        )
+        return [(int(e), str(r)) for e, r in await cur.fetchall()]
+
+
+async def _estimate(c: Container, sid: str) -> int:
+    async with c.pool.connection() as conn:
+        cur = await conn.execute(
+            "SELECT estimate + prompt_tokens FROM compactor_sessions WHERE worker = %s AND tenant = %s "
+            "AND session_id = %s",
+            (c.settings.projector_name, T, sid),
+        )
+        row = await cur.fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+@contextlib.asynccontextmanager
+async def _stack(settings: Settings, sid: str) -> AsyncIterator[tuple[Container, _Recording, _Appender]]:
+    """A container whose compactions count their summaries, and ``sid`` configured with POLICY."""
+    async with open_container(settings) as c:
+        recording = _Recording()
+        c.compaction.summarizer = recording
+        await c.context.configure(T, sid, SessionConfig(compaction=POLICY))
+        yield c, recording, _Appender(c, sid)
+
+
+async def test_a_skipped_compaction_is_tried_again_only_after_enough_growth(
+    nats_url: str, fresh_db: str, s3_endpoint: str
+) -> None:
+    settings = make_settings(nats_url, fresh_db, s3_endpoint=s3_endpoint)
+    sid = "skip-grow"
+    assert POLICY.compact_after is not None
+    margin = skip_margin(POLICY.compact_after)
+    async with _stack(settings, sid) as (c, recording, append):
+        async with _workers(c, sid) as settle:
+            await settle(await append.just_over(POLICY.compact_after))
+            ((skipped, reason),) = await _skips(c, sid)
+            assert reason.startswith("the summary would not shrink the context"), reason
+            assert recording.calls == 1
+            requested = await _requests_stored(c)
+            # appends over the threshold, within the margin: no request, no summary; room is left
+            # for one more after the restart below
+            appended = 0
+            while True:
+                seq, tokens = await append()
+                await settle(seq)
+                appended += 1
+                assert await _estimate(c, sid) > POLICY.compact_after
+                if await _estimate(c, sid) + 2 * (tokens + 1) > skipped + margin:
+                    break
+            assert appended >= 2, "the margin should hold several short messages"
+            assert (recording.calls, await _requests_stored(c)) == (1, requested)
+
+        async with _workers(c, sid) as settle:  # a restart of both: the skip still holds (it is in the state)
+            seq, _ = await append()
+            await settle(seq)
+            assert await _estimate(c, sid) <= skipped + margin
+            assert (recording.calls, await _requests_stored(c), len(await _skips(c, sid))) == (1, requested, 1)
+            # grown past the skipped estimate by the margin: a new attempt, exactly one
+            while await _estimate(c, sid) <= skipped + margin:
+                seq, _ = await append()
+                await settle(seq)
+            assert recording.calls == 2
+            assert await _requests_stored(c) == requested + 1
+        await assert_rebuild_equals_live(c, fresh_db, settings.projector_name)
+
+
+async def test_new_compaction_settings_make_a_skipped_session_due_again(
+    nats_url: str, fresh_db: str, s3_endpoint: str
+) -> None:
+    """The skip holds under the settings it was tried with (configuring them again changes
+    nothing); other settings are worth a try, on the next append (a request of the same leaf and
+    estimate is the decision already taken)."""
+    settings = make_settings(nats_url, fresh_db, s3_endpoint=s3_endpoint)
+    sid = "skip-config"
+    assert POLICY.compact_after is not None
+    async with _stack(settings, sid) as (c, recording, append), _workers(c, sid) as settle:
+        await settle(await append.just_over(POLICY.compact_after))
+        assert (recording.calls, len(await _skips(c, sid))) == (1, 1)
+        await c.context.configure(T, sid, SessionConfig(compaction=POLICY))
+        seq, _ = await append()
+        await settle(seq)
+        assert recording.calls == 1  # the same settings again: the skip holds
+        wider = POLICY.model_copy(update={"tail_token_budget": 250})
+        await c.context.configure(T, sid, SessionConfig(compaction=wider))
+        seq, _ = await append()
+        await settle(seq)
+        assert (recording.calls, len(await _skips(c, sid))) == (2, 2)
