@@ -30,22 +30,28 @@ def _msg(sid: str, mid: str, parent: str | None, text: str) -> MessageAppended:
     )
 
 
+class _Feeder:
+    """Applies events to ``state`` in one transaction per call, at sequences from ``seq`` up."""
+
+    def __init__(self, stack: Container, state: CompactorState, seq: int) -> None:
+        self.stack, self.state, self.seq = stack, state, seq
+
+    async def __call__(self, *evs: Event) -> None:
+        items: list[tuple[int, Event]] = []
+        for ev in evs:
+            self.seq += 1
+            items.append((self.seq, ev))
+        async with self.stack.pool.connection() as conn, conn.transaction():
+            await apply_batch(conn, self.state.worker, [self.state], items, notify=False)
+
+
 async def test_estimate_threshold_and_prompt(stack: Container, new_id: Callable[[str], str]) -> None:
     sid = new_id("est")
     count = stack.context.counter.count
     state = CompactorState(new_id("w"), count, None, adopt=False)
     events = [_msg(sid, f"m{i}", f"m{i - 1}" if i else None, f"hello number {i} " * 5) for i in range(5)]
     total = sum(message_tokens(e.message or {}, count) for e in events)
-    seq = 10_000_000
-
-    async def feed(*evs: Event) -> None:
-        nonlocal seq
-        items: list[tuple[int, Event]] = []
-        for ev in evs:
-            seq += 1
-            items.append((seq, ev))
-        async with stack.pool.connection() as conn, conn.transaction():
-            await apply_batch(conn, state.worker, [state], items, notify=False)
+    feed = _Feeder(stack, state, 10_000_000)
 
     at = SessionConfig(compaction=CompactionConfig(compact_after=total))
     await feed(SessionConfigured(tenant=T, session=sid, config=at), *events)
@@ -297,16 +303,7 @@ async def test_a_skip_holds_under_its_settings_until_growth_an_overlay_or_a_fall
     tokens = message_tokens({"parts": [{"type": "text", "text": text}]}, count)
     policy = CompactionConfig(compact_after=10 * tokens)  # a margin of one message
     assert skip_margin(10 * tokens) == tokens
-    seq, n = 50_000_000, 0
-
-    async def feed(*evs: Event) -> None:
-        nonlocal seq
-        items: list[tuple[int, Event]] = []
-        for ev in evs:
-            seq += 1
-            items.append((seq, ev))
-        async with stack.pool.connection() as conn, conn.transaction():
-            await apply_batch(conn, state.worker, [state], items, notify=False)
+    feed, n = _Feeder(stack, state, 50_000_000), 0
 
     leaf: str | None = None
 
@@ -323,7 +320,7 @@ async def test_a_skip_holds_under_its_settings_until_growth_an_overlay_or_a_fall
 
     async def due_now() -> bool:
         async with stack.pool.connection() as conn:
-            committed = await still_due(conn, state.worker, T, sid, seq)
+            committed = await still_due(conn, state.worker, T, sid, feed.seq)
         assert committed == ((T, sid) in state.candidates)
         return committed
 
