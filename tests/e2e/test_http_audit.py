@@ -191,6 +191,20 @@ async def test_context_as_of_a_sequence(client: httpx.AsyncClient) -> None:
     )
 
 
+async def test_history_as_of_answers_404_for_a_session_that_does_not_live_as_the_read_of_now(
+    client: httpx.AsyncClient,
+) -> None:
+    unknown = new_sid()
+    for params in ({}, {"as_of_seq": 1}):
+        await _problem(await client.get(f"/v1/sessions/{unknown}/history", params=params), 404, "session_not_found")
+    sid = new_sid()
+    r = await client.post(f"/v1/sessions/{sid}/messages", json={"message": msg("m1", "hello")})
+    assert r.status_code == 201, r.text
+    before = await client.get(f"/v1/sessions/{sid}/history", params={"as_of_seq": 1})  # before its first event
+    assert before.status_code == 200, before.text
+    assert before.json()["messages"] == []
+
+
 # -- quarantine ----------------------------------------------------------------------------
 
 
