@@ -99,6 +99,7 @@ async def read_history(
         unloaded = reclaimed_in(state.reclaimed)
         head = {"as_of_seq": as_of_seq}
         if not raw:  # as the read of now: an empty path of a session that does not live is 404
+            await caught_up(c, tenant, sid, min_seq)  # a session just made is live
             await require_session(c, tenant, sid)
     else:
         if max_bytes is None and not truncate_older:  # the usual read, in one statement when it can be

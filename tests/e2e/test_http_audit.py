@@ -201,7 +201,9 @@ async def test_history_as_of_answers_404_for_a_session_that_does_not_live_as_the
     r = await client.post(f"/v1/sessions/{sid}/messages", json={"message": msg("m1", "hello")})
     assert r.status_code == 201, r.text
     first = r.json()["seq"]
-    before = await client.get(f"/v1/sessions/{sid}/history", params={"as_of_seq": first - 1})  # before its first event
+    before = await client.get(  # before its first event, read after it
+        f"/v1/sessions/{sid}/history", params={"as_of_seq": first - 1, "min_seq": first}
+    )
     assert before.status_code == 200, before.text
     assert before.json()["messages"] == []
 
