@@ -366,17 +366,25 @@ class CompactionFailed(Event):
     """A summarizer failed, and nothing more will be tried for this decision: a manual compaction
     (``POST …/compact``) records each failure; the compaction work queue records one when a
     request's redelivery is exhausted (``attempt`` is its delivery count, the id is derived from
-    the request's, so a redelivered last attempt records it once). Appends are unaffected."""
+    the request's, so a redelivered last attempt records it once). Appends are unaffected.
+
+    A work-queue failure also names the request's ``estimate`` (prompt included) and the session's
+    compaction settings (``config``) when it was recorded: the compaction state treats it like a
+    ``compaction.skipped`` at that estimate (no new request until the session has grown by a tenth
+    of ``compact_after``, its settings change, or an overlay or a clear resets it). A manual
+    failure has neither (None): it holds nothing; so has a v1 event (upcast: v1 named neither)."""
 
     TYPE: ClassVar[str] = "compaction.failed"
-    VERSION: ClassVar[int] = 1
+    VERSION: ClassVar[int] = 2
     type: Literal["compaction.failed"] = "compaction.failed"
-    version: Literal[1] = 1
+    version: Literal[2] = 2
 
     leaf_id: str
     summarizer: str
     error: str
     attempt: int
+    estimate: int | None = Field(default=None, ge=0)
+    config: CompactionConfig | None = None
 
 
 class CompactionSkipped(Event):

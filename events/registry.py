@@ -39,12 +39,19 @@ def _skill_loaded_v1_to_v2(raw: dict[str, Any]) -> dict[str, Any]:
     return {**raw, "version": 2, "tool_call_id": None}
 
 
+def _compaction_failed_v1_to_v2(raw: dict[str, Any]) -> dict[str, Any]:
+    """v1 failures did not name the request's estimate or settings: they hold nothing (as a
+    manual failure's)."""
+    return {**raw, "version": 2, "estimate": None, "config": None}
+
+
 # (type, from_version) -> step to from_version + 1.
 UPCASTERS: dict[tuple[str, int], Upcaster] = {
     ("message.appended", 1): _message_appended_v1_to_v2,
     ("message.appended", 2): _message_appended_v2_to_v3,
     ("message.updated", 1): _message_updated_v1_to_v2,
     ("skill.loaded", 1): _skill_loaded_v1_to_v2,
+    ("compaction.failed", 1): _compaction_failed_v1_to_v2,
 }
 
 

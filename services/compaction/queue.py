@@ -18,7 +18,8 @@ explicit, never FastStream's default (which would terminate a message whose hand
 * no longer due by the committed state (weighed inside the session's lock): ack without work;
 * failed, attempts left: nak with the backoff delay of this attempt;
 * failed on the last of ``compaction_attempts``: ``compaction.failed`` (id derived from the
-  request's), then ack;
+  request's; recorded inside the session's lock and applied before the lock is released, so it
+  weighs like a skip on the requests after it), then ack;
 * while a summary runs, a heartbeat (``in_progress``) keeps the request; a compactor that stops
   answering (killed) loses it after the first backoff delay, and another takes it (the consumer's
   ``backoff`` and ``max_deliver`` bound that too). A request delivered once more than its attempts
@@ -220,6 +221,7 @@ def subscribe(
             return
         key = (req.tenant, req.session)
         attempt = Attempt(req.id, delivery, req.estimate)
+        given_up = False
         stats.in_flight += 1
         beat = asyncio.create_task(heartbeat(msg))
         try:
@@ -236,7 +238,17 @@ def subscribe(
                         stats.nothing += 1
                         await msg.ack()
                         return
-                    outcome = await service.compact(req.tenant, req.session, attempt=attempt)
+                    try:
+                        outcome = await service.compact(req.tenant, req.session, attempt=attempt)
+                    except KeyDestroyed:
+                        raise
+                    except Exception as exc:
+                        if isinstance(after_failure(delivery, attempts, backoff_s), GiveUp):
+                            # recorded inside the lock, as a skip is: a request that waited for
+                            # this one weighs the failure and is acked without a summary
+                            await _give_up(service, req, attempt, exc)
+                            given_up = True
+                        raise
             except KeyDestroyed:  # erased while it waited or summarised: nothing to record, nothing to retry
                 stats.nothing += 1
                 log.info("%s/%s is erased: nothing to compact", *key)
@@ -253,7 +265,8 @@ def subscribe(
                         await msg.nack(delay=delay)
                     case GiveUp():
                         log.error("compaction of %s/%s failed %d times; recorded", *key, delivery, exc_info=exc)
-                        await _give_up(service, req, attempt, exc)
+                        if not given_up:  # recording it above failed (or timed out): once more
+                            await _give_up(service, req, attempt, exc)
                         stats.gave_up += 1
                         await msg.ack()
                 return

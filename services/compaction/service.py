@@ -273,7 +273,14 @@ class CompactionService:
         self, tenant: str, session: str, leaf: str | None, exc: BaseException, attempt: Attempt | None = None
     ) -> Published:
         """Record ``compaction.failed``: for a work-queue request, with an id derived from the
-        request's (a redelivered last attempt records it once) and its delivery count."""
+        request's (a redelivered last attempt records it once), its delivery count, its estimate
+        and the session's compaction settings now (those it was tried under, unless they changed
+        during the attempt), and wait until the projector has applied it, as a skip: the
+        compaction state asks for the session again only after enough growth."""
+        config = None
+        if attempt is not None:
+            async with self._pool.connection() as conn:
+                config = (await self._context.config(conn, tenant, session)).compaction
         failed = CompactionFailed(
             id=derived_id("compaction-failed", attempt.request_id) if attempt else new_event_id(),
             tenant=tenant,
@@ -282,5 +289,10 @@ class CompactionService:
             summarizer=self.summarizer.name,
             error=scrub(f"{type(exc).__name__}: {exc}"[:2000]),
             attempt=attempt.number if attempt else 1,
+            estimate=attempt.estimate if attempt else None,
+            config=config,
         )
-        return await self._pub.publish(failed, fresh_id_on_foreign=True)  # as an overlay's, above
+        published = await self._pub.publish(failed, fresh_id_on_foreign=True)  # as an overlay's, above
+        if attempt is not None:
+            await self._cond.catch_up(tenant, session)
+        return published

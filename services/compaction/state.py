@@ -16,9 +16,12 @@ active branch (compacted view) grows by that count when a message extends the ac
 cost of an append does not depend on history length; only a branch switch, an update, a delete or
 a new overlay re-sums the stored per-message counts (never re-tokenising).
 
-A request that recorded nothing leaves ``compaction.skipped`` in the log; applied here (under the
-compaction settings it names), it keeps the session from being due again until its estimate
-passes the skipped one by a tenth of ``compact_after`` (:func:`~services.compaction.estimate.is_due`).
+A request that recorded nothing leaves ``compaction.skipped`` in the log, one whose attempts all
+failed ``compaction.failed`` (with the request's estimate and settings); either, applied here
+(under the compaction settings it names), keeps the session from being due again until its estimate
+passes the skipped (or failed) one by a tenth of ``compact_after``
+(:func:`~services.compaction.estimate.is_due`): a summarizer that is down or refusing costs one
+request's attempts, not a request per append.
 Other compaction settings, an overlay, a clear, or the estimate falling back under the threshold
 end it. A backfilled session starts without one.
 
@@ -41,6 +44,7 @@ from psycopg.types.json import Jsonb
 from events.blobs import BlobStore
 from events.bodies import unpack_body
 from events.catalog import (
+    CompactionFailed,
     CompactionRecorded,
     CompactionSkipped,
     MessageAppended,
@@ -353,7 +357,9 @@ class CompactorState:
                 if not isinstance(event, MessagesDeleted):
                     await self._set(conn, t, s, seq, skipped_estimate=None)  # a new start
                 await self.resum(conn, t, s, seq, await self._latest_leaf(conn, t, s))
-            case CompactionSkipped():
+            case CompactionSkipped() | CompactionFailed():
+                if event.estimate is None or event.config is None:
+                    return  # a manual failure (or one recorded before they were named): it holds nothing
                 await self._session(conn, t, s, seq)
                 await conn.execute(  # only under the settings it was tried with (else a change came between)
                     "UPDATE compactor_sessions SET skipped_estimate = %s, seq = %s "

@@ -18,7 +18,7 @@ from services.bootstrap import Container, open_container
 from services.compaction.estimate import skip_margin
 from services.compaction.ranges import Plan, message_tokens
 from services.compaction.requester import Requester
-from services.compaction.summarizers import OfflineSummarizer
+from services.compaction.summarizers import OfflineSummarizer, SummarizerError
 from services.settings import Settings
 from tests.conftest import make_settings
 from tests.integration.helpers import assert_rebuild_equals_live, text_message
@@ -99,6 +99,20 @@ class _Appender:
         return seq
 
 
+class _Down:
+    """A summarizer that always fails (the LLM down or refusing), counting its calls."""
+
+    name = "down"
+    model: str | None = None
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    async def summarize(self, plan: Plan) -> str:
+        self.calls += 1
+        raise SummarizerError("HTTP 503: upstream unavailable")
+
+
 async def _requests_stored(c: Container) -> int:
     """How many ``compaction.requested`` the work stream ever stored (acked ones included)."""
     return int((await c.js.stream_info(c.layout.work_stream)).state.last_seq)
@@ -111,6 +125,28 @@ async def _skips(c: Container, sid: str) -> list[tuple[int, str]]:
             (T, sid),
         )
         return [(int(e), str(r)) for e, r in await cur.fetchall()]
+
+
+async def _failures(c: Container, sid: str) -> int:
+    async with c.pool.connection() as conn:
+        cur = await conn.execute(
+            "SELECT count(*) FROM compaction_failures WHERE tenant = %s AND session_id = %s", (T, sid)
+        )
+        row = await cur.fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+async def _held_at(c: Container, sid: str) -> int | None:
+    """The estimate a skip or a failure holds the session at (None: nothing holds it)."""
+    async with c.pool.connection() as conn:
+        cur = await conn.execute(
+            "SELECT skipped_estimate FROM compactor_sessions WHERE worker = %s AND tenant = %s AND session_id = %s",
+            (c.settings.projector_name, T, sid),
+        )
+        row = await cur.fetchone()
+    assert row is not None
+    return None if row[0] is None else int(row[0])
 
 
 async def _estimate(c: Container, sid: str) -> int:
@@ -197,3 +233,38 @@ async def test_new_compaction_settings_make_a_skipped_session_due_again(
         seq, _ = await append()
         await settle(seq)
         assert (recording.calls, len(await _skips(c, sid))) == (2, 2)
+
+
+async def test_a_failed_compaction_is_tried_again_only_after_enough_growth(
+    nats_url: str, fresh_db: str, s3_endpoint: str
+) -> None:
+    """A summarizer that always fails: the request's attempts are used up and ``compaction.failed``
+    recorded once; the appends after it, over the threshold and within the margin, request
+    nothing and call no summarizer; grown past the failed estimate by the margin, one more
+    request (and its attempts)."""
+    settings = make_settings(nats_url, fresh_db, s3_endpoint=s3_endpoint)
+    sid = "fail-grow"
+    attempts = settings.compaction_attempts
+    assert POLICY.compact_after is not None
+    margin = skip_margin(POLICY.compact_after)
+    async with _stack(settings, sid) as (c, _, append):
+        down = _Down()
+        c.compaction.summarizer = down
+        async with _workers(c, sid) as settle:
+            await settle(await append.just_over(POLICY.compact_after))
+            assert (down.calls, await _failures(c, sid)) == (attempts, 1)
+            held = await _held_at(c, sid)
+            assert held is not None
+            assert held > POLICY.compact_after
+            requested = await _requests_stored(c)
+            appended = 0
+            while True:
+                seq, _ = await append()
+                await settle(seq)
+                if await _estimate(c, sid) > held + margin:
+                    break
+                appended += 1
+                assert (down.calls, await _requests_stored(c), await _failures(c, sid)) == (attempts, requested, 1)
+            assert appended >= 2, "the margin should hold several short messages"
+            assert (down.calls, await _requests_stored(c), await _failures(c, sid)) == (2 * attempts, requested + 1, 2)
+        await assert_rebuild_equals_live(c, fresh_db, settings.projector_name)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from events.catalog import (
+    CompactionFailed,
     CompactionRecorded,
     CompactionSkipped,
     MessageAppended,
@@ -286,6 +287,30 @@ def _chain_over_threshold(
     return configured, [_msg(sid, f"m{i}", f"m{i - 1}" if i else None, t) for i, t in enumerate(texts)], total
 
 
+class _Held:
+    """A session of ``state`` (synthetic events, no adoption) whose messages are ``text``
+    (``tokens`` each) under ``policy`` (``compact_after`` ten messages: a margin of one);
+    :meth:`due_now` checks the committed state against the candidates."""
+
+    text = "hello there " * 10
+
+    def __init__(self, stack: Container, new_id: Callable[[str], str], name: str, seq: int) -> None:
+        count = stack.context.counter.count
+        self.stack, self.sid = stack, new_id(name)
+        self.state = CompactorState(new_id("w"), count, None, adopt=False)
+        self.tokens = message_tokens({"parts": [{"type": "text", "text": self.text}]}, count)
+        self.policy = CompactionConfig(compact_after=10 * self.tokens)
+        self.feed = _Feeder(stack, self.state, seq)
+
+    async def due_now(self) -> bool:
+        from services.compaction.state import still_due
+
+        async with self.stack.pool.connection() as conn:
+            committed = await still_due(conn, self.state.worker, T, self.sid, self.feed.seq)
+        assert committed == ((T, self.sid) in self.state.candidates)
+        return committed
+
+
 async def test_a_skip_holds_under_its_settings_until_growth_an_overlay_or_a_fall_under(
     stack: Container, new_id: Callable[[str], str]
 ) -> None:
@@ -294,16 +319,11 @@ async def test_a_skip_holds_under_its_settings_until_growth_an_overlay_or_a_fall
     applied twice, it is the same; under other settings than the session's, it is void; an
     overlay, or the estimate falling under the threshold, ends it."""
     from services.compaction.estimate import skip_margin
-    from services.compaction.state import still_due
 
-    sid = new_id("skip")
-    count = stack.context.counter.count
-    state = CompactorState(new_id("w"), count, None, adopt=False)
-    text = "hello there " * 10
-    tokens = message_tokens({"parts": [{"type": "text", "text": text}]}, count)
-    policy = CompactionConfig(compact_after=10 * tokens)  # a margin of one message
+    held = _Held(stack, new_id, "skip", 50_000_000)
+    sid, text, tokens, policy, feed, due_now = held.sid, held.text, held.tokens, held.policy, held.feed, held.due_now
     assert skip_margin(10 * tokens) == tokens
-    feed, n = _Feeder(stack, state, 50_000_000), 0
+    n = 0
 
     leaf: str | None = None
 
@@ -317,12 +337,6 @@ async def test_a_skip_holds_under_its_settings_until_growth_an_overlay_or_a_fall
 
     def skipped(estimate: int, cfg: CompactionConfig = policy) -> CompactionSkipped:
         return CompactionSkipped(tenant=T, session=sid, leaf_id=f"m{n - 1}", estimate=estimate, reason="r", config=cfg)
-
-    async def due_now() -> bool:
-        async with stack.pool.connection() as conn:
-            committed = await still_due(conn, state.worker, T, sid, feed.seq)
-        assert committed == ((T, sid) in state.candidates)
-        return committed
 
     await feed(SessionConfigured(tenant=T, session=sid, config=SessionConfig(compaction=policy)), *grow(11))
     assert await due_now()
@@ -358,4 +372,33 @@ async def test_a_skip_holds_under_its_settings_until_growth_an_overlay_or_a_fall
     leaf = f"m{n - 4}"
     assert not await due_now()  # under the threshold: the skip ends
     await feed(*grow(3))  # over it again, within the old skip's margin: a new attempt is fair
+    assert await due_now()
+
+
+async def test_a_failure_of_a_request_holds_like_a_skip_and_a_manual_one_holds_nothing(
+    stack: Container, new_id: Callable[[str], str]
+) -> None:
+    """``compaction.failed`` with the request's estimate and settings keeps the session from being
+    due until it grows past that estimate by the margin (under other settings it is void); one
+    without them (a manual compaction's, or one stored before they were named) changes nothing."""
+    held = _Held(stack, new_id, "fail", 60_000_000)
+    sid, text, tokens, policy, feed, due_now = held.sid, held.text, held.tokens, held.policy, held.feed, held.due_now
+    msgs = [_msg(sid, f"m{i}", f"m{i - 1}" if i else None, text) for i in range(13)]
+
+    def failed(estimate: int | None, cfg: CompactionConfig | None = policy) -> CompactionFailed:
+        return CompactionFailed(
+            tenant=T, session=sid, leaf_id="m10", summarizer="s", error="e", attempt=4, estimate=estimate, config=cfg
+        )
+
+    await feed(SessionConfigured(tenant=T, session=sid, config=SessionConfig(compaction=policy)), *msgs[:11])
+    assert await due_now()
+    await feed(failed(None, None))  # a manual failure
+    assert await due_now()
+    await feed(failed(11 * tokens, policy.model_copy(update={"protect_head": 0})))
+    assert await due_now()  # failed under other settings: void
+    await feed(failed(11 * tokens))
+    assert not await due_now()
+    await feed(msgs[11])  # within the margin of one
+    assert not await due_now()
+    await feed(msgs[12])  # past it
     assert await due_now()

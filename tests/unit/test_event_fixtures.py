@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from events.catalog import EVENT_TYPES, MessageAppended, MessageBodyEvent, SkillLoaded
+from events.catalog import EVENT_TYPES, CompactionFailed, MessageAppended, MessageBodyEvent, SkillLoaded
 from events.messages import body_hash
 from events.registry import CURRENT, decode
 
@@ -86,3 +86,10 @@ def test_skill_loaded_v1_is_lifted_to_v2_without_a_tool_call() -> None:
     event = decode((FIXTURES / "skill.loaded.v1.json").read_bytes())
     assert isinstance(event, SkillLoaded)
     assert (event.version, event.tool_call_id, event.key) == (2, None, "tax")
+
+
+def test_compaction_failed_v1_is_lifted_to_v2_holding_nothing() -> None:
+    """A v1 failure named no estimate or settings: the compaction state lets it hold nothing."""
+    event = decode((FIXTURES / "compaction.failed.v1.json").read_bytes())
+    assert isinstance(event, CompactionFailed)
+    assert (event.version, event.estimate, event.config, event.attempt) == (2, None, None, 2)

@@ -103,7 +103,14 @@ def sample(event_type: type[Event]) -> Event:
             "model": None,
             "summary": "## Topic",
         },
-        CompactionFailed: {"leaf_id": "m11", "summarizer": "openai-compatible", "error": "HTTP 503", "attempt": 1},
+        CompactionFailed: {
+            "leaf_id": "m11",
+            "summarizer": "openai-compatible",
+            "error": "HTTP 503",
+            "attempt": 4,
+            "estimate": 1200,
+            "config": CompactionConfig(compact_after=1000),
+        },
         CompactionSkipped: {
             "leaf_id": "m11",
             "estimate": 1200,
