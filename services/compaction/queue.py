@@ -221,7 +221,8 @@ def subscribe(
             return
         key = (req.tenant, req.session)
         attempt = Attempt(req.id, delivery, req.estimate)
-        given_up = False
+        failure: Exception | None = None  # the last attempt's summary error
+        recorded = False  # its compaction.failed, inside the lock
         stats.in_flight += 1
         beat = asyncio.create_task(heartbeat(msg))
         try:
@@ -246,8 +247,9 @@ def subscribe(
                         if isinstance(after_failure(delivery, attempts, backoff_s), GiveUp):
                             # recorded inside the lock, as a skip is: a request that waited for
                             # this one weighs the failure and is acked without a summary
+                            failure = exc
                             await _give_up(service, req, attempt, exc)
-                            given_up = True
+                            recorded = True
                         raise
             except KeyDestroyed:  # erased while it waited or summarised: nothing to record, nothing to retry
                 stats.nothing += 1
@@ -265,8 +267,8 @@ def subscribe(
                         await msg.nack(delay=delay)
                     case GiveUp():
                         log.error("compaction of %s/%s failed %d times; recorded", *key, delivery, exc_info=exc)
-                        if not given_up:  # recording it above failed (or timed out): once more
-                            await _give_up(service, req, attempt, exc)
+                        if not recorded:  # not in the lock, or recording it there failed: here
+                            await _give_up(service, req, attempt, failure or exc)
                         stats.gave_up += 1
                         await msg.ack()
                 return

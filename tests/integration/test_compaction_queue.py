@@ -13,7 +13,9 @@ import subprocess
 import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
 
+import pytest
 from nats.js.api import StreamInfo
 
 from bench.support import settings_env
@@ -174,11 +176,7 @@ async def test_a_failing_summarizer_is_redelivered_with_backoff_then_failed_once
 ) -> None:
     settings = make_settings(nats_url, fresh_db, s3_endpoint=s3_endpoint, compaction_backoff_s=(0.6, 1.2))
     async with running_stack(settings) as c:
-        seq = await _session(c, "failing")
-        failing = _Failing()
-        async with _subscriber(c, failing, attempts=3) as stats:
-            await _request(c, "failing", seq)
-            await _until(lambda: _settled_after(c, failing), "the request to be settled")
+        failing, stats = await _failed_request(c, "failing", attempts=3)
         assert len(failing.at) == 3, failing.at
         gaps = [b - a for a, b in zip(failing.at, failing.at[1:], strict=False)]
         assert gaps[0] >= 0.55, gaps  # nak delays: the backoff of each attempt
@@ -190,6 +188,44 @@ async def test_a_failing_summarizer_is_redelivered_with_backoff_then_failed_once
         assert "the model is down" in failures[0][1]
         assert (stats.failures, stats.gave_up, stats.compactions) == (3, 1, 0)
         assert await _overlays(c, "failing") == []
+
+
+async def test_a_failure_not_recorded_in_the_lock_is_recorded_after_it_once(
+    nats_url: str, fresh_db: str, s3_endpoint: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The last attempt's ``compaction.failed`` is recorded inside the session's lock; when that
+    fails (the publish, say), it is recorded once after the lock, with the summarizer's error,
+    and the request acked."""
+    record = CompactionService.record_failure
+    tries: list[str] = []
+
+    async def flaky(self: CompactionService, *args: Any, **kwargs: Any) -> Any:
+        tries.append(str(args[3]))
+        if len(tries) == 1:
+            raise RuntimeError("the publish failed")
+        return await record(self, *args, **kwargs)
+
+    monkeypatch.setattr(CompactionService, "record_failure", flaky)
+    settings = make_settings(nats_url, fresh_db, s3_endpoint=s3_endpoint)
+    async with running_stack(settings) as c:
+        failing, stats = await _failed_request(c, "flaky", attempts=1)
+        assert tries == ["the model is down", "the model is down"]
+        assert (len(failing.at), stats.gave_up) == (1, 1)
+        await c.commands.optimistic.catch_up(T, "flaky")
+        failures = await _failures(c, "flaky")
+        assert [a for a, _ in failures] == [1]
+        assert "the model is down" in failures[0][1]
+
+
+async def _failed_request(c: Container, sid: str, *, attempts: int) -> tuple[_Failing, WorkStats]:
+    """One request of a new session ``sid`` through a subscriber whose summarizer always fails,
+    until it is settled; the summarizer and the subscriber's stats."""
+    seq = await _session(c, sid)
+    failing = _Failing()
+    async with _subscriber(c, failing, attempts=attempts) as stats:
+        await _request(c, sid, seq)
+        await _until(lambda: _settled_after(c, failing), "the request to be settled")
+    return failing, stats
 
 
 async def _settled_after(c: Container, failing: _Failing) -> bool:
