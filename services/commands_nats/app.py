@@ -12,6 +12,12 @@ default for a stream would terminate a message whose handler raised) and a reque
 reply is simply retried by its client; idempotency is the command handlers' own (message ids, the
 append's ``idempotency_key``). The subscribers form one queue group: any number of ``chronicle
 commands`` processes share the requests.
+
+The service answers as the operator, which may publish anywhere, so it answers only a reply subject
+under the requesting tenant's own inbox (``_INBOX_T.<tenant>.``, events/credentials.py): a request
+naming any other reply subject (another tenant's event subject or inbox, anything) is dropped
+before it does anything, with a warning, and nothing is published. A request with no reply subject
+runs unanswered, as before.
 """
 
 import contextlib
@@ -22,9 +28,11 @@ from typing import Any, cast
 
 from faststream import AckPolicy, ExceptionMiddleware, Path
 from faststream.nats import NatsBroker, NatsMessage, NatsResponse, NatsRouter
+from nats.aio.msg import Msg
 
 from events import commands as cmd
 from events.commands import STATUS_HEADER
+from events.credentials import TENANT_INBOX_ROOT
 from events.ids import InvalidId, check_tenant, decode_token
 from events.subjects import SubjectLayout
 from services.bootstrap import Container, nats_security
@@ -41,6 +49,17 @@ QUEUE = "chronicle-commands"
 
 ContainerOf = Callable[[], Container]
 Handler = Callable[..., Awaitable[NatsResponse]]
+Parser = Callable[[Msg], Awaitable[NatsMessage]]
+
+
+class ForeignReply(Exception):
+    """A request whose reply subject is not under its tenant's inbox: dropped unanswered."""
+
+
+def answerable(tenant_token: str, reply_to: str) -> bool:
+    """True if the operator may answer on ``reply_to`` a request from the tenant whose subject
+    token is ``tenant_token``: no reply subject at all, or one under that tenant's inbox."""
+    return not reply_to or reply_to.startswith(f"{TENANT_INBOX_ROOT}.{tenant_token}.")
 
 
 def reply(body: dict[str, Any], status: int = 200) -> NatsResponse:
@@ -60,6 +79,10 @@ def problems() -> ExceptionMiddleware:
     else ``500 internal_error`` (logged)."""
     middleware = ExceptionMiddleware()
 
+    @middleware.add_handler(ForeignReply)  # raised by the parser, before the handler: nothing is published
+    async def _dropped(exc: ForeignReply) -> None:
+        log.warning("command dropped: %s", exc)
+
     @middleware.add_handler(Exception, publish=True)
     async def _problem(exc: Exception) -> NatsResponse:
         body = problem_of(exc)
@@ -69,6 +92,11 @@ def problems() -> ExceptionMiddleware:
         return reply(body, int(body["status"]))
 
     return middleware
+
+
+def storable(subject: str, limit: int = 200) -> str:
+    """``subject`` bounded and printable, for a log line."""
+    return subject[:limit].encode("unicode_escape").decode("ascii")
 
 
 def operation_name(command: cmd.Command) -> str:
@@ -99,10 +127,22 @@ def command_router(
             limits.admit(tenant_of(msg.raw_message.subject[len(prefix) :].partition(".")[0]))
         return await _strict_json(msg)
 
+    async def parsed(msg: Msg, original: Parser) -> NatsMessage:
+        """The request, if its reply subject is one the operator may answer (:func:`answerable`);
+        else :class:`ForeignReply`, raised before the command or its limit is looked at."""
+        token = msg.subject[len(prefix) :].partition(".")[0]
+        if not answerable(token, msg.reply):
+            raise ForeignReply(
+                f"{storable(msg.subject)} names the reply subject {storable(msg.reply)}, "
+                f"outside its tenant's inbox {TENANT_INBOX_ROOT}.{storable(token)}."
+            )
+        return await original(msg)
+
     def subscriber(command: cmd.Command) -> Callable[[Handler], Handler]:
         registered = router.subscriber(
             f"{{tenant}}.{command.name}",
             queue=QUEUE,
+            parser=parsed,
             ack_policy=AckPolicy.MANUAL,  # core NATS: nothing to ack; the reply is the answer
             max_workers=workers,
             decoder=decoded,

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
@@ -17,6 +18,7 @@ import nats.errors
 import pytest
 from nats.aio.client import Client as NatsClient
 
+from events import log as eventlog
 from events.commands import COMMANDS, STATUS_HEADER
 from events.credentials import tenant_inbox_prefix, tenant_nkey_seed
 from services.api.app import build_app
@@ -469,6 +471,53 @@ async def test_replies_arrive_only_on_the_requesters_inbox(settings: Settings, s
                 return
             await asyncio.sleep(0.02)
     raise AssertionError(f"no permissions violation for subscribing to {other}: {violations}")
+
+
+async def test_a_request_naming_a_reply_subject_outside_its_tenants_inbox_is_dropped_unanswered(
+    http: httpx.AsyncClient,
+    tenant_a: NatsClient,
+    settings: Settings,
+    stack: Container,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The operator answers only under the requester's inbox: a valid append whose reply subject is
+    another tenant's event subject (or inbox, or a lookalike prefix) runs nothing and publishes nothing."""
+    caplog.set_level(logging.WARNING, logger="chronicle.commands")
+    sid = await created_session(http)
+    b = {"Authorization": f"Bearer {KEYS['tenant-b']}"}
+    victim = await http.post("/v1/sessions", json={"id": "s-" + uuid.uuid4().hex[:10]}, headers=b)
+    assert victim.status_code == 201
+    victim_subject = settings.layout().session_subject("tenant-b", victim.json()["id"])
+    foreign = [
+        victim_subject,  # stored under tenant-b if answered
+        tenant_inbox_prefix("tenant-b") + ".x",  # another tenant's replies
+        tenant_inbox_prefix("tenant-a") + "x.y",  # a lookalike: the inbox of a tenant "tenant-ax"
+        tenant_inbox_prefix("tenant-a"),  # the prefix itself, not under it
+    ]
+    async with connected(settings, "tenant-b") as (nc_b, _):
+        to_b = await nc_b.subscribe(tenant_inbox_prefix("tenant-b") + ".>")
+        await nc_b.flush()
+        before = await eventlog.last_seq(stack.js, stack.layout)
+        subject = settings.layout().command_subject("tenant-a", "append")
+        for i, reply_to in enumerate(foreign):
+            body = {"session_id": sid, "message": message(f"foreign-{i}")}
+            await tenant_a.publish(subject, json.dumps(body).encode(), reply=reply_to)
+        await tenant_a.flush()
+        for _ in range(500):  # the positive signal: the service has decided on every one of them
+            dropped = [r.getMessage() for r in caplog.records if r.getMessage().startswith("command dropped")]
+            if len(dropped) == len(foreign):
+                break
+            await asyncio.sleep(0.02)
+        assert len(dropped) == len(foreign), dropped
+        assert all(any(f"the reply subject {r}," in line for line in dropped) for r in foreign), dropped
+
+        status, legit = await request(tenant_a, settings, "append", {"session_id": sid, "message": message("m1")})
+        assert (status, legit["seq"]) == (201, before + 1)  # the legit append is the only event since
+        assert await eventlog.last_seq(stack.js, stack.layout) == before + 1
+        assert to_b.pending_msgs == 0
+    history = await http.get(f"/v1/sessions/{sid}/history", params={"min_seq": legit["seq"]})
+    assert [m["id"] for m in history.json()["messages"]] == ["m1"]
+    assert await eventlog.last_seq(stack.js, stack.layout, victim_subject) == victim.json()["seq"]
 
 
 def commands_on(sid: str) -> list[tuple[str, dict[str, Any]]]:

@@ -6,7 +6,9 @@ import pytest
 from pydantic import SecretStr
 
 from events.credentials import is_user_public_key, nkey_public_key, tenant_inbox_prefix, tenant_nkey_seed
+from events.ids import encode_token
 from events.subjects import SubjectLayout
+from services.commands_nats.app import answerable
 from services.ops.natsconf import MissingOperator, NatsAccess, server_config
 from services.settings import ApiKeyEntry, Settings, api_key_entry, hash_key, new_operator_seed
 
@@ -77,3 +79,19 @@ def test_the_server_config_lists_the_operator_and_each_tenant_key_with_its_own_s
 def test_no_config_without_an_operator_identity() -> None:
     with pytest.raises(MissingOperator, match="keygen --operator"):
         NatsAccess.of(Settings(nats_nkey_seed=None))
+
+
+@pytest.mark.parametrize(
+    ("reply_to", "expected"),
+    [
+        ("", True),  # no reply wanted: nothing is published
+        ("_INBOX_T.tenant-a.nuid.1", True),
+        ("_INBOX_T.tenant-a", False),  # the prefix itself, not under it
+        ("_INBOX_T.tenant-ab.nuid.1", False),  # another tenant's inbox that starts alike
+        ("_INBOX_T.tenant-b.nuid.1", False),
+        ("t.ev.tenant-b.p000.s1", False),  # another tenant's event subject
+        ("_INBOX.nuid.1", False),
+    ],
+)
+def test_the_command_service_answers_only_under_the_requesters_inbox(reply_to: str, expected: bool) -> None:
+    assert answerable(encode_token("tenant-a"), reply_to) is expected
