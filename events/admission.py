@@ -71,12 +71,15 @@ Reason = Literal[
     "subject_mismatch",
     "body_unavailable",
     "data_error",
+    "reflected_ack",
 ]
 REASONS: tuple[Reason, ...] = get_args(Reason)
 """Every reason code, stable: operators, metrics and the quarantine table use them.
 ``body_unavailable`` is an admitted event whose claim-checked body cannot be had (no such object,
 not the referenced bytes, not a JSON object: :func:`admit_body`); ``data_error`` is the
-projector's: an admitted event a projection's database refused."""
+projector's: an admitted event a projection's database refused; ``reflected_ack`` is a JetStream
+publish ack of this stream stored under this subject because the publisher of the sequence it
+names asked for its ack here (:func:`reflected_ack`): the subject's tenant did not write it."""
 
 
 class Refused(ValueError):
@@ -111,6 +114,12 @@ def admit(data: bytes, subject: str, layout: SubjectLayout, keys: KeyLookup | No
     if len(data) > MAX_EVENT_BYTES:
         raise Refused("too_large", f"{len(data)} bytes, more than the {MAX_EVENT_BYTES} an event may have")
     raw = _parse(data)
+    if (acked := reflected_ack(raw, layout)) is not None:
+        raise Refused(
+            "reflected_ack",
+            f"a JetStream publish ack for sequence {acked} of this stream: whoever published sequence "
+            f"{acked} named this subject as its reply subject; this subject's tenant did not write it",
+        )
     if b"\\u" in data and _SUSPECT_ESCAPE.search(data) and has_bad_chars(raw):
         raise Refused("invalid", "a string holds a NUL character or a lone surrogate")
     if SEALED in raw:
@@ -231,6 +240,22 @@ def _reject_constant(name: str) -> None:
 
 
 _DECODER = json.JSONDecoder(parse_constant=_reject_constant)  # one decoder: json.loads(**kw) makes one a call
+
+
+_ACK_FIELDS = frozenset({"stream", "seq", "domain", "duplicate"})
+
+
+def reflected_ack(raw: dict[str, Any], layout: SubjectLayout) -> int | None:
+    """The sequence a JetStream publish ack of ``layout``'s stream names, if ``raw`` is one and
+    nothing else (``{"stream": …, "seq": N}``, maybe ``domain`` and ``duplicate``), else None.
+
+    JetStream sends the ack to the publisher's reply subject, whatever it is: a tenant that
+    publishes its own event naming another tenant's event subject as the reply has the ack stored
+    there. Only separate NATS accounts per tenant prevent it (docs/security.md)."""
+    seq = raw.get("seq")
+    if raw.keys() <= _ACK_FIELDS and raw.get("stream") == layout.stream and type(seq) is int and seq > 0:
+        return seq
+    return None
 
 
 def _parse(data: bytes) -> dict[str, Any]:

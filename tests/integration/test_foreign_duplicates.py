@@ -6,12 +6,14 @@ with nothing written, a server-chosen id is replaced by a fresh one."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 
 import pytest
 
+from events import log as eventlog
 from events.catalog import SessionRenamed
 from events.ids import TENANT_SCOPE, derived_id
 from events.messages import body_hash
@@ -184,3 +186,38 @@ async def test_a_skill_whose_id_another_tenant_took_is_indexed_under_a_fresh_id(
     assert msg_id == data["id"] != stolen
     async with c.pool.connection() as conn:
         assert await context_queries.indexed_skills(conn, VICTIM, bucket) == {key: "etag-1"}
+
+
+async def test_a_publish_ack_reflected_onto_another_tenants_subject_is_quarantined_as_reflected(
+    stack: Container, settings: Settings, new_id: Callable[[str], str]
+) -> None:
+    """JetStream acks to the reply subject the publisher names, so a tenant can have the ack of its
+    own event stored under another tenant's subject (only per-tenant NATS accounts prevent it). The
+    quarantine says so, naming the sequence whose subject shows who published it."""
+    c, sid = stack, new_id("reflected")
+    created = await c.commands.create_session(VICTIM, sid, "", None, {})
+    victim_subject = c.layout.session_subject(VICTIM, sid)
+    own = SessionRenamed(tenant=ATTACKER, session=new_id("own"), name="mine")
+    nc = await tenant_nats(settings.nats_url, ATTACKER)
+    try:
+        await nc.publish(c.layout.session_subject(ATTACKER, own.session), own.to_json(), reply=victim_subject)
+        await nc.flush()
+    finally:
+        await nc.close()
+    for _ in range(500):  # the positive signal: the ack is stored under the victim's subject
+        reflected = await eventlog.last_seq(c.js, c.layout, victim_subject)
+        if reflected != created.seq:
+            break
+        await asyncio.sleep(0.02)
+    subject, _, ack = await stored(c, reflected)
+    assert (subject, set(ack)) == (victim_subject, {"stream", "seq"})
+    published_at = int(str(ack["seq"]))
+    assert (await stored(c, published_at))[0] == c.layout.session_subject(ATTACKER, own.session)
+    await c.waiter.wait_all(reflected)
+    async with c.pool.connection() as conn:
+        cur = await conn.execute("SELECT reason, detail FROM quarantine WHERE seq = %s", (reflected,))
+        row = await cur.fetchone()
+        assert row is not None
+        assert row[0] == "reflected_ack"
+        assert f"sequence {published_at} of this stream" in row[1]
+        assert await queries.get_session(conn, VICTIM, sid) is not None

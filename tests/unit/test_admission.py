@@ -75,6 +75,31 @@ def test_utf16_json_is_not_admitted_although_json_loads_would_read_it() -> None:
     assert reason(json.dumps(raw_of(data)).encode("utf-16")) == "not_json"
 
 
+@pytest.mark.parametrize(
+    "ack",
+    [{"stream": LAYOUT.stream, "seq": 7}, {"stream": LAYOUT.stream, "seq": 7, "domain": "d", "duplicate": True}],
+)
+def test_a_publish_ack_of_this_stream_reflected_onto_a_subject_is_named_so(ack: dict[str, Any]) -> None:
+    with pytest.raises(Refused) as refused:
+        admit(json.dumps(ack).encode(), good()[1], LAYOUT)
+    assert refused.value.reason == "reflected_ack"
+    assert "sequence 7 of this stream" in refused.value.detail
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        {"stream": "another-stream", "seq": 7},  # not this stream's ack
+        {"stream": LAYOUT.stream, "seq": 0},
+        {"stream": LAYOUT.stream, "seq": True},
+        {"stream": LAYOUT.stream, "seq": "7"},
+        {"stream": LAYOUT.stream, "seq": 7, "type": "session.renamed"},  # something else besides
+    ],
+)
+def test_what_is_not_exactly_a_publish_ack_of_this_stream_is_not_called_one(body: dict[str, Any]) -> None:
+    assert reason(json.dumps(body).encode()) != "reflected_ack"
+
+
 def test_unknown_type() -> None:
     assert reason(edited(type="evil.happened")) == "unknown_type"
 
