@@ -72,6 +72,7 @@ Reason = Literal[
     "body_unavailable",
     "data_error",
     "reflected_ack",
+    "unrecorded_erasure",
 ]
 REASONS: tuple[Reason, ...] = get_args(Reason)
 """Every reason code, stable: operators, metrics and the quarantine table use them.
@@ -79,7 +80,9 @@ REASONS: tuple[Reason, ...] = get_args(Reason)
 not the referenced bytes, not a JSON object: :func:`admit_body`); ``data_error`` is the
 projector's: an admitted event a projection's database refused; ``reflected_ack`` is a JetStream
 publish ack of this stream stored under this subject because the publisher of the sequence it
-names asked for its ack here (:func:`reflected_ack`): the subject's tenant did not write it."""
+names asked for its ack here (:func:`reflected_ack`): the subject's tenant did not write it;
+``unrecorded_erasure`` is the projector's too: a ``session.erased`` whose erasure Chronicle never
+recorded (projections/quarantine.py)."""
 
 
 class Refused(ValueError):

@@ -50,6 +50,12 @@ def storable_text(value: str, limit: int = MAX_DETAIL) -> str:
     return text[:limit]
 
 
+UNRECORDED = (
+    "session.erased for a session whose erasure is not recorded: not published by Chronicle's "
+    "erasure (which destroys the key and records it first), so the session is kept"
+)
+
+
 @dataclass(frozen=True, slots=True)
 class Tombstone:
     """A stored event of an erased session: not applied, not quarantined; the checkpoint moves past it."""
@@ -64,7 +70,12 @@ def screen(
     """The admitted ``(seq, event)``, the quarantine item the contract's refusal makes, or a
     :class:`Tombstone` for an event of an erased session (its key destroyed, or its erasure
     recorded: nothing of an erased session is materialised, whether sealed or not). The
-    ``session.erased`` event itself is admitted (projections drop the session's rows)."""
+    ``session.erased`` event itself is admitted (projections drop the session's rows) only when
+    ``keys`` knows the erasure as recorded: the real erasure records it (and destroys the key)
+    before publishing the event, so one that is not recorded was published by the tenant itself
+    and is quarantined (``unrecorded_erasure``): nothing was destroyed, so nothing is dropped. The
+    caller loads ``keys`` first (:meth:`~projections.keystore.PgKeyStore.refresh` the session when
+    it gets that reason, as an erasure may be newer than what it holds)."""
     try:
         event = admit(data, subject, layout, keys)
     except KeyDestroyed:
@@ -73,6 +84,8 @@ def screen(
         return refused_item(seq, subject, data, exc)
     if keys is not None:
         if isinstance(event, SessionErased):
+            if not keys.erased(event.tenant, event.session):
+                return Quarantined(seq, subject, "unrecorded_erasure", UNRECORDED, data)
             keys.forget(event.tenant, event.session)
         elif keys.erased(event.tenant, event.session):
             return Tombstone(seq, subject)

@@ -59,6 +59,7 @@ from events.admission import BodyUnavailable
 from events.envelope import Event
 from events.sealing import KeyReader, kid_in
 from events.subjects import SubjectLayout
+from projections.keystore import PgKeyStore
 from projections.logbinding import LogMismatch, check_log
 from projections.quarantine import DATA_ERRORS, Quarantined, Tombstone, data_error, record, refused_item, screen
 
@@ -603,6 +604,14 @@ class ProjectorRunner:
                 if isinstance(decided, Quarantined) and self.keys is not None and "no data key" in decided.detail:
                     # a key made since this session was asked about, named where kid_in did not see it
                     await self.keys.load([(*self.layout.parse(m.subject), _sealed_kid(m.data))])
+                    decided = screen(seq, m.subject, m.data, self.layout, self.keys)
+                if (
+                    isinstance(decided, Quarantined)
+                    and isinstance(self.keys, PgKeyStore)
+                    and decided.reason == "unrecorded_erasure"
+                ):
+                    # an erasure recorded since this session was asked about is read, not guessed
+                    await self.keys.refresh([self.layout.parse(m.subject)])
                     decided = screen(seq, m.subject, m.data, self.layout, self.keys)
                 if isinstance(decided, Quarantined):
                     refused.append(decided)

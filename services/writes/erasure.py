@@ -81,9 +81,12 @@ class Eraser:
         # fresh id. The erasure must happen; a second ``session.erased`` (this one, then a rerun's)
         # only deletes what is already gone (projections: DELETEs of the session's rows).
         published = await self._pub.publish(event, fresh_id_on_foreign=True)
-        if published.duplicate and not await self._is_erasure(published.seq):
+        if published.duplicate and not (not new and await self._is_applied_erasure(published.seq)):
             # held on the session's own subject by another event (its tenant, publishing straight
-            # to the stream under the id): that tenant cannot keep its session from being erased
+            # to the stream under the id): that tenant cannot keep its session from being erased.
+            # A ``session.erased`` held there counts only for a rerun (the erasure was recorded by an
+            # earlier call) and when the projector did not refuse it: one the tenant published itself
+            # before the erasure was recorded was quarantined (unrecorded_erasure) and dropped nothing.
             published = await self._pub.publish(event.model_copy(update={"id": new_event_id()}))
         deleted = await self._delete_objects(tenant, session, published.seq)
         subject = self._pub.layout.session_subject(tenant, session)
@@ -104,14 +107,19 @@ class Eraser:
         done.append(Erasure(scope.session, scope.seq, scope.newly_erased, scope.objects_deleted + documents))
         return done
 
-    async def _is_erasure(self, seq: int) -> bool:
-        """Whether the message at ``seq`` is a ``session.erased`` event (never sealed: readable)."""
+    async def _is_applied_erasure(self, seq: int) -> bool:
+        """Whether the message at ``seq`` is a ``session.erased`` event (never sealed: readable)
+        that the projector has not quarantined."""
         msg = await self._pub.js.get_msg(self._pub.layout.stream, seq, direct=True)
         try:
             raw = json.loads(msg.data or b"")
         except ValueError:
             return False
-        return isinstance(raw, dict) and raw.get("type") == SessionErased.model_fields["type"].default
+        if not (isinstance(raw, dict) and raw.get("type") == SessionErased.model_fields["type"].default):
+            return False
+        async with self._pool.connection() as conn:
+            cur = await conn.execute("SELECT 1 FROM quarantine WHERE seq = %s", (seq,))
+            return await cur.fetchone() is None
 
     async def _exists(self, tenant: str, session: str) -> bool:
         """The log holds an event of the session, or it has a data key (an agent service asked

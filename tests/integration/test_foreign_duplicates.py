@@ -14,7 +14,7 @@ from collections.abc import AsyncIterator, Callable, Iterator
 import pytest
 
 from events import log as eventlog
-from events.catalog import SessionRenamed
+from events.catalog import SessionErased, SessionRenamed
 from events.ids import TENANT_SCOPE, derived_id
 from events.messages import body_hash
 from events.publisher import HDR_MSG_ID, ForeignDuplicate
@@ -23,7 +23,7 @@ from services.bootstrap import Container
 from services.errors import IdempotencyKeyConflict
 from services.settings import Settings
 from tests.conftest import running_stack, tenant_nats, tenant_nats_settings
-from tests.integration.helpers import take_event_id
+from tests.integration.helpers import assert_rebuild_equals_live, take_event_id, text_message
 
 ATTACKER, VICTIM = "tenant-a", "tenant-b"
 
@@ -221,3 +221,45 @@ async def test_a_publish_ack_reflected_onto_another_tenants_subject_is_quarantin
         assert row[0] == "reflected_ack"
         assert f"sequence {published_at} of this stream" in row[1]
         assert await queries.get_session(conn, VICTIM, sid) is not None
+
+
+async def test_a_session_erased_its_tenant_publishes_itself_is_quarantined_and_the_session_kept(
+    stack: Container, settings: Settings, new_id: Callable[[str], str]
+) -> None:
+    """Chronicle's erasure destroys the key and records the erasure before it publishes
+    ``session.erased``; one published straight by the tenant erased nothing, so it drops nothing.
+    A real erasure afterwards still erases, and a rebuild decides as the live projector did."""
+    c, sid = stack, new_id("forged-erasure")
+    await c.commands.create_session(VICTIM, sid, "", None, {})
+    await c.commands.append(VICTIM, sid, text_message("m1", "before"), None)
+    # under the id the real erasure derives: its publish finds a "duplicate" that erased nothing
+    forged = SessionErased(id=derived_id("erase", VICTIM, sid), tenant=VICTIM, session=sid)
+    nc = await tenant_nats(settings.nats_url, VICTIM)
+    try:
+        subject = c.layout.session_subject(VICTIM, sid)
+        held = await nc.jetstream().publish(subject, forged.to_json(), headers={HDR_MSG_ID: forged.id})
+    finally:
+        await nc.close()
+    later = await c.commands.append(VICTIM, sid, text_message("m2", "after"), None)  # still writable
+    await c.waiter.wait_all(later.seq)
+    async with c.pool.connection() as conn:
+        cur = await conn.execute("SELECT reason FROM quarantine WHERE seq = %s", (held.seq,))
+        assert await cur.fetchone() == ("unrecorded_erasure",)
+        assert await queries.get_session(conn, VICTIM, sid) is not None
+        assert await queries.existing_ids(conn, VICTIM, sid, ["m1", "m2"]) == {"m1", "m2"}
+        assert not await queries.is_erased(conn, VICTIM, sid)
+    await assert_rebuild_equals_live(c, settings.database_url, new_id("rebuild-forged"), schema="shadow_forged")
+
+    gone = await c.eraser.erase_session(VICTIM, sid)
+    assert gone.seq > later.seq  # published anew, not the forged event taken for it
+    await c.waiter.wait_all(gone.seq)
+    async with c.pool.connection() as conn:
+        assert await queries.get_session(conn, VICTIM, sid) is None
+        assert await queries.existing_ids(conn, VICTIM, sid, ["m1", "m2"]) == set()
+        assert await queries.is_erased(conn, VICTIM, sid)
+        cur = await conn.execute("SELECT count(*) FROM quarantine WHERE seq = %s", (held.seq,))
+        assert await cur.fetchone() == (0,)  # the erasure deletes the session's quarantined bytes too
+    again = await c.eraser.erase_session(VICTIM, sid)  # a rerun takes the held erasure: its own
+    assert again.seq in {held.seq, gone.seq}
+    await c.waiter.wait_all(again.seq)
+    await assert_rebuild_equals_live(c, settings.database_url, new_id("rebuild-erased"), schema="shadow_erased")

@@ -90,11 +90,17 @@ def test_an_erased_sessions_unsealed_events_are_tombstones_but_its_erasure_is_ad
     assert screen(4, subject, erased.to_json(), LAYOUT, keys) == (4, erased)
 
 
-def test_screen_forgets_the_key_when_it_reads_the_erasure() -> None:
+def test_an_erasure_the_key_store_does_not_know_is_quarantined_and_the_session_kept() -> None:
+    """A tenant can publish ``session.erased`` itself; Chronicle's erasure records it first."""
     keys, data, subject = keys_with("tenant-a", "s-1")
-    assert not isinstance(screen(1, subject, data, LAYOUT, keys), Tombstone)
-    screen(2, subject, SessionErased(tenant="tenant-a", session="s-1").to_json(), LAYOUT, keys)
-    assert screen(3, subject, data, LAYOUT, keys) == Tombstone(3, subject)
+    forged = SessionErased(tenant="tenant-a", session="s-1").to_json()
+    decided = screen(2, subject, forged, LAYOUT, keys)
+    assert isinstance(decided, Quarantined)
+    assert (decided.reason, decided.raw) == ("unrecorded_erasure", forged)
+    assert not isinstance(screen(3, subject, data, LAYOUT, keys), Tombstone)  # still readable
+    keys.erase("tenant-a", "s-1")  # the real erasure: recorded, then published
+    assert isinstance(screen(4, subject, forged, LAYOUT, keys), tuple)
+    assert screen(5, subject, data, LAYOUT, keys) == Tombstone(5, subject)
 
 
 def test_a_tampered_seal_or_an_unknown_key_id_is_quarantined_as_invalid() -> None:
