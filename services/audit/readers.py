@@ -22,7 +22,7 @@ from events.sealing import SEALED, KeyDestroyed, KeyLookup, tombstone_of, unseal
 from events.subjects import SubjectLayout
 from projections import context_queries, queries
 from projections.logbinding import LogMismatch, bind, check_log, stream_identity
-from projections.quarantine import storable_text
+from projections.quarantine import UNRECORDED, storable_text
 from projections.rebuild import (
     TABLES,
     Horizon,
@@ -72,6 +72,8 @@ def read_event(stored: eventlog.StoredEvent, layout: SubjectLayout, keys: KeyLoo
         event = admit(stored.data, stored.subject, layout, keys)
     except KeyDestroyed:
         return None
+    if keys is not None and isinstance(event, SessionErased) and not keys.erased(event.tenant, event.session):
+        raise Refused("unrecorded_erasure", UNRECORDED)  # as the projector quarantines it
     if keys is not None and not isinstance(event, SessionErased) and keys.erased(event.tenant, event.session):
         return None
     return event

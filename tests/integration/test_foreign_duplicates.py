@@ -19,6 +19,7 @@ from events.ids import TENANT_SCOPE, derived_id
 from events.messages import body_hash
 from events.publisher import HDR_MSG_ID, ForeignDuplicate
 from projections import context_queries, queries
+from services.audit.readers import event_line, session_events
 from services.bootstrap import Container
 from services.errors import IdempotencyKeyConflict
 from services.settings import Settings
@@ -38,6 +39,12 @@ def settings(tmp_path_factory: pytest.TempPathFactory, pg_admin: str, s3_endpoin
 async def stack(settings: Settings) -> AsyncIterator[Container]:
     async with running_stack(settings) as c:
         yield c
+
+
+async def events_lines(c: Container, tenant: str, session: str) -> AsyncIterator[bytes]:
+    """The session's lines of ``GET …/events`` (services/audit/readers.py)."""
+    async for one in session_events(c, tenant, session):
+        yield event_line(one, c.layout, c.keys)
 
 
 async def stored(c: Container, seq: int) -> tuple[str, str, dict[str, object]]:
@@ -248,6 +255,9 @@ async def test_a_session_erased_its_tenant_publishes_itself_is_quarantined_and_t
         assert await queries.get_session(conn, VICTIM, sid) is not None
         assert await queries.existing_ids(conn, VICTIM, sid, ["m1", "m2"]) == {"m1", "m2"}
         assert not await queries.is_erased(conn, VICTIM, sid)
+    lines = [json.loads(line) async for line in events_lines(c, VICTIM, sid)]
+    assert [line["refused"]["reason"] for line in lines if line["seq"] == held.seq] == ["unrecorded_erasure"]
+    assert [line.get("erased") for line in lines] == [None] * len(lines)  # the events API still reads them
     await assert_rebuild_equals_live(c, settings.database_url, new_id("rebuild-forged"), schema="shadow_forged")
 
     gone = await c.eraser.erase_session(VICTIM, sid)
