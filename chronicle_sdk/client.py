@@ -57,6 +57,9 @@ _NOTHING_WRITTEN = frozenset({"projection_timeout", "contention", "rate_limited"
 # The longest ``retry_after`` the client waits out before a retry: a RateLimited asking for more is
 # raised at once, for the caller to decide (a sleep of minutes inside one call looks like a hang).
 MAX_RETRY_AFTER_S = 60.0
+NATS_CONNECT_ATTEMPTS = 3
+"""Tries per server of the first NATS connect (a second apart) before it fails as
+:class:`Unavailable`; once connected, the client reconnects for as long as it is open."""
 FOLLOW_IDLE_S = 60.0
 """How long a followed answer may stay silent before the connection counts as lost (the server
 sends a blank line every 15 s while nothing happens)."""
@@ -133,6 +136,12 @@ class ChronicleClient:
       (its user must allow publishing on the tenant's subjects and subscribing under the inbox
       prefix). The tenant is never a parameter: NATS lets these credentials publish only on
       that tenant's subjects.
+    * The NATS connection (both paths share it): the first connect tries each server
+      ``NATS_CONNECT_ATTEMPTS`` (3) times, then raises :class:`~chronicle_sdk.Unavailable`; once
+      connected, it reconnects for as long as the client is open, however long NATS is away
+      (a connection closed all the same is opened again on the next call). While it is down,
+      calls over NATS are retried as HTTP's are and then raise
+      :class:`~chronicle_sdk.Unavailable`, never nats-py's own errors.
 
     * HTTP goes over the SDK's own HTTP/1.1 transport (:mod:`chronicle_sdk.transport`: pooled
       keep-alive connections, about a fifth of httpx's client CPU per request); ``transport``
@@ -488,10 +497,21 @@ class ChronicleClient:
         from nats.errors import NoRespondersError
         from nats.errors import TimeoutError as NatsTimeout
 
+        not_sent: tuple[type[Exception], ...] = (Unavailable, _NatsDown, *_nats_not_sent())
         for attempt in range(self._retries + 1):
             last = attempt == self._retries
             try:
+                direct = await self._connect_direct(info)  # a closed connection is opened again
+                if not direct.nc.is_connected:  # reconnecting: sent now, it would wait in a buffer
+                    raise _NatsDown(f"the connection to NATS at {self.nats_url} is down (reconnecting)")
                 msg = await direct.nc.request(subject, data, timeout=self._timeout)
+            except not_sent as exc:  # not sent: nothing can have been written
+                if not last:
+                    await self._sleep(self._delay(attempt))
+                    continue
+                if isinstance(exc, Unavailable):
+                    raise
+                raise Unavailable(f"{routed.command.name}: NATS at {self.nats_url}: {exc}") from exc
             except NoRespondersError as exc:  # nobody received it: nothing can have been written
                 if not last:
                     await self._sleep(self._delay(attempt))
@@ -569,7 +589,13 @@ class ChronicleClient:
         return f"NKey user {public} derived from the API key of tenant {info.tenant!r}"
 
     async def _connect_direct(self, info: NatsPublishing) -> _Direct:
+        """The client's NATS connection, opened on first use, and opened again when the cached one
+        was closed (nats-py gave up on it, or the server dropped it for good): a closed
+        connection raised ``ConnectionClosedError`` on every later call, for the client's life."""
         async with self._direct_lock:
+            if self._direct is not None and self._direct.nc.is_closed:
+                stale, self._direct = self._direct, None
+                await _discard(stale.nc)
             if self._direct is None:
                 self._direct = await self._open_nats(info)
             return self._direct
@@ -593,7 +619,8 @@ class ChronicleClient:
             await nc.connect(
                 [url.strip() for url in self.nats_url.split(",") if url.strip()],  # a cluster: its nodes
                 connect_timeout=5,
-                max_reconnect_attempts=5,
+                max_reconnect_attempts=NATS_CONNECT_ATTEMPTS,  # the first connect: fail, do not hang
+                reconnect_time_wait=1,
                 inbox_prefix=info.inbox_prefix,
                 error_cb=guard.on_error,
                 **auth,
@@ -607,6 +634,9 @@ class ChronicleClient:
             await _discard(nc)
             raise Unavailable(f"cannot connect to NATS at {self.nats_url} with the {who}: {exc!r}") from exc
         guard.connecting = False
+        # connected: from now on reconnect for as long as the client is open (an outage of any
+        # length ends with the connection back; meanwhile calls raise Unavailable)
+        nc.options["max_reconnect_attempts"] = -1
         from chronicle_sdk.sealing import ServerKeys
 
         async def ask(path: str) -> dict[str, Any]:
@@ -765,6 +795,26 @@ def _require_nats() -> None:
             f"nats_url needs {' and '.join(missing)}, which the SDK installs only with its nats extra: "
             "pip install 'chronicle-sdk[nats]'"
         )
+
+
+class _NatsDown(Exception):
+    """The client's NATS connection is reconnecting: a request is not sent (it fails as
+    :class:`Unavailable` after the retries)."""
+
+
+def _nats_not_sent() -> tuple[type[Exception], ...]:
+    """nats-py's errors for a request that never left the client (a closed or draining connection,
+    no server left, a full reconnect buffer): retried, then :class:`Unavailable`."""
+    from nats import errors
+
+    return (
+        errors.ConnectionClosedError,
+        errors.ConnectionDrainingError,
+        errors.ConnectionReconnectingError,
+        errors.NoServersError,
+        errors.OutboundBufferLimitError,
+        errors.StaleConnectionError,
+    )
 
 
 class _TooBigForNats(Exception):
