@@ -552,6 +552,8 @@ class FakeNats:
     """A NATS connection whose requests answer from a script (each item: a reply or an error)."""
 
     max_payload = 1024 * 1024
+    is_closed = False
+    is_connected = True
 
     def __init__(self, *script: Any) -> None:
         self.script = list(script)
@@ -600,6 +602,27 @@ async def test_a_command_without_a_command_service_is_retried_then_unavailable()
     with pytest.raises(Unavailable, match="chronicle commands"):
         await commanding(nc).request("POST", "/v1/sessions/s1/messages:clear")
     assert len(nc.subjects) == 3  # nobody received it: retried (retries=2)
+
+
+@pytest.mark.parametrize(
+    "error", ["ConnectionClosedError", "NoServersError", "ConnectionReconnectingError", "OutboundBufferLimitError"]
+)
+async def test_a_command_nats_py_did_not_send_is_retried_then_unavailable(error: str) -> None:
+    """(Even when repeating it is not safe: it never left the client.)"""
+    import nats.errors
+
+    nc = FakeNats(getattr(nats.errors, error)())
+    with pytest.raises(Unavailable, match=r"prompt\.refresh: NATS at nats"):
+        await commanding(nc).request("POST", "/v1/sessions/s1/system-prompt:refresh", idempotent=False)
+    assert len(nc.subjects) == 3  # retries=2
+
+
+async def test_a_command_is_not_sent_while_the_connection_reconnects() -> None:
+    nc = FakeNats(Reply(200, {}))
+    nc.is_connected = False
+    with pytest.raises(Unavailable, match="reconnecting"):
+        await commanding(nc).request("POST", "/v1/sessions/s1/messages:clear")
+    assert nc.subjects == []
 
 
 async def test_a_timed_out_command_is_retried_only_when_repeating_it_is_safe() -> None:
