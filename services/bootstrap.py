@@ -8,6 +8,7 @@ import gc
 import logging
 import ssl
 import time
+import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -256,20 +257,93 @@ def work_broker(settings: Settings) -> NatsBroker:
     )
 
 
-async def connect_nats(settings: Settings) -> NatsClient:
-    """A client that keeps reconnecting (the event log may restart under a running service). With
+NATS_CONNECT_ATTEMPTS = 10
+"""Tries per server of the first connect, half a second apart, before it fails with
+:class:`nats.errors.NoServersError` (a tool pointed at a NATS server that is not there exits 4
+instead of trying forever). Once connected, a client reconnects for as long as it runs."""
+
+
+@dataclass(slots=True)
+class _Starting:
+    """A connection's permissions violations while its process starts (``connect_nats(starting=True)``):
+    kept, not logged, until :func:`when_jetstream_ready` raises them as one line or, once JetStream
+    answered, logs them."""
+
+    violations: list[str]
+    ready: bool = False
+
+
+_STARTING: weakref.WeakKeyDictionary[NatsClient, _Starting] = weakref.WeakKeyDictionary()
+
+
+class JetStreamDenied(nats.errors.Error):
+    """The NATS server does not let this identity use the JetStream API (a permissions violation
+    on ``$JS.API.…``): a tenant's identity, say, where Chronicle's operator identity is needed.
+    No retry is going to be let in."""
+
+    def __init__(self, violation: str) -> None:
+        super().__init__(violation)
+        self.violation = violation
+
+    def __str__(self) -> str:
+        return f"{self.violation}: this identity may not use the JetStream API"
+
+
+class NatsUnreachable(nats.errors.Error):
+    """The first connect found no NATS server that answers (:data:`NATS_CONNECT_ATTEMPTS`)."""
+
+    def __init__(self, detail: str) -> None:
+        super().__init__(detail)
+        self.detail = detail
+
+    def __str__(self) -> str:
+        return self.detail
+
+
+def jetstream_denied(nc: NatsClient) -> str | None:
+    """The permissions violation on the JetStream API that the server reported for ``nc`` while
+    its process started, if any."""
+    start = _STARTING.get(nc)
+    found = [v for v in start.violations if '"$js.api.' in v.lower()] if start is not None else []
+    return found[0] if found else None
+
+
+def _started(nc: NatsClient) -> None:
+    """JetStream answered ``nc``: log the violations kept while starting; log later ones at once."""
+    start = _STARTING.get(nc)
+    if start is not None and not start.ready:
+        start.ready = True
+        for violation in start.violations:
+            nats_log.error("nats: %s", violation)
+
+
+async def connect_nats(settings: Settings, *, starting: bool = False) -> NatsClient:
+    """A client that keeps reconnecting once connected (the event log may restart under a running
+    service); the first connect is bounded (:data:`NATS_CONNECT_ATTEMPTS`). With
     several URLs (a cluster's nodes) it connects to the first that answers, in the order given
     (so processes can be spread over the nodes), and on losing its node reconnects to another:
     the stream and its consumers are served by whichever node leads them.
 
     A server that refuses the identity while connecting is not waited out: no retry is going to
     be let in, so :class:`nats.errors.AuthorizationError` is raised (a tool given the wrong seed
-    said nothing and tried forever)."""
+    said nothing and tried forever).
+
+    ``starting`` (a process that waits for JetStream with :func:`when_jetstream_ready` before it
+    does anything): the server's permissions violations are kept until JetStream answers, so
+    that an identity denied the JetStream API fails as one line, at once."""
     refused: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+    connected: list[NatsClient] = []
+    failed: list[Exception] = []
+    start = _Starting([])
 
     async def on_error(exc: Exception) -> None:
-        if not refused.done() and "authorization violation" in str(exc).lower():
-            refused.set_result(str(exc))
+        text = str(exc)
+        if not refused.done() and "authorization violation" in text.lower():
+            refused.set_result(text)
+        elif not connected:
+            failed.append(exc)  # the first connect's tries: its error names the last one
+        elif starting and not start.ready and "permissions violation" in text.lower():
+            start.violations.append(text)  # raised by when_jetstream_ready as one line, or logged then
         else:
             nats_log.error("nats: %r", exc)  # a line each: reconnecting is routine, its traceback noise
 
@@ -277,7 +351,7 @@ async def connect_nats(settings: Settings) -> NatsClient:
         nats.connect(
             settings.nats_servers(),
             name="chronicle",
-            max_reconnect_attempts=-1,
+            max_reconnect_attempts=NATS_CONNECT_ATTEMPTS,
             reconnect_time_wait=0.5,
             dont_randomize=True,
             error_cb=on_error,
@@ -286,10 +360,19 @@ async def connect_nats(settings: Settings) -> NatsClient:
     )
     either: list[asyncio.Future[Any]] = [connecting, refused]
     await asyncio.wait(either, return_when=asyncio.FIRST_COMPLETED)
+    if connecting.done() and isinstance(connecting.exception(), nats.errors.NoServersError):
+        refused.cancel()
+        last = f": {failed[-1]!r}" if failed else ""
+        raise NatsUnreachable(f"no server answered in {NATS_CONNECT_ATTEMPTS} tries each{last}")
     if connecting.done():
         if not refused.done():
             refused.cancel()  # a refusal later (a reload of the server's users) is logged, retried
-        return connecting.result()
+        nc = connecting.result()
+        nc.options["max_reconnect_attempts"] = -1  # connected: from now on, reconnect for good
+        connected.append(nc)
+        if starting:
+            _STARTING[nc] = start
+        return nc
     connecting.cancel()
     with contextlib.suppress(asyncio.CancelledError, Exception):
         await connecting
@@ -312,12 +395,28 @@ async def when_jetstream_ready(
     timeout_s: float = JETSTREAM_READY_S,
     placement_s: float = PLACEMENT_WAIT_S,
     pause_s: float = 0.25,
+    nc: NatsClient | None = None,
 ) -> None:
     """``step``, repeated while JetStream cannot answer yet (a cluster electing its meta leader
     answers 503; a server still starting does not answer): a cluster's nodes may be up before it
     can create a stream. A cluster that answers but cannot place the replicas yet (its leader has
     not heard from enough peers) is waited for ``placement_s``. Any other error, or still
-    unavailable after its wait, is raised."""
+    unavailable after its wait, is raised; and :class:`JetStreamDenied` as soon as a step went
+    unanswered because the server denied ``nc`` the JetStream API (waiting would not change it)."""
+    denied = False
+    try:
+        await _until_ready(step, timeout_s, placement_s, pause_s, nc)
+    except JetStreamDenied:
+        denied = True  # the violation is its message
+        raise
+    finally:
+        if nc is not None and not denied:
+            _started(nc)  # the violations kept while starting: logged now
+
+
+async def _until_ready(
+    step: Callable[[], Awaitable[None]], timeout_s: float, placement_s: float, pause_s: float, nc: NatsClient | None
+) -> None:
     start = time.monotonic()
     while True:
         try:
@@ -327,6 +426,9 @@ async def when_jetstream_ready(
             if exc.code != 503 or time.monotonic() > start + timeout_s:
                 raise
         except JETSTREAM_UNAVAILABLE:
+            denied = jetstream_denied(nc) if nc is not None else None
+            if denied is not None:
+                raise JetStreamDenied(denied) from None
             if time.monotonic() > start + timeout_s:
                 raise
         except ReplicasUnavailable as exc:
@@ -379,12 +481,14 @@ async def refuse_foreign_log(settings: Settings) -> None:
     server's traceback): raise :class:`projections.logbinding.LogMismatch` on a mismatch; what it
     cannot check yet (no table, a server not up) is left to :func:`open_container`."""
     try:
-        nc = await connect_nats(settings)
+        nc = await connect_nats(settings, starting=True)
     except Exception:
         return
     try:
         js = nc.jetstream()  # the stream as open_container makes it (a wiped server has none yet)
-        await when_jetstream_ready(lambda: ensure_stream(js, settings.layout(), replicas=settings.stream_replicas))
+        await when_jetstream_ready(
+            lambda: ensure_stream(js, settings.layout(), replicas=settings.stream_replicas), nc=nc
+        )
         conn = await psycopg.AsyncConnection.connect(settings.database_url, autocommit=True)
         async with conn, conn.transaction():
             await check_log(conn, js, settings.stream, settings.projector_name)
@@ -414,7 +518,7 @@ async def open_container(
     if settings.auto_migrate:
         await prepare_database(settings)
     layout = settings.layout()
-    nc = await connect_nats(settings)
+    nc = await connect_nats(settings, starting=True)
     pool: AsyncConnectionPool[psycopg.AsyncConnection[Any]] = AsyncConnectionPool(
         settings.database_url,
         min_size=min(settings.db_pool_min, settings.db_pool_max),
@@ -430,9 +534,9 @@ async def open_container(
     try:
         js = nc.jetstream()
         if create_stream:
-            await when_jetstream_ready(lambda: ensure_stream(js, layout, replicas=settings.stream_replicas))
+            await when_jetstream_ready(lambda: ensure_stream(js, layout, replicas=settings.stream_replicas), nc=nc)
         else:
-            await when_jetstream_ready(lambda: require_stream(js, layout))
+            await when_jetstream_ready(lambda: require_stream(js, layout), nc=nc)
         if log_check:
             await check_log_binding(settings, pool, js)
         wrapper = settings.key_wrapper()

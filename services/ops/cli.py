@@ -215,10 +215,12 @@ def main(argv: list[str] | None = None) -> int:
         )
         return SETTINGS_EXIT
     except nats.errors.Error as exc:  # one line that says what to fix, not a traceback
+        from services.bootstrap import JetStreamDenied
+
         hint = (
             " (this NATS server needs Chronicle's operator identity: CHRONICLE_NATS_NKEY_SEED, or for the stack "
             "`make up` runs, $(cat .chronicle/nats-operator.nk))"
-            if "authorization" in str(exc).lower()
+            if "authorization" in str(exc).lower() or isinstance(exc, JetStreamDenied)
             else ""
         )
         print(f"chronicle {args.command}: NATS at {settings.nats_url}: {exc}{hint}", file=sys.stderr, flush=True)

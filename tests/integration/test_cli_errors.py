@@ -7,16 +7,18 @@ from __future__ import annotations
 import subprocess
 import uuid
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 
 import pytest
 from nats.js.errors import NotFoundError
 from pydantic import SecretStr
 
+from events.credentials import tenant_nkey_seed
 from events.omitted import OMITTED
 from services.bootstrap import open_container
 from services.ops.cli import SETTINGS_EXIT, UNREACHABLE_EXIT
 from services.settings import Settings
-from tests.conftest import TEST_KEK, make_settings, operator_nats
+from tests.conftest import KEYS, TEST_KEK, make_settings, operator_nats, tenant_nats_settings
 from tests.integration.helpers import text_message
 from tests.support import chronicle_cli, scratch_database
 
@@ -147,3 +149,33 @@ async def test_a_seed_that_is_not_an_nkey_seed_is_named(elsewhere: Settings) -> 
     assert line.startswith("chronicle verify: CHRONICLE_NATS_NKEY_SEED is not an NKey seed")
     assert "chronicle keygen --operator" in line
     assert await streams_of(elsewhere) == []
+
+
+async def test_a_nats_server_that_is_not_there_exits_4_in_seconds(elsewhere: Settings) -> None:
+    """(It tried forever, logging a ConnectionRefusedError every 0.5 s.)"""
+    nowhere = elsewhere.model_copy(update={"nats_url": "nats://127.0.0.1:1"})
+    done = chronicle_cli(nowhere, "replay", "--tenant", "a", "--session", "s", "--to-seq", "3", timeout=60)
+    assert done.returncode == UNREACHABLE_EXIT, done.stderr
+    assert one_line(done).startswith(
+        "chronicle replay: NATS at nats://127.0.0.1:1: no server answered in 10 tries each: ConnectionRefusedError"
+    )
+
+
+@pytest.fixture
+def tenant_server(tmp_path: Path, pg_admin: str, s3_endpoint: str) -> Iterator[Settings]:
+    """Settings for a NATS server that admits the tenants too, with tenant-a's seed for Chronicle's."""
+    with tenant_nats_settings(tmp_path, pg_admin, s3_endpoint) as settings:
+        assert chronicle_cli(settings, "migrate").returncode == 0
+        yield settings.model_copy(update={"nats_nkey_seed": SecretStr(tenant_nkey_seed(KEYS["tenant-a"]))})
+
+
+async def test_an_identity_denied_the_jetstream_api_exits_4_at_once(tenant_server: Settings) -> None:
+    """(A tenant's seed in CHRONICLE_NATS_NKEY_SEED: the tool logged the permissions violation every
+    5 s while it waited for JetStream.)"""
+    done = chronicle_cli(tenant_server, "replay", "--tenant", "tenant-a", "--session", "s", timeout=60)
+    assert done.returncode == UNREACHABLE_EXIT, done.stderr
+    line = one_line(done)
+    prefix = f"chronicle replay: NATS at {tenant_server.nats_url}: nats: permissions violation for publish to "
+    assert line.lower().startswith(prefix.lower() + '"$js.api.stream.info.'), line
+    assert "this identity may not use the JetStream API" in line
+    assert "needs Chronicle's operator identity: CHRONICLE_NATS_NKEY_SEED" in line
