@@ -11,6 +11,8 @@ from pathlib import Path
 
 import nats.errors
 import nkeys
+import psycopg
+import psycopg.conninfo
 
 from events.credentials import tenant_nkey_seed
 from events.ids import check_tenant
@@ -214,6 +216,14 @@ def main(argv: list[str] | None = None) -> int:
             flush=True,
         )
         return SETTINGS_EXIT
+    except psycopg.OperationalError as exc:  # Postgres not there, refusing, or no such database
+        print(
+            f"chronicle {args.command}: the database of CHRONICLE_DATABASE_URL ({_database(settings.database_url)}) "
+            f"cannot be used: {_first_line(exc)}",
+            file=sys.stderr,
+            flush=True,
+        )
+        return UNREACHABLE_EXIT
     except nats.errors.Error as exc:  # one line that says what to fix, not a traceback
         from services.bootstrap import JetStreamDenied
 
@@ -227,6 +237,20 @@ def main(argv: list[str] | None = None) -> int:
         return UNREACHABLE_EXIT
 
 
+def _database(url: str) -> str:
+    """Where ``url`` points, ``host:port/dbname`` (never its password)."""
+    try:
+        parts = psycopg.conninfo.conninfo_to_dict(url)
+    except psycopg.ProgrammingError:
+        return "not a connection string"
+    return f"{parts.get('host', 'localhost')}:{parts.get('port', 5432)}/{parts.get('dbname', '')}"
+
+
+def _first_line(exc: BaseException) -> str:
+    text = " ".join(str(exc).split("\n")[:1]).strip()
+    return text or type(exc).__name__
+
+
 SETTINGS_EXIT = 2
 """The exit status of a command that cannot run with these settings or arguments (a file that is
 not there, a malformed key or seed, no key-encryption key for sealed events, an invalid id)."""
@@ -234,7 +258,8 @@ LOG_MISMATCH_EXIT = 3
 """The exit status of a process that refused to start: its read models belong to another log."""
 UNREACHABLE_EXIT = 4
 """The exit status of a command that could not use NATS (refused, unreachable, not allowed, or
-without the event stream a tool that only reads the log needs)."""
+without the event stream a tool that only reads the log needs), or its database (Postgres
+refusing, not answering, or without that database)."""
 
 
 def _dispatch(settings: Settings, args: argparse.Namespace) -> int:

@@ -179,3 +179,22 @@ async def test_an_identity_denied_the_jetstream_api_exits_4_at_once(tenant_serve
     assert line.lower().startswith(prefix.lower() + '"$js.api.stream.info.'), line
     assert "this identity may not use the JetStream API" in line
     assert "needs Chronicle's operator identity: CHRONICLE_NATS_NKEY_SEED" in line
+
+
+DATABASE_USERS = [["quarantine", "list"], ["migrate"], ["replay", "--session", "demo"], ["verify"]]
+"""Commands that open the database (all of them through one error handling in ``cli.main``)."""
+
+
+@pytest.mark.parametrize("argv", DATABASE_USERS, ids=" ".join)
+@pytest.mark.parametrize("where", ["unreachable", "missing"])
+async def test_a_database_that_cannot_be_used_is_one_line_naming_the_setting(
+    elsewhere: Settings, pg_admin: str, argv: list[str], where: str
+) -> None:
+    """(It was a psycopg traceback, exit 1.)"""
+    server = pg_admin.rsplit("/", 1)[0]
+    url = "postgresql://postgres@127.0.0.1:1/x" if where == "unreachable" else f"{server}/nosuch_{uuid.uuid4().hex[:8]}"
+    done = chronicle_cli(elsewhere.model_copy(update={"database_url": url}), *argv, timeout=60)
+    assert done.returncode == UNREACHABLE_EXIT, done.stderr
+    line = one_line(done)
+    assert line.startswith(f"chronicle {argv[0]}: the database of CHRONICLE_DATABASE_URL ("), line
+    assert ("Connection refused" if where == "unreachable" else "does not exist") in line
