@@ -14,7 +14,7 @@ from services.api.audit import router as audit_router
 from services.api.auth import ApiKeyAuth
 from services.api.compaction import router as compaction_router
 from services.api.context import router as context_router
-from services.api.guards import BodyLimit, Utf8Path
+from services.api.guards import BodyLimit, HeadAsGet, Utf8Path
 from services.api.history import router as history_router
 from services.api.hot import HotPaths
 from services.api.limits import TenantRateLimit
@@ -81,6 +81,7 @@ def build_app(settings: Settings, container: Container | None = None) -> FastAPI
     if (limits := limits_of(settings)) is not None:
         app.add_middleware(TenantRateLimit, limits=limits)  # before the hot paths: they are requests too
     app.add_middleware(ApiKeyAuth, keys=keys, ops_key=ops_key)
+    app.add_middleware(HeadAsGet)  # HEAD is GET to every layer inside, without the body
     app.add_middleware(CrashGuard)  # outermost: no error drops the connection
 
     for router in ROUTERS:

@@ -123,3 +123,30 @@ class Utf8Path:
                 await from_error(refusal)(scope, receive, send)
                 return
         await self.app(scope, receive, send)
+
+
+class HeadAsGet:
+    """``HEAD`` answered as ``GET`` without its body (load balancers and probes send ``HEAD
+    /healthz``, ``/readyz``, ``/audit/``): FastAPI's routes take only the methods they declare, so
+    every HEAD was 405. The status and the headers, ``Content-Length`` included, are the GET's;
+    the first part of the body ends the answer (an answer that stays open included)."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["method"] != "HEAD":
+            await self.app(scope, receive, send)
+            return
+        ended = False
+
+        async def without_body(message: Message) -> None:
+            nonlocal ended
+            if ended:
+                return
+            if message["type"] == "http.response.body":
+                ended = True
+                message = {"type": "http.response.body", "body": b"", "more_body": False}
+            await send(message)
+
+        await self.app({**scope, "method": "GET"}, receive, without_body)

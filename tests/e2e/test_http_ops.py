@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 
 import httpx
+import pytest
 
 from tests.e2e.helpers import append, msg, new_sid
 
@@ -13,6 +14,23 @@ async def test_healthz(anon: httpx.AsyncClient) -> None:
     r = await anon.get("/healthz")
     assert r.status_code == 200, r.text
     assert r.json() == {"status": "ok"}
+
+
+@pytest.mark.parametrize("path", ["/healthz", "/readyz", "/audit/"])
+async def test_head_answers_like_get_without_a_body(anon: httpx.AsyncClient, path: str) -> None:
+    """(Probes send HEAD; it was 405.)"""
+    got = await anon.get(path)
+    head = await anon.head(path)
+    assert (head.status_code, got.status_code) == (200, 200), head.headers
+    assert head.content == b""
+    assert head.headers["content-type"] == got.headers["content-type"]
+    assert int(head.headers["content-length"]) > 0
+
+
+async def test_head_on_a_route_without_get_is_405_as_get_is(client: httpx.AsyncClient) -> None:
+    head = await client.head("/v1/sessions/s1/messages:clear")
+    assert (head.status_code, head.content) == (405, b"")
+    assert (await client.get("/v1/sessions/s1/messages:clear")).status_code == 405
 
 
 async def test_readyz_reports_backends_and_lag(client: httpx.AsyncClient, anon: httpx.AsyncClient) -> None:
