@@ -14,7 +14,8 @@ append's ``idempotency_key``). The subscribers form one queue group: any number 
 commands`` processes share the requests.
 
 The service answers as the operator, which may publish anywhere, so it answers only a reply subject
-under the requesting tenant's own inbox (``_INBOX_T.<tenant>.``, events/credentials.py): a request
+under the requesting tenant's own inbox (``_INBOX_T.<tenant>.``, events/credentials.py), or the
+operator's own clients' default inbox (``_INBOX.``, where no tenant may listen): a request
 naming any other reply subject (another tenant's event subject or inbox, anything) is dropped
 before it does anything, with a warning, and nothing is published. A request with no reply subject
 runs unanswered, as before.
@@ -56,10 +57,21 @@ class ForeignReply(Exception):
     """A request whose reply subject is not under its tenant's inbox: dropped unanswered."""
 
 
+OPERATOR_INBOX_ROOT = "_INBOX"
+"""NATS clients' default inbox: the operator's own clients (tools, tests, the command benchmark)
+send requests with it. No tenant may subscribe there (events/credentials.py) and no stream takes
+it, so a reply there reaches only the client whose inbox it is."""
+
+
 def answerable(tenant_token: str, reply_to: str) -> bool:
     """True if the operator may answer on ``reply_to`` a request from the tenant whose subject
-    token is ``tenant_token``: no reply subject at all, or one under that tenant's inbox."""
-    return not reply_to or reply_to.startswith(f"{TENANT_INBOX_ROOT}.{tenant_token}.")
+    token is ``tenant_token``: no reply subject at all, one under that tenant's inbox, or one
+    under the default inbox of the operator's own clients (no tenant can listen there)."""
+    return (
+        not reply_to
+        or reply_to.startswith(f"{TENANT_INBOX_ROOT}.{tenant_token}.")
+        or reply_to.startswith(f"{OPERATOR_INBOX_ROOT}.")
+    )
 
 
 def reply(body: dict[str, Any], status: int = 200) -> NatsResponse:

@@ -90,7 +90,9 @@ def test_no_config_without_an_operator_identity() -> None:
         ("_INBOX_T.tenant-ab.nuid.1", False),  # another tenant's inbox that starts alike
         ("_INBOX_T.tenant-b.nuid.1", False),
         ("t.ev.tenant-b.p000.s1", False),  # another tenant's event subject
-        ("_INBOX.nuid.1", False),
+        ("_INBOX.nuid.1", True),  # the operator's own clients' default inbox: no tenant may listen there
+        ("_INBOX", False),
+        ("_INBOXES.nuid.1", False),
     ],
 )
 def test_the_command_service_answers_only_under_the_requesters_inbox(reply_to: str, expected: bool) -> None:
