@@ -35,6 +35,7 @@ from services.errors import (
     ObjectStorageError,
     ReadOnlyBlock,
     SourceMissing,
+    SourceNotText,
 )
 from services.storage.s3 import SkillStore
 from services.tokens import TokenCounter
@@ -135,6 +136,17 @@ class ContextBlocks:
 
     # -- blocks -----------------------------------------------------------------------------
 
+    async def _object_text(self, tenant: str, bucket: str, key: str) -> str | None:
+        """The text of the tenant's object ``key`` in ``bucket`` (a read-only source or a skill),
+        None when it is not there; :class:`SourceNotText` (409) naming it when its bytes are
+        not UTF-8."""
+        try:
+            return await self._storage().get_text(bucket, object_key(tenant, key))
+        except UnicodeDecodeError:
+            raise SourceNotText(
+                f"object {key[:200]!r} in bucket {bucket!r} is not UTF-8 text; upload it as text"
+            ) from None
+
     async def sources(self, tenant: str, session: str, *, catch_up: bool = False) -> Sources:
         """The object-storage texts of the session's read-only blocks, read with no database
         connection held (object storage may be slow; the pool must not wait on it). With
@@ -148,7 +160,9 @@ class ContextBlocks:
         if not blocks:
             return {}
         wanted = [(b.source.bucket, object_key(tenant, b.source.key)) for b in blocks if b.source is not None]
-        texts = await asyncio.gather(*(self._storage().get_text(bucket, key) for bucket, key in wanted))
+        texts = await asyncio.gather(
+            *(self._object_text(tenant, b.source.bucket, b.source.key) for b in blocks if b.source is not None)
+        )
         found: Sources = {}
         for block, where, text in zip(blocks, wanted, texts, strict=True):
             if text is None:
@@ -196,7 +210,7 @@ class ContextBlocks:
                         if sources is not None and where in sources:
                             content = sources[where]
                         else:
-                            text = await self._storage().get_text(*where)
+                            text = await self._object_text(tenant, b.source.bucket, b.source.key)
                             if text is None:
                                 raise source_missing(tenant, session, b)
                             content = text

@@ -75,7 +75,7 @@ class ContextSkills(ContextBlocks):
             raise BlockNotFound(f'Block "{label}" is not a skill provider')
         if (block.keys and key not in block.keys) or unsafe_object_key(block.prefix + key) is not None:
             return None
-        text = await self._storage().get_text(block.bucket, object_key(tenant, block.prefix + key))
+        text = await self._object_text(tenant, block.bucket, block.prefix + key)
         if text is None:
             return None
         await self._pub.publish(

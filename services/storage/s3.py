@@ -17,7 +17,7 @@ import urllib3
 from minio import Minio
 from minio.error import MinioException, S3Error
 
-from services.errors import ObjectStorageError, SourceNotText
+from services.errors import ObjectStorageError
 
 DESCRIPTION_META = "description"
 # S3 metadata values must be ASCII: anything else is percent-encoded (and decoded on listing).
@@ -104,18 +104,10 @@ class SkillStore:
         return await self._call(lambda: bool(self._client.bucket_exists(bucket)))
 
     async def get_text(self, bucket: str, key: str) -> str | None:
-        """The object's text, or None when it does not exist; :class:`SourceNotText` (409) when
-        its bytes are not UTF-8."""
+        """The object's text, or None when it does not exist; :class:`UnicodeDecodeError` when its
+        bytes are not UTF-8."""
         data = await self.get_bytes(bucket, key)
-        if data is None:
-            return None
-        try:
-            return data.decode("utf-8")
-        except UnicodeDecodeError:
-            named = key.split("/", 2)[2] if key.startswith("tenants/") and key.count("/") >= 2 else key
-            raise SourceNotText(
-                f"object {named[:200]!r} in bucket {bucket!r} is not UTF-8 text; upload it as text"
-            ) from None
+        return data.decode("utf-8") if data is not None else None
 
     async def list(self, bucket: str, prefix: str) -> list[StoredObject]:
         """Every object under ``prefix`` in listing order, with its description metadata."""
