@@ -288,6 +288,14 @@ class TooManyStreams(ChronicleError):
     default_code = "too_many_streams"
 
 
+class CompactionInProgress(Conflict):
+    """409: another compaction of the session is running (the compactor's, or another ``compact()``);
+    nothing was summarised. Its overlay appears in ``compactions()`` when it is recorded; retry
+    ``compact()`` after it to compact further."""
+
+    default_code = "compaction_in_progress"
+
+
 class SummarizerFailed(ChronicleError):
     """The summarizer failed during ``compact()``; the failure is recorded and the session is unchanged."""
 
@@ -336,6 +344,7 @@ BY_CODE: dict[str, type[ChronicleError]] = {
         RateLimited,
         Unavailable,
         SummarizerFailed,
+        CompactionInProgress,
         InvalidRequest,
         NotFound,
         Gone,
@@ -387,6 +396,7 @@ __all__ = [
     "BlockNotFound",
     "BudgetExceeded",
     "ChronicleError",
+    "CompactionInProgress",
     "Conflict",
     "Contention",
     "CursorOrderMismatch",

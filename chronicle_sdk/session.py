@@ -329,7 +329,9 @@ class Session(ConfigBuilder):
         Returns the new overlay, or None when there was nothing to compact (the reason is kept
         in :attr:`last_compact_reason`; a session never written has no messages, as the
         reference's implicit sessions). Originals are never changed; history reads apply it.
-        Raises :class:`MessageNotFound` for a ``leaf_id`` that is not a stored message.
+        Raises :class:`MessageNotFound` for a ``leaf_id`` that is not a stored message, and
+        :class:`CompactionInProgress` (nothing summarised) while another compaction of the session
+        runs: the compactor's, or another ``compact()``.
         """
         try:
             out = await self._write("POST", "/compact", {"leaf_id": leaf_id} if leaf_id is not None else {})

@@ -37,6 +37,7 @@ from projections.logbinding import LogMismatch, check_log
 from projections.migrate import migrate
 from projections.overlays import OverlayProjection
 from projections.runner import Projection, ProjectorRunner, partition_checkpoint, read_checkpoint
+from services.compaction.lease import Leases
 from services.compaction.queue import Requests, consumer_config, subscribe
 from services.compaction.requester import Requester
 from services.compaction.service import CompactionService
@@ -578,7 +579,10 @@ async def open_container(
         context.reserved_buckets = frozenset(
             {settings.originals_bucket, settings.claim_check_bucket, settings.archive_bucket}
         )
-        compaction = CompactionService(pool, publisher, commands.optimistic, context, counter, summarizer_of(settings))
+        leases = Leases(settings.database_url)
+        compaction = CompactionService(
+            pool, publisher, commands.optimistic, context, counter, summarizer_of(settings), leases
+        )
         yield Container(
             settings, layout, nc, js, pool, publisher, blobs, waiter, originals, commands, context, compaction
         )

@@ -84,4 +84,10 @@ class RateLimited(ChronicleError):
         self.retry_after_s = retry_after_s
 
 
+CompactionInProgress = _error(
+    "CompactionInProgress",
+    "compaction_in_progress",
+    409,
+    "Another compaction of this session is running; read its overlay from …/compactions, or retry",
+)
 SummarizerFailed = _error("SummarizerFailed", "summarizer_failed", 502, "The summarizer failed; recorded, retry later")

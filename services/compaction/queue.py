@@ -10,15 +10,20 @@ twice.
 
 Work side (:func:`subscribe`): any number of compactor processes share the durable consumer
 ``compaction_queue``; each takes up to ``compactor_concurrency`` requests at once and runs
-:meth:`CompactionService.compact` (the same code path as ``POST …/compact``). Acknowledgement is
-explicit, never FastStream's default (which would terminate a message whose handler raised):
+:meth:`CompactionService.compact` (the same code path as ``POST …/compact``) holding the
+session's lease (:mod:`services.compaction.lease`). The stream can hand two processes the same
+session at once (a newer request replaces one that is being worked on; a request whose compactor
+stopped answering is redelivered while it may still run), so a request whose session is leased
+elsewhere waits for the lease (up to ``compact_timeout_s``; its heartbeat keeps it meanwhile),
+then weighs what the holder recorded. Acknowledgement is explicit, never FastStream's default
+(which would terminate a message whose handler raised):
 
 * done, or nothing to do: ack (the work-queue stream then drops the request); an attempt that
   recorded nothing has recorded ``compaction.skipped`` (see :meth:`CompactionService.compact`);
-* no longer due by the committed state (weighed inside the session's lock): ack without work;
+* no longer due by the committed state (weighed inside the session's lease): ack without work;
 * failed, attempts left: nak with the backoff delay of this attempt;
 * failed on the last of ``compaction_attempts``: ``compaction.failed`` (id derived from the
-  request's; recorded inside the session's lock and applied before the lock is released, so it
+  request's; recorded inside the session's lease and applied before the lease is released, so it
   weighs like a skip on the requests after it), then ack;
 * while a summary runs, a heartbeat (``in_progress``) keeps the request; a compactor that stops
   answering (killed) loses it after the first backoff delay, and another takes it (the consumer's
@@ -152,7 +157,8 @@ StillDue = Callable[[CompactionRequested], Awaitable[bool]]
 
 
 class SessionLocks:
-    """A lock per session, held only while someone holds or awaits it."""
+    """A lock per session, held only while someone holds or awaits it: this process's requests of
+    a session wait for each other here, before they open a connection to wait for the lease."""
 
     def __init__(self) -> None:
         self._locks: dict[Key, tuple[asyncio.Lock, int]] = {}
@@ -222,7 +228,7 @@ def subscribe(
         key = (req.tenant, req.session)
         attempt = Attempt(req.id, delivery, req.estimate)
         failure: Exception | None = None  # the last attempt's summary error
-        recorded = False  # its compaction.failed, inside the lock
+        recorded = False  # its compaction.failed, inside the lease
         stats.in_flight += 1
         beat = asyncio.create_task(heartbeat(msg))
         try:
@@ -232,8 +238,12 @@ def subscribe(
                 await msg.ack()
                 return
             try:
-                async with busy.hold(key), asyncio.timeout(compact_timeout_s):  # a dead connection never holds it
-                    # weighed inside the lock: a request that waited for it sees what the one before
+                async with (
+                    busy.hold(key),  # this process's requests of the session wait here, on no connection
+                    service.leases.hold(req.tenant, req.session, wait_s=compact_timeout_s),  # other processes'
+                    asyncio.timeout(compact_timeout_s),  # a dead connection never holds it
+                ):
+                    # weighed inside the lease: a request that waited for it sees what the one before
                     # recorded (an overlay, or a skip that makes this one not worth a summary)
                     if still_due is not None and not await still_due(req):
                         stats.nothing += 1
@@ -245,7 +255,7 @@ def subscribe(
                         raise
                     except Exception as exc:
                         if isinstance(after_failure(delivery, attempts, backoff_s), GiveUp):
-                            # recorded inside the lock, as a skip is: a request that waited for
+                            # recorded inside the lease, as a skip is: a request that waited for
                             # this one weighs the failure and is acked without a summary
                             failure = exc
                             await _give_up(service, req, attempt, exc)
@@ -267,7 +277,7 @@ def subscribe(
                         await msg.nack(delay=delay)
                     case GiveUp():
                         log.error("compaction of %s/%s failed %d times; recorded", *key, delivery, exc_info=exc)
-                        if not recorded:  # not in the lock, or recording it there failed: here
+                        if not recorded:  # not in the lease, or recording it there failed: here
                             await _give_up(service, req, attempt, failure or exc)
                         stats.gave_up += 1
                         await msg.ack()

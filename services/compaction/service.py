@@ -1,9 +1,12 @@
 """Compaction of one session now: the one code path behind ``POST …/compact`` and every request
 the compaction work queue (:mod:`services.compaction.queue`) delivers.
 
-An overlay's event id is derived from (tenant, session, first id, last id), so two compactors, or
-a redelivery after a crash, record it once; it is published only if nothing that invalidates it
-reached the session while the summary was written. Appends never wait for any of this.
+One compaction of a session runs at a time across every process: callers hold the session's lease
+(:mod:`services.compaction.lease`) around :meth:`CompactionService.compact`. An overlay's event id
+is derived from (tenant, session, first id, last id), so a redelivery after a crash, or a holder
+that lost its lease mid-summary, records it once; it is published only if nothing that
+invalidates it reached the session while the summary was written. Appends never wait for any of
+this.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from events.publisher import ConcurrencyConflict, Published, Publisher
 from events.sealing import KeyDestroyed
 from projections import context_queries, queries
 from projections.overlays import Overlay, apply_overlays, overlays
+from services.compaction.lease import Leases
 from services.compaction.ranges import Message, Plan, Skip, message_tokens, plan_compaction
 from services.compaction.summarizers import Summarizer
 from services.context.service import ContextService
@@ -96,8 +100,11 @@ class CompactionService:
         context: ContextService,
         counter: TokenCounter,
         summarizer: Summarizer,
+        leases: Leases,
     ) -> None:
+        """``leases``: the sessions' compaction leases, which callers of :meth:`compact` hold."""
         self._pool = pool
+        self.leases = leases
         self._pub = publisher
         self._cond = optimistic
         self._context = context
@@ -111,6 +118,9 @@ class CompactionService:
         self, tenant: str, session: str, leaf_id: str | None = None, *, attempt: Attempt | None = None
     ) -> Outcome:
         """Compact the branch ending at ``leaf_id`` (default: the latest leaf) now.
+
+        The caller holds the session's lease (:attr:`leases`): the work queue waits for it, a
+        manual compaction takes it or answers that another compaction runs.
 
         Raises :class:`~services.compaction.summarizers.SummarizerError` when the summarizer
         fails, after recording ``compaction.failed`` unless this is a work-queue ``attempt`` (the

@@ -19,8 +19,16 @@ from events.validation import validation_detail
 from projections import queries
 from projections.overlays import Overlay
 from services.bootstrap import Container
+from services.compaction.lease import SessionBusy
 from services.compaction.summarizers import SummarizerError
-from services.errors import InvalidConfig, InvalidRequest, MessageNotFound, SourceMissing, SummarizerFailed
+from services.errors import (
+    CompactionInProgress,
+    InvalidConfig,
+    InvalidRequest,
+    MessageNotFound,
+    SourceMissing,
+    SummarizerFailed,
+)
 from services.requests.checks import check_id, checked_message, no_nul
 from services.writes.commands import fork
 from services.writes.decisions import ParentSpec
@@ -189,7 +197,8 @@ def overlay_json(o: Overlay) -> Answer:
 
 
 async def compact(c: Container, tenant: str, sid: str, leaf: str | None) -> Answer:
-    """Compact now: the overlay, or why nothing was compacted."""
+    """Compact now: the overlay, or why nothing was compacted; :class:`CompactionInProgress` while
+    another compaction of the session runs (in any process)."""
     check_id("session", sid)
     if leaf is not None:
         check_id("message", leaf)
@@ -200,7 +209,12 @@ async def compact(c: Container, tenant: str, sid: str, leaf: str | None) -> Answ
         if leaf is not None and await queries.get_message(conn, tenant, sid, leaf) is None:
             raise MessageNotFound(f"message {leaf!r} is not in this session")  # a compaction_… id neither
     try:
-        outcome = await c.compaction.compact(tenant, sid, leaf)
+        # never waits: a compaction already running (the compactor's, or another request's) makes
+        # this one 409, rather than a second summary once the first is recorded
+        async with c.compaction.leases.hold(tenant, sid):
+            outcome = await c.compaction.compact(tenant, sid, leaf)
+    except SessionBusy as exc:
+        raise CompactionInProgress(str(exc)) from exc
     except SummarizerError as exc:
         raise SummarizerFailed(str(exc)) from exc
     if outcome.overlay is None:

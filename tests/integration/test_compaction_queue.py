@@ -22,7 +22,8 @@ from bench.support import settings_env
 from events.context import CompactionConfig, SessionConfig
 from projections.overlays import Overlay, overlays
 from services.bootstrap import Container, work_broker
-from services.compaction.queue import KIND, Requests, WorkStats, consumer_config, request, subscribe
+from services.compaction.lease import Leases
+from services.compaction.queue import KIND, Requests, StillDue, WorkStats, consumer_config, request, subscribe
 from services.compaction.ranges import Plan
 from services.compaction.service import CompactionService
 from services.compaction.summarizers import Summarizer, SummarizerError
@@ -76,10 +77,15 @@ async def _settled(c: Container) -> bool:
 
 
 @contextlib.asynccontextmanager
-async def _subscriber(c: Container, summarizer: Summarizer, *, attempts: int = 3) -> AsyncIterator[WorkStats]:
-    """A work-queue subscriber on a NATS connection of its own, on the shared durable."""
+async def _subscriber(
+    c: Container, summarizer: Summarizer, *, attempts: int = 3, still_due: StillDue | None = None
+) -> AsyncIterator[WorkStats]:
+    """A work-queue subscriber on a NATS connection of its own, on the shared durable, with
+    leases of its own (each on a connection of its own)."""
     s = c.settings
-    service = CompactionService(c.pool, c.publisher, c.commands.optimistic, c.context, c.context.counter, summarizer)
+    service = CompactionService(
+        c.pool, c.publisher, c.commands.optimistic, c.context, c.context.counter, summarizer, Leases(s.database_url)
+    )
     broker = work_broker(s)
     stats = subscribe(
         broker,
@@ -89,6 +95,7 @@ async def _subscriber(c: Container, summarizer: Summarizer, *, attempts: int = 3
         concurrency=1,
         attempts=attempts,
         backoff_s=s.compaction_backoff_s,
+        still_due=still_due,
     )
     await ensure_consumer(
         c.js, c.layout, consumer_config(c.layout, s.compaction_queue, attempts, s.compaction_backoff_s)

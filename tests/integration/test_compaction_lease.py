@@ -1,0 +1,210 @@
+"""A session's compaction is exclusive across compactor processes (its lease, a Postgres advisory
+lock): two work-queue subscribers, each on its own NATS connection and its own lease connections,
+on one real nats-server and Postgres. The work queue hands them the same session at once; one
+summarises, the other waits and then finds nothing left to do; when the holder's connection ends
+the other takes over; a manual compaction while one runs is refused without a summary."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+
+import pytest
+from nats.js.errors import NotFoundError
+
+from events.catalog import CompactionRequested
+from services.bootstrap import Container
+from services.compaction.lease import Leases, SessionBusy
+from services.compaction.queue import KIND, WorkStats
+from services.compaction.ranges import Plan
+from services.compaction.state import still_due
+from services.errors import CompactionInProgress
+from services.requests import writes
+from tests.conftest import make_settings, running_stack
+from tests.integration.test_compaction_queue import (
+    POLICY,
+    T,
+    _overlays,
+    _request,
+    _session,
+    _settled,
+    _subscriber,
+    _until,
+)
+
+DUE = POLICY.model_copy(update={"compact_after": 300})
+# the lease of (tenant, session) in pg_locks: the two-key advisory form, keys as unsigned 32-bit
+_HOLDERS = (
+    "SELECT pid, granted FROM pg_locks WHERE locktype = 'advisory' AND objsubid = 2 "
+    "AND database = (SELECT oid FROM pg_database WHERE datname = current_database()) "
+    "AND classid = (hashtext('chronicle-compaction')::bigint & 4294967295)::oid "
+    "AND objid = (hashtext(%s || '/' || %s)::bigint & 4294967295)::oid"
+)
+
+
+class _Gated:
+    """A summarizer that, once entered, waits until the test opens its gate."""
+
+    def __init__(self, name: str, *, gated: bool = True) -> None:
+        self.name = name
+        self.model: str | None = None
+        self.calls = 0
+        self.entered = asyncio.Event()
+        self.gate = asyncio.Event()
+        if not gated:
+            self.gate.set()
+
+    async def summarize(self, plan: Plan) -> str:
+        self.calls += 1
+        self.entered.set()
+        await self.gate.wait()
+        return f"## Topic\nsummary by {self.name}"
+
+
+def _compactor(c: Container, summarizer: _Gated) -> contextlib.AbstractAsyncContextManager[WorkStats]:
+    """What ``chronicle compactor`` runs: a subscriber of the shared durable on a NATS connection of
+    its own, with leases of its own, weighing requests against the committed state."""
+
+    async def due(req: CompactionRequested) -> bool:
+        async with c.pool.connection() as conn:
+            return await still_due(conn, c.settings.projector_name, req.tenant, req.session, req.seq)
+
+    return _subscriber(c, summarizer, still_due=due)
+
+
+async def _lease(c: Container, sid: str) -> list[tuple[int, bool]]:
+    """(backend pid, granted) of every holder of and waiter for the session's lease."""
+    async with c.pool.connection() as conn:
+        cur = await conn.execute(_HOLDERS, (T, sid))
+        return [(int(pid), bool(granted)) for pid, granted in await cur.fetchall()]
+
+
+async def _waiting(c: Container, sid: str) -> bool:
+    held = await _lease(c, sid)
+    return sum(g for _, g in held) == 1 and sum(not g for _, g in held) == 1
+
+
+async def _requested(c: Container, sid: str) -> int:
+    """A new session ``sid`` over its threshold, and the projector's request of it as it stands
+    now waiting in the work queue (no compactor runs yet: one request, of the final state); the
+    sequence of its last append."""
+    seq = await _session(c, sid, DUE)
+
+    async def request_of_the_last_append() -> bool:
+        with contextlib.suppress(NotFoundError):
+            stored = await c.js.get_last_msg(c.layout.work_stream, c.layout.work_subject(KIND, T, sid))
+            return CompactionRequested.model_validate_json(stored.data or b"").seq >= seq
+        return False
+
+    await _until(request_of_the_last_append, "the projector to request the session")
+    return seq
+
+
+async def _holding(c: Container, sid: str, holder: _Gated) -> int:
+    """Once ``holder``'s compactor summarises ``sid`` (holding its lease): its lease's backend pid."""
+    await asyncio.wait_for(holder.entered.wait(), 30)
+    ((pid, granted),) = await _lease(c, sid)
+    assert granted
+    return pid
+
+
+async def test_two_compactors_given_one_session_summarise_it_once(
+    nats_url: str, fresh_db: str, s3_endpoint: str
+) -> None:
+    settings = make_settings(nats_url, fresh_db, s3_endpoint=s3_endpoint)
+    async with running_stack(settings) as c:
+        first, second = _Gated("first"), _Gated("second", gated=False)
+        seq = await _requested(c, "both")
+        async with _compactor(c, first) as first_stats:
+            await _holding(c, "both", first)
+            async with _compactor(c, second) as second_stats:
+                # a newer request of the session (a newer decision) while the first is summarising:
+                # the stream hands it to the free compactor, which waits for the lease
+                await _request(c, "both", seq, estimate=999)
+                await _until(lambda: _waiting(c, "both"), "the second compactor to wait for the lease")
+                first.gate.set()
+                await _until(lambda: _settled(c), "both requests to be settled")
+        assert (first.calls, second.calls) == (1, 0)  # one summary: billed once
+        (overlay,) = await _overlays(c, "both")
+        assert overlay.summarizer == "first"
+        assert (first_stats.compactions, second_stats.compactions, second_stats.nothing) == (1, 0, 1)
+        assert await _lease(c, "both") == []
+
+
+async def test_when_the_holders_connection_ends_the_waiting_compactor_takes_over(
+    nats_url: str, fresh_db: str, s3_endpoint: str
+) -> None:
+    """The holder's lease connection ends (its process died, or the database cut it): the lease is
+    released by Postgres, and the compactor waiting for it summarises. A holder that was in fact
+    still summarising records nothing after it: its overlay's publish finds the other's."""
+    settings = make_settings(nats_url, fresh_db, s3_endpoint=s3_endpoint)
+    async with running_stack(settings) as c:
+        dying, other = _Gated("dying"), _Gated("other", gated=False)
+        seq = await _requested(c, "orphan")
+        async with _compactor(c, dying):
+            holder = await _holding(c, "orphan", dying)
+            async with _compactor(c, other) as other_stats:
+                await _request(c, "orphan", seq, estimate=999)
+                await _until(lambda: _waiting(c, "orphan"), "the second compactor to wait for the lease")
+                async with c.pool.connection() as conn:
+                    await conn.execute("SELECT pg_terminate_backend(%s)", (holder,))
+
+                async def compacted() -> bool:
+                    return bool(await _overlays(c, "orphan"))
+
+                await _until(compacted, "the waiting compactor to take over and compact")
+                assert other.calls == 1
+                assert other_stats.compactions == 1
+                dying.gate.set()  # the old holder finishes its summary late
+                await _until(lambda: _settled(c), "both requests to be settled")
+        (overlay,) = await _overlays(c, "orphan")
+        assert overlay.summarizer == "other"
+        assert await _lease(c, "orphan") == []
+
+
+async def test_a_manual_compaction_while_the_compactor_runs_is_refused_without_a_summary(
+    nats_url: str, fresh_db: str, s3_endpoint: str
+) -> None:
+    settings = make_settings(nats_url, fresh_db, s3_endpoint=s3_endpoint)
+    async with running_stack(settings) as c:
+        running = _Gated("running")
+        manual = _Gated("manual", gated=False)
+        c.compaction.summarizer = manual
+        await _requested(c, "manual")
+        async with _compactor(c, running):
+            await _holding(c, "manual", running)
+            with pytest.raises(CompactionInProgress) as refused:
+                await writes.compact(c, T, "manual", None)
+            assert (refused.value.status, refused.value.code) == (409, "compaction_in_progress")
+            assert manual.calls == 0
+            running.gate.set()
+            await _until(lambda: _settled(c), "the compactor's request to be settled")
+        (overlay,) = await _overlays(c, "manual")
+        assert overlay.summarizer == "running"
+        # once it is done, a manual compaction takes the lease and tries, as always (here the
+        # compactor left nothing new to summarise)
+        out = await writes.compact(c, T, "manual", None)
+        assert out["reason"] == "nothing new to summarise", out
+        assert await _lease(c, "manual") == []
+
+
+async def test_a_wait_for_the_lease_that_times_out_leaves_no_waiter(
+    nats_url: str, fresh_db: str, s3_endpoint: str
+) -> None:
+    leases, other = Leases(fresh_db), Leases(fresh_db)
+    settings = make_settings(nats_url, fresh_db, s3_endpoint=s3_endpoint)
+    async with running_stack(settings, projector=False) as c:
+        async with leases.hold(T, "timeout"):
+            with pytest.raises(SessionBusy):
+                async with other.hold(T, "timeout"):
+                    pytest.fail("the lease is held")
+            with pytest.raises(TimeoutError):
+                async with other.hold(T, "timeout", wait_s=0.3):
+                    pytest.fail("the lease is held")
+            ((_, granted),) = await _lease(c, "timeout")  # the holder alone: the waiter was cancelled
+            assert granted
+            async with other.hold(T, "another session"):  # another session's lease is free
+                pass
+        async with other.hold(T, "timeout"):  # released at the end of the body
+            pass
+        assert await _lease(c, "timeout") == []
