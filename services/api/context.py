@@ -6,6 +6,7 @@ from fastapi import APIRouter, Body, Path, Query
 from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema
 
 from events.context import LABEL_RE, SessionConfig
+from events.validation import NO_NUL_PATTERN
 from projections import context_queries
 from services.api import metrics
 from services.api import models as m
@@ -136,7 +137,7 @@ async def run_tool(
     tenant: Tenant,
     c: ContainerDep,
     arguments: Annotated[Any, Body()] = None,
-    tool_call_id: Annotated[str | None, Query(min_length=1, max_length=256, pattern=r"^[^\x00]*$")] = None,
+    tool_call_id: Annotated[str | None, Query(min_length=1, max_length=256, pattern=NO_NUL_PATTERN)] = None,
 ) -> dict[str, Any]:
     """Execute a tool with the LLM's arguments; failures come back as ``Error: …`` results.
 

@@ -11,6 +11,7 @@ from events.commands import ConfigJson as ConfigJson
 from events.commands import MessageId
 from events.commands import MessageJson as MessageJson
 from events.commands import SessionId as SessionId
+from events.validation import NO_NUL_PATTERN, PRINTABLE_ASCII_PATTERN
 from projections import queries
 from projections.search_query import MAX_QUERY_CHARS
 from services.bootstrap import Container
@@ -51,7 +52,7 @@ ContainerDep = Annotated[Container, Depends(get_container)]
 MAX_SEQ = 2**63 - 1
 """The largest stream sequence (or cursor) a query parameter may name."""
 IDEMPOTENCY_KEY_MAX = 128
-IDEMPOTENCY_KEY_PATTERN = r"^[!-~]+$"
+IDEMPOTENCY_KEY_PATTERN = PRINTABLE_ASCII_PATTERN
 """An ``Idempotency-Key`` header: 1 to 128 printable ASCII characters, no space."""
 
 
@@ -67,7 +68,7 @@ def idempotency_key(description: str) -> Any:
 
 
 MinSeq = Annotated[int | None, Query(ge=0, le=MAX_SEQ)]
-SearchQuery = Annotated[str, Query(min_length=1, max_length=MAX_QUERY_CHARS, pattern=r"^[^\x00]*$")]
+SearchQuery = Annotated[str, Query(min_length=1, max_length=MAX_QUERY_CHARS, pattern=NO_NUL_PATTERN)]
 Limit = Annotated[int, Query(ge=1, le=200)]
 
 # Ids are checked by :func:`check_id` (``422 invalid_id``); these types only document the rules.

@@ -20,6 +20,7 @@ from events.admission import Refused
 from events.blobs import BlobNotFound
 from events.publisher import PublishFailed
 from events.sealing import KeyDestroyed
+from events.validation import error_items
 from services.api.metrics import SOURCES_MISSING
 from services.errors import ChronicleError, SourceMissing
 from services.requests.problems import internal_error, invalid_request, problem_of
@@ -77,10 +78,7 @@ def install(app: FastAPI) -> None:
 
     @app.exception_handler(RequestValidationError)
     async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:
-        errors = [
-            {"loc": [str(p) for p in e.get("loc", ())], "msg": str(e.get("msg", "")), "type": str(e.get("type", ""))}
-            for e in exc.errors()
-        ]
+        errors = error_items(exc.errors())
         if any(e["type"] == "json_invalid" for e in errors):
             return problem(400, "malformed_json", "The request body is not valid JSON", "invalid JSON", errors=errors)
         return as_response(invalid_request(errors))

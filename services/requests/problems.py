@@ -15,7 +15,7 @@ from events.admission import Refused
 from events.blobs import BlobNotFound
 from events.publisher import PublishFailed
 from events.sealing import KeyDestroyed
-from events.validation import validation_detail
+from events.validation import error_items, validation_detail
 from services.errors import ChronicleError, ErasedSession, RateLimited
 
 log = logging.getLogger("chronicle.requests")
@@ -34,10 +34,7 @@ def invalid_request(errors: list[dict[str, Any]]) -> Problem:
 
 
 def validation_errors(exc: ValidationError) -> list[dict[str, Any]]:
-    return [
-        {"loc": [str(p) for p in e.get("loc", ())], "msg": str(e.get("msg", "")), "type": str(e.get("type", ""))}
-        for e in exc.errors(include_url=False)
-    ]
+    return error_items(exc.errors(include_url=False))
 
 
 def problem_of(exc: BaseException) -> Problem | None:

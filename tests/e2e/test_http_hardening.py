@@ -107,6 +107,13 @@ async def test_nul_in_fork_name_is_422(client: httpx.AsyncClient) -> None:
     assert_problem(await client.get(f"/v1/sessions/{sid}f"), 404, "session_not_found")
 
 
+async def test_a_nul_in_a_query_parameter_is_named_not_shown_as_a_regex(client: httpx.AsyncClient) -> None:
+    r = await client.get("/v1/search", params={"q": "x\x00y"})
+    assert_problem(r, 422, "invalid_request")
+    assert r.json()["detail"] == "query.q: must not contain NUL characters"
+    assert [e["msg"] for e in r.json()["errors"]] == ["must not contain NUL characters"]
+
+
 @pytest.mark.parametrize("bad_sid", ["a/b", "/lead", "trail/", "a\\b/c"])
 async def test_session_ids_with_a_slash_are_refused(client: httpx.AsyncClient, bad_sid: str) -> None:
     last = await stream_last_seq(client)

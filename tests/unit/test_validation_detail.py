@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import pytest
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, Field, ValidationError
 
-from events.validation import validation_detail
+from events.validation import NO_NUL_PATTERN, PRINTABLE_ASCII_PATTERN, error_items, validation_detail
 
 
 class Shape(BaseModel):
@@ -30,3 +30,27 @@ def test_an_error_of_the_whole_value_is_named_by_root() -> None:
 
 def test_plain_error_dicts_are_formatted_too() -> None:
     assert validation_detail([{"loc": ["body", "x"], "msg": "missing"}]) == "body.x: missing"
+
+
+class Patterned(BaseModel):
+    text: str = Field(pattern=NO_NUL_PATTERN)
+    key: str = Field(pattern=PRINTABLE_ASCII_PATTERN)
+    cursor: str = Field(pattern=r"^[0-9]+$")
+
+
+def test_a_pattern_mismatch_says_what_the_pattern_means_not_the_expression() -> None:
+    with pytest.raises(ValidationError) as caught:
+        Patterned.model_validate({"text": "a\x00b", "key": "a b", "cursor": "x"})
+    detail = validation_detail(caught.value)
+    assert detail == (
+        "text: must not contain NUL characters; "
+        "key: must be printable ASCII characters without spaces; "
+        "cursor: is not in the form this field takes"
+    )
+    items = error_items(caught.value.errors(include_url=False))
+    assert [i["msg"] for i in items] == [
+        "must not contain NUL characters",
+        "must be printable ASCII characters without spaces",
+        "is not in the form this field takes",
+    ]
+    assert validation_detail(items) == detail  # worded once: the items read the same again
