@@ -64,6 +64,8 @@ class ContextTools(ContextSkills, ContextPrompt):
             log.warning("tool %s failed: %s", name, exc.detail)
             return f"Error: {exc.title}"  # a backing service's detail is for the log, not the LLM
         except Refused as exc:  # the write would make an event the log refuses (e.g. too large)
+            if exc.reason == "too_large":  # said so that an LLM knows what to do about it
+                return f"Error: content too large to store ({exc.detail}); write a shorter text"
             return f"Error: {exc.detail}"
         except Exception:
             log.exception("tool %s failed", name)

@@ -198,6 +198,17 @@ async def test_error_strings(client: httpx.AsyncClient, api_settings: Settings) 
     assert await events(client, s) == before
 
 
+async def test_content_too_large_for_one_event_is_an_error_an_llm_can_act_on(
+    client: httpx.AsyncClient, api_settings: Settings
+) -> None:
+    s = await full_session(client, api_settings)
+    before = await events(client, s)
+    res, _ = await tool(client, s, "set_context", {"label": "knowledge", "content": "word " * 220_000})
+    assert res.startswith("Error: content too large to store (")
+    assert res.endswith("); write a shorter text")
+    assert await events(client, s) == before
+
+
 BAD_ARGUMENTS: dict[str, tuple[str, Any, str]] = {
     "list": ("set_context", [1, 2], "Error: tool arguments must be a JSON object"),
     "string": ("set_context", "memory", "Error: tool arguments must be a JSON object"),
