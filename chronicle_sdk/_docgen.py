@@ -43,6 +43,7 @@ SECTIONS: list[tuple[str, ModuleType | None, list[str]]] = [
             "ContextBlock",
             "SystemPrompt",
             "Compaction",
+            "CompactionFailure",
             "NatsPublishing",
         ],
     ),

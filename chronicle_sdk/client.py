@@ -19,7 +19,7 @@ from pydantic import ValidationError
 
 from chronicle_sdk import jsondecode
 from chronicle_sdk.commands import Routed, reply_status, route
-from chronicle_sdk.connection import Via, quote
+from chronicle_sdk.connection import Via, checked_session_id, quote, session_path
 from chronicle_sdk.errors import (
     ChronicleError,
     Contention,
@@ -83,13 +83,6 @@ def _batches(messages: Sequence[Mapping[str, Any]]) -> list[list[dict[str, Any]]
         batches[-1].append(dict(m))
         size += n
     return batches
-
-
-def _check_session_id(session_id: str) -> str:
-    try:
-        return ids.check_session(session_id)
-    except ids.InvalidId as exc:
-        raise InvalidId(str(exc), status=422) from exc
 
 
 def _check_message_id(message_id: str) -> str:
@@ -370,11 +363,18 @@ class ChronicleClient:
         except TransportError as exc:
             raise Unavailable(f"GET {path}: {exc}", status=0) from exc
 
-    async def get_optional(self, path: str, *, session: str | None = None, min_seq: int | None = None) -> Any:
+    async def get_optional(
+        self,
+        path: str,
+        *,
+        session: str | None = None,
+        min_seq: int | None = None,
+        params: Mapping[str, Any] | None = None,
+    ) -> Any:
         """GET that answers None instead of raising for a missing session or message."""
-        params = {"min_seq": min_seq} if min_seq else None
+        query = {**(params or {}), **({"min_seq": min_seq} if min_seq else {})}
         try:
-            return await self.request("GET", path, params=params, session=session)
+            return await self.request("GET", path, params=query or None, session=session)
         except NotFound as exc:
             if exc.code in _NOT_FOUND_CODES:
                 return None
@@ -419,7 +419,7 @@ class ChronicleClient:
         return await self._append_chain_api(session_id, messages, parent_id, chosen)
 
     def _path(self, session_id: str, tail: str = "") -> str:
-        return f"/v1/sessions/{quote(session_id)}{tail}"
+        return session_path(session_id, tail)
 
     async def _send(self, via: Literal["http", "nats"], method: str, path: str, body: Any, **kw: Any) -> Any:
         """One write over ``via``, whatever the client's default."""
@@ -741,7 +741,7 @@ class ChronicleClient:
         """
         from events.catalog import MessageAppended
 
-        _check_session_id(session_id)
+        checked_session_id(session_id)
         info = await self.nats_publishing()
         tenant = info.tenant
         if parent_id is not None:

@@ -13,7 +13,9 @@ from collections.abc import AsyncGenerator, Mapping, Sequence
 from typing import Any, Literal, Protocol
 from urllib.parse import quote as _quote
 
+from chronicle_sdk.errors import InvalidId
 from chronicle_sdk.types import OMITTED, AppendResult, ParentId
+from events import ids
 
 Via = Literal["http", "nats", "jetstream"]
 """How a write reaches the server: through the API (``"http"``), as a NATS command (``"nats"``), or,
@@ -45,7 +47,14 @@ class Connection(Protocol):
         """The lines of one GET answer that stays open, as they come (errors raise as ``request``'s)."""
         ...
 
-    async def get_optional(self, path: str, *, session: str | None = None, min_seq: int | None = None) -> Any:
+    async def get_optional(
+        self,
+        path: str,
+        *,
+        session: str | None = None,
+        min_seq: int | None = None,
+        params: Mapping[str, Any] | None = None,
+    ) -> Any:
         """A GET that answers None instead of raising for a missing session or message."""
         ...
 
@@ -76,4 +85,18 @@ def quote(value: str) -> str:
     return _quote(value, safe="")
 
 
-__all__ = ["Connection", "Via", "quote"]
+def checked_session_id(session_id: str) -> str:
+    """``session_id`` when the server would take it, else :class:`InvalidId` (``422``) before any
+    request: an empty one, or one with a ``/``, would otherwise name another route (``404``)."""
+    try:
+        return ids.check_session(session_id)
+    except ids.InvalidId as exc:
+        raise InvalidId(str(exc), status=422) from exc
+
+
+def session_path(session_id: str, tail: str = "") -> str:
+    """The URL path of a session (and ``tail`` under it), its id checked first."""
+    return f"/v1/sessions/{quote(checked_session_id(session_id))}{tail}"
+
+
+__all__ = ["Connection", "Via", "checked_session_id", "quote", "session_path"]

@@ -8,7 +8,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
 from chronicle_sdk.config import ConfigBuilder
-from chronicle_sdk.connection import Connection, Via, quote
+from chronicle_sdk.connection import Connection, Via, session_path
 from chronicle_sdk.errors import ChronicleError, InvalidRequest, SessionExists, SessionNotFound
 from chronicle_sdk.session import Session
 from chronicle_sdk.tools import MAX_QUERY_CHARS, SESSION_SEARCH, Tools, arguments_error, arguments_fault
@@ -94,17 +94,17 @@ class SessionManager(ConfigBuilder):
 
     async def get(self, session_id: str) -> SessionInfo | None:
         """The registry entry, or None for an unknown or deleted session (``get(id)``)."""
-        out = await self.client.get_optional(f"/v1/sessions/{quote(session_id)}", session=session_id)
+        out = await self.client.get_optional(session_path(session_id), session=session_id)
         return SessionInfo.from_json(out) if isinstance(out, dict) else None
 
     async def rename(self, session_id: str, name: str) -> None:
         """Rename a session (``rename(id, name)``)."""
-        out = await self.client.request("PATCH", f"/v1/sessions/{quote(session_id)}", body={"name": name})
+        out = await self.client.request("PATCH", session_path(session_id), body={"name": name})
         self.client.note_seq(session_id, out.get("seq"))
 
     async def delete(self, session_id: str) -> None:
         """Delete a session and its messages (``delete(id)``); its events stay in the log."""
-        out = await self.client.request("DELETE", f"/v1/sessions/{quote(session_id)}")
+        out = await self.client.request("DELETE", session_path(session_id))
         self.client.note_seq(session_id, out.get("seq"))
         self._sessions.pop(session_id, None)
 
@@ -123,7 +123,7 @@ class SessionManager(ConfigBuilder):
         body = {"input_tokens": input_tokens, "output_tokens": output_tokens, "cost": float(cost)}
         out = await self.client.request(
             "POST",
-            f"/v1/sessions/{quote(session_id)}/usage",
+            session_path(session_id, "/usage"),
             body=body,
             idempotent=True,  # the key makes a repeat safe
             headers={"Idempotency-Key": uuid.uuid4().hex},
@@ -134,7 +134,7 @@ class SessionManager(ConfigBuilder):
         """Record why a session ended (its ``end_reason``); it stays readable and writable. Retried
         like a read: recording the same reason again changes nothing."""
         out = await self.client.request(
-            "POST", f"/v1/sessions/{quote(session_id)}:end", body={"reason": reason}, idempotent=True
+            "POST", session_path(session_id, ":end"), body={"reason": reason}, idempotent=True
         )
         self.client.note_seq(session_id, out.get("seq"))
 
@@ -185,7 +185,7 @@ class SessionManager(ConfigBuilder):
         fail (``session_erased``). Returns the sequence of its ``session.erased`` event. Raises
         :class:`SessionNotFound` for a session the log holds nothing of and that has no data key
         (nothing to erase: the id stays usable)."""
-        out = await self.client.request("POST", f"/v1/sessions/{quote(session_id)}:erase")
+        out = await self.client.request("POST", session_path(session_id, ":erase"))
         self._sessions.pop(session_id, None)
         return int(out["seq"])
 
@@ -209,7 +209,7 @@ class SessionManager(ConfigBuilder):
         if id is not None:
             body["id"] = id
         await self.get_session(session_id)._ensure_ready()
-        out = await self.client.request("POST", f"/v1/sessions/{quote(session_id)}/fork", body=body, session=session_id)
+        out = await self.client.request("POST", session_path(session_id, "/fork"), body=body, session=session_id)
         new_id = str(out["id"])
         self.client.note_seq(new_id, out.get("seq"))
         info = await self.get(new_id)
@@ -219,7 +219,8 @@ class SessionManager(ConfigBuilder):
     # -- search and tools -------------------------------------------------------------------
 
     async def search(self, query: str, limit: int = 20) -> list[SearchResult]:
-        """Full-text search across the tenant's sessions (``search(query, {limit})``); hits carry ``session_id``."""
+        """Full-text search across the tenant's sessions (``search(query, {limit})``); hits carry
+        ``session_id``. ``limit``: 1 to 200 (a larger one is :class:`InvalidRequest`)."""
         if not query.strip():
             return []
         out = await self.client.request("GET", "/v1/search", params={"q": query, "limit": limit}, tenant_wide=True)

@@ -9,13 +9,14 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from chronicle_sdk.config import ConfigBuilder, parse_config
-from chronicle_sdk.connection import Connection, Via, quote
+from chronicle_sdk.connection import Connection, Via, quote, session_path
 from chronicle_sdk.errors import InvalidConfig, InvalidRequest, NotFound, RateLimited, Unavailable
 from chronicle_sdk.tools import ToolDefinition, Tools, arguments_error, arguments_fault, parse_arguments
 from chronicle_sdk.types import (
     OMITTED,
     AppendResult,
     Compaction,
+    CompactionFailure,
     ContextBlock,
     HistoryRowStat,
     Message,
@@ -92,7 +93,7 @@ class Session(ConfigBuilder):
     # -- plumbing ---------------------------------------------------------------------------
 
     def _path(self, tail: str = "") -> str:
-        return f"/v1/sessions/{quote(self.id)}{tail}"
+        return session_path(self.id, tail)
 
     async def _ensure_ready(self) -> None:
         if not self._dirty:
@@ -221,10 +222,19 @@ class Session(ConfigBuilder):
         out = await self._get("/history/stats", {"leaf_id": leaf_id} if leaf_id is not None else None)
         return [HistoryRowStat.from_json(r) for r in out.get("rows", [])]
 
-    async def get_message(self, message_id: str) -> Message | None:
-        """The stored message, or None (``getMessage``)."""
+    async def get_message(self, message_id: str, *, original: bool = False) -> Message | None:
+        """The stored message, or None (``getMessage``).
+
+        A message over the server's row cap is stored capped (long texts cut, structure kept);
+        ``original=True`` returns its untruncated original (from object storage) instead. For a
+        message that was not capped both are the same.
+        """
         await self._ensure_ready()
-        found = await self.client.get_optional(self._path(f"/messages/{quote(message_id)}"), session=self.id)
+        found = await self.client.get_optional(
+            self._path(f"/messages/{quote(message_id)}"),
+            session=self.id,
+            params={"original": "true"} if original else None,
+        )
         return found if isinstance(found, dict) else None
 
     async def get_latest_leaf(self) -> Message | None:
@@ -250,7 +260,9 @@ class Session(ConfigBuilder):
         return int(out.get("length", 0))
 
     async def search(self, query: str, limit: int = 20) -> list[SearchResult]:
-        """Full-text search in this session (``search(query, {limit})``): all words, stemmed, ranked."""
+        """Full-text search in this session (``search(query, {limit})``): all words, stemmed, ranked.
+
+        ``limit``: 1 to 200 (a larger one is :class:`InvalidRequest`); an empty query finds nothing."""
         if not query.strip():
             return []
         out = await self._get("/search", {"q": query, "limit": limit})
@@ -350,6 +362,12 @@ class Session(ConfigBuilder):
         out = await self._get("/compactions")
         return [Compaction.from_json(c) for c in out.get("compactions", [])]
 
+    async def get_compaction_failures(self) -> list[CompactionFailure]:
+        """Every recorded summarizer failure of the session, oldest first: why a compaction that
+        was due did not happen (the automatic one then waits for the session to grow)."""
+        out = await self._get("/compaction-failures")
+        return [CompactionFailure.from_json(f) for f in out.get("failures", [])]
+
     # -- context blocks ---------------------------------------------------------------------
 
     async def get_context_blocks(self) -> list[ContextBlock]:
@@ -380,7 +398,7 @@ class Session(ConfigBuilder):
         return ContextBlock(
             label=str(out["label"]),
             kind="writable",
-            description=None,
+            description=out.get("description"),
             content=str(out["content"]),
             tokens=int(out["tokens"]),
             max_tokens=out.get("max_tokens"),
@@ -473,7 +491,12 @@ class Session(ConfigBuilder):
         """The frozen system prompt (``freezeSystemPrompt``): rendered and stored once, then the same text.
 
         Block writes do not change it until :meth:`refresh_system_prompt`, so the provider's
-        prompt cache stays valid across turns.
+        prompt cache stays valid across turns. As in the reference, two other things re-render it:
+        :meth:`clear_messages` and every recorded compaction (whether :meth:`compact` or the
+        server's compactor, which runs in the background after an append crosses
+        ``compact_after``: the next call here may then return a new version, once per
+        compaction). Compare :attr:`SystemPrompt.version` (from :meth:`get_system_prompt`) to
+        know when the cached prefix changed.
         """
         return (await self.get_system_prompt()).prompt
 

@@ -239,6 +239,32 @@ class Compaction:
 
 
 @dataclass(frozen=True, slots=True)
+class CompactionFailure:
+    """A recorded summarizer failure (a ``compaction.failed`` event): one per failed
+    :meth:`~chronicle_sdk.Session.compact`, and one per automatic compaction whose attempts all
+    failed (``attempt``: how many were made)."""
+
+    seq: int
+    leaf_id: str | None
+    summarizer: str
+    error: str
+    attempt: int
+    created_at: datetime | None = None
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> CompactionFailure:
+        """Build from one entry of ``GET …/compaction-failures``."""
+        return cls(
+            seq=int(data.get("seq") or 0),
+            leaf_id=data.get("leaf_id"),
+            summarizer=str(data.get("summarizer") or ""),
+            error=str(data.get("error") or ""),
+            attempt=int(data.get("attempt") or 0),
+            created_at=parse_time(data.get("created_at")),
+        )
+
+
+@dataclass(frozen=True, slots=True)
 class NatsPublishing:
     """How the API key's tenant publishes straight to JetStream, as the server answers ``GET /v1/nats``.
 

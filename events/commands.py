@@ -16,6 +16,7 @@ from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Fie
 
 from events import ids
 from events.catalog import MAX_END_REASON, MAX_USAGE_COST, MAX_USAGE_TOKENS
+from events.validation import NO_NUL_PATTERN, PRINTABLE_ASCII_PATTERN
 
 STATUS_HEADER = "Chronicle-Status"
 """The reply header holding the HTTP status the same request answers over HTTP (201, 422, …)."""
@@ -57,7 +58,7 @@ Cost = Annotated[
     float, Field(ge=0, le=MAX_USAGE_COST, strict=True, allow_inf_nan=False), AfterValidator(_no_negative_zero)
 ]
 EndReason = Annotated[str, Field(min_length=1, max_length=MAX_END_REASON)]
-IdempotencyKey = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[!-~]+$")]
+IdempotencyKey = Annotated[str, Field(min_length=1, max_length=128, pattern=PRINTABLE_ASCII_PATTERN)]
 
 
 def model_refs(node: Any, ref_template: str = "#/components/schemas/{model}") -> Any:
@@ -208,7 +209,7 @@ class RunTool(BaseModel):
     session_id: SessionId
     name: str = Field(min_length=1)
     arguments: Any = None
-    tool_call_id: str | None = Field(default=None, min_length=1, max_length=256, pattern=r"^[^\x00]*$")
+    tool_call_id: str | None = Field(default=None, min_length=1, max_length=256, pattern=NO_NUL_PATTERN)
 
 
 class RefreshPrompt(BaseModel):
@@ -322,6 +323,7 @@ class ConfigWritten(_Answer):
 
 class BlockWritten(_Answer):
     label: str
+    description: str | None = None  # absent in answers of servers before it was added
     content: str
     tokens: int
     max_tokens: int | None

@@ -79,6 +79,7 @@ class WriteResult:
     tokens: int
     max_tokens: int | None
     seq: int
+    description: str | None = None
 
 
 class ContextBlocks:
@@ -268,7 +269,9 @@ class ContextBlocks:
             event = ContextWritten(
                 tenant=tenant, session=session, label=label, content=new, tokens=tokens, mode=mode, writer=writer
             )
-            return Decision(event, lambda seq: WriteResult(label, new, tokens, block.max_tokens, seq))
+            return Decision(
+                event, lambda seq: WriteResult(label, new, tokens, block.max_tokens, seq, block.description)
+            )
 
         result: WriteResult = await self._cond.run(tenant, session, decide)
         return result

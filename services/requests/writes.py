@@ -248,6 +248,7 @@ async def write_context(c: Container, tenant: str, sid: str, label: str, content
     result = await c.context.write(tenant, sid, label, content, "append" if mode == "append" else "replace", "api")
     return {
         "label": result.label,
+        "description": result.description,
         "content": result.content,
         "tokens": result.tokens,
         "max_tokens": result.max_tokens,

@@ -66,6 +66,7 @@ async def test_budget_holds_for_application_writes(client: httpx.AsyncClient, ap
     assert r.status_code == 200, r.text
     assert r.json() == {
         "label": "memory",
+        "description": "Learned facts",
         "content": FIRST,
         "tokens": tokens(FIRST),
         "max_tokens": FIT,

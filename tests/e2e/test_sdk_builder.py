@@ -27,7 +27,10 @@ from chronicle_sdk import (
     Skills,
     Writable,
 )
+from events.catalog import CompactionFailed
+from events.publisher import Publisher
 from services.settings import Settings
+from tests.conftest import operator_nats
 from tests.e2e.context_support import SEP, new_bucket, put_object
 from tests.e2e.sdk_support import ids, open_client, sid, text, word
 
@@ -266,6 +269,54 @@ async def test_replace_and_append_context_blocks(sdk: ChronicleClient) -> None:
         await s.append_context_block("nope", "x")
     assert nf.value.detail == 'Block "nope" not found'
     assert [b.label for b in await s.get_context_blocks()] == ["soul", "memory"]
+
+
+async def test_context_block_writes_return_the_blocks_description(sdk: ChronicleClient) -> None:
+    s = memory_session(sdk)
+    assert (await s.replace_context_block("memory", "alpha")).description == "Learned facts"
+    assert (await s.append_context_block("memory", "beta")).description == "Learned facts"
+    (block,) = [b for b in await s.get_context_blocks() if b.label == "memory"]
+    assert block.description == "Learned facts"
+
+
+async def test_get_message_original_is_the_untruncated_message_of_a_capped_one(sdk: ChronicleClient) -> None:
+    s = Session.create(sdk, sid())
+    big = "word " * 400_000  # 2,000,000 characters: over the stack's row cap (1,800,000 bytes)
+    await s.append_message({"id": "big", "role": "user", "parts": [{"type": "text", "text": big}]})
+    await s.append_message(text("small", "hello"))
+    capped, original = await s.get_message("big"), await s.get_message("big", original=True)
+    assert capped is not None
+    assert original is not None
+    assert len(capped["parts"][0]["text"]) < len(big)
+    assert original["parts"][0]["text"] == big
+    assert await s.get_message("small", original=True) == await s.get_message("small")
+    assert await s.get_message("nope", original=True) is None
+
+
+async def test_get_compaction_failures_lists_the_recorded_failures(
+    sdk: ChronicleClient, api_settings: Settings
+) -> None:
+    s = Session.create(sdk, sid())
+    await s.append_message(text("m1", "hello"))
+    assert await s.get_compaction_failures() == []
+    nc = await operator_nats(api_settings.nats_url)
+    try:
+        failed = CompactionFailed(
+            tenant="tenant-a", session=s.id, leaf_id="m1", summarizer="openai-compatible", error="HTTP 503", attempt=2
+        )
+        done = await Publisher(nc.jetstream(), api_settings.layout()).publish(failed)
+    finally:
+        await nc.close()
+    sdk.note_seq(s.id, done.seq)
+    (found,) = await s.get_compaction_failures()
+    assert (found.seq, found.leaf_id, found.summarizer, found.error, found.attempt) == (
+        done.seq,
+        "m1",
+        "openai-compatible",
+        "HTTP 503",
+        2,
+    )
+    assert found.created_at == failed.occurred_at
 
 
 async def test_add_and_remove_context_at_runtime(sdk: ChronicleClient) -> None:

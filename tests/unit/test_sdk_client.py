@@ -352,6 +352,30 @@ async def test_get_message_unknown_is_none() -> None:
         assert await Session.create(c, "s").get_message("x") is None
 
 
+async def test_get_message_original_asks_for_the_original_with_the_read_your_writes_wait() -> None:
+    rec = Recorder(lambda r: httpx.Response(200, json={"id": "x", "role": "user", "parts": []}))
+    async with rec.client() as c:
+        s = Session.create(c, "s")
+        c.note_seq("s", 7)
+        assert await s.get_message("x", original=True) == {"id": "x", "role": "user", "parts": []}
+        await s.get_message("x")
+    assert [dict(r.url.params) for r in rec.requests] == [{"original": "true", "min_seq": "7"}, {"min_seq": "7"}]
+
+
+@pytest.mark.parametrize("bad", ["", "a/b", " s", "s\x00"])
+async def test_session_ids_no_url_can_name_are_invalid_id_before_any_request(bad: str) -> None:
+    rec = Recorder(lambda r: httpx.Response(200, json={}))
+    async with rec.client() as c:
+        with pytest.raises(InvalidId) as caught:
+            await SessionManager(c).get(bad)
+        assert caught.value.status == 422
+        with pytest.raises(InvalidId):
+            await Session.create(c, bad).get_message("m1")
+        with pytest.raises(InvalidId):
+            await SessionManager(c).rename(bad, "x")
+    assert rec.requests == []
+
+
 async def test_config_is_sent_once_and_only_when_it_differs() -> None:
     stored: dict[str, Any] = {"config": {"blocks": []}}
 
@@ -587,7 +611,7 @@ def commanding(nc: FakeNats, errors: Any = None) -> ChronicleClient:
 async def test_a_write_goes_as_its_command_and_a_problem_is_the_typed_error() -> None:
     appended = {"id": "m1", "parent_id": None, "seq": 3, "created": True}
     nc = FakeNats(Reply(201, appended))
-    result = await commanding(nc).append("s/1", msg("m1"))
+    result = await commanding(nc).append("s1", msg("m1"))
     assert (result.id, result.seq, nc.subjects) == ("m1", 3, ["c.cmd.tenant-x.append"])
     refused = FakeNats(Reply(422, {"status": 422, "code": "unknown_parent", "detail": "no parent p"}))
     with pytest.raises(UnknownParent, match="no parent p"):

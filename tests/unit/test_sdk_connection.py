@@ -30,7 +30,14 @@ class RecordingConnection:
         self.calls.append(("request", method, path, options.get("session")))
         return {"messages": [{"id": "m1", "role": "user", "parts": []}], "seq": 7}
 
-    async def get_optional(self, path: str, *, session: str | None = None, min_seq: int | None = None) -> Any:
+    async def get_optional(
+        self,
+        path: str,
+        *,
+        session: str | None = None,
+        min_seq: int | None = None,
+        params: Mapping[str, Any] | None = None,
+    ) -> Any:
         self.calls.append(("get_optional", path, session))
         return None
 
@@ -51,7 +58,7 @@ class RecordingConnection:
 
 async def test_a_session_of_the_manager_runs_on_any_connection() -> None:
     connection = RecordingConnection()
-    session = SessionManager(connection).get_session("a/b")
+    session = SessionManager(connection).get_session("a b?c")
 
     assert await session.get_history() == [{"id": "m1", "role": "user", "parts": []}]
     appended = await session.append_message({"id": "m2", "role": "user", "parts": []}, None, via="jetstream")
@@ -59,9 +66,9 @@ async def test_a_session_of_the_manager_runs_on_any_connection() -> None:
 
     assert appended == AppendResult("m2", None, 8, True)
     assert connection.calls == [
-        ("request", "GET", "/v1/sessions/a%2Fb/history", "a/b"),
-        ("append", "a/b", "m2", None, "jetstream"),
-        ("get_optional", "/v1/sessions/a%2Fb/messages/m9", "a/b"),
+        ("request", "GET", "/v1/sessions/a%20b%3Fc/history", "a b?c"),
+        ("append", "a b?c", "m2", None, "jetstream"),
+        ("get_optional", "/v1/sessions/a%20b%3Fc/messages/m9", "a b?c"),
     ]
 
 
