@@ -12,6 +12,7 @@ compactor and the projector (which finishes its batch), then the servers it star
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import secrets
@@ -24,6 +25,7 @@ import sysconfig
 import time
 import urllib.request
 from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
@@ -81,7 +83,12 @@ def start_nats(
         stderr=subprocess.DEVNULL,
         start_new_session=True,
     )
-    wait_for_port("127.0.0.1", port, proc, "nats-server")
+    try:
+        wait_for_port("127.0.0.1", port, proc, "nats-server")
+    except RuntimeError:
+        proc.kill()  # not left serving behind a stack that stops
+        proc.wait()
+        raise
     return proc
 
 
@@ -284,6 +291,7 @@ def up(settings: Settings, nats_port: int, nats_cluster: int = 1) -> int:
     if cluster and settings.stream_replicas == 1:
         env["CHRONICLE_STREAM_REPLICAS"] = str(len(cluster))
     pg_server: Any = None
+    revive: dict[subprocess.Popen[bytes], Revival] = {}  # a cluster's nodes: started again when one dies
     try:
         with _children() as procs:
             access = NatsAccess.of(settings)
@@ -296,7 +304,11 @@ def up(settings: Settings, nats_port: int, nats_cluster: int = 1) -> int:
                 )
                 # each waits for its client port only: the routes and the JetStream meta leader form
                 # after, and every Chronicle process waits for JetStream at its start
-                procs.extend(start_cluster_node(cluster, i, data, access, password) for i in range(len(cluster)))
+                for i in range(len(cluster)):
+                    node = functools.partial(start_cluster_node, cluster, i, data, access, password)
+                    started = node()
+                    procs.append(started)
+                    revive[started] = Revival(cluster[i][1].name, node)
             else:
                 print(f"chronicle up: starting nats-server on 127.0.0.1:{nats_port} (data {data / 'nats'})", flush=True)
                 procs.append(start_nats(nats_port, data / "nats", data / "nats.log", access))
@@ -313,7 +325,7 @@ def up(settings: Settings, nats_port: int, nats_cluster: int = 1) -> int:
             s3 = start_s3_if_missing(settings.s3_endpoint)
             if s3 is not None:
                 procs.insert(0, s3)
-            return _serve(settings, env, key, procs)
+            return _serve(settings, env, key, procs, revive)
     except KeyboardInterrupt:
         print("\nchronicle up: stopping", flush=True)
         return 0
@@ -322,7 +334,66 @@ def up(settings: Settings, nats_port: int, nats_cluster: int = 1) -> int:
             pg_server.cleanup()
 
 
-def _serve(settings: Settings, env: dict[str, str], key: str, procs: list[subprocess.Popen[bytes]]) -> int:
+@dataclass
+class Revival:
+    """How to start a cluster node again, and how often it died soon after a start."""
+
+    name: str
+    start: Callable[[], subprocess.Popen[bytes]]
+    started_at: float = field(default_factory=time.monotonic)
+    quick_deaths: int = 0
+
+
+REVIVE_QUICK_S = 10.0  # a node that dies sooner than this after its start died "quickly"
+REVIVE_QUICK_LIMIT = 3  # that many quick deaths in a row: it will not stay up; the stack stops
+
+
+def revive_dead_nodes(
+    procs: list[subprocess.Popen[bytes]], revive: dict[subprocess.Popen[bytes], Revival]
+) -> list[subprocess.Popen[bytes]]:
+    """Start again each cluster node of ``procs`` that exited (in place, in ``procs`` and
+    ``revive``): the others keep the cluster serving meanwhile, as a cluster's operator would
+    restart the one that died. Returns the processes that exited and are not revived (a node
+    that keeps dying right after its start included): the stack stops for those."""
+    gone = []
+    for at, proc in enumerate(procs):
+        if proc.poll() is None:
+            continue
+        how = revive.pop(proc, None)
+        if how is None:
+            gone.append(proc)
+            continue
+        quick = time.monotonic() - how.started_at < REVIVE_QUICK_S
+        how.quick_deaths = how.quick_deaths + 1 if quick else 0
+        if how.quick_deaths >= REVIVE_QUICK_LIMIT:
+            print(f"chronicle up: nats-server {how.name} keeps exiting right after its start", file=sys.stderr)
+            gone.append(proc)
+            continue
+        print(
+            f"chronicle up: nats-server {how.name} exited (exit status {proc.returncode}); starting it again "
+            "(the other nodes serve meanwhile)",
+            file=sys.stderr,
+            flush=True,
+        )
+        try:
+            procs[at] = how.start()
+        except (OSError, subprocess.SubprocessError, RuntimeError) as exc:  # its port not answering in time
+            print(f"chronicle up: nats-server {how.name} did not start again: {exc}", file=sys.stderr)
+            gone.append(proc)
+            continue
+        how.started_at = time.monotonic()
+        revive[procs[at]] = how
+        print(f"chronicle up: nats-server {how.name} is back", flush=True)
+    return gone
+
+
+def _serve(
+    settings: Settings,
+    env: dict[str, str],
+    key: str,
+    procs: list[subprocess.Popen[bytes]],
+    revive: dict[subprocess.Popen[bytes], Revival],
+) -> int:
     exe = [sys.executable, "-m", "services.ops.cli"]
     subprocess.run([*exe, "migrate"], env=env, check=True)
     workers = min(settings.projector_workers, settings.partitions)
@@ -353,9 +424,9 @@ def _serve(settings: Settings, env: dict[str, str], key: str, procs: list[subpro
         f"  try: curl -H 'Authorization: Bearer {key}' {base}/v1/sessions\nPress Ctrl-C to stop.",
         flush=True,
     )
-    while all(p.poll() is None for p in procs):
+    while not (dead := revive_dead_nodes(procs, revive)):
         time.sleep(0.5)
-    gone = ", ".join(f"{_named(p)} (exit status {p.returncode})" for p in procs if p.poll() is not None)
+    gone = ", ".join(f"{_named(p)} (exit status {p.returncode})" for p in dead)
     print(f"chronicle up: {gone} exited; stopping", file=sys.stderr)
     return 1
 

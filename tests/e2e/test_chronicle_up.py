@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
@@ -230,6 +231,29 @@ def test_up_on_a_three_node_nats_cluster(tmp_path: Path, fresh_db: str) -> None:
         assert sorted(p.name or "" for p in info.cluster.replicas or []) == sorted(
             {"n1", "n2", "n3"} - {info.cluster.leader}
         )
+        # a node dies: the stack keeps serving on the other two and `up` starts it again
+        (n2,) = _nats_node(proc.pid, "nats-n2.conf")
+        os.kill(n2, signal.SIGKILL)
+        assert proc.stdout is not None
+        said: list[str] = []
+        while not said or said[-1] != "chronicle up: nats-server n2 is back\n":  # the processes log here too
+            said.append(proc.stdout.readline())
+            assert said[-1], "".join(said)  # `up` ended
+        assert any(
+            line.startswith("chronicle up: nats-server n2 exited (exit status -9); starting it again") for line in said
+        ), said
+        assert proc.poll() is None
+        (again,) = _nats_node(proc.pid, "nats-n2.conf")
+        assert again != n2
+        assert asyncio.run(nats_handshake(urls[1], operator)) == "PONG"
+        with httpx.Client(base_url=f"http://127.0.0.1:{api_port}", headers={"Authorization": f"Bearer {key}"}) as c:
+            msg = {"id": "m2", "role": "user", "parts": [{"type": "text", "text": "after the node came back"}]}
+            for _ in range(10):  # a write in the node's re-election window may be 503, as a client retries
+                r = c.post("/v1/sessions/c-0/messages", json={"message": msg}, timeout=30)
+                if r.status_code != 503:
+                    break
+                time.sleep(1)
+            assert r.status_code == 201, r.text
     finally:
         out = _stop(proc)
     # each projector worker logged the node it reached: the URL order made them pick different ones
@@ -241,8 +265,8 @@ def test_up_on_a_three_node_nats_cluster(tmp_path: Path, fresh_db: str) -> None:
     assert nodes == {"projector.p000": f"127.0.0.1:{nats_port}", "projector.p001": f"127.0.0.1:{nats_port + 1}"}
 
 
-def _children(parent: int, command: str) -> list[int]:
-    """Live child processes of ``parent`` running ``chronicle <command>``."""
+def _child_processes(parent: int, wanted: Callable[[list[bytes]], bool]) -> list[int]:
+    """Live child processes of ``parent`` whose command line (``argv``) is ``wanted``."""
     found = []
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
@@ -250,9 +274,19 @@ def _children(parent: int, command: str) -> list[int]:
             argv = (stat.parent / "cmdline").read_bytes().split(b"\0")
         except (OSError, ValueError, IndexError):
             continue
-        if ppid == parent and command.encode() in argv[-2:]:
+        if ppid == parent and wanted(argv):
             found.append(int(stat.parent.name))
     return found
+
+
+def _children(parent: int, command: str) -> list[int]:
+    """Live child processes of ``parent`` running ``chronicle <command>``."""
+    return _child_processes(parent, lambda argv: command.encode() in argv[-2:])
+
+
+def _nats_node(parent: int, conf: str) -> list[int]:
+    """Live child processes of ``parent`` running nats-server with the configuration ``conf``."""
+    return _child_processes(parent, lambda argv: any(a.endswith(conf.encode()) for a in argv))
 
 
 def _free_run(size: int) -> int:
