@@ -29,6 +29,7 @@ from chronicle_sdk.errors import (
     NotFound,
     PayloadTooLarge,
     RateLimited,
+    SessionErased,
     SessionNotFound,
     TransientError,
     Unauthorized,
@@ -676,8 +677,16 @@ class ChronicleClient:
         return int(out["seq"])
 
     async def _live_state(self, session_id: str, last: int) -> None:
-        """Raise :class:`SessionNotFound` when the session has events but no live registry row (deleted)."""
+        """Raise :class:`SessionNotFound` when the session has events but no live registry row
+        (deleted), :class:`SessionErased` when its newest event is of an erased session (its
+        ``session.erased``, or a tombstone of one published after it)."""
         if last and await self.get_optional(self._path(session_id), min_seq=last) is None:
+            query = {"from_seq": last, "to_seq": last, "limit": 1}
+            lines = await self.request("GET", self._path(session_id, "/events"), params=query)
+            for line in str(lines or "").splitlines():
+                event = json.loads(line).get("event") if line.strip() else None
+                if isinstance(event, dict) and (event.get("type") == "session.erased" or event.get("erased") is True):
+                    raise SessionErased(f"session {session_id!r} was erased", status=410)
             raise SessionNotFound(f"session {session_id!r} was deleted", status=404)
 
     async def _has_message(self, session_id: str, message_id: str, last: int) -> bool:
