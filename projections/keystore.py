@@ -12,9 +12,10 @@
   key; an erasure reaches a live projector as the ``session.erased`` event, in order); a session
   is asked about again only when an event names a key id not held. Readers serving a request
   :meth:`~PgKeyStore.refresh` (another process may have erased). Writers poll the erasures
-  recorded since their last poll, one query every ``write_ttl_s`` for the whole process, so a
-  session erased by another process stops taking writes within that time (what a writer seals
-  with a destroyed key is unreadable anyway).
+  recorded since their last poll, one query every ``write_ttl_s`` for the whole process, and drop
+  the keys of the sessions erased by another process within that time. The poll is not what
+  refuses writes: every command's decision reads the erasure, under the log's optimistic
+  concurrency (services/writes/optimistic.py), and a refusal drops the key at once (:meth:`forget`).
 """
 
 from __future__ import annotations

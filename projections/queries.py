@@ -228,6 +228,9 @@ class AppendState:
     parent_exists: bool
     applied_seq: int = 0  # the session's last sequence the read model has applied
     ids: list[str] | None = None  # every message id of the session, when asked for and at most the cap
+    # no row and its erasure recorded (by any process: ``erasures`` is written before the
+    # ``session.erased`` event is published, and the projections drop the row when they apply it)
+    session_erased: bool = False
 
 
 async def append_state(
@@ -240,7 +243,9 @@ async def append_state(
     ids_cap: int | None = None,
 ) -> AppendState:
     """Everything an append decides on, in one round trip; with ``ids_cap``, also every message
-    id of the session when it has at most that many (an index-only scan of the primary key)."""
+    id of the session when it has at most that many (an index-only scan of the primary key).
+    Whether the session is erased is asked only when it has no row (a live session's append
+    gains nothing), as :func:`services.writes.liveness.live_session` does."""
     cur = await conn.execute(
         """
         SELECT
@@ -254,7 +259,9 @@ async def append_state(
             SELECT coalesce(array_agg(k.id), '{}') FROM (
               SELECT id FROM messages WHERE tenant = %(t)s AND session_id = %(s)s LIMIT %(cap)s::int + 1) k)
           END,
-          CASE WHEN e.body_sha256 IS NULL THEN e.content END
+          CASE WHEN e.body_sha256 IS NULL THEN e.content END,
+          CASE WHEN x.id IS NULL THEN EXISTS (
+            SELECT 1 FROM erasures WHERE tenant = %(t)s AND session_id = %(s)s) ELSE false END
         FROM (SELECT 1) one
         LEFT JOIN sessions x ON x.tenant = %(t)s AND x.id = %(s)s
         LEFT JOIN messages e ON e.tenant = %(t)s AND e.session_id = %(s)s AND e.id = %(m)s
@@ -267,7 +274,7 @@ async def append_state(
     # a row stores its hash only when it is not its body's own (migration 019): derived here, on
     # the rare append of an id that exists
     sha = row[3] if row[8] is None else body_hash(json.loads(row[8]))
-    return AppendState(bool(row[0]), row[1], row[2], sha, row[4], bool(row[5]), int(row[6]), ids)
+    return AppendState(bool(row[0]), row[1], row[2], sha, row[4], bool(row[5]), int(row[6]), ids, bool(row[9]))
 
 
 async def children(

@@ -78,9 +78,15 @@ class ContextSkills(ContextBlocks):
         text = await self._object_text(tenant, block.bucket, block.prefix + key)
         if text is None:
             return None
-        await self._pub.publish(
-            SkillLoaded(tenant=tenant, session=session, label=label, key=key, tool_call_id=tool_call_id)
-        )
+        event = SkillLoaded(tenant=tenant, session=session, label=label, key=key, tool_call_id=tool_call_id)
+
+        async def decide(conn: Conn) -> Decision:
+            # asked again under the log's concurrency check: an erasure (by any process) while the
+            # document was fetched is 410, never an event after its ``session.erased``
+            await live_session(conn, tenant, session, must_exist=False)
+            return Decision(event, lambda _seq: None)
+
+        await self._cond.run(tenant, session, decide)
         return text
 
     async def unload_skill(self, tenant: str, session: str, label: str, key: str) -> bool:

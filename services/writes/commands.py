@@ -48,6 +48,7 @@ from projections.overlays import overlays as overlays_of
 from projections.reclaimed import reclaim, reclaimed_in
 from services.compaction.micro import ROW_MAX_BYTES, enforce_row_size_limit, json_bytes
 from services.errors import (
+    ErasedSession,
     IdempotencyKeyConflict,
     IdempotencyKeyReused,
     MessageNotFound,
@@ -116,6 +117,8 @@ class Commands:
         async def decide(conn: Conn) -> Decision:
             if await queries.get_session(conn, tenant, sid) is not None:
                 raise SessionExists(f"session {sid!r} already exists")
+            if await queries.is_erased(conn, tenant, sid):  # recorded by any process: its id is burnt
+                raise ErasedSession(f"session {sid!r} was erased")
             if parent_session_id is not None:
                 await live_session(conn, tenant, parent_session_id, must_exist=True, writing=False)  # read
             event = SessionCreated(
@@ -334,6 +337,7 @@ class Commands:
                 if existing is None and a.message_id == message_id:
                     existing = Existing(a.parent_id, a.seq, a.body_sha256)
             state = AppendState(
+                session_erased=found.session_erased,
                 session_deleted=found.session_deleted,
                 existing=existing,
                 latest_leaf=unapplied[-1].message_id if unapplied else found.latest_leaf,

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from events.omitted import Omitted, ParentId
-from services.errors import MessageConflict, SessionNotFound, UnknownParent
+from services.errors import ErasedSession, MessageConflict, SessionNotFound, UnknownParent
 
 ParentSpec = ParentId
 
@@ -25,6 +25,7 @@ class AppendState:
     existing: Existing | None
     latest_leaf: str | None
     parent_exists: bool
+    session_erased: bool = False  # its erasure is recorded (by this process or any other)
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,6 +44,8 @@ class Append:
 def decide_append(state: AppendState, body_sha256: str, parent: ParentSpec) -> Replay | Append:
     """Reference rules, made explicit: omitted parent -> latest leaf, ``None`` -> new root,
     an id -> that message, which must exist in this session (no silent fallback to root)."""
+    if state.session_erased:
+        raise ErasedSession("the session was erased")
     if state.session_deleted:
         raise SessionNotFound("the session was deleted")
     if state.existing is not None:

@@ -21,6 +21,14 @@ is then decided without reading the read model at all (``known``), which keeps i
 independent of the database. What it decides on is exact for the same reason as above: the
 publish expects the chain's end, so any other writer's event makes it conflict, and the chain
 (its ids with it) is forgotten.
+
+An erasure done by another process is caught the same way, with no round trip of its own: it is
+recorded in Postgres (``erasures``) before its ``session.erased`` event is published on the
+session's subject. A decision taken after that event reads the erasure (the append's one query
+asks when the session has no row, :func:`services.writes.liveness.live_session` for the other
+commands) and refuses ``410 session_erased``; a publish decided before it expects a sequence
+the event has moved past, so it conflicts and is decided again. No write is published after
+``session.erased``, whatever a process has cached (its chain, the session's data key).
 """
 
 from __future__ import annotations
@@ -38,7 +46,7 @@ from psycopg_pool import AsyncConnectionPool
 from events.catalog import MessageAppended
 from events.envelope import Event
 from events.publisher import ConcurrencyConflict, Publisher
-from services.errors import ContentionExhausted
+from services.errors import ContentionExhausted, ErasedSession
 from services.writes.waiting import AppliedWaiter
 
 Conn = psycopg.AsyncConnection[Any]
@@ -153,7 +161,11 @@ class OptimisticWriter:
             if decision is None:
                 last = await self.catch_up(tenant, session)
                 async with self._pool.connection() as conn:
-                    decision = await decide(conn)
+                    try:
+                        decision = await decide(conn)
+                    except ErasedSession:
+                        self._erased(key)
+                        raise
             if decision.event is None:
                 return decision.answer(last)
             try:
@@ -189,6 +201,14 @@ class OptimisticWriter:
         self._known_ids += len(tip.ids or ())
         while len(self._chains) > MAX_CHAINS or self._known_ids > MAX_KNOWN_IDS:
             self._forget(next(iter(self._chains)))
+
+    def _erased(self, key: tuple[str, str]) -> None:
+        """A decision found the session erased (by any process): its chain and, at once, its data
+        key go (the key store's poll would drop the key within its interval; until then only a
+        decision's refusal stood between a write and the destroyed key)."""
+        self._forget(key)
+        if self._pub.keys is not None:
+            self._pub.keys.forget(*key)
 
     def _forget(self, key: tuple[str, str]) -> UnappliedChain | None:
         tip = self._chains.pop(key, None)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from events.omitted import OMITTED
-from services.errors import MessageConflict, SessionNotFound, UnknownParent
+from services.errors import ErasedSession, MessageConflict, SessionNotFound, UnknownParent
 from services.writes.decisions import Append, AppendState, Existing, ParentSpec, Replay, decide_append
 
 HASH = "a" * 64
@@ -82,3 +82,16 @@ def test_omitted_is_distinct_from_none() -> None:
     """An omitted parent attaches to the latest leaf; ``None`` starts a new root."""
     assert decide_append(state(leaf="m3"), HASH, OMITTED) != decide_append(state(leaf="m3"), HASH, None)
     assert repr(OMITTED) == "OMITTED"
+
+
+@pytest.mark.parametrize("parent", [OMITTED, None, "m1"])
+def test_an_erased_session_takes_no_append_not_even_a_replay(parent: ParentSpec) -> None:
+    erased = AppendState(
+        session_erased=True,
+        session_deleted=False,
+        existing=Existing(None, 3, HASH),
+        latest_leaf=None,
+        parent_exists=True,
+    )
+    with pytest.raises(ErasedSession):
+        decide_append(erased, HASH, parent)
