@@ -253,8 +253,8 @@ _SQL: dict[type[Any], str] = {
     DeleteSession: "UPDATE sessions SET deleted_at = %s WHERE tenant = %s AND id = %s AND deleted_at IS NULL",
     UpdateMessage: (
         "UPDATE messages SET original_ref = NULL, role = %s, content = %s, body_sha256 = %s, "
-        "content_tsv = to_tsvector(search_config, v.txt), text_bytes = octet_length(v.txt), updated_seq = %s "
-        "FROM (SELECT %s::text AS txt) v WHERE tenant = %s AND session_id = %s AND id = %s"
+        "content_tsv = to_tsvector(search_config, chronicle_search.words(v.txt)), text_bytes = octet_length(v.txt), "
+        "updated_seq = %s FROM (SELECT %s::text AS txt) v WHERE tenant = %s AND session_id = %s AND id = %s"
     ),
     DeleteMessages: "DELETE FROM messages WHERE tenant = %s AND session_id = %s AND id = ANY(%s)",
     ClearMessages: "DELETE FROM messages WHERE tenant = %s AND session_id = %s",
@@ -286,15 +286,16 @@ _COPY_STAGE = (
     "seq, original_ref) FROM STDIN"
 )
 # The text itself is not stored (migration 017): its vector, with the tenant's configuration, and
-# its length in bytes (BM25's document length) are.
+# its length in bytes (BM25's document length) are. The vector is of its words (migration 024:
+# words joined by punctuation are indexed as their parts, as the query side parses them).
 _COLUMNS = (
     "tenant, session_id, id, parent_id, role, content, body_sha256, search_config, content_tsv, text_bytes, "
     "created_at, seq, updated_seq, original_ref"
 )
 _VALUES = (
     "u.tenant, u.session_id, u.id, u.parent_id, u.role, u.content, u.body_sha256, c.config, "
-    "to_tsvector(c.config, u.indexed_text), octet_length(u.indexed_text), u.created_at, u.seq, u.seq, "
-    "u.original_ref::jsonb"
+    "to_tsvector(c.config, chronicle_search.words(u.indexed_text)), octet_length(u.indexed_text), u.created_at, "
+    "u.seq, u.seq, u.original_ref::jsonb"
 )
 # each row's search configuration: its tenant's language, English when it has none
 _WITH_CONFIG = (

@@ -31,7 +31,9 @@ LANGUAGES: dict[str, str] = {lang: f"chronicle_search.{lang}" for lang in get_ar
 # with the tenant's configuration itself, and a change of language re-derives it from the body.
 TRIGGERED = ("search_entries",)
 REINDEX = {
-    "messages": ", content_tsv = to_tsvector(%(c)s::regconfig, chronicle_search.message_text(content))",
+    "messages": (
+        ", content_tsv = to_tsvector(%(c)s::regconfig, chronicle_search.words(chronicle_search.message_text(content)))"
+    ),
     "search_entries": "",
 }
 

@@ -5,7 +5,10 @@ Syntax (it never raises; anything else is words):
 - ``"blue green"``: a phrase, its words adjacent and in order; an unclosed quote runs to the end;
 - ``deploy*``: a prefix (of the stemmed word, as FTS5's porter tokenizer stems a prefix);
 - every other whitespace-separated word must match, in any order; a word with punctuation inside
-  (``blue-green``, ``it's``) is the phrase of its parts, as the reference quotes each word.
+  (``blue-green``, ``it's``, ``client/server``, ``config.yaml``, ``bob@example.com``) is the phrase
+  of its parts, as the reference quotes each word. Text is indexed, and a query parsed, as words
+  between any characters that are not letters or digits (``chronicle_search.words``, migration
+  024), as FTS5's ``unicode61`` tokenizer splits it.
 
 Ranking is Okapi BM25 (FTS5's ``bm25()``: k1 = 1.2, b = 0.75) with the parts as its terms:
 term frequency from the stored positions, inverse document frequency over the search's scope,
@@ -74,7 +77,8 @@ def part_sql(i: int, part: Part) -> str:
     """The tsquery of part ``i`` (its text is the parameter ``p{i}``; ``cfg`` the configuration)."""
     if part.kind == "prefix":  # the prefix is letters and digits only: no tsquery syntax can get in
         return f"to_tsquery(%(cfg)s::regconfig, %(p{i})s || ':*')"
-    return f"phraseto_tsquery(%(cfg)s::regconfig, %(p{i})s)"
+    # parsed as the rows are indexed (migration 024): `client/server` is the phrase `client server`
+    return f"phraseto_tsquery(%(cfg)s::regconfig, chronicle_search.words(%(p{i})s::text))"
 
 
 def params(parts: list[Part], config: str = CONFIG) -> dict[str, Any]:
