@@ -38,9 +38,12 @@ $$;
 
 -- Existing messages: the vector of each row whose text had such a token is recomputed from its
 -- body (the same text the projector indexes; the length in bytes is unchanged). Every row's text
--- is derived and parsed once (~50 µs a message: about a minute per million), and only the rows
--- whose vector changes are written (with their index entries); a VACUUM (autovacuum, or by hand
--- where it is off) lets new rows reuse the old versions' space.
+-- is derived and parsed once, and only the rows whose vector changes are written (with their
+-- index entries); a VACUUM (autovacuum, or by hand where it is off) lets new rows reuse the old
+-- versions' space. Measured (2 shared cores, load ~5): 100,000 messages of ~200 characters, a
+-- fifth of them changed, took 14 s: 3.7 s to compute every vector, the rest to write the changed
+-- rows (~0.5 ms each). A million such messages: about 2-3 minutes, during which messages stay
+-- readable (a writer of a changed row waits for the migration's commit).
 UPDATE messages
 SET content_tsv = to_tsvector(search_config, chronicle_search.words(chronicle_search.message_text(content)))
 WHERE content_tsv IS DISTINCT FROM
@@ -48,7 +51,8 @@ WHERE content_tsv IS DISTINCT FROM
 
 -- Search entries: their vector is generated from the stored text; dropping and re-adding the
 -- column rewrites the table with the new expression and rebuilds its index once (as migration 010
--- did; the table is locked meanwhile), with the pending list of migration 018.
+-- did), with the pending list of migration 018. It comes last: the table is locked, reads
+-- included, from here to the migration's commit.
 ALTER TABLE search_entries DROP COLUMN content_tsv;
 ALTER TABLE search_entries ADD COLUMN content_tsv tsvector
     GENERATED ALWAYS AS (to_tsvector(search_config, chronicle_search.words(content))) STORED;
