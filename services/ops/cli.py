@@ -180,7 +180,7 @@ def main(argv: list[str] | None = None) -> int:
     settings = load_settings()
     logs.configure(settings.log_level, settings.log_format)
     from events.sealing import KeyUnavailable
-    from events.stream import StreamMissing
+    from events.stream import PartitionMismatch, ReplicasUnavailable, StreamMissing, TooFewReplicas
     from projections.logbinding import LogMismatch
 
     try:
@@ -196,7 +196,8 @@ def main(argv: list[str] | None = None) -> int:
             flush=True,
         )
         return UNREACHABLE_EXIT
-    except UnusableSetting as exc:
+    except (UnusableSetting, TooFewReplicas, ReplicasUnavailable, PartitionMismatch) as exc:
+        # (the replica and partition counts: a setting the stream or the cluster cannot hold)
         print(f"chronicle {args.command}: {exc}", file=sys.stderr, flush=True)
         return SETTINGS_EXIT
     except KeyUnavailable as exc:  # sealed events, and no (or not the right) key-encryption key
@@ -253,7 +254,8 @@ def _first_line(exc: BaseException) -> str:
 
 SETTINGS_EXIT = 2
 """The exit status of a command that cannot run with these settings or arguments (a file that is
-not there, a malformed key or seed, no key-encryption key for sealed events, an invalid id)."""
+not there, a malformed key or seed, no key-encryption key for sealed events, an invalid id, a
+replica or partition count the stream or the NATS servers cannot hold)."""
 LOG_MISMATCH_EXIT = 3
 """The exit status of a process that refused to start: its read models belong to another log."""
 UNREACHABLE_EXIT = 4

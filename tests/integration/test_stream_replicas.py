@@ -16,11 +16,12 @@ from events.credentials import nkey_public_key
 from events.stream import ReplicasUnavailable, TooFewReplicas, ensure_stream
 from events.subjects import SubjectLayout
 from services.bootstrap import open_container, when_jetstream_ready
+from services.ops.cli import SETTINGS_EXIT
 from services.ops.natsconf import NatsAccess
 from services.ops.replicas import copies_current, run_stream_replicas
 from services.settings import Settings
 from tests.conftest import OPERATOR_SEED, make_settings
-from tests.support import nats_cluster
+from tests.support import chronicle_cli, nats_cluster
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -100,6 +101,33 @@ async def test_a_stream_with_fewer_replicas_is_refused_until_moved(
     assert await _consumer_moved(js, one.stream, "follower", 3)  # it inherited the stream's count
     async with open_container(three):
         pass
+
+
+@pytest.mark.parametrize("case", ["fewer-than-set", "more-than-nodes"])
+async def test_a_process_refused_its_replica_count_says_so_in_one_line(
+    cluster_nc: NatsClient, cluster_urls: list[str], db_url: str, case: str
+) -> None:
+    """A count the stream or the cluster cannot hold is a setting to change: one line, exit 2 (it
+    was the message at the end of a 30-60 line traceback, exit 1)."""
+    if case == "fewer-than-set":
+        one = on_cluster(cluster_urls, db_url, stream_replicas=1)
+        await ensure_stream(cluster_nc.jetstream(), one.layout())
+        settings = one.model_copy(update={"stream_replicas": 3})
+    else:
+        settings = on_cluster(cluster_urls, db_url, stream_replicas=5)
+    done = chronicle_cli(settings, "projector", timeout=90)
+    assert done.returncode == SETTINGS_EXIT, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1, done.stderr
+    if case == "fewer-than-set":
+        assert lines[0] == (
+            f"chronicle projector: stream {settings.stream} has 1 replica(s); this process is set to 3 "
+            "(CHRONICLE_STREAM_REPLICAS). Move it with `chronicle stream-replicas 3`, or set "
+            "CHRONICLE_STREAM_REPLICAS=1"
+        )
+    else:
+        assert lines[0].startswith(f"chronicle projector: stream {settings.stream}: the NATS cluster cannot place 5")
+        assert lines[0].endswith("it needs at least 5 JetStream servers up")
 
 
 async def test_moving_to_more_replicas_than_nodes_is_refused(
