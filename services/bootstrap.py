@@ -33,7 +33,7 @@ from projections import queries, search_languages
 from projections.context import ContextProjection
 from projections.history import HistoryProjection
 from projections.keystore import PgKeyStore
-from projections.logbinding import LogMismatch, check_log
+from projections.logbinding import check_log
 from projections.migrate import migrate
 from projections.overlays import OverlayProjection
 from projections.runner import Projection, ProjectorRunner, partition_checkpoint, read_checkpoint
@@ -290,6 +290,18 @@ class JetStreamDenied(nats.errors.Error):
         return f"{self.violation}: this identity may not use the JetStream API"
 
 
+class IdentityRefused(nats.errors.AuthorizationError):
+    """The NATS server refused the identity while connecting (the error it sent, in the message):
+    one line where it is caught, not a log line before it as well."""
+
+    def __init__(self, refusal: str) -> None:
+        super().__init__(refusal)
+        self.refusal = refusal
+
+    def __str__(self) -> str:
+        return f"nats: authorization failed: the server does not admit this identity ({self.refusal})"
+
+
 class NatsUnreachable(nats.errors.Error):
     """The first connect found no NATS server that answers (:data:`NATS_CONNECT_ATTEMPTS`)."""
 
@@ -326,7 +338,7 @@ async def connect_nats(settings: Settings, *, starting: bool = False) -> NatsCli
     the stream and its consumers are served by whichever node leads them.
 
     A server that refuses the identity while connecting is not waited out: no retry is going to
-    be let in, so :class:`nats.errors.AuthorizationError` is raised (a tool given the wrong seed
+    be let in, so :class:`IdentityRefused` (an AuthorizationError) is raised (a tool given the wrong seed
     said nothing and tried forever).
 
     ``starting`` (a process that waits for JetStream with :func:`when_jetstream_ready` before it
@@ -377,9 +389,7 @@ async def connect_nats(settings: Settings, *, starting: bool = False) -> NatsCli
     connecting.cancel()
     with contextlib.suppress(asyncio.CancelledError, Exception):
         await connecting
-    log_refusal = refused.result()
-    nats_log.error("nats: %s: the server does not admit this identity", log_refusal)
-    raise nats.errors.AuthorizationError
+    raise IdentityRefused(refused.result())
 
 
 JETSTREAM_UNAVAILABLE: tuple[type[BaseException], ...] = (
@@ -475,30 +485,6 @@ def settle_heap() -> None:
     thousand appends (issue #13's W1; gone with the collector off in the servers)."""
     gc.collect()
     gc.freeze()
-
-
-async def refuse_foreign_log(settings: Settings) -> None:
-    """The log check alone, before a server starts (a failed start-up buries the refusal in the
-    server's traceback): raise :class:`projections.logbinding.LogMismatch` on a mismatch; what it
-    cannot check yet (no table, a server not up) is left to :func:`open_container`."""
-    try:
-        nc = await connect_nats(settings, starting=True)
-    except Exception:
-        return
-    try:
-        js = nc.jetstream()  # the stream as open_container makes it (a wiped server has none yet)
-        await when_jetstream_ready(
-            lambda: ensure_stream(js, settings.layout(), replicas=settings.stream_replicas), nc=nc
-        )
-        conn = await psycopg.AsyncConnection.connect(settings.database_url, autocommit=True)
-        async with conn, conn.transaction():
-            await check_log(conn, js, settings.stream, settings.projector_name)
-    except LogMismatch:
-        raise
-    except Exception:  # checked again, with its own errors, when the container opens
-        return
-    finally:
-        await nc.close()
 
 
 @contextlib.asynccontextmanager

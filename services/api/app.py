@@ -7,7 +7,6 @@ from collections.abc import AsyncIterator
 
 from fastapi import FastAPI
 
-from projections.logbinding import LogMismatch
 from services.api import auditor_view, openapi
 from services.api.asyncapi import router as asyncapi_router
 from services.api.audit import router as audit_router
@@ -25,7 +24,7 @@ from services.api.problems import CrashGuard, install
 from services.api.search import router as search_router
 from services.api.sessions import router as sessions_router
 from services.api.strict_json import StrictJsonRoute
-from services.bootstrap import Container, open_container, settle_heap
+from services.bootstrap import Container, open_container
 from services.requests.limits import limits_of
 from services.settings import Settings
 
@@ -53,13 +52,10 @@ def build_app(settings: Settings, container: Container | None = None) -> FastAPI
             app.state.c = container
             yield
             return
-        async with contextlib.AsyncExitStack() as stack:
-            try:
-                app.state.c = await stack.enter_async_context(open_container(settings, warm_reads=True))
-            except LogMismatch as exc:  # run_api raises it again once uvicorn has given up
-                app.state.refused = exc
-                raise
-            settle_heap()  # this process's container: its start-up heap is done growing
+        # (``chronicle api`` opens its container before the server starts and injects it:
+        # services/ops/processes.py; this path serves an app built from settings alone)
+        async with open_container(settings, warm_reads=True) as c:
+            app.state.c = c
             yield
 
     # a JSON body without a Content-Type is taken as JSON; one declared as anything else is 415

@@ -7,6 +7,7 @@ import logging
 import signal
 import socket
 from collections.abc import Coroutine
+from types import FrameType
 from typing import Any
 
 import uvicorn
@@ -14,7 +15,7 @@ import uvloop
 from nats.aio.client import Client as NatsClient
 
 from services.api.app import build_app
-from services.bootstrap import open_container, refuse_foreign_log, settle_heap
+from services.bootstrap import open_container, settle_heap
 from services.commands_nats.app import serving_commands
 from services.settings import Settings
 
@@ -114,25 +115,39 @@ class ApiServer(uvicorn.Server):
 
 def run_api(settings: Settings) -> None:
     """Serve the API until SIGINT/SIGTERM; with ``api_reuse_port`` on a socket shared with the
-    other API processes on the same port."""
-    asyncio.run(refuse_foreign_log(settings))  # before uvicorn: a refusal is one line, not a traceback
-    app = build_app(settings)
-    config = uvicorn.Config(
-        app,
-        host=settings.api_host,
-        port=settings.api_port,
-        log_level="warning",
-        access_log=False,
-        timeout_graceful_shutdown=10,
-    )
-    if not settings.api_reuse_port:
-        ApiServer(config, app.state.stopping).run()
-    else:
+    other API processes on the same port. The adapters open before the server starts, as in every
+    other process: what stops it from starting (a setting, NATS or Postgres, another log's read
+    models) reaches ``cli.main`` as it is, one line and its exit status, not a server traceback."""
+    serve(_serve_api(settings))
+
+
+async def _serve_api(settings: Settings) -> None:
+    async with open_container(settings, warm_reads=True) as c:
+        app = build_app(settings, c)
+        settle_heap()
+        config = uvicorn.Config(
+            app,
+            host=settings.api_host,
+            port=settings.api_port,
+            log_level="warning",
+            access_log=False,
+            timeout_graceful_shutdown=10,
+        )
+        server = ApiServer(config, app.state.stopping)
+        # uvicorn stops on SIGINT/SIGTERM and raises the signal again once it has stopped: with the
+        # default handlers that would end the process before the adapters close (and SIGINT would
+        # be a KeyboardInterrupt traceback); with these it exits 0 after them, as the other processes do
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, _stopped_by_the_server)
+        if not settings.api_reuse_port:
+            await server.serve()
+            return
         sock = listening_socket(settings.api_host, settings.api_port, reuse_port=True)
         try:
-            ApiServer(config, app.state.stopping).run(sockets=[sock])
+            await server.serve(sockets=[sock])
         finally:
             sock.close()
-    refused = getattr(app.state, "refused", None)
-    if refused is not None:  # the lifespan refused to start (uvicorn logged it and returned)
-        raise refused
+
+
+def _stopped_by_the_server(signum: int, frame: FrameType | None) -> None:
+    """A signal uvicorn has acted on already (it stopped the server), raised again: nothing more."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import signal
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -76,3 +77,24 @@ async def test_readyz_goes_503_when_the_projector_stops_while_events_wait(own_se
             p.terminate()
         for p in (projector, api):
             p.wait(timeout=20)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+async def test_the_api_stops_on_a_signal_as_the_other_processes_do(own_settings: Settings, sig: int) -> None:
+    """Exit 0 once its adapters are closed, nothing on stderr (it opens them before it serves; the
+    signal uvicorn raises again once it has stopped ended the process before they closed)."""
+    api = subprocess.Popen(
+        [sys.executable, "-m", "services.ops.cli", "api"], env=settings_env(own_settings), stderr=subprocess.PIPE
+    )
+    try:
+        wait_for_port("127.0.0.1", own_settings.api_port, api, "chronicle api", timeout=30)
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{own_settings.api_port}", timeout=30) as client:
+            assert (await client.get("/healthz")).status_code == 200
+        api.send_signal(sig)
+        _, err = api.communicate(timeout=20)
+    finally:
+        if api.poll() is None:
+            api.kill()
+            api.wait()
+    assert api.returncode == 0, err.decode()
+    assert err.decode().strip() == ""

@@ -17,6 +17,7 @@ from events.credentials import tenant_nkey_seed
 from events.omitted import OMITTED
 from services.bootstrap import open_container
 from services.ops.cli import SETTINGS_EXIT, UNREACHABLE_EXIT
+from services.ops.localstack import free_port
 from services.settings import Settings
 from tests.conftest import KEYS, TEST_KEK, make_settings, operator_nats, tenant_nats_settings
 from tests.integration.helpers import text_message
@@ -198,3 +199,49 @@ async def test_a_database_that_cannot_be_used_is_one_line_naming_the_setting(
     line = one_line(done)
     assert line.startswith(f"chronicle {argv[0]}: the database of CHRONICLE_DATABASE_URL ("), line
     assert ("Connection refused" if where == "unreachable" else "does not exist") in line
+
+
+STARTS: dict[str, tuple[dict[str, object], int]] = {
+    "database-unreachable": ({"database_url": "postgresql://postgres@127.0.0.1:1/x"}, UNREACHABLE_EXIT),
+    "database-missing": ({"database_url": "nosuch"}, UNREACHABLE_EXIT),
+    "nats-unreachable": ({"nats_url": "nats://127.0.0.1:1"}, UNREACHABLE_EXIT),
+    "kek-file-missing": ({"kek": None, "kek_file": "/nope/kek"}, SETTINGS_EXIT),
+    "seed-malformed": ({"nats_nkey_seed": SecretStr("SUAXXXX")}, SETTINGS_EXIT),
+    "seed-not-admitted": ({"nats_nkey_seed": SecretStr(tenant_nkey_seed("a key no server admits"))}, UNREACHABLE_EXIT),
+    "replicas-unclustered": ({"stream_replicas": 3}, SETTINGS_EXIT),
+}
+"""What keeps a service from starting, and its exit status (README: 2 a setting, 4 NATS or the
+database unreachable or refusing)."""
+
+START_LINES = {
+    "database-unreachable": "the database of CHRONICLE_DATABASE_URL (127.0.0.1:1/x) cannot be used: ",
+    "database-missing": "the database of CHRONICLE_DATABASE_URL (",
+    "nats-unreachable": "NATS at nats://127.0.0.1:1: no server answered in 10 tries each: ConnectionRefusedError",
+    "kek-file-missing": "CHRONICLE_KEK_FILE '/nope/kek' cannot be read (No such file or directory)",
+    "seed-malformed": "CHRONICLE_NATS_NKEY_SEED is not an NKey seed",
+    "seed-not-admitted": "NATS at ",
+    "replicas-unclustered": "stream ",
+}
+
+
+@pytest.mark.parametrize("process", ["api", "projector"])
+@pytest.mark.parametrize("case", list(STARTS))
+async def test_a_service_that_cannot_start_says_why_in_one_line(
+    elsewhere: Settings, pg_admin: str, process: str, case: str
+) -> None:
+    """(The API dumped uvicorn's lifespan traceback and exited 3, the status of another log's read
+    models; a replica count the servers cannot hold was a traceback, exit 1, in every process.)"""
+    update, status = STARTS[case]
+    if case == "database-missing":
+        update = {"database_url": f"{pg_admin.rsplit('/', 1)[0]}/nosuch_{uuid.uuid4().hex[:8]}"}
+    settings = elsewhere.model_copy(update={**update, "api_port": free_port()})
+    done = chronicle_cli(settings, process, timeout=90)
+    assert done.returncode == status, done.stderr
+    line = one_line(done)
+    assert line.startswith(f"chronicle {process}: {START_LINES[case]}"), line
+    if case == "replicas-unclustered":
+        assert "3 replicas need a NATS cluster" in line
+        assert "set CHRONICLE_STREAM_REPLICAS=1" in line
+    if case == "seed-not-admitted":
+        assert "nats: authorization failed: the server does not admit this identity" in line
+        assert "CHRONICLE_NATS_NKEY_SEED" in line
