@@ -415,7 +415,7 @@ def _serve(
         procs.append(subprocess.Popen([*exe, "api"], env=api_env, start_new_session=True))
     base = f"http://{settings.api_host}:{settings.api_port}"
     try:
-        _wait_ready(base, procs)
+        _wait_ready(base, procs, settings.ops_key.get_secret_value() if settings.ops_key is not None else None)
     except RuntimeError as exc:  # what the process said (a refusal: its read models are another log's) is above
         print(f"chronicle up: {exc}; stopping", file=sys.stderr, flush=True)
         return 1
@@ -439,13 +439,19 @@ def _named(proc: subprocess.Popen[bytes]) -> str:
     return Path(args[0]).name
 
 
-def _wait_ready(base: str, procs: list[subprocess.Popen[bytes]], timeout: float = 60) -> None:
+def _wait_ready(
+    base: str, procs: list[subprocess.Popen[bytes]], ops_key: str | None = None, timeout: float = 60
+) -> None:
+    """Until the API answers ``/readyz`` with 200 (asking with ``ops_key``: with CHRONICLE_OPS_KEY
+    set, the API answers it only to that key)."""
     deadline = time.monotonic() + timeout
+    headers = {"Authorization": f"Bearer {ops_key}"} if ops_key is not None else {}
     while time.monotonic() < deadline:
         gone = [f"{_named(p)} (exit status {p.returncode})" for p in procs if p.poll() is not None]
         if gone:
             raise RuntimeError(f"{', '.join(gone)} exited during start-up")
-        with contextlib.suppress(OSError), urllib.request.urlopen(base + "/readyz", timeout=2) as resp:  # noqa: S310
+        ready = urllib.request.Request(base + "/readyz", headers=headers)  # noqa: S310
+        with contextlib.suppress(OSError), urllib.request.urlopen(ready, timeout=2) as resp:  # noqa: S310
             if resp.status == 200:
                 return
         time.sleep(0.2)

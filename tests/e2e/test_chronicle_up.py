@@ -307,6 +307,21 @@ async def _stream_info(urls: list[str], operator: str) -> StreamInfo:
         await nc.close()
 
 
+def test_up_with_an_ops_key_becomes_ready(tmp_path: Path, fresh_db: str) -> None:
+    """(With CHRONICLE_OPS_KEY set it asked /readyz without the key, was answered 401 until its
+    timeout, and stopped: "the API did not become ready in time".)"""
+    api_port, nats_port = free_port(), free_port()
+    proc, lines = _start(tmp_path / "data", fresh_db, api_port, nats_port, CHRONICLE_OPS_KEY="ops-key-of-up")
+    base = f"http://127.0.0.1:{api_port}"
+    try:
+        assert any(line.startswith("Chronicle is ready") for line in lines)
+        assert httpx.get(f"{base}/readyz", timeout=30).status_code == 401  # the key is still asked for
+        ready = httpx.get(f"{base}/readyz", headers={"Authorization": "Bearer ops-key-of-up"}, timeout=30)
+        assert ready.status_code == 200, ready.text
+    finally:
+        _stop(proc)
+
+
 def test_up_refuses_a_data_dir_made_with_the_other_log_layout(tmp_path: Path) -> None:
     """A cluster's new, empty log beside a one-server log would start at sequence 1 under read
     models whose checkpoints are further on: refused before anything starts."""
