@@ -395,10 +395,12 @@ class ProjectorRunner:
                     "projector %s failed (%s: %s); retry %d in %.1fs from its checkpoint",
                     self.name,
                     type(exc).__name__,
-                    _first_line(exc),
+                    first_line(exc),
                     self._failures,
                     delay,
-                    exc_info=self._failures == 1,
+                    # one traceback for a failure in a row, unless NATS's: a node failing over (a
+                    # timeout, a connection lost) is expected on a cluster, and its line says it all
+                    exc_info=self._failures == 1 and not isinstance(exc, nats.errors.Error),
                 )
                 log.debug("projector %s failure", self.name, exc_info=True)
                 await self._drop_broken_connections()
@@ -742,7 +744,8 @@ def _sealed_kid(data: bytes) -> str | None:
     return None
 
 
-def _first_line(exc: BaseException) -> str:
+def first_line(exc: BaseException) -> str:
+    """An error's message in one line (its first, at most 300 characters), for a log line."""
     lines = str(exc).strip().splitlines()
     return lines[0][:300] if lines else ""
 

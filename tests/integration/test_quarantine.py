@@ -30,7 +30,7 @@ from services.bootstrap import Container
 from services.ops.localstack import free_port
 from services.ops.natsconf import NatsAccess
 from services.settings import Settings
-from tests.conftest import make_settings, running_stack
+from tests.conftest import make_settings, operator_nats, running_stack
 from tests.integration.helpers import appended, text_message
 from tests.integration.test_partitions import projector_of
 from tests.support import nats_server
@@ -170,38 +170,62 @@ class Records(logging.Handler):
             self.enough.set()
 
 
+async def failing_retries(c: Container, name: str, wanted: int, **overrides: Any) -> list[logging.LogRecord]:
+    """A projector of ``c``'s stack with ``overrides`` (what makes it fail), run until it has
+    logged ``wanted`` warnings: its retry lines."""
+    runner = ProjectorRunner(
+        **{
+            "js": c.js,
+            "pool": c.pool,
+            "conninfo": c.settings.database_url,
+            "layout": c.layout,
+            "projections": c.projections(),
+            "name": name,
+            "retry_base_s": 0.05,
+            "retry_cap_s": 0.4,
+            **overrides,
+        }
+    )
+    records = Records(wanted=wanted)
+    logger = logging.getLogger("chronicle.projector")
+    logger.addHandler(records)
+    stop = asyncio.Event()
+    task = asyncio.create_task(runner.run(stop))
+    try:
+        await asyncio.wait_for(records.enough.wait(), timeout=30)
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 15)
+        logger.removeHandler(records)
+    return [r for r in records.records if r.getMessage().startswith(f"projector {name} failed")]
+
+
 async def test_a_projector_whose_database_is_down_retries_with_growing_delays_and_one_line_each(
     nats_url: str, fresh_db: str
 ) -> None:
     settings = make_settings(nats_url, fresh_db)
     async with running_stack(settings, projector=False) as c:
         dead = f"postgresql://postgres@127.0.0.1:{free_port()}/nowhere?connect_timeout=2"
-        runner = ProjectorRunner(
-            js=c.js,
-            pool=c.pool,
-            conninfo=dead,
-            layout=c.layout,
-            projections=c.projections(),
-            name="backoff-test",
-            retry_base_s=0.05,
-            retry_cap_s=0.4,
-        )
-        records = Records(wanted=6)
-        logger = logging.getLogger("chronicle.projector")
-        logger.addHandler(records)
-        stop = asyncio.Event()
-        task = asyncio.create_task(runner.run(stop))
-        try:
-            await asyncio.wait_for(records.enough.wait(), timeout=30)
-        finally:
-            stop.set()
-            await asyncio.wait_for(task, 15)
-            logger.removeHandler(records)
-        retries = [r for r in records.records if r.getMessage().startswith("projector backoff-test failed")]
-        delays = [r.args[-1] for r in retries[:6] if isinstance(r.args, tuple)]
-        assert delays == [0.05, 0.1, 0.2, 0.4, 0.4, 0.4]
-        assert "OperationalError" in retries[0].getMessage()
-        assert [bool(r.exc_info) for r in retries[:3]] == [True, False, False]  # one traceback, then lines
+        retries = await failing_retries(c, "backoff-test", 6, conninfo=dead)
+    delays = [r.args[-1] for r in retries[:6] if isinstance(r.args, tuple)]
+    assert delays == [0.05, 0.1, 0.2, 0.4, 0.4, 0.4]
+    assert "OperationalError" in retries[0].getMessage()
+    assert [bool(r.exc_info) for r in retries[:3]] == [True, False, False]  # one traceback, then lines
+
+
+async def test_a_projector_whose_nats_connection_fails_logs_one_line_without_a_traceback(
+    nats_url: str, fresh_db: str
+) -> None:
+    """A NATS failure (a node failing over: a timeout, a connection lost) is expected on a cluster:
+    one line, even the first time (it was a WARNING with the whole nats traceback)."""
+    settings = make_settings(nats_url, fresh_db)
+    async with running_stack(settings, projector=False) as c:
+        gone = await operator_nats(nats_url)
+        await gone.close()  # every JetStream call through it now fails with a NATS error
+        retries = await failing_retries(c, "nats-gone-test", 2, js=gone.jetstream())
+    assert len(retries) == 2
+    assert "ConnectionClosedError" in retries[0].getMessage()
+    assert [bool(r.exc_info) for r in retries] == [False, False]
 
 
 async def test_an_event_over_the_size_limit_is_quarantined_where_the_server_accepts_it(
