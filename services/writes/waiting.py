@@ -16,10 +16,15 @@ import psycopg
 from psycopg_pool import AsyncConnectionPool
 
 from events.subjects import partition_of
-from projections.runner import NOTIFY_CHANNEL, partition_checkpoint
+from projections.runner import NOTIFY_CHANNEL, first_line, partition_checkpoint
 from services.errors import ProjectionTimeout
 
 log = logging.getLogger("chronicle.waiting")
+
+LISTEN_RETRY_S = 0.5
+"""The first wait before the LISTEN connection is opened again; each failure in a row doubles it."""
+LISTEN_RETRY_CAP_S = 5.0
+"""The longest wait between two attempts (a read-your-writes wait re-checks every 0.25 s meanwhile)."""
 
 
 class AppliedWaiter:
@@ -57,21 +62,35 @@ class AppliedWaiter:
             fut.set_result(None)
 
     async def _listen(self) -> None:
+        """Keep one LISTEN connection. While Postgres cannot be reached each failure is one line
+        and the retries back off (``LISTEN_RETRY_S`` doubling up to ``LISTEN_RETRY_CAP_S``); a
+        connection that listens again is logged once and starts the backoff over."""
+        failures = 0
         while True:
             try:
                 async with await psycopg.AsyncConnection.connect(self._conninfo, autocommit=True) as conn:
                     await conn.execute(f"LISTEN {NOTIFY_CHANNEL}")
                     self._listening.set()
+                    if failures:
+                        log.info("LISTEN connection back after %d failed attempt(s)", failures)
+                        failures = 0
                     self._wake()  # anything applied while we were not listening
                     async for _ in conn.notifies():
                         self._wake()
             except asyncio.CancelledError:
                 raise
-            except Exception:
+            except Exception as exc:
                 self._listening.clear()
-                log.warning("LISTEN connection lost; reconnecting", exc_info=True)
+                delay = min(LISTEN_RETRY_S * 2**failures, LISTEN_RETRY_CAP_S)
+                failures += 1
+                log.warning(
+                    "LISTEN connection lost (%s: %s); reconnecting in %.1fs",
+                    type(exc).__name__,
+                    first_line(exc),
+                    delay,
+                )
                 self._wake()
-                await asyncio.sleep(0.5)
+                await asyncio.sleep(delay)
 
     async def wait_until(self, check: Callable[[], Awaitable[bool]], what: str, timeout_s: float | None = None) -> None:
         """Return once ``check()`` is true; raise :class:`ProjectionTimeout` after the bound."""
