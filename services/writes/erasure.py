@@ -92,9 +92,8 @@ class Eraser:
         subject = self._pub.layout.session_subject(tenant, session)
         async with self._pool.connection() as conn:
             await conn.execute("DELETE FROM quarantine WHERE subject = %s", (subject,))
-        log.warning(
-            "erased session %r of tenant %r (event %d, %d objects deleted)", session, tenant, published.seq, deleted
-        )
+        what = f"session {session!r}" if session else "tenant-level entries"  # "": the tenant scope's
+        log.warning("erased %s of tenant %r (event %d, %d objects deleted)", what, tenant, published.seq, deleted)
         return Erasure(session, published.seq, bool(new), deleted)
 
     async def erase_tenant(self, tenant: str) -> list[Erasure]:

@@ -259,6 +259,9 @@ async def test_a_tenant_is_erased_with_every_session_and_other_tenants_keep_thei
         assert erase.returncode == 0, erase.stderr
         erased = [json.loads(line) for line in erase.stdout.splitlines()]
         assert {e["session"] for e in erased} >= {f"b-0-{word[-6:]}", f"b-1-{word[-6:]}", ""}
+        # the tenant scope (its empty session id) is named as what it is
+        assert "erased tenant-level entries of tenant 'tenant-b'" in erase.stderr
+        assert "erased session ''" not in erase.stderr
         listed = await ok(await b.get("/v1/sessions"))
         assert listed["sessions"] == []
     assert objects_holding(settings, word.encode())[0] == []  # its skill document went too
