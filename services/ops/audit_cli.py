@@ -54,6 +54,10 @@ async def run_audit(settings: Settings, args: argparse.Namespace) -> int:
     # the log's tools read the stream itself; a rebuild repairs a database bound to another log.
     # None of them writes to the log: a missing stream is an error, never created (a rebuild from
     # a new, empty stream would replace the read models with nothing)
+    if args.command == "history" and args.as_of_seq is None and settings.kek is None and not settings.kek_file:
+        # the history of now is the read models' plaintext: no key-encryption key needed, on a
+        # sealing stack too (nothing is opened, and nothing written with this container)
+        settings = settings.model_copy(update={"encryption": False})
     async with open_container(settings, log_check=args.command == "history", create_stream=False) as c:
         match args.command:
             case "replay":

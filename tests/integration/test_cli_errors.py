@@ -19,7 +19,7 @@ from services.bootstrap import open_container
 from services.ops.cli import SETTINGS_EXIT, UNREACHABLE_EXIT
 from services.ops.localstack import free_port
 from services.settings import Settings
-from tests.conftest import KEYS, TEST_KEK, make_settings, operator_nats, tenant_nats_settings
+from tests.conftest import KEYS, TEST_KEK, make_settings, operator_nats, running_stack, tenant_nats_settings
 from tests.integration.helpers import text_message
 from tests.support import chronicle_cli, scratch_database
 
@@ -123,6 +123,22 @@ async def test_reading_sealed_events_without_the_kek_says_to_set_it(
     assert line.startswith(f"chronicle {argv[0]}: ")
     assert "CHRONICLE_KEK_FILE" in line
     assert "sealed" in line
+
+
+async def test_the_history_of_now_needs_no_kek_on_a_sealing_stack(sealed_session: tuple[Settings, str, int]) -> None:
+    """It reads the read models' plaintext (it exited 2: CHRONICLE_ENCRYPTION on, no key set);
+    the history as of a sequence opens sealed events, and still says what to set."""
+    settings, sid, seq = sealed_session
+    async with running_stack(settings) as c:  # its projector applies the session
+        await c.waiter.wait_until(lambda: c.waiter.session_applied("tenant-a", sid, seq), "the append")
+    without = settings.model_copy(update={"kek": None, "kek_file": None})
+    assert without.encryption
+    done = chronicle_cli(without, "history", "--tenant", "tenant-a", "--session", sid)
+    assert done.returncode == 0, done.stderr
+    assert "sealed words" in done.stdout
+    done = chronicle_cli(without, "history", "--tenant", "tenant-a", "--session", sid, "--as-of-seq", str(seq))
+    assert done.returncode == SETTINGS_EXIT, done.stderr
+    assert "no key-encryption key is set (CHRONICLE_KEK or CHRONICLE_KEK_FILE)" in one_line(done)
 
 
 async def test_a_kek_file_that_is_not_there_is_named(sealed_session: tuple[Settings, str, int]) -> None:
