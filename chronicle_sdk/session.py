@@ -269,7 +269,8 @@ class Session(ConfigBuilder):
         return [SearchResult.from_json(r) for r in out.get("results", [])]
 
     async def get_events(self, from_seq: int = 1, to_seq: int | None = None) -> list[dict[str, Any]]:
-        """The session's raw events ``{seq, event}``, in order, as stored in the log (audit).
+        """The session's raw events ``{seq, event}``, in order: the stored events, sealed fields opened
+        with the session's key, an erased session's as tombstones (audit).
 
         Raw means compact where the event's version is: a ``message.appended`` (v3) or
         ``message.updated`` (v2) with an inline ``message`` leaves out ``message_id``, ``role`` and
