@@ -241,8 +241,9 @@ class Compaction:
 @dataclass(frozen=True, slots=True)
 class CompactionFailure:
     """A recorded summarizer failure (a ``compaction.failed`` event): one per failed
-    :meth:`~chronicle_sdk.Session.compact`, and one per automatic compaction whose attempts all
-    failed (``attempt``: how many were made)."""
+    :meth:`~chronicle_sdk.Session.compact`, and one per failed attempt of an automatic compaction
+    (``attempt``: its number in the session's series of attempts; a later one may still have
+    compacted it)."""
 
     seq: int
     leaf_id: str | None

@@ -363,10 +363,11 @@ class CompactionRecorded(Event):
 
 
 class CompactionFailed(Event):
-    """A summarizer failed, and nothing more will be tried for this decision: a manual compaction
-    (``POST …/compact``) records each failure; the compaction work queue records one when a
-    request's redelivery is exhausted (``attempt`` is its delivery count, the id is derived from
-    the request's, so a redelivered last attempt records it once). Appends are unaffected.
+    """A summarizer failed: a manual compaction (``POST …/compact``) records each failure; the
+    compaction work queue records each failed attempt (``attempt`` is its number in the session's
+    series of attempts, the id is derived from the request's and that number, so a redelivered
+    attempt records it once; a later attempt of the series may still succeed). Appends are
+    unaffected.
 
     A work-queue failure also names the request's ``estimate`` (prompt included) and the session's
     compaction settings (``config``) when it was recorded: the compaction state treats it like a

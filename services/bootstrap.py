@@ -40,8 +40,8 @@ from projections.runner import Projection, ProjectorRunner, partition_checkpoint
 from services.compaction.lease import Leases
 from services.compaction.queue import Requests, consumer_config, subscribe
 from services.compaction.requester import Requester
-from services.compaction.service import CompactionService
-from services.compaction.state import CompactorState, still_due
+from services.compaction.service import CompactionService, Series
+from services.compaction.state import CompactorState, series, still_due
 from services.compaction.summarizers import OfflineSummarizer, OpenAISummarizer, Summarizer
 from services.compaction.worker import Compactor
 from services.context.rules import object_key
@@ -115,6 +115,10 @@ class Container:
             async with self.pool.connection() as conn:
                 return await still_due(conn, s.projector_name, req.tenant, req.session, req.seq)
 
+        async def series_of(req: CompactionRequested) -> Series:
+            async with self.pool.connection() as conn:
+                return await series(conn, s.projector_name, req.tenant, req.session)
+
         work = subscribe(
             broker,
             self.layout,
@@ -124,6 +128,7 @@ class Container:
             attempts=s.compaction_attempts,
             backoff_s=s.compaction_backoff_s,
             still_due=due,
+            series_of=series_of,
         )
         retired = "chronicle-" + s.compactor_name.replace(".", "-")  # its consumer of the log, before
         return Compactor(self.js, self.layout, broker, work, consumer, retired)

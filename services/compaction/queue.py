@@ -21,10 +21,16 @@ then weighs what the holder recorded. Acknowledgement is explicit, never FastStr
 * done, or nothing to do: ack (the work-queue stream then drops the request); an attempt that
   recorded nothing has recorded ``compaction.skipped`` (see :meth:`CompactionService.compact`);
 * no longer due by the committed state (weighed inside the session's lease): ack without work;
-* failed, attempts left: nak with the backoff delay of this attempt;
-* failed on the last of ``compaction_attempts``: ``compaction.failed`` (id derived from the
-  request's; recorded inside the session's lease and applied before the lease is released, so it
-  weighs like a skip on the requests after it), then ack;
+* failed: ``compaction.failed`` (id derived from the request's and the attempt's number;
+  recorded inside the session's lease and applied before the lease is released, so the requests
+  after it weigh it); then, attempts left, nak with the backoff delay of this attempt; after the
+  last of ``compaction_attempts``, ack;
+* one attempt series per session: a request that finds, inside the lease, a failed attempt of
+  the session with attempts left (``series_of``, from the committed state) is that series' next
+  attempt, due or not by the state: it naks itself until the failure's backoff delay is over,
+  then summarises as the next number. A newer request replaces one being worked on (whose nak
+  then redelivers nothing), so without this every newer request (every append) started a series
+  of its own: an outage now costs one series per growth step, however many requests;
 * while a summary runs, a heartbeat (``in_progress``) keeps the request; a compactor that stops
   answering (killed) loses it after the first backoff delay, and another takes it (the consumer's
   ``backoff`` and ``max_deliver`` bound that too). A request delivered once more than its attempts
@@ -40,6 +46,7 @@ import contextlib
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 
 from faststream import AckPolicy
 from faststream.nats import JStream, NatsBroker, NatsMessage, PullSub
@@ -53,7 +60,7 @@ from events.ids import derived_id
 from events.publisher import HDR_MSG_ID
 from events.sealing import KeyDestroyed
 from events.subjects import SubjectLayout
-from services.compaction.service import Attempt, CompactionService
+from services.compaction.service import Attempt, CompactionService, Series
 
 log = logging.getLogger("chronicle.compactor")
 KIND = "compaction"
@@ -154,6 +161,7 @@ class WorkStats:
 
 
 StillDue = Callable[[CompactionRequested], Awaitable[bool]]
+SeriesOf = Callable[[CompactionRequested], Awaitable[Series]]
 
 
 class SessionLocks:
@@ -188,13 +196,15 @@ def subscribe(
     attempts: int,
     backoff_s: Sequence[float],
     still_due: StillDue | None = None,
+    series_of: SeriesOf | None = None,
     compact_timeout_s: float = 600,
 ) -> WorkStats:
     """Register the work-queue subscriber on ``broker`` (started by the caller); its counters.
 
     ``still_due`` lets a request that the committed compaction state has since seen settled
     (compacted by someone, or no longer over its threshold) be acked without work; None: every
-    request runs.
+    request runs. ``series_of``: the session's attempt series from the committed state, which a
+    request continues (see the module); None: each request is a series of its own.
     """
     stats = WorkStats()
     busy = SessionLocks()  # one summary of a session at a time in this process
@@ -226,17 +236,19 @@ def subscribe(
             await msg.reject()  # it would fail the same way every time
             return
         key = (req.tenant, req.session)
-        attempt = Attempt(req.id, delivery, req.estimate)
-        failure: Exception | None = None  # the last attempt's summary error
+        number = delivery  # the attempt's number in the session's series (set in the lease)
+        failure: Exception | None = None  # the attempt's summary error
         recorded = False  # its compaction.failed, inside the lease
         stats.in_flight += 1
         beat = asyncio.create_task(heartbeat(msg))
         try:
             if delivery > attempts:  # the last attempt died without settling (killed)
+                attempt = Attempt(req.id, delivery, req.estimate)
                 await _give_up(service, req, attempt, RuntimeError("the last attempt ended without an answer"))
                 stats.gave_up += 1
                 await msg.ack()
                 return
+            wait_s = 0.0
             try:
                 async with (
                     busy.hold(key),  # this process's requests of the session wait here, on no connection
@@ -244,23 +256,29 @@ def subscribe(
                     asyncio.timeout(compact_timeout_s),  # a dead connection never holds it
                 ):
                     # weighed inside the lease: a request that waited for it sees what the one before
-                    # recorded (an overlay, or a skip that makes this one not worth a summary)
-                    if still_due is not None and not await still_due(req):
+                    # recorded (an overlay, a skip, or a failed attempt that this one continues)
+                    running = await series_of(req) if series_of is not None else Series()
+                    ongoing = 0 < running.failed < attempts
+                    if not ongoing and still_due is not None and not await still_due(req):
                         stats.nothing += 1
                         await msg.ack()
                         return
-                    try:
-                        outcome = await service.compact(req.tenant, req.session, attempt=attempt)
-                    except KeyDestroyed:
-                        raise
-                    except Exception as exc:
-                        if isinstance(after_failure(delivery, attempts, backoff_s), GiveUp):
-                            # recorded inside the lease, as a skip is: a request that waited for
-                            # this one weighs the failure and is acked without a summary
+                    if ongoing:  # the next attempt of the series, not the first of a new one
+                        number = max(delivery, running.failed + 1)
+                        wait_s = series_wait(running, backoff_s, datetime.now(UTC))
+                    if wait_s <= 0:
+                        attempt = Attempt(req.id, number, req.estimate)
+                        try:
+                            outcome = await service.compact(req.tenant, req.session, attempt=attempt)
+                        except KeyDestroyed:
+                            raise
+                        except Exception as exc:
+                            # recorded inside the lease, as a skip is: a request that waited for this one
+                            # continues the series (or, after the last attempt, weighs it as a skip)
                             failure = exc
                             await _give_up(service, req, attempt, exc)
                             recorded = True
-                        raise
+                            raise
             except KeyDestroyed:  # erased while it waited or summarised: nothing to record, nothing to retry
                 stats.nothing += 1
                 log.info("%s/%s is erased: nothing to compact", *key)
@@ -268,19 +286,23 @@ def subscribe(
                 return
             except Exception as exc:
                 stats.failures += 1
-                match after_failure(delivery, attempts, backoff_s):
+                match after_failure(number, attempts, backoff_s):
                     case Retry(delay_s=delay):
                         log.warning(
                             "compaction of %s/%s failed (attempt %d of %d); again in %.1fs: %s",
-                            *key, delivery, attempts, delay, exc,
+                            *key, number, attempts, delay, exc,
                         )  # fmt: skip
-                        await msg.nack(delay=delay)
+                        await msg.nack(delay=delay)  # unrecorded (no lease): the series goes on by delivery
                     case GiveUp():
-                        log.error("compaction of %s/%s failed %d times; recorded", *key, delivery, exc_info=exc)
+                        log.error("compaction of %s/%s failed %d times; recorded", *key, number, exc_info=exc)
                         if not recorded:  # not in the lease, or recording it there failed: here
-                            await _give_up(service, req, attempt, failure or exc)
+                            await _give_up(service, req, Attempt(req.id, number, req.estimate), failure or exc)
                         stats.gave_up += 1
                         await msg.ack()
+                return
+            if wait_s > 0:  # the series' backoff is not over: this request is its next attempt, later
+                log.info("compaction of %s/%s: attempt %d of %d in %.1fs", *key, number, attempts, wait_s)
+                await msg.nack(delay=wait_s)
                 return
             if outcome.overlay is not None:
                 stats.compactions += 1
@@ -296,6 +318,17 @@ def subscribe(
                 await beat
 
     return stats
+
+
+def series_wait(running: Series, backoff_s: Sequence[float], now: datetime) -> float:
+    """Seconds until the series' next attempt is due (its last failure's backoff delay); 0 within
+    a tenth of the delay, which the clocks of two compactors may differ by (a request that naked
+    itself for the delay is not sent to wait once more)."""
+    if running.at is None:
+        return 0.0
+    delay = backoff_s[min(running.failed, len(backoff_s)) - 1]
+    left = (running.at + timedelta(seconds=delay) - now).total_seconds()
+    return left if left > delay / 10 else 0.0
 
 
 async def _give_up(service: CompactionService, req: CompactionRequested, attempt: Attempt, exc: BaseException) -> None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import logging
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 import psycopg
@@ -51,12 +52,24 @@ log = logging.getLogger("chronicle.compactor")
 
 @dataclass(frozen=True, slots=True)
 class Attempt:
-    """Which delivery of which work-queue request a compaction is: its failure is then recorded
-    by the queue, once, when the last attempt fails (not by :meth:`CompactionService.compact`)."""
+    """Which attempt (``number`` in the session's attempt series) of which work-queue request a
+    compaction is: its failure is then recorded by the queue, once per attempt (not by
+    :meth:`CompactionService.compact`)."""
 
     request_id: str
     number: int
     estimate: int = 0  # the request's (the compaction state's estimate, prompt included)
+
+
+@dataclass(frozen=True, slots=True)
+class Series:
+    """The session's attempt series in the work queue, from the committed state: ``failed`` is
+    the number of the latest failed attempt since the series began (0: no failure holds the
+    session; a skip, an overlay, a clear, other settings or a fall under ``compact_after`` end a
+    series), recorded at ``at``."""
+
+    failed: int = 0
+    at: datetime | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,7 +137,7 @@ class CompactionService:
 
         Raises :class:`~services.compaction.summarizers.SummarizerError` when the summarizer
         fails, after recording ``compaction.failed`` unless this is a work-queue ``attempt`` (the
-        queue records the failure of a request's last attempt).
+        queue records the failure of each attempt).
 
         A work-queue ``attempt`` that records nothing (nothing to compact, an empty summary, or a
         summary that would not shrink the context) records ``compaction.skipped`` and waits until
@@ -283,7 +296,7 @@ class CompactionService:
         self, tenant: str, session: str, leaf: str | None, exc: BaseException, attempt: Attempt | None = None
     ) -> Published:
         """Record ``compaction.failed``: for a work-queue request, with an id derived from the
-        request's (a redelivered last attempt records it once), its delivery count, its estimate
+        request's and the attempt's number (a redelivered attempt records it once), that number, its estimate
         and the session's compaction settings now (those it was tried under, unless they changed
         during the attempt), and wait until the projector has applied it, as a skip: the
         compaction state asks for the session again only after enough growth."""
@@ -292,7 +305,7 @@ class CompactionService:
             async with self._pool.connection() as conn:
                 config = (await self._context.config(conn, tenant, session)).compaction
         failed = CompactionFailed(
-            id=derived_id("compaction-failed", attempt.request_id) if attempt else new_event_id(),
+            id=derived_id("compaction-failed", attempt.request_id, attempt.number) if attempt else new_event_id(),
             tenant=tenant,
             session=session,
             leaf_id=leaf or "",

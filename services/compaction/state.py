@@ -16,12 +16,14 @@ active branch (compacted view) grows by that count when a message extends the ac
 cost of an append does not depend on history length; only a branch switch, an update, a delete or
 a new overlay re-sums the stored per-message counts (never re-tokenising).
 
-A request that recorded nothing leaves ``compaction.skipped`` in the log, one whose attempts all
-failed ``compaction.failed`` (with the request's estimate and settings); either, applied here
+A request that recorded nothing leaves ``compaction.skipped`` in the log, each failed attempt of
+one ``compaction.failed`` (with the request's estimate and settings); either, applied here
 (under the compaction settings it names), keeps the session from being due again until its estimate
 passes the skipped (or failed) one by a tenth of ``compact_after``
 (:func:`~services.compaction.estimate.is_due`): a summarizer that is down or refusing costs one
-request's attempts, not a request per append.
+request's attempts, not a request per append. A failure also keeps its attempt number and time
+(``failed_attempt``, ``failed_at``: :func:`series`), so the work queue continues that series of
+attempts with a newer request of the session instead of starting another (a skip ends it).
 Other compaction settings, an overlay, a clear, or the estimate falling back under the threshold
 end it. A backfilled session starts without one.
 
@@ -70,6 +72,7 @@ from services.compaction.estimate import (
     path_from_leaf,
 )
 from services.compaction.ranges import TOKENS_PER_MESSAGE, message_tokens
+from services.compaction.service import Series
 
 Conn = AsyncConnection[Any]
 Key = tuple[str, str]
@@ -303,11 +306,12 @@ class CompactorState:
                     await self._backfill(conn, t, s, seq)
                     self.tracked.add((t, s))
                 compaction = Jsonb(cfg.model_dump(mode="json")) if cfg else None
-                await conn.execute(  # other compaction settings: a skip under the old ones no longer holds
+                await conn.execute(  # other compaction settings: a skip (or a failing series) under the old ones ends
                     "UPDATE compactor_sessions SET skipped_estimate = CASE WHEN compaction IS DISTINCT FROM %s "
-                    "THEN NULL ELSE skipped_estimate END, compaction = %s "
+                    "THEN NULL ELSE skipped_estimate END, failed_attempt = CASE WHEN compaction IS DISTINCT FROM %s "
+                    "THEN NULL ELSE failed_attempt END, compaction = %s "
                     "WHERE worker = %s AND tenant = %s AND session_id = %s",
-                    (compaction, compaction, self.worker, t, s),
+                    (compaction, compaction, compaction, self.worker, t, s),
                 )
                 await self._set(conn, t, s, seq, compact_after=after)
             case SessionErased():
@@ -355,16 +359,18 @@ class CompactorState:
                         )
                 await self._session(conn, t, s, seq)
                 if not isinstance(event, MessagesDeleted):
-                    await self._set(conn, t, s, seq, skipped_estimate=None)  # a new start
+                    await self._set(conn, t, s, seq, skipped_estimate=None, failed_attempt=None)  # a new start
                 await self.resum(conn, t, s, seq, await self._latest_leaf(conn, t, s))
             case CompactionSkipped() | CompactionFailed():
                 if event.estimate is None or event.config is None:
                     return  # a manual failure (or one recorded before they were named): it holds nothing
                 await self._session(conn, t, s, seq)
+                # a failure's attempt number continues the session's series; a skip ends it
+                failed = (event.attempt, event.occurred_at) if isinstance(event, CompactionFailed) else (None, None)
                 await conn.execute(  # only under the settings it was tried with (else a change came between)
-                    "UPDATE compactor_sessions SET skipped_estimate = %s, seq = %s "
-                    "WHERE worker = %s AND tenant = %s AND session_id = %s AND compaction = %s",
-                    (event.estimate, seq, self.worker, t, s, Jsonb(event.config.model_dump(mode="json"))),
+                    "UPDATE compactor_sessions SET skipped_estimate = %s, failed_attempt = %s, failed_at = %s, "
+                    "seq = %s WHERE worker = %s AND tenant = %s AND session_id = %s AND compaction = %s",
+                    (event.estimate, *failed, seq, self.worker, t, s, Jsonb(event.config.model_dump(mode="json"))),
                 )
             case CompactionRecorded():
                 await conn.execute(
@@ -382,7 +388,7 @@ class CompactorState:
                     ),
                 )
                 leaf, *_ = await self._session(conn, t, s, seq)
-                await self._set(conn, t, s, seq, skipped_estimate=None)  # the view changed: worth a new try
+                await self._set(conn, t, s, seq, skipped_estimate=None, failed_attempt=None)  # the view changed
                 await self.resum(conn, t, s, seq, leaf)
             case _:
                 return
@@ -470,7 +476,7 @@ class CompactorState:
         threshold (the next time it passes it, a new attempt is fair)."""
         leaf, estimate, prompt_tokens, compact_after, skipped = await self._session(conn, t, s, seq)
         if skipped is not None and not over(estimate, prompt_tokens, compact_after):
-            await self._set(conn, t, s, seq, skipped_estimate=None)
+            await self._set(conn, t, s, seq, skipped_estimate=None, failed_attempt=None)
             skipped = None
         self._mark(t, s, Branch(leaf, estimate), prompt_tokens, compact_after, skipped, seq)
 
@@ -504,3 +510,14 @@ async def still_due(conn: Conn, worker: str, tenant: str, session: str, seq: int
         return False  # compaction switched off, or the session erased: nothing is due
     at, estimate, prompt_tokens, compact_after, skipped = row
     return int(at) < seq or is_due(int(estimate), int(prompt_tokens), compact_after, skipped)
+
+
+async def series(conn: Conn, worker: str, tenant: str, session: str) -> Series:
+    """The session's :class:`Series` (none for an untracked session)."""
+    cur = await conn.execute(
+        "SELECT failed_attempt, failed_at FROM compactor_sessions WHERE worker = %s AND tenant = %s "
+        "AND session_id = %s AND failed_attempt IS NOT NULL",
+        (worker, tenant, session),
+    )
+    row = await cur.fetchone()
+    return Series(int(row[0]), row[1]) if row else Series()

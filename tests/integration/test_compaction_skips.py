@@ -14,13 +14,17 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 from events.context import CompactionConfig, SessionConfig
+from projections.overlays import Overlay, overlays
 from services.bootstrap import Container, open_container
 from services.compaction.estimate import skip_margin
 from services.compaction.ranges import Plan, message_tokens
 from services.compaction.requester import Requester
-from services.compaction.summarizers import OfflineSummarizer, SummarizerError
+from services.compaction.service import Series
+from services.compaction.state import series
+from services.compaction.summarizers import OfflineSummarizer, OpenAISummarizer, SummarizerError
 from services.settings import Settings
 from tests.conftest import make_settings
+from tests.e2e.stub_llm import StubLLM
 from tests.integration.helpers import assert_rebuild_equals_live, text_message
 
 T = "tenant-a"
@@ -252,7 +256,7 @@ async def test_a_failed_compaction_is_tried_again_only_after_enough_growth(
         c.compaction.summarizer = down
         async with _workers(c, sid) as settle:
             await settle(await append.just_over(POLICY.compact_after))
-            assert (down.calls, await _failures(c, sid)) == (attempts, 1)
+            assert (down.calls, await _failures(c, sid)) == (attempts, attempts)  # each attempt recorded
             held = await _held_at(c, sid)
             assert held is not None
             assert held > POLICY.compact_after
@@ -264,7 +268,119 @@ async def test_a_failed_compaction_is_tried_again_only_after_enough_growth(
                 if await _estimate(c, sid) > held + margin:
                     break
                 appended += 1
-                assert (down.calls, await _requests_stored(c), await _failures(c, sid)) == (attempts, requested, 1)
+                now = (down.calls, await _requests_stored(c), await _failures(c, sid))
+                assert now == (attempts, requested, attempts)
             assert appended >= 2, "the margin should hold several short messages"
-            assert (down.calls, await _requests_stored(c), await _failures(c, sid)) == (2 * attempts, requested + 1, 2)
+            assert (down.calls, await _requests_stored(c), await _failures(c, sid)) == (
+                2 * attempts,
+                requested + 1,
+                2 * attempts,
+            )
         await assert_rebuild_equals_live(c, fresh_db, settings.projector_name)
+
+
+class _Outage:
+    """The OpenAI-compatible summarizer (its own 3 attempts) against an LLM that answers every
+    call with HTTP 500 and a long error body; its first call waits for :attr:`release`, so that
+    appends arrive while the first attempt of a request is still running."""
+
+    name = "openai-compatible"
+    model: str | None = None
+
+    def __init__(self, llm: StubLLM) -> None:
+        self.inner = OpenAISummarizer(base_url=llm.base_url, model="stub", attempts=3, backoff_s=0.01)
+        self.entered = asyncio.Event()
+        self.release = asyncio.Event()
+
+    async def summarize(self, plan: Plan) -> str:
+        self.entered.set()
+        await self.release.wait()
+        return await self.inner.summarize(plan)
+
+
+class _Back:
+    """The summarizer working again: a summary much shorter than what it replaces."""
+
+    name = "back"
+    model: str | None = None
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    async def summarize(self, plan: Plan) -> str:
+        self.calls += 1
+        return "## Topic\nok"
+
+
+async def test_an_outage_costs_one_series_of_attempts_however_many_appends_and_requests(
+    nats_url: str, fresh_db: str, s3_endpoint: str
+) -> None:
+    """The summarizer down (HTTP 500), ``compaction_attempts`` 2, ``compact_after`` 300: ten
+    appends while the first attempt runs (each a newer request replacing the one being worked on)
+    and more while the series waits for its next attempt (past the margin: a newer request
+    again) cost one request's attempts, 2 x 3 HTTP calls, and two recorded failures. When the
+    summarizer works again and the session grows past the margin, it is compacted."""
+    settings = make_settings(
+        nats_url, fresh_db, s3_endpoint=s3_endpoint, compaction_attempts=2, compaction_backoff_s=(2.0, 2.0)
+    )
+    sid = "outage"
+    attempts = settings.compaction_attempts
+    assert POLICY.compact_after is not None
+    margin = skip_margin(POLICY.compact_after)
+    calls_per_attempt = 3
+    with StubLLM([StubLLM.fail(500) for _ in range(100)]) as llm:
+        async with _stack(settings, sid) as (c, _, append):
+            down = _Outage(llm)
+            c.compaction.summarizer = down
+            async with _workers(c, sid) as settle:
+                first = await append.just_over(POLICY.compact_after)
+                await asyncio.wait_for(down.entered.wait(), 30)  # attempt 1 of the first request runs
+                before = await _requests_stored(c)
+                for _ in range(10):
+                    seq, _ = await append()
+                await _until(lambda: c.waiter.session_applied(T, sid, seq), "the burst applied")
+                assert first < seq
+                down.release.set()
+                await _until(lambda: _failure_count(c, sid, 1), "attempt 1 recorded")
+                held = await _held_at(c, sid)
+                assert held is not None
+                grown = await _estimate(c, sid)
+                while await _estimate(c, sid) <= max(held, grown) + margin:  # while the series waits: a new request
+                    seq, _ = await append()
+                    await c.waiter.session_applied(T, sid, seq)
+                await settle(seq)
+                assert await _requests_stored(c) > before + 1, "newer requests should have replaced the first"
+                assert len(llm.requests) == attempts * calls_per_attempt
+                async with c.pool.connection() as conn:  # the series is over: its last attempt failed
+                    assert (await series(conn, settings.projector_name, T, sid)).failed == attempts
+                assert await _failures(c, sid) == attempts
+                assert "scripted failure" in (await _failure_errors(c, sid))[0]
+
+                c.compaction.summarizer = back = _Back()
+                held = await _held_at(c, sid)
+                assert held is not None
+                while not await _overlays(c, sid):  # compacted once grown past the failed estimate by the margin
+                    assert await _estimate(c, sid) <= held + margin
+                    seq, _ = await append()
+                    await settle(seq)
+                assert back.calls == 1
+                async with c.pool.connection() as conn:  # the overlay ended the series of attempts
+                    assert await series(conn, settings.projector_name, T, sid) == Series()
+            await assert_rebuild_equals_live(c, fresh_db, settings.projector_name)
+
+
+async def _failure_count(c: Container, sid: str, n: int) -> bool:
+    return await _failures(c, sid) >= n
+
+
+async def _failure_errors(c: Container, sid: str) -> list[str]:
+    async with c.pool.connection() as conn:
+        cur = await conn.execute(
+            "SELECT error FROM compaction_failures WHERE tenant = %s AND session_id = %s ORDER BY seq", (T, sid)
+        )
+        return [str(e) for (e,) in await cur.fetchall()]
+
+
+async def _overlays(c: Container, sid: str) -> list[Overlay]:
+    async with c.pool.connection() as conn:
+        return await overlays(conn, T, sid)

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime, timedelta
+
 from events.subjects import SubjectLayout
-from services.compaction.queue import GiveUp, Retry, after_failure, consumer_config, request_id
+from services.compaction.queue import GiveUp, Retry, after_failure, consumer_config, request_id, series_wait
+from services.compaction.service import Series
 
 
 def test_a_failed_attempt_is_retried_with_its_backoff_until_the_last() -> None:
@@ -30,3 +33,19 @@ def test_the_consumer_bounds_deliveries_one_past_the_attempts() -> None:
     assert config.filter_subject == "p.ev-work.compaction.>"
     assert layout.work_subject("compaction", "t", "s").startswith("p.ev-work.compaction.")
     assert not layout.work_subject("compaction", "t", "s").startswith(layout.wildcard[:-1])
+
+
+def test_a_request_continuing_a_series_waits_for_the_last_failures_backoff() -> None:
+    backoff = (10.0, 60.0)
+    failed_at = datetime(2026, 1, 1, tzinfo=UTC)
+
+    def after(seconds: float) -> datetime:
+        return failed_at + timedelta(seconds=seconds)
+
+    assert series_wait(Series(1, failed_at), backoff, after(4)) == 6.0  # attempt 1 failed: 10 s after it
+    assert series_wait(Series(2, failed_at), backoff, after(4)) == 56.0  # attempt 2: 60 s
+    assert series_wait(Series(3, failed_at), backoff, after(4)) == 56.0  # the last delay repeats
+    assert series_wait(Series(1, failed_at), backoff, after(12)) == 0.0  # over: at once
+    # within a tenth of the delay (two compactors' clocks): no second wait after a nak for it
+    assert series_wait(Series(1, failed_at), backoff, after(9.5)) == 0.0
+    assert series_wait(Series(), backoff, after(0)) == 0.0  # no series
