@@ -342,9 +342,13 @@ class Session(ConfigBuilder):
         Returns the new overlay, or None when there was nothing to compact (the reason is kept
         in :attr:`last_compact_reason`; a session never written has no messages, as the
         reference's implicit sessions). Originals are never changed; history reads apply it.
-        Raises :class:`MessageNotFound` for a ``leaf_id`` that is not a stored message, and
+        Raises :class:`MessageNotFound` for a ``leaf_id`` that is not a stored message,
         :class:`CompactionInProgress` (nothing summarised) while another compaction of the session
-        runs: the compactor's, or another ``compact()``.
+        runs: the compactor's, or another ``compact()``, and :class:`SummarizerFailed` when the
+        server's summarizer fails (the LLM down or refusing): nothing is compacted, the failure is
+        recorded (``compaction.failed``, listed by the audit's compaction failures) and ``detail``
+        names it in at most 200 characters; call again later. A manual compaction is not retried by
+        the server and holds nothing: the automatic compaction goes on as before.
         """
         try:
             out = await self._write("POST", "/compact", {"leaf_id": leaf_id} if leaf_id is not None else {})

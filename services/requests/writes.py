@@ -216,10 +216,21 @@ async def compact(c: Container, tenant: str, sid: str, leaf: str | None) -> Answ
     except SessionBusy as exc:
         raise CompactionInProgress(str(exc)) from exc
     except SummarizerError as exc:
-        raise SummarizerFailed(str(exc)) from exc
+        raise SummarizerFailed(summarizer_detail(exc)) from exc
     if outcome.overlay is None:
         return {"compacted": False, "reason": outcome.reason, "seq": outcome.seq}
     return {"compacted": True, "overlay": overlay_json(outcome.overlay), "seq": outcome.seq}
+
+
+SUMMARIZER_DETAIL_CHARS = 200
+
+
+def summarizer_detail(exc: Exception) -> str:
+    """What a client is told of a summarizer failure: its message, cut at
+    :data:`SUMMARIZER_DETAIL_CHARS` (an upstream LLM's error body is not passed through whole;
+    ``compaction.failed`` in the log keeps more of it)."""
+    text = str(exc)
+    return text if len(text) <= SUMMARIZER_DETAIL_CHARS else text[: SUMMARIZER_DETAIL_CHARS - 1] + "…"
 
 
 # -- context ------------------------------------------------------------------------------------

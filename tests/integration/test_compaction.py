@@ -16,6 +16,8 @@ from services.bootstrap import Container
 from services.compaction.ranges import Plan
 from services.compaction.service import Outcome, compacted_view
 from services.compaction.summarizers import SummarizerError
+from services.errors import SummarizerFailed
+from services.requests import writes
 from tests.conftest import make_settings, running_stack
 from tests.integration.helpers import text_message
 
@@ -440,3 +442,36 @@ async def test_partition_workers_keep_and_request_their_own_sessions(
         finally:
             stop.set()
             await asyncio.wait_for(task, 15)
+
+
+class _LongError:
+    """A summarizer whose failure carries an upstream LLM's long error body."""
+
+    name = "long-error"
+    model: str | None = None
+
+    async def summarize(self, plan: Plan) -> str:
+        raise SummarizerError("HTTP 500: " + "upstream says " * 500)
+
+
+async def test_a_manual_compaction_whose_summarizer_fails_is_summarizer_failed_with_a_capped_detail(
+    nats_url: str, fresh_db: str, s3_endpoint: str
+) -> None:
+    """``POST …/compact`` with the summarizer failing: 502 ``summarizer_failed`` (the SDK's
+    ``SummarizerFailed``) whose detail is cut at 200 characters, and the failure recorded."""
+    settings = make_settings(nats_url, fresh_db, s3_endpoint=s3_endpoint)
+    async with running_stack(settings) as c:
+        c.compaction.summarizer = _LongError()
+        cfg = CompactionConfig(protect_head=1, tail_token_budget=50, min_tail_messages=2)
+        await c.context.configure(T, "manual-fail", SessionConfig(compaction=cfg))
+        await _append_chain(c, "manual-fail", [f"m{i}" for i in range(12)])
+        with pytest.raises(SummarizerFailed) as failed:
+            await writes.compact(c, T, "manual-fail", None)
+        assert (failed.value.status, failed.value.code) == (502, "summarizer_failed")
+        assert failed.value.detail.startswith("HTTP 500: upstream says")
+        assert len(failed.value.detail) == 200
+        await c.commands.optimistic.catch_up(T, "manual-fail")
+        async with c.pool.connection() as conn:
+            cur = await conn.execute("SELECT error FROM compaction_failures WHERE session_id = 'manual-fail'")
+            ((error,),) = await cur.fetchall()
+        assert "upstream says" in error
