@@ -156,7 +156,7 @@ class WorkStats:
     compactions: int = 0  # overlays recorded
     nothing: int = 0  # requests settled with nothing to record (or no longer due)
     failures: int = 0  # failed attempts (each retried or, on the last, recorded)
-    gave_up: int = 0  # requests whose attempts ran out (compaction.failed recorded)
+    gave_up: int = 0  # requests whose series' attempts ran out (each failure is recorded)
     in_flight: int = 0
 
 

@@ -4,10 +4,11 @@ The sessions that need compaction are decided by the projector (its compaction s
 with the read models: :mod:`services.compaction.requester`), which publishes them as
 ``compaction.requested``. Each compactor process runs a FastStream subscriber of the work queue
 (:func:`~services.compaction.queue.subscribe`), on the one durable consumer every compactor
-shares: whichever process is free summarises, with explicit acks, bounded redelivery with backoff
-and ``compaction.failed`` when attempts run out. A compactor reads nothing of the log: a session
-without compaction costs it nothing. A redelivered request is checked against the committed state
-first (:func:`~services.compaction.state.still_due`).
+shares: whichever process is free summarises, with explicit acks, bounded redelivery with backoff,
+``compaction.failed`` for each failed attempt and one series of attempts per session. A compactor
+reads nothing of the log: a session without compaction costs it nothing. A redelivered request is
+checked against the committed state first (:func:`~services.compaction.state.still_due`,
+:func:`~services.compaction.state.series`).
 
 Appends never wait for any of this.
 """

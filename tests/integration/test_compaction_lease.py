@@ -17,7 +17,9 @@ from services.bootstrap import Container
 from services.compaction.lease import Leases, SessionBusy
 from services.compaction.queue import KIND, WorkStats
 from services.compaction.ranges import Plan
-from services.compaction.state import still_due
+from services.compaction.service import Series
+from services.compaction.state import series, still_due
+from services.compaction.summarizers import Summarizer, SummarizerError
 from services.errors import CompactionInProgress
 from services.requests import writes
 from tests.conftest import make_settings, running_stack
@@ -45,8 +47,9 @@ _HOLDERS = (
 class _Gated:
     """A summarizer that, once entered, waits until the test opens its gate."""
 
-    def __init__(self, name: str, *, gated: bool = True) -> None:
+    def __init__(self, name: str, *, gated: bool = True, fails: bool = False) -> None:
         self.name = name
+        self.fails = fails
         self.model: str | None = None
         self.calls = 0
         self.entered = asyncio.Event()
@@ -58,18 +61,27 @@ class _Gated:
         self.calls += 1
         self.entered.set()
         await self.gate.wait()
+        if self.fails:
+            raise SummarizerError(f"{self.name}: the model is down")
         return f"## Topic\nsummary by {self.name}"
 
 
-def _compactor(c: Container, summarizer: _Gated) -> contextlib.AbstractAsyncContextManager[WorkStats]:
+def _compactor(
+    c: Container, summarizer: Summarizer, *, attempts: int = 3
+) -> contextlib.AbstractAsyncContextManager[WorkStats]:
     """What ``chronicle compactor`` runs: a subscriber of the shared durable on a NATS connection of
-    its own, with leases of its own, weighing requests against the committed state."""
+    its own, with leases of its own, weighing requests against the committed state (and going on
+    with the session's series of attempts there)."""
 
     async def due(req: CompactionRequested) -> bool:
         async with c.pool.connection() as conn:
             return await still_due(conn, c.settings.projector_name, req.tenant, req.session, req.seq)
 
-    return _subscriber(c, summarizer, still_due=due)
+    async def series_of(req: CompactionRequested) -> Series:
+        async with c.pool.connection() as conn:
+            return await series(conn, c.settings.projector_name, req.tenant, req.session)
+
+    return _subscriber(c, summarizer, attempts=attempts, still_due=due, series_of=series_of)
 
 
 async def _lease(c: Container, sid: str) -> list[tuple[int, bool]]:
@@ -129,6 +141,36 @@ async def test_two_compactors_given_one_session_summarise_it_once(
         assert overlay.summarizer == "first"
         assert (first_stats.compactions, second_stats.compactions, second_stats.nothing) == (1, 0, 1)
         assert await _lease(c, "both") == []
+
+
+async def test_a_newer_request_in_another_compactor_continues_the_failing_series(
+    nats_url: str, fresh_db: str, s3_endpoint: str
+) -> None:
+    """The summarizer down, 2 attempts: a newer request of the session replaces the one the first
+    compactor is trying and goes to the second, which waits for the lease; it then continues the
+    series the first began (attempt 2, after the backoff), not a series of its own: two
+    summaries in all, two failures recorded, the second the last."""
+    settings = make_settings(nats_url, fresh_db, s3_endpoint=s3_endpoint)
+    async with running_stack(settings) as c:
+        first, second = _Gated("first", fails=True), _Gated("second", gated=False, fails=True)
+        seq = await _requested(c, "series")
+        async with _compactor(c, first, attempts=2) as first_stats:
+            await _holding(c, "series", first)
+            async with _compactor(c, second, attempts=2) as second_stats:
+                await _request(c, "series", seq, estimate=999)  # replaces the first compactor's request
+                await _until(lambda: _waiting(c, "series"), "the second compactor to wait for the lease")
+                first.gate.set()
+                await _until(lambda: _settled(c), "the series to be settled")
+        assert first.calls + second.calls == 2, (first.calls, second.calls)
+        assert first_stats.gave_up + second_stats.gave_up == 1
+        async with c.pool.connection() as conn:
+            cur = await conn.execute(
+                "SELECT attempt FROM compaction_failures WHERE tenant = %s AND session_id = %s ORDER BY seq",
+                (T, "series"),
+            )
+            assert [a for (a,) in await cur.fetchall()] == [1, 2]
+            assert (await series(conn, settings.projector_name, T, "series")).failed == 2
+        assert await _overlays(c, "series") == []
 
 
 async def test_when_the_holders_connection_ends_the_waiting_compactor_takes_over(

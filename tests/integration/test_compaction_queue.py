@@ -1,6 +1,6 @@
 """The compaction work queue on a real nats-server (never FastStream's TestNatsBroker, which
 ignores acks, dedup and redelivery): one request per decision, explicit acks, redelivery with
-backoff, ``compaction.failed`` once when attempts run out, one durable shared by subscribers in
+backoff, ``compaction.failed`` once per failed attempt, one durable shared by subscribers in
 several processes, and a killed subscriber's request taken by another."""
 
 from __future__ import annotations
@@ -23,7 +23,16 @@ from events.context import CompactionConfig, SessionConfig
 from projections.overlays import Overlay, overlays
 from services.bootstrap import Container, work_broker
 from services.compaction.lease import Leases
-from services.compaction.queue import KIND, Requests, StillDue, WorkStats, consumer_config, request, subscribe
+from services.compaction.queue import (
+    KIND,
+    Requests,
+    SeriesOf,
+    StillDue,
+    WorkStats,
+    consumer_config,
+    request,
+    subscribe,
+)
 from services.compaction.ranges import Plan
 from services.compaction.service import CompactionService
 from services.compaction.summarizers import Summarizer, SummarizerError
@@ -78,7 +87,12 @@ async def _settled(c: Container) -> bool:
 
 @contextlib.asynccontextmanager
 async def _subscriber(
-    c: Container, summarizer: Summarizer, *, attempts: int = 3, still_due: StillDue | None = None
+    c: Container,
+    summarizer: Summarizer,
+    *,
+    attempts: int = 3,
+    still_due: StillDue | None = None,
+    series_of: SeriesOf | None = None,
 ) -> AsyncIterator[WorkStats]:
     """A work-queue subscriber on a NATS connection of its own, on the shared durable, with
     leases of its own (each on a connection of its own)."""
@@ -96,6 +110,7 @@ async def _subscriber(
         attempts=attempts,
         backoff_s=s.compaction_backoff_s,
         still_due=still_due,
+        series_of=series_of,
     )
     await ensure_consumer(
         c.js, c.layout, consumer_config(c.layout, s.compaction_queue, attempts, s.compaction_backoff_s)
