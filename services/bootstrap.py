@@ -46,6 +46,7 @@ from services.compaction.summarizers import OfflineSummarizer, OpenAISummarizer,
 from services.compaction.worker import Compactor
 from services.context.rules import object_key
 from services.context.service import ContextService
+from services.dbpool import Pool
 from services.settings import Settings, UnusableSetting
 from services.storage.blobs import CLAIM_CHECK_S3, S3BlobStore
 from services.storage.s3 import SkillStore
@@ -67,7 +68,7 @@ class Container:
     layout: SubjectLayout
     nc: NatsClient
     js: JetStreamContext
-    pool: AsyncConnectionPool[psycopg.AsyncConnection[Any]]
+    pool: Pool
     publisher: Publisher
     blobs: RoutedBlobStores
     waiter: AppliedWaiter
@@ -511,7 +512,7 @@ async def open_container(
         await prepare_database(settings)
     layout = settings.layout()
     nc = await connect_nats(settings, starting=True)
-    pool: AsyncConnectionPool[psycopg.AsyncConnection[Any]] = AsyncConnectionPool(
+    pool = Pool(
         settings.database_url,
         min_size=min(settings.db_pool_min, settings.db_pool_max),
         max_size=settings.db_pool_max,

@@ -15,6 +15,7 @@ import uuid
 from collections.abc import AsyncIterator, Iterator, Mapping
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 import nkeys
 import psycopg
@@ -186,3 +187,52 @@ async def migrate_before(conn: Any, version: int) -> None:
         if number < version:
             await conn.execute(sql.encode())
             await conn.execute("INSERT INTO schema_migrations (version, name) VALUES (%s, %s)", (number, name))
+
+
+class Cuttable:
+    """A TCP proxy on a free loopback port in front of the Postgres of ``db_url`` (real): ``cut()``
+    drops every connection and refuses new ones, as a database that went away; ``silent = True``
+    keeps every connection open and forwards nothing, as a network that drops packets;
+    ``restore()`` accepts again. ``url`` is ``db_url`` through the proxy."""
+
+    def __init__(self, db_url: str) -> None:
+        parts = urlsplit(db_url)
+        self.host, self.port = parts.hostname or "127.0.0.1", parts.port or 5432
+        self.listen_port = free_port()
+        user, _, _ = parts.netloc.rpartition("@")
+        hostport = f"127.0.0.1:{self.listen_port}"
+        self.url = urlunsplit(parts._replace(netloc=f"{user}@{hostport}" if user else hostport))
+        self._server: asyncio.Server | None = None
+        self._writers: set[asyncio.StreamWriter] = set()
+        self.silent = False
+
+    async def restore(self) -> None:
+        self._server = await asyncio.start_server(self._serve, "127.0.0.1", self.listen_port)
+
+    async def cut(self) -> None:
+        if self._server is not None:
+            self._server.close()
+            await self._server.wait_closed()
+            self._server = None
+        for w in list(self._writers):
+            w.transport.abort()
+        self._writers.clear()
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            up_reader, up_writer = await asyncio.open_connection(self.host, self.port)
+        except OSError:
+            writer.transport.abort()
+            return
+        self._writers |= {writer, up_writer}
+
+        async def pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
+            with contextlib.suppress(OSError):
+                while data := await src.read(65536):
+                    if not self.silent:
+                        dst.write(data)
+                        await dst.drain()
+            dst.transport.abort()
+
+        await asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer))
+        self._writers -= {writer, up_writer}

@@ -1,12 +1,17 @@
 """Prometheus metrics and readiness: events published, applied (checkpoints), projection lag,
-quarantined events; readiness that tells the truth (:func:`assess` is its pure core)."""
+quarantined events, which backends answer; readiness that tells the truth (:func:`assess` is its
+pure core). Each backend is probed on its own, concurrently, each within :data:`PROBE_TIMEOUT_S`:
+one that is down makes only its own flag false, and neither ``/metrics`` nor ``/readyz`` waits
+longer than a probe for it."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import asyncio
+import time
+from collections.abc import Coroutine, Mapping
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, TypeVar
 
 from nats.js.errors import NotFoundError
 from prometheus_client import CollectorRegistry, Counter, Gauge
@@ -48,12 +53,30 @@ RATE_LIMITED = Counter(
     ["transport"],
     registry=REGISTRY,
 )
+BACKEND_UP = Gauge(
+    "chronicle_backend_up",
+    "Whether the backend answered this process's last probe (1) or not (0): postgres, nats, stream",
+    ["backend"],
+    registry=REGISTRY,
+)
+REFRESH_AGE = Gauge(
+    "chronicle_metrics_refresh_age_seconds",
+    "Seconds since the values read from this backend were last refreshed (0: at this scrape); "
+    "while it is down, its values are the last known ones",
+    ["backend"],
+    registry=REGISTRY,
+)
 SOURCES_MISSING = Counter(
     "chronicle_context_sources_missing_total",
     "Context reads and prompt renders refused because a read-only block's object is missing (409 source_missing)",
     registry=REGISTRY,
 )
 _counted: dict[str, int] = {}  # what QUARANTINED already holds, per reason (the table only grows)
+
+PROBE_TIMEOUT_S = 2.0
+"""The longest one backend's probe may take (readiness and metrics answer within about this)."""
+BACKENDS = ("postgres", "nats", "stream")
+_refreshed: dict[str, float] = {}  # backend -> monotonic time its values were last read
 
 READINESS_STALL_S = 60.0
 READINESS_MAX_LAG = 100_000
@@ -82,30 +105,126 @@ class Snapshot:
     quarantined: dict[str, int]
 
 
-async def snapshot(c: Container) -> Snapshot:
-    last = await eventlog.last_seq(c.js, c.layout)
-    async with c.pool.connection() as conn:
+@dataclass(frozen=True, slots=True)
+class Tables:
+    """What Postgres says: checkpoints, its clock, quarantine counts, overlays and failures."""
+
+    checkpoints: dict[str, tuple[int, datetime]]
+    now: datetime
+    quarantined: dict[str, int]
+    overlays: int
+    failures: int
+
+
+@dataclass(frozen=True, slots=True)
+class Probe:
+    """Each backend's answer or the error it gave (a timeout included), asked independently."""
+
+    nats: bool
+    last_seq: int | BaseException  # the stream's last sequence
+    tables: Tables | BaseException
+
+    def snapshot(self) -> Snapshot | None:
+        if isinstance(self.last_seq, BaseException) or isinstance(self.tables, BaseException):
+            return None
+        t = self.tables
+        return Snapshot(self.last_seq, t.checkpoints, t.now, t.quarantined)
+
+
+async def read_tables(c: Container) -> Tables:
+    async with c.pool.connection(timeout=PROBE_TIMEOUT_S) as conn:
         cur = await conn.execute("SELECT name, seq, updated_at FROM checkpoints")
         rows = await cur.fetchall()
-        cur = await conn.execute("SELECT (SELECT count(*) FROM overlays), (SELECT count(*) FROM compaction_failures)")
+        cur = await conn.execute(
+            "SELECT (SELECT count(*) FROM overlays), (SELECT count(*) FROM compaction_failures), now()"
+        )
         row = await cur.fetchone()
         by_reason = await quarantine.counts(conn)
-        cur = await conn.execute("SELECT now()")
-        now_row = await cur.fetchone()
-    if row is not None:
-        OVERLAYS.set(row[0])
-        COMPACTION_FAILURES.set(row[1])
-    assert now_row is not None
-    return Snapshot(last, {str(n): (int(s), at) for n, s, at in rows}, now_row[0], by_reason)
+    assert row is not None
+    return Tables({str(n): (int(s), at) for n, s, at in rows}, row[2], by_reason, int(row[0]), int(row[1]))
 
 
-async def refresh(c: Container) -> dict[str, int]:
-    return _export(await snapshot(c))
+T = TypeVar("T")
+_abandoned: set[asyncio.Task[Any]] = set()  # probes past their bound, ending in the background
+
+
+async def bounded(work: Coroutine[Any, Any, T], timeout_s: float) -> T:
+    """``work``'s result within ``timeout_s``, else :class:`TimeoutError` at once. Work past the
+    bound is cancelled and left to end in the background, not awaited: psycopg's cancellation of
+    a query asks the server, which may be the very one not answering (it then takes many seconds)."""
+    task = asyncio.ensure_future(work)
+    try:
+        done, _ = await asyncio.wait({task}, timeout=timeout_s)
+    except asyncio.CancelledError:
+        task.cancel()
+        raise
+    if task in done:
+        return task.result()
+    task.cancel()
+    _abandoned.add(task)
+    task.add_done_callback(_reap)
+    raise TimeoutError
+
+
+def _reap(task: asyncio.Task[Any]) -> None:
+    _abandoned.discard(task)
+    if not task.cancelled():
+        task.exception()  # retrieved: an abandoned probe's error was already reported as a timeout
+
+
+async def _stream_last_seq(c: Container) -> int:
+    if not c.nc.is_connected:  # reconnecting: asking JetStream would only wait for the timeout
+        raise ConnectionError("NATS is not connected")
+    return await eventlog.last_seq(c.js, c.layout)
+
+
+async def probe(c: Container) -> Probe:
+    """Ask NATS (the connection's state), the stream and Postgres, concurrently, each within
+    :data:`PROBE_TIMEOUT_S`; a failure is kept in its own slot, never raised."""
+    last, tables = await asyncio.gather(
+        bounded(_stream_last_seq(c), PROBE_TIMEOUT_S),
+        bounded(read_tables(c), PROBE_TIMEOUT_S),
+        return_exceptions=True,
+    )
+    return Probe(c.nc.is_connected, last, tables)
+
+
+async def refresh(c: Container) -> Probe:
+    """Probe the backends and export what answered; a backend that did not keeps its last known
+    values (its ``chronicle_metrics_refresh_age_seconds`` grows) and ``chronicle_backend_up`` 0.
+    Never raises for a backend's failure."""
+    found = await probe(c)
+    export(found)
+    return found
+
+
+def export(found: Probe, now: float | None = None) -> dict[str, int]:
+    """Set the gauges from ``found`` (the lags per projector when both stream and Postgres answered)."""
+    now = time.monotonic() if now is None else now
+    up = {
+        "nats": found.nats,
+        "stream": not isinstance(found.last_seq, BaseException),
+        "postgres": not isinstance(found.tables, BaseException),
+    }
+    if not isinstance(found.last_seq, BaseException):
+        STREAM_LAST.set(found.last_seq)
+        _refreshed["stream"] = now
+    if not isinstance(found.tables, BaseException):
+        OVERLAYS.set(found.tables.overlays)
+        COMPACTION_FAILURES.set(found.tables.failures)
+        count_quarantined(found.tables.quarantined)
+        _refreshed["postgres"] = now
+    if found.nats:
+        _refreshed["nats"] = now
+    for backend in BACKENDS:
+        BACKEND_UP.labels(backend).set(1 if up[backend] else 0)
+        if backend in _refreshed:
+            REFRESH_AGE.labels(backend).set(round(now - _refreshed[backend], 3))
+    snap = found.snapshot()
+    return {} if snap is None else _export(snap)
 
 
 def _export(snap: Snapshot) -> dict[str, int]:
-    STREAM_LAST.set(snap.last_seq)
-    count_quarantined(snap.quarantined)
     lags: dict[str, int] = {}
     for name, (seq, _) in snap.checkpoints.items():
         APPLIED.labels(name).set(seq)
@@ -177,49 +296,63 @@ def _unapplied_since(snap: Snapshot, projector: str, partitions: int) -> datetim
     return None
 
 
+def _failure(exc: BaseException) -> str:
+    if isinstance(exc, TimeoutError):
+        return f"no answer within {PROBE_TIMEOUT_S:g}s"
+    return f"{type(exc).__name__}: {exc}".rstrip(": ")
+
+
 async def readiness(c: Container, *, stall_s: float | None = None, max_lag: int | None = None) -> dict[str, Any]:
     """``ready`` is false, with ``reasons``, when NATS or Postgres does not answer, the stream is
     missing or is not the log the read models were made from (``log``: :func:`services.audit.readers.log_mismatch`), a
     projector consumer has stalled while events wait, or the lag passes the threshold
     (``stall_s``/``max_lag``, by default the settings ``readiness_stall_s``/``readiness_max_lag``).
-    ``quarantined`` (counts by reason) is reported and never makes it unready."""
+    ``quarantined`` (counts by reason) is reported and never makes it unready.
+
+    ``nats``, ``stream`` and ``postgres`` are each their own component's answer (:func:`probe`:
+    concurrent, each bounded), so with Postgres down ``nats`` and ``stream`` stay true; ``log`` and
+    the lag need both the stream and Postgres."""
+    found = await refresh(c)
     out: dict[str, Any] = {
-        "nats": False,
-        "postgres": False,
-        "stream": False,
+        "nats": found.nats,
+        "postgres": not isinstance(found.tables, BaseException),
+        "stream": not isinstance(found.last_seq, BaseException),
         "log": False,
         "lag": None,
         "quarantined": {},
     }
     reasons: list[str] = []
-    try:
-        snap = await snapshot(c)
+    if not found.nats:
+        reasons.append("NATS is not connected")
+    elif isinstance(found.last_seq, NotFoundError):
+        reasons.append(f"stream {c.layout.stream} is missing")
+    elif isinstance(found.last_seq, BaseException):
+        reasons.append(f"stream {c.layout.stream} does not answer: {_failure(found.last_seq)}")
+    if isinstance(found.tables, BaseException):
+        reasons.append(f"Postgres does not answer: {_failure(found.tables)}")
+    else:
+        out["quarantined"] = found.tables.quarantined
+    snap = found.snapshot()
+    if snap is not None:
         out["lag"] = _export(snap)
-        out["nats"] = c.nc.is_connected
-        out["postgres"] = out["stream"] = True
-        out["quarantined"] = snap.quarantined
         s = c.settings
         if stall_s is None:
             stall_s = float(getattr(s, "readiness_stall_s", READINESS_STALL_S))
         if max_lag is None:
             max_lag = int(getattr(s, "readiness_max_lag", READINESS_MAX_LAG))
         since = _unapplied_since(snap, s.projector_name, s.partitions)
-        found, out["projection_lag"] = assess(
+        found_reasons, out["projection_lag"] = assess(
             snap, s.projector_name, s.partitions, stall_s=stall_s, max_lag=max_lag, unapplied_since=since
         )
-        reasons.extend(found)
-        mismatch = await log_mismatch(c)
-        out["log"] = mismatch is None
-        if mismatch is not None:
-            reasons.append(f"the read models belong to another log: {mismatch.detail}")
-    except NotFoundError:
-        out["nats"] = c.nc.is_connected
-        reasons.append(f"stream {c.layout.stream} is missing")
-    except Exception as exc:  # readiness reports, it does not raise
-        out["error"] = f"{type(exc).__name__}: {exc}"
-        reasons.append(out["error"])
-    if not out["nats"] and out["stream"]:
-        reasons.append("NATS is not connected")
+        reasons.extend(found_reasons)
+        try:
+            mismatch = await bounded(log_mismatch(c), PROBE_TIMEOUT_S)
+        except Exception as exc:  # readiness reports, it does not raise
+            reasons.append(f"the log binding could not be checked: {_failure(exc)}")
+        else:
+            out["log"] = mismatch is None
+            if mismatch is not None:
+                reasons.append(f"the read models belong to another log: {mismatch.detail}")
     out["reasons"] = reasons
     out["ready"] = not reasons
     return out

@@ -1,4 +1,5 @@
-"""Operator routes: liveness, readiness (503 with its reasons) and Prometheus metrics."""
+"""Operator routes: liveness, readiness (503 with its reasons) and Prometheus metrics (always 200:
+during an outage, the last known values and ``chronicle_backend_up`` say which backend is down)."""
 
 from fastapi import APIRouter, Response
 from fastapi.responses import JSONResponse, PlainTextResponse

@@ -50,7 +50,7 @@ def as_response(body: dict[str, Any]) -> JSONResponse:
     headers = None
     if status == 401:
         headers = {"WWW-Authenticate": "Bearer"}
-    elif status == 429:  # whole seconds, rounded up (RFC 9110); the body has the fraction
+    elif status in (429, 503) and "retry_after" in body:  # whole seconds, rounded up (RFC 9110)
         headers = {"Retry-After": str(max(1, math.ceil(float(body.get("retry_after", 1)))))}
     return JSONResponse(body, status_code=status, media_type="application/problem+json", headers=headers)
 

@@ -58,7 +58,8 @@ def problem_of(exc: BaseException) -> Problem | None:
         return problem(503, "unavailable", "Object storage is unavailable", str(exc))
     if isinstance(exc, psycopg.OperationalError):  # a lost connection, a pool timeout
         log.warning("database unavailable: %s", exc)
-        return problem(503, "unavailable", "The database is unavailable", type(exc).__name__)
+        # the pool answers DatabaseUnreachable within seconds while it knows the database is down
+        return problem(503, "unavailable", "The database is unavailable", type(exc).__name__, retry_after=1)
     if isinstance(exc, nats.errors.Error):  # NATS timeouts, no responders, a closed connection
         log.warning("event log unavailable: %r", exc)
         return problem(503, "unavailable", "The event log is unavailable", type(exc).__name__)

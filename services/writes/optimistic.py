@@ -152,6 +152,8 @@ class OptimisticWriter:
                     else:
                         async with self._pool.connection() as conn:
                             decision = await fast(conn, tip)
+                except psycopg.OperationalError:  # the database is away: the slow way would meet it again
+                    raise
                 except Exception:  # a refusal is only as fresh as the chain: decide again the slow way
                     decision = None
                 if decision is not None and decision.event is None:
