@@ -7,9 +7,10 @@ import contextlib
 import importlib.util
 import json
 import random
+import time
 import uuid
 from collections.abc import AsyncGenerator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Literal, Self
@@ -58,6 +59,20 @@ _NOTHING_WRITTEN = frozenset({"projection_timeout", "contention", "rate_limited"
 # The longest ``retry_after`` the client waits out before a retry: a RateLimited asking for more is
 # raised at once, for the caller to decide (a sleep of minutes inside one call looks like a hang).
 MAX_RETRY_AFTER_S = 60.0
+RETRY_BUDGET_S = 15.0
+"""How long, by default, one call keeps retrying transient failures: past a NATS stream-leader
+election (about 6 s of 503s) or a restart of an API process, with room to spare."""
+
+
+@dataclass(slots=True)
+class _Tries:
+    """One call's attempts so far: how many retries were made, since when, and the pauses slept."""
+
+    retried: int = 0
+    slept: float = 0.0
+    started: float = field(default_factory=time.monotonic)
+
+
 NATS_CONNECT_ATTEMPTS = 3
 """Tries per server of the first NATS connect (a second apart) before it fails as
 :class:`Unavailable`; once connected, the client reconnects for as long as it is open."""
@@ -106,10 +121,15 @@ class ChronicleClient:
     """An async client for one Chronicle API (one tenant, selected by ``api_key``).
 
     * Retries transient failures (connection errors, 502/503/504, ``projection_timeout``,
-      ``contention``, 429 ``rate_limited``) with exponential backoff and jitter, at most
-      ``retries`` times. Requests that are not idempotent are retried only when nothing can have
-      been written (a 429 wrote nothing). After a 429 the client waits at least the server's
-      ``retry_after``; one over ``MAX_RETRY_AFTER_S`` (60 s) raises
+      ``contention``, 429 ``rate_limited``) with exponential backoff (``backoff_s`` doubling up to
+      ``max_backoff_s``, each pause jittered to 0.5-1.5 times): ``retries`` times (4) whatever
+      they take, and beyond that for as long as ``retry_budget_s`` (``RETRY_BUDGET_S``, 15 s)
+      has not passed since the first attempt (the last pause cut to end there), which rides out
+      a NATS stream-leader election (about 6 s of 503s) or an API restart. ``retry_budget_s=0``
+      makes it ``retries`` only; with ``retries=0`` as well, nothing is retried. Requests that
+      are not idempotent are retried only when nothing can have been written (a 429 wrote
+      nothing). After a 429 the client waits at least the server's ``retry_after``; one over
+      ``MAX_RETRY_AFTER_S`` (60 s), or past the budget once the ``retries`` are made, raises
       :class:`~chronicle_sdk.RateLimited` at once instead.
     * Read-your-writes: remembers the ``seq`` of its last write per session and sends it as
       ``min_seq`` on every read of that session (tenant-wide reads send the highest one).
@@ -158,6 +178,7 @@ class ChronicleClient:
         retries: int = 4,
         backoff_s: float = 0.1,
         max_backoff_s: float = 2.0,
+        retry_budget_s: float = RETRY_BUDGET_S,
         conflict_attempts: int = 100,
         transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
@@ -173,6 +194,7 @@ class ChronicleClient:
         self._timeout = timeout_s
         self._api_key = api_key
         self._retries = max(0, retries)
+        self._retry_budget = max(0.0, retry_budget_s)
         self._backoff = backoff_s
         self._max_backoff = max_backoff_s
         self._conflict_attempts = max(1, conflict_attempts)
@@ -244,26 +266,43 @@ class ChronicleClient:
     # -- HTTP -------------------------------------------------------------------------------
 
     def _delay(self, attempt: int) -> float:
-        return float(min(self._max_backoff, self._backoff * 2**attempt) * (0.5 + random.random()))  # noqa: S311
+        return float(min(self._max_backoff, self._backoff * 2 ** min(attempt, 32)) * (0.5 + random.random()))  # noqa: S311
 
-    def _retry_pause(self, err: ChronicleError, attempt: int, safe: bool) -> float | None:
+    def _next_pause(self, tries: _Tries, at_least: float = 0.0) -> float | None:
+        """The pause before retrying, at least ``at_least`` (a 429's ``retry_after``), or None
+        when no retry is left: the first ``retries`` are always made; after them, only while the
+        budget lasts (``retry_budget_s`` from the first attempt: the time passed or the pauses
+        slept, whichever is more), the last pause cut to end with it (none, when ``at_least``
+        does not fit)."""
+        pause = max(self._delay(tries.retried), at_least)
+        if tries.retried < self._retries:
+            return pause
+        left = self._retry_budget - max(tries.slept, time.monotonic() - tries.started)
+        if left <= 0 or at_least > left:
+            return None
+        return min(pause, left)
+
+    def _retry_pause(self, err: ChronicleError, tries: _Tries, safe: bool) -> float | None:
         """Seconds to wait before sending again after the error answer ``err``; None: raise it.
 
-        Transient errors are retried, up to ``retries`` times, when the request is safe to repeat or
-        nothing was written (``projection_timeout``, ``contention``, ``rate_limited``). A
-        :class:`RateLimited` waits at least its ``retry_after``, and is raised at once when that is
-        over :data:`MAX_RETRY_AFTER_S`.
+        Transient errors are retried, within the retry budget (:meth:`_next_pause`), when the
+        request is safe to repeat or nothing was written (``projection_timeout``, ``contention``,
+        ``rate_limited``). A :class:`RateLimited` waits at least its ``retry_after``, and is
+        raised at once when that is over :data:`MAX_RETRY_AFTER_S` or what is left of the budget.
         """
-        if attempt == self._retries or not isinstance(err, TransientError):
+        if not isinstance(err, TransientError) or not (safe or err.code in _NOTHING_WRITTEN):
             return None
-        if not (safe or err.code in _NOTHING_WRITTEN):
-            return None
-        wait = self._delay(attempt)
+        at_least = 0.0
         if isinstance(err, RateLimited) and err.retry_after is not None:
             if err.retry_after > MAX_RETRY_AFTER_S:
                 return None
-            wait = max(wait, err.retry_after)
-        return wait
+            at_least = err.retry_after
+        return self._next_pause(tries, at_least)
+
+    async def _pause(self, tries: _Tries, seconds: float) -> None:
+        tries.retried += 1
+        tries.slept += seconds
+        await self._sleep(seconds)
 
     async def _sleep(self, seconds: float) -> None:
         """The pause between attempts (one place, so that tests can count it instead of waiting)."""
@@ -319,13 +358,13 @@ class ChronicleClient:
             **(headers or {}),
         }
         target = f"{path}?{urlencode([(k, _query_value(v)) for k, v in query])}" if query else path
-        for attempt in range(self._retries + 1):
-            last = attempt == self._retries
+        tries = _Tries()
+        while True:
             try:
                 resp = await self._http.send(method, target, sent, content)
             except TransportError as exc:
-                if (safe or exc.unsent) and not last:
-                    await self._sleep(self._delay(attempt))
+                if (safe or exc.unsent) and (pause := self._next_pause(tries)) is not None:
+                    await self._pause(tries, pause)
                     continue
                 raise Unavailable(f"{method} {path}: {exc}", status=0) from exc
             if resp.status < 400:
@@ -338,12 +377,11 @@ class ChronicleClient:
             except ValueError:
                 payload = text
             err = error_from_problem(resp.status, payload, retry_after=resp.headers.get("retry-after"))
-            pause = self._retry_pause(err, attempt, safe)
+            pause = self._retry_pause(err, tries, safe)
             if pause is not None:
-                await self._sleep(pause)
+                await self._pause(tries, pause)
                 continue
             raise err
-        raise AssertionError("unreachable")
 
     async def stream_lines(self, path: str, params: Mapping[str, Any]) -> AsyncGenerator[bytes, None]:
         """The lines of one GET answer that stays open (``…/events?follow=true``), as they come.
@@ -499,23 +537,23 @@ class ChronicleClient:
         from nats.errors import TimeoutError as NatsTimeout
 
         not_sent: tuple[type[Exception], ...] = (Unavailable, _NatsDown, *_nats_not_sent())
-        for attempt in range(self._retries + 1):
-            last = attempt == self._retries
+        tries = _Tries()
+        while True:
             try:
                 direct = await self._connect_direct(info)  # a closed connection is opened again
                 if not direct.nc.is_connected:  # reconnecting: sent now, it would wait in a buffer
                     raise _NatsDown(f"the connection to NATS at {self.nats_url} is down (reconnecting)")
                 msg = await direct.nc.request(subject, data, timeout=self._timeout)
             except not_sent as exc:  # not sent: nothing can have been written
-                if not last:
-                    await self._sleep(self._delay(attempt))
+                if (pause := self._next_pause(tries)) is not None:
+                    await self._pause(tries, pause)
                     continue
                 if isinstance(exc, Unavailable):
                     raise
                 raise Unavailable(f"{routed.command.name}: NATS at {self.nats_url}: {exc}") from exc
             except NoRespondersError as exc:  # nobody received it: nothing can have been written
-                if not last:
-                    await self._sleep(self._delay(attempt))
+                if (pause := self._next_pause(tries)) is not None:
+                    await self._pause(tries, pause)
                     continue
                 raise Unavailable(f"no command service answers on {subject}: is `chronicle commands` running?") from exc
             except (NatsTimeout, TimeoutError) as exc:
@@ -523,8 +561,8 @@ class ChronicleClient:
                     raise Unauthorized(
                         f"NATS denied the {direct.who}: {direct.errors.denied}", code="nats_unauthorized", status=0
                     ) from exc
-                if safe and not last:
-                    await self._sleep(self._delay(attempt))
+                if safe and (pause := self._next_pause(tries)) is not None:
+                    await self._pause(tries, pause)
                     continue
                 raise Unavailable(f"{routed.command.name}: no reply on {subject} in {self._timeout} s") from exc
             status = reply_status(msg.headers)
@@ -543,12 +581,11 @@ class ChronicleClient:
                     ) from exc
                 return payload
             err = error_from_problem(status or 502, payload)
-            pause = self._retry_pause(err, attempt, safe)
+            pause = self._retry_pause(err, tries, safe)
             if pause is not None:
-                await self._sleep(pause)
+                await self._pause(tries, pause)
                 continue
             raise err
-        raise AssertionError("unreachable")
 
     # -- direct JetStream path --------------------------------------------------------------
 

@@ -33,7 +33,7 @@ from chronicle_sdk import (
     UnknownParent,
     format_session_search,
 )
-from chronicle_sdk.client import MAX_RETRY_AFTER_S
+from chronicle_sdk.client import MAX_RETRY_AFTER_S, RETRY_BUDGET_S
 from chronicle_sdk.errors import error_from_problem
 from chronicle_sdk.tools import MAX_QUERY_CHARS, ToolDefinition, Tools
 from chronicle_sdk.types import NatsPublishing, SearchResult
@@ -55,6 +55,7 @@ class Recorder:
 
     def client(self, **kw: Any) -> ChronicleClient:
         kw.setdefault("backoff_s", 0.0)
+        kw.setdefault("retry_budget_s", 0.0)  # with no pauses, a budget of time would spin: count retries
         return ChronicleClient("http://chronicle.test", "key", transport=httpx.MockTransport(self), **kw)
 
     def bodies(self, method: str = "POST") -> list[Any]:
@@ -602,7 +603,9 @@ class Reply:
 def commanding(nc: FakeNats, errors: Any = None) -> ChronicleClient:
     from chronicle_sdk.client import _Direct, _NatsErrors
 
-    c = ChronicleClient("http://x", "k", nats_url="nats://127.0.0.1:1", via="nats", backoff_s=0.0, retries=2)
+    c = ChronicleClient(
+        "http://x", "k", nats_url="nats://127.0.0.1:1", via="nats", backoff_s=0.0, retries=2, retry_budget_s=0.0
+    )
     c._publishing = NatsPublishing.from_json({**NATS_INFO, "command_prefix": "c.cmd"})
     c._direct = _Direct(nc=nc, publisher=None, errors=errors or _NatsErrors(), who="NKey user U…")  # type: ignore[arg-type]
     return c
@@ -879,3 +882,134 @@ async def test_session_search_treats_arguments_as_the_session_tools_do() -> None
         assert await tools.execute("session_search", {"query": "q"}) == "Error: q: too short"
         assert await tools.execute("session_search", {"query": "x" * MAX_QUERY_CHARS}) == "No results found."
     assert [len(p["q"]) for p in rec.params("/v1/search")] == [1, MAX_QUERY_CHARS]
+
+
+class Election:
+    """A stream-leader election as the client sees it: ``503 unavailable`` (NoStreamResponseError)
+    until ``lasts_s`` of the client's pauses have passed, then the answer. Time is the pauses the
+    client asked for (recorded, not slept)."""
+
+    def __init__(self, lasts_s: float) -> None:
+        self.lasts_s = lasts_s
+        self.slept: list[float] = []
+
+    def answer(self, request: httpx.Request) -> httpx.Response:
+        if sum(self.slept) < self.lasts_s:
+            return problem(503, "unavailable", "NoStreamResponseError")
+        return httpx.Response(200, json={"messages": []})
+
+    def client(self, rec: Recorder, monkeypatch: pytest.MonkeyPatch, **kw: Any) -> ChronicleClient:
+        c = ChronicleClient("http://chronicle.test", "key", transport=httpx.MockTransport(rec), **kw)
+
+        async def sleep(seconds: float) -> None:
+            self.slept.append(seconds)
+
+        monkeypatch.setattr(c, "_sleep", sleep)
+        return c
+
+
+async def test_by_default_a_safe_call_rides_out_a_stream_leader_election(monkeypatch: pytest.MonkeyPatch) -> None:
+    election = Election(lasts_s=6.0)  # what a NATS stream-leader election takes
+    rec = Recorder(election.answer)
+    async with election.client(rec, monkeypatch) as c:
+        assert await Session.create(c, "s").get_history() == []
+    assert sum(election.slept) >= 6.0
+    assert len(rec.requests) == len(election.slept) + 1
+    assert all(p <= 2.0 * 1.5 for p in election.slept)  # capped backoff, jittered
+    assert election.slept[0] <= 0.1 * 1.5  # it starts short
+
+
+async def test_by_default_retrying_ends_when_the_time_budget_is_spent(monkeypatch: pytest.MonkeyPatch) -> None:
+    election = Election(lasts_s=float("inf"))
+    rec = Recorder(election.answer)
+    async with election.client(rec, monkeypatch) as c:
+        with pytest.raises(Unavailable) as caught:
+            await Session.create(c, "s").get_history()
+    assert caught.value.detail == "NoStreamResponseError"
+    assert sum(election.slept) == pytest.approx(RETRY_BUDGET_S)  # the last pause is cut to the budget
+    assert len(rec.requests) == len(election.slept) + 1
+    assert 8 <= len(rec.requests) <= 40  # backed off, not hammering
+
+
+async def test_the_budget_and_the_retries_are_settable(monkeypatch: pytest.MonkeyPatch) -> None:
+    short = Election(lasts_s=float("inf"))
+    rec = Recorder(short.answer)
+    async with short.client(rec, monkeypatch, retries=0, retry_budget_s=1.0) as c:
+        with pytest.raises(Unavailable):
+            await Session.create(c, "s").get_history()
+    assert sum(short.slept) == pytest.approx(1.0)
+
+    counted = Election(lasts_s=float("inf"))
+    rec = Recorder(counted.answer)
+    async with counted.client(rec, monkeypatch, retries=2, retry_budget_s=0) as c:
+        with pytest.raises(Unavailable):
+            await Session.create(c, "s").get_history()
+    assert (len(rec.requests), len(counted.slept)) == (3, 2)
+
+    slow = Election(lasts_s=float("inf"))  # the first retries are made however long they took
+    rec = Recorder(slow.answer)
+    async with slow.client(rec, monkeypatch, retries=3, backoff_s=10.0, max_backoff_s=10.0) as c:
+        with pytest.raises(Unavailable):
+            await Session.create(c, "s").get_history()
+    assert len(slow.slept) == 3
+    assert sum(slow.slept) >= RETRY_BUDGET_S
+
+    off = Election(lasts_s=float("inf"))
+    rec = Recorder(off.answer)
+    async with off.client(rec, monkeypatch, retries=0, retry_budget_s=0) as c:
+        with pytest.raises(Unavailable):
+            await Session.create(c, "s").get_history()
+    assert (len(rec.requests), off.slept) == (1, [])
+
+
+async def test_a_post_that_may_have_run_is_not_retried_within_the_budget(monkeypatch: pytest.MonkeyPatch) -> None:
+    election = Election(lasts_s=float("inf"))
+    rec = Recorder(election.answer)
+    async with election.client(rec, monkeypatch) as c:
+        with pytest.raises(Unavailable):
+            await c.request("POST", "/v1/sessions/s/system-prompt:refresh", idempotent=False)
+    assert (len(rec.requests), election.slept) == (1, [])
+
+
+async def test_a_retry_after_past_the_budget_left_raises_once_the_retries_are_made(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    rec = Recorder(lambda r: rate_limited(RETRY_BUDGET_S * 0.6))
+    election = Election(0)
+    async with election.client(rec, monkeypatch, retries=1) as c:
+        with pytest.raises(RateLimited):
+            await Session.create(c, "s").get_history()
+    assert election.slept == [RETRY_BUDGET_S * 0.6]  # the second would end past the budget
+    assert len(rec.requests) == 2
+
+
+async def test_a_command_over_nats_rides_out_an_election_by_default(monkeypatch: pytest.MonkeyPatch) -> None:
+    import nats.errors
+
+    from chronicle_sdk.client import _Direct, _NatsErrors
+
+    slept: list[float] = []
+    unavailable = Reply(503, {"status": 503, "code": "unavailable", "detail": "NoStreamResponseError"})
+    appended = Reply(201, {"id": "m1", "parent_id": None, "seq": 3, "created": True})
+
+    class Electing(FakeNats):
+        """No command service answers at first, then 503s, until 6 s of pauses have passed."""
+
+        async def request(self, subject: str, data: bytes, timeout: float) -> Any:
+            self.script = [
+                nats.errors.NoRespondersError() if not slept else unavailable if sum(slept) < 6.0 else appended
+            ]
+            return await super().request(subject, data, timeout)
+
+    nc = Electing(appended)
+    c = ChronicleClient("http://x", "k", nats_url="nats://127.0.0.1:1", via="nats")
+    c._publishing = NatsPublishing.from_json({**NATS_INFO, "command_prefix": "c.cmd"})
+    c._direct = _Direct(nc=nc, publisher=None, errors=_NatsErrors(), who="NKey user U…")  # type: ignore[arg-type]
+
+    async def sleep(seconds: float) -> None:
+        slept.append(seconds)
+
+    monkeypatch.setattr(c, "_sleep", sleep)
+    assert (await c.append("s1", msg("m1"))).seq == 3
+    assert len(nc.subjects) == len(slept) + 1
+    assert 6.0 <= sum(slept) <= RETRY_BUDGET_S
