@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import psycopg
-from psycopg_pool import AsyncConnectionPool
+from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 from events.catalog import MessageAppended
 from events.envelope import Event
@@ -152,7 +152,7 @@ class OptimisticWriter:
                     else:
                         async with self._pool.connection() as conn:
                             decision = await fast(conn, tip)
-                except psycopg.OperationalError:  # the database is away: the slow way would meet it again
+                except PoolTimeout:  # no connection (the database is away): the slow way would wait again
                     raise
                 except Exception:  # a refusal is only as fresh as the chain: decide again the slow way
                     decision = None
