@@ -3,10 +3,17 @@
 from __future__ import annotations
 
 from importlib import resources
+from typing import Any
 
 import psycopg
 
 LOCK_KEY = 7_234_001
+
+
+class SchemaTooNew(RuntimeError):
+    """The database was migrated by a newer release than this process: its writes would not be
+    what that schema expects (a vector built the old way, a column left unset), so it refuses to
+    start. ``str()`` says what to do."""
 
 
 def migration_files() -> list[tuple[int, str, str]]:
@@ -41,3 +48,22 @@ async def migrate(conninfo: str, schema: str = "public") -> list[str]:
         finally:
             await conn.execute("SELECT pg_advisory_unlock(%s)", (LOCK_KEY,))
     return applied
+
+
+async def check_schema(conn: psycopg.AsyncConnection[Any]) -> None:
+    """Raise :class:`SchemaTooNew` when ``conn``'s database holds a migration this release does
+    not know (one of a newer release: during a rolling upgrade, a process of the earlier release
+    must not keep writing under the new schema)."""
+    cur = await conn.execute("SELECT to_regclass('schema_migrations') IS NOT NULL")
+    if not (row := await cur.fetchone()) or not row[0]:
+        return  # never migrated: nothing newer
+    cur = await conn.execute("SELECT max(version) FROM schema_migrations")
+    row = await cur.fetchone()
+    newest = row[0] if row else None
+    known = max(version for version, _, _ in migration_files())
+    if newest is not None and newest > known:
+        raise SchemaTooNew(
+            f"the database was migrated to version {newest} by a newer Chronicle; this one knows up to {known}: "
+            "stop this process and run the newer release's (an upgrade stops the earlier release's processes "
+            "before migrating)"
+        )

@@ -182,10 +182,11 @@ def main(argv: list[str] | None = None) -> int:
     from events.sealing import KeyUnavailable
     from events.stream import PartitionMismatch, ReplicasUnavailable, StreamMissing, TooFewReplicas
     from projections.logbinding import LogMismatch
+    from projections.migrate import SchemaTooNew
 
     try:
         return _dispatch(settings, args)
-    except LogMismatch as exc:
+    except (LogMismatch, SchemaTooNew) as exc:
         print(f"chronicle {args.command}: refusing to start: {exc}", file=sys.stderr, flush=True)
         return LOG_MISMATCH_EXIT
     except StreamMissing as exc:  # a tool that reads the log, pointed at a NATS server without it

@@ -9,14 +9,16 @@ import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
+import psycopg
 import pytest
 from nats.js.errors import NotFoundError
 from pydantic import SecretStr
 
 from events.credentials import tenant_nkey_seed
 from events.omitted import OMITTED
+from projections.migrate import migration_files
 from services.bootstrap import open_container
-from services.ops.cli import SETTINGS_EXIT, UNREACHABLE_EXIT
+from services.ops.cli import LOG_MISMATCH_EXIT, SETTINGS_EXIT, UNREACHABLE_EXIT
 from services.ops.localstack import free_port
 from services.settings import Settings
 from tests.conftest import KEYS, TEST_KEK, make_settings, operator_nats, running_stack, tenant_nats_settings
@@ -261,3 +263,16 @@ async def test_a_service_that_cannot_start_says_why_in_one_line(
     if case == "seed-not-admitted":
         assert "nats: authorization failed: the server does not admit this identity" in line
         assert "CHRONICLE_NATS_NKEY_SEED" in line
+
+
+@pytest.mark.parametrize("process", ["api", "projector", "compactor"])
+async def test_a_database_migrated_by_a_newer_release_is_refused_in_one_line(elsewhere: Settings, process: str) -> None:
+    """(During a rolling upgrade a process of the earlier release kept writing under the new schema.)"""
+    assert chronicle_cli(elsewhere, "migrate", timeout=90).returncode == 0
+    with psycopg.connect(elsewhere.database_url, autocommit=True) as conn:
+        conn.execute("INSERT INTO schema_migrations (version, name) VALUES (999, '999_from_the_future.sql')")
+    done = chronicle_cli(elsewhere.model_copy(update={"api_port": free_port()}), process, timeout=90)
+    assert done.returncode == LOG_MISMATCH_EXIT, done.stderr
+    line = one_line(done)
+    assert line.startswith(f"chronicle {process}: refusing to start: the database was migrated to version 999 "), line
+    assert f"this one knows up to {max(v for v, _, _ in migration_files())}" in line
