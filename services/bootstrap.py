@@ -34,7 +34,7 @@ from projections.context import ContextProjection
 from projections.history import HistoryProjection
 from projections.keystore import PgKeyStore
 from projections.logbinding import check_log
-from projections.migrate import migrate
+from projections.migrate import check_schema, migrate
 from projections.overlays import OverlayProjection
 from projections.runner import Projection, ProjectorRunner, partition_checkpoint, read_checkpoint
 from services.compaction.lease import Leases
@@ -530,6 +530,8 @@ async def open_container(
             await when_jetstream_ready(lambda: ensure_stream(js, layout, replicas=settings.stream_replicas), nc=nc)
         else:
             await when_jetstream_ready(lambda: require_stream(js, layout), nc=nc)
+        async with pool.connection() as conn:
+            await check_schema(conn)
         if log_check:
             await check_log_binding(settings, pool, js)
         wrapper = settings.key_wrapper()
@@ -571,7 +573,7 @@ async def open_container(
         context.reserved_buckets = frozenset(
             {settings.originals_bucket, settings.claim_check_bucket, settings.archive_bucket}
         )
-        leases = Leases(settings.database_url)
+        leases = Leases(settings.database_url, settings.compactor_concurrency)
         compaction = CompactionService(
             pool, publisher, commands.optimistic, context, counter, summarizer_of(settings), leases
         )

@@ -191,7 +191,11 @@ class Settings(BaseSettings):
         "state: its durable consumer is deleted when a compactor starts",
     )
     compactor_concurrency: int = Field(
-        default=4, ge=1, le=64, description="sessions one compactor process summarises at once"
+        default=4,
+        ge=1,
+        le=64,
+        description="sessions one compactor process summarises at once; also the manual compactions "
+        "(POST …/compact) one API or command process runs at once (more are 429 rate_limited)",
     )
     compaction_queue: str = Field(
         default="compaction",

@@ -44,20 +44,44 @@ class SessionBusy(Exception):
     """Another compaction of the session holds its lease (in this process or another)."""
 
 
-class Leases:
-    """Takes a session's compaction lease, each on a new connection to ``conninfo``."""
+class LeasesExhausted(Exception):
+    """This process holds as many leases (connections) as it may: a compaction that may not wait
+    is refused rather than opening one more connection."""
 
-    def __init__(self, conninfo: str) -> None:
+
+class Leases:
+    """Takes a session's compaction lease, each on a new connection to ``conninfo``; at most
+    ``limit`` at once in this process (each is a Postgres connection held through a summary: a
+    burst of manual compactions must not use up the server's ``max_connections``)."""
+
+    def __init__(self, conninfo: str, limit: int = 4) -> None:
         self._conninfo = conninfo
+        self._slots = asyncio.Semaphore(limit)
 
     @contextlib.asynccontextmanager
     async def hold(self, tenant: str, session: str, *, wait_s: float = 0) -> AsyncIterator[None]:
         """Hold the session's lease for the body.
 
-        ``wait_s`` 0: :class:`SessionBusy` at once when someone else holds it; otherwise wait up
-        to ``wait_s`` seconds for it (then :class:`TimeoutError`). A wait that is cancelled or
-        times out cancels the query on the server: it leaves no waiter behind.
+        ``wait_s`` 0: :class:`SessionBusy` at once when someone else holds it, and
+        :class:`LeasesExhausted` when this process holds ``limit`` leases; otherwise wait up to
+        ``wait_s`` seconds for a slot and the lease (then :class:`TimeoutError`). A wait that is
+        cancelled or times out cancels the query on the server: it leaves no waiter behind.
         """
+        if wait_s <= 0:
+            if self._slots.locked():
+                raise LeasesExhausted("this process runs as many compactions as it may at once")
+            await self._slots.acquire()
+        else:
+            async with asyncio.timeout(wait_s):
+                await self._slots.acquire()
+        try:
+            async with self._held(tenant, session, wait_s):
+                yield
+        finally:
+            self._slots.release()
+
+    @contextlib.asynccontextmanager
+    async def _held(self, tenant: str, session: str, wait_s: float) -> AsyncIterator[None]:
         conn = await psycopg.AsyncConnection.connect(self._conninfo, autocommit=True, connect_timeout=10)
         try:
             await conn.execute(_KEEPALIVES)

@@ -19,13 +19,14 @@ from events.validation import validation_detail
 from projections import queries
 from projections.overlays import Overlay
 from services.bootstrap import Container
-from services.compaction.lease import SessionBusy
+from services.compaction.lease import LeasesExhausted, SessionBusy
 from services.compaction.summarizers import SummarizerError
 from services.errors import (
     CompactionInProgress,
     InvalidConfig,
     InvalidRequest,
     MessageNotFound,
+    RateLimited,
     SourceMissing,
     SummarizerFailed,
 )
@@ -215,6 +216,8 @@ async def compact(c: Container, tenant: str, sid: str, leaf: str | None) -> Answ
             outcome = await c.compaction.compact(tenant, sid, leaf)
     except SessionBusy as exc:
         raise CompactionInProgress(str(exc)) from exc
+    except LeasesExhausted as exc:  # as many summaries at once as this process may hold connections for
+        raise RateLimited(1.0, f"{exc}; try again shortly") from exc
     except SummarizerError as exc:
         raise SummarizerFailed(summarizer_detail(exc)) from exc
     if outcome.overlay is None:

@@ -14,13 +14,13 @@ from nats.js.errors import NotFoundError
 
 from events.catalog import CompactionRequested
 from services.bootstrap import Container
-from services.compaction.lease import Leases, SessionBusy
+from services.compaction.lease import Leases, LeasesExhausted, SessionBusy
 from services.compaction.queue import KIND, WorkStats
 from services.compaction.ranges import Plan
 from services.compaction.service import Series
 from services.compaction.state import series, still_due
 from services.compaction.summarizers import Summarizer, SummarizerError
-from services.errors import CompactionInProgress
+from services.errors import CompactionInProgress, RateLimited
 from services.requests import writes
 from tests.conftest import make_settings, running_stack
 from tests.integration.test_compaction_queue import (
@@ -250,3 +250,26 @@ async def test_a_wait_for_the_lease_that_times_out_leaves_no_waiter(
         async with other.hold(T, "timeout"):  # released at the end of the body
             pass
         assert await _lease(c, "timeout") == []
+
+
+async def test_a_process_holds_no_more_leases_than_its_limit(nats_url: str, fresh_db: str, s3_endpoint: str) -> None:
+    """Each lease is a Postgres connection held through a summary: a burst of manual compactions
+    is refused beyond the limit (429) rather than using up the server's connections."""
+    leases = Leases(fresh_db, limit=1)
+    async with leases.hold(T, "first"):
+        with pytest.raises(LeasesExhausted):
+            async with leases.hold(T, "second"):
+                pytest.fail("over the limit")
+        with pytest.raises(TimeoutError):  # a request that may wait waits for a slot, bounded
+            async with leases.hold(T, "second", wait_s=0.2):
+                pytest.fail("over the limit")
+    async with leases.hold(T, "second"):  # the slot is free again after the body
+        pass
+    settings = make_settings(nats_url, fresh_db, s3_endpoint=s3_endpoint, compactor_concurrency=1)
+    async with running_stack(settings) as c:
+        c.compaction.summarizer = _Gated("manual", gated=False)
+        await _session(c, "other", DUE)
+        async with c.compaction.leases.hold(T, "busy"):
+            with pytest.raises(RateLimited) as refused:
+                await writes.compact(c, T, "other", None)
+        assert (refused.value.status, refused.value.code, refused.value.retry_after_s) == (429, "rate_limited", 1.0)
