@@ -96,6 +96,7 @@ class Ledger:
     context_writes: list[int] = field(default_factory=list)  # seqs
     context_refused: int = 0  # budget_exceeded answers (expected: some writes are too long)
     compactions: int = 0
+    compactions_busy: int = 0  # 409 compaction_in_progress: the compactor was summarising the session
     created_false_first_try: list[str] = field(default_factory=list)
     created_false_after_retry: int = 0
     retries: int = 0
@@ -144,7 +145,8 @@ class ChaosReport:
         appends = sum(len(v) for v in led.appends.values())
         out = [
             f"writes acknowledged: {led.acknowledged} (appends {appends}, context writes "
-            f"{len(led.context_writes)}, compactions {led.compactions}); budget refusals {led.context_refused}",
+            f"{len(led.context_writes)}, compactions {led.compactions}); budget refusals {led.context_refused}, "
+            f"compactions refused while another ran {led.compactions_busy}",
             f"requests repeated after an error: {led.retries}; created=false after a repeat "
             f"{led.created_false_after_retry}, on a first try {len(led.created_false_first_try)}",
             f"faults injected: {len(self.faults)}",
@@ -274,6 +276,8 @@ class Writers:
         resp, _ = await self.request("POST", f"/v1/sessions/{session}/compact")
         if resp.status_code == 200:
             self._ledger.compactions += 1
+        elif resp.status_code == 409 and resp.json().get("code") == "compaction_in_progress":
+            self._ledger.compactions_busy += 1  # the compactor held the session: its summary stands
         else:
             self._ledger.unexpected.append(f"compact {session}: {resp.status_code} {resp.text[:200]}")
 
