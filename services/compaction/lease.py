@@ -49,6 +49,11 @@ class LeasesExhausted(Exception):
     is refused rather than opening one more connection."""
 
 
+class LeaseWaitTimedOut(TimeoutError):
+    """A wait for a session's lease ran out: another compaction of the session still holds it
+    (or this process's other compactions hold every slot)."""
+
+
 class Leases:
     """Takes a session's compaction lease, each on a new connection to ``conninfo``; at most
     ``limit`` at once in this process (each is a Postgres connection held through a summary: a
@@ -64,16 +69,20 @@ class Leases:
 
         ``wait_s`` 0: :class:`SessionBusy` at once when someone else holds it, and
         :class:`LeasesExhausted` when this process holds ``limit`` leases; otherwise wait up to
-        ``wait_s`` seconds for a slot and the lease (then :class:`TimeoutError`). A wait that is
-        cancelled or times out cancels the query on the server: it leaves no waiter behind.
+        ``wait_s`` seconds for a slot and the lease (then :class:`LeaseWaitTimedOut`, a
+        :class:`TimeoutError`). A wait that is cancelled or times out cancels the query on the
+        server: it leaves no waiter behind.
         """
         if wait_s <= 0:
             if self._slots.locked():
                 raise LeasesExhausted("this process runs as many compactions as it may at once")
             await self._slots.acquire()
         else:
-            async with asyncio.timeout(wait_s):
-                await self._slots.acquire()
+            try:
+                async with asyncio.timeout(wait_s):
+                    await self._slots.acquire()
+            except TimeoutError as exc:
+                raise LeaseWaitTimedOut(f"no lease slot came free in {wait_s:g}s") from exc
         try:
             async with self._held(tenant, session, wait_s):
                 yield
@@ -91,8 +100,11 @@ class Leases:
                 if not (row and row[0]):
                     raise SessionBusy(f"{tenant}/{session} is being compacted by another compactor")
             else:
-                async with asyncio.timeout(wait_s):
-                    await conn.execute(_WAIT, (tenant, session))
+                try:
+                    async with asyncio.timeout(wait_s):
+                        await conn.execute(_WAIT, (tenant, session))
+                except TimeoutError as exc:
+                    raise LeaseWaitTimedOut(f"{tenant}/{session}: its lease stayed held for {wait_s:g}s") from exc
             try:
                 yield
             finally:

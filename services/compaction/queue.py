@@ -31,10 +31,17 @@ then weighs what the holder recorded. Acknowledgement is explicit, never FastStr
   then summarises as the next number. A newer request replaces one being worked on (whose nak
   then redelivers nothing), so without this every newer request (every append) started a series
   of its own: an outage now costs one series per growth step, however many requests;
+* attempts are numbered by the series (the state's ``failed_attempt``), not by deliveries: a nak
+  to wait out the series' backoff, or a wait for the lease, is no attempt;
+* a wait for the lease that runs out (another compaction of the session held it for
+  ``compact_timeout_s``) is no failure: nothing is recorded, the series stays where it is, and the
+  request naks itself for the first backoff delay, to decide after the holder (usually finding
+  nothing due);
 * while a summary runs, a heartbeat (``in_progress``) keeps the request; a compactor that stops
-  answering (killed) loses it after the first backoff delay, and another takes it (the consumer's
-  ``backoff`` and ``max_deliver`` bound that too). A request delivered once more than its attempts
-  (its last attempt died unsettled) records ``compaction.failed`` without summarising.
+  answering (killed) loses it after the first backoff delay, and another takes it (its attempt
+  recorded nothing: the same number is tried again). The consumer's ``max_deliver``
+  (:func:`max_deliveries`) bounds a request's deliveries: its last records ``compaction.failed``
+  without summarising.
 
 Overlay ids are deterministic, so a redelivery never records an overlay twice.
 """
@@ -60,6 +67,7 @@ from events.ids import derived_id
 from events.publisher import HDR_MSG_ID
 from events.sealing import KeyDestroyed
 from events.subjects import SubjectLayout
+from services.compaction.lease import LeaseWaitTimedOut
 from services.compaction.service import Attempt, CompactionService, Series
 
 log = logging.getLogger("chronicle.compactor")
@@ -89,11 +97,20 @@ def after_failure(delivery: int, attempts: int, backoff_s: Sequence[float]) -> R
     return Retry(backoff_s[min(delivery, len(backoff_s)) - 1])
 
 
+def max_deliveries(attempts: int) -> int:
+    """The hard bound on a request's deliveries (the consumer's ``max_deliver``). A delivery is not
+    always an attempt: a request naks itself to wait out its series' backoff or a lease another
+    compaction held past ``compact_timeout_s``, and a killed compactor's attempt records nothing.
+    Attempts are counted by the series (:class:`Series`); this bound only keeps a request from
+    being redelivered forever: its last delivery records ``compaction.failed`` without summarising."""
+    return 4 * attempts + 1
+
+
 def consumer_config(layout: SubjectLayout, durable: str, attempts: int, backoff_s: Sequence[float]) -> ConsumerConfig:
     """The one durable every compactor shares. ``backoff`` paces redeliveries of requests whose
-    compactor went silent (its first entry is the ack wait a heartbeat renews); ``max_deliver``
-    leaves one delivery beyond the attempts, to record the failure of a last attempt that died."""
-    deliveries = attempts + 1
+    compactor went silent (its first entry is the ack wait a heartbeat renews; the last repeats);
+    ``max_deliver``: :func:`max_deliveries`."""
+    deliveries = max_deliveries(attempts)
     return ConsumerConfig(
         durable_name=durable,
         ack_policy=ConsumerAckPolicy.EXPLICIT,
@@ -157,6 +174,7 @@ class WorkStats:
     nothing: int = 0  # requests settled with nothing to record (or no longer due)
     failures: int = 0  # failed attempts (each retried or, on the last, recorded)
     gave_up: int = 0  # requests whose series' attempts ran out (each failure is recorded)
+    busy: int = 0  # waits for a session's lease that ran out (the request is put off, nothing recorded)
     in_flight: int = 0
 
 
@@ -204,7 +222,8 @@ def subscribe(
     ``still_due`` lets a request that the committed compaction state has since seen settled
     (compacted by someone, or no longer over its threshold) be acked without work; None: every
     request runs. ``series_of``: the session's attempt series from the committed state, which a
-    request continues (see the module); None: each request is a series of its own.
+    request continues (see the module); None: each request is a series of its own, its attempts
+    numbered by its deliveries.
     """
     stats = WorkStats()
     busy = SessionLocks()  # one summary of a session at a time in this process
@@ -236,24 +255,19 @@ def subscribe(
             await msg.reject()  # it would fail the same way every time
             return
         key = (req.tenant, req.session)
-        number = delivery  # the attempt's number in the session's series (set in the lease)
-        failure: Exception | None = None  # the attempt's summary error
+        final = delivery >= max_deliveries(attempts)  # JetStream delivers it no more: it decides now
+        attempt: Attempt | None = None  # the summary this delivery runs (numbered in the lease)
+        failure: Exception | None = None  # the attempt's error
         recorded = False  # its compaction.failed, inside the lease
+        wait_s = 0.0
         stats.in_flight += 1
         beat = asyncio.create_task(heartbeat(msg))
         try:
-            if delivery > attempts:  # the last attempt died without settling (killed)
-                attempt = Attempt(req.id, delivery, req.estimate)
-                await _give_up(service, req, attempt, RuntimeError("the last attempt ended without an answer"))
-                stats.gave_up += 1
-                await msg.ack()
-                return
-            wait_s = 0.0
             try:
                 async with (
                     busy.hold(key),  # this process's requests of the session wait here, on no connection
                     service.leases.hold(req.tenant, req.session, wait_s=compact_timeout_s),  # other processes'
-                    asyncio.timeout(compact_timeout_s),  # a dead connection never holds it
+                    asyncio.timeout(2 * compact_timeout_s),  # a stuck query never holds it (the summary: below)
                 ):
                     # weighed inside the lease: a request that waited for it sees what the one before
                     # recorded (an overlay, a skip, or a failed attempt that this one continues)
@@ -263,13 +277,22 @@ def subscribe(
                         stats.nothing += 1
                         await msg.ack()
                         return
-                    if ongoing:  # the next attempt of the series, not the first of a new one
-                        number = max(delivery, running.failed + 1)
+                    # the series' next attempt, or the first of a new one: numbered by what is recorded,
+                    # not by deliveries (a nak to wait, or a wait for the lease, is no attempt)
+                    number = (running.failed + 1 if ongoing else 1) if series_of is not None else delivery
+                    if final:  # its attempts died unsettled (killed), or it was put off too often
+                        error = RuntimeError(f"delivered {delivery} times without an answer")
+                        await _give_up(service, req, Attempt(req.id, number, req.estimate), error)
+                        stats.gave_up += 1
+                        await msg.ack()
+                        return
+                    if ongoing:
                         wait_s = series_wait(running, backoff_s, datetime.now(UTC))
                     if wait_s <= 0:
                         attempt = Attempt(req.id, number, req.estimate)
                         try:
-                            outcome = await service.compact(req.tenant, req.session, attempt=attempt)
+                            async with asyncio.timeout(compact_timeout_s):
+                                outcome = await service.compact(req.tenant, req.session, attempt=attempt)
                         except KeyDestroyed:
                             raise
                         except Exception as exc:
@@ -284,19 +307,38 @@ def subscribe(
                 log.info("%s/%s is erased: nothing to compact", *key)
                 await msg.ack()
                 return
+            except LeaseWaitTimedOut:
+                stats.busy += 1
+                # another compaction of the session outlasted the wait: no attempt ran, nothing is recorded,
+                # the series stays where it is; this request decides after that one (usually: not due)
+                if final:  # JetStream delivers it no more; the holder's compaction settles the session
+                    log.error("compaction of %s/%s: delivered %d times, its lease always held; dropped", *key, delivery)
+                    await msg.ack()
+                else:
+                    log.info("compaction of %s/%s: another compaction holds it; again in %.1fs", *key, backoff_s[0])
+                    await msg.nack(delay=backoff_s[0])
+                return
             except Exception as exc:
+                if attempt is None:  # failed before any summary (the database, NATS): no attempt of the series
+                    log.warning("compaction of %s/%s could not start (delivery %d): %s", *key, delivery, exc)
+                    if final:
+                        await msg.ack()  # JetStream delivers it no more; the state asks again on growth
+                    else:
+                        await msg.nack(delay=backoff_s[0])
+                    return
                 stats.failures += 1
-                match after_failure(number, attempts, backoff_s):
+                match after_failure(attempt.number, attempts, backoff_s):
                     case Retry(delay_s=delay):
                         log.warning(
                             "compaction of %s/%s failed (attempt %d of %d); again in %.1fs: %s",
-                            *key, number, attempts, delay, exc,
+                            *key, attempt.number, attempts, delay, exc,
                         )  # fmt: skip
-                        await msg.nack(delay=delay)  # unrecorded (no lease): the series goes on by delivery
+                        await msg.nack(delay=delay)
                     case GiveUp():
-                        log.error("compaction of %s/%s failed %d times; recorded", *key, number, exc_info=exc)
-                        if not recorded:  # not in the lease, or recording it there failed: here
-                            await _give_up(service, req, Attempt(req.id, number, req.estimate), failure or exc)
+                        log.error("compaction of %s/%s failed %d times; recorded", *key, attempt.number, exc_info=exc)
+                        if not recorded:  # recording it in the lease failed: here
+                            with contextlib.suppress(KeyDestroyed):
+                                await _give_up(service, req, attempt, failure or exc)
                         stats.gave_up += 1
                         await msg.ack()
                 return
@@ -332,4 +374,7 @@ def series_wait(running: Series, backoff_s: Sequence[float], now: datetime) -> f
 
 
 async def _give_up(service: CompactionService, req: CompactionRequested, attempt: Attempt, exc: BaseException) -> None:
-    await service.record_failure(req.tenant, req.session, req.leaf_id, exc, attempt)
+    """Record the attempt's ``compaction.failed``; :class:`KeyDestroyed` when the session is erased
+    (nothing recorded)."""
+    if await service.record_failure(req.tenant, req.session, req.leaf_id, exc, attempt) is None:
+        raise KeyDestroyed(req.tenant, req.session)

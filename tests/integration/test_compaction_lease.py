@@ -14,6 +14,7 @@ from nats.js.errors import NotFoundError
 
 from events.catalog import CompactionRequested
 from services.bootstrap import Container
+from services.compaction import queue
 from services.compaction.lease import Leases, LeasesExhausted, SessionBusy
 from services.compaction.queue import KIND, WorkStats
 from services.compaction.ranges import Plan
@@ -26,6 +27,7 @@ from tests.conftest import make_settings, running_stack
 from tests.integration.test_compaction_queue import (
     POLICY,
     T,
+    _failures,
     _overlays,
     _request,
     _session,
@@ -67,7 +69,7 @@ class _Gated:
 
 
 def _compactor(
-    c: Container, summarizer: Summarizer, *, attempts: int = 3
+    c: Container, summarizer: Summarizer, *, attempts: int = 3, compact_timeout_s: float = 600
 ) -> contextlib.AbstractAsyncContextManager[WorkStats]:
     """What ``chronicle compactor`` runs: a subscriber of the shared durable on a NATS connection of
     its own, with leases of its own, weighing requests against the committed state (and going on
@@ -81,7 +83,9 @@ def _compactor(
         async with c.pool.connection() as conn:
             return await series(conn, c.settings.projector_name, req.tenant, req.session)
 
-    return _subscriber(c, summarizer, attempts=attempts, still_due=due, series_of=series_of)
+    return _subscriber(
+        c, summarizer, attempts=attempts, still_due=due, series_of=series_of, compact_timeout_s=compact_timeout_s
+    )
 
 
 async def _lease(c: Container, sid: str) -> list[tuple[int, bool]]:
@@ -191,12 +195,12 @@ async def test_when_the_holders_connection_ends_the_waiting_compactor_takes_over
                 async with c.pool.connection() as conn:
                     await conn.execute("SELECT pg_terminate_backend(%s)", (holder,))
 
-                async def compacted() -> bool:
-                    return bool(await _overlays(c, "orphan"))
+                async def compacted() -> bool:  # its stats, not the overlay: that is visible before it returns
+                    return other_stats.compactions == 1
 
                 await _until(compacted, "the waiting compactor to take over and compact")
                 assert other.calls == 1
-                assert other_stats.compactions == 1
+                assert len(await _overlays(c, "orphan")) == 1
                 dying.gate.set()  # the old holder finishes its summary late
                 await _until(lambda: _settled(c), "both requests to be settled")
         (overlay,) = await _overlays(c, "orphan")
@@ -273,3 +277,84 @@ async def test_a_process_holds_no_more_leases_than_its_limit(nats_url: str, fres
             with pytest.raises(RateLimited) as refused:
                 await writes.compact(c, T, "other", None)
         assert (refused.value.status, refused.value.code, refused.value.retry_after_s) == (429, "rate_limited", 1.0)
+
+
+async def test_a_wait_for_the_lease_that_runs_out_records_nothing_and_the_request_decides_later(
+    nats_url: str, fresh_db: str, s3_endpoint: str
+) -> None:
+    """Another compaction of the session holds its lease longer than ``compact_timeout_s``, three
+    times over, with one attempt allowed: each wait that runs out puts the request off, records
+    no ``compaction.failed``, calls no summarizer and leaves the series alone; once the lease is
+    free the request decides (here: still due, so it summarises)."""
+    settings = make_settings(nats_url, fresh_db, s3_endpoint=s3_endpoint)
+    async with running_stack(settings) as c:
+        later = _Gated("later", gated=False)
+        # compact_timeout_s bounds the wait for the lease and the summary (enough for this one)
+        async with _compactor(c, later, attempts=1, compact_timeout_s=1.5) as stats:
+            async with Leases(fresh_db).hold(T, "held"):  # the other compaction
+                await _requested(c, "held")
+
+                async def put_off_thrice() -> bool:
+                    return stats.busy >= 3
+
+                await _until(put_off_thrice, "the request to find the lease held three times")
+                assert later.calls == 0
+                assert (stats.failures, stats.gave_up, stats.compactions, stats.nothing) == (0, 0, 0, 0)
+                await c.commands.optimistic.catch_up(T, "held")
+                assert await _failures(c, "held") == []
+                async with c.pool.connection() as conn:
+                    assert (await series(conn, settings.projector_name, T, "held")).failed == 0
+            await _until(lambda: _settled(c), "the request to be decided once the lease is free")
+        assert later.calls == 1
+        (overlay,) = await _overlays(c, "held")
+        assert overlay.summarizer == "later"
+        assert await _failures(c, "held") == []
+        assert (stats.failures, stats.gave_up, stats.compactions) == (0, 0, 1)
+
+
+async def _redelivered_after_a_kill(c: Container, sid: str) -> tuple[_Gated, WorkStats]:
+    """A compactor takes the projector's request of a new session ``sid`` (one attempt allowed)
+    and stops mid-summary without settling it (as a killed process does); another compactor then
+    takes the request, redelivered after the ack wait, until it is settled: that one's
+    summarizer and stats."""
+    dying, other = _Gated("dying"), _Gated("other", gated=False)
+    await _requested(c, sid)
+    async with _compactor(c, dying, attempts=1):
+        await _holding(c, sid, dying)
+    async with _compactor(c, other, attempts=1) as stats:
+        await _until(lambda: _settled(c), "the redelivered request to be settled")
+    return other, stats
+
+
+async def test_an_attempt_that_died_unsettled_is_tried_again_not_counted(
+    nats_url: str, fresh_db: str, s3_endpoint: str
+) -> None:
+    """One attempt allowed; the compactor trying it is killed: it recorded nothing, so the
+    redelivered request (its second delivery) is still that attempt, and summarises."""
+    settings = make_settings(nats_url, fresh_db, s3_endpoint=s3_endpoint)
+    async with running_stack(settings) as c:
+        other, stats = await _redelivered_after_a_kill(c, "died")
+        assert other.calls == 1
+        (overlay,) = await _overlays(c, "died")
+        assert overlay.summarizer == "other"
+        assert (stats.compactions, stats.gave_up) == (1, 0)
+        assert await _failures(c, "died") == []
+
+
+async def test_the_last_delivery_records_the_failure_without_a_summary(
+    nats_url: str, fresh_db: str, s3_endpoint: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The consumer's ``max_deliver`` (here 2) bounds the deliveries of a request that never
+    settles: the last one records ``compaction.failed`` (the series' attempt, 1) and summarises
+    no more."""
+    monkeypatch.setattr(queue, "max_deliveries", lambda attempts: 2)
+    settings = make_settings(nats_url, fresh_db, s3_endpoint=s3_endpoint)
+    async with running_stack(settings) as c:
+        other, stats = await _redelivered_after_a_kill(c, "bound")
+        assert other.calls == 0
+        assert stats.gave_up == 1
+        await c.commands.optimistic.catch_up(T, "bound")
+        ((attempt, error),) = await _failures(c, "bound")
+        assert attempt == 1
+        assert "delivered 2 times without an answer" in error
+        assert await _overlays(c, "bound") == []

@@ -93,6 +93,7 @@ async def _subscriber(
     attempts: int = 3,
     still_due: StillDue | None = None,
     series_of: SeriesOf | None = None,
+    compact_timeout_s: float = 600,
 ) -> AsyncIterator[WorkStats]:
     """A work-queue subscriber on a NATS connection of its own, on the shared durable, with
     leases of its own (each on a connection of its own)."""
@@ -111,6 +112,7 @@ async def _subscriber(
         backoff_s=s.compaction_backoff_s,
         still_due=still_due,
         series_of=series_of,
+        compact_timeout_s=compact_timeout_s,
     )
     await ensure_consumer(
         c.js, c.layout, consumer_config(c.layout, s.compaction_queue, attempts, s.compaction_backoff_s)
@@ -187,10 +189,10 @@ async def test_the_shared_consumer_follows_the_settings(nats_url: str, fresh_db:
         name = settings.compaction_queue
         await ensure_consumer(c.js, c.layout, consumer_config(c.layout, name, 4, (0.5, 1.0)))
         info = await c.js.consumer_info(c.layout.work_stream, name)
-        assert (info.config.max_deliver, info.config.backoff, info.config.ack_wait) == (5, [0.5, 1.0], 0.5)
+        assert (info.config.max_deliver, info.config.backoff, info.config.ack_wait) == (17, [0.5, 1.0], 0.5)
         await ensure_consumer(c.js, c.layout, consumer_config(c.layout, name, 2, (2.0, 3.0, 4.0)))
         info = await c.js.consumer_info(c.layout.work_stream, name)
-        assert (info.config.max_deliver, info.config.backoff) == (3, [2.0, 3.0, 4.0])
+        assert (info.config.max_deliver, info.config.backoff) == (9, [2.0, 3.0, 4.0])
 
 
 async def test_a_failing_summarizer_is_redelivered_with_backoff_each_attempt_recorded_once(
@@ -251,30 +253,6 @@ async def _failed_request(c: Container, sid: str, *, attempts: int) -> tuple[_Fa
 
 async def _settled_after(c: Container, failing: _Failing) -> bool:
     return bool(failing.at) and await _settled(c)
-
-
-async def test_the_last_attempt_that_died_unsettled_is_recorded_once_without_a_summary(
-    nats_url: str, fresh_db: str, s3_endpoint: str
-) -> None:
-    """A compactor killed during the last attempt settles nothing: the extra delivery that
-    ``max_deliver`` leaves records ``compaction.failed`` and summarises no more."""
-    settings = make_settings(nats_url, fresh_db, s3_endpoint=s3_endpoint)
-    async with running_stack(settings) as c:
-        seq = await _session(c, "died")
-        blocking = _Counting("blocking", delay_s=3600)
-        async with _subscriber(c, blocking, attempts=1):
-            await _request(c, "died", seq)
-            await asyncio.wait_for(blocking.entered.wait(), 20)
-        # stopped mid-summary without an ack (as a killed process): the request comes back
-        counting = _Counting("other")
-        async with _subscriber(c, counting, attempts=1) as stats:
-            await _until(lambda: _settled(c), "the request to be settled")
-        assert counting.sessions == []
-        assert stats.gave_up == 1
-        await c.commands.optimistic.catch_up(T, "died")
-        failures = await _failures(c, "died")
-        assert [a for a, _ in failures] == [2]
-        assert "without an answer" in failures[0][1]
 
 
 async def test_a_malformed_request_is_dropped_not_redelivered(nats_url: str, fresh_db: str, s3_endpoint: str) -> None:

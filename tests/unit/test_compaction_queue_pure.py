@@ -5,7 +5,15 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 
 from events.subjects import SubjectLayout
-from services.compaction.queue import GiveUp, Retry, after_failure, consumer_config, request_id, series_wait
+from services.compaction.queue import (
+    GiveUp,
+    Retry,
+    after_failure,
+    consumer_config,
+    max_deliveries,
+    request_id,
+    series_wait,
+)
 from services.compaction.service import Series
 
 
@@ -25,11 +33,16 @@ def test_the_same_decision_has_the_same_request_id() -> None:
     assert request_id("t", "s", None, 7) != request_id("t", "s2", None, 7)
 
 
-def test_the_consumer_bounds_deliveries_one_past_the_attempts() -> None:
+def test_the_consumer_bounds_deliveries_well_past_the_attempts() -> None:
+    """A delivery is not always an attempt (a nak to wait out a series' backoff or a busy lease):
+    the bound leaves room for them, and still ends redelivery."""
     layout = SubjectLayout(stream="S", prefix="p.ev")
     config = consumer_config(layout, "compaction", 3, (0.5, 1.0, 2.0, 4.0, 8.0))
-    assert config.max_deliver == 4
-    assert config.backoff == [0.5, 1.0, 2.0, 4.0]  # never longer than max_deliver (the server refuses that)
+    assert config.max_deliver == max_deliveries(3) == 13
+    assert config.backoff == [0.5, 1.0, 2.0, 4.0, 8.0]  # the last repeats
+    short = consumer_config(layout, "compaction", 1, (0.5, 1.0, 2.0, 4.0, 8.0, 9.0))
+    assert short.max_deliver == 5
+    assert short.backoff == [0.5, 1.0, 2.0, 4.0, 8.0]  # never longer than max_deliver (the server refuses that)
     assert config.filter_subject == "p.ev-work.compaction.>"
     assert layout.work_subject("compaction", "t", "s").startswith("p.ev-work.compaction.")
     assert not layout.work_subject("compaction", "t", "s").startswith(layout.wildcard[:-1])
