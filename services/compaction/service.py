@@ -233,9 +233,30 @@ class CompactionService:
             reason=reason,
             config=cfg,
         )
-        published = await self._pub.publish(skipped, fresh_id_on_foreign=True)  # as an overlay's, below
+        published = await self._publish_unless_erased(skipped)
+        if published is None:
+            return Outcome(None, "the session is erased; nothing recorded", last)
         await self._cond.catch_up(tenant, session)
         return Outcome(None, reason, published.seq)
+
+    async def _publish_unless_erased(self, event: CompactionSkipped | CompactionFailed) -> Published | None:
+        """Publish a skip or a failure unless the session is erased (``None``): at the session's
+        last sequence, after reading ``erasures`` (recorded before ``session.erased`` is
+        published), so an erasure published meanwhile makes it conflict and be weighed again
+        (nothing is published after a session's ``session.erased``). Other events arriving
+        meanwhile (appends) only move the expectation on."""
+        for _ in range(20):
+            last = await self._pub.last_subject_seq(event.tenant, event.session)
+            async with self._pool.connection() as conn:
+                if await queries.is_erased(conn, event.tenant, event.session):
+                    log.info("%s/%s is erased: its %s is not recorded", event.tenant, event.session, event.type)
+                    return None
+            try:
+                # its id derives from the request's (public): taken on another subject, a fresh one (as an overlay's)
+                return await self._pub.publish(event, expected_last_subject_seq=last, fresh_id_on_foreign=True)
+            except ConcurrencyConflict:
+                continue
+        raise ConcurrencyConflict(f"{event.tenant}/{event.session} kept changing: {event.type} not recorded")
 
     async def _publish_unless_changed(
         self, event: CompactionRecorded, expected: int, covered: set[str]
@@ -294,12 +315,13 @@ class CompactionService:
 
     async def record_failure(
         self, tenant: str, session: str, leaf: str | None, exc: BaseException, attempt: Attempt | None = None
-    ) -> Published:
-        """Record ``compaction.failed``: for a work-queue request, with an id derived from the
-        request's and the attempt's number (a redelivered attempt records it once), that number, its estimate
-        and the session's compaction settings now (those it was tried under, unless they changed
-        during the attempt), and wait until the projector has applied it, as a skip: the
-        compaction state asks for the session again only after enough growth."""
+    ) -> Published | None:
+        """Record ``compaction.failed`` (``None``: the session is erased, nothing recorded): for a
+        work-queue request, with an id derived from the request's and the attempt's number (a
+        redelivered attempt records it once), that number, its estimate and the session's
+        compaction settings now (those it was tried under, unless they changed during the
+        attempt), and wait until the projector has applied it, as a skip: the compaction state
+        asks for the session again only after enough growth."""
         config = None
         if attempt is not None:
             async with self._pool.connection() as conn:
@@ -315,7 +337,7 @@ class CompactionService:
             estimate=attempt.estimate if attempt else None,
             config=config,
         )
-        published = await self._pub.publish(failed, fresh_id_on_foreign=True)  # as an overlay's, above
-        if attempt is not None:
+        published = await self._publish_unless_erased(failed)
+        if published is not None and attempt is not None:
             await self._cond.catch_up(tenant, session)
         return published

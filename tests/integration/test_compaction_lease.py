@@ -49,9 +49,10 @@ _HOLDERS = (
 class _Gated:
     """A summarizer that, once entered, waits until the test opens its gate."""
 
-    def __init__(self, name: str, *, gated: bool = True, fails: bool = False) -> None:
+    def __init__(self, name: str, *, gated: bool = True, fails: bool = False, empty: bool = False) -> None:
         self.name = name
         self.fails = fails
+        self.empty = empty
         self.model: str | None = None
         self.calls = 0
         self.entered = asyncio.Event()
@@ -65,7 +66,7 @@ class _Gated:
         await self.gate.wait()
         if self.fails:
             raise SummarizerError(f"{self.name}: the model is down")
-        return f"## Topic\nsummary by {self.name}"
+        return "" if self.empty else f"## Topic\nsummary by {self.name}"
 
 
 def _compactor(
@@ -358,3 +359,33 @@ async def test_the_last_delivery_records_the_failure_without_a_summary(
         assert attempt == 1
         assert "delivered 2 times without an answer" in error
         assert await _overlays(c, "bound") == []
+
+
+@pytest.mark.parametrize("outcome", ["skipped", "failed"])
+async def test_a_session_erased_mid_summary_records_nothing_after_its_erasure(
+    nats_url: str, fresh_db: str, s3_endpoint: str, outcome: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Another process erases the session while a compactor process summarises it; the summary
+    then ends in what would record ``compaction.skipped`` (an empty summary) or
+    ``compaction.failed`` (the summarizer fails, the last attempt): nothing is published after
+    ``session.erased``, and the request is settled."""
+    settings = make_settings(nats_url, fresh_db, s3_endpoint=s3_endpoint)
+    async with running_stack(settings) as c, running_stack(settings, projector=False) as worker:
+        # the compactor process's writer learns of erasures elsewhere by polling (every 2 s): here it
+        # wrote to the session just before the erasure and has not polled since, as any writer in
+        # that window
+        keys = worker.publisher.keys
+        assert keys is not None
+        monkeypatch.setattr(keys, "_ttl", 3600.0)
+        summarizer = _Gated("erased", fails=outcome == "failed", empty=outcome == "skipped")
+        await _requested(c, "erased")
+        async with _compactor(worker, summarizer, attempts=1) as stats:
+            await _holding(c, "erased", summarizer)
+            await keys.for_writing(T, "erased")  # polled now, not again
+            async with running_stack(settings, projector=False) as other:
+                gone = await other.eraser.erase_session(T, "erased")
+            summarizer.gate.set()
+            await _until(lambda: _settled(c), "the request to be settled")
+        assert summarizer.calls == 1
+        assert await c.publisher.last_subject_seq(T, "erased") == gone.seq
+        assert (stats.nothing, stats.compactions, stats.gave_up) == (1, 0, 0)
