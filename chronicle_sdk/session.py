@@ -269,8 +269,10 @@ class Session(ConfigBuilder):
         return [SearchResult.from_json(r) for r in out.get("results", [])]
 
     async def get_events(self, from_seq: int = 1, to_seq: int | None = None) -> list[dict[str, Any]]:
-        """The session's raw events ``{seq, event}``, in order: the stored events, sealed fields opened
-        with the session's key, an erased session's as tombstones (audit).
+        """The session's raw events ``{seq, stored_at, event}``, in order: the stored events, sealed
+        fields opened with the session's key, an erased session's as tombstones (audit).
+        ``stored_at`` is when the stream stored the event (the server's clock); the event's own
+        ``occurred_at`` is what its publisher wrote.
 
         Raw means compact where the event's version is: a ``message.appended`` (v3) or
         ``message.updated`` (v2) with an inline ``message`` leaves out ``message_id``, ``role`` and

@@ -96,18 +96,27 @@ async def session_as_of(c: Container, tenant: str, session: str, as_of_seq: int)
     return state
 
 
+def stored_at(stored: eventlog.StoredEvent) -> str | None:
+    """When the stream stored the event (ISO 8601, UTC): the server's clock, unlike the event's
+    own ``occurred_at``, which its publisher wrote (a tenant publishing straight to the stream may
+    write any time there)."""
+    return stored.time.isoformat().replace("+00:00", "Z") if stored.time is not None else None
+
+
 def replay_record(stored: eventlog.StoredEvent, layout: SubjectLayout, keys: KeyLookup | None) -> dict[str, Any]:
-    """One replayed event as JSON: ``{"seq", "event"}`` (as stored, its sealed fields opened), for
-    an erased session's event ``{"seq", "erased": <its envelope and ids>}``, or for an event the
-    contract refuses ``{"seq", "subject", "refused": {"reason", "detail"}, "raw": {"text"|"base64": ...}}``."""
+    """One replayed event as JSON: ``{"seq", "stored_at", "event"}`` (as stored, its sealed fields
+    opened), for an erased session's event ``{"seq", "stored_at", "erased": <its envelope and
+    ids>}``, or for an event the contract refuses ``{"seq", "stored_at", "subject", "refused":
+    {"reason", "detail"}, "raw": {"text"|"base64": ...}}``."""
+    head = {"seq": stored.seq, "stored_at": stored_at(stored)}
     try:
         event = read_event(stored, layout, keys)
     except Refused as exc:
         refused = {"reason": exc.reason, "detail": exc.detail}
-        return {"seq": stored.seq, "subject": stored.subject, "refused": refused, "raw": raw_text(stored.data)}
+        return {**head, "subject": stored.subject, "refused": refused, "raw": raw_text(stored.data)}
     if event is None:
-        return {"seq": stored.seq, "erased": tombstone_of(stored.data)}
-    return {"seq": stored.seq, "event": _opened(stored.data, keys)}
+        return {**head, "erased": tombstone_of(stored.data)}
+    return {**head, "event": _opened(stored.data, keys)}
 
 
 def _opened(data: bytes, keys: KeyLookup | None) -> dict[str, Any]:
@@ -120,17 +129,19 @@ def event_line(stored: eventlog.StoredEvent, layout: SubjectLayout, keys: KeyLoo
     contract admits them (always a JSON object then; sealed fields opened for the tenant), an
     erased session's event as its tombstone, else the refusal (never the raw bytes, which may not
     be JSON at all)."""
+    head = {"seq": stored.seq, "stored_at": stored_at(stored)}
     try:
         event = read_event(stored, layout, keys)
     except Refused as exc:
         refused = {"reason": exc.reason, "detail": storable_text(exc.detail)}
-        return json.dumps({"seq": stored.seq, "refused": refused}).encode() + b"\n"
+        return json.dumps({**head, "refused": refused}).encode() + b"\n"
     if event is None:
-        return json.dumps({"seq": stored.seq, "erased": tombstone_of(stored.data)}).encode() + b"\n"
+        return json.dumps({**head, "erased": tombstone_of(stored.data)}).encode() + b"\n"
+    prefix = json.dumps(head).encode()[:-1] + b', "event": '  # the stored bytes spliced in as they are
     if b'"sealed"' in stored.data:
         opened = json.dumps(_opened(stored.data, keys), ensure_ascii=False, separators=(",", ":")).encode()
-        return b'{"seq": %d, "event": ' % stored.seq + opened + b"}\n"
-    return b'{"seq": %d, "event": ' % stored.seq + stored.data + b"}\n"
+        return prefix + opened + b"}\n"
+    return prefix + stored.data + b"}\n"
 
 
 def format_table_row(stored: eventlog.StoredEvent, layout: SubjectLayout, keys: KeyLookup | None) -> str:

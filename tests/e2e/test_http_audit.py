@@ -3,7 +3,9 @@ quarantined events, context as of a sequence) and the page itself, over HTTP."""
 
 from __future__ import annotations
 
+import json
 import re
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import httpx
@@ -36,6 +38,18 @@ async def _publish_raw(settings: Settings, tenant: str, sid: str, data: bytes) -
 
 
 # -- the tree ------------------------------------------------------------------------------
+
+
+async def test_each_event_line_says_when_the_stream_stored_it(client: httpx.AsyncClient) -> None:
+    sid = new_sid()
+    await append(client, sid, msg("m1", "hello"))
+    await append(client, sid, msg("m2", "sealed or not, each line is JSON"))
+    lines = [json.loads(line) for line in (await client.get(f"/v1/sessions/{sid}/events")).text.splitlines()]
+    assert [line["event"]["type"] for line in lines] == ["message.appended", "message.appended"]
+    stored = [datetime.fromisoformat(line["stored_at"]) for line in lines]
+    assert stored == sorted(stored)
+    assert abs(stored[-1] - datetime.now(UTC)) < timedelta(minutes=1)
+    assert all(list(line)[:2] == ["seq", "stored_at"] for line in lines)
 
 
 async def test_tree_answers_every_branch_a_page_at_a_time(client: httpx.AsyncClient) -> None:

@@ -6,6 +6,7 @@ import json
 import subprocess
 import sys
 from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
 
 import psycopg
 
@@ -71,6 +72,9 @@ async def test_replay_cli_prints_the_events_in_order(stack: Container, new_id: C
     events = [json.loads(line) for line in out]
     assert [logged_message(e["event"]).message_id for e in events] == ["m0", "m1", "m2"]
     assert [e["seq"] for e in events] == sorted(e["seq"] for e in events)
+    stored = [datetime.fromisoformat(e["stored_at"]) for e in events]  # the stream's clock
+    assert stored == sorted(stored)
+    assert abs(stored[-1] - datetime.now(UTC)) < timedelta(minutes=1)
     table = subprocess.run(
         [*cmd, "--format", "table", "--from-seq", str(events[1]["seq"])],
         env=env,
