@@ -19,6 +19,8 @@ from projections.logbinding import stream_identity
 from services.audit.archive_segments import (
     ArchiveError,
     Manifest,
+    Segment,
+    compare,
     decode,
     encode,
     manifest_key,
@@ -59,6 +61,27 @@ class Checked:
     events: int = 0
     compared: int = 0
     problems: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    """What the stream no longer holds and so nothing could compare: said, not a problem."""
+    archive_last: int = 0
+    """The last sequence the manifest lists (0: none)."""
+    stream_last: int | None = None
+    """The stream's last sequence when the check began (None: the check stopped before it)."""
+
+    @property
+    def reach(self) -> str | None:
+        """How far the archive reaches against the stream (behind is not a problem: runs are
+        incremental; beyond is one, and among the problems); None when no manifest was read."""
+        if self.stream_last is None:
+            return None
+        if self.archive_last > self.stream_last:
+            return f"the archive claims up to sequence {self.archive_last}, beyond the stream's last {self.stream_last}"
+        if self.archive_last == self.stream_last:
+            return f"the archive reaches the stream's last sequence {self.stream_last}"
+        return (
+            f"the archive reaches sequence {self.archive_last}; the stream's last is {self.stream_last}: "
+            f"{self.stream_last - self.archive_last} behind (the next `chronicle archive` adds them)"
+        )
 
     @property
     def ok(self) -> bool:
@@ -139,18 +162,31 @@ async def _unlisted(store: SkillStore, bucket: str, manifest: Manifest) -> list[
 
 
 async def check(c: Container) -> Checked:
-    """Read every segment the manifest lists, check each against the manifest (hash, range,
-    count) and that they follow each other without a gap, that no other segment object lies
-    beside them, and that the archive is this stream's (its creation time); then compare each
-    event with the stream's at its sequence: subject, headers, time and bytes. An event the stream
-    should hold (its range; it refuses deletes) and does not is a problem too."""
+    """Prove the archive complete and equal to the log for the range it covers.
+
+    The manifest must be valid and its segments contiguous from sequence 1 (each starts right
+    after the one before; no overlap, no gap), with no other segment object beside them, and of
+    this stream (its creation time). Each segment must be what its manifest entry says (hash,
+    range, count); its events are then walked in lockstep with the stream's of the same range:
+    every sequence the stream holds there must be archived exactly once and equal (subject,
+    headers, time, bytes), and nothing may be archived beyond the stream's last sequence. What the
+    stream itself no longer holds (before its first sequence, or deleted inside its range: the
+    stream refuses deletes, so only a stream changed outside Chronicle) is not compared and is
+    said as a note, not as a problem. How far the archive reaches is said too: behind the stream
+    is not a problem (each run archives what came since the last)."""
     store, bucket, stream = _store(c), c.settings.archive_bucket, c.layout.stream
     out = Checked()
-    manifest = await _manifest(store, bucket, stream)
+    try:
+        manifest = await _manifest(store, bucket, stream)
+    except ArchiveError as exc:
+        out.problems.append(str(exc))
+        return out
     if manifest is None:
         out.problems.append(f"bucket {bucket!r} holds no archive of stream {stream!r}")
         return out
     info = await c.js.stream_info(stream)  # its identity (creation time) and the range it holds
+    first_held, last_held = int(info.state.first_seq), int(info.state.last_seq)
+    out.archive_last, out.stream_last = manifest.last_seq, last_held
     same_stream = manifest.stream_created == info.created
     if not same_stream:
         out.problems.append(
@@ -160,10 +196,15 @@ async def check(c: Container) -> Checked:
     out.problems.extend(
         f"segment object {key} is not in the manifest" for key in await _unlisted(store, bucket, manifest)
     )
-    first_held = int(info.state.first_seq)
+    if manifest.last_seq > last_held:
+        out.problems.append(
+            f"the manifest claims sequences up to {manifest.last_seq}; the stream's last is {last_held}"
+        )
     after = 0
     for segment in manifest.segments:
-        if segment.first != after + 1:
+        if segment.first != after + 1 and same_stream:
+            await _gap(c, out, segment, after)
+        elif segment.first != after + 1:
             out.problems.append(f"segment {segment.key} starts at {segment.first}, after {after}: a gap")
         after = segment.last
         data = await store.get_bytes(bucket, segment.key)
@@ -179,15 +220,27 @@ async def check(c: Container) -> Checked:
         out.events += len(events)
         if not same_stream:
             continue
-        held = {e.seq: e async for e in eventlog.read(c.js, c.layout, None, segment.first, segment.last)}
-        for archived in events:
-            stored = held.get(archived.seq)
-            if stored is None:
-                if archived.seq >= first_held:
-                    out.problems.append(f"sequence {archived.seq} is archived but missing from the stream")
-                continue  # before the stream's first: the archive is all there is of it
-            if stored != archived:
-                out.problems.append(f"sequence {archived.seq}: the archived event differs from the stream's")
-            else:
-                out.compared += 1
+        held = [e async for e in eventlog.read(c.js, c.layout, None, segment.first, segment.last)]
+        found = compare(segment.key, events, held, first_held, last_held)
+        out.compared += found.equal
+        out.problems.extend(found.problems)
+        out.notes.extend(found.notes)
     return out
+
+
+async def _gap(c: Container, out: Checked, segment: Segment, after: int) -> None:
+    """Sequences between two segments (or before the first): a problem when the stream holds any
+    of them (the archive lost them); a note when it holds none (nothing to archive there)."""
+    first, last = after + 1, segment.first - 1
+    if first > last:  # an overlap (parse_manifest refuses one; said here should it get through)
+        out.problems.append(f"segment {segment.key} starts at {segment.first}, after {after}: an overlap")
+        return
+    held = [e.seq async for e in eventlog.read(c.js, c.layout, None, first, last)]
+    span = f"sequence {first}" if first == last else f"sequences {first}..{last}"
+    if held:
+        out.problems.append(
+            f"segment {segment.key} starts at {segment.first}, after {after}: a gap; the stream holds "
+            f"{len(held)} of {span}, which no segment archives"
+        )
+    else:
+        out.notes.append(f"{span}: the stream holds none of them, so no segment archives them")

@@ -10,7 +10,8 @@ The bytes are base64 so that what is archived is what the stream holds, byte for
 event stays sealed; a quarantined one keeps the bytes that were refused). The gzip header carries
 no name or time, so the same events always make the same segment (a run repeated after a crash
 writes identical objects). The manifest lists the segments with their ranges and SHA-256: it is
-what makes an archive checkable without the stream.
+what makes an archive checkable without the stream. :func:`compare` walks a segment's events in
+lockstep with the stream's of its range (what ``chronicle archive --check`` proves per segment).
 """
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ import binascii
 import gzip
 import hashlib
 import json
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
@@ -148,3 +150,76 @@ def _event(line: str, key: str) -> StoredEvent:
         )
     except (ValueError, KeyError, TypeError, binascii.Error) as exc:
         raise ArchiveError(f"segment {key}: a line is not an archived event: {str(exc)[:200]}") from None
+
+
+@dataclass(slots=True)
+class Comparison:
+    """One segment's events walked in lockstep with the stream's of its range.
+
+    ``equal``: sequences held by both, byte for byte the same. ``problems``: what makes the archive
+    not the log (an event the stream holds and the archive lacks; one they hold differently; one
+    archived beyond the stream's last sequence). ``notes``: what the stream itself no longer holds
+    (before its first sequence, or deleted inside its range), which nothing can compare: not a
+    problem of the archive, but said."""
+
+    equal: int = 0
+    problems: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+
+def compare(
+    key: str, archived: Sequence[StoredEvent], stored: Sequence[StoredEvent], stream_first: int, stream_last: int
+) -> Comparison:
+    """Compare a segment's events (``archived``, in order) with the stream's events of the same
+    range (``stored``, in order, as the stream delivers them: without what it no longer holds).
+    ``stream_first``/``stream_last``: the range the stream holds now. Every sequence either side
+    holds is accounted for exactly once."""
+    out = Comparison()
+    missing: list[int] = []  # held by the stream, not archived
+    differ: list[int] = []
+    beyond: list[int] = []  # archived after the stream's last sequence
+    before: list[int] = []  # archived before the stream's first sequence
+    deleted: list[int] = []  # archived, inside the stream's range, but no longer in the stream
+    i = j = 0
+    while i < len(archived) or j < len(stored):
+        a = archived[i] if i < len(archived) else None
+        s = stored[j] if j < len(stored) else None
+        if a is not None and s is not None and a.seq == s.seq:
+            if a == s:
+                out.equal += 1
+            else:
+                differ.append(a.seq)
+            i, j = i + 1, j + 1
+        elif s is not None and (a is None or s.seq < a.seq):
+            missing.append(s.seq)
+            j += 1
+        else:
+            assert a is not None
+            if a.seq > stream_last:
+                beyond.append(a.seq)
+            elif a.seq < stream_first:
+                before.append(a.seq)
+            else:
+                deleted.append(a.seq)
+            i += 1
+    out.problems += [f"{r} in the stream but missing from the archive ({key})" for r in _ranges(missing)]
+    out.problems += [f"{r}: the archived event differs from the stream's ({key})" for r in _ranges(differ)]
+    out.problems += [f"{r} archived but missing from the stream (its last is {stream_last})" for r in _ranges(beyond)]
+    out.notes += [
+        f"{r} archived, before the stream's first sequence {stream_first}: the archive is all there is of it"
+        for r in _ranges(before)
+    ]
+    out.notes += [f"{r} archived, deleted from the stream since: not compared ({key})" for r in _ranges(deleted)]
+    return out
+
+
+def _ranges(seqs: list[int]) -> list[str]:
+    """``sequence 7``, ``sequences 9..12``: runs of consecutive sequences, each said once."""
+    out: list[str] = []
+    start = 0
+    for k in range(1, len(seqs) + 1):
+        if k == len(seqs) or seqs[k] != seqs[k - 1] + 1:
+            first, last = seqs[start], seqs[k - 1]
+            out.append(f"sequence {first}" if first == last else f"sequences {first}..{last}")
+            start = k
+    return out

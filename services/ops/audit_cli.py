@@ -32,12 +32,16 @@ async def run_archive(settings: Settings, args: argparse.Namespace) -> int:
         try:
             if args.check:
                 checked = await archive.check(c)
+                for note in checked.notes:
+                    print(f"note: {note}")
                 for problem in checked.problems:
                     print(f"problem: {problem}")
                 print(
                     f"checked {checked.segments} segments, {checked.events} events; {checked.compared} equal to the "
                     f"stream's; {len(checked.problems)} problems"
                 )
+                if checked.reach is not None:
+                    print(checked.reach)
                 return 0 if checked.ok else 1
             done = await archive.archive(c, segment_events=args.segment_events, to_seq=args.to_seq)
         except (ArchiveBusy, ArchiveError, ChronicleError, TimeoutError) as exc:  # could not run: not a finding

@@ -112,7 +112,8 @@ def main(argv: list[str] | None = None) -> int:
     p_archive.add_argument(
         "--check",
         action="store_true",
-        help="read the archive back: every segment against its manifest, every event against the stream's",
+        help="prove the archive whole and equal to the stream up to where it reaches: segments contiguous from "
+        "sequence 1, each as its manifest says, every stream event of their ranges archived once and equal",
     )
     p_archive.add_argument("--to-seq", type=int, default=None, help="archive up to this stream sequence")
     p_archive.add_argument("--segment-events", type=int, default=10_000, help="events per segment (default 10,000)")

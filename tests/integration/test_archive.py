@@ -21,6 +21,7 @@ from services.audit import archive
 from services.audit.archive import ArchiveBusy
 from services.audit.archive_segments import (
     ArchiveError,
+    Segment,
     decode,
     encode,
     manifest_key,
@@ -194,7 +195,7 @@ async def test_the_check_finds_an_event_changed_missing_from_the_stream_a_gap_an
     checked = await archive.check(c)
     problems = "\n".join(checked.problems)
     assert f"sequence {events[1].seq}: the archived event differs" in problems
-    assert f"sequence {last.last + 100} is archived but missing from the stream" in problems
+    assert f"sequence {last.last + 100} archived but missing from the stream" in problems
     assert f"segment object {stray} is not in the manifest" in problems
 
     manifest = parse_manifest(await manifest_of(c))
@@ -202,6 +203,120 @@ async def test_the_check_finds_an_event_changed_missing_from_the_stream_a_gap_an
     await store.put_bytes(bucket, manifest_key(c.layout.stream), manifest.model_dump_json().encode())
     gap = await archive.check(c)
     assert any("a gap" in p for p in gap.problems), gap.problems
+
+
+async def _three_segments(c: Container) -> tuple[int, list[Segment]]:
+    """The stream's events archived in three segments of at least three events each: its last
+    sequence and the segments."""
+    await appended(c, "s-1", 9)
+    end = await eventlog.last_seq(c.js, c.layout)
+    await archive.archive(c, segment_events=-(-end // 3))
+    manifest = parse_manifest(await manifest_of(c))
+    assert (len(manifest.segments), manifest.last_seq) == (3, end)
+    return end, manifest.segments
+
+
+async def _events_of(c: Container, segment: Segment) -> list[StoredEvent]:
+    store = c.context.skills
+    assert store is not None
+    data = await store.get_bytes(c.settings.archive_bucket, segment.key)
+    assert data is not None
+    return decode(data, segment)
+
+
+async def _listing(c: Container, segments: list[Segment]) -> None:
+    """The manifest rewritten to list these segments."""
+    store = c.context.skills
+    assert store is not None
+    manifest = parse_manifest(await manifest_of(c)).model_copy(update={"segments": segments})
+    await store.put_bytes(c.settings.archive_bucket, manifest_key(c.layout.stream), manifest.model_dump_json().encode())
+
+
+async def test_a_clean_archive_checks_whole_equal_and_level_with_the_stream(stack: Container) -> None:
+    c = stack
+    end, _ = await _three_segments(c)
+    checked = await archive.check(c)
+    assert checked.ok, checked.problems
+    assert (checked.segments, checked.events, checked.compared, checked.notes) == (3, end, end, [])
+    assert checked.reach == f"the archive reaches the stream's last sequence {end}"
+
+
+async def test_an_event_dropped_from_a_segment_with_its_manifest_entry_fixed_is_a_problem(stack: Container) -> None:
+    c = stack
+    end, segments = await _three_segments(c)
+    middle = segments[1]
+    events = await _events_of(c, middle)
+    dropped = events[1].seq  # inside the range: first, last and order still hold
+    await _rewrite(c, 1, [e for e in events if e.seq != dropped])  # sha256, bytes, count made to match
+    checked = await archive.check(c)
+    assert checked.problems == [f"sequence {dropped} in the stream but missing from the archive ({middle.key})"]
+    assert (checked.events, checked.compared) == (end - 1, end - 1)
+    done = await asyncio.to_thread(cli, c.settings, "--check")
+    assert done.returncode == 1, done.stdout
+    assert f"problem: sequence {dropped} in the stream but missing from the archive" in done.stdout
+    assert f"{end - 1} equal to the stream's; 1 problems" in done.stdout
+
+
+async def test_a_middle_segment_dropped_with_its_manifest_entry_is_a_gap(stack: Container) -> None:
+    c = stack
+    end, segments = await _three_segments(c)
+    store = c.context.skills
+    assert store is not None
+    first, middle, last = segments
+    await store.delete(c.settings.archive_bucket, middle.key)
+    await _listing(c, [first, last])
+    checked = await archive.check(c)
+    assert checked.problems == [
+        f"segment {last.key} starts at {last.first}, after {first.last}: a gap; the stream holds "
+        f"{middle.count} of sequences {middle.first}..{middle.last}, which no segment archives"
+    ]
+    assert checked.reach == f"the archive reaches the stream's last sequence {end}"
+    overlapping = last.model_copy(update={"first": middle.last})  # an edit that makes segments overlap
+    await _listing(c, [first, middle, overlapping])
+    overlap = await archive.check(c)
+    assert any("overlap" in p for p in overlap.problems), overlap.problems
+
+
+async def test_the_last_segment_dropped_with_its_manifest_entry_is_an_archive_behind_not_a_problem(
+    stack: Container,
+) -> None:
+    c = stack
+    end, segments = await _three_segments(c)
+    store = c.context.skills
+    assert store is not None
+    await store.delete(c.settings.archive_bucket, segments[2].key)
+    await _listing(c, segments[:2])
+    checked = await archive.check(c)
+    assert checked.ok, checked.problems
+    behind = end - segments[1].last
+    assert checked.reach == (
+        f"the archive reaches sequence {segments[1].last}; the stream's last is {end}: {behind} behind "
+        "(the next `chronicle archive` adds them)"
+    )
+    done = await asyncio.to_thread(cli, c.settings, "--check")
+    assert done.returncode == 0, done.stdout
+    assert done.stdout.strip().splitlines()[-1] == checked.reach
+
+
+async def test_an_archive_claiming_more_than_the_stream_holds_is_a_problem(stack: Container) -> None:
+    c = stack
+    end, segments = await _three_segments(c)
+    store = c.context.skills
+    assert store is not None
+    template = (await _events_of(c, segments[2]))[-1]
+    invented = [replace(template, seq=end + k) for k in (1, 2, 3)]
+    data = encode(invented)
+    key = segment_key(c.layout.stream, end + 1, end + 3)
+    await store.put_bytes(c.settings.archive_bucket, key, data)
+    await _listing(c, [*segments, segment_of(key, invented, data)])
+    checked = await archive.check(c)
+    assert checked.problems == [
+        f"the manifest claims sequences up to {end + 3}; the stream's last is {end}",
+        f"sequences {end + 1}..{end + 3} archived but missing from the stream (its last is {end})",
+    ]
+    assert checked.reach == f"the archive claims up to sequence {end + 3}, beyond the stream's last {end}"
+    done = await asyncio.to_thread(cli, c.settings, "--check")
+    assert done.returncode == 1, done.stdout
 
 
 async def test_a_run_deletes_what_a_stopped_run_left_unlisted_and_cuts_segments_by_bytes(stack: Container) -> None:

@@ -16,6 +16,7 @@ from services.audit.archive_segments import (
     ArchiveError,
     Manifest,
     Segment,
+    compare,
     decode,
     encode,
     parse_manifest,
@@ -97,3 +98,39 @@ def test_a_manifest_must_be_this_format_with_segments_in_order() -> None:
     with pytest.raises(ArchiveError, match="not valid"):
         parse_manifest(b"{")
     assert FORMAT == "chronicle-archive/1"
+
+
+def _at(*seqs: int) -> list[StoredEvent]:
+    return [StoredEvent(q, "c.ev.acme.p007.s-1", f"event {q}".encode(), {"Nats-Msg-Id": f"e-{q}"}, AT) for q in seqs]
+
+
+def test_a_segment_equal_to_the_streams_range_compares_every_event_and_says_nothing_else() -> None:
+    found = compare("k", _at(1, 2, 3, 5), _at(1, 2, 3, 5), 1, 9)  # 4: the stream never delivered it to either
+    assert (found.equal, found.problems, found.notes) == (4, [], [])
+
+
+def test_events_the_stream_holds_and_the_archive_lacks_or_holds_otherwise_are_problems_said_as_ranges() -> None:
+    archived = _at(1, 4, 6, 7, 8)
+    archived[2] = StoredEvent(6, archived[2].subject, b"edited", archived[2].headers, AT)
+    found = compare("k", archived, _at(1, 2, 3, 4, 6, 7, 8), 1, 8)
+    assert found.problems == [
+        "sequences 2..3 in the stream but missing from the archive (k)",
+        "sequence 6: the archived event differs from the stream's (k)",
+    ]
+    assert found.equal == 4
+
+
+def test_events_archived_beyond_the_streams_last_are_problems() -> None:
+    found = compare("k", _at(8, 9, 10, 11), _at(8, 9), 1, 9)
+    assert found.problems == ["sequences 10..11 archived but missing from the stream (its last is 9)"]
+    assert found.equal == 2
+
+
+def test_what_the_stream_no_longer_holds_is_a_note_not_a_problem() -> None:
+    found = compare("k", _at(1, 2, 3, 4, 5, 6), _at(3, 4, 6), 3, 9)  # 1..2 before its first; 5 deleted
+    assert found.problems == []
+    assert found.notes == [
+        "sequences 1..2 archived, before the stream's first sequence 3: the archive is all there is of it",
+        "sequence 5 archived, deleted from the stream since: not compared (k)",
+    ]
+    assert found.equal == 3
