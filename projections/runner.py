@@ -67,6 +67,12 @@ log = logging.getLogger("chronicle.projector")
 
 NOTIFY_CHANNEL = "chronicle_applied"
 PREPARE_SLICE = 100
+FETCH_CHUNK = 48
+"""At most this many messages per pull request: an event is at most 1 MiB (the stream's limit),
+so what one request has in flight stays under nats-server's default ``max_pending`` of a client
+connection (64 MiB). Past it the server cut the projector off as a slow consumer and the
+messages in flight were lost (a tenant publishing ~1 MB events made that happen: issue of the
+adversarial trial). The batch is still up to ``batch_size``: more requests, each ~0.3 ms."""
 PIPELINE_MAX_ITEMS = 16
 """A batch of at most this many events is applied in pipeline mode: its statements go without
 waiting for each other's answers (a handful of round trips instead of one per statement, what a
@@ -148,10 +154,17 @@ class RunnerStats:
     last_seq: int = 0
     pending: int = 0  # messages the consumer had not delivered yet when the last batch was fetched
     lock_losses: int = 0  # times the advisory lock's session ended under a running runner
+    gaps: int = 0  # deliveries the consumer made that never arrived: re-positioned at the checkpoint
 
 
 class LockLost(Exception):
     """The advisory lock's session ended (the database restarted or closed it): the lock is gone."""
+
+
+class DeliveryGap(Exception):
+    """A message the consumer delivered never arrived (its consumer sequence was skipped: lost in
+    a disconnect, e.g. a slow-consumer cut). Nothing after it may be applied or acknowledged (the
+    consumer acknowledges all up to a sequence): the runner re-positions at its checkpoint."""
 
 
 def partition_checkpoint(projector: str, partition: int) -> str:
@@ -332,6 +345,7 @@ class ProjectorRunner:
     stats: RunnerStats = field(default_factory=RunnerStats)
     _failures: int = field(default=0, init=False, repr=False)  # in a row; a committed batch resets it
     _saved_at: float = field(default=float("-inf"), init=False, repr=False)  # when the checkpoint was last written
+    _delivered: int = field(default=0, init=False, repr=False)  # the consumer sequence of the last delivery seen
 
     @property
     def durable(self) -> str:
@@ -408,7 +422,11 @@ class ProjectorRunner:
 
     async def _consume_all(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
-            await self._consume(await self._position(), stop)
+            try:
+                await self._consume(await self._position(), stop)
+            except DeliveryGap as gap:  # what was committed is before it: the checkpoint is exact
+                self.stats.gaps += 1
+                log.warning("projector %s: %s; re-positioning at its checkpoint", self.name, gap)
 
     async def _connect(self) -> psycopg.AsyncConnection[Any]:
         async with asyncio.timeout(self.connect_timeout_s + 1):
@@ -509,6 +527,7 @@ class ProjectorRunner:
         )
         await self.js.add_consumer(self.layout.stream, config, timeout=self.consumer_timeout_s)
         log.info("projector %s positioned at sequence %d", self.name, checkpoint + 1)
+        self._delivered = 0  # a new consumer: its deliveries are numbered from 1
         return await self.js.pull_subscribe_bind(self.durable, stream=self.layout.stream)
 
     async def _advance_when_idle(self) -> None:
@@ -660,21 +679,38 @@ class ProjectorRunner:
         return selective if len(selective) == len(self.projections) else []
 
     async def _fetch(self, sub: JetStreamContext.PullSubscription) -> list[Msg]:
-        """Up to ``batch_size`` messages: wait for the first, then take what is already pending."""
+        """Up to ``batch_size`` messages: wait for the first, then take what is already pending,
+        ``FETCH_CHUNK`` at a time. :class:`DeliveryGap` when a delivery is missing."""
         try:
-            msgs = await sub.fetch(1, timeout=self.idle_timeout_s)
+            msgs = self._contiguous(await sub.fetch(1, timeout=self.idle_timeout_s))
         except (TimeoutError, nats.errors.TimeoutError):
             self.stats.pending = 0
             return []
         pending = msgs[-1].metadata.num_pending
         while pending > 0 and len(msgs) < self.batch_size:
             try:
-                more = await sub.fetch(min(pending, self.batch_size - len(msgs)), timeout=self.idle_timeout_s)
+                more = await sub.fetch(
+                    min(pending, self.batch_size - len(msgs), FETCH_CHUNK), timeout=self.idle_timeout_s
+                )
             except (TimeoutError, nats.errors.TimeoutError):
                 break
-            msgs.extend(more)
+            msgs.extend(self._contiguous(more))
             pending = more[-1].metadata.num_pending
         self.stats.pending = max(pending, 0)
+        return msgs
+
+    def _contiguous(self, msgs: list[Msg]) -> list[Msg]:
+        """``msgs`` when each is the consumer's next delivery (its consumer sequence one more than
+        the last seen; a redelivery is a new delivery and numbered so too), else
+        :class:`DeliveryGap`: acknowledging past a missing delivery would acknowledge it unapplied."""
+        for m in msgs:
+            delivered = m.metadata.sequence.consumer
+            if delivered != self._delivered + 1:
+                raise DeliveryGap(
+                    f"delivery {self._delivered + 1} of its consumer never arrived (next came {delivered}, "
+                    f"stream sequence {m.metadata.sequence.stream})"
+                )
+            self._delivered = delivered
         return msgs
 
     async def _commit(self, batch: _Batch) -> None:
