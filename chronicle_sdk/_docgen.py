@@ -39,6 +39,7 @@ SECTIONS: list[tuple[str, ModuleType | None, list[str]]] = [
             "RecentHistory",
             "HistoryRowStat",
             "SessionInfo",
+            "ErasureInfo",
             "SearchResult",
             "ContextBlock",
             "SystemPrompt",

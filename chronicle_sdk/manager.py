@@ -12,7 +12,7 @@ from chronicle_sdk.connection import Connection, Via, session_path
 from chronicle_sdk.errors import ChronicleError, InvalidRequest, SessionExists, SessionNotFound
 from chronicle_sdk.session import Session
 from chronicle_sdk.tools import MAX_QUERY_CHARS, SESSION_SEARCH, Tools, arguments_error, arguments_fault
-from chronicle_sdk.types import OMITTED, Compaction, Message, ParentId, SearchResult, SessionInfo
+from chronicle_sdk.types import OMITTED, Compaction, ErasureInfo, Message, ParentId, SearchResult, SessionInfo
 
 NO_RESULTS = "No results found."
 SPLIT_CONTEXT_PREFIX = "[Context from previous session]"
@@ -179,13 +179,19 @@ class SessionManager(ConfigBuilder):
         info = await self.get(child_id)
         return info if info is not None else child
 
-    async def erase(self, session_id: str) -> int:
+    async def erase(self, session_id: str, reason: str | None = None) -> int:
         """Erase a session for good (``POST /v1/sessions/{id}:erase``): its data key is destroyed,
         every row and stored object of it dropped, the log keeps tombstones; writes to it then
         fail (``session_erased``). Returns the sequence of its ``session.erased`` event. Raises
         :class:`SessionNotFound` for a session the log holds nothing of and that has no data key
-        (nothing to erase: the id stays usable)."""
-        out = await self.client.request("POST", session_path(session_id, ":erase"))
+        (nothing to erase: the id stays usable).
+
+        ``reason`` (at most 500 characters, no NUL, else :class:`InvalidRequest` and nothing is
+        erased) is recorded with the erasure, with this API key as who asked, for
+        :meth:`list_erasures`; it is kept after the session is gone: no personal data in it.
+        Erasing again keeps the first record."""
+        body: Any = {"reason": reason} if reason is not None else OMITTED
+        out = await self.client.request("POST", session_path(session_id, ":erase"), body=body)
         self._sessions.pop(session_id, None)
         return int(out["seq"])
 
@@ -321,15 +327,27 @@ class SessionManager(ConfigBuilder):
         updated_at DESC``; any event of a session, an append, a rename, usage, makes it the most
         recent); ``order="created"`` lists them newest created first. Every page unless ``limit``
         is given. Sessions active while the pages are read may be missed, never listed twice."""
-        found: builtins.list[SessionInfo] = []
+        rows = await self._pages("/v1/sessions", "sessions", limit, 200, {"order": order})
+        return [SessionInfo.from_json(s) for s in rows]
+
+    async def list_erasures(self, limit: int | None = None) -> builtins.list[ErasureInfo]:
+        """The tenant's erased sessions, newest first (``GET /v1/erasures``): when, who asked, why,
+        and the sequence of each ``session.erased`` event. Every page unless ``limit`` is given."""
+        return [ErasureInfo.from_json(e) for e in await self._pages("/v1/erasures", "erasures", limit, 500, {})]
+
+    async def _pages(
+        self, path: str, key: str, limit: int | None, most: int, params: dict[str, Any]
+    ) -> builtins.list[dict[str, Any]]:
+        """The ``key`` entries of a tenant-wide list, page after page (at most ``most`` a page)
+        by its ``next_cursor``, until the last page or ``limit`` entries."""
+        found: builtins.list[dict[str, Any]] = []
         cursor: int | str | None = None
         while True:
-            page = 200 if limit is None else min(200, limit - len(found))
-            params: dict[str, Any] = {"limit": page, "order": order}
+            page = {**params, "limit": most if limit is None else min(most, limit - len(found))}
             if cursor is not None:
-                params["cursor"] = cursor
-            out = await self.client.request("GET", "/v1/sessions", params=params, tenant_wide=True)
-            found += [SessionInfo.from_json(s) for s in out.get("sessions", [])]
+                page["cursor"] = cursor
+            out = await self.client.request("GET", path, params=page, tenant_wide=True)
+            found += out.get(key, [])
             cursor = out.get("next_cursor")
             if cursor is None or (limit is not None and len(found) >= limit):
                 return found

@@ -69,6 +69,31 @@ class HistoryRowStat:
 
 
 @dataclass(frozen=True, slots=True)
+class ErasureInfo:
+    """An erased session (``SessionManager.list_erasures``): when, who asked (``tenant:<t>
+    key:<12 hex>`` for an API key, ``operator (chronicle erase)``; None when recorded before this
+    was kept), the reason given, and the sequence of its ``session.erased`` event when known."""
+
+    session_id: str
+    erased_at: datetime | None
+    requested_by: str | None
+    reason: str | None
+    seq: int | None
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> ErasureInfo:
+        """Build from one entry of ``GET /v1/erasures``."""
+        seq = data.get("seq")
+        return cls(
+            session_id=str(data["session_id"]),
+            erased_at=parse_time(data.get("erased_at")),
+            requested_by=data.get("requested_by"),
+            reason=data.get("reason"),
+            seq=int(seq) if seq is not None else None,
+        )
+
+
+@dataclass(frozen=True, slots=True)
 class SessionInfo:
     """A registry entry (``SessionManager.get``/``list``)."""
 

@@ -16,6 +16,7 @@ from events.blobs import BlobRef
 from events.context import CompactionConfig, SessionConfig
 from events.envelope import Event
 from events.messages import body_hash
+from events.validation import NO_NUL_PATTERN
 
 
 class SessionCreated(Event):
@@ -88,15 +89,32 @@ class SessionEnded(Event):
     reason: str = Field(min_length=1, max_length=MAX_END_REASON)
 
 
+MAX_ERASURE_REASON = 500
+"""The longest reason an erasure may give, in characters."""
+MAX_ERASURE_REQUESTER = 200
+"""The longest ``requested_by`` of an erasure, in characters."""
+
+
 class SessionErased(Event):
     """The session's data key was destroyed (:mod:`events.sealing`): its sealed events can never
-    be read again, and projections drop every row of it. Carries no personal data. With
-    ``session == ""`` (the tenant scope): the tenant's tenant-level entries (skills) go too."""
+    be read again, and projections drop every row of it. Carries none of the session's content.
+    With ``session == ""`` (the tenant scope): the tenant's tenant-level entries (skills) go too.
+
+    ``requested_by`` says who asked (``tenant:<t> key:<12 hex>`` for an API key: the start of its
+    SHA-256 as ``CHRONICLE_API_KEYS`` names it; ``operator (chronicle erase)`` for the CLI) and
+    ``reason`` why, the caller's text as given (never sealed: it outlives the erasure, so it must
+    not hold personal data). Both are the erasure's first record: a rerun repeats them. A v1
+    event named neither (upcast: None)."""
 
     TYPE: ClassVar[str] = "session.erased"
-    VERSION: ClassVar[int] = 1
+    VERSION: ClassVar[int] = 2
     type: Literal["session.erased"] = "session.erased"
-    version: Literal[1] = 1
+    version: Literal[2] = 2
+
+    requested_by: str | None = Field(
+        default=None, min_length=1, max_length=MAX_ERASURE_REQUESTER, pattern=NO_NUL_PATTERN
+    )
+    reason: str | None = Field(default=None, max_length=MAX_ERASURE_REASON, pattern=NO_NUL_PATTERN)
 
 
 DERIVED_FIELDS = ("message_id", "role", "body_sha256")

@@ -15,7 +15,7 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, WithJsonSchema
 
 from events import ids
-from events.catalog import MAX_END_REASON, MAX_USAGE_COST, MAX_USAGE_TOKENS
+from events.catalog import MAX_END_REASON, MAX_ERASURE_REASON, MAX_USAGE_COST, MAX_USAGE_TOKENS
 from events.validation import NO_NUL_PATTERN, PRINTABLE_ASCII_PATTERN
 
 STATUS_HEADER = "Chronicle-Status"
@@ -58,6 +58,9 @@ Cost = Annotated[
     float, Field(ge=0, le=MAX_USAGE_COST, strict=True, allow_inf_nan=False), AfterValidator(_no_negative_zero)
 ]
 EndReason = Annotated[str, Field(min_length=1, max_length=MAX_END_REASON)]
+ErasureReason = Annotated[str, Field(max_length=MAX_ERASURE_REASON, pattern=NO_NUL_PATTERN)]
+"""Why a session is erased: the caller's text, kept as given in the log and the erasures record
+(it outlives the session: no personal data)."""
 IdempotencyKey = Annotated[str, Field(min_length=1, max_length=128, pattern=PRINTABLE_ASCII_PATTERN)]
 
 

@@ -45,6 +45,11 @@ def _compaction_failed_v1_to_v2(raw: dict[str, Any]) -> dict[str, Any]:
     return {**raw, "version": 2, "estimate": None, "config": None}
 
 
+def _session_erased_v1_to_v2(raw: dict[str, Any]) -> dict[str, Any]:
+    """v1 erasures did not say who asked or why."""
+    return {**raw, "version": 2, "requested_by": None, "reason": None}
+
+
 # (type, from_version) -> step to from_version + 1.
 UPCASTERS: dict[tuple[str, int], Upcaster] = {
     ("message.appended", 1): _message_appended_v1_to_v2,
@@ -52,6 +57,7 @@ UPCASTERS: dict[tuple[str, int], Upcaster] = {
     ("message.updated", 1): _message_updated_v1_to_v2,
     ("skill.loaded", 1): _skill_loaded_v1_to_v2,
     ("compaction.failed", 1): _compaction_failed_v1_to_v2,
+    ("session.erased", 1): _session_erased_v1_to_v2,
 }
 
 

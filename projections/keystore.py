@@ -276,23 +276,44 @@ class PgKeyStore:
 
     # -- erasing ----------------------------------------------------------------------------
 
-    async def erase(self, tenant: str, sessions: Iterable[str]) -> list[str]:
-        """Destroy the data keys of ``sessions`` and record their erasure; returns the sessions
-        whose erasure is new. Idempotent."""
+    async def erase(
+        self, tenant: str, sessions: Iterable[str], *, requested_by: str | None = None, reason: str | None = None
+    ) -> list[str]:
+        """Destroy the data keys of ``sessions`` and record their erasure (who asked and why);
+        returns the sessions whose erasure is new. Idempotent: a rerun keeps the first record."""
         new: list[str] = []
         async with self._pool.connection() as conn, conn.transaction():
             for session in sorted(set(sessions)):
                 await conn.execute(_LOCK, (tenant, session))
                 await conn.execute("DELETE FROM data_keys WHERE tenant = %s AND session_id = %s", (tenant, session))
                 cur = await conn.execute(
-                    "INSERT INTO erasures (tenant, session_id) VALUES (%s, %s) ON CONFLICT DO NOTHING RETURNING 1",
-                    (tenant, session),
+                    "INSERT INTO erasures (tenant, session_id, requested_by, reason) VALUES (%s, %s, %s, %s) "
+                    "ON CONFLICT DO NOTHING RETURNING 1",
+                    (tenant, session, requested_by, reason),
                 )
                 if await cur.fetchone() is not None:
                     new.append(session)
         for session in sessions:
             self.forget(tenant, session)
         return new
+
+    async def erasure_record(self, tenant: str, session: str) -> tuple[str | None, str | None]:
+        """``(requested_by, reason)`` of the session's recorded erasure (its first record)."""
+        async with self._pool.connection() as conn:
+            cur = await conn.execute(
+                "SELECT requested_by, reason FROM erasures WHERE tenant = %s AND session_id = %s", (tenant, session)
+            )
+            row = await cur.fetchone()
+        return (None, None) if row is None else (row[0], row[1])
+
+    async def note_erasure_seq(self, tenant: str, session: str, seq: int) -> None:
+        """Record the sequence of the erasure's ``session.erased`` event (once: a rerun's is the same
+        event, or a later copy of it that changes nothing)."""
+        async with self._pool.connection() as conn:
+            await conn.execute(
+                "UPDATE erasures SET seq = %s WHERE tenant = %s AND session_id = %s AND seq IS NULL",
+                (seq, tenant, session),
+            )
 
     async def has_key(self, tenant: str, session: str) -> bool:
         """Whether the session has a data key (one was made, and not destroyed)."""

@@ -148,6 +148,28 @@ async def list_sessions(conn: Conn, tenant: str, limit: int, before_seq: int | N
         return await cur.fetchall()
 
 
+@dataclass(frozen=True, slots=True)
+class ErasureRow:
+    session_id: str
+    erased_at: datetime
+    requested_by: str | None
+    reason: str | None
+    seq: int | None
+
+
+async def list_erasures(conn: Conn, tenant: str, limit: int, before: tuple[datetime, str] | None) -> list[ErasureRow]:
+    """The tenant's recorded erasures, newest first (``erased_at``, then session id, descending);
+    ``before`` is the cursor: the last row's ``(erased_at, session_id)``."""
+    async with conn.cursor(row_factory=class_row(ErasureRow)) as cur:
+        await cur.execute(
+            "SELECT session_id, erased_at, requested_by, reason, seq FROM erasures WHERE tenant = %(t)s "
+            "AND (%(at)s::timestamptz IS NULL OR (erased_at, session_id) < (%(at)s, %(s)s)) "
+            "ORDER BY erased_at DESC, session_id DESC LIMIT %(n)s",
+            {"t": tenant, "at": before[0] if before else None, "s": before[1] if before else "", "n": limit},
+        )
+        return await cur.fetchall()
+
+
 ACTIVITY_SHIFT = 16
 """``sessions.activity`` is ``last_seq >> ACTIVITY_SHIFT`` (migration 022's generated column)."""
 # Every touch of a session changes its ``last_seq``, so it is not indexed (the touches stay HOT):

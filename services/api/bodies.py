@@ -9,6 +9,7 @@ from events.commands import (
     MAX_DELETE_IDS,
     Cost,
     EndReason,
+    ErasureReason,
     MessageId,
     MessageJson,
     SessionId,
@@ -51,6 +52,15 @@ class UsageBody(BaseModel):
 class EndBody(BaseModel):
     model_config = _examples({"reason": "compaction"})
     reason: EndReason
+
+
+class EraseBody(BaseModel):
+    model_config = _examples({"reason": "ticket GDPR-1234: the user asked for erasure"})
+    reason: ErasureReason | None = Field(
+        default=None,
+        description="why (at most 500 characters, no NUL): kept as given in the log and the erasure's record "
+        "for auditors, after the session is gone; never put personal data in it",
+    )
 
 
 class AppendBody(BaseModel):

@@ -47,7 +47,16 @@ async def tenant_of(request: Request) -> str:
     return str(tenant)
 
 
+async def requester_of(request: Request) -> str:
+    """Who a request's API key is, as an erasure records it: ``tenant:<t> key:<12 hex>``, the start
+    of the key's SHA-256 as ``CHRONICLE_API_KEYS`` names it (keys have no other id)."""
+    tenant = await tenant_of(request)
+    _, _, token = request.headers.get("authorization", "").partition(" ")
+    return f"tenant:{tenant} key:{hash_key(token.strip())[:12]}"
+
+
 Tenant = Annotated[str, Depends(tenant_of)]
+Requester = Annotated[str, Depends(requester_of)]
 ContainerDep = Annotated[Container, Depends(get_container)]
 MAX_SEQ = 2**63 - 1
 """The largest stream sequence (or cursor) a query parameter may name."""

@@ -81,6 +81,23 @@ class Erased(_Answer):
     objects_deleted: int
 
 
+class ErasureEntry(_Answer):
+    session_id: str = Field(description='the erased session ("": the tenant-level entries of an erased tenant)')
+    erased_at: str
+    requested_by: str | None = Field(
+        description="who asked: `tenant:<t> key:<12 hex>` (an API key: the start of its SHA-256 as "
+        "`CHRONICLE_API_KEYS` names it), `operator (chronicle erase)`; null for an erasure recorded before "
+        "this was kept"
+    )
+    reason: str | None = Field(description="the reason the caller gave, as given")
+    seq: int | None = Field(description="the sequence of its `session.erased` event, when known")
+
+
+class ErasurePage(_Answer):
+    erasures: list[ErasureEntry]
+    next_cursor: str | None = Field(description="the next page's `cursor`, null on the last page")
+
+
 class DataKey(_Answer):
     """The session's data key, for a direct publisher that seals its events (events/sealing.py)."""
 

@@ -2,6 +2,7 @@
 
 import base64
 import logging
+from datetime import UTC, datetime, timedelta
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Query
@@ -9,11 +10,12 @@ from fastapi import APIRouter, Query
 from projections import queries
 from services.api import metrics
 from services.api import models as m
-from services.api.bodies import CreateSessionBody, EndBody, ForkBody, RenameBody, UsageBody
+from services.api.bodies import CreateSessionBody, EndBody, EraseBody, ForkBody, RenameBody, UsageBody
 from services.api.deps import (
     MAX_SEQ,
     ContainerDep,
     MinSeq,
+    Requester,
     Sid,
     Tenant,
     caught_up,
@@ -184,16 +186,69 @@ async def delete_session(sid: Sid, tenant: Tenant, c: ContainerDep) -> dict[str,
 
 
 @router.post("/v1/sessions/{sid}:erase", response_model=None, responses=ok(m.Erased))
-async def erase_session(sid: Sid, tenant: Tenant, c: ContainerDep) -> dict[str, Any]:
+async def erase_session(
+    sid: Sid, tenant: Tenant, requester: Requester, c: ContainerDep, body: EraseBody | None = None
+) -> dict[str, Any]:
     """Erase the session for good (crypto-shredding): its data key is destroyed, so what the log
     holds of it can never be read again; every read-model row and stored object of it is dropped;
     the log keeps tombstones (ids, types, sequences, sizes). Answers once the projections have
-    dropped the rows. Erasing again is harmless. Writes to the session answer 410 afterwards."""
+    dropped the rows. Erasing again is harmless. Writes to the session answer 410 afterwards.
+
+    The erasure records who asked (this API key: `tenant:<t> key:<12 hex>`) and the optional
+    `reason`, in its `session.erased` event and in `GET /v1/erasures`; erasing again keeps the
+    first record. A bad reason (over 500 characters, a NUL) is 422 and nothing is erased."""
     check_id("session", sid)
-    done = await c.eraser.erase_session(tenant, sid)
+    reason = body.reason if body is not None else None
+    done = await c.eraser.erase_session(tenant, sid, requested_by=requester, reason=reason)
     await c.waiter.wait_session(tenant, sid, done.seq)
     metrics.published("session.erased")
     return {"id": sid, "erased": True, "seq": done.seq, "objects_deleted": done.objects_deleted}
+
+
+ERASURE_CURSOR_PATTERN = r"^[0-9]{1,19}\..*$"
+"""An erasures cursor: ``<erased_at in microseconds since the epoch>.<session id>``."""
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_LATEST_MICROS = (datetime.max.replace(tzinfo=UTC) - _EPOCH) // timedelta(microseconds=1)
+
+
+@router.get("/v1/erasures", response_model=None, responses=ok(m.ErasurePage))
+async def list_erasures(
+    tenant: Tenant,
+    c: ContainerDep,
+    limit: Annotated[int, Query(ge=1, le=500)] = 50,
+    cursor: Annotated[
+        str | None,
+        Query(max_length=1024, pattern=ERASURE_CURSOR_PATTERN, description="`next_cursor` of the previous page"),
+    ] = None,
+) -> dict[str, Any]:
+    """The tenant's erased sessions, newest first, a page at a time (``next_cursor``: the next
+    page's ``cursor``, null on the last one): when, who asked (`requested_by`), why (`reason`,
+    as given) and the `seq` of its `session.erased` event (its tombstone in `GET
+    /v1/sessions/{sid}/events`). Erased sessions are in no other list."""
+    after: tuple[datetime, str] | None = None
+    if cursor is not None:
+        no_nul(cursor, "cursor")
+        micros, _, sid = cursor.partition(".")
+        after = (_EPOCH + timedelta(microseconds=min(int(micros), _LATEST_MICROS)), sid)
+    async with c.pool.connection() as conn:
+        rows = await queries.list_erasures(conn, tenant, limit, after)
+    nxt = None
+    if len(rows) == limit:
+        last = rows[-1]
+        nxt = f"{(last.erased_at - _EPOCH) // timedelta(microseconds=1)}.{last.session_id}"
+    return {
+        "erasures": [
+            {
+                "session_id": r.session_id,
+                "erased_at": r.erased_at.isoformat(),
+                "requested_by": r.requested_by,
+                "reason": r.reason,
+                "seq": r.seq,
+            }
+            for r in rows
+        ],
+        "next_cursor": nxt,
+    }
 
 
 @router.get("/v1/sessions/{sid}/data-key", response_model=None, responses=ok(m.DataKey))

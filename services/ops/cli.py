@@ -172,6 +172,12 @@ def main(argv: list[str] | None = None) -> int:
     p_erase.add_argument(
         "--yes", action="store_true", help="erase the whole tenant (without it: print what would go, erase nothing)"
     )
+    p_erase.add_argument(
+        "--reason",
+        default=None,
+        help="why (at most 500 characters, no NUL), recorded with the erasure for auditors (GET /v1/erasures) "
+        "and kept after it: no personal data",
+    )
     p_keys = sub.add_parser("keys", help="key-encryption keys of the data keys")
     keys_sub = p_keys.add_subparsers(dest="keys_command", required=True)
     keys_sub.add_parser("new-kek", help="print a new key-encryption key (put it first in CHRONICLE_KEK)")

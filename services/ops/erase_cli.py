@@ -7,18 +7,24 @@ import json
 import sys
 
 from events import ids
+from events.catalog import MAX_ERASURE_REASON
 from events.ids import TENANT_SCOPE
 from projections.keystore import new_kek_line
 from services.bootstrap import open_container
 from services.errors import SessionNotFound
 from services.settings import Settings
 
+CLI_REQUESTER = "operator (chronicle erase)"
+"""``requested_by`` of an erasure made with this command."""
+
 
 async def run_erase(settings: Settings, args: argparse.Namespace) -> int:
     """Erase one session (``--session``) or, with ``--yes``, every session of the tenant and its
     tenant-level entries; prints one JSON line per session erased. A session that does not exist
     exits 1 (nothing recorded); a whole tenant without ``--yes`` prints what would be erased and
-    exits 1. The stream is never created here: there is nothing to erase in a log that is not."""
+    exits 1. ``--reason`` (at most 500 characters, no NUL; else exit 2, nothing erased) is recorded
+    with each erasure, ``requested_by`` is ``operator (chronicle erase)``. The stream is never
+    created here: there is nothing to erase in a log that is not."""
     try:
         ids.check_tenant(args.tenant)
         if args.session is not None:
@@ -26,11 +32,17 @@ async def run_erase(settings: Settings, args: argparse.Namespace) -> int:
     except ids.InvalidId as exc:
         print(f"chronicle erase: {exc}", file=sys.stderr)
         return 2
+    reason: str | None = getattr(args, "reason", None)
+    if reason is not None and (len(reason) > MAX_ERASURE_REASON or "\x00" in reason):
+        print(f"chronicle erase: --reason: at most {MAX_ERASURE_REASON} characters, no NUL", file=sys.stderr)
+        return 2
     async with open_container(settings, create_stream=False) as c:
         eraser = c.eraser
         if args.session is not None:
             try:
-                done = [await eraser.erase_session(args.tenant, args.session)]
+                done = [
+                    await eraser.erase_session(args.tenant, args.session, requested_by=CLI_REQUESTER, reason=reason)
+                ]
             except SessionNotFound:
                 print(
                     f"chronicle erase: no session {args.session!r} of tenant {args.tenant!r} (no event in the log, "
@@ -48,7 +60,7 @@ async def run_erase(settings: Settings, args: argparse.Namespace) -> int:
             )
             return 1
         else:
-            done = await eraser.erase_tenant(args.tenant)
+            done = await eraser.erase_tenant(args.tenant, requested_by=CLI_REQUESTER, reason=reason)
         for erased in done:
             line = {"tenant": args.tenant, "session": erased.session, "seq": erased.seq}
             line |= {"newly_erased": erased.newly_erased, "objects_deleted": erased.objects_deleted}

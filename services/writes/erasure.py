@@ -67,15 +67,34 @@ class Eraser:
         self._pool = pool
         self._stores = RoutedBlobStores(*stores)  # each reference read and deleted where it says it lives
 
-    async def erase_session(self, tenant: str, session: str, *, must_exist: bool = True) -> Erasure:
+    async def erase_session(
+        self,
+        tenant: str,
+        session: str,
+        *,
+        must_exist: bool = True,
+        requested_by: str | None = None,
+        reason: str | None = None,
+    ) -> Erasure:
         """Erase one session. Unless ``must_exist`` is off (a tenant's erasure: its tenant scope),
         a session the log holds no event of and with no data key is ``404 session_not_found``
         and nothing is recorded: erasing a mistyped id would otherwise burn it for good. An erased
-        session has its ``session.erased`` event: erasing again finds it and changes nothing."""
+        session has its ``session.erased`` event: erasing again finds it and changes nothing.
+
+        ``requested_by`` and ``reason`` (checked by the caller: :data:`~events.catalog.MAX_ERASURE_REASON`,
+        no NUL) are recorded with the erasure and carried by its event; a rerun keeps the first
+        record's (its event is the first one's, byte for byte)."""
         if must_exist and not await self._exists(tenant, session):
             raise SessionNotFound(f"session {session!r} does not exist: nothing to erase")
-        new = await self._keys.erase(tenant, [session])
-        event = SessionErased(id=derived_id("erase", tenant, session), tenant=tenant, session=session)
+        new = await self._keys.erase(tenant, [session], requested_by=requested_by, reason=reason)
+        requested_by, reason = await self._keys.erasure_record(tenant, session)
+        event = SessionErased(
+            id=derived_id("erase", tenant, session),
+            tenant=tenant,
+            session=session,
+            requested_by=requested_by,
+            reason=reason,
+        )
         # The derived id makes a repeated erasure store one event, but anyone may take it first on
         # their own subjects (it is a hash of the tenant and session): then the event goes under a
         # fresh id. The erasure must happen; a second ``session.erased`` (this one, then a rerun's)
@@ -88,6 +107,7 @@ class Eraser:
             # earlier call) and when the projector did not refuse it: one the tenant published itself
             # before the erasure was recorded was quarantined (unrecorded_erasure) and dropped nothing.
             published = await self._pub.publish(event.model_copy(update={"id": new_event_id()}))
+        await self._keys.note_erasure_seq(tenant, session, published.seq)
         deleted = await self._delete_objects(tenant, session, published.seq)
         subject = self._pub.layout.session_subject(tenant, session)
         async with self._pool.connection() as conn:
@@ -96,13 +116,16 @@ class Eraser:
         log.warning("erased %s of tenant %r (event %d, %d objects deleted)", what, tenant, published.seq, deleted)
         return Erasure(session, published.seq, bool(new), deleted)
 
-    async def erase_tenant(self, tenant: str) -> list[Erasure]:
+    async def erase_tenant(
+        self, tenant: str, *, requested_by: str | None = None, reason: str | None = None
+    ) -> list[Erasure]:
         """Every session of ``tenant``, then its tenant-level entries (the tenant scope): its skill
         documents are deleted from their buckets before the skills index goes."""
+        who = {"requested_by": requested_by, "reason": reason}
         sessions = [s for s in await self._keys.sessions_of(tenant) if s != TENANT_SCOPE]
-        done = [await self.erase_session(tenant, s, must_exist=False) for s in sessions]  # each known here
+        done = [await self.erase_session(tenant, s, must_exist=False, **who) for s in sessions]  # each known here
         documents = await self._tenant_objects(tenant) if self._tenant_objects is not None else 0
-        scope = await self.erase_session(tenant, TENANT_SCOPE, must_exist=False)
+        scope = await self.erase_session(tenant, TENANT_SCOPE, must_exist=False, **who)
         done.append(Erasure(scope.session, scope.seq, scope.newly_erased, scope.objects_deleted + documents))
         return done
 

@@ -227,3 +227,19 @@ async def test_compact_and_split_into_a_session_that_is_not_its_child_is_refused
         info = await manager.get(untouched)
         assert info is not None
         assert info.end_reason is None
+
+
+async def test_erase_with_a_reason_is_listed_by_list_erasures(manager: SessionManager) -> None:
+    a = await manager.create("to erase")
+    b = await manager.create("to erase too")
+    seq_a = await manager.erase(a.id, reason="ticket 42")
+    await manager.erase(b.id)
+    listed = {e.session_id: e for e in await manager.list_erasures()}
+    assert (listed[a.id].reason, listed[a.id].seq) == ("ticket 42", seq_a)
+    assert listed[b.id].reason is None
+    assert (listed[a.id].requested_by or "").startswith("tenant:tenant-a key:")
+    assert [e.session_id for e in await manager.list_erasures(limit=2)] == [b.id, a.id]
+    c = await manager.create("kept")
+    with pytest.raises(InvalidRequest):
+        await manager.erase(c.id, reason="x" * 501)
+    assert await manager.get(c.id) is not None
