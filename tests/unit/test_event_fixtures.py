@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from events.catalog import EVENT_TYPES, CompactionFailed, MessageAppended, MessageBodyEvent, SkillLoaded
+from events.catalog import EVENT_TYPES, CompactionFailed, MessageAppended, MessageBodyEvent, SessionErased, SkillLoaded
 from events.messages import body_hash
 from events.registry import CURRENT, decode
 
@@ -86,6 +86,18 @@ def test_skill_loaded_v1_is_lifted_to_v2_without_a_tool_call() -> None:
     event = decode((FIXTURES / "skill.loaded.v1.json").read_bytes())
     assert isinstance(event, SkillLoaded)
     assert (event.version, event.tool_call_id, event.key) == (2, None, "tax")
+
+
+def test_session_erased_v1_is_lifted_to_v2_naming_no_requester_or_reason() -> None:
+    event = decode((FIXTURES / "session.erased.v1.json").read_bytes())
+    assert isinstance(event, SessionErased)
+    assert (event.version, event.requested_by, event.reason) == (2, None, None)
+
+
+def test_session_erased_refuses_a_reason_over_500_characters_or_with_nul() -> None:
+    for reason in ("x" * 501, "a\x00b"):
+        with pytest.raises(ValueError, match="reason"):
+            SessionErased(tenant="acme", session="s", reason=reason)
 
 
 def test_compaction_failed_v1_is_lifted_to_v2_holding_nothing() -> None:
