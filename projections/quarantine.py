@@ -17,7 +17,7 @@ import psycopg
 from events.admission import Reason, Refused, admit
 from events.catalog import SessionErased
 from events.envelope import Event
-from events.sealing import KeyDestroyed, KeyReader
+from events.sealing import KeyDestroyed, KeyLookup, KeyReader
 from events.subjects import SubjectLayout
 
 log = logging.getLogger("chronicle.quarantine")
@@ -69,7 +69,10 @@ def screen(
 ) -> tuple[int, Event] | Quarantined | Tombstone:
     """The admitted ``(seq, event)``, the quarantine item the contract's refusal makes, or a
     :class:`Tombstone` for an event of an erased session (its key destroyed, or its erasure
-    recorded: nothing of an erased session is materialised, whether sealed or not). The
+    recorded: nothing of an erased session is materialised, whether sealed or not). A refused
+    event under an erased session's subject is a tombstone too, never quarantined (its raw bytes
+    are the session's): the subject decides, so the live projector (whose erasure deletes what it
+    quarantined before) and a rebuild (which knows every erasure) agree. The
     ``session.erased`` event itself is admitted (projections drop the session's rows) only when
     ``keys`` knows the erasure as recorded: the real erasure records it (and destroys the key)
     before publishing the event, so one that is not recorded was published by the tenant itself
@@ -81,6 +84,8 @@ def screen(
     except KeyDestroyed:
         return Tombstone(seq, subject)
     except Refused as exc:
+        if keys is not None and subject_erased(subject, layout, keys):
+            return Tombstone(seq, subject)  # its raw bytes are the erased session's: never stored again
         return refused_item(seq, subject, data, exc)
     if keys is not None:
         if isinstance(event, SessionErased):
@@ -90,6 +95,18 @@ def screen(
         elif keys.erased(event.tenant, event.session):
             return Tombstone(seq, subject)
     return seq, event
+
+
+def subject_erased(subject: str, layout: SubjectLayout, keys: KeyLookup) -> bool:
+    """Whether ``subject`` is the session subject of a session ``keys`` knows as erased. The
+    subject decides (the session a stored message is filed under, whatever its bytes say): a
+    refused event of an erased session is a tombstone, never quarantined (its raw bytes are that
+    session's content). A subject that names no session decides nothing here."""
+    try:
+        tenant, session = layout.parse(subject)
+    except ValueError:
+        return False
+    return layout.session_subject(tenant, session) == subject and keys.erased(tenant, session)
 
 
 def refused_item(seq: int, subject: str, data: bytes, exc: Refused) -> Quarantined:

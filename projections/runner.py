@@ -616,6 +616,7 @@ class ProjectorRunner:
             chunk = msgs[start : start + PREPARE_SLICE]
             if self.keys is not None:
                 await self.keys.load(self._wanted_keys(chunk))
+            screened: list[tuple[Msg, int, tuple[int, Event] | Quarantined | Tombstone]] = []
             for m in chunk:
                 seq = m.metadata.sequence.stream
                 if selective and not self._wanted_stored(selective, m):
@@ -626,14 +627,9 @@ class ProjectorRunner:
                     # a key made since this session was asked about, named where kid_in did not see it
                     await self.keys.load([(*self.layout.parse(m.subject), _sealed_kid(m.data))])
                     decided = screen(seq, m.subject, m.data, self.layout, self.keys)
-                if (
-                    isinstance(decided, Quarantined)
-                    and isinstance(self.keys, PgKeyStore)
-                    and decided.reason == "unrecorded_erasure"
-                ):
-                    # an erasure recorded since this session was asked about is read, not guessed
-                    await self.keys.refresh([self.layout.parse(m.subject)])
-                    decided = screen(seq, m.subject, m.data, self.layout, self.keys)
+                screened.append((m, seq, decided))
+            screened = await self._recheck_erasures(screened)
+            for _, seq, decided in screened:
                 if isinstance(decided, Quarantined):
                     refused.append(decided)
                 elif isinstance(decided, Tombstone):
@@ -652,6 +648,29 @@ class ProjectorRunner:
         top = max(m.metadata.sequence.stream for m in msgs)
         left_out = (msgs, self._generations(selective)) if len(sources) < len(msgs) else None
         return _Batch(msgs[-1], top, items, prepared, refused, sources, left_out, passed)
+
+    async def _recheck_erasures(
+        self, screened: list[tuple[Msg, int, tuple[int, Event] | Quarantined | Tombstone]]
+    ) -> list[tuple[Msg, int, tuple[int, Event] | Quarantined | Tombstone]]:
+        """Screen the quarantine items of session subjects again after asking the database (once
+        for the chunk) whether their sessions are erased: an erasure recorded since a session was
+        asked about is read, not guessed. A refused event of an erased session is a tombstone (its
+        raw bytes are the session's), and a ``session.erased`` that was unrecorded may be recorded
+        now. Refusals are rare: a chunk without one asks nothing."""
+        if not isinstance(self.keys, PgKeyStore):
+            return screened
+        sessions: set[tuple[str, str]] = set()
+        for m, _, decided in screened:
+            if isinstance(decided, Quarantined):
+                with contextlib.suppress(ValueError):
+                    sessions.add(self.layout.parse(m.subject))
+        if not sessions:
+            return screened
+        await self.keys.refresh(sessions)
+        return [
+            (m, seq, screen(seq, m.subject, m.data, self.layout, self.keys) if isinstance(d, Quarantined) else d)
+            for m, seq, d in screened
+        ]
 
     def _wanted_keys(self, msgs: Sequence[Msg]) -> set[tuple[str, str, str | None]]:
         """(tenant, session, key id) of every message: its subject's (the subject is the

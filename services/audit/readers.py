@@ -22,7 +22,7 @@ from events.sealing import SEALED, KeyDestroyed, KeyLookup, tombstone_of, unseal
 from events.subjects import SubjectLayout
 from projections import context_queries, queries
 from projections.logbinding import LogMismatch, bind, check_log, stream_identity
-from projections.quarantine import UNRECORDED, storable_text
+from projections.quarantine import UNRECORDED, storable_text, subject_erased
 from projections.rebuild import (
     TABLES,
     Horizon,
@@ -67,11 +67,16 @@ async def session_events(
 
 def read_event(stored: eventlog.StoredEvent, layout: SubjectLayout, keys: KeyLookup | None) -> Event | None:
     """The admitted event (sealed fields opened), None for a tombstone (an erased session's
-    event: its key destroyed, or its erasure recorded), or :class:`Refused`."""
+    event: its key destroyed, or its erasure recorded; decided by the subject, so also for an
+    event the contract refuses: its raw bytes are the session's), or :class:`Refused`."""
     try:
         event = admit(stored.data, stored.subject, layout, keys)
     except KeyDestroyed:
         return None
+    except Refused:
+        if keys is not None and subject_erased(stored.subject, layout, keys):
+            return None  # a refused event of an erased session: as the projector, a tombstone
+        raise
     if keys is not None and isinstance(event, SessionErased) and not keys.erased(event.tenant, event.session):
         raise Refused("unrecorded_erasure", UNRECORDED)  # as the projector quarantines it
     if keys is not None and not isinstance(event, SessionErased) and keys.erased(event.tenant, event.session):
