@@ -360,3 +360,27 @@ async def test_a_thousand_message_session_is_paged(page: Page, view_client: http
         "1000 messages on the latest branch, the last 50 shown"
     )
     await expect(page.get_by_test_id("asof-message")).to_have_count(50)
+
+
+async def test_a_session_erased_after_opening_shows_its_events_as_tombstones_on_the_timeline(
+    page: Page, view_client: httpx.AsyncClient
+) -> None:
+    """(A tombstone line, neither an event nor a refusal, made the timeline throw.)"""
+    sid = new_sid("audit-erased")
+    r = await view_client.post("/v1/sessions", json={"id": sid, "name": "soon erased"})
+    assert r.status_code == 201, r.text
+    r = await view_client.post(f"/v1/sessions/{sid}/messages", json={"message": msg("m1", "erased text")})
+    assert r.status_code == 201, r.text
+    await sign_in(page)
+    await page.get_by_test_id("session-filter").fill(sid)
+    await page.locator(f'[data-testid="session-item"][data-sid="{sid}"] button').click()
+    await expect(page.get_by_test_id("session-title")).to_have_text("soon erased")
+    erased = await view_client.post(f"/v1/sessions/{sid}:erase")
+    assert erased.status_code == 200, erased.text
+    await page.get_by_test_id("tab-timeline").click()
+    rows = page.get_by_test_id("event")
+    await expect(rows).to_have_count(3)  # created, appended (tombstones), then session.erased itself
+    await expect(rows.nth(0)).to_contain_text("erased: session.created")
+    await expect(rows.nth(1)).to_contain_text("erased: message.appended")
+    await expect(rows.nth(1)).not_to_contain_text("erased text")
+    await expect(rows.nth(2)).to_contain_text("session.erased")

@@ -229,21 +229,29 @@ async function loadEvents() {
   S.events = events;
 }
 
-function eventRow(e) {
+// a line is an event, a refusal, or an erased session's tombstone (its envelope and size only)
+function eventCells(e) {
   const ev = e.event;
+  if (ev) return [ev.type, time(ev.occurred_at), who(ev), what(ev)];
+  if (e.refused) return [`refused: ${e.refused.reason}`, "", "", e.refused.detail];
+  const gone = e.erased || {};
+  const type = typeof gone.type === "string" ? gone.type : "event";
+  const at = typeof gone.occurred_at === "string" ? time(gone.occurred_at) : "";
+  return [`erased: ${type}`, at, "", "erased (tombstone)"];
+}
+
+function eventRow(e) {
+  const cells = eventCells(e);
+  const kind = e.event ? "" : e.refused ? "refused" : "erased";
   return el(
     "tr",
     {
       "data-testid": "event",
       "data-seq": e.seq,
-      class: [S.asOf !== null && e.seq > S.asOf ? "after" : "", S.asOf === e.seq ? "current" : "", e.refused ? "refused" : ""].join(" "),
+      class: [S.asOf !== null && e.seq > S.asOf ? "after" : "", S.asOf === e.seq ? "current" : "", kind].join(" "),
       onclick: () => setAsOf(e.seq),
     },
-    el("td", {}, String(e.seq)),
-    el("td", {}, ev ? ev.type : `refused: ${e.refused.reason}`),
-    el("td", {}, ev ? time(ev.occurred_at) : ""),
-    el("td", {}, ev ? who(ev) : ""),
-    el("td", {}, ev ? what(ev) : e.refused.detail),
+    ...cells.map((text) => el("td", {}, text)),
   );
 }
 
