@@ -167,7 +167,8 @@ async def system_prompt(
                 (tenant, sid, as_of_seq),
             )
             row = await cur.fetchone()
-        if row is None:
+        if row is None:  # none in force then: a live session's is null; an erased or unknown one is not found
+            await require_session(c, tenant, sid)
             return {"prompt": None, "tokens": 0, "version": 0, "seq": 0}
         return {"prompt": row[0], "tokens": row[1], "version": row[2], "seq": row[3]}
     prompt = await c.context.frozen_prompt(tenant, sid)

@@ -313,3 +313,22 @@ async def test_a_readonly_block_whose_object_is_not_text_is_refused_not_a_500(
         detail = problem(r, 409, "source_not_text")["detail"]
         assert f"'policy.bin' in bucket {bucket!r} is not UTF-8 text" in detail, detail
     assert await last_seq(client, s) == last  # no prompt was frozen
+
+
+async def test_prompt_as_of_seq_of_an_unknown_or_erased_session_is_404_as_other_as_of_reads(
+    client: httpx.AsyncClient,
+) -> None:
+    """(It answered 200 ``{"prompt": null}`` where history and context ``as_of_seq`` answer 404.)
+    A live session with no prompt in force then still answers ``null``."""
+    unknown, erased = sid(), sid()
+    await configure(client, erased, {"blocks": [{"kind": "writable", "label": "memory"}]})
+    before = await last_seq(client, erased)
+    assert (await prompt(client, erased, as_of_seq=before))["prompt"] is None  # live: none frozen yet
+    frozen = await prompt(client, erased)
+    r = await client.post(f"/v1/sessions/{erased}:erase")
+    assert r.status_code == 200, r.text
+    gone = r.json()["seq"]  # read once the projector applied the erasure
+    for s, seq in ((unknown, 1), (erased, before), (erased, frozen["seq"])):
+        for path in ("system-prompt", "history", "context"):
+            answer = await client.get(f"/v1/sessions/{s}/{path}", params={"as_of_seq": seq, "min_seq": gone})
+            problem(answer, 404, "session_not_found")
