@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import importlib
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -192,7 +194,11 @@ def main(argv: list[str] | None = None) -> int:
     from projections.migrate import SchemaTooNew
 
     try:
-        return _dispatch(settings, args)
+        status = _dispatch(settings, args)
+        sys.stdout.flush()  # a reader that closed is met here, not by the interpreter's flush at exit
+        return status
+    except BrokenPipeError:  # `chronicle quarantine list | head`: the reader has what it wanted
+        return _stdout_closed()
     except (LogMismatch, SchemaTooNew) as exc:
         print(f"chronicle {args.command}: refusing to start: {exc}", file=sys.stderr, flush=True)
         return LOG_MISMATCH_EXIT
@@ -244,6 +250,17 @@ def main(argv: list[str] | None = None) -> int:
         )
         print(f"chronicle {args.command}: NATS at {settings.nats_url}: {exc}{hint}", file=sys.stderr, flush=True)
         return UNREACHABLE_EXIT
+
+
+def _stdout_closed() -> int:
+    """Exit quietly on a stdout closed by its reader (a pager or ``head`` that had enough): what
+    is still buffered goes nowhere instead of raising again when the interpreter flushes it at
+    exit. Exit 0: nothing failed here (a pipeline with ``pipefail`` is not failed by it)."""
+    with contextlib.suppress(OSError, ValueError):
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    return 0
 
 
 def _database(url: str) -> str:
