@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
+from events.sealing import StaticKeys
 from events.subjects import SubjectLayout, partition_of
-from projections.quarantine import Quarantined, screen, storable_text
+from projections.quarantine import Quarantined, Tombstone, screen, storable_text
 from projections.runner import retry_delay
 from services.api.metrics import Snapshot, assess, projector_checkpoints
 from tests.integration.helpers import appended
@@ -20,6 +21,25 @@ def test_screen_admits_or_makes_the_quarantine_item_with_the_raw_bytes() -> None
     assert screen(7, subject, event.to_json(), LAYOUT) == (7, event)
     refused = screen(8, subject, b"not json", LAYOUT)
     assert refused == Quarantined(8, subject, "not_json", refused.detail, b"not json")  # type: ignore[union-attr]
+
+
+def test_screen_tombstones_a_refused_event_under_an_erased_sessions_subject_whatever_its_bytes_say() -> None:
+    keys = StaticKeys()
+    keys.erase("tenant-a", "s-1")
+    subject = LAYOUT.session_subject("tenant-a", "s-1")
+    other = appended("tenant-a", "s-2", "m1", None).to_json()  # names another session: the subject decides
+    assert screen(8, subject, b"{bad marker", LAYOUT, keys) == Tombstone(8, subject)
+    assert screen(9, subject, other, LAYOUT, keys) == Tombstone(9, subject)
+    part = partition_of("tenant-a", "s-1", 4)
+    decided_without_the_session = [
+        subject.replace(f".p{part:03d}.", f".p{(part + 1) % 4:03d}."),  # not its session subject
+        f"{LAYOUT.prefix}.tenant-a.nosession",
+        LAYOUT.session_subject("tenant-a", "s-2"),  # a live session
+    ]
+    for other_subject in decided_without_the_session:
+        refused = screen(10, other_subject, b"{bad marker", LAYOUT, keys)
+        assert isinstance(refused, Quarantined), other_subject
+        assert refused.raw == b"{bad marker"
 
 
 def test_storable_text_escapes_what_postgres_text_cannot_hold_and_bounds_it() -> None:
