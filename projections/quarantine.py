@@ -121,32 +121,56 @@ def data_error(seq: int, subject: str, data: bytes, projection: str, exc: Except
     return Quarantined(seq, subject, "data_error", detail, data)
 
 
+RAW_KEPT = 65_536
+"""How much of a quarantined event's bytes Postgres keeps (the whole event stays in the log)."""
+INSERT_BYTES = 16 << 20
+"""At most this much raw data in one insert (a batch of a thousand 1 MiB events was one parameter
+over Postgres's 1 GB message limit)."""
+
 _INSERT = (
-    "INSERT INTO quarantine (seq, subject, reason, detail, raw, consumer) "
-    "SELECT * FROM unnest(%s::bigint[], %s::text[], %s::text[], %s::text[], %s::bytea[], %s::text[]) "
+    "INSERT INTO quarantine (seq, subject, reason, detail, raw, size, consumer) "
+    "SELECT * FROM unnest(%s::bigint[], %s::text[], %s::text[], %s::text[], %s::bytea[], %s::int[], %s::text[]) "
     "ON CONFLICT (seq) DO NOTHING RETURNING seq"
 )
+
+
+def _chunks(items: Sequence[Quarantined]) -> list[list[Quarantined]]:
+    """``items`` in inserts of at most ``INSERT_BYTES`` of kept raw data (at least one item each)."""
+    chunks: list[list[Quarantined]] = [[]]
+    size = 0
+    for q in items:
+        kept = min(len(q.raw), RAW_KEPT)
+        if chunks[-1] and size + kept > INSERT_BYTES:
+            chunks.append([])
+            size = 0
+        chunks[-1].append(q)
+        size += kept
+    return chunks
 
 
 async def record(
     conn: psycopg.AsyncConnection[Any], consumer: str, items: Sequence[Quarantined], *, announce: bool = True
 ) -> int:
-    """Record ``items`` (a sequence already recorded, by any consumer, is left as it is); returns
-    how many rows are new. ``announce`` logs one warning per new row (live projectors)."""
+    """Record ``items`` (a sequence already recorded, by any consumer, is left as it is; each with
+    its first ``RAW_KEPT`` bytes and its size); returns how many rows are new. ``announce`` logs
+    one warning per new row (live projectors)."""
     if not items:
         return 0
-    cur = await conn.execute(
-        _INSERT,
-        (
-            [q.seq for q in items],
-            [storable_text(q.subject) for q in items],
-            [q.reason for q in items],
-            [storable_text(q.detail) for q in items],
-            [q.raw for q in items],
-            [consumer] * len(items),
-        ),
-    )
-    new = {int(row[0]) for row in await cur.fetchall()}
+    new: set[int] = set()
+    for chunk in _chunks(items):
+        cur = await conn.execute(
+            _INSERT,
+            (
+                [q.seq for q in chunk],
+                [storable_text(q.subject) for q in chunk],
+                [q.reason for q in chunk],
+                [storable_text(q.detail) for q in chunk],
+                [q.raw[:RAW_KEPT] for q in chunk],
+                [len(q.raw) for q in chunk],
+                [consumer] * len(chunk),
+            ),
+        )
+        new.update(int(row[0]) for row in await cur.fetchall())
     if announce:
         for q in items:
             if q.seq in new:

@@ -55,7 +55,7 @@ def _entry(layout: SubjectLayout, row: tuple[Any, ...]) -> Entry:
     return Entry(int(seq), subject, tenant, session, reason, detail, consumer, recorded_at, int(size))
 
 
-_COLUMNS = "seq, subject, reason, detail, consumer, recorded_at, length(raw)"
+_COLUMNS = "seq, subject, reason, detail, consumer, recorded_at, size"
 
 
 async def list_quarantined(
@@ -79,15 +79,19 @@ async def list_quarantined(
 
 
 async def show(conn: psycopg.AsyncConnection[Any], layout: SubjectLayout, seq: int) -> dict[str, Any] | None:
-    """One quarantined event with its raw bytes (as text when UTF-8, else base64); None if the
-    sequence is not quarantined."""
+    """One quarantined event with its raw bytes (as text when UTF-8, else base64; of an event over
+    64 KiB its first 64 KiB, with ``raw_kept``: the log holds the whole event at its sequence);
+    None if the sequence is not quarantined."""
     cur = await conn.execute(f"SELECT {_COLUMNS}, raw FROM quarantine WHERE seq = %s", (seq,))
     row = await cur.fetchone()
     if row is None:
         return None
     out = asdict(_entry(layout, row[:-1]))
     out["recorded_at"] = out["recorded_at"].isoformat()
-    out["raw"] = raw_text(bytes(row[-1]))
+    raw = bytes(row[-1])
+    out["raw"] = raw_text(raw)
+    if len(raw) < out["size"]:  # the whole event is in the log at its sequence
+        out["raw_kept"] = len(raw)
     return out
 
 

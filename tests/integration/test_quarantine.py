@@ -21,6 +21,7 @@ import pytest
 from events.catalog import ContextWritten, SessionRenamed
 from events.envelope import Event
 from events.subjects import partition_of
+from projections.quarantine import RAW_KEPT, Quarantined, _chunks
 from projections.rebuild import quarantine_rows, rebuild_into
 from projections.runner import ProjectorRunner
 from services.api import metrics
@@ -243,6 +244,37 @@ async def test_an_event_over_the_size_limit_is_quarantined_where_the_server_acce
             r = await c.commands.append("tenant-a", "after-big", text_message("m0", "still served"), None)
             await c.waiter.wait_all(r.seq, timeout_s=20)
             assert await quarantined(fresh_db) == [(ack.seq, "too_large")]
+
+
+async def test_large_junk_is_quarantined_in_bounded_inserts_keeping_64_kib_of_each(
+    nats_url: str, fresh_db: str
+) -> None:
+    """(A tenant's flood of ~1 MB junk events made one quarantine insert over Postgres's 1 GB
+    message limit: every tenant's projector halted, and each row kept the whole megabyte.)"""
+    settings = make_settings(nats_url, fresh_db)
+    junk = b"\xff" + b"x" * 900_000
+    async with running_stack(settings, projector=False) as c:
+        subject = c.layout.session_subject("tenant-b", "junk")
+        acks = [await c.js.publish(subject, junk) for _ in range(40)]  # one backlog: a batch of ~36 MB of junk
+        async with projectors(c, settings, [None]):
+            r = await c.commands.append("tenant-a", "after-junk", text_message("m0", "still served"), None)
+            await c.waiter.wait_all(r.seq, timeout_s=60)
+        async with await psycopg.AsyncConnection.connect(fresh_db) as conn:
+            cur = await conn.execute("SELECT seq, octet_length(raw), size FROM quarantine ORDER BY seq")
+            assert await cur.fetchall() == [(a.seq, RAW_KEPT, len(junk)) for a in acks]
+            shown = await ops.show(conn, c.layout, acks[0].seq)
+        assert shown is not None
+        assert (shown["size"], shown["raw_kept"]) == (len(junk), RAW_KEPT)
+        await rebuild_into(c.js, c.layout, fresh_db, "shadow", c.projections(), settings.projector_name, keys=c.keys)
+        async with await psycopg.AsyncConnection.connect(fresh_db) as conn:
+            assert await quarantine_rows(conn, "shadow") == await quarantine_rows(conn, "public")
+
+
+def test_quarantine_inserts_are_cut_by_the_bytes_they_keep() -> None:
+    item = Quarantined(1, "s", "not_json", "d", b"x" * (RAW_KEPT * 2))
+    chunks = _chunks([item] * 600)  # 600 x 64 KiB kept: 37.5 MiB
+    assert [len(c) for c in chunks] == [256, 256, 88]
+    assert _chunks([Quarantined(1, "s", "not_json", "d", b"x")]) == [[Quarantined(1, "s", "not_json", "d", b"x")]]
 
 
 async def test_readiness_fails_with_the_reason_when_the_projector_stops_while_events_wait(
