@@ -29,6 +29,7 @@ CursorOrderMismatch = _error(
     "CursorOrderMismatch", "cursor_order_mismatch", 422, "The cursor was given by a list in another order"
 )
 Unauthorized = _error("Unauthorized", "unauthorized", 401, "Missing or unknown API key")
+ReadOnlyKey = _error("ReadOnlyKey", "read_only_key", 403, "This API key only reads")
 SessionNotFound = _error("SessionNotFound", "session_not_found", 404, "Session not found")
 ErasedSession = _error("ErasedSession", "session_erased", 410, "The session is erased")
 SessionExists = _error("SessionExists", "session_exists", 409, "Session already exists")

@@ -9,7 +9,7 @@ import secrets
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Literal, NamedTuple
 
 import nkeys
 from pydantic import Field, NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt, SecretStr, field_validator
@@ -135,8 +135,10 @@ class Settings(BaseSettings):
     )
     api_keys: list[str] = Field(
         default_factory=list,
-        description="entries 'tenant:sha256-hex-of-key[:nkey-public-key]'; see `chronicle keygen`. The third field "
-        "lets the tenant publish to NATS directly (its credentials are derived from the same key)",
+        description="entries 'tenant:sha256-hex-of-key[:nkey-public-key]' (a full key) or "
+        "'tenant:sha256-hex-of-key:read-only' (reads only: every other method, and `GET …/data-key`, is 403 "
+        "read_only_key; no NATS identity); see `chronicle keygen`. A full key's third field lets the tenant "
+        "publish to NATS directly (its credentials are derived from the same key)",
     )
     ops_key: SecretStr | None = Field(
         default=None,
@@ -316,30 +318,45 @@ class Settings(BaseSettings):
     def api_key_entries(self) -> list[ApiKeyEntry]:
         return [ApiKeyEntry.parse(entry) for entry in self.api_keys]
 
-    def tenants_by_key_hash(self) -> dict[str, str]:
-        return {e.digest: e.tenant for e in self.api_key_entries()}
+    def grants_by_key_hash(self) -> dict[str, KeyGrant]:
+        """What each key (by its SHA-256) may do: its tenant, and whether it only reads."""
+        return {e.digest: KeyGrant(e.tenant, e.read_only) for e in self.api_key_entries()}
 
     def tenant_nkeys(self) -> dict[str, list[str]]:
         """The NKey public keys each tenant may publish with (entries that carry one)."""
         table: dict[str, list[str]] = {}
         for e in self.api_key_entries():
-            if e.nkey is not None:
+            if e.nkey is not None and not e.read_only:
                 table.setdefault(e.tenant, []).append(e.nkey)
         return table
 
 
+READ_ONLY = "read-only"
+"""The third field of a read-only key's ``api_keys`` entry (``tenant:sha256hex:read-only``)."""
+
+
+class KeyGrant(NamedTuple):
+    """What an API key may do: its tenant's reads, and its writes unless ``read_only``."""
+
+    tenant: str
+    read_only: bool = False
+
+
 @dataclass(frozen=True, slots=True)
 class ApiKeyEntry:
-    """One ``tenant:sha256hex[:nkey]`` entry: a key's digest and, optionally, its NKey public key."""
+    """One ``tenant:sha256hex[:nkey]`` entry (a full key: a key's digest and, optionally, its NKey
+    public key) or ``tenant:sha256hex:read-only`` (a key that only reads, and has no NATS identity)."""
 
     tenant: str
     digest: str
     nkey: str | None = None
+    read_only: bool = False
 
     @classmethod
     def parse(cls, entry: str) -> ApiKeyEntry:
         tenant, _, tail = entry.partition(":")
         digest, has_nkey, nkey = tail.partition(":")
+        read_only = nkey == READ_ONLY
         problem = None
         try:
             check_tenant(tenant)
@@ -347,15 +364,20 @@ class ApiKeyEntry:
             problem = str(exc)
         if len(digest) != 64 or any(ch not in "0123456789abcdefABCDEF" for ch in digest):
             problem = "the digest is not 64 hex digits"
-        if has_nkey and not is_user_public_key(nkey):
-            problem = "the third field is not an NKey user public key"
+        if has_nkey and not read_only and not is_user_public_key(nkey):
+            problem = f"the third field is neither an NKey user public key nor {READ_ONLY!r}"
         if problem:
-            raise ValueError(f"api_keys entry {entry!r} is not 'tenant:sha256hex[:nkey]': {problem}")
+            raise ValueError(f"api_keys entry {entry!r} is not 'tenant:sha256hex[:nkey|:{READ_ONLY}]': {problem}")
+        if read_only:
+            return cls(tenant, digest.lower(), None, read_only=True)
         return cls(tenant, digest.lower(), nkey or None)
 
 
-def api_key_entry(tenant: str, key: str) -> str:
-    """The ``api_keys`` entry of ``key``: its digest and the public key of its NATS identity."""
+def api_key_entry(tenant: str, key: str, *, read_only: bool = False) -> str:
+    """The ``api_keys`` entry of ``key``: its digest and the public key of its NATS identity; a
+    read-only key's has no NATS identity (it can neither publish events nor send commands)."""
+    if read_only:
+        return f"{tenant}:{hash_key(key)}:{READ_ONLY}"
     return f"{tenant}:{hash_key(key)}:{nkey_public_key(tenant_nkey_seed(key))}"
 
 

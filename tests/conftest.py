@@ -23,6 +23,8 @@ from services.settings import Settings, api_key_entry, new_operator_seed
 from tests.support import nats_server, postgres_server, s3_server, scratch_database
 
 KEYS = {"tenant-a": "key-a-" + uuid.uuid4().hex, "tenant-b": "key-b-" + uuid.uuid4().hex}
+READ_ONLY_KEY = "key-a-ro-" + uuid.uuid4().hex
+"""A read-only key of tenant-a (an auditor's): every stack accepts it."""
 OPERATOR_SEED = new_operator_seed()  # Chronicle's own NATS identity in this test run
 TEST_KEK = new_kek_line()  # the key-encryption key of the stacks that seal
 SEALING = os.environ.get("CHRONICLE_TEST_ENCRYPTION") == "1"
@@ -72,7 +74,10 @@ def make_settings(nats_url: str, db_url: str, **overrides: object) -> Settings:
         "blob_bucket": f"b{tag}",
         "partitions": 4,
         "projector_name": f"projector-{tag}",
-        "api_keys": [api_key_entry(t, k) for t, k in KEYS.items()],
+        "api_keys": [
+            *(api_key_entry(t, k) for t, k in KEYS.items()),
+            api_key_entry("tenant-a", READ_ONLY_KEY, read_only=True),
+        ],
         "nats_nkey_seed": OPERATOR_SEED,
         "read_wait_timeout_s": 10.0,
         "data_dir": "/nonexistent",

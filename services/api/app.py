@@ -44,7 +44,7 @@ ROUTERS = (
 
 def build_app(settings: Settings, container: Container | None = None) -> FastAPI:
     """The API; opens its own adapters from ``settings`` unless a container is injected."""
-    keys = settings.tenants_by_key_hash()
+    keys = settings.grants_by_key_hash()
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:

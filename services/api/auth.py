@@ -1,26 +1,42 @@
-"""The API key check: every ``/v1`` request names its tenant by its key; the ops key guards
-the operator routes."""
+"""The API key check: every ``/v1`` request names its tenant by its key; a read-only key may only
+read; the ops key guards the operator routes."""
 
 import hmac
+import re
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from services.api.deps import tenant_for
+from services.api.deps import grant_for
 from services.api.problems import from_error
-from services.errors import ChronicleError, Unauthorized
+from services.errors import ChronicleError, ReadOnlyKey, Unauthorized
+from services.settings import KeyGrant
 
 OPS_PATHS = frozenset(
     {"/metrics", "/readyz", "/docs", "/docs/oauth2-redirect", "/redoc", "/openapi.json", "/asyncapi.yaml"}
 )
 """Operator routes: they show every tenant's totals, so ``CHRONICLE_OPS_KEY`` guards them."""
 
+READ_METHODS = frozenset({"GET", "HEAD"})
+NOT_FOR_READ_ONLY = re.compile(r"^/v1/(?:sessions/[^/]+/data-key|nats)/?$")
+"""Reads a read-only key may not make: a session's data key (key material, and made on first read)
+and how to publish over NATS (a read-only key has no NATS identity)."""
+
+
+def read_only_refusal(scope: Scope) -> ChronicleError | None:
+    """Why a read-only key may not make this request; None when it may (a read that creates nothing)."""
+    if scope["method"] not in READ_METHODS:
+        return ReadOnlyKey(f"this API key only reads: {scope['method']} {scope['path']} needs a full key")
+    if NOT_FOR_READ_ONLY.match(scope["path"]):
+        return ReadOnlyKey(f"this API key only reads: GET {scope['path']} needs a full key")
+    return None
+
 
 class ApiKeyAuth:
     """Checks the API key before anything reads the body (a bad key is 401 whatever the body) and
-    puts the tenant in the request state; with an ops key, the operator routes need it. Plain ASGI:
-    no response buffering or copying."""
+    puts the tenant in the request state; a read-only key's write is 403 before anything runs; with
+    an ops key, the operator routes need it. Plain ASGI: no response buffering or copying."""
 
-    def __init__(self, app: ASGIApp, keys: dict[str, str], ops_key: str | None = None) -> None:
+    def __init__(self, app: ASGIApp, keys: dict[str, KeyGrant], ops_key: str | None = None) -> None:
         self.app = app
         self.keys = keys
         self.ops_key = ops_key
@@ -36,9 +52,14 @@ class ApiKeyAuth:
         if scope["type"] == "http" and scope["path"].startswith("/v1/"):
             header = next((v for k, v in scope["headers"] if k == b"authorization"), b"")
             try:
-                tenant = tenant_for(self.keys, header.decode("latin-1"))
+                tenant, read_only = grant_for(self.keys, header.decode("latin-1"))
+                if read_only and (refusal := read_only_refusal(scope)) is not None:
+                    raise refusal
             except ChronicleError as exc:
                 await from_error(exc)(scope, receive, send)
                 return
-            scope.setdefault("state", {})["tenant"] = tenant
+            state = scope.setdefault("state", {})
+            state["tenant"] = tenant
+            if read_only:
+                state["read_only"] = True
         await self.app(scope, receive, send)

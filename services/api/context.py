@@ -2,7 +2,7 @@
 
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Body, Path, Query
+from fastapi import APIRouter, Body, Path, Query, Request
 from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema
 
 from events.context import LABEL_RE, SessionConfig
@@ -19,12 +19,13 @@ from services.api.deps import (
     Tenant,
     caught_up,
     check_id,
+    read_only,
     require_session,
 )
 from services.api.models import ok
 from services.api.strict_json import StrictJsonRoute
 from services.audit import readers as audit
-from services.errors import SessionNotFound
+from services.errors import ReadOnlyKey, SessionNotFound
 from services.requests import writes
 
 router = APIRouter(route_class=StrictJsonRoute)
@@ -148,6 +149,7 @@ async def run_tool(
 
 @router.get("/v1/sessions/{sid}/system-prompt", response_model=None, responses=ok(m.SystemPrompt))
 async def system_prompt(
+    request: Request,
     sid: Sid,
     tenant: Tenant,
     c: ContainerDep,
@@ -171,7 +173,13 @@ async def system_prompt(
             await require_session(c, tenant, sid)
             return {"prompt": None, "tokens": 0, "version": 0, "seq": 0}
         return {"prompt": row[0], "tokens": row[1], "version": row[2], "seq": row[3]}
-    prompt = await c.context.frozen_prompt(tenant, sid)
+    if read_only(request):  # the first read freezes (records) the prompt: a write
+        prompt = await c.context.recorded_prompt(tenant, sid)
+        if prompt is None:
+            await require_session(c, tenant, sid)  # an unknown session is 404 as for any key
+            raise ReadOnlyKey("this API key only reads: no prompt is frozen yet, and the first read freezes one")
+    else:
+        prompt = await c.context.frozen_prompt(tenant, sid)
     return {"prompt": prompt.text, "tokens": prompt.tokens, "version": prompt.version, "seq": prompt.seq}
 
 

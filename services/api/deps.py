@@ -18,7 +18,7 @@ from services.bootstrap import Container
 from services.errors import Unauthorized
 from services.requests.checks import check_id as check_id
 from services.requests.checks import no_nul as no_nul
-from services.settings import hash_key
+from services.settings import KeyGrant, hash_key
 from services.writes.liveness import live_session
 
 
@@ -27,24 +27,30 @@ async def get_container(request: Request) -> Container:
     return c
 
 
-def tenant_for(keys: dict[str, str], header: str) -> str:
-    """The tenant of an ``Authorization: Bearer`` header (keys are kept as SHA-256)."""
+def grant_for(keys: dict[str, KeyGrant], header: str) -> KeyGrant:
+    """The tenant of an ``Authorization: Bearer`` header, and whether its key only reads (keys are
+    kept as SHA-256)."""
     scheme, _, token = header.partition(" ")
     if scheme.lower() != "bearer" or not token.strip():
         raise Unauthorized("send 'Authorization: Bearer <api key>'")
-    tenant = keys.get(hash_key(token.strip()))
-    if tenant is None:
+    grant = keys.get(hash_key(token.strip()))
+    if grant is None:
         raise Unauthorized("unknown API key")
-    return tenant
+    return grant
 
 
 async def tenant_of(request: Request) -> str:
     """Set by the authentication middleware before the body is read."""
     tenant = getattr(request.state, "tenant", None)
     if tenant is None:
-        keys: dict[str, str] = request.app.state.keys
-        tenant = tenant_for(keys, request.headers.get("authorization", ""))
+        keys: dict[str, KeyGrant] = request.app.state.keys
+        tenant = grant_for(keys, request.headers.get("authorization", "")).tenant
     return str(tenant)
+
+
+def read_only(request: Request) -> bool:
+    """Whether the request's key only reads (set by the authentication middleware)."""
+    return bool(getattr(request.state, "read_only", False))
 
 
 async def requester_of(request: Request) -> str:

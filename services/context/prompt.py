@@ -33,11 +33,16 @@ class Prompt:
 class ContextPrompt(ContextBlocks):
     async def frozen_prompt(self, tenant: str, session: str) -> Prompt:
         """The frozen prompt; rendered and recorded on first use, the same string afterwards."""
+        prompt = await self.recorded_prompt(tenant, session)
+        if prompt is not None:
+            return prompt
+        return await self._render_prompt(tenant, session, "freeze")
+
+    async def recorded_prompt(self, tenant: str, session: str) -> Prompt | None:
+        """The frozen prompt if one is recorded (None: none yet; reading it would freeze one)."""
         async with self._pool.connection() as conn:
             row = await context_queries.latest_prompt(conn, tenant, session)
-        if row is not None:
-            return Prompt(row.text, row.tokens, row.version, row.seq)
-        return await self._render_prompt(tenant, session, "freeze")
+        return None if row is None else Prompt(row.text, row.tokens, row.version, row.seq)
 
     async def refresh_prompt(
         self, tenant: str, session: str, reason: Literal["refresh", "clear", "compaction"] = "refresh"

@@ -142,6 +142,12 @@ def main(argv: list[str] | None = None) -> int:
     who = p_key.add_mutually_exclusive_group(required=True)
     who.add_argument("--tenant", help="a tenant: prints its API key, NATS seed and `api_keys` entry")
     who.add_argument("--operator", action="store_true", help="Chronicle's own NATS identity (an NKey seed)")
+    p_key.add_argument(
+        "--read-only",
+        action="store_true",
+        help="with --tenant: a key that only reads (an auditor's): every write and `GET …/data-key` is 403 "
+        "read_only_key, and it has no NATS identity",
+    )
     p_conf = sub.add_parser("nats-config", help="write the nats-server configuration for these settings")
     p_conf.add_argument("--out", type=Path, default=None, help="file to write (default: print)")
     p_conf.add_argument("--host", default="0.0.0.0")  # noqa: S104 - the server's own listen address
@@ -356,11 +362,20 @@ def _dispatch(settings: Settings, args: argparse.Namespace) -> int:
 
 
 def keygen(args: argparse.Namespace) -> int:
+    if args.operator and args.read_only:
+        print("chronicle keygen: --read-only is for a tenant's key (--tenant T)", file=sys.stderr)
+        return 2
     if args.operator:
         print(f"CHRONICLE_NATS_NKEY_SEED={new_operator_seed()}")
         return 0
     check_tenant(args.tenant)
     key = new_api_key()
+    if args.read_only:
+        print(
+            f"API key (read-only: no writes, no data keys, no NATS identity): {key}\n"
+            f"settings entry: CHRONICLE_API_KEYS='[\"{api_key_entry(args.tenant, key, read_only=True)}\"]'"
+        )
+        return 0
     print(
         f"API key: {key}\n"
         f"NATS seed (derived from the key; for clients other than chronicle_sdk): {tenant_nkey_seed(key)}\n"

@@ -295,7 +295,7 @@ def test_environment_validates_against_settings(
     assert s.api_port in container_ports(services["api"])
     # the placeholder is well-formed, so the API starts (and answers 401 until a real key is set)
     assert s.api_keys
-    assert s.tenants_by_key_hash()
+    assert s.grants_by_key_hash()
     # the migrate service migrates; api and projector must not race it
     assert s.auto_migrate is False
 

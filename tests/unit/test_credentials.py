@@ -9,8 +9,9 @@ from events.credentials import is_user_public_key, nkey_public_key, tenant_inbox
 from events.ids import encode_token
 from events.subjects import SubjectLayout
 from services.commands_nats.app import answerable
+from services.ops.cli import main
 from services.ops.natsconf import MissingOperator, NatsAccess, server_config
-from services.settings import ApiKeyEntry, Settings, api_key_entry, hash_key, new_operator_seed
+from services.settings import ApiKeyEntry, KeyGrant, Settings, api_key_entry, hash_key, new_operator_seed
 
 
 def test_a_keys_nats_identity_is_stable_and_its_own() -> None:
@@ -37,6 +38,27 @@ def test_an_entry_carries_the_digest_and_the_nats_public_key() -> None:
     assert ApiKeyEntry.parse(f"acme:{hash_key('x').upper()}") == ApiKeyEntry("acme", hash_key("x"), None)
 
 
+def test_a_read_only_entry_has_no_nats_identity_and_grants_reads_only() -> None:
+    entry = ApiKeyEntry.parse(api_key_entry("acme", "chr_ro", read_only=True))
+    assert entry == ApiKeyEntry("acme", hash_key("chr_ro"), None, read_only=True)
+    assert api_key_entry("acme", "chr_ro", read_only=True) == f"acme:{hash_key('chr_ro')}:read-only"
+    settings = Settings(api_keys=[api_key_entry("acme", "chr_full"), api_key_entry("acme", "chr_ro", read_only=True)])
+    assert settings.grants_by_key_hash() == {
+        hash_key("chr_full"): KeyGrant("acme", read_only=False),  # an entry without a scope stays a full key
+        hash_key("chr_ro"): KeyGrant("acme", read_only=True),
+    }
+    assert settings.tenant_nkeys() == {"acme": [nkey_public_key(tenant_nkey_seed("chr_full"))]}
+
+
+def test_keygen_read_only_prints_a_key_and_its_read_only_entry(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["keygen", "--tenant", "acme", "--read-only"]) == 0
+    out = capsys.readouterr().out
+    key = out.split("API key (read-only: no writes, no data keys, no NATS identity): ")[1].split()[0]
+    assert f"CHRONICLE_API_KEYS='[\"acme:{hash_key(key)}:read-only\"]'" in out
+    assert "NATS seed" not in out
+    assert main(["keygen", "--operator", "--read-only"]) == 2
+
+
 @pytest.mark.parametrize(
     ("entry", "problem"),
     [
@@ -45,6 +67,8 @@ def test_an_entry_carries_the_digest_and_the_nats_public_key() -> None:
         (f"acme:{'g' * 64}", "digest"),
         (f"acme:{'a' * 64}:UNOPE", "NKey"),
         (f"{api_key_entry('acme', 'k')}:extra", "NKey"),
+        (f"acme:{'a' * 64}:read-only:extra", "NKey"),
+        (f"acme:{'a' * 64}:readonly", "NKey"),
     ],
 )
 def test_a_malformed_entry_is_refused(entry: str, problem: str) -> None:
@@ -58,7 +82,12 @@ def test_the_server_config_lists_the_operator_and_each_tenant_key_with_its_own_s
         nats_nkey_seed=SecretStr(op),
         partitions=2,
         subject_prefix="c.ev",
-        api_keys=[api_key_entry("acme", "k1"), api_key_entry("acme", "k2"), f"http-only:{'a' * 64}"],
+        api_keys=[
+            api_key_entry("acme", "k1"),
+            api_key_entry("acme", "k2"),
+            f"http-only:{'a' * 64}",
+            api_key_entry("acme", "k3", read_only=True),  # no user: it can neither publish nor send commands
+        ],
     )
     config = server_config(NatsAccess.of(settings), host="127.0.0.1", port=4222, store_dir="/d")
     users = config["authorization"]["users"]
