@@ -69,6 +69,13 @@ class Unauthorized(ChronicleError):
     default_code = "unauthorized"
 
 
+class ReadOnlyKey(ChronicleError):
+    """403: the API key only reads (an auditor's, ``chronicle keygen --read-only``): writes, the
+    data key and NATS publishing need a full key; nothing was done."""
+
+    default_code = "read_only_key"
+
+
 class UnknownParent(InvalidRequest):
     """``parent_id`` names a message that is not in this session (the reference silently made a root)."""
 
@@ -312,6 +319,7 @@ BY_CODE: dict[str, type[ChronicleError]] = {
     cls.default_code: cls
     for cls in (
         Unauthorized,
+        ReadOnlyKey,
         UnknownParent,
         MessageConflict,
         SessionExists,
@@ -355,6 +363,7 @@ BY_CODE: dict[str, type[ChronicleError]] = {
 BY_STATUS: dict[int, type[ChronicleError]] = {
     400: InvalidRequest,
     401: Unauthorized,
+    403: ReadOnlyKey,
     404: NotFound,
     405: MethodNotAllowed,
     409: Conflict,

@@ -11,6 +11,7 @@ from typing import Any
 import httpx
 import pytest
 
+from chronicle_sdk import ChronicleClient, ReadOnlyKey, Session
 from events.credentials import nkey_public_key, tenant_nkey_seed
 from services.ops.natsconf import NatsAccess
 from services.settings import Settings
@@ -103,7 +104,7 @@ async def test_every_write_of_a_read_only_key_is_403_and_publishes_nothing(
         assert method in detail, detail
     assert await last_seq(reader, sid) == seq  # nothing published to the session
     assert await stream_last_seq(client) == stream_before  # nor anywhere (the new session, the fork)
-    assert await history_ids(reader, sid) == ["m1", "m2"]
+    assert await history_ids(reader, sid, min_seq=seq) == ["m1", "m2"]
 
 
 async def test_a_read_only_key_gets_no_data_key_no_nats_route_and_freezes_no_prompt(
@@ -116,7 +117,8 @@ async def test_a_read_only_key_gets_no_data_key_no_nats_route_and_freezes_no_pro
     assert_problem(await reader.get("/v1/nats"), 403, "read_only_key")
     assert (await reader.get("/v1/sessions/data-key")).status_code == 404  # a session named so is a plain read
     # the first read of the system prompt freezes it (publishes): not for a reader
-    assert_problem(await reader.get(f"/v1/sessions/{sid}/system-prompt"), 403, "read_only_key")
+    first = await reader.get(f"/v1/sessions/{sid}/system-prompt", params={"min_seq": seq})
+    assert_problem(first, 403, "read_only_key")
     assert_problem(await reader.get(f"/v1/sessions/{new_sid('ro-none')}/system-prompt"), 404, "session_not_found")
     assert await last_seq(reader, sid) == seq
     frozen = await client.get(f"/v1/sessions/{sid}/system-prompt")
@@ -142,3 +144,18 @@ async def test_a_read_only_key_has_no_nats_identity(api_settings: Settings) -> N
     url = api_settings.nats_servers()[0]
     assert await nats_handshake(url, tenant_nkey_seed(READ_ONLY_KEY)) == "-ERR 'Authorization Violation'"
     assert await nats_handshake(url, tenant_nkey_seed(KEYS["tenant-a"])) == "PONG"
+
+
+async def test_the_sdk_reads_with_a_read_only_key_and_raises_read_only_key_on_a_write(
+    api_url: str, client: httpx.AsyncClient
+) -> None:
+    sid = new_sid("ro-sdk")
+    seq = await chain(client, sid, ["m1"])
+    assert await history_ids(client, sid, min_seq=seq) == ["m1"]  # projected: a fresh client reads it
+    async with ChronicleClient(api_url, READ_ONLY_KEY, retries=0) as sdk:
+        session = Session.create(sdk, sid)
+        assert [m["id"] for m in await session.get_history()] == ["m1"]
+        with pytest.raises(ReadOnlyKey) as info:
+            await session.append_message({"id": "m2", "role": "user", "content": "by a reader"})
+        assert (info.value.status, info.value.code) == (403, "read_only_key")
+    assert await last_seq(client, sid) == seq
