@@ -32,11 +32,26 @@ PART_STRINGS: dict[str, tuple[str, ...]] = {
 ``data``, ``providerMetadata`` and any part type not listed are arbitrary JSON, kept as sent."""
 
 
+def _part_rules() -> dict[str, Any]:
+    """The part rules :class:`Part` checks, as JSON Schema (``if``/``then`` per part type), so that
+    the published schema describes exactly what the API takes."""
+    rules: list[dict[str, Any]] = []
+    for kind, names in PART_STRINGS.items():
+        when: dict[str, Any] = {"pattern": "^tool-"} if kind == "dynamic-tool" else {"const": kind}
+        then: dict[str, Any] = {"properties": {name: {"type": "string"} for name in names}}
+        if kind == "text":
+            then["required"] = ["text"]
+        rules.append({"if": {"properties": {"type": when}, "required": ["type"]}, "then": then})
+        if kind == "dynamic-tool":  # the type itself and tool-<name> alike
+            rules.append({"if": {"properties": {"type": {"const": kind}}, "required": ["type"]}, "then": then})
+    return {"allOf": rules}
+
+
 class Part(BaseModel):
     """One part; ``type`` is required, a text part's ``text`` too, and the fields of
     :data:`PART_STRINGS` must be strings; everything else is kept as sent."""
 
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow", json_schema_extra=_part_rules())
 
     type: str = Field(min_length=1, max_length=128)
 
