@@ -56,6 +56,7 @@ from nats.js.errors import NotFoundError
 from psycopg_pool import AsyncConnectionPool
 
 from events.admission import BodyUnavailable
+from events.catalog import SessionErased
 from events.envelope import Event
 from events.sealing import KeyReader, kid_in
 from events.subjects import SubjectLayout
@@ -760,6 +761,13 @@ class ProjectorRunner:
                 quarantined=quarantined,
                 passed=batch.passed,
             )
+            erasures = [e for _, e in items if isinstance(e, SessionErased)]
+            erased = {self.layout.session_subject(e.tenant, e.session) for e in erasures}
+            if erased:
+                # a refusal of the session quarantined before the erasure was recorded and committed
+                # after the eraser's own delete of these rows: gone here too, as a rebuild (which
+                # tombstones every refusal of an erased session) has none
+                await conn.execute("DELETE FROM quarantine WHERE subject = ANY(%s)", (sorted(erased),))
         self._saved_at = time.monotonic()
         await batch.last.ack()
         self._done(batch, applied, len(quarantined))

@@ -14,6 +14,7 @@ from collections.abc import Callable
 import psycopg
 import pytest
 
+from events.catalog import SessionErased
 from events.subjects import partition_of
 from projections.rebuild import quarantine_rows
 from services.audit import readers as audit
@@ -169,3 +170,25 @@ async def test_replay_of_an_erased_session_shows_its_refused_events_as_tombstone
     refused = [r for r in kept if "refused" in r]  # a live session's refusal still shows its raw bytes
     assert [(r["seq"], r["raw"]) for r in refused] == [(shown, {"text": "{bad marker of a live session"})]
     assert json.loads(replayed(settings, live, "jsonl").splitlines()[-1])["raw"] == refused[0]["raw"]
+
+
+async def test_a_refusal_quarantined_after_the_erasers_delete_is_dropped_when_the_erasure_is_applied(
+    settings: Settings, fresh_db: str, new_id: Callable[[str], str]
+) -> None:
+    """The race the eraser's own delete cannot close: a refusal screened before the erasure was
+    recorded and committed after the eraser deleted the subject's quarantine rows. Here the eraser's
+    steps are taken by hand, its delete left out: the projector drops the row when it applies
+    ``session.erased``, so verify stays identical."""
+    sid = new_id("raced")
+    async with running_stack(settings) as c:
+        r = await c.commands.append(T, sid, text_message("m1", "kept until the erasure"), None)
+        refused = await publish(c, c.layout.session_subject(T, sid), MARKER)
+        await c.waiter.wait_all(refused)
+        assert refused in await quarantined(fresh_db)
+        await c.keys.erase(T, [sid])  # step 1: the key destroyed, the erasure recorded
+        erased = await c.publisher.publish(SessionErased(tenant=T, session=sid))  # step 2; no step 4
+        await c.waiter.wait_all(erased.seq)
+        assert refused not in await quarantined(fresh_db)
+        assert not await stored_anywhere(fresh_db, MARKER)
+        assert erased.seq > r.seq
+        assert (await audit.verify(c)).ok
