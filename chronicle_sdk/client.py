@@ -20,7 +20,7 @@ from pydantic import ValidationError
 
 from chronicle_sdk import jsondecode
 from chronicle_sdk.commands import Routed, reply_status, route
-from chronicle_sdk.connection import Via, checked_session_id, quote, session_path
+from chronicle_sdk.connection import Via, checked_message_id, checked_session_id, quote, session_path
 from chronicle_sdk.errors import (
     ChronicleError,
     Contention,
@@ -99,13 +99,6 @@ def _batches(messages: Sequence[Mapping[str, Any]]) -> list[list[dict[str, Any]]
         batches[-1].append(dict(m))
         size += n
     return batches
-
-
-def _check_message_id(message_id: str) -> str:
-    try:
-        return ids.check_message_id(message_id)
-    except ids.InvalidId as exc:
-        raise InvalidId(str(exc), status=422) from exc
 
 
 def _check_message(message: Mapping[str, Any]) -> Message:
@@ -791,7 +784,7 @@ class ChronicleClient:
         info = await self.nats_publishing()
         tenant = info.tenant
         if parent_id is not None:
-            parent_id = _check_message_id(parent_id)
+            parent_id = checked_message_id(parent_id)
         events: list[MessageAppended] = []
         results: list[tuple[str, str | None]] = []
         parent = parent_id

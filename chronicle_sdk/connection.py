@@ -9,7 +9,7 @@ them, the transport and the value types at the bottom.
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, Mapping, Sequence
+from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
 from typing import Any, Literal, Protocol
 from urllib.parse import quote as _quote
 
@@ -85,13 +85,23 @@ def quote(value: str) -> str:
     return _quote(value, safe="")
 
 
+def _checked(check: Callable[[str], str], value: str) -> str:
+    """``check(value)``, its refusal raised as the SDK's :class:`InvalidId` (``422``)."""
+    try:
+        return check(value)
+    except ids.InvalidId as exc:
+        raise InvalidId(str(exc), status=422) from exc
+
+
 def checked_session_id(session_id: str) -> str:
     """``session_id`` when the server would take it, else :class:`InvalidId` (``422``) before any
     request: an empty one, or one with a ``/``, would otherwise name another route (``404``)."""
-    try:
-        return ids.check_session(session_id)
-    except ids.InvalidId as exc:
-        raise InvalidId(str(exc), status=422) from exc
+    return _checked(ids.check_session, session_id)
+
+
+def checked_message_id(message_id: str) -> str:
+    """``message_id`` when the server would take it, else :class:`InvalidId` (``422``)."""
+    return _checked(ids.check_message_id, message_id)
 
 
 def session_path(session_id: str, tail: str = "") -> str:
@@ -99,4 +109,4 @@ def session_path(session_id: str, tail: str = "") -> str:
     return f"/v1/sessions/{quote(checked_session_id(session_id))}{tail}"
 
 
-__all__ = ["Connection", "Via", "checked_session_id", "quote", "session_path"]
+__all__ = ["Connection", "Via", "checked_message_id", "checked_session_id", "quote", "session_path"]
