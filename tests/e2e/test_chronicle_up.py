@@ -199,6 +199,7 @@ def test_up_on_a_three_node_nats_cluster(tmp_path: Path, fresh_db: str) -> None:
     )
     key = lines[-1].split(":", 1)[1].strip()
     operator = (tmp_path / "data" / "nats-operator.nk").read_text().strip()
+    said: list[str] = []  # what `up` printed while the test waited for a node to come back
     try:
         assert any("a cluster of 3 nats-servers" in line for line in lines)
         assert len(_children(proc.pid, "api")) == 2
@@ -235,7 +236,6 @@ def test_up_on_a_three_node_nats_cluster(tmp_path: Path, fresh_db: str) -> None:
         (n2,) = _nats_node(proc.pid, "nats-n2.conf")
         os.kill(n2, signal.SIGKILL)
         assert proc.stdout is not None
-        said: list[str] = []
         while not said or said[-1] != "chronicle up: nats-server n2 is back\n":  # the processes log here too
             said.append(proc.stdout.readline())
             assert said[-1], "".join(said)  # `up` ended
@@ -259,7 +259,7 @@ def test_up_on_a_three_node_nats_cluster(tmp_path: Path, fresh_db: str) -> None:
     # each projector worker logged the node it reached: the URL order made them pick different ones
     nodes = {
         line.split(" projector ", 1)[1].split()[0]: line.rsplit(" via NATS ", 1)[1].strip()
-        for line in [*lines, *out.splitlines()]
+        for line in [*lines, *said, *out.splitlines()]
         if " consuming " in line and " via NATS " in line
     }
     assert nodes == {"projector.p000": f"127.0.0.1:{nats_port}", "projector.p001": f"127.0.0.1:{nats_port + 1}"}
