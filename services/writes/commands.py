@@ -502,4 +502,10 @@ async def fork(
     # the compaction worker's overlay for why server-chosen ids are not a reason to fail)
     copies = [e.model_copy(update={"occurred_at": now}) for e in events]
     results = await cmd._pub.publish_many(copies, fresh_id_on_foreign=True)
+    # An erasure of the new id between its creation and the copies (another request, another
+    # process) leaves copies published after ``session.erased``: tombstones. An erasure is
+    # recorded before its event is published, so one not recorded now came after every copy.
+    async with cmd._pool.connection() as conn:
+        if await queries.is_erased(conn, tenant, sid):
+            raise ErasedSession(f"session {sid!r} was erased while it was being forked")
     return Forked(sid, max([created.seq, *(r.seq for r in results)]), len(rows))
