@@ -107,7 +107,7 @@ async def fork_session(
     check_id("session", sid)
     check_id("message", at_message_id)
     new_id = check_id("session", new_id) if new_id is not None else None
-    forked = await fork(c.commands, tenant, sid, at_message_id, new_id, name)
+    forked = await fork(c.commands, c.eraser, tenant, sid, at_message_id, new_id, name)
     return {"id": forked.id, "parent_session_id": sid, "messages": forked.messages, "seq": forked.seq}
 
 

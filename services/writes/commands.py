@@ -24,6 +24,7 @@ from psycopg_pool import AsyncConnectionPool
 from events.blobs import BlobRef, BlobStore
 from events.bodies import pack_body
 from events.catalog import (
+    MAX_ERASURE_REASON,
     CompactionRecorded,
     MessageAppended,
     MessagesCleared,
@@ -56,6 +57,7 @@ from services.errors import (
     SessionExists,
 )
 from services.writes.decisions import Append, AppendState, Existing, ParentSpec, Replay, decide_append
+from services.writes.erasure import Eraser
 from services.writes.liveness import live_session
 from services.writes.optimistic import MAX_SESSION_IDS, Decision, OptimisticWriter, UnappliedChain
 from services.writes.waiting import AppliedWaiter
@@ -438,8 +440,18 @@ class Forked:
     messages: int
 
 
+FORK_REQUESTER = "chronicle (fork of an erased session)"
+"""Who erased a fork whose source was erased while it was being made (its ``requested_by``)."""
+
+
 async def fork(
-    cmd: Commands, tenant: str, session: str, at_message_id: str, new_id: str | None, name: str | None
+    cmd: Commands,
+    eraser: Eraser,
+    tenant: str,
+    session: str,
+    at_message_id: str,
+    new_id: str | None,
+    name: str | None,
 ) -> Forked:
     """A new session (``parent_session_id`` = source) holding the source's path to ``at_message_id``.
 
@@ -449,6 +461,12 @@ async def fork(
     (``[skill unloaded: <key>]``, as the reference's fork copies ``getHistory``), so the skill text
     does not come back in the fork; a capped message's original keeps what it held. The source's
     log is untouched.
+
+    An erasure of the source that began while the copies were being made (recorded before the
+    check that follows them) erases the fork too, and the fork answers ``410 session_erased``:
+    the copies hold the source's content under the fork's own key, which the source's erasure
+    does not destroy. One recorded later came after a completed fork, a separate session from then
+    on (erase it on its own). An erasure of the new id in that window is ``410`` as well.
     """
     await cmd.optimistic.catch_up(tenant, session)
     async with cmd._pool.connection() as conn:
@@ -502,10 +520,16 @@ async def fork(
     # the compaction worker's overlay for why server-chosen ids are not a reason to fail)
     copies = [e.model_copy(update={"occurred_at": now}) for e in events]
     results = await cmd._pub.publish_many(copies, fresh_id_on_foreign=True)
-    # An erasure of the new id between its creation and the copies (another request, another
-    # process) leaves copies published after ``session.erased``: tombstones. An erasure is
-    # recorded before its event is published, so one not recorded now came after every copy.
+    # An erasure is recorded before its event is published: one not recorded now came after every
+    # copy. The new id's, in between: the copies landed after its ``session.erased`` (tombstones).
+    # The source's: the copies must not outlive it.
     async with cmd._pool.connection() as conn:
-        if await queries.is_erased(conn, tenant, sid):
-            raise ErasedSession(f"session {sid!r} was erased while it was being forked")
+        fork_erased = await queries.is_erased(conn, tenant, sid)
+        source_erased = await queries.is_erased(conn, tenant, session)
+    if source_erased:
+        reason = f"its source session {session!r} was erased while the fork was being made"
+        await eraser.erase_session(tenant, sid, requested_by=FORK_REQUESTER, reason=reason[:MAX_ERASURE_REASON])
+        raise ErasedSession(f"session {session!r} was erased while it was being forked; the fork is erased too")
+    if fork_erased:
+        raise ErasedSession(f"session {sid!r} was erased while it was being forked")
     return Forked(sid, max([created.seq, *(r.seq for r in results)]), len(rows))

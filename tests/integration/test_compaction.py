@@ -241,7 +241,7 @@ async def test_fork_copies_the_branch_and_its_overlay(stack: Container, new_id: 
     await _append_chain(stack, sid, [f"m{i}" for i in range(6)])
     await _overlay(stack, sid, "m1", "m3", "S1")
     await _append_chain(stack, sid, ["b5"], "m4")
-    forked = await fork(stack.commands, T, sid, "m5", None, "copy")
+    forked = await fork(stack.commands, stack.eraser, T, sid, "m5", None, "copy")
     assert forked.messages == 6
     assert await _view_ids(stack, forked.id) == ["m0", await _fork_overlay_id(stack, forked.id), "m4", "m5"]
     assert await _view_ids(stack, sid, "m5") == ["m0", "compaction_m1-m3-S1", "m4", "m5"]
