@@ -86,10 +86,15 @@ class SkillsBlock(_Block):
 Block = Annotated[ReadonlyBlock | WritableBlock | SearchableBlock | SkillsBlock, Field(discriminator="kind")]
 
 
+MAX_COMPACT_AFTER = 2**31 - 1
+"""The largest ``compact_after``: the compaction state keeps it as a Postgres ``integer`` (a larger
+one, admitted, was acknowledged and then quarantined: the config never took effect)."""
+
+
 class CompactionConfig(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    compact_after: int | None = Field(default=None, ge=1)
+    compact_after: int | None = Field(default=None, ge=1, le=MAX_COMPACT_AFTER)
     protect_head: int = Field(default=3, ge=0)
     tail_token_budget: int = Field(default=20_000, ge=0)
     min_tail_messages: int = Field(default=2, ge=0)

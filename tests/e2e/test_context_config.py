@@ -45,6 +45,8 @@ INVALID: dict[str, tuple[Any, str]] = {
     "unknown-top-level-field": ({"blocks": [], "blokcs": []}, "blokcs"),
     "blocks-not-a-list": ({"blocks": {"kind": "writable", "label": "m"}}, "blocks"),
     "bad-compaction": ({"blocks": [], "compaction": {"protect_head": -1}}, "protect_head"),
+    # the compaction state keeps it as an integer: 2**31 was acknowledged and then quarantined
+    "compact-after-past-int32": ({"blocks": [], "compaction": {"compact_after": 2**31}}, "compact_after"),
 }
 
 
@@ -77,6 +79,16 @@ async def test_bucket_must_exist(client: httpx.AsyncClient, api_settings: Settin
     assert await events(client, s) == []
     body["blocks"][0]["bucket"] = new_bucket(api_settings)
     await configure(client, s, body)
+
+
+async def test_the_largest_compact_after_takes_effect(client: httpx.AsyncClient) -> None:
+    """2**31 - 1, the largest admitted, is applied (the read at the write's sequence shows it)."""
+    s = sid()
+    r = await client.put(f"/v1/sessions/{s}/config", json={"blocks": [], "compaction": {"compact_after": 2**31 - 1}})
+    assert r.status_code == 200, r.text
+    got = await client.get(f"/v1/sessions/{s}/config", params={"min_seq": r.json()["seq"]})
+    assert got.status_code == 200, got.text
+    assert got.json()["config"]["compaction"]["compact_after"] == 2**31 - 1
 
 
 async def test_config_round_trip_and_replacement(client: httpx.AsyncClient, api_settings: Settings) -> None:
