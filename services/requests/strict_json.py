@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 from typing import Any
 
 from events.admission import has_bad_chars
@@ -69,6 +70,10 @@ def strict_loads(body: bytes) -> Any:
         value = _DECODER.decode(text)
     except RecursionError:
         raise InvalidRequest(f"the body is nested deeper than {MAX_JSON_DEPTH} levels") from None
+    except json.JSONDecodeError:
+        raise
+    except ValueError:  # an integer literal past Python's digit limit (4,300): never a field's
+        raise InvalidRequest(f"a number in the body has more than {sys.get_int_max_str_digits():,} digits") from None
     # Cheap guards first: nesting needs that many brackets, NUL or a surrogate needs a \u escape
     # (raw ones are not JSON, or not UTF-8).
     if text.count("[") + text.count("{") > MAX_JSON_DEPTH and _too_deep(value, MAX_JSON_DEPTH):

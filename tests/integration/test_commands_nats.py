@@ -316,6 +316,17 @@ async def test_requests_the_api_would_refuse_as_bodies_are_refused_alike(
     )
     status, problem = await request(tenant_a, settings, "append", raw)
     assert (status, problem["code"], problem["detail"]) == (h.status_code, h.json()["code"], h.json()["detail"])
+    # an integer Python will not read (over 4,300 digits): 422 invalid_request on both, not a 500
+    huge = b"9" * 5000
+    raw = b'{"session_id": "%s", "input_tokens": %s}' % (sid.encode(), huge)
+    h = await http.post(
+        f"/v1/sessions/{sid}/usage",
+        content=b'{"input_tokens": %s}' % huge,
+        headers={"content-type": "application/json"},
+    )
+    status, problem = await request(tenant_a, settings, "session.usage", raw)
+    assert (status, problem["code"], problem["detail"]) == (h.status_code, h.json()["code"], h.json()["detail"])
+    assert (status, problem["code"]) == (422, "invalid_request")
     # a key twice in one object: 422 invalid_request on both, whichever level it is at
     raw = b'{"session_id": "%s", "message": {"id": "m1", "role": "user", "parts": [], "id": "m2"}}' % sid.encode()
     h = await http.post(

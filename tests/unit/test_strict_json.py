@@ -22,6 +22,8 @@ from services.requests.strict_json import MAX_JSON_DEPTH, strict_loads
         b'{"\\ud800": 1}',
         b'"\\udc00"',
         b'{"k": ["a\\u0000b"]}',
+        b'{"n": ' + b"9" * 5000 + b"}",  # past Python's 4,300 digits: a ValueError that was a 500
+        b"[-" + b"1" * 4301 + b"]",
     ],
 )
 def test_values_chronicle_never_stores_are_invalid_requests(raw: bytes) -> None:
