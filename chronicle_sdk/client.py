@@ -680,7 +680,7 @@ class ChronicleClient:
             session's events (nothing when the message there is on another subject)."""
             query = {"from_seq": seq, "to_seq": seq, "limit": 1}
             lines = await self.request("GET", self._path(event.session, "/events"), params=query)
-            return any(json.loads(line).get("seq") == seq for line in str(lines or "").splitlines() if line.strip())
+            return any(json.loads(line).get("seq") == seq for line in str(lines or "").split("\n") if line.strip())
 
         # sealed with the session's data key when the deployment seals (chronicle_sdk/sealing.py)
         publisher = Publisher(nc.jetstream(), info.layout, keys=ServerKeys(ask), stored_on=stored_on)
@@ -713,7 +713,7 @@ class ChronicleClient:
         if last and await self.get_optional(self._path(session_id), min_seq=last) is None:
             query = {"from_seq": last, "to_seq": last, "limit": 1}
             lines = await self.request("GET", self._path(session_id, "/events"), params=query)
-            for line in str(lines or "").splitlines():
+            for line in str(lines or "").split("\n"):
                 event = json.loads(line).get("event") if line.strip() else None
                 if isinstance(event, dict) and (event.get("type") == "session.erased" or event.get("erased") is True):
                     raise SessionErased(f"session {session_id!r} was erased", status=410)

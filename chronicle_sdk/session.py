@@ -285,7 +285,7 @@ class Session(ConfigBuilder):
         found: list[dict[str, Any]] = []
         while True:  # a page holds at most ``limit`` events; a full one may have more after it
             text = await self.client.request("GET", self._path("/events"), params=params)
-            page = [json.loads(line) for line in str(text or "").splitlines() if line.strip()]
+            page = [json.loads(line) for line in str(text or "").split("\n") if line.strip()]
             found.extend(page)
             if len(page) < _EVENTS_PAGE:
                 return found

@@ -94,7 +94,7 @@ def decode(data: bytes, segment: Segment) -> list[StoredEvent]:
         text = gzip.decompress(data).decode("utf-8")
     except (OSError, EOFError, UnicodeDecodeError) as exc:
         raise ArchiveError(f"segment {segment.key}: not gzip'd UTF-8: {exc}") from None
-    out = [_event(line, segment.key) for line in text.splitlines() if line]
+    out = [_event(line, segment.key) for line in text.split("\n") if line]
     seqs = [e.seq for e in out]
     if not seqs or seqs != sorted(set(seqs)) or seqs[0] != segment.first or seqs[-1] != segment.last:
         raise ArchiveError(f"segment {segment.key}: sequences are not {segment.first}..{segment.last} in order")

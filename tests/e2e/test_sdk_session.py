@@ -262,3 +262,14 @@ async def _settled_history(clients: list[ChronicleClient], session_id: str) -> l
     for c in clients[1:]:
         reader.note_seq(session_id, c.last_seq(session_id))
     return await Session.create(reader, session_id).get_history()
+
+
+async def test_events_whose_text_holds_unicode_line_separators_are_read(sdk: ChronicleClient) -> None:
+    """U+2028, U+2029 and U+0085 are written as they are inside the events' NDJSON lines (JSON
+    needs no escape for them); the SDK splits the lines on newlines only (it broke them there)."""
+    s = Session.create(sdk, sid())
+    body = "para one\u2028para two\u2029three\x85four"
+    await s.append_message(text("m1", body))
+    [event] = await s.get_events()
+    assert event["event"]["type"] == "message.appended"
+    assert event["event"]["message"]["parts"][0]["text"] == body
