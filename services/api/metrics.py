@@ -66,6 +66,17 @@ REFRESH_AGE = Gauge(
     ["backend"],
     registry=REGISTRY,
 )
+COMPACTION_PENDING = Gauge(
+    "chronicle_compaction_requests_pending",
+    "Compaction requests on the work queue that no compactor has finished (waiting or in progress)",
+    registry=REGISTRY,
+)
+COMPACTOR_PULLS = Gauge(
+    "chronicle_compactor_pulls_waiting",
+    "Pull requests the compactors have open on the work queue at this scrape: 0 while requests are pending "
+    "means no compactor is taking work",
+    registry=REGISTRY,
+)
 SOURCES_MISSING = Counter(
     "chronicle_context_sources_missing_total",
     "Context reads and prompt renders refused because a read-only block's object is missing (409 source_missing)",
@@ -117,12 +128,21 @@ class Tables:
 
 
 @dataclass(frozen=True, slots=True)
+class WorkQueue:
+    """The compactors' shared consumer of the work queue as JetStream reports it."""
+
+    pending: int  # requests not yet delivered, plus those delivered and not yet acknowledged
+    pulls_waiting: int  # pull requests open: a compactor taking work has one most of the time
+
+
+@dataclass(frozen=True, slots=True)
 class Probe:
     """Each backend's answer or the error it gave (a timeout included), asked independently."""
 
     nats: bool
     last_seq: int | BaseException  # the stream's last sequence
     tables: Tables | BaseException
+    work: WorkQueue | BaseException | None = None  # None: not asked
 
     def snapshot(self) -> Snapshot | None:
         if isinstance(self.last_seq, BaseException) or isinstance(self.tables, BaseException):
@@ -178,22 +198,39 @@ async def _stream_last_seq(c: Container) -> int:
     return await eventlog.last_seq(c.js, c.layout)
 
 
-async def probe(c: Container) -> Probe:
-    """Ask NATS (the connection's state), the stream and Postgres, concurrently, each within
-    :data:`PROBE_TIMEOUT_S`; a failure is kept in its own slot, never raised."""
-    last, tables = await asyncio.gather(
+async def work_queue(c: Container) -> WorkQueue:
+    """The compactors' consumer; before any compactor made it, every request on the queue waits."""
+    if not c.nc.is_connected:
+        raise ConnectionError("NATS is not connected")
+    try:
+        info = await c.js.consumer_info(c.layout.work_stream, c.settings.compaction_queue)
+    except NotFoundError:
+        try:
+            stream = await c.js.stream_info(c.layout.work_stream)
+        except NotFoundError:
+            return WorkQueue(0, 0)
+        return WorkQueue(int(stream.state.messages), 0)
+    return WorkQueue(int(info.num_pending or 0) + int(info.num_ack_pending or 0), int(info.num_waiting or 0))
+
+
+async def probe(c: Container, *, work: bool = False) -> Probe:
+    """Ask NATS (the connection's state), the stream and Postgres (and, with ``work``, the
+    compaction work queue), concurrently, each within :data:`PROBE_TIMEOUT_S`; a failure is kept
+    in its own slot, never raised."""
+    last, tables, queue = await asyncio.gather(
         bounded(_stream_last_seq(c), PROBE_TIMEOUT_S),
         bounded(read_tables(c), PROBE_TIMEOUT_S),
+        bounded(work_queue(c), PROBE_TIMEOUT_S) if work else asyncio.sleep(0),
         return_exceptions=True,
     )
-    return Probe(c.nc.is_connected, last, tables)
+    return Probe(c.nc.is_connected, last, tables, queue if work else None)
 
 
-async def refresh(c: Container) -> Probe:
+async def refresh(c: Container, *, work: bool = False) -> Probe:
     """Probe the backends and export what answered; a backend that did not keeps its last known
     values (its ``chronicle_metrics_refresh_age_seconds`` grows) and ``chronicle_backend_up`` 0.
     Never raises for a backend's failure."""
-    found = await probe(c)
+    found = await probe(c, work=work)
     export(found)
     return found
 
@@ -216,6 +253,9 @@ def export(found: Probe, now: float | None = None) -> dict[str, int]:
         _refreshed["postgres"] = now
     if found.nats:
         _refreshed["nats"] = now
+    if isinstance(found.work, WorkQueue):
+        COMPACTION_PENDING.set(found.work.pending)
+        COMPACTOR_PULLS.set(found.work.pulls_waiting)
     for backend in BACKENDS:
         BACKEND_UP.labels(backend).set(1 if up[backend] else 0)
         if backend in _refreshed:

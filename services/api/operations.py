@@ -25,5 +25,5 @@ async def readyz(c: ContainerDep) -> JSONResponse:
 
 @router.get("/metrics", response_class=PlainTextResponse)
 async def prometheus(c: ContainerDep) -> Response:
-    await metrics.refresh(c)
+    await metrics.refresh(c, work=True)
     return Response(generate_latest(metrics.REGISTRY), media_type=CONTENT_TYPE_LATEST)
