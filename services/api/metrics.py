@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, TypeVar
 
+import psycopg
 from nats.js.errors import NotFoundError
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
@@ -235,13 +236,18 @@ async def refresh(c: Container, *, work: bool = False) -> Probe:
     return found
 
 
+def _answers(tables: Tables | BaseException) -> bool:
+    """Whether Postgres answered the probe (a database without Chronicle's tables answers)."""
+    return not isinstance(tables, BaseException) or isinstance(tables, psycopg.errors.UndefinedTable)
+
+
 def export(found: Probe, now: float | None = None) -> dict[str, int]:
     """Set the gauges from ``found`` (the lags per projector when both stream and Postgres answered)."""
     now = time.monotonic() if now is None else now
     up = {
         "nats": found.nats,
         "stream": not isinstance(found.last_seq, BaseException),
-        "postgres": not isinstance(found.tables, BaseException),
+        "postgres": _answers(found.tables),
     }
     if not isinstance(found.last_seq, BaseException):
         STREAM_LAST.set(found.last_seq)
@@ -342,6 +348,16 @@ def _failure(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}".rstrip(": ")
 
 
+def _postgres_failure(exc: BaseException) -> str:
+    """Why the tables were not read: a database that answers without Chronicle's tables (created
+    again, or never migrated) is not a Postgres that does not answer."""
+    if isinstance(exc, psycopg.errors.UndefinedTable):
+        return (
+            f"Postgres answers, but the database holds no Chronicle tables (run `chronicle migrate`): {_failure(exc)}"
+        )
+    return f"Postgres does not answer: {_failure(exc)}"
+
+
 async def readiness(c: Container, *, stall_s: float | None = None, max_lag: int | None = None) -> dict[str, Any]:
     """``ready`` is false, with ``reasons``, when NATS or Postgres does not answer, the stream is
     missing or is not the log the read models were made from (``log``: :func:`services.audit.readers.log_mismatch`), a
@@ -355,7 +371,7 @@ async def readiness(c: Container, *, stall_s: float | None = None, max_lag: int 
     found = await refresh(c)
     out: dict[str, Any] = {
         "nats": found.nats,
-        "postgres": not isinstance(found.tables, BaseException),
+        "postgres": _answers(found.tables),
         "stream": not isinstance(found.last_seq, BaseException),
         "log": False,
         "lag": None,
@@ -369,7 +385,7 @@ async def readiness(c: Container, *, stall_s: float | None = None, max_lag: int 
     elif isinstance(found.last_seq, BaseException):
         reasons.append(f"stream {c.layout.stream} does not answer: {_failure(found.last_seq)}")
     if isinstance(found.tables, BaseException):
-        reasons.append(f"Postgres does not answer: {_failure(found.tables)}")
+        reasons.append(_postgres_failure(found.tables))
     else:
         out["quarantined"] = found.tables.quarantined
     snap = found.snapshot()

@@ -1,6 +1,8 @@
-"""What an on-call sees of the compactors on ``/metrics``: the requests waiting on the work queue
-and whether any compactor is taking them (its open pull requests). A dead compactor left readiness
-green and the metrics unchanged while requests waited."""
+"""Signals an on-call trial found missing or misleading. The compactors on ``/metrics``: the
+requests waiting on the work queue and whether any compactor is taking them (its open pull
+requests; a dead compactor left readiness and the metrics unchanged while requests waited).
+``/readyz`` on a database without Chronicle's tables: Postgres answers, the database needs
+migrating (it said Postgres did not answer)."""
 
 from __future__ import annotations
 
@@ -66,3 +68,21 @@ async def test_pending_compactions_and_whether_a_compactor_takes_them(
         finally:
             stop.set()
             await asyncio.wait_for(task, 15)
+
+
+async def test_readiness_says_a_database_without_chronicles_tables_needs_migrating(
+    nats_url: str, fresh_db: str, s3_endpoint: str
+) -> None:
+    """The database dropped and made again under the running stack: Postgres answers (its flag
+    stays true) and the reason names the missing migration, not an unanswering server."""
+    settings = make_settings(nats_url, fresh_db, s3_endpoint=s3_endpoint)
+    async with running_stack(settings, projector=False) as c:
+        async with c.pool.connection() as conn:
+            await conn.execute("DROP SCHEMA public CASCADE")
+            await conn.execute("CREATE SCHEMA public")
+        body = await metrics.readiness(c)
+        assert (body["ready"], body["postgres"], body["nats"]) == (False, True, True), body
+        assert any(
+            r.startswith("Postgres answers, but the database holds no Chronicle tables") for r in body["reasons"]
+        )
+        assert not any(r.startswith("Postgres does not answer") for r in body["reasons"]), body
