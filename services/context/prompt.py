@@ -1,6 +1,15 @@
 """The frozen system prompt: rendered from the blocks and recorded on first use, the same string
 afterwards until a refresh (cache-stable for the LLM provider).
 
+Its version changes exactly when its text changes: a re-render (a refresh, a clear, a compaction)
+whose text is byte for byte the prompt in force records nothing and answers that prompt, its
+version and its seq, so a client comparing versions keeps a provider cache that is still valid.
+The comparison is a decision on the session's state, made like every other one (after catching
+up with the session's last sequence, :class:`~services.writes.optimistic.OptimisticWriter`): a
+changed text is published expecting that sequence, so a block write landing between the render
+and the publish makes it conflict and render again; an unchanged one is the prompt in force at
+that sequence (a later write is picked up by the next re-render).
+
 Reference: the Cloudflare Agents SDK Session API, §1.2 and §3.1 of docs/reference.md."""
 
 from __future__ import annotations
@@ -47,6 +56,8 @@ class ContextPrompt(ContextBlocks):
     async def refresh_prompt(
         self, tenant: str, session: str, reason: Literal["refresh", "clear", "compaction"] = "refresh"
     ) -> Prompt:
+        """Re-render from the current blocks; a new version only when the text differs from the
+        prompt in force (otherwise that prompt, recording nothing)."""
         return await self._render_prompt(tenant, session, reason)
 
     async def _render_prompt(
@@ -61,9 +72,12 @@ class ContextPrompt(ContextBlocks):
             if latest is None and not await context_queries.session_known(conn, tenant, session):
                 # a read must not create state: no prompt is frozen for a session that does not exist
                 raise SessionNotFound(f"session {session!r} does not exist")
-            if reason == "freeze" and latest is not None:
-                return Decision(None, lambda _seq: Prompt(latest.text, latest.tokens, latest.version, latest.seq))
+            in_force = None if latest is None else Prompt(latest.text, latest.tokens, latest.version, latest.seq)
+            if reason == "freeze" and in_force is not None:
+                return Decision(None, lambda _seq: in_force)
             text = render(await self.blocks(conn, tenant, session, sources=texts))
+            if in_force is not None and text == in_force.text:  # unchanged: the cached prefix stays valid
+                return Decision(None, lambda _seq: in_force)
             tokens = self.counter.count(text)
             version = (latest.version if latest else 0) + 1
             event = PromptRendered(

@@ -59,8 +59,9 @@ async def _ok(r: httpx.Response) -> dict[str, Any]:
 
 
 async def seed(client: httpx.AsyncClient, settings: Settings) -> Seeded:
-    """A branched, compacted session with two prompt versions, a written block, a capped message,
-    an unloaded skill output, a summarizer failure and a quarantined event; and an older one."""
+    """A branched, compacted session with three prompt versions (freeze, refresh, compaction), a
+    written block, a capped message, an unloaded skill output, a summarizer failure and a
+    quarantined event; and an older one."""
     older = new_sid("audit-old")
     await _ok(await client.post("/v1/sessions", json={"id": older, "name": "Older session"}))
     sid = new_sid("audit")
@@ -89,6 +90,8 @@ async def seed(client: httpx.AsyncClient, settings: Settings) -> Seeded:
         seq_m7 = await add(msg(f"m{i}", f"step {i} of the release{PROSE}", "user" if i % 2 == 0 else "assistant"))
     await _ok(await client.put(f"/v1/sessions/{sid}/context/memory", json={"content": MEMORY}))
     await _ok(await client.post(f"/v1/sessions/{sid}/system-prompt:refresh"))  # v2
+    more = {"content": "Ask before a Friday deploy.", "mode": "append"}
+    await _ok(await client.put(f"/v1/sessions/{sid}/context/memory", json=more))  # for v3, rendered by the compaction
     compacted = await _ok(await client.post(f"/v1/sessions/{sid}/compact", json={"leaf_id": "m7"}))
     assert compacted["compacted"] is True, compacted
     await add(msg("m8", "x" * BIG_TEXT_CHARS, "assistant"))  # over the row cap: stored capped

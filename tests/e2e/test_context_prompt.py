@@ -28,7 +28,7 @@ from tests.e2e.context_support import (
     tokens,
     tool,
 )
-from tests.e2e.helpers import append, msg
+from tests.e2e.helpers import PROSE, append, msg
 
 
 async def test_prompt_renders_every_block_kind_exactly(client: httpx.AsyncClient, api_settings: Settings) -> None:
@@ -195,6 +195,76 @@ async def test_clearing_messages_refreshes_the_frozen_prompt(client: httpx.Async
     assert after["version"] == 2
     types = [(e["event"]["type"], e["event"].get("reason")) for e in await events(client, s)]
     assert types[-2:] == [("messages.cleared", None), ("prompt.rendered", "clear")]
+
+
+def _rendered(evs: list[dict[str, Any]]) -> list[tuple[int, str]]:
+    return [(e["event"]["version_no"], e["event"]["reason"]) for e in evs if e["event"]["type"] == "prompt.rendered"]
+
+
+async def test_refreshing_an_unchanged_prompt_keeps_its_version_and_records_nothing(
+    client: httpx.AsyncClient,
+) -> None:
+    """The version changes exactly when the text does: refreshes that render the same bytes
+    answer the prompt in force (its version and seq) and leave the log as it was."""
+    s = sid()
+    await configure(client, s, {"blocks": [{"kind": "writable", "label": "memory"}]})
+    await client.put(f"/v1/sessions/{s}/context/memory", json={"content": "a fact"})
+    first = await prompt(client, s)
+    assert (first["prompt"], first["version"]) == (block("MEMORY [writable]", "a fact"), 1)
+    last = await last_seq(client, s)
+
+    assert await refresh(client, s) == first
+    assert await refresh(client, s) == first
+    assert await last_seq(client, s) == last
+    # the same content written again changes no byte of the prompt either
+    written = await client.put(f"/v1/sessions/{s}/context/memory", json={"content": "a fact"})
+    assert written.status_code == 200, written.text
+    assert await refresh(client, s) == first
+    assert await prompt(client, s, min_seq=first["seq"]) == first
+
+    # a write that changes the text: a new version, once
+    await client.put(f"/v1/sessions/{s}/context/memory", json={"content": "another fact"})
+    second = await refresh(client, s)
+    assert (second["prompt"], second["version"]) == (block("MEMORY [writable]", "another fact"), 2)
+    assert second["seq"] > written.json()["seq"]
+    assert await refresh(client, s) == second
+    assert await prompt(client, s, min_seq=second["seq"]) == second
+    assert _rendered(await events(client, s)) == [(1, "freeze"), (2, "refresh")]
+
+
+async def test_clearing_with_an_unchanged_prompt_records_no_new_version(client: httpx.AsyncClient) -> None:
+    s = sid()
+    await configure(client, s, {"blocks": [{"kind": "readonly", "label": "soul", "content": "Be brief."}]})
+    await append(client, s, msg("m1", "hello"))
+    first = await prompt(client, s)
+    r = await client.post(f"/v1/sessions/{s}/messages:clear")
+    assert r.status_code == 200, r.text
+    evs = await events(client, s)
+    assert evs[-1]["event"]["type"] == "messages.cleared"
+    assert evs[-1]["seq"] == r.json()["seq"]
+    assert _rendered(evs) == [(1, "freeze")]
+    assert await prompt(client, s, min_seq=r.json()["seq"]) == first
+
+
+async def test_a_compaction_with_an_unchanged_prompt_records_no_new_version(client: httpx.AsyncClient) -> None:
+    s = sid()
+    config = {
+        "blocks": [{"kind": "readonly", "label": "soul", "content": "Be brief."}],
+        "compaction": {"protect_head": 1, "tail_token_budget": 10, "min_tail_messages": 2},
+    }
+    await configure(client, s, config)
+    r = await client.post(
+        f"/v1/sessions/{s}/messages:batch", json={"messages": [msg(f"m{i}", f"m{i}{PROSE}") for i in range(8)]}
+    )
+    assert r.status_code == 201, r.text
+    first = await prompt(client, s)
+    compacted = await client.post(f"/v1/sessions/{s}/compact", json={})
+    assert compacted.status_code == 200, compacted.text
+    assert compacted.json()["compacted"] is True, compacted.json()
+    evs = await events(client, s)
+    assert evs[-1]["event"]["type"] == "compaction.recorded"
+    assert _rendered(evs) == [(1, "freeze")]
+    assert await prompt(client, s, min_seq=compacted.json()["seq"]) == first
 
 
 async def test_clearing_a_session_without_a_frozen_prompt_renders_none(client: httpx.AsyncClient) -> None:

@@ -351,7 +351,9 @@ async def test_cli_put_and_sync(client: httpx.AsyncClient, api_settings: Setting
     put_object(api_settings, bucket, "skills/direct", "Direct doc", description="Direct upload")
     put_object(api_settings, bucket, "skills/plain", "Plain doc")
     put_object(api_settings, bucket, "other/x", "outside the prefix", description="Other")
-    assert (await refresh(client, s))["prompt"] == block("SKILLS (Loadable docs) [loadable]", "- tax: Tax workflows")
+    unsynced = await refresh(client, s)
+    assert unsynced["prompt"] == block("SKILLS (Loadable docs) [loadable]", "- tax: Tax workflows")
+    assert unsynced["version"] == 1  # the same text: still the first freeze
     out = chronicle(api_settings, "sync", "--bucket", bucket, "--prefix", "skills/", "--tenant", "tenant-a")
     assert out.strip() == "indexed 2, removed 0, unchanged 1"
     listing = "- direct: Direct upload\n- plain\n- tax: Tax workflows"
@@ -368,5 +370,5 @@ async def test_cli_put_and_sync(client: httpx.AsyncClient, api_settings: Setting
     listing = "- direct: Direct upload\n- tax: Tax workflows"
     last = await refresh(client, s)
     assert last["prompt"] == block("SKILLS (Loadable docs) [loadable]", listing)
-    assert last["version"] == 4
+    assert last["version"] == 3  # one new version per changed listing
     assert await prompt(client, s, min_seq=last["seq"]) == last  # frozen at the last refresh
