@@ -132,8 +132,9 @@ class ConfigBuilder:
     def with_cached_prompt(self) -> Self:
         """Persist the frozen system prompt (``withCachedPrompt()``).
 
-        Chronicle always persists it (each freeze and refresh is an event), so this only records
-        the intent; it is accepted so that reference code ports unchanged.
+        Chronicle always persists it (the first freeze, and each re-render that changes the
+        text, is an event), so this only records the intent; it is accepted so that reference
+        code ports unchanged.
         """
         self._cached_prompt = True
         return self
@@ -142,7 +143,11 @@ class ConfigBuilder:
         """Compact automatically once the session's token estimate passes ``tokens`` (``compactAfter``).
 
         The ``chronicle compactor`` worker does it, in the background; :meth:`Session.compact`
-        compacts on demand.
+        compacts on demand. Compaction only summarises what lies between the protected head and
+        the protected tail (:meth:`on_compaction`), so a ``tokens`` below ``tail_token_budget``
+        (default 20,000) compacts nothing until the messages after the head exceed the tail
+        budget: until then each automatic attempt records ``compaction.skipped`` ("the tail
+        already fits the budget"). Set ``tail_token_budget`` below ``tokens``.
         """
         self._compaction["compact_after"] = tokens
         self._changed()
@@ -160,6 +165,9 @@ class ConfigBuilder:
         The summarizer itself runs on the server (an OpenAI-compatible endpoint or the offline
         one), so only the options of ``createCompactFunction`` are given here; ``None`` keeps
         the server default (protect_head 3, tail_token_budget 20000, min_tail_messages 2).
+        The newest messages within ``tail_token_budget`` (at least ``min_tail_messages``) are
+        never summarised: keep it below :meth:`compact_after`, or automatic compaction skips
+        ("the tail already fits the budget") until the history outgrows the tail.
         """
         for name, value in (
             ("protect_head", protect_head),

@@ -501,14 +501,19 @@ class Session(ConfigBuilder):
         prompt cache stays valid across turns. As in the reference, two other things re-render it:
         :meth:`clear_messages` and every recorded compaction (whether :meth:`compact` or the
         server's compactor, which runs in the background after an append crosses
-        ``compact_after``: the next call here may then return a new version, once per
-        compaction). Compare :attr:`SystemPrompt.version` (from :meth:`get_system_prompt`) to
-        know when the cached prefix changed.
+        ``compact_after``). A re-render whose text is byte for byte the prompt in force records
+        nothing and keeps its version, so :attr:`SystemPrompt.version` (from
+        :meth:`get_system_prompt`) changes exactly when the text changes: compare it to know
+        when the cached prefix changed.
         """
         return (await self.get_system_prompt()).prompt
 
     async def refresh_system_prompt(self) -> str:
-        """Re-render from the current blocks and store it as the new frozen prompt (``refreshSystemPrompt``)."""
+        """Re-render from the current blocks and store it as the new frozen prompt (``refreshSystemPrompt``).
+
+        A new version only when the text changed; the same text keeps the version in force
+        and records nothing (the provider's cached prefix stays valid).
+        """
         out = await self._write("POST", "/system-prompt:refresh", idempotent=False)
         self._prompt_version = max(self._prompt_version, int(out["version"]))
         return str(out["prompt"])

@@ -203,7 +203,11 @@ class ContextBlock:
 
 @dataclass(frozen=True, slots=True)
 class SystemPrompt:
-    """A frozen system prompt: its text, exact token count, version (1 = first freeze) and event ``seq``."""
+    """A frozen system prompt: its text, exact token count, version and event ``seq``.
+
+    ``version`` is 1 at the first freeze and changes exactly when the text changes (a re-render
+    to the same bytes keeps it, with its ``seq``): a changed version means a changed cached prefix.
+    """
 
     prompt: str
     tokens: int
