@@ -107,10 +107,7 @@ class ContextTools(ContextSkills, ContextPrompt):
         if info is None:
             return f'Error: block "{label}" not found'
         if info.kind in ("skills", "searchable"):
-            meta = args.get("metadata") if isinstance(args.get("metadata"), dict) else {}
-            assert isinstance(meta, dict)
-            title = meta.get("title") if isinstance(meta.get("title"), str) else None
-            description = meta.get("description") if isinstance(meta.get("description"), str) else None
+            title, description = _metadata(args)
             key = context_entry_key(title, content)
             if info.kind == "skills":
                 await self.set_skill(tenant, session, label, key, content, description or title)
@@ -122,6 +119,24 @@ class ContextTools(ContextSkills, ContextPrompt):
         mode: Mode = "append" if args.get("action") == "append" else "replace"
         result = await self.write(tenant, session, label, content, mode, "tool")
         return usage(label, result.tokens, result.max_tokens)
+
+
+def _metadata(args: dict[str, Any]) -> tuple[str | None, str | None]:
+    """``set_context``'s optional ``metadata: {title?, description?}``, strings (the reference's
+    schema refuses anything else: a title that is not a string must not silently become a
+    content-hash key)."""
+    meta = args.get("metadata")
+    if meta is None:
+        return None, None
+    if not isinstance(meta, dict):
+        raise InvalidToolArguments("argument 'metadata' must be an object: {title, description}")
+    fields = []
+    for name in ("title", "description"):
+        value = meta.get(name)
+        if value is not None and not isinstance(value, str):
+            raise InvalidToolArguments(f"argument 'metadata.{name}' must be a string")
+        fields.append(value)
+    return fields[0], fields[1]
 
 
 def _str(args: dict[str, Any], name: str) -> str:

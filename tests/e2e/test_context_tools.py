@@ -226,6 +226,22 @@ BAD_ARGUMENTS: dict[str, tuple[str, Any, str]] = {
     "missing-key": ("load_context", {"label": "skills"}, "Error: argument 'key' must be a string"),
     "unload-key-null": ("unload_context", {"label": "skills", "key": None}, "Error: argument 'key' must be a string"),
     "missing-query": ("search_context", {"label": "knowledge"}, "Error: argument 'query' must be a string"),
+    # a malformed metadata was ignored (a title that is not a string became a content-hash key)
+    "metadata-a-string": (
+        "set_context",
+        {"label": "knowledge", "content": "a", "metadata": "x"},
+        "Error: argument 'metadata' must be an object: {title, description}",
+    ),
+    "metadata-title-a-number": (
+        "set_context",
+        {"label": "skills", "content": "a", "metadata": {"title": 5}},
+        "Error: argument 'metadata.title' must be a string",
+    ),
+    "metadata-description-a-list": (
+        "set_context",
+        {"label": "knowledge", "content": "a", "metadata": {"title": "t", "description": []}},
+        "Error: argument 'metadata.description' must be a string",
+    ),
 }
 
 
