@@ -20,12 +20,18 @@ from pydantic import ValidationError
 
 from chronicle_sdk import jsondecode
 from chronicle_sdk.commands import Routed, reply_status, route
-from chronicle_sdk.connection import Via, checked_message_id, checked_session_id, quote, session_path
+from chronicle_sdk.connection import (
+    Via,
+    checked_message_id,
+    checked_new_message_id,
+    checked_session_id,
+    quote,
+    session_path,
+)
 from chronicle_sdk.errors import (
     ChronicleError,
     Contention,
     EventIdTaken,
-    InvalidId,
     InvalidRequest,
     NotFound,
     PayloadTooLarge,
@@ -108,6 +114,16 @@ def _check_message(message: Mapping[str, Any]) -> Message:
     except ValidationError as exc:
         raise InvalidRequest(validation_detail(exc, prefix="message."), status=422) from exc
     return dict(message)
+
+
+def _refuse_unnameable_ids(messages: Sequence[Mapping[str, Any]]) -> None:
+    """:class:`InvalidId` (``422``) before any request when a new message's id is one no URL could
+    name (a ``/`` in it, or ``.`` or ``..``), which the server refuses too: nothing of a chain is
+    sent. The rest of a message's shape is left to the server (or to :func:`_check_message`)."""
+    for message in messages:
+        mid = message.get("id") if isinstance(message, Mapping) else None  # any other is the server's to refuse
+        if isinstance(mid, str) and (mid in ids.UNREACHABLE_MESSAGE_IDS or "/" in mid):
+            checked_new_message_id(mid)
 
 
 class ChronicleClient:
@@ -426,6 +442,7 @@ class ChronicleClient:
         """Append one message (see :meth:`chronicle_sdk.Session.append_message`): over HTTP, or as a
         NATS command (``"nats"``; ``"jetstream"`` too: one message is never published without the
         server's decision, which only the server makes)."""
+        _refuse_unnameable_ids([message])
         return await self._append_api(session_id, message, parent_id, "http" if self._via(via) == "http" else "nats")
 
     async def append_chain(
@@ -445,6 +462,7 @@ class ChronicleClient:
             return []
         if len({str(m.get("id")) for m in messages}) != len(messages):
             raise InvalidRequest("message ids in a chain must be distinct", status=422)
+        _refuse_unnameable_ids(messages)
         chosen = self._via(via)
         if chosen == "jetstream":
             return await self._append_chain_direct(session_id, messages, parent_id)
@@ -691,9 +709,7 @@ class ChronicleClient:
         from events.bodies import pack_body
 
         body = _check_message(message)
-        if body["id"] in ids.UNREACHABLE_MESSAGE_IDS:  # as the API refuses it: no URL could name it
-            unreachable = f"message id must not be {body['id']!r}: as a URL path segment it names no message"
-            raise InvalidId(unreachable, status=422)
+        checked_new_message_id(body["id"])  # as the API refuses it: no URL could name it
         size = len(canonical_json(body))
         if size > info.max_message_bytes:
             raise PayloadTooLarge(f"message is {size} bytes; the limit is {info.max_message_bytes}", status=413)

@@ -104,9 +104,24 @@ def checked_message_id(message_id: str) -> str:
     return _checked(ids.check_message_id, message_id)
 
 
+def checked_new_message_id(message_id: str) -> str:
+    """``message_id`` when the server would take it as a new message's id, else
+    :class:`InvalidId` (``422``) before any request: one holding a ``/``, or ``.`` or ``..``,
+    could never be named by a URL afterwards (:func:`events.ids.check_new_message_id`)."""
+    return _checked(ids.check_new_message_id, message_id)
+
+
 def session_path(session_id: str, tail: str = "") -> str:
     """The URL path of a session (and ``tail`` under it), its id checked first."""
     return f"/v1/sessions/{quote(checked_session_id(session_id))}{tail}"
 
 
-__all__ = ["Connection", "Via", "checked_message_id", "checked_session_id", "quote", "session_path"]
+__all__ = [
+    "Connection",
+    "Via",
+    "checked_message_id",
+    "checked_new_message_id",
+    "checked_session_id",
+    "quote",
+    "session_path",
+]

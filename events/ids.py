@@ -27,23 +27,21 @@ commands refuse for new writes (services/requests/checks.py): as a URL path segm
 dot segments, which clients and proxies remove, so no request could name the session."""
 UNREACHABLE_MESSAGE_IDS = UNREACHABLE_SESSION_IDS
 """Message ids refused as the id of a new message for the same reason (``/messages/{mid}``);
-messages stored with one stay valid and keep their id (a fork copies it)."""
-_S_END = rf"[^\s/{_CONTROLS}]"  # first or last character of a session id
+messages stored with one stay valid and keep their id (a fork copies it). A new message's id
+may not hold a ``/`` either (:func:`check_new_message_id`)."""
+_S_END = rf"[^\s/{_CONTROLS}]"  # first or last character of an id that is one URL path segment
 _S_END_NO_DOT = rf"[^\s/.{_CONTROLS}]"
-SESSION_ID_PATTERN = (
+_SEGMENT_ID_PATTERN = (
     rf"^(?:{_S_END_NO_DOT}|\.{_S_END_NO_DOT}|{_S_END_NO_DOT}{_S_END}|{_S_END}[^/{_CONTROLS}]+{_S_END})$"
 )
+SESSION_ID_PATTERN = _SEGMENT_ID_PATTERN
 MESSAGE_ID_PATTERN = rf"^[^\s{_CONTROLS}](?:[^{_CONTROLS}]*[^\s{_CONTROLS}])?$"
-_M_END = rf"[^\s{_CONTROLS}]"  # first or last character of a message id
-_M_END_NO_DOT = rf"[^\s.{_CONTROLS}]"
-NEW_MESSAGE_ID_PATTERN = (
-    rf"^(?:{_M_END_NO_DOT}|\.{_M_END_NO_DOT}|{_M_END_NO_DOT}{_M_END}|{_M_END}[^{_CONTROLS}]+{_M_END})$"
-)
+NEW_MESSAGE_ID_PATTERN = _SEGMENT_ID_PATTERN
 _LISTED = rf"[^\s,{_CONTROLS}](?:[^,{_CONTROLS}]*[^\s,{_CONTROLS}])?"
 MESSAGE_ID_LIST_PATTERN = rf"^{_LISTED}(?:,{_LISTED})*$"
 """The id rules as regular expressions for JSON Schema: no control characters, no surrounding
-whitespace (no ``/`` in a session id, nor ``.`` or ``..`` alone; the list is message ids without
-',' joined with ','). A
+whitespace (no ``/`` in a session id or a new message's id, nor ``.`` or ``..`` alone: each is one
+URL path segment; the list is message ids without ',' joined with ','). A
 regex cannot name every Unicode category-C code point (format, private-use, unassigned), so the
 schemas below also carry a ``format`` that says so."""
 
@@ -76,12 +74,13 @@ NEW_MESSAGE_ID_SCHEMA: dict[str, Any] = {
     "pattern": NEW_MESSAGE_ID_PATTERN,
     "format": "chronicle-new-message-id",
     "description": "1-256 characters, none of Unicode category C (control, format, private-use, "
-    "unassigned), no leading or trailing whitespace, not '.' or '..'",
+    "unassigned), no '/', no leading or trailing whitespace, not '.' or '..' (a message's id is "
+    "one segment of its URL paths; ids stored earlier with a '/' stay readable)",
 }
 """JSON Schemas of the ids :func:`check_tenant`, :func:`check_session` and
 :func:`check_message_id` admit (the OpenAPI document uses them); the session id's is what the
 API and the commands take: :data:`UNREACHABLE_SESSION_IDS` left out; the new message id's (a
-message's own ``id``) leaves out :data:`UNREACHABLE_MESSAGE_IDS`."""
+message's own ``id``) is what :func:`check_new_message_id` admits."""
 
 
 class InvalidId(ValueError):
@@ -121,8 +120,24 @@ def check_session(value: str) -> str:
 
 
 def check_message_id(value: str) -> str:
-    """A message id: 1-256 printable characters, no surrounding whitespace."""
+    """A message id: 1-256 printable characters, no surrounding whitespace. Stored messages may
+    hold any such id (events published before :func:`check_new_message_id` existed, their fork
+    copies), so this is the rule for reading and naming one."""
     return _check("message id", value, MAX_MESSAGE_ID_LEN)
+
+
+def check_new_message_id(value: str) -> str:
+    """The id of a new message (an append): :func:`check_message_id`, and one URL path segment
+    (``/messages/{mid}``) can name it: no ``/`` (``%2F`` reaches the server as ``/``, so the route
+    would not match), not ``.`` or ``..`` (:data:`UNREACHABLE_MESSAGE_IDS`: dot segments, which
+    clients and proxies remove). The API, the NATS commands and the SDK refuse the rest before
+    anything is written; the event contract does not, so messages stored with one stay valid."""
+    check_message_id(value)
+    if value in UNREACHABLE_MESSAGE_IDS:
+        raise InvalidId(f"message id must not be {value!r}: as a URL path segment it names no message")
+    if "/" in value:
+        raise InvalidId("message id must not contain '/': no URL path segment could name the message")
+    return value
 
 
 TENANT_SCOPE = ""

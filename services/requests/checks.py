@@ -37,15 +37,18 @@ def no_nul(value: object, what: str) -> None:
 
 def checked_message(raw: dict[str, Any], *, new: bool) -> dict[str, Any]:
     """Validate the UIMessage shape; the client's dict is stored as sent (unknown fields kept).
-    A ``new`` message (an append's) may not take the id ``.`` or ``..``
-    (:data:`events.ids.UNREACHABLE_MESSAGE_IDS`): ``/messages/{mid}`` could never name it. An
-    update names a stored message, which keeps its id."""
+    A ``new`` message (an append's) may not take an id that ``/messages/{mid}`` could never name
+    (:func:`events.ids.check_new_message_id`: one holding a ``/``, or ``.`` or ``..``). An update
+    names a stored message, which keeps its id."""
     try:
         UIMessage.model_validate(raw)
     except ValidationError as exc:
         raise InvalidRequest(validation_detail(exc, prefix="message.")) from exc
-    if new and raw["id"] in ids.UNREACHABLE_MESSAGE_IDS:
-        raise InvalidId(f"message id must not be {raw['id']!r}: as a URL path segment it names no message")
+    if new:
+        try:
+            ids.check_new_message_id(raw["id"])
+        except ids.InvalidId as exc:
+            raise InvalidId(str(exc)) from exc
     try:
         stored_json(raw).encode("utf-8")
     except UnicodeEncodeError as exc:

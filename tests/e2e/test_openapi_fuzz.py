@@ -62,7 +62,9 @@ schemathesis.openapi.format(
     "chronicle-session-id", _id(128, exclude="/").filter(lambda s: s not in ids.UNREACHABLE_SESSION_IDS)
 )
 schemathesis.openapi.format("chronicle-message-id", _id(256))
-schemathesis.openapi.format("chronicle-new-message-id", _id(256).filter(lambda s: s not in ids.UNREACHABLE_MESSAGE_IDS))
+schemathesis.openapi.format(
+    "chronicle-new-message-id", _id(256, exclude="/").filter(lambda s: s not in ids.UNREACHABLE_MESSAGE_IDS)
+)
 schemathesis.openapi.format(
     "chronicle-message-id-list", st.lists(_id(64, exclude=","), min_size=1, max_size=4).map(",".join)
 )

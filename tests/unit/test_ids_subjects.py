@@ -13,6 +13,7 @@ from events.ids import (
     MAX_TENANT_LEN,
     InvalidId,
     check_message_id,
+    check_new_message_id,
     check_session,
     check_tenant,
     decode_token,
@@ -25,6 +26,7 @@ CHECKERS: dict[str, tuple[Checker, int]] = {
     "tenant": (check_tenant, MAX_TENANT_LEN),
     "session": (check_session, MAX_SESSION_LEN),
     "message": (check_message_id, MAX_MESSAGE_ID_LEN),
+    "new message": (check_new_message_id, MAX_MESSAGE_ID_LEN),
 }
 
 BAD_FOR_ALL = [
@@ -74,7 +76,7 @@ def test_invalid_id_is_a_value_error() -> None:
     assert issubclass(InvalidId, ValueError)
 
 
-@pytest.mark.parametrize("check", [check_session, check_message_id])
+@pytest.mark.parametrize("check", [check_session, check_message_id, check_new_message_id])
 @pytest.mark.parametrize("value", ["chat 1", "a.b", "a*b>c", "会話-1", "~abc", "user@example.com", "🙂"])
 def test_session_and_message_ids_allow_printable_characters(check: Checker, value: str) -> None:
     assert check(value) == value
@@ -84,7 +86,25 @@ def test_session_and_message_ids_allow_printable_characters(check: Checker, valu
 def test_session_ids_must_not_hold_a_slash(value: str) -> None:
     with pytest.raises(InvalidId, match="'/'"):
         check_session(value)
-    assert check_message_id(value) == value  # message ids are query or path segments: allowed
+    assert check_message_id(value) == value  # a stored message's id may hold one (an earlier release)
+
+
+@pytest.mark.parametrize("value", ["a/b", "/a", "a/", "/", "会話/1", "a/..", "./."])
+def test_a_new_message_id_must_not_hold_a_slash(value: str) -> None:
+    with pytest.raises(InvalidId, match="must not contain '/'"):
+        check_new_message_id(value)
+
+
+@pytest.mark.parametrize("value", [".", ".."])
+def test_a_new_message_id_must_not_be_a_dot_segment(value: str) -> None:
+    with pytest.raises(InvalidId, match=f"must not be {value!r}"):
+        check_new_message_id(value)
+    assert check_message_id(value) == value
+
+
+@pytest.mark.parametrize("value", ["...", ".a", "a.", "a..b", "a\\b", "a%2Fb"])
+def test_a_new_message_id_may_hold_dots_and_other_punctuation(value: str) -> None:
+    assert check_new_message_id(value) == value
 
 
 @pytest.mark.parametrize("value", ["a.b", "a b", "a*", "a>", "~abc", "ünï", "a/b", "a:b"])

@@ -1,5 +1,6 @@
 """The message shape a request may send (events/messages.py): strings where the AI SDK's parts
-have strings, anything in a tool's input and output, and no new message named ``.`` or ``..``."""
+have strings, anything in a tool's input and output, and no new message whose id no URL could name
+(``.``, ``..``, or one holding a ``/``)."""
 
 from __future__ import annotations
 
@@ -63,6 +64,13 @@ def test_a_new_message_may_not_be_named_by_a_dot_segment(mid: str) -> None:
     assert checked_message(_message(mid=mid), new=False)["id"] == mid  # an update names a stored message
 
 
-@pytest.mark.parametrize("mid", ["...", ".a", "a.", "..a", "a..", "a/.."])
+@pytest.mark.parametrize("mid", ["a/b", "/", "a/..", "../a", "/m"])
+def test_a_new_message_may_not_hold_a_slash_in_its_id(mid: str) -> None:
+    with pytest.raises(InvalidId, match="must not contain '/'"):
+        checked_message(_message(mid=mid), new=True)
+    assert checked_message(_message(mid=mid), new=False)["id"] == mid  # an update names a stored message
+
+
+@pytest.mark.parametrize("mid", ["...", ".a", "a.", "..a", "a..", "a\\.."])
 def test_ids_with_more_than_a_dot_segment_are_fine(mid: str) -> None:
     assert checked_message(_message(mid=mid), new=True)["id"] == mid

@@ -32,6 +32,7 @@ from chronicle_sdk import (
     Unauthorized,
     Unavailable,
     UnknownParent,
+    Via,
     format_session_search,
 )
 from chronicle_sdk.client import MAX_RETRY_AFTER_S, RETRY_BUDGET_S
@@ -622,6 +623,31 @@ async def test_a_write_goes_as_its_command_and_a_problem_is_the_typed_error() ->
     with pytest.raises(UnknownParent, match="no parent p"):
         await commanding(refused).append("s1", msg("m1"), "p")
     assert len(refused.subjects) == 1  # a refusal is not retried
+
+
+@pytest.mark.parametrize("bad", ["a/b", "/", "m/..", ".", ".."])
+async def test_new_message_ids_no_url_can_name_are_invalid_id_before_any_request(bad: str) -> None:
+    rec = Recorder(appended)
+    nc = FakeNats(Reply(201, {"id": bad, "parent_id": None, "seq": 3, "created": True}))
+    async with rec.client() as c:
+        paths: list[tuple[ChronicleClient, Via]] = [(c, "http"), (commanding(nc), "nats")]
+        for client, via in paths:
+            with pytest.raises(InvalidId, match=r"must not contain '/'|must not be '\.\.?'") as caught:
+                await client.append("s1", msg(bad))
+            assert caught.value.status == 422
+            with pytest.raises(InvalidId):  # nothing of a chain is sent, the good messages before it neither
+                await client.append_chain("s1", [msg("m1"), msg(bad)], via=via)
+            with pytest.raises(InvalidId):
+                await SessionManager(client).append_all("s1", [msg("m1"), msg(bad)])
+    assert rec.requests == []
+    assert nc.subjects == []
+
+
+async def test_a_parent_id_with_a_slash_names_a_stored_message_and_is_sent() -> None:
+    rec = Recorder(appended)
+    async with rec.client() as c:
+        await c.append("s1", msg("m2"), "old/m1")
+    assert rec.bodies() == [{"message": msg("m2"), "parent_id": "old/m1"}]
 
 
 async def test_a_command_without_a_command_service_is_retried_then_unavailable() -> None:
