@@ -61,6 +61,7 @@ BAD_APPEND_BODIES: dict[str, Any] = {
     },
     "message-id-dot": {"message": {"id": ".", "role": "user", "parts": []}},
     "message-id-dot-dot": {"message": {"id": "..", "role": "user", "parts": []}},
+    "message-id-with-a-slash": {"message": {"id": "a/b", "role": "user", "parts": []}},
 }
 
 

@@ -260,15 +260,18 @@ async def test_a_creds_file_is_used_instead_of_the_derived_key(
 
 
 @pytest.mark.parametrize("via", VIAS)
-@pytest.mark.parametrize("dots", [".", ".."])
-async def test_a_dot_message_id_is_refused_on_every_path_and_nothing_is_written(
-    api_url: str, api_settings: Settings, via: Via, dots: str
+@pytest.mark.parametrize(("unnamed", "why"), [(".", "names no message"), ("..", "names no message"), ("a/b", "'/'")])
+async def test_a_message_id_no_url_can_name_is_refused_on_every_path_and_nothing_is_written(
+    api_url: str, api_settings: Settings, via: Via, unnamed: str, why: str
 ) -> None:
-    async with client_for(api_url, api_settings, via=via) as c:
-        s = Session.create(c, sid("dots"))
+    transport = CountingTransport()
+    async with client_for(api_url, api_settings, via=via, transport=transport) as c:
+        s = Session.create(c, sid("unnamed"))
         await s.append_message(text("m1", "kept"))
-        with pytest.raises(InvalidId, match="names no message"):
-            await s.append_message(text(dots, "unreachable"), via=via)
-        with pytest.raises(InvalidId, match="names no message"):  # a chain: straight to JetStream with via
-            await c.append_chain(s.id, [text("m2", "before it"), text(dots, "unreachable")], "m1", via=via)
+        sent = len(transport.calls)
+        with pytest.raises(InvalidId, match=why):
+            await s.append_message(text(unnamed, "unreachable"), via=via)
+        with pytest.raises(InvalidId, match=why):  # a chain: straight to JetStream with via
+            await c.append_chain(s.id, [text("m2", "before it"), text(unnamed, "unreachable")], "m1", via=via)
+        assert len(transport.calls) == sent  # refused before any HTTP request (the unit tests count commands)
         assert [m["id"] for m in await s.get_history()] == ["m1"]

@@ -173,6 +173,20 @@ REFUSALS: list[tuple[str, str, dict[str, Any], str, dict[str, Any] | bytes]] = [
         {"session_id": "{sid}", "messages": [message("m1"), message("..")]},
     ),
     (
+        "message id with a slash",
+        "POST /messages",
+        {"message": message("a/b")},
+        "append",
+        {"session_id": "{sid}", "message": message("a/b")},
+    ),
+    (
+        "message id with a slash in a batch",
+        "POST /messages:batch",
+        {"messages": [message("m1"), message("x/..")]},
+        "append_batch",
+        {"session_id": "{sid}", "messages": [message("m1"), message("x/..")]},
+    ),
+    (
         "unknown session",
         "DELETE ",
         {},
@@ -288,6 +302,25 @@ async def test_each_refusal_replies_with_the_problem_http_answers(
     )
     assert problem["type"] == expected["type"]
     assert problem["title"] == expected["title"]
+
+
+async def test_a_new_message_id_with_a_slash_is_refused_over_nats_and_nothing_is_written(
+    http: httpx.AsyncClient, tenant_a: NatsClient, settings: Settings, stack: Container
+) -> None:
+    sid = await created_session(http)
+    before = await eventlog.last_seq(stack.js, stack.layout)
+    for command, body in (
+        ("append", {"session_id": sid, "message": message("a/b")}),
+        ("append_batch", {"session_id": sid, "messages": [message("m1"), message("/m2")]}),
+        ("append", {"session_id": "s-never-" + uuid.uuid4().hex[:8], "message": message("a/")}),
+    ):
+        status, problem = await request(tenant_a, settings, command, body)
+        assert (status, problem["code"]) == (422, "invalid_id"), problem
+        assert "message id must not contain '/'" in problem["detail"], problem
+    status, legit = await request(tenant_a, settings, "append", {"session_id": sid, "message": message("m1")})
+    assert (status, legit["seq"]) == (201, before + 1)  # the legit append is the only event since
+    history = await http.get(f"/v1/sessions/{sid}/history", params={"min_seq": legit["seq"]})
+    assert [m["id"] for m in history.json()["messages"]] == ["m1"]
 
 
 async def test_requests_the_api_would_refuse_as_bodies_are_refused_alike(
