@@ -26,6 +26,7 @@ from chronicle_sdk.connection import (
     checked_new_message_id,
     checked_session_id,
     quote,
+    refuse_unnameable_ids,
     session_path,
 )
 from chronicle_sdk.errors import (
@@ -114,16 +115,6 @@ def _check_message(message: Mapping[str, Any]) -> Message:
     except ValidationError as exc:
         raise InvalidRequest(validation_detail(exc, prefix="message."), status=422) from exc
     return dict(message)
-
-
-def _refuse_unnameable_ids(messages: Sequence[Mapping[str, Any]]) -> None:
-    """:class:`InvalidId` (``422``) before any request when a new message's id is one no URL could
-    name (a ``/`` in it, or ``.`` or ``..``), which the server refuses too: nothing of a chain is
-    sent. The rest of a message's shape is left to the server (or to :func:`_check_message`)."""
-    for message in messages:
-        mid = message.get("id") if isinstance(message, Mapping) else None  # any other is the server's to refuse
-        if isinstance(mid, str) and (mid in ids.UNREACHABLE_MESSAGE_IDS or "/" in mid):
-            checked_new_message_id(mid)
 
 
 class ChronicleClient:
@@ -442,7 +433,7 @@ class ChronicleClient:
         """Append one message (see :meth:`chronicle_sdk.Session.append_message`): over HTTP, or as a
         NATS command (``"nats"``; ``"jetstream"`` too: one message is never published without the
         server's decision, which only the server makes)."""
-        _refuse_unnameable_ids([message])
+        refuse_unnameable_ids([message])
         return await self._append_api(session_id, message, parent_id, "http" if self._via(via) == "http" else "nats")
 
     async def append_chain(
@@ -462,7 +453,7 @@ class ChronicleClient:
             return []
         if len({str(m.get("id")) for m in messages}) != len(messages):
             raise InvalidRequest("message ids in a chain must be distinct", status=422)
-        _refuse_unnameable_ids(messages)
+        refuse_unnameable_ids(messages)
         chosen = self._via(via)
         if chosen == "jetstream":
             return await self._append_chain_direct(session_id, messages, parent_id)

@@ -111,6 +111,16 @@ def checked_new_message_id(message_id: str) -> str:
     return _checked(ids.check_new_message_id, message_id)
 
 
+def refuse_unnameable_ids(messages: Sequence[Mapping[str, Any]]) -> None:
+    """:class:`InvalidId` (``422``) before any request when a new message's id is one no URL could
+    name (a ``/`` in it, or ``.`` or ``..``), which the server refuses too: nothing of a chain is
+    sent. The rest of a message's shape is left to the server (or to the JetStream path's check)."""
+    for message in messages:
+        mid = message.get("id") if isinstance(message, Mapping) else None  # any other is the server's to refuse
+        if isinstance(mid, str) and (mid in ids.UNREACHABLE_MESSAGE_IDS or "/" in mid):
+            checked_new_message_id(mid)
+
+
 def session_path(session_id: str, tail: str = "") -> str:
     """The URL path of a session (and ``tail`` under it), its id checked first."""
     return f"/v1/sessions/{quote(checked_session_id(session_id))}{tail}"
@@ -123,5 +133,6 @@ __all__ = [
     "checked_new_message_id",
     "checked_session_id",
     "quote",
+    "refuse_unnameable_ids",
     "session_path",
 ]

@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from chronicle_sdk.config import ConfigBuilder, parse_config
-from chronicle_sdk.connection import Connection, Via, quote, session_path
+from chronicle_sdk.connection import Connection, Via, quote, refuse_unnameable_ids, session_path
 from chronicle_sdk.errors import InvalidConfig, InvalidRequest, NotFound, RateLimited, Unavailable
 from chronicle_sdk.tools import ToolDefinition, Tools, arguments_error, arguments_fault, parse_arguments
 from chronicle_sdk.types import (
@@ -147,7 +147,13 @@ class Session(ConfigBuilder):
         service, as the API key's tenant (the client needs ``nats_url``); ``"http"`` goes through
         the API; the default is the client's ``append_via``. The server decides either way (the
         parent, the repeat, the conflict), so all give the same result.
+
+        A new message's id may not hold a ``/``, nor be ``.`` or ``..``: no URL could name it
+        afterwards (``/messages/{id}``), so it raises :class:`InvalidId` before any request (the
+        server refuses it too). Messages stored earlier with such an id stay readable, and their
+        id is still a ``parent_id``.
         """
+        refuse_unnameable_ids([message])
         await self._ensure_ready()
         return await self.client.append(self.id, message, parent_id, via=via)
 
@@ -160,8 +166,10 @@ class Session(ConfigBuilder):
         (it does not attach to the latest leaf). Over HTTP the chain goes in ``messages:batch``
         requests, via NATS in ``append_batch`` commands; via JetStream it is pipelined with
         ``Publisher.publish_many`` (a chain holding a body over the payload limit is sent whole
-        over HTTP). Ids must be distinct.
+        over HTTP). Ids must be distinct, and follow :meth:`append_message`'s rules: one holding a
+        ``/`` (or ``.``, ``..``) raises :class:`InvalidId` before any message is sent.
         """
+        refuse_unnameable_ids(messages)
         await self._ensure_ready()
         return await self.client.append_chain(self.id, messages, parent_id, via=via)
 

@@ -639,6 +639,11 @@ async def test_new_message_ids_no_url_can_name_are_invalid_id_before_any_request
                 await client.append_chain("s1", [msg("m1"), msg(bad)], via=via)
             with pytest.raises(InvalidId):
                 await SessionManager(client).append_all("s1", [msg("m1"), msg(bad)])
+            configured = Session.create(client, "s2").with_context("memory", description="facts", max_tokens=100)
+            with pytest.raises(InvalidId):  # not even the session's config is written first
+                await configured.append_message(msg(bad))
+            with pytest.raises(InvalidId):
+                await configured.append_all([msg("m1"), msg(bad)])
     assert rec.requests == []
     assert nc.subjects == []
 
