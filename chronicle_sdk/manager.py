@@ -207,7 +207,9 @@ class SessionManager(ConfigBuilder):
 
         ``parent_session_id`` is the source. Unlike the reference, messages keep their ids and
         the overlay in force is carried over (not materialised as a message), so the fork reads
-        exactly like the source branch did.
+        exactly like the source branch did. An ``at_message_id`` that is not in the session raises
+        :class:`MessageNotFound` and makes no session (the reference's fork of an unknown id makes
+        an empty one).
         """
         body: dict[str, Any] = {"at_message_id": at_message_id}
         if new_name is not None:

@@ -121,8 +121,13 @@ async def test_append_rule(client: httpx.AsyncClient, api_settings: Settings) ->
     [
         ("soul", 409, "readonly_block", 'Block "soul" is readonly'),
         ("nope", 404, "block_not_found", 'Block "nope" not found'),
-        ("knowledge", 409, "keyed_block", None),
-        ("skills", 409, "keyed_block", None),
+        (
+            "knowledge",
+            409,
+            "keyed_block",
+            'Block "knowledge" is a keyed provider. Use set_context with metadata instead.',
+        ),
+        ("skills", 409, "keyed_block", 'Block "skills" is a keyed provider. Use set_context with metadata instead.'),
         ("past", 409, "readonly_block", 'Block "past" is readonly'),
     ],
 )

@@ -119,6 +119,19 @@ async def test_only_text_parts_are_indexed(client: httpx.AsyncClient) -> None:
     assert await search(client, sid, secret_tool, min_seq=seq) == []
 
 
+async def test_a_hits_content_joins_its_text_parts_with_a_newline(client: httpx.AsyncClient) -> None:
+    """As the reference's Postgres provider; its SQLite provider joins them with a space."""
+    sid = new_sid()
+    word = unique_word()
+    parts = [
+        {"type": "text", "text": f"first {word}"},
+        {"type": "reasoning", "text": "not indexed"},
+        {"type": "text", "text": "second"},
+    ]
+    seq = (await append(client, sid, {"id": "m1", "role": "user", "parts": parts}))["seq"]
+    assert [h["content"] for h in await search(client, sid, word, min_seq=seq)] == [f"first {word}\nsecond"]
+
+
 async def test_no_match_gives_an_empty_list(client: httpx.AsyncClient) -> None:
     sid = new_sid()
     seq = await fill(client, sid, {"m1": "nothing to see here"})

@@ -9,6 +9,7 @@ import pytest
 from chronicle_sdk import (
     ChronicleClient,
     InvalidRequest,
+    MessageNotFound,
     Readonly,
     SessionExists,
     SessionManager,
@@ -100,6 +101,19 @@ async def test_fork_copies_the_branch(manager: SessionManager) -> None:
     await manager.append(forked.id, text("f2", "fork only"))
     assert ids(await manager.get_history(forked.id)) == ["m0", "m1", "f2"]
     assert ids(await manager.get_history(src.id)) == ["m0", "m1", "m2", "m3"]
+
+
+async def test_a_fork_at_an_unknown_message_is_message_not_found_and_makes_no_session(
+    manager: SessionManager,
+) -> None:
+    src = await manager.create("source")
+    await manager.append(src.id, text("m0", "turn 0"))
+    new_id = sid("fork-unknown")
+    with pytest.raises(MessageNotFound) as caught:
+        await manager.fork(src.id, "never-appended", "fork", id=new_id)
+    assert (caught.value.status, caught.value.code) == (404, "message_not_found")
+    assert await manager.get(new_id) is None
+    assert ids(await manager.get_history(src.id)) == ["m0"]
 
 
 async def test_session_tools_and_manager_tools(manager: SessionManager) -> None:
