@@ -88,6 +88,15 @@ class MessageConflict(Conflict):
     default_code = "message_conflict"
 
 
+class ParentCycle(Conflict):
+    """The appended message would be its own ancestor: its id is a deleted message's whose
+    descendants are still stored (children keep their parent id), and the parent (given, or the
+    latest leaf when omitted) is one of them. Nothing was written; append it under another
+    parent, as a new root (``parent_id=None``), or with a new id."""
+
+    default_code = "parent_cycle"
+
+
 class SessionExists(Conflict):
     """A session with this id already exists (deleted sessions keep their id)."""
 
@@ -322,6 +331,7 @@ BY_CODE: dict[str, type[ChronicleError]] = {
         ReadOnlyKey,
         UnknownParent,
         MessageConflict,
+        ParentCycle,
         SessionExists,
         ReadOnlyBlock,
         KeyedBlock,

@@ -253,6 +253,25 @@ class AppendState:
     # no row and its erasure recorded (by any process: ``erasures`` is written before the
     # ``session.erased`` event is published, and the projections drop the row when they apply it)
     session_erased: bool = False
+    # a new id that stored messages name as their parent (a deleted message's, re-used): every
+    # message under it (:data:`_DESCENDANTS`); None for any other id
+    descendants: list[str] | None = None
+    # with ``ids``: the ids that stored messages name as their parent but the session does not
+    # hold (deleted messages'; none in a single-branch session)
+    dangling: list[str] | None = None
+
+
+_DESCENDANTS = """
+  WITH RECURSIVE d(id) AS (
+    SELECT id FROM messages WHERE tenant = %(t)s AND session_id = %(s)s AND parent_id = %(m)s
+    UNION
+    SELECT c.id FROM d JOIN messages c ON c.tenant = %(t)s AND c.session_id = %(s)s AND c.parent_id = d.id)
+  SELECT array_agg(id) FROM d
+"""
+# The messages under an id that no message of the session has: its children (by the
+# ``messages_by_parent`` index), theirs, and so on. UNION, not UNION ALL: an id already reached
+# is not walked again, so a cycle already stored (published straight to the stream) ends the
+# walk, which reads each of the session's messages at most once.
 
 
 async def append_state(
@@ -267,9 +286,14 @@ async def append_state(
     """Everything an append decides on, in one round trip; with ``ids_cap``, also every message
     id of the session when it has at most that many (an index-only scan of the primary key).
     Whether the session is erased is asked only when it has no row (a live session's append
-    gains nothing), as :func:`services.writes.liveness.live_session` does."""
+    gains nothing), as :func:`services.writes.liveness.live_session` does.
+
+    A new id's descendants (:data:`_DESCENDANTS`) are asked only when the session is not a single
+    branch (``sessions.single_branch``: every parent it names is one of its messages, so no new
+    id has children) and a message names the id as its parent (one probe of the parent index):
+    an append of a new id to a single-branch session, the usual one, reads nothing more for it."""
     cur = await conn.execute(
-        """
+        f"""
         SELECT
           coalesce(x.deleted_at IS NOT NULL, false),
           e.parent_id, e.seq, e.body_sha256,
@@ -278,12 +302,22 @@ async def append_state(
             SELECT 1 FROM messages WHERE tenant = %(t)s AND session_id = %(s)s AND id = %(p)s),
           coalesce(x.last_seq, 0),
           CASE WHEN %(cap)s::int IS NOT NULL THEN (
-            SELECT coalesce(array_agg(k.id), '{}') FROM (
+            SELECT coalesce(array_agg(k.id), '{{}}') FROM (
               SELECT id FROM messages WHERE tenant = %(t)s AND session_id = %(s)s LIMIT %(cap)s::int + 1) k)
           END,
           CASE WHEN e.body_sha256 IS NULL THEN e.content END,
           CASE WHEN x.id IS NULL THEN EXISTS (
-            SELECT 1 FROM erasures WHERE tenant = %(t)s AND session_id = %(s)s) ELSE false END
+            SELECT 1 FROM erasures WHERE tenant = %(t)s AND session_id = %(s)s) ELSE false END,
+          CASE WHEN e.id IS NULL AND NOT coalesce(x.single_branch, true) AND EXISTS (
+            SELECT 1 FROM messages WHERE tenant = %(t)s AND session_id = %(s)s AND parent_id = %(m)s)
+          THEN ({_DESCENDANTS}) END,
+          CASE WHEN %(cap)s::int IS NOT NULL AND NOT coalesce(x.single_branch, true) THEN (
+            SELECT coalesce(array_agg(DISTINCT k.parent_id), '{{}}') FROM (
+              SELECT parent_id FROM messages WHERE tenant = %(t)s AND session_id = %(s)s
+              AND parent_id IS NOT NULL LIMIT %(cap)s::int + 1) k
+            WHERE NOT EXISTS (
+              SELECT 1 FROM messages p WHERE p.tenant = %(t)s AND p.session_id = %(s)s AND p.id = k.parent_id))
+          END
         FROM (SELECT 1) one
         LEFT JOIN sessions x ON x.tenant = %(t)s AND x.id = %(s)s
         LEFT JOIN messages e ON e.tenant = %(t)s AND e.session_id = %(s)s AND e.id = %(m)s
@@ -296,7 +330,11 @@ async def append_state(
     # a row stores its hash only when it is not its body's own (migration 019): derived here, on
     # the rare append of an id that exists
     sha = row[3] if row[8] is None else body_hash(json.loads(row[8]))
-    return AppendState(bool(row[0]), row[1], row[2], sha, row[4], bool(row[5]), int(row[6]), ids, bool(row[9]))
+    descendants = list(row[10]) if row[10] is not None else None
+    dangling = (list(row[11]) if row[11] is not None else []) if ids is not None else None
+    return AppendState(
+        bool(row[0]), row[1], row[2], sha, row[4], bool(row[5]), int(row[6]), ids, bool(row[9]), descendants, dangling
+    )
 
 
 async def children(

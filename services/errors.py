@@ -36,6 +36,7 @@ SessionExists = _error("SessionExists", "session_exists", 409, "Session already 
 MessageNotFound = _error("MessageNotFound", "message_not_found", 404, "Message not found")
 UnknownParent = _error("UnknownParent", "unknown_parent", 422, "The parent message is not in this session")
 MessageConflict = _error("MessageConflict", "message_conflict", 409, "A different message with this id exists")
+ParentCycle = _error("ParentCycle", "parent_cycle", 409, "The message would be its own ancestor")
 IdempotencyKeyReused = _error(
     "IdempotencyKeyReused", "idempotency_key_reused", 422, "This Idempotency-Key was used for a different request"
 )

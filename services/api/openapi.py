@@ -21,7 +21,7 @@ _WHEN = {
     400: "The body is not JSON or not UTF-8 (`malformed_json`)",
     401: "Missing or unknown API key (`unauthorized`)",
     404: "Unknown session, message, block or route",
-    409: "Conflicts with what exists (`session_exists`, `message_conflict`, a read-only block, …)",
+    409: "Conflicts with what exists (`session_exists`, `message_conflict`, `parent_cycle`, a read-only block, …)",
     410: "The session is erased (`session_erased`): it takes no writes, its id cannot be used again",
     413: "The body, or an event it makes, is over its limit (`payload_too_large`)",
     415: "The body is not sent as JSON (`unsupported_media_type`): `Content-Type: application/json`",

@@ -335,26 +335,34 @@ class Commands:
                 if found.existing_seq is not None and found.existing_sha256 is not None
                 else None
             )
+            descendants = set(found.descendants or ())
             for a in unapplied:
                 if existing is None and a.message_id == message_id:
                     existing = Existing(a.parent_id, a.seq, a.body_sha256)
+                if a.parent_id in descendants:  # appended under them since (oldest first)
+                    descendants.add(a.message_id)
             state = AppendState(
                 session_erased=found.session_erased,
                 session_deleted=found.session_deleted,
                 existing=existing,
                 latest_leaf=unapplied[-1].message_id if unapplied else found.latest_leaf,
                 parent_exists=found.parent_exists or any(a.message_id == parent for a in unapplied),
+                descendants=frozenset(descendants),
             )
             if ask_ids and tip is not None and not found.session_deleted:
                 ids = None if found.ids is None else {*found.ids, *(a.message_id for a in unapplied)}
-                self.optimistic.know(tenant, session, tip, ids, state.latest_leaf)
+                dangling = set(found.dangling or ()) - (ids or set())
+                self.optimistic.know(tenant, session, tip, ids, state.latest_leaf, dangling)
             return await decided(state)
 
         def known(tip: UnappliedChain) -> Decision | None:
             """From the chain's ids alone: a new id (an id the session holds, or a parent it
-            lacks, is decided the slow way, where its answer or its error is exact)."""
+            lacks, is decided the slow way, where its answer or its error is exact; so is an id
+            stored messages name as their parent, whose descendants the chain does not know)."""
             ids = tip.ids
             if ids is None or message_id in ids or (isinstance(parent, str) and parent not in ids):
+                return None
+            if message_id in tip.dangling:
                 return None
             state = AppendState(session_deleted=False, existing=None, latest_leaf=tip.leaf, parent_exists=True)
             match decide_append(state, digest, parent):
@@ -479,13 +487,18 @@ async def fork(
     assert source is not None
     sid = new_id or str(uuid.uuid4())
     events: list[Event] = []
-    for row in rows:
+    on_path = {r.id for r in rows}
+    for i, row in enumerate(rows):
+        # the path's root keeps its parent id (a deleted message's, as in the source), unless it
+        # names a message of the path: a cycle stored before appends refused them (or published
+        # straight to the stream) is not copied, the fork's path starts a new root there
+        parent_id = None if i == 0 and row.parent_id in on_path else row.parent_id
         outputs = unloaded.outputs(row.id, row.content)
         body = json.loads(reclaim(row.content, outputs) if outputs else row.content)
         packed = await cmd._pack(tenant, sid, body)
         if row.original_ref is not None:  # a capped message keeps its original in the fork too
             packed = {**packed, **await cmd.carried_original(tenant, session, sid, row.original_ref)}
-        events.append(MessageAppended(tenant=tenant, session=sid, message_id=row.id, parent_id=row.parent_id, **packed))
+        events.append(MessageAppended(tenant=tenant, session=sid, message_id=row.id, parent_id=parent_id, **packed))
     path_ids = [r.id for r in rows]
     for item in apply_overlays(path_ids, in_force):
         if isinstance(item, str):

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from events.omitted import Omitted, ParentId
-from services.errors import ErasedSession, MessageConflict, SessionNotFound, UnknownParent
+from services.errors import ErasedSession, MessageConflict, ParentCycle, SessionNotFound, UnknownParent
 
 ParentSpec = ParentId
 
@@ -26,6 +26,10 @@ class AppendState:
     latest_leaf: str | None
     parent_exists: bool
     session_erased: bool = False  # its erasure is recorded (by this process or any other)
+    # the descendants of the (new) message id: messages stored under it although no message has
+    # it (a deleted message's id, re-used while its children keep it as their parent); empty for
+    # any other id, which is every append of a new id but that rare one
+    descendants: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,7 +47,12 @@ class Append:
 
 def decide_append(state: AppendState, body_sha256: str, parent: ParentSpec) -> Replay | Append:
     """Reference rules, made explicit: omitted parent -> latest leaf, ``None`` -> new root,
-    an id -> that message, which must exist in this session (no silent fallback to root)."""
+    an id -> that message, which must exist in this session (no silent fallback to root).
+
+    The message must not become its own ancestor: under one of its id's descendants (a deleted
+    message's id re-used, its children still stored) the append is refused, whichever way the
+    parent was chosen, and nothing is written (the tree would lose its leaf: every message of a
+    cycle has a child)."""
     if state.session_erased:
         raise ErasedSession("the session was erased")
     if state.session_deleted:
@@ -52,10 +61,19 @@ def decide_append(state: AppendState, body_sha256: str, parent: ParentSpec) -> R
         if state.existing.body_sha256 != body_sha256:
             raise MessageConflict("a message with this id and a different body exists")
         return Replay(state.existing.parent_id, state.existing.seq)
-    if isinstance(parent, Omitted):
-        return Append(state.latest_leaf)
     if parent is None:
         return Append(None)
-    if not state.parent_exists:
+    if isinstance(parent, Omitted):
+        pid = state.latest_leaf
+        chosen = f"the latest leaf {pid!r} (the parent when none is given)"
+    elif not state.parent_exists:
         raise UnknownParent(f"parent message {parent!r} is not in this session")
-    return Append(parent)
+    else:
+        pid, chosen = parent, f"parent {parent!r}"
+    if pid is not None and pid in state.descendants:
+        raise ParentCycle(
+            f"{chosen} descends from a deleted message with this id (its children still name the id as "
+            "their parent): appended there, the message would be its own ancestor. Nothing was written; "
+            "give another parent_id, null for a new root, or use another message id"
+        )
+    return Append(pid)

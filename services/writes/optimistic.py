@@ -18,9 +18,12 @@ catch, so those are decided again the slow way (the session may have moved on el
 A chain may also know the session's message ids (:attr:`UnappliedChain.ids`, read once from the
 read model, then kept by each append of the chain) and its latest leaf: an append of a new id
 is then decided without reading the read model at all (``known``), which keeps its cost
-independent of the database. What it decides on is exact for the same reason as above: the
-publish expects the chain's end, so any other writer's event makes it conflict, and the chain
-(its ids with it) is forgotten.
+independent of the database. With the ids it knows the ids stored messages name as their parent
+that the session does not hold (:attr:`UnappliedChain.dangling`: deleted messages', whose
+children keep them): only a new message with one of those ids could be its own ancestor, so
+only its append is decided from the read model, which knows the id's descendants. What it
+decides on is exact for the same reason as above: the publish expects the chain's end, so any
+other writer's event makes it conflict, and the chain (its ids with it) is forgotten.
 
 An erasure done by another process is caught the same way, with no round trip of its own: it is
 recorded in Postgres (``erasures``) before its ``session.erased`` event is published on the
@@ -89,10 +92,13 @@ class UnappliedChain:
     ids: set[str] | None = None
     leaf: str | None = None  # the latest leaf at ``last``, when ``ids`` are known
     ids_tried: bool = False  # the ids were asked for once (a session over the cap has none)
+    # with ``ids``: the ids messages name as their parent that are not in ``ids`` (deleted ones')
+    dangling: frozenset[str] = frozenset()
 
-    def know(self, ids: set[str], leaf: str | None) -> None:
-        """The session's ids and latest leaf at ``last``: from now on ``appends`` are not kept."""
-        self.ids, self.leaf, self.ids_tried = ids, leaf, True
+    def know(self, ids: set[str], leaf: str | None, dangling: set[str] | frozenset[str] = frozenset()) -> None:
+        """The session's ids, latest leaf and dangling parent ids at ``last``: from now on
+        ``appends`` are not kept."""
+        self.ids, self.leaf, self.ids_tried, self.dangling = ids, leaf, True, frozenset(dangling)
         self.appends, self.base = [], self.last
 
     def unapplied(self, applied: int) -> list[Appended] | None:
@@ -218,10 +224,18 @@ class OptimisticWriter:
             self._known_ids -= len(tip.ids or ())
         return tip
 
-    def know(self, tenant: str, session: str, tip: UnappliedChain, ids: set[str] | None, leaf: str | None) -> None:
-        """``tip`` learns the session's ids and latest leaf at its end (read from the read model
-        together with ``tip``'s unapplied appends, with no await since); None: the session has
-        too many to keep (the chain does not ask again).
+    def know(
+        self,
+        tenant: str,
+        session: str,
+        tip: UnappliedChain,
+        ids: set[str] | None,
+        leaf: str | None,
+        dangling: set[str] | frozenset[str] = frozenset(),
+    ) -> None:
+        """``tip`` learns the session's ids, latest leaf and dangling parent ids at its end (read
+        from the read model together with ``tip``'s unapplied appends, with no await since);
+        ``ids`` None: the session has too many to keep (the chain does not ask again).
 
         Only while ``tip`` is still the session's chain: the read was awaited, and meanwhile
         another append of this process may have ended ``tip`` and started a new chain, whose end
@@ -232,7 +246,7 @@ class OptimisticWriter:
             return
         tip.ids_tried = True
         if ids is not None:
-            tip.know(ids, leaf)
+            tip.know(ids, leaf, dangling)
             self._known_ids += len(ids)
 
     def trim(self, tenant: str, session: str, applied: int) -> None:
