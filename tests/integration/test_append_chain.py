@@ -17,7 +17,7 @@ from events.omitted import OMITTED
 from events.publisher import Publisher
 from projections import queries
 from services.bootstrap import Container
-from services.errors import MessageConflict, UnknownParent
+from services.errors import MessageConflict, ParentCycle, UnknownParent
 from tests.conftest import make_settings, running_stack
 from tests.integration.helpers import appended, text_message
 
@@ -176,3 +176,81 @@ async def test_a_writer_elsewhere_ends_a_known_chain(stack: Container, new_id: C
     m5 = await stack.commands.append(T, sid, text_message("m5", "five"), OMITTED)
     assert m5.parent_id == "x"
     assert m5.seq > gone.seq
+
+
+async def test_a_known_chain_sends_a_deleted_id_with_children_to_the_read_model(
+    stack: Container, new_id: Callable[[str], str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A chain that knows the session's ids knows its dangling parent ids too (m, deleted, still
+    k's parent): m appended under the latest leaf (x, below k) is not decided from the chain,
+    whose ids cannot see the cycle, but from the read model, and refused; nothing is published.
+    Another new id is still decided from the chain alone, and m under a message that does not
+    descend from it is appended."""
+    sid = new_id("known-cycle")
+    cmd = stack.commands
+    await cmd.append(T, sid, text_message("r", "root"), None)
+    await cmd.append(T, sid, text_message("m", "one"), "r")
+    await cmd.append(T, sid, text_message("k", "two"), "m")
+    await cmd.delete_messages(T, sid, ["m"])  # ends the chain
+    await cmd.append(T, sid, text_message("y", "three"), "r")  # the slow way: a new chain
+    last = (await cmd.append(T, sid, text_message("x", "four"), "k")).seq  # the chain learns the ids
+    tip = cmd.optimistic._chains[(T, sid)]
+    assert (tip.ids, tip.leaf, tip.dangling) == ({"r", "k", "y", "x"}, "x", frozenset({"m"}))
+    for parent in (OMITTED, "x", "k"):  # the first from the known chain, had it not sent it on
+        with pytest.raises(ParentCycle):
+            await cmd.append(T, sid, text_message("m", "again"), parent)
+    assert await stack.publisher.last_subject_seq(T, sid) == last  # nothing was published
+
+    x2 = await cmd.append(T, sid, text_message("x2", "five"), "x")  # the slow way again: a new chain
+    z = await cmd.append(T, sid, text_message("z", "six"), "y")
+    assert cmd.optimistic._chains[(T, sid)].dangling == frozenset({"m"})
+
+    async def no_read(*_: object, **__: object) -> None:
+        raise AssertionError("the read model was read")
+
+    monkeypatch.setattr(queries, "append_state", no_read)
+    w = await cmd.append(T, sid, text_message("w", "seven"), OMITTED)  # a new id: from the chain alone
+    monkeypatch.undo()
+    m = await cmd.append(T, sid, text_message("m", "again"), "w")  # w is not below m: appended
+    assert (x2.parent_id, z.parent_id, w.parent_id, m.parent_id, m.created) == ("x", "y", "z", "w", True)
+    await stack.waiter.wait_session(T, sid, m.seq)
+    assert await _path(stack, sid, "x2") == [
+        ("r", None),
+        ("y", "r"),
+        ("z", "y"),
+        ("w", "z"),
+        ("m", "w"),
+        ("k", "m"),
+        ("x", "k"),
+        ("x2", "x"),
+    ]
+
+
+async def test_an_unapplied_append_below_a_deleted_id_is_one_of_its_descendants(
+    nats_url: str, fresh_db: str, new_id: Callable[[str], str]
+) -> None:
+    """With the projector behind, the read model knows m's descendants (k) but not the chain's
+    append below them (x): the decision adds the chain's, so m under x is refused before any
+    publish (the refusal is then decided again the slow way, once the projector caught up)."""
+    sid = new_id("unapplied-cycle")
+    async with running_stack(make_settings(nats_url, fresh_db), projector=False) as c:
+        await c.commands.append(T, sid, text_message("m", "one"), None)
+        k = await c.commands.append(T, sid, text_message("k", "two"), "m")
+        await _run_projector_until(c, sid, k.seq)
+        deleted = await c.commands.delete_messages(T, sid, ["m"])
+        await _run_projector_until(c, sid, deleted.seq)
+        x = await c.commands.append(T, sid, text_message("x", "three"), "k")  # unapplied from here on
+        appending = asyncio.create_task(c.commands.append(T, sid, text_message("m", "again"), OMITTED))
+        # decided from the read model plus the chain: a publish would not wait for the projector
+        done, _ = await asyncio.wait({appending}, timeout=1)
+        assert not done or isinstance(appending.exception(), ParentCycle)
+        assert await c.publisher.last_subject_seq(T, sid) == x.seq
+        stop = asyncio.Event()
+        projector = asyncio.create_task(c.projector().run(stop))
+        try:
+            with pytest.raises(ParentCycle):
+                await asyncio.wait_for(appending, timeout=20)
+        finally:
+            stop.set()
+            await asyncio.wait_for(projector, timeout=15)
+        assert await c.publisher.last_subject_seq(T, sid) == x.seq

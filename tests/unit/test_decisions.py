@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from events.omitted import OMITTED
-from services.errors import ErasedSession, MessageConflict, SessionNotFound, UnknownParent
+from services.errors import ErasedSession, MessageConflict, ParentCycle, SessionNotFound, UnknownParent
 from services.writes.decisions import Append, AppendState, Existing, ParentSpec, Replay, decide_append
 
 HASH = "a" * 64
@@ -18,8 +18,15 @@ def state(
     existing: Existing | None = None,
     leaf: str | None = None,
     parent_exists: bool = False,
+    descendants: frozenset[str] = frozenset(),
 ) -> AppendState:
-    return AppendState(session_deleted=deleted, existing=existing, latest_leaf=leaf, parent_exists=parent_exists)
+    return AppendState(
+        session_deleted=deleted,
+        existing=existing,
+        latest_leaf=leaf,
+        parent_exists=parent_exists,
+        descendants=descendants,
+    )
 
 
 def test_omitted_parent_appends_to_the_latest_leaf() -> None:
@@ -95,3 +102,40 @@ def test_an_erased_session_takes_no_append_not_even_a_replay(parent: ParentSpec)
     )
     with pytest.raises(ErasedSession):
         decide_append(erased, HASH, parent)
+
+
+# -- a deleted message's id re-used: never under its own descendants --------------------------
+
+UNDER = frozenset({"k", "k2"})  # the new id's descendants: its children (kept since its delete) and theirs
+
+
+@pytest.mark.parametrize(("parent", "leaf"), [(OMITTED, "k2"), ("k", "x"), ("k2", "k2")])
+def test_an_id_appended_under_its_own_descendant_is_a_parent_cycle(parent: ParentSpec, leaf: str) -> None:
+    """Explicit or omitted (the latest leaf), a parent among the id's descendants is refused."""
+    with pytest.raises(ParentCycle) as info:
+        decide_append(state(leaf=leaf, parent_exists=True, descendants=UNDER), HASH, parent)
+    assert (info.value.status, info.value.code) == (409, "parent_cycle")
+    named = leaf if parent is OMITTED else parent
+    assert f"{named!r}" in info.value.detail
+    assert ("latest leaf" in info.value.detail) is (parent is OMITTED)
+
+
+@pytest.mark.parametrize(
+    ("parent", "leaf", "expected"),
+    [(None, "k2", Append(None)), ("x", "k2", Append("x")), (OMITTED, "x", Append("x")), (OMITTED, None, Append(None))],
+)
+def test_an_id_with_descendants_is_appended_anywhere_else(
+    parent: ParentSpec, leaf: str | None, expected: Append
+) -> None:
+    """A new root, another branch, or a latest leaf that is not below it: no cycle, appended."""
+    assert decide_append(state(leaf=leaf, parent_exists=True, descendants=UNDER), HASH, parent) == expected
+
+
+def test_an_unknown_parent_is_refused_as_such_even_for_an_id_with_descendants() -> None:
+    with pytest.raises(UnknownParent):
+        decide_append(state(leaf="k2", parent_exists=False, descendants=UNDER), HASH, "gone")
+
+
+def test_a_replay_of_a_stored_id_is_not_a_cycle() -> None:
+    first = Existing(parent_id="k", seq=9, body_sha256=HASH)
+    assert decide_append(state(existing=first, leaf="k2", descendants=UNDER), HASH, OMITTED) == Replay("k", 9)

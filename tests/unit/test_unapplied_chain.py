@@ -84,6 +84,20 @@ def test_a_chain_that_learns_the_ids_keeps_them_instead_of_its_appends() -> None
     assert (c._chains[KEY].ids, c._known_ids) == (None, 0)
 
 
+def test_a_chain_that_learns_the_ids_keeps_the_dangling_parent_ids_too() -> None:
+    """The ids messages name as their parent but the session lacks (deleted ones'): a new
+    message with one of them is the only append of a new id that could close a cycle."""
+    c = _cond()
+    c._remember(KEY, 4, 7, _ev("k", "m"), True)
+    tip = c._chains[KEY]
+    c.know(T, S, tip, {"k"}, "k", {"m"})
+    assert (tip.ids, tip.dangling) == ({"k"}, frozenset({"m"}))
+    c._remember(KEY, 7, 9, _ev("x", "k"), True)  # appends of the chain keep them
+    assert (tip.ids, tip.dangling) == ({"k", "x"}, frozenset({"m"}))
+    c.know(T, S, tip, {"k", "x", "y"}, "y", {"z"})  # learnt once: a second read teaches nothing
+    assert tip.dangling == frozenset({"m"})
+
+
 def test_a_session_over_the_cap_is_asked_for_its_ids_once() -> None:
     c = _cond()
     c._remember(KEY, 4, 7, _ev("m1"), True)
