@@ -308,19 +308,20 @@ async def append_state(
           CASE WHEN e.body_sha256 IS NULL THEN e.content END,
           CASE WHEN x.id IS NULL THEN EXISTS (
             SELECT 1 FROM erasures WHERE tenant = %(t)s AND session_id = %(s)s) ELSE false END,
-          CASE WHEN e.id IS NULL AND NOT coalesce(x.single_branch, true) AND EXISTS (
+          d.descendants, g.dangling
+        FROM (SELECT 1) one
+        LEFT JOIN sessions x ON x.tenant = %(t)s AND x.id = %(s)s
+        LEFT JOIN messages e ON e.tenant = %(t)s AND e.session_id = %(s)s AND e.id = %(m)s
+        CROSS JOIN LATERAL (SELECT CASE WHEN e.id IS NULL AND NOT coalesce(x.single_branch, true) AND EXISTS (
             SELECT 1 FROM messages WHERE tenant = %(t)s AND session_id = %(s)s AND parent_id = %(m)s)
-          THEN ({_DESCENDANTS}) END,
-          CASE WHEN %(cap)s::int IS NOT NULL AND NOT coalesce(x.single_branch, true) THEN (
+          THEN ({_DESCENDANTS}) END AS descendants) d
+        CROSS JOIN LATERAL (SELECT CASE WHEN %(cap)s::int IS NOT NULL AND NOT coalesce(x.single_branch, true) THEN (
             SELECT coalesce(array_agg(DISTINCT k.parent_id), '{{}}') FROM (
               SELECT parent_id FROM messages WHERE tenant = %(t)s AND session_id = %(s)s
               AND parent_id IS NOT NULL LIMIT %(cap)s::int + 1) k
             WHERE NOT EXISTS (
               SELECT 1 FROM messages p WHERE p.tenant = %(t)s AND p.session_id = %(s)s AND p.id = k.parent_id))
-          END
-        FROM (SELECT 1) one
-        LEFT JOIN sessions x ON x.tenant = %(t)s AND x.id = %(s)s
-        LEFT JOIN messages e ON e.tenant = %(t)s AND e.session_id = %(s)s AND e.id = %(m)s
+          END AS dangling) g
         """,
         {"t": tenant, "s": session, "m": message_id, "p": parent_id, "leaf": want_leaf, "cap": ids_cap},
     )

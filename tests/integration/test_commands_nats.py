@@ -19,6 +19,7 @@ import pytest
 from nats.aio.client import Client as NatsClient
 
 from events import log as eventlog
+from events.catalog import MessageAppended
 from events.commands import COMMANDS, STATUS_HEADER
 from events.credentials import tenant_inbox_prefix, tenant_nkey_seed
 from services.api.app import build_app
@@ -26,6 +27,7 @@ from services.bootstrap import Container
 from services.commands_nats.app import serving_commands
 from services.settings import Settings
 from tests.conftest import KEYS, running_stack, tenant_nats_settings
+from tests.integration.helpers import appended, logged_message
 from tests.support import served
 
 Reply = tuple[int, dict[str, Any]]
@@ -606,3 +608,162 @@ async def test_every_command_to_an_erased_or_deleted_session_is_refused_and_reco
     assert answers == dict.fromkeys(answers, expected)
     events = await http.get(f"/v1/sessions/{sid}/events")
     assert [json.loads(line)["seq"] for line in events.text.splitlines()][-1] == ended.json()["seq"]
+
+
+# -- a deleted message's id re-used: never under its own descendants ----------------------------
+
+ROUTES = {"append": "messages", "append_batch": "messages:batch", "delete": "messages:delete"}
+
+
+async def write(
+    via: str, http: httpx.AsyncClient, nc: NatsClient, settings: Settings, command: str, sid: str, body: Any
+) -> Reply:
+    """``command`` on the session over HTTP or NATS: (status, answer)."""
+    if via == "http":
+        r = await http.post(f"/v1/sessions/{sid}/{ROUTES[command]}", json=body)
+        return r.status_code, r.json()
+    return await request(nc, settings, command, {"session_id": sid, **body})
+
+
+async def logged_seqs(http: httpx.AsyncClient, sid: str) -> list[int]:
+    r = await http.get(f"/v1/sessions/{sid}/events")
+    assert r.status_code == 200, r.text
+    return [json.loads(line)["seq"] for line in r.text.splitlines()]
+
+
+async def path(http: httpx.AsyncClient, sid: str, seq: int, leaf_id: str | None = None) -> tuple[str | None, list[str]]:
+    params: dict[str, Any] = {"min_seq": seq} | ({"leaf_id": leaf_id} if leaf_id is not None else {})
+    r = await http.get(f"/v1/sessions/{sid}/history", params=params)
+    assert r.status_code == 200, r.text
+    return r.json()["leaf_id"], [m["id"] for m in r.json()["messages"]]
+
+
+@pytest.mark.parametrize("via", ["http", "nats"])
+async def test_a_deleted_id_appended_under_its_own_descendant_is_refused_and_writes_nothing(
+    http: httpx.AsyncClient, tenant_a: NatsClient, settings: Settings, via: str
+) -> None:
+    """The outside-in trial's two forms, single and batch: m, k (under m), m deleted, m again
+    under the latest leaf (k) or under k by name; a, b, c, a deleted, a again under c. Each is
+    409 parent_cycle, the log is unchanged, and the history still reads."""
+
+    async def send(command: str, sid: str, body: Any) -> Reply:
+        return await write(via, http, tenant_a, settings, command, sid, body)
+
+    sid = await created_session(http)
+    assert (await send("append", sid, {"message": message("m")}))[0] == 201
+    assert (await send("append", sid, {"message": message("k")}))[1]["parent_id"] == "m"
+    status, deleted = await send("delete", sid, {"ids": ["m"]})
+    assert status == 200, deleted
+    before = await logged_seqs(http, sid)
+    refusals = [
+        ("append", {"message": message("m", "again")}, "the latest leaf 'k'"),
+        ("append", {"message": message("m", "again"), "parent_id": "k"}, "parent 'k'"),
+        ("append_batch", {"messages": [message("m", "again"), message("n")]}, "the latest leaf 'k'"),
+        ("append_batch", {"messages": [message("m", "again")], "parent_id": "k"}, "parent 'k'"),
+    ]
+    for command, body, named in refusals:
+        status, problem = await send(command, sid, body)
+        assert (status, problem["code"]) == (409, "parent_cycle"), (command, body, problem)
+        assert problem["detail"].startswith(named), problem
+        assert "own ancestor" in problem["detail"]
+    assert await logged_seqs(http, sid) == before
+    assert await path(http, sid, deleted["seq"]) == ("k", ["k"])
+
+    sid = await created_session(http)
+    status, batch = await send("append_batch", sid, {"messages": [message("a"), message("b"), message("c")]})
+    assert status == 201, batch
+    status, deleted = await send("delete", sid, {"ids": ["a"]})
+    assert status == 200, deleted
+    before = await logged_seqs(http, sid)
+    for parent in ("c", "b"):
+        status, problem = await send("append", sid, {"message": message("a", "again"), "parent_id": parent})
+        assert (status, problem["code"]) == (409, "parent_cycle"), problem
+    assert await logged_seqs(http, sid) == before
+    assert await path(http, sid, deleted["seq"]) == ("c", ["b", "c"])
+    leaf = await http.get(f"/v1/sessions/{sid}/leaf", params={"min_seq": deleted["seq"]})
+    assert leaf.json()["leaf_id"] == "c"
+
+
+@pytest.mark.parametrize("via", ["http", "nats"])
+async def test_a_deleted_id_is_appended_again_where_it_makes_no_cycle(
+    http: httpx.AsyncClient, tenant_a: NatsClient, settings: Settings, via: str
+) -> None:
+    """m deleted (its child k keeps parent_id m) and appended again: under its old parent r, as a
+    batch under r, under the latest leaf when that is on another branch, or as a new root. Its
+    children then hang under it again."""
+
+    async def send(command: str, sid: str, body: Any) -> Reply:
+        return await write(via, http, tenant_a, settings, command, sid, body)
+
+    async def deleted_m(*extra: str) -> str:
+        """r, m (under r), k (under m), then ``extra`` under r; m deleted."""
+        sid = await created_session(http)
+        assert (await send("append_batch", sid, {"messages": [message("r"), message("m"), message("k")]}))[0] == 201
+        for mid in extra:
+            assert (await send("append", sid, {"message": message(mid), "parent_id": "r"}))[0] == 201
+        assert (await send("delete", sid, {"ids": ["m"]}))[0] == 200
+        return sid
+
+    sid = await deleted_m()
+    status, out = await send("append", sid, {"message": message("m", "again"), "parent_id": "r"})
+    assert (status, out["parent_id"]) == (201, "r")
+    assert await path(http, sid, out["seq"]) == ("k", ["r", "m", "k"])
+
+    sid = await deleted_m()
+    status, out = await send("append_batch", sid, {"messages": [message("m", "again"), message("n")], "parent_id": "r"})
+    assert status == 201, out
+    assert await path(http, sid, out["seq"]) == ("n", ["r", "m", "n"])
+    assert await path(http, sid, out["seq"], "k") == ("k", ["r", "m", "k"])
+
+    sid = await deleted_m("x")  # the latest leaf, x, is not below m
+    status, out = await send("append", sid, {"message": message("m", "again")})
+    assert (status, out["parent_id"]) == (201, "x")
+    assert await path(http, sid, out["seq"]) == ("k", ["r", "x", "m", "k"])
+
+    sid = await deleted_m()
+    status, out = await send("append", sid, {"message": message("m", "again"), "parent_id": None})
+    assert (status, out["parent_id"]) == (201, None)
+    assert await path(http, sid, out["seq"], "k") == ("k", ["m", "k"])
+
+
+async def test_a_cycle_already_in_the_log_reads_forks_and_takes_appends(
+    http: httpx.AsyncClient, stack: Container
+) -> None:
+    """A cycle the append refuses may still be in the log: published straight to the stream by a
+    tenant (or stored before the refusal). The projection applies it as it is; every read of
+    the session ends, a fork of the cycle's branch does not copy the cycle, and appends go on."""
+    sid = await created_session(http)
+    for mid in ("a", "b"):
+        assert (await http.post(f"/v1/sessions/{sid}/messages", json={"message": message(mid)})).status_code == 201
+    assert (await http.post(f"/v1/sessions/{sid}/messages:delete", json={"ids": ["a"]})).status_code == 200
+    last = await stack.publisher.last_subject_seq("tenant-a", sid)
+    cyc = await stack.publisher.publish(appended("tenant-a", sid, "a", "b", "again"), expected_last_subject_seq=last)
+    seq = {"min_seq": cyc.seq}
+
+    # no message is without a child: no latest leaf, and the default history is empty
+    assert await path(http, sid, cyc.seq) == (None, [])
+    assert (await http.get(f"/v1/sessions/{sid}/leaf", params=seq)).json()["leaf_id"] is None
+    assert (await http.get(f"/v1/sessions/{sid}/path-length", params=seq)).json() == {"leaf_id": None, "length": 0}
+    # each message's path ends where the walk comes back to its start
+    assert await path(http, sid, cyc.seq, "a") == ("a", ["b", "a"])
+    assert await path(http, sid, cyc.seq, "b") == ("b", ["a", "b"])
+    length = await http.get(f"/v1/sessions/{sid}/path-length", params={**seq, "leaf_id": "a"})
+    assert length.json() == {"leaf_id": "a", "length": 2}
+    stats = await http.get(f"/v1/sessions/{sid}/history/stats", params={**seq, "leaf_id": "b"})
+    assert [r["id"] for r in stats.json()["rows"]] == ["a", "b"]
+    children = await http.get(f"/v1/sessions/{sid}/messages/a/children", params=seq)
+    assert [m["id"] for m in children.json()["messages"]] == ["b"]
+
+    forked = await http.post(f"/v1/sessions/{sid}/fork", json={"at_message_id": "b"})
+    assert forked.status_code == 201, forked.text
+    fork = forked.json()
+    assert await path(http, fork["id"], fork["seq"]) == ("b", ["a", "b"])
+    copies = await http.get(f"/v1/sessions/{fork['id']}/events")
+    logged = [json.loads(line)["event"] for line in copies.text.splitlines()]
+    copied = [logged_message(e) for e in logged if e["type"] == "message.appended"]
+    assert {e.message_id: e.parent_id for e in copied if isinstance(e, MessageAppended)} == {"a": None, "b": "a"}
+
+    # a new id has no children: appended under the cycle, it is the latest leaf again
+    c = await http.post(f"/v1/sessions/{sid}/messages", json={"message": message("c"), "parent_id": "b"})
+    assert (c.status_code, c.json()["parent_id"]) == (201, "b")
+    assert await path(http, sid, c.json()["seq"]) == ("c", ["a", "b", "c"])

@@ -21,6 +21,7 @@ from chronicle_sdk import (
     MessageConflict,
     MethodNotAllowed,
     NotFound,
+    ParentCycle,
     PayloadTooLarge,
     ProjectionTimeout,
     RateLimited,
@@ -129,6 +130,7 @@ async def test_reads_wait_for_this_clients_writes() -> None:
     [
         (problem(422, "unknown_parent", "parent message 'x' is not in this session"), UnknownParent, "unknown_parent"),
         (problem(409, "message_conflict"), MessageConflict, "message_conflict"),
+        (problem(409, "parent_cycle", "the message would be its own ancestor"), ParentCycle, "parent_cycle"),
         (problem(422, "idempotency_key_reused"), IdempotencyKeyReused, "idempotency_key_reused"),
         (problem(409, "readonly_block", 'Block "soul" is readonly'), ReadOnlyBlock, "readonly_block"),
         (problem(409, "something_new"), Conflict, "something_new"),
