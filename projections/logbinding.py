@@ -38,6 +38,15 @@ REMEDY = (
     "together. After a deliberate restore (this log restored from a backup of the one the read models were made "
     "from), `chronicle log rebind --yes` records this stream as theirs."
 )
+EMPTY_REMEDY = (
+    "Nothing was consumed. The stream holds no events, so this NATS server is most likely not the stack's: set "
+    "CHRONICLE_NATS_URL (and CHRONICLE_NATS_NKEY_SEED) to the NATS server of the stack this database belongs to. "
+    "Only if that log is lost for good (its NATS data wiped) does `chronicle rebuild` make the read models match "
+    "this empty one."
+)
+"""What to do when the stream the read models do not match is empty: a rebuild or a rebind would
+empty the read models or bind them to nothing; the likely cause is a NATS server that never held
+the log (the default ``CHRONICLE_NATS_URL``, another stack's)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,7 +71,8 @@ class Binding:
 class LogMismatch(RuntimeError):
     """The read models belong to another event log than the stream this process is set to: the
     process refuses to start (it would skip or misread events). ``str()`` says what differs and
-    what to do."""
+    what to do: rebuild or rebind (:data:`REMEDY`) when the stream holds events, point the
+    settings at the stack's NATS server (:data:`EMPTY_REMEDY`) when it holds none."""
 
     def __init__(
         self,
@@ -73,7 +83,9 @@ class LogMismatch(RuntimeError):
         bound: Binding | None = None,
         checkpoint: tuple[str, int] | None = None,
     ) -> None:
-        super().__init__(f"{detail}. {REMEDY}")
+        same_stream = bound is None or bound.stream == identity.stream  # (another name: CHRONICLE_STREAM)
+        self.remedy = EMPTY_REMEDY if identity.last_seq == 0 and same_stream else REMEDY
+        super().__init__(f"{detail}. {self.remedy}")
         self.detail = detail
         self.database = database
         self.identity = identity
@@ -89,6 +101,39 @@ class LogMismatch(RuntimeError):
             bound=self.bound,
             checkpoint=self.checkpoint,
         )
+
+
+class LogAbsent(LookupError):
+    """The stream is not on this NATS server, but the database's read models were made from a log
+    (it is bound to one, or holds checkpoints): the server is not the stack's. Raised before
+    anything is created there (a stream made here would be another log, refused at once by
+    :func:`check_log`, and left behind on a server that is not Chronicle's)."""
+
+    def __init__(
+        self, stream: str, *, database: str, bound: Binding | None, checkpoint: tuple[str, int] | None
+    ) -> None:
+        made = (
+            f"stream {bound.stream!r} created {_when(bound.created)}"
+            if bound is not None
+            else f"a stream {stream!r} (checkpoint {checkpoint[0]!r} at sequence {checkpoint[1]})"
+            if checkpoint is not None
+            else f"a stream {stream!r}"
+        )
+        super().__init__(f"no stream {stream!r} here; the read models in database {database} were made from {made}")
+        self.stream = stream
+        self.database = database
+        self.bound = bound
+        self.checkpoint = checkpoint
+
+
+async def refuse_absent_log(conn: psycopg.AsyncConnection[Any], stream: str, projector: str) -> None:
+    """For a process that found no ``stream`` on its NATS server, before it creates anything
+    there: raise :class:`LogAbsent` when the database's read models were made from a log (a
+    binding, or a checkpoint past sequence 0). A database with neither (a new deployment) passes."""
+    bound = await read_binding(conn, projector)
+    furthest = await highest_checkpoint(conn, projector)
+    if bound is not None or (furthest is not None and furthest[1] > 0):
+        raise LogAbsent(stream, database=database_of(conn), bound=bound, checkpoint=furthest)
 
 
 def _when(at: datetime | None) -> str:

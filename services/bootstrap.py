@@ -27,13 +27,13 @@ from events.blobs import BlobStore, RoutedBlobStores
 from events.catalog import CompactionRequested
 from events.objectstore import JetStreamBlobStore
 from events.publisher import Publisher
-from events.stream import ReplicasUnavailable, ensure_stream, require_stream
+from events.stream import ReplicasUnavailable, StreamMissing, ensure_stream, require_stream
 from events.subjects import SubjectLayout, partition_of
 from projections import queries, search_languages
 from projections.context import ContextProjection
 from projections.history import HistoryProjection
 from projections.keystore import PgKeyStore
-from projections.logbinding import check_log
+from projections.logbinding import check_log, refuse_absent_log
 from projections.migrate import check_schema, migrate
 from projections.overlays import OverlayProjection
 from projections.runner import Projection, ProjectorRunner, partition_checkpoint, read_checkpoint
@@ -483,6 +483,17 @@ async def check_log_binding(
         await check_log(conn, js, settings.stream, settings.projector_name)
 
 
+async def refuse_absent(settings: Settings, pool: AsyncConnectionPool[psycopg.AsyncConnection[Any]]) -> None:
+    """The stream is missing: raise :class:`projections.logbinding.LogAbsent` when the database's
+    read models were made from a log (this NATS server is not the stack's). A database not
+    migrated yet (``auto_migrate`` off) has made nothing: it passes."""
+    async with pool.connection() as conn:
+        try:
+            await refuse_absent_log(conn, settings.stream, settings.projector_name)
+        except psycopg.errors.UndefinedTable:
+            return
+
+
 def settle_heap() -> None:
     """For a long-running process that has loaded what it keeps (the token encoding, the app,
     the adapters): collect, then move what is left out of the collector's generations
@@ -502,9 +513,12 @@ async def open_container(
     Unless ``log_check`` is off (tools that repair the binding: ``rebuild``, ``log rebind``), the
     read models must belong to the stream: :class:`projections.logbinding.LogMismatch` otherwise.
 
-    ``create_stream`` off (the tools that only read the log: ``replay``, ``verify``, ``archive``,
-    ...): the stream must exist, :class:`events.stream.StreamMissing` otherwise, and neither it nor
-    the work queue is created (on a NATS server that is not the stack's, a reader made both).
+    ``create_stream`` off (every command but the services, which set the stack up: the tools that
+    read the log, ``replay``, ``verify``, ``archive``, ..., and those that write to it, ``skills``,
+    ``erase``): the stream must exist and neither it nor the work queue is created (on a NATS
+    server that is not the stack's, a tool made both). Missing, it is
+    :class:`projections.logbinding.LogAbsent` when the database's read models were made from a
+    log, :class:`events.stream.StreamMissing` otherwise.
 
     ``warm_reads`` (the API): each new Postgres connection runs the hot reads once before it is
     handed out (:func:`projections.queries.warm_reads`)."""
@@ -529,7 +543,11 @@ async def open_container(
         if create_stream:
             await when_jetstream_ready(lambda: ensure_stream(js, layout, replicas=settings.stream_replicas), nc=nc)
         else:
-            await when_jetstream_ready(lambda: require_stream(js, layout), nc=nc)
+            try:
+                await when_jetstream_ready(lambda: require_stream(js, layout), nc=nc)
+            except StreamMissing:
+                await refuse_absent(settings, pool)
+                raise
         async with pool.connection() as conn:
             await check_schema(conn)
         if log_check:

@@ -7,7 +7,7 @@ import json
 import os
 import secrets
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Literal, NamedTuple
 
@@ -233,7 +233,12 @@ class Settings(BaseSettings):
     )
     row_cap_bytes: int = Field(default=1_800_000, ge=10_000, description="larger messages are stored capped")
 
-    data_dir: str = ".chronicle"
+    data_dir: str = Field(
+        default=".chronicle",
+        description="`chronicle up`'s state (its NATS and embedded Postgres data, operator seed, key-encryption "
+        "key, API key) and its record of the stack it runs (`stack.json`): a command run with the same data dir "
+        "and no CHRONICLE_NATS_URL reaches that stack's NATS, with its operator identity and key-encryption key",
+    )
 
     encryption: bool = Field(
         default=False,
@@ -272,6 +277,26 @@ class Settings(BaseSettings):
                     f"CHRONICLE_KEK_FILE {self.kek_file!r} holds no key-encryption key: {exc} ({new})"
                 ) from None
         return None
+
+    def with_local_stack(self) -> Settings:
+        """These settings, completed by what ``chronicle up`` recorded in ``data_dir``
+        (:class:`LocalStack`): its NATS address when ``nats_url`` is not set (environment, ``.env``
+        or secrets file: a setting always wins), and with the stack's address its operator seed
+        and key-encryption key file when no identity (seed, credentials file) or key is set. No
+        record: these settings as they are."""
+        stack = LocalStack.read(Path(self.data_dir))
+        if stack is None:
+            return self
+        update: dict[str, object] = {}
+        if "nats_url" not in self.model_fields_set:
+            update["nats_url"] = stack.nats_url
+        if update.get("nats_url", self.nats_url) != stack.nats_url:
+            return self  # another server than the stack's: nothing of the stack's goes with it
+        if self.nats_nkey_seed is None and not self.nats_creds_file and stack.nats_nkey_seed_file:
+            update["nats_nkey_seed"] = SecretStr(_stack_file(stack.nats_nkey_seed_file, "operator seed"))
+        if self.kek is None and not self.kek_file and stack.kek_file:
+            update["kek_file"] = stack.kek_file
+        return self.model_copy(update=update)
 
     def request_bytes_limit(self) -> int:
         """The largest request body the API reads (``max_request_bytes``, or its default)."""
@@ -329,6 +354,69 @@ class Settings(BaseSettings):
             if e.nkey is not None and not e.read_only:
                 table.setdefault(e.tenant, []).append(e.nkey)
         return table
+
+
+STACK_RECORD = "stack.json"
+"""The file in ``data_dir`` where ``chronicle up`` records the stack it runs (:class:`LocalStack`)."""
+
+
+@dataclass(frozen=True, slots=True)
+class LocalStack:
+    """What ``chronicle up`` serves, recorded in its data dir (``stack.json``) for the commands run
+    beside it: its NATS address (a cluster's nodes comma-separated), and the files of its operator
+    seed and key-encryption key (None: the stack was given them by its environment, and records no
+    secret)."""
+
+    nats_url: str
+    nats_nkey_seed_file: str | None = None
+    kek_file: str | None = None
+
+    @classmethod
+    def read(cls, data_dir: Path) -> LocalStack | None:
+        """The record in ``data_dir``; None when there is none. One that is not a record is an
+        :class:`UnusableSetting` naming the file."""
+        path = data_dir / STACK_RECORD
+        try:
+            text = path.read_text()
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            raise UnusableSetting(
+                f"{path} (`chronicle up`'s record of its stack) cannot be read ({exc.strerror or type(exc).__name__}): "
+                "set CHRONICLE_NATS_URL, or CHRONICLE_DATA_DIR to another stack's data dir"
+            ) from None
+        try:
+            record = json.loads(text)
+            stack = cls(record["nats_url"], record.get("nats_nkey_seed_file"), record.get("kek_file"))
+            if not (isinstance(stack.nats_url, str) and stack.nats_url.strip()) or not all(
+                isinstance(f, str | None) for f in (stack.nats_nkey_seed_file, stack.kek_file)
+            ):
+                raise TypeError(stack)
+        except (ValueError, KeyError, TypeError, AttributeError):
+            raise UnusableSetting(
+                f"{path} is not `chronicle up`'s record of its stack (JSON with its nats_url): remove it (the next "
+                "`chronicle up` writes it again) or set CHRONICLE_NATS_URL"
+            ) from None
+        return stack
+
+    def write(self, data_dir: Path) -> Path:
+        """Record this stack in ``data_dir`` (replacing a record at once: never half written)."""
+        path = data_dir / STACK_RECORD
+        part = path.with_name(path.name + ".part")
+        part.write_text(json.dumps(asdict(self), indent=2) + "\n")
+        part.replace(path)
+        return path
+
+
+def _stack_file(path: str, what: str) -> str:
+    """The content of a file ``chronicle up`` recorded (its ``what``), stripped."""
+    try:
+        return Path(path).read_text().strip()
+    except OSError as exc:
+        raise UnusableSetting(
+            f"the local stack's {what} {path!r} (recorded in its {STACK_RECORD}) cannot be read "
+            f"({exc.strerror or type(exc).__name__}): set CHRONICLE_NATS_URL and CHRONICLE_NATS_NKEY_SEED"
+        ) from None
 
 
 READ_ONLY = "read-only"

@@ -127,8 +127,12 @@ async def run_audit(settings: Settings, args: argparse.Namespace) -> int:
 
 
 async def run_skills(settings: Settings, args: argparse.Namespace) -> int:
-    """``skills put`` uploads and records; ``skills sync`` records what changed in the bucket."""
-    async with open_container(settings) as c:
+    """``skills put`` uploads and records; ``skills sync`` records what changed in the bucket.
+    Neither creates the stream: on a NATS server without it, one that is not the stack's, the
+    read models' log is missing (:class:`projections.logbinding.LogAbsent`) or the stream is
+    (:class:`events.stream.StreamMissing`, a database that has never seen a log), and nothing is
+    made there; the services create it when the stack starts."""
+    async with open_container(settings, create_stream=False) as c:
         ids.check_tenant(args.tenant)
         if args.skills_command == "put":
             content = await asyncio.to_thread(Path(args.file).read_text, encoding="utf-8")

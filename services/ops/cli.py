@@ -196,10 +196,12 @@ def main(argv: list[str] | None = None) -> int:
     logs.configure(settings.log_level, settings.log_format)
     from events.sealing import KeyUnavailable
     from events.stream import PartitionMismatch, ReplicasUnavailable, StreamMissing, TooFewReplicas
-    from projections.logbinding import LogMismatch
+    from projections.logbinding import LogAbsent, LogMismatch
     from projections.migrate import SchemaTooNew
 
     try:
+        if args.command not in OWN_NATS:
+            settings = settings.with_local_stack()
         status = _dispatch(settings, args)
         sys.stdout.flush()  # a reader that closed is met here, not by the interpreter's flush at exit
         return status
@@ -208,6 +210,16 @@ def main(argv: list[str] | None = None) -> int:
     except (LogMismatch, SchemaTooNew) as exc:
         print(f"chronicle {args.command}: refusing to start: {exc}", file=sys.stderr, flush=True)
         return LOG_MISMATCH_EXIT
+    except LogAbsent as exc:  # a tool pointed at a NATS server without the log its database was made from
+        print(
+            f"chronicle {args.command}: the NATS server at {settings.nats_url} does not hold the log this "
+            f"database's read models were built from ({exc}): set CHRONICLE_NATS_URL (and CHRONICLE_NATS_NKEY_SEED) "
+            "to the stack's (`make up` listens on 4250; a command run with `chronicle up`'s CHRONICLE_DATA_DIR "
+            "finds them there; see README)",
+            file=sys.stderr,
+            flush=True,
+        )
+        return SETTINGS_EXIT
     except StreamMissing as exc:  # a tool that reads the log, pointed at a NATS server without it
         print(
             f"chronicle {args.command}: no stream {exc.stream} on {settings.nats_url}: is CHRONICLE_NATS_URL the "
@@ -286,13 +298,20 @@ def _first_line(exc: BaseException) -> str:
 SETTINGS_EXIT = 2
 """The exit status of a command that cannot run with these settings or arguments (a file that is
 not there, a malformed key or seed, no key-encryption key for sealed events, an invalid id, a
-replica or partition count the stream or the NATS servers cannot hold)."""
+replica or partition count the stream or the NATS servers cannot hold, a NATS server without the
+log the database's read models were made from)."""
 LOG_MISMATCH_EXIT = 3
 """The exit status of a process that refused to start: its read models belong to another log."""
 UNREACHABLE_EXIT = 4
 """The exit status of a command that could not use NATS (refused, unreachable, not allowed, or
 without the event stream a tool that only reads the log needs), or its database (Postgres
 refusing, not answering, or without that database)."""
+
+
+OWN_NATS = frozenset({"up", "nats-config", "keygen", *DRILLS})
+"""The commands that do not reach the stack ``chronicle up`` recorded in the data dir
+(:meth:`Settings.with_local_stack`): ``up`` starts it, ``nats-config`` writes a server's
+configuration from the settings alone, ``keygen`` makes keys, the drills start their own."""
 
 
 def _dispatch(settings: Settings, args: argparse.Namespace) -> int:

@@ -36,7 +36,7 @@ from pydantic import SecretStr
 from projections.keystore import new_kek_line
 from services.bootstrap import worker_partitions
 from services.ops.natsconf import ClusterNode, NatsAccess, cluster_extra, server_config, write_config
-from services.settings import Settings, api_key_entry, new_api_key, new_operator_seed
+from services.settings import LocalStack, Settings, api_key_entry, new_api_key, new_operator_seed
 
 DEFAULT_TENANT = "default"
 
@@ -276,6 +276,7 @@ def up(settings: Settings, nats_port: int, nats_cluster: int = 1) -> int:
         )
         return 1
     key = api_key(data)
+    given_seed = settings.nats_nkey_seed is not None  # by its environment: not recorded
     seed = settings.nats_nkey_seed.get_secret_value() if settings.nats_nkey_seed else operator_seed(data)
     settings = settings.model_copy(
         update={"api_keys": [*settings.api_keys, api_key_entry(DEFAULT_TENANT, key)], "nats_nkey_seed": SecretStr(seed)}
@@ -286,6 +287,13 @@ def up(settings: Settings, nats_port: int, nats_cluster: int = 1) -> int:
     env["CHRONICLE_NATS_NKEY_SEED"] = seed
     if settings.kek is None and settings.kek_file is None:
         env["CHRONICLE_KEK_FILE"] = str(kek_file(data))
+    # for the commands run beside it (same CHRONICLE_DATA_DIR): where its NATS listens, and the
+    # files of its identity and key (not a secret it was given by its environment)
+    stack = LocalStack(
+        env["CHRONICLE_NATS_URL"],
+        None if given_seed else str(data / "nats-operator.nk"),
+        None if settings.kek is not None else str(Path(settings.kek_file or env["CHRONICLE_KEK_FILE"]).resolve()),
+    )
     if "encryption" not in settings.model_fields_set:  # not set (environment or .env): a local stack seals
         env["CHRONICLE_ENCRYPTION"] = "true"
     if cluster and settings.stream_replicas == 1:
@@ -312,6 +320,7 @@ def up(settings: Settings, nats_port: int, nats_cluster: int = 1) -> int:
             else:
                 print(f"chronicle up: starting nats-server on 127.0.0.1:{nats_port} (data {data / 'nats'})", flush=True)
                 procs.append(start_nats(nats_port, data / "nats", data / "nats.log", access))
+            stack.write(data)
             db_url = settings.database_url
             if postgres_reachable(db_url):
                 where = urlsplit(db_url)

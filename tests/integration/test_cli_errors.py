@@ -4,6 +4,7 @@ NATS server that is not the stack's, they made ``CHRONICLE`` and its work queue 
 
 from __future__ import annotations
 
+import asyncio
 import subprocess
 import uuid
 from collections.abc import AsyncIterator, Iterator
@@ -11,19 +12,30 @@ from pathlib import Path
 
 import psycopg
 import pytest
+from minio import Minio
 from nats.js.errors import NotFoundError
 from pydantic import SecretStr
 
-from events.credentials import tenant_nkey_seed
+from events.credentials import nkey_public_key, tenant_nkey_seed
 from events.omitted import OMITTED
+from events.subjects import SubjectLayout
 from projections.migrate import migration_files
 from services.bootstrap import open_container
 from services.ops.cli import LOG_MISMATCH_EXIT, SETTINGS_EXIT, UNREACHABLE_EXIT
 from services.ops.localstack import free_port
+from services.ops.natsconf import NatsAccess
 from services.settings import Settings
-from tests.conftest import KEYS, TEST_KEK, make_settings, operator_nats, running_stack, tenant_nats_settings
+from tests.conftest import (
+    KEYS,
+    OPERATOR_SEED,
+    TEST_KEK,
+    make_settings,
+    operator_nats,
+    running_stack,
+    tenant_nats_settings,
+)
 from tests.integration.helpers import text_message
-from tests.support import chronicle_cli, scratch_database
+from tests.support import chronicle_cli, nats_server, scratch_database
 
 READERS = [
     ["replay", "--session", "demo"],
@@ -40,7 +52,8 @@ READERS = [
     ["keys", "rewrap"],
 ]
 """Every command that opens the stack without writing to the log (``quarantine`` reads Postgres
-alone; ``skills`` and the services write, and create the stream; ``up`` starts its own server)."""
+alone; ``skills`` writes, and does not create the stream either; the services do; ``up`` starts
+its own server)."""
 
 
 def one_line(done: subprocess.CompletedProcess[str]) -> str:
@@ -95,9 +108,119 @@ async def test_quarantine_listing_reads_postgres_alone_and_creates_no_stream(els
     assert await streams_of(elsewhere) == []
 
 
-async def test_a_writer_still_creates_the_stream(elsewhere: Settings) -> None:
-    done = chronicle_cli(elsewhere, "skills", "sync", "--bucket", f"nosuch-{uuid.uuid4().hex[:8]}")
-    assert await streams_of(elsewhere) == [elsewhere.layout().stream, elsewhere.layout().work_stream], done.stderr
+WRITERS = [
+    ["skills", "put", "README.md", "--bucket", "skills-nosuch", "--key", "skills/x", "--tenant", "default"],
+    ["skills", "sync", "--bucket", "skills-nosuch"],
+]
+"""The tools that write to the log: they never create the stream either (``skills`` made
+``CHRONICLE`` and its work queue on whichever server CHRONICLE_NATS_URL named)."""
+
+
+@pytest.mark.parametrize("argv", WRITERS, ids=" ".join)
+async def test_a_tool_that_writes_to_the_log_never_creates_the_stream(elsewhere: Settings, argv: list[str]) -> None:
+    """A database that has never seen a log, a server without the stream: as a reader is answered."""
+    done = chronicle_cli(elsewhere, *argv)
+    assert done.returncode == UNREACHABLE_EXIT, done.stderr
+    assert one_line(done).startswith(f"chronicle {argv[0]}: no stream {elsewhere.stream} on {elsewhere.nats_url}: ")
+    assert await streams_of(elsewhere) == []
+
+
+async def test_the_services_still_create_the_stream(elsewhere: Settings) -> None:
+    """(They set the stack up: what ``chronicle up`` and compose.yaml start opens the stack so.)"""
+    async with open_container(elsewhere):
+        pass
+    assert await streams_of(elsewhere) == [elsewhere.layout().stream, elsewhere.layout().work_stream]
+
+
+@pytest.fixture
+async def foreign(nats_url: str, pg_admin: str, tmp_path: Path) -> AsyncIterator[tuple[Settings, Settings]]:
+    """The settings of a stack whose database has been used (bound to its log, on the run's
+    server), and the same settings pointed at another nats-server that never held that log (one
+    that happens to run at the default CHRONICLE_NATS_URL)."""
+    with scratch_database(pg_admin) as db:
+        stack = make_settings(nats_url, db)
+        async with open_container(stack) as c:
+            await c.commands.append("tenant-a", "s1", text_message("m1", "kept"), OMITTED)
+        access = NatsAccess((nkey_public_key(OPERATOR_SEED),), SubjectLayout())
+        with nats_server(tmp_path, access) as other:
+            yield stack, stack.model_copy(update={"nats_url": other})
+
+
+def absent_line(argv: list[str], settings: Settings) -> str:
+    """What a command says pointed at a NATS server without its database's log."""
+    return (
+        f"chronicle {argv[0]}: the NATS server at {settings.nats_url} does not hold the log this database's read "
+        f"models were built from (no stream {settings.stream!r} here; the read models in database "
+    )
+
+
+@pytest.mark.parametrize(
+    "argv", [*WRITERS, ["replay", "--session", "s1", "--tenant", "tenant-a"], ["verify"], ["log", "show"]], ids=" ".join
+)
+async def test_a_tool_pointed_at_a_server_without_the_databases_log_refuses_and_creates_nothing(
+    foreign: tuple[Settings, Settings], argv: list[str]
+) -> None:
+    """(``skills put`` made the streams there, then refused: another log, `chronicle rebuild` or
+    `chronicle log rebind --yes`, the wrong fix.) The database says which log it was built from."""
+    stack, elsewhere = foreign
+    done = chronicle_cli(elsewhere, *argv)
+    assert done.returncode == SETTINGS_EXIT, done.stderr
+    line = one_line(done)
+    assert line.startswith(absent_line(argv, elsewhere)), line
+    assert f"were made from stream {stack.stream!r} created " in line
+    assert line.endswith(
+        ": set CHRONICLE_NATS_URL (and CHRONICLE_NATS_NKEY_SEED) to the stack's (`make up` listens on 4250; a "
+        "command run with `chronicle up`'s CHRONICLE_DATA_DIR finds them there; see README)"
+    )
+    assert "rebuild" not in line
+    assert "rebind" not in line
+    assert await streams_of(elsewhere) == []
+
+
+async def test_skills_put_on_the_stacks_server_records_the_skill(
+    foreign: tuple[Settings, Settings], s3_endpoint: str, tmp_path: Path
+) -> None:
+    stack = foreign[0].model_copy(update={"s3_endpoint": s3_endpoint})
+    bucket = f"sk-{uuid.uuid4().hex[:12]}"
+    s3 = Minio(s3_endpoint, "testing", "testing", secure=False, region="us-east-1")
+    s3.make_bucket(bucket)
+    doc = tmp_path / "x.md"
+    doc.write_text("# X\nhow to x", encoding="utf-8")
+    async with running_stack(stack) as c:  # its projector: `skills put` waits until the index has it
+        argv = ["skills", "put", str(doc), "--bucket", bucket, "--key", "skills/x"]
+        done = await asyncio.to_thread(chronicle_cli, stack, *argv)
+        assert done.returncode == 0, done.stderr
+        async with c.pool.connection() as conn:
+            cur = await conn.execute("SELECT tenant, key FROM skills_index WHERE bucket = %s", (bucket,))
+            assert await cur.fetchall() == [("default", "skills/x")]
+    said = f"stored {bucket}/skills/x ({len(doc.read_bytes())} bytes); recorded at sequence "
+    assert done.stdout.startswith(said), done.stdout
+    assert s3.stat_object(bucket, "tenants/default/skills/x").size == len(doc.read_bytes())
+    nc = await operator_nats(stack.nats_url)
+    try:
+        assert (await nc.jetstream().stream_info(stack.stream)).state.last_seq == int(done.stdout[len(said) :])
+    finally:
+        await nc.close()
+
+
+async def test_an_empty_stream_on_another_server_is_not_answered_with_rebuild_or_rebind(
+    foreign: tuple[Settings, Settings], pg_admin: str
+) -> None:
+    """The streams an earlier release's ``skills put`` made on the wrong server: another log (its
+    creation time), but an empty one, so the fix is the server, not the read models."""
+    _, elsewhere = foreign
+    with scratch_database(pg_admin) as other_db:
+        async with open_container(elsewhere.model_copy(update={"database_url": other_db})):
+            pass  # (a service of another deployment made them)
+    made = await streams_of(elsewhere)
+    done = chronicle_cli(elsewhere, *WRITERS[0])
+    assert done.returncode == LOG_MISMATCH_EXIT, done.stderr
+    line = one_line(done)
+    assert line.startswith("chronicle skills: refusing to start: the read models in database "), line
+    assert "The stream holds no events, so this NATS server is most likely not the stack's: set " in line
+    assert "CHRONICLE_NATS_URL (and CHRONICLE_NATS_NKEY_SEED)" in line
+    assert "log rebind" not in line
+    assert await streams_of(elsewhere) == made
 
 
 @pytest.fixture
