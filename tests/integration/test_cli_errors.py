@@ -5,7 +5,9 @@ NATS server that is not the stack's, they made ``CHRONICLE`` and its work queue 
 from __future__ import annotations
 
 import asyncio
+import os
 import subprocess
+import sys
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -24,7 +26,7 @@ from services.bootstrap import open_container
 from services.ops.cli import LOG_MISMATCH_EXIT, SETTINGS_EXIT, UNREACHABLE_EXIT
 from services.ops.localstack import free_port
 from services.ops.natsconf import NatsAccess
-from services.settings import Settings
+from services.settings import STACK_RECORD, LocalStack, Settings
 from tests.conftest import (
     KEYS,
     OPERATOR_SEED,
@@ -399,3 +401,50 @@ async def test_a_database_migrated_by_a_newer_release_is_refused_in_one_line(els
     line = one_line(done)
     assert line.startswith(f"chronicle {process}: refusing to start: the database was migrated to version 999 "), line
     assert f"this one knows up to {max(v for v, _, _ in migration_files())}" in line
+
+
+def beside(settings: Settings, data_dir: Path, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
+    """``chronicle <args>`` with ``settings`` but for the NATS address and identity, which it has
+    to find in ``data_dir`` (what ``chronicle up`` recorded there), and ``env`` on top."""
+    full = settings.as_env(os.environ)
+    for name in ("CHRONICLE_NATS_URL", "CHRONICLE_NATS_NKEY_SEED"):
+        full.pop(name)
+    full |= {"CHRONICLE_DATA_DIR": str(data_dir), **env}
+    return subprocess.run(
+        [sys.executable, "-m", "services.ops.cli", *args], env=full, capture_output=True, text=True, timeout=120
+    )
+
+
+async def test_a_tool_run_with_the_stacks_data_dir_reaches_its_nats(
+    foreign: tuple[Settings, Settings], tmp_path: Path
+) -> None:
+    """(With CHRONICLE_DATABASE_URL and CHRONICLE_DATA_DIR alone, a tool went to the default
+    CHRONICLE_NATS_URL, another server.) An explicit CHRONICLE_NATS_URL still wins."""
+    stack, elsewhere = foreign
+    data = tmp_path / "stack-data"
+    data.mkdir()
+    (data / "nats-operator.nk").write_text(OPERATOR_SEED + "\n")
+    LocalStack(stack.nats_url, str(data / "nats-operator.nk")).write(data)
+    done = beside(stack, data, "log", "show")
+    assert done.returncode == 0, done.stderr
+    assert f"bound to: stream {stack.stream!r} created " in done.stdout
+    assert f"stream:   {stack.stream!r} created " in done.stdout
+    # another server: the stack's identity does not go with it
+    explicit = beside(stack, data, "log", "show", CHRONICLE_NATS_URL=elsewhere.nats_url)
+    assert explicit.returncode == UNREACHABLE_EXIT, explicit.stderr
+    assert one_line(explicit).startswith(f"chronicle log: NATS at {elsewhere.nats_url}: nats: authorization failed")
+    explicit = beside(
+        stack, data, "log", "show", CHRONICLE_NATS_URL=elsewhere.nats_url, CHRONICLE_NATS_NKEY_SEED=OPERATOR_SEED
+    )
+    assert explicit.returncode == SETTINGS_EXIT, explicit.stderr
+    assert one_line(explicit).startswith(absent_line(["log"], elsewhere))
+
+
+async def test_a_stack_record_that_is_not_one_is_one_line(foreign: tuple[Settings, Settings], tmp_path: Path) -> None:
+    (tmp_path / STACK_RECORD).write_text("{")
+    done = beside(foreign[0], tmp_path, "log", "show")
+    assert done.returncode == SETTINGS_EXIT, done.stderr
+    assert one_line(done) == (
+        f"chronicle log: {tmp_path / STACK_RECORD} is not `chronicle up`'s record of its stack (JSON with its "
+        "nats_url): remove it (the next `chronicle up` writes it again) or set CHRONICLE_NATS_URL"
+    )

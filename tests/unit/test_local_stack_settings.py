@@ -1,0 +1,112 @@
+"""The stack ``chronicle up`` records in its data dir (``stack.json``), as the settings of a
+command run beside it take it: its NATS address unless CHRONICLE_NATS_URL is set, and with that
+address its operator seed and key-encryption key unless one is set."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from services.settings import STACK_RECORD, LocalStack, Settings, UnusableSetting, new_operator_seed
+
+URL = "nats://127.0.0.1:18120"
+
+
+@pytest.fixture(autouse=True)
+def _no_stack_settings(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Whatever the environment running the tests sets, these settings are set only here."""
+    for name in ("NATS_URL", "NATS_NKEY_SEED", "NATS_CREDS_FILE", "KEK", "KEK_FILE", "DATA_DIR"):
+        monkeypatch.delenv(f"CHRONICLE_{name}", raising=False)
+
+
+@pytest.fixture
+def recorded(tmp_path: Path) -> tuple[Path, str]:
+    """A data dir as ``chronicle up`` leaves it: the record, the operator seed and the key files."""
+    seed = new_operator_seed()
+    (tmp_path / "nats-operator.nk").write_text(seed + "\n")
+    (tmp_path / "kek").write_text("k1:" + "A" * 43 + "=\n")
+    LocalStack(URL, str(tmp_path / "nats-operator.nk"), str(tmp_path / "kek")).write(tmp_path)
+    return tmp_path, seed
+
+
+def test_without_a_record_the_settings_are_as_they_are(tmp_path: Path) -> None:
+    settings = Settings(data_dir=str(tmp_path))
+    assert settings.with_local_stack() is settings
+    assert settings.nats_url == "nats://127.0.0.1:4222"
+
+
+def test_a_command_beside_the_stack_reaches_it_with_its_identity_and_key(recorded: tuple[Path, str]) -> None:
+    data, seed = recorded
+    settings = Settings(data_dir=str(data)).with_local_stack()
+    assert settings.nats_url == URL
+    assert settings.nats_nkey_seed is not None
+    assert settings.nats_nkey_seed.get_secret_value() == seed
+    assert settings.kek_file == str(data / "kek")
+
+
+def test_an_explicit_nats_url_wins_and_takes_nothing_of_the_stack(
+    recorded: tuple[Path, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    data, _ = recorded
+    monkeypatch.setenv("CHRONICLE_NATS_URL", "nats://elsewhere:4222")
+    settings = Settings(data_dir=str(data)).with_local_stack()
+    assert settings.nats_url == "nats://elsewhere:4222"
+    assert settings.nats_nkey_seed is None
+    assert settings.kek_file is None
+
+
+def test_the_stacks_url_set_explicitly_still_takes_its_identity(
+    recorded: tuple[Path, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    data, seed = recorded
+    monkeypatch.setenv("CHRONICLE_NATS_URL", URL)
+    settings = Settings(data_dir=str(data)).with_local_stack()
+    assert settings.nats_nkey_seed is not None
+    assert settings.nats_nkey_seed.get_secret_value() == seed
+
+
+def test_a_seed_or_key_that_is_set_wins(recorded: tuple[Path, str], monkeypatch: pytest.MonkeyPatch) -> None:
+    data, _ = recorded
+    mine = new_operator_seed()
+    monkeypatch.setenv("CHRONICLE_NATS_NKEY_SEED", mine)
+    monkeypatch.setenv("CHRONICLE_KEK_FILE", "/run/secrets/kek")
+    settings = Settings(data_dir=str(data)).with_local_stack()
+    assert settings.nats_url == URL
+    assert settings.nats_nkey_seed is not None
+    assert settings.nats_nkey_seed.get_secret_value() == mine
+    assert settings.kek_file == "/run/secrets/kek"
+
+
+def test_a_credentials_file_is_an_identity_too(recorded: tuple[Path, str]) -> None:
+    data, _ = recorded
+    settings = Settings(data_dir=str(data), nats_creds_file="/etc/nats/chronicle.creds").with_local_stack()
+    assert (settings.nats_url, settings.nats_nkey_seed) == (URL, None)
+
+
+def test_a_stack_given_its_secrets_by_its_environment_records_none(tmp_path: Path) -> None:
+    LocalStack(URL).write(tmp_path)
+    settings = Settings(data_dir=str(tmp_path)).with_local_stack()
+    assert (settings.nats_url, settings.nats_nkey_seed, settings.kek_file) == (URL, None, None)
+
+
+@pytest.mark.parametrize("text", ["", "{", "[]", '{"nats_url": ""}', '{"nats_url": 5}', '{"kek_file": "/k"}'])
+def test_a_record_that_is_not_one_is_named(tmp_path: Path, text: str) -> None:
+    (tmp_path / STACK_RECORD).write_text(text)
+    with pytest.raises(UnusableSetting, match=re.escape(f"{tmp_path / STACK_RECORD} is not `chronicle up`'s record")):
+        Settings(data_dir=str(tmp_path)).with_local_stack()
+
+
+def test_a_recorded_seed_file_that_is_gone_is_named(recorded: tuple[Path, str]) -> None:
+    data, _ = recorded
+    (data / "nats-operator.nk").unlink()
+    with pytest.raises(UnusableSetting, match=r"the local stack's operator seed .* cannot be read"):
+        Settings(data_dir=str(data)).with_local_stack()
+
+
+def test_the_record_is_replaced_whole(tmp_path: Path) -> None:
+    LocalStack("nats://127.0.0.1:4250", "/a/seed", "/a/kek").write(tmp_path)
+    LocalStack(URL).write(tmp_path)
+    assert LocalStack.read(tmp_path) == LocalStack(URL)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [STACK_RECORD]
