@@ -21,6 +21,7 @@ from events.ids import check_tenant
 from services import logs
 from services.ops.natsconf import ClusterNode, MissingOperator, NatsAccess, cluster_extra, server_config, write_config
 from services.settings import (
+    STACK_RECORD,
     Settings,
     UnusableSetting,
     api_key_entry,
@@ -199,6 +200,7 @@ def main(argv: list[str] | None = None) -> int:
     from projections.logbinding import LogAbsent, LogMismatch
     from projections.migrate import SchemaTooNew
 
+    given_url = settings.nats_url
     try:
         if args.command not in OWN_NATS:
             settings = settings.with_local_stack()
@@ -264,6 +266,9 @@ def main(argv: list[str] | None = None) -> int:
             " (this NATS server needs Chronicle's operator identity: CHRONICLE_NATS_NKEY_SEED, or for the stack "
             "`make up` runs, $(cat .chronicle/nats-operator.nk))"
             if "authorization" in str(exc).lower() or isinstance(exc, JetStreamDenied)
+            else f" (the address `chronicle up` recorded in {Path(settings.data_dir) / STACK_RECORD}: is that stack "
+            "running? Set CHRONICLE_NATS_URL for another)"
+            if settings.nats_url != given_url
             else ""
         )
         print(f"chronicle {args.command}: NATS at {settings.nats_url}: {exc}{hint}", file=sys.stderr, flush=True)

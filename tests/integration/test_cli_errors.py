@@ -448,3 +448,15 @@ async def test_a_stack_record_that_is_not_one_is_one_line(foreign: tuple[Setting
         f"chronicle log: {tmp_path / STACK_RECORD} is not `chronicle up`'s record of its stack (JSON with its "
         "nats_url): remove it (the next `chronicle up` writes it again) or set CHRONICLE_NATS_URL"
     )
+
+
+async def test_a_recorded_stack_that_is_not_running_is_named(elsewhere: Settings, tmp_path: Path) -> None:
+    LocalStack("nats://127.0.0.1:1").write(tmp_path)
+    done = beside(elsewhere, tmp_path, "log", "show")
+    assert done.returncode == UNREACHABLE_EXIT, done.stderr
+    line = one_line(done)
+    assert line.startswith("chronicle log: NATS at nats://127.0.0.1:1: no server answered in 10 tries each: "), line
+    assert line.endswith(
+        f" (the address `chronicle up` recorded in {tmp_path / STACK_RECORD}: is that stack running? Set "
+        "CHRONICLE_NATS_URL for another)"
+    )
