@@ -199,6 +199,7 @@ def main(argv: list[str] | None = None) -> int:
     from events.stream import PartitionMismatch, ReplicasUnavailable, StreamMissing, TooFewReplicas
     from projections.logbinding import LogAbsent, LogMismatch
     from projections.migrate import SchemaTooNew
+    from services.errors import ChronicleError, ProjectionTimeout
 
     given_url = settings.nats_url
     try:
@@ -259,6 +260,10 @@ def main(argv: list[str] | None = None) -> int:
             flush=True,
         )
         return UNREACHABLE_EXIT
+    except ChronicleError as exc:  # what the API answers as a problem: one line here, not a traceback
+        hint = " (is a projector running? `chronicle up` runs one)" if isinstance(exc, ProjectionTimeout) else ""
+        print(f"chronicle {args.command}: {exc.detail} ({exc.code}){hint}", file=sys.stderr, flush=True)
+        return UNREACHABLE_EXIT if exc.status >= 500 else SETTINGS_EXIT
     except nats.errors.Error as exc:  # one line that says what to fix, not a traceback
         from services.bootstrap import JetStreamDenied
 

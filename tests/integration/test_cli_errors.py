@@ -205,6 +205,25 @@ async def test_skills_put_on_the_stacks_server_records_the_skill(
         await nc.close()
 
 
+async def test_skills_put_whose_projector_never_applies_it_is_one_line(
+    foreign: tuple[Settings, Settings], s3_endpoint: str, tmp_path: Path
+) -> None:
+    """No projector running: the put is recorded and its wait for the index times out, said in one
+    line with a hint (it was a ProjectionTimeout traceback)."""
+    stack = foreign[0].model_copy(update={"s3_endpoint": s3_endpoint, "read_wait_timeout_s": 0.5})
+    bucket = f"sk-{uuid.uuid4().hex[:12]}"
+    Minio(s3_endpoint, "testing", "testing", secure=False, region="us-east-1").make_bucket(bucket)
+    doc = tmp_path / "x.md"
+    doc.write_text("# X\nhow to x", encoding="utf-8")
+    async with running_stack(stack, projector=False):  # the stream exists; nothing applies it
+        argv = ["skills", "put", str(doc), "--bucket", bucket, "--key", "skills/x"]
+        done = await asyncio.to_thread(chronicle_cli, stack, *argv)
+    assert done.returncode == UNREACHABLE_EXIT, done.stderr
+    [line] = done.stderr.splitlines()
+    assert line.startswith("chronicle skills: the read model has not applied "), line
+    assert line.endswith("(projection_timeout) (is a projector running? `chronicle up` runs one)"), line
+
+
 async def test_an_empty_stream_on_another_server_is_not_answered_with_rebuild_or_rebind(
     foreign: tuple[Settings, Settings], pg_admin: str
 ) -> None:
