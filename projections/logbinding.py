@@ -16,8 +16,14 @@ across leader changes, since it comes from the stream's assignment, not from a n
   not: a second, independent symptom, which also covers a purged or truncated stream).
 
 The first component that starts on an empty binding records it, in the transaction that reads the
-checkpoints. A rebuild binds the database to the stream it rebuilt from; ``chronicle log rebind
---yes`` rewrites the binding after a deliberate restore.
+checkpoints, but only while the stream is still empty (or the database holds checkpoints, from
+before the binding existed): a database that has never held read models (no binding, no
+checkpoint) next to a stream that already holds events is refused with :class:`NeverBound`. Such
+a database was most likely lost or replaced, and Postgres holds what the log cannot restore (the
+sessions' data keys and the erasure records): binding it silently would replay the log into it,
+mint new keys for old sessions and hide the loss. A rebuild binds the database to the stream it
+rebuilt from (the deliberate way to build read models of a log in a new database); ``chronicle
+log rebind --yes`` rewrites the binding after a deliberate restore.
 """
 
 from __future__ import annotations
@@ -83,8 +89,7 @@ class LogMismatch(RuntimeError):
         bound: Binding | None = None,
         checkpoint: tuple[str, int] | None = None,
     ) -> None:
-        same_stream = bound is None or bound.stream == identity.stream  # (another name: CHRONICLE_STREAM)
-        self.remedy = EMPTY_REMEDY if identity.last_seq == 0 and same_stream else REMEDY
+        self.remedy = self.remedy_for(identity, bound)
         super().__init__(f"{detail}. {self.remedy}")
         self.detail = detail
         self.database = database
@@ -92,9 +97,14 @@ class LogMismatch(RuntimeError):
         self.bound = bound
         self.checkpoint = checkpoint
 
+    def remedy_for(self, identity: LogIdentity, bound: Binding | None) -> str:
+        """What to do: :data:`EMPTY_REMEDY` when the (same) stream holds no events, else :data:`REMEDY`."""
+        same_stream = bound is None or bound.stream == identity.stream  # (another name: CHRONICLE_STREAM)
+        return EMPTY_REMEDY if identity.last_seq == 0 and same_stream else REMEDY
+
     def restated(self, detail: str) -> LogMismatch:
         """The same mismatch, said by a tool that refuses because of it (``detail`` first)."""
-        return LogMismatch(
+        return type(self)(
             f"{detail}: {self.detail}",
             database=self.database,
             identity=self.identity,
@@ -134,6 +144,22 @@ async def refuse_absent_log(conn: psycopg.AsyncConnection[Any], stream: str, pro
     furthest = await highest_checkpoint(conn, projector)
     if bound is not None or (furthest is not None and furthest[1] > 0):
         raise LogAbsent(stream, database=database_of(conn), bound=bound, checkpoint=furthest)
+
+
+NEVER_BOUND_REMEDY = (
+    "If the database was lost or replaced, restore it from a backup: it holds the sessions' data keys and the "
+    "erasure records, which the log cannot restore. To build read models of this log in a new database on "
+    "purpose, run `chronicle rebuild` (which records the binding). Nothing was consumed."
+)
+
+
+class NeverBound(LogMismatch):
+    """The database has never held read models (no binding, no checkpoint) and the stream already
+    holds events: refused rather than bound, since a lost database also lost the data keys and
+    erasure records. ``chronicle rebuild`` binds it on purpose."""
+
+    def remedy_for(self, identity: LogIdentity, bound: Binding | None) -> str:
+        return NEVER_BOUND_REMEDY
 
 
 def _when(at: datetime | None) -> str:
@@ -227,6 +253,13 @@ async def check_log(
             identity=identity,
             bound=bound,
             checkpoint=furthest,
+        )
+    if bound is None and furthest is None and identity.last_seq > 0:
+        raise NeverBound(
+            f"database {database} has never held read models of stream {stream!r} ({identity.last_seq} events; "
+            f"projector {projector!r}: no binding, no checkpoint)",
+            database=database,
+            identity=identity,
         )
     if bound is None and bind_empty:
         await conn.execute(

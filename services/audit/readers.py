@@ -21,7 +21,15 @@ from events.messages import body_hash
 from events.sealing import SEALED, KeyDestroyed, KeyLookup, tombstone_of, unseal_fields
 from events.subjects import SubjectLayout
 from projections import context_queries, queries
-from projections.logbinding import LogMismatch, bind, check_log, stream_identity
+from projections.logbinding import (
+    LogMismatch,
+    NeverBound,
+    bind,
+    check_log,
+    database_of,
+    highest_checkpoint,
+    stream_identity,
+)
 from projections.quarantine import UNRECORDED, storable_text, subject_erased
 from projections.rebuild import (
     TABLES,
@@ -176,6 +184,7 @@ class RebuildReport:
     swapped_at_seq: int
     kept_old: str | None = None
     rebound: bool = False  # the read models belonged to another log: replaced, checkpoints reset
+    first: bool = False  # the database held no read models (no checkpoint): built, checkpoints set
 
 
 def live_horizon(c: Container, checkpoints: dict[str, int]) -> tuple[Horizon, int]:
@@ -218,20 +227,36 @@ async def rebuild_and_swap(
     """Rebuild ``projection`` from sequence 1 into new tables while the old ones keep serving,
     then, under a short exclusive lock, catch up to the live checkpoint and swap atomically; the
     database is then bound to the stream it was rebuilt from (:mod:`projections.logbinding`).
+    The quarantine is always rebuilt and swapped with them (keeping the live rows past the live
+    checkpoint, which consumers ahead of the projector, the compactor, recorded), so a verify
+    right after a rebuild compares equal.
 
     When the read models belong to another log (:class:`LogMismatch`: no projector runs then),
-    only ``all`` may be rebuilt: every read-model table and the quarantine are replaced, the
-    projector's checkpoints (and its compaction state, backfilled again from the read models) are
-    reset to the sequence rebuilt, up to the stream's last one."""
-    tables = PROJECTION_TABLES[projection]
+    or the database holds none (no checkpoint of the projector: a new database, :class:`NeverBound`
+    when it is not bound yet), only ``all`` may be rebuilt: every read-model table and the
+    quarantine are replaced, the projector's checkpoints (and its compaction state, backfilled
+    again from the read models) are reset to the sequence rebuilt, up to the stream's last one."""
+    tables = (*PROJECTION_TABLES[projection], "quarantine")
     stamp = time.strftime("%Y%m%d%H%M%S")
     shadow, old = f"rebuild_{stamp}", f"old_{stamp}"
     name = c.settings.projector_name
-    mismatch = await log_mismatch(c)
-    if mismatch is not None and projection != "all":
-        raise mismatch.restated("only `chronicle rebuild --projection all` can rebuild read models of another log")
-    if mismatch is not None:
-        tables = (*tables, "quarantine")
+    # read models of another log, or none at all (a new database: NeverBound when not yet bound)
+    refusal = await log_mismatch(c)
+    first = isinstance(refusal, NeverBound)
+    if refusal is None:
+        async with c.pool.connection() as conn:
+            if await highest_checkpoint(conn, name) is None:  # bound, but nothing applied yet
+                first = True
+                refusal = LogMismatch(
+                    f"database {database_of(conn)} holds no read models (no checkpoint of projector {name!r})",
+                    database=database_of(conn),
+                    identity=await stream_identity(c.js, c.settings.stream),
+                )
+    if refusal is not None and projection != "all":
+        raise refusal.restated(
+            "only `chronicle rebuild --projection all` can rebuild read models of another log or of a new database"
+        )
+    replace = refusal is not None
     start = time.monotonic()
     built = await rebuild_into(
         c.js,
@@ -249,12 +274,13 @@ async def rebuild_and_swap(
             locked = ", ".join(f'public."{t}"' for t in (*tables, "checkpoints", "log_binding"))
             await conn.execute(f"LOCK TABLE {locked} IN ACCESS EXCLUSIVE MODE")
             identity = await stream_identity(c.js, c.settings.stream)
-            if mismatch is None:
+            if not replace:
                 horizon, live = live_horizon(c, await queries.checkpoints(conn))
                 await conn.execute(f'SET LOCAL search_path TO "{shadow}"')
                 await apply_range(
                     conn, c.js, c.layout, c.projections(), name, built + 1, live, horizon=horizon, keys=c.keys
                 )
+                await _keep_quarantined_ahead(conn, shadow, horizon)
             else:  # nothing applies from this log: rebuilt up to its end, the checkpoints start there
                 live = max(built, identity.last_seq)
                 await conn.execute(f'SET LOCAL search_path TO "{shadow}"')
@@ -277,8 +303,29 @@ async def rebuild_and_swap(
         await conn.execute(f'DROP SCHEMA "{shadow}" CASCADE')
         await conn.commit()
     return RebuildReport(
-        shadow, max(built, live), time.monotonic() - start, live, old if keep_old else None, mismatch is not None
+        shadow,
+        max(built, live),
+        time.monotonic() - start,
+        live,
+        old if keep_old else None,
+        rebound=replace and not first,
+        first=first,
     )
+
+
+async def _keep_quarantined_ahead(conn: psycopg.AsyncConnection[Any], shadow: str, horizon: Horizon) -> None:
+    """Copy into ``shadow`` the live quarantine rows past their subject's ``horizon``: recorded by
+    a consumer ahead of the projector (the compactor), which will not meet them again; the
+    rebuild stops at the horizon, so it has none of them."""
+    cur = await conn.execute("SELECT seq, subject FROM public.quarantine")
+    ahead = [int(seq) for seq, subject in await cur.fetchall() if int(seq) > horizon(str(subject))]
+    if ahead:
+        columns = "seq, subject, reason, detail, raw, size, consumer, recorded_at"
+        await conn.execute(
+            f'INSERT INTO "{shadow}".quarantine ({columns}) SELECT {columns} FROM public.quarantine '
+            "WHERE seq = ANY(%s) ON CONFLICT (seq) DO NOTHING",
+            (ahead,),
+        )
 
 
 # -- verify -------------------------------------------------------------------------------

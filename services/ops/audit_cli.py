@@ -102,6 +102,11 @@ async def run_audit(settings: Settings, args: argparse.Namespace) -> int:
                     f"swapped at sequence {report.swapped_at_seq}"
                     + (f"; old tables kept in schema {report.kept_old}" if report.kept_old else "")
                 )
+                if report.first:
+                    print(
+                        f"the database held no read models: built, bound to stream {settings.stream}, and the "
+                        f"checkpoints of {settings.projector_name} start at sequence {report.swapped_at_seq}"
+                    )
                 if report.rebound:
                     print(
                         "the read models belonged to another log: replaced, and the checkpoints of "
