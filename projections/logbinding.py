@@ -16,9 +16,10 @@ across leader changes, since it comes from the stream's assignment, not from a n
   not: a second, independent symptom, which also covers a purged or truncated stream).
 
 The first component that starts on an empty binding records it, in the transaction that reads the
-checkpoints, but only while the stream is still empty (or the database holds checkpoints, from
-before the binding existed): a database that has never held read models (no binding, no
-checkpoint) next to a stream that already holds events is refused with :class:`NeverBound`. Such
+checkpoints, but only while the stream is still empty, or the database already holds read models
+of it (checkpoints from before the binding existed, or another projector, a selective runner,
+bound to the same stream): a database that has never held read models of the stream next to a
+stream that already holds events is refused with :class:`NeverBound`. Such
 a database was most likely lost or replaced, and Postgres holds what the log cannot restore (the
 sessions' data keys and the erasure records): binding it silently would replay the log into it,
 mint new keys for old sessions and hide the loss. A rebuild binds the database to the stream it
@@ -154,9 +155,10 @@ NEVER_BOUND_REMEDY = (
 
 
 class NeverBound(LogMismatch):
-    """The database has never held read models (no binding, no checkpoint) and the stream already
-    holds events: refused rather than bound, since a lost database also lost the data keys and
-    erasure records. ``chronicle rebuild`` binds it on purpose."""
+    """The database has never held read models of the stream (no projector bound to it, no
+    checkpoint of this one) and the stream already holds events: refused rather than bound, since
+    a lost database also lost the data keys and erasure records. ``chronicle rebuild`` binds it
+    on purpose."""
 
     def remedy_for(self, identity: LogIdentity, bound: Binding | None) -> str:
         return NEVER_BOUND_REMEDY
@@ -195,6 +197,13 @@ async def highest_checkpoint(conn: psycopg.AsyncConnection[Any], projector: str)
     )
     row = await cur.fetchone()
     return (str(row[0]), int(row[1])) if row else None
+
+
+async def stream_bound(conn: psycopg.AsyncConnection[Any], stream: str) -> bool:
+    """Whether any projector's read models in this database are bound to ``stream``."""
+    cur = await conn.execute("SELECT EXISTS (SELECT 1 FROM log_binding WHERE stream = %s)", (stream,))
+    row = await cur.fetchone()
+    return bool(row and row[0])
 
 
 async def bind(conn: psycopg.AsyncConnection[Any], projector: str, identity: LogIdentity) -> None:
@@ -254,10 +263,10 @@ async def check_log(
             bound=bound,
             checkpoint=furthest,
         )
-    if bound is None and furthest is None and identity.last_seq > 0:
+    if bound is None and furthest is None and identity.last_seq > 0 and not await stream_bound(conn, stream):
         raise NeverBound(
             f"database {database} has never held read models of stream {stream!r} ({identity.last_seq} events; "
-            f"projector {projector!r}: no binding, no checkpoint)",
+            f"no binding to it, no checkpoint of projector {projector!r})",
             database=database,
             identity=identity,
         )

@@ -19,7 +19,10 @@ from services.settings import Settings
 
 def _binding_line(bound: Binding | None) -> str:
     if bound is None:
-        return "bound to: nothing yet (the first component to start records the stream)"
+        return (
+            "bound to: nothing yet (the first component to start on an empty stream records it; next to a stream "
+            "that holds events, `chronicle rebuild` does)"
+        )
     created = bound.created.isoformat() if bound.created is not None else "(not reported)"
     return f"bound to: stream {bound.stream!r} created {created} (first seen {bound.first_seen.isoformat()})"
 

@@ -22,7 +22,7 @@ from nats.js.api import StreamInfo
 
 from events.credentials import tenant_nkey_seed
 from services.ops.localstack import ROUTE_PORT_OFFSET, free_port, port_free
-from tests.support import nats_handshake
+from tests.support import nats_handshake, scratch_database
 
 
 def _env(data: Path, db_url: str, api_port: int, **extra: str) -> dict[str, str]:
@@ -96,7 +96,7 @@ def _descendants(root: int) -> list[int]:
     return found
 
 
-def test_up_serves_stops_and_restarts_with_its_data(tmp_path: Path, fresh_db: str) -> None:
+def test_up_serves_stops_and_restarts_with_its_data(tmp_path: Path, fresh_db: str, pg_admin: str) -> None:
     api_port, nats_port = free_port(), free_port()
     proc, lines = _start(tmp_path / "data", fresh_db, api_port, nats_port)
     key = lines[-1].split(":", 1)[1].strip()
@@ -153,6 +153,20 @@ def test_up_serves_stops_and_restarts_with_its_data(tmp_path: Path, fresh_db: st
         assert [m["id"] for m in h.json()["messages"]] == ["m1"]
     finally:
         _stop(proc)
+    # the database lost (a new, empty one), the event log kept: it would be bound and replayed into
+    # silently, without the data keys and erasure records the log cannot restore. Refused, with what to do
+    with scratch_database(pg_admin) as new_db:
+        refused = subprocess.run(
+            [sys.executable, "-m", "services.ops.cli", "up", "--nats-port", str(nats_port)],
+            env=_env(tmp_path / "data", new_db, api_port),
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+    assert refused.returncode == 1, refused.stdout + refused.stderr
+    assert "has never held read models of stream" in refused.stderr, refused.stderr
+    assert "restore it from a backup" in refused.stderr
+    assert "exit status 3) exited during start-up; stopping" in refused.stderr
     # the event log wiped, the database kept: a new stream under the old name, whose first events
     # the read models would take for applied ones. Refused, with what to do
     shutil.rmtree(tmp_path / "data" / "nats")
