@@ -67,15 +67,19 @@ REFRESH_AGE = Gauge(
     ["backend"],
     registry=REGISTRY,
 )
-COMPACTION_PENDING = Gauge(
-    "chronicle_compaction_requests_pending",
-    "Compaction requests on the work queue that no compactor has finished (waiting or in progress)",
+COMPACTION_WAITING = Gauge(
+    "chronicle_compaction_requests_waiting",
+    "Compaction requests on the work queue no compactor has taken yet (or given back: redeliveries)",
+    registry=REGISTRY,
+)
+COMPACTION_IN_PROGRESS = Gauge(
+    "chronicle_compaction_requests_in_progress",
+    "Compaction requests a compactor has taken and not yet finished (delivered, not acknowledged)",
     registry=REGISTRY,
 )
 COMPACTOR_PULLS = Gauge(
     "chronicle_compactor_pulls_waiting",
-    "Pull requests the compactors have open on the work queue at this scrape: 0 while requests are pending "
-    "means no compactor is taking work",
+    "Pull requests idle compactors hold open on the work queue at this scrape (a busy compactor holds none)",
     registry=REGISTRY,
 )
 SOURCES_MISSING = Counter(
@@ -132,8 +136,9 @@ class Tables:
 class WorkQueue:
     """The compactors' shared consumer of the work queue as JetStream reports it."""
 
-    pending: int  # requests not yet delivered, plus those delivered and not yet acknowledged
-    pulls_waiting: int  # pull requests open: a compactor taking work has one most of the time
+    waiting: int  # requests not yet delivered (a redelivery waits again)
+    in_progress: int  # delivered and not yet acknowledged: a compactor is on them
+    pulls_waiting: int  # pull requests open: an idle compactor holds one most of the time
 
 
 @dataclass(frozen=True, slots=True)
@@ -209,9 +214,9 @@ async def work_queue(c: Container) -> WorkQueue:
         try:
             stream = await c.js.stream_info(c.layout.work_stream)
         except NotFoundError:
-            return WorkQueue(0, 0)
-        return WorkQueue(int(stream.state.messages), 0)
-    return WorkQueue(int(info.num_pending or 0) + int(info.num_ack_pending or 0), int(info.num_waiting or 0))
+            return WorkQueue(0, 0, 0)
+        return WorkQueue(int(stream.state.messages), 0, 0)
+    return WorkQueue(int(info.num_pending or 0), int(info.num_ack_pending or 0), int(info.num_waiting or 0))
 
 
 async def probe(c: Container, *, work: bool = False) -> Probe:
@@ -260,7 +265,8 @@ def export(found: Probe, now: float | None = None) -> dict[str, int]:
     if found.nats:
         _refreshed["nats"] = now
     if isinstance(found.work, WorkQueue):
-        COMPACTION_PENDING.set(found.work.pending)
+        COMPACTION_WAITING.set(found.work.waiting)
+        COMPACTION_IN_PROGRESS.set(found.work.in_progress)
         COMPACTOR_PULLS.set(found.work.pulls_waiting)
     for backend in BACKENDS:
         BACKEND_UP.labels(backend).set(1 if up[backend] else 0)

@@ -1,6 +1,6 @@
 """Signals an on-call trial found missing or misleading. The compactors on ``/metrics``: the
-requests waiting on the work queue and whether any compactor is taking them (its open pull
-requests; a dead compactor left readiness and the metrics unchanged while requests waited).
+requests waiting on the work queue and those a compactor is on (a dead compactor left readiness
+and the metrics unchanged while requests waited).
 ``/readyz`` on a database without Chronicle's tables: Postgres answers, the database needs
 migrating (it said Postgres did not answer)."""
 
@@ -17,6 +17,7 @@ from services.api import metrics
 from services.bootstrap import Container
 from tests.conftest import make_settings, running_stack
 from tests.integration.helpers import text_message
+from tests.integration.test_compaction import _Blocking
 
 T = "tenant-a"
 
@@ -44,28 +45,39 @@ def queue_when(
     return check
 
 
-async def test_pending_compactions_and_whether_a_compactor_takes_them(
+async def test_waiting_compactions_and_whether_a_compactor_is_on_them(
     nats_url: str, fresh_db: str, s3_endpoint: str
 ) -> None:
+    """No compactor: the request waits, none in progress (the alert's condition). A compactor busy
+    summarising: in progress, none waiting, and no open pull request (which is why open pulls
+    alone cannot tell a dead compactor from a busy one). Done: all zero, the idle compactor's
+    pull request open."""
     settings = make_settings(nats_url, fresh_db, s3_endpoint=s3_endpoint)
     async with running_stack(settings) as c:  # the projector requests compactions; no compactor yet
+        blocking = _Blocking()
+        c.compaction.summarizer = blocking
         cfg = CompactionConfig(compact_after=400, protect_head=1, tail_token_budget=50, min_tail_messages=2)
         await c.context.configure(T, "auto", SessionConfig(compaction=cfg))
         for i in range(12):
             await c.commands.append(T, "auto", text_message(f"m{i}", "words to summarise " * 8), OMITTED)
-        waiting = await until(queue_when(c, lambda q: q.pending > 0), "a pending compaction request")
-        assert waiting.pulls_waiting == 0
+        waiting = await until(queue_when(c, lambda q: q.waiting > 0), "a waiting compaction request")
+        assert (waiting.in_progress, waiting.pulls_waiting) == (0, 0)
         text = generate_latest(metrics.REGISTRY).decode()
-        assert f"chronicle_compaction_requests_pending {float(waiting.pending)}" in text
-        assert "chronicle_compactor_pulls_waiting 0.0" in text
+        assert f"chronicle_compaction_requests_waiting {float(waiting.waiting)}" in text
+        assert "chronicle_compaction_requests_in_progress 0.0" in text
 
         stop = asyncio.Event()
         task = asyncio.create_task(c.compactor().run(stop))
         try:
-            await until(queue_when(c, lambda q: q.pending == 0), "the request taken and done")
-            taking = await until(queue_when(c, lambda q: q.pulls_waiting > 0), "a compactor's open pull request")
-            assert taking.pending == 0
+            await asyncio.wait_for(blocking.entered.wait(), 15)
+            busy = await until(queue_when(c, lambda q: q.in_progress > 0), "the request in progress")
+            assert busy.waiting == 0
+            blocking.release.set()
+            await until(queue_when(c, lambda q: q.waiting == q.in_progress == 0), "the request done")
+            idle = await until(queue_when(c, lambda q: q.pulls_waiting > 0), "the idle compactor's pull request")
+            assert (idle.waiting, idle.in_progress) == (0, 0)
         finally:
+            blocking.release.set()
             stop.set()
             await asyncio.wait_for(task, 15)
 
