@@ -12,11 +12,13 @@ Reference: the Cloudflare Agents SDK Session API, §1.2 (writes) and §4.5 of do
 
 from __future__ import annotations
 
+import asyncio
 import json
+import logging
 import uuid
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any, TypeVar
+from typing import Any, NoReturn, TypeVar
 
 import psycopg
 from psycopg_pool import AsyncConnectionPool
@@ -64,6 +66,9 @@ from services.writes.waiting import AppliedWaiter
 
 Conn = psycopg.AsyncConnection[Any]
 T = TypeVar("T")
+
+
+log = logging.getLogger("chronicle.writes")
 
 
 @dataclass(frozen=True, slots=True)
@@ -527,6 +532,8 @@ async def fork(
     created = await cmd.create_session(
         tenant, sid, name if name is not None else source.name, session, {"forked_from": at_message_id}
     )
+    if await _erased(cmd, tenant, session):  # the usual race, caught before any copy is published
+        await _erase_fork(eraser, tenant, session, sid)
     now = datetime.now(UTC)  # the copies happen after the new session's creation
     # An overlay copy's id derives from public inputs (the fork's id may be the client's): one
     # taken on another subject is published again under a fresh id (see events/publisher.py and
@@ -536,13 +543,32 @@ async def fork(
     # An erasure is recorded before its event is published: one not recorded now came after every
     # copy. The new id's, in between: the copies landed after its ``session.erased`` (tombstones).
     # The source's: the copies must not outlive it.
-    async with cmd._pool.connection() as conn:
-        fork_erased = await queries.is_erased(conn, tenant, sid)
-        source_erased = await queries.is_erased(conn, tenant, session)
-    if source_erased:
-        reason = f"its source session {session!r} was erased while the fork was being made"
-        await eraser.erase_session(tenant, sid, requested_by=FORK_REQUESTER, reason=reason[:MAX_ERASURE_REASON])
-        raise ErasedSession(f"session {session!r} was erased while it was being forked; the fork is erased too")
-    if fork_erased:
+    if await _erased(cmd, tenant, session):
+        await _erase_fork(eraser, tenant, session, sid)
+    if await _erased(cmd, tenant, sid):
         raise ErasedSession(f"session {sid!r} was erased while it was being forked")
     return Forked(sid, max([created.seq, *(r.seq for r in results)]), len(rows))
+
+
+async def _erased(cmd: Commands, tenant: str, session: str) -> bool:
+    async with cmd._pool.connection() as conn:
+        return await queries.is_erased(conn, tenant, session)
+
+
+FORK_ERASE_ATTEMPTS = 4
+
+
+async def _erase_fork(eraser: Eraser, tenant: str, source: str, fork_id: str) -> NoReturn:
+    """Erase the fork of an erased source, then answer ``410``. Tried again on failure: the fork
+    must not stay live with the erased content (an error, logged, if it does)."""
+    reason = f"its source session {source!r} was erased while the fork was being made"[:MAX_ERASURE_REASON]
+    for attempt in range(FORK_ERASE_ATTEMPTS):
+        try:
+            await eraser.erase_session(tenant, fork_id, must_exist=False, requested_by=FORK_REQUESTER, reason=reason)
+            break
+        except Exception:
+            if attempt + 1 == FORK_ERASE_ATTEMPTS:
+                log.exception("the fork %r of the erased session %r could not be erased: erase it", fork_id, source)
+                raise
+            await asyncio.sleep(0.2 * 2**attempt)
+    raise ErasedSession(f"session {source!r} was erased while it was being forked; the fork is erased too")

@@ -51,6 +51,10 @@ class Erasure:
     objects_deleted: int
 
 
+TENANT_ROUNDS = 10
+"""How often a tenant's erasure lists its sessions again (each round erases those it finds)."""
+
+
 class Eraser:
     def __init__(
         self,
@@ -120,10 +124,22 @@ class Eraser:
         self, tenant: str, *, requested_by: str | None = None, reason: str | None = None
     ) -> list[Erasure]:
         """Every session of ``tenant``, then its tenant-level entries (the tenant scope): its skill
-        documents are deleted from their buckets before the skills index goes."""
+        documents are deleted from their buckets before the skills index goes.
+
+        The sessions are listed again after each round until a round finds none left: one made
+        while the erasure runs (a fork of a session not yet erased, which copies its content) is
+        erased too. A tenant that keeps making sessions meanwhile is stopped after
+        :data:`TENANT_ROUNDS` rounds; its API keys are what stops it for good."""
         who = {"requested_by": requested_by, "reason": reason}
-        sessions = [s for s in await self._keys.sessions_of(tenant) if s != TENANT_SCOPE]
-        done = [await self.erase_session(tenant, s, must_exist=False, **who) for s in sessions]  # each known here
+        done: list[Erasure] = []
+        erased: set[str] = set()
+        for _ in range(TENANT_ROUNDS):
+            sessions = [s for s in await self._keys.sessions_of(tenant) if s != TENANT_SCOPE and s not in erased]
+            if not sessions:
+                break
+            for s in sessions:  # each known here
+                done.append(await self.erase_session(tenant, s, must_exist=False, **who))
+                erased.add(s)
         documents = await self._tenant_objects(tenant) if self._tenant_objects is not None else 0
         scope = await self.erase_session(tenant, TENANT_SCOPE, must_exist=False, **who)
         done.append(Erasure(scope.session, scope.seq, scope.newly_erased, scope.objects_deleted + documents))
