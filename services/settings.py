@@ -6,6 +6,7 @@ import hashlib
 import json
 import os
 import secrets
+import stat
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -377,6 +378,7 @@ class LocalStack:
         :class:`UnusableSetting` naming the file."""
         path = data_dir / STACK_RECORD
         try:
+            info = path.stat()
             text = path.read_text()
         except FileNotFoundError:
             return None
@@ -385,6 +387,14 @@ class LocalStack:
                 f"{path} (`chronicle up`'s record of its stack) cannot be read ({exc.strerror or type(exc).__name__}): "
                 "set CHRONICLE_NATS_URL, or CHRONICLE_DATA_DIR to another stack's data dir"
             ) from None
+        if info.st_uid != os.getuid() or info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+            # it sends the operator's identity to the server it names: only a record the user
+            # wrote (as `chronicle up` does, 0600) is followed, never one others could have put there
+            raise UnusableSetting(
+                f"{path} is not followed: it belongs to another user or others may write it (a record "
+                "`chronicle up` wrote is the user's own and only the user may write it): remove it, or set "
+                "CHRONICLE_NATS_URL"
+            )
         try:
             record = json.loads(text)
             stack = cls(record["nats_url"], record.get("nats_nkey_seed_file"), record.get("kek_file"))

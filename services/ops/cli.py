@@ -318,10 +318,11 @@ without the event stream a tool that only reads the log needs), or its database 
 refusing, not answering, or without that database)."""
 
 
-OWN_NATS = frozenset({"up", "nats-config", "keygen", *DRILLS})
+OWN_NATS = frozenset({"up", "nats-config", "keygen", "migrate", *DRILLS})
 """The commands that do not reach the stack ``chronicle up`` recorded in the data dir
 (:meth:`Settings.with_local_stack`): ``up`` starts it, ``nats-config`` writes a server's
-configuration from the settings alone, ``keygen`` makes keys, the drills start their own."""
+configuration from the settings alone, ``keygen`` makes keys, ``migrate`` uses the database
+only, the drills start their own."""
 
 
 def _dispatch(settings: Settings, args: argparse.Namespace) -> int:

@@ -4,6 +4,7 @@ address its operator seed and key-encryption key unless one is set."""
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 
@@ -110,3 +111,21 @@ def test_the_record_is_replaced_whole(tmp_path: Path) -> None:
     LocalStack(URL).write(tmp_path)
     assert LocalStack.read(tmp_path) == LocalStack(URL)
     assert sorted(p.name for p in tmp_path.iterdir()) == [STACK_RECORD]
+
+
+@pytest.mark.parametrize("mode", [0o664, 0o646])
+def test_a_record_others_may_write_is_not_followed(recorded: tuple[Path, str], mode: int) -> None:
+    """It sends the operator's identity to the server it names: a record in a directory others
+    can write (a shared working directory's .chronicle, say) could send it anywhere."""
+    data, _ = recorded
+    (data / STACK_RECORD).chmod(mode)
+    with pytest.raises(UnusableSetting, match=re.escape(f"{data / STACK_RECORD} is not followed")):
+        Settings(data_dir=str(data)).with_local_stack()
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="only root can give a file to another user")
+def test_a_record_of_another_user_is_not_followed(recorded: tuple[Path, str]) -> None:
+    data, _ = recorded
+    os.chown(data / STACK_RECORD, 65534, 65534)
+    with pytest.raises(UnusableSetting, match=re.escape(f"{data / STACK_RECORD} is not followed")):
+        Settings(data_dir=str(data)).with_local_stack()
