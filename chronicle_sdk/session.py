@@ -167,7 +167,10 @@ class Session(ConfigBuilder):
         requests, via NATS in ``append_batch`` commands; via JetStream it is pipelined with
         ``Publisher.publish_many`` (a chain holding a body over the payload limit is sent whole
         over HTTP). Ids must be distinct, and follow :meth:`append_message`'s rules: one holding a
-        ``/`` (or ``.``, ``..``) raises :class:`InvalidId` before any message is sent.
+        ``/`` (or ``.``, ``..``) raises :class:`InvalidId` before any message is sent. The
+        JetStream path checks that ``parent_id`` exists but not that the chain would not make a
+        message its own ancestor (the server's ``409 parent_cycle``): re-using a deleted message's
+        id there may store a cycle, which reads tolerate (the path ends where it repeats).
         """
         refuse_unnameable_ids(messages)
         await self._ensure_ready()
