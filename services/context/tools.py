@@ -10,6 +10,7 @@ from typing import Any
 
 from events.admission import Refused, has_bad_chars
 from events.context import SessionConfig
+from events.sealing import KeyDestroyed
 from projections import context_queries
 from services.context.blocks import Mode
 from services.context.entry_keys import context_entry_key
@@ -40,7 +41,8 @@ class ContextTools(ContextSkills, ContextPrompt):
 
     async def execute(self, tenant: str, session: str, name: str, args: Any, tool_call_id: str | None = None) -> str:
         """Run a tool with the LLM's arguments (``tool_call_id``: the LLM's id for this call);
-        never raises: failures are ``Error: …`` strings."""
+        failures are ``Error: …`` strings, except a deleted or erased session (also one erased while
+        the tool ran: its key destroyed), which raises: the request's 404 or 410."""
         try:
             await self._cond.catch_up(tenant, session)
             async with self._pool.connection() as conn:
@@ -56,8 +58,8 @@ class ContextTools(ContextSkills, ContextPrompt):
             if has_bad_chars(args):
                 return "Error: tool arguments must not contain NUL characters or lone surrogates"
             return await self._dispatch(tenant, session, name, args, tool_call_id)
-        except (SessionNotFound, ErasedSession):
-            raise
+        except (SessionNotFound, ErasedSession, KeyDestroyed):
+            raise  # the request's 404 or 410 (a destroyed key: erased while the tool ran), not a result
         except ChronicleError as exc:
             if exc.status < 500:  # the caller's mistake, in our words
                 return f"Error: {exc.detail}"

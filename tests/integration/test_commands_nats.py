@@ -27,6 +27,7 @@ from services.bootstrap import Container
 from services.commands_nats.app import serving_commands
 from services.settings import Settings
 from tests.conftest import KEYS, running_stack, tenant_nats_settings
+from tests.e2e.context_support import new_bucket, put_object
 from tests.integration.helpers import appended, logged_message
 from tests.support import served
 
@@ -767,3 +768,32 @@ async def test_a_cycle_already_in_the_log_reads_forks_and_takes_appends(
     c = await http.post(f"/v1/sessions/{sid}/messages", json={"message": message("c"), "parent_id": "b"})
     assert (c.status_code, c.json()["parent_id"]) == (201, "b")
     assert await path(http, sid, c.json()["seq"]) == ("c", ["a", "b", "c"])
+
+
+async def test_a_tool_call_meeting_a_destroyed_key_is_410_over_http_and_nats_and_records_nothing(
+    http: httpx.AsyncClient, tenant_a: NatsClient, settings: Settings, stack: Container
+) -> None:
+    """A tool call racing ``:erase``: the session's row is still there (its ``session.erased`` not
+    applied: here not published, the erasure stopped after its first step) but its key is destroyed,
+    so the tool's publish meets ``KeyDestroyed``: the call is ``410 session_erased`` as every other
+    write, never an ``Error: …`` result."""
+    sid = await created_session(http)
+    bucket = new_bucket(settings)
+    put_object(settings, bucket, "tax", "Tax rules")
+    blocks = [{"label": "notes", "kind": "writable"}, {"label": "skills", "kind": "skills", "bucket": bucket}]
+    assert (await http.put(f"/v1/sessions/{sid}/config", json={"blocks": blocks})).status_code == 200
+    last = (await http.post(f"/v1/sessions/{sid}/messages", json={"message": message("m1")})).json()["seq"]
+    assert await stack.keys.erase("tenant-a", [sid]) == [sid]  # the erasure's first step; then it stopped
+    calls = [
+        ("set_context", {"label": "notes", "content": "after"}),
+        ("load_context", {"label": "skills", "key": "tax"}),
+    ]
+    answers = {}
+    for name, arguments in calls:
+        r = await http.post(f"/v1/sessions/{sid}/tools/{name}", json=arguments)
+        answers[f"HTTP {name}"] = (r.status_code, r.json().get("code"))
+        body = {"session_id": sid, "name": name, "arguments": arguments}
+        status, answer = await request(tenant_a, settings, "tool", body)
+        answers[f"NATS {name}"] = (status, answer.get("code"))
+    assert answers == dict.fromkeys(answers, (410, "session_erased"))
+    assert await eventlog.last_seq(stack.js, stack.layout, stack.layout.session_subject("tenant-a", sid)) == last
