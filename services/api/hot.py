@@ -125,12 +125,14 @@ def _replay(body: bytes, more: bool, receive: Receive) -> Receive:
 
 
 def _append_headers(headers: list[tuple[bytes, bytes]]) -> tuple[bool, str | None]:
-    """Whether the headers are plain (a JSON body, at most one valid ``Idempotency-Key``), and
+    """Whether the headers are plain (a body declared once as JSON, at most one valid ``Idempotency-Key``), and
     the key (None without one); not plain: the app looks at them itself."""
     key: str | None = None
-    json_body = False
+    json_body: bool | None = None
     for name, value in headers:
         if name == b"content-type":
+            if json_body is not None:  # declared twice: the app refuses it (strict_json.py)
+                return False, None
             json_body = value.split(b";", 1)[0].strip().lower() == b"application/json"
         elif name == b"idempotency-key":
             if key is not None:
@@ -138,7 +140,7 @@ def _append_headers(headers: list[tuple[bytes, bytes]]) -> tuple[bool, str | Non
             key = value.decode("latin-1")
             if len(key) > IDEMPOTENCY_KEY_MAX or not _KEY.fullmatch(key):
                 return False, None
-    return json_body, key
+    return bool(json_body), key
 
 
 def _append_body(body: bytes) -> AppendBody | None:

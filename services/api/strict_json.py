@@ -33,8 +33,9 @@ def is_json(content_type: str) -> bool:
 class StrictJsonRoute(APIRoute):
     """Routes whose JSON bodies go through :func:`strict_loads` (FastAPI's custom route class). A
     route that takes a body refuses one declared as something else than JSON (``415
-    unsupported_media_type``; FastAPI would validate the raw bytes and answer a puzzling 422); a
-    body with no ``Content-Type`` at all is taken as JSON."""
+    unsupported_media_type``; FastAPI would validate the raw bytes and answer a puzzling 422), and
+    one declared more than once (whichever is JSON); a body with no ``Content-Type`` at all is
+    taken as JSON."""
 
     def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
         handler = super().get_route_handler()
@@ -43,7 +44,13 @@ class StrictJsonRoute(APIRoute):
         async def strict(request: Request) -> Response:
             strict_request = StrictJsonRequest(request.scope, request.receive)
             if takes_body and await strict_request.body():
-                content_type = request.headers.get("content-type")
+                declared = request.headers.getlist("content-type")
+                if len(declared) > 1:  # a proxy may judge one and the app another: neither is taken
+                    raise UnsupportedMediaType(
+                        f"the body is declared with more than one Content-Type header ({len(declared)}); "
+                        "send one: 'Content-Type: application/json'"
+                    )
+                content_type = declared[0] if declared else None
                 if content_type is not None and not is_json(content_type):
                     raise UnsupportedMediaType(
                         f"the body is sent as {content_type!r}; send it as 'Content-Type: application/json' "

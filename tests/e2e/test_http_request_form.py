@@ -1,5 +1,6 @@
 """The form of a request, checked before its content: a body declared as something else than JSON
-is ``415 unsupported_media_type`` (no Content-Type at all is taken as JSON), a body over the
+is ``415 unsupported_media_type`` (no Content-Type at all is taken as JSON; more than one is
+refused), a body over the
 bound is ``413`` before it is read, a path that is not UTF-8 once percent-decoded is ``422
 invalid_id`` and a query that is not ``422 invalid_request`` (never folded into U+FFFD), the
 session ids ``.`` and ``..`` are refused, a 405 names what is allowed, and ``path-length`` of an
@@ -57,6 +58,27 @@ async def test_a_body_not_sent_as_json_is_415_and_changes_nothing(client: httpx.
     assert await events(client, sid) == before
     assert await stream_last_seq(client) == last
     assert_problem(await client.get(f"/v1/sessions/{sid}-new"), 404, "session_not_found")
+
+
+@pytest.mark.parametrize(
+    "content_types",
+    [("text/plain", "application/json"), ("application/json", "text/plain"), ("application/json",) * 2],
+)
+async def test_a_body_with_more_than_one_content_type_is_415_on_every_route_and_changes_nothing(
+    client: httpx.AsyncClient, content_types: tuple[str, ...]
+) -> None:
+    """A proxy may judge the first header and the API the last (the hot append path read the last,
+    the other routes the first): each route refuses the request alike, whichever is JSON."""
+    sid = new_sid()
+    await chain(client, sid, ["m1", "m2"])
+    before, last = await events(client, sid), await stream_last_seq(client)
+    headers = [("Content-Type", t) for t in content_types]
+    for method, path, body in _json_routes(sid):
+        r = await client.request(method, path, content=json.dumps(body), headers=headers)
+        problem = assert_problem(r, 415, "unsupported_media_type")
+        assert "more than one Content-Type" in problem["detail"], (path, problem)
+    assert await events(client, sid) == before
+    assert await stream_last_seq(client) == last
 
 
 @pytest.mark.parametrize(
