@@ -5,10 +5,13 @@ from __future__ import annotations
 
 import contextlib
 import json
-from collections.abc import Callable, Coroutine
-from typing import Any
+from collections.abc import Callable, Coroutine, Sequence
+from types import UnionType
+from typing import Any, Union, get_args, get_origin
 
 from fastapi import Request, Response
+from fastapi.dependencies.models import Dependant
+from fastapi.exceptions import RequestValidationError
 from fastapi.routing import APIRoute
 
 from services.errors import UnsupportedMediaType
@@ -31,7 +34,8 @@ def is_json(content_type: str) -> bool:
 
 
 class StrictJsonRoute(APIRoute):
-    """Routes whose JSON bodies go through :func:`strict_loads` (FastAPI's custom route class). A
+    """Routes whose JSON bodies go through :func:`strict_loads` (FastAPI's custom route class), and
+    whose query names a parameter that takes one value at most once (:func:`refuse_repeated`). A
     route that takes a body refuses one declared as something else than JSON (``415
     unsupported_media_type``; FastAPI would validate the raw bytes and answer a puzzling 422), and
     one declared more than once (whichever is JSON); a body with no ``Content-Type`` at all is
@@ -40,8 +44,11 @@ class StrictJsonRoute(APIRoute):
     def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
         handler = super().get_route_handler()
         takes_body = self.body_field is not None
+        scalars = scalar_query_names(self.dependant)
 
         async def strict(request: Request) -> Response:
+            if scalars:
+                refuse_repeated(request, scalars)
             strict_request = StrictJsonRequest(request.scope, request.receive)
             if takes_body and await strict_request.body():
                 declared = request.headers.getlist("content-type")
@@ -63,3 +70,39 @@ class StrictJsonRoute(APIRoute):
             return await handler(strict_request)
 
         return strict
+
+
+def scalar_query_names(dependant: Dependant) -> frozenset[str]:
+    """The query parameters of a route (its dependencies' included) that take one value."""
+    names: set[str] = set()
+    todo = [dependant]
+    while todo:
+        d = todo.pop()
+        names.update(f.alias for f in d.query_params if not _takes_list(f.field_info.annotation))
+        todo.extend(d.dependencies)
+    return frozenset(names)
+
+
+def _takes_list(annotation: Any) -> bool:
+    """Whether a parameter's type is (optionally) a list, set or tuple: FastAPI reads it from every
+    occurrence in the query."""
+    if get_origin(annotation) in (Union, UnionType):
+        return any(_takes_list(arg) for arg in get_args(annotation))
+    return get_origin(annotation) in (list, set, frozenset, tuple, Sequence) or annotation in (list, set, tuple)
+
+
+def refuse_repeated(request: Request, scalars: frozenset[str]) -> None:
+    """``422 invalid_request`` naming each parameter of ``scalars`` the query gives more than once:
+    FastAPI would take the last value silently, while a proxy checking the first sees another
+    request (``limit=500&limit=1``). A parameter that takes a list (``ids``) may repeat."""
+    seen: dict[str, list[str]] = {}
+    for name, value in request.query_params.multi_items():
+        if name in scalars:
+            seen.setdefault(name, []).append(value)
+    errors = [
+        {"type": "repeated", "loc": ("query", name), "msg": "given more than once; give it once", "input": values}
+        for name, values in seen.items()
+        if len(values) > 1
+    ]
+    if errors:
+        raise RequestValidationError(errors)

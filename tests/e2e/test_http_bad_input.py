@@ -395,6 +395,44 @@ async def test_bad_query_parameters(client: httpx.AsyncClient, path: str, params
     assert problem["code"] in {"invalid_request", "invalid_id"}
 
 
+@pytest.mark.parametrize(
+    ("path", "query", "repeated"),
+    [
+        ("/v1/sessions", "limit=500&limit=1", "limit"),
+        ("/v1/sessions", "order=recent&limit=2&order=created", "order"),
+        ("/v1/sessions", "cursor=1&cursor=2", "cursor"),
+        ("/v1/erasures", "limit=5&limit=1", "limit"),
+        ("/v1/quarantine", "session_id=a&session_id=b", "session_id"),
+        ("/v1/sessions/{sid}/history", "leaf_id=m1&leaf_id=m2", "leaf_id"),
+        ("/v1/sessions/{sid}/history", "min_seq=1&min_seq=1", "min_seq"),
+        ("/v1/sessions/{sid}/search", "q=x&q=y", "q"),
+        ("/v1/search", "q=x&limit=1&limit=2", "limit"),
+        ("/v1/sessions/{sid}/events", "from_seq=1&to_seq=2&to_seq=3", "to_seq"),
+        ("/v1/sessions/{sid}/messages/m1/children", "limit=1&limit=2", "limit"),
+    ],
+)
+async def test_a_scalar_query_parameter_given_twice_is_422_naming_it(
+    client: httpx.AsyncClient, path: str, query: str, repeated: str
+) -> None:
+    """Never the last value silently: a proxy checking the first would have seen another request."""
+    sid = new_sid()
+    await chain(client, sid, ["m1"])
+    problem = assert_problem(await client.get(f"{path.format(sid=sid)}?{query}"), 422, "invalid_request")
+    assert problem["errors"] == [
+        {"loc": ["query", repeated], "msg": "given more than once; give it once", "type": "repeated"}
+    ]
+    assert f"query.{repeated}" in problem["detail"], problem
+
+
+async def test_a_list_parameter_may_repeat(client: httpx.AsyncClient) -> None:
+    sid = new_sid()
+    await chain(client, sid, ["m1", "m2", "m3"])
+    r = await client.delete(f"/v1/sessions/{sid}/messages?ids=m2&ids=m3")
+    assert r.status_code == 200, r.text
+    history = await client.get(f"/v1/sessions/{sid}/history", params={"min_seq": r.json()["seq"]})
+    assert [m["id"] for m in history.json()["messages"]] == ["m1"]
+
+
 @pytest.mark.parametrize("path", ["path-length", "history/stats"])
 @pytest.mark.parametrize("leaf_id", ["", LONG_ID, "a\u0001b"])
 async def test_path_reads_validate_leaf_id(client: httpx.AsyncClient, path: str, leaf_id: str) -> None:
