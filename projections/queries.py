@@ -137,6 +137,13 @@ async def is_erased(conn: Conn, tenant: str, session: str) -> bool:
     return await cur.fetchone() is not None
 
 
+async def erased_at(conn: Conn, tenant: str, session: str) -> datetime | None:
+    """When the session's erasure was recorded (None: it was not)."""
+    cur = await conn.execute("SELECT erased_at FROM erasures WHERE tenant = %s AND session_id = %s", (tenant, session))
+    row = await cur.fetchone()
+    return None if row is None else row[0]
+
+
 async def list_sessions(conn: Conn, tenant: str, limit: int, before_seq: int | None) -> list[SessionRow]:
     """Live sessions, newest created first; ``before_seq`` is the cursor (a ``created_seq``)."""
     async with conn.cursor(row_factory=class_row(SessionRow)) as cur:

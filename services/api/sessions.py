@@ -7,7 +7,9 @@ from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Query
 
+from events.ids import InvalidId, check_session
 from projections import queries
+from projections.queries import Conn
 from services.api import metrics
 from services.api import models as m
 from services.api.bodies import CreateSessionBody, EndBody, EraseBody, ForkBody, RenameBody, UsageBody
@@ -26,7 +28,7 @@ from services.api.deps import (
 )
 from services.api.models import ok
 from services.api.strict_json import StrictJsonRoute
-from services.errors import CursorOrderMismatch, EncryptionOff
+from services.errors import CursorOrderMismatch, EncryptionOff, InvalidRequest
 from services.requests import writes
 from services.requests.checks import no_nul
 
@@ -68,13 +70,14 @@ async def create_session(body: CreateSessionBody, tenant: Tenant, c: ContainerDe
 RECENT_CURSOR = "recent."
 """How a cursor of ``order=recent`` starts: ``recent.<last_seq>.<id>`` (a ``created`` cursor is
 the integer ``created_seq``, as before ``order`` existed)."""
-CURSOR_PATTERN = r"^(?:[0-9]{1,19}|recent\.[0-9]{1,19}\..*)$"
+_SEQ = r"[1-9][0-9]{0,18}"
+CURSOR_PATTERN = rf"^(?:{_SEQ}|recent\.{_SEQ}\..*)$"
 
 
 def _cursor_of(order: str, cursor: str | None) -> int | tuple[int, str] | None:
     """The cursor (its form checked by :data:`CURSOR_PATTERN`) as the order's query takes it, or
-    ``422 cursor_order_mismatch`` for one another order gave. A sequence past the largest is
-    the largest (the same page)."""
+    ``422 cursor_order_mismatch`` for one another order gave; ``422 invalid_request`` for one no
+    list gives (a sequence past the largest, a session id that is none), never a first page."""
     if cursor is None:
         return None
     no_nul(cursor, "cursor")
@@ -82,10 +85,25 @@ def _cursor_of(order: str, cursor: str | None) -> int | tuple[int, str] | None:
         if order != "recent":
             raise CursorOrderMismatch("this cursor was given by order=recent; start order=created from its first page")
         seq, _, sid = cursor[len(RECENT_CURSOR) :].partition(".")
-        return min(int(seq), MAX_SEQ), sid
+        return _listed_seq(seq), _listed_session(sid)
     if order != "created":
         raise CursorOrderMismatch("this cursor was given by order=created; start order=recent from its first page")
-    return min(int(cursor), MAX_SEQ)
+    return _listed_seq(cursor)
+
+
+def _listed_seq(text: str) -> int:
+    """A cursor's sequence (its digits checked by the pattern), at most the largest."""
+    if int(text) > MAX_SEQ:
+        raise InvalidRequest(f"cursor: no list gives a sequence past {MAX_SEQ}; pass next_cursor as it came")
+    return int(text)
+
+
+def _listed_session(sid: str) -> str:
+    """A cursor's session id: one a list may show."""
+    try:
+        return check_session(sid)
+    except InvalidId:
+        raise InvalidRequest("cursor: no list gives it (it names no session); pass next_cursor as it came") from None
 
 
 @router.get("/v1/sessions", response_model=None, responses=ok(m.SessionPage))
@@ -205,10 +223,23 @@ async def erase_session(
     return {"id": sid, "erased": True, "seq": done.seq, "objects_deleted": done.objects_deleted}
 
 
-ERASURE_CURSOR_PATTERN = r"^[0-9]{1,19}\..*$"
+ERASURE_CURSOR_PATTERN = r"^(?:0|[1-9][0-9]{0,18})\..*$"
 """An erasures cursor: ``<erased_at in microseconds since the epoch>.<session id>``."""
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _LATEST_MICROS = (datetime.max.replace(tzinfo=UTC) - _EPOCH) // timedelta(microseconds=1)
+
+
+async def _erasure_cursor(conn: Conn, tenant: str, cursor: str) -> tuple[datetime, str]:
+    """``(erased_at, session id)`` of the erasure a cursor names, or ``422 invalid_request``:
+    erasures are never forgotten, so a list gives a cursor of one of the tenant's erasures only."""
+    no_nul(cursor, "cursor")
+    micros, _, sid = cursor.partition(".")
+    at = _EPOCH + timedelta(microseconds=int(micros)) if int(micros) <= _LATEST_MICROS else None
+    if at is None or await queries.erased_at(conn, tenant, sid) != at:
+        raise InvalidRequest(
+            "cursor: no list gives it (it names no erasure of this tenant); pass next_cursor as it came"
+        )
+    return at, sid
 
 
 @router.get("/v1/erasures", response_model=None, responses=ok(m.ErasurePage))
@@ -225,12 +256,8 @@ async def list_erasures(
     page's ``cursor``, null on the last one): when, who asked (`requested_by`), why (`reason`,
     as given) and the `seq` of its `session.erased` event (its tombstone in `GET
     /v1/sessions/{sid}/events`). Erased sessions are in no other list."""
-    after: tuple[datetime, str] | None = None
-    if cursor is not None:
-        no_nul(cursor, "cursor")
-        micros, _, sid = cursor.partition(".")
-        after = (_EPOCH + timedelta(microseconds=min(int(micros), _LATEST_MICROS)), sid)
     async with c.pool.connection() as conn:
+        after = await _erasure_cursor(conn, tenant, cursor) if cursor is not None else None
         rows = await queries.list_erasures(conn, tenant, limit, after)
     nxt = None
     if len(rows) == limit:

@@ -103,8 +103,25 @@ async def test_the_list_pages_newest_first_and_shows_each_erasure_once(client: h
 async def test_the_list_bounds_limit_and_cursor(client: httpx.AsyncClient) -> None:
     for params in ({"limit": 0}, {"limit": 501}, {"cursor": "not-a-cursor"}):
         assert (await client.get("/v1/erasures", params=params)).status_code == 422, params
-    far = await client.get("/v1/erasures", params={"cursor": "9999999999999999999.x"})
-    assert far.status_code == 200, far.text
+
+
+async def test_a_cursor_no_list_gave_is_422_and_one_it_gave_pages_on(client: httpx.AsyncClient) -> None:
+    """A cursor names an erasure of the tenant (``<erased_at in µs>.<session id>``): erasures are
+    never forgotten, so any other is a cursor no list gave, never an empty or a first page."""
+    for _ in range(2):
+        sid = new_sid("erase-cursor")
+        await append(client, sid, msg("m1", "words"))
+        assert (await client.post(f"/v1/sessions/{sid}:erase")).status_code == 200
+    page = (await client.get("/v1/erasures", params={"limit": 1})).json()
+    cursor = page["next_cursor"]
+    micros, _, named = cursor.partition(".")
+    assert named == page["erasures"][0]["session_id"]
+    for bad in ("1.5", "9999999999999999999.x", f"{int(micros) + 1}.{named}", f"{micros}.{named}x", f"0{cursor}"):
+        problem = assert_problem(await client.get("/v1/erasures", params={"cursor": bad}), 422, "invalid_request")
+        assert "cursor" in problem["detail"], (bad, problem)
+    r = await client.get("/v1/erasures", params={"limit": 1, "cursor": cursor})
+    assert r.status_code == 200, r.text
+    assert r.json()["erasures"][0]["session_id"] != named
 
 
 async def test_another_tenant_sees_none_of_them(client: httpx.AsyncClient, client_b: httpx.AsyncClient) -> None:

@@ -191,11 +191,34 @@ async def test_a_cursor_only_pages_the_order_that_gave_it(client: httpx.AsyncCli
     accepted: list[dict[str, Any]] = [{"order": "recent", "cursor": recent}, {"order": "created", "cursor": created}]
     for params in accepted:
         assert (await client.get("/v1/sessions", params=params)).status_code == 200
-    # a sequence past the largest is the largest: the same page as no cursor
-    first = (await client.get("/v1/sessions", params={"limit": 2, "order": "recent"})).json()
-    past = await client.get("/v1/sessions", params={"limit": 2, "order": "recent", "cursor": f"recent.{'9' * 19}."})
-    assert past.status_code == 200, past.text
-    assert past.json() == first
+
+
+@pytest.mark.parametrize(
+    "params",
+    [
+        {"cursor": str(2**63)},  # past the largest sequence (bigint)
+        {"cursor": "9" * 19},
+        {"cursor": "0"},  # no session is created at 0
+        {"cursor": "007"},  # a list writes no leading zeros
+        {"order": "recent", "cursor": f"recent.{2**63}.a"},
+        {"order": "recent", "cursor": f"recent.{'9' * 19}."},
+        {"order": "recent", "cursor": "recent.0.a"},
+        {"order": "recent", "cursor": "recent.5."},  # no session id
+        {"order": "recent", "cursor": "recent.5. a"},  # not a session id
+        {"order": "recent", "cursor": f"recent.5.{'s' * 129}"},
+    ],
+)
+async def test_a_cursor_no_list_gives_is_422_never_a_first_page(
+    client: httpx.AsyncClient, params: dict[str, Any]
+) -> None:
+    problem = assert_problem(await client.get("/v1/sessions", params=params), 422, "invalid_request")
+    assert "cursor" in problem["detail"], problem
+
+
+async def test_the_largest_cursors_a_list_may_give_are_taken(client: httpx.AsyncClient) -> None:
+    for params in ({"cursor": str(2**63 - 1)}, {"order": "recent", "cursor": f"recent.{2**63 - 1}.s-1"}):
+        r = await client.get("/v1/sessions", params={"limit": 2, **params})
+        assert r.status_code == 200, r.text
 
 
 async def test_rename(client: httpx.AsyncClient) -> None:
