@@ -108,6 +108,11 @@ async def test_a_route_without_a_body_ignores_the_content_type(client: httpx.Asy
 
 
 async def _raw(url: str, request: bytes) -> tuple[int, dict[str, str], dict[str, Any]]:
+    status, headers, body = await _raw_bytes(url, request)
+    return status, headers, json.loads(body)
+
+
+async def _raw_bytes(url: str, request: bytes) -> tuple[int, dict[str, str], bytes]:
     parts = urlsplit(url)
     reader, writer = await asyncio.open_connection(parts.hostname, parts.port)
     try:
@@ -117,9 +122,37 @@ async def _raw(url: str, request: bytes) -> tuple[int, dict[str, str], dict[str,
         status_line, *lines = head.decode("latin-1").split("\r\n")[:-2]
         headers = {k.lower(): v.strip() for k, v in (line.split(":", 1) for line in lines)}
         body = await asyncio.wait_for(reader.readexactly(int(headers["content-length"])), 10)
-        return int(status_line.split()[1]), headers, json.loads(body)
+        return int(status_line.split()[1]), headers, body
     finally:
         writer.close()
+
+
+@pytest.mark.parametrize(
+    "framing",
+    [
+        b"Content-Length: -1\r\n\r\n",
+        b"Content-Length: abc\r\n\r\n",
+        b"Content-Length: 10, 10\r\n\r\n0123456789",
+        b"Content-Length: 1\r\nContent-Length: 2\r\n\r\nab",
+        b"Content-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n",
+        b"Transfer-Encoding: chunked\r\n\r\nzz\r\nabc\r\n0\r\n\r\n",
+    ],
+)
+async def test_broken_framing_is_the_http_servers_plain_text_400_and_writes_nothing(
+    client: httpx.AsyncClient, api_url: str, framing: bytes
+) -> None:
+    """What docs/http-api.md (Errors) says of a request the HTTP server cannot frame: its own
+    plain-text 400, before Chronicle sees it (no problem+json), and the connection closed."""
+    last = await stream_last_seq(client)
+    head = f"POST /v1/sessions HTTP/1.1\r\nHost: chronicle\r\nAuthorization: Bearer {KEYS['tenant-a']}\r\n"
+    status, headers, body = await _raw_bytes(api_url, head.encode() + b"Content-Type: application/json\r\n" + framing)
+    assert (status, headers["content-type"], body) == (
+        400,
+        "text/plain; charset=utf-8",
+        b"Invalid HTTP request received.",
+    )
+    assert headers["connection"] == "close"
+    assert await stream_last_seq(client) == last
 
 
 @pytest.mark.parametrize("path", ["/v1/sessions", "/v1/sessions/{sid}/messages"])
