@@ -86,6 +86,15 @@ class RateLimited(ChronicleError):
         self.retry_after_s = retry_after_s
 
 
+class AsOfPastLog(InvalidRequest):  # type: ignore[misc,valid-type]
+    """An ``as_of`` sequence the log has not reached: its state is not known yet (answered, it
+    would change as the log grows)."""
+
+    def __init__(self, seq: int, last: int) -> None:
+        super().__init__(f"as_of_seq: {seq} is past the log's last sequence ({last}): no state as of it yet")
+        self.seq, self.last = seq, last
+
+
 CompactionInProgress = _error(
     "CompactionInProgress",
     "compaction_in_progress",

@@ -160,6 +160,8 @@ async def system_prompt(
     check_id("session", sid)
     # read-your-writes: a refresh (or a clear) just answered must be visible, and so must every
     # prompt recorded up to ``as_of_seq``
+    if as_of_seq is not None:
+        await audit.reached(c, as_of_seq)
     await caught_up(c, tenant, sid, max(min_seq or 0, as_of_seq or 0))
     if as_of_seq is not None:
         async with c.pool.connection() as conn:

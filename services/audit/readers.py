@@ -46,6 +46,7 @@ from projections.timetravel import SessionState
 from services.audit.quarantine import raw_text
 from services.bootstrap import Container
 from services.context.rules import object_key
+from services.errors import AsOfPastLog
 from services.storage.s3 import StoredObject
 
 PROJECTION_TABLES: dict[str, tuple[str, ...]] = {
@@ -92,10 +93,19 @@ def read_event(stored: eventlog.StoredEvent, layout: SubjectLayout, keys: KeyLoo
     return event
 
 
+async def reached(c: Container, as_of_seq: int) -> None:
+    """:class:`AsOfPastLog` unless the log has reached ``as_of_seq`` (every read as of a sequence
+    asks: what it shows then never changes)."""
+    last = await eventlog.last_seq(c.js, c.layout)
+    if as_of_seq > last:
+        raise AsOfPastLog(as_of_seq, last)
+
+
 async def session_as_of(c: Container, tenant: str, session: str, as_of_seq: int) -> SessionState:
     """The session's messages as they were right after stream sequence ``as_of_seq``; events the
     contract refuses, or whose claim-checked body can never be had, are skipped, as the projector
-    quarantines them."""
+    quarantines them. :class:`AsOfPastLog` for a sequence the log has not reached."""
+    await reached(c, as_of_seq)
     state = SessionState()
     async for stored in session_events(c, tenant, session, 1, as_of_seq):
         try:

@@ -15,7 +15,7 @@ from services.audit import readers as audit
 from services.audit.archive import ArchiveBusy
 from services.audit.archive_segments import ArchiveError
 from services.bootstrap import open_container
-from services.errors import ChronicleError
+from services.errors import AsOfPastLog, ChronicleError
 from services.ops.progress import Progress
 from services.settings import Settings
 
@@ -68,6 +68,13 @@ async def run_audit(settings: Settings, args: argparse.Namespace) -> int:
                 ids.check_session(args.session)
                 bar = Progress("replay")
                 end = await c.publisher.last_subject_seq(args.tenant, args.session)
+                if end == 0:  # as `chronicle erase` of such a session: not found, never an empty success
+                    print(
+                        f"chronicle replay: no event of session {args.session!r} of tenant {args.tenant!r} in the "
+                        "log: nothing to replay",
+                        file=sys.stderr,
+                    )
+                    return 1
                 if args.to_seq is not None:
                     end = min(end, args.to_seq)
                 async for stored in audit.session_events(c, args.tenant, args.session, args.from_seq, args.to_seq):
@@ -79,7 +86,15 @@ async def run_audit(settings: Settings, args: argparse.Namespace) -> int:
                 bar.close()
             case "history":
                 if args.as_of_seq is not None:
-                    state = await audit.session_as_of(c, args.tenant, args.session, args.as_of_seq)
+                    try:
+                        state = await audit.session_as_of(c, args.tenant, args.session, args.as_of_seq)
+                    except AsOfPastLog as exc:  # as `as_of_seq` over HTTP (422)
+                        print(
+                            f"chronicle history: --as-of-seq {exc.seq} is past the log's last sequence ({exc.last}): "
+                            "no history as of it yet",
+                            file=sys.stderr,
+                        )
+                        return 2
                     leaf = args.leaf_id or state.latest_leaf()
                     for content in state.path(leaf):
                         sys.stdout.write(content + "\n")

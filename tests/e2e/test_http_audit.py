@@ -15,7 +15,7 @@ from events.catalog import CompactionFailed, SkillUnloaded
 from events.publisher import Publisher
 from services.settings import Settings
 from tests.conftest import operator_nats
-from tests.e2e.helpers import PROBLEM, append, chain, msg, new_sid
+from tests.e2e.helpers import PROBLEM, append, chain, msg, new_sid, stream_last_seq
 
 
 async def _json(r: httpx.Response, status: int = 200) -> dict[str, Any]:
@@ -220,6 +220,22 @@ async def test_history_as_of_answers_404_for_a_session_that_does_not_live_as_the
     )
     assert before.status_code == 200, before.text
     assert before.json()["messages"] == []
+
+
+@pytest.mark.parametrize("path", ["history", "context", "system-prompt"])
+async def test_as_of_a_sequence_past_the_log_is_422_and_the_last_is_taken(client: httpx.AsyncClient, path: str) -> None:
+    """A sequence the log has not reached has no state yet: answered, it would change as the log
+    grows (two reads as of one sequence would differ)."""
+    sid = new_sid()
+    await chain(client, sid, ["m1"])
+    last = await stream_last_seq(client)
+    r = await client.get(f"/v1/sessions/{sid}/{path}", params={"as_of_seq": last + 1000})
+    await _problem(r, 422, "invalid_request")
+    assert (
+        r.json()["detail"]
+        == f"as_of_seq: {last + 1000} is past the log's last sequence ({last}): no state as of it yet"
+    )
+    await _json(await client.get(f"/v1/sessions/{sid}/{path}", params={"as_of_seq": last}))
 
 
 # -- quarantine ----------------------------------------------------------------------------

@@ -11,6 +11,7 @@ from datetime import UTC, datetime, timedelta
 import psycopg
 
 from bench.support import settings_env
+from events import log as eventlog
 from events.omitted import OMITTED
 from projections import queries
 from projections.rebuild import checksums
@@ -18,6 +19,7 @@ from services.audit import readers as audit
 from services.bootstrap import Container
 from tests.conftest import make_settings, running_stack
 from tests.integration.helpers import logged_message, text_message
+from tests.support import chronicle_cli
 
 T = "tenant-a"
 
@@ -84,6 +86,37 @@ async def test_replay_cli_prints_the_events_in_order(stack: Container, new_id: C
     ).stdout.splitlines()
     assert len(table) == 2
     assert "message.appended" in table[0]
+
+
+async def test_replay_of_a_session_with_no_event_is_one_line_exit_1(
+    stack: Container, new_id: Callable[[str], str]
+) -> None:
+    """As ``chronicle erase`` of a session the log does not hold: not found is exit 1, never an
+    empty success that a typo in the id would also give."""
+    sid = new_id("nope")
+    done = chronicle_cli(stack.settings, "replay", "--tenant", T, "--session", sid)
+    assert (done.returncode, done.stdout) == (1, "")
+    assert done.stderr.strip().splitlines() == [
+        f"chronicle replay: no event of session {sid!r} of tenant {T!r} in the log: nothing to replay"
+    ]
+
+
+async def test_history_as_of_a_sequence_past_the_log_is_one_line_exit_2_and_the_last_is_taken(
+    stack: Container, new_id: Callable[[str], str]
+) -> None:
+    """As ``as_of_seq`` over HTTP: a sequence the log has not reached has no history yet (what it
+    shows would change as the log grows), so it is refused, naming the last."""
+    sid = new_id("asof")
+    await stack.commands.append(T, sid, text_message("m0", "hello"), OMITTED)
+    last = await eventlog.last_seq(stack.js, stack.layout)
+    done = chronicle_cli(stack.settings, "history", "--tenant", T, "--session", sid, "--as-of-seq", str(last + 10))
+    assert (done.returncode, done.stdout) == (2, "")
+    assert done.stderr.strip().splitlines() == [
+        f"chronicle history: --as-of-seq {last + 10} is past the log's last sequence ({last}): no history as of it yet"
+    ]
+    done = chronicle_cli(stack.settings, "history", "--tenant", T, "--session", sid, "--as-of-seq", str(last))
+    assert done.returncode == 0, done.stderr
+    assert [json.loads(line)["id"] for line in done.stdout.splitlines()] == ["m0"]
 
 
 async def test_rebuild_swaps_in_identical_tables_and_projection_continues(nats_url: str, fresh_db: str) -> None:
