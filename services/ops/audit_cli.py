@@ -15,9 +15,14 @@ from services.audit import readers as audit
 from services.audit.archive import ArchiveBusy
 from services.audit.archive_segments import ArchiveError
 from services.bootstrap import open_container
-from services.errors import AsOfPastLog, ChronicleError
+from services.errors import AsOfPastLog, ChronicleError, ObjectStorageError
 from services.ops.progress import Progress
 from services.settings import Settings
+
+
+def storage_unusable(settings: Settings, exc: Exception) -> str:
+    """A tool's line for object storage that did not answer: the setting that names it, and why."""
+    return f"object storage at CHRONICLE_S3_ENDPOINT ({settings.s3_endpoint}) cannot be used: {exc}"
 
 
 async def run_archive(settings: Settings, args: argparse.Namespace) -> int:
@@ -44,6 +49,9 @@ async def run_archive(settings: Settings, args: argparse.Namespace) -> int:
                     print(checked.reach)
                 return 0 if checked.ok else 1
             done = await archive.archive(c, segment_events=args.segment_events, to_seq=args.to_seq)
+        except ObjectStorageError as exc:
+            print(f"chronicle archive: {storage_unusable(settings, exc)}", file=sys.stderr)
+            return 2
         except (ArchiveBusy, ArchiveError, ChronicleError, TimeoutError) as exc:  # could not run: not a finding
             print(f"chronicle archive: {exc}", file=sys.stderr)
             return 2

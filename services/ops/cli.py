@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import importlib
 import json
+import logging
 import os
 import sys
 from pathlib import Path
@@ -29,6 +30,9 @@ from services.settings import (
     new_api_key,
     new_operator_seed,
 )
+
+SERVICES = frozenset({"up", "api", "projector", "compactor", "commands"})
+"""The commands that run a service (their log is where a retry is worth a warning); the others are tools."""
 
 DRILLS = {
     "bench": "benchmarks on private infrastructure, against a same-run baseline (source checkout only)",
@@ -195,11 +199,13 @@ def main(argv: list[str] | None = None) -> int:
 
     settings = load_settings()
     logs.configure(settings.log_level, settings.log_format)
+    if args.command not in SERVICES:  # a tool says in one line what failed: each retry it made is noise
+        logging.getLogger("urllib3").setLevel(logging.ERROR)
     from events.sealing import KeyUnavailable
     from events.stream import PartitionMismatch, ReplicasUnavailable, StreamMissing, TooFewReplicas
     from projections.logbinding import LogAbsent, LogMismatch
     from projections.migrate import SchemaTooNew
-    from services.errors import ChronicleError, ProjectionTimeout
+    from services.errors import ChronicleError, ObjectStorageError, ProjectionTimeout
 
     given_url = settings.nats_url
     try:
@@ -259,6 +265,11 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
             flush=True,
         )
+        return UNREACHABLE_EXIT
+    except ObjectStorageError as exc:  # skills, erase, history as of a sequence (claim-checked bodies)
+        from services.ops.audit_cli import storage_unusable
+
+        print(f"chronicle {args.command}: {storage_unusable(settings, exc)}", file=sys.stderr, flush=True)
         return UNREACHABLE_EXIT
     except ChronicleError as exc:  # what the API answers as a problem: one line here, not a traceback
         hint = " (is a projector running? `chronicle up` runs one)" if isinstance(exc, ProjectionTimeout) else ""

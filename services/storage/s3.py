@@ -136,4 +136,16 @@ class SkillStore:
             raise ObjectStorageError(f"{exc.code}: {exc.message}") from exc
         # refused, reset, retries exhausted; a 5xx page from a proxy, a response minio cannot read
         except (OSError, urllib3.exceptions.HTTPError, MinioException) as exc:
-            raise ObjectStorageError(str(exc)) from exc
+            raise ObjectStorageError(_reason(exc)) from exc
+
+
+def _reason(exc: Exception) -> str:
+    """Why the store could not be used, in a line: urllib3's own message wraps the reason in its
+    pool, the URL and the retry count (hundreds of characters)."""
+    reason: BaseException = exc
+    if isinstance(exc, urllib3.exceptions.MaxRetryError) and exc.reason is not None:
+        reason = exc.reason
+    text = str(reason)
+    if isinstance(reason, urllib3.exceptions.NewConnectionError):  # "HTTPConnection(host=…, port=…): why"
+        text = text.split("): ", 1)[-1]
+    return text if len(text) <= 200 else text[:199] + "…"

@@ -479,3 +479,29 @@ async def test_a_recorded_stack_that_is_not_running_is_named(elsewhere: Settings
         f" (the address `chronicle up` recorded in {tmp_path / STACK_RECORD}: is that stack running? Set "
         "CHRONICLE_NATS_URL for another)"
     )
+
+
+@pytest.mark.parametrize("argv", [["archive"], ["archive", "--check"]], ids=" ".join)
+async def test_object_storage_that_is_not_there_is_one_line_naming_the_endpoint(
+    sealed_session: tuple[Settings, str, int], argv: list[str]
+) -> None:
+    """urllib3's retry warnings and its long message were three lines, the endpoint in none."""
+    settings, _, _ = sealed_session
+    done = chronicle_cli(settings.model_copy(update={"s3_endpoint": "127.0.0.1:1"}), *argv)
+    assert done.returncode == 2, (done.stdout, done.stderr)
+    line = one_line(done)
+    assert line.startswith("chronicle archive: object storage at CHRONICLE_S3_ENDPOINT (127.0.0.1:1) "), line
+    assert len(line) < 250, line
+
+
+async def test_another_tool_meeting_object_storage_that_is_not_there_exits_4_in_one_line(
+    sealed_session: tuple[Settings, str, int],
+) -> None:
+    settings, _, _ = sealed_session
+    gone = settings.model_copy(update={"s3_endpoint": "127.0.0.1:1"})
+    done = chronicle_cli(gone, "skills", "sync", "--tenant", "tenant-a", "--bucket", "skills")
+    assert done.returncode == UNREACHABLE_EXIT, (done.stdout, done.stderr)
+    assert one_line(done) == (
+        "chronicle skills: object storage at CHRONICLE_S3_ENDPOINT (127.0.0.1:1) cannot be used: "
+        "Failed to establish a new connection: [Errno 111] Connection refused"
+    )
