@@ -306,6 +306,16 @@ class PgKeyStore:
             row = await cur.fetchone()
         return (None, None) if row is None else (row[0], row[1])
 
+    async def erasure_seq(self, tenant: str, session: str) -> int | None:
+        """The sequence of the erasure's ``session.erased`` event, as :meth:`note_erasure_seq` noted
+        it (None: not erased, or its event not published yet)."""
+        async with self._pool.connection() as conn:
+            cur = await conn.execute(
+                "SELECT seq FROM erasures WHERE tenant = %s AND session_id = %s", (tenant, session)
+            )
+            row = await cur.fetchone()
+        return None if row is None or row[0] is None else int(row[0])
+
     async def note_erasure_seq(self, tenant: str, session: str, seq: int) -> None:
         """Record the sequence of the erasure's ``session.erased`` event (once: a rerun's is the same
         event, or a later copy of it that changes nothing)."""

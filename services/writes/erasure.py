@@ -6,8 +6,10 @@ Order, each step idempotent so a failed erasure is finished by running it again:
    every event of the session sealed with it is unreadable, wherever a copy of the log lives, and
    every reader of the log shows the session's events as tombstones.
 2. ``session.erased`` is published (its id derived from tenant and session: stored once; under a
-   fresh id when a message on another subject took that id first); the projections drop every
-   row of the session when they apply it (as often as it comes).
+   fresh id when a message on another subject took that id first) and its sequence noted with the
+   record; the projections drop every row of the session when they apply it (as often as it
+   comes). A rerun finds the noted event in the log and publishes nothing (at any time: JetStream
+   dedups an id for its duplicate window only).
 3. The objects the session's events reference (claim-checked bodies, over-cap originals) are
    deleted when they are this session's alone (events/objects.py): their header names it (a
    reference published into the session may name any object), or, written before headers, they
@@ -83,7 +85,8 @@ class Eraser:
         """Erase one session. Unless ``must_exist`` is off (a tenant's erasure: its tenant scope),
         a session the log holds no event of and with no data key is ``404 session_not_found``
         and nothing is recorded: erasing a mistyped id would otherwise burn it for good. An erased
-        session has its ``session.erased`` event: erasing again finds it and changes nothing.
+        session has its ``session.erased`` event: erasing again finds it, publishes nothing and
+        answers its sequence (and deletes what steps 3 and 4 left, if anything).
 
         ``requested_by`` and ``reason`` (checked by the caller: :data:`~events.catalog.MAX_ERASURE_REASON`,
         no NUL) are recorded with the erasure and carried by its event; a rerun keeps the first
@@ -91,6 +94,32 @@ class Eraser:
         if must_exist and not await self._exists(tenant, session):
             raise SessionNotFound(f"session {session!r} does not exist: nothing to erase")
         new = await self._keys.erase(tenant, [session], requested_by=requested_by, reason=reason)
+        published_at = None if new else await self._published_erasure(tenant, session)
+        if published_at is None:
+            seq = await self._publish_erasure(tenant, session, bool(new))
+        else:  # a rerun of a finished erasure: its event is in the log (under any id), and is the answer
+            seq = published_at
+        deleted = await self._delete_objects(tenant, session, seq)
+        subject = self._pub.layout.session_subject(tenant, session)
+        async with self._pool.connection() as conn:
+            await conn.execute("DELETE FROM quarantine WHERE subject = %s", (subject,))
+        what = f"session {session!r}" if session else "tenant-level entries"  # "": the tenant scope's
+        if published_at is None:
+            log.warning("erased %s of tenant %r (event %d, %d objects deleted)", what, tenant, seq, deleted)
+        else:
+            log.info("%s of tenant %r already erased (event %d; %d objects deleted now)", what, tenant, seq, deleted)
+        return Erasure(session, seq, bool(new), deleted)
+
+    async def _published_erasure(self, tenant: str, session: str) -> int | None:
+        """The sequence of the recorded erasure's ``session.erased`` when the log holds it on the
+        session's subject (None: its event was never published: the erasure stopped before)."""
+        seq = await self._keys.erasure_seq(tenant, session)
+        if seq is None or not await self._is_applied_erasure(seq, self._pub.layout.session_subject(tenant, session)):
+            return None
+        return seq
+
+    async def _publish_erasure(self, tenant: str, session: str, new: bool) -> int:
+        """Publish the erasure's ``session.erased`` and note its sequence with the record."""
         requested_by, reason = await self._keys.erasure_record(tenant, session)
         event = SessionErased(
             id=derived_id("erase", tenant, session),
@@ -101,10 +130,13 @@ class Eraser:
         )
         # The derived id makes a repeated erasure store one event, but anyone may take it first on
         # their own subjects (it is a hash of the tenant and session): then the event goes under a
-        # fresh id. The erasure must happen; a second ``session.erased`` (this one, then a rerun's)
-        # only deletes what is already gone (projections: DELETEs of the session's rows).
+        # fresh id. The erasure must happen. A rerun publishes only when the noted event is not in
+        # the log (the erasure stopped before it): past JetStream's duplicate window the derived id
+        # would not dedup, and each rerun would append one more ``session.erased``.
         published = await self._pub.publish(event, fresh_id_on_foreign=True)
-        if published.duplicate and not (not new and await self._is_applied_erasure(published.seq)):
+        if published.duplicate and not (
+            not new and await self._is_applied_erasure(published.seq, self._pub.subject_of(event))
+        ):
             # held on the session's own subject by another event (its tenant, publishing straight
             # to the stream under the id): that tenant cannot keep its session from being erased.
             # A ``session.erased`` held there counts only for a rerun (the erasure was recorded by an
@@ -112,13 +144,7 @@ class Eraser:
             # before the erasure was recorded was quarantined (unrecorded_erasure) and dropped nothing.
             published = await self._pub.publish(event.model_copy(update={"id": new_event_id()}))
         await self._keys.note_erasure_seq(tenant, session, published.seq)
-        deleted = await self._delete_objects(tenant, session, published.seq)
-        subject = self._pub.layout.session_subject(tenant, session)
-        async with self._pool.connection() as conn:
-            await conn.execute("DELETE FROM quarantine WHERE subject = %s", (subject,))
-        what = f"session {session!r}" if session else "tenant-level entries"  # "": the tenant scope's
-        log.warning("erased %s of tenant %r (event %d, %d objects deleted)", what, tenant, published.seq, deleted)
-        return Erasure(session, published.seq, bool(new), deleted)
+        return published.seq
 
     async def erase_tenant(
         self, tenant: str, *, requested_by: str | None = None, reason: str | None = None
@@ -145,10 +171,12 @@ class Eraser:
         done.append(Erasure(scope.session, scope.seq, scope.newly_erased, scope.objects_deleted + documents))
         return done
 
-    async def _is_applied_erasure(self, seq: int) -> bool:
-        """Whether the message at ``seq`` is a ``session.erased`` event (never sealed: readable)
-        that the projector has not quarantined."""
+    async def _is_applied_erasure(self, seq: int, subject: str) -> bool:
+        """Whether the message at ``seq`` is a ``session.erased`` event (never sealed: readable) on
+        ``subject`` that the projector has not quarantined."""
         msg = await self._pub.js.get_msg(self._pub.layout.stream, seq, direct=True)
+        if msg.subject != subject:
+            return False
         try:
             raw = json.loads(msg.data or b"")
         except ValueError:

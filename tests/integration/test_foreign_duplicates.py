@@ -8,16 +8,19 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
+from typing import Any
 
 import pytest
 
 from events import log as eventlog
 from events.catalog import SessionErased, SessionRenamed
+from events.envelope import Event
 from events.ids import TENANT_SCOPE, derived_id
 from events.messages import body_hash
-from events.publisher import HDR_MSG_ID, ForeignDuplicate
+from events.publisher import HDR_MSG_ID, ForeignDuplicate, Published
 from projections import context_queries, queries
 from services.audit.readers import event_line, session_events
 from services.bootstrap import Container
@@ -110,12 +113,47 @@ async def test_an_erasure_whose_id_another_tenant_took_still_erases_the_session(
     subject, msg_id, data = await stored(c, gone.seq)
     assert (subject, data["type"]) == (c.layout.session_subject(VICTIM, sid), "session.erased")
     assert msg_id != derived_id("erase", VICTIM, sid)
-    again = await c.eraser.erase_session(VICTIM, sid)  # run again: another session.erased, harmless
+    # run again: the derived id is still taken (as it is by nobody past JetStream's duplicate
+    # window), and the erasure's event is found where it was noted: nothing more is published
+    again = await c.eraser.erase_session(VICTIM, sid)
+    assert (again.seq, again.newly_erased) == (gone.seq, False)
+    assert await eventlog.last_seq(c.js, c.layout, c.layout.session_subject(VICTIM, sid)) == gone.seq
     await c.waiter.wait_all(again.seq)
     async with c.pool.connection() as conn:
         assert await queries.get_session(conn, VICTIM, sid) is None
         assert await queries.existing_ids(conn, VICTIM, sid, ["m1"]) == set()
         assert await queries.is_erased(conn, VICTIM, sid)
+
+
+async def test_a_rerun_publishes_nothing_and_an_erasure_stopped_before_its_event_is_finished(
+    stack: Container, new_id: Callable[[str], str], monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The erasure recorded, its event not published (it stopped there): running it again
+    publishes the event; each rerun after that publishes nothing (past JetStream's duplicate window
+    the derived id would not dedup: each appended one more ``session.erased`` and logged the
+    erasure's WARNING again) and answers the event's sequence."""
+    c, sid = stack, new_id("rerun")
+    appended = await c.commands.append(VICTIM, sid, body("m1", "words"))
+    assert await c.keys.erase(VICTIM, [sid]) == [sid]  # what the erasure does first; then it stopped
+    published: list[str] = []
+    publish = c.publisher.publish
+
+    async def counted(event: Event, **kwargs: Any) -> Published:
+        published.append(event.type)
+        return await publish(event, **kwargs)
+
+    monkeypatch.setattr(c.publisher, "publish", counted)
+    done = await c.eraser.erase_session(VICTIM, sid)
+    assert published == ["session.erased"]
+    assert done.seq > appended.seq
+    assert await eventlog.last_seq(c.js, c.layout, c.layout.session_subject(VICTIM, sid)) == done.seq
+    caplog.clear()
+    for _ in range(2):
+        again = await c.eraser.erase_session(VICTIM, sid)
+        assert (again.seq, again.newly_erased) == (done.seq, False)
+    assert published == ["session.erased"]
+    assert await eventlog.last_seq(c.js, c.layout, c.layout.session_subject(VICTIM, sid)) == done.seq
+    assert not [r for r in caplog.records if r.name == "chronicle.erasure" and r.levelno >= logging.WARNING]
 
 
 async def test_an_erasure_whose_id_the_sessions_own_tenant_took_still_erases_the_session(
