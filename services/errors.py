@@ -25,6 +25,9 @@ UnsupportedMediaType = _error(
     "UnsupportedMediaType", "unsupported_media_type", 415, "The request body is not declared as JSON"
 )
 InvalidId = _error("InvalidId", "invalid_id", 422, "An id is not valid")
+UnknownCursor = _error("UnknownCursor", "unknown_cursor", 422, "No list gives this cursor")
+"""A cursor in its list's form that no page of the list gives (a sequence past the largest, an id
+that is none, an erasure the tenant does not have): about what exists, not the request's form."""
 CursorOrderMismatch = _error(
     "CursorOrderMismatch", "cursor_order_mismatch", 422, "The cursor was given by a list in another order"
 )
@@ -86,9 +89,14 @@ class RateLimited(ChronicleError):
         self.retry_after_s = retry_after_s
 
 
-class AsOfPastLog(InvalidRequest):  # type: ignore[misc,valid-type]
+class AsOfPastLog(ChronicleError):
     """An ``as_of`` sequence the log has not reached: its state is not known yet (answered, it
-    would change as the log grows)."""
+    would change as the log grows). About what the log holds, not the request's form: no schema
+    can say it, so it is not ``invalid_request``."""
+
+    code = "seq_not_reached"
+    status = 422
+    title = "The log has not reached this sequence"
 
     def __init__(self, seq: int, last: int) -> None:
         super().__init__(f"as_of_seq: {seq} is past the log's last sequence ({last}): no state as of it yet")

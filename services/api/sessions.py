@@ -28,7 +28,7 @@ from services.api.deps import (
 )
 from services.api.models import ok
 from services.api.strict_json import StrictJsonRoute
-from services.errors import CursorOrderMismatch, EncryptionOff, InvalidRequest
+from services.errors import CursorOrderMismatch, EncryptionOff, UnknownCursor
 from services.requests import writes
 from services.requests.checks import no_nul
 
@@ -76,7 +76,7 @@ CURSOR_PATTERN = rf"^(?:{_SEQ}|recent\.{_SEQ}\..*)$"
 
 def _cursor_of(order: str, cursor: str | None) -> int | tuple[int, str] | None:
     """The cursor (its form checked by :data:`CURSOR_PATTERN`) as the order's query takes it, or
-    ``422 cursor_order_mismatch`` for one another order gave; ``422 invalid_request`` for one no
+    ``422 cursor_order_mismatch`` for one another order gave; ``422 unknown_cursor`` for one no
     list gives (a sequence past the largest, a session id that is none), never a first page."""
     if cursor is None:
         return None
@@ -94,7 +94,7 @@ def _cursor_of(order: str, cursor: str | None) -> int | tuple[int, str] | None:
 def _listed_seq(text: str) -> int:
     """A cursor's sequence (its digits checked by the pattern), at most the largest."""
     if int(text) > MAX_SEQ:
-        raise InvalidRequest(f"cursor: no list gives a sequence past {MAX_SEQ}; pass next_cursor as it came")
+        raise UnknownCursor(f"cursor: no list gives a sequence past {MAX_SEQ}; pass next_cursor as it came")
     return int(text)
 
 
@@ -103,7 +103,7 @@ def _listed_session(sid: str) -> str:
     try:
         return check_session(sid)
     except InvalidId:
-        raise InvalidRequest("cursor: no list gives it (it names no session); pass next_cursor as it came") from None
+        raise UnknownCursor("cursor: no list gives it (it names no session); pass next_cursor as it came") from None
 
 
 @router.get("/v1/sessions", response_model=None, responses=ok(m.SessionPage))
@@ -230,13 +230,13 @@ _LATEST_MICROS = (datetime.max.replace(tzinfo=UTC) - _EPOCH) // timedelta(micros
 
 
 async def _erasure_cursor(conn: Conn, tenant: str, cursor: str) -> tuple[datetime, str]:
-    """``(erased_at, session id)`` of the erasure a cursor names, or ``422 invalid_request``:
+    """``(erased_at, session id)`` of the erasure a cursor names, or ``422 unknown_cursor``:
     erasures are never forgotten, so a list gives a cursor of one of the tenant's erasures only."""
     no_nul(cursor, "cursor")
     micros, _, sid = cursor.partition(".")
     at = _EPOCH + timedelta(microseconds=int(micros)) if int(micros) <= _LATEST_MICROS else None
     if at is None or await queries.erased_at(conn, tenant, sid) != at:
-        raise InvalidRequest(
+        raise UnknownCursor(
             "cursor: no list gives it (it names no erasure of this tenant); pass next_cursor as it came"
         )
     return at, sid

@@ -230,7 +230,7 @@ async def test_as_of_a_sequence_past_the_log_is_422_and_the_last_is_taken(client
     await chain(client, sid, ["m1"])
     last = await stream_last_seq(client)
     r = await client.get(f"/v1/sessions/{sid}/{path}", params={"as_of_seq": last + 1000})
-    await _problem(r, 422, "invalid_request")
+    await _problem(r, 422, "seq_not_reached")
     assert (
         r.json()["detail"]
         == f"as_of_seq: {last + 1000} is past the log's last sequence ({last}): no state as of it yet"
