@@ -201,6 +201,19 @@ class CursorOrderMismatch(InvalidRequest):
     default_code = "cursor_order_mismatch"
 
 
+class UnknownCursor(InvalidRequest):
+    """A list's ``cursor`` in its form that no page of the list gives (a sequence past the largest,
+    an id that is none, an erasure the tenant does not have): pass ``next_cursor`` as it came."""
+
+    default_code = "unknown_cursor"
+
+
+class SeqNotReached(InvalidRequest):
+    """``as_of_seq`` past the log's last sequence: the state then is not known yet."""
+
+    default_code = "seq_not_reached"
+
+
 class IdempotencyKeyReused(InvalidRequest):
     """The ``Idempotency-Key`` was used for a request with other values (``POST …/usage`` with
     other amounts, for as long as the session lives); nothing was written. Use a new key per call."""
@@ -351,6 +364,8 @@ BY_CODE: dict[str, type[ChronicleError]] = {
         UnknownTool,
         BudgetExceeded,
         CursorOrderMismatch,
+        UnknownCursor,
+        SeqNotReached,
         IdempotencyKeyReused,
         InvalidConfig,
         InvalidId,
@@ -438,6 +453,7 @@ __all__ = [
     "ProjectionTimeout",
     "RateLimited",
     "ReadOnlyBlock",
+    "SeqNotReached",
     "ServerError",
     "SessionErased",
     "SessionExists",
@@ -447,6 +463,7 @@ __all__ = [
     "TransientError",
     "Unauthorized",
     "Unavailable",
+    "UnknownCursor",
     "UnknownParent",
     "UnknownTool",
     "UnsafeConfig",

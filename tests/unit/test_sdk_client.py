@@ -37,7 +37,7 @@ from chronicle_sdk import (
     format_session_search,
 )
 from chronicle_sdk.client import MAX_RETRY_AFTER_S, RETRY_BUDGET_S
-from chronicle_sdk.errors import error_from_problem
+from chronicle_sdk.errors import SeqNotReached, UnknownCursor, error_from_problem
 from chronicle_sdk.tools import MAX_QUERY_CHARS, ToolDefinition, Tools
 from chronicle_sdk.types import NatsPublishing, SearchResult
 from events.subjects import SubjectLayout
@@ -132,6 +132,12 @@ async def test_reads_wait_for_this_clients_writes() -> None:
         (problem(409, "message_conflict"), MessageConflict, "message_conflict"),
         (problem(409, "parent_cycle", "the message would be its own ancestor"), ParentCycle, "parent_cycle"),
         (problem(422, "idempotency_key_reused"), IdempotencyKeyReused, "idempotency_key_reused"),
+        (problem(422, "unknown_cursor", "cursor: no list gives it"), UnknownCursor, "unknown_cursor"),
+        (
+            problem(422, "seq_not_reached", "as_of_seq: 9 is past the log's last sequence"),
+            SeqNotReached,
+            "seq_not_reached",
+        ),
         (problem(409, "readonly_block", 'Block "soul" is readonly'), ReadOnlyBlock, "readonly_block"),
         (problem(409, "something_new"), Conflict, "something_new"),
         (problem(401, "unauthorized"), Unauthorized, "unauthorized"),
