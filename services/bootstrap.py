@@ -506,7 +506,12 @@ def settle_heap() -> None:
 
 @contextlib.asynccontextmanager
 async def open_container(
-    settings: Settings, *, log_check: bool = True, create_stream: bool = True, warm_reads: bool = False
+    settings: Settings,
+    *,
+    log_check: bool = True,
+    create_stream: bool = True,
+    warm_reads: bool = False,
+    absent_stream: bool = False,
 ) -> AsyncIterator[Container]:
     """Open every adapter (migrating the database first when ``auto_migrate``), close on exit.
 
@@ -518,7 +523,9 @@ async def open_container(
     ``erase``): the stream must exist and neither it nor the work queue is created (on a NATS
     server that is not the stack's, a tool made both). Missing, it is
     :class:`projections.logbinding.LogAbsent` when the database's read models were made from a
-    log, :class:`events.stream.StreamMissing` otherwise.
+    log, :class:`events.stream.StreamMissing` otherwise. With ``absent_stream`` too (``archive
+    --restore``, which creates it with :func:`events.stream.ensure_stream` once it has read the
+    archive) a missing stream is no error, and nothing is created.
 
     ``warm_reads`` (the API): each new Postgres connection runs the hot reads once before it is
     handed out (:func:`projections.queries.warm_reads`)."""
@@ -546,8 +553,9 @@ async def open_container(
             try:
                 await when_jetstream_ready(lambda: require_stream(js, layout), nc=nc)
             except StreamMissing:
-                await refuse_absent(settings, pool)
-                raise
+                if not absent_stream:
+                    await refuse_absent(settings, pool)
+                    raise
         async with pool.connection() as conn:
             await check_schema(conn)
         if log_check:

@@ -11,6 +11,8 @@ sealed (an erased session's stay unreadable there too), events written unsealed 
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
 from events import log as eventlog
@@ -88,14 +90,14 @@ class Checked:
         return not self.problems
 
 
-def _store(c: Container) -> SkillStore:
+def store_of(c: Container) -> SkillStore:
     store = c.context.skills
     if store is None:
         raise Unavailable("no object storage is configured (CHRONICLE_S3_ENDPOINT)")
     return store
 
 
-async def _manifest(store: SkillStore, bucket: str, stream: str) -> Manifest | None:
+async def read_manifest(store: SkillStore, bucket: str, stream: str) -> Manifest | None:
     data = await store.get_bytes(bucket, manifest_key(stream))
     return parse_manifest(data) if data is not None else None
 
@@ -106,10 +108,39 @@ async def archive(
     """Archive the events stored after the last archived one (up to ``to_seq``). A segment a
     stopped run wrote but did not list (it stopped before the manifest) is deleted first: this run
     writes that range again, perhaps cut elsewhere."""
-    store, bucket, stream = _store(c), c.settings.archive_bucket, c.layout.stream
+    store, bucket, stream = store_of(c), c.settings.archive_bucket, c.layout.stream
     identity = await stream_identity(c.js, stream)
     if identity.created is None:
         raise ArchiveError(f"stream {stream!r} has no creation time: it cannot be told from another of its name")
+    async with locked(c, stream):
+        manifest = await read_manifest(store, bucket, stream)
+        if manifest is None:
+            manifest = Manifest(stream=stream, stream_created=identity.created)
+        elif manifest.stream_created != identity.created:
+            raise ArchiveError(
+                f"bucket {bucket!r} holds the archive of another stream {stream!r} (created "
+                f"{manifest.stream_created.isoformat()}, this one {identity.created.isoformat()})"
+            )
+        for key in await unlisted(store, bucket, manifest):
+            await store.delete(bucket, key)
+        added = Archived(0, 0, manifest.last_seq)
+        batch: list[StoredEvent] = []
+        size = 0
+        async for event in eventlog.read(c.js, c.layout, None, manifest.last_seq + 1, to_seq):
+            batch.append(event)
+            size += len(event.data)
+            if len(batch) == segment_events or size >= segment_bytes:
+                added = await _write(store, bucket, manifest, batch, added)
+                batch, size = [], 0
+        if batch:
+            added = await _write(store, bucket, manifest, batch, added)
+        return added
+
+
+@contextlib.asynccontextmanager
+async def locked(c: Container, stream: str) -> AsyncIterator[None]:
+    """The archive of ``stream`` held by this run alone (a Postgres advisory lock):
+    :class:`ArchiveBusy` when another run (an archive or a restore) holds it."""
     lock_key = f"chronicle-archive:{stream}"
     async with c.pool.connection() as lock:
         cur = await lock.execute("SELECT pg_try_advisory_lock(hashtext(%s))", (lock_key,))
@@ -117,28 +148,7 @@ async def archive(
         if row is None or not row[0]:
             raise ArchiveBusy(f"another `chronicle archive` of stream {stream!r} is running")
         try:
-            manifest = await _manifest(store, bucket, stream)
-            if manifest is None:
-                manifest = Manifest(stream=stream, stream_created=identity.created)
-            elif manifest.stream_created != identity.created:
-                raise ArchiveError(
-                    f"bucket {bucket!r} holds the archive of another stream {stream!r} (created "
-                    f"{manifest.stream_created.isoformat()}, this one {identity.created.isoformat()})"
-                )
-            for key in await _unlisted(store, bucket, manifest):
-                await store.delete(bucket, key)
-            added = Archived(0, 0, manifest.last_seq)
-            batch: list[StoredEvent] = []
-            size = 0
-            async for event in eventlog.read(c.js, c.layout, None, manifest.last_seq + 1, to_seq):
-                batch.append(event)
-                size += len(event.data)
-                if len(batch) == segment_events or size >= segment_bytes:
-                    added = await _write(store, bucket, manifest, batch, added)
-                    batch, size = [], 0
-            if batch:
-                added = await _write(store, bucket, manifest, batch, added)
-            return added
+            yield
         finally:
             await lock.execute("SELECT pg_advisory_unlock(hashtext(%s))", (lock_key,))
 
@@ -154,7 +164,7 @@ async def _write(
     return Archived(added.segments + 1, added.events + len(batch), batch[-1].seq)
 
 
-async def _unlisted(store: SkillStore, bucket: str, manifest: Manifest) -> list[str]:
+async def unlisted(store: SkillStore, bucket: str, manifest: Manifest) -> list[str]:
     """Segment objects of the stream's archive that its manifest does not list."""
     listed = {s.key for s in manifest.segments}
     prefix = segment_key(manifest.stream, 1, 1).rsplit("/", 1)[0] + "/"
@@ -174,10 +184,10 @@ async def check(c: Container) -> Checked:
     stream refuses deletes, so only a stream changed outside Chronicle) is not compared and is
     said as a note, not as a problem. How far the archive reaches is said too: behind the stream
     is not a problem (each run archives what came since the last)."""
-    store, bucket, stream = _store(c), c.settings.archive_bucket, c.layout.stream
+    store, bucket, stream = store_of(c), c.settings.archive_bucket, c.layout.stream
     out = Checked()
     try:
-        manifest = await _manifest(store, bucket, stream)
+        manifest = await read_manifest(store, bucket, stream)
     except ArchiveError as exc:
         out.problems.append(str(exc))
         return out
@@ -194,11 +204,19 @@ async def check(c: Container) -> Checked:
             f"was created {info.created.isoformat() if info.created else 'at an unknown time'}"
         )
     out.problems.extend(
-        f"segment object {key} is not in the manifest" for key in await _unlisted(store, bucket, manifest)
+        f"segment object {key} is not in the manifest" for key in await unlisted(store, bucket, manifest)
     )
     if manifest.last_seq > last_held:
         out.problems.append(
             f"the manifest claims sequences up to {manifest.last_seq}; the stream's last is {last_held}"
+        )
+    restored = manifest.restored if same_stream else None
+    retimed = restored.through_seq if restored is not None else 0
+    if restored is not None:
+        out.notes.append(
+            f"sequences 1..{retimed} were restored from this archive on {restored.restored_at.isoformat()} (from the "
+            f"stream created {restored.restored_from.isoformat()}): the stream stored them anew, so they are compared "
+            "without their stored time"
         )
     after = 0
     for segment in manifest.segments:
@@ -221,7 +239,7 @@ async def check(c: Container) -> Checked:
         if not same_stream:
             continue
         held = [e async for e in eventlog.read(c.js, c.layout, None, segment.first, segment.last)]
-        found = compare(segment.key, events, held, first_held, last_held)
+        found = compare(segment.key, events, held, first_held, last_held, retimed_through=retimed)
         out.compared += found.equal
         out.problems.extend(found.problems)
         out.notes.extend(found.notes)

@@ -22,7 +22,7 @@ import gzip
 import hashlib
 import json
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
 
@@ -50,9 +50,24 @@ class Segment(BaseModel):
     sha256: str
 
 
+class Restoration(BaseModel):
+    """A stream restored from this archive (``chronicle archive --restore``): the stream created at
+    ``stream_created`` holds sequences 1..``through_seq`` as the stream created at ``restored_from``
+    held them (subject, headers, bytes), stored anew at ``restored_at`` (so with the restore's times)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    stream_created: datetime
+    restored_from: datetime
+    through_seq: int = Field(ge=1)
+    restored_at: datetime
+
+
 class Manifest(BaseModel):
     """The archive of one stream: its name and creation time (which stream, not only which name),
-    and its segments in order, contiguous in sequence."""
+    and its segments in order, contiguous in sequence. ``restorations``: the streams restored from
+    it, oldest first; the last one's stream is the one ``stream_created`` names (the archive
+    continues there)."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -60,11 +75,18 @@ class Manifest(BaseModel):
     stream: str
     stream_created: datetime
     segments: list[Segment] = Field(default_factory=list)
+    restorations: list[Restoration] = Field(default_factory=list)
 
     @property
     def last_seq(self) -> int:
         """The last sequence archived (0 when nothing is)."""
         return self.segments[-1].last if self.segments else 0
+
+    @property
+    def restored(self) -> Restoration | None:
+        """The restoration that made the stream ``stream_created`` names (None: it was not restored)."""
+        mine = [r for r in self.restorations if r.stream_created == self.stream_created]
+        return mine[-1] if mine else None
 
 
 def encode(events: Iterable[StoredEvent]) -> bytes:
@@ -168,12 +190,19 @@ class Comparison:
 
 
 def compare(
-    key: str, archived: Sequence[StoredEvent], stored: Sequence[StoredEvent], stream_first: int, stream_last: int
+    key: str,
+    archived: Sequence[StoredEvent],
+    stored: Sequence[StoredEvent],
+    stream_first: int,
+    stream_last: int,
+    *,
+    retimed_through: int = 0,
 ) -> Comparison:
     """Compare a segment's events (``archived``, in order) with the stream's events of the same
     range (``stored``, in order, as the stream delivers them: without what it no longer holds).
     ``stream_first``/``stream_last``: the range the stream holds now. Every sequence either side
-    holds is accounted for exactly once."""
+    holds is accounted for exactly once. Sequences up to ``retimed_through`` were restored from
+    the archive (stored anew, at the restore's time): compared without their stored time."""
     out = Comparison()
     missing: list[int] = []  # held by the stream, not archived
     differ: list[int] = []
@@ -185,7 +214,7 @@ def compare(
         a = archived[i] if i < len(archived) else None
         s = stored[j] if j < len(stored) else None
         if a is not None and s is not None and a.seq == s.seq:
-            if a == s:
+            if a == s or (a.seq <= retimed_through and replace(a, time=None) == replace(s, time=None)):
                 out.equal += 1
             else:
                 differ.append(a.seq)

@@ -9,11 +9,13 @@ import sys
 from pathlib import Path
 
 from events import ids
+from events.stream import PartitionMismatch, ReplicasUnavailable, TooFewReplicas
 from projections import queries
-from services.audit import archive
+from services.audit import archive, restore
 from services.audit import readers as audit
 from services.audit.archive import ArchiveBusy
 from services.audit.archive_segments import ArchiveError
+from services.audit.restore import RestoreRefused, RestoreStopped
 from services.bootstrap import open_container
 from services.errors import AsOfPastLog, ChronicleError, ObjectStorageError
 from services.ops.progress import Progress
@@ -32,6 +34,8 @@ async def run_archive(settings: Settings, args: argparse.Namespace) -> int:
     if args.segment_events < 1 or (args.to_seq is not None and args.to_seq < 1):
         print("chronicle archive: --segment-events and --to-seq must be at least 1", file=sys.stderr)
         return 2
+    if args.restore:
+        return await _run_restore(settings)
     # the log alone: no read model is read, and the stream is never created (it is the source)
     async with open_container(settings, log_check=False, create_stream=False) as c:
         try:
@@ -59,6 +63,42 @@ async def run_archive(settings: Settings, args: argparse.Namespace) -> int:
             f"archived {done.events} events in {done.segments} segments to bucket {settings.archive_bucket!r}; "
             f"the archive now ends at sequence {done.last_seq}"
         )
+        return 0
+
+
+STREAM_REFUSALS = (PartitionMismatch, ReplicasUnavailable, TooFewReplicas)
+"""What the stream's creation (or the empty stream found) may refuse: said in one line."""
+
+
+async def _run_restore(settings: Settings) -> int:
+    """``chronicle archive --restore`` (0: restored; 2: refused, nothing published, or it could not
+    run; 1: it stopped partway, the stream holding part of the archive)."""
+    # a missing stream is what a restore is for: it creates it (as the services do) once it has
+    # found the archive whole, so a refusal leaves the NATS server as it was
+    async with open_container(settings, log_check=False, create_stream=False, absent_stream=True) as c:
+        bar = Progress("restore")
+        try:
+            done = await restore.restore(c, progress=bar)
+        except RestoreStopped as exc:
+            bar.close()
+            print(f"chronicle archive: {exc}", file=sys.stderr)
+            return 1
+        except (RestoreRefused, ArchiveBusy, ArchiveError, ChronicleError, TimeoutError, *STREAM_REFUSALS) as exc:
+            bar.close()
+            print(f"chronicle archive: {exc}", file=sys.stderr)
+            return 2
+        bar.close()
+        print(
+            f"restored {done.events} events from {done.segments} segments of bucket {settings.archive_bucket!r} into "
+            f"stream {settings.stream!r} (created {done.stream_created.isoformat()}), sequences 1..{done.last_seq}; "
+            f"the archive continues on it (it was the archive of the stream created {done.restored_from.isoformat()})"
+        )
+        print(
+            "stored times: the restored events carry the restore's time; the archive keeps the original ones "
+            "(`chronicle archive --check` compares the restored sequences without them)"
+        )
+        for line in done.advice:
+            print(line)
         return 0
 
 

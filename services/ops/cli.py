@@ -116,7 +116,14 @@ def main(argv: list[str] | None = None) -> int:
     p_archive = sub.add_parser(
         "archive", help="copy the log to object storage for auditors (CHRONICLE_ARCHIVE_BUCKET), or check that copy"
     )
-    p_archive.add_argument(
+    archive_mode = p_archive.add_mutually_exclusive_group()
+    archive_mode.add_argument(
+        "--restore",
+        action="store_true",
+        help="make the stream again from the archive (after its NATS data was lost): into a stream that does not "
+        "exist or is empty, every archived event in sequence order; the archive then continues on the restored stream",
+    )
+    archive_mode.add_argument(
         "--check",
         action="store_true",
         help="prove the archive whole and equal to the stream up to where it reaches: segments contiguous from "

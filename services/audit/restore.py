@@ -1,0 +1,240 @@
+"""``chronicle archive --restore``: the event log made again from its archive (services/audit/
+archive.py), into a stream that does not exist or is empty.
+
+The stream is created as the services create it (events/stream.py's ``ensure_stream``) once the
+archive is found whole; then every archived event is published again in sequence order with its
+subject, its stored headers
+(``Nats-Msg-Id`` and the expectation it was published with, which hold again since the history
+before it is the same) and its bytes; each ack must name the archived sequence. The archive is
+checked whole first (contiguous from sequence 1, each segment as its manifest says): an archive
+with a gap would renumber every later event, and nothing is published from one.
+
+The restored stream has a new creation time, so the manifest records the restoration (the stream
+created at T2 holds sequences 1..N of the stream created at T1) and names the new stream: the next
+``chronicle archive`` continues after N, and ``--check`` compares sequences 1..N without their
+stored times (the stream stored them anew). The read models' binding (projections/logbinding.py)
+is rewritten only when it names the archived stream and no checkpoint is beyond what was restored;
+otherwise the command says what to run. What the archive does not hold is said too: claim-checked
+bodies in the JetStream object store.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+from nats.js.api import PubAck
+from nats.js.errors import BucketNotFoundError, NotFoundError
+
+from events.log import StoredEvent
+from events.stream import ensure_stream
+from projections.logbinding import LogIdentity, bind, highest_checkpoint, read_binding, stream_identity
+from services.audit.archive import locked, read_manifest, store_of, unlisted
+from services.audit.archive_segments import ArchiveError, Manifest, Restoration, decode, manifest_key
+from services.bootstrap import Container
+from services.storage.s3 import SkillStore
+
+WINDOW = 1000
+"""Publishes in flight at most; their acks are checked in order before the next window."""
+
+
+class RestoreRefused(RuntimeError):
+    """Nothing was published: the stream holds events, or the archive is not whole."""
+
+
+class RestoreStopped(RuntimeError):
+    """Publishing stopped partway: the stream holds part of the archive (said in the message)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Restored:
+    """What a restore published, the stream it made, and what it said about the rest."""
+
+    events: int
+    segments: int
+    last_seq: int
+    stream_created: datetime
+    restored_from: datetime
+    advice: list[str]
+
+
+async def restore(
+    c: Container, *, window: int = WINDOW, progress: Callable[[int, int], None] | None = None
+) -> Restored:
+    """Restore the archive of ``c.layout.stream`` into that stream (which ``c`` found or created
+    empty): :class:`RestoreRefused` before anything is published, :class:`RestoreStopped` after."""
+    store, bucket, stream = store_of(c), c.settings.archive_bucket, c.layout.stream
+    async with locked(c, stream):
+        manifest = await read_manifest(store, bucket, stream)
+        if manifest is None:
+            raise RestoreRefused(f"bucket {bucket!r} holds no archive of stream {stream!r}")
+        try:
+            held = await stream_identity(c.js, stream)
+        except NotFoundError:
+            held = None
+        if held is not None and held.last_seq > 0:
+            raise RestoreRefused(
+                f"stream {stream!r} is not empty (last sequence {held.last_seq}): a restore only fills a stream "
+                "that does not exist or holds nothing"
+            )
+        if manifest.last_seq == 0:
+            raise RestoreRefused(f"the archive of stream {stream!r} holds no events")
+        problems = await whole(store, bucket, manifest)
+        if problems:
+            more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+            raise RestoreRefused(f"the archive is not whole, nothing was restored: {problems[0]}{more}")
+        await ensure_stream(c.js, c.layout, replicas=c.settings.stream_replicas)  # as the services make it
+        before = await stream_identity(c.js, stream)
+        if before.last_seq > 0:  # written to since it was looked at
+            raise RestoreRefused(f"stream {stream!r} is not empty (last sequence {before.last_seq})")
+        if before.created is None:
+            raise RestoreRefused(f"stream {stream!r} has no creation time: the archive could not be bound to it")
+        done = 0
+        for segment in manifest.segments:
+            data = await store.get_bytes(bucket, segment.key)
+            if data is None:  # gone since the check: said as the check says it
+                raise RestoreStopped(_stopped(segment.first, f"segment {segment.key} is missing", done))
+            try:
+                events = decode(data, segment)
+            except ArchiveError as exc:
+                raise RestoreStopped(_stopped(segment.first, str(exc), done)) from None
+            for start in range(0, len(events), window):
+                done = await _publish(c, events[start : start + window], done)
+                if progress is not None:
+                    progress(done, manifest.last_seq)
+        after = await stream_identity(c.js, stream)
+        if after.last_seq != manifest.last_seq or after.created != before.created:
+            raise RestoreStopped(
+                f"restored up to sequence {manifest.last_seq}, but stream {stream!r} now ends at {after.last_seq}"
+                + ("" if after.created == before.created else " and was made again meanwhile")
+                + ": something else wrote to it during the restore; delete it and restore again"
+            )
+        original = manifest.stream_created
+        await _record(store, bucket, manifest, before.created)
+    advice = [await _rebind(c, after, original), await _blobs(c)]
+    return Restored(done, len(manifest.segments), after.last_seq, before.created, original, advice)
+
+
+async def whole(store: SkillStore, bucket: str, manifest: Manifest) -> list[str]:
+    """What keeps the archive from being restored as it is, without the stream: segments not
+    contiguous from sequence 1, one missing or not what its manifest entry says, an object beside
+    them that the manifest does not list (what ``chronicle archive --check`` says of them too)."""
+    problems = [f"segment object {key} is not in the manifest" for key in await unlisted(store, bucket, manifest)]
+    after = 0
+    for segment in manifest.segments:
+        if segment.first != after + 1:
+            problems.append(
+                f"segment {segment.key} starts at {segment.first}, after {after}: sequences {after + 1}.."
+                f"{segment.first - 1} are not archived, and every later event would be restored under another sequence"
+            )
+        after = segment.last
+        data = await store.get_bytes(bucket, segment.key)
+        if data is None:
+            problems.append(f"segment {segment.key} is missing")
+            continue
+        try:
+            decode(data, segment)
+        except ArchiveError as exc:
+            problems.append(str(exc))
+    return problems
+
+
+async def _publish(c: Container, events: list[StoredEvent], done: int) -> int:
+    """Publish ``events`` pipelined, then check each ack in order; the count restored after them."""
+    futures = [await c.js.publish_async(e.subject, e.data, headers=e.headers) for e in events]
+    acks = await asyncio.gather(*futures, return_exceptions=True)
+    for event, ack in zip(events, acks, strict=True):
+        why = _wrong(c, event, ack)
+        if why is not None:
+            raise RestoreStopped(_stopped(event.seq, why, done))
+        done += 1
+    return done
+
+
+def _wrong(c: Container, event: StoredEvent, ack: PubAck | BaseException) -> str | None:
+    if isinstance(ack, BaseException):
+        return f"the stream refused it ({type(ack).__name__}: {ack})"
+    if ack.stream != c.layout.stream:
+        return f"stream {ack.stream!r} stored it, not {c.layout.stream!r}"
+    if ack.duplicate:
+        return (
+            f"the stream took it for a duplicate of sequence {ack.seq} (the same Nats-Msg-Id inside its "
+            "duplicate window)"
+        )
+    if ack.seq != event.seq:
+        return f"the stream stored it as sequence {ack.seq}"
+    return None
+
+
+def _stopped(seq: int, why: str, done: int) -> str:
+    held = f"sequences 1..{done}" if done else "nothing"
+    return (
+        f"restore stopped at archived sequence {seq}: {why}. The stream holds {held} of the archive (and perhaps "
+        "some of the events published with it): delete the stream before restoring again"
+    )
+
+
+async def _record(store: SkillStore, bucket: str, manifest: Manifest, created: datetime) -> None:
+    """The manifest names the restored stream, and says which stream it restores and how far."""
+    manifest.restorations.append(
+        Restoration(
+            stream_created=created,
+            restored_from=manifest.stream_created,
+            through_seq=manifest.last_seq,
+            restored_at=datetime.now(UTC),
+        )
+    )
+    manifest.stream_created = created
+    await store.put_bytes(bucket, manifest_key(manifest.stream), manifest.model_dump_json(indent=1).encode())
+
+
+async def _rebind(c: Container, identity: LogIdentity, original: datetime) -> str:
+    """Rebind the read models to the restored stream when they were made from the archived one
+    (same name and creation time) and hold nothing beyond what was restored; else say what to do."""
+    name, stream = c.settings.projector_name, identity.stream
+    async with c.pool.connection() as conn, conn.transaction():
+        bound = await read_binding(conn, name, lock=True)
+        furthest = await highest_checkpoint(conn, name)
+        if bound is None:
+            return (
+                f"read models: projector {name!r} is bound to no log in this database; to build them from the restored "
+                "log run `chronicle rebuild` (a database restored from its own backup keeps the data keys and "
+                "erasure records the log needs: restore that first)"
+            )
+        if bound.stream != stream or bound.created != original:
+            return (
+                f"read models: not rebound: projector {name!r} is bound to stream {bound.stream!r} created "
+                f"{bound.created.isoformat() if bound.created else '(not reported)'}, not to the archived stream "
+                f"created {original.isoformat()}; if they belong to this log all the same, run "
+                "`chronicle log rebind --yes`, else `chronicle rebuild`"
+            )
+        if furthest is not None and furthest[1] > identity.last_seq:
+            return (
+                f"read models: not rebound: checkpoint {furthest[0]!r} is at sequence {furthest[1]}, beyond the last "
+                f"restored sequence {identity.last_seq}: the read models hold events the archive lost (archived "
+                "too seldom). `chronicle rebuild` makes them match the restored log, without those events"
+            )
+        await bind(conn, name, identity)
+        return (
+            f"read models: rebound projector {name!r} to the restored stream (it was bound to the archived one); "
+            "run `chronicle verify` to compare them with the log"
+        )
+
+
+async def _blobs(c: Container) -> str:
+    """Claim-checked bodies live in the JetStream object store, which the archive does not hold."""
+    bucket = c.settings.blob_bucket
+    try:
+        await c.js.object_store(bucket)
+    except (BucketNotFoundError, NotFoundError):
+        return (
+            f"not in the archive: claim-checked bodies (object store bucket {bucket!r}, absent on this server); "
+            "messages whose bodies were stored there stay unreadable until that bucket is restored from a backup "
+            "of the NATS data directory"
+        )
+    return (
+        f"not in the archive: claim-checked bodies (object store bucket {bucket!r}, present on this server): "
+        "messages whose body objects are missing from it stay unreadable"
+    )

@@ -1,0 +1,218 @@
+"""``chronicle archive --restore``: the log made again from its archive after its NATS data was
+lost, the read models rebound to it, and the archive continued on it; refused into a stream that
+holds events and from an archive that is not whole. Real NATS, Postgres, S3 (moto), and the CLI
+as a process."""
+
+from __future__ import annotations
+
+import subprocess
+
+import pytest
+from nats.js.errors import NotFoundError
+
+from events import log as eventlog
+from events.context import CompactionConfig, SessionConfig
+from events.omitted import OMITTED
+from events.stream import ensure_stream
+from projections.logbinding import Binding, read_binding
+from services.audit import archive
+from services.audit import readers as audit
+from services.audit.archive_segments import manifest_key, parse_manifest
+from services.bootstrap import open_container
+from services.settings import Settings
+from tests.conftest import make_settings, running_stack
+from tests.integration.helpers import text_message
+from tests.support import chronicle_cli
+
+T = "tenant-a"
+
+
+@pytest.fixture
+def settings(nats_url: str, fresh_db: str, s3_endpoint: str) -> Settings:
+    return make_settings(
+        nats_url, fresh_db, s3_endpoint=s3_endpoint, archive_bucket=f"archive-{fresh_db[-8:]}", encryption=True
+    )
+
+
+def restore_cli(settings: Settings) -> subprocess.CompletedProcess[str]:
+    return chronicle_cli(settings, "archive", "--restore")
+
+
+Stored = list[tuple[int, str, bytes, dict[str, str] | None]]
+
+
+async def _stored(settings: Settings) -> Stored:
+    async with open_container(settings, log_check=False, create_stream=False) as c:
+        return [(e.seq, e.subject, e.data, e.headers) async for e in eventlog.read(c.js, c.layout)]
+
+
+async def _delete_stream(settings: Settings) -> None:
+    """The log's NATS data lost: the stream gone (the object store bucket with it)."""
+    async with open_container(settings, log_check=False, create_stream=False) as c:
+        await c.js.delete_stream(c.layout.stream)
+
+
+async def _exists(settings: Settings) -> bool:
+    async with open_container(settings, log_check=False, create_stream=False, absent_stream=True) as c:
+        try:
+            await c.js.stream_info(c.layout.stream)
+        except NotFoundError:
+            return False
+        return True
+
+
+@pytest.fixture
+async def archived(settings: Settings) -> Stored:
+    """A stack's log with sealed events, a compaction and an erasure, archived in segments of 5;
+    yields the events as the stream stored them."""
+    async with running_stack(settings) as c:
+        config = SessionConfig(compaction=CompactionConfig(protect_head=1, tail_token_budget=10, min_tail_messages=2))
+        await c.context.configure(T, "kept", config)
+        for i in range(12):
+            await c.commands.append(T, "kept", text_message(f"m{i}", f"message {i} " + "lorem " * 20), OMITTED)
+        assert (await c.compaction.compact(T, "kept")).overlay is not None
+        for i in range(5):
+            await c.commands.append(T, "gone", text_message(f"g{i}", f"to be erased {i}"), OMITTED)
+        erased = await c.eraser.erase_session(T, "gone")
+        last = await eventlog.last_seq(c.js, c.layout)
+        await c.waiter.wait_session(T, "kept", last)
+        await c.waiter.wait_session(T, "gone", erased.seq)
+        await archive.archive(c, segment_events=5)
+    return await _stored(settings)
+
+
+async def test_a_lost_log_is_restored_rebound_verified_and_archived_on(settings: Settings, archived: Stored) -> None:
+    await _delete_stream(settings)
+    done = restore_cli(settings)
+    assert done.returncode == 0, done.stderr
+    assert f"restored {len(archived)} events" in done.stdout
+    assert "rebound projector" in done.stdout
+    assert "not in the archive: claim-checked bodies" in done.stdout
+    assert await _stored(settings) == archived  # every event as it was: sequence, subject, bytes, headers
+
+    async with running_stack(settings) as c:  # the binding names the restored stream: the stack starts
+        async with c.pool.connection() as conn:
+            bound = await read_binding(conn, settings.projector_name)
+        assert bound is not None
+        assert bound.created == (await c.js.stream_info(c.layout.stream)).created
+        report = await audit.verify(c)
+        assert report.ok, report.differences
+        more = await c.commands.append(T, "kept", text_message("after", "after the restore"), OMITTED)
+        await c.waiter.wait_session(T, "kept", more.seq)
+        assert more.seq == len(archived) + 1
+
+        added = await archive.archive(c, segment_events=10)  # continues after the last archived sequence
+        assert (added.events, added.last_seq) == (1, more.seq)
+        checked = await archive.check(c)
+        assert checked.ok, checked.problems
+        assert (checked.events, checked.compared) == (more.seq, more.seq)
+        assert any("restored from this archive" in n for n in checked.notes), checked.notes
+
+    check = chronicle_cli(settings, "archive", "--check")
+    assert check.returncode == 0, check.stdout + check.stderr
+    assert f"{more.seq} equal to the stream's; 0 problems" in check.stdout
+
+
+async def test_a_restore_into_a_stream_that_holds_events_is_refused_in_one_line(
+    settings: Settings, archived: Stored
+) -> None:
+    done = restore_cli(settings)
+    assert done.returncode == 2
+    assert done.stderr.strip().count("\n") == 0
+    assert f"last sequence {len(archived)}" in done.stderr
+    assert "not empty" in done.stderr
+    assert await _stored(settings) == archived
+
+
+async def _get(settings: Settings, key: str) -> bytes:
+    async with open_container(settings, log_check=False, create_stream=False, absent_stream=True) as c:
+        assert c.context.skills is not None
+        data = await c.context.skills.get_bytes(settings.archive_bucket, key)
+    assert data is not None
+    return data
+
+
+async def _put(settings: Settings, objects: dict[str, bytes | None]) -> None:
+    """Objects of the archive's bucket written (None: deleted)."""
+    async with open_container(settings, log_check=False, create_stream=False, absent_stream=True) as c:
+        store = c.context.skills
+        assert store is not None
+        for key, data in objects.items():
+            if data is None:
+                await store.delete(settings.archive_bucket, key)
+            else:
+                await store.put_bytes(settings.archive_bucket, key, data)
+
+
+async def test_a_restore_from_an_archive_with_a_gap_or_a_changed_segment_publishes_nothing(
+    settings: Settings, archived: Stored
+) -> None:
+    key = manifest_key(settings.stream)
+    original = await _get(settings, key)
+    manifest = parse_manifest(original)
+    second = manifest.segments[1]
+    changed = await _get(settings, second.key)
+    gap = manifest.model_copy(update={"segments": [manifest.segments[0], *manifest.segments[2:]]})
+    await _put(settings, {second.key: None, key: gap.model_dump_json().encode()})
+    await _delete_stream(settings)
+
+    done = restore_cli(settings)
+    assert done.returncode == 2, done.stdout
+    assert "not whole" in done.stderr
+    assert "are not archived" in done.stderr
+    assert not await _exists(settings)  # nothing made, nothing published
+
+    await _put(settings, {second.key: changed[:-1] + bytes([changed[-1] ^ 1]), key: original})
+    tampered = restore_cli(settings)
+    assert tampered.returncode == 2
+    assert "do not hash to the manifest's sha256" in tampered.stderr
+    assert not await _exists(settings)
+
+    await _put(settings, {second.key: changed})
+    async with open_container(settings, absent_stream=True, create_stream=False, log_check=False) as c:
+        await ensure_stream(c.js, c.layout)  # an empty stream (the services started meanwhile) takes a restore
+    whole = restore_cli(settings)
+    assert whole.returncode == 0, whole.stderr
+    assert await _stored(settings) == archived
+
+
+async def test_an_archive_behind_the_read_models_is_restored_but_not_rebound(
+    settings: Settings, archived: Stored
+) -> None:
+    key = manifest_key(settings.stream)
+    manifest = parse_manifest(await _get(settings, key))
+    last = manifest.segments[-1]
+    behind = manifest.model_copy(update={"segments": manifest.segments[:-1]})
+    await _put(settings, {last.key: None, key: behind.model_dump_json().encode()})  # the last run never archived
+    bound = await _binding(settings)
+    await _delete_stream(settings)
+
+    done = restore_cli(settings)
+    assert done.returncode == 0, done.stderr
+    assert f"sequences 1..{last.first - 1}" in done.stdout
+    assert f"read models: not rebound: checkpoint {settings.projector_name!r} is at sequence {len(archived)}" in (
+        done.stdout
+    )
+    assert "`chronicle rebuild`" in done.stdout
+    assert await _stored(settings) == archived[: last.first - 1]
+    assert await _binding(settings) == bound  # left as it was
+
+
+async def test_read_models_bound_to_another_log_are_not_rebound(settings: Settings, archived: Stored) -> None:
+    async with open_container(settings, log_check=False, create_stream=False) as c, c.pool.connection() as conn:
+        await conn.execute(
+            "UPDATE log_binding SET stream_created = stream_created - interval '1 day' WHERE projector = %s",
+            (settings.projector_name,),
+        )
+    bound = await _binding(settings)
+    await _delete_stream(settings)
+    done = restore_cli(settings)
+    assert done.returncode == 0, done.stderr
+    assert "read models: not rebound" in done.stdout
+    assert "not to the archived stream" in done.stdout
+    assert await _binding(settings) == bound
+
+
+async def _binding(settings: Settings) -> Binding | None:
+    async with open_container(settings, log_check=False, create_stream=False) as c, c.pool.connection() as conn:
+        return await read_binding(conn, settings.projector_name)
