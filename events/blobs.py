@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import re
 from typing import Protocol
 
@@ -99,3 +100,23 @@ class RoutedBlobStores:
         store = self._by_kind.get(ref.store)
         if store is not None:
             await store.delete(ref)
+
+
+def refs_in(data: bytes) -> list[BlobRef]:
+    """The object references a stored event names (``message_ref``, ``original_ref``: readable
+    fields, nothing needs opening)."""
+    if b'"message_ref"' not in data and b'"original_ref"' not in data:
+        return []
+    try:
+        raw = json.loads(data)
+    except ValueError:
+        return []
+    out: list[BlobRef] = []
+    for name in ("message_ref", "original_ref"):
+        value = raw.get(name) if isinstance(raw, dict) else None
+        if isinstance(value, dict):
+            try:
+                out.append(BlobRef.model_validate(value))
+            except ValueError:
+                continue
+    return out

@@ -6,7 +6,7 @@ import contextlib
 
 from nats.js import JetStreamContext
 from nats.js.api import ObjectStoreConfig, StorageType
-from nats.js.errors import BucketNotFoundError, NotFoundError, ObjectNotFoundError
+from nats.js.errors import BucketNotFoundError, NotFoundError, ObjectDeletedError, ObjectNotFoundError
 from nats.js.object_store import ObjectStore
 
 from events.blobs import SHA256_HEX, BlobNotFound, BlobRef, no_object, sha256_hex
@@ -62,6 +62,20 @@ class JetStreamBlobStore:
             return
         with contextlib.suppress(ObjectNotFoundError, NotFoundError):
             await store.delete(ref.key)
+
+    async def has(self, ref: BlobRef) -> bool:
+        """Whether the bucket holds ``ref``'s object (its key, of its size): the object's info
+        only, no bytes read. A bucket never made holds nothing."""
+        if not SHA256_HEX.fullmatch(ref.key):
+            return False
+        store = await self._made()
+        if store is None:
+            return False
+        try:
+            info = await store.get_info(ref.key)
+        except (ObjectNotFoundError, ObjectDeletedError, NotFoundError):
+            return False
+        return info.size == ref.size
 
     async def get(self, ref: BlobRef) -> bytes:
         """The object's bytes; :class:`BlobNotFound` when the store answers that there is no such

@@ -21,14 +21,19 @@ bodies in the JetStream object store.
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from typing import Any
 
-from nats.js.api import PubAck
-from nats.js.errors import BucketNotFoundError, NotFoundError
+from nats.aio.msg import Msg
+from nats.errors import Error as NatsError
+from nats.js.errors import NotFoundError
 
+from events.blobs import BlobRef, refs_in
 from events.log import StoredEvent
+from events.objectstore import JetStreamBlobStore
 from events.stream import ensure_stream
 from projections.logbinding import LogIdentity, bind, highest_checkpoint, read_binding, stream_identity
 from services.audit.archive import locked, read_manifest, store_of, unlisted
@@ -38,6 +43,8 @@ from services.storage.s3 import SkillStore
 
 WINDOW = 1000
 """Publishes in flight at most; their acks are checked in order before the next window."""
+ACK_WAIT_S = 30.0
+"""How long a window's acks are awaited (an answer, error or not, settles one at once)."""
 
 
 class RestoreRefused(RuntimeError):
@@ -92,6 +99,7 @@ async def restore(
         if before.created is None:
             raise RestoreRefused(f"stream {stream!r} has no creation time: the archive could not be bound to it")
         done = 0
+        refs: dict[str, BlobRef] = {}  # the claim checks of the JetStream object store, by key
         for segment in manifest.segments:
             data = await store.get_bytes(bucket, segment.key)
             if data is None:  # gone since the check: said as the check says it
@@ -100,6 +108,7 @@ async def restore(
                 events = decode(data, segment)
             except ArchiveError as exc:
                 raise RestoreStopped(_stopped(segment.first, str(exc), done)) from None
+            refs.update((r.key, r) for e in events for r in refs_in(e.data) if r.store == JetStreamBlobStore.kind)
             for start in range(0, len(events), window):
                 done = await _publish(c, events[start : start + window], done)
                 if progress is not None:
@@ -113,7 +122,7 @@ async def restore(
             )
         original = manifest.stream_created
         await _record(store, bucket, manifest, before.created)
-    advice = [await _rebind(c, after, original), await _blobs(c)]
+    advice = [await _rebind(c, after, original), await _blobs(c, list(refs.values()))]
     return Restored(done, len(manifest.segments), after.last_seq, before.created, original, advice)
 
 
@@ -141,30 +150,58 @@ async def whole(store: SkillStore, bucket: str, manifest: Manifest) -> list[str]
     return problems
 
 
-async def _publish(c: Container, events: list[StoredEvent], done: int) -> int:
-    """Publish ``events`` pipelined, then check each ack in order; the count restored after them."""
-    futures = [await c.js.publish_async(e.subject, e.data, headers=e.headers) for e in events]
-    acks = await asyncio.gather(*futures, return_exceptions=True)
-    for event, ack in zip(events, acks, strict=True):
-        why = _wrong(c, event, ack)
+async def _publish(c: Container, events: list[StoredEvent], done: int, *, ack_wait_s: float = ACK_WAIT_S) -> int:
+    """Publish ``events`` pipelined (one connection, in order), then check each ack in order; the
+    count restored after them. The acks come to an inbox of this window and are read here: nats-py's
+    ``publish_async`` never settles the future of a publish the stream answers with an error."""
+    loop = asyncio.get_running_loop()
+    acks: dict[str, asyncio.Future[dict[str, Any]]] = {str(e.seq): loop.create_future() for e in events}
+    inbox = c.nc.new_inbox()
+
+    async def answered(msg: Msg) -> None:
+        future = acks.get(msg.subject.rsplit(".", 1)[-1])
+        if future is not None and not future.done():
+            try:
+                future.set_result(json.loads(msg.data) if msg.data else {})
+            except ValueError:
+                future.set_result({"error": {"description": f"an answer that is not JSON: {msg.data[:80]!r}"}})
+
+    sub = await c.nc.subscribe(f"{inbox}.*", cb=answered)
+    try:
+        for e in events:
+            try:
+                await c.nc.publish(e.subject, e.data, reply=f"{inbox}.{e.seq}", headers=e.headers)
+            except NatsError as exc:  # a payload over the server's limit, the connection gone
+                raise RestoreStopped(_stopped(e.seq, f"it could not be published ({exc!r})", done)) from None
+        await c.nc.flush()
+        await asyncio.wait(acks.values(), timeout=ack_wait_s)
+    finally:
+        await sub.unsubscribe()
+    for event in events:
+        future = acks[str(event.seq)]
+        why = _wrong(c, event, future.result() if future.done() else None, ack_wait_s)
         if why is not None:
             raise RestoreStopped(_stopped(event.seq, why, done))
         done += 1
     return done
 
 
-def _wrong(c: Container, event: StoredEvent, ack: PubAck | BaseException) -> str | None:
-    if isinstance(ack, BaseException):
-        return f"the stream refused it ({type(ack).__name__}: {ack})"
-    if ack.stream != c.layout.stream:
-        return f"stream {ack.stream!r} stored it, not {c.layout.stream!r}"
-    if ack.duplicate:
+def _wrong(c: Container, event: StoredEvent, ack: dict[str, Any] | None, waited_s: float) -> str | None:
+    """What is wrong with the stream's answer to ``event``'s publish (None: stored as archived)."""
+    if ack is None:
+        return f"no answer from the stream within {waited_s:g}s"
+    if "error" in ack:
+        error = ack["error"] if isinstance(ack["error"], dict) else {}
+        return f"the stream refused it ({error.get('description', ack['error'])}, error {error.get('err_code')})"
+    if ack.get("stream") != c.layout.stream:
+        return f"stream {ack.get('stream')!r} stored it, not {c.layout.stream!r}"
+    if ack.get("duplicate"):
         return (
-            f"the stream took it for a duplicate of sequence {ack.seq} (the same Nats-Msg-Id inside its "
+            f"the stream took it for a duplicate of sequence {ack.get('seq')} (the same Nats-Msg-Id inside its "
             "duplicate window)"
         )
-    if ack.seq != event.seq:
-        return f"the stream stored it as sequence {ack.seq}"
+    if ack.get("seq") != event.seq:
+        return f"the stream stored it as sequence {ack.get('seq')}"
     return None
 
 
@@ -223,18 +260,19 @@ async def _rebind(c: Container, identity: LogIdentity, original: datetime) -> st
         )
 
 
-async def _blobs(c: Container) -> str:
-    """Claim-checked bodies live in the JetStream object store, which the archive does not hold."""
+async def _blobs(c: Container, refs: list[BlobRef]) -> str:
+    """Claim-checked bodies of the JetStream object store are not in the archive: how many the
+    restored events reference, and how many of those the bucket here lacks."""
     bucket = c.settings.blob_bucket
-    try:
-        await c.js.object_store(bucket)
-    except (BucketNotFoundError, NotFoundError):
-        return (
-            f"not in the archive: claim-checked bodies (object store bucket {bucket!r}, absent on this server); "
-            "messages whose bodies were stored there stay unreadable until that bucket is restored from a backup "
-            "of the NATS data directory"
-        )
+    head = f"not in the archive: claim-checked bodies (JetStream object store bucket {bucket!r})"
+    if not refs:
+        return f"{head}; no restored event references one"
+    store = JetStreamBlobStore(c.js, bucket)
+    missing = [r for r in refs if not await store.has(r)]
+    if not missing:
+        return f"{head}; the restored events reference {len(refs)} objects, all present here"
     return (
-        f"not in the archive: claim-checked bodies (object store bucket {bucket!r}, present on this server): "
-        "messages whose body objects are missing from it stay unreadable"
+        f"{head}; the restored events reference {len(refs)} objects, {len(missing)} missing here (an erased "
+        "session's are deleted by its erasure, and counted too): their messages stay unreadable until the bucket is "
+        "restored from a backup of the NATS data directory"
     )

@@ -30,7 +30,7 @@ import psycopg
 from psycopg_pool import AsyncConnectionPool
 
 from events import log as eventlog
-from events.blobs import BlobNotFound, BlobRef, BlobStore, RoutedBlobStores
+from events.blobs import BlobNotFound, BlobRef, BlobStore, RoutedBlobStores, refs_in
 from events.catalog import SessionErased
 from events.envelope import new_event_id
 from events.ids import TENANT_SCOPE, derived_id
@@ -200,7 +200,7 @@ class Eraser:
         refs: dict[str, BlobRef] = {}
         subject = self._pub.layout.session_subject(tenant, session)
         async for stored in eventlog.read(self._pub.js, self._pub.layout, subject, 1, to_seq):
-            for ref in _refs_of(stored.data):
+            for ref in refs_in(stored.data):
                 refs[f"{ref.store}/{ref.key}"] = ref
         deleted = 0
         for ref in refs.values():
@@ -212,22 +212,3 @@ class Eraser:
                 await self._stores.delete(ref)
                 deleted += 1
         return deleted
-
-
-def _refs_of(data: bytes) -> list[BlobRef]:
-    """The object references a stored event names (readable fields: nothing needs opening)."""
-    if b'"message_ref"' not in data and b'"original_ref"' not in data:
-        return []
-    try:
-        raw = json.loads(data)
-    except ValueError:
-        return []
-    out: list[BlobRef] = []
-    for name in ("message_ref", "original_ref"):
-        value = raw.get(name) if isinstance(raw, dict) else None
-        if isinstance(value, dict):
-            try:
-                out.append(BlobRef.model_validate(value))
-            except ValueError:
-                continue
-    return out

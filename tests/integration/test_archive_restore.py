@@ -5,19 +5,24 @@ as a process."""
 
 from __future__ import annotations
 
+import hashlib
+import re
 import subprocess
+from collections.abc import Callable
+from dataclasses import replace
 
 import pytest
 from nats.js.errors import NotFoundError
 
 from events import log as eventlog
 from events.context import CompactionConfig, SessionConfig
+from events.log import StoredEvent
 from events.omitted import OMITTED
 from events.stream import ensure_stream
 from projections.logbinding import Binding, read_binding
 from services.audit import archive
 from services.audit import readers as audit
-from services.audit.archive_segments import manifest_key, parse_manifest
+from services.audit.archive_segments import Segment, decode, encode, manifest_key, parse_manifest, segment_of
 from services.bootstrap import open_container
 from services.settings import Settings
 from tests.conftest import make_settings, running_stack
@@ -30,12 +35,17 @@ T = "tenant-a"
 @pytest.fixture
 def settings(nats_url: str, fresh_db: str, s3_endpoint: str) -> Settings:
     return make_settings(
-        nats_url, fresh_db, s3_endpoint=s3_endpoint, archive_bucket=f"archive-{fresh_db[-8:]}", encryption=True
+        nats_url,
+        fresh_db,
+        s3_endpoint=s3_endpoint,
+        archive_bucket=f"archive-{fresh_db[-8:]}",
+        encryption=True,
+        payload_limit_bytes=1024,
     )
 
 
 def restore_cli(settings: Settings) -> subprocess.CompletedProcess[str]:
-    return chronicle_cli(settings, "archive", "--restore")
+    return chronicle_cli(settings, "archive", "--restore", timeout=25)
 
 
 Stored = list[tuple[int, str, bytes, dict[str, str] | None]]
@@ -46,10 +56,12 @@ async def _stored(settings: Settings) -> Stored:
         return [(e.seq, e.subject, e.data, e.headers) async for e in eventlog.read(c.js, c.layout)]
 
 
-async def _delete_stream(settings: Settings) -> None:
-    """The log's NATS data lost: the stream gone (the object store bucket with it)."""
+async def _delete_stream(settings: Settings, *, objects: bool = False) -> None:
+    """The log's stream lost (with ``objects``, the JetStream object store's bucket too)."""
     async with open_container(settings, log_check=False, create_stream=False) as c:
         await c.js.delete_stream(c.layout.stream)
+        if objects:
+            await c.js.delete_object_store(settings.blob_bucket)
 
 
 async def _exists(settings: Settings) -> bool:
@@ -71,6 +83,7 @@ async def archived(settings: Settings) -> Stored:
         for i in range(12):
             await c.commands.append(T, "kept", text_message(f"m{i}", f"message {i} " + "lorem " * 20), OMITTED)
         assert (await c.compaction.compact(T, "kept")).overlay is not None
+        await c.commands.append(T, "kept", text_message("big", "claim-checked " * 200), OMITTED)  # over 1024 B
         for i in range(5):
             await c.commands.append(T, "gone", text_message(f"g{i}", f"to be erased {i}"), OMITTED)
         erased = await c.eraser.erase_session(T, "gone")
@@ -87,7 +100,9 @@ async def test_a_lost_log_is_restored_rebound_verified_and_archived_on(settings:
     assert done.returncode == 0, done.stderr
     assert f"restored {len(archived)} events" in done.stdout
     assert "rebound projector" in done.stdout
-    assert "not in the archive: claim-checked bodies" in done.stdout
+    assert re.search(
+        r"not in the archive: claim-checked bodies .*reference [1-9]\d* objects, all present here", done.stdout
+    )
     assert await _stored(settings) == archived  # every event as it was: sequence, subject, bytes, headers
 
     async with running_stack(settings) as c:  # the binding names the restored stream: the stack starts
@@ -185,11 +200,14 @@ async def test_an_archive_behind_the_read_models_is_restored_but_not_rebound(
     behind = manifest.model_copy(update={"segments": manifest.segments[:-1]})
     await _put(settings, {last.key: None, key: behind.model_dump_json().encode()})  # the last run never archived
     bound = await _binding(settings)
-    await _delete_stream(settings)
+    await _delete_stream(settings, objects=True)
 
     done = restore_cli(settings)
     assert done.returncode == 0, done.stderr
     assert f"sequences 1..{last.first - 1}" in done.stdout
+    found = re.search(r"reference (\d+) objects, (\d+) missing here", done.stdout)
+    assert found is not None, done.stdout
+    assert found[1] == found[2] != "0"
     assert f"read models: not rebound: checkpoint {settings.projector_name!r} is at sequence {len(archived)}" in (
         done.stdout
     )
@@ -216,3 +234,55 @@ async def test_read_models_bound_to_another_log_are_not_rebound(settings: Settin
 async def _binding(settings: Settings) -> Binding | None:
     async with open_container(settings, log_check=False, create_stream=False) as c, c.pool.connection() as conn:
         return await read_binding(conn, settings.projector_name)
+
+
+def _same_id_as_before(events: list[StoredEvent]) -> list[StoredEvent]:
+    """The second event under the first's ``Nats-Msg-Id`` (as two events published further apart
+    than the duplicate window would be stored)."""
+    first, second = events[0], events[1]
+    assert first.headers is not None
+    assert second.headers is not None
+    return [
+        first,
+        replace(second, headers={**second.headers, "Nats-Msg-Id": first.headers["Nats-Msg-Id"]}),
+        *events[2:],
+    ]
+
+
+def _expecting_another(events: list[StoredEvent]) -> list[StoredEvent]:
+    """The second event published with an expectation the restored stream does not meet."""
+    second = events[1]
+    headers = {**(second.headers or {}), "Nats-Expected-Last-Subject-Sequence": "999"}
+    return [events[0], replace(second, headers=headers), *events[2:]]
+
+
+@pytest.mark.parametrize(
+    ("forged", "said"),
+    [
+        (_same_id_as_before, "the stream took it for a duplicate of sequence 1"),
+        (_expecting_another, "the stream refused it"),
+    ],
+)
+async def test_a_restore_the_stream_does_not_ack_as_archived_stops_at_that_event_and_says_so(
+    settings: Settings, archived: Stored, forged: Callable[[list[StoredEvent]], list[StoredEvent]], said: str
+) -> None:
+    key = manifest_key(settings.stream)
+    manifest = parse_manifest(await _get(settings, key))
+    first = manifest.segments[0]
+    data = encode(forged(decode(await _get(settings, first.key), first)))
+    events = decode(data, segment_of(first.key, decode(data, _unchecked(first, data)), data))
+    rewritten = manifest.model_copy(update={"segments": [segment_of(first.key, events, data), *manifest.segments[1:]]})
+    await _put(settings, {first.key: data, key: rewritten.model_dump_json().encode()})
+    await _delete_stream(settings)
+
+    done = restore_cli(settings)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert f"restore stopped at archived sequence 2: {said}" in done.stderr
+    assert "The stream holds sequences 1..1 of the archive" in done.stderr
+    assert "delete the stream before restoring again" in done.stderr
+    assert parse_manifest(await _get(settings, key)).restorations == []  # the archive still names the lost stream
+
+
+def _unchecked(segment: Segment, data: bytes) -> Segment:
+    """``segment`` with the hash of ``data`` (to read back forged bytes)."""
+    return segment.model_copy(update={"sha256": hashlib.sha256(data).hexdigest()})
