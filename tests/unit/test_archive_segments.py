@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import gzip
 import json
+from dataclasses import replace
 from datetime import UTC, datetime
 
 import pytest
@@ -15,6 +16,7 @@ from services.audit.archive_segments import (
     FORMAT,
     ArchiveError,
     Manifest,
+    Restoration,
     Segment,
     compare,
     decode,
@@ -134,3 +136,28 @@ def test_what_the_stream_no_longer_holds_is_a_note_not_a_problem() -> None:
         "sequence 5 archived, deleted from the stream since: not compared (k)",
     ]
     assert found.equal == 3
+
+
+def test_a_restored_range_compares_without_stored_times_and_nothing_else_is_forgiven() -> None:
+    restored_at = AT.replace(year=2027)
+    stored = [replace(e, time=restored_at) for e in EVENTS]
+    assert compare("k", EVENTS, stored, 1, 44, retimed_through=44).equal == 3
+    after = compare("k", EVENTS, stored, 1, 44, retimed_through=42)  # 44 was stored after the restore
+    assert (after.equal, after.problems) == (2, ["sequence 44: the archived event differs from the stream's (k)"])
+    changed = [*stored[:2], replace(stored[2], data=b"[]")]
+    assert compare("k", EVENTS, changed, 1, 44, retimed_through=44).problems == [
+        "sequence 44: the archived event differs from the stream's (k)"
+    ]
+
+
+def test_a_manifest_names_the_restoration_of_the_stream_it_continues_on() -> None:
+    old = Manifest(stream="S", stream_created=AT)
+    earlier = old.model_dump_json(exclude={"restorations"}).encode()  # a manifest from before restorations
+    assert parse_manifest(earlier).restorations == []
+    assert old.restored is None
+    later = AT.replace(year=2027)
+    restoration = Restoration(stream_created=later, restored_from=AT, through_seq=196, restored_at=later)
+    restored = old.model_copy(update={"stream_created": later, "restorations": [restoration]})
+    assert parse_manifest(restored.model_dump_json().encode()).restored == restoration
+    again = restored.model_copy(update={"stream_created": later.replace(year=2028)})  # made anew, not restored
+    assert again.restored is None
