@@ -35,6 +35,9 @@ async def run_archive(settings: Settings, args: argparse.Namespace) -> int:
         print("chronicle archive: --segment-events and --to-seq must be at least 1", file=sys.stderr)
         return 2
     if args.restore:
+        if args.to_seq is not None:
+            print("chronicle archive: --restore restores the whole archive (no --to-seq)", file=sys.stderr)
+            return 2
         return await _run_restore(settings)
     # the log alone: no read model is read, and the stream is never created (it is the source)
     async with open_container(settings, log_check=False, create_stream=False) as c:
