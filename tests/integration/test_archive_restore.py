@@ -286,3 +286,24 @@ async def test_a_restore_the_stream_does_not_ack_as_archived_stops_at_that_event
 def _unchecked(segment: Segment, data: bytes) -> Segment:
     """``segment`` with the hash of ``data`` (to read back forged bytes)."""
     return segment.model_copy(update={"sha256": hashlib.sha256(data).hexdigest()})
+
+
+async def test_a_restore_from_a_bucket_without_the_archive_or_with_to_seq_is_refused_and_makes_nothing(
+    settings: Settings,
+) -> None:
+    async with running_stack(settings):
+        pass  # the stack's database and log, nothing archived
+    await _delete_stream(settings)
+    done = restore_cli(settings)
+    assert done.returncode == 2
+    assert done.stderr.strip() == (
+        f"chronicle archive: bucket {settings.archive_bucket!r} holds no archive of stream {settings.stream!r}"
+    )
+    assert not await _exists(settings)
+    partial = chronicle_cli(settings, "archive", "--restore", "--to-seq", "5")
+    assert partial.returncode == 2
+    assert "no --to-seq" in partial.stderr
+    both = chronicle_cli(settings, "archive", "--restore", "--check")
+    assert both.returncode == 2
+    assert "not allowed with argument" in both.stderr
+    assert not await _exists(settings)
