@@ -247,7 +247,7 @@ class Publisher:
                 await self._js.publish_async(subject, payload, headers={HDR_MSG_ID: ev.id})
                 for ev, (subject, payload) in zip(chunk, encoded[start : start + window], strict=True)
             ]
-            done = await asyncio.gather(*futures, return_exceptions=True)
+            done = await self._settled(futures)
             for ev, outcome in zip(chunk, done, strict=True):
                 if isinstance(outcome, BaseException):  # sealed anew: same id, so stored once
                     results.append(await self.publish(ev, fresh_id_on_foreign=fresh_id_on_foreign))
@@ -262,6 +262,22 @@ class Publisher:
                         published = await self._publish_once(ev.model_copy(update={"id": new_event_id()}), None)
                 results.append(published)
         return results
+
+    async def _settled(self, futures: Sequence[asyncio.Future[PubAck]]) -> list[PubAck | BaseException]:
+        """Each pipelined publish's ack or error. nats-py (2.x) never settles the future of a
+        publish the stream answered with an error (its reply handler raises instead of setting
+        it), nor one whose reply is lost: a wait that sees no ack for the publish timeout gives
+        up on those left, cancelled (their pipeline slots freed), as failures that
+        :meth:`publish_many` publishes again one by one (same id: stored once), where an error
+        is raised as it is."""
+        pending = set(futures)
+        while pending:
+            done, pending = await asyncio.wait(pending, timeout=self._timeout)
+            if not done:
+                break  # no acknowledgement at all for a whole timeout: the rest will not come
+        for f in pending:
+            f.cancel()
+        return [TimeoutError("no acknowledgement") if f.cancelled() else (f.exception() or f.result()) for f in futures]
 
     def _stored(self, ack: PubAck) -> Published:
         """The ack's sequence, once it is this layout's stream that stored the event: a stream

@@ -3,9 +3,11 @@ a message); the publisher still refuses to count an event another stream stored 
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 
 import pytest
+from nats.js.api import DiscardPolicy, StreamConfig
 
 from events.publisher import Publisher, PublishFailed
 from events.subjects import SubjectLayout
@@ -30,4 +32,27 @@ async def test_an_event_another_stream_stored_is_a_failure_not_an_append(nats_ur
         assert stored.seq == 3  # the layout that names it appends to it
     finally:
         await js.delete_stream(f"OTHER{tag}")
+        await nc.close()
+
+
+async def test_a_pipelined_publish_the_stream_refuses_fails_and_does_not_hang(nats_url: str) -> None:
+    """The stream answers with an error (here: full, discarding new messages). nats-py never
+    settles such a pipelined publish's future: ``publish_many`` waited for it forever. It now
+    gives up on an ack that does not come, publishes again one by one and fails as ``publish``
+    does."""
+    nc = await operator_nats(nats_url)
+    tag = uuid.uuid4().hex[:8]
+    js = nc.jetstream()
+    try:
+        config = StreamConfig(name=f"FULL{tag}", subjects=[f"f{tag}.ev.>"], max_bytes=600, discard=DiscardPolicy.NEW)
+        await js.add_stream(config)
+        layout = SubjectLayout(stream=f"FULL{tag}", prefix=f"f{tag}.ev", commands=f"f{tag}.cmd")
+        publisher = Publisher(js, layout, attempts=2, timeout_s=0.5, backoff_s=0.01)
+        events = [appended("tenant-a", "s-1", f"m{i}", None) for i in range(5)]
+        with pytest.raises(PublishFailed, match="failed: ServiceUnavailableError"):  # 503: maximum bytes exceeded
+            await asyncio.wait_for(publisher.publish_many(events), timeout=30)
+        info = await js.stream_info(f"FULL{tag}")
+        assert 0 < info.state.messages < 5  # the first ones fit; the rest were refused, not stored
+    finally:
+        await js.delete_stream(f"FULL{tag}")
         await nc.close()
