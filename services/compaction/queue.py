@@ -122,6 +122,10 @@ def consumer_config(layout: SubjectLayout, durable: str, attempts: int, backoff_
     )
 
 
+REQUESTS_ACK_TIMEOUT_S = 10.0
+"""The longest :meth:`Requests.publish` waits for the work queue's acks (then it fails, to be tried again)."""
+
+
 class Requests:
     """Publishes the state's due sessions as ``compaction.requested``, each decision once."""
 
@@ -150,7 +154,9 @@ class Requests:
                     subject, req.to_json(), headers={HDR_MSG_ID: req.id}, stream=self._layout.work_stream
                 )
             )
-        await asyncio.gather(*futures)
+        # nats-py never settles the future of a publish the stream answers with an error (a full
+        # work queue): waiting without a bound would stop the requests for good; the caller tries again
+        await asyncio.wait_for(asyncio.gather(*futures), timeout=REQUESTS_ACK_TIMEOUT_S)
         for req in todo:
             self._sent[(req.tenant, req.session)] = req.id
         self.published += len(todo)

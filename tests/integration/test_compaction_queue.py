@@ -16,12 +16,13 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import pytest
-from nats.js.api import StreamInfo
+from nats.js.api import DiscardPolicy, StreamInfo
 
 from bench.support import settings_env
 from events.context import CompactionConfig, SessionConfig
 from projections.overlays import Overlay, overlays
 from services.bootstrap import Container, work_broker
+from services.compaction import queue
 from services.compaction.lease import Leases
 from services.compaction.queue import (
     KIND,
@@ -180,6 +181,27 @@ async def test_a_decision_taken_twice_is_one_request_and_a_newer_one_replaces_it
         # another session's request waits beside it
         assert await requests.publish([newer, request(T, "s2", "m1", 800, 13)]) == 1
         assert (await _work_stream(c)).state.messages == 2
+
+
+async def test_requests_the_work_queue_refuses_fail_within_a_bound(
+    nats_url: str, fresh_db: str, s3_endpoint: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A full work queue answers each publish with an error, whose pipelined future nats-py never
+    settles: the requests waited forever (no compaction requested again). They fail within the
+    bound, and the requester tries again."""
+    settings = make_settings(nats_url, fresh_db, s3_endpoint=s3_endpoint)
+    async with running_stack(settings, projector=False) as c:
+        config = (await _work_stream(c)).config
+        config.max_bytes, config.discard = 1, DiscardPolicy.NEW  # full: every publish is refused
+        await c.js.update_stream(config)
+        monkeypatch.setattr(queue, "REQUESTS_ACK_TIMEOUT_S", 0.5)
+        requests = Requests(c.js, c.layout)
+        task = asyncio.create_task(requests.publish([request(T, "s1", "m5", 700, 10)]))
+        await asyncio.wait({task}, timeout=20)  # the publish's own bound, not this one, ends it
+        assert task.done(), "the publish still waits for the refused request's ack"
+        assert isinstance(task.exception(), TimeoutError)
+        assert requests.unsent([request(T, "s1", "m5", 700, 10)])  # not counted as sent: tried again
+        assert (await _work_stream(c)).state.messages == 0
 
 
 async def test_the_shared_consumer_follows_the_settings(nats_url: str, fresh_db: str, s3_endpoint: str) -> None:
