@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 
 from projections.logbinding import (
     Binding,
@@ -56,11 +57,16 @@ async def run_log(settings: Settings, args: argparse.Namespace) -> int:
                 "Run again with --yes to rebind."
             )
             return 1
+        if furthest is not None and furthest[1] > identity.last_seq:
+            # the read models hold events this stream lacks: bound to it, the projector would skip
+            # the stream's next events at those sequences as applied (and never drop the lost ones)
+            print(
+                f"not rebound: checkpoint {furthest[0]!r} is at sequence {furthest[1]}, beyond the stream's last "
+                f"sequence {identity.last_seq}: the read models hold events this log does not (restored from an "
+                "older copy); rebuild them from it instead (`chronicle rebuild`)",
+                file=sys.stderr,
+            )
+            return 2
         await bind(conn, name, identity)
         print(f"rebound {name!r} to stream {identity.stream!r}")
-        if furthest is not None and furthest[1] > identity.last_seq:
-            print(
-                f"warning: checkpoint {furthest[0]!r} is still beyond the stream's last sequence {identity.last_seq}: "
-                "components keep refusing until the stream holds that far (or `chronicle rebuild`)"
-            )
     return 0

@@ -264,6 +264,23 @@ async def test_log_rebind_prints_both_and_rewrites_only_with_yes(
         await _append(c, "after", "a0", "after the rebind")
 
 
+async def test_log_rebind_refuses_a_stream_shorter_than_the_read_models(
+    nats_url: str, fresh_db: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A copy restored from before the last events: bound to it, the projector would take the
+    stream's next events at those sequences as applied (a backup trial saw a tenant's event skipped
+    and the lost one kept). Refused, exit 2, rebuild named; the binding is unchanged."""
+    settings = make_settings(nats_url, fresh_db)
+    checkpoint = await _used_log(settings)
+    bound = await _binding(fresh_db, settings.projector_name)
+    await _made_again(settings, events=checkpoint - 1)  # one event short of the read models
+    assert await run_log(settings, argparse.Namespace(log_command="rebind", yes=True)) == 2
+    err = capsys.readouterr().err
+    assert f"beyond the stream's last sequence {checkpoint - 1}" in err
+    assert "`chronicle rebuild`" in err
+    assert await _binding(fresh_db, settings.projector_name) == bound
+
+
 async def test_without_a_reported_creation_time_only_the_last_sequence_is_checked(
     nats_url: str, fresh_db: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
