@@ -260,25 +260,28 @@ class AppendState:
     # no row and its erasure recorded (by any process: ``erasures`` is written before the
     # ``session.erased`` event is published, and the projections drop the row when they apply it)
     session_erased: bool = False
-    # a new id that stored messages name as their parent (a deleted message's, re-used): every
-    # message under it (:data:`_DESCENDANTS`); None for any other id
-    descendants: list[str] | None = None
+    # the parents asked about (:func:`append_state`) that stored messages put under the new id (a
+    # deleted message's id, re-used): at most those asked, never the id's subtree; None when the
+    # subtree was not walked (an id no message names as its parent, or no parent to ask about)
+    under: list[str] | None = None
     # with ``ids``: the ids that stored messages name as their parent but the session does not
     # hold (deleted messages'; none in a single-branch session)
     dangling: list[str] | None = None
 
 
-_DESCENDANTS = """
+_UNDER = """
   WITH RECURSIVE d(id) AS (
     SELECT id FROM messages WHERE tenant = %(t)s AND session_id = %(s)s AND parent_id = %(m)s
     UNION
     SELECT c.id FROM d JOIN messages c ON c.tenant = %(t)s AND c.session_id = %(s)s AND c.parent_id = d.id)
-  SELECT array_agg(id) FROM d
+  SELECT ARRAY(SELECT id FROM d WHERE id = ANY(q.ids) LIMIT cardinality(q.ids))
 """
-# The messages under an id that no message of the session has: its children (by the
-# ``messages_by_parent`` index), theirs, and so on. UNION, not UNION ALL: an id already reached
-# is not walked again, so a cycle already stored (published straight to the stream) ends the
-# walk, which reads each of the session's messages at most once.
+# Which of the parents asked about (``q.ids``) are under an id that no message of the session has:
+# its children (by the ``messages_by_parent`` index), theirs, and so on, until every one asked
+# about is found (the walk is read as it goes: a parent near the id stops it early) or the subtree
+# ends. Only those parents come back, never the subtree. UNION, not UNION ALL: an id already
+# reached is not walked again, so a cycle already stored (published straight to the stream) ends
+# the walk, which reads each of the session's messages at most once.
 
 
 async def append_state(
@@ -289,48 +292,68 @@ async def append_state(
     parent_id: str | None,
     want_leaf: bool,
     ids_cap: int | None = None,
+    *,
+    leaf_parent: bool = False,
+    chain_parents: Sequence[str] = (),
 ) -> AppendState:
     """Everything an append decides on, in one round trip; with ``ids_cap``, also every message
-    id of the session when it has at most that many (an index-only scan of the primary key).
-    Whether the session is erased is asked only when it has no row (a live session's append
-    gains nothing), as :func:`services.writes.liveness.live_session` does.
+    id of the session when it has at most that many (an index-only scan of the primary key), and
+    then, in a session that is not a single branch, its dangling parent ids (an index-only scan
+    of the parent index, only under the cap; the set difference is taken here). Whether the
+    session is erased is asked only when it has no row (a live session's append gains nothing),
+    as :func:`services.writes.liveness.live_session` does.
 
-    A new id's descendants (:data:`_DESCENDANTS`) are asked only when the session is not a single
-    branch (``sessions.single_branch``: every parent it names is one of its messages, so no new
-    id has children) and a message names the id as its parent (one probe of the parent index):
-    an append of a new id to a single-branch session, the usual one, reads nothing more for it."""
+    Whether the new id would be its own ancestor (:data:`_UNDER`) is asked only about the parents
+    the append may take: ``parent_id`` when it exists, the latest leaf with ``leaf_parent`` (the
+    parent omitted), and ``chain_parents`` (where the caller's own unapplied appends lead the
+    parent to: the first ids above them). With none of those (a new root, an unknown parent) the
+    walk is not made; nor when the session is a single branch (``sessions.single_branch``: every
+    parent it names is one of its messages, so no new id has children) or no message names the
+    id as its parent (one probe of the parent index): an append of a new id to a single-branch
+    session, the usual one, reads nothing more for it."""
     cur = await conn.execute(
         f"""
         SELECT
           coalesce(x.deleted_at IS NOT NULL, false),
           e.parent_id, e.seq, e.body_sha256,
           CASE WHEN %(leaf)s THEN x.leaf_id END,
-          %(p)s::text IS NOT NULL AND EXISTS (
-            SELECT 1 FROM messages WHERE tenant = %(t)s AND session_id = %(s)s AND id = %(p)s),
+          pe.found,
           coalesce(x.last_seq, 0),
-          CASE WHEN %(cap)s::int IS NOT NULL THEN (
-            SELECT coalesce(array_agg(k.id), '{{}}') FROM (
-              SELECT id FROM messages WHERE tenant = %(t)s AND session_id = %(s)s LIMIT %(cap)s::int + 1) k)
-          END,
+          k.ids,
           CASE WHEN e.body_sha256 IS NULL THEN e.content END,
           CASE WHEN x.id IS NULL THEN EXISTS (
             SELECT 1 FROM erasures WHERE tenant = %(t)s AND session_id = %(s)s) ELSE false END,
-          d.descendants, g.dangling
+          u.under, g.parents
         FROM (SELECT 1) one
         LEFT JOIN sessions x ON x.tenant = %(t)s AND x.id = %(s)s
         LEFT JOIN messages e ON e.tenant = %(t)s AND e.session_id = %(s)s AND e.id = %(m)s
-        CROSS JOIN LATERAL (SELECT CASE WHEN e.id IS NULL AND NOT coalesce(x.single_branch, true) AND EXISTS (
-            SELECT 1 FROM messages WHERE tenant = %(t)s AND session_id = %(s)s AND parent_id = %(m)s)
-          THEN ({_DESCENDANTS}) END AS descendants) d
-        CROSS JOIN LATERAL (SELECT CASE WHEN %(cap)s::int IS NOT NULL AND NOT coalesce(x.single_branch, true) THEN (
-            SELECT coalesce(array_agg(DISTINCT k.parent_id), '{{}}') FROM (
-              SELECT parent_id FROM messages WHERE tenant = %(t)s AND session_id = %(s)s
-              AND parent_id IS NOT NULL LIMIT %(cap)s::int + 1) k
-            WHERE NOT EXISTS (
-              SELECT 1 FROM messages p WHERE p.tenant = %(t)s AND p.session_id = %(s)s AND p.id = k.parent_id))
-          END AS dangling) g
+        CROSS JOIN LATERAL (SELECT %(p)s::text IS NOT NULL AND EXISTS (
+            SELECT 1 FROM messages WHERE tenant = %(t)s AND session_id = %(s)s AND id = %(p)s) AS found) pe
+        CROSS JOIN LATERAL (SELECT CASE WHEN %(cap)s::int IS NOT NULL THEN (
+            SELECT coalesce(array_agg(k.id), '{{}}') FROM (
+              SELECT id FROM messages WHERE tenant = %(t)s AND session_id = %(s)s LIMIT %(cap)s::int + 1) k)
+          END AS ids) k
+        CROSS JOIN LATERAL (SELECT CASE WHEN NOT coalesce(x.single_branch, true) AND cardinality(k.ids) <= %(cap)s THEN
+            ARRAY(SELECT DISTINCT parent_id FROM messages WHERE tenant = %(t)s AND session_id = %(s)s
+              AND parent_id IS NOT NULL)
+          END AS parents) g
+        CROSS JOIN LATERAL (SELECT array_remove(ARRAY[CASE WHEN %(lp)s THEN x.leaf_id END,
+            CASE WHEN pe.found THEN %(p)s END] || %(cp)s::text[], NULL) AS ids) q
+        CROSS JOIN LATERAL (SELECT CASE WHEN e.id IS NULL AND cardinality(q.ids) > 0
+            AND NOT coalesce(x.single_branch, true) AND EXISTS (
+              SELECT 1 FROM messages WHERE tenant = %(t)s AND session_id = %(s)s AND parent_id = %(m)s)
+          THEN ({_UNDER}) END AS under) u
         """,
-        {"t": tenant, "s": session, "m": message_id, "p": parent_id, "leaf": want_leaf, "cap": ids_cap},
+        {
+            "t": tenant,
+            "s": session,
+            "m": message_id,
+            "p": parent_id,
+            "leaf": want_leaf,
+            "cap": ids_cap,
+            "lp": leaf_parent,
+            "cp": list(dict.fromkeys(chain_parents)),
+        },
     )
     row = await cur.fetchone()
     assert row is not None
@@ -338,10 +361,13 @@ async def append_state(
     # a row stores its hash only when it is not its body's own (migration 019): derived here, on
     # the rare append of an id that exists
     sha = row[3] if row[8] is None else body_hash(json.loads(row[8]))
-    descendants = list(row[10]) if row[10] is not None else None
-    dangling = (list(row[11]) if row[11] is not None else []) if ids is not None else None
+    under = list(row[10]) if row[10] is not None else None
+    dangling: list[str] | None = None
+    if ids is not None:
+        held = set(ids)
+        dangling = [p for p in row[11] or () if p not in held]
     return AppendState(
-        bool(row[0]), row[1], row[2], sha, row[4], bool(row[5]), int(row[6]), ids, bool(row[9]), descendants, dangling
+        bool(row[0]), row[1], row[2], sha, row[4], bool(row[5]), int(row[6]), ids, bool(row[9]), under, dangling
     )
 
 
@@ -481,7 +507,7 @@ async def warm_reads(conn: Conn) -> None:
     connection that cannot run them (a schema not migrated yet) is served as it is."""
     with contextlib.suppress(psycopg.Error):
         await single_branch(conn, "", "", None, min_seq=None, checkpoints=[""], limit=1, overlays=True)
-        await append_state(conn, "", "", "", "", want_leaf=True, ids_cap=1)
+        await append_state(conn, "", "", "", "", want_leaf=True, ids_cap=1, leaf_parent=True)
 
 
 PATH_PAGE = 2_000

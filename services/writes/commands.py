@@ -321,6 +321,11 @@ class Commands:
         async def decide(conn: Conn, tip: UnappliedChain | None = None) -> Decision | None:
             want_leaf = parent is OMITTED
             ask_ids = tip is not None and tip.ids is None and not tip.ids_tried
+            # the parent this append may take among the chain's appends (the read model may not
+            # hold them yet): the read model is asked whether the first id above them is under
+            # the new id; a new root asks nothing
+            chained = tip.appends[-1].message_id if want_leaf and tip is not None and tip.appends else parent
+            above = tip.above(chained) if tip is not None and isinstance(chained, str) else None
             found = await queries.append_state(
                 conn,
                 tenant,
@@ -329,6 +334,8 @@ class Commands:
                 parent if isinstance(parent, str) else None,
                 want_leaf or ask_ids,
                 MAX_SESSION_IDS if ask_ids else None,
+                leaf_parent=want_leaf,
+                chain_parents=[above] if above is not None else [],
             )
             unapplied = tip.unapplied(found.applied_seq) if tip is not None else []
             if unapplied is None:
@@ -340,11 +347,14 @@ class Commands:
                 if found.existing_seq is not None and found.existing_sha256 is not None
                 else None
             )
-            descendants = set(found.descendants or ())
             for a in unapplied:
                 if existing is None and a.message_id == message_id:
                     existing = Existing(a.parent_id, a.seq, a.body_sha256)
-                if a.parent_id in descendants:  # appended under them since (oldest first)
+            # the parents asked about that are under the new id, and the chain's appends under
+            # them (oldest first; applied or not, each append's parent is the one it was given)
+            descendants = set(found.under or ())
+            for a in tip.appends if tip is not None else ():
+                if a.parent_id == message_id or a.parent_id in descendants:
                     descendants.add(a.message_id)
             state = AppendState(
                 session_erased=found.session_erased,

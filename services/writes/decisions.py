@@ -26,9 +26,11 @@ class AppendState:
     latest_leaf: str | None
     parent_exists: bool
     session_erased: bool = False  # its erasure is recorded (by this process or any other)
-    # the descendants of the (new) message id: messages stored under it although no message has
-    # it (a deleted message's id, re-used while its children keep it as their parent); empty for
-    # any other id, which is every append of a new id but that rare one
+    # descendants of the (new) message id: messages stored under it although no message has it
+    # (a deleted message's id, re-used while its children keep it as their parent). At least the
+    # parent the append would take (given, or the latest leaf) when it is one; the read model is
+    # asked about that parent only, never for the whole subtree. Empty for any other id, which is
+    # every append of a new id but that rare one
     descendants: frozenset[str] = frozenset()
 
 

@@ -101,6 +101,20 @@ class UnappliedChain:
         self.ids, self.leaf, self.ids_tried, self.dangling = ids, leaf, True, frozenset(dangling)
         self.appends, self.base = [], self.last
 
+    def above(self, message_id: str) -> str | None:
+        """The first id above ``message_id`` that is none of ``appends``, following their parents:
+        what the message descends from in the read model (None: a root of the chain's, or an
+        id not among ``appends``, which the read model alone answers for)."""
+        parents = {a.message_id: a.parent_id for a in self.appends}
+        if message_id not in parents:
+            return None
+        node: str | None = message_id
+        seen: set[str] = set()
+        while node is not None and node in parents and node not in seen:
+            seen.add(node)
+            node = parents[node]
+        return node
+
     def unapplied(self, applied: int) -> list[Appended] | None:
         """The appends the read model (at ``applied``) lacks, or None when it lacks more than the
         chain holds (it has not reached the chain's start)."""
