@@ -328,11 +328,11 @@ async def append_state(
         LEFT JOIN sessions x ON x.tenant = %(t)s AND x.id = %(s)s
         LEFT JOIN messages e ON e.tenant = %(t)s AND e.session_id = %(s)s AND e.id = %(m)s
         CROSS JOIN LATERAL (SELECT %(p)s::text IS NOT NULL AND EXISTS (
-            SELECT 1 FROM messages WHERE tenant = %(t)s AND session_id = %(s)s AND id = %(p)s) AS found) pe
+            SELECT 1 FROM messages WHERE tenant = %(t)s AND session_id = %(s)s AND id = %(p)s) AS found OFFSET 0) pe
         CROSS JOIN LATERAL (SELECT CASE WHEN %(cap)s::int IS NOT NULL THEN (
             SELECT coalesce(array_agg(k.id), '{{}}') FROM (
               SELECT id FROM messages WHERE tenant = %(t)s AND session_id = %(s)s LIMIT %(cap)s::int + 1) k)
-          END AS ids) k
+          END AS ids OFFSET 0) k
         CROSS JOIN LATERAL (SELECT CASE WHEN NOT coalesce(x.single_branch, true) AND cardinality(k.ids) <= %(cap)s THEN
             ARRAY(SELECT DISTINCT parent_id FROM messages WHERE tenant = %(t)s AND session_id = %(s)s
               AND parent_id IS NOT NULL)

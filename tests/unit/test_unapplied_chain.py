@@ -136,3 +136,18 @@ def test_ids_read_for_a_chain_that_ended_meanwhile_are_not_taught_to_the_next_on
     assert c._known_ids == 0
     c.know(T, S, new, {"m0", "m1", "m2"}, "m2")  # read for the new chain: learnt
     assert (new.ids, new.leaf) == ({"m0", "m1", "m2"}, "m2")
+
+
+def test_above_follows_the_chains_parents_to_the_first_id_the_read_model_holds() -> None:
+    """What a parent among the chain's appends descends from outside them: the read model is
+    asked about that id only (whether it is under a re-used id); None for a root of the chain's
+    or an id the chain does not hold."""
+    tip = optimistic.UnappliedChain(base=3, last=8)
+    for seq, mid, pid in [(4, "a", "k"), (5, "b", "a"), (6, "r", None), (7, "c", "b"), (8, "s", "r")]:
+        tip.appends.append(optimistic.Appended(seq, mid, pid, "h"))
+    assert [tip.above(m) for m in ("a", "b", "c")] == ["k", "k", "k"]
+    assert (tip.above("r"), tip.above("s")) == (None, None)  # a new root of the chain's
+    assert tip.above("k") is None  # not an append of the chain: the read model answers alone
+    looped = optimistic.UnappliedChain(base=0, last=2)  # never made by one process; still ends
+    looped.appends += [optimistic.Appended(1, "p", "q", "h"), optimistic.Appended(2, "q", "p", "h")]
+    assert looped.above("p") == "p"
