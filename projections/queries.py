@@ -273,7 +273,8 @@ _UNDER = """
   WITH RECURSIVE d(id) AS (
     SELECT id FROM messages WHERE tenant = %(t)s AND session_id = %(s)s AND parent_id = %(m)s
     UNION
-    SELECT c.id FROM d JOIN messages c ON c.tenant = %(t)s AND c.session_id = %(s)s AND c.parent_id = d.id)
+    SELECT c.id FROM d CROSS JOIN LATERAL (
+      SELECT id FROM messages WHERE tenant = %(t)s AND session_id = %(s)s AND parent_id = d.id OFFSET 0) c)
   SELECT ARRAY(SELECT id FROM d WHERE id = ANY(q.ids) LIMIT cardinality(q.ids))
 """
 # Which of the parents asked about (``q.ids``) are under an id that no message of the session has:
@@ -281,7 +282,10 @@ _UNDER = """
 # about is found (the walk is read as it goes: a parent near the id stops it early) or the subtree
 # ends. Only those parents come back, never the subtree. UNION, not UNION ALL: an id already
 # reached is not walked again, so a cycle already stored (published straight to the stream) ends
-# the walk, which reads each of the session's messages at most once.
+# the walk, which reads each of the session's messages at most once. Each step is one probe of the
+# parent index (the lateral, fenced by OFFSET 0): a planner that estimates many children per id
+# (ids shared by many sessions) would otherwise merge-join the session's whole parent index at
+# every level of the walk, its depth times its size.
 
 
 async def append_state(
