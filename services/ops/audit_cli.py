@@ -86,6 +86,10 @@ async def _run_restore(settings: Settings) -> int:
             bar.close()
             print(f"chronicle archive: {exc}", file=sys.stderr)
             return 1
+        except ObjectStorageError as exc:
+            bar.close()
+            print(f"chronicle archive: {storage_unusable(settings, exc)}", file=sys.stderr)
+            return 2
         except (RestoreRefused, ArchiveBusy, ArchiveError, ChronicleError, TimeoutError, *STREAM_REFUSALS) as exc:
             bar.close()
             print(f"chronicle archive: {exc}", file=sys.stderr)

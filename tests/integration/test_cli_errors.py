@@ -481,7 +481,7 @@ async def test_a_recorded_stack_that_is_not_running_is_named(elsewhere: Settings
     )
 
 
-@pytest.mark.parametrize("argv", [["archive"], ["archive", "--check"]], ids=" ".join)
+@pytest.mark.parametrize("argv", [["archive"], ["archive", "--check"], ["archive", "--restore"]], ids=" ".join)
 async def test_object_storage_that_is_not_there_is_one_line_naming_the_endpoint(
     sealed_session: tuple[Settings, str, int], argv: list[str]
 ) -> None:
