@@ -48,8 +48,8 @@ REMEDY = (
 EMPTY_REMEDY = (
     "Nothing was consumed. The stream holds no events, so this NATS server is most likely not the stack's: set "
     "CHRONICLE_NATS_URL (and CHRONICLE_NATS_NKEY_SEED) to the NATS server of the stack this database belongs to. "
-    "Only if that log is lost for good (its NATS data wiped) does `chronicle rebuild` make the read models match "
-    "this empty one."
+    "If that log was lost (its NATS data wiped), restore it from its archive (`chronicle archive --restore`); only "
+    "if it is lost for good does `chronicle rebuild` make the read models match this empty one."
 )
 """What to do when the stream the read models do not match is empty: a rebuild or a rebind would
 empty the read models or bind them to nothing; the likely cause is a NATS server that never held
