@@ -266,15 +266,15 @@ class Publisher:
     async def _settled(self, futures: Sequence[asyncio.Future[PubAck]]) -> list[PubAck | BaseException]:
         """Each pipelined publish's ack or error. nats-py (2.x) never settles the future of a
         publish the stream answered with an error (its reply handler raises instead of setting
-        it), nor one whose reply is lost: a wait that sees no ack for the publish timeout gives
-        up on those left, cancelled (their pipeline slots freed), as failures that
+        it), nor one whose reply is lost: a wait that sees no ack for the publish timeout times its
+        attempts gives up on those left, cancelled (their pipeline slots freed), as failures that
         :meth:`publish_many` publishes again one by one (same id: stored once), where an error
         is raised as it is."""
         pending = set(futures)
-        while pending:
-            done, pending = await asyncio.wait(pending, timeout=self._timeout)
+        while pending:  # a stall as long as publish's whole retry budget is no passing pause
+            done, pending = await asyncio.wait(pending, timeout=self._timeout * self._attempts)
             if not done:
-                break  # no acknowledgement at all for a whole timeout: the rest will not come
+                break  # no acknowledgement at all for that long: the rest will not come
         for f in pending:
             f.cancel()
         return [TimeoutError("no acknowledgement") if f.cancelled() else (f.exception() or f.result()) for f in futures]

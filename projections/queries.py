@@ -341,8 +341,8 @@ async def append_state(
             ARRAY(SELECT DISTINCT parent_id FROM messages WHERE tenant = %(t)s AND session_id = %(s)s
               AND parent_id IS NOT NULL)
           END AS parents) g
-        CROSS JOIN LATERAL (SELECT array_remove(ARRAY[CASE WHEN %(lp)s THEN x.leaf_id END,
-            CASE WHEN pe.found THEN %(p)s END] || %(cp)s::text[], NULL) AS ids) q
+        CROSS JOIN LATERAL (SELECT ARRAY(SELECT DISTINCT unnest(array_remove(ARRAY[CASE WHEN %(lp)s THEN x.leaf_id END,
+            CASE WHEN pe.found THEN %(p)s END] || %(cp)s::text[], NULL))) AS ids) q
         CROSS JOIN LATERAL (SELECT CASE WHEN e.id IS NULL AND cardinality(q.ids) > 0
             AND NOT coalesce(x.single_branch, true) AND EXISTS (
               SELECT 1 FROM messages WHERE tenant = %(t)s AND session_id = %(s)s AND parent_id = %(m)s)

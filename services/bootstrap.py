@@ -504,13 +504,19 @@ def settle_heap() -> None:
     gc.freeze()
 
 
-def session_options(database_url: str) -> str:
-    """The connections' server options: the URL's own, and JIT compilation off. Chronicle's
-    statements run in milliseconds; the planner's cost estimate of one (the append's walk under a
-    re-used id, with statistics that find the id common) can pass ``jit_above_cost`` and make
-    each run compile for ~230 ms."""
-    own = psycopg.conninfo.conninfo_to_dict(database_url).get("options")
-    return f"{own} -c jit=off" if own else "-c jit=off"
+def configured_connection(*, warm_reads: bool) -> Callable[[psycopg.AsyncConnection[Any]], Awaitable[None]]:
+    """What each new pool connection runs first: JIT compilation off (Chronicle's statements run
+    in milliseconds; the planner's estimate of one, the append's walk under a re-used id with
+    statistics that find the id common, can pass ``jit_above_cost`` and make each run compile for
+    ~230 ms), as a ``SET`` (a startup ``options`` parameter is refused by PgBouncer and managed
+    poolers); with ``warm_reads`` (the API) the hot reads once (:func:`projections.queries.warm_reads`)."""
+
+    async def configure(conn: psycopg.AsyncConnection[Any]) -> None:
+        await conn.execute("SET jit = off")
+        if warm_reads:
+            await queries.warm_reads(conn)
+
+    return configure
 
 
 @contextlib.asynccontextmanager
@@ -547,8 +553,8 @@ async def open_container(
         min_size=min(settings.db_pool_min, settings.db_pool_max),
         max_size=settings.db_pool_max,
         open=False,
-        kwargs={"autocommit": True, "options": session_options(settings.database_url)},
-        configure=queries.warm_reads if warm_reads else None,
+        kwargs={"autocommit": True},
+        configure=configured_connection(warm_reads=warm_reads),
     )
     await pool.open(wait=True, timeout=15)
     waiter = AppliedWaiter(

@@ -156,7 +156,13 @@ class Requests:
             )
         # nats-py never settles the future of a publish the stream answers with an error (a full
         # work queue): waiting without a bound would stop the requests for good; the caller tries again
-        await asyncio.wait_for(asyncio.gather(*futures), timeout=REQUESTS_ACK_TIMEOUT_S)
+        done, pending = await asyncio.wait(futures, timeout=REQUESTS_ACK_TIMEOUT_S)
+        for future in pending:  # cancelled: its pipeline slot is freed (a never-settled one held it)
+            future.cancel()
+        if pending:
+            raise TimeoutError(f"{len(pending)} compaction request(s) not acknowledged by the work queue")
+        for future in done:
+            future.result()  # the first error, raised
         for req in todo:
             self._sent[(req.tenant, req.session)] = req.id
         self.published += len(todo)

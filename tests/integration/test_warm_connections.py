@@ -12,7 +12,7 @@ import pytest
 
 from projections.queries import warm_reads
 from services.api.app import build_app
-from services.bootstrap import Container, open_container, session_options
+from services.bootstrap import Container, open_container
 from tests.conftest import make_settings
 from tests.support import scratch_database
 
@@ -69,9 +69,3 @@ async def test_the_pools_connections_run_without_jit(stack: Container) -> None:
     async with stack.pool.connection() as conn:
         cur = await conn.execute("SHOW jit")
         assert await cur.fetchone() == ("off",)
-
-
-def test_a_database_urls_own_options_are_kept() -> None:
-    url = "postgresql://u@h/db?options=-c%20search_path%3Dchronicle"
-    assert session_options(url) == "-c search_path=chronicle -c jit=off"
-    assert session_options("postgresql://u@h/db") == "-c jit=off"
