@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -34,7 +36,8 @@ from nats.js.errors import NotFoundError
 from events.blobs import BlobRef, refs_in
 from events.log import StoredEvent
 from events.objectstore import JetStreamBlobStore
-from events.stream import ensure_stream
+from events.publisher import HDR_MSG_ID
+from events.stream import DUPLICATE_WINDOW_S, ensure_stream
 from projections.logbinding import LogIdentity, bind, highest_checkpoint, read_binding, stream_identity
 from services.audit.archive import locked, read_manifest, store_of, unlisted
 from services.audit.archive_segments import ArchiveError, Manifest, Restoration, decode, manifest_key
@@ -45,6 +48,8 @@ WINDOW = 1000
 """Publishes in flight at most; their acks are checked in order before the next window."""
 ACK_WAIT_S = 30.0
 """How long a window's acks are awaited (an answer, error or not, settles one at once)."""
+RESTORE_DUPLICATE_WINDOW_S = 1.0
+"""The stream's duplicate window while an archive holding an id twice is restored (then set back)."""
 
 
 class RestoreRefused(RuntimeError):
@@ -88,48 +93,111 @@ async def restore(
             )
         if manifest.last_seq == 0:
             raise RestoreRefused(f"the archive of stream {stream!r} holds no events")
-        problems = await whole(store, bucket, manifest)
+        ids: Counter[str] = Counter()
+        problems = await whole(store, bucket, manifest, ids)
         if problems:
             more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
             raise RestoreRefused(f"the archive is not whole, nothing was restored: {problems[0]}{more}")
+        # an id the log stored twice (published again past the duplicate window, by a client or a
+        # tenant): republished seconds apart, the stream would take the second for a duplicate
+        repeats = {i for i, n in ids.items() if n > 1 and i}
         await ensure_stream(c.js, c.layout, replicas=c.settings.stream_replicas)  # as the services make it
-        before = await stream_identity(c.js, stream)
-        if before.last_seq > 0:  # written to since it was looked at
-            raise RestoreRefused(f"stream {stream!r} is not empty (last sequence {before.last_seq})")
-        if before.created is None:
-            raise RestoreRefused(f"stream {stream!r} has no creation time: the archive could not be bound to it")
-        done = 0
-        refs: dict[str, BlobRef] = {}  # the claim checks of the JetStream object store, by key
-        for segment in manifest.segments:
-            data = await store.get_bytes(bucket, segment.key)
-            if data is None:  # gone since the check: said as the check says it
-                raise RestoreStopped(_stopped(segment.first, f"segment {segment.key} is missing", done))
-            try:
-                events = decode(data, segment)
-            except ArchiveError as exc:
-                raise RestoreStopped(_stopped(segment.first, str(exc), done)) from None
-            refs.update((r.key, r) for e in events for r in refs_in(e.data) if r.store == JetStreamBlobStore.kind)
-            for start in range(0, len(events), window):
-                done = await _publish(c, events[start : start + window], done)
-                if progress is not None:
-                    progress(done, manifest.last_seq)
-        after = await stream_identity(c.js, stream)
-        if after.last_seq != manifest.last_seq or after.created != before.created:
-            raise RestoreStopped(
-                f"restored up to sequence {manifest.last_seq}, but stream {stream!r} now ends at {after.last_seq}"
-                + ("" if after.created == before.created else " and was made again meanwhile")
-                + ": something else wrote to it during the restore; delete it and restore again"
-            )
-        original = manifest.stream_created
-        await _record(store, bucket, manifest, before.created)
+        if repeats:
+            await _duplicate_window(c, RESTORE_DUPLICATE_WINDOW_S)
+        try:
+            return await _restore_into(c, store, bucket, manifest, repeats, window, progress)
+        finally:
+            if repeats:
+                await _duplicate_window(c, DUPLICATE_WINDOW_S)
+
+
+async def _duplicate_window(c: Container, seconds: float) -> None:
+    config = (await c.js.stream_info(c.layout.stream)).config
+    config.duplicate_window = seconds
+    await c.js.update_stream(config)
+
+
+async def _restore_into(
+    c: Container,
+    store: SkillStore,
+    bucket: str,
+    manifest: Manifest,
+    repeats: set[str],
+    window: int,
+    progress: Callable[[int, int], None] | None,
+) -> Restored:
+    """Publish the archive into the empty stream just made; any failure once something may have
+    been published is :class:`RestoreStopped` (the stream holds part of the archive)."""
+    try:
+        return await _published(c, store, bucket, manifest, repeats, window, progress)
+    except (RestoreRefused, RestoreStopped):
+        raise
+    except Exception as exc:  # a flush that timed out, the stream gone: part may be stored
+        held = await _held(c)
+        raise RestoreStopped(_stopped(held + 1, f"it failed ({exc!r})", held)) from exc
+
+
+async def _held(c: Container) -> int:
+    """The restored stream's last sequence (0 when it cannot be asked)."""
+    try:
+        return (await stream_identity(c.js, c.layout.stream)).last_seq
+    except Exception:  # reported with the failure that led here
+        return 0
+
+
+async def _published(
+    c: Container,
+    store: SkillStore,
+    bucket: str,
+    manifest: Manifest,
+    repeats: set[str],
+    window: int,
+    progress: Callable[[int, int], None] | None,
+) -> Restored:
+    stream = c.layout.stream
+    before = await stream_identity(c.js, stream)
+    if before.last_seq > 0:  # written to since it was looked at
+        raise RestoreRefused(f"stream {stream!r} is not empty (last sequence {before.last_seq})")
+    if before.created is None:
+        raise RestoreRefused(f"stream {stream!r} has no creation time: the archive could not be bound to it")
+    done = 0
+    sent: dict[str, float] = {}  # a repeated id: when its last copy was acknowledged
+    refs: dict[str, BlobRef] = {}  # the claim checks of the JetStream object store, by key
+    for segment in manifest.segments:
+        data = await store.get_bytes(bucket, segment.key)
+        if data is None:  # gone since the check: said as the check says it
+            raise RestoreStopped(_stopped(segment.first, f"segment {segment.key} is missing", done))
+        try:
+            events = decode(data, segment)
+        except ArchiveError as exc:
+            raise RestoreStopped(_stopped(segment.first, str(exc), done)) from None
+        refs.update((r.key, r) for e in events for r in refs_in(e.data) if r.store == JetStreamBlobStore.kind)
+        for run in _runs(events, repeats, window):
+            again = [sent[_msg_id(e)] for e in run if _msg_id(e) in sent]
+            if again:  # the id's first copy must have left the (small) duplicate window
+                await asyncio.sleep(max(0.0, max(again) + RESTORE_DUPLICATE_WINDOW_S + 0.5 - time.monotonic()))
+            done = await _publish(c, run, done)
+            sent.update((_msg_id(e), time.monotonic()) for e in run if _msg_id(e) in repeats)
+            if progress is not None:
+                progress(done, manifest.last_seq)
+    after = await stream_identity(c.js, stream)
+    if after.last_seq != manifest.last_seq or after.created != before.created:
+        raise RestoreStopped(
+            f"restored up to sequence {manifest.last_seq}, but stream {stream!r} now ends at {after.last_seq}"
+            + ("" if after.created == before.created else " and was made again meanwhile")
+            + ": something else wrote to it during the restore; delete it and restore again"
+        )
+    original = manifest.stream_created
+    await _record(store, bucket, manifest, before.created)
     advice = [await _rebind(c, after, original), await _blobs(c, list(refs.values()))]
     return Restored(done, len(manifest.segments), after.last_seq, before.created, original, advice)
 
 
-async def whole(store: SkillStore, bucket: str, manifest: Manifest) -> list[str]:
+async def whole(store: SkillStore, bucket: str, manifest: Manifest, ids: Counter[str] | None = None) -> list[str]:
     """What keeps the archive from being restored as it is, without the stream: segments not
     contiguous from sequence 1, one missing or not what its manifest entry says, an object beside
-    them that the manifest does not list (what ``chronicle archive --check`` says of them too)."""
+    them that the manifest does not list (what ``chronicle archive --check`` says of them too).
+    ``ids`` counts the events' ``Nats-Msg-Id`` as they are read."""
     problems = [f"segment object {key} is not in the manifest" for key in await unlisted(store, bucket, manifest)]
     after = 0
     for segment in manifest.segments:
@@ -144,10 +212,17 @@ async def whole(store: SkillStore, bucket: str, manifest: Manifest) -> list[str]
             problems.append(f"segment {segment.key} is missing")
             continue
         try:
-            decode(data, segment)
+            events = decode(data, segment)
         except ArchiveError as exc:
             problems.append(str(exc))
+            continue
+        if ids is not None:
+            ids.update(_msg_id(e) for e in events)
     return problems
+
+
+def _msg_id(event: StoredEvent) -> str:
+    return (event.headers or {}).get(HDR_MSG_ID, "")
 
 
 async def _publish(c: Container, events: list[StoredEvent], done: int, *, ack_wait_s: float = ACK_WAIT_S) -> int:
@@ -184,6 +259,21 @@ async def _publish(c: Container, events: list[StoredEvent], done: int, *, ack_wa
             raise RestoreStopped(_stopped(event.seq, why, done))
         done += 1
     return done
+
+
+def _runs(events: list[StoredEvent], repeats: set[str], window: int) -> list[list[StoredEvent]]:
+    """``events`` in runs of at most ``window``, a new run at each id repeated within the run
+    (its copies are published a duplicate window apart)."""
+    runs: list[list[StoredEvent]] = [[]]
+    ids: set[str] = set()
+    for e in events:
+        i = _msg_id(e)
+        if len(runs[-1]) >= window or (i in repeats and i in ids):
+            runs.append([])
+            ids = set()
+        runs[-1].append(e)
+        ids.add(i)
+    return [r for r in runs if r]
 
 
 def _wrong(c: Container, event: StoredEvent, ack: dict[str, Any] | None, waited_s: float) -> str | None:

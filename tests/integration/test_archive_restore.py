@@ -18,14 +18,14 @@ from events import log as eventlog
 from events.context import CompactionConfig, SessionConfig
 from events.log import StoredEvent
 from events.omitted import OMITTED
-from events.stream import ensure_stream
+from events.stream import DUPLICATE_WINDOW_S, ensure_stream
 from projections.logbinding import Binding, read_binding
 from services.audit import archive
 from services.audit import readers as audit
 from services.audit.archive_segments import Segment, decode, encode, manifest_key, parse_manifest, segment_of
 from services.bootstrap import open_container
 from services.settings import Settings
-from tests.conftest import make_settings, running_stack
+from tests.conftest import make_settings, operator_nats, running_stack
 from tests.integration.helpers import text_message
 from tests.support import chronicle_cli
 
@@ -256,16 +256,8 @@ def _expecting_another(events: list[StoredEvent]) -> list[StoredEvent]:
     return [events[0], replace(second, headers=headers), *events[2:]]
 
 
-@pytest.mark.parametrize(
-    ("forged", "said"),
-    [
-        (_same_id_as_before, "the stream took it for a duplicate of sequence 1"),
-        (_expecting_another, "the stream refused it"),
-    ],
-)
-async def test_a_restore_the_stream_does_not_ack_as_archived_stops_at_that_event_and_says_so(
-    settings: Settings, archived: Stored, forged: Callable[[list[StoredEvent]], list[StoredEvent]], said: str
-) -> None:
+async def _forge_first_segment(settings: Settings, forged: Callable[[list[StoredEvent]], list[StoredEvent]]) -> None:
+    """The archive's first segment rewritten by ``forged`` (its manifest entry to match), the stream deleted."""
     key = manifest_key(settings.stream)
     manifest = parse_manifest(await _get(settings, key))
     first = manifest.segments[0]
@@ -274,6 +266,31 @@ async def test_a_restore_the_stream_does_not_ack_as_archived_stops_at_that_event
     rewritten = manifest.model_copy(update={"segments": [segment_of(first.key, events, data), *manifest.segments[1:]]})
     await _put(settings, {first.key: data, key: rewritten.model_dump_json().encode()})
     await _delete_stream(settings)
+
+
+async def test_a_log_holding_one_id_twice_is_restored_whole(settings: Settings, archived: Stored) -> None:
+    """The log stored an id twice (published again past the duplicate window: a client's late
+    retry, or a tenant on purpose): republished seconds apart, the stream took the second for a
+    duplicate and the restore stopped there, every time (a tenant could make the backup useless).
+    The restore narrows the duplicate window for it, and sets it back."""
+    await _forge_first_segment(settings, _same_id_as_before)
+    done = restore_cli(settings)
+    assert done.returncode == 0, done.stdout + done.stderr
+    nc = await operator_nats(settings.nats_url)
+    try:
+        info = await nc.jetstream().stream_info(settings.stream)
+        assert info.state.last_seq == parse_manifest(await _get(settings, manifest_key(settings.stream))).last_seq
+        assert info.config.duplicate_window == DUPLICATE_WINDOW_S
+    finally:
+        await nc.close()
+
+
+@pytest.mark.parametrize(("forged", "said"), [(_expecting_another, "the stream refused it")])
+async def test_a_restore_the_stream_does_not_ack_as_archived_stops_at_that_event_and_says_so(
+    settings: Settings, archived: Stored, forged: Callable[[list[StoredEvent]], list[StoredEvent]], said: str
+) -> None:
+    key = manifest_key(settings.stream)
+    await _forge_first_segment(settings, forged)
 
     done = restore_cli(settings)
     assert done.returncode == 1, done.stdout + done.stderr
