@@ -105,7 +105,12 @@ async def restore(
         if repeats:
             await _duplicate_window(c, RESTORE_DUPLICATE_WINDOW_S)
         try:
-            return await _restore_into(c, store, bucket, manifest, repeats, window, progress)
+            return await _published(c, store, bucket, manifest, repeats, window, progress)
+        except (RestoreRefused, RestoreStopped):
+            raise
+        except Exception as exc:  # a flush that timed out, the stream gone: part may be stored
+            reached = await _held(c)
+            raise RestoreStopped(_stopped(reached + 1, f"it failed ({exc!r})", reached)) from exc
         finally:
             if repeats:
                 await _duplicate_window(c, DUPLICATE_WINDOW_S)
@@ -115,26 +120,6 @@ async def _duplicate_window(c: Container, seconds: float) -> None:
     config = (await c.js.stream_info(c.layout.stream)).config
     config.duplicate_window = seconds
     await c.js.update_stream(config)
-
-
-async def _restore_into(
-    c: Container,
-    store: SkillStore,
-    bucket: str,
-    manifest: Manifest,
-    repeats: set[str],
-    window: int,
-    progress: Callable[[int, int], None] | None,
-) -> Restored:
-    """Publish the archive into the empty stream just made; any failure once something may have
-    been published is :class:`RestoreStopped` (the stream holds part of the archive)."""
-    try:
-        return await _published(c, store, bucket, manifest, repeats, window, progress)
-    except (RestoreRefused, RestoreStopped):
-        raise
-    except Exception as exc:  # a flush that timed out, the stream gone: part may be stored
-        held = await _held(c)
-        raise RestoreStopped(_stopped(held + 1, f"it failed ({exc!r})", held)) from exc
 
 
 async def _held(c: Container) -> int:
