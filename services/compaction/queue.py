@@ -156,7 +156,7 @@ class Requests:
             )
         # nats-py never settles the future of a publish the stream answers with an error (a full
         # work queue): waiting without a bound would stop the requests for good; the caller tries again
-        done, pending = await asyncio.wait(futures, timeout=REQUESTS_ACK_TIMEOUT_S)
+        done, pending = await asyncio.wait(futures, timeout=REQUESTS_ACK_TIMEOUT_S) if futures else (set(), set())
         for future in pending:  # cancelled: its pipeline slot is freed (a never-settled one held it)
             future.cancel()
         if pending:
