@@ -63,6 +63,17 @@ def _start(
     raise AssertionError("chronicle up did not become ready:\n" + "".join(lines))
 
 
+def _up_refused(data: Path, db_url: str, api_port: int, nats_port: int) -> subprocess.CompletedProcess[str]:
+    """``chronicle up`` run to its end (one that refuses to start ends by itself), its output kept."""
+    return subprocess.run(
+        [sys.executable, "-m", "services.ops.cli", "up", "--nats-port", str(nats_port)],
+        env=_env(data, db_url, api_port),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
 def _stop(proc: subprocess.Popen[str]) -> str:
     """Ctrl-C, as a user stops it. Should the stop hang, every process it started is killed (they
     run in their own sessions, so killing ``chronicle up`` alone would leave them serving for the
@@ -156,13 +167,7 @@ def test_up_serves_stops_and_restarts_with_its_data(tmp_path: Path, fresh_db: st
     # the database lost (a new, empty one), the event log kept: it would be bound and replayed into
     # silently, without the data keys and erasure records the log cannot restore. Refused, with what to do
     with scratch_database(pg_admin) as new_db:
-        refused = subprocess.run(
-            [sys.executable, "-m", "services.ops.cli", "up", "--nats-port", str(nats_port)],
-            env=_env(tmp_path / "data", new_db, api_port),
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
+        refused = _up_refused(tmp_path / "data", new_db, api_port, nats_port)
     assert refused.returncode == 1, refused.stdout + refused.stderr
     assert "has never held read models of stream" in refused.stderr, refused.stderr
     assert "restore it from a backup" in refused.stderr
@@ -170,13 +175,7 @@ def test_up_serves_stops_and_restarts_with_its_data(tmp_path: Path, fresh_db: st
     # the event log wiped, the database kept: a new stream under the old name, whose first events
     # the read models would take for applied ones. Refused, with what to do
     shutil.rmtree(tmp_path / "data" / "nats")
-    refused = subprocess.run(
-        [sys.executable, "-m", "services.ops.cli", "up", "--nats-port", str(nats_port)],
-        env=_env(tmp_path / "data", fresh_db, api_port),
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    refused = _up_refused(tmp_path / "data", fresh_db, api_port, nats_port)
     assert refused.returncode == 1, refused.stdout + refused.stderr
     assert "refusing to start: the read models in database" in refused.stderr, refused.stderr
     assert "chronicle rebuild" in refused.stderr
