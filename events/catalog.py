@@ -6,6 +6,7 @@ Every event is self-sufficient: ``MessageAppended.parent_id`` is the resolved pa
 
 from __future__ import annotations
 
+import json
 from collections.abc import Collection
 from contextlib import suppress
 from typing import Any, ClassVar, Literal
@@ -95,6 +96,11 @@ MAX_ERASURE_REQUESTER = 200
 """The longest ``requested_by`` of an erasure, in characters."""
 
 
+MAX_ERASURE_PROOF = 200
+"""A key-encryption key id (at most 128 characters) and a base64url MAC (43)."""
+PROOF_PATTERN = r"^[^\x00:]+:[A-Za-z0-9_-]+$"
+
+
 class SessionErased(Event):
     """The session's data key was destroyed (:mod:`events.sealing`): its sealed events can never
     be read again, and projections drop every row of it. Carries none of the session's content.
@@ -104,17 +110,40 @@ class SessionErased(Event):
     SHA-256 as ``CHRONICLE_API_KEYS`` names it; ``operator (chronicle erase)`` for the CLI) and
     ``reason`` why, the caller's text as given (never sealed: it outlives the erasure, so it must
     not hold personal data). Both are the erasure's first record: a rerun repeats them. A v1
-    event named neither (upcast: None)."""
+    event named neither (upcast: None).
+
+    ``proof`` (v3) is Chronicle's own word that it erased the session: ``<key id>:<MAC>``, the
+    HMAC-SHA256 of :func:`erasure_statement` under a key derived from a key-encryption key
+    (:mod:`projections.keystore`). A tenant may publish a ``session.erased`` on its own subjects,
+    but cannot make a proof: a proven erasure is recorded by whoever reads it, so one that the
+    database lost (restored from a backup older than the erasure, or rebuilt without one) is
+    recorded again and the session's data key destroyed again. None: made without a
+    key-encryption key, or before v3 (upcast)."""
 
     TYPE: ClassVar[str] = "session.erased"
-    VERSION: ClassVar[int] = 2
+    VERSION: ClassVar[int] = 3
     type: Literal["session.erased"] = "session.erased"
-    version: Literal[2] = 2
+    version: Literal[3] = 3
 
     requested_by: str | None = Field(
         default=None, min_length=1, max_length=MAX_ERASURE_REQUESTER, pattern=NO_NUL_PATTERN
     )
     reason: str | None = Field(default=None, max_length=MAX_ERASURE_REASON, pattern=NO_NUL_PATTERN)
+    proof: str | None = Field(default=None, min_length=1, max_length=MAX_ERASURE_PROOF, pattern=PROOF_PATTERN)
+
+    def statement(self) -> bytes:
+        """What its ``proof`` vouches for."""
+        return erasure_statement(self.tenant, self.session, self.requested_by, self.reason)
+
+
+def erasure_statement(tenant: str, session: str, requested_by: str | None, reason: str | None) -> bytes:
+    """The bytes an erasure's proof is a MAC of: its tenant, session and record, as one JSON
+    array (a field cannot run into the next), tagged with what it is for."""
+    return json.dumps(
+        ["chronicle session.erased proof v1", tenant, session, requested_by, reason],
+        ensure_ascii=False,
+        separators=(",", ":"),
+    ).encode()
 
 
 DERIVED_FIELDS = ("message_id", "role", "body_sha256")

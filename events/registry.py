@@ -50,6 +50,11 @@ def _session_erased_v1_to_v2(raw: dict[str, Any]) -> dict[str, Any]:
     return {**raw, "version": 2, "requested_by": None, "reason": None}
 
 
+def _session_erased_v2_to_v3(raw: dict[str, Any]) -> dict[str, Any]:
+    """v2 erasures carried no proof that Chronicle made them."""
+    return {**raw, "version": 3, "proof": None}
+
+
 # (type, from_version) -> step to from_version + 1.
 UPCASTERS: dict[tuple[str, int], Upcaster] = {
     ("message.appended", 1): _message_appended_v1_to_v2,
@@ -58,6 +63,7 @@ UPCASTERS: dict[tuple[str, int], Upcaster] = {
     ("skill.loaded", 1): _skill_loaded_v1_to_v2,
     ("compaction.failed", 1): _compaction_failed_v1_to_v2,
     ("session.erased", 1): _session_erased_v1_to_v2,
+    ("session.erased", 2): _session_erased_v2_to_v3,
 }
 
 

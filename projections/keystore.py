@@ -21,6 +21,8 @@
 from __future__ import annotations
 
 import base64
+import hashlib
+import hmac
 import logging
 import os
 import secrets
@@ -31,10 +33,13 @@ from typing import Any, Protocol
 
 import psycopg
 from cryptography.exceptions import InvalidTag
+from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 from psycopg_pool import AsyncConnectionPool
 
 from events.admission import has_bad_chars
+from events.catalog import SessionErased
 from events.sealing import KEY_BYTES, DataKey, KeyDestroyed, KeyUnavailable
 
 log = logging.getLogger("chronicle.keys")
@@ -51,6 +56,14 @@ class KeyWrapper(Protocol):
     def wrap(self, secret: bytes, context: bytes) -> tuple[str, bytes]: ...
 
     def unwrap(self, kek_id: str, wrapped: bytes, context: bytes) -> bytes: ...
+
+    def prove(self, statement: bytes) -> str:
+        """``<key id>:<MAC>`` of ``statement`` under the current key-encryption key (an erasure's proof)."""
+        ...
+
+    def proves(self, proof: str, statement: bytes) -> bool:
+        """Whether ``proof`` is :meth:`prove`'s of ``statement`` under a configured key."""
+        ...
 
 
 class LocalKek:
@@ -97,6 +110,28 @@ class LocalKek:
         except InvalidTag:
             raise KeyUnavailable(f"a data key does not unwrap with key-encryption key {kek_id!r}") from None
 
+    def prove(self, statement: bytes) -> str:
+        return f"{self._current}:{_b64url(self._mac(self._current, statement))}"
+
+    def proves(self, proof: str, statement: bytes) -> bool:
+        kek_id, _, mac = proof.partition(":")
+        if kek_id not in self._keks:
+            return False
+        return hmac.compare_digest(mac, _b64url(self._mac(kek_id, statement)))
+
+    def _mac(self, kek_id: str, statement: bytes) -> bytes:
+        """HMAC-SHA256 under a key derived from the key-encryption key for this use alone (HKDF):
+        a MAC never reveals anything of the key that wraps the data keys."""
+        derived = HKDF(algorithm=hashes.SHA256(), length=32, salt=None, info=PROOF_KEY_INFO).derive(self._keks[kek_id])
+        return hmac.new(derived, statement, hashlib.sha256).digest()
+
+
+PROOF_KEY_INFO = b"chronicle erasure proof key v1"
+
+
+def _b64url(raw: bytes) -> str:
+    return base64.urlsafe_b64encode(raw).rstrip(b"=").decode()
+
 
 def new_kek_line() -> str:
     """A fresh key-encryption key, as the setting and its file hold it."""
@@ -128,6 +163,7 @@ class PgKeyStore:
         self._polled = float("-inf")  # when erasures were last polled (monotonic)
         self._newest: datetime | None = None  # the newest erased_at seen
         self._erased_since = datetime.min.replace(tzinfo=UTC)
+        self._learned: dict[tuple[str, str], tuple[int, SessionErased]] = {}  # proven, not yet recorded
 
     @property
     def kek_id(self) -> str | None:
@@ -214,6 +250,45 @@ class PgKeyStore:
             self._keys[(str(tenant), str(session))] = DataKey(str(kid), secret)
         if rows:
             log.debug("read %d data keys", len(rows))
+
+    # -- proven erasures (projections.quarantine.ErasureProofs) ------------------------------
+
+    def proof(self, statement: bytes) -> str | None:
+        """A proof of ``statement`` (an erasure's), None without a key-encryption key."""
+        return self._wrapper.prove(statement) if self._wrapper is not None else None
+
+    def proven(self, event: SessionErased) -> bool:
+        """Whether the erasure carries a proof this store's key-encryption keys vouch for."""
+        proof = event.proof
+        return proof is not None and self._wrapper is not None and self._wrapper.proves(proof, event.statement())
+
+    def learn(self, seq: int, event: SessionErased) -> None:
+        """A proven erasure the database did not hold: the session is erased from now on, and the
+        erasure is recorded by :meth:`record_learned` (before what read it commits)."""
+        self.forget(event.tenant, event.session)
+        self._learned.setdefault((event.tenant, event.session), (seq, event))
+
+    async def record_learned(self) -> int:
+        """Record the erasures :meth:`learn` found (destroying their data keys): the ones a
+        database restored from an older backup, or rebuilt without one, had lost. Each stays to be
+        recorded until it is (idempotent: a concurrent caller records it once). Returns how many."""
+        done = 0
+        for pair, (seq, event) in list(self._learned.items()):
+            tenant, session = pair
+            new = await self.erase(tenant, [session], requested_by=event.requested_by, reason=event.reason)
+            await self.note_erasure_seq(tenant, session, seq)
+            self._learned.pop(pair, None)
+            if new:
+                done += 1
+                log.warning(
+                    "recorded the erasure of session %r of tenant %r from its proven session.erased (sequence %d): "
+                    "the database did not hold it (restored from a backup older than the erasure?); its data key, "
+                    "if any, is destroyed again",
+                    session,
+                    tenant,
+                    seq,
+                )
+        return done
 
     # -- writing (events.sealing.KeySource) -------------------------------------------------
 

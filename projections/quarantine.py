@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import psycopg
 
@@ -64,8 +64,22 @@ class Tombstone:
     subject: str
 
 
+class ErasureProofs(Protocol):
+    """Tells a ``session.erased`` that Chronicle made (its proof holds: :class:`events.catalog.SessionErased`)
+    and takes note of one the database does not hold (:class:`projections.keystore.PgKeyStore`)."""
+
+    def proven(self, event: SessionErased) -> bool: ...
+
+    def learn(self, seq: int, event: SessionErased) -> None: ...
+
+
 def screen(
-    seq: int, subject: str, data: bytes, layout: SubjectLayout, keys: KeyReader | None = None
+    seq: int,
+    subject: str,
+    data: bytes,
+    layout: SubjectLayout,
+    keys: KeyReader | None = None,
+    proofs: ErasureProofs | None = None,
 ) -> tuple[int, Event] | Quarantined | Tombstone:
     """The admitted ``(seq, event)``, the quarantine item the contract's refusal makes, or a
     :class:`Tombstone` for an event of an erased session (its key destroyed, or its erasure
@@ -76,7 +90,10 @@ def screen(
     ``session.erased`` event itself is admitted (projections drop the session's rows) only when
     ``keys`` knows the erasure as recorded: the real erasure records it (and destroys the key)
     before publishing the event, so one that is not recorded was published by the tenant itself
-    and is quarantined (``unrecorded_erasure``): nothing was destroyed, so nothing is dropped. The
+    and is quarantined (``unrecorded_erasure``): nothing was destroyed, so nothing is dropped,
+    unless its proof holds (``proofs``): Chronicle made it, and the database lost its record
+    (restored from an older backup, or rebuilt without one): it is admitted, and ``proofs``
+    learns it, to record it again (the caller records before it commits what it read). The
     caller loads ``keys`` first (:meth:`~projections.keystore.PgKeyStore.refresh` the session when
     it gets that reason, as an erasure may be newer than what it holds)."""
     try:
@@ -90,7 +107,9 @@ def screen(
     if keys is not None:
         if isinstance(event, SessionErased):
             if not keys.erased(event.tenant, event.session):
-                return Quarantined(seq, subject, "unrecorded_erasure", UNRECORDED, data)
+                if proofs is None or not proofs.proven(event):
+                    return Quarantined(seq, subject, "unrecorded_erasure", UNRECORDED, data)
+                proofs.learn(seq, event)
             keys.forget(event.tenant, event.session)
         elif keys.erased(event.tenant, event.session):
             return Tombstone(seq, subject)

@@ -189,7 +189,7 @@ class _Pending:
 
     def add(self, stored: eventlog.StoredEvent, layout: SubjectLayout) -> None:
         self.sources[stored.seq] = (stored.subject, stored.data)
-        decided = screen(stored.seq, stored.subject, stored.data, layout, self.keys)
+        decided = screen(stored.seq, stored.subject, stored.data, layout, self.keys, self.keys)
         if isinstance(decided, Quarantined):
             self.refused.append(decided)
         elif isinstance(decided, Tombstone):
@@ -207,7 +207,10 @@ class _Pending:
         projections: Sequence[Projection],
         prepared: Prepared | None = None,
     ) -> None:
-        """Apply the batch in one transaction (a savepoint inside the caller's) with its checkpoint."""
+        """Apply the batch in one transaction (a savepoint inside the caller's) with its checkpoint,
+        after recording the proven erasures the key store did not hold (:meth:`PgKeyStore.learn`)."""
+        if self.keys is not None:
+            await self.keys.record_learned()
         async with conn.transaction():
             await apply_batch(
                 conn,

@@ -248,6 +248,13 @@ async def apply_batch(
         await record(conn, names[0], [*late, *failed], announce=notify)
         if quarantined is not None:
             quarantined.extend([*late, *failed])
+    known = sources or {}
+    erased = sorted({known[seq][0] for seq, e in items if isinstance(e, SessionErased) and seq in known})
+    if erased:
+        # the session's refusals quarantined before its erasure (also in this batch, or before a
+        # proven erasure was recorded again, or committed after the eraser's own delete of these
+        # rows): gone, as a rebuild that knows the erasure tombstones every refusal of the session
+        await conn.execute("DELETE FROM quarantine WHERE subject = ANY(%s)", (erased,))
     top = max([items[picked[-1]][0] if picked else 0, *(q.seq for q in late), *gone])
     await conn.execute(
         "WITH moved AS (UPDATE checkpoints SET seq = GREATEST(seq, %s), updated_at = now() WHERE name = ANY(%s) "
@@ -623,13 +630,15 @@ class ProjectorRunner:
                 if selective and not self._wanted_stored(selective, m):
                     continue
                 sources[seq] = (m.subject, m.data)
-                decided = screen(seq, m.subject, m.data, self.layout, self.keys)
+                decided = screen(seq, m.subject, m.data, self.layout, self.keys, self._proofs)
                 if isinstance(decided, Quarantined) and self.keys is not None and "no data key" in decided.detail:
                     # a key made since this session was asked about, named where kid_in did not see it
                     await self.keys.load([(*self.layout.parse(m.subject), _sealed_kid(m.data))])
-                    decided = screen(seq, m.subject, m.data, self.layout, self.keys)
+                    decided = screen(seq, m.subject, m.data, self.layout, self.keys, self._proofs)
                 screened.append((m, seq, decided))
             screened = await self._recheck_erasures(screened)
+            if self._proofs is not None:
+                await self._proofs.record_learned()  # before the batch that applies them commits
             for _, seq, decided in screened:
                 if isinstance(decided, Quarantined):
                     refused.append(decided)
@@ -650,6 +659,11 @@ class ProjectorRunner:
         left_out = (msgs, self._generations(selective)) if len(sources) < len(msgs) else None
         return _Batch(msgs[-1], top, items, prepared, refused, sources, left_out, passed)
 
+    @property
+    def _proofs(self) -> PgKeyStore | None:
+        """The key store, which tells Chronicle's own erasures and records those the database lost."""
+        return self.keys if isinstance(self.keys, PgKeyStore) else None
+
     async def _recheck_erasures(
         self, screened: list[tuple[Msg, int, tuple[int, Event] | Quarantined | Tombstone]]
     ) -> list[tuple[Msg, int, tuple[int, Event] | Quarantined | Tombstone]]:
@@ -668,8 +682,9 @@ class ProjectorRunner:
         if not sessions:
             return screened
         await self.keys.refresh(sessions)
+        keys, proofs = self.keys, self._proofs
         return [
-            (m, seq, screen(seq, m.subject, m.data, self.layout, self.keys) if isinstance(d, Quarantined) else d)
+            (m, seq, screen(seq, m.subject, m.data, self.layout, keys, proofs) if isinstance(d, Quarantined) else d)
             for m, seq, d in screened
         ]
 
@@ -761,13 +776,6 @@ class ProjectorRunner:
                 quarantined=quarantined,
                 passed=batch.passed,
             )
-            erasures = [e for _, e in items if isinstance(e, SessionErased)]
-            erased = {self.layout.session_subject(e.tenant, e.session) for e in erasures}
-            if erased:
-                # a refusal of the session quarantined before the erasure was recorded and committed
-                # after the eraser's own delete of these rows: gone here too, as a rebuild (which
-                # tombstones every refusal of an erased session) has none
-                await conn.execute("DELETE FROM quarantine WHERE subject = ANY(%s)", (sorted(erased),))
         self._saved_at = time.monotonic()
         await batch.last.ack()
         self._done(batch, applied, len(quarantined))

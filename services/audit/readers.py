@@ -21,6 +21,7 @@ from events.messages import body_hash
 from events.sealing import SEALED, KeyDestroyed, KeyLookup, tombstone_of, unseal_fields
 from events.subjects import SubjectLayout
 from projections import context_queries, queries
+from projections.keystore import PgKeyStore
 from projections.logbinding import (
     LogMismatch,
     NeverBound,
@@ -86,7 +87,12 @@ def read_event(stored: eventlog.StoredEvent, layout: SubjectLayout, keys: KeyLoo
         if keys is not None and subject_erased(stored.subject, layout, keys):
             return None  # a refused event of an erased session: as the projector, a tombstone
         raise
-    if keys is not None and isinstance(event, SessionErased) and not keys.erased(event.tenant, event.session):
+    if (
+        keys is not None
+        and isinstance(event, SessionErased)
+        and not keys.erased(event.tenant, event.session)
+        and not (isinstance(keys, PgKeyStore) and keys.proven(event))  # a proven one the projector records
+    ):
         raise Refused("unrecorded_erasure", UNRECORDED)  # as the projector quarantines it
     if keys is not None and not isinstance(event, SessionErased) and keys.erased(event.tenant, event.session):
         return None

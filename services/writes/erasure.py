@@ -6,7 +6,9 @@ Order, each step idempotent so a failed erasure is finished by running it again:
    every event of the session sealed with it is unreadable, wherever a copy of the log lives, and
    every reader of the log shows the session's events as tombstones.
 2. ``session.erased`` is published (its id derived from tenant and session: stored once; under a
-   fresh id when a message on another subject took that id first) and its sequence noted with the
+   fresh id when a message on another subject took that id first), with Chronicle's proof when a
+   key-encryption key is configured (a database that loses the record makes it again from the
+   event: :meth:`projections.keystore.PgKeyStore.learn`), and its sequence noted with the
    record; the projections drop every row of the session when they apply it (as often as it
    comes). A rerun finds the noted event in the log and publishes nothing (at any time: JetStream
    dedups an id for its duplicate window only).
@@ -31,7 +33,7 @@ from psycopg_pool import AsyncConnectionPool
 
 from events import log as eventlog
 from events.blobs import BlobNotFound, BlobRef, BlobStore, RoutedBlobStores, refs_in
-from events.catalog import SessionErased
+from events.catalog import SessionErased, erasure_statement
 from events.envelope import new_event_id
 from events.ids import TENANT_SCOPE, derived_id
 from events.objects import belongs_to
@@ -127,6 +129,7 @@ class Eraser:
             session=session,
             requested_by=requested_by,
             reason=reason,
+            proof=self._keys.proof(erasure_statement(tenant, session, requested_by, reason)),
         )
         # The derived id makes a repeated erasure store one event, but anyone may take it first on
         # their own subjects (it is a hash of the tenant and session): then the event goes under a

@@ -88,10 +88,27 @@ def test_skill_loaded_v1_is_lifted_to_v2_without_a_tool_call() -> None:
     assert (event.version, event.tool_call_id, event.key) == (2, None, "tax")
 
 
-def test_session_erased_v1_is_lifted_to_v2_naming_no_requester_or_reason() -> None:
+def test_session_erased_v1_is_lifted_to_v3_naming_no_requester_or_reason_and_proving_nothing() -> None:
     event = decode((FIXTURES / "session.erased.v1.json").read_bytes())
     assert isinstance(event, SessionErased)
-    assert (event.version, event.requested_by, event.reason) == (2, None, None)
+    assert (event.version, event.requested_by, event.reason, event.proof) == (3, None, None, None)
+
+
+def test_session_erased_v2_is_lifted_to_v3_keeping_its_record_and_proving_nothing() -> None:
+    event = decode((FIXTURES / "session.erased.v2.json").read_bytes())
+    assert isinstance(event, SessionErased)
+    assert (event.version, event.requested_by, event.reason, event.proof) == (
+        3,
+        "tenant:acme key:3f5a9c0d1e2b",
+        "ticket GDPR-1234",
+        None,
+    )
+
+
+def test_session_erased_refuses_a_proof_that_is_not_key_id_colon_mac() -> None:
+    for proof in ("", "no-colon", "kek:has space", "kek:" + "A" * 200, "\x00:abc"):
+        with pytest.raises(ValueError, match="proof"):
+            SessionErased(tenant="acme", session="s", proof=proof)
 
 
 def test_session_erased_refuses_a_reason_over_500_characters_or_with_nul() -> None:

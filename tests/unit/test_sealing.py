@@ -9,7 +9,7 @@ import pytest
 
 from events.admission import Refused, admit, admit_body
 from events.blobs import BlobRef, sha256_hex
-from events.catalog import ContextWritten, SessionErased
+from events.catalog import ContextWritten, SessionErased, erasure_statement
 from events.sealing import (
     SEALED,
     SEALED_FIELDS,
@@ -25,7 +25,7 @@ from events.sealing import (
 )
 from events.subjects import SubjectLayout
 from projections.keystore import LocalKek, new_kek_line
-from projections.quarantine import Quarantined, Tombstone, screen
+from projections.quarantine import ErasureProofs, Quarantined, Tombstone, screen
 from tests.integration.helpers import appended
 
 LAYOUT = SubjectLayout(partitions=4)
@@ -101,6 +101,94 @@ def test_an_erasure_the_key_store_does_not_know_is_quarantined_and_the_session_k
     keys.erase("tenant-a", "s-1")  # the real erasure: recorded, then published
     assert isinstance(screen(4, subject, forged, LAYOUT, keys), tuple)
     assert screen(5, subject, data, LAYOUT, keys) == Tombstone(5, subject)
+
+
+class Witness(ErasureProofs):
+    """What the key store does with proofs (projections/keystore.py), without a database."""
+
+    def __init__(self, kek: LocalKek, keys: StaticKeys) -> None:
+        self.kek, self.keys, self.learned = kek, keys, list[tuple[int, SessionErased]]()
+
+    def proven(self, event: SessionErased) -> bool:
+        return event.proof is not None and self.kek.proves(event.proof, event.statement())
+
+    def learn(self, seq: int, event: SessionErased) -> None:
+        self.learned.append((seq, event))
+        self.keys.erase(event.tenant, event.session)
+
+
+def proven_erasure(kek: LocalKek, tenant: str, session: str, reason: str | None = "GDPR-1") -> SessionErased:
+    proof = kek.prove(erasure_statement(tenant, session, "operator", reason))
+    return SessionErased(tenant=tenant, session=session, requested_by="operator", reason=reason, proof=proof)
+
+
+def test_a_proven_erasure_the_key_store_lost_is_admitted_learned_and_erases_the_session() -> None:
+    """A database restored from a backup older than the erasure holds the session's key and no
+    record: Chronicle's own ``session.erased`` (its proof holds) is recorded again, not quarantined."""
+    keys, data, subject = keys_with("tenant-a", "s-1")
+    witness = Witness(LocalKek.parse(new_kek_line()), keys)
+    erased = proven_erasure(witness.kek, "tenant-a", "s-1")
+    assert screen(2, subject, erased.to_json(), LAYOUT, keys, witness) == (2, erased)
+    assert witness.learned == [(2, erased)]
+    assert screen(3, subject, data, LAYOUT, keys, witness) == Tombstone(3, subject)
+    assert screen(4, subject, erased.to_json(), LAYOUT, keys, witness) == (4, erased)  # again: known, not relearned
+    assert len(witness.learned) == 1
+
+
+@pytest.mark.parametrize(
+    "tamper",
+    [
+        {"proof": None},  # a tenant's own, or one made without a key-encryption key
+        {"reason": "another reason"},  # the record is what the proof vouches for
+        {"requested_by": "tenant:tenant-a key:000000000000"},
+        {"session": "s-2"},  # a proof of one session does not erase another
+    ],
+    ids=["no-proof", "reason-changed", "requester-changed", "other-session"],
+)
+def test_an_erasure_whose_proof_does_not_hold_is_quarantined_and_erases_nothing(tamper: dict[str, str | None]) -> None:
+    keys, _data, _ = keys_with("tenant-a", "s-1")
+    keys.put("tenant-a", "s-2", new_data_key("dk-2"))
+    witness = Witness(LocalKek.parse(new_kek_line()), keys)
+    forged = proven_erasure(witness.kek, "tenant-a", "s-1").model_copy(update=tamper)
+    subject = LAYOUT.session_subject("tenant-a", forged.session)
+    decided = screen(2, subject, forged.to_json(), LAYOUT, keys, witness)
+    assert isinstance(decided, Quarantined)
+    assert decided.reason == "unrecorded_erasure"
+    assert witness.learned == []
+    assert not keys.erased("tenant-a", "s-1")
+    assert not keys.erased("tenant-a", "s-2")
+
+
+def test_a_proof_made_under_another_key_encryption_key_does_not_hold() -> None:
+    keys, _, subject = keys_with("tenant-a", "s-1")
+    witness = Witness(LocalKek.parse(new_kek_line()), keys)
+    elsewhere = proven_erasure(LocalKek.parse(new_kek_line()), "tenant-a", "s-1")  # another stack's, or a guess
+    decided = screen(2, subject, elsewhere.to_json(), LAYOUT, keys, witness)
+    assert isinstance(decided, Quarantined)
+    assert decided.reason == "unrecorded_erasure"
+
+
+def test_local_kek_proofs_hold_for_their_statement_and_across_a_rotation() -> None:
+    old_line = new_kek_line()
+    old = LocalKek.parse(old_line)
+    statement = erasure_statement("t", "s", "operator", "why")
+    proof = old.prove(statement)
+    kek_id, _, mac = proof.partition(":")
+    assert kek_id == old.current
+    assert len(mac) == 43
+    assert old.proves(proof, statement)
+    assert not old.proves(proof, erasure_statement("t", "s", "operator", "why not"))
+    assert not old.proves(f"{kek_id}:{mac[:-1]}A" if mac[-1] != "A" else f"{kek_id}:{mac[:-1]}B", statement)
+    assert not old.proves(f"unknown:{mac}", statement)
+    rotated = LocalKek.parse(f"{new_kek_line()},{old_line}")
+    assert rotated.proves(proof, statement)  # kept old keys still vouch for what they proved
+    assert rotated.prove(statement) != proof  # new proofs are made with the current key
+
+
+def test_an_erasure_statement_keeps_its_fields_apart() -> None:
+    """No choice of fields makes two erasures' statements equal (a JSON array, not a join)."""
+    assert erasure_statement("a", "b:c", None, None) != erasure_statement("a:b", "c", None, None)
+    assert erasure_statement("t", "s", None, "") != erasure_statement("t", "s", "", None)
 
 
 def test_a_tampered_seal_or_an_unknown_key_id_is_quarantined_as_invalid() -> None:

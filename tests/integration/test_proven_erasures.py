@@ -1,0 +1,171 @@
+"""An erasure the database lost is made again from the log: Chronicle's ``session.erased`` carries a
+proof (an HMAC under a key derived from the key-encryption key) that a tenant publishing the event
+itself cannot make. A database restored from a backup older than an erasure holds the session's
+data key and no record of it: the projector that reads the proven event records the erasure again
+and destroys the restored key, so the erased content stays unreadable. Without a proof (a tenant's
+own event, an event made before proofs) nothing changes: ``unrecorded_erasure``."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable, Iterator
+
+import psycopg
+import pytest
+
+from events.catalog import SessionErased
+from events.omitted import OMITTED
+from events.registry import decode
+from projections.rebuild import quarantine_rows
+from services.audit import readers as audit
+from services.bootstrap import Container, open_container, prepare_database
+from services.errors import ErasedSession
+from services.ops.localstack import with_database
+from services.settings import Settings
+from tests.conftest import make_settings, running_stack
+from tests.integration.helpers import text_message
+from tests.support import scratch_database
+
+T = "tenant-a"
+
+
+@pytest.fixture
+def backup(pg_admin: str) -> Iterator[Callable[[str], str]]:
+    """``take(url)``: a copy of that database as it is now (the stack using it stopped), as a
+    restore of last night's backup gives it back; dropped at the end."""
+    made: list[str] = []
+
+    def take(url: str) -> str:
+        source = psycopg.conninfo.conninfo_to_dict(url)["dbname"]
+        name = f"chronicle_backup_{uuid.uuid4().hex[:12]}"
+        with psycopg.connect(pg_admin, autocommit=True) as conn:
+            conn.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s AND pid <> pg_backend_pid()",
+                (source,),
+            )
+            conn.execute(f'CREATE DATABASE "{name}" TEMPLATE "{source}"')
+        made.append(name)
+        return with_database(pg_admin, name)
+
+    yield take
+    with psycopg.connect(pg_admin, autocommit=True) as conn:
+        for name in made:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+async def _append(c: Container, session: str, mid: str, text: str) -> int:
+    r = await c.commands.append(T, session, text_message(mid, text), OMITTED)
+    await c.waiter.wait_session(T, session, r.seq)
+    return r.seq
+
+
+async def _rows(db: str, sql: str, *params: object) -> list[tuple[object, ...]]:
+    async with await psycopg.AsyncConnection.connect(db) as conn:
+        cur = await conn.execute(sql, params)
+        return list(await cur.fetchall())
+
+
+async def _erased_event(c: Container, seq: int) -> SessionErased:
+    event = decode((await c.js.get_msg(c.layout.stream, seq, direct=True)).data or b"")
+    assert isinstance(event, SessionErased)
+    return event
+
+
+async def test_a_backup_older_than_an_erasure_is_erased_again_by_the_projector(
+    nats_url: str, fresh_db: str, backup: Callable[[str], str], new_id: Callable[[str], str]
+) -> None:
+    settings = make_settings(nats_url, fresh_db, encryption=True)
+    kept, gone = new_id("kept"), new_id("gone")
+    async with running_stack(settings) as c:
+        for sid in (kept, gone):
+            for i in range(3):
+                await _append(c, sid, f"m{i}", f"{sid} secret {i}")
+    old = backup(fresh_db)  # taken before the erasure: it holds the session's data key
+    async with running_stack(settings) as c:
+        erasure = await c.eraser.erase_session(T, gone, requested_by="operator (test)", reason="GDPR-77")
+        event = await _erased_event(c, erasure.seq)
+        assert event.proof is not None
+        assert event.proof.startswith(f"{c.keys.kek_id}:")
+        last = await _append(c, kept, "m3", "after the erasure")
+
+    restored = settings.model_copy(update={"database_url": old})
+    assert await _rows(old, "SELECT count(*) FROM data_keys WHERE session_id = %s", gone) == [(1,)]
+    async with running_stack(restored) as c:
+        await c.waiter.wait_all(last)
+        with pytest.raises(ErasedSession):  # the API learns it as of any other process's erasure
+            await c.commands.append(T, gone, text_message("m9", "comes back?"), OMITTED)
+        assert (await audit.verify(c)).ok
+    assert await _rows(old, "SELECT count(*) FROM data_keys WHERE session_id = %s", gone) == [(0,)]
+    assert await _rows(old, "SELECT requested_by, reason, seq FROM erasures WHERE session_id = %s", gone) == [
+        ("operator (test)", "GDPR-77", erasure.seq)
+    ]
+    assert await _rows(old, "SELECT count(*) FROM messages WHERE session_id = %s", gone) == [(0,)]
+    assert await _rows(old, "SELECT count(*) FROM sessions WHERE id = %s", gone) == [(0,)]
+    assert await _rows(old, "SELECT count(*) FROM messages WHERE session_id = %s", kept) == [(4,)]
+    assert await _rows(old, "SELECT count(*) FROM quarantine") == [(0,)]
+
+
+async def test_a_database_rebuilt_without_a_backup_makes_the_erasures_again(
+    nats_url: str, fresh_db: str, pg_admin: str, new_id: Callable[[str], str]
+) -> None:
+    """A lost database rebuilt from the log alone (``chronicle rebuild``) records the proven
+    erasures as the live projector does: in plain mode the erased session's content would
+    otherwise come back, its id taking writes again."""
+    settings = make_settings(nats_url, fresh_db, encryption=False)
+    kept, gone = new_id("kept"), new_id("gone")
+    async with running_stack(settings) as c:
+        await _append(c, kept, "m0", "plain and kept")
+        await _append(c, gone, "m0", "plain secret")
+        erasure = await c.eraser.erase_session(T, gone, reason="GDPR-78")
+    with scratch_database(pg_admin) as new:
+        lost = settings.model_copy(update={"database_url": new})
+        await prepare_database(lost)
+        async with open_container(lost, log_check=False) as c:
+            report = await audit.rebuild_and_swap(c)
+            assert report.first
+            assert report.swapped_at_seq == erasure.seq
+            assert (await audit.verify(c)).ok
+            with pytest.raises(ErasedSession):
+                await c.commands.append(T, gone, text_message("m1", "comes back?"), OMITTED)
+        assert await _rows(new, "SELECT reason, seq FROM erasures WHERE session_id = %s", gone) == [
+            ("GDPR-78", erasure.seq)
+        ]
+        assert await _rows(new, "SELECT count(*) FROM messages WHERE session_id = %s", gone) == [(0,)]
+        assert await _rows(new, "SELECT count(*) FROM sessions WHERE id = %s", gone) == [(0,)]
+        assert await _rows(new, "SELECT count(*) FROM messages WHERE session_id = %s", kept) == [(1,)]
+        assert await _rows(new, "SELECT count(*) FROM quarantine") == [(0,)]
+
+
+async def _unproven(settings: Settings, session: str, proof: str | None) -> list[tuple[str, str]]:
+    """Publish a ``session.erased`` for ``session`` with ``proof`` (as a tenant publishing to the
+    stream itself could) and return the quarantine's (subject, reason) once it is applied."""
+    async with running_stack(settings) as c:
+        await _append(c, session, "m0", "mine")
+        forged = SessionErased(tenant=T, session=session, reason="forged", proof=proof)
+        published = await c.publisher.publish(forged)
+        await c.waiter.wait_all(published.seq)
+        async with c.pool.connection() as conn:
+            rows = await quarantine_rows(conn, "public")
+        return [(subject, reason) for _, subject, reason, _, _ in rows]
+
+
+@pytest.mark.parametrize(
+    "proof",
+    [None, "kek-guess:AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA", "copy"],
+    ids=["none", "guessed", "copied-from-another-erasure"],
+)
+async def test_an_erasure_without_chronicles_proof_stays_unrecorded_and_erases_nothing(
+    nats_url: str, fresh_db: str, new_id: Callable[[str], str], proof: str | None
+) -> None:
+    settings = make_settings(nats_url, fresh_db, encryption=True)
+    mine = new_id("mine")
+    if proof == "copy":  # a real proof of another session's erasure does not erase this one
+        other = new_id("other")
+        async with running_stack(settings) as c:
+            await _append(c, other, "m0", "theirs")
+            proof = (await _erased_event(c, (await c.eraser.erase_session(T, other)).seq)).proof
+    quarantined = await _unproven(settings, mine, proof)
+    assert (settings.layout().session_subject(T, mine), "unrecorded_erasure") in quarantined
+    assert await _rows(fresh_db, "SELECT count(*) FROM erasures WHERE session_id = %s", mine) == [(0,)]
+    assert await _rows(fresh_db, "SELECT count(*) FROM data_keys WHERE session_id = %s", mine) == [(1,)]
+    assert await _rows(fresh_db, "SELECT count(*) FROM messages WHERE session_id = %s", mine) == [(1,)]
