@@ -83,6 +83,15 @@ class SubjectLayout:
         part = int(tokens[1][1:])
         return part if part < self.partitions and tokens[1] == f"p{part:03d}" else None
 
+    def placed(self, subject: str) -> bool | None:
+        """Whether a session subject is the one this layout gives its tenant and session (its
+        partition token is this partition count's); None for a subject that names no session."""
+        try:
+            tenant, session = self.parse(subject)
+            return self.session_subject(tenant, session) == subject
+        except ValueError:
+            return None
+
     def parse(self, subject: str) -> tuple[str, str]:
         """(tenant, session) of a session subject."""
         head = self.prefix + "."

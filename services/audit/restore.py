@@ -25,7 +25,7 @@ import json
 import time
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -38,6 +38,7 @@ from events.log import StoredEvent
 from events.objectstore import JetStreamBlobStore
 from events.publisher import HDR_MSG_ID
 from events.stream import DUPLICATE_WINDOW_S, ensure_stream
+from events.subjects import SubjectLayout
 from projections.logbinding import LogIdentity, bind, highest_checkpoint, read_binding, stream_identity
 from services.audit.archive import locked, read_manifest, store_of, unlisted
 from services.audit.archive_segments import ArchiveError, Manifest, Restoration, decode, manifest_key
@@ -94,10 +95,14 @@ async def restore(
         if manifest.last_seq == 0:
             raise RestoreRefused(f"the archive of stream {stream!r} holds no events")
         ids: Counter[str] = Counter()
-        problems = await whole(store, bucket, manifest, ids)
+        subjects: set[str] = set()
+        problems = await whole(store, bucket, manifest, ids, subjects)
         if problems:
             more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
             raise RestoreRefused(f"the archive is not whole, nothing was restored: {problems[0]}{more}")
+        misfit = partitions_misfit(subjects, c.layout)
+        if misfit is not None:
+            raise RestoreRefused(misfit)
         # an id the log stored twice (published again past the duplicate window, by a client or a
         # tenant): republished seconds apart, the stream would take the second for a duplicate
         repeats = {i for i, n in ids.items() if n > 1 and i}
@@ -178,11 +183,17 @@ async def _published(
     return Restored(done, len(manifest.segments), after.last_seq, before.created, original, advice)
 
 
-async def whole(store: SkillStore, bucket: str, manifest: Manifest, ids: Counter[str] | None = None) -> list[str]:
+async def whole(
+    store: SkillStore,
+    bucket: str,
+    manifest: Manifest,
+    ids: Counter[str] | None = None,
+    subjects: set[str] | None = None,
+) -> list[str]:
     """What keeps the archive from being restored as it is, without the stream: segments not
     contiguous from sequence 1, one missing or not what its manifest entry says, an object beside
     them that the manifest does not list (what ``chronicle archive --check`` says of them too).
-    ``ids`` counts the events' ``Nats-Msg-Id`` as they are read."""
+    ``ids`` counts the events' ``Nats-Msg-Id`` as they are read, ``subjects`` collects their subjects."""
     problems = [f"segment object {key} is not in the manifest" for key in await unlisted(store, bucket, manifest)]
     after = 0
     for segment in manifest.segments:
@@ -203,7 +214,40 @@ async def whole(store: SkillStore, bucket: str, manifest: Manifest, ids: Counter
             continue
         if ids is not None:
             ids.update(_msg_id(e) for e in events)
+        if subjects is not None:
+            subjects.update(e.subject for e in events)
     return problems
+
+
+PARTITION_GUESSES = 1024
+"""The partition counts :func:`partitions_misfit` tries when the configured one does not fit."""
+GUESS_SAMPLE = 200
+"""How many of the archive's session subjects a guess is tried on."""
+
+
+def partitions_misfit(subjects: set[str], layout: SubjectLayout) -> str | None:
+    """Why the archive's events do not belong under ``layout``'s partition count, or None when
+    they do. A session subject's partition token is derived from its ids and the count the log
+    was written with; restored under another count, the projector would refuse every event filed
+    elsewhere (``subject_mismatch``) and new events would go to other subjects than the old ones.
+    A subject a tenant filed wrongly itself is possible, so the count misfits when more than half
+    of the session subjects are misplaced; the smallest count (up to :data:`PARTITION_GUESSES`)
+    that places a sample of them all is named when there is one."""
+    sessions = sorted(s for s in subjects if layout.placed(s) is not None)
+    wrong = [s for s in sessions if not layout.placed(s)]
+    if not wrong or len(wrong) * 2 <= len(sessions):
+        return None
+    sample = sessions[:: max(1, len(sessions) // GUESS_SAMPLE)][:GUESS_SAMPLE]
+    fits = next(
+        (n for n in range(1, PARTITION_GUESSES + 1) if all(replace(layout, partitions=n).placed(s) for s in sample)),
+        None,
+    )
+    hint = f" ({fits} partitions place them all)" if fits is not None else ""
+    return (
+        f"{len(wrong)} of the archive's {len(sessions)} session subjects are not where CHRONICLE_PARTITIONS="
+        f"{layout.partitions} puts them (such as {wrong[0]!r}): the log was written with another partition "
+        f"count{hint}; set CHRONICLE_PARTITIONS to the log's and restore again (nothing was restored)"
+    )
 
 
 def _msg_id(event: StoredEvent) -> str:

@@ -191,6 +191,33 @@ async def test_a_restore_from_an_archive_with_a_gap_or_a_changed_segment_publish
     assert await _stored(settings) == archived
 
 
+async def test_a_restore_under_another_partition_count_is_refused_naming_one_that_fits(
+    settings: Settings, archived: Stored
+) -> None:
+    """Each session subject's partition token comes from the count the log was written with:
+    restored under another, the projector would refuse the events filed elsewhere and new ones
+    would go to other subjects. Nothing is made; the count the message names places every event."""
+    layout = settings.layout()
+    sessions = {subject for _, subject, _, _ in archived if layout.placed(subject) is not None}
+
+    def misplaced(n: int) -> int:
+        return sum(not replace(layout, partitions=n).placed(s) for s in sessions)
+
+    other = next(n for n in (1, 2, 3, 5, 6, 7) if misplaced(n) * 2 > len(sessions))
+    await _delete_stream(settings)
+    done = restore_cli(settings.model_copy(update={"partitions": other}))
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert done.stderr.strip().count("\n") == 0
+    assert f"{misplaced(other)} of the archive's {len(sessions)} session subjects" in done.stderr
+    assert f"CHRONICLE_PARTITIONS={other} puts them" in done.stderr
+    named = re.search(r"\((\d+) partitions place them all\)", done.stderr)
+    assert named is not None, done.stderr
+    assert misplaced(int(named[1])) == 0
+    assert not await _exists(settings)  # nothing made, nothing published
+    assert restore_cli(settings).returncode == 0  # under the log's own count
+    assert await _stored(settings) == archived
+
+
 async def test_an_archive_behind_the_read_models_is_restored_but_not_rebound(
     settings: Settings, archived: Stored
 ) -> None:
