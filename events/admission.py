@@ -60,7 +60,15 @@ from events.sealing import (
 from events.subjects import SubjectLayout, partition_of
 
 MAX_EVENT_BYTES = 1024 * 1024
-"""NATS's default ``max_payload``: the largest event the contract admits."""
+"""NATS's default ``max_payload``: the largest stored event the contract admits."""
+HEADER_ROOM = 1024
+"""What a writer's headers may take of one NATS message: ``Nats-Msg-Id`` (an event id, at most
+128 characters) and ``Nats-Expected-Last-Subject-Sequence`` take ~200 bytes. The server's
+``max_payload`` bounds headers and payload together, and a message over it is a protocol error
+that closes the connection it came on (nats-py checks the payload alone, so it sends it): every
+later publish of that process fails until it is restarted."""
+MAX_WRITTEN_BYTES = MAX_EVENT_BYTES - HEADER_ROOM
+"""The largest event Chronicle's writers publish (its headers fit beside it under ``max_payload``)."""
 
 Reason = Literal[
     "too_large",
@@ -179,8 +187,8 @@ def admit_built(event: Event, layout: SubjectLayout) -> tuple[str, bytes]:
         data = event.to_json()
     except PydanticSerializationError:  # a lone surrogate cannot be written as UTF-8
         raise Refused("invalid", "a string holds a lone surrogate") from None
-    if len(data) > MAX_EVENT_BYTES:
-        raise Refused("too_large", f"{len(data)} bytes, more than the {MAX_EVENT_BYTES} an event may have")
+    if len(data) > MAX_WRITTEN_BYTES:
+        raise Refused("too_large", f"{len(data)} bytes, more than the {MAX_WRITTEN_BYTES} an event may have")
     if b"\\u" in data and _SUSPECT_ESCAPE.search(data) and has_bad_chars(_parse(data)):
         raise Refused("invalid", "a string holds a NUL character or a lone surrogate")
     _check_ids(event)

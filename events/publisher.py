@@ -34,7 +34,7 @@ from nats.js import JetStreamContext
 from nats.js.api import PubAck
 from nats.js.errors import APIError, NotFoundError
 
-from events.admission import MAX_EVENT_BYTES, Refused, admit_built
+from events.admission import MAX_WRITTEN_BYTES, Refused, admit_built
 from events.envelope import Event, new_event_id
 from events.objects import owned
 from events.sealing import SEALED_FIELDS, DataKeys, seal_blob, seal_event
@@ -134,8 +134,10 @@ class Publisher:
         if key is None or event.type not in SEALED_FIELDS:
             return subject, data
         sealed = seal_event(event, data, key)
-        if len(sealed) > MAX_EVENT_BYTES:
-            raise Refused("too_large", f"{len(sealed)} bytes sealed, more than the {MAX_EVENT_BYTES} an event may have")
+        if len(sealed) > MAX_WRITTEN_BYTES:
+            raise Refused(
+                "too_large", f"{len(sealed)} bytes sealed, more than the {MAX_WRITTEN_BYTES} an event may have"
+            )
         return subject, sealed
 
     async def seal_object(self, tenant: str, session: str, data: bytes) -> bytes:

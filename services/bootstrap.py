@@ -624,5 +624,6 @@ async def open_container(
     finally:
         await waiter.stop()
         await pool.close()
-        await nc.flush()
+        if not nc.is_closed:  # closed for good by a protocol error: nothing to flush, the stop goes on
+            await nc.flush()
         await nc.close()

@@ -8,7 +8,7 @@ from fastapi import APIRouter, Query, Request
 from fastapi.responses import StreamingResponse
 
 from events import log as eventlog
-from events.admission import MAX_EVENT_BYTES
+from events.admission import MAX_WRITTEN_BYTES
 from events.credentials import tenant_inbox_prefix, tenant_permissions
 from services.api import following
 from services.api import models as m
@@ -94,5 +94,5 @@ async def nats_publishing(tenant: Tenant, c: ContainerDep) -> dict[str, Any]:
         "publish": tenant_permissions(layout, tenant)["publish"]["allow"],
         "payload_limit_bytes": c.settings.payload_limit_bytes,
         "max_message_bytes": c.settings.max_message_bytes,
-        "max_event_bytes": MAX_EVENT_BYTES,
+        "max_event_bytes": MAX_WRITTEN_BYTES,  # with the publisher's headers, under the server's max_payload
     }
