@@ -15,6 +15,30 @@ import httpx
 
 from services.compaction.ranges import Message, Plan, _parts, is_tool_part
 
+NOT_A_COMPLETION = "the answer is not a chat completion"
+
+
+def completion_text(answer: Any) -> str:
+    """The text of an OpenAI-compatible chat completion's first choice; :class:`SummarizerError`
+    for any other JSON (a wrong shape is the summarizer's failure, never this process's: retried
+    like a 5xx, then recorded)."""
+    try:
+        content = answer["choices"][0]["message"]["content"]
+    except (KeyError, IndexError, TypeError):
+        raise SummarizerError(f"{NOT_A_COMPLETION} (no choices[0].message.content)") from None
+    if not isinstance(content, str):
+        raise SummarizerError("the response has no text content")
+    return content
+
+
+def describe(exc: BaseException | None, timeout_s: float) -> str:
+    """A failure in words: its message, else its kind (httpx's timeouts say nothing)."""
+    if isinstance(exc, httpx.TimeoutException):
+        return f"{type(exc).__name__}: no answer within {timeout_s:g} s"
+    if exc is None:
+        return "no attempt was made"
+    return str(exc) or type(exc).__name__
+
 
 class SummarizerError(Exception):
     """The summarizer could not produce a summary (after its retries)."""
@@ -136,15 +160,12 @@ class OpenAISummarizer:
                         raise SummarizerError(f"HTTP {resp.status_code}: {resp.text[:200]}")
                     if resp.status_code >= 400:
                         raise SummarizerError(f"HTTP {resp.status_code}: {resp.text[:200]}")  # not retried
-                    content = resp.json()["choices"][0]["message"]["content"]
-                    if not isinstance(content, str):
-                        raise SummarizerError("the response has no text content")
-                    return content
+                    return completion_text(resp.json())
                 except SummarizerError as exc:
                     last = exc
-                    if not str(exc).startswith(("HTTP 429", "HTTP 5")):
+                    if not str(exc).startswith(("HTTP 429", "HTTP 5", NOT_A_COMPLETION)):
                         raise
-                except (httpx.TransportError, httpx.TimeoutException, KeyError, IndexError, ValueError) as exc:
+                except (httpx.TransportError, httpx.TimeoutException, ValueError) as exc:
                     last = exc
                 await asyncio.sleep(self.backoff_s * (2**attempt) * (0.5 + random.random()))  # noqa: S311
-        raise SummarizerError(f"summarizer failed after {self.attempts} attempts: {last}")
+        raise SummarizerError(f"summarizer failed after {self.attempts} attempts: {describe(last, self.timeout_s)}")

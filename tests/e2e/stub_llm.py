@@ -54,6 +54,11 @@ class StubLLM:
         return {"content": text, "delay": seconds}
 
     @staticmethod
+    def answer(body: Any) -> Reply:
+        """A scripted 200 whose JSON body is ``body`` as given (a summarizer answering nonsense)."""
+        return {"raw": body}
+
+    @staticmethod
     def fail(status: int) -> Reply:
         """A scripted HTTP error (e.g. 503) instead of a completion."""
         return {"status": status}
@@ -81,13 +86,15 @@ class StubLLM:
     ) -> None:
         self.stop()
 
-    def _next(self, request: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+    def _next(self, request: dict[str, Any]) -> tuple[int, Any]:
         with self._lock:
             self.requests.append(request)
             reply = self.script.pop(0) if self.script else self.say(self.fallback)
             n = next(self._ids)
         if "delay" in reply:
             time.sleep(float(reply["delay"]))
+        if "raw" in reply:
+            return 200, reply["raw"]
         if "status" in reply:
             return int(reply["status"]), {"error": {"message": "scripted failure", "type": "server_error"}}
         message: dict[str, Any] = {"role": "assistant", "content": reply.get("content")}
@@ -130,7 +137,7 @@ class StubLLM:
                     return
                 self._send(*stub._next(request))
 
-            def _send(self, status: int, body: dict[str, Any]) -> None:
+            def _send(self, status: int, body: Any) -> None:
                 data = json.dumps(body).encode()
                 self.send_response(status)
                 self.send_header("Content-Type", "application/json")

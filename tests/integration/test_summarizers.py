@@ -64,3 +64,26 @@ async def test_openai_compatible_summarizer_gives_up() -> None:
         with pytest.raises(SummarizerError):
             await s.summarize(_plan(_msgs(10)))
         assert len(llm.requests) == 1  # a client error is not retried
+
+
+@pytest.mark.parametrize(
+    "body",
+    [{"choices": None}, [1, 2, 3], {"choices": "nope"}, {"choices": []}, {"choices": [{"message": None}]}, "text"],
+    ids=["choices-null", "a-list", "choices-a-string", "no-choice", "message-null", "a-string"],
+)
+async def test_an_answer_that_is_not_a_chat_completion_is_the_summarizers_failure(body: object) -> None:
+    """JSON of the wrong shape was a TypeError: a 500 for a manual compaction, recorded as a
+    Python error. It is a summarizer failure, retried as a 5xx and then said in words."""
+    with StubLLM([StubLLM.answer(body)] * 2) as llm:
+        s = OpenAISummarizer(base_url=llm.base_url, model="m", attempts=2, backoff_s=0.01)
+        with pytest.raises(SummarizerError, match="after 2 attempts: the answer is not a chat completion"):
+            await s.summarize(_plan(_msgs(10)))
+        assert len(llm.requests) == 2
+
+
+async def test_a_summarizer_that_times_out_is_named_with_its_timeout() -> None:
+    """httpx's timeouts have no message: the recorded failure said nothing after its colon."""
+    with StubLLM([StubLLM.slow("too late", 2.0)]) as llm:
+        s = OpenAISummarizer(base_url=llm.base_url, model="m", attempts=1, backoff_s=0.01, timeout_s=0.2)
+        with pytest.raises(SummarizerError, match=r"after 1 attempts: ReadTimeout: no answer within 0\.2 s$"):
+            await s.summarize(_plan(_msgs(10)))
