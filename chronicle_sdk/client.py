@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Literal, Self
-from urllib.parse import urlencode
+from urllib.parse import parse_qsl, urlencode
 
 from pydantic import ValidationError
 
@@ -330,7 +330,8 @@ class ChronicleClient:
         query: list[tuple[str, Any]] = list(params.items() if isinstance(params, Mapping) else params or [])
         safe = idempotent if idempotent is not None else method != "POST"
         if self.via == "nats" and method != "GET":
-            routed = route(method, path, body, dict(query), headers or {})
+            bare, _, in_path = path.partition("?")  # a query written into the path is a query over NATS too
+            routed = route(method, bare, body, dict(parse_qsl(in_path)) | dict(query), headers or {})
             if routed is not None:
                 with contextlib.suppress(_TooBigForNats):
                     return await self._command(routed, safe)

@@ -123,9 +123,19 @@ class Session(ConfigBuilder):
                 raise
             return {}
 
-    async def _write(self, method: str, tail: str, body: Any = OMITTED, *, idempotent: bool | None = None) -> Any:
+    async def _write(
+        self,
+        method: str,
+        tail: str,
+        body: Any = OMITTED,
+        *,
+        idempotent: bool | None = None,
+        params: Mapping[str, str] | None = None,
+    ) -> Any:
         await self._ensure_ready()
-        out = await self.client.request(method, self._path(tail), body=body, session=self.id, idempotent=idempotent)
+        out = await self.client.request(
+            method, self._path(tail), params=params, body=body, session=self.id, idempotent=idempotent
+        )
         if isinstance(out, dict):
             self.client.note_seq(self.id, out.get("seq"))
         return out
@@ -552,9 +562,9 @@ class Session(ConfigBuilder):
         if problem is not None:
             return problem
         await self._ensure_ready()  # the builder's config goes first: its refusal is not the arguments'
-        tail = f"/tools/{quote(name)}" + (f"?tool_call_id={quote(tool_call_id)}" if tool_call_id is not None else "")
-        try:
-            out = await self._write("POST", tail, arguments, idempotent=False)
+        call = {"tool_call_id": tool_call_id} if tool_call_id is not None else None
+        try:  # the id as a parameter, not in the path: over NATS the path names the tool
+            out = await self._write("POST", f"/tools/{quote(name)}", arguments, idempotent=False, params=call)
         except InvalidRequest as exc:
             if not arguments_fault(exc):
                 raise

@@ -157,6 +157,33 @@ async def test_tools_execute_answers_arguments_the_server_refuses_with_error_res
     assert block.content == "kept"
 
 
+async def test_tool_calls_with_their_ids_answer_the_same_over_nats_as_over_http(
+    sdk: ChronicleClient, api_url: str, api_settings: Settings
+) -> None:
+    """Over NATS the tool call id went into the command's path, which names the tool: every call
+    with an id answered 'tool "set_context?tool_call_id=…" is not available in this session'."""
+    async with open_client(api_url, api_settings, via="nats") as over_nats:
+        answers: dict[str, list[str]] = {}
+        for via, client in (("http", sdk), ("nats", over_nats)):
+            s = memory_session(client)
+            tools = await s.tools()
+            answers[via] = [
+                await tools.execute("set_context", {"label": "memory", "content": "a fact"}, tool_call_id="c1"),
+                await tools.execute("set_context", {"label": "memory", "content": "x"}, tool_call_id="c" * 257),
+            ]
+            block = await s.get_context_block("memory")
+            assert block is not None
+            assert block.content == "a fact"
+            path = f"/v1/sessions/{s.id}/tools/set_context?tool_call_id=c2"  # a query in the path, over NATS too
+            raw = await client.request("POST", path, body={"label": "memory", "content": "y"})
+            assert str(raw["result"]).startswith("Written to memory"), raw
+        assert answers["nats"][0] == answers["http"][0]
+        assert answers["nats"][0].startswith("Written to memory")
+        for refused in (answers["http"][1], answers["nats"][1]):  # the field is the query's or the command's
+            assert refused.startswith("Error: ")
+            assert refused.endswith("tool_call_id: String should have at most 256 characters")
+
+
 async def test_definitions_for_openai_and_anthropic(sdk: ChronicleClient) -> None:
     tools = await memory_session(sdk).tools()
     [openai] = tools.openai()
