@@ -375,6 +375,29 @@ async def append_state(
     )
 
 
+async def descends_from(conn: Conn, tenant: str, session: str, message_id: str, ancestor: str) -> bool:
+    """Whether ``message_id`` is under ``ancestor`` (a child of it, or of one of its descendants).
+
+    Walked down from ``ancestor`` (its children by the parent index, theirs, …) until
+    ``message_id`` is reached: asked by a batch's next message when another writer's message
+    became the latest leaf, where ``ancestor`` is the batch's previous message, just appended,
+    whose subtree is the few messages written since (walking up from the leaf would read its
+    whole path). UNION: a stored cycle ends the walk, each message read at most once."""
+    cur = await conn.execute(
+        """
+        WITH RECURSIVE d(id) AS (
+          SELECT id FROM messages WHERE tenant = %(t)s AND session_id = %(s)s AND parent_id = %(a)s
+          UNION
+          SELECT c.id FROM d CROSS JOIN LATERAL (
+            SELECT id FROM messages WHERE tenant = %(t)s AND session_id = %(s)s AND parent_id = d.id OFFSET 0) c)
+        SELECT EXISTS (SELECT 1 FROM d WHERE id = %(m)s)
+        """,
+        {"t": tenant, "s": session, "a": ancestor, "m": message_id},
+    )
+    row = await cur.fetchone()
+    return bool(row and row[0])
+
+
 async def children(
     conn: Conn, tenant: str, session: str, message_id: str, after_seq: int = 0, limit: int | None = None
 ) -> list[MessageRow]:

@@ -128,15 +128,16 @@ async def append_batch(
     c: Container, tenant: str, sid: str, messages: list[dict[str, Any]], parent: ParentSpec
 ) -> Answer:
     """A chain: the first message takes ``parent`` as a single append does, each next one is the
-    child of the previous. Each message is its own event; a retried batch re-answers the appended
-    ones (idempotent)."""
+    child of the previous, or of the latest leaf when another writer appended under the previous
+    meanwhile (``follow``: the session stays one chain, see :meth:`Commands.append`). Each message
+    is its own event; a retried batch re-answers the appended ones (idempotent)."""
     check_id("session", sid)
     bodies = [checked_message(m, new=True) for m in messages]
     if len({m["id"] for m in bodies}) != len(bodies):
         raise InvalidRequest("message ids in a batch must be distinct")
     answers: list[Answer] = []
-    for body in bodies:
-        r = await c.commands.append(tenant, sid, body, parent)
+    for i, body in enumerate(bodies):
+        r = await c.commands.append(tenant, sid, body, parent, follow=i > 0)
         answers.append({"id": r.id, "parent_id": r.parent_id, "seq": r.seq, "created": r.created})
         parent = r.id
     return {"messages": answers, "seq": max(a["seq"] for a in answers)}

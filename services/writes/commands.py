@@ -16,7 +16,7 @@ import asyncio
 import json
 import logging
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any, NoReturn, TypeVar
 
@@ -272,8 +272,17 @@ class Commands:
         body: JsonObject,
         parent: ParentSpec = OMITTED,
         request_key: str | None = None,
+        *,
+        follow: bool = False,
     ) -> AppendResult:
         """Append one message; same id + same body answers as the first time (``created=False``).
+
+        ``follow`` (a batch's next message; ``parent`` is the batch's previous one): the parent is
+        the latest leaf instead when that is under ``parent`` (another writer appended onto the
+        batch's line meanwhile), so concurrent writers leave one chain. The decision is taken
+        under the same optimistic concurrency as an append without a parent: a publish by anyone
+        after it conflicts, and it is decided again. Only when the latest leaf is not ``parent``
+        itself does it read more (the slow way, one walk of ``parent``'s few descendants).
 
         ``request_key`` (the client's ``Idempotency-Key``) names the request across the client's
         retries: the event id is derived from it (with the message id and body), so a retry whose
@@ -302,6 +311,9 @@ class Commands:
         )
         attempted = request_key is not None  # a keyed request may have been stored by an earlier try
 
+        if follow and not isinstance(parent, str):
+            raise TypeError("follow continues after a given message: parent must be its id")
+
         def publish(pid: str | None) -> Decision:
             nonlocal attempted
             attempted = True
@@ -311,7 +323,7 @@ class Commands:
             return Decision(event, lambda seq: AppendResult(message_id, pid, seq, created=True))
 
         async def decided(state: AppendState) -> Decision:
-            match decide_append(state, digest, parent):
+            match decide_append(state, digest, parent, follow=follow):
                 case Replay(parent_id=pid, seq=first_seq):
                     created = attempted and await self._stored_event_id(first_seq) == event_id
                     return Decision(None, lambda _seq: AppendResult(message_id, pid, first_seq, created=created))
@@ -319,12 +331,13 @@ class Commands:
                     return publish(pid)
 
         async def decide(conn: Conn, tip: UnappliedChain | None = None) -> Decision | None:
-            want_leaf = parent is OMITTED
+            implicit = parent is OMITTED
+            want_leaf = implicit or follow
             ask_ids = tip is not None and tip.ids is None and not tip.ids_tried
             # the parent this append may take among the chain's appends (the read model may not
             # hold them yet): the read model is asked whether the first id above them is under
             # the new id; a new root asks nothing
-            chained = tip.appends[-1].message_id if want_leaf and tip is not None and tip.appends else parent
+            chained = tip.appends[-1].message_id if implicit and tip is not None and tip.appends else parent
             above = tip.above(chained) if tip is not None and isinstance(chained, str) else None
             found = await queries.append_state(
                 conn,
@@ -368,6 +381,12 @@ class Commands:
                 ids = None if found.ids is None else {*found.ids, *(a.message_id for a in unapplied)}
                 dangling = set(found.dangling or ()) - (ids or set())
                 self.optimistic.know(tenant, session, tip, ids, state.latest_leaf, dangling)
+            leaf = state.latest_leaf
+            if follow and existing is None and state.parent_exists and leaf is not None and leaf != parent:
+                if tip is not None:
+                    return None  # whether the leaf is under the parent: the read model, the slow way
+                assert isinstance(parent, str)
+                state = replace(state, leaf_follows=await queries.descends_from(conn, tenant, session, leaf, parent))
             return await decided(state)
 
         def known(tip: UnappliedChain) -> Decision | None:
@@ -378,6 +397,8 @@ class Commands:
             if ids is None or message_id in ids or (isinstance(parent, str) and parent not in ids):
                 return None
             if message_id in tip.dangling:
+                return None
+            if follow and tip.leaf != parent:  # another leaf: whether it is under the parent, the slow way
                 return None
             state = AppendState(session_deleted=False, existing=None, latest_leaf=tip.leaf, parent_exists=True)
             match decide_append(state, digest, parent):

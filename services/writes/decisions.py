@@ -32,6 +32,9 @@ class AppendState:
     # asked about that parent only, never for the whole subtree. Empty for any other id, which is
     # every append of a new id but that rare one
     descendants: frozenset[str] = frozenset()
+    # the latest leaf is under the parent given (a batch's previous message: another writer
+    # appended onto its line meanwhile); asked only by a batch's next message (``follow``)
+    leaf_follows: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,9 +50,15 @@ class Append:
     parent_id: str | None
 
 
-def decide_append(state: AppendState, body_sha256: str, parent: ParentSpec) -> Replay | Append:
+def decide_append(state: AppendState, body_sha256: str, parent: ParentSpec, *, follow: bool = False) -> Replay | Append:
     """Reference rules, made explicit: omitted parent -> latest leaf, ``None`` -> new root,
     an id -> that message, which must exist in this session (no silent fallback to root).
+
+    ``follow`` (a batch's next message, ``parent`` the batch's previous one): the latest leaf
+    instead when it is under ``parent`` (:attr:`AppendState.leaf_follows`). Another writer's
+    append without a parent may have attached to the batch's previous message meanwhile; the
+    batch continues after it, so the session stays one chain and that append stays on the
+    latest leaf's path. A leaf on another branch does not move the batch there.
 
     The message must not become its own ancestor: under one of its id's descendants (a deleted
     message's id re-used, its children still stored) the append is refused, whichever way the
@@ -70,6 +79,9 @@ def decide_append(state: AppendState, body_sha256: str, parent: ParentSpec) -> R
         chosen = f"the latest leaf {pid!r} (the parent when none is given)"
     elif not state.parent_exists:
         raise UnknownParent(f"parent message {parent!r} is not in this session")
+    elif follow and state.leaf_follows and state.latest_leaf is not None:
+        pid = state.latest_leaf
+        chosen = f"the latest leaf {pid!r} (appended under the batch's previous message {parent!r})"
     else:
         pid, chosen = parent, f"parent {parent!r}"
     if pid is not None and pid in state.descendants:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from events.omitted import OMITTED
@@ -139,3 +141,42 @@ def test_an_unknown_parent_is_refused_as_such_even_for_an_id_with_descendants() 
 def test_a_replay_of_a_stored_id_is_not_a_cycle() -> None:
     first = Existing(parent_id="k", seq=9, body_sha256=HASH)
     assert decide_append(state(existing=first, leaf="k2", descendants=UNDER), HASH, OMITTED) == Replay("k", 9)
+
+
+def follows(
+    leaf: str | None, under: bool, *, existing: Existing | None = None, descendants: frozenset[str] = frozenset()
+) -> AppendState:
+    """The state a batch's next message sees: its previous message (``b1``) exists; ``under``:
+    the latest leaf is below it (another writer appended onto the batch's line)."""
+    s = state(leaf=leaf, parent_exists=True, existing=existing, descendants=descendants)
+    return replace(s, leaf_follows=under)
+
+
+def test_a_batch_message_follows_a_leaf_appended_under_its_previous() -> None:
+    assert decide_append(follows("w", True), HASH, "b1", follow=True) == Append("w")
+
+
+def test_a_batch_message_continues_after_its_previous_when_the_leaf_is_elsewhere() -> None:
+    assert decide_append(follows("u", False), HASH, "b1", follow=True) == Append("b1")
+    assert decide_append(follows("b1", False), HASH, "b1", follow=True) == Append("b1")
+
+
+def test_only_a_batch_message_follows_the_leaf() -> None:
+    """An append with a given parent takes that parent, whatever the leaf (``follow`` unset)."""
+    assert decide_append(follows("w", True), HASH, "b1") == Append("b1")
+
+
+def test_a_batch_message_that_exists_replays_where_it_was_appended() -> None:
+    s = follows("w", True, existing=Existing("b1", 7, HASH))
+    assert decide_append(s, HASH, "b1", follow=True) == Replay("b1", 7)
+
+
+def test_a_followed_leaf_under_the_new_id_is_a_parent_cycle() -> None:
+    with pytest.raises(ParentCycle, match="batch's previous message"):
+        decide_append(follows("w", True, descendants=frozenset({"w"})), HASH, "b1", follow=True)
+
+
+def test_a_batch_message_whose_previous_is_gone_is_refused() -> None:
+    s = AppendState(session_deleted=False, existing=None, latest_leaf="w", parent_exists=False, leaf_follows=True)
+    with pytest.raises(UnknownParent):
+        decide_append(s, HASH, "b1", follow=True)
