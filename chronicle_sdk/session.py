@@ -181,6 +181,12 @@ class Session(ConfigBuilder):
         JetStream path checks that ``parent_id`` exists but not that the chain would not make a
         message its own ancestor (the server's ``409 parent_cycle``): re-using a deleted message's
         id there may store a cycle, which reads tolerate (the path ends where it repeats).
+
+        Under concurrent writers, over HTTP or NATS each next message follows an append that
+        another writer made onto the chain's line meanwhile (the server's ``messages:batch``
+        rule: one chain). Via JetStream only the first message is conditional; the others keep
+        the parent they were given, so an append without a parent that lands between two of
+        them (attached to the earlier one) is left on a side branch, off the latest leaf's path.
         """
         refuse_unnameable_ids(messages)
         await self._ensure_ready()

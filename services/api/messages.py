@@ -97,7 +97,9 @@ async def append_one(
 )
 async def append_batch(sid: Sid, body: AppendBatchBody, tenant: Tenant, c: ContainerDep) -> dict[str, Any]:
     """Append a chain: the first message takes ``parent_id`` as a single append does (omitted:
-    the latest leaf; ``null``: a new root), each next one is the child of the previous.
+    the latest leaf; ``null``: a new root), each next one is the child of the previous, or, when
+    another writer appended under the previous meanwhile, of the latest leaf below it: the
+    session stays one chain under concurrent writers.
 
     Each message is its own event; a retried batch re-answers the appended ones (idempotent).
     """
