@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import signal
 import socket
-from collections.abc import Coroutine
+from collections.abc import AsyncIterator, Callable, Coroutine
 from types import FrameType
 from typing import Any
 
+import nats.errors
 import uvicorn
 import uvloop
 from nats.aio.client import Client as NatsClient
@@ -34,6 +36,45 @@ def nats_node(nc: NatsClient) -> str:
     return f"{url.hostname}:{url.port}" if url is not None else "(not connected)"
 
 
+class NatsClosed(nats.errors.Error):
+    """The process's NATS connection is closed for good: nats-py gives up, without reconnecting,
+    after most protocol errors the server answers by closing it (a message over its
+    ``max_payload``, say). The process cannot recover by itself: it stops, and a supervisor starts
+    it again (``chronicle up`` stops the stack with it)."""
+
+    def __str__(self) -> str:
+        return f"the connection was closed for good ({self.args[0]}): the process stopped; start it again"
+
+
+NATS_CLOSED_POLL_S = 1.0
+"""How often a process looks whether its NATS connection is closed for good."""
+
+
+@contextlib.asynccontextmanager
+async def stopped_if_nats_closes(nc: NatsClient, stop: Callable[[], None]) -> AsyncIterator[None]:
+    """Run the body; when ``nc`` is closed for good meanwhile, call ``stop`` (the body ends as on a
+    signal) and raise :class:`NatsClosed` after it: one line and a non-zero exit, instead of a
+    process that stays up answering every request with the same failure."""
+    closed = asyncio.Event()
+
+    async def watch() -> None:
+        while not nc.is_closed:  # noqa: ASYNC110 (nats-py tells a close only to the callback given at connect)
+            await asyncio.sleep(NATS_CLOSED_POLL_S)
+        closed.set()
+        log.error("NATS connection closed for good (%r): stopping", nc.last_error)
+        stop()
+
+    task = asyncio.create_task(watch(), name="nats-closed-watch")
+    try:
+        yield
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+    if closed.is_set():
+        raise NatsClosed(repr(nc.last_error) if nc.last_error is not None else "no error given")
+
+
 def _stop_on_signals(stop: asyncio.Event) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -44,7 +85,7 @@ async def run_projector(settings: Settings) -> None:
     """Apply events until SIGINT/SIGTERM; the batch in flight commits (or rolls back) first."""
     stop = asyncio.Event()
     _stop_on_signals(stop)
-    async with open_container(settings) as c:
+    async with open_container(settings) as c, stopped_if_nats_closes(c.nc, stop.set):
         runner = c.projector()
         settle_heap()
         log.info(
@@ -62,7 +103,7 @@ async def run_compactor(settings: Settings) -> None:
     """Take compaction requests (the projector publishes them) and summarise until SIGINT/SIGTERM."""
     stop = asyncio.Event()
     _stop_on_signals(stop)
-    async with open_container(settings) as c:
+    async with open_container(settings) as c, stopped_if_nats_closes(c.nc, stop.set):
         compactor = c.compactor()
         settle_heap()
         log.info(
@@ -79,7 +120,11 @@ async def run_commands(settings: Settings) -> None:
     """Answer commands over NATS request/reply until SIGINT/SIGTERM (requests in flight finish)."""
     stop = asyncio.Event()
     _stop_on_signals(stop)
-    async with open_container(settings) as c, serving_commands(settings, c):
+    async with (
+        open_container(settings) as c,
+        stopped_if_nats_closes(c.nc, stop.set),
+        serving_commands(settings, c),
+    ):
         settle_heap()
         log.info("commands answered on %s.<tenant>.<command> via NATS %s", c.layout.commands, nats_node(c.nc))
         await stop.wait()
@@ -139,14 +184,15 @@ async def _serve_api(settings: Settings) -> None:
         # be a KeyboardInterrupt traceback); with these it exits 0 after them, as the other processes do
         for sig in (signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, _stopped_by_the_server)
-        if not settings.api_reuse_port:
-            await server.serve()
-            return
-        sock = listening_socket(settings.api_host, settings.api_port, reuse_port=True)
-        try:
-            await server.serve(sockets=[sock])
-        finally:
-            sock.close()
+        async with stopped_if_nats_closes(c.nc, lambda: setattr(server, "should_exit", True)):
+            if not settings.api_reuse_port:
+                await server.serve()
+                return
+            sock = listening_socket(settings.api_host, settings.api_port, reuse_port=True)
+            try:
+                await server.serve(sockets=[sock])
+            finally:
+                sock.close()
 
 
 def _stopped_by_the_server(signum: int, frame: FrameType | None) -> None:

@@ -1,0 +1,56 @@
+"""A process whose NATS connection is closed for good stops with one line and a non-zero exit
+instead of staying up and failing every request: nats-py closes, without reconnecting, after the
+server answers a protocol error by closing the connection. The real trigger, a message whose
+payload is within the server's ``max_payload`` but not with its headers (nats-py checks the
+payload alone), is what the test sends."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from services.ops import processes
+from services.ops.processes import NatsClosed, stopped_if_nats_closes
+from tests.conftest import operator_nats
+
+
+async def test_a_connection_the_server_closes_stops_the_process_body_and_says_why(
+    nats_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(processes, "NATS_CLOSED_POLL_S", 0.05)
+    nc = await operator_nats(nats_url)
+    stop = asyncio.Event()
+
+    async def body() -> None:
+        async with stopped_if_nats_closes(nc, stop.set):
+            assert not stop.is_set()
+            # within max_payload alone, over it with the header: the server closes the connection
+            await nc.publish("chronicle.test.oversize", b"x" * (nc.max_payload - 8), headers={"X-Pad": "y" * 64})
+            await asyncio.wait_for(stop.wait(), timeout=10)  # the body ends as on a signal
+
+    try:
+        with pytest.raises(NatsClosed) as raised:
+            await body()
+        assert nc.is_closed
+        assert "closed for good" in str(raised.value)
+        assert "maximum payload" in str(raised.value).lower()
+    finally:
+        await nc.close()
+
+
+async def test_a_body_that_ends_with_the_connection_open_raises_nothing(
+    nats_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(processes, "NATS_CLOSED_POLL_S", 0.05)
+    nc = await operator_nats(nats_url)
+    stopped: list[bool] = []
+    try:
+        async with stopped_if_nats_closes(nc, lambda: stopped.append(True)):
+            await asyncio.sleep(0.2)
+        assert not stopped
+    finally:
+        await nc.close()
+    async with stopped_if_nats_closes(nc, lambda: stopped.append(True)):  # closed by its owner: after the body
+        pass
+    assert not stopped
