@@ -46,8 +46,21 @@ def hash36(text: str) -> str:
     return base36(fnv1a_utf16(text))
 
 
+JS_TRIMMED = (
+    "\t\n\v\f\r \u00a0\u1680\u2000\u2001\u2002\u2003\u2004\u2005\u2006\u2007\u2008\u2009\u200a"
+    "\u2028\u2029\u202f\u205f\u3000\ufeff"
+)
+"""What JavaScript's ``String.prototype.trim`` removes (WhiteSpace and LineTerminator): U+FEFF
+included, U+001C-U+001F and U+0085 not, unlike Python's ``str.strip()``."""
+
+
+def js_trim(text: str) -> str:
+    return text.strip(JS_TRIMMED)
+
+
 def context_entry_key(title: str | None, content: str) -> str:
-    if title is not None and title.strip():
+    """The reference's key: a title blank after JavaScript's ``trim`` counts as no title."""
+    if title is not None and js_trim(title):
         return slugify(title) or f"entry-{hash36(title)}"
     return f"{slugify(content) or 'entry'}-{hash36(content)}"
 

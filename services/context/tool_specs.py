@@ -46,9 +46,14 @@ def _quoted(labels: list[str]) -> str:
     return ", ".join(f'"{x}"' for x in labels)
 
 
+def _described(description: str | None) -> str:
+    """The reference's ``description ?? "no description"``: an empty description stays empty."""
+    return description if description is not None else "no description"
+
+
 def _set_context(writable: list[BlockInfo]) -> ToolSpec:
     kinds = {"skills": "skill collection, keyed entries", "searchable": "searchable, keyed entries"}
-    lines = [f'- "{b.label}" ({kinds.get(b.kind, "writable")}): {b.description or "no description"}' for b in writable]
+    lines = [f'- "{b.label}" ({kinds.get(b.kind, "writable")}): {_described(b.description)}' for b in writable]
     keyed = [b.label for b in writable if b.kind in ("skills", "searchable")]
     properties: dict[str, Any] = {
         "label": {"type": "string", "enum": [b.label for b in writable], "description": "Block label to write to"},

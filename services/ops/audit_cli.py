@@ -210,7 +210,11 @@ async def run_skills(settings: Settings, args: argparse.Namespace) -> int:
     async with open_container(settings, create_stream=False) as c:
         ids.check_tenant(args.tenant)
         if args.skills_command == "put":
-            content = await asyncio.to_thread(Path(args.file).read_text, encoding="utf-8")
+            try:
+                content = await asyncio.to_thread(Path(args.file).read_text, encoding="utf-8")
+            except UnicodeDecodeError as exc:
+                print(f"chronicle skills put: {args.file} is not UTF-8 text (byte {exc.start})", file=sys.stderr)
+                return 2
             seq = await c.context.put_skill(args.tenant, args.bucket, args.key, content, args.description)
             print(f"stored {args.bucket}/{args.key} ({len(content.encode())} bytes); recorded at sequence {seq}")
             return 0

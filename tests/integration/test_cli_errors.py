@@ -205,6 +205,23 @@ async def test_skills_put_on_the_stacks_server_records_the_skill(
         await nc.close()
 
 
+async def test_skills_put_of_a_file_that_is_not_utf8_is_one_line_and_stores_nothing(
+    foreign: tuple[Settings, Settings], s3_endpoint: str, tmp_path: Path
+) -> None:
+    stack = foreign[0].model_copy(update={"s3_endpoint": s3_endpoint})
+    bucket = f"sk-{uuid.uuid4().hex[:12]}"
+    s3 = Minio(s3_endpoint, "testing", "testing", secure=False, region="us-east-1")
+    s3.make_bucket(bucket)
+    doc = tmp_path / "bin.md"
+    doc.write_bytes(b"\xff\xfe\x00binary")
+    async with running_stack(stack):
+        argv = ["skills", "put", str(doc), "--bucket", bucket, "--key", "skills/bin"]
+        done = await asyncio.to_thread(chronicle_cli, stack, *argv)
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.strip() == f"chronicle skills put: {doc} is not UTF-8 text (byte 0)"
+    assert list(s3.list_objects(bucket, recursive=True)) == []
+
+
 async def test_skills_put_whose_projector_never_applies_it_is_one_line(
     foreign: tuple[Settings, Settings], s3_endpoint: str, tmp_path: Path
 ) -> None:

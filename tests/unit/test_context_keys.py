@@ -25,6 +25,11 @@ CASES: list[tuple[str | None, str, str]] = [
     (None, "🏴\u200d☠️ pirate", "pirate-19tl3w6"),
     (None, "", "entry-ztntfp"),
     ("   ", "blank title", "blank-title-1vt35vn"),
+    # blank as JavaScript's trim sees it: U+FEFF, U+3000, U+00A0 are; U+001C and U+0085 are not
+    ("\ufeff", "bom test", "bom-test-1fge2yn"),
+    ("\u3000 \u00a0", "bom test", "bom-test-1fge2yn"),
+    ("\u001c", "bom test", "entry-6y7dzv"),
+    ("\u0085", "bom test", "entry-zj08u8"),
     ("İ" * 70, "c", "-".join(["i"] * 60)),
     (
         None,

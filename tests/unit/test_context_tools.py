@@ -64,6 +64,12 @@ def test_set_context_description_lists_writable_blocks_with_their_kind() -> None
     assert '"soul"' not in tool.description
 
 
+def test_an_empty_description_stays_empty_as_the_references_nullish_default() -> None:
+    """``description ?? "no description"``: only a block without one says "no description"."""
+    tool = specs(SOUL, {"kind": "writable", "label": "scratch", "description": ""})["set_context"]
+    assert tool.description.split("\n")[1] == '- "scratch" (writable): '
+
+
 def test_set_context_without_keyed_blocks() -> None:
     tool = specs(SOUL, MEMORY, {"kind": "writable", "label": "scratch"})["set_context"]
     assert tool.description == (
