@@ -378,6 +378,13 @@ class Session(ConfigBuilder):
         recorded (``compaction.failed``, listed by the audit's compaction failures) and ``detail``
         names it in at most 200 characters; call again later. A manual compaction is not retried by
         the server and holds nothing: the automatic compaction goes on as before.
+
+        The call waits for the summarizer, which may take longer than the client's ``timeout_s``
+        (30 s by default; the server gives the summarizer ``CHRONICLE_SUMMARIZER_TIMEOUT_S``, 60 s,
+        per attempt): :class:`Unavailable` then means no answer came in time, not that nothing
+        happened. The server goes on and may record the overlay; :meth:`get_compactions` tells,
+        and a second ``compact()`` answers None ("nothing new") once it is recorded. Give the
+        client a ``timeout_s`` above the summarizer's budget when you compact by hand.
         """
         try:
             out = await self._write("POST", "/compact", {"leaf_id": leaf_id} if leaf_id is not None else {})
