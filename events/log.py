@@ -59,6 +59,13 @@ async def read(
 
     Reads through an ordered (ephemeral, flow-controlled) consumer and stops at the last
     sequence present when the read began, so it always terminates.
+
+    Complete, or :class:`ReadIncomplete`: the subscription never drops a message for a full
+    buffer (nats-py counted a dropped message as delivered for its ordered consumer, which then
+    never noticed the hole: a reader slower than delivery, a rebuild or verify of a large log,
+    silently lacked events); the server's flow control bounds what waits in the buffer instead.
+    A whole-log read checks that each sequence follows the one before, or that the stream holds
+    none in between (a message deleted from the stream is not a hole).
     """
     end = await last_seq(js, layout, subject)
     if to_seq is not None:
@@ -67,8 +74,14 @@ async def read(
         return
     config = ConsumerConfig(deliver_policy=DeliverPolicy.BY_START_SEQUENCE, opt_start_seq=max(from_seq, 1))
     sub = await js.subscribe(
-        subject or layout.wildcard, ordered_consumer=True, config=config, stream=layout.stream, pending_msgs_limit=-1
+        subject or layout.wildcard,
+        ordered_consumer=True,
+        config=config,
+        stream=layout.stream,
+        pending_msgs_limit=-1,
+        pending_bytes_limit=0,  # never drop: flow control holds the server back
     )
+    before = max(from_seq, 1) - 1
     try:
         while True:
             try:
@@ -76,13 +89,35 @@ async def read(
             except (TimeoutError, nats.errors.TimeoutError) as exc:
                 raise TimeoutError("the event stream stopped delivering before the end") from exc
             seq = msg.metadata.sequence.stream
+            if subject is None and seq > before + 1:
+                await check_hole(js, layout, before, min(seq, end + 1))
             if seq > end:
                 return
             yield _stored(msg)
+            before = seq
             if seq >= end:
                 return
     finally:
         await sub.unsubscribe()
+
+
+class ReadIncomplete(RuntimeError):
+    """A read of the log did not receive a sequence the stream holds (a delivery lost on the way)."""
+
+
+async def check_hole(js: JetStreamContext, layout: SubjectLayout, before: int, after: int) -> None:
+    """:class:`ReadIncomplete` unless the stream holds no message between ``before`` and ``after``
+    (exclusive): a whole-log read went from one to the other. Only asked at a jump, which a log
+    that never deletes does not have."""
+    for seq in range(before + 1, after):
+        try:
+            await js.get_msg(layout.stream, seq)
+        except NotFoundError:
+            continue  # deleted from the stream: nothing to read there
+        raise ReadIncomplete(
+            f"the read of stream {layout.stream} did not receive sequence {seq}, which the stream holds: "
+            "a delivery was lost on the way; read again"
+        )
 
 
 class FollowerBehind(Exception):

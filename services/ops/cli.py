@@ -19,6 +19,7 @@ import psycopg.conninfo
 
 from events.credentials import tenant_nkey_seed
 from events.ids import check_tenant
+from events.log import ReadIncomplete
 from services import logs
 from services.ops.natsconf import ClusterNode, MissingOperator, NatsAccess, cluster_extra, server_config, write_config
 from services.settings import (
@@ -236,6 +237,9 @@ def main(argv: list[str] | None = None) -> int:
             flush=True,
         )
         return SETTINGS_EXIT
+    except ReadIncomplete as exc:  # a delivery lost while reading the log: nothing was swapped or written past it
+        print(f"chronicle {args.command}: {exc}", file=sys.stderr, flush=True)
+        return UNREACHABLE_EXIT
     except StreamMissing as exc:  # a tool that reads the log, pointed at a NATS server without it
         print(
             f"chronicle {args.command}: no stream {exc.stream} on {settings.nats_url}: is CHRONICLE_NATS_URL the "
