@@ -134,6 +134,18 @@ class Settings(BaseSettings):
         description="listen with SO_REUSEPORT, so several `chronicle api` processes share the port and the kernel "
         "spreads connections over them (`chronicle up --api-processes N`)",
     )
+    api_max_header_bytes: int = Field(
+        default=64 * 1024,
+        ge=1024,
+        le=16 * 1024 * 1024,
+        description="the largest request head (request line and headers) the API reads: past it, `431 "
+        "header_too_large` and the connection closes; nothing reaches the app (services/api/http_head.py)",
+    )
+    api_header_timeout_s: PositiveFloat = Field(
+        default=10.0,
+        description="how long the API waits for a request's headers, from its first byte (or from the "
+        "connection's opening): past it the connection is closed (slow clients cannot hold connections)",
+    )
     api_keys: list[str] = Field(
         default_factory=list,
         description="entries 'tenant:sha256-hex-of-key[:nkey-public-key]' (a full key) or "

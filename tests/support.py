@@ -32,7 +32,8 @@ from services.ops.localstack import (
     with_database,
 )
 from services.ops.natsconf import ClusterNode, NatsAccess
-from services.ops.processes import ApiServer
+from services.ops.processes import ApiServer, api_http_protocol
+from services.settings import Settings
 
 DEFAULT_PG = "postgresql://postgres@127.0.0.1:5432/postgres"
 
@@ -69,10 +70,13 @@ def chronicle_cli(settings: Any, *args: str, timeout: float = 120) -> subprocess
 
 
 @contextlib.asynccontextmanager
-async def served(app: ASGIApp) -> AsyncIterator[str]:
-    """``app`` served by uvicorn on a free loopback port (real HTTP); yields its base URL."""
+async def served(app: ASGIApp, settings: Settings | None = None) -> AsyncIterator[str]:
+    """``app`` served by uvicorn on a free loopback port (real HTTP), with the HTTP protocol the
+    API is served with (``settings``' bounds on a request's head, default ones without); yields its
+    base URL."""
     port = free_port()
-    config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="error")
+    http = api_http_protocol(settings or Settings())
+    config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="error", http=http)
     stopping = getattr(getattr(app, "state", None), "stopping", None)  # Chronicle's API: its open answers end
     server = ApiServer(config, stopping) if isinstance(stopping, asyncio.Event) else uvicorn.Server(config)
     task = asyncio.create_task(server.serve())

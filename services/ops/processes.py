@@ -17,6 +17,7 @@ import uvloop
 from nats.aio.client import Client as NatsClient
 
 from services.api.app import build_app
+from services.api.http_head import head_bounded_protocol
 from services.bootstrap import open_container, settle_heap
 from services.commands_nats.app import serving_commands
 from services.settings import Settings
@@ -158,6 +159,21 @@ class ApiServer(uvicorn.Server):
         await super().shutdown(sockets)
 
 
+def api_http_protocol(settings: Settings) -> type[asyncio.Protocol] | str:
+    """The HTTP protocol the API is served with: uvicorn's httptools one with bounds on a
+    request's head (``api_max_header_bytes``, ``api_header_timeout_s``; services/api/http_head.py);
+    the plain one, with a warning, where uvicorn's no longer has the shape those are written for."""
+    protocol = head_bounded_protocol(settings.api_max_header_bytes, settings.api_header_timeout_s)
+    if protocol is None:
+        log.warning(
+            "uvicorn %s's httptools protocol is not the one services/api/http_head.py extends: request heads "
+            "are served without a size bound or a timeout (pin uvicorn to a version it supports)",
+            uvicorn.__version__,
+        )
+        return "httptools"
+    return protocol
+
+
 def run_api(settings: Settings) -> None:
     """Serve the API until SIGINT/SIGTERM; with ``api_reuse_port`` on a socket shared with the
     other API processes on the same port. The adapters open before the server starts, as in every
@@ -177,6 +193,7 @@ async def _serve_api(settings: Settings) -> None:
             log_level="warning",
             access_log=False,
             timeout_graceful_shutdown=10,
+            http=api_http_protocol(settings),
         )
         server = ApiServer(config, app.state.stopping)
         # uvicorn stops on SIGINT/SIGTERM and raises the signal again once it has stopped: with the

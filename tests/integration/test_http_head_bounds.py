@@ -1,0 +1,302 @@
+"""A request's head is bounded (services/api/http_head.py): request line and headers over
+``api_max_header_bytes`` are ``431 header_too_large`` and the connection closes, nothing reaching
+the app (a valid key's append is not made); a head not complete within ``api_header_timeout_s`` of
+its first byte (or of the connection's opening) has its connection closed. A head just at the bound,
+a head that arrives in pieces within the time, a body that arrives slowly, and a pause between
+requests are all served. Each over real HTTP on raw sockets, to the API served by uvicorn as
+``chronicle api`` serves it, with a small bound and a short timeout. If uvicorn's protocol
+changes shape, the first test fails (the API would serve without the bounds, warning)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+import pytest
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+from services.api.app import build_app
+from services.api.http_head import head_bounded_protocol, shape_mismatch
+from services.bootstrap import Container
+from services.ops import processes
+from services.settings import Settings
+from tests.conftest import KEYS
+from tests.support import served
+
+LIMIT = 8 * 1024
+TIMEOUT_S = 0.5
+AUTH = f"Bearer {KEYS['tenant-a']}"
+JSON = {"Content-Type": "application/json"}
+
+
+@pytest.fixture
+async def api(stack: Container) -> AsyncIterator[str]:
+    settings = stack.settings.model_copy(update={"api_max_header_bytes": LIMIT, "api_header_timeout_s": TIMEOUT_S})
+    async with served(build_app(settings, stack), settings) as url:
+        yield url
+
+
+async def _connect(url: str) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    host, port = url.removeprefix("http://").split(":")
+    return await asyncio.open_connection(host, int(port))
+
+
+def _head(method: str, path: str, *headers: str, size: int | None = None) -> bytes:
+    """A request head; with ``size``, padded by an ``X-Pad`` header to exactly that many bytes."""
+    lines = [f"{method} {path} HTTP/1.1", "Host: chronicle", f"Authorization: {AUTH}", *headers]
+    head = ("\r\n".join(lines) + "\r\n\r\n").encode()
+    if size is None:
+        return head
+    pad = size - len(head) - len("X-Pad: \r\n")
+    assert pad >= 0
+    return head[:-2] + b"X-Pad: " + b"p" * pad + b"\r\n\r\n"
+
+
+async def _answer(reader: asyncio.StreamReader) -> tuple[int, dict[str, str], dict[str, Any]]:
+    """The status, headers (lower-case names) and JSON body of one answer."""
+    head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
+    status_line, *lines = head.decode("latin-1").split("\r\n")[:-2]
+    headers = {name.lower(): value.strip() for name, value in (line.split(":", 1) for line in lines)}
+    body = await asyncio.wait_for(reader.readexactly(int(headers["content-length"])), 10)
+    return int(status_line.split()[1]), headers, json.loads(body) if body else {}
+
+
+async def _closed_after(reader: asyncio.StreamReader) -> float:
+    """Seconds until the server closes the connection (reads nothing but its end)."""
+    start = time.monotonic()
+    assert await asyncio.wait_for(reader.read(), 10) == b""
+    return time.monotonic() - start
+
+
+def _message(mid: str) -> bytes:
+    return json.dumps({"message": {"id": mid, "role": "user", "parts": [{"type": "text", "text": "hi"}]}}).encode()
+
+
+async def _history_ids(url: str, sid: str, min_seq: int) -> list[str]:
+    async with httpx.AsyncClient(base_url=url, headers={"Authorization": AUTH}) as client:
+        r = await client.get(f"/v1/sessions/{sid}/history", params={"min_seq": min_seq})
+    return [] if r.status_code == 404 else [m["id"] for m in r.json()["messages"]]
+
+
+async def _appended_after(url: str, sid: str) -> list[str]:
+    """The session's message ids once a marker appended now (over httpx) is read: what a refused
+    request would have appended is there by then."""
+    async with httpx.AsyncClient(base_url=url, headers={"Authorization": AUTH}) as client:
+        r = await client.post(f"/v1/sessions/{sid}/messages", content=_message("marker"), headers=JSON)
+    assert r.status_code == 201, r.text
+    return await _history_ids(url, sid, r.json()["seq"])
+
+
+async def _served_normally(url: str) -> None:
+    async with httpx.AsyncClient(base_url=url, headers={"Authorization": AUTH}) as client:
+        r = await client.get("/v1/sessions")
+    assert r.status_code == 200, r.text
+
+
+def test_uvicorns_protocol_is_the_shape_the_bounds_are_written_for() -> None:
+    """A uvicorn upgrade that changes the protocol fails here (the API would serve unbounded)."""
+    assert shape_mismatch(HttpToolsProtocol) is None
+    protocol = processes.api_http_protocol(Settings())
+    assert isinstance(protocol, type)
+    assert issubclass(protocol, HttpToolsProtocol)
+
+
+def test_a_protocol_of_another_shape_is_served_plain_with_a_warning(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    class Changed(HttpToolsProtocol):
+        def on_headers_complete(self, extra: int = 0) -> None:
+            pass
+
+    assert shape_mismatch(Changed) == "its on_headers_complete() takes other arguments"
+    monkeypatch.setattr(processes, "head_bounded_protocol", lambda size, timeout: None)
+    with caplog.at_level(logging.WARNING, logger="chronicle"):
+        assert processes.api_http_protocol(Settings()) == "httptools"
+    assert "without a size bound or a timeout" in caplog.text
+    assert head_bounded_protocol(LIMIT, TIMEOUT_S) is not None  # the real one is the right shape
+
+
+@pytest.mark.parametrize("over", [1, LIMIT, 4 * 1024 * 1024], ids=["one-byte", "twice", "4-MiB"])
+async def test_a_head_over_the_bound_is_431_and_the_connection_closes(api: str, new_id: Any, over: int) -> None:
+    """One byte over (the head complete in one read: measured), twice the bound and 4 MiB (refused
+    as the head arrives, the rest never read). A valid key's append: nothing is appended."""
+    sid, mid = new_id("s"), new_id("m")
+    body = _message(mid)
+    head = _head(
+        "POST",
+        f"/v1/sessions/{sid}/messages",
+        "Content-Type: application/json",
+        f"Content-Length: {len(body)}",
+        size=LIMIT + over,
+    )
+    reader, writer = await _connect(api)
+    try:
+        writer.write(head + body)
+        with contextlib.suppress(ConnectionError):  # the server stops reading the 4 MiB: it answers all the same
+            await writer.drain()
+        status, headers, problem = await _answer(reader)
+        assert (status, problem["code"]) == (431, "header_too_large"), problem
+        assert str(LIMIT) in problem["detail"]
+        assert headers["connection"] == "close"
+        assert headers["content-type"] == "application/problem+json"
+        assert await _closed_after(reader) < 5
+    finally:
+        writer.close()
+    assert await _appended_after(api, sid) == ["marker"]
+    await _served_normally(api)
+
+
+async def test_a_head_over_the_bound_without_a_key_is_431_not_401(api: str) -> None:
+    reader, writer = await _connect(api)
+    try:
+        writer.write(b"GET /v1/sessions HTTP/1.1\r\nHost: chronicle\r\nCookie: " + b"c" * (2 * LIMIT) + b"\r\n\r\n")
+        status, _, problem = await _answer(reader)
+        assert (status, problem["code"]) == (431, "header_too_large")
+    finally:
+        writer.close()
+
+
+async def test_a_head_just_at_the_bound_is_served(api: str, new_id: Any) -> None:
+    """Exactly ``api_max_header_bytes``: a GET, and an append whose body comes in the same write
+    (the head is then measured exactly)."""
+    sid, mid = new_id("s"), new_id("m")
+    reader, writer = await _connect(api)
+    try:
+        writer.write(_head("GET", "/v1/sessions", size=LIMIT))
+        status, _, page = await _answer(reader)
+        assert status == 200, page
+        body = _message(mid) + b" " * (4 * LIMIT)  # JSON with trailing blanks: a large body, still valid
+        head = _head(
+            "POST",
+            f"/v1/sessions/{sid}/messages",
+            "Content-Type: application/json",
+            f"Content-Length: {len(body)}",
+            size=LIMIT,
+        )
+        writer.write(head + body)  # the same connection: its second request
+        status, _, made = await _answer(reader)
+        assert status == 201, made
+    finally:
+        writer.close()
+    assert mid in await _history_ids(api, sid, made["seq"])
+
+
+async def test_a_head_that_never_completes_is_closed_after_the_timeout(api: str) -> None:
+    """A header line now and then (a slowloris): closed once the head has taken the timeout,
+    however steadily it trickles."""
+    reader, writer = await _connect(api)
+    try:
+        writer.write(b"GET /v1/sessions HTTP/1.1\r\nHost: chronicle\r\n")
+        start = time.monotonic()
+
+        async def trickle() -> None:
+            for i in range(100):
+                await asyncio.sleep(TIMEOUT_S / 5)
+                writer.write(f"X-Slow-{i}: x\r\n".encode())
+
+        trickling = asyncio.create_task(trickle())
+        assert await asyncio.wait_for(reader.read(), 10) == b""
+        elapsed = time.monotonic() - start
+        trickling.cancel()
+        assert TIMEOUT_S * 0.8 <= elapsed < TIMEOUT_S + 5
+    finally:
+        writer.close()
+    await _served_normally(api)
+
+
+async def test_a_connection_that_sends_nothing_is_closed_after_the_timeout(api: str) -> None:
+    reader, writer = await _connect(api)
+    try:
+        assert TIMEOUT_S * 0.8 <= await _closed_after(reader) < TIMEOUT_S + 5
+    finally:
+        writer.close()
+
+
+async def test_blank_lines_between_requests_do_not_hold_the_connection(api: str) -> None:
+    """After an answer, bytes that make no request (blank lines, which the parser skips) take the
+    connection out of the keep-alive timeout: they are timed as a head."""
+    reader, writer = await _connect(api)
+    try:
+        writer.write(_head("GET", "/v1/sessions"))
+        assert (await _answer(reader))[0] == 200
+        start = time.monotonic()
+
+        async def blank_lines() -> None:
+            for _ in range(100):
+                writer.write(b"\r\n")
+                await asyncio.sleep(TIMEOUT_S / 5)
+
+        sending = asyncio.create_task(blank_lines())
+        assert await asyncio.wait_for(reader.read(), 10) == b""
+        sending.cancel()
+        assert time.monotonic() - start < TIMEOUT_S + 4  # well before the 5 s keep-alive timeout would, were it reset
+    finally:
+        writer.close()
+
+
+async def test_a_head_in_pieces_within_the_time_and_a_pause_between_requests_are_served(api: str) -> None:
+    """The timer runs only while a head is incomplete: a head sent in pieces within the timeout is
+    served, and after its answer a pause longer than the head timeout (within keep-alive) is fine."""
+    reader, writer = await _connect(api)
+    try:
+        head = _head("GET", "/v1/sessions")
+        for i in range(0, len(head), 16):
+            writer.write(head[i : i + 16])
+            await writer.drain()
+            await asyncio.sleep(0.01)
+        assert (await _answer(reader))[0] == 200
+        await asyncio.sleep(TIMEOUT_S * 2)  # idle: uvicorn's keep-alive (5 s) applies, not the head's timer
+        writer.write(head)
+        assert (await _answer(reader))[0] == 200
+    finally:
+        writer.close()
+
+
+async def test_a_body_that_arrives_slowly_is_not_cut_by_the_head_timeout(api: str, new_id: Any) -> None:
+    sid, mid = new_id("s"), new_id("m")
+    body = _message(mid)
+    reader, writer = await _connect(api)
+    try:
+        writer.write(
+            _head(
+                "POST", f"/v1/sessions/{sid}/messages", "Content-Type: application/json", f"Content-Length: {len(body)}"
+            )
+        )
+        writer.write(body[:10])
+        await writer.drain()
+        await asyncio.sleep(TIMEOUT_S * 2)  # past the head timeout, mid-body
+        writer.write(body[10:])
+        status, _, made = await _answer(reader)
+        assert status == 201, made
+    finally:
+        writer.close()
+    assert mid in await _history_ids(api, sid, made["seq"])
+
+
+async def test_a_head_after_a_pipelined_body_is_measured_from_its_own_start(api: str, new_id: Any) -> None:
+    """An append with a body of several times the bound, and in the same write half of a second
+    request's head (at the bound in all): what came before that head does not count towards it."""
+    sid, mid = new_id("s"), new_id("m")
+    body = _message(mid) + b" " * (3 * LIMIT)
+    first = _head(
+        "POST", f"/v1/sessions/{sid}/messages", "Content-Type: application/json", f"Content-Length: {len(body)}"
+    )
+    second = _head("GET", "/v1/sessions", size=LIMIT)
+    reader, writer = await _connect(api)
+    try:
+        writer.write(first + body + second[: LIMIT // 2])
+        await writer.drain()
+        await asyncio.sleep(0.05)  # most likely read apart from the rest (either way it must be served)
+        writer.write(second[LIMIT // 2 :])
+        status, _, made = await _answer(reader)
+        assert status == 201, made
+        status, _, page = await _answer(reader)
+        assert status == 200, page
+    finally:
+        writer.close()
