@@ -39,6 +39,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import json
+import logging
 from typing import Any
 
 from services.requests.problems import problem
@@ -65,6 +66,10 @@ _SIGNATURES = {
     "on_message_complete": ["self"],
     "send_400_response": ["self", "msg"],
 }
+
+
+_UNHEARD = logging.Logger("chronicle.api.http_head.unheard", level=logging.CRITICAL + 1)
+"""A logger that logs nothing: a refused connection's (what uvicorn would log of it is not so)."""
 
 
 class HeadTooLarge(Exception):
@@ -167,6 +172,7 @@ def head_bounded_protocol(max_head_bytes: int, head_timeout_s: float) -> type[as
                 self._timer = None
             if self._head_read > max_head_bytes and self._head_size() > max_head_bytes:
                 self._refused = True  # send_400_response answers 431 instead
+                self.logger = _UNHEARD  # uvicorn logs the parser's stop as an invalid request: it was none
                 raise HeadTooLarge
             base.on_headers_complete(self)
 

@@ -152,6 +152,34 @@ async def test_a_head_over_the_bound_is_431_and_the_connection_closes(api: str, 
     await _served_normally(api)
 
 
+async def test_a_refusal_is_not_logged_as_an_invalid_request(api: str) -> None:
+    """uvicorn logs what its parser stops on as "Invalid HTTP request received."; a head over the
+    bound is no such request (its refusal is logged by nobody), a malformed one still is."""
+    seen: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda record: seen.append(record.getMessage())  # type: ignore[method-assign]
+    uvicorn_log = logging.getLogger("uvicorn.error")
+    level = uvicorn_log.level
+    uvicorn_log.addHandler(handler)
+    uvicorn_log.setLevel(logging.WARNING)
+    try:
+        for request, status in [
+            (_head("GET", "/v1/sessions", size=LIMIT + 1), 431),  # one read: measured, the parser stopped
+            (b"GET /v1/sessions HTTP/1.1\r\nBad Header\r\n\r\n", 400),
+        ]:
+            reader, writer = await _connect(api)
+            try:
+                writer.write(request)
+                answer = await asyncio.wait_for(reader.read(), 10)  # to its end: the connection closes
+                assert answer.split()[1] == str(status).encode(), answer
+            finally:
+                writer.close()
+    finally:
+        uvicorn_log.removeHandler(handler)
+        uvicorn_log.setLevel(level)
+    assert seen == ["Invalid HTTP request received."]
+
+
 async def test_a_head_over_the_bound_without_a_key_is_431_not_401(api: str) -> None:
     reader, writer = await _connect(api)
     try:
