@@ -155,6 +155,22 @@ async def test_broken_framing_is_the_http_servers_plain_text_400_and_writes_noth
     assert await stream_last_seq(client) == last
 
 
+async def test_a_head_over_the_default_bound_is_431_from_the_api_process(
+    client: httpx.AsyncClient, api_url: str
+) -> None:
+    """``chronicle api`` serves with the head bounds (tests/integration/test_http_head_bounds.py
+    has the rest): 64 KiB of request line and headers, default settings."""
+    last = await stream_last_seq(client)
+    request = (
+        f"POST /v1/sessions HTTP/1.1\r\nHost: chronicle\r\nAuthorization: Bearer {KEYS['tenant-a']}\r\n"
+        f"X-Pad: {'p' * 64 * 1024}\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{{}}"
+    ).encode()
+    status, headers, body = await _raw(api_url, request)
+    assert (status, body["code"]) == (431, "header_too_large"), body
+    assert headers["connection"] == "close"
+    assert await stream_last_seq(client) == last
+
+
 @pytest.mark.parametrize("path", ["/v1/sessions", "/v1/sessions/{sid}/messages"])
 async def test_a_declared_length_over_the_default_bound_is_413_at_once(
     client: httpx.AsyncClient, api_url: str, path: str
