@@ -287,7 +287,9 @@ _COPY_STAGE = (
 )
 # The text itself is not stored (migration 017): its vector, with the tenant's configuration, and
 # its length in bytes (BM25's document length) are. The vector is of its words (migration 024:
-# words joined by punctuation are indexed as their parts, as the query side parses them).
+# words joined by punctuation are indexed as their parts, as the query side parses them) and of
+# the text's first 100,000 characters only (migration 028: words cuts it, so that no text makes a
+# vector over Postgres's 1 MiB, which refused the message).
 _COLUMNS = (
     "tenant, session_id, id, parent_id, role, content, body_sha256, search_config, content_tsv, text_bytes, "
     "created_at, seq, updated_seq, original_ref"

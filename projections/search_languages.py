@@ -28,7 +28,9 @@ DEFAULT: Language = "english"
 LANGUAGES: dict[str, str] = {lang: f"chronicle_search.{lang}" for lang in get_args(Language)}
 # search_entries' vector is generated from its stored text with the row's configuration, which the
 # trigger sets; a message's text is not stored (migration 017): the projector computes its vector
-# with the tenant's configuration itself, and a change of language re-derives it from the body.
+# with the tenant's configuration itself, and a change of language re-derives it from the body
+# (through chronicle_search.words, which cuts the text at the bound the projector's vector has:
+# migration 028).
 TRIGGERED = ("search_entries",)
 REINDEX = {
     "messages": (

@@ -6,7 +6,7 @@ from typing import Any
 
 import httpx
 
-from tests.e2e.helpers import append, msg, new_sid, unique_word
+from tests.e2e.helpers import append, history, msg, new_sid, unique_word
 
 
 async def search(client: httpx.AsyncClient, sid: str, q: str, **params: Any) -> list[dict[str, Any]]:
@@ -144,6 +144,26 @@ async def test_no_match_gives_an_empty_list(client: httpx.AsyncClient) -> None:
     # A session that does not exist is not found.
     r = await client.get(f"/v1/sessions/{new_sid()}/search", params={"q": "anything"})
     assert (r.status_code, r.json()["code"]) == (404, "session_not_found")
+
+
+async def test_a_message_too_long_to_index_whole_is_stored_and_found_by_its_first_part(
+    client: httpx.AsyncClient,
+) -> None:
+    """~900 KB of distinct words make a vector over Postgres's 1 MiB: the append was answered 201
+    and the message then quarantined, never readable. Only the first 100,000 characters are
+    indexed now; the message is stored whole."""
+    first, inside, outside = unique_word(), unique_word(), unique_word()
+    filler = [f"w{i:06d}" for i in range(110_000)]  # distinct words ("w" and digits: one token each)
+    text = " ".join([first, *filler[:10_000], inside, *filler[10_000:20_000], outside, *filler[20_000:]])
+    assert text.index(inside) < 100_000 < text.index(outside)
+    assert len(text.encode()) > 850_000
+    sid = new_sid()
+    seq = (await append(client, sid, msg("m1", text)))["seq"]
+    h = await history(client, sid, min_seq=seq)
+    assert [(m["id"], m["parts"][0]["text"]) for m in h["messages"]] == [("m1", text)]
+    assert [x["id"] for x in await search(client, sid, first, min_seq=seq)] == ["m1"]
+    assert [x["id"] for x in await search(client, sid, inside, min_seq=seq)] == ["m1"]
+    assert await search(client, sid, outside, min_seq=seq) == []
 
 
 async def test_limit_and_snippet(client: httpx.AsyncClient) -> None:

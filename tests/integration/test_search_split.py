@@ -208,17 +208,23 @@ async def test_words_and_snippets_agree_with_fts5_tokens_on_random_texts(fresh_d
         assert bool(highlighted) == ("yaml" in positions), (text, snippet)
 
 
+async def insert_as_before_024(conn: psycopg.AsyncConnection[Any], tenant: str, texts: list[str]) -> None:
+    """The rows the projector wrote before migration 024 for these appends (session ``s0``, ids
+    m0, m1, ...; the text parsed as it was, with no words of its own)."""
+    for i, text in enumerate(texts):
+        await conn.execute(
+            "INSERT INTO messages (tenant, session_id, id, role, content, body_sha256, content_tsv, text_bytes, "
+            "created_at, seq, updated_seq) VALUES (%s, 's0', %s, 'user', %s, 'x', "
+            "to_tsvector('chronicle_search.english', %s), octet_length(%s), now(), %s, %s)",
+            (tenant, f"m{i}", stored_json(body(f"m{i}", text)), text, text, i + 1, i + 1),
+        )
+
+
 async def test_rows_written_before_024_are_reindexed_and_only_they_are_rewritten(fresh_db: str) -> None:
     texts = [TEXT, "plain words, nothing joined here.", "User plans Lisbon/Porto trip."]
     async with await psycopg.AsyncConnection.connect(fresh_db, autocommit=True) as conn:
         await migrate_before(conn, 24)
-        for i, text in enumerate(texts):  # as the projector wrote them before
-            await conn.execute(
-                "INSERT INTO messages (tenant, session_id, id, role, content, body_sha256, content_tsv, text_bytes, "
-                "created_at, seq, updated_seq) VALUES ('t', 's0', %s, 'user', %s, 'x', "
-                "to_tsvector('chronicle_search.english', %s), octet_length(%s), now(), %s, %s)",
-                (f"m{i}", stored_json(body(f"m{i}", text)), text, text, i + 1, i + 1),
-            )
+        await insert_as_before_024(conn, "t", texts)
         await conn.execute(
             "INSERT INTO search_entries (tenant, session_id, label, key, content, created_seq, updated_seq) "
             "VALUES ('t', 's0', 'kb', 'k1', %s, 9, 9)",
