@@ -8,7 +8,8 @@ applying it. Checks, in this order (the first failure decides the reason):
 
 1. ``too_large``: more than :data:`MAX_EVENT_BYTES`.
 2. ``not_json``: not UTF-8, not JSON (``NaN``/``Infinity`` included), or not a JSON object.
-3. ``invalid``: a NUL or a lone surrogate in any string (keys included).
+3. ``invalid``: a NUL or a lone surrogate in any string (keys included); arrays and objects
+   nested deeper than :data:`MAX_DEPTH` (what the HTTP API refuses in a request body).
 4. ``unknown_type`` / ``newer_version`` / ``invalid``: the type and version (see the registry).
 5. ``invalid``: the model's validation; the ids as the API checks them (tenant, session unless
    tenant-scoped, every message id the event names).
@@ -19,9 +20,10 @@ A claim check (a body event's ``message_ref``) is decided when the body is fetch
 (:func:`events.bodies.unpack_body`, with :func:`admit_body`): ``body_unavailable`` when the object
 store answers that no such object exists, or its bytes do not hash to the reference's SHA-256, or
 they are bound to another session than the event's (events/objects.py), or are not a JSON
-object. Objects are immutable and never deleted (but with their session's erasure), so the same
-reference decides the same on a rebuild; a store that cannot answer (connection, timeout)
-decides nothing (retried).
+object, or are nested deeper than the event's :data:`MAX_DEPTH` would allow where the body
+stands (one level below the event). Objects are immutable and never deleted (but with their
+session's erasure), so the same reference decides the same on a rebuild; a store that cannot
+answer (connection, timeout) decides nothing (retried).
 """
 
 from __future__ import annotations
@@ -69,6 +71,14 @@ that closes the connection it came on (nats-py checks the payload alone, so it s
 later publish of that process fails until it is restarted."""
 MAX_WRITTEN_BYTES = MAX_EVENT_BYTES - HEADER_ROOM
 """The largest event Chronicle's writers publish (its headers fit beside it under ``max_payload``)."""
+
+MAX_DEPTH = 64
+"""The deepest nesting of arrays and objects an event may have (the event object itself is 1),
+and a request body (services/requests/strict_json.py). A message sits at the same depth in its
+request (``{"message": …}``) and in its event, so the contract refuses exactly the bodies HTTP
+refuses. Without it an event published straight to JetStream could carry a message nested ~960
+deep (as deep as the parser goes): admitted and stored, it made every reader that parses it again
+(compaction, fork) raise RecursionError."""
 
 Reason = Literal[
     "too_large",
@@ -133,6 +143,7 @@ def admit(data: bytes, subject: str, layout: SubjectLayout, keys: KeyLookup | No
         )
     if b"\\u" in data and _SUSPECT_ESCAPE.search(data) and has_bad_chars(raw):
         raise Refused("invalid", "a string holds a NUL character or a lone surrogate")
+    _check_depth(_brackets(data), raw)
     if SEALED in raw:
         raw = _unseal(raw, subject, layout, keys)
     try:
@@ -170,6 +181,7 @@ def _unseal(raw: dict[str, Any], subject: str, layout: SubjectLayout, keys: KeyL
     names = SEALED_FIELDS.get(str(raw.get("type")), ())
     if b"\\u" in plain and _SUSPECT_ESCAPE.search(plain) and has_bad_chars({n: opened.get(n) for n in names}):
         raise Refused("invalid", "a string holds a NUL character or a lone surrogate")
+    _check_depth(_brackets(plain) + 1, opened)  # the fields are values of the event: one level down
     return opened
 
 
@@ -191,6 +203,8 @@ def admit_built(event: Event, layout: SubjectLayout) -> tuple[str, bytes]:
         raise Refused("too_large", f"{len(data)} bytes, more than the {MAX_WRITTEN_BYTES} an event may have")
     if b"\\u" in data and _SUSPECT_ESCAPE.search(data) and has_bad_chars(_parse(data)):
         raise Refused("invalid", "a string holds a NUL character or a lone surrogate")
+    if (bound := _brackets(data)) > MAX_DEPTH:  # rare: parsed back only then
+        _check_depth(bound, _parse(data))
     _check_ids(event)
     return layout.session_subject(event.tenant, event.session), data
 
@@ -219,7 +233,42 @@ def admit_body(
         raise BodyUnavailable(f"claim check: object {ref.key[:80]!r}: not JSON: {str(exc)[:120]}") from None
     if not isinstance(body, dict):
         raise BodyUnavailable(f"claim check: object {ref.key[:80]!r}: a JSON {type(body).__name__}, not an object")
+    if _brackets(data) > MAX_DEPTH - 1 and too_deep(body, MAX_DEPTH - 1):  # the body is the event's message
+        raise BodyUnavailable(
+            f"claim check: object {ref.key[:80]!r}: arrays and objects nested deeper than {MAX_DEPTH - 1} levels "
+            f"(the message of an event, which may nest {MAX_DEPTH})"
+        )
     return body
+
+
+def _brackets(data: bytes) -> int:
+    """A bound on the nesting depth of the JSON ``data``: each level opens a bracket (those inside
+    strings only make the bound looser). Two ``count`` passes in C, ~0.1 µs per KB: an event
+    under the limit, nearly every one, is never walked."""
+    return data.count(b"{") + data.count(b"[")
+
+
+def _check_depth(bound: int, value: Any) -> None:
+    """:class:`Refused` ``invalid`` when ``value`` (whose bytes' :func:`_brackets` is ``bound``)
+    nests deeper than :data:`MAX_DEPTH`."""
+    if bound > MAX_DEPTH and too_deep(value, MAX_DEPTH):
+        raise Refused("invalid", f"arrays and objects nested deeper than {MAX_DEPTH} levels (the event itself is 1)")
+
+
+def too_deep(value: Any, limit: int) -> bool:
+    """True when ``value`` (a parsed JSON value) nests arrays/objects deeper than ``limit``, the
+    value itself being 1. Iterative (a value nested as deep as the parser allows does not exhaust
+    the stack), it visits only arrays and objects, and stops at the first too deep."""
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        children = item.values() if isinstance(item, dict) else item if isinstance(item, list) else None
+        if children is None:
+            continue
+        if depth > limit:
+            return True
+        stack.extend((child, depth + 1) for child in children if isinstance(child, dict | list))
+    return False
 
 
 def has_bad_chars(value: Any) -> bool:

@@ -10,11 +10,12 @@ import math
 import sys
 from typing import Any
 
-from events.admission import has_bad_chars
+from events.admission import MAX_DEPTH, has_bad_chars, too_deep
 from services.errors import InvalidRequest, MalformedJson
 
-MAX_JSON_DEPTH = 64
-"""The deepest nesting of arrays and objects a request body may have (the body itself is 1)."""
+MAX_JSON_DEPTH = MAX_DEPTH
+"""The deepest nesting of arrays and objects a request body may have (the body itself is 1): the
+contract's, which refuses an event nested deeper however it was published."""
 
 
 def _constant(name: str) -> Any:
@@ -45,20 +46,6 @@ def _object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
 _DECODER = json.JSONDecoder(parse_constant=_constant, parse_float=_float, object_pairs_hook=_object)
 
 
-def _too_deep(value: Any, limit: int) -> bool:
-    """True when ``value`` nests arrays/objects deeper than ``limit`` (iterative, stops early)."""
-    stack: list[tuple[Any, int]] = [(value, 1)]
-    while stack:
-        item, depth = stack.pop()
-        children = item.values() if isinstance(item, dict) else item if isinstance(item, list) else None
-        if children is None:
-            continue
-        if depth > limit:
-            return True
-        stack.extend((child, depth + 1) for child in children if isinstance(child, dict | list))
-    return False
-
-
 def strict_loads(body: bytes) -> Any:
     """The JSON value of a request body, or :class:`InvalidRequest` (422) for what Chronicle never
     stores; :class:`json.JSONDecodeError` for text that is not JSON (FastAPI's 400)."""
@@ -76,7 +63,7 @@ def strict_loads(body: bytes) -> Any:
         raise InvalidRequest(f"a number in the body has more than {sys.get_int_max_str_digits():,} digits") from None
     # Cheap guards first: nesting needs that many brackets, NUL or a surrogate needs a \u escape
     # (raw ones are not JSON, or not UTF-8).
-    if text.count("[") + text.count("{") > MAX_JSON_DEPTH and _too_deep(value, MAX_JSON_DEPTH):
+    if text.count("[") + text.count("{") > MAX_JSON_DEPTH and too_deep(value, MAX_JSON_DEPTH):
         raise InvalidRequest(f"the body is nested deeper than {MAX_JSON_DEPTH} levels")
     if "\\u" in text and has_bad_chars(value):
         raise InvalidRequest("the body must not contain NUL characters or lone surrogates")

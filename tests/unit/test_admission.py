@@ -10,7 +10,17 @@ import pytest
 from nats.js import JetStreamContext
 
 from events import admission
-from events.admission import MAX_EVENT_BYTES, REASONS, Refused, admit, admit_built, has_bad_chars, scrub
+from events.admission import (
+    MAX_DEPTH,
+    MAX_EVENT_BYTES,
+    REASONS,
+    Refused,
+    admit,
+    admit_built,
+    has_bad_chars,
+    scrub,
+    too_deep,
+)
 from events.catalog import MessageAppended, MessagesDeleted, SkillIndexed
 from events.ids import TENANT_SCOPE
 from events.publisher import Publisher
@@ -170,6 +180,61 @@ def test_the_walk_runs_only_when_an_escape_could_hide_a_bad_character(monkeypatc
     admit(edited(role="\\u0041 is text"), subject, LAYOUT)
     assert walked == []
     admit(edited(role="smile \U0001f600"), subject, LAYOUT)
+    assert len(walked) == 1
+
+
+def deep_message(levels: int) -> dict[str, Any]:
+    """A message whose one data part holds ``levels`` nested arrays: in an event (the message at
+    level 2, its parts at 3, the part at 4) its deepest array is at level 4 + ``levels``."""
+    inner: Any = "bottom"
+    for _ in range(levels):
+        inner = [inner]
+    return {"id": "m1", "role": "user", "parts": [{"type": "data-x", "data": inner}]}
+
+
+@pytest.mark.parametrize("levels", [MAX_DEPTH - 3, MAX_DEPTH - 4 + 100, 900])
+def test_an_event_nested_deeper_than_a_request_may_be_is_invalid(levels: int) -> None:
+    """What strict_json refuses in a request body (deeper than 64) the contract refuses in an
+    event, published however: before, a message ~960 deep was admitted and made its readers raise."""
+    with pytest.raises(Refused) as caught:
+        admit(edited(message=deep_message(levels)), good()[1], LAYOUT)
+    assert (caught.value.reason, caught.value.detail) == (
+        "invalid",
+        f"arrays and objects nested deeper than {MAX_DEPTH} levels (the event itself is 1)",
+    )
+    event = appended("tenant-a", "s-1", "m1", "m0", "hello").model_copy(update={"message": deep_message(levels)})
+    with pytest.raises(Refused) as caught:
+        admit_built(event, LAYOUT)  # the publisher decides the same
+    assert caught.value.reason == "invalid"  # (900 deep, the model's serializer refuses it first)
+
+
+def test_an_event_exactly_as_deep_as_a_request_may_be_is_admitted() -> None:
+    data = edited(message=deep_message(MAX_DEPTH - 4))
+    assert not too_deep(raw_of(data), MAX_DEPTH)
+    assert too_deep(raw_of(data), MAX_DEPTH - 1)
+    admitted = admit(data, good()[1], LAYOUT)
+    assert isinstance(admitted, MessageAppended)
+    assert admitted.message == deep_message(MAX_DEPTH - 4)
+    event = appended("tenant-a", "s-1", "m1", "m0", "hello").model_copy(update={"message": deep_message(MAX_DEPTH - 4)})
+    assert admit_built(event, LAYOUT)[1] == event.to_json()
+
+
+def test_the_depth_walk_runs_only_when_the_brackets_could_nest_that_deep(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The per-event cost of the limit is two ``bytes.count``: an event with at most 64 brackets
+    (nearly every one) is never walked, in the projector or the publisher."""
+    walked: list[object] = []
+
+    def spy(value: object, limit: int) -> bool:
+        walked.append(value)
+        return False
+
+    monkeypatch.setattr(admission, "too_deep", spy)
+    data, subject = good()
+    admit(data, subject, LAYOUT)
+    admit_built(appended("tenant-a", "s-1", "m1", "m0", "hello"), LAYOUT)
+    assert walked == []
+    many = {"id": "m1", "role": "user", "parts": [{"type": "text", "text": "[{"}] * 40}
+    admit(edited(message=many), subject, LAYOUT)
     assert len(walked) == 1
 
 

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from events.admission import REASONS, BodyUnavailable, admit_body
+from events.admission import MAX_DEPTH, REASONS, BodyUnavailable, admit_body
 from events.blobs import BlobRef, MemoryBlobStore, sha256_hex
 from events.bodies import pack_body, unpack_body
 from events.catalog import MessageAppended, MessageUpdated
@@ -181,3 +181,20 @@ async def test_claim_checked_body_keeps_the_clients_key_order() -> None:
     assert all(isinstance(op, InsertMessage) for op in inserts)
     assert [op.content for op in inserts if isinstance(op, InsertMessage)] == [store_json(LARGE)] * 2
     assert store_json(unpacked) == store_json(LARGE)
+
+
+def test_a_claim_checked_body_nested_deeper_than_an_inline_one_may_be_is_unavailable() -> None:
+    """A body in object storage stands where an inline one would (one level below the event): it
+    may nest 63 levels, as the event 64; deeper, it is refused as the inline body is."""
+
+    def body(levels: int) -> bytes:
+        return ('{"id": "m1", "role": "user", "parts": ' + "[" * levels + "]" * levels + "}").encode()
+
+    for levels, ok in ((MAX_DEPTH - 2, True), (MAX_DEPTH - 1, False), (900, False)):
+        data = body(levels)
+        ref = BlobRef(store="memory", key=sha256_hex(data), sha256=sha256_hex(data), size=len(data))
+        if ok:
+            assert admit_body(data, ref)["id"] == "m1"
+        else:
+            with pytest.raises(BodyUnavailable, match=f"nested deeper than {MAX_DEPTH - 1} levels"):
+                admit_body(data, ref)
