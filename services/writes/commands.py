@@ -23,7 +23,7 @@ from typing import Any, NoReturn, TypeVar
 import psycopg
 from psycopg_pool import AsyncConnectionPool
 
-from events.blobs import BlobRef, BlobStore
+from events.blobs import BlobNotFound, BlobRef, BlobStore
 from events.bodies import pack_body
 from events.catalog import (
     MAX_ERASURE_REASON,
@@ -41,10 +41,11 @@ from events.catalog import (
 from events.envelope import Event
 from events.ids import derived_id
 from events.messages import JsonObject, body_hash, stored_json
-from events.objects import is_sealed_object, open_object
+from events.objects import NotTheOwner, is_sealed_object, open_object
 from events.omitted import OMITTED
 from events.publisher import ForeignDuplicate, Publisher
 from events.registry import decode
+from events.sealing import SealBroken
 from projections import context_queries, queries
 from projections.overlays import apply_overlays
 from projections.overlays import overlays as overlays_of
@@ -255,13 +256,24 @@ class Commands:
         self, tenant: str, source: str, target: str, original_ref: dict[str, Any]
     ) -> dict[str, Any]:
         """A capped message's original, stored again for the session ``target`` (a fork of
-        ``source``: objects belong to one session), as event fields: its hash and reference."""
+        ``source``: objects belong to one session), as event fields: its hash and reference.
+
+        Nothing (the message is copied as history shows it) when ``source`` cannot read the
+        original: a reference published straight to the log may name another session's object,
+        or none, and ``GET …/messages/{mid}?original=true`` answers 404 for it
+        (services/api/messages.py). The fork answered 500 ``NotTheOwner`` before; refusing the
+        fork instead would make every point after that message unforkable, for a reference the
+        session's own reads already treat as absent. A key that is unavailable (configuration,
+        retried) still fails the fork rather than drop an original the session can read."""
         assert self._originals is not None  # a row has an original only where originals are kept
-        data = await self._originals.get(BlobRef.model_validate(original_ref))
         keys = self._pub.keys
-        if is_sealed_object(data) and keys is not None:
-            await keys.load([(tenant, source, None)])
-        whole = open_object(data, keys, tenant, source)
+        try:
+            data = await self._originals.get(BlobRef.model_validate(original_ref))
+            if is_sealed_object(data) and keys is not None:
+                await keys.load([(tenant, source, None)])
+            whole = open_object(data, keys, tenant, source)
+        except (BlobNotFound, NotTheOwner, SealBroken):
+            return {}
         stored = await self._originals.put(await self._pub.seal_object(tenant, target, whole))
         return {"body_sha256": body_hash(json.loads(whole)), "original_ref": stored}
 

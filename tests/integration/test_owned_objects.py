@@ -119,3 +119,22 @@ async def test_an_original_is_read_by_its_session_only_whatever_a_published_refe
                 assert "no original this session can read" in forged.json()["detail"]
             plain = await http.get("/v1/sessions/y-1/messages/m1", headers=b)
             assert plain.json() == text_message("m1", "small")  # the message itself reads as published
+            # A fork copies each message as history shows it; an original this session cannot read
+            # (another session's object, or none) is not carried, as reading it answers 404 (before:
+            # the fork answered 500 NotTheOwner). The fork reads as the source branch does.
+            for mid in ("m1", "m2"):
+                r = await http.post("/v1/sessions/y-1/fork", json={"at_message_id": mid}, headers=b)
+                assert r.status_code == 201, r.text
+                fork = r.json()["id"]
+                await c.waiter.wait_all(r.json()["seq"], timeout_s=20)
+                copied = await http.get(f"/v1/sessions/{fork}/messages/{mid}", headers=b)
+                assert copied.json() == text_message(mid, "small")
+                original = await http.get(f"/v1/sessions/{fork}/messages/{mid}", params={"original": "true"}, headers=b)
+                assert original.json() == text_message(mid, "small")  # a message the fork holds uncapped
+            # tenant-a's own capped message still forks with its original
+            r = await http.post("/v1/sessions/x-1/fork", json={"at_message_id": "big"}, headers=a)
+            assert r.status_code == 201, r.text
+            await c.waiter.wait_all(r.json()["seq"], timeout_s=20)
+            fork = r.json()["id"]
+            own = await http.get(f"/v1/sessions/{fork}/messages/big", params={"original": "true"}, headers=a)
+            assert own.json() == body
