@@ -18,7 +18,7 @@ import psycopg
 import psycopg.conninfo
 
 from events.credentials import tenant_nkey_seed
-from events.ids import check_tenant
+from events.ids import InvalidId, check_tenant
 from events.log import ReadIncomplete
 from services import logs
 from services.ops.natsconf import ClusterNode, MissingOperator, NatsAccess, cluster_extra, server_config, write_config
@@ -420,7 +420,11 @@ def keygen(args: argparse.Namespace) -> int:
     if args.operator:
         print(f"CHRONICLE_NATS_NKEY_SEED={new_operator_seed()}")
         return 0
-    check_tenant(args.tenant)
+    try:
+        check_tenant(args.tenant)
+    except InvalidId as exc:  # one line, as the CLI's other errors (it was a traceback)
+        print(f"chronicle keygen: --tenant {args.tenant[:80]!r}: {exc}", file=sys.stderr)
+        return SETTINGS_EXIT
     key = new_api_key()
     if args.read_only:
         print(

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 from pydantic import SecretStr
 
@@ -9,7 +12,7 @@ from events.credentials import is_user_public_key, nkey_public_key, tenant_inbox
 from events.ids import encode_token
 from events.subjects import SubjectLayout
 from services.commands_nats.app import answerable
-from services.ops.cli import main
+from services.ops.cli import SETTINGS_EXIT, main
 from services.ops.natsconf import MissingOperator, NatsAccess, server_config
 from services.settings import ApiKeyEntry, KeyGrant, Settings, api_key_entry, hash_key, new_operator_seed
 
@@ -57,6 +60,22 @@ def test_keygen_read_only_prints_a_key_and_its_read_only_entry(capsys: pytest.Ca
     assert f"CHRONICLE_API_KEYS='[\"acme:{hash_key(key)}:read-only\"]'" in out
     assert "NATS seed" not in out
     assert main(["keygen", "--operator", "--read-only"]) == 2
+
+
+@pytest.mark.parametrize("tenant", ["bad name", "", "t" * 65, "ténant"])
+def test_keygen_for_a_tenant_that_is_no_tenant_id_is_one_line_and_exit_2(tenant: str) -> None:
+    """As a process, as it is run: one line that names the tenant and the rule, no traceback, no key."""
+    done = subprocess.run(
+        [sys.executable, "-m", "services.ops.cli", "keygen", "--tenant", tenant],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == SETTINGS_EXIT, done.stderr
+    assert done.stdout == ""
+    [line] = done.stderr.strip().splitlines()
+    assert line.startswith(f"chronicle keygen: --tenant {tenant[:80]!r}: tenant id ")
 
 
 @pytest.mark.parametrize(
