@@ -37,7 +37,7 @@ from nats.js.errors import APIError, NotFoundError
 from events.admission import MAX_WRITTEN_BYTES, Refused, admit_built
 from events.envelope import Event, new_event_id
 from events.objects import owned
-from events.sealing import SEALED_FIELDS, DataKeys, seal_blob, seal_event
+from events.sealing import SEALED_FIELDS, DataKeys, seal_blob, seal_event, sealed_size
 from events.subjects import SubjectLayout
 
 __all__ = ["ConcurrencyConflict", "ForeignDuplicate", "PublishFailed", "Published", "Publisher", "Refused"]
@@ -139,6 +139,17 @@ class Publisher:
                 "too_large", f"{len(sealed)} bytes sealed, more than the {MAX_WRITTEN_BYTES} an event may have"
             )
         return subject, sealed
+
+    async def stored_size(self, event: Event) -> int:
+        """How many bytes ``event`` would be stored as (sealed, when this publisher seals it),
+        whatever the limit (:data:`~events.admission.MAX_WRITTEN_BYTES`): for a writer that
+        refuses what would not fit before it publishes anything, saying by how much.
+        :class:`~events.sealing.KeyDestroyed` when the session is erased."""
+        plain = len(event.to_json())
+        if self.keys is None or event.type == "session.erased" or event.type not in SEALED_FIELDS:
+            return plain
+        key = await self.keys.for_writing(event.tenant, event.session)
+        return plain if key is None else sealed_size(event, key)
 
     async def seal_object(self, tenant: str, session: str, data: bytes) -> bytes:
         """An object's bytes (a claim-checked body, an original) as this publisher stores them:

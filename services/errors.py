@@ -70,6 +70,10 @@ BlockNotFound = _error("BlockNotFound", "block_not_found", 404, "No block with t
 ReadOnlyBlock = _error("ReadOnlyBlock", "readonly_block", 409, "The block is read-only")
 KeyedBlock = _error("KeyedBlock", "keyed_block", 409, "The block holds keyed entries")
 BudgetExceeded = _error("BudgetExceeded", "budget_exceeded", 422, "The block would exceed its token budget")
+PromptTooLarge = _error(
+    "PromptTooLarge", "payload_too_large", 413, "The write would make the system prompt too large to store"
+)
+"""A block write after which the session's prompt could not be recorded (services/context/prompt_size.py)."""
 UnknownTool = _error("UnknownTool", "unknown_tool", 404, "No such tool for this session")
 ObjectStorageError = _error("ObjectStorageError", "object_storage", 503, "Object storage failed")
 TooManyStreams = _error(

@@ -15,6 +15,7 @@ from typing import Any, Literal
 import psycopg
 from psycopg_pool import AsyncConnectionPool
 
+from events.admission import MAX_WRITTEN_BYTES
 from events.catalog import (
     ContextWritten,
     SearchEntryIndexed,
@@ -24,6 +25,7 @@ from events.context import ReadonlyBlock, SearchableBlock, SessionConfig, Skills
 from events.publisher import Publisher
 from projections import context_queries, queries
 from projections.search_query import MAX_QUERY_CHARS
+from services.context.prompt_size import bounding_event, too_large
 from services.context.prompt_text import RenderedBlock, history_summary, search_summary, skill_listing
 from services.context.rules import Sources, allowed, find_block, joined, object_key, refuse_unsafe, unsafe_keys
 from services.errors import (
@@ -33,6 +35,7 @@ from services.errors import (
     InvalidConfig,
     KeyedBlock,
     ObjectStorageError,
+    PromptTooLarge,
     ReadOnlyBlock,
     SourceMissing,
     SourceNotText,
@@ -148,28 +151,43 @@ class ContextBlocks:
                 f"object {key[:200]!r} in bucket {bucket!r} is not UTF-8 text; upload it as text"
             ) from None
 
-    async def sources(self, tenant: str, session: str, *, catch_up: bool = False) -> Sources:
+    async def sources(self, tenant: str, session: str, *, catch_up: bool = False, sizing: bool = False) -> Sources:
         """The object-storage texts of the session's read-only blocks, read with no database
         connection held (object storage may be slow; the pool must not wait on it). With
-        ``catch_up``, the configuration is read once the session's events are all applied."""
+        ``catch_up``, the configuration is read once the session's events are all applied.
+        ``sizing`` (to bound the prompt a write would leave): an object that is missing or not
+        text, or a configuration with an unsafe key, is left out instead of refused (the prompt is
+        refused where it is rendered, not the write)."""
         if catch_up:
             await self._cond.catch_up(tenant, session)
         async with self._pool.connection() as conn:
             config = await self.config(conn, tenant, session)
+        if sizing and unsafe_keys(config) is not None:
+            return {}
         refuse_unsafe(config)
         blocks = [b for b in config.blocks if isinstance(b, ReadonlyBlock) and b.source is not None]
         if not blocks:
             return {}
         wanted = [(b.source.bucket, object_key(tenant, b.source.key)) for b in blocks if b.source is not None]
+        read = self._sizing_text if sizing else self._object_text
         texts = await asyncio.gather(
-            *(self._object_text(tenant, b.source.bucket, b.source.key) for b in blocks if b.source is not None)
+            *(read(tenant, b.source.bucket, b.source.key) for b in blocks if b.source is not None)
         )
         found: Sources = {}
         for block, where, text in zip(blocks, wanted, texts, strict=True):
+            if text is None and sizing:
+                continue
             if text is None:
                 raise source_missing(tenant, session, block)
             found[where] = text
         return found
+
+    async def _sizing_text(self, tenant: str, bucket: str, key: str) -> str | None:
+        """:meth:`_object_text`, None also for an object that is not text (to size a prompt)."""
+        try:
+            return await self._object_text(tenant, bucket, key)
+        except SourceNotText:
+            return None
 
     async def blocks(
         self,
@@ -181,6 +199,7 @@ class ContextBlocks:
         *,
         contents: dict[str, str] | None = None,
         counts: dict[str, int] | None = None,
+        sizing: bool = False,
     ) -> list[RenderedBlock]:
         """Every configured block with its current content and exact token count, in order.
 
@@ -189,7 +208,10 @@ class ContextBlocks:
         object not in storage is :class:`~services.errors.SourceMissing` (``409
         source_missing``), never an empty block.
         ``contents`` (writable blocks) and ``counts`` (searchable entries), when given, replace
-        the read models' (time travel folds them from the log)."""
+        the read models' (time travel folds them from the log).
+        ``sizing``: to bound the prompt's size (:mod:`services.context.prompt_size`): each
+        block's ``tokens`` is its byte length (no shorter in a header, and not counted), and an
+        object missing or not text is an empty block."""
         config = config or await self.config(conn, tenant, session)
         refuse_unsafe(config)
         if contents is None:
@@ -211,19 +233,19 @@ class ContextBlocks:
                         if sources is not None and where in sources:
                             content = sources[where]
                         else:
-                            text = await self._object_text(tenant, b.source.bucket, b.source.key)
-                            if text is None:
+                            read = self._sizing_text if sizing else self._object_text
+                            text = await read(tenant, b.source.bucket, b.source.key)
+                            if text is None and not sizing:
                                 raise source_missing(tenant, session, b)
-                            content = text
+                            content = text or ""
                 case WritableBlock():
                     content = contents.get(b.label, "")
                 case SearchableBlock():
                     content = search_summary(counts.get(b.label, 0))
                 case SkillsBlock():
                     content = skill_listing(allowed(b, listings[(b.bucket, b.prefix)]))
-            out.append(
-                RenderedBlock(b.label, b.kind, b.description, content, self.counter.count(content), b.max_tokens)
-            )
+            tokens = len(content.encode()) if sizing else self.counter.count(content)
+            out.append(RenderedBlock(b.label, b.kind, b.description, content, tokens, b.max_tokens))
         if config.searchable_history:
             content = history_summary(await context_queries.live_session_count(conn, tenant))
             out.append(
@@ -232,7 +254,7 @@ class ContextBlocks:
                     "history",
                     HISTORY_DESCRIPTION,
                     content,
-                    self.counter.count(content),
+                    len(content.encode()) if sizing else self.counter.count(content),
                     None,
                 )
             )
@@ -246,7 +268,9 @@ class ContextBlocks:
     async def write(
         self, tenant: str, session: str, label: str, content: str, mode: Mode, writer: Literal["tool", "api"]
     ) -> WriteResult:
-        """Replace or append to a writable block; the budget is checked on the resulting text."""
+        """Replace or append to a writable block; the budget is checked on the resulting text, and
+        a write that lengthens the block is refused (:class:`PromptTooLarge`, nothing written)
+        when the session's prompt could not be recorded after it (:meth:`_refuse_unstorable`)."""
 
         async def decide(conn: Conn) -> Decision:
             await live_session(conn, tenant, session, must_exist=False)
@@ -261,11 +285,14 @@ class ContextBlocks:
                 raise KeyedBlock(f'Block "{label}" is a keyed provider. Use set_context with metadata instead.')
             if not isinstance(block, WritableBlock):
                 raise ReadOnlyBlock(f'Block "{label}" is readonly')
-            current = (await context_queries.block_contents(conn, tenant, session)).get(label, "")
+            contents = await context_queries.block_contents(conn, tenant, session)
+            current = contents.get(label, "")
             new = joined(current, content) if mode == "append" else content
             tokens = self.counter.count(new)
             if block.max_tokens is not None and tokens > block.max_tokens:
                 raise BudgetExceeded(f'Block "{label}" exceeds maxTokens: {tokens} > {block.max_tokens}')
+            if len(new.encode()) > len(current.encode()):  # a write that shortens a block is always the way out
+                await self._refuse_unstorable(conn, tenant, session, config, label, contents, new, texts)
             event = ContextWritten(
                 tenant=tenant, session=session, label=label, content=new, tokens=tokens, mode=mode, writer=writer
             )
@@ -273,8 +300,36 @@ class ContextBlocks:
                 event, lambda seq: WriteResult(label, new, tokens, block.max_tokens, seq, block.description)
             )
 
+        texts = await self.sources(tenant, session, sizing=True)
         result: WriteResult = await self._cond.run(tenant, session, decide)
         return result
+
+    async def _refuse_unstorable(
+        self,
+        conn: Conn,
+        tenant: str,
+        session: str,
+        config: SessionConfig,
+        label: str,
+        contents: dict[str, str],
+        new: str,
+        texts: Sources,
+    ) -> None:
+        """:class:`PromptTooLarge` when the prompt the session would have with ``new`` in block
+        ``label`` (bounded: :mod:`services.context.prompt_size`) is more than an event may be
+        stored as (sealed, when the session seals); its detail says the room left."""
+        if unsafe_keys(config) is not None:
+            return  # no prompt can be rendered from it: refused where it is rendered, not here
+
+        async def size(content: str) -> int:
+            blocks = await self.blocks(
+                conn, tenant, session, config, texts, contents={**contents, label: content}, sizing=True
+            )
+            return await self._pub.stored_size(bounding_event(tenant, session, blocks))
+
+        after = await size(new)
+        if after > MAX_WRITTEN_BYTES:
+            raise PromptTooLarge(too_large(label, after, await size(""), new, contents.get(label, "")))
 
     async def index_entry(self, tenant: str, session: str, label: str, key: str, content: str) -> int:
         async def decide(conn: Conn) -> Decision:

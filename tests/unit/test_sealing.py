@@ -9,7 +9,7 @@ import pytest
 
 from events.admission import Refused, admit, admit_body
 from events.blobs import BlobRef, sha256_hex
-from events.catalog import ContextWritten, SessionErased, erasure_statement
+from events.catalog import ContextWritten, PromptRendered, SessionErased, erasure_statement
 from events.sealing import (
     SEALED,
     SEALED_FIELDS,
@@ -21,6 +21,7 @@ from events.sealing import (
     seal_blob,
     seal_event,
     seal_event_json,
+    sealed_size,
     tombstone_of,
 )
 from events.subjects import SubjectLayout
@@ -304,3 +305,17 @@ def test_an_erased_session_is_the_same_problem_over_http_and_nats_commands() -> 
     found = problem_of(KeyDestroyed("tenant-a", "s-1"))
     assert found is not None
     assert (found["status"], found["code"]) == (410, "session_erased")
+
+
+@pytest.mark.parametrize("text", ["", "a", "ab", "abc", "word " * 1000, '\u2550 quotes " and \\ \n\t\x01 ' * 300])
+def test_sealed_size_is_the_length_seal_event_makes_without_sealing(text: str) -> None:
+    key = new_data_key("dk-measured")
+    events = [
+        appended("tenant-a", "s-1", "m1", None, text),
+        ContextWritten(
+            tenant="tenant-a", session="s-1", label="a", content=text, tokens=1, mode="replace", writer="tool"
+        ),
+        PromptRendered(tenant="tenant-a", session="s-1", text=text, tokens=1, version_no=3, reason="refresh"),
+    ]
+    for event in events:
+        assert sealed_size(event, key) == len(seal_event(event, event.to_json(), key))
