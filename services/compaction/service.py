@@ -21,7 +21,7 @@ import psycopg
 from psycopg_pool import AsyncConnectionPool
 
 from events import log as eventlog
-from events.admission import Refused, admit, scrub
+from events.admission import MAX_WRITTEN_BYTES, Refused, admit, scrub
 from events.catalog import (
     CompactionFailed,
     CompactionRecorded,
@@ -40,7 +40,7 @@ from projections import context_queries, queries
 from projections.overlays import Overlay, apply_overlays, overlays
 from services.compaction.lease import Leases
 from services.compaction.ranges import Message, Plan, Skip, message_tokens, plan_compaction
-from services.compaction.summarizers import Summarizer
+from services.compaction.summarizers import Summarizer, SummarizerError
 from services.context.service import ContextService
 from services.errors import SourceMissing
 from services.tokens import TokenCounter
@@ -137,7 +137,9 @@ class CompactionService:
 
         Raises :class:`~services.compaction.summarizers.SummarizerError` when the summarizer
         fails, after recording ``compaction.failed`` unless this is a work-queue ``attempt`` (the
-        queue records the failure of each attempt).
+        queue records the failure of each attempt). A summary too large to store (its overlay
+        event, sealed when the session seals, over what an event may be) is such a failure: the
+        summarizer's answer is unusable, as an answer that is not a completion is.
 
         A work-queue ``attempt`` that records nothing (nothing to compact, an empty summary, or a
         summary that would not shrink the context) records ``compaction.skipped`` and waits until
@@ -177,9 +179,6 @@ class CompactionService:
         covered = messages[plan.start : plan.end]
         summary_msg: Message = {"id": "", "role": "assistant", "parts": [{"type": "text", "text": summary}]}
         after = before - sum(self.tokens(m) for m in covered) + self.tokens(summary_msg)
-        if after >= before:  # recording it would grow the context
-            reason = f"the summary would not shrink the context ({before} tokens before, {after} after)"
-            return await self._skipped(tenant, session, leaf, cfg, reason, last, attempt)
         overlay_id = derived_id("overlay", tenant, session, first, last_id)
         event = CompactionRecorded(
             id=overlay_id,
@@ -195,6 +194,15 @@ class CompactionService:
             model=self.summarizer.model,
             summary=scrub(summary),
         )
+        size = await self._pub.stored_size(event)
+        if size > MAX_WRITTEN_BYTES:
+            too_large = SummarizerError(f"the summary is too large to store: {size} bytes, at most {MAX_WRITTEN_BYTES}")
+            if attempt is None:
+                await self.record_failure(tenant, session, leaf, too_large)
+            raise too_large
+        if after >= before:  # recording it would grow the context
+            reason = f"the summary would not shrink the context ({before} tokens before, {after} after)"
+            return await self._skipped(tenant, session, leaf, cfg, reason, last, attempt)
         covered_ids = {str(m.get("id")) for m in covered}
         published = await self._publish_unless_changed(event, last, covered_ids)
         if published is None:
