@@ -25,6 +25,7 @@ import hashlib
 import hmac
 import logging
 import os
+import re
 import secrets
 import time
 from collections.abc import Iterable, Sequence
@@ -66,6 +67,10 @@ class KeyWrapper(Protocol):
         ...
 
 
+KEK_ID = re.compile(r"[A-Za-z0-9._-]{1,64}")
+"""A key-encryption key's id (``chronicle keys new-kek`` makes ``kek-<8 hex>``)."""
+
+
 class LocalKek:
     """Key-encryption keys held by this process: ``{id: 32 bytes}``, the first one current.
     Wrapping is AES-256-GCM (random nonce first) with the session as associated data."""
@@ -74,6 +79,8 @@ class LocalKek:
         if not keks:
             raise ValueError("at least one key-encryption key is needed")
         for kek_id, secret in keks.items():
+            if not KEK_ID.fullmatch(kek_id):  # it names the key in every wrapped key and erasure proof
+                raise ValueError(f"a key-encryption key id is 1 to 64 of A-Z a-z 0-9 . _ -, not {kek_id[:80]!r}")
             if len(secret) != KEY_BYTES:
                 raise ValueError(f"key-encryption key {kek_id!r} must be {KEY_BYTES} bytes")
         self._keks = dict(keks)

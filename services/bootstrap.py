@@ -23,6 +23,7 @@ from nats.js import JetStreamContext
 from nats.js.errors import APIError
 from psycopg_pool import AsyncConnectionPool
 
+from events.admission import MAX_EVENT_BYTES
 from events.blobs import BlobStore, RoutedBlobStores
 from events.catalog import CompactionRequested
 from events.objectstore import JetStreamBlobStore
@@ -387,6 +388,12 @@ async def connect_nats(settings: Settings, *, starting: bool = False) -> NatsCli
         if not refused.done():
             refused.cancel()  # a refusal later (a reload of the server's users) is logged, retried
         nc = connecting.result()
+        if nc.max_payload < MAX_EVENT_BYTES:  # its events would be refused, or close the connection
+            await nc.close()
+            raise UnusableSetting(
+                f"the NATS server at {settings.nats_url} takes messages of at most {nc.max_payload} bytes "
+                f"(max_payload): Chronicle's events may have {MAX_EVENT_BYTES}; set max_payload to at least 1MB"
+            )
         nc.options["max_reconnect_attempts"] = -1  # connected: from now on, reconnect for good
         connected.append(nc)
         if starting:

@@ -288,16 +288,21 @@ def main(argv: list[str] | None = None) -> int:
         return UNREACHABLE_EXIT if exc.status >= 500 else SETTINGS_EXIT
     except nats.errors.Error as exc:  # one line that says what to fix, not a traceback
         from services.bootstrap import JetStreamDenied
+        from services.ops.processes import NatsClosed
 
-        hint = (
-            " (this NATS server needs Chronicle's operator identity: CHRONICLE_NATS_NKEY_SEED, or for the stack "
-            "`make up` runs, $(cat .chronicle/nats-operator.nk))"
-            if "authorization" in str(exc).lower() or isinstance(exc, JetStreamDenied)
-            else f" (the address `chronicle up` recorded in {Path(settings.data_dir) / STACK_RECORD}: is that stack "
-            "running? Set CHRONICLE_NATS_URL for another)"
-            if settings.nats_url != given_url
-            else ""
-        )
+        hint = ""
+        if isinstance(exc, NatsClosed):
+            pass  # it was reached: nothing about the address to say
+        elif "authorization" in str(exc).lower() or isinstance(exc, JetStreamDenied):
+            hint = (
+                " (this NATS server needs Chronicle's operator identity: CHRONICLE_NATS_NKEY_SEED, or for the stack "
+                "`make up` runs, $(cat .chronicle/nats-operator.nk))"
+            )
+        elif settings.nats_url != given_url:
+            hint = (
+                f" (the address `chronicle up` recorded in {Path(settings.data_dir) / STACK_RECORD}: is that stack "
+                "running? Set CHRONICLE_NATS_URL for another)"
+            )
         print(f"chronicle {args.command}: NATS at {settings.nats_url}: {exc}{hint}", file=sys.stderr, flush=True)
         return UNREACHABLE_EXIT
 

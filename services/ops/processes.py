@@ -7,13 +7,14 @@ import contextlib
 import logging
 import signal
 import socket
-from collections.abc import AsyncIterator, Callable, Coroutine
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterable
 from types import FrameType
 from typing import Any
 
 import nats.errors
 import uvicorn
 import uvloop
+from faststream.nats import NatsBroker
 from nats.aio.client import Client as NatsClient
 
 from services.api.app import build_app
@@ -51,18 +52,30 @@ NATS_CLOSED_POLL_S = 1.0
 """How often a process looks whether its NATS connection is closed for good."""
 
 
+def broker_connection(broker: NatsBroker) -> NatsClient | None:
+    """A FastStream broker's NATS connection (its own, beside the container's); None before it started."""
+    try:
+        return broker.connection
+    except Exception:  # not started (FastStream's empty connection state raises)
+        return None
+
+
 @contextlib.asynccontextmanager
-async def stopped_if_nats_closes(nc: NatsClient, stop: Callable[[], None]) -> AsyncIterator[None]:
-    """Run the body; when ``nc`` is closed for good meanwhile, call ``stop`` (the body ends as on a
-    signal) and raise :class:`NatsClosed` after it: one line and a non-zero exit, instead of a
-    process that stays up answering every request with the same failure."""
-    closed = asyncio.Event()
+async def stopped_if_nats_closes(
+    connections: Callable[[], Iterable[NatsClient | None]], stop: Callable[[], None]
+) -> AsyncIterator[None]:
+    """Run the body; when one of the ``connections`` (asked at each look: a broker's exists once
+    it started) is closed for good meanwhile, call ``stop`` (the body ends as on a signal) and
+    raise :class:`NatsClosed` after it: one line and a non-zero exit, instead of a process that
+    stays up answering every request with the same failure."""
+    gone: list[NatsClient] = []
 
     async def watch() -> None:
-        while not nc.is_closed:  # noqa: ASYNC110 (nats-py tells a close only to the callback given at connect)
-            await asyncio.sleep(NATS_CLOSED_POLL_S)
-        closed.set()
-        log.error("NATS connection closed for good (%r): stopping", nc.last_error)
+        while not gone:
+            gone.extend(nc for nc in connections() if nc is not None and nc.is_closed)
+            if not gone:
+                await asyncio.sleep(NATS_CLOSED_POLL_S)
+        log.error("NATS connection closed for good (%r): stopping", gone[0].last_error)
         stop()
 
     task = asyncio.create_task(watch(), name="nats-closed-watch")
@@ -72,8 +85,8 @@ async def stopped_if_nats_closes(nc: NatsClient, stop: Callable[[], None]) -> As
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await task
-    if closed.is_set():
-        raise NatsClosed(repr(nc.last_error) if nc.last_error is not None else "no error given")
+    if gone:
+        raise NatsClosed(repr(gone[0].last_error) if gone[0].last_error is not None else "no error given")
 
 
 def _stop_on_signals(stop: asyncio.Event) -> None:
@@ -86,7 +99,7 @@ async def run_projector(settings: Settings) -> None:
     """Apply events until SIGINT/SIGTERM; the batch in flight commits (or rolls back) first."""
     stop = asyncio.Event()
     _stop_on_signals(stop)
-    async with open_container(settings) as c, stopped_if_nats_closes(c.nc, stop.set):
+    async with open_container(settings) as c, stopped_if_nats_closes(lambda: [c.nc], stop.set):
         runner = c.projector()
         settle_heap()
         log.info(
@@ -104,8 +117,8 @@ async def run_compactor(settings: Settings) -> None:
     """Take compaction requests (the projector publishes them) and summarise until SIGINT/SIGTERM."""
     stop = asyncio.Event()
     _stop_on_signals(stop)
-    async with open_container(settings) as c, stopped_if_nats_closes(c.nc, stop.set):
-        compactor = c.compactor()
+    async with open_container(settings) as c:
+        compactor = c.compactor()  # its work queue on a connection of its own
         settle_heap()
         log.info(
             "compactor taking %s with the %s summarizer via NATS %s",
@@ -113,7 +126,8 @@ async def run_compactor(settings: Settings) -> None:
             settings.summarizer,
             nats_node(c.nc),
         )
-        await compactor.run(stop)
+        async with stopped_if_nats_closes(lambda: [c.nc, broker_connection(compactor.broker)], stop.set):
+            await compactor.run(stop)
     log.info("compactor stopped")
 
 
@@ -123,8 +137,8 @@ async def run_commands(settings: Settings) -> None:
     _stop_on_signals(stop)
     async with (
         open_container(settings) as c,
-        stopped_if_nats_closes(c.nc, stop.set),
-        serving_commands(settings, c),
+        serving_commands(settings, c) as broker,  # the requests come on its own connection
+        stopped_if_nats_closes(lambda: [c.nc, broker_connection(broker)], stop.set),
     ):
         settle_heap()
         log.info("commands answered on %s.<tenant>.<command> via NATS %s", c.layout.commands, nats_node(c.nc))
@@ -201,7 +215,7 @@ async def _serve_api(settings: Settings) -> None:
         # be a KeyboardInterrupt traceback); with these it exits 0 after them, as the other processes do
         for sig in (signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, _stopped_by_the_server)
-        async with stopped_if_nats_closes(c.nc, lambda: setattr(server, "should_exit", True)):
+        async with stopped_if_nats_closes(lambda: [c.nc], lambda: setattr(server, "should_exit", True)):
             if not settings.api_reuse_port:
                 await server.serve()
                 return

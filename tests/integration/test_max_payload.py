@@ -8,6 +8,7 @@ the process instead of leaving it to answer 503 to every write."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 
 import httpx
 import pytest
@@ -16,9 +17,13 @@ from events.admission import HEADER_ROOM, MAX_EVENT_BYTES, MAX_WRITTEN_BYTES, Re
 from events.catalog import ContextWritten
 from events.omitted import OMITTED
 from services.api.app import build_app
+from services.bootstrap import open_container
+from services.ops.localstack import free_port
+from services.ops.natsconf import NatsAccess
+from services.settings import UnusableSetting
 from tests.conftest import make_settings, running_stack
 from tests.integration.helpers import text_message
-from tests.support import served
+from tests.support import nats_server, served
 
 T = "tenant-a"
 LONGEST_ID = "e" * 128
@@ -87,3 +92,17 @@ async def test_healthz_fails_once_the_nats_connection_is_closed_for_good(nats_ur
         answer = await http.get("/healthz")
         assert answer.status_code == 503
         assert answer.json()["status"] == "nats_closed"
+
+
+async def test_a_nats_server_that_takes_smaller_messages_than_an_event_is_refused_at_start(
+    tmp_path: Path, fresh_db: str
+) -> None:
+    """Writers bound events by 1 MiB less their headers: under a smaller ``max_payload`` an event
+    within that bound would close the connection (nats-py checks the payload alone). Said at start."""
+    port = free_port()
+    settings = make_settings(f"nats://127.0.0.1:{port}", fresh_db)
+    small = {"max_payload": 512 * 1024}
+    refused = pytest.raises(UnusableSetting, match=r"takes messages of at most 524288 bytes \(max_payload\)")
+    with nats_server(tmp_path, NatsAccess.of(settings), port=port, extra=small), refused:
+        async with open_container(settings):
+            pass

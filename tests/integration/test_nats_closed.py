@@ -7,12 +7,14 @@ payload alone), is what the test sends."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 
 import pytest
 
+from services.commands_nats.app import broker_for
 from services.ops import processes
 from services.ops.processes import NatsClosed, stopped_if_nats_closes
-from tests.conftest import operator_nats
+from tests.conftest import make_settings, operator_nats
 
 
 async def test_a_connection_the_server_closes_stops_the_process_body_and_says_why(
@@ -23,7 +25,7 @@ async def test_a_connection_the_server_closes_stops_the_process_body_and_says_wh
     stop = asyncio.Event()
 
     async def body() -> None:
-        async with stopped_if_nats_closes(nc, stop.set):
+        async with stopped_if_nats_closes(lambda: [nc], stop.set):
             assert not stop.is_set()
             # within max_payload alone, over it with the header: the server closes the connection
             await nc.publish("chronicle.test.oversize", b"x" * (nc.max_payload - 8), headers={"X-Pad": "y" * 64})
@@ -46,11 +48,35 @@ async def test_a_body_that_ends_with_the_connection_open_raises_nothing(
     nc = await operator_nats(nats_url)
     stopped: list[bool] = []
     try:
-        async with stopped_if_nats_closes(nc, lambda: stopped.append(True)):
+        async with stopped_if_nats_closes(lambda: [None, nc], lambda: stopped.append(True)):
             await asyncio.sleep(0.2)
         assert not stopped
     finally:
         await nc.close()
-    async with stopped_if_nats_closes(nc, lambda: stopped.append(True)):  # closed by its owner: after the body
-        pass
-    assert not stopped
+
+
+async def test_a_brokers_own_connection_is_watched_once_it_started(
+    nats_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The command service answers, and the compactor takes work, on a FastStream broker's
+    connection of their own: its close stops the process as the container's does."""
+    monkeypatch.setattr(processes, "NATS_CLOSED_POLL_S", 0.05)
+    broker = broker_for(make_settings(nats_url, "postgresql://unused@127.0.0.1:1/none"))
+    assert processes.broker_connection(broker) is None  # not started: nothing to watch yet
+    await broker.start()
+    stop = asyncio.Event()
+    try:
+        nc = processes.broker_connection(broker)
+        assert nc is not None
+        assert nc.is_connected
+
+        async def body() -> None:
+            async with stopped_if_nats_closes(lambda: [processes.broker_connection(broker)], stop.set):
+                await nc.publish("chronicle.test.oversize", b"x" * (nc.max_payload - 8), headers={"X-Pad": "y" * 64})
+                await asyncio.wait_for(stop.wait(), timeout=10)
+
+        with pytest.raises(NatsClosed, match="closed for good"):
+            await body()
+    finally:
+        with contextlib.suppress(Exception):
+            await broker.stop()

@@ -275,6 +275,11 @@ def test_local_kek_wraps_for_its_session_and_rotates() -> None:
     assert rotated.unwrap(kek_id, wrapped, b"ctx") == secret
     with pytest.raises(ValueError, match="32 bytes"):
         LocalKek.parse("k1:" + base64.b64encode(b"short").decode())
+    key = base64.b64encode(b"k" * 32).decode()
+    for bad in ("k" * 65, "my kek", "kek/1", "kék"):  # an erasure's proof must be able to name it
+        with pytest.raises(ValueError, match="key-encryption key id"):
+            LocalKek.parse(f"{bad}:{key}")
+    assert LocalKek.parse(f"{'k' * 64}:{key}").current == "k" * 64
 
 
 def test_seal_event_writes_what_seal_event_json_writes_without_parsing_back() -> None:
