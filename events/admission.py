@@ -141,6 +141,12 @@ def admit(data: bytes, subject: str, layout: SubjectLayout, keys: KeyLookup | No
             f"a JetStream publish ack for sequence {acked} of this stream: whoever published sequence "
             f"{acked} named this subject as its reply subject; this subject's tenant did not write it",
         )
+    if (refusal := reflected_error(raw)) is not None:
+        raise Refused(
+            "reflected_ack",
+            f"a JetStream answer refusing a publish ({refusal[:120]}): whoever published it named this subject "
+            "as its reply subject; this subject's tenant did not write it",
+        )
     if b"\\u" in data and _SUSPECT_ESCAPE.search(data) and has_bad_chars(raw):
         raise Refused("invalid", "a string holds a NUL character or a lone surrogate")
     _check_depth(_brackets(data), raw)
@@ -316,6 +322,22 @@ def reflected_ack(raw: dict[str, Any], layout: SubjectLayout) -> int | None:
     if raw.keys() <= _ACK_FIELDS and raw.get("stream") == layout.stream and type(seq) is int and seq > 0:
         return seq
     return None
+
+
+_ERROR_FIELDS = frozenset({"code", "err_code", "description"})
+
+
+def reflected_error(raw: dict[str, Any]) -> str | None:
+    """The description of a JetStream publish error answer, if ``raw`` is one and nothing else
+    (``{"error": {"code": …, "err_code": …, "description": …}}``, maybe with ``stream``), else None:
+    sent to the publisher's reply subject as an ack is (:func:`reflected_ack`)."""
+    error = raw.get("error")
+    if not (isinstance(error, dict) and raw.keys() <= {"error", "stream"} and error.keys() <= _ERROR_FIELDS):
+        return None
+    code, description = error.get("code"), error.get("description")
+    if type(code) is not int or not isinstance(description, str):
+        return None
+    return description
 
 
 def _parse(data: bytes) -> dict[str, Any]:

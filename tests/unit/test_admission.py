@@ -96,6 +96,20 @@ def test_a_publish_ack_of_this_stream_reflected_onto_a_subject_is_named_so(ack: 
     assert "sequence 7 of this stream" in refused.value.detail
 
 
+def test_a_publish_error_answer_reflected_onto_a_subject_is_named_a_reflected_ack() -> None:
+    """JetStream answers a refused publish at the reply subject too: a tenant naming another's
+    event subject as the reply had it stored there, and it was quarantined as that tenant's
+    ``unknown_type 'None'``."""
+    answer = {"error": {"code": 400, "err_code": 10071, "description": "wrong last sequence: 5"}}
+    for body in (answer, {**answer, "stream": LAYOUT.stream}):
+        with pytest.raises(Refused) as refused:
+            admit(json.dumps(body).encode(), good()[1], LAYOUT)
+        assert refused.value.reason == "reflected_ack"
+        assert "refusing a publish (wrong last sequence: 5)" in refused.value.detail
+    for other in ({"error": "x"}, {"error": {"code": "400", "description": "d"}}, {**answer, "type": "x"}):
+        assert reason(json.dumps(other).encode()) != "reflected_ack"
+
+
 @pytest.mark.parametrize(
     "body",
     [
