@@ -252,6 +252,13 @@ class PayloadTooLarge(InvalidRequest):
     default_code = "payload_too_large"
 
 
+class HeaderTooLarge(InvalidRequest):
+    """``431``: the request line and headers are over the server's ``api_max_header_bytes``
+    (64 KiB by default): nothing reached the API; a request the SDK builds never is."""
+
+    default_code = "header_too_large"
+
+
 class UnsupportedMediaType(InvalidRequest):
     """The body was not sent as JSON (``415``: ``Content-Type`` other than ``application/json``)."""
 
@@ -371,6 +378,7 @@ BY_CODE: dict[str, type[ChronicleError]] = {
         InvalidId,
         MalformedJson,
         PayloadTooLarge,
+        HeaderTooLarge,
         UnsupportedMediaType,
         ProjectionTimeout,
         Contention,
@@ -396,6 +404,7 @@ BY_STATUS: dict[int, type[ChronicleError]] = {
     413: PayloadTooLarge,
     415: UnsupportedMediaType,
     422: InvalidRequest,
+    431: HeaderTooLarge,
     429: RateLimited,
     500: ServerError,
     502: TransientError,
@@ -437,6 +446,7 @@ __all__ = [
     "EncryptionOff",
     "EventIdTaken",
     "Gone",
+    "HeaderTooLarge",
     "IdempotencyKeyConflict",
     "IdempotencyKeyReused",
     "InvalidConfig",

@@ -26,6 +26,7 @@ _WHEN = {
     413: "The body, or an event it makes, is over its limit (`payload_too_large`)",
     415: "The body is not sent as JSON (`unsupported_media_type`): `Content-Type: application/json`",
     422: "The request breaks a rule (`invalid_request`, `invalid_id`, `unknown_parent`, `invalid_config`, …)",
+    431: "The request line and headers are over the server's bound (`header_too_large`); nothing was read",
     429: "The tenant is over its request limit (`rate_limited`; `retry_after` seconds, `Retry-After`); nothing done",
     500: "A bug (`internal_error`); the connection stays usable",
     502: "The summarizer failed (`summarizer_failed`)",
@@ -37,7 +38,7 @@ _PROBLEM_CONTENT = {"application/problem+json": {"schema": {"$ref": REF.format(m
 def _statuses(path: str, op: dict[str, Any]) -> list[int]:
     if not path.startswith("/v1/"):
         return [401] if path in ("/readyz", "/metrics") else []
-    statuses = [401, 404, 409, 422, 429, 500, 503]
+    statuses = [401, 404, 409, 422, 429, 431, 500, 503]
     if "requestBody" in op:
         statuses += [400, 413, 415]
     if path.endswith("/compact"):

@@ -259,7 +259,8 @@ async def test_clear_of_an_unknown_session_writes_nothing(client: httpx.AsyncCli
 
 async def test_large_body_round_trips_through_the_claim_check(client: httpx.AsyncClient) -> None:
     sid = new_sid()
-    big_text = "lorem ipsum dolor " * 20_000 + "needleword"  # ~360 KB, over the 256 KiB inline limit
+    # ~360 KB, over the 256 KiB inline limit; the word within the first 100,000 characters, which are indexed
+    big_text = "needleword " + "lorem ipsum dolor " * 20_000 + "tailword"
     body = msg("big", big_text)
     out = await append(client, sid, body)
     seq = out["seq"]
@@ -270,6 +271,8 @@ async def test_large_body_round_trips_through_the_claim_check(client: httpx.Asyn
     assert h["messages"] == [body]
     r = await client.get(f"/v1/sessions/{sid}/search", params={"q": "needleword", "min_seq": seq})
     assert [x["id"] for x in r.json()["results"]] == ["big"]
+    r = await client.get(f"/v1/sessions/{sid}/search", params={"q": "tailword", "min_seq": seq})
+    assert r.json()["results"] == []  # past the indexed part (docs/http-api.md, search)
     [ev] = await events(client, sid)
     assert ev["event"].get("message") is None
     assert ev["event"]["message_ref"]
