@@ -109,14 +109,23 @@ def allowed_methods(request: Request) -> str:
     return ", ".join(allowed)
 
 
+class _ClientGone(Exception):
+    """The connection was closed under an answer being written: nobody is left to answer."""
+
+
+CLOSED_TRANSPORT = "the handler is closed"
+"""What uvloop says of a write on a transport closed before the server learnt the client left."""
+
+
 class CrashGuard:
     """The outermost handler of unexpected errors: a complete ``500 internal_error`` answer, and
     nothing re-raised to the server, so the keep-alive connection stays usable. (Starlette's
     handler for ``Exception`` re-raises after answering, and uvicorn then closes the connection.)
     A response that had already started (a stream failing mid-way) cannot be turned into a
     problem: the error is re-raised and the server closes the connection, the only honest end. A
-    client that hung up before its body arrived (``ClientDisconnect``) is no error: nothing is
-    answered, and it is logged at DEBUG only."""
+    client that hung up before its body arrived (``ClientDisconnect``), or while its answer was
+    written (a write on the closed transport), is no error: nothing is answered, and it is logged
+    at DEBUG only (each was a 76-line traceback at ERROR)."""
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
@@ -130,12 +139,19 @@ class CrashGuard:
         async def tracked(message: Message) -> None:
             nonlocal started
             started = started or message["type"] == "http.response.start"
-            await send(message)
+            try:
+                await send(message)
+            except RuntimeError as exc:
+                if CLOSED_TRANSPORT not in str(exc):
+                    raise
+                raise _ClientGone from exc
 
         try:
             await self.app(scope, receive, tracked)
         except ClientDisconnect:  # the client hung up mid-body: no one to answer, nothing went wrong
             log.debug("the client hung up before its request was read: %s %s", scope["method"], scope["path"])
+        except _ClientGone:
+            log.debug("the client hung up before its answer was written: %s %s", scope["method"], scope["path"])
         except Exception as exc:
             if started:
                 raise

@@ -4,6 +4,7 @@ connection usable; a lost database answers 503 ``unavailable`` (the SDK retries 
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import AsyncIterator
 
 import httpx
@@ -13,6 +14,7 @@ import psycopg_pool
 import pytest
 import uvicorn
 from fastapi import FastAPI, Request
+from starlette.types import Message, Receive, Scope, Send
 
 from services.api.problems import CrashGuard, install
 from services.ops.localstack import free_port
@@ -83,3 +85,41 @@ async def test_an_error_keeps_the_connection_and_answers_a_problem(
             assert body["code"] == code
             assert "internal detail" not in r.text
             assert (await client.get("/peer")).json()["port"] == port  # the same connection
+
+
+async def _answering(scope: Scope, receive: Receive, send: Send) -> None:
+    await send({"type": "http.response.start", "status": 200, "headers": []})
+    await send({"type": "http.response.body", "body": b"x" * 65_536})
+
+
+@pytest.mark.parametrize(
+    ("error", "raised"),
+    [
+        ("unable to perform operation on <TCPTransport closed=True reading=False>; the handler is closed", False),
+        ("something else went wrong while writing", True),
+    ],
+    ids=["client-gone", "another-error"],
+)
+async def test_a_client_gone_while_its_answer_is_written_is_no_error(
+    caplog: pytest.LogCaptureFixture, error: str, raised: bool
+) -> None:
+    """The soak's clients that closed without reading their answers: uvloop refuses the write on
+    the transport it closed, and each was a traceback at ERROR. Only that refusal is quiet."""
+
+    async def send(message: Message) -> None:
+        if message["type"] == "http.response.body":
+            raise RuntimeError(error)
+
+    async def receive() -> Message:
+        return {"type": "http.request", "body": b"", "more_body": False}
+
+    scope: Scope = {"type": "http", "method": "GET", "path": "/history", "headers": []}
+    guard = CrashGuard(_answering)
+    with caplog.at_level(logging.DEBUG, logger="chronicle.api"):
+        if raised:
+            with pytest.raises(RuntimeError, match="something else"):
+                await guard(scope, receive, send)
+        else:
+            await guard(scope, receive, send)
+    levels = {r.levelno for r in caplog.records if r.name == "chronicle.api"}
+    assert levels == ({logging.DEBUG} if not raised else set())
