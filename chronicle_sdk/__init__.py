@@ -26,6 +26,7 @@ from chronicle_sdk.config import ObjectSource, Provider, Readonly, Searchable, S
 from chronicle_sdk.connection import Connection
 from chronicle_sdk.convert import to_anthropic_messages, to_openai_messages
 from chronicle_sdk.errors import (
+    AmbiguousCredentials,
     BlockNotFound,
     BudgetExceeded,
     ChronicleError,
@@ -94,6 +95,7 @@ from chronicle_sdk.types import (
 
 __all__ = [
     "OMITTED",
+    "AmbiguousCredentials",
     "AppendResult",
     "BlockNotFound",
     "BudgetExceeded",

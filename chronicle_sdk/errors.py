@@ -69,6 +69,13 @@ class Unauthorized(ChronicleError):
     default_code = "unauthorized"
 
 
+class AmbiguousCredentials(Unauthorized):
+    """401: the request carried more than one ``Authorization`` header (a proxy adding its own,
+    say); the server acts as neither key, and nothing was done."""
+
+    default_code = "ambiguous_credentials"
+
+
 class ReadOnlyKey(ChronicleError):
     """403: the API key only reads (an auditor's, ``chronicle keygen --read-only``): writes, the
     data key and NATS publishing need a full key; nothing was done."""
@@ -348,6 +355,7 @@ BY_CODE: dict[str, type[ChronicleError]] = {
     cls.default_code: cls
     for cls in (
         Unauthorized,
+        AmbiguousCredentials,
         ReadOnlyKey,
         UnknownParent,
         MessageConflict,
@@ -436,6 +444,7 @@ def error_from_problem(status: int, body: Any, *, retry_after: str | None = None
 
 __all__ = [
     "BY_CODE",
+    "AmbiguousCredentials",
     "BlockNotFound",
     "BudgetExceeded",
     "ChronicleError",

@@ -32,6 +32,11 @@ CursorOrderMismatch = _error(
     "CursorOrderMismatch", "cursor_order_mismatch", 422, "The cursor was given by a list in another order"
 )
 Unauthorized = _error("Unauthorized", "unauthorized", 401, "Missing or unknown API key")
+AmbiguousCredentials = _error(
+    "AmbiguousCredentials", "ambiguous_credentials", 401, "The request carries more than one Authorization header"
+)
+"""Two credentials on one request (a proxy appending its own, a confused client): which one the
+request acts as cannot be told, so it acts as none (services/api/auth.py)."""
 ReadOnlyKey = _error("ReadOnlyKey", "read_only_key", 403, "This API key only reads")
 SessionNotFound = _error("SessionNotFound", "session_not_found", 404, "Session not found")
 ErasedSession = _error("ErasedSession", "session_erased", 410, "The session is erased")

@@ -8,7 +8,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from services.api.deps import grant_for
 from services.api.problems import from_error
-from services.errors import ChronicleError, ReadOnlyKey, Unauthorized
+from services.errors import AmbiguousCredentials, ChronicleError, ReadOnlyKey, Unauthorized
 from services.settings import KeyGrant
 
 OPS_PATHS = frozenset(
@@ -22,6 +22,16 @@ NOT_FOR_READ_ONLY = re.compile(r"^/v1/(?:sessions/[^/]+/data-key|nats)/?$")
 and how to publish over NATS (a read-only key has no NATS identity)."""
 
 
+def credential(scope: Scope) -> bytes:
+    """The request's one ``Authorization`` header (empty when it has none). More than one is
+    refused, never resolved: a proxy appending its own credentials, or a confused client, would
+    otherwise act as whichever came first."""
+    values = [v for k, v in scope["headers"] if k == b"authorization"]
+    if len(values) > 1:
+        raise AmbiguousCredentials(f"send one 'Authorization: Bearer <api key>' header: this request has {len(values)}")
+    return values[0] if values else b""
+
+
 def read_only_refusal(scope: Scope) -> ChronicleError | None:
     """Why a read-only key may not make this request; None when it may (a read that creates nothing)."""
     if scope["method"] not in READ_METHODS:
@@ -32,9 +42,11 @@ def read_only_refusal(scope: Scope) -> ChronicleError | None:
 
 
 class ApiKeyAuth:
-    """Checks the API key before anything reads the body (a bad key is 401 whatever the body) and
-    puts the tenant in the request state; a read-only key's write is 403 before anything runs; with
-    an ops key, the operator routes need it. Plain ASGI: no response buffering or copying."""
+    """Checks the API key before anything reads the body (a bad key, or more than one
+    ``Authorization`` header, is 401 whatever the body) and puts the tenant in the request state;
+    a read-only key's write is 403 before anything runs; with an ops key, the operator routes need
+    it. The hot paths (services/api/hot.py) sit inside: they serve only a request it let through.
+    Plain ASGI: no response buffering or copying."""
 
     def __init__(self, app: ASGIApp, keys: dict[str, KeyGrant], ops_key: str | None = None) -> None:
         self.app = app
@@ -43,16 +55,15 @@ class ApiKeyAuth:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and self.ops_key is not None and scope["path"] in OPS_PATHS:
-            header = next((v for k, v in scope["headers"] if k == b"authorization"), b"")
-            if not hmac.compare_digest(header, f"Bearer {self.ops_key}".encode()):
-                await from_error(Unauthorized("this route needs 'Authorization: Bearer <ops key>'"))(
-                    scope, receive, send
-                )
+            try:
+                if not hmac.compare_digest(credential(scope), f"Bearer {self.ops_key}".encode()):
+                    raise Unauthorized("this route needs 'Authorization: Bearer <ops key>'")
+            except ChronicleError as exc:
+                await from_error(exc)(scope, receive, send)
                 return
         if scope["type"] == "http" and scope["path"].startswith("/v1/"):
-            header = next((v for k, v in scope["headers"] if k == b"authorization"), b"")
             try:
-                tenant, read_only = grant_for(self.keys, header.decode("latin-1"))
+                tenant, read_only = grant_for(self.keys, credential(scope).decode("latin-1"))
                 if read_only and (refusal := read_only_refusal(scope)) is not None:
                     raise refusal
             except ChronicleError as exc:

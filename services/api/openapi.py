@@ -19,7 +19,7 @@ REF = "#/components/schemas/{model}"
 
 _WHEN = {
     400: "The body is not JSON or not UTF-8 (`malformed_json`)",
-    401: "Missing or unknown API key (`unauthorized`)",
+    401: "Missing or unknown API key (`unauthorized`), or more than one Authorization header (`ambiguous_credentials`)",
     404: "Unknown session, message, block or route",
     409: "Conflicts with what exists (`session_exists`, `message_conflict`, `parent_cycle`, a read-only block, …)",
     410: "The session is erased (`session_erased`): it takes no writes, its id cannot be used again",

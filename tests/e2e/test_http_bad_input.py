@@ -485,6 +485,54 @@ async def test_wrong_api_key(anon: httpx.AsyncClient, client: httpx.AsyncClient,
     assert await events(client, sid) == []
 
 
+@pytest.mark.parametrize(
+    "second",
+    ["same", "other-tenant", "wrong"],
+    ids=["the-same-key-twice", "another-tenants-key", "a-wrong-key"],
+)
+async def test_more_than_one_authorization_header_is_401_and_changes_nothing(
+    anon: httpx.AsyncClient, client: httpx.AsyncClient, client_b: httpx.AsyncClient, second: str
+) -> None:
+    """A proxy appending its own credentials, or a confused client: the request is not taken as
+    whichever key comes first (nor last), on the hot paths (append, history) as on the routes."""
+    sid = new_sid()
+    await chain(client, sid, ["m1"])
+    before, last = await events(client, sid), await stream_last_seq(client)
+    first = client.headers["authorization"]
+    then = {"same": first, "other-tenant": client_b.headers["authorization"], "wrong": "Bearer wrong-key"}[second]
+    for pair in ([first, then], [then, first]):
+        headers = [("Authorization", value) for value in pair]
+        for method, path, body in [
+            ("POST", f"/v1/sessions/{sid}/messages", append_body(msg("m2", "two"))),  # the hot append
+            ("GET", f"/v1/sessions/{sid}/history", None),  # the hot history read
+            ("POST", "/v1/sessions", {"id": f"{sid}-new"}),
+            ("POST", f"/v1/sessions/{sid}/messages:batch", {"messages": [msg("m3", "three")]}),
+            ("GET", f"/v1/sessions/{sid}", None),
+            ("GET", "/v1/sessions", None),
+            ("DELETE", f"/v1/sessions/{sid}", None),
+        ]:
+            r = await anon.request(method, path, json=body, headers=headers)
+            problem = assert_problem(r, 401, "ambiguous_credentials")
+            assert "this request has 2" in problem["detail"], problem
+            assert r.headers["www-authenticate"] == "Bearer"
+    assert await events(client, sid) == before
+    assert await stream_last_seq(client) == last
+    assert_problem(await client.get(f"/v1/sessions/{sid}-new"), 404, "session_not_found")
+    assert (await client.get(f"/v1/sessions/{sid}")).status_code == 200  # the DELETE did nothing
+    assert await events(client_b, sid) == []  # nor was it taken as tenant-b's
+    assert_problem(await client_b.get(f"/v1/sessions/{sid}-new"), 404, "session_not_found")
+
+
+async def test_one_authorization_header_is_still_enough(anon: httpx.AsyncClient, client: httpx.AsyncClient) -> None:
+    """The refusal counts headers, not requests with some other header alike."""
+    sid = new_sid()
+    headers = [("Authorization", client.headers["authorization"]), ("X-Authorization", "Bearer wrong-key")]
+    r = await anon.post(f"/v1/sessions/{sid}/messages", json=append_body(msg("m1", "one")), headers=headers)
+    assert r.status_code == 201, r.text
+    seq = r.json()["seq"]
+    assert (await client.get(f"/v1/sessions/{sid}/messages/m1", params={"min_seq": seq})).status_code == 200
+
+
 async def test_bearer_scheme_is_case_insensitive(anon: httpx.AsyncClient, client: httpx.AsyncClient) -> None:
     token = client.headers["authorization"].split(" ", 1)[1]
     r = await anon.get(f"/v1/sessions/{new_sid()}", headers={"Authorization": f"bearer {token}"})

@@ -36,3 +36,14 @@ async def test_the_ops_key_opens_them_and_healthz_stays_open() -> None:
 async def test_without_an_ops_key_they_are_open() -> None:
     async with _client(None) as client:
         assert (await client.get("/openapi.json")).status_code == 200
+
+
+@pytest.mark.parametrize("second", [f"Bearer {OPS}", "Bearer wrong"], ids=["the-ops-key-twice", "a-wrong-key"])
+async def test_more_than_one_authorization_header_is_401_on_the_operator_routes(second: str) -> None:
+    """Whichever comes first, two credentials open nothing (a proxy appending its own)."""
+    async with _client(OPS) as client:
+        for pair in ([f"Bearer {OPS}", second], [second, f"Bearer {OPS}"]):
+            r = await client.get("/metrics", headers=[("Authorization", value) for value in pair])
+            assert r.status_code == 401, r.text
+            assert r.json()["code"] == "ambiguous_credentials"
+            assert r.headers["www-authenticate"] == "Bearer"
