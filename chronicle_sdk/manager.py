@@ -8,7 +8,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
 from chronicle_sdk.config import ConfigBuilder
-from chronicle_sdk.connection import Connection, Via, session_path
+from chronicle_sdk.connection import Connection, Via, checked_session_id, session_path
 from chronicle_sdk.errors import ChronicleError, InvalidRequest, SessionExists, SessionNotFound
 from chronicle_sdk.session import Session
 from chronicle_sdk.tools import MAX_QUERY_CHARS, SESSION_SEARCH, Tools, arguments_error, arguments_fault
@@ -66,10 +66,11 @@ class SessionManager(ConfigBuilder):
     ) -> SessionInfo:
         """Register a new session (``create(name, {parentSessionId, model, source})``); returns its entry.
 
-        The id is a new UUID unless given; ``model`` and ``source`` are kept in ``metadata``.
-        Raises :class:`SessionExists` for a taken id.
+        The id is a new UUID unless given (``None``); ``model`` and ``source`` are kept in
+        ``metadata``. Raises :class:`SessionExists` for a taken id, and :class:`InvalidId` before
+        any request for an id the server would refuse (``id=""`` included: it is not "no id").
         """
-        sid = id or str(uuid.uuid4())
+        sid = str(uuid.uuid4()) if id is None else checked_session_id(id)
         meta = dict(metadata or {})
         if model is not None:
             meta["model"] = model
@@ -152,12 +153,13 @@ class SessionManager(ConfigBuilder):
         derives from the child's, so a retry with the same ``id`` appends it once. Raises
         :class:`SessionNotFound` for an unknown or deleted ``session_id``, and
         :class:`SessionExists` when ``id`` names a session that is not a child of ``session_id``
-        (or a deleted one), before anything is written.
+        (or a deleted one), before anything is written; :class:`InvalidId` before any request for
+        an ``id`` the server would refuse (``id=""`` included: it is not "no id").
         """
+        child_id = str(uuid.uuid4()) if id is None else checked_session_id(id)
         old = await self.get(session_id)
         if old is None:
             raise SessionNotFound(f"session {session_id!r} not found", status=404)
-        child_id = id or str(uuid.uuid4())
         child = await self.get(child_id) if id is not None else None
         if child is not None and child.parent_session_id != session_id:
             raise SessionExists(f"session {child_id!r} already exists and is not a child of {session_id!r}", status=409)
@@ -209,13 +211,14 @@ class SessionManager(ConfigBuilder):
         the overlay in force is carried over (not materialised as a message), so the fork reads
         exactly like the source branch did. An ``at_message_id`` that is not in the session raises
         :class:`MessageNotFound` and makes no session (the reference's fork of an unknown id makes
-        an empty one).
+        an empty one). The new session's id is the server's UUID unless given (``None``); one the
+        server would refuse (``id=""`` included) is :class:`InvalidId` before any request.
         """
         body: dict[str, Any] = {"at_message_id": at_message_id}
         if new_name is not None:
             body["name"] = new_name
         if id is not None:
-            body["id"] = id
+            body["id"] = checked_session_id(id)
         await self.get_session(session_id)._ensure_ready()
         out = await self.client.request("POST", session_path(session_id, "/fork"), body=body, session=session_id)
         new_id = str(out["id"])

@@ -388,6 +388,44 @@ async def test_session_ids_no_url_can_name_are_invalid_id_before_any_request(bad
     assert rec.requests == []
 
 
+def created(request: httpx.Request) -> httpx.Response:
+    """``POST /v1/sessions`` answered as the server does; a read of the session answers its entry."""
+    if request.method == "POST":
+        body = json.loads(request.content)
+        return httpx.Response(201, json={**body, "parent_session_id": None, "seq": 3})
+    sid = request.url.path.rsplit("/", 1)[-1]
+    return httpx.Response(200, json={"id": sid, "name": "n", "metadata": {}})
+
+
+@pytest.mark.parametrize("bad", ["", "a/b", " s"], ids=["empty", "slash", "space"])
+async def test_an_explicit_session_id_the_server_would_refuse_is_invalid_id_before_any_request(bad: str) -> None:
+    """``id=""`` is an id, not "no id": it is refused (the server answers ``invalid_id`` too),
+    never made into a new UUID session; over HTTP and as NATS commands alike."""
+    rec = Recorder(created)
+    nc = FakeNats(Reply(201, {"id": "x", "seq": 3}))
+    async with rec.client() as c:
+        for client in (c, commanding(nc)):
+            manager = SessionManager(client)
+            with pytest.raises(InvalidId) as caught:
+                await manager.create("n", id=bad)
+            assert caught.value.status == 422
+            with pytest.raises(InvalidId):
+                await manager.compact_and_split("s1", "summary", id=bad)
+            with pytest.raises(InvalidId):
+                await manager.fork("s1", "m1", id=bad)
+    assert rec.requests == []
+    assert nc.subjects == []
+
+
+async def test_no_session_id_is_a_new_uuid() -> None:
+    rec = Recorder(created)
+    async with rec.client() as c:
+        info = await SessionManager(c).create("n")
+    (body,) = rec.bodies()
+    assert info.id == body["id"]
+    assert len(body["id"]) == 36, body
+
+
 async def test_config_is_sent_once_and_only_when_it_differs() -> None:
     stored: dict[str, Any] = {"config": {"blocks": []}}
 
