@@ -11,6 +11,8 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 LABEL_RE = r"^[A-Za-z0-9_][A-Za-z0-9_-]{0,63}$"
+LABEL_RULE = "must be 1 to 64 characters, each an ASCII letter, a digit, '_' or '-', and not start with '-'"
+""":data:`LABEL_RE` in words: what a refused label's problem says (events/validation.py)."""
 Label = Annotated[str, Field(pattern=LABEL_RE)]
 BUCKET_RE = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
 Bucket = Annotated[str, Field(min_length=3, max_length=63, json_schema_extra={"pattern": BUCKET_RE.pattern})]

@@ -7,6 +7,8 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from events.context import LABEL_RE, LABEL_RULE
+
 NO_NUL_PATTERN = r"^[^\x00]*$"
 """A text that holds no NUL character (Postgres text cannot)."""
 PRINTABLE_ASCII_PATTERN = r"^[!-~]+$"
@@ -15,6 +17,7 @@ PRINTABLE_ASCII_PATTERN = r"^[!-~]+$"
 _PATTERN_MEANINGS = {
     NO_NUL_PATTERN: "must not contain NUL characters",
     PRINTABLE_ASCII_PATTERN: "must be printable ASCII characters without spaces",
+    LABEL_RE: LABEL_RULE,  # a context block's label
 }
 
 

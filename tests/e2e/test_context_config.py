@@ -40,7 +40,14 @@ INVALID: dict[str, tuple[Any, str]] = {
         },
         "either content or source",
     ),
-    "bad-label": ({"blocks": [{"kind": "writable", "label": "two words"}]}, "label"),
+    "bad-label": (
+        {"blocks": [{"kind": "writable", "label": "two words"}]},
+        "blocks.0.writable.label: must be 1 to 64 characters, each an ASCII letter, a digit, '_' or '-'",
+    ),
+    "bad-searchable-history-label": (
+        {"blocks": [], "searchable_history": "-history"},
+        "searchable_history: must be 1 to 64 characters, each an ASCII letter, a digit, '_' or '-'",
+    ),
     "unknown-field": ({"blocks": [{"kind": "writable", "label": "m", "size": 3}]}, "size"),
     "unknown-top-level-field": ({"blocks": [], "blokcs": []}, "blokcs"),
     "blocks-not-a-list": ({"blocks": {"kind": "writable", "label": "m"}}, "blocks"),

@@ -102,7 +102,7 @@ async def test_a_session_without_builder_calls_keeps_the_servers_config(sdk: Chr
 
 async def test_invalid_config_is_refused_client_side(sdk: ChronicleClient) -> None:
     s = Session.create(sdk, sid()).with_context("bad label!", provider=Writable())
-    with pytest.raises(InvalidConfig):
+    with pytest.raises(InvalidConfig, match=r"label: must be 1 to 64 characters, each an ASCII letter, a digit"):
         await s.get_history()
 
 

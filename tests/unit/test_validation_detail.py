@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 from pydantic import BaseModel, Field, ValidationError
 
+from events.context import LABEL_RULE, SessionConfig
 from events.validation import NO_NUL_PATTERN, PRINTABLE_ASCII_PATTERN, error_items, validation_detail
 
 
@@ -54,3 +55,16 @@ def test_a_pattern_mismatch_says_what_the_pattern_means_not_the_expression() -> 
         "is not in the form this field takes",
     ]
     assert validation_detail(items) == detail  # worded once: the items read the same again
+
+
+@pytest.mark.parametrize(
+    "label", ["two words", "", "-lead", "x" * 65, "ü"], ids=["space", "empty", "leading-dash", "65-long", "not-ascii"]
+)
+def test_a_refused_block_label_says_what_labels_are_allowed(label: str) -> None:
+    with pytest.raises(ValidationError) as caught:
+        SessionConfig.model_validate({"blocks": [{"kind": "writable", "label": label}], "searchable_history": label})
+    assert validation_detail(caught.value, root="config") == (
+        f"blocks.0.writable.label: {LABEL_RULE}; searchable_history: {LABEL_RULE}"
+    )
+    assert "1 to 64 characters" in LABEL_RULE
+    assert "'_' or '-'" in LABEL_RULE
