@@ -12,7 +12,12 @@ applying it. Checks, in this order (the first failure decides the reason):
    nested deeper than :data:`MAX_DEPTH` (what the HTTP API refuses in a request body).
 4. ``unknown_type`` / ``newer_version`` / ``invalid``: the type and version (see the registry).
 5. ``invalid``: the model's validation; the ids as the API checks them (tenant, session unless
-   tenant-scoped, every message id the event names).
+   tenant-scoped, every message id the event names); a ``message.appended``/``message.updated``
+   whose inline ``message`` (opened, when sealed) does not hash to the ``body_sha256`` it writes
+   out, unless it has an ``original_ref`` (an over-cap message: the hash is its original's). A
+   compact event that leaves ``body_sha256`` out has it from its body, always right. A claim-checked
+   body (``message_ref``) is not here to hash: its bytes are checked against the reference when
+   they are fetched (below), not its hash against ``body_sha256``.
 6. ``subject_mismatch``: the subject is not exactly the event's session subject (prefix, tenant,
    partition token of this layout, session): the subject is the authority.
 
@@ -49,6 +54,7 @@ from events.catalog import (
 )
 from events.envelope import Event
 from events.ids import TENANT_SCOPE, InvalidId, check_message_id, check_session, check_tenant
+from events.messages import body_hash
 from events.objects import NotTheOwner, open_object
 from events.registry import CURRENT, UnknownEvent, upcast
 from events.sealing import (
@@ -163,6 +169,8 @@ def admit(data: bytes, subject: str, layout: SubjectLayout, keys: KeyLookup | No
     except ValidationError as exc:
         raise Refused("invalid", _first_error(exc)) from None
     _check_ids(event)
+    if isinstance(event, MessageBodyEvent) and "body_sha256" in raw:  # left out, it is the body's own
+        _check_body_hash(event)
     if layout.session_subject(event.tenant, event.session) != subject:
         raise Refused("subject_mismatch", _mismatch(event, subject, layout))
     return event
@@ -212,6 +220,9 @@ def admit_built(event: Event, layout: SubjectLayout) -> tuple[str, bytes]:
     if (bound := _brackets(data)) > MAX_DEPTH:  # rare: parsed back only then
         _check_depth(bound, _parse(data))
     _check_ids(event)
+    # the compact JSON leaves body_sha256 out when it is the inline body's own (MessageBodyEvent.left_out)
+    if isinstance(event, MessageBodyEvent) and b'"body_sha256"' in data:
+        _check_body_hash(event)
     return layout.session_subject(event.tenant, event.session), data
 
 
@@ -376,6 +387,26 @@ def message_ids(event: Event) -> Iterator[str]:
         yield event.leaf_id
     if isinstance(event, CompactionSkipped) and event.leaf_id is not None:
         yield event.leaf_id
+
+
+def _check_body_hash(event: MessageBodyEvent) -> None:
+    """:class:`Refused` ``invalid`` when ``event``'s inline message does not hash to its
+    ``body_sha256``. Only an over-cap message (``original_ref``: the hash is its untruncated
+    original's) may carry another; a claim-checked body is not inline. Admitted, a wrong hash
+    would be stored as the message's (projections/history.py ``row_hash``), and the true body
+    appended again under its id would answer ``message_conflict`` instead of replaying."""
+    if event.message is None or getattr(event, "original_ref", None) is not None:
+        return
+    try:
+        own = body_hash(event.message)
+    except (TypeError, ValueError, RecursionError):  # not JSON-writable (admit refused what it knows of)
+        raise Refused("invalid", "message: its canonical JSON cannot be written to hash it") from None
+    if own != event.body_sha256:
+        raise Refused(
+            "invalid",
+            f"body_sha256 {event.body_sha256[:64]!r} is not the SHA-256 of the inline message's canonical JSON "
+            f"({own}); only an over-cap message, with original_ref, carries its original's",
+        )
 
 
 def _check_ids(event: Event) -> None:

@@ -180,7 +180,9 @@ def _body_event_schema(schema: dict[str, Any]) -> None:
         "Stored compact: `message_id`, `role` and `body_sha256` are left out when `message` is inline and "
         'they are exactly its `id`, its `role` ("" when it has none) and the SHA-256 of its canonical JSON '
         "(keys sorted, no spaces, UTF-8); a reader fills them from `message`. They are always written with "
-        "`message_ref` (claim check) and in a sealed event. Unset optional fields are left out, not null."
+        "`message_ref` (claim check) and in a sealed event. Unset optional fields are left out, not null. "
+        "A `body_sha256` written with an inline `message` must be its hash, unless `original_ref` is set (an "
+        "over-cap message: the hash is its original's); any other is refused (quarantined as `invalid`)."
     )
     schema["description"] = f"{schema.get('description', '').rstrip()}\n\n{note}".lstrip()
 
@@ -193,7 +195,9 @@ class MessageBodyEvent(Event):
     (:func:`derived_fields`), and the :data:`NULL_OMITTED` fields when None. In memory every field
     is there as before: a field left out is filled from the body when the event is read. A field
     written explicitly is taken as written (as every earlier version was), even when the body says
-    otherwise: an over-cap message's ``body_sha256`` is its original's, not its capped form's.
+    otherwise: an over-cap message's ``body_sha256`` is its original's, not its capped form's. Only
+    that one: admission refuses an inline body's ``body_sha256`` that is not its hash on an event
+    without ``original_ref`` (events/admission.py).
     """
 
     model_config = ConfigDict(json_schema_extra=_body_event_schema)

@@ -23,6 +23,7 @@ from events.admission import (
 )
 from events.catalog import MessageAppended, MessagesDeleted, SkillIndexed
 from events.ids import TENANT_SCOPE
+from events.messages import body_hash
 from events.publisher import Publisher
 from events.subjects import SubjectLayout, partition_of
 from tests.integration.helpers import appended
@@ -229,7 +230,10 @@ def test_an_event_exactly_as_deep_as_a_request_may_be_is_admitted() -> None:
     admitted = admit(data, good()[1], LAYOUT)
     assert isinstance(admitted, MessageAppended)
     assert admitted.message == deep_message(MAX_DEPTH - 4)
-    event = appended("tenant-a", "s-1", "m1", "m0", "hello").model_copy(update={"message": deep_message(MAX_DEPTH - 4)})
+    deep = deep_message(MAX_DEPTH - 4)
+    event = appended("tenant-a", "s-1", "m1", "m0", "hello").model_copy(
+        update={"message": deep, "body_sha256": body_hash(deep)}
+    )
     assert admit_built(event, LAYOUT)[1] == event.to_json()
 
 

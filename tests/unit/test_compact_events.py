@@ -226,18 +226,110 @@ def test_a_capped_message_keeps_its_originals_hash_explicit() -> None:
     assert "message_id" not in raw
     assert "role" not in raw
     assert decode(event.to_json()) == event
+    assert admit(event.to_json(), SUBJECT, LAYOUT) == event  # the hash is its original's: admitted
+    assert admit_built(event, LAYOUT) == (SUBJECT, event.to_json())
+
+
+# -- a body_sha256 the inline body does not hash to ------------------------------------------------
+
+WRONG = "d" * 64
+
+
+def wrong_hash(kind: str) -> MessageBodyEvent:
+    """An inline, uncapped body event whose ``body_sha256`` is not its body's."""
+    body = text_message("m1", TEXT)
+    if kind == "updated":
+        return MessageUpdated(
+            tenant="tenant-a", session="s-1", message_id="m1", role="user", body_sha256=WRONG, message=body
+        )
+    return body_event(message_id="m1", role="user", body_sha256=WRONG, message=body)
+
+
+def assert_wrong_hash(caught: pytest.ExceptionInfo[Refused]) -> None:
+    assert caught.value.reason == "invalid"
+    assert f"body_sha256 {WRONG!r} is not the SHA-256 of the inline message" in caught.value.detail
+    assert body_hash(text_message("m1", TEXT)) in caught.value.detail
+
+
+@pytest.mark.parametrize("kind", ["appended", "updated"])
+def test_an_explicit_body_sha256_the_inline_body_does_not_hash_to_is_refused(kind: str) -> None:
+    """Admitted, the read model would store the wrong hash, and the true body appended again under
+    its id would be a conflict instead of a replay. The publisher refuses it as the readers do."""
+    event = wrong_hash(kind)
+    assert stored(event)["body_sha256"] == WRONG  # written out: it is not the body's
+    with pytest.raises(Refused) as caught:
+        admit(event.to_json(), SUBJECT, LAYOUT)
+    assert_wrong_hash(caught)
+    with pytest.raises(Refused) as built:
+        admit_built(event, LAYOUT)
+    assert_wrong_hash(built)
+
+
+@pytest.mark.parametrize("name", ["message.appended.v1.json", "message.updated.v1.json"])
+def test_an_older_version_with_a_wrong_hash_is_refused(name: str) -> None:
+    """Older versions write every field: their hash is checked like an explicit v3 one."""
+    raw = {**fixture(name), "body_sha256": WRONG}
+    with pytest.raises(Refused) as caught:
+        admit(json.dumps(raw).encode(), LAYOUT.session_subject(raw["tenant"], raw["session"]), LAYOUT)
+    assert caught.value.reason == "invalid"
+    assert f"body_sha256 {WRONG!r}" in caught.value.detail
+
+
+def test_an_older_over_cap_message_keeps_its_originals_hash() -> None:
+    """A v2 message with ``original_ref`` carries its original's hash, not its capped body's."""
+    raw = {**fixture("message.appended.v2.json"), "body_sha256": WRONG}
+    event = admit(json.dumps(raw).encode(), LAYOUT.session_subject(raw["tenant"], raw["session"]), LAYOUT)
+    assert isinstance(event, MessageAppended)
+    assert event.original_ref is not None
+    assert event.body_sha256 == WRONG
+
+
+def test_an_explicit_body_sha256_that_is_the_bodys_own_is_admitted() -> None:
+    """A writer may write the field even when it is the body's (an older client, another language)."""
+    event = appended("tenant-a", "s-1", "m1", None, TEXT)
+    raw = {**stored(event), "body_sha256": event.body_sha256, "message_id": "m1", "role": "user"}
+    assert admit(json.dumps(raw).encode(), SUBJECT, LAYOUT) == event
+
+
+def test_a_sealed_event_is_checked_once_opened() -> None:
+    """The hash of a sealed body is inside the seal, over the plaintext: checked after opening."""
+    keys = StaticKeys()
+    key = new_data_key("dk-1")
+    keys.put("tenant-a", "s-1", key)
+    event = wrong_hash("appended")
+    data = seal_event(event, event.to_json(), key)
+    assert WRONG.encode() not in data
+    with pytest.raises(Refused) as caught:
+        admit(data, SUBJECT, LAYOUT, keys)
+    assert_wrong_hash(caught)
+    good = appended("tenant-a", "s-1", "m1", None, TEXT)
+    assert admit(seal_event(good, good.to_json(), key), SUBJECT, LAYOUT, keys) == good
+
+
+def test_a_claim_checked_body_is_not_hashed_at_admission() -> None:
+    """Its body is not in the event: its bytes are checked against the reference when fetched."""
+    event = body_event(message_id="m2", role="user", body_sha256=WRONG, message_ref=ref())
+    assert admit(event.to_json(), SUBJECT, LAYOUT) == event
+    assert admit_built(event, LAYOUT) == (SUBJECT, event.to_json())
+
+
+def test_a_body_naming_a_body_sha256_key_of_its_own_is_admitted_by_the_publisher() -> None:
+    """The publisher hashes again only when ``"body_sha256"`` is in the JSON: a message holding
+    such a key is hashed, and its (right) hash admitted."""
+    body = {**text_message("m1", TEXT), "metadata": {"body_sha256": WRONG}}
+    event = body_event(message_id="m1", role="user", body_sha256=body_hash(body), message=body)
+    assert "body_sha256" not in stored(event)
+    assert admit_built(event, LAYOUT) == (SUBJECT, event.to_json())
 
 
 # -- a body that disagrees with, or cannot give, a field --------------------------------------
 
 
-@pytest.mark.parametrize(
-    ("field", "value"),
-    [("role", "assistant"), ("message_id", "m-other"), ("body_sha256", "d" * 64)],
-)
+@pytest.mark.parametrize(("field", "value"), [("role", "assistant"), ("message_id", "m-other")])
 def test_an_explicit_field_the_body_disagrees_with_is_kept_as_written(field: str, value: str) -> None:
     """As in every earlier version, a field written is the fact: it stays explicit in the stored
-    JSON and is read back as written (never replaced by what the body says)."""
+    JSON and is read back as written (never replaced by what the body says). Not ``body_sha256``:
+    one the inline body does not hash to is refused (below), but for an over-cap message's."""
     event = appended("tenant-a", "s-1", "m1", None).model_copy(update={field: value})
     raw = stored(event)
     assert raw[field] == value
