@@ -8,9 +8,11 @@
   transaction-scoped advisory lock shared with :meth:`PgKeyStore.erase`: a key is never made for
   an erased session.
 * Readers (the projector, rebuild, replay) :meth:`~PgKeyStore.load` the keys of a batch's
-  sessions before admitting it; a found key is kept for the process's life (a session has one
-  key; an erasure reaches a live projector as the ``session.erased`` event, in order); a session
-  is asked about again only when an event names a key id not held. Readers serving a request
+  sessions before admitting it; what was asked about a session (its key, or that it has none) is
+  kept while it is used (a session has one key; an erasure reaches a live projector as the
+  ``session.erased`` event, in order), for the ``cache_sessions`` most recently used sessions
+  (:class:`projections.lru.Lru`): a session is asked about again when an event names a key id not
+  held, or when it was evicted. Readers serving a request
   :meth:`~PgKeyStore.refresh` (another process may have erased). Writers poll the erasures
   recorded since their last poll, one query every ``write_ttl_s`` for the whole process, and drop
   the keys of the sessions erased by another process within that time. The poll is not what
@@ -42,8 +44,15 @@ from psycopg_pool import AsyncConnectionPool
 from events.admission import has_bad_chars
 from events.catalog import SessionErased
 from events.sealing import KEY_BYTES, DataKey, KeyDestroyed, KeyUnavailable
+from projections.lru import Lru
 
 log = logging.getLogger("chronicle.keys")
+
+KEY_CACHE_SESSIONS = 100_000
+"""Sessions whose key (or its absence) a key store keeps by default: about 2.5 KB each."""
+
+Pair = tuple[str, str]
+"""(tenant, session)"""
 
 _LOCK = "SELECT pg_advisory_xact_lock(hashtext('chronicle-data-key'), hashtext(%s || '/' || %s))"
 
@@ -150,7 +159,14 @@ def _context(tenant: str, session: str) -> bytes:
 
 
 class PgKeyStore:
-    """The data keys of every session, in Postgres (``data_keys``, ``erasures``)."""
+    """The data keys of every session, in Postgres (``data_keys``, ``erasures``).
+
+    In memory: what was asked about the ``cache_sessions`` most recently used sessions (their
+    keys, or that they have none; None: every session, as a rebuild needs), and the sessions known
+    to be erased. An evicted session is asked about again when next loaded. The erased ones are
+    kept exactly, unbounded, for the process's life: an erased session must never get its key
+    back or take a write, and erasures are rare (a set of pairs, no keys).
+    """
 
     def __init__(
         self,
@@ -159,30 +175,42 @@ class PgKeyStore:
         *,
         seal: bool = False,
         write_ttl_s: float = 2.0,
+        cache_sessions: int | None = KEY_CACHE_SESSIONS,
     ) -> None:
         self._pool = pool
         self._wrapper = wrapper
         self.seal = seal and wrapper is not None
         self._ttl = write_ttl_s
-        self._keys: dict[tuple[str, str], DataKey] = {}
-        self._erased: set[tuple[str, str]] = set()
-        self._seen: set[tuple[str, str]] = set()  # asked about (a key, if any, is in _keys)
+        # asked about, least recently used first: the key, or None (it had none when asked)
+        self._held: Lru[Pair, DataKey | None] = Lru(cache_sessions)
+        self._erased: set[Pair] = set()  # exact and unbounded (see the class)
         self._polled = float("-inf")  # when erasures were last polled (monotonic)
         self._newest: datetime | None = None  # the newest erased_at seen
         self._erased_since = datetime.min.replace(tzinfo=UTC)
-        self._learned: dict[tuple[str, str], tuple[int, SessionErased]] = {}  # proven, not yet recorded
+        self._learned: dict[Pair, tuple[int, SessionErased]] = {}  # proven, not yet recorded
 
     @property
     def kek_id(self) -> str | None:
         """The current key-encryption key's id (None: none configured)."""
         return self._wrapper.current if self._wrapper is not None else None
 
+    @property
+    def cache_sessions(self) -> int | None:
+        """How many sessions' keys are kept at most (None: every one, since :meth:`load_all`)."""
+        return self._held.capacity
+
+    @property
+    def held_sessions(self) -> int:
+        """How many sessions' keys (or their absence) are held in memory now."""
+        return len(self._held)
+
     # -- reading (events.sealing.KeyReader) -------------------------------------------------
 
     def key(self, tenant: str, session: str, kid: str) -> DataKey:
-        if (tenant, session) in self._erased:
+        pair = (tenant, session)
+        if pair in self._erased:
             raise KeyDestroyed(tenant, session)
-        found = self._keys.get((tenant, session))
+        found = self._held.get(pair)
         if found is None or found.kid != kid:
             raise KeyUnavailable(f"no data key {kid[:64]!r} for session {session[:64]!r}")
         return found
@@ -192,71 +220,87 @@ class PgKeyStore:
 
     def forget(self, tenant: str, session: str) -> None:
         """The session is erased (its ``session.erased`` event was read): never read its key again."""
-        self._keys.pop((tenant, session), None)
+        self._held.pop((tenant, session))
         self._erased.add((tenant, session))
 
     async def load(self, wanted: Iterable[tuple[str, str, str | None]]) -> None:
-        """Ask the database about the sessions never asked about, and those whose wanted key id is
-        not the one held (a key made since). A session known to have no key and not to be erased
-        is not asked again: its erasure reaches this process as its ``session.erased`` event."""
-        todo = sorted(
-            {
-                (t, s)
-                for t, s, kid in wanted
-                if (t, s) not in self._erased
-                and (
-                    (t, s) not in self._seen
-                    or (kid is not None and getattr(self._keys.get((t, s)), "kid", None) != kid)
-                )
-                and not has_bad_chars([t, s])  # a subject may carry what no id can: its events are refused anyway
-            }
-        )
-        if not todo:
-            return
-        async with self._pool.connection() as conn:
-            await self._load(conn, todo)
+        """Ask the database about the sessions not held (never asked about, or evicted), and those
+        whose wanted key id is not the one held (a key made since). A session known to have no key
+        and not to be erased is not asked again: its erasure reaches this process as its
+        ``session.erased`` event. Every session of ``wanted`` not erased is held when this returns,
+        however many, even one a concurrent load evicted while this one waited: :meth:`key` answers
+        for them until the caller awaits something; after that, a session is evicted only once
+        ``cache_sessions`` others were used since (a reader that awaits between events loads each
+        sealed one's session again: asked only if evicted)."""
+        held, erased = self._held, self._erased
+        pairs: set[Pair] = set()
+        todo: set[Pair] = set()
+        for t, s, kid in wanted:
+            pair = (t, s)
+            if pair in erased:
+                continue
+            pairs.add(pair)
+            if (
+                pair not in held or (kid is not None and getattr(held.get(pair), "kid", None) != kid)
+            ) and not has_bad_chars([t, s]):  # a subject may carry what no id can: its events are refused anyway
+                todo.add(pair)
+        if todo:
+            await self._ask(sorted(todo), pairs)
 
     async def refresh(self, sessions: Iterable[tuple[str, str]]) -> None:
         """Ask the database now (a reader serving a request: another process may have erased)."""
         todo = sorted({p for p in sessions if not has_bad_chars(list(p))})
         if todo:
-            async with self._pool.connection() as conn:
-                await self._load(conn, todo)
+            await self._ask(todo, todo)
 
     async def load_all(self) -> None:
-        """Every key and erasure (a rebuild reads the whole log)."""
+        """Every key and erasure (a rebuild reads the whole log): the store holds every session
+        from now on, however many (a rebuild's process is a command's, which ends with it)."""
+        self._held.unbound()
         async with self._pool.connection() as conn:
             cur = await conn.execute("SELECT tenant, session_id FROM erasures")
             self._erased.update((str(t), str(s)) for t, s in await cur.fetchall())
             cur = await conn.execute("SELECT tenant, session_id, kid, kek_id, wrapped FROM data_keys")
-            self._keep(await cur.fetchall())
+            self._held.put_all(self._unwrap(await cur.fetchall()))
 
-    async def _load(self, conn: psycopg.AsyncConnection[Any], todo: Sequence[tuple[str, str]]) -> None:
+    async def _ask(self, todo: Sequence[Pair], pairs: Iterable[Pair]) -> None:
+        """Ask about ``todo``, then hold every one of ``pairs`` not erased, evicting none of them:
+        those held before are put back if another caller evicted them while this one waited."""
+        held = self._held
+        before = {p: held.get(p) for p in pairs if p in held}
         tenants, sids = [t for t, _ in todo], [s for _, s in todo]
-        cur = await conn.execute(
-            "SELECT e.tenant, e.session_id FROM erasures e JOIN unnest(%s::text[], %s::text[]) AS q(t, s) "
-            "ON e.tenant = q.t AND e.session_id = q.s",
-            (tenants, sids),
-        )
-        for t, s in await cur.fetchall():
+        async with self._pool.connection() as conn:
+            cur = await conn.execute(
+                "SELECT e.tenant, e.session_id FROM erasures e JOIN unnest(%s::text[], %s::text[]) AS q(t, s) "
+                "ON e.tenant = q.t AND e.session_id = q.s",
+                (tenants, sids),
+            )
+            gone = await cur.fetchall()
+            cur = await conn.execute(
+                "SELECT k.tenant, k.session_id, k.kid, k.kek_id, k.wrapped FROM data_keys k "
+                "JOIN unnest(%s::text[], %s::text[]) AS q(t, s) ON k.tenant = q.t AND k.session_id = q.s",
+                (tenants, sids),
+            )
+            rows = await cur.fetchall()
+        for t, s in gone:
             self.forget(str(t), str(s))
-        self._seen.update(todo)
-        cur = await conn.execute(
-            "SELECT k.tenant, k.session_id, k.kid, k.kek_id, k.wrapped FROM data_keys k "
-            "JOIN unnest(%s::text[], %s::text[]) AS q(t, s) ON k.tenant = q.t AND k.session_id = q.s",
-            (tenants, sids),
+        found = self._unwrap(rows)
+        erased = self._erased
+        held.put_all(
+            {p: found[p] if p in found else held.get(p, before.get(p)) for p in (*todo, *before) if p not in erased}
         )
-        self._keep(await cur.fetchall())
 
-    def _keep(self, rows: Sequence[tuple[Any, ...]]) -> None:
+    def _unwrap(self, rows: Sequence[tuple[Any, ...]]) -> dict[Pair, DataKey]:
         if rows and self._wrapper is None:
             raise KeyUnavailable("sealed data keys exist and no key-encryption key is configured")
+        keys: dict[Pair, DataKey] = {}
         for tenant, session, kid, kek_id, wrapped in rows:
             assert self._wrapper is not None
             secret = self._wrapper.unwrap(str(kek_id), bytes(wrapped), _context(str(tenant), str(session)))
-            self._keys[(str(tenant), str(session))] = DataKey(str(kid), secret)
+            keys[(str(tenant), str(session))] = DataKey(str(kid), secret)
         if rows:
             log.debug("read %d data keys", len(rows))
+        return keys
 
     # -- proven erasures (projections.quarantine.ErasureProofs) ------------------------------
 
@@ -309,7 +353,7 @@ class PgKeyStore:
             raise KeyDestroyed(tenant, session)
         if not self.seal:
             return None
-        key = self._keys.get(pair)
+        key = self._held.get(pair)
         return key if key is not None else await self.key_of(tenant, session, create=True)
 
     async def _poll_erasures(self) -> None:
@@ -353,8 +397,9 @@ class PgKeyStore:
                     (tenant, session, kid, kek_id, wrapped),
                 )
                 rows = [(tenant, session, kid, kek_id, wrapped)]
-        self._keep(rows)
-        return self._keys.get(pair)
+        found = self._unwrap(rows)
+        self._held.put_all(found)
+        return found.get(pair)
 
     # -- erasing ----------------------------------------------------------------------------
 

@@ -114,7 +114,8 @@ async def rebuild_into(
     connection and in order), as partitioned projectors do. Events past their ``horizon`` (the
     live checkpoint of their partition, for a comparison) are skipped. Sealed events are opened
     with ``keys`` (every key and erasure is loaded once the end is known: the keys of the events
-    up to it exist by then); an erased session's events are tombstones, materialising nothing.
+    up to it exist by then; the store holds them all, whatever its ``cache_sessions``); an erased
+    session's events are tombstones, materialising nothing.
     """
     await migrate(conninfo, schema)
     async with await psycopg.AsyncConnection.connect(conninfo, autocommit=True) as conn:

@@ -587,7 +587,8 @@ async def open_container(
             raise UnusableSetting(
                 "CHRONICLE_ENCRYPTION is on and no key-encryption key is set (CHRONICLE_KEK or CHRONICLE_KEK_FILE)"
             )
-        publisher = Publisher(js, layout, keys=PgKeyStore(pool, wrapper, seal=settings.encryption))
+        keys = PgKeyStore(pool, wrapper, seal=settings.encryption, cache_sessions=settings.key_cache_sessions)
+        publisher = Publisher(js, layout, keys=keys)
         nats_blobs = JetStreamBlobStore(js, settings.blob_bucket, replicas=settings.stream_replicas)
         await waiter.start()
         skills = SkillStore(

@@ -19,7 +19,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from events.credentials import is_user_public_key, nkey_public_key, tenant_nkey_seed
 from events.ids import InvalidId, check_tenant
 from events.subjects import SubjectLayout
-from projections.keystore import LocalKek
+from projections.keystore import KEY_CACHE_SESSIONS, LocalKek
 from projections.search_languages import Language
 
 
@@ -160,6 +160,14 @@ class Settings(BaseSettings):
     )
     db_pool_min: int = Field(default=2, ge=0, le=1000, description="Postgres connections kept open per process")
     db_pool_max: int = Field(default=20, ge=1, le=1000, description="at most this many per process")
+    key_cache_sessions: int = Field(
+        default=KEY_CACHE_SESSIONS,
+        ge=1_000,
+        le=100_000_000,
+        description="sessions whose data key (or its absence) a process keeps in memory, the least recently "
+        "used evicted first (about 2.5 KB each; an evicted one is read from Postgres again when next needed). "
+        "Erased sessions are kept apart, all of them; a rebuild or verify holds every key",
+    )
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
     log_format: Literal["text", "json"] = "text"
     read_wait_timeout_s: float = Field(default=5.0, gt=0)

@@ -1,0 +1,256 @@
+"""A key store holds the keys of its most recently used sessions only (``key_cache_sessions``):
+with a capacity far below the sessions it serves, the projector still applies every sealed
+event, a reader asks again for what was evicted, a batch keeps all its keys until it is used
+(even when a concurrent load evicts while it waits), an erased session stays refused however
+long ago its entry went, memory stays within the capacity, and a rebuild still holds every key
+(encryption on: a database of its own)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from typing import Any, cast
+
+import psycopg
+import pytest
+
+from events import log as eventlog
+from events.sealing import DataKey, KeyDestroyed, KeyUnavailable, kid_in, unseal_fields
+from projections import queries
+from projections.keystore import PgKeyStore
+from projections.rebuild import checksums, rebuild_into
+from services.bootstrap import Container, open_container
+from tests.conftest import make_settings
+from tests.integration.helpers import appended
+
+T = "tenant-a"
+CAPACITY = 2  # far below the sessions of a projector's batch, or of these tests
+
+
+@dataclass
+class Tiny:
+    c: Container
+    built: PgKeyStore  # the store the composition root built from the settings
+    db: str
+
+
+@pytest.fixture(scope="module")
+async def tiny(nats_url: str, pg_admin: str) -> AsyncIterator[Tiny]:
+    """A stack whose key store (the publisher's, the projector's) holds two sessions at most."""
+    from tests.support import scratch_database
+
+    with scratch_database(pg_admin) as db:
+        async with open_container(make_settings(nats_url, db, encryption=True, key_cache_sessions=1000)) as c:
+            built = c.keys
+            c.publisher.keys = PgKeyStore(c.pool, c.settings.key_wrapper(), seal=True, cache_sessions=CAPACITY)
+            stop = asyncio.Event()
+            task = asyncio.create_task(c.projector().run(stop))
+            try:
+                yield Tiny(c, built, db)
+            finally:
+                stop.set()
+                await asyncio.wait_for(task, timeout=15)
+
+
+def store(c: Container, capacity: int | None, **kw: Any) -> PgKeyStore:
+    """A key store of its own (another process's), of ``capacity`` sessions."""
+    return PgKeyStore(c.pool, c.settings.key_wrapper(), cache_sessions=capacity, **kw)
+
+
+async def keyed(c: Container, sessions: list[str]) -> dict[str, DataKey]:
+    """Each session's data key, made now (by a writer of its own)."""
+    writer = store(c, None, seal=True)
+    out: dict[str, DataKey] = {}
+    for sid in sessions:
+        key = await writer.for_writing(T, sid)
+        assert key is not None
+        out[sid] = key
+    return out
+
+
+async def stored_of(c: Container, sid: str) -> list[bytes]:
+    return [e.data async for e in eventlog.read(c.js, c.layout, c.layout.session_subject(T, sid))]
+
+
+async def quarantined(c: Container) -> int:
+    async with c.pool.connection() as conn:
+        cur = await conn.execute("SELECT count(*) FROM quarantine")
+        row = await cur.fetchone()
+    return int(row[0]) if row else 0
+
+
+async def published(c: Container, sessions: list[str]) -> int:
+    """Two sealed messages in each session, the sessions interleaved (a batch spans them all);
+    the last sequence."""
+    last = 0
+    for i in range(2):
+        for sid in sessions:
+            parent = None if i == 0 else f"m{i - 1}"
+            last = (await c.publisher.publish(appended(T, sid, f"m{i}", parent, f"words {i} of {sid}"))).seq
+    return last
+
+
+def test_the_composition_root_builds_the_store_with_the_setting(tiny: Tiny) -> None:
+    assert tiny.built.cache_sessions == 1000
+
+
+async def test_a_projector_holding_fewer_sessions_than_a_batch_applies_every_sealed_event(
+    tiny: Tiny, new_id: Callable[[str], str]
+) -> None:
+    c = tiny.c
+    before = await quarantined(c)
+    sessions = [new_id("batch") for _ in range(12)]
+    last = await published(c, sessions)
+    await c.waiter.wait_all(last)
+    async with c.pool.connection() as conn:
+        for sid in sessions:
+            rows = await queries.history(conn, T, sid, "m1")
+            assert [r.id for r in rows] == ["m0", "m1"]
+            assert f"words 1 of {sid}" in rows[1].content
+    assert await quarantined(c) == before
+    assert b"words" not in b"".join(await stored_of(c, sessions[0]))  # sealed in the log
+
+
+async def test_a_reader_asks_again_for_the_keys_it_evicted(tiny: Tiny, new_id: Callable[[str], str]) -> None:
+    c = tiny.c
+    sessions = [new_id("reread") for _ in range(6)]
+    await published(c, sessions)
+    reader = store(c, 3)
+    for round_ in range(2):
+        for sid in sessions:
+            data = (await stored_of(c, sid))[1]
+            kid = kid_in(data)
+            assert kid is not None
+            if round_ == 1 and sid == sessions[0]:
+                with pytest.raises(KeyUnavailable):  # evicted by the sessions read after it
+                    reader.key(T, sid, kid)
+            await reader.load([(T, sid, kid)])
+            assert unseal_fields(json.loads(data), reader)["message"]["parts"][0]["text"] == f"words 1 of {sid}"
+            assert reader.held_sessions <= 3
+
+
+async def test_memory_stays_within_the_capacity_however_many_sessions(tiny: Tiny, new_id: Callable[[str], str]) -> None:
+    c = tiny.c
+    sessions = [new_id("many") for _ in range(20)]
+    keys = await keyed(c, sessions)
+    reader, writer = store(c, 3), store(c, 3, seal=True)
+    for sid in sessions:
+        await reader.load([(T, sid, keys[sid].kid)])
+        await reader.refresh([(T, sid)])
+        assert await writer.for_writing(T, sid) == keys[sid]
+        assert max(reader.held_sessions, writer.held_sessions) <= 3
+    assert (reader.held_sessions, writer.held_sessions) == (3, 3)
+
+
+async def test_a_load_holds_its_whole_batch_past_the_capacity_until_the_next_load(
+    tiny: Tiny, new_id: Callable[[str], str]
+) -> None:
+    c = tiny.c
+    sessions = [new_id("whole") for _ in range(8)]
+    keys = await keyed(c, sessions)
+    reader = store(c, 1)
+    await reader.load([(T, sid, keys[sid].kid) for sid in sessions])
+    assert reader.held_sessions == 8
+    for sid in sessions:
+        assert reader.key(T, sid, keys[sid].kid) == keys[sid]
+    await reader.load([(T, new_id("next"), None)])
+    assert reader.held_sessions == 1
+
+
+class GatedPool:
+    """The key store's pool, holding the first connection taken once :attr:`armed` at its end
+    (its queries done, their answers not yet kept) until :attr:`gate` opens."""
+
+    def __init__(self, pool: Any) -> None:
+        self._pool = pool
+        self.armed = False
+        self.waiting = asyncio.Event()
+        self.gate = asyncio.Event()
+
+    @contextlib.asynccontextmanager
+    async def connection(self) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
+        hold, self.armed = self.armed, False
+        async with self._pool.connection() as conn:
+            yield conn
+        if hold:
+            self.waiting.set()
+            await self.gate.wait()
+
+
+async def test_a_batch_evicted_by_a_concurrent_load_while_it_waits_is_held_again(
+    tiny: Tiny, new_id: Callable[[str], str]
+) -> None:
+    c = tiny.c
+    a, b, x, y = (new_id(p) for p in ("a", "b", "x", "y"))
+    keys = await keyed(c, [a, b, x, y])
+    gated = GatedPool(c.pool)
+    reader = PgKeyStore(cast(Any, gated), c.settings.key_wrapper(), cache_sessions=2)
+    await reader.load([(T, a, None)])
+    gated.armed = True
+    first = asyncio.create_task(reader.load([(T, a, None), (T, b, None)]))  # asks about b only: a is held
+    await gated.waiting.wait()
+    await reader.load([(T, x, None), (T, y, None)])  # meanwhile: a is evicted
+    with pytest.raises(KeyUnavailable):
+        reader.key(T, a, keys[a].kid)
+    gated.gate.set()
+    await first
+    assert reader.key(T, a, keys[a].kid) == keys[a]  # held again, with b, when its load returned
+    assert reader.key(T, b, keys[b].kid) == keys[b]
+
+
+async def test_an_erased_session_stays_refused_after_its_entry_would_have_been_evicted(
+    tiny: Tiny, new_id: Callable[[str], str]
+) -> None:
+    c = tiny.c
+    gone, others = new_id("gone"), [new_id("other") for _ in range(5)]
+    keys = await keyed(c, [gone, *others])
+    kid = keys[gone].kid
+    reader, unaware = store(c, 1, seal=True), store(c, 1)
+    writer = store(c, 1, seal=True, write_ttl_s=3600.0)  # polls at its first write only
+    await reader.load([(T, gone, kid)])
+    await unaware.load([(T, gone, kid)])
+    assert await writer.for_writing(T, gone) == keys[gone]
+    assert await store(c, None, seal=True).erase(T, [gone]) == [gone]  # by another process
+
+    await reader.refresh([(T, gone)])  # a request's reader asks afresh
+    writer.forget(T, gone)  # a command's decision read the erasure
+    for sid in others:  # the erased session's entry would be long evicted
+        await reader.load([(T, sid, keys[sid].kid)])
+        await unaware.load([(T, sid, keys[sid].kid)])
+        assert await writer.for_writing(T, sid) == keys[sid]
+    for s in (reader, unaware, writer):
+        assert s.held_sessions == 1
+
+    await reader.load([(T, gone, kid)])
+    await unaware.load([(T, gone, kid)])  # evicted before it knew: asked again, the erasure found
+    for s in (reader, unaware):
+        with pytest.raises(KeyDestroyed):
+            s.key(T, gone, kid)
+        assert s.erased(T, gone)
+    for s in (reader, writer):
+        with pytest.raises(KeyDestroyed):
+            await s.for_writing(T, gone)
+    assert not any(s.held_sessions > 1 for s in (reader, unaware, writer))
+
+
+async def test_a_rebuild_with_a_store_smaller_than_the_log_holds_every_key(
+    tiny: Tiny, new_id: Callable[[str], str]
+) -> None:
+    c = tiny.c
+    sessions = [new_id("rebuild") for _ in range(5)]
+    await published(c, sessions)
+    await c.waiter.wait_all(await eventlog.last_seq(c.js, c.layout))
+    async with await psycopg.AsyncConnection.connect(tiny.db) as conn:
+        live = await checksums(conn, "public")
+    keys = store(c, CAPACITY)
+    await rebuild_into(c.js, c.layout, tiny.db, "shadow", c.projections(), c.settings.projector_name, keys=keys)
+    async with await psycopg.AsyncConnection.connect(tiny.db) as conn:
+        assert await checksums(conn, "shadow") == live
+        await conn.execute('SET search_path TO "shadow"')
+        rows = await queries.history(conn, T, sessions[-1], "m1")
+    assert f"words 1 of {sessions[-1]}" in rows[1].content
+    assert keys.cache_sessions is None
+    assert keys.held_sessions > CAPACITY
