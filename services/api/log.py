@@ -10,6 +10,7 @@ from fastapi.responses import StreamingResponse
 from events import log as eventlog
 from events.admission import MAX_WRITTEN_BYTES
 from events.credentials import tenant_inbox_prefix, tenant_permissions
+from events.sealing import kid_in
 from services.api import following
 from services.api import models as m
 from services.api.deps import MAX_SEQ, ContainerDep, Sid, Tenant, check_id
@@ -60,6 +61,8 @@ async def events(
         try:
             n = 0
             async for ev in read:
+                if kid_in(ev.data) is not None:  # asked again only if evicted since (a long page, a busy process)
+                    await c.keys.load([(tenant, sid, None)])
                 yield audit.event_line(ev, c.layout, c.keys)
                 n += 1
                 if n == page:

@@ -18,7 +18,7 @@ from events.catalog import MessageBodyEvent, SessionErased, SkillRemoved
 from events.envelope import Event
 from events.ids import TENANT_SCOPE
 from events.messages import body_hash
-from events.sealing import SEALED, KeyDestroyed, KeyLookup, tombstone_of, unseal_fields
+from events.sealing import SEALED, KeyDestroyed, KeyLookup, kid_in, tombstone_of, unseal_fields
 from events.subjects import SubjectLayout
 from projections import context_queries, queries
 from projections.keystore import PgKeyStore
@@ -72,6 +72,8 @@ async def session_events(
     subject = c.layout.session_subject(tenant, session)
     await c.keys.refresh([(tenant, session)])
     async for stored in eventlog.read(c.js, c.layout, subject, from_seq, to_seq):
+        if kid_in(stored.data) is not None:  # asked again only if evicted since (a long read, a busy process)
+            await c.keys.load([(tenant, session, None)])
         yield stored
 
 

@@ -35,7 +35,7 @@ from events.context import CompactionConfig
 from events.envelope import new_event_id
 from events.ids import derived_id
 from events.publisher import ConcurrencyConflict, Published, Publisher
-from events.sealing import KeyDestroyed
+from events.sealing import KeyDestroyed, kid_in
 from projections import context_queries, queries
 from projections.overlays import Overlay, apply_overlays, overlays
 from services.compaction.lease import Leases
@@ -294,6 +294,8 @@ class CompactionService:
                 await keys.load([(event.tenant, event.session, None)])
             async for stored in eventlog.read(self._pub.js, self._pub.layout, subject, expected + 1):
                 expected = stored.seq
+                if keys is not None and kid_in(stored.data) is not None:  # asked again only if evicted since
+                    await keys.load([(event.tenant, event.session, None)])
                 try:
                     newer = admit(stored.data, stored.subject, self._pub.layout, keys)
                 except Refused:

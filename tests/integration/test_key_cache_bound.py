@@ -1,30 +1,37 @@
 """A key store holds the keys of its most recently used sessions only (``key_cache_sessions``):
 with a capacity far below the sessions it serves, the projector still applies every sealed
 event, a reader asks again for what was evicted, a batch keeps all its keys until it is used
-(even when a concurrent load evicts while it waits), an erased session stays refused however
-long ago its entry went, memory stays within the capacity, and a rebuild still holds every key
-(encryption on: a database of its own)."""
+(even when a concurrent load evicts while it waits), the readers that wait between events
+(events pages, replay, a compaction weighing what came meanwhile) ask again for a key evicted
+meanwhile, an erased session stays refused however long ago its entry went, memory stays within
+the capacity, and a rebuild still holds every key (encryption on: a database of its own)."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import json
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any, cast
 
 import psycopg
 import pytest
+from fastapi import Request
 
 from events import log as eventlog
+from events.catalog import CompactionRecorded, MessageUpdated
+from events.messages import body_hash
+from events.publisher import Published
 from events.sealing import DataKey, KeyDestroyed, KeyUnavailable, kid_in, unseal_fields
 from projections import queries
 from projections.keystore import PgKeyStore
 from projections.rebuild import checksums, rebuild_into
+from services.api import log as log_routes
+from services.audit import readers as audit
 from services.bootstrap import Container, open_container
 from tests.conftest import make_settings
-from tests.integration.helpers import appended
+from tests.integration.helpers import appended, text_message
 
 T = "tenant-a"
 CAPACITY = 2  # far below the sessions of a projector's batch, or of these tests
@@ -158,6 +165,86 @@ async def test_a_load_holds_its_whole_batch_past_the_capacity_until_the_next_loa
         assert reader.key(T, sid, keys[sid].kid) == keys[sid]
     await reader.load([(T, new_id("next"), None)])
     assert reader.held_sessions == 1
+
+
+async def evict_all_but(c: Container, new_id: Callable[[str], str]) -> None:
+    """Load sessions enough to evict every other from the stack's store (another request, say)."""
+    await c.keys.load([(T, new_id("evicting"), None) for _ in range(CAPACITY)])
+
+
+async def sealed_session(c: Container, sid: str, n: int) -> list[tuple[int, str | None]]:
+    """``n`` sealed messages in ``sid`` (m0 first, each the child of the one before it); their
+    sequences and key ids."""
+    out: list[tuple[int, str | None]] = []
+    for i in range(n):
+        seq = (await c.publisher.publish(appended(T, sid, f"m{i}", f"m{i - 1}" if i else None, f"line {i}"))).seq
+        out.append((seq, None))
+    kids = [kid_in(d) for d in await stored_of(c, sid)]
+    return [(seq, kid) for (seq, _), kid in zip(out, kids, strict=True)]
+
+
+async def test_an_events_page_asks_again_for_a_key_evicted_while_it_is_read(
+    tiny: Tiny, new_id: Callable[[str], str]
+) -> None:
+    c, sid = tiny.c, new_id("page")
+    [(_, kid), _] = await sealed_session(c, sid, 2)
+    assert kid is not None
+    answer = await log_routes.events(sid, T, c, cast(Request, None))
+    lines = cast(AsyncIterator[bytes], answer.body_iterator)
+    first = json.loads(await anext(lines))
+    await evict_all_but(c, new_id)
+    with pytest.raises(KeyUnavailable):
+        c.keys.key(T, sid, kid)
+    second = json.loads(await anext(lines))
+    assert [line["event"]["message"]["parts"][0]["text"] for line in (first, second)] == ["line 0", "line 1"]
+
+
+async def test_a_replay_asks_again_for_a_key_evicted_while_it_is_read(tiny: Tiny, new_id: Callable[[str], str]) -> None:
+    c, sid = tiny.c, new_id("replay")
+    [(_, kid), _] = await sealed_session(c, sid, 2)
+    assert kid is not None
+    async with contextlib.aclosing(cast(AsyncGenerator[eventlog.StoredEvent], audit.session_events(c, T, sid))) as read:
+        first = audit.read_event(await anext(read), c.layout, c.keys)
+        await evict_all_but(c, new_id)
+        with pytest.raises(KeyUnavailable):
+            c.keys.key(T, sid, kid)
+        second = audit.read_event(await anext(read), c.layout, c.keys)
+    assert [getattr(e, "message_id", None) for e in (first, second)] == ["m0", "m1"]
+
+
+async def test_a_compaction_sees_an_update_in_its_range_though_its_key_was_evicted_while_it_read(
+    tiny: Tiny, new_id: Callable[[str], str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    c, sid = tiny.c, new_id("weigh")
+    [*_, (expected, _)] = await sealed_session(c, sid, 3)
+    await c.publisher.publish(appended(T, sid, "m3", "m2", "came meanwhile"))  # harmless
+    body = text_message("m1", "edited meanwhile")
+    await c.publisher.publish(
+        MessageUpdated(tenant=T, session=sid, message_id="m1", role="user", body_sha256=body_hash(body), message=body)
+    )
+    read = eventlog.read
+
+    async def read_by_a_busy_process(*args: Any, **kw: Any) -> AsyncIterator[eventlog.StoredEvent]:
+        async for stored in read(*args, **kw):
+            yield stored
+            await evict_all_but(c, new_id)  # while the compaction waits for the next event
+
+    monkeypatch.setattr(eventlog, "read", read_by_a_busy_process)
+    overlay = CompactionRecorded(
+        tenant=T,
+        session=sid,
+        overlay_id=new_id("overlay"),
+        from_message_id="m0",
+        to_message_id="m1",
+        leaf_id="m2",
+        tokens_before=100,
+        tokens_after=10,
+        summarizer="offline",
+        model=None,
+        summary="a summary",
+    )
+    published: Published | None = await c.compaction._publish_unless_changed(overlay, expected, {"m0", "m1"})
+    assert published is None  # the update of m1 was read, not refused for want of its key
 
 
 class GatedPool:
