@@ -116,6 +116,23 @@ def screen(
     return seq, event
 
 
+def tombstone_erased(items: Sequence[tuple[int, Event]], keys: KeyLookup) -> tuple[list[tuple[int, Event]], list[int]]:
+    """``items`` (admitted by :func:`screen`) split into those still to apply and the sequences
+    that are tombstones now: the events of a session ``keys`` has learned as erased since they
+    were screened (its ``session.erased``, proven or recorded, came later in the same batch), as
+    :func:`screen` decides them now and a rebuild that knows the erasure decides them. Their
+    data key is destroyed, so a sealed claim-checked body of theirs no longer opens. The
+    ``session.erased`` events stay: they drop the session's rows."""
+    kept: list[tuple[int, Event]] = []
+    gone: list[int] = []
+    for seq, event in items:
+        if not isinstance(event, SessionErased) and keys.erased(event.tenant, event.session):
+            gone.append(seq)
+        else:
+            kept.append((seq, event))
+    return kept, gone
+
+
 def subject_erased(subject: str, layout: SubjectLayout, keys: KeyLookup) -> bool:
     """Whether ``subject`` is the session subject of a session ``keys`` knows as erased. The
     subject decides (the session a stored message is filed under, whatever its bytes say): a

@@ -24,7 +24,7 @@ from events.subjects import SubjectLayout
 from projections import search_languages
 from projections.keystore import PgKeyStore
 from projections.migrate import migrate
-from projections.quarantine import Quarantined, Tombstone, screen
+from projections.quarantine import Quarantined, Tombstone, screen, tombstone_erased
 from projections.runner import Prepared, Projection, apply_batch, prepare
 from projections.search_languages import Language
 
@@ -71,6 +71,7 @@ async def apply_range(
         await keys.load_all()
 
     async def flush() -> None:
+        batch.settle()
         await batch.apply(conn, checkpoint, projections)
         if progress is not None:
             progress(last, to_seq)
@@ -148,6 +149,7 @@ async def rebuild_into(
 
         async def hand_over(i: int) -> None:
             batch, pending[i] = pending[i], _Pending(keys)
+            batch.settle()
             await queues[i].put(_Planned(batch, await prepare(projections, batch.items)))
 
         if end >= 1:
@@ -197,6 +199,14 @@ class _Pending:
             self.passed.append(stored.seq)
         else:
             self.items.append(decided)
+
+    def settle(self) -> None:
+        """Once the whole batch is read, before it is planned: the events of a session whose
+        erasure came later in it (a proven one the database lost) are tombstones, as the live
+        projector decides (:func:`tombstone_erased`); their bodies are never fetched."""
+        if self.keys is not None:
+            self.items, erased = tombstone_erased(self.items, self.keys)
+            self.passed.extend(erased)
 
     def clear(self) -> None:
         self.items, self.refused, self.sources, self.passed = [], [], {}, []

@@ -19,6 +19,14 @@ Contract:
   (:class:`events.admission.BodyUnavailable`: reason ``body_unavailable``); a projection that
   meets one while preparing leaves its plans to the transaction, where the batch is re-applied
   one event at a time and that event quarantined.
+* An event of an erased session is a tombstone (applied by no projection, never quarantined; the
+  checkpoint moves past it), also when the erasure is learned after the event was admitted: the
+  session's ``session.erased`` later in the same batch (a proven one the database lost: restored
+  from an older backup), whose earlier events are then tombstones before any body is fetched
+  (:func:`projections.quarantine.tombstone_erased`); or a projection meeting the session's
+  destroyed key (:class:`events.sealing.KeyDestroyed`, opening a sealed claim-checked body), which
+  is handled as a body that can never be had, but the event is a tombstone. A rebuild, which
+  knows every erasure, decides the same.
 * Any other failure (the database or NATS is down) re-positions after an exponential backoff
   (``retry_base_s`` doubling up to ``retry_cap_s``, reset once a batch commits), one log line per
   retry (the traceback only on the first of a run of failures, else at DEBUG).
@@ -58,11 +66,20 @@ from psycopg_pool import AsyncConnectionPool
 from events.admission import BodyUnavailable
 from events.catalog import SessionErased
 from events.envelope import Event
-from events.sealing import KeyReader, kid_in
+from events.sealing import KeyDestroyed, KeyReader, kid_in
 from events.subjects import SubjectLayout
 from projections.keystore import PgKeyStore
 from projections.logbinding import LogMismatch, check_log
-from projections.quarantine import DATA_ERRORS, Quarantined, Tombstone, data_error, record, refused_item, screen
+from projections.quarantine import (
+    DATA_ERRORS,
+    Quarantined,
+    Tombstone,
+    data_error,
+    record,
+    refused_item,
+    screen,
+    tombstone_erased,
+)
 
 log = logging.getLogger("chronicle.projector")
 
@@ -79,8 +96,9 @@ PIPELINE_MAX_ITEMS = 16
 waiting for each other's answers (a handful of round trips instead of one per statement, what a
 batch of one append costs most). Projections use no ``COPY`` (not possible in pipeline mode) for
 batches this small."""
-_PER_EVENT: tuple[type[Exception], ...] = (*DATA_ERRORS, BodyUnavailable)
-"""What one event's data makes a batch raise: re-applied one event at a time, the event quarantined."""
+_PER_EVENT: tuple[type[Exception], ...] = (*DATA_ERRORS, BodyUnavailable, KeyDestroyed)
+"""What one event's data makes a batch raise: re-applied one event at a time, the event quarantined
+(a tombstone, for a destroyed key: its session is erased)."""
 
 
 class Projection(Protocol):
@@ -136,12 +154,13 @@ Sources = Mapping[int, tuple[str, bytes]]
 
 async def prepare(projections: Sequence[Projection], items: Sequence[tuple[int, Event]]) -> dict[str, list[Any]]:
     """The plans of every planning projection for ``items`` (outside any transaction). A
-    projection that meets a body that can never be had (:class:`BodyUnavailable`) has no plans
-    here: :func:`apply_batch` applies it unplanned, and quarantines the event that raises."""
+    projection that meets a body that can never be had (:class:`BodyUnavailable`), or an erased
+    session's destroyed key (:class:`KeyDestroyed`), has no plans here: :func:`apply_batch`
+    applies it unplanned, and quarantines (or, for a destroyed key, passes) the event that raises."""
     plans: dict[str, list[Any]] = {}
     for p in projections:
         if isinstance(p, Planning):
-            with contextlib.suppress(BodyUnavailable):
+            with contextlib.suppress(BodyUnavailable, KeyDestroyed):
                 plans[p.name] = await p.prepare(items)
     return plans
 
@@ -215,9 +234,10 @@ async def apply_batch(
 
     ``refused`` are the batch's events the contract refused: those past the checkpoint are
     recorded in ``quarantine`` and the checkpoint moves past them. The projections run in a
-    savepoint; when one raises a data error or :class:`BodyUnavailable`, the items are applied
-    again one at a time, each in its own savepoint, and the ones that fail are quarantined as
-    ``data_error`` or ``body_unavailable`` (with their ``sources``' subject and bytes).
+    savepoint; when one raises a data error, :class:`BodyUnavailable` or :class:`KeyDestroyed`, the
+    items are applied again one at a time, each in its own savepoint, and the ones that fail are
+    quarantined as ``data_error`` or ``body_unavailable`` (with their ``sources``' subject and
+    bytes), or, meeting a destroyed key (their session is erased), passed as tombstones.
     ``quarantined``, when given, receives what this call recorded. ``passed`` are sequences
     no projection applies (tombstones of erased sessions): the checkpoint moves past them.
     """
@@ -238,30 +258,31 @@ async def apply_batch(
         return 0
     picked = [order[seq] for seq in sorted(order)]
     failed: list[Quarantined] = []
+    erased: list[int] = []  # picked, and met their session's destroyed key: tombstones
     if picked:
         try:
             async with conn.transaction():  # a savepoint: a data error rolls back to here only
                 await _apply(conn, projections, items, picked, prepared)
         except _PER_EVENT:
-            failed = await _apply_each(conn, projections, items, picked, prepared, sources or {})
+            failed, erased = await _apply_each(conn, projections, items, picked, prepared, sources or {})
     if late or failed:
         await record(conn, names[0], [*late, *failed], announce=notify)
         if quarantined is not None:
             quarantined.extend([*late, *failed])
     known = sources or {}
-    erased = sorted({known[seq][0] for seq, e in items if isinstance(e, SessionErased) and seq in known})
-    if erased:
+    subjects = sorted({known[seq][0] for seq, e in items if isinstance(e, SessionErased) and seq in known})
+    if subjects:
         # the session's refusals quarantined before its erasure (also in this batch, or before a
         # proven erasure was recorded again, or committed after the eraser's own delete of these
         # rows): gone, as a rebuild that knows the erasure tombstones every refusal of the session
-        await conn.execute("DELETE FROM quarantine WHERE subject = ANY(%s)", (erased,))
+        await conn.execute("DELETE FROM quarantine WHERE subject = ANY(%s)", (subjects,))
     top = max([items[picked[-1]][0] if picked else 0, *(q.seq for q in late), *gone])
     await conn.execute(
         "WITH moved AS (UPDATE checkpoints SET seq = GREATEST(seq, %s), updated_at = now() WHERE name = ANY(%s) "
         "RETURNING seq) SELECT pg_notify(%s, %s) FROM (SELECT 1 FROM moved LIMIT 1) one WHERE %s",
         (top, names, NOTIFY_CHANNEL, f"{names[0]}:{top}", notify),
     )
-    return len(picked) - len(failed)
+    return len(picked) - len(failed) - len(erased)
 
 
 async def _apply(
@@ -287,11 +308,13 @@ async def _apply_each(
     picked: Sequence[int],
     prepared: Prepared | None,
     sources: Sources,
-) -> list[Quarantined]:
+) -> tuple[list[Quarantined], list[int]]:
     """Apply the ``picked`` items one at a time, each in a savepoint; the ones a projection's
     database refuses for their data, or whose body can never be had, are rolled back and returned
-    as quarantine items."""
+    as quarantine items; the ones that meet their session's destroyed key (it was erased since
+    they were admitted) are rolled back and returned as tombstones (their sequences)."""
     failed: list[Quarantined] = []
+    erased: list[int] = []
     for i in picked:
         seq, event = items[i]
         current = "?"
@@ -307,7 +330,9 @@ async def _apply_each(
         except BodyUnavailable as exc:  # the same for every projection and consumer: no name
             subject, raw = sources.get(seq) or ("", event.to_json())
             failed.append(refused_item(seq, subject, raw, exc))
-    return failed
+        except KeyDestroyed:  # its session is erased: nothing of it is materialised, nothing kept
+            erased.append(seq)
+    return failed, erased
 
 
 @dataclass
@@ -609,18 +634,18 @@ class ProjectorRunner:
         await queue.put(None)
 
     async def _prepare(self, msgs: list[Msg]) -> _Batch:
-        """Admit, decode and plan in slices, yielding between them, so a commit that has finished
-        is acknowledged and the next one started without waiting for the whole batch's Python.
-        What the contract refuses becomes a quarantine item, never an exception."""
+        """Admit and decode, then plan, in slices, yielding between them, so a commit that has
+        finished is acknowledged and the next one started without waiting for the whole batch's
+        Python. What the contract refuses becomes a quarantine item, never an exception. The
+        whole batch is screened before any of it is planned: an event of a session whose erasure
+        comes later in the batch is a tombstone then (:func:`tombstone_erased`), its body (sealed
+        with the key the erasure destroyed) never fetched."""
         items: list[tuple[int, Event]] = []
         refused: list[Quarantined] = []
         passed: list[int] = []
         sources: dict[int, tuple[str, bytes]] = {}
         selective = self._all_selective()
-        prepared: dict[str, list[Any]] = {}
-        unplanned: set[str] = set()
         for start in range(0, len(msgs), PREPARE_SLICE):
-            part: list[tuple[int, Event]] = []
             chunk = msgs[start : start + PREPARE_SLICE]
             if self.keys is not None:
                 await self.keys.load(self._wanted_keys(chunk))
@@ -645,10 +670,16 @@ class ProjectorRunner:
                 elif isinstance(decided, Tombstone):
                     passed.append(seq)
                 else:
-                    part.append(decided)
-            items.extend(part)
+                    items.append(decided)
+            await asyncio.sleep(0)
+        if self.keys is not None:
+            items, erased = tombstone_erased(items, self.keys)
+            passed.extend(erased)
+        prepared: dict[str, list[Any]] = {}
+        unplanned: set[str] = set()
+        for start in range(0, len(items), PREPARE_SLICE):
             planning = [p for p in self.projections if isinstance(p, Planning) and p.name not in unplanned]
-            planned = await prepare(planning, part)
+            planned = await prepare(planning, items[start : start + PREPARE_SLICE])
             for name, plans in planned.items():
                 prepared.setdefault(name, []).extend(plans)
             unplanned.update(p.name for p in planning if p.name not in planned)

@@ -12,28 +12,31 @@ from __future__ import annotations
 import asyncio
 import json
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 import nats.errors
 import psycopg
 import pytest
 
-from events.blobs import BlobRef, BlobStore, sha256_hex
+from events.blobs import BlobRef, BlobStore, MemoryBlobStore, sha256_hex
 from events.catalog import MessageAppended, MessageUpdated
 from events.messages import JsonObject, body_hash, stored_json
 from events.objects import owned
 from events.omitted import OMITTED
+from events.sealing import StaticKeys, new_data_key, seal_blob
 from projections.context import ContextProjection
 from projections.history import HistoryProjection
 from projections.overlays import OverlayProjection
+from projections.quarantine import Quarantined
 from projections.rebuild import quarantine_rows, rebuild_into
-from projections.runner import ProjectorRunner
+from projections.runner import ProjectorRunner, apply_batch, prepare
 from services.audit import quarantine as ops
 from services.audit import readers as audit
 from services.bootstrap import Container
 from services.storage.blobs import CLAIM_CHECK_S3
 from tests.conftest import make_settings, running_stack
-from tests.integration.helpers import text_message
+from tests.integration.helpers import appended, text_message
 from tests.integration.test_quarantine import projectors, quarantined
 
 
@@ -203,3 +206,56 @@ async def test_a_store_that_cannot_answer_is_retried_never_quarantined(nats_url:
         async with c.pool.connection() as conn:
             cur = await conn.execute("SELECT content FROM messages WHERE session_id = 't-1'")
             assert [json.loads(r[0]) for r in await cur.fetchall()] == [body]
+
+
+async def test_a_body_whose_key_was_destroyed_since_its_event_was_admitted_is_a_tombstone(
+    stack: Container, new_id: Callable[[str], str]
+) -> None:
+    """A sealed claim-checked body of a session erased after its event was admitted (the process
+    learned the erasure meanwhile: its ``session.erased`` screened after the batch was read, or a
+    write refused): opening it meets the destroyed key. Planning leaves the projection to the
+    transaction, where that event is a tombstone (applied by no projection, not quarantined, the
+    checkpoint past it) and the rest of the batch is applied: the batch does not fail."""
+    kept, gone = new_id("kept"), new_id("gone")
+    keys, blobs = StaticKeys(), MemoryBlobStore()
+    key = new_data_key("k-1")
+    keys.put("tenant-a", gone, key)
+    body = text_message("big", "the erased session's words")
+    sealed = seal_blob(stored_json(body).encode(), key, "tenant-a", gone)
+    ref = await blobs.put(owned(sealed, "tenant-a", gone))
+    event = MessageAppended(
+        tenant="tenant-a",
+        session=gone,
+        message_id="big",
+        parent_id=None,
+        role="user",
+        body_sha256=body_hash(body),
+        message_ref=ref,
+    )
+    items = [(60_000_001, appended("tenant-a", kept, "m1", None)), (60_000_002, event)]
+    items.append((60_000_003, appended("tenant-a", kept, "m2", "m1")))
+    projections = [HistoryProjection(blobs, keys)]
+    assert (await prepare(projections, items))[HistoryProjection.name][1]  # the key is there: planned
+    keys.erase("tenant-a", gone)
+    prepared = await prepare(projections, items)
+    assert prepared == {}  # left to the transaction
+    name = "destroyed-key-" + gone
+    recorded: list[Quarantined] = []
+    async with stack.pool.connection() as conn:
+        async with conn.transaction():
+            applied = await apply_batch(
+                conn, name, projections, items, notify=False, prepared=prepared, quarantined=recorded
+            )
+        cur = await conn.execute(
+            "SELECT session_id, id FROM messages WHERE tenant = 'tenant-a' AND session_id = ANY(%s) ORDER BY id",
+            ([kept, gone],),
+        )
+        rows = await cur.fetchall()
+        cur = await conn.execute("SELECT seq FROM checkpoints WHERE name = %s", (name,))
+        checkpoint = await cur.fetchone()
+        cur = await conn.execute("SELECT count(*) FROM sessions WHERE tenant = 'tenant-a' AND id = %s", (gone,))
+        sessions = await cur.fetchone()
+    assert (applied, recorded) == (2, [])
+    assert rows == [(kept, "m1"), (kept, "m2")]
+    assert sessions == (0,)
+    assert checkpoint == (60_000_003,)

@@ -7,16 +7,20 @@ own event, an event made before proofs) nothing changes: ``unrecorded_erasure``.
 
 from __future__ import annotations
 
+import json
+import logging
 import uuid
 from collections.abc import Callable, Iterator
 
 import psycopg
 import pytest
 
+from events import log as eventlog
+from events.blobs import BlobRef
 from events.catalog import SessionErased
 from events.omitted import OMITTED
 from events.registry import decode
-from projections.rebuild import quarantine_rows
+from projections.rebuild import checksums, quarantine_rows
 from services.audit import readers as audit
 from services.bootstrap import Container, open_container, prepare_database
 from services.errors import ErasedSession
@@ -169,3 +173,77 @@ async def test_an_erasure_without_chronicles_proof_stays_unrecorded_and_erases_n
     assert await _rows(fresh_db, "SELECT count(*) FROM erasures WHERE session_id = %s", mine) == [(0,)]
     assert await _rows(fresh_db, "SELECT count(*) FROM data_keys WHERE session_id = %s", mine) == [(1,)]
     assert await _rows(fresh_db, "SELECT count(*) FROM messages WHERE session_id = %s", mine) == [(1,)]
+
+
+async def _object_of(c: Container, session: str) -> bytes:
+    """The stored bytes of the session's one claim-checked body (sealed with its data key)."""
+    refs = [
+        json.loads(e.data).get("message_ref")
+        async for e in eventlog.read(c.js, c.layout, c.layout.session_subject(T, session))
+    ]
+    [ref] = [BlobRef.model_validate(r) for r in refs if r is not None]
+    return await c.blobs.get(ref)
+
+
+async def _read_model(db: str) -> tuple[dict[str, tuple[int, str]], list[tuple[int, str, str, str, str]]]:
+    async with await psycopg.AsyncConnection.connect(db) as conn:
+        return await checksums(conn, "public"), await quarantine_rows(conn, "public")
+
+
+async def test_a_claim_checked_body_of_a_session_whose_erasure_is_learned_later_is_a_tombstone(
+    nats_url: str,
+    fresh_db: str,
+    backup: Callable[[str], str],
+    new_id: Callable[[str], str],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A sealed, claim-checked body of a session whose proven ``session.erased`` comes later in the
+    same batch (a database restored from a backup older than the erasure, its object store too:
+    the data key and the object are back, the erasure is not recorded): the projector, catching
+    up, and ``chronicle rebuild`` both learn the erasure and take the session's earlier events as
+    tombstones; neither fails on the body whose key the erasure destroyed (the projector failed
+    its batch and retried, the rebuild stopped), and both equal the live read model."""
+    caplog.set_level(logging.WARNING, logger="chronicle.projector")
+    settings = make_settings(nats_url, fresh_db, encryption=True, payload_limit_bytes=1024)
+    kept, gone = new_id("kept"), new_id("gone")
+    async with running_stack(settings) as c:
+        for sid in (kept, gone):
+            await _append(c, sid, "m0", f"{sid} small")  # each session's data key is made
+    async with running_stack(settings, projector=False) as c:  # published, not projected yet
+        for sid in (kept, gone):
+            await c.commands.append(T, sid, text_message("big", f"{sid} large secret " * 200), OMITTED)
+        sealed_object = await _object_of(c, gone)
+    older = backup(fresh_db)  # the data keys; the large messages not yet applied
+    async with running_stack(settings) as c:
+        await _append(c, kept, "m1", "before the erasure")
+    newer = backup(fresh_db)  # the data keys; everything but the erasure applied
+    async with running_stack(settings) as c:
+        erasure = await c.eraser.erase_session(T, gone, reason="GDPR-79")
+        assert erasure.objects_deleted == 1
+        await c.waiter.wait_all(erasure.seq)
+        await c.blobs.put(sealed_object)  # the object store restored from the backup too
+    live = await _read_model(fresh_db)
+    assert (live[0]["sessions"][0], live[0]["messages"][0], live[1]) == (1, 3, [])
+
+    # the projector catches up from the older backup: one batch holds the body and the erasure
+    async with running_stack(settings.model_copy(update={"database_url": older})) as c:
+        await c.waiter.wait_all(erasure.seq)
+        report = await audit.verify(c)
+        assert report.ok, report.differences
+    assert [r.getMessage() for r in caplog.records if " failed (" in r.getMessage()] == []
+    assert await _read_model(older) == live
+
+    # ``chronicle rebuild`` on the newer backup (the whole log, read from sequence 1)
+    rebuilt = settings.model_copy(update={"database_url": newer})
+    async with open_container(rebuilt) as c:
+        await audit.rebuild_and_swap(c)
+    assert await _read_model(newer) == live
+    assert await _rows(newer, "SELECT count(*) FROM data_keys WHERE session_id = %s", gone) == [(0,)]
+    assert await _rows(newer, "SELECT reason, seq FROM erasures WHERE session_id = %s", gone) == [
+        ("GDPR-79", erasure.seq)
+    ]
+    async with running_stack(rebuilt) as c:  # the projector applies the erasure after the rebuild
+        await c.waiter.wait_all(erasure.seq)
+        report = await audit.verify(c)
+        assert report.ok, report.differences
+    assert await _read_model(newer) == live

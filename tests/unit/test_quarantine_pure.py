@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
+from events.catalog import SessionErased
 from events.sealing import StaticKeys
 from events.subjects import SubjectLayout, partition_of
-from projections.quarantine import Quarantined, Tombstone, screen, storable_text
+from projections.quarantine import Quarantined, Tombstone, screen, storable_text, tombstone_erased
 from projections.runner import retry_delay
 from services.api.metrics import Snapshot, assess, projector_checkpoints
 from tests.integration.helpers import appended
@@ -40,6 +41,17 @@ def test_screen_tombstones_a_refused_event_under_an_erased_sessions_subject_what
         refused = screen(10, other_subject, b"{bad marker", LAYOUT, keys)
         assert isinstance(refused, Quarantined), other_subject
         assert refused.raw == b"{bad marker"
+
+
+def test_events_of_a_session_erased_since_they_were_screened_are_tombstones_but_its_erasure_stays() -> None:
+    keys = StaticKeys()
+    kept = appended("tenant-a", "s-1", "m1", None)
+    before = appended("tenant-a", "s-2", "m1", None)
+    erased = SessionErased(tenant="tenant-a", session="s-2")
+    items = [(1, kept), (2, before), (3, erased)]
+    assert tombstone_erased(items, keys) == (items, [])  # nothing erased: nothing changes
+    keys.erase("tenant-a", "s-2")  # its session.erased, screened later in the batch, was learned
+    assert tombstone_erased(items, keys) == ([(1, kept), (3, erased)], [2])
 
 
 def test_storable_text_escapes_what_postgres_text_cannot_hold_and_bounds_it() -> None:
