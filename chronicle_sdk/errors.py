@@ -166,6 +166,35 @@ class SourceMissing(Conflict):
     default_code = "source_missing"
 
 
+class PromptUnstorable(Conflict):
+    """The session's system prompt, rendered from its blocks, is too large to store (one event's
+    bound): an object behind a read-only block grew, or skills were put to the tenant's index.
+    Raised by the first :meth:`~chronicle_sdk.Session.get_system_prompt` (nothing is frozen) and
+    by :meth:`~chronicle_sdk.Session.refresh_system_prompt` (the prompt in force stays). The
+    detail says by how much, and what room its largest block has: shorten that block (a write
+    that shortens a block is always taken) or PUT a config that does."""
+
+    default_code = "prompt_unstorable"
+
+    @property
+    def block(self) -> str | None:
+        """The prompt's largest block (its label)."""
+        given = self.problem.get("block")
+        return given if isinstance(given, str) else None
+
+    @property
+    def size(self) -> int | None:
+        """The prompt's size as it would be stored, in bytes."""
+        given = self.problem.get("size")
+        return given if isinstance(given, int) and not isinstance(given, bool) else None
+
+    @property
+    def limit(self) -> int | None:
+        """The most bytes an event may be stored as."""
+        given = self.problem.get("limit")
+        return given if isinstance(given, int) and not isinstance(given, bool) else None
+
+
 class EventIdTaken(Conflict):
     """A direct publish (``via="jetstream"``) was answered "duplicate" by JetStream, but the message
     holding the event's id is not on this session's subject: someone publishing straight to the
@@ -254,7 +283,12 @@ class MethodNotAllowed(InvalidRequest):
 
 class PayloadTooLarge(InvalidRequest):
     """The message is larger than the server's ``max_message_bytes``, or a request body larger
-    than its ``max_request_bytes`` (the SDK cuts chains into batches well under the default)."""
+    than its ``max_request_bytes`` (the SDK cuts chains into batches well under the default); or
+    a change after which the session's system prompt would be too large to store, nothing
+    written: a block write (:meth:`~chronicle_sdk.Session.replace_context_block`,
+    :meth:`~chronicle_sdk.Session.append_context_block`) or the builder's config (sent before
+    the first call), the detail saying the room left. A change that shortens the prompt is
+    always taken. (The ``set_context`` tool answers the same words as its ``Error: …`` result.)"""
 
     default_code = "payload_too_large"
 
@@ -370,6 +404,7 @@ BY_CODE: dict[str, type[ChronicleError]] = {
         IdempotencyKeyConflict,
         SourceMissing,
         SourceNotText,
+        PromptUnstorable,
         EventIdTaken,
         MethodNotAllowed,
         ObjectStorageUnavailable,
@@ -470,6 +505,7 @@ __all__ = [
     "ObjectStorageUnavailable",
     "PayloadTooLarge",
     "ProjectionTimeout",
+    "PromptUnstorable",
     "RateLimited",
     "ReadOnlyBlock",
     "SeqNotReached",

@@ -424,7 +424,9 @@ class Session(ConfigBuilder):
         """Replace a writable block's content (``replaceContextBlock``); the frozen prompt is unchanged.
 
         Raises :class:`ReadOnlyBlock` (read-only block), :class:`BlockNotFound` (unknown label),
-        :class:`KeyedBlock` (skills/searchable) or :class:`BudgetExceeded` (over ``max_tokens``).
+        :class:`KeyedBlock` (skills/searchable), :class:`BudgetExceeded` (over ``max_tokens``) or
+        :class:`PayloadTooLarge` (a longer text after which the system prompt would be too large
+        to store; a shorter one is always taken).
         """
         return await self._write_block(label, content, "replace")
 
@@ -507,7 +509,10 @@ class Session(ConfigBuilder):
     # -- system prompt ----------------------------------------------------------------------
 
     async def get_system_prompt(self) -> SystemPrompt:
-        """The frozen prompt with its version and tokens; frozen (version 1) on first call."""
+        """The frozen prompt with its version and tokens; frozen (version 1) on first call.
+
+        Raises :class:`PromptUnstorable` when nothing is frozen yet and the prompt the blocks
+        render is too large to store (an object behind a read-only block grew)."""
         await self._ensure_ready()
         delay = 0.02
         while True:
@@ -546,7 +551,9 @@ class Session(ConfigBuilder):
         """Re-render from the current blocks and store it as the new frozen prompt (``refreshSystemPrompt``).
 
         A new version only when the text changed; the same text keeps the version in force
-        and records nothing (the provider's cached prefix stays valid).
+        and records nothing (the provider's cached prefix stays valid). Raises
+        :class:`PromptUnstorable` when the prompt the blocks render is too large to store; the
+        one in force stays.
         """
         out = await self._write("POST", "/system-prompt:refresh", idempotent=False)
         self._prompt_version = max(self._prompt_version, int(out["version"]))

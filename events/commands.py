@@ -367,6 +367,9 @@ class Problem(BaseModel):
     retry_after: float | None = Field(
         default=None, description="`rate_limited`: seconds until a request of this tenant would be admitted"
     )
+    block: str | None = Field(default=None, description="`prompt_unstorable`: the label of the prompt's largest block")
+    size: int | None = Field(default=None, description="`prompt_unstorable`: the prompt's size stored, in bytes")
+    limit: int | None = Field(default=None, description="`prompt_unstorable`: the most bytes an event is stored as")
 
 
 # -- the commands ------------------------------------------------------------------------------------

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 
 class ChronicleError(Exception):
     """Base of every error a client may see; ``code`` is stable, ``status`` is the HTTP status."""
@@ -13,6 +15,10 @@ class ChronicleError(Exception):
     def __init__(self, detail: str = "") -> None:
         super().__init__(detail or self.title)
         self.detail = detail or self.title
+
+    def fields(self) -> dict[str, Any]:
+        """Members of the problem beyond ``detail`` (none unless the error names some)."""
+        return {}
 
 
 def _error(name: str, code: str, status: int, title: str) -> type[ChronicleError]:
@@ -78,7 +84,8 @@ BudgetExceeded = _error("BudgetExceeded", "budget_exceeded", 422, "The block wou
 PromptTooLarge = _error(
     "PromptTooLarge", "payload_too_large", 413, "The write would make the system prompt too large to store"
 )
-"""A block write after which the session's prompt could not be recorded (services/context/prompt_size.py)."""
+"""A block write, config PUT or skill put after which the session's prompt could not be recorded
+and would be longer than before (services/context/prompt_size.py); nothing was written."""
 UnknownTool = _error("UnknownTool", "unknown_tool", 404, "No such tool for this session")
 ObjectStorageError = _error("ObjectStorageError", "object_storage", 503, "Object storage failed")
 TooManyStreams = _error(
@@ -96,6 +103,24 @@ class RateLimited(ChronicleError):
     def __init__(self, retry_after_s: float, detail: str = "") -> None:
         super().__init__(detail)
         self.retry_after_s = retry_after_s
+
+
+class PromptUnstorable(ChronicleError):
+    """The session's system prompt, rendered from its blocks, is more than one event may be stored
+    as (an object behind a read-only source grew, or skills were put to the tenant's index): no
+    freeze or refresh can record it. ``block`` is its largest block; ``size`` its stored bytes,
+    ``limit`` the most an event may have (services/context/prompt_size.py)."""
+
+    code = "prompt_unstorable"
+    status = 409
+    title = "The system prompt is too large to store; shorten or leave out a block"
+
+    def __init__(self, detail: str, block: str, size: int, limit: int) -> None:
+        super().__init__(detail)
+        self.block, self.size, self.limit = block, size, limit
+
+    def fields(self) -> dict[str, Any]:
+        return {"block": self.block, "size": self.size, "limit": self.limit}
 
 
 class AsOfPastLog(ChronicleError):

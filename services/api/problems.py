@@ -56,7 +56,7 @@ def as_response(body: dict[str, Any]) -> JSONResponse:
 
 
 def from_error(exc: ChronicleError) -> JSONResponse:
-    return problem(exc.status, exc.code, exc.title, exc.detail)
+    return problem(exc.status, exc.code, exc.title, exc.detail, **exc.fields())
 
 
 async def _mapped(_: Request, exc: Exception) -> JSONResponse:

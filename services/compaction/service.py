@@ -42,7 +42,7 @@ from services.compaction.lease import Leases
 from services.compaction.ranges import Message, Plan, Skip, message_tokens, plan_compaction
 from services.compaction.summarizers import Summarizer, SummarizerError
 from services.context.service import ContextService
-from services.errors import SourceMissing
+from services.errors import PromptUnstorable, SourceMissing
 from services.tokens import TokenCounter
 from services.writes.optimistic import OptimisticWriter
 
@@ -210,7 +210,8 @@ class CompactionService:
         if not published.duplicate and await self._context.has_prompt(tenant, session):
             try:
                 await self._context.refresh_prompt(tenant, session, "compaction")
-            except SourceMissing as exc:  # the overlay stands; the prompt in force stays until a refresh works
+            except (SourceMissing, PromptUnstorable) as exc:
+                # the overlay stands; the prompt in force stays until a refresh works
                 log.warning("after compacting %s/%s the prompt was not re-rendered: %s", tenant, session, exc)
         await self._cond.catch_up(tenant, session)
         async with self._pool.connection() as conn:

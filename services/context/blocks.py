@@ -25,9 +25,19 @@ from events.context import ReadonlyBlock, SearchableBlock, SessionConfig, Skills
 from events.publisher import Publisher
 from projections import context_queries, queries
 from projections.search_query import MAX_QUERY_CHARS
-from services.context.prompt_size import bounding_event, too_large
+from services.context.prompt_size import bounding_event, config_too_large, most_grown, too_large
 from services.context.prompt_text import RenderedBlock, history_summary, search_summary, skill_listing
-from services.context.rules import Sources, allowed, find_block, joined, object_key, refuse_unsafe, unsafe_keys
+from services.context.rules import (
+    Listings,
+    Sources,
+    allowed,
+    find_block,
+    joined,
+    object_key,
+    refuse_unsafe,
+    skill_sources,
+    unsafe_keys,
+)
 from services.errors import (
     BlockNotFound,
     BudgetExceeded,
@@ -110,6 +120,9 @@ class ContextBlocks:
     # -- config -----------------------------------------------------------------------------
 
     async def configure(self, tenant: str, session: str, config: SessionConfig) -> int:
+        """Store ``config``; refused (:class:`PromptTooLarge`, nothing stored) when the session's
+        prompt could not be recorded with it and would be longer than with the config in force (a
+        config that shortens the prompt is always taken: :meth:`_refuse_unstorable_config`)."""
         problem = unsafe_keys(config)
         if problem is not None:
             raise InvalidConfig(problem)
@@ -123,10 +136,30 @@ class ContextBlocks:
 
         async def decide(conn: Conn) -> Decision:
             await live_session(conn, tenant, session, must_exist=False)
+            await self._refuse_unstorable_config(conn, tenant, session, config, texts)
             return Decision(SessionConfigured(tenant=tenant, session=session, config=config), lambda seq: seq)
 
+        texts = await self._config_sources(tenant, session, config, sizing=True)
         seq: int = await self._cond.run(tenant, session, decide)
         return seq
+
+    async def _refuse_unstorable_config(
+        self, conn: Conn, tenant: str, session: str, config: SessionConfig, texts: Sources
+    ) -> None:
+        """:class:`PromptTooLarge` when the prompt the session would have with ``config``
+        (bounded: :mod:`services.context.prompt_size`) is more than an event may be stored as and
+        longer than the one of the config in force (a stored config with an unsafe key renders
+        none: as an empty prompt); its detail says the room left."""
+        after, blocks = await self._sized(conn, tenant, session, config, texts)
+        if after <= MAX_WRITTEN_BYTES:
+            return
+        current = await self.config(conn, tenant, session)
+        # the config in force's objects not in ``texts`` are read here: the rare refusal's path only
+        before, was = (
+            (0, []) if unsafe_keys(current) is not None else await self._sized(conn, tenant, session, current, texts)
+        )
+        if after > before:
+            raise PromptTooLarge(config_too_large(after, before, *most_grown(blocks, was)))
 
     async def _require_bucket(self, bucket: str) -> None:
         assert self._skills is not None
@@ -155,13 +188,17 @@ class ContextBlocks:
         """The object-storage texts of the session's read-only blocks, read with no database
         connection held (object storage may be slow; the pool must not wait on it). With
         ``catch_up``, the configuration is read once the session's events are all applied.
-        ``sizing`` (to bound the prompt a write would leave): an object that is missing or not
-        text, or a configuration with an unsafe key, is left out instead of refused (the prompt is
-        refused where it is rendered, not the write)."""
+        ``sizing``: see :meth:`_config_sources`."""
         if catch_up:
             await self._cond.catch_up(tenant, session)
         async with self._pool.connection() as conn:
             config = await self.config(conn, tenant, session)
+        return await self._config_sources(tenant, session, config, sizing=sizing)
+
+    async def _config_sources(self, tenant: str, session: str, config: SessionConfig, *, sizing: bool) -> Sources:
+        """:meth:`sources` of ``config``. ``sizing`` (to bound the prompt a change would leave):
+        an object that is missing or not text, or a configuration with an unsafe key, is left out
+        instead of refused (the prompt is refused where it is rendered, not the change)."""
         if sizing and unsafe_keys(config) is not None:
             return {}
         refuse_unsafe(config)
@@ -183,7 +220,10 @@ class ContextBlocks:
         return found
 
     async def _sizing_text(self, tenant: str, bucket: str, key: str) -> str | None:
-        """:meth:`_object_text`, None also for an object that is not text (to size a prompt)."""
+        """:meth:`_object_text`, None also for an object that is not text, or with no object
+        storage configured (to size a prompt)."""
+        if self._skills is None:
+            return None
         try:
             return await self._object_text(tenant, bucket, key)
         except SourceNotText:
@@ -199,6 +239,7 @@ class ContextBlocks:
         *,
         contents: dict[str, str] | None = None,
         counts: dict[str, int] | None = None,
+        listings: Listings | None = None,
         sizing: bool = False,
     ) -> list[RenderedBlock]:
         """Every configured block with its current content and exact token count, in order.
@@ -208,7 +249,8 @@ class ContextBlocks:
         object not in storage is :class:`~services.errors.SourceMissing` (``409
         source_missing``), never an empty block.
         ``contents`` (writable blocks) and ``counts`` (searchable entries), when given, replace
-        the read models' (time travel folds them from the log).
+        the read models' (time travel folds them from the log); ``listings`` (skills), those of
+        the skills index (a skill put sizes the prompt it would leave).
         ``sizing``: to bound the prompt's size (:mod:`services.context.prompt_size`): each
         block's ``tokens`` is its byte length (no shorter in a header, and not counted), and an
         object missing or not text is an empty block."""
@@ -220,9 +262,8 @@ class ContextBlocks:
             counts = await context_queries.entry_counts(
                 conn, tenant, session, [b.label for b in config.blocks if isinstance(b, SearchableBlock)]
             )
-        listings = await context_queries.skill_listings(
-            conn, tenant, list(dict.fromkeys((b.bucket, b.prefix) for b in config.blocks if isinstance(b, SkillsBlock)))
-        )
+        if listings is None:
+            listings = await context_queries.skill_listings(conn, tenant, skill_sources(config))
         out: list[RenderedBlock] = []
         for b in config.blocks:
             match b:
@@ -322,14 +363,29 @@ class ContextBlocks:
             return  # no prompt can be rendered from it: refused where it is rendered, not here
 
         async def size(content: str) -> int:
-            blocks = await self.blocks(
-                conn, tenant, session, config, texts, contents={**contents, label: content}, sizing=True
-            )
-            return await self._pub.stored_size(bounding_event(tenant, session, blocks))
+            return (await self._sized(conn, tenant, session, config, texts, contents={**contents, label: content}))[0]
 
         after = await size(new)
         if after > MAX_WRITTEN_BYTES:
             raise PromptTooLarge(too_large(label, after, await size(""), new, contents.get(label, "")))
+
+    async def _sized(
+        self,
+        conn: Conn,
+        tenant: str,
+        session: str,
+        config: SessionConfig,
+        texts: Sources,
+        *,
+        contents: dict[str, str] | None = None,
+        listings: Listings | None = None,
+    ) -> tuple[int, list[RenderedBlock]]:
+        """The bound on the stored size of the prompt ``config`` renders (``contents`` and
+        ``listings`` in place of the read models', when given), and its blocks as sized."""
+        blocks = await self.blocks(
+            conn, tenant, session, config, texts, contents=contents, listings=listings, sizing=True
+        )
+        return await self._pub.stored_size(bounding_event(tenant, session, blocks)), blocks
 
     async def index_entry(self, tenant: str, session: str, label: str, key: str, content: str) -> int:
         async def decide(conn: Conn) -> Decision:

@@ -10,21 +10,28 @@ changed text is published expecting that sequence, so a block write landing betw
 and the publish makes it conflict and render again; an unchanged one is the prompt in force at
 that sequence (a later write is picked up by the next re-render).
 
+A prompt too large to be recorded (an object grown in storage, skills put to the tenant's index:
+what no write of the session decides) is :class:`~services.errors.PromptUnstorable`, naming its
+largest block and by how much it is over; nothing is recorded, and a frozen prompt stays in force.
+
 Reference: the Cloudflare Agents SDK Session API, §1.2 and §3.1 of docs/reference.md."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
+from events.admission import MAX_WRITTEN_BYTES, Refused
 from events.catalog import (
     PromptRendered,
 )
 from projections import context_queries
 from services.context.blocks import Conn, ContextBlocks
-from services.context.prompt_text import render
+from services.context.prompt_size import largest_block, unstorable
+from services.context.prompt_text import RenderedBlock, render
 from services.context.rules import Sources
 from services.errors import (
+    PromptUnstorable,
     SessionNotFound,
 )
 from services.writes.liveness import live_session
@@ -64,8 +71,10 @@ class ContextPrompt(ContextBlocks):
         self, tenant: str, session: str, reason: Literal["freeze", "refresh", "clear", "compaction"]
     ) -> Prompt:
         texts: Sources | None = None
+        rendered: tuple[PromptRendered, list[RenderedBlock]] | None = None
 
         async def decide(conn: Conn) -> Decision:
+            nonlocal rendered
             # freezing is a read (an erased session: 404 as for any read); a refresh is a write (410)
             await live_session(conn, tenant, session, must_exist=False, writing=reason != "freeze")
             latest = await context_queries.latest_prompt(conn, tenant, session)
@@ -75,7 +84,8 @@ class ContextPrompt(ContextBlocks):
             in_force = None if latest is None else Prompt(latest.text, latest.tokens, latest.version, latest.seq)
             if reason == "freeze" and in_force is not None:
                 return Decision(None, lambda _seq: in_force)
-            text = render(await self.blocks(conn, tenant, session, sources=texts))
+            blocks = await self.blocks(conn, tenant, session, sources=texts)
+            text = render(blocks)
             if in_force is not None and text == in_force.text:  # unchanged: the cached prefix stays valid
                 return Decision(None, lambda _seq: in_force)
             tokens = self.counter.count(text)
@@ -83,11 +93,26 @@ class ContextPrompt(ContextBlocks):
             event = PromptRendered(
                 tenant=tenant, session=session, text=text, tokens=tokens, version_no=version, reason=reason
             )
+            rendered = (event, blocks)
             return Decision(event, lambda seq: Prompt(text, tokens, version, seq))
 
         texts = await self.sources(tenant, session, catch_up=True)
-        prompt: Prompt = await self._cond.run(tenant, session, decide)
+        try:
+            prompt: Prompt = await self._cond.run(tenant, session, decide)
+        except Refused as exc:  # refused before anything is sent (events/publisher.py)
+            if exc.reason != "too_large" or rendered is None:
+                raise
+            raise await self._unstorable(*rendered) from exc
         return prompt
+
+    async def _unstorable(self, event: PromptRendered, blocks: list[RenderedBlock]) -> PromptUnstorable:
+        """Why ``event``, rendered from ``blocks``, cannot be recorded: its stored size, and its
+        largest block's room (measured with that block holding its first character only)."""
+        largest = largest_block(blocks)
+        shortened = [replace(b, content=b.content[:1]) if b is largest else b for b in blocks]
+        size = await self._pub.stored_size(event)
+        with_one = await self._pub.stored_size(event.model_copy(update={"text": render(shortened)}))
+        return PromptUnstorable(unstorable(size, largest, with_one), largest.label, size, MAX_WRITTEN_BYTES)
 
     async def has_prompt(self, tenant: str, session: str) -> bool:
         async with self._pool.connection() as conn:

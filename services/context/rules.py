@@ -10,6 +10,8 @@ from services.errors import UnsafeStoredConfig
 
 Sources = dict[tuple[str, str], str]
 """Object-storage texts of read-only blocks by (bucket, key)."""
+Listings = dict[tuple[str, str], list[tuple[str, str | None]]]
+"""The indexed skills (key, description) under each (bucket, prefix), in key order."""
 
 
 def object_key(tenant: str, key: str) -> str:
@@ -58,6 +60,22 @@ def allowed(block: SkillsBlock, listing: list[tuple[str, str | None]]) -> list[t
         if rel and (not block.keys or rel in block.keys):
             entries.append((rel, desc))
     return entries
+
+
+def skill_sources(config: SessionConfig) -> list[tuple[str, str]]:
+    """The (bucket, prefix) of each skills block, once each, in order."""
+    return list(dict.fromkeys((b.bucket, b.prefix) for b in config.blocks if isinstance(b, SkillsBlock)))
+
+
+def with_skill(listings: Listings, bucket: str, key: str, description: str | None) -> Listings:
+    """``listings`` as they would be once skill ``key`` of ``bucket`` is indexed with
+    ``description`` (in place of the one indexed under that key, if any)."""
+    out: Listings = {}
+    for (b, prefix), entries in listings.items():
+        if b == bucket and key.startswith(prefix):
+            entries = sorted([e for e in entries if e[0] != key] + [(key, description)], key=lambda e: e[0])
+        out[(b, prefix)] = entries
+    return out
 
 
 def find_block(

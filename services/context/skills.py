@@ -5,20 +5,24 @@ Reference: the Cloudflare Agents SDK Session API, §1.4 and §2 of docs/referenc
 
 from __future__ import annotations
 
+from events.admission import MAX_WRITTEN_BYTES
 from events.catalog import (
     SkillIndexed,
     SkillLoaded,
     SkillUnloaded,
 )
-from events.context import SkillsBlock
+from events.context import SessionConfig, SkillsBlock
 from events.ids import TENANT_SCOPE, derived_id
 from projections import context_queries
 from services.context.blocks import Conn, ContextBlocks
 from services.context.entry_keys import unsafe_object_key
-from services.context.rules import find_block, object_key
+from services.context.prompt_size import SHORTER_SKILL, too_large
+from services.context.prompt_text import skill_listing
+from services.context.rules import allowed, find_block, object_key, skill_sources, unsafe_keys, with_skill
 from services.errors import (
     BlockNotFound,
     InvalidRequest,
+    PromptTooLarge,
 )
 from services.writes.liveness import live_session
 from services.writes.optimistic import Decision
@@ -56,12 +60,53 @@ class ContextSkills(ContextBlocks):
     async def set_skill(
         self, tenant: str, session: str, label: str, key: str, content: str, description: str | None
     ) -> int:
+        """Put a skill through the session's skills block ``label``; refused (:class:`PromptTooLarge`,
+        nothing stored) when its line in the listing would lengthen the session's prompt past what
+        can be stored (:meth:`_refuse_unstorable_skill`)."""
         async with self._pool.connection() as conn:
             await live_session(conn, tenant, session, must_exist=False)
-            block = find_block(await self.config(conn, tenant, session), label)
+            config = await self.config(conn, tenant, session)
+        block = find_block(config, label)
         if not isinstance(block, SkillsBlock):
             raise BlockNotFound(f'Block "{label}" is not a skill provider')
+        await self._refuse_unstorable_skill(tenant, session, config, block, key, description)
         return await self.put_skill(tenant, block.bucket, block.prefix + key, content, description)
+
+    async def _refuse_unstorable_skill(
+        self, tenant: str, session: str, config: SessionConfig, block: SkillsBlock, key: str, description: str | None
+    ) -> None:
+        """:class:`PromptTooLarge` when the session's prompt (bounded:
+        :mod:`services.context.prompt_size`) with skill ``key`` indexed under ``block`` with
+        ``description`` is more than an event may be stored as and longer than it is now (a put
+        that shortens a skill's line is always taken); its detail says the block's room left.
+        Decided on the session's state when the put is made: the index is the tenant's, and the
+        session's log does not order the put (what slips past is answered where the prompt is
+        rendered: :class:`~services.errors.PromptUnstorable`)."""
+        if unsafe_keys(config) is not None:
+            return  # no prompt can be rendered from it: refused where it is rendered, not here
+        texts = await self._config_sources(tenant, session, config, sizing=True)
+        where = (block.bucket, block.prefix)
+        async with self._pool.connection() as conn:
+            listings = await context_queries.skill_listings(conn, tenant, skill_sources(config))
+            grown = with_skill(listings, block.bucket, block.prefix + key, description)
+            after, _ = await self._sized(conn, tenant, session, config, texts, listings=grown)
+            if after <= MAX_WRITTEN_BYTES:
+                return
+            before, _ = await self._sized(conn, tenant, session, config, texts, listings=listings)
+            if after <= before:
+                return
+            without, _ = await self._sized(conn, tenant, session, config, texts, listings={**grown, where: []})
+        raise PromptTooLarge(
+            too_large(
+                block.label,
+                after,
+                without,
+                skill_listing(allowed(block, grown[where])),
+                skill_listing(allowed(block, listings[where])),
+                subject=f'Skill "{key}" in block "{block.label}"',
+                advice=SHORTER_SKILL,
+            )
+        )
 
     async def load_skill(
         self, tenant: str, session: str, label: str, key: str, tool_call_id: str | None = None

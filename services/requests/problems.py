@@ -43,7 +43,7 @@ def problem_of(exc: BaseException) -> Problem | None:
         retry_after = max(0.001, math.ceil(exc.retry_after_s * 1000) / 1000)
         return problem(exc.status, exc.code, exc.title, exc.detail, retry_after=retry_after)
     if isinstance(exc, ChronicleError):
-        return problem(exc.status, exc.code, exc.title, exc.detail)
+        return problem(exc.status, exc.code, exc.title, exc.detail, **exc.fields())
     if isinstance(exc, ValidationError):
         return invalid_request(validation_errors(exc))
     if isinstance(exc, PublishFailed):

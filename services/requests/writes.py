@@ -26,6 +26,7 @@ from services.errors import (
     InvalidConfig,
     InvalidRequest,
     MessageNotFound,
+    PromptUnstorable,
     RateLimited,
     SourceMissing,
     SummarizerFailed,
@@ -173,7 +174,8 @@ async def clear_messages(c: Container, tenant: str, sid: str) -> Answer:
     if await c.context.has_prompt(tenant, sid):
         try:
             await c.context.refresh_prompt(tenant, sid, "clear")
-        except (Refused, SourceMissing) as exc:  # the clear stands; the prompt in force stays until a refresh works
+        except (Refused, SourceMissing, PromptUnstorable) as exc:
+            # the clear stands; the prompt in force stays until a refresh works
             log.warning("after clearing %s/%s the prompt was not re-rendered: %s", tenant, sid, exc)
     return {"cleared": True, "seq": w.seq}
 

@@ -1,4 +1,5 @@
-"""Read-only blocks kept in object storage are read with no database connection held."""
+"""Read-only blocks kept in object storage are read with no database connection held (rendered, and
+sized when a config is PUT)."""
 
 from __future__ import annotations
 
@@ -49,6 +50,7 @@ async def test_object_storage_is_read_with_no_connection_held(stack: Container, 
     storage.get_text = watched  # type: ignore[method-assign]
     stack.pool.connection = tracked  # type: ignore[method-assign]
     try:
+        await stack.context.configure(T, sid, config)  # the prompt it would leave is sized
         prompt = await stack.context.frozen_prompt(T, sid)
         sources = await stack.context.sources(T, sid)
         async with stack.pool.connection() as conn:
