@@ -9,7 +9,8 @@ from events.admission import BodyUnavailable, admit_body
 from events.blobs import BlobNotFound, BlobRef, BlobStore
 from events.catalog import MessageBodyEvent
 from events.messages import JsonObject, body_hash, stored_json
-from events.sealing import KeyLookup
+from events.objects import is_sealed_object
+from events.sealing import KeyLookup, KeyReader
 
 Sealer = Callable[[bytes], Awaitable[bytes]]
 """How an object's bytes are stored: sealed with the session's data key, or as they are."""
@@ -45,7 +46,9 @@ async def unpack_body(event: MessageBodyEvent, store: BlobStore | None, keys: Ke
     A reference that can never resolve (the store has no such object, its bytes are not the
     referenced ones or not a JSON object) raises :class:`~events.admission.BodyUnavailable`, a
     decision as stable as the log (objects are immutable, never deleted); a store that cannot
-    answer raises its own error, to be retried."""
+    answer raises its own error, to be retried. A sealed object is opened with the session's key,
+    asked for again when ``keys`` loads keys and no longer holds it (a bounded key cache may have
+    evicted it since the event was screened: the body is not unavailable for that)."""
     if event.message is not None:
         return event.message
     ref: BlobRef | None = event.message_ref
@@ -56,4 +59,6 @@ async def unpack_body(event: MessageBodyEvent, store: BlobStore | None, keys: Ke
         data = await store.get(ref)
     except BlobNotFound as exc:
         raise BodyUnavailable(f"claim check: {str(exc)[:300]}") from None
+    if isinstance(keys, KeyReader) and is_sealed_object(data):
+        await keys.load([(event.tenant, event.session, None)])  # a no-op when the key is held
     return admit_body(data, ref, keys, (event.tenant, event.session))

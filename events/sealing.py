@@ -31,7 +31,7 @@ import re
 from base64 import b64encode
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from events.catalog import DERIVED_FIELDS, derived_fields
 from events.envelope import Event
@@ -133,6 +133,7 @@ class KeyLookup(Protocol):
     def erased(self, tenant: str, session: str) -> bool: ...
 
 
+@runtime_checkable
 class KeyReader(KeyLookup, Protocol):
     """A :class:`KeyLookup` that loads what a batch of events needs before it is admitted."""
 

@@ -20,10 +20,13 @@ import pytest
 from fastapi import Request
 
 from events import log as eventlog
-from events.catalog import CompactionRecorded, MessageUpdated
-from events.messages import body_hash
+from events.blobs import MemoryBlobStore
+from events.bodies import unpack_body
+from events.catalog import CompactionRecorded, MessageAppended, MessageUpdated
+from events.messages import body_hash, stored_json
+from events.objects import owned
 from events.publisher import Published
-from events.sealing import DataKey, KeyDestroyed, KeyUnavailable, kid_in, unseal_fields
+from events.sealing import DataKey, KeyDestroyed, KeyUnavailable, kid_in, seal_blob, unseal_fields
 from projections import queries
 from projections.keystore import PgKeyStore
 from projections.rebuild import checksums, rebuild_into
@@ -197,6 +200,35 @@ async def test_an_events_page_asks_again_for_a_key_evicted_while_it_is_read(
         c.keys.key(T, sid, kid)
     second = json.loads(await anext(lines))
     assert [line["event"]["message"]["parts"][0]["text"] for line in (first, second)] == ["line 0", "line 1"]
+
+
+async def test_a_sealed_claim_checked_body_opens_though_its_key_was_evicted_after_screening(
+    tiny: Tiny, new_id: Callable[[str], str]
+) -> None:
+    """The projector screens a batch (its keys loaded), then plans it, opening claim-checked
+    bodies, while other batches load their keys: a body whose key was evicted meanwhile is asked
+    for again, not taken for a body that can never be had (quarantined for good, a rebuild
+    holding every key would apply it)."""
+    c, sid = tiny.c, new_id("claim")
+    key = (await keyed(c, [sid]))[sid]
+    body = text_message("big", "words kept in object storage")
+    blobs = MemoryBlobStore()
+    ref = await blobs.put(owned(seal_blob(stored_json(body).encode(), key, T, sid), T, sid))
+    event = MessageAppended(
+        tenant=T,
+        session=sid,
+        message_id="big",
+        parent_id=None,
+        role="user",
+        body_sha256=body_hash(body),
+        message_ref=ref,
+    )
+    reader = store(c, 1)
+    await reader.load([(T, sid, key.kid)])  # screened
+    await reader.load([(T, new_id("other-batch"), None)])  # evicts it
+    with pytest.raises(KeyUnavailable):
+        reader.key(T, sid, key.kid)
+    assert await unpack_body(event, blobs, reader) == body
 
 
 async def test_a_replay_asks_again_for_a_key_evicted_while_it_is_read(tiny: Tiny, new_id: Callable[[str], str]) -> None:
