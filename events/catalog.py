@@ -179,7 +179,9 @@ def _body_event_schema(schema: dict[str, Any]) -> None:
     note = (
         "Stored compact: `message_id`, `role` and `body_sha256` are left out when `message` is inline and "
         'they are exactly its `id`, its `role` ("" when it has none) and the SHA-256 of its canonical JSON '
-        "(keys sorted, no spaces, UTF-8); a reader fills them from `message`. They are always written with "
+        "(keys sorted, no spaces, UTF-8, non-ASCII unescaped, numbers as Python's `json` writes them: a float keeps "
+        "its `.0` and its exponent's zero padding, `1.0`, `1e-07`; `events.messages.canonical_json`); "
+        "a reader fills them from `message`. They are always written with "
         "`message_ref` (claim check) and in a sealed event. Unset optional fields are left out, not null. "
         "A `body_sha256` written with an inline `message` must be its hash, unless `original_ref` is set (an "
         "over-cap message: the hash is its original's); any other is refused (quarantined as `invalid`)."
