@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 
 import nats
+import psycopg
 import pytest
 from nats.aio.client import Client as NatsClient
 
@@ -17,7 +18,7 @@ from events.credentials import nkey_public_key, tenant_inbox_prefix, tenant_nkey
 from events.subjects import SubjectLayout
 from projections.keystore import new_kek_line
 from services.bootstrap import Container, open_container
-from services.ops.localstack import free_port
+from services.ops.localstack import free_port, with_database
 from services.ops.natsconf import NatsAccess
 from services.settings import Settings, api_key_entry, new_operator_seed
 from tests.support import nats_server, postgres_server, s3_server, scratch_database
@@ -103,6 +104,30 @@ def fresh_db(pg_admin: str) -> Iterator[str]:
     """A database of its own, for tests that drop or compare whole read models."""
     with scratch_database(pg_admin) as url:
         yield url
+
+
+@pytest.fixture
+def backup(pg_admin: str) -> Iterator[Callable[[str], str]]:
+    """``take(url)``: a copy of that database as it is now (the stack using it stopped), as a
+    restore of last night's backup gives it back; dropped at the end."""
+    made: list[str] = []
+
+    def take(url: str) -> str:
+        source = psycopg.conninfo.conninfo_to_dict(url)["dbname"]
+        name = f"chronicle_backup_{uuid.uuid4().hex[:12]}"
+        with psycopg.connect(pg_admin, autocommit=True) as conn:
+            conn.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s AND pid <> pg_backend_pid()",
+                (source,),
+            )
+            conn.execute(f'CREATE DATABASE "{name}" TEMPLATE "{source}"')
+        made.append(name)
+        return with_database(pg_admin, name)
+
+    yield take
+    with psycopg.connect(pg_admin, autocommit=True) as conn:
+        for name in made:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
 @contextlib.asynccontextmanager

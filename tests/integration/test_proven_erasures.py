@@ -9,8 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
-import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import psycopg
 import pytest
@@ -24,37 +23,12 @@ from projections.rebuild import checksums, quarantine_rows
 from services.audit import readers as audit
 from services.bootstrap import Container, open_container, prepare_database
 from services.errors import ErasedSession
-from services.ops.localstack import with_database
 from services.settings import Settings
 from tests.conftest import make_settings, running_stack
 from tests.integration.helpers import text_message
 from tests.support import scratch_database
 
 T = "tenant-a"
-
-
-@pytest.fixture
-def backup(pg_admin: str) -> Iterator[Callable[[str], str]]:
-    """``take(url)``: a copy of that database as it is now (the stack using it stopped), as a
-    restore of last night's backup gives it back; dropped at the end."""
-    made: list[str] = []
-
-    def take(url: str) -> str:
-        source = psycopg.conninfo.conninfo_to_dict(url)["dbname"]
-        name = f"chronicle_backup_{uuid.uuid4().hex[:12]}"
-        with psycopg.connect(pg_admin, autocommit=True) as conn:
-            conn.execute(
-                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s AND pid <> pg_backend_pid()",
-                (source,),
-            )
-            conn.execute(f'CREATE DATABASE "{name}" TEMPLATE "{source}"')
-        made.append(name)
-        return with_database(pg_admin, name)
-
-    yield take
-    with psycopg.connect(pg_admin, autocommit=True) as conn:
-        for name in made:
-            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
 async def _append(c: Container, session: str, mid: str, text: str) -> int:
