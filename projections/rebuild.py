@@ -25,11 +25,41 @@ from projections import search_languages
 from projections.keystore import PgKeyStore
 from projections.migrate import migrate
 from projections.quarantine import Quarantined, Tombstone, screen, tombstone_erased
-from projections.runner import Prepared, Projection, apply_batch, prepare
+from projections.runner import Prepared, Projection, apply_batch, checkpoint_partition, prepare
 from projections.search_languages import Language
 
 Horizon = Callable[[str], int]
 """For an event's subject, the last sequence to apply (the live checkpoint of its partition)."""
+
+Reached = dict[int | None, int]
+"""How far the live projectors got in each partition of the layout (``None``: the subjects no
+partition's filter matches): the last sequence applied there (:func:`partition_horizons`)."""
+
+
+def partition_horizons(projector: str, partitions: int, checkpoints: Mapping[str, int]) -> Reached:
+    """Each partition's horizon from the live ``checkpoints``: its own (``<projector>.pNNN``, when
+    partitioned projectors ran), else the single projector's (``<projector>``; 0 if it never ran).
+    Partition workers never read a subject no partition's filter matches, and one starts where
+    the single projector left off (its seed), so that is how far those events are applied."""
+    parts = {p: seq for n, seq in checkpoints.items() if (p := checkpoint_partition(projector, n)) is not None}
+    whole = checkpoints.get(projector, 0)
+    return {p: whole if p is None else parts.get(p, whole) for p in (None, *range(partitions))}
+
+
+def horizon_of(layout: SubjectLayout, at: Reached) -> Horizon:
+    """The horizon of each subject: its partition's (the partition whose filter it matches)."""
+    return lambda subject: at[layout.partition_token(subject)]
+
+
+def catch_up_from(held: Reached, now: Reached) -> int | None:
+    """The first sequence to read to bring a schema holding each partition's events up to
+    ``held`` to ``now``: one past the lowest horizon that moved, None when none moved. A horizon
+    that did not move costs nothing, however far behind: the single projector's (``None``, and
+    every partition's before its worker reports), which stays put while partitioned projectors
+    run (the two layouts never run together), even at 0."""
+    moved = [seq for p, seq in held.items() if now[p] > seq]
+    return min(moved) + 1 if moved else None
+
 
 TABLES: dict[str, str] = {
     "sessions": "tenant, id",
@@ -60,11 +90,13 @@ async def apply_range(
     batch_size: int = 2000,
     progress: Callable[[int, int], None] | None = None,
     horizon: Horizon | None = None,
+    since: Horizon | None = None,
     keys: PgKeyStore | None = None,
 ) -> int:
     """Apply the stream's events ``from_seq..to_seq`` on ``conn`` (its search_path decides the
-    schema), one transaction or savepoint per batch, skipping events past their ``horizon``.
-    Returns the last sequence applied."""
+    schema), one transaction or savepoint per batch, skipping events past their ``horizon`` and
+    those at or before their ``since`` (already applied there: a catch-up from where the live
+    projectors were to where they are). Returns the last sequence applied."""
     last = 0
     batch = _Pending(keys)
     if keys is not None:
@@ -80,6 +112,8 @@ async def apply_range(
     if to_seq >= from_seq:
         async for stored in eventlog.read(js, layout, None, from_seq, to_seq):
             if horizon is not None and stored.seq > horizon(stored.subject):
+                continue
+            if since is not None and stored.seq <= since(stored.subject):
                 continue
             batch.add(stored, layout)
             last = stored.seq
@@ -113,7 +147,11 @@ async def rebuild_into(
     One reader decodes and plans; ``workers`` connections apply in parallel, each the events of
     its share of subjects (a session's events, and a tenant's tenant-scope events, stay on one
     connection and in order), as partitioned projectors do. Events past their ``horizon`` (the
-    live checkpoint of their partition, for a comparison) are skipped. Sealed events are opened
+    live checkpoint of their partition) are skipped: the schema then holds what the live read
+    models hold, for a comparison (``verify``) or for tables a live projector goes on from
+    (``rebuild_and_swap``, which must never build past where the live projectors are: they apply
+    every later event to the swapped tables, and to their compaction state, once). Without
+    ``to_seq`` and ``horizon`` it replays the whole stream. Sealed events are opened
     with ``keys`` (every key and erasure is loaded once the end is known: the keys of the events
     up to it exist by then; the store holds them all, whatever its ``cache_sessions``); an erased
     session's events are tombstones, materialising nothing.

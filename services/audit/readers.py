@@ -35,9 +35,13 @@ from projections.quarantine import UNRECORDED, storable_text, subject_erased
 from projections.rebuild import (
     TABLES,
     Horizon,
+    Reached,
     apply_range,
+    catch_up_from,
     checksums,
     compared_rows,
+    horizon_of,
+    partition_horizons,
     quarantine_rows,
     rebuild_into,
     row_text,
@@ -209,20 +213,11 @@ def live_horizon(c: Container, checkpoints: dict[str, int]) -> tuple[Horizon, in
     """How far the live projectors got: one checkpoint, or one per partition (``<name>.pNNN``)
     when partitioned projectors run; returns the horizon per subject and the highest of them."""
     name = c.settings.projector_name
-    parts = {p: seq for n, seq in checkpoints.items() if (p := checkpoint_partition(name, n)) is not None}
+    parts = [seq for n, seq in checkpoints.items() if checkpoint_partition(name, n) is not None]
     whole = checkpoints.get(name, 0)
     if not parts:
         return (lambda _subject: whole), whole
-    layout = c.layout
-
-    def horizon(subject: str) -> int:
-        # the partition whose worker received it: the subject's own token (an event on a subject
-        # no partition's filter matches was only ever seen by the single projector); a partition
-        # not yet reported by its worker is where the single projector left it
-        part = layout.partition_token(subject)
-        return whole if part is None else parts.get(part, whole)
-
-    return horizon, max([*parts.values(), whole])
+    return horizon_of(c.layout, partition_horizons(name, c.layout.partitions, checkpoints)), max([*parts, whole])
 
 
 async def log_mismatch(c: Container) -> LogMismatch | None:
@@ -243,11 +238,22 @@ async def rebuild_and_swap(
     progress: Callable[[int, int], None] | None = None,
 ) -> RebuildReport:
     """Rebuild ``projection`` from sequence 1 into new tables while the old ones keep serving,
-    then, under a short exclusive lock, catch up to the live checkpoint and swap atomically; the
+    then, under a short exclusive lock, catch up to the live checkpoints and swap atomically; the
     database is then bound to the stream it was rebuilt from (:mod:`projections.logbinding`).
     The quarantine is always rebuilt and swapped with them (keeping the live rows past the live
     checkpoint, which consumers ahead of the projector, the compactor, recorded), so a verify
     right after a rebuild compares equal.
+
+    The new tables never hold an event past the live checkpoint of its partition (the single
+    projector's, or the partitioned projectors' ``<name>.pNNN``), and the checkpoints are kept:
+    the rebuild stops at the checkpoints read before it starts (each partition at its own, as
+    ``verify`` does), then applies what the projectors applied meanwhile, in up to
+    :data:`CATCH_UP_ROUNDS` rounds outside the lock and the rest under it, each event once
+    (:func:`catch_up_from`: a checkpoint that did not move costs nothing, such as the single
+    projector's, at 0 or long behind, while partitioned projectors run). The projectors then apply
+    every later event once, to the new tables and to their compaction state (``compactor_*``,
+    which no rebuild touches): a rebuild to the stream's end under checkpoints behind it would
+    have them apply events the tables already hold again.
 
     When the read models belong to another log (:class:`LogMismatch`: no projector runs then),
     or the database holds none (no checkpoint of the projector: a new database, :class:`NeverBound`
@@ -276,6 +282,10 @@ async def rebuild_and_swap(
         )
     replace = refusal is not None
     start = time.monotonic()
+    # never past the live projectors: they apply every later event to the swapped tables (and,
+    # once, to their compaction state, which no rebuild touches); what they apply meanwhile is
+    # caught up. Read models of another log, or none: the whole log, the checkpoints reset to it.
+    held = {} if replace else partition_horizons(name, c.layout.partitions, await _checkpoints(c))
     built = await rebuild_into(
         c.js,
         c.layout,
@@ -283,21 +293,30 @@ async def rebuild_and_swap(
         shadow,
         c.projections(),
         name,
+        to_seq=max(held.values()) if held else None,
         progress=progress,
+        horizon=horizon_of(c.layout, held) if held else None,
         languages=c.settings.search_languages,
         keys=c.keys,
     )
+    if not replace:  # what they applied meanwhile, mostly outside the lock
+        async with await psycopg.AsyncConnection.connect(c.settings.database_url, autocommit=True) as conn:
+            await conn.execute(f'SET search_path TO "{shadow}"')
+            for _ in range(CATCH_UP_ROUNDS):
+                now = partition_horizons(name, c.layout.partitions, await _checkpoints(c))
+                if (caught := await _catch_up(c, conn, held, now)) is None:
+                    break
+                held = caught
     async with await psycopg.AsyncConnection.connect(c.settings.database_url) as conn:
         async with conn.transaction():
             locked = ", ".join(f'public."{t}"' for t in (*tables, "checkpoints", "log_binding"))
             await conn.execute(f"LOCK TABLE {locked} IN ACCESS EXCLUSIVE MODE")
             identity = await stream_identity(c.js, c.settings.stream)
             if not replace:
-                horizon, live = live_horizon(c, await queries.checkpoints(conn))
+                checkpoints = await queries.checkpoints(conn)
+                horizon, live = live_horizon(c, checkpoints)
                 await conn.execute(f'SET LOCAL search_path TO "{shadow}"')
-                await apply_range(
-                    conn, c.js, c.layout, c.projections(), name, built + 1, live, horizon=horizon, keys=c.keys
-                )
+                await _catch_up(c, conn, held, partition_horizons(name, c.layout.partitions, checkpoints))
                 await _keep_quarantined_ahead(conn, shadow, horizon)
             else:  # nothing applies from this log: rebuilt up to its end, the checkpoints start there
                 live = max(built, identity.last_seq)
@@ -329,6 +348,39 @@ async def rebuild_and_swap(
         rebound=replace and not first,
         first=first,
     )
+
+
+CATCH_UP_ROUNDS = 8
+"""At most this many catch-ups of a rebuilt schema before its swap, outside the exclusive lock:
+each applies what the live projectors applied during the one before (the rebuild first), so the
+lock only waits for what they applied during the last."""
+
+
+async def _checkpoints(c: Container) -> dict[str, int]:
+    async with c.pool.connection() as conn:
+        return await queries.checkpoints(conn)
+
+
+async def _catch_up(c: Container, conn: psycopg.AsyncConnection[Any], held: Reached, now: Reached) -> Reached | None:
+    """Apply on ``conn`` (its search_path: a rebuilt schema, which holds each partition's events
+    up to ``held``) each event the live projectors applied from there up to ``now``; returns what
+    the schema then holds, or None when no partition moved (nothing read)."""
+    first = catch_up_from(held, now)
+    if first is None:
+        return None
+    await apply_range(
+        conn,
+        c.js,
+        c.layout,
+        c.projections(),
+        c.settings.projector_name,
+        first,
+        max(now.values()),
+        horizon=horizon_of(c.layout, now),
+        since=horizon_of(c.layout, held),
+        keys=c.keys,
+    )
+    return {p: max(seq, now[p]) for p, seq in held.items()}
 
 
 async def _keep_quarantined_ahead(conn: psycopg.AsyncConnection[Any], shadow: str, horizon: Horizon) -> None:

@@ -174,9 +174,11 @@ async def test_a_claim_checked_body_of_a_session_whose_erasure_is_learned_later_
     """A sealed, claim-checked body of a session whose proven ``session.erased`` comes later in the
     same batch (a database restored from a backup older than the erasure, its object store too:
     the data key and the object are back, the erasure is not recorded): the projector, catching
-    up, and ``chronicle rebuild`` both learn the erasure and take the session's earlier events as
-    tombstones; neither fails on the body whose key the erasure destroyed (the projector failed
-    its batch and retried, the rebuild stopped), and both equal the live read model."""
+    up, and ``chronicle rebuild`` of the whole log both learn the erasure and take the session's
+    earlier events as tombstones; neither fails on the body whose key the erasure destroyed (the
+    projector failed its batch and retried, the rebuild stopped), and both equal the live read
+    model. A rebuild of read models that hold some of the log stops where their projector is
+    (before the erasure): the projector then applies the erasure, once."""
     caplog.set_level(logging.WARNING, logger="chronicle.projector")
     settings = make_settings(nats_url, fresh_db, encryption=True, payload_limit_bytes=1024)
     kept, gone = new_id("kept"), new_id("gone")
@@ -191,6 +193,7 @@ async def test_a_claim_checked_body_of_a_session_whose_erasure_is_learned_later_
     async with running_stack(settings) as c:
         await _append(c, kept, "m1", "before the erasure")
     newer = backup(fresh_db)  # the data keys; everything but the erasure applied
+    bare = backup(newer)  # the same, its read models to be dropped
     async with running_stack(settings) as c:
         erasure = await c.eraser.erase_session(T, gone, reason="GDPR-79")
         assert erasure.objects_deleted == 1
@@ -207,17 +210,37 @@ async def test_a_claim_checked_body_of_a_session_whose_erasure_is_learned_later_
     assert [r.getMessage() for r in caplog.records if " failed (" in r.getMessage()] == []
     assert await _read_model(older) == live
 
-    # ``chronicle rebuild`` on the newer backup (the whole log, read from sequence 1)
+    # ``chronicle rebuild`` on the newer backup's copy with no read models (no checkpoint): the
+    # whole log, read from sequence 1
+    async with await psycopg.AsyncConnection.connect(bare, autocommit=True) as conn:
+        await conn.execute("DELETE FROM checkpoints")
+    rebuilt = settings.model_copy(update={"database_url": bare})
+    async with open_container(rebuilt) as c:
+        assert (await audit.rebuild_and_swap(c)).first
+    assert await _read_model(bare) == live
+    assert await _rows(bare, "SELECT count(*) FROM data_keys WHERE session_id = %s", gone) == [(0,)]
+    assert await _rows(bare, "SELECT reason, seq FROM erasures WHERE session_id = %s", gone) == [
+        ("GDPR-79", erasure.seq)
+    ]
+    async with running_stack(rebuilt) as c:
+        await c.waiter.wait_all(erasure.seq)
+        report = await audit.verify(c)
+        assert report.ok, report.differences
+    assert await _read_model(bare) == live
+
+    # ``chronicle rebuild`` on the newer backup: up to its projector's checkpoint, before the
+    # erasure (the read models as the backup holds them); the projector applies the erasure after it
     rebuilt = settings.model_copy(update={"database_url": newer})
+    restored = await _read_model(newer)
     async with open_container(rebuilt) as c:
         await audit.rebuild_and_swap(c)
+    assert await _read_model(newer) == restored
+    async with running_stack(rebuilt) as c:
+        await c.waiter.wait_all(erasure.seq)
+        report = await audit.verify(c)
+        assert report.ok, report.differences
     assert await _read_model(newer) == live
     assert await _rows(newer, "SELECT count(*) FROM data_keys WHERE session_id = %s", gone) == [(0,)]
     assert await _rows(newer, "SELECT reason, seq FROM erasures WHERE session_id = %s", gone) == [
         ("GDPR-79", erasure.seq)
     ]
-    async with running_stack(rebuilt) as c:  # the projector applies the erasure after the rebuild
-        await c.waiter.wait_all(erasure.seq)
-        report = await audit.verify(c)
-        assert report.ok, report.differences
-    assert await _read_model(newer) == live
