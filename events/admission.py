@@ -394,7 +394,9 @@ def _check_body_hash(event: MessageBodyEvent) -> None:
     ``body_sha256``. Only an over-cap message (``original_ref``: the hash is its untruncated
     original's) may carry another; a claim-checked body is not inline. Admitted, a wrong hash
     would be stored as the message's (projections/history.py ``row_hash``), and the true body
-    appended again under its id would answer ``message_conflict`` instead of replaying."""
+    appended again under its id would answer ``message_conflict`` instead of replaying. The
+    history projection relies on this check: it does not hash an admitted inline body again
+    (``hash_is_own``)."""
     if event.message is None or getattr(event, "original_ref", None) is not None:
         return
     try:

@@ -102,7 +102,10 @@ _PER_EVENT: tuple[type[Exception], ...] = (*DATA_ERRORS, BodyUnavailable, KeyDes
 
 
 class Projection(Protocol):
-    """A read model: applies already-decoded events inside the runner's transaction."""
+    """A read model: applies already-decoded events inside the runner's transaction. Every event
+    it is given was admitted (:func:`events.admission.admit`, by :func:`projections.quarantine.screen`):
+    a projection may rely on what admission checked (the history projection does not hash again
+    an inline body admission hashed: :func:`projections.history.hash_is_own`)."""
 
     name: str
 

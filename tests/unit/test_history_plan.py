@@ -8,9 +8,11 @@ from typing import Any, ClassVar, Literal
 
 import pytest
 
+from events.admission import admit
 from events.blobs import BlobRef
 from events.catalog import (
     MessageAppended,
+    MessageBodyEvent,
     MessagesCleared,
     MessagesDeleted,
     MessageUpdated,
@@ -22,6 +24,8 @@ from events.catalog import (
 )
 from events.envelope import Event
 from events.messages import body_hash, text_of
+from events.sealing import StaticKeys, new_data_key, seal_event
+from events.subjects import SubjectLayout
 from projections.history import (
     AddUsage,
     ClearMessages,
@@ -175,6 +179,106 @@ def test_plan_is_deterministic() -> None:
         **ENV, message_id="m2", role="assistant", body_sha256=body_hash(BODY), message=BODY, parent_id="m1"
     )
     assert plan(event, 17, json.loads(json.dumps(BODY))) == plan(event, 17, BODY)
+
+
+# -- the row's hash: not hashed again where admission did it ------------------------------------
+
+LAYOUT = SubjectLayout(partitions=4)
+SUBJECT = LAYOUT.session_subject(T, S)
+ORIGINAL = "9" * 64  # an over-cap message's: the hash of its original, not of its capped body
+
+
+def body_event(kind: type[MessageBodyEvent], **fields: Any) -> MessageBodyEvent:
+    """A ``kind`` event of message m2 (an append's parent is m1)."""
+    parent = {"parent_id": "m1"} if kind is MessageAppended else {}
+    return kind(**ENV, message_id="m2", role="assistant", **parent, **fields)
+
+
+def admitted(event: MessageBodyEvent, *, sealed: bool = False) -> MessageBodyEvent:
+    """``event`` as a projector has it: its stored bytes (sealed, when asked) admitted."""
+    keys = StaticKeys()
+    key = new_data_key("dk-1")
+    keys.put(T, S, key)
+    data = seal_event(event, event.to_json(), key) if sealed else event.to_json()
+    out = admit(data, SUBJECT, LAYOUT, keys)
+    assert isinstance(out, MessageBodyEvent)
+    return out
+
+
+def planned_hash(
+    event: MessageBodyEvent, body: dict[str, Any], monkeypatch: pytest.MonkeyPatch, *, admitted: bool
+) -> tuple[str | None, int]:
+    """The hash the event's insert or update stores, and how many bodies planning it hashed."""
+    hashed: list[object] = []
+
+    def counted(value: dict[str, Any]) -> str:
+        hashed.append(value)
+        return body_hash(value)
+
+    with monkeypatch.context() as patched:
+        patched.setattr("projections.history.body_hash", counted)
+        op = plan(event, 17, body, admitted=admitted)[1]
+    assert isinstance(op, InsertMessage | UpdateMessage)
+    return op.body_sha256, len(hashed)
+
+
+def row_hashes(event: MessageBodyEvent, body: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> tuple[Any, ...]:
+    """The hash the row stores, planned as unadmitted and as admitted; what hashing the body
+    says it must be; and how many bodies the admitted plan hashed."""
+    unadmitted, _ = planned_hash(event, body, monkeypatch, admitted=False)
+    stored, hashed = planned_hash(event, body, monkeypatch, admitted=True)
+    expected = None if event.body_sha256 == body_hash(body) else event.body_sha256
+    return unadmitted, stored, expected, hashed
+
+
+@pytest.mark.parametrize("kind", [MessageAppended, MessageUpdated])
+def test_a_derived_hash_is_the_bodys_own_without_hashing_it_again(
+    kind: type[MessageBodyEvent], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Stored compact, the event leaves its hash out: admission derived it from the body."""
+    built = body_event(kind, body_sha256=body_hash(BODY), message=BODY)
+    assert "body_sha256" not in json.loads(built.to_json())
+    event = admitted(built)
+    assert row_hashes(event, event.message or {}, monkeypatch) == (None, None, None, 0)
+
+
+@pytest.mark.parametrize("kind", [MessageAppended, MessageUpdated])
+def test_a_verified_hash_is_the_bodys_own_without_hashing_it_again(
+    kind: type[MessageBodyEvent], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Sealed, the event writes its hash out (inside the seal): admission checked the body against it."""
+    built = body_event(kind, body_sha256=body_hash(BODY), message=BODY)
+    event = admitted(built, sealed=True)
+    assert row_hashes(event, event.message or {}, monkeypatch) == (None, None, None, 0)
+
+
+def test_an_over_cap_message_keeps_its_originals_hash(monkeypatch: pytest.MonkeyPatch) -> None:
+    ref = BlobRef(store="memory", key="c" * 64, sha256="c" * 64, size=99_999)
+    built = body_event(MessageAppended, body_sha256=ORIGINAL, message=BODY, original_ref=ref)
+    for event in (admitted(built), admitted(built, sealed=True)):
+        assert row_hashes(event, event.message or {}, monkeypatch) == (ORIGINAL, ORIGINAL, ORIGINAL, 1)
+
+
+def test_a_claim_checked_body_is_hashed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Admission checks a claim check's bytes against its reference, not its hash against the body."""
+    ref = BlobRef(store="memory", key="c" * 64, sha256="c" * 64, size=99_999)
+    for digest, expected in ((body_hash(BODY), None), (ORIGINAL, ORIGINAL)):
+        event = admitted(body_event(MessageAppended, body_sha256=digest, message_ref=ref), sealed=True)
+        assert row_hashes(event, BODY, monkeypatch) == (expected, expected, expected, 1)
+
+
+def test_an_event_nobody_admitted_is_hashed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A plan not told the event was admitted hashes its body (a hash not its own is kept)."""
+    for digest, expected in ((body_hash(BODY), None), (ORIGINAL, ORIGINAL)):
+        event = body_event(MessageAppended, body_sha256=digest, message=BODY)
+        assert planned_hash(event, BODY, monkeypatch, admitted=False) == (expected, 1)
+
+
+def test_a_body_other_than_the_inline_one_is_hashed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Only the event's own inline body is the one admission hashed."""
+    event = admitted(body_event(MessageAppended, body_sha256=body_hash(BODY), message=BODY))
+    other = {**BODY, "metadata": {"model": "other"}}
+    assert row_hashes(event, other, monkeypatch) == (event.body_sha256, event.body_sha256, event.body_sha256, 1)
 
 
 # -- text_of and store_json ---------------------------------------------------------------------
