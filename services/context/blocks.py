@@ -9,7 +9,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, Literal
 
 import psycopg
@@ -42,6 +44,7 @@ from services.errors import (
     BlockNotFound,
     BudgetExceeded,
     ChronicleError,
+    ContentionExhausted,
     InvalidConfig,
     KeyedBlock,
     ObjectStorageError,
@@ -83,6 +86,22 @@ def source_missing(tenant: str, session: str, block: ReadonlyBlock) -> Chronicle
         _missing_logged[which] = now
         log.warning("read-only source missing for %s/%s: %s", tenant, session, detail)
     return SourceMissing(detail)
+
+
+SIZING_ROUNDS = 4
+"""How many times a sized change reads the objects of a config it met unread (:class:`SourcesUnread`)
+before it gives up (``503 contention``): each time the session's config changed meanwhile."""
+
+
+class SourcesUnread(Exception):
+    """A sizing :meth:`ContextBlocks.blocks` met an object of ``config`` that was not read before
+    the decision (the config in force, on a refusal's path; a config changed since the objects
+    were read): object storage is never read with a connection held, so the caller reads them
+    and decides again (:meth:`ContextBlocks._decide_sized`)."""
+
+    def __init__(self, config: SessionConfig) -> None:
+        super().__init__("a sized config's objects were not read before the decision")
+        self.config = config
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,14 +153,31 @@ class ContextBlocks:
             elif isinstance(block, ReadonlyBlock) and block.source is not None:
                 await self._require_bucket(block.source.bucket)
 
-        async def decide(conn: Conn) -> Decision:
+        async def decide(texts: Sources, conn: Conn) -> Decision:
             await live_session(conn, tenant, session, must_exist=False)
             await self._refuse_unstorable_config(conn, tenant, session, config, texts)
             return Decision(SessionConfigured(tenant=tenant, session=session, config=config), lambda seq: seq)
 
         texts = await self._config_sources(tenant, session, config, sizing=True)
-        seq: int = await self._cond.run(tenant, session, decide)
+        seq: int = await self._decide_sized(tenant, session, decide, texts)
         return seq
+
+    async def _decide_sized(
+        self, tenant: str, session: str, decide: Callable[[Sources, Conn], Awaitable[Decision]], texts: Sources
+    ) -> Any:
+        """``decide`` (a change that sizes the prompt it would leave) under the session's
+        optimistic concurrency, with ``texts`` the objects read for it. A config it meets whose
+        objects are not among them (:class:`SourcesUnread`) has them read, with no connection
+        held, and the change is decided again; :class:`ContentionExhausted` after
+        :data:`SIZING_ROUNDS` such rounds."""
+        for _ in range(SIZING_ROUNDS):
+            try:
+                return await self._cond.run(tenant, session, partial(decide, texts))
+            except SourcesUnread as unread:
+                texts = {**texts, **await self._config_sources(tenant, session, unread.config, sizing=True)}
+        raise ContentionExhausted(
+            f"gave up after the session's config changed {SIZING_ROUNDS} times while its objects were read"
+        )
 
     async def _refuse_unstorable_config(
         self, conn: Conn, tenant: str, session: str, config: SessionConfig, texts: Sources
@@ -154,7 +190,8 @@ class ContextBlocks:
         if after <= MAX_WRITTEN_BYTES:
             return
         current = await self.config(conn, tenant, session)
-        # the config in force's objects not in ``texts`` are read here: the rare refusal's path only
+        # the config in force's objects not in ``texts`` are read before deciding again (SourcesUnread):
+        # the rare refusal's path only
         before, was = (
             (0, []) if unsafe_keys(current) is not None else await self._sized(conn, tenant, session, current, texts)
         )
@@ -197,8 +234,10 @@ class ContextBlocks:
 
     async def _config_sources(self, tenant: str, session: str, config: SessionConfig, *, sizing: bool) -> Sources:
         """:meth:`sources` of ``config``. ``sizing`` (to bound the prompt a change would leave):
-        an object that is missing or not text, or a configuration with an unsafe key, is left out
-        instead of refused (the prompt is refused where it is rendered, not the change)."""
+        an object that is missing or not text is ``""``, as a sized prompt has it (:meth:`blocks`),
+        and a configuration with an unsafe key has none, instead of being refused (the prompt is
+        refused where it is rendered, not the change); every object of a safe ``config`` is then
+        in the answer, so sizing reads none with a connection held."""
         if sizing and unsafe_keys(config) is not None:
             return {}
         refuse_unsafe(config)
@@ -212,22 +251,21 @@ class ContextBlocks:
         )
         found: Sources = {}
         for block, where, text in zip(blocks, wanted, texts, strict=True):
-            if text is None and sizing:
-                continue
             if text is None:
                 raise source_missing(tenant, session, block)
             found[where] = text
         return found
 
-    async def _sizing_text(self, tenant: str, bucket: str, key: str) -> str | None:
-        """:meth:`_object_text`, None also for an object that is not text, or with no object
-        storage configured (to size a prompt)."""
+    async def _sizing_text(self, tenant: str, bucket: str, key: str) -> str:
+        """:meth:`_object_text` to size a prompt: ``""``, the block a sized prompt has in its place
+        (:meth:`blocks`), for an object that is missing or not text, or with no object storage
+        configured."""
         if self._skills is None:
-            return None
+            return ""
         try:
-            return await self._object_text(tenant, bucket, key)
+            return await self._object_text(tenant, bucket, key) or ""
         except SourceNotText:
-            return None
+            return ""
 
     async def blocks(
         self,
@@ -245,7 +283,8 @@ class ContextBlocks:
         """Every configured block with its current content and exact token count, in order.
 
         Read-only blocks kept in object storage take their text from ``sources`` (see
-        :meth:`sources`); one missing there (the configuration changed since) is read here. An
+        :meth:`sources`); one missing there (the configuration changed since) is read here, but
+        when sizing (:class:`SourcesUnread`: the caller reads it with no connection held). An
         object not in storage is :class:`~services.errors.SourceMissing` (``409
         source_missing``), never an empty block.
         ``contents`` (writable blocks) and ``counts`` (searchable entries), when given, replace
@@ -253,7 +292,8 @@ class ContextBlocks:
         the skills index (a skill put sizes the prompt it would leave).
         ``sizing``: to bound the prompt's size (:mod:`services.context.prompt_size`): each
         block's ``tokens`` is its byte length (no shorter in a header, and not counted), and an
-        object missing or not text is an empty block."""
+        object missing or not text is an empty block (``sources`` has it as ``""``:
+        :meth:`_config_sources`)."""
         config = config or await self.config(conn, tenant, session)
         refuse_unsafe(config)
         if contents is None:
@@ -273,12 +313,13 @@ class ContextBlocks:
                         where = (b.source.bucket, object_key(tenant, b.source.key))
                         if sources is not None and where in sources:
                             content = sources[where]
+                        elif sizing:
+                            raise SourcesUnread(config)
                         else:
-                            read = self._sizing_text if sizing else self._object_text
-                            text = await read(tenant, b.source.bucket, b.source.key)
-                            if text is None and not sizing:
+                            text = await self._object_text(tenant, b.source.bucket, b.source.key)
+                            if text is None:
                                 raise source_missing(tenant, session, b)
-                            content = text or ""
+                            content = text
                 case WritableBlock():
                     content = contents.get(b.label, "")
                 case SearchableBlock():
@@ -313,7 +354,7 @@ class ContextBlocks:
         a write that lengthens the block is refused (:class:`PromptTooLarge`, nothing written)
         when the session's prompt could not be recorded after it (:meth:`_refuse_unstorable`)."""
 
-        async def decide(conn: Conn) -> Decision:
+        async def decide(texts: Sources, conn: Conn) -> Decision:
             await live_session(conn, tenant, session, must_exist=False)
             config = await self.config(conn, tenant, session)
             block = find_block(config, label)
@@ -342,7 +383,7 @@ class ContextBlocks:
             )
 
         texts = await self.sources(tenant, session, sizing=True)
-        result: WriteResult = await self._cond.run(tenant, session, decide)
+        result: WriteResult = await self._decide_sized(tenant, session, decide, texts)
         return result
 
     async def _refuse_unstorable(
