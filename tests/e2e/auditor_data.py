@@ -1,11 +1,14 @@
 """The sessions the auditor's view is tested on, written through the HTTP API (and, for what only
 other writers produce, a summarizer failure, an unload and a bad event, published to the log as
-the operator), with the stream sequences the tests move the time slider to."""
+the operator), with the stream sequences the tests move the time slider to; and erased sessions,
+erased through the API, for its erasures list."""
 
 from __future__ import annotations
 
+import uuid
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import quote
 
 import httpx
 
@@ -20,6 +23,15 @@ MEMORY = "The user deploys on Fridays"
 BIG_TEXT_CHARS = 30_000
 """Over the 20,000-byte row cap the view's API runs with: the message is stored capped."""
 LOAD_OUTPUT = "Deploy checklist: freeze, tag, ship."
+
+
+ERASER = ("audit-erasures", "key-erasures-" + uuid.uuid4().hex)
+"""A tenant only the view's API knows (tenant, full key): the erasure tests erase its sessions, so
+its erasures are theirs alone."""
+ERASER_READ_ONLY = "key-erasures-ro-" + uuid.uuid4().hex
+"""ERASER's read-only key: what the tests sign in to the view with, as an auditor would."""
+QUIET = ("audit-quiet", "key-quiet-ro-" + uuid.uuid4().hex)
+"""A tenant only the view's API knows, with a read-only key: it never erases anything."""
 
 
 @dataclass(frozen=True)
@@ -131,3 +143,18 @@ async def seed(client: httpx.AsyncClient, settings: Settings) -> Seeded:
         events=len(events),
         overlay_id=compacted["overlay"]["id"],
     )
+
+
+async def live_session(client: httpx.AsyncClient, sid: str, text: str = "soon erased text") -> str:
+    """A session named after its id, with one message."""
+    await _ok(await client.post("/v1/sessions", json={"id": sid, "name": "soon erased"}))
+    await _ok(await client.post(f"/v1/sessions/{quote(sid, safe='')}/messages", json={"message": msg("m1", text)}))
+    return sid
+
+
+async def erase(client: httpx.AsyncClient, sid: str, reason: str | None = None) -> int:
+    """Erase ``sid`` through the API (with ``reason`` when given; no body else): the sequence of
+    its ``session.erased`` event."""
+    url = f"/v1/sessions/{quote(sid, safe='')}:erase"
+    erased = await _ok(await (client.post(url) if reason is None else client.post(url, json={"reason": reason})))
+    return int(erased["seq"])

@@ -1,9 +1,11 @@
 """The auditor's view at /audit/ in a real headless browser (Debian's chromium driven by
 Playwright): sign in, the sessions list, a branched and compacted session's tree, the time slider,
-the prompt, context, compaction and quarantine panels, and a 1,000-message session."""
+the prompt, context, compaction and quarantine panels, a 1,000-message session, and the erasures
+list with an erased session's tombstones."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import re
@@ -20,9 +22,20 @@ from playwright.async_api import Browser, Locator, Page, async_playwright, expec
 
 from bench.support import settings_env
 from services.ops.localstack import free_port, wait_for_port
-from services.settings import Settings
-from tests.conftest import KEYS
-from tests.e2e.auditor_data import BIG_TEXT_CHARS, LOAD_OUTPUT, MEMORY, Seeded, seed
+from services.settings import Settings, api_key_entry
+from tests.conftest import KEYS, operator_nats
+from tests.e2e.auditor_data import (
+    BIG_TEXT_CHARS,
+    ERASER,
+    ERASER_READ_ONLY,
+    LOAD_OUTPUT,
+    MEMORY,
+    QUIET,
+    Seeded,
+    erase,
+    live_session,
+    seed,
+)
 from tests.e2e.browser_support import ensure_chromium
 from tests.e2e.helpers import msg, new_sid
 from tests.integration.helpers import logged_message
@@ -36,8 +49,15 @@ SCREENSHOT = "CHRONICLE_AUDITOR_SCREENSHOT"
 @pytest.fixture(scope="module")
 def view_api(api_settings: Settings, api_url: str) -> Iterator[tuple[str, Settings]]:
     """A second `chronicle api` on the e2e stack (its projector and database), with a 20,000-byte
-    row cap so that a test message is stored capped."""
-    settings = api_settings.model_copy(update={"api_port": free_port(), "row_cap_bytes": 20_000})
+    row cap so that a test message is stored capped, and the keys of two tenants of its own (the
+    erasure tests')."""
+    keys = [
+        *api_settings.api_keys,
+        api_key_entry(*ERASER),
+        api_key_entry(ERASER[0], ERASER_READ_ONLY, read_only=True),
+        api_key_entry(*QUIET, read_only=True),
+    ]
+    settings = api_settings.model_copy(update={"api_port": free_port(), "row_cap_bytes": 20_000, "api_keys": keys})
     proc = subprocess.Popen([sys.executable, "-m", "services.ops.cli", "api"], env=settings_env(settings))
     try:
         wait_for_port("127.0.0.1", settings.api_port, proc, "chronicle api", timeout=60)
@@ -51,6 +71,15 @@ def view_api(api_settings: Settings, api_url: str) -> Iterator[tuple[str, Settin
 async def view_client(view_api: tuple[str, Settings]) -> AsyncIterator[httpx.AsyncClient]:
     headers = {"Authorization": f"Bearer {KEYS['tenant-a']}"}
     async with httpx.AsyncClient(base_url=view_api[0], headers=headers, timeout=60) as c:
+        yield c
+
+
+@pytest.fixture(scope="module")
+async def eraser(view_api: tuple[str, Settings]) -> AsyncIterator[httpx.AsyncClient]:
+    """ERASER's full key: the erasure tests' sessions, and their erasures."""
+    async with httpx.AsyncClient(
+        base_url=view_api[0], headers={"Authorization": f"Bearer {ERASER[1]}"}, timeout=60
+    ) as c:
         yield c
 
 
@@ -384,3 +413,218 @@ async def test_a_session_erased_after_opening_shows_its_events_as_tombstones_on_
     await expect(rows.nth(1)).to_contain_text("erased: message.appended")
     await expect(rows.nth(1)).not_to_contain_text("erased text")
     await expect(rows.nth(2)).to_contain_text("session.erased")
+
+
+ERASURES_PAGE = 50
+"""The erasures the view lists at once (app.js's ERASURES_PAGE)."""
+PUBLISH_AT_ONCE = 8
+
+
+async def show_erasures(page: Page, key: str = ERASER_READ_ONLY) -> Locator:
+    """Sign in with ``key`` (by default ERASER's read-only key, as an auditor) and open the
+    erasures list: its rows."""
+    await sign_in(page, key)
+    await expect(page.get_by_test_id("signin")).to_be_hidden()
+    await page.get_by_test_id("show-erasures").click()
+    await expect(page.get_by_test_id("erasures-view")).to_be_visible()
+    await expect(page.get_by_test_id("session")).to_be_hidden()
+    return page.get_by_test_id("erasure")
+
+
+async def listed_erasures(client: httpx.AsyncClient) -> list[dict[str, object]]:
+    """Every erasure of the client's tenant, as the API lists them (newest first)."""
+    out: list[dict[str, object]] = []
+    cursor = None
+    while True:
+        r = await client.get("/v1/erasures", params={"limit": 500, **({"cursor": cursor} if cursor else {})})
+        assert r.status_code == 200, r.text
+        out += r.json()["erasures"]
+        cursor = r.json()["next_cursor"]
+        if cursor is None:
+            return out
+
+
+async def listed_session(page: Page, sid: str) -> Locator:
+    """Signed in with ERASER's read-only key, the sessions list filtered to ``sid``: its button."""
+    await sign_in(page, ERASER_READ_ONLY)
+    await page.get_by_test_id("session-filter").fill(sid)
+    item = page.locator(f'[data-testid="session-item"][data-sid="{sid}"] button')
+    await expect(item).to_be_visible()
+    return item
+
+
+async def expect_erased_timeline(page: Page, sid: str, seq: int, reason: str) -> None:
+    """The erased session's page: the note (who, why), the timeline alone, its tombstones, and the
+    position at its session.erased event."""
+    await expect(page.get_by_test_id("session")).to_be_visible()
+    await expect(page.get_by_test_id("session-title")).to_have_text(sid)
+    note = page.get_by_test_id("session-erased")
+    await expect(note).to_be_visible()
+    await expect(note).to_contain_text(f"requested by tenant:{ERASER[0]} key:")
+    await expect(note.get_by_test_id("erased-reason")).to_have_text(reason)
+    await expect(page.get_by_test_id("session-error")).to_have_text("")
+    await expect(page.get_by_test_id("tab-timeline")).to_have_attribute("aria-selected", "true")
+    for tab in ("messages", "prompts", "context", "compactions", "quarantine"):
+        await expect(page.get_by_test_id(f"tab-{tab}")).to_be_disabled()
+    rows = page.get_by_test_id("event")
+    await expect(rows.nth(0)).to_contain_text("erased: session.created")
+    await expect(rows.nth(1)).to_contain_text("erased: message.appended")
+    current = page.locator(f'[data-testid="event"][data-seq="{seq}"]')
+    await expect(current).to_have_class(re.compile("current"))
+    await expect(current).to_contain_text("session.erased")
+    await expect(current).to_contain_text(f"tenant:{ERASER[0]} key:")  # who: who asked
+    await expect(current).to_contain_text(reason)  # what: why
+    await expect(page.get_by_test_id("asof")).to_have_attribute("data-seq", str(seq))
+    await expect(page.get_by_test_id("asof-history-note")).to_contain_text("erased")
+    assert json.loads(await page.get_by_test_id("asof-event").text_content() or "")["seq"] == seq
+    await expect(page.locator("body")).not_to_contain_text("soon erased text")  # nothing of its content
+
+
+async def test_the_erasures_list_shows_who_erased_what_when_and_why_newest_first(
+    page: Page, eraser: httpx.AsyncClient
+) -> None:
+    sids = [await live_session(eraser, new_sid("audit-erase")) for _ in range(3)]
+    seqs = [
+        await erase(eraser, sids[0], "ticket OPS-1"),
+        await erase(eraser, sids[1]),  # no reason given
+        await erase(eraser, sids[2], "retention policy"),
+    ]
+    listed = {str(x["session_id"]): x for x in await listed_erasures(eraser)}
+    rows = await show_erasures(page)
+    await expect(rows.first).to_be_visible()
+    assert [await r.get_attribute("data-sid") for r in (await rows.all())[:3]] == sids[::-1]  # newest first
+    for sid, seq, reason in zip(sids, seqs, ["ticket OPS-1", "not recorded", "retention policy"], strict=True):
+        row = page.locator(f'[data-testid="erasure"][data-sid="{sid}"]')
+        requested_by = str(listed[sid]["requested_by"])
+        assert requested_by.startswith(f"tenant:{ERASER[0]} key:")
+        await expect(row.get_by_test_id("erasure-sid")).to_have_text(sid)
+        await expect(row).to_contain_text(requested_by)
+        await expect(row.get_by_test_id("erasure-reason")).to_have_text(reason)
+        await expect(row.get_by_test_id("erasure-seq")).to_have_text(str(seq))
+        erased_at = str(listed[sid]["erased_at"])
+        await expect(row).to_contain_text(erased_at[:10])  # its date (the time, to the second, in UTC)
+    await expect(page.locator(f'[data-sid="{sids[1]}"] .not-recorded')).to_have_count(1)  # only its reason
+
+    # a seq shows the session's session.erased event among its tombstones on its timeline
+    await page.locator(f'[data-testid="erasure"][data-sid="{sids[2]}"]').get_by_test_id("erasure-seq").click()
+    await expect_erased_timeline(page, sids[2], seqs[2], "retention policy")
+    # and back: the list as it was
+    await page.get_by_test_id("show-erasures").click()
+    await expect(page.get_by_test_id("show-erasures")).to_have_attribute("aria-pressed", "true")
+    await expect(rows.first).to_have_attribute("data-sid", sids[2])
+
+
+async def test_an_erased_session_picked_from_the_sessions_list_says_it_is_erased(
+    page: Page, eraser: httpx.AsyncClient
+) -> None:
+    sid = await live_session(eraser, new_sid("audit-picked"))
+    item = await listed_session(page, sid)
+    seq = await erase(eraser, sid, "user request")  # after the list was loaded
+    await item.click()
+    await expect_erased_timeline(page, sid, seq, "user request")
+    await expect(page.get_by_test_id("event")).to_have_count(3)  # created, appended (tombstones), erased
+
+
+async def test_an_erased_session_with_an_event_after_its_erasure_still_shows_its_record(
+    page: Page, eraser: httpx.AsyncClient, view_api: tuple[str, Settings]
+) -> None:
+    """The session's newest event is not its session.erased event (something was published on its
+    subject later): the view finds its record in the erasures list."""
+    sid = await live_session(eraser, new_sid("audit-after"))
+    item = await listed_session(page, sid)
+    seq = await erase(eraser, sid, "after the fact")
+    settings = view_api[1]
+    nc = await operator_nats(settings.nats_url)
+    try:
+        subject = settings.layout().session_subject(ERASER[0], sid)
+        later = await nc.jetstream().publish(subject, b"published after the erasure", stream=settings.stream)
+    finally:
+        await nc.close()
+    r = await eraser.get(f"/v1/sessions/{sid}/last-seq")
+    assert r.json()["seq"] == later.seq > seq
+    await item.click()
+    await expect_erased_timeline(page, sid, seq, "after the fact")
+    later_row = page.locator(f'[data-testid="event"][data-seq="{later.seq}"]')
+    await expect(later_row).to_contain_text("erased: event")  # a tombstone too
+    await expect(later_row).to_have_class(re.compile("after"))
+
+
+async def test_erasures_are_paged_with_more_and_a_failed_page_can_be_asked_again(
+    page: Page, eraser: httpx.AsyncClient
+) -> None:
+    slots = asyncio.Semaphore(PUBLISH_AT_ONCE)
+
+    async def one(i: int) -> None:
+        async with slots:
+            sid = await live_session(eraser, new_sid(f"audit-page{i}"))
+            await erase(eraser, sid, f"batch {i}")
+
+    await asyncio.gather(*(one(i) for i in range(ERASURES_PAGE + 2)))
+    expected = [str(x["session_id"]) for x in await listed_erasures(eraser)]
+    assert len(expected) > ERASURES_PAGE
+
+    rows = await show_erasures(page)
+    await expect(rows).to_have_count(ERASURES_PAGE)
+    await expect(page.get_by_test_id("erasures-note")).to_have_text(f"{ERASURES_PAGE} erasures shown, more to load")
+    more = page.get_by_test_id("more-erasures")
+    await expect(more).to_be_visible()
+
+    # the next page fails (the key was revoked meanwhile): the problem, the rows kept, "more" again
+    await page.evaluate("sessionStorage.setItem('chronicle.apiKey', 'revoked-key')")
+    await more.click()
+    await expect(page.get_by_test_id("erasures-error")).to_contain_text("401")
+    await expect(rows).to_have_count(ERASURES_PAGE)
+    await expect(more).to_be_enabled()
+    await page.evaluate(f"sessionStorage.setItem('chronicle.apiKey', {json.dumps(ERASER_READ_ONLY)})")
+
+    while len(expected) > await rows.count():
+        shown = await rows.count()
+        await more.click()
+        await expect(rows).to_have_count(min(len(expected), shown + ERASURES_PAGE))
+    await expect(page.get_by_test_id("erasures-error")).to_have_text("")
+    await expect(more).to_be_hidden()
+    await expect(page.get_by_test_id("erasures-note")).to_have_text(f"{len(expected)} erasures shown")
+    assert await rows.evaluate_all("els => els.map(e => e.dataset.sid)") == expected
+
+
+async def test_erasure_reasons_and_session_ids_are_shown_as_text_never_as_markup(
+    page: Page, eraser: httpx.AsyncClient
+) -> None:
+    sid = "<img src=x onerror=window.__pwned=1> " + new_sid("audit-markup")
+    reason = '<img src=x onerror="window.__pwned=2"><b>bold?</b>'
+    seq = await erase(eraser, await live_session(eraser, sid), reason)
+    rows = await show_erasures(page)
+    first = rows.first
+    await expect(first).to_have_attribute("data-sid", sid)
+    await expect(first.get_by_test_id("erasure-sid")).to_have_text(sid)
+    await expect(first.get_by_test_id("erasure-reason")).to_have_text(reason)
+    await expect(page.locator("img")).to_have_count(0)  # no element was made of either
+    await expect(page.locator("#erasures b", has_text="bold?")).to_have_count(0)
+
+    await first.get_by_test_id("erasure-seq").click()
+    await expect_erased_timeline(page, sid, seq, reason)
+    await expect(page.locator("img")).to_have_count(0)
+    await expect(page.locator("#session b", has_text="bold?")).to_have_count(0)
+    assert await page.evaluate("window.__pwned") is None
+
+
+async def test_a_tenant_without_erasures_sees_an_empty_list(page: Page) -> None:
+    rows = await show_erasures(page, QUIET[1])
+    await expect(page.get_by_test_id("erasure-table")).to_have_text("No erasures recorded for this tenant.")
+    await expect(rows).to_have_count(0)
+    await expect(page.get_by_test_id("more-erasures")).to_be_hidden()
+    await expect(page.get_by_test_id("erasures-note")).to_have_text("")
+    await expect(page.get_by_test_id("erasures-error")).to_have_text("")
+
+
+async def test_an_erasures_list_the_api_refuses_shows_the_problem_and_reloads(page: Page) -> None:
+    await sign_in(page, ERASER_READ_ONLY)
+    await expect(page.get_by_test_id("signin")).to_be_hidden()
+    await page.evaluate("sessionStorage.setItem('chronicle.apiKey', 'revoked-key')")
+    await page.get_by_test_id("show-erasures").click()
+    await expect(page.get_by_test_id("erasures-error")).to_contain_text("401")
+    await expect(page.get_by_test_id("erasure-table")).to_have_count(0)
+    await page.evaluate(f"sessionStorage.setItem('chronicle.apiKey', {json.dumps(ERASER_READ_ONLY)})")
+    await page.get_by_test_id("reload-erasures").click()
+    await expect(page.get_by_test_id("erasure-table")).to_be_visible()
+    await expect(page.get_by_test_id("erasures-error")).to_have_text("")

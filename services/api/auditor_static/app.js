@@ -1,19 +1,25 @@
 // The auditor's page: sign in, sessions, and one session's tree, timeline, prompts, context,
-// compactions and quarantined events. Everything comes from the /v1 JSON API.
+// compactions and quarantined events; the tenant's erasures, and an erased session's tombstones.
+// Everything comes from the /v1 JSON API.
 
 import { ApiError, allPages, get, getLines, key, seg } from "./api.js";
 import { $, clear, el, json, pager, time } from "./dom.js";
+import { erasedNote, erasureCells, erasureFromEvent } from "./erasures.js";
 import { messageView, overlayView } from "./messages.js";
 import { applyOverlays, buildTree, latestLeafUnder, leaves, pageOf, pathTo, promptAt, what, who } from "./tree.js";
 
 const PATH_PAGE = 100; // messages (or overlays) shown at once: a 1,000-message session stays light
 const EVENTS_PAGE = 100;
 const ASOF_SHOWN = 50;
+const ERASURES_PAGE = 50; // erasures listed at once (the API's default page); "More erasures" adds the next
 
-let S = null; // the open session: {sid, session, tree, overlays, prompts, leaf, page, events, eventsPage, tab, asOf}
+let S = null; // the open session: {sid, session, erased, tree, overlays, prompts, leaf, page, events, eventsPage, tab, asOf}
 let sessionsCursor = null;
 let loadedSessions = [];
 let asOfTicket = 0;
+let erasures = null; // the erasures loaded so far (null: not asked for yet), newest first
+let erasuresCursor = null;
+let erasuresTicket = 0; // a page that comes back after a sign-out or a newer reload is dropped
 
 function plural(n, one, many = `${one}s`) {
   return `${n} ${n === 1 ? one : many}`;
@@ -93,8 +99,16 @@ async function searchMessages(q) {
 
 // -- a session -----------------------------------------------------------------------------
 
+/** Show the session pane or the erasures list in the main area. */
+function showMain(view) {
+  $("session").hidden = view !== "session";
+  $("erasures-view").hidden = view !== "erasures";
+  $("show-erasures").setAttribute("aria-pressed", String(view === "erasures"));
+}
+
 async function openSession(sid) {
   asOfTicket += 1;
+  showMain("session");
   const base = `/v1/sessions/${seg(sid)}`;
   $("pick-note").hidden = true;
   $("session-body").hidden = false;
@@ -106,17 +120,76 @@ async function openSession(sid) {
       get(`${base}/compactions`).then((r) => r.compactions, () => []),
       get(`${base}/prompts`).then((r) => r.prompts, () => []),
     ]);
-    S = { sid, base, session, tree: buildTree(nodes), overlays, prompts, leaf: last.leaf_id, page: 1, events: null, eventsPage: 1, tab: S ? S.tab : "messages", asOf: null };
+    S = { sid, base, session, erased: null, tree: buildTree(nodes), overlays, prompts, leaf: last.leaf_id, page: 1, events: null, eventsPage: null, tab: S && !S.erased ? S.tab : "messages", asOf: null };
   } catch (e) {
+    const erasure = e instanceof ApiError && e.status === 404 ? await erasureInLog(sid).catch(() => null) : null;
+    if (erasure) {
+      await openErased(erasure);
+      return;
+    }
     $("session-error").textContent = problem(e);
     return;
   }
+  $("session-erased").hidden = true;
+  enableTabs();
   $("session-title").textContent = S.session.name || S.sid;
   $("session-meta").textContent = `id ${S.sid} · created ${time(S.session.created_at)} · last seq ${S.session.seq} · ${plural(S.tree.byId.size, "message")}, ${plural(leaves(S.tree).length, "branch", "branches")}, ${plural(S.overlays.length, "overlay")}, ${plural(S.prompts.length, "prompt version")}`;
   renderSessions();
   renderMessages();
   await showTab(S.tab);
 }
+
+// -- an erased session ----------------------------------------------------------------------
+
+/** The erasure of a session whose reads answer 404, or null when it is not erased (unknown,
+ * deleted): its log tells. Its newest event is its session.erased event (who, why), or, when
+ * something was published after that, a tombstone: then the erasures list has its record. */
+async function erasureInLog(sid) {
+  const base = `/v1/sessions/${seg(sid)}`;
+  const { seq } = await get(`${base}/last-seq`);
+  if (!seq) return null;
+  const [line] = await getLines(`${base}/events`, { from_seq: seq, to_seq: seq, limit: 1 });
+  if (!line) return null;
+  return erasureFromEvent(sid, line) || (line.erased ? findErasure(sid) : null);
+}
+
+async function findErasure(sid) {
+  let cursor;
+  for (;;) {
+    const page = await get("/v1/erasures", { limit: 500, cursor });
+    const found = page.erasures.find((x) => x.session_id === sid);
+    if (found) return found;
+    if (page.next_cursor === null) return { session_id: sid, erased_at: null, requested_by: null, reason: null, seq: null };
+    cursor = page.next_cursor;
+  }
+}
+
+/** An erased session: its reads answer 404, but its log remains, each event a tombstone but its
+ * session.erased event, so the timeline is what it shows, at that event when it was published. */
+async function openErased(erasure) {
+  asOfTicket += 1;
+  showMain("session");
+  const sid = erasure.session_id;
+  const seq = Number.isInteger(erasure.seq) ? erasure.seq : null;
+  S = { sid, base: `/v1/sessions/${seg(sid)}`, session: null, erased: erasure, tree: buildTree([]), overlays: [], prompts: [], leaf: null, page: 1, events: null, eventsPage: null, tab: "timeline", asOf: seq };
+  $("pick-note").hidden = true;
+  $("session-body").hidden = false;
+  $("session-error").textContent = "";
+  $("session-title").textContent = sid;
+  $("session-meta").textContent = `id ${sid} · erased${seq === null ? "" : ` · its session.erased event is seq ${seq}`}`;
+  clear($("session-erased"), erasedNote(erasure));
+  $("session-erased").hidden = false;
+  enableTabs();
+  renderSessions();
+  await showTab("timeline");
+}
+
+/** Every tab, but only the timeline for an erased session (nothing else of it can be read). */
+function enableTabs() {
+  for (const b of document.querySelectorAll("[data-tab]")) b.disabled = Boolean(S.erased) && b.dataset.tab !== "timeline";
+}
+
+// -- tabs --------------------------------------------------------------------------------------
 
 async function showTab(tab) {
   S.tab = tab;
@@ -266,10 +339,8 @@ async function renderTimeline() {
   await loadEvents();
   const slider = $("asof-slider");
   slider.max = String(Math.max(0, S.events.length - 1));
-  if (S.asOf === null && S.events.length) {
-    S.asOf = S.events[S.events.length - 1].seq;
-    S.eventsPage = Math.ceil(S.events.length / EVENTS_PAGE);
-  }
+  if (S.asOf === null && S.events.length) S.asOf = S.events[S.events.length - 1].seq; // now
+  if (S.eventsPage === null) S.eventsPage = Math.floor(Math.max(0, indexAtOrBefore(S.asOf ?? 0)) / EVENTS_PAGE) + 1;
   renderEvents();
   await showAsOf();
 }
@@ -296,6 +367,10 @@ async function showAsOf() {
   const ev = i >= 0 ? S.events[i].event : null;
   $("asof-note").textContent = i >= 0 ? `event ${i + 1} of ${S.events.length}${ev ? ` · ${ev.type} · ${time(ev.occurred_at)}` : ""}` : "before the first event";
   $("asof-event").textContent = i >= 0 ? json(S.events[i]) : "";
+  if (S.erased) {
+    showErasedAsOf(seq);
+    return;
+  }
   const ticket = ++asOfTicket;
   const sid = S.sid;
   $("asof").setAttribute("aria-busy", "true");
@@ -316,6 +391,16 @@ async function showAsOf() {
   }
   renderBlocks($("asof-context"), context);
   $("asof-prompt").textContent = prompt.error ? problem(prompt.error) : prompt.prompt === null ? "(no prompt recorded yet)" : `v${prompt.version} (seq ${prompt.seq}, ${prompt.tokens} tokens)\n\n${prompt.prompt}`;
+  $("asof").setAttribute("aria-busy", "false");
+  $("asof").dataset.seq = String(seq);
+}
+
+function showErasedAsOf(seq) {
+  asOfTicket += 1; // a live session's answers still on their way are not drawn here
+  $("asof-history-note").textContent = "erased: no message of it can be read";
+  clear($("asof-history"));
+  clear($("asof-context"), el("p", { class: "note" }, "Erased: no context block of it can be read."));
+  $("asof-prompt").textContent = "(erased)";
   $("asof").setAttribute("aria-busy", "false");
   $("asof").dataset.seq = String(seq);
 }
@@ -384,13 +469,15 @@ async function renderContext() {
   renderBlocks($("context"), await get(`${S.base}/context`).catch((e) => ({ error: e })));
 }
 
-function table(testid, headers, rows) {
-  if (!rows.length) return el("p", { class: "note", "data-testid": testid }, "None.");
+/** A table of ``rows`` (arrays of cells: text or nodes); ``empty``: the note shown for none,
+ * ``rowAttrs(i)``: the attributes of row ``i``. */
+function table(testid, headers, rows, { empty = "None.", rowAttrs = () => ({}) } = {}) {
+  if (!rows.length) return el("p", { class: "note", "data-testid": testid }, empty);
   return el(
     "table",
     { class: "grid", "data-testid": testid },
     el("thead", {}, el("tr", {}, headers.map((h) => el("th", {}, h)))),
-    el("tbody", {}, rows.map((r) => el("tr", {}, r.map((c) => el("td", {}, c))))),
+    el("tbody", {}, rows.map((r, i) => el("tr", rowAttrs(i), r.map((c) => el("td", {}, c))))),
   );
 }
 
@@ -427,6 +514,53 @@ async function renderQuarantine() {
   );
 }
 
+// -- erasures ------------------------------------------------------------------------------
+
+function renderErasures() {
+  clear(
+    $("erasures"),
+    table("erasure-table", ["session", "erased", "requested by", "reason", "seq"], erasures.map((x) => erasureCells(x, openErased)), {
+      empty: "No erasures recorded for this tenant.",
+      rowAttrs: (i) => ({ "data-testid": "erasure", "data-sid": erasures[i].session_id, "data-seq": erasures[i].seq }),
+    }),
+  );
+  $("erasures-note").textContent = erasures.length ? `${plural(erasures.length, "erasure")} shown${erasuresCursor === null ? "" : ", more to load"}` : "";
+  $("more-erasures").hidden = erasuresCursor === null;
+}
+
+async function loadErasures(more) {
+  const ticket = ++erasuresTicket;
+  $("more-erasures").disabled = true;
+  $("erasures-error").textContent = "";
+  try {
+    const page = await get("/v1/erasures", { limit: ERASURES_PAGE, cursor: more ? erasuresCursor : undefined });
+    if (ticket !== erasuresTicket) return;
+    erasures = more ? erasures.concat(page.erasures) : page.erasures;
+    erasuresCursor = page.next_cursor;
+    renderErasures();
+  } catch (e) {
+    if (ticket === erasuresTicket) $("erasures-error").textContent = problem(e);
+  } finally {
+    if (ticket === erasuresTicket) $("more-erasures").disabled = false;
+  }
+}
+
+async function showErasures() {
+  showMain("erasures");
+  if (erasures === null) await loadErasures(false);
+}
+
+function forgetErasures() {
+  erasuresTicket += 1;
+  erasures = null;
+  erasuresCursor = null;
+  clear($("erasures"));
+  $("erasures-note").textContent = "";
+  $("erasures-error").textContent = "";
+  $("more-erasures").hidden = true;
+  $("more-erasures").disabled = false;
+}
+
 // -- wiring ------------------------------------------------------------------------------
 
 function debounce(fn, ms) {
@@ -452,6 +586,8 @@ async function start() {
     S = null;
     loadedSessions = [];
     clear($("session-list"));
+    forgetErasures();
+    showMain("session");
     $("session-body").hidden = true;
     $("pick-note").hidden = false;
     showApp(false);
@@ -463,6 +599,9 @@ async function start() {
     (q ? searchMessages(q) : loadSessions(false)).catch((e) => { $("search-note").textContent = problem(e); });
   });
   $("more-sessions").addEventListener("click", () => loadSessions(true));
+  $("show-erasures").addEventListener("click", showErasures);
+  $("more-erasures").addEventListener("click", () => loadErasures(true));
+  $("reload-erasures").addEventListener("click", () => loadErasures(false));
   for (const b of document.querySelectorAll("[data-tab]")) b.addEventListener("click", () => S && showTab(b.dataset.tab));
   const fromSlider = debounce(() => {
     const e = S && S.events && S.events[Number($("asof-slider").value)];

@@ -96,7 +96,7 @@ function messageRole(event) {
 }
 
 /** Who did it, as far as the event says: the role of a message, the writer of a block, the
- * summarizer of a compaction, the reason of a prompt. */
+ * summarizer of a compaction, the reason of a prompt, who asked for an erasure. */
 export function who(event) {
   if (!event) return "";
   switch (event.type) {
@@ -110,13 +110,15 @@ export function who(event) {
       return event.summarizer || "";
     case "prompt.rendered":
       return event.reason || "";
+    case "session.erased":
+      return event.requested_by || "";
     default:
       return event.correlation_id || "";
   }
 }
 
 /** What the event is about, in a few words: the message and its parent, the block, the prompt
- * version, the overlay's range, the deleted ids. */
+ * version, the overlay's range, the deleted ids, why a session ended or was erased. */
 export function what(event) {
   if (!event) return "";
   switch (event.type) {
@@ -145,6 +147,7 @@ export function what(event) {
     case "session.usage_added":
       return `+${event.input_tokens} in, +${event.output_tokens} out, +${event.cost} cost`;
     case "session.ended":
+    case "session.erased":
       return event.reason || "";
     default:
       return "";
