@@ -324,6 +324,7 @@ function eventRow(e) {
       class: [S.asOf !== null && e.seq > S.asOf ? "after" : "", S.asOf === e.seq ? "current" : "", kind].join(" "),
       onclick: () => setAsOf(e.seq),
     },
+    el("td", {}, String(e.seq)),
     ...cells.map((text) => el("td", {}, text)),
   );
 }
