@@ -61,7 +61,8 @@ if TYPE_CHECKING:
     from events.publisher import Publisher
 
 _NOT_FOUND_CODES = frozenset({"message_not_found", "session_not_found", "not_found"})
-_NOTHING_WRITTEN = frozenset({"projection_timeout", "contention", "rate_limited"})  # any request may be resent
+# answers after which any request may be sent again: nothing was written
+_NOTHING_WRITTEN = frozenset({"projection_timeout", "contention", "rate_limited", "request_timeout"})
 
 # The longest ``retry_after`` the client waits out before a retry: a RateLimited asking for more is
 # raised at once, for the caller to decide (a sleep of minutes inside one call looks like a hang).

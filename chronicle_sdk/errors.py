@@ -318,6 +318,13 @@ class Contention(TransientError):
     default_code = "contention"
 
 
+class RequestTimeout(TransientError):
+    """408: the request's body did not reach the server whole within its body timeout (a slow or
+    stalled link); nothing was done, so any request may be sent again."""
+
+    default_code = "request_timeout"
+
+
 class RateLimited(TransientError):
     """429: the tenant is over its rate limit; nothing was written, so any request may be sent again."""
 
@@ -425,6 +432,7 @@ BY_CODE: dict[str, type[ChronicleError]] = {
         UnsupportedMediaType,
         ProjectionTimeout,
         Contention,
+        RequestTimeout,
         RateLimited,
         Unavailable,
         SummarizerFailed,
@@ -442,6 +450,7 @@ BY_STATUS: dict[int, type[ChronicleError]] = {
     403: ReadOnlyKey,
     404: NotFound,
     405: MethodNotAllowed,
+    408: RequestTimeout,
     409: Conflict,
     410: Gone,
     413: PayloadTooLarge,
@@ -508,6 +517,7 @@ __all__ = [
     "PromptUnstorable",
     "RateLimited",
     "ReadOnlyBlock",
+    "RequestTimeout",
     "SeqNotReached",
     "ServerError",
     "SessionErased",

@@ -62,6 +62,9 @@ IdempotencyKeyConflict = _error(
 )
 PayloadTooLarge = _error("PayloadTooLarge", "payload_too_large", 413, "The message is too large")
 RequestTooLarge = _error("RequestTooLarge", "payload_too_large", 413, "The request body is too large")
+RequestTimeout = _error("RequestTimeout", "request_timeout", 408, "The request body did not arrive in time")
+"""The body was not whole within the API's body timeout (services/api/body_timeout.py): nothing of
+the request was done, so it may be sent again as it was."""
 ProjectionTimeout = _error("ProjectionTimeout", "projection_timeout", 503, "The read model did not catch up in time")
 ContentionExhausted = _error("ContentionExhausted", "contention", 503, "Too many concurrent writers; retry")
 Unavailable = _error("Unavailable", "unavailable", 503, "A backing service is unavailable")

@@ -146,6 +146,20 @@ class Settings(BaseSettings):
         description="how long the API waits for a request's headers, from its first byte (or from the "
         "connection's opening): past it the connection is closed (slow clients cannot hold connections)",
     )
+    api_body_timeout_s: PositiveFloat = Field(
+        default=30.0,
+        le=3600,
+        description="how long the API waits for a request's whole body, from when its headers are read, plus the "
+        "time its bytes take at `api_body_min_bytes_per_s`: past it, `408 request_timeout` and the connection "
+        "closes; nothing of the request is done (services/api/body_timeout.py)",
+    )
+    api_body_min_bytes_per_s: NonNegativeInt = Field(
+        default=64 * 1024,
+        le=1024 * 1024 * 1024,
+        description="each byte of a body that has arrived gives it 1/this many seconds more than "
+        "`api_body_timeout_s` (a large body over a slow link still arrives; one that trickles does not); "
+        "0: the whole body within `api_body_timeout_s`, whatever its size",
+    )
     api_keys: list[str] = Field(
         default_factory=list,
         description="entries 'tenant:sha256-hex-of-key[:nkey-public-key]' (a full key) or "

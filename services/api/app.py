@@ -11,6 +11,7 @@ from services.api import auditor_view, openapi
 from services.api.asyncapi import router as asyncapi_router
 from services.api.audit import router as audit_router
 from services.api.auth import ApiKeyAuth
+from services.api.body_timeout import BodyTimeout
 from services.api.compaction import router as compaction_router
 from services.api.context import router as context_router
 from services.api.guards import BodyLimit, HeadAsGet, Utf8Path
@@ -78,6 +79,10 @@ def build_app(settings: Settings, container: Container | None = None) -> FastAPI
         app.add_middleware(TenantRateLimit, limits=limits)  # before the hot paths: they are requests too
     app.add_middleware(ApiKeyAuth, keys=keys, ops_key=ops_key)
     app.add_middleware(HeadAsGet)  # HEAD is GET to every layer inside, without the body
+    # every reader of a body inside: it must be whole in time, else 408 (services/api/body_timeout.py)
+    app.add_middleware(
+        BodyTimeout, timeout_s=settings.api_body_timeout_s, min_bytes_per_s=settings.api_body_min_bytes_per_s
+    )
     app.add_middleware(CrashGuard)  # outermost: no error drops the connection
 
     for router in ROUTERS:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from urllib.parse import unquote_to_bytes
 
-from starlette.responses import JSONResponse
+from starlette.responses import JSONResponse, Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from services.api.problems import from_error
@@ -63,34 +63,49 @@ class BodyLimit:
             await self.app(scope, receive, send)
             return
         received = 0
-        over = started = False
+        refusal = Refusal()
 
         async def limited() -> Message:
-            nonlocal received, over
-            if over:
+            nonlocal received
+            if refusal.response is not None:
                 raise _BodyTooLarge
             message = await receive()
             if message["type"] == "http.request":
                 received += len(message.get("body", b""))
                 if received > self.limit:
-                    over = True
+                    refusal.response = too_large(self.limit, f"the body passed {self.limit} bytes")
                     raise _BodyTooLarge
             return message
 
+        await refusal.run(self.app, scope, limited, send)
+
+
+class Refusal:
+    """A refusal that a guard's ``receive`` makes mid-body, raising to the app: :meth:`run` drops
+    the app's own answer to the body it could not read for ``response``, and swallows what the
+    app raised. An app that had begun its answer already gets its error raised to the server,
+    which closes the connection (a refusal cannot follow an answer begun)."""
+
+    def __init__(self) -> None:
+        self.response: Response | None = None
+        self._started = False
+
+    async def run(self, app: ASGIApp, scope: Scope, receive: Receive, send: Send) -> None:
+        """``app`` with ``receive`` (the guard's, which sets :attr:`response` as it refuses)."""
+
         async def tracked(message: Message) -> None:
-            nonlocal started
-            if over and not started:
-                return  # the app's answer to a body it could not read: the 413 replaces it
-            started = started or message["type"] == "http.response.start"
+            if self.response is not None and not self._started:
+                return  # the app's answer to a body it could not read: the refusal replaces it
+            self._started = self._started or message["type"] == "http.response.start"
             await send(message)
 
         try:
-            await self.app(scope, limited, tracked)
+            await app(scope, receive, tracked)
         except Exception:
-            if not over or started:
+            if self.response is None or self._started:
                 raise
-        if over and not started:
-            await too_large(self.limit, f"the body passed {self.limit} bytes")(scope, receive, send)
+        if self.response is not None and not self._started:
+            await self.response(scope, receive, send)
 
 
 def _utf8(raw: bytes) -> bool:

@@ -28,7 +28,7 @@ What it does, and why this way:
   complete; past it the connection is closed. A timer is armed only when a head spans more than
   one read (or at a connection's opening), never for a request whose head arrives in one read.
   Between requests uvicorn's keep-alive timeout (5 s) applies as before, and a request's body and
-  the app's answer are not timed here.
+  the app's answer are not timed here (the body is, in the app: services/api/body_timeout.py).
 
 If uvicorn's protocol no longer has the shape this is written against, :func:`head_bounded_protocol`
 returns None and the caller serves with the plain protocol, warning (tests/e2e/test_http_head_bounds.py

@@ -21,6 +21,7 @@ _WHEN = {
     400: "The body is not JSON or not UTF-8 (`malformed_json`)",
     401: "Missing or unknown API key (`unauthorized`), or more than one Authorization header (`ambiguous_credentials`)",
     404: "Unknown session, message, block or route",
+    408: "The body did not arrive whole in time (`request_timeout`, `Connection: close`); nothing was done",
     409: "Conflicts with what exists (`session_exists`, `message_conflict`, `parent_cycle`, a read-only block, …)",
     410: "The session is erased (`session_erased`): it takes no writes, its id cannot be used again",
     413: "The body, or an event it makes, is over its limit (`payload_too_large`)",
@@ -40,7 +41,7 @@ def _statuses(path: str, op: dict[str, Any]) -> list[int]:
         return [401] if path in ("/readyz", "/metrics") else []
     statuses = [401, 404, 409, 422, 429, 431, 500, 503]
     if "requestBody" in op:
-        statuses += [400, 413, 415]
+        statuses += [400, 408, 413, 415]
     if path.endswith("/compact"):
         statuses.append(502)
     if path.startswith("/v1/sessions"):  # a write (or a read that records, as the first prompt read)

@@ -18,11 +18,10 @@ import pytest
 
 from services.api.app import build_app
 from services.bootstrap import Container
-from tests.conftest import KEYS
+from tests.raw_http import AUTH, answer, connect, history_ids
 from tests.support import served
 
 LIMIT = 64 * 1024
-AUTH = f"Bearer {KEYS['tenant-a']}"
 
 
 @pytest.fixture(params=[True, False], ids=["hot-paths", "routes"])
@@ -36,42 +35,20 @@ def _message(mid: str, text: str) -> dict[str, Any]:
     return {"id": mid, "role": "user", "parts": [{"type": "text", "text": text}]}
 
 
-async def _connect(url: str) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
-    host, port = url.removeprefix("http://").split(":")
-    return await asyncio.open_connection(host, int(port))
-
-
 def _head(method: str, path: str, *headers: str) -> bytes:
     lines = [f"{method} {path} HTTP/1.1", "Host: chronicle", f"Authorization: {AUTH}", *headers]
     return ("\r\n".join(lines) + "\r\n\r\n").encode()
 
 
-async def _answer(reader: asyncio.StreamReader) -> tuple[int, dict[str, str], dict[str, Any]]:
-    """The status, headers (lower-case names) and JSON body of one answer."""
-    head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
-    status_line, *lines = head.decode("latin-1").split("\r\n")[:-2]
-    headers = {name.lower(): value.strip() for name, value in (line.split(":", 1) for line in lines)}
-    body = await asyncio.wait_for(reader.readexactly(int(headers["content-length"])), 10)
-    return int(status_line.split()[1]), headers, json.loads(body)
-
-
-async def _ids(url: str, sid: str, min_seq: int = 0) -> list[str]:
-    async with httpx.AsyncClient(base_url=url, headers={"Authorization": AUTH}) as client:
-        r = await client.get(f"/v1/sessions/{sid}/history", params={"min_seq": min_seq})
-    if r.status_code == 404:
-        return []
-    return [m["id"] for m in r.json()["messages"]]
-
-
 @pytest.mark.parametrize("path", ["/v1/sessions", "/v1/sessions/{sid}/messages", "/v1/sessions/{sid}/messages:batch"])
 async def test_a_content_length_over_the_bound_is_413_before_the_body_is_sent(api: str, new_id: Any, path: str) -> None:
     sid = new_id("s")
-    reader, writer = await _connect(api)
+    reader, writer = await connect(api)
     try:  # the headers alone: the answer comes without a byte of the body
         head = _head("POST", path.format(sid=sid), "Content-Type: application/json", "Content-Length: 10000000000")
         writer.write(head)
         await writer.drain()
-        status, headers, body = await _answer(reader)
+        status, headers, body = await answer(reader)
         assert (status, body["code"]) == (413, "payload_too_large"), body
         assert str(LIMIT) in body["detail"]
         assert "10000000000" in body["detail"]
@@ -80,12 +57,12 @@ async def test_a_content_length_over_the_bound_is_413_before_the_body_is_sent(ap
         assert await asyncio.wait_for(reader.read(), 10) == b""  # and the server closed the connection
     finally:
         writer.close()
-    assert await _ids(api, sid) == []
+    assert await history_ids(api, sid) == []
 
 
 async def test_a_chunked_body_is_refused_once_it_passes_the_bound_without_reading_on(api: str, new_id: Any) -> None:
     sid = new_id("s")
-    reader, writer = await _connect(api)
+    reader, writer = await connect(api)
     try:
         writer.write(
             _head(
@@ -96,12 +73,12 @@ async def test_a_chunked_body_is_refused_once_it_passes_the_bound_without_readin
         for _ in range(LIMIT // len(chunk) + 1):  # one chunk past the bound, and never the body's end
             writer.write(b"%x\r\n%s\r\n" % (len(chunk), chunk))
         await writer.drain()
-        status, headers, body = await _answer(reader)
+        status, headers, body = await answer(reader)
         assert (status, body["code"]) == (413, "payload_too_large"), body
         assert headers["connection"] == "close"
     finally:
         writer.close()
-    assert await _ids(api, sid) == []
+    assert await history_ids(api, sid) == []
 
 
 async def test_a_body_up_to_the_bound_is_served_and_one_byte_more_is_not(api: str, new_id: Any) -> None:
@@ -120,7 +97,7 @@ async def test_a_body_up_to_the_bound_is_served_and_one_byte_more_is_not(api: st
         seq = r.json()["seq"]
         r = await client.post(f"/v1/sessions/{sid}/messages", content=over, headers=json_type)
         assert (r.status_code, r.json()["code"]) == (413, "payload_too_large")
-    assert await _ids(api, sid, seq) == ["m1"]
+    assert await history_ids(api, sid, seq) == ["m1"]
 
 
 async def test_a_client_hanging_up_mid_body_is_logged_at_debug_only(
@@ -128,7 +105,7 @@ async def test_a_client_hanging_up_mid_body_is_logged_at_debug_only(
 ) -> None:
     caplog.set_level(logging.DEBUG, logger="chronicle.api")
     sid = new_id("s")
-    _, writer = await _connect(api)
+    _, writer = await connect(api)
     head = _head("POST", f"/v1/sessions/{sid}/messages", "Content-Type: application/json", "Content-Length: 1000")
     writer.write(head + b'{"message": {"id": "m1"')
     await writer.drain()
@@ -138,4 +115,4 @@ async def test_a_client_hanging_up_mid_body_is_logged_at_debug_only(
         while not any("hung up" in r.getMessage() for r in caplog.records if r.name == "chronicle.api"):
             await asyncio.sleep(0.02)
     assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == []
-    assert await _ids(api, sid) == []
+    assert await history_ids(api, sid) == []

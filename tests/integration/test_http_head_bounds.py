@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -26,13 +25,11 @@ from services.api.http_head import head_bounded_protocol, shape_mismatch
 from services.bootstrap import Container
 from services.ops import processes
 from services.settings import Settings
-from tests.conftest import KEYS
+from tests.raw_http import AUTH, answer, append_body, appended_after, connect, history_ids
 from tests.support import served
 
 LIMIT = 8 * 1024
 TIMEOUT_S = 0.5
-AUTH = f"Bearer {KEYS['tenant-a']}"
-JSON = {"Content-Type": "application/json"}
 
 
 @pytest.fixture
@@ -40,11 +37,6 @@ async def api(stack: Container) -> AsyncIterator[str]:
     settings = stack.settings.model_copy(update={"api_max_header_bytes": LIMIT, "api_header_timeout_s": TIMEOUT_S})
     async with served(build_app(settings, stack), settings) as url:
         yield url
-
-
-async def _connect(url: str) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
-    host, port = url.removeprefix("http://").split(":")
-    return await asyncio.open_connection(host, int(port))
 
 
 def _head(method: str, path: str, *headers: str, size: int | None = None) -> bytes:
@@ -58,39 +50,11 @@ def _head(method: str, path: str, *headers: str, size: int | None = None) -> byt
     return head[:-2] + b"X-Pad: " + b"p" * pad + b"\r\n\r\n"
 
 
-async def _answer(reader: asyncio.StreamReader) -> tuple[int, dict[str, str], dict[str, Any]]:
-    """The status, headers (lower-case names) and JSON body of one answer."""
-    head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
-    status_line, *lines = head.decode("latin-1").split("\r\n")[:-2]
-    headers = {name.lower(): value.strip() for name, value in (line.split(":", 1) for line in lines)}
-    body = await asyncio.wait_for(reader.readexactly(int(headers["content-length"])), 10)
-    return int(status_line.split()[1]), headers, json.loads(body) if body else {}
-
-
 async def _closed_after(reader: asyncio.StreamReader) -> float:
     """Seconds until the server closes the connection (reads nothing but its end)."""
     start = time.monotonic()
     assert await asyncio.wait_for(reader.read(), 10) == b""
     return time.monotonic() - start
-
-
-def _message(mid: str) -> bytes:
-    return json.dumps({"message": {"id": mid, "role": "user", "parts": [{"type": "text", "text": "hi"}]}}).encode()
-
-
-async def _history_ids(url: str, sid: str, min_seq: int) -> list[str]:
-    async with httpx.AsyncClient(base_url=url, headers={"Authorization": AUTH}) as client:
-        r = await client.get(f"/v1/sessions/{sid}/history", params={"min_seq": min_seq})
-    return [] if r.status_code == 404 else [m["id"] for m in r.json()["messages"]]
-
-
-async def _appended_after(url: str, sid: str) -> list[str]:
-    """The session's message ids once a marker appended now (over httpx) is read: what a refused
-    request would have appended is there by then."""
-    async with httpx.AsyncClient(base_url=url, headers={"Authorization": AUTH}) as client:
-        r = await client.post(f"/v1/sessions/{sid}/messages", content=_message("marker"), headers=JSON)
-    assert r.status_code == 201, r.text
-    return await _history_ids(url, sid, r.json()["seq"])
 
 
 async def _served_normally(url: str) -> None:
@@ -127,7 +91,7 @@ async def test_a_head_over_the_bound_is_431_and_the_connection_closes(api: str, 
     """One byte over (the head complete in one read: measured), twice the bound and 4 MiB (refused
     as the head arrives, the rest never read). A valid key's append: nothing is appended."""
     sid, mid = new_id("s"), new_id("m")
-    body = _message(mid)
+    body = append_body(mid)
     head = _head(
         "POST",
         f"/v1/sessions/{sid}/messages",
@@ -135,12 +99,12 @@ async def test_a_head_over_the_bound_is_431_and_the_connection_closes(api: str, 
         f"Content-Length: {len(body)}",
         size=LIMIT + over,
     )
-    reader, writer = await _connect(api)
+    reader, writer = await connect(api)
     try:
         writer.write(head + body)
         with contextlib.suppress(ConnectionError):  # the server stops reading the 4 MiB: it answers all the same
             await writer.drain()
-        status, headers, problem = await _answer(reader)
+        status, headers, problem = await answer(reader)
         assert (status, problem["code"]) == (431, "header_too_large"), problem
         assert str(LIMIT) in problem["detail"]
         assert headers["connection"] == "close"
@@ -148,7 +112,7 @@ async def test_a_head_over_the_bound_is_431_and_the_connection_closes(api: str, 
         assert await _closed_after(reader) < 5
     finally:
         writer.close()
-    assert await _appended_after(api, sid) == ["marker"]
+    assert await appended_after(api, sid) == ["marker"]
     await _served_normally(api)
 
 
@@ -167,7 +131,7 @@ async def test_a_refusal_is_not_logged_as_an_invalid_request(api: str) -> None:
             (_head("GET", "/v1/sessions", size=LIMIT + 1), 431),  # one read: measured, the parser stopped
             (b"GET /v1/sessions HTTP/1.1\r\nBad Header\r\n\r\n", 400),
         ]:
-            reader, writer = await _connect(api)
+            reader, writer = await connect(api)
             try:
                 writer.write(request)
                 answer = await asyncio.wait_for(reader.read(), 10)  # to its end: the connection closes
@@ -181,10 +145,10 @@ async def test_a_refusal_is_not_logged_as_an_invalid_request(api: str) -> None:
 
 
 async def test_a_head_over_the_bound_without_a_key_is_431_not_401(api: str) -> None:
-    reader, writer = await _connect(api)
+    reader, writer = await connect(api)
     try:
         writer.write(b"GET /v1/sessions HTTP/1.1\r\nHost: chronicle\r\nCookie: " + b"c" * (2 * LIMIT) + b"\r\n\r\n")
-        status, _, problem = await _answer(reader)
+        status, _, problem = await answer(reader)
         assert (status, problem["code"]) == (431, "header_too_large")
     finally:
         writer.close()
@@ -194,12 +158,12 @@ async def test_a_head_just_at_the_bound_is_served(api: str, new_id: Any) -> None
     """Exactly ``api_max_header_bytes``: a GET, and an append whose body comes in the same write
     (the head is then measured exactly)."""
     sid, mid = new_id("s"), new_id("m")
-    reader, writer = await _connect(api)
+    reader, writer = await connect(api)
     try:
         writer.write(_head("GET", "/v1/sessions", size=LIMIT))
-        status, _, page = await _answer(reader)
+        status, _, page = await answer(reader)
         assert status == 200, page
-        body = _message(mid) + b" " * (4 * LIMIT)  # JSON with trailing blanks: a large body, still valid
+        body = append_body(mid) + b" " * (4 * LIMIT)  # JSON with trailing blanks: a large body, still valid
         head = _head(
             "POST",
             f"/v1/sessions/{sid}/messages",
@@ -208,17 +172,17 @@ async def test_a_head_just_at_the_bound_is_served(api: str, new_id: Any) -> None
             size=LIMIT,
         )
         writer.write(head + body)  # the same connection: its second request
-        status, _, made = await _answer(reader)
+        status, _, made = await answer(reader)
         assert status == 201, made
     finally:
         writer.close()
-    assert mid in await _history_ids(api, sid, made["seq"])
+    assert mid in await history_ids(api, sid, made["seq"])
 
 
 async def test_a_head_that_never_completes_is_closed_after_the_timeout(api: str) -> None:
     """A header line now and then (a slowloris): closed once the head has taken the timeout,
     however steadily it trickles."""
-    reader, writer = await _connect(api)
+    reader, writer = await connect(api)
     try:
         writer.write(b"GET /v1/sessions HTTP/1.1\r\nHost: chronicle\r\n")
         start = time.monotonic()
@@ -239,7 +203,7 @@ async def test_a_head_that_never_completes_is_closed_after_the_timeout(api: str)
 
 
 async def test_a_connection_that_sends_nothing_is_closed_after_the_timeout(api: str) -> None:
-    reader, writer = await _connect(api)
+    reader, writer = await connect(api)
     try:
         assert TIMEOUT_S * 0.8 <= await _closed_after(reader) < TIMEOUT_S + 5
     finally:
@@ -249,10 +213,10 @@ async def test_a_connection_that_sends_nothing_is_closed_after_the_timeout(api: 
 async def test_blank_lines_between_requests_do_not_hold_the_connection(api: str) -> None:
     """After an answer, bytes that make no request (blank lines, which the parser skips) take the
     connection out of the keep-alive timeout: they are timed as a head."""
-    reader, writer = await _connect(api)
+    reader, writer = await connect(api)
     try:
         writer.write(_head("GET", "/v1/sessions"))
-        assert (await _answer(reader))[0] == 200
+        assert (await answer(reader))[0] == 200
         start = time.monotonic()
 
         async def blank_lines() -> None:
@@ -271,25 +235,25 @@ async def test_blank_lines_between_requests_do_not_hold_the_connection(api: str)
 async def test_a_head_in_pieces_within_the_time_and_a_pause_between_requests_are_served(api: str) -> None:
     """The timer runs only while a head is incomplete: a head sent in pieces within the timeout is
     served, and after its answer a pause longer than the head timeout (within keep-alive) is fine."""
-    reader, writer = await _connect(api)
+    reader, writer = await connect(api)
     try:
         head = _head("GET", "/v1/sessions")
         for i in range(0, len(head), 16):
             writer.write(head[i : i + 16])
             await writer.drain()
             await asyncio.sleep(0.01)
-        assert (await _answer(reader))[0] == 200
+        assert (await answer(reader))[0] == 200
         await asyncio.sleep(TIMEOUT_S * 2)  # idle: uvicorn's keep-alive (5 s) applies, not the head's timer
         writer.write(head)
-        assert (await _answer(reader))[0] == 200
+        assert (await answer(reader))[0] == 200
     finally:
         writer.close()
 
 
 async def test_a_body_that_arrives_slowly_is_not_cut_by_the_head_timeout(api: str, new_id: Any) -> None:
     sid, mid = new_id("s"), new_id("m")
-    body = _message(mid)
-    reader, writer = await _connect(api)
+    body = append_body(mid)
+    reader, writer = await connect(api)
     try:
         writer.write(
             _head(
@@ -300,31 +264,31 @@ async def test_a_body_that_arrives_slowly_is_not_cut_by_the_head_timeout(api: st
         await writer.drain()
         await asyncio.sleep(TIMEOUT_S * 2)  # past the head timeout, mid-body
         writer.write(body[10:])
-        status, _, made = await _answer(reader)
+        status, _, made = await answer(reader)
         assert status == 201, made
     finally:
         writer.close()
-    assert mid in await _history_ids(api, sid, made["seq"])
+    assert mid in await history_ids(api, sid, made["seq"])
 
 
 async def test_a_head_after_a_pipelined_body_is_measured_from_its_own_start(api: str, new_id: Any) -> None:
     """An append with a body of several times the bound, and in the same write half of a second
     request's head (at the bound in all): what came before that head does not count towards it."""
     sid, mid = new_id("s"), new_id("m")
-    body = _message(mid) + b" " * (3 * LIMIT)
+    body = append_body(mid) + b" " * (3 * LIMIT)
     first = _head(
         "POST", f"/v1/sessions/{sid}/messages", "Content-Type: application/json", f"Content-Length: {len(body)}"
     )
     second = _head("GET", "/v1/sessions", size=LIMIT)
-    reader, writer = await _connect(api)
+    reader, writer = await connect(api)
     try:
         writer.write(first + body + second[: LIMIT // 2])
         await writer.drain()
         await asyncio.sleep(0.05)  # most likely read apart from the rest (either way it must be served)
         writer.write(second[LIMIT // 2 :])
-        status, _, made = await _answer(reader)
+        status, _, made = await answer(reader)
         assert status == 201, made
-        status, _, page = await _answer(reader)
+        status, _, page = await answer(reader)
         assert status == 200, page
     finally:
         writer.close()

@@ -313,6 +313,19 @@ async def test_a_rate_limited_post_that_is_not_idempotent_is_retried(monkeypatch
     assert slept[0] >= 0.25
 
 
+async def test_a_request_timeout_is_retried_even_for_a_post_that_is_not_idempotent(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A 408 (the body did not reach the server whole in time) did nothing: the request is sent again."""
+    answers = [problem(408, "request_timeout")]
+    rec = Recorder(lambda r: answers.pop(0) if answers else httpx.Response(200, json={"ok": True}))
+    async with rec.client() as c:
+        counting_sleeps(c, monkeypatch)
+        out = await c.request("POST", "/v1/sessions/s/system-prompt:refresh", idempotent=False)
+    assert out == {"ok": True}
+    assert len(rec.requests) == 2
+
+
 async def test_rate_limited_on_every_attempt_raises_after_the_retries(monkeypatch: pytest.MonkeyPatch) -> None:
     rec = Recorder(lambda r: rate_limited(2.0))
     async with rec.client(retries=3) as c:

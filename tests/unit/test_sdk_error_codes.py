@@ -49,6 +49,7 @@ def test_every_server_code_has_its_own_sdk_exception(code: str) -> None:
         (503, "object_storage", sdk.ObjectStorageUnavailable, sdk.TransientError),
         (405, "method_not_allowed", sdk.MethodNotAllowed, sdk.InvalidRequest),
         (429, "too_many_streams", sdk.TooManyStreams, sdk.ChronicleError),
+        (408, "request_timeout", sdk.RequestTimeout, sdk.TransientError),
     ],
 )
 def test_a_problem_becomes_its_typed_exception(status: int, code: str, cls: type, base: type) -> None:
