@@ -1,6 +1,7 @@
 """Bounds on what a client may make the API's HTTP server hold before a request reaches the app:
 the request's head (request line and headers) is at most ``api_max_header_bytes``, and it must be
-complete within ``api_header_timeout_s`` of its first byte.
+complete within ``api_header_timeout_s`` of its first byte; and, once the app has answered a
+request without reading its body, the rest of the body must arrive within ``api_body_timeout_s``.
 
 uvicorn's httptools protocol has neither: httptools buffers a header of any size (a 300 MiB
 header was held whole and only then answered 401), and once a request's first byte has arrived
@@ -29,6 +30,11 @@ What it does, and why this way:
   one read (or at a connection's opening), never for a request whose head arrives in one read.
   Between requests uvicorn's keep-alive timeout (5 s) applies as before, and a request's body and
   the app's answer are not timed here (the body is, in the app: services/api/body_timeout.py).
+- **A body answered unread.** An app that answers before it reads a request's body (a wrong key's
+  ``401``) never reads the rest, so the app's body timeout does not run, and uvicorn's keep-alive
+  timer is stopped by each read of it: a client trickling such a body held its connection, with
+  no key, for as long as it sent. From the answer's end until the body's, a timer closes the
+  connection after ``api_body_timeout_s``; a body that ends in time leaves the connection open.
 
 If uvicorn's protocol no longer has the shape this is written against, :func:`head_bounded_protocol`
 returns None and the caller serves with the plain protocol, warning (tests/e2e/test_http_head_bounds.py
@@ -54,6 +60,7 @@ _OVERRIDDEN = (
     "on_message_begin",
     "on_headers_complete",
     "on_message_complete",
+    "on_response_complete",
     "send_400_response",
 )
 """The methods of uvicorn's ``HttpToolsProtocol`` the subclass extends, with uvicorn's arguments."""
@@ -64,6 +71,7 @@ _SIGNATURES = {
     "on_message_begin": ["self"],
     "on_headers_complete": ["self"],
     "on_message_complete": ["self"],
+    "on_response_complete": ["self"],
     "send_400_response": ["self", "msg"],
 }
 
@@ -107,7 +115,9 @@ def shape_mismatch(cls: type[Any]) -> str | None:
     return None
 
 
-def head_bounded_protocol(max_head_bytes: int, head_timeout_s: float) -> type[asyncio.Protocol] | None:
+def head_bounded_protocol(
+    max_head_bytes: int, head_timeout_s: float, unread_body_timeout_s: float
+) -> type[asyncio.Protocol] | None:
     """uvicorn's httptools protocol with the bounds of this module; None when uvicorn's protocol
     is not there or not the shape this was written against (the caller serves without them)."""
     try:
@@ -178,7 +188,17 @@ def head_bounded_protocol(max_head_bytes: int, head_timeout_s: float) -> type[as
 
         def on_message_complete(self) -> None:
             self._in_message = False
+            if self._timer is not None:  # a body answered unread has ended in time
+                self._timer.cancel()
+                self._timer = None
             base.on_message_complete(self)
+
+        def on_response_complete(self) -> None:
+            base.on_response_complete(self)
+            if self._in_message and not self._in_head and self._timer is None:
+                cycle = self.cycle  # the latest request's (not a pipelined one still to be answered)
+                if cycle is not None and cycle.response_complete and not self.transport.is_closing():
+                    self._timer = self.loop.call_later(unread_body_timeout_s, self._timed_out)  # body unread
 
         def send_400_response(self, msg: str) -> None:
             if self._refused:

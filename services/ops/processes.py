@@ -175,9 +175,12 @@ class ApiServer(uvicorn.Server):
 
 def api_http_protocol(settings: Settings) -> type[asyncio.Protocol] | str:
     """The HTTP protocol the API is served with: uvicorn's httptools one with bounds on a
-    request's head (``api_max_header_bytes``, ``api_header_timeout_s``; services/api/http_head.py);
-    the plain one, with a warning, where uvicorn's no longer has the shape those are written for."""
-    protocol = head_bounded_protocol(settings.api_max_header_bytes, settings.api_header_timeout_s)
+    request's head (``api_max_header_bytes``, ``api_header_timeout_s``) and on the rest of a body
+    answered unread (``api_body_timeout_s``; services/api/http_head.py); the plain one, with a
+    warning, where uvicorn's no longer has the shape those are written for."""
+    protocol = head_bounded_protocol(
+        settings.api_max_header_bytes, settings.api_header_timeout_s, settings.api_body_timeout_s
+    )
     if protocol is None:
         log.warning(
             "uvicorn %s's httptools protocol is not the one services/api/http_head.py extends: request heads "

@@ -3,9 +3,11 @@ services/api/body_timeout.py): a body that stalls, or trickles slower than the r
 request_timeout`` (problem+json) once its time is up and the connection closes; nothing of it is
 done (the append is not made). A body that comes steadily within its time is served, and so is a
 large one that takes longer than the timeout at the rate. A client that hangs up mid-body is no
-error. Each over real HTTP on raw sockets, to the API served by uvicorn as ``chronicle api``
-serves it, with a short timeout; with the hot paths (which read the append's body themselves)
-and without."""
+error. The rest of a body answered before it was read (a wrong key's 401) is timed by the HTTP
+server (services/api/http_head.py): trickled on, the connection is closed after the timeout;
+ended in time, the connection stays open. Each over real HTTP on raw sockets, to the API served
+by uvicorn as ``chronicle api`` serves it, with a short timeout; with the hot paths (which read
+the append's body themselves) and without."""
 
 from __future__ import annotations
 
@@ -194,3 +196,49 @@ async def _hang_up_mid_body(api: str, sid: str, caplog: pytest.LogCaptureFixture
     assert time.monotonic() - since < TIMEOUT_S  # not ended by the timeout
     assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == []
     assert await appended_after(api, sid) == ["marker"]
+
+
+async def test_the_rest_of_a_body_answered_before_it_was_read_is_timed_too(api: str, new_id: Any) -> None:
+    """A wrong key is 401 before the body is read; a client that then trickles the body on (no key
+    needed) has its connection closed once the timeout is up, not held for as long as it sends."""
+    sid = new_id("s")
+    reader, writer = await connect(api)
+    head = _append_head(sid, 1_000_000).replace(AUTH.encode(), b"Bearer wrong")
+
+    async def trickle() -> None:
+        for _ in range(1000):
+            writer.write(b" " * 10)
+            await asyncio.sleep(0.05)
+
+    try:
+        writer.write(head + b'{"message": ')
+        status, _, problem = await answer(reader)
+        assert (status, problem["code"]) == (401, "unauthorized"), problem
+        since = time.monotonic()
+        trickling = asyncio.create_task(trickle())
+        try:
+            assert await asyncio.wait_for(reader.read(), TIMEOUT_S + 10) == b""
+        finally:
+            trickling.cancel()
+        assert TIMEOUT_S * 0.8 <= time.monotonic() - since < TIMEOUT_S + 5
+    finally:
+        writer.close()
+
+
+async def test_a_body_answered_unread_that_ends_in_time_leaves_the_connection_open(api: str, new_id: Any) -> None:
+    """The rest of a 401's body comes at once: its timer stops, and the connection, idle past the
+    time the timer would have closed it (within uvicorn's 5 s keep-alive), serves the next request."""
+    sid = new_id("s")
+    body = _message(new_id("m"))
+    reader, writer = await connect(api)
+    try:
+        writer.write(_append_head(sid, len(body)).replace(AUTH.encode(), b"Bearer wrong") + body[:10])
+        assert (await answer(reader))[0] == 401
+        writer.write(body[10:])
+        await writer.drain()
+        await asyncio.sleep(TIMEOUT_S * 1.5)  # idle: the keep-alive timeout applies, not the body's
+        writer.write(f"GET /v1/sessions HTTP/1.1\r\nHost: chronicle\r\nAuthorization: {AUTH}\r\n\r\n".encode())
+        status, _, page = await answer(reader)
+        assert status == 200, page
+    finally:
+        writer.close()

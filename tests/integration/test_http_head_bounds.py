@@ -79,11 +79,11 @@ def test_a_protocol_of_another_shape_is_served_plain_with_a_warning(
             pass
 
     assert shape_mismatch(Changed) == "its on_headers_complete() takes other arguments"
-    monkeypatch.setattr(processes, "head_bounded_protocol", lambda size, timeout: None)
+    monkeypatch.setattr(processes, "head_bounded_protocol", lambda size, timeout, body_timeout: None)
     with caplog.at_level(logging.WARNING, logger="chronicle"):
         assert processes.api_http_protocol(Settings()) == "httptools"
     assert "without a size bound or a timeout" in caplog.text
-    assert head_bounded_protocol(LIMIT, TIMEOUT_S) is not None  # the real one is the right shape
+    assert head_bounded_protocol(LIMIT, TIMEOUT_S, TIMEOUT_S) is not None  # the real one is the right shape
 
 
 @pytest.mark.parametrize("over", [1, LIMIT, 4 * 1024 * 1024], ids=["one-byte", "twice", "4-MiB"])
