@@ -36,6 +36,7 @@ from events.commands import STATUS_HEADER
 from events.credentials import TENANT_INBOX_ROOT
 from events.ids import InvalidId, check_tenant, decode_token
 from events.subjects import SubjectLayout
+from services import brokers
 from services.bootstrap import Container, nats_security
 from services.errors import InvalidRequest, MalformedJson
 from services.requests import writes
@@ -295,4 +296,4 @@ async def serving_commands(settings: Settings, container: Container) -> AsyncIte
     try:
         yield broker
     finally:
-        await broker.stop()
+        await brokers.stop(broker)

@@ -25,6 +25,7 @@ from nats.js.api import ConsumerConfig
 from nats.js.errors import NotFoundError
 
 from events.subjects import SubjectLayout
+from services import brokers
 from services.compaction.queue import WorkStats
 
 log = logging.getLogger("chronicle.compactor")
@@ -57,10 +58,15 @@ class Compactor:
                 await self.js.delete_consumer(self.layout.stream, self._retired)
         await ensure_consumer(self.js, self.layout, self._consumer)
         await self.broker.start()
+        if not brokers.paced_when_closed(self.broker):
+            log.warning(
+                "FastStream's pull subscriber is not the shape services/brokers.py is written for: should the "
+                "work queue's NATS connection close for good, this process would spin instead of stopping"
+            )
         try:
             await stop.wait()
         finally:
-            await self.broker.stop()
+            await brokers.stop(self.broker)
 
     async def idle(self) -> bool:
         """No request waits in the work queue, none is in flight here."""
