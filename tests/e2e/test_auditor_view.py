@@ -301,7 +301,13 @@ async def test_the_time_slider_shows_history_context_and_prompt_as_of_a_sequence
     await expect(current).to_contain_text("message.appended")
     await expect(current).to_contain_text("assistant")  # who: the message's role
     await expect(current).to_contain_text("m7 ← m6")  # what: the message and its parent
-    cells = [str(seeded.seq_m7), "message.appended", re.compile(r"^\d{4}-\d\d-\d\d "), "assistant", "m7 ← m6"]
+    cells: list[str | re.Pattern[str]] = [
+        str(seeded.seq_m7),
+        "message.appended",
+        re.compile(r"^\d{4}-\d\d-\d\d "),
+        "assistant",
+        "m7 ← m6",
+    ]
     await expect(current.locator("td")).to_have_text(cells)  # each under its heading
     event = json.loads(await page.get_by_test_id("asof-event").text_content() or "")
     assert (event["seq"], logged_message(event["event"]).message_id) == (seeded.seq_m7, "m7")
