@@ -9,6 +9,7 @@ import importlib
 import json
 import logging
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -16,6 +17,8 @@ import nats.errors
 import nkeys
 import psycopg
 import psycopg.conninfo
+import pydantic
+import pydantic_settings
 
 from events.credentials import tenant_nkey_seed
 from events.ids import InvalidId, check_tenant
@@ -205,7 +208,12 @@ def main(argv: list[str] | None = None) -> int:
     keys_sub.add_parser("rewrap", help="wrap every data key under the current (first) key-encryption key")
     args = parser.parse_args(argv)
 
-    settings = load_settings()
+    try:
+        settings = load_settings()
+    except (pydantic.ValidationError, pydantic_settings.SettingsError) as exc:  # say which, in a line each
+        for line in setting_errors(exc):
+            print(f"chronicle {args.command}: {line}", file=sys.stderr, flush=True)
+        return SETTINGS_EXIT
     logs.configure(settings.log_level, settings.log_format)
     if args.command not in SERVICES:  # a tool says in one line what failed: each retry it made is noise
         logging.getLogger("urllib3").setLevel(logging.ERROR)
@@ -305,6 +313,31 @@ def main(argv: list[str] | None = None) -> int:
             )
         print(f"chronicle {args.command}: NATS at {settings.nats_url}: {exc}{hint}", file=sys.stderr, flush=True)
         return UNREACHABLE_EXIT
+
+
+def setting_errors(exc: pydantic.ValidationError | pydantic_settings.SettingsError) -> list[str]:
+    """One line per setting ``exc`` refused: its variable, what is wrong and the value given (a
+    secret's value is not shown: its variable names it). A structured setting (JSON) that does not
+    parse is named with the parser's complaint, never its value."""
+    if isinstance(exc, pydantic_settings.SettingsError):
+        found = re.search(r'field "([a-z0-9_]+)"', str(exc))
+        name = f"CHRONICLE_{found.group(1).upper()}" if found else "a setting"
+        cause = _first_line(exc.__cause__) if exc.__cause__ is not None else _first_line(exc)
+        return [f"setting {name}: not a value it takes ({cause})"]
+    out: list[str] = []
+    for error in exc.errors(include_url=False):
+        loc = [str(p) for p in error["loc"]]
+        field = loc[0] if loc else "settings"
+        name = f"CHRONICLE_{field.upper()}" if loc else "the settings"
+        name += f" (at {'.'.join(loc[1:])})" if len(loc) > 1 else ""
+        given = error.get("input")
+        shown = "" if _secret(field) or isinstance(given, dict) else f" (given: {str(given)[:80]!r})"
+        out.append(f"setting {name}: {error['msg']}{shown}")
+    return out
+
+
+def _secret(field: str) -> bool:
+    return any(word in field for word in ("key", "seed", "secret", "kek", "password", "database_url", "token"))
 
 
 def _stdout_closed() -> int:

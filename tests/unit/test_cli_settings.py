@@ -1,0 +1,72 @@
+"""A setting that is not one stops every command with a line naming its variable (exit 2), not a
+traceback; a secret's value is never echoed."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from services.ops.cli import SETTINGS_EXIT, main
+
+
+@pytest.mark.parametrize(
+    ("variable", "value", "said"),
+    [
+        (
+            "CHRONICLE_API_BODY_TIMEOUT_S",
+            "0",
+            "setting CHRONICLE_API_BODY_TIMEOUT_S: Input should be greater than 0 (given: '0')",
+        ),
+        ("CHRONICLE_API_PORT", "abc", "setting CHRONICLE_API_PORT: Input should be a valid integer"),
+    ],
+)
+def test_a_malformed_setting_is_named_in_one_line_and_exits_2(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], variable: str, value: str, said: str
+) -> None:
+    monkeypatch.setenv(variable, value)
+    assert main(["verify"]) == SETTINGS_EXIT
+    err = capsys.readouterr().err
+    assert err.startswith(f"chronicle verify: {said}"), err
+    assert len(err.strip().splitlines()) == 1
+    assert "Traceback" not in err
+
+
+def test_two_malformed_settings_are_a_line_each(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("CHRONICLE_API_PORT", "abc")
+    monkeypatch.setenv("CHRONICLE_API_BODY_TIMEOUT_S", "-1")
+    assert main(["api"]) == SETTINGS_EXIT
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert sorted(line.split(":")[1].strip() for line in lines) == [
+        "setting CHRONICLE_API_BODY_TIMEOUT_S",
+        "setting CHRONICLE_API_PORT",
+    ]
+
+
+def test_a_secret_settings_value_is_not_echoed(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("CHRONICLE_API_KEYS", "not-json-sk-live-12345")
+    assert main(["verify"]) == SETTINGS_EXIT
+    err = capsys.readouterr().err
+    assert "setting CHRONICLE_API_KEYS" in err
+    assert "sk-live-12345" not in err
+
+
+def test_the_process_exits_2_with_the_line_and_no_traceback() -> None:
+    env = {"PATH": "/usr/bin:/bin", "CHRONICLE_API_BODY_TIMEOUT_S": "0"}
+    done = subprocess.run(
+        [sys.executable, "-m", "services.ops.cli", "api"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == SETTINGS_EXIT, done.stderr
+    assert done.stderr.strip() == (
+        "chronicle api: setting CHRONICLE_API_BODY_TIMEOUT_S: Input should be greater than 0 (given: '0')"
+    )
