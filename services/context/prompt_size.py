@@ -76,10 +76,15 @@ def too_large(
 
 def config_too_large(size: int, before: int, grown: RenderedBlock, by: int, limit: int = MAX_WRITTEN_BYTES) -> str:
     """Why a config is refused: the prompt would be ``size`` bytes stored with it, ``before``
-    with the config in force; block ``grown`` lengthens it most, by ``by`` characters."""
+    with the config in force; block ``grown`` lengthens it most, by ``by`` characters. The room is
+    in characters, as the block's growth is (stored bytes per character as this config's growth
+    has them: sealing and JSON escaping make a character cost more than a byte; an estimate that
+    errs low when other blocks grew too, and by 1 % more: the sealed size is not exactly linear)."""
+    per_char = (size - before) / by if by > 0 and size > before else 1.0
+    chars = int(max(0, limit - before) / per_char * 0.99)
     return (
         f"The config would make the system prompt too large to store: {size} > {limit} bytes. "
-        f"The prompt has room for about {max(0, limit - before)} more bytes (it is {before} with the config "
+        f"The prompt has room for about {chars} more characters (it is {before} bytes stored with the config "
         f'in force); block "{grown.label}" lengthens it most, by {by} characters: ' + SMALLER_CONFIG
     )
 

@@ -68,12 +68,14 @@ def test_the_block_a_config_lengthens_most_is_named_with_by_how_much() -> None:
     words = config_too_large(MAX_WRITTEN_BYTES + 5, MAX_WRITTEN_BYTES - 30, after[2], 75)
     assert words == (
         f"The config would make the system prompt too large to store: {MAX_WRITTEN_BYTES + 5} > {MAX_WRITTEN_BYTES} "
-        "bytes. The prompt has room for about 30 more bytes "
-        f"(it is {MAX_WRITTEN_BYTES - 30} with the config in force); "
+        "bytes. The prompt has room for about 63 more characters "
+        f"(it is {MAX_WRITTEN_BYTES - 30} bytes stored with the config in force); "
         'block "c" lengthens it most, by 75 characters: '
         "leave blocks out, shorten them, or point read-only blocks at smaller objects"
     )
-    assert "room for about 0 more bytes" in config_too_large(MAX_WRITTEN_BYTES + 9, MAX_WRITTEN_BYTES + 5, after[2], 4)
+    assert "room for about 0 more characters" in config_too_large(
+        MAX_WRITTEN_BYTES + 9, MAX_WRITTEN_BYTES + 5, after[2], 4
+    )
 
 
 def test_an_unstorable_prompt_names_its_largest_block_by_how_much_and_the_way_out() -> None:
