@@ -19,6 +19,7 @@ import pytest
 from nats.aio.client import Client as NatsClient
 
 from events import log as eventlog
+from events.admission import MAX_WRITTEN_BYTES
 from events.catalog import MessageAppended
 from events.commands import COMMANDS, STATUS_HEADER
 from events.credentials import tenant_inbox_prefix, tenant_nkey_seed
@@ -798,3 +799,26 @@ async def test_a_tool_call_meeting_a_destroyed_key_is_410_over_http_and_nats_and
         answers[f"NATS {name}"] = (status, answer.get("code"))
     assert answers == dict.fromkeys(answers, (410, "session_erased"))
     assert await eventlog.last_seq(stack.js, stack.layout, stack.layout.session_subject("tenant-a", sid)) == last
+
+
+async def test_a_refresh_of_a_prompt_too_large_to_store_replies_with_the_block_size_and_limit_as_http(
+    http: httpx.AsyncClient, tenant_a: NatsClient, settings: Settings
+) -> None:
+    """An object behind a read-only block grown in storage after the config was taken: the refresh
+    over NATS is ``409 prompt_unstorable`` with the problem's own members (``block``, ``size``,
+    ``limit``) as well as its detail, the same as HTTP's answer."""
+    sid = await created_session(http)
+    bucket = new_bucket(settings)
+    put_object(settings, bucket, "big.md", "x" * 1000)
+    blocks = [{"kind": "readonly", "label": "big", "source": {"bucket": bucket, "key": "big.md"}}]
+    assert (await http.put(f"/v1/sessions/{sid}/config", json={"blocks": blocks})).status_code == 200
+    put_object(settings, bucket, "big.md", "x" * (MAX_WRITTEN_BYTES + 1))
+
+    h = await http.post(f"/v1/sessions/{sid}/system-prompt:refresh")
+    status, problem = await request(tenant_a, settings, "prompt.refresh", {"session_id": sid})
+    assert (h.status_code, h.json()["code"]) == (409, "prompt_unstorable"), h.text
+    assert (status, problem["code"]) == (409, "prompt_unstorable"), problem
+    assert problem["block"] == "big"
+    assert problem["size"] > MAX_WRITTEN_BYTES
+    assert problem["limit"] == MAX_WRITTEN_BYTES
+    assert problem == h.json()
