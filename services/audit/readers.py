@@ -207,6 +207,7 @@ class RebuildReport:
     kept_old: str | None = None
     rebound: bool = False  # the read models belonged to another log: replaced, checkpoints reset
     first: bool = False  # the database held no read models (no checkpoint): built, checkpoints set
+    stream_last_seq: int = 0  # the stream's last sequence at the swap: the projectors apply what follows the swap's
 
 
 def live_horizon(c: Container, checkpoints: dict[str, int]) -> tuple[Horizon, int]:
@@ -347,6 +348,7 @@ async def rebuild_and_swap(
         old if keep_old else None,
         rebound=replace and not first,
         first=first,
+        stream_last_seq=identity.last_seq,
     )
 
 

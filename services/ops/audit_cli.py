@@ -18,6 +18,7 @@ from services.audit.archive_segments import ArchiveError
 from services.audit.restore import RestoreRefused, RestoreStopped
 from services.bootstrap import open_container
 from services.errors import AsOfPastLog, ChronicleError, ObjectStorageError
+from services.ops.audit_text import rebuild_summary
 from services.ops.progress import Progress
 from services.settings import Settings
 
@@ -166,12 +167,7 @@ async def run_audit(settings: Settings, args: argparse.Namespace) -> int:
                 bar = Progress("rebuild")
                 report = await audit.rebuild_and_swap(c, args.projection, keep_old=args.keep_old, progress=bar)
                 bar.close()
-                rate = report.events / report.seconds if report.seconds else 0.0
-                print(
-                    f"rebuilt {args.projection}: {report.events} events in {report.seconds:.1f}s ({rate:,.0f} ev/s); "
-                    f"swapped at sequence {report.swapped_at_seq}"
-                    + (f"; old tables kept in schema {report.kept_old}" if report.kept_old else "")
-                )
+                print(rebuild_summary(args.projection, report))
                 if report.first:
                     print(
                         f"the database held no read models: built, bound to stream {settings.stream}, and the "

@@ -19,6 +19,7 @@ from projections.runner import ProjectorRunner
 from services.audit import readers as audit
 from services.bootstrap import Container
 from services.compaction.ranges import message_tokens
+from services.ops.audit_text import rebuild_summary
 from tests.conftest import make_settings, running_stack
 from tests.integration.helpers import appended, assert_rebuild_equals_live, text_message
 from tests.integration.test_partitions import projector_of
@@ -112,6 +113,10 @@ async def test_a_rebuild_behind_the_projector_stops_at_its_checkpoint_and_it_app
         report = await audit.rebuild_and_swap(c)
 
         assert report.swapped_at_seq == m0.seq
+        assert report.stream_last_seq == m2.seq  # the CLI says the projector applies m1 and m2
+        assert f"the projector applies what follows sequence {m0.seq} (the stream's last is {m2.seq})" in (
+            rebuild_summary("all", report)
+        )
         assert await _projected(c) == live  # nothing past the live checkpoint
         async with projecting(projector_of(c, settings, None)):
             await c.waiter.wait_all(m2.seq)
