@@ -507,7 +507,8 @@ async def verify(c: Container, *, limit: int = 5, progress: Callable[[int, int],
 
 
 def _digest(rows: list[tuple[Any, ...]]) -> tuple[int, str]:
-    return len(rows), hashlib.md5(repr(rows).encode(), usedforsecurity=False).hexdigest()
+    """``(row count, md5 of the rows)``; no rows sum to ``""``, as a read-model table's (:func:`checksums`)."""
+    return len(rows), hashlib.md5(repr(rows).encode(), usedforsecurity=False).hexdigest() if rows else ""
 
 
 # -- skills index -------------------------------------------------------------------------

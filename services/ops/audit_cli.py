@@ -18,7 +18,7 @@ from services.audit.archive_segments import ArchiveError
 from services.audit.restore import RestoreRefused, RestoreStopped
 from services.bootstrap import open_container
 from services.errors import AsOfPastLog, ChronicleError, ObjectStorageError
-from services.ops.audit_text import rebuild_summary
+from services.ops.audit_text import rebuild_summary, verify_table
 from services.ops.progress import Progress
 from services.settings import Settings
 
@@ -183,11 +183,8 @@ async def run_audit(settings: Settings, args: argparse.Namespace) -> int:
                 bar = Progress("verify")
                 result = await audit.verify(c, limit=args.limit, progress=bar)
                 bar.close()
-                for table in result.live:
-                    live, rebuilt = result.live[table], result.rebuilt[table]
-                    mark = "ok" if live == rebuilt else "DIFFERENT"
-                    print(f"{table:<10} live {live[0]:>9} rows {live[1]}  rebuilt {rebuilt[0]:>9} rows {rebuilt[1]}")
-                    print(f"{'':<10} {mark}")
+                for line in verify_table(result):
+                    print(line)
                 for table, diffs in result.differences.items():
                     print(f"first differences in {table}:")
                     for line in diffs:

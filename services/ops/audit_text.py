@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from services.audit.readers import RebuildReport
+from services.audit.readers import RebuildReport, VerifyReport
+
+EMPTY = "(empty)"
+"""The checksum column of a table without rows (whichever way its rows are summed)."""
 
 
 def rebuild_summary(projection: str, report: RebuildReport) -> str:
@@ -19,3 +22,24 @@ def rebuild_summary(projection: str, report: RebuildReport) -> str:
     if report.kept_old:
         line += f"; old tables kept in schema {report.kept_old}"
     return line
+
+
+def _checksum(rows: int, checksum: str) -> str:
+    return EMPTY if rows == 0 else checksum
+
+
+def verify_table(report: VerifyReport) -> list[str]:
+    """One line per compared table, live beside rebuilt and ``ok`` or ``DIFFERENT``, columns aligned
+    to the longest table name and checksum; a table without rows shows :data:`EMPTY` as its checksum."""
+    tables = list(report.live)
+    name_w = max((len(t) for t in tables), default=0)
+    sum_w = max((len(_checksum(*side[t])) for side in (report.live, report.rebuilt) for t in tables), default=0)
+    lines = []
+    for table in tables:
+        live, rebuilt = report.live[table], report.rebuilt[table]
+        mark = "ok" if live == rebuilt else "DIFFERENT"
+        lines.append(
+            f"{table:<{name_w}}  live {live[0]:>9} rows {_checksum(*live):<{sum_w}}  "
+            f"rebuilt {rebuilt[0]:>9} rows {_checksum(*rebuilt):<{sum_w}}  {mark}"
+        )
+    return lines
