@@ -369,7 +369,7 @@ async def test_a_stored_config_with_an_unsafe_key_is_a_clear_409(
     # weighed against it, a config too large to render a storable prompt is refused as against none
     big = [{"label": f"p{i}", "kind": "readonly", "content": "x" * 600_000} for i in range(2)]
     r = await client.put(f"/v1/sessions/{sid}/config", json={"blocks": big})
-    assert "(it is 0 with the config in force)" in assert_problem(r, 413, "payload_too_large")["detail"]
+    assert "(it is 0 bytes stored with the config in force)" in assert_problem(r, 413, "payload_too_large")["detail"]
     r = await client.put(f"/v1/sessions/{sid}/config", json={"blocks": [{"label": "policy", "kind": "readonly"}]})
     assert r.status_code == 200, r.text  # a new config repairs it
     assert (await client.get(f"/v1/sessions/{sid}/context", params={"min_seq": r.json()["seq"]})).status_code == 200
