@@ -7,10 +7,13 @@ from typing import Any
 
 import psycopg
 
+from events.blobs import BlobStore
 from events.catalog import MessageAppended, MessageBodyEvent, SessionRenamed
-from events.messages import body_hash
+from events.messages import JsonObject, body_hash, stored_json
+from events.objects import owned
 from events.publisher import HDR_MSG_ID
 from events.registry import decode
+from events.sealing import DataKey, seal_blob
 from projections.rebuild import checksums, rebuild_into
 from services.bootstrap import Container
 from services.settings import Settings
@@ -40,6 +43,23 @@ def appended(tenant: str, session: str, mid: str, parent: str | None, text: str 
         role="user",
         body_sha256=body_hash(body),
         message=body,
+    )
+
+
+async def sealed_claim_check(
+    blobs: BlobStore, key: DataKey, tenant: str, session: str, mid: str, body: JsonObject
+) -> MessageAppended:
+    """``message.appended`` of ``body`` claim-checked: its object sealed with ``key`` and bound to
+    the session, put in ``blobs``."""
+    ref = await blobs.put(owned(seal_blob(stored_json(body).encode(), key, tenant, session), tenant, session))
+    return MessageAppended(
+        tenant=tenant,
+        session=session,
+        message_id=mid,
+        parent_id=None,
+        role=str(body.get("role", "")),
+        body_sha256=body_hash(body),
+        message_ref=ref,
     )
 
 

@@ -24,7 +24,7 @@ from events.catalog import MessageAppended, MessageUpdated
 from events.messages import JsonObject, body_hash, stored_json
 from events.objects import owned
 from events.omitted import OMITTED
-from events.sealing import StaticKeys, new_data_key, seal_blob
+from events.sealing import StaticKeys, new_data_key
 from projections.context import ContextProjection
 from projections.history import HistoryProjection
 from projections.overlays import OverlayProjection
@@ -36,7 +36,7 @@ from services.audit import readers as audit
 from services.bootstrap import Container
 from services.storage.blobs import CLAIM_CHECK_S3
 from tests.conftest import make_settings, running_stack
-from tests.integration.helpers import appended, text_message
+from tests.integration.helpers import appended, sealed_claim_check, text_message
 from tests.integration.test_quarantine import projectors, quarantined
 
 
@@ -221,17 +221,7 @@ async def test_a_body_whose_key_was_destroyed_since_its_event_was_admitted_is_a_
     key = new_data_key("k-1")
     keys.put("tenant-a", gone, key)
     body = text_message("big", "the erased session's words")
-    sealed = seal_blob(stored_json(body).encode(), key, "tenant-a", gone)
-    ref = await blobs.put(owned(sealed, "tenant-a", gone))
-    event = MessageAppended(
-        tenant="tenant-a",
-        session=gone,
-        message_id="big",
-        parent_id=None,
-        role="user",
-        body_sha256=body_hash(body),
-        message_ref=ref,
-    )
+    event = await sealed_claim_check(blobs, key, "tenant-a", gone, "big", body)
     items = [(60_000_001, appended("tenant-a", kept, "m1", None)), (60_000_002, event)]
     items.append((60_000_003, appended("tenant-a", kept, "m2", "m1")))
     projections = [HistoryProjection(blobs, keys)]

@@ -22,11 +22,10 @@ from fastapi import Request
 from events import log as eventlog
 from events.blobs import MemoryBlobStore
 from events.bodies import unpack_body
-from events.catalog import CompactionRecorded, MessageAppended, MessageUpdated
-from events.messages import body_hash, stored_json
-from events.objects import owned
+from events.catalog import CompactionRecorded, MessageUpdated
+from events.messages import body_hash
 from events.publisher import Published
-from events.sealing import DataKey, KeyDestroyed, KeyUnavailable, kid_in, seal_blob, unseal_fields
+from events.sealing import DataKey, KeyDestroyed, KeyUnavailable, kid_in, unseal_fields
 from projections import queries
 from projections.keystore import PgKeyStore
 from projections.rebuild import checksums, rebuild_into
@@ -34,7 +33,7 @@ from services.api import log as log_routes
 from services.audit import readers as audit
 from services.bootstrap import Container, open_container
 from tests.conftest import make_settings
-from tests.integration.helpers import appended, text_message
+from tests.integration.helpers import appended, sealed_claim_check, text_message
 
 T = "tenant-a"
 CAPACITY = 2  # far below the sessions of a projector's batch, or of these tests
@@ -213,16 +212,7 @@ async def test_a_sealed_claim_checked_body_opens_though_its_key_was_evicted_afte
     key = (await keyed(c, [sid]))[sid]
     body = text_message("big", "words kept in object storage")
     blobs = MemoryBlobStore()
-    ref = await blobs.put(owned(seal_blob(stored_json(body).encode(), key, T, sid), T, sid))
-    event = MessageAppended(
-        tenant=T,
-        session=sid,
-        message_id="big",
-        parent_id=None,
-        role="user",
-        body_sha256=body_hash(body),
-        message_ref=ref,
-    )
+    event = await sealed_claim_check(blobs, key, T, sid, "big", body)
     reader = store(c, 1)
     await reader.load([(T, sid, key.kid)])  # screened
     await reader.load([(T, new_id("other-batch"), None)])  # evicts it
