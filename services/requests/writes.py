@@ -22,13 +22,12 @@ from services.bootstrap import Container
 from services.compaction.lease import LeasesExhausted, SessionBusy
 from services.compaction.summarizers import SummarizerError
 from services.errors import (
+    ChronicleError,
     CompactionInProgress,
     InvalidConfig,
     InvalidRequest,
     MessageNotFound,
-    PromptUnstorable,
     RateLimited,
-    SourceMissing,
     SummarizerFailed,
 )
 from services.requests.checks import check_id, checked_message, no_nul
@@ -171,12 +170,15 @@ async def clear_messages(c: Container, tenant: str, sid: str) -> Answer:
     w = await c.commands.clear(tenant, sid)
     if w.seq == 0:
         return {"cleared": True, "seq": 0}
-    if await c.context.has_prompt(tenant, sid):
-        try:
+    # The clear is recorded: whatever fails from here on (a source gone, not text, S3 down, the
+    # projector behind), it stands and is answered so; the prompt in force stays until a refresh works.
+    try:
+        if await c.context.has_prompt(tenant, sid):
             await c.context.refresh_prompt(tenant, sid, "clear")
-        except (Refused, SourceMissing, PromptUnstorable) as exc:
-            # the clear stands; the prompt in force stays until a refresh works
-            log.warning("after clearing %s/%s the prompt was not re-rendered: %s", tenant, sid, exc)
+    except (ChronicleError, Refused) as exc:
+        log.warning("after clearing %s/%s the prompt was not re-rendered: %s", tenant, sid, exc)
+    except Exception:
+        log.exception("after clearing %s/%s the prompt was not re-rendered", tenant, sid)
     return {"cleared": True, "seq": w.seq}
 
 

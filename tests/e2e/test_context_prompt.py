@@ -386,6 +386,32 @@ async def test_a_readonly_block_whose_object_is_not_text_is_refused_not_a_500(
     assert await last_seq(client, s) == last  # no prompt was frozen
 
 
+async def test_a_clear_whose_prompt_source_is_no_longer_text_stands_and_answers_200(
+    client: httpx.AsyncClient, api_settings: Settings
+) -> None:
+    """(The clear was recorded, then answered 409 source_not_text: a client retried a clear that
+    had happened.) Whatever fails re-rendering after the clear is recorded, it is answered 200."""
+    s = sid()
+    bucket = new_bucket(api_settings)
+    put_object(api_settings, bucket, "policy.md", "Refunds within 30 days.")
+    await append(client, s, msg("m1", "hello"))
+    await configure(
+        client,
+        s,
+        {"blocks": [{"kind": "readonly", "label": "policy", "source": {"bucket": bucket, "key": "policy.md"}}]},
+    )
+    frozen = await prompt(client, s)
+    data = b"\xff\xfe policy"
+    minio(api_settings).put_object(bucket, tenant_key("policy.md"), io.BytesIO(data), len(data))
+    cleared = await client.post(f"/v1/sessions/{s}/messages:clear")
+    assert cleared.status_code == 200, cleared.text
+    seq = cleared.json()["seq"]
+    history = await client.get(f"/v1/sessions/{s}/history", params={"min_seq": seq})
+    assert history.json()["messages"] == []
+    assert await prompt(client, s, min_seq=seq) == frozen  # in force until a refresh works
+    problem(await client.post(f"/v1/sessions/{s}/system-prompt:refresh"), 409, "source_not_text")
+
+
 async def test_prompt_as_of_seq_of_an_unknown_or_erased_session_is_404_as_other_as_of_reads(
     client: httpx.AsyncClient,
 ) -> None:
