@@ -161,12 +161,11 @@ def head_bounded_protocol(
                 if self._head_read - self._head_before > max_head_bytes:
                     self._refuse()
                     return
-                if self._timer is None and not self.transport.is_closing():
+                if self._timer is None and self._answered():  # a pipelined head waits for the answer before it
                     self._timer = self.loop.call_later(head_timeout_s, self._timed_out)
-            elif not self._in_message and self._timer is None and not self._refused:
-                cycle = self.cycle  # between requests, having read something that is no request (yet)
-                if (cycle is None or cycle.response_complete) and not self.transport.is_closing():
-                    self._timer = self.loop.call_later(head_timeout_s, self._timed_out)
+            elif not self._in_message and self._timer is None and not self._refused and self._answered():
+                # between requests, having read something that is no request (yet)
+                self._timer = self.loop.call_later(head_timeout_s, self._timed_out)
 
         def on_message_begin(self) -> None:
             self._in_message = self._in_head = True
@@ -195,7 +194,10 @@ def head_bounded_protocol(
 
         def on_response_complete(self) -> None:
             base.on_response_complete(self)
-            if self._in_message and not self._in_head and self._timer is None:
+            if self._in_head and self._timer is None and self._answered():
+                # a head begun while the request before it was answered: timed from now
+                self._timer = self.loop.call_later(head_timeout_s, self._timed_out)
+            elif self._in_message and not self._in_head and self._timer is None:
                 cycle = self.cycle  # the latest request's (not a pipelined one still to be answered)
                 if cycle is not None and cycle.response_complete and not self.transport.is_closing():
                     self._timer = self.loop.call_later(unread_body_timeout_s, self._timed_out)  # body unread
@@ -205,6 +207,13 @@ def head_bounded_protocol(
                 self._refuse()
             else:
                 base.send_400_response(self, msg)
+
+        def _answered(self) -> bool:
+            """No request of this connection is being answered (its latest one is, or none came),
+            and the connection is open: what a timer is armed on (a request answered slowly,
+            a compaction's summary say, never has its answer cut by the next one's head)."""
+            cycle = self.cycle
+            return (cycle is None or cycle.response_complete) and not self.transport.is_closing()
 
         def _head_size(self) -> int:
             """The head's bytes as sent in the usual form (``name: value`` lines)."""

@@ -292,3 +292,36 @@ async def test_a_head_after_a_pipelined_body_is_measured_from_its_own_start(api:
         assert status == 200, page
     finally:
         writer.close()
+
+
+async def test_a_head_begun_while_a_slow_answer_is_written_is_timed_from_that_answers_end(stack: Container) -> None:
+    """(The head timer ran from the next request's first byte even while the request before it
+    was still being answered: an answer slower than the head timeout, a compaction's summary
+    say, was lost with the connection when a pipelining client had sent part of its next head.)
+    Here the first answer takes 3 head timeouts; the next head, begun at once and finished after
+    that answer, is served. A head left unfinished is then closed after the timeout as ever."""
+    settings = stack.settings.model_copy(update={"api_header_timeout_s": TIMEOUT_S})
+
+    async def slow(scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return
+        if scope["path"] == "/slow":
+            await asyncio.sleep(3 * TIMEOUT_S)
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"2")]})
+        await send({"type": "http.response.body", "body": b"{}"})
+
+    second = _head("GET", "/next")
+    async with served(slow, settings) as url:
+        reader, writer = await connect(url)
+        try:
+            writer.write(_head("GET", "/slow") + second[:10])
+            await writer.drain()
+            status, _, _ = await answer(reader)
+            assert status == 200
+            writer.write(second[10:] + second[:10])
+            await writer.drain()
+            status, _, _ = await answer(reader)
+            assert status == 200
+            assert TIMEOUT_S * 0.8 < await _closed_after(reader) < TIMEOUT_S * 4  # the third head, unfinished
+        finally:
+            writer.close()
