@@ -61,8 +61,8 @@ async def events(
         try:
             n = 0
             async for ev in read:
-                if kid_in(ev.data) is not None:  # asked again only if evicted since (a long page, a busy process)
-                    await c.keys.load([(tenant, sid, None)])
+                if (kid := kid_in(ev.data)) is not None:  # asked again if evicted or made since (a long page)
+                    await c.keys.load([(tenant, sid, kid)])
                 yield audit.event_line(ev, c.layout, c.keys)
                 n += 1
                 if n == page:

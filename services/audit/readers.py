@@ -76,8 +76,8 @@ async def session_events(
     subject = c.layout.session_subject(tenant, session)
     await c.keys.refresh([(tenant, session)])
     async for stored in eventlog.read(c.js, c.layout, subject, from_seq, to_seq):
-        if kid_in(stored.data) is not None:  # asked again only if evicted since (a long read, a busy process)
-            await c.keys.load([(tenant, session, None)])
+        if (kid := kid_in(stored.data)) is not None:  # asked again if evicted or made since (a long read)
+            await c.keys.load([(tenant, session, kid)])
         yield stored
 
 

@@ -295,8 +295,8 @@ class CompactionService:
                 await keys.load([(event.tenant, event.session, None)])
             async for stored in eventlog.read(self._pub.js, self._pub.layout, subject, expected + 1):
                 expected = stored.seq
-                if keys is not None and kid_in(stored.data) is not None:  # asked again only if evicted since
-                    await keys.load([(event.tenant, event.session, None)])
+                if keys is not None and (kid := kid_in(stored.data)) is not None:  # evicted or made since
+                    await keys.load([(event.tenant, event.session, kid)])
                 try:
                     newer = admit(stored.data, stored.subject, self._pub.layout, keys)
                 except Refused:

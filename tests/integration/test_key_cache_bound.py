@@ -363,3 +363,43 @@ async def test_a_rebuild_with_a_store_smaller_than_the_log_holds_every_key(
     assert f"words 1 of {sessions[-1]}" in rows[1].content
     assert keys.cache_sessions is None
     assert keys.held_sessions > CAPACITY
+
+
+async def test_a_compaction_sees_an_update_sealed_under_a_key_made_after_it_asked(
+    tiny: Tiny, new_id: Callable[[str], str]
+) -> None:
+    """(Readers asked again only about evicted sessions: a session held as keyless, written
+    before encryption was turned on, never learned of the key made for it since, and a
+    compaction weighing what came meanwhile skipped the sealed update in its range.) An event
+    sealed under a key the store does not hold has that key asked for."""
+    c, sid = tiny.c, new_id("late-key")
+    sealing, plain = c.publisher.keys, store(c, CAPACITY)
+    c.publisher.keys = plain  # this process does not seal (yet)
+    try:
+        for i in range(3):
+            expected = (await c.publisher.publish(appended(T, sid, f"m{i}", f"m{i - 1}" if i else None, "w"))).seq
+        await plain.load([(T, sid, None)])  # asked about: no key
+        body = text_message("m1", "edited meanwhile, sealed")
+        update = MessageUpdated(
+            tenant=T, session=sid, message_id="m1", role="user", body_sha256=body_hash(body), message=body
+        )
+        c.publisher.keys = store(c, None, seal=True)  # another process, sealing: the session's key is made
+        await c.publisher.publish(update)
+        assert kid_in((await stored_of(c, sid))[-1]) is not None
+        c.publisher.keys = plain
+        overlay = CompactionRecorded(
+            tenant=T,
+            session=sid,
+            overlay_id=new_id("overlay"),
+            from_message_id="m0",
+            to_message_id="m1",
+            leaf_id="m2",
+            tokens_before=100,
+            tokens_after=10,
+            summarizer="offline",
+            model=None,
+            summary="a summary",
+        )
+        assert await c.compaction._publish_unless_changed(overlay, expected, {"m0", "m1"}) is None
+    finally:
+        c.publisher.keys = sealing
