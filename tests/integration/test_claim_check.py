@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import json
 from collections.abc import AsyncIterator, Callable
 
@@ -112,6 +113,58 @@ async def test_reading_a_bucket_never_made_creates_nothing(nats_url: str) -> Non
         with pytest.raises((BucketNotFoundError, NotFoundError)):
             await js.object_store(bucket)
         assert await store.get(await store.put(b"body")) == b"body"  # a write makes it
+        await js.delete_object_store(bucket)
+    finally:
+        await nc.close()
+
+
+async def test_what_another_publisher_stores_on_an_objects_info_subject_is_no_object_and_breaks_none(
+    nats_url: str,
+) -> None:
+    """A reflected publish ack (docs/security.md) can land on any object's info subject, before or
+    after the object is put: reads take the subject's first message, never the last, so an object
+    put reads whole and one never put reads as absent (not an error retried for ever); a put or a
+    delete rids the subject of what is no info first. Chunks of several messages read back whole."""
+    from nats.js.object_store import OBJ_META_PRE_TEMPLATE
+
+    from events.blobs import sha256_hex
+    from events.objectstore import JetStreamBlobStore
+    from tests.conftest import operator_nats
+
+    ack = b'{"stream": "CHRONICLE", "seq": 7}'
+    nc = await operator_nats(nats_url)
+    try:
+        js = nc.jetstream()
+        bucket = "foreign-info-" + sha256_hex(b"y")[:8]
+        store = JetStreamBlobStore(js, bucket)
+
+        def info_subject(data: bytes) -> str:
+            return OBJ_META_PRE_TEMPLATE.format(
+                bucket=bucket, obj=base64.urlsafe_b64encode(sha256_hex(data).encode()).decode()
+            )
+
+        big = b"".join(i.to_bytes(4, "big") for i in range(100_000))  # four 128 KiB chunks
+        put = await store.put(big)
+        await js.publish(info_subject(big), ack)  # after the put
+        assert await store.has(put)
+        assert await store.get(put) == big
+        assert await store.put(big) == put  # already there
+
+        later = b"an object not put yet"
+        ref = BlobRef(store=store.kind, key=sha256_hex(later), sha256=sha256_hex(later), size=len(later))
+        await js.publish(info_subject(later), ack)  # before the put
+        assert not await store.has(ref)
+        with pytest.raises(BlobNotFound):
+            await store.get(ref)
+        assert await store.put(later) == ref
+        await js.publish(info_subject(later), ack)
+        assert await store.get(ref) == later
+
+        await js.publish(info_subject(big), ack)
+        await store.delete(put)
+        assert not await store.has(put)
+        with pytest.raises(BlobNotFound):
+            await store.get(put)
         await js.delete_object_store(bucket)
     finally:
         await nc.close()

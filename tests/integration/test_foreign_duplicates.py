@@ -7,19 +7,25 @@ with nothing written, a server-chosen id is replaced by a fresh one."""
 from __future__ import annotations
 
 import asyncio
+import base64
+import contextlib
 import json
 import logging
+import os
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
 import pytest
+from nats.js.errors import NotFoundError
 
 from events import log as eventlog
-from events.catalog import SessionErased, SessionRenamed
+from events.blobs import BlobRef, sha256_hex
+from events.catalog import MessageAppended, SessionErased, SessionRenamed
 from events.envelope import Event
 from events.ids import TENANT_SCOPE, derived_id
 from events.messages import body_hash
+from events.objectstore import JetStreamBlobStore
 from events.publisher import HDR_MSG_ID, ForeignDuplicate, Published
 from projections import context_queries, queries
 from services.audit.readers import event_line, session_events
@@ -266,6 +272,55 @@ async def test_a_publish_ack_reflected_onto_another_tenants_subject_is_quarantin
         assert row[0] == "reflected_ack"
         assert f"sequence {published_at} of this stream" in row[1]
         assert await queries.get_session(conn, VICTIM, sid) is not None
+
+
+async def test_a_publish_ack_reflected_onto_an_objects_info_halts_no_projection(
+    stack: Container, settings: Settings, new_id: Callable[[str], str]
+) -> None:
+    """(An ack stored on the object store's info subject of a name the tenant then referenced as
+    its body's claim check made nats-py fail on every read of it: the projector retried for ever,
+    every tenant's projections halted.) The tenant's own event is quarantined ``body_unavailable``;
+    the other tenant's writes are applied."""
+    c, bucket = stack, settings.blob_bucket
+    await JetStreamBlobStore(c.js, bucket).put(b"made: the bucket exists")
+    key = sha256_hex(os.urandom(64))
+    info_subject = f"$O.{bucket}.M.{base64.urlsafe_b64encode(key.encode()).decode()}"
+    own = new_id("own")
+    nc = await tenant_nats(settings.nats_url, ATTACKER)
+    try:
+        renamed = SessionRenamed(tenant=ATTACKER, session=own, name="mine")
+        await nc.publish(c.layout.session_subject(ATTACKER, own), renamed.to_json(), reply=info_subject)
+        await nc.flush()
+        for _ in range(500):  # the positive signal: the ack is stored as the object's info
+            with contextlib.suppress(NotFoundError):
+                if set(json.loads((await c.js.get_last_msg(f"OBJ_{bucket}", info_subject)).data or b"")) == {
+                    "stream",
+                    "seq",
+                }:
+                    break
+            await asyncio.sleep(0.02)
+        else:
+            raise AssertionError("the ack was not stored")
+        ref = BlobRef(store="jetstream-object", key=key, sha256=key, size=64)
+        claimed = MessageAppended(
+            tenant=ATTACKER,
+            session=own,
+            message_id="m1",
+            parent_id=None,
+            role="user",
+            body_sha256="0" * 64,
+            message_ref=ref,
+        )
+        held = await nc.jetstream().publish(c.layout.session_subject(ATTACKER, own), claimed.to_json())
+    finally:
+        await nc.close()
+    sid = new_id("victim")
+    later = await c.commands.append(VICTIM, sid, text_message("m1", "after"), None)
+    await c.waiter.wait_all(later.seq)
+    async with c.pool.connection() as conn:
+        cur = await conn.execute("SELECT reason FROM quarantine WHERE seq = %s", (held.seq,))
+        assert await cur.fetchone() == ("body_unavailable",)
+        assert await queries.existing_ids(conn, VICTIM, sid, ["m1"]) == {"m1"}
 
 
 async def test_a_session_erased_its_tenant_publishes_itself_is_quarantined_and_the_session_kept(
