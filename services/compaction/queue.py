@@ -303,8 +303,10 @@ def subscribe(
                     if wait_s <= 0:
                         attempt = Attempt(req.id, number, req.estimate)
                         try:
-                            async with asyncio.timeout(compact_timeout_s):
-                                outcome = await service.compact(req.tenant, req.session, attempt=attempt)
+                            # bounds the summary up to the overlay's publish: a recorded overlay is no failure
+                            outcome = await service.compact(
+                                req.tenant, req.session, attempt=attempt, timeout_s=compact_timeout_s
+                            )
                         except KeyDestroyed:
                             raise
                         except Exception as exc:
@@ -358,9 +360,9 @@ def subscribe(
                 log.info("compaction of %s/%s: attempt %d of %d in %.1fs", *key, number, attempts, wait_s)
                 await msg.nack(delay=wait_s)
                 return
-            if outcome.overlay is not None:
+            if outcome.recorded:
                 stats.compactions += 1
-                log.info("compacted %s/%s: %s", *key, outcome.overlay.overlay_id)
+                log.info("compacted %s/%s at seq %d", *key, outcome.seq)
             else:
                 stats.nothing += 1
                 log.info("nothing to compact in %s/%s: %s", *key, outcome.reason)

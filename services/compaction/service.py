@@ -11,6 +11,7 @@ this.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 from dataclasses import dataclass
@@ -42,7 +43,6 @@ from services.compaction.lease import Leases
 from services.compaction.ranges import Message, Plan, Skip, message_tokens, plan_compaction
 from services.compaction.summarizers import Summarizer, SummarizerError
 from services.context.service import ContextService
-from services.errors import PromptUnstorable, SourceMissing
 from services.tokens import TokenCounter
 from services.writes.optimistic import OptimisticWriter
 
@@ -72,11 +72,26 @@ class Series:
     at: datetime | None = None
 
 
+NOT_YET_VISIBLE = "recorded; not yet visible"
+"""The reason of an overlay recorded at ``seq`` that the read model had not applied when asked."""
+
+
 @dataclass(frozen=True, slots=True)
 class Outcome:
     overlay: Overlay | None
     reason: str | None
     seq: int
+
+    @property
+    def recorded(self) -> bool:
+        """An overlay is recorded (``overlay`` None when it was not yet visible)."""
+        return self.overlay is not None or self.reason == NOT_YET_VISIBLE
+
+
+@dataclass(frozen=True, slots=True)
+class _Recorded:
+    overlay_id: str
+    published: Published
 
 
 async def compacted_view(
@@ -128,7 +143,13 @@ class CompactionService:
         return message_tokens(msg, self._counter.count)
 
     async def compact(
-        self, tenant: str, session: str, leaf_id: str | None = None, *, attempt: Attempt | None = None
+        self,
+        tenant: str,
+        session: str,
+        leaf_id: str | None = None,
+        *,
+        attempt: Attempt | None = None,
+        timeout_s: float | None = None,
     ) -> Outcome:
         """Compact the branch ending at ``leaf_id`` (default: the latest leaf) now.
 
@@ -146,7 +167,22 @@ class CompactionService:
         the projector has applied it: the compaction state then asks for the session again only
         after enough growth (:func:`~services.compaction.estimate.is_due`). A manual compaction
         records no skip, and always tries.
+
+        ``timeout_s`` bounds the work up to the overlay's publish (:class:`TimeoutError`). Once
+        the overlay is recorded, nothing raises: the prompt's re-render and the wait for the
+        projector are best effort (:meth:`_after_recorded`), for a failure recorded after an
+        overlay, or an error answered for it, would have the session summarised again.
         """
+        async with asyncio.timeout(timeout_s):
+            done = await self._record(tenant, session, leaf_id, attempt)
+        if isinstance(done, Outcome):
+            return done
+        return await self._after_recorded(tenant, session, done)
+
+    async def _record(
+        self, tenant: str, session: str, leaf_id: str | None, attempt: Attempt | None
+    ) -> Outcome | _Recorded:
+        """:meth:`compact` up to the overlay's publish: the overlay recorded, or why not."""
         last = await self._cond.catch_up(tenant, session)
         async with self._pool.connection() as conn:
             cfg = (await self._context.config(conn, tenant, session)).compaction or CompactionConfig()
@@ -207,16 +243,28 @@ class CompactionService:
         published = await self._publish_unless_changed(event, last, covered_ids)
         if published is None:
             return Outcome(None, "the session changed while summarising; nothing recorded", last)
-        if not published.duplicate and await self._context.has_prompt(tenant, session):
-            try:
+        return _Recorded(overlay_id, published)
+
+    async def _after_recorded(self, tenant: str, session: str, done: _Recorded) -> Outcome:
+        """What follows a recorded overlay, best effort (the compaction stands whatever fails): the
+        frozen prompt re-rendered (failing, the prompt in force stays until a refresh works, as
+        after a clear), then the overlay as the read model has it, or :data:`NOT_YET_VISIBLE`
+        when it is not applied in time (the projector behind) or cannot be read."""
+        published = done.published
+        try:
+            if not published.duplicate and await self._context.has_prompt(tenant, session):
                 await self._context.refresh_prompt(tenant, session, "compaction")
-            except (SourceMissing, PromptUnstorable) as exc:
-                # the overlay stands; the prompt in force stays until a refresh works
-                log.warning("after compacting %s/%s the prompt was not re-rendered: %s", tenant, session, exc)
-        await self._cond.catch_up(tenant, session)
-        async with self._pool.connection() as conn:
-            recorded = next((o for o in await overlays(conn, tenant, session) if o.overlay_id == overlay_id), None)
-        return Outcome(recorded, None if recorded else "recorded; not yet visible", published.seq)
+        except Exception as exc:  # a source missing or not text, a prompt unstorable, storage or NATS away
+            log.warning("after compacting %s/%s the prompt was not re-rendered: %s", tenant, session, exc)
+        try:
+            await self._cond.catch_up(tenant, session)
+            async with self._pool.connection() as conn:
+                found = await overlays(conn, tenant, session)
+        except Exception as exc:  # the projector behind (ProjectionTimeout), the database away
+            log.warning("compacted %s/%s at seq %d, not yet visible: %s", tenant, session, published.seq, exc)
+            return Outcome(None, NOT_YET_VISIBLE, published.seq)
+        recorded = next((o for o in found if o.overlay_id == done.overlay_id), None)
+        return Outcome(recorded, None if recorded else NOT_YET_VISIBLE, published.seq)
 
     async def _skipped(
         self,

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from typing import Any
 
 import psycopg
+import pytest
 
 from events.blobs import BlobStore
 from events.catalog import MessageAppended, MessageBodyEvent, SessionRenamed
@@ -16,6 +18,7 @@ from events.registry import decode
 from events.sealing import DataKey, seal_blob
 from projections.rebuild import checksums, rebuild_into
 from services.bootstrap import Container
+from services.compaction.service import CompactionService
 from services.settings import Settings
 from tests.conftest import tenant_nats
 
@@ -96,3 +99,33 @@ async def assert_rebuild_equals_live(c: Container, db: str, name: str, schema: s
     await rebuild_into(c.js, c.layout, db, schema, c.projections(), name, keys=c.keys)
     async with await psycopg.AsyncConnection.connect(db) as conn:
         assert await checksums(conn, schema) == live
+
+
+def fault_after_overlay(
+    monkeypatch: pytest.MonkeyPatch, owner: type, method: str, error: Exception | None, delay_s: float = 0.0
+) -> list[int]:
+    """``owner.method``, at its first call after a compaction's overlay is published (the overlay
+    is then in the log), waits ``delay_s`` and raises ``error`` (None: then does its work); the
+    sequences of the overlays published."""
+    publish = CompactionService._publish_unless_changed
+    original = getattr(owner, method)
+    published: list[int] = []
+    faulted: list[int] = []
+
+    async def recording(self: CompactionService, *args: Any, **kwargs: Any) -> Any:
+        done = await publish(self, *args, **kwargs)
+        if done is not None:
+            published.append(done.seq)
+        return done
+
+    async def faulty(self: object, *args: Any, **kwargs: Any) -> Any:
+        if len(faulted) < len(published):
+            faulted.append(published[-1])
+            await asyncio.sleep(delay_s)
+            if error is not None:
+                raise error
+        return await original(self, *args, **kwargs)
+
+    monkeypatch.setattr(CompactionService, "_publish_unless_changed", recording)
+    monkeypatch.setattr(owner, method, faulty)
+    return published

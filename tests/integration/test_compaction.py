@@ -4,22 +4,26 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 
+import httpx
 import pytest
 
 from events.catalog import CompactionRecorded
 from events.context import CompactionConfig, SessionConfig
 from events.omitted import OMITTED, ParentId
 from projections.overlays import Overlay, overlays
+from services.api.app import build_app
 from services.bootstrap import Container
 from services.compaction.ranges import Plan
 from services.compaction.service import Outcome, compacted_view
 from services.compaction.summarizers import SummarizerError
-from services.errors import SummarizerFailed
+from services.context.rules import object_key
+from services.errors import ProjectionTimeout, SummarizerFailed
 from services.requests import writes
-from tests.conftest import make_settings, running_stack
-from tests.integration.helpers import text_message
+from services.writes.optimistic import OptimisticWriter
+from tests.conftest import KEYS, make_settings, running_stack
+from tests.integration.helpers import fault_after_overlay, text_message
 
 T = "tenant-a"
 
@@ -475,3 +479,61 @@ async def test_a_manual_compaction_whose_summarizer_fails_is_summarizer_failed_w
             cur = await conn.execute("SELECT error FROM compaction_failures WHERE session_id = 'manual-fail'")
             ((error,),) = await cur.fetchall()
         assert "upstream says" in error
+
+
+@pytest.fixture
+async def http(stack: Container) -> AsyncIterator[httpx.AsyncClient]:
+    transport = httpx.ASGITransport(app=build_app(stack.settings, stack))
+    headers = {"Authorization": f"Bearer {KEYS[T]}"}
+    async with httpx.AsyncClient(transport=transport, base_url="http://chronicle", headers=headers) as client:
+        yield client
+
+
+CMP = {"protect_head": 1, "tail_token_budget": 50, "min_tail_messages": 2}
+
+
+async def test_a_manual_compaction_recorded_but_not_yet_applied_answers_so(
+    stack: Container, http: httpx.AsyncClient, new_id: Callable[[str], str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The overlay is in the log, then the wait for the projector to apply it times out (the
+    projector behind, under load): ``200 {compacted: false, reason: "recorded; not yet visible",
+    seq}`` with the overlay's sequence, which a ``min_seq`` read of ``…/compactions`` waits for.
+    No failure is recorded, and a client has no error to retry (another summary)."""
+    published = fault_after_overlay(
+        monkeypatch, OptimisticWriter, "catch_up", ProjectionTimeout("the read model did not catch up in time")
+    )
+    sid = new_id("late")
+    assert (await http.put(f"/v1/sessions/{sid}/config", json={"compaction": CMP})).status_code == 200
+    await _append_chain(stack, sid, [f"m{i}" for i in range(12)])
+    r = await http.post(f"/v1/sessions/{sid}/compact", json={})
+    assert r.status_code == 200, r.text
+    assert r.json() == {"compacted": False, "reason": "recorded; not yet visible", "seq": published[0]}
+    r = await http.get(f"/v1/sessions/{sid}/compactions", params={"min_seq": published[0]})
+    assert [o["seq"] for o in r.json()["compactions"]] == published
+    r = await http.get(f"/v1/sessions/{sid}/compaction-failures", params={"min_seq": published[0]})
+    assert r.json() == {"failures": []}
+
+
+async def test_a_compaction_whose_prompt_cannot_be_rendered_again_stands(
+    stack: Container, http: httpx.AsyncClient, new_id: Callable[[str], str]
+) -> None:
+    """A read-only block's object is no longer UTF-8 text when the overlay is recorded: the
+    re-render after it is refused (``source_not_text``), the compaction stands and is answered,
+    and the prompt in force stays (as after a clear)."""
+    sid = new_id("not-text")
+    bucket = "src-" + sid[-12:]
+    storage = stack.context._storage()
+    await storage.put(bucket, object_key(T, "soul.md"), "You are kind.", None)
+    block = {"label": "soul", "kind": "readonly", "source": {"bucket": bucket, "key": "soul.md"}}
+    r = await http.put(f"/v1/sessions/{sid}/config", json={"blocks": [block], "compaction": CMP})
+    assert r.status_code == 200, r.text
+    await _append_chain(stack, sid, [f"m{i}" for i in range(12)])
+    frozen = (await http.get(f"/v1/sessions/{sid}/system-prompt")).json()
+    await storage.put_bytes(bucket, object_key(T, "soul.md"), b"\xff\xfe policy \xc3\x28")
+    r = await http.post(f"/v1/sessions/{sid}/compact", json={})
+    assert r.status_code == 200, r.text
+    assert r.json()["compacted"] is True, r.json()
+    assert r.json()["overlay"]["seq"] == r.json()["seq"]
+    assert (await http.get(f"/v1/sessions/{sid}/system-prompt")).json() == frozen
+    r = await http.get(f"/v1/sessions/{sid}/compaction-failures")
+    assert r.json() == {"failures": []}

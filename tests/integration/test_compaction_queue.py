@@ -19,6 +19,7 @@ import pytest
 from nats.js.api import DiscardPolicy, StreamInfo
 
 from bench.support import settings_env
+from events import log as eventlog
 from events.context import CompactionConfig, SessionConfig
 from projections.overlays import Overlay, overlays
 from services.bootstrap import Container, work_broker
@@ -38,10 +39,12 @@ from services.compaction.ranges import Plan
 from services.compaction.service import CompactionService
 from services.compaction.summarizers import Summarizer, SummarizerError
 from services.compaction.worker import ensure_consumer
+from services.errors import ProjectionTimeout
 from services.settings import Settings
+from services.writes.optimistic import OptimisticWriter
 from tests.conftest import make_settings, running_stack
 from tests.e2e.stub_llm import StubLLM
-from tests.integration.helpers import text_message
+from tests.integration.helpers import fault_after_overlay, text_message
 
 T = "tenant-a"
 POLICY = CompactionConfig(protect_head=1, tail_token_budget=50, min_tail_messages=2)
@@ -275,6 +278,52 @@ async def _failed_request(c: Container, sid: str, *, attempts: int) -> tuple[_Fa
 
 async def _settled_after(c: Container, failing: _Failing) -> bool:
     return bool(failing.at) and await _settled(c)
+
+
+async def _types(c: Container, sid: str) -> list[str]:
+    """The types of the session's events in the log, in order."""
+    subject = c.layout.session_subject(T, sid)
+    return [json.loads(e.data)["type"] async for e in eventlog.read(c.js, c.layout, subject)]
+
+
+@pytest.mark.parametrize(
+    ("error", "delay_s"),
+    [(ProjectionTimeout("the read model did not catch up in time"), 0.0), (None, 3.5)],
+    ids=["projector_behind", "past_the_timeout"],
+)
+async def test_a_fault_after_the_overlay_is_recorded_is_no_failed_attempt(
+    nats_url: str,
+    fresh_db: str,
+    s3_endpoint: str,
+    monkeypatch: pytest.MonkeyPatch,
+    error: Exception | None,
+    delay_s: float,
+) -> None:
+    """The overlay is in the log; then the wait for the projector to apply it times out (the
+    projector behind, under load), or outlasts ``compact_timeout_s``. The compaction stands: no
+    ``compaction.failed`` after the overlay (which ends a failure series), the request acked, and
+    the session not summarised again."""
+    published = fault_after_overlay(monkeypatch, OptimisticWriter, "catch_up", error, delay_s)
+    settings = make_settings(nats_url, fresh_db, s3_endpoint=s3_endpoint)
+    async with running_stack(settings) as c:
+        seq = await _session(c, "after")
+        counting = _Counting("after")
+        async with _subscriber(c, counting, compact_timeout_s=3.0) as stats:
+            await _request(c, "after", seq)
+            await _until(lambda: _settled_after_summary(c, counting), "the request to be settled")
+        assert counting.sessions == ["after"]  # summarised once
+        assert len(published) == 1
+        await c.commands.optimistic.catch_up(T, "after")
+        types = await _types(c, "after")
+        assert types.count("compaction.recorded") == 1, types
+        assert "compaction.failed" not in types, types
+        assert await _failures(c, "after") == []
+        assert [o.seq for o in await _overlays(c, "after")] == published
+        assert (stats.compactions, stats.failures, stats.nothing) == (1, 0, 0)
+
+
+async def _settled_after_summary(c: Container, summarizer: _Counting) -> bool:
+    return bool(summarizer.sessions) and await _settled(c)
 
 
 async def test_a_malformed_request_is_dropped_not_redelivered(nats_url: str, fresh_db: str, s3_endpoint: str) -> None:
