@@ -370,7 +370,9 @@ class Session(ConfigBuilder):
 
         Returns the new overlay, or None when there was nothing to compact (the reason is kept
         in :attr:`last_compact_reason`; a session never written has no messages, as the
-        reference's implicit sessions). Originals are never changed; history reads apply it.
+        reference's implicit sessions), or when the overlay was recorded but the server's read
+        model had not applied it yet (reason ``recorded; not yet visible``: :meth:`get_compactions`
+        lists it once applied; no need to compact again). Originals are never changed; history reads apply it.
         Raises :class:`MessageNotFound` for a ``leaf_id`` that is not a stored message,
         :class:`CompactionInProgress` (nothing summarised) while another compaction of the session
         runs: the compactor's, or another ``compact()``, and :class:`SummarizerFailed` when the
