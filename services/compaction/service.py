@@ -43,6 +43,7 @@ from services.compaction.lease import Leases
 from services.compaction.ranges import Message, Plan, Skip, message_tokens, plan_compaction
 from services.compaction.summarizers import Summarizer, SummarizerError
 from services.context.service import ContextService
+from services.errors import ProjectionTimeout
 from services.tokens import TokenCounter
 from services.writes.optimistic import OptimisticWriter
 
@@ -293,8 +294,11 @@ class CompactionService:
         published = await self._publish_unless_erased(skipped)
         if published is None:
             return Outcome(None, "the session is erased; nothing recorded", last)
-        await self._cond.catch_up(tenant, session)
-        return Outcome(None, reason, published.seq)
+        try:
+            await self._cond.catch_up(tenant, session)
+        except ProjectionTimeout as exc:  # recorded: never a failed attempt after it (the next request is
+            log.warning("skipped compacting %s/%s at seq %d, not yet applied: %s", tenant, session, published.seq, exc)
+        return Outcome(None, reason, published.seq)  # weighed again if it comes before the skip is applied)
 
     async def _publish_unless_erased(self, event: CompactionSkipped | CompactionFailed) -> Published | None:
         """Publish a skip or a failure unless the session is erased (``None``): at the session's

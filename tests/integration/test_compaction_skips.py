@@ -13,16 +13,22 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
+import pytest
+
+from events.catalog import CompactionFailed, CompactionSkipped
 from events.context import CompactionConfig, SessionConfig
+from events.publisher import Published
 from projections.overlays import Overlay, overlays
 from services.bootstrap import Container, open_container
 from services.compaction.estimate import skip_margin
 from services.compaction.ranges import Plan, message_tokens
 from services.compaction.requester import Requester
-from services.compaction.service import Series
+from services.compaction.service import CompactionService, Series
 from services.compaction.state import series
 from services.compaction.summarizers import OfflineSummarizer, OpenAISummarizer, SummarizerError
+from services.errors import ProjectionTimeout
 from services.settings import Settings
+from services.writes.optimistic import OptimisticWriter
 from tests.conftest import make_settings
 from tests.e2e.stub_llm import StubLLM
 from tests.integration.helpers import assert_rebuild_equals_live, text_message
@@ -384,3 +390,43 @@ async def _failure_errors(c: Container, sid: str) -> list[str]:
 async def _overlays(c: Container, sid: str) -> list[Overlay]:
     async with c.pool.connection() as conn:
         return await overlays(conn, T, sid)
+
+
+async def test_a_projector_behind_after_a_recorded_skip_is_no_failed_attempt(
+    nats_url: str, fresh_db: str, s3_endpoint: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """(The wait for the projector after ``compaction.skipped`` was recorded timed out, and the
+    queue recorded ``compaction.failed`` after the skip and asked for another summary.)"""
+    publish, catch_up = CompactionService._publish_unless_erased, OptimisticWriter.catch_up
+    skipped: list[int] = []
+    faulted: list[int] = []
+
+    async def recording(self: CompactionService, event: CompactionSkipped | CompactionFailed) -> Published | None:
+        done = await publish(self, event)
+        if done is not None and isinstance(event, CompactionSkipped):
+            skipped.append(done.seq)
+        return done
+
+    async def behind(self: OptimisticWriter, *args: Any, **kwargs: Any) -> Any:
+        if len(faulted) < len(skipped):  # the first wait after the skip's publish
+            faulted.append(skipped[-1])
+            raise ProjectionTimeout("the read model did not catch up in time")
+        return await catch_up(self, *args, **kwargs)
+
+    monkeypatch.setattr(CompactionService, "_publish_unless_erased", recording)
+    monkeypatch.setattr(OptimisticWriter, "catch_up", behind)
+    settings = make_settings(nats_url, fresh_db, s3_endpoint=s3_endpoint)
+    sid = "skip-behind"
+    assert POLICY.compact_after is not None
+    async with _stack(settings, sid) as (c, summaries, append), _workers(c, sid) as settle:
+        await settle(await append.just_over(POLICY.compact_after))
+        assert len(skipped) == 1
+        assert faulted == skipped
+        await settle(skipped[0])  # the skip applied: the wait for it was the one that failed
+
+        async def one_skip() -> bool:
+            return len(await _skips(c, sid)) == 1
+
+        await _until(one_skip, "the skip applied")
+        assert await _failures(c, sid) == 0
+        assert summaries.calls == 1
