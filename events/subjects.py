@@ -10,7 +10,7 @@ from __future__ import annotations
 import zlib
 from dataclasses import dataclass
 
-from events.ids import decode_token, encode_token
+from events.ids import check_session, check_tenant, decode_token, encode_token
 
 DEFAULT_STREAM = "CHRONICLE"
 DEFAULT_PREFIX = "chronicle.ev"
@@ -64,6 +64,19 @@ class SubjectLayout:
     def work_subject(self, kind: str, tenant: str, session: str) -> str:
         """One subject per session and kind of work: the stream keeps the newest request of each."""
         return f"{self.work_prefix}.{kind}.{encode_token(tenant)}.{encode_token(session)}"
+
+    def work_session(self, kind: str, subject: str) -> tuple[str, str]:
+        """(tenant, session) of a work subject of ``kind``: exactly :meth:`work_subject`'s form
+        (canonical tokens) for a valid tenant id and a valid session id (not the tenant scope);
+        else :class:`ValueError`. Whatever lands on such a subject concerns that session only."""
+        head = f"{self.work_prefix}.{kind}."
+        tokens = subject[len(head) :].split(".") if subject.startswith(head) else []
+        if len(tokens) != 2:
+            raise ValueError(f"subject {subject!r} is not a {kind} work subject")
+        tenant, session = check_tenant(decode_token(tokens[0])), check_session(decode_token(tokens[1]))
+        if self.work_subject(kind, tenant, session) != subject:
+            raise ValueError(f"subject {subject!r} is not in canonical form")
+        return tenant, session
 
     def session_subject(self, tenant: str, session: str) -> str:
         part = partition_of(tenant, session, self.partitions)

@@ -39,10 +39,10 @@ from projections.migrate import check_schema, migrate
 from projections.overlays import OverlayProjection
 from projections.runner import Projection, ProjectorRunner, partition_checkpoint, read_checkpoint
 from services.compaction.lease import Leases
-from services.compaction.queue import Requests, consumer_config, subscribe
+from services.compaction.queue import Requests, consumer_config, request, subscribe
 from services.compaction.requester import Requester
 from services.compaction.service import CompactionService, Series
-from services.compaction.state import CompactorState, series, still_due
+from services.compaction.state import CompactorState, pending, series, still_due
 from services.compaction.summarizers import OfflineSummarizer, OpenAISummarizer, Summarizer
 from services.compaction.worker import Compactor
 from services.context.rules import object_key
@@ -121,6 +121,11 @@ class Container:
             async with self.pool.connection() as conn:
                 return await series(conn, s.projector_name, req.tenant, req.session)
 
+        async def pending_of(tenant: str, session: str) -> CompactionRequested | None:
+            async with self.pool.connection() as conn:
+                found = await pending(conn, s.projector_name, tenant, session)
+            return None if found is None else request(tenant, session, found.leaf, found.estimate, found.seq)
+
         work = subscribe(
             broker,
             self.layout,
@@ -131,6 +136,7 @@ class Container:
             backoff_s=s.compaction_backoff_s,
             still_due=due,
             series_of=series_of,
+            pending_of=pending_of,
         )
         retired = "chronicle-" + s.compactor_name.replace(".", "-")  # its consumer of the log, before
         return Compactor(self.js, self.layout, broker, work, consumer, retired)

@@ -41,7 +41,12 @@ then weighs what the holder recorded. Acknowledgement is explicit, never FastStr
   answering (killed) loses it after the first backoff delay, and another takes it (its attempt
   recorded nothing: the same number is tried again). The consumer's ``max_deliver``
   (:func:`max_deliveries`) bounds a request's deliveries: its last records ``compaction.failed``
-  without summarising.
+  without summarising;
+* not a request of its subject's session (a publish ack a tenant had JetStream reflect onto the
+  subject, replacing the session's pending request): the session's request is read back from the
+  committed state (one read) and worked on as above when the session is due, else acked; on a
+  subject that names no session, rejected (:func:`_request_of`). Garbage never loses a session's
+  compaction, and costs another tenant one state read.
 
 Overlay ids are deterministic, so a redelivery never records an overlay twice.
 """
@@ -187,11 +192,14 @@ class WorkStats:
     failures: int = 0  # failed attempts (each retried or, on the last, recorded)
     gave_up: int = 0  # requests whose series' attempts ran out (each failure is recorded)
     busy: int = 0  # waits for a session's lease that ran out (the request is put off, nothing recorded)
+    malformed: int = 0  # messages that were no request of their subject's session (see subscribe)
+    dropped: int = 0  # of those, rejected unasked (the subject names no session, or no state to ask)
     in_flight: int = 0
 
 
 StillDue = Callable[[CompactionRequested], Awaitable[bool]]
 SeriesOf = Callable[[CompactionRequested], Awaitable[Series]]
+PendingOf = Callable[[str, str], Awaitable[CompactionRequested | None]]
 
 
 class SessionLocks:
@@ -227,6 +235,7 @@ def subscribe(
     backoff_s: Sequence[float],
     still_due: StillDue | None = None,
     series_of: SeriesOf | None = None,
+    pending_of: PendingOf | None = None,
     compact_timeout_s: float = 600,
 ) -> WorkStats:
     """Register the work-queue subscriber on ``broker`` (started by the caller); its counters.
@@ -235,7 +244,9 @@ def subscribe(
     (compacted by someone, or no longer over its threshold) be acked without work; None: every
     request runs. ``series_of``: the session's attempt series from the committed state, which a
     request continues (see the module); None: each request is a series of its own, its attempts
-    numbered by its deliveries.
+    numbered by its deliveries. ``pending_of``: the request the committed state holds for a
+    session (None when it finds nothing due), asked for a message that is no request of its
+    subject's session (:func:`_request_of`); None: such a message is dropped.
     """
     stats = WorkStats()
     busy = SessionLocks()  # one summary of a session at a time in this process
@@ -260,14 +271,11 @@ def subscribe(
     )
     async def compaction_requested(msg: NatsMessage) -> None:
         delivery = msg.raw_message.metadata.num_delivered
-        try:
-            req = CompactionRequested.model_validate_json(msg.body)
-        except ValidationError as exc:
-            log.error("dropping a malformed compaction request: %s", exc)
-            await msg.reject()  # it would fail the same way every time
+        final = delivery >= max_deliveries(attempts)  # JetStream delivers it no more: it decides now
+        req = await _request_of(msg, layout, stats, pending_of, final=final, retry_s=backoff_s[0])
+        if req is None:  # settled (dropped, nothing due) or put off
             return
         key = (req.tenant, req.session)
-        final = delivery >= max_deliveries(attempts)  # JetStream delivers it no more: it decides now
         attempt: Attempt | None = None  # the summary this delivery runs (numbered in the lease)
         failure: Exception | None = None  # the attempt's error
         recorded = False  # its compaction.failed, inside the lease
@@ -374,6 +382,75 @@ def subscribe(
                 await beat
 
     return stats
+
+
+async def _request_of(
+    msg: NatsMessage,
+    layout: SubjectLayout,
+    stats: WorkStats,
+    pending_of: PendingOf | None,
+    *,
+    final: bool,
+    retry_s: float,
+) -> CompactionRequested | None:
+    """The request ``msg`` stands for; None when it is settled here (acked or rejected) or put off.
+
+    A request of its subject's session is itself. Anything else on a session's work subject (a
+    tenant can have JetStream publish the ack of its own event there, as the server, where NATS
+    permissions cannot stop it; it then replaces the session's pending request, the stream keeping
+    one per subject) says only "look at this session again": the subject names the session, so the
+    committed state (``pending_of``, one read) is asked what the session's request is. Due, it is
+    worked on as that request, the same decision as the one replaced (the same id, so the same
+    skip or failure events); else the message is acked. Garbage costs one state read; a session
+    it finds due gets the work it was due anyway. A message on a subject that names no session
+    (nor a tenant) is rejected without asking anything."""
+    subject = msg.raw_message.subject
+    try:
+        req = CompactionRequested.model_validate_json(msg.body)
+    except ValidationError as exc:
+        problem = f"not a compaction request ({exc.error_count()} error(s); {exc.errors()[0]['msg']})"
+    else:
+        if layout.work_subject(KIND, req.tenant, req.session) == subject:
+            return req
+        problem = "a request of another session"
+    stats.malformed += 1
+    try:
+        tenant, session = layout.work_session(KIND, subject)
+    except ValueError:
+        stats.dropped += 1
+        log.error(
+            "dropping a malformed compaction request on %s: %s, on a subject that names no session", subject, problem
+        )
+        await msg.reject()  # it would fail the same way every time
+        return None
+    if pending_of is None:
+        stats.dropped += 1
+        log.error("dropping a malformed compaction request for %s/%s: %s", tenant, session, problem)
+        await msg.reject()
+        return None
+    try:
+        found = await pending_of(tenant, session)
+    except Exception as exc:  # the database: the session is looked at again later
+        log.warning("a malformed compaction request for %s/%s: its state could not be read: %s", tenant, session, exc)
+        if final:
+            await msg.ack()  # JetStream delivers it no more; the state asks again on growth
+        else:
+            await msg.nack(delay=retry_s)
+        return None
+    if found is None:
+        stats.nothing += 1
+        log.warning(
+            "a malformed compaction request for %s/%s (%s): nothing is due there; dropped", tenant, session, problem
+        )
+        await msg.ack()
+        return None
+    log.warning(
+        "a malformed compaction request for %s/%s (%s): the session is due; its request is worked on",
+        tenant,
+        session,
+        problem,
+    )
+    return found
 
 
 def series_wait(running: Series, backoff_s: Sequence[float], now: datetime) -> float:

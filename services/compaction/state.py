@@ -496,20 +496,41 @@ class CompactorState:
             self.candidates.pop((t, s), None)
 
 
+async def _committed(conn: Conn, worker: str, tenant: str, session: str) -> tuple[Any, ...] | None:
+    """The session's committed row: leaf, estimate, prompt tokens, ``compact_after``, the skipped
+    estimate and the position (None: not tracked)."""
+    cur = await conn.execute(
+        "SELECT leaf_id, estimate, prompt_tokens, compact_after, skipped_estimate, seq FROM compactor_sessions "
+        "WHERE worker = %s AND tenant = %s AND session_id = %s",
+        (worker, tenant, session),
+    )
+    return await cur.fetchone()
+
+
 async def still_due(conn: Conn, worker: str, tenant: str, session: str, seq: int) -> bool:
     """Whether a request decided at ``seq`` still stands, from the committed state: the session
     is tracked and over its threshold. A state that has not reached ``seq`` (it cannot happen
     while requests are published after their commit) cannot tell: True."""
-    cur = await conn.execute(
-        "SELECT seq, estimate, prompt_tokens, compact_after, skipped_estimate FROM compactor_sessions "
-        "WHERE worker = %s AND tenant = %s AND session_id = %s",
-        (worker, tenant, session),
-    )
-    row = await cur.fetchone()
+    row = await _committed(conn, worker, tenant, session)
     if row is None:
         return False  # compaction switched off, or the session erased: nothing is due
-    at, estimate, prompt_tokens, compact_after, skipped = row
+    _, estimate, prompt_tokens, compact_after, skipped, at = row
     return int(at) < seq or is_due(int(estimate), int(prompt_tokens), compact_after, skipped)
+
+
+async def pending(conn: Conn, worker: str, tenant: str, session: str) -> Candidate | None:
+    """The session as a candidate, when the committed state finds it due (tracked, over its
+    threshold, not held by a skip or a failure): the leaf, estimate and position a request of it
+    names (the decision the projector published, while the state has not moved since); None when
+    nothing is due. One read of the session's row: what the work queue spends on a message on the
+    session's work subject that is not a request (:func:`services.compaction.queue.subscribe`)."""
+    row = await _committed(conn, worker, tenant, session)
+    if row is None:
+        return None
+    leaf, estimate, prompt_tokens, compact_after, skipped, seq = row
+    if not is_due(int(estimate), int(prompt_tokens), compact_after, skipped):
+        return None
+    return Candidate(tenant, session, leaf, int(estimate) + int(prompt_tokens), int(seq))
 
 
 async def series(conn: Conn, worker: str, tenant: str, session: str) -> Series:

@@ -8,7 +8,8 @@ shares: whichever process is free summarises, with explicit acks, bounded redeli
 ``compaction.failed`` for each failed attempt and one series of attempts per session. A compactor
 reads nothing of the log: a session without compaction costs it nothing. A redelivered request is
 checked against the committed state first (:func:`~services.compaction.state.still_due`,
-:func:`~services.compaction.state.series`).
+:func:`~services.compaction.state.series`); a message on a session's work subject that is no
+request of it is read back from there (:func:`~services.compaction.state.pending`).
 
 Appends never wait for any of this.
 """

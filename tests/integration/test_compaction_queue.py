@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import signal
 import subprocess
 import sys
@@ -17,16 +18,20 @@ from typing import Any
 
 import pytest
 from nats.js.api import DiscardPolicy, StreamInfo
+from nats.js.errors import NotFoundError
 
 from bench.support import settings_env
 from events import log as eventlog
+from events.admission import admit
+from events.catalog import CompactionRecorded, CompactionRequested
 from events.context import CompactionConfig, SessionConfig
 from projections.overlays import Overlay, overlays
 from services.bootstrap import Container, work_broker
-from services.compaction import queue
+from services.compaction import queue, state
 from services.compaction.lease import Leases
 from services.compaction.queue import (
     KIND,
+    PendingOf,
     Requests,
     SeriesOf,
     StillDue,
@@ -36,7 +41,7 @@ from services.compaction.queue import (
     subscribe,
 )
 from services.compaction.ranges import Plan
-from services.compaction.service import CompactionService
+from services.compaction.service import CompactionService, Series
 from services.compaction.summarizers import Summarizer, SummarizerError
 from services.compaction.worker import ensure_consumer
 from services.errors import ProjectionTimeout
@@ -97,6 +102,7 @@ async def _subscriber(
     attempts: int = 3,
     still_due: StillDue | None = None,
     series_of: SeriesOf | None = None,
+    pending_of: PendingOf | None = None,
     compact_timeout_s: float = 600,
 ) -> AsyncIterator[WorkStats]:
     """A work-queue subscriber on a NATS connection of its own, on the shared durable, with
@@ -116,6 +122,7 @@ async def _subscriber(
         backoff_s=s.compaction_backoff_s,
         still_due=still_due,
         series_of=series_of,
+        pending_of=pending_of,
         compact_timeout_s=compact_timeout_s,
     )
     await ensure_consumer(
@@ -413,3 +420,203 @@ async def test_a_killed_compactors_request_is_redelivered_to_the_other(
 
 async def _asked(llm: StubLLM) -> bool:
     return bool(llm.requests)
+
+
+class _Committed:
+    """What ``chronicle compactor`` weighs a delivery against (services/bootstrap.py): the committed
+    compaction state; the sessions whose pending request was asked for, in order."""
+
+    def __init__(self, c: Container, *, fails: int = 0) -> None:
+        self._c = c
+        self._fails = fails  # reads of the pending request that fail first (the database gone)
+        self.asked: list[tuple[str, str]] = []
+
+    async def still_due(self, req: CompactionRequested) -> bool:
+        async with self._c.pool.connection() as conn:
+            return await state.still_due(conn, self._c.settings.projector_name, req.tenant, req.session, req.seq)
+
+    async def series_of(self, req: CompactionRequested) -> Series:
+        async with self._c.pool.connection() as conn:
+            return await state.series(conn, self._c.settings.projector_name, req.tenant, req.session)
+
+    async def pending_of(self, tenant: str, session: str) -> CompactionRequested | None:
+        self.asked.append((tenant, session))
+        if len(self.asked) <= self._fails:
+            raise ConnectionError("the database is gone")
+        async with self._c.pool.connection() as conn:
+            found = await state.pending(conn, self._c.settings.projector_name, tenant, session)
+        return None if found is None else request(tenant, session, found.leaf, found.estimate, found.seq)
+
+    def subscriber(
+        self, summarizer: Summarizer, *, attempts: int = 3
+    ) -> contextlib.AbstractAsyncContextManager[WorkStats]:
+        return _subscriber(
+            self._c,
+            summarizer,
+            attempts=attempts,
+            still_due=self.still_due,
+            series_of=self.series_of,
+            pending_of=self.pending_of,
+        )
+
+
+def _ack(c: Container, seq: int) -> bytes:
+    """A JetStream publish ack of the log, as JetStream sends it to a publish's reply subject."""
+    return json.dumps({"stream": c.layout.stream, "seq": seq}).encode()
+
+
+async def _pending(c: Container, sid: str) -> bytes | None:
+    """The message waiting on the session's work subject (None: none)."""
+    try:
+        stored = await c.js.get_last_msg(c.layout.work_stream, c.layout.work_subject(KIND, T, sid))
+    except NotFoundError:
+        return None
+    return stored.data
+
+
+async def _replace_request(c: Container, sid: str, data: bytes) -> None:
+    """Once the projector has requested the session's compaction, replace the request by ``data``."""
+
+    async def requested() -> bool:
+        pending = await _pending(c, sid)
+        return pending is not None and json.loads(pending).get("type") == "compaction.requested"
+
+    await _until(requested, "the projector to request the session's compaction")
+    await c.js.publish(c.layout.work_subject(KIND, T, sid), data)
+    assert await _pending(c, sid) == data  # the request is gone: replaced
+
+
+async def _recorded(c: Container, sid: str) -> list[CompactionRecorded]:
+    """The ``compaction.recorded`` events in the session's log."""
+    found = []
+    async for stored in eventlog.read(c.js, c.layout, c.layout.session_subject(T, sid)):
+        event = admit(stored.data, stored.subject, c.layout, c.keys)
+        if isinstance(event, CompactionRecorded):
+            found.append(event)
+    return found
+
+
+async def test_a_reflected_ack_replacing_a_pending_request_still_gets_its_session_compacted(
+    nats_url: str, fresh_db: str, s3_endpoint: str
+) -> None:
+    """The work stream keeps one message per session subject: anything published there replaces
+    the session's pending request (a publish ack that a tenant had JetStream send there, as the
+    server, does: tests/integration/test_foreign_duplicates.py), and the projector does not ask
+    again for a decision it published. Not being a request, it makes the compactor read the
+    session's request back from the committed state, and work on it."""
+    settings = make_settings(nats_url, fresh_db, s3_endpoint=s3_endpoint)
+    async with running_stack(settings) as c:
+        seq = await _session(c, "replaced", POLICY.model_copy(update={"compact_after": 300}))
+        await _replace_request(c, "replaced", _ack(c, seq))
+        assert (await _work_stream(c)).state.messages == 1
+        committed = _Committed(c)
+        counting = _Counting("reread")
+        async with committed.subscriber(counting) as stats:
+            await _until(lambda: _settled_with(c, stats), "the session to be compacted")
+        assert committed.asked == [(T, "replaced")]  # one read of the state
+        assert (stats.malformed, stats.dropped, stats.compactions, stats.failures) == (1, 0, 1, 0)
+        assert counting.sessions == ["replaced"]
+        (recorded,) = await _recorded(c, "replaced")
+        assert recorded.summarizer == "reread"
+        (overlay,) = await _overlays(c, "replaced")
+        assert overlay.overlay_id == recorded.overlay_id
+
+
+async def _settled_with(c: Container, stats: WorkStats) -> bool:
+    return stats.compactions + stats.nothing + stats.dropped > 0 and await _settled(c)
+
+
+async def test_garbage_on_a_session_not_due_costs_one_state_read_and_is_acked(
+    nats_url: str, fresh_db: str, s3_endpoint: str
+) -> None:
+    """A session under its threshold, and one nobody configured for compaction: one read each,
+    nothing summarised, nothing recorded, nothing left in the queue."""
+    settings = make_settings(nats_url, fresh_db, s3_endpoint=s3_endpoint)
+    async with running_stack(settings) as c:
+        seq = await _session(c, "under")  # no compact_after: not tracked, never due
+        await c.context.configure(
+            T, "calm", SessionConfig(compaction=POLICY.model_copy(update={"compact_after": 10**6}))
+        )
+        await c.commands.optimistic.catch_up(T, "calm")
+        committed = _Committed(c)
+        counting = _Counting("unused")
+        async with committed.subscriber(counting) as stats:
+            for sid in ("under", "calm"):
+                await c.js.publish(c.layout.work_subject(KIND, T, sid), _ack(c, seq))
+            await _until(lambda: _nothing_after(c, stats, 2), "both to be looked at")
+        assert sorted(committed.asked) == [(T, "calm"), (T, "under")]
+        assert (stats.malformed, stats.dropped, stats.nothing, stats.compactions) == (2, 0, 2, 0)
+        assert counting.sessions == []
+        assert await _recorded(c, "under") == []
+        assert await _recorded(c, "calm") == []
+
+
+async def _nothing_after(c: Container, stats: WorkStats, n: int) -> bool:
+    return stats.nothing == n and await _settled(c)
+
+
+async def test_a_request_of_another_session_weighs_its_subjects_session(
+    nats_url: str, fresh_db: str, s3_endpoint: str
+) -> None:
+    """The subject names the session: a request stored under another session's subject (only the
+    operator publishes requests; this one is made up) is no request of that session, and the
+    session it names in its body is not compacted through it."""
+    settings = make_settings(nats_url, fresh_db, s3_endpoint=s3_endpoint)
+    async with running_stack(settings, projector=False) as c:
+        committed = _Committed(c)
+        counting = _Counting("unused")
+        async with committed.subscriber(counting) as stats:
+            foreign = request(T, "named", "m11", 1000, 1)
+            await c.js.publish(c.layout.work_subject(KIND, T, "subject"), foreign.to_json())
+            await _until(lambda: _nothing_after(c, stats, 1), "the request to be looked at")
+        assert committed.asked == [(T, "subject")]
+        assert (stats.malformed, stats.compactions) == (1, 0)
+        assert counting.sessions == []
+
+
+async def test_garbage_whose_state_cannot_be_read_is_looked_at_again(
+    nats_url: str, fresh_db: str, s3_endpoint: str
+) -> None:
+    """Reading the state fails (the database gone): the message is put off, not dropped, and the
+    session is compacted once the state answers."""
+    settings = make_settings(nats_url, fresh_db, s3_endpoint=s3_endpoint, compaction_backoff_s=(0.3, 0.6))
+    async with running_stack(settings) as c:
+        seq = await _session(c, "later", POLICY.model_copy(update={"compact_after": 300}))
+        await _replace_request(c, "later", _ack(c, seq))
+        committed = _Committed(c, fails=1)
+        async with committed.subscriber(_Counting("later")) as stats:
+            await _until(lambda: _settled_with(c, stats), "the session to be compacted")
+        assert committed.asked == [(T, "later"), (T, "later")]
+        assert (stats.malformed, stats.compactions) == (2, 1)  # each delivery is looked at
+        assert len(await _recorded(c, "later")) == 1
+
+
+async def test_garbage_on_a_subject_that_names_no_session_is_dropped_without_asking(
+    nats_url: str, fresh_db: str, s3_endpoint: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    settings = make_settings(nats_url, fresh_db, s3_endpoint=s3_endpoint)
+    async with running_stack(settings, projector=False) as c:
+        prefix = f"{c.layout.work_prefix}.{KIND}"
+        subjects = [
+            f"{prefix}.{T}",  # no session
+            f"{prefix}.{T}.s.extra",
+            f"{prefix}.{T}.=",  # the tenant scope
+            f"{prefix}.~@@.s",  # no token of an id
+            f"{prefix}.~YSBi.s",  # "a b": no tenant id
+        ]
+        committed = _Committed(c)
+        counting = _Counting("unused")
+        with caplog.at_level(logging.ERROR, logger="chronicle.compactor"):
+            async with committed.subscriber(counting) as stats:
+                for subject in subjects:
+                    await c.js.publish(subject, _ack(c, 7))
+                await _until(lambda: _dropped_after(c, stats, len(subjects)), "the garbage to be dropped")
+        assert committed.asked == []
+        assert (stats.malformed, stats.nothing, stats.compactions, stats.failures) == (len(subjects), 0, 0, 0)
+        assert counting.sessions == []
+        logged = [r.getMessage() for r in caplog.records if "names no session" in r.getMessage()]
+        assert sorted(s for s in subjects if any(f" on {s}:" in m for m in logged)) == sorted(subjects)
+
+
+async def _dropped_after(c: Container, stats: WorkStats, n: int) -> bool:
+    return stats.dropped == n and await _settled(c)

@@ -402,3 +402,37 @@ async def test_a_failure_of_a_request_holds_like_a_skip_and_a_manual_one_holds_n
     assert not await due_now()
     await feed(msgs[12])  # past it
     assert await due_now()
+
+
+async def test_the_pending_request_read_back_is_the_one_the_projector_published(
+    stack: Container, new_id: Callable[[str], str]
+) -> None:
+    """What the work queue reads back for a session whose request was replaced by garbage: the
+    candidate the projector published (the same leaf and estimate, so the same request id), and
+    nothing once a skip holds the session, or for a session not tracked."""
+    from services.compaction.queue import request
+    from services.compaction.state import pending
+
+    sid = new_id("pending")
+    count = stack.context.counter.count
+    state = CompactorState(new_id("w"), count, None, adopt=False)
+    configured, msgs, _ = _chain_over_threshold(sid, 4, count)
+    feed = _Feeder(stack, state, 60_000_000)
+    await feed(
+        configured, *msgs, PromptRendered(tenant=T, session=sid, text="x", tokens=3, version_no=1, reason="freeze")
+    )
+    published = state.candidates[(T, sid)]
+    async with stack.pool.connection() as conn:
+        found = await pending(conn, state.worker, T, sid)
+        assert found == published
+        assert await pending(conn, state.worker, T, new_id("never")) is None
+    assert found is not None
+    as_requested = request(T, sid, published.leaf, published.estimate, published.seq)
+    assert request(T, sid, found.leaf, found.estimate, found.seq).id == as_requested.id
+    cfg = configured.config.compaction
+    assert cfg is not None
+    await feed(
+        CompactionSkipped(tenant=T, session=sid, leaf_id=found.leaf, estimate=found.estimate, reason="r", config=cfg)
+    )
+    async with stack.pool.connection() as conn:
+        assert await pending(conn, state.worker, T, sid) is None

@@ -12,6 +12,7 @@ import contextlib
 import json
 import logging
 import os
+import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
@@ -21,7 +22,8 @@ from nats.js.errors import NotFoundError
 
 from events import log as eventlog
 from events.blobs import BlobRef, sha256_hex
-from events.catalog import MessageAppended, SessionErased, SessionRenamed
+from events.catalog import CompactionRecorded, MessageAppended, SessionErased, SessionRenamed
+from events.context import CompactionConfig, SessionConfig
 from events.envelope import Event
 from events.ids import TENANT_SCOPE, derived_id
 from events.messages import body_hash
@@ -30,6 +32,7 @@ from events.publisher import HDR_MSG_ID, ForeignDuplicate, Published
 from projections import context_queries, queries
 from services.audit.readers import event_line, session_events
 from services.bootstrap import Container
+from services.compaction.queue import KIND
 from services.errors import IdempotencyKeyConflict
 from services.settings import Settings
 from tests.conftest import running_stack, tenant_nats, tenant_nats_settings
@@ -239,6 +242,18 @@ async def test_a_skill_whose_id_another_tenant_took_is_indexed_under_a_fresh_id(
         assert await context_queries.indexed_skills(conn, VICTIM, bucket) == {key: "etag-1"}
 
 
+async def reflect(c: Container, settings: Settings, own: str, reply: str) -> None:
+    """The attacker publishes an event of its own session ``own`` (with its own NATS credentials),
+    naming ``reply`` as the reply subject: JetStream, not the attacker, publishes the ack there."""
+    event = SessionRenamed(tenant=ATTACKER, session=own, name="mine")
+    nc = await tenant_nats(settings.nats_url, ATTACKER)
+    try:
+        await nc.publish(c.layout.session_subject(ATTACKER, own), event.to_json(), reply=reply)
+        await nc.flush()
+    finally:
+        await nc.close()
+
+
 async def test_a_publish_ack_reflected_onto_another_tenants_subject_is_quarantined_as_reflected(
     stack: Container, settings: Settings, new_id: Callable[[str], str]
 ) -> None:
@@ -248,13 +263,8 @@ async def test_a_publish_ack_reflected_onto_another_tenants_subject_is_quarantin
     c, sid = stack, new_id("reflected")
     created = await c.commands.create_session(VICTIM, sid, "", None, {})
     victim_subject = c.layout.session_subject(VICTIM, sid)
-    own = SessionRenamed(tenant=ATTACKER, session=new_id("own"), name="mine")
-    nc = await tenant_nats(settings.nats_url, ATTACKER)
-    try:
-        await nc.publish(c.layout.session_subject(ATTACKER, own.session), own.to_json(), reply=victim_subject)
-        await nc.flush()
-    finally:
-        await nc.close()
+    own = new_id("own")
+    await reflect(c, settings, own, victim_subject)
     for _ in range(500):  # the positive signal: the ack is stored under the victim's subject
         reflected = await eventlog.last_seq(c.js, c.layout, victim_subject)
         if reflected != created.seq:
@@ -263,7 +273,7 @@ async def test_a_publish_ack_reflected_onto_another_tenants_subject_is_quarantin
     subject, _, ack = await stored(c, reflected)
     assert (subject, set(ack)) == (victim_subject, {"stream", "seq"})
     published_at = int(str(ack["seq"]))
-    assert (await stored(c, published_at))[0] == c.layout.session_subject(ATTACKER, own.session)
+    assert (await stored(c, published_at))[0] == c.layout.session_subject(ATTACKER, own)
     await c.waiter.wait_all(reflected)
     async with c.pool.connection() as conn:
         cur = await conn.execute("SELECT reason, detail FROM quarantine WHERE seq = %s", (reflected,))
@@ -321,6 +331,57 @@ async def test_a_publish_ack_reflected_onto_an_objects_info_halts_no_projection(
         cur = await conn.execute("SELECT reason FROM quarantine WHERE seq = %s", (held.seq,))
         assert await cur.fetchone() == ("body_unavailable",)
         assert await queries.existing_ids(conn, VICTIM, sid, ["m1"]) == {"m1"}
+
+
+async def test_a_publish_ack_reflected_onto_another_tenants_work_subject_does_not_lose_its_compaction(
+    stack: Container, settings: Settings, new_id: Callable[[str], str]
+) -> None:
+    """The same reflection onto the compaction work queue: the work stream keeps one message per
+    session subject, so the ack replaces the victim session's pending request (and the projector
+    does not ask again for a decision it published). The compactor reads the session's request
+    back from its committed state, and the session is compacted all the same."""
+    c, sid = stack, new_id("compacted")
+    policy = CompactionConfig(compact_after=300, protect_head=1, tail_token_budget=50, min_tail_messages=2)
+    await c.context.configure(VICTIM, sid, SessionConfig(compaction=policy))
+    for i in range(12):
+        await c.commands.append(VICTIM, sid, text_message(f"m{i}", f"turn {i} " + "lorem ipsum " * 20))
+    work = c.layout.work_subject(KIND, VICTIM, sid)
+
+    async def waiting() -> dict[str, Any]:
+        for _ in range(1500):
+            with contextlib.suppress(NotFoundError):
+                return dict(json.loads((await c.js.get_last_msg(c.layout.work_stream, work)).data or b"{}"))
+            await asyncio.sleep(0.02)
+        raise AssertionError(f"nothing arrived on {work}")
+
+    assert (await waiting())["type"] == "compaction.requested"  # the projector asked; no compactor runs yet
+    await reflect(c, settings, new_id("own"), work)
+    for _ in range(500):  # the positive signal: the ack replaced the request
+        if set(await waiting()) == {"stream", "seq"}:
+            break
+        await asyncio.sleep(0.02)
+    assert set(await waiting()) == {"stream", "seq"}
+    stop = asyncio.Event()
+    compactor = asyncio.create_task(c.compactor().run(stop))
+    try:
+        deadline = time.monotonic() + 30
+        while not (recorded := await _recorded(c, VICTIM, sid)):
+            assert time.monotonic() < deadline, "the victim's compaction was lost"
+            await asyncio.sleep(0.05)
+        (overlay,) = recorded
+        assert (overlay.tenant, overlay.session) == (VICTIM, sid)
+    finally:
+        stop.set()
+        await asyncio.wait_for(compactor, timeout=15)
+
+
+async def _recorded(c: Container, tenant: str, session: str) -> list[CompactionRecorded]:
+    """The ``compaction.recorded`` events in the session's log."""
+    found = []
+    async for stored in eventlog.read(c.js, c.layout, c.layout.session_subject(tenant, session)):
+        if json.loads(stored.data).get("type") == CompactionRecorded.TYPE:
+            found.append(CompactionRecorded.model_validate_json(stored.data))
+    return found
 
 
 async def test_a_session_erased_its_tenant_publishes_itself_is_quarantined_and_the_session_kept(

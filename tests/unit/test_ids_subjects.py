@@ -250,6 +250,34 @@ def test_parse_rejects_foreign_subjects(subject: str) -> None:
         SubjectLayout().parse(subject)
 
 
+@pytest.mark.parametrize(("tenant", "session"), [p for p in PAIRS if p[0] != "weird.tenant"])
+def test_a_work_subject_parses_back_to_its_session(tenant: str, session: str) -> None:
+    layout = SubjectLayout(prefix="t1a2b3c4.ev")
+    assert layout.work_session("compaction", layout.work_subject("compaction", tenant, session)) == (tenant, session)
+
+
+@pytest.mark.parametrize(
+    "subject",
+    [
+        "chronicle.ev-work.compaction.acme",  # no session
+        "chronicle.ev-work.compaction.acme.s.extra",
+        "chronicle.ev-work.other.acme.s",  # another kind of work
+        "chronicle.ev.acme.p000.s",  # the log's, not the work queue's
+        "chronicle.ev-work.compaction..s",  # an empty tenant
+        "chronicle.ev-work.compaction.acme.=",  # the tenant scope: no session to compact
+        "chronicle.ev-work.compaction.acme.~",  # an empty session
+        "chronicle.ev-work.compaction.~@@.s",  # not base64url
+        "chronicle.ev-work.compaction.~YWNtZQ.s",  # "acme" encoded: not the canonical token
+        "chronicle.ev-work.compaction.~YSBi.s",  # "a b": no tenant id
+        "chronicle.ev-work.compaction.acme.~_w",  # not UTF-8
+        "chronicle.ev-work.compaction.acme.~ICA",  # whitespace only: no session id
+    ],
+)
+def test_a_work_subject_that_names_no_session_is_refused(subject: str) -> None:
+    with pytest.raises(ValueError):  # noqa: PT011 - InvalidId, UnicodeDecodeError and the layout's own
+        SubjectLayout().work_session("compaction", subject)
+
+
 def test_partition_is_stable() -> None:
     # computed once (CRC-32 of "tenant\0session"); a change here moves sessions between workers
     assert partition_of("acme", "sess-1", 16) == 7
