@@ -777,8 +777,9 @@ class ChronicleClient:
     ) -> list[AppendResult]:
         """A chain pipelined with ``Publisher.publish_many``; the first event is conditional.
 
-        Event ids are derived from (tenant, session, message, parent, body), so re-running a
-        failed bulk call inside the stream's duplicate window appends nothing twice; an id that
+        Event ids are derived from (tenant, session, message, parent, body) and the API key
+        (:func:`direct_append_id`), so re-running a failed bulk call inside the stream's duplicate
+        window appends nothing twice, and no other tenant can derive them; an id that
         is already stored keeps its first body (the projection ignores the repeat), as the
         reference's ``appendAll`` does.
 
@@ -802,7 +803,7 @@ class ChronicleClient:
             if packed is None:
                 return await self._append_chain_api(session_id, messages, parent_id, "http")
             mid = str(body["id"])
-            event_id = ids.derived_id("sdk:append", tenant, session_id, mid, parent, body_hash(body))
+            event_id = direct_append_id(self._api_key, tenant, session_id, mid, parent, body)
             events.append(
                 MessageAppended(
                     id=event_id, tenant=tenant, session=session_id, message_id=mid, parent_id=parent, **packed
@@ -832,6 +833,14 @@ class ChronicleClient:
             self.note_seq(session_id, max(seqs))
             return [AppendResult(mid, pid, seq, True) for (mid, pid), seq in zip(results, seqs, strict=True)]
         raise Contention(f"gave up after {self._conflict_attempts} conflicting attempts", status=503)
+
+
+def direct_append_id(api_key: str, tenant: str, session_id: str, mid: str, parent: str | None, body: Any) -> str:
+    """The event id of a message appended straight to JetStream: derived from the append and,
+    in place of the body's plain hash, one keyed by the API key, so that a retry gets the same id
+    and no other tenant can derive it (any publisher can learn the stream's newest event id, and
+    one derived from the body alone would confirm a guess of the body)."""
+    return ids.derived_id("sdk:append", tenant, session_id, mid, parent, ids.keyed_digest(api_key, body_hash(body)))
 
 
 def _require_nats() -> None:

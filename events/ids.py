@@ -9,6 +9,8 @@ or whitespace into a subject.
 from __future__ import annotations
 
 import base64
+import hashlib
+import hmac
 import re
 import unicodedata
 import uuid
@@ -179,3 +181,14 @@ def derived_id(kind: str, *parts: object) -> str:
     and an ``Idempotency-Key`` may both hold a ``:``)."""
     escaped = (str(p).replace("\\", "\\\\").replace(":", "\\:") for p in parts)
     return str(uuid.uuid5(uuid.NAMESPACE_URL, ":".join(["chronicle", kind, *escaped])))
+
+
+def keyed_digest(secret: str, digest: str) -> str:
+    """``digest`` (a body's hash, say) under an HMAC keyed by ``secret``: what an id derived
+    outside the server holds in its place, so that only a holder of ``secret`` can derive the id.
+    Any publisher can learn the stream's newest event id (a publish with a wrong
+    ``Nats-Expected-Last-Msg-Id`` is refused naming it: docs/security.md), and an id derived from
+    a body's plain hash would confirm a guess of the body."""
+    return hmac.new(
+        hashlib.sha256(b"chronicle-event-id\n" + secret.encode()).digest(), digest.encode(), "sha256"
+    ).hexdigest()
