@@ -20,6 +20,9 @@
   random id instead (``fresh_id_on_foreign``).
 * Every event is admitted first (:func:`events.admission.admit` on its encoded bytes and its
   subject): what a projector would refuse is never published; :class:`Refused` says why.
+* ``on_stored`` is told of each event the stream stored for this publisher, once: an ack that is
+  not a duplicate (a retry JetStream deduplicated, a replayed append, a conflict or a failure
+  stored nothing), whichever method published it (the API counts its events with it).
 """
 
 from __future__ import annotations
@@ -81,6 +84,8 @@ StoredOn = Callable[[Event, str, int], Awaitable[bool]]
 """Whether the message stored at a sequence is on a subject (``(event, subject, seq)``): how a
 :class:`Publisher` checks a duplicate. The default reads the message back (direct get); a
 publisher without the right to read the log (a tenant's) asks the API instead."""
+StoredHook = Callable[[Event], None]
+"""Told of each event a :class:`Publisher` had stored (not a duplicate); it must not raise."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,8 +107,10 @@ class Publisher:
         backoff_s: float = 0.05,
         keys: DataKeys | None = None,
         stored_on: StoredOn | None = None,
+        on_stored: StoredHook | None = None,
     ) -> None:
         self._js = js
+        self.on_stored = on_stored
         self._stored_on = stored_on or self._read_back_on
         self.keys = keys  # None: events are published as they are (nothing sealed)
         self.layout = layout
@@ -227,7 +234,8 @@ class Publisher:
             try:
                 # no ``stream=`` (a ``Nats-Expected-Stream`` header, stored with every event, ~35 B):
                 # the server refuses streams with overlapping subjects, so only this one takes them
-                return self._stored(await self._js.publish(subject, payload, timeout=self._timeout, headers=headers))
+                ack = await self._js.publish(subject, payload, timeout=self._timeout, headers=headers)
+                return self._stored(ack, event)
             except APIError as exc:
                 if exc.err_code == ERR_WRONG_LAST_SEQUENCE:
                     raise ConcurrencyConflict(str(exc.description)) from exc
@@ -265,7 +273,7 @@ class Publisher:
                 if isinstance(outcome, BaseException):  # sealed anew: same id, so stored once
                     results.append(await self.publish(ev, fresh_id_on_foreign=fresh_id_on_foreign))
                     continue
-                published = self._stored(outcome)
+                published = self._stored(outcome, ev)
                 if published.duplicate:
                     try:
                         await self.check_duplicate(ev, published.seq)
@@ -292,16 +300,20 @@ class Publisher:
             f.cancel()
         return [TimeoutError("no acknowledgement") if f.cancelled() else (f.exception() or f.result()) for f in futures]
 
-    def _stored(self, ack: PubAck) -> Published:
+    def _stored(self, ack: PubAck, event: Event) -> Published:
         """The ack's sequence, once it is this layout's stream that stored the event: a stream
         of another name that took the subject (this one gone, another made over its subjects)
-        is not the log, and its sequences mean nothing to the read models."""
+        is not the log, and its sequences mean nothing to the read models. An event stored now
+        (not a duplicate) is told to ``on_stored``."""
         if ack.stream != self.layout.stream:
             raise PublishFailed(
                 f"stream {ack.stream!r} stored the event, not {self.layout.stream!r}: another stream takes the "
                 f"subjects under {self.layout.prefix!r}"
             )
-        return Published(seq=ack.seq, duplicate=bool(ack.duplicate))
+        published = Published(seq=ack.seq, duplicate=bool(ack.duplicate))
+        if not published.duplicate and self.on_stored is not None:
+            self.on_stored(event)
+        return published
 
     def _delay(self, attempt: int) -> float:
         return float(self._backoff * (2**attempt) * (0.5 + random.random()))  # noqa: S311

@@ -7,7 +7,7 @@ from collections.abc import AsyncIterator
 
 from fastapi import FastAPI
 
-from services.api import auditor_view, openapi
+from services.api import auditor_view, metrics, openapi
 from services.api.asyncapi import router as asyncapi_router
 from services.api.audit import router as audit_router
 from services.api.auth import ApiKeyAuth
@@ -56,6 +56,7 @@ def build_app(settings: Settings, container: Container | None = None) -> FastAPI
         # (``chronicle api`` opens its container before the server starts and injects it:
         # services/ops/processes.py; this path serves an app built from settings alone)
         async with open_container(settings, warm_reads=True) as c:
+            c.publisher.on_stored = metrics.published
             app.state.c = c
             yield
 
@@ -66,6 +67,8 @@ def build_app(settings: Settings, container: Container | None = None) -> FastAPI
     app.state.keys = keys
     app.state.stopping = asyncio.Event()  # set when the server stops: followed answers end (services/api/following.py)
     if container is not None:
+        # every event its publisher has stored is counted, whichever route (or tool) wrote it
+        container.publisher.on_stored = metrics.published
         app.state.c = container  # usable without running the lifespan (in-process clients)
     install(app)
     openapi.install(app)

@@ -5,7 +5,6 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Body
 
 from projections.overlays import overlays
-from services.api import metrics
 from services.api import models as m
 from services.api.bodies import CompactBody
 from services.api.deps import ContainerDep, MinSeq, Sid, Tenant, caught_up, check_id, require_session
@@ -21,10 +20,7 @@ async def compact(
     sid: Sid, tenant: Tenant, c: ContainerDep, body: Annotated[CompactBody | None, Body()] = None
 ) -> dict[str, Any]:
     """Compact now: the overlay, or why nothing was compacted."""
-    out = await writes.compact(c, tenant, sid, body.leaf_id if body else None)
-    if out["compacted"]:
-        metrics.published("compaction.recorded")
-    return out
+    return await writes.compact(c, tenant, sid, body.leaf_id if body else None)
 
 
 @router.get("/v1/sessions/{sid}/compactions", response_model=None, responses=ok(m.Compactions))

@@ -8,7 +8,6 @@ from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema
 from events.context import LABEL_RE, SessionConfig
 from events.validation import NO_NUL_PATTERN
 from projections import context_queries
-from services.api import metrics
 from services.api import models as m
 from services.api.deps import (
     MAX_SEQ,
@@ -43,9 +42,7 @@ class ContextWriteBody(BaseModel):
 
 @router.put("/v1/sessions/{sid}/config", response_model=None, responses=ok(m.ConfigWritten))
 async def put_config(sid: Sid, tenant: Tenant, c: ContainerDep, body: Annotated[ConfigJson, Body()]) -> dict[str, Any]:
-    out = await writes.configure(c, tenant, sid, body)
-    metrics.published("session.configured")
-    return out
+    return await writes.configure(c, tenant, sid, body)
 
 
 @router.get("/v1/sessions/{sid}/config", response_model=None, responses=ok(m.ConfigRead))
@@ -113,9 +110,7 @@ async def get_context(
 async def write_context(
     sid: Sid, label: BlockLabel, body: ContextWriteBody, tenant: Tenant, c: ContainerDep
 ) -> dict[str, Any]:
-    out = await writes.write_context(c, tenant, sid, label, body.content, body.mode)
-    metrics.published("context.written")
-    return out
+    return await writes.write_context(c, tenant, sid, label, body.content, body.mode)
 
 
 @router.get("/v1/sessions/{sid}/tools", response_model=None, responses=ok(m.Tools))

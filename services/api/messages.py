@@ -12,7 +12,6 @@ from events.objects import NotTheOwner, is_sealed_object, open_object
 from events.sealing import KeyUnavailable, SealBroken
 from projections import context_queries, queries
 from projections.reclaimed import reclaim, reclaimed_in
-from services.api import metrics
 from services.api import models as m
 from services.api.bodies import AppendBatchBody, AppendBody, DeleteMessagesBody, UpdateBody
 from services.api.deps import (
@@ -45,12 +44,6 @@ _IDS_ITEM = {
     "description": "a message id, or several joined with ',' (an id that holds ',' needs POST …/messages:delete)",
 }
 router = APIRouter(route_class=StrictJsonRoute)
-
-
-def _deleted(out: dict[str, Any]) -> dict[str, Any]:
-    if out["deleted"]:
-        metrics.published("messages.deleted")
-    return out
 
 
 @router.post(
@@ -86,10 +79,7 @@ async def append_one(
     both serve this."""
     parent = writes.parent_spec(body.parent_id, "parent_id" in body.model_fields_set)
     out = await writes.append(c, tenant, sid, body.message, parent, idempotency_key)
-    if out["created"]:
-        metrics.published("message.appended")
-        return 201, out
-    return 200, out
+    return (201 if out["created"] else 200), out
 
 
 @router.post(
@@ -104,11 +94,7 @@ async def append_batch(sid: Sid, body: AppendBatchBody, tenant: Tenant, c: Conta
     Each message is its own event; a retried batch re-answers the appended ones (idempotent).
     """
     parent = writes.parent_spec(body.parent_id, "parent_id" in body.model_fields_set)
-    out = await writes.append_batch(c, tenant, sid, body.messages, parent)
-    for answer in out["messages"]:
-        if answer["created"]:
-            metrics.published("message.appended")
-    return out
+    return await writes.append_batch(c, tenant, sid, body.messages, parent)
 
 
 @router.get("/v1/sessions/{sid}/messages/{mid}", responses=ok(m.MessageRead))
@@ -140,9 +126,7 @@ async def get_message(
 
 @router.put("/v1/sessions/{sid}/messages/{mid}", response_model=None, responses=ok(m.Updated))
 async def update_message(sid: Sid, mid: Mid, body: UpdateBody, tenant: Tenant, c: ContainerDep) -> dict[str, Any]:
-    out = await writes.update_message(c, tenant, sid, mid, body.message)
-    metrics.published("message.updated")
-    return out
+    return await writes.update_message(c, tenant, sid, mid, body.message)
 
 
 @router.get("/v1/sessions/{sid}/messages/{mid}/children", responses=ok(m.MessagePage))
@@ -185,21 +169,18 @@ async def delete_messages(
     wanted = [check_id("message", i) for raw in ids_ for i in raw.split(",") if i]
     if not wanted:
         raise InvalidRequest("ids must name at least one message")
-    return _deleted(await writes.delete_messages(c, tenant, sid, wanted))
+    return await writes.delete_messages(c, tenant, sid, wanted)
 
 
 @router.post("/v1/sessions/{sid}/messages:delete", response_model=None, responses=ok(m.MessagesDeleted))
 async def delete_listed_messages(sid: Sid, body: DeleteMessagesBody, tenant: Tenant, c: ContainerDep) -> dict[str, Any]:
     """The same delete with the ids in a JSON list: any id (one holding ',' too), and no URL to
     outgrow."""
-    return _deleted(await writes.delete_messages(c, tenant, sid, body.ids))
+    return await writes.delete_messages(c, tenant, sid, body.ids)
 
 
 @router.post("/v1/sessions/{sid}/messages:clear", response_model=None, responses=ok(m.Cleared))
 async def clear_messages(sid: Sid, tenant: Tenant, c: ContainerDep) -> dict[str, Any]:
     """Delete every message of the session (``seq`` 0 when it never existed); a frozen prompt
     is re-rendered (blocks stay)."""
-    out = await writes.clear_messages(c, tenant, sid)
-    if out["seq"]:
-        metrics.published("messages.cleared")
-    return out
+    return await writes.clear_messages(c, tenant, sid)

@@ -18,13 +18,19 @@ from nats.js.errors import NotFoundError
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from events import log as eventlog
+from events.envelope import Event
 from projections.runner import checkpoint_partition
 from services.audit import quarantine
 from services.audit.readers import log_mismatch
 from services.bootstrap import Container
 
 REGISTRY = CollectorRegistry()
-PUBLISHED = Counter("chronicle_events_published_total", "Events published by this API", ["type"], registry=REGISTRY)
+PUBLISHED = Counter(
+    "chronicle_events_published_total",
+    "Events this API process had stored in the log (a publish ack that is not a duplicate), by type",
+    ["type"],
+    registry=REGISTRY,
+)
 APPLIED = Gauge(
     "chronicle_events_applied", "Highest stream sequence applied, per projector", ["projector"], registry=REGISTRY
 )
@@ -98,8 +104,10 @@ READINESS_STALL_S = 60.0
 READINESS_MAX_LAG = 100_000
 
 
-def published(event_type: str) -> None:
-    PUBLISHED.labels(event_type).inc()
+def published(event: Event) -> None:
+    """Count an event the log stored for this process (the API's publisher calls it once per
+    event stored, never for a duplicate: :attr:`events.publisher.Publisher.on_stored`)."""
+    PUBLISHED.labels(event.type).inc()
 
 
 def count_quarantined(by_reason: Mapping[str, int]) -> None:

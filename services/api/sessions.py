@@ -10,7 +10,6 @@ from fastapi import APIRouter, Query
 from events.ids import InvalidId, check_session
 from projections import queries
 from projections.queries import Conn
-from services.api import metrics
 from services.api import models as m
 from services.api.bodies import CreateSessionBody, EndBody, EraseBody, ForkBody, RenameBody, UsageBody
 from services.api.deps import (
@@ -62,9 +61,7 @@ def _session_json(row: queries.SessionRow) -> dict[str, Any]:
 
 @router.post("/v1/sessions", status_code=201, response_model=None, responses=ok(m.SessionCreated, 201))
 async def create_session(body: CreateSessionBody, tenant: Tenant, c: ContainerDep) -> dict[str, Any]:
-    out = await writes.create_session(c, tenant, body.id, body.name, body.parent_session_id, body.metadata)
-    metrics.published("session.created")
-    return out
+    return await writes.create_session(c, tenant, body.id, body.name, body.parent_session_id, body.metadata)
 
 
 RECENT_CURSOR = "recent."
@@ -158,9 +155,7 @@ async def get_session(sid: Sid, tenant: Tenant, c: ContainerDep, min_seq: MinSeq
 
 @router.patch("/v1/sessions/{sid}", response_model=None, responses=ok(m.Renamed))
 async def rename_session(sid: Sid, body: RenameBody, tenant: Tenant, c: ContainerDep) -> dict[str, Any]:
-    out = await writes.rename_session(c, tenant, sid, body.name)
-    metrics.published("session.renamed")
-    return out
+    return await writes.rename_session(c, tenant, sid, body.name)
 
 
 @router.post("/v1/sessions/{sid}/usage", response_model=None, responses=ok(m.UsageAdded))
@@ -179,11 +174,7 @@ async def add_usage(
     idempotency_key_reused`; a key whose derived event id another event of the log holds (one
     published straight to the stream) is `409 idempotency_key_conflict`. Nothing is written in
     either case."""
-    written, out = await writes.add_usage(
-        c, tenant, sid, body.input_tokens, body.output_tokens, body.cost, idempotency_key
-    )
-    if written:
-        metrics.published("session.usage_added")
+    _, out = await writes.add_usage(c, tenant, sid, body.input_tokens, body.output_tokens, body.cost, idempotency_key)
     return out
 
 
@@ -191,16 +182,12 @@ async def add_usage(
 async def end_session(sid: Sid, body: EndBody, tenant: Tenant, c: ContainerDep) -> dict[str, Any]:
     """Record why the session ended (its `end_reason`; the SDK's `compact_and_split` records
     `compaction`). The session stays readable and writable; a later end replaces the reason."""
-    out = await writes.end_session(c, tenant, sid, body.reason)
-    metrics.published("session.ended")
-    return out
+    return await writes.end_session(c, tenant, sid, body.reason)
 
 
 @router.delete("/v1/sessions/{sid}", response_model=None, responses=ok(m.SessionDeleted))
 async def delete_session(sid: Sid, tenant: Tenant, c: ContainerDep) -> dict[str, Any]:
-    out = await writes.delete_session(c, tenant, sid)
-    metrics.published("session.deleted")
-    return out
+    return await writes.delete_session(c, tenant, sid)
 
 
 @router.post("/v1/sessions/{sid}:erase", response_model=None, responses=ok(m.Erased))
@@ -219,7 +206,6 @@ async def erase_session(
     reason = body.reason if body is not None else None
     done = await c.eraser.erase_session(tenant, sid, requested_by=requester, reason=reason)
     await c.waiter.wait_session(tenant, sid, done.seq)
-    metrics.published("session.erased")
     return {"id": sid, "erased": True, "seq": done.seq, "objects_deleted": done.objects_deleted}
 
 
@@ -295,6 +281,4 @@ async def data_key(sid: Sid, tenant: Tenant, c: ContainerDep) -> dict[str, Any]:
 @router.post("/v1/sessions/{sid}/fork", status_code=201, response_model=None, responses=ok(m.Forked, 201))
 async def fork_session(sid: Sid, body: ForkBody, tenant: Tenant, c: ContainerDep) -> dict[str, Any]:
     """A new session holding this one's history up to ``at_message_id`` (overlays carried over)."""
-    out = await writes.fork_session(c, tenant, sid, body.at_message_id, body.id, body.name)
-    metrics.published("session.forked")
-    return out
+    return await writes.fork_session(c, tenant, sid, body.at_message_id, body.id, body.name)

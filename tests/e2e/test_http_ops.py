@@ -66,6 +66,52 @@ async def test_metrics(client: httpx.AsyncClient, anon: httpx.AsyncClient) -> No
     assert float(last.group(1)) >= out["seq"]
 
 
+async def published(anon: httpx.AsyncClient) -> dict[str, float]:
+    """``chronicle_events_published_total`` of the API process, by event type."""
+    r = await anon.get("/metrics")
+    assert r.status_code == 200, r.text
+    found = re.findall(r'^chronicle_events_published_total\{type="([^"]+)"\} (\S+)$', r.text, re.MULTILINE)
+    return {kind: float(n) for kind, n in found}
+
+
+def added(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    return {k: n - before.get(k, 0.0) for k, n in after.items() if n != before.get(k, 0.0)}
+
+
+async def test_published_counts_each_event_stored_once_whatever_wrote_it(
+    client: httpx.AsyncClient, anon: httpx.AsyncClient
+) -> None:
+    """The count is the publisher's: an event the log stored for this process, once. A replayed
+    append (same ``Idempotency-Key``) and a second erase store nothing and count nothing; a
+    tool's block write and the first prompt read count as every other write (they counted
+    nothing)."""
+    sid = new_sid("counted")
+    before = await published(anon)
+    body = {"message": msg("m1", "counted once")}
+    for _ in range(3):
+        r = await client.post(f"/v1/sessions/{sid}/messages", json=body, headers={"Idempotency-Key": f"k-{sid}"})
+        assert r.status_code in (200, 201), r.text
+    config = {"blocks": [{"label": "memory", "kind": "writable", "description": "facts", "max_tokens": 100}]}
+    r = await client.put(f"/v1/sessions/{sid}/config", json=config)
+    assert r.status_code == 200, r.text
+    r = await client.post(f"/v1/sessions/{sid}/tools/set_context", json={"label": "memory", "content": "blue"})
+    assert r.status_code == 200, r.text
+    assert r.json()["result"].startswith("Written"), r.json()
+    r = await client.get(f"/v1/sessions/{sid}/system-prompt", params={"min_seq": r.json()["seq"]})
+    assert r.status_code == 200, r.text
+    assert added(before, await published(anon)) == {
+        "message.appended": 1,
+        "session.configured": 1,
+        "context.written": 1,
+        "prompt.rendered": 1,
+    }
+    before = await published(anon)
+    for _ in range(2):
+        r = await client.post(f"/v1/sessions/{sid}:erase")
+        assert r.status_code == 200, r.text
+    assert added(before, await published(anon)) == {"session.erased": 1}
+
+
 async def test_openapi_lists_the_v1_routes(anon: httpx.AsyncClient) -> None:
     r = await anon.get("/openapi.json")
     assert r.status_code == 200, r.text

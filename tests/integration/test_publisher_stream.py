@@ -9,7 +9,8 @@ import uuid
 import pytest
 from nats.js.api import DiscardPolicy, StreamConfig
 
-from events.publisher import Publisher, PublishFailed
+from events.envelope import Event
+from events.publisher import HDR_MSG_ID, ConcurrencyConflict, Publisher, PublishFailed
 from events.subjects import SubjectLayout
 from tests.conftest import operator_nats
 from tests.integration.helpers import appended
@@ -55,4 +56,37 @@ async def test_a_pipelined_publish_the_stream_refuses_fails_and_does_not_hang(na
         assert 0 < info.state.messages < 5  # the first ones fit; the rest were refused, not stored
     finally:
         await js.delete_stream(f"FULL{tag}")
+        await nc.close()
+
+
+async def test_on_stored_is_told_of_each_event_stored_once_never_of_a_duplicate(nats_url: str) -> None:
+    """What the API's ``chronicle_events_published_total`` counts: an ack that is not a
+    duplicate, from ``publish`` and ``publish_many`` alike; a retried publish, a conflict and an
+    id someone else took (published again under a fresh id: told once, as that one) are not
+    told twice or at all."""
+    nc = await operator_nats(nats_url)
+    tag = uuid.uuid4().hex[:8]
+    js = nc.jetstream()
+    try:
+        layout = SubjectLayout(stream=f"TOLD{tag}", prefix=f"t{tag}.ev", commands=f"t{tag}.cmd")
+        await js.add_stream(StreamConfig(name=layout.stream, subjects=[f"{layout.prefix}.>"], allow_direct=True))
+        told: list[Event] = []
+        publisher = Publisher(js, layout, on_stored=told.append)
+        e1, e2, e3 = (appended("tenant-a", "s-1", f"m{i}", None) for i in range(1, 4))
+        await publisher.publish(e1)
+        assert (await publisher.publish(e1)).duplicate
+        results = await publisher.publish_many([e1, e2, e3])
+        assert [r.duplicate for r in results] == [True, False, False]
+        with pytest.raises(ConcurrencyConflict):
+            await publisher.publish(appended("tenant-a", "s-1", "m4", None), expected_last_subject_seq=1)
+        assert [e.id for e in told] == [e1.id, e2.id, e3.id]
+        taken = appended("tenant-a", "s-2", "m5", None)
+        other = publisher.layout.session_subject("tenant-a", "s-other")
+        await js.publish(other, b"{}", headers={HDR_MSG_ID: taken.id})  # the id, taken on another subject
+        await publisher.publish(taken, fresh_id_on_foreign=True)
+        assert len(told) == 4
+        assert told[-1].id != taken.id
+        assert told[-1].type == "message.appended"
+    finally:
+        await js.delete_stream(f"TOLD{tag}")
         await nc.close()
