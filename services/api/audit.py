@@ -24,6 +24,7 @@ from services.api.deps import (
     require_session,
 )
 from services.api.models import ok
+from services.api.paging import more, page
 from services.api.strict_json import StrictJsonRoute
 from services.audit.quarantine import list_quarantined
 from services.bootstrap import Container
@@ -69,12 +70,12 @@ async def tree(
     check_id("session", sid)
     await caught_up(c, tenant, sid, min_seq)
     async with c.pool.connection() as conn, queries.snapshot(conn):
-        rows = await queries.session_messages(conn, tenant, sid, cursor, limit)
+        rows, last = page(await queries.session_messages(conn, tenant, sid, cursor, more(limit)), limit)
         latest = await queries.latest_leaf(conn, tenant, sid)
         found = reclaimed_in(await context_queries.reclaimed(conn, tenant, sid) if rows else {})
     if not rows:
         await require_session(c, tenant, sid)
-    head = {"leaf_id": latest.id if latest else None, "next_cursor": rows[-1].seq if len(rows) == limit else None}
+    head = {"leaf_id": latest.id if latest else None, "next_cursor": last.seq if last else None}
     nodes = ",".join(tree_node(r, found.outputs(r.id, r.content)) for r in rows)
     return Response(json.dumps(head)[:-1] + ', "messages": [' + nodes + "]}", media_type=JSON)
 

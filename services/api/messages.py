@@ -27,6 +27,7 @@ from services.api.deps import (
     require_session,
 )
 from services.api.models import ok
+from services.api.paging import more, page
 from services.api.responses import JSON, raw_json
 from services.api.strict_json import StrictJsonRoute
 from services.bootstrap import Container
@@ -145,11 +146,10 @@ async def children(
     check_id("message", mid)
     await caught_up(c, tenant, sid, min_seq)
     async with c.pool.connection() as conn:
-        rows = await queries.children(conn, tenant, sid, mid, cursor, limit)
+        rows, last = page(await queries.children(conn, tenant, sid, mid, cursor, more(limit)), limit)
     if not rows:
         await require_session(c, tenant, sid)
-    nxt = rows[-1].seq if len(rows) == limit else None
-    return raw_json({"next_cursor": nxt}, [r.content for r in rows])
+    return raw_json({"next_cursor": last.seq if last else None}, [r.content for r in rows])
 
 
 @router.delete("/v1/sessions/{sid}/messages", response_model=None, responses=ok(m.MessagesDeleted))

@@ -26,6 +26,7 @@ from services.api.deps import (
     require_session,
 )
 from services.api.models import ok
+from services.api.paging import more, page
 from services.api.strict_json import StrictJsonRoute
 from services.errors import CursorOrderMismatch, EncryptionOff, UnknownCursor
 from services.requests import writes
@@ -136,12 +137,14 @@ async def list_sessions(
     await caught_up_all(c, min_seq)
     async with c.pool.connection() as conn:
         if order == "recent":
-            rows = await queries.list_sessions_recent(conn, tenant, limit, after if isinstance(after, tuple) else None)
+            read = await queries.list_sessions_recent(
+                conn, tenant, more(limit), after if isinstance(after, tuple) else None
+            )
         else:
-            rows = await queries.list_sessions(conn, tenant, limit, after if isinstance(after, int) else None)
+            read = await queries.list_sessions(conn, tenant, more(limit), after if isinstance(after, int) else None)
+    rows, last = page(read, limit)
     nxt: int | str | None = None
-    if len(rows) == limit:
-        last = rows[-1]
+    if last is not None:
         nxt = f"{RECENT_CURSOR}{last.last_seq}.{last.id}" if order == "recent" else last.created_seq
     return {"sessions": [_session_json(r) for r in rows], "next_cursor": nxt}
 
@@ -244,10 +247,9 @@ async def list_erasures(
     /v1/sessions/{sid}/events`). Erased sessions are in no other list."""
     async with c.pool.connection() as conn:
         after = await _erasure_cursor(conn, tenant, cursor) if cursor is not None else None
-        rows = await queries.list_erasures(conn, tenant, limit, after)
+        rows, last = page(await queries.list_erasures(conn, tenant, more(limit), after), limit)
     nxt = None
-    if len(rows) == limit:
-        last = rows[-1]
+    if last is not None:
         nxt = f"{(last.erased_at - _EPOCH) // timedelta(microseconds=1)}.{last.session_id}"
     return {
         "erasures": [

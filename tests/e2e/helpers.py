@@ -119,3 +119,25 @@ def assert_problem(r: httpx.Response, status: int, code: str) -> dict[str, Any]:
     assert isinstance(body.get("title"), str), body
     assert isinstance(body.get("type"), str), body
     return body
+
+
+async def assert_full_last_page_is_last(client: httpx.AsyncClient, path: str, member: str, **params: Any) -> None:
+    """Walk a paged list (``member``: its array) to its last page, then read that page again with
+    ``limit`` its size: exactly full, it still says it is the last (``next_cursor`` null), where
+    it named a next page that was empty."""
+    cursor: Any = None
+    while True:
+        query = {**params, "limit": 500, **({"cursor": cursor} if cursor is not None else {})}
+        r = await client.get(path, params=query)
+        assert r.status_code == 200, r.text
+        last = r.json()
+        if last["next_cursor"] is None:
+            break
+        cursor = last["next_cursor"]
+    assert last[member], "the walk needs a non-empty last page"
+    query = {**params, "limit": len(last[member]), **({"cursor": cursor} if cursor is not None else {})}
+    r = await client.get(path, params=query)
+    assert r.status_code == 200, r.text
+    again = r.json()
+    assert again[member] == last[member]
+    assert again["next_cursor"] is None

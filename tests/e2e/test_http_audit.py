@@ -69,11 +69,23 @@ async def test_tree_answers_every_branch_a_page_at_a_time(client: httpx.AsyncCli
         if page["next_cursor"] is None:
             break
         cursor = page["next_cursor"]
-    assert pages == 3  # 2 + 2 + an empty last page
+    assert pages == 2  # 2 + 2: the last page is full and says so (it said another page, empty, followed)
     assert [(n["id"], n["parent_id"]) for n in nodes] == [("a", None), ("b", "a"), ("c", "b"), ("b2", "a")]
     assert [n["seq"] for n in nodes] == sorted(n["seq"] for n in nodes)
     assert nodes[3]["message"] == msg("b2", "another answer", "assistant")
     assert {(n["role"], n["capped"], tuple(n["unloaded"])) for n in nodes[:3]} == {("user", False, ())}
+
+
+async def test_a_tree_of_exactly_one_default_page_says_it_is_the_last(client: httpx.AsyncClient) -> None:
+    """1000 messages, the default ``limit``: one page, ``next_cursor`` null (it named a next
+    page, which was empty)."""
+    sid = new_sid()
+    batch = [msg(f"m{i}", "x") for i in range(1000)]
+    r = await client.post(f"/v1/sessions/{sid}/messages:batch", json={"messages": batch, "parent_id": None})
+    assert r.status_code == 201, r.text
+    page = await _json(await client.get(f"/v1/sessions/{sid}/tree", params={"min_seq": r.json()["seq"]}))
+    assert len(page["messages"]) == 1000
+    assert page["next_cursor"] is None
 
 
 async def test_tree_shows_an_unloaded_skill_output_as_its_marker(

@@ -11,7 +11,7 @@ import httpx
 from services.ops.erase_cli import CLI_REQUESTER
 from services.settings import Settings, hash_key
 from tests.conftest import KEYS
-from tests.e2e.helpers import append, assert_problem, events, msg, new_sid
+from tests.e2e.helpers import append, assert_full_last_page_is_last, assert_problem, events, msg, new_sid
 from tests.support import chronicle_cli
 
 KEY_A = f"tenant:tenant-a key:{hash_key(KEYS['tenant-a'])[:12]}"
@@ -99,6 +99,13 @@ async def test_the_list_pages_newest_first_and_shows_each_erasure_once(client: h
     keys = [(e["erased_at"], e["session_id"]) for e in listed]
     assert len(set(keys)) == len(keys)
     assert keys == sorted(keys, reverse=True)
+
+
+async def test_a_full_last_page_has_no_cursor(client: httpx.AsyncClient) -> None:
+    sid = new_sid("erase-last")
+    await append(client, sid, msg("m1", "words"))
+    assert (await client.post(f"/v1/sessions/{sid}:erase")).status_code == 200
+    await assert_full_last_page_is_last(client, "/v1/erasures", "erasures")
 
 
 async def test_the_list_bounds_limit_and_cursor(client: httpx.AsyncClient) -> None:

@@ -416,21 +416,27 @@ async def test_events_are_paged(client: httpx.AsyncClient) -> None:
     assert_problem(r, 422, "invalid_request")
 
 
-async def test_children_are_paged(client: httpx.AsyncClient) -> None:
+@pytest.mark.parametrize("count", [5, 4])
+async def test_children_are_paged(client: httpx.AsyncClient, count: int) -> None:
+    """Pages of 2; the last one, full (4) or not (5), says it is the last (a full one named a
+    next page, which was empty)."""
     sid = new_sid()
     await append(client, sid, msg("root", "r"), None)
     seq = 0
-    for i in range(5):
+    for i in range(count):
         seq = (await append(client, sid, msg(f"c{i}", "x"), "root"))["seq"]
     got: list[str] = []
+    pages = 0
     params: dict[str, Any] = {"limit": 2, "min_seq": seq}
     while True:
         out = (await client.get(f"/v1/sessions/{sid}/messages/root/children", params=params)).json()
         got.extend(m["id"] for m in out["messages"])
+        pages += 1
         if out["next_cursor"] is None:
             break
         params["cursor"] = out["next_cursor"]
-    assert got == [f"c{i}" for i in range(5)]
+    assert got == [f"c{i}" for i in range(count)]
+    assert pages == (count + 1) // 2
     out = (await client.get(f"/v1/sessions/{sid}/messages/root/children")).json()
     assert [m["id"] for m in out["messages"]] == got
     assert out["next_cursor"] is None

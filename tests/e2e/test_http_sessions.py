@@ -10,7 +10,15 @@ import httpx
 import pytest
 
 from tests.conftest import SEALING
-from tests.e2e.helpers import append, append_body, assert_problem, events, msg, new_sid
+from tests.e2e.helpers import (
+    append,
+    append_body,
+    assert_full_last_page_is_last,
+    assert_problem,
+    events,
+    msg,
+    new_sid,
+)
 
 
 async def create(client: httpx.AsyncClient, **body: Any) -> dict[str, Any]:
@@ -139,6 +147,12 @@ async def test_list_last_page_has_no_cursor(client: httpx.AsyncClient) -> None:
         seen.extend(s["id"] for s in page["sessions"])
     assert len(seen) == len(set(seen))
     assert page["next_cursor"] is None
+
+
+@pytest.mark.parametrize("order", ["created", "recent"])
+async def test_a_full_last_page_has_no_cursor(client: httpx.AsyncClient, order: str) -> None:
+    seq = (await create(client, id=new_sid()))["seq"]
+    await assert_full_last_page_is_last(client, "/v1/sessions", "sessions", order=order, min_seq=seq)
 
 
 async def _recent(client: httpx.AsyncClient, min_seq: int, ours: set[str], limit: int = 500) -> list[str]:
