@@ -25,7 +25,24 @@ def _error(name: str, code: str, status: int, title: str) -> type[ChronicleError
     return type(name, (ChronicleError,), {"code": code, "status": status, "title": title})
 
 
-InvalidRequest = _error("InvalidRequest", "invalid_request", 422, "The request is not valid")
+class InvalidRequest(ChronicleError):
+    """The request fails validation. ``errors`` (``{loc, msg, type}``, ``loc`` from the root of the
+    request's body: ``["message", "role"]``) when a check past the edge's own names fields, such
+    as a message's shape: the problem then carries them as the edge's own validation does (over
+    HTTP each ``loc`` starts with ``body``, as FastAPI's)."""
+
+    code = "invalid_request"
+    status = 422
+    title = "The request is not valid"
+
+    def __init__(self, detail: str = "", errors: list[dict[str, Any]] | None = None) -> None:
+        super().__init__(detail)
+        self.errors = errors
+
+    def fields(self) -> dict[str, Any]:
+        return {"errors": self.errors} if self.errors is not None else {}
+
+
 MalformedJson = _error("MalformedJson", "malformed_json", 400, "The request body is not valid JSON")
 UnsupportedMediaType = _error(
     "UnsupportedMediaType", "unsupported_media_type", 415, "The request body is not declared as JSON"

@@ -5,7 +5,7 @@ were about a fifth of the API's CPU per append (issue #13's profile).
 
 Only a request this path accepts whole is served here, by the same functions the routes call
 (:func:`services.api.messages.append_one`, :func:`services.api.history.read_history`), with
-errors answered by the same mapping (:func:`services.requests.problems.problem_of`). Anything
+errors answered by the same mapping (:func:`services.api.problems.http_problem_of`). Anything
 else, another route, a query parameter or header it does not take, a body that does not parse
 or validate, goes to the app unchanged (the body it read is handed on), which answers it as it
 always did. It sits inside the key check (the tenant is known) and the crash guard."""
@@ -24,9 +24,8 @@ from services.api.deps import IDEMPOTENCY_KEY_MAX, IDEMPOTENCY_KEY_PATTERN, MAX_
 from services.api.history import read_history
 from services.api.messages import append_one
 from services.api.metrics import HOT_PATHS
-from services.api.problems import as_response
+from services.api.problems import as_response, http_problem_of
 from services.bootstrap import Container
-from services.requests.problems import problem_of
 from services.requests.strict_json import strict_loads
 
 _APPEND = re.compile(r"/v1/sessions/([^/]+)/messages")
@@ -90,7 +89,7 @@ async def _answer(scope: Scope, receive: Receive, send: Send, work: Awaitable[Re
     try:
         response = await work
     except Exception as exc:
-        problem = problem_of(exc)
+        problem = http_problem_of(exc)
         if problem is None:
             raise
         response = as_response(problem)

@@ -22,8 +22,8 @@ from events.publisher import PublishFailed
 from events.sealing import KeyDestroyed
 from events.validation import error_items
 from services.api.metrics import SOURCES_MISSING
-from services.errors import ChronicleError, SourceMissing
-from services.requests.problems import internal_error, invalid_request, problem_of
+from services.errors import ChronicleError, InvalidRequest, SourceMissing
+from services.requests.problems import Problem, internal_error, invalid_request, problem_of
 from services.requests.problems import problem as problem_body
 
 log = logging.getLogger("chronicle.api")
@@ -59,8 +59,18 @@ def from_error(exc: ChronicleError) -> JSONResponse:
     return problem(exc.status, exc.code, exc.title, exc.detail, **exc.fields())
 
 
+def http_problem_of(exc: BaseException) -> Problem | None:
+    """:func:`problem_of` as an HTTP answer says it: the ``errors`` a check past the edge found
+    in the body (a message's shape) have ``loc`` from the body's root; over HTTP they start with
+    ``body``, as FastAPI's own validation errors do."""
+    found = problem_of(exc)
+    if found is not None and isinstance(exc, InvalidRequest) and exc.errors is not None:
+        found["errors"] = [{**e, "loc": ["body", *e["loc"]]} for e in exc.errors]
+    return found
+
+
 async def _mapped(_: Request, exc: Exception) -> JSONResponse:
-    body = problem_of(exc)
+    body = http_problem_of(exc)
     if body is None:
         raise exc
     return as_response(body)

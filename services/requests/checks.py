@@ -10,7 +10,7 @@ from pydantic import ValidationError
 from events import ids
 from events.admission import has_bad_chars
 from events.messages import UIMessage, stored_json
-from events.validation import validation_detail
+from events.validation import error_items, validation_detail
 from services.errors import InvalidId, InvalidRequest
 
 
@@ -35,15 +35,32 @@ def no_nul(value: object, what: str) -> None:
         raise InvalidRequest(f"{what} must not contain NUL characters or lone surrogates")
 
 
-def checked_message(raw: dict[str, Any], *, new: bool) -> dict[str, Any]:
+Loc = tuple[str | int, ...]
+"""Where a value is in a request's body (``("messages", 2)``), as a validation error's ``loc``."""
+
+
+def invalid_fields(errors: list[dict[str, Any]]) -> InvalidRequest:
+    """``422 invalid_request`` naming fields of the body: ``errors`` as the edge's own validation
+    gives them, ``detail`` their ``loc: msg`` lines."""
+    return InvalidRequest(validation_detail(errors), errors=errors)
+
+
+def field_error(loc: Loc, msg: str, kind: str = "value_error") -> dict[str, Any]:
+    """One ``{loc, msg, type}`` item of a problem's ``errors``."""
+    return {"loc": [str(p) for p in loc], "msg": msg, "type": kind}
+
+
+def checked_message(raw: dict[str, Any], *, new: bool, loc: Loc = ("message",)) -> dict[str, Any]:
     """Validate the UIMessage shape; the client's dict is stored as sent (unknown fields kept).
     A ``new`` message (an append's) may not take an id that ``/messages/{mid}`` could never name
     (:func:`events.ids.check_new_message_id`: one holding a ``/``, or ``.`` or ``..``). An update
-    names a stored message, which keeps its id."""
+    names a stored message, which keeps its id. A refusal names the fields in its ``errors``,
+    each ``loc`` under ``loc`` (where the message is in the body)."""
     try:
         UIMessage.model_validate(raw)
     except ValidationError as exc:
-        raise InvalidRequest(validation_detail(exc, prefix="message.")) from exc
+        found = error_items(exc.errors(include_url=False))
+        raise invalid_fields([{**e, "loc": [str(p) for p in loc] + e["loc"]} for e in found]) from exc
     if new:
         try:
             ids.check_new_message_id(raw["id"])
@@ -52,6 +69,7 @@ def checked_message(raw: dict[str, Any], *, new: bool) -> dict[str, Any]:
     try:
         stored_json(raw).encode("utf-8")
     except UnicodeEncodeError as exc:
-        raise InvalidRequest("message contains invalid Unicode (a lone surrogate)") from exc
-    no_nul(raw, "message")
+        raise invalid_fields([field_error(loc, "contains invalid Unicode (a lone surrogate)")]) from exc
+    if has_bad_chars(raw):
+        raise invalid_fields([field_error(loc, "must not contain NUL characters or lone surrogates")])
     return raw

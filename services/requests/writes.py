@@ -30,7 +30,7 @@ from services.errors import (
     RateLimited,
     SummarizerFailed,
 )
-from services.requests.checks import check_id, checked_message, no_nul
+from services.requests.checks import check_id, checked_message, field_error, invalid_fields, no_nul
 from services.writes.commands import fork
 from services.writes.decisions import ParentSpec
 from services.writes.liveness import live_session
@@ -132,9 +132,9 @@ async def append_batch(
     meanwhile (``follow``: the session stays one chain, see :meth:`Commands.append`). Each message
     is its own event; a retried batch re-answers the appended ones (idempotent)."""
     check_id("session", sid)
-    bodies = [checked_message(m, new=True) for m in messages]
+    bodies = [checked_message(m, new=True, loc=("messages", i)) for i, m in enumerate(messages)]
     if len({m["id"] for m in bodies}) != len(bodies):
-        raise InvalidRequest("message ids in a batch must be distinct")
+        raise invalid_fields([field_error(("messages",), "message ids in a batch must be distinct")])
     answers: list[Answer] = []
     for i, body in enumerate(bodies):
         r = await c.commands.append(tenant, sid, body, parent, follow=i > 0)
@@ -150,7 +150,7 @@ async def update_message(c: Container, tenant: str, sid: str, mid: str | None, m
         check_id("message", mid)
     body = checked_message(message, new=False)
     if mid is not None and body["id"] != mid:
-        raise InvalidRequest("message.id must equal the id in the path")
+        raise invalid_fields([field_error(("message", "id"), "must equal the id in the path")])
     w = await c.commands.update(tenant, sid, body)
     return {"id": body["id"], "seq": w.seq}
 

@@ -80,6 +80,9 @@ async def test_bad_append_bodies(client: httpx.AsyncClient, body: Any) -> None:
     problem = assert_problem(r, 422, r.json().get("code", "?"))
     assert problem["code"] in {"invalid_request", "invalid_id"}, problem
     assert problem["detail"]
+    if problem["code"] == "invalid_request":  # validation failures name the fields, as every route's
+        assert problem["errors"], problem
+        assert all(e["loc"][0] == "body" and e["msg"] and e["type"] for e in problem["errors"]), problem
     await assert_nothing_written(client, sid, last)
 
 
@@ -104,6 +107,37 @@ async def test_bad_input_to_an_existing_session_writes_nothing(client: httpx.Asy
 _json = {"Content-Type": "application/json"}
 # the same body through the routes instead of the hot path (services/api/hot.py takes only plain JSON)
 _routed = {"Content-Type": "application/vnd.chronicle+json"}
+
+
+@pytest.mark.parametrize("headers", [_json, _routed], ids=["hot-path", "route"])
+async def test_a_message_refused_names_its_fields_in_errors(client: httpx.AsyncClient, headers: dict[str, str]) -> None:
+    """A message's shape is checked past the edge's own validation (the same check for every
+    transport), and its refusal carries ``errors`` as every other validation failure does: on a
+    single append (the hot path's too), in a batch (``loc`` names the message) and on ``PUT``."""
+    sid = new_sid()
+    last = await stream_last_seq(client)
+
+    async def refused(method: str, path: str, body: Any) -> dict[str, Any]:
+        r = await client.request(method, f"/v1/sessions/{sid}/{path}", content=json.dumps(body), headers=headers)
+        return assert_problem(r, 422, "invalid_request")
+
+    problem = await refused("POST", "messages", {"message": {"id": "x11", "parts": []}})
+    assert problem["detail"] == "message.role: Field required"
+    assert problem["errors"] == [{"loc": ["body", "message", "role"], "msg": "Field required", "type": "missing"}]
+    batch = {"messages": [msg("b1", "fine"), {"id": "b2", "role": "user", "parts": [{"type": "text", "text": 1}]}]}
+    problem = await refused("POST", "messages:batch", batch)
+    [error] = problem["errors"]
+    assert error["loc"][:3] == ["body", "messages", "1"], problem
+    assert problem["detail"].startswith("messages.1."), problem
+    problem = await refused("POST", "messages:batch", {"messages": [msg("b1", "a"), msg("b1", "b")]})
+    assert [e["loc"] for e in problem["errors"]] == [["body", "messages"]]
+    problem = await refused("PUT", "messages/m1", {"message": {"id": "m1", "role": "", "parts": []}})
+    assert [e["loc"] for e in problem["errors"]] == [["body", "message", "role"]]
+    problem = await refused("PUT", "messages/m1", {"message": msg("m2", "another id")})
+    assert problem["errors"] == [
+        {"loc": ["body", "message", "id"], "msg": "must equal the id in the path", "type": "value_error"}
+    ]
+    await assert_nothing_written(client, sid, last)
 
 
 @pytest.mark.parametrize("headers", [_json, _routed], ids=["hot-path", "route"])

@@ -40,7 +40,7 @@ MALFORMED = frozenset({"invalid_request", "invalid_id", "malformed_json"})
 (``unknown_parent``, ``budget_exceeded``, ``invalid_config`` for a missing bucket, … are about
 what exists, which no schema can say)."""
 BEYOND_SCHEMA = (
-    "message.id must equal the id in the path",
+    "message.id: must equal the id in the path",
     "message ids in a batch must be distinct",
     "must not contain NUL characters or lone surrogates",
     "levels",  # "nested deeper than 64 levels"

@@ -344,6 +344,15 @@ async def test_requests_the_api_would_refuse_as_bodies_are_refused_alike(
         tenant_a, settings, "append", {"session_id": sid, "message": message("m1"), "extra": 1}
     )
     assert (status, problem["code"]) == (h.status_code, h.json()["code"]) == (422, "invalid_request")
+    # a message of the wrong shape: 422 invalid_request on both, its errors naming the field
+    # (over HTTP under "body", as every validation error there; a command's from the request's root)
+    bad = {"id": "m1", "parts": []}
+    h = await http.post(f"/v1/sessions/{sid}/messages", json={"message": bad})
+    status, problem = await request(tenant_a, settings, "append", {"session_id": sid, "message": bad})
+    assert (status, problem["code"]) == (h.status_code, h.json()["code"]) == (422, "invalid_request")
+    assert problem["detail"] == h.json()["detail"] == "message.role: Field required"
+    assert [e["loc"] for e in problem["errors"]] == [["message", "role"]]
+    assert [e["loc"] for e in h.json()["errors"]] == [["body", "message", "role"]]
     # NaN is not JSON Chronicle stores: 422 invalid_request on both
     raw = b'{"session_id": "%s", "message": {"id": "m1", "role": "user", "parts": [], "n": NaN}}' % sid.encode()
     h = await http.post(
