@@ -68,7 +68,7 @@ async def create_session(body: CreateSessionBody, tenant: Tenant, c: ContainerDe
 RECENT_CURSOR = "recent."
 """How a cursor of ``order=recent`` starts: ``recent.<last_seq>.<id>`` (a ``created`` cursor is
 the integer ``created_seq``, as before ``order`` existed)."""
-_SEQ = r"[1-9][0-9]{0,18}"
+_SEQ = r"[1-9][0-9]*"  # any number of digits: one past the largest is unknown_cursor, however long
 CURSOR_PATTERN = rf"^(?:{_SEQ}|recent\.{_SEQ}\..*)$"
 
 
@@ -212,7 +212,7 @@ async def erase_session(
     return {"id": sid, "erased": True, "seq": done.seq, "objects_deleted": done.objects_deleted}
 
 
-ERASURE_CURSOR_PATTERN = r"^(?:0|[1-9][0-9]{0,18})\..*$"
+ERASURE_CURSOR_PATTERN = r"^(?:0|[1-9][0-9]*)\..*$"
 """An erasures cursor: ``<erased_at in microseconds since the epoch>.<session id>``."""
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _LATEST_MICROS = (datetime.max.replace(tzinfo=UTC) - _EPOCH) // timedelta(microseconds=1)

@@ -88,6 +88,22 @@ async def test_a_tree_of_exactly_one_default_page_says_it_is_the_last(client: ht
     assert page["next_cursor"] is None
 
 
+@pytest.mark.parametrize("route", ["tree", "messages/a/children"])
+async def test_a_sequence_cursor_past_the_largest_is_refused_alike_however_long(
+    client: httpx.AsyncClient, route: str
+) -> None:
+    """These cursors are any sequence (the page after it): past 2^63-1 the schema's maximum
+    refuses them, 19 digits or 20 alike; the largest is a page (empty)."""
+    sid = new_sid()
+    seq = await chain(client, sid, ["a", "b"])
+    for cursor in (str(2**63), "9" * 20, "9" * 100):
+        await _problem(
+            await client.get(f"/v1/sessions/{sid}/{route}", params={"cursor": cursor}), 422, "invalid_request"
+        )
+    page = await _json(await client.get(f"/v1/sessions/{sid}/{route}", params={"cursor": 2**63 - 1, "min_seq": seq}))
+    assert (page["messages"], page["next_cursor"]) == ([], None)
+
+
 async def test_tree_shows_an_unloaded_skill_output_as_its_marker(
     client: httpx.AsyncClient, api_settings: Settings
 ) -> None:

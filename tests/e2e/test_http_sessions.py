@@ -214,6 +214,9 @@ async def test_a_cursor_only_pages_the_order_that_gave_it(client: httpx.AsyncCli
         ({"cursor": "9" * 19}, "unknown_cursor"),
         ({"order": "recent", "cursor": f"recent.{2**63}.a"}, "unknown_cursor"),
         ({"order": "recent", "cursor": f"recent.{'9' * 19}."}, "unknown_cursor"),
+        ({"cursor": "9" * 20}, "unknown_cursor"),  # however many digits (20 were invalid_request)
+        ({"cursor": "9" * 1000}, "unknown_cursor"),
+        ({"order": "recent", "cursor": f"recent.{'9' * 20}.a"}, "unknown_cursor"),
         ({"order": "recent", "cursor": "recent.5."}, "unknown_cursor"),  # no session id
         ({"order": "recent", "cursor": "recent.5. a"}, "unknown_cursor"),  # not a session id
         ({"order": "recent", "cursor": f"recent.5.{'s' * 129}"}, "unknown_cursor"),
