@@ -5,7 +5,7 @@ import logging
 from datetime import UTC, datetime, timedelta
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Query
+from fastapi import APIRouter, Body, Query
 
 from events.ids import InvalidId, check_session
 from projections import queries
@@ -61,7 +61,10 @@ def _session_json(row: queries.SessionRow) -> dict[str, Any]:
 
 
 @router.post("/v1/sessions", status_code=201, response_model=None, responses=ok(m.SessionCreated, 201))
-async def create_session(body: CreateSessionBody, tenant: Tenant, c: ContainerDep) -> dict[str, Any]:
+async def create_session(
+    tenant: Tenant, c: ContainerDep, body: Annotated[CreateSessionBody, Body(default_factory=CreateSessionBody)]
+) -> dict[str, Any]:
+    """Create a session; every field is optional, and an empty body is ``{}``."""
     return await writes.create_session(c, tenant, body.id, body.name, body.parent_session_id, body.metadata)
 
 
@@ -164,9 +167,9 @@ async def rename_session(sid: Sid, body: RenameBody, tenant: Tenant, c: Containe
 @router.post("/v1/sessions/{sid}/usage", response_model=None, responses=ok(m.UsageAdded))
 async def add_usage(
     sid: Sid,
-    body: UsageBody,
     tenant: Tenant,
     c: ContainerDep,
+    body: Annotated[UsageBody, Body(default_factory=UsageBody)],
     idempotency_key: IdempotencyKeyHeader = None,
 ) -> dict[str, Any]:
     """Add token usage and cost to the session's counters (``addUsage``): `input_tokens`,

@@ -18,6 +18,7 @@ from tests.e2e.helpers import (
     events,
     msg,
     new_sid,
+    stream_last_seq,
 )
 
 
@@ -27,6 +28,28 @@ async def create(client: httpx.AsyncClient, **body: Any) -> dict[str, Any]:
     out: dict[str, Any] = r.json()
     assert isinstance(out["seq"], int)
     return out
+
+
+@pytest.mark.parametrize("headers", [{}, {"Content-Type": "application/json"}], ids=["no-type", "json"])
+async def test_an_empty_body_creates_as_an_empty_object_does(
+    client: httpx.AsyncClient, headers: dict[str, str]
+) -> None:
+    """Every field is optional: no body is ``{}`` (it was 422 "body: Field required")."""
+    r = await client.post("/v1/sessions", content=b"", headers=headers)
+    assert r.status_code == 201, r.text
+    out = r.json()
+    assert (out["name"], out["parent_session_id"], out["metadata"]) == ("", None, {})
+    r = await client.get(f"/v1/sessions/{out['id']}", params={"min_seq": out["seq"]})
+    assert r.status_code == 200, r.text
+    r = await client.post(f"/v1/sessions/{out['id']}/usage", content=b"", headers=headers)  # all optional too
+    assert r.status_code == 200, r.text
+    assert r.json()["seq"] == out["seq"]  # nothing added, nothing written
+    last = await stream_last_seq(client)
+    problem = assert_problem(
+        await client.post("/v1/sessions", content=b"null", headers=headers), 422, "invalid_request"
+    )
+    assert problem["errors"], problem  # JSON null is no object, and not "no body"
+    assert await stream_last_seq(client) == last
 
 
 async def test_create_then_get(client: httpx.AsyncClient) -> None:
