@@ -74,6 +74,7 @@ from chronicle_sdk.errors import (
     UnknownParent,
     UnknownTool,
     UnsafeConfig,
+    UnsupportedContentEncoding,
     UnsupportedMediaType,
 )
 from chronicle_sdk.manager import SessionManager, format_session_search
@@ -168,6 +169,7 @@ __all__ = [
     "UnknownParent",
     "UnknownTool",
     "UnsafeConfig",
+    "UnsupportedContentEncoding",
     "UnsupportedMediaType",
     "Via",
     "Writable",

@@ -306,6 +306,13 @@ class UnsupportedMediaType(InvalidRequest):
     default_code = "unsupported_media_type"
 
 
+class UnsupportedContentEncoding(InvalidRequest):
+    """The body was sent with a content coding (``415``: ``Content-Encoding`` other than
+    ``identity``, such as gzip): the server takes bodies as they are; the SDK never codes one."""
+
+    default_code = "unsupported_content_encoding"
+
+
 class ProjectionTimeout(TransientError):
     """The read model did not catch up with ``min_seq`` in time."""
 
@@ -430,6 +437,7 @@ BY_CODE: dict[str, type[ChronicleError]] = {
         PayloadTooLarge,
         HeaderTooLarge,
         UnsupportedMediaType,
+        UnsupportedContentEncoding,
         ProjectionTimeout,
         Contention,
         RequestTimeout,
@@ -532,6 +540,7 @@ __all__ = [
     "UnknownParent",
     "UnknownTool",
     "UnsafeConfig",
+    "UnsupportedContentEncoding",
     "UnsupportedMediaType",
     "error_from_problem",
 ]

@@ -47,6 +47,11 @@ MalformedJson = _error("MalformedJson", "malformed_json", 400, "The request body
 UnsupportedMediaType = _error(
     "UnsupportedMediaType", "unsupported_media_type", 415, "The request body is not declared as JSON"
 )
+UnsupportedContentEncoding = _error(
+    "UnsupportedContentEncoding", "unsupported_content_encoding", 415, "The request body's content coding is not taken"
+)
+"""A request whose ``Content-Encoding`` names a coding other than ``identity`` (gzip, …): refused
+before its body is read (services/api/guards.py)."""
 InvalidId = _error("InvalidId", "invalid_id", 422, "An id is not valid")
 UnknownCursor = _error("UnknownCursor", "unknown_cursor", 422, "No list gives this cursor")
 """A cursor in its list's form that no page of the list gives (a sequence past the largest, an id

@@ -14,7 +14,7 @@ from services.api.auth import ApiKeyAuth
 from services.api.body_timeout import BodyTimeout
 from services.api.compaction import router as compaction_router
 from services.api.context import router as context_router
-from services.api.guards import BodyLimit, HeadAsGet, Utf8Path
+from services.api.guards import BodyLimit, ContentEncoding, HeadAsGet, Utf8Path
 from services.api.history import router as history_router
 from services.api.hot import HotPaths
 from services.api.limits import TenantRateLimit
@@ -77,6 +77,7 @@ def build_app(settings: Settings, container: Container | None = None) -> FastAPI
     if settings.api_hot_paths:
         app.add_middleware(HotPaths)  # inside the key check: the tenant is known
     app.add_middleware(BodyLimit, limit=settings.request_bytes_limit())  # before anything reads a body
+    app.add_middleware(ContentEncoding)  # a coded body is refused unread
     app.add_middleware(Utf8Path)
     if (limits := limits_of(settings)) is not None:
         app.add_middleware(TenantRateLimit, limits=limits)  # before the hot paths: they are requests too

@@ -1,5 +1,6 @@
 """Checks of a request's form, made before anything reads it: a body over the size the API reads
-(``413 payload_too_large``), a path that is not UTF-8 once percent-decoded (``422
+(``413 payload_too_large``), a body sent with a content coding (``415
+unsupported_content_encoding``), a path that is not UTF-8 once percent-decoded (``422
 invalid_id``) and a query that is not (``422 invalid_request``). Plain ASGI middleware inside
 the key check (a bad key is 401 whatever the request)."""
 
@@ -11,7 +12,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from services.api.problems import from_error
-from services.errors import InvalidId, InvalidRequest, RequestTooLarge
+from services.errors import InvalidId, InvalidRequest, RequestTooLarge, UnsupportedContentEncoding
 
 
 class _BodyTooLarge(Exception):
@@ -106,6 +107,34 @@ class Refusal:
                 raise
         if self.response is not None and not self._started:
             await self.response(scope, receive, send)
+
+
+def content_codings(headers: list[tuple[bytes, bytes]]) -> list[str]:
+    """The codings a request's ``Content-Encoding`` headers name, in order (``identity`` left out)."""
+    named = (c.strip().lower() for name, value in headers if name == b"content-encoding" for c in value.split(b","))
+    return [c.decode("latin-1") for c in named if c and c != b"identity"]
+
+
+class ContentEncoding:
+    """Refuses a request whose body is sent with a content coding (``Content-Encoding: gzip``, any
+    but ``identity``), before anything reads it: ``415 unsupported_content_encoding`` naming the
+    coding, with ``Accept-Encoding: identity`` (RFC 9110 §12.5.3). The API takes bodies as sent;
+    a coded one was read as text and answered ``400 malformed_json``, "not UTF-8"."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and (codings := content_codings(scope["headers"])):
+            named = ", ".join(codings)[:100]
+            refusal = UnsupportedContentEncoding(
+                f"the body is sent with Content-Encoding {named!r}; send it as it is, without a content coding"
+            )
+            response = from_error(refusal)
+            response.headers["Accept-Encoding"] = "identity"
+            await response(scope, receive, send)
+            return
+        await self.app(scope, receive, send)
 
 
 def _utf8(raw: bytes) -> bool:

@@ -25,7 +25,8 @@ _WHEN = {
     409: "Conflicts with what exists (`session_exists`, `message_conflict`, `parent_cycle`, a read-only block, …)",
     410: "The session is erased (`session_erased`): it takes no writes, its id cannot be used again",
     413: "The body, or an event it makes, is over its limit (`payload_too_large`)",
-    415: "The body is not sent as JSON (`unsupported_media_type`): `Content-Type: application/json`",
+    415: "The body is not sent as JSON (`unsupported_media_type`): `Content-Type: application/json`; or is sent "
+    "with a content coding (`unsupported_content_encoding`): send it without `Content-Encoding`",
     422: "The request breaks a rule (`invalid_request`, `invalid_id`, `unknown_parent`, `invalid_config`, …)",
     431: "The request line and headers are over the server's bound (`header_too_large`); nothing was read",
     429: "The tenant is over its request limit (`rate_limited`; `retry_after` seconds, `Retry-After`); nothing done",

@@ -10,6 +10,7 @@ process."""
 from __future__ import annotations
 
 import asyncio
+import gzip
 import json
 from typing import Any
 from urllib.parse import quote, urlsplit
@@ -79,6 +80,38 @@ async def test_a_body_with_more_than_one_content_type_is_415_on_every_route_and_
         assert "more than one Content-Type" in problem["detail"], (path, problem)
     assert await events(client, sid) == before
     assert await stream_last_seq(client) == last
+
+
+@pytest.mark.parametrize(
+    "encoding", ["gzip", "br", "deflate", "GZIP", "identity, gzip", "x-unknown"], ids=lambda e: e.replace(" ", "")
+)
+async def test_a_coded_body_is_415_naming_the_coding_and_changes_nothing(
+    client: httpx.AsyncClient, encoding: str
+) -> None:
+    """A body sent with a content coding was read as text: ``400 malformed_json``, "not UTF-8".
+    Every route refuses it unread, the coding named (the hot append path too)."""
+    sid = new_sid()
+    await chain(client, sid, ["m1", "m2"])
+    before, last = await events(client, sid), await stream_last_seq(client)
+    for method, path, body in _json_routes(sid):
+        coded = gzip.compress(json.dumps(body).encode())
+        r = await client.request(method, path, content=coded, headers={**JSON, "Content-Encoding": encoding})
+        problem = assert_problem(r, 415, "unsupported_content_encoding")
+        assert encoding.split(", ")[-1].lower() in problem["detail"], problem
+        assert r.headers["accept-encoding"] == "identity"
+    assert await events(client, sid) == before
+    assert await stream_last_seq(client) == last
+    assert_problem(await client.get(f"/v1/sessions/{sid}-new"), 404, "session_not_found")
+
+
+async def test_a_coded_body_without_a_key_is_401_and_identity_is_no_coding(
+    client: httpx.AsyncClient, anon: httpx.AsyncClient
+) -> None:
+    coded = {**JSON, "Content-Encoding": "gzip"}
+    assert_problem(await anon.post("/v1/sessions", content=gzip.compress(b"{}"), headers=coded), 401, "unauthorized")
+    sid = new_sid()
+    r = await client.post("/v1/sessions", json={"id": sid}, headers={"Content-Encoding": "identity"})
+    assert r.status_code == 201, r.text
 
 
 @pytest.mark.parametrize(
