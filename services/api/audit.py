@@ -6,7 +6,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import asdict
 from typing import Annotated, Any, TypeVar
 
-from fastapi import APIRouter, Query, Response
+from fastapi import APIRouter, Query, Request, Response
 
 from projections import context_queries, queries
 from projections.overlays import failures
@@ -21,6 +21,7 @@ from services.api.deps import (
     Tenant,
     caught_up,
     check_id,
+    read_only,
     require_session,
 )
 from services.api.models import ok
@@ -52,6 +53,14 @@ def tree_node(row: queries.MessageRow, unloaded: dict[str, str]) -> str:
     }
     content = reclaim(row.content, unloaded) if unloaded else row.content
     return json.dumps(head, ensure_ascii=False)[:-1] + ', "message": ' + content + "}"
+
+
+@router.get("/v1/whoami", response_model=None, responses=ok(m.WhoAmI))
+async def whoami(request: Request, tenant: Tenant) -> dict[str, Any]:
+    """The tenant this API key selects, and whether the key only reads: how a client (the
+    auditor's view) names whom it is signed in as; a read-only key may ask (``GET /v1/nats``,
+    which says it too, is not for read-only keys)."""
+    return {"tenant": tenant, "read_only": read_only(request)}
 
 
 @router.get("/v1/sessions/{sid}/tree", responses=ok(m.Tree))

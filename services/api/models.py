@@ -174,6 +174,11 @@ class Seq(_Answer):
     seq: int
 
 
+class WhoAmI(_Answer):
+    tenant: str = Field(description="the tenant this API key selects")
+    read_only: bool = Field(description="whether the key only reads (`chronicle keygen --read-only`)")
+
+
 class NatsPublishing(_Answer):
     tenant: str
     stream: str

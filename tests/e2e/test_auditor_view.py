@@ -23,7 +23,7 @@ from playwright.async_api import Browser, Locator, Page, async_playwright, expec
 from bench.support import settings_env
 from services.ops.localstack import free_port, wait_for_port
 from services.settings import Settings, api_key_entry
-from tests.conftest import KEYS, operator_nats
+from tests.conftest import KEYS, READ_ONLY_KEY, operator_nats
 from tests.e2e.auditor_data import (
     BIG_TEXT_CHARS,
     ERASER,
@@ -138,6 +138,14 @@ async def open_session(page: Page, sid: str) -> None:
 
 def path_ids(page: Page) -> Locator:
     return page.locator('#path > [data-testid="message"]')
+
+
+async def test_a_read_only_key_is_shown_its_tenant(page: Page, seeded: Seeded) -> None:
+    """The key the README recommends for auditors: the view names its tenant (it asked GET
+    /v1/nats, which refuses read-only keys, and showed only "signed in")."""
+    await sign_in(page, READ_ONLY_KEY)
+    await expect(page.get_by_test_id("session-item").first).to_be_visible()
+    await expect(page.get_by_test_id("tenant-note")).to_have_text("tenant tenant-a (read-only key)")
 
 
 async def test_sign_in_shows_only_the_tenants_sessions_newest_first_with_search(

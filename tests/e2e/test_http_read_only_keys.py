@@ -159,3 +159,16 @@ async def test_the_sdk_reads_with_a_read_only_key_and_raises_read_only_key_on_a_
             await session.append_message({"id": "m2", "role": "user", "content": "by a reader"})
         assert (info.value.status, info.value.code) == (403, "read_only_key")
     assert await last_seq(client, sid) == seq
+
+
+async def test_whoami_names_the_tenant_to_a_read_only_key_too(
+    reader: httpx.AsyncClient, client: httpx.AsyncClient, anon: httpx.AsyncClient
+) -> None:
+    """How a client (the auditor's view) learns whom it is signed in as: ``GET /v1/nats`` says
+    the tenant too, but refuses read-only keys."""
+    r = await reader.get("/v1/whoami")
+    assert (r.status_code, r.json()) == (200, {"tenant": "tenant-a", "read_only": True}), r.text
+    assert_problem(await reader.get("/v1/nats"), 403, "read_only_key")
+    r = await client.get("/v1/whoami")
+    assert (r.status_code, r.json()) == (200, {"tenant": "tenant-a", "read_only": False}), r.text
+    assert_problem(await anon.get("/v1/whoami"), 401, "unauthorized")

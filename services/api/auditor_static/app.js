@@ -46,8 +46,9 @@ async function showApp(signedIn) {
   $("app").hidden = !signedIn;
   $("who").hidden = !signedIn;
   if (signedIn) {
-    const { tenant } = await get("/v1/nats").catch(() => ({ tenant: null }));
-    $("tenant-note").textContent = tenant ? `tenant ${tenant}` : "signed in";
+    // GET /v1/whoami answers read-only keys too (an auditor's; GET /v1/nats refuses them)
+    const me = await get("/v1/whoami").catch(() => null);
+    $("tenant-note").textContent = me ? `tenant ${me.tenant}${me.read_only ? " (read-only key)" : ""}` : "signed in";
   }
 }
 
