@@ -173,7 +173,13 @@ class Settings(BaseSettings):
         "<ops key>' (they show every tenant's totals); /healthz stays open",
     )
     db_pool_min: int = Field(default=2, ge=0, le=1000, description="Postgres connections kept open per process")
-    db_pool_max: int = Field(default=20, ge=1, le=1000, description="at most this many per process")
+    db_pool_max: int = Field(
+        default=20,
+        ge=1,
+        le=1000,
+        description="at most this many per process (`chronicle up` caps it, unless set, so that its processes "
+        "fit the server's max_connections)",
+    )
     key_cache_sessions: int = Field(
         default=KEY_CACHE_SESSIONS,
         ge=1_000,

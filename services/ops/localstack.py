@@ -35,6 +35,7 @@ from pydantic import SecretStr
 
 from projections.keystore import new_kek_line
 from services.bootstrap import worker_partitions
+from services.ops.connections import extra_connections, pool_decision, server_room
 from services.ops.natsconf import ClusterNode, NatsAccess, cluster_extra, server_config, write_config
 from services.settings import LocalStack, Settings, api_key_entry, new_api_key, new_operator_seed
 
@@ -406,6 +407,21 @@ def _serve(
     exe = [sys.executable, "-m", "services.ops.cli"]
     subprocess.run([*exe, "migrate"], env=env, check=True)
     workers = min(settings.projector_workers, settings.partitions)
+    room = server_room(env["CHRONICLE_DATABASE_URL"])
+    pools = pool_decision(
+        allowed=room.allowed,
+        processes=workers + 2 + settings.api_processes,
+        extra=extra_connections(settings.compactor_concurrency),
+        pool_max=settings.db_pool_max,
+        pool_max_set="db_pool_max" in settings.model_fields_set,
+        max_connections=room.max_connections,
+    )
+    if pools.pool_max is None:
+        print(f"chronicle up: {pools.message}", file=sys.stderr, flush=True)
+        return 1
+    if pools.message:
+        print(f"chronicle up: {pools.message}", flush=True)
+        env["CHRONICLE_DB_POOL_MAX"] = str(pools.pool_max)
     servers = env["CHRONICLE_NATS_URL"].split(",")
     for w in range(workers):  # one per core by default: each has its own Postgres backend for FTS
         shares = (

@@ -369,3 +369,23 @@ def test_up_refuses_a_data_dir_made_with_the_other_log_layout(tmp_path: Path) ->
     assert done.returncode == 1
     assert "holds the event log of one nats-server" in done.stderr
     assert not list(tmp_path.glob("nats-n*"))
+
+
+def test_up_refuses_pools_the_server_cannot_hold_naming_what_to_change(tmp_path: Path, fresh_db: str) -> None:
+    """(Each process opened pools of up to CHRONICLE_DB_POOL_MAX with no regard for the server's
+    max_connections: under load, requests met "too many clients".) A pool size the operator set
+    that the server cannot hold for every process is refused before any process starts."""
+    api_port, nats_port = free_port(), free_port()
+    done = subprocess.run(
+        [sys.executable, "-m", "services.ops.cli", "up", "--nats-port", str(nats_port)],
+        env=_env(tmp_path / "data", fresh_db, api_port, CHRONICLE_DB_POOL_MAX="500"),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "4 processes of up to 500 pooled connections each (CHRONICLE_DB_POOL_MAX)" in done.stderr
+    assert "raise max_connections (at least" in done.stderr
+    assert "Chronicle is ready" not in done.stdout
+    assert port_free("127.0.0.1", api_port)
+    assert port_free("127.0.0.1", nats_port)  # what it had started is stopped
