@@ -352,3 +352,26 @@ def test_dockerfile() -> None:
     users = [line.split()[1] for line in lines if line.upper().startswith("USER ")]
     assert users
     assert users[-1].split(":")[0] not in ("root", "0"), "run as a non-root user"
+
+
+def test_postgres_holds_every_connection_the_long_running_services_may_open(
+    services: dict[str, dict[str, Any]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """(A stock max_connections of 100 under four processes of 20 pooled + 6 more each: "too many
+    clients" under load.) The same sum ``chronicle up`` makes, over compose's services."""
+    from services.ops.connections import HEADROOM, extra_connections, pool_decision
+
+    command = services["postgres"]["command"]
+    most = next(int(arg.split("=", 1)[1]) for arg in command if arg.startswith("max_connections="))
+    running = [name for name in CHRONICLE if name != "migrate"]
+    each = [settings_from(env_of(services[name]), monkeypatch) for name in running]
+    s = each[0]
+    decided = pool_decision(
+        allowed=most - 3 - HEADROOM,  # the image's superuser_reserved_connections
+        processes=len(running),
+        extra=extra_connections(s.compactor_concurrency),
+        pool_max=s.db_pool_max,
+        pool_max_set=True,  # compose runs the pools as configured: none is capped
+        max_connections=most,
+    )
+    assert decided.pool_max == s.db_pool_max, decided.message
