@@ -506,18 +506,27 @@ class ChronicleClient:
         """The chain in ``messages:batch`` requests (HTTP or NATS commands). Idempotent by message
         id, as single appends: a retried batch re-answers the messages already appended
         (``created=False``), and an id already stored with a different body is a
-        :class:`~chronicle_sdk.MessageConflict`."""
+        :class:`~chronicle_sdk.MessageConflict`. An error part-way carries the chain's stored
+        messages (``written``) and the index of the one that failed (``failed_index``), across
+        requests: see :class:`~chronicle_sdk.ChronicleError`."""
         results: list[AppendResult] = []
         parent = parent_id
         for chunk in _batches(messages):
-            out = await self._send(
-                via,
-                "POST",
-                self._path(session_id, "/messages:batch"),
-                {"messages": chunk, "parent_id": parent},
-                session=session_id,
-                idempotent=True,
-            )
+            try:
+                out = await self._send(
+                    via,
+                    "POST",
+                    self._path(session_id, "/messages:batch"),
+                    {"messages": chunk, "parent_id": parent},
+                    session=session_id,
+                    idempotent=True,
+                )
+            except ChronicleError as err:  # what the chain stored before it failed: on the error
+                err.failed_index = len(results) + (err.failed_index or 0)
+                err.written = results + err.written
+                if err.written:
+                    self.note_seq(session_id, max(w.seq for w in err.written))  # stored: reads wait for it
+                raise
             self.note_seq(session_id, out["seq"])
             results += [
                 AppendResult(str(r["id"]), r.get("parent_id"), int(r["seq"]), bool(r.get("created", True)))

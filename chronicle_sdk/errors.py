@@ -14,9 +14,20 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
+from chronicle_sdk.types import AppendResult
+
 
 class ChronicleError(Exception):
-    """Base of every SDK error: ``code`` (stable), ``status`` (HTTP; 0 when no answer came) and ``detail``."""
+    """Base of every SDK error: ``code`` (stable), ``status`` (HTTP; 0 when no answer came) and ``detail``.
+
+    An append of a chain (:meth:`chronicle_sdk.Session.append_all`, ``messages:batch``) is not
+    atomic: its error has ``failed_index``, the index in the chain of the first message not
+    written (the one that failed, or the first of a request refused whole), and ``written``, the
+    messages before it, which are stored (as :class:`~chronicle_sdk.AppendResult`, in chain
+    order; empty when nothing of the chain was). After a :class:`TransientError` (no answer, or
+    a 5xx) messages of the request that failed may have been stored too. Either way the chain
+    may be appended again whole (idempotent by message id), or from ``failed_index`` under
+    ``written[-1].id``. Any other error has ``failed_index`` None and ``written`` empty."""
 
     default_code: ClassVar[str] = "internal_error"
 
@@ -27,10 +38,24 @@ class ChronicleError(Exception):
         self.status = status
         self.detail = detail or self.code
         self.problem: dict[str, Any] = problem or {}
+        index = self.problem.get("failed_index")
+        self.failed_index: int | None = index if isinstance(index, int) and not isinstance(index, bool) else None
+        self.written: list[AppendResult] = _written(self.problem.get("written"))
         super().__init__(self.detail)
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(code={self.code!r}, status={self.status}, detail={self.detail!r})"
+
+
+def _written(items: Any) -> list[AppendResult]:
+    """A problem's ``written`` (a batch's messages stored before it failed) as append results."""
+    if not isinstance(items, list):
+        return []
+    return [
+        AppendResult(str(w["id"]), w.get("parent_id"), int(w["seq"]), bool(w.get("created", True)))
+        for w in items
+        if isinstance(w, dict) and "id" in w and isinstance(w.get("seq"), int)
+    ]
 
 
 class Conflict(ChronicleError):

@@ -187,6 +187,10 @@ class Session(ConfigBuilder):
         rule: one chain). Via JetStream only the first message is conditional; the others keep
         the parent they were given, so an append without a parent that lands between two of
         them (attached to the earlier one) is left on a side branch, off the latest leaf's path.
+
+        Not atomic: over HTTP or NATS an error part-way (a conflict at the fifth message, say)
+        carries the messages stored before it, ``written``, and ``failed_index`` (see
+        :class:`ChronicleError`); this client's reads wait for them.
         """
         refuse_unnameable_ids(messages)
         await self._ensure_ready()

@@ -370,6 +370,16 @@ class Problem(BaseModel):
     block: str | None = Field(default=None, description="`prompt_unstorable`: the label of the prompt's largest block")
     size: int | None = Field(default=None, description="`prompt_unstorable`: the prompt's size stored, in bytes")
     limit: int | None = Field(default=None, description="`prompt_unstorable`: the most bytes an event is stored as")
+    failed_index: int | None = Field(
+        default=None,
+        description="a batch (`messages:batch`, `append_batch`) that failed part-way: the index of the message "
+        "that failed; it and the messages after it were not written",
+    )
+    written: list[Appended] | None = Field(
+        default=None,
+        description="with `failed_index`: the batch's messages before it, which are stored, as the batch's answer "
+        "lists them (`[]`: nothing of the batch was written)",
+    )
 
 
 # -- the commands ------------------------------------------------------------------------------------

@@ -162,6 +162,19 @@ class AsOfPastLog(ChronicleError):
         self.seq, self.last = seq, last
 
 
+class BatchFailed(Exception):
+    """A batch (``messages:batch``, the ``append_batch`` command) that failed at its message
+    ``failed_index`` for ``cause``: the messages before it are stored (``written``, as the batch's
+    answer lists its messages), the failing one and those after it are not. Batches are not
+    atomic: the answer is the cause's problem (its status, code and members) with the batch's
+    partial result added, and a detail that says what was written
+    (services/requests/problems.py)."""
+
+    def __init__(self, cause: Exception, failed_index: int, message_id: str, written: list[dict[str, Any]]) -> None:
+        super().__init__(str(cause))
+        self.cause, self.failed_index, self.message_id, self.written = cause, failed_index, message_id, written
+
+
 CompactionInProgress = _error(
     "CompactionInProgress",
     "compaction_in_progress",

@@ -93,6 +93,8 @@ async def append_batch(sid: Sid, body: AppendBatchBody, tenant: Tenant, c: Conta
     session stays one chain under concurrent writers.
 
     Each message is its own event; a retried batch re-answers the appended ones (idempotent).
+    Not atomic: a failure part-way is the failing message's problem with ``failed_index`` and
+    ``written`` (the batch's messages stored before it, as this answer lists them).
     """
     parent = writes.parent_spec(body.parent_id, "parent_id" in body.model_fields_set)
     return await writes.append_batch(c, tenant, sid, body.messages, parent)

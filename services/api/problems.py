@@ -22,7 +22,7 @@ from events.publisher import PublishFailed
 from events.sealing import KeyDestroyed
 from events.validation import error_items
 from services.api.metrics import SOURCES_MISSING
-from services.errors import ChronicleError, InvalidRequest, SourceMissing
+from services.errors import BatchFailed, ChronicleError, InvalidRequest, SourceMissing
 from services.requests.problems import Problem, internal_error, invalid_request, problem_of
 from services.requests.problems import problem as problem_body
 
@@ -30,6 +30,7 @@ log = logging.getLogger("chronicle.api")
 
 _HTTP_CODES = {401: "unauthorized", 404: "not_found", 405: "method_not_allowed", 413: "payload_too_large"}
 HANDLED = (
+    BatchFailed,
     ChronicleError,
     PublishFailed,
     Refused,

@@ -16,7 +16,7 @@ from events.blobs import BlobNotFound
 from events.publisher import PublishFailed
 from events.sealing import KeyDestroyed
 from events.validation import error_items, validation_detail
-from services.errors import ChronicleError, ErasedSession, RateLimited
+from services.errors import BatchFailed, ChronicleError, ErasedSession, RateLimited
 
 log = logging.getLogger("chronicle.requests")
 
@@ -39,6 +39,8 @@ def validation_errors(exc: ValidationError) -> list[dict[str, Any]]:
 
 def problem_of(exc: BaseException) -> Problem | None:
     """The problem for an error a request may meet; None for one that is a bug (500)."""
+    if isinstance(exc, BatchFailed):
+        return batch_problem(exc)
     if isinstance(exc, RateLimited):  # when a request would be admitted, in seconds (ms, rounded up)
         retry_after = max(0.001, math.ceil(exc.retry_after_s * 1000) / 1000)
         return problem(exc.status, exc.code, exc.title, exc.detail, retry_after=retry_after)
@@ -64,6 +66,29 @@ def problem_of(exc: BaseException) -> Problem | None:
         log.warning("event log unavailable: %r", exc)
         return problem(503, "unavailable", "The event log is unavailable", type(exc).__name__)
     return None
+
+
+def batch_problem(exc: BatchFailed) -> Problem:
+    """A batch's failure: its cause's problem (``500 internal_error`` for a bug, logged here: the
+    answer still says what was written) with ``failed_index`` and ``written`` added, and a
+    detail that names the failing message and says what of the batch is stored."""
+    body = problem_of(exc.cause)
+    if body is None:
+        log.error("a batch failed at message %d", exc.failed_index, exc_info=exc.cause)
+        body = internal_error(exc.cause)
+    cause = str(body["detail"]).rstrip()
+    cause += "" if cause.endswith(".") else "."
+    where = f"{cause} It was message {exc.failed_index} of the batch ({exc.message_id!r})"
+    if not exc.written:
+        detail = f"{where}; nothing of the batch was written."
+    else:
+        n, last = len(exc.written), exc.written[-1]["id"]
+        stored = f"message 0 ({last!r}) was" if n == 1 else f"messages 0-{n - 1} (the last {last!r}) were"
+        detail = (
+            f"{where}; the batch's {stored} stored before it (`written`), it and the messages after it were not: "
+            f"send those again under parent_id {last!r}, or the whole batch again (its stored messages replay)."
+        )
+    return {**body, "detail": detail, "failed_index": exc.failed_index, "written": exc.written}
 
 
 def internal_error(exc: BaseException) -> Problem:

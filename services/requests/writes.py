@@ -22,6 +22,7 @@ from services.bootstrap import Container
 from services.compaction.lease import LeasesExhausted, SessionBusy
 from services.compaction.summarizers import SummarizerError
 from services.errors import (
+    BatchFailed,
     ChronicleError,
     CompactionInProgress,
     InvalidConfig,
@@ -130,14 +131,22 @@ async def append_batch(
     """A chain: the first message takes ``parent`` as a single append does, each next one is the
     child of the previous, or of the latest leaf when another writer appended under the previous
     meanwhile (``follow``: the session stays one chain, see :meth:`Commands.append`). Each message
-    is its own event; a retried batch re-answers the appended ones (idempotent)."""
+    is its own event; a retried batch re-answers the appended ones (idempotent).
+
+    Not atomic: a failure at a message (its parent would make a cycle, its id is taken by another
+    body, the log is unavailable, …) leaves the messages before it stored, and is raised as
+    :class:`BatchFailed` with them (``written``); a refusal of the request itself (ids not
+    distinct, a message not valid) is raised before anything is written."""
     check_id("session", sid)
     bodies = [checked_message(m, new=True, loc=("messages", i)) for i, m in enumerate(messages)]
     if len({m["id"] for m in bodies}) != len(bodies):
         raise invalid_fields([field_error(("messages",), "message ids in a batch must be distinct")])
     answers: list[Answer] = []
     for i, body in enumerate(bodies):
-        r = await c.commands.append(tenant, sid, body, parent, follow=i > 0)
+        try:
+            r = await c.commands.append(tenant, sid, body, parent, follow=i > 0)
+        except Exception as exc:  # the messages before it are stored: the answer says so (BatchFailed)
+            raise BatchFailed(exc, i, str(body["id"]), answers) from exc
         answers.append({"id": r.id, "parent_id": r.parent_id, "seq": r.seq, "created": r.created})
         parent = r.id
     return {"messages": answers, "seq": max(a["seq"] for a in answers)}

@@ -82,12 +82,20 @@ def decide_append(state: AppendState, body_sha256: str, parent: ParentSpec, *, f
     elif follow and state.leaf_follows and state.latest_leaf is not None:
         pid = state.latest_leaf
         chosen = f"the latest leaf {pid!r} (appended under the batch's previous message {parent!r})"
+    elif follow:
+        pid, chosen = parent, f"the batch's previous message {parent!r}"
     else:
         pid, chosen = parent, f"parent {parent!r}"
     if pid is not None and pid in state.descendants:
+        # a batch's next message was not written, but the batch's messages before it were: what
+        # the batch stored is the batch's answer to say (services/requests/problems.py)
+        remedy = (
+            "It was not written; use another message id"
+            if follow
+            else "Nothing was written; give another parent_id, null for a new root, or use another message id"
+        )
         raise ParentCycle(
             f"{chosen} descends from a deleted message with this id (its children still name the id as "
-            "their parent): appended there, the message would be its own ancestor. Nothing was written; "
-            "give another parent_id, null for a new root, or use another message id"
+            f"their parent): appended there, the message would be its own ancestor. {remedy}"
         )
     return Append(pid)

@@ -5,6 +5,7 @@ import uuid
 import httpx
 
 from tests.e2e import helpers
+from tests.integration.helpers import logged_message
 
 
 def msg(mid: str) -> dict[str, object]:
@@ -88,3 +89,87 @@ async def test_history_as_of_applies_the_overlays_and_windows_of_then(client: ht
     assert [m["id"] for m in window["messages"]] == ["m6", "m7"]
     assert window["truncated"] is True
     assert window["as_of_seq"] == before
+
+
+# -- a batch that fails part-way --------------------------------------------------------------------
+
+
+def bare(mid: str) -> dict[str, object]:
+    return {"id": mid, "role": "user", "parts": []}
+
+
+async def test_a_batch_failing_at_a_cycle_says_what_it_wrote(client: httpx.AsyncClient) -> None:
+    """The outside-in trial's form: cy1 (deleted, its child cy2 stored), then a batch cy3 under
+    cy2 and cy1 again under cy3, which would be its own ancestor. cy3 is stored: the problem
+    says so (``written``, ``failed_index``) and never that nothing was written."""
+    sid = helpers.new_sid("batch-cycle")
+    path = f"/v1/sessions/{sid}/messages:batch"
+    r = await client.post(path, json={"parent_id": None, "messages": [bare("cy1"), bare("cy2")]})
+    assert r.status_code == 201, r.text
+    r = await client.post(f"/v1/sessions/{sid}/messages:delete", json={"ids": ["cy1"]})
+    assert r.status_code == 200, r.text
+    before = await helpers.events(client, sid)
+
+    r = await client.post(path, json={"parent_id": "cy2", "messages": [bare("cy3"), bare("cy1")]})
+    problem = helpers.assert_problem(r, 409, "parent_cycle")
+    assert problem["failed_index"] == 1
+    [written] = problem["written"]
+    assert (written["id"], written["parent_id"], written["created"]) == ("cy3", "cy2", True)
+    assert "nothing was written" not in problem["detail"].lower(), problem["detail"]
+    assert "message 1 of the batch ('cy1')" in problem["detail"]
+    assert "message 0 ('cy3') was stored before it" in problem["detail"]
+    after = await helpers.events(client, sid)
+    assert [e["seq"] for e in after[len(before) :]] == [written["seq"]]  # cy3's append, nothing else
+    assert logged_message(after[-1]["event"]).message_id == "cy3"
+    tree = await client.get(f"/v1/sessions/{sid}/tree", params={"min_seq": written["seq"]})
+    assert {m["id"] for m in tree.json()["messages"]} == {"cy2", "cy3"}
+
+    # the whole batch again: cy3 replays (created false) and cy1 fails as before
+    r = await client.post(path, json={"parent_id": "cy2", "messages": [bare("cy3"), bare("cy1")]})
+    again = helpers.assert_problem(r, 409, "parent_cycle")
+    assert again["written"] == [{**written, "created": False}]
+    assert await helpers.events(client, sid) == after
+
+
+async def test_a_batch_failing_at_a_conflict_says_what_it_wrote(client: httpx.AsyncClient) -> None:
+    """An existing message ``ex``, then a batch n1, ex with another body, n3: n1 is stored (the
+    latest leaf now), ex and n3 are not, and the problem lists n1."""
+    sid = helpers.new_sid("batch-conflict")
+    ex = await helpers.append(client, sid, msg("ex"))
+    r = await client.post(
+        f"/v1/sessions/{sid}/messages:batch",
+        json={"messages": [msg("n1"), helpers.msg("ex", "another body"), msg("n3")]},
+    )
+    problem = helpers.assert_problem(r, 409, "message_conflict")
+    assert problem["failed_index"] == 1
+    assert [(w["id"], w["parent_id"], w["created"]) for w in problem["written"]] == [("n1", "ex", True)]
+    assert problem["written"][0]["seq"] > ex["seq"]
+    assert problem["detail"].startswith("a message with this id and a different body exists.")
+    assert "It was message 1 of the batch ('ex')" in problem["detail"]
+    seq = problem["written"][0]["seq"]
+    assert await helpers.history_ids(client, sid, min_seq=seq) == ["ex", "n1"]
+    leaf = await client.get(f"/v1/sessions/{sid}/leaf", params={"min_seq": seq})
+    assert leaf.json()["leaf_id"] == "n1"
+    gone = await client.get(f"/v1/sessions/{sid}/messages/n3", params={"min_seq": seq})
+    helpers.assert_problem(gone, 404, "message_not_found")
+
+
+async def test_a_batch_failing_at_its_first_message_says_nothing_was_written(client: httpx.AsyncClient) -> None:
+    sid = helpers.new_sid("batch-first")
+    await helpers.append(client, sid, msg("ex"))
+    before = await helpers.events(client, sid)
+    r = await client.post(
+        f"/v1/sessions/{sid}/messages:batch", json={"messages": [helpers.msg("ex", "another body"), msg("n2")]}
+    )
+    problem = helpers.assert_problem(r, 409, "message_conflict")
+    assert (problem["failed_index"], problem["written"]) == (0, [])
+    assert problem["detail"].endswith("It was message 0 of the batch ('ex'); nothing of the batch was written.")
+    r = await client.post(f"/v1/sessions/{sid}/messages:batch", json={"messages": [msg("n1")], "parent_id": "nope"})
+    problem = helpers.assert_problem(r, 422, "unknown_parent")
+    assert (problem["failed_index"], problem["written"]) == (0, [])
+    assert await helpers.events(client, sid) == before
+    # a refusal of the request itself (ids not distinct) is no batch failure: nothing to list
+    r = await client.post(f"/v1/sessions/{sid}/messages:batch", json={"messages": [msg("z"), msg("z")]})
+    problem = helpers.assert_problem(r, 422, "invalid_request")
+    assert "failed_index" not in problem
+    assert "written" not in problem

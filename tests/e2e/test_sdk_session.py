@@ -273,3 +273,36 @@ async def test_events_whose_text_holds_unicode_line_separators_are_read(sdk: Chr
     [event] = await s.get_events()
     assert event["event"]["type"] == "message.appended"
     assert event["event"]["message"]["parts"][0]["text"] == body
+
+
+@pytest.mark.parametrize("via", ["http", "nats"])
+async def test_a_chain_failing_part_way_raises_with_what_it_stored(
+    api_url: str, api_settings: Settings, via: Via, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``append_all`` is not atomic: a conflict at a chain's message raises with the messages
+    stored before it (``written``) and its index (``failed_index``), counted across the chain's
+    requests (two messages a request here), and reads wait for what was stored."""
+    monkeypatch.setattr("chronicle_sdk.client._BATCH_LIMIT", 2)
+    async with open_client(api_url, api_settings, via=via) as c:
+        s = Session.create(c, sid())
+        ex = await s.append_message(text("ex", "stored"))
+        chain = [text("a", "a"), text("b", "b"), text("c", "c"), text("ex", "another body"), text("e", "e")]
+        with pytest.raises(MessageConflict) as info:
+            await s.append_all(chain, parent_id="ex")
+        err = info.value
+        assert err.failed_index == 3
+        assert [(w.id, w.parent_id, w.created) for w in err.written] == [
+            ("a", "ex", True),
+            ("b", "a", True),
+            ("c", "b", True),
+        ]
+        assert err.written[0].seq > ex.seq
+        assert ids(await s.get_history()) == ["ex", "a", "b", "c"]  # no min_seq given: the client waits
+
+        # at the chain's first message: nothing written, and other errors carry nothing
+        with pytest.raises(MessageConflict) as info:
+            await s.append_all([text("ex", "another body"), text("f", "f")], parent_id="c")
+        assert (info.value.failed_index, info.value.written) == (0, [])
+        with pytest.raises(MessageConflict) as info:
+            await s.append_message(text("ex", "another body"))
+        assert (info.value.failed_index, info.value.written) == (None, [])

@@ -696,6 +696,47 @@ async def test_a_deleted_id_appended_under_its_own_descendant_is_refused_and_wri
     assert leaf.json()["leaf_id"] == "c"
 
 
+async def test_a_batch_failing_part_way_replies_what_it_wrote_as_http_answers(
+    http: httpx.AsyncClient, tenant_a: NatsClient, settings: Settings
+) -> None:
+    """The same partial batch over HTTP and as the ``append_batch`` command: a cycle at its second
+    message, a conflict at its second, a conflict at its first. Each reply is the HTTP problem,
+    ``failed_index`` and ``written`` (the messages stored before the failure) included, and the
+    log holds exactly what ``written`` lists."""
+    answers: dict[str, list[Reply]] = {}
+    for via in ("http", "nats"):
+
+        async def send(command: str, sid: str, body: Any, via: str = via) -> Reply:
+            return await write(via, http, tenant_a, settings, command, sid, body)
+
+        got: list[Reply] = []
+        sid = await created_session(http)
+        roots = {"parent_id": None, "messages": [message("a"), message("b")]}
+        assert (await send("append_batch", sid, roots))[0] == 201
+        assert (await send("delete", sid, {"ids": ["a"]}))[0] == 200
+        before = await logged_seqs(http, sid)
+        got.append(await send("append_batch", sid, {"parent_id": "b", "messages": [message("c"), message("a")]}))
+        assert await logged_seqs(http, sid) == [*before, got[-1][1]["written"][0]["seq"]]
+        got.append(await send("append_batch", sid, {"messages": [message("d"), message("b", "other"), message("e")]}))
+        got.append(await send("append_batch", sid, {"messages": [message("b", "other"), message("f")]}))
+        assert await path(http, sid, got[1][1]["written"][0]["seq"]) == ("d", ["b", "c", "d"])
+        answers[via] = got
+
+    def seqless(reply: Reply) -> Reply:
+        status, problem = reply
+        return status, {**problem, "written": [{**w, "seq": 0} for w in problem["written"]]}
+
+    assert [seqless(r) for r in answers["nats"]] == [seqless(r) for r in answers["http"]]
+    cycle, conflict, first = answers["nats"]
+    assert (cycle[0], cycle[1]["code"], cycle[1]["failed_index"]) == (409, "parent_cycle", 1)
+    assert [(w["id"], w["parent_id"], w["created"]) for w in cycle[1]["written"]] == [("c", "b", True)]
+    assert "nothing was written" not in cycle[1]["detail"].lower()
+    assert (conflict[0], conflict[1]["code"], conflict[1]["failed_index"]) == (409, "message_conflict", 1)
+    assert [w["id"] for w in conflict[1]["written"]] == ["d"]
+    assert (first[1]["code"], first[1]["failed_index"], first[1]["written"]) == ("message_conflict", 0, [])
+    assert first[1]["detail"].endswith("nothing of the batch was written.")
+
+
 @pytest.mark.parametrize("via", ["http", "nats"])
 async def test_a_deleted_id_is_appended_again_where_it_makes_no_cycle(
     http: httpx.AsyncClient, tenant_a: NatsClient, settings: Settings, via: str

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 import services
+from chronicle_sdk import AppendResult
 from chronicle_sdk import errors as sdk
 from services import errors as server
 from services.api.problems import _HTTP_CODES
@@ -69,3 +70,14 @@ def test_an_erased_session_is_a_not_found_too_and_is_not_retried() -> None:
 def test_a_bare_410_or_405_has_its_status_class() -> None:
     assert type(sdk.error_from_problem(410, "gone")) is sdk.Gone
     assert type(sdk.error_from_problem(405, "")) is sdk.MethodNotAllowed
+
+
+def test_a_batch_problem_carries_what_the_batch_wrote() -> None:
+    written = [{"id": "n1", "parent_id": "ex", "seq": 7, "created": True}, {"id": "n2", "seq": "x"}]
+    problem = {"code": "message_conflict", "detail": "why", "failed_index": 1, "written": written}
+    err = sdk.error_from_problem(409, problem)
+    assert type(err) is sdk.MessageConflict
+    assert err.failed_index == 1
+    assert err.written == [AppendResult("n1", "ex", 7, True)]  # an item that is not one is left out
+    other = sdk.error_from_problem(409, {"code": "message_conflict", "failed_index": True, "written": "no"})
+    assert (other.failed_index, other.written) == (None, [])
