@@ -176,6 +176,18 @@ def test_a_followed_leaf_under_the_new_id_is_a_parent_cycle() -> None:
         decide_append(follows("w", True, descendants=frozenset({"w"})), HASH, "b1", follow=True)
 
 
+def test_a_batch_message_under_its_own_descendant_never_claims_nothing_was_written() -> None:
+    """A batch's next message (``follow``): the messages before it were written; its refusal says
+    only that it was not (the batch's answer says what was)."""
+    with pytest.raises(ParentCycle) as info:
+        decide_append(follows("b1", False, descendants=frozenset({"b1"})), HASH, "b1", follow=True)
+    assert info.value.detail.startswith("the batch's previous message 'b1' descends")
+    assert "It was not written; use another message id" in info.value.detail
+    assert "Nothing was written" not in info.value.detail
+    with pytest.raises(ParentCycle, match="Nothing was written; give another parent_id"):
+        decide_append(state(leaf="x", parent_exists=True, descendants=UNDER), HASH, "k")
+
+
 def test_a_batch_message_whose_previous_is_gone_is_refused() -> None:
     s = AppendState(session_deleted=False, existing=None, latest_leaf="w", parent_exists=False, leaf_follows=True)
     with pytest.raises(UnknownParent):
