@@ -27,6 +27,7 @@ from chronicle_sdk.connection import Connection
 from chronicle_sdk.convert import to_anthropic_messages, to_openai_messages
 from chronicle_sdk.errors import (
     AmbiguousCredentials,
+    AmbiguousIdempotencyKey,
     BlockNotFound,
     BudgetExceeded,
     ChronicleError,
@@ -99,6 +100,7 @@ from chronicle_sdk.types import (
 __all__ = [
     "OMITTED",
     "AmbiguousCredentials",
+    "AmbiguousIdempotencyKey",
     "AppendResult",
     "BlockNotFound",
     "BudgetExceeded",

@@ -275,6 +275,13 @@ class SeqNotReached(InvalidRequest):
     default_code = "seq_not_reached"
 
 
+class AmbiguousIdempotencyKey(InvalidRequest):
+    """400: the request carried more than one ``Idempotency-Key`` header (an append, a usage call);
+    the server takes neither, and nothing was done."""
+
+    default_code = "ambiguous_idempotency_key"
+
+
 class IdempotencyKeyReused(InvalidRequest):
     """The ``Idempotency-Key`` was used for a request with other values (``POST …/usage`` with
     other amounts, for as long as the session lives); nothing was written. Use a new key per call."""
@@ -456,6 +463,7 @@ BY_CODE: dict[str, type[ChronicleError]] = {
         UnknownCursor,
         SeqNotReached,
         IdempotencyKeyReused,
+        AmbiguousIdempotencyKey,
         InvalidConfig,
         InvalidId,
         MalformedJson,
@@ -522,6 +530,7 @@ def error_from_problem(status: int, body: Any, *, retry_after: str | None = None
 __all__ = [
     "BY_CODE",
     "AmbiguousCredentials",
+    "AmbiguousIdempotencyKey",
     "BlockNotFound",
     "BudgetExceeded",
     "ChronicleError",

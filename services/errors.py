@@ -76,6 +76,15 @@ ParentCycle = _error("ParentCycle", "parent_cycle", 409, "The message would be i
 IdempotencyKeyReused = _error(
     "IdempotencyKeyReused", "idempotency_key_reused", 422, "This Idempotency-Key was used for a different request"
 )
+AmbiguousIdempotencyKey = _error(
+    "AmbiguousIdempotencyKey",
+    "ambiguous_idempotency_key",
+    400,
+    "The request carries more than one Idempotency-Key header",
+)
+"""Two keys on one request that takes one (an append, a usage call): which request it names cannot
+be told, so it is refused, never resolved (a proxy may judge one and the app another; the first,
+taken silently, made a retry under the second key a new request). Nothing was done."""
 IdempotencyKeyConflict = _error(
     "IdempotencyKeyConflict",
     "idempotency_key_conflict",

@@ -134,7 +134,7 @@ def _append_headers(headers: list[tuple[bytes, bytes]]) -> tuple[bool, str | Non
                 return False, None
             json_body = value.split(b";", 1)[0].strip().lower() == b"application/json"
         elif name == b"idempotency-key":
-            if key is not None:
+            if key is not None:  # sent twice: the app refuses it (strict_json.py)
                 return False, None
             key = value.decode("latin-1")
             if len(key) > IDEMPOTENCY_KEY_MAX or not _KEY.fullmatch(key):

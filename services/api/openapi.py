@@ -18,7 +18,8 @@ REF = "#/components/schemas/{model}"
 
 
 _WHEN = {
-    400: "The body is not JSON or not UTF-8 (`malformed_json`)",
+    400: "The body is not JSON or not UTF-8 (`malformed_json`), or more than one Idempotency-Key header "
+    "(`ambiguous_idempotency_key`)",
     401: "Missing or unknown API key (`unauthorized`), or more than one Authorization header (`ambiguous_credentials`)",
     404: "Unknown session, message, block or route",
     408: "The body did not arrive whole in time (`request_timeout`, `Connection: close`); nothing was done",

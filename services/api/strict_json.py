@@ -14,7 +14,7 @@ from fastapi.dependencies.models import Dependant
 from fastapi.exceptions import RequestValidationError
 from fastapi.routing import APIRoute
 
-from services.errors import UnsupportedMediaType
+from services.errors import AmbiguousIdempotencyKey, UnsupportedMediaType
 from services.requests.strict_json import strict_loads
 
 
@@ -39,14 +39,22 @@ class StrictJsonRoute(APIRoute):
     route that takes a body refuses one declared as something else than JSON (``415
     unsupported_media_type``; FastAPI would validate the raw bytes and answer a puzzling 422), and
     one declared more than once (whichever is JSON); a body with no ``Content-Type`` at all is
-    taken as JSON."""
+    taken as JSON. A route that takes an ``Idempotency-Key`` refuses a request with more than one
+    (``400 ambiguous_idempotency_key``), before anything else of it is looked at."""
 
     def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
         handler = super().get_route_handler()
         takes_body = self.body_field is not None
         scalars = scalar_query_names(self.dependant)
+        keyed = IDEMPOTENCY_KEY in header_names(self.dependant)
 
         async def strict(request: Request) -> Response:
+            if keyed and len(keys := request.headers.getlist(IDEMPOTENCY_KEY)) > 1:
+                # FastAPI would take the first silently: a retry sent with the second names
+                # another request, and a proxy checking one may see another request than the app
+                raise AmbiguousIdempotencyKey(
+                    f"send one Idempotency-Key header (one key names one request): this request has {len(keys)}"
+                )
             if scalars:
                 refuse_repeated(request, scalars)
             strict_request = StrictJsonRequest(request.scope, request.receive)
@@ -79,6 +87,20 @@ def scalar_query_names(dependant: Dependant) -> frozenset[str]:
     while todo:
         d = todo.pop()
         names.update(f.alias for f in d.query_params if not _takes_list(f.field_info.annotation))
+        todo.extend(d.dependencies)
+    return frozenset(names)
+
+
+IDEMPOTENCY_KEY = "idempotency-key"
+
+
+def header_names(dependant: Dependant) -> frozenset[str]:
+    """The header parameters of a route (its dependencies' included), lower-cased."""
+    names: set[str] = set()
+    todo = [dependant]
+    while todo:
+        d = todo.pop()
+        names.update(f.alias.lower() for f in d.header_params)
         todo.extend(d.dependencies)
     return frozenset(names)
 

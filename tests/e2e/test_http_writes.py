@@ -16,6 +16,7 @@ from tests.e2e.helpers import (
     history_ids,
     msg,
     new_sid,
+    stream_last_seq,
 )
 from tests.integration.helpers import logged_message
 
@@ -54,6 +55,32 @@ async def test_a_retry_with_the_same_idempotency_key_answers_created(client: htt
     assert len(await events(client, sid)) == 1
     bad = await client.post(path, json=body, headers={"Idempotency-Key": "has space"})
     assert_problem(bad, 422, "invalid_request")
+
+
+async def test_two_idempotency_keys_are_refused_and_nothing_is_done(client: httpx.AsyncClient) -> None:
+    """An append (the hot path hands it on) or a usage call with two ``Idempotency-Key`` headers
+    names no one request: ``400 ambiguous_idempotency_key``, whichever comes first, nothing written;
+    and the refusal comes before the body is judged. One key with another header alike is fine."""
+    sid = new_sid()
+    first = await append(client, sid, msg("m0", "zero"))
+    before, last = await events(client, sid), await stream_last_seq(client)
+    for pair in (["x", "y"], ["y", "x"], ["x", "x"]):
+        headers = [("Idempotency-Key", key) for key in pair]
+        for path, body in [
+            (f"/v1/sessions/{sid}/messages", append_body(msg("m1", "one"))),
+            (f"/v1/sessions/{sid}/messages", {"message": "not a message"}),
+            (f"/v1/sessions/{sid}/usage", {"input_tokens": 3}),
+        ]:
+            r = await client.post(path, json=body, headers=headers)
+            problem = assert_problem(r, 400, "ambiguous_idempotency_key")
+            assert "this request has 2" in problem["detail"], problem
+    assert await events(client, sid) == before
+    assert await stream_last_seq(client) == last
+    got = await client.get(f"/v1/sessions/{sid}", params={"min_seq": first["seq"]})
+    assert got.json()["input_tokens"] == 0
+    one = [("Idempotency-Key", "x"), ("X-Idempotency-Key", "y")]
+    r = await client.post(f"/v1/sessions/{sid}/messages", json=append_body(msg("m1", "one")), headers=one)
+    assert r.status_code == 201, r.text
 
 
 async def test_same_body_with_other_key_order_is_the_same_body(client: httpx.AsyncClient) -> None:
