@@ -620,6 +620,7 @@ async def open_container(
             payload_limit_bytes=settings.payload_limit_bytes,
             max_message_bytes=settings.max_message_bytes,
             attempts=settings.command_attempts,
+            turn_timeout_s=settings.read_wait_timeout_s,
             originals=originals,
             row_cap_bytes=settings.row_cap_bytes,
         )

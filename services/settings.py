@@ -190,12 +190,23 @@ class Settings(BaseSettings):
     )
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
     log_format: Literal["text", "json"] = "text"
-    read_wait_timeout_s: float = Field(default=5.0, gt=0)
+    read_wait_timeout_s: float = Field(
+        default=5.0,
+        gt=0,
+        description="how long a read (`min_seq`) or a write waits for the projection to apply the session's "
+        "events, and how long a write waits for its turn behind the same session's other writes in this "
+        "process (past it: `503 projection_timeout`, or `503 contention` for the turn)",
+    )
     readiness_stall_s: float = Field(
         default=60.0, ge=0, description="readyz is 503 when a projector has not advanced this long while events wait"
     )
     readiness_max_lag: int = Field(default=100_000, ge=0, description="readyz is 503 past this many unapplied events")
-    command_attempts: int = Field(default=100, ge=1)
+    command_attempts: int = Field(
+        default=100,
+        ge=1,
+        description="attempts of a state-dependent write whose publish conflicts (another process wrote to the "
+        "session first) before `503 contention`",
+    )
     auto_migrate: bool = True
 
     projector_name: str = "projector"

@@ -93,6 +93,16 @@ SOURCES_MISSING = Counter(
     "Context reads and prompt renders refused because a read-only block's object is missing (409 source_missing)",
     registry=REGISTRY,
 )
+WRITE_TURNS = Gauge(
+    "chronicle_session_write_turns",
+    "Sessions with a write of this API process holding or waiting for their turn (services/writes/turns.py)",
+    registry=REGISTRY,
+)
+WRITES_WAITING = Gauge(
+    "chronicle_session_writes_waiting",
+    "Writes of this API process waiting for their turn behind another write to the same session",
+    registry=REGISTRY,
+)
 _counted: dict[str, int] = {}  # what QUARANTINED already holds, per reason (the table only grows)
 
 PROBE_TIMEOUT_S = 2.0
@@ -246,6 +256,9 @@ async def refresh(c: Container, *, work: bool = False) -> Probe:
     Never raises for a backend's failure."""
     found = await probe(c, work=work)
     export(found)
+    turns = c.commands.optimistic.turns
+    WRITE_TURNS.set(len(turns))
+    WRITES_WAITING.set(turns.waiting)
     return found
 
 

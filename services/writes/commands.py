@@ -1,6 +1,7 @@
 """Command handlers: validate, decide from the read model, publish one event.
 
 State-dependent commands all take one shape (:meth:`Commands._optimistic`):
+0. wait for the session's turn among this process's writes to it (services/writes/turns.py);
 1. read the session subject's last sequence from JetStream;
 2. wait until the projection has applied it;
 3. decide from the projection (a pure function in :mod:`services.writes.decisions`);
@@ -100,6 +101,7 @@ class Commands:
         payload_limit_bytes: int,
         max_message_bytes: int,
         attempts: int = 100,
+        turn_timeout_s: float = 5.0,
         originals: BlobStore | None = None,
         row_cap_bytes: int = ROW_MAX_BYTES,
     ) -> None:
@@ -110,7 +112,7 @@ class Commands:
         self._max = max_message_bytes
         self._originals = originals
         self._row_cap = row_cap_bytes
-        self.optimistic = OptimisticWriter(publisher, pool, waiter, attempts)
+        self.optimistic = OptimisticWriter(publisher, pool, waiter, attempts, turn_timeout_s)
         self._optimistic = self.optimistic.run
 
     # -- sessions -------------------------------------------------------------------------

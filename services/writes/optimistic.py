@@ -1,5 +1,7 @@
 """The one shape of every state-dependent command (optimistic concurrency on the session subject):
 
+0. wait for the session's turn among this process's writes to it (:mod:`services.writes.turns`:
+   they queue instead of conflicting with each other; other processes' writes still race);
 1. read the session subject's last sequence from JetStream;
 2. wait until the projection has applied it;
 3. decide from the projection (``decide`` returns an event, or ``None`` for a no-op);
@@ -50,6 +52,7 @@ from events.catalog import MessageAppended
 from events.envelope import Event
 from events.publisher import ConcurrencyConflict, Publisher
 from services.errors import ContentionExhausted, ErasedSession
+from services.writes.turns import SessionTurns
 from services.writes.waiting import AppliedWaiter
 
 Conn = psycopg.AsyncConnection[Any]
@@ -134,12 +137,18 @@ MAX_KNOWN_IDS = 500_000  # ids kept per process, all chains together (~40 MB; th
 
 class OptimisticWriter:
     def __init__(
-        self, publisher: Publisher, pool: AsyncConnectionPool[Conn], waiter: AppliedWaiter, attempts: int
+        self,
+        publisher: Publisher,
+        pool: AsyncConnectionPool[Conn],
+        waiter: AppliedWaiter,
+        attempts: int,
+        turn_timeout_s: float,
     ) -> None:
         self._pub = publisher
         self._pool = pool
         self._waiter = waiter
         self._attempts = attempts
+        self.turns = SessionTurns(turn_timeout_s)
         self._chains: OrderedDict[tuple[str, str], UnappliedChain] = OrderedDict()
         self._known_ids = 0  # ids kept by all chains
 
@@ -157,10 +166,27 @@ class OptimisticWriter:
         fast: FastDecide | None = None,
         known: KnownDecide | None = None,
     ) -> Any:
-        """Decide and publish under optimistic concurrency. ``fast`` decides from the read model
-        and this process's :class:`UnappliedChain` without waiting for the projector (None: it
-        cannot); ``known`` from a chain that knows the session's ids, without the read model."""
+        """Decide and publish under optimistic concurrency, in the session's turn among this
+        process's writes to it (:mod:`services.writes.turns`). ``fast`` decides from the read
+        model and this process's :class:`UnappliedChain` without waiting for the projector (None:
+        it cannot); ``known`` from a chain that knows the session's ids, without the read model."""
         key = (tenant, session)
+        turn = await self.turns.take(key)
+        try:
+            return await self._decide_and_publish(key, decide, fast, known)
+        finally:
+            self.turns.give_back(key, turn)
+
+    async def _decide_and_publish(
+        self,
+        key: tuple[str, str],
+        decide: Callable[[Conn], Awaitable[Decision]],
+        fast: FastDecide | None,
+        known: KnownDecide | None,
+    ) -> Any:
+        """:meth:`run`'s attempts, at most ``attempts``: only a writer in another process (or one
+        of this process's that writes without a turn) makes one conflict."""
+        tenant, session = key
         for attempt in range(self._attempts):
             decision: Decision | None = None
             tip = self._chains.get(key) if fast is not None else None

@@ -8,19 +8,35 @@ from typing import Any
 
 import psycopg
 import pytest
+from nats.aio.client import Client as NatsClient
 
 from events.blobs import BlobStore
 from events.catalog import MessageAppended, MessageBodyEvent, SessionRenamed
 from events.messages import JsonObject, body_hash, stored_json
 from events.objects import owned
-from events.publisher import HDR_MSG_ID
+from events.publisher import HDR_MSG_ID, Publisher
 from events.registry import decode
 from events.sealing import DataKey, seal_blob
 from projections.rebuild import checksums, rebuild_into
 from services.bootstrap import Container
 from services.compaction.service import CompactionService
 from services.settings import Settings
+from services.writes.commands import Commands
 from tests.conftest import tenant_nats
+
+
+def other_process(stack: Container, nc: NatsClient, attempts: int = 100) -> Commands:
+    """The stack's command service as another process has it: its own NATS connection (``nc``),
+    chains of unapplied appends and turns; its writes race this process's through the log."""
+    return Commands(
+        Publisher(nc.jetstream(), stack.layout),
+        stack.pool,
+        stack.waiter,
+        stack.blobs,
+        payload_limit_bytes=stack.settings.payload_limit_bytes,
+        max_message_bytes=stack.settings.max_message_bytes,
+        attempts=attempts,
+    )
 
 
 def text_message(mid: str, text: str, role: str = "user") -> dict[str, object]:

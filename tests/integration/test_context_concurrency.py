@@ -39,7 +39,9 @@ async def test_concurrent_appends_stay_within_budget_and_lose_no_accepted_write(
     try:
         services = [
             ContextService(
-                OptimisticWriter(Publisher(nc.jetstream(), stack.layout), stack.pool, stack.waiter, attempts=1000),
+                OptimisticWriter(
+                    Publisher(nc.jetstream(), stack.layout), stack.pool, stack.waiter, attempts=1000, turn_timeout_s=5
+                ),
                 Publisher(nc.jetstream(), stack.layout),
                 stack.pool,
                 counter,

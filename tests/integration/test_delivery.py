@@ -19,7 +19,7 @@ from services.bootstrap import Container
 from services.errors import ParentCycle
 from services.writes.commands import Commands
 from tests.conftest import operator_nats
-from tests.integration.helpers import appended, text_message
+from tests.integration.helpers import appended, other_process, text_message
 
 
 async def test_same_event_applied_twice_has_one_effect(stack: Container, new_id: Callable[[str], str]) -> None:
@@ -92,18 +92,7 @@ async def test_concurrent_writers_never_lose_a_message(stack: Container, new_id:
     writers, per_writer = 10, 100
     conns = [await operator_nats(stack.settings.nats_url) for _ in range(writers)]
     try:
-        commands = [
-            Commands(
-                Publisher(nc.jetstream(), stack.layout),
-                stack.pool,
-                stack.waiter,
-                stack.blobs,
-                payload_limit_bytes=stack.settings.payload_limit_bytes,
-                max_message_bytes=stack.settings.max_message_bytes,
-                attempts=1000,
-            )
-            for nc in conns
-        ]
+        commands = [other_process(stack, nc, attempts=1000) for nc in conns]
 
         async def writer(w: int, cmd: Commands) -> None:
             for i in range(per_writer):

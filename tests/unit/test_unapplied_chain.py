@@ -15,7 +15,7 @@ KEY = (T, S)
 
 def _cond() -> OptimisticWriter:
     none: Any = None
-    return OptimisticWriter(none, none, none, attempts=3)
+    return OptimisticWriter(none, none, none, attempts=3, turn_timeout_s=5)
 
 
 def _ev(mid: str, parent: str | None = None) -> MessageAppended:
