@@ -17,8 +17,8 @@ between them.
   :class:`~services.errors.ContentionExhausted` (``503 contention``, as running out of attempts).
 * **Re-entry**: a write already holding its session's turn (a decision that writes to its own
   session) goes on without waiting for itself, as it did before turns.
-* **Uncontended cost**: a turn nobody holds is taken without suspending and with no timer (about
-  a microsecond: docs/benchmarks.md).
+* **Uncontended cost**: a turn nobody holds is taken without suspending and with no timer (1 to 2 µs
+  on the shared 2-core machine: docs/benchmarks.md, eleventh pass).
 """
 
 from __future__ import annotations
