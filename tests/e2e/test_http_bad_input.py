@@ -411,7 +411,6 @@ async def test_unusual_but_valid_ids_round_trip(client: httpx.AsyncClient) -> No
         ("/v1/sessions", {"limit": 0}),
         ("/v1/sessions", {"cursor": -1}),
         ("/v1/sessions", {"cursor": "abc"}),
-        ("/v1/sessions", {"cursor": "1" * 20}),
         ("/v1/sessions", {"order": "recent", "cursor": "recent.1.a\u0000b"}),
         ("/v1/sessions", {"order": "recent", "cursor": "recent.1"}),
         ("/v1/sessions", {"order": "recent", "cursor": "recent..s"}),
