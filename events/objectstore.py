@@ -33,6 +33,9 @@ from nats.js.object_store import OBJ_CHUNKS_PRE_TEMPLATE, OBJ_META_PRE_TEMPLATE,
 
 from events.blobs import SHA256_HEX, BlobNotFound, BlobRef, no_object, sha256_hex
 
+READ_ATTEMPTS = 3
+"""How many times a read follows an object put again while it read the chunks (each put of the
+same key replaces the chunks of the one before)."""
 WRITE_ATTEMPTS = 5
 """How many times a write or delete rids the metadata subject of what is no info and tries again,
 when something lands there between the two (one attempt is all it takes unless a tenant is
@@ -171,9 +174,20 @@ class JetStreamBlobStore:
         if await self._made() is None:
             raise BlobNotFound(no_object(ref.key))
         info = await self._info(ref.key)
-        if info is None:
-            raise BlobNotFound(no_object(ref.key))
-        data = await self._chunks(info)
+        for _ in range(READ_ATTEMPTS):
+            if info is None:
+                raise BlobNotFound(no_object(ref.key))
+            data = await self._chunks(info)
+            if len(data) == info.size:
+                break
+            # Short: its chunks were purged while read. A put of the same key meanwhile (another
+            # writer, the same bytes under a new nuid) purges the old ones once its info is
+            # published: read that one. The same info again (a delete, or chunks lost): what it
+            # holds is all there is, and the hash decides.
+            again = await self._info(ref.key)
+            if again is None or again.nuid == info.nuid:
+                break
+            info = again
         if sha256_hex(data) != ref.sha256:
             raise BlobNotFound(f"object {ref.key!r}: its bytes do not hash to the reference's sha256")
         return data

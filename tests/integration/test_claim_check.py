@@ -168,3 +168,36 @@ async def test_what_another_publisher_stores_on_an_objects_info_subject_is_no_ob
         await js.delete_object_store(bucket)
     finally:
         await nc.close()
+
+
+async def test_an_object_put_again_while_its_chunks_are_read_reads_whole(nats_url: str) -> None:
+    """(A put of the same key by another writer, between a read's info and its chunks, purged the
+    chunks being read: the short read failed the hash, and the projector quarantined a valid
+    message for good.) The read follows the object's new info."""
+    from nats.js.api import ObjectInfo
+
+    from events.blobs import sha256_hex
+    from events.objectstore import JetStreamBlobStore
+    from tests.conftest import operator_nats
+
+    nc = await operator_nats(nats_url)
+    try:
+        js = nc.jetstream()
+        bucket = "put-again-" + sha256_hex(b"z")[:8]
+        store = JetStreamBlobStore(js, bucket)
+        data = b"".join(i.to_bytes(4, "big") for i in range(50_000))  # two chunks
+        ref = await store.put(data)
+        read = store._chunks
+        replaced: list[str] = []
+
+        async def after_another_put(info: ObjectInfo) -> bytes:
+            if not replaced:  # the other writer's put lands now: new chunks, the old ones purged
+                replaced.append(str((await (await js.object_store(bucket)).put(ref.key, data)).nuid))
+            return await read(info)
+
+        store._chunks = after_another_put  # type: ignore[method-assign]
+        assert await store.get(ref) == data
+        assert len(replaced) == 1
+        await js.delete_object_store(bucket)
+    finally:
+        await nc.close()
