@@ -14,6 +14,7 @@ and the pool size was not set, or a refusal naming what to change.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,9 +26,10 @@ MIN_POOL = 4
 """The smallest pool a process is given: below it, requests would queue for connections."""
 
 
-def extra_connections(compactor_concurrency: int) -> int:
-    """Connections one process holds besides its pool: its leases, its ``LISTEN``, one passing."""
-    return compactor_concurrency + 2
+def extra_connections(compactor_concurrency: int, *, compacts: bool = True) -> int:
+    """Connections one process holds besides its pool: its ``LISTEN``, one passing, and, in a
+    process that compacts (compactor, API, command service: not a projector), its leases."""
+    return (compactor_concurrency if compacts else 0) + 2
 
 
 @dataclass(frozen=True)
@@ -40,24 +42,25 @@ class PoolDecision:
 
 
 def pool_decision(
-    *, allowed: int, processes: int, extra: int, pool_max: int, pool_max_set: bool, max_connections: int
+    *, allowed: int, extras: Sequence[int], pool_max: int, pool_max_set: bool, max_connections: int
 ) -> PoolDecision:
-    """``processes`` processes, each holding ``extra`` connections besides a pool of up to
-    ``pool_max``, against the ``allowed`` connections the server leaves them (of its
+    """One process for each of ``extras``, each holding that many connections besides a pool of up
+    to ``pool_max``, against the ``allowed`` connections the server leaves them (of its
     ``max_connections``). A pool size set by the operator is never changed: it fits, or the stack
     does not start."""
-    needed = processes * (pool_max + extra)
+    processes, extra = len(extras), sum(extras)
+    needed = processes * pool_max + extra
     if needed <= allowed:
         return PoolDecision(pool_max)
-    fitting = (allowed - processes * extra) // processes
+    fitting = (allowed - extra) // processes
     what = (
         f"{processes} processes of up to {pool_max} pooled connections each (CHRONICLE_DB_POOL_MAX) and "
-        f"{extra} more (compaction leases, LISTEN) could open {needed} Postgres connections; the server "
+        f"{extra} more in all (compaction leases, LISTEN) could open {needed} Postgres connections; the server "
         f"leaves {allowed} of its max_connections {max_connections} (less its reserved slots, those open "
         f"now and {HEADROOM} for commands run beside the stack)"
     )
     if pool_max_set or fitting < MIN_POOL:
-        least = needed if pool_max_set else processes * (MIN_POOL + extra)
+        least = needed if pool_max_set else processes * MIN_POOL + extra
         fix = (
             f"set CHRONICLE_DB_POOL_MAX to {fitting} or less, " if pool_max_set and fitting >= MIN_POOL else ""
         ) + f"raise max_connections (at least {least + (max_connections - allowed)}), or start fewer processes"

@@ -410,8 +410,8 @@ def _serve(
     room = server_room(env["CHRONICLE_DATABASE_URL"])
     pools = pool_decision(
         allowed=room.allowed,
-        processes=workers + 2 + settings.api_processes,
-        extra=extra_connections(settings.compactor_concurrency),
+        extras=[extra_connections(settings.compactor_concurrency, compacts=False)] * workers
+        + [extra_connections(settings.compactor_concurrency)] * (2 + settings.api_processes),
         pool_max=settings.db_pool_max,
         pool_max_set="db_pool_max" in settings.model_fields_set,
         max_connections=room.max_connections,
