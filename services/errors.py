@@ -174,7 +174,8 @@ class AsOfPastLog(ChronicleError):
 class BatchFailed(Exception):
     """A batch (``messages:batch``, the ``append_batch`` command) that failed at its message
     ``failed_index`` for ``cause``: the messages before it are stored (``written``, as the batch's
-    answer lists its messages), the failing one and those after it are not. Batches are not
+    answer lists its messages), those after it are not, and the failing one is not, unless the
+    cause is a failure below (a 5xx: it may be stored with its answer lost). Batches are not
     atomic: the answer is the cause's problem (its status, code and members) with the batch's
     partial result added, and a detail that says what was written
     (services/requests/problems.py)."""

@@ -79,14 +79,24 @@ def batch_problem(exc: BatchFailed) -> Problem:
     cause = str(body["detail"]).rstrip()
     cause += "" if cause.endswith(".") else "."
     where = f"{cause} It was message {exc.failed_index} of the batch ({exc.message_id!r})"
+    # A refusal (4xx) is decided before anything of the message is sent: it was not written. A
+    # failure below (5xx: the log unreachable, retries spent) may come after the message was
+    # stored with its answer lost: it may be, and sending it again is harmless (appends replay).
+    refused = int(body["status"]) < 500
     if not exc.written:
-        detail = f"{where}; nothing of the batch was written."
+        detail = f"{where}; " + (
+            "nothing of the batch was written."
+            if refused
+            else "no message before it was written, and it may have been: send the batch again (what is stored "
+            "replays)."
+        )
     else:
         n, last = len(exc.written), exc.written[-1]["id"]
         stored = f"message 0 ({last!r}) was" if n == 1 else f"messages 0-{n - 1} (the last {last!r}) were"
+        failing = "it was not, nor the messages after it" if refused else "and it may have been"
         detail = (
-            f"{where}; the batch's {stored} stored before it (`written`), it and the messages after it were not: "
-            f"send those again under parent_id {last!r}, or the whole batch again (its stored messages replay)."
+            f"{where}; the batch's {stored} stored before it (`written`), {failing}: send it and the messages "
+            f"after it again under parent_id {last!r}, or the whole batch again (its stored messages replay)."
         )
     return {**body, "detail": detail, "failed_index": exc.failed_index, "written": exc.written}
 
