@@ -373,7 +373,8 @@ class Problem(BaseModel):
     failed_index: int | None = Field(
         default=None,
         description="a batch (`messages:batch`, `append_batch`) that failed part-way: the index of the message "
-        "that failed; it and the messages after it were not written",
+        "that failed; the messages after it were not written, nor it unless the failure is a 5xx (then it may "
+        "have been, its answer lost)",
     )
     written: list[Appended] | None = Field(
         default=None,
