@@ -16,6 +16,13 @@ class SchemaTooNew(RuntimeError):
     start. ``str()`` says what to do."""
 
 
+class DatabaseNotUtf8(RuntimeError):
+    """The database's encoding is not UTF8. Search folds text with ``normalize()``, which Postgres
+    runs in UTF8 only (migration 029), and its snippets' marks are noncharacters that no other
+    encoding holds (migration 024, whose SQL another encoding cannot even read); a text that LATIN1
+    cannot hold could not be stored either. Nothing is migrated; ``str()`` says what to do."""
+
+
 def migration_files() -> list[tuple[int, str, str]]:
     found: list[tuple[int, str, str]] = []
     for entry in resources.files("projections.migrations").iterdir():
@@ -25,9 +32,17 @@ def migration_files() -> list[tuple[int, str, str]]:
 
 
 async def migrate(conninfo: str, schema: str = "public") -> list[str]:
-    """Apply pending migrations to ``schema``; returns the names applied. Safe to run concurrently."""
+    """Apply pending migrations to ``schema``; returns the names applied. Safe to run concurrently.
+    Raises :class:`DatabaseNotUtf8`, before anything is created, in a database of another encoding."""
     applied: list[str] = []
     async with await psycopg.AsyncConnection.connect(conninfo, autocommit=True) as conn:
+        cur = await conn.execute("SELECT current_setting('server_encoding'), current_database()")
+        encoding, database = await cur.fetchone() or ("", "")
+        if encoding != "UTF8":
+            raise DatabaseNotUtf8(
+                f"the database {database} is encoded {encoding}; Chronicle's must be UTF8: create it with "
+                f"CREATE DATABASE ... ENCODING 'UTF8' (initdb's default with a UTF-8 locale) and migrate that one"
+            )
         await conn.execute("SELECT pg_advisory_lock(%s)", (LOCK_KEY,))
         try:
             await conn.execute(f'CREATE SCHEMA IF NOT EXISTS "{schema}"')

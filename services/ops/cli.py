@@ -220,7 +220,7 @@ def main(argv: list[str] | None = None) -> int:
     from events.sealing import KeyUnavailable
     from events.stream import PartitionMismatch, ReplicasUnavailable, StreamMissing, TooFewReplicas
     from projections.logbinding import LogAbsent, LogMismatch
-    from projections.migrate import SchemaTooNew
+    from projections.migrate import DatabaseNotUtf8, SchemaTooNew
     from services.errors import ChronicleError, ObjectStorageError, ProjectionTimeout
 
     given_url = settings.nats_url
@@ -232,7 +232,7 @@ def main(argv: list[str] | None = None) -> int:
         return status
     except BrokenPipeError:  # `chronicle quarantine list | head`: the reader has what it wanted
         return _stdout_closed()
-    except (LogMismatch, SchemaTooNew) as exc:
+    except (LogMismatch, SchemaTooNew, DatabaseNotUtf8) as exc:
         print(f"chronicle {args.command}: refusing to start: {exc}", file=sys.stderr, flush=True)
         return LOG_MISMATCH_EXIT
     except LogAbsent as exc:  # a tool pointed at a NATS server without the log its database was made from
