@@ -163,7 +163,7 @@ Row = tuple[str, str, str, str | None, str, str, str | None, str, datetime, int,
 INSERT_ROWS = (
     "INSERT INTO {table} (tenant, session_id, id, parent_id, role, content, body_sha256, content_tsv, text_bytes, "
     "created_at, seq, updated_seq) SELECT tenant, session_id, id, parent_id, role, content, body_sha256, "
-    f"to_tsvector('{CONFIG}'::regconfig, chronicle_search.words(indexed_text)), octet_length(indexed_text), "
+    f"to_tsvector('{CONFIG}'::regconfig, chronicle_search.folded_words(indexed_text)), octet_length(indexed_text), "
     "created_at, seq, updated_seq "
     "FROM {source}"
 )

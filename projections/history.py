@@ -273,7 +273,8 @@ _SQL: dict[type[Any], str] = {
     DeleteSession: "UPDATE sessions SET deleted_at = %s WHERE tenant = %s AND id = %s AND deleted_at IS NULL",
     UpdateMessage: (
         "UPDATE messages SET original_ref = NULL, role = %s, content = %s, body_sha256 = %s, "
-        "content_tsv = to_tsvector(search_config, chronicle_search.words(v.txt)), text_bytes = octet_length(v.txt), "
+        "content_tsv = to_tsvector(search_config, chronicle_search.folded_words(v.txt)), "
+        "text_bytes = octet_length(v.txt), "
         "updated_seq = %s FROM (SELECT %s::text AS txt) v WHERE tenant = %s AND session_id = %s AND id = %s"
     ),
     DeleteMessages: "DELETE FROM messages WHERE tenant = %s AND session_id = %s AND id = ANY(%s)",
@@ -307,7 +308,8 @@ _COPY_STAGE = (
 )
 # The text itself is not stored (migration 017): its vector, with the tenant's configuration, and
 # its length in bytes (BM25's document length) are. The vector is of its words (migration 024:
-# words joined by punctuation are indexed as their parts, as the query side parses them) and of
+# words joined by punctuation are indexed as their parts, as the query side parses them), folded
+# (migration 029: accents of Latin letters and compatibility forms, as the query side folds them), and of
 # the text's first 100,000 characters only (migration 028: words cuts it, so that no text makes a
 # vector over Postgres's 1 MiB, which refused the message).
 _COLUMNS = (
@@ -316,7 +318,7 @@ _COLUMNS = (
 )
 _VALUES = (
     "u.tenant, u.session_id, u.id, u.parent_id, u.role, u.content, u.body_sha256, c.config, "
-    "to_tsvector(c.config, chronicle_search.words(u.indexed_text)), octet_length(u.indexed_text), u.created_at, "
+    "to_tsvector(c.config, chronicle_search.folded_words(u.indexed_text)), octet_length(u.indexed_text), u.created_at, "
     "u.seq, u.seq, u.original_ref::jsonb"
 )
 # each row's search configuration: its tenant's language, English when it has none

@@ -700,7 +700,7 @@ async def search(conn: Conn, tenant: str, session: str | None, query: str, limit
                 ORDER BY rank DESC, scored.seq DESC LIMIT %(limit)s
             )
             SELECT r.session_id, r.id, r.role, t.text AS content,
-                   chronicle_search.snippet(%(cfg)s::regconfig, t.text, {match}) AS snippet,
+                   chronicle_search.folded_snippet(%(cfg)s::regconfig, t.text, {match}) AS snippet,
                    r.rank::float8 AS rank, r.created_at
             FROM ranked r  -- the text is not stored (migration 017): derived for the hits only
             CROSS JOIN LATERAL (SELECT chronicle_search.message_text(r.content) AS text) t

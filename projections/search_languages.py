@@ -29,12 +29,13 @@ LANGUAGES: dict[str, str] = {lang: f"chronicle_search.{lang}" for lang in get_ar
 # search_entries' vector is generated from its stored text with the row's configuration, which the
 # trigger sets; a message's text is not stored (migration 017): the projector computes its vector
 # with the tenant's configuration itself, and a change of language re-derives it from the body
-# (through chronicle_search.words, which cuts the text at the bound the projector's vector has:
-# migration 028).
+# (through chronicle_search.folded_words, which folds it as the projector does and cuts it at the
+# bound the projector's vector has: migrations 028 and 029).
 TRIGGERED = ("search_entries",)
 REINDEX = {
     "messages": (
-        ", content_tsv = to_tsvector(%(c)s::regconfig, chronicle_search.words(chronicle_search.message_text(content)))"
+        ", content_tsv = to_tsvector(%(c)s::regconfig, "
+        "chronicle_search.folded_words(chronicle_search.message_text(content)))"
     ),
     "search_entries": "",
 }

@@ -7,8 +7,11 @@ Syntax (it never raises; anything else is words):
 - every other whitespace-separated word must match, in any order; a word with punctuation inside
   (``blue-green``, ``it's``, ``client/server``, ``config.yaml``, ``bob@example.com``) is the phrase
   of its parts, as the reference quotes each word. Text is indexed, and a query parsed, as words
-  between any characters that are not letters or digits (``chronicle_search.words``, migration
-  024), as FTS5's ``unicode61`` tokenizer splits it.
+  between any characters that are not letters or digits (migration 024), as FTS5's ``unicode61``
+  tokenizer splits it, and folded alike on both sides (migration 029): ``cafe`` and ``café``
+  find "café" and "cafe" (accents of Latin letters, as unicode61 removes them), ``friday`` finds
+  "FRIDAY" in fullwidth letters (compatibility forms: width, ligatures; unicode61 keeps those).
+  Both are ``chronicle_search.folded_words``.
 
 Ranking is Okapi BM25 (FTS5's ``bm25()``: k1 = 1.2, b = 0.75) with the parts as its terms:
 term frequency from the stored positions, inverse document frequency over the search's scope,
@@ -75,10 +78,14 @@ def _words(text: str) -> list[Part]:
 
 def part_sql(i: int, part: Part) -> str:
     """The tsquery of part ``i`` (its text is the parameter ``p{i}``; ``cfg`` the configuration)."""
-    if part.kind == "prefix":  # the prefix is letters and digits only: no tsquery syntax can get in
-        return f"to_tsquery(%(cfg)s::regconfig, %(p{i})s || ':*')"
-    # parsed as the rows are indexed (migration 024): `client/server` is the phrase `client server`
-    return f"phraseto_tsquery(%(cfg)s::regconfig, chronicle_search.words(%(p{i})s::text))"
+    if part.kind == "prefix":
+        # folded as the rows are (`café*` is `'cafe':*`). The prefix is letters and digits, and what
+        # folded_words gives has no ASCII punctuation (it makes it spaces): no tsquery syntax, quote
+        # or backslash can get in. Quoted, a prefix that folds to several words is their phrase,
+        # each word a prefix, instead of a syntax error.
+        return f"to_tsquery(%(cfg)s::regconfig, '''' || chronicle_search.folded_words(%(p{i})s::text) || ''':*')"
+    # parsed as the rows are indexed (migrations 024, 029): `client/server` is the phrase `client server`
+    return f"phraseto_tsquery(%(cfg)s::regconfig, chronicle_search.folded_words(%(p{i})s::text))"
 
 
 def params(parts: list[Part], config: str = CONFIG) -> dict[str, Any]:

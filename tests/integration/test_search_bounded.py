@@ -27,6 +27,12 @@ from tests.support import migrate_before
 BOUND = 100_000
 UNBOUNDED_WORDS = """CREATE OR REPLACE FUNCTION chronicle_search.words(content text) RETURNS text
 LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE AS $$ SELECT regexp_replace(content, '[!-/:-@[-`{-~]', ' ', 'g') $$"""
+# The projector and search of today index and show through folded_words and folded_snippet
+# (migration 029); before 029 they stand for the words() and snippet() used then.
+AS_THEN = """CREATE OR REPLACE FUNCTION chronicle_search.folded_words(content text) RETURNS text
+LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE AS $$ SELECT chronicle_search.words(content) $$;
+CREATE OR REPLACE FUNCTION chronicle_search.folded_snippet(config regconfig, content text, query tsquery) RETURNS text
+LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE AS $$ SELECT chronicle_search.snippet(config, content, query) $$"""
 
 
 def word(i: int) -> str:
@@ -121,6 +127,7 @@ async def test_long_rows_written_before_028_get_the_vector_the_projector_writes(
     async with await psycopg.AsyncConnection.connect(fresh_db, autocommit=True) as conn:
         await migrate_before(conn, 28)
         await conn.execute(UNBOUNDED_WORDS)  # a database migrated to 024 before it bounded its words too
+        await conn.execute(AS_THEN)
         await chronicle_index(fresh_db, [(0, 0, fits), (0, 1, short)], "t")  # the projector before 028
         await conn.execute(
             "INSERT INTO search_entries (tenant, session_id, label, key, content, created_seq, updated_seq) "
