@@ -246,3 +246,20 @@ async def test_deleted_sessions_are_not_searched(client: httpx.AsyncClient) -> N
     assert [(h["session_id"], h["id"]) for h in r.json()["results"]] == [(kept, "k")]
     r = await client.get(f"/v1/sessions/{gone}/search", params={"q": word, "min_seq": seq})
     assert (r.status_code, r.json()["code"]) == (404, "session_not_found")
+
+
+async def test_accents_and_widths_are_folded_both_ways(client: httpx.AsyncClient) -> None:
+    """(The outside-in trial: `q=cafe` and `q=naive` found nothing for "naïve café résumé", and
+    fullwidth FRIDAY did not find "Friday".) Migration 029."""
+    sid = new_sid()
+    friday = "".join(chr(ord(c) + 0xFEE0) for c in "FRIDAY")  # fullwidth
+    seq = await fill(client, sid, {"m1": "naïve café résumé", "m2": "see you on Friday", "m3": "a plain cafe"})
+    for q in ("cafe", "café", "CAFE"):
+        hits = await search(client, sid, q, min_seq=seq)
+        assert {h["id"]: h["snippet"] for h in hits} == {"m1": "naïve **café** résumé", "m3": "plain **cafe**"}, q
+    for q in ("naive", "naïve", "resume", "résumé"):
+        assert [h["id"] for h in await search(client, sid, q, min_seq=seq)] == ["m1"], q
+    assert [h["id"] for h in await search(client, sid, friday, min_seq=seq)] == ["m2"]
+    r = await client.get("/v1/search", params={"q": "naive cafe", "min_seq": seq})
+    assert r.status_code == 200, r.text
+    assert [h["id"] for h in r.json()["results"] if h["session_id"] == sid] == ["m1"]
