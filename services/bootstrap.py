@@ -123,7 +123,7 @@ class Container:
 
         async def pending_of(tenant: str, session: str) -> CompactionRequested | None:
             async with self.pool.connection() as conn:
-                found = await pending(conn, s.projector_name, tenant, session)
+                found = await pending(conn, s.projector_name, tenant, session, attempts=s.compaction_attempts)
             return None if found is None else request(tenant, session, found.leaf, found.estimate, found.seq)
 
         work = subscribe(

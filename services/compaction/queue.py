@@ -44,8 +44,10 @@ then weighs what the holder recorded. Acknowledgement is explicit, never FastStr
   without summarising;
 * not a request of its subject's session (a publish ack a tenant had JetStream reflect onto the
   subject, replacing the session's pending request): the session's request is read back from the
-  committed state (one read) and worked on as above when the session is due, else acked; on a
-  subject that names no session, rejected (:func:`_request_of`). Garbage never loses a session's
+  committed state (one read) and worked on as above when the session is due or its failure series
+  has attempts left (the request it replaced may be one naked for the series' backoff: the
+  garbage waits that out in its place), else acked; on a subject that names no session, rejected
+  (:func:`_request_of`). Garbage never loses a session's
   compaction, and costs another tenant one state read.
 
 Overlay ids are deterministic, so a redelivery never records an overlay twice.
@@ -245,8 +247,9 @@ def subscribe(
     request runs. ``series_of``: the session's attempt series from the committed state, which a
     request continues (see the module); None: each request is a series of its own, its attempts
     numbered by its deliveries. ``pending_of``: the request the committed state holds for a
-    session (None when it finds nothing due), asked for a message that is no request of its
-    subject's session (:func:`_request_of`); None: such a message is dropped.
+    session (None when it finds nothing due nor a failure series with attempts left), asked for a
+    message that is no request of its subject's session (:func:`_request_of`); None: such a
+    message is dropped.
     """
     stats = WorkStats()
     busy = SessionLocks()  # one summary of a session at a time in this process
@@ -399,9 +402,11 @@ async def _request_of(
     tenant can have JetStream publish the ack of its own event there, as the server, where NATS
     permissions cannot stop it; it then replaces the session's pending request, the stream keeping
     one per subject) says only "look at this session again": the subject names the session, so the
-    committed state (``pending_of``, one read) is asked what the session's request is. Due, it is
-    worked on as that request, the same decision as the one replaced (the same id, so the same
-    skip or failure events); else the message is acked. Garbage costs one state read; a session
+    committed state (``pending_of``, one read) is asked what the session's request is. Due, or in
+    a failure series with attempts left (the replaced request was naked for the series' backoff),
+    it is worked on as that request, the same decision as the one replaced (the same id, so the
+    same skip or failure events; a series' next attempt waits out its backoff, as any request of
+    the session does); else the message is acked. Garbage costs one state read; a session
     it finds due gets the work it was due anyway. A message on a subject that names no session
     (nor a tenant) is rejected without asking anything."""
     subject = msg.raw_message.subject
@@ -445,7 +450,8 @@ async def _request_of(
         await msg.ack()
         return None
     log.warning(
-        "a malformed compaction request for %s/%s (%s): the session is due; its request is worked on",
+        "a malformed compaction request for %s/%s (%s): the session is due (or its series goes on); "
+        "its request is worked on",
         tenant,
         session,
         problem,

@@ -518,17 +518,25 @@ async def still_due(conn: Conn, worker: str, tenant: str, session: str, seq: int
     return int(at) < seq or is_due(int(estimate), int(prompt_tokens), compact_after, skipped)
 
 
-async def pending(conn: Conn, worker: str, tenant: str, session: str) -> Candidate | None:
+async def pending(conn: Conn, worker: str, tenant: str, session: str, *, attempts: int) -> Candidate | None:
     """The session as a candidate, when the committed state finds it due (tracked, over its
-    threshold, not held by a skip or a failure): the leaf, estimate and position a request of it
-    names (the decision the projector published, while the state has not moved since); None when
-    nothing is due. One read of the session's row: what the work queue spends on a message on the
-    session's work subject that is not a request (:func:`services.compaction.queue.subscribe`)."""
-    row = await _committed(conn, worker, tenant, session)
+    threshold, not held by a skip or a failure) or holds a failure series with attempts left (of
+    ``attempts``: its request was naked for the failure's backoff, and the work queue goes on with
+    it, waiting out that backoff): the leaf, estimate and position a request of it names (the
+    decision the projector published, while the state has not moved since); None when nothing is
+    due. One read of the session's row: what the work queue spends on a message on the session's
+    work subject that is not a request (:func:`services.compaction.queue.subscribe`)."""
+    cur = await conn.execute(
+        "SELECT leaf_id, estimate, prompt_tokens, compact_after, skipped_estimate, seq, failed_attempt "
+        "FROM compactor_sessions WHERE worker = %s AND tenant = %s AND session_id = %s",
+        (worker, tenant, session),
+    )
+    row = await cur.fetchone()
     if row is None:
         return None
-    leaf, estimate, prompt_tokens, compact_after, skipped, seq = row
-    if not is_due(int(estimate), int(prompt_tokens), compact_after, skipped):
+    leaf, estimate, prompt_tokens, compact_after, skipped, seq, failed = row
+    ongoing = failed is not None and int(failed) < attempts
+    if not ongoing and not is_due(int(estimate), int(prompt_tokens), compact_after, skipped):
         return None
     return Candidate(tenant, session, leaf, int(estimate) + int(prompt_tokens), int(seq))
 

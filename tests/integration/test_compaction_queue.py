@@ -426,9 +426,10 @@ class _Committed:
     """What ``chronicle compactor`` weighs a delivery against (services/bootstrap.py): the committed
     compaction state; the sessions whose pending request was asked for, in order."""
 
-    def __init__(self, c: Container, *, fails: int = 0) -> None:
+    def __init__(self, c: Container, *, fails: int = 0, attempts: int = 3) -> None:
         self._c = c
         self._fails = fails  # reads of the pending request that fail first (the database gone)
+        self._attempts = attempts
         self.asked: list[tuple[str, str]] = []
 
     async def still_due(self, req: CompactionRequested) -> bool:
@@ -444,16 +445,14 @@ class _Committed:
         if len(self.asked) <= self._fails:
             raise ConnectionError("the database is gone")
         async with self._c.pool.connection() as conn:
-            found = await state.pending(conn, self._c.settings.projector_name, tenant, session)
+            found = await state.pending(conn, self._c.settings.projector_name, tenant, session, attempts=self._attempts)
         return None if found is None else request(tenant, session, found.leaf, found.estimate, found.seq)
 
-    def subscriber(
-        self, summarizer: Summarizer, *, attempts: int = 3
-    ) -> contextlib.AbstractAsyncContextManager[WorkStats]:
+    def subscriber(self, summarizer: Summarizer) -> contextlib.AbstractAsyncContextManager[WorkStats]:
         return _subscriber(
             self._c,
             summarizer,
-            attempts=attempts,
+            attempts=self._attempts,
             still_due=self.still_due,
             series_of=self.series_of,
             pending_of=self.pending_of,
@@ -475,11 +474,13 @@ async def _pending(c: Container, sid: str) -> bytes | None:
 
 
 async def _replace_request(c: Container, sid: str, data: bytes) -> None:
-    """Once the projector has requested the session's compaction, replace the request by ``data``."""
+    """Once the projector has requested the session's compaction at its last event (a request
+    for an earlier one is replaced by the next), replace the request by ``data``."""
+    last = await c.publisher.last_subject_seq(T, sid)
 
     async def requested() -> bool:
         pending = await _pending(c, sid)
-        return pending is not None and json.loads(pending).get("type") == "compaction.requested"
+        return pending is not None and json.loads(pending).get("seq") == last
 
     await _until(requested, "the projector to request the session's compaction")
     await c.js.publish(c.layout.work_subject(KIND, T, sid), data)
@@ -620,3 +621,58 @@ async def test_garbage_on_a_subject_that_names_no_session_is_dropped_without_ask
 
 async def _dropped_after(c: Container, stats: WorkStats, n: int) -> bool:
     return stats.dropped == n and await _settled(c)
+
+
+class _FailsOnce:
+    """Fails its first summary, then summarises."""
+
+    name = "fails-once"
+    model: str | None = None
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    async def summarize(self, plan: Plan) -> str:
+        self.calls += 1
+        if self.calls == 1:
+            raise SummarizerError("the model is down, once")
+        return "## Topic\nsummary"
+
+
+async def test_garbage_during_a_failure_series_continues_the_series(
+    nats_url: str, fresh_db: str, s3_endpoint: str
+) -> None:
+    """The first attempt fails (``compaction.failed`` holds the session from being due) and the
+    request is naked for its backoff; meanwhile garbage replaces it on the session's work subject.
+    Read back from the state, the series' request is still pending: the garbage waits out the
+    backoff and runs the second attempt (it was acked as "nothing due", and the series was dead
+    until the session grew)."""
+    settings = make_settings(nats_url, fresh_db, s3_endpoint=s3_endpoint, compaction_backoff_s=(4.0, 4.0))
+    async with running_stack(settings) as c:
+        seq = await _session(c, "series", POLICY.model_copy(update={"compact_after": 300}))
+        committed = _Committed(c)
+        summarizer = _FailsOnce()
+        async with committed.subscriber(summarizer) as stats:
+
+            async def failed_once() -> bool:
+                return len(await _failures(c, "series")) == 1
+
+            await _until(failed_once, "the first attempt to fail")
+            assert await _pending(c, "series") is not None  # the request, naked for its backoff
+            await c.js.publish(c.layout.work_subject(KIND, T, "series"), _ack(c, seq))
+            assert await _pending(c, "series") == _ack(c, seq)  # it replaced the request
+
+            async def compacted() -> bool:
+                return stats.compactions == 1 and await _settled(c)
+
+            await _until(compacted, "the series' second attempt", 20)
+        assert summarizer.calls == 2
+        assert [a for a, _ in await _failures(c, "series")] == [1]
+        assert len(await _overlays(c, "series")) == 1
+        assert (stats.malformed, stats.dropped, stats.failures, stats.gave_up) == (
+            len(committed.asked),
+            0,
+            1,
+            0,
+        )
+        assert committed.asked[0] == (T, "series")

@@ -423,9 +423,9 @@ async def test_the_pending_request_read_back_is_the_one_the_projector_published(
     )
     published = state.candidates[(T, sid)]
     async with stack.pool.connection() as conn:
-        found = await pending(conn, state.worker, T, sid)
+        found = await pending(conn, state.worker, T, sid, attempts=3)
         assert found == published
-        assert await pending(conn, state.worker, T, new_id("never")) is None
+        assert await pending(conn, state.worker, T, new_id("never"), attempts=3) is None
     assert found is not None
     as_requested = request(T, sid, published.leaf, published.estimate, published.seq)
     assert request(T, sid, found.leaf, found.estimate, found.seq).id == as_requested.id
@@ -435,4 +435,45 @@ async def test_the_pending_request_read_back_is_the_one_the_projector_published(
         CompactionSkipped(tenant=T, session=sid, leaf_id=found.leaf, estimate=found.estimate, reason="r", config=cfg)
     )
     async with stack.pool.connection() as conn:
-        assert await pending(conn, state.worker, T, sid) is None
+        assert await pending(conn, state.worker, T, sid, attempts=3) is None
+
+
+async def test_a_failure_series_with_attempts_left_is_pending(stack: Container, new_id: Callable[[str], str]) -> None:
+    """A failed attempt holds the session from being due (no new request), yet its series goes on:
+    what the work queue reads back for garbage that replaced the series' request is that request
+    (the queue then waits out the failure's backoff before the next attempt), while attempts are
+    left; after the last, nothing."""
+    from services.compaction.state import pending
+
+    sid = new_id("series")
+    count = stack.context.counter.count
+    state = CompactorState(new_id("w"), count, None, adopt=False)
+    configured, msgs, _ = _chain_over_threshold(sid, 4, count)
+    feed = _Feeder(stack, state, 60_000_000)
+    await feed(configured, *msgs)
+    published = state.candidates[(T, sid)]
+    cfg = configured.config.compaction
+    assert cfg is not None
+
+    def failed(attempt: int) -> CompactionFailed:
+        return CompactionFailed(
+            tenant=T,
+            session=sid,
+            leaf_id=published.leaf or "",
+            summarizer="s",
+            error="e",
+            attempt=attempt,
+            estimate=published.estimate,
+            config=cfg,
+        )
+
+    for attempt in (1, 2):
+        await feed(failed(attempt))
+        assert (T, sid) not in state.candidates  # held: no new request
+        async with stack.pool.connection() as conn:
+            found = await pending(conn, state.worker, T, sid, attempts=3)
+        assert found is not None, f"the series after attempt {attempt} of 3 is pending"
+        assert (found.leaf, found.estimate) == (published.leaf, published.estimate)  # the same request id
+    await feed(failed(3))
+    async with stack.pool.connection() as conn:
+        assert await pending(conn, state.worker, T, sid, attempts=3) is None  # the series is over
