@@ -37,6 +37,8 @@ then weighs what the holder recorded. Acknowledgement is explicit, never FastStr
   ``compact_timeout_s``) is no failure: nothing is recorded, the series stays where it is, and the
   request naks itself for the first backoff delay, to decide after the holder (usually finding
   nothing due);
+* ``compact_timeout_s`` bounds an attempt's summary (:meth:`CompactionService.compact`), never
+  its publishes: an overlay or a skip the server stored, its ack late, is no failed attempt;
 * while a summary runs, a heartbeat (``in_progress``) keeps the request; a compactor that stops
   answering (killed) loses it after the first backoff delay, and another takes it (its attempt
   recorded nothing: the same number is tried again). The consumer's ``max_deliver``
@@ -290,7 +292,7 @@ def subscribe(
                 async with (
                     busy.hold(key),  # this process's requests of the session wait here, on no connection
                     service.leases.hold(req.tenant, req.session, wait_s=compact_timeout_s),  # other processes'
-                    asyncio.timeout(2 * compact_timeout_s),  # a stuck query never holds it (the summary: below)
+                    asyncio.timeout(2 * compact_timeout_s) as bound,  # a stuck query never holds it (an attempt: below)
                 ):
                     # weighed inside the lease: a request that waited for it sees what the one before
                     # recorded (an overlay, a skip, or a failed attempt that this one continues)
@@ -313,8 +315,11 @@ def subscribe(
                         wait_s = series_wait(running, backoff_s, datetime.now(UTC))
                     if wait_s <= 0:
                         attempt = Attempt(req.id, number, req.estimate)
+                        # the attempt bounds its summary; its publishes are bounded by their retries, and
+                        # never by a timeout (fired after the server stored an overlay or a skip, before
+                        # its ack, it would be taken for a failure: another summary)
+                        bound.reschedule(None)
                         try:
-                            # bounds the summary up to the overlay's publish: a recorded overlay is no failure
                             outcome = await service.compact(
                                 req.tenant, req.session, attempt=attempt, timeout_s=compact_timeout_s
                             )
@@ -324,6 +329,7 @@ def subscribe(
                             # recorded inside the lease, as a skip is: a request that waited for this one
                             # continues the series (or, after the last attempt, weighs it as a skip)
                             failure = exc
+                            bound.reschedule(asyncio.get_running_loop().time() + compact_timeout_s)
                             await _give_up(service, req, attempt, exc)
                             recorded = True
                             raise

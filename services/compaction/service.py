@@ -90,9 +90,22 @@ class Outcome:
 
 
 @dataclass(frozen=True, slots=True)
-class _Recorded:
-    overlay_id: str
-    published: Published
+class _Nothing:
+    """Nothing to record, for ``reason``, decided at ``last`` (on ``leaf``, under ``cfg``)."""
+
+    leaf: str | None
+    cfg: CompactionConfig
+    reason: str
+    last: int
+
+
+@dataclass(frozen=True, slots=True)
+class _Summary:
+    """The overlay to record, decided at ``last``; ``covered``: the ids of the messages it replaces."""
+
+    event: CompactionRecorded
+    last: int
+    covered: set[str]
 
 
 async def compacted_view(
@@ -169,28 +182,36 @@ class CompactionService:
         after enough growth (:func:`~services.compaction.estimate.is_due`). A manual compaction
         records no skip, and always tries.
 
-        ``timeout_s`` bounds the work up to the overlay's publish (:class:`TimeoutError`). Once
-        the overlay is recorded, nothing raises: the prompt's re-render and the wait for the
-        projector are best effort (:meth:`_after_recorded`), for a failure recorded after an
-        overlay, or an error answered for it, would have the session summarised again.
+        ``timeout_s`` bounds the catch-up, the planning and the summary (:class:`TimeoutError`),
+        never a publish: stopped after the server stored an overlay or a skip but before its ack,
+        it would have the queue record ``compaction.failed`` after it, and summarise again. The
+        publishes and what follows them are bounded by the publisher's retries and the read
+        wait's timeout. Once the overlay is recorded, nothing raises: the prompt's re-render and
+        the wait for the projector are best effort (:meth:`_after_recorded`), for a failure
+        recorded after an overlay, or an error answered for it, would have the session
+        summarised again.
         """
         async with asyncio.timeout(timeout_s):
-            done = await self._record(tenant, session, leaf_id, attempt)
-        if isinstance(done, Outcome):
-            return done
-        return await self._after_recorded(tenant, session, done)
+            decided = await self._decide(tenant, session, leaf_id, attempt)
+        if isinstance(decided, _Nothing):
+            return await self._skipped(tenant, session, decided, attempt)
+        published = await self._publish_unless_changed(decided.event, decided.last, decided.covered)
+        if published is None:
+            return Outcome(None, "the session changed while summarising; nothing recorded", decided.last)
+        return await self._after_recorded(tenant, session, decided.event.overlay_id, published)
 
-    async def _record(
+    async def _decide(
         self, tenant: str, session: str, leaf_id: str | None, attempt: Attempt | None
-    ) -> Outcome | _Recorded:
-        """:meth:`compact` up to the overlay's publish: the overlay recorded, or why not."""
+    ) -> _Nothing | _Summary:
+        """:meth:`compact` up to the publish (it publishes nothing but a manual compaction's
+        failure): the overlay to record, or why there is none."""
         last = await self._cond.catch_up(tenant, session)
         async with self._pool.connection() as conn:
             cfg = (await self._context.config(conn, tenant, session)).compaction or CompactionConfig()
             leaf, _, view = await compacted_view(conn, tenant, session, leaf_id)
             prompt = await context_queries.latest_prompt(conn, tenant, session)
         if leaf is None or not view:
-            return await self._skipped(tenant, session, leaf, cfg, "no messages", last, attempt)
+            return _Nothing(leaf, cfg, "no messages", last)
         messages = [as_message(v) for v in view]
         plan = plan_compaction(
             messages,
@@ -200,12 +221,10 @@ class CompactionService:
             min_tail_messages=cfg.min_tail_messages,
         )
         if isinstance(plan, Skip):
-            return await self._skipped(tenant, session, leaf, cfg, plan.reason, last, attempt)
+            return _Nothing(leaf, cfg, plan.reason, last)
         summary = await self._summarize(tenant, session, leaf, plan, attempt)
         if not summary.strip():
-            return await self._skipped(
-                tenant, session, leaf, cfg, "the summarizer returned an empty summary", last, attempt
-            )
+            return _Nothing(leaf, cfg, "the summarizer returned an empty summary", last)
         # The new overlay replaces exactly view[start:end]: from its first message (an overlay
         # there: from that overlay's first) to its last (an overlay there: to that one's last).
         head, tail = view[plan.start], view[plan.end - 1]
@@ -239,19 +258,14 @@ class CompactionService:
             raise too_large
         if after >= before:  # recording it would grow the context
             reason = f"the summary would not shrink the context ({before} tokens before, {after} after)"
-            return await self._skipped(tenant, session, leaf, cfg, reason, last, attempt)
-        covered_ids = {str(m.get("id")) for m in covered}
-        published = await self._publish_unless_changed(event, last, covered_ids)
-        if published is None:
-            return Outcome(None, "the session changed while summarising; nothing recorded", last)
-        return _Recorded(overlay_id, published)
+            return _Nothing(leaf, cfg, reason, last)
+        return _Summary(event, last, {str(m.get("id")) for m in covered})
 
-    async def _after_recorded(self, tenant: str, session: str, done: _Recorded) -> Outcome:
+    async def _after_recorded(self, tenant: str, session: str, overlay_id: str, published: Published) -> Outcome:
         """What follows a recorded overlay, best effort (the compaction stands whatever fails): the
         frozen prompt re-rendered (failing, the prompt in force stays until a refresh works, as
         after a clear), then the overlay as the read model has it, or :data:`NOT_YET_VISIBLE`
         when it is not applied in time (the projector behind) or cannot be read."""
-        published = done.published
         try:
             if not published.duplicate and await self._context.has_prompt(tenant, session):
                 await self._context.refresh_prompt(tenant, session, "compaction")
@@ -264,22 +278,14 @@ class CompactionService:
         except Exception as exc:  # the projector behind (ProjectionTimeout), the database away
             log.warning("compacted %s/%s at seq %d, not yet visible: %s", tenant, session, published.seq, exc)
             return Outcome(None, NOT_YET_VISIBLE, published.seq)
-        recorded = next((o for o in found if o.overlay_id == done.overlay_id), None)
+        recorded = next((o for o in found if o.overlay_id == overlay_id), None)
         return Outcome(recorded, None if recorded else NOT_YET_VISIBLE, published.seq)
 
-    async def _skipped(
-        self,
-        tenant: str,
-        session: str,
-        leaf: str | None,
-        cfg: CompactionConfig,
-        reason: str,
-        last: int,
-        attempt: Attempt | None,
-    ) -> Outcome:
-        """Nothing recorded, for ``reason``; a work-queue ``attempt`` records ``compaction.skipped``
+    async def _skipped(self, tenant: str, session: str, nothing: _Nothing, attempt: Attempt | None) -> Outcome:
+        """Nothing recorded, for its reason; a work-queue ``attempt`` records ``compaction.skipped``
         (id derived from the request's: a redelivery records it once) and waits until it is
         applied, so the next request of the session is weighed against it."""
+        leaf, cfg, reason, last = nothing.leaf, nothing.cfg, nothing.reason, nothing.last
         if attempt is None:
             return Outcome(None, reason, last)
         skipped = CompactionSkipped(

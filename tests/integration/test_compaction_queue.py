@@ -23,8 +23,9 @@ from nats.js.errors import NotFoundError
 from bench.support import settings_env
 from events import log as eventlog
 from events.admission import admit
-from events.catalog import CompactionRecorded, CompactionRequested
+from events.catalog import CompactionRecorded, CompactionRequested, CompactionSkipped
 from events.context import CompactionConfig, SessionConfig
+from events.publisher import Publisher
 from projections.overlays import Overlay, overlays
 from services.bootstrap import Container, work_broker
 from services.compaction import queue, state
@@ -676,3 +677,56 @@ async def test_garbage_during_a_failure_series_continues_the_series(
             0,
         )
         assert committed.asked[0] == (T, "series")
+
+
+class _Empty(_Counting):
+    """Summarises to nothing: the attempt records ``compaction.skipped``."""
+
+    async def summarize(self, plan: Plan) -> str:
+        await super().summarize(plan)
+        return ""
+
+
+@pytest.mark.parametrize(
+    ("late", "summarizer"),
+    [(CompactionRecorded, _Counting), (CompactionSkipped, _Empty)],
+    ids=["overlay", "skip"],
+)
+async def test_an_ack_arriving_after_the_compact_timeout_is_no_failed_attempt(
+    nats_url: str,
+    fresh_db: str,
+    s3_endpoint: str,
+    monkeypatch: pytest.MonkeyPatch,
+    late: type[CompactionRecorded | CompactionSkipped],
+    summarizer: type[_Counting],
+) -> None:
+    """The server stores the overlay (or the skip), and its ack arrives after ``compact_timeout_s``
+    (a slow server): the timeout bounds the summary, not the publishes, so what was stored stands,
+    with no ``compaction.failed`` after it (which had the session summarised again)."""
+    real = Publisher.publish
+    stored: list[int] = []
+
+    async def late_ack(self: Publisher, event: Any, *args: Any, **kwargs: Any) -> Any:
+        out = await real(self, event, *args, **kwargs)
+        if isinstance(event, late):
+            stored.append(out.seq)
+            await asyncio.sleep(2.5)  # stored; the ack comes past the compact timeout (and twice it)
+        return out
+
+    monkeypatch.setattr(Publisher, "publish", late_ack)
+    settings = make_settings(nats_url, fresh_db, s3_endpoint=s3_endpoint, compaction_backoff_s=(0.5, 0.5))
+    async with running_stack(settings) as c:
+        seq = await _session(c, "late")
+        counting = summarizer("late")
+        async with _subscriber(c, counting, attempts=2, compact_timeout_s=1.0) as stats:
+            await _request(c, "late", seq)
+            await _until(lambda: _settled_after_summary(c, counting), "the request to be settled")
+        assert counting.sessions == ["late"]  # summarised once
+        assert len(stored) == 1
+        await c.commands.optimistic.catch_up(T, "late")
+        types = await _types(c, "late")
+        assert types.count(late.model_fields["type"].default) == 1, types
+        assert "compaction.failed" not in types, types
+        assert await _failures(c, "late") == []
+        recorded = late is CompactionRecorded
+        assert (stats.compactions, stats.nothing, stats.failures) == (int(recorded), int(not recorded), 0)
