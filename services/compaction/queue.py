@@ -36,7 +36,9 @@ then weighs what the holder recorded. Acknowledgement is explicit, never FastStr
 * a wait for the lease that runs out (another compaction of the session held it for
   ``compact_timeout_s``) is no failure: nothing is recorded, the series stays where it is, and the
   request naks itself for the first backoff delay, to decide after the holder (usually finding
-  nothing due);
+  nothing due). So is a read model behind the session's log when the attempt begins
+  (:class:`ReadModelBehind`; as after an overlay recorded but not yet visible, whose lease is
+  released while the state still finds the session due): nothing was summarised;
 * ``compact_timeout_s`` bounds an attempt's summary (:meth:`CompactionService.compact`), never
   its publishes: an overlay or a skip the server stored, its ack late, is no failed attempt;
 * while a summary runs, a heartbeat (``in_progress``) keeps the request; a compactor that stops
@@ -77,7 +79,7 @@ from events.publisher import HDR_MSG_ID
 from events.sealing import KeyDestroyed
 from events.subjects import SubjectLayout
 from services.compaction.lease import LeaseWaitTimedOut
-from services.compaction.service import Attempt, CompactionService, Series
+from services.compaction.service import Attempt, CompactionService, ReadModelBehind, Series
 
 log = logging.getLogger("chronicle.compactor")
 KIND = "compaction"
@@ -195,7 +197,7 @@ class WorkStats:
     nothing: int = 0  # requests settled with nothing to record (or no longer due)
     failures: int = 0  # failed attempts (each retried or, on the last, recorded)
     gave_up: int = 0  # requests whose series' attempts ran out (each failure is recorded)
-    busy: int = 0  # waits for a session's lease that ran out (the request is put off, nothing recorded)
+    busy: int = 0  # waits for a session's lease that ran out, or read models behind (put off, nothing recorded)
     malformed: int = 0  # messages that were no request of their subject's session (see subscribe)
     dropped: int = 0  # of those, rejected unasked (the subject names no session, or no state to ask)
     in_flight: int = 0
@@ -323,7 +325,7 @@ def subscribe(
                             outcome = await service.compact(
                                 req.tenant, req.session, attempt=attempt, timeout_s=compact_timeout_s
                             )
-                        except KeyDestroyed:
+                        except (KeyDestroyed, ReadModelBehind):
                             raise
                         except Exception as exc:
                             # recorded inside the lease, as a skip is: a request that waited for this one
@@ -338,15 +340,17 @@ def subscribe(
                 log.info("%s/%s is erased: nothing to compact", *key)
                 await msg.ack()
                 return
-            except LeaseWaitTimedOut:
+            except (LeaseWaitTimedOut, ReadModelBehind) as exc:
                 stats.busy += 1
-                # another compaction of the session outlasted the wait: no attempt ran, nothing is recorded,
-                # the series stays where it is; this request decides after that one (usually: not due)
+                # another compaction of the session outlasted the wait, or the read model is behind the
+                # session's log (its state may be too: one just recorded): no attempt ran, nothing is
+                # recorded, the series stays where it is; this request decides later (usually: not due)
+                why = "another compaction holds it" if isinstance(exc, LeaseWaitTimedOut) else "its read model lags"
                 if final:  # JetStream delivers it no more; the holder's compaction settles the session
-                    log.error("compaction of %s/%s: delivered %d times, its lease always held; dropped", *key, delivery)
+                    log.error("compaction of %s/%s: delivered %d times, always busy (%s); dropped", *key, delivery, why)
                     await msg.ack()
                 else:
-                    log.info("compaction of %s/%s: another compaction holds it; again in %.1fs", *key, backoff_s[0])
+                    log.info("compaction of %s/%s: %s; again in %.1fs", *key, why, backoff_s[0])
                     await msg.nack(delay=backoff_s[0])
                 return
             except Exception as exc:

@@ -89,6 +89,12 @@ class Outcome:
         return self.overlay is not None or self.reason == NOT_YET_VISIBLE
 
 
+class ReadModelBehind(Exception):
+    """A work-queue attempt found the read model behind the session's log as it began (its first
+    wait timed out, the projector behind): nothing was summarised and nothing recorded; the queue
+    puts the request off, as it does for a session whose lease another compaction holds."""
+
+
 @dataclass(frozen=True, slots=True)
 class _Nothing:
     """Nothing to record, for ``reason``, decided at ``last`` (on ``leaf``, under ``cfg``)."""
@@ -190,6 +196,10 @@ class CompactionService:
         the wait for the projector are best effort (:meth:`_after_recorded`), for a failure
         recorded after an overlay, or an error answered for it, would have the session
         summarised again.
+
+        For a work-queue ``attempt``, a read model that has not applied the session's events
+        when the compaction begins (its first wait times out) is :class:`ReadModelBehind`:
+        nothing was tried.
         """
         async with asyncio.timeout(timeout_s):
             decided = await self._decide(tenant, session, leaf_id, attempt)
@@ -205,7 +215,12 @@ class CompactionService:
     ) -> _Nothing | _Summary:
         """:meth:`compact` up to the publish (it publishes nothing but a manual compaction's
         failure): the overlay to record, or why there is none."""
-        last = await self._cond.catch_up(tenant, session)
+        try:
+            last = await self._cond.catch_up(tenant, session)
+        except ProjectionTimeout as exc:
+            if attempt is None:
+                raise
+            raise ReadModelBehind(f"{tenant}/{session}: {exc}") from exc
         async with self._pool.connection() as conn:
             cfg = (await self._context.config(conn, tenant, session)).compaction or CompactionConfig()
             leaf, _, view = await compacted_view(conn, tenant, session, leaf_id)

@@ -730,3 +730,40 @@ async def test_an_ack_arriving_after_the_compact_timeout_is_no_failed_attempt(
         assert await _failures(c, "late") == []
         recorded = late is CompactionRecorded
         assert (stats.compactions, stats.nothing, stats.failures) == (int(recorded), int(not recorded), 0)
+
+
+async def test_the_read_model_behind_before_the_summary_puts_the_request_off(
+    nats_url: str, fresh_db: str, s3_endpoint: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The attempt's first wait for the read model times out, before anything is summarised (the
+    projector behind; as after a compaction recorded but not yet visible, whose lease the next
+    request of the session then takes while the state still finds the session due). Nothing was
+    tried: the request is put off for the first backoff delay, as a lease held elsewhere is (busy),
+    with no ``compaction.failed`` (which began a series: another summary) and no attempt counted."""
+    settings = make_settings(nats_url, fresh_db, s3_endpoint=s3_endpoint, compaction_backoff_s=(0.5, 1.0))
+    async with running_stack(settings) as c:
+        seq = await _session(c, "behind")
+        catch_up = OptimisticWriter.catch_up
+        behind: list[str] = []
+
+        async def once_behind(self: OptimisticWriter, tenant: str, session: str) -> int:
+            if not behind:
+                behind.append(session)
+                raise ProjectionTimeout("the read model has not applied the session yet")
+            return await catch_up(self, tenant, session)
+
+        monkeypatch.setattr(OptimisticWriter, "catch_up", once_behind)
+        counting = _Counting("behind")
+        async with _subscriber(c, counting, attempts=1) as stats:
+            await _request(c, "behind", seq)
+
+            async def settled() -> bool:
+                return bool(behind) and await _settled(c)
+
+            await _until(settled, "the request to be settled")
+        assert behind == ["behind"]
+        assert counting.sessions == ["behind"]
+        await c.commands.optimistic.catch_up(T, "behind")
+        assert await _failures(c, "behind") == []
+        assert len(await _overlays(c, "behind")) == 1
+        assert (stats.busy, stats.failures, stats.gave_up, stats.compactions) == (1, 0, 0, 1)
