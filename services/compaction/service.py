@@ -326,21 +326,26 @@ class CompactionService:
         last sequence, after reading ``erasures`` (recorded before ``session.erased`` is
         published), so an erasure published meanwhile makes it conflict and be weighed again
         (nothing is published after a session's ``session.erased``). Other events arriving
-        meanwhile (appends) only move the expectation on."""
-        async with self._cond.turns.turn((event.tenant, event.session)):
-            for _ in range(20):
-                last = await self._pub.last_subject_seq(event.tenant, event.session)
-                async with self._pool.connection() as conn:
-                    if await queries.is_erased(conn, event.tenant, event.session):
-                        log.info("%s/%s is erased: its %s is not recorded", event.tenant, event.session, event.type)
-                        return None
-                try:
-                    # its id derives from the request's (public): taken on another subject, a fresh
-                    # one (as an overlay's)
-                    return await self._pub.publish(event, expected_last_subject_seq=last, fresh_id_on_foreign=True)
-                except ConcurrencyConflict:
-                    continue
-            raise ConcurrencyConflict(f"{event.tenant}/{event.session} kept changing: {event.type} not recorded")
+        meanwhile (appends) only move the expectation on.
+
+        It takes no turn among this process's writes to the session (:mod:`services.writes.turns`),
+        nor does the overlay's publish: their loops expect the session's last sequence and move
+        past what came meanwhile, so appends cost them a retry, not a failure. Waiting behind a
+        slow write instead, they ran out of the turn's time (``contention``) after a summary: a
+        manual compaction answered 503 for it, the queue recorded a failure and summarised again."""
+        for _ in range(20):
+            last = await self._pub.last_subject_seq(event.tenant, event.session)
+            async with self._pool.connection() as conn:
+                if await queries.is_erased(conn, event.tenant, event.session):
+                    log.info("%s/%s is erased: its %s is not recorded", event.tenant, event.session, event.type)
+                    return None
+            try:
+                # its id derives from the request's (public): taken on another subject, a fresh
+                # one (as an overlay's)
+                return await self._pub.publish(event, expected_last_subject_seq=last, fresh_id_on_foreign=True)
+            except ConcurrencyConflict:
+                continue
+        raise ConcurrencyConflict(f"{event.tenant}/{event.session} kept changing: {event.type} not recorded")
 
     async def _publish_unless_changed(
         self, event: CompactionRecorded, expected: int, covered: set[str]
@@ -353,44 +358,43 @@ class CompactionService:
         the same overlay recorded by another compactor counts as done.
         """
         subject = self._pub.layout.session_subject(event.tenant, event.session)
-        async with self._cond.turns.turn((event.tenant, event.session)):
-            for _ in range(20):
+        for _ in range(20):
+            try:
+                # The overlay's event id derives from public inputs (tenant, session, message ids):
+                # a tenant publishing straight to the stream can take it first, on its own subjects.
+                # Then the overlay is published under a fresh random id (its ``overlay_id`` stays):
+                # failing instead would let that tenant stop another's compactions for as long as it
+                # keeps publishing the ids; the fresh id only loses the duplicate window's guard for
+                # this one publish, and a second copy of an overlay (a redelivered request) records
+                # the same range with the same summary, where the newest overlay is the one in force.
+                return await self._pub.publish(event, expected_last_subject_seq=expected, fresh_id_on_foreign=True)
+            except ConcurrencyConflict:
+                pass
+            keys = self._pub.keys
+            if keys is not None:
+                await keys.load([(event.tenant, event.session, None)])
+            async for stored in eventlog.read(self._pub.js, self._pub.layout, subject, expected + 1):
+                expected = stored.seq
+                if keys is not None and (kid := kid_in(stored.data)) is not None:  # evicted or made since
+                    await keys.load([(event.tenant, event.session, kid)])
                 try:
-                    # The overlay's event id derives from public inputs (tenant, session, message ids):
-                    # a tenant publishing straight to the stream can take it first, on its own subjects.
-                    # Then the overlay is published under a fresh random id (its ``overlay_id`` stays):
-                    # failing instead would let that tenant stop another's compactions for as long as it
-                    # keeps publishing the ids; the fresh id only loses the duplicate window's guard for
-                    # this one publish, and a second copy of an overlay (a redelivered request) records
-                    # the same range with the same summary, where the newest overlay is the one in force.
-                    return await self._pub.publish(event, expected_last_subject_seq=expected, fresh_id_on_foreign=True)
-                except ConcurrencyConflict:
-                    pass
-                keys = self._pub.keys
-                if keys is not None:
-                    await keys.load([(event.tenant, event.session, None)])
-                async for stored in eventlog.read(self._pub.js, self._pub.layout, subject, expected + 1):
-                    expected = stored.seq
-                    if keys is not None and (kid := kid_in(stored.data)) is not None:  # evicted or made since
-                        await keys.load([(event.tenant, event.session, kid)])
-                    try:
-                        newer = admit(stored.data, stored.subject, self._pub.layout, keys)
-                    except Refused:
-                        continue  # quarantined: no projection applies it, so it changes nothing here
-                    except KeyDestroyed:
-                        return None  # the session is erased: nothing to record
-                    match newer:
-                        case CompactionRecorded() if newer.overlay_id == event.overlay_id:
-                            return Published(seq=stored.seq, duplicate=True)
-                        case MessagesCleared() | SessionDeleted() | CompactionRecorded():
-                            return None
-                        case MessageUpdated() if newer.message_id in covered:
-                            return None
-                        case MessagesDeleted() if covered & set(newer.message_ids):
-                            return None
-                        case _:
-                            continue
-            return None
+                    newer = admit(stored.data, stored.subject, self._pub.layout, keys)
+                except Refused:
+                    continue  # quarantined: no projection applies it, so it changes nothing here
+                except KeyDestroyed:
+                    return None  # the session is erased: nothing to record
+                match newer:
+                    case CompactionRecorded() if newer.overlay_id == event.overlay_id:
+                        return Published(seq=stored.seq, duplicate=True)
+                    case MessagesCleared() | SessionDeleted() | CompactionRecorded():
+                        return None
+                    case MessageUpdated() if newer.message_id in covered:
+                        return None
+                    case MessagesDeleted() if covered & set(newer.message_ids):
+                        return None
+                    case _:
+                        continue
+        return None
 
     async def _summarize(self, tenant: str, session: str, leaf: str, plan: Plan, attempt: Attempt | None) -> str:
         try:

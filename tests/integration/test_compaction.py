@@ -537,3 +537,45 @@ async def test_a_compaction_whose_prompt_cannot_be_rendered_again_stands(
     assert (await http.get(f"/v1/sessions/{sid}/system-prompt")).json() == frozen
     r = await http.get(f"/v1/sessions/{sid}/compaction-failures")
     assert r.json() == {"failures": []}
+
+
+@contextlib.asynccontextmanager
+async def _turn_held(c: Container, sid: str, timeout_s: float = 0.2) -> AsyncIterator[None]:
+    """Another write of this process (a slow one, in a task of its own) holds the session's turn
+    for the block, and a write waiting for it gives up after ``timeout_s``."""
+    turns = c.commands.optimistic.turns
+    taken, done = asyncio.Event(), asyncio.Event()
+
+    async def hold() -> None:
+        held = await turns.take((T, sid))
+        taken.set()
+        try:
+            await done.wait()
+        finally:
+            turns.give_back((T, sid), held)
+
+    before, turns.timeout_s = turns.timeout_s, timeout_s
+    task = asyncio.create_task(hold())
+    try:
+        await taken.wait()
+        yield
+    finally:
+        done.set()
+        await task
+        turns.timeout_s = before
+
+
+async def test_a_manual_compaction_does_not_wait_for_the_turn_of_the_sessions_writes(
+    stack: Container, http: httpx.AsyncClient, new_id: Callable[[str], str]
+) -> None:
+    """A write of the API process holds the session's turn past the turns' timeout (a slow one,
+    appends queued behind it): the overlay's publish takes no turn (its own loop expects the
+    session's last sequence), so the summary is recorded and answered, not ``503 contention``
+    after a summary (which a client retries: another summary)."""
+    sid = new_id("turn")
+    assert (await http.put(f"/v1/sessions/{sid}/config", json={"compaction": CMP})).status_code == 200
+    await _append_chain(stack, sid, [f"m{i}" for i in range(12)])
+    async with _turn_held(stack, sid):
+        r = await http.post(f"/v1/sessions/{sid}/compact", json={})
+    assert r.status_code == 200, r.text
+    assert r.json()["compacted"] is True, r.json()

@@ -767,3 +767,30 @@ async def test_the_read_model_behind_before_the_summary_puts_the_request_off(
         assert await _failures(c, "behind") == []
         assert len(await _overlays(c, "behind")) == 1
         assert (stats.busy, stats.failures, stats.gave_up, stats.compactions) == (1, 0, 0, 1)
+
+
+async def test_a_compaction_does_not_wait_for_the_turn_of_the_sessions_writes(
+    nats_url: str, fresh_db: str, s3_endpoint: str
+) -> None:
+    """A write of this process holds the session's turn past the turns' timeout (a slow one, with
+    appends queued behind it): the compaction's publishes take no turn (their own loop expects the
+    session's last sequence), so the overlay is recorded rather than a ``contention`` failure
+    recorded after the summary, and another summary."""
+    settings = make_settings(nats_url, fresh_db, s3_endpoint=s3_endpoint)
+    async with running_stack(settings) as c:
+        seq = await _session(c, "turn")
+        turns = c.commands.optimistic.turns
+        turns.timeout_s = 0.2
+        held = await turns.take((T, "turn"))
+        try:
+            counting = _Counting("turn")
+            async with _subscriber(c, counting, attempts=1) as stats:
+                await _request(c, "turn", seq)
+                await _until(lambda: _settled_after_summary(c, counting), "the request to be settled")
+        finally:
+            turns.give_back((T, "turn"), held)
+        assert counting.sessions == ["turn"]
+        await c.commands.optimistic.catch_up(T, "turn")
+        assert await _failures(c, "turn") == []
+        assert len(await _overlays(c, "turn")) == 1
+        assert (stats.compactions, stats.failures) == (1, 0)
