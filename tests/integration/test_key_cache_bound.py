@@ -185,6 +185,25 @@ async def sealed_session(c: Container, sid: str, n: int) -> list[tuple[int, str 
     return [(seq, kid) for (seq, _), kid in zip(out, kids, strict=True)]
 
 
+async def overlay_over_m1(c: Container, sid: str, expected: int, new_id: Callable[[str], str]) -> Published | None:
+    """A compaction of m0..m1 (leaf m2) decided at ``expected``, published unless what came
+    since changes it (an update of m1 does: None)."""
+    overlay = CompactionRecorded(
+        tenant=T,
+        session=sid,
+        overlay_id=new_id("overlay"),
+        from_message_id="m0",
+        to_message_id="m1",
+        leaf_id="m2",
+        tokens_before=100,
+        tokens_after=10,
+        summarizer="offline",
+        model=None,
+        summary="a summary",
+    )
+    return await c.compaction._publish_unless_changed(overlay, expected, {"m0", "m1"})
+
+
 async def test_an_events_page_asks_again_for_a_key_evicted_while_it_is_read(
     tiny: Tiny, new_id: Callable[[str], str]
 ) -> None:
@@ -252,20 +271,7 @@ async def test_a_compaction_sees_an_update_in_its_range_though_its_key_was_evict
             await evict_all_but(c, new_id)  # while the compaction waits for the next event
 
     monkeypatch.setattr(eventlog, "read", read_by_a_busy_process)
-    overlay = CompactionRecorded(
-        tenant=T,
-        session=sid,
-        overlay_id=new_id("overlay"),
-        from_message_id="m0",
-        to_message_id="m1",
-        leaf_id="m2",
-        tokens_before=100,
-        tokens_after=10,
-        summarizer="offline",
-        model=None,
-        summary="a summary",
-    )
-    published: Published | None = await c.compaction._publish_unless_changed(overlay, expected, {"m0", "m1"})
+    published = await overlay_over_m1(c, sid, expected, new_id)
     assert published is None  # the update of m1 was read, not refused for want of its key
 
 
@@ -387,19 +393,6 @@ async def test_a_compaction_sees_an_update_sealed_under_a_key_made_after_it_aske
         await c.publisher.publish(update)
         assert kid_in((await stored_of(c, sid))[-1]) is not None
         c.publisher.keys = plain
-        overlay = CompactionRecorded(
-            tenant=T,
-            session=sid,
-            overlay_id=new_id("overlay"),
-            from_message_id="m0",
-            to_message_id="m1",
-            leaf_id="m2",
-            tokens_before=100,
-            tokens_after=10,
-            summarizer="offline",
-            model=None,
-            summary="a summary",
-        )
-        assert await c.compaction._publish_unless_changed(overlay, expected, {"m0", "m1"}) is None
+        assert await overlay_over_m1(c, sid, expected, new_id) is None  # the sealed update was read
     finally:
         c.publisher.keys = sealing
