@@ -30,10 +30,13 @@ from services.writes.optimistic import Decision
 
 class ContextSkills(ContextBlocks):
     async def put_skill(self, tenant: str, bucket: str, key: str, content: str, description: str | None) -> int:
-        """Store a document and record it in the tenant's skills index (idempotent per etag)."""
+        """Store a document and record it in the tenant's skills index (idempotent per etag);
+        :class:`~events.sealing.KeyDestroyed` (nothing stored) when the tenant is erased."""
         problem = unsafe_object_key(key)
         if problem is not None:
             raise InvalidRequest(f"key {key[:200]!r} is not a safe object key: {problem}")
+        if self._pub.keys is not None:  # an erased tenant's record would be refused: upload nothing either
+            await self._pub.keys.for_writing(tenant, TENANT_SCOPE)  # KeyDestroyed
         stored = await self._storage().put(bucket, object_key(tenant, key), content, description)
         return await self.record_skill(tenant, bucket, key, stored.description, stored.etag, stored.size)
 

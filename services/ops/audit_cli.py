@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 from events import ids
+from events.sealing import KeyDestroyed
 from events.stream import PartitionMismatch, ReplicasUnavailable, TooFewReplicas
 from projections import queries
 from services.audit import archive, restore
@@ -202,15 +203,29 @@ async def run_skills(settings: Settings, args: argparse.Namespace) -> int:
     made there; the services create it when the stack starts."""
     async with open_container(settings, create_stream=False) as c:
         ids.check_tenant(args.tenant)
+        said = f"chronicle skills {args.skills_command}:"
+        if args.bucket in c.context.reserved_buckets:  # as a session config's skills block is refused
+            print(f"{said} bucket {args.bucket!r} is reserved for Chronicle's own data", file=sys.stderr)
+            return 2
         if args.skills_command == "put":
             try:
                 content = await asyncio.to_thread(Path(args.file).read_text, encoding="utf-8")
             except UnicodeDecodeError as exc:
-                print(f"chronicle skills put: {args.file} is not UTF-8 text (byte {exc.start})", file=sys.stderr)
+                print(f"{said} {args.file} is not UTF-8 text (byte {exc.start})", file=sys.stderr)
                 return 2
-            seq = await c.context.put_skill(args.tenant, args.bucket, args.key, content, args.description)
+            except OSError as exc:  # no such file, a directory, not readable
+                print(f"{said} {args.file}: {exc.strerror or exc}", file=sys.stderr)
+                return 2
+            try:
+                seq = await c.context.put_skill(args.tenant, args.bucket, args.key, content, args.description)
+            except KeyDestroyed:  # refused before anything is uploaded (ContextService.put_skill)
+                print(f"{said} tenant {args.tenant!r} is erased: it takes no skill documents", file=sys.stderr)
+                return 2
             print(f"stored {args.bucket}/{args.key} ({len(content.encode())} bytes); recorded at sequence {seq}")
             return 0
+        if c.context.skills is not None and not await c.context.skills.bucket_exists(args.bucket):
+            print(f"{said} bucket {args.bucket!r} does not exist: nothing to index", file=sys.stderr)
+            return 2
         report = await audit.sync_skills(c, args.tenant, args.bucket, args.prefix)
         print(f"indexed {report.indexed}, removed {report.removed}, unchanged {report.unchanged}")
     return 0

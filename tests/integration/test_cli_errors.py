@@ -222,6 +222,53 @@ async def test_skills_put_of_a_file_that_is_not_utf8_is_one_line_and_stores_noth
     assert list(s3.list_objects(bucket, recursive=True)) == []
 
 
+@pytest.mark.parametrize("case", ["missing", "directory", "originals", "claim-check", "archive", "sync-archive"])
+async def test_skills_put_or_sync_refused_is_one_line_and_stores_nothing(
+    foreign: tuple[Settings, Settings], s3_endpoint: str, tmp_path: Path, case: str
+) -> None:
+    """A file that is not there or a directory (tracebacks), one of Chronicle's own buckets (it
+    was written into: a session config's skills block refuses them)."""
+    stack = foreign[0].model_copy(update={"s3_endpoint": s3_endpoint})
+    own = {
+        "originals": stack.originals_bucket,
+        "claim-check": stack.claim_check_bucket,
+        "archive": stack.archive_bucket,
+        "sync-archive": stack.archive_bucket,
+    }
+    bucket = own.get(case, f"sk-{uuid.uuid4().hex[:12]}")
+    s3 = Minio(s3_endpoint, "testing", "testing", secure=False, region="us-east-1")
+    doc = tmp_path / ("nosuch.md" if case == "missing" else "x.md")
+    if case == "directory":
+        doc.mkdir()
+    elif case != "missing":
+        doc.write_text("# X\nhow to x", encoding="utf-8")
+    key = f"skills/{uuid.uuid4().hex[:8]}"
+    command = ["sync"] if case == "sync-archive" else ["put", str(doc), "--key", key]
+    done = await asyncio.to_thread(chronicle_cli, stack, "skills", *command, "--bucket", bucket)
+    assert done.returncode == 2, (done.stdout, done.stderr)
+    said = {
+        "missing": f"{doc}: No such file or directory",
+        "directory": f"{doc}: Is a directory",
+    }.get(case, f"bucket {bucket!r} is reserved for Chronicle's own data")
+    assert one_line(done) == f"chronicle skills {command[0]}: {said}"
+    assert done.stdout == ""
+    if s3.bucket_exists(bucket):
+        assert [o.object_name for o in s3.list_objects(bucket, recursive=True) if key in str(o.object_name)] == []
+
+
+async def test_skills_sync_of_a_bucket_that_does_not_exist_is_one_line(
+    foreign: tuple[Settings, Settings], s3_endpoint: str
+) -> None:
+    """(It said "indexed 0, removed 0, unchanged 0" and exited 0.)"""
+    stack = foreign[0].model_copy(update={"s3_endpoint": s3_endpoint})
+    bucket = f"nonexist-{uuid.uuid4().hex[:8]}"
+    done = await asyncio.to_thread(chronicle_cli, stack, "skills", "sync", "--bucket", bucket)
+    assert done.returncode == 2, (done.stdout, done.stderr)
+    assert one_line(done) == f"chronicle skills sync: bucket {bucket!r} does not exist: nothing to index"
+    assert done.stdout == ""
+    assert not Minio(s3_endpoint, "testing", "testing", secure=False, region="us-east-1").bucket_exists(bucket)
+
+
 async def test_skills_put_whose_projector_never_applies_it_is_one_line(
     foreign: tuple[Settings, Settings], s3_endpoint: str, tmp_path: Path
 ) -> None:
