@@ -82,6 +82,10 @@ class SubjectLayout:
         part = partition_of(tenant, session, self.partitions)
         return f"{self.prefix}.{encode_token(tenant)}.p{part:03d}.{encode_token(session)}"
 
+    def tenant_filter(self, tenant: str) -> str:
+        """Every session subject of ``tenant``."""
+        return f"{self.prefix}.{encode_token(check_tenant(tenant))}.*.*"
+
     def partition_filter(self, partition: int) -> str:
         """Subject filter for one partition across all tenants."""
         return f"{self.prefix}.*.p{partition:03d}.*"

@@ -21,10 +21,12 @@ CLI_REQUESTER = "operator (chronicle erase)"
 async def run_erase(settings: Settings, args: argparse.Namespace) -> int:
     """Erase one session (``--session``) or, with ``--yes``, every session of the tenant and its
     tenant-level entries; prints one JSON line per session erased. A session that does not exist
-    exits 1 (nothing recorded); a whole tenant without ``--yes`` prints what would be erased and
-    exits 1. ``--reason`` (at most 500 characters, no NUL; else exit 2, nothing erased) is recorded
-    with each erasure, ``requested_by`` is ``operator (chronicle erase)``. The stream is never
-    created here: there is nothing to erase in a log that is not."""
+    exits 1 (nothing recorded), and so does a tenant with nothing to erase (a mistyped name:
+    :meth:`~services.writes.erasure.Eraser.tenant_exists`); a whole tenant without ``--yes``
+    prints what would be erased and exits 1. ``--reason`` (at most 500 characters, no NUL; else
+    exit 2, nothing erased) is recorded with each erasure, ``requested_by`` is ``operator
+    (chronicle erase)``. The stream is never created here: there is nothing to erase in a log
+    that is not."""
     try:
         ids.check_tenant(args.tenant)
         if args.session is not None:
@@ -50,6 +52,13 @@ async def run_erase(settings: Settings, args: argparse.Namespace) -> int:
                     file=sys.stderr,
                 )
                 return 1
+        elif not await eraser.tenant_exists(args.tenant):
+            print(
+                f"chronicle erase: no tenant {args.tenant!r} (no session, data key, skill document or event): "
+                "nothing erased",
+                file=sys.stderr,
+            )
+            return 1
         elif not args.yes:
             sessions = await c.keys.sessions_of(args.tenant)
             for session in sessions:

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import psycopg
+from nats.js.errors import NotFoundError
 from psycopg_pool import AsyncConnectionPool
 
 from events import log as eventlog
@@ -173,6 +174,24 @@ class Eraser:
         scope = await self.erase_session(tenant, TENANT_SCOPE, must_exist=False, **who)
         done.append(Erasure(scope.session, scope.seq, scope.newly_erased, scope.objects_deleted + documents))
         return done
+
+    async def tenant_exists(self, tenant: str) -> bool:
+        """Whether erasing ``tenant`` has anything to destroy: a session or tenant-level entry with
+        a data key, a read-model row or a recorded erasure (a rerun finishes or repeats it), an entry
+        in its skills index, or an event of it in the log. A tenant with none of these (a mistyped
+        name) is not erased: its erasure would burn the name for good."""
+        if await self._keys.sessions_of(tenant):
+            return True
+        async with self._pool.connection() as conn:
+            cur = await conn.execute("SELECT 1 FROM skills_index WHERE tenant = %s LIMIT 1", (tenant,))
+            if await cur.fetchone() is not None:
+                return True
+        layout = self._pub.layout
+        try:
+            await self._pub.js.get_msg(layout.stream, seq=1, subject=layout.tenant_filter(tenant), next=True)
+        except NotFoundError:
+            return False
+        return True
 
     async def _is_applied_erasure(self, seq: int, subject: str) -> bool:
         """Whether the message at ``seq`` is a ``session.erased`` event (never sealed: readable) on

@@ -313,6 +313,43 @@ async def test_the_sdk_direct_path_seals_with_the_key_chronicle_gives_its_tenant
     assert (gone.status_code, gone.json()["code"]) == (410, "session_erased")
 
 
+async def tenant_erasures(db: str, tenant: str) -> list[str]:
+    async with await psycopg.AsyncConnection.connect(db) as conn:
+        cur = await conn.execute("SELECT session_id FROM erasures WHERE tenant = %s", (tenant,))
+        return sorted(str(r[0]) for r in await cur.fetchall())
+
+
+async def test_erasing_a_tenant_that_never_existed_burns_no_name(sealed: tuple[Settings, Path], tmp_path: Path) -> None:
+    """(It printed an erasure and recorded it: the name was burnt, a later ``skills put`` died
+    with a KeyDestroyed traceback.) A tenant with only a skill document is erased as before; an
+    erased one's ``skills put`` is one line, and nothing is uploaded."""
+    settings, _ = sealed
+    tenant = f"nobody-{uuid.uuid4().hex[:8]}"
+    for argv in (["--yes"], []):
+        done = cli(settings, "erase", "--tenant", tenant, *argv)
+        assert done.returncode == 1, (done.stdout, done.stderr)
+        assert done.stdout == ""
+        assert done.stderr.strip().splitlines()[-1] == (
+            f"chronicle erase: no tenant {tenant!r} (no session, data key, skill document or event): nothing erased"
+        )
+    assert await tenant_erasures(settings.database_url, tenant) == []
+    word = f"nobodyword{uuid.uuid4().hex}"
+    doc = tmp_path / "skill.md"
+    doc.write_text(f"# A skill\n{word}\n")
+    bucket = f"skills-{uuid.uuid4().hex[:8]}"
+    put = ["skills", "put", str(doc), "--bucket", bucket, "--key", "skills/one", "--tenant", tenant]
+    assert cli(settings, *put).returncode == 0  # the name is still free
+    erased = cli(settings, "erase", "--tenant", tenant, "--yes")
+    assert erased.returncode == 0, erased.stderr
+    assert [json.loads(line)["session"] for line in erased.stdout.splitlines()] == [""]
+    assert await tenant_erasures(settings.database_url, tenant) == [""]
+    assert objects_holding(settings, word.encode())[0] == []
+    again = cli(settings, *put)
+    assert again.returncode == 2, (again.stdout, again.stderr)
+    assert again.stderr.strip() == (f"chronicle skills put: tenant {tenant!r} is erased: it takes no skill documents")
+    assert objects_holding(settings, word.encode())[0] == []  # refused before it was uploaded
+
+
 def test_chronicle_erase_refuses_an_invalid_id_and_erases_nothing(sealed: tuple[Settings, Path]) -> None:
     settings, _ = sealed
     done = cli(settings, "erase", "--tenant", "tenant a")
