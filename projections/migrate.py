@@ -33,7 +33,9 @@ def migration_files() -> list[tuple[int, str, str]]:
 
 async def migrate(conninfo: str, schema: str = "public") -> list[str]:
     """Apply pending migrations to ``schema``; returns the names applied. Safe to run concurrently.
-    Raises :class:`DatabaseNotUtf8`, before anything is created, in a database of another encoding."""
+    Raises :class:`DatabaseNotUtf8`, before anything is created, in a database of another encoding,
+    and :class:`SchemaTooNew`, applying nothing, when ``schema`` was migrated by a newer release
+    (an older release's ``chronicle migrate`` run against it, a downgrade: "up to date" was wrong)."""
     applied: list[str] = []
     async with await psycopg.AsyncConnection.connect(conninfo, autocommit=True) as conn:
         cur = await conn.execute("SELECT current_setting('server_encoding'), current_database()")
@@ -47,6 +49,7 @@ async def migrate(conninfo: str, schema: str = "public") -> list[str]:
         try:
             await conn.execute(f'CREATE SCHEMA IF NOT EXISTS "{schema}"')
             await conn.execute(f'SET search_path TO "{schema}"')
+            await check_schema(conn)
             await conn.execute(
                 "CREATE TABLE IF NOT EXISTS schema_migrations "
                 "(version int PRIMARY KEY, name text NOT NULL, applied_at timestamptz NOT NULL DEFAULT now())"

@@ -486,6 +486,24 @@ async def test_a_database_migrated_by_a_newer_release_is_refused_in_one_line(els
     assert f"this one knows up to {max(v for v, _, _ in migration_files())}" in line
 
 
+async def test_migrate_of_a_database_migrated_by_a_newer_release_is_refused_in_one_line(elsewhere: Settings) -> None:
+    """(An older release's `chronicle migrate`, run during a downgrade, said "applied: nothing (up
+    to date)" and exited 0.)"""
+    known = max(v for v, _, _ in migration_files())
+    assert chronicle_cli(elsewhere, "migrate", timeout=90).returncode == 0
+    with psycopg.connect(elsewhere.database_url, autocommit=True) as conn:
+        conn.execute("INSERT INTO schema_migrations (version, name) VALUES (%s, '0xx_future.sql')", (known + 1,))
+        before = conn.execute("SELECT version FROM schema_migrations ORDER BY version").fetchall()
+    done = chronicle_cli(elsewhere, "migrate", timeout=90)
+    assert done.returncode == LOG_MISMATCH_EXIT, done.stderr
+    line = one_line(done)
+    assert line.startswith(f"chronicle migrate: refusing to start: the database was migrated to version {known + 1} ")
+    assert f"this one knows up to {known}" in line
+    assert "up to date" not in done.stdout
+    with psycopg.connect(elsewhere.database_url, autocommit=True) as conn:
+        assert conn.execute("SELECT version FROM schema_migrations ORDER BY version").fetchall() == before
+
+
 def beside(settings: Settings, data_dir: Path, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
     """``chronicle <args>`` with ``settings`` but for the NATS address and identity, which it has
     to find in ``data_dir`` (what ``chronicle up`` recorded there), and ``env`` on top."""
