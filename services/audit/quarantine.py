@@ -68,7 +68,7 @@ async def list_quarantined(
 ) -> list[Entry]:
     """The newest ``limit`` quarantined events, newest first; ``tenant``: only those stored under
     that tenant's subjects; with ``session`` too, only those under that session's subject."""
-    head = f"{layout.prefix}.{encode_token(check_tenant(tenant))}." if tenant is not None else ""
+    head = _tenant_head(layout, tenant)
     exact = layout.session_subject(tenant, session) if tenant is not None and session is not None else None
     cur = await conn.execute(
         f"SELECT {_COLUMNS} FROM quarantine WHERE starts_with(subject, %s) AND (%s::text IS NULL OR subject = %s) "
@@ -95,10 +95,22 @@ async def show(conn: psycopg.AsyncConnection[Any], layout: SubjectLayout, seq: i
     return out
 
 
-async def counts(conn: psycopg.AsyncConnection[Any]) -> dict[str, int]:
-    """How many events are quarantined, by reason."""
-    cur = await conn.execute("SELECT reason, count(*) FROM quarantine GROUP BY reason ORDER BY reason")
+async def counts(
+    conn: psycopg.AsyncConnection[Any], layout: SubjectLayout | None = None, tenant: str | None = None
+) -> dict[str, int]:
+    """How many events are quarantined, by reason; with ``layout`` and ``tenant``, only those
+    stored under that tenant's subjects (what :func:`list_quarantined` selects for it)."""
+    head = _tenant_head(layout, tenant) if layout is not None else ""
+    cur = await conn.execute(
+        "SELECT reason, count(*) FROM quarantine WHERE starts_with(subject, %s) GROUP BY reason ORDER BY reason",
+        (head,),
+    )
     return {str(reason): int(n) for reason, n in await cur.fetchall()}
+
+
+def _tenant_head(layout: SubjectLayout, tenant: str | None) -> str:
+    """The subject prefix of ``tenant``'s events (``""``: every subject)."""
+    return f"{layout.prefix}.{encode_token(check_tenant(tenant))}." if tenant is not None else ""
 
 
 def format_entry(e: Entry) -> str:
@@ -124,6 +136,16 @@ async def run_quarantine(settings: Settings, args: argparse.Namespace) -> int:
             print(format_entry(e))
         by_reason = await counts(conn)
         total = sum(by_reason.values())
-        summary = ", ".join(f"{r} {n}" for r, n in by_reason.items())
-        print(f"{total} quarantined in all" + (f" ({summary})" if summary else ""))
+        if args.tenant is not None:  # the footer counts what the filter selects, then the whole
+            selected = await counts(conn, layout, args.tenant)
+            print(
+                f"{sum(selected.values())} quarantined for tenant {args.tenant!r}{_by_reason(selected)}; {total} in all"
+            )
+        else:
+            print(f"{total} quarantined in all{_by_reason(by_reason)}")
     return 0
+
+
+def _by_reason(by_reason: dict[str, int]) -> str:
+    summary = ", ".join(f"{r} {n}" for r, n in by_reason.items())
+    return f" ({summary})" if summary else ""

@@ -45,6 +45,17 @@ DRILLS = {
 }
 
 
+def at_least_one(text: str) -> int:
+    """An argument that counts something to print: a whole number of 1 or more (argparse's type)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1 (given {value})")
+    return value
+
+
 def run_drill(argv: list[str]) -> int:
     """``chronicle bench|chaos|failover …``: handed to ``python -m bench`` of a source checkout.
 
@@ -185,7 +196,7 @@ def main(argv: list[str] | None = None) -> int:
     quar_sub = p_quar.add_subparsers(dest="quarantine_command", required=True)
     p_qlist = quar_sub.add_parser("list", help="quarantined events, newest first")
     p_qlist.add_argument("--tenant", default=None)
-    p_qlist.add_argument("--limit", type=int, default=50)
+    p_qlist.add_argument("--limit", type=at_least_one, default=50, help="entries to print (at least 1)")
     p_qshow = quar_sub.add_parser("show", help="one quarantined event, with its raw bytes")
     p_qshow.add_argument("seq", type=int)
     p_erase = sub.add_parser(

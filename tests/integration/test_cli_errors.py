@@ -110,6 +110,39 @@ async def test_quarantine_listing_reads_postgres_alone_and_creates_no_stream(els
     assert await streams_of(elsewhere) == []
 
 
+async def test_quarantine_listing_of_a_tenant_counts_what_it_selects(elsewhere: Settings) -> None:
+    """(`--tenant nope` listed nothing over a footer of "2 quarantined in all", every tenant's.)"""
+    assert chronicle_cli(elsewhere, "migrate").returncode == 0
+    layout = elsewhere.layout()
+    with psycopg.connect(elsewhere.database_url, autocommit=True) as conn:
+        for seq in (1, 2):
+            conn.execute(
+                "INSERT INTO quarantine (seq, subject, reason, detail, raw, size, consumer) "
+                "VALUES (%s, %s, 'undecodable', 'junk', '\\x00', 1, 'test')",
+                (seq, layout.session_subject("tenant-a", f"s{seq}")),
+            )
+    done = chronicle_cli(elsewhere, "quarantine", "list", "--tenant", "nope")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip().splitlines() == ["0 quarantined for tenant 'nope'; 2 in all"]
+    done = chronicle_cli(elsewhere, "quarantine", "list", "--tenant", "tenant-a", "--limit", "1")
+    assert done.returncode == 0, done.stderr
+    listed = done.stdout.strip().splitlines()
+    assert len(listed) == 2
+    assert "tenant-a/s2" in listed[0]
+    assert listed[1] == "2 quarantined for tenant 'tenant-a' (undecodable 2); 2 in all"
+    done = chronicle_cli(elsewhere, "quarantine", "list")
+    assert done.stdout.strip().splitlines()[-1] == "2 quarantined in all (undecodable 2)"
+
+
+@pytest.mark.parametrize("limit", ["-5", "0", "many"])
+async def test_quarantine_listing_refuses_a_limit_below_one(elsewhere: Settings, limit: str) -> None:
+    done = chronicle_cli(elsewhere, "quarantine", "list", "--limit", limit)
+    assert done.returncode == SETTINGS_EXIT
+    assert "Traceback" not in done.stderr
+    assert done.stderr.strip().splitlines()[-1].startswith("chronicle quarantine list: error: argument --limit: ")
+    assert done.stdout == ""
+
+
 WRITERS = [
     ["skills", "put", "README.md", "--bucket", "skills-nosuch", "--key", "skills/x", "--tenant", "default"],
     ["skills", "sync", "--bucket", "skills-nosuch"],
