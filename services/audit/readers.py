@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
@@ -23,6 +24,7 @@ from events.subjects import SubjectLayout
 from projections import context_queries, queries
 from projections.keystore import PgKeyStore
 from projections.logbinding import (
+    LogIdentity,
     LogMismatch,
     NeverBound,
     bind,
@@ -287,6 +289,54 @@ async def rebuild_and_swap(
     # once, to their compaction state, which no rebuild touches); what they apply meanwhile is
     # caught up. Read models of another log, or none: the whole log, the checkpoints reset to it.
     held = {} if replace else partition_horizons(name, c.layout.partitions, await _checkpoints(c))
+    swapped = False
+    try:
+        built, live, identity = await _build_and_swap(c, shadow, old, tables, held, replace=replace, progress=progress)
+        swapped = True
+    finally:
+        if not swapped:  # failed or interrupted before the swap committed: the live tables are untouched
+            await drop_shadow(c.settings.database_url, shadow)
+    async with await psycopg.AsyncConnection.connect(c.settings.database_url, autocommit=True) as conn:
+        if not keep_old:
+            await conn.execute(f'DROP SCHEMA "{old}" CASCADE')
+        await conn.execute(f'DROP SCHEMA "{shadow}" CASCADE')
+    return RebuildReport(
+        shadow,
+        max(built, live),
+        time.monotonic() - start,
+        live,
+        old if keep_old else None,
+        rebound=replace and not first,
+        first=first,
+        stream_last_seq=identity.last_seq,
+    )
+
+
+async def drop_shadow(conninfo: str, shadow: str) -> None:
+    """Drop ``shadow`` (a ``rebuild_*`` or ``verify_*`` schema: a copy, never the live read models)
+    if it exists, on a connection of its own: the one that failed may be unusable. A database
+    that does not answer leaves it, with a warning that names it."""
+    try:
+        async with await psycopg.AsyncConnection.connect(conninfo, autocommit=True) as conn:
+            await conn.execute(f'DROP SCHEMA IF EXISTS "{shadow}" CASCADE')
+    except (psycopg.Error, OSError) as exc:
+        logging.getLogger(__name__).warning("shadow schema %s left behind (%s): drop it by hand", shadow, exc)
+
+
+async def _build_and_swap(
+    c: Container,
+    shadow: str,
+    old: str,
+    tables: tuple[str, ...],
+    held: Reached,
+    *,
+    replace: bool,
+    progress: Callable[[int, int], None] | None,
+) -> tuple[int, int, LogIdentity]:
+    """:func:`rebuild_and_swap`'s rebuild into ``shadow``, catch-up and swap (the replaced tables
+    into ``old``); returns (last sequence built, sequence swapped at, the stream's identity) once
+    the swap has committed."""
+    name = c.settings.projector_name
     built = await rebuild_into(
         c.js,
         c.layout,
@@ -308,48 +358,32 @@ async def rebuild_and_swap(
                 if (caught := await _catch_up(c, conn, held, now)) is None:
                     break
                 held = caught
-    async with await psycopg.AsyncConnection.connect(c.settings.database_url) as conn:
-        async with conn.transaction():
-            locked = ", ".join(f'public."{t}"' for t in (*tables, "checkpoints", "log_binding"))
-            await conn.execute(f"LOCK TABLE {locked} IN ACCESS EXCLUSIVE MODE")
-            identity = await stream_identity(c.js, c.settings.stream)
-            if not replace:
-                checkpoints = await queries.checkpoints(conn)
-                horizon, live = live_horizon(c, checkpoints)
-                await conn.execute(f'SET LOCAL search_path TO "{shadow}"')
-                await _catch_up(c, conn, held, partition_horizons(name, c.layout.partitions, checkpoints))
-                await _keep_quarantined_ahead(conn, shadow, horizon)
-            else:  # nothing applies from this log: rebuilt up to its end, the checkpoints start there
-                live = max(built, identity.last_seq)
-                await conn.execute(f'SET LOCAL search_path TO "{shadow}"')
-                await apply_range(conn, c.js, c.layout, c.projections(), name, built + 1, live, keys=c.keys)
-                await conn.execute("SET LOCAL search_path TO public")
-                await conn.execute(
-                    "DELETE FROM checkpoints WHERE name = %s OR starts_with(name, %s)", (name, name + ".")
-                )
-                await conn.execute("INSERT INTO checkpoints (name, seq) VALUES (%s, %s)", (name, live))
-                for state in ("compactor_messages", "compactor_overlays", "compactor_sessions"):
-                    await conn.execute(f"DELETE FROM {state} WHERE worker = %s", (name,))
-            await conn.execute(f'CREATE SCHEMA "{old}"')
-            for table in tables:
-                await conn.execute(f'ALTER TABLE public."{table}" SET SCHEMA "{old}"')
-                await conn.execute(f'ALTER TABLE "{shadow}"."{table}" SET SCHEMA public')
+    async with await psycopg.AsyncConnection.connect(c.settings.database_url) as conn, conn.transaction():
+        locked = ", ".join(f'public."{t}"' for t in (*tables, "checkpoints", "log_binding"))
+        await conn.execute(f"LOCK TABLE {locked} IN ACCESS EXCLUSIVE MODE")
+        identity = await stream_identity(c.js, c.settings.stream)
+        if not replace:
+            checkpoints = await queries.checkpoints(conn)
+            horizon, live = live_horizon(c, checkpoints)
+            await conn.execute(f'SET LOCAL search_path TO "{shadow}"')
+            await _catch_up(c, conn, held, partition_horizons(name, c.layout.partitions, checkpoints))
+            await _keep_quarantined_ahead(conn, shadow, horizon)
+        else:  # nothing applies from this log: rebuilt up to its end, the checkpoints start there
+            live = max(built, identity.last_seq)
+            await conn.execute(f'SET LOCAL search_path TO "{shadow}"')
+            await apply_range(conn, c.js, c.layout, c.projections(), name, built + 1, live, keys=c.keys)
             await conn.execute("SET LOCAL search_path TO public")
-            await bind(conn, name, identity)
-        if not keep_old:
-            await conn.execute(f'DROP SCHEMA "{old}" CASCADE')
-        await conn.execute(f'DROP SCHEMA "{shadow}" CASCADE')
-        await conn.commit()
-    return RebuildReport(
-        shadow,
-        max(built, live),
-        time.monotonic() - start,
-        live,
-        old if keep_old else None,
-        rebound=replace and not first,
-        first=first,
-        stream_last_seq=identity.last_seq,
-    )
+            await conn.execute("DELETE FROM checkpoints WHERE name = %s OR starts_with(name, %s)", (name, name + "."))
+            await conn.execute("INSERT INTO checkpoints (name, seq) VALUES (%s, %s)", (name, live))
+            for state in ("compactor_messages", "compactor_overlays", "compactor_sessions"):
+                await conn.execute(f"DELETE FROM {state} WHERE worker = %s", (name,))
+        await conn.execute(f'CREATE SCHEMA "{old}"')
+        for table in tables:
+            await conn.execute(f'ALTER TABLE public."{table}" SET SCHEMA "{old}"')
+            await conn.execute(f'ALTER TABLE "{shadow}"."{table}" SET SCHEMA public')
+        await conn.execute("SET LOCAL search_path TO public")
+        await bind(conn, name, identity)
+    return built, live, identity
 
 
 CATCH_UP_ROUNDS = 8
@@ -458,6 +492,16 @@ async def verify(c: Container, *, limit: int = 5, progress: Callable[[int, int],
     if mismatch is not None:
         raise mismatch.restated("nothing to verify against")
     shadow = f"verify_{time.strftime('%Y%m%d%H%M%S')}"
+    try:
+        return await _verify_in(c, shadow, limit, progress)
+    finally:  # whatever happened (a key missing, Ctrl-C): the shadow is a copy, never kept
+        await drop_shadow(c.settings.database_url, shadow)
+
+
+async def _verify_in(
+    c: Container, shadow: str, limit: int, progress: Callable[[int, int], None] | None
+) -> VerifyReport:
+    """:func:`verify`'s rebuild into ``shadow`` and comparison (the caller drops ``shadow``)."""
     name = c.settings.projector_name
     async with await psycopg.AsyncConnection.connect(c.settings.database_url) as live_conn:
         await live_conn.set_isolation_level(psycopg.IsolationLevel.REPEATABLE_READ)
@@ -502,7 +546,6 @@ async def verify(c: Container, *, limit: int = 5, progress: Callable[[int, int],
                     diffs = [f"live:    {a[k][1]}" for k in sorted(a) if k not in b or b[k][0] != a[k][0]]
                     diffs += [f"rebuilt: {b[k][1]}" for k in sorted(b) if k not in a or a[k][0] != b[k][0]]
                     report.differences[table] = diffs[:limit]
-                await sh.execute(f'DROP SCHEMA "{shadow}" CASCADE')
     return report
 
 

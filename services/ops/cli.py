@@ -243,6 +243,10 @@ def main(argv: list[str] | None = None) -> int:
         return status
     except BrokenPipeError:  # `chronicle quarantine list | head`: the reader has what it wanted
         return _stdout_closed()
+    except KeyboardInterrupt:  # Ctrl-C: one line, not a traceback (a rebuild or verify dropped its shadow schema)
+        lead = "\n" if sys.stderr.isatty() else ""  # past a progress bar's line
+        print(f"{lead}chronicle {args.command}: interrupted", file=sys.stderr, flush=True)
+        return INTERRUPTED_EXIT
     except (LogMismatch, SchemaTooNew, DatabaseNotUtf8) as exc:
         print(f"chronicle {args.command}: refusing to start: {exc}", file=sys.stderr, flush=True)
         return LOG_MISMATCH_EXIT
@@ -387,6 +391,10 @@ UNREACHABLE_EXIT = 4
 """The exit status of a command that could not use NATS (refused, unreachable, not allowed, or
 without the event stream a tool that only reads the log needs), or its database (Postgres
 refusing, not answering, or without that database)."""
+
+
+INTERRUPTED_EXIT = 130
+"""The exit status of a command stopped by Ctrl-C (SIGINT; 128 + 2, as a shell reports it)."""
 
 
 OWN_NATS = frozenset({"up", "nats-config", "keygen", "migrate", *DRILLS})

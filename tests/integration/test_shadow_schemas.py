@@ -1,0 +1,162 @@
+"""``chronicle verify`` and ``chronicle rebuild`` build a copy of the read models in a shadow
+schema (``verify_<ts>``, ``rebuild_<ts>``): a failure or Ctrl-C never leaves one behind, and a
+rebuild that fails before its swap leaves the live read models as they were."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+import textwrap
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import psycopg
+import pytest
+
+from events.omitted import OMITTED
+from projections.keystore import new_kek_line
+from services.audit import readers as audit
+from services.bootstrap import open_container
+from services.ops.cli import INTERRUPTED_EXIT, SETTINGS_EXIT
+from services.settings import Settings
+from tests.conftest import TEST_KEK, make_settings, running_stack
+from tests.integration.helpers import text_message
+from tests.support import chronicle_cli, scratch_database
+
+T = "tenant-a"
+
+
+@pytest.fixture
+async def projected(nats_url: str, pg_admin: str, new_id: Callable[[str], str]) -> AsyncIterator[Settings]:
+    """A sealing stack's settings whose read models hold a session of three messages, projected."""
+    with scratch_database(pg_admin) as db:
+        settings = make_settings(nats_url, db, encryption=True, kek=TEST_KEK)
+        sid = new_id("shadow")
+        async with running_stack(settings) as c:
+            for i in range(3):
+                r = await c.commands.append(T, sid, text_message(f"m{i}", f"words {i}"), OMITTED)
+                await c.waiter.wait_session(T, sid, r.seq)
+        yield settings
+
+
+async def shadows(settings: Settings) -> list[str]:
+    """The shadow schemas (and replaced tables' schemas) in the database."""
+    async with await psycopg.AsyncConnection.connect(settings.database_url) as conn:
+        cur = await conn.execute(
+            "SELECT nspname FROM pg_namespace WHERE nspname LIKE 'verify\\_%' OR nspname LIKE 'rebuild\\_%' "
+            "OR nspname LIKE 'old\\_%' ORDER BY 1"
+        )
+        return [str(row[0]) for row in await cur.fetchall()]
+
+
+async def live_state(settings: Settings) -> tuple[Any, ...]:
+    async with await psycopg.AsyncConnection.connect(settings.database_url) as conn:
+        cur = await conn.execute(
+            "SELECT (SELECT count(*) FROM messages), (SELECT array_agg(seq ORDER BY name) FROM checkpoints), "
+            "(SELECT count(*) FROM log_binding)"
+        )
+        return tuple(await cur.fetchone() or ())
+
+
+def failing(exc: BaseException) -> Callable[..., Any]:
+    async def fail(*_args: object, **_kwargs: object) -> Any:
+        raise exc
+
+    return fail
+
+
+@pytest.mark.parametrize("exc", [RuntimeError("injected"), asyncio.CancelledError()], ids=["error", "cancelled"])
+async def test_a_verify_that_fails_after_building_its_shadow_drops_it(
+    projected: Settings, monkeypatch: pytest.MonkeyPatch, exc: BaseException
+) -> None:
+    """(A verify that failed, or was stopped by Ctrl-C, which cancels it, left ``verify_<ts>``.)"""
+    built: list[str] = []
+    checksums = audit.checksums
+
+    async def then_fail(conn: psycopg.AsyncConnection[Any], schema: str) -> Any:
+        if schema != "public":
+            built.append(schema)
+            assert await shadows(projected) == [schema]  # the copy was there when it failed
+            raise exc
+        return await checksums(conn, schema)
+
+    monkeypatch.setattr(audit, "checksums", then_fail)
+    async with open_container(projected) as c:
+        with pytest.raises(type(exc)):
+            await audit.verify(c)
+    assert built
+    assert await shadows(projected) == []
+
+
+@pytest.mark.parametrize("step", ["_catch_up", "_keep_quarantined_ahead"])
+@pytest.mark.parametrize("exc", [RuntimeError("injected"), asyncio.CancelledError()], ids=["error", "cancelled"])
+async def test_a_rebuild_that_fails_before_its_swap_drops_its_shadow_and_keeps_the_live_tables(
+    projected: Settings, monkeypatch: pytest.MonkeyPatch, step: str, exc: BaseException
+) -> None:
+    """``_catch_up``: after the shadow is built, outside the lock; ``_keep_quarantined_ahead``:
+    inside the swap's transaction, which rolls back."""
+    before = await live_state(projected)
+    monkeypatch.setattr(audit, step, failing(exc))
+    async with open_container(projected) as c:
+        with pytest.raises(type(exc)):
+            await audit.rebuild_and_swap(c, keep_old=True)
+    assert await shadows(projected) == []
+    assert await live_state(projected) == before
+    monkeypatch.undo()
+    async with open_container(projected) as c:
+        assert (await audit.verify(c)).ok
+        report = await audit.rebuild_and_swap(c)  # and a rebuild after it swaps as ever
+    assert report.kept_old is None
+    assert await shadows(projected) == []
+    assert await live_state(projected) == before
+
+
+@pytest.mark.parametrize("command", ["verify", "rebuild"])
+async def test_a_wrong_kek_leaves_no_shadow_schema(projected: Settings, command: str) -> None:
+    """The operator trial: sealed events, another key-encryption key."""
+    before = await live_state(projected)
+    done = chronicle_cli(projected.model_copy(update={"kek": new_kek_line()}), command, timeout=90)
+    assert done.returncode == SETTINGS_EXIT, (done.stdout, done.stderr)
+    assert "Traceback" not in done.stderr
+    assert await shadows(projected) == []
+    assert await live_state(projected) == before
+
+
+INTERRUPTED = textwrap.dedent(
+    """
+    import asyncio, os, signal, sys
+    from services.audit import readers
+    from services.ops.cli import main
+
+    checksums = readers.checksums
+
+    async def interrupted(conn, schema):
+        if schema != "public":  # the shadow is built: Ctrl-C now
+            os.kill(os.getpid(), signal.SIGINT)
+            await asyncio.sleep(60)
+        return await checksums(conn, schema)
+
+    readers.checksums = interrupted
+    sys.exit(main(["verify"]))
+    """
+)
+
+
+async def test_ctrl_c_during_a_verify_is_one_line_exit_130_and_drops_its_shadow(projected: Settings) -> None:
+    """(Ctrl-C printed a KeyboardInterrupt traceback and left ``verify_<ts>``.) A real SIGINT, sent
+    by the process itself once its shadow schema is built."""
+    from bench.support import settings_env
+
+    done = await asyncio.to_thread(
+        subprocess.run,
+        [sys.executable, "-c", INTERRUPTED],
+        env=settings_env(projected),
+        capture_output=True,
+        text=True,
+        timeout=90,
+        check=False,
+    )
+    assert done.returncode == INTERRUPTED_EXIT, (done.stdout, done.stderr)
+    assert done.stderr.strip().splitlines() == ["chronicle verify: interrupted"]
+    assert await shadows(projected) == []
