@@ -351,6 +351,14 @@ class ProjectionTimeout(TransientError):
     default_code = "projection_timeout"
 
 
+class SearchTimeout(TransientError):
+    """A search ran past the server's search timeout (``CHRONICLE_SEARCH_TIMEOUT_S``) and was
+    cancelled; retried as other transient errors are. A query of fewer words, or of longer prefixes
+    (one of one or two letters matches many words), costs less."""
+
+    default_code = "search_timeout"
+
+
 class Contention(TransientError):
     """Too many concurrent writers on one session; nothing was written."""
 
@@ -472,6 +480,7 @@ BY_CODE: dict[str, type[ChronicleError]] = {
         UnsupportedMediaType,
         UnsupportedContentEncoding,
         ProjectionTimeout,
+        SearchTimeout,
         Contention,
         RequestTimeout,
         RateLimited,
@@ -560,6 +569,7 @@ __all__ = [
     "RateLimited",
     "ReadOnlyBlock",
     "RequestTimeout",
+    "SearchTimeout",
     "SeqNotReached",
     "ServerError",
     "SessionErased",

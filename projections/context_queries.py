@@ -12,6 +12,7 @@ from psycopg import AsyncConnection
 from events.context import SessionConfig
 from projections import search_languages
 from projections import search_query as sq
+from projections.search_bound import SEARCH_TIMEOUT_S, bounded
 
 Conn = AsyncConnection[Any]
 SEARCH_CANDIDATES = 1000  # newest matches ranked, so a common word costs the same as a rare one
@@ -67,13 +68,27 @@ async def entry_counts(conn: Conn, tenant: str, session: str, labels: list[str])
 
 
 async def search_entries(
-    conn: Conn, tenant: str, session: str, label: str, query: str, limit: int = 10
+    conn: Conn,
+    tenant: str,
+    session: str,
+    label: str,
+    query: str,
+    limit: int = 10,
+    timeout_s: float = SEARCH_TIMEOUT_S,
 ) -> list[tuple[str, str]]:
     """(key, content) of entries matching every part of the query (:mod:`projections.search_query`),
-    best first by BM25 over the block's entries (bounded as message search is)."""
+    best first by BM25 over the block's entries (bounded as message search is, in time too:
+    :class:`~projections.search_bound.SearchTimedOut` past ``timeout_s``)."""
     parts = sq.parse(query)
     if not parts:
         return []
+    async with bounded(conn, timeout_s):
+        return await _search_entries(conn, tenant, session, label, parts, limit)
+
+
+async def _search_entries(
+    conn: Conn, tenant: str, session: str, label: str, parts: list[sq.Part], limit: int
+) -> list[tuple[str, str]]:
     config = await search_languages.config_of(conn, tenant)  # the one its rows were indexed with
     match = sq.match_sql(parts)
     scope = "e.tenant = %(t)s AND e.session_id = %(s)s AND e.label = %(l)s"

@@ -16,6 +16,7 @@ from psycopg.rows import class_row
 from events.messages import body_hash
 from projections import search_languages
 from projections import search_query as sq
+from projections.search_bound import SEARCH_TIMEOUT_S, bounded
 
 Conn = AsyncConnection[Any]
 T = TypeVar("T")
@@ -663,9 +664,12 @@ async def path_length(conn: Conn, tenant: str, session: str, leaf_id: str) -> in
     return len((await path_ids(conn, tenant, session, leaf_id))[0])
 
 
-async def search(conn: Conn, tenant: str, session: str | None, query: str, limit: int) -> list[SearchHit]:
+async def search(
+    conn: Conn, tenant: str, session: str | None, query: str, limit: int, timeout_s: float = SEARCH_TIMEOUT_S
+) -> list[SearchHit]:
     """Every part of the query must match (:mod:`projections.search_query`: words in any order,
     phrases, prefixes; stop words are words); ranked by BM25 over the scope; snippet per hit.
+    Its statements run at most ``timeout_s`` (:class:`~projections.search_bound.SearchTimedOut`).
 
     Ranking is bounded: at most ``SEARCH_CANDIDATES`` newest matches are ranked (document
     frequencies of a query of several words from the scope's newest ``SEARCH_SAMPLE`` messages),
@@ -674,6 +678,11 @@ async def search(conn: Conn, tenant: str, session: str | None, query: str, limit
     parts = sq.parse(query)
     if not parts:
         return []
+    async with bounded(conn, timeout_s):
+        return await _search(conn, tenant, session, parts, limit)
+
+
+async def _search(conn: Conn, tenant: str, session: str | None, parts: list[sq.Part], limit: int) -> list[SearchHit]:
     config = await search_languages.config_of(conn, tenant)  # the one its rows were indexed with
     match = sq.match_sql(parts)
     scope = "m.tenant = %(t)s AND (%(s)s::text IS NULL OR m.session_id = %(s)s)"

@@ -629,6 +629,7 @@ async def open_container(
         context.reserved_buckets = frozenset(
             {settings.originals_bucket, settings.claim_check_bucket, settings.archive_bucket}
         )
+        context.search_timeout_s = settings.search_timeout_s
         leases = Leases(settings.database_url, settings.compactor_concurrency)
         compaction = CompactionService(
             pool, publisher, commands.optimistic, context, counter, summarizer_of(settings), leases

@@ -97,6 +97,26 @@ RequestTimeout = _error("RequestTimeout", "request_timeout", 408, "The request b
 """The body was not whole within the API's body timeout (services/api/body_timeout.py): nothing of
 the request was done, so it may be sent again as it was."""
 ProjectionTimeout = _error("ProjectionTimeout", "projection_timeout", 503, "The read model did not catch up in time")
+
+
+class SearchTimeout(ChronicleError):
+    """A search ran past ``CHRONICLE_SEARCH_TIMEOUT_S`` and Postgres cancelled it
+    (projections/search_bound.py); nothing was changed, and the connection is as it was."""
+
+    code = "search_timeout"
+    status = 503
+    title = "The search took too long"
+
+    def __init__(self, timeout_s: float) -> None:
+        super().__init__(
+            f"the search ran past CHRONICLE_SEARCH_TIMEOUT_S ({timeout_s:g} s) and was cancelled: a query of fewer "
+            "words, or of longer prefixes (a prefix of one or two letters matches many words), costs less"
+        )
+
+    def fields(self) -> dict[str, Any]:
+        return {"retry_after": 1}
+
+
 ContentionExhausted = _error("ContentionExhausted", "contention", 503, "Too many concurrent writers; retry")
 Unavailable = _error("Unavailable", "unavailable", 503, "A backing service is unavailable")
 NotFound = _error("NotFound", "not_found", 404, "Not found")

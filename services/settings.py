@@ -20,6 +20,7 @@ from events.credentials import is_user_public_key, nkey_public_key, tenant_nkey_
 from events.ids import InvalidId, check_tenant
 from events.subjects import SubjectLayout
 from projections.keystore import KEY_CACHE_SESSIONS, LocalKek
+from projections.search_bound import SEARCH_TIMEOUT_S
 from projections.search_languages import Language
 
 
@@ -196,6 +197,13 @@ class Settings(BaseSettings):
         description="how long a read (`min_seq`) or a write waits for the projection to apply the session's "
         "events, and how long a write waits for its turn behind the same session's other writes in this "
         "process (past it: `503 projection_timeout`, or `503 contention` for the turn)",
+    )
+    search_timeout_s: float = Field(
+        default=SEARCH_TIMEOUT_S,
+        gt=0,
+        le=3600,
+        description="how long one search's statements may run in Postgres (`GET …/search`, the search tools); "
+        "past it the search is cancelled: `503 search_timeout` (a tool answers `Error: …`)",
     )
     readiness_stall_s: float = Field(
         default=60.0, ge=0, description="readyz is 503 when a projector has not advanced this long while events wait"

@@ -21,6 +21,7 @@ from events.blobs import BlobNotFound
 from events.publisher import PublishFailed
 from events.sealing import KeyDestroyed
 from events.validation import error_items
+from projections.search_bound import SearchTimedOut
 from services.api.metrics import SOURCES_MISSING
 from services.errors import BatchFailed, ChronicleError, InvalidRequest, SourceMissing
 from services.requests.problems import Problem, internal_error, invalid_request, problem_of
@@ -38,6 +39,7 @@ HANDLED = (
     BlobNotFound,
     psycopg.OperationalError,
     nats.errors.Error,
+    SearchTimedOut,
 )
 """The errors answered with a problem of their own (:func:`services.requests.problems.problem_of`)."""
 

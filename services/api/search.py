@@ -48,7 +48,7 @@ async def search_session(
     check_id("session", sid)
     await caught_up(c, tenant, sid, min_seq)
     async with c.pool.connection() as conn:
-        hits = await queries.search(conn, tenant, sid, q, limit)
+        hits = await queries.search(conn, tenant, sid, q, limit, c.settings.search_timeout_s)
     if not hits:
         await require_session(c, tenant, sid)
     return _hits(hits)
@@ -60,4 +60,4 @@ async def search_tenant(
 ) -> dict[str, Any]:
     await caught_up_all(c, min_seq)
     async with c.pool.connection() as conn:
-        return _hits(await queries.search(conn, tenant, None, q, limit))
+        return _hits(await queries.search(conn, tenant, None, q, limit, c.settings.search_timeout_s))

@@ -26,6 +26,7 @@ from events.catalog import (
 from events.context import ReadonlyBlock, SearchableBlock, SessionConfig, SkillsBlock, WritableBlock
 from events.publisher import Publisher
 from projections import context_queries, queries
+from projections.search_bound import SEARCH_TIMEOUT_S
 from projections.search_query import MAX_QUERY_CHARS
 from services.context.prompt_size import bounding_event, config_too_large, most_grown, too_large
 from services.context.prompt_text import RenderedBlock, history_summary, search_summary, skill_listing
@@ -131,6 +132,7 @@ class ContextBlocks:
         self.counter = counter
         self._skills = skills
         self.reserved_buckets: frozenset[str] = frozenset()
+        self.search_timeout_s = SEARCH_TIMEOUT_S  # CHRONICLE_SEARCH_TIMEOUT_S (services/bootstrap.py)
 
     @property
     def skills(self) -> SkillStore | None:
@@ -450,13 +452,13 @@ class ContextBlocks:
         async with self._pool.connection() as conn:
             config = await self.config(conn, tenant, session)
             if label == config.searchable_history:
-                hits = await queries.search(conn, tenant, None, query, 10)
+                hits = await queries.search(conn, tenant, None, query, 10, self.search_timeout_s)
                 return "\n---\n".join(f"[{h.role}] {h.content}" for h in hits) or None
-            rows = await context_queries.search_entries(conn, tenant, session, label, query)
+            rows = await context_queries.search_entries(conn, tenant, session, label, query, 10, self.search_timeout_s)
         return "\n\n".join(f"[{k}]\n{c}" for k, c in rows) or None
 
     async def session_search(self, tenant: str, query: str) -> str:
         async with self._pool.connection() as conn:
             searched = query.strip() and len(query) <= MAX_QUERY_CHARS
-            hits = await queries.search(conn, tenant, None, query, 10) if searched else []
+            hits = await queries.search(conn, tenant, None, query, 10, self.search_timeout_s) if searched else []
         return "\n---\n".join(f"[{h.role}] {h.content}" for h in hits) if hits else "No results found."

@@ -12,6 +12,7 @@ from events.admission import Refused, has_bad_chars
 from events.context import SessionConfig
 from events.sealing import KeyDestroyed
 from projections import context_queries
+from projections.search_bound import SearchTimedOut
 from services.context.blocks import Mode
 from services.context.entry_keys import context_entry_key
 from services.context.prompt import ContextPrompt
@@ -21,6 +22,7 @@ from services.context.tool_specs import blocks_of, tool_specs
 from services.errors import (
     ChronicleError,
     ErasedSession,
+    SearchTimeout,
     SessionNotFound,
 )
 from services.writes.liveness import live_session
@@ -65,6 +67,9 @@ class ContextTools(ContextSkills, ContextPrompt):
                 return f"Error: {exc.detail}"
             log.warning("tool %s failed: %s", name, exc.detail)
             return f"Error: {exc.title}"  # a backing service's detail is for the log, not the LLM
+        except SearchTimedOut as exc:  # said so that an LLM knows what to do about it
+            log.warning("tool %s: %s", name, exc)
+            return f"Error: {SearchTimeout(exc.timeout_s).detail}"
         except Refused as exc:  # the write would make an event the log refuses (e.g. too large)
             if exc.reason == "too_large":  # said so that an LLM knows what to do about it
                 return f"Error: content too large to store ({exc.detail}); write a shorter text"

@@ -16,7 +16,8 @@ from events.blobs import BlobNotFound
 from events.publisher import PublishFailed
 from events.sealing import KeyDestroyed
 from events.validation import error_items, validation_detail
-from services.errors import BatchFailed, ChronicleError, ErasedSession, RateLimited
+from projections.search_bound import SearchTimedOut
+from services.errors import BatchFailed, ChronicleError, ErasedSession, RateLimited, SearchTimeout
 
 log = logging.getLogger("chronicle.requests")
 
@@ -56,6 +57,8 @@ def problem_of(exc: BaseException) -> Problem | None:
         return problem(status, code, "The request would make an event the log refuses", exc.detail, reason=exc.reason)
     if isinstance(exc, KeyDestroyed):  # the session's data key is destroyed: it takes no writes
         return problem_of(ErasedSession(f"session {exc.session!r} was erased"))
+    if isinstance(exc, SearchTimedOut):
+        return problem_of(SearchTimeout(exc.timeout_s))
     if isinstance(exc, BlobNotFound):
         return problem(503, "unavailable", "Object storage is unavailable", str(exc))
     if isinstance(exc, psycopg.OperationalError):  # a lost connection, a pool timeout
