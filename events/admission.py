@@ -18,7 +18,9 @@ applying it. Checks, in this order (the first failure decides the reason):
    compact event that leaves ``body_sha256`` out has it from its body, always right. A claim-checked
    body (``message_ref``) is not here to hash: its bytes are checked against the reference when
    they are fetched (below), not its hash against ``body_sha256``.
-6. ``subject_mismatch``: the subject is not exactly the event's session subject (prefix, tenant,
+6. ``too_long``: a text field longer than the API takes (events/limits.py: a session's name, a
+   message's role, a tool call id), so that what a direct publisher stores is what a request could.
+7. ``subject_mismatch``: the subject is not exactly the event's session subject (prefix, tenant,
    partition token of this layout, session): the subject is the authority.
 
 A claim check (a body event's ``message_ref``) is decided when the body is fetched
@@ -50,10 +52,13 @@ from events.catalog import (
     MessageBodyEvent,
     MessagesDeleted,
     SessionCreated,
+    SessionRenamed,
+    SkillLoaded,
     SkillUnloaded,
 )
 from events.envelope import Event
 from events.ids import TENANT_SCOPE, InvalidId, check_message_id, check_session, check_tenant
+from events.limits import MAX_ROLE, MAX_SESSION_NAME, MAX_TOOL_CALL_ID
 from events.messages import body_hash
 from events.objects import NotTheOwner, open_object
 from events.registry import CURRENT, UnknownEvent, upcast
@@ -93,6 +98,7 @@ Reason = Literal[
     "newer_version",
     "invalid",
     "subject_mismatch",
+    "too_long",
     "body_unavailable",
     "data_error",
     "reflected_ack",
@@ -105,6 +111,7 @@ not the referenced bytes, not a JSON object: :func:`admit_body`); ``data_error``
 projector's: an admitted event a projection's database refused; ``reflected_ack`` is a JetStream
 publish ack of this stream stored under this subject because the publisher of the sequence it
 names asked for its ack here (:func:`reflected_ack`): the subject's tenant did not write it;
+``too_long`` is a text field longer than the API takes (events/limits.py);
 ``unrecorded_erasure`` is the projector's too: a ``session.erased`` whose erasure Chronicle never
 recorded (projections/quarantine.py)."""
 
@@ -169,6 +176,7 @@ def admit(data: bytes, subject: str, layout: SubjectLayout, keys: KeyLookup | No
     except ValidationError as exc:
         raise Refused("invalid", _first_error(exc)) from None
     _check_ids(event)
+    _check_lengths(event)
     if isinstance(event, MessageBodyEvent) and "body_sha256" in raw:  # left out, it is the body's own
         _check_body_hash(event)
     if layout.session_subject(event.tenant, event.session) != subject:
@@ -220,6 +228,7 @@ def admit_built(event: Event, layout: SubjectLayout) -> tuple[str, bytes]:
     if (bound := _brackets(data)) > MAX_DEPTH:  # rare: parsed back only then
         _check_depth(bound, _parse(data))
     _check_ids(event)
+    _check_lengths(event)
     # the compact JSON leaves body_sha256 out when it is the inline body's own (MessageBodyEvent.left_out)
     if isinstance(event, MessageBodyEvent) and b'"body_sha256"' in data:
         _check_body_hash(event)
@@ -422,6 +431,23 @@ def _check_ids(event: Event) -> None:
             check_message_id(mid)
     except InvalidId as exc:
         raise Refused("invalid", str(exc)) from None
+
+
+def _check_lengths(event: Event) -> None:
+    """:class:`Refused` ``too_long`` when a text field of ``event`` is longer than the API takes
+    (events/limits.py): length checks of a few fields, nothing parsed or walked."""
+    for field, value, limit in _limited_fields(event):
+        if value is not None and len(value) > limit:
+            raise Refused("too_long", f"{field}: {len(value)} characters, more than the {limit} the API takes")
+
+
+def _limited_fields(event: Event) -> Iterator[tuple[str, str | None, int]]:
+    if isinstance(event, SessionCreated | SessionRenamed):
+        yield "name", event.name, MAX_SESSION_NAME
+    if isinstance(event, MessageBodyEvent):
+        yield "role", event.role, MAX_ROLE
+    if isinstance(event, SkillLoaded | SkillUnloaded):
+        yield "tool_call_id", event.tool_call_id, MAX_TOOL_CALL_ID
 
 
 def _mismatch(event: Event, subject: str, layout: SubjectLayout) -> str:

@@ -16,6 +16,7 @@ from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Fie
 
 from events import ids
 from events.catalog import MAX_END_REASON, MAX_ERASURE_REASON, MAX_USAGE_COST, MAX_USAGE_TOKENS
+from events.limits import MAX_SESSION_NAME, MAX_TOOL_CALL_ID
 from events.validation import NO_NUL_PATTERN, PRINTABLE_ASCII_PATTERN
 
 STATUS_HEADER = "Chronicle-Status"
@@ -31,7 +32,7 @@ MessageId = Annotated[str, WithJsonSchema(ids.MESSAGE_ID_SCHEMA)]
 # ``x-model`` becomes a reference to the model's schema in a document (:func:`model_refs`).
 MessageJson = Annotated[dict[str, Any], WithJsonSchema({"type": "object", "x-model": "UIMessage"})]
 ConfigJson = Annotated[dict[str, Any], WithJsonSchema({"type": "object", "x-model": "SessionConfig"})]
-Name = Annotated[str, Field(max_length=512)]
+Name = Annotated[str, Field(max_length=MAX_SESSION_NAME)]
 
 
 def _whole_number(value: object) -> object:
@@ -212,7 +213,7 @@ class RunTool(BaseModel):
     session_id: SessionId
     name: str = Field(min_length=1)
     arguments: Any = None
-    tool_call_id: str | None = Field(default=None, min_length=1, max_length=256, pattern=NO_NUL_PATTERN)
+    tool_call_id: str | None = Field(default=None, min_length=1, max_length=MAX_TOOL_CALL_ID, pattern=NO_NUL_PATTERN)
 
 
 class RefreshPrompt(BaseModel):

@@ -14,6 +14,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from events.ids import MAX_MESSAGE_ID_LEN, NEW_MESSAGE_ID_SCHEMA, check_message_id
+from events.limits import MAX_ROLE
 
 JsonObject = dict[str, Any]
 
@@ -76,7 +77,7 @@ class UIMessage(BaseModel):
     model_config = ConfigDict(extra="allow")
 
     id: str = Field(min_length=1, max_length=MAX_MESSAGE_ID_LEN, json_schema_extra=NEW_MESSAGE_ID_SCHEMA)
-    role: str = Field(min_length=1, max_length=64)
+    role: str = Field(min_length=1, max_length=MAX_ROLE)
     parts: list[Part]
 
     @field_validator("id")

@@ -15,6 +15,7 @@ from events.commands import (
     SessionId,
     Tokens,
 )
+from events.limits import MAX_SESSION_NAME
 
 
 def _examples(*examples: dict[str, Any]) -> ConfigDict:
@@ -27,14 +28,14 @@ _MESSAGE = {"id": "m1", "role": "user", "parts": [{"type": "text", "text": "We d
 class CreateSessionBody(BaseModel):
     model_config = _examples({"id": "demo", "name": "Demo", "metadata": {"team": "ops"}})
     id: SessionId | None = None
-    name: str = Field(default="", max_length=512)
+    name: str = Field(default="", max_length=MAX_SESSION_NAME)
     parent_session_id: SessionId | None = None
     metadata: dict[str, Any] = Field(default_factory=dict)
 
 
 class RenameBody(BaseModel):
     model_config = _examples({"name": "Release planning"})
-    name: str = Field(max_length=512)
+    name: str = Field(max_length=MAX_SESSION_NAME)
 
 
 class UsageBody(BaseModel):
@@ -72,7 +73,7 @@ class AppendBody(BaseModel):
 class ForkBody(BaseModel):
     model_config = _examples({"at_message_id": "m1", "name": "What if Thursday"})
     at_message_id: MessageId
-    name: str | None = Field(default=None, max_length=512)
+    name: str | None = Field(default=None, max_length=MAX_SESSION_NAME)
     id: SessionId | None = None
 
 

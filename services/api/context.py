@@ -6,6 +6,7 @@ from fastapi import APIRouter, Body, Path, Query, Request
 from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema
 
 from events.context import LABEL_RE, SessionConfig
+from events.limits import MAX_TOOL_CALL_ID
 from events.validation import NO_NUL_PATTERN
 from projections import context_queries
 from services.api import models as m
@@ -26,6 +27,8 @@ from services.api.strict_json import StrictJsonRoute
 from services.audit import readers as audit
 from services.errors import ReadOnlyKey, SessionNotFound
 from services.requests import writes
+
+ToolCallId = Annotated[str | None, Query(min_length=1, max_length=MAX_TOOL_CALL_ID, pattern=NO_NUL_PATTERN)]
 
 router = APIRouter(route_class=StrictJsonRoute)
 BlockLabel = Annotated[str, Path(), WithJsonSchema({"type": "string", "pattern": LABEL_RE})]
@@ -133,7 +136,9 @@ async def run_tool(
     tenant: Tenant,
     c: ContainerDep,
     arguments: Annotated[Any, Body()] = None,
-    tool_call_id: Annotated[str | None, Query(min_length=1, max_length=256, pattern=NO_NUL_PATTERN)] = None,
+    tool_call_id: Annotated[
+        str | None, Query(min_length=1, max_length=MAX_TOOL_CALL_ID, pattern=NO_NUL_PATTERN)
+    ] = None,
 ) -> dict[str, Any]:
     """Execute a tool with the LLM's arguments; failures come back as ``Error: …`` results.
 

@@ -52,14 +52,16 @@ def logged_message(raw: dict[str, Any]) -> MessageBodyEvent:
     return event
 
 
-def appended(tenant: str, session: str, mid: str, parent: str | None, text: str = "hello") -> MessageAppended:
-    body = text_message(mid, text)
+def appended(
+    tenant: str, session: str, mid: str, parent: str | None, text: str = "hello", role: str = "user"
+) -> MessageAppended:
+    body = text_message(mid, text, role)
     return MessageAppended(
         tenant=tenant,
         session=session,
         message_id=mid,
         parent_id=parent,
-        role="user",
+        role=role,
         body_sha256=body_hash(body),
         message=body,
     )

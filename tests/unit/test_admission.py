@@ -8,6 +8,7 @@ from typing import Any, cast
 
 import pytest
 from nats.js import JetStreamContext
+from pydantic import ValidationError
 
 from events import admission
 from events.admission import (
@@ -21,11 +22,23 @@ from events.admission import (
     scrub,
     too_deep,
 )
-from events.catalog import MessageAppended, MessagesDeleted, SkillIndexed
+from events.catalog import (
+    MessageAppended,
+    MessagesDeleted,
+    SessionCreated,
+    SessionRenamed,
+    SkillIndexed,
+    SkillLoaded,
+    SkillUnloaded,
+)
+from events.commands import RenameSession, RunTool
+from events.envelope import Event
 from events.ids import TENANT_SCOPE
-from events.messages import body_hash
+from events.limits import MAX_ROLE, MAX_SESSION_NAME, MAX_TOOL_CALL_ID
+from events.messages import UIMessage, body_hash
 from events.publisher import Publisher
 from events.subjects import SubjectLayout, partition_of
+from services.api.bodies import CreateSessionBody
 from tests.integration.helpers import appended
 
 LAYOUT = SubjectLayout(partitions=4)
@@ -384,3 +397,56 @@ async def test_the_publisher_refuses_what_a_projector_would_refuse_and_publishes
 def test_scrub_makes_free_text_admissible() -> None:
     assert scrub("a\u0000b\ud800c\U0001f600") == "a\ufffdb\ufffdc\U0001f600"
     assert not has_bad_chars(scrub("x\u0000"))
+
+
+def _limited_events(extra: int) -> list[tuple[str, Event]]:
+    """(field, event) for each text field the API bounds, ``extra`` characters past its limit."""
+    role, call = "r" * (MAX_ROLE + extra), "t" * (MAX_TOOL_CALL_ID + extra)
+    return [
+        ("name", SessionCreated(tenant="tenant-a", session="s-1", name="n" * (MAX_SESSION_NAME + extra))),
+        ("name", SessionRenamed(tenant="tenant-a", session="s-1", name="n" * (MAX_SESSION_NAME + extra))),
+        ("role", appended("tenant-a", "s-1", "m1", None, role=role)),
+        (
+            "tool_call_id",
+            SkillLoaded(tenant="tenant-a", session="s-1", label="sk", key="k", tool_call_id=call),
+        ),
+        (
+            "tool_call_id",
+            SkillUnloaded(tenant="tenant-a", session="s-1", label="sk", key="k", tool_call_id=call),
+        ),
+    ]
+
+
+@pytest.mark.parametrize(("field", "event"), _limited_events(1), ids=lambda v: v if isinstance(v, str) else v.type)
+def test_a_field_longer_than_the_api_takes_is_too_long_for_readers_and_publishers(field: str, event: Event) -> None:
+    """A direct publisher cannot store what a request could not: each reader refuses it as
+    ``too_long``, naming the field, and so does a publisher built on the contract."""
+    subject = LAYOUT.session_subject(event.tenant, event.session)
+    with pytest.raises(Refused) as caught:
+        admit(event.to_json(), subject, LAYOUT)
+    assert caught.value.reason == "too_long"
+    assert caught.value.detail.startswith(f"{field}: ")
+    with pytest.raises(Refused) as built:
+        admit_built(event, LAYOUT)
+    assert (built.value.reason, built.value.detail) == ("too_long", caught.value.detail)
+
+
+@pytest.mark.parametrize(("field", "event"), _limited_events(0), ids=lambda v: v if isinstance(v, str) else v.type)
+def test_a_field_as_long_as_the_api_takes_is_admitted(field: str, event: Event) -> None:
+    subject = LAYOUT.session_subject(event.tenant, event.session)
+    assert admit(event.to_json(), subject, LAYOUT) == event
+    assert admit_built(event, LAYOUT)[0] == subject
+
+
+def test_the_api_takes_exactly_what_admission_takes() -> None:
+    """The request models bound the same fields with the same numbers (events/limits.py)."""
+    with pytest.raises(ValidationError):
+        CreateSessionBody(name="n" * (MAX_SESSION_NAME + 1))
+    assert CreateSessionBody(name="n" * MAX_SESSION_NAME).name
+    with pytest.raises(ValidationError):
+        RenameSession(session_id="s", name="n" * (MAX_SESSION_NAME + 1))
+    with pytest.raises(ValidationError):
+        UIMessage.model_validate({"id": "m1", "role": "r" * (MAX_ROLE + 1), "parts": []})
+    assert UIMessage.model_validate({"id": "m1", "role": "r" * MAX_ROLE, "parts": []}).role
+    with pytest.raises(ValidationError):
+        RunTool(session_id="s", name="x", tool_call_id="t" * (MAX_TOOL_CALL_ID + 1))
