@@ -351,10 +351,11 @@ class ProjectionTimeout(TransientError):
     default_code = "projection_timeout"
 
 
-class SearchTimeout(TransientError):
-    """A search ran past the server's search timeout (``CHRONICLE_SEARCH_TIMEOUT_S``) and was
-    cancelled; retried as other transient errors are. A query of fewer words, or of longer prefixes
-    (one of one or two letters matches many words), costs less."""
+class SearchTimeout(ChronicleError):
+    """503: a search ran past the server's search timeout (``CHRONICLE_SEARCH_TIMEOUT_S``) and was
+    cancelled. Not retried: the same query would most likely run as long again (each try holding
+    a database connection for the whole timeout). A query of fewer words, or of longer prefixes
+    (one of one or two letters matches many words), costs less; or search again later."""
 
     default_code = "search_timeout"
 

@@ -27,9 +27,11 @@ from chronicle_sdk import (
     RateLimited,
     ReadOnlyBlock,
     ReadOnlyKey,
+    SearchTimeout,
     ServerError,
     Session,
     SessionManager,
+    TransientError,
     Unauthorized,
     Unavailable,
     UnknownParent,
@@ -167,6 +169,17 @@ async def test_conflicts_share_a_base_and_carry_the_servers_message() -> None:
     assert isinstance(info.value, ReadOnlyBlock)
     assert info.value.detail == 'Block "soul" is readonly'
     assert len(rec.requests) == 1  # not transient: no retry
+
+
+async def test_a_search_timeout_is_raised_at_once_not_retried() -> None:
+    """The same query would most likely time out again, each try holding a connection as long."""
+    rec = Recorder(lambda r: problem(503, "search_timeout", "the search ran past CHRONICLE_SEARCH_TIMEOUT_S (3 s)"))
+    async with rec.client() as c:
+        with pytest.raises(SearchTimeout) as info:
+            await Session.create(c, "s").search("a* b* c*")
+    assert not isinstance(info.value, TransientError)
+    assert (info.value.status, info.value.code) == (503, "search_timeout")
+    assert len(rec.requests) == 1
 
 
 async def test_transient_reads_are_retried_then_succeed() -> None:
