@@ -32,6 +32,9 @@ from tests.integration.helpers import text_message
 
 TENANT = "tenant-a"
 TIMEOUT_S = 0.5
+UNBOUNDED_S = TIMEOUT_S + 10
+"""Past this a search under the lock was not cancelled by its timeout: the test fails instead of
+waiting for a lock it holds itself."""
 
 
 @asynccontextmanager
@@ -61,7 +64,7 @@ async def test_a_search_past_its_timeout_answers_503_search_timeout_and_the_next
         for path in ("/v1/search", "/v1/sessions/s1/search"):
             async with messages_locked(stack.settings.database_url):
                 started = time.monotonic()
-                r = await h.get(path, params={"q": "friday"})
+                r = await asyncio.wait_for(h.get(path, params={"q": "friday"}), UNBOUNDED_S)
                 took = time.monotonic() - started
             assert r.status_code == 503, r.text
             assert r.headers["content-type"] == "application/problem+json"
@@ -85,7 +88,7 @@ async def test_the_connection_a_search_timed_out_on_is_as_it_was(stack: Containe
         ):
             async with messages_locked(stack.settings.database_url):
                 with pytest.raises(SearchTimedOut) as caught:
-                    await search()
+                    await asyncio.wait_for(search(), UNBOUNDED_S)
             assert caught.value.timeout_s == TIMEOUT_S
             assert conn.info.transaction_status == pq.TransactionStatus.IDLE
             cur = await conn.execute("SHOW statement_timeout")
@@ -118,6 +121,6 @@ async def test_a_search_tool_past_its_timeout_answers_an_error_result(stack: Con
     await stack.context.configure(TENANT, "s1", SessionConfig(searchable_history="history"))
     args: dict[str, Any] = {"query": "friday"}
     async with messages_locked(stack.settings.database_url):
-        out = await stack.context.execute(TENANT, "s1", "session_search", args)
+        out = await asyncio.wait_for(stack.context.execute(TENANT, "s1", "session_search", args), UNBOUNDED_S)
     assert out.startswith("Error: the search ran past CHRONICLE_SEARCH_TIMEOUT_S (0.5 s)"), out
     assert await stack.context.execute(TENANT, "s1", "session_search", args) == "[user] we deploy on Friday"
