@@ -45,8 +45,8 @@ from services.compaction.service import CompactionService, Series
 from services.compaction.state import CompactorState, pending, series, still_due
 from services.compaction.summarizers import OfflineSummarizer, OpenAISummarizer, Summarizer
 from services.compaction.worker import Compactor
-from services.context.rules import object_key
 from services.context.service import ContextService
+from services.context.tenant_space import TenantSpace
 from services.dbpool import Pool
 from services.settings import Settings, UnusableSetting
 from services.storage.blobs import CLAIM_CHECK_S3, S3BlobStore
@@ -88,19 +88,9 @@ class Container:
     @property
     def eraser(self) -> Eraser:
         stores = [*self.blobs.members, self.originals]
-        return Eraser(self.keys, self.publisher, self.pool, stores, self._skill_documents)
-
-    async def _skill_documents(self, tenant: str) -> int:
-        """Delete the tenant's skill documents (those its skills index lists); how many."""
-        store = self.context.skills
-        if store is None:
-            return 0
-        async with self.pool.connection() as conn:
-            cur = await conn.execute("SELECT bucket, key FROM skills_index WHERE tenant = %s", (tenant,))
-            rows = await cur.fetchall()
-        for bucket, key in rows:
-            await store.delete(str(bucket), object_key(tenant, str(key)))
-        return len(rows)
+        skills = self.context.skills
+        space = None if skills is None else TenantSpace(skills, self.pool, self.context.reserved_buckets)
+        return Eraser(self.keys, self.publisher, self.pool, stores, space)
 
     def projections(self) -> list[Projection]:
         """The read models: what a rebuild replays and ``verify`` compares (the projector also

@@ -109,6 +109,38 @@ class SkillStore:
         data = await self.get_bytes(bucket, key)
         return data.decode("utf-8") if data is not None else None
 
+    async def buckets(self) -> list[str]:
+        """Every bucket these credentials list."""
+        return await self._call(lambda: [b.name for b in self._client.list_buckets()])
+
+    async def delete_under(self, bucket: str, prefix: str) -> int:
+        """Delete every object under ``prefix`` (each of its versions in a versioned bucket, delete
+        markers too); how many keys went (no bucket: 0). What a failure leaves goes on a rerun."""
+
+        def remove() -> int:
+            if not self._client.bucket_exists(bucket):
+                return 0
+            keys: set[str] = set()
+            for obj in self._client.list_objects(bucket, prefix=prefix, recursive=True, include_version=True):
+                if obj.object_name is None or obj.is_dir:
+                    continue
+                self._client.remove_object(bucket, obj.object_name, version_id=obj.version_id)
+                keys.add(obj.object_name)
+            return len(keys)
+
+        return await self._call(remove)
+
+    async def any_under(self, bucket: str, prefix: str) -> bool:
+        """Whether ``bucket`` holds an object (any version of one) under ``prefix``."""
+
+        def find() -> bool:
+            if not self._client.bucket_exists(bucket):
+                return False
+            found = self._client.list_objects(bucket, prefix=prefix, recursive=True, include_version=True)
+            return next(iter(found), None) is not None
+
+        return await self._call(find)
+
     async def list(self, bucket: str, prefix: str) -> list[StoredObject]:
         """Every object under ``prefix`` in listing order, with its description metadata."""
 

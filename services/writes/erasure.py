@@ -24,9 +24,9 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import psycopg
 from nats.js.errors import NotFoundError
@@ -56,6 +56,16 @@ class Erasure:
     objects_deleted: int
 
 
+class TenantObjects(Protocol):
+    """A tenant's own objects, apart from any session's (its skill documents, indexed or not)."""
+
+    async def held(self, tenant: str) -> bool: ...
+
+    async def delete(self, tenant: str) -> int:
+        """Delete them all; how many went (idempotent: a rerun deletes what is left)."""
+        ...
+
+
 TENANT_ROUNDS = 10
 """How often a tenant's erasure lists its sessions again (each round erases those it finds)."""
 
@@ -67,9 +77,8 @@ class Eraser:
         publisher: Publisher,
         pool: AsyncConnectionPool[psycopg.AsyncConnection[Any]],
         stores: Sequence[BlobStore],
-        tenant_objects: Callable[[str], Awaitable[int]] | None = None,
+        tenant_objects: TenantObjects | None = None,
     ) -> None:
-        """``tenant_objects`` deletes a tenant's own objects (its skill documents) and says how many."""
         self._tenant_objects = tenant_objects
         self._keys = keys
         self._pub = publisher
@@ -153,8 +162,9 @@ class Eraser:
     async def erase_tenant(
         self, tenant: str, *, requested_by: str | None = None, reason: str | None = None
     ) -> list[Erasure]:
-        """Every session of ``tenant``, then its tenant-level entries (the tenant scope): its skill
-        documents are deleted from their buckets before the skills index goes.
+        """Every session of ``tenant``, then its tenant-level entries (the tenant scope): its own
+        objects (every one under its prefix, whether its skills index lists it or not) are deleted
+        before the skills index goes.
 
         The sessions are listed again after each round until a round finds none left: one made
         while the erasure runs (a fork of a session not yet erased, which copies its content) is
@@ -170,7 +180,7 @@ class Eraser:
             for s in sessions:  # each known here
                 done.append(await self.erase_session(tenant, s, must_exist=False, **who))
                 erased.add(s)
-        documents = await self._tenant_objects(tenant) if self._tenant_objects is not None else 0
+        documents = await self._tenant_objects.delete(tenant) if self._tenant_objects is not None else 0
         scope = await self.erase_session(tenant, TENANT_SCOPE, must_exist=False, **who)
         done.append(Erasure(scope.session, scope.seq, scope.newly_erased, scope.objects_deleted + documents))
         return done
@@ -178,8 +188,8 @@ class Eraser:
     async def tenant_exists(self, tenant: str) -> bool:
         """Whether erasing ``tenant`` has anything to destroy: a session or tenant-level entry with
         a data key, a read-model row or a recorded erasure (a rerun finishes or repeats it), an entry
-        in its skills index, or an event of it in the log. A tenant with none of these (a mistyped
-        name) is not erased: its erasure would burn the name for good."""
+        in its skills index, an event of it in the log, or an object under its prefix. A tenant with
+        none of these (a mistyped name) is not erased: its erasure would burn the name for good."""
         if await self._keys.sessions_of(tenant):
             return True
         async with self._pool.connection() as conn:
@@ -190,7 +200,7 @@ class Eraser:
         try:
             await self._pub.js.get_msg(layout.stream, seq=1, subject=layout.tenant_filter(tenant), next=True)
         except NotFoundError:
-            return False
+            return self._tenant_objects is not None and await self._tenant_objects.held(tenant)
         return True
 
     async def _is_applied_erasure(self, seq: int, subject: str) -> bool:
