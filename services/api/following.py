@@ -94,8 +94,7 @@ async def _lines(
 ) -> AsyncIterator[bytes]:
     if to_seq is not None and to_seq < from_seq:
         return
-    await c.keys.refresh([(tenant, sid)])
-    sent = 0
+    sent = 0  # the session's keys were asked for before the answer began (services/api/log.py)
     stored = _stored(c, stopping, c.layout.session_subject(tenant, sid), from_seq, to_seq)
     async with contextlib.aclosing(stored):
         async for ev in stored:

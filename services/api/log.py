@@ -1,11 +1,13 @@
 """The log as stored, and what a direct publisher needs: a session's events (NDJSON), its last
 subject sequence, and the tenant's NATS subjects."""
 
-from collections.abc import AsyncIterator
+import contextlib
+from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import StreamingResponse
+from starlette.types import Receive, Scope, Send
 
 from events import log as eventlog
 from events.admission import MAX_WRITTEN_BYTES
@@ -18,6 +20,7 @@ from services.api.models import ok
 from services.api.responses import NdjsonResponse
 from services.api.strict_json import StrictJsonRoute
 from services.audit import readers as audit
+from services.bootstrap import Container
 
 MAX_EVENTS_PAGE = 10_000
 """The most events one ``GET …/events`` answers (``limit``'s bound and default)."""
@@ -50,27 +53,60 @@ async def events(
     broadcasts to a session's clients, as the log has it: the answer stays open and each new
     event is sent as it is stored (services/api/following.py)."""
     check_id("session", sid)
+    # asked before the answer starts: a data key that cannot be opened (KeyUnavailable: a KEK not
+    # configured) is ``500 key_unavailable``, not an answer that shows nothing
+    await c.keys.refresh([(tenant, sid)])
     if follow:
         return following.followed(c, request.app.state.stopping, tenant, sid, from_seq, to_seq, limit)
+    lines = _page(c, tenant, sid, from_seq, to_seq, limit or MAX_EVENTS_PAGE)
+    try:  # the first line too: whatever fails it is a problem answer, before any byte is sent
+        first = await anext(lines, None)
+    except BaseException:
+        await lines.aclose()
+        raise
+    return _PageResponse(first, lines)
+
+
+async def _page(
+    c: Container, tenant: str, sid: str, from_seq: int, to_seq: int | None, page: int
+) -> AsyncGenerator[bytes, None]:
+    """The page's lines. One that fails once the answer has begun (a data key that cannot be
+    opened, met at a later event) ends the answer without its last chunk: the client sees it cut
+    short, never a complete answer missing events (docs/http-api.md)."""
     subject = c.layout.session_subject(tenant, sid)
-    page = limit or MAX_EVENTS_PAGE
+    async with contextlib.aclosing(eventlog.read(c.js, c.layout, subject, from_seq, to_seq)) as read:
+        n = 0
+        async for ev in read:
+            if (kid := kid_in(ev.data)) is not None:  # asked again if evicted or made since (a long page)
+                await c.keys.load([(tenant, sid, kid)])
+            yield audit.event_line(ev, c.layout, c.keys)
+            n += 1
+            if n == page:
+                break
 
-    async def lines() -> AsyncIterator[bytes]:
-        await c.keys.refresh([(tenant, sid)])
-        read = eventlog.read(c.js, c.layout, subject, from_seq, to_seq)
+
+class _PageResponse(StreamingResponse):
+    """The page's first line, made already, then the rest; the log's reader is closed when the
+    answer is over however it ends (sent, cut short, the client gone before its first byte): its
+    ordered consumer is unsubscribed then, not at collection."""
+
+    def __init__(self, first: bytes | None, rest: AsyncGenerator[bytes, None]) -> None:
+        super().__init__(_starting_with(first, rest), media_type=following.NDJSON)
+        self._rest = rest
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
-            n = 0
-            async for ev in read:
-                if (kid := kid_in(ev.data)) is not None:  # asked again if evicted or made since (a long page)
-                    await c.keys.load([(tenant, sid, kid)])
-                yield audit.event_line(ev, c.layout, c.keys)
-                n += 1
-                if n == page:
-                    break
+            await super().__call__(scope, receive, send)
         finally:
-            await read.aclose()  # the ordered consumer is unsubscribed now, not at collection
+            await self._rest.aclose()
 
-    return StreamingResponse(lines(), media_type=following.NDJSON)
+
+async def _starting_with(first: bytes | None, rest: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+    if first is None:
+        return
+    yield first
+    async for line in rest:
+        yield line
 
 
 @router.get("/v1/sessions/{sid}/last-seq", response_model=None, responses=ok(m.Seq))

@@ -19,7 +19,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from events.admission import Refused
 from events.blobs import BlobNotFound
 from events.publisher import PublishFailed
-from events.sealing import KeyDestroyed
+from events.sealing import KeyDestroyed, KeyUnavailable
 from events.validation import error_items
 from projections.search_bound import SearchTimedOut
 from services.api.metrics import SOURCES_MISSING
@@ -36,6 +36,7 @@ HANDLED = (
     PublishFailed,
     Refused,
     KeyDestroyed,
+    KeyUnavailable,
     BlobNotFound,
     psycopg.OperationalError,
     nats.errors.Error,

@@ -14,7 +14,7 @@ from pydantic import ValidationError
 from events.admission import Refused
 from events.blobs import BlobNotFound
 from events.publisher import PublishFailed
-from events.sealing import KeyDestroyed
+from events.sealing import KeyDestroyed, KeyUnavailable
 from events.validation import error_items, validation_detail
 from projections.search_bound import SearchTimedOut
 from services.errors import BatchFailed, ChronicleError, ErasedSession, RateLimited, SearchTimeout
@@ -59,6 +59,9 @@ def problem_of(exc: BaseException) -> Problem | None:
         return problem_of(ErasedSession(f"session {exc.session!r} was erased"))
     if isinstance(exc, SearchTimedOut):
         return problem_of(SearchTimeout(exc.timeout_s))
+    if isinstance(exc, KeyUnavailable):  # a data key this process cannot open: a configuration to fix
+        log.error("a data key cannot be opened: %s", exc)
+        return problem(500, "key_unavailable", "A data key cannot be opened", str(exc)[:300])
     if isinstance(exc, BlobNotFound):
         return problem(503, "unavailable", "Object storage is unavailable", str(exc))
     if isinstance(exc, psycopg.OperationalError):  # a lost connection, a pool timeout
