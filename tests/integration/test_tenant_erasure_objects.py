@@ -11,6 +11,8 @@ from typing import Any
 
 import pytest
 from minio import Minio
+from minio.commonconfig import ENABLED
+from minio.versioningconfig import VersioningConfig
 
 from events.omitted import OMITTED
 from services.bootstrap import Container
@@ -97,3 +99,22 @@ async def test_a_tenant_with_only_an_unrecorded_object_exists_and_its_erasure_de
     done = await c.eraser.erase_tenant(tenant)
     assert [(e.session, e.objects_deleted) for e in done] == [("", 1)]
     assert listed(c, bucket, f"tenants/{tenant}/") == []
+
+
+async def test_every_version_of_a_tenants_object_in_a_versioned_bucket_goes(stack: Container) -> None:
+    c = stack
+    tenant, bucket = f"t-{uuid.uuid4().hex[:10]}", f"versioned-{uuid.uuid4().hex[:8]}"
+    client = s3(c)
+    client.make_bucket(bucket)
+    client.set_bucket_versioning(bucket, VersioningConfig(ENABLED))
+    await c.context.put_skill(tenant, bucket, "skills/doc", "# first", None)
+    await c.context.put_skill(tenant, bucket, "skills/doc", "# second", None)
+
+    def versions() -> list[str | None]:
+        found = client.list_objects(bucket, prefix=f"tenants/{tenant}/", recursive=True, include_version=True)
+        return [o.version_id for o in found]
+
+    assert len(versions()) == 2
+    done = await c.eraser.erase_tenant(tenant)
+    assert done[-1].objects_deleted == 1  # one key, both its versions
+    assert versions() == []
