@@ -3,7 +3,10 @@
 
 Each run appends segments for the events stored since the last one (services/audit/
 archive_segments.py: the format), then rewrites the manifest, segment by segment, so that a run
-stopped anywhere leaves an archive that the next run continues. Segments are immutable: a
+stopped anywhere leaves an archive that the next run continues. Each run also lists the archive's
+segment objects (one listing, no segment read): a listed segment whose object is gone is written
+again from the stream when the stream still holds its events as archived (the same bytes), and
+is said lost otherwise (:attr:`Archived.lost`). Segments are immutable: a
 segment's key names its range, and the same events always make the same bytes. One run at a time
 per stream (a Postgres advisory lock). The archive holds the events as stored: sealed fields stay
 sealed (an erased session's stay unreadable there too), events written unsealed stay readable.
@@ -13,7 +16,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from events import log as eventlog
 from events.log import StoredEvent
@@ -27,6 +30,7 @@ from services.audit.archive_segments import (
     encode,
     manifest_key,
     parse_manifest,
+    rewritten,
     segment_key,
     segment_of,
 )
@@ -47,11 +51,16 @@ class ArchiveBusy(RuntimeError):
 
 @dataclass(frozen=True, slots=True)
 class Archived:
-    """What a run added: segments, events, and the last sequence now archived."""
+    """What a run added: segments, events, and the last sequence now archived; the missing
+    segments it wrote again, and those it could not (the stream no longer holds their events as
+    archived), with the stream's first sequence when it looked (0: it did not need to)."""
 
     segments: int
     events: int
     last_seq: int
+    repaired: tuple[Segment, ...] = ()
+    lost: tuple[Segment, ...] = ()
+    stream_first: int = 0
 
 
 @dataclass(slots=True)
@@ -121,8 +130,12 @@ async def archive(
                 f"bucket {bucket!r} holds the archive of another stream {stream!r} (created "
                 f"{manifest.stream_created.isoformat()}, this one {identity.created.isoformat()})"
             )
-        for key in await unlisted(store, bucket, manifest):
+        objects = await segment_objects(store, bucket, manifest.stream)
+        listed = {s.key for s in manifest.segments}
+        for key in objects - listed:
             await store.delete(bucket, key)
+        missing = [s for s in manifest.segments if s.key not in objects]
+        repaired, lost, stream_first = await _repair(c, store, bucket, missing)
         added = Archived(0, 0, manifest.last_seq)
         batch: list[StoredEvent] = []
         size = 0
@@ -134,7 +147,31 @@ async def archive(
                 batch, size = [], 0
         if batch:
             added = await _write(store, bucket, manifest, batch, added)
-        return added
+        return replace(added, repaired=tuple(repaired), lost=tuple(lost), stream_first=stream_first)
+
+
+async def _repair(
+    c: Container, store: SkillStore, bucket: str, missing: list[Segment]
+) -> tuple[list[Segment], list[Segment], int]:
+    """Each missing segment written again from the stream's events of its range when they make
+    its very bytes (the manifest's SHA-256); the segments repaired, those lost, and the stream's
+    first sequence (0 when nothing was missing)."""
+    if not missing:
+        return [], [], 0
+    stream_first = int((await c.js.stream_info(c.layout.stream)).state.first_seq)
+    repaired: list[Segment] = []
+    lost: list[Segment] = []
+    for segment in missing:
+        data = None
+        if segment.first >= stream_first:  # else part of it is gone: nothing to read (a jump costs a get per seq)
+            held = [e async for e in eventlog.read(c.js, c.layout, None, segment.first, segment.last)]
+            data = rewritten(segment, held)
+        if data is None:
+            lost.append(segment)
+            continue
+        await store.put_bytes(bucket, segment.key, data)
+        repaired.append(segment)
+    return repaired, lost, stream_first
 
 
 @contextlib.asynccontextmanager
@@ -164,11 +201,16 @@ async def _write(
     return Archived(added.segments + 1, added.events + len(batch), batch[-1].seq)
 
 
+async def segment_objects(store: SkillStore, bucket: str, stream: str) -> set[str]:
+    """The keys of the segment objects of the stream's archive (one listing: no object is read)."""
+    prefix = segment_key(stream, 1, 1).rsplit("/", 1)[0] + "/"
+    return {o.key for o in await store.list(bucket, prefix)}
+
+
 async def unlisted(store: SkillStore, bucket: str, manifest: Manifest) -> list[str]:
     """Segment objects of the stream's archive that its manifest does not list."""
     listed = {s.key for s in manifest.segments}
-    prefix = segment_key(manifest.stream, 1, 1).rsplit("/", 1)[0] + "/"
-    return [o.key for o in await store.list(bucket, prefix) if o.key not in listed]
+    return sorted(await segment_objects(store, bucket, manifest.stream) - listed)
 
 
 async def check(c: Container) -> Checked:

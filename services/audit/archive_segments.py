@@ -136,6 +136,35 @@ def segment_of(key: str, events: list[StoredEvent], data: bytes) -> Segment:
     )
 
 
+def rewritten(segment: Segment, events: Sequence[StoredEvent]) -> bytes | None:
+    """A missing segment's bytes made again from the stream's events of its range: the very bytes
+    its manifest entry hashes, or None when these events are not the ones archived there (the
+    stream no longer holds them all, or holds them otherwise: restored, so with other times)."""
+    if not events:
+        return None
+    data = encode(events)
+    return data if hashlib.sha256(data).hexdigest() == segment.sha256 else None
+
+
+def lost_line(lost: Sequence[Segment], stream_first: int) -> str:
+    """What an archive run could not repair, in one line: each missing segment's range and key,
+    and why the stream cannot give it back (``stream_first``: the first sequence it holds)."""
+    said = "; ".join(
+        f"{_span(s.first, s.last)} (segment {s.key}): "
+        + (
+            f"the stream no longer holds them all (its first sequence is {stream_first})"
+            if s.first < stream_first
+            else "the stream's events there are not the archived ones"
+        )
+        for s in lost
+    )
+    return f"the archive lost {said}; they cannot be archived again (`chronicle archive --check` names the gap)"
+
+
+def _span(first: int, last: int) -> str:
+    return f"sequence {first}" if first == last else f"sequences {first}..{last}"
+
+
 def segment_key(stream: str, first: int, last: int) -> str:
     """Segments sort by their key as they do by sequence."""
     return f"{stream}/segments/{first:020d}-{last:020d}.ndjson.gz"
@@ -248,7 +277,6 @@ def _ranges(seqs: list[int]) -> list[str]:
     start = 0
     for k in range(1, len(seqs) + 1):
         if k == len(seqs) or seqs[k] != seqs[k - 1] + 1:
-            first, last = seqs[start], seqs[k - 1]
-            out.append(f"sequence {first}" if first == last else f"sequences {first}..{last}")
+            out.append(_span(seqs[start], seqs[k - 1]))
             start = k
     return out

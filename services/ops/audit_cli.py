@@ -15,7 +15,7 @@ from projections import queries
 from services.audit import archive, restore
 from services.audit import readers as audit
 from services.audit.archive import ArchiveBusy
-from services.audit.archive_segments import ArchiveError
+from services.audit.archive_segments import ArchiveError, lost_line
 from services.audit.restore import RestoreRefused, RestoreStopped
 from services.bootstrap import open_container
 from services.errors import AsOfPastLog, ChronicleError, ObjectStorageError
@@ -31,8 +31,9 @@ def storage_unusable(settings: Settings, exc: Exception) -> str:
 
 async def run_archive(settings: Settings, args: argparse.Namespace) -> int:
     """``chronicle archive`` (0: archived, or the check found nothing wrong; 1: the check found
-    problems; 2: it could not run: another run holds the lock, the bucket holds another stream's
-    archive, object storage or the stream did not answer)."""
+    problems, or a run found a segment missing that the stream no longer holds; 2: it could not
+    run: another run holds the lock, the bucket holds another stream's archive, object storage or
+    the stream did not answer)."""
     if args.segment_events < 1 or (args.to_seq is not None and args.to_seq < 1):
         print("chronicle archive: --segment-events and --to-seq must be at least 1", file=sys.stderr)
         return 2
@@ -64,10 +65,16 @@ async def run_archive(settings: Settings, args: argparse.Namespace) -> int:
         except (ArchiveBusy, ArchiveError, ChronicleError, TimeoutError) as exc:  # could not run: not a finding
             print(f"chronicle archive: {exc}", file=sys.stderr)
             return 2
+        for segment in done.repaired:
+            span = f"sequences {segment.first}..{segment.last}"
+            print(f"wrote again missing segment {segment.key} ({span}) from the stream")
         print(
             f"archived {done.events} events in {done.segments} segments to bucket {settings.archive_bucket!r}; "
             f"the archive now ends at sequence {done.last_seq}"
         )
+        if done.lost:
+            print(f"chronicle archive: {lost_line(done.lost, done.stream_first)}", file=sys.stderr)
+            return 1
         return 0
 
 

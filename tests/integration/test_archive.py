@@ -370,3 +370,47 @@ async def test_a_command_without_the_operator_identity_says_so_in_one_line(stack
     assert f"chronicle archive: NATS at {stack.settings.nats_url}:" in done.stderr
     assert "operator identity" in done.stderr
     assert "Traceback" not in done.stderr
+
+
+async def test_a_run_writes_a_deleted_segment_again_and_the_check_then_passes(stack: Container) -> None:
+    c = stack
+    _, segments = await _three_segments(c)
+    store = c.context.skills
+    assert store is not None
+    bucket, middle = c.settings.archive_bucket, segments[1]
+    before = await store.get_bytes(bucket, middle.key)
+    await store.delete(bucket, middle.key)
+    assert not (await archive.check(c)).ok
+    done = await asyncio.to_thread(cli, c.settings)
+    assert done.returncode == 0, done.stderr
+    assert f"wrote again missing segment {middle.key} (sequences {middle.first}..{middle.last})" in done.stdout
+    assert await store.get_bytes(bucket, middle.key) == before
+    checked = await asyncio.to_thread(cli, c.settings, "--check")
+    assert checked.returncode == 0, checked.stdout
+    assert "0 problems" in checked.stdout
+
+
+async def test_a_deleted_segment_the_stream_no_longer_holds_fails_every_run_in_one_line(stack: Container) -> None:
+    c = stack
+    end, segments = await _three_segments(c)
+    store = c.context.skills
+    assert store is not None
+    first = segments[0]
+    await store.delete(c.settings.archive_bucket, first.key)
+    info = await c.js.stream_info(c.layout.stream)
+    info.config.max_msgs = end - first.last  # the stream's limits drop the first segment's events
+    await c.js.update_stream(info.config)
+    assert (await c.js.stream_info(c.layout.stream)).state.first_seq == first.last + 1
+    await appended(c, "s-1", 2, start=9)
+    line = (
+        f"chronicle archive: the archive lost sequences {first.first}..{first.last} (segment {first.key}): the "
+        f"stream no longer holds them all (its first sequence is {first.last + 3}); they cannot be archived again "
+        "(`chronicle archive --check` names the gap)"
+    )
+    done = await asyncio.to_thread(cli, c.settings)
+    assert done.returncode == 1, done.stdout
+    assert done.stderr.splitlines() == [line]
+    assert f"the archive now ends at sequence {end + 2}" in done.stdout  # what came since is archived still
+    assert await store.get_bytes(c.settings.archive_bucket, first.key) is None
+    again = await asyncio.to_thread(cli, c.settings)
+    assert (again.returncode, again.stderr.splitlines()) == (1, [line])

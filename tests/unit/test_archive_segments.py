@@ -21,7 +21,9 @@ from services.audit.archive_segments import (
     compare,
     decode,
     encode,
+    lost_line,
     parse_manifest,
+    rewritten,
     segment_key,
     segment_of,
 )
@@ -161,3 +163,22 @@ def test_a_manifest_names_the_restoration_of_the_stream_it_continues_on() -> Non
     assert parse_manifest(restored.model_dump_json().encode()).restored == restoration
     again = restored.model_copy(update={"stream_created": later.replace(year=2028)})  # made anew, not restored
     assert again.restored is None
+
+
+def test_a_missing_segment_is_made_again_only_from_the_very_events_archived() -> None:
+    data = encode(EVENTS)
+    entry = segment(data)
+    assert rewritten(entry, EVENTS) == data
+    assert rewritten(entry, EVENTS[1:]) is None  # the stream no longer holds the first
+    assert rewritten(entry, [replace(e, time=None) for e in EVENTS]) is None  # stored anew (restored)
+    assert rewritten(entry, []) is None
+
+
+def test_what_a_run_could_not_repair_is_one_line_naming_each_range_and_why() -> None:
+    data = encode(EVENTS)
+    entry = segment(data)
+    line = lost_line([entry], stream_first=50)
+    assert "\n" not in line
+    assert line.startswith(f"the archive lost sequences 41..44 (segment {entry.key}): the stream no longer holds")
+    assert "its first sequence is 50" in line
+    assert "are not the archived ones" in lost_line([entry], stream_first=1)
