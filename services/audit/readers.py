@@ -51,6 +51,7 @@ from projections.rebuild import (
 from projections.runner import checkpoint_partition
 from projections.timetravel import SessionState
 from services.audit.quarantine import raw_text
+from services.audit.shadows import claim_shadow
 from services.bootstrap import Container
 from services.context.rules import object_key
 from services.errors import AsOfPastLog
@@ -264,8 +265,6 @@ async def rebuild_and_swap(
     quarantine are replaced, the projector's checkpoints (and its compaction state, backfilled
     again from the read models) are reset to the sequence rebuilt, up to the stream's last one."""
     tables = (*PROJECTION_TABLES[projection], "quarantine")
-    stamp = time.strftime("%Y%m%d%H%M%S")
-    shadow, old = f"rebuild_{stamp}", f"old_{stamp}"
     name = c.settings.projector_name
     # read models of another log, or none at all (a new database: NeverBound when not yet bound)
     refusal = await log_mismatch(c)
@@ -289,6 +288,8 @@ async def rebuild_and_swap(
     # once, to their compaction state, which no rebuild touches); what they apply meanwhile is
     # caught up. Read models of another log, or none: the whole log, the checkpoints reset to it.
     held = {} if replace else partition_horizons(name, c.layout.partitions, await _checkpoints(c))
+    shadow = await claim_shadow(c.settings.database_url, "rebuild")  # made here: this run's own to drop
+    old = "old_" + shadow.removeprefix("rebuild_")
     swapped = False
     try:
         built, live, identity = await _build_and_swap(c, shadow, old, tables, held, replace=replace, progress=progress)
@@ -491,7 +492,7 @@ async def verify(c: Container, *, limit: int = 5, progress: Callable[[int, int],
     mismatch = await log_mismatch(c)
     if mismatch is not None:
         raise mismatch.restated("nothing to verify against")
-    shadow = f"verify_{time.strftime('%Y%m%d%H%M%S')}"
+    shadow = await claim_shadow(c.settings.database_url, "verify")  # made here: this run's own to drop
     try:
         return await _verify_in(c, shadow, limit, progress)
     finally:  # whatever happened (a key missing, Ctrl-C): the shadow is a copy, never kept

@@ -18,6 +18,7 @@ from events.omitted import OMITTED
 from projections import rebuild
 from projections.keystore import new_kek_line
 from services.audit import readers as audit
+from services.audit import shadows as shadows_mod
 from services.bootstrap import open_container
 from services.ops.cli import INTERRUPTED_EXIT, SETTINGS_EXIT
 from services.settings import Settings
@@ -165,3 +166,43 @@ async def test_ctrl_c_during_a_verify_is_one_line_exit_130_and_drops_its_shadow(
     assert done.returncode == INTERRUPTED_EXIT, (done.stdout, done.stderr)
     assert done.stderr.strip().splitlines() == ["chronicle verify: interrupted"]
     assert await shadows(projected) == []
+
+
+def test_two_shadow_tags_of_the_same_second_differ() -> None:
+    """(Named to the second, two runs started in the same second shared ``verify_<ts>``.)"""
+    second = 1_797_000_000.0
+    tags = {shadows_mod.shadow_tag(second) for _ in range(20)}
+    assert len(tags) == 20
+    assert {t.split("_")[0] for t in tags} == {"20261211144000"}
+    assert all(len(t.split("_")[1]) == 6 for t in tags)
+
+
+@pytest.mark.parametrize("command", ["verify", "rebuild"])
+async def test_a_run_that_fails_drops_its_own_shadow_and_leaves_another_runs_of_the_same_second(
+    projected: Settings, monkeypatch: pytest.MonkeyPatch, command: str
+) -> None:
+    """Another run's shadow made in the same second, with the very tag this run draws first: this
+    run claims another name, and its cleanup after a failure leaves the other run's schema."""
+    tag = shadows_mod.shadow_tag(token="abc123")
+    other = await shadows_mod.claim_shadow(projected.database_url, command)
+    async with await psycopg.AsyncConnection.connect(projected.database_url, autocommit=True) as conn:
+        await conn.execute(f'ALTER SCHEMA "{other}" RENAME TO "{command}_{tag}"')
+    other = f"{command}_{tag}"
+    draws = iter([tag])
+    real_tag = shadows_mod.shadow_tag
+    monkeypatch.setattr(shadows_mod, "shadow_tag", lambda: next(draws, None) or real_tag())
+    claimed: list[str] = []
+    claim = shadows_mod.claim_shadow
+
+    async def claiming(conninfo: str, kind: str) -> str:
+        claimed.append(await claim(conninfo, kind))
+        return claimed[-1]
+
+    monkeypatch.setattr(audit, "claim_shadow", claiming)
+    monkeypatch.setattr(audit, "checksums" if command == "verify" else "_catch_up", failing(RuntimeError("injected")))
+    async with open_container(projected) as c:
+        with pytest.raises(RuntimeError, match="injected"):
+            await (audit.verify(c) if command == "verify" else audit.rebuild_and_swap(c))
+    assert len(claimed) == 1
+    assert claimed[0] != other
+    assert await shadows(projected) == [other]
