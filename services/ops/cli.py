@@ -45,6 +45,11 @@ DRILLS = {
 }
 
 
+NATS_CONFIG_HOST = "127.0.0.1"
+"""Where ``chronicle nats-config``'s server listens unless ``--host`` says otherwise: loopback, as
+``chronicle up``'s (a server reachable from elsewhere is a choice made by naming its address)."""
+
+
 def at_least_one(text: str) -> int:
     """An argument that counts something to print: a whole number of 1 or more (argparse's type)."""
     try:
@@ -177,7 +182,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     p_conf = sub.add_parser("nats-config", help="write the nats-server configuration for these settings")
     p_conf.add_argument("--out", type=Path, default=None, help="file to write (default: print)")
-    p_conf.add_argument("--host", default="0.0.0.0")  # noqa: S104 - the server's own listen address
+    p_conf.add_argument(
+        "--host",
+        default=None,
+        help=f"address the server's client port listens on (default {NATS_CONFIG_HOST}, as `chronicle up`'s: "
+        "give 0.0.0.0 or an interface's address for clients on other machines or containers); a cluster's route "
+        "port listens there too (default: each node's host name)",
+    )
     p_conf.add_argument("--port", type=int, default=4222)
     p_conf.add_argument("--store-dir", default="/data")
     p_conf.add_argument(
@@ -506,7 +517,7 @@ def nats_config(settings: Settings, args: argparse.Namespace) -> int:
     names = [n.strip() for n in args.cluster_nodes.split(",") if n.strip()]
     if names:
         return nats_cluster_config(settings, access, args, names)
-    config = server_config(access, host=args.host, port=args.port, store_dir=args.store_dir)
+    config = server_config(access, host=args.host or NATS_CONFIG_HOST, port=args.port, store_dir=args.store_dir)
     if args.out is None:
         print(json.dumps(config, indent=2))
     else:
@@ -525,7 +536,8 @@ def nats_cluster_config(settings: Settings, access: NatsAccess, args: argparse.N
     password = settings.nats_route_password.get_secret_value()
     for node in nodes:
         extra = cluster_extra(node, nodes, password, listen=args.host)
-        config = server_config(access, host=args.host, port=args.port, store_dir=args.store_dir, extra=extra)
+        host = args.host or NATS_CONFIG_HOST
+        config = server_config(access, host=host, port=args.port, store_dir=args.store_dir, extra=extra)
         write_config(args.out / f"{node.name}.conf", config)
     print(f"wrote {len(nodes)} node configurations in {args.out} ({len(access.users())} users)")
     return 0

@@ -1,0 +1,56 @@
+"""``chronicle nats-config`` writes a configuration that a real nats-server runs with: on loopback
+by default, as ``chronicle up``'s server listens, elsewhere only when ``--host`` names it."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from services.ops import cli
+from services.ops.localstack import free_port, nats_server_binary, wait_for_port
+from services.settings import new_operator_seed
+
+
+@pytest.fixture
+def operator(monkeypatch: pytest.MonkeyPatch) -> None:
+    for key in ("CHRONICLE_NATS_ROUTE_PASSWORD", "CHRONICLE_API_KEYS"):
+        monkeypatch.delenv(key, raising=False)
+    monkeypatch.setenv("CHRONICLE_NATS_NKEY_SEED", new_operator_seed())
+
+
+def written(tmp_path: Path, *args: str) -> dict[str, object]:
+    out = tmp_path / "nats.conf"
+    assert cli.main(["nats-config", "--out", str(out), "--store-dir", str(tmp_path / "js"), *args]) == 0
+    config: dict[str, object] = json.loads(out.read_text())
+    return config
+
+
+def test_the_config_listens_on_loopback_unless_told_and_a_nats_server_runs_it(tmp_path: Path, operator: None) -> None:
+    port = free_port()
+    config = written(tmp_path, "--port", str(port))
+    assert (config["host"], config["port"]) == ("127.0.0.1", port)
+    log = tmp_path / "nats.log"
+    proc = subprocess.Popen([nats_server_binary(), "-c", str(tmp_path / "nats.conf"), "-l", str(log)])
+    try:
+        wait_for_port("127.0.0.1", port, proc, "nats-server")
+        assert f"Listening for client connections on 127.0.0.1:{port}" in log.read_text()
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+def test_host_binds_where_it_says(tmp_path: Path, operator: None) -> None:
+    assert written(tmp_path, "--host", "0.0.0.0")["host"] == "0.0.0.0"
+    assert written(tmp_path, "--host", "10.1.2.3")["host"] == "10.1.2.3"
+
+
+def test_a_cluster_node_listens_on_loopback_for_clients_and_on_its_name_for_routes(
+    tmp_path: Path, operator: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("CHRONICLE_NATS_ROUTE_PASSWORD", "route-secret")
+    assert cli.main(["nats-config", "--out", str(tmp_path), "--cluster-nodes", "a,b"]) == 0
+    node = json.loads((tmp_path / "a.conf").read_text())
+    assert (node["host"], node["cluster"]["host"]) == ("127.0.0.1", "a")
