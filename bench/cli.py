@@ -31,6 +31,7 @@ from bench.replicas import api_replicas
 from bench.sealing import encryption
 from bench.support import BenchOptions, Infra, PeersOptions, Report, infrastructure
 from services import logs
+from services.ops.argparsing import OneLineParser
 from services.settings import Settings, load_settings
 
 Bench = Callable[[Settings, Infra, BenchOptions], Awaitable[Report]]
@@ -113,7 +114,7 @@ def run_bench(settings: Settings, args: argparse.Namespace) -> int:
 
 def parser() -> argparse.ArgumentParser:
     """``python -m bench {bench,chaos,failover} …`` (also reached as ``chronicle bench|chaos|failover``)."""
-    top = argparse.ArgumentParser(prog="python -m bench", description="Chronicle's benchmarks and fault drills")
+    top = OneLineParser(prog="python -m bench", description="Chronicle's benchmarks and fault drills")
     sub = top.add_subparsers(dest="command", required=True)
     p_bench = sub.add_parser("bench", help="benchmarks on private infrastructure, against a same-run baseline")
     p_bench.add_argument(

@@ -24,6 +24,7 @@ from events.credentials import tenant_nkey_seed
 from events.ids import InvalidId, check_tenant
 from events.log import ReadIncomplete
 from services import logs
+from services.ops.argparsing import OneLineParser
 from services.ops.natsconf import ClusterNode, MissingOperator, NatsAccess, cluster_extra, server_config, write_config
 from services.settings import (
     STACK_RECORD,
@@ -80,7 +81,7 @@ def run_drill(argv: list[str]) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="chronicle", description="Event-sourced memory for AI agents")
+    parser = OneLineParser(prog="chronicle", description="Event-sourced memory for AI agents")
     sub = parser.add_subparsers(dest="command", required=True)
     p_up = sub.add_parser("up", help="run the whole stack on this machine (no Docker)")
     p_up.add_argument("--nats-port", type=int, default=4250, help="port of the nats-server it starts")

@@ -139,7 +139,8 @@ async def test_quarantine_listing_refuses_a_limit_below_one(elsewhere: Settings,
     done = chronicle_cli(elsewhere, "quarantine", "list", "--limit", limit)
     assert done.returncode == SETTINGS_EXIT
     assert "Traceback" not in done.stderr
-    assert done.stderr.strip().splitlines()[-1].startswith("chronicle quarantine list: error: argument --limit: ")
+    [line] = done.stderr.splitlines()  # one line, no usage before it
+    assert line.startswith("chronicle quarantine list: argument --limit: ")
     assert done.stdout == ""
 
 

@@ -1,0 +1,46 @@
+"""A command line the CLI refuses is one line on stderr, ``<prog>: <error>``, exit 2, nothing on
+stdout: the top-level parser's refusals and its subcommands' alike (argparse printed its usage line
+first). The CLI runs as a process; it refuses before reading any setting."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from services.ops.cli import SETTINGS_EXIT
+
+
+def chronicle(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "services.ops.cli", *args], capture_output=True, text=True, timeout=60, check=False
+    )
+
+
+@pytest.mark.parametrize(
+    ("args", "line"),
+    [
+        (["archive", "--bogus"], "chronicle: unrecognized arguments: --bogus"),
+        (
+            ["quarantine", "list", "--limit", "0"],
+            "chronicle quarantine list: argument --limit: must be at least 1 (given 0)",
+        ),
+        (["erase"], "chronicle erase: the following arguments are required: --tenant"),
+        (
+            ["stream-replicas", "9"],
+            "chronicle stream-replicas: argument N: invalid choice: 9 (choose from 1, 2, 3, 4, 5)",
+        ),
+    ],
+    ids=["unknown-option", "subcommand-type", "subcommand-required", "subcommand-choice"],
+)
+def test_a_refused_command_line_is_one_line_and_exit_2(args: list[str], line: str) -> None:
+    done = chronicle(*args)
+    assert (done.returncode, done.stdout) == (SETTINGS_EXIT, "")
+    assert done.stderr == line + "\n"
+
+
+def test_help_still_shows_the_usage() -> None:
+    done = chronicle("archive", "--help")
+    assert done.returncode == 0
+    assert done.stdout.startswith("usage: chronicle archive")
