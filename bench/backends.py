@@ -25,7 +25,7 @@ from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
-from bench.http import running_api
+from bench.http_api import running_api
 from bench.support import BENCH_KEY, Infra, bench_settings
 from bench.workloads import MemoryBackend
 from chronicle_sdk import ChronicleClient, Session

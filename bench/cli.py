@@ -23,7 +23,7 @@ import uvloop
 from bench.commands import commands
 from bench.compaction import compaction
 from bench.context import context
-from bench.http import api
+from bench.http_api import api
 from bench.ingest import ingest, rebuild
 from bench.peers import peers
 from bench.query import history, search

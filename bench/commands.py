@@ -22,7 +22,7 @@ from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
 
 from bench.data import Corpus, message_id
-from bench.http import Appender, running_api
+from bench.http_api import Appender, running_api
 from bench.support import (
     BenchOptions,
     CpuMeter,

@@ -20,7 +20,7 @@ from typing import Any
 import psycopg
 
 from bench.data import COMMON_QUERY, TENANT, Corpus
-from bench.http import running_api
+from bench.http_api import running_api
 from bench.ingest import _consumer_ready
 from bench.support import (
     BenchOptions,

@@ -32,7 +32,7 @@ from bench.data import (
     session_name,
     to_row,
 )
-from bench.http import running_api
+from bench.http_api import running_api
 from bench.support import (
     BenchOptions,
     CpuMeter,

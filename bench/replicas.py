@@ -21,7 +21,7 @@ from pathlib import Path
 
 from bench.client import BenchClient
 from bench.data import Corpus
-from bench.http import Appender
+from bench.http_api import Appender
 from bench.support import (
     BENCH_KEY,
     BenchOptions,
