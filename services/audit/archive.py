@@ -6,7 +6,8 @@ archive_segments.py: the format), then rewrites the manifest, segment by segment
 stopped anywhere leaves an archive that the next run continues. Each run also lists the archive's
 segment objects (one listing, no segment read): a listed segment whose object is gone is written
 again from the stream when the stream still holds its events as archived (the same bytes), and
-is said lost otherwise (:attr:`Archived.lost`). Segments are immutable: a
+is said lost otherwise (:attr:`Archived.lost`); a range no listed segment covers (an entry dropped
+from the manifest) is archived again from what the stream holds of it. Segments are immutable: a
 segment's key names its range, and the same events always make the same bytes. One run at a time
 per stream (a Postgres advisory lock). The archive holds the events as stored: sealed fields stay
 sealed (an erased session's stay unreadable there too), events written unsealed stay readable.
@@ -16,7 +17,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 from events import log as eventlog
 from events.log import StoredEvent
@@ -28,6 +29,7 @@ from services.audit.archive_segments import (
     compare,
     decode,
     encode,
+    gaps,
     manifest_key,
     parse_manifest,
     rewritten,
@@ -51,9 +53,11 @@ class ArchiveBusy(RuntimeError):
 
 @dataclass(frozen=True, slots=True)
 class Archived:
-    """What a run added: segments, events, and the last sequence now archived; the missing
-    segments it wrote again, and those it could not (the stream no longer holds their events as
-    archived), with the stream's first sequence when it looked (0: it did not need to)."""
+    """What a run added after the last archived sequence: segments, events, and the last sequence
+    now archived; the missing segments it wrote again (a listed one whose object was gone, or one
+    filling a range no listed segment covered), and the listed ones it could not (the stream no
+    longer holds their events as archived), with the stream's first sequence when it looked (0:
+    it did not need to)."""
 
     segments: int
     events: int
@@ -116,7 +120,8 @@ async def archive(
 ) -> Archived:
     """Archive the events stored after the last archived one (up to ``to_seq``). A segment a
     stopped run wrote but did not list (it stopped before the manifest) is deleted first: this run
-    writes that range again, perhaps cut elsewhere."""
+    writes that range again, perhaps cut elsewhere. Before that, what the archive lost below its
+    last sequence is made again from the stream where it still can be (the module's docstring)."""
     store, bucket, stream = store_of(c), c.settings.archive_bucket, c.layout.stream
     identity = await stream_identity(c.js, stream)
     if identity.created is None:
@@ -136,18 +141,57 @@ async def archive(
             await store.delete(bucket, key)
         missing = [s for s in manifest.segments if s.key not in objects]
         repaired, lost, stream_first = await _repair(c, store, bucket, missing)
-        added = Archived(0, 0, manifest.last_seq)
-        batch: list[StoredEvent] = []
-        size = 0
-        async for event in eventlog.read(c.js, c.layout, None, manifest.last_seq + 1, to_seq):
-            batch.append(event)
-            size += len(event.data)
-            if len(batch) == segment_events or size >= segment_bytes:
-                added = await _write(store, bucket, manifest, batch, added)
-                batch, size = [], 0
-        if batch:
-            added = await _write(store, bucket, manifest, batch, added)
-        return replace(added, repaired=tuple(repaired), lost=tuple(lost), stream_first=stream_first)
+        cut = Cut(segment_events, segment_bytes)
+        holes = gaps(manifest)
+        if holes and not stream_first:
+            stream_first = int((await c.js.stream_info(stream)).state.first_seq)
+        for first, last, index in holes:  # a segment dropped with its entry: what the stream holds of it
+            if last >= stream_first:
+                repaired += await _append(c, store, bucket, manifest, cut, max(first, stream_first), last, index)
+        added = await _append(c, store, bucket, manifest, cut, manifest.last_seq + 1, to_seq, None)
+        return Archived(
+            len(added),
+            sum(s.count for s in added),
+            manifest.last_seq,
+            repaired=tuple(repaired),
+            lost=tuple(lost),
+            stream_first=stream_first,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Cut:
+    """Where a run cuts segments: after ``events`` events, or once they hold ``bytes`` bytes."""
+
+    events: int
+    bytes: int
+
+
+async def _append(
+    c: Container,
+    store: SkillStore,
+    bucket: str,
+    manifest: Manifest,
+    cut: Cut,
+    first: int,
+    last: int | None,
+    index: int | None,
+) -> list[Segment]:
+    """Archive the stream's events ``first..last`` (None: to its end) in segments listed at
+    ``index`` of the manifest (None: after the last), each written before the manifest that lists
+    it; the segments written."""
+    written: list[Segment] = []
+    batch: list[StoredEvent] = []
+    size = 0
+    async for event in eventlog.read(c.js, c.layout, None, first, last):
+        batch.append(event)
+        size += len(event.data)
+        if len(batch) == cut.events or size >= cut.bytes:
+            written.append(await _write(store, bucket, manifest, batch, index, len(written)))
+            batch, size = [], 0
+    if batch:
+        written.append(await _write(store, bucket, manifest, batch, index, len(written)))
+    return written
 
 
 async def _repair(
@@ -191,14 +235,16 @@ async def locked(c: Container, stream: str) -> AsyncIterator[None]:
 
 
 async def _write(
-    store: SkillStore, bucket: str, manifest: Manifest, batch: list[StoredEvent], added: Archived
-) -> Archived:
+    store: SkillStore, bucket: str, manifest: Manifest, batch: list[StoredEvent], index: int | None, nth: int
+) -> Segment:
+    """One segment of ``batch``, listed at ``index + nth`` (None: appended)."""
     data = encode(batch)
     key = segment_key(manifest.stream, batch[0].seq, batch[-1].seq)
     await store.put_bytes(bucket, key, data)  # first the segment, then the manifest that lists it
-    manifest.segments.append(segment_of(key, batch, data))
+    segment = segment_of(key, batch, data)
+    manifest.segments.insert(len(manifest.segments) if index is None else index + nth, segment)
     await store.put_bytes(bucket, manifest_key(manifest.stream), manifest.model_dump_json(indent=1).encode())
-    return Archived(added.segments + 1, added.events + len(batch), batch[-1].seq)
+    return segment
 
 
 async def segment_objects(store: SkillStore, bucket: str, stream: str) -> set[str]:

@@ -146,11 +146,24 @@ def rewritten(segment: Segment, events: Sequence[StoredEvent]) -> bytes | None:
     return data if hashlib.sha256(data).hexdigest() == segment.sha256 else None
 
 
+def gaps(manifest: Manifest) -> list[tuple[int, int, int]]:
+    """The ranges no listed segment covers below the manifest's last sequence (before the first
+    segment too), as ``(first, last, index)``: ``index`` is where in ``manifest.segments`` a
+    segment of that range goes. Last gap first, so that filling one keeps the others' indexes."""
+    out: list[tuple[int, int, int]] = []
+    after = 0
+    for index, s in enumerate(manifest.segments):
+        if s.first > after + 1:
+            out.append((after + 1, s.first - 1, index))
+        after = s.last
+    return out[::-1]
+
+
 def lost_line(lost: Sequence[Segment], stream_first: int) -> str:
     """What an archive run could not repair, in one line: each missing segment's range and key,
     and why the stream cannot give it back (``stream_first``: the first sequence it holds)."""
     said = "; ".join(
-        f"{_span(s.first, s.last)} (segment {s.key}): "
+        f"{span(s.first, s.last)} (segment {s.key}): "
         + (
             f"the stream no longer holds them all (its first sequence is {stream_first})"
             if s.first < stream_first
@@ -161,7 +174,8 @@ def lost_line(lost: Sequence[Segment], stream_first: int) -> str:
     return f"the archive lost {said}; they cannot be archived again (`chronicle archive --check` names the gap)"
 
 
-def _span(first: int, last: int) -> str:
+def span(first: int, last: int) -> str:
+    """``sequence 7``, ``sequences 9..12``: a range of sequences as the archive's lines say it."""
     return f"sequence {first}" if first == last else f"sequences {first}..{last}"
 
 
@@ -277,6 +291,6 @@ def _ranges(seqs: list[int]) -> list[str]:
     start = 0
     for k in range(1, len(seqs) + 1):
         if k == len(seqs) or seqs[k] != seqs[k - 1] + 1:
-            out.append(_span(seqs[start], seqs[k - 1]))
+            out.append(span(seqs[start], seqs[k - 1]))
             start = k
     return out

@@ -15,7 +15,7 @@ from projections import queries
 from services.audit import archive, restore
 from services.audit import readers as audit
 from services.audit.archive import ArchiveBusy
-from services.audit.archive_segments import ArchiveError, lost_line
+from services.audit.archive_segments import ArchiveError, lost_line, span
 from services.audit.restore import RestoreRefused, RestoreStopped
 from services.bootstrap import open_container
 from services.errors import AsOfPastLog, ChronicleError, ObjectStorageError
@@ -66,8 +66,7 @@ async def run_archive(settings: Settings, args: argparse.Namespace) -> int:
             print(f"chronicle archive: {exc}", file=sys.stderr)
             return 2
         for segment in done.repaired:
-            span = f"sequences {segment.first}..{segment.last}"
-            print(f"wrote again missing segment {segment.key} ({span}) from the stream")
+            print(f"wrote again missing segment {segment.key} ({span(segment.first, segment.last)}) from the stream")
         print(
             f"archived {done.events} events in {done.segments} segments to bucket {settings.archive_bucket!r}; "
             f"the archive now ends at sequence {done.last_seq}"

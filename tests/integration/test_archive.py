@@ -414,3 +414,26 @@ async def test_a_deleted_segment_the_stream_no_longer_holds_fails_every_run_in_o
     assert await store.get_bytes(c.settings.archive_bucket, first.key) is None
     again = await asyncio.to_thread(cli, c.settings)
     assert (again.returncode, again.stderr.splitlines()) == (1, [line])
+
+
+async def test_a_run_fills_a_range_whose_segment_was_dropped_with_its_manifest_entry(stack: Container) -> None:
+    c = stack
+    end, segments = await _three_segments(c)
+    store = c.context.skills
+    assert store is not None
+    first, middle, last = segments
+    for gone in (first, middle):
+        await store.delete(c.settings.archive_bucket, gone.key)
+    await _listing(c, [last])
+    info = await c.js.stream_info(c.layout.stream)
+    info.config.max_msgs = end - first.first  # the stream no longer holds the first event
+    await c.js.update_stream(info.config)
+    done = await archive.archive(c, segment_events=100)
+    assert [(s.first, s.last) for s in done.repaired] == [(first.first + 1, middle.last)]
+    assert (done.segments, done.lost) == (0, ())
+    manifest = parse_manifest(await manifest_of(c))
+    assert [(s.first, s.last) for s in manifest.segments] == [(first.first + 1, middle.last), (last.first, last.last)]
+    checked = await archive.check(c)
+    assert checked.ok, checked.problems
+    assert checked.notes == [f"sequence {first.first}: the stream holds none of them, so no segment archives them"]
+    assert checked.compared == end - 1

@@ -21,6 +21,7 @@ from services.audit.archive_segments import (
     compare,
     decode,
     encode,
+    gaps,
     lost_line,
     parse_manifest,
     rewritten,
@@ -182,3 +183,12 @@ def test_what_a_run_could_not_repair_is_one_line_naming_each_range_and_why() -> 
     assert line.startswith(f"the archive lost sequences 41..44 (segment {entry.key}): the stream no longer holds")
     assert "its first sequence is 50" in line
     assert "are not the archived ones" in lost_line([entry], stream_first=1)
+
+
+def test_the_gaps_of_a_manifest_come_last_first_with_where_their_segments_go() -> None:
+    def entry(first: int, last: int) -> Segment:
+        return Segment(key=segment_key("S", first, last), first=first, last=last, count=1, bytes=1, sha256="0")
+
+    manifest = Manifest(stream="S", stream_created=AT, segments=[entry(3, 4), entry(5, 9), entry(12, 20)])
+    assert gaps(manifest) == [(10, 11, 2), (1, 2, 0)]
+    assert gaps(Manifest(stream="S", stream_created=AT, segments=[entry(1, 4), entry(5, 9)])) == []
