@@ -317,6 +317,18 @@ def projector_checkpoints(
     return {projector: checkpoints[projector], **parts}
 
 
+def suspects(snap: Snapshot, projector: str, partitions: int, *, stall_s: float) -> dict[str, int]:
+    """The checkpoints whose own clock alone would call them stalled (events wait past them and
+    they have not moved for ``stall_s``), each with the first sequence waiting past it: only for
+    these does it matter when that event was stored (:func:`assess`'s ``waiting_since``)."""
+    points = projector_checkpoints(snap.checkpoints, projector, partitions)
+    return {
+        name: seq + 1
+        for name, (seq, at) in points.items()
+        if seq < snap.last_seq and (snap.now - at).total_seconds() > stall_s
+    }
+
+
 def assess(
     snap: Snapshot,
     projector: str,
@@ -325,10 +337,15 @@ def assess(
     stall_s: float,
     max_lag: int,
     unapplied_since: datetime | None = None,
+    waiting_since: Mapping[str, datetime] | None = None,
 ) -> tuple[list[str], int | None]:
     """Why the projection is not ready (empty: it is), and its lag (the stream's last sequence
     minus the lowest projector checkpoint). A consumer has stalled when events wait past its
-    checkpoint and it has not moved for ``stall_s`` seconds. Before any projector checkpoint
+    checkpoint and it has made no progress for ``stall_s`` seconds while they did: the clock runs
+    from the later of the checkpoint's last move and ``waiting_since[name]`` (when the first
+    event past the checkpoint was stored), so a projector that was quiet for an hour is not
+    stalled the moment an event arrives. Without ``waiting_since`` for a name, the clock runs from
+    the checkpoint's last move. Before any projector checkpoint
     exists, events that have waited since ``unapplied_since`` (when readiness first saw them
     unapplied) for ``stall_s`` are a stall too: a projector that never starts is not ready; with
     no such time, nothing can be said yet (lag None). Quarantined events are never a reason."""
@@ -346,8 +363,10 @@ def assess(
             reasons.append(f"projection lag {snap.last_seq} is past the threshold {max_lag}")
         return reasons, snap.last_seq
     reasons = []
+    waiting = waiting_since or {}
     for name, (seq, at) in sorted(points.items()):
-        idle = (snap.now - at).total_seconds()
+        since = max(at, waiting.get(name, at))
+        idle = (snap.now - since).total_seconds()
         if seq < snap.last_seq and idle > stall_s:
             reasons.append(
                 f"consumer {name} has not advanced for {idle:.0f}s with {snap.last_seq - seq} events waiting"
@@ -356,6 +375,23 @@ def assess(
     if lag > max_lag:
         reasons.append(f"projection lag {lag} is past the threshold {max_lag}")
     return reasons, lag
+
+
+async def stored_at(c: Container, seq: int) -> datetime:
+    """When the stream stored its first event at or after ``seq``."""
+    msg = await c.js.get_msg(c.layout.stream, seq, subject=c.layout.wildcard, next=True)
+    if msg.time is None:
+        raise LookupError(f"the stream gave no time for sequence {seq}")
+    return msg.time
+
+
+async def waiting_since(c: Container, first_waiting: Mapping[str, int]) -> dict[str, datetime]:
+    """For each checkpoint, when its first waiting event was stored (each sequence asked once,
+    within :data:`PROBE_TIMEOUT_S`); one not answered is left out (its checkpoint's clock decides)."""
+    seqs = sorted(set(first_waiting.values()))
+    found = await asyncio.gather(*(bounded(stored_at(c, s), PROBE_TIMEOUT_S) for s in seqs), return_exceptions=True)
+    times = {s: t for s, t in zip(seqs, found, strict=True) if isinstance(t, datetime)}
+    return {name: times[s] for name, s in first_waiting.items() if s in times}
 
 
 _first_unapplied: dict[str, datetime] = {}  # projector -> when readiness first saw events and no checkpoint
@@ -424,8 +460,15 @@ async def readiness(c: Container, *, stall_s: float | None = None, max_lag: int 
         if max_lag is None:
             max_lag = int(getattr(s, "readiness_max_lag", READINESS_MAX_LAG))
         since = _unapplied_since(snap, s.projector_name, s.partitions)
+        waits = await waiting_since(c, suspects(snap, s.projector_name, s.partitions, stall_s=stall_s))
         found_reasons, out["projection_lag"] = assess(
-            snap, s.projector_name, s.partitions, stall_s=stall_s, max_lag=max_lag, unapplied_since=since
+            snap,
+            s.projector_name,
+            s.partitions,
+            stall_s=stall_s,
+            max_lag=max_lag,
+            unapplied_since=since,
+            waiting_since=waits,
         )
         reasons.extend(found_reasons)
         try:

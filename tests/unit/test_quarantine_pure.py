@@ -9,7 +9,7 @@ from events.sealing import StaticKeys
 from events.subjects import SubjectLayout, partition_of
 from projections.quarantine import Quarantined, Tombstone, screen, storable_text, tombstone_erased
 from projections.runner import retry_delay
-from services.api.metrics import Snapshot, assess, projector_checkpoints
+from services.api.metrics import Snapshot, assess, projector_checkpoints, suspects
 from tests.integration.helpers import appended
 
 LAYOUT = SubjectLayout(partitions=4)
@@ -119,3 +119,25 @@ def test_a_projector_that_never_applied_anything_is_a_stall_once_events_have_wai
     recent = NOW - timedelta(seconds=5)
     assert assess(snap(7), "projector", 1, stall_s=60, max_lag=100, unapplied_since=recent) == ([], 7)
     assert assess(snap(0), "projector", 1, stall_s=60, max_lag=100, unapplied_since=waited) == ([], None)
+
+
+def test_the_stall_clock_runs_from_when_events_began_to_wait_not_from_the_checkpoints_last_move() -> None:
+    quiet_for_an_hour = snap(11, projector=(10, 3600))
+    just_stored = {"projector": NOW - timedelta(milliseconds=5)}
+    assert suspects(quiet_for_an_hour, "projector", 1, stall_s=60) == {"projector": 11}
+    assert assess(quiet_for_an_hour, "projector", 1, stall_s=60, max_lag=100, waiting_since=just_stored) == ([], 1)
+    waited = {"projector": NOW - timedelta(seconds=61)}
+    reasons, lag = assess(quiet_for_an_hour, "projector", 1, stall_s=60, max_lag=100, waiting_since=waited)
+    assert (lag, reasons) == (1, ["consumer projector has not advanced for 61s with 1 events waiting"])
+
+
+def test_a_backlog_older_than_the_threshold_is_no_stall_while_the_checkpoint_moves() -> None:
+    moving = snap(500, projector=(100, 1))
+    long_waiting = {"projector": NOW - timedelta(hours=2)}
+    assert suspects(moving, "projector", 1, stall_s=60) == {}
+    assert assess(moving, "projector", 1, stall_s=60, max_lag=1000, waiting_since=long_waiting) == ([], 400)
+
+
+def test_only_checkpoints_behind_and_idle_past_the_threshold_are_suspects() -> None:
+    points = {"projector.p000": (10, 3600.0), "projector.p001": (12, 3600.0), "projector.p002": (9, 5.0)}
+    assert suspects(snap(12, **points), "projector", 3, stall_s=60) == {"projector.p000": 11}
