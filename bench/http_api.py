@@ -50,7 +50,10 @@ async def running_api(
     cfg: Settings, infra: Infra, *, projector: bool, compactor: bool = False, commands: bool = False
 ) -> AsyncIterator[RunningApi]:
     """The API (and optionally a projector, a compactor and the command service, as ``chronicle
-    up`` runs them) as child processes, and a client authenticated to it."""
+    up`` runs them) as child processes, and a client authenticated to it. Without a compactor,
+    readiness does not wait for one."""
+    if not compactor:
+        cfg = cfg.model_copy(update={"readiness_compactor": False})
     base = f"http://{cfg.api_host}:{cfg.api_port}"
     log = infra.tmp / "services.log"
     async with contextlib.AsyncExitStack() as stack:

@@ -209,6 +209,11 @@ class Settings(BaseSettings):
         default=60.0, ge=0, description="readyz is 503 when a projector has not advanced this long while events wait"
     )
     readiness_max_lag: int = Field(default=100_000, ge=0, description="readyz is 503 past this many unapplied events")
+    readiness_compactor: bool = Field(
+        default=True,
+        description="readyz is 503 while no `chronicle compactor` runs (compaction requests would wait); false "
+        "for a deployment that runs none on purpose",
+    )
     command_attempts: int = Field(
         default=100,
         ge=1,

@@ -23,6 +23,7 @@ from projections.runner import checkpoint_partition
 from services.audit import quarantine
 from services.audit.readers import log_mismatch
 from services.bootstrap import Container
+from services.compaction import presence
 
 REGISTRY = CollectorRegistry()
 PUBLISHED = Counter(
@@ -81,6 +82,11 @@ COMPACTION_WAITING = Gauge(
 COMPACTION_IN_PROGRESS = Gauge(
     "chronicle_compaction_requests_in_progress",
     "Compaction requests a compactor has taken and not yet finished (delivered, not acknowledged)",
+    registry=REGISTRY,
+)
+COMPACTORS = Gauge(
+    "chronicle_compactors_present",
+    "Compactor processes running against this database (each holds its presence lock while it runs)",
     registry=REGISTRY,
 )
 COMPACTOR_PULLS = Gauge(
@@ -148,6 +154,7 @@ class Tables:
     quarantined: dict[str, int]
     overlays: int
     failures: int
+    compactors: int = 0  # compactors holding their presence (services/compaction/presence.py)
 
 
 @dataclass(frozen=True, slots=True)
@@ -184,8 +191,9 @@ async def read_tables(c: Container) -> Tables:
         )
         row = await cur.fetchone()
         by_reason = await quarantine.counts(conn)
+        compactors = await presence.present(conn)
     assert row is not None
-    return Tables({str(n): (int(s), at) for n, s, at in rows}, row[2], by_reason, int(row[0]), int(row[1]))
+    return Tables({str(n): (int(s), at) for n, s, at in rows}, row[2], by_reason, int(row[0]), int(row[1]), compactors)
 
 
 T = TypeVar("T")
@@ -281,6 +289,7 @@ def export(found: Probe, now: float | None = None) -> dict[str, int]:
     if not isinstance(found.tables, BaseException):
         OVERLAYS.set(found.tables.overlays)
         COMPACTION_FAILURES.set(found.tables.failures)
+        COMPACTORS.set(found.tables.compactors)
         count_quarantined(found.tables.quarantined)
         _refreshed["postgres"] = now
     if found.nats:
@@ -394,6 +403,16 @@ async def waiting_since(c: Container, first_waiting: Mapping[str, int]) -> dict[
     return {name: times[s] for name, s in first_waiting.items() if s in times}
 
 
+def compactor_reasons(compactors: int, *, required: bool) -> list[str]:
+    """Why the compactors make the deployment unready: none runs while one is ``required``."""
+    if compactors or not required:
+        return []
+    return [
+        "no compactor is running (none holds its presence in Postgres): compaction requests wait; "
+        "start `chronicle compactor`, or set CHRONICLE_READINESS_COMPACTOR=false where none runs on purpose"
+    ]
+
+
 _first_unapplied: dict[str, datetime] = {}  # projector -> when readiness first saw events and no checkpoint
 
 
@@ -422,7 +441,8 @@ def _postgres_failure(exc: BaseException) -> str:
 
 
 async def readiness(c: Container, *, stall_s: float | None = None, max_lag: int | None = None) -> dict[str, Any]:
-    """``ready`` is false, with ``reasons``, when NATS or Postgres does not answer, the stream is
+    """``ready`` is false, with ``reasons``, when NATS or Postgres does not answer, no compactor
+    runs (``compactor``: false; unless the setting ``readiness_compactor`` is false), the stream is
     missing or is not the log the read models were made from (``log``: :func:`services.audit.readers.log_mismatch`), a
     projector consumer has stalled while events wait, or the lag passes the threshold
     (``stall_s``/``max_lag``, by default the settings ``readiness_stall_s``/``readiness_max_lag``).
@@ -437,6 +457,7 @@ async def readiness(c: Container, *, stall_s: float | None = None, max_lag: int 
         "postgres": _answers(found.tables),
         "stream": not isinstance(found.last_seq, BaseException),
         "log": False,
+        "compactor": None,
         "lag": None,
         "quarantined": {},
     }
@@ -451,6 +472,8 @@ async def readiness(c: Container, *, stall_s: float | None = None, max_lag: int 
         reasons.append(_postgres_failure(found.tables))
     else:
         out["quarantined"] = found.tables.quarantined
+        out["compactor"] = found.tables.compactors > 0
+        reasons.extend(compactor_reasons(found.tables.compactors, required=c.settings.readiness_compactor))
     snap = found.snapshot()
     if snap is not None:
         out["lag"] = _export(snap)

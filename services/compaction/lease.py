@@ -37,7 +37,7 @@ _WAIT = f"SELECT pg_advisory_lock({_KEY})"
 _UNLOCK = f"SELECT pg_advisory_unlock({_KEY})"
 # the server probes a silent client after 10 s, every 5 s, 3 times: a vanished holder's lease
 # ends after ~25 s (settable by any role; no server configuration needed)
-_KEEPALIVES = "SET tcp_keepalives_idle = 10; SET tcp_keepalives_interval = 5; SET tcp_keepalives_count = 3"
+KEEPALIVES = "SET tcp_keepalives_idle = 10; SET tcp_keepalives_interval = 5; SET tcp_keepalives_count = 3"
 
 
 class SessionBusy(Exception):
@@ -93,7 +93,7 @@ class Leases:
     async def _held(self, tenant: str, session: str, wait_s: float) -> AsyncIterator[None]:
         conn = await psycopg.AsyncConnection.connect(self._conninfo, autocommit=True, connect_timeout=10)
         try:
-            await conn.execute(_KEEPALIVES)
+            await conn.execute(KEEPALIVES)
             if wait_s <= 0:
                 cur = await conn.execute(_TRY, (tenant, session))
                 row = await cur.fetchone()

@@ -27,6 +27,7 @@ from nats.js.errors import NotFoundError
 
 from events.subjects import SubjectLayout
 from services import brokers
+from services.compaction import presence
 from services.compaction.queue import WorkStats
 
 log = logging.getLogger("chronicle.compactor")
@@ -43,15 +44,19 @@ class Compactor:
         work: WorkStats,
         consumer: ConsumerConfig,
         retired: str | None = None,
+        presence_conninfo: str | None = None,
     ) -> None:
         """``retired``: the durable consumer of the log that compactors kept before the projector
-        kept the compaction state; deleted at the start (an upgrade leaves it behind)."""
+        kept the compaction state; deleted at the start (an upgrade leaves it behind).
+        ``presence_conninfo``: the database where this compactor holds its presence while it runs
+        (:mod:`services.compaction.presence`: readiness counts compactors there); None: none."""
         self.js = js
         self.layout = layout
         self.broker = broker
         self.work = work
         self._consumer = consumer
         self._retired = retired
+        self._presence = presence_conninfo
 
     async def run(self, stop: asyncio.Event) -> None:
         if self._retired is not None:
@@ -64,9 +69,16 @@ class Compactor:
                 "FastStream's pull subscriber is not the shape services/brokers.py is written for: should the "
                 "work queue's NATS connection close for good, this process would spin instead of stopping"
             )
+        gone = asyncio.Event()
+        held = None if self._presence is None else asyncio.create_task(presence.hold(self._presence, gone))
         try:
             await stop.wait()
         finally:
+            gone.set()
+            if held is not None:
+                held.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await held
             await brokers.stop(self.broker)
 
     async def idle(self) -> bool:

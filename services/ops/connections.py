@@ -26,10 +26,11 @@ MIN_POOL = 4
 """The smallest pool a process is given: below it, requests would queue for connections."""
 
 
-def extra_connections(compactor_concurrency: int, *, compacts: bool = True) -> int:
-    """Connections one process holds besides its pool: its ``LISTEN``, one passing, and, in a
-    process that compacts (compactor, API, command service: not a projector), its leases."""
-    return (compactor_concurrency if compacts else 0) + 2
+def extra_connections(compactor_concurrency: int, *, compacts: bool = True, compactor: bool = False) -> int:
+    """Connections one process holds besides its pool: its ``LISTEN``, one passing, in a
+    process that compacts (compactor, API, command service: not a projector) its leases, and in a
+    compactor its presence (services/compaction/presence.py)."""
+    return (compactor_concurrency if compacts else 0) + 2 + (1 if compactor else 0)
 
 
 @dataclass(frozen=True)
@@ -55,9 +56,9 @@ def pool_decision(
     fitting = (allowed - extra) // processes
     what = (
         f"{processes} processes of up to {pool_max} pooled connections each (CHRONICLE_DB_POOL_MAX) and "
-        f"{extra} more in all (compaction leases, LISTEN) could open {needed} Postgres connections; the server "
-        f"leaves {allowed} of its max_connections {max_connections} (less its reserved slots, those open "
-        f"now and {HEADROOM} for commands run beside the stack)"
+        f"{extra} more in all (compaction leases, LISTEN, compactor presence) could open {needed} Postgres "
+        f"connections; the server leaves {allowed} of its max_connections {max_connections} (less its reserved "
+        f"slots, those open now and {HEADROOM} for commands run beside the stack)"
     )
     if pool_max_set or fitting < MIN_POOL:
         least = needed if pool_max_set else processes * MIN_POOL + extra

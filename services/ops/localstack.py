@@ -411,7 +411,8 @@ def _serve(
     pools = pool_decision(
         allowed=room.allowed,
         extras=[extra_connections(settings.compactor_concurrency, compacts=False)] * workers
-        + [extra_connections(settings.compactor_concurrency)] * (2 + settings.api_processes),
+        + [extra_connections(settings.compactor_concurrency, compactor=True)]
+        + [extra_connections(settings.compactor_concurrency)] * (1 + settings.api_processes),
         pool_max=settings.db_pool_max,
         pool_max_set="db_pool_max" in settings.model_fields_set,
         max_connections=room.max_connections,

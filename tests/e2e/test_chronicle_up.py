@@ -384,7 +384,7 @@ def test_up_refuses_pools_the_server_cannot_hold_naming_what_to_change(tmp_path:
         timeout=120,
     )
     assert done.returncode == 1, done.stdout + done.stderr
-    assert "4 processes of up to 500 pooled connections each (CHRONICLE_DB_POOL_MAX) and 20 more" in done.stderr
+    assert "4 processes of up to 500 pooled connections each (CHRONICLE_DB_POOL_MAX) and 21 more" in done.stderr
     assert "raise max_connections (at least" in done.stderr
     assert "Chronicle is ready" not in done.stdout
     assert port_free("127.0.0.1", api_port)

@@ -368,7 +368,10 @@ def test_postgres_holds_every_connection_the_long_running_services_may_open(
     s = each[0]
     decided = pool_decision(
         allowed=most - 3 - HEADROOM,  # the image's superuser_reserved_connections
-        extras=[extra_connections(s.compactor_concurrency, compacts=name != "projector") for name in running],
+        extras=[
+            extra_connections(s.compactor_concurrency, compacts=name != "projector", compactor=name == "compactor")
+            for name in running
+        ],
         pool_max=s.db_pool_max,
         pool_max_set=True,  # compose runs the pools as configured: none is capped
         max_connections=most,

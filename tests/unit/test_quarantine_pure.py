@@ -9,7 +9,7 @@ from events.sealing import StaticKeys
 from events.subjects import SubjectLayout, partition_of
 from projections.quarantine import Quarantined, Tombstone, screen, storable_text, tombstone_erased
 from projections.runner import retry_delay
-from services.api.metrics import Snapshot, assess, projector_checkpoints, suspects
+from services.api.metrics import Snapshot, assess, compactor_reasons, projector_checkpoints, suspects
 from tests.integration.helpers import appended
 
 LAYOUT = SubjectLayout(partitions=4)
@@ -141,3 +141,11 @@ def test_a_backlog_older_than_the_threshold_is_no_stall_while_the_checkpoint_mov
 def test_only_checkpoints_behind_and_idle_past_the_threshold_are_suspects() -> None:
     points = {"projector.p000": (10, 3600.0), "projector.p001": (12, 3600.0), "projector.p002": (9, 5.0)}
     assert suspects(snap(12, **points), "projector", 3, stall_s=60) == {"projector.p000": 11}
+
+
+def test_no_compactor_is_a_reason_only_where_one_is_required() -> None:
+    assert compactor_reasons(2, required=True) == []
+    assert compactor_reasons(0, required=False) == []
+    (reason,) = compactor_reasons(0, required=True)
+    assert reason.startswith("no compactor is running")
+    assert "CHRONICLE_READINESS_COMPACTOR=false" in reason

@@ -15,6 +15,10 @@ def test_a_projector_holds_no_lease() -> None:
     assert (COMPACTS, PROJECTS) == (6, 2)
 
 
+def test_a_compactor_holds_its_presence_besides() -> None:
+    assert extra_connections(4, compactor=True) == COMPACTS + 1
+
+
 def test_pools_that_fit_are_kept_as_asked_and_nothing_is_said() -> None:
     decided = pool_decision(allowed=200, extras=STACK, pool_max=20, pool_max_set=False, max_connections=208)
     assert (decided.pool_max, decided.message) == (20, "")
@@ -26,7 +30,10 @@ def test_at_the_defaults_against_a_stock_server_each_pool_is_capped_to_fit() -> 
     decided = pool_decision(allowed=90, extras=STACK, pool_max=20, pool_max_set=False, max_connections=100)
     assert decided.pool_max == (90 - 20) // 4 == 17
     assert 4 * decided.pool_max + sum(STACK) <= 90
-    assert "20 more in all (compaction leases, LISTEN) could open 100 Postgres connections" in decided.message
+    assert (
+        "20 more in all (compaction leases, LISTEN, compactor presence) could open 100 Postgres connections"
+        in decided.message
+    )
     assert "the server leaves 90 of its max_connections 100" in decided.message
     assert decided.message.endswith("each process's pool is capped at 17")
 
