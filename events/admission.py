@@ -10,18 +10,24 @@ applying it. Checks, in this order (the first failure decides the reason):
 2. ``not_json``: not UTF-8, not JSON (``NaN``/``Infinity`` included), or not a JSON object.
 3. ``invalid``: a NUL or a lone surrogate in any string (keys included); arrays and objects
    nested deeper than :data:`MAX_DEPTH` (what the HTTP API refuses in a request body).
-4. ``unknown_type`` / ``newer_version`` / ``invalid``: the type and version (see the registry).
-5. ``invalid``: the model's validation; the ids as the API checks them (tenant, session unless
+4. ``subject_mismatch``: the event names its ``tenant`` and ``session`` as valid ids (as the API
+   checks them), and the subject is not that one (prefix, tenant, partition token of this
+   layout, session): decided before the type and version, because a subject that is not the
+   event's own is the publisher's mistake whatever the release (an event of a newer version on
+   another partition's subject is ``subject_mismatch``, not ``newer_version``: upgrading would
+   not make it right).
+5. ``unknown_type`` / ``newer_version`` / ``invalid``: the type and version (see the registry).
+6. ``invalid``: the model's validation; the ids as the API checks them (tenant, session unless
    tenant-scoped, every message id the event names); a ``message.appended``/``message.updated``
    whose inline ``message`` (opened, when sealed) does not hash to the ``body_sha256`` it writes
    out, unless it has an ``original_ref`` (an over-cap message: the hash is its original's). A
    compact event that leaves ``body_sha256`` out has it from its body, always right. A claim-checked
    body (``message_ref``) is not here to hash: its bytes are checked against the reference when
    they are fetched (below), not its hash against ``body_sha256``.
-6. ``too_long``: a text field longer than the API takes (events/limits.py: a session's name, a
+7. ``too_long``: a text field longer than the API takes (events/limits.py: a session's name, a
    message's role, a tool call id), so that what a direct publisher stores is what a request could.
-7. ``subject_mismatch``: the subject is not exactly the event's session subject (prefix, tenant,
-   partition token of this layout, session): the subject is the authority.
+8. ``subject_mismatch``: the subject is not exactly the event's session subject (prefix, tenant,
+   partition token of this layout, session), as validated and upcast: the subject is the authority.
 
 A claim check (a body event's ``message_ref``) is decided when the body is fetched
 (:func:`events.bodies.unpack_body`, with :func:`admit_body`): ``body_unavailable`` when the object
@@ -163,6 +169,7 @@ def admit(data: bytes, subject: str, layout: SubjectLayout, keys: KeyLookup | No
     if b"\\u" in data and _SUSPECT_ESCAPE.search(data) and has_bad_chars(raw):
         raise Refused("invalid", "a string holds a NUL character or a lone surrogate")
     _check_depth(_brackets(data), raw)
+    _check_subject(raw, subject, layout)
     if SEALED in raw:
         raw = _unseal(raw, subject, layout, keys)
     try:
@@ -180,8 +187,26 @@ def admit(data: bytes, subject: str, layout: SubjectLayout, keys: KeyLookup | No
     if isinstance(event, MessageBodyEvent) and "body_sha256" in raw:  # left out, it is the body's own
         _check_body_hash(event)
     if layout.session_subject(event.tenant, event.session) != subject:
-        raise Refused("subject_mismatch", _mismatch(event, subject, layout))
+        raise Refused("subject_mismatch", _mismatch(event.tenant, event.session, subject, layout))
     return event
+
+
+def _check_subject(raw: dict[str, Any], subject: str, layout: SubjectLayout) -> None:
+    """``subject_mismatch`` when the event's own ``tenant`` and ``session`` (valid ids, as the API
+    checks them) are not the subject's; an envelope that names none, or invalid ones, is left to
+    the checks after it."""
+    tenant, session = raw.get("tenant"), raw.get("session")
+    if not isinstance(tenant, str) or not isinstance(session, str):
+        return
+    try:
+        check_tenant(tenant)
+        if session != TENANT_SCOPE:
+            check_session(session)
+        own = layout.session_subject(tenant, session)
+    except (InvalidId, ValueError):  # ids the API would not take are ``invalid``, decided after
+        return
+    if own != subject:
+        raise Refused("subject_mismatch", _mismatch(tenant, session, subject, layout))
 
 
 def _unseal(raw: dict[str, Any], subject: str, layout: SubjectLayout, keys: KeyLookup | None) -> dict[str, Any]:
@@ -450,15 +475,16 @@ def _limited_fields(event: Event) -> Iterator[tuple[str, str | None, int]]:
         yield "tool_call_id", event.tool_call_id, MAX_TOOL_CALL_ID
 
 
-def _mismatch(event: Event, subject: str, layout: SubjectLayout) -> str:
-    """Why ``subject`` is not ``event``'s session subject (only computed for a refusal)."""
+def _mismatch(own_tenant: str, own_session: str, subject: str, layout: SubjectLayout) -> str:
+    """Why ``subject`` is not the session subject of the event's tenant and session (only
+    computed for a refusal)."""
     try:
         tenant, session = layout.parse(subject)
     except ValueError:
         return "the subject is not a session subject of this stream"
-    if tenant != event.tenant:
-        return f"the event's tenant {event.tenant!r} is not the subject's {tenant[:64]!r}"
-    if session != event.session:
-        return f"the event's session {event.session[:64]!r} is not the subject's {session[:64]!r}"
+    if tenant != own_tenant:
+        return f"the event's tenant {own_tenant[:64]!r} is not the subject's {tenant[:64]!r}"
+    if session != own_session:
+        return f"the event's session {own_session[:64]!r} is not the subject's {session[:64]!r}"
     part = partition_of(tenant, session, layout.partitions)
     return f"the subject's partition token is not p{part:03d}"

@@ -450,3 +450,16 @@ def test_the_api_takes_exactly_what_admission_takes() -> None:
     assert UIMessage.model_validate({"id": "m1", "role": "r" * MAX_ROLE, "parts": []}).role
     with pytest.raises(ValidationError):
         RunTool(session_id="s", name="x", tool_call_id="t" * (MAX_TOOL_CALL_ID + 1))
+
+
+def test_another_partitions_subject_is_a_subject_mismatch_before_the_version_is_read() -> None:
+    """(An event of a newer version on a wrong partition token was quarantined newer_version: an
+    upgrade would not have made it right.)"""
+    _, own = good()
+    part = LAYOUT.partition_token(own)
+    assert part is not None
+    wrong = own.replace(f".p{part:03d}.", f".p{(part + 1) % 4:03d}.")
+    assert reason(edited(version=99), wrong) == "subject_mismatch"
+    assert reason(edited(type="evil.happened"), wrong) == "subject_mismatch"
+    assert reason(edited(version=99), own) == "newer_version"  # on its own subject, the version decides
+    assert reason(edited(tenant="tenant a"), wrong) == "invalid"  # an id the API refuses is invalid first
