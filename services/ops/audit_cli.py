@@ -17,6 +17,7 @@ from services.audit import readers as audit
 from services.audit.archive import ArchiveBusy
 from services.audit.archive_segments import ArchiveError, lost_line, span
 from services.audit.restore import RestoreRefused, RestoreStopped
+from services.audit.strays import merged, strays
 from services.bootstrap import open_container
 from services.errors import AsOfPastLog, ChronicleError, ObjectStorageError
 from services.ops.audit_text import rebuild_summary, verify_table
@@ -131,6 +132,9 @@ async def run_audit(settings: Settings, args: argparse.Namespace) -> int:
                 ids.check_session(args.session)
                 bar = Progress("replay")
                 end = await c.publisher.last_subject_seq(args.tenant, args.session)
+                # its events quarantined after arriving on another subject (a wrong partition token)
+                others = await strays(c, args.tenant, args.session, args.from_seq, args.to_seq)
+                end = max(end, others[-1].seq if others else 0)
                 if end == 0:  # as `chronicle erase` of such a session: not found, never an empty success
                     print(
                         f"chronicle replay: no event of session {args.session!r} of tenant {args.tenant!r} in the "
@@ -140,7 +144,8 @@ async def run_audit(settings: Settings, args: argparse.Namespace) -> int:
                     return 1
                 if args.to_seq is not None:
                     end = min(end, args.to_seq)
-                async for stored in audit.session_events(c, args.tenant, args.session, args.from_seq, args.to_seq):
+                own = audit.session_events(c, args.tenant, args.session, args.from_seq, args.to_seq)
+                async for stored in merged(own, others):
                     if args.format == "jsonl":
                         sys.stdout.write(json.dumps(audit.replay_record(stored, c.layout, c.keys)) + "\n")
                     else:

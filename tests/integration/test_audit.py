@@ -13,12 +13,13 @@ import psycopg
 from bench.support import settings_env
 from events import log as eventlog
 from events.omitted import OMITTED
+from events.subjects import partition_of
 from projections import queries
 from projections.rebuild import checksums
 from services.audit import readers as audit
 from services.bootstrap import Container
 from tests.conftest import make_settings, running_stack
-from tests.integration.helpers import logged_message, text_message
+from tests.integration.helpers import appended, logged_message, text_message
 from tests.support import chronicle_cli
 
 T = "tenant-a"
@@ -99,6 +100,49 @@ async def test_replay_of_a_session_with_no_event_is_one_line_exit_1(
     assert done.stderr.strip().splitlines() == [
         f"chronicle replay: no event of session {sid!r} of tenant {T!r} in the log: nothing to replay"
     ]
+
+
+async def test_replay_finds_a_sessions_events_that_arrived_on_another_partitions_subject(
+    stack: Container, new_id: Callable[[str], str]
+) -> None:
+    """An event of the session published on a subject with another partition token (a newer
+    version, too) is quarantined ``subject_mismatch``, and replay shows it among the session's
+    own, in order; a session whose only event went astray is found too (not 'no event')."""
+    layout = stack.layout
+
+    def astray(sid: str, mid: str) -> tuple[str, bytes]:
+        own = layout.session_subject(T, sid)
+        part = partition_of(T, sid, layout.partitions)
+        wrong = own.replace(f".p{part:03d}.", f".p{(part + 1) % layout.partitions:03d}.")
+        event = json.loads(appended(T, sid, mid, None).to_json())
+        return wrong, json.dumps({**event, "version": 99}).encode()
+
+    sid, lone = new_id("astray"), new_id("astray-only")
+    before = await stack.commands.append(T, sid, text_message("m0", "own subject"), OMITTED)
+    wrong, data = astray(sid, "m1")
+    stray = await stack.js.publish(wrong, data, stream=stack.settings.stream)
+    after = await stack.commands.append(T, sid, text_message("m2", "own again"), "m0")
+    lone_subject, lone_data = astray(lone, "x1")
+    lone_stray = await stack.js.publish(lone_subject, lone_data, stream=stack.settings.stream)
+    await stack.waiter.wait_all(max(after.seq, lone_stray.seq), timeout_s=20)
+    async with stack.pool.connection() as conn:
+        cur = await conn.execute("SELECT reason FROM quarantine WHERE seq = ANY(%s)", ([stray.seq, lone_stray.seq],))
+        assert [r for (r,) in await cur.fetchall()] == ["subject_mismatch", "subject_mismatch"]
+
+    done = chronicle_cli(stack.settings, "replay", "--tenant", T, "--session", sid)
+    assert done.returncode == 0, done.stderr
+    records = [json.loads(line) for line in done.stdout.splitlines()]
+    assert [r["seq"] for r in records] == [before.seq, stray.seq, after.seq]
+    assert (records[1]["subject"], records[1]["refused"]["reason"]) == (wrong, "subject_mismatch")
+    assert [sorted(r) for r in (records[0], records[2])] == [["event", "seq", "stored_at"]] * 2
+
+    done = chronicle_cli(stack.settings, "replay", "--tenant", T, "--session", lone)
+    assert done.returncode == 0, done.stderr
+    assert [json.loads(line)["seq"] for line in done.stdout.splitlines()] == [lone_stray.seq]
+    done = chronicle_cli(
+        stack.settings, "replay", "--tenant", T, "--session", lone, "--to-seq", str(lone_stray.seq - 1)
+    )
+    assert done.returncode == 1  # before it, the session has no event
 
 
 async def test_history_as_of_a_sequence_past_the_log_is_one_line_exit_2_and_the_last_is_taken(
