@@ -1,6 +1,10 @@
 """The search language of each tenant: which text search configuration indexes and parses its text.
 
-A tenant's language is a setting (``CHRONICLE_SEARCH_LANGUAGES``); :func:`apply` records it in the
+A tenant's language is a setting (``CHRONICLE_SEARCH_LANGUAGES``), and the languages in force are
+the ones the database keeps: ``chronicle migrate`` (and the first migration of a new database)
+makes them the setting's; a service started with other ones keeps them and says so
+(:func:`drift`), so a process started with an old setting never silently changes them back. A
+rebuild takes them from the database too (:func:`stored`). :func:`apply` records them in the
 read model, where the projector takes every new message's configuration from it and an insert
 trigger (present only while some tenant is not English, so English costs nothing) gives every
 new search entry of the tenant its configuration; it re-indexes the rows of a tenant whose
@@ -46,6 +50,25 @@ async def config_of(conn: AsyncConnection[Any], tenant: str) -> str:
     cur = await conn.execute("SELECT config::text FROM search_languages WHERE tenant = %s", (tenant,))
     row = await cur.fetchone()
     return str(row[0]) if row else CONFIG
+
+
+_BY_CONFIG: dict[str, Language] = {LANGUAGES[lang]: lang for lang in get_args(Language)}
+
+
+async def stored(conn: AsyncConnection[Any]) -> dict[str, Language]:
+    """The languages the database keeps (tenant -> language; tenants not named are English)."""
+    cur = await conn.execute("SELECT tenant, config::text FROM search_languages")
+    return {str(t): _BY_CONFIG[str(c)] for t, c in await cur.fetchall() if str(c) in _BY_CONFIG}
+
+
+def drift(configured: Mapping[str, Language], kept: Mapping[str, Language]) -> list[str]:
+    """``tenant: configured X, stored Y`` for each tenant whose language differs (sorted)."""
+    tenants = sorted(configured.keys() | kept.keys())
+    return [
+        f"{t}: configured {configured.get(t, DEFAULT)}, stored {kept.get(t, DEFAULT)}"
+        for t in tenants
+        if configured.get(t, DEFAULT) != kept.get(t, DEFAULT)
+    ]
 
 
 async def apply(conn: AsyncConnection[Any], languages: Mapping[str, Language]) -> list[str]:

@@ -35,7 +35,7 @@ from projections.context import ContextProjection
 from projections.history import HistoryProjection
 from projections.keystore import PgKeyStore
 from projections.logbinding import check_log, refuse_absent_log
-from projections.migrate import check_schema, migrate
+from projections.migrate import check_schema, migrate, migration_files
 from projections.overlays import OverlayProjection
 from projections.runner import Projection, ProjectorRunner, partition_checkpoint, read_checkpoint
 from services.compaction.lease import Leases
@@ -57,6 +57,7 @@ from services.writes.erasure import Eraser
 from services.writes.waiting import AppliedWaiter
 
 nats_log = logging.getLogger("chronicle.nats")
+log = logging.getLogger("chronicle")
 JETSTREAM_READY_S = 60.0  # how long a process waits at its start for JetStream to answer
 # ... and for a cluster that answers to know enough peers to place the stream's replicas (seen: a
 # 3-node cluster refusing 3 replicas for a moment after electing its meta leader)
@@ -469,11 +470,22 @@ def summarizer_of(settings: Settings) -> Summarizer:
     return OfflineSummarizer()
 
 
-async def prepare_database(settings: Settings) -> list[str]:
-    """Apply pending migrations, then the tenants' search languages; returns the migrations applied."""
+async def prepare_database(settings: Settings, *, set_languages: bool = False) -> list[str]:
+    """Apply pending migrations; returns the migrations applied. The tenants' search languages are
+    the setting's after ``set_languages`` (``chronicle migrate``) or a new database's first
+    migration; otherwise (a service starting) the database's stay in force, and a setting that
+    differs is logged, one line, and changes nothing."""
     applied = await migrate(settings.database_url)
+    created = bool(applied) and applied[0] == migration_files()[0][1]
     async with await psycopg.AsyncConnection.connect(settings.database_url, autocommit=True) as conn:
-        await search_languages.apply(conn, settings.search_languages)
+        if set_languages or created:
+            await search_languages.apply(conn, settings.search_languages)
+        elif drift := search_languages.drift(settings.search_languages, await search_languages.stored(conn)):
+            log.warning(
+                "CHRONICLE_SEARCH_LANGUAGES differs from the search languages the database keeps (%s): the stored "
+                "ones stay in force; `chronicle migrate` with this setting changes them",
+                "; ".join(drift),
+            )
     return applied
 
 

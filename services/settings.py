@@ -10,10 +10,19 @@ import stat
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Literal, NamedTuple
+from typing import Any, Literal, NamedTuple
 
 import nkeys
-from pydantic import Field, NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt, SecretStr, field_validator
+from pydantic import (
+    Field,
+    NonNegativeFloat,
+    NonNegativeInt,
+    PositiveFloat,
+    PositiveInt,
+    SecretStr,
+    ValidationInfo,
+    field_validator,
+)
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from events.credentials import is_user_public_key, nkey_public_key, tenant_nkey_seed
@@ -242,8 +251,9 @@ class Settings(BaseSettings):
     search_languages: dict[str, Language] = Field(
         default_factory=dict,
         description="tenant -> search language (english, simple, german, french, spanish, italian, portuguese, "
-        "dutch, swedish, russian); tenants not named are english (Porter, as the reference). A change re-indexes "
-        "the tenant's messages and search entries when a service starts or `chronicle migrate` runs",
+        "dutch, swedish, russian); tenants not named are english (Porter, as the reference). The database keeps "
+        "the languages in force: `chronicle migrate` makes them these (re-indexing the tenants whose language "
+        "changed); a service started with other ones logs so and keeps the stored ones",
     )
 
     s3_endpoint: str = "127.0.0.1:9000"
@@ -381,15 +391,15 @@ class Settings(BaseSettings):
             stream=self.stream, prefix=self.subject_prefix, partitions=self.partitions, commands=self.command_prefix
         )
 
-    @field_validator("rate_limits")
+    @field_validator("rate_limits", "search_languages")
     @classmethod
-    def _tenants_named(cls, limits: dict[str, float]) -> dict[str, float]:
-        for tenant in limits:
+    def _tenants_named(cls, by_tenant: dict[str, Any], info: ValidationInfo) -> dict[str, Any]:
+        for tenant in by_tenant:
             try:
                 check_tenant(tenant)
             except InvalidId as exc:
-                raise ValueError(f"rate_limits names {tenant!r}, not a tenant: {exc}") from exc
-        return limits
+                raise ValueError(f"{info.field_name} names {tenant!r}, not a tenant: {exc}") from exc
+        return by_tenant
 
     def as_env(self, base: Mapping[str, str]) -> dict[str, str]:
         """``base`` (an environment) with exactly these settings as ``CHRONICLE_*`` variables, for

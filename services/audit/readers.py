@@ -21,7 +21,7 @@ from events.ids import TENANT_SCOPE
 from events.messages import body_hash
 from events.sealing import SEALED, KeyDestroyed, KeyLookup, kid_in, tombstone_of, unseal_fields
 from events.subjects import SubjectLayout
-from projections import context_queries, queries
+from projections import context_queries, queries, search_languages
 from projections.keystore import PgKeyStore
 from projections.logbinding import (
     LogIdentity,
@@ -49,6 +49,7 @@ from projections.rebuild import (
     row_text,
 )
 from projections.runner import checkpoint_partition
+from projections.search_languages import Language
 from projections.timetravel import SessionState
 from services.audit.quarantine import raw_text
 from services.audit.shadows import claim_shadow
@@ -324,6 +325,17 @@ async def drop_shadow(conninfo: str, shadow: str) -> None:
         logging.getLogger(__name__).warning("shadow schema %s left behind (%s): drop it by hand", shadow, exc)
 
 
+async def stored_languages(c: Container) -> dict[str, Language]:
+    """The search languages in force (the live database's, not this process's setting): a
+    rebuild indexes as the live read models do. A database without Chronicle's tables keeps none:
+    the setting's then, as a new database takes them."""
+    try:
+        async with c.pool.connection() as conn:
+            return await search_languages.stored(conn)
+    except psycopg.errors.UndefinedTable:
+        return dict(c.settings.search_languages)
+
+
 async def _build_and_swap(
     c: Container,
     shadow: str,
@@ -338,6 +350,7 @@ async def _build_and_swap(
     into ``old``); returns (last sequence built, sequence swapped at, the stream's identity) once
     the swap has committed."""
     name = c.settings.projector_name
+    languages = await stored_languages(c)
     built = await rebuild_into(
         c.js,
         c.layout,
@@ -348,7 +361,7 @@ async def _build_and_swap(
         to_seq=max(held.values()) if held else None,
         progress=progress,
         horizon=horizon_of(c.layout, held) if held else None,
-        languages=c.settings.search_languages,
+        languages=languages,
         keys=c.keys,
     )
     if not replace:  # what they applied meanwhile, mostly outside the lock
@@ -504,6 +517,7 @@ async def _verify_in(
 ) -> VerifyReport:
     """:func:`verify`'s rebuild into ``shadow`` and comparison (the caller drops ``shadow``)."""
     name = c.settings.projector_name
+    languages = await stored_languages(c)
     async with await psycopg.AsyncConnection.connect(c.settings.database_url) as live_conn:
         await live_conn.set_isolation_level(psycopg.IsolationLevel.REPEATABLE_READ)
         async with live_conn.transaction():
@@ -518,7 +532,7 @@ async def _verify_in(
                 to_seq=at,
                 progress=progress,
                 horizon=horizon,
-                languages=c.settings.search_languages,
+                languages=languages,
                 keys=c.keys,
             )
             live = await checksums(live_conn, "public")

@@ -443,7 +443,7 @@ def _dispatch(settings: Settings, args: argparse.Namespace) -> int:
         case "migrate":
             from services.bootstrap import prepare_database
 
-            applied = asyncio.run(prepare_database(settings))
+            applied = asyncio.run(prepare_database(settings, set_languages=True))
             print("applied: " + (", ".join(applied) if applied else "nothing (up to date)"))
         case "archive":
             from services.ops.audit_cli import run_archive

@@ -3,6 +3,10 @@ changing it re-indexes the tenant's rows and nobody else's."""
 
 from __future__ import annotations
 
+import logging
+import os
+import subprocess
+import sys
 from datetime import UTC, datetime
 
 import psycopg
@@ -16,6 +20,7 @@ from projections import context_queries, queries, search_languages
 from projections.history import HistoryProjection
 from projections.migrate import migrate
 from services.audit import readers as audit
+from services.bootstrap import prepare_database
 from services.settings import Settings
 from tests.conftest import make_settings, running_stack
 from tests.integration.helpers import text_message
@@ -108,3 +113,58 @@ async def test_services_apply_the_setting_and_a_rebuild_equals_the_live_model(na
         async with c.pool.connection() as conn:
             assert await ids(conn, "tenant-b", "run") == []
             assert await ids(conn, "tenant-b", "running") == ["m1"]
+
+
+def test_drift_names_each_tenant_whose_configured_language_is_not_the_stored_one() -> None:
+    assert search_languages.drift({"a": "german"}, {"a": "german"}) == []
+    assert search_languages.drift({"a": "english"}, {}) == []  # English is the default either way
+    assert search_languages.drift({}, {"b": "simple"}) == ["b: configured english, stored simple"]
+    assert search_languages.drift({"a": "german", "b": "simple"}, {"a": "french", "b": "simple"}) == [
+        "a: configured german, stored french"
+    ]
+
+
+def test_a_tenant_id_the_api_would_refuse_is_refused_in_the_setting() -> None:
+    with pytest.raises(ValidationError, match="search_languages names 'Bad Tenant', not a tenant"):
+        Settings.model_validate({"search_languages": {"Bad Tenant": "german"}})
+
+
+def test_chronicle_migrate_refuses_a_bad_tenant_in_one_line_and_changes_nothing(fresh_db: str) -> None:
+    env = {**os.environ, "CHRONICLE_DATABASE_URL": fresh_db, "CHRONICLE_SEARCH_LANGUAGES": '{"Bad Tenant": "german"}'}
+    done = subprocess.run(
+        [sys.executable, "-m", "services.ops.cli", "migrate"], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode != 0
+    (line,) = done.stderr.strip().splitlines()
+    assert line.startswith("chronicle migrate: ")
+    assert "CHRONICLE_SEARCH_LANGUAGES" in line
+    assert "'Bad Tenant', not a tenant" in line
+    with psycopg.connect(fresh_db) as conn:  # nothing was migrated
+        assert conn.execute("SELECT to_regclass('schema_migrations')").fetchone() == (None,)
+
+
+async def test_a_service_started_with_another_setting_keeps_the_stored_languages(
+    nats_url: str, fresh_db: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """(Any process started with the old setting silently changed the language back.) The
+    database keeps the languages in force; only `chronicle migrate` changes them."""
+    changed = make_settings(nats_url, fresh_db, search_languages={"tenant-b": "german"})
+    await prepare_database(changed, set_languages=True)  # `chronicle migrate` with the new setting
+    old = changed.model_copy(update={"search_languages": {"tenant-b": "simple"}})
+    with caplog.at_level(logging.WARNING, logger="chronicle"):
+        async with running_stack(old) as c:
+            r = await c.commands.append("tenant-b", "s", text_message("m1", "zwei Katzen"), OMITTED)
+            await c.waiter.wait_session("tenant-b", "s", r.seq)
+            async with c.pool.connection() as conn:
+                assert await search_languages.stored(conn) == {"tenant-b": "german"}
+                assert await ids(conn, "tenant-b", "katze") == ["m1"]  # stemmed as German: simple would not
+            report = await audit.verify(c)  # the rebuild indexes as the stored languages do
+            assert report.ok, report.differences
+    (warned,) = [r.getMessage() for r in caplog.records if "CHRONICLE_SEARCH_LANGUAGES" in r.getMessage()]
+    assert "tenant-b: configured simple, stored german" in warned
+    assert "stay in force" in warned
+
+    await prepare_database(old, set_languages=True)  # `chronicle migrate` with the old setting: it changes
+    async with await psycopg.AsyncConnection.connect(fresh_db) as conn:
+        assert await search_languages.stored(conn) == {"tenant-b": "simple"}
+        assert await ids(conn, "tenant-b", "katze") == []  # re-indexed without stemming
