@@ -98,3 +98,29 @@ async def test_the_api_stops_on_a_signal_as_the_other_processes_do(own_settings:
             api.wait()
     assert api.returncode == 0, err.decode()
     assert err.decode().strip() == ""
+
+
+async def test_readyz_names_the_compactor_once_its_process_is_killed(own_settings: Settings) -> None:
+    """(A dead compactor left readyz at 200 while compaction requests waited for no one.) Killed
+    with SIGKILL, it cleans nothing up: its presence ends with its connection."""
+    settings = own_settings.model_copy(update={"readiness_compactor": True, "readiness_stall_s": 60.0})
+    env = settings_env(settings)
+    subprocess.run([sys.executable, "-m", "services.ops.cli", "migrate"], env=env, check=True, capture_output=True)
+    procs = [start("projector", settings), start("api", settings), start("compactor", settings)]
+    try:
+        wait_for_port("127.0.0.1", settings.api_port, procs[1], "chronicle api", timeout=30)
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{settings.api_port}", timeout=30) as client:
+            r = await readyz_until(client, 200)
+            assert r.json()["compactor"] is True
+            procs[2].kill()
+            procs[2].wait(timeout=20)
+            r = await readyz_until(client, 503)
+            body = r.json()
+            assert body["compactor"] is False
+            assert [reason for reason in body["reasons"] if reason.startswith("no compactor is running")], body
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.terminate()
+        for p in procs:
+            p.wait(timeout=20)
