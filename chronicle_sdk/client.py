@@ -100,13 +100,41 @@ def _batches(messages: Sequence[Mapping[str, Any]]) -> list[list[dict[str, Any]]
     batches: list[list[dict[str, Any]]] = []
     size = 0
     for m in messages:
-        n = len(json.dumps(m, ensure_ascii=False).encode())
+        n = len(_utf8(json.dumps(m, ensure_ascii=False), f"message {m.get('id')!r}"))
         if not batches or len(batches[-1]) == _BATCH_LIMIT or size + n > _BATCH_BYTES:
             batches.append([])
             size = 0
         batches[-1].append(dict(m))
         size += n
     return batches
+
+
+UNENCODABLE = "must not contain lone surrogates (text that is not valid Unicode cannot be sent as UTF-8)"
+
+
+def _utf8(text: str, what: str) -> bytes:
+    """``text`` as UTF-8, or :class:`InvalidRequest` (nothing sent) for text holding a lone
+    surrogate (a truncated ``\\ud83d`` from a model's output, say), which no UTF-8 request can carry."""
+    try:
+        return text.encode()
+    except UnicodeEncodeError as exc:
+        raise InvalidRequest(f"{what} {UNENCODABLE}", status=422) from exc
+
+
+def _json_bytes(body: Any) -> bytes:
+    """A request body as JSON in UTF-8 (see :func:`_utf8`)."""
+    return _utf8(json.dumps(body, ensure_ascii=False), "the request body")
+
+
+def _target(path: str, query: Sequence[tuple[str, Any]]) -> str:
+    """The request target: ``path`` and its query, checked to be sendable (see :func:`_utf8`)."""
+    _utf8(path, "the request path (an id in it)")
+    if not query:
+        return path
+    pairs = [(k, _query_value(v)) for k, v in query]
+    for _, value in pairs:
+        _utf8(value, "a query parameter")
+    return f"{path}?{urlencode(pairs)}"
 
 
 def _check_message(message: Mapping[str, Any]) -> Message:
@@ -326,7 +354,9 @@ class ChronicleClient:
         ``session`` makes a GET wait for this client's last write to that session (``min_seq``);
         ``tenant_wide`` waits for its last write to any session. ``idempotent`` (default: every
         method but POST) allows retrying after failures that may have reached the server.
-        Errors are raised as typed :class:`~chronicle_sdk.ChronicleError` subclasses.
+        Errors are raised as typed :class:`~chronicle_sdk.ChronicleError` subclasses; text that
+        UTF-8 cannot carry (a lone surrogate, as in a model's output cut inside a surrogate pair)
+        is :class:`~chronicle_sdk.InvalidRequest` before anything is sent.
         """
         query: list[tuple[str, Any]] = list(params.items() if isinstance(params, Mapping) else params or [])
         safe = idempotent if idempotent is not None else method != "POST"
@@ -353,13 +383,13 @@ class ChronicleClient:
             wait = self.last_seq(None) if tenant_wide else (self.last_seq(session) if session is not None else 0)
             if wait:
                 query.append(("min_seq", wait))
-        content = None if body is OMITTED else json.dumps(body, ensure_ascii=False).encode()
+        content = None if body is OMITTED else _json_bytes(body)
         sent = {
             **self._headers,
             **({"Content-Type": "application/json"} if content is not None else {}),
             **(headers or {}),
         }
-        target = f"{path}?{urlencode([(k, _query_value(v)) for k, v in query])}" if query else path
+        target = _target(path, query)
         tries = _Tries()
         while True:
             try:
@@ -389,7 +419,7 @@ class ChronicleClient:
         """The lines of one GET answer that stays open (``…/events?follow=true``), as they come.
         An error answer raises its typed error; a lost or silent connection raises
         :class:`Unavailable` (the caller resumes where it was)."""
-        target = f"{path}?{urlencode([(k, _query_value(v)) for k, v in params.items()])}" if params else path
+        target = _target(path, list(params.items()))
         try:
             async with self._http.stream(target, self._headers, FOLLOW_IDLE_S) as opened:
                 if opened.status >= 400:
@@ -542,7 +572,7 @@ class ChronicleClient:
         answer: the server ran the route's code, so success, errors and retries are HTTP's."""
         info = await self.nats_publishing()
         direct = await self._connect_direct(info)
-        data = json.dumps(routed.payload, ensure_ascii=False).encode()
+        data = _json_bytes(routed.payload)
         if len(data) > direct.nc.max_payload:  # bigger than one NATS message: the API takes it
             raise _TooBigForNats()
         subject = f"{info.command_prefix}.{ids.encode_token(info.tenant)}.{routed.command.name}"
@@ -712,7 +742,10 @@ class ChronicleClient:
 
         body = _check_message(message)
         checked_new_message_id(body["id"])  # as the API refuses it: no URL could name it
-        size = len(canonical_json(body))
+        try:
+            size = len(canonical_json(body))
+        except UnicodeEncodeError as exc:
+            raise InvalidRequest(f"message {body['id']!r} {UNENCODABLE}", status=422) from exc
         if size > info.max_message_bytes:
             raise PayloadTooLarge(f"message is {size} bytes; the limit is {info.max_message_bytes}", status=413)
         if len(stored_json(body).encode()) > info.payload_limit_bytes:  # pack_body's claim-check rule

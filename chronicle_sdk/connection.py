@@ -81,8 +81,12 @@ class Connection(Protocol):
 
 
 def quote(value: str) -> str:
-    """An id as one URL path segment."""
-    return _quote(value, safe="")
+    """An id as one URL path segment; :class:`InvalidId` for one holding a lone surrogate, which
+    no URL can carry (no stored id holds one)."""
+    try:
+        return _quote(value, safe="")
+    except UnicodeEncodeError as exc:
+        raise InvalidId("an id must not contain lone surrogates", status=422) from exc
 
 
 def _checked(check: Callable[[str], str], value: str) -> str:

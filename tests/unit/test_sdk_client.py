@@ -414,6 +414,44 @@ async def test_session_ids_no_url_can_name_are_invalid_id_before_any_request(bad
     assert rec.requests == []
 
 
+LONE = "cut emoji \ud83d"
+"""Text with a lone surrogate (a model's output cut inside a surrogate pair): not encodable as UTF-8."""
+
+
+async def test_text_with_a_lone_surrogate_is_invalid_request_before_any_request() -> None:
+    rec = Recorder(lambda r: httpx.Response(200, json={"seq": 1}))
+    async with rec.client() as c:
+        s = Session.create(c, "s1")
+        calls = [
+            s.append_message({**msg("m1"), "parts": [{"type": "text", "text": LONE}]}),
+            s.append_all([msg("m1"), {**msg("m2"), "parts": [{"type": "text", "text": LONE}]}]),
+            s.search(LONE),
+            SessionManager(c).search(LONE),
+            s.get_history(LONE),
+            SessionManager(c).rename("s1", LONE),
+            SessionManager(c).end("s1", LONE),
+            s.replace_context_block("memory", LONE),
+        ]
+        for call in calls:
+            with pytest.raises(InvalidRequest, match="lone surrogates") as caught:
+                await call
+            assert (caught.value.code, caught.value.status) == ("invalid_request", 422)
+        with pytest.raises(InvalidId, match="lone surrogates"):  # an id in the path: no URL can name it
+            await s.get_message(LONE)
+    assert rec.requests == []
+
+
+async def test_a_lone_surrogate_is_invalid_request_over_nats_and_jetstream_before_sending() -> None:
+    nc = FakeNats(Reply(201, {"id": "m1", "parent_id": None, "seq": 3, "created": True}))
+    c = commanding(nc)
+    bad = {**msg("m1"), "parts": [{"type": "text", "text": LONE}]}
+    with pytest.raises(InvalidRequest, match="lone surrogates"):
+        await c.append("s1", bad)
+    with pytest.raises(InvalidRequest, match="message 'm1' must not contain lone surrogates"):
+        await c.append_chain("s1", [bad], via="jetstream")
+    assert nc.subjects == []
+
+
 def created(request: httpx.Request) -> httpx.Response:
     """``POST /v1/sessions`` answered as the server does; a read of the session answers its entry."""
     if request.method == "POST":
