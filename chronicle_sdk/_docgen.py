@@ -19,7 +19,8 @@ from types import ModuleType
 from typing import Any
 
 import chronicle_sdk
-from chronicle_sdk import config, convert, errors
+from chronicle_sdk import config, connection, convert, errors
+from events import omitted
 
 DOC_PATH = Path(__file__).resolve().parent.parent / "docs" / "sdk.md"
 
@@ -146,22 +147,27 @@ def _item(name: str) -> list[str]:
 
 def _describe_value(name: str) -> str:
     docs = {
-        "OMITTED": _doc_attr(chronicle_sdk.types, "OMITTED"),
+        "OMITTED": _doc_attr(omitted, "OMITTED"),
         "Message": _doc_attr(chronicle_sdk.types, "Message"),
-        "Via": '``"http"`` or ``"jetstream"``: which path an append takes.',
+        "Via": _doc_attr(connection, "Via"),
         "Provider": "Any of the providers above.",
     }
     return docs.get(name, "")
 
 
 def _doc_attr(module: ModuleType, name: str) -> str:
-    """The docstring written under a module-level assignment (read from the source)."""
+    """The docstring written under a module-level assignment (read from the source), all of its
+    lines."""
     source = inspect.getsource(module).splitlines()
     for i, line in enumerate(source):
         if line.startswith((f"{name}: ", f"{name} = ")):
-            for follow in source[i + 1 : i + 4]:
+            for j, follow in enumerate(source[i + 1 : i + 4], start=i + 1):
                 if follow.startswith('"""'):
-                    return follow.strip('"')
+                    text = follow[3:]
+                    while '"""' not in text and j + 1 < len(source):
+                        j += 1
+                        text += "\n" + source[j]
+                    return text.split('"""', 1)[0]
     return ""
 
 

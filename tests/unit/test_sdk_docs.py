@@ -34,3 +34,11 @@ def test_every_public_function_and_method_has_a_docstring() -> None:
                 if not getattr(fn, "__doc__", None):
                     missing.append(f"{name}.{member}")
     assert missing == []
+
+
+def test_every_public_value_is_described_with_its_whole_docstring() -> None:
+    values = ["OMITTED", "Message", "Via", "Provider"]
+    assert {n: bool(_docgen._describe_value(n)) for n in values} == dict.fromkeys(values, True)
+    via = _docgen._describe_value("Via")  # a docstring of two lines, read whole
+    assert [f'``"{path}"``' in via for path in ("http", "nats", "jetstream")] == [True] * 3
+    assert via.endswith('(``"jetstream"``).')
