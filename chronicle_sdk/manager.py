@@ -67,8 +67,13 @@ class SessionManager(ConfigBuilder):
         """Register a new session (``create(name, {parentSessionId, model, source})``); returns its entry.
 
         The id is a new UUID unless given (``None``); ``model`` and ``source`` are kept in
-        ``metadata``. Raises :class:`SessionExists` for a taken id, and :class:`InvalidId` before
-        any request for an id the server would refuse (``id=""`` included: it is not "no id").
+        ``metadata``. The client retries a create that failed in a way that may have reached the
+        server (a timeout, a lost connection); a live session already at the id with exactly this
+        name, metadata and parent is that first attempt's (or the same create made again) and is
+        answered, as an append of the same message again is. Raises :class:`SessionExists` for
+        an id taken otherwise (another name, metadata or parent, or a deleted session), and
+        :class:`InvalidId` before any request for an id the server would refuse (``id=""``
+        included: it is not "no id").
         """
         sid = str(uuid.uuid4()) if id is None else checked_session_id(id)
         meta = dict(metadata or {})
@@ -82,9 +87,13 @@ class SessionManager(ConfigBuilder):
         try:
             out = await self.client.request("POST", "/v1/sessions", body=body, idempotent=True)
         except SessionExists:
-            # a retried create whose first attempt succeeded: answer with what was stored
-            existing = await self.get(sid) if id is None else None
-            if existing is None or existing.name != name:
+            # a retried create whose first attempt was stored: answer with what was stored
+            existing = await self.get(sid)
+            if existing is None or (existing.name, existing.metadata, existing.parent_session_id) != (
+                name,
+                meta,
+                parent_session_id,
+            ):
                 raise
             return existing
         self.client.note_seq(sid, out.get("seq"))

@@ -30,6 +30,7 @@ from chronicle_sdk import (
     SearchTimeout,
     ServerError,
     Session,
+    SessionExists,
     SessionManager,
     TransientError,
     Unauthorized,
@@ -479,6 +480,46 @@ async def test_an_explicit_session_id_the_server_would_refuse_is_invalid_id_befo
                 await manager.fork("s1", "m1", id=bad)
     assert rec.requests == []
     assert nc.subjects == []
+
+
+def stored_session(stored: dict[str, Any]) -> Handler:
+    """A server where ``stored`` is the session at the id: a create times out after the server
+    stored it, its retry is ``409 session_exists``, and a read answers ``stored``."""
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        if request.method == "POST":
+            return problem(409, "session_exists", "session 's1' already exists")
+        return httpx.Response(200, json={"id": "s1", "seq": 3, **stored})
+
+    return timing_out_once(answer)
+
+
+async def test_a_create_retried_after_its_first_attempt_was_stored_answers_the_stored_session() -> None:
+    entry = {"name": "Chat", "metadata": {"owner": "ada", "model": "gpt"}, "parent_session_id": "p1"}
+    rec = Recorder(stored_session(entry))
+    async with rec.client() as c:
+        info = await SessionManager(c).create(
+            "Chat", id="s1", parent_session_id="p1", metadata={"owner": "ada"}, model="gpt"
+        )
+    assert (info.id, info.name, info.metadata, info.parent_session_id) == ("s1", "Chat", entry["metadata"], "p1")
+    assert [r.method for r in rec.requests] == ["POST", "POST", "GET"]  # the retry, then the read
+
+
+@pytest.mark.parametrize(
+    "other",
+    [
+        {"name": "Someone else's", "metadata": {"owner": "ada", "model": "gpt"}, "parent_session_id": "p1"},
+        {"name": "Chat", "metadata": {"owner": "bob", "model": "gpt"}, "parent_session_id": "p1"},
+        {"name": "Chat", "metadata": {"owner": "ada", "model": "gpt"}, "parent_session_id": None},
+    ],
+    ids=["name", "metadata", "parent"],
+)
+async def test_an_id_taken_by_another_session_is_session_exists(other: dict[str, Any]) -> None:
+    async with Recorder(stored_session(other)).client() as c:
+        with pytest.raises(SessionExists):
+            await SessionManager(c).create(
+                "Chat", id="s1", parent_session_id="p1", metadata={"owner": "ada"}, model="gpt"
+            )
 
 
 async def test_no_session_id_is_a_new_uuid() -> None:
