@@ -100,7 +100,7 @@ def _batches(messages: Sequence[Mapping[str, Any]]) -> list[list[dict[str, Any]]
     batches: list[list[dict[str, Any]]] = []
     size = 0
     for m in messages:
-        n = len(_utf8(json.dumps(m, ensure_ascii=False), f"message {m.get('id')!r}"))
+        n = len(_json_bytes(m, f"message {m.get('id')!r}"))
         if not batches or len(batches[-1]) == _BATCH_LIMIT or size + n > _BATCH_BYTES:
             batches.append([])
             size = 0
@@ -121,9 +121,14 @@ def _utf8(text: str, what: str) -> bytes:
         raise InvalidRequest(f"{what} {UNENCODABLE}", status=422) from exc
 
 
-def _json_bytes(body: Any) -> bytes:
-    """A request body as JSON in UTF-8 (see :func:`_utf8`)."""
-    return _utf8(json.dumps(body, ensure_ascii=False), "the request body")
+def _json_bytes(body: Any, what: str = "the request body") -> bytes:
+    """A request body as JSON in UTF-8 (see :func:`_utf8`); :class:`InvalidRequest` for one that
+    JSON cannot hold (a ``set``, an object, a circular reference), as the server refuses ``NaN``."""
+    try:
+        text = json.dumps(body, ensure_ascii=False)
+    except (TypeError, ValueError) as exc:
+        raise InvalidRequest(f"{what} is not JSON: {exc}", status=422) from exc
+    return _utf8(text, what)
 
 
 def _target(path: str, query: Sequence[tuple[str, Any]]) -> str:
@@ -483,9 +488,9 @@ class ChronicleClient:
         """
         if not messages:
             return []
+        refuse_unnameable_ids(messages)
         if len({str(m.get("id")) for m in messages}) != len(messages):
             raise InvalidRequest("message ids in a chain must be distinct", status=422)
-        refuse_unnameable_ids(messages)
         chosen = self._via(via)
         if chosen == "jetstream":
             return await self._append_chain_direct(session_id, messages, parent_id)

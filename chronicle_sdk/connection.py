@@ -13,7 +13,7 @@ from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
 from typing import Any, Literal, Protocol
 from urllib.parse import quote as _quote
 
-from chronicle_sdk.errors import InvalidId
+from chronicle_sdk.errors import InvalidId, InvalidRequest
 from chronicle_sdk.types import OMITTED, AppendResult, ParentId
 from events import ids
 
@@ -115,12 +115,24 @@ def checked_new_message_id(message_id: str) -> str:
     return _checked(ids.check_new_message_id, message_id)
 
 
+def checked_mapping(message: Any, where: str = "message") -> Mapping[str, Any]:
+    """``message`` when it is a mapping; :class:`InvalidRequest` (``422``, as the server answers
+    a body that is not an object) before any request when it is not."""
+    if not isinstance(message, Mapping):
+        raise InvalidRequest(
+            f"{where}: a message is an object (a UIMessage dict), not {type(message).__name__}", status=422
+        )
+    return message
+
+
 def refuse_unnameable_ids(messages: Sequence[Mapping[str, Any]]) -> None:
     """:class:`InvalidId` (``422``) before any request when a new message's id is one no URL could
     name (a ``/`` in it, or ``.`` or ``..``), which the server refuses too: nothing of a chain is
-    sent. The rest of a message's shape is left to the server (or to the JetStream path's check)."""
-    for message in messages:
-        mid = message.get("id") if isinstance(message, Mapping) else None  # any other is the server's to refuse
+    sent. A message that is not a mapping is :class:`InvalidRequest` (``422``, as the server would
+    answer it), also before any request. The rest of a message's shape is left to the server (or to
+    the JetStream path's check)."""
+    for i, message in enumerate(messages):
+        mid = checked_mapping(message, f"message {i}").get("id")
         if isinstance(mid, str) and (mid in ids.UNREACHABLE_MESSAGE_IDS or "/" in mid):
             checked_new_message_id(mid)
 
@@ -133,6 +145,7 @@ def session_path(session_id: str, tail: str = "") -> str:
 __all__ = [
     "Connection",
     "Via",
+    "checked_mapping",
     "checked_message_id",
     "checked_new_message_id",
     "checked_session_id",

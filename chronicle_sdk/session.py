@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from chronicle_sdk.config import ConfigBuilder, parse_config
-from chronicle_sdk.connection import Connection, Via, quote, refuse_unnameable_ids, session_path
+from chronicle_sdk.connection import Connection, Via, checked_mapping, quote, refuse_unnameable_ids, session_path
 from chronicle_sdk.errors import InvalidConfig, InvalidRequest, NotFound, RateLimited, Unavailable
 from chronicle_sdk.tools import ToolDefinition, Tools, arguments_error, arguments_fault, parse_arguments
 from chronicle_sdk.types import (
@@ -201,8 +201,11 @@ class Session(ConfigBuilder):
 
         Raises :class:`MessageNotFound` for an unknown id (the reference: a silent no-op).
         """
+        mid = checked_mapping(message).get("id")
+        if not isinstance(mid, str):
+            raise InvalidRequest(f"message.id: an update names its message by a string id, not {mid!r}", status=422)
         body = {"message": dict(message)}
-        out = await self._write("PUT", f"/messages/{quote(str(message['id']))}", body)
+        out = await self._write("PUT", f"/messages/{quote(mid)}", body)
         return int(out["seq"])
 
     async def delete_messages(self, message_ids: Sequence[str]) -> list[str]:

@@ -453,6 +453,31 @@ async def test_a_lone_surrogate_is_invalid_request_over_nats_and_jetstream_befor
     assert nc.subjects == []
 
 
+async def test_a_message_that_is_not_an_object_is_invalid_request_before_any_request() -> None:
+    rec = Recorder(lambda r: httpx.Response(200, json={"seq": 1}))
+    async with rec.client() as c:
+        s = Session.create(c, "s1")
+        with pytest.raises(InvalidRequest, match=r"message 0: a message is an object .*, not str"):
+            await s.append_message("hello")  # type: ignore[arg-type]
+        with pytest.raises(InvalidRequest, match=r"message 1: a message is an object .*, not list"):
+            await s.append_all([msg("m1"), ["m2"]])  # type: ignore[list-item]
+        with pytest.raises(InvalidRequest, match=r"a message is an object .*, not NoneType"):
+            await s.update_message(None)  # type: ignore[arg-type]
+        with pytest.raises(InvalidRequest, match=r"message.id: an update names its message by a string id, not None"):
+            await s.update_message({"role": "user", "parts": []})
+    assert rec.requests == []
+
+
+async def test_a_body_json_cannot_hold_is_invalid_request_before_any_request() -> None:
+    rec = Recorder(lambda r: httpx.Response(200, json={"seq": 1}))
+    async with rec.client() as c:
+        with pytest.raises(InvalidRequest, match="the request body is not JSON: Object of type set"):
+            await SessionManager(c).create("n", metadata={"tags": {"a", "b"}})
+        with pytest.raises(InvalidRequest, match="message 'm2' is not JSON: Object of type set"):
+            await Session.create(c, "s1").append_all([msg("m1"), {**msg("m2"), "data": {1}}])
+    assert rec.requests == []
+
+
 def created(request: httpx.Request) -> httpx.Response:
     """``POST /v1/sessions`` answered as the server does; a read of the session answers its entry."""
     if request.method == "POST":
