@@ -72,6 +72,11 @@ RETRY_BUDGET_S = 15.0
 election (about 6 s of 503s) or a restart of an API process, with room to spare."""
 
 
+MAY_HAVE_RUN = "; the request may have reached the server and been applied: read what it writes before sending it again"
+"""Said by an :class:`Unavailable` whose request may have run (no answer came after it was sent), so
+that a caller does not repeat a write that is not idempotent (an append to a block, a tool call) blindly."""
+
+
 @dataclass(slots=True)
 class _Tries:
     """One call's attempts so far: how many retries were made, since when, and the pauses slept."""
@@ -162,8 +167,10 @@ class ChronicleClient:
       a NATS stream-leader election (about 6 s of 503s) or an API restart. ``retry_budget_s=0``
       makes it ``retries`` only; with ``retries=0`` as well, nothing is retried. Requests that
       are not idempotent are retried only when nothing can have been written (a 429 wrote
-      nothing). After a 429 the client waits at least the server's ``retry_after``; one over
-      ``MAX_RETRY_AFTER_S`` (60 s), or past the budget once the ``retries`` are made, raises
+      nothing); one that got no answer after it was sent raises :class:`~chronicle_sdk.Unavailable`
+      saying that it may have been applied (read before sending it again). After a 429 the
+      client waits at least the server's ``retry_after``; one over ``MAX_RETRY_AFTER_S`` (60 s),
+      or past the budget once the ``retries`` are made, raises
       :class:`~chronicle_sdk.RateLimited` at once instead.
     * Read-your-writes: remembers the ``seq`` of its last write per session and sends it as
       ``min_seq`` on every read of that session (tenant-wide reads send the highest one).
@@ -403,7 +410,7 @@ class ChronicleClient:
                 if (safe or exc.unsent) and (pause := self._next_pause(tries)) is not None:
                     await self._pause(tries, pause)
                     continue
-                raise Unavailable(f"{method} {path}: {exc}", status=0) from exc
+                raise Unavailable(f"{method} {path}: {exc}{'' if exc.unsent else MAY_HAVE_RUN}", status=0) from exc
             if resp.status < 400:
                 if resp.headers.get("content-type", "").startswith("application/x-ndjson"):
                     return resp.content.decode("utf-8", "replace")
@@ -612,7 +619,9 @@ class ChronicleClient:
                 if safe and (pause := self._next_pause(tries)) is not None:
                     await self._pause(tries, pause)
                     continue
-                raise Unavailable(f"{routed.command.name}: no reply on {subject} in {self._timeout} s") from exc
+                raise Unavailable(
+                    f"{routed.command.name}: no reply on {subject} in {self._timeout} s{MAY_HAVE_RUN}"
+                ) from exc
             status = reply_status(msg.headers)
             try:
                 payload: Any = json.loads(msg.data)

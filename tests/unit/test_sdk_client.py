@@ -224,12 +224,23 @@ async def test_non_idempotent_posts_are_not_retried_after_they_may_have_run() ->
     rec = Recorder(handler)
     async with rec.client() as c:
         s = Session.create(c, "s")
-        with pytest.raises(Unavailable):
+        with pytest.raises(Unavailable, match="may have reached the server and been applied"):
             await s.execute_tool("set_context", {"label": "memory", "content": "x"})
         assert len(rec.requests) == 1
         with pytest.raises(Unavailable):
             await s.refresh_system_prompt()
         assert len(rec.requests) == 2
+
+
+async def test_a_request_that_never_left_does_not_say_it_may_have_been_applied() -> None:
+    def refused(request: httpx.Request) -> httpx.Response:
+        raise httpx.ConnectError("refused", request=request)
+
+    async with Recorder(refused).client(retries=0) as c:
+        with pytest.raises(Unavailable) as caught:
+            await Session.create(c, "s").execute_tool("set_context", {"label": "memory", "content": "x"})
+    assert "refused" in caught.value.detail
+    assert "may have" not in caught.value.detail
 
 
 def timing_out_once(answer: Handler) -> Handler:
@@ -865,7 +876,7 @@ async def test_a_timed_out_command_is_retried_only_when_repeating_it_is_safe() -
     import nats.errors
 
     unsafe = FakeNats(nats.errors.TimeoutError())
-    with pytest.raises(Unavailable, match="no reply"):
+    with pytest.raises(Unavailable, match=r"no reply .* may have reached the server and been applied"):
         await commanding(unsafe).request("POST", "/v1/sessions/s1/system-prompt:refresh", idempotent=False)
     assert len(unsafe.subjects) == 1
     written = {"label": "notes", "content": "x", "tokens": 1, "max_tokens": None, "seq": 9}
