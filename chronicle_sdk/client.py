@@ -546,13 +546,16 @@ class ChronicleClient:
         via: Literal["http", "nats"] = "http",
     ) -> list[AppendResult]:
         """The chain in ``messages:batch`` requests (HTTP or NATS commands). Idempotent by message
-        id, as single appends: a retried batch re-answers the messages already appended
-        (``created=False``), and an id already stored with a different body is a
+        id, as single appends: a retried batch re-answers the messages already appended, and the
+        call's ``Idempotency-Key`` (one for all its requests and their retries) makes those that
+        an earlier attempt of this call stored answer ``created=True`` (others ``created=False``);
+        an id already stored with a different body is a
         :class:`~chronicle_sdk.MessageConflict`. An error part-way carries the chain's stored
         messages (``written``) and the index of the one that failed (``failed_index``), across
         requests: see :class:`~chronicle_sdk.ChronicleError`."""
         results: list[AppendResult] = []
         parent = parent_id
+        key = uuid.uuid4().hex  # the call's name in every request and retry: what it stored is created
         for chunk in _batches(messages):
             try:
                 out = await self._send(
@@ -562,6 +565,7 @@ class ChronicleClient:
                     {"messages": chunk, "parent_id": parent},
                     session=session_id,
                     idempotent=True,
+                    headers={"Idempotency-Key": key},
                 )
             except ChronicleError as err:  # what the chain stored before it failed: on the error
                 err.failed_index = len(results) + (err.failed_index or 0)

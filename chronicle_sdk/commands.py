@@ -78,7 +78,7 @@ ROUTES: tuple[tuple[str, re.Pattern[str], str, Build], ...] = tuple(
         ("POST", _S + ":end", "session.end", _with_session),
         ("POST", _S + "/fork", "session.fork", _with_session),
         ("POST", _S + "/messages", "append", _keyed),
-        ("POST", _S + "/messages:batch", "append_batch", _with_session),
+        ("POST", _S + "/messages:batch", "append_batch", _keyed),
         ("PUT", _S + "/messages/" + _seg("mid"), "update", _with_session),
         ("POST", _S + "/messages:delete", "delete", _with_session),
         ("POST", _S + "/messages:clear", "clear", _with_session),

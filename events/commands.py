@@ -163,10 +163,15 @@ class AppendMessage(BaseModel):
 
 
 class AppendBatch(BaseModel):
+    """A chain (see :class:`AppendMessage` for ``parent_id``). ``idempotency_key`` is HTTP's
+    ``Idempotency-Key``: the client's name for this batch, the same in each of its retries, so that
+    a retry whose first attempt stored messages answers them ``created`` too."""
+
     model_config = _strict({"session_id": "demo", "messages": [_MESSAGE, {**_MESSAGE, "id": "m2"}]})
     session_id: SessionId
     messages: list[MessageJson] = Field(min_length=1, max_length=MAX_BATCH)
     parent_id: MessageId | None = None
+    idempotency_key: IdempotencyKey | None = None
 
 
 class UpdateMessage(BaseModel):

@@ -86,18 +86,32 @@ async def append_one(
 @router.post(
     "/v1/sessions/{sid}/messages:batch", status_code=201, response_model=None, responses=ok(m.BatchAppended, 201)
 )
-async def append_batch(sid: Sid, body: AppendBatchBody, tenant: Tenant, c: ContainerDep) -> dict[str, Any]:
+async def append_batch(
+    sid: Sid,
+    body: AppendBatchBody,
+    tenant: Tenant,
+    c: ContainerDep,
+    idempotency_key: Annotated[
+        str | None,
+        idempotency_key(
+            "the client's name for this batch, kept across its retries: a retry whose first attempt stored "
+            "messages answers them `created: true` too; a key whose derived event id a message on another "
+            "subject of the log holds is `409 idempotency_key_conflict`"
+        ),
+    ] = None,
+) -> dict[str, Any]:
     """Append a chain: the first message takes ``parent_id`` as a single append does (omitted:
     the latest leaf; ``null``: a new root), each next one is the child of the previous, or, when
     another writer appended under the previous meanwhile, of the latest leaf below it: the
     session stays one chain under concurrent writers.
 
-    Each message is its own event; a retried batch re-answers the appended ones (idempotent).
-    Not atomic: a failure part-way is the failing message's problem with ``failed_index`` and
-    ``written`` (the batch's messages stored before it, as this answer lists them).
+    Each message is its own event; a retried batch re-answers the appended ones (idempotent), as
+    created when it sends the first attempt's ``Idempotency-Key``. Not atomic: a failure part-way
+    is the failing message's problem with ``failed_index`` and ``written`` (the batch's messages
+    stored before it, as this answer lists them).
     """
     parent = writes.parent_spec(body.parent_id, "parent_id" in body.model_fields_set)
-    return await writes.append_batch(c, tenant, sid, body.messages, parent)
+    return await writes.append_batch(c, tenant, sid, body.messages, parent, idempotency_key)
 
 
 @router.get("/v1/sessions/{sid}/messages/{mid}", responses=ok(m.MessageRead))

@@ -218,7 +218,9 @@ def command_router(
     @subscriber(by["append_batch"])
     async def append_batch(body: cmd.AppendBatch, tenant: str = Path()) -> NatsResponse:
         parent = writes.parent_spec(body.parent_id, "parent_id" in body.model_fields_set)
-        out = await writes.append_batch(container(), tenant_of(tenant), body.session_id, body.messages, parent)
+        out = await writes.append_batch(
+            container(), tenant_of(tenant), body.session_id, body.messages, parent, body.idempotency_key
+        )
         return reply(out, 201)
 
     @subscriber(by["update"])

@@ -126,12 +126,18 @@ async def append(
 
 
 async def append_batch(
-    c: Container, tenant: str, sid: str, messages: list[dict[str, Any]], parent: ParentSpec
+    c: Container,
+    tenant: str,
+    sid: str,
+    messages: list[dict[str, Any]],
+    parent: ParentSpec,
+    request_key: str | None = None,
 ) -> Answer:
     """A chain: the first message takes ``parent`` as a single append does, each next one is the
     child of the previous, or of the latest leaf when another writer appended under the previous
     meanwhile (``follow``: the session stays one chain, see :meth:`Commands.append`). Each message
-    is its own event; a retried batch re-answers the appended ones (idempotent).
+    is its own event; a retried batch re-answers the appended ones (idempotent), as created when
+    ``request_key`` (the client's ``Idempotency-Key``, one per batch) names the batch that stored them.
 
     Not atomic: a failure at a message (its parent would make a cycle, its id is taken by another
     body, the log is unavailable, …) leaves the messages before it stored, and is raised as
@@ -144,7 +150,7 @@ async def append_batch(
     answers: list[Answer] = []
     for i, body in enumerate(bodies):
         try:
-            r = await c.commands.append(tenant, sid, body, parent, follow=i > 0)
+            r = await c.commands.append(tenant, sid, body, parent, request_key, follow=i > 0)
         except Exception as exc:  # the messages before it are stored: the answer says so (BatchFailed)
             raise BatchFailed(exc, i, str(body["id"]), answers) from exc
         answers.append({"id": r.id, "parent_id": r.parent_id, "seq": r.seq, "created": r.created})

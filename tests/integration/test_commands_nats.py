@@ -421,6 +421,34 @@ async def test_a_retried_append_is_idempotent(
     assert [m["id"] for m in history.json()["messages"]] == ["m1", "m2", "m3"]
 
 
+async def test_a_retried_batch_with_its_key_answers_what_it_stored_as_created_over_nats_and_http(
+    http: httpx.AsyncClient, tenant_a: NatsClient, settings: Settings
+) -> None:
+    sid = await created_session(http)
+    key = uuid.uuid4().hex
+    batch = {"session_id": sid, "messages": [message("b1"), message("b2")], "parent_id": None}
+    first = await request(tenant_a, settings, "append_batch", {**batch, "idempotency_key": key})
+    retried = await request(tenant_a, settings, "append_batch", {**batch, "idempotency_key": key})
+    assert first[0] == retried[0] == 201
+    assert retried[1] == first[1]  # the same seqs, and created: this batch stored them
+    assert [m["created"] for m in retried[1]["messages"]] == [True, True]
+    # another key, or none, did not store them: a repeat, created false; over HTTP alike
+    other = await request(tenant_a, settings, "append_batch", {**batch, "idempotency_key": uuid.uuid4().hex})
+    assert [m["created"] for m in other[1]["messages"]] == [False, False]
+    path = f"/v1/sessions/{sid}/messages:batch"
+    body = {"messages": batch["messages"], "parent_id": None}
+    keyed = await http.post(path, json=body, headers={"Idempotency-Key": key})
+    unkeyed = await http.post(path, json=body)
+    assert keyed.json() == first[1]
+    assert [m["created"] for m in unkeyed.json()["messages"]] == [False, False]
+    events = await http.get(f"/v1/sessions/{sid}/events", params={"from_seq": 1})
+    appended = [json.loads(line)["event"] for line in events.text.splitlines() if line.strip()]
+    assert [e.get("message_id") or e["message"]["id"] for e in appended if e["type"] == "message.appended"] == [
+        "b1",
+        "b2",
+    ]  # stored once, however many retries
+
+
 async def test_usage_with_a_key_is_idempotent_and_a_reused_key_is_refused_alike(
     http: httpx.AsyncClient, tenant_a: NatsClient, settings: Settings
 ) -> None:

@@ -732,6 +732,18 @@ async def test_http_chains_are_batches_of_at_most_1000() -> None:
     assert [r.parent_id for r in results[999:1001]] == ["m998", "m999"]
 
 
+async def test_a_chain_names_itself_with_one_idempotency_key_in_every_request() -> None:
+    rec = Recorder(batch_answer)
+    async with rec.client() as c:
+        await c.append_chain("s1", [msg(f"m{i}") for i in range(1500)], None)
+        await c.append_chain("s1", [msg("n1")], None)
+    keys = [r.headers.get("idempotency-key") for r in rec.requests]
+    assert len(keys) == 3
+    assert None not in keys
+    assert keys[1] == keys[0]  # both requests of the first call
+    assert keys[2] != keys[0]  # another call
+
+
 async def test_http_chains_are_cut_by_size_too(monkeypatch: pytest.MonkeyPatch) -> None:
     from chronicle_sdk import client as sdk_client
 

@@ -1,0 +1,53 @@
+"""The SDK against the real stack when an answer is lost after the server ran the request: the
+client's retry stores nothing twice and answers what the lost attempt did."""
+
+from __future__ import annotations
+
+import httpx
+
+from chronicle_sdk import ChronicleClient
+from tests.conftest import KEYS
+from tests.e2e.sdk_support import sid, text
+
+
+class LosingTransport(httpx.AsyncHTTPTransport):
+    """Sends every request to the API; the first answer to a path ending in ``lose`` is read and
+    then lost (a read timeout), as when a connection drops after the server stored the write."""
+
+    def __init__(self, lose: str) -> None:
+        super().__init__()
+        self.lose = lose
+        self.lost: list[str] = []
+        self.sent: list[tuple[str, str | None]] = []
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        self.sent.append((request.url.path, request.headers.get("idempotency-key")))
+        response = await super().handle_async_request(request)
+        if request.url.path.endswith(self.lose) and not self.lost:
+            await response.aread()
+            self.lost.append(request.url.path)
+            raise httpx.ReadTimeout("the answer was lost", request=request)
+        return response
+
+
+async def test_a_chain_whose_answer_was_lost_is_stored_once_and_answered_as_created(api_url: str) -> None:
+    transport = LosingTransport("/messages:batch")
+    async with ChronicleClient(api_url, KEYS["tenant-a"], transport=transport, backoff_s=0.01) as c:
+        s = c.session(sid("lost"))
+        results = await s.append_all([text("a", "one"), text("b", "two"), text("c", "three")])
+        assert transport.lost  # the first attempt ran, and its answer never came
+        assert [(r.id, r.parent_id, r.created) for r in results] == [
+            ("a", None, True),
+            ("b", "a", True),
+            ("c", "b", True),
+        ]
+        batches = [key for path, key in transport.sent if path.endswith("/messages:batch")]
+        assert len(batches) == 2  # the first attempt and the retry
+        assert batches[0] is not None
+        assert batches[1] == batches[0]  # the retry names the call with the first attempt's key
+        assert [m["id"] for m in await s.get_history()] == ["a", "b", "c"]
+        appended = [e for e in await s.get_events() if e["event"]["type"] == "message.appended"]
+        assert len(appended) == 3  # nothing stored twice
+        again = await s.append_all([text("a", "one"), text("b", "two"), text("c", "three")])
+        assert [r.created for r in again] == [False, False, False]  # another call: a repeat, not created
+        assert [r.seq for r in again] == [r.seq for r in results]
