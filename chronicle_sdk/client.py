@@ -203,7 +203,9 @@ class ChronicleClient:
       takes an httpx transport instead (``httpx.MockTransport`` in tests, ``httpx.ASGITransport``
       to call an app in-process).
 
-    Use it as an async context manager, or call :meth:`aclose`.
+    Use it as an async context manager, or call :meth:`aclose`. Its connections belong to the
+    event loop that opened them: a client used from a later loop (``asyncio.run`` per call in a
+    synchronous program) opens new ones there and ends the old loop's.
     """
 
     def __init__(
@@ -690,7 +692,13 @@ class ChronicleClient:
     async def _connect_direct(self, info: NatsPublishing) -> _Direct:
         """The client's NATS connection, opened on first use, and opened again when the cached one
         was closed (nats-py gave up on it, or the server dropped it for good): a closed
-        connection raised ``ConnectionClosedError`` on every later call, for the client's life."""
+        connection raised ``ConnectionClosedError`` on every later call, for the client's life.
+        A connection belongs to the event loop that opened it: used from another (a later
+        ``asyncio.run``), the client connects again on that one."""
+        loop = asyncio.get_running_loop()
+        if self._direct is not None and self._direct.loop is not loop:
+            self._direct = None  # its loop is gone, and its tasks with it: nothing of it can run here
+            self._direct_lock = asyncio.Lock()  # a lock that waited once is bound to that loop too
         async with self._direct_lock:
             if self._direct is not None and self._direct.nc.is_closed:
                 stale, self._direct = self._direct, None
@@ -972,6 +980,14 @@ class _Direct:
     publisher: Publisher
     errors: _NatsErrors
     who: str
+    loop: asyncio.AbstractEventLoop | None = field(default_factory=lambda: _running_loop())
+
+
+def _running_loop() -> asyncio.AbstractEventLoop | None:
+    try:
+        return asyncio.get_running_loop()
+    except RuntimeError:  # none: made outside a loop
+        return None
 
 
 async def _none() -> None:

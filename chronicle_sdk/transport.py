@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import socket
 import ssl
 from collections.abc import AsyncIterator, Mapping
 from contextlib import AbstractAsyncContextManager
@@ -80,6 +81,7 @@ class _Connection:
     def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self._reader = reader
         self._writer = writer
+        self._loop = asyncio.get_running_loop()
 
     async def exchange(self, request: bytes, method: str) -> tuple[Reply, bool]:
         """(the answer, whether the connection may be reused)."""
@@ -154,6 +156,11 @@ class _Connection:
         return self._reader.at_eof() or self._writer.is_closing()
 
     def close(self) -> None:
+        if self._loop.is_closed():  # its loop is gone (an earlier asyncio.run): end the TCP connection
+            sock = self._writer.get_extra_info("socket")
+            with contextlib.suppress(OSError, AttributeError):
+                sock.shutdown(socket.SHUT_RDWR)  # the socket itself is closed as its objects go
+            return
         self._writer.close()
 
 
@@ -179,13 +186,28 @@ class Http11Transport:
         host = f"[{self._host}]" if ":" in self._host else self._host
         self._host_header = host if default_port else f"{host}:{self._port}"
         self._timeout = timeout_s
-        self._slots = asyncio.Semaphore(max(1, max_connections))
+        self._max_connections = max(1, max_connections)
+        self._slots = asyncio.Semaphore(self._max_connections)
         self._idle: list[_Connection] = []
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._closed = False
+
+    def _bind(self) -> None:
+        """Serve the running event loop. Connections belong to the loop that opened them: used
+        from another (a later ``asyncio.run``, once the first one closed), the pool of the old
+        one is closed, never reused."""
+        loop = asyncio.get_running_loop()
+        if loop is not self._loop:
+            self._loop = loop
+            stale, self._idle = self._idle, []
+            for conn in stale:
+                conn.close()
+            self._slots = asyncio.Semaphore(self._max_connections)
 
     async def send(self, method: str, target: str, headers: Mapping[str, str], body: bytes | None) -> Reply:
         if self._closed:
             raise TransportError("the client is closed", unsent=True)
+        self._bind()
         head = [f"{method} {self._prefix}{target} HTTP/1.1", f"Host: {self._host_header}"]
         head += [f"{k}: {v}" for k, v in headers.items()]
         if body is not None or method in ("POST", "PUT", "PATCH"):
@@ -226,6 +248,7 @@ class Http11Transport:
     async def stream(self, target: str, headers: Mapping[str, str], idle_s: float) -> AsyncIterator[Opened]:
         if self._closed:
             raise TransportError("the client is closed", unsent=True)
+        self._bind()
         head = [f"GET {self._prefix}{target} HTTP/1.1", f"Host: {self._host_header}"]
         request = ("\r\n".join(head + [f"{k}: {v}" for k, v in headers.items()]) + "\r\n\r\n").encode("latin-1")
         conn: _Connection | None = None

@@ -5,7 +5,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import socket
+import socketserver
+import threading
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 import pytest
@@ -174,3 +178,46 @@ async def test_malformed_answer_is_a_transport_error() -> None:
 def test_base_url_must_be_http() -> None:
     with pytest.raises(ValueError, match="http"):
         Http11Transport("ftp://example.org", timeout_s=1)
+
+
+# A closed loop's transports cannot be closed through it: the transport ends their TCP connections
+# (shutdown, which the server sees) and their socket objects close the descriptors when collected,
+# with the ResourceWarning asyncio gives every transport it did not close itself.
+@pytest.mark.filterwarnings("ignore::ResourceWarning", "ignore::pytest.PytestUnraisableExceptionWarning")
+def test_a_transport_used_from_a_later_event_loop_connects_again_and_ends_the_old_connection() -> None:
+    """``asyncio.run`` per call (a synchronous program, a task runner): a connection pooled by a
+    loop that has closed cannot be used (its writes need that loop); the next loop opens its own,
+    and the old one's TCP connection is ended, not left open at the server."""
+    ended: list[int] = []
+    opened: list[int] = []
+
+    class Handler(socketserver.StreamRequestHandler):
+        def handle(self) -> None:
+            number = len(opened) + 1
+            opened.append(number)
+            while True:
+                head = b""
+                while not head.endswith(b"\r\n\r\n"):
+                    byte = self.rfile.read(1)
+                    if not byte:  # the client ended the connection
+                        ended.append(number)
+                        return
+                    head += byte
+                self.wfile.write(answer(b'{"connection": %d}' % number))
+                self.wfile.flush()
+
+    with socketserver.ThreadingTCPServer(("127.0.0.1", 0), Handler) as server:
+        server.daemon_threads = True
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        t = Http11Transport(f"http://127.0.0.1:{server.server_address[1]}", timeout_s=5)
+        first = asyncio.run(t.send("GET", "/a", {}, None))
+        second = asyncio.run(t.send("GET", "/b", {}, None))  # raised "Event loop is closed" before
+        asyncio.run(t.aclose())
+        del t
+        gc.collect()  # the old loops' socket objects, collected here (within the filter), not later
+        deadline = time.monotonic() + 5
+        while len(ended) < 2 and time.monotonic() < deadline:  # the server threads see each end
+            time.sleep(0.01)
+        server.shutdown()
+    assert (first.content, second.content) == (b'{"connection": 1}', b'{"connection": 2}')
+    assert sorted(ended) == [1, 2]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
 from collections.abc import Callable
@@ -811,6 +812,30 @@ def commanding(nc: FakeNats, errors: Any = None) -> ChronicleClient:
     c._publishing = NatsPublishing.from_json({**NATS_INFO, "command_prefix": "c.cmd"})
     c._direct = _Direct(nc=nc, publisher=None, errors=errors or _NatsErrors(), who="NKey user U…")  # type: ignore[arg-type]
     return c
+
+
+def test_a_client_used_from_a_later_event_loop_connects_to_nats_again_there() -> None:
+    """``asyncio.run`` per call: the NATS connection of a loop that has closed is not used (its
+    tasks are gone with the loop); each loop gets its own, opened once."""
+    from chronicle_sdk.client import _Direct, _NatsErrors
+
+    opened: list[FakeNats] = []
+
+    async def open_nats(_info: NatsPublishing) -> _Direct:
+        opened.append(FakeNats(Reply(201, {"id": "m1", "parent_id": None, "seq": 3, "created": True})))
+        return _Direct(nc=opened[-1], publisher=None, errors=_NatsErrors(), who="NKey user U…")  # type: ignore[arg-type]
+
+    c = commanding(FakeNats())
+    c._direct = None
+    c._open_nats = open_nats  # type: ignore[method-assign,assignment]
+
+    async def two_appends() -> None:
+        await c.append("s1", msg("m1"))
+        await c.append("s1", msg("m1"))
+
+    asyncio.run(two_appends())
+    asyncio.run(two_appends())
+    assert [len(nc.subjects) for nc in opened] == [2, 2]
 
 
 async def test_a_write_goes_as_its_command_and_a_problem_is_the_typed_error() -> None:
