@@ -36,7 +36,7 @@ from typing import Any
 
 import httpx
 
-from chronicle_sdk import ChronicleClient, Readonly, Session, SessionManager, Tools, to_openai_messages
+from chronicle_sdk import ChronicleClient, ChronicleError, Readonly, Session, SessionManager, Tools, to_openai_messages
 from chronicle_sdk.tools import parse_arguments
 
 SOUL = "You are a helpful assistant. Save durable facts about the user to the memory block with set_context."
@@ -169,5 +169,17 @@ async def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
+def run(argv: Sequence[str] | None = None) -> int:
+    """:func:`main`, with a failure said in one line on stderr (exit 1) instead of a traceback."""
+    try:
+        return asyncio.run(main(argv))
+    except ChronicleError as exc:  # a bad key, Chronicle unreachable (after the SDK's retries), …
+        print(f"agent_loop: Chronicle: {exc.code}: {exc.detail}", file=sys.stderr)
+    except httpx.HTTPError as exc:  # the LLM endpoint unreachable or refusing
+        url = exc.request.url if isinstance(exc, httpx.RequestError | httpx.HTTPStatusError) else "?"
+        print(f"agent_loop: the LLM at {url}: {type(exc).__name__}: {exc}", file=sys.stderr)
+    return 1
+
+
 if __name__ == "__main__":
-    sys.exit(asyncio.run(main()))
+    sys.exit(run())

@@ -140,3 +140,19 @@ async def test_the_next_turn_sees_what_was_learned(api_url: str, api_settings: S
     assert search_result["content"] == f"[user] Remember {w}: teal."
     roles = [m["role"] for m in await s.get_history()]
     assert roles == ["user", "assistant", "assistant", "user", "assistant", "assistant"]
+
+
+@pytest.mark.parametrize(
+    ("key", "llm_url", "said"),
+    [
+        ("chr_not-a-key", "http://127.0.0.1:9/v1", "agent_loop: Chronicle: unauthorized: unknown API key"),
+        (KEYS["tenant-a"], "http://127.0.0.1:9/v1", "agent_loop: the LLM at http://127.0.0.1:9/v1/chat/completions: "),
+    ],
+    ids=["bad-api-key", "llm-unreachable"],
+)
+def test_a_failure_is_one_line_on_stderr_and_exit_1(api_url: str, key: str, llm_url: str, said: str) -> None:
+    cmd = [sys.executable, str(EXAMPLE), "--base-url", api_url, "--api-key", key, "--llm-base-url", llm_url, "hi"]
+    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=90, check=False)
+    assert done.returncode == 1
+    assert len(done.stderr.splitlines()) == 1, done.stderr  # no traceback
+    assert done.stderr.startswith(said), done.stderr
