@@ -222,6 +222,11 @@ class SessionManager(ConfigBuilder):
         :class:`MessageNotFound` and makes no session (the reference's fork of an unknown id makes
         an empty one). The new session's id is the server's UUID unless given (``None``); one the
         server would refuse (``id=""`` included) is :class:`InvalidId` before any request.
+
+        A fork is not sent again after it may have reached the server (each would make another
+        session): an :class:`Unavailable` then says that it may have been applied. Look for it
+        (:meth:`list`, ``parent_session_id``) before forking again, or give an ``id``: a repeat
+        is then :class:`SessionExists` when the first was made.
         """
         body: dict[str, Any] = {"at_message_id": at_message_id}
         if new_name is not None:
@@ -233,7 +238,8 @@ class SessionManager(ConfigBuilder):
         new_id = str(out["id"])
         self.client.note_seq(new_id, out.get("seq"))
         info = await self.get(new_id)
-        assert info is not None
+        if info is None:  # deleted in between
+            raise SessionNotFound(f"session {new_id!r} was deleted right after it was forked", status=404)
         return info
 
     # -- search and tools -------------------------------------------------------------------

@@ -520,8 +520,11 @@ class Session(ConfigBuilder):
     async def get_system_prompt(self) -> SystemPrompt:
         """The frozen prompt with its version and tokens; frozen (version 1) on first call.
 
-        Raises :class:`PromptUnstorable` when nothing is frozen yet and the prompt the blocks
-        render is too large to store (an object behind a read-only block grew)."""
+        A session that was never written nor configured has nothing to freeze: it answers the
+        empty prompt, version 0, and freezes nothing (the first write or config then lets the
+        next call freeze version 1). Raises :class:`PromptUnstorable` when nothing is frozen yet
+        and the prompt the blocks render is too large to store (an object behind a read-only
+        block grew)."""
         await self._ensure_ready()
         delay = 0.02
         while True:

@@ -44,6 +44,19 @@ async def test_new_session_has_empty_history(sdk: ChronicleClient) -> None:
     assert await s.get_path_length() == 0
 
 
+async def test_a_session_never_written_has_the_empty_prompt_version_0_and_freezes_nothing(
+    sdk: ChronicleClient,
+) -> None:
+    s = Session.create(sdk, sid())
+    prompt = await s.get_system_prompt()
+    assert (prompt.prompt, prompt.version, prompt.seq) == ("", 0, 0)
+    assert await s.get_events() == []  # nothing frozen, nothing recorded
+    await s.append_message(text("m1", "hello"))
+    frozen = await s.get_system_prompt()
+    assert frozen.version == 1
+    assert [e["event"]["type"] for e in await s.get_events()].count("prompt.rendered") == 1
+
+
 async def test_appends_come_back_in_order(sdk: ChronicleClient) -> None:
     s = Session.create(sdk, sid())
     for i in range(5):

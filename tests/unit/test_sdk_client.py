@@ -33,6 +33,7 @@ from chronicle_sdk import (
     Session,
     SessionExists,
     SessionManager,
+    SessionNotFound,
     TransientError,
     Unauthorized,
     Unavailable,
@@ -557,6 +558,17 @@ async def test_an_id_taken_by_another_session_is_session_exists(other: dict[str,
             await SessionManager(c).create(
                 "Chat", id="s1", parent_session_id="p1", metadata={"owner": "ada"}, model="gpt"
             )
+
+
+async def test_a_fork_deleted_before_it_is_read_back_is_session_not_found() -> None:
+    def handler(request: httpx.Request) -> httpx.Response:
+        if request.method == "POST":
+            return httpx.Response(201, json={"id": "f1", "parent_session_id": "s1", "messages": 1, "seq": 5})
+        return problem(404, "session_not_found", "session 'f1' was deleted")
+
+    async with Recorder(handler).client() as c:
+        with pytest.raises(SessionNotFound, match="deleted right after it was forked"):
+            await SessionManager(c).fork("s1", "m1")
 
 
 async def test_no_session_id_is_a_new_uuid() -> None:
