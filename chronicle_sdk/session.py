@@ -191,6 +191,11 @@ class Session(ConfigBuilder):
         Not atomic: over HTTP or NATS an error part-way (a conflict at the fifth message, say)
         carries the messages stored before it, ``written``, and ``failed_index`` (see
         :class:`ChronicleError`); this client's reads wait for them.
+
+        ``created`` is True for the messages this call stored, also those a retry of it found
+        stored by its own earlier attempt (one ``Idempotency-Key`` per call), and False for ones
+        stored before it. Via JetStream every message answers True: the stream stores a repeat
+        once, but does not tell whose it was.
         """
         refuse_unnameable_ids(messages)
         await self._ensure_ready()
@@ -209,7 +214,11 @@ class Session(ConfigBuilder):
         return int(out["seq"])
 
     async def delete_messages(self, message_ids: Sequence[str]) -> list[str]:
-        """Delete messages (``deleteMessages``); returns the ids that existed. Children keep their parent id."""
+        """Delete messages (``deleteMessages``); returns the ids that existed. Children keep their parent id.
+
+        Retried after a failure that may have reached the server (deleting again changes
+        nothing); when the first attempt had deleted them, the retry finds none of them, so
+        the answer leaves out the ids that attempt deleted."""
         if not message_ids:
             return []
         # the ids as a JSON list: an id may hold ',' (the query form splits on it)
