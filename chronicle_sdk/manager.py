@@ -8,8 +8,15 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
 from chronicle_sdk.config import ConfigBuilder
-from chronicle_sdk.connection import Connection, Via, checked_session_id, session_path
-from chronicle_sdk.errors import ChronicleError, InvalidRequest, SessionExists, SessionNotFound
+from chronicle_sdk.connection import Connection, Via, checked_mapping, checked_session_id, session_path
+from chronicle_sdk.errors import (
+    ChronicleError,
+    InvalidRequest,
+    MessageConflict,
+    MessageNotFound,
+    SessionExists,
+    SessionNotFound,
+)
 from chronicle_sdk.session import Session
 from chronicle_sdk.tools import MAX_QUERY_CHARS, SESSION_SEARCH, Tools, arguments_error, arguments_fault
 from chronicle_sdk.types import OMITTED, Compaction, ErasureInfo, Message, ParentId, SearchResult, SessionInfo
@@ -288,12 +295,26 @@ class SessionManager(ConfigBuilder):
         return (await self.get_session(session_id).append_message(message, parent_id, via=via)).id
 
     async def upsert(self, session_id: str, message: Mapping[str, Any], parent_id: ParentId = OMITTED) -> str:
-        """Update the message if its id exists, else append it (``upsert``); returns its id."""
+        """Update the message if its id exists, else append it (``upsert``); returns its id.
+
+        Another writer may append or delete the id between the check and the write: an append
+        that meets another body under the id (:class:`MessageConflict`) updates it instead, and an
+        update of a message deleted meanwhile (:class:`MessageNotFound`) appends it."""
         session = self.get_session(session_id)
-        if await session.get_message(str(message["id"])) is not None:
+        mid = checked_mapping(message).get("id")
+        if not isinstance(mid, str):
+            raise InvalidRequest(f"message.id: an upsert names its message by a string id, not {mid!r}", status=422)
+        if await session.get_message(mid) is not None:
+            try:
+                await session.update_message(message)
+                return mid
+            except MessageNotFound:
+                pass  # deleted since: append it
+        try:
+            return (await session.append_message(message, parent_id)).id
+        except MessageConflict:  # appended since, with another body: this one replaces it
             await session.update_message(message)
-            return str(message["id"])
-        return (await session.append_message(message, parent_id)).id
+            return mid
 
     async def append_all(
         self,

@@ -571,6 +571,37 @@ async def test_a_fork_deleted_before_it_is_read_back_is_session_not_found() -> N
             await SessionManager(c).fork("s1", "m1")
 
 
+async def test_an_upsert_that_meets_another_writers_append_updates_it() -> None:
+    """The id was free when checked; another writer appended it (another body) before the append."""
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        if request.method == "GET":
+            return problem(404, "message_not_found")
+        if request.method == "POST":
+            return problem(409, "message_conflict", "a message with this id and a different body exists")
+        return httpx.Response(200, json={"id": "m1", "seq": 9})
+
+    rec = Recorder(handler)
+    async with rec.client() as c:
+        assert await SessionManager(c).upsert("s1", msg("m1")) == "m1"
+    assert [r.method for r in rec.requests] == ["GET", "POST", "PUT"]
+    assert json.loads(rec.requests[-1].content) == {"message": msg("m1")}
+
+
+async def test_an_upsert_of_a_message_deleted_since_the_check_appends_it() -> None:
+    def handler(request: httpx.Request) -> httpx.Response:
+        if request.method == "GET":
+            return httpx.Response(200, json=msg("m1"))
+        if request.method == "PUT":
+            return problem(404, "message_not_found", "message 'm1' is not in this session")
+        return appended(request)
+
+    rec = Recorder(handler)
+    async with rec.client() as c:
+        assert await SessionManager(c).upsert("s1", msg("m1")) == "m1"
+    assert [r.method for r in rec.requests] == ["GET", "PUT", "POST"]
+
+
 async def test_no_session_id_is_a_new_uuid() -> None:
     rec = Recorder(created)
     async with rec.client() as c:
