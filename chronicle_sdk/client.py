@@ -276,6 +276,8 @@ class ChronicleClient:
         await self._http.aclose()
         if self._direct is not None:
             direct, self._direct = self._direct, None
+            if direct.loop is not asyncio.get_running_loop():  # another loop's, which alone could close it
+                return
             from nats.errors import Error as NatsError
 
             try:

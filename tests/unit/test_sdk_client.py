@@ -879,6 +879,8 @@ def test_a_client_used_from_a_later_event_loop_connects_to_nats_again_there() ->
     asyncio.run(two_appends())
     asyncio.run(two_appends())
     assert [len(nc.subjects) for nc in opened] == [2, 2]
+    asyncio.run(c.aclose())  # from a third loop: the second's connection is left to it, not drained here
+    assert c._direct is None
 
 
 async def test_a_write_goes_as_its_command_and_a_problem_is_the_typed_error() -> None:
