@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncGenerator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from chronicle_sdk.config import ConfigBuilder, parse_config
@@ -334,7 +334,7 @@ class Session(ConfigBuilder):
                 return found
             params["from_seq"] = int(page[-1]["seq"]) + 1
 
-    async def follow_events(self, from_seq: int = 1, to_seq: int | None = None) -> AsyncIterator[dict[str, Any]]:
+    async def follow_events(self, from_seq: int = 1, to_seq: int | None = None) -> AsyncGenerator[dict[str, Any], None]:
         """The session's events as :meth:`get_events` gives them, then each new one as the log
         stores it (``GET …/events?follow=true``): what the reference broadcasts to a session's
         clients, for a UI that shows another writer's messages or a compaction as it lands.

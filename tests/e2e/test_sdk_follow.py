@@ -4,6 +4,7 @@ HTTP transport against the API process (what the reference broadcasts to a sessi
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from typing import Any
 
 import httpx
@@ -52,6 +53,21 @@ async def test_following_from_a_seq_up_to_another_gives_exactly_those(api_url: s
         seqs = [(await session.append_message(text(f"m{i}", f"turn {i}"))).seq for i in range(3)]
         got = [r["seq"] async for r in session.follow_events(from_seq=seqs[1], to_seq=seqs[2])]
         assert got == seqs[1:]
+
+
+async def test_stopping_early_with_aclosing_as_documented_ends_the_follow(api_url: str, api_settings: Settings) -> None:
+    """``contextlib.aclosing(session.follow_events())``, as the docstring says (and typed so:
+    mypy, which checks the tests, refused it while ``follow_events`` was an ``AsyncIterator``)."""
+    async with open_client(api_url, api_settings) as sdk:
+        session = sdk.session(sid("follow"))
+        first = await session.append_message(text("m1", "only one"))
+        events = session.follow_events()
+        async with contextlib.aclosing(events) as followed:
+            async for record in followed:
+                assert record["seq"] == first.seq
+                break  # the answer stays open (no to_seq): leaving the block closes it
+        with pytest.raises(StopAsyncIteration):  # closed: it gives nothing more
+            await events.__anext__()
 
 
 async def test_an_error_answer_raises_its_typed_error(api_url: str) -> None:
