@@ -25,7 +25,8 @@ applying it. Checks, in this order (the first failure decides the reason):
    body (``message_ref``) is not here to hash: its bytes are checked against the reference when
    they are fetched (below), not its hash against ``body_sha256``.
 7. ``too_long``: a text field longer than the API takes (events/limits.py: a session's name, a
-   message's role, a tool call id), so that what a direct publisher stores is what a request could.
+   message's role in the event and in its inline body, a tool call id), so that what a direct
+   publisher stores is what a request could (a claim-checked body's role: :func:`admit_body`).
 8. ``subject_mismatch``: the subject is not exactly the event's session subject (prefix, tenant,
    partition token of this layout, session), as validated and upcast: the subject is the authority.
 
@@ -284,6 +285,11 @@ def admit_body(
         raise BodyUnavailable(f"claim check: object {ref.key[:80]!r}: not JSON: {str(exc)[:120]}") from None
     if not isinstance(body, dict):
         raise BodyUnavailable(f"claim check: object {ref.key[:80]!r}: a JSON {type(body).__name__}, not an object")
+    if isinstance(role := body.get("role"), str) and len(role) > MAX_ROLE:  # as an inline body's (too_long)
+        raise BodyUnavailable(
+            f"claim check: object {ref.key[:80]!r}: role: {len(role)} characters, "
+            f"more than the {MAX_ROLE} the API takes"
+        )
     if _brackets(data) > MAX_DEPTH - 1 and too_deep(body, MAX_DEPTH - 1):  # the body is the event's message
         raise BodyUnavailable(
             f"claim check: object {ref.key[:80]!r}: arrays and objects nested deeper than {MAX_DEPTH - 1} levels "
@@ -471,6 +477,8 @@ def _limited_fields(event: Event) -> Iterator[tuple[str, str | None, int]]:
         yield "name", event.name, MAX_SESSION_NAME
     if isinstance(event, MessageBodyEvent):
         yield "role", event.role, MAX_ROLE
+        if event.message is not None and isinstance(inline := event.message.get("role"), str):
+            yield "message.role", inline, MAX_ROLE  # a written role wins in the event, not in its body
     if isinstance(event, SkillLoaded | SkillUnloaded):
         yield "tool_call_id", event.tool_call_id, MAX_TOOL_CALL_ID
 

@@ -406,6 +406,10 @@ def _limited_events(extra: int) -> list[tuple[str, Event]]:
         ("name", SessionCreated(tenant="tenant-a", session="s-1", name="n" * (MAX_SESSION_NAME + extra))),
         ("name", SessionRenamed(tenant="tenant-a", session="s-1", name="n" * (MAX_SESSION_NAME + extra))),
         ("role", appended("tenant-a", "s-1", "m1", None, role=role)),
+        (  # a role written in the event wins there, not in its body, which history serves
+            "message.role",
+            appended("tenant-a", "s-1", "m1", None, role=role).model_copy(update={"role": "user"}),
+        ),
         (
             "tool_call_id",
             SkillLoaded(tenant="tenant-a", session="s-1", label="sk", key="k", tool_call_id=call),

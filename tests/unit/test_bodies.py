@@ -10,6 +10,7 @@ from events.admission import MAX_DEPTH, REASONS, BodyUnavailable, admit_body
 from events.blobs import BlobRef, MemoryBlobStore, sha256_hex
 from events.bodies import pack_body, unpack_body
 from events.catalog import MessageAppended, MessageUpdated
+from events.limits import MAX_ROLE
 from events.messages import body_hash, canonical_json, stored_json
 from projections.history import InsertMessage, plan, store_json
 
@@ -197,4 +198,17 @@ def test_a_claim_checked_body_nested_deeper_than_an_inline_one_may_be_is_unavail
             assert admit_body(data, ref)["id"] == "m1"
         else:
             with pytest.raises(BodyUnavailable, match=f"nested deeper than {MAX_DEPTH - 1} levels"):
+                admit_body(data, ref)
+
+
+def test_a_claim_checked_body_whose_role_is_longer_than_the_api_takes_is_unavailable() -> None:
+    """A direct publisher's claim-checked body is held to the API's role limit as an inline one is
+    (events/limits.py); at the limit it is taken."""
+    for role, taken in (("r" * MAX_ROLE, True), ("r" * (MAX_ROLE + 1), False)):
+        data = stored_json({**LARGE, "role": role}).encode()
+        ref = BlobRef(store="memory", key=sha256_hex(data), sha256=sha256_hex(data), size=len(data))
+        if taken:
+            assert admit_body(data, ref)["role"] == role
+        else:
+            with pytest.raises(BodyUnavailable, match=f"role: {MAX_ROLE + 1} characters"):
                 admit_body(data, ref)
