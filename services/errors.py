@@ -101,7 +101,9 @@ ProjectionTimeout = _error("ProjectionTimeout", "projection_timeout", 503, "The 
 
 class SearchTimeout(ChronicleError):
     """A search ran past ``CHRONICLE_SEARCH_TIMEOUT_S`` and Postgres cancelled it
-    (projections/search_bound.py); nothing was changed, and the connection is as it was."""
+    (projections/search_bound.py); nothing was changed, and the connection is as it was. No
+    ``Retry-After``: the same query would most likely run as long again, holding a backend each
+    time (clients that retry every 503 carrying one would repeat it)."""
 
     code = "search_timeout"
     status = 503
@@ -112,9 +114,6 @@ class SearchTimeout(ChronicleError):
             f"the search ran past CHRONICLE_SEARCH_TIMEOUT_S ({timeout_s:g} s) and was cancelled: a query of fewer "
             "words, or of longer prefixes (a prefix of one or two letters matches many words), costs less"
         )
-
-    def fields(self) -> dict[str, Any]:
-        return {"retry_after": 1}
 
 
 ContentionExhausted = _error("ContentionExhausted", "contention", 503, "Too many concurrent writers; retry")

@@ -2,7 +2,7 @@
 
 Nothing bounded one before: a costly query (16 short prefixes over a large tenant) held a
 Postgres backend and a pool connection as long as it ran. Past the bound Postgres cancels it: HTTP
-answers ``503 search_timeout`` with ``Retry-After``, a search tool answers ``Error: …``, and the
+answers ``503 search_timeout`` (no ``Retry-After``), a search tool answers ``Error: …``, and the
 connection goes back to the pool as it came (the timeout does not outlive the search). The search
 is made to run long without data or ``pg_sleep``: another transaction holds the messages table
 locked, and the search's statement waits on the lock until its timeout cancels it. Real NATS,
@@ -68,9 +68,10 @@ async def test_a_search_past_its_timeout_answers_503_search_timeout_and_the_next
                 took = time.monotonic() - started
             assert r.status_code == 503, r.text
             assert r.headers["content-type"] == "application/problem+json"
-            assert r.headers["retry-after"] == "1"
+            assert "retry-after" not in r.headers  # the same query would run as long again
             body = r.json()
-            assert (body["code"], body["retry_after"]) == ("search_timeout", 1)
+            assert body["code"] == "search_timeout"
+            assert "retry_after" not in body
             assert "CHRONICLE_SEARCH_TIMEOUT_S (0.5 s)" in body["detail"]
             assert TIMEOUT_S <= took < TIMEOUT_S + 5  # cancelled at the bound, not after the lock went
             r = await h.get(path, params={"q": "friday"})  # the same app, its pool, at once
