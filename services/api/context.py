@@ -136,9 +136,7 @@ async def run_tool(
     tenant: Tenant,
     c: ContainerDep,
     arguments: Annotated[Any, Body()] = None,
-    tool_call_id: Annotated[
-        str | None, Query(min_length=1, max_length=MAX_TOOL_CALL_ID, pattern=NO_NUL_PATTERN)
-    ] = None,
+    tool_call_id: ToolCallId = None,
 ) -> dict[str, Any]:
     """Execute a tool with the LLM's arguments; failures come back as ``Error: …`` results.
 
