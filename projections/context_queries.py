@@ -36,6 +36,12 @@ async def config(conn: Conn, tenant: str, session: str) -> SessionConfig | None:
     return SessionConfig.model_validate(row[0]) if row else None
 
 
+async def tenant_configs(conn: Conn, tenant: str) -> list[SessionConfig]:
+    """The configuration of each session of ``tenant`` that has one."""
+    cur = await conn.execute("SELECT config FROM session_configs WHERE tenant = %s", (tenant,))
+    return [SessionConfig.model_validate(row[0]) for row in await cur.fetchall()]
+
+
 async def session_known(conn: Conn, tenant: str, session: str) -> bool:
     """The session lives for this tenant: a live registry row, or a stored configuration (a
     session is configured before its first message, as the SDK's builder does)."""

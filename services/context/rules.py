@@ -67,6 +67,13 @@ def skill_sources(config: SessionConfig) -> list[tuple[str, str]]:
     return list(dict.fromkeys((b.bucket, b.prefix) for b in config.blocks if isinstance(b, SkillsBlock)))
 
 
+def named_buckets(config: SessionConfig) -> set[str]:
+    """The buckets ``config`` reads the tenant's objects from: its skills blocks' and its
+    read-only blocks' sources."""
+    skills = {b.bucket for b in config.blocks if isinstance(b, SkillsBlock)}
+    return skills | {b.source.bucket for b in config.blocks if isinstance(b, ReadonlyBlock) and b.source is not None}
+
+
 def with_skill(listings: Listings, bucket: str, key: str, description: str | None) -> Listings:
     """``listings`` as they would be once skill ``key`` of ``bucket`` is indexed with
     ``description`` (in place of the one indexed under that key, if any)."""

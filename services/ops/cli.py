@@ -220,6 +220,14 @@ def main(argv: list[str] | None = None) -> int:
         "--yes", action="store_true", help="erase the whole tenant (without it: print what would go, erase nothing)"
     )
     p_erase.add_argument(
+        "--bucket",
+        action="append",
+        default=[],
+        metavar="BUCKET",
+        help="with a whole tenant: also delete everything under tenants/<T>/ in BUCKET (repeatable), beside the "
+        "buckets its skills index and session configs name",
+    )
+    p_erase.add_argument(
         "--reason",
         default=None,
         help="why (at most 500 characters, no NUL), recorded with the erasure for auditors (GET /v1/erasures) "

@@ -8,6 +8,7 @@ import sys
 
 from events import ids
 from events.catalog import MAX_ERASURE_REASON
+from events.context import BUCKET_RE
 from events.ids import TENANT_SCOPE
 from projections.keystore import new_kek_line
 from services.bootstrap import open_container
@@ -18,6 +19,14 @@ CLI_REQUESTER = "operator (chronicle erase)"
 """``requested_by`` of an erasure made with this command."""
 
 
+def bucket_refusal(buckets: list[str], session: str | None) -> str | None:
+    """Why ``--bucket`` is refused (None: it is not)."""
+    if buckets and session is not None:
+        return "--bucket goes with a whole tenant (no --session)"
+    bad = [b for b in buckets if not BUCKET_RE.match(b)]
+    return f"--bucket {bad[0][:100]!r} is not an S3 bucket name" if bad else None
+
+
 async def run_erase(settings: Settings, args: argparse.Namespace) -> int:
     """Erase one session (``--session``) or, with ``--yes``, every session of the tenant and its
     tenant-level entries; prints one JSON line per session erased. A session that does not exist
@@ -25,8 +34,9 @@ async def run_erase(settings: Settings, args: argparse.Namespace) -> int:
     :meth:`~services.writes.erasure.Eraser.tenant_exists`); a whole tenant without ``--yes``
     prints what would be erased and exits 1. ``--reason`` (at most 500 characters, no NUL; else
     exit 2, nothing erased) is recorded with each erasure, ``requested_by`` is ``operator
-    (chronicle erase)``. The stream is never created here: there is nothing to erase in a log
-    that is not."""
+    (chronicle erase)``. ``--bucket`` (a whole tenant's) adds buckets to clean to those Chronicle
+    knows hold the tenant's objects; the dry run lists each bucket with its objects. The stream
+    is never created here: there is nothing to erase in a log that is not."""
     try:
         ids.check_tenant(args.tenant)
         if args.session is not None:
@@ -38,7 +48,16 @@ async def run_erase(settings: Settings, args: argparse.Namespace) -> int:
     if reason is not None and (len(reason) > MAX_ERASURE_REASON or "\x00" in reason):
         print(f"chronicle erase: --reason: at most {MAX_ERASURE_REASON} characters, no NUL", file=sys.stderr)
         return 2
+    buckets: list[str] = list(getattr(args, "bucket", None) or [])
+    refused = bucket_refusal(buckets, args.session)
+    if refused is not None:
+        print(f"chronicle erase: {refused}", file=sys.stderr)
+        return 2
     async with open_container(settings, create_stream=False) as c:
+        reserved = sorted(set(buckets) & c.context.reserved_buckets)
+        if reserved:
+            print(f"chronicle erase: --bucket {reserved[0]!r} is Chronicle's own, no tenant's", file=sys.stderr)
+            return 2
         eraser = c.eraser
         if args.session is not None:
             try:
@@ -52,7 +71,7 @@ async def run_erase(settings: Settings, args: argparse.Namespace) -> int:
                     file=sys.stderr,
                 )
                 return 1
-        elif not await eraser.tenant_exists(args.tenant):
+        elif not await eraser.tenant_exists(args.tenant, buckets):
             print(
                 f"chronicle erase: no tenant {args.tenant!r} (no session, data key, skill document or event): "
                 "nothing erased",
@@ -63,13 +82,15 @@ async def run_erase(settings: Settings, args: argparse.Namespace) -> int:
             sessions = await c.keys.sessions_of(args.tenant)
             for session in sessions:
                 print(f"would erase: {'the tenant-level entries' if session == TENANT_SCOPE else repr(session)}")
+            for held in await eraser.tenant_objects(args.tenant, buckets):
+                print(f"would delete: {held.objects} objects under tenants/{args.tenant}/ in bucket {held.bucket!r}")
             print(
                 f"not erased: erasing tenant {args.tenant!r} destroys every session listed ({len(sessions)}) and its "
-                "skill documents for good. Run again with --yes to erase."
+                "objects listed for good. Run again with --yes to erase."
             )
             return 1
         else:
-            done = await eraser.erase_tenant(args.tenant, requested_by=CLI_REQUESTER, reason=reason)
+            done = await eraser.erase_tenant(args.tenant, requested_by=CLI_REQUESTER, reason=reason, buckets=buckets)
         for erased in done:
             line = {"tenant": args.tenant, "session": erased.session, "seq": erased.seq}
             line |= {"newly_erased": erased.newly_erased, "objects_deleted": erased.objects_deleted}

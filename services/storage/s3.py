@@ -15,7 +15,9 @@ from urllib.parse import quote, unquote
 
 import urllib3
 from minio import Minio
+from minio.commonconfig import ENABLED
 from minio.error import MinioException, S3Error
+from minio.versioningconfig import SUSPENDED
 
 from services.errors import ObjectStorageError
 
@@ -31,6 +33,16 @@ class StoredObject:
     description: str | None
     etag: str
     size: int
+
+
+@dataclass(frozen=True, slots=True)
+class PrefixSurvey:
+    """What a bucket holds under a prefix (:meth:`SkillStore.survey`)."""
+
+    bucket: str
+    versioned: bool
+    objects: int
+    """Keys under the prefix (each counted once, however many versions it has)."""
 
 
 class SkillStore:
@@ -109,37 +121,43 @@ class SkillStore:
         data = await self.get_bytes(bucket, key)
         return data.decode("utf-8") if data is not None else None
 
-    async def buckets(self) -> list[str]:
-        """Every bucket these credentials list."""
-        return await self._call(lambda: [b.name for b in self._client.list_buckets()])
+    async def survey(self, bucket: str, prefix: str) -> PrefixSurvey | None:
+        """How many keys ``bucket`` holds under ``prefix`` (any version of them), and whether it
+        keeps versions (versioning enabled, or suspended: versions kept before remain); None when
+        there is no such bucket. Needs s3:ListBucket and s3:GetBucketVersioning (a versioned
+        bucket: s3:ListBucketVersions too)."""
 
-    async def delete_under(self, bucket: str, prefix: str) -> int:
-        """Delete every object under ``prefix`` (each of its versions in a versioned bucket, delete
-        markers too); how many keys went (no bucket: 0). What a failure leaves goes on a rerun."""
+        def look() -> PrefixSurvey | None:
+            if not self._client.bucket_exists(bucket):
+                return None
+            versioned = self._client.get_bucket_versioning(bucket).status in (ENABLED, SUSPENDED)
+            keys = {name for name, _ in self._keys_under(bucket, prefix, versioned)}
+            return PrefixSurvey(bucket, versioned, len(keys))
+
+        return await self._call(look)
+
+    async def delete_under(self, bucket: str, prefix: str, *, versioned: bool) -> int:
+        """Delete every object under ``prefix``: plain deletes in an unversioned bucket, each
+        version (delete markers too) in a versioned one; how many keys went (no bucket: 0). What
+        a failure leaves goes on a rerun."""
 
         def remove() -> int:
             if not self._client.bucket_exists(bucket):
                 return 0
-            keys: set[str] = set()
-            for obj in self._client.list_objects(bucket, prefix=prefix, recursive=True, include_version=True):
-                if obj.object_name is None or obj.is_dir:
-                    continue
-                self._client.remove_object(bucket, obj.object_name, version_id=obj.version_id)
-                keys.add(obj.object_name)
-            return len(keys)
+            keys = self._keys_under(bucket, prefix, versioned)
+            for name, version in keys:
+                if versioned:
+                    self._client.remove_object(bucket, name, version_id=version)
+                else:
+                    self._client.remove_object(bucket, name)
+            return len({name for name, _ in keys})
 
         return await self._call(remove)
 
-    async def any_under(self, bucket: str, prefix: str) -> bool:
-        """Whether ``bucket`` holds an object (any version of one) under ``prefix``."""
-
-        def find() -> bool:
-            if not self._client.bucket_exists(bucket):
-                return False
-            found = self._client.list_objects(bucket, prefix=prefix, recursive=True, include_version=True)
-            return next(iter(found), None) is not None
-
-        return await self._call(find)
+    def _keys_under(self, bucket: str, prefix: str, versioned: bool) -> list[tuple[str, str | None]]:
+        """(key, version) of each object under ``prefix`` (each version in a versioned bucket)."""
+        found = self._client.list_objects(bucket, prefix=prefix, recursive=True, include_version=versioned)
+        return [(o.object_name, o.version_id) for o in found if o.object_name is not None and not o.is_dir]
 
     async def list(self, bucket: str, prefix: str) -> list[StoredObject]:
         """Every object under ``prefix`` in listing order, with its description metadata."""

@@ -42,6 +42,7 @@ from events.publisher import Publisher
 from projections import queries
 from projections.keystore import PgKeyStore
 from services.errors import SessionNotFound
+from services.storage.s3 import PrefixSurvey
 
 log = logging.getLogger("chronicle.erasure")
 
@@ -57,12 +58,21 @@ class Erasure:
 
 
 class TenantObjects(Protocol):
-    """A tenant's own objects, apart from any session's (its skill documents, indexed or not)."""
+    """A tenant's own objects, apart from any session's (its skill documents, indexed or not, and
+    the read-only sources its sessions read), in the buckets known to hold them."""
 
-    async def held(self, tenant: str) -> bool: ...
+    async def survey(self, tenant: str, extra: Sequence[str] = ()) -> list[PrefixSurvey]:
+        """What each bucket holds under the tenant's prefix; fails when one cannot be used."""
+        ...
 
-    async def delete(self, tenant: str) -> int:
-        """Delete them all; how many went (idempotent: a rerun deletes what is left)."""
+    async def note(self, tenant: str, surveyed: Sequence[PrefixSurvey]) -> None:
+        """Keep the surveyed buckets, so that a rerun cleans them once the sessions naming them are gone."""
+        ...
+
+    async def held(self, tenant: str, extra: Sequence[str] = ()) -> bool: ...
+
+    async def delete(self, tenant: str, surveyed: Sequence[PrefixSurvey]) -> int:
+        """Delete them all in the surveyed buckets; how many went (a rerun deletes what is left)."""
         ...
 
 
@@ -160,16 +170,30 @@ class Eraser:
         return published.seq
 
     async def erase_tenant(
-        self, tenant: str, *, requested_by: str | None = None, reason: str | None = None
+        self,
+        tenant: str,
+        *,
+        requested_by: str | None = None,
+        reason: str | None = None,
+        buckets: Sequence[str] = (),
     ) -> list[Erasure]:
         """Every session of ``tenant``, then its tenant-level entries (the tenant scope): its own
-        objects (every one under its prefix, whether its skills index lists it or not) are deleted
-        before the skills index goes.
+        objects (every one under its prefix in the buckets known to hold them, and in ``buckets``,
+        whether its skills index lists it or not) are deleted before the skills index goes.
+
+        The buckets are found (its sessions' configs name some) and each is looked at before any
+        session is erased: object storage that cannot be used fails the erasure with nothing
+        destroyed, and a tenant with no bucket known makes no object-storage call. They are noted
+        then, so that a rerun of an erasure that failed later still cleans them.
 
         The sessions are listed again after each round until a round finds none left: one made
         while the erasure runs (a fork of a session not yet erased, which copies its content) is
         erased too. A tenant that keeps making sessions meanwhile is stopped after
         :data:`TENANT_ROUNDS` rounds; its API keys are what stops it for good."""
+        objects = self._tenant_objects
+        surveyed = await objects.survey(tenant, buckets) if objects is not None else []
+        if objects is not None:
+            await objects.note(tenant, surveyed)
         who = {"requested_by": requested_by, "reason": reason}
         done: list[Erasure] = []
         erased: set[str] = set()
@@ -180,16 +204,22 @@ class Eraser:
             for s in sessions:  # each known here
                 done.append(await self.erase_session(tenant, s, must_exist=False, **who))
                 erased.add(s)
-        documents = await self._tenant_objects.delete(tenant) if self._tenant_objects is not None else 0
+        documents = await objects.delete(tenant, surveyed) if objects is not None else 0
         scope = await self.erase_session(tenant, TENANT_SCOPE, must_exist=False, **who)
         done.append(Erasure(scope.session, scope.seq, scope.newly_erased, scope.objects_deleted + documents))
         return done
 
-    async def tenant_exists(self, tenant: str) -> bool:
+    async def tenant_objects(self, tenant: str, buckets: Sequence[str] = ()) -> list[PrefixSurvey]:
+        """What each bucket known to hold the tenant's objects (and each of ``buckets``) holds
+        under its prefix (what its erasure would delete)."""
+        return await self._tenant_objects.survey(tenant, buckets) if self._tenant_objects is not None else []
+
+    async def tenant_exists(self, tenant: str, buckets: Sequence[str] = ()) -> bool:
         """Whether erasing ``tenant`` has anything to destroy: a session or tenant-level entry with
         a data key, a read-model row or a recorded erasure (a rerun finishes or repeats it), an entry
-        in its skills index, an event of it in the log, or an object under its prefix. A tenant with
-        none of these (a mistyped name) is not erased: its erasure would burn the name for good."""
+        in its skills index, an event of it in the log, or an object under its prefix in ``buckets``
+        (the buckets Chronicle knows of are named by the entries above). A tenant with none of these
+        (a mistyped name) is not erased: its erasure would burn the name for good."""
         if await self._keys.sessions_of(tenant):
             return True
         async with self._pool.connection() as conn:
@@ -200,7 +230,7 @@ class Eraser:
         try:
             await self._pub.js.get_msg(layout.stream, seq=1, subject=layout.tenant_filter(tenant), next=True)
         except NotFoundError:
-            return self._tenant_objects is not None and await self._tenant_objects.held(tenant)
+            return self._tenant_objects is not None and await self._tenant_objects.held(tenant, buckets)
         return True
 
     async def _is_applied_erasure(self, seq: int, subject: str) -> bool:

@@ -56,12 +56,11 @@ def erase_after_creating(monkeypatch: pytest.MonkeyPatch, other: Container, vict
 
 
 @pytest.fixture(scope="module")
-async def two_processes(nats_url: str, db_url: str, s3_endpoint: str) -> AsyncIterator[tuple[Container, Container]]:
+async def two_processes(nats_url: str, db_url: str) -> AsyncIterator[tuple[Container, Container]]:
     """An API process's container that forks, and another process's stack that erases and runs
     the projector (as ``chronicle up`` runs them apart): the forker's key store learns of no
-    erasure from its hourly poll, so its own publishes do not refuse. A tenant's erasure deletes
-    its objects: S3 is there."""
-    settings = make_settings(nats_url, db_url, s3_endpoint=s3_endpoint)
+    erasure from its hourly poll, so its own publishes do not refuse."""
+    settings = make_settings(nats_url, db_url)
     async with running_stack(settings) as eraser, open_container(settings) as forker:
         no_poll(forker)
         yield forker, eraser

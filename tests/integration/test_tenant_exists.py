@@ -12,13 +12,10 @@ from tests.conftest import make_settings
 from tests.integration.helpers import text_message
 
 
-async def test_a_tenant_exists_by_its_sessions_keys_erasures_or_events_in_the_log(
-    nats_url: str, db_url: str, s3_endpoint: str
-) -> None:
+async def test_a_tenant_exists_by_its_sessions_keys_erasures_or_events_in_the_log(nats_url: str, db_url: str) -> None:
     tag = uuid.uuid4().hex[:8]
     written, keyed, logged, nobody = (f"{what}-{tag}" for what in ("written", "keyed", "logged", "nobody"))
-    # S3 too: a tenant with none of these may still hold objects (tests/integration/test_tenant_erasure_objects.py)
-    async with open_container(make_settings(nats_url, db_url, s3_endpoint=s3_endpoint)) as c:
+    async with open_container(make_settings(nats_url, db_url)) as c:
         await c.commands.append(written, "s1", text_message("m1", "kept"), OMITTED)
         await c.keys.key_of(keyed, TENANT_SCOPE, create=True)  # a tenant-level data key alone
         # an event of it in the log alone (published straight to the stream, never applied)

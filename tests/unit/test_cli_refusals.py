@@ -44,3 +44,23 @@ def test_help_still_shows_the_usage() -> None:
     done = chronicle("archive", "--help")
     assert done.returncode == 0
     assert done.stdout.startswith("usage: chronicle archive")
+
+
+@pytest.mark.parametrize(
+    ("args", "line"),
+    [
+        (
+            ["erase", "--tenant", "acme", "--bucket", "Not_A_Bucket"],
+            "chronicle erase: --bucket 'Not_A_Bucket' is not an S3 bucket name",
+        ),
+        (
+            ["erase", "--tenant", "acme", "--session", "s1", "--bucket", "skills"],
+            "chronicle erase: --bucket goes with a whole tenant (no --session)",
+        ),
+    ],
+    ids=["bucket-name", "bucket-with-session"],
+)
+def test_a_refused_erase_bucket_is_one_line_and_exit_2_before_anything_is_reached(args: list[str], line: str) -> None:
+    done = chronicle(*args)
+    assert (done.returncode, done.stdout) == (SETTINGS_EXIT, "")
+    assert done.stderr == line + "\n"
