@@ -7,7 +7,10 @@ stopped anywhere leaves an archive that the next run continues. Each run also li
 segment objects (one listing, no segment read): a listed segment whose object is gone is written
 again from the stream when the stream still holds its events as archived (the same bytes), and
 is said lost otherwise (:attr:`Archived.lost`); a range no listed segment covers (an entry dropped
-from the manifest) is archived again from what the stream holds of it. Segments are immutable: a
+from the manifest) is archived again from what the stream holds of it, after the run lists again a
+segment object of that range left in the bucket (read, and its events found equal to the stream's:
+it may be the only copy of them); an unlisted object is deleted only after the last listed
+sequence (a stopped run's). Segments are immutable: a
 segment's key names its range, and the same events always make the same bytes. One run at a time
 per stream (a Postgres advisory lock). The archive holds the events as stored: sealed fields stay
 sealed (an erased session's stay unreadable there too), events written unsealed stay readable.
@@ -30,11 +33,13 @@ from services.audit.archive_segments import (
     decode,
     encode,
     gaps,
+    key_range,
     manifest_key,
     parse_manifest,
     rewritten,
     segment_key,
     segment_of,
+    unlisted_segment,
 )
 from services.bootstrap import Container
 from services.errors import Unavailable
@@ -65,6 +70,11 @@ class Archived:
     repaired: tuple[Segment, ...] = ()
     lost: tuple[Segment, ...] = ()
     stream_first: int = 0
+    adopted: tuple[Segment, ...] = ()
+    """Segment objects the manifest did not list, inside a range no listed segment covers, listed
+    again once read and found equal to the stream's events it still holds."""
+    kept: tuple[tuple[str, str], ...] = ()
+    """Segment objects the manifest does not list that the run left as they are, each with why."""
 
 
 @dataclass(slots=True)
@@ -118,10 +128,10 @@ async def read_manifest(store: SkillStore, bucket: str, stream: str) -> Manifest
 async def archive(
     c: Container, *, segment_events: int = SEGMENT_EVENTS, segment_bytes: int = SEGMENT_BYTES, to_seq: int | None = None
 ) -> Archived:
-    """Archive the events stored after the last archived one (up to ``to_seq``). A segment a
-    stopped run wrote but did not list (it stopped before the manifest) is deleted first: this run
-    writes that range again, perhaps cut elsewhere. Before that, what the archive lost below its
-    last sequence is made again from the stream where it still can be (the module's docstring)."""
+    """Archive the events stored after the last archived one (up to ``to_seq``). Segment objects
+    the manifest does not list are seen to first (:func:`_unlisted`). Before appending, what the
+    archive lost below its last sequence is made again from the stream where it still can be (the
+    module's docstring)."""
     store, bucket, stream = store_of(c), c.settings.archive_bucket, c.layout.stream
     identity = await stream_identity(c.js, stream)
     if identity.created is None:
@@ -136,9 +146,7 @@ async def archive(
                 f"{manifest.stream_created.isoformat()}, this one {identity.created.isoformat()})"
             )
         objects = await segment_objects(store, bucket, manifest.stream)
-        listed = {s.key for s in manifest.segments}
-        for key in objects - listed:
-            await store.delete(bucket, key)
+        adopted, kept = await _unlisted(c, store, bucket, manifest, objects)
         missing = [s for s in manifest.segments if s.key not in objects]
         repaired, lost, stream_first = await _repair(c, store, bucket, missing)
         cut = Cut(segment_events, segment_bytes)
@@ -156,6 +164,8 @@ async def archive(
             repaired=tuple(repaired),
             lost=tuple(lost),
             stream_first=stream_first,
+            adopted=tuple(adopted),
+            kept=tuple(kept),
         )
 
 
@@ -192,6 +202,70 @@ async def _append(
     if batch:
         written.append(await _write(store, bucket, manifest, batch, index, len(written)))
     return written
+
+
+async def _unlisted(
+    c: Container, store: SkillStore, bucket: str, manifest: Manifest, objects: set[str]
+) -> tuple[list[Segment], list[tuple[str, str]]]:
+    """The segment objects the manifest does not list. One after its last sequence is what a run
+    stopped before its manifest left: deleted (this run writes that range again, perhaps cut
+    elsewhere). One inside a range no listed segment covers (its entry dropped from the manifest)
+    may be the only copy of its events: listed again when it reads as its key says and its events
+    equal those the stream still holds of its range; else kept as it is. Nothing below the
+    manifest's last sequence is ever deleted. The segments listed again, and those kept with why."""
+    listed = {s.key for s in manifest.segments}
+    adopted: list[Segment] = []
+    kept: list[tuple[str, str]] = []
+    for key in sorted(objects - listed):
+        named = key_range(manifest.stream, key)
+        if named is None:
+            kept.append((key, "its key names no range of this stream's sequences"))
+            continue
+        if named[0] > manifest.last_seq:
+            await store.delete(bucket, key)
+            continue
+        index, why = await _verified(c, store, bucket, manifest, key, named)
+        if index is None:
+            kept.append((key, why))
+            continue
+        adopted.append(manifest.segments[index])
+        await store.put_bytes(bucket, manifest_key(manifest.stream), manifest.model_dump_json(indent=1).encode())
+    return adopted, kept
+
+
+async def _verified(
+    c: Container, store: SkillStore, bucket: str, manifest: Manifest, key: str, named: tuple[int, int]
+) -> tuple[int | None, str]:
+    """An unlisted segment object of ``named`` listed in ``manifest`` (not yet written) where its
+    range lies in a gap, it reads as its key says, and its events are the stream's: its index
+    there; else None and why not."""
+    first, last = named
+    index = next((i for i, s in enumerate(manifest.segments) if s.first > first), len(manifest.segments))
+    before = manifest.segments[index - 1].last if index else 0
+    if first <= before or (index < len(manifest.segments) and manifest.segments[index].first <= last):
+        return None, "it overlaps a listed segment"
+    data = await store.get_bytes(bucket, key)
+    if data is None:
+        return None, "it went while the run read it"
+    try:
+        segment, events = unlisted_segment(key, first, last, data)
+    except ArchiveError as exc:
+        return None, str(exc)
+    info = await c.js.stream_info(c.layout.stream)
+    held = [e async for e in eventlog.read(c.js, c.layout, None, first, last)]
+    restored = manifest.restored
+    found = compare(
+        key,
+        events,
+        held,
+        int(info.state.first_seq),
+        int(info.state.last_seq),
+        retimed_through=restored.through_seq if restored is not None else 0,
+    )
+    if found.problems:
+        return None, "; ".join(found.problems)
+    manifest.segments.insert(index, segment)
+    return index, ""
 
 
 async def _repair(

@@ -112,16 +112,30 @@ def decode(data: bytes, segment: Segment) -> list[StoredEvent]:
     then the sequence range and count. :class:`ArchiveError` for anything else."""
     if hashlib.sha256(data).hexdigest() != segment.sha256:
         raise ArchiveError(f"segment {segment.key}: its bytes do not hash to the manifest's sha256")
+    out = _events(data, segment.key, segment.first, segment.last)
+    if len(out) != segment.count:
+        raise ArchiveError(f"segment {segment.key}: {len(out)} events, the manifest says {segment.count}")
+    return out
+
+
+def unlisted_segment(key: str, first: int, last: int, data: bytes) -> tuple[Segment, list[StoredEvent]]:
+    """A segment object no manifest entry lists, read as what its key says (``first..last``): its
+    manifest entry and events, once each line is an archived event and the sequences run from
+    ``first`` to ``last`` in order. :class:`ArchiveError` otherwise."""
+    events = _events(data, key, first, last)
+    return segment_of(key, events, data), events
+
+
+def _events(data: bytes, key: str, first: int, last: int) -> list[StoredEvent]:
+    """A segment's events, each line an archived event, their sequences ``first..last`` in order."""
     try:
         text = gzip.decompress(data).decode("utf-8")
     except (OSError, EOFError, UnicodeDecodeError) as exc:
-        raise ArchiveError(f"segment {segment.key}: not gzip'd UTF-8: {exc}") from None
-    out = [_event(line, segment.key) for line in text.split("\n") if line]
+        raise ArchiveError(f"segment {key}: not gzip'd UTF-8: {exc}") from None
+    out = [_event(line, key) for line in text.split("\n") if line]
     seqs = [e.seq for e in out]
-    if not seqs or seqs != sorted(set(seqs)) or seqs[0] != segment.first or seqs[-1] != segment.last:
-        raise ArchiveError(f"segment {segment.key}: sequences are not {segment.first}..{segment.last} in order")
-    if len(out) != segment.count:
-        raise ArchiveError(f"segment {segment.key}: {len(out)} events, the manifest says {segment.count}")
+    if not seqs or seqs != sorted(set(seqs)) or seqs[0] != first or seqs[-1] != last:
+        raise ArchiveError(f"segment {key}: sequences are not {first}..{last} in order")
     return out
 
 
@@ -182,6 +196,17 @@ def span(first: int, last: int) -> str:
 def segment_key(stream: str, first: int, last: int) -> str:
     """Segments sort by their key as they do by sequence."""
     return f"{stream}/segments/{first:020d}-{last:020d}.ndjson.gz"
+
+
+def key_range(stream: str, key: str) -> tuple[int, int] | None:
+    """The range a segment key of the stream names (None: not a segment key of it)."""
+    name = key.removeprefix(f"{stream}/segments/")
+    if name == key or not name.endswith(".ndjson.gz"):
+        return None
+    first, sep, last = name.removesuffix(".ndjson.gz").partition("-")
+    if not sep or not first.isdigit() or not last.isdigit() or not 1 <= int(first) <= int(last):
+        return None
+    return int(first), int(last)
 
 
 def manifest_key(stream: str) -> str:

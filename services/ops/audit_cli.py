@@ -66,6 +66,11 @@ async def run_archive(settings: Settings, args: argparse.Namespace) -> int:
         except (ArchiveBusy, ArchiveError, ChronicleError, TimeoutError) as exc:  # could not run: not a finding
             print(f"chronicle archive: {exc}", file=sys.stderr)
             return 2
+        for segment in done.adopted:
+            said = span(segment.first, segment.last)
+            print(f"listed again segment {segment.key} ({said}): its events are the stream's")
+        for key, why in done.kept:
+            print(f"kept segment object {key}, which the manifest does not list: {why}")
         for segment in done.repaired:
             print(f"wrote again missing segment {segment.key} ({span(segment.first, segment.last)}) from the stream")
         print(

@@ -437,3 +437,30 @@ async def test_a_run_fills_a_range_whose_segment_was_dropped_with_its_manifest_e
     assert checked.ok, checked.problems
     assert checked.notes == [f"sequence {first.first}: the stream holds none of them, so no segment archives them"]
     assert checked.compared == end - 1
+
+
+async def _drop_first(c: Container, end: int, first: Segment) -> None:
+    """The stream's limits drop the events of the first segment (its first sequence then follows it)."""
+    info = await c.js.stream_info(c.layout.stream)
+    info.config.max_msgs = end - first.last
+    await c.js.update_stream(info.config)
+    assert (await c.js.stream_info(c.layout.stream)).state.first_seq == first.last + 1
+
+
+async def test_a_run_lists_again_an_unlisted_segment_that_is_the_only_copy_of_its_events(stack: Container) -> None:
+    c = stack
+    end, segments = await _three_segments(c)
+    store = c.context.skills
+    assert store is not None
+    first, middle, last = segments
+    kept = await store.get_bytes(c.settings.archive_bucket, first.key)
+    await _listing(c, [middle, last])  # its entry dropped, its object still in the bucket
+    await _drop_first(c, end, first)
+    done = await asyncio.to_thread(cli, c.settings)
+    assert done.returncode == 0, done.stderr
+    assert f"listed again segment {first.key} (sequences {first.first}..{first.last})" in done.stdout
+    assert await store.get_bytes(c.settings.archive_bucket, first.key) == kept
+    assert parse_manifest(await manifest_of(c)).segments == segments
+    checked = await asyncio.to_thread(cli, c.settings, "--check")
+    assert checked.returncode == 0, checked.stdout
+    assert "0 problems" in checked.stdout

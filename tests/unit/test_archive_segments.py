@@ -22,11 +22,13 @@ from services.audit.archive_segments import (
     decode,
     encode,
     gaps,
+    key_range,
     lost_line,
     parse_manifest,
     rewritten,
     segment_key,
     segment_of,
+    unlisted_segment,
 )
 
 AT = datetime(2026, 12, 2, 5, 31, 7, 123456, tzinfo=UTC)
@@ -192,3 +194,20 @@ def test_the_gaps_of_a_manifest_come_last_first_with_where_their_segments_go() -
     manifest = Manifest(stream="S", stream_created=AT, segments=[entry(3, 4), entry(5, 9), entry(12, 20)])
     assert gaps(manifest) == [(10, 11, 2), (1, 2, 0)]
     assert gaps(Manifest(stream="S", stream_created=AT, segments=[entry(1, 4), entry(5, 9)])) == []
+
+
+def test_a_segment_key_names_its_range_and_nothing_else_is_taken_for_one() -> None:
+    assert key_range("s", segment_key("s", 41, 44)) == (41, 44)
+    others = ("s/manifest.json", "other/segments/1-2.ndjson.gz", "s/segments/9-3.ndjson.gz", "s/segments/x.ndjson.gz")
+    for key in others:
+        assert key_range("s", key) is None
+
+
+def test_an_unlisted_segment_is_read_as_its_key_says_or_refused() -> None:
+    data = encode(EVENTS)
+    entry, events = unlisted_segment("k", 41, 44, data)
+    assert (events, entry) == (EVENTS, segment_of("k", EVENTS, data))
+    with pytest.raises(ArchiveError, match=r"sequences are not 40\.\.44"):
+        unlisted_segment("k", 40, 44, data)
+    with pytest.raises(ArchiveError, match="not gzip'd"):
+        unlisted_segment("k", 41, 44, b"partial")
