@@ -7,7 +7,9 @@ stopped anywhere leaves an archive that the next run continues. Each run also li
 segment objects (one listing, no segment read): a listed segment whose object is gone is written
 again from the stream when the stream still holds its events as archived (the same bytes), and
 is said lost otherwise (:attr:`Archived.lost`); a range no listed segment covers (an entry dropped
-from the manifest) is archived again from what the stream holds of it, after the run lists again a
+from the manifest) is archived again from what the stream holds of it, the rest said lost
+(:attr:`Archived.lost_holes`) unless accepted as lost (services/audit/archive_accept.py), after
+the run lists again a
 segment object of that range left in the bucket (read, and its events found equal to the stream's:
 it may be the only copy of them); an unlisted object is deleted only after the last listed
 sequence (a stopped run's). Segments are immutable: a
@@ -39,6 +41,8 @@ from services.audit.archive_segments import (
     rewritten,
     segment_key,
     segment_of,
+    span,
+    uncovered,
     unlisted_segment,
 )
 from services.bootstrap import Container
@@ -75,6 +79,8 @@ class Archived:
     again once read and found equal to the stream's events it still holds."""
     kept: tuple[tuple[str, str], ...] = ()
     """Segment objects the manifest does not list that the run left as they are, each with why."""
+    lost_holes: tuple[tuple[int, int], ...] = ()
+    """Ranges no listed segment covers that the stream no longer holds, not accepted as lost."""
 
 
 @dataclass(slots=True)
@@ -153,7 +159,10 @@ async def archive(
         holes = gaps(manifest)
         if holes and not stream_first:
             stream_first = int((await c.js.stream_info(stream)).state.first_seq)
+        lost_holes: list[tuple[int, int]] = []
         for first, last, index in holes:  # a segment dropped with its entry: what the stream holds of it
+            if first < stream_first:  # what it no longer holds is lost, unless accepted as lost
+                lost_holes[:0] = uncovered(first, min(last, stream_first - 1), manifest.accepted_lost)
             if last >= stream_first:
                 repaired += await _append(c, store, bucket, manifest, cut, max(first, stream_first), last, index)
         added = await _append(c, store, bucket, manifest, cut, manifest.last_seq + 1, to_seq, None)
@@ -166,6 +175,7 @@ async def archive(
             stream_first=stream_first,
             adopted=tuple(adopted),
             kept=tuple(kept),
+            lost_holes=tuple(lost_holes),
         )
 
 
@@ -344,8 +354,10 @@ async def check(c: Container) -> Checked:
     headers, time, bytes), and nothing may be archived beyond the stream's last sequence. What the
     stream itself no longer holds (before its first sequence, or deleted inside its range: the
     stream refuses deletes, so only a stream changed outside Chronicle) is not compared and is
-    said as a note, not as a problem. How far the archive reaches is said too: behind the stream
-    is not a problem (each run archives what came since the last)."""
+    said as a note, not as a problem; but sequences before its first that no segment archives are
+    a hole the archive lost, a problem unless accepted as lost (then a note). How far the archive
+    reaches is said too: behind the stream is not a problem (each run archives what came since
+    the last)."""
     store, bucket, stream = store_of(c), c.settings.archive_bucket, c.layout.stream
     out = Checked()
     try:
@@ -383,7 +395,7 @@ async def check(c: Container) -> Checked:
     after = 0
     for segment in manifest.segments:
         if segment.first != after + 1 and same_stream:
-            await _gap(c, out, segment, after)
+            await _gap(c, out, manifest, segment, after, first_held)
         elif segment.first != after + 1:
             out.problems.append(f"segment {segment.key} starts at {segment.first}, after {after}: a gap")
         after = segment.last
@@ -408,19 +420,36 @@ async def check(c: Container) -> Checked:
     return out
 
 
-async def _gap(c: Container, out: Checked, segment: Segment, after: int) -> None:
+async def _gap(c: Container, out: Checked, manifest: Manifest, segment: Segment, after: int, first_held: int) -> None:
     """Sequences between two segments (or before the first): a problem when the stream holds any
-    of them (the archive lost them); a note when it holds none (nothing to archive there)."""
+    of them (the archive lost them), or when they are before its first sequence (``first_held``:
+    lost for good) unless accepted as lost (then a note); a note when the stream, inside its range,
+    holds none (deleted from it: nothing to archive there)."""
     first, last = after + 1, segment.first - 1
     if first > last:  # an overlap (parse_manifest refuses one; said here should it get through)
         out.problems.append(f"segment {segment.key} starts at {segment.first}, after {after}: an overlap")
         return
+    if first < first_held:  # what the stream no longer holds: lost, or accepted as lost
+        gone = min(last, first_held - 1)
+        for loss in manifest.accepted_lost:
+            if loss.first <= gone and loss.last >= first:
+                out.notes.append(
+                    f"{span(max(loss.first, first), min(loss.last, gone))}: accepted as lost on "
+                    f"{loss.accepted_at.isoformat()} (`chronicle archive --accept-lost`)"
+                )
+        out.problems.extend(
+            f"{span(a, b)}: no segment archives them and the stream no longer holds them (its first sequence is "
+            f"{first_held}): lost"
+            for a, b in uncovered(first, gone, manifest.accepted_lost)
+        )
+        first = gone + 1
+        if first > last:
+            return
     held = [e.seq async for e in eventlog.read(c.js, c.layout, None, first, last)]
-    span = f"sequence {first}" if first == last else f"sequences {first}..{last}"
     if held:
         out.problems.append(
             f"segment {segment.key} starts at {segment.first}, after {after}: a gap; the stream holds "
-            f"{len(held)} of {span}, which no segment archives"
+            f"{len(held)} of {span(first, last)}, which no segment archives"
         )
     else:
-        out.notes.append(f"{span}: the stream holds none of them, so no segment archives them")
+        out.notes.append(f"{span(first, last)}: the stream holds none of them, so no segment archives them")

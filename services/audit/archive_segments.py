@@ -63,11 +63,23 @@ class Restoration(BaseModel):
     restored_at: datetime
 
 
+class AcceptedLoss(BaseModel):
+    """Sequences ``first..last`` the archive lost while the stream no longer held them, accepted
+    as lost at ``accepted_at`` (``chronicle archive --accept-lost``): runs stop failing on them, and
+    ``--check`` says them as a note."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    first: int = Field(ge=1)
+    last: int = Field(ge=1)
+    accepted_at: datetime
+
+
 class Manifest(BaseModel):
     """The archive of one stream: its name and creation time (which stream, not only which name),
     and its segments in order, contiguous in sequence. ``restorations``: the streams restored from
     it, oldest first; the last one's stream is the one ``stream_created`` names (the archive
-    continues there)."""
+    continues there). ``accepted_lost``: the holes an operator accepted as lost, in order."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -76,6 +88,7 @@ class Manifest(BaseModel):
     stream_created: datetime
     segments: list[Segment] = Field(default_factory=list)
     restorations: list[Restoration] = Field(default_factory=list)
+    accepted_lost: list[AcceptedLoss] = Field(default_factory=list)
 
     @property
     def last_seq(self) -> int:
@@ -173,19 +186,40 @@ def gaps(manifest: Manifest) -> list[tuple[int, int, int]]:
     return out[::-1]
 
 
-def lost_line(lost: Sequence[Segment], stream_first: int) -> str:
+def uncovered(first: int, last: int, accepted: Sequence[AcceptedLoss]) -> list[tuple[int, int]]:
+    """The parts of ``first..last`` that no accepted loss covers, in order."""
+    out: list[tuple[int, int]] = []
+    at = first
+    for loss in sorted(accepted, key=lambda a: a.first):
+        if loss.last < at or loss.first > last:
+            continue
+        if loss.first > at:
+            out.append((at, loss.first - 1))
+        at = loss.last + 1
+    if at <= last:
+        out.append((at, last))
+    return out
+
+
+def lost_line(lost: Sequence[Segment], stream_first: int, holes: Sequence[tuple[int, int]] = ()) -> str:
     """What an archive run could not repair, in one line: each missing segment's range and key,
-    and why the stream cannot give it back (``stream_first``: the first sequence it holds)."""
+    each range no segment covers (``holes``), and why the stream cannot give it back
+    (``stream_first``: the first sequence it holds)."""
+    gone = f"the stream no longer holds them all (its first sequence is {stream_first})"
     said = "; ".join(
-        f"{span(s.first, s.last)} (segment {s.key}): "
-        + (
-            f"the stream no longer holds them all (its first sequence is {stream_first})"
-            if s.first < stream_first
-            else "the stream's events there are not the archived ones"
-        )
-        for s in lost
+        [
+            *(
+                f"{span(s.first, s.last)} (segment {s.key}): "
+                + (gone if s.first < stream_first else "the stream's events there are not the archived ones")
+                for s in lost
+            ),
+            *(f"{span(first, last)} (no segment): {gone}" for first, last in holes),
+        ]
     )
-    return f"the archive lost {said}; they cannot be archived again (`chronicle archive --check` names the gap)"
+    return (
+        f"the archive lost {said}; they cannot be archived again (`chronicle archive --check` names the gap; "
+        "`chronicle archive --accept-lost FIRST-LAST` accepts a range the stream no longer holds as lost)"
+    )
 
 
 def span(first: int, last: int) -> str:

@@ -12,7 +12,7 @@ from events import ids
 from events.sealing import KeyDestroyed
 from events.stream import PartitionMismatch, ReplicasUnavailable, TooFewReplicas
 from projections import queries
-from services.audit import archive, restore
+from services.audit import archive, archive_accept, restore
 from services.audit import readers as audit
 from services.audit.archive import ArchiveBusy
 from services.audit.archive_segments import ArchiveError, lost_line, span
@@ -38,6 +38,8 @@ async def run_archive(settings: Settings, args: argparse.Namespace) -> int:
     if args.segment_events < 1 or (args.to_seq is not None and args.to_seq < 1):
         print("chronicle archive: --segment-events and --to-seq must be at least 1", file=sys.stderr)
         return 2
+    if args.accept_lost is not None:
+        return await _run_accept_lost(settings, args.accept_lost, args.to_seq)
     if args.restore:
         if args.to_seq is not None:
             print("chronicle archive: --restore restores the whole archive (no --to-seq)", file=sys.stderr)
@@ -77,10 +79,40 @@ async def run_archive(settings: Settings, args: argparse.Namespace) -> int:
             f"archived {done.events} events in {done.segments} segments to bucket {settings.archive_bucket!r}; "
             f"the archive now ends at sequence {done.last_seq}"
         )
-        if done.lost:
-            print(f"chronicle archive: {lost_line(done.lost, done.stream_first)}", file=sys.stderr)
+        if done.lost or done.lost_holes:
+            print(f"chronicle archive: {lost_line(done.lost, done.stream_first, done.lost_holes)}", file=sys.stderr)
             return 1
         return 0
+
+
+async def _run_accept_lost(settings: Settings, given: str, to_seq: int | None) -> int:
+    """``chronicle archive --accept-lost FIRST-LAST`` (0: accepted, or already; 2: refused, nothing
+    changed, or it could not run)."""
+    first, sep, last = given.partition("-")
+    if to_seq is not None or not (first.isdigit() and (not sep or last.isdigit())):
+        print("chronicle archive: --accept-lost takes FIRST-LAST (or one sequence), and no --to-seq", file=sys.stderr)
+        return 2
+    low, high = int(first), int(last if sep else first)
+    if not 1 <= low <= high:
+        print(f"chronicle archive: --accept-lost {given}: not a range of sequences from 1", file=sys.stderr)
+        return 2
+    async with open_container(settings, log_check=False, create_stream=False) as c:
+        try:
+            loss = await archive_accept.accept_lost(c, low, high)
+        except ObjectStorageError as exc:
+            print(f"chronicle archive: {storage_unusable(settings, exc)}", file=sys.stderr)
+            return 2
+        except (ArchiveBusy, ArchiveError, ChronicleError, TimeoutError) as exc:
+            print(f"chronicle archive: {exc}", file=sys.stderr)
+            return 2
+    if loss is None:
+        print(f"{span(low, high)}: already accepted as lost; nothing changed")
+    else:
+        print(
+            f"{span(low, high)}: accepted as lost (recorded in the manifest); runs no longer fail on them and "
+            "`chronicle archive --check` says them as a note"
+        )
+    return 0
 
 
 STREAM_REFUSALS = (PartitionMismatch, ReplicasUnavailable, TooFewReplicas)

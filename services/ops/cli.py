@@ -150,6 +150,13 @@ def main(argv: list[str] | None = None) -> int:
         help="prove the archive whole and equal to the stream up to where it reaches: segments contiguous from "
         "sequence 1, each as its manifest says, every stream event of their ranges archived once and equal",
     )
+    archive_mode.add_argument(
+        "--accept-lost",
+        metavar="FIRST-LAST",
+        default=None,
+        help="accept a hole the stream no longer holds (a range every run reports lost) as lost: recorded in the "
+        "manifest, runs stop failing on it and --check says it as a note",
+    )
     p_archive.add_argument("--to-seq", type=int, default=None, help="archive up to this stream sequence")
     p_archive.add_argument("--segment-events", type=int, default=10_000, help="events per segment (default 10,000)")
     p_skills = sub.add_parser("skills", help="skill documents in object storage")

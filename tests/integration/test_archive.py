@@ -5,6 +5,7 @@ NATS, Postgres, S3 (moto), and the CLI as a process."""
 from __future__ import annotations
 
 import asyncio
+import re
 import socket
 import subprocess
 from collections.abc import AsyncIterator
@@ -19,6 +20,7 @@ from events.log import StoredEvent
 from events.omitted import OMITTED
 from services.audit import archive
 from services.audit.archive import ArchiveBusy
+from services.audit.archive_accept import accept_lost
 from services.audit.archive_segments import (
     ArchiveError,
     Segment,
@@ -32,6 +34,7 @@ from services.audit.archive_segments import (
 from services.bootstrap import Container
 from services.ops.cli import UNREACHABLE_EXIT
 from services.settings import Settings, new_operator_seed
+from services.storage.s3 import SkillStore
 from tests.conftest import make_settings, running_stack
 from tests.integration.helpers import text_message
 from tests.support import chronicle_cli
@@ -405,7 +408,8 @@ async def test_a_deleted_segment_the_stream_no_longer_holds_fails_every_run_in_o
     line = (
         f"chronicle archive: the archive lost sequences {first.first}..{first.last} (segment {first.key}): the "
         f"stream no longer holds them all (its first sequence is {first.last + 3}); they cannot be archived again "
-        "(`chronicle archive --check` names the gap)"
+        "(`chronicle archive --check` names the gap; `chronicle archive --accept-lost FIRST-LAST` accepts a range "
+        "the stream no longer holds as lost)"
     )
     done = await asyncio.to_thread(cli, c.settings)
     assert done.returncode == 1, done.stdout
@@ -414,6 +418,21 @@ async def test_a_deleted_segment_the_stream_no_longer_holds_fails_every_run_in_o
     assert await store.get_bytes(c.settings.archive_bucket, first.key) is None
     again = await asyncio.to_thread(cli, c.settings)
     assert (again.returncode, again.stderr.splitlines()) == (1, [line])
+
+    accepted = await asyncio.to_thread(cli, c.settings, "--accept-lost", f"{first.first}-{first.last}")
+    assert accepted.returncode == 0, accepted.stderr
+    assert f"sequences {first.first}..{first.last}: accepted as lost" in accepted.stdout
+    assert first not in parse_manifest(await manifest_of(c)).segments  # its entry leaves with the loss
+    after = await asyncio.to_thread(cli, c.settings)
+    assert (after.returncode, after.stderr) == (0, "")
+    checked = await asyncio.to_thread(cli, c.settings, "--check")
+    assert checked.returncode == 0, checked.stdout
+    assert f"note: sequences {first.first}..{first.last}: accepted as lost on " in checked.stdout
+    twice = await asyncio.to_thread(cli, c.settings, "--accept-lost", f"{first.first}-{first.last}")
+    assert (twice.returncode, twice.stdout.strip()) == (
+        0,
+        f"sequences {first.first}..{first.last}: already accepted as lost; nothing changed",
+    )
 
 
 async def test_a_run_fills_a_range_whose_segment_was_dropped_with_its_manifest_entry(stack: Container) -> None:
@@ -430,13 +449,27 @@ async def test_a_run_fills_a_range_whose_segment_was_dropped_with_its_manifest_e
     await c.js.update_stream(info.config)
     done = await archive.archive(c, segment_events=100)
     assert [(s.first, s.last) for s in done.repaired] == [(first.first + 1, middle.last)]
-    assert (done.segments, done.lost) == (0, ())
+    assert (done.segments, done.lost, done.lost_holes) == (0, (), ((first.first, first.first),))
     manifest = parse_manifest(await manifest_of(c))
     assert [(s.first, s.last) for s in manifest.segments] == [(first.first + 1, middle.last), (last.first, last.last)]
     checked = await archive.check(c)
-    assert checked.ok, checked.problems
-    assert checked.notes == [f"sequence {first.first}: the stream holds none of them, so no segment archives them"]
+    assert checked.problems == [
+        f"sequence {first.first}: no segment archives them and the stream no longer holds them (its first "
+        f"sequence is {first.first + 1}): lost"
+    ]
     assert checked.compared == end - 1
+    assert await accept_lost(c, first.first, first.first) is not None
+    accepted = await archive.check(c)
+    assert accepted.ok, accepted.problems
+    assert len(accepted.notes) == 1
+    assert accepted.notes[0].startswith(f"sequence {first.first}: accepted as lost on ")
+    assert (await archive.archive(c)).lost_holes == ()
+
+
+def _store(c: Container) -> SkillStore:
+    store = c.context.skills
+    assert store is not None
+    return store
 
 
 async def _drop_first(c: Container, end: int, first: Segment) -> None:
@@ -450,9 +483,7 @@ async def _drop_first(c: Container, end: int, first: Segment) -> None:
 async def test_a_run_lists_again_an_unlisted_segment_that_is_the_only_copy_of_its_events(stack: Container) -> None:
     c = stack
     end, segments = await _three_segments(c)
-    store = c.context.skills
-    assert store is not None
-    first, middle, last = segments
+    store, (first, middle, last) = _store(c), segments
     kept = await store.get_bytes(c.settings.archive_bucket, first.key)
     await _listing(c, [middle, last])  # its entry dropped, its object still in the bucket
     await _drop_first(c, end, first)
@@ -464,3 +495,58 @@ async def test_a_run_lists_again_an_unlisted_segment_that_is_the_only_copy_of_it
     checked = await asyncio.to_thread(cli, c.settings, "--check")
     assert checked.returncode == 0, checked.stdout
     assert "0 problems" in checked.stdout
+
+
+async def test_an_unlisted_segment_that_does_not_read_as_its_key_says_is_kept_and_its_hole_reported(
+    stack: Container,
+) -> None:
+    c = stack
+    end, segments = await _three_segments(c)
+    store, (first, middle, last) = _store(c), segments
+    await store.put_bytes(c.settings.archive_bucket, first.key, b"garbage")
+    await _listing(c, [middle, last])
+    await _drop_first(c, end, first)
+    done = await asyncio.to_thread(cli, c.settings)
+    assert done.returncode == 1, done.stdout
+    assert f"kept segment object {first.key}, which the manifest does not list: segment {first.key}: not gzip'd" in (
+        done.stdout
+    )
+    assert done.stderr.splitlines() == [
+        f"chronicle archive: the archive lost sequences {first.first}..{first.last} (no segment): the stream no "
+        f"longer holds them all (its first sequence is {first.last + 1}); they cannot be archived again "
+        "(`chronicle archive --check` names the gap; `chronicle archive --accept-lost FIRST-LAST` accepts a range "
+        "the stream no longer holds as lost)"
+    ]
+    assert await store.get_bytes(c.settings.archive_bucket, first.key) == b"garbage"
+    with pytest.raises(ArchiveError, match="which the manifest does not list"):
+        await accept_lost(c, first.first, first.last)  # that object may be all there is: looked at first
+
+
+async def test_accept_lost_refuses_what_is_not_a_hole_the_stream_no_longer_holds(stack: Container) -> None:
+    c = stack
+    end, segments = await _three_segments(c)
+    store, (first, middle, last) = _store(c), segments
+    await store.delete(c.settings.archive_bucket, first.key)
+    await _drop_first(c, end, first)
+    before = await manifest_of(c)
+    refusals = {
+        (first.first, first.last - 1): f"segment {first.key} is missing; accept its whole range",
+        (middle.first, middle.last): f"the stream holds sequences from {middle.first}",
+        (last.last + 1, last.last + 2): f"the archive reaches sequence {last.last}",
+    }
+    for (low, high), said in refusals.items():
+        with pytest.raises(ArchiveError, match=re.escape(said)):
+            await accept_lost(c, low, high)
+    await store.put_bytes(c.settings.archive_bucket, first.key, b"back")
+    with pytest.raises(ArchiveError, match=re.escape(f"segment {first.key} is in the bucket, so not lost")):
+        await accept_lost(c, first.first, first.last)
+    assert await manifest_of(c) == before
+    for given in ("x", "3-", "0-2", "5-3"):
+        refused = await asyncio.to_thread(cli, c.settings, "--accept-lost", given)
+        assert refused.returncode == 2, refused.stdout
+        assert len(refused.stderr.splitlines()) == 1
+        assert "--accept-lost" in refused.stderr
+    held = await asyncio.to_thread(cli, c.settings, "--accept-lost", f"{middle.first}-{middle.last}")
+    assert held.returncode == 2, held.stdout
+    assert held.stderr.startswith(f"chronicle archive: sequences {middle.first}..{middle.last}: the stream holds")
+    assert await manifest_of(c) == before

@@ -14,6 +14,7 @@ import pytest
 from events.log import StoredEvent
 from services.audit.archive_segments import (
     FORMAT,
+    AcceptedLoss,
     ArchiveError,
     Manifest,
     Restoration,
@@ -28,6 +29,7 @@ from services.audit.archive_segments import (
     rewritten,
     segment_key,
     segment_of,
+    uncovered,
     unlisted_segment,
 )
 
@@ -211,3 +213,20 @@ def test_an_unlisted_segment_is_read_as_its_key_says_or_refused() -> None:
         unlisted_segment("k", 40, 44, data)
     with pytest.raises(ArchiveError, match="not gzip'd"):
         unlisted_segment("k", 41, 44, b"partial")
+
+
+def test_accepted_losses_leave_only_the_parts_they_do_not_cover() -> None:
+    accepted = [AcceptedLoss(first=a, last=b, accepted_at=AT) for a, b in ((8, 9), (3, 4))]
+    assert uncovered(1, 10, accepted) == [(1, 2), (5, 7), (10, 10)]
+    assert uncovered(3, 4, accepted) == []
+    assert uncovered(4, 8, accepted) == [(5, 7)]
+
+
+def test_a_hole_no_segment_covers_is_said_in_the_same_line_as_a_missing_segment() -> None:
+    entry = segment(encode(EVENTS))
+    line = lost_line([entry], 50, [(45, 47)])
+    assert f"sequences 41..44 (segment {entry.key})" in line
+    assert "sequences 45..47 (no segment): the stream no longer holds them all (its first sequence is 50)" in line
+    assert line.endswith(
+        "`chronicle archive --accept-lost FIRST-LAST` accepts a range the stream no longer holds as lost)"
+    )
