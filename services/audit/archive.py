@@ -5,7 +5,7 @@ Each run appends segments for the events stored since the last one (services/aud
 archive_segments.py: the format), then rewrites the manifest, segment by segment, so that a run
 stopped anywhere leaves an archive that the next run continues. Each run also lists the archive's
 segment objects (one listing, no segment read): a listed segment whose object is gone is written
-again from the stream when the stream still holds its events as archived (the same bytes), and
+again from the stream when the stream still holds its events as archived (the same NDJSON), and
 is said lost otherwise (:attr:`Archived.lost`); a range no listed segment covers (an entry dropped
 from the manifest) is archived again from what the stream holds of it, the rest said lost
 (:attr:`Archived.lost_holes`) unless accepted as lost (services/audit/archive_accept.py), after
@@ -154,7 +154,7 @@ async def archive(
         objects = await segment_objects(store, bucket, manifest.stream)
         adopted, kept = await _unlisted(c, store, bucket, manifest, objects)
         missing = [s for s in manifest.segments if s.key not in objects]
-        repaired, lost, stream_first = await _repair(c, store, bucket, missing)
+        repaired, lost, stream_first = await _repair(c, store, bucket, manifest, missing)
         cut = Cut(segment_events, segment_bytes)
         holes = gaps(manifest)
         if holes and not stream_first:
@@ -239,7 +239,7 @@ async def _unlisted(
             kept.append((key, why))
             continue
         adopted.append(manifest.segments[index])
-        await store.put_bytes(bucket, manifest_key(manifest.stream), manifest.model_dump_json(indent=1).encode())
+        await save(store, bucket, manifest)
     return adopted, kept
 
 
@@ -279,26 +279,31 @@ async def _verified(
 
 
 async def _repair(
-    c: Container, store: SkillStore, bucket: str, missing: list[Segment]
+    c: Container, store: SkillStore, bucket: str, manifest: Manifest, missing: list[Segment]
 ) -> tuple[list[Segment], list[Segment], int]:
-    """Each missing segment written again from the stream's events of its range when they make
-    its very bytes (the manifest's SHA-256); the segments repaired, those lost, and the stream's
-    first sequence (0 when nothing was missing)."""
+    """Each missing segment written again from the stream's events of its range when they are
+    the archived ones (:func:`rewritten`; an entry the new bytes hash otherwise is updated in the
+    manifest, written after them); the segments repaired, those lost, and the stream's first
+    sequence (0 when nothing was missing)."""
     if not missing:
         return [], [], 0
     stream_first = int((await c.js.stream_info(c.layout.stream)).state.first_seq)
     repaired: list[Segment] = []
     lost: list[Segment] = []
     for segment in missing:
-        data = None
+        made = None
         if segment.first >= stream_first:  # else part of it is gone: nothing to read (a jump costs a get per seq)
             held = [e async for e in eventlog.read(c.js, c.layout, None, segment.first, segment.last)]
-            data = rewritten(segment, held)
-        if data is None:
+            made = rewritten(segment, held)
+        if made is None:
             lost.append(segment)
             continue
+        data, entry = made
         await store.put_bytes(bucket, segment.key, data)
-        repaired.append(segment)
+        if entry != segment:
+            manifest.segments[manifest.segments.index(segment)] = entry
+            await save(store, bucket, manifest)
+        repaired.append(entry)
     return repaired, lost, stream_first
 
 
@@ -327,8 +332,13 @@ async def _write(
     await store.put_bytes(bucket, key, data)  # first the segment, then the manifest that lists it
     segment = segment_of(key, batch, data)
     manifest.segments.insert(len(manifest.segments) if index is None else index + nth, segment)
-    await store.put_bytes(bucket, manifest_key(manifest.stream), manifest.model_dump_json(indent=1).encode())
+    await save(store, bucket, manifest)
     return segment
+
+
+async def save(store: SkillStore, bucket: str, manifest: Manifest) -> None:
+    """The manifest written over the one in the bucket."""
+    await store.put_bytes(bucket, manifest_key(manifest.stream), manifest.model_dump_json(indent=1).encode())
 
 
 async def segment_objects(store: SkillStore, bucket: str, stream: str) -> set[str]:

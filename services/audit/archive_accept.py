@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
-from services.audit.archive import locked, read_manifest, segment_objects, store_of
-from services.audit.archive_segments import AcceptedLoss, ArchiveError, key_range, manifest_key, span, uncovered
+from services.audit.archive import locked, read_manifest, save, segment_objects, store_of
+from services.audit.archive_segments import AcceptedLoss, ArchiveError, key_range, span, uncovered
 from services.bootstrap import Container
 
 
@@ -60,5 +60,5 @@ async def accept_lost(c: Container, first: int, last: int) -> AcceptedLoss | Non
         loss = AcceptedLoss(first=first, last=last, accepted_at=datetime.now(UTC))
         manifest.segments = [s for s in manifest.segments if s not in dropped]
         manifest.accepted_lost = sorted([*manifest.accepted_lost, loss], key=lambda a: a.first)
-        await store.put_bytes(bucket, manifest_key(stream), manifest.model_dump_json(indent=1).encode())
+        await save(store, bucket, manifest)
         return loss

@@ -9,8 +9,9 @@ A segment is gzip'd NDJSON, one line per stored event, in stream order::
 The bytes are base64 so that what is archived is what the stream holds, byte for byte (a sealed
 event stays sealed; a quarantined one keeps the bytes that were refused). The gzip header carries
 no name or time, so the same events always make the same segment (a run repeated after a crash
-writes identical objects). The manifest lists the segments with their ranges and SHA-256: it is
-what makes an archive checkable without the stream. :func:`compare` walks a segment's events in
+writes identical objects). The manifest lists the segments with their ranges and SHA-256 (of the
+gzip bytes, and of the NDJSON inside, which another zlib build does not change): it is what makes
+an archive checkable without the stream. :func:`compare` walks a segment's events in
 lockstep with the stream's of its range (what ``chronicle archive --check`` proves per segment).
 """
 
@@ -48,6 +49,9 @@ class Segment(BaseModel):
     count: int = Field(ge=1)
     bytes: int = Field(ge=0)
     sha256: str
+    content_sha256: str | None = None
+    """The SHA-256 of the segment's NDJSON before gzip (entries written before it was kept: None).
+    Another zlib may compress the same events to other bytes; this hash still knows them."""
 
 
 class Restoration(BaseModel):
@@ -103,7 +107,12 @@ class Manifest(BaseModel):
 
 
 def encode(events: Iterable[StoredEvent]) -> bytes:
-    """A segment's bytes: deterministic for the same events."""
+    """A segment's bytes: deterministic for the same events (under the same zlib)."""
+    return gzip.compress(ndjson(events), mtime=0)
+
+
+def ndjson(events: Iterable[StoredEvent]) -> bytes:
+    """A segment's content before gzip: one line per event."""
     lines = [
         json.dumps(
             {
@@ -117,7 +126,7 @@ def encode(events: Iterable[StoredEvent]) -> bytes:
         )
         for e in events
     ]
-    return gzip.compress(("\n".join(lines) + "\n").encode(), mtime=0)
+    return ("\n".join(lines) + "\n").encode()
 
 
 def decode(data: bytes, segment: Segment) -> list[StoredEvent]:
@@ -125,7 +134,7 @@ def decode(data: bytes, segment: Segment) -> list[StoredEvent]:
     then the sequence range and count. :class:`ArchiveError` for anything else."""
     if hashlib.sha256(data).hexdigest() != segment.sha256:
         raise ArchiveError(f"segment {segment.key}: its bytes do not hash to the manifest's sha256")
-    out = _events(data, segment.key, segment.first, segment.last)
+    out = _events(data, segment.key, segment.first, segment.last, segment.content_sha256)
     if len(out) != segment.count:
         raise ArchiveError(f"segment {segment.key}: {len(out)} events, the manifest says {segment.count}")
     return out
@@ -139,12 +148,16 @@ def unlisted_segment(key: str, first: int, last: int, data: bytes) -> tuple[Segm
     return segment_of(key, events, data), events
 
 
-def _events(data: bytes, key: str, first: int, last: int) -> list[StoredEvent]:
-    """A segment's events, each line an archived event, their sequences ``first..last`` in order."""
+def _events(data: bytes, key: str, first: int, last: int, content_sha256: str | None = None) -> list[StoredEvent]:
+    """A segment's events, each line an archived event, their sequences ``first..last`` in order
+    (and its NDJSON hashing to ``content_sha256`` when given)."""
     try:
-        text = gzip.decompress(data).decode("utf-8")
+        raw = gzip.decompress(data)
+        text = raw.decode("utf-8")
     except (OSError, EOFError, UnicodeDecodeError) as exc:
         raise ArchiveError(f"segment {key}: not gzip'd UTF-8: {exc}") from None
+    if content_sha256 is not None and hashlib.sha256(raw).hexdigest() != content_sha256:
+        raise ArchiveError(f"segment {key}: its events do not hash to the manifest's content_sha256")
     out = [_event(line, key) for line in text.split("\n") if line]
     seqs = [e.seq for e in out]
     if not seqs or seqs != sorted(set(seqs)) or seqs[0] != first or seqs[-1] != last:
@@ -160,17 +173,26 @@ def segment_of(key: str, events: list[StoredEvent], data: bytes) -> Segment:
         count=len(events),
         bytes=len(data),
         sha256=hashlib.sha256(data).hexdigest(),
+        content_sha256=hashlib.sha256(ndjson(events)).hexdigest(),
     )
 
 
-def rewritten(segment: Segment, events: Sequence[StoredEvent]) -> bytes | None:
-    """A missing segment's bytes made again from the stream's events of its range: the very bytes
-    its manifest entry hashes, or None when these events are not the ones archived there (the
-    stream no longer holds them all, or holds them otherwise: restored, so with other times)."""
+def rewritten(segment: Segment, events: Sequence[StoredEvent]) -> tuple[bytes, Segment] | None:
+    """A missing segment made again from the stream's events of its range, with its manifest
+    entry: when they are the events archived there, by the NDJSON its entry hashes
+    (``content_sha256``; the gzip bytes may differ under another zlib, and the entry is then
+    updated to them), or, for an entry without that hash, by the very gzip bytes it hashes. None
+    when they are not (the stream no longer holds them all, or holds them otherwise: restored, so
+    with other times)."""
     if not events:
         return None
     data = encode(events)
-    return data if hashlib.sha256(data).hexdigest() == segment.sha256 else None
+    if hashlib.sha256(data).hexdigest() == segment.sha256:
+        return data, segment
+    if segment.content_sha256 is None:
+        return None
+    made = segment_of(segment.key, list(events), data)
+    return (data, made) if made.content_sha256 == segment.content_sha256 else None
 
 
 def gaps(manifest: Manifest) -> list[tuple[int, int, int]]:

@@ -5,6 +5,7 @@ NATS, Postgres, S3 (moto), and the CLI as a process."""
 from __future__ import annotations
 
 import asyncio
+import gzip
 import re
 import socket
 import subprocess
@@ -550,3 +551,25 @@ async def test_accept_lost_refuses_what_is_not_a_hole_the_stream_no_longer_holds
     assert held.returncode == 2, held.stdout
     assert held.stderr.startswith(f"chronicle archive: sequences {middle.first}..{middle.last}: the stream holds")
     assert await manifest_of(c) == before
+
+
+async def test_a_segment_another_zlib_compressed_is_written_again_from_its_events_and_its_entry_updated(
+    stack: Container,
+) -> None:
+    c = stack
+    _, segments = await _three_segments(c)
+    store, middle = _store(c), segments[1]
+    events = await _events_of(c, middle)
+    ours = await store.get_bytes(c.settings.archive_bucket, middle.key)
+    assert ours is not None
+    theirs = gzip.compress(gzip.decompress(ours), compresslevel=1, mtime=0)  # as another zlib build would
+    assert theirs != ours
+    await _listing(c, [segments[0], segment_of(middle.key, events, theirs), segments[2]])
+    await store.delete(c.settings.archive_bucket, middle.key)
+    done = await asyncio.to_thread(cli, c.settings)
+    assert done.returncode == 0, done.stderr
+    assert f"wrote again missing segment {middle.key}" in done.stdout
+    assert await store.get_bytes(c.settings.archive_bucket, middle.key) == ours
+    assert parse_manifest(await manifest_of(c)).segments == segments  # the entry hashes the bytes written
+    checked = await archive.check(c)
+    assert checked.ok, checked.problems

@@ -173,7 +173,7 @@ def test_a_manifest_names_the_restoration_of_the_stream_it_continues_on() -> Non
 def test_a_missing_segment_is_made_again_only_from_the_very_events_archived() -> None:
     data = encode(EVENTS)
     entry = segment(data)
-    assert rewritten(entry, EVENTS) == data
+    assert rewritten(entry, EVENTS) == (data, entry)
     assert rewritten(entry, EVENTS[1:]) is None  # the stream no longer holds the first
     assert rewritten(entry, [replace(e, time=None) for e in EVENTS]) is None  # stored anew (restored)
     assert rewritten(entry, []) is None
@@ -230,3 +230,23 @@ def test_a_hole_no_segment_covers_is_said_in_the_same_line_as_a_missing_segment(
     assert line.endswith(
         "`chronicle archive --accept-lost FIRST-LAST` accepts a range the stream no longer holds as lost)"
     )
+
+
+def test_a_missing_segment_is_known_by_its_events_when_another_zlib_compressed_it() -> None:
+    data = encode(EVENTS)
+    other = gzip.compress(gzip.decompress(data), compresslevel=1, mtime=0)  # the same NDJSON, other gzip bytes
+    assert other != data
+    entry = segment(other)
+    assert entry.content_sha256 == segment(data).content_sha256
+    assert rewritten(entry, EVENTS) == (data, segment(data))  # written anew, its entry updated to the new bytes
+    assert rewritten(entry, EVENTS[1:]) is None
+    old = entry.model_copy(update={"content_sha256": None})  # an entry written before the content hash was kept
+    assert rewritten(old, EVENTS) is None
+    assert decode(data, segment(data)) == EVENTS
+
+
+def test_a_segment_whose_events_do_not_hash_to_its_entry_is_refused() -> None:
+    data = encode(EVENTS)
+    forged = segment(data).model_copy(update={"content_sha256": "0" * 64})
+    with pytest.raises(ArchiveError, match="content_sha256"):
+        decode(data, forged)
