@@ -344,7 +344,7 @@ async def save(store: SkillStore, bucket: str, manifest: Manifest) -> None:
 async def segment_objects(store: SkillStore, bucket: str, stream: str) -> set[str]:
     """The keys of the segment objects of the stream's archive (one listing: no object is read)."""
     prefix = segment_key(stream, 1, 1).rsplit("/", 1)[0] + "/"
-    return {o.key for o in await store.list(bucket, prefix)}
+    return set(await store.keys(bucket, prefix))
 
 
 async def unlisted(store: SkillStore, bucket: str, manifest: Manifest) -> list[str]:

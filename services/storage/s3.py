@@ -159,8 +159,21 @@ class SkillStore:
         found = self._client.list_objects(bucket, prefix=prefix, recursive=True, include_version=versioned)
         return [(o.object_name, o.version_id) for o in found if o.object_name is not None and not o.is_dir]
 
+    async def keys(self, bucket: str, prefix: str) -> list[str]:
+        """The key of every object under ``prefix``, in listing order: the listing alone, no
+        request per object (no bucket: none)."""
+
+        def listing() -> list[str]:
+            if not self._client.bucket_exists(bucket):
+                return []
+            found = self._client.list_objects(bucket, prefix=prefix, recursive=True)
+            return [o.object_name for o in found if o.object_name is not None and not o.is_dir]
+
+        return await self._call(listing)
+
     async def list(self, bucket: str, prefix: str) -> list[StoredObject]:
-        """Every object under ``prefix`` in listing order, with its description metadata."""
+        """Every object under ``prefix`` in listing order, with its description metadata (a HEAD
+        request per object: :meth:`keys` when only the keys are wanted)."""
 
         def listing() -> list[StoredObject]:
             if not self._client.bucket_exists(bucket):

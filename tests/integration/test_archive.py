@@ -573,3 +573,22 @@ async def test_a_segment_another_zlib_compressed_is_written_again_from_its_event
     assert parse_manifest(await manifest_of(c)).segments == segments  # the entry hashes the bytes written
     checked = await archive.check(c)
     assert checked.ok, checked.problems
+
+
+async def test_a_run_lists_the_segment_objects_by_key_without_a_request_per_object(
+    stack: Container, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    c = stack
+    _, segments = await _three_segments(c)
+    store = _store(c)
+    described = await store.list(c.settings.archive_bucket, f"{c.layout.stream}/segments/")
+
+    def refused(*_: object, **__: object) -> None:
+        raise AssertionError("a HEAD request per segment")
+
+    monkeypatch.setattr(store._client, "stat_object", refused)
+    keys = await archive.segment_objects(store, c.settings.archive_bucket, c.layout.stream)
+    assert keys == {o.key for o in described} == {s.key for s in segments}
+    await store.delete(c.settings.archive_bucket, segments[1].key)
+    done = await archive.archive(c)
+    assert done.repaired == (segments[1],)
