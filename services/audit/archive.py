@@ -159,13 +159,19 @@ async def archive(
         holes = gaps(manifest)
         if holes and not stream_first:
             stream_first = int((await c.js.stream_info(stream)).state.first_seq)
-        lost_holes: list[tuple[int, int]] = []
         for first, last, index in holes:  # a segment dropped with its entry: what the stream holds of it
-            if first < stream_first:  # what it no longer holds is lost, unless accepted as lost
-                lost_holes[:0] = uncovered(first, min(last, stream_first - 1), manifest.accepted_lost)
             if last >= stream_first:
                 repaired += await _append(c, store, bucket, manifest, cut, max(first, stream_first), last, index)
         added = await _append(c, store, bucket, manifest, cut, manifest.last_seq + 1, to_seq, None)
+        holes = gaps(manifest)  # now: what the stream no longer held, unless accepted as lost
+        if holes and not stream_first:
+            stream_first = int((await c.js.stream_info(stream)).state.first_seq)
+        lost_holes = [
+            part
+            for first, last, _ in reversed(holes)
+            if first < stream_first
+            for part in uncovered(first, min(last, stream_first - 1), manifest.accepted_lost)
+        ]
         return Archived(
             len(added),
             sum(s.count for s in added),

@@ -592,3 +592,20 @@ async def test_a_run_lists_the_segment_objects_by_key_without_a_request_per_obje
     await store.delete(c.settings.archive_bucket, segments[1].key)
     done = await archive.archive(c)
     assert done.repaired == (segments[1],)
+
+
+async def test_an_archive_begun_after_the_stream_dropped_its_first_events_reports_them_lost(stack: Container) -> None:
+    c = stack
+    await appended(c, "s-1", 9)
+    end = await eventlog.last_seq(c.js, c.layout)
+    info = await c.js.stream_info(c.layout.stream)
+    info.config.max_msgs = end - 3
+    await c.js.update_stream(info.config)
+    done = await asyncio.to_thread(cli, c.settings)
+    assert done.returncode == 1, done.stdout
+    assert f"the archive now ends at sequence {end}" in done.stdout
+    assert done.stderr.startswith("chronicle archive: the archive lost sequences 1..3 (no segment): the stream no ")
+    accepted = await asyncio.to_thread(cli, c.settings, "--accept-lost", "1-3")
+    assert accepted.returncode == 0, accepted.stderr
+    again = await asyncio.to_thread(cli, c.settings)
+    assert (again.returncode, again.stderr) == (0, "")
