@@ -67,13 +67,19 @@ async def list_quarantined(
     limit: int = DEFAULT_LIMIT,
 ) -> list[Entry]:
     """The newest ``limit`` quarantined events, newest first; ``tenant``: only those stored under
-    that tenant's subjects; with ``session`` too, only those under that session's subject."""
+    that tenant's subjects; with ``session`` too, only those under a subject naming that session,
+    whatever its partition token (an event refused for arriving on a wrong partition is listed
+    with its session, as its entry says)."""
     head = _tenant_head(layout, tenant)
-    exact = layout.session_subject(tenant, session) if tenant is not None and session is not None else None
+    tail = f".{encode_token(session)}" if tenant is not None and session is not None else None
+    # ``<head><one token without a dot><tail>``: the session's subject under any partition token
     cur = await conn.execute(
-        f"SELECT {_COLUMNS} FROM quarantine WHERE starts_with(subject, %s) AND (%s::text IS NULL OR subject = %s) "
-        "ORDER BY seq DESC LIMIT %s",
-        (head, exact, exact, max(0, limit)),
+        f"SELECT {_COLUMNS} FROM quarantine WHERE starts_with(subject, %(head)s) AND (%(tail)s::text IS NULL OR ("
+        "right(subject, length(%(tail)s)) = %(tail)s AND length(subject) > length(%(head)s) + length(%(tail)s) "
+        "AND strpos(substr(subject, length(%(head)s) + 1), '.') "
+        "= length(subject) - length(%(head)s) - length(%(tail)s) + 1"
+        ")) ORDER BY seq DESC LIMIT %(limit)s",
+        {"head": head, "tail": tail, "limit": max(0, limit)},
     )
     return [_entry(layout, row) for row in await cur.fetchall()]
 

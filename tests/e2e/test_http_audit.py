@@ -298,6 +298,35 @@ async def test_quarantine_shows_a_tenant_only_its_own_events(
     await _problem(await client.get("/v1/quarantine", params={"limit": 0}), 422, "invalid_request")
 
 
+async def test_quarantine_of_a_session_lists_its_event_refused_on_a_wrong_partition(
+    client: httpx.AsyncClient, client_b: httpx.AsyncClient, api_settings: Settings
+) -> None:
+    """An event naming the session but stored under another partition token is listed with that
+    session in the tenant's list, so the session's own list (what the view's tab asks) has it too."""
+    sid = new_sid()
+    await append(client, sid, msg("m1", "hello"))
+    layout = api_settings.layout()
+    own = layout.session_subject("tenant-a", sid)
+    part = layout.partition_token(own)
+    assert part is not None
+    wrong = own.replace(f".p{part:03d}.", f".p{(part + 1) % layout.partitions:03d}.")
+    nc = await operator_nats(api_settings.nats_url)
+    try:
+        bad = int((await nc.jetstream().publish(wrong, b"not json, wrong partition", stream=api_settings.stream)).seq)
+    finally:
+        await nc.close()
+    last = await _publish_raw(api_settings, "tenant-a", sid, b"not json, own subject")
+    await _json(await client.get(f"/v1/sessions/{sid}/tree", params={"min_seq": last}))
+
+    every = (await _json(await client.get("/v1/quarantine", params={"limit": 500})))["quarantined"]
+    assert {(q["seq"], q["session_id"]) for q in every} >= {(bad, sid), (last, sid)}
+    mine = (await _json(await client.get("/v1/quarantine", params={"session_id": sid})))["quarantined"]
+    assert [q["seq"] for q in mine] == [last, bad]
+    suffix = (await _json(await client.get("/v1/quarantine", params={"session_id": sid[1:]})))["quarantined"]
+    assert suffix == []  # an id that is the end of this one is another session
+    assert (await _json(await client_b.get("/v1/quarantine", params={"session_id": sid})))["quarantined"] == []
+
+
 # -- the page ------------------------------------------------------------------------------
 
 
