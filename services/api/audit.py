@@ -124,13 +124,18 @@ async def quarantine(
     c: ContainerDep,
     session_id: Annotated[SessionId | None, Query()] = None,
     limit: Annotated[int, Query(ge=1, le=MAX_QUARANTINE)] = 50,
+    cursor: Annotated[int | None, Query(ge=1, le=MAX_SEQ)] = None,
 ) -> dict[str, Any]:
     """The newest events stored under this tenant's subjects (``session_id``: that session's)
-    that the projectors quarantined, newest first: the reason, never another tenant's."""
+    that the projectors quarantined, newest first: the reason, never another tenant's; a page at
+    a time (``next_cursor``: the next page's ``cursor``, null on the last one)."""
     if session_id is not None:
         check_id("session", session_id)
     async with c.pool.connection() as conn:
-        entries = await list_quarantined(conn, c.layout, tenant=tenant, session=session_id, limit=limit)
+        rows = await list_quarantined(
+            conn, c.layout, tenant=tenant, session=session_id, limit=more(limit), before=cursor
+        )
+    entries, last = page(rows, limit)
     return {
         "quarantined": [
             {
@@ -142,5 +147,6 @@ async def quarantine(
                 "size": e.size,
             }
             for e in entries
-        ]
+        ],
+        "next_cursor": last.seq if last else None,
     }

@@ -269,6 +269,7 @@ class QuarantinedEvent(_Answer):
 
 class QuarantineList(_Answer):
     quarantined: list[QuarantinedEvent]
+    next_cursor: int | None
 
 
 def ok(model: type[BaseModel], status: int = 200, description: str = "Done") -> dict[int | str, dict[str, Any]]:

@@ -65,8 +65,10 @@ async def list_quarantined(
     tenant: str | None = None,
     session: str | None = None,
     limit: int = DEFAULT_LIMIT,
+    before: int | None = None,
 ) -> list[Entry]:
-    """The newest ``limit`` quarantined events, newest first; ``tenant``: only those stored under
+    """The newest ``limit`` quarantined events (``before``: of those below that sequence), newest
+    first; ``tenant``: only those stored under
     that tenant's subjects; with ``session`` too, only those under a subject naming that session,
     whatever its partition token (an event refused for arriving on a wrong partition is listed
     with its session, as its entry says)."""
@@ -78,8 +80,8 @@ async def list_quarantined(
         "right(subject, length(%(tail)s)) = %(tail)s AND length(subject) > length(%(head)s) + length(%(tail)s) "
         "AND strpos(substr(subject, length(%(head)s) + 1), '.') "
         "= length(subject) - length(%(head)s) - length(%(tail)s) + 1"
-        ")) ORDER BY seq DESC LIMIT %(limit)s",
-        {"head": head, "tail": tail, "limit": max(0, limit)},
+        ")) AND (%(before)s::bigint IS NULL OR seq < %(before)s) ORDER BY seq DESC LIMIT %(limit)s",
+        {"head": head, "tail": tail, "before": before, "limit": max(0, limit)},
     )
     return [_entry(layout, row) for row in await cur.fetchall()]
 

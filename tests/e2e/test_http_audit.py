@@ -327,6 +327,33 @@ async def test_quarantine_of_a_session_lists_its_event_refused_on_a_wrong_partit
     assert (await _json(await client_b.get("/v1/quarantine", params={"session_id": sid})))["quarantined"] == []
 
 
+async def test_quarantine_is_paged_so_every_refused_event_can_be_read(
+    client: httpx.AsyncClient, api_settings: Settings
+) -> None:
+    sid = new_sid()
+    await append(client, sid, msg("m1", "hello"))
+    bad = [await _publish_raw(api_settings, "tenant-a", sid, f"not json {i}".encode()) for i in range(5)]
+    await _json(await client.get(f"/v1/sessions/{sid}/tree", params={"min_seq": bad[-1]}))
+
+    seen: list[int] = []
+    pages = 0
+    cursor: int | None = None
+    while True:
+        params: dict[str, Any] = {"session_id": sid, "limit": 2} | ({"cursor": cursor} if cursor else {})
+        body = await _json(await client.get("/v1/quarantine", params=params))
+        seen += [q["seq"] for q in body["quarantined"]]
+        pages += 1
+        cursor = body["next_cursor"]
+        if cursor is None:
+            break
+        assert cursor == seen[-1]
+    assert (seen, pages) == (sorted(bad, reverse=True), 3)
+    whole = await _json(await client.get("/v1/quarantine", params={"session_id": sid, "limit": 5}))
+    assert ([q["seq"] for q in whole["quarantined"]], whole["next_cursor"]) == (seen, None)  # exactly full: last
+    await _problem(await client.get("/v1/quarantine", params={"cursor": 0}), 422, "invalid_request")
+    await _problem(await client.get("/v1/quarantine", params={"cursor": "x"}), 422, "invalid_request")
+
+
 # -- the page ------------------------------------------------------------------------------
 
 

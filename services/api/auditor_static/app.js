@@ -508,7 +508,13 @@ async function renderCompactions() {
 }
 
 async function renderQuarantine() {
-  const { quarantined } = await get("/v1/quarantine", { session_id: S.sid, limit: 500 });
+  const quarantined = [];
+  let cursor;
+  do { // every page: what was refused for this session, not only the newest 500
+    const page = await get("/v1/quarantine", { session_id: S.sid, limit: 500, cursor });
+    quarantined.push(...page.quarantined);
+    cursor = page.next_cursor ?? undefined;
+  } while (cursor !== undefined);
   clear(
     $("quarantine"),
     el("p", { class: "note" }, "Events stored for this session that the projectors refused, newest first."),
