@@ -18,7 +18,7 @@ from services.audit.archive import ArchiveBusy
 from services.audit.archive_segments import ArchiveError, lost_line, span
 from services.audit.restore import RestoreRefused, RestoreStopped
 from services.audit.strays import merged, strays
-from services.bootstrap import open_container
+from services.bootstrap import Container, open_container
 from services.errors import AsOfPastLog, ChronicleError, ObjectStorageError
 from services.ops.audit_text import rebuild_summary, verify_table
 from services.ops.progress import Progress
@@ -155,6 +155,21 @@ async def _run_restore(settings: Settings) -> int:
         return 0
 
 
+async def _history_gone(c: Container, tenant: str, session: str) -> str | None:
+    """Why a session has no history to show at all (erased, or never in the log), as one line;
+    None when it has one (possibly empty as of a sequence). Never an empty success for those."""
+    async with c.pool.connection() as conn:
+        erased = await queries.erased_at(conn, tenant, session)
+    if erased is not None:
+        return (
+            f"session {session!r} of tenant {tenant!r} was erased at {erased.isoformat()}: no history, now or as "
+            "of any sequence (`chronicle replay` shows its events as tombstones)"
+        )
+    if await c.publisher.last_subject_seq(tenant, session) == 0:
+        return f"no event of session {session!r} of tenant {tenant!r} in the log: no history"
+    return None
+
+
 async def run_audit(settings: Settings, args: argparse.Namespace) -> int:
     # the log's tools read the stream itself; a rebuild repairs a database bound to another log.
     # None of them writes to the log: a missing stream is an error, never created (a rebuild from
@@ -190,6 +205,10 @@ async def run_audit(settings: Settings, args: argparse.Namespace) -> int:
                     bar(stored.seq, end)
                 bar.close()
             case "history":
+                ids.check_session(args.session)
+                if (gone := await _history_gone(c, args.tenant, args.session)) is not None:
+                    print(f"chronicle history: {gone}", file=sys.stderr)
+                    return 1
                 if args.as_of_seq is not None:
                     try:
                         state = await audit.session_as_of(c, args.tenant, args.session, args.as_of_seq)

@@ -163,6 +163,30 @@ async def test_history_as_of_a_sequence_past_the_log_is_one_line_exit_2_and_the_
     assert [json.loads(line)["id"] for line in done.stdout.splitlines()] == ["m0"]
 
 
+async def test_history_of_an_erased_or_never_written_session_is_one_line_exit_1_never_empty(
+    stack: Container, new_id: Callable[[str], str]
+) -> None:
+    """As ``chronicle replay``: an auditor's mistyped or erased session is said, not answered as a
+    session with no messages (exit 0, nothing printed), now and as of a sequence."""
+    sid, never = new_id("gone"), new_id("never")
+    await stack.commands.append(T, sid, text_message("m0", "hello"), OMITTED)
+    before = await eventlog.last_seq(stack.js, stack.layout)
+    done = chronicle_cli(stack.settings, "history", "--tenant", T, "--session", sid, "--as-of-seq", str(before))
+    assert (done.returncode, [json.loads(line)["id"] for line in done.stdout.splitlines()]) == (0, ["m0"])
+    erased = chronicle_cli(stack.settings, "erase", "--tenant", T, "--session", sid, "--reason", "audit test")
+    assert erased.returncode == 0, erased.stderr
+    for extra in ([], ["--as-of-seq", str(before)]):
+        done = chronicle_cli(stack.settings, "history", "--tenant", T, "--session", sid, *extra)
+        assert (done.returncode, done.stdout) == (1, ""), done.stderr
+        [line] = done.stderr.strip().splitlines()
+        assert line.startswith(f"chronicle history: session {sid!r} of tenant {T!r} was erased at "), line
+        done = chronicle_cli(stack.settings, "history", "--tenant", T, "--session", never, *extra)
+        assert (done.returncode, done.stdout) == (1, ""), done.stderr
+        assert done.stderr.strip().splitlines() == [
+            f"chronicle history: no event of session {never!r} of tenant {T!r} in the log: no history"
+        ]
+
+
 async def test_rebuild_swaps_in_identical_tables_and_projection_continues(nats_url: str, fresh_db: str) -> None:
     settings = make_settings(nats_url, fresh_db)
     async with running_stack(settings) as c:
