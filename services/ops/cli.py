@@ -51,15 +51,26 @@ NATS_CONFIG_HOST = "127.0.0.1"
 ``chronicle up``'s (a server reachable from elsewhere is a choice made by naming its address)."""
 
 
-def at_least_one(text: str) -> int:
-    """An argument that counts something to print: a whole number of 1 or more (argparse's type)."""
+def _whole(text: str, least: int) -> int:
     try:
         value = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1 (given {value})")
+    if value < least:
+        raise argparse.ArgumentTypeError(f"must be at least {least} (given {value})")
     return value
+
+
+def at_least_one(text: str) -> int:
+    """An argument that counts something to print, or a stream sequence: a whole number of 1 or
+    more (argparse's type)."""
+    return _whole(text, 1)
+
+
+def as_of_sequence(text: str) -> int:
+    """A stream sequence to read a state as of: 0 (before the first event) or more, as
+    ``as_of_seq`` over HTTP (argparse's type)."""
+    return _whole(text, 0)
 
 
 def run_drill(argv: list[str]) -> int:
@@ -109,8 +120,8 @@ def main(argv: list[str] | None = None) -> int:
     p_replay = sub.add_parser("replay", help="print a session's events exactly as stored, in order")
     p_replay.add_argument("--session", required=True)
     p_replay.add_argument("--tenant", default="default")
-    p_replay.add_argument("--from-seq", type=int, default=1)
-    p_replay.add_argument("--to-seq", type=int, default=None)
+    p_replay.add_argument("--from-seq", type=at_least_one, default=1)
+    p_replay.add_argument("--to-seq", type=at_least_one, default=None)
     p_replay.add_argument("--format", choices=["jsonl", "table"], default="jsonl")
     p_hist = sub.add_parser(
         "history",
@@ -119,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
     p_hist.add_argument("--session", required=True)
     p_hist.add_argument("--tenant", default="default")
     p_hist.add_argument("--leaf-id", default=None)
-    p_hist.add_argument("--as-of-seq", type=int, default=None)
+    p_hist.add_argument("--as-of-seq", type=as_of_sequence, default=None)
     p_rebuild = sub.add_parser("rebuild", help="rebuild read models from sequence 1, then swap atomically")
     p_rebuild.add_argument("--projection", choices=["all", "history", "context", "overlays"], default="all")
     p_rebuild.add_argument("--keep-old", action="store_true", help="keep the replaced tables in a schema")

@@ -31,8 +31,33 @@ def chronicle(*args: str) -> subprocess.CompletedProcess[str]:
             ["stream-replicas", "9"],
             "chronicle stream-replicas: argument N: invalid choice: 9 (choose from 1, 2, 3, 4, 5)",
         ),
+        (
+            ["replay", "--session", "s1", "--from-seq", "0"],
+            "chronicle replay: argument --from-seq: must be at least 1 (given 0)",
+        ),
+        (
+            ["replay", "--session", "s1", "--to-seq", "-1"],
+            "chronicle replay: argument --to-seq: must be at least 1 (given -1)",
+        ),
+        (
+            ["history", "--session", "s1", "--as-of-seq", "-3"],
+            "chronicle history: argument --as-of-seq: must be at least 0 (given -3)",
+        ),
+        (
+            ["history", "--session", "s1", "--as-of-seq", "x"],
+            "chronicle history: argument --as-of-seq: not a whole number: 'x'",
+        ),
     ],
-    ids=["unknown-option", "subcommand-type", "subcommand-required", "subcommand-choice"],
+    ids=[
+        "unknown-option",
+        "subcommand-type",
+        "subcommand-required",
+        "subcommand-choice",
+        "replay-from-seq",
+        "replay-to-seq",
+        "history-as-of-seq",
+        "history-as-of-seq-word",
+    ],
 )
 def test_a_refused_command_line_is_one_line_and_exit_2(args: list[str], line: str) -> None:
     done = chronicle(*args)
