@@ -6,7 +6,7 @@ import hashlib
 import json
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -76,7 +76,7 @@ PROJECTION_TABLES["all"] = tuple(t for name in ("history", "context", "overlays"
 
 async def session_events(
     c: Container, tenant: str, session: str, from_seq: int = 1, to_seq: int | None = None
-) -> AsyncIterator[eventlog.StoredEvent]:
+) -> AsyncGenerator[eventlog.StoredEvent, None]:
     subject = c.layout.session_subject(tenant, session)
     await c.keys.refresh([(tenant, session)])
     async for stored in eventlog.read(c.js, c.layout, subject, from_seq, to_seq):

@@ -6,7 +6,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncGenerator, AsyncIterator, Iterable
 from typing import Any
 
 from nats.js.errors import NotFoundError
@@ -53,7 +53,7 @@ async def strays(
 
 async def merged(
     own: AsyncIterator[eventlog.StoredEvent], others: Iterable[eventlog.StoredEvent]
-) -> AsyncIterator[eventlog.StoredEvent]:
+) -> AsyncGenerator[eventlog.StoredEvent, None]:
     """``own`` and ``others`` (each in sequence order) as one sequence-ordered stream."""
     rest = sorted(others, key=lambda e: e.seq)
     i = 0

@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import json
 import sys
+from contextlib import aclosing
 from pathlib import Path
 
 from events import ids
@@ -196,13 +197,19 @@ async def run_audit(settings: Settings, args: argparse.Namespace) -> int:
                     return 1
                 if args.to_seq is not None:
                     end = min(end, args.to_seq)
-                own = audit.session_events(c, args.tenant, args.session, args.from_seq, args.to_seq)
-                async for stored in merged(own, others):
-                    if args.format == "jsonl":
-                        sys.stdout.write(json.dumps(audit.replay_record(stored, c.layout, c.keys)) + "\n")
-                    else:
-                        sys.stdout.write(audit.format_table_row(stored, c.layout, c.keys) + "\n")
-                    bar(stored.seq, end)
+                # both closed here, while the connection is open (a reader that closes the pipe
+                # ends the loop with an error: left to the collector, the stream's subscription
+                # would be closed after the connection, a traceback on the way out)
+                async with (
+                    aclosing(audit.session_events(c, args.tenant, args.session, args.from_seq, args.to_seq)) as own,
+                    aclosing(merged(own, others)) as events,
+                ):
+                    async for stored in events:
+                        if args.format == "jsonl":
+                            sys.stdout.write(json.dumps(audit.replay_record(stored, c.layout, c.keys)) + "\n")
+                        else:
+                            sys.stdout.write(audit.format_table_row(stored, c.layout, c.keys) + "\n")
+                        bar(stored.seq, end)
                 bar.close()
             case "history":
                 ids.check_session(args.session)

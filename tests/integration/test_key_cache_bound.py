@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -244,7 +244,7 @@ async def test_a_replay_asks_again_for_a_key_evicted_while_it_is_read(tiny: Tiny
     c, sid = tiny.c, new_id("replay")
     [(_, kid), _] = await sealed_session(c, sid, 2)
     assert kid is not None
-    async with contextlib.aclosing(cast(AsyncGenerator[eventlog.StoredEvent], audit.session_events(c, T, sid))) as read:
+    async with contextlib.aclosing(audit.session_events(c, T, sid)) as read:
         first = audit.read_event(await anext(read), c.layout, c.keys)
         await evict_all_but(c, new_id)
         with pytest.raises(KeyUnavailable):
