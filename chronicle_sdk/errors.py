@@ -440,6 +440,14 @@ class ServerError(ChronicleError):
     default_code = "internal_error"
 
 
+class KeyUnavailable(ServerError):
+    """500: the session's data key cannot be opened by the server (its key-encryption key is not
+    configured there: a KEK rotated in the wrong order, a process not restarted). Nothing was
+    written or read; not retried: an operator must fix the server's configuration."""
+
+    default_code = "key_unavailable"
+
+
 BY_CODE: dict[str, type[ChronicleError]] = {
     cls.default_code: cls
     for cls in (
@@ -491,6 +499,7 @@ BY_CODE: dict[str, type[ChronicleError]] = {
         InvalidRequest,
         NotFound,
         Gone,
+        KeyUnavailable,
         ServerError,
     )
 }
