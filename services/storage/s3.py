@@ -166,8 +166,7 @@ class SkillStore:
         def listing() -> list[str]:
             if not self._client.bucket_exists(bucket):
                 return []
-            found = self._client.list_objects(bucket, prefix=prefix, recursive=True)
-            return [o.object_name for o in found if o.object_name is not None and not o.is_dir]
+            return [name for name, _ in self._keys_under(bucket, prefix, versioned=False)]
 
         return await self._call(listing)
 
