@@ -17,6 +17,9 @@ OPS_PATHS = frozenset(
 """Operator routes: they show every tenant's totals, so ``CHRONICLE_OPS_KEY`` guards them."""
 
 READ_METHODS = frozenset({"GET", "HEAD"})
+READ_ONLY_POSTS = re.compile(r"^/v1/sessions/[^/]+/tools/(?:session_search|search_context)$")
+"""Tools a read-only key may run: they search and record nothing (a POST because the tool route
+takes the LLM's arguments as its body). The other tools write (``load_context`` records the load)."""
 NOT_FOR_READ_ONLY = re.compile(r"^/v1/(?:sessions/[^/]+/data-key|nats)/?$")
 """Reads a read-only key may not make: a session's data key (key material, and made on first read)
 and how to publish over NATS (a read-only key has no NATS identity)."""
@@ -34,7 +37,7 @@ def credential(scope: Scope) -> bytes:
 
 def read_only_refusal(scope: Scope) -> ChronicleError | None:
     """Why a read-only key may not make this request; None when it may (a read that creates nothing)."""
-    if scope["method"] not in READ_METHODS:
+    if scope["method"] not in READ_METHODS and not (scope["method"] == "POST" and READ_ONLY_POSTS.match(scope["path"])):
         return ReadOnlyKey(f"this API key only reads: {scope['method']} {scope['path']} needs a full key")
     if NOT_FOR_READ_ONLY.match(scope["path"]):
         return ReadOnlyKey(f"this API key only reads: GET {scope['path']} needs a full key")

@@ -50,6 +50,9 @@ def writes(sid: str) -> list[tuple[str, str, Any]]:
         ("PUT", f"{base}/config", {"blocks": []}),
         ("PUT", f"{base}/context/notes", {"text": "written by a reader"}),
         ("POST", f"{base}/tools/load_context", {"arguments": {}}),
+        ("POST", f"{base}/tools/unload_context", {"label": "skills", "key": "k"}),
+        ("POST", f"{base}/tools/set_context", {"label": "notes", "content": "written by a reader"}),
+        ("POST", f"{base}/tools/session_search/", {"query": "text"}),  # not the tool's own route
         ("POST", f"{base}/system-prompt:refresh", {}),
         ("POST", f"{base}/compact", {}),
         ("POST", f"{base}:erase", {}),
@@ -105,6 +108,33 @@ async def test_every_write_of_a_read_only_key_is_403_and_publishes_nothing(
     assert await last_seq(reader, sid) == seq  # nothing published to the session
     assert await stream_last_seq(client) == stream_before  # nor anywhere (the new session, the fork)
     assert await history_ids(reader, sid, min_seq=seq) == ["m1", "m2"]
+
+
+async def test_a_read_only_key_runs_the_search_tools_as_a_full_key_does(
+    client: httpx.AsyncClient, reader: httpx.AsyncClient
+) -> None:
+    sid = new_sid("ro-tools")
+    word = f"w{sid.replace('-', '')}"  # a word of this test's only: the session search is tenant-wide
+    await append(client, sid, msg("m1", f"the {word} of the day"))
+    knowledge = {"label": "knowledge", "kind": "searchable", "description": "facts"}
+    config = {"blocks": [knowledge], "searchable_history": "past"}
+    assert (await client.put(f"/v1/sessions/{sid}/config", json=config)).status_code == 200
+    indexed = await client.post(
+        f"/v1/sessions/{sid}/tools/set_context", json={"label": "knowledge", "content": "the deploy is on friday"}
+    )
+    assert indexed.status_code == 200, indexed.text
+    seq = indexed.json()["seq"]
+    await history_ids(reader, sid, min_seq=seq)  # the index has caught up
+    for name, arguments in (
+        ("session_search", {"query": word}),
+        ("search_context", {"label": "knowledge", "query": "friday deploy"}),
+    ):
+        as_reader = await reader.post(f"/v1/sessions/{sid}/tools/{name}", json=arguments)
+        assert as_reader.status_code == 200, (name, as_reader.text)
+        as_writer = await client.post(f"/v1/sessions/{sid}/tools/{name}", json=arguments)
+        assert as_reader.json() == as_writer.json()
+        assert ("the deploy is on friday" if name == "search_context" else word) in as_reader.json()["result"]
+    assert await last_seq(reader, sid) == seq  # the searches published nothing
 
 
 async def test_a_read_only_key_gets_no_data_key_no_nats_route_and_freezes_no_prompt(
