@@ -83,7 +83,7 @@ class Settings(BaseSettings):
     follow_streams_per_tenant: PositiveInt = Field(
         default=64,
         description="followed event answers (`GET …/events?follow=true`) one tenant may hold open in one API "
-        "process at once; past it: 429 too_many_streams",
+        "process at once with its full keys, and as many with its read-only keys; past it: 429 too_many_streams",
     )
     rate_limit: NonNegativeFloat = Field(
         default=0,

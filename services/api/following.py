@@ -6,7 +6,8 @@ is), after ``limit`` events, after the session's deletion or erasure, when the c
 when the process stops (within a tick), or when the client reads too slowly for what is coming
 (its buffer would grow without bound): the client resumes with ``from_seq`` = the last ``seq`` it
 got + 1 and misses nothing. Each tenant holds at most ``follow_streams_per_tenant`` answers in one
-process.
+process with its full keys, and as many again with its read-only keys: an auditor's followers
+cannot take the slots the tenant's agent services follow with, nor theirs an auditor's.
 """
 
 from __future__ import annotations
@@ -36,8 +37,8 @@ NDJSON = "application/x-ndjson"
 ENDING_TYPES = frozenset({SessionDeleted.TYPE, SessionErased.TYPE})
 HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}  # proxies pass each line on at once
 
-_following: Counter[str] = Counter()
-"""Followed answers open in this process, per tenant."""
+_following: Counter[tuple[str, bool]] = Counter()
+"""Followed answers open in this process, per tenant and kind of key (read-only or full)."""
 
 
 class FollowedResponse(StreamingResponse):
@@ -63,24 +64,32 @@ def followed(
     from_seq: int,
     to_seq: int | None,
     limit: int | None,
+    read_only: bool = False,
 ) -> FollowedResponse:
-    """The answer, holding one of the tenant's slots (429 ``too_many_streams`` when none is free)."""
+    """The answer, holding one of the slots of the tenant's full or read-only keys (429
+    ``too_many_streams`` when none is free)."""
     allowed = c.settings.follow_streams_per_tenant
-    if _following[tenant] >= allowed:
-        raise TooManyStreams(f"tenant {tenant!r} already follows {allowed} event streams in this process")
-    _following[tenant] += 1
+    slots = (tenant, read_only)
+    if _following[slots] >= allowed:
+        keys = "read-only keys" if read_only else "full keys"
+        raise TooManyStreams(
+            f"tenant {tenant!r} already follows {allowed} event streams with its {keys} in this process"
+        )
+    _following[slots] += 1
 
     def release() -> None:
-        _following[tenant] -= 1
-        if not _following[tenant]:
-            del _following[tenant]
+        _following[slots] -= 1
+        if not _following[slots]:
+            del _following[slots]
 
     return FollowedResponse(_lines(c, stopping, tenant, sid, from_seq, to_seq, limit), release)
 
 
-def open_answers(tenant: str) -> int:
-    """Followed answers the tenant holds open in this process."""
-    return _following[tenant]
+def open_answers(tenant: str, read_only: bool | None = None) -> int:
+    """Followed answers the tenant holds open in this process (``read_only``: with those keys only,
+    or with its full keys only; None: with either)."""
+    kinds = (False, True) if read_only is None else (read_only,)
+    return sum(_following[(tenant, kind)] for kind in kinds)
 
 
 async def _lines(

@@ -15,7 +15,7 @@ from events.credentials import tenant_inbox_prefix, tenant_permissions
 from events.sealing import kid_in
 from services.api import following
 from services.api import models as m
-from services.api.deps import MAX_SEQ, ContainerDep, Sid, Tenant, check_id
+from services.api.deps import MAX_SEQ, ContainerDep, Sid, Tenant, check_id, read_only
 from services.api.models import ok
 from services.api.responses import NdjsonResponse
 from services.api.strict_json import StrictJsonRoute
@@ -57,7 +57,9 @@ async def events(
     # configured) is ``500 key_unavailable``, not an answer that shows nothing
     await c.keys.refresh([(tenant, sid)])
     if follow:
-        return following.followed(c, request.app.state.stopping, tenant, sid, from_seq, to_seq, limit)
+        return following.followed(
+            c, request.app.state.stopping, tenant, sid, from_seq, to_seq, limit, read_only=read_only(request)
+        )
     lines = _page(c, tenant, sid, from_seq, to_seq, limit or MAX_EVENTS_PAGE)
     try:  # the first line too: whatever fails it is a problem answer, before any byte is sent
         first = await anext(lines, None)

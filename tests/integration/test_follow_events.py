@@ -6,6 +6,7 @@ client follows."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import uuid
 from collections.abc import AsyncIterator
@@ -21,7 +22,7 @@ from services.api import following
 from services.api.app import build_app
 from services.bootstrap import Container
 from services.settings import Settings
-from tests.conftest import KEYS, make_settings, running_stack
+from tests.conftest import KEYS, READ_ONLY_KEY, make_settings, running_stack
 from tests.integration.helpers import text_message
 from tests.support import served
 
@@ -228,6 +229,34 @@ async def test_a_tenant_past_its_open_answers_gets_429_and_a_slot_comes_back_whe
         await asyncio.sleep(0.05)
     else:
         raise AssertionError("the closed answer's slot never came back")
+
+
+async def test_a_tenants_read_only_keys_follow_with_slots_of_their_own(
+    client: httpx.AsyncClient, stack: Container, follow: Any
+) -> None:
+    sid = new_sid()
+    await stack.commands.append(T, sid, text_message("m1", "something to send"), OMITTED)
+    for _ in range(200):  # an earlier test's answers, closed by its teardown, have given their slots back
+        if not following.open_answers(T, read_only=False):
+            break
+        await asyncio.sleep(0.05)
+    followers = [await follow(sid) for _ in range(PER_TENANT)]  # every slot of the full keys
+    for follower in followers:
+        assert await follower.next() is not None
+    assert (await client.get(f"/v1/sessions/{sid}/events", params={"follow": "true"})).status_code == 429
+    auditor = httpx.AsyncClient(
+        base_url=str(client.base_url), headers={"Authorization": f"Bearer {READ_ONLY_KEY}"}, timeout=30
+    )
+    async with contextlib.AsyncExitStack() as held, auditor:
+        for _ in range(PER_TENANT):  # the auditor's slots are free: the agent services' took none of them
+            r = await held.enter_async_context(
+                auditor.stream("GET", f"/v1/sessions/{sid}/events", params={"follow": "true"})
+            )
+            assert r.status_code == 200, await r.aread()
+        refused = await auditor.get(f"/v1/sessions/{sid}/events", params={"follow": "true"})
+        assert refused.status_code == 429, refused.text  # and are as many
+        assert refused.json()["code"] == "too_many_streams"
+        assert "read-only keys" in refused.json()["detail"]
 
 
 @pytest.mark.parametrize("params", [{"from_seq": 0}, {"to_seq": 0}, {"limit": 0}, {"follow": "maybe"}])
