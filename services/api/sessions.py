@@ -285,5 +285,6 @@ async def data_key(sid: Sid, tenant: Tenant, c: ContainerDep) -> dict[str, Any]:
 
 @router.post("/v1/sessions/{sid}/fork", status_code=201, response_model=None, responses=ok(m.Forked, 201))
 async def fork_session(sid: Sid, body: ForkBody, tenant: Tenant, c: ContainerDep) -> dict[str, Any]:
-    """A new session holding this one's history up to ``at_message_id`` (overlays carried over)."""
+    """A new session holding this one's history up to ``at_message_id`` (overlays carried over).
+    Retried with the same ``id``, the same fork is completed and answered as the first call."""
     return await writes.fork_session(c, tenant, sid, body.at_message_id, body.id, body.name)

@@ -14,6 +14,7 @@ Reference: the Cloudflare Agents SDK Session API, §1.2 (writes) and §4.5 of do
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import uuid
@@ -24,6 +25,8 @@ from typing import Any, NoReturn, TypeVar
 import psycopg
 from psycopg_pool import AsyncConnectionPool
 
+from events import log as eventlog
+from events.admission import Refused, admit
 from events.blobs import BlobNotFound, BlobRef, BlobStore
 from events.bodies import pack_body
 from events.catalog import (
@@ -46,9 +49,9 @@ from events.objects import NotTheOwner, is_sealed_object, open_object
 from events.omitted import OMITTED
 from events.publisher import ForeignDuplicate, Publisher
 from events.registry import decode
-from events.sealing import SealBroken
+from events.sealing import KeyDestroyed, SealBroken, kid_in
 from projections import context_queries, queries
-from projections.overlays import apply_overlays
+from projections.overlays import Overlay, apply_overlays
 from projections.overlays import overlays as overlays_of
 from projections.reclaimed import reclaim, reclaimed_in
 from services.compaction.micro import ROW_MAX_BYTES, enforce_row_size_limit, json_bytes
@@ -520,6 +523,13 @@ async def fork(
     does not come back in the fork; a capped message's original keeps what it held. The source's
     log is untouched.
 
+    Retried with the same ``new_id``, a fork completes and answers as the first call did: when
+    the new id is already this fork (:func:`_made_fork`: a fork of ``session`` at
+    ``at_message_id``, and of ``name`` when one is given), only the copies its log lacks are
+    published; any other session of that id is ``409 session_exists``. A copy's event id derives
+    from the tenant, the fork's id and the copied message's (overlay's) id, so a retry racing the
+    first call is deduplicated by the stream as well.
+
     An erasure of the source that began while the copies were being made (recorded before the
     check that follows them) erases the fork too, and the fork answers ``410 session_erased``:
     the copies hold the source's content under the fork's own key, which the source's erasure
@@ -536,9 +546,16 @@ async def fork(
         raise MessageNotFound(f"message {at_message_id!r} is not in this session")
     assert source is not None
     sid = new_id or str(uuid.uuid4())
+    path_ids = [r.id for r in rows]
+    carried = [item for item in apply_overlays(path_ids, in_force) if not isinstance(item, str)]
+    wanted = {("message", i) for i in path_ids} | {("overlay", _overlay_copy_id(tenant, sid, o)) for o in carried}
+    made = await _made_fork(cmd, tenant, sid, session, at_message_id, name, wanted) if new_id is not None else None
+    held = made.copies if made is not None else {}
     events: list[Event] = []
-    on_path = {r.id for r in rows}
+    on_path = set(path_ids)
     for i, row in enumerate(rows):
+        if ("message", row.id) in held:  # copied by an earlier call of this fork
+            continue
         # the path's root keeps its parent id (a deleted message's, as in the source), unless it
         # names a message of the path: a cycle stored before appends refused them (or published
         # straight to the stream) is not copied, the fork's path starts a new root there
@@ -548,12 +565,14 @@ async def fork(
         packed = await cmd._pack(tenant, sid, body)
         if row.original_ref is not None:  # a capped message keeps its original in the fork too
             packed = {**packed, **await cmd.carried_original(tenant, session, sid, row.original_ref)}
-        events.append(MessageAppended(tenant=tenant, session=sid, message_id=row.id, parent_id=parent_id, **packed))
-    path_ids = [r.id for r in rows]
-    for item in apply_overlays(path_ids, in_force):
-        if isinstance(item, str):
+        event_id = derived_id("fork-message", tenant, sid, row.id)
+        events.append(
+            MessageAppended(id=event_id, tenant=tenant, session=sid, message_id=row.id, parent_id=parent_id, **packed)
+        )
+    for item in carried:
+        overlay_id = _overlay_copy_id(tenant, sid, item)
+        if ("overlay", overlay_id) in held:
             continue
-        overlay_id = derived_id("fork", tenant, sid, item.overlay_id)
         events.append(
             CompactionRecorded(
                 id=overlay_id,
@@ -574,17 +593,29 @@ async def fork(
     # log would refuse part-way publishes nothing.
     for event in events:
         cmd._pub.encode(event)
-    created = await cmd.create_session(
-        tenant, sid, name if name is not None else source.name, session, {"forked_from": at_message_id}
-    )
+    if made is None:
+        try:
+            created = await cmd.create_session(
+                tenant, sid, name if name is not None else source.name, session, {"forked_from": at_message_id}
+            )
+            made = ForkMade(created.seq, {})
+        except SessionExists:
+            if new_id is None:
+                raise
+            # the same fork's other call created it meanwhile (a client's retry racing the first)
+            made = await _made_fork(cmd, tenant, sid, session, at_message_id, name, wanted)
+            if made is None:
+                raise
+            events = [e for e in events if _copy_key(e) not in made.copies]
     if await _erased(cmd, tenant, session):  # the usual race, caught before any copy is published
         await _erase_fork(eraser, tenant, session, sid)
     now = datetime.now(UTC)  # the copies happen after the new session's creation
-    # An overlay copy's id derives from public inputs (the fork's id may be the client's): one
-    # taken on another subject is published again under a fresh id (see events/publisher.py and
-    # the compaction worker's overlay for why server-chosen ids are not a reason to fail)
+    # A copy's id derives from public inputs (the fork's id may be the client's): one taken on
+    # another subject is published again under a fresh id (see events/publisher.py and the
+    # compaction worker's overlay for why derived ids are not a reason to fail); a retry then
+    # finds that copy by its message (overlay) id on the fork's subject
     copies = [e.model_copy(update={"occurred_at": now}) for e in events]
-    results = await cmd._pub.publish_many(copies, fresh_id_on_foreign=True)
+    results = await cmd._pub.publish_many(copies, fresh_id_on_foreign=True) if copies else []
     # An erasure is recorded before its event is published: one not recorded now came after every
     # copy. The new id's, in between: the copies landed after its ``session.erased`` (tombstones).
     # The source's: the copies must not outlive it.
@@ -592,7 +623,85 @@ async def fork(
         await _erase_fork(eraser, tenant, session, sid)
     if await _erased(cmd, tenant, sid):
         raise ErasedSession(f"session {sid!r} was erased while it was being forked")
-    return Forked(sid, max([created.seq, *(r.seq for r in results)]), len(rows))
+    seqs = [made.created_seq, *made.copies.values(), *(r.seq for r in results)]
+    return Forked(sid, max(seqs), len(rows))
+
+
+def _overlay_copy_id(tenant: str, fork_id: str, item: Overlay) -> str:
+    """The id of an overlay's copy in the fork (its event's id too)."""
+    return derived_id("fork", tenant, fork_id, item.overlay_id)
+
+
+CopyKey = tuple[str, str]
+"""A fork's copy by what it copies: ``("message", message id)`` or ``("overlay", overlay id)``."""
+
+
+def _copy_key(event: Event) -> CopyKey | None:
+    if isinstance(event, MessageAppended):
+        return ("message", event.message_id)
+    if isinstance(event, CompactionRecorded):
+        return ("overlay", event.overlay_id)
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class ForkMade:
+    """A fork's session as the log holds it: its creation's sequence, and the sequence of each of
+    the copies asked for that its subject holds."""
+
+    created_seq: int
+    copies: dict[CopyKey, int]
+
+
+async def _made_fork(
+    cmd: Commands,
+    tenant: str,
+    sid: str,
+    source: str,
+    at_message_id: str,
+    name: str | None,
+    wanted: set[CopyKey],
+) -> ForkMade | None:
+    """The session ``sid`` when an earlier call made it as this fork (None: there is none).
+
+    It is this fork when its ``session.created`` names ``source`` as its parent, records
+    ``{"forked_from": at_message_id}`` as its metadata and, when ``name`` is given, that name;
+    else, or when the session is deleted, :class:`SessionExists` (as a create of a taken id); an
+    erased one is :class:`ErasedSession`. Its copies are found in the log, on its subject (the
+    authority, and what the read model may no longer show: a copy deleted or cleared since stays
+    copied); a copy published under a fresh id (its derived id was taken on another subject) is
+    found by what it copies. The read stops once every copy in ``wanted`` is found."""
+    await cmd.optimistic.catch_up(tenant, sid)
+    async with cmd._pool.connection() as conn:
+        row = await queries.get_session(conn, tenant, sid)
+        if row is None:
+            if await queries.is_erased(conn, tenant, sid):
+                raise ErasedSession(f"session {sid!r} was erased")
+            return None
+    exists = SessionExists(f"session {sid!r} already exists")
+    if row.deleted_at is not None or row.parent_session_id != source or row.metadata != {"forked_from": at_message_id}:
+        raise exists
+    keys, layout = cmd._pub.keys, cmd._pub.layout
+    created: SessionCreated | None = None
+    found: dict[CopyKey, int] = {}
+    subject = layout.session_subject(tenant, sid)
+    async with contextlib.aclosing(eventlog.read(cmd._pub.js, layout, subject, from_seq=row.created_seq)) as log:
+        async for stored in log:
+            if keys is not None and (kid := kid_in(stored.data)) is not None:
+                await keys.load([(tenant, sid, kid)])
+            try:
+                event = admit(stored.data, stored.subject, layout, keys)
+            except (Refused, KeyDestroyed):  # what the projector does not apply copies nothing
+                continue
+            if created is None and isinstance(event, SessionCreated):  # its first event (create_session)
+                created = event
+            elif (key := _copy_key(event)) in wanted and key is not None:
+                found.setdefault(key, stored.seq)
+                if len(found) == len(wanted):
+                    break
+    if created is None or (name is not None and created.name != name):
+        raise exists
+    return ForkMade(row.created_seq, found)
 
 
 async def _erased(cmd: Commands, tenant: str, session: str) -> bool:

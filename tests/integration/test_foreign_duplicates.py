@@ -35,6 +35,7 @@ from services.bootstrap import Container
 from services.compaction.queue import KIND
 from services.errors import IdempotencyKeyConflict
 from services.settings import Settings
+from services.writes.commands import fork
 from tests.conftest import running_stack, tenant_nats, tenant_nats_settings
 from tests.integration.helpers import assert_rebuild_equals_live, take_event_id, text_message
 
@@ -252,6 +253,26 @@ async def reflect(c: Container, settings: Settings, own: str, reply: str) -> Non
         await nc.flush()
     finally:
         await nc.close()
+
+
+async def test_a_fork_copy_whose_id_another_tenant_took_is_copied_once_and_a_retry_publishes_nothing(
+    stack: Container, settings: Settings, new_id: Callable[[str], str]
+) -> None:
+    """A fork's copy is published under a fresh id when its derived one is taken; a retry of the
+    fork finds that copy by the message it copies, and publishes it no second time."""
+    c, sid, fork_id = stack, new_id("fork-src"), new_id("fork")
+    await c.commands.append(VICTIM, sid, body("m1", "the victim's words"))
+    taken = derived_id("fork-message", VICTIM, fork_id, "m1")
+    await take_event_id(settings, ATTACKER, taken)
+
+    forked = await fork(c.commands, c.eraser, VICTIM, sid, "m1", fork_id, None)
+    subject = c.layout.session_subject(VICTIM, fork_id)
+    copies = [e async for e in eventlog.read(c.js, c.layout, subject)][1:]
+    assert [json.loads(e.data)["type"] for e in copies] == ["message.appended"]
+    assert (copies[0].headers or {}).get(HDR_MSG_ID) != taken  # a fresh id
+    assert copies[0].seq == forked.seq
+    assert await fork(c.commands, c.eraser, VICTIM, sid, "m1", fork_id, None) == forked
+    assert await eventlog.last_seq(c.js, c.layout, subject) == forked.seq
 
 
 async def test_a_publish_ack_reflected_onto_another_tenants_subject_is_quarantined_as_reflected(
