@@ -227,21 +227,28 @@ class SessionManager(ConfigBuilder):
         the overlay in force is carried over (not materialised as a message), so the fork reads
         exactly like the source branch did. An ``at_message_id`` that is not in the session raises
         :class:`MessageNotFound` and makes no session (the reference's fork of an unknown id makes
-        an empty one). The new session's id is the server's UUID unless given (``None``); one the
-        server would refuse (``id=""`` included) is :class:`InvalidId` before any request.
+        an empty one). The new session's id is a new UUID unless given (``None``); one the server
+        would refuse (``id=""`` included) is :class:`InvalidId` before any request.
 
-        A fork is not sent again after it may have reached the server (each would make another
-        session): an :class:`Unavailable` then says that it may have been applied. Look for it
-        (:meth:`list`, ``parent_session_id``) before forking again, or give an ``id``: a repeat
-        is then :class:`SessionExists` when the first was made.
+        The client retries a fork that failed in a way that may have reached the server (a
+        timeout, a lost connection) with the same id, as it retries :meth:`create`: the server
+        completes a fork of that id made part-way (the copies it lacks are published) and answers
+        as the first attempt would have. Raises :class:`SessionExists` when ``id`` names a session
+        that is not this fork (another source, ``at_message_id`` or name, a session made
+        otherwise, or a deleted one), with nothing written.
         """
         body: dict[str, Any] = {"at_message_id": at_message_id}
         if new_name is not None:
             body["name"] = new_name
-        if id is not None:
-            body["id"] = checked_session_id(id)
+        body["id"] = str(uuid.uuid4()) if id is None else checked_session_id(id)
         await self.get_session(session_id)._ensure_ready()
-        out = await self.client.request("POST", session_path(session_id, "/fork"), body=body, session=session_id)
+        out = await self.client.request(
+            "POST",
+            session_path(session_id, "/fork"),
+            body=body,
+            session=session_id,
+            idempotent=True,  # the id makes a repeat safe: the server completes the same fork
+        )
         new_id = str(out["id"])
         self.client.note_seq(new_id, out.get("seq"))
         info = await self.get(new_id)

@@ -51,3 +51,22 @@ async def test_a_chain_whose_answer_was_lost_is_stored_once_and_answered_as_crea
         again = await s.append_all([text("a", "one"), text("b", "two"), text("c", "three")])
         assert [r.created for r in again] == [False, False, False]  # another call: a repeat, not created
         assert [r.seq for r in again] == [r.seq for r in results]
+
+
+async def test_a_fork_whose_answer_was_lost_is_made_once_and_answered(api_url: str) -> None:
+    """The fork's id is the client's, so its retry names the same fork: answered as made, one
+    session, each message copied once."""
+    transport = LosingTransport("/fork")
+    async with ChronicleClient(api_url, KEYS["tenant-a"], transport=transport, backoff_s=0.01) as c:
+        source = c.session(sid("fork-src"))
+        await source.append_all([text("a", "one"), text("b", "two")])
+        forked = await c.manager().fork(source.id, "b", "what if")
+        assert transport.lost  # the first attempt ran, and its answer never came
+        assert (forked.parent_session_id, forked.name) == (source.id, "what if")
+        assert len([path for path, _ in transport.sent if path.endswith("/fork")]) == 2  # the retry
+        children = [s.id for s in await c.manager().list() if s.parent_session_id == source.id]
+        assert children == [forked.id]
+        fork = c.session(forked.id)
+        assert [m["id"] for m in await fork.get_history()] == ["a", "b"]
+        events = [e["event"]["type"] for e in await fork.get_events()]
+        assert events == ["session.created", "message.appended", "message.appended"]

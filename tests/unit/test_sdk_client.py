@@ -571,6 +571,37 @@ async def test_a_fork_deleted_before_it_is_read_back_is_session_not_found() -> N
             await SessionManager(c).fork("s1", "m1")
 
 
+def forked(request: httpx.Request) -> httpx.Response:
+    """``POST …/fork`` answered as the server does; a read of the fork answers its entry."""
+    if request.method == "POST":
+        body = json.loads(request.content)
+        return httpx.Response(201, json={"id": body["id"], "parent_session_id": "s1", "messages": 2, "seq": 7})
+    fid = request.url.path.rsplit("/", 1)[-1]
+    return httpx.Response(200, json={"id": fid, "name": "n", "parent_session_id": "s1"})
+
+
+@pytest.mark.parametrize("given", [None, "f1"], ids=["new-id", "given-id"])
+async def test_a_fork_is_retried_after_a_timeout_with_the_same_id(given: str | None) -> None:
+    """The id is chosen here when none is given, so that the retry names the same fork: the
+    server completes it (the copies a lost attempt did not publish) and answers as the first."""
+    rec = Recorder(timing_out_once(forked))
+    async with rec.client() as c:
+        info = await SessionManager(c).fork("s1", "m1", "n", id=given)
+        assert c.last_seq(info.id) == 7
+    first, retry = rec.bodies()
+    assert first == retry == {"at_message_id": "m1", "name": "n", "id": info.id}
+    assert info.id == given if given is not None else len(info.id) == 36
+    assert [r.method for r in rec.requests] == ["POST", "POST", "GET"]
+
+
+async def test_a_fork_whose_id_is_another_session_is_session_exists_and_not_retried() -> None:
+    rec = Recorder(lambda r: problem(409, "session_exists", "session 'f1' already exists"))
+    async with rec.client() as c:
+        with pytest.raises(SessionExists):
+            await SessionManager(c).fork("s1", "m1", id="f1")
+    assert len(rec.requests) == 1
+
+
 async def test_an_upsert_that_meets_another_writers_append_updates_it() -> None:
     """The id was free when checked; another writer appended it (another body) before the append."""
 
