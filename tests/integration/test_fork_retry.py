@@ -176,3 +176,16 @@ async def test_two_calls_of_one_fork_at_once_make_it_once_and_answer_alike(
     events = await logged(c, fork_id)
     assert types(events) == ["session.created", *COPIES]
     assert one.seq == events[-1][0]
+
+
+async def test_a_retry_of_an_erased_fork_is_410_and_writes_nothing(
+    stack: Container, http: httpx.AsyncClient, new_id: Callable[[str], str]
+) -> None:
+    c = stack
+    sid, fork_id = await source(c, new_id), new_id("fork-erased")
+    assert (await http.post(f"/v1/sessions/{sid}/fork", json=request("m2", fork_id))).status_code == 201
+    assert (await http.post(f"/v1/sessions/{fork_id}:erase")).status_code == 200
+    before = await logged(c, fork_id)
+    r = await http.post(f"/v1/sessions/{sid}/fork", json=request("m2", fork_id))
+    assert (r.status_code, r.json()["code"]) == (410, "session_erased")
+    assert await logged(c, fork_id) == before
