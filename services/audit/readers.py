@@ -184,19 +184,21 @@ def event_line(stored: eventlog.StoredEvent, layout: SubjectLayout, keys: KeyLoo
 
 
 def format_table_row(stored: eventlog.StoredEvent, layout: SubjectLayout, keys: KeyLookup | None) -> str:
+    """One row of ``chronicle replay --format table``: its time is ``stored_at``, the stream's
+    clock, as in the JSON lines (never the publisher's ``occurred_at``)."""
     record = replay_record(stored, layout, keys)
+    head = f"{stored.seq:>8}  {record['stored_at'] or '':<32}"
     if "erased" in record:
-        gone = record["erased"]
-        return f"{stored.seq:>8}  {gone.get('occurred_at', ''):<32}  {gone.get('type', ''):<18}  ERASED"[:200]
+        return f"{head}  {record['erased'].get('type', ''):<18}  ERASED"[:200]
     if "refused" in record:
         refused = record["refused"]
-        return f"{stored.seq:>8}  {'':<32}  {'REFUSED':<18}  {refused['reason']}: {refused['detail']}"[:200]
+        return f"{head}  {'REFUSED':<18}  {refused['reason']}: {refused['detail']}"[:200]
     raw: dict[str, Any] = record["event"]
     detail = {k: v for k, v in raw.items() if k not in {"id", "type", "version", "tenant", "session", "occurred_at"}}
     for key in ("message",):
         if isinstance(detail.get(key), dict):
             detail[key] = f"<{len(json.dumps(detail[key]))} bytes>"
-    return f"{stored.seq:>8}  {raw['occurred_at']:<32}  {raw['type']:<18}  {json.dumps(detail)[:120]}"
+    return f"{head}  {raw['type']:<18}  {json.dumps(detail)[:120]}"
 
 
 # -- rebuild ------------------------------------------------------------------------------
