@@ -391,6 +391,14 @@ class Settings(BaseSettings):
             stream=self.stream, prefix=self.subject_prefix, partitions=self.partitions, commands=self.command_prefix
         )
 
+    @field_validator("api_keys")
+    @classmethod
+    def _entries_parse(cls, entries: list[str]) -> list[str]:
+        """Each entry parses as every process reads it, so a typo stops all of them at start, in one line."""
+        for entry in entries:
+            ApiKeyEntry.parse(entry)
+        return entries
+
     @field_validator("rate_limits", "search_languages")
     @classmethod
     def _tenants_named(cls, by_tenant: dict[str, Any], info: ValidationInfo) -> dict[str, Any]:

@@ -70,3 +70,17 @@ def test_the_process_exits_2_with_the_line_and_no_traceback() -> None:
     assert done.stderr.strip() == (
         "chronicle api: setting CHRONICLE_API_BODY_TIMEOUT_S: Input should be greater than 0 (given: '0')"
     )
+
+
+def test_a_malformed_api_keys_entry_is_one_line_naming_it_not_a_traceback(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An entry pasted with a typo (its digest cut short): the API used to start, build its key
+    table and die with a traceback; every command now names the setting and the entry."""
+    monkeypatch.setenv("CHRONICLE_API_KEYS", '["acme:6d5fbdaf3b"]')
+    assert main(["api"]) == SETTINGS_EXIT
+    err = capsys.readouterr().err
+    assert err.strip().splitlines() == [
+        "chronicle api: setting CHRONICLE_API_KEYS: Value error, api_keys entry 'acme:6d5fbdaf3b' is not "
+        "'tenant:sha256hex[:nkey|:read-only]': the digest is not 64 hex digits"
+    ]
