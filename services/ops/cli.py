@@ -11,6 +11,7 @@ import logging
 import os
 import re
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import nats.errors
@@ -21,7 +22,7 @@ import pydantic
 import pydantic_settings
 
 from events.credentials import tenant_nkey_seed
-from events.ids import InvalidId, check_tenant
+from events.ids import InvalidId, check_session, check_tenant
 from events.log import ReadIncomplete
 from services import logs
 from services.ops.argparsing import OneLineParser
@@ -73,6 +74,23 @@ def as_of_sequence(text: str) -> int:
     return _whole(text, 0)
 
 
+def tenant_id(text: str) -> str:
+    """A ``--tenant`` argument: a tenant id as the API takes it (argparse's type)."""
+    return _id(check_tenant, text)
+
+
+def session_id(text: str) -> str:
+    """A ``--session`` argument: a session id as the API takes it (argparse's type)."""
+    return _id(check_session, text)
+
+
+def _id(check: Callable[[str], str], text: str) -> str:
+    try:
+        return check(text)
+    except InvalidId as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def run_drill(argv: list[str]) -> int:
     """``chronicle bench|chaos|failover …``: handed to ``python -m bench`` of a source checkout.
 
@@ -118,8 +136,8 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("commands", help="answer commands over NATS request/reply (the HTTP API's writes)")
     sub.add_parser("migrate", help="apply database migrations")
     p_replay = sub.add_parser("replay", help="print a session's events exactly as stored, in order")
-    p_replay.add_argument("--session", required=True)
-    p_replay.add_argument("--tenant", default="default")
+    p_replay.add_argument("--session", type=session_id, required=True)
+    p_replay.add_argument("--tenant", type=tenant_id, default="default")
     p_replay.add_argument("--from-seq", type=at_least_one, default=1)
     p_replay.add_argument("--to-seq", type=at_least_one, default=None)
     p_replay.add_argument("--format", choices=["jsonl", "table"], default="jsonl")
@@ -127,8 +145,8 @@ def main(argv: list[str] | None = None) -> int:
         "history",
         help="a path's messages as stored (no overlays, no unload markers), optionally as of a stream sequence",
     )
-    p_hist.add_argument("--session", required=True)
-    p_hist.add_argument("--tenant", default="default")
+    p_hist.add_argument("--session", type=session_id, required=True)
+    p_hist.add_argument("--tenant", type=tenant_id, default="default")
     p_hist.add_argument("--leaf-id", default=None)
     p_hist.add_argument("--as-of-seq", type=as_of_sequence, default=None)
     p_rebuild = sub.add_parser("rebuild", help="rebuild read models from sequence 1, then swap atomically")
@@ -225,7 +243,7 @@ def main(argv: list[str] | None = None) -> int:
     p_quar = sub.add_parser("quarantine", help="events the projectors refused (quarantined)")
     quar_sub = p_quar.add_subparsers(dest="quarantine_command", required=True)
     p_qlist = quar_sub.add_parser("list", help="quarantined events, newest first")
-    p_qlist.add_argument("--tenant", default=None)
+    p_qlist.add_argument("--tenant", type=tenant_id, default=None)
     p_qlist.add_argument("--limit", type=at_least_one, default=50, help="entries to print (at least 1)")
     p_qshow = quar_sub.add_parser("show", help="one quarantined event, with its raw bytes")
     p_qshow.add_argument("seq", type=int)

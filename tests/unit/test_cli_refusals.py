@@ -47,6 +47,18 @@ def chronicle(*args: str) -> subprocess.CompletedProcess[str]:
             ["history", "--session", "s1", "--as-of-seq", "x"],
             "chronicle history: argument --as-of-seq: not a whole number: 'x'",
         ),
+        (  # these three were tracebacks (events.ids.InvalidId), raised once connected
+            ["replay", "--session", "a/b"],
+            "chronicle replay: argument --session: session id must not contain '/'",
+        ),
+        (
+            ["history", "--session", "s1", "--tenant", "acme corp"],
+            "chronicle history: argument --tenant: tenant id may only contain letters, digits, '_' and '-'",
+        ),
+        (
+            ["quarantine", "list", "--tenant", "acme.eu"],
+            "chronicle quarantine list: argument --tenant: tenant id may only contain letters, digits, '_' and '-'",
+        ),
     ],
     ids=[
         "unknown-option",
@@ -57,6 +69,9 @@ def chronicle(*args: str) -> subprocess.CompletedProcess[str]:
         "replay-to-seq",
         "history-as-of-seq",
         "history-as-of-seq-word",
+        "replay-session-id",
+        "history-tenant-id",
+        "quarantine-tenant-id",
     ],
 )
 def test_a_refused_command_line_is_one_line_and_exit_2(args: list[str], line: str) -> None:
