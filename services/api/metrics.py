@@ -263,7 +263,7 @@ async def refresh(c: Container, *, work: bool = False) -> Probe:
     values (its ``chronicle_metrics_refresh_age_seconds`` grows) and ``chronicle_backend_up`` 0.
     Never raises for a backend's failure."""
     found = await probe(c, work=work)
-    export(found)
+    export(found, c.settings.projector_name, c.settings.partitions)
     turns = c.commands.optimistic.turns
     WRITE_TURNS.set(len(turns))
     WRITES_WAITING.set(turns.waiting)
@@ -275,7 +275,7 @@ def _answers(tables: Tables | BaseException) -> bool:
     return not isinstance(tables, BaseException) or isinstance(tables, psycopg.errors.UndefinedTable)
 
 
-def export(found: Probe, now: float | None = None) -> dict[str, int]:
+def export(found: Probe, projector: str, partitions: int, now: float | None = None) -> dict[str, int]:
     """Set the gauges from ``found`` (the lags per projector when both stream and Postgres answered)."""
     now = time.monotonic() if now is None else now
     up = {
@@ -303,15 +303,26 @@ def export(found: Probe, now: float | None = None) -> dict[str, int]:
         if backend in _refreshed:
             REFRESH_AGE.labels(backend).set(round(now - _refreshed[backend], 3))
     snap = found.snapshot()
-    return {} if snap is None else _export(snap)
+    return {} if snap is None else export_lags(snap, projector, partitions)
 
 
-def _export(snap: Snapshot) -> dict[str, int]:
+_exported: set[str] = set()  # the checkpoints whose gauges this process last set
+
+
+def export_lags(snap: Snapshot, projector: str, partitions: int) -> dict[str, int]:
+    """The lag of each checkpoint that serves reads (:func:`projector_checkpoints`), set on the
+    gauges; a checkpoint that no longer serves (the single projector's after a switch to
+    partition workers, which nothing moves again) loses its series instead of a lag that grows."""
     lags: dict[str, int] = {}
-    for name, (seq, _) in snap.checkpoints.items():
+    for name, (seq, _) in projector_checkpoints(snap.checkpoints, projector, partitions).items():
         APPLIED.labels(name).set(seq)
         lags[name] = max(0, snap.last_seq - seq)
         LAG.labels(name).set(lags[name])
+    for name in _exported - lags.keys():
+        APPLIED.remove(name)
+        LAG.remove(name)
+    _exported.clear()
+    _exported.update(lags)
     return lags
 
 
@@ -476,8 +487,8 @@ async def readiness(c: Container, *, stall_s: float | None = None, max_lag: int 
         reasons.extend(compactor_reasons(found.tables.compactors, required=c.settings.readiness_compactor))
     snap = found.snapshot()
     if snap is not None:
-        out["lag"] = _export(snap)
         s = c.settings
+        out["lag"] = export_lags(snap, s.projector_name, s.partitions)
         if stall_s is None:
             stall_s = float(getattr(s, "readiness_stall_s", READINESS_STALL_S))
         if max_lag is None:

@@ -9,7 +9,15 @@ from events.sealing import StaticKeys
 from events.subjects import SubjectLayout, partition_of
 from projections.quarantine import Quarantined, Tombstone, screen, storable_text, tombstone_erased
 from projections.runner import retry_delay
-from services.api.metrics import Snapshot, assess, compactor_reasons, projector_checkpoints, suspects
+from services.api.metrics import (
+    REGISTRY,
+    Snapshot,
+    assess,
+    compactor_reasons,
+    export_lags,
+    projector_checkpoints,
+    suspects,
+)
 from tests.integration.helpers import appended
 
 LAYOUT = SubjectLayout(partitions=4)
@@ -109,6 +117,21 @@ def test_partition_checkpoints_replace_the_single_one_once_all_report() -> None:
     assert assess(stale_single, "projector", 2, stall_s=60, max_lag=100) == ([], 0)
     half = snap(10, projector=(3, 999), **{"projector.p000": (10, 1.0)})
     assert set(projector_checkpoints(half.checkpoints, "projector", 2)) == {"projector", "projector.p000"}
+
+
+def test_the_lag_exported_is_the_serving_checkpoints_not_a_retired_layouts() -> None:
+    """After a switch from one projector to partition workers the single checkpoint stays where it
+    stopped: its lag grew with every append (in ``/metrics`` and ``/readyz``'s ``lag``), a false
+    alarm for good, while readiness already left it out."""
+    single = snap(10, projector=(8, 1.0))
+    assert export_lags(single, "projector", 2) == {"projector": 2}
+    lag = {"projector": "projector"}
+    assert REGISTRY.get_sample_value("chronicle_projection_lag", lag) == 2
+    fresh = {f"projector.p{p:03d}": (30, 1.0) for p in range(2)}
+    assert export_lags(snap(30, projector=(10, 999), **fresh), "projector", 2) == dict.fromkeys(fresh, 0)
+    assert REGISTRY.get_sample_value("chronicle_projection_lag", lag) is None
+    assert REGISTRY.get_sample_value("chronicle_events_applied", lag) is None
+    assert REGISTRY.get_sample_value("chronicle_projection_lag", {"projector": "projector.p001"}) == 0
 
 
 def test_a_projector_that_never_applied_anything_is_a_stall_once_events_have_waited_long_enough() -> None:
