@@ -391,6 +391,16 @@ class Settings(BaseSettings):
             stream=self.stream, prefix=self.subject_prefix, partitions=self.partitions, commands=self.command_prefix
         )
 
+    @field_validator("ops_key")
+    @classmethod
+    def _ops_key_given(cls, key: SecretStr | None) -> SecretStr | None:
+        if key is not None and not key.get_secret_value().strip():
+            raise ValueError(
+                "a blank ops key: give one (`Authorization: Bearer <ops key>`), "
+                "or leave CHRONICLE_OPS_KEY unset for open operator routes"
+            )
+        return key
+
     @field_validator("api_keys")
     @classmethod
     def _entries_parse(cls, entries: list[str]) -> list[str]:

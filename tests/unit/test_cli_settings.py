@@ -84,3 +84,19 @@ def test_a_malformed_api_keys_entry_is_one_line_naming_it_not_a_traceback(
         "chronicle api: setting CHRONICLE_API_KEYS: Value error, api_keys entry 'acme:6d5fbdaf3b' is not "
         "'tenant:sha256hex[:nkey|:read-only]': the digest is not 64 hex digits"
     ]
+
+
+@pytest.mark.parametrize("value", ["", "   "])
+def test_a_blank_ops_key_is_refused_in_one_line(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], value: str
+) -> None:
+    """``CHRONICLE_OPS_KEY=`` (a secret that was not filled in) was a key no client can send (an
+    HTTP server strips a header's trailing blanks): /readyz and /metrics answered 401 to every
+    probe and scrape for good. It is refused at start instead, as any setting that cannot be used."""
+    monkeypatch.setenv("CHRONICLE_OPS_KEY", value)
+    assert main(["api"]) == SETTINGS_EXIT
+    err = capsys.readouterr().err
+    assert err.strip().splitlines() == [
+        "chronicle api: setting CHRONICLE_OPS_KEY: Value error, a blank ops key: give one "
+        "(`Authorization: Bearer <ops key>`), or leave CHRONICLE_OPS_KEY unset for open operator routes"
+    ]
