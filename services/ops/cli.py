@@ -195,11 +195,11 @@ def main(argv: list[str] | None = None) -> int:
     p_put.add_argument("--bucket", required=True)
     p_put.add_argument("--key", required=True, help="object key (include the block's prefix, e.g. skills/tax)")
     p_put.add_argument("--description", default=None)
-    p_put.add_argument("--tenant", default="default")
+    p_put.add_argument("--tenant", type=tenant_id, default="default")
     p_sync = skills_sub.add_parser("sync", help="index objects uploaded out of band")
     p_sync.add_argument("--bucket", required=True)
     p_sync.add_argument("--prefix", default="")
-    p_sync.add_argument("--tenant", default="default")
+    p_sync.add_argument("--tenant", type=tenant_id, default="default")
     for name, what in DRILLS.items():
         # the benchmarks and drills live in the source checkout's bench/ package (not in the wheel):
         # their own parser reads the rest of the command line

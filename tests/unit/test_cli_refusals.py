@@ -47,13 +47,17 @@ def chronicle(*args: str) -> subprocess.CompletedProcess[str]:
             ["history", "--session", "s1", "--as-of-seq", "x"],
             "chronicle history: argument --as-of-seq: not a whole number: 'x'",
         ),
-        (  # these three were tracebacks (events.ids.InvalidId), raised once connected
+        (  # these were tracebacks (events.ids.InvalidId), raised once connected
             ["replay", "--session", "a/b"],
             "chronicle replay: argument --session: session id must not contain '/'",
         ),
         (
             ["history", "--session", "s1", "--tenant", "acme corp"],
             "chronicle history: argument --tenant: tenant id may only contain letters, digits, '_' and '-'",
+        ),
+        (
+            ["skills", "put", "--bucket", "b", "--key", "skills/k", "--tenant", "bad tenant", "/dev/null"],
+            "chronicle skills put: argument --tenant: tenant id may only contain letters, digits, '_' and '-'",
         ),
         (
             ["quarantine", "list", "--tenant", "acme.eu"],
@@ -71,6 +75,7 @@ def chronicle(*args: str) -> subprocess.CompletedProcess[str]:
         "history-as-of-seq-word",
         "replay-session-id",
         "history-tenant-id",
+        "skills-put-tenant-id",
         "quarantine-tenant-id",
     ],
 )
