@@ -103,6 +103,7 @@ class Eraser:
         must_exist: bool = True,
         requested_by: str | None = None,
         reason: str | None = None,
+        deleted_before: int = 0,
     ) -> Erasure:
         """Erase one session. Unless ``must_exist`` is off (a tenant's erasure: its tenant scope),
         a session the log holds no event of and with no data key is ``404 session_not_found``
@@ -112,7 +113,8 @@ class Eraser:
 
         ``requested_by`` and ``reason`` (checked by the caller: :data:`~events.catalog.MAX_ERASURE_REASON`,
         no NUL) are recorded with the erasure and carried by its event; a rerun keeps the first
-        record's (its event is the first one's, byte for byte)."""
+        record's (its event is the first one's, byte for byte). ``deleted_before``: objects the
+        caller deleted for it (a tenant scope's documents), counted with its own."""
         if must_exist and not await self._exists(tenant, session):
             raise SessionNotFound(f"session {session!r} does not exist: nothing to erase")
         new = await self._keys.erase(tenant, [session], requested_by=requested_by, reason=reason)
@@ -121,7 +123,7 @@ class Eraser:
             seq = await self._publish_erasure(tenant, session, bool(new))
         else:  # a rerun of a finished erasure: its event is in the log (under any id), and is the answer
             seq = published_at
-        deleted = await self._delete_objects(tenant, session, seq)
+        deleted = deleted_before + await self._delete_objects(tenant, session, seq)
         subject = self._pub.layout.session_subject(tenant, session)
         async with self._pool.connection() as conn:
             await conn.execute("DELETE FROM quarantine WHERE subject = %s", (subject,))
@@ -205,8 +207,7 @@ class Eraser:
                 done.append(await self.erase_session(tenant, s, must_exist=False, **who))
                 erased.add(s)
         documents = await objects.delete(tenant, surveyed) if objects is not None else 0
-        scope = await self.erase_session(tenant, TENANT_SCOPE, must_exist=False, **who)
-        done.append(Erasure(scope.session, scope.seq, scope.newly_erased, scope.objects_deleted + documents))
+        done.append(await self.erase_session(tenant, TENANT_SCOPE, must_exist=False, deleted_before=documents, **who))
         return done
 
     async def tenant_objects(self, tenant: str, buckets: Sequence[str] = ()) -> list[PrefixSurvey]:

@@ -68,6 +68,20 @@ async def tenant_with_objects(c: Container) -> tuple[str, str, str, str]:
     return tenant, skills, sources, foreign
 
 
+async def test_the_log_line_of_a_tenants_erasure_counts_the_objects_its_json_line_counts(
+    stack: Container, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The tenant scope's line said ``0 objects deleted`` while ``chronicle erase`` printed
+    ``objects_deleted: 3``: its documents are deleted before its own erasure, and were left out."""
+    tenant, *_ = await tenant_with_objects(stack)
+    with caplog.at_level("WARNING", logger="chronicle.erasure"):
+        done = await stack.eraser.erase_tenant(tenant)
+    scope = done[-1]
+    assert scope.objects_deleted == 3
+    said = f"erased tenant-level entries of tenant {tenant!r} (event {scope.seq}, 3 objects deleted)"
+    assert said in caplog.messages
+
+
 async def test_erasing_a_tenant_deletes_its_objects_in_the_buckets_it_is_known_to_use_and_no_other(
     stack: Container,
 ) -> None:
