@@ -196,7 +196,6 @@ class Eraser:
         surveyed = await objects.survey(tenant, buckets) if objects is not None else []
         if objects is not None:
             await objects.note(tenant, surveyed)
-        who = {"requested_by": requested_by, "reason": reason}
         done: list[Erasure] = []
         erased: set[str] = set()
         for _ in range(TENANT_ROUNDS):
@@ -204,10 +203,15 @@ class Eraser:
             if not sessions:
                 break
             for s in sessions:  # each known here
-                done.append(await self.erase_session(tenant, s, must_exist=False, **who))
+                done.append(
+                    await self.erase_session(tenant, s, must_exist=False, requested_by=requested_by, reason=reason)
+                )
                 erased.add(s)
         documents = await objects.delete(tenant, surveyed) if objects is not None else 0
-        done.append(await self.erase_session(tenant, TENANT_SCOPE, must_exist=False, deleted_before=documents, **who))
+        scope = await self.erase_session(
+            tenant, TENANT_SCOPE, must_exist=False, requested_by=requested_by, reason=reason, deleted_before=documents
+        )
+        done.append(scope)
         return done
 
     async def tenant_objects(self, tenant: str, buckets: Sequence[str] = ()) -> list[PrefixSurvey]:
