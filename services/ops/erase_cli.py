@@ -84,9 +84,10 @@ async def run_erase(settings: Settings, args: argparse.Namespace) -> int:
                 print(f"would erase: {'the tenant-level entries' if session == TENANT_SCOPE else repr(session)}")
             for held in await eraser.tenant_objects(args.tenant, buckets):
                 print(f"would delete: {held.objects} objects under tenants/{args.tenant}/ in bucket {held.bucket!r}")
+            count = sum(1 for session in sessions if session != TENANT_SCOPE)
             print(
-                f"not erased: erasing tenant {args.tenant!r} destroys every session listed ({len(sessions)}) and its "
-                "objects listed for good. Run again with --yes to erase."
+                f"not erased: erasing tenant {args.tenant!r} destroys every session listed ({count}), its tenant-level "
+                "entries and the objects listed for good. Run again with --yes to erase."
             )
             return 1
         else:

@@ -231,6 +231,11 @@ async def test_chronicle_erase_lists_each_bucket_with_its_objects_and_fails_on_s
     assert f"would delete: 2 objects under tenants/{tenant}/ in bucket {skills!r}" in lines
     assert f"would delete: 1 objects under tenants/{tenant}/ in bucket {sources!r}" in lines
     assert not any(foreign in line for line in lines)
+    assert sorted(lines[:2]) == ["would erase: 's1'", "would erase: the tenant-level entries"]
+    assert lines[-1] == (  # one session: the tenant-level entries are no session (they were counted as one)
+        f"not erased: erasing tenant {tenant!r} destroys every session listed (1), its tenant-level entries and "
+        "the objects listed for good. Run again with --yes to erase."
+    )
     named = chronicle_cli(stack.settings, "erase", "--tenant", tenant, "--bucket", foreign)
     assert f"would delete: 1 objects under tenants/{tenant}/ in bucket {foreign!r}" in named.stdout.splitlines()
     broken = stack.settings.model_copy(update={"s3_endpoint": f"127.0.0.1:{free_port()}"})
