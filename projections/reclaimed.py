@@ -42,9 +42,15 @@ def reclaimed_in(rows: dict[tuple[str, str], str]) -> Reclaimed:
 
 
 def reclaim(content: str, outputs: dict[str, str]) -> str:
-    """Stored message JSON with unloaded skills' tool outputs shown as ``[skill unloaded: key]``."""
+    """Stored message JSON with unloaded skills' tool outputs shown as ``[skill unloaded: key]``.
+
+    Only a part whose ``toolCallId`` is a string names a call: a part of another type keeps any
+    JSON there (a list, an object), and a message published straight to the log may have
+    ``parts`` that is no list at all; both read as stored."""
     body = json.loads(content)
-    for part in body.get("parts") or []:
-        if isinstance(part, dict) and part.get("toolCallId") in outputs:
-            part["output"] = f"[skill unloaded: {outputs[part['toolCallId']]}]"
+    parts = body.get("parts")
+    for part in parts if isinstance(parts, list) else []:
+        call = part.get("toolCallId") if isinstance(part, dict) else None
+        if isinstance(call, str) and call in outputs:
+            part["output"] = f"[skill unloaded: {outputs[call]}]"
     return json.dumps(body, ensure_ascii=False, separators=(",", ":"))

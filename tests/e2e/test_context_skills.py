@@ -9,7 +9,10 @@ from typing import Any
 
 import httpx
 
+from events.catalog import MessageAppended
+from events.messages import body_hash
 from services.settings import Settings
+from tests.conftest import tenant_nats
 from tests.e2e.context_support import (
     block,
     configure,
@@ -298,6 +301,80 @@ async def test_a_fork_keeps_unloaded_skills_unloaded(client: httpx.AsyncClient, 
     assert [m["message"]["parts"][0]["output"] for m in originals] == [PIRATE, PIRATE]
     verify = chronicle_cli(api_settings, "verify", timeout=300)
     assert verify.returncode == 0, verify.stdout + verify.stderr
+
+
+async def unloaded_by_call(client: httpx.AsyncClient, api_settings: Settings, call: str) -> str:
+    """A new session (:func:`pirate_and_tax`) where "pirate" was loaded by tool call ``call`` and
+    unloaded before any message held its output (reclaimed by call id alone); its id."""
+    s = await pirate_and_tax(client, api_settings)
+    args, params = {"label": "skills", "key": "pirate"}, {"tool_call_id": call}
+    r = await client.post(f"/v1/sessions/{s}/tools/load_context", params=params, json=args)
+    assert r.status_code == 200, r.text
+    await tool(client, s, "unload_context", {"label": "skills", "key": "pirate"})
+    return s
+
+
+async def test_an_unloaded_output_beside_parts_of_any_shape_reads_as_unloaded(
+    client: httpx.AsyncClient, api_settings: Settings
+) -> None:
+    """A part that is not a tool part keeps any JSON as sent, a ``toolCallId`` that is a list or
+    an object included. Once a skill loaded by call id was unloaded, every read of a message
+    holding that call's output showed such a part as ``500 internal_error`` (TypeError: the part's
+    ``toolCallId`` was looked up among the unloaded calls), and a fork of it too. The output reads
+    as unloaded, the other parts as they were sent."""
+    s = await unloaded_by_call(client, api_settings, "call-1")
+    odd = [{"type": "data-calls", "toolCallId": ["call-1"]}, {"type": "data-call", "toolCallId": {"id": "call-1"}}]
+    a1 = {"id": "a1", "role": "assistant", "parts": [load_part("call-1", "pirate", PIRATE), *odd]}
+    r = await client.post(f"/v1/sessions/{s}/messages", json={"message": a1})
+    assert r.status_code == 201, r.text
+    seq = r.json()["seq"]
+
+    unloaded = [{**load_part("call-1", "pirate", PIRATE), "output": "[skill unloaded: pirate]"}, *odd]
+    assert (await history_parts(client, s, seq))["a1"] == unloaded
+    one = await client.get(f"/v1/sessions/{s}/messages/a1")
+    assert one.status_code == 200, one.text
+    assert one.json()["parts"] == unloaded
+    tree = await client.get(f"/v1/sessions/{s}/tree")
+    assert tree.status_code == 200, tree.text
+    assert [m["message"]["parts"] for m in tree.json()["messages"]] == [unloaded]
+    past = await client.get(f"/v1/sessions/{s}/history", params={"as_of_seq": seq})
+    assert past.status_code == 200, past.text
+    assert [m["parts"] for m in past.json()["messages"]] == [unloaded]
+    r = await client.post(f"/v1/sessions/{s}/fork", json={"at_message_id": "a1"})
+    assert r.status_code == 201, r.text
+    assert (await history_parts(client, r.json()["id"], r.json()["seq"]))["a1"] == unloaded
+
+
+async def test_a_published_message_whose_parts_are_no_list_reads_as_stored_after_an_unload(
+    client: httpx.AsyncClient, api_settings: Settings
+) -> None:
+    """A tenant publishing straight to its subjects may store a message whose ``parts`` is no list
+    (admission does not check a message's shape). With an unloaded call named in its text, its
+    reads were ``500 internal_error``: they read it as stored, with nothing to reclaim."""
+    s = await unloaded_by_call(client, api_settings, "call-1")
+    body = {"id": "a1", "role": "assistant", "parts": 7, "metadata": {"toolCallId": "call-1"}}
+    event = MessageAppended(
+        tenant="tenant-a",
+        session=s,
+        message_id="a1",
+        parent_id=None,
+        role="assistant",
+        body_sha256=body_hash(body),
+        message=body,
+    )
+    nc = await tenant_nats(api_settings.nats_url, "tenant-a")
+    try:
+        subject = api_settings.layout().session_subject("tenant-a", s)
+        seq = (await nc.jetstream().publish(subject, event.to_json(), stream=api_settings.stream)).seq
+    finally:
+        await nc.close()
+
+    r = await client.get(f"/v1/sessions/{s}/history", params={"min_seq": seq})
+    assert r.status_code == 200, r.text
+    assert r.json()["messages"] == [body]
+    one = await client.get(f"/v1/sessions/{s}/messages/a1")
+    assert one.status_code == 200, one.text
+    assert one.json() == body
 
 
 async def test_a_tool_call_id_is_checked(client: httpx.AsyncClient, api_settings: Settings) -> None:
