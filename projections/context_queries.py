@@ -247,8 +247,8 @@ async def newest_load_output(conn: Conn, tenant: str, session: str, label: str, 
         (tenant, session),
     )
     for mid, content in await cur.fetchall():
-        body = json.loads(content)
-        for part in reversed(body.get("parts") or []):
+        parts = json.loads(content).get("parts")  # no list: a message published straight to the log
+        for part in reversed(parts) if isinstance(parts, list) else ():
             if is_load_output(part, label, key):
                 return str(mid), str(part["toolCallId"])
     return None

@@ -345,6 +345,26 @@ async def test_an_unloaded_output_beside_parts_of_any_shape_reads_as_unloaded(
     assert (await history_parts(client, r.json()["id"], r.json()["seq"]))["a1"] == unloaded
 
 
+async def published(api_settings: Settings, s: str, body: dict[str, Any]) -> int:
+    """``body`` appended to session ``s`` as tenant-a's own NATS client may publish it, straight
+    to its subject (no contract check, no API); the stream sequence."""
+    event = MessageAppended(
+        tenant="tenant-a",
+        session=s,
+        message_id=body["id"],
+        parent_id=None,
+        role=body["role"],
+        body_sha256=body_hash(body),
+        message=body,
+    )
+    nc = await tenant_nats(api_settings.nats_url, "tenant-a")
+    try:
+        subject = api_settings.layout().session_subject("tenant-a", s)
+        return int((await nc.jetstream().publish(subject, event.to_json(), stream=api_settings.stream)).seq)
+    finally:
+        await nc.close()
+
+
 async def test_a_published_message_whose_parts_are_no_list_reads_as_stored_after_an_unload(
     client: httpx.AsyncClient, api_settings: Settings
 ) -> None:
@@ -353,21 +373,7 @@ async def test_a_published_message_whose_parts_are_no_list_reads_as_stored_after
     reads were ``500 internal_error``: they read it as stored, with nothing to reclaim."""
     s = await unloaded_by_call(client, api_settings, "call-1")
     body = {"id": "a1", "role": "assistant", "parts": 7, "metadata": {"toolCallId": "call-1"}}
-    event = MessageAppended(
-        tenant="tenant-a",
-        session=s,
-        message_id="a1",
-        parent_id=None,
-        role="assistant",
-        body_sha256=body_hash(body),
-        message=body,
-    )
-    nc = await tenant_nats(api_settings.nats_url, "tenant-a")
-    try:
-        subject = api_settings.layout().session_subject("tenant-a", s)
-        seq = (await nc.jetstream().publish(subject, event.to_json(), stream=api_settings.stream)).seq
-    finally:
-        await nc.close()
+    seq = await published(api_settings, s, body)
 
     r = await client.get(f"/v1/sessions/{s}/history", params={"min_seq": seq})
     assert r.status_code == 200, r.text
@@ -375,6 +381,30 @@ async def test_a_published_message_whose_parts_are_no_list_reads_as_stored_after
     one = await client.get(f"/v1/sessions/{s}/messages/a1")
     assert one.status_code == 200, one.text
     assert one.json() == body
+
+
+async def test_an_unload_looks_past_a_published_message_whose_parts_are_no_list(
+    client: httpx.AsyncClient, api_settings: Settings
+) -> None:
+    """An unload that does not know the loading call looks for the newest stored load output. A
+    newer assistant message published straight to the log, whose ``parts`` is no list and whose
+    text names ``load_context``, made every such unload fail ("the tool failed unexpectedly",
+    TypeError in the log), so the skill could never be unloaded; it is passed over, and the output
+    before it reads as unloaded."""
+    s = await pirate_and_tax(client, api_settings)
+    doc, _ = await tool(client, s, "load_context", {"label": "skills", "key": "pirate"})  # no tool call id
+    a1 = {"id": "a1", "role": "assistant", "parts": [load_part("c1", "pirate", doc)]}
+    r = await client.post(f"/v1/sessions/{s}/messages", json={"message": a1})
+    assert r.status_code == 201, r.text
+    newer = {"id": "a2", "role": "assistant", "parts": 7, "metadata": {"note": "load_context"}}
+    await published(api_settings, s, newer)
+
+    res, seq = await tool(client, s, "unload_context", {"label": "skills", "key": "pirate"})
+    assert res == 'Unloaded "pirate" from skills. Context reclaimed.'
+    unloaded = [e["event"] for e in await events(client, s) if e["event"]["type"] == "skill.unloaded"]
+    assert [(e["message_id"], e["tool_call_id"]) for e in unloaded] == [("a1", "c1")]
+    one = await client.get(f"/v1/sessions/{s}/messages/a1", params={"min_seq": seq})
+    assert one.json()["parts"][0]["output"] == "[skill unloaded: pirate]"
 
 
 async def test_a_tool_call_id_is_checked(client: httpx.AsyncClient, api_settings: Settings) -> None:
