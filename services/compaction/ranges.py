@@ -13,11 +13,9 @@ Reference: the Cloudflare Agents SDK Session API, §4.1 and §4.3 of docs/refere
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import Any
-
-from events.catalog import COMPACTION_PREFIX
 
 Message = dict[str, Any]
 Counter = Callable[[str], int]
@@ -32,10 +30,6 @@ def _parts(msg: Message) -> list[dict[str, Any]]:
 def is_tool_part(part: dict[str, Any]) -> bool:
     kind = str(part.get("type", ""))
     return kind.startswith("tool-") or kind == "dynamic-tool"
-
-
-def is_compaction(msg: Message) -> bool:
-    return str(msg.get("id", "")).startswith(COMPACTION_PREFIX)
 
 
 def _js_string(value: Any) -> str:
@@ -232,11 +226,16 @@ def plan_compaction(
     messages: Sequence[Message],
     tokens: Callable[[Message], int],
     *,
+    overlays: Collection[int],
     protect_head: int = 3,
     tail_token_budget: int = 20_000,
     min_tail_messages: int = 2,
 ) -> Plan | Skip:
     """The range to compact in a compacted history view, or why there is nothing to do.
+
+    ``overlays``: the positions in ``messages`` of the overlays in force (read as messages), told
+    by what they are, never by their id: a stored message may have an id that starts as an
+    overlay's does (``compaction_…``) and is compacted as any other message.
 
     Every overlay message inside the range is carried into the prompt as the previous summary
     (all of them, in path order, not only the first as the reference does): the new overlay
@@ -245,16 +244,15 @@ def plan_compaction(
     if len(messages) <= protect_head + min_tail_messages:
         return Skip("too few messages")
     start = align_forward(messages, protect_head)
-    existing = next((i for i, m in enumerate(messages) if is_compaction(m)), None)
-    if existing is not None:
-        start = min(start, existing)
+    if overlays:
+        start = min(start, min(overlays))
     end = tail_cut(messages, start, tail_token_budget, min_tail_messages, tokens)
     if end <= start:
         return Skip("the tail already fits the budget")
-    middle = [m for m in messages[start:end] if not is_compaction(m)]
+    middle = [m for i, m in enumerate(messages[start:end], start) if i not in overlays]
     if not middle:
         return Skip("nothing new to summarise")
-    summaries = [summary_text(m) for m in messages[start:end] if is_compaction(m)]
+    summaries = [summary_text(m) for i, m in enumerate(messages[start:end], start) if i in overlays]
     previous = "\n\n".join(summaries) if summaries else None
     budget = summary_budget(middle, tokens)
     return Plan(middle, previous, budget, summary_prompt(middle, previous, budget), start, end)

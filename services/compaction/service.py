@@ -231,6 +231,7 @@ class CompactionService:
         plan = plan_compaction(
             messages,
             self.tokens,
+            overlays={i for i, v in enumerate(view) if isinstance(v, Overlay)},
             protect_head=cfg.protect_head,
             tail_token_budget=cfg.tail_token_budget,
             min_tail_messages=cfg.min_tail_messages,

@@ -102,6 +102,31 @@ async def test_after_lowering_protect_head_nothing_summarised_stays_visible(clie
     assert [m["id"] for m in view] == ["m0", grown["message_id"], "m15", "m16"]  # …so they are hidden
 
 
+async def test_a_message_whose_id_starts_like_an_overlays_is_compacted_as_a_message(client: httpx.AsyncClient) -> None:
+    """A client may give a message an id starting with ``compaction_``, the prefix overlays read
+    under. The planner took such a message for an overlay: in the head, ``protect_head`` was
+    bypassed (the overlay began at it, so the head was summarised and hidden), and its text reached
+    the summarizer as a previous summary. Overlays are told by what they are, not by their id: the
+    head stays, and the message is summarised as any other."""
+    sid = new_sid("cmp-lookalike")
+    await _config(client, sid, protect_head=3)
+    await _chain(client, sid, ["compaction_mine", *[f"m{i}" for i in range(1, 12)]])
+    overlay = await _overlay(client, sid)
+    assert (overlay["from_message_id"], overlay["to_message_id"]) == ("m3", "m9")
+    view = await _history(client, sid, overlay["seq"])
+    assert [m["id"] for m in view] == ["compaction_mine", "m1", "m2", overlay["message_id"], "m10", "m11"]
+    assert view[0]["parts"] == [{"type": "text", "text": _text("compaction_mine")}]
+
+    # in the middle it is summarised as a message, and hidden by the overlay like the others
+    sid = new_sid("cmp-lookalike")
+    await _config(client, sid, protect_head=1)
+    await _chain(client, sid, ["m0", "m1", "compaction_mine", *[f"m{i}" for i in range(3, 12)]])
+    overlay = await _overlay(client, sid)
+    assert (overlay["from_message_id"], overlay["to_message_id"]) == ("m1", "m9")
+    view = await _history(client, sid, overlay["seq"])
+    assert [m["id"] for m in view] == ["m0", overlay["message_id"], "m10", "m11"]
+
+
 async def test_a_sibling_branchs_newer_narrower_overlay_leaves_the_main_branch_compacted(
     client: httpx.AsyncClient,
 ) -> None:

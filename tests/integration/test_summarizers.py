@@ -19,8 +19,10 @@ def _msgs(n: int) -> list[Message]:
     return out
 
 
-def _plan(messages: list[Message]) -> Plan:
-    plan = plan_compaction(messages, lambda m: 50, protect_head=1, tail_token_budget=100, min_tail_messages=2)
+def _plan(messages: list[Message], overlays: tuple[int, ...] = ()) -> Plan:
+    plan = plan_compaction(
+        messages, lambda m: 50, overlays=overlays, protect_head=1, tail_token_budget=100, min_tail_messages=2
+    )
     assert isinstance(plan, Plan), plan  # not a Skip
     return plan
 
@@ -40,7 +42,7 @@ async def test_offline_summary_extends_the_previous_one() -> None:
     msgs = _msgs(14)
     overlay: Message = {"id": "compaction_x", "role": "assistant", "parts": [{"type": "text", "text": first}]}
     view = [msgs[0], overlay, *msgs[8:]]
-    second = await OfflineSummarizer().summarize(_plan(view))
+    second = await OfflineSummarizer().summarize(_plan(view, overlays=(1,)))
     assert "Question 2 about deployments?" in second  # kept from the previous summary
     assert "Answer 9" in second  # added
 

@@ -17,9 +17,25 @@ def test_the_plan_carries_every_overlay_it_hides_in_path_order() -> None:
         _msg("compaction_two", "SUMMARY TWO"),
         *[_msg(f"m{i}", f"turn {i}") for i in range(13, 17)],
     ]
-    plan = plan_compaction(view, lambda m: 50, protect_head=1, tail_token_budget=100, min_tail_messages=2)
+    plan = plan_compaction(
+        view, lambda m: 50, overlays={1, 2}, protect_head=1, tail_token_budget=100, min_tail_messages=2
+    )
     assert isinstance(plan, Plan), plan
     assert (plan.start, plan.end) == (1, 5)  # both overlays and m13, m14: the new overlay hides them
     assert [m["id"] for m in plan.middle] == ["m13", "m14"]
     assert plan.previous_summary == "SUMMARY ONE\n\nSUMMARY TWO"
     assert plan.prompt.index("SUMMARY ONE") < plan.prompt.index("SUMMARY TWO") < plan.prompt.index("turn 13")
+
+
+def test_a_message_whose_id_starts_like_an_overlays_is_a_message() -> None:
+    """Overlays are the positions the view says, never ids starting with ``compaction_``: such a
+    stored message in the head stays protected, and in the middle it is summarised."""
+    view = [_msg("compaction_mine", "mine"), *[_msg(f"m{i}", f"turn {i}") for i in range(1, 8)]]
+    plan = plan_compaction(view, lambda m: 50, overlays=(), protect_head=1, tail_token_budget=100, min_tail_messages=2)
+    assert isinstance(plan, Plan), plan
+    assert (plan.start, plan.end) == (1, 6)
+    assert plan.previous_summary is None
+    plan = plan_compaction(view, lambda m: 50, overlays=(), protect_head=0, tail_token_budget=100, min_tail_messages=2)
+    assert isinstance(plan, Plan), plan
+    assert [m["id"] for m in plan.middle] == ["compaction_mine", "m1", "m2", "m3", "m4", "m5"]
+    assert plan.previous_summary is None
