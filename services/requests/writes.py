@@ -180,21 +180,24 @@ async def delete_messages(c: Container, tenant: str, sid: str, wanted: list[str]
 
 async def clear_messages(c: Container, tenant: str, sid: str) -> Answer:
     """Delete every message (``seq`` 0 when the session never existed); a frozen prompt is
-    re-rendered (blocks stay)."""
+    re-rendered (blocks stay). ``seq`` is the re-rendered prompt's when one was recorded, so a
+    read with it as ``min_seq`` sees the new prompt (read-your-writes, as the reference's clear
+    replaces its snapshot before it returns)."""
     check_id("session", sid)
     w = await c.commands.clear(tenant, sid)
     if w.seq == 0:
         return {"cleared": True, "seq": 0}
+    seq = w.seq
     # The clear is recorded: whatever fails from here on (a source gone, not text, S3 down, the
     # projector behind), it stands and is answered so; the prompt in force stays until a refresh works.
     try:
         if await c.context.has_prompt(tenant, sid):
-            await c.context.refresh_prompt(tenant, sid, "clear")
+            seq = max(seq, (await c.context.refresh_prompt(tenant, sid, "clear")).seq)
     except (ChronicleError, Refused) as exc:
         log.warning("after clearing %s/%s the prompt was not re-rendered: %s", tenant, sid, exc)
     except Exception:
         log.exception("after clearing %s/%s the prompt was not re-rendered", tenant, sid)
-    return {"cleared": True, "seq": w.seq}
+    return {"cleared": True, "seq": seq}
 
 
 # -- compaction ---------------------------------------------------------------------------------

@@ -197,6 +197,25 @@ async def test_clearing_messages_refreshes_the_frozen_prompt(client: httpx.Async
     assert types[-2:] == [("messages.cleared", None), ("prompt.rendered", "clear")]
 
 
+async def test_a_clear_answers_the_seq_of_the_prompt_it_re_rendered(client: httpx.AsyncClient) -> None:
+    """Read-your-writes after a clear: its ``seq`` covers the re-rendered prompt, so a read with
+    it as ``min_seq`` sees the new prompt (the reference's clear replaces the frozen snapshot
+    before it returns)."""
+    s = sid()
+    await configure(client, s, {"blocks": [{"kind": "writable", "label": "memory"}]})
+    await append(client, s, msg("m1", "hello"))
+    assert (await prompt(client, s))["version"] == 1
+    await client.put(f"/v1/sessions/{s}/context/memory", json={"content": "kept across clear"})
+
+    r = await client.post(f"/v1/sessions/{s}/messages:clear")
+    assert r.status_code == 200, r.text
+    evs = await events(client, s)
+    assert [e["event"]["type"] for e in evs[-2:]] == ["messages.cleared", "prompt.rendered"]
+    assert r.json() == {"cleared": True, "seq": evs[-1]["seq"]}
+    after = await prompt(client, s, min_seq=r.json()["seq"])
+    assert (after["version"], after["prompt"]) == (2, block("MEMORY [writable]", "kept across clear"))
+
+
 def _rendered(evs: list[dict[str, Any]]) -> list[tuple[int, str]]:
     return [(e["event"]["version_no"], e["event"]["reason"]) for e in evs if e["event"]["type"] == "prompt.rendered"]
 

@@ -459,6 +459,22 @@ async def test_clear_only_affects_its_own_session(sdk: ChronicleClient) -> None:
     assert ids(await b.get_history()) == ["m1"]
 
 
+async def test_freeze_right_after_a_clear_is_the_re_rendered_prompt(sdk: ChronicleClient) -> None:
+    """The reference's ``clearMessages`` refreshes the frozen prompt before it returns: the next
+    ``freeze_system_prompt`` is the new text, with no wait (the clear's answer covers the render)."""
+    for _ in range(5):  # the render raced the read: each round once showed the old prompt
+        s = memory_session(sdk)
+        await s.replace_context_block("memory", "before freeze")
+        frozen = await s.freeze_system_prompt()
+        await s.append_context_block("memory", "after freeze")
+        await s.append_message(text("m1", "x"))
+        assert await s.freeze_system_prompt() == frozen
+        await s.clear_messages()
+        after = await s.freeze_system_prompt()
+        assert after.endswith("before freeze\nafter freeze")
+        assert after == await s.refresh_system_prompt()
+
+
 async def test_compact_after_lets_the_compactor_compact(sdk: ChronicleClient, api_settings: Settings) -> None:
     """``compact_after`` + ``on_compaction`` from the builder drive a running ``chronicle compactor``."""
     env = {**settings_env(api_settings), "CHRONICLE_COMPACTOR_NAME": f"compactor-{uuid.uuid4().hex[:8]}"}
