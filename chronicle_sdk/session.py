@@ -11,7 +11,14 @@ from typing import TYPE_CHECKING, Any
 from chronicle_sdk.config import ConfigBuilder, parse_config
 from chronicle_sdk.connection import Connection, Via, checked_mapping, quote, refuse_unnameable_ids, session_path
 from chronicle_sdk.errors import InvalidConfig, InvalidRequest, NotFound, RateLimited, Unavailable
-from chronicle_sdk.tools import ToolDefinition, Tools, arguments_error, arguments_fault, parse_arguments
+from chronicle_sdk.tools import (
+    SESSION_SEARCH,
+    ToolDefinition,
+    Tools,
+    arguments_error,
+    arguments_fault,
+    parse_arguments,
+)
 from chronicle_sdk.types import (
     OMITTED,
     AppendResult,
@@ -586,11 +593,17 @@ class Session(ConfigBuilder):
         """The session's LLM tools (``tools()``): ``set_context``, ``load_context``, ``unload_context``,
         ``search_context`` as the blocks call for them; empty when only read-only blocks exist.
 
+        ``session_search`` is not among them, as in the reference, even with
+        :meth:`with_searchable_history` (whose block gives ``search_context``): it is
+        :meth:`SessionManager.tools`'s (merge with ``+``). The HTTP API's ``GET …/tools`` lists it
+        for clients without a manager.
+
         ``execute(name, arguments)`` runs a tool on the server and returns the reference's result
         string (``Written to memory. Usage: …``, ``Error: …``).
         """
         out = await self._get("/tools", {"format": "openai"})
-        definitions = [ToolDefinition.from_openai(t) for t in out.get("tools", [])]
+        listed = [ToolDefinition.from_openai(t) for t in out.get("tools", [])]
+        definitions = [d for d in listed if d.name != SESSION_SEARCH.name]
         remote = _RemoteTool(self)
         return Tools(definitions, {d.name: remote for d in definitions})
 

@@ -143,6 +143,24 @@ async def test_session_tools_and_manager_tools(manager: SessionManager) -> None:
     assert "Written to memory" in await merged.execute("set_context", {"label": "memory", "content": "x"})
 
 
+async def test_searchable_history_gives_session_tools_search_context_only(sdk: ChronicleClient) -> None:
+    """As the reference's ``withSearchableHistory``: the block makes ``session.tools()`` carry
+    ``search_context`` over it, while ``session_search`` stays ``manager.tools()``'s alone."""
+    manager = SessionManager(sdk).with_context("memory").with_searchable_history("history")
+    session = manager.get_session((await manager.create("history tools")).id)
+    session_tools = await session.tools()
+    assert session_tools.names == ["set_context", "search_context"]
+    assert "session_search" not in session_tools
+    w = word()
+    await session.append_message(text("m1", f"We deploy {w} on Fridays"))
+    assert await session_tools.execute("search_context", {"label": "history", "query": w}) == (
+        f"[user] We deploy {w} on Fridays"
+    )
+    merged = session_tools + manager.tools()
+    assert merged.names == ["set_context", "search_context", "session_search"]
+    assert await merged.execute("session_search", {"query": w}) == f"[user] We deploy {w} on Fridays"
+
+
 async def test_get_session_is_cached_and_carries_the_template(manager: SessionManager) -> None:
     info = await manager.create("templated")
     session = manager.get_session(info.id)
