@@ -117,7 +117,9 @@ class ContextTools(ContextSkills, ContextPrompt):
             title, description = _metadata(args)
             key = context_entry_key(title, content)
             if info.kind == "skills":
-                await self.set_skill(tenant, session, label, key, content, description or title)
+                # the reference's ``description ?? title``: an empty description is no description
+                described = title if description is None else description or None
+                await self.set_skill(tenant, session, label, key, content, described)
             else:
                 await self.index_entry(tenant, session, label, key, content)
             return f'Indexed "{key}" in {label}.'

@@ -129,6 +129,21 @@ async def test_title_doubles_as_description_and_writes_accumulate(
     assert res == PIRATE + "\nv2"
 
 
+async def test_an_empty_description_is_no_description_not_the_title(
+    client: httpx.AsyncClient, api_settings: Settings
+) -> None:
+    """The reference passes ``metadata.description ?? metadata.title``: an empty description is
+    kept (and then dropped as no description), only a missing one falls back to the title."""
+    bucket = new_bucket(api_settings)
+    s = sid()
+    await configure(client, s, {"blocks": [skills_block(bucket, prefix="p/")]})
+    await set_skill(client, s, "Quiet", "Say little.", "")
+    await set_skill(client, s, "Loud", "Shout.", None)
+    await listed(client, s, "skills", "- loud: Loud\n- quiet")
+    stat = minio(api_settings).stat_object(bucket, tenant_key("p/quiet"))
+    assert "x-amz-meta-description" not in {k.lower() for k in (stat.metadata or {})}
+
+
 async def test_load_unload_reload(client: httpx.AsyncClient, api_settings: Settings) -> None:
     bucket = new_bucket(api_settings)
     s = sid()
