@@ -171,7 +171,8 @@ def transcript(messages: Sequence[Message]) -> str:
         for p in _parts(msg):
             if not is_tool_part(p):
                 continue
-            lines = [f"[Tool: {p.get('toolName') or 'unknown'}]"]
+            name = p.get("toolName")
+            lines = [f"[Tool: {'unknown' if name is None else _js_to_string(name)}]"]  # ``toolName ?? "unknown"``
             if _js_truthy(p.get("input")):
                 lines.append(f"Input: {_js_slice(_js_string(p['input']), 500)}")
             if _js_truthy(p.get("output")):

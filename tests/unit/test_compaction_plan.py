@@ -3,7 +3,7 @@ prompt, in path order."""
 
 from __future__ import annotations
 
-from services.compaction.ranges import Message, Plan, plan_compaction
+from services.compaction.ranges import Message, Plan, plan_compaction, transcript
 
 
 def _msg(mid: str, text: str) -> Message:
@@ -39,3 +39,40 @@ def test_a_message_whose_id_starts_like_an_overlays_is_a_message() -> None:
     assert isinstance(plan, Plan), plan
     assert [m["id"] for m in plan.middle] == ["compaction_mine", "m1", "m2", "m3", "m4", "m5"]
     assert plan.previous_summary is None
+
+
+def test_the_transcript_renders_tool_parts_as_the_reference_does() -> None:
+    """``buildSummaryPrompt``'s transcript, byte for byte (the expected text is the reference's
+    code run on these messages): ``toolName ?? "unknown"`` (an empty name stays empty), input
+    and output only when truthy (``{}`` is), ``String(output)`` (``[object Object]``, arrays
+    joined with ``,``), reasoning left out."""
+    messages: list[Message] = [
+        {
+            "id": "a",
+            "role": "assistant",
+            "parts": [
+                {"type": "reasoning", "text": "hidden"},
+                {"type": "text", "text": "Looking."},
+                {
+                    "type": "dynamic-tool",
+                    "toolName": "",
+                    "toolCallId": "c1",
+                    "input": {"q": "é"},
+                    "output": {"rows": 2},
+                },
+                {"type": "tool-search", "toolCallId": "c2", "input": {}, "output": 0},
+                {
+                    "type": "tool-list",
+                    "toolCallId": "c3",
+                    "toolName": None,
+                    "input": "",
+                    "output": [1, None, "a", True],
+                },
+            ],
+        },
+        {"id": "b", "role": "user", "parts": [{"type": "text", "text": "one"}, {"type": "text", "text": "two"}]},
+    ]
+    assert transcript(messages) == (
+        '[assistant]\nLooking.\n[Tool: ]\nInput: {"q":"é"}\nOutput: [object Object]\n[Tool: unknown]\nInput: {}\n'
+        "[Tool: unknown]\nOutput: 1,,a,true\n\n---\n\n[user]\none\ntwo"
+    )
