@@ -237,26 +237,30 @@ async def test_a_tenants_read_only_keys_follow_with_slots_of_their_own(
     sid = new_sid()
     await stack.commands.append(T, sid, text_message("m1", "something to send"), OMITTED)
     for _ in range(200):  # an earlier test's answers, closed by its teardown, have given their slots back
-        if not following.open_answers(T, read_only=False):
+        if not following.open_answers(T):
             break
         await asyncio.sleep(0.05)
-    followers = [await follow(sid) for _ in range(PER_TENANT)]  # every slot of the full keys
-    for follower in followers:
-        assert await follower.next() is not None
-    assert (await client.get(f"/v1/sessions/{sid}/events", params={"follow": "true"})).status_code == 429
     auditor = httpx.AsyncClient(
         base_url=str(client.base_url), headers={"Authorization": f"Bearer {READ_ONLY_KEY}"}, timeout=30
     )
     async with contextlib.AsyncExitStack() as held, auditor:
-        for _ in range(PER_TENANT):  # the auditor's slots are free: the agent services' took none of them
+        for _ in range(PER_TENANT):  # every slot of the read-only keys
             r = await held.enter_async_context(
                 auditor.stream("GET", f"/v1/sessions/{sid}/events", params={"follow": "true"})
             )
             assert r.status_code == 200, await r.aread()
         refused = await auditor.get(f"/v1/sessions/{sid}/events", params={"follow": "true"})
-        assert refused.status_code == 429, refused.text  # and are as many
+        assert refused.status_code == 429, refused.text
         assert refused.json()["code"] == "too_many_streams"
         assert "read-only keys" in refused.json()["detail"]
+        # the full keys' slots are free: the auditor's followers took none of them, and are as many
+        followers = [await follow(sid) for _ in range(PER_TENANT)]
+        for follower in followers:
+            assert await follower.next() is not None
+        refused = await client.get(f"/v1/sessions/{sid}/events", params={"follow": "true"})
+        assert refused.status_code == 429, refused.text
+        assert "full keys" in refused.json()["detail"]
+        assert following.open_answers(T, read_only=True) == PER_TENANT
 
 
 @pytest.mark.parametrize("params", [{"from_seq": 0}, {"to_seq": 0}, {"limit": 0}, {"follow": "maybe"}])
