@@ -31,6 +31,7 @@ from services.api.strict_json import StrictJsonRoute
 from services.errors import CursorOrderMismatch, EncryptionOff, UnknownCursor
 from services.requests import writes
 from services.requests.checks import no_nul
+from services.writes.liveness import live_session
 
 router = APIRouter(route_class=StrictJsonRoute)
 IdempotencyKeyHeader = Annotated[
@@ -273,10 +274,13 @@ async def list_erasures(
 async def data_key(sid: Sid, tenant: Tenant, c: ContainerDep) -> dict[str, Any]:
     """The session's data key (made if it has none), for an agent service that publishes sealed
     events straight to JetStream. Only the caller's tenant's sessions; every read is logged.
-    404 ``encryption_off`` when this deployment does not seal; 410 when the session is erased."""
+    404 ``encryption_off`` when this deployment does not seal; 410 when the session is erased;
+    404 ``session_not_found`` when it was deleted (nothing can be written to it: no key is made)."""
     check_id("session", sid)
     if not c.keys.seal:
         raise EncryptionOff("this deployment does not seal events (CHRONICLE_ENCRYPTION is off)")
+    async with c.pool.connection() as conn:
+        await live_session(conn, tenant, sid, must_exist=False)
     key = await c.keys.key_of(tenant, sid, create=True)
     assert key is not None
     log.info("data key %s of session %r read by tenant %r", key.kid, sid, tenant)

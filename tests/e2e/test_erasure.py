@@ -460,6 +460,19 @@ async def test_a_session_with_only_a_data_key_can_be_erased(client: httpx.AsyncC
     assert (gone.status_code, gone.json()["code"]) == (410, "session_erased")
 
 
+async def test_a_deleted_sessions_data_key_is_404(client: httpx.AsyncClient) -> None:
+    """Nothing can be written to a deleted session: its key is not handed out (it was 200)."""
+    sid = f"deleted-{uuid.uuid4().hex[:8]}"
+    await ok(await client.post(f"/v1/sessions/{sid}/messages", json={"message": msg("m1", "hello")}), 201)
+    assert (await client.get(f"/v1/sessions/{sid}/data-key")).status_code == 200  # a live one's
+    deleted = await client.delete(f"/v1/sessions/{sid}")
+    assert deleted.status_code == 200, deleted.text
+    after = await client.get(f"/v1/sessions/{sid}", params={"min_seq": deleted.json()["seq"]})
+    assert after.status_code == 404, after.text  # the deletion is applied
+    gone = await client.get(f"/v1/sessions/{sid}/data-key")
+    assert (gone.status_code, gone.json()["code"]) == (404, "session_not_found")
+
+
 async def test_an_erasure_stopped_after_destroying_the_key_is_finished_by_running_it_again(
     client: httpx.AsyncClient, sealed: tuple[Settings, Path]
 ) -> None:
