@@ -35,6 +35,15 @@ def _stored(msg: Msg) -> StoredEvent:
     )
 
 
+async def stored_at(js: JetStreamContext, layout: SubjectLayout, seq: int) -> StoredEvent | None:
+    """The event stored at ``seq`` (None: the log no longer holds it)."""
+    try:
+        msg = await js.get_msg(layout.stream, seq)
+    except NotFoundError:
+        return None
+    return StoredEvent(seq, str(msg.subject), msg.data or b"", msg.headers, msg.time)
+
+
 async def last_seq(js: JetStreamContext, layout: SubjectLayout, subject: str | None = None) -> int:
     """Last stream sequence overall, or of one subject (0 when none)."""
     if subject is None:

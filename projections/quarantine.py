@@ -7,8 +7,10 @@ inside the caller's transaction, the one that moves the checkpoint past them.
 
 from __future__ import annotations
 
+import contextlib
+import json
 import logging
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -17,6 +19,7 @@ import psycopg
 from events.admission import Reason, Refused, admit
 from events.catalog import SessionErased
 from events.envelope import Event
+from events.ids import MAX_SESSION_LEN, InvalidId, check_tenant
 from events.sealing import KeyDestroyed, KeyLookup, KeyReader
 from events.subjects import SubjectLayout
 
@@ -84,10 +87,12 @@ def screen(
     """The admitted ``(seq, event)``, the quarantine item the contract's refusal makes, or a
     :class:`Tombstone` for an event of an erased session (its key destroyed, or its erasure
     recorded: nothing of an erased session is materialised, whether sealed or not). A refused
-    event under an erased session's subject is a tombstone too, never quarantined (its raw bytes
-    are the session's): the subject decides, so the live projector (whose erasure deletes what it
-    quarantined before) and a rebuild (which knows every erasure) agree. The
-    ``session.erased`` event itself is admitted (projections drop the session's rows) only when
+    event under an erased session's subject, or whose body names an erased session of the
+    subject's tenant (a stray: it arrived on another subject of the tenant), is a tombstone too,
+    never quarantined (its raw bytes are the session's; :func:`refusal_erased`): the subject and
+    bytes decide, so the live projector (whose erasure deletes what it quarantined before) and a
+    rebuild (which knows every erasure) agree. The ``session.erased`` event itself is admitted
+    (projections drop the session's rows) only when
     ``keys`` knows the erasure as recorded: the real erasure records it (and destroys the key)
     before publishing the event, so one that is not recorded was published by the tenant itself
     and is quarantined (``unrecorded_erasure``): nothing was destroyed, so nothing is dropped,
@@ -101,7 +106,7 @@ def screen(
     except KeyDestroyed:
         return Tombstone(seq, subject)
     except Refused as exc:
-        if keys is not None and subject_erased(subject, layout, keys):
+        if keys is not None and refusal_erased(subject, data, layout, keys):
             return Tombstone(seq, subject)  # its raw bytes are the erased session's: never stored again
         return refused_item(seq, subject, data, exc)
     if keys is not None:
@@ -133,6 +138,36 @@ def tombstone_erased(items: Sequence[tuple[int, Event]], keys: KeyLookup) -> tup
     return kept, gone
 
 
+def tombstone_refused(
+    refused: Sequence[Quarantined], layout: SubjectLayout, keys: KeyLookup
+) -> tuple[list[Quarantined], list[int]]:
+    """``refused`` (quarantine items :func:`screen` made) split into those still to record and the
+    sequences that are tombstones now: the refusals of a session ``keys`` has learned as erased
+    since they were screened (:func:`refusal_erased`: a stray waiting in another partition's batch
+    while the session's erasure ran), as :func:`screen` decides them now and a rebuild that knows
+    the erasure decides them."""
+    kept: list[Quarantined] = []
+    gone: list[int] = []
+    for q in refused:
+        if refusal_erased(q.subject, q.raw, layout, keys):
+            gone.append(q.seq)
+        else:
+            kept.append(q)
+    return kept, gone
+
+
+def refused_sessions(refused: Iterable[Quarantined], layout: SubjectLayout) -> set[tuple[str, str]]:
+    """The sessions whose erasure decides what becomes of ``refused``: each one's subject's, and
+    the one of its tenant that its bytes name (a stray's: :func:`named_session`)."""
+    found: set[tuple[str, str]] = set()
+    for q in refused:
+        with contextlib.suppress(ValueError):
+            found.add(layout.parse(q.subject))
+        if (named := named_session(q.subject, q.raw, layout)) is not None:
+            found.add(named)
+    return found
+
+
 def subject_erased(subject: str, layout: SubjectLayout, keys: KeyLookup) -> bool:
     """Whether ``subject`` is the session subject of a session ``keys`` knows as erased. The
     subject decides (the session a stored message is filed under, whatever its bytes say): a
@@ -143,6 +178,57 @@ def subject_erased(subject: str, layout: SubjectLayout, keys: KeyLookup) -> bool
     except ValueError:
         return False
     return layout.session_subject(tenant, session) == subject and keys.erased(tenant, session)
+
+
+def body_names(data: bytes) -> tuple[str, str] | None:
+    """The ``(tenant, session)`` that ``data`` names: its ``tenant`` and ``session`` when it is a
+    JSON object holding both as strings, the tenant a tenant id (:func:`~events.ids.check_tenant`)
+    and the session of at most ``MAX_SESSION_LEN`` characters without a NUL or a lone surrogate (what
+    an index entry and Postgres text can hold; another is no session id, so never erased); None
+    otherwise (not JSON, or cut). Parsed only for events already refused (rare)."""
+    try:
+        found: Any = json.loads(data)
+    except (ValueError, RecursionError):  # UnicodeDecodeError is a ValueError
+        return None
+    if not isinstance(found, dict):
+        return None
+    tenant, session = found.get("tenant"), found.get("session")
+    if not isinstance(tenant, str) or not isinstance(session, str):
+        return None
+    if len(session) > MAX_SESSION_LEN or "\x00" in session:
+        return None
+    try:
+        session.encode()  # a lone surrogate (an escape in the JSON) is no text Postgres holds
+        return check_tenant(tenant), session
+    except (InvalidId, UnicodeEncodeError):
+        return None
+
+
+def named_session(subject: str, data: bytes, layout: SubjectLayout) -> tuple[str, str] | None:
+    """The session of the subject's tenant that a refused event's bytes name (:func:`body_names`):
+    ``(tenant, session)`` when ``subject`` is a session subject (:meth:`SubjectLayout.parse`) whose
+    tenant is the one the bytes name; None otherwise. A tenant publishes only on its own subjects,
+    so bytes naming another tenant's session decide nothing about that session: whether it is
+    erased must not show in this tenant's quarantine. Recorded with the row (``named_tenant``,
+    ``named_session``: :func:`record`, from the whole event), where an erasure finds its strays."""
+    try:
+        tenant, _ = layout.parse(subject)
+    except ValueError:
+        return None
+    named = body_names(data)
+    return named if named is not None and named[0] == tenant else None
+
+
+def refusal_erased(subject: str, data: bytes, layout: SubjectLayout, keys: KeyLookup) -> bool:
+    """Whether a refused event is an erased session's: filed under its subject
+    (:func:`subject_erased`), or its bytes name it, a session of the subject's tenant
+    (:func:`named_session`: a stray, stored on another session's subject or another partition's
+    token). Either way its raw bytes may be the session's content, so it is a tombstone, never
+    quarantined; the same bytes and the same erasures decide the same, live and in a rebuild."""
+    if subject_erased(subject, layout, keys):
+        return True
+    named = named_session(subject, data, layout)
+    return named is not None and keys.erased(*named)
 
 
 def refused_item(seq: int, subject: str, data: bytes, exc: Refused) -> Quarantined:
@@ -164,9 +250,9 @@ INSERT_BYTES = 16 << 20
 over Postgres's 1 GB message limit)."""
 
 _INSERT = (
-    "INSERT INTO quarantine (seq, subject, reason, detail, raw, size, consumer) "
-    "SELECT * FROM unnest(%s::bigint[], %s::text[], %s::text[], %s::text[], %s::bytea[], %s::int[], %s::text[]) "
-    "ON CONFLICT (seq) DO NOTHING RETURNING seq"
+    "INSERT INTO quarantine (seq, subject, reason, detail, raw, size, consumer, named_tenant, named_session) "
+    "SELECT * FROM unnest(%s::bigint[], %s::text[], %s::text[], %s::text[], %s::bytea[], %s::int[], %s::text[], "
+    "%s::text[], %s::text[]) ON CONFLICT (seq) DO NOTHING RETURNING seq"
 )
 
 
@@ -185,15 +271,23 @@ def _chunks(items: Sequence[Quarantined]) -> list[list[Quarantined]]:
 
 
 async def record(
-    conn: psycopg.AsyncConnection[Any], consumer: str, items: Sequence[Quarantined], *, announce: bool = True
+    conn: psycopg.AsyncConnection[Any],
+    consumer: str,
+    items: Sequence[Quarantined],
+    layout: SubjectLayout | None = None,
+    *,
+    announce: bool = True,
 ) -> int:
     """Record ``items`` (a sequence already recorded, by any consumer, is left as it is; each with
-    its first ``RAW_KEPT`` bytes and its size); returns how many rows are new. ``announce`` logs
-    one warning per new row (live projectors)."""
+    its first ``RAW_KEPT`` bytes and its size); returns how many rows are new. With ``layout``, each
+    row keeps the session of its subject's tenant that its whole bytes name (:func:`named_session`,
+    decided here, before the bytes are cut; the projector and a rebuild always pass it). ``announce``
+    logs one warning per new row (live projectors)."""
     if not items:
         return 0
     new: set[int] = set()
     for chunk in _chunks(items):
+        named = [named_session(q.subject, q.raw, layout) if layout is not None else None for q in chunk]
         cur = await conn.execute(
             _INSERT,
             (
@@ -204,6 +298,8 @@ async def record(
                 [q.raw[:RAW_KEPT] for q in chunk],
                 [len(q.raw) for q in chunk],
                 [consumer] * len(chunk),
+                [n[0] if n is not None else None for n in named],
+                [n[1] if n is not None else None for n in named],
             ),
         )
         new.update(int(row[0]) for row in await cur.fetchall())
@@ -214,3 +310,44 @@ async def record(
                     "quarantined event %d on %s (%s): %s", q.seq, storable_text(q.subject, 200), q.reason, q.detail
                 )
     return len(new)
+
+
+_STRAYS = (
+    "SELECT seq FROM quarantine WHERE named_tenant = %(tenant)s AND named_session = %(session)s "
+    "AND subject <> ALL(%(own)s::text[]) AND seq >= %(from)s AND (%(to)s::bigint IS NULL OR seq <= %(to)s)"
+)
+"""One session's strays: an equality lookup on the index ``quarantine_named`` (migration 031); the
+columns are set only on rows whose bytes name a session of their own subject's tenant."""
+
+
+async def strays(
+    conn: psycopg.AsyncConnection[Any],
+    sessions: Iterable[tuple[str, str]],
+    own: Sequence[str],
+    from_seq: int = 1,
+    to_seq: int | None = None,
+) -> list[int]:
+    """The sequences, in order, of the quarantined events stored on a subject not in ``own`` (the
+    sessions' own subjects) whose bytes name one of ``sessions`` (``(tenant, session)``), a session
+    of the tenant whose subject they were stored on (:func:`named_session`, recorded with the row
+    from the whole event): the strays a rebuild tombstones once the session is erased
+    (:func:`refusal_erased`). Reads only those rows (by index), never another tenant's, nor the log."""
+    found: set[int] = set()
+    for tenant, session in sorted(set(sessions)):
+        cur = await conn.execute(
+            _STRAYS,
+            {"tenant": tenant, "session": session, "own": list(own), "from": max(from_seq, 1), "to": to_seq},
+        )
+        found.update(int(row[0]) for row in await cur.fetchall())
+    return sorted(found)
+
+
+async def forget(conn: psycopg.AsyncConnection[Any], sessions: Iterable[tuple[str, str]], own: Sequence[str]) -> None:
+    """Delete the quarantined events of erased ``sessions``: those stored on ``own`` (their own
+    subjects) and their strays (:func:`strays`), as a rebuild that knows the erasures tombstones
+    them all (:func:`refusal_erased`). Each an indexed equality lookup: no other tenant's rows are
+    read."""
+    gone = await strays(conn, sessions, own)
+    await conn.execute("DELETE FROM quarantine WHERE subject = ANY(%s)", (list(own),))  # quarantine_subject
+    if gone:
+        await conn.execute("DELETE FROM quarantine WHERE seq = ANY(%s)", (gone,))

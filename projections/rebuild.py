@@ -24,7 +24,7 @@ from events.subjects import SubjectLayout
 from projections import search_languages
 from projections.keystore import PgKeyStore
 from projections.migrate import migrate
-from projections.quarantine import Quarantined, Tombstone, screen, tombstone_erased
+from projections.quarantine import Quarantined, Tombstone, screen, tombstone_erased, tombstone_refused
 from projections.runner import Prepared, Projection, apply_batch, checkpoint_partition, prepare
 from projections.search_languages import Language
 
@@ -103,8 +103,8 @@ async def apply_range(
         await keys.load_all()
 
     async def flush() -> None:
-        batch.settle()
-        await batch.apply(conn, checkpoint, projections)
+        batch.settle(layout)
+        await batch.apply(conn, checkpoint, projections, layout)
         if progress is not None:
             progress(last, to_seq)
         batch.clear()
@@ -176,7 +176,7 @@ async def rebuild_into(
             name = f"{checkpoint}.rebuild{i}"
             while (planned := await queues[i].get()) is not None:
                 batch = planned.batch
-                await batch.apply(conn, name, projections, planned.plans)
+                await batch.apply(conn, name, projections, layout, planned.plans)
                 committed[i] = max(batch.sources)
                 if progress is not None:
                     progress(max(committed), end)
@@ -187,7 +187,7 @@ async def rebuild_into(
 
         async def hand_over(i: int) -> None:
             batch, pending[i] = pending[i], _Pending(keys)
-            batch.settle()
+            batch.settle(layout)
             await queues[i].put(_Planned(batch, await prepare(projections, batch.items)))
 
         if end >= 1:
@@ -238,13 +238,16 @@ class _Pending:
         else:
             self.items.append(decided)
 
-    def settle(self) -> None:
+    def settle(self, layout: SubjectLayout) -> None:
         """Once the whole batch is read, before it is planned: the events of a session whose
         erasure came later in it (a proven one the database lost) are tombstones, as the live
-        projector decides (:func:`tombstone_erased`); their bodies are never fetched."""
+        projector decides (:func:`tombstone_erased`); their bodies are never fetched. So are its
+        refusals of a session erased since (:func:`tombstone_refused`: a stray read before the
+        erasure, which another worker may apply first)."""
         if self.keys is not None:
             self.items, erased = tombstone_erased(self.items, self.keys)
-            self.passed.extend(erased)
+            self.refused, gone = tombstone_refused(self.refused, layout, self.keys)
+            self.passed.extend([*erased, *gone])
 
     def clear(self) -> None:
         self.items, self.refused, self.sources, self.passed = [], [], {}, []
@@ -254,10 +257,12 @@ class _Pending:
         conn: psycopg.AsyncConnection[Any],
         checkpoint: str,
         projections: Sequence[Projection],
+        layout: SubjectLayout,
         prepared: Prepared | None = None,
     ) -> None:
         """Apply the batch in one transaction (a savepoint inside the caller's) with its checkpoint,
-        after recording the proven erasures the key store did not hold (:meth:`PgKeyStore.learn`)."""
+        after recording the proven erasures the key store did not hold (:meth:`PgKeyStore.learn`);
+        its quarantine rows name their strays' sessions as the live projector's do (``layout``)."""
         if self.keys is not None:
             await self.keys.record_learned()
         async with conn.transaction():
@@ -271,6 +276,7 @@ class _Pending:
                 refused=self.refused,
                 sources=self.sources,
                 passed=self.passed,
+                layout=layout,
             )
 
     def __len__(self) -> int:
@@ -283,14 +289,19 @@ class _Planned:
     plans: Prepared
 
 
-QuarantineRow = tuple[int, str, str, str, str]
+QuarantineRow = tuple[int, str, str, str, str, str | None, str | None]
 
 
 async def quarantine_rows(conn: psycopg.AsyncConnection[Any], schema: str) -> list[QuarantineRow]:
-    """``(seq, subject, reason, detail, md5 of raw)`` of every quarantined event, by sequence: what
-    a rebuild must reproduce (who recorded a row, and when, may differ)."""
-    cur = await conn.execute(f'SELECT seq, subject, reason, detail, md5(raw) FROM "{schema}".quarantine ORDER BY seq')
-    return [(int(s), str(subj), str(r), str(d), str(h)) for s, subj, r, d, h in await cur.fetchall()]
+    """``(seq, subject, reason, detail, md5 of raw, named_tenant, named_session)`` of every
+    quarantined event, by sequence: what a rebuild must reproduce (who recorded a row, and when,
+    may differ). The session a row's bytes name (migration 031) is compared too: an erasure finds
+    its strays by it."""
+    cur = await conn.execute(
+        f"SELECT seq, subject, reason, detail, md5(raw), named_tenant, named_session "
+        f'FROM "{schema}".quarantine ORDER BY seq'
+    )
+    return [(int(s), str(subj), str(r), str(d), str(h), nt, ns) for s, subj, r, d, h, nt, ns in await cur.fetchall()]
 
 
 def row_text(table: str) -> str:

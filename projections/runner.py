@@ -26,7 +26,10 @@ Contract:
   (:func:`projections.quarantine.tombstone_erased`); or a projection meeting the session's
   destroyed key (:class:`events.sealing.KeyDestroyed`, opening a sealed claim-checked body), which
   is handled as a body that can never be had, but the event is a tombstone. A rebuild, which
-  knows every erasure, decides the same.
+  knows every erasure, decides the same. A refused event whose bytes name an erased session (a
+  stray, on another subject) is a tombstone too; the sessions a batch's refusals name are asked
+  about again just before its transaction, so a prepared batch that waited while an erasure ran
+  records no stray of it (:func:`projections.quarantine.tombstone_refused`).
 * Any other failure (the database or NATS is down) re-positions after an exponential backoff
   (``retry_base_s`` doubling up to ``retry_cap_s``, reset once a batch commits), one log line per
   retry (the traceback only on the first of a run of failures, else at DEBUG).
@@ -48,6 +51,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import logging
 import time
@@ -75,10 +79,13 @@ from projections.quarantine import (
     Quarantined,
     Tombstone,
     data_error,
+    forget,
     record,
     refused_item,
+    refused_sessions,
     screen,
     tombstone_erased,
+    tombstone_refused,
 )
 
 log = logging.getLogger("chronicle.projector")
@@ -226,6 +233,7 @@ async def apply_batch(
     sources: Sources | None = None,
     quarantined: list[Quarantined] | None = None,
     passed: Sequence[int] = (),
+    layout: SubjectLayout | None = None,
 ) -> int:
     """Apply ``items`` past the checkpoint and advance it, in the caller's open transaction.
 
@@ -243,6 +251,9 @@ async def apply_batch(
     bytes), or, meeting a destroyed key (their session is erased), passed as tombstones.
     ``quarantined``, when given, receives what this call recorded. ``passed`` are sequences
     no projection applies (tombstones of erased sessions): the checkpoint moves past them.
+    A ``session.erased`` applied drops the session's quarantined events, its strays too
+    (:func:`~projections.quarantine.forget`: an indexed lookup of the rows naming it, which
+    ``layout`` lets :func:`~projections.quarantine.record` mark; the projector and a rebuild pass it).
     """
     names = sorted({name} if isinstance(name, str) else set(name))  # one lock order for every worker
     cur = await conn.execute(  # creates the rows if needed and locks them until the commit
@@ -269,7 +280,7 @@ async def apply_batch(
         except _PER_EVENT:
             failed, erased = await _apply_each(conn, projections, items, picked, prepared, sources or {})
     if late or failed:
-        await record(conn, names[0], [*late, *failed], announce=notify)
+        await record(conn, names[0], [*late, *failed], layout, announce=notify)
         if quarantined is not None:
             quarantined.extend([*late, *failed])
     known = sources or {}
@@ -277,8 +288,10 @@ async def apply_batch(
     if subjects:
         # the session's refusals quarantined before its erasure (also in this batch, or before a
         # proven erasure was recorded again, or committed after the eraser's own delete of these
-        # rows): gone, as a rebuild that knows the erasure tombstones every refusal of the session
-        await conn.execute("DELETE FROM quarantine WHERE subject = ANY(%s)", (subjects,))
+        # rows), its strays too: gone, as a rebuild that knows the erasure tombstones every
+        # refusal of the session (projections.quarantine.refusal_erased)
+        erased_now = {(e.tenant, e.session) for seq, e in items if isinstance(e, SessionErased) and seq in known}
+        await forget(conn, erased_now, subjects)
     top = max([items[picked[-1]][0] if picked else 0, *(q.seq for q in late), *gone])
     await conn.execute(
         "WITH moved AS (UPDATE checkpoints SET seq = GREATEST(seq, %s), updated_at = now() WHERE name = ANY(%s) "
@@ -702,17 +715,14 @@ class ProjectorRunner:
         self, screened: list[tuple[Msg, int, tuple[int, Event] | Quarantined | Tombstone]]
     ) -> list[tuple[Msg, int, tuple[int, Event] | Quarantined | Tombstone]]:
         """Screen the quarantine items of session subjects again after asking the database (once
-        for the chunk) whether their sessions are erased: an erasure recorded since a session was
-        asked about is read, not guessed. A refused event of an erased session is a tombstone (its
-        raw bytes are the session's), and a ``session.erased`` that was unrecorded may be recorded
-        now. Refusals are rare: a chunk without one asks nothing."""
+        for the chunk) whether their sessions are erased (the subject's, and the one their bytes
+        name): an erasure recorded since a session was asked about is read, not guessed. A refused
+        event of an erased session is a tombstone (its raw bytes are the session's), and a
+        ``session.erased`` that was unrecorded may be recorded now. Refusals are rare: a chunk
+        without one asks nothing."""
         if not isinstance(self.keys, PgKeyStore):
             return screened
-        sessions: set[tuple[str, str]] = set()
-        for m, _, decided in screened:
-            if isinstance(decided, Quarantined):
-                with contextlib.suppress(ValueError):
-                    sessions.add(self.layout.parse(m.subject))
+        sessions = refused_sessions((d for _, _, d in screened if isinstance(d, Quarantined)), self.layout)
         if not sessions:
             return screened
         await self.keys.refresh(sessions)
@@ -792,6 +802,9 @@ class ProjectorRunner:
             await batch.last.ack()
             self._done(batch, 0, 0)
             return
+        if batch.refused and isinstance(self.keys, PgKeyStore):
+            async with asyncio.timeout(self.db_timeout_s):
+                batch = await self._recheck_refused(batch)
         quarantined: list[Quarantined] = []
         async with (
             asyncio.timeout(self.db_timeout_s),
@@ -809,10 +822,25 @@ class ProjectorRunner:
                 sources=batch.sources,
                 quarantined=quarantined,
                 passed=batch.passed,
+                layout=self.layout,
             )
         self._saved_at = time.monotonic()
         await batch.last.ack()
         self._done(batch, applied, len(quarantined))
+
+    async def _recheck_refused(self, batch: _Batch) -> _Batch:
+        """The batch's refusals as they are decided now, just before its transaction: a prepared
+        batch may wait (prefetch) while an erasure runs, and a stray of the erased session on
+        another partition's subject, committed after the erasure's deletes (the eraser's, and the
+        projector's applying ``session.erased``, maybe in another worker), would stay quarantined
+        where a rebuild tombstones it. The database is asked about their sessions (refusals are
+        rare: a batch without one asks nothing)."""
+        assert isinstance(self.keys, PgKeyStore)
+        await self.keys.refresh(refused_sessions(batch.refused, self.layout))
+        refused, gone = tombstone_refused(batch.refused, self.layout, self.keys)
+        if not gone:
+            return batch
+        return dataclasses.replace(batch, refused=refused, passed=[*batch.passed, *gone])
 
     def _done(self, batch: _Batch, applied: int, quarantined: int) -> None:
         self._failures = 0

@@ -33,7 +33,7 @@ from projections.logbinding import (
     highest_checkpoint,
     stream_identity,
 )
-from projections.quarantine import UNRECORDED, storable_text, subject_erased
+from projections.quarantine import UNRECORDED, refusal_erased, storable_text
 from projections.rebuild import (
     TABLES,
     Horizon,
@@ -88,13 +88,14 @@ async def session_events(
 def read_event(stored: eventlog.StoredEvent, layout: SubjectLayout, keys: KeyLookup | None) -> Event | None:
     """The admitted event (sealed fields opened), None for a tombstone (an erased session's
     event: its key destroyed, or its erasure recorded; decided by the subject, so also for an
-    event the contract refuses: its raw bytes are the session's), or :class:`Refused`."""
+    event the contract refuses: its raw bytes are the session's; a refused event whose bytes name
+    a session ``keys`` knows as erased too, as the projector decides), or :class:`Refused`."""
     try:
         event = admit(stored.data, stored.subject, layout, keys)
     except KeyDestroyed:
         return None
     except Refused:
-        if keys is not None and subject_erased(stored.subject, layout, keys):
+        if keys is not None and refusal_erased(stored.subject, stored.data, layout, keys):
             return None  # a refused event of an erased session: as the projector, a tombstone
         raise
     if (
@@ -442,7 +443,7 @@ async def _keep_quarantined_ahead(conn: psycopg.AsyncConnection[Any], shadow: st
     cur = await conn.execute("SELECT seq, subject FROM public.quarantine")
     ahead = [int(seq) for seq, subject in await cur.fetchall() if int(seq) > horizon(str(subject))]
     if ahead:
-        columns = "seq, subject, reason, detail, raw, size, consumer, recorded_at"
+        columns = "seq, subject, reason, detail, raw, size, consumer, recorded_at, named_tenant, named_session"
         await conn.execute(
             f'INSERT INTO "{shadow}".quarantine ({columns}) SELECT {columns} FROM public.quarantine '
             "WHERE seq = ANY(%s) ON CONFLICT (seq) DO NOTHING",

@@ -17,7 +17,9 @@ Order, each step idempotent so a failed erasure is finished by running it again:
    reference published into the session may name any object), or, written before headers, they
    are sealed. A plain one written before headers is content-addressed and may be another
    session's too, so it is left (docs/security.md).
-4. Quarantined events of the session's subject are deleted (their raw bytes are the session's).
+4. Quarantined events of the session's subject are deleted (their raw bytes are the session's), and
+   so are its strays: events refused on another subject of the tenant (another session's, or
+   another partition's token) whose bytes name the session (:func:`projections.quarantine.forget`).
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ from events.envelope import new_event_id
 from events.ids import TENANT_SCOPE, derived_id
 from events.objects import belongs_to
 from events.publisher import Publisher
-from projections import queries
+from projections import quarantine, queries
 from projections.keystore import PgKeyStore
 from services.errors import SessionNotFound
 from services.storage.s3 import PrefixSurvey
@@ -124,9 +126,7 @@ class Eraser:
         else:  # a rerun of a finished erasure: its event is in the log (under any id), and is the answer
             seq = published_at
         deleted = deleted_before + await self._delete_objects(tenant, session, seq)
-        subject = self._pub.layout.session_subject(tenant, session)
-        async with self._pool.connection() as conn:
-            await conn.execute("DELETE FROM quarantine WHERE subject = %s", (subject,))
+        await self._delete_quarantined(tenant, session)
         what = f"session {session!r}" if session else "tenant-level entries"  # "": the tenant scope's
         if published_at is None:
             log.warning("erased %s of tenant %r (event %d, %d objects deleted)", what, tenant, seq, deleted)
@@ -262,6 +262,15 @@ class Eraser:
             return True
         async with self._pool.connection() as conn:
             return await queries.is_erased(conn, tenant, session)
+
+    async def _delete_quarantined(self, tenant: str, session: str) -> None:
+        """Step 4: the quarantined events of the session's subject, and its strays (refused on
+        another subject of the tenant, their bytes naming the session:
+        :func:`projections.quarantine.forget`, an indexed lookup). A rebuild tombstones them all
+        (:func:`projections.quarantine.refusal_erased`)."""
+        own = self._pub.layout.session_subject(tenant, session)
+        async with self._pool.connection() as conn:
+            await quarantine.forget(conn, [(tenant, session)], [own])
 
     async def _delete_objects(self, tenant: str, session: str, to_seq: int) -> int:
         refs: dict[str, BlobRef] = {}

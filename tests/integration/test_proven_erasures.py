@@ -19,7 +19,7 @@ from events.blobs import BlobRef
 from events.catalog import SessionErased
 from events.omitted import OMITTED
 from events.registry import decode
-from projections.rebuild import checksums, quarantine_rows
+from projections.rebuild import QuarantineRow, checksums, quarantine_rows
 from services.audit import readers as audit
 from services.bootstrap import Container, open_container, prepare_database
 from services.errors import ErasedSession
@@ -124,7 +124,7 @@ async def _unproven(settings: Settings, session: str, proof: str | None) -> list
         await c.waiter.wait_all(published.seq)
         async with c.pool.connection() as conn:
             rows = await quarantine_rows(conn, "public")
-        return [(subject, reason) for _, subject, reason, _, _ in rows]
+        return [(subject, reason) for _, subject, reason, *_ in rows]
 
 
 @pytest.mark.parametrize(
@@ -159,7 +159,7 @@ async def _object_of(c: Container, session: str) -> bytes:
     return await c.blobs.get(ref)
 
 
-async def _read_model(db: str) -> tuple[dict[str, tuple[int, str]], list[tuple[int, str, str, str, str]]]:
+async def _read_model(db: str) -> tuple[dict[str, tuple[int, str]], list[QuarantineRow]]:
     async with await psycopg.AsyncConnection.connect(db) as conn:
         return await checksums(conn, "public"), await quarantine_rows(conn, "public")
 

@@ -2,12 +2,23 @@
 
 from __future__ import annotations
 
+import json
 from datetime import UTC, datetime, timedelta
 
 from events.catalog import SessionErased
 from events.sealing import StaticKeys
 from events.subjects import SubjectLayout, partition_of
-from projections.quarantine import Quarantined, Tombstone, screen, storable_text, tombstone_erased
+from projections.quarantine import (
+    Quarantined,
+    Tombstone,
+    body_names,
+    named_session,
+    refused_sessions,
+    screen,
+    storable_text,
+    tombstone_erased,
+    tombstone_refused,
+)
 from projections.runner import retry_delay
 from services.api.metrics import (
     REGISTRY,
@@ -49,6 +60,100 @@ def test_screen_tombstones_a_refused_event_under_an_erased_sessions_subject_what
         refused = screen(10, other_subject, b"{bad marker", LAYOUT, keys)
         assert isinstance(refused, Quarantined), other_subject
         assert refused.raw == b"{bad marker"
+
+
+def test_screen_tombstones_a_stray_whose_bytes_name_an_erased_session_on_any_subject() -> None:
+    """A stray (refused on another session's subject, or on another partition's token) whose JSON
+    names an erased session is a tombstone, escaped or not; one naming a live session of the same
+    tenant, or bytes that name no session, are quarantined with their raw bytes."""
+    keys = StaticKeys()
+    keys.erase("tenant-a", "s-1")
+    stray = json.loads(appended("tenant-a", "s-1", "m1", None).to_json())
+    live_subject = LAYOUT.session_subject("tenant-a", "s-2")
+    part = partition_of("tenant-a", "s-1", 4)
+    own = LAYOUT.session_subject("tenant-a", "s-1")
+    wrong_part = own.replace(f".p{part:03d}.", f".p{(part + 1) % 4:03d}.")
+    escaped = json.dumps(stray).replace('"s-1"', '"\\u0073-1"').encode()
+    assert named_session(live_subject, escaped, LAYOUT) == ("tenant-a", "s-1")
+    for subject, data in [
+        (live_subject, json.dumps(stray).encode()),  # subject_mismatch: another session's subject
+        (wrong_part, json.dumps(stray).encode()),  # subject_mismatch: another partition's token
+        (wrong_part, json.dumps({**stray, "version": 99}).encode()),
+        (live_subject, escaped),
+    ]:
+        assert screen(5, subject, data, LAYOUT, keys) == Tombstone(5, subject), (subject, data)
+    kept = [
+        json.dumps({**stray, "session": "s-2"}).encode(),  # names a live session of the tenant
+        json.dumps({**stray, "tenant": "tenant-b"}).encode(),  # the same session id, another tenant
+        json.dumps([stray]).encode(),  # not an object
+        json.dumps({**stray, "session": ["s-1"]}).encode(),  # not a string
+        json.dumps(stray).encode()[:-1],  # cut
+        b"[" * 100_000,  # nested past the parser's depth: no RecursionError
+    ]
+    for data in kept:
+        refused = screen(6, wrong_part, data, LAYOUT, keys)
+        assert isinstance(refused, Quarantined), data[:80]
+        assert refused.raw == data
+    assert screen(6, wrong_part, kept[0], LAYOUT) == screen(6, wrong_part, kept[0], LAYOUT, keys)
+    assert isinstance(screen(7, wrong_part, json.dumps(stray).encode(), LAYOUT), Quarantined)  # no keys: as before
+
+
+def test_refusals_of_a_session_erased_since_they_were_screened_are_tombstones_the_rest_kept() -> None:
+    """A stray (and a refusal under the session's subject) screened before the erasure is learned
+    is a tombstone once it is, as :func:`screen` decides then; a live session's and one naming no
+    session stay; the sessions asked about are each subject's and each stray's."""
+    keys = StaticKeys()
+    own = LAYOUT.session_subject("tenant-a", "s-1")
+    live = LAYOUT.session_subject("tenant-a", "s-2")
+    data = appended("tenant-a", "s-1", "m1", None).to_json()
+    items = [screen(1, live, data, LAYOUT, keys), screen(2, own, b"{bad", LAYOUT, keys)]
+    items += [screen(3, live, b"{bad", LAYOUT, keys), screen(4, f"{LAYOUT.prefix}.x", b"{bad", LAYOUT, keys)]
+    refused = [q for q in items if isinstance(q, Quarantined)]
+    assert len(refused) == 4
+    assert refused_sessions(refused, LAYOUT) == {("tenant-a", "s-1"), ("tenant-a", "s-2")}
+    assert tombstone_refused(refused, LAYOUT, keys) == (refused, [])
+    keys.erase("tenant-a", "s-1")
+    assert tombstone_refused(refused, LAYOUT, keys) == (refused[2:], [1, 2])
+    assert [screen(q.seq, q.subject, q.raw, LAYOUT, keys) for q in refused[:2]] == [
+        Tombstone(1, live),
+        Tombstone(2, own),
+    ]
+
+
+def test_body_names_is_exactly_the_named_tenant_and_session_when_postgres_can_hold_them() -> None:
+    assert body_names(json.dumps({"tenant": "t", "session": "s"}).encode()) == ("t", "s")
+    assert body_names(json.dumps({"tenant": "t", "session": "s" * 128}).encode()) == ("t", "s" * 128)
+    for data in [
+        b"\xff\xfe",  # not UTF-8
+        json.dumps({"tenant": "t"}).encode(),
+        json.dumps({"tenant": "t", "session": "s" * 129}).encode(),  # no session id: no index entry
+        json.dumps({"tenant": "t", "session": "a\x00b"}).encode(),  # a NUL: no Postgres text
+        b'{"tenant": "t", "session": "\\ud800"}',  # a lone surrogate: no UTF-8
+        json.dumps({"tenant": "t t", "session": "s"}).encode(),  # no tenant id
+        json.dumps({"tenant": "t" * 65, "session": "s"}).encode(),
+    ]:
+        assert body_names(data) is None, data
+
+
+def test_named_session_is_a_session_of_the_tenant_whose_subject_the_bytes_were_stored_on() -> None:
+    """A tenant publishes only on its own subjects: bytes naming another tenant's session name
+    nothing (whether that session is erased must not show in this tenant's quarantine)."""
+    data = json.dumps({"tenant": "tenant-a", "session": "s-1"}).encode()
+    assert named_session(LAYOUT.session_subject("tenant-a", "s-2"), data, LAYOUT) == ("tenant-a", "s-1")
+    assert named_session(LAYOUT.session_subject("tenant-b", "s-1"), data, LAYOUT) is None
+    assert named_session(f"{LAYOUT.prefix}.tenant-a.nosession", data, LAYOUT) is None  # no session subject
+
+
+def test_a_refused_event_naming_another_tenants_erased_session_is_quarantined_with_its_bytes() -> None:
+    keys = StaticKeys()
+    keys.erase("tenant-a", "s-1")
+    stray = appended("tenant-a", "s-1", "m1", None).to_json()
+    for subject in [LAYOUT.session_subject("tenant-b", "s-1"), LAYOUT.session_subject("tenant-b", "s-2")]:
+        refused = screen(6, subject, stray, LAYOUT, keys)
+        assert isinstance(refused, Quarantined), subject
+        assert refused.raw == stray
+        assert tombstone_refused([refused], LAYOUT, keys) == ([refused], [])
+        assert refused_sessions([refused], LAYOUT) == {LAYOUT.parse(subject)}  # only its subject's asked about
 
 
 def test_events_of_a_session_erased_since_they_were_screened_are_tombstones_but_its_erasure_stays() -> None:
