@@ -16,6 +16,7 @@ from urllib.parse import quote, unquote
 import urllib3
 from minio import Minio
 from minio.commonconfig import ENABLED
+from minio.deleteobjects import DeleteObject
 from minio.error import MinioException, S3Error
 from minio.versioningconfig import SUSPENDED
 
@@ -24,6 +25,8 @@ from services.errors import ObjectStorageError
 DESCRIPTION_META = "description"
 # S3 metadata values must be ASCII: anything else is percent-encoded (and decoded on listing).
 SAFE_META = " !\"#$&'()*+,-./:;<=>?@[\\]^_`{|}~"
+DELETE_BATCH = 1000
+"""Keys (or versions) in one DeleteObjects request: S3's most."""
 T = TypeVar("T")
 
 
@@ -138,18 +141,32 @@ class SkillStore:
 
     async def delete_under(self, bucket: str, prefix: str, *, versioned: bool) -> int:
         """Delete every object under ``prefix``: plain deletes in an unversioned bucket, each
-        version (delete markers too) in a versioned one; how many keys went (no bucket: 0). What
-        a failure leaves goes on a rerun."""
+        version (delete markers too) in a versioned one, in batches of up to
+        :data:`DELETE_BATCH` (one DeleteObjects request each: s3:DeleteObject, and
+        s3:DeleteObjectVersion in a versioned bucket); how many keys went (no bucket: 0).
+
+        A key the store refuses to delete fails it (:class:`ObjectStorageError` naming the first
+        such key and how many of its batch failed) before the next batch is sent. What a failure
+        leaves goes on a rerun."""
 
         def remove() -> int:
             if not self._client.bucket_exists(bucket):
                 return 0
             keys = self._keys_under(bucket, prefix, versioned)
-            for name, version in keys:
-                if versioned:
-                    self._client.remove_object(bucket, name, version_id=version)
-                else:
-                    self._client.remove_object(bucket, name)
+            for start in range(0, len(keys), DELETE_BATCH):
+                batch = [
+                    DeleteObject(name, version if versioned else None)
+                    for name, version in keys[start : start + DELETE_BATCH]
+                ]
+                # the errors come lazily: the request is only sent as they are read
+                failed = list(self._client.remove_objects(bucket, batch))
+                if failed:
+                    first = failed[0]
+                    version = f" (version {first.version_id})" if first.version_id else ""
+                    raise ObjectStorageError(
+                        f"{first.code}: {first.message or 'not deleted'}: key {first.name!r}{version}"
+                        f" in bucket {bucket!r} ({len(failed)} of {len(batch)} in its batch not deleted)"
+                    )
             return len({name for name, _ in keys})
 
         return await self._call(remove)

@@ -9,13 +9,17 @@ by running it again. Real NATS, Postgres, the minio client against moto's S3 ser
 
 from __future__ import annotations
 
+import io
+import json
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
 from minio import Minio
 from minio.commonconfig import ENABLED
+from minio.deleteobjects import DeleteError, DeleteObject, DeleteResult
 from minio.versioningconfig import VersioningConfig
 
 from events.context import ObjectSource, ReadonlyBlock, SessionConfig
@@ -103,23 +107,24 @@ async def test_an_erasure_that_fails_part_way_through_the_objects_is_finished_by
 ) -> None:
     c = stack
     tenant, skills, sources, _ = await tenant_with_objects(c)
-    remove = Minio.remove_object
+    remove = Minio.remove_objects
     calls: list[str] = []
 
-    def failing_second(self: Minio, bucket: str, name: str, **kw: Any) -> None:
-        calls.append(name)
+    def failing_second(self: Minio, bucket: str, batch: list[DeleteObject], **kw: Any) -> Iterator[DeleteError]:
+        calls.append(bucket)
         if len(calls) == 2:
             raise ConnectionResetError("the object store went away")
-        remove(self, bucket, name, **kw)
+        return remove(self, bucket, batch, **kw)
 
-    monkeypatch.setattr(Minio, "remove_object", failing_second)
+    monkeypatch.setattr(Minio, "remove_objects", failing_second)
     with pytest.raises(ObjectStorageError, match="went away"):
         await c.eraser.erase_tenant(tenant)
-    left = listed(c, skills, f"tenants/{tenant}/") + listed(c, sources, f"tenants/{tenant}/")
-    assert len(left) == 2  # one deleted, the crash, one never reached
-    monkeypatch.setattr(Minio, "remove_object", remove)
+    # the buckets go in name order: the skills bucket's batch deleted, the crash on the sources'
+    assert listed(c, skills, f"tenants/{tenant}/") == []
+    assert listed(c, sources, f"tenants/{tenant}/") == [f"tenants/{tenant}/notes/source.md"]
+    monkeypatch.setattr(Minio, "remove_objects", remove)
     done = await c.eraser.erase_tenant(tenant)  # the sessions are erased: the source's bucket was noted first
-    assert done[-1].objects_deleted == 2
+    assert done[-1].objects_deleted == 1
     assert listed(c, skills, f"tenants/{tenant}/") == listed(c, sources, f"tenants/{tenant}/") == []
 
 
@@ -145,7 +150,7 @@ async def test_an_unversioned_bucket_gets_plain_deletes(stack: Container, monkey
     tenant, bucket = f"t-{uuid.uuid4().hex[:10]}", unique("plain")
     await c.context.put_skill(tenant, bucket, "skills/a", "# a", None)
     await c.context.put_skill(tenant, bucket, "skills/b", "# b", None)
-    lists, removes = Minio.list_objects, Minio.remove_object
+    lists, removes = Minio.list_objects, Minio.remove_objects
     listed_versions: list[bool] = []
     removed: list[str | None] = []
 
@@ -153,12 +158,12 @@ async def test_an_unversioned_bucket_gets_plain_deletes(stack: Container, monkey
         listed_versions.append(bool(kw.get("include_version")))
         return lists(self, bucket, **kw)
 
-    def remove_object(self: Minio, bucket: str, name: str, **kw: Any) -> None:
-        removed.append(kw.get("version_id"))
-        removes(self, bucket, name, **kw)
+    def remove_objects(self: Minio, bucket: str, batch: list[DeleteObject], **kw: Any) -> Iterator[DeleteError]:
+        removed.extend(d.version_id for d in batch)
+        return removes(self, bucket, batch, **kw)
 
     monkeypatch.setattr(Minio, "list_objects", list_objects)
-    monkeypatch.setattr(Minio, "remove_object", remove_object)
+    monkeypatch.setattr(Minio, "remove_objects", remove_objects)
     done = await c.eraser.erase_tenant(tenant)
     assert done[-1].objects_deleted == 2
     assert removed == [None, None]
@@ -251,3 +256,65 @@ async def test_chronicle_erase_lists_each_bucket_with_its_objects_and_fails_on_s
     assert reserved.stderr.strip() == (
         f"chronicle erase: --bucket {stack.settings.archive_bucket!r} is Chronicle's own, no tenant's"
     )
+
+
+async def test_a_key_the_store_refuses_to_delete_fails_the_erasure_naming_it_and_a_rerun_counts_the_rest(
+    stack: Container, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """(A batch delete answers 200 with its failed keys in the body: the erasure must read them,
+    not count every key as deleted.)"""
+    c = stack
+    tenant, skills, sources, _ = await tenant_with_objects(c)
+    real = Minio._delete_objects
+
+    def refusing(self: Minio, bucket: str, batch: list[DeleteObject], **kw: Any) -> DeleteResult:
+        if bucket != skills:
+            return real(self, bucket, batch, **kw)
+        done = real(self, bucket, batch[1:], **kw)
+        error = DeleteError(code="AccessDenied", message="Access Denied", name=batch[0].name, version_id=None)
+        return DeleteResult(done.object_list, [error])
+
+    monkeypatch.setattr(Minio, "_delete_objects", refusing)
+    with pytest.raises(ObjectStorageError) as failed:
+        await c.eraser.erase_tenant(tenant)
+    refused = f"tenants/{tenant}/skills/indexed"
+    assert failed.value.detail == (
+        f"AccessDenied: Access Denied: key {refused!r} in bucket {skills!r} (1 of 2 in its batch not deleted)"
+    )
+    assert listed(c, skills, f"tenants/{tenant}/") == [refused]
+    monkeypatch.setattr(Minio, "_delete_objects", real)
+    done = await c.eraser.erase_tenant(tenant)
+    assert done[-1].objects_deleted == 2  # the refused key, and the sources bucket the failure never reached
+    assert listed(c, skills, f"tenants/{tenant}/") == listed(c, sources, f"tenants/{tenant}/") == []
+
+
+async def test_chronicle_erase_counts_every_key_of_batches_and_versions(stack: Container) -> None:
+    """Over a thousand keys (two DeleteObjects requests) in one bucket, keys with several versions
+    and a delete marker in a versioned one: the dry run and the erasure count keys alike."""
+    c = stack
+    tenant, plain, versioned = f"t-{uuid.uuid4().hex[:10]}", unique("plain"), unique("versioned")
+    client = s3(c)
+    client.make_bucket(plain)
+    client.make_bucket(versioned)
+    client.set_bucket_versioning(versioned, VersioningConfig(ENABLED))
+
+    def put(bucket: str, key: str) -> None:
+        client.put_object(bucket, f"tenants/{tenant}/{key}", io.BytesIO(b"doc"), 3)
+
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(lambda i: put(plain, f"docs/{i:04}"), range(1001)))
+    for key in ("a", "a", "b"):
+        put(versioned, key)
+    client.remove_object(versioned, f"tenants/{tenant}/b")  # a delete marker over its version
+    named = ["--bucket", plain, "--bucket", versioned]
+    dry = chronicle_cli(c.settings, "erase", "--tenant", tenant, *named)
+    assert dry.returncode == 1, dry.stderr
+    assert f"would delete: 1001 objects under tenants/{tenant}/ in bucket {plain!r}" in dry.stdout.splitlines()
+    assert f"would delete: 2 objects under tenants/{tenant}/ in bucket {versioned!r}" in dry.stdout.splitlines()
+    done = chronicle_cli(c.settings, "erase", "--tenant", tenant, *named, "--yes")
+    assert done.returncode == 0, done.stderr
+    [line] = [json.loads(line) for line in done.stdout.splitlines()]
+    assert (line["session"], line["newly_erased"], line["objects_deleted"]) == ("", True, 1003)
+    assert listed(c, plain, f"tenants/{tenant}/") == []
+    found = client.list_objects(versioned, prefix=f"tenants/{tenant}/", recursive=True, include_version=True)
+    assert list(found) == []
