@@ -47,7 +47,7 @@ from events.ids import derived_id
 from events.messages import JsonObject, body_hash, stored_json
 from events.objects import NotTheOwner, is_sealed_object, open_object
 from events.omitted import OMITTED
-from events.publisher import ForeignDuplicate, Publisher
+from events.publisher import ForeignDuplicate, Published, Publisher
 from events.registry import decode
 from events.sealing import KeyDestroyed, SealBroken, kid_in
 from projections import context_queries, queries
@@ -62,6 +62,8 @@ from services.errors import (
     MessageNotFound,
     PayloadTooLarge,
     SessionExists,
+    SessionNotFound,
+    Unavailable,
 )
 from services.writes.decisions import Append, AppendState, Existing, ParentSpec, Replay, decide_append
 from services.writes.erasure import Eraser
@@ -523,35 +525,57 @@ async def fork(
     does not come back in the fork; a capped message's original keeps what it held. The source's
     log is untouched.
 
-    Retried with the same ``new_id``, a fork completes and answers as the first call did: when
-    the new id is already this fork (:func:`_made_fork`: a fork of ``session`` at
-    ``at_message_id``, and of ``name`` when one is given), only the copies its log lacks are
-    published; any other session of that id is ``409 session_exists``. A copy's event id derives
-    from the tenant, the fork's id and the copied message's (overlay's) id, so a retry racing the
-    first call is deduplicated by the stream as well.
+    The copy of ``at_message_id`` is published last, alone, once every other copy is stored: a
+    fork whose log holds it is complete. Retried with the same ``new_id`` (:func:`_made_fork`: a
+    fork of ``session`` at ``at_message_id``, and of ``name`` when one is given; any other session
+    of that id is ``409 session_exists``), a complete fork publishes nothing and answers from its
+    own log, whatever the source became since (deleted, erased, its message deleted, a new
+    overlay). An incomplete one is completed from the source's path as it is now, with the
+    overlays in force on it that were recorded before the fork (what the first call carried);
+    only the copies its log lacks are published. A copy's event id derives from the tenant, the
+    fork's id and the copied message's (overlay's) id, so a retry racing the first call is
+    deduplicated by the stream as well.
 
     An erasure of the source that began while the copies were being made (recorded before the
-    check that follows them) erases the fork too, and the fork answers ``410 session_erased``:
-    the copies hold the source's content under the fork's own key, which the source's erasure
-    does not destroy. One recorded later came after a completed fork, a separate session from then
-    on (erase it on its own). An erasure of the new id in that window is ``410`` as well.
+    check that follows them) erases the fork too, and the fork answers ``410 session_erased``;
+    so does a retry of an incomplete fork whose source was erased since. The copies hold the
+    source's content under the fork's own key, which the source's erasure does not destroy. One
+    recorded after a completed fork is a separate session from then on (erase it on its own). An
+    erasure of the new id in that window is ``410`` as well.
     """
     await cmd.optimistic.catch_up(tenant, session)
+    gone: Exception | None = None
+    rows: list[queries.MessageRow] = []
+    in_force: list[Overlay] = []
     async with cmd._pool.connection() as conn:
-        source = await live_session(conn, tenant, session, must_exist=True)
-        rows = await queries.history(conn, tenant, session, at_message_id)
-        in_force = await overlays_of(conn, tenant, session)
-        unloaded = reclaimed_in(await context_queries.reclaimed(conn, tenant, session))
+        try:
+            source = await live_session(conn, tenant, session, must_exist=True)
+        except (SessionNotFound, ErasedSession) as exc:  # a completed fork is answered all the same
+            source, gone = None, exc
+        if gone is None:
+            rows = await queries.history(conn, tenant, session, at_message_id)
+            in_force = await overlays_of(conn, tenant, session)
+            unloaded = reclaimed_in(await context_queries.reclaimed(conn, tenant, session))
+    made: ForkMade | None = None
+    if new_id is not None:  # the copies are at most the path's messages and its overlays
+        bound = len(rows) + len(in_force) if rows else None
+        made = await _made_fork(cmd, tenant, new_id, session, at_message_id, name, bound)
+        if made is not None and made.complete:
+            return Forked(new_id, made.last_seq, made.messages)
+    if isinstance(gone, ErasedSession) and made is not None:  # its copies must not outlive the source
+        await _erase_fork(eraser, tenant, session, new_id or "")
+    if gone is not None:
+        raise gone
     if not rows:
         raise MessageNotFound(f"message {at_message_id!r} is not in this session")
     assert source is not None
     sid = new_id or str(uuid.uuid4())
+    if made is not None:  # what the first call carried: the overlays recorded before the fork
+        in_force = [o for o in in_force if o.seq < made.created_seq]
     path_ids = [r.id for r in rows]
     carried = [item for item in apply_overlays(path_ids, in_force) if not isinstance(item, str)]
-    wanted = {("message", i) for i in path_ids} | {("overlay", _overlay_copy_id(tenant, sid, o)) for o in carried}
-    made = await _made_fork(cmd, tenant, sid, session, at_message_id, name, wanted) if new_id is not None else None
     held = made.copies if made is not None else {}
-    events: list[Event] = []
+    messages: list[Event] = []
     on_path = set(path_ids)
     for i, row in enumerate(rows):
         if ("message", row.id) in held:  # copied by an earlier call of this fork
@@ -566,14 +590,15 @@ async def fork(
         if row.original_ref is not None:  # a capped message keeps its original in the fork too
             packed = {**packed, **await cmd.carried_original(tenant, session, sid, row.original_ref)}
         event_id = derived_id("fork-message", tenant, sid, row.id)
-        events.append(
+        messages.append(
             MessageAppended(id=event_id, tenant=tenant, session=sid, message_id=row.id, parent_id=parent_id, **packed)
         )
+    overlays: list[Event] = []
     for item in carried:
         overlay_id = _overlay_copy_id(tenant, sid, item)
         if ("overlay", overlay_id) in held:
             continue
-        events.append(
+        overlays.append(
             CompactionRecorded(
                 id=overlay_id,
                 tenant=tenant,
@@ -589,6 +614,9 @@ async def fork(
                 summary=item.summary,
             )
         )
+    # the copy of at_message_id last: the fork is complete once its log holds it
+    last = [e for e in messages if _copy_key(e) == ("message", at_message_id)]
+    events = [e for e in messages if e not in last] + overlays + last
     # Every event is admitted before the first one (the new session) is published: a fork the
     # log would refuse part-way publishes nothing.
     for event in events:
@@ -598,14 +626,16 @@ async def fork(
             created = await cmd.create_session(
                 tenant, sid, name if name is not None else source.name, session, {"forked_from": at_message_id}
             )
-            made = ForkMade(created.seq, {})
+            made = ForkMade(created.seq, {}, 0)
         except SessionExists:
             if new_id is None:
                 raise
             # the same fork's other call created it meanwhile (a client's retry racing the first)
-            made = await _made_fork(cmd, tenant, sid, session, at_message_id, name, wanted)
+            made = await _made_fork(cmd, tenant, sid, session, at_message_id, name, len(rows) + len(carried))
             if made is None:
                 raise
+            if made.complete:
+                return Forked(sid, made.last_seq, made.messages)
             events = [e for e in events if _copy_key(e) not in made.copies]
     if await _erased(cmd, tenant, session):  # the usual race, caught before any copy is published
         await _erase_fork(eraser, tenant, session, sid)
@@ -613,9 +643,15 @@ async def fork(
     # A copy's id derives from public inputs (the fork's id may be the client's): one taken on
     # another subject is published again under a fresh id (see events/publisher.py and the
     # compaction worker's overlay for why derived ids are not a reason to fail); a retry then
-    # finds that copy by its message (overlay) id on the fork's subject
+    # finds that copy by its message (overlay) id on the fork's subject. Two calls racing on such
+    # an id each publish their copy under a fresh id: the projector applies the first (a message
+    # id, an overlay id, is applied once) and ignores the second, which only the log shows.
     copies = [e.model_copy(update={"occurred_at": now}) for e in events]
-    results = await cmd._pub.publish_many(copies, fresh_id_on_foreign=True) if copies else []
+    results: list[Published] = []
+    if len(copies) > 1:
+        results = await cmd._pub.publish_many(copies[:-1], fresh_id_on_foreign=True)
+    if copies:  # only once every other copy is stored
+        results += await cmd._pub.publish_many(copies[-1:], fresh_id_on_foreign=True)
     # An erasure is recorded before its event is published: one not recorded now came after every
     # copy. The new id's, in between: the copies landed after its ``session.erased`` (tombstones).
     # The source's: the copies must not outlive it.
@@ -644,13 +680,33 @@ def _copy_key(event: Event) -> CopyKey | None:
     return None
 
 
+FORK_READ_MARGIN = 256
+"""Events on a fork's subject read past the copies it can hold (writes to the fork while they
+were being published), before it is taken as incomplete."""
+FORK_READ_UNBOUNDED = 10_000
+"""The events read on a fork's subject when its source no longer tells how many copies it has."""
+
+
 @dataclass(frozen=True, slots=True)
 class ForkMade:
-    """A fork's session as the log holds it: its creation's sequence, and the sequence of each of
-    the copies asked for that its subject holds."""
+    """A fork's session as the log holds it: its creation's sequence, the sequence of each copy
+    its subject holds, and whether it holds the copy of ``at_message_id`` (published last)."""
 
     created_seq: int
     copies: dict[CopyKey, int]
+    complete_seq: int
+
+    @property
+    def complete(self) -> bool:
+        return self.complete_seq > 0
+
+    @property
+    def last_seq(self) -> int:
+        return max([self.created_seq, *self.copies.values()])
+
+    @property
+    def messages(self) -> int:
+        return sum(1 for kind, _ in self.copies if kind == "message")
 
 
 async def _made_fork(
@@ -660,7 +716,7 @@ async def _made_fork(
     source: str,
     at_message_id: str,
     name: str | None,
-    wanted: set[CopyKey],
+    copies: int | None,
 ) -> ForkMade | None:
     """The session ``sid`` when an earlier call made it as this fork (None: there is none).
 
@@ -670,7 +726,9 @@ async def _made_fork(
     erased one is :class:`ErasedSession`. Its copies are found in the log, on its subject (the
     authority, and what the read model may no longer show: a copy deleted or cleared since stays
     copied); a copy published under a fresh id (its derived id was taken on another subject) is
-    found by what it copies. The read stops once every copy in ``wanted`` is found."""
+    found by what it copies. The read stops at the copy of ``at_message_id`` (the last), or after
+    ``copies`` (at most so many copies; None: unknown) and :data:`FORK_READ_MARGIN` events: the
+    fork's later writes are never read. A log that stops delivering is :class:`Unavailable`."""
     await cmd.optimistic.catch_up(tenant, sid)
     async with cmd._pool.connection() as conn:
         row = await queries.get_session(conn, tenant, sid)
@@ -684,24 +742,33 @@ async def _made_fork(
     keys, layout = cmd._pub.keys, cmd._pub.layout
     created: SessionCreated | None = None
     found: dict[CopyKey, int] = {}
+    complete = 0
     subject = layout.session_subject(tenant, sid)
-    async with contextlib.aclosing(eventlog.read(cmd._pub.js, layout, subject, from_seq=row.created_seq)) as log:
-        async for stored in log:
-            if keys is not None and (kid := kid_in(stored.data)) is not None:
-                await keys.load([(tenant, sid, kid)])
-            try:
-                event = admit(stored.data, stored.subject, layout, keys)
-            except (Refused, KeyDestroyed):  # what the projector does not apply copies nothing
-                continue
-            if created is None and isinstance(event, SessionCreated):  # its first event (create_session)
-                created = event
-            elif (key := _copy_key(event)) in wanted and key is not None:
-                found.setdefault(key, stored.seq)
-                if len(found) == len(wanted):
+    budget = (FORK_READ_UNBOUNDED if copies is None else copies) + FORK_READ_MARGIN
+    try:
+        async with contextlib.aclosing(eventlog.read(cmd._pub.js, layout, subject, from_seq=row.created_seq)) as log:
+            async for stored in log:
+                budget -= 1
+                if keys is not None and (kid := kid_in(stored.data)) is not None:
+                    await keys.load([(tenant, sid, kid)])
+                try:
+                    event = admit(stored.data, stored.subject, layout, keys)
+                except (Refused, KeyDestroyed):  # what the projector does not apply copies nothing
+                    event = None
+                if created is None and isinstance(event, SessionCreated):  # its first event (create_session)
+                    created = event
+                elif event is not None and (key := _copy_key(event)) is not None:
+                    found.setdefault(key, stored.seq)
+                    if key == ("message", at_message_id):
+                        complete = stored.seq
+                        break
+                if budget <= 0:
                     break
+    except TimeoutError as exc:
+        raise Unavailable("the event log stopped delivering the fork's events; retry") from exc
     if created is None or (name is not None and created.name != name):
         raise exists
-    return ForkMade(row.created_seq, found)
+    return ForkMade(row.created_seq, found, complete)
 
 
 async def _erased(cmd: Commands, tenant: str, session: str) -> bool:

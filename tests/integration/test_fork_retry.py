@@ -1,6 +1,8 @@
 """A fork retried with its id completes and answers as the first call would: the copies an earlier
 call did not publish are published (each once: its event id derives from the fork's id and what
-it copies), a completed fork publishes nothing, and an id that is not this fork is ``409``."""
+it copies), a completed fork (its log holds the copy of ``at_message_id``, published last)
+publishes nothing and answers the same whatever its source became, and an id that is not this
+fork is ``409``."""
 
 from __future__ import annotations
 
@@ -61,7 +63,8 @@ def request(at: str, fork_id: str, name: str | None = "What if") -> dict[str, An
     return {"at_message_id": at, "id": fork_id, **({"name": name} if name is not None else {})}
 
 
-COPIES = ["message.appended"] * 3 + ["compaction.recorded"]
+COPIES = ["message.appended"] * 2 + ["compaction.recorded", "message.appended"]
+"""A fork's copies in log order: the copy of ``at_message_id`` last, alone."""
 
 
 @pytest.mark.parametrize("published", ["none", "some"])
@@ -100,8 +103,9 @@ async def test_a_fork_whose_copies_were_not_all_published_is_completed_by_its_re
     assert r.json() == {"id": fork_id, "parent_session_id": sid, "messages": 3, "seq": events[-1][0]}
     overlay = derived_id("fork", T, fork_id, "m0-m1-S")  # test_compaction's overlay id
     assert [i for _, _, i in events[1:]] == [
-        *(derived_id("fork-message", T, fork_id, m) for m in ("m0", "m1", "m2")),
+        *(derived_id("fork-message", T, fork_id, m) for m in ("m0", "m1")),
         overlay,
+        derived_id("fork-message", T, fork_id, "m2"),
     ]
     await c.waiter.wait_all(events[-1][0], timeout_s=20)
     assert await _view_ids(c, fork_id) == [await _fork_overlay_id(c, fork_id), "m2"]
@@ -188,4 +192,131 @@ async def test_a_retry_of_an_erased_fork_is_410_and_writes_nothing(
     before = await logged(c, fork_id)
     r = await http.post(f"/v1/sessions/{sid}/fork", json=request("m2", fork_id))
     assert (r.status_code, r.json()["code"]) == (410, "session_erased")
+    assert await logged(c, fork_id) == before
+
+
+async def test_a_completed_fork_is_not_changed_by_what_its_source_became(
+    stack: Container, http: httpx.AsyncClient, new_id: Callable[[str], str]
+) -> None:
+    """A retry of a completed fork answers from the fork's own log: a new overlay on the forked
+    path is not copied into it, and its message or the whole source gone is no 404."""
+    c = stack
+    sid = await source(c, new_id)
+    fork_id = new_id("fork-kept")
+    first = await http.post(f"/v1/sessions/{sid}/fork", json=request("m2", fork_id))
+    assert first.status_code == 201, first.text
+    before = await logged(c, fork_id)
+    await _overlay(c, sid, "m0", "m2", "S2")  # in force on the forked path from now on
+    assert await _view_ids(c, sid, "m2") == ["compaction_m0-m2-S2"]
+    again = await http.post(f"/v1/sessions/{sid}/fork", json=request("m2", fork_id))
+    assert (again.status_code, again.json()) == (201, first.json())
+    assert await logged(c, fork_id) == before
+    deleted = await http.request("DELETE", f"/v1/sessions/{sid}/messages", params={"ids": "m2"})
+    assert deleted.status_code == 200, deleted.text
+    again = await http.post(f"/v1/sessions/{sid}/fork", json=request("m2", fork_id))
+    assert (again.status_code, again.json()) == (201, first.json())
+    assert (await http.delete(f"/v1/sessions/{sid}")).status_code == 200
+    again = await http.post(f"/v1/sessions/{sid}/fork", json=request("m2", fork_id))
+    assert (again.status_code, again.json()) == (201, first.json())
+    assert await logged(c, fork_id) == before
+    await c.waiter.wait_all(before[-1][0], timeout_s=20)
+    assert await _view_ids(c, fork_id) == [await _fork_overlay_id(c, fork_id), "m2"]
+
+
+async def test_a_retry_completes_a_cut_fork_with_the_overlays_the_first_call_carried(
+    stack: Container,
+    http: httpx.AsyncClient,
+    new_id: Callable[[str], str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The first call stopped after the new session: an overlay recorded on the source since is
+    not the first call's, and is not copied."""
+    c = stack
+    sid = await source(c, new_id)
+    fork_id = new_id("fork-cut")
+
+    async def lost(events: Any, **kw: Any) -> Any:
+        raise ConnectionError("the connection to NATS was lost")
+
+    monkeypatch.setattr(c.commands._pub, "publish_many", lost)
+    with pytest.raises(ConnectionError):
+        await fork(c.commands, c.eraser, T, sid, "m2", fork_id, "What if")
+    monkeypatch.undo()
+    await _overlay(c, sid, "m1", "m2", "S2")
+    r = await http.post(f"/v1/sessions/{sid}/fork", json=request("m2", fork_id))
+    assert r.status_code == 201, r.text
+    events = await logged(c, fork_id)
+    assert types(events) == ["session.created", *COPIES]
+    assert events[3][2] == derived_id("fork", T, fork_id, "m0-m1-S")
+    assert r.json()["seq"] == events[-1][0]
+
+
+async def test_a_retry_of_a_cut_fork_whose_source_was_erased_erases_it_and_is_410(
+    stack: Container,
+    http: httpx.AsyncClient,
+    new_id: Callable[[str], str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Its copies hold the source's content: they must not outlive the source's erasure."""
+    c = stack
+    sid = await source(c, new_id)
+    fork_id = new_id("fork-orphan")
+    publish_many = c.commands._pub.publish_many
+
+    async def lost(events: Any, **kw: Any) -> Any:
+        await publish_many(events[:2], **kw)
+        raise ConnectionError("the connection to NATS was lost")
+
+    monkeypatch.setattr(c.commands._pub, "publish_many", lost)
+    with pytest.raises(ConnectionError):
+        await fork(c.commands, c.eraser, T, sid, "m2", fork_id, "What if")
+    monkeypatch.undo()
+    assert (await http.post(f"/v1/sessions/{sid}:erase")).status_code == 200
+    r = await http.post(f"/v1/sessions/{sid}/fork", json=request("m2", fork_id))
+    assert (r.status_code, r.json()["code"]) == (410, "session_erased")
+    assert (await http.get(f"/v1/sessions/{fork_id}")).status_code == 404
+    assert types(await logged(c, fork_id))[-1] == "session.erased"
+
+
+async def test_a_retry_reads_the_fork_s_log_only_as_far_as_its_copies(
+    stack: Container, http: httpx.AsyncClient, new_id: Callable[[str], str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The writes to the fork since are not read again on every retry."""
+    c = stack
+    sid = await source(c, new_id)
+    fork_id = new_id("fork-busy")
+    first = await http.post(f"/v1/sessions/{sid}/fork", json=request("m2", fork_id))
+    assert first.status_code == 201, first.text
+    await _append_chain(c, fork_id, [f"later{i}" for i in range(40)])
+    await _overlay(c, sid, "m0", "m2", "S2")  # a copy the fork lacks: no reason to read further
+    read, delivered = eventlog.read, []
+
+    async def counted(*args: Any, **kw: Any) -> Any:
+        async for stored in read(*args, **kw):
+            delivered.append(stored.seq)
+            yield stored
+
+    monkeypatch.setattr(eventlog, "read", counted)
+    again = await http.post(f"/v1/sessions/{sid}/fork", json=request("m2", fork_id))
+    assert (again.status_code, again.json()) == (201, first.json())
+    assert len(delivered) == 1 + len(COPIES)
+
+
+async def test_a_retry_whose_log_read_stops_is_503_unavailable(
+    stack: Container, http: httpx.AsyncClient, new_id: Callable[[str], str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    c = stack
+    sid = await source(c, new_id)
+    fork_id = new_id("fork-stalled")
+    assert (await http.post(f"/v1/sessions/{sid}/fork", json=request("m2", fork_id))).status_code == 201
+    before = await logged(c, fork_id)
+
+    async def stalled(*args: Any, **kw: Any) -> Any:
+        raise TimeoutError("the event stream stopped delivering before the end")
+        yield  # an async generator, as the reader
+
+    monkeypatch.setattr(eventlog, "read", stalled)
+    r = await http.post(f"/v1/sessions/{sid}/fork", json=request("m2", fork_id))
+    monkeypatch.undo()
+    assert (r.status_code, r.json()["code"]) == (503, "unavailable")
     assert await logged(c, fork_id) == before
