@@ -399,14 +399,22 @@ class Settings(BaseSettings):
                 "a blank ops key: give one (`Authorization: Bearer <ops key>`), "
                 "or leave CHRONICLE_OPS_KEY unset for open operator routes"
             )
+        if key is not None and key.get_secret_value() != key.get_secret_value().strip():
+            # an HTTP server strips a header's surrounding blanks: no client could send this key
+            raise ValueError("the ops key starts or ends with whitespace, which no request can carry: remove it")
         return key
 
     @field_validator("api_keys")
     @classmethod
     def _entries_parse(cls, entries: list[str]) -> list[str]:
-        """Each entry parses as every process reads it, so a typo stops all of them at start, in one line."""
-        for entry in entries:
-            ApiKeyEntry.parse(entry)
+        """Each entry parses as every process reads it, so a typo stops all of them at start, in one
+        line naming the entry by its place and tenant, never by its text (a raw key pasted there by
+        mistake would be in every process's log)."""
+        for index, entry in enumerate(entries):
+            try:
+                ApiKeyEntry.parse(entry)
+            except ValueError as exc:
+                raise ValueError(f"api_keys entry {index} (counting from 0): {exc}") from None
         return entries
 
     @field_validator("rate_limits", "search_languages")
@@ -544,20 +552,22 @@ class ApiKeyEntry:
 
     @classmethod
     def parse(cls, entry: str) -> ApiKeyEntry:
-        tenant, _, tail = entry.partition(":")
+        tenant, has_tail, tail = entry.partition(":")
         digest, has_nkey, nkey = tail.partition(":")
         read_only = nkey == READ_ONLY
         problem = None
         try:
             check_tenant(tenant)
+            named = bool(has_tail)  # an entry with no ':' may be a raw key, not a tenant
         except InvalidId as exc:
-            problem = str(exc)
+            problem, named = str(exc), False
         if len(digest) != 64 or any(ch not in "0123456789abcdefABCDEF" for ch in digest):
             problem = "the digest is not 64 hex digits"
         if has_nkey and not read_only and not is_user_public_key(nkey):
             problem = f"the third field is neither an NKey user public key nor {READ_ONLY!r}"
-        if problem:
-            raise ValueError(f"api_keys entry {entry!r} is not 'tenant:sha256hex[:nkey|:{READ_ONLY}]': {problem}")
+        if problem:  # the entry's tenant, when it is one: the rest of an entry may be a secret
+            of = f"of tenant {tenant!r}" if named else "(no tenant id before a ':')"
+            raise ValueError(f"an entry {of} is not 'tenant:sha256hex[:nkey|:{READ_ONLY}]': {problem}")
         if read_only:
             return cls(tenant, digest.lower(), None, read_only=True)
         return cls(tenant, digest.lower(), nkey or None)

@@ -76,14 +76,33 @@ def test_a_malformed_api_keys_entry_is_one_line_naming_it_not_a_traceback(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """An entry pasted with a typo (its digest cut short): the API used to start, build its key
-    table and die with a traceback; every command now names the setting and the entry."""
-    monkeypatch.setenv("CHRONICLE_API_KEYS", '["acme:6d5fbdaf3b"]')
+    table and die with a traceback; every command now names the setting and the entry, by its
+    place and its tenant."""
+    monkeypatch.setenv("CHRONICLE_API_KEYS", f'["acme:{"a" * 64}", "acme:6d5fbdaf3b"]')
     assert main(["api"]) == SETTINGS_EXIT
     err = capsys.readouterr().err
     assert err.strip().splitlines() == [
-        "chronicle api: setting CHRONICLE_API_KEYS: Value error, api_keys entry 'acme:6d5fbdaf3b' is not "
-        "'tenant:sha256hex[:nkey|:read-only]': the digest is not 64 hex digits"
+        "chronicle api: setting CHRONICLE_API_KEYS: Value error, api_keys entry 1 (counting from 0): an entry of "
+        "tenant 'acme' is not 'tenant:sha256hex[:nkey|:read-only]': the digest is not 64 hex digits"
     ]
+
+
+@pytest.mark.parametrize(
+    "entry",
+    ["acme:chr_live_SECRETPART", "chr_live_SECRETPART", "acme:" + "a" * 64 + ":chr_live_SECRETPART"],
+    ids=["as-digest", "whole-entry", "as-nkey"],
+)
+def test_a_raw_key_pasted_as_an_api_keys_entry_is_not_echoed(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], entry: str
+) -> None:
+    """A raw API key pasted where its entry belongs would be printed by every process at start:
+    the line names the entry's place (and its tenant, when it has one), never its text."""
+    monkeypatch.setenv("CHRONICLE_API_KEYS", f'["{entry}"]')
+    assert main(["api"]) == SETTINGS_EXIT
+    err = capsys.readouterr().err
+    assert "SECRETPART" not in err
+    assert "api_keys entry 0 (counting from 0): an entry " in err
+    assert len(err.strip().splitlines()) == 1
 
 
 @pytest.mark.parametrize("value", ["", "   "])
@@ -100,3 +119,19 @@ def test_a_blank_ops_key_is_refused_in_one_line(
         "chronicle api: setting CHRONICLE_OPS_KEY: Value error, a blank ops key: give one "
         "(`Authorization: Bearer <ops key>`), or leave CHRONICLE_OPS_KEY unset for open operator routes"
     ]
+
+
+@pytest.mark.parametrize("value", [" chr_ops", "chr_ops\n", "\tchr_ops "])
+def test_an_ops_key_with_surrounding_whitespace_is_refused_in_one_line(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], value: str
+) -> None:
+    """An HTTP server strips a header's surrounding blanks: no probe could ever send such a key, so
+    /readyz and /metrics would answer 401 for good. Refused at start, the key not shown."""
+    monkeypatch.setenv("CHRONICLE_OPS_KEY", value)
+    assert main(["api"]) == SETTINGS_EXIT
+    err = capsys.readouterr().err
+    assert err.strip().splitlines() == [
+        "chronicle api: setting CHRONICLE_OPS_KEY: Value error, the ops key starts or ends with whitespace, "
+        "which no request can carry: remove it"
+    ]
+    assert "chr_ops" not in err
