@@ -9,7 +9,6 @@ import sys
 from contextlib import aclosing
 from pathlib import Path
 
-from events import ids
 from events.sealing import KeyDestroyed
 from events.stream import PartitionMismatch, ReplicasUnavailable, TooFewReplicas
 from projections import queries
@@ -182,7 +181,6 @@ async def run_audit(settings: Settings, args: argparse.Namespace) -> int:
     async with open_container(settings, log_check=args.command == "history", create_stream=False) as c:
         match args.command:
             case "replay":
-                ids.check_session(args.session)
                 bar = Progress("replay")
                 end = await c.publisher.last_subject_seq(args.tenant, args.session)
                 # its events quarantined after arriving on another subject (a wrong partition token)
@@ -212,7 +210,6 @@ async def run_audit(settings: Settings, args: argparse.Namespace) -> int:
                         bar(stored.seq, end)
                 bar.close()
             case "history":
-                ids.check_session(args.session)
                 if (gone := await _history_gone(c, args.tenant, args.session)) is not None:
                     print(f"chronicle history: {gone}", file=sys.stderr)
                     return 1
@@ -276,7 +273,6 @@ async def run_skills(settings: Settings, args: argparse.Namespace) -> int:
     (:class:`events.stream.StreamMissing`, a database that has never seen a log), and nothing is
     made there; the services create it when the stack starts."""
     async with open_container(settings, create_stream=False) as c:
-        ids.check_tenant(args.tenant)
         said = f"chronicle skills {args.skills_command}:"
         if args.bucket in c.context.reserved_buckets:  # as a session config's skills block is refused
             print(f"{said} bucket {args.bucket!r} is reserved for Chronicle's own data", file=sys.stderr)

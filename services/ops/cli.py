@@ -250,8 +250,10 @@ def main(argv: list[str] | None = None) -> int:
     p_erase = sub.add_parser(
         "erase", help="erase a session, or a whole tenant, for good (destroy the data keys; docs/security.md)"
     )
-    p_erase.add_argument("--tenant", required=True)
-    p_erase.add_argument("--session", default=None, help="one session (default: every session of the tenant)")
+    p_erase.add_argument("--tenant", type=tenant_id, required=True)
+    p_erase.add_argument(
+        "--session", type=session_id, default=None, help="one session (default: every session of the tenant)"
+    )
     p_erase.add_argument(
         "--yes", action="store_true", help="erase the whole tenant (without it: print what would go, erase nothing)"
     )
@@ -274,6 +276,8 @@ def main(argv: list[str] | None = None) -> int:
     keys_sub.add_parser("new-kek", help="print a new key-encryption key (put it first in CHRONICLE_KEK)")
     keys_sub.add_parser("rewrap", help="wrap every data key under the current (first) key-encryption key")
     args = parser.parse_args(argv)
+    if args.command == "keygen":  # no setting used: it makes the entry a bad CHRONICLE_API_KEYS lacks
+        return keygen(args)
 
     try:
         settings = load_settings()
@@ -453,11 +457,11 @@ INTERRUPTED_EXIT = 130
 """The exit status of a command stopped by Ctrl-C (SIGINT; 128 + 2, as a shell reports it)."""
 
 
-OWN_NATS = frozenset({"up", "nats-config", "keygen", "migrate", *DRILLS})
+OWN_NATS = frozenset({"up", "nats-config", "migrate", *DRILLS})
 """The commands that do not reach the stack ``chronicle up`` recorded in the data dir
 (:meth:`Settings.with_local_stack`): ``up`` starts it, ``nats-config`` writes a server's
-configuration from the settings alone, ``keygen`` makes keys, ``migrate`` uses the database
-only, the drills start their own."""
+configuration from the settings alone, ``migrate`` uses the database only, the drills start
+their own (``keygen`` reads no setting at all)."""
 
 
 def _dispatch(settings: Settings, args: argparse.Namespace) -> int:
@@ -507,8 +511,6 @@ def _dispatch(settings: Settings, args: argparse.Namespace) -> int:
             return asyncio.run(run_audit(settings, args))
         case "bench" | "chaos" | "failover":
             return run_drill([args.command, *args.rest])
-        case "keygen":
-            return keygen(args)
         case "nats-config":
             return nats_config(settings, args)
         case "stream-replicas":

@@ -6,7 +6,6 @@ import argparse
 import json
 import sys
 
-from events import ids
 from events.catalog import MAX_ERASURE_REASON
 from events.context import BUCKET_RE
 from events.ids import TENANT_SCOPE
@@ -37,13 +36,6 @@ async def run_erase(settings: Settings, args: argparse.Namespace) -> int:
     (chronicle erase)``. ``--bucket`` (a whole tenant's) adds buckets to clean to those Chronicle
     knows hold the tenant's objects; the dry run lists each bucket with its objects. The stream
     is never created here: there is nothing to erase in a log that is not."""
-    try:
-        ids.check_tenant(args.tenant)
-        if args.session is not None:
-            ids.check_session(args.session)
-    except ids.InvalidId as exc:
-        print(f"chronicle erase: {exc}", file=sys.stderr)
-        return 2
     reason: str | None = getattr(args, "reason", None)
     if reason is not None and (len(reason) > MAX_ERASURE_REASON or "\x00" in reason):
         print(f"chronicle erase: --reason: at most {MAX_ERASURE_REASON} characters, no NUL", file=sys.stderr)

@@ -63,6 +63,14 @@ def chronicle(*args: str) -> subprocess.CompletedProcess[str]:
             ["quarantine", "list", "--tenant", "acme.eu"],
             "chronicle quarantine list: argument --tenant: tenant id may only contain letters, digits, '_' and '-'",
         ),
+        (
+            ["erase", "--tenant", "acme corp", "--session", "s1"],
+            "chronicle erase: argument --tenant: tenant id may only contain letters, digits, '_' and '-'",
+        ),
+        (
+            ["erase", "--tenant", "acme", "--session", "a/b"],
+            "chronicle erase: argument --session: session id must not contain '/'",
+        ),
     ],
     ids=[
         "unknown-option",
@@ -77,6 +85,8 @@ def chronicle(*args: str) -> subprocess.CompletedProcess[str]:
         "history-tenant-id",
         "skills-put-tenant-id",
         "quarantine-tenant-id",
+        "erase-tenant-id",
+        "erase-session-id",
     ],
 )
 def test_a_refused_command_line_is_one_line_and_exit_2(args: list[str], line: str) -> None:
@@ -109,3 +119,19 @@ def test_a_refused_erase_bucket_is_one_line_and_exit_2_before_anything_is_reache
     done = chronicle(*args)
     assert (done.returncode, done.stdout) == (SETTINGS_EXIT, "")
     assert done.stderr == line + "\n"
+
+
+def test_keygen_reads_no_setting_a_bad_api_keys_entry_or_ops_key_does_not_stop_it() -> None:
+    """``chronicle keygen`` makes the entry a bad ``CHRONICLE_API_KEYS`` lacks: the settings it
+    does not use do not stop it (every other command is stopped by them, in one line, exit 2)."""
+    env = {"PATH": "/usr/bin:/bin", "CHRONICLE_API_KEYS": '["acme:chr_pasted"]', "CHRONICLE_OPS_KEY": " "}
+    done = subprocess.run(
+        [sys.executable, "-m", "services.ops.cli", "keygen", "--tenant", "acme"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert (done.returncode, done.stderr) == (0, "")
+    assert "settings entry: CHRONICLE_API_KEYS='[\"acme:" in done.stdout
