@@ -63,6 +63,32 @@ def request(at: str, fork_id: str, name: str | None = "What if") -> dict[str, An
     return {"at_message_id": at, "id": fork_id, **({"name": name} if name is not None else {})}
 
 
+async def cut_fork(c: Container, monkeypatch: pytest.MonkeyPatch, sid: str, fork_id: str, stored: int) -> None:
+    """The first call of a fork at m2, whose publish of the copies fails (the connection to NATS
+    lost, the process killed) after ``stored`` of them were stored."""
+    publish_many = c.commands._pub.publish_many
+
+    async def lost(events: Any, **kw: Any) -> Any:
+        if stored:
+            await publish_many(events[:stored], **kw)
+        raise ConnectionError("the connection to NATS was lost")
+
+    monkeypatch.setattr(c.commands._pub, "publish_many", lost)
+    with pytest.raises(ConnectionError):
+        await fork(c.commands, c.eraser, T, sid, "m2", fork_id, "What if")
+    monkeypatch.undo()
+
+
+async def forked(
+    c: Container, http: httpx.AsyncClient, new_id: Callable[[str], str], label: str
+) -> tuple[str, str, Any]:
+    """A source, and its fork at m2 made in one go: their ids and the fork's answer."""
+    sid, fork_id = await source(c, new_id), new_id(label)
+    first = await http.post(f"/v1/sessions/{sid}/fork", json=request("m2", fork_id))
+    assert first.status_code == 201, first.text
+    return sid, fork_id, first.json()
+
+
 COPIES = ["message.appended"] * 2 + ["compaction.recorded", "message.appended"]
 """A fork's copies in log order: the copy of ``at_message_id`` last, alone."""
 
@@ -81,17 +107,7 @@ async def test_a_fork_whose_copies_were_not_all_published_is_completed_by_its_re
     c = stack
     sid = await source(c, new_id)
     fork_id = new_id("fork-retried")
-    publish_many = c.commands._pub.publish_many
-
-    async def lost(events: Any, **kw: Any) -> Any:
-        if published == "some":
-            await publish_many(events[:2], **kw)
-        raise ConnectionError("the connection to NATS was lost")
-
-    monkeypatch.setattr(c.commands._pub, "publish_many", lost)
-    with pytest.raises(ConnectionError):
-        await fork(c.commands, c.eraser, T, sid, "m2", fork_id, "What if")
-    monkeypatch.undo()
+    await cut_fork(c, monkeypatch, sid, fork_id, 2 if published == "some" else 0)
     half = await logged(c, fork_id)
     assert types(half) == ["session.created"] + (["message.appended"] * 2 if published == "some" else [])
 
@@ -201,23 +217,20 @@ async def test_a_completed_fork_is_not_changed_by_what_its_source_became(
     """A retry of a completed fork answers from the fork's own log: a new overlay on the forked
     path is not copied into it, and its message or the whole source gone is no 404."""
     c = stack
-    sid = await source(c, new_id)
-    fork_id = new_id("fork-kept")
-    first = await http.post(f"/v1/sessions/{sid}/fork", json=request("m2", fork_id))
-    assert first.status_code == 201, first.text
+    sid, fork_id, first = await forked(c, http, new_id, "fork-kept")
     before = await logged(c, fork_id)
     await _overlay(c, sid, "m0", "m2", "S2")  # in force on the forked path from now on
     assert await _view_ids(c, sid, "m2") == ["compaction_m0-m2-S2"]
     again = await http.post(f"/v1/sessions/{sid}/fork", json=request("m2", fork_id))
-    assert (again.status_code, again.json()) == (201, first.json())
+    assert (again.status_code, again.json()) == (201, first)
     assert await logged(c, fork_id) == before
     deleted = await http.request("DELETE", f"/v1/sessions/{sid}/messages", params={"ids": "m2"})
     assert deleted.status_code == 200, deleted.text
     again = await http.post(f"/v1/sessions/{sid}/fork", json=request("m2", fork_id))
-    assert (again.status_code, again.json()) == (201, first.json())
+    assert (again.status_code, again.json()) == (201, first)
     assert (await http.delete(f"/v1/sessions/{sid}")).status_code == 200
     again = await http.post(f"/v1/sessions/{sid}/fork", json=request("m2", fork_id))
-    assert (again.status_code, again.json()) == (201, first.json())
+    assert (again.status_code, again.json()) == (201, first)
     assert await logged(c, fork_id) == before
     await c.waiter.wait_all(before[-1][0], timeout_s=20)
     assert await _view_ids(c, fork_id) == [await _fork_overlay_id(c, fork_id), "m2"]
@@ -234,14 +247,7 @@ async def test_a_retry_completes_a_cut_fork_with_the_overlays_the_first_call_car
     c = stack
     sid = await source(c, new_id)
     fork_id = new_id("fork-cut")
-
-    async def lost(events: Any, **kw: Any) -> Any:
-        raise ConnectionError("the connection to NATS was lost")
-
-    monkeypatch.setattr(c.commands._pub, "publish_many", lost)
-    with pytest.raises(ConnectionError):
-        await fork(c.commands, c.eraser, T, sid, "m2", fork_id, "What if")
-    monkeypatch.undo()
+    await cut_fork(c, monkeypatch, sid, fork_id, 0)
     await _overlay(c, sid, "m1", "m2", "S2")
     r = await http.post(f"/v1/sessions/{sid}/fork", json=request("m2", fork_id))
     assert r.status_code == 201, r.text
@@ -261,21 +267,14 @@ async def test_a_retry_of_a_cut_fork_whose_source_was_erased_erases_it_and_is_41
     c = stack
     sid = await source(c, new_id)
     fork_id = new_id("fork-orphan")
-    publish_many = c.commands._pub.publish_many
-
-    async def lost(events: Any, **kw: Any) -> Any:
-        await publish_many(events[:2], **kw)
-        raise ConnectionError("the connection to NATS was lost")
-
-    monkeypatch.setattr(c.commands._pub, "publish_many", lost)
-    with pytest.raises(ConnectionError):
-        await fork(c.commands, c.eraser, T, sid, "m2", fork_id, "What if")
-    monkeypatch.undo()
+    await cut_fork(c, monkeypatch, sid, fork_id, 2)
     assert (await http.post(f"/v1/sessions/{sid}:erase")).status_code == 200
     r = await http.post(f"/v1/sessions/{sid}/fork", json=request("m2", fork_id))
     assert (r.status_code, r.json()["code"]) == (410, "session_erased")
+    events = await logged(c, fork_id)
+    assert types(events)[-1] == "session.erased"
+    await c.waiter.wait_all(events[-1][0], timeout_s=20)  # the fork's erasure answers before it is applied
     assert (await http.get(f"/v1/sessions/{fork_id}")).status_code == 404
-    assert types(await logged(c, fork_id))[-1] == "session.erased"
 
 
 async def test_a_retry_reads_the_fork_s_log_only_as_far_as_its_copies(
@@ -283,10 +282,7 @@ async def test_a_retry_reads_the_fork_s_log_only_as_far_as_its_copies(
 ) -> None:
     """The writes to the fork since are not read again on every retry."""
     c = stack
-    sid = await source(c, new_id)
-    fork_id = new_id("fork-busy")
-    first = await http.post(f"/v1/sessions/{sid}/fork", json=request("m2", fork_id))
-    assert first.status_code == 201, first.text
+    sid, fork_id, first = await forked(c, http, new_id, "fork-busy")
     await _append_chain(c, fork_id, [f"later{i}" for i in range(40)])
     await _overlay(c, sid, "m0", "m2", "S2")  # a copy the fork lacks: no reason to read further
     read, delivered = eventlog.read, []
@@ -298,17 +294,16 @@ async def test_a_retry_reads_the_fork_s_log_only_as_far_as_its_copies(
 
     monkeypatch.setattr(eventlog, "read", counted)
     again = await http.post(f"/v1/sessions/{sid}/fork", json=request("m2", fork_id))
-    assert (again.status_code, again.json()) == (201, first.json())
+    assert again.status_code == 201, again.text
     assert len(delivered) == 1 + len(COPIES)
+    assert again.json() == first
 
 
 async def test_a_retry_whose_log_read_stops_is_503_unavailable(
     stack: Container, http: httpx.AsyncClient, new_id: Callable[[str], str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     c = stack
-    sid = await source(c, new_id)
-    fork_id = new_id("fork-stalled")
-    assert (await http.post(f"/v1/sessions/{sid}/fork", json=request("m2", fork_id))).status_code == 201
+    sid, fork_id, _ = await forked(c, http, new_id, "fork-stalled")
     before = await logged(c, fork_id)
 
     async def stalled(*args: Any, **kw: Any) -> Any:
