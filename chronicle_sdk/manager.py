@@ -233,9 +233,11 @@ class SessionManager(ConfigBuilder):
         The client retries a fork that failed in a way that may have reached the server (a
         timeout, a lost connection) with the same id, as it retries :meth:`create`: the server
         completes a fork of that id made part-way (the copies it lacks are published) and answers
-        as the first attempt would have. Raises :class:`SessionExists` when ``id`` names a session
-        that is not this fork (another source, ``at_message_id`` or name, a session made
-        otherwise, or a deleted one), with nothing written.
+        as the first attempt would have (a server of an earlier release answers the retry
+        :class:`SessionExists` instead: upgrade the servers before the SDK). Raises
+        :class:`SessionExists` when ``id`` names a session that is not this fork (another
+        source, ``at_message_id`` or name, a session made otherwise, or a deleted one), with
+        nothing written.
         """
         body: dict[str, Any] = {"at_message_id": at_message_id}
         if new_name is not None:
