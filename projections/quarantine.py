@@ -8,6 +8,7 @@ inside the caller's transaction, the one that moves the checkpoint past them.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import logging
 from collections.abc import Iterable, Sequence
@@ -180,14 +181,23 @@ def subject_erased(subject: str, layout: SubjectLayout, keys: KeyLookup) -> bool
     return layout.session_subject(tenant, session) == subject and keys.erased(tenant, session)
 
 
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+@functools.lru_cache(maxsize=16)
 def body_names(data: bytes) -> tuple[str, str] | None:
     """The ``(tenant, session)`` that ``data`` names: its ``tenant`` and ``session`` when it is a
     JSON object holding both as strings, the tenant a tenant id (:func:`~events.ids.check_tenant`)
     and the session of at most ``MAX_SESSION_LEN`` characters without a NUL or a lone surrogate (what
     an index entry and Postgres text can hold; another is no session id, so never erased); None
-    otherwise (not JSON, or cut). Parsed only for events already refused (rare)."""
+    otherwise (not JSON, or cut). Parsed only for events already refused (rare), and once for the
+    several decisions one refusal takes (screening, the rechecks, the row: the last few are kept).
+
+    Read as migration 031 reads the rows it fills (UTF-8 text, strict JSON): no byte-order mark or
+    other encoding, no ``NaN``/``Infinity``, numbers of any length (never converted)."""
     try:
-        found: Any = json.loads(data)
+        found: Any = json.loads(data.decode(), parse_int=str, parse_float=str, parse_constant=_no_constant)
     except (ValueError, RecursionError):  # UnicodeDecodeError is a ValueError
         return None
     if not isinstance(found, dict):

@@ -54,7 +54,10 @@ class UnusableSetting(ValueError):
 class Settings(BaseSettings):
     """Working defaults for the local stack; override with ``CHRONICLE_<NAME>``."""
 
-    model_config = SettingsConfigDict(env_prefix="CHRONICLE_", env_file=".env", extra="ignore")
+    # a refused value is never printed back (a raw API key pasted into CHRONICLE_API_KEYS, say)
+    model_config = SettingsConfigDict(
+        env_prefix="CHRONICLE_", env_file=".env", extra="ignore", hide_input_in_errors=True
+    )
 
     nats_url: str = Field(
         default="nats://127.0.0.1:4222",

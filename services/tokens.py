@@ -9,8 +9,8 @@ cut where a space starts a word (:func:`pieces`): tiktoken's pieces never cross 
 the count is exact. A stretch of :data:`WINDOW` characters without one (a run as above, a long
 unbroken token such as base64, text in a script written without spaces) is cut in pieces of
 :data:`FORCED` characters: there the count may differ from the exact one by a token or so per
-cut, and no piece is longer than that, which bounds the cost per byte at about twice ordinary
-text's.
+cut, and no such stretch is merged in pieces longer than that (a piece cut at a word start is at
+most :data:`WINDOW`), which bounds the cost per byte at about twice ordinary text's.
 """
 
 from __future__ import annotations

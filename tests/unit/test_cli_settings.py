@@ -7,8 +7,10 @@ import subprocess
 import sys
 
 import pytest
+from pydantic import ValidationError
 
 from services.ops.cli import SETTINGS_EXIT, main
+from services.settings import Settings
 
 
 @pytest.mark.parametrize(
@@ -103,6 +105,9 @@ def test_a_raw_key_pasted_as_an_api_keys_entry_is_not_echoed(
     assert "SECRETPART" not in err
     assert "api_keys entry 0 (counting from 0): an entry " in err
     assert len(err.strip().splitlines()) == 1
+    with pytest.raises(ValidationError) as refused:  # nor pydantic's own text, for any other caller
+        Settings()
+    assert "SECRETPART" not in str(refused.value)
 
 
 @pytest.mark.parametrize("value", ["", "   "])

@@ -135,6 +135,29 @@ def test_body_names_is_exactly_the_named_tenant_and_session_when_postgres_can_ho
         assert body_names(data) is None, data
 
 
+def test_body_names_reads_the_bytes_as_migration_031_reads_them() -> None:
+    """Strict UTF-8 JSON, as Postgres's ``convert_from(raw, 'UTF8')::jsonb``: no byte-order mark,
+    no other encoding, no NaN; a number of any length is a number (Python's int conversion refused
+    one of over 4,300 digits, where Postgres names the row)."""
+    body = {"tenant": "t", "session": "s"}
+    for data in [
+        b"\xef\xbb\xbf" + json.dumps(body).encode(),  # a UTF-8 byte-order mark
+        json.dumps(body).encode("utf-16"),
+        b'{"tenant": "t", "session": "s", "x": NaN}',
+    ]:
+        assert body_names(data) is None, data
+    assert body_names(b'{"tenant": "t", "session": "s", "n": ' + b"9" * 5000 + b"}") == ("t", "s")
+
+
+def test_one_refusals_bytes_are_parsed_once_for_its_several_decisions() -> None:
+    data = json.dumps({"tenant": "t", "session": f"once-{datetime.now(UTC).timestamp()}"}).encode()
+    before = body_names.cache_info()
+    for _ in range(5):
+        body_names(data)
+    after = body_names.cache_info()
+    assert (after.misses - before.misses, after.hits - before.hits) == (1, 4)
+
+
 def test_named_session_is_a_session_of_the_tenant_whose_subject_the_bytes_were_stored_on() -> None:
     """A tenant publishes only on its own subjects: bytes naming another tenant's session name
     nothing (whether that session is erased must not show in this tenant's quarantine)."""
