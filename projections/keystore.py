@@ -55,6 +55,27 @@ Pair = tuple[str, str]
 """(tenant, session)"""
 
 _LOCK = "SELECT pg_advisory_xact_lock(hashtext('chronicle-data-key'), hashtext(%s || '/' || %s))"
+_LOCK_SHARED = "SELECT pg_advisory_xact_lock_shared(hashtext('chronicle-data-key'), hashtext(%s || '/' || %s))"
+
+
+async def erased_under_lock(conn: psycopg.AsyncConnection[Any], pairs: Iterable[Pair]) -> frozenset[Pair]:
+    """Which of ``pairs`` are erased, asked in the caller's open transaction under the advisory lock
+    :meth:`PgKeyStore.erase` takes, shared here until that transaction ends: an erasure being
+    recorded is waited for and seen, and one recorded after this answer waits for the caller's
+    commit (so what the caller writes is there for the erasure's later steps to delete). Locks are
+    taken in one order (sorted), as :meth:`PgKeyStore.erase` takes its own. A pair holding what no
+    id can (a subject may carry a NUL) is never erased, and not asked about."""
+    todo = sorted({p for p in pairs if not has_bad_chars(list(p))})
+    if not todo:
+        return frozenset()
+    for pair in todo:
+        await conn.execute(_LOCK_SHARED, pair)
+    cur = await conn.execute(
+        "SELECT e.tenant, e.session_id FROM erasures e JOIN unnest(%s::text[], %s::text[]) AS q(t, s) "
+        "ON e.tenant = q.t AND e.session_id = q.s",
+        ([t for t, _ in todo], [s for _, s in todo]),
+    )
+    return frozenset((str(t), str(s)) for t, s in await cur.fetchall())
 
 
 class KeyWrapper(Protocol):

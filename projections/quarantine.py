@@ -68,6 +68,23 @@ class Tombstone:
     subject: str
 
 
+class Erasures(Protocol):
+    """Whether a session is erased: what decides a refusal's fate (a :class:`KeyLookup` answers it,
+    and so does :class:`ErasedSet`)."""
+
+    def erased(self, tenant: str, session: str) -> bool: ...
+
+
+@dataclass(frozen=True, slots=True)
+class ErasedSet:
+    """The erased sessions among those asked about (:func:`projections.keystore.erased_under_lock`)."""
+
+    pairs: frozenset[tuple[str, str]]
+
+    def erased(self, tenant: str, session: str) -> bool:
+        return (tenant, session) in self.pairs
+
+
 class ErasureProofs(Protocol):
     """Tells a ``session.erased`` that Chronicle made (its proof holds: :class:`events.catalog.SessionErased`)
     and takes note of one the database does not hold (:class:`projections.keystore.PgKeyStore`)."""
@@ -140,7 +157,7 @@ def tombstone_erased(items: Sequence[tuple[int, Event]], keys: KeyLookup) -> tup
 
 
 def tombstone_refused(
-    refused: Sequence[Quarantined], layout: SubjectLayout, keys: KeyLookup
+    refused: Sequence[Quarantined], layout: SubjectLayout, keys: Erasures
 ) -> tuple[list[Quarantined], list[int]]:
     """``refused`` (quarantine items :func:`screen` made) split into those still to record and the
     sequences that are tombstones now: the refusals of a session ``keys`` has learned as erased
@@ -169,7 +186,7 @@ def refused_sessions(refused: Iterable[Quarantined], layout: SubjectLayout) -> s
     return found
 
 
-def subject_erased(subject: str, layout: SubjectLayout, keys: KeyLookup) -> bool:
+def subject_erased(subject: str, layout: SubjectLayout, keys: Erasures) -> bool:
     """Whether ``subject`` is the session subject of a session ``keys`` knows as erased. The
     subject decides (the session a stored message is filed under, whatever its bytes say): a
     refused event of an erased session is a tombstone, never quarantined (its raw bytes are that
@@ -229,7 +246,7 @@ def named_session(subject: str, data: bytes, layout: SubjectLayout) -> tuple[str
     return named if named is not None and named[0] == tenant else None
 
 
-def refusal_erased(subject: str, data: bytes, layout: SubjectLayout, keys: KeyLookup) -> bool:
+def refusal_erased(subject: str, data: bytes, layout: SubjectLayout, keys: Erasures) -> bool:
     """Whether a refused event is an erased session's: filed under its subject
     (:func:`subject_erased`), or its bytes name it, a session of the subject's tenant
     (:func:`named_session`: a stray, stored on another session's subject or another partition's

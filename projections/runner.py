@@ -28,8 +28,10 @@ Contract:
   is handled as a body that can never be had, but the event is a tombstone. A rebuild, which
   knows every erasure, decides the same. A refused event whose bytes name an erased session (a
   stray, on another subject) is a tombstone too; the sessions a batch's refusals name are asked
-  about again just before its transaction, so a prepared batch that waited while an erasure ran
-  records no stray of it (:func:`projections.quarantine.tombstone_refused`).
+  about again in its transaction, under the advisory lock an erasure is recorded under
+  (:func:`projections.keystore.erased_under_lock`, shared): a batch that waited while an erasure
+  ran records no stray of it, and an erasure recorded meanwhile waits for the batch's commit, so
+  its own deletes (step 4 of services/writes/erasure.py) find what the batch recorded.
 * Any other failure (the database or NATS is down) re-positions after an exponential backoff
   (``retry_base_s`` doubling up to ``retry_cap_s``, reset once a batch commits), one log line per
   retry (the traceback only on the first of a run of failures, else at DEBUG).
@@ -51,7 +53,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import json
 import logging
 import time
@@ -72,10 +73,11 @@ from events.catalog import SessionErased
 from events.envelope import Event
 from events.sealing import KeyDestroyed, KeyReader, kid_in
 from events.subjects import SubjectLayout
-from projections.keystore import PgKeyStore
+from projections.keystore import PgKeyStore, erased_under_lock
 from projections.logbinding import LogMismatch, check_log
 from projections.quarantine import (
     DATA_ERRORS,
+    ErasedSet,
     Quarantined,
     Tombstone,
     data_error,
@@ -254,6 +256,9 @@ async def apply_batch(
     A ``session.erased`` applied drops the session's quarantined events, its strays too
     (:func:`~projections.quarantine.forget`: an indexed lookup of the rows naming it, which
     ``layout`` lets :func:`~projections.quarantine.record` mark; the projector and a rebuild pass it).
+    With ``layout``, what is to be recorded is decided again under the erasure lock
+    (:func:`~projections.keystore.erased_under_lock`): a refusal of an erased session (its subject's,
+    or the one its bytes name) is a tombstone, as a rebuild that knows the erasure decides it.
     """
     names = sorted({name} if isinstance(name, str) else set(name))  # one lock order for every worker
     cur = await conn.execute(  # creates the rows if needed and locks them until the commit
@@ -279,10 +284,17 @@ async def apply_batch(
                 await _apply(conn, projections, items, picked, prepared)
         except _PER_EVENT:
             failed, erased = await _apply_each(conn, projections, items, picked, prepared, sources or {})
-    if late or failed:
-        await record(conn, names[0], [*late, *failed], layout, announce=notify)
+    kept = [*late, *failed]
+    if kept and layout is not None:
+        # decided again under the erasure lock: a refusal of a session whose erasure is recorded by
+        # now is a tombstone (a stray screened while the erasure ran, in a batch that waited);
+        # an erasure recorded after this waits for the commit, and its deletes come later still
+        now_erased = await erased_under_lock(conn, refused_sessions(kept, layout))
+        kept, _ = tombstone_refused(kept, layout, ErasedSet(now_erased))
+    if kept:
+        await record(conn, names[0], kept, layout, announce=notify)
         if quarantined is not None:
-            quarantined.extend([*late, *failed])
+            quarantined.extend(kept)
     known = sources or {}
     subjects = sorted({known[seq][0] for seq, e in items if isinstance(e, SessionErased) and seq in known})
     if subjects:
@@ -802,9 +814,6 @@ class ProjectorRunner:
             await batch.last.ack()
             self._done(batch, 0, 0)
             return
-        if batch.refused and isinstance(self.keys, PgKeyStore):
-            async with asyncio.timeout(self.db_timeout_s):
-                batch = await self._recheck_refused(batch)
         quarantined: list[Quarantined] = []
         async with (
             asyncio.timeout(self.db_timeout_s),
@@ -827,20 +836,6 @@ class ProjectorRunner:
         self._saved_at = time.monotonic()
         await batch.last.ack()
         self._done(batch, applied, len(quarantined))
-
-    async def _recheck_refused(self, batch: _Batch) -> _Batch:
-        """The batch's refusals as they are decided now, just before its transaction: a prepared
-        batch may wait (prefetch) while an erasure runs, and a stray of the erased session on
-        another partition's subject, committed after the erasure's deletes (the eraser's, and the
-        projector's applying ``session.erased``, maybe in another worker), would stay quarantined
-        where a rebuild tombstones it. The database is asked about their sessions (refusals are
-        rare: a batch without one asks nothing)."""
-        assert isinstance(self.keys, PgKeyStore)
-        await self.keys.refresh(refused_sessions(batch.refused, self.layout))
-        refused, gone = tombstone_refused(batch.refused, self.layout, self.keys)
-        if not gone:
-            return batch
-        return dataclasses.replace(batch, refused=refused, passed=[*batch.passed, *gone])
 
     def _done(self, batch: _Batch, applied: int, quarantined: int) -> None:
         self._failures = 0

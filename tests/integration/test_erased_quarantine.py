@@ -8,6 +8,7 @@ session, another partition's token) are quarantined as before, and kept."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 from collections.abc import AsyncIterator, Callable
@@ -16,15 +17,14 @@ from typing import Any, cast
 import httpx
 import psycopg
 import pytest
-from nats.aio.msg import Msg
 
 from events.catalog import SessionErased
-from events.subjects import partition_of
+from events.subjects import SubjectLayout, partition_of
 from projections import quarantine
 from projections.migrate import migrate, migration_files
 from projections.quarantine import RAW_KEPT, Quarantined, record, screen
 from projections.rebuild import quarantine_rows
-from projections.runner import _Batch, apply_batch
+from projections.runner import apply_batch
 from services.api.app import build_app
 from services.audit import readers as audit
 from services.audit.strays import strays
@@ -353,12 +353,29 @@ async def test_the_eraser_itself_deletes_the_sessions_strays_while_no_projector_
         assert await strays(c, T, sid) == []
 
 
+async def waiting_on_advisory_lock(conn: psycopg.AsyncConnection, pid: int | None = None) -> int:
+    """Until a backend of this database (``pid``, when given) waits on an advisory lock (pg_locks:
+    not granted); its pid."""
+    for _ in range(500):
+        cur = await conn.execute(
+            "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND NOT granted AND (%(pid)s::int IS NULL OR "
+            "pid = %(pid)s) AND database = (SELECT oid FROM pg_database WHERE datname = current_database())",
+            {"pid": pid},
+        )
+        if (row := await cur.fetchone()) is not None:
+            return int(row[0])
+        await asyncio.sleep(0.01)
+    raise AssertionError("no backend waited on an advisory lock")
+
+
 async def test_a_stray_screened_before_the_erasure_is_recorded_is_a_tombstone_when_its_batch_commits(
-    settings: Settings, new_id: Callable[[str], str]
+    settings: Settings, fresh_db: str, new_id: Callable[[str], str]
 ) -> None:
-    """A prepared batch may wait (prefetch, or another partition's worker) while the erasure runs,
-    its deletes included: just before the transaction the projector asks again about the sessions
-    its refusals name, so the stray is not recorded after them (a rebuild tombstones it)."""
+    """A batch may be screened (prefetch, or another partition's worker) while the erasure runs:
+    in its transaction the projector asks again, under the lock the erasure is recorded under, so
+    a batch that meets an erasure being recorded waits for it and records no stray of it (a
+    rebuild tombstones it), while the refusal of a live session is recorded; the checkpoint moves
+    past both."""
     sid, live = new_id("doomed"), new_id("live")
     async with running_stack(settings, projector=False) as c:
         runner = c.projector()
@@ -370,12 +387,60 @@ async def test_a_stray_screened_before_the_erasure_is_recorded_is_a_tombstone_wh
             screen(6, other_subject, other_data, c.layout, runner.keys),
         ]
         assert all(isinstance(q, Quarantined) for q in refused)  # screened before the erasure
-        async with running_stack(settings, projector=False) as eraser:
-            await eraser.keys.erase(T, [sid])  # another process records the erasure
-        waiting = _Batch(cast(Msg, None), 6, [], {}, cast(list[Quarantined], refused), {}, passed=[4])
-        ready = await runner._recheck_refused(waiting)
-        assert (ready.refused, ready.passed) == ([refused[1]], [4, 5])
-        assert await runner._recheck_refused(ready) is ready  # nothing more to tombstone: as it was
+        name = new_id("checkpoint")
+        async with c.pool.connection() as conn:
+            async with await psycopg.AsyncConnection.connect(fresh_db) as eraser, eraser.transaction():
+                await eraser.execute(  # the eraser's step 1 under way: its lock held, the erasure not yet committed
+                    "SELECT pg_advisory_xact_lock(hashtext('chronicle-data-key'), hashtext(%s || '/' || %s))", (T, sid)
+                )
+                await eraser.execute("INSERT INTO erasures (tenant, session_id) VALUES (%s, %s)", (T, sid))
+                batch = asyncio.create_task(commit_refusals(conn, name, cast(list[Quarantined], refused), c.layout))
+                await waiting_on_advisory_lock(eraser, conn.info.backend_pid)
+            assert await batch == [6]  # recorded after the erasure's commit: the live session's only
+        assert set(await quarantined(fresh_db)) == {6}
+        async with c.pool.connection() as conn:
+            cur = await conn.execute("SELECT seq FROM checkpoints WHERE name = %s", (name,))
+            assert await cur.fetchone() == (6,)
+
+
+async def commit_refusals(
+    conn: psycopg.AsyncConnection, name: str, refused: list[Quarantined], layout: SubjectLayout
+) -> list[int]:
+    """One projector transaction recording ``refused``: the sequences it recorded."""
+    recorded: list[Quarantined] = []
+    async with conn.transaction():
+        await apply_batch(conn, name, [], [], refused=refused, quarantined=recorded, layout=layout)
+    return [q.seq for q in recorded]
+
+
+async def test_an_erasure_recorded_while_a_batch_records_its_stray_waits_and_then_deletes_it(
+    settings: Settings, fresh_db: str, new_id: Callable[[str], str]
+) -> None:
+    """The other order: a batch recording a stray of a live session holds the erasure lock
+    (shared) until it commits; the erasure's step 1 waits for that commit, so its step 4 (run
+    after) finds the stray and deletes it."""
+    sid, live = new_id("doomed"), new_id("live")
+    async with running_stack(settings, projector=False) as c:
+        runner = c.projector()
+        assert runner.keys is not None
+        subject, data = stray(c, sid, live, "s1", wrong_partition=False)
+        refused = screen(5, subject, data, c.layout, runner.keys)
+        assert isinstance(refused, Quarantined)
+        async with await psycopg.AsyncConnection.connect(fresh_db) as conn:
+            async with conn.transaction():
+                recorded: list[Quarantined] = []
+                await apply_batch(
+                    conn, new_id("checkpoint"), [], [], refused=[refused], quarantined=recorded, layout=c.layout
+                )
+                assert recorded == [refused]
+                step1 = asyncio.create_task(c.keys.erase(T, [sid]))
+                async with await psycopg.AsyncConnection.connect(fresh_db) as watcher:
+                    await waiting_on_advisory_lock(watcher)  # the erasure's step 1
+                assert not step1.done()
+            assert await step1 == [sid]  # recorded once the batch committed
+        assert set(await quarantined(fresh_db)) == {5}
+        await c.eraser.erase_session(T, sid)  # the rest of the erasure: step 4 deletes the stray
+        assert await quarantined(fresh_db) == {}
 
 
 async def test_a_stray_left_by_an_earlier_release_goes_when_the_erasure_is_run_again(
