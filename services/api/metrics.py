@@ -109,7 +109,10 @@ WRITES_WAITING = Gauge(
     "Writes of this API process waiting for their turn behind another write to the same session",
     registry=REGISTRY,
 )
-_counted: dict[str, int] = {}  # what QUARANTINED already holds, per reason (the table only grows)
+_counted_upto: dict[str, int] = {}
+"""Per database and stream (:attr:`Recorded.source`), the sequence up to which QUARANTINED holds
+the quarantined events: rows are deleted (an erasure forgets its session's), so the counter
+follows rows recorded past a mark, never the table's size."""
 
 PROBE_TIMEOUT_S = 2.0
 """The longest one backend's probe may take (readiness and metrics answer within about this)."""
@@ -126,13 +129,27 @@ def published(event: Event) -> None:
     PUBLISHED.labels(event.type).inc()
 
 
-def count_quarantined(by_reason: Mapping[str, int]) -> None:
-    """Bring the counter up to the table's counts (a counter never goes down)."""
-    for reason, n in by_reason.items():
-        delta = n - _counted.get(reason, 0)
-        if delta > 0:
-            QUARANTINED.labels(reason).inc(delta)
-            _counted[reason] = n
+@dataclass(frozen=True, slots=True)
+class Recorded:
+    """The quarantined events with a sequence in ``(after, upto]``, by reason: ``upto`` is the
+    lowest checkpoint serving reads, past which no projector records a refusal any more (each
+    records at most up to its own checkpoint, in the transaction that moves it)."""
+
+    source: str
+    after: int
+    upto: int
+    by_reason: dict[str, int]
+
+
+def count_quarantined(recorded: Recorded) -> None:
+    """Count the events quarantined since the last count (every one once, whatever was deleted
+    since: an erasure deletes its session's rows); a count read from an older mark (another
+    refresh counted meanwhile) is dropped."""
+    if _counted_upto.get(recorded.source, 0) != recorded.after or recorded.upto <= recorded.after:
+        return
+    for reason, n in recorded.by_reason.items():
+        QUARANTINED.labels(reason).inc(n)
+    _counted_upto[recorded.source] = recorded.upto
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,6 +172,7 @@ class Tables:
     overlays: int
     failures: int
     compactors: int = 0  # compactors holding their presence (services/compaction/presence.py)
+    recorded: Recorded | None = None  # quarantined since this process last counted
 
 
 @dataclass(frozen=True, slots=True)
@@ -192,8 +210,15 @@ async def read_tables(c: Container) -> Tables:
         row = await cur.fetchone()
         by_reason = await quarantine.counts(conn)
         compactors = await presence.present(conn)
+        checkpoints = {str(n): (int(s), at) for n, s, at in rows}
+        serving = projector_checkpoints(checkpoints, c.settings.projector_name, c.settings.partitions)
+        source = f"{c.settings.database_url} {c.settings.stream}"
+        after = _counted_upto.get(source, 0)
+        upto = min((seq for seq, _ in serving.values()), default=0)
+        new = await quarantine.counts_between(conn, after, upto) if upto > after else {}
     assert row is not None
-    return Tables({str(n): (int(s), at) for n, s, at in rows}, row[2], by_reason, int(row[0]), int(row[1]), compactors)
+    recorded = Recorded(source, after, upto, new)
+    return Tables(checkpoints, row[2], by_reason, int(row[0]), int(row[1]), compactors, recorded)
 
 
 T = TypeVar("T")
@@ -290,7 +315,8 @@ def export(found: Probe, projector: str, partitions: int, now: float | None = No
         OVERLAYS.set(found.tables.overlays)
         COMPACTION_FAILURES.set(found.tables.failures)
         COMPACTORS.set(found.tables.compactors)
-        count_quarantined(found.tables.quarantined)
+        if found.tables.recorded is not None:
+            count_quarantined(found.tables.recorded)
         _refreshed["postgres"] = now
     if found.nats:
         _refreshed["nats"] = now

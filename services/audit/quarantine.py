@@ -116,6 +116,14 @@ async def counts(
     return {str(reason): int(n) for reason, n in await cur.fetchall()}
 
 
+async def counts_between(conn: psycopg.AsyncConnection[Any], after: int, upto: int) -> dict[str, int]:
+    """How many events with a sequence in ``(after, upto]`` are quarantined, by reason."""
+    cur = await conn.execute(
+        "SELECT reason, count(*) FROM quarantine WHERE seq > %s AND seq <= %s GROUP BY reason", (after, upto)
+    )
+    return {str(reason): int(n) for reason, n in await cur.fetchall()}
+
+
 def _tenant_head(layout: SubjectLayout, tenant: str | None) -> str:
     """The subject prefix of ``tenant``'s events (``""``: every subject)."""
     return f"{layout.prefix}.{encode_token(check_tenant(tenant))}." if tenant is not None else ""

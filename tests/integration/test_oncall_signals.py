@@ -98,3 +98,32 @@ async def test_readiness_says_a_database_without_chronicles_tables_needs_migrati
             r.startswith("Postgres answers, but the database holds no Chronicle tables") for r in body["reasons"]
         )
         assert not any(r.startswith("Postgres does not answer") for r in body["reasons"]), body
+
+
+def quarantined_counter(reason: str) -> float:
+    return metrics.REGISTRY.get_sample_value("chronicle_quarantined_events_total", {"reason": reason}) or 0.0
+
+
+async def test_the_quarantine_counter_counts_every_new_refusal_after_an_erasure_deleted_rows(
+    nats_url: str, fresh_db: str, s3_endpoint: str
+) -> None:
+    """``chronicle_quarantined_events_total`` counts each event quarantined once, also after rows
+    were deleted (an erasure forgets its session's): it followed the table's size, so it stayed put
+    until the table grew past its old size again and an alert on its increase never fired."""
+    settings = make_settings(nats_url, fresh_db, s3_endpoint=s3_endpoint)
+    subject = settings.layout().session_subject(T, "bad-bytes")
+    async with running_stack(settings) as c:
+        await metrics.refresh(c)
+        start = quarantined_counter("not_json")
+        seqs = [(await c.js.publish(subject, b"not json %d" % i)).seq for i in range(2)]
+        await c.waiter.wait_all(seqs[-1])
+        await metrics.refresh(c)
+        assert quarantined_counter("not_json") == start + 2
+        await metrics.refresh(c)
+        assert quarantined_counter("not_json") == start + 2  # counted once
+        async with c.pool.connection() as conn:
+            await conn.execute("DELETE FROM quarantine")  # as an erasure deletes its session's
+        seqs = [(await c.js.publish(subject, b"not json again %d" % i)).seq for i in range(2)]
+        await c.waiter.wait_all(seqs[-1])
+        await metrics.refresh(c)
+        assert quarantined_counter("not_json") == start + 4
