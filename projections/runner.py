@@ -39,6 +39,10 @@ Contract:
   database step (``db_timeout_s``: a commit, positioning, an idle advance) time out and count as a
   failure, so a connection whose server vanished (a Postgres restart) is retried, never awaited
   forever. After a failure the pool's broken connections are dropped before the retry.
+* Consuming that makes no progress for ``stall_s`` (no fetch returned, no batch prepared or
+  committed: an await that never returns) is abandoned (a cancelled task that does not end within
+  :data:`CANCEL_GRACE_S` is left behind, and commits nothing more) and the runner re-positions at
+  its checkpoint, one log line, ``stats.stalls``.
 * The lock's session is watched (every ``lock_check_s``): when it ends (a Postgres restart ends it
   and frees the lock), consuming stops at once and the runner takes the lock again before it
   consumes another batch.
@@ -187,10 +191,15 @@ class RunnerStats:
     pending: int = 0  # messages the consumer had not delivered yet when the last batch was fetched
     lock_losses: int = 0  # times the advisory lock's session ended under a running runner
     gaps: int = 0  # deliveries the consumer made that never arrived: re-positioned at the checkpoint
+    stalls: int = 0  # times consuming made no progress for ``stall_s``: abandoned and re-positioned
 
 
 class LockLost(Exception):
     """The advisory lock's session ended (the database restarted or closed it): the lock is gone."""
+
+
+class Stalled(Exception):
+    """Consuming made no progress for the runner's ``stall_s``: an await that never returned."""
 
 
 class DeliveryGap(Exception):
@@ -392,6 +401,9 @@ class ProjectorRunner:
     connect_timeout_s: float = 10.0
     db_timeout_s: float = 60.0
     lock_check_s: float = 1.0
+    # consuming that makes no progress for this long (no fetch returned, no batch prepared or
+    # committed) is abandoned and re-positioned: longer than a commit or a positioning may take
+    stall_s: float = 180.0
     stop_grace_s: float = 15.0
     on_batch: Callable[[int, int], None] | None = None
     # work that runs beside the consuming while :meth:`run` runs (started first, cancelled last);
@@ -407,6 +419,8 @@ class ProjectorRunner:
     _failures: int = field(default=0, init=False, repr=False)  # in a row; a committed batch resets it
     _saved_at: float = field(default=float("-inf"), init=False, repr=False)  # when the checkpoint was last written
     _delivered: int = field(default=0, init=False, repr=False)  # the consumer sequence of the last delivery seen
+    _alive_at: float = field(default=0.0, init=False, repr=False)  # when consuming last made progress (monotonic)
+    _round: int = field(default=0, init=False, repr=False)  # which consuming round may commit (a stalled one may not)
 
     @property
     def durable(self) -> str:
@@ -458,13 +472,19 @@ class ProjectorRunner:
                 async with await self._connect() as lock_conn:
                     await self._hold_lock(lock_conn, stop)
                     held = await self._held_locks(lock_conn)
-                    await _first_of(self._watch_lock(lock_conn, held), self._consume_all(stop))
+                    self._round += 1
+                    self._progress()
+                    await _first_of(
+                        self._watch_lock(lock_conn, held), self._watch_progress(), self._consume_all(stop, self._round)
+                    )
             except (asyncio.CancelledError, LogMismatch):
                 raise
             except Exception as exc:
                 self._failures += 1
                 if isinstance(exc, LockLost):
                     self.stats.lock_losses += 1
+                if isinstance(exc, Stalled):
+                    self.stats.stalls += 1
                 delay = retry_delay(self._failures, self.retry_base_s, self.retry_cap_s)
                 log.warning(
                     "projector %s failed (%s: %s); retry %d in %.1fs from its checkpoint",
@@ -481,10 +501,25 @@ class ProjectorRunner:
                 await self._drop_broken_connections()
                 await _sleep_or_stop(stop, delay)
 
-    async def _consume_all(self, stop: asyncio.Event) -> None:
+    def _progress(self) -> None:
+        self._alive_at = time.monotonic()
+
+    async def _watch_progress(self) -> None:
+        """Raise :class:`Stalled` when consuming has made no progress for ``stall_s``: every step
+        of it is bounded, but an await that never returns (seen once after the process was stopped
+        for 80 s under load, with redeliveries, a NATS restart and Postgres connections killed
+        before) left the projector silent and every reader waiting until it was restarted by hand.
+        The round is abandoned (:func:`_first_of`) and the runner re-positions at its checkpoint."""
+        while True:
+            await asyncio.sleep(min(self.lock_check_s, self.stall_s))
+            idle = time.monotonic() - self._alive_at
+            if idle > self.stall_s:
+                raise Stalled(f"consuming made no progress for {idle:.0f}s")
+
+    async def _consume_all(self, stop: asyncio.Event, round_: int) -> None:
         while not stop.is_set():
             try:
-                await self._consume(await self._position(), stop)
+                await self._consume(await self._position(), stop, round_)
             except DeliveryGap as gap:  # what was committed is before it: the checkpoint is exact
                 self.stats.gaps += 1
                 log.warning("projector %s: %s; re-positioning at its checkpoint", self.name, gap)
@@ -588,6 +623,7 @@ class ProjectorRunner:
         )
         await self.js.add_consumer(self.layout.stream, config, timeout=self.consumer_timeout_s)
         log.info("projector %s positioned at sequence %d", self.name, checkpoint + 1)
+        self._progress()
         self._delivered = 0  # a new consumer: its deliveries are numbered from 1
         return await self.js.pull_subscribe_bind(self.durable, stream=self.layout.stream)
 
@@ -624,21 +660,26 @@ class ProjectorRunner:
             and not any(p.wants(event) for _, event in batch.items for p in selective)
         )
 
-    async def _consume(self, sub: JetStreamContext.PullSubscription, stop: asyncio.Event) -> None:
-        """Commit prepared batches in order while the fetcher prepares the next ones."""
+    async def _consume(self, sub: JetStreamContext.PullSubscription, stop: asyncio.Event, round_: int) -> None:
+        """Commit prepared batches in order while the fetcher prepares the next ones (``round_``: a
+        round abandoned as stalled commits nothing more, should its await return after all)."""
         queue: asyncio.Queue[_Batch | BaseException | None] = asyncio.Queue(maxsize=self.prefetch)
         fetcher = asyncio.create_task(self._fetch_loop(sub, stop, queue))
         try:
             while (batch := await queue.get()) is not None:
                 if isinstance(batch, BaseException):
                     raise batch
+                if round_ != self._round:
+                    raise Stalled("this consuming round was abandoned as stalled")
                 await self._commit(batch)
+                self._progress()
         finally:
             fetcher.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await fetcher
             with contextlib.suppress(Exception):  # the next position subscribes anew
-                await sub.unsubscribe()
+                async with asyncio.timeout(self.idle_timeout_s + 5):
+                    await sub.unsubscribe()
 
     async def _fetch_loop(
         self,
@@ -649,6 +690,7 @@ class ProjectorRunner:
         try:
             while not stop.is_set():
                 msgs = await self._fetch(sub)
+                self._progress()
                 if not msgs:
                     if queue.empty():
                         await self._advance_when_idle()
@@ -699,6 +741,7 @@ class ProjectorRunner:
                     passed.append(seq)
                 else:
                     items.append(decided)
+            self._progress()
             await asyncio.sleep(0)
         if self.keys is not None:
             items, erased = tombstone_erased(items, self.keys)
@@ -878,9 +921,16 @@ def first_line(exc: BaseException) -> str:
     return lines[0][:300] if lines else ""
 
 
+CANCEL_GRACE_S = 10.0
+"""How long :func:`_first_of` waits for a cancelled task to end before it abandons it."""
+_abandoned: set[asyncio.Task[None]] = set()  # cancelled, not yet ended: kept referenced until they end
+
+
 async def _first_of(*coros: Coroutine[Any, Any, None]) -> None:
-    """Run ``coros`` together until the first one ends; cancel the others; re-raise its error."""
-    tasks = [asyncio.create_task(c) for c in coros]
+    """Run ``coros`` together until the first one ends; cancel the others; re-raise its error. A
+    cancelled task that has not ended after :data:`CANCEL_GRACE_S` (an await that ignores its
+    cancellation) is abandoned with a warning: the caller goes on, never waits on it forever."""
+    tasks = [asyncio.create_task(c, name=getattr(c, "__qualname__", None)) for c in coros]
     try:
         done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
         for task in done:
@@ -888,9 +938,16 @@ async def _first_of(*coros: Coroutine[Any, Any, None]) -> None:
     finally:
         for task in tasks:
             task.cancel()
+        _, left = await asyncio.wait(tasks, timeout=CANCEL_GRACE_S)
         for task in tasks:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
+            if task in left:
+                log.warning(
+                    "task %s did not end %.0fs after its cancellation; abandoned", task.get_name(), CANCEL_GRACE_S
+                )
+                _abandoned.add(task)
+                task.add_done_callback(_abandoned.discard)
+            elif not task.cancelled():
+                task.exception()  # retrieved (re-raised above for the first one to end)
 
 
 async def _sleep_or_stop(stop: asyncio.Event, seconds: float) -> None:

@@ -1,0 +1,112 @@
+"""A projector whose consuming stops making progress (an await that never returns, even one that
+ignores its cancellation) re-positions at its checkpoint by itself after ``stall_s`` and applies
+what waits. An outside trial saw a projector, stopped for 80 s under load after a NATS restart and
+killed Postgres connections, never pull again: silent, every reader waiting, until restarted by hand."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from nats.aio.msg import Msg
+from nats.js.client import JetStreamContext
+
+from events.catalog import SessionRenamed
+from projections import runner as runner_module
+from projections.runner import ProjectorRunner
+from tests.conftest import make_settings, running_stack
+from tests.integration.test_delivery_gap import Recording, _checkpoint
+
+
+class Hanging:
+    """The first subscription's first fetch never returns; with ``deaf``, it ignores its
+    cancellation too (until :meth:`release`)."""
+
+    def __init__(self, *, deaf: bool) -> None:
+        self.deaf = deaf
+        self.hung = 0
+        self.released = asyncio.Event()
+
+    def release(self) -> None:
+        self.released.set()
+
+    def wrap(self, sub: JetStreamContext.PullSubscription) -> JetStreamContext.PullSubscription:
+        if self.hung:
+            return sub
+        fetch = sub.fetch
+
+        async def hanging(batch: int = 1, timeout: float | None = 5, heartbeat: float | None = None) -> list[Msg]:
+            if self.hung:
+                return await fetch(batch, timeout, heartbeat)
+            self.hung += 1
+            while not self.released.is_set():
+                try:
+                    await self.released.wait()
+                except asyncio.CancelledError:
+                    if not self.deaf:
+                        raise
+            return []
+
+        sub.fetch = hanging  # type: ignore[method-assign]
+        return sub
+
+
+async def run_until_applied(
+    nats_url: str, fresh_db: str, hanging: Hanging
+) -> tuple[ProjectorRunner, Recording, list[int]]:
+    settings = make_settings(nats_url, fresh_db)
+    async with running_stack(settings, projector=False) as c:
+        seqs = [
+            (await c.publisher.publish(SessionRenamed(tenant="tenant-a", session="stall", name=f"n{i}"))).seq
+            for i in range(5)
+        ]
+        recording = Recording()
+        runner = ProjectorRunner(
+            js=c.js,
+            pool=c.pool,
+            conninfo=settings.database_url,
+            layout=c.layout,
+            projections=[recording],
+            name="stalls",
+            stall_s=1.0,
+            lock_check_s=0.2,
+        )
+        position = runner._position
+
+        async def positioned() -> JetStreamContext.PullSubscription:
+            return hanging.wrap(await position())
+
+        runner._position = positioned  # type: ignore[method-assign]
+        stop = asyncio.Event()
+        task = asyncio.create_task(runner.run(stop))
+        try:
+            async with asyncio.timeout(40):
+                while await _checkpoint(c.pool, "stalls") < seqs[-1]:
+                    await asyncio.sleep(0.05)
+        finally:
+            stop.set()
+            await asyncio.wait_for(task, 15)
+            hanging.release()
+    return runner, recording, seqs
+
+
+async def test_a_fetch_that_never_returns_is_abandoned_and_the_runner_re_positions(
+    nats_url: str, fresh_db: str
+) -> None:
+    hanging = Hanging(deaf=False)
+    runner, recording, seqs = await run_until_applied(nats_url, fresh_db, hanging)
+    assert hanging.hung == 1
+    assert runner.stats.stalls == 1
+    assert sorted(set(recording.applied)) == seqs
+
+
+async def test_a_stalled_await_that_ignores_its_cancellation_is_left_behind(
+    nats_url: str, fresh_db: str, monkeypatch: Any
+) -> None:
+    """The stalled round's task does not end when cancelled: the runner waits for it only
+    ``CANCEL_GRACE_S``, then re-positions and applies the events all the same."""
+    monkeypatch.setattr(runner_module, "CANCEL_GRACE_S", 0.5)
+    hanging = Hanging(deaf=True)
+    runner, recording, seqs = await run_until_applied(nats_url, fresh_db, hanging)
+    assert runner.stats.stalls == 1
+    assert sorted(set(recording.applied)) == seqs
