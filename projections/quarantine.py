@@ -7,7 +7,6 @@ inside the caller's transaction, the one that moves the checkpoint past them.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import json
 import logging
@@ -20,7 +19,15 @@ import psycopg
 from events.admission import Reason, Refused, admit
 from events.catalog import SessionErased
 from events.envelope import Event
-from events.ids import MAX_SESSION_LEN, InvalidId, check_tenant
+from events.ids import (
+    MAX_SESSION_LEN,
+    TENANT_SCOPE,
+    InvalidId,
+    check_session,
+    check_tenant,
+    decode_token,
+    encode_token,
+)
 from events.sealing import KeyDestroyed, KeyLookup, KeyReader
 from events.subjects import SubjectLayout
 
@@ -175,27 +182,55 @@ def tombstone_refused(
 
 
 def refused_sessions(refused: Iterable[Quarantined], layout: SubjectLayout) -> set[tuple[str, str]]:
-    """The sessions whose erasure decides what becomes of ``refused``: each one's subject's, and
-    the one of its tenant that its bytes name (a stray's: :func:`named_session`)."""
+    """The sessions whose erasure decides what becomes of ``refused``: each one's subject's
+    (:func:`subject_owner`), and the one of its tenant that its bytes name (a stray's:
+    :func:`named_session`)."""
     found: set[tuple[str, str]] = set()
     for q in refused:
-        with contextlib.suppress(ValueError):
-            found.add(layout.parse(q.subject))
+        if (owner := subject_owner(q.subject, layout)) is not None:
+            found.add(owner)
         if (named := named_session(q.subject, q.raw, layout)) is not None:
             found.add(named)
     return found
 
 
-def subject_erased(subject: str, layout: SubjectLayout, keys: Erasures) -> bool:
-    """Whether ``subject`` is the session subject of a session ``keys`` knows as erased. The
-    subject decides (the session a stored message is filed under, whatever its bytes say): a
-    refused event of an erased session is a tombstone, never quarantined (its raw bytes are that
-    session's content). A subject that names no session decides nothing here."""
+def subject_owner(subject: str, layout: SubjectLayout) -> tuple[str, str] | None:
+    """The session whose erasure decides a refusal stored on ``subject``, from the subject alone:
+    ``(tenant, session)`` for the session's ids under any partition token (``<prefix>.<tenant>.<any
+    token>.<session>``, the tokens canonical, the session a valid id: the subject the stored message
+    is filed under, whatever its bytes say); ``(tenant, TENANT_SCOPE)`` for any other subject under
+    the tenant's prefix (``<prefix>.<tenant>.``: no session, or a session token that is no valid id),
+    decided by the tenant scope's erasure, the last step of a tenant's; None for a subject under no
+    tenant's prefix (no tenant published it). The tenant is its exact token (a tenant id is its own
+    token); nothing else is read, so another tenant's subject never maps to this tenant."""
+    head = layout.prefix + "."
+    if not subject.startswith(head):
+        return None
+    tokens = subject[len(head) :].split(".")
+    if len(tokens) < 2:
+        return None
     try:
-        tenant, session = layout.parse(subject)
-    except ValueError:
-        return False
-    return layout.session_subject(tenant, session) == subject and keys.erased(tenant, session)
+        tenant = check_tenant(tokens[0])
+    except InvalidId:
+        return None
+    if len(tokens) == 3:
+        try:
+            session = decode_token(tokens[2])
+            return tenant, session if session == TENANT_SCOPE else check_session(session)
+        except ValueError:  # not canonical, not UTF-8, not an id (InvalidId, UnicodeDecodeError)
+            pass
+    return tenant, TENANT_SCOPE
+
+
+def subject_erased(subject: str, layout: SubjectLayout, keys: Erasures) -> bool:
+    """Whether the session that owns ``subject`` (:func:`subject_owner`) is one ``keys`` knows as
+    erased: its ids under any partition token, or, for a subject under a tenant's prefix that
+    names no session, the tenant scope (erased by a tenant's erasure). The subject decides (the
+    session a stored message is filed under, whatever its bytes say): a refused event of an erased
+    session is a tombstone, never quarantined (its raw bytes are that session's content). A
+    subject under no tenant's prefix decides nothing here."""
+    owner = subject_owner(subject, layout)
+    return owner is not None and keys.erased(*owner)
 
 
 def _no_constant(name: str) -> Any:
@@ -369,12 +404,71 @@ async def strays(
     return sorted(found)
 
 
-async def forget(conn: psycopg.AsyncConnection[Any], sessions: Iterable[tuple[str, str]], own: Sequence[str]) -> None:
-    """Delete the quarantined events of erased ``sessions``: those stored on ``own`` (their own
-    subjects) and their strays (:func:`strays`), as a rebuild that knows the erasures tombstones
-    them all (:func:`refusal_erased`). Each an indexed equality lookup: no other tenant's rows are
-    read."""
-    gone = await strays(conn, sessions, own)
-    await conn.execute("DELETE FROM quarantine WHERE subject = ANY(%s)", (list(own),))  # quarantine_subject
-    if gone:
-        await conn.execute("DELETE FROM quarantine WHERE seq = ANY(%s)", (gone,))
+def tenant_range(layout: SubjectLayout, tenant: str) -> tuple[str, str]:
+    """``(low, high)``: the subjects under ``tenant``'s prefix (``<prefix>.<tenant>.``) are exactly
+    those ``low <= subject < high`` compared byte by byte (``~>=~``/``~<~``, the operators of the
+    index ``quarantine_subject_pattern``, migration 032): no pattern, so no wildcard in an id can
+    widen it (``_`` is a ``LIKE`` wildcard and a tenant id's character)."""
+    low = f"{layout.prefix}.{check_tenant(tenant)}."
+    return low, _after(low)
+
+
+def _after(low: str) -> str:
+    """The least string past every one that starts with ``low`` (which ends in ``.``)."""
+    return low[:-1] + chr(ord(".") + 1)
+
+
+_OWNED_TENANT = "SELECT seq, subject FROM quarantine WHERE subject ~>=~ %(low)s AND subject ~<~ %(high)s"
+"""Rows under one tenant's prefix: a range of the index ``quarantine_subject_pattern``."""
+_OWNED_SESSION = (
+    "SELECT seq, subject FROM quarantine WHERE reverse(subject) ~>=~ %(rlow)s AND reverse(subject) ~<~ %(rhigh)s "
+    "AND subject ~>=~ %(low)s AND subject ~<~ %(high)s"
+)
+"""Rows under one tenant's prefix that end in one session's token: a range of the index
+``quarantine_subject_reversed`` (the subjects ending in ``.<token>``), then the tenant's range."""
+
+
+async def owned(conn: psycopg.AsyncConnection[Any], layout: SubjectLayout, tenant: str, session: str) -> list[int]:
+    """The sequences of the quarantined events whose subject the session owns
+    (:func:`subject_owner`: its ids under any partition token; for the tenant scope, every other
+    subject under the tenant's prefix too). Reads by index the subjects of this tenant's rows only
+    (those ending in the session's token; every one for the tenant scope), never their raw bytes."""
+    low, high = tenant_range(layout, tenant)
+    if session == TENANT_SCOPE:
+        cur = await conn.execute(_OWNED_TENANT, {"low": low, "high": high})
+    else:
+        rlow = ("." + encode_token(session))[::-1]  # a token is ASCII: reversed as Postgres reverses it
+        cur = await conn.execute(_OWNED_SESSION, {"rlow": rlow, "rhigh": _after(rlow), "low": low, "high": high})
+    rows = await cur.fetchall()
+    return sorted(int(seq) for seq, subject in rows if subject_owner(subject, layout) == (tenant, session))
+
+
+async def tenant_sessions(conn: psycopg.AsyncConnection[Any], layout: SubjectLayout, tenant: str) -> set[str]:
+    """The sessions of ``tenant`` whose erasure decides one of its quarantined events: the owner of
+    each subject under its prefix (:func:`subject_owner`; the tenant scope among them) and each
+    session its rows' bytes name (``named_session``, recorded with the row), whether or not the
+    session has an event, a key or a row anywhere else (a session that exists only through refused
+    events). Reads this tenant's rows only, by index."""
+    low, high = tenant_range(layout, tenant)
+    cur = await conn.execute(
+        "SELECT DISTINCT subject FROM quarantine WHERE subject ~>=~ %s AND subject ~<~ %s", (low, high)
+    )
+    found = {owner[1] for (subject,) in await cur.fetchall() if (owner := subject_owner(subject, layout)) is not None}
+    cur = await conn.execute("SELECT DISTINCT named_session FROM quarantine WHERE named_tenant = %s", (tenant,))
+    found.update(str(s) for (s,) in await cur.fetchall() if s is not None)
+    return found
+
+
+async def forget(
+    conn: psycopg.AsyncConnection[Any], layout: SubjectLayout, sessions: Iterable[tuple[str, str]]
+) -> None:
+    """Delete the quarantined events of erased ``sessions``: those stored on a subject the session
+    owns (:func:`owned`: its ids under any partition token; for a tenant scope, every subject of its
+    tenant that names no session) and those whose bytes name it (its strays, on any subject of the
+    tenant: ``named_session``), as a rebuild that knows the erasures tombstones them all
+    (:func:`refusal_erased`). Each an indexed lookup: no other tenant's rows are read."""
+    for tenant, session in sorted(set(sessions)):
+        gone = set(await owned(conn, layout, tenant, session))
+        gone.update(await strays(conn, [(tenant, session)], []))
+        if gone:
+            await conn.execute("DELETE FROM quarantine WHERE seq = ANY(%s)", (sorted(gone),))

@@ -262,9 +262,10 @@ async def apply_batch(
     bytes), or, meeting a destroyed key (their session is erased), passed as tombstones.
     ``quarantined``, when given, receives what this call recorded. ``passed`` are sequences
     no projection applies (tombstones of erased sessions): the checkpoint moves past them.
-    A ``session.erased`` applied drops the session's quarantined events, its strays too
-    (:func:`~projections.quarantine.forget`: an indexed lookup of the rows naming it, which
-    ``layout`` lets :func:`~projections.quarantine.record` mark; the projector and a rebuild pass it).
+    With ``layout`` (the projector and a rebuild pass it), a ``session.erased`` applied drops the
+    session's quarantined events, on its ids under any partition token, and its strays
+    (:func:`~projections.quarantine.forget`: indexed lookups of the rows it owns or that name it,
+    which ``layout`` lets :func:`~projections.quarantine.record` mark).
     With ``layout``, what is to be recorded is decided again under the erasure lock
     (:func:`~projections.keystore.erased_under_lock`): a refusal of an erased session (its subject's,
     or the one its bytes name) is a tombstone, as a rebuild that knows the erasure decides it.
@@ -304,15 +305,14 @@ async def apply_batch(
         await record(conn, names[0], kept, layout, announce=notify)
         if quarantined is not None:
             quarantined.extend(kept)
-    known = sources or {}
-    subjects = sorted({known[seq][0] for seq, e in items if isinstance(e, SessionErased) and seq in known})
-    if subjects:
+    erased_now = {(e.tenant, e.session) for _, e in items if isinstance(e, SessionErased)}
+    if erased_now and layout is not None:
         # the session's refusals quarantined before its erasure (also in this batch, or before a
         # proven erasure was recorded again, or committed after the eraser's own delete of these
-        # rows), its strays too: gone, as a rebuild that knows the erasure tombstones every
-        # refusal of the session (projections.quarantine.refusal_erased)
-        erased_now = {(e.tenant, e.session) for seq, e in items if isinstance(e, SessionErased) and seq in known}
-        await forget(conn, erased_now, subjects)
+        # rows), on its ids under any partition token (a tenant scope's: on every subject of the
+        # tenant that names no session), its strays too: gone, as a rebuild that knows the erasure
+        # tombstones every refusal of the session (projections.quarantine.refusal_erased)
+        await forget(conn, layout, erased_now)
     top = max([items[picked[-1]][0] if picked else 0, *(q.seq for q in late), *gone])
     await conn.execute(
         "WITH moved AS (UPDATE checkpoints SET seq = GREATEST(seq, %s), updated_at = now() WHERE name = ANY(%s) "

@@ -71,7 +71,7 @@ async def run_erase(settings: Settings, args: argparse.Namespace) -> int:
             )
             return 1
         elif not args.yes:
-            sessions = await c.keys.sessions_of(args.tenant)
+            sessions = await eraser.tenant_sessions(args.tenant)
             for session in sessions:
                 print(f"would erase: {'the tenant-level entries' if session == TENANT_SCOPE else repr(session)}")
             for held in await eraser.tenant_objects(args.tenant, buckets):

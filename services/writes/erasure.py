@@ -17,9 +17,10 @@ Order, each step idempotent so a failed erasure is finished by running it again:
    reference published into the session may name any object), or, written before headers, they
    are sealed. A plain one written before headers is content-addressed and may be another
    session's too, so it is left (docs/security.md).
-4. Quarantined events of the session's subject are deleted (their raw bytes are the session's), and
-   so are its strays: events refused on another subject of the tenant (another session's, or
-   another partition's token) whose bytes name the session (:func:`projections.quarantine.forget`).
+4. Quarantined events of the session's ids under any partition token are deleted (their raw bytes
+   are the session's; a tenant scope's: of every subject of the tenant that names no session), and
+   so are its strays: events refused on another subject of the tenant whose bytes name the session
+   (:func:`projections.quarantine.forget`).
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ from events import log as eventlog
 from events.blobs import BlobNotFound, BlobRef, BlobStore, RoutedBlobStores, refs_in
 from events.catalog import SessionErased, erasure_statement
 from events.envelope import new_event_id
-from events.ids import TENANT_SCOPE, derived_id
+from events.ids import TENANT_SCOPE, InvalidId, check_session, derived_id
 from events.objects import belongs_to
 from events.publisher import Publisher
 from projections import quarantine, queries
@@ -76,6 +77,14 @@ class TenantObjects(Protocol):
     async def delete(self, tenant: str, surveyed: Sequence[PrefixSurvey]) -> int:
         """Delete them all in the surveyed buckets; how many went (a rerun deletes what is left)."""
         ...
+
+
+def _valid_session(session: str) -> bool:
+    try:
+        check_session(session)
+    except InvalidId:
+        return False
+    return True
 
 
 TENANT_ROUNDS = 10
@@ -188,6 +197,10 @@ class Eraser:
         destroyed, and a tenant with no bucket known makes no object-storage call. They are noted
         then, so that a rerun of an erasure that failed later still cleans them.
 
+        Its sessions are those :meth:`tenant_sessions` lists, those that exist only through refused
+        events too (quarantined on their subject, or naming them), so that their erasure is
+        recorded (a rebuild tombstones their refusals) and their quarantined events go; the tenant
+        scope's erasure then deletes those stored on subjects of the tenant that name no session.
         The sessions are listed again after each round until a round finds none left: one made
         while the erasure runs (a fork of a session not yet erased, which copies its content) is
         erased too. A tenant that keeps making sessions meanwhile is stopped after
@@ -199,7 +212,7 @@ class Eraser:
         done: list[Erasure] = []
         erased: set[str] = set()
         for _ in range(TENANT_ROUNDS):
-            sessions = [s for s in await self._keys.sessions_of(tenant) if s != TENANT_SCOPE and s not in erased]
+            sessions = [s for s in await self.tenant_sessions(tenant) if s != TENANT_SCOPE and s not in erased]
             if not sessions:
                 break
             for s in sessions:  # each known here
@@ -214,6 +227,18 @@ class Eraser:
         done.append(scope)
         return done
 
+    async def tenant_sessions(self, tenant: str) -> list[str]:
+        """The sessions a tenant's erasure erases (its tenant scope among them when known): those with
+        a data key, a read-model row or a recorded erasure (:meth:`PgKeyStore.sessions_of`), and
+        those whose erasure decides one of its quarantined events
+        (:func:`projections.quarantine.tenant_sessions`) that are valid ids (a row's bytes may name
+        what is no id; that row is decided by the session or tenant scope owning its subject)."""
+        found = set(await self._keys.sessions_of(tenant))
+        async with self._pool.connection() as conn:
+            named = await quarantine.tenant_sessions(conn, self._pub.layout, tenant)
+        found.update(s for s in named if s == TENANT_SCOPE or _valid_session(s))
+        return sorted(found)
+
     async def tenant_objects(self, tenant: str, buckets: Sequence[str] = ()) -> list[PrefixSurvey]:
         """What each bucket known to hold the tenant's objects (and each of ``buckets``) holds
         under its prefix (what its erasure would delete)."""
@@ -227,11 +252,17 @@ class Eraser:
         (a mistyped name) is not erased: its erasure would burn the name for good."""
         if await self._keys.sessions_of(tenant):
             return True
+        layout = self._pub.layout
         async with self._pool.connection() as conn:
             cur = await conn.execute("SELECT 1 FROM skills_index WHERE tenant = %s LIMIT 1", (tenant,))
             if await cur.fetchone() is not None:
                 return True
-        layout = self._pub.layout
+            low, high = quarantine.tenant_range(layout, tenant)
+            cur = await conn.execute(
+                "SELECT 1 FROM quarantine WHERE subject ~>=~ %s AND subject ~<~ %s LIMIT 1", (low, high)
+            )
+            if await cur.fetchone() is not None:  # a refused event under its prefix (a subject naming no session)
+                return True
         try:
             await self._pub.js.get_msg(layout.stream, seq=1, subject=layout.tenant_filter(tenant), next=True)
         except NotFoundError:
@@ -257,20 +288,26 @@ class Eraser:
     async def _exists(self, tenant: str, session: str) -> bool:
         """The log holds an event of the session, or it has a data key (an agent service asked
         for one before publishing to the stream itself), or its erasure is recorded (an erasure
-        that stopped after destroying the key and before its event: running it again finishes it)."""
+        that stopped after destroying the key and before its event: running it again finishes it),
+        or a quarantined event is its (stored on its ids under any partition token, or naming it)."""
         if await self._pub.last_subject_seq(tenant, session) > 0 or await self._keys.has_key(tenant, session):
             return True
         async with self._pool.connection() as conn:
-            return await queries.is_erased(conn, tenant, session)
+            if await queries.is_erased(conn, tenant, session):
+                return True
+            # refused events it owns (its ids under another partition's token) or that name it (strays)
+            return bool(await quarantine.owned(conn, self._pub.layout, tenant, session)) or bool(
+                await quarantine.strays(conn, [(tenant, session)], [])
+            )
 
     async def _delete_quarantined(self, tenant: str, session: str) -> None:
-        """Step 4: the quarantined events of the session's subject, and its strays (refused on
-        another subject of the tenant, their bytes naming the session:
-        :func:`projections.quarantine.forget`, an indexed lookup). A rebuild tombstones them all
+        """Step 4: the quarantined events of the session's ids under any partition token (a tenant
+        scope's: of every subject of the tenant naming no session), and its strays (refused on
+        another subject of the tenant, their bytes naming the session):
+        :func:`projections.quarantine.forget`, indexed lookups. A rebuild tombstones them all
         (:func:`projections.quarantine.refusal_erased`)."""
-        own = self._pub.layout.session_subject(tenant, session)
         async with self._pool.connection() as conn:
-            await quarantine.forget(conn, [(tenant, session)], [own])
+            await quarantine.forget(conn, self._pub.layout, [(tenant, session)])
 
     async def _delete_objects(self, tenant: str, session: str, to_seq: int) -> int:
         refs: dict[str, BlobRef] = {}

@@ -3,8 +3,9 @@ filed under is decided by its subject (whatever its bytes say), and an erased se
 event is a tombstone, never quarantined: live, in a rebuild and in a verify alike. One quarantined
 before the erasure is deleted by it (live) and tombstoned by a rebuild (the key store knows it
 erased), so ``verify`` stays identical; one published after it is not stored at all; replay shows
-tombstones, never the raw bytes. Refusals decided without the session (a subject that names no
-session, another partition's token) are quarantined as before, and kept."""
+tombstones, never the raw bytes. The session's ids under another partition's token are the
+session's too (deleted, tombstoned); a subject that names no session is the tenant scope's, kept
+until the tenant is erased (tests/integration/test_tenant_erasure_quarantine.py)."""
 
 from __future__ import annotations
 
@@ -65,13 +66,34 @@ async def publish(c: Container, subject: str, data: bytes) -> int:
     return (await c.js.publish(subject, data, stream=c.settings.stream)).seq
 
 
-def unrelated_subjects(c: Container, sid: str) -> list[str]:
-    """Subjects whose refusals are decided without the session: one that names no session, and
-    the erased session's ids under another partition's token (not its session subject)."""
+def wrong_partitions(c: Container, sid: str) -> list[str]:
+    """The session's ids under another partition's token than its own: another partition of the
+    layout's, and one past the layout's count (a subject no tenant may publish on)."""
     subject = c.layout.session_subject(T, sid)
-    part = partition_of(T, sid, c.layout.partitions)
-    other = subject.replace(f".p{part:03d}.", f".p{(part + 1) % c.layout.partitions:03d}.")
-    return [f"{c.layout.prefix}.{T}.nosession", other]
+    token = f".p{partition_of(T, sid, c.layout.partitions):03d}."
+    return [
+        subject.replace(token, f".p{(int(token[2:5]) + 1) % c.layout.partitions:03d}."),
+        subject.replace(token, ".p007."),
+    ]
+
+
+def unrelated_subjects(c: Container) -> list[str]:
+    """Subjects whose refusals are decided without the session: one that names no session (the
+    tenant scope's), and another session's ids under another partition's token."""
+    return [f"{c.layout.prefix}.{T}.nosession", *wrong_partitions(c, "someone-else")]
+
+
+async def rebuilt_as_live(c: Container, conninfo: str) -> list[Any]:
+    """Verify finds no difference, and a rebuild swapped in holds the quarantine rows live held
+    (returned)."""
+    report = await audit.verify(c)
+    assert report.ok, report.differences
+    async with await psycopg.AsyncConnection.connect(conninfo) as conn:
+        before = await quarantine_rows(conn, "public")
+    await audit.rebuild_and_swap(c)
+    async with await psycopg.AsyncConnection.connect(conninfo) as conn:
+        assert await quarantine_rows(conn, "public") == before
+    return before
 
 
 async def erase_elsewhere(c: Container, sid: str) -> int:
@@ -91,13 +113,15 @@ async def test_a_refused_event_quarantined_before_the_erasure_leaves_verify_iden
         await c.commands.append(T, sid, text_message("m1", "kept until the erasure"), None)
         subject = c.layout.session_subject(T, sid)
         bad = await publish(c, subject, MARKER)
-        kept = [await publish(c, s, b"{unrelated refusal") for s in unrelated_subjects(c, sid)]
+        misplaced = [await publish(c, s, MARKER + b" misplaced") for s in wrong_partitions(c, sid)]
+        kept = [await publish(c, s, b"{unrelated refusal") for s in unrelated_subjects(c)]
         await c.waiter.wait_all(kept[-1])
-        assert set(await quarantined(fresh_db)) == {bad, *kept}  # quarantined live, raw bytes kept
+        assert set(await quarantined(fresh_db)) == {bad, *misplaced, *kept}  # quarantined live, raw bytes kept
         assert await stored_anywhere(fresh_db, MARKER)
 
         await erase_elsewhere(c, sid)
-        assert set(await quarantined(fresh_db)) == set(kept)  # the erasure deleted the session's row only
+        # the erasure deleted the session's rows only: its ids under any partition token
+        assert set(await quarantined(fresh_db)) == set(kept)
         report = await audit.verify(c)
         assert report.ok, report.differences
         assert report.live["quarantine"][0] == len(kept)
@@ -119,10 +143,13 @@ async def test_a_refused_event_published_after_the_erasure_is_not_stored_live_or
         await erase_elsewhere(c, sid)
         subject = c.layout.session_subject(T, sid)
         await publish(c, subject, MARKER + b" after")
-        kept = [await publish(c, s, b"{unrelated refusal") for s in unrelated_subjects(c, sid)]
+        for misplaced in wrong_partitions(c, sid):
+            await publish(c, misplaced, MARKER + b" misplaced after")
+        kept = [await publish(c, s, b"{unrelated refusal") for s in unrelated_subjects(c)]
         await c.waiter.wait_all(kept[-1])  # the checkpoint moved past the tombstone
         assert set(await quarantined(fresh_db)) == set(kept)
     async with running_stack(settings) as c:  # a projector that never saw the session
+        await publish(c, wrong_partitions(c, sid)[1], MARKER + b" misplaced after a restart")
         last = await publish(c, subject, MARKER + b" after a restart")
         await c.waiter.wait_all(last)
         assert set(await quarantined(fresh_db)) == set(kept)
@@ -264,13 +291,7 @@ async def test_a_stray_quarantined_before_the_erasure_is_gone_after_it_and_a_reb
         assert set(await quarantined(fresh_db)) == {kept}
         assert await listed(client, sid) == []
         assert await listed(client, live) == [kept]
-        report = await audit.verify(c)
-        assert report.ok, report.differences
-        async with await psycopg.AsyncConnection.connect(fresh_db) as conn:
-            before = await quarantine_rows(conn, "public")
-        await audit.rebuild_and_swap(c)
-        async with await psycopg.AsyncConnection.connect(fresh_db) as conn:
-            assert await quarantine_rows(conn, "public") == before
+        before = await rebuilt_as_live(c, fresh_db)
         assert [r[0] for r in before] == [kept]
         async with await psycopg.AsyncConnection.connect(fresh_db) as conn:
             cur = await conn.execute(
@@ -574,7 +595,7 @@ async def test_the_stray_lookup_and_the_erasures_delete_read_by_index_never_othe
     fresh_db: str,
 ) -> None:
     """Lead's review: another tenant's flood of refused events (large, malformed) must not make an
-    erasure slow. The lookup and the deletes are equality lookups on indexes (migration 031), as
+    erasure slow. The lookups and the deletes read by indexes (migrations 031, 032), as
     the plan says without statistics (this Postgres runs with autovacuum off); and the lookup
     never returns another tenant's row naming the session."""
     await migrate(fresh_db)
@@ -586,17 +607,24 @@ async def test_the_stray_lookup_and_the_erasures_delete_read_by_index_never_othe
             "FROM generate_series(1, 20000) g"
         )
         own = ["chronicle.ev.tenant-b.p000.s"]
+        low, high = quarantine.tenant_range(SubjectLayout(), T)
         plans = []
         asked: list[tuple[str, Any]] = [
             (quarantine._STRAYS, {"tenant": T, "session": "s", "own": own, "from": 1, "to": None}),
-            ("DELETE FROM quarantine WHERE subject = ANY(%s)", (own,)),
+            # a session's rows, its ids under any partition token; the tenant scope's: the tenant's rows
+            (quarantine._OWNED_SESSION, {"rlow": "s.", "rhigh": "s/", "low": low, "high": high}),
+            (quarantine._OWNED_TENANT, {"low": low, "high": high}),
             ("DELETE FROM quarantine WHERE seq = ANY(%s)", ([1, 2],)),
         ]
         for sql, params in asked:
             cur = await conn.execute(b"EXPLAIN " + sql.encode(), params)
             plans.append("\n".join(str(r[0]) for r in await cur.fetchall()))
         assert "quarantine_named" in plans[0], plans[0]
-        assert "quarantine_subject" in plans[1], plans[1]
-        assert "quarantine_pkey" in plans[2], plans[2]
+        assert "quarantine_subject_reversed" in plans[1], plans[1]
+        assert "quarantine_subject_pattern" in plans[2], plans[2]
+        assert "quarantine_pkey" in plans[3], plans[3]
         assert not any("Seq Scan" in p for p in plans), plans
         assert await quarantine.strays(conn, [(T, "s")], own) == []
+        assert await quarantine.owned(conn, SubjectLayout(), T, "s") == []
+        assert await quarantine.tenant_sessions(conn, SubjectLayout(), T) == set()
+        assert len(await quarantine.owned(conn, SubjectLayout(), "tenant-a", "s1")) == 1

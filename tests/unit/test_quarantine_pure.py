@@ -6,6 +6,7 @@ import json
 from datetime import UTC, datetime, timedelta
 
 from events.catalog import SessionErased
+from events.ids import TENANT_SCOPE
 from events.sealing import StaticKeys
 from events.subjects import SubjectLayout, partition_of
 from projections.quarantine import (
@@ -16,6 +17,8 @@ from projections.quarantine import (
     refused_sessions,
     screen,
     storable_text,
+    subject_erased,
+    subject_owner,
     tombstone_erased,
     tombstone_refused,
 )
@@ -51,15 +54,51 @@ def test_screen_tombstones_a_refused_event_under_an_erased_sessions_subject_what
     assert screen(8, subject, b"{bad marker", LAYOUT, keys) == Tombstone(8, subject)
     assert screen(9, subject, other, LAYOUT, keys) == Tombstone(9, subject)
     part = partition_of("tenant-a", "s-1", 4)
+    for other_part in range(4):  # its ids under any partition token (and any other token) are its
+        wrong = subject.replace(f".p{part:03d}.", f".p{other_part:03d}.")
+        assert screen(10, wrong, b"{bad marker", LAYOUT, keys) == Tombstone(10, wrong)
+    odd = subject.replace(f".p{part:03d}.", ".p9999.")
+    assert screen(10, odd, b"{bad marker", LAYOUT, keys) == Tombstone(10, odd)
     decided_without_the_session = [
-        subject.replace(f".p{part:03d}.", f".p{(part + 1) % 4:03d}."),  # not its session subject
-        f"{LAYOUT.prefix}.tenant-a.nosession",
+        f"{LAYOUT.prefix}.tenant-a.nosession",  # the tenant scope's (not erased here)
+        f"{LAYOUT.prefix}.tenant-a.p000.s-1.more",
         LAYOUT.session_subject("tenant-a", "s-2"),  # a live session
+        LAYOUT.session_subject("tenant-b", "s-1"),  # the same session id, another tenant
+        f"{LAYOUT.prefix}-x.tenant-a.p000.s-1",  # another prefix
     ]
     for other_subject in decided_without_the_session:
         refused = screen(10, other_subject, b"{bad marker", LAYOUT, keys)
         assert isinstance(refused, Quarantined), other_subject
         assert refused.raw == b"{bad marker"
+
+
+def test_the_subject_owner_is_the_session_under_any_partition_token_else_the_tenant_scope() -> None:
+    """Pure, from the subject alone: a session's ids under any middle token are the session's; any
+    other subject under a tenant's prefix is the tenant scope's (erased last by a tenant erasure);
+    a subject under no tenant's prefix is nobody's. Tokens are exact: no look-alike maps to a tenant."""
+    p = LAYOUT.prefix
+    assert subject_owner(LAYOUT.session_subject("tenant-a", "s-1"), LAYOUT) == ("tenant-a", "s-1")
+    assert subject_owner(f"{p}.tenant-a.p003.s-1", LAYOUT) == ("tenant-a", "s-1")
+    assert subject_owner(f"{p}.tenant-a.p003.~cyAx", LAYOUT) == ("tenant-a", "s 1")
+    assert subject_owner(f"{p}.tenant_a.p000.s-1", LAYOUT) == ("tenant_a", "s-1")
+    assert subject_owner(LAYOUT.session_subject("tenant-a", TENANT_SCOPE), LAYOUT) == ("tenant-a", TENANT_SCOPE)
+    for scoped in [
+        f"{p}.tenant-a.nosession",
+        f"{p}.tenant-a.p000.s-1.more",
+        f"{p}.tenant-a.p000.~cyAx=",  # not canonical
+        f"{p}.tenant-a.p000.~AA",  # a NUL: no session id
+        f"{p}.tenant-a.p000.~_w",  # not UTF-8
+        f"{p}.tenant-a.p000.~Lw",  # '/': no session id
+    ]:
+        assert subject_owner(scoped, LAYOUT) == ("tenant-a", TENANT_SCOPE), scoped
+    for nobodys in [f"{p}.tenant-a", f"{p}.~dGVuYW50LWE.p000.s", f"{p}.=.p000.s", "other.tenant-a.p000.s", p]:
+        assert subject_owner(nobodys, LAYOUT) is None, nobodys
+    keys = StaticKeys()
+    keys.erase("tenant-a", TENANT_SCOPE)  # a tenant erasure's last step
+    assert subject_erased(f"{p}.tenant-a.nosession", LAYOUT, keys)
+    assert not subject_erased(f"{p}.tenant-a.p000.s-1", LAYOUT, keys)  # its own session decides
+    assert not subject_erased(f"{p}.tenant-ab.nosession", LAYOUT, keys)
+    assert not subject_erased(f"{p}.tenant_a.nosession", LAYOUT, keys)
 
 
 def test_screen_tombstones_a_stray_whose_bytes_name_an_erased_session_on_any_subject() -> None:
@@ -90,11 +129,14 @@ def test_screen_tombstones_a_stray_whose_bytes_name_an_erased_session_on_any_sub
         json.dumps(stray).encode()[:-1],  # cut
         b"[" * 100_000,  # nested past the parser's depth: no RecursionError
     ]
+    live_part = partition_of("tenant-a", "s-2", 4)
+    live_wrong = live_subject.replace(f".p{live_part:03d}.", f".p{(live_part + 1) % 4:03d}.")
     for data in kept:
-        refused = screen(6, wrong_part, data, LAYOUT, keys)
+        refused = screen(6, live_wrong, data, LAYOUT, keys)
         assert isinstance(refused, Quarantined), data[:80]
         assert refused.raw == data
-    assert screen(6, wrong_part, kept[0], LAYOUT) == screen(6, wrong_part, kept[0], LAYOUT, keys)
+        assert screen(6, wrong_part, data, LAYOUT, keys) == Tombstone(6, wrong_part)  # the erased one's ids
+    assert screen(6, live_wrong, kept[0], LAYOUT) == screen(6, live_wrong, kept[0], LAYOUT, keys)
     assert isinstance(screen(7, wrong_part, json.dumps(stray).encode(), LAYOUT), Quarantined)  # no keys: as before
 
 
