@@ -13,6 +13,7 @@ from pydantic import ValidationError
 
 from events.admission import Refused
 from events.blobs import BlobNotFound
+from events.ids import TENANT_SCOPE
 from events.publisher import PublishFailed
 from events.sealing import KeyDestroyed, KeyUnavailable
 from events.validation import error_items, validation_detail
@@ -38,6 +39,19 @@ def validation_errors(exc: ValidationError) -> list[dict[str, Any]]:
     return error_items(exc.errors(include_url=False))
 
 
+def erased_detail(session: str) -> str:
+    """Why a write meeting ``session``'s destroyed key is ``410 session_erased``: the session was
+    erased, or (the tenant scope, which no request names) a tenant erasure erased the tenant's
+    tenant-level entries, so a skill write (``set_context`` on a skills block, ``skills put``) has
+    nowhere to go."""
+    if session == TENANT_SCOPE:
+        return (
+            "the tenant's tenant-level entries (its skills index) were erased by a tenant erasure: "
+            "it takes no more skills"
+        )
+    return f"session {session!r} was erased"
+
+
 def problem_of(exc: BaseException) -> Problem | None:
     """The problem for an error a request may meet; None for one that is a bug (500)."""
     if isinstance(exc, BatchFailed):
@@ -56,7 +70,7 @@ def problem_of(exc: BaseException) -> Problem | None:
         status, code = (413, "payload_too_large") if exc.reason == "too_large" else (422, "invalid_request")
         return problem(status, code, "The request would make an event the log refuses", exc.detail, reason=exc.reason)
     if isinstance(exc, KeyDestroyed):  # the session's data key is destroyed: it takes no writes
-        return problem_of(ErasedSession(f"session {exc.session!r} was erased"))
+        return problem_of(ErasedSession(erased_detail(exc.session)))
     if isinstance(exc, SearchTimedOut):
         return problem_of(SearchTimeout(exc.timeout_s))
     if isinstance(exc, KeyUnavailable):  # a data key this process cannot open: a configuration to fix

@@ -13,7 +13,9 @@ from collections.abc import Callable
 
 import psycopg
 import pytest
+from minio import Minio
 
+from events.context import SessionConfig, SkillsBlock
 from events.ids import TENANT_SCOPE
 from events.subjects import partition_of
 from services.audit import readers as audit
@@ -21,7 +23,7 @@ from services.bootstrap import Container
 from services.settings import Settings
 from tests.conftest import make_settings, running_stack
 from tests.integration.helpers import appended, text_message
-from tests.integration.test_erased_quarantine import T, publish, quarantined, rebuilt_as_live, stored_anywhere
+from tests.integration.test_erased_quarantine import T, api, publish, quarantined, rebuilt_as_live, stored_anywhere
 from tests.support import chronicle_cli
 
 SECRET = b"tenant secret"
@@ -165,3 +167,27 @@ async def test_a_tenant_known_only_by_a_refusal_on_a_subject_naming_no_session_i
         assert await quarantined(fresh_db) == {}
         assert not await stored_anywhere(fresh_db, SECRET)
         assert (await audit.verify(c)).ok
+
+
+async def test_a_skill_write_of_a_tenant_whose_tenant_level_entries_were_erased_says_so(
+    nats_url: str, fresh_db: str, s3_endpoint: str, new_id: Callable[[str], str]
+) -> None:
+    """``set_context`` on a skills block, once a tenant erasure erased the tenant scope: ``410
+    session_erased`` naming the tenant-level entries, not "session ''"."""
+    sid, bucket = new_id("skills"), f"skills-{uuid.uuid4().hex[:8]}"
+    settings = make_settings(nats_url, fresh_db, s3_endpoint=s3_endpoint)
+    s = settings
+    Minio(s.s3_endpoint, s.s3_access_key, s.s3_secret_key, secure=False, region=s.s3_region).make_bucket(bucket)
+    async with running_stack(settings) as c, api(c) as client:
+        config = SessionConfig(blocks=[SkillsBlock(label="skills", bucket=bucket)])
+        await c.waiter.wait_all(await c.context.configure(T, sid, config), timeout_s=20)
+        await c.eraser.erase_session(T, TENANT_SCOPE, must_exist=False)
+        r = await client.post(
+            f"/v1/sessions/{sid}/tools/set_context", json={"label": "skills", "title": "greet", "content": "Hello."}
+        )
+        assert r.status_code == 410, r.text
+        body = r.json()
+        assert body["code"] == "session_erased"
+        assert "session ''" not in body["detail"]
+        assert "tenant-level entries" in body["detail"]
+        assert "tenant erasure" in body["detail"]
