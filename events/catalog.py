@@ -317,12 +317,16 @@ class SearchEntryIndexed(Event):
 
 
 class SkillIndexed(Event):
-    """A skill document stored in (or found in) a bucket; tenant-scoped (``session == ""``)."""
+    """A skill document stored in (or found in) a bucket; tenant-scoped (``session == ""``).
+    v2 has v1's fields; a writer that seals stores ``key``, ``description`` and ``etag`` (a hash
+    of the document) sealed with the tenant scope's data key (events/sealing.py): a key may be
+    made from the document's title or text. v1 events are never sealed, so a release that reads
+    only v1 meets a sealed one as a newer version, not as a seal it cannot open."""
 
     TYPE: ClassVar[str] = "skill.indexed"
-    VERSION: ClassVar[int] = 1
+    VERSION: ClassVar[int] = 2
     type: Literal["skill.indexed"] = "skill.indexed"
-    version: Literal[1] = 1
+    version: Literal[2] = 2
 
     bucket: str
     key: str
@@ -332,12 +336,13 @@ class SkillIndexed(Event):
 
 
 class SkillRemoved(Event):
-    """A skill document disappeared from its bucket (found by ``chronicle skills sync``)."""
+    """A skill document disappeared from its bucket (found by ``chronicle skills sync``).
+    v2 has v1's fields; ``key`` is sealed as in ``skill.indexed`` v2."""
 
     TYPE: ClassVar[str] = "skill.removed"
-    VERSION: ClassVar[int] = 1
+    VERSION: ClassVar[int] = 2
     type: Literal["skill.removed"] = "skill.removed"
-    version: Literal[1] = 1
+    version: Literal[2] = 2
 
     bucket: str
     key: str
@@ -345,12 +350,14 @@ class SkillRemoved(Event):
 
 class SkillLoaded(Event):
     """v2 adds ``tool_call_id``: the ``load_context`` call that loaded the skill, when the caller
-    said, so an unload can reclaim that output even before its message is stored."""
+    said, so an unload can reclaim that output even before its message is stored. v3 has v2's
+    fields; a writer that seals stores ``key`` sealed with the session's data key (as in
+    ``skill.indexed`` v2, whose key it is)."""
 
     TYPE: ClassVar[str] = "skill.loaded"
-    VERSION: ClassVar[int] = 2
+    VERSION: ClassVar[int] = 3
     type: Literal["skill.loaded"] = "skill.loaded"
-    version: Literal[2] = 2
+    version: Literal[3] = 3
 
     label: str
     key: str
@@ -360,12 +367,13 @@ class SkillLoaded(Event):
 class SkillUnloaded(Event):
     """Unloading a skill; ``tool_call_id`` names the tool output that history reads now show as
     ``[skill unloaded: <key>]`` (the original stays in the log), in message ``message_id``, or in
-    whichever message carries that call when ``message_id`` is None (not stored yet)."""
+    whichever message carries that call when ``message_id`` is None (not stored yet). v2 has v1's
+    fields; ``key`` is sealed as in ``skill.loaded`` v3."""
 
     TYPE: ClassVar[str] = "skill.unloaded"
-    VERSION: ClassVar[int] = 1
+    VERSION: ClassVar[int] = 2
     type: Literal["skill.unloaded"] = "skill.unloaded"
-    version: Literal[1] = 1
+    version: Literal[2] = 2
 
     label: str
     key: str

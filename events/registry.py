@@ -39,6 +39,17 @@ def _skill_loaded_v1_to_v2(raw: dict[str, Any]) -> dict[str, Any]:
     return {**raw, "version": 2, "tool_call_id": None}
 
 
+def _skill_loaded_v2_to_v3(raw: dict[str, Any]) -> dict[str, Any]:
+    """v3 has v2's fields (its ``key`` may be sealed: an unsealed v2 event keeps it as it is)."""
+    return {**raw, "version": 3}
+
+
+def _skill_unsealed_v1_to_v2(raw: dict[str, Any]) -> dict[str, Any]:
+    """``skill.indexed``, ``skill.removed`` and ``skill.unloaded`` v2 have v1's fields (some of
+    them may be sealed: a v1 event, never sealed, keeps them as they are)."""
+    return {**raw, "version": 2}
+
+
 def _compaction_failed_v1_to_v2(raw: dict[str, Any]) -> dict[str, Any]:
     """v1 failures did not name the request's estimate or settings: they hold nothing (as a
     manual failure's)."""
@@ -61,6 +72,10 @@ UPCASTERS: dict[tuple[str, int], Upcaster] = {
     ("message.appended", 2): _message_appended_v2_to_v3,
     ("message.updated", 1): _message_updated_v1_to_v2,
     ("skill.loaded", 1): _skill_loaded_v1_to_v2,
+    ("skill.loaded", 2): _skill_loaded_v2_to_v3,
+    ("skill.indexed", 1): _skill_unsealed_v1_to_v2,
+    ("skill.removed", 1): _skill_unsealed_v1_to_v2,
+    ("skill.unloaded", 1): _skill_unsealed_v1_to_v2,
     ("compaction.failed", 1): _compaction_failed_v1_to_v2,
     ("session.erased", 1): _session_erased_v1_to_v2,
     ("session.erased", 2): _session_erased_v2_to_v3,

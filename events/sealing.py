@@ -8,7 +8,9 @@ as it is; the fields of :data:`SEALED_FIELDS` leave the JSON and travel in one `
 
 ``ct`` is AES-256-GCM of the sealed fields' canonical JSON under the session's data key, with the
 envelope (id, type, version, tenant, session) as associated data: a ciphertext moved onto
-another event or session does not open. Nonces are random (96 bits): sealing the same event twice
+another event or session does not open. A tenant-level event (the skills index: session ``""``,
+:data:`events.ids.TENANT_SCOPE`) is sealed with the tenant scope's data key, which a tenant's
+erasure destroys after its sessions'. Nonces are random (96 bits): sealing the same event twice
 gives different bytes, which changes nothing, since the event id (``Nats-Msg-Id``) is what
 JetStream deduplicates on and a message's ``body_sha256`` (inside the seal) is computed over the
 plaintext, so "the same message again" is still recognised by the writers, which hold it.
@@ -64,12 +66,21 @@ SEALED_FIELDS: dict[str, tuple[str, ...]] = {
     "session.renamed": ("name",),
     "session.ended": ("reason",),
     "session.configured": ("config",),
+    # a skill's key may be made from its title or text (``set_context``), and its etag is a hash
+    # of the document: sealed with the tenant scope's data key (its session is ``""``), which a
+    # tenant's erasure destroys; a session's loads and unloads name the key too
+    "skill.indexed": ("key", "description", "etag"),
+    "skill.removed": ("key",),
+    "skill.loaded": ("key",),
+    "skill.unloaded": ("key",),
 }
 """Per event type, the fields that are personal data (message bodies and their hashes, context
 and search entry contents, rendered prompts, summaries, a summarizer's error, session names and
-metadata, the reason a session ended, a configuration, whose readonly blocks may hold text). A
-skill's output reaches the log as a tool result inside a message body. Token counts and costs
-(``session.usage_added``) are not."""
+metadata, the reason a session ended, a configuration, whose readonly blocks may hold text, a
+skill's key, description and document hash). A skill's output reaches the log as a tool result
+inside a message body. Token counts and costs (``session.usage_added``) are not. A type added
+here gets a new version (its earlier versions were never sealed): a release that does not know
+it seals that type refuses its sealed events as ``newer_version``, not as a seal it cannot open."""
 
 NONCE_BYTES = 12
 KEY_BYTES = 32

@@ -53,7 +53,8 @@ def _sealed_note(event_type: str) -> str:
     return (
         f" Where the deployment seals (CHRONICLE_ENCRYPTION), the personal fields ({named}) are removed and travel "
         f'in `"{SEALED}": {{"kid", "nonce", "ct"}}`: `ct` is the AES-256-GCM ciphertext (base64, the 12-byte '
-        "`nonce` too) of their JSON object, under the session's data key (`GET /v1/sessions/{sid}/data-key`), with "
+        "`nonce` too) of their JSON object, under the session's data key (`GET /v1/sessions/{sid}/data-key`; a "
+        "tenant-level event's, session `\"\"`, under the tenant scope's, which Chronicle alone holds), with "
         "the event's `id`, `type`, `version`, `tenant` and `session` joined by newlines as associated data "
         "(events/sealing.py; docs/security.md)."
     )

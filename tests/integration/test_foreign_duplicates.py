@@ -233,11 +233,8 @@ async def test_a_skill_whose_id_another_tenant_took_is_indexed_under_a_fresh_id(
     await take_event_id(settings, ATTACKER, stolen)
     seq = await c.context.record_skill(VICTIM, bucket, key, "how to", "etag-1", 12)
     subject, msg_id, data = await stored(c, seq)
-    assert (subject, data["type"], data["key"]) == (
-        c.layout.session_subject(VICTIM, TENANT_SCOPE),
-        "skill.indexed",
-        key,
-    )
+    # its key is read from the index (sealed under CHRONICLE_TEST_ENCRYPTION=1)
+    assert (subject, data["type"]) == (c.layout.session_subject(VICTIM, TENANT_SCOPE), "skill.indexed")
     assert msg_id == data["id"] != stolen
     async with c.pool.connection() as conn:
         assert await context_queries.indexed_skills(conn, VICTIM, bucket) == {key: "etag-1"}

@@ -82,10 +82,20 @@ def test_claim_check_fixture_exists() -> None:
     assert raw["message_ref"] is not None
 
 
-def test_skill_loaded_v1_is_lifted_to_v2_without_a_tool_call() -> None:
+def test_skill_loaded_v1_is_lifted_to_v3_without_a_tool_call() -> None:
     event = decode((FIXTURES / "skill.loaded.v1.json").read_bytes())
     assert isinstance(event, SkillLoaded)
-    assert (event.version, event.tool_call_id, event.key) == (2, None, "tax")
+    assert (event.version, event.tool_call_id, event.key) == (3, None, "tax")
+
+
+@pytest.mark.parametrize("old", ["skill.indexed.v1", "skill.removed.v1", "skill.loaded.v2", "skill.unloaded.v1"])
+def test_an_unsealed_skill_event_of_before_sealing_keeps_its_fields(old: str) -> None:
+    """The skill events' versions that sealing added have their predecessors' fields: an event
+    stored before (plaintext, never sealed) reads as it was, its key included."""
+    raw = load(FIXTURES / f"{old}.json")
+    event = decode(json.dumps(raw))
+    assert event.version == CURRENT[raw["type"]].VERSION == raw["version"] + 1
+    assert json.loads(event.to_json()) == {**raw, "version": event.version}
 
 
 def test_session_erased_v1_is_lifted_to_v3_naming_no_requester_or_reason_and_proving_nothing() -> None:

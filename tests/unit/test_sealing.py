@@ -9,7 +9,18 @@ import pytest
 
 from events.admission import Refused, admit, admit_body
 from events.blobs import BlobRef, sha256_hex
-from events.catalog import ContextWritten, PromptRendered, SessionErased, erasure_statement
+from events.catalog import (
+    ContextWritten,
+    PromptRendered,
+    SessionErased,
+    SkillIndexed,
+    SkillLoaded,
+    SkillRemoved,
+    SkillUnloaded,
+    erasure_statement,
+)
+from events.envelope import Event
+from events.ids import TENANT_SCOPE
 from events.sealing import (
     SEALED,
     SEALED_FIELDS,
@@ -252,6 +263,40 @@ def test_a_tombstone_shows_the_envelope_and_ids_only() -> None:
     assert gone["size"] == len(data)
     assert SEALED not in gone
     assert "role" not in gone
+
+
+SLUG = f"skills/{CANARY}-alpha"
+ETAG = "9b2cf535f27731c974343645a3985328"
+SKILL_EVENTS: list[Event] = [
+    SkillIndexed(
+        tenant="tenant-a", session=TENANT_SCOPE, bucket="b", key=SLUG, description=f"about {CANARY}", etag=ETAG, size=9
+    ),
+    SkillRemoved(tenant="tenant-a", session=TENANT_SCOPE, bucket="b", key=SLUG),
+    SkillLoaded(tenant="tenant-a", session="s-1", label="skills", key=SLUG, tool_call_id="call-1"),
+    SkillUnloaded(tenant="tenant-a", session="s-1", label="skills", key=SLUG, message_id="m1", tool_call_id="call-1"),
+]
+
+
+@pytest.mark.parametrize("event", SKILL_EVENTS, ids=lambda e: e.type)
+def test_a_skill_event_seals_its_key_description_and_etag_with_its_scopes_key(event: Event) -> None:
+    """A skill's key may be made from its title or text, and its etag hashes the document: sealed
+    (a tenant-level event with the tenant scope's key), opened back into the same event, and a
+    tombstone once that key is destroyed (a tenant's erasure destroys the tenant scope's)."""
+    keys = StaticKeys()
+    key = new_data_key("dk-1")
+    keys.put(event.tenant, event.session, key)
+    data = seal_event(event, event.to_json(), key)
+    raw = json.loads(data)
+    assert CANARY.encode() not in data
+    assert ETAG.encode() not in data
+    assert not {"key", "description", "etag"} & set(raw)
+    assert raw["version"] == type(event).VERSION
+    subject = LAYOUT.session_subject(event.tenant, event.session)
+    assert admit(data, subject, LAYOUT, keys) == event
+    assert len(data) == sealed_size(event, key)
+    keys.erase(event.tenant, event.session)
+    assert screen(7, subject, data, LAYOUT, keys) == Tombstone(7, subject)
+    assert CANARY not in json.dumps(tombstone_of(data))
 
 
 def test_every_sealed_field_is_a_field_of_its_event_type() -> None:
