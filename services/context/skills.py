@@ -12,7 +12,7 @@ from events.catalog import (
     SkillUnloaded,
 )
 from events.context import SessionConfig, SkillsBlock
-from events.ids import TENANT_SCOPE, derived_id
+from events.ids import TENANT_SCOPE, derived_id, keyed_digest
 from projections import context_queries
 from services.context.blocks import Conn, ContextBlocks
 from services.context.entry_keys import unsafe_object_key
@@ -44,6 +44,12 @@ class ContextSkills(ContextBlocks):
         self, tenant: str, bucket: str, key: str, description: str | None, etag: str, size: int
     ) -> int:
         event_id = derived_id("skill", tenant, bucket, key, etag, description)
+        scope_key = await self._pub.keys.for_writing(tenant, TENANT_SCOPE) if self._pub.keys is not None else None
+        if scope_key is not None:
+            # sealed: an id derived from the key, description and etag alone would confirm a guess
+            # of them, as a plain hash would; keyed with the tenant scope's data key, it is still
+            # one id per document (a retry is deduplicated) and no one without that key derives it
+            event_id = derived_id("skill-sealed", tenant, keyed_digest(scope_key.secret.hex(), event_id))
         event = SkillIndexed(
             id=event_id,
             tenant=tenant,
@@ -54,7 +60,7 @@ class ContextSkills(ContextBlocks):
             etag=etag,
             size=size,
         )
-        # the id derives from public inputs: one taken on another subject gets a fresh id (as the
+        # an id derived from public inputs may be taken on another subject: then a fresh id (as the
         # compaction worker's overlay does, services/compaction/service.py)
         seq = (await self._pub.publish(event, fresh_id_on_foreign=True)).seq
         await self._cond.catch_up(tenant, TENANT_SCOPE)  # the next render sees it
