@@ -164,10 +164,15 @@ class Tools:
         tools' own failures (unknown label, read-only block, over budget …).
 
         What is not the arguments' fault raises :class:`~chronicle_sdk.ChronicleError` as any
-        other call does: the server unreachable or failing (:class:`~chronicle_sdk.TransientError`,
-        after the client's retries; :class:`~chronicle_sdk.ServerError`), authentication
-        (:class:`~chronicle_sdk.Unauthorized`), the session deleted or erased, an invalid session
-        id, and the builder's config refused when it is sent before the first call.
+        other call does: the server unreachable or answering an error status
+        (:class:`~chronicle_sdk.TransientError`, after the client's retries;
+        :class:`~chronicle_sdk.ServerError`), authentication (:class:`~chronicle_sdk.Unauthorized`),
+        the session deleted or erased, an invalid session id, and the builder's config refused when
+        it is sent before the first call. A backing service that fails while the server runs one of
+        Chronicle's tools (the read model not catching up in time, object storage failing) is a
+        failure of the tool, as in the reference: the server answers ``200`` and this returns
+        ``Error: <the problem's title>`` (not retried; such a result does not say whether a write
+        the tool was making was stored, so read the block before repeating an ``append``).
         """
         executor = self._exec.get(name)
         if executor is None:
