@@ -48,12 +48,29 @@ class PrefixSurvey:
     """Keys under the prefix (each counted once, however many versions it has)."""
 
 
+READ_TIMEOUT_S = 15.0
+"""How long a request waits for the store's next bytes before it fails (not retried)."""
+
+
 class SkillStore:
-    def __init__(self, endpoint: str, access_key: str, secret_key: str, *, secure: bool, region: str | None) -> None:
-        # Short timeouts and few retries: a slow object store must fail a request, not hang it.
+    def __init__(
+        self,
+        endpoint: str,
+        access_key: str,
+        secret_key: str,
+        *,
+        secure: bool,
+        region: str | None,
+        read_timeout_s: float = READ_TIMEOUT_S,
+    ) -> None:
+        # Short timeouts and few retries: a slow object store must fail a request, not hang it. A
+        # read that timed out is not retried here (read=0): a store that answered nothing for
+        # that long fails the request at once, and the caller's own retries (the SDK's, the
+        # projector's) decide; retried here it held each request three times as long (an outside
+        # trial: a stalled store kept one SDK call 229 s, 45 s an attempt).
         http = urllib3.PoolManager(
-            timeout=urllib3.Timeout(connect=3.0, read=15.0),
-            retries=urllib3.Retry(total=2, backoff_factor=0.2, status_forcelist=[500, 502, 503, 504]),
+            timeout=urllib3.Timeout(connect=3.0, read=read_timeout_s),
+            retries=urllib3.Retry(total=2, read=0, backoff_factor=0.2, status_forcelist=[500, 502, 503, 504]),
             maxsize=16,
         )
         self._client = Minio(
