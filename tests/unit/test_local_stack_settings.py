@@ -129,3 +129,16 @@ def test_a_record_of_another_user_is_not_followed(recorded: tuple[Path, str]) ->
     os.chown(data / STACK_RECORD, 65534, 65534)
     with pytest.raises(UnusableSetting, match=re.escape(f"{data / STACK_RECORD} is not followed")):
         Settings(data_dir=str(data)).with_local_stack()
+
+
+def test_the_stacks_address_given_as_a_bare_host_port_still_takes_its_identity(
+    recorded: tuple[Path, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """(``CHRONICLE_NATS_URL=127.0.0.1:<port>``, the stack's address without its scheme, went
+    without the stack's identity: "authorization failed".) A bare host:port is nats://host:port."""
+    data, seed = recorded
+    monkeypatch.setenv("CHRONICLE_NATS_URL", URL.removeprefix("nats://"))
+    settings = Settings(data_dir=str(data)).with_local_stack()
+    assert settings.nats_url == URL
+    assert settings.nats_nkey_seed is not None
+    assert settings.nats_nkey_seed.get_secret_value() == seed

