@@ -112,9 +112,9 @@ def run_bench(settings: Settings, args: argparse.Namespace) -> int:
     return 0
 
 
-def parser() -> argparse.ArgumentParser:
+def parser(prog: str = "python -m bench") -> argparse.ArgumentParser:
     """``python -m bench {bench,chaos,failover} …`` (also reached as ``chronicle bench|chaos|failover``)."""
-    top = OneLineParser(prog="python -m bench", description="Chronicle's benchmarks and fault drills")
+    top = OneLineParser(prog=prog, description="Chronicle's benchmarks and fault drills")
     sub = top.add_subparsers(dest="command", required=True)
     p_bench = sub.add_parser("bench", help="benchmarks on private infrastructure, against a same-run baseline")
     p_bench.add_argument(
@@ -163,8 +163,10 @@ def parser() -> argparse.ArgumentParser:
     return top
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parser().parse_args(argv)
+def main(argv: list[str] | None = None, *, prog: str = "python -m bench") -> int:
+    """``python -m bench …``; ``chronicle bench|chaos|failover …`` hands its arguments here with
+    ``prog="chronicle"``, so that the usage and the refusals name the command that was run."""
+    args = parser(prog).parse_args(argv)
     settings = load_settings()
     logs.configure(settings.log_level, settings.log_format)
     match args.command:

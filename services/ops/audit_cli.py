@@ -277,6 +277,8 @@ async def run_skills(settings: Settings, args: argparse.Namespace) -> int:
         if args.bucket in c.context.reserved_buckets:  # as a session config's skills block is refused
             print(f"{said} bucket {args.bucket!r} is reserved for Chronicle's own data", file=sys.stderr)
             return 2
+        # as a session config's skills block, neither makes a bucket: its owner does, with its policy
+        missing = c.context.skills is not None and not await c.context.skills.bucket_exists(args.bucket)
         if args.skills_command == "put":
             try:
                 content = await asyncio.to_thread(Path(args.file).read_text, encoding="utf-8")
@@ -286,6 +288,9 @@ async def run_skills(settings: Settings, args: argparse.Namespace) -> int:
             except OSError as exc:  # no such file, a directory, not readable
                 print(f"{said} {args.file}: {exc.strerror or exc}", file=sys.stderr)
                 return 2
+            if missing:
+                print(f"{said} bucket {args.bucket!r} does not exist: create it first", file=sys.stderr)
+                return 2
             try:
                 seq = await c.context.put_skill(args.tenant, args.bucket, args.key, content, args.description)
             except KeyDestroyed:  # refused before anything is uploaded (ContextService.put_skill)
@@ -293,7 +298,7 @@ async def run_skills(settings: Settings, args: argparse.Namespace) -> int:
                 return 2
             print(f"stored {args.bucket}/{args.key} ({len(content.encode())} bytes); recorded at sequence {seq}")
             return 0
-        if c.context.skills is not None and not await c.context.skills.bucket_exists(args.bucket):
+        if missing:
             print(f"{said} bucket {args.bucket!r} does not exist: nothing to index", file=sys.stderr)
             return 2
         report = await audit.sync_skills(c, args.tenant, args.bucket, args.prefix)

@@ -21,6 +21,7 @@ import psycopg.conninfo
 import pydantic
 import pydantic_settings
 
+from events.context import BUCKET_RE
 from events.credentials import tenant_nkey_seed
 from events.ids import InvalidId, check_session, check_tenant
 from events.log import ReadIncomplete
@@ -30,6 +31,7 @@ from services.ops.natsconf import ClusterNode, MissingOperator, NatsAccess, clus
 from services.settings import (
     STACK_RECORD,
     Settings,
+    UnusableResource,
     UnusableSetting,
     api_key_entry,
     load_settings,
@@ -84,6 +86,13 @@ def session_id(text: str) -> str:
     return _id(check_session, text)
 
 
+def s3_bucket(text: str) -> str:
+    """A ``--bucket`` argument: an S3 bucket name (argparse's type), as a session config's takes it."""
+    if not BUCKET_RE.match(text):
+        raise argparse.ArgumentTypeError(f"{text[:100]!r} is not an S3 bucket name")
+    return text
+
+
 def _id(check: Callable[[str], str], text: str) -> str:
     try:
         return check(text)
@@ -105,7 +114,7 @@ def run_drill(argv: list[str]) -> int:
             f"chronicle {argv[0]}: the benchmarks ship with the source checkout: run `python -m bench`", file=sys.stderr
         )
         return 2
-    status: int = drills.main(argv)
+    status: int = drills.main(argv, prog="chronicle")
     return status
 
 
@@ -192,12 +201,12 @@ def main(argv: list[str] | None = None) -> int:
     skills_sub = p_skills.add_subparsers(dest="skills_command", required=True)
     p_put = skills_sub.add_parser("put", help="upload a skill document and record it in the skills index")
     p_put.add_argument("file")
-    p_put.add_argument("--bucket", required=True)
+    p_put.add_argument("--bucket", type=s3_bucket, required=True)
     p_put.add_argument("--key", required=True, help="object key (include the block's prefix, e.g. skills/tax)")
     p_put.add_argument("--description", default=None)
     p_put.add_argument("--tenant", type=tenant_id, default="default")
     p_sync = skills_sub.add_parser("sync", help="index objects uploaded out of band")
-    p_sync.add_argument("--bucket", required=True)
+    p_sync.add_argument("--bucket", type=s3_bucket, required=True)
     p_sync.add_argument("--prefix", default="")
     p_sync.add_argument("--tenant", type=tenant_id, default="default")
     for name, what in DRILLS.items():
@@ -275,7 +284,11 @@ def main(argv: list[str] | None = None) -> int:
     keys_sub = p_keys.add_subparsers(dest="keys_command", required=True)
     keys_sub.add_parser("new-kek", help="print a new key-encryption key (put it first in CHRONICLE_KEK)")
     keys_sub.add_parser("rewrap", help="wrap every data key under the current (first) key-encryption key")
-    args = parser.parse_args(argv)
+    argv = sys.argv[1:] if argv is None else argv
+    # a drill's own parser reads the rest, --help included (argparse's remainder would not take an
+    # option as its first word: `chronicle bench --help` was refused)
+    runs_drill = bool(argv) and argv[0] in DRILLS
+    args = argparse.Namespace(command=argv[0], rest=argv[1:]) if runs_drill else parser.parse_args(argv)
     if args.command == "keygen":  # no setting used: it makes the entry a bad CHRONICLE_API_KEYS lacks
         return keygen(args)
 
@@ -352,6 +365,9 @@ def main(argv: list[str] | None = None) -> int:
             flush=True,
         )
         return SETTINGS_EXIT
+    except UnusableResource as exc:  # the API's port taken
+        print(f"chronicle {args.command}: {exc}", file=sys.stderr, flush=True)
+        return UNREACHABLE_EXIT
     except psycopg.OperationalError as exc:  # Postgres not there, refusing, or no such database
         print(
             f"chronicle {args.command}: the database of CHRONICLE_DATABASE_URL ({_database(settings.database_url)}) "

@@ -21,7 +21,7 @@ from services.api.app import build_app
 from services.api.http_head import head_bounded_protocol
 from services.bootstrap import open_container, settle_heap
 from services.commands_nats.app import serving_commands
-from services.settings import Settings
+from services.settings import Settings, UnusableResource
 
 log = logging.getLogger("chronicle")
 
@@ -151,10 +151,14 @@ def listening_socket(host: str, port: int, *, reuse_port: bool) -> socket.socket
     (Linux spreads incoming connections over them)."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    if reuse_port:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-    sock.bind((host, port))
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if reuse_port:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        sock.bind((host, port))
+    except OSError:
+        sock.close()
+        raise
     sock.set_inheritable(True)
     return sock
 
@@ -200,6 +204,28 @@ def run_api(settings: Settings) -> None:
 
 
 async def _serve_api(settings: Settings) -> None:
+    # the port first: one another process holds stops the API in one line, before anything opens
+    sock = api_socket(settings)
+    try:
+        await _serve_api_on(settings, sock)
+    finally:
+        sock.close()
+
+
+def api_socket(settings: Settings) -> socket.socket:
+    """The API's bound socket (shared with the other API processes with ``api_reuse_port``); a
+    port that cannot be bound (another process listens there, an address not this machine's) is
+    an :class:`UnusableResource` naming the settings."""
+    try:
+        return listening_socket(settings.api_host, settings.api_port, reuse_port=settings.api_reuse_port)
+    except OSError as exc:
+        raise UnusableResource(
+            f"CHRONICLE_API_PORT {settings.api_port} on CHRONICLE_API_HOST {settings.api_host} cannot be listened on: "
+            f"{exc.strerror or exc} (another process there? stop it, or set CHRONICLE_API_PORT)"
+        ) from None
+
+
+async def _serve_api_on(settings: Settings, sock: socket.socket) -> None:
     async with open_container(settings, warm_reads=True) as c:
         app = build_app(settings, c)
         settle_heap()
@@ -219,14 +245,7 @@ async def _serve_api(settings: Settings) -> None:
         for sig in (signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, _stopped_by_the_server)
         async with stopped_if_nats_closes(lambda: [c.nc], lambda: setattr(server, "should_exit", True)):
-            if not settings.api_reuse_port:
-                await server.serve()
-                return
-            sock = listening_socket(settings.api_host, settings.api_port, reuse_port=True)
-            try:
-                await server.serve(sockets=[sock])
-            finally:
-                sock.close()
+            await server.serve(sockets=[sock])
 
 
 def _stopped_by_the_server(signum: int, frame: FrameType | None) -> None:

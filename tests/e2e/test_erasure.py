@@ -147,14 +147,18 @@ def tables_holding(db: str, needle: str) -> list[str]:
     return found
 
 
+def s3(settings: Settings) -> Minio:
+    return Minio(settings.s3_endpoint, "testing", "testing", secure=False, region="us-east-1")
+
+
 def objects_holding(settings: Settings, needle: bytes) -> tuple[list[str], int]:
     """The S3 objects (every bucket) whose bytes hold ``needle``, and how many objects were read."""
-    s3 = Minio(settings.s3_endpoint, "testing", "testing", secure=False, region="us-east-1")
+    store = s3(settings)
     found, read = [], 0
-    for bucket in s3.list_buckets():
-        for obj in s3.list_objects(bucket.name, recursive=True):
+    for bucket in store.list_buckets():
+        for obj in store.list_objects(bucket.name, recursive=True):
             assert obj.object_name is not None
-            resp = s3.get_object(bucket.name, obj.object_name)
+            resp = store.get_object(bucket.name, obj.object_name)
             try:
                 data = resp.read()
             finally:
@@ -250,6 +254,7 @@ async def test_a_tenant_is_erased_with_every_session_and_other_tenants_keep_thei
         doc = tmp_path / "skill.md"
         doc.write_text(f"# A skill\n{word}\n")
         bucket = f"skills-{uuid.uuid4().hex[:8]}"
+        s3(settings).make_bucket(bucket)  # `skills put` makes none
         put = cli(
             settings, "skills", "put", str(doc), "--bucket", bucket, "--key", "skills/one", "--tenant", "tenant-b"
         )
@@ -337,6 +342,7 @@ async def test_erasing_a_tenant_that_never_existed_burns_no_name(sealed: tuple[S
     doc = tmp_path / "skill.md"
     doc.write_text(f"# A skill\n{word}\n")
     bucket = f"skills-{uuid.uuid4().hex[:8]}"
+    s3(settings).make_bucket(bucket)  # `skills put` makes none
     put = ["skills", "put", str(doc), "--bucket", bucket, "--key", "skills/one", "--tenant", tenant]
     assert cli(settings, *put).returncode == 0  # the name is still free
     erased = cli(settings, "erase", "--tenant", tenant, "--yes")

@@ -303,6 +303,22 @@ async def test_skills_sync_of_a_bucket_that_does_not_exist_is_one_line(
     assert not Minio(s3_endpoint, "testing", "testing", secure=False, region="us-east-1").bucket_exists(bucket)
 
 
+async def test_skills_put_into_a_bucket_that_does_not_exist_is_one_line_and_makes_none(
+    foreign: tuple[Settings, Settings], s3_endpoint: str, tmp_path: Path
+) -> None:
+    """(It made the bucket, where ``sync`` and a session config's skills block refuse a missing one.)"""
+    stack = foreign[0].model_copy(update={"s3_endpoint": s3_endpoint})
+    bucket = f"nonexist-{uuid.uuid4().hex[:8]}"
+    doc = tmp_path / "x.md"
+    doc.write_text("# X\nhow to x", encoding="utf-8")
+    argv = ["skills", "put", str(doc), "--bucket", bucket, "--key", "skills/x"]
+    done = await asyncio.to_thread(chronicle_cli, stack, *argv)
+    assert done.returncode == 2, (done.stdout, done.stderr)
+    assert one_line(done) == f"chronicle skills put: bucket {bucket!r} does not exist: create it first"
+    assert done.stdout == ""
+    assert not Minio(s3_endpoint, "testing", "testing", secure=False, region="us-east-1").bucket_exists(bucket)
+
+
 async def test_skills_put_whose_projector_never_applies_it_is_one_line(
     foreign: tuple[Settings, Settings], s3_endpoint: str, tmp_path: Path
 ) -> None:

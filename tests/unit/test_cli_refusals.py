@@ -62,7 +62,7 @@ def chronicle(*args: str, env: dict[str, str] | None = None) -> subprocess.Compl
             "chronicle history: argument --tenant: tenant id may only contain letters, digits, '_' and '-'",
         ),
         (
-            ["skills", "put", "--bucket", "b", "--key", "skills/k", "--tenant", "bad tenant", "/dev/null"],
+            ["skills", "put", "--bucket", "bk1", "--key", "skills/k", "--tenant", "bad tenant", "/dev/null"],
             "chronicle skills put: argument --tenant: tenant id may only contain letters, digits, '_' and '-'",
         ),
         (
@@ -77,6 +77,16 @@ def chronicle(*args: str, env: dict[str, str] | None = None) -> subprocess.Compl
             ["erase", "--tenant", "acme", "--session", "a/b"],
             "chronicle erase: argument --session: session id must not contain '/'",
         ),
+        (  # a traceback (ValueError: invalid bucket name) once connected
+            ["skills", "put", "/dev/null", "--bucket", "Bad_Bucket", "--key", "skills/k"],
+            "chronicle skills put: argument --bucket: 'Bad_Bucket' is not an S3 bucket name",
+        ),
+        (
+            ["skills", "sync", "--bucket", "Bad_Bucket"],
+            "chronicle skills sync: argument --bucket: 'Bad_Bucket' is not an S3 bucket name",
+        ),
+        (["bench"], "chronicle bench: the following arguments are required: which"),
+        (["chaos", "--bogus"], "chronicle: unrecognized arguments: --bogus"),
     ],
     ids=[
         "unknown-option",
@@ -93,6 +103,10 @@ def chronicle(*args: str, env: dict[str, str] | None = None) -> subprocess.Compl
         "quarantine-tenant-id",
         "erase-tenant-id",
         "erase-session-id",
+        "skills-put-bucket",
+        "skills-sync-bucket",
+        "bench-no-benchmark",
+        "chaos-unknown-option",
     ],
 )
 def test_a_refused_command_line_is_one_line_and_exit_2(args: list[str], line: str) -> None:
@@ -105,6 +119,14 @@ def test_help_still_shows_the_usage() -> None:
     done = chronicle("archive", "--help")
     assert done.returncode == 0
     assert done.stdout.startswith("usage: chronicle archive")
+
+
+@pytest.mark.parametrize("drill", ["bench", "chaos", "failover"])
+def test_a_drills_help_shows_its_usage(drill: str) -> None:
+    """(``chronicle bench --help`` was "chronicle: unrecognized arguments: --help", exit 2.)"""
+    done = chronicle(drill, "--help")
+    assert (done.returncode, done.stderr) == (0, "")
+    assert done.stdout.startswith(f"usage: chronicle {drill} ")
 
 
 @pytest.mark.parametrize(

@@ -13,7 +13,7 @@ import pytest
 from psycopg.conninfo import conninfo_to_dict
 from pydantic import ValidationError
 
-from services.ops.cli import SETTINGS_EXIT, main
+from services.ops.cli import SETTINGS_EXIT, UNREACHABLE_EXIT, main
 from services.ops.localstack import start_s3_if_missing, with_database
 from services.settings import Settings
 from tests.unit.test_cli_refusals import chronicle
@@ -208,6 +208,29 @@ def test_a_malformed_nats_url_is_one_line_naming_it(
     with pytest.raises(ValidationError) as error:
         Settings()
     assert "hunter2" not in str(error.value)
+
+
+@pytest.mark.parametrize("reuse_port", ["false", "true"])
+def test_an_api_port_another_process_listens_on_is_one_line_exit_4(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], reuse_port: str
+) -> None:
+    """(uvicorn's "[Errno 98] … address already in use" line, and exit 3, the status of another
+    log's read models.) The port is bound before anything else opens: NATS and Postgres are not
+    reached (none answers at these settings' addresses)."""
+    monkeypatch.setenv("CHRONICLE_NATS_URL", "nats://127.0.0.1:1")
+    monkeypatch.setenv("CHRONICLE_DATABASE_URL", "postgresql://postgres@127.0.0.1:1/none")
+    monkeypatch.setenv("CHRONICLE_API_REUSE_PORT", reuse_port)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        monkeypatch.setenv("CHRONICLE_API_PORT", str(port))
+        assert main(["api"]) == UNREACHABLE_EXIT
+    err = capsys.readouterr().err
+    assert err.strip().splitlines() == [
+        f"chronicle api: CHRONICLE_API_PORT {port} on CHRONICLE_API_HOST 127.0.0.1 cannot be listened on: Address "
+        "already in use (another process there? stop it, or set CHRONICLE_API_PORT)"
+    ]
 
 
 @pytest.mark.parametrize(
