@@ -202,7 +202,10 @@ def subject_owner(subject: str, layout: SubjectLayout) -> tuple[str, str] | None
     the tenant's prefix (``<prefix>.<tenant>.``: no session, or a session token that is no valid id),
     decided by the tenant scope's erasure, the last step of a tenant's; None for a subject under no
     tenant's prefix (no tenant published it). The tenant is its exact token (a tenant id is its own
-    token); nothing else is read, so another tenant's subject never maps to this tenant."""
+    token); nothing else is read, so another tenant's subject never maps to this tenant. A session
+    token that is not the canonical encoding of its id (``a:b``, ``hé``: NATS takes them; or a
+    subject as the quarantine table stores it, its NUL escaped) is the tenant scope's: an erasure
+    finds a session's rows by its canonical token, and the stored and the live subject must agree."""
     head = layout.prefix + "."
     if not subject.startswith(head):
         return None
@@ -216,7 +219,8 @@ def subject_owner(subject: str, layout: SubjectLayout) -> tuple[str, str] | None
     if len(tokens) == 3:
         try:
             session = decode_token(tokens[2])
-            return tenant, session if session == TENANT_SCOPE else check_session(session)
+            if encode_token(session) == tokens[2]:  # the canonical token only: a plain ``a:b`` or ``hé`` is none
+                return tenant, session if session == TENANT_SCOPE else check_session(session)
         except ValueError:  # not canonical, not UTF-8, not an id (InvalidId, UnicodeDecodeError)
             pass
     return tenant, TENANT_SCOPE

@@ -75,6 +75,8 @@ async def test_a_tenant_erasure_leaves_none_of_its_refused_events_and_no_look_al
             await publish(c, f"{p}.{victim}.nosession", SECRET + b" c: no session"),
             await publish(c, f"{p}.{victim}.p000.d1.more", SECRET + b" c: four tokens"),
             await publish(c, f"{p}.{victim}.p000.~AA", SECRET + b" c: a NUL is no session id"),
+            await publish(c, f"{p}.{victim}.p000.a:b", SECRET + b" c: not the canonical token of a:b"),
+            await publish(c, f"{p}.{victim}.p000.h\u00e9", SECRET + b" c: nor a plain non-ASCII one"),
         ]
         kept = [
             await publish(c, f"{p}.{twin}.{rest}", SECRET + b" look-alike")

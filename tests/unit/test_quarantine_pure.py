@@ -89,6 +89,10 @@ def test_the_subject_owner_is_the_session_under_any_partition_token_else_the_ten
         f"{p}.tenant-a.p000.~AA",  # a NUL: no session id
         f"{p}.tenant-a.p000.~_w",  # not UTF-8
         f"{p}.tenant-a.p000.~Lw",  # '/': no session id
+        f"{p}.tenant-a.p000.a:b",  # a plain token that is no canonical encoding (its own: ~YTpi)
+        f"{p}.tenant-a.p000.hé",
+        f"{p}.tenant-a.p000.ab\x00c",  # a NUL in the subject, and as the table stores it, escaped
+        f"{p}.tenant-a.p000.ab\\x00c",
     ]:
         assert subject_owner(scoped, LAYOUT) == ("tenant-a", TENANT_SCOPE), scoped
     for nobodys in [f"{p}.tenant-a", f"{p}.~dGVuYW50LWE.p000.s", f"{p}.=.p000.s", "other.tenant-a.p000.s", p]:
