@@ -55,21 +55,27 @@ Pair = tuple[str, str]
 """(tenant, session)"""
 
 _LOCK = "SELECT pg_advisory_xact_lock(hashtext('chronicle-data-key'), hashtext(%s || '/' || %s))"
-_LOCK_SHARED = "SELECT pg_advisory_xact_lock_shared(hashtext('chronicle-data-key'), hashtext(%s || '/' || %s))"
+ERASURE_LOCK = "SELECT pg_advisory_xact_lock(hashtext('chronicle-erasure'), hashtext(%s))"
+"""Taken (exclusive, per tenant) by the transaction that records erasures of the tenant's sessions
+(:meth:`PgKeyStore.erase`); :func:`erased_under_lock` takes it shared."""
+_ERASURE_LOCK_SHARED = "SELECT pg_advisory_xact_lock_shared(hashtext('chronicle-erasure'), hashtext(%s))"
 
 
 async def erased_under_lock(conn: psycopg.AsyncConnection[Any], pairs: Iterable[Pair]) -> frozenset[Pair]:
     """Which of ``pairs`` are erased, asked in the caller's open transaction under the advisory lock
-    :meth:`PgKeyStore.erase` takes, shared here until that transaction ends: an erasure being
-    recorded is waited for and seen, and one recorded after this answer waits for the caller's
-    commit (so what the caller writes is there for the erasure's later steps to delete). Locks are
-    taken in one order (sorted), as :meth:`PgKeyStore.erase` takes its own. A pair holding what no
-    id can (a subject may carry a NUL) is never erased, and not asked about."""
+    :meth:`PgKeyStore.erase` records erasures under (:data:`ERASURE_LOCK`, one per tenant), shared
+    here until that transaction ends: an erasure being recorded is waited for and seen, and one
+    recorded after this answer waits for the caller's commit (so what the caller writes is there for
+    the erasure's later steps to delete). One lock per tenant, not per session: the sessions come
+    from what a tenant published (a batch of refusals may name thousands), and Postgres' lock table
+    is shared by every connection; the tenants are those whose subjects the caller read. Locks are
+    taken in one order (sorted). A pair holding what no id can (a subject may carry a NUL) is never
+    erased, and not asked about."""
     todo = sorted({p for p in pairs if not has_bad_chars(list(p))})
     if not todo:
         return frozenset()
-    for pair in todo:
-        await conn.execute(_LOCK_SHARED, pair)
+    for tenant in sorted({t for t, _ in todo}):
+        await conn.execute(_ERASURE_LOCK_SHARED, (tenant,))
     cur = await conn.execute(
         "SELECT e.tenant, e.session_id FROM erasures e JOIN unnest(%s::text[], %s::text[]) AS q(t, s) "
         "ON e.tenant = q.t AND e.session_id = q.s",
@@ -431,6 +437,7 @@ class PgKeyStore:
         returns the sessions whose erasure is new. Idempotent: a rerun keeps the first record."""
         new: list[str] = []
         async with self._pool.connection() as conn, conn.transaction():
+            await conn.execute(ERASURE_LOCK, (tenant,))  # projector batches recording refusals wait (erased_under_lock)
             for session in sorted(set(sessions)):
                 await conn.execute(_LOCK, (tenant, session))
                 await conn.execute("DELETE FROM data_keys WHERE tenant = %s AND session_id = %s", (tenant, session))

@@ -29,7 +29,7 @@ Contract:
   knows every erasure, decides the same. A refused event whose bytes name an erased session (a
   stray, on another subject) is a tombstone too; the sessions a batch's refusals name are asked
   about again in its transaction, under the advisory lock an erasure is recorded under
-  (:func:`projections.keystore.erased_under_lock`, shared): a batch that waited while an erasure
+  (:func:`projections.keystore.erased_under_lock`, shared, one a tenant): a batch that waited while an erasure
   ran records no stray of it, and an erasure recorded meanwhile waits for the batch's commit, so
   its own deletes (step 4 of services/writes/erasure.py) find what the batch recorded.
 * Any other failure (the database or NATS is down) re-positions after an exponential backoff

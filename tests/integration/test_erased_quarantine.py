@@ -22,6 +22,7 @@ import pytest
 from events.catalog import SessionErased
 from events.subjects import SubjectLayout, partition_of
 from projections import quarantine
+from projections.keystore import ERASURE_LOCK
 from projections.migrate import migrate, migration_files
 from projections.quarantine import RAW_KEPT, Quarantined, record, screen
 from projections.rebuild import quarantine_rows
@@ -411,9 +412,8 @@ async def test_a_stray_screened_before_the_erasure_is_recorded_is_a_tombstone_wh
         name = new_id("checkpoint")
         async with c.pool.connection() as conn:
             async with await psycopg.AsyncConnection.connect(fresh_db) as eraser, eraser.transaction():
-                await eraser.execute(  # the eraser's step 1 under way: its lock held, the erasure not yet committed
-                    "SELECT pg_advisory_xact_lock(hashtext('chronicle-data-key'), hashtext(%s || '/' || %s))", (T, sid)
-                )
+                # the eraser's step 1 under way: its lock held, the erasure not yet committed
+                await eraser.execute(ERASURE_LOCK, (T,))
                 await eraser.execute("INSERT INTO erasures (tenant, session_id) VALUES (%s, %s)", (T, sid))
                 batch = asyncio.create_task(commit_refusals(conn, name, cast(list[Quarantined], refused), c.layout))
                 await waiting_on_advisory_lock(eraser, conn.info.backend_pid)
@@ -628,3 +628,28 @@ async def test_the_stray_lookup_and_the_erasures_delete_read_by_index_never_othe
         assert await quarantine.owned(conn, SubjectLayout(), T, "s") == []
         assert await quarantine.tenant_sessions(conn, SubjectLayout(), T) == set()
         assert len(await quarantine.owned(conn, SubjectLayout(), "tenant-a", "s1")) == 1
+
+
+async def test_a_batch_of_refusals_naming_many_sessions_takes_one_lock_per_tenant(
+    settings: Settings, new_id: Callable[[str], str]
+) -> None:
+    """What a batch's refusals name is the publisher's to choose: 300 strays naming 300 sessions take
+    one shared advisory lock (their tenant's), not 300 or 600 entries of Postgres' lock table,
+    which every connection shares (a tenant filling it failed every transaction of every tenant)."""
+    async with running_stack(settings, projector=False) as c:
+        runner = c.projector()
+        assert runner.keys is not None
+        refused = [
+            screen(i + 1, *stray(c, new_id("named"), new_id("on"), "s1", wrong_partition=False), c.layout, runner.keys)
+            for i in range(300)
+        ]
+        assert all(isinstance(q, Quarantined) for q in refused)
+        async with c.pool.connection() as conn, conn.transaction():
+            await apply_batch(
+                conn, new_id("checkpoint"), [], [], refused=cast(list[Quarantined], refused), layout=c.layout
+            )
+            cur = await conn.execute(
+                "SELECT count(*) FROM pg_locks WHERE pid = pg_backend_pid() AND locktype = 'advisory'"
+            )
+            assert await cur.fetchone() == (1,)
+        assert len(await quarantined(settings.database_url)) == 300
