@@ -39,10 +39,11 @@ Contract:
   database step (``db_timeout_s``: a commit, positioning, an idle advance) time out and count as a
   failure, so a connection whose server vanished (a Postgres restart) is retried, never awaited
   forever. After a failure the pool's broken connections are dropped before the retry.
-* Consuming that makes no progress for ``stall_s`` (no fetch returned, no batch prepared or
-  committed: an await that never returns) is abandoned (a cancelled task that does not end within
-  :data:`CANCEL_GRACE_S` is left behind, and commits nothing more) and the runner re-positions at
-  its checkpoint, one log line, ``stats.stalls``.
+* Consuming that makes no progress for ``stall_s`` (no fetch returned, no slice of a batch
+  screened or planned, no commit: an await that never returns) is abandoned (a cancelled task that
+  does not end within :data:`CANCEL_GRACE_S` is left behind, and no longer positions, fetches or
+  marks progress) and the runner re-positions at its checkpoint, one log line, ``stats.stalls``;
+  the limit doubles after each stall (up to 16 times) until a batch commits, so slow work ends.
 * The lock's session is watched (every ``lock_check_s``): when it ends (a Postgres restart ends it
   and frees the lock), consuming stops at once and the runner takes the lock again before it
   consumes another batch.
@@ -57,6 +58,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import json
 import logging
 import time
@@ -421,6 +423,8 @@ class ProjectorRunner:
     _delivered: int = field(default=0, init=False, repr=False)  # the consumer sequence of the last delivery seen
     _alive_at: float = field(default=0.0, init=False, repr=False)  # when consuming last made progress (monotonic)
     _round: int = field(default=0, init=False, repr=False)  # which consuming round may commit (a stalled one may not)
+    _stalls_in_row: int = field(default=0, init=False, repr=False)  # stalls since a batch last committed
+    _committing: bool = field(default=False, init=False, repr=False)  # a batch's commit is under way
 
     @property
     def durable(self) -> str:
@@ -473,7 +477,7 @@ class ProjectorRunner:
                     await self._hold_lock(lock_conn, stop)
                     held = await self._held_locks(lock_conn)
                     self._round += 1
-                    self._progress()
+                    self._alive_at = time.monotonic()
                     await _first_of(
                         self._watch_lock(lock_conn, held), self._watch_progress(), self._consume_all(stop, self._round)
                     )
@@ -485,6 +489,7 @@ class ProjectorRunner:
                     self.stats.lock_losses += 1
                 if isinstance(exc, Stalled):
                     self.stats.stalls += 1
+                    self._stalls_in_row += 1
                 delay = retry_delay(self._failures, self.retry_base_s, self.retry_cap_s)
                 log.warning(
                     "projector %s failed (%s: %s); retry %d in %.1fs from its checkpoint",
@@ -501,8 +506,21 @@ class ProjectorRunner:
                 await self._drop_broken_connections()
                 await _sleep_or_stop(stop, delay)
 
+    def _current(self) -> bool:
+        """Whether the calling task belongs to the consuming round now running (or to none): an
+        abandoned round's task that wakes up later must not position, fetch or mark progress."""
+        round_ = _ROUND.get()
+        return round_ is None or round_ == self._round
+
     def _progress(self) -> None:
-        self._alive_at = time.monotonic()
+        if self._current():
+            self._alive_at = time.monotonic()
+
+    @property
+    def _stall_limit(self) -> float:
+        """``stall_s``, doubled for each stall since a batch last committed (up to 16 times): work
+        that is slow, not stuck (a batch of claim-checked bodies from a slow store), finishes."""
+        return self.stall_s * (1 << min(self._stalls_in_row, 4))
 
     async def _watch_progress(self) -> None:
         """Raise :class:`Stalled` when consuming has made no progress for ``stall_s``: every step
@@ -513,11 +531,12 @@ class ProjectorRunner:
         while True:
             await asyncio.sleep(min(self.lock_check_s, self.stall_s))
             idle = time.monotonic() - self._alive_at
-            if idle > self.stall_s:
+            if idle > self._stall_limit:
                 raise Stalled(f"consuming made no progress for {idle:.0f}s")
 
     async def _consume_all(self, stop: asyncio.Event, round_: int) -> None:
-        while not stop.is_set():
+        _ROUND.set(round_)  # this task's, and the fetcher's it starts (a copy of its context)
+        while not stop.is_set() and self._current():
             try:
                 await self._consume(await self._position(), stop, round_)
             except DeliveryGap as gap:  # what was committed is before it: the checkpoint is exact
@@ -608,6 +627,8 @@ class ProjectorRunner:
             except LogMismatch as exc:
                 log.error("projector %s refuses to start: %s", self.name, exc)
                 raise
+        if not self._current():
+            raise Stalled("this consuming round was abandoned as stalled")
         with contextlib.suppress(NotFoundError):
             await self.js.delete_consumer(self.layout.stream, self.durable)
         config = ConsumerConfig(
@@ -671,7 +692,12 @@ class ProjectorRunner:
                     raise batch
                 if round_ != self._round:
                     raise Stalled("this consuming round was abandoned as stalled")
-                await self._commit(batch)
+                self._committing = True
+                try:
+                    await self._commit(batch)
+                finally:
+                    self._committing = False
+                self._stalls_in_row = 0
                 self._progress()
         finally:
             fetcher.cancel()
@@ -688,9 +714,10 @@ class ProjectorRunner:
         queue: asyncio.Queue[_Batch | BaseException | None],
     ) -> None:
         try:
-            while not stop.is_set():
+            while not stop.is_set() and self._current():
                 msgs = await self._fetch(sub)
-                self._progress()
+                if msgs or not self._committing:  # idle fetches while a commit hangs are no progress
+                    self._progress()
                 if not msgs:
                     if queue.empty():
                         await self._advance_when_idle()
@@ -754,6 +781,7 @@ class ProjectorRunner:
             for name, plans in planned.items():
                 prepared.setdefault(name, []).extend(plans)
             unplanned.update(p.name for p in planning if p.name not in planned)
+            self._progress()
             await asyncio.sleep(0)
         for name in unplanned:  # plans of some slices only: the projection applies the batch unplanned
             prepared.pop(name, None)
@@ -837,6 +865,8 @@ class ProjectorRunner:
         """``msgs`` when each is the consumer's next delivery (its consumer sequence one more than
         the last seen; a redelivery is a new delivery and numbered so too), else
         :class:`DeliveryGap`: acknowledging past a missing delivery would acknowledge it unapplied."""
+        if not self._current():
+            raise Stalled("this consuming round was abandoned as stalled")
         for m in msgs:
             delivered = m.metadata.sequence.consumer
             if delivered != self._delivered + 1:
@@ -921,6 +951,8 @@ def first_line(exc: BaseException) -> str:
     return lines[0][:300] if lines else ""
 
 
+_ROUND: contextvars.ContextVar[int | None] = contextvars.ContextVar("chronicle_projector_round", default=None)
+"""The consuming round a task belongs to (:meth:`ProjectorRunner._current`)."""
 CANCEL_GRACE_S = 10.0
 """How long :func:`_first_of` waits for a cancelled task to end before it abandons it."""
 _abandoned: set[asyncio.Task[None]] = set()  # cancelled, not yet ended: kept referenced until they end

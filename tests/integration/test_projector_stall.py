@@ -110,3 +110,61 @@ async def test_a_stalled_await_that_ignores_its_cancellation_is_left_behind(
     runner, recording, seqs = await run_until_applied(nats_url, fresh_db, hanging)
     assert runner.stats.stalls == 1
     assert sorted(set(recording.applied)) == seqs
+
+
+class SlowPlanning:
+    """A planning projection that takes ``per_item_s`` to plan each event (bodies fetched one by
+    one from a slow object store)."""
+
+    name = "slow-planning"
+
+    def __init__(self, per_item_s: float) -> None:
+        self.per_item_s = per_item_s
+        self.applied: list[int] = []
+
+    async def prepare(self, items: Any) -> list[Any]:
+        for _ in items:
+            await asyncio.sleep(self.per_item_s)
+        return [seq for seq, _ in items]
+
+    async def apply_prepared(self, conn: Any, plans: Any) -> None:
+        self.applied.extend(plans)
+
+    async def apply(self, conn: Any, items: Any) -> None:
+        self.applied.extend(seq for seq, _ in items)
+
+
+async def test_work_that_is_slow_not_stuck_finishes_the_stall_limit_doubling_after_each_stall(
+    nats_url: str, fresh_db: str
+) -> None:
+    """Planning one batch takes 3 s, over a 1 s ``stall_s``: the watchdog abandons it, then waits
+    twice as long, and again, until the batch commits (a stall limit that stayed put re-positioned
+    the same batch forever: the review's probe applied nothing in 15 s, 7 stalls)."""
+    settings = make_settings(nats_url, fresh_db)
+    async with running_stack(settings, projector=False) as c:
+        seqs = [
+            (await c.publisher.publish(SessionRenamed(tenant="tenant-a", session="slow", name=f"n{i}"))).seq
+            for i in range(30)
+        ]
+        slow = SlowPlanning(0.1)
+        runner = ProjectorRunner(
+            js=c.js,
+            pool=c.pool,
+            conninfo=settings.database_url,
+            layout=c.layout,
+            projections=[slow],
+            name="slow",
+            stall_s=1.0,
+            lock_check_s=0.2,
+        )
+        stop = asyncio.Event()
+        task = asyncio.create_task(runner.run(stop))
+        try:
+            async with asyncio.timeout(60):
+                while await _checkpoint(c.pool, "slow") < seqs[-1]:
+                    await asyncio.sleep(0.05)
+        finally:
+            stop.set()
+            await asyncio.wait_for(task, 15)
+        assert sorted(set(slow.applied)) == seqs
+        assert 1 <= runner.stats.stalls <= 3
