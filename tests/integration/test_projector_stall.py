@@ -14,6 +14,7 @@ from nats.js.client import JetStreamContext
 from events.catalog import SessionRenamed
 from projections import runner as runner_module
 from projections.runner import ProjectorRunner
+from services.bootstrap import Container
 from tests.conftest import make_settings, running_stack
 from tests.integration.test_delivery_gap import Recording, _checkpoint
 
@@ -51,41 +52,56 @@ class Hanging:
         return sub
 
 
+def runner_of(c: Container, projection: Any, name: str) -> ProjectorRunner:
+    """A runner of ``projection`` alone whose watchdog fires after 1 s without progress."""
+    return ProjectorRunner(
+        js=c.js,
+        pool=c.pool,
+        conninfo=c.settings.database_url,
+        layout=c.layout,
+        projections=[projection],
+        name=name,
+        stall_s=1.0,
+        lock_check_s=0.2,
+    )
+
+
+async def published(c: Container, session: str, n: int) -> list[int]:
+    return [
+        (await c.publisher.publish(SessionRenamed(tenant="tenant-a", session=session, name=f"n{i}"))).seq
+        for i in range(n)
+    ]
+
+
+async def run_until(c: Container, runner: ProjectorRunner, last: int) -> None:
+    """Run ``runner`` until its checkpoint reaches ``last``, then stop it."""
+    stop = asyncio.Event()
+    task = asyncio.create_task(runner.run(stop))
+    try:
+        async with asyncio.timeout(60):
+            while await _checkpoint(c.pool, runner.name) < last:
+                await asyncio.sleep(0.05)
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 15)
+
+
 async def run_until_applied(
     nats_url: str, fresh_db: str, hanging: Hanging
 ) -> tuple[ProjectorRunner, Recording, list[int]]:
-    settings = make_settings(nats_url, fresh_db)
-    async with running_stack(settings, projector=False) as c:
-        seqs = [
-            (await c.publisher.publish(SessionRenamed(tenant="tenant-a", session="stall", name=f"n{i}"))).seq
-            for i in range(5)
-        ]
+    async with running_stack(make_settings(nats_url, fresh_db), projector=False) as c:
+        seqs = await published(c, "stall", 5)
         recording = Recording()
-        runner = ProjectorRunner(
-            js=c.js,
-            pool=c.pool,
-            conninfo=settings.database_url,
-            layout=c.layout,
-            projections=[recording],
-            name="stalls",
-            stall_s=1.0,
-            lock_check_s=0.2,
-        )
+        runner = runner_of(c, recording, "stalls")
         position = runner._position
 
         async def positioned() -> JetStreamContext.PullSubscription:
             return hanging.wrap(await position())
 
         runner._position = positioned  # type: ignore[method-assign]
-        stop = asyncio.Event()
-        task = asyncio.create_task(runner.run(stop))
         try:
-            async with asyncio.timeout(40):
-                while await _checkpoint(c.pool, "stalls") < seqs[-1]:
-                    await asyncio.sleep(0.05)
+            await run_until(c, runner, seqs[-1])
         finally:
-            stop.set()
-            await asyncio.wait_for(task, 15)
             hanging.release()
     return runner, recording, seqs
 
@@ -140,31 +156,10 @@ async def test_work_that_is_slow_not_stuck_finishes_the_stall_limit_doubling_aft
     """Planning one batch takes 3 s, over a 1 s ``stall_s``: the watchdog abandons it, then waits
     twice as long, and again, until the batch commits (a stall limit that stayed put re-positioned
     the same batch forever: the review's probe applied nothing in 15 s, 7 stalls)."""
-    settings = make_settings(nats_url, fresh_db)
-    async with running_stack(settings, projector=False) as c:
-        seqs = [
-            (await c.publisher.publish(SessionRenamed(tenant="tenant-a", session="slow", name=f"n{i}"))).seq
-            for i in range(30)
-        ]
+    async with running_stack(make_settings(nats_url, fresh_db), projector=False) as c:
+        seqs = await published(c, "slow", 30)
         slow = SlowPlanning(0.1)
-        runner = ProjectorRunner(
-            js=c.js,
-            pool=c.pool,
-            conninfo=settings.database_url,
-            layout=c.layout,
-            projections=[slow],
-            name="slow",
-            stall_s=1.0,
-            lock_check_s=0.2,
-        )
-        stop = asyncio.Event()
-        task = asyncio.create_task(runner.run(stop))
-        try:
-            async with asyncio.timeout(60):
-                while await _checkpoint(c.pool, "slow") < seqs[-1]:
-                    await asyncio.sleep(0.05)
-        finally:
-            stop.set()
-            await asyncio.wait_for(task, 15)
+        runner = runner_of(c, slow, "slow")
+        await run_until(c, runner, seqs[-1])
         assert sorted(set(slow.applied)) == seqs
         assert 1 <= runner.stats.stalls <= 3
