@@ -17,13 +17,22 @@ async def strays(
     c: Container, tenant: str, session: str, from_seq: int = 1, to_seq: int | None = None
 ) -> list[eventlog.StoredEvent]:
     """The quarantined events naming ``tenant``/``session`` that were stored on another subject of
-    the tenant, as the stream holds them (one no longer in the stream is left out), in sequence
-    order (:func:`projections.quarantine.strays`, the lookup an erasure deletes by too)."""
+    the tenant, and those stored on its ids under another partition's token, as the stream holds
+    them (one no longer in the stream is left out), in sequence order
+    (:func:`projections.quarantine.strays` and :func:`~projections.quarantine.owned`, the lookups
+    an erasure deletes by too)."""
+    own = c.layout.session_subject(tenant, session)
     async with c.pool.connection() as conn:
-        seqs = await quarantine.strays(
-            conn, [(tenant, session)], [c.layout.session_subject(tenant, session)], from_seq, to_seq
+        seqs = set(await quarantine.strays(conn, [(tenant, session)], [own], from_seq, to_seq))
+        # and those stored on its ids under another partition's token: the session's too, as its
+        # erasure decides them (projections.quarantine.subject_owner)
+        seqs.update(
+            seq
+            for seq in await quarantine.owned(conn, c.layout, tenant, session)
+            if from_seq <= seq and (to_seq is None or seq <= to_seq)
         )
-    return [found for seq in seqs if (found := await eventlog.stored_at(c.js, c.layout, seq)) is not None]
+    found = [await eventlog.stored_at(c.js, c.layout, seq) for seq in sorted(seqs)]
+    return [stored for stored in found if stored is not None and stored.subject != own]
 
 
 async def merged(

@@ -19,6 +19,7 @@ from events.context import SessionConfig, SkillsBlock
 from events.ids import TENANT_SCOPE
 from events.subjects import partition_of
 from services.audit import readers as audit
+from services.audit.strays import strays
 from services.bootstrap import Container
 from services.settings import Settings
 from tests.conftest import make_settings, running_stack
@@ -193,3 +194,17 @@ async def test_a_skill_write_of_a_tenant_whose_tenant_level_entries_were_erased_
         assert "session ''" not in body["detail"]
         assert "tenant-level entries" in body["detail"]
         assert "tenant erasure" in body["detail"]
+
+
+async def test_replay_shows_a_sessions_refusals_under_another_partition_token_with_the_session(
+    settings: Settings, new_id: Callable[[str], str]
+) -> None:
+    """``chronicle replay --session`` (services/audit/strays.py) lists what an erasure of the session
+    deletes: its refusals under another partition's token too, not only the strays naming it."""
+    sid = new_id("s")
+    async with running_stack(settings) as c:
+        await c.commands.append(T, sid, text_message("m1", "live"), None)
+        seq = await publish(c, under(c, T, sid, other_token(c, T, sid)), b"not json, on another token")
+        await c.waiter.wait_all(seq)
+        assert [s.seq for s in await strays(c, T, sid)] == [seq]
+        assert [s.seq for s in await strays(c, T, sid, from_seq=seq + 1)] == []
