@@ -64,7 +64,8 @@ async def run_stream_replicas(settings: Settings, replicas: int, timeout_s: floa
                 print(f"chronicle stream-replicas: {exc}", file=sys.stderr)
                 return 2
             leader = info.cluster.leader if info.cluster else None
-            print(f"{stream}: {replicas} replica(s) asked for; leader {leader}", flush=True)
+            said = f"leader {leader}" if leader else "no leader yet (an election is under way)"
+            print(f"{stream}: {replicas} replica(s) asked for; {said}", flush=True)
             if not await wait_current(js, stream, replicas, timeout_s):
                 print(f"chronicle stream-replicas: {stream} not current after {timeout_s:.0f}s", file=sys.stderr)
                 return 1
