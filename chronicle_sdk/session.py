@@ -191,9 +191,11 @@ class Session(ConfigBuilder):
 
         Under concurrent writers, over HTTP or NATS each next message follows an append that
         another writer made onto the chain's line meanwhile (the server's ``messages:batch``
-        rule: one chain). Via JetStream only the first message is conditional; the others keep
-        the parent they were given, so an append without a parent that lands between two of
-        them (attached to the earlier one) is left on a side branch, off the latest leaf's path.
+        rule: one chain); after a message that was already stored (a replay), the next is its
+        child whatever is under it, as the reference appends it. Via JetStream only the first
+        message is conditional; the others keep the parent they were given, so an append without
+        a parent that lands between two of them (attached to the earlier one) is left on a side
+        branch, off the latest leaf's path.
 
         Not atomic: over HTTP or NATS an error part-way (a conflict at the fifth message, say)
         carries the messages stored before it, ``written``, and ``failed_index`` (see

@@ -74,7 +74,10 @@ def search_summary(entries: int) -> str:
 
 
 def history_summary(sessions: int) -> str:
-    return f"{sessions} session(s) available for search." if sessions else ""
+    """The reference's words (manager.ts: ``session`` for one, else ``sessions``; none: no text)."""
+    if not sessions:
+        return ""
+    return f"{sessions} session{'' if sessions == 1 else 's'} available for search."
 
 
 def skill_listing(entries: list[tuple[str, str | None]]) -> str:

@@ -135,7 +135,9 @@ async def append_batch(
 ) -> Answer:
     """A chain: the first message takes ``parent`` as a single append does, each next one is the
     child of the previous, or of the latest leaf when another writer appended under the previous
-    meanwhile (``follow``: the session stays one chain, see :meth:`Commands.append`). Each message
+    meanwhile (``follow``: the session stays one chain, see :meth:`Commands.append`) when this
+    batch stored the previous one (after a replayed one, the next is its child, as the reference
+    appends it: it may have had children before the batch came). Each message
     is its own event; a retried batch re-answers the appended ones (idempotent), as created when
     ``request_key`` (the client's ``Idempotency-Key``, one per batch) names the batch that stored them.
 
@@ -149,8 +151,13 @@ async def append_batch(
         raise invalid_fields([field_error(("messages",), "message ids in a batch must be distinct")])
     answers: list[Answer] = []
     for i, body in enumerate(bodies):
+        # a replayed previous message may have had children before this batch came (the
+        # reference's "send the prefix again, then a regenerated answer"): its next message is
+        # its child, a sibling of them, as the reference appends it; only after a message this
+        # batch stored can what is under it have been appended meanwhile
+        follow = i > 0 and bool(answers[-1]["created"])
         try:
-            r = await c.commands.append(tenant, sid, body, parent, request_key, follow=i > 0)
+            r = await c.commands.append(tenant, sid, body, parent, request_key, follow=follow)
         except Exception as exc:  # the messages before it are stored: the answer says so (BatchFailed)
             raise BatchFailed(exc, i, str(body["id"]), answers) from exc
         answers.append({"id": r.id, "parent_id": r.parent_id, "seq": r.seq, "created": r.created})

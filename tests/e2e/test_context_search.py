@@ -139,7 +139,7 @@ async def test_searchable_history_spans_the_tenants_sessions(
     assert blocks["past"]["writable"] is False
     live = await live_sessions(client)
     assert live >= 3  # other, s, and whatever earlier tests left behind
-    sessions = f"{live} session(s) available for search."
+    sessions = f"{live} session{'' if live == 1 else 's'} available for search."
     assert blocks["past"]["content"] == sessions
     p = await prompt(client, s)
     assert p["prompt"] == (

@@ -175,6 +175,24 @@ async def test_a_batch_under_a_given_parent_follows_appends_onto_its_line(
     assert path == ["r", "b1", "w", "b2"]
 
 
+async def test_after_a_replayed_message_the_next_is_its_child_a_sibling_of_what_was_under_it(
+    stack: Container, new_id: Callable[[str], str]
+) -> None:
+    """The reference's "send the prefix again, then a regenerated answer": m1 and m2 are stored;
+    a batch of m1 (a replay) and m2b makes m2b the child of m1, a sibling of m2, as the
+    reference's ``appendMessages`` does (it followed the latest leaf, m2: the model then saw both
+    answers). A message this batch stored is still followed by what lands under it meanwhile."""
+    sid = new_id("batch-replay")
+    await stack.commands.append(T, sid, text_message("m1", "m1"), None)
+    await stack.commands.append(T, sid, text_message("m2", "first answer"), "m1")
+    out = await _batch(stack, sid, ["m1", "m2b", "m3"])
+    assert _parents(out) == [("m1", None), ("m2b", "m1"), ("m3", "m2b")]
+    assert [m["created"] for m in out["messages"]] == [False, True, True]
+    parents, path = await _tree(stack, sid, out["seq"])
+    assert path == ["m1", "m2b", "m3"]
+    assert parents["m2"] == "m1"
+
+
 async def test_batches_and_single_appends_at_once_leave_one_chain(
     stack: Container, elsewhere: Container, new_id: Callable[[str], str]
 ) -> None:

@@ -43,7 +43,7 @@ GOLDEN_BLOCKS = [
     RenderedBlock("more_skills", "skills", None, "", 0, None),
     RenderedBlock("policy", "readonly", "Refund policy", "Refunds within 30 days.", 50, 200),
     RenderedBlock(
-        "history", "history", "Cross-session conversation history", "3 session(s) available for search.", 8, None
+        "history", "history", "Cross-session conversation history", "3 sessions available for search.", 8, None
     ),
     RenderedBlock("trailing", "readonly", None, "", 0, None),
 ]
@@ -135,7 +135,8 @@ def test_summaries_and_listing() -> None:
     assert search_summary(1) == "1 entries indexed."
     assert search_summary(12) == "12 entries indexed."
     assert history_summary(0) == ""
-    assert history_summary(1) == "1 session(s) available for search."
+    assert history_summary(1) == "1 session available for search."
+    assert history_summary(2) == "2 sessions available for search."
     assert skill_listing([]) == ""
     assert skill_listing([("tax", "Tax workflows"), ("bank-reconciliation", "Bank reconciliation")]) == (
         "- tax: Tax workflows\n- bank-reconciliation: Bank reconciliation"
