@@ -10,13 +10,19 @@ from typing import Any
 from psycopg import AsyncConnection
 
 from events.context import SessionConfig
-from projections import search_languages
+from projections import queries, search_languages
 from projections import search_query as sq
+from projections.reclaimed import reclaimed_in
 from projections.search_bound import SEARCH_TIMEOUT_S, bounded
+from projections.skill_scan import scan_loaded
 
 Conn = AsyncConnection[Any]
 SEARCH_CANDIDATES = 1000  # newest matches ranked, so a common word costs the same as a rare one
 SEARCH_SAMPLE = 1000  # newest entries of the block that give BM25 its document frequencies
+SKILL_SCAN_MESSAGES = 1000
+"""The newest messages of the latest leaf's path that :func:`history_loaded_skills` looks at."""
+SKILL_SCAN_BYTES = 16 * 1024 * 1024
+"""The most stored JSON of assistant messages it reads (what a scan costs, whatever the session)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -161,6 +167,40 @@ async def loaded_skills(conn: Conn, tenant: str, session: str) -> list[tuple[str
         (tenant, session),
     )
     return [(str(label), str(key)) for label, key in await cur.fetchall()]
+
+
+async def history_loaded_skills(conn: Conn, tenant: str, session: str) -> dict[tuple[str, str], tuple[str, str]]:
+    """(label, key) -> (message id, tool call id): the skills the session's history shows loaded
+    (:func:`projections.skill_scan.scan_loaded`), as the reference rebuilds its loaded set when a
+    session starts. Its view is the latest leaf's path with unloaded outputs read as history
+    reads show them; overlays are not applied (the reference's scan over ``getHistoryRowStats``
+    rows: an output inside a compacted range is still stored, and an unload reclaims it).
+
+    Bounded, unlike the reference's (it reads the whole path): the newest
+    :data:`SKILL_SCAN_MESSAGES` messages of the path, and of their assistant messages the newest
+    that fit in :data:`SKILL_SCAN_BYTES` of stored JSON; sizes are read without the bodies, and
+    only bodies that mention ``load_context`` come back."""
+    _, stats = await queries.path_stats(conn, tenant, session, None)
+    wanted: list[str] = []
+    size = 0
+    for row in reversed(stats[-SKILL_SCAN_MESSAGES:]):
+        if row.role != "assistant":
+            continue
+        size += row.bytes
+        if size > SKILL_SCAN_BYTES:
+            break
+        wanted.append(row.id)
+    if not wanted:
+        return {}
+    sent_reclaimed = await send_reclaimed(conn, tenant, session)
+    cur = await conn.execute(
+        "SELECT id, content FROM messages WHERE tenant = %s AND session_id = %s AND id = ANY(%s) "
+        "AND strpos(content, 'load_context') > 0",  # unload_context too
+        (tenant, session, wanted),
+    )
+    unloaded = reclaimed_in(await sent_reclaimed())
+    found = {str(mid): str(content) for mid, content in await cur.fetchall()}
+    return scan_loaded([(mid, found[mid]) for mid in reversed(wanted) if mid in found], unloaded)
 
 
 async def load_call(conn: Conn, tenant: str, session: str, label: str, key: str) -> str | None:

@@ -143,16 +143,40 @@ class ContextSkills(ContextBlocks):
         await self._cond.run(tenant, session, decide)
         return text
 
+    async def loaded_skills(
+        self, conn: Conn, tenant: str, session: str, config: SessionConfig
+    ) -> list[tuple[str, str]]:
+        """The skills loaded in the session, as the reference's set holds them: those its history
+        shows loaded (:func:`~projections.context_queries.history_loaded_skills`, the reference's
+        restore scan, in history order; looked at only when a skills block is configured, as the
+        reference scans only then), then those loaded through ``load_context`` and not unloaded
+        since that history does not show (yet: a load's output is stored with the turn's message)."""
+        recorded = await context_queries.loaded_skills(conn, tenant, session)
+        if not any(isinstance(b, SkillsBlock) for b in config.blocks):
+            return recorded
+        shown = await context_queries.history_loaded_skills(conn, tenant, session)
+        return [*shown, *(s for s in recorded if s not in shown)]
+
     async def unload_skill(self, tenant: str, session: str, label: str, key: str) -> bool:
+        """Unload a skill that :meth:`loaded_skills` holds: ``skill.unloaded`` names the tool
+        output to reclaim (history reads show it as ``[skill unloaded: <key>]``); False when the
+        skill is not loaded."""
+
         async def decide(conn: Conn) -> Decision:
-            if (label, key) not in await context_queries.loaded_skills(conn, tenant, session):
-                return Decision(None, lambda _seq: False)
-            call = await context_queries.load_call(conn, tenant, session, label, key)
-            # the loading call when known (its output may not be stored yet: the reference's
-            # unload race, its §7.6.3), else the newest stored load output
-            output = (
-                (None, call) if call else await context_queries.newest_load_output(conn, tenant, session, label, key)
-            )
+            output: tuple[str | None, str] | None
+            if (label, key) in await context_queries.loaded_skills(conn, tenant, session):
+                call = await context_queries.load_call(conn, tenant, session, label, key)
+                # the loading call when known (its output may not be stored yet: the reference's
+                # unload race, its §7.6.3), else the newest stored load output
+                output = (
+                    (None, call)
+                    if call
+                    else await context_queries.newest_load_output(conn, tenant, session, label, key)
+                )
+            else:  # loaded as the history shows it: the output that keeps it loaded there
+                output = (await context_queries.history_loaded_skills(conn, tenant, session)).get((label, key))
+                if output is None:
+                    return Decision(None, lambda _seq: False)
             event = SkillUnloaded(
                 tenant=tenant,
                 session=session,

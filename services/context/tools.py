@@ -11,7 +11,6 @@ from typing import Any
 from events.admission import Refused, has_bad_chars
 from events.context import SessionConfig
 from events.sealing import KeyDestroyed
-from projections import context_queries
 from projections.search_bound import SearchTimedOut
 from services.context.blocks import Mode
 from services.context.entry_keys import context_entry_key
@@ -38,7 +37,7 @@ class ContextTools(ContextSkills, ContextPrompt):
     async def tools(self, tenant: str, session: str) -> list[Any]:
         async with self._pool.connection() as conn:
             config = await self.config(conn, tenant, session)
-            loaded = [f"{label}:{key}" for label, key in await context_queries.loaded_skills(conn, tenant, session)]
+            loaded = [f"{label}:{key}" for label, key in await self.loaded_skills(conn, tenant, session, config)]
         return tool_specs(config, loaded)
 
     async def execute(self, tenant: str, session: str, name: str, args: Any, tool_call_id: str | None = None) -> str:
@@ -51,8 +50,7 @@ class ContextTools(ContextSkills, ContextPrompt):
                 # an erased or deleted session is the request's 410 or 404, not an error result
                 await live_session(conn, tenant, session, must_exist=False)
                 config = await self.config(conn, tenant, session)
-                loaded = [f"{label}:{key}" for label, key in await context_queries.loaded_skills(conn, tenant, session)]
-            names = {spec.name for spec in tool_specs(config, loaded)}
+            names = {spec.name for spec in tool_specs(config, [])}  # the loaded skills change no name
             if name not in names:
                 return f'Error: tool "{name}" is not available in this session'
             if not isinstance(args, dict):

@@ -17,6 +17,7 @@ from tests.e2e.context_support import (
     block,
     configure,
     events,
+    last_seq,
     listed,
     minio,
     new_bucket,
@@ -307,6 +308,11 @@ async def test_a_fork_keeps_unloaded_skills_unloaded(client: httpx.AsyncClient, 
     assert forked["a1"][0]["output"] == "[skill unloaded: pirate]"
     assert forked["a1"][1]["output"] == "Tax doc"  # the output not unloaded is copied as it was
     assert forked["a2"][0]["output"] == "[skill unloaded: pirate]"
+    # loaded there (configured as the source): what its history loaded, not an output read as unloaded
+    await configure(client, fork, {"blocks": [skills_block(new_bucket(api_settings))]})
+    assert (await unload_description(client, fork, await last_seq(client, fork))).endswith(
+        " Currently loaded: skills:tax."
+    )
     # the fork's own log holds the marker (nothing computed on read): rebuild equals live
     copies = [e["event"] for e in await events(client, fork) if e["event"]["type"] == "message.appended"]
     assert [m["message"]["parts"][0]["output"] for m in copies] == ["[skill unloaded: pirate]"] * 2
@@ -445,6 +451,107 @@ async def test_clear_forgets_loaded_skills(client: httpx.AsyncClient, api_settin
     assert (await unload_description(client, s, seq)).endswith("Currently loaded: skills:pirate.")
     r = await client.post(f"/v1/sessions/{s}/messages:clear")
     assert (await unload_description(client, s, r.json()["seq"])).endswith("No skills currently loaded.")
+
+
+def dynamic_load_part(call: str, key: str, output: str, tool_name: str = "load_context") -> dict[str, Any]:
+    return {
+        "type": "dynamic-tool",
+        "toolName": tool_name,
+        "toolCallId": call,
+        "state": "output-available",
+        "input": {"label": "skills", "key": key},
+        "output": output,
+    }
+
+
+async def unloaded_events(client: httpx.AsyncClient, s: str) -> list[tuple[str, str | None, str | None]]:
+    evs = [e["event"] for e in await events(client, s) if e["event"]["type"] == "skill.unloaded"]
+    return [(e["key"], e["message_id"], e["tool_call_id"]) for e in evs]
+
+
+async def test_a_fork_has_the_skills_its_history_loaded(client: httpx.AsyncClient, api_settings: Settings) -> None:
+    """The reference rebuilds the loaded set from history when a session starts: a fork, whose
+    history holds the source's ``load_context`` output, has that skill loaded, and unloading it
+    there reclaims the fork's copy of the output (the source keeps its own)."""
+    s = await pirate_and_tax(client, api_settings)
+    args = {"label": "skills", "key": "pirate"}
+    r = await client.post(f"/v1/sessions/{s}/tools/load_context", params={"tool_call_id": "cp"}, json=args)
+    doc = r.json()["result"]
+    assert doc == PIRATE
+    a1 = {
+        "id": "a1",
+        "role": "assistant",
+        "parts": [{"type": "text", "text": "Arr"}, dynamic_load_part("cp", "pirate", doc)],
+    }
+    assert (await client.post(f"/v1/sessions/{s}/messages", json={"message": a1})).status_code == 201
+    r = await client.post(f"/v1/sessions/{s}/fork", json={"at_message_id": "a1"})
+    assert r.status_code == 201, r.text
+    fork, seq = r.json()["id"], r.json()["seq"]
+    await configure(client, fork, {"blocks": [skills_block(new_bucket(api_settings))]})
+    seq = await last_seq(client, fork)
+
+    assert (await unload_description(client, fork, seq)).endswith(" Currently loaded: skills:pirate.")
+    res, seq = await tool(client, fork, "unload_context", args)
+    assert res == 'Unloaded "pirate" from skills. Context reclaimed.'
+    assert await unloaded_events(client, fork) == [("pirate", "a1", "cp")]
+    assert (await history_parts(client, fork, seq))["a1"][1]["output"] == "[skill unloaded: pirate]"
+    assert (await unload_description(client, fork, seq)).endswith(" No skills currently loaded.")
+    res, _ = await tool(client, fork, "unload_context", args)
+    assert res == 'Skill "pirate" is not currently loaded in "skills".'
+    # the source is untouched: its skill still loaded, its output as it was
+    assert (await unload_description(client, s, seq)).endswith(" Currently loaded: skills:pirate.")
+    assert (await history_parts(client, s, 0))["a1"][1]["output"] == PIRATE
+
+
+async def test_history_appended_elsewhere_loads_its_skills(client: httpx.AsyncClient, api_settings: Settings) -> None:
+    """Assistant messages with ``load_context`` outputs made elsewhere (static ``tool-load_context``
+    parts and dynamic ones) load their skills, in history order; an output already unloaded
+    (``[skill unloaded: …]``), an ``unload_context`` output after a load, a part with no output
+    yet and a user message's part load nothing."""
+    s = await pirate_and_tax(client, api_settings)
+    u1 = {"id": "u1", "role": "user", "parts": [load_part("u", "user-said", "text")]}
+    a1 = {
+        "id": "a1",
+        "role": "assistant",
+        "parts": [
+            load_part("c1", "tax", "Tax doc"),
+            dynamic_load_part("c2", "pirate", PIRATE),
+            load_part("c3", "old", "[skill unloaded: old]"),
+            load_part("c4", "gone", "Gone doc"),
+            {**load_part("c5", "pending", ""), "state": "input-available"},
+        ],
+    }
+    a2 = {"id": "a2", "role": "assistant", "parts": [dynamic_load_part("c6", "gone", "Unloaded", "unload_context")]}
+    seq = 0
+    for m in (u1, a1, a2):
+        r = await client.post(f"/v1/sessions/{s}/messages", json={"message": m})
+        assert r.status_code == 201, r.text
+        seq = r.json()["seq"]
+    assert (await unload_description(client, s, seq)).endswith(" Currently loaded: skills:tax, skills:pirate.")
+
+    res, seq = await tool(client, s, "unload_context", {"label": "skills", "key": "tax"})
+    assert res == 'Unloaded "tax" from skills. Context reclaimed.'
+    assert await unloaded_events(client, s) == [("tax", "a1", "c1")]
+    assert (await history_parts(client, s, seq))["a1"][0]["output"] == "[skill unloaded: tax]"
+    assert (await unload_description(client, s, seq)).endswith(" Currently loaded: skills:pirate.")
+    for key in ("tax", "old", "gone", "pending", "user-said"):
+        res, _ = await tool(client, s, "unload_context", {"label": "skills", "key": key})
+        assert res == f'Skill "{key}" is not currently loaded in "skills".', key
+    assert len(await unloaded_events(client, s)) == 1
+
+
+async def test_an_output_unloaded_before_it_was_stored_loads_nothing(
+    client: httpx.AsyncClient, api_settings: Settings
+) -> None:
+    """A load output reclaimed by its tool call before its message was stored reads as unloaded
+    once stored: the skill is not loaded, and a fork of it has none either."""
+    s = await unloaded_by_call(client, api_settings, "call-1")
+    a1 = {"id": "a1", "role": "assistant", "parts": [load_part("call-1", "pirate", PIRATE)]}
+    r = await client.post(f"/v1/sessions/{s}/messages", json={"message": a1})
+    assert r.status_code == 201, r.text
+    assert (await unload_description(client, s, r.json()["seq"])).endswith(" No skills currently loaded.")
+    res, _ = await tool(client, s, "unload_context", {"label": "skills", "key": "pirate"})
+    assert res == 'Skill "pirate" is not currently loaded in "skills".'
 
 
 def chronicle(settings: Settings, *args: str) -> str:

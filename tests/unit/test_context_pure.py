@@ -1,5 +1,6 @@
 """Context memory, pure parts: config validation, the projection's plan per event type, the
-append rule and the read-time rewrite of unloaded skills' tool outputs."""
+append rule, the read-time rewrite of unloaded skills' tool outputs and the scan of history for
+loaded skills."""
 
 from __future__ import annotations
 
@@ -27,7 +28,8 @@ from events.catalog import (
 from events.context import ReadonlyBlock, SearchableBlock, SessionConfig, SkillsBlock, WritableBlock
 from events.ids import TENANT_SCOPE
 from projections.context import SESSION_TABLES, plan
-from projections.reclaimed import reclaim
+from projections.reclaimed import reclaim, reclaimed_in
+from projections.skill_scan import scan_loaded
 from services.context.rules import joined
 
 T, S = "acme", "chat-1"
@@ -303,3 +305,49 @@ def test_reclaim_keeps_non_ascii_and_tolerates_odd_parts() -> None:
         "id": "x",
         "role": "assistant",
     }
+
+
+PART_FIELDS = ("type", "toolName", "toolCallId", "state", "input", "output")
+
+
+def _load(call: Any, key: str, output: Any, tool: str = "load_context") -> dict[str, Any]:
+    """A dynamic tool part of ``tool`` with its output, for skills block ``skills``."""
+    values = ("dynamic-tool", tool, call, "output-available", {"label": "skills", "key": key}, output)
+    return dict(zip(PART_FIELDS, values, strict=True))
+
+
+def test_scan_loaded_follows_the_reference_order() -> None:
+    """Loads in history order; a key loaded again keeps its place and names the newer output; an
+    output shown as unloaded (stored so, or reclaimed by message or by call) unloads; an
+    ``unload_context`` output unloads; a load without a tool call id, a part of another state or
+    with no key, and parts that are no list load nothing."""
+    m1 = {
+        "parts": [
+            _load("c1", "a", "A"),
+            {
+                "type": "tool-load_context",
+                "toolCallId": "c2",
+                "state": "output-available",
+                "input": {"label": "skills", "key": "b"},
+                "output": "B",
+            },
+            _load(None, "nocall", "X"),
+            {**_load("c3", "pending", None), "state": "input-available"},
+            {**_load("c4", "", "X")},
+            _load("c5", "c", "C"),
+            _load("c6", "d", "D"),
+            _load("c7", "e", "E"),
+        ]
+    }
+    m2 = {
+        "parts": [
+            _load("c8", "a", "A again"),
+            _load("c9", "c", "[skill unloaded: c]"),
+            _load("c10", "d", "Unloaded", "unload_context"),
+        ]
+    }
+    m3 = {"parts": 7}
+    rows = [(mid, json.dumps(body, separators=(",", ":"))) for mid, body in (("m1", m1), ("m2", m2), ("m3", m3))]
+    unloaded = reclaimed_in({("m1", "c2"): "b", ("", "c7"): "e"})
+    assert scan_loaded(rows, unloaded) == {("skills", "a"): ("m2", "c8")}
+    assert list(scan_loaded(rows, reclaimed_in({}))) == [("skills", "a"), ("skills", "b"), ("skills", "e")]

@@ -1,0 +1,59 @@
+"""Which skills a session's history shows loaded: the reference's restore scan
+(``Session._scanHistoryForLoadedSkills``, docs/reference.md §2 "Restore after hibernation"),
+over stored messages as history reads show them (unloaded outputs as ``[skill unloaded: key]``).
+Pure: the rows come from :func:`projections.context_queries.history_loaded_skills`."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from projections.reclaimed import Reclaimed
+
+UNLOADED_MARK = "[skill unloaded:"
+"""How an unloaded skill's tool output starts (:func:`projections.reclaimed.reclaim`)."""
+
+
+def tool_name(part: dict[str, Any]) -> str | None:
+    """A tool part's tool: ``toolName`` (dynamic tool parts) or the ``tool-<name>`` of its type
+    (AI SDK static parts; the reference's scan matched only the former, see its §7.6.2)."""
+    name = part.get("toolName")
+    if isinstance(name, str):
+        return name
+    kind = part.get("type")
+    return kind[5:] if isinstance(kind, str) and kind.startswith("tool-") else None
+
+
+def scan_loaded(rows: list[tuple[str, str]], unloaded: Reclaimed) -> dict[tuple[str, str], tuple[str, str]]:
+    """(label, key) -> (message id, tool call id) of the output that keeps it loaded, in the order
+    the reference's set gets them: ``rows`` are assistant messages' (id, stored JSON), oldest
+    first. A ``load_context`` part with its output (``state: "output-available"``) and a
+    non-empty label and key in its input loads the skill, unless its output, as a history read
+    shows it, starts with ``[skill unloaded:`` (then it unloads it); an ``unload_context`` part
+    with its output unloads it. A load part without a string ``toolCallId`` is passed over: an
+    unload could not reclaim it (reclaimed outputs are named by tool call), so it would stay
+    loaded for good."""
+    loaded: dict[tuple[str, str], tuple[str, str]] = {}
+    for mid, content in rows:
+        parts = json.loads(content).get("parts")
+        if not isinstance(parts, list):  # a message published straight to the log
+            continue
+        outputs = unloaded.outputs(mid, content)
+        for part in parts:
+            if not isinstance(part, dict) or part.get("state") != "output-available":
+                continue
+            name, inp = tool_name(part), part.get("input")
+            if name not in ("load_context", "unload_context") or not isinstance(inp, dict):
+                continue
+            label, key = inp.get("label"), inp.get("key")
+            if not (isinstance(label, str) and label and isinstance(key, str) and key):
+                continue
+            call = part.get("toolCallId")
+            output = part.get("output")
+            if isinstance(call, str) and call in outputs:
+                output = f"[skill unloaded: {outputs[call]}]"
+            if name == "unload_context" or (isinstance(output, str) and output.startswith(UNLOADED_MARK)):
+                loaded.pop((label, key), None)
+            elif isinstance(call, str):
+                loaded[(label, key)] = (mid, call)  # a set's order: a key loaded again keeps its place
+    return loaded
