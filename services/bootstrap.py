@@ -45,6 +45,7 @@ from services.compaction.service import CompactionService, Series
 from services.compaction.state import CompactorState, pending, series, still_due
 from services.compaction.summarizers import OfflineSummarizer, OpenAISummarizer, Summarizer
 from services.compaction.worker import Compactor
+from services.context.search_gate import SearchGate, search_slots
 from services.context.service import ContextService
 from services.context.tenant_space import TenantSpace
 from services.dbpool import Pool
@@ -632,6 +633,9 @@ async def open_container(
             {settings.originals_bucket, settings.claim_check_bucket, settings.archive_bucket}
         )
         context.search_timeout_s = settings.search_timeout_s
+        context.search_gate = SearchGate(
+            *search_slots(settings.db_pool_max, settings.search_slots, settings.search_slots_per_tenant)
+        )
         leases = Leases(settings.database_url, settings.compactor_concurrency)
         compaction = CompactionService(
             pool, publisher, commands.optimistic, context, counter, summarizer_of(settings), leases

@@ -232,6 +232,20 @@ class Settings(BaseSettings):
         description="how long one search's statements may run in Postgres (`GET …/search`, the search tools); "
         "past it the search is cancelled: `503 search_timeout` (a tool answers `Error: …`)",
     )
+    search_slots: int | None = Field(
+        default=None,
+        ge=1,
+        le=1000,
+        description="searches one process runs at once (`GET …/search`, the search tools): a search past it "
+        "waits for one to end, up to `search_timeout_s`, then `429 search_busy`; default half of `db_pool_max`",
+    )
+    search_slots_per_tenant: int | None = Field(
+        default=None,
+        ge=1,
+        le=1000,
+        description="searches one tenant runs at once in one process; one more is `429 search_busy` at once "
+        "(`Retry-After`); default half of `search_slots`",
+    )
     readiness_stall_s: float = Field(
         default=60.0, ge=0, description="readyz is 503 when a projector has not advanced this long while events wait"
     )

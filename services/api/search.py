@@ -47,8 +47,9 @@ async def search_session(
 ) -> dict[str, Any]:
     check_id("session", sid)
     await caught_up(c, tenant, sid, min_seq)
-    async with c.pool.connection() as conn:
-        hits = await queries.search(conn, tenant, sid, q, limit, c.settings.search_timeout_s)
+    timeout_s = c.settings.search_timeout_s
+    async with c.context.search_gate.slot(tenant, timeout_s), c.pool.connection() as conn:
+        hits = await queries.search(conn, tenant, sid, q, limit, timeout_s)
     if not hits:
         await require_session(c, tenant, sid)
     return _hits(hits)
@@ -59,5 +60,6 @@ async def search_tenant(
     q: SearchQuery, tenant: Tenant, c: ContainerDep, limit: Limit = 20, min_seq: MinSeq = None
 ) -> dict[str, Any]:
     await caught_up_all(c, min_seq)
-    async with c.pool.connection() as conn:
-        return _hits(await queries.search(conn, tenant, None, q, limit, c.settings.search_timeout_s))
+    timeout_s = c.settings.search_timeout_s
+    async with c.context.search_gate.slot(tenant, timeout_s), c.pool.connection() as conn:
+        return _hits(await queries.search(conn, tenant, None, q, limit, timeout_s))

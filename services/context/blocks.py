@@ -41,6 +41,7 @@ from services.context.rules import (
     skill_sources,
     unsafe_keys,
 )
+from services.context.search_gate import SearchGate, search_slots
 from services.errors import (
     BlockNotFound,
     BudgetExceeded,
@@ -133,6 +134,8 @@ class ContextBlocks:
         self._skills = skills
         self.reserved_buckets: frozenset[str] = frozenset()
         self.search_timeout_s = SEARCH_TIMEOUT_S  # CHRONICLE_SEARCH_TIMEOUT_S (services/bootstrap.py)
+        # how many searches run at once (services/bootstrap.py sets it from the settings)
+        self.search_gate = SearchGate(*search_slots(20, None, None))
 
     @property
     def skills(self) -> SkillStore | None:
@@ -449,7 +452,7 @@ class ContextBlocks:
         routes take (as ``session_search`` answers it), finds nothing."""
         if not query.strip() or len(query) > MAX_QUERY_CHARS:
             return None
-        async with self._pool.connection() as conn:
+        async with self.search_gate.slot(tenant, self.search_timeout_s), self._pool.connection() as conn:
             config = await self.config(conn, tenant, session)
             if label == config.searchable_history:
                 hits = await queries.search(conn, tenant, None, query, 10, self.search_timeout_s)
@@ -458,7 +461,8 @@ class ContextBlocks:
         return "\n\n".join(f"[{k}]\n{c}" for k, c in rows) or None
 
     async def session_search(self, tenant: str, query: str) -> str:
-        async with self._pool.connection() as conn:
-            searched = query.strip() and len(query) <= MAX_QUERY_CHARS
-            hits = await queries.search(conn, tenant, None, query, 10, self.search_timeout_s) if searched else []
+        if not query.strip() or len(query) > MAX_QUERY_CHARS:
+            return "No results found."
+        async with self.search_gate.slot(tenant, self.search_timeout_s), self._pool.connection() as conn:
+            hits = await queries.search(conn, tenant, None, query, 10, self.search_timeout_s)
         return "\n---\n".join(f"[{h.role}] {h.content}" for h in hits) if hits else "No results found."

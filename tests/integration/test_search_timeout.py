@@ -125,3 +125,54 @@ async def test_a_search_tool_past_its_timeout_answers_an_error_result(stack: Con
         out = await asyncio.wait_for(stack.context.execute(TENANT, "s1", "session_search", args), UNBOUNDED_S)
     assert out.startswith("Error: the search ran past CHRONICLE_SEARCH_TIMEOUT_S (0.5 s)"), out
     assert await stack.context.execute(TENANT, "s1", "session_search", args) == "[user] we deploy on Friday"
+
+
+async def test_a_tenant_past_its_concurrent_searches_is_told_search_busy_and_another_tenant_is_served(
+    nats_url: str, fresh_db: str, s3_endpoint: str
+) -> None:
+    """One tenant's slow searches held every pooled connection of the API process, and every other
+    tenant's requests waited seconds for one (an outside trial: 40 in flight, another tenant's
+    appends 16 s). A tenant runs ``search_slots_per_tenant`` searches at once: its next one is
+    ``429 search_busy`` at once (``Retry-After``), while another tenant's search gets a slot."""
+    settings = make_settings(
+        nats_url,
+        fresh_db,
+        s3_endpoint=s3_endpoint,
+        search_timeout_s=TIMEOUT_S,
+        search_slots=2,
+        search_slots_per_tenant=1,
+    )
+    async with running_stack(settings) as c:
+        r = await c.commands.append("tenant-b", "s1", text_message("m1", "we deploy on Friday"), OMITTED)
+        await c.waiter.wait_all(r.seq)
+        app = build_app(c.settings, c)
+        gate = c.context.search_gate
+        assert (gate.total, gate.per_tenant) == (2, 1)
+        clients = {
+            t: httpx.AsyncClient(
+                transport=httpx.ASGITransport(app=app),
+                base_url="http://c",
+                headers={"Authorization": f"Bearer {KEYS[t]}"},
+            )
+            for t in (TENANT, "tenant-b")
+        }
+        async with clients[TENANT] as a, clients["tenant-b"] as b:
+            async with messages_locked(c.settings.database_url):
+                slow = asyncio.create_task(a.get("/v1/search", params={"q": "friday"}))
+                for _ in range(500):
+                    if gate.running(TENANT) == 1:
+                        break
+                    await asyncio.sleep(0.01)
+                assert gate.running(TENANT) == 1
+                busy = await a.get("/v1/search", params={"q": "friday"})
+                other = asyncio.create_task(b.get("/v1/search", params={"q": "friday"}))
+                await asyncio.wait_for(asyncio.shield(slow), UNBOUNDED_S)
+            assert busy.status_code == 429, busy.text
+            assert busy.json()["code"] == "search_busy"
+            assert busy.headers["retry-after"] == "1"
+            assert (await slow).status_code == 503  # its own: the lock outlived its timeout
+            answered = await asyncio.wait_for(other, UNBOUNDED_S)
+            assert answered.status_code in (200, 503), answered.text  # a slot, whatever the lock made of it
+            assert answered.json().get("code") != "search_busy"
+            assert gate.running(TENANT) == 0
+            assert gate.running("tenant-b") == 0
