@@ -20,7 +20,7 @@ Bucket = Annotated[str, Field(min_length=3, max_length=63, json_schema_extra={"p
 
 
 def _bucket_name(bucket: str) -> str:
-    if not BUCKET_RE.match(bucket):
+    if not BUCKET_RE.fullmatch(bucket):
         raise ValueError(f"invalid bucket name {bucket!r}")
     return bucket
 

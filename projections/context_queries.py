@@ -178,8 +178,9 @@ async def history_loaded_skills(conn: Conn, tenant: str, session: str) -> dict[t
 
     Bounded, unlike the reference's (it reads the whole path): the newest
     :data:`SKILL_SCAN_MESSAGES` messages of the path, and of their assistant messages the newest
-    that fit in :data:`SKILL_SCAN_BYTES` of stored JSON; sizes are read without the bodies, and
-    only bodies that mention ``load_context`` come back."""
+    that fit in :data:`SKILL_SCAN_BYTES` of stored JSON; the path is found from every message's
+    id, parent and size (:func:`~projections.queries.path_stats`: one statement over the session's
+    rows, no body read), and only bodies that mention ``load_context`` come back."""
     _, stats = await queries.path_stats(conn, tenant, session, None)
     wanted: list[str] = []
     size = 0

@@ -424,7 +424,7 @@ class ProjectorRunner:
     _alive_at: float = field(default=0.0, init=False, repr=False)  # when consuming last made progress (monotonic)
     _round: int = field(default=0, init=False, repr=False)  # which consuming round may commit (a stalled one may not)
     _stalls_in_row: int = field(default=0, init=False, repr=False)  # stalls since a batch last committed
-    _committing: bool = field(default=False, init=False, repr=False)  # a batch's commit is under way
+    _committing: int | None = field(default=None, init=False, repr=False)  # the round whose commit is under way
 
     @property
     def durable(self) -> str:
@@ -692,12 +692,14 @@ class ProjectorRunner:
                     raise batch
                 if round_ != self._round:
                     raise Stalled("this consuming round was abandoned as stalled")
-                self._committing = True
+                self._committing = round_
                 try:
                     await self._commit(batch)
                 finally:
-                    self._committing = False
-                self._stalls_in_row = 0
+                    if self._committing == round_:  # an abandoned round's ending leaves the next one's alone
+                        self._committing = None
+                if self._current():
+                    self._stalls_in_row = 0
                 self._progress()
         finally:
             fetcher.cancel()
@@ -716,7 +718,7 @@ class ProjectorRunner:
         try:
             while not stop.is_set() and self._current():
                 msgs = await self._fetch(sub)
-                if msgs or not self._committing:  # idle fetches while a commit hangs are no progress
+                if msgs or self._committing != self._round:  # idle fetches while a commit hangs are no progress
                     self._progress()
                 if not msgs:
                     if queue.empty():

@@ -49,7 +49,7 @@ from services.context.search_gate import SearchGate, search_slots
 from services.context.service import ContextService
 from services.context.tenant_space import TenantSpace
 from services.dbpool import Pool
-from services.settings import Settings, UnusableSetting
+from services.settings import Settings, UnusableSetting, shown_nats_url
 from services.storage.blobs import CLAIM_CHECK_S3, S3BlobStore
 from services.storage.s3 import SkillStore
 from services.tokens import TokenCounter
@@ -389,7 +389,8 @@ async def connect_nats(settings: Settings, *, starting: bool = False) -> NatsCli
         if nc.max_payload < MAX_EVENT_BYTES:  # its events would be refused, or close the connection
             await nc.close()
             raise UnusableSetting(
-                f"the NATS server at {settings.nats_url} takes messages of at most {nc.max_payload} bytes "
+                f"the NATS server at {shown_nats_url(settings.nats_url)} takes messages of at most "
+                f"{nc.max_payload} bytes "
                 f"(max_payload): Chronicle's events may have {MAX_EVENT_BYTES}; set max_payload to at least 1MB"
             )
         nc.options["max_reconnect_attempts"] = -1  # connected: from now on, reconnect for good

@@ -73,7 +73,7 @@ class Settings(BaseSettings):
         default="nats://127.0.0.1:4222",
         description="one URL, or several comma-separated (the nodes of a cluster: a client reconnects to another "
         "when its node goes), each nats://host:port (a bare host:port is taken as nats://host:port); "
-        "user:password@ in the URL works; tls://… for TLS (ws://, wss://: over WebSocket)",
+        "user:password@ in the URL works; tls://… for TLS",
     )
     nats_nkey_seed: SecretStr | None = Field(
         default=None,
@@ -451,7 +451,7 @@ class Settings(BaseSettings):
     @field_validator("originals_bucket", "claim_check_bucket", "archive_bucket")
     @classmethod
     def _s3_bucket_named(cls, bucket: str) -> str:
-        if not BUCKET_RE.match(bucket):
+        if not BUCKET_RE.fullmatch(bucket):
             raise ValueError(
                 "not an S3 bucket name (3 to 63 characters: lower-case letters, digits, '.' and '-', starting "
                 "and ending with a letter or digit)"
@@ -567,7 +567,19 @@ def check_database_url(url: str) -> str:
     return url
 
 
-NATS_SCHEMES = ("nats", "tls", "ws", "wss")
+NATS_SCHEMES = ("nats", "tls")
+"""What nats-py connects to as installed (ws:// and wss:// need its aiohttp extra, not installed)."""
+
+
+def shown_nats_url(value: str) -> str:
+    """``value`` (comma-separated NATS URLs) as a message may print it: without the user and
+    password any URL holds (``nats://user:password@host`` is how one is given)."""
+    shown = []
+    for entry in value.split(","):
+        scheme, sep, rest = entry.strip().rpartition("://")
+        host = rest.rpartition("@")[2]
+        shown.append(f"{scheme}{sep}{host}")
+    return ",".join(shown)
 
 
 def nats_urls(value: str) -> str:
@@ -589,9 +601,7 @@ def nats_urls(value: str) -> str:
         except ValueError:
             raise ValueError(f"{of}not nats://host:port (its port is not a number from 0 to 65535)") from None
         if parts.scheme.lower() not in NATS_SCHEMES or not parts.hostname or parts.path not in ("", "/"):
-            raise ValueError(
-                f"{of}not nats://host:port (or tls://, ws://, wss://; host:port alone is taken as nats://)"
-            )
+            raise ValueError(f"{of}not nats://host:port (or tls://host:port; host:port alone is taken as nats://)")
         fixed.append(url)
     return value if fixed == [e for e in entries if e] and "://" in value else ",".join(fixed)
 

@@ -37,6 +37,7 @@ from services.settings import (
     load_settings,
     new_api_key,
     new_operator_seed,
+    shown_nats_url,
 )
 
 SERVICES = frozenset({"up", "api", "projector", "compactor", "commands"})
@@ -88,7 +89,7 @@ def session_id(text: str) -> str:
 
 def s3_bucket(text: str) -> str:
     """A ``--bucket`` argument: an S3 bucket name (argparse's type), as a session config's takes it."""
-    if not BUCKET_RE.match(text):
+    if not BUCKET_RE.fullmatch(text):
         raise argparse.ArgumentTypeError(f"{text[:100]!r} is not an S3 bucket name")
     return text
 
@@ -325,7 +326,8 @@ def main(argv: list[str] | None = None) -> int:
         return LOG_MISMATCH_EXIT
     except LogAbsent as exc:  # a tool pointed at a NATS server without the log its database was made from
         print(
-            f"chronicle {args.command}: the NATS server at {settings.nats_url} does not hold the log this "
+            f"chronicle {args.command}: the NATS server at {shown_nats_url(settings.nats_url)} does not hold the "
+            "log this "
             f"database's read models were built from ({exc}): set CHRONICLE_NATS_URL (and CHRONICLE_NATS_NKEY_SEED) "
             "to the stack's (`make up` listens on 4250; a command run with `chronicle up`'s CHRONICLE_DATA_DIR "
             "finds them there; see README)",
@@ -338,7 +340,8 @@ def main(argv: list[str] | None = None) -> int:
         return UNREACHABLE_EXIT
     except StreamMissing as exc:  # a tool that reads the log, pointed at a NATS server without it
         print(
-            f"chronicle {args.command}: no stream {exc.stream} on {settings.nats_url}: is CHRONICLE_NATS_URL the "
+            f"chronicle {args.command}: no stream {exc.stream} on {shown_nats_url(settings.nats_url)}: is "
+            "CHRONICLE_NATS_URL the "
             "stack's? (`make up` listens on 4250; see README)",
             file=sys.stderr,
             flush=True,
@@ -402,7 +405,11 @@ def main(argv: list[str] | None = None) -> int:
                 f" (the address `chronicle up` recorded in {Path(settings.data_dir) / STACK_RECORD}: is that stack "
                 "running? Set CHRONICLE_NATS_URL for another)"
             )
-        print(f"chronicle {args.command}: NATS at {settings.nats_url}: {exc}{hint}", file=sys.stderr, flush=True)
+        print(
+            f"chronicle {args.command}: NATS at {shown_nats_url(settings.nats_url)}: {exc}{hint}",
+            file=sys.stderr,
+            flush=True,
+        )
         return UNREACHABLE_EXIT
 
 

@@ -22,7 +22,7 @@ def bucket_refusal(buckets: list[str], session: str | None) -> str | None:
     """Why ``--bucket`` is refused (None: it is not)."""
     if buckets and session is not None:
         return "--bucket goes with a whole tenant (no --session)"
-    bad = [b for b in buckets if not BUCKET_RE.match(b)]
+    bad = [b for b in buckets if not BUCKET_RE.fullmatch(b)]
     return f"--bucket {bad[0][:100]!r} is not an S3 bucket name" if bad else None
 
 

@@ -28,7 +28,6 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
 import psycopg
 import psycopg.conninfo
@@ -156,10 +155,8 @@ def postgres_reachable(url: str) -> bool:
 
 
 def with_database(url: str, database: str) -> str:
-    """``url`` (a URL or libpq's key=value string) with another database."""
-    if "://" in url:
-        parts = urlsplit(url)
-        return urlunsplit((parts.scheme, parts.netloc, "/" + database, parts.query, parts.fragment))
+    """``url`` (a URL or libpq's key=value string) with another database, as libpq reads it (a
+    URL with an empty host part and ``?host=/socket/dir`` too: rebuilt as a URL, it was none)."""
     return psycopg.conninfo.make_conninfo(url, dbname=database)
 
 

@@ -188,7 +188,7 @@ def test_a_bare_nats_host_port_is_taken_as_nats_url(monkeypatch: pytest.MonkeyPa
         ("127.0.0.1:abc", "not nats://host:port (its port is not a number from 0 to 65535)"),
         (
             "http://127.0.0.1:4222",
-            "not nats://host:port (or tls://, ws://, wss://; host:port alone is taken as nats://)",
+            "not nats://host:port (or tls://host:port; host:port alone is taken as nats://)",
         ),
         (
             "nats://a:4222,nats://u:hunter2@b:x",
@@ -238,10 +238,48 @@ def test_an_api_port_another_process_listens_on_is_one_line_exit_4(
     [
         ("postgresql://u:pw@127.0.0.1:5433/app", "postgresql://u:pw@127.0.0.1:5433/postgres"),
         ("host=127.0.0.1 port=5433 dbname=app user=u", "host=127.0.0.1 port=5433 dbname=postgres user=u"),
+        ("postgresql:///app?host=/var/run/postgresql", "host=/var/run/postgresql dbname=postgres"),
+        ("postgresql://[::1]:5433/app?sslmode=require", "host=::1 port=5433 dbname=postgres sslmode=require"),
     ],
-    ids=["url", "key-value"],
+    ids=["url", "key-value", "socket-url", "ipv6-url"],
 )
 def test_up_reaches_the_server_of_a_key_value_string_as_of_a_url(url: str, admin: str) -> None:
     """A libpq key=value string is a database URL the settings take: ``chronicle up`` looks for its
     server with it (it made "/postgres" of it, found no server and started embedded Postgres)."""
     assert conninfo_to_dict(with_database(url, "postgres")) == conninfo_to_dict(admin)
+
+
+def test_no_message_prints_the_password_of_a_nats_url() -> None:
+    """``user:password@`` in ``CHRONICLE_NATS_URL`` is how one is given; messages naming the server
+    (NATS not answering, no stream there) print it without them (a review found the password on
+    stderr)."""
+    from services.settings import shown_nats_url
+
+    assert shown_nats_url("nats://chron:Sup3rSecret@127.0.0.1:4222") == "nats://127.0.0.1:4222"
+    assert shown_nats_url("nats://a:b@n1:4222, tls://token@n2:4222,n3:4222") == "nats://n1:4222,tls://n2:4222,n3:4222"
+
+
+def test_a_nats_url_over_websocket_is_refused_as_this_install_cannot_connect_it() -> None:
+    with pytest.raises(ValueError, match="not nats://host:port"):
+        Settings(nats_url="ws://127.0.0.1:8080")
+
+
+def test_a_bucket_name_with_a_trailing_newline_is_refused() -> None:
+    with pytest.raises(ValueError, match="not an S3 bucket name"):
+        Settings(archive_bucket="chronicle-archive\n")
+
+
+def test_a_second_api_socket_on_the_port_of_one_not_yet_serving_is_refused_at_once() -> None:
+    """``chronicle api`` binds its port before it opens NATS and Postgres; bound but not listening,
+    a second process could bind it too (SO_REUSEADDR) and one of them failed later inside
+    uvicorn with a traceback. The first socket listens at once, so the second is refused at once."""
+    from services.ops.processes import api_socket
+    from services.settings import UnusableResource
+
+    first = api_socket(Settings(api_host="127.0.0.1", api_port=0))
+    try:
+        port = first.getsockname()[1]
+        with pytest.raises(UnusableResource, match=f"CHRONICLE_API_PORT {port}"):
+            api_socket(Settings(api_host="127.0.0.1", api_port=port)).close()
+    finally:
+        first.close()
