@@ -301,6 +301,10 @@ async def run_skills(settings: Settings, args: argparse.Namespace) -> int:
         if missing:
             print(f"{said} bucket {args.bucket!r} does not exist: nothing to index", file=sys.stderr)
             return 2
-        report = await audit.sync_skills(c, args.tenant, args.bucket, args.prefix)
+        try:
+            report = await audit.sync_skills(c, args.tenant, args.bucket, args.prefix)
+        except KeyDestroyed:  # its tenant scope's key is destroyed: no skill.indexed can be sealed
+            print(f"{said} tenant {args.tenant!r} is erased: it takes no skill documents", file=sys.stderr)
+            return 2
         print(f"indexed {report.indexed}, removed {report.removed}, unchanged {report.unchanged}")
     return 0

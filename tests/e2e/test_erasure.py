@@ -5,6 +5,7 @@ projector processes, a nats-server whose store directory the test reads), encryp
 
 from __future__ import annotations
 
+import io
 import json
 import subprocess
 import sys
@@ -354,6 +355,13 @@ async def test_erasing_a_tenant_that_never_existed_burns_no_name(sealed: tuple[S
     assert again.returncode == 2, (again.stdout, again.stderr)
     assert again.stderr.strip() == (f"chronicle skills put: tenant {tenant!r} is erased: it takes no skill documents")
     assert objects_holding(settings, word.encode())[0] == []  # refused before it was uploaded
+    # a document put under its prefix by other means: `skills sync` refuses to index it, one line
+    # (it died with a KeyDestroyed traceback)
+    data = b"# Another skill\n"
+    s3(settings).put_object(bucket, f"tenants/{tenant}/skills/two", io.BytesIO(data), len(data))
+    synced = cli(settings, "skills", "sync", "--bucket", bucket, "--tenant", tenant)
+    assert synced.returncode == 2, (synced.stdout, synced.stderr)
+    assert synced.stderr.strip() == f"chronicle skills sync: tenant {tenant!r} is erased: it takes no skill documents"
 
 
 def test_chronicle_erase_refuses_an_invalid_id_and_erases_nothing(sealed: tuple[Settings, Path]) -> None:
