@@ -28,6 +28,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote, urlsplit
 
 import psycopg
 import psycopg.conninfo
@@ -155,8 +156,13 @@ def postgres_reachable(url: str) -> bool:
 
 
 def with_database(url: str, database: str) -> str:
-    """``url`` (a URL or libpq's key=value string) with another database, as libpq reads it (a
-    URL with an empty host part and ``?host=/socket/dir`` too: rebuilt as a URL, it was none)."""
+    """``url`` (a URL or libpq's key=value string) with another database, in the same form (a URL
+    with an empty host part and ``?host=/socket/dir`` too: ``urlunsplit`` made ``postgresql:/db``
+    of it, no URL libpq reads)."""
+    if "://" in url:
+        parts = urlsplit(url)
+        query = f"?{parts.query}" if parts.query else ""
+        return f"{parts.scheme}://{parts.netloc}/{quote(database, safe='')}{query}"
     return psycopg.conninfo.make_conninfo(url, dbname=database)
 
 
