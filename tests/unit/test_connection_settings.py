@@ -283,3 +283,10 @@ def test_a_second_api_socket_on_the_port_of_one_not_yet_serving_is_refused_at_on
             api_socket(Settings(api_host="127.0.0.1", api_port=port)).close()
     finally:
         first.close()
+
+
+def test_another_database_of_a_url_is_a_url() -> None:
+    """Callers read the result as a URL (the benchmark's asyncpg URL, its CPU attribution by
+    database name): a URL stays one, its query kept, an empty host part too."""
+    assert with_database("postgresql://u:pw@127.0.0.1:5433/app", "x") == "postgresql://u:pw@127.0.0.1:5433/x"
+    assert with_database("postgres:///app?host=/run/pg", "postgres") == "postgres:///postgres?host=/run/pg"
