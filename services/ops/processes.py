@@ -156,9 +156,6 @@ def listening_socket(host: str, port: int, *, reuse_port: bool) -> socket.socket
         if reuse_port:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
         sock.bind((host, port))
-        # listening at once: bound but not listening, another process binding the same address
-        # (SO_REUSEADDR) would too, and one of them fail later inside uvicorn with a traceback
-        sock.listen(2048)
     except OSError:
         sock.close()
         raise

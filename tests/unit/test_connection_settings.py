@@ -269,22 +269,6 @@ def test_a_bucket_name_with_a_trailing_newline_is_refused() -> None:
         Settings(archive_bucket="chronicle-archive\n")
 
 
-def test_a_second_api_socket_on_the_port_of_one_not_yet_serving_is_refused_at_once() -> None:
-    """``chronicle api`` binds its port before it opens NATS and Postgres; bound but not listening,
-    a second process could bind it too (SO_REUSEADDR) and one of them failed later inside
-    uvicorn with a traceback. The first socket listens at once, so the second is refused at once."""
-    from services.ops.processes import api_socket
-    from services.settings import UnusableResource
-
-    first = api_socket(Settings(api_host="127.0.0.1", api_port=0))
-    try:
-        port = first.getsockname()[1]
-        with pytest.raises(UnusableResource, match=f"CHRONICLE_API_PORT {port}"):
-            api_socket(Settings(api_host="127.0.0.1", api_port=port)).close()
-    finally:
-        first.close()
-
-
 def test_another_database_of_a_url_is_a_url() -> None:
     """Callers read the result as a URL (the benchmark's asyncpg URL, its CPU attribution by
     database name): a URL stays one, its query kept, an empty host part too."""
