@@ -43,13 +43,14 @@ class SearchGate:
         self._held: dict[str, int] = {}  # tenant -> searches it runs now (or waits to)
 
     def running(self, tenant: str) -> int:
+        """The searches ``tenant`` runs (or waits to run) in this process now."""
         return self._held.get(tenant, 0)
 
     @contextlib.asynccontextmanager
     async def slot(self, tenant: str, wait_s: float) -> AsyncIterator[None]:
         """Hold one of the process's search slots for ``tenant``; :class:`SearchBusy` when the
         tenant already runs ``per_tenant`` searches, or no slot frees within ``wait_s``."""
-        held = self._held.get(tenant, 0)
+        held = self.running(tenant)
         if held >= self.per_tenant:
             raise SearchBusy(
                 RETRY_AFTER_S,
