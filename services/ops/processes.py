@@ -219,10 +219,29 @@ def api_socket(settings: Settings) -> socket.socket:
     try:
         return listening_socket(settings.api_host, settings.api_port, reuse_port=settings.api_reuse_port)
     except OSError as exc:
-        raise UnusableResource(
-            f"CHRONICLE_API_PORT {settings.api_port} on CHRONICLE_API_HOST {settings.api_host} cannot be listened on: "
-            f"{exc.strerror or exc} (another process there? stop it, or set CHRONICLE_API_PORT)"
-        ) from None
+        raise _port_unusable(settings, exc) from None
+
+
+def listen_on(sock: socket.socket, settings: Settings) -> None:
+    """Start listening on the API's bound socket once the API can serve (uvicorn listens again, which
+    only sets the backlog). Two processes started together on one port both bind it (neither listens
+    yet); the later to listen is refused here: an :class:`UnusableResource`, as for a port taken
+    before binding, not a failure inside uvicorn."""
+    try:
+        sock.listen(API_BACKLOG)
+    except OSError as exc:
+        raise _port_unusable(settings, exc) from None
+
+
+API_BACKLOG = 2048
+"""uvicorn's default backlog, so that listening here first changes nothing of what it sets."""
+
+
+def _port_unusable(settings: Settings, exc: OSError) -> UnusableResource:
+    return UnusableResource(
+        f"CHRONICLE_API_PORT {settings.api_port} on CHRONICLE_API_HOST {settings.api_host} cannot be listened on: "
+        f"{exc.strerror or exc} (another process there? stop it, or set CHRONICLE_API_PORT)"
+    )
 
 
 async def _serve_api_on(settings: Settings, sock: socket.socket) -> None:
@@ -245,6 +264,7 @@ async def _serve_api_on(settings: Settings, sock: socket.socket) -> None:
         for sig in (signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, _stopped_by_the_server)
         async with stopped_if_nats_closes(lambda: [c.nc], lambda: setattr(server, "should_exit", True)):
+            listen_on(sock, settings)  # not at bind: a TCP probe would take the API as up before it had opened NATS
             await server.serve(sockets=[sock])
 
 

@@ -15,7 +15,8 @@ from pydantic import ValidationError
 
 from services.ops.cli import SETTINGS_EXIT, UNREACHABLE_EXIT, main
 from services.ops.localstack import start_s3_if_missing, with_database
-from services.settings import Settings
+from services.ops.processes import api_socket, listen_on
+from services.settings import Settings, UnusableResource
 from tests.unit.test_cli_refusals import chronicle
 
 DATABASE_FORM = "set it to postgresql://user[:password]@host[:port]/dbname, or libpq's host=… dbname=…"
@@ -231,6 +232,29 @@ def test_an_api_port_another_process_listens_on_is_one_line_exit_4(
         f"chronicle api: CHRONICLE_API_PORT {port} on CHRONICLE_API_HOST 127.0.0.1 cannot be listened on: Address "
         "already in use (another process there? stop it, or set CHRONICLE_API_PORT)"
     ]
+
+
+def test_two_apis_started_together_on_one_port_the_later_to_listen_is_refused_in_one_line(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Both bind the port (SO_REUSEADDR, neither listens yet: the API listens once it has opened
+    NATS and Postgres); the one that listens second is refused as a taken port is, not inside
+    uvicorn with a traceback."""
+    with socket.socket() as free:
+        free.bind(("127.0.0.1", 0))
+        port = free.getsockname()[1]
+    monkeypatch.setenv("CHRONICLE_API_PORT", str(port))
+    settings = Settings()
+    with api_socket(settings) as first, api_socket(settings) as second:
+        listen_on(first, settings)
+        with pytest.raises(UnusableResource) as refused:
+            listen_on(second, settings)
+        with socket.create_connection(("127.0.0.1", port), timeout=5):
+            pass  # the first one listens
+    assert str(refused.value) == (
+        f"CHRONICLE_API_PORT {port} on CHRONICLE_API_HOST 127.0.0.1 cannot be listened on: Address already in use "
+        "(another process there? stop it, or set CHRONICLE_API_PORT)"
+    )
 
 
 @pytest.mark.parametrize(
