@@ -18,6 +18,7 @@ from services.bootstrap import Container
 from services.errors import Unauthorized
 from services.requests.checks import check_id as check_id
 from services.requests.checks import no_nul as no_nul
+from services.requests.limits import Charge
 from services.settings import KeyGrant, hash_key
 from services.writes.liveness import live_session
 
@@ -48,6 +49,13 @@ async def tenant_of(request: Request) -> str:
     return str(tenant)
 
 
+async def charge_of(request: Request) -> Charge | None:
+    """The request's charge for the events it publishes past its first, set by the rate-limit
+    middleware (services/api/limits.py); None when its tenant has no limit: nothing to count."""
+    charge: Charge | None = getattr(request.state, "charge", None)
+    return charge
+
+
 def read_only(request: Request) -> bool:
     """Whether the request's key only reads (set by the authentication middleware)."""
     return bool(getattr(request.state, "read_only", False))
@@ -64,6 +72,7 @@ async def requester_of(request: Request) -> str:
 Tenant = Annotated[str, Depends(tenant_of)]
 Requester = Annotated[str, Depends(requester_of)]
 ContainerDep = Annotated[Container, Depends(get_container)]
+ChargeDep = Annotated[Charge | None, Depends(charge_of)]
 MAX_SEQ = 2**63 - 1
 """The largest stream sequence (or cursor) a query parameter may name."""
 IDEMPOTENCY_KEY_MAX = 128

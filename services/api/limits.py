@@ -1,7 +1,11 @@
 """Per-tenant request limits over HTTP (services/requests/limits.py): a tenant over its limit gets
-``429 rate_limited`` with ``Retry-After`` before anything reads its request."""
+``429 rate_limited`` with ``Retry-After`` before anything reads its request. A request of a limited
+tenant carries its charge (``scope["state"]["charge"]``, :data:`services.requests.limits.Charge`)
+for the routes that publish more than one event (a batch, a fork: :func:`services.api.deps.charge_of`)."""
 
 from __future__ import annotations
+
+from functools import partial
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
@@ -31,4 +35,14 @@ class TenantRateLimit:
                 assert body is not None
                 await as_response(body)(scope, receive, send)
                 return
+            if self.limits.rate_of(tenant) is not None:
+                scope["state"]["charge"] = partial(self._charge, tenant)
         await self.app(scope, receive, send)
+
+    def _charge(self, tenant: str, tokens: int) -> None:
+        """The tenant's charge (:meth:`TenantLimits.charge`), its refusals counted as the others."""
+        try:
+            self.limits.charge(tenant, tokens)
+        except RateLimited:
+            RATE_LIMITED.labels("http").inc()
+            raise

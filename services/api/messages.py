@@ -16,6 +16,7 @@ from services.api import models as m
 from services.api.bodies import AppendBatchBody, AppendBody, DeleteMessagesBody, UpdateBody
 from services.api.deps import (
     MAX_SEQ,
+    ChargeDep,
     ContainerDep,
     Mid,
     MinSeq,
@@ -91,6 +92,7 @@ async def append_batch(
     body: AppendBatchBody,
     tenant: Tenant,
     c: ContainerDep,
+    charge: ChargeDep,
     idempotency_key: Annotated[
         str | None,
         idempotency_key(
@@ -109,9 +111,12 @@ async def append_batch(
     created when it sends the first attempt's ``Idempotency-Key``. Not atomic: a failure part-way
     is the failing message's problem with ``failed_index`` and ``written`` (the batch's messages
     stored before it, as this answer lists them).
+
+    Under a request limit it counts as one request per message: the messages past the first are
+    charged once the batch is checked, before any is appended (``429 rate_limited`` refuses it whole).
     """
     parent = writes.parent_spec(body.parent_id, "parent_id" in body.model_fields_set)
-    return await writes.append_batch(c, tenant, sid, body.messages, parent, idempotency_key)
+    return await writes.append_batch(c, tenant, sid, body.messages, parent, idempotency_key, charge)
 
 
 @router.get("/v1/sessions/{sid}/messages/{mid}", responses=ok(m.MessageRead))

@@ -14,6 +14,7 @@ from services.api import models as m
 from services.api.bodies import CreateSessionBody, EndBody, EraseBody, ForkBody, RenameBody, UsageBody
 from services.api.deps import (
     MAX_SEQ,
+    ChargeDep,
     ContainerDep,
     MinSeq,
     Requester,
@@ -288,7 +289,10 @@ async def data_key(sid: Sid, tenant: Tenant, c: ContainerDep) -> dict[str, Any]:
 
 
 @router.post("/v1/sessions/{sid}/fork", status_code=201, response_model=None, responses=ok(m.Forked, 201))
-async def fork_session(sid: Sid, body: ForkBody, tenant: Tenant, c: ContainerDep) -> dict[str, Any]:
+async def fork_session(sid: Sid, body: ForkBody, tenant: Tenant, c: ContainerDep, charge: ChargeDep) -> dict[str, Any]:
     """A new session holding this one's history up to ``at_message_id`` (overlays carried over).
-    Retried with the same ``id``, the same fork is completed and answered as the first call."""
-    return await writes.fork_session(c, tenant, sid, body.at_message_id, body.id, body.name)
+    Retried with the same ``id``, the same fork is completed and answered as the first call.
+
+    Under a request limit it counts each event it publishes: the copies are charged once the
+    source is read, before anything is published (``429 rate_limited`` refuses it whole)."""
+    return await writes.fork_session(c, tenant, sid, body.at_message_id, body.id, body.name, charge)

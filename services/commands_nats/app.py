@@ -40,7 +40,7 @@ from services import brokers
 from services.bootstrap import Container, nats_security
 from services.errors import InvalidRequest, MalformedJson
 from services.requests import writes
-from services.requests.limits import TenantLimits, limits_of
+from services.requests.limits import Charge, TenantLimits, limits_of
 from services.requests.problems import internal_error, problem_of
 from services.requests.strict_json import strict_loads
 from services.settings import Settings
@@ -129,9 +129,13 @@ def command_router(
 ) -> NatsRouter:
     """The subscribers of every command in :data:`events.commands.COMMANDS` under ``layout``'s
     command prefix; ``container`` gives the composition root when a request arrives; ``limits``
-    refuses a tenant's requests over its limit (``429 rate_limited``) before they do anything."""
+    refuses a tenant's requests over its limit (``429 rate_limited``) before they do anything, and
+    charges a batch or a fork the events it publishes past its first, as the API does."""
     prefix = f"{layout.commands}."
     router = NatsRouter(prefix=prefix)
+
+    def charger(tenant: str) -> Charge | None:
+        return limits.charger(tenant) if limits is not None else None
 
     async def decoded(msg: NatsMessage) -> Any:
         """The request's JSON, once its tenant (the subject's token) is under its limit: a request
@@ -202,8 +206,9 @@ def command_router(
 
     @subscriber(by["session.fork"])
     async def fork_session(body: cmd.ForkSession, tenant: str = Path()) -> NatsResponse:
+        t = tenant_of(tenant)
         out = await writes.fork_session(
-            container(), tenant_of(tenant), body.session_id, body.at_message_id, body.id, body.name
+            container(), t, body.session_id, body.at_message_id, body.id, body.name, charger(t)
         )
         return reply(out, 201)
 
@@ -218,8 +223,9 @@ def command_router(
     @subscriber(by["append_batch"])
     async def append_batch(body: cmd.AppendBatch, tenant: str = Path()) -> NatsResponse:
         parent = writes.parent_spec(body.parent_id, "parent_id" in body.model_fields_set)
+        t = tenant_of(tenant)
         out = await writes.append_batch(
-            container(), tenant_of(tenant), body.session_id, body.messages, parent, body.idempotency_key
+            container(), t, body.session_id, body.messages, parent, body.idempotency_key, charger(t)
         )
         return reply(out, 201)
 

@@ -1,9 +1,20 @@
 """Per-tenant request limits: one token bucket per tenant, in each API or ``chronicle commands``
 process (a tenant's ceiling over N processes is N times its rate).
 
-A tenant may make ``burst`` requests at once, then ``per_s`` a second. A request over the limit is
-refused before it does anything (``429 rate_limited``, with the seconds until one would be
-admitted), so it is always safe to send again. The buckets are a pure core: the clock is passed in.
+A token is one event a request may publish. A tenant may make ``burst`` requests at once, then
+``per_s`` a second. A request needs one token to start (:meth:`TenantLimits.admit`, before its body
+is read); a request over the limit is refused there, before it does anything (``429 rate_limited``,
+with the seconds until one would be admitted), so it is always safe to send again.
+
+A request that publishes more than one event (a batch of N messages, a fork copying N events) is
+charged the rest once it knows how many (:meth:`TenantLimits.charge`), before it publishes any:
+the bucket may go into debt, so one request larger than the burst is never refused for its size,
+and the tenant's next requests wait until the debt is paid at its rate. A charge that finds the
+bucket in debt already (another request of the tenant, admitted at the same moment, charged first)
+and would leave it owing more than its burst is refused (``429``, nothing published): concurrent
+requests cannot each take the tenant deep into debt.
+
+The buckets are a pure core: the clock is passed in.
 """
 
 from __future__ import annotations
@@ -13,6 +24,7 @@ import math
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from functools import partial
 
 from services.errors import RateLimited
 from services.settings import Settings
@@ -23,12 +35,17 @@ what a tenant never seen gets, so dropping it changes no decision."""
 REPORT_EVERY_S = 60.0
 """A tenant's refusals are logged at most once in this many seconds."""
 
+Charge = Callable[[int], None]
+"""A request's charge for the events it is about to publish beyond its first (``charge(n)``):
+taken from its tenant's bucket, or :class:`RateLimited` raised before anything is published.
+None where no limit applies: nothing to call."""
+
 log = logging.getLogger("chronicle.limits")
 
 
 @dataclass(frozen=True, slots=True)
 class Rate:
-    """``per_s`` requests a second after a ``burst`` of requests at once."""
+    """``per_s`` tokens (events) a second after a ``burst`` of them at once."""
 
     per_s: float
     burst: float
@@ -69,11 +86,8 @@ class TenantLimits:
     def rate_of(self, tenant: str) -> Rate | None:
         return self._overrides.get(tenant, self._default)
 
-    def wait_s(self, tenant: str) -> float:
-        """0 when ``tenant`` may make a request now (it is counted); otherwise the seconds until it may."""
-        rate = self.rate_of(tenant)
-        if rate is None:
-            return 0.0
+    def _refilled(self, tenant: str, rate: Rate) -> _Bucket:
+        """``tenant``'s bucket, its tokens brought to now (a full one for a tenant not seen)."""
         now = self._clock()
         bucket = self._buckets.get(tenant)
         if bucket is None:
@@ -81,15 +95,48 @@ class TenantLimits:
                 self._drop_full(now)
             bucket = self._buckets[tenant] = _Bucket(rate.burst, now)
         bucket.tokens, bucket.at = bucket.level(rate, now), now
+        return bucket
+
+    def wait_s(self, tenant: str) -> float:
+        """0 when ``tenant`` may make a request now (its token is taken); otherwise the seconds
+        until it may (the bucket holds a whole token again: a debt is paid first)."""
+        rate = self.rate_of(tenant)
+        if rate is None:
+            return 0.0
+        bucket = self._refilled(tenant, rate)
         if bucket.tokens >= 1.0:
             bucket.tokens -= 1.0
             return 0.0
         return (1.0 - bucket.tokens) / rate.per_s
 
+    def charge_wait_s(self, tenant: str, tokens: int) -> float:
+        """0 when ``tokens`` more are taken from ``tenant``'s bucket for a request it admitted
+        (into debt if need be); otherwise, when the bucket was in debt already and would owe more
+        than its burst, nothing is taken and the seconds until a request would be admitted again."""
+        rate = self.rate_of(tenant)
+        if rate is None or tokens <= 0:
+            return 0.0
+        bucket = self._refilled(tenant, rate)
+        if bucket.tokens < 0.0 and bucket.tokens - tokens < -rate.burst:
+            return (1.0 - bucket.tokens) / rate.per_s
+        bucket.tokens -= tokens
+        return 0.0
+
     def admit(self, tenant: str) -> None:
         """Count a request of ``tenant``, or raise :class:`RateLimited` when it is over its limit
         (logged once in :data:`REPORT_EVERY_S` per tenant)."""
-        wait = self.wait_s(tenant)
+        self._refuse(tenant, self.wait_s(tenant))
+
+    def charge(self, tenant: str, tokens: int) -> None:
+        """Charge an admitted request of ``tenant`` ``tokens`` more (:meth:`charge_wait_s`), or raise
+        :class:`RateLimited` when that is refused (logged as :meth:`admit` logs)."""
+        self._refuse(tenant, self.charge_wait_s(tenant, tokens))
+
+    def charger(self, tenant: str) -> Charge | None:
+        """What charges ``tenant``'s requests (:meth:`charge`); None when it has no limit."""
+        return None if self.rate_of(tenant) is None else partial(self.charge, tenant)
+
+    def _refuse(self, tenant: str, wait: float) -> None:
         if wait > 0:
             refused = RateLimited(wait, f"tenant {tenant!r} is over its limit of {self._described(tenant)}")
             if self.first_refusal(tenant):
@@ -109,7 +156,10 @@ class TenantLimits:
     def _described(self, tenant: str) -> str:
         rate = self.rate_of(tenant)
         assert rate is not None
-        return f"{rate.per_s:g} requests/s (bursts of {rate.burst:g}) per process"
+        return (
+            f"{rate.per_s:g} requests/s (bursts of {rate.burst:g}) per process, "
+            "a request counting once per event it publishes"
+        )
 
     def _drop_full(self, now: float) -> None:
         def full(tenant: str, bucket: _Bucket) -> bool:

@@ -32,6 +32,7 @@ from services.errors import (
     SummarizerFailed,
 )
 from services.requests.checks import check_id, checked_message, field_error, invalid_fields, no_nul
+from services.requests.limits import Charge
 from services.writes.commands import fork
 from services.writes.decisions import ParentSpec
 from services.writes.liveness import live_session
@@ -103,12 +104,20 @@ async def delete_session(c: Container, tenant: str, sid: str) -> Answer:
 
 
 async def fork_session(
-    c: Container, tenant: str, sid: str, at_message_id: str, new_id: str | None, name: str | None
+    c: Container,
+    tenant: str,
+    sid: str,
+    at_message_id: str,
+    new_id: str | None,
+    name: str | None,
+    charge: Charge | None = None,
 ) -> Answer:
+    """The fork (:func:`services.writes.commands.fork`); ``charge`` (its tenant's request limit)
+    is charged the events it will publish past the first, before it publishes any."""
     check_id("session", sid)
     check_id("message", at_message_id)
     new_id = check_id("session", new_id) if new_id is not None else None
-    forked = await fork(c.commands, c.eraser, tenant, sid, at_message_id, new_id, name)
+    forked = await fork(c.commands, c.eraser, tenant, sid, at_message_id, new_id, name, charge)
     return {"id": forked.id, "parent_session_id": sid, "messages": forked.messages, "seq": forked.seq}
 
 
@@ -132,6 +141,7 @@ async def append_batch(
     messages: list[dict[str, Any]],
     parent: ParentSpec,
     request_key: str | None = None,
+    charge: Charge | None = None,
 ) -> Answer:
     """A chain: the first message takes ``parent`` as a single append does, each next one is the
     child of the previous, or of the latest leaf when another writer appended under the previous
@@ -144,11 +154,15 @@ async def append_batch(
     Not atomic: a failure at a message (its parent would make a cycle, its id is taken by another
     body, the log is unavailable, …) leaves the messages before it stored, and is raised as
     :class:`BatchFailed` with them (``written``); a refusal of the request itself (ids not
-    distinct, a message not valid) is raised before anything is written."""
+    distinct, a message not valid) is raised before anything is written, as is a refusal of
+    ``charge`` (its tenant's request limit, charged every message past the first: one event each,
+    a message a retry re-answers included)."""
     check_id("session", sid)
     bodies = [checked_message(m, new=True, loc=("messages", i)) for i, m in enumerate(messages)]
     if len({m["id"] for m in bodies}) != len(bodies):
         raise invalid_fields([field_error(("messages",), "message ids in a batch must be distinct")])
+    if charge is not None:
+        charge(len(bodies) - 1)
     answers: list[Answer] = []
     for i, body in enumerate(bodies):
         # a replayed previous message may have had children before this batch came (the

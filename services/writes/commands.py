@@ -18,6 +18,7 @@ import contextlib
 import json
 import logging
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any, NoReturn, TypeVar
@@ -515,6 +516,7 @@ async def fork(
     at_message_id: str,
     new_id: str | None,
     name: str | None,
+    charge: Callable[[int], None] | None = None,
 ) -> Forked:
     """A new session (``parent_session_id`` = source) holding the source's path to ``at_message_id``.
 
@@ -542,6 +544,11 @@ async def fork(
     source's content under the fork's own key, which the source's erasure does not destroy. One
     recorded after a completed fork is a separate session from then on (erase it on its own). An
     erasure of the new id in that window is ``410`` as well.
+
+    ``charge`` (the tenant's request limit, services/requests/limits.py) is called with the
+    number of copies this call will publish (every event past its first, the new session's
+    creation), once the source is read and before anything is published: a refusal it raises
+    leaves nothing published. A complete fork answered from its log is not charged.
     """
     await cmd.optimistic.catch_up(tenant, session)
     gone: Exception | None = None
@@ -621,6 +628,8 @@ async def fork(
     # log would refuse part-way publishes nothing.
     for event in events:
         cmd._pub.encode(event)
+    if charge is not None:  # the events past the first (the creation; a retry's copies when it is made)
+        charge(len(events) if made is None else len(events) - 1)
     if made is None:
         try:
             created = await cmd.create_session(

@@ -1,6 +1,9 @@
 """Per-tenant request limits (``CHRONICLE_RATE_LIMIT``): a tenant over its limit gets ``429
 rate_limited`` with the time to wait, over HTTP and over NATS commands alike; what it was refused
-did not happen; other tenants and tenant-less routes go on. Real parts: a nats-server configured
+did not happen; other tenants and tenant-less routes go on. A request is weighed by the events it
+publishes: a batch of N messages, or a fork copying N events, takes as many tokens as N single
+requests would, so the tenant's next request waits for them; a charge that is refused publishes
+nothing. Real parts: a nats-server configured
 from the settings (tenant credentials), Postgres, a projector, `chronicle commands`' broker, and
 the API served by uvicorn. Each test serves a fresh app or broker: fresh buckets."""
 
@@ -8,6 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
+import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
@@ -17,15 +22,20 @@ import pytest
 
 from chronicle_sdk import ChronicleClient
 from events.commands import STATUS_HEADER
+from events.omitted import OMITTED
 from services.api.app import build_app
 from services.api.metrics import REGISTRY
 from services.bootstrap import Container
 from services.commands_nats.app import serving_commands
+from services.errors import RateLimited
+from services.requests import writes
+from services.requests.limits import Rate, TenantLimits
 from services.settings import Settings
 from tests.conftest import KEYS, running_stack, tenant_nats, tenant_nats_settings
 from tests.support import served
 
 RATE, BURST = 1.0, 3  # tenant-a: 3 requests at once, then 1 a second (the margin of every test); tenant-b: no limit
+SLACK_S = 0.002  # retry_after is given in whole milliseconds, rounded up
 
 
 @pytest.fixture(scope="module")
@@ -154,3 +164,139 @@ async def test_the_sdk_waits_out_a_refusal_and_every_append_lands_once(api: str)
         history = await session.get_history()
     assert refused_over_http() > before  # the server did refuse some
     assert [m["parts"][0]["text"] for m in history] == texts  # each exactly once, in order
+
+
+# -- weighed by the events a request publishes ----------------------------------------------
+
+
+def new_id() -> str:
+    return "s-" + uuid.uuid4().hex[:10]
+
+
+def messages(n: int) -> list[dict[str, Any]]:
+    return [message(f"m{i}") for i in range(n)]
+
+
+async def long_session(stack: Container, n: int) -> str:
+    """A session of tenant-a holding ``n`` messages, written past every limit (straight through
+    the writes both transports call); its id."""
+    sid = new_id()
+    await writes.create_session(stack, "tenant-a", sid, "long", None, {})
+    await writes.append_batch(stack, "tenant-a", sid, messages(n), OMITTED)
+    return sid
+
+
+def assert_waits_for(problem: dict[str, Any], tokens: int, elapsed_s: float) -> None:
+    """``problem`` is the refusal of a tenant that has taken ``tokens`` from its fresh bucket
+    within ``elapsed_s``: it owes ``tokens - BURST``, and its next request needs one token more,
+    so it waits ``(tokens + 1 - BURST) / RATE`` less what came back meanwhile."""
+    assert problem["code"] == "rate_limited", problem
+    assert problem["status"] == 429
+    owed_s = (tokens + 1 - BURST) / RATE
+    assert owed_s - elapsed_s - SLACK_S <= problem["retry_after"] <= owed_s + SLACK_S
+
+
+def assert_http_waits_for(resp: httpx.Response, tokens: int, elapsed_s: float) -> None:
+    assert resp.status_code == 429, resp.text
+    assert_waits_for(resp.json(), tokens, elapsed_s)
+    assert resp.headers["retry-after"] == str(math.ceil(resp.json()["retry_after"]))
+
+
+async def test_a_batch_of_n_messages_takes_n_tokens_and_the_next_request_waits_them_out(api: str) -> None:
+    n = 4  # with the session's creation 5 tokens, 2 past the burst: unweighed, the next request would be admitted
+    sid = new_id()
+    async with client(api, "tenant-a") as http:
+        started = time.monotonic()
+        assert (await http.post("/v1/sessions", json={"id": sid})).status_code == 201
+        batch = await http.post(f"/v1/sessions/{sid}/messages:batch", json={"messages": messages(n)})
+        assert batch.status_code == 201, batch.text  # never refused for being larger than the burst
+        assert len(batch.json()["messages"]) == n
+        refused = await http.get("/v1/sessions")
+        assert_http_waits_for(refused, 1 + n, time.monotonic() - started)
+
+        await asyncio.sleep(refused.json()["retry_after"])  # then one request is admitted again
+        again = await http.get(f"/v1/sessions/{sid}/history", params={"min_seq": batch.json()["seq"]})
+        assert again.status_code == 200, again.text
+        assert [m["id"] for m in again.json()["messages"]] == [m["id"] for m in messages(n)]
+
+
+async def test_a_fork_of_a_long_session_takes_a_token_per_event_it_copies(api: str, stack: Container) -> None:
+    n = 200  # 199 s of debt at 1 a second: it is not waited out here
+    source = await long_session(stack, n)
+    async with client(api, "tenant-a") as http:
+        started = time.monotonic()
+        forked = await http.post(f"/v1/sessions/{source}/fork", json={"at_message_id": f"m{n - 1}"})
+        assert forked.status_code == 201, forked.text
+        assert forked.json()["messages"] == n
+        refused = await http.get("/v1/sessions")
+        # the fork published n + 1 events: its session's creation (the request's token) and n copies
+        assert_http_waits_for(refused, 1 + n, time.monotonic() - started)
+
+
+async def test_a_tenant_without_a_limit_is_not_charged(api: str) -> None:
+    sid = new_id()
+    async with client(api, "tenant-b") as http:
+        batch = await http.post(f"/v1/sessions/{sid}/messages:batch", json={"messages": messages(200)})
+        assert batch.status_code == 201, batch.text
+        forked = await http.post(f"/v1/sessions/{sid}/fork", json={"at_message_id": "m199"})
+        assert forked.status_code == 201, forked.text
+        assert (await http.get("/v1/sessions")).status_code == 200
+
+
+async def command(nc: Any, subject: str, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+    msg = await nc.request(subject, json.dumps(body).encode(), timeout=30)
+    return int((msg.headers or {})[STATUS_HEADER]), json.loads(msg.data)
+
+
+async def test_over_nats_a_batch_and_a_fork_are_weighed_as_over_http(settings: Settings, stack: Container) -> None:
+    layout = settings.layout()
+    n = 100
+    source = await long_session(stack, n)
+    nc = await tenant_nats(settings.nats_url, "tenant-a")
+    try:
+        async with serving_commands(settings, stack):  # fresh buckets
+            started = time.monotonic()
+            status, out = await command(
+                nc,
+                layout.command_subject("tenant-a", "append_batch"),
+                {"session_id": new_id(), "messages": messages(n)},
+            )
+            assert status == 201, out
+            status, refusal = await command(nc, layout.command_subject("tenant-a", "session.create"), {"id": new_id()})
+            assert status == 429
+            assert_waits_for(refusal, n, time.monotonic() - started)
+        async with serving_commands(settings, stack):  # fresh buckets again
+            started = time.monotonic()
+            status, out = await command(
+                nc,
+                layout.command_subject("tenant-a", "session.fork"),
+                {"session_id": source, "at_message_id": f"m{n - 1}"},
+            )
+            assert status == 201, out
+            assert out["messages"] == n
+            status, refusal = await command(nc, layout.command_subject("tenant-a", "session.create"), {"id": new_id()})
+            assert status == 429
+            assert_waits_for(refusal, 1 + n, time.monotonic() - started)
+    finally:
+        await nc.close()
+
+
+async def test_a_refused_charge_publishes_nothing_of_a_batch_or_a_fork(stack: Container) -> None:
+    source = await long_session(stack, 3)
+    # a bucket that requests of the tenant admitted at the same moment took a burst into debt
+    # after this one was admitted: whatever more it owed would be more than its burst
+    limits = TenantLimits(Rate(RATE, BURST), clock=lambda: 0.0)
+    for _ in range(BURST):
+        limits.admit("tenant-a")
+    limits.charge("tenant-a", BURST)
+    charge = limits.charger("tenant-a")
+    before = await stack.publisher.last_subject_seq("tenant-a", source)
+
+    with pytest.raises(RateLimited):  # its second message, charged once the batch is checked
+        await writes.append_batch(stack, "tenant-a", source, [message("x0"), message("x1")], OMITTED, None, charge)
+    assert await stack.publisher.last_subject_seq("tenant-a", source) == before
+
+    fork = new_id()
+    with pytest.raises(RateLimited):  # its 3 copies, charged once the source is read
+        await writes.fork_session(stack, "tenant-a", source, "m2", fork, None, charge)
+    assert await stack.publisher.last_subject_seq("tenant-a", fork) == 0  # not even the new session

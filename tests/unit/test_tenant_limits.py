@@ -83,6 +83,78 @@ def test_admit_raises_rate_limited_with_the_wait() -> None:
     assert "4 requests/s" in caught.value.detail
 
 
+def test_a_charge_takes_the_bucket_into_debt_and_the_next_request_waits_until_it_is_paid() -> None:
+    limits, clock = limited(per_s=2.0, burst=3)
+    limits.admit("a")  # a batch of 10 messages: one token to start (3 -> 2) ...
+    limits.charge("a", 9)  # ... and 9 once its size is known: 7 owed
+    assert limits.wait_s("a") == pytest.approx(4.0)  # (1 + 7) / 2: the debt, then one token
+    assert limits.wait_s("b") == 0.0  # another tenant's bucket is its own
+    clock.now += 3.9
+    with pytest.raises(RateLimited) as caught:
+        limits.admit("a")
+    assert caught.value.retry_after_s == pytest.approx(0.1)
+    clock.now += 0.1
+    assert limits.wait_s("a") == 0.0
+
+
+def test_a_charge_larger_than_the_burst_is_taken_whole_from_a_bucket_that_owes_nothing() -> None:
+    limits, _ = limited(per_s=1.0, burst=3)
+    for _ in range(3):
+        limits.admit("a")  # empty, not in debt
+    limits.charge("a", 999)  # a batch of 1,000 could never fit the burst: it is not refused for its size
+    assert limits.wait_s("a") == pytest.approx(1000.0)
+
+
+def test_a_charge_that_finds_the_bucket_in_debt_is_refused_past_the_burst_and_takes_nothing() -> None:
+    limits, clock = limited(per_s=2.0, burst=3)
+    for _ in range(3):
+        limits.admit("a")  # three requests admitted at once
+    limits.charge("a", 1)  # the first to charge takes the bucket into debt: 1 owed
+    limits.charge("a", 2)  # the second stays within the burst of debt: 3 owed
+    with pytest.raises(RateLimited) as caught:
+        limits.charge("a", 1)  # the third would owe 4, more than the burst: refused, nothing taken
+    assert caught.value.retry_after_s == pytest.approx(2.0)  # (1 + 3) / 2: when a request is admitted again
+    assert limits.charge_wait_s("a", 1) == pytest.approx(2.0)  # still 3 owed: the refusal took nothing
+    clock.now += 2.0
+    assert limits.wait_s("a") == 0.0
+
+
+def test_a_charge_of_nothing_or_for_a_tenant_without_a_limit_costs_nothing() -> None:
+    limits, _ = limited(per_s=1.0, burst=1, free=None)
+    limits.admit("a")
+    limits.charge("a", 0)  # a batch of one message
+    assert [limits.charge_wait_s("free", 1_000) for _ in range(3)] == [0.0, 0.0, 0.0]
+    assert limits.charger("free") is None  # nothing for its requests to call
+    charge = limits.charger("a")
+    assert charge is not None
+    assert limits.wait_s("a") == pytest.approx(1.0)  # the charge of 0 took nothing
+    charge(1)  # its bucket owed nothing: taken
+    assert limits.wait_s("a") == pytest.approx(2.0)
+    assert limits.charge_wait_s("a", 1) == pytest.approx(2.0)  # owing 1, 2 would be more than the burst
+
+
+def test_a_refused_charge_is_logged_as_a_refused_request(caplog: pytest.LogCaptureFixture) -> None:
+    limits, _ = limited(per_s=1.0, burst=1)
+    limits.admit("a")
+    limits.charge("a", 5)
+    with caplog.at_level("WARNING", logger="chronicle.limits"), pytest.raises(RateLimited) as caught:
+        limits.charge("a", 5)
+    assert caught.value.retry_after_s == pytest.approx(6.0)
+    assert "once per event it publishes" in caught.value.detail
+    assert ["'a'" in r.getMessage() for r in caplog.records] == [True]
+
+
+def test_a_bucket_in_debt_is_never_dropped(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(limits_module, "MAX_BUCKETS", 2)
+    limits, _ = limited(per_s=1.0, burst=1)
+    limits.admit("busy")
+    limits.charge("busy", 50)
+    for t in ("t1", "t2", "t3"):
+        limits.wait_s(t)
+    assert "busy" in limits._buckets
+    assert limits.wait_s("busy") == pytest.approx(51.0)
+
+
 def test_dropping_full_buckets_changes_no_decision(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(limits_module, "MAX_BUCKETS", 4)
     limits, clock = limited(per_s=1.0, burst=2)
