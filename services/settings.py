@@ -106,15 +106,20 @@ class Settings(BaseSettings):
     rate_limit: NonNegativeFloat = Field(
         default=0,
         description="requests a second each tenant may make to one API or `chronicle commands` process (a token "
-        "bucket per tenant; over it: 429 rate_limited with Retry-After, nothing done); 0: no limit. With N processes "
-        "a tenant's ceiling is N times this",
+        "bucket per tenant; over it: 429 rate_limited with Retry-After, nothing done); 0: no limit. A request counts "
+        "once per event it publishes: a messages:batch of N messages N, a fork copying N events N + 1, charged "
+        "before it publishes and taking the bucket into debt that the tenant's next requests wait out. With N "
+        "processes a tenant's ceiling is N times this",
     )
     rate_limit_burst: NonNegativeInt = Field(
-        default=0, description="requests a tenant may make at once before `rate_limit` applies; 0: one second's worth"
+        default=0,
+        description="requests (events: a batch or fork counts each one) a tenant may make at once before "
+        "`rate_limit` applies; 0: one second's worth",
     )
     rate_limits: dict[str, NonNegativeFloat] = Field(
         default_factory=dict,
-        description="tenant -> requests a second, instead of `rate_limit` for that tenant (0: no limit for it)",
+        description="tenant -> requests (events) a second, instead of `rate_limit` for that tenant (0: no limit "
+        "for it, and nothing charged)",
     )
     command_prefix: str = Field(
         default="chronicle.cmd",
