@@ -31,6 +31,7 @@ from services.errors import RateLimited
 from services.requests import writes
 from services.requests.limits import Rate, TenantLimits
 from services.settings import Settings
+from tests import raw_http
 from tests.conftest import KEYS, running_stack, tenant_nats, tenant_nats_settings
 from tests.support import served
 
@@ -231,6 +232,42 @@ async def test_a_fork_of_a_long_session_takes_a_token_per_event_it_copies(api: s
         refused = await http.get("/v1/sessions")
         # the fork published n + 1 events: its session's creation (the request's token) and n copies
         assert_http_waits_for(refused, 1 + n, time.monotonic() - started)
+
+
+async def test_a_batch_admitted_beside_one_that_took_the_bucket_into_debt_is_refused_with_nothing_written(
+    api: str, stack: Container
+) -> None:
+    first, other = new_id(), new_id()
+    body = json.dumps({"messages": messages(2)}).encode()
+    head = (
+        f"POST /v1/sessions/{first}/messages:batch HTTP/1.1\r\nHost: chronicle\r\n"
+        f"Authorization: {raw_http.AUTH}\r\nContent-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+    ).encode()
+    before = refused_over_http()
+    reader, writer = await raw_http.connect(api)
+    try:
+        started = time.monotonic()
+        writer.write(head)  # admitted on its head (3 -> 2 tokens); its body, and so its charge, later
+        await writer.drain()
+        await asyncio.sleep(0.1)  # the server reads the head: the retry_after below shows it was admitted
+        async with client(api, "tenant-a") as http:  # meanwhile a batch of 10: its token and 9 more (2 -> -8)
+            other_batch = await http.post(f"/v1/sessions/{other}/messages:batch", json={"messages": messages(10)})
+        assert other_batch.status_code == 201, other_batch.text
+        writer.write(body)  # its charge of 1 finds 8 owed, and would leave more than the burst owed
+        await writer.drain()
+        status, headers, problem = await raw_http.answer(reader)
+        elapsed = time.monotonic() - started
+    finally:
+        writer.close()
+    assert status == 429, problem
+    # 11 tokens taken, the first batch's own among them (a refusal when it was admitted would say
+    # 1 s less: it would not have taken it); its charge took nothing
+    assert elapsed < 1 / RATE
+    assert_waits_for(problem, 11, elapsed)
+    assert headers["retry-after"] == str(math.ceil(problem["retry_after"]))
+    assert refused_over_http() - before == 1
+    assert await stack.publisher.last_subject_seq("tenant-a", first) == 0  # not one of its messages
+    assert len(other_batch.json()["messages"]) == 10
 
 
 async def test_a_tenant_without_a_limit_is_not_charged(api: str) -> None:

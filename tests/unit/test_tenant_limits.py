@@ -7,7 +7,11 @@ import json
 
 import pytest
 from pydantic import ValidationError
+from starlette.requests import Request
 
+from services.api.app import build_app
+from services.api.deps import charge_of
+from services.api.limits import TenantRateLimit
 from services.api.problems import as_response
 from services.errors import RateLimited
 from services.requests import limits as limits_module
@@ -153,6 +157,15 @@ def test_a_bucket_in_debt_is_never_dropped(monkeypatch: pytest.MonkeyPatch) -> N
         limits.wait_s(t)
     assert "busy" in limits._buckets
     assert limits.wait_s("busy") == pytest.approx(51.0)
+
+
+async def test_without_a_limit_the_api_has_no_limit_layer_and_a_batch_or_fork_gets_no_charge() -> None:
+    def layers(settings: Settings) -> list[object]:
+        return [m.cls for m in build_app(settings).user_middleware]
+
+    assert TenantRateLimit not in layers(Settings(rate_limit=0))  # the hot paths run as without limits
+    assert TenantRateLimit in layers(Settings(rate_limit=5))
+    assert await charge_of(Request({"type": "http", "state": {"tenant": "t"}})) is None
 
 
 def test_dropping_full_buckets_changes_no_decision(monkeypatch: pytest.MonkeyPatch) -> None:
