@@ -131,6 +131,31 @@ async def test_a_fork_whose_copies_were_not_all_published_is_completed_by_its_re
     assert made == ("What if", sid, {"forked_from": "m2"})
 
 
+@pytest.mark.parametrize("published", [0, 2])
+async def test_a_fork_is_charged_the_copies_it_publishes_and_a_retry_only_what_it_still_publishes(
+    stack: Container, new_id: Callable[[str], str], monkeypatch: pytest.MonkeyPatch, published: int
+) -> None:
+    """Under a request limit (services/requests/limits.py) a fork is charged every event past its
+    first, once it has read its source: its copies, the overlay among them; a cut fork's retry
+    publishes no creation, its first copy is the request's own token; a complete fork's retry
+    publishes nothing and is charged nothing."""
+    c = stack
+    sid = await source(c, new_id)
+    whole: list[int] = []
+    whole_id = new_id("fork-charged")
+    await fork(c.commands, c.eraser, T, sid, "m2", whole_id, "What if", whole.append)
+    assert whole == [len(COPIES)]  # 3 messages and the overlay, past the new session's creation
+    await fork(c.commands, c.eraser, T, sid, "m2", whole_id, "What if", whole.append)
+    assert whole == [len(COPIES)]  # complete: answered from its log
+
+    fork_id = new_id("fork-cut-charged")
+    await cut_fork(c, monkeypatch, sid, fork_id, published)
+    retried: list[int] = []
+    await fork(c.commands, c.eraser, T, sid, "m2", fork_id, "What if", retried.append)
+    assert retried == [len(COPIES) - published - 1]
+    assert types(await logged(c, fork_id)) == ["session.created", *COPIES]
+
+
 @pytest.mark.parametrize("name", ["What if", None], ids=["named", "unnamed"])
 async def test_a_retry_of_a_completed_fork_answers_the_same_and_publishes_nothing(
     stack: Container, http: httpx.AsyncClient, new_id: Callable[[str], str], name: str | None
