@@ -130,15 +130,16 @@ class TenantLimits:
     def charge(self, tenant: str, tokens: int) -> None:
         """Charge an admitted request of ``tenant`` ``tokens`` more (:meth:`charge_wait_s`), or raise
         :class:`RateLimited` when that is refused (logged as :meth:`admit` logs)."""
-        self._refuse(tenant, self.charge_wait_s(tenant, tokens))
+        why = f": the {tokens} more events of this request find the bucket owing more than it may"
+        self._refuse(tenant, self.charge_wait_s(tenant, tokens), why)
 
     def charger(self, tenant: str) -> Charge | None:
         """What charges ``tenant``'s requests (:meth:`charge`); None when it has no limit."""
         return None if self.rate_of(tenant) is None else partial(self.charge, tenant)
 
-    def _refuse(self, tenant: str, wait: float) -> None:
+    def _refuse(self, tenant: str, wait: float, why: str = "") -> None:
         if wait > 0:
-            refused = RateLimited(wait, f"tenant {tenant!r} is over its limit of {self._described(tenant)}")
+            refused = RateLimited(wait, f"tenant {tenant!r} is over its limit of {self._described(tenant)}{why}")
             if self.first_refusal(tenant):
                 log.warning("rate limit: refusing requests of tenant %r (%s)", tenant, refused.detail)
             raise refused

@@ -145,6 +145,7 @@ def test_a_refused_charge_is_logged_as_a_refused_request(caplog: pytest.LogCaptu
         limits.charge("a", 5)
     assert caught.value.retry_after_s == pytest.approx(6.0)
     assert "once per event it publishes" in caught.value.detail
+    assert caught.value.detail.endswith(": the 5 more events of this request find the bucket owing more than it may")
     assert ["'a'" in r.getMessage() for r in caplog.records] == [True]
 
 
