@@ -249,7 +249,7 @@ async def test_a_batch_admitted_beside_one_that_took_the_bucket_into_debt_is_ref
         started = time.monotonic()
         writer.write(head)  # admitted on its head (3 -> 2 tokens); its body, and so its charge, later
         await writer.drain()
-        await asyncio.sleep(0.1)  # the server reads the head: the retry_after below shows it was admitted
+        await asyncio.sleep(0.3)  # the server reads the head: the retry_after below shows it was admitted
         async with client(api, "tenant-a") as http:  # meanwhile a batch of 10: its token and 9 more (2 -> -8)
             other_batch = await http.post(f"/v1/sessions/{other}/messages:batch", json={"messages": messages(10)})
         assert other_batch.status_code == 201, other_batch.text
