@@ -148,9 +148,16 @@ class KeyedBlock(Conflict):
 
 
 class SessionNotFound(NotFound):
-    """The session does not exist or was deleted."""
+    """The session does not exist or was deleted (:attr:`deleted` tells which)."""
 
     default_code = "session_not_found"
+
+    @property
+    def deleted(self) -> bool:
+        """The session was deleted (the problem's ``deleted``): its reads raise, as its writes do.
+        False for one that was never written (or is another tenant's), which a
+        :class:`~chronicle_sdk.Session` reads as empty, as the reference's implicit sessions."""
+        return self.problem.get("deleted") is True
 
 
 class SessionErased(Gone):

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from chronicle_sdk.config import ConfigBuilder, parse_config
 from chronicle_sdk.connection import Connection, Via, checked_mapping, quote, refuse_unnameable_ids, session_path
-from chronicle_sdk.errors import InvalidConfig, InvalidRequest, NotFound, RateLimited, Unavailable
+from chronicle_sdk.errors import InvalidConfig, InvalidRequest, NotFound, RateLimited, SessionNotFound, Unavailable
 from chronicle_sdk.tools import (
     SESSION_SEARCH,
     ToolDefinition,
@@ -53,6 +53,13 @@ def _ends_session(record: dict[str, Any]) -> bool:
 _MAX_QUERY_INT = 2**63 - 1  # the largest integer a query parameter may carry
 
 
+def never_written(exc: NotFound) -> bool:
+    """Whether ``exc`` is the ``404 session_not_found`` of a session that was never written,
+    which a :class:`Session` reads as empty (the reference's sessions exist implicitly); a
+    deleted session's (:attr:`SessionNotFound.deleted`) is raised by reads as by writes."""
+    return exc.code == "session_not_found" and not (isinstance(exc, SessionNotFound) and exc.deleted)
+
+
 class Session(ConfigBuilder):
     """A session, built like the reference's ``Session.create(agent).forSession(id)``.
 
@@ -74,6 +81,10 @@ class Session(ConfigBuilder):
     Every data method is async and waits, on the server, until this client's own earlier
     writes are visible (``min_seq``): ``append_message`` then ``get_history`` always shows the
     message.
+
+    A session never written reads as empty (no messages, no config, the empty prompt), as the
+    reference's implicit sessions do. A deleted session's reads raise :class:`SessionNotFound`
+    (its ``deleted`` is True), as its writes do: it does not read as a new, empty one.
     """
 
     def __init__(self, client: Connection, session_id: str) -> None:
@@ -121,12 +132,13 @@ class Session(ConfigBuilder):
 
     async def _get(self, tail: str, params: Mapping[str, Any] | None = None) -> Any:
         """A read of this session; one that was never written to reads as empty (``{}``), as the
-        reference's sessions exist implicitly (the server answers ``404 session_not_found``)."""
+        reference's sessions exist implicitly (the server answers ``404 session_not_found``); a
+        deleted one raises :class:`SessionNotFound`, as its writes do."""
         await self._ensure_ready()
         try:
             return await self.client.request("GET", self._path(tail), params=params, session=self.id)
         except NotFound as exc:
-            if exc.code != "session_not_found":
+            if not never_written(exc):
                 raise
             return {}
 
@@ -282,11 +294,17 @@ class Session(ConfigBuilder):
         message that was not capped both are the same.
         """
         await self._ensure_ready()
-        found = await self.client.get_optional(
-            self._path(f"/messages/{quote(message_id)}"),
-            session=self.id,
-            params={"original": "true"} if original else None,
-        )
+        try:
+            found = await self.client.request(
+                "GET",
+                self._path(f"/messages/{quote(message_id)}"),
+                params={"original": "true"} if original else None,
+                session=self.id,
+            )
+        except NotFound as exc:
+            if exc.code in ("message_not_found", "not_found") or never_written(exc):
+                return None
+            raise
         return found if isinstance(found, dict) else None
 
     async def get_latest_leaf(self) -> Message | None:
@@ -416,7 +434,7 @@ class Session(ConfigBuilder):
         try:
             out = await self._write("POST", "/compact", {"leaf_id": leaf_id} if leaf_id is not None else {})
         except NotFound as exc:
-            if exc.code != "session_not_found":
+            if not never_written(exc):
                 raise
             out = {"compacted": False, "reason": "no messages"}
         if not out.get("compacted"):
@@ -514,11 +532,12 @@ class Session(ConfigBuilder):
 
     async def _read_config(self) -> Any:
         """The server's config answer; a session that does not exist yet has none (``{}``): the
-        reference's sessions exist implicitly, and the first write makes it."""
+        reference's sessions exist implicitly, and the first write makes it (a deleted one raises
+        :class:`SessionNotFound`)."""
         try:
             return await self.client.request("GET", self._path("/config"), session=self.id)
         except NotFound as exc:
-            if exc.code != "session_not_found":
+            if not never_written(exc):
                 raise
             return {}
 
@@ -549,7 +568,7 @@ class Session(ConfigBuilder):
             try:
                 out = await self.client.request("GET", self._path("/system-prompt"), session=self.id)
             except NotFound as exc:
-                if exc.code != "session_not_found":
+                if not never_written(exc):
                     raise
                 # nothing configured or written yet: the empty prompt, and nothing is frozen
                 return SystemPrompt("", 0, 0, 0)

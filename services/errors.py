@@ -66,7 +66,26 @@ AmbiguousCredentials = _error(
 """Two credentials on one request (a proxy appending its own, a confused client): which one the
 request acts as cannot be told, so it acts as none (services/api/auth.py)."""
 ReadOnlyKey = _error("ReadOnlyKey", "read_only_key", 403, "This API key only reads")
-SessionNotFound = _error("SessionNotFound", "session_not_found", 404, "Session not found")
+
+
+class SessionNotFound(ChronicleError):
+    """The session does not exist for the key's tenant (never written, another tenant's), or it
+    was deleted: ``deleted`` then, and the problem says ``"deleted": true``, so that a client can
+    tell a deleted session (its reads and writes fail alike) from one never written (which the
+    reference's implicit sessions read as empty)."""
+
+    code = "session_not_found"
+    status = 404
+    title = "Session not found"
+
+    def __init__(self, detail: str = "", *, deleted: bool = False) -> None:
+        super().__init__(detail)
+        self.deleted = deleted
+
+    def fields(self) -> dict[str, Any]:
+        return {"deleted": True} if self.deleted else {}
+
+
 ErasedSession = _error("ErasedSession", "session_erased", 410, "The session is erased")
 SessionExists = _error("SessionExists", "session_exists", 409, "Session already exists")
 MessageNotFound = _error("MessageNotFound", "message_not_found", 404, "Message not found")

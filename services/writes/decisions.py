@@ -67,7 +67,7 @@ def decide_append(state: AppendState, body_sha256: str, parent: ParentSpec, *, f
     if state.session_erased:
         raise ErasedSession("the session was erased")
     if state.session_deleted:
-        raise SessionNotFound("the session was deleted")
+        raise SessionNotFound("the session was deleted", deleted=True)
     if state.existing is not None:
         if state.existing.body_sha256 != body_sha256:
             raise MessageConflict("a message with this id and a different body exists")

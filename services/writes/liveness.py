@@ -21,7 +21,7 @@ async def live_session(
     sessions written to have a row, so their writes gain no query."""
     row = await queries.get_session(conn, tenant, session)
     if row is not None and row.deleted_at is not None:
-        raise SessionNotFound(f"session {session!r} was deleted")
+        raise SessionNotFound(f"session {session!r} was deleted", deleted=True)
     if row is None and writing and await queries.is_erased(conn, tenant, session):
         raise ErasedSession(f"session {session!r} was erased")
     if row is None and must_exist:

@@ -4,7 +4,7 @@ real stack, on both append paths (HTTP and direct JetStream)."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 import pytest
 
@@ -198,6 +198,46 @@ async def test_deleted_session_refuses_appends(sdk: ChronicleClient) -> None:
     await manager.delete(info.id)
     with pytest.raises(SessionNotFound):
         await s.append_message(text("m2", "b"))
+
+
+async def test_a_deleted_sessions_reads_raise_as_its_writes_do(sdk: ChronicleClient) -> None:
+    manager = SessionManager(sdk)
+    info = await manager.create("doomed")
+    s = manager.get_session(info.id)
+    await s.append_all([text("m1", "a"), text("m2", "b")])
+    await s.compact()
+    await manager.delete(info.id)
+    reads: dict[str, Callable[[], Awaitable[object]]] = {
+        "get_history": lambda: s.get_history(),
+        "get_recent_history": lambda: s.get_recent_history(1000),
+        "get_history_row_stats": lambda: s.get_history_row_stats(),
+        "get_latest_leaf": lambda: s.get_latest_leaf(),
+        "get_path_length": lambda: s.get_path_length(),
+        "get_message": lambda: s.get_message("m1"),
+        "get_branches": lambda: s.get_branches("m1"),
+        "search": lambda: s.search("a"),
+        "get_compactions": lambda: s.get_compactions(),
+        "get_context_blocks": lambda: s.get_context_blocks(),
+        "tools": lambda: s.tools(),
+        "get_system_prompt": lambda: s.get_system_prompt(),
+    }
+    answered: dict[str, object] = {}
+    for name, read in reads.items():
+        try:
+            answered[name] = await read()
+        except SessionNotFound as exc:
+            answered[name] = "deleted" if exc.deleted else exc
+    assert answered == dict.fromkeys(reads, "deleted")
+    with pytest.raises(SessionNotFound) as written:
+        await s.append_message(text("m3", "c"))
+    assert written.value.deleted
+    never = Session.create(sdk, sid("never"))  # a session never written still reads as empty
+    assert (await never.get_history(), await never.get_message("m1"), await never.get_context_blocks()) == (
+        [],
+        None,
+        [],
+    )
+    assert (await never.get_system_prompt()).version == 0
 
 
 async def test_invalid_message_is_refused_before_anything_is_written(sdk: ChronicleClient) -> None:

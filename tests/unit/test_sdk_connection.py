@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from chronicle_sdk import OMITTED, AppendResult, RateLimited, SessionManager, Unavailable
+from chronicle_sdk import OMITTED, AppendResult, MessageNotFound, RateLimited, SessionManager, Unavailable
 from chronicle_sdk import session as sdk_session
 
 
@@ -28,6 +28,8 @@ class RecordingConnection:
 
     async def request(self, method: str, path: str, **options: Any) -> Any:
         self.calls.append(("request", method, path, options.get("session")))
+        if "/messages/" in path:
+            raise MessageNotFound("no such message", status=404)
         return {"messages": [{"id": "m1", "role": "user", "parts": []}], "seq": 7}
 
     async def get_optional(
@@ -68,7 +70,7 @@ async def test_a_session_of_the_manager_runs_on_any_connection() -> None:
     assert connection.calls == [
         ("request", "GET", "/v1/sessions/a%20b%3Fc/history", "a b?c"),
         ("append", "a b?c", "m2", None, "jetstream"),
-        ("get_optional", "/v1/sessions/a%20b%3Fc/messages/m9", "a b?c"),
+        ("request", "GET", "/v1/sessions/a%20b%3Fc/messages/m9", "a b?c"),
     ]
 
 
