@@ -172,6 +172,18 @@ class ChronicleClient:
       client waits at least the server's ``retry_after``; one over ``MAX_RETRY_AFTER_S`` (60 s),
       or past the budget once the ``retries`` are made, raises
       :class:`~chronicle_sdk.RateLimited` at once instead.
+    * How long one call may take, with the defaults: a read (or a write) that waits for the
+      server's read models answers ``503 projection_timeout`` after the server's read wait
+      (``CHRONICLE_READ_WAIT_TIMEOUT_S``, 5 s), and is retried; ``retries`` + 1 attempts of
+      5 s are 25 s, past the 15 s budget, so the call raises after about (``retries`` + 1) times
+      the read wait = 25 s, plus the pauses between attempts (at most 0.15 + 0.3 + 0.6 + 1.2 =
+      2.25 s).
+      Answers that fail at once are retried until ``retry_budget_s`` (15 s) has passed. A server
+      that does not answer at all holds each attempt for ``timeout_s`` (30 s): an idempotent
+      request then raises after (``retries`` + 1) times ``timeout_s`` = 150 s plus the pauses, one
+      that is not after 30 s. A 429's ``retry_after`` (at most ``MAX_RETRY_AFTER_S``, 60 s) is
+      waited out during the ``retries`` (up to 4 times 60 s). Lower ``timeout_s``, ``retries`` or
+      ``retry_budget_s`` to bound a call more tightly.
     * Read-your-writes: remembers the ``seq`` of its last write per session and sends it as
       ``min_seq`` on every read of that session (tenant-wide reads send the highest one).
     * Commands over NATS: with ``nats_url`` and ``via="nats"``, every write (appends, sessions,

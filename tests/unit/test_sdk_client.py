@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -1346,3 +1347,35 @@ async def test_a_command_over_nats_rides_out_an_election_by_default(monkeypatch:
     assert (await c.append("s1", msg("m1"))).seq == 3
     assert len(nc.subjects) == len(slept) + 1
     assert 6.0 <= sum(slept) <= RETRY_BUDGET_S
+
+
+async def test_a_read_the_projection_keeps_behind_raises_after_retries_plus_one_read_waits(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """What the client's docstring says a call may wait (docs/sdk.md): each attempt answered
+    ``503 projection_timeout`` after the server's read wait (5 s by default), ``retries`` + 1
+    attempts (25 s, past the 15 s budget), plus the pauses (at most 2.25 s)."""
+    read_wait_s = 5.0
+    start = time.monotonic()  # a call's first attempt is timed from it (the real clock)
+    clock = [start]
+    monkeypatch.setattr(time, "monotonic", lambda: clock[0])
+
+    def behind(_request: httpx.Request) -> httpx.Response:
+        clock[0] += read_wait_s  # the server waited for the projection, then gave up
+        return problem(503, "projection_timeout")
+
+    rec = Recorder(behind)
+    c = ChronicleClient("http://chronicle.test", "key", transport=httpx.MockTransport(rec))
+    slept: list[float] = []
+
+    async def sleep(seconds: float) -> None:
+        slept.append(seconds)
+        clock[0] += seconds
+
+    monkeypatch.setattr(c, "_sleep", sleep)
+    async with c:
+        with pytest.raises(ProjectionTimeout):
+            await Session.create(c, "s").get_history()
+    assert len(rec.requests) == 4 + 1  # retries + 1
+    assert sum(slept) <= 0.15 + 0.3 + 0.6 + 1.2
+    assert clock[0] - start <= (4 + 1) * read_wait_s + 2.25
