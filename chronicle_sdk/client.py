@@ -58,7 +58,7 @@ if TYPE_CHECKING:
     import httpx
     from nats.aio.client import Client as NatsClient
 
-    from events.publisher import Publisher
+    from events.publisher import Published, Publisher
 
 _NOT_FOUND_CODES = frozenset({"message_not_found", "session_not_found", "not_found"})
 # answers after which any request may be sent again: nothing was written
@@ -95,6 +95,7 @@ sends a blank line every 15 s while nothing happens)."""
 
 
 _BATCH_LIMIT = 1000  # messages in one POST …/messages:batch (the API's limit)
+_STORED_READS = 16  # reads at once of a direct chain's ids (which of them the session holds)
 _BATCH_BYTES = 48 * 1024 * 1024  # JSON in one batch: half the API's default request bound (97 MiB)
 
 
@@ -816,6 +817,21 @@ class ChronicleClient:
         found = await self.get_optional(self._path(session_id, f"/messages/{quote(message_id)}"), min_seq=last)
         return found is not None
 
+    async def _stored_ids(self, session_id: str, message_ids: Sequence[str], last: int) -> set[str]:
+        """Which of ``message_ids`` the session holds once its events up to ``last`` are applied
+        (none when it has no events): a direct chain's messages that are repeats, not created.
+        One read a message, at most :data:`_STORED_READS` at once."""
+        if not last:
+            return set()
+        slots = asyncio.Semaphore(_STORED_READS)
+
+        async def held(mid: str) -> bool:
+            async with slots:
+                return await self._has_message(session_id, mid, last)
+
+        found = await asyncio.gather(*(held(mid) for mid in message_ids))
+        return {mid for mid, stored in zip(message_ids, found, strict=True) if stored}
+
     def _publish_error(self, direct: _Direct, exc: Exception) -> ChronicleError:
         """The SDK error for a failed publish: refused by the contract, denied by NATS, or unavailable."""
         from events.publisher import ForeignDuplicate, Refused
@@ -840,12 +856,13 @@ class ChronicleClient:
             )
         return Unavailable(f"publishing to NATS at {self.nats_url} with the {direct.who} failed: {exc}")
 
-    async def _publish(self, direct: _Direct, event: Any, expected: int | None) -> int | None:
-        """Publish; the stream seq, or None on a concurrency conflict."""
+    async def _publish(self, direct: _Direct, event: Any, expected: int | None) -> Published | None:
+        """Publish; the stream's answer (its seq, and whether the event was a duplicate), or None
+        on a concurrency conflict."""
         from events.publisher import ConcurrencyConflict
 
         try:
-            return (await direct.publisher.publish(event, expected_last_subject_seq=expected)).seq
+            return await direct.publisher.publish(event, expected_last_subject_seq=expected)
         except ConcurrencyConflict:
             return None
         except Exception as exc:
@@ -863,7 +880,10 @@ class ChronicleClient:
         (:func:`direct_append_id`), so re-running a failed bulk call inside the stream's duplicate
         window appends nothing twice, and no other tenant can derive them; an id that
         is already stored keeps its first body (the projection ignores the repeat), as the
-        reference's ``appendAll`` does.
+        reference's ``appendAll`` does. ``created`` is False, as over HTTP, for a message whose id
+        the session held before the chain (read before the first, conditional, publish: one read
+        a message when the session has events) and for an event the stream answered "duplicate"
+        (the same chain again inside its duplicate window).
 
         A chain holding a body over the payload limit (claim check, which only the server
         writes) is sent whole over HTTP (``messages:batch``): nothing is appended twice there
@@ -896,9 +916,10 @@ class ChronicleClient:
         direct = await self._connect_direct(info)
         for attempt in range(self._conflict_attempts):
             last = await self._last_seq(session_id)
-            _, parent_found = await asyncio.gather(
+            _, parent_found, stored = await asyncio.gather(
                 self._live_state(session_id, last),
                 self._has_message(session_id, parent_id, last) if parent_id is not None else _none(),
+                self._stored_ids(session_id, [mid for mid, _ in results], last),
             )
             if parent_id is not None and not parent_found:
                 raise UnknownParent(f"parent message {parent_id!r} is not in this session", status=422)
@@ -906,14 +927,17 @@ class ChronicleClient:
             if first is None:
                 await self._conflict_pause(attempt)
                 continue
-            seqs = [first]
+            published = [first]
             try:
-                seqs += [p.seq for p in await direct.publisher.publish_many(events[1:])]
+                published += await direct.publisher.publish_many(events[1:])
             except Exception as exc:
-                self.note_seq(session_id, first)  # stored: the client's reads wait for it
+                self.note_seq(session_id, first.seq)  # stored: the client's reads wait for it
                 raise self._publish_error(direct, exc) from exc
-            self.note_seq(session_id, max(seqs))
-            return [AppendResult(mid, pid, seq, True) for (mid, pid), seq in zip(results, seqs, strict=True)]
+            self.note_seq(session_id, max(p.seq for p in published))
+            return [
+                AppendResult(mid, pid, p.seq, not p.duplicate and mid not in stored)
+                for (mid, pid), p in zip(results, published, strict=True)
+            ]
         raise Contention(f"gave up after {self._conflict_attempts} conflicting attempts", status=503)
 
 

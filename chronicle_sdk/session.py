@@ -215,8 +215,10 @@ class Session(ConfigBuilder):
 
         ``created`` is True for the messages this call stored, also those a retry of it found
         stored by its own earlier attempt (one ``Idempotency-Key`` per call), and False for ones
-        stored before it. Via JetStream every message answers True: the stream stores a repeat
-        once, but does not tell whose it was.
+        stored before it. Via JetStream, where a call is not retried, it is True for the messages
+        new to the session and False for those it held before the chain was published (the
+        client reads each id first when the session has events) or that the stream answered as
+        duplicates (the same chain again inside its duplicate window).
         """
         refuse_unnameable_ids(messages)
         await self._ensure_ready()

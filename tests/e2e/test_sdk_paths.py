@@ -275,3 +275,30 @@ async def test_a_message_id_no_url_can_name_is_refused_on_every_path_and_nothing
             await c.append_chain(s.id, [text("m2", "before it"), text(unnamed, "unreachable")], "m1", via=via)
         assert len(transport.calls) == sent  # refused before any HTTP request (the unit tests count commands)
         assert [m["id"] for m in await s.get_history()] == ["m1"]
+
+
+async def test_a_jetstream_chain_answers_created_only_for_messages_new_to_the_session(
+    api_url: str, api_settings: Settings
+) -> None:
+    """As over HTTP: a replay (the same chain again, or a stored id under another parent) answers
+    ``created=False``; only the messages the chain adds answer True."""
+    answers: dict[str, list[list[tuple[str, bool]]]] = {}
+    for via in ("http", "jetstream"):
+        async with client_for(api_url, api_settings, via=via) as c:
+            s = Session.create(c, sid(f"created-{via}"))
+            calls = [
+                await s.append_all([text("a", "one"), text("b", "two")]),
+                await s.append_all([text("a", "one"), text("b", "two"), text("c", "three")]),  # a and b again
+                await s.append_all([text("a", "one")], "c"),  # a stored id under another parent
+            ]
+            answers[via] = [[(r.id, r.created) for r in call] for call in calls]
+            assert ids(await s.get_history()) == ["a", "b", "c"]
+    assert (
+        answers["jetstream"]
+        == answers["http"]
+        == [
+            [("a", True), ("b", True)],
+            [("a", False), ("b", False), ("c", True)],
+            [("a", False)],
+        ]
+    )
