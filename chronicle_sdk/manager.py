@@ -355,7 +355,8 @@ class SessionManager(ConfigBuilder):
         await self.get_session(session_id).clear_messages()
 
     async def delete_messages(self, session_id: str, message_ids: Sequence[str]) -> list[str]:
-        """``deleteMessages(sid, ids)``; returns the ids that existed."""
+        """``deleteMessages(sid, ids)``; returns the ids that existed, which the call deleted (see
+        :meth:`Session.delete_messages`)."""
         return await self.get_session(session_id).delete_messages(message_ids)
 
     async def get_branches(self, session_id: str, message_id: str) -> list[Message]:

@@ -237,16 +237,39 @@ class Session(ConfigBuilder):
         return int(out["seq"])
 
     async def delete_messages(self, message_ids: Sequence[str]) -> list[str]:
-        """Delete messages (``deleteMessages``); returns the ids that existed. Children keep their parent id.
+        """Delete messages (``deleteMessages``); returns the ids that existed, which the call
+        deleted, in the order given. Children keep their parent id.
 
         Retried after a failure that may have reached the server (deleting again changes
-        nothing); when the first attempt had deleted them, the retry finds none of them, so
-        the answer leaves out the ids that attempt deleted."""
+        nothing). A retry whose first attempt had deleted some of the ids (its answer lost) finds
+        them gone, so the answer is completed from the session's log: the ``messages.deleted``
+        events stored between the call's start (the session's ``last-seq``, read first) and the
+        retry's answer. An id another writer deleted in that window counts as deleted by the
+        call too (the log does not say whose a deletion was). Costs one read more than the
+        delete, and one more (``GET …/events`` of that window) when an id was not deleted by the
+        last attempt."""
         if not message_ids:
             return []
+        await self._ensure_ready()
+        wanted = list(dict.fromkeys(message_ids))
+        since = int((await self.client.request("GET", self._path("/last-seq")))["seq"])
         # the ids as a JSON list: an id may hold ',' (the query form splits on it)
         out = await self._write("POST", "/messages:delete", {"ids": list(message_ids)}, idempotent=True)
-        return [str(i) for i in out.get("deleted", [])]
+        deleted = {str(i) for i in out.get("deleted", [])}
+        seq = int(out.get("seq") or 0)
+        if seq > since and any(i not in deleted for i in wanted):
+            deleted |= await self._deleted_in(since + 1, seq)  # by an attempt whose answer was lost
+        return [i for i in wanted if i in deleted]
+
+    async def _deleted_in(self, from_seq: int, to_seq: int) -> set[str]:
+        """The message ids the session's ``messages.deleted`` events from ``from_seq`` to
+        ``to_seq`` name."""
+        found: set[str] = set()
+        for record in await self.get_events(from_seq, to_seq):
+            event = record.get("event")
+            if isinstance(event, dict) and event.get("type") == "messages.deleted":
+                found.update(str(i) for i in event.get("message_ids") or ())
+        return found
 
     async def clear_messages(self) -> None:
         """Delete every message (``clearMessages``); a frozen prompt is re-rendered, blocks stay."""

@@ -7,7 +7,7 @@ import httpx
 
 from chronicle_sdk import ChronicleClient
 from tests.conftest import KEYS
-from tests.e2e.sdk_support import sid, text
+from tests.e2e.sdk_support import ids, sid, text
 
 
 class LosingTransport(httpx.AsyncHTTPTransport):
@@ -70,3 +70,20 @@ async def test_a_fork_whose_answer_was_lost_is_made_once_and_answered(api_url: s
         assert [m["id"] for m in await fork.get_history()] == ["a", "b"]
         events = [e["event"]["type"] for e in await fork.get_events()]
         assert events == ["session.created", "message.appended", "message.appended"]
+
+
+async def test_a_delete_whose_answer_was_lost_answers_the_ids_it_deleted(api_url: str) -> None:
+    """The retry finds the messages gone (the lost attempt deleted them): the answer still names
+    them, and never an id that did not exist."""
+    transport = LosingTransport("/messages:delete")
+    async with ChronicleClient(api_url, KEYS["tenant-a"], transport=transport, backoff_s=0.01) as c:
+        s = c.session(sid("lost-delete"))
+        await s.append_all([text("a", "one"), text("b", "two"), text("c", "three")])
+        deleted = await s.delete_messages(["c", "nope", "a"])
+        assert transport.lost  # the first attempt ran, and its answer never came
+        assert len([path for path, _ in transport.sent if path.endswith("/messages:delete")]) == 2  # the retry
+        assert deleted == ["c", "a"]  # as the first attempt would have answered
+        assert ids(await s.get_history("b")) == ["b"]  # its parent, a, is gone: the path starts at b
+        gone = [e for e in await s.get_events() if e["event"]["type"] == "messages.deleted"]
+        assert [e["event"]["message_ids"] for e in gone] == [["c", "a"]]  # deleted once
+        assert await s.delete_messages(["a", "b"]) == ["b"]  # another call: a was gone before it
