@@ -63,6 +63,31 @@ async def test_list_rename_delete(manager: SessionManager) -> None:
     assert len(await manager.list(limit=1)) == 1
 
 
+@pytest.mark.parametrize("via", ["http", "nats"])
+async def test_rename_refuses_what_the_server_refuses_and_takes_an_empty_name(
+    api_url: str, api_settings: Settings, via: Via
+) -> None:
+    """An empty name is a name (``create``'s default, and the reference's ``rename`` takes it);
+    a name over 512 characters, or holding NUL, is the server's ``422 invalid_request`` (over
+    NATS too), raised as :class:`InvalidRequest`, and the name stays."""
+    async with open_client(api_url, api_settings, via=via) as c:
+        manager = SessionManager(c)
+        info = await manager.create("first")
+        for bad in ("x" * 513, "a\u0000b"):
+            with pytest.raises(InvalidRequest) as refused:
+                await manager.rename(info.id, bad)
+            assert refused.value.code == "invalid_request"
+            got = await manager.get(info.id)
+            assert got is not None
+            assert got.name == "first"
+        await manager.rename(info.id, "")
+        got = await manager.get(info.id)
+        assert got is not None
+        assert got.name == ""
+        with pytest.raises(SessionNotFound):
+            await manager.rename(sid("unknown"), "x")
+
+
 async def test_cross_session_search(manager: SessionManager) -> None:
     w = word()
     one, two = await manager.create("one"), await manager.create("two")
