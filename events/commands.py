@@ -387,6 +387,11 @@ class Problem(BaseModel):
         description="with `failed_index`: the batch's messages before it, which are stored, as the batch's answer "
         "lists them (`[]`: nothing of the batch was written)",
     )
+    deleted: bool | None = Field(
+        default=None,
+        description="`session_not_found`: true when the session was deleted (absent for a session never written, "
+        "or another tenant's)",
+    )
 
 
 # -- the commands ------------------------------------------------------------------------------------

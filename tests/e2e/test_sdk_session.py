@@ -231,6 +231,9 @@ async def test_a_deleted_sessions_reads_raise_as_its_writes_do(sdk: ChronicleCli
     with pytest.raises(SessionNotFound) as written:
         await s.append_message(text("m3", "c"))
     assert written.value.deleted
+    with pytest.raises(SessionNotFound) as compacted:  # a write: not "nothing to compact"
+        await s.compact()
+    assert compacted.value.deleted
     never = Session.create(sdk, sid("never"))  # a session never written still reads as empty
     assert (await never.get_history(), await never.get_message("m1"), await never.get_context_blocks()) == (
         [],
