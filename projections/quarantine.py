@@ -10,8 +10,9 @@ from __future__ import annotations
 import functools
 import json
 import logging
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any, Protocol
 
 import psycopg
@@ -316,9 +317,12 @@ INSERT_BYTES = 16 << 20
 over Postgres's 1 GB message limit)."""
 
 _INSERT = (
-    "INSERT INTO quarantine (seq, subject, reason, detail, raw, size, consumer, named_tenant, named_session) "
-    "SELECT * FROM unnest(%s::bigint[], %s::text[], %s::text[], %s::text[], %s::bytea[], %s::int[], %s::text[], "
-    "%s::text[], %s::text[]) ON CONFLICT (seq) DO NOTHING RETURNING seq"
+    "INSERT INTO quarantine (seq, subject, reason, detail, raw, size, consumer, named_tenant, named_session, "
+    "recorded_at) SELECT seq, subject, reason, detail, raw, size, consumer, named_tenant, named_session, "
+    "coalesce(stored_at, now()) FROM unnest(%s::bigint[], %s::text[], %s::text[], %s::text[], %s::bytea[], "
+    "%s::int[], %s::text[], %s::text[], %s::text[], %s::timestamptz[]) "
+    "AS q(seq, subject, reason, detail, raw, size, consumer, named_tenant, named_session, stored_at) "
+    "ON CONFLICT (seq) DO NOTHING RETURNING seq"
 )
 
 
@@ -343,12 +347,16 @@ async def record(
     layout: SubjectLayout | None = None,
     *,
     announce: bool = True,
+    stored: Mapping[int, datetime] | None = None,
 ) -> int:
     """Record ``items`` (a sequence already recorded, by any consumer, is left as it is; each with
     its first ``RAW_KEPT`` bytes and its size); returns how many rows are new. With ``layout``, each
     row keeps the session of its subject's tenant that its whole bytes name (:func:`named_session`,
     decided here, before the bytes are cut; the projector and a rebuild always pass it). ``announce``
-    logs one warning per new row (live projectors)."""
+    logs one warning per new row (live projectors). ``stored`` holds when the stream stored each
+    sequence (its JetStream timestamp), the row's ``recorded_at``: the same for the live projector
+    and a rebuild of the same log (the projector and a rebuild always pass it; a sequence it lacks
+    is recorded at the transaction's time)."""
     if not items:
         return 0
     new: set[int] = set()
@@ -366,6 +374,7 @@ async def record(
                 [consumer] * len(chunk),
                 [n[0] if n is not None else None for n in named],
                 [n[1] if n is not None else None for n in named],
+                [stored.get(q.seq) if stored is not None else None for q in chunk],
             ),
         )
         new.update(int(row[0]) for row in await cur.fetchall())

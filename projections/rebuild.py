@@ -13,6 +13,7 @@ import asyncio
 import zlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
 import psycopg
@@ -227,9 +228,12 @@ class _Pending:
     refused: list[Quarantined] = field(default_factory=list)
     sources: dict[int, tuple[str, bytes]] = field(default_factory=dict)
     passed: list[int] = field(default_factory=list)
+    stored: dict[int, datetime] = field(default_factory=dict)  # when the stream stored each sequence
 
     def add(self, stored: eventlog.StoredEvent, layout: SubjectLayout) -> None:
         self.sources[stored.seq] = (stored.subject, stored.data)
+        if stored.time is not None:
+            self.stored[stored.seq] = stored.time
         decided = screen(stored.seq, stored.subject, stored.data, layout, self.keys, self.keys)
         if isinstance(decided, Quarantined):
             self.refused.append(decided)
@@ -250,7 +254,7 @@ class _Pending:
             self.passed.extend([*erased, *gone])
 
     def clear(self) -> None:
-        self.items, self.refused, self.sources, self.passed = [], [], {}, []
+        self.items, self.refused, self.sources, self.passed, self.stored = [], [], {}, [], {}
 
     async def apply(
         self,
@@ -277,6 +281,7 @@ class _Pending:
                 sources=self.sources,
                 passed=self.passed,
                 layout=layout,
+                stored=self.stored,
             )
 
     def __len__(self) -> int:
@@ -294,9 +299,11 @@ QuarantineRow = tuple[int, str, str, str, str, str | None, str | None]
 
 async def quarantine_rows(conn: psycopg.AsyncConnection[Any], schema: str) -> list[QuarantineRow]:
     """``(seq, subject, reason, detail, md5 of raw, named_tenant, named_session)`` of every
-    quarantined event, by sequence: what a rebuild must reproduce (who recorded a row, and when,
-    may differ). The session a row's bytes name (migration 031) is compared too: an erasure finds
-    its strays by it."""
+    quarantined event, by sequence: what a rebuild must reproduce (who recorded a row may differ).
+    The session a row's bytes name (migration 031) is compared too: an erasure finds its strays by
+    it. ``recorded_at`` is not: it is when the stream stored the event, which a rebuild records
+    again, but a row an earlier release recorded holds its projector's clock, and a log restored
+    from its archive stored its events anew (the read models rebound to it keep the first times)."""
     cur = await conn.execute(
         f"SELECT seq, subject, reason, detail, md5(raw), named_tenant, named_session "
         f'FROM "{schema}".quarantine ORDER BY seq'

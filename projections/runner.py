@@ -64,6 +64,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any, Protocol, runtime_checkable
 
 import nats.errors
@@ -168,6 +169,9 @@ class Selective(Protocol):
 Prepared = Mapping[str, Sequence[Any]]
 Sources = Mapping[int, tuple[str, bytes]]
 """For a sequence: the subject and raw bytes it is stored as (what a data error quarantines)."""
+StoredTimes = Mapping[int, datetime]
+"""For a sequence: when the stream stored it (its JetStream timestamp): a quarantine row's
+``recorded_at``, which a rebuild of the same log reproduces."""
 
 
 async def prepare(projections: Sequence[Projection], items: Sequence[tuple[int, Event]]) -> dict[str, list[Any]]:
@@ -247,6 +251,7 @@ async def apply_batch(
     quarantined: list[Quarantined] | None = None,
     passed: Sequence[int] = (),
     layout: SubjectLayout | None = None,
+    stored: StoredTimes | None = None,
 ) -> int:
     """Apply ``items`` past the checkpoint and advance it, in the caller's open transaction.
 
@@ -261,7 +266,8 @@ async def apply_batch(
     savepoint; when one raises a data error, :class:`BodyUnavailable` or :class:`KeyDestroyed`, the
     items are applied again one at a time, each in its own savepoint, and the ones that fail are
     quarantined as ``data_error`` or ``body_unavailable`` (with their ``sources``' subject and
-    bytes), or, meeting a destroyed key (their session is erased), passed as tombstones.
+    bytes), or, meeting a destroyed key (their session is erased), passed as tombstones. Each is
+    recorded at the time ``stored`` gives for its sequence, when the stream stored it.
     ``quarantined``, when given, receives what this call recorded. ``passed`` are sequences
     no projection applies (tombstones of erased sessions): the checkpoint moves past them.
     With ``layout`` (the projector and a rebuild pass it), a ``session.erased`` applied drops the
@@ -304,7 +310,7 @@ async def apply_batch(
         now_erased = await erased_under_lock(conn, refused_sessions(kept, layout))
         kept, _ = tombstone_refused(kept, layout, ErasedSet(now_erased))
     if kept:
-        await record(conn, names[0], kept, layout, announce=notify)
+        await record(conn, names[0], kept, layout, announce=notify, stored=stored)
         if quarantined is not None:
             quarantined.extend(kept)
     erased_now = {(e.tenant, e.session) for _, e in items if isinstance(e, SessionErased)}
@@ -743,6 +749,7 @@ class ProjectorRunner:
         refused: list[Quarantined] = []
         passed: list[int] = []
         sources: dict[int, tuple[str, bytes]] = {}
+        stored: dict[int, datetime] = {}
         selective = self._all_selective()
         for start in range(0, len(msgs), PREPARE_SLICE):
             chunk = msgs[start : start + PREPARE_SLICE]
@@ -754,6 +761,7 @@ class ProjectorRunner:
                 if selective and not self._wanted_stored(selective, m):
                     continue
                 sources[seq] = (m.subject, m.data)
+                stored[seq] = m.metadata.timestamp
                 decided = screen(seq, m.subject, m.data, self.layout, self.keys, self._proofs)
                 if isinstance(decided, Quarantined) and self.keys is not None and "no data key" in decided.detail:
                     # a key made since this session was asked about, named where kid_in did not see it
@@ -789,7 +797,7 @@ class ProjectorRunner:
             prepared.pop(name, None)
         top = max(m.metadata.sequence.stream for m in msgs)
         left_out = (msgs, self._generations(selective)) if len(sources) < len(msgs) else None
-        return _Batch(msgs[-1], top, items, prepared, refused, sources, left_out, passed)
+        return _Batch(msgs[-1], top, items, prepared, refused, sources, stored, left_out, passed)
 
     @property
     def _proofs(self) -> PgKeyStore | None:
@@ -907,6 +915,7 @@ class ProjectorRunner:
                 quarantined=quarantined,
                 passed=batch.passed,
                 layout=self.layout,
+                stored=batch.stored,
             )
         self._saved_at = time.monotonic()
         await batch.last.ack()
@@ -933,6 +942,7 @@ class _Batch:
     prepared: Prepared
     refused: list[Quarantined]
     sources: Sources
+    stored: StoredTimes  # when the stream stored each sequence of ``sources``
     # the fetched messages and their projections' generations, when some were left out undecoded
     left_out: tuple[list[Msg], tuple[int, ...]] | None = None
     passed: list[int] = field(default_factory=list)  # tombstones: sequences of erased sessions

@@ -12,12 +12,14 @@ import contextlib
 import json
 import logging
 from collections.abc import AsyncIterator
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 import psycopg
 import pytest
 
+from events import log as eventlog
 from events.catalog import ContextWritten, SessionRenamed
 from events.envelope import Event
 from events.subjects import partition_of
@@ -305,3 +307,39 @@ async def test_readiness_fails_when_the_stream_is_missing(nats_url: str, fresh_d
         ready = await metrics.readiness(c)
         assert not ready["ready"]
         assert ready["reasons"] == [f"stream {settings.stream} is missing"]
+
+
+async def recorded_times(conninfo: str) -> dict[int, datetime]:
+    async with await psycopg.AsyncConnection.connect(conninfo) as conn:
+        cur = await conn.execute("SELECT seq, recorded_at FROM quarantine ORDER BY seq")
+        return {int(s): t for s, t in await cur.fetchall()}
+
+
+@pytest.mark.parametrize("shares", [[None], [[0], [1]]], ids=["one-projector", "partition-workers"])
+async def test_a_rebuild_keeps_when_each_quarantined_event_was_stored(
+    nats_url: str, fresh_db: str, s3_endpoint: str, shares: list[list[int] | None]
+) -> None:
+    """A quarantine row's ``recorded_at`` is when the stream stored the event (``replay``'s
+    ``stored_at``), for a refusal of the contract and a data error alike, as the live projector
+    records it and as ``chronicle rebuild`` records it again (it set every row's to the time of the
+    rebuild, so ``quarantine list`` and ``log show`` lost when each event was first seen)."""
+    settings = make_settings(nats_url, fresh_db, s3_endpoint=s3_endpoint, partitions=2)
+    async with running_stack(settings, projector=False) as c:
+        too_many_tokens = ContextWritten(
+            tenant="tenant-a", session="t-1", label="notes", content="x", tokens=2**31, mode="replace", writer="api"
+        )
+        seqs = [(await c.js.publish(s, data, stream=settings.stream)).seq for s, data, _ in bad_events(c)[:3]]
+        seqs += [p.seq for p in await c.publisher.publish_many([appended("tenant-a", "t-1", "m0", None)])]
+        seqs += [p.seq for p in await c.publisher.publish_many([too_many_tokens])]
+        async with projectors(c, settings, shares):
+            await c.waiter.wait_all(seqs[-1], timeout_s=20)
+        stored = {s.seq: s.time async for s in eventlog.read(c.js, c.layout, None, 1, seqs[-1])}
+        expected = {seq: stored[seq] for seq in [*seqs[:3], seqs[-1]]}
+        assert await recorded_times(fresh_db) == expected
+        await audit.rebuild_and_swap(c)
+        assert await recorded_times(fresh_db) == expected
+        async with c.pool.connection() as conn:
+            listed = await ops.list_quarantined(conn, c.layout)
+        assert {e.seq: e.recorded_at for e in listed} == expected
+        report = await audit.verify(c)
+        assert report.ok, report.differences
