@@ -20,6 +20,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import json
+import re
 
 from nats.js import JetStreamContext
 from nats.js.api import ObjectInfo, ObjectStoreConfig, RawStreamMsg, StorageType
@@ -32,6 +33,11 @@ from nats.js.errors import (
 from nats.js.object_store import OBJ_CHUNKS_PRE_TEMPLATE, OBJ_META_PRE_TEMPLATE, OBJ_STREAM_TEMPLATE, ObjectStore
 
 from events.blobs import SHA256_HEX, BlobNotFound, BlobRef, no_object, sha256_hex
+
+OBJECT_STORE_RE = re.compile(r"[A-Za-z0-9_-]{1,251}")
+"""A bucket name the object store takes, matched whole: the characters nats-py's
+``VALID_BUCKET_RE`` allows, at most 251 of them, as its stream ``OBJ_<bucket>`` may have at most
+255 (the server's limit) (``CHRONICLE_BLOB_BUCKET``, checked at start)."""
 
 READ_ATTEMPTS = 3
 """How many times a read follows an object put again while it read the chunks (each put of the

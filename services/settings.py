@@ -32,6 +32,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from events.context import BUCKET_RE
 from events.credentials import is_user_public_key, nkey_public_key, tenant_nkey_seed
 from events.ids import InvalidId, check_tenant
+from events.objectstore import OBJECT_STORE_RE
 from events.subjects import SubjectLayout
 from projections.keystore import KEY_CACHE_SESSIONS, LocalKek
 from projections.search_bound import SEARCH_TIMEOUT_S
@@ -461,6 +462,16 @@ class Settings(BaseSettings):
                 "not an S3 bucket name (3 to 63 characters: lower-case letters, digits, '.' and '-', starting "
                 "and ending with a letter or digit)"
             )
+        return bucket
+
+    @field_validator("blob_bucket")
+    @classmethod
+    def _object_store_named(cls, bucket: str) -> str:
+        """A JetStream object store's name as nats-py and the server take it (its stream is
+        ``OBJ_<bucket>``), so a bad one stops every process at start in one line, not in a
+        traceback of the first claim-checked body."""
+        if not OBJECT_STORE_RE.fullmatch(bucket):
+            raise ValueError("not a JetStream object store name (1 to 251 characters: letters, digits, '-' and '_')")
         return bucket
 
     @field_validator("s3_endpoint")

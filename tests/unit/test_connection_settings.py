@@ -169,6 +169,27 @@ def test_an_s3_bucket_setting_that_is_no_bucket_name_is_one_line(
     )
 
 
+@pytest.mark.parametrize("value", ["chronicle.blobs", "blobs\n", "", "blöbs"])
+def test_a_blob_bucket_that_no_object_store_takes_is_one_line(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], value: str
+) -> None:
+    """``CHRONICLE_BLOB_BUCKET`` is checked at start as the S3 bucket settings are (it was taken
+    as given, and the first claim-checked body failed in a traceback of nats-py or the server: a
+    JetStream object store's stream, ``OBJ_<bucket>``, holds at most 255 characters)."""
+    monkeypatch.setenv("CHRONICLE_BLOB_BUCKET", value)
+    assert refused(capsys, ["archive"]) == (
+        "chronicle archive: setting CHRONICLE_BLOB_BUCKET: Value error, not a JetStream object store name (1 to 251 "
+        f"characters: letters, digits, '-' and '_') (given: {value!r})"
+    )
+
+
+@pytest.mark.parametrize("value", ["chronicle-blobs", "Chronicle_Blobs_2", "b" * 251])
+def test_a_blob_bucket_an_object_store_takes_is_taken(value: str) -> None:
+    assert Settings(blob_bucket=value).blob_bucket == value
+    with pytest.raises(ValueError, match="not a JetStream object store name"):
+        Settings(blob_bucket=value + "b" * (252 - len(value)))  # its stream's name would pass 255
+
+
 @pytest.mark.parametrize(
     ("value", "taken"),
     [
