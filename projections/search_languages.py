@@ -15,7 +15,7 @@ parsed as the rows it searches were indexed. Tenants not named are English.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, Literal, get_args
 
 from psycopg import AsyncConnection
@@ -69,6 +69,12 @@ def drift(configured: Mapping[str, Language], kept: Mapping[str, Language]) -> l
         for t in tenants
         if configured.get(t, DEFAULT) != kept.get(t, DEFAULT)
     ]
+
+
+def changes(tenants: Sequence[str], configured: Mapping[str, Language], kept: Mapping[str, Language]) -> list[str]:
+    """``tenant (language, was language)`` for each of ``tenants`` (whose language :func:`apply`
+    changed from ``kept`` to ``configured``), in order."""
+    return [f"{t} ({configured.get(t, DEFAULT)}, was {kept.get(t, DEFAULT)})" for t in tenants]
 
 
 async def apply(conn: AsyncConnection[Any], languages: Mapping[str, Language]) -> list[str]:

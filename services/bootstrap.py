@@ -472,23 +472,37 @@ def summarizer_of(settings: Settings) -> Summarizer:
     return OfflineSummarizer()
 
 
-async def prepare_database(settings: Settings, *, set_languages: bool = False) -> list[str]:
-    """Apply pending migrations; returns the migrations applied. The tenants' search languages are
-    the setting's after ``set_languages`` (``chronicle migrate``) or a new database's first
-    migration; otherwise (a service starting) the database's stay in force, and a setting that
-    differs is logged, one line, and changes nothing."""
+@dataclass(frozen=True, slots=True)
+class PreparedDatabase:
+    """What :func:`prepare_database` did."""
+
+    applied: list[str]  # the migrations applied
+    # ``tenant (language, was language)`` of each tenant whose search language the setting changed
+    # in a database made earlier: its messages and search entries were re-indexed
+    reindexed: list[str]
+
+
+async def prepare_database(settings: Settings, *, set_languages: bool = False) -> PreparedDatabase:
+    """Apply pending migrations. The tenants' search languages are the setting's after
+    ``set_languages`` (``chronicle migrate``) or a new database's first migration; otherwise (a
+    service starting) the database's stay in force, and a setting that differs is logged, one
+    line, and changes nothing."""
     applied = await migrate(settings.database_url)
     created = bool(applied) and applied[0] == migration_files()[0][1]
+    reindexed: list[str] = []
     async with await psycopg.AsyncConnection.connect(settings.database_url, autocommit=True) as conn:
         if set_languages or created:
-            await search_languages.apply(conn, settings.search_languages)
+            kept = await search_languages.stored(conn)
+            changed = await search_languages.apply(conn, settings.search_languages)
+            if not created:  # a new database held nothing to re-index
+                reindexed = search_languages.changes(changed, settings.search_languages, kept)
         elif drift := search_languages.drift(settings.search_languages, await search_languages.stored(conn)):
             log.warning(
                 "CHRONICLE_SEARCH_LANGUAGES differs from the search languages the database keeps (%s): the stored "
                 "ones stay in force; `chronicle migrate` with this setting changes them",
                 "; ".join(drift),
             )
-    return applied
+    return PreparedDatabase(applied, reindexed)
 
 
 async def check_log_binding(

@@ -519,8 +519,13 @@ def _dispatch(settings: Settings, args: argparse.Namespace) -> int:
         case "migrate":
             from services.bootstrap import prepare_database
 
-            applied = asyncio.run(prepare_database(settings, set_languages=True))
-            print("applied: " + (", ".join(applied) if applied else "nothing (up to date)"))
+            done = asyncio.run(prepare_database(settings, set_languages=True))
+            print("applied: " + (", ".join(done.applied) if done.applied else "nothing (up to date)"))
+            if done.reindexed:
+                print(
+                    "re-indexed the messages and search entries of " + ", ".join(done.reindexed) + ": "
+                    "CHRONICLE_SEARCH_LANGUAGES changed their search language"
+                )
         case "archive":
             from services.ops.audit_cli import run_archive
 

@@ -168,3 +168,34 @@ async def test_a_service_started_with_another_setting_keeps_the_stored_languages
     async with await psycopg.AsyncConnection.connect(fresh_db) as conn:
         assert await search_languages.stored(conn) == {"tenant-b": "simple"}
         assert await ids(conn, "tenant-b", "katze") == []  # re-indexed without stemming
+
+
+def migrate_with(database: str, languages: str) -> list[str]:
+    """What ``chronicle migrate`` printed, line by line, run with ``CHRONICLE_SEARCH_LANGUAGES``."""
+    env = {**os.environ, "CHRONICLE_DATABASE_URL": database, "CHRONICLE_SEARCH_LANGUAGES": languages}
+    done = subprocess.run(
+        [sys.executable, "-m", "services.ops.cli", "migrate"], env=env, capture_output=True, text=True, timeout=90
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout.splitlines()
+
+
+def test_chronicle_migrate_says_which_tenants_it_re_indexed_and_why(fresh_db: str) -> None:
+    """(It re-indexed a tenant whose language the setting changed without a word.) One line, only
+    when it re-indexed: not for a new database (nothing to re-index), nor when nothing changed."""
+    assert migrate_with(fresh_db, '{"tenant-a": "german"}')[1:] == []  # a new database: set, nothing re-indexed
+    said = "CHRONICLE_SEARCH_LANGUAGES changed their search language"
+    assert migrate_with(fresh_db, '{"tenant-a": "german", "tenant-b": "simple"}') == [
+        "applied: nothing (up to date)",
+        f"re-indexed the messages and search entries of tenant-b (simple, was english): {said}",
+    ]
+    assert migrate_with(fresh_db, '{"tenant-a": "german", "tenant-b": "simple"}') == ["applied: nothing (up to date)"]
+    assert migrate_with(fresh_db, '{"tenant-b": "french"}') == [
+        "applied: nothing (up to date)",
+        "re-indexed the messages and search entries of tenant-a (english, was german), tenant-b (french, was "
+        f"simple): {said}",
+    ]
+    with psycopg.connect(fresh_db) as conn:
+        assert conn.execute("SELECT tenant, config::text FROM search_languages").fetchall() == [
+            ("tenant-b", "chronicle_search.french")
+        ]
