@@ -81,6 +81,14 @@ class Archived:
     """Segment objects the manifest does not list that the run left as they are, each with why."""
     lost_holes: tuple[tuple[int, int], ...] = ()
     """Ranges no listed segment covers that the stream no longer holds, not accepted as lost."""
+    stream_last: int | None = None
+    """The stream's last sequence when the run began (0: it has never held an event)."""
+
+    @property
+    def nothing(self) -> bool:
+        """Nothing to archive: the stream has never held an event, and no archive was made (no
+        manifest is written before a segment)."""
+        return self.stream_last == 0 and self.last_seq == 0
 
 
 @dataclass(slots=True)
@@ -182,6 +190,7 @@ async def archive(
             adopted=tuple(adopted),
             kept=tuple(kept),
             lost_holes=tuple(lost_holes),
+            stream_last=identity.last_seq,
         )
 
 
@@ -373,7 +382,8 @@ async def check(c: Container) -> Checked:
     said as a note, not as a problem; but sequences before its first that no segment archives are
     a hole the archive lost, a problem unless accepted as lost (then a note). How far the archive
     reaches is said too: behind the stream is not a problem (each run archives what came since
-    the last)."""
+    the last). No archive of a stream that has never held an event is not one either (a note: a
+    run over it has nothing to archive and makes none)."""
     store, bucket, stream = store_of(c), c.settings.archive_bucket, c.layout.stream
     out = Checked()
     try:
@@ -381,10 +391,13 @@ async def check(c: Container) -> Checked:
     except ArchiveError as exc:
         out.problems.append(str(exc))
         return out
+    info = await c.js.stream_info(stream)  # its identity (creation time) and the range it holds
+    if manifest is None and int(info.state.last_seq) == 0:  # what a run over it made: nothing
+        out.notes.append(f"stream {stream!r} has never held an event: nothing to archive, so no archive yet")
+        return out
     if manifest is None:
         out.problems.append(f"bucket {bucket!r} holds no archive of stream {stream!r}")
         return out
-    info = await c.js.stream_info(stream)  # its identity (creation time) and the range it holds
     first_held, last_held = int(info.state.first_seq), int(info.state.last_seq)
     out.archive_last, out.stream_last = manifest.last_seq, last_held
     same_stream = manifest.stream_created == info.created

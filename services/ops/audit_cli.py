@@ -75,10 +75,16 @@ async def run_archive(settings: Settings, args: argparse.Namespace) -> int:
             print(f"kept segment object {key}, which the manifest does not list: {why}")
         for segment in done.repaired:
             print(f"wrote again missing segment {segment.key} ({span(segment.first, segment.last)}) from the stream")
-        print(
-            f"archived {done.events} events in {done.segments} segments to bucket {settings.archive_bucket!r}; "
-            f"the archive now ends at sequence {done.last_seq}"
-        )
+        if done.nothing:
+            print(
+                f"nothing to archive: stream {settings.stream!r} has never held an event; no archive made in bucket "
+                f"{settings.archive_bucket!r}"
+            )
+        else:
+            print(
+                f"archived {done.events} events in {done.segments} segments to bucket {settings.archive_bucket!r}; "
+                f"the archive now ends at sequence {done.last_seq}"
+            )
         if done.lost or done.lost_holes:
             print(f"chronicle archive: {lost_line(done.lost, done.stream_first, done.lost_holes)}", file=sys.stderr)
             return 1

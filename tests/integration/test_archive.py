@@ -609,3 +609,28 @@ async def test_an_archive_begun_after_the_stream_dropped_its_first_events_report
     assert accepted.returncode == 0, accepted.stderr
     again = await asyncio.to_thread(cli, c.settings)
     assert (again.returncode, again.stderr) == (0, "")
+
+
+async def test_archiving_a_stream_that_never_held_an_event_makes_nothing_and_says_so(stack: Container) -> None:
+    """(The run said it archived 0 events and that the archive ended at sequence 0, and `--check`
+    right after it said the bucket held no archive of the stream: a problem, exit 1.)"""
+    c, settings = stack, stack.settings
+    assert await eventlog.last_seq(c.js, c.layout) == 0
+    run = cli(settings)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.splitlines() == [
+        f"nothing to archive: stream {settings.stream!r} has never held an event; no archive made in bucket "
+        f"{settings.archive_bucket!r}"
+    ]
+    checked = cli(settings, "--check")
+    assert checked.returncode == 0, (checked.stdout, checked.stderr)
+    assert checked.stdout.splitlines() == [
+        f"note: stream {settings.stream!r} has never held an event: nothing to archive, so no archive yet",
+        "checked 0 segments, 0 events; 0 equal to the stream's; 0 problems",
+    ]
+    await appended(c, "s-1", 1)  # now there is something, and no archive of it: a problem until a run
+    assert (await archive.check(c)).problems == [
+        f"bucket {settings.archive_bucket!r} holds no archive of stream {settings.stream!r}"
+    ]
+    assert (await archive.archive(c)).events == 1
+    assert (await archive.check(c)).ok
