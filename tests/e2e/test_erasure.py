@@ -325,10 +325,12 @@ async def tenant_erasures(db: str, tenant: str) -> list[str]:
         return sorted(str(r[0]) for r in await cur.fetchall())
 
 
+@pytest.mark.usefixtures("client")  # the stack running: its processes make the stream, its projector indexes
 async def test_erasing_a_tenant_that_never_existed_burns_no_name(sealed: tuple[Settings, Path], tmp_path: Path) -> None:
     """(It printed an erasure and recorded it: the name was burnt, a later ``skills put`` died
     with a KeyDestroyed traceback.) A tenant with only a skill document is erased as before; an
-    erased one's ``skills put`` is one line, and nothing is uploaded."""
+    erased one's ``skills put`` is one line, and nothing is uploaded. The stack runs (no tool makes
+    the stream, and ``skills put`` waits for the projector), whatever ran before."""
     settings, _ = sealed
     tenant = f"nobody-{uuid.uuid4().hex[:8]}"
     for argv in (["--yes"], []):
@@ -504,6 +506,7 @@ async def test_an_erasure_stopped_after_destroying_the_key_is_finished_by_runnin
     assert tombstone["seq"] == erased["seq"]
 
 
+@pytest.mark.usefixtures("client")  # the stack running: its processes make the stream (no tool does)
 async def test_chronicle_erase_of_a_session_that_does_not_exist_says_so_and_records_nothing(
     sealed: tuple[Settings, Path],
 ) -> None:
