@@ -29,8 +29,9 @@ from events.ids import TENANT_SCOPE, derived_id
 from events.messages import body_hash
 from events.objectstore import JetStreamBlobStore
 from events.publisher import HDR_MSG_ID, ForeignDuplicate, Published
+from events.sealing import kid_in, unseal_fields
 from projections import context_queries, queries
-from services.audit.readers import event_line, session_events
+from services.audit.readers import event_line, read_event, session_events
 from services.bootstrap import Container
 from services.compaction.queue import KIND
 from services.errors import IdempotencyKeyConflict
@@ -61,9 +62,15 @@ async def events_lines(c: Container, tenant: str, session: str) -> AsyncIterator
 
 
 async def stored(c: Container, seq: int) -> tuple[str, str, dict[str, object]]:
-    """Subject, ``Nats-Msg-Id`` and event of the message at ``seq``."""
+    """Subject, ``Nats-Msg-Id`` and event of the message at ``seq``, its sealed fields opened with
+    its session's key (as ``chronicle replay`` shows it), so the same whether the stack seals or not."""
     msg = await c.js.get_msg(c.layout.stream, seq)
-    return str(msg.subject), (msg.headers or {}).get(HDR_MSG_ID, ""), json.loads(msg.data or b"")
+    subject, data = str(msg.subject), msg.data or b""
+    event = json.loads(data)
+    if (kid := kid_in(data)) is not None:
+        await c.keys.load([(*c.layout.parse(subject), kid)])
+        event = unseal_fields(event, c.keys)
+    return subject, (msg.headers or {}).get(HDR_MSG_ID, ""), event
 
 
 def body(mid: str, text: str) -> dict[str, object]:
@@ -394,11 +401,13 @@ async def test_a_publish_ack_reflected_onto_another_tenants_work_subject_does_no
 
 
 async def _recorded(c: Container, tenant: str, session: str) -> list[CompactionRecorded]:
-    """The ``compaction.recorded`` events in the session's log."""
+    """The ``compaction.recorded`` events in the session's log, their sealed fields opened."""
     found = []
-    async for stored in eventlog.read(c.js, c.layout, c.layout.session_subject(tenant, session)):
+    async for stored in session_events(c, tenant, session):
         if json.loads(stored.data).get("type") == CompactionRecorded.TYPE:
-            found.append(CompactionRecorded.model_validate_json(stored.data))
+            event = read_event(stored, c.layout, c.keys)
+            assert isinstance(event, CompactionRecorded), event
+            found.append(event)
     return found
 
 
