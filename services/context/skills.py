@@ -21,6 +21,7 @@ from services.context.prompt_text import skill_listing
 from services.context.rules import allowed, find_block, object_key, skill_sources, unsafe_keys, with_skill
 from services.errors import (
     BlockNotFound,
+    BucketMissing,
     InvalidRequest,
     PromptTooLarge,
 )
@@ -31,12 +32,15 @@ from services.writes.optimistic import Decision
 class ContextSkills(ContextBlocks):
     async def put_skill(self, tenant: str, bucket: str, key: str, content: str, description: str | None) -> int:
         """Store a document and record it in the tenant's skills index (idempotent per etag);
-        :class:`~events.sealing.KeyDestroyed` (nothing stored) when the tenant is erased."""
+        :class:`~events.sealing.KeyDestroyed` (nothing stored) when the tenant is erased,
+        :class:`BucketMissing` (nothing stored, no bucket made) when ``bucket`` does not exist."""
         problem = unsafe_object_key(key)
         if problem is not None:
             raise InvalidRequest(f"key {key[:200]!r} is not a safe object key: {problem}")
         if self._pub.keys is not None:  # an erased tenant's record would be refused: upload nothing either
             await self._pub.keys.for_writing(tenant, TENANT_SCOPE)  # KeyDestroyed
+        if not await self._storage().bucket_exists(bucket):  # its owner makes it, with its policy
+            raise BucketMissing(f"bucket {bucket!r} does not exist: create it first")
         stored = await self._storage().put(bucket, object_key(tenant, key), content, description)
         return await self.record_skill(tenant, bucket, key, stored.description, stored.etag, stored.size)
 

@@ -19,7 +19,7 @@ from services.audit.archive_segments import ArchiveError, lost_line, span
 from services.audit.restore import RestoreRefused, RestoreStopped
 from services.audit.strays import merged, strays
 from services.bootstrap import Container, open_container
-from services.errors import AsOfPastLog, ChronicleError, ObjectStorageError
+from services.errors import AsOfPastLog, BucketMissing, ChronicleError, ObjectStorageError
 from services.ops.audit_text import rebuild_summary, verify_table
 from services.ops.progress import Progress
 from services.settings import Settings
@@ -284,7 +284,6 @@ async def run_skills(settings: Settings, args: argparse.Namespace) -> int:
             print(f"{said} bucket {args.bucket!r} is reserved for Chronicle's own data", file=sys.stderr)
             return 2
         # as a session config's skills block, neither makes a bucket: its owner does, with its policy
-        missing = c.context.skills is not None and not await c.context.skills.bucket_exists(args.bucket)
         if args.skills_command == "put":
             try:
                 content = await asyncio.to_thread(Path(args.file).read_text, encoding="utf-8")
@@ -294,17 +293,17 @@ async def run_skills(settings: Settings, args: argparse.Namespace) -> int:
             except OSError as exc:  # no such file, a directory, not readable
                 print(f"{said} {args.file}: {exc.strerror or exc}", file=sys.stderr)
                 return 2
-            if missing:
-                print(f"{said} bucket {args.bucket!r} does not exist: create it first", file=sys.stderr)
-                return 2
             try:
                 seq = await c.context.put_skill(args.tenant, args.bucket, args.key, content, args.description)
             except KeyDestroyed:  # refused before anything is uploaded (ContextService.put_skill)
                 print(f"{said} tenant {args.tenant!r} is erased: it takes no skill documents", file=sys.stderr)
                 return 2
+            except BucketMissing as exc:  # refused before anything is uploaded, as the set_context tool is
+                print(f"{said} {exc.detail}", file=sys.stderr)
+                return 2
             print(f"stored {args.bucket}/{args.key} ({len(content.encode())} bytes); recorded at sequence {seq}")
             return 0
-        if missing:
+        if c.context.skills is not None and not await c.context.skills.bucket_exists(args.bucket):
             print(f"{said} bucket {args.bucket!r} does not exist: nothing to index", file=sys.stderr)
             return 2
         try:
