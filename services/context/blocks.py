@@ -134,8 +134,8 @@ class ContextBlocks:
         self._skills = skills
         self.reserved_buckets: frozenset[str] = frozenset()
         self.search_timeout_s = SEARCH_TIMEOUT_S  # CHRONICLE_SEARCH_TIMEOUT_S (services/bootstrap.py)
-        # how many searches run at once: from the pool until services/bootstrap.py sets it from the settings
-        self.search_gate = SearchGate(*search_slots(pool.max_size, None, None))
+        # how many searches run at once (services/bootstrap.py sets it from the settings)
+        self.search_gate = SearchGate(*search_slots(20, None, None))
 
     @property
     def skills(self) -> SkillStore | None:
