@@ -102,16 +102,32 @@ _BATCH_BYTES = 48 * 1024 * 1024  # JSON in one batch: half the API's default req
 def _batches(messages: Sequence[Mapping[str, Any]]) -> list[list[dict[str, Any]]]:
     """The chain in ``messages:batch`` requests: at most :data:`_BATCH_LIMIT` messages and, past
     the first message of each, :data:`_BATCH_BYTES` of JSON (a body over the API's request bound
-    is refused whole)."""
+    is refused whole).
+
+    A request does not end with a compaction summary's id (``compaction_…``, history sent back)
+    when it can start the next one instead: the server answers it as a replay, the chain going on
+    after the last message it covers, which the next request's ``parent_id`` cannot name."""
+    from events.catalog import overlay_id_in
+
     batches: list[list[dict[str, Any]]] = []
     size = 0
+    last_n = 0
     for m in messages:
         n = len(_json_bytes(m, f"message {m.get('id')!r}"))
         if not batches or len(batches[-1]) == _BATCH_LIMIT or size + n > _BATCH_BYTES:
-            batches.append([])
-            size = 0
+            current = batches[-1] if batches else []
+            carried = (
+                current.pop()
+                if len(current) > 1
+                and overlay_id_in(str(current[-1].get("id"))) is not None
+                and last_n + n <= _BATCH_BYTES
+                else None
+            )
+            batches.append([] if carried is None else [carried])
+            size = 0 if carried is None else last_n
         batches[-1].append(dict(m))
         size += n
+        last_n = n
     return batches
 
 
@@ -889,9 +905,14 @@ class ChronicleClient:
         writes) is sent whole over HTTP (``messages:batch``): nothing is appended twice there
         either (the server is idempotent by message id), but an id already stored with a
         different body is a :class:`~chronicle_sdk.MessageConflict`, as on the HTTP path.
+        So is a chain holding a compaction summary's id (``compaction_…``, a history sent back with
+        a new message): only the server knows the session's overlays, and decides the summary a
+        replay (the chain goes on after the last message it covers) or a refusal.
         """
-        from events.catalog import MessageAppended
+        from events.catalog import MessageAppended, overlay_id_in
 
+        if any(overlay_id_in(str(m.get("id"))) is not None for m in messages):
+            return await self._append_chain_api(session_id, messages, parent_id, "http")
         checked_session_id(session_id)
         info = await self.nats_publishing()
         tenant = info.tenant

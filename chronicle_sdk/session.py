@@ -204,7 +204,12 @@ class Session(ConfigBuilder):
         Under concurrent writers, over HTTP or NATS each next message follows an append that
         another writer made onto the chain's line meanwhile (the server's ``messages:batch``
         rule: one chain); after a message that was already stored (a replay), the next is its
-        child whatever is under it, as the reference appends it. Via JetStream only the first
+        child whatever is under it, as the reference appends it. A compaction summary sent back
+        as history showed it (``append_all(history + [new])``) is such a replay, never stored as a
+        message: the next message goes after the last message it covers (another body under its
+        id raises :class:`MessageConflict`; an id in its form that no overlay of the session has,
+        :class:`InvalidId`). Via JetStream a chain holding one is sent over HTTP instead, as only
+        the server knows the session's overlays. Via JetStream only the first
         message is conditional; the others keep the parent they were given, so an append without
         a parent that lands between two of them (attached to the earlier one) is left on a side
         branch, off the latest leaf's path.

@@ -7,6 +7,7 @@ Every event is self-sufficient: ``MessageAppended.parent_id`` is the resolved pa
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Collection
 from contextlib import suppress
 from typing import Any, ClassVar, Literal
@@ -397,6 +398,23 @@ class PromptRendered(Event):
 
 COMPACTION_PREFIX = "compaction_"
 """An overlay reads as a message whose id is this prefix and the overlay's id."""
+
+_UUID_FORM = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
+
+
+def overlay_id_in(message_id: str) -> str | None:
+    """The overlay id a message id names when it has the overlays' prefix (``compaction_<id>``),
+    else None: the overlay history shows under that id, if the session has one."""
+    return message_id[len(COMPACTION_PREFIX) :] if message_id.startswith(COMPACTION_PREFIX) else None
+
+
+def overlay_shaped(message_id: str) -> bool:
+    """Whether ``message_id`` has the form of the id every overlay Chronicle records reads under:
+    the prefix and a UUID in its canonical form (a compactor's and a fork's overlay ids are
+    derived UUIDs). A new message may not take such an id unless it is one of its session's
+    overlays sent back (services/writes/decisions.py); other ids with the prefix stay a client's."""
+    overlay_id = overlay_id_in(message_id)
+    return overlay_id is not None and _UUID_FORM.fullmatch(overlay_id) is not None
 
 
 class CompactionRecorded(Event):

@@ -14,13 +14,14 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, TypeVar
 
 from psycopg import AsyncConnection, AsyncCursor
 
 from events.blobs import BlobStore
 from events.bodies import unpack_body
 from events.catalog import (
+    CompactionRecorded,
     MessageAppended,
     MessageBodyEvent,
     MessagesCleared,
@@ -32,6 +33,7 @@ from events.catalog import (
     SessionErased,
     SessionRenamed,
     SessionUsageAdded,
+    overlay_id_in,
 )
 from events.envelope import Event
 from events.ids import TENANT_SCOPE
@@ -118,6 +120,9 @@ class InsertMessage:
     at: datetime
     seq: int
     original_ref: str | None = None
+    # its id has the overlays' prefix, and whether an overlay recorded before it reads under it is
+    # the overlays table's to say (:func:`summaries_in`, :func:`without_summaries`)
+    summary_check: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -161,6 +166,7 @@ Op = (
 
 
 store_json = stored_json
+OpT = TypeVar("OpT", bound=Op)
 
 
 def row_hash(event_hash: str, body: JsonObject, *, own: bool = False) -> str | None:
@@ -188,10 +194,69 @@ def hash_is_own(event: MessageBodyEvent, body: JsonObject, admitted: bool) -> bo
     )
 
 
-def plan(event: Event, seq: int, body: JsonObject | None = None, *, admitted: bool = False) -> list[Op]:
+def summaries_in(items: Sequence[tuple[int, Event]]) -> dict[int, bool]:
+    """What the events ``items`` (in stream order) say of their appends whose id is an overlay's
+    message id (``compaction_<overlay id>``, as history shows a summary), by sequence: True when an
+    overlay of its session recorded before it in ``items`` (after any clear or deletion of the
+    session there) has that id: the append is not stored, history shows the summary there (a
+    client's, or a direct publisher's, replay of it, or another body under its id: the first
+    holder of an id keeps it, as for messages); False when its session was cleared or deleted
+    before it in ``items`` and no overlay since has the id: the overlays recorded before the items
+    are gone, so it is stored. Absent: the overlays table decides (:func:`without_summaries`),
+    as it holds the overlays recorded before the items. Pure: the same events decide the same
+    in every batch they are cut into, so a rebuild equals the live read model."""
+    recorded: dict[tuple[str, str], set[str]] = {}
+    cleared: set[tuple[str, str]] = set()
+    out: dict[int, bool] = {}
+    for seq, event in items:
+        key = (event.tenant, event.session)
+        match event:
+            case CompactionRecorded():
+                recorded.setdefault(key, set()).add(event.overlay_id)
+            case MessagesCleared() | SessionDeleted() | SessionErased():
+                recorded.pop(key, None)
+                cleared.add(key)
+            case MessageAppended() if (overlay_id := overlay_id_in(event.message_id)) is not None:
+                if overlay_id in recorded.get(key, ()):
+                    out[seq] = True
+                elif key in cleared:
+                    out[seq] = False
+            case _:
+                pass
+    return out
+
+
+async def without_summaries(cur: AsyncCursor[Any], ops: Sequence[OpT]) -> list[OpT]:
+    """``ops`` without the inserts whose id an overlay recorded before them reads under (only
+    those :func:`summaries_in` left to the overlays table are asked about: rare)."""
+    shadowed: set[int] = set()
+    for op in ops:
+        if isinstance(op, InsertMessage) and op.summary_check:
+            overlay_id = overlay_id_in(op.id)
+            await cur.execute(
+                "SELECT 1 FROM overlays WHERE tenant = %s AND session_id = %s AND overlay_id = %s AND seq < %s",
+                (op.tenant, op.session, overlay_id, op.seq),
+            )
+            if await cur.fetchone() is not None:
+                shadowed.add(op.seq)
+    if not shadowed:
+        return list(ops)
+    return [op for op in ops if not (isinstance(op, InsertMessage) and op.seq in shadowed)]
+
+
+def plan(
+    event: Event,
+    seq: int,
+    body: JsonObject | None = None,
+    *,
+    admitted: bool = False,
+    summary: bool | None = None,
+) -> list[Op]:
     """Row operations for one event at stream sequence ``seq``; ``body`` is the resolved body.
     ``admitted``: the contract admitted ``event`` (:func:`hash_is_own`; a projector's events all
-    are); else a body's hash is checked against it by hashing."""
+    are); else a body's hash is checked against it by hashing. ``summary``: what
+    :func:`summaries_in` says of an append (True: an overlay's message id, not stored; None: the
+    overlays table says, for an id with their prefix)."""
     t, s = event.tenant, event.session
     if isinstance(event, SessionErased):
         return [EraseSession(t, s)]  # no touch: the session's row must not come back
@@ -209,7 +274,7 @@ def plan(event: Event, seq: int, body: JsonObject | None = None, *, admitted: bo
             ops.append(EndSession(t, s, event.reason))
         case SessionDeleted():
             ops.append(DeleteSession(t, s, event.occurred_at))
-        case MessageAppended():
+        case MessageAppended() if summary is not True:
             assert body is not None
             ops.append(
                 InsertMessage(
@@ -224,6 +289,7 @@ def plan(event: Event, seq: int, body: JsonObject | None = None, *, admitted: bo
                     event.occurred_at,
                     seq,
                     event.original_ref.model_dump_json() if event.original_ref else None,
+                    summary is None and overlay_id_in(event.message_id) is not None,
                 )
             )
         case MessageUpdated():
@@ -529,6 +595,7 @@ async def apply_ops(conn: AsyncConnection[Any], ops: Sequence[Op]) -> None:
     """
     rest = [op for op in ops if not isinstance(op, TouchSession)]
     async with conn.cursor() as cur:
+        rest = await without_summaries(cur, rest)
         touches = sorted(merge_touches(ops), key=lambda t: (t.tenant, t.session))  # one lock order
         if touches:
             await cur.execute(_TOUCH_ALL, columns([params(t) for t in touches]))
@@ -568,9 +635,10 @@ class HistoryProjection:
         items are admitted events (the runner's :class:`~projections.runner.Projection` contract):
         an inline body's hash, which admission derived or checked, is not computed again."""
         plans: list[list[Op]] = []
+        summaries = summaries_in(items)
         for seq, event in items:
             body = await unpack_body(event, self._blobs, self._keys) if isinstance(event, MessageBodyEvent) else None
-            plans.append(plan(event, seq, body, admitted=True))
+            plans.append(plan(event, seq, body, admitted=True, summary=summaries.get(seq)))
         return plans
 
     async def apply_prepared(self, conn: AsyncConnection[Any], plans: Sequence[list[Op]]) -> None:

@@ -170,6 +170,24 @@ async def send_overlays(
     return answer
 
 
+async def overlay_at(
+    conn: AsyncConnection[Any], tenant: str, session: str, overlay_id: str
+) -> tuple[Overlay, str | None] | None:
+    """The session's overlay ``overlay_id`` (superseded ones included) and the parent of its first
+    message (None for a root, or a first message deleted since): where history shows it. None when
+    the session has no such overlay."""
+    async with conn.cursor() as cur:
+        await cur.execute(
+            "SELECT o.overlay_id, o.from_message_id, o.to_message_id, o.leaf_id, o.summary, o.tokens_before, "
+            "o.tokens_after, o.summarizer, o.model, o.created_at, o.seq, m.parent_id FROM overlays o "
+            "LEFT JOIN messages m ON m.tenant = o.tenant AND m.session_id = o.session_id AND m.id = o.from_message_id "
+            "WHERE o.tenant = %s AND o.session_id = %s AND o.overlay_id = %s",
+            (tenant, session, overlay_id),
+        )
+        row = await cur.fetchone()
+    return None if row is None else (Overlay(*row[:11]), row[11])
+
+
 @dataclass(frozen=True, slots=True)
 class CompactionFailure:
     seq: int

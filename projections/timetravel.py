@@ -22,6 +22,7 @@ from events.catalog import (
     SessionConfigured,
     SessionDeleted,
     SkillUnloaded,
+    overlay_id_in,
 )
 from events.context import SessionConfig
 from events.envelope import Event
@@ -62,7 +63,9 @@ class SessionState:
                 self.config = None
                 self.contents.clear()
                 self.entries.clear()
-            case MessageAppended() if not self.deleted and event.message_id not in self.rows:
+            case MessageAppended() if (
+                not self.deleted and event.message_id not in self.rows and not self.summary(event.message_id)
+            ):
                 assert body is not None
                 self.rows[event.message_id] = _Row(event.message_id, event.parent_id, stored_json(body), seq)
             case MessageUpdated() if event.message_id in self.rows:
@@ -87,6 +90,12 @@ class SessionState:
                 self.entries.setdefault(event.label, set()).add(event.key)
             case _:
                 pass
+
+    def summary(self, message_id: str) -> bool:
+        """Whether history shows an overlay under ``message_id``: an append of it is not stored
+        (projections/history.py, :func:`~projections.history.summaries_in`)."""
+        overlay_id = overlay_id_in(message_id)
+        return overlay_id is not None and overlay_id in self.overlays
 
     def entry_counts(self) -> dict[str, int]:
         """Entries per searchable block label, as the context read model counts them."""

@@ -175,7 +175,7 @@ async def append_batch(
         except Exception as exc:  # the messages before it are stored: the answer says so (BatchFailed)
             raise BatchFailed(exc, i, str(body["id"]), answers) from exc
         answers.append({"id": r.id, "parent_id": r.parent_id, "seq": r.seq, "created": r.created})
-        parent = r.id
+        parent = r.tail  # a compaction summary sent back: the last message it covers
     return {"messages": answers, "seq": max(a["seq"] for a in answers)}
 
 

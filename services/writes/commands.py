@@ -42,6 +42,8 @@ from events.catalog import (
     SessionEnded,
     SessionRenamed,
     SessionUsageAdded,
+    overlay_id_in,
+    overlay_shaped,
 )
 from events.envelope import Event
 from events.ids import derived_id
@@ -52,7 +54,7 @@ from events.publisher import ForeignDuplicate, Published, Publisher
 from events.registry import decode
 from events.sealing import KeyDestroyed, SealBroken, kid_in
 from projections import context_queries, queries
-from projections.overlays import Overlay, apply_overlays
+from projections.overlays import Overlay, apply_overlays, overlay_at
 from projections.overlays import overlays as overlays_of
 from projections.reclaimed import reclaim, reclaimed_in
 from services.compaction.micro import ROW_MAX_BYTES, enforce_row_size_limit, json_bytes
@@ -66,7 +68,7 @@ from services.errors import (
     SessionNotFound,
     Unavailable,
 )
-from services.writes.decisions import Append, AppendState, Existing, ParentSpec, Replay, decide_append
+from services.writes.decisions import Append, AppendState, Existing, ParentSpec, Replay, Summary, decide_append
 from services.writes.erasure import Eraser
 from services.writes.liveness import live_session
 from services.writes.optimistic import MAX_SESSION_IDS, Decision, OptimisticWriter, UnappliedChain
@@ -85,6 +87,13 @@ class AppendResult:
     parent_id: str | None
     seq: int
     created: bool
+    # the id a chain's next message goes under: ``id``, but for a compaction summary sent back as
+    # history showed it (a replay), the last message it covers (services/writes/decisions.py)
+    tail: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.tail:
+            object.__setattr__(self, "tail", self.id)
 
 
 @dataclass(frozen=True, slots=True)
@@ -344,9 +353,10 @@ class Commands:
 
         async def decided(state: AppendState) -> Decision:
             match decide_append(state, digest, parent, follow=follow):
-                case Replay(parent_id=pid, seq=first_seq):
-                    created = attempted and await self._stored_event_id(first_seq) == event_id
-                    return Decision(None, lambda _seq: AppendResult(message_id, pid, first_seq, created=created))
+                case Replay(parent_id=pid, seq=first_seq, tail=tail):
+                    created = tail is None and attempted and await self._stored_event_id(first_seq) == event_id
+                    result = AppendResult(message_id, pid, first_seq, created=created, tail=tail or "")
+                    return Decision(None, lambda _seq: result)
                 case Append(parent_id=pid):
                     return publish(pid)
 
@@ -389,7 +399,16 @@ class Commands:
             for a in tip.appends if tip is not None else ():
                 if a.parent_id == message_id or a.parent_id in descendants:
                     descendants.add(a.message_id)
+            summary, summary_like = None, False
+            if existing is None and (overlay_id := overlay_id_in(message_id)) is not None:
+                # a compaction summary's id (rare): history shows an overlay there, not a message
+                if (at := await overlay_at(conn, tenant, session, overlay_id)) is not None:
+                    o, first_parent = at
+                    summary = Summary(first_parent, o.seq, body_hash(o.as_message()), o.to_message_id)
+                summary_like = summary is None and overlay_shaped(message_id)
             state = AppendState(
+                summary=summary,
+                summary_like=summary_like,
                 session_erased=found.session_erased,
                 session_deleted=found.session_deleted,
                 existing=existing,
@@ -415,6 +434,8 @@ class Commands:
             stored messages name as their parent, whose descendants the chain does not know)."""
             ids = tip.ids
             if ids is None or message_id in ids or (isinstance(parent, str) and parent not in ids):
+                return None
+            if overlay_id_in(message_id) is not None:  # a summary's id: the overlays decide, the slow way
                 return None
             if message_id in tip.dangling:
                 return None

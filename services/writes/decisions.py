@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from events.omitted import Omitted, ParentId
-from services.errors import ErasedSession, MessageConflict, ParentCycle, SessionNotFound, UnknownParent
+from services.errors import ErasedSession, InvalidId, MessageConflict, ParentCycle, SessionNotFound, UnknownParent
 
 ParentSpec = ParentId
 
@@ -17,6 +17,17 @@ class Existing:
     parent_id: str | None
     seq: int
     body_sha256: str
+
+
+@dataclass(frozen=True, slots=True)
+class Summary:
+    """A compaction overlay of the session whose message id (``compaction_<overlay id>``, as history
+    shows it) is the appended message's: what history shows there is not a stored message."""
+
+    parent_id: str | None  # the parent of its first message: where history shows it
+    seq: int
+    body_sha256: str  # the hash of the message history shows for it
+    last_id: str  # the last message it covers: where a chain sent back from history goes on
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,6 +46,11 @@ class AppendState:
     # the latest leaf is under the parent given (a batch's previous message: another writer
     # appended onto its line meanwhile); asked only by a batch's next message (``follow``)
     leaf_follows: bool = False
+    # the overlay whose message id the appended id is (asked only for an id with its prefix)
+    summary: Summary | None = None
+    # the id has the form of an overlay's message id (``compaction_`` and a UUID, as every overlay
+    # Chronicle records has) and no overlay of the session has it
+    summary_like: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,6 +59,9 @@ class Replay:
 
     parent_id: str | None
     seq: int
+    # the id a chain's next message goes under: the message's own, or, for a compaction summary
+    # sent back as history showed it, the last message it covers (None: the message's own)
+    tail: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,7 +82,13 @@ def decide_append(state: AppendState, body_sha256: str, parent: ParentSpec, *, f
     The message must not become its own ancestor: under one of its id's descendants (a deleted
     message's id re-used, its children still stored) the append is refused, whichever way the
     parent was chosen, and nothing is written (the tree would lose its leaf: every message of a
-    cycle has a child)."""
+    cycle has a child).
+
+    A compaction summary is not a message (:class:`Summary`): sent back exactly as history showed
+    it, it is a replay (nothing written; a chain goes on after the last message it covers); with
+    another body, a conflict, as a message's id taken by another body is. An id in the form of a
+    summary's that no overlay of the session has (another session's, or one cleared since) is
+    refused: stored, it would read as a summary to every reader that tells them by their id."""
     if state.session_erased:
         raise ErasedSession("the session was erased")
     if state.session_deleted:
@@ -72,6 +97,20 @@ def decide_append(state: AppendState, body_sha256: str, parent: ParentSpec, *, f
         if state.existing.body_sha256 != body_sha256:
             raise MessageConflict("a message with this id and a different body exists")
         return Replay(state.existing.parent_id, state.existing.seq)
+    if state.summary is not None:
+        if state.summary.body_sha256 != body_sha256:
+            raise MessageConflict(
+                "this id is a compaction summary's (an overlay of this session, as history shows it), and the "
+                "message is not that summary as history shows it: a summary cannot be stored as a message. "
+                "Nothing was written; send history's messages unchanged, or give the message another id"
+            )
+        return Replay(state.summary.parent_id, state.summary.seq, state.summary.last_id)
+    if state.summary_like:
+        raise InvalidId(
+            "this id has the form of a compaction summary's id (compaction_ and a UUID), and no overlay of this "
+            "session has it (another session's summary, or one cleared since): stored as a message it would read "
+            "as a summary. Nothing was written; give the message another id"
+        )
     if parent is None:
         return Append(None)
     if isinstance(parent, Omitted):

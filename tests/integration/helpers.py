@@ -11,7 +11,8 @@ import pytest
 from nats.aio.client import Client as NatsClient
 
 from events.blobs import BlobStore
-from events.catalog import MessageAppended, MessageBodyEvent, SessionRenamed
+from events.catalog import CompactionRecorded, MessageAppended, MessageBodyEvent, SessionRenamed
+from events.ids import derived_id
 from events.messages import JsonObject, body_hash, stored_json
 from events.objects import owned
 from events.publisher import HDR_MSG_ID, Publisher
@@ -39,7 +40,7 @@ def other_process(stack: Container, nc: NatsClient, attempts: int = 100) -> Comm
     )
 
 
-def text_message(mid: str, text: str, role: str = "user") -> dict[str, object]:
+def text_message(mid: str, text: str, role: str = "user") -> dict[str, Any]:
     return {"id": mid, "role": role, "parts": [{"type": "text", "text": text}]}
 
 
@@ -64,6 +65,28 @@ def appended(
         role=role,
         body_sha256=body_hash(body),
         message=body,
+    )
+
+
+def summary_recorded(
+    tenant: str, session: str, first: str, last: str, summary: str = "what was said"
+) -> CompactionRecorded:
+    """An overlay over ``first..last`` under the id a compactor derives for it (a UUID: history
+    shows it as ``compaction_<that id>``)."""
+    overlay_id = derived_id("overlay", tenant, session, first, last)
+    return CompactionRecorded(
+        id=overlay_id,
+        tenant=tenant,
+        session=session,
+        overlay_id=overlay_id,
+        from_message_id=first,
+        to_message_id=last,
+        leaf_id=last,
+        tokens_before=100,
+        tokens_after=10,
+        summarizer="test",
+        model=None,
+        summary=summary,
     )
 
 

@@ -29,7 +29,7 @@ from services.commands_nats.app import serving_commands
 from services.settings import Settings
 from tests.conftest import KEYS, running_stack, tenant_nats_settings
 from tests.e2e.context_support import new_bucket, put_object
-from tests.integration.helpers import appended, logged_message
+from tests.integration.helpers import appended, logged_message, summary_recorded
 from tests.support import served
 
 Reply = tuple[int, dict[str, Any]]
@@ -900,3 +900,45 @@ async def test_a_refresh_of_a_prompt_too_large_to_store_replies_with_the_block_s
     assert problem["size"] > MAX_WRITTEN_BYTES
     assert problem["limit"] == MAX_WRITTEN_BYTES
     assert problem == h.json()
+
+
+async def test_a_compaction_summary_sent_back_over_nats_is_a_replay_and_never_a_message(
+    http: httpx.AsyncClient, tenant_a: NatsClient, settings: Settings, stack: Container
+) -> None:
+    """The ``append`` and ``append_batch`` commands decide a summary's id as HTTP does: history's
+    summary sent back is a replay (a chain goes on after the last message it covers), another body
+    under its id is ``409 message_conflict``, an id in its form no overlay has ``422 invalid_id``."""
+    sid = await created_session(http)
+    chain = {"messages": [message(f"r{i}") for i in range(4)]}
+    assert (await request(tenant_a, settings, "append_batch", {"session_id": sid, **chain}))[0] == 201
+    recorded = summary_recorded("tenant-a", sid, "r1", "r2", "r1 and r2")
+    overlay_id = recorded.overlay_id
+    seq = (await stack.publisher.publish(recorded)).seq
+    history = (await http.get(f"/v1/sessions/{sid}/history", params={"min_seq": seq})).json()["messages"]
+    summary = history[1]
+    assert [m["id"] for m in history] == ["r0", f"compaction_{overlay_id}", "r3"]
+
+    one = await request(tenant_a, settings, "append", {"session_id": sid, "message": summary})
+    assert one == (200, {"id": summary["id"], "parent_id": "r0", "seq": seq, "created": False})
+    status, batch = await request(
+        tenant_a,
+        settings,
+        "append_batch",
+        {"session_id": sid, "messages": [*history, message("new")], "parent_id": None},
+    )
+    assert status == 201
+    assert [(a["id"], a["parent_id"], a["created"]) for a in batch["messages"]][1:] == [
+        (summary["id"], "r0", False),
+        ("r3", "r2", False),
+        ("new", "r3", True),
+    ]
+    before = await eventlog.last_seq(stack.js, stack.layout)
+    for body, code in (
+        ({**summary, "parts": [{"type": "text", "text": "edited"}]}, (409, "message_conflict")),
+        ({**summary, "id": f"compaction_{uuid.uuid4()}"}, (422, "invalid_id")),
+    ):
+        status, problem = await request(tenant_a, settings, "append", {"session_id": sid, "message": body})
+        assert (status, problem["code"]) == code, problem
+    assert await eventlog.last_seq(stack.js, stack.layout) == before  # nothing written
+    history = (await http.get(f"/v1/sessions/{sid}/history", params={"min_seq": batch["seq"]})).json()["messages"]
+    assert [m["id"] for m in history] == ["r0", summary["id"], "r3", "new"]

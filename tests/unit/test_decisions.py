@@ -7,8 +7,8 @@ from dataclasses import replace
 import pytest
 
 from events.omitted import OMITTED
-from services.errors import ErasedSession, MessageConflict, ParentCycle, SessionNotFound, UnknownParent
-from services.writes.decisions import Append, AppendState, Existing, ParentSpec, Replay, decide_append
+from services.errors import ErasedSession, InvalidId, MessageConflict, ParentCycle, SessionNotFound, UnknownParent
+from services.writes.decisions import Append, AppendState, Existing, ParentSpec, Replay, Summary, decide_append
 
 HASH = "a" * 64
 OTHER_HASH = "b" * 64
@@ -192,3 +192,37 @@ def test_a_batch_message_whose_previous_is_gone_is_refused() -> None:
     s = AppendState(session_deleted=False, existing=None, latest_leaf="w", parent_exists=False, leaf_follows=True)
     with pytest.raises(UnknownParent):
         decide_append(s, HASH, "b1", follow=True)
+
+
+# -- a compaction summary's id (what history shows an overlay as) ---------------------------------
+
+SUMMARY = Summary(parent_id="r0", seq=42, body_sha256=HASH, last_id="r6")
+
+
+def test_a_summary_sent_back_as_history_showed_it_is_a_replay_that_a_chain_goes_on_after() -> None:
+    s = replace(state(leaf="r7", parent_exists=True), summary=SUMMARY)
+    for parent in (OMITTED, None, "r0"):
+        assert decide_append(s, HASH, parent) == Replay("r0", 42, tail="r6")
+
+
+def test_a_summarys_id_with_another_body_is_a_conflict() -> None:
+    s = replace(state(leaf="r7"), summary=SUMMARY)
+    with pytest.raises(MessageConflict, match="compaction summary"):
+        decide_append(s, OTHER_HASH, OMITTED)
+
+
+def test_an_id_in_a_summarys_form_that_no_overlay_has_is_refused() -> None:
+    with pytest.raises(InvalidId, match="no overlay of this session has it"):
+        decide_append(replace(state(leaf="r7"), summary_like=True), HASH, OMITTED)
+
+
+def test_a_stored_message_under_a_summarys_id_decides_as_a_message() -> None:
+    """A message stored with the id before summaries were told apart (an earlier release) keeps it."""
+    s = replace(state(existing=Existing("r0", 7, HASH)), summary=SUMMARY)
+    assert decide_append(s, HASH, OMITTED) == Replay("r0", 7)
+
+
+def test_an_erased_session_is_refused_before_a_summary_is_looked_at() -> None:
+    s = replace(state(), summary=SUMMARY, session_erased=True)
+    with pytest.raises(ErasedSession):
+        decide_append(s, HASH, OMITTED)

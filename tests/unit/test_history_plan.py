@@ -11,6 +11,7 @@ import pytest
 from events.admission import admit
 from events.blobs import BlobRef
 from events.catalog import (
+    CompactionRecorded,
     MessageAppended,
     MessageBodyEvent,
     MessagesCleared,
@@ -41,7 +42,9 @@ from projections.history import (
     merge_touches,
     plan,
     store_json,
+    summaries_in,
 )
+from tests.integration.helpers import summary_recorded
 
 T, S = "acme", "chat-1"
 AT = datetime(2025, 3, 1, 12, 0, tzinfo=UTC)
@@ -375,3 +378,45 @@ def test_batches_applied_in_pipeline_mode_never_copy() -> None:
     from projections.runner import PIPELINE_MAX_ITEMS
 
     assert PIPELINE_MAX_ITEMS < COPY_MIN_ROWS
+
+
+# -- appends under a compaction summary's id --------------------------------------------------------
+
+
+def _summary_append(overlay_id: str, seq_text: str = "a summary") -> MessageAppended:
+    body = {"id": f"compaction_{overlay_id}", "role": "assistant", "parts": [{"type": "text", "text": seq_text}]}
+    return MessageAppended(
+        **ENV, message_id=body["id"], parent_id="m7", role="assistant", body_sha256=body_hash(body), message=body
+    )
+
+
+def _recorded(overlay_id: str) -> CompactionRecorded:
+    return summary_recorded(T, S, "m1", "m6", "a summary").model_copy(update={"overlay_id": overlay_id})
+
+
+def test_an_append_of_an_overlays_message_id_recorded_before_it_is_not_stored() -> None:
+    items: list[tuple[int, Event]] = [(1, _recorded("ov")), (2, _summary_append("ov"))]
+    assert summaries_in(items) == {2: True}
+    assert not any(isinstance(op, InsertMessage) for op in plan(items[1][1], 2, BODY, summary=True))
+
+
+def test_an_overlay_recorded_after_the_append_or_cleared_before_it_leaves_it_a_message() -> None:
+    later: list[tuple[int, Event]] = [(1, _summary_append("ov")), (2, _recorded("ov"))]
+    assert summaries_in(later) == {}  # the overlays table decides: it holds no overlay before seq 1
+    cleared: list[tuple[int, Event]] = [(1, _recorded("ov")), (2, MessagesCleared(**ENV)), (3, _summary_append("ov"))]
+    assert summaries_in(cleared) == {3: False}  # the table's overlays are older than the clear
+    again: list[tuple[int, Event]] = [*cleared[:2], (3, _recorded("ov")), (4, _summary_append("ov"))]
+    assert summaries_in(again) == {4: True}
+
+
+def test_an_append_left_to_the_overlays_table_asks_it_and_other_ids_never_do() -> None:
+    ops = plan(_summary_append("ov"), 5, _summary_append("ov").message)
+    assert [op.summary_check for op in ops if isinstance(op, InsertMessage)] == [True]
+    decided = plan(_summary_append("ov"), 5, _summary_append("ov").message, summary=False)
+    assert [op.summary_check for op in decided if isinstance(op, InsertMessage)] == [False]
+    plain = plan(
+        MessageAppended(**ENV, message_id="m2", parent_id=None, role="user", body_sha256=body_hash(BODY), message=BODY),
+        5,
+        BODY,
+    )
+    assert [op.summary_check for op in plain if isinstance(op, InsertMessage)] == [False]

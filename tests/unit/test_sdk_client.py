@@ -1379,3 +1379,15 @@ async def test_a_read_the_projection_keeps_behind_raises_after_retries_plus_one_
     assert len(rec.requests) == 4 + 1  # retries + 1
     assert sum(slept) <= 0.15 + 0.3 + 0.6 + 1.2
     assert clock[0] - start <= (4 + 1) * read_wait_s + 2.25
+
+
+async def test_a_chain_request_does_not_end_with_a_summary_when_the_next_can_start_with_it() -> None:
+    """History sent back holds a compaction summary: the server replays it and the chain goes on
+    after the last message it covers, which the next request's ``parent_id`` could not name."""
+    rec = Recorder(batch_answer)
+    chain = [msg(f"m{i}") for i in range(999)] + [msg("compaction_6f1c1b4e-0000-4000-8000-000000000000"), msg("new")]
+    async with rec.client() as c:
+        await c.append_chain("s1", chain, None)
+    assert [len(b["messages"]) for b in rec.bodies()] == [999, 2]
+    assert [b["parent_id"] for b in rec.bodies()] == [None, "m998"]
+    assert rec.bodies()[1]["messages"][0]["id"].startswith("compaction_")

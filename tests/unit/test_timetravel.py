@@ -81,3 +81,16 @@ def test_context_folds_the_newest_config_and_contents_and_keyed_entries() -> Non
     assert (state.config, state.contents, state.entry_counts()) == (second, {"memory": "a b"}, {"notes": 2})
     state.apply(9, SessionDeleted(tenant=T, session=S))
     assert (state.config, state.contents, state.entry_counts()) == (None, {}, {})
+
+
+def test_an_append_under_an_overlays_message_id_is_not_a_message_while_the_overlay_stands() -> None:
+    state = SessionState()
+    first = appended(T, S, "m0", None)
+    state.apply(1, first, first.message)
+    state.apply(2, _overlay("ov", "m0", "m0"))
+    summary = appended(T, S, "compaction_ov", "m0", "sum", "assistant")
+    state.apply(3, summary, summary.message)
+    assert list(state.rows) == ["m0"]
+    state.apply(4, MessagesCleared(tenant=T, session=S))
+    state.apply(5, summary, summary.message)  # the overlay is cleared: the id is a message's again
+    assert list(state.rows) == ["compaction_ov"]

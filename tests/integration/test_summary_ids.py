@@ -1,0 +1,151 @@
+"""A compaction summary's id (``compaction_<overlay id>``, what history shows an overlay as) is never
+a message's: appends of it decided by the commands (a replay, a conflict, an id no overlay has) and
+published straight to the stream (the projector does not store them while the overlay stands),
+with time travel and a rebuild deciding the same as the live projector."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from events.catalog import CompactionRecorded, MessageAppended, MessagesCleared
+from events.messages import body_hash
+from events.omitted import OMITTED
+from projections import queries
+from projections.overlays import Overlay, overlay_of, overlays
+from services.audit.readers import session_as_of
+from services.bootstrap import Container
+from services.compaction.service import compacted_view
+from services.errors import InvalidId, MessageConflict
+from services.requests import writes
+from tests.conftest import make_settings, running_stack
+from tests.integration.helpers import assert_rebuild_equals_live, summary_recorded, text_message
+
+T = "tenant-a"
+
+
+def _recorded(sid: str, first: str, last: str) -> CompactionRecorded:
+    return summary_recorded(T, sid, first, last)
+
+
+def _published(sid: str, body: dict[str, Any], parent: str | None) -> MessageAppended:
+    """An append as a direct publisher writes it (no command decided it)."""
+    return MessageAppended(
+        tenant=T,
+        session=sid,
+        message_id=str(body["id"]),
+        parent_id=parent,
+        role=str(body["role"]),
+        body_sha256=body_hash(body),
+        message=body,
+    )
+
+
+async def _chain(c: Container, sid: str, n: int) -> int:
+    seq = 0
+    for i in range(n):
+        seq = (await c.commands.append(T, sid, text_message(f"r{i}", f"turn {i} " + "lorem " * 30))).seq
+    return seq
+
+
+async def _view(c: Container, sid: str) -> list[str]:
+    await c.commands.optimistic.catch_up(T, sid)
+    async with c.pool.connection() as conn:
+        _, _, view = await compacted_view(conn, T, sid, None)
+    return [v.message_id if isinstance(v, Overlay) else v.id for v in view]
+
+
+async def _summary(c: Container, sid: str) -> dict[str, Any]:
+    """The session's newest overlay as history shows it."""
+    await c.commands.optimistic.catch_up(T, sid)
+    async with c.pool.connection() as conn:
+        return (await overlays(conn, T, sid))[-1].as_message()
+
+
+async def _stored_ids(c: Container, sid: str, wanted: list[str]) -> set[str]:
+    async with c.pool.connection() as conn:
+        return await queries.existing_ids(conn, T, sid, wanted)
+
+
+@pytest.fixture
+async def stack(nats_url: str, fresh_db: str) -> Any:
+    settings = make_settings(nats_url, fresh_db)
+    async with running_stack(settings) as c:
+        yield c
+
+
+async def test_a_summary_sent_back_is_a_replay_and_a_chain_goes_on_after_what_it_covers(
+    stack: Container, new_id: Callable[[str], str]
+) -> None:
+    c, sid = stack, new_id("sum")
+    await _chain(c, sid, 8)
+    # recorded and appended at once: the command waits for the overlay (the projector may be behind)
+    recorded = _recorded(sid, "r1", "r6")
+    published = await c.publisher.publish(recorded)
+    summary = overlay_of(recorded, published.seq).as_message()  # what history shows for it
+    r = await c.commands.append(T, sid, summary)
+    assert (r.id, r.parent_id, r.seq, r.created, r.tail) == (summary["id"], "r0", published.seq, False, "r6")
+
+    history = [text_message("r0", "turn 0 " + "lorem " * 30), summary, text_message("r7", "turn 7 " + "lorem " * 30)]
+    out = await writes.append_batch(c, T, sid, [*history, text_message("new", "next")], None)
+    assert [(a["id"], a["parent_id"], a["created"]) for a in out["messages"]] == [
+        ("r0", None, False),
+        (summary["id"], "r0", False),
+        ("r7", "r6", False),
+        ("new", "r7", True),
+    ]
+    assert await _view(c, sid) == ["r0", summary["id"], "r7", "new"]
+    assert await _stored_ids(c, sid, [summary["id"], "r7", "new"]) == {"r7", "new"}
+
+    with pytest.raises(MessageConflict, match="compaction summary"):
+        await c.commands.append(T, sid, {**summary, "parts": [{"type": "text", "text": "edited"}]})
+    with pytest.raises(InvalidId, match="no overlay of this session"):
+        await c.commands.append(T, sid, {**summary, "id": f"compaction_{uuid.uuid4()}"})
+    assert await _view(c, sid) == ["r0", summary["id"], "r7", "new"]
+    # an id with the prefix that is not in a summary's form stays a client's (docs/http-api.md)
+    mine = await c.commands.append(T, sid, text_message("compaction_mine", "mine"), OMITTED)
+    assert (mine.created, mine.parent_id) == (True, "new")
+
+
+async def test_direct_appends_of_a_summarys_id_are_not_stored_while_it_stands_and_a_rebuild_agrees(
+    stack: Container, new_id: Callable[[str], str], fresh_db: str
+) -> None:
+    c = stack
+    apart, together, cleared = new_id("apart"), new_id("together"), new_id("cleared")
+    for sid in (apart, together, cleared):
+        await _chain(c, sid, 8)
+    # the overlay applied before its id is published as a message (two batches) ...
+    await c.publisher.publish(_recorded(apart, "r1", "r6"))
+    summary = await _summary(c, apart)
+    # ... sent back as history showed it, and with another body: neither is stored
+    await c.publisher.publish_many(
+        [
+            _published(apart, summary, "r7"),
+            _published(apart, {**summary, "parts": [{"type": "text", "text": "forged"}]}, "r7"),
+        ]
+    )
+    # the overlay and the append in one publish (one batch, as a rebuild reads them too)
+    ov = _recorded(together, "r1", "r6")
+    body = text_message(f"compaction_{ov.overlay_id}", "x", "assistant")
+    await c.publisher.publish_many([ov, _published(together, body, "r7")])
+    # cleared since: the overlay is gone, so the id is a message's (as for any id after a clear)
+    ov = _recorded(cleared, "r1", "r6")
+    body = text_message(f"compaction_{ov.overlay_id}", "y", "assistant")
+    last = await c.publisher.publish_many(
+        [ov, MessagesCleared(tenant=T, session=cleared), _published(cleared, body, None)]
+    )
+
+    assert await _view(c, apart) == ["r0", summary["id"], "r7"]
+    assert await _view(c, together) == ["r0", f"compaction_{_recorded(together, 'r1', 'r6').overlay_id}", "r7"]
+    assert await _view(c, cleared) == [body["id"]]
+    assert await _stored_ids(c, apart, [summary["id"], "r7"]) == {"r7"}
+    # time travel folds the log by the same rule
+    for sid in (apart, together, cleared):
+        state = await session_as_of(c, T, sid, last[-1].seq)
+        assert set(state.rows) == await _stored_ids(c, sid, [*state.rows, summary["id"], body["id"]])
+    await asyncio.wait_for(c.waiter.wait_all(last[-1].seq), 10)
+    await assert_rebuild_equals_live(c, fresh_db, c.settings.projector_name)
