@@ -37,6 +37,7 @@ from pydantic import SecretStr
 from projections.keystore import new_kek_line
 from services.bootstrap import worker_partitions
 from services.ops.connections import extra_connections, pool_decision, server_room
+from services.ops.datalock import data_dir_locked
 from services.ops.natsconf import ClusterNode, NatsAccess, cluster_extra, server_config, write_config
 from services.settings import LocalStack, Settings, api_key_entry, new_api_key, new_operator_seed
 
@@ -268,7 +269,18 @@ def up(settings: Settings, nats_port: int, nats_cluster: int = 1) -> int:
     signal.signal(signal.SIGINT, _interrupt)
     data = Path(settings.data_dir).resolve()
     data.mkdir(parents=True, exist_ok=True)
-    conflict = other_log(data, nats_cluster)
+    cluster = local_cluster(nats_port, nats_cluster) if nats_cluster > 1 else []
+    nats_url = ",".join(f"nats://127.0.0.1:{p}" for p, _ in cluster) or f"nats://127.0.0.1:{nats_port}"
+    holder = f"pid {os.getpid()}, API http://{settings.api_host}:{settings.api_port}, NATS {nats_url}"
+    with data_dir_locked(data, holder):
+        return _up_locked(settings, data, nats_port, cluster, nats_url)
+
+
+def _up_locked(
+    settings: Settings, data: Path, nats_port: int, cluster: list[tuple[int, ClusterNode]], nats_url: str
+) -> int:
+    """:func:`up` with its data dir locked."""
+    conflict = other_log(data, len(cluster) or 1)
     if conflict:
         print(
             f"chronicle up: {conflict}; a new log beside it would not match the read models. Use another "
@@ -276,7 +288,6 @@ def up(settings: Settings, nats_port: int, nats_cluster: int = 1) -> int:
             file=sys.stderr,
         )
         return 1
-    cluster = local_cluster(nats_port, nats_cluster) if nats_cluster > 1 else []
     ports = [nats_port, settings.api_port, *(p for p, _ in cluster[1:]), *(n.route_port for _, n in cluster)]
     taken = [str(p) for p in ports if not port_free("127.0.0.1", p)]
     if taken:
@@ -292,7 +303,7 @@ def up(settings: Settings, nats_port: int, nats_cluster: int = 1) -> int:
     )
     env = dict(os.environ)
     env["CHRONICLE_API_KEYS"] = json.dumps(settings.api_keys)
-    env["CHRONICLE_NATS_URL"] = ",".join(f"nats://127.0.0.1:{p}" for p, _ in cluster) or f"nats://127.0.0.1:{nats_port}"
+    env["CHRONICLE_NATS_URL"] = nats_url
     env["CHRONICLE_NATS_NKEY_SEED"] = seed
     if settings.kek is None and settings.kek_file is None:
         env["CHRONICLE_KEK_FILE"] = str(kek_file(data))

@@ -21,6 +21,7 @@ import psycopg
 from nats.js.api import StreamInfo
 
 from events.credentials import tenant_nkey_seed
+from services.ops.cli import UNREACHABLE_EXIT
 from services.ops.localstack import ROUTE_PORT_OFFSET, free_port, port_free
 from tests.support import nats_handshake, scratch_database
 
@@ -181,6 +182,33 @@ def test_up_serves_stops_and_restarts_with_its_data(tmp_path: Path, fresh_db: st
     assert "chronicle rebuild" in refused.stderr
     assert "exit status 3) exited during start-up; stopping" in refused.stderr
     assert "Traceback" not in refused.stderr  # each refusal is its message, not a server's trace
+
+
+def test_a_second_up_on_the_same_data_dir_is_refused_before_it_changes_anything(tmp_path: Path, fresh_db: str) -> None:
+    """(A second `up` with other ports and the same data dir started a second nats-server on the
+    first one's JetStream store, "Stream state outdated … will rebuild", second workers on its
+    database, and overwrote its nats.conf and stack.json.) One line naming the data dir and the
+    running stack, exit 4, nothing written, nothing started."""
+    data = (tmp_path / "data").resolve()
+    api_port, nats_port = free_port(), free_port()
+    proc, _ = _start(data, fresh_db, api_port, nats_port)
+    try:
+        kept = {name: (data / name).read_bytes() for name in ("nats.conf", "stack.json")}
+        other_api, other_nats = free_port(), free_port()
+        second = _up_refused(data, fresh_db, other_api, other_nats)
+        assert second.returncode == UNREACHABLE_EXIT, second.stdout + second.stderr
+        assert second.stderr == (
+            f"chronicle up: {data} is the data dir of a running `chronicle up` (pid {proc.pid}, API "
+            f"http://127.0.0.1:{api_port}, NATS nats://127.0.0.1:{nats_port}): stop it first, or set "
+            "CHRONICLE_DATA_DIR to another data dir\n"
+        )
+        assert second.stdout == ""
+        assert {name: (data / name).read_bytes() for name in kept} == kept
+        assert port_free("127.0.0.1", other_nats)
+        assert port_free("127.0.0.1", other_api)
+        assert httpx.get(f"http://127.0.0.1:{api_port}/healthz", timeout=30).status_code == 200
+    finally:
+        _stop(proc)
 
 
 def test_up_with_two_partitioned_projectors(tmp_path: Path, fresh_db: str) -> None:
