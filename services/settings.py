@@ -355,7 +355,8 @@ class Settings(BaseSettings):
         default=".chronicle",
         description="`chronicle up`'s state (its NATS and embedded Postgres data, operator seed, key-encryption "
         "key, API key) and its record of the stack it runs (`stack.json`): a command run with the same data dir "
-        "and no CHRONICLE_NATS_URL reaches that stack's NATS, with its operator identity and key-encryption key",
+        "and no CHRONICLE_NATS_URL reaches that stack's NATS, with its operator identity, key-encryption key and "
+        "database (unless CHRONICLE_DATABASE_URL is set)",
     )
 
     encryption: bool = Field(
@@ -401,7 +402,8 @@ class Settings(BaseSettings):
         (:class:`LocalStack`): its NATS address when ``nats_url`` is not set (environment, ``.env``
         or secrets file: a setting always wins), and with the stack's address its operator seed
         and key-encryption key file when no identity (seed, credentials file) or key is set. No
-        record: these settings as they are."""
+        record: these settings as they are. With the stack's address goes its database too, unless
+        ``database_url`` is set: ``up`` may run on embedded Postgres, which no default reaches."""
         stack = LocalStack.read(Path(self.data_dir))
         if stack is None:
             return self
@@ -414,6 +416,8 @@ class Settings(BaseSettings):
             update["nats_nkey_seed"] = SecretStr(_stack_file(stack.nats_nkey_seed_file, "operator seed"))
         if self.kek is None and not self.kek_file and stack.kek_file:
             update["kek_file"] = stack.kek_file
+        if "database_url" not in self.model_fields_set and stack.database_url:
+            update["database_url"] = stack.database_url
         return self.model_copy(update=update)
 
     def request_bytes_limit(self) -> int:
@@ -657,13 +661,15 @@ STACK_RECORD = "stack.json"
 @dataclass(frozen=True, slots=True)
 class LocalStack:
     """What ``chronicle up`` serves, recorded in its data dir (``stack.json``) for the commands run
-    beside it: its NATS address (a cluster's nodes comma-separated), and the files of its operator
+    beside it: its NATS address (a cluster's nodes comma-separated), the files of its operator
     seed and key-encryption key (None: the stack was given them by its environment, and records no
-    secret)."""
+    secret), and the database it uses (embedded Postgres' socket, or the one configured), without
+    a password it may hold (None: a record of an earlier release)."""
 
     nats_url: str
     nats_nkey_seed_file: str | None = None
     kek_file: str | None = None
+    database_url: str | None = None
 
     @classmethod
     def read(cls, data_dir: Path) -> LocalStack | None:
@@ -690,11 +696,14 @@ class LocalStack:
             )
         try:
             record = json.loads(text)
-            stack = cls(record["nats_url"], record.get("nats_nkey_seed_file"), record.get("kek_file"))
+            files = record.get("nats_nkey_seed_file"), record.get("kek_file")
+            stack = cls(record["nats_url"], *files, record.get("database_url"))
             if not (isinstance(stack.nats_url, str) and stack.nats_url.strip()) or not all(
-                isinstance(f, str | None) for f in (stack.nats_nkey_seed_file, stack.kek_file)
+                isinstance(f, str | None) for f in (stack.nats_nkey_seed_file, stack.kek_file, stack.database_url)
             ):
                 raise TypeError(stack)
+            if stack.database_url is not None:
+                check_database_url(stack.database_url)
         except (ValueError, KeyError, TypeError, AttributeError):
             raise UnusableSetting(
                 f"{path} is not `chronicle up`'s record of its stack (JSON with its nats_url): remove it (the next "

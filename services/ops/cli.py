@@ -308,7 +308,7 @@ def main(argv: list[str] | None = None) -> int:
     from projections.migrate import DatabaseNotUtf8, SchemaTooNew
     from services.errors import ChronicleError, ObjectStorageError, ProjectionTimeout
 
-    given_url = settings.nats_url
+    given_url, given_database = settings.nats_url, settings.database_url
     try:
         if args.command not in OWN_NATS:
             settings = settings.with_local_stack()
@@ -372,12 +372,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"chronicle {args.command}: {exc}", file=sys.stderr, flush=True)
         return UNREACHABLE_EXIT
     except psycopg.OperationalError as exc:  # Postgres not there, refusing, or no such database
-        print(
-            f"chronicle {args.command}: the database of CHRONICLE_DATABASE_URL ({_database(settings.database_url)}) "
-            f"cannot be used: {_first_line(exc)}",
-            file=sys.stderr,
-            flush=True,
-        )
+        where = f"the database of CHRONICLE_DATABASE_URL ({_database(settings.database_url)})"
+        if settings.database_url != given_database:
+            where = (
+                f"the database `chronicle up` recorded in {Path(settings.data_dir) / STACK_RECORD} "
+                f"({_database(settings.database_url)}; is that stack running? Set CHRONICLE_DATABASE_URL for another)"
+            )
+        print(f"chronicle {args.command}: {where} cannot be used: {_first_line(exc)}", file=sys.stderr, flush=True)
         return UNREACHABLE_EXIT
     except ObjectStorageError as exc:  # skills, erase, history as of a sequence (claim-checked bodies)
         from services.ops.audit_cli import storage_unusable

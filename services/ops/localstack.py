@@ -25,7 +25,7 @@ import sysconfig
 import time
 import urllib.request
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote, urlsplit
@@ -165,6 +165,15 @@ def with_database(url: str, database: str) -> str:
         query = f"?{parts.query}" if parts.query else ""
         return f"{parts.scheme}://{parts.netloc}/{quote(database, safe='')}{query}"
     return psycopg.conninfo.make_conninfo(url, dbname=database)
+
+
+def without_password(url: str) -> str:
+    """``url`` as ``stack.json`` records it: without a password it holds (a command beside the
+    stack is given that by its environment: CHRONICLE_DATABASE_URL, PGPASSWORD or ~/.pgpass)."""
+    params = psycopg.conninfo.conninfo_to_dict(url)
+    if params.pop("password", None) is None:
+        return url
+    return psycopg.conninfo.make_conninfo("", **params)
 
 
 def ensure_database(url: str) -> None:
@@ -340,7 +349,6 @@ def _up_locked(
             else:
                 print(f"chronicle up: starting nats-server on 127.0.0.1:{nats_port} (data {data / 'nats'})", flush=True)
                 procs.append(start_nats(nats_port, data / "nats", data / "nats.log", access))
-            stack.write(data)
             db_url = settings.database_url
             if postgres_reachable(db_url):
                 where = psycopg.conninfo.conninfo_to_dict(db_url)
@@ -354,6 +362,7 @@ def _up_locked(
                 db_url = with_database(uri, "chronicle")
             ensure_database(db_url)
             env["CHRONICLE_DATABASE_URL"] = db_url
+            replace(stack, database_url=without_password(db_url)).write(data)
             s3 = start_s3_if_missing(settings)
             if s3 is not None:
                 procs.insert(0, s3)

@@ -127,15 +127,16 @@ def test_up_serves_stops_and_restarts_with_its_data(tmp_path: Path, fresh_db: st
         assert r.status_code == 201, r.text
         h = httpx.get(f"{base}/v1/sessions/up-demo/history", params={"min_seq": r.json()["seq"]}, headers=headers)
         assert [m["id"] for m in h.json()["messages"]] == ["m1"]
-        # a tool run beside it with its data dir and database alone reaches its NATS (recorded in
-        # the data dir), as its operator, and opens its sealed events with its key
+        # a tool run beside it with its data dir alone reaches its NATS and its database (recorded
+        # in the data dir), as its operator, and opens its sealed events with its key
         assert json.loads((tmp_path / "data" / "stack.json").read_text()) == {
             "nats_url": nats_url,
             "nats_nkey_seed_file": str((tmp_path / "data" / "nats-operator.nk").resolve()),
             "kek_file": str((tmp_path / "data" / "kek").resolve()),
+            "database_url": fresh_db,
         }
         beside = {k: v for k, v in os.environ.items() if not k.startswith("CHRONICLE_")}
-        beside |= {"CHRONICLE_DATA_DIR": str(tmp_path / "data"), "CHRONICLE_DATABASE_URL": fresh_db}
+        beside |= {"CHRONICLE_DATA_DIR": str(tmp_path / "data")}
         replay = subprocess.run(
             [sys.executable, "-m", "services.ops.cli", "replay", "--tenant", "default", "--session", "up-demo"],
             env=beside,

@@ -1,6 +1,6 @@
 """The stack ``chronicle up`` records in its data dir (``stack.json``), as the settings of a
 command run beside it take it: its NATS address unless CHRONICLE_NATS_URL is set, and with that
-address its operator seed and key-encryption key unless one is set."""
+address its operator seed, key-encryption key and database unless one is set."""
 
 from __future__ import annotations
 
@@ -10,15 +10,18 @@ from pathlib import Path
 
 import pytest
 
+from services.ops.cli import UNREACHABLE_EXIT, main
+from services.ops.localstack import without_password
 from services.settings import STACK_RECORD, LocalStack, Settings, UnusableSetting, new_operator_seed
 
 URL = "nats://127.0.0.1:18120"
+DATABASE = "postgresql://postgres:@/chronicle?host=/srv/chronicle/pg"  # embedded Postgres' socket
 
 
 @pytest.fixture(autouse=True)
 def _no_stack_settings(monkeypatch: pytest.MonkeyPatch) -> None:
     """Whatever the environment running the tests sets, these settings are set only here."""
-    for name in ("NATS_URL", "NATS_NKEY_SEED", "NATS_CREDS_FILE", "KEK", "KEK_FILE", "DATA_DIR"):
+    for name in ("NATS_URL", "NATS_NKEY_SEED", "NATS_CREDS_FILE", "KEK", "KEK_FILE", "DATA_DIR", "DATABASE_URL"):
         monkeypatch.delenv(f"CHRONICLE_{name}", raising=False)
 
 
@@ -28,7 +31,7 @@ def recorded(tmp_path: Path) -> tuple[Path, str]:
     seed = new_operator_seed()
     (tmp_path / "nats-operator.nk").write_text(seed + "\n")
     (tmp_path / "kek").write_text("k1:" + "A" * 43 + "=\n")
-    LocalStack(URL, str(tmp_path / "nats-operator.nk"), str(tmp_path / "kek")).write(tmp_path)
+    LocalStack(URL, str(tmp_path / "nats-operator.nk"), str(tmp_path / "kek"), DATABASE).write(tmp_path)
     return tmp_path, seed
 
 
@@ -45,6 +48,21 @@ def test_a_command_beside_the_stack_reaches_it_with_its_identity_and_key(recorde
     assert settings.nats_nkey_seed is not None
     assert settings.nats_nkey_seed.get_secret_value() == seed
     assert settings.kek_file == str(data / "kek")
+    assert settings.database_url == DATABASE
+
+
+def test_a_database_url_that_is_set_wins(recorded: tuple[Path, str], monkeypatch: pytest.MonkeyPatch) -> None:
+    data, _ = recorded
+    monkeypatch.setenv("CHRONICLE_DATABASE_URL", "postgresql://postgres@db.internal/chronicle")
+    settings = Settings(data_dir=str(data)).with_local_stack()
+    assert settings.nats_url == URL
+    assert settings.database_url == "postgresql://postgres@db.internal/chronicle"
+
+
+def test_a_record_of_an_earlier_release_leaves_the_database_as_set(tmp_path: Path) -> None:
+    (tmp_path / STACK_RECORD).write_text(f'{{"nats_url": "{URL}", "nats_nkey_seed_file": null, "kek_file": null}}')
+    settings = Settings(data_dir=str(tmp_path)).with_local_stack()
+    assert (settings.nats_url, settings.database_url) == (URL, Settings().database_url)
 
 
 def test_an_explicit_nats_url_wins_and_takes_nothing_of_the_stack(
@@ -56,6 +74,7 @@ def test_an_explicit_nats_url_wins_and_takes_nothing_of_the_stack(
     assert settings.nats_url == "nats://elsewhere:4222"
     assert settings.nats_nkey_seed is None
     assert settings.kek_file is None
+    assert settings.database_url == Settings().database_url
 
 
 def test_the_stacks_url_set_explicitly_still_takes_its_identity(
@@ -92,7 +111,19 @@ def test_a_stack_given_its_secrets_by_its_environment_records_none(tmp_path: Pat
     assert (settings.nats_url, settings.nats_nkey_seed, settings.kek_file) == (URL, None, None)
 
 
-@pytest.mark.parametrize("text", ["", "{", "[]", '{"nats_url": ""}', '{"nats_url": 5}', '{"kek_file": "/k"}'])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "",
+        "{",
+        "[]",
+        '{"nats_url": ""}',
+        '{"nats_url": 5}',
+        '{"kek_file": "/k"}',
+        f'{{"nats_url": "{URL}", "database_url": 5}}',
+        f'{{"nats_url": "{URL}", "database_url": "mysql://h/db"}}',
+    ],
+)
 def test_a_record_that_is_not_one_is_named(tmp_path: Path, text: str) -> None:
     (tmp_path / STACK_RECORD).write_text(text)
     with pytest.raises(UnusableSetting, match=re.escape(f"{tmp_path / STACK_RECORD} is not `chronicle up`'s record")):
@@ -104,6 +135,23 @@ def test_a_recorded_seed_file_that_is_gone_is_named(recorded: tuple[Path, str]) 
     (data / "nats-operator.nk").unlink()
     with pytest.raises(UnusableSetting, match=r"the local stack's operator seed .* cannot be read"):
         Settings(data_dir=str(data)).with_local_stack()
+
+
+def test_a_command_beside_a_stack_that_is_gone_names_the_recorded_database(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Its database taken from the record (embedded Postgres' socket, gone with the stack): the
+    line says where the address came from, not CHRONICLE_DATABASE_URL, which is not set."""
+    gone = f"postgresql://postgres:@/chronicle?host={tmp_path / 'pg'}"
+    LocalStack(URL, None, None, gone).write(tmp_path)
+    monkeypatch.setenv("CHRONICLE_DATA_DIR", str(tmp_path))
+    assert main(["quarantine", "list"]) == UNREACHABLE_EXIT
+    [line] = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith(
+        f"chronicle quarantine: the database `chronicle up` recorded in {tmp_path / STACK_RECORD} "
+        f"({tmp_path / 'pg'}:5432/chronicle; is that stack running? Set CHRONICLE_DATABASE_URL for another) "
+        "cannot be used: "
+    ), line
 
 
 def test_the_record_is_replaced_whole(tmp_path: Path) -> None:
@@ -142,3 +190,16 @@ def test_the_stacks_address_given_as_a_bare_host_port_still_takes_its_identity(
     assert settings.nats_url == URL
     assert settings.nats_nkey_seed is not None
     assert settings.nats_nkey_seed.get_secret_value() == seed
+
+
+@pytest.mark.parametrize(
+    ("used", "recorded"),
+    [
+        ("postgresql://postgres@127.0.0.1:5432/chronicle", "postgresql://postgres@127.0.0.1:5432/chronicle"),
+        (DATABASE, DATABASE),
+        ("postgresql://u:hunter2@db.internal:5433/chronicle", "user=u dbname=chronicle host=db.internal port=5433"),
+        ("host=db.internal password=hunter2 dbname=chronicle", "dbname=chronicle host=db.internal"),
+    ],
+)
+def test_up_records_its_database_without_a_password(used: str, recorded: str) -> None:
+    assert without_password(used) == recorded
