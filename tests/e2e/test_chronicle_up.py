@@ -26,24 +26,26 @@ from services.ops.localstack import ROUTE_PORT_OFFSET, free_port, port_free
 from tests.support import nats_handshake, scratch_database
 
 
-def _env(data: Path, db_url: str, api_port: int, **extra: str) -> dict[str, str]:
+def _env(data: Path, db_url: str, s3: str, api_port: int, **extra: str) -> dict[str, str]:
+    """``up``'s environment: its data dir, database, S3 server (the run's moto: an endpoint that is
+    set and does not answer stops it) and API port, nothing else of Chronicle's."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("CHRONICLE_")}
     env.update(
         CHRONICLE_DATA_DIR=str(data),
         CHRONICLE_DATABASE_URL=db_url,
         CHRONICLE_API_PORT=str(api_port),
-        CHRONICLE_S3_ENDPOINT=f"127.0.0.1:{free_port()}",
+        CHRONICLE_S3_ENDPOINT=s3,
         **extra,
     )
     return env
 
 
 def _start(
-    data: Path, db_url: str, api_port: int, nats_port: int, *args: str, **extra: str
+    data: Path, db_url: str, s3: str, api_port: int, nats_port: int, *args: str, **extra: str
 ) -> tuple[subprocess.Popen[str], list[str]]:
     proc = subprocess.Popen(
         [sys.executable, "-m", "services.ops.cli", "up", "--nats-port", str(nats_port), *args],
-        env=_env(data, db_url, api_port, **extra),
+        env=_env(data, db_url, s3, api_port, **extra),
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
@@ -64,11 +66,11 @@ def _start(
     raise AssertionError("chronicle up did not become ready:\n" + "".join(lines))
 
 
-def _up_refused(data: Path, db_url: str, api_port: int, nats_port: int) -> subprocess.CompletedProcess[str]:
+def _up_refused(data: Path, db_url: str, s3: str, api_port: int, nats_port: int) -> subprocess.CompletedProcess[str]:
     """``chronicle up`` run to its end (one that refuses to start ends by itself), its output kept."""
     return subprocess.run(
         [sys.executable, "-m", "services.ops.cli", "up", "--nats-port", str(nats_port)],
-        env=_env(data, db_url, api_port),
+        env=_env(data, db_url, s3, api_port),
         capture_output=True,
         text=True,
         timeout=120,
@@ -108,9 +110,11 @@ def _descendants(root: int) -> list[int]:
     return found
 
 
-def test_up_serves_stops_and_restarts_with_its_data(tmp_path: Path, fresh_db: str, pg_admin: str) -> None:
+def test_up_serves_stops_and_restarts_with_its_data(
+    tmp_path: Path, fresh_db: str, pg_admin: str, s3_endpoint: str
+) -> None:
     api_port, nats_port = free_port(), free_port()
-    proc, lines = _start(tmp_path / "data", fresh_db, api_port, nats_port)
+    proc, lines = _start(tmp_path / "data", fresh_db, s3_endpoint, api_port, nats_port)
     key = lines[-1].split(":", 1)[1].strip()
     base = f"http://127.0.0.1:{api_port}"
     headers = {"Authorization": f"Bearer {key}"}
@@ -159,7 +163,7 @@ def test_up_serves_stops_and_restarts_with_its_data(tmp_path: Path, fresh_db: st
     finally:
         out = _stop(proc)
     assert "stopping" in out
-    proc, lines = _start(tmp_path / "data", fresh_db, api_port, nats_port)
+    proc, lines = _start(tmp_path / "data", fresh_db, s3_endpoint, api_port, nats_port)
     try:
         assert lines[-1].split(":", 1)[1].strip() == key  # the same key, kept in the data dir
         h = httpx.get(f"{base}/v1/sessions/up-demo/history", headers=headers, timeout=30)
@@ -169,7 +173,7 @@ def test_up_serves_stops_and_restarts_with_its_data(tmp_path: Path, fresh_db: st
     # the database lost (a new, empty one), the event log kept: it would be bound and replayed into
     # silently, without the data keys and erasure records the log cannot restore. Refused, with what to do
     with scratch_database(pg_admin) as new_db:
-        refused = _up_refused(tmp_path / "data", new_db, api_port, nats_port)
+        refused = _up_refused(tmp_path / "data", new_db, s3_endpoint, api_port, nats_port)
     assert refused.returncode == 1, refused.stdout + refused.stderr
     assert "has never held read models of stream" in refused.stderr, refused.stderr
     assert "restore it from a backup" in refused.stderr
@@ -177,7 +181,7 @@ def test_up_serves_stops_and_restarts_with_its_data(tmp_path: Path, fresh_db: st
     # the event log wiped, the database kept: a new stream under the old name, whose first events
     # the read models would take for applied ones. Refused, with what to do
     shutil.rmtree(tmp_path / "data" / "nats")
-    refused = _up_refused(tmp_path / "data", fresh_db, api_port, nats_port)
+    refused = _up_refused(tmp_path / "data", fresh_db, s3_endpoint, api_port, nats_port)
     assert refused.returncode == 1, refused.stdout + refused.stderr
     assert "refusing to start: the read models in database" in refused.stderr, refused.stderr
     assert "chronicle rebuild" in refused.stderr
@@ -185,18 +189,20 @@ def test_up_serves_stops_and_restarts_with_its_data(tmp_path: Path, fresh_db: st
     assert "Traceback" not in refused.stderr  # each refusal is its message, not a server's trace
 
 
-def test_a_second_up_on_the_same_data_dir_is_refused_before_it_changes_anything(tmp_path: Path, fresh_db: str) -> None:
+def test_a_second_up_on_the_same_data_dir_is_refused_before_it_changes_anything(
+    tmp_path: Path, fresh_db: str, s3_endpoint: str
+) -> None:
     """(A second `up` with other ports and the same data dir started a second nats-server on the
     first one's JetStream store, "Stream state outdated … will rebuild", second workers on its
     database, and overwrote its nats.conf and stack.json.) One line naming the data dir and the
     running stack, exit 4, nothing written, nothing started."""
     data = (tmp_path / "data").resolve()
     api_port, nats_port = free_port(), free_port()
-    proc, _ = _start(data, fresh_db, api_port, nats_port)
+    proc, _ = _start(data, fresh_db, s3_endpoint, api_port, nats_port)
     try:
         kept = {name: (data / name).read_bytes() for name in ("nats.conf", "stack.json")}
         other_api, other_nats = free_port(), free_port()
-        second = _up_refused(data, fresh_db, other_api, other_nats)
+        second = _up_refused(data, fresh_db, s3_endpoint, other_api, other_nats)
         assert second.returncode == UNREACHABLE_EXIT, second.stdout + second.stderr
         assert second.stderr == (
             f"chronicle up: {data} is the data dir of a running `chronicle up` (pid {proc.pid}, API "
@@ -212,12 +218,18 @@ def test_a_second_up_on_the_same_data_dir_is_refused_before_it_changes_anything(
         _stop(proc)
 
 
-def test_up_with_two_partitioned_projectors(tmp_path: Path, fresh_db: str) -> None:
+def test_up_with_two_partitioned_projectors(tmp_path: Path, fresh_db: str, s3_endpoint: str) -> None:
     """CHRONICLE_PROJECTOR_WORKERS=2: two projector processes, one partition each; session and
     tenant-wide reads with ``min_seq`` see every append."""
     api_port, nats_port = free_port(), free_port()
     proc, lines = _start(
-        tmp_path / "data", fresh_db, api_port, nats_port, CHRONICLE_PARTITIONS="2", CHRONICLE_PROJECTOR_WORKERS="2"
+        tmp_path / "data",
+        fresh_db,
+        s3_endpoint,
+        api_port,
+        nats_port,
+        CHRONICLE_PARTITIONS="2",
+        CHRONICLE_PROJECTOR_WORKERS="2",
     )
     key = lines[-1].split(":", 1)[1].strip()
     base = f"http://127.0.0.1:{api_port}"
@@ -240,7 +252,7 @@ def test_up_with_two_partitioned_projectors(tmp_path: Path, fresh_db: str) -> No
     assert names == {"projector.p000", "projector.p001"}  # one checkpoint per partition, no other
 
 
-def test_up_on_a_three_node_nats_cluster(tmp_path: Path, fresh_db: str) -> None:
+def test_up_on_a_three_node_nats_cluster(tmp_path: Path, fresh_db: str, s3_endpoint: str) -> None:
     """--nats-cluster 3: three nats-servers on consecutive ports, none open, the stream at R3 with
     every copy current, two projector workers (each preferring another node) serving reads, and
     --api-processes 2: two API processes on the one port."""
@@ -249,6 +261,7 @@ def test_up_on_a_three_node_nats_cluster(tmp_path: Path, fresh_db: str) -> None:
     proc, lines = _start(
         tmp_path / "data",
         fresh_db,
+        s3_endpoint,
         api_port,
         nats_port,
         "--nats-cluster",
@@ -368,11 +381,13 @@ async def _stream_info(urls: list[str], operator: str) -> StreamInfo:
         await nc.close()
 
 
-def test_up_with_an_ops_key_becomes_ready(tmp_path: Path, fresh_db: str) -> None:
+def test_up_with_an_ops_key_becomes_ready(tmp_path: Path, fresh_db: str, s3_endpoint: str) -> None:
     """(With CHRONICLE_OPS_KEY set it asked /readyz without the key, was answered 401 until its
     timeout, and stopped: "the API did not become ready in time".)"""
     api_port, nats_port = free_port(), free_port()
-    proc, lines = _start(tmp_path / "data", fresh_db, api_port, nats_port, CHRONICLE_OPS_KEY="ops-key-of-up")
+    proc, lines = _start(
+        tmp_path / "data", fresh_db, s3_endpoint, api_port, nats_port, CHRONICLE_OPS_KEY="ops-key-of-up"
+    )
     base = f"http://127.0.0.1:{api_port}"
     try:
         assert any(line.startswith("Chronicle is ready") for line in lines)
@@ -400,14 +415,16 @@ def test_up_refuses_a_data_dir_made_with_the_other_log_layout(tmp_path: Path) ->
     assert not list(tmp_path.glob("nats-n*"))
 
 
-def test_up_refuses_pools_the_server_cannot_hold_naming_what_to_change(tmp_path: Path, fresh_db: str) -> None:
+def test_up_refuses_pools_the_server_cannot_hold_naming_what_to_change(
+    tmp_path: Path, fresh_db: str, s3_endpoint: str
+) -> None:
     """(Each process opened pools of up to CHRONICLE_DB_POOL_MAX with no regard for the server's
     max_connections: under load, requests met "too many clients".) A pool size the operator set
     that the server cannot hold for every process is refused before any process starts."""
     api_port, nats_port = free_port(), free_port()
     done = subprocess.run(
         [sys.executable, "-m", "services.ops.cli", "up", "--nats-port", str(nats_port)],
-        env=_env(tmp_path / "data", fresh_db, api_port, CHRONICLE_DB_POOL_MAX="500"),
+        env=_env(tmp_path / "data", fresh_db, s3_endpoint, api_port, CHRONICLE_DB_POOL_MAX="500"),
         capture_output=True,
         text=True,
         timeout=120,

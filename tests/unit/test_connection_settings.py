@@ -6,6 +6,7 @@ place of a malformed database URL)."""
 
 from __future__ import annotations
 
+import re
 import socket
 from pathlib import Path
 
@@ -14,7 +15,8 @@ from psycopg.conninfo import conninfo_to_dict
 from pydantic import ValidationError
 
 from services.ops.cli import SETTINGS_EXIT, UNREACHABLE_EXIT, main
-from services.ops.localstack import start_s3_if_missing, with_database
+from services.ops.datalock import LOCK_FILE
+from services.ops.localstack import configured_postgres, free_port, port_free, s3_missing, with_database
 from services.ops.processes import api_socket, listen_on
 from services.settings import Settings, UnusableResource
 from tests.unit.test_cli_refusals import chronicle
@@ -54,6 +56,61 @@ def test_up_with_a_malformed_database_url_stops_and_starts_no_embedded_postgres(
     assert done.stderr.strip() == f"chronicle up: setting CHRONICLE_DATABASE_URL: Value error, {said}"
     assert done.stdout == ""
     assert not (tmp_path / "data").exists()
+
+
+def _up_without_servers(tmp_path: Path, **env: str) -> tuple[int, str, str]:
+    """``chronicle up`` given ``env`` (a server that does not answer); its exit status, output and
+    error output, once it checked that it started no nats-server and wrote no record."""
+    nats_port = free_port()
+    done = chronicle(
+        "up",
+        "--nats-port",
+        str(nats_port),
+        env={"PATH": "/usr/bin:/bin", "CHRONICLE_DATA_DIR": str(tmp_path / "data"), "CHRONICLE_API_PORT": "0", **env},
+    )
+    assert port_free("127.0.0.1", nats_port)
+    assert sorted(p.name for p in (tmp_path / "data").iterdir()) == [LOCK_FILE]  # no nats.conf, stack.json, pg
+    return done.returncode, done.stdout, done.stderr
+
+
+def test_up_with_a_database_url_that_does_not_answer_stops_and_starts_no_embedded_postgres(tmp_path: Path) -> None:
+    """(It started an empty embedded Postgres in its place, migrated it, and every process then
+    refused it as a database that "has never held read models … restore it from a backup".)"""
+    url = f"postgresql://postgres:hunter2@127.0.0.1:{free_port()}/chronicle"
+    status, out, err = _up_without_servers(tmp_path, CHRONICLE_DATABASE_URL=url)
+    assert status == UNREACHABLE_EXIT, (out, err)
+    [line] = err.strip().splitlines()
+    assert line.startswith(
+        f"chronicle up: the Postgres of CHRONICLE_DATABASE_URL (127.0.0.1:{url.rsplit(':', 1)[1]}) cannot be used: "
+    ), line
+    assert line.endswith(
+        "Start it (a CHRONICLE_DATABASE_URL that is set is never replaced by embedded Postgres), or unset "
+        "CHRONICLE_DATABASE_URL for embedded Postgres in the data dir"
+    )
+    assert "hunter2" not in line
+    assert out == ""
+
+
+def test_only_the_default_database_url_falls_back_to_embedded_postgres() -> None:
+    url = f"postgresql://postgres@127.0.0.1:{free_port()}/chronicle"
+    assert configured_postgres(url, explicit=False) is False
+    with pytest.raises(UnusableResource, match=re.escape(f"(127.0.0.1:{url.rsplit(':', 1)[1]}) cannot be used")):
+        configured_postgres(url, explicit=True)
+
+
+def test_up_with_an_s3_endpoint_that_does_not_answer_stops_and_starts_no_moto(tmp_path: Path, fresh_db: str) -> None:
+    """(It started moto's empty, in-memory S3 server at that address in place of the MinIO the
+    skills and bodies are in.)"""
+    endpoint = f"127.0.0.1:{free_port()}"
+    status, out, err = _up_without_servers(tmp_path, CHRONICLE_DATABASE_URL=fresh_db, CHRONICLE_S3_ENDPOINT=endpoint)
+    assert status == UNREACHABLE_EXIT, (out, err)
+    assert err == (
+        f"chronicle up: no S3/MinIO answers at {endpoint} (CHRONICLE_S3_ENDPOINT). Start it (a CHRONICLE_S3_ENDPOINT "
+        "that is set is never replaced by moto's in-memory server), or unset CHRONICLE_S3_ENDPOINT for that server "
+        "(local development)\n"
+    )
+    assert port_free("127.0.0.1", int(endpoint.rsplit(":", 1)[1]))  # no moto there
+    assert out == ""
 
 
 @pytest.mark.parametrize(
@@ -152,7 +209,7 @@ def test_up_uses_the_s3_server_an_http_endpoint_names(capsys: pytest.CaptureFixt
         listening.listen()
         port = listening.getsockname()[1]
         settings = Settings(s3_endpoint=f"http://127.0.0.1:{port}")
-        assert start_s3_if_missing(settings) is None
+        assert s3_missing(settings) is False
     assert capsys.readouterr().out == f"chronicle up: using S3/MinIO at 127.0.0.1:{port}\n"
 
 
