@@ -674,6 +674,10 @@ class Session(ConfigBuilder):
             if not arguments_fault(exc):
                 raise
             return f"Error: {exc.detail}"
+        except NotFound as exc:  # a session never written has no tools, as it reads as empty
+            if not never_written(exc):
+                raise
+            return f'Error: tool "{name}" is not available in this session'
         return str(out["result"])
 
     async def execute_tool(self, name: str, arguments: Any = None, *, tool_call_id: str | None = None) -> str:

@@ -157,9 +157,9 @@ class Tools:
         Like the reference, tool failures never raise: they come back as ``Error: …`` strings, so
         a model's bad call cannot orphan the conversation. That covers everything that is the
         arguments' fault: text that is not JSON or nests too deeply to parse, a value that is not
-        an object, an unknown tool, and for Chronicle's tools arguments the server would refuse
-        (NUL characters, lone surrogates, nesting deeper than 64 levels,
-        numbers that are not finite: checked before sending) or does refuse (any ``422``
+        an object, an unknown tool (any tool of a session never written, which has none), and
+        for Chronicle's tools arguments the server would refuse (NUL characters, lone surrogates,
+        nesting deeper than 64 levels, numbers that are not finite: checked before sending) or does refuse (any ``422``
         ``invalid_request``, ``413 payload_too_large``: :func:`chronicle_sdk.tools.arguments_fault`), and the
         tools' own failures (unknown label, read-only block, over budget …).
 

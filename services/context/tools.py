@@ -11,6 +11,7 @@ from typing import Any
 from events.admission import Refused, has_bad_chars
 from events.context import SessionConfig
 from events.sealing import KeyDestroyed
+from projections import context_queries
 from projections.search_bound import SearchTimedOut
 from services.context.blocks import Mode
 from services.context.entry_keys import context_entry_key
@@ -43,15 +44,18 @@ class ContextTools(ContextSkills, ContextPrompt):
 
     async def execute(self, tenant: str, session: str, name: str, args: Any, tool_call_id: str | None = None) -> str:
         """Run a tool with the LLM's arguments (``tool_call_id``: the LLM's id for this call);
-        failures are ``Error: …`` strings, except a deleted or erased session (also one erased while
-        the tool ran: its key destroyed), which raises: the request's 404 or 410, and a skills
-        block's bucket that does not exist (``set_context``), the request's 409: the deployment's to
-        fix, not the LLM's."""
+        failures are ``Error: …`` strings, except a session never written (nor configured), deleted
+        or erased (also one erased while the tool ran: its key destroyed), which raises: the
+        request's 404 or 410, and a skills block's bucket that does not exist (``set_context``),
+        the request's 409: the deployment's to fix, not the LLM's."""
         try:
             await self._cond.catch_up(tenant, session)
             async with self._pool.connection() as conn:
-                # an erased or deleted session is the request's 410 or 404, not an error result
+                # an erased, deleted or never written session is the request's 410 or 404, not an
+                # error result (as ``GET …/tools`` answers it: a session lives once configured or written)
                 await live_session(conn, tenant, session, must_exist=False)
+                if not await context_queries.session_known(conn, tenant, session):
+                    raise SessionNotFound(f"session {session!r} does not exist")
                 config = await self.config(conn, tenant, session)
             names = {spec.name for spec in tool_specs(config, [])}  # the loaded skills change no name
             if name not in names:

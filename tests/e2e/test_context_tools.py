@@ -62,9 +62,15 @@ async def test_tools_per_block_kind(client: httpx.AsyncClient, api_settings: Set
 
 
 async def test_tools_of_an_unknown_session_are_404(client: httpx.AsyncClient) -> None:
+    """Listing and running the tools of a session never written are both 404 (running one was a
+    200 ``Error: tool … is not available`` result while the listing was 404); nothing recorded."""
     s = sid()
     problem(await client.get(f"/v1/sessions/{s}/tools"), 404, "session_not_found")
     problem(await client.get(f"/v1/sessions/{s}/config"), 404, "session_not_found")
+    for name, args in [("set_context", {"label": "memory", "content": "x"}), ("nope", {})]:
+        p = problem(await client.post(f"/v1/sessions/{s}/tools/{name}", json=args), 404, "session_not_found")
+        assert "deleted" not in p
+    assert await events(client, s) == []
 
 
 async def test_tools_of_an_unconfigured_session(client: httpx.AsyncClient) -> None:

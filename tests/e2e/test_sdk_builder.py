@@ -157,6 +157,20 @@ async def test_tools_execute_answers_arguments_the_server_refuses_with_error_res
     assert block.content == "kept"
 
 
+async def test_a_tool_run_on_a_session_never_written_is_not_available_over_http_and_nats(
+    sdk: ChronicleClient, api_url: str, api_settings: Settings
+) -> None:
+    """The server answers a tool call on a session never written ``404 session_not_found``; the
+    SDK reads such a session as empty (no tools), so the call is the reference's ``Error: tool …
+    is not available`` result, never an exception, and writes nothing."""
+    async with open_client(api_url, api_settings, via="nats") as over_nats:
+        for client in (sdk, over_nats):
+            s = Session.create(client, sid())
+            res = await s.execute_tool("set_context", {"label": "memory", "content": "x"})
+            assert res == 'Error: tool "set_context" is not available in this session'
+            assert await s.get_events() == []
+
+
 async def test_tool_calls_with_their_ids_answer_the_same_over_nats_as_over_http(
     sdk: ChronicleClient, api_url: str, api_settings: Settings
 ) -> None:

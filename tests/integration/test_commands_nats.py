@@ -850,6 +850,18 @@ async def test_a_cycle_already_in_the_log_reads_forks_and_takes_appends(
     assert await path(http, sid, c.json()["seq"]) == ("c", ["a", "b", "c"])
 
 
+async def test_a_tool_call_to_a_session_never_written_is_404_over_nats_as_over_http(
+    http: httpx.AsyncClient, tenant_a: NatsClient, settings: Settings, stack: Container
+) -> None:
+    """The ``tool`` command on a session neither configured nor written is ``404
+    session_not_found`` (not deleted), as ``GET …/tools`` of it is; nothing recorded."""
+    sid = "s-" + uuid.uuid4().hex[:10]
+    body = {"session_id": sid, "name": "set_context", "arguments": {"label": "notes", "content": "x"}}
+    status, answer = await request(tenant_a, settings, "tool", body)
+    assert (status, answer.get("code"), answer.get("deleted")) == (404, "session_not_found", None), answer
+    assert await eventlog.last_seq(stack.js, stack.layout, stack.layout.session_subject("tenant-a", sid)) == 0
+
+
 async def test_a_tool_call_meeting_a_destroyed_key_is_410_over_http_and_nats_and_records_nothing(
     http: httpx.AsyncClient, tenant_a: NatsClient, settings: Settings, stack: Container
 ) -> None:
