@@ -11,6 +11,8 @@ from typing import Any, Literal
 from events.context import SessionConfig
 
 Format = Literal["openai", "anthropic"]
+SET_CONTEXT_ACTIONS = ("replace", "append")
+"""``set_context``'s actions, as its schema names them (any other is refused: services/context/tools.py)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,7 +60,11 @@ def _set_context(writable: list[BlockInfo]) -> ToolSpec:
     properties: dict[str, Any] = {
         "label": {"type": "string", "enum": [b.label for b in writable], "description": "Block label to write to"},
         "content": {"type": "string", "description": "The main content to write to the block."},
-        "action": {"type": "string", "enum": ["replace", "append"], "description": "replace (default) or append"},
+        "action": {
+            "type": "string",
+            "enum": list(SET_CONTEXT_ACTIONS),
+            "description": "replace (default) or append",
+        },
     }
     hint = ""
     if keyed:

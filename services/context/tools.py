@@ -5,6 +5,7 @@ Reference: the Cloudflare Agents SDK Session API, §2 of docs/reference.md."""
 
 from __future__ import annotations
 
+import json
 import logging
 from typing import Any
 
@@ -18,7 +19,7 @@ from services.context.entry_keys import context_entry_key
 from services.context.prompt import ContextPrompt
 from services.context.prompt_text import usage
 from services.context.skills import ContextSkills
-from services.context.tool_specs import blocks_of, tool_specs
+from services.context.tool_specs import SET_CONTEXT_ACTIONS, blocks_of, tool_specs
 from services.errors import (
     BucketMissing,
     ChronicleError,
@@ -118,6 +119,7 @@ class ContextTools(ContextSkills, ContextPrompt):
         info = next((b for b in blocks_of(config) if b.label == label), None)
         if info is None:
             return f'Error: block "{label}" not found'
+        mode = _action(args)
         if info.kind in ("skills", "searchable"):
             title, description = _metadata(args)
             key = context_entry_key(title, content)
@@ -130,9 +132,23 @@ class ContextTools(ContextSkills, ContextPrompt):
             return f'Indexed "{key}" in {label}.'
         if info.kind == "history":
             return f'Error: Block "{label}" does not support writes'
-        mode: Mode = "append" if args.get("action") == "append" else "replace"
         result = await self.write(tenant, session, label, content, mode, "tool")
         return usage(label, result.tokens, result.max_tokens)
+
+
+def _action(args: dict[str, Any]) -> Mode:
+    """``set_context``'s ``action``: absent (or null) is ``replace``; a value its schema does not
+    name is refused, nothing written (the reference replaces the block for any value but
+    ``append``: a small model's ``"add"`` or ``"delete"`` wiped the block)."""
+    action = args.get("action")
+    if action is None:
+        return "replace"
+    if action not in SET_CONTEXT_ACTIONS:
+        shown = json.dumps(action, ensure_ascii=False)
+        shown = shown if len(shown) <= 40 else shown[:40] + "\u2026"
+        valid = " or ".join(f'"{a}"' for a in SET_CONTEXT_ACTIONS)
+        raise InvalidToolArguments(f"argument 'action' must be {valid} (got {shown}); nothing was written")
+    return "append" if action == "append" else "replace"
 
 
 def _metadata(args: dict[str, Any]) -> tuple[str | None, str | None]:

@@ -130,10 +130,11 @@ async def test_set_context_results(client: httpx.AsyncClient, api_settings: Sett
 
     res, _ = await tool(client, s, "set_context", {"label": "scratch", "content": "anything goes"})
     assert res == f"Written to scratch. Usage: {tokens('anything goes')} tokens"
-    # an unknown action is a replace, as in the reference
-    res, seq = await tool(client, s, "set_context", {"label": "scratch", "content": "over", "action": "prepend"})
+    res, seq = await tool(client, s, "set_context", {"label": "scratch", "content": "over", "action": "replace"})
     assert res == f"Written to scratch. Usage: {tokens('over')} tokens"
     assert (await context(client, s, seq))["scratch"]["content"] == "over"
+    res, seq = await tool(client, s, "set_context", {"label": "scratch", "content": "again", "action": None})
+    assert res == f"Written to scratch. Usage: {tokens('again')} tokens"  # a null action is the default
 
     res, _ = await tool(
         client,
@@ -157,6 +158,41 @@ async def test_set_context_results(client: httpx.AsyncClient, api_settings: Sett
         client, s, "set_context", {"label": "knowledge", "content": "日本語", "metadata": {"title": "日本"}}
     )
     assert res == f'Indexed "entry-{hash36("日本")}" in knowledge.'
+
+
+async def test_an_action_the_schema_does_not_name_is_refused_and_writes_nothing(
+    client: httpx.AsyncClient, api_settings: Settings
+) -> None:
+    """The reference replaces the whole block for any action but ``append``: a small model's
+    ``add``, ``delete`` or ``prepend`` wiped its memory. Each is an ``Error: …`` naming the valid
+    actions, on every kind of block, and nothing is written."""
+    s = await full_session(client, api_settings)
+    res, seq = await tool(client, s, "set_context", {"label": "memory", "content": "fact"})
+    assert res.startswith("Written to memory"), res
+    before = await events(client, s)
+    cases: list[tuple[str, Any, str]] = [
+        ("memory", "add", '"add"'),
+        ("memory", "delete", '"delete"'),
+        ("memory", "prepend", '"prepend"'),
+        ("memory", "Append", '"Append"'),
+        ("memory", 5, "5"),
+        ("memory", ["append"], '["append"]'),
+        ("knowledge", "delete", '"delete"'),
+        ("skills", "add", '"add"'),
+    ]
+    for label, action, shown in cases:
+        args = {"label": label, "content": "new", "action": action, "metadata": {"title": "t"}}
+        if label == "memory":
+            del args["metadata"]
+        res, _ = await tool(client, s, "set_context", args)
+        assert res == (
+            f'Error: argument \'action\' must be "replace" or "append" (got {shown}); nothing was written'
+        ), (label, action)
+    assert await events(client, s) == before
+    assert (await context(client, s, seq))["memory"]["content"] == "fact"
+    tools = (await client.get(f"/v1/sessions/{s}/tools")).json()["tools"]
+    action = tools[0]["function"]["parameters"]["properties"]["action"]
+    assert action["enum"] == ["replace", "append"]
 
 
 async def test_non_latin_skill_title(client: httpx.AsyncClient, api_settings: Settings) -> None:
