@@ -56,7 +56,8 @@ class Searchable:
 class Skills:
     """Documents in an S3/MinIO bucket under ``prefix``, listed in the prompt and loaded on demand.
 
-    ``keys`` is the prefix-relative allowlist; ``None`` or empty means every key.
+    ``keys`` is the prefix-relative allowlist; ``None`` or empty means every key. ``set_context``
+    refuses a skill outside it (an ``Error: …`` result, nothing written).
     """
 
     bucket: str

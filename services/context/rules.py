@@ -52,12 +52,31 @@ def refuse_unsafe(config: SessionConfig) -> None:
         raise UnsafeStoredConfig(problem)
 
 
+def allows(block: SkillsBlock, key: str) -> bool:
+    """Whether the block's ``keys`` allowlist takes ``key`` (relative to its prefix; an omitted or
+    empty list takes every key, as the reference's)."""
+    return not block.keys or key in block.keys
+
+
+def outside_allowlist(block: SkillsBlock, key: str) -> str | None:
+    """Why a skill put through ``block`` under ``key`` is refused: the block's allowlist leaves it
+    out, so the block would never list nor load it (None when it allows it)."""
+    if allows(block, key):
+        return None
+    keys = block.keys or []
+    shown = ", ".join(keys[:10]) + (f" and {len(keys) - 10} more" if len(keys) > 10 else "")
+    return (
+        f'Skill "{key}" is not in the keys allowed in block "{block.label}" ({shown}): it could never '
+        "be listed or loaded there; nothing was written"
+    )
+
+
 def allowed(block: SkillsBlock, listing: list[tuple[str, str | None]]) -> list[tuple[str, str | None]]:
     """(key relative to the block's prefix, description) of the listed skills the block allows."""
     entries: list[tuple[str, str | None]] = []
     for key, desc in listing:
         rel = key[len(block.prefix) :]
-        if rel and (not block.keys or rel in block.keys):
+        if rel and allows(block, rel):
             entries.append((rel, desc))
     return entries
 

@@ -18,7 +18,16 @@ from services.context.blocks import Conn, ContextBlocks
 from services.context.entry_keys import unsafe_object_key
 from services.context.prompt_size import SHORTER_SKILL, too_large
 from services.context.prompt_text import skill_listing
-from services.context.rules import allowed, find_block, object_key, skill_sources, unsafe_keys, with_skill
+from services.context.rules import (
+    allowed,
+    allows,
+    find_block,
+    object_key,
+    outside_allowlist,
+    skill_sources,
+    unsafe_keys,
+    with_skill,
+)
 from services.errors import (
     BlockNotFound,
     BucketMissing,
@@ -73,15 +82,21 @@ class ContextSkills(ContextBlocks):
     async def set_skill(
         self, tenant: str, session: str, label: str, key: str, content: str, description: str | None
     ) -> int:
-        """Put a skill through the session's skills block ``label``; refused (:class:`PromptTooLarge`,
-        nothing stored) when its line in the listing would lengthen the session's prompt past what
-        can be stored (:meth:`_refuse_unstorable_skill`)."""
+        """Put a skill through the session's skills block ``label``; refused, nothing stored, when
+        ``key`` is outside the block's ``keys`` allowlist (:class:`InvalidRequest`: the block would
+        never list nor load it, while the document is the tenant's, listed by other sessions; the
+        reference's provider writes it anyway) or when its line in the listing would lengthen the
+        session's prompt past what can be stored (:class:`PromptTooLarge`:
+        :meth:`_refuse_unstorable_skill`)."""
         async with self._pool.connection() as conn:
             await live_session(conn, tenant, session, must_exist=False)
             config = await self.config(conn, tenant, session)
         block = find_block(config, label)
         if not isinstance(block, SkillsBlock):
             raise BlockNotFound(f'Block "{label}" is not a skill provider')
+        outside = outside_allowlist(block, key)
+        if outside is not None:
+            raise InvalidRequest(outside)
         await self._refuse_unstorable_skill(tenant, session, config, block, key, description)
         return await self.put_skill(tenant, block.bucket, block.prefix + key, content, description)
 
@@ -131,7 +146,7 @@ class ContextSkills(ContextBlocks):
             block = find_block(await self.config(conn, tenant, session), label)
         if not isinstance(block, SkillsBlock):
             raise BlockNotFound(f'Block "{label}" is not a skill provider')
-        if (block.keys and key not in block.keys) or unsafe_object_key(block.prefix + key) is not None:
+        if not allows(block, key) or unsafe_object_key(block.prefix + key) is not None:
             return None
         text = await self._object_text(tenant, block.bucket, block.prefix + key)
         if text is None:

@@ -68,7 +68,10 @@ async def test_allowlist_filters_the_listing_and_loads(client: httpx.AsyncClient
     )
     await set_skill(client, s, "tax", "Tax doc", "Tax workflows")
     await set_skill(client, s, "bank reconciliation", "Bank doc", "Bank reconciliation")
-    await set_skill(client, s, "hidden", "Hidden doc", "Not for this session")  # the allowlist is ignored on writes
+    # the tenant's skill index is shared: another session's block, without the allowlist, puts one
+    other = sid()
+    await configure(client, other, {"blocks": [skills_block(bucket, prefix="skills/")]})
+    await set_skill(client, other, "hidden", "Hidden doc", "Not for this session")
     put_object(api_settings, bucket, "elsewhere/tax", "outside the prefix")
     assert minio(api_settings).stat_object(bucket, tenant_key("skills/hidden")).size == len(b"Hidden doc")
 
@@ -93,6 +96,36 @@ async def test_allowlist_filters_the_listing_and_loads(client: httpx.AsyncClient
     assert not [line for line in requests if "hidden" in line]
     loaded = [e["event"] for e in await events(client, s) if e["event"]["type"] == "skill.loaded"]
     assert [(e["label"], e["key"]) for e in loaded] == [("skills", "tax")]
+
+
+async def test_a_skill_outside_the_allowlist_is_refused_and_nothing_is_written(
+    client: httpx.AsyncClient, api_settings: Settings
+) -> None:
+    """The outside trial: ``set_context`` on a block allowing only ``tax`` answered ``Indexed
+    "refunds" in skills.`` for a skill the block never lists nor loads, written tenant-wide (other
+    sessions listed it). Now an ``Error: …`` result: no object, no event, no listing anywhere."""
+    bucket = new_bucket(api_settings)
+    s, other = sid(), sid()
+    await configure(client, s, {"blocks": [skills_block(bucket, prefix="skills/", keys=["tax"])]})
+    await configure(client, other, {"blocks": [skills_block(bucket, prefix="skills/")]})
+    await set_skill(client, s, "tax", "Tax doc", "Tax workflows")
+    await listed(client, other, "skills", "- tax: Tax workflows")
+    before = await events(client, s)
+    meta = {"title": "refunds", "description": "Refund policy"}
+    args = {"label": "skills", "content": "# Refunds\nAlways refund.", "metadata": meta}
+    res, _ = await tool(client, s, "set_context", args)
+    assert res == (
+        'Error: Skill "refunds" is not in the keys allowed in block "skills" (tax): it could never be listed '
+        "or loaded there; nothing was written"
+    )
+    assert await events(client, s) == before
+    assert [o.object_name for o in minio(api_settings).list_objects(bucket, recursive=True)] == [
+        tenant_key("skills/tax")
+    ]
+    # the listings still hold tax alone: a put through another session is indexed and listed after it
+    await set_skill(client, other, "zz marker", "Marker", "Marker")
+    await listed(client, other, "skills", "- tax: Tax workflows\n- zz-marker: Marker")
+    assert (await tool(client, s, "load_context", {"label": "skills", "key": "refunds"}))[0] == "Not found: refunds"
 
 
 async def test_no_or_empty_allowlist_lists_every_key(client: httpx.AsyncClient, api_settings: Settings) -> None:
