@@ -58,11 +58,19 @@ class Skills:
 
     ``keys`` is the prefix-relative allowlist; ``None`` or empty means every key. ``set_context``
     refuses a skill outside it (an ``Error: …`` result, nothing written).
+
+    ``writable=False`` keeps the LLM from writing skills through this block (the reference's
+    skill provider without ``set``): ``set_context`` does not list it and answers ``Error: Block
+    "<label>" does not support writes``. Skills are the tenant's, shared by all its sessions: with
+    the default, any session's model can change a skill another session's model loads (a
+    prompt-injection path between a tenant's users); set it unless the agent is meant to write
+    skills.
     """
 
     bucket: str
     prefix: str = ""
     keys: Sequence[str] | None = None
+    writable: bool = True
 
 
 Provider = Readonly | ObjectSource | Writable | Searchable | Skills
@@ -86,10 +94,12 @@ def block_json(
             return {**base, "kind": "readonly", "source": {"bucket": bucket, "key": key}}
         case Searchable():
             return {**base, "kind": "searchable"}
-        case Skills(bucket=bucket, prefix=prefix, keys=keys):
+        case Skills(bucket=bucket, prefix=prefix, keys=keys, writable=writable):
             entry = {**base, "kind": "skills", "bucket": bucket, "prefix": prefix}
             if keys:
                 entry["keys"] = list(keys)
+            if not writable:
+                entry["writable"] = False
             return entry
     raise InvalidConfig(f"unknown provider {provider!r} for block {label!r}")
 

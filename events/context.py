@@ -78,6 +78,11 @@ class SkillsBlock(_Block):
     bucket: Bucket
     prefix: str = Field(default="", max_length=512)
     keys: list[str] | None = None
+    writable: bool = Field(default=True, exclude_if=lambda v: v is True)
+    """False: the LLM's ``set_context`` cannot put skills through this block (the reference's
+    skill provider without ``set``); skills are the tenant's, so a session's model that may write
+    them may change what every other session loads. Left out of the stored JSON when True (the
+    default), so configs that do not use it are stored as before."""
 
     @model_validator(mode="after")
     def _bucket_name(self) -> SkillsBlock:

@@ -39,6 +39,7 @@ from services.context.rules import (
     object_key,
     refuse_unsafe,
     skill_sources,
+    tool_writable,
     unsafe_keys,
 )
 from services.context.search_gate import SearchGate, search_slots
@@ -332,7 +333,7 @@ class ContextBlocks:
                 case SkillsBlock():
                     content = skill_listing(allowed(b, listings[(b.bucket, b.prefix)]))
             tokens = len(content.encode()) if sizing else self.counter.count(content)
-            out.append(RenderedBlock(b.label, b.kind, b.description, content, tokens, b.max_tokens))
+            out.append(RenderedBlock(b.label, b.kind, b.description, content, tokens, b.max_tokens, tool_writable(b)))
         if config.searchable_history:
             content = history_summary(await context_queries.live_session_count(conn, tenant))
             out.append(

@@ -35,10 +35,12 @@ class RenderedBlock:
     content: str
     tokens: int
     max_tokens: int | None
+    writes: bool = True
+    """False for a skills block whose ``writable`` is false (no ``set_context`` writes)."""
 
     @property
     def writable(self) -> bool:
-        return self.kind in ("writable", "searchable", "skills")
+        return self.kind in ("writable", "searchable", "skills") and self.writes
 
 
 def round_half_up(x: float) -> int:

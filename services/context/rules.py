@@ -52,6 +52,14 @@ def refuse_unsafe(config: SessionConfig) -> None:
         raise UnsafeStoredConfig(problem)
 
 
+def tool_writable(block: ReadonlyBlock | WritableBlock | SearchableBlock | SkillsBlock) -> bool:
+    """Whether ``set_context`` writes ``block``: a writable or searchable block, a skills block
+    unless its ``writable`` is false (the reference's ``writable``: the provider has ``set``)."""
+    if isinstance(block, SkillsBlock):
+        return block.writable
+    return not isinstance(block, ReadonlyBlock)
+
+
 def allows(block: SkillsBlock, key: str) -> bool:
     """Whether the block's ``keys`` allowlist takes ``key`` (relative to its prefix; an omitted or
     empty list takes every key, as the reference's)."""

@@ -33,6 +33,7 @@ from services.errors import (
     BucketMissing,
     InvalidRequest,
     PromptTooLarge,
+    ReadOnlyBlock,
 )
 from services.writes.liveness import live_session
 from services.writes.optimistic import Decision
@@ -94,6 +95,8 @@ class ContextSkills(ContextBlocks):
         block = find_block(config, label)
         if not isinstance(block, SkillsBlock):
             raise BlockNotFound(f'Block "{label}" is not a skill provider')
+        if not block.writable:  # the reference's words for a skill provider without ``set``
+            raise ReadOnlyBlock(f'Block "{label}" does not support writes')
         outside = outside_allowlist(block, key)
         if outside is not None:
             raise InvalidRequest(outside)

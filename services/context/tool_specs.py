@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from events.context import SessionConfig
+from services.context.rules import tool_writable
 
 Format = Literal["openai", "anthropic"]
 SET_CONTEXT_ACTIONS = ("replace", "append")
@@ -35,12 +36,15 @@ class BlockInfo:
     label: str
     kind: str  # readonly | writable | searchable | skills | history
     description: str | None
+    writable: bool
+    """``set_context`` writes it (a writable or searchable block, a skills block unless its
+    ``writable`` is false)."""
 
 
 def blocks_of(config: SessionConfig) -> list[BlockInfo]:
-    out = [BlockInfo(b.label, b.kind, b.description) for b in config.blocks]
+    out = [BlockInfo(b.label, b.kind, b.description, tool_writable(b)) for b in config.blocks]
     if config.searchable_history:
-        out.append(BlockInfo(config.searchable_history, "history", "Cross-session conversation history"))
+        out.append(BlockInfo(config.searchable_history, "history", "Cross-session conversation history", False))
     return out
 
 
@@ -119,7 +123,7 @@ def tool_specs(config: SessionConfig, loaded: list[str]) -> list[ToolSpec]:
     """Tools generated for the blocks that exist (``loaded``: ``label:key`` currently loaded)."""
     blocks = blocks_of(config)
     specs: list[ToolSpec] = []
-    writable = [b for b in blocks if b.kind in ("writable", "searchable", "skills")]
+    writable = [b for b in blocks if b.writable]
     if writable:
         specs.append(_set_context(writable))
     skills = [b.label for b in blocks if b.kind == "skills"]

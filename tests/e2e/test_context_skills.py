@@ -128,6 +128,48 @@ async def test_a_skill_outside_the_allowlist_is_refused_and_nothing_is_written(
     assert (await tool(client, s, "load_context", {"label": "skills", "key": "refunds"}))[0] == "Not found: refunds"
 
 
+async def test_a_skills_block_not_writable_takes_no_tool_writes(
+    client: httpx.AsyncClient, api_settings: Settings
+) -> None:
+    """``"writable": false`` on a skills block: ``set_context`` does not list it (nor exists when
+    no other block is written by it), a forced write is the reference's ``does not support
+    writes`` with nothing stored, and the skills are still listed and loaded. Without it a session
+    could overwrite a skill another session's model loads."""
+    bucket = new_bucket(api_settings)
+    memory = {"kind": "writable", "label": "memory"}
+    s, only, writer = sid(), sid(), sid()
+    await configure(client, writer, {"blocks": [skills_block(bucket)]})
+    await set_skill(client, writer, "tax", "Tax doc", "Tax workflows")
+    await configure(client, s, {"blocks": [memory, skills_block(bucket, writable=False)]})
+    seq = await configure(client, only, {"blocks": [skills_block(bucket, writable=False)]})
+
+    r = await client.get(f"/v1/sessions/{only}/tools", params={"min_seq": seq})
+    assert [t["function"]["name"] for t in r.json()["tools"]] == ["load_context", "unload_context"]
+    r = await client.get(f"/v1/sessions/{s}/tools")
+    set_context = r.json()["tools"][0]["function"]
+    assert set_context["name"] == "set_context"
+    assert set_context["parameters"]["properties"]["label"]["enum"] == ["memory"]
+    assert "skills" not in set_context["description"].split("\n\n")[0]
+    assert "metadata" not in set_context["parameters"]["properties"]
+    config = (await client.get(f"/v1/sessions/{s}/config")).json()["config"]
+    assert config["blocks"][1]["writable"] is False
+    writer_config = (await client.get(f"/v1/sessions/{writer}/config")).json()["config"]
+    assert "writable" not in writer_config["blocks"][0]  # the default is stored as before
+    blocks = {b["label"]: b for b in (await client.get(f"/v1/sessions/{s}/context")).json()["blocks"]}
+    assert blocks["skills"]["writable"] is False
+    assert blocks["memory"]["writable"] is True
+
+    before = {x: await events(client, x) for x in (s, only)}
+    args = {"label": "skills", "content": "Evil tax doc", "metadata": {"title": "tax"}}
+    assert (await tool(client, s, "set_context", args))[0] == 'Error: Block "skills" does not support writes'
+    assert (await tool(client, only, "set_context", args))[0] == (
+        'Error: tool "set_context" is not available in this session'
+    )
+    assert {x: await events(client, x) for x in (s, only)} == before
+    assert (await tool(client, s, "load_context", {"label": "skills", "key": "tax"}))[0] == "Tax doc"
+    await listed(client, s, "skills", "- tax: Tax workflows")
+
+
 async def test_no_or_empty_allowlist_lists_every_key(client: httpx.AsyncClient, api_settings: Settings) -> None:
     bucket = new_bucket(api_settings)
     no_allowlist: list[list[str] | None] = [None, []]

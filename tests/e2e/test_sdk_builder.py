@@ -289,6 +289,25 @@ async def test_skills_allowlist_and_object_source(sdk: ChronicleClient, api_sett
     assert await tools.execute("load_context", {"label": "skills", "key": "secret"}) == "Not found: secret"
 
 
+async def test_skills_not_writable_are_loadable_and_not_written_by_the_tools(
+    sdk: ChronicleClient, api_settings: Settings
+) -> None:
+    """``Skills(…, writable=False)``: the block reads as not writable, the tools hold no
+    ``set_context`` (the reference's skill provider without ``set``) and a forced one writes
+    nothing; loading still works."""
+    bucket = new_bucket(api_settings)
+    put_object(api_settings, bucket, "docs/api-ref", "API docs", "API Reference documentation")
+    s = Session.create(sdk, sid()).with_context("skills", provider=Skills(bucket, prefix="docs/", writable=False))
+    blocks = {b.label: b for b in await s.get_context_blocks()}
+    assert blocks["skills"].is_skill
+    assert not blocks["skills"].writable
+    tools = await s.tools()
+    assert [d.name for d in tools.definitions] == ["load_context", "unload_context"]
+    forced = await s.execute_tool("set_context", {"label": "skills", "content": "x", "metadata": {"title": "api ref"}})
+    assert forced == 'Error: tool "set_context" is not available in this session'
+    assert await tools.execute("load_context", {"label": "skills", "key": "api-ref"}) == "API docs"
+
+
 # -- context proxies ----------------------------------------------------------------------------
 
 
