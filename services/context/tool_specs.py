@@ -57,6 +57,18 @@ def _described(description: str | None) -> str:
     return description if description is not None else "no description"
 
 
+def _reach(writable: list[BlockInfo]) -> str:
+    """Who sees a write, said truly (the reference says "Writes are durable and persist across
+    sessions.", true of its Durable Object's blocks; here writable and searchable blocks are the
+    session's and only skills are shared, by every session of the tenant)."""
+    shared = any(b.kind == "skills" for b in writable)
+    own = any(b.kind != "skills" for b in writable)
+    if not shared:
+        return "Writes are durable and persist in this session only."
+    out = "Writes are durable. Skill collections are shared: other sessions list and load what is written to them"
+    return out + ("; the other blocks persist in this session only." if own else ".")
+
+
 def _set_context(writable: list[BlockInfo]) -> ToolSpec:
     kinds = {"skills": "skill collection, keyed entries", "searchable": "searchable, keyed entries"}
     lines = [f'- "{b.label}" ({kinds.get(b.kind, "writable")}): {_described(b.description)}' for b in writable]
@@ -98,12 +110,7 @@ def _set_context(writable: list[BlockInfo]) -> ToolSpec:
             "\u2014 title stabilises updates, description helps the model pick entries. Metadata is optional; "
             "short content rarely needs it, long loadable entries benefit most."
         )
-    description = (
-        "Write to a context block. Available blocks:\n"
-        + "\n".join(lines)
-        + "\n\nWrites are durable and persist across sessions."
-        + hint
-    )
+    description = "Write to a context block. Available blocks:\n" + "\n".join(lines) + "\n\n" + _reach(writable) + hint
     schema = {"type": "object", "properties": properties, "required": ["label", "content"]}
     return ToolSpec("set_context", description, schema)
 

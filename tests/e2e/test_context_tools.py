@@ -116,6 +116,32 @@ async def test_provider_formats(client: httpx.AsyncClient, api_settings: Setting
     problem(await client.get(f"/v1/sessions/{s}/tools", params={"format": "gemini"}), 422, "invalid_request")
 
 
+async def test_set_context_says_truly_who_sees_a_write(client: httpx.AsyncClient, api_settings: Settings) -> None:
+    """The reference's "Writes are durable and persist across sessions." is false here: writable
+    and searchable blocks are the session's, skills the tenant's. The description says which."""
+    bucket = new_bucket(api_settings)
+    readonly_skills = {**skills(bucket), "writable": False}
+    cases: list[tuple[list[dict[str, Any]], str]] = [
+        ([MEMORY, KNOWLEDGE, readonly_skills], "Writes are durable and persist in this session only."),
+        (
+            [skills(bucket)],
+            "Writes are durable. Skill collections are shared: other sessions list and load what is written to them.",
+        ),
+        (
+            [MEMORY, skills(bucket)],
+            "Writes are durable. Skill collections are shared: other sessions list and load what is written to "
+            "them; the other blocks persist in this session only.",
+        ),
+    ]
+    for blocks, expected in cases:
+        s = sid()
+        seq = await configure(client, s, {"blocks": blocks})
+        r = await client.get(f"/v1/sessions/{s}/tools", params={"min_seq": seq})
+        description = r.json()["tools"][0]["function"]["description"]
+        assert description.split("\n\n")[1] == expected, blocks
+        assert "across sessions" not in description
+
+
 async def test_set_context_results(client: httpx.AsyncClient, api_settings: Settings) -> None:
     s = sid()
     scratch = {"kind": "writable", "label": "scratch"}

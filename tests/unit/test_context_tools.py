@@ -59,7 +59,11 @@ def test_set_context_description_lists_writable_blocks_with_their_kind() -> None
         '- "skills" (skill collection, keyed entries): Loadable docs',
         '- "knowledge" (searchable, keyed entries): Searchable docs',
     ]
-    assert lines[4:6] == ["", "Writes are durable and persist across sessions."]
+    assert lines[4:6] == [
+        "",
+        "Writes are durable. Skill collections are shared: other sessions list and load what is written to "
+        "them; the other blocks persist in this session only.",
+    ]
     assert "metadata: { title, description }" in tool.description
     assert '"soul"' not in tool.description
 
@@ -77,7 +81,7 @@ def test_set_context_without_keyed_blocks() -> None:
         '- "memory" (writable): Learned facts\n'
         '- "scratch" (writable): no description\n'
         "\n"
-        "Writes are durable and persist across sessions."
+        "Writes are durable and persist in this session only."
     )
     assert "metadata" not in tool.parameters["properties"]
     assert tool.parameters == {
