@@ -12,9 +12,9 @@ from psycopg import AsyncConnection
 from events.context import SessionConfig
 from projections import queries, search_languages
 from projections import search_query as sq
-from projections.reclaimed import reclaimed_in
+from projections.reclaimed import Reclaimed, reclaimed_in
 from projections.search_bound import SEARCH_TIMEOUT_S, bounded
-from projections.skill_scan import scan_loaded
+from projections.skill_scan import load_outputs, scan_loaded
 
 Conn = AsyncConnection[Any]
 SEARCH_CANDIDATES = 1000  # newest matches ranked, so a common word costs the same as a rare one
@@ -181,6 +181,21 @@ async def history_loaded_skills(conn: Conn, tenant: str, session: str) -> dict[t
     that fit in :data:`SKILL_SCAN_BYTES` of stored JSON; the path is found from every message's
     id, parent and size (:func:`~projections.queries.path_stats`: one statement over the session's
     rows, no body read), and only bodies that mention ``load_context`` come back."""
+    rows, unloaded = await _scanned(conn, tenant, session)
+    return scan_loaded(rows, unloaded) if rows else {}
+
+
+async def history_load_outputs(conn: Conn, tenant: str, session: str, label: str, key: str) -> list[tuple[str, str]]:
+    """(message id, tool call id) of every ``load_context`` output of ``label``/``key`` that
+    history reads still show whole, oldest first, over what :func:`history_loaded_skills` scans
+    (:func:`projections.skill_scan.load_outputs`)."""
+    rows, unloaded = await _scanned(conn, tenant, session)
+    return load_outputs(rows, unloaded, label, key) if rows else []
+
+
+async def _scanned(conn: Conn, tenant: str, session: str) -> tuple[list[tuple[str, str]], Reclaimed]:
+    """The assistant messages :func:`history_loaded_skills` scans ((id, stored JSON), oldest
+    first, only those mentioning ``load_context``) and the session's reclaimed outputs."""
     _, stats = await queries.path_stats(conn, tenant, session, None)
     wanted: list[str] = []
     size = 0
@@ -192,7 +207,7 @@ async def history_loaded_skills(conn: Conn, tenant: str, session: str) -> dict[t
             break
         wanted.append(row.id)
     if not wanted:
-        return {}
+        return [], reclaimed_in({})
     sent_reclaimed = await send_reclaimed(conn, tenant, session)
     cur = await conn.execute(
         "SELECT id, content FROM messages WHERE tenant = %s AND session_id = %s AND id = ANY(%s) "
@@ -201,7 +216,7 @@ async def history_loaded_skills(conn: Conn, tenant: str, session: str) -> dict[t
     )
     unloaded = reclaimed_in(await sent_reclaimed())
     found = {str(mid): str(content) for mid, content in await cur.fetchall()}
-    return scan_loaded([(mid, found[mid]) for mid in reversed(wanted) if mid in found], unloaded)
+    return [(mid, found[mid]) for mid in reversed(wanted) if mid in found], unloaded
 
 
 async def load_call(conn: Conn, tenant: str, session: str, label: str, key: str) -> str | None:

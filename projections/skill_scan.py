@@ -6,6 +6,7 @@ Pure: the rows come from :func:`projections.context_queries.history_loaded_skill
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from typing import Any
 
 from projections.reclaimed import Reclaimed
@@ -24,16 +25,11 @@ def tool_name(part: dict[str, Any]) -> str | None:
     return kind[5:] if isinstance(kind, str) and kind.startswith("tool-") else None
 
 
-def scan_loaded(rows: list[tuple[str, str]], unloaded: Reclaimed) -> dict[tuple[str, str], tuple[str, str]]:
-    """(label, key) -> (message id, tool call id) of the output that keeps it loaded, in the order
-    the reference's set gets them: ``rows`` are assistant messages' (id, stored JSON), oldest
-    first. A ``load_context`` part with its output (``state: "output-available"``) and a
-    non-empty label and key in its input loads the skill, unless its output, as a history read
-    shows it, starts with ``[skill unloaded:`` (then it unloads it); an ``unload_context`` part
-    with its output unloads it. A load part without a string ``toolCallId`` is passed over: an
-    unload could not reclaim it (reclaimed outputs are named by tool call), so it would stay
-    loaded for good."""
-    loaded: dict[tuple[str, str], tuple[str, str]] = {}
+def _skill_parts(rows: list[tuple[str, str]], unloaded: Reclaimed) -> Iterator[tuple[str, str, str, str, Any, Any]]:
+    """(message id, tool, label, key, tool call id, output as history reads show it) of each
+    ``load_context``/``unload_context`` part with its output (``state: "output-available"``) and
+    a non-empty label and key in its input, in ``rows`` (assistant messages' (id, stored JSON),
+    oldest first) order."""
     for mid, content in rows:
         parts = json.loads(content).get("parts")
         if not isinstance(parts, list):  # a message published straight to the log
@@ -52,8 +48,39 @@ def scan_loaded(rows: list[tuple[str, str]], unloaded: Reclaimed) -> dict[tuple[
             output = part.get("output")
             if isinstance(call, str) and call in outputs:
                 output = f"[skill unloaded: {outputs[call]}]"
-            if name == "unload_context" or (isinstance(output, str) and output.startswith(UNLOADED_MARK)):
-                loaded.pop((label, key), None)
-            elif isinstance(call, str):
-                loaded[(label, key)] = (mid, call)  # a set's order: a key loaded again keeps its place
+            yield mid, name, label, key, call, output
+
+
+def _shown_unloaded(output: Any) -> bool:
+    return isinstance(output, str) and output.startswith(UNLOADED_MARK)
+
+
+def scan_loaded(rows: list[tuple[str, str]], unloaded: Reclaimed) -> dict[tuple[str, str], tuple[str, str]]:
+    """(label, key) -> (message id, tool call id) of the output that keeps it loaded, in the order
+    the reference's set gets them: ``rows`` are assistant messages' (id, stored JSON), oldest
+    first. A ``load_context`` part with its output (``state: "output-available"``) and a
+    non-empty label and key in its input loads the skill, unless its output, as a history read
+    shows it, starts with ``[skill unloaded:`` (then it unloads it); an ``unload_context`` part
+    with its output unloads it. A load part without a string ``toolCallId`` is passed over: an
+    unload could not reclaim it (reclaimed outputs are named by tool call), so it would stay
+    loaded for good."""
+    loaded: dict[tuple[str, str], tuple[str, str]] = {}
+    for mid, name, label, key, call, output in _skill_parts(rows, unloaded):
+        if name == "unload_context" or _shown_unloaded(output):
+            loaded.pop((label, key), None)
+        elif isinstance(call, str):
+            loaded[(label, key)] = (mid, call)  # a set's order: a key loaded again keeps its place
     return loaded
+
+
+def load_outputs(rows: list[tuple[str, str]], unloaded: Reclaimed, label: str, key: str) -> list[tuple[str, str]]:
+    """(message id, tool call id) of every ``load_context`` output of ``label``/``key`` in
+    ``rows`` (as :func:`scan_loaded` takes them) that history reads still show whole (not
+    ``[skill unloaded: …]``), oldest first: what an unload reclaims. A skill loaded twice holds
+    its text twice; the reference's unload rewrites the newest output only, and the older one
+    kept the whole text in the context while the tools said the skill was unloaded."""
+    return [
+        (mid, call)
+        for mid, name, lab, k, call, output in _skill_parts(rows, unloaded)
+        if name == "load_context" and (lab, k) == (label, key) and isinstance(call, str) and not _shown_unloaded(output)
+    ]

@@ -5,6 +5,8 @@ Reference: the Cloudflare Agents SDK Session API, §1.4 and §2 of docs/referenc
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
+
 from events.admission import MAX_WRITTEN_BYTES
 from events.catalog import (
     SkillIndexed,
@@ -180,34 +182,54 @@ class ContextSkills(ContextBlocks):
         return [*shown, *(s for s in recorded if s not in shown)]
 
     async def unload_skill(self, tenant: str, session: str, label: str, key: str) -> bool:
-        """Unload a skill that :meth:`loaded_skills` holds: ``skill.unloaded`` names the tool
-        output to reclaim (history reads show it as ``[skill unloaded: <key>]``); False when the
-        skill is not loaded."""
+        """Unload a skill that :meth:`loaded_skills` holds: one ``skill.unloaded`` for each of its
+        ``load_context`` outputs that history still shows whole (history reads show them as
+        ``[skill unloaded: <key>]``), so that a skill loaded twice leaves no copy of its text
+        behind (the reference rewrites the newest output only); False when the skill is not
+        loaded.
+
+        The outputs are reclaimed oldest first, each by an event of its own: the newest output
+        (or a load whose output is not stored yet) goes last, so an unload cut short leaves the
+        skill loaded as history shows it, and unloading it again reclaims the rest."""
 
         async def decide(conn: Conn) -> Decision:
-            output: tuple[str | None, str] | None
-            if (label, key) in await context_queries.loaded_skills(conn, tenant, session):
-                call = await context_queries.load_call(conn, tenant, session, label, key)
-                # the loading call when known (its output may not be stored yet: the reference's
-                # unload race, its §7.6.3), else the newest stored load output
-                output = (
-                    (None, call)
-                    if call
-                    else await context_queries.newest_load_output(conn, tenant, session, label, key)
-                )
-            else:  # loaded as the history shows it: the output that keeps it loaded there
-                output = (await context_queries.history_loaded_skills(conn, tenant, session)).get((label, key))
-                if output is None:
-                    return Decision(None, lambda _seq: False)
-            event = SkillUnloaded(
-                tenant=tenant,
-                session=session,
-                label=label,
-                key=key,
-                message_id=output[0] if output else None,
-                tool_call_id=output[1] if output else None,
+            recorded = (label, key) in await context_queries.loaded_skills(conn, tenant, session)
+            if not recorded and (label, key) not in await context_queries.history_loaded_skills(conn, tenant, session):
+                return Decision(None, lambda _seq: [])
+            outputs: list[tuple[str | None, str | None]] = list(
+                await context_queries.history_load_outputs(conn, tenant, session, label, key)
             )
-            return Decision(event, lambda _seq: True)
+            call = await context_queries.load_call(conn, tenant, session, label, key) if recorded else None
+            if call is not None and all(c != call for _, c in outputs):
+                # the loading call, its output not stored yet (the reference's unload race, its §7.6.3)
+                outputs.append((None, call))
+            if not outputs:  # loaded through the tool, its output not on the path scanned: the newest stored
+                outputs.append(
+                    await context_queries.newest_load_output(conn, tenant, session, label, key) or (None, None)
+                )
+            first, rest = outputs[0], outputs[1:]
+            return Decision(self._unloaded(tenant, session, label, key, first), lambda _seq: [first, *rest])
 
-        done: bool = await self._cond.run(tenant, session, decide)
-        return done
+        done: list[tuple[str | None, str | None]] = await self._cond.run(tenant, session, decide)
+        for output in done[1:]:
+            await self._cond.run(tenant, session, _publishing(self._unloaded(tenant, session, label, key, output)))
+        return bool(done)
+
+    @staticmethod
+    def _unloaded(
+        tenant: str, session: str, label: str, key: str, output: tuple[str | None, str | None]
+    ) -> SkillUnloaded:
+        message_id, tool_call_id = output
+        return SkillUnloaded(
+            tenant=tenant, session=session, label=label, key=key, message_id=message_id, tool_call_id=tool_call_id
+        )
+
+
+def _publishing(event: SkillUnloaded) -> Callable[[Conn], Awaitable[Decision]]:
+    """A decision that publishes ``event`` (one more output of an unload: reclaiming an output
+    twice changes nothing)."""
+
+    async def decide(_conn: Conn) -> Decision:
+        return Decision(event, lambda _seq: None)
+
+    return decide

@@ -320,6 +320,51 @@ async def test_history_view_shows_unloaded_skills(client: httpx.AsyncClient, api
     assert parts_by_id["u1"] == user["parts"]
 
 
+async def test_a_skill_loaded_twice_is_reclaimed_whole_by_one_unload(
+    client: httpx.AsyncClient, api_settings: Settings
+) -> None:
+    """The outside trial: ``deploy`` loaded (a1), loaded again (a3), unloaded once. Only a3 read
+    ``[skill unloaded: deploy]``; a1 kept the whole text while the tools said no skill was loaded,
+    so nothing could reclaim it. One unload reclaims every output that still shows the text, the
+    newest last, and the skill is unloaded."""
+    s = await pirate_and_tax(client, api_settings)
+    load = {"label": "skills", "key": "pirate"}
+    doc, _ = await tool(client, s, "load_context", load)
+    u1 = {"id": "u1", "role": "user", "parts": [{"type": "text", "text": "talk like a pirate"}]}
+    a1 = {"id": "a1", "role": "assistant", "parts": [load_part("c1", "pirate", doc)]}
+    u2 = {"id": "u2", "role": "user", "parts": [{"type": "text", "text": "again"}]}
+    for m in (u1, a1, u2):
+        assert (await client.post(f"/v1/sessions/{s}/messages", json={"message": m})).status_code == 201
+    again, _ = await tool(client, s, "load_context", load)
+    a3 = {"id": "a3", "role": "assistant", "parts": [load_part("c3", "pirate", again), {"type": "text", "text": "Arr"}]}
+    seq = (await client.post(f"/v1/sessions/{s}/messages", json={"message": a3})).json()["seq"]
+    assert (await unload_description(client, s, seq)).endswith(" Currently loaded: skills:pirate.")
+
+    res, seq = await tool(client, s, "unload_context", load)
+    assert res == 'Unloaded "pirate" from skills. Context reclaimed.'
+    parts = await history_parts(client, s, seq)
+    assert parts["a1"] == [{**load_part("c1", "pirate", doc), "output": "[skill unloaded: pirate]"}]
+    assert parts["a3"] == [{**load_part("c3", "pirate", again), "output": "[skill unloaded: pirate]"}, a3["parts"][1]]
+    assert (await unload_description(client, s, seq)).endswith(" No skills currently loaded.")
+    unloaded = [e["event"] for e in await events(client, s) if e["event"]["type"] == "skill.unloaded"]
+    assert [(e["message_id"], e["tool_call_id"]) for e in unloaded] == [("a1", "c1"), ("a3", "c3")]
+    res, _ = await tool(client, s, "unload_context", load)
+    assert res == 'Skill "pirate" is not currently loaded in "skills".'
+
+    # loaded again in a turn whose message is not stored yet: both the stored and the pending go
+    again, _ = await tool(client, s, "load_context", load)
+    a5 = {"id": "a5", "role": "assistant", "parts": [load_part("c5", "pirate", again)]}
+    assert (await client.post(f"/v1/sessions/{s}/messages", json={"message": a5})).status_code == 201
+    r = await client.post(f"/v1/sessions/{s}/tools/load_context", params={"tool_call_id": "c6"}, json=load)
+    assert r.json()["result"] == PIRATE
+    assert (await tool(client, s, "unload_context", load))[0] == 'Unloaded "pirate" from skills. Context reclaimed.'
+    a6 = {"id": "a6", "role": "assistant", "parts": [load_part("c6", "pirate", PIRATE)]}
+    seq = (await client.post(f"/v1/sessions/{s}/messages", json={"message": a6})).json()["seq"]
+    parts = await history_parts(client, s, seq)
+    assert [parts[m][0]["output"] for m in ("a1", "a3", "a5", "a6")] == ["[skill unloaded: pirate]"] * 4
+    assert (await unload_description(client, s, seq)).endswith(" No skills currently loaded.")
+
+
 async def test_unload_in_the_same_turn_reclaims_an_output_not_stored_yet(
     client: httpx.AsyncClient, api_settings: Settings
 ) -> None:
