@@ -1175,7 +1175,7 @@ async def test_server_refusals_of_the_arguments_are_error_results(status: int, c
     [
         (503, "unavailable", Unavailable),
         (401, "unauthorized", Unauthorized),
-        (404, "session_not_found", NotFound),
+        (404, "not_found", NotFound),
         (422, "invalid_id", InvalidId),
         (405, "method_not_allowed", MethodNotAllowed),
         (500, "internal_error", ServerError),
@@ -1189,6 +1189,27 @@ async def test_failures_that_are_not_the_arguments_fault_raise(
         tools = await Session.create(c, "s").tools()
         with pytest.raises(raised):
             await tools.execute("set_context", {"label": "memory", "content": "x"})
+
+
+async def test_a_session_never_written_has_no_tools_and_a_deleted_one_raises() -> None:
+    """The server answers a tool call on a session never written ``404 session_not_found``: the
+    SDK reads such a session as empty, so it is the reference's ``not available`` result; a
+    deleted session's (``"deleted": true``) raises, as its other calls do."""
+
+    def gone(deleted: bool) -> httpx.Response:
+        r = problem(404, "session_not_found", "no")
+        body = {**json.loads(r.content), **({"deleted": True} if deleted else {})}
+        return httpx.Response(404, json=body, headers={"content-type": "application/problem+json"})
+
+    async with with_tools(lambda r: gone(False)).client() as c:
+        tools = await Session.create(c, "s").tools()
+        res = await tools.execute("set_context", {"label": "memory", "content": "x"})
+        assert res == 'Error: tool "set_context" is not available in this session'
+    async with with_tools(lambda r: gone(True)).client() as c:
+        tools = await Session.create(c, "s").tools()
+        with pytest.raises(SessionNotFound) as raised:
+            await tools.execute("set_context", {"label": "memory", "content": "x"})
+        assert raised.value.deleted
 
 
 async def test_an_unreachable_server_raises_from_execute() -> None:
