@@ -227,9 +227,12 @@ class ContextSkills(ContextBlocks):
 
 def _publishing(event: SkillUnloaded) -> Callable[[Conn], Awaitable[Decision]]:
     """A decision that publishes ``event`` (one more output of an unload: reclaiming an output
-    twice changes nothing)."""
+    twice changes nothing), asked under the log's concurrency check whether the session still
+    lives (an erasure or a delete since the unload began is its 410 or 404, never an event after
+    it)."""
 
-    async def decide(_conn: Conn) -> Decision:
+    async def decide(conn: Conn) -> Decision:
+        await live_session(conn, event.tenant, event.session, must_exist=False)
         return Decision(event, lambda _seq: None)
 
     return decide
