@@ -352,7 +352,10 @@ class SystemPrompt(_Answer):
 
 
 class ProblemError(BaseModel):
-    loc: list[str]
+    loc: list[str] = Field(
+        description='Where the error is, from the request\'s root: `["session_id"]`, `["message", "role"]`; '
+        '`[]` for the request itself (not a JSON object). Never under HTTP\'s `"body"`.'
+    )
     msg: str
     type: str
 

@@ -30,6 +30,7 @@ from typing import Any, cast
 from faststream import AckPolicy, ExceptionMiddleware, Path
 from faststream.nats import NatsBroker, NatsMessage, NatsResponse, NatsRouter
 from nats.aio.msg import Msg
+from pydantic import ValidationError
 
 from events import commands as cmd
 from events.commands import STATUS_HEADER
@@ -41,7 +42,7 @@ from services.bootstrap import Container, nats_security
 from services.errors import InvalidRequest, MalformedJson
 from services.requests import writes
 from services.requests.limits import Charge, TenantLimits, limits_of
-from services.requests.problems import internal_error, problem_of
+from services.requests.problems import Problem, internal_error, invalid_request, problem_of, validation_errors
 from services.requests.strict_json import strict_loads
 from services.settings import Settings
 
@@ -87,6 +88,28 @@ async def _strict_json(msg: NatsMessage) -> Any:
         raise MalformedJson(f"the request is not valid JSON: {exc.msg}") from exc
 
 
+REQUEST_PARAMETER = "body"
+"""The name of each handler's request parameter, under which FastStream validates the request:
+its errors' ``loc`` start with it, where a command's start at the request's root."""
+
+
+def from_request_root(error: dict[str, Any]) -> dict[str, Any]:
+    """A validation error of a command's request with its ``loc`` from the request's root
+    (``["message"]``, not FastStream's ``["body", "message"]``), as the errors found past the
+    edge (a message's shape: ``["message", "role"]``) already are."""
+    loc = error["loc"]
+    return {**error, "loc": loc[1:]} if loc[:1] == [REQUEST_PARAMETER] else error
+
+
+def command_problem(exc: BaseException) -> Problem | None:
+    """:func:`problem_of` as a command's reply says it: a request FastStream could not validate as
+    the command's model names its fields from the request's root; an error of the whole request
+    (not an object) has an empty ``loc``, called ``request`` in the detail."""
+    if isinstance(exc, ValidationError):
+        return invalid_request([from_request_root(e) for e in validation_errors(exc)], root="request")
+    return problem_of(exc)
+
+
 def problems() -> ExceptionMiddleware:
     """Every error becomes a problem reply, as over HTTP: a mapped one with its code, anything
     else ``500 internal_error`` (logged)."""
@@ -98,7 +121,7 @@ def problems() -> ExceptionMiddleware:
 
     @middleware.add_handler(Exception, publish=True)
     async def _problem(exc: Exception) -> NatsResponse:
-        body = problem_of(exc)
+        body = command_problem(exc)
         if body is None:
             log.error("command failed", exc_info=exc)
             body = internal_error(exc)

@@ -30,9 +30,11 @@ def problem(status: int, code: str, title: str, detail: str, **extra: Any) -> Pr
     return {"type": PROBLEM_BASE + code, "title": title, "status": status, "detail": detail, "code": code, **extra}
 
 
-def invalid_request(errors: list[dict[str, Any]]) -> Problem:
-    """``422 invalid_request`` for a request's validation errors (``loc``, ``msg``, ``type``)."""
-    return problem(422, "invalid_request", "The request is not valid", validation_detail(errors), errors=errors)
+def invalid_request(errors: list[dict[str, Any]], *, root: str = "") -> Problem:
+    """``422 invalid_request`` for a request's validation errors (``loc``, ``msg``, ``type``);
+    ``root`` names, in the detail, an error of the whole request (an empty ``loc``)."""
+    detail = validation_detail(errors, root=root)
+    return problem(422, "invalid_request", "The request is not valid", detail, errors=errors)
 
 
 def validation_errors(exc: ValidationError) -> list[dict[str, Any]]:

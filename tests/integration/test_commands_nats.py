@@ -9,6 +9,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import re
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
@@ -278,6 +279,12 @@ REFUSALS: list[tuple[str, str, dict[str, Any], str, dict[str, Any] | bytes]] = [
 ]
 
 
+def from_request_root(http_detail: str) -> str:
+    """An HTTP problem's detail as a command's reads: a field FastAPI names under ``body.`` is
+    named from the request's root over NATS."""
+    return re.sub(r"(^|; )body\.", r"\1", http_detail)
+
+
 @pytest.mark.parametrize(("case", "route", "http_body", "command", "nats_body"), REFUSALS, ids=[r[0] for r in REFUSALS])
 async def test_each_refusal_replies_with_the_problem_http_answers(
     http: httpx.AsyncClient,
@@ -302,7 +309,7 @@ async def test_each_refusal_replies_with_the_problem_http_answers(
         h.status_code,
         expected["status"],
         expected["code"],
-        expected["detail"],
+        from_request_root(expected["detail"]),
     )
     assert problem["type"] == expected["type"]
     assert problem["title"] == expected["title"]
@@ -395,6 +402,38 @@ async def test_requests_the_api_would_refuse_as_bodies_are_refused_alike(
     h = await http.post("/v1/sessions", json={"id": sid})
     status, problem = await request(tenant_a, settings, "session.create", {"id": sid})
     assert (status, problem["code"], problem["detail"]) == (409, h.json()["code"], h.json()["detail"])
+
+
+@pytest.mark.parametrize("command", [c.name for c in COMMANDS])
+async def test_a_commands_validation_errors_name_fields_from_the_request_root(
+    tenant_a: NatsClient, settings: Settings, command: str
+) -> None:
+    """A field missing or unknown at the request's top level is named from the request's root, as
+    a nested one is (``["message", "role"]``): never under HTTP's ``"body"``."""
+    status, problem = await request(tenant_a, settings, command, {"zz_unknown": 1})
+    assert (status, problem["code"]) == (422, "invalid_request"), problem
+    locs = [e["loc"] for e in problem["errors"]]
+    assert ["zz_unknown"] in locs, problem
+    assert all(loc and loc[0] != "body" for loc in locs), problem
+    assert "zz_unknown: Extra inputs are not permitted" in problem["detail"], problem
+    assert "body" not in problem["detail"], problem
+
+
+async def test_an_append_missing_a_top_level_field_names_it_from_the_request_root(
+    http: httpx.AsyncClient, tenant_a: NatsClient, settings: Settings
+) -> None:
+    sid = await created_session(http)
+    status, problem = await request(tenant_a, settings, "append", {"session_id": sid})
+    assert (status, problem["code"], problem["detail"]) == (422, "invalid_request", "message: Field required")
+    assert problem["errors"] == [{"loc": ["message"], "msg": "Field required", "type": "missing"}]
+    status, problem = await request(tenant_a, settings, "append", {"message": message("m1")})
+    assert (status, problem["detail"]) == (422, "session_id: Field required")
+    assert [e["loc"] for e in problem["errors"]] == [["session_id"]]
+    # a request that is no object at all: its error is the request's own, not "body"'s
+    status, problem = await request(tenant_a, settings, "append", [1])
+    assert (status, problem["code"]) == (422, "invalid_request"), problem
+    assert [e["loc"] for e in problem["errors"]] == [[]], problem
+    assert problem["detail"].startswith("request: "), problem
 
 
 async def test_a_retried_append_is_idempotent(
