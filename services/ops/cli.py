@@ -28,6 +28,7 @@ from events.log import ReadIncomplete
 from services import logs
 from services.ops.argparsing import OneLineParser
 from services.ops.natsconf import ClusterNode, MissingOperator, NatsAccess, cluster_extra, server_config, write_config
+from services.ops.up_help import UP_DESCRIPTION, up_epilog
 from services.settings import (
     STACK_RECORD,
     Settings,
@@ -123,7 +124,13 @@ def run_drill(argv: list[str]) -> int:
 def main(argv: list[str] | None = None) -> int:
     parser = OneLineParser(prog="chronicle", description="Event-sourced memory for AI agents")
     sub = parser.add_subparsers(dest="command", required=True)
-    p_up = sub.add_parser("up", help="run the whole stack on this machine (no Docker)")
+    p_up = sub.add_parser(
+        "up",
+        help="run the whole stack on this machine (no Docker)",
+        description=UP_DESCRIPTION,
+        epilog=up_epilog(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p_up.add_argument("--nats-port", type=int, default=4250, help="port of the nats-server it starts")
     p_up.add_argument(
         "--nats-cluster",

