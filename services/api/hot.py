@@ -6,9 +6,9 @@ were about a fifth of the API's CPU per append (issue #13's profile).
 Only a request this path accepts whole is served here, by the same functions the routes call
 (:func:`services.api.messages.append_one`, :func:`services.api.history.read_history`), with
 errors answered by the same mapping (:func:`services.api.problems.http_problem_of`). Anything
-else, another route, a query parameter or header it does not take, a body that does not parse
-or validate, goes to the app unchanged (the body it read is handed on), which answers it as it
-always did. It sits inside the key check (the tenant is known) and the crash guard."""
+else, another route, a query parameter or header it does not take (an append takes no query), a
+body that does not parse or validate, goes to the app unchanged (the body it read is handed on),
+which answers it as it always did. It sits inside the key check (the tenant is known) and the crash guard."""
 
 from __future__ import annotations
 
@@ -64,7 +64,8 @@ class HotPaths:
     async def _append(self, scope: Scope, receive: Receive, send: Send, tenant: str, sid: str) -> None:
         body, more = await _read_body(receive)
         plain, key = _append_headers(scope["headers"])
-        parsed = _append_body(body) if plain and not more else None
+        # a query: the route takes none, and refuses one (services/api/strict_json.py)
+        parsed = _append_body(body) if plain and not more and not scope["query_string"] else None
         if parsed is None:
             _HANDED_ON["append"].inc()
             await self.app(scope, _replay(body, more, receive), send)

@@ -35,7 +35,8 @@ def is_json(content_type: str) -> bool:
 
 class StrictJsonRoute(APIRoute):
     """Routes whose JSON bodies go through :func:`strict_loads` (FastAPI's custom route class), and
-    whose query names a parameter that takes one value at most once (:func:`refuse_repeated`). A
+    whose query names a parameter that takes one value at most once and, on a ``/v1`` route, only
+    parameters the route takes (:func:`check_query`). A
     route that takes a body refuses one declared as something else than JSON (``415
     unsupported_media_type``; FastAPI would validate the raw bytes and answer a puzzling 422), and
     one declared more than once (whichever is JSON); a body with no ``Content-Type`` at all is
@@ -46,6 +47,7 @@ class StrictJsonRoute(APIRoute):
         handler = super().get_route_handler()
         takes_body = self.body_field is not None
         scalars = scalar_query_names(self.dependant)
+        known = taken_query_names(self.path, self.methods, self.dependant)
         keyed = IDEMPOTENCY_KEY in header_names(self.dependant)
 
         async def strict(request: Request) -> Response:
@@ -55,8 +57,8 @@ class StrictJsonRoute(APIRoute):
                 raise AmbiguousIdempotencyKey(
                     f"send one Idempotency-Key header (one key names one request): this request has {len(keys)}"
                 )
-            if scalars:
-                refuse_repeated(request, scalars)
+            if request.scope["query_string"] and (scalars or known is not None):
+                check_query(request, scalars, known)
             strict_request = StrictJsonRequest(request.scope, request.receive)
             if takes_body and await strict_request.body():
                 declared = request.headers.getlist("content-type")
@@ -82,13 +84,35 @@ class StrictJsonRoute(APIRoute):
 
 def scalar_query_names(dependant: Dependant) -> frozenset[str]:
     """The query parameters of a route (its dependencies' included) that take one value."""
+    return _query_names(dependant, scalar_only=True)
+
+
+def _query_names(dependant: Dependant, *, scalar_only: bool) -> frozenset[str]:
     names: set[str] = set()
     todo = [dependant]
     while todo:
         d = todo.pop()
-        names.update(f.alias for f in d.query_params if not _takes_list(f.field_info.annotation))
+        names.update(f.alias for f in d.query_params if not (scalar_only and _takes_list(f.field_info.annotation)))
         todo.extend(d.dependencies)
     return frozenset(names)
+
+
+STRICT_QUERY_ROOT = "/v1/"
+"""The routes under it (the JSON API) refuse a query parameter they do not take; the probes,
+``/metrics`` and the auditor's page take whatever a prober or a browser adds."""
+EVERY_READ_TAKES = frozenset({"min_seq"})
+"""What every ``GET`` under :data:`STRICT_QUERY_ROOT` takes, declared or not: the SDK sends
+``min_seq`` with every read after a write (chronicle_sdk/client.py), and a read that waits on no
+projection (``whoami``, ``erasures``, ``last-seq``, ``events``, …) has nothing to wait for."""
+
+
+def taken_query_names(path: str, methods: set[str] | None, dependant: Dependant) -> frozenset[str] | None:
+    """The query parameters a route takes; None for a route that takes any (outside
+    :data:`STRICT_QUERY_ROOT`)."""
+    if not path.startswith(STRICT_QUERY_ROOT):
+        return None
+    names = _query_names(dependant, scalar_only=False)
+    return names | EVERY_READ_TAKES if "GET" in (methods or ()) else names
 
 
 IDEMPOTENCY_KEY = "idempotency-key"
@@ -113,15 +137,28 @@ def _takes_list(annotation: Any) -> bool:
     return get_origin(annotation) in (list, set, frozenset, tuple, Sequence) or annotation in (list, set, tuple)
 
 
-def refuse_repeated(request: Request, scalars: frozenset[str]) -> None:
-    """``422 invalid_request`` naming each parameter of ``scalars`` the query gives more than once:
-    FastAPI would take the last value silently, while a proxy checking the first sees another
-    request (``limit=500&limit=1``). A parameter that takes a list (``ids``) may repeat."""
+def check_query(request: Request, scalars: frozenset[str], known: frozenset[str] | None) -> None:
+    """``422 invalid_request`` naming each parameter the query gives that the route does not take
+    (``known``; None: any is taken), and each of ``scalars`` it gives more than once.
+
+    An unknown parameter was ignored: ``history/stats?as_of_seq=3`` answered the current state to
+    a client that believed it asked for the past (``as_of_seq`` is ``history``'s), and a misspelt
+    parameter its default. A repeated one FastAPI would take the last value of silently, while a
+    proxy checking the first sees another request (``limit=500&limit=1``). A parameter that takes
+    a list (``ids``) may repeat."""
     seen: dict[str, list[str]] = {}
+    unknown: dict[str, str] = {}
     for name, value in request.query_params.multi_items():
         if name in scalars:
             seen.setdefault(name, []).append(value)
-    errors = [
+        elif known is not None and name not in known:
+            unknown.setdefault(name, value)
+    errors = []
+    if unknown:
+        takes = ", ".join(sorted(known or ())) or "no query parameter"
+        msg = f"not a parameter of this route (it takes {takes})"
+        errors = [{"type": "extra_forbidden", "loc": ("query", n), "msg": msg, "input": v} for n, v in unknown.items()]
+    errors += [
         {"type": "repeated", "loc": ("query", name), "msg": "given more than once; give it once", "input": values}
         for name, values in seen.items()
         if len(values) > 1

@@ -457,6 +457,69 @@ async def test_a_scalar_query_parameter_given_twice_is_422_naming_it(
     assert f"query.{repeated}" in problem["detail"], problem
 
 
+NO_TIME_TRAVEL = ["/history/stats", "/compactions", "/leaf", "/prompts", "/messages/m1", ""]
+"""Reads of a session that take no ``as_of_seq``, which another read of it takes (``history``,
+``context``, ``system-prompt``)."""
+UNKNOWN_QUERY = [
+    *(("GET", f"/v1/sessions/{{sid}}{tail}", "as_of_seq=2", "as_of_seq") for tail in NO_TIME_TRAVEL),
+    # a misspelt parameter answered its default
+    ("GET", "/v1/sessions/{sid}/history", "leaf_id=m1&as_of=1", "as_of"),
+    ("GET", "/v1/sessions/{sid}/history", "compact=false", "compact"),
+    ("GET", "/v1/sessions", "sort=recent", "sort"),
+    ("GET", "/v1/sessions/{sid}/events", "from=2", "from"),
+    # writes: nothing is written
+    ("POST", "/v1/sessions/{sid}/messages", "parent_id=m1", "parent_id"),
+    ("DELETE", "/v1/sessions/{sid}/messages", "ids=m1&all=true", "all"),
+    ("POST", "/v1/sessions/{sid}/messages:clear", "min_seq=1", "min_seq"),
+]
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "query", "unknown"), UNKNOWN_QUERY, ids=[" ".join(u[:3]) for u in UNKNOWN_QUERY]
+)
+async def test_a_query_parameter_the_route_does_not_take_is_422_naming_it_and_changes_nothing(
+    client: httpx.AsyncClient, method: str, path: str, query: str, unknown: str
+) -> None:
+    """(It was ignored: ``history/stats?as_of_seq=3`` answered the current state to a client that
+    believed it had asked for the past, a misspelt parameter its default.)"""
+    sid = new_sid()
+    await chain(client, sid, ["m1", "m2"])
+    before, last = await events(client, sid), await stream_last_seq(client)
+    body = {"message": msg("m3", "three")} if path.endswith("/messages") and method == "POST" else None
+    r = await client.request(method, f"{path.format(sid=sid)}?{query}", json=body)
+    problem = assert_problem(r, 422, "invalid_request")
+    [error] = problem["errors"]
+    assert (error["loc"], error["type"]) == (["query", unknown], "extra_forbidden"), problem
+    assert error["msg"].startswith("not a parameter of this route (it takes "), error
+    assert problem["detail"].startswith(f"query.{unknown}: not a parameter of this route"), problem
+    assert await events(client, sid) == before
+    assert await stream_last_seq(client) == last
+
+
+async def test_the_parameters_a_route_takes_and_min_seq_on_every_read_are_taken(client: httpx.AsyncClient) -> None:
+    """``min_seq`` on a read that does not declare it is taken (the SDK sends it with every read
+    after a write); the parameters a route declares are taken as before."""
+    sid = new_sid()
+    seq = await chain(client, sid, ["m1", "m2"])
+    for path in (
+        "/v1/whoami",
+        "/v1/erasures",
+        "/v1/quarantine",
+        "/v1/nats",
+        f"/v1/sessions/{sid}/last-seq",
+        f"/v1/sessions/{sid}/events",
+        f"/v1/sessions/{sid}/history/stats",
+    ):
+        r = await client.get(path, params={"min_seq": seq})
+        assert r.status_code == 200, (path, r.text)
+    r = await client.get(
+        f"/v1/sessions/{sid}/history", params={"leaf_id": "m1", "compacted": "false", "as_of_seq": seq}
+    )
+    assert [m["id"] for m in r.json()["messages"]] == ["m1"], r.text
+    r = await client.get(f"/v1/sessions/{sid}/history/stats", params={"leaf_id": "m2", "min_seq": seq})
+    assert [row["id"] for row in r.json()["rows"]] == ["m1", "m2"], r.text
+
+
 async def test_a_list_parameter_may_repeat(client: httpx.AsyncClient) -> None:
     sid = new_sid()
     await chain(client, sid, ["m1", "m2", "m3"])
