@@ -5,8 +5,9 @@
 * ``expected_last_subject_seq`` sets ``Nats-Expected-Last-Subject-Sequence`` on the event's
   session subject; the server rejects the publish with :class:`ConcurrencyConflict` if another
   event reached that subject first (``0`` means "the subject must be empty").
-* Transient failures (timeouts, no responders while JetStream starts) are retried, a bounded
-  number of times, with the same message id.
+* Transient failures (timeouts, no responders while JetStream starts, a write on a socket the
+  server's end closed: :func:`lost_connection`) are retried, a bounded number of times, with the
+  same message id; :class:`PublishFailed` once they are spent.
 * :meth:`Publisher.publish_many` pipelines with ``publish_async`` for bulk appends.
 * JetStream deduplicates by ``Nats-Msg-Id`` across the whole stream, not per subject: an id is
   taken by whoever publishes it first, on any subject. A tenant may publish straight to its own
@@ -43,7 +44,15 @@ from events.objects import owned
 from events.sealing import SEALED_FIELDS, DataKeys, seal_blob, seal_event, sealed_size
 from events.subjects import SubjectLayout
 
-__all__ = ["ConcurrencyConflict", "ForeignDuplicate", "PublishFailed", "Published", "Publisher", "Refused"]
+__all__ = [
+    "ConcurrencyConflict",
+    "ForeignDuplicate",
+    "PublishFailed",
+    "Published",
+    "Publisher",
+    "Refused",
+    "lost_connection",
+]
 
 HDR_MSG_ID = "Nats-Msg-Id"
 HDR_EXPECTED_SUBJECT_SEQ = "Nats-Expected-Last-Subject-Sequence"
@@ -55,6 +64,18 @@ TRANSIENT: tuple[type[BaseException], ...] = (
     nats.errors.NoRespondersError,
     nats.errors.ConnectionReconnectingError,
 )
+
+
+LOST_SOCKET = "unable to perform operation on"
+"""How uvloop's ``RuntimeError`` for a write on a closed transport begins."""
+
+
+def lost_connection(exc: BaseException) -> bool:
+    """Whether ``exc`` is nats-py writing to a socket its server's end closed (nats-server killed)
+    before the client noticed and began to reconnect: uvloop raises ``RuntimeError: unable to
+    perform operation on <TCPTransport closed=True>``, asyncio a ``ConnectionError``. Transient: the
+    client reconnects; not a bug to answer ``500``."""
+    return isinstance(exc, ConnectionError) or (isinstance(exc, RuntimeError) and str(exc).startswith(LOST_SOCKET))
 
 
 class ConcurrencyConflict(Exception):
@@ -244,6 +265,10 @@ class Publisher:
                 else:
                     raise
             except TRANSIENT as exc:
+                last_error = exc
+            except (RuntimeError, ConnectionError) as exc:  # the socket lost under the write: same id again
+                if not lost_connection(exc):
+                    raise
                 last_error = exc
             await asyncio.sleep(self._delay(attempt))
         raise PublishFailed(f"publish of {event.type} {event.id} failed: {last_error!r}") from last_error

@@ -45,6 +45,7 @@ from services.compaction.service import CompactionService, Series
 from services.compaction.state import CompactorState, pending, series, still_due
 from services.compaction.summarizers import OfflineSummarizer, OpenAISummarizer, Summarizer
 from services.compaction.worker import Compactor
+from services.connection_loss import ReconnectNoise, close_nats, nats_node
 from services.context.search_gate import SearchGate, search_slots
 from services.context.service import ContextService
 from services.context.tenant_space import TenantSpace
@@ -353,6 +354,7 @@ async def connect_nats(settings: Settings, *, starting: bool = False) -> NatsCli
     connected: list[NatsClient] = []
     failed: list[Exception] = []
     start = _Starting([])
+    noise = ReconnectNoise()
 
     async def on_error(exc: Exception) -> None:
         text = str(exc)
@@ -362,8 +364,17 @@ async def connect_nats(settings: Settings, *, starting: bool = False) -> NatsCli
             failed.append(exc)  # the first connect's tries: its error names the last one
         elif starting and not start.ready and "permissions violation" in text.lower():
             start.violations.append(text)  # raised by when_jetstream_ready as one line, or logged then
+        elif connected[0].is_reconnecting:  # a failed attempt: two a second, bounded to a line now and then
+            if (line := noise.attempt_failed(time.monotonic(), exc)) is not None:
+                nats_log.error("%s", line)
+        elif connected[0].is_closed:  # an attempt cut short by the process closing it: not news
+            nats_log.debug("nats: %r while closing", exc)
         else:
             nats_log.error("nats: %r", exc)  # a line each: reconnecting is routine, its traceback noise
+
+    async def on_reconnected() -> None:
+        if connected and (line := noise.reconnected(time.monotonic(), nats_node(connected[0]))) is not None:
+            nats_log.warning("%s", line)
 
     connecting = asyncio.ensure_future(
         nats.connect(
@@ -373,6 +384,7 @@ async def connect_nats(settings: Settings, *, starting: bool = False) -> NatsCli
             reconnect_time_wait=0.5,
             dont_randomize=True,
             error_cb=on_error,
+            reconnected_cb=on_reconnected,
             **nats_options(settings),
         )
     )
@@ -661,6 +673,6 @@ async def open_container(
     finally:
         await waiter.stop()
         await pool.close()
-        if not nc.is_closed:  # closed for good by a protocol error: nothing to flush, the stop goes on
+        if nc.is_connected:  # closed for good by a protocol error, or its server gone: nothing to flush
             await nc.flush()
-        await nc.close()
+        await close_nats(nc)

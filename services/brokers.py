@@ -10,7 +10,8 @@ process stops with its one line and exit status 4 (services/ops/processes.py,
   wait before it fails.
 - Stopping the broker unsubscribes each subscriber, which fails on a closed connection: one error
   each, raised together (``chronicle commands`` exited 1 with their tracebacks). :func:`stop`
-  takes them as done: nothing is left to unsubscribe from."""
+  takes them as done: nothing is left to unsubscribe from. So too on a connection that lost its
+  server (nats-server killed): ``ConnectionReconnectingError`` each (the process exited 4)."""
 
 from __future__ import annotations
 
@@ -20,8 +21,11 @@ from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, ParamSpec, TypeVar
 
 from faststream.nats import NatsBroker
-from nats.errors import ConnectionClosedError
+from nats.aio.client import Client as NatsClient
+from nats.errors import ConnectionClosedError, ConnectionReconnectingError
 from nats.js import JetStreamContext
+
+from services.connection_loss import close_nats
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -56,8 +60,22 @@ def paced_when_closed(broker: NatsBroker) -> int:
 
 
 async def stop(broker: NatsBroker) -> None:
-    """Stop ``broker``; its subscribers' failures to unsubscribe from a closed connection are none."""
+    """Stop ``broker``; its subscribers' failures to unsubscribe from a connection that is closed,
+    or that lost its server (reconnecting: nothing reaches a server, the subscriptions go with the
+    connection), are none, and the connection is then closed (FastStream leaves it open after such
+    a failure, and its drain would fail alike)."""
+    connection = broker_connection(broker)
     try:
         await broker.stop()
-    except* ConnectionClosedError:
+    except* (ConnectionClosedError, ConnectionReconnectingError):
         pass
+    if connection is not None:
+        await close_nats(connection)
+
+
+def broker_connection(broker: NatsBroker) -> NatsClient | None:
+    """A FastStream broker's NATS connection (its own, beside the container's); None before it started."""
+    try:
+        return broker.connection
+    except Exception:  # not started (FastStream's empty connection state raises)
+        return None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import math
 from typing import Any
@@ -40,6 +41,8 @@ HANDLED = (
     BlobNotFound,
     psycopg.OperationalError,
     nats.errors.Error,
+    ConnectionError,  # a socket lost under a write (events.publisher.lost_connection)
+    RuntimeError,  # uvloop's for the same; any other is re-raised to the crash guard (500)
     SearchTimedOut,
 )
 """The errors answered with a problem of their own (:func:`services.requests.problems.problem_of`)."""
@@ -123,6 +126,20 @@ def allowed_methods(request: Request) -> str:
     return ", ".join(allowed)
 
 
+def stopped_unanswered() -> Problem:
+    """The answer of a request the API stopped under (its graceful stop's time ran out, or the
+    event log was gone: services/ops/processes.py, ``ApiServer``): it may have been carried out,
+    as after any 503; a repeat replays what was stored."""
+    return problem_body(
+        503,
+        "unavailable",
+        "The API stopped before this request was answered",
+        "the API process stopped while this request was waiting (on the event log, most likely: it was "
+        "unreachable); it may have been carried out: send it again (a stored write answers as a replay)",
+        retry_after=1,
+    )
+
+
 class _ClientGone(Exception):
     """The connection was closed under an answer being written: nobody is left to answer."""
 
@@ -139,7 +156,10 @@ class CrashGuard:
     problem: the error is re-raised and the server closes the connection, the only honest end. A
     client that hung up before its body arrived (``ClientDisconnect``), or while its answer was
     written (a write on the closed transport), is no error: nothing is answered, and it is logged
-    at DEBUG only (each was a 76-line traceback at ERROR)."""
+    at DEBUG only (each was a 76-line traceback at ERROR). A request the server cancels as it stops
+    (its graceful stop's time ran out) is answered :func:`stopped_unanswered` (``503
+    unavailable``), not left to uvicorn (a plain-text 500 and an "Exception in ASGI application"
+    traceback each)."""
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
@@ -162,6 +182,13 @@ class CrashGuard:
 
         try:
             await self.app(scope, receive, tracked)
+        except asyncio.CancelledError:
+            stopping = getattr(scope["app"].state, "stopping", None) if "app" in scope else None
+            if started or stopping is None or not stopping.is_set():
+                raise
+            # cut by the server's stop (its graceful timeout ran out): a 503 to retry, not uvicorn's plain 500
+            log.debug("stopped before its answer: %s %s", scope["method"], scope["path"])
+            await as_response(stopped_unanswered())(scope, receive, send)
         except ClientDisconnect:  # the client hung up mid-body: no one to answer, nothing went wrong
             log.debug("the client hung up before its request was read: %s %s", scope["method"], scope["path"])
         except _ClientGone:

@@ -59,11 +59,29 @@ class Compactor:
         self._presence = presence_conninfo
 
     async def run(self, stop: asyncio.Event) -> None:
+        """Take work until ``stop``; a stop while it starts ends the start (with its nats-server
+        gone, the work queue's broker would wait to connect for good, SIGTERM unheeded)."""
+        starting = asyncio.ensure_future(self._start())
+        stopped = asyncio.ensure_future(stop.wait())
+        await asyncio.wait({starting, stopped}, return_when=asyncio.FIRST_COMPLETED)
+        if not starting.done():
+            starting.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await starting
+            await brokers.stop(self.broker)
+            return
+        stopped.cancel()
+        starting.result()  # its error, if it failed
+        await self._serve(stop)
+
+    async def _start(self) -> None:
         if self._retired is not None:
             with contextlib.suppress(NotFoundError):
                 await self.js.delete_consumer(self.layout.stream, self._retired)
         await ensure_consumer(self.js, self.layout, self._consumer)
         await self.broker.start()
+
+    async def _serve(self, stop: asyncio.Event) -> None:
         if not brokers.paced_when_closed(self.broker):
             log.warning(
                 "FastStream's pull subscriber is not the shape services/brokers.py is written for: should the "

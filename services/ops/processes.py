@@ -14,13 +14,14 @@ from typing import Any
 import nats.errors
 import uvicorn
 import uvloop
-from faststream.nats import NatsBroker
 from nats.aio.client import Client as NatsClient
 
 from services.api.app import build_app
 from services.api.http_head import head_bounded_protocol
 from services.bootstrap import open_container, settle_heap
+from services.brokers import broker_connection
 from services.commands_nats.app import serving_commands
+from services.connection_loss import nats_node
 from services.settings import Settings, UnusableResource
 
 log = logging.getLogger("chronicle")
@@ -30,12 +31,6 @@ def serve(main: Coroutine[Any, Any, None]) -> None:
     """Run a long-lived service on uvloop (the API gets it from uvicorn): less CPU per event."""
     with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
         runner.run(main)
-
-
-def nats_node(nc: NatsClient) -> str:
-    """``host:port`` of the NATS server ``nc`` is connected to (a cluster's node), no credentials."""
-    url = nc.connected_url
-    return f"{url.hostname}:{url.port}" if url is not None else "(not connected)"
 
 
 class NatsClosed(nats.errors.Error):
@@ -50,14 +45,6 @@ class NatsClosed(nats.errors.Error):
 
 NATS_CLOSED_POLL_S = 1.0
 """How often a process looks whether its NATS connection is closed for good."""
-
-
-def broker_connection(broker: NatsBroker) -> NatsClient | None:
-    """A FastStream broker's NATS connection (its own, beside the container's); None before it started."""
-    try:
-        return broker.connection
-    except Exception:  # not started (FastStream's empty connection state raises)
-        return None
 
 
 @contextlib.asynccontextmanager
@@ -163,17 +150,31 @@ def listening_socket(host: str, port: int, *, reuse_port: bool) -> socket.socket
     return sock
 
 
+NATS_LOST_GRACE_S = 1
+"""How long the API's stop waits for the requests in flight when its NATS connection is down
+(instead of its graceful 10 s): a request waiting on the event log cannot end sooner than the
+server is back; each is answered ``503 unavailable`` (services/api/problems.py, ``CrashGuard``)."""
+
+
 class ApiServer(uvicorn.Server):
     """uvicorn's server that, as it begins to stop, tells the answers that would stay open
     (followed events) to end: they end within a second, cleanly, instead of being cut after the
-    graceful timeout."""
+    graceful timeout. With ``nats_connected`` saying the event log is gone (nats-server killed,
+    the stack stopping because of it), the requests in flight are given :data:`NATS_LOST_GRACE_S`,
+    not the graceful timeout (the stop took 11 s, then answered them a plain 500)."""
 
-    def __init__(self, config: uvicorn.Config, stopping: asyncio.Event) -> None:
+    def __init__(
+        self, config: uvicorn.Config, stopping: asyncio.Event, nats_connected: Callable[[], bool] | None = None
+    ) -> None:
         super().__init__(config)
         self._stopping = stopping
+        self._nats_connected = nats_connected
 
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
         self._stopping.set()
+        if self._nats_connected is not None and not self._nats_connected():
+            graceful = self.config.timeout_graceful_shutdown
+            self.config.timeout_graceful_shutdown = min(graceful or NATS_LOST_GRACE_S, NATS_LOST_GRACE_S)
         await super().shutdown(sockets)
 
 
@@ -257,7 +258,7 @@ async def _serve_api_on(settings: Settings, sock: socket.socket) -> None:
             timeout_graceful_shutdown=10,
             http=api_http_protocol(settings),
         )
-        server = ApiServer(config, app.state.stopping)
+        server = ApiServer(config, app.state.stopping, lambda: c.nc.is_connected)
         # uvicorn stops on SIGINT/SIGTERM and raises the signal again once it has stopped: with the
         # default handlers that would end the process before the adapters close (and SIGINT would
         # be a KeyboardInterrupt traceback); with these it exits 0 after them, as the other processes do

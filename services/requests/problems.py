@@ -14,7 +14,7 @@ from pydantic import ValidationError
 from events.admission import Refused
 from events.blobs import BlobNotFound
 from events.ids import TENANT_SCOPE
-from events.publisher import PublishFailed
+from events.publisher import PublishFailed, lost_connection
 from events.sealing import KeyDestroyed, KeyUnavailable
 from events.validation import error_items, validation_detail
 from projections.search_bound import SearchTimedOut
@@ -87,6 +87,9 @@ def problem_of(exc: BaseException) -> Problem | None:
     if isinstance(exc, nats.errors.Error):  # NATS timeouts, no responders, a closed connection
         log.warning("event log unavailable: %r", exc)
         return problem(503, "unavailable", "The event log is unavailable", type(exc).__name__)
+    if lost_connection(exc):  # a write on a socket its server's end closed (nats-server killed): not a bug
+        log.warning("connection lost: %r", exc)
+        return problem(503, "unavailable", "A backing service is unavailable", type(exc).__name__, retry_after=1)
     return None
 
 

@@ -14,106 +14,32 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import signal
-import socket
-import subprocess
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import nats
 import pytest
 
-from bench.support import service
 from services.ops.cli import UNREACHABLE_EXIT
-from services.ops.localstack import free_port, start_nats
-from services.ops.natsconf import NatsAccess, server_config, write_config
 from services.settings import Settings
-from tests.conftest import KEYS, OPERATOR_SEED, make_settings
-from tests.support import chronicle_cli, scratch_database
+from tests.conftest import KEYS, OPERATOR_SEED
+from tests.e2e.own_nats import READY, OwnNats, own_stack_of, running
 
 LOWERED_MAX_PAYLOAD = 16
 """Under anything a process sends but a pull's ack or a PING (which carry no payload)."""
-READY = {
-    "projector": "consuming",
-    "compactor": "compactor taking",
-    "commands": "commands answered on",
-    "api": None,  # uvicorn logs nothing at the level the API runs it: its port says it is up
-}
 DEFAULT_MAX_PAYLOAD = 1024 * 1024
 EXIT_WAIT_S = 20
 """A process stops within a few seconds of its connection's close (the watch looks every second)."""
 ATTEMPTS = 3
 
 
-class _OwnNats:
-    """A nats-server of the test's own, configured by ``access``."""
-
-    def __init__(self, tmp: Path, port: int, access: NatsAccess) -> None:
-        self.tmp, self.port, self.access = tmp, port, access
-        self.proc = start_nats(port, tmp / "nats", tmp / "nats.log", access)
-
-    async def reload(self, max_payload: int) -> None:
-        """Reload the server with this ``max_payload``; returns once the server says it has it."""
-        config = server_config(
-            self.access,
-            host="127.0.0.1",
-            port=self.port,
-            store_dir=str(self.tmp / "nats"),
-            extra={"max_payload": max_payload},
-        )
-        log = self.tmp / "nats.log"
-        seen = len(log.read_text())
-        write_config(self.tmp / "nats.conf", config)
-        self.proc.send_signal(signal.SIGHUP)
-        async with asyncio.timeout(10):
-            while f"Reloaded: max_payload = {max_payload}" not in log.read_text()[seen:]:
-                await asyncio.sleep(0.05)
-
-    def stop(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-
-
 @pytest.fixture
-def own_stack(tmp_path: Path, pg_admin: str, s3_endpoint: str) -> Iterator[tuple[Settings, _OwnNats]]:
-    """Settings for a process on a nats-server and a migrated database of its own."""
-    port = free_port()
-    with scratch_database(pg_admin) as db:
-        settings = make_settings(f"nats://127.0.0.1:{port}", db, api_port=free_port(), s3_endpoint=s3_endpoint)
-        server = _OwnNats(tmp_path, port, NatsAccess.of(settings))
-        try:
-            migrated = chronicle_cli(settings, "migrate", timeout=90)
-            assert migrated.returncode == 0, migrated.stderr
-            yield settings, server
-        finally:
-            server.stop()
-
-
-@contextlib.asynccontextmanager
-async def _running(settings: Settings, command: str, output: Path) -> AsyncIterator[asyncio.subprocess.Process]:
-    """``chronicle <command>`` as a process writing to ``output``, once it is up (its ready line,
-    or the API's port); stopped on the way out if it is still running."""
-    async with service(command, settings, output) as proc:
-        async with asyncio.timeout(60):
-            marker = READY[command]
-            while not (marker in output.read_text() if marker else _listening(settings.api_port)):
-                assert proc.returncode is None, output.read_text()
-                await asyncio.sleep(0.1)
-        yield proc
-
-
-def _listening(port: int) -> bool:
-    try:
-        socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
-    except OSError:
-        return False
-    return True
+def own_stack(tmp_path: Path, pg_admin: str, s3_endpoint: str) -> Iterator[tuple[Settings, OwnNats]]:
+    with own_stack_of(tmp_path, pg_admin, s3_endpoint) as stack:
+        yield stack
 
 
 async def _nudge(command: str, settings: Settings) -> None:
@@ -139,7 +65,7 @@ async def _nudge(command: str, settings: Settings) -> None:
 
 @pytest.mark.parametrize("command", list(READY))
 async def test_a_process_whose_nats_connection_closes_for_good_exits_4_in_one_line(
-    own_stack: tuple[Settings, _OwnNats], command: str
+    own_stack: tuple[Settings, OwnNats], command: str
 ) -> None:
     """The server's close may reach a client that is sending at that moment as a reset: it then
     reconnects, learns the lowered bound and never goes over it again (the process stays up, as it
@@ -148,7 +74,7 @@ async def test_a_process_whose_nats_connection_closes_for_good_exits_4_in_one_li
     tried: list[str] = []
     for attempt in range(ATTEMPTS):
         output = server.tmp / f"{command}-{attempt}.log"
-        async with _running(settings, command, output) as proc:
+        async with running(settings, command, output) as proc:
             await server.reload(LOWERED_MAX_PAYLOAD)
             if await _exited(proc, command, settings):
                 break

@@ -65,16 +65,16 @@ async def test_a_brokers_own_connection_is_watched_once_it_started(
     connection of their own: its close stops the process as the container's does."""
     monkeypatch.setattr(processes, "NATS_CLOSED_POLL_S", 0.05)
     broker = broker_for(make_settings(nats_url, "postgresql://unused@127.0.0.1:1/none"))
-    assert processes.broker_connection(broker) is None  # not started: nothing to watch yet
+    assert brokers.broker_connection(broker) is None  # not started: nothing to watch yet
     await broker.start()
     stop = asyncio.Event()
     try:
-        nc = processes.broker_connection(broker)
+        nc = brokers.broker_connection(broker)
         assert nc is not None
         assert nc.is_connected
 
         async def body() -> None:
-            async with stopped_if_nats_closes(lambda: [processes.broker_connection(broker)], stop.set):
+            async with stopped_if_nats_closes(lambda: [brokers.broker_connection(broker)], stop.set):
                 await nc.publish("chronicle.test.oversize", b"x" * (nc.max_payload - 8), headers={"X-Pad": "y" * 64})
                 await asyncio.wait_for(stop.wait(), timeout=10)
 
@@ -102,7 +102,7 @@ async def _closed_broker(nats_url: str) -> NatsBroker:
     for i in range(2):
         broker.subscriber(f"chronicle.test.stop{uuid.uuid4().hex[:8]}.{i}")(_ignore)
     await broker.start()
-    nc = processes.broker_connection(broker)
+    nc = brokers.broker_connection(broker)
     assert nc is not None
     await nc.close()
     return broker

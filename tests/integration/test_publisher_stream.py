@@ -90,3 +90,41 @@ async def test_on_stored_is_told_of_each_event_stored_once_never_of_a_duplicate(
     finally:
         await js.delete_stream(f"TOLD{tag}")
         await nc.close()
+
+
+async def test_a_publish_that_meets_a_lost_socket_is_retried_with_the_same_id(
+    nats_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """nats-py writing to a socket the killed server's end closed, before it noticed (its flusher
+    died on it, so the next publish writes itself): uvloop raises ``RuntimeError: unable to perform
+    operation on <TCPTransport closed=True>``, which escaped the publisher (the API answered 500).
+    It is retried, as a timeout is: the event is stored once; spent, it is :class:`PublishFailed`."""
+    nc = await operator_nats(nats_url)
+    tag = uuid.uuid4().hex[:8]
+    js = nc.jetstream()
+    layout = SubjectLayout(stream=f"LOST{tag}", prefix=f"l{tag}.ev", commands=f"l{tag}.cmd")
+    lost = RuntimeError("unable to perform operation on <TCPTransport closed=True>; the handler is closed")
+    real = js.publish
+    tries: list[str] = []
+
+    async def losing(*args: object, **kwargs: object) -> object:
+        tries.append("x")
+        if len(tries) == 1:
+            raise lost  # the first write meets the lost socket
+        return await real(*args, **kwargs)  # type: ignore[arg-type]
+
+    try:
+        await js.add_stream(name=layout.stream, subjects=[f"{layout.prefix}.>"])
+        monkeypatch.setattr(js, "publish", losing)
+        stored = await Publisher(js, layout, backoff_s=0.01).publish(appended("tenant-a", "s-1", "m1", None))
+        assert (stored.seq, stored.duplicate, len(tries)) == (1, False, 2)
+
+        async def always_lost(*args: object, **kwargs: object) -> object:
+            raise lost
+
+        monkeypatch.setattr(js, "publish", always_lost)
+        with pytest.raises(PublishFailed, match="unable to perform operation"):
+            await Publisher(js, layout, attempts=2, backoff_s=0.01).publish(appended("tenant-a", "s-1", "m2", None))
+    finally:
+        await js.delete_stream(layout.stream)
+        await nc.close()
