@@ -77,7 +77,9 @@ class SessionManager(ConfigBuilder):
         ``metadata``. The client retries a create that failed in a way that may have reached the
         server (a timeout, a lost connection); a live session already at the id with exactly this
         name, metadata and parent is that first attempt's (or the same create made again) and is
-        answered, as an append of the same message again is. Raises :class:`SessionExists` for
+        answered, as an append of the same message again is (the server answers such a repeat
+        itself; against an earlier server, which answers ``409``, the client reads the session
+        and compares). Raises :class:`SessionExists` for
         an id taken otherwise (another name, metadata or parent, or a deleted session), and
         :class:`InvalidId` before any request for an id the server would refuse (``id=""``
         included: it is not "no id").

@@ -5,7 +5,7 @@ import logging
 from datetime import UTC, datetime, timedelta
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Body, Query
+from fastapi import APIRouter, Body, Query, Response
 
 from events.ids import InvalidId, check_session
 from projections import queries
@@ -62,12 +62,25 @@ def _session_json(row: queries.SessionRow) -> dict[str, Any]:
     }
 
 
-@router.post("/v1/sessions", status_code=201, response_model=None, responses=ok(m.SessionCreated, 201))
+@router.post(
+    "/v1/sessions",
+    status_code=201,
+    response_model=None,
+    responses=ok(m.SessionCreated, 201)
+    | ok(m.SessionCreated, 200, "The same create again (same id, name, metadata and parent): the first answer"),
+)
 async def create_session(
-    tenant: Tenant, c: ContainerDep, body: Annotated[CreateSessionBody, Body(default_factory=CreateSessionBody)]
+    tenant: Tenant,
+    c: ContainerDep,
+    response: Response,
+    body: Annotated[CreateSessionBody, Body(default_factory=CreateSessionBody)],
 ) -> dict[str, Any]:
-    """Create a session; every field is optional, and an empty body is ``{}``."""
-    return await writes.create_session(c, tenant, body.id, body.name, body.parent_session_id, body.metadata)
+    """Create a session; every field is optional, and an empty body is ``{}``. A live session at
+    ``id`` with the same name, metadata and parent is this create made before: ``200`` with the
+    first answer, nothing written (a retry of a create whose answer was lost)."""
+    created, out = await writes.create_session(c, tenant, body.id, body.name, body.parent_session_id, body.metadata)
+    response.status_code = 201 if created else 200
+    return out
 
 
 RECENT_CURSOR = "recent."

@@ -197,10 +197,10 @@ def command_router(
     @subscriber(by["session.create"])
     async def create_session(body: cmd.CreateSession, tenant: str = Path()) -> NatsResponse:
         c = container()
-        out = await writes.create_session(
+        created, out = await writes.create_session(
             c, tenant_of(tenant), body.id, body.name, body.parent_session_id, body.metadata
         )
-        return reply(out, 201)
+        return reply(out, 201 if created else 200)
 
     @subscriber(by["session.rename"])
     async def rename_session(body: cmd.RenameSession, tenant: str = Path()) -> NatsResponse:

@@ -53,12 +53,14 @@ def parent_spec(parent_id: str | None, given: bool) -> ParentSpec:
 
 async def create_session(
     c: Container, tenant: str, sid: str | None, name: str, parent: str | None, metadata: dict[str, Any]
-) -> Answer:
+) -> tuple[bool, Answer]:
+    """Whether the session was created now (False: a repeat of the create that made it, answered
+    as it was: ``200`` where a creation is ``201``), and the answer."""
     no_nul([name, metadata], "name and metadata")
     sid = check_id("session", sid) if sid is not None else None
     parent = check_id("session", parent) if parent is not None else None
     w = await c.commands.create_session(tenant, sid, name, parent, metadata)
-    return {"id": w.ids[0], "name": name, "parent_session_id": parent, "metadata": metadata, "seq": w.seq}
+    return w.written, {"id": w.ids[0], "name": name, "parent_session_id": parent, "metadata": metadata, "seq": w.seq}
 
 
 async def rename_session(c: Container, tenant: str, sid: str, name: str) -> Answer:

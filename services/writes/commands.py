@@ -133,14 +133,35 @@ class Commands:
     # -- sessions -------------------------------------------------------------------------
 
     async def create_session(
-        self, tenant: str, session: str | None, name: str, parent_session_id: str | None, metadata: JsonObject
+        self,
+        tenant: str,
+        session: str | None,
+        name: str,
+        parent_session_id: str | None,
+        metadata: JsonObject,
+        *,
+        replay: bool = True,
     ) -> WriteReceipt:
+        """Create the session; ``SessionExists`` when the id is taken. A live session that a
+        ``session.created`` with exactly this name, metadata and parent made is this create made
+        before (a retry whose first attempt's answer was lost): with ``replay``, it is answered as
+        that first attempt was (that event's sequence, ``written`` False) and nothing is
+        published. Decided from the read model once it has applied the session's log, as every
+        write is; a session an append made (its first event no ``session.created``), a deleted
+        one, or one created otherwise (renamed since counts as created so: its event is what is
+        compared) is ``SessionExists``."""
         sid = session or str(uuid.uuid4())
         if parent_session_id is not None:
             await self.optimistic.catch_up(tenant, parent_session_id)
 
         async def decide(conn: Conn) -> Decision:
-            if await queries.get_session(conn, tenant, sid) is not None:
+            row = await queries.get_session(conn, tenant, sid)
+            if row is not None:
+                if replay and row.deleted_at is None:
+                    first = await self._created_by(tenant, sid, row.created_seq)
+                    asked = (name, metadata, parent_session_id)
+                    if first is not None and (first.name, first.metadata, first.parent_session_id) == asked:
+                        return Decision(None, lambda _: WriteReceipt(row.created_seq, (sid,), written=False))
                 raise SessionExists(f"session {sid!r} already exists")
             if await queries.is_erased(conn, tenant, sid):  # recorded by any process: its id is burnt
                 raise ErasedSession(f"session {sid!r} was erased")
@@ -153,6 +174,19 @@ class Commands:
 
         result: WriteReceipt = await self._optimistic(tenant, sid, decide)
         return result
+
+    async def _created_by(self, tenant: str, sid: str, seq: int) -> SessionCreated | None:
+        """The ``session.created`` stored at ``seq`` (a session's first event, unsealed when sealed);
+        None when that event is another (an append made the session) or not one the projector applies."""
+        msg = await self._pub.js.get_msg(self._pub.layout.stream, seq)
+        data, keys = msg.data or b"", self._pub.keys
+        if keys is not None and (kid := kid_in(data)) is not None:
+            await keys.load([(tenant, sid, kid)])
+        try:
+            event = admit(data, msg.subject or "", self._pub.layout, keys)
+        except (Refused, KeyDestroyed):
+            return None
+        return event if isinstance(event, SessionCreated) else None
 
     async def _of_live(self, event: Event) -> WriteReceipt:
         """Publish ``event`` if its session is live (``404``/``410`` otherwise): the decision of a
@@ -654,7 +688,12 @@ async def fork(
     if made is None:
         try:
             created = await cmd.create_session(
-                tenant, sid, name if name is not None else source.name, session, {"forked_from": at_message_id}
+                tenant,
+                sid,
+                name if name is not None else source.name,
+                session,
+                {"forked_from": at_message_id},
+                replay=False,  # a fork made before is completed below, never answered as a create
             )
             made = ForkMade(created.seq, {}, 0)
         except SessionExists:

@@ -117,6 +117,32 @@ async def test_create_existing_id_conflicts(client: httpx.AsyncClient) -> None:
     assert r.json()["name"] == "first"
 
 
+async def test_the_same_create_again_answers_200_with_the_first_answer_and_writes_nothing(
+    client: httpx.AsyncClient,
+) -> None:
+    """A create whose answer was lost (a timeout) is retried: the retry is the same create (same
+    id, name, metadata and parent) and answers as the first one did, ``200`` where it was ``201``;
+    it was ``409 session_exists``, and the client could not tell its own create from a clash. A
+    create that differs in any of them is still ``409``, as is one of a deleted session."""
+    parent = await create(client, name="parent")
+    sid = new_sid()
+    body = {"id": sid, "name": "child", "metadata": {"team": "ops", "n": [1, 2]}, "parent_session_id": parent["id"]}
+    first = await client.post("/v1/sessions", json=body)
+    assert first.status_code == 201, first.text
+    before = await events(client, sid)
+    again = await client.post("/v1/sessions", json=body)
+    assert (again.status_code, again.json()) == (200, first.json())
+    assert await events(client, sid) == before  # nothing published
+    for other in ({"name": "other"}, {"metadata": {"team": "ops"}}, {"parent_session_id": None}):
+        assert_problem(await client.post("/v1/sessions", json={**body, **other}), 409, "session_exists")
+    renamed = await client.patch(f"/v1/sessions/{sid}", json={"name": "renamed"})
+    assert renamed.status_code == 200, renamed.text
+    again = await client.post("/v1/sessions", json=body)  # the create is what it was: renamed since
+    assert (again.status_code, again.json()) == (200, first.json())
+    assert (await client.delete(f"/v1/sessions/{sid}")).status_code == 200
+    assert_problem(await client.post("/v1/sessions", json=body), 409, "session_exists")
+
+
 async def test_create_id_of_a_session_made_by_an_append_conflicts(client: httpx.AsyncClient) -> None:
     sid = new_sid()
     await append(client, sid, msg("m1", "implicitly creates the session"))

@@ -398,9 +398,9 @@ async def test_requests_the_api_would_refuse_as_bodies_are_refused_alike(
         tenant_a, settings, "append", {"session_id": sid, "message": message("m1", "other")}
     )
     assert (status, problem["code"]) == (h.status_code, h.json()["code"]) == (409, "message_conflict")
-    # an existing session again: 409 session_exists on both
-    h = await http.post("/v1/sessions", json={"id": sid})
-    status, problem = await request(tenant_a, settings, "session.create", {"id": sid})
+    # an existing session created otherwise (another name): 409 session_exists on both
+    h = await http.post("/v1/sessions", json={"id": sid, "name": "another"})
+    status, problem = await request(tenant_a, settings, "session.create", {"id": sid, "name": "another"})
     assert (status, problem["code"], problem["detail"]) == (409, h.json()["code"], h.json()["detail"])
 
 
@@ -434,6 +434,29 @@ async def test_an_append_missing_a_top_level_field_names_it_from_the_request_roo
     assert (status, problem["code"]) == (422, "invalid_request"), problem
     assert [e["loc"] for e in problem["errors"]] == [[]], problem
     assert problem["detail"].startswith("request: "), problem
+async def test_the_same_create_again_answers_200_with_the_first_answer_as_over_http(
+    http: httpx.AsyncClient, tenant_a: NatsClient, settings: Settings
+) -> None:
+    """A ``session.create`` that got no reply in time (the command service stopped, then went on)
+    may have been carried out: its retry, the same create, answers as the first did (status
+    ``200`` where it was ``201``, nothing published) instead of ``409 session_exists``; one that
+    differs is still ``409``, and a session an append made is no create of it."""
+    sid = "s-" + uuid.uuid4().hex[:10]
+    body = {"id": sid, "name": "retried", "metadata": {"k": "v"}}
+    first = await request(tenant_a, settings, "session.create", body)
+    assert first[0] == 201, first
+    again = await request(tenant_a, settings, "session.create", body)
+    assert again == (200, first[1])
+    h = await http.post("/v1/sessions", json=body)
+    assert (h.status_code, h.json()) == again
+    last = await http.get(f"/v1/sessions/{sid}/last-seq")
+    assert last.json()["seq"] == first[1]["seq"], last.text  # nothing published by either repeat
+    status, problem = await request(tenant_a, settings, "session.create", {**body, "metadata": {}})
+    assert (status, problem["code"]) == (409, "session_exists")
+    made = "s-" + uuid.uuid4().hex[:10]
+    assert (await http.post(f"/v1/sessions/{made}/messages", json={"message": message("m1")})).status_code == 201
+    status, problem = await request(tenant_a, settings, "session.create", {"id": made})
+    assert (status, problem["code"]) == (409, "session_exists")
 
 
 async def test_a_retried_append_is_idempotent(
