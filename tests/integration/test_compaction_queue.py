@@ -46,6 +46,7 @@ from services.compaction.service import CompactionService, Series
 from services.compaction.summarizers import Summarizer, SummarizerError
 from services.compaction.worker import ensure_consumer
 from services.errors import ProjectionTimeout
+from services.ops.localstack import free_port
 from services.settings import Settings
 from services.writes.optimistic import OptimisticWriter
 from tests.conftest import make_settings, running_stack
@@ -226,6 +227,26 @@ async def test_the_shared_consumer_follows_the_settings(nats_url: str, fresh_db:
         await ensure_consumer(c.js, c.layout, consumer_config(c.layout, name, 2, (2.0, 3.0, 4.0)))
         info = await c.js.consumer_info(c.layout.work_stream, name)
         assert (info.config.max_deliver, info.config.backoff) == (9, [2.0, 3.0, 4.0])
+
+
+async def test_a_compactor_stopped_while_its_work_queue_cannot_connect_stops(
+    nats_url: str, fresh_db: str, s3_endpoint: str
+) -> None:
+    """A stop (SIGTERM) while the compactor starts and its work queue's nats-server is gone (killed
+    as it started): the start ends and the compactor stops. It waited to connect for good, the
+    stop unheeded (``chronicle compactor`` was killed after 20 s)."""
+    settings = make_settings(nats_url, fresh_db, s3_endpoint=s3_endpoint)
+    async with running_stack(settings, projector=False) as c:
+        compactor = c.compactor()
+        gone = settings.model_copy(update={"nats_url": f"nats://127.0.0.1:{free_port()}"})  # nothing listens
+        compactor.broker = work_broker(gone)
+        stop = asyncio.Event()
+        running = asyncio.create_task(compactor.run(stop))
+        await asyncio.sleep(0.5)  # connecting, again and again
+        assert not running.done()
+        stop.set()
+        async with asyncio.timeout(5):
+            await running
 
 
 async def test_a_failing_summarizer_is_redelivered_with_backoff_each_attempt_recorded_once(
