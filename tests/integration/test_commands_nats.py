@@ -434,6 +434,8 @@ async def test_an_append_missing_a_top_level_field_names_it_from_the_request_roo
     assert (status, problem["code"]) == (422, "invalid_request"), problem
     assert [e["loc"] for e in problem["errors"]] == [[]], problem
     assert problem["detail"].startswith("request: "), problem
+
+
 async def test_the_same_create_again_answers_200_with_the_first_answer_as_over_http(
     http: httpx.AsyncClient, tenant_a: NatsClient, settings: Settings
 ) -> None:
