@@ -185,14 +185,6 @@ class IdempotencyKeyConflict(Conflict):
     default_code = "idempotency_key_conflict"
 
 
-class BucketMissing(Conflict):
-    """The skills block's bucket does not exist (deleted after the config named it): the
-    ``set_context`` tool raises it rather than answering ``Error: …``, since the deployment, not
-    the LLM, must fix it (create the bucket). Nothing was uploaded or recorded, and no bucket made."""
-
-    default_code = "bucket_missing"
-
-
 class SourceNotText(Conflict):
     """A read-only block's (or a skill's) ``source`` object is not UTF-8 text: upload it as text,
     or PUT a config without it."""
@@ -482,7 +474,6 @@ BY_CODE: dict[str, type[ChronicleError]] = {
         IdempotencyKeyConflict,
         SourceMissing,
         SourceNotText,
-        BucketMissing,
         PromptUnstorable,
         EventIdTaken,
         MethodNotAllowed,

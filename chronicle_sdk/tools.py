@@ -167,10 +167,8 @@ class Tools:
         other call does: the server unreachable or answering an error status
         (:class:`~chronicle_sdk.TransientError`, after the client's retries;
         :class:`~chronicle_sdk.ServerError`), authentication (:class:`~chronicle_sdk.Unauthorized`),
-        the session deleted or erased, an invalid session id, the builder's config refused when
-        it is sent before the first call, and ``set_context`` on a skills block whose bucket does
-        not exist (:class:`~chronicle_sdk.BucketMissing`: the deployment must create it). A
-        backing service that fails while the server runs one of
+        the session deleted or erased, an invalid session id, and the builder's config refused when
+        it is sent before the first call. A backing service that fails while the server runs one of
         Chronicle's tools (the read model not catching up in time, object storage failing) is a
         failure of the tool, as in the reference: the server answers ``200`` and this returns
         ``Error: <the problem's title>`` (not retried; such a result does not say whether a write

@@ -145,12 +145,6 @@ UnsafeStoredConfig = _error(
 SourceMissing = _error(
     "SourceMissing", "source_missing", 409, "A read-only block's object is missing; upload it or PUT a new config"
 )
-BucketMissing = _error(
-    "BucketMissing", "bucket_missing", 409, "The bucket does not exist; create it first (Chronicle makes none)"
-)
-"""A skill put (the ``set_context`` tool on a skills block, ``chronicle skills put``) into a bucket
-that does not exist (deleted after the config named it): nothing is uploaded or recorded, and no
-bucket is made (its owner makes it, with its policy)."""
 SourceNotText = _error(
     "SourceNotText", "source_not_text", 409, "A read-only block's object is not UTF-8 text; upload text or PUT a config"
 )

@@ -5,6 +5,7 @@ Reference: the Cloudflare Agents SDK Session API, §1.4 and §2 of docs/referenc
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Awaitable, Callable
 
 from events.admission import MAX_WRITTEN_BYTES
@@ -32,27 +33,29 @@ from services.context.rules import (
 )
 from services.errors import (
     BlockNotFound,
-    BucketMissing,
+    InvalidConfig,
     InvalidRequest,
     PromptTooLarge,
     ReadOnlyBlock,
 )
+from services.storage.s3 import BucketMissing
 from services.writes.liveness import live_session
 from services.writes.optimistic import Decision
+
+log = logging.getLogger("chronicle.context")
 
 
 class ContextSkills(ContextBlocks):
     async def put_skill(self, tenant: str, bucket: str, key: str, content: str, description: str | None) -> int:
         """Store a document and record it in the tenant's skills index (idempotent per etag);
         :class:`~events.sealing.KeyDestroyed` (nothing stored) when the tenant is erased,
-        :class:`BucketMissing` (nothing stored, no bucket made) when ``bucket`` does not exist."""
+        :class:`~services.storage.s3.BucketMissing` (nothing stored, no bucket made) when ``bucket``
+        does not exist (the put itself says so: no check before it that a deletion could slip past)."""
         problem = unsafe_object_key(key)
         if problem is not None:
             raise InvalidRequest(f"key {key[:200]!r} is not a safe object key: {problem}")
         if self._pub.keys is not None:  # an erased tenant's record would be refused: upload nothing either
             await self._pub.keys.for_writing(tenant, TENANT_SCOPE)  # KeyDestroyed
-        if not await self._storage().bucket_exists(bucket):  # its owner makes it, with its policy
-            raise BucketMissing(f"bucket {bucket!r} does not exist: create it first")
         stored = await self._storage().put(bucket, object_key(tenant, key), content, description)
         return await self.record_skill(tenant, bucket, key, stored.description, stored.etag, stored.size)
 
@@ -88,9 +91,11 @@ class ContextSkills(ContextBlocks):
         """Put a skill through the session's skills block ``label``; refused, nothing stored, when
         ``key`` is outside the block's ``keys`` allowlist (:class:`InvalidRequest`: the block would
         never list nor load it, while the document is the tenant's, listed by other sessions; the
-        reference's provider writes it anyway) or when its line in the listing would lengthen the
+        reference's provider writes it anyway), when its line in the listing would lengthen the
         session's prompt past what can be stored (:class:`PromptTooLarge`:
-        :meth:`_refuse_unstorable_skill`)."""
+        :meth:`_refuse_unstorable_skill`), and when the block's bucket does not exist
+        (:class:`InvalidConfig`, no bucket made, a warning logged for the operator: deleted after
+        the config named it, the deployment's to create again)."""
         async with self._pool.connection() as conn:
             await live_session(conn, tenant, session, must_exist=False)
             config = await self.config(conn, tenant, session)
@@ -103,7 +108,20 @@ class ContextSkills(ContextBlocks):
         if outside is not None:
             raise InvalidRequest(outside)
         await self._refuse_unstorable_skill(tenant, session, config, block, key, description)
-        return await self.put_skill(tenant, block.bucket, block.prefix + key, content, description)
+        try:
+            return await self.put_skill(tenant, block.bucket, block.prefix + key, content, description)
+        except BucketMissing:
+            log.warning(
+                "skills block %r of session %r (tenant %r): bucket %r does not exist; create it, with its policy",
+                label,
+                session,
+                tenant,
+                block.bucket,
+            )
+            raise InvalidConfig(
+                f'Skill "{key}" not stored: the bucket {block.bucket!r} of block "{label}" does not exist '
+                "(the deployment must create it)"
+            ) from None
 
     async def _refuse_unstorable_skill(
         self, tenant: str, session: str, config: SessionConfig, block: SkillsBlock, key: str, description: str | None

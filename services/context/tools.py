@@ -21,7 +21,6 @@ from services.context.prompt_text import usage
 from services.context.skills import ContextSkills
 from services.context.tool_specs import SET_CONTEXT_ACTIONS, blocks_of, tool_specs
 from services.errors import (
-    BucketMissing,
     ChronicleError,
     ErasedSession,
     SearchTimeout,
@@ -47,8 +46,7 @@ class ContextTools(ContextSkills, ContextPrompt):
         """Run a tool with the LLM's arguments (``tool_call_id``: the LLM's id for this call);
         failures are ``Error: …`` strings, except a session never written (nor configured), deleted
         or erased (also one erased while the tool ran: its key destroyed), which raises: the
-        request's 404 or 410, and a skills block's bucket that does not exist (``set_context``),
-        the request's 409: the deployment's to fix, not the LLM's."""
+        request's 404 or 410."""
         try:
             await self._cond.catch_up(tenant, session)
             async with self._pool.connection() as conn:
@@ -66,8 +64,8 @@ class ContextTools(ContextSkills, ContextPrompt):
             if has_bad_chars(args):
                 return "Error: tool arguments must not contain NUL characters or lone surrogates"
             return await self._dispatch(tenant, session, name, args, tool_call_id)
-        except (SessionNotFound, ErasedSession, KeyDestroyed, BucketMissing):
-            raise  # the request's 404, 410 (a destroyed key: erased while the tool ran) or 409, not a result
+        except (SessionNotFound, ErasedSession, KeyDestroyed):
+            raise  # the request's 404 or 410 (a destroyed key: erased while the tool ran), not a result
         except ChronicleError as exc:
             if exc.status < 500:  # the caller's mistake, in our words
                 return f"Error: {exc.detail}"

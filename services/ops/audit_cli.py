@@ -19,10 +19,11 @@ from services.audit.archive_segments import ArchiveError, lost_line, span
 from services.audit.restore import RestoreRefused, RestoreStopped
 from services.audit.strays import merged, strays
 from services.bootstrap import Container, open_container
-from services.errors import AsOfPastLog, BucketMissing, ChronicleError, ObjectStorageError
+from services.errors import AsOfPastLog, ChronicleError, ObjectStorageError
 from services.ops.audit_text import rebuild_summary, verify_table
 from services.ops.progress import Progress
 from services.settings import Settings
+from services.storage.s3 import BucketMissing
 
 
 def storage_unusable(settings: Settings, exc: Exception) -> str:
@@ -298,8 +299,8 @@ async def run_skills(settings: Settings, args: argparse.Namespace) -> int:
             except KeyDestroyed:  # refused before anything is uploaded (ContextService.put_skill)
                 print(f"{said} tenant {args.tenant!r} is erased: it takes no skill documents", file=sys.stderr)
                 return 2
-            except BucketMissing as exc:  # refused before anything is uploaded, as the set_context tool is
-                print(f"{said} {exc.detail}", file=sys.stderr)
+            except BucketMissing as exc:  # the put refused: nothing uploaded, recorded or made
+                print(f"{said} {exc}", file=sys.stderr)
                 return 2
             print(f"stored {args.bucket}/{args.key} ({len(content.encode())} bytes); recorded at sequence {seq}")
             return 0

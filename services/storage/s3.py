@@ -52,6 +52,16 @@ READ_TIMEOUT_S = 15.0
 """How long a request waits for the store's next bytes before it fails (not retried)."""
 
 
+class BucketMissing(Exception):
+    """A put into a bucket that does not exist: nothing stored, and no bucket made (its owner makes
+    it, with its policy). Not a problem code: each caller says it its own way (the ``set_context``
+    tool as an ``Error: …`` result, ``chronicle skills put`` as exit 2)."""
+
+    def __init__(self, bucket: str) -> None:
+        super().__init__(f"bucket {bucket!r} does not exist: create it first")
+        self.bucket = bucket
+
+
 class SkillStore:
     def __init__(
         self,
@@ -82,22 +92,31 @@ class SkillStore:
             self._client.make_bucket(bucket)
 
     async def put(self, bucket: str, key: str, content: str, description: str | None) -> StoredObject:
-        """Store a document; the description becomes object metadata (dropped when None)."""
+        """Store a document; the description becomes object metadata (dropped when None).
+        :class:`BucketMissing` when ``bucket`` does not exist: one request, the PUT (no HEAD first,
+        so no bucket deleted between a check and the put is made again)."""
         data = content.encode()
 
         def put() -> StoredObject:
-            self._ensure_bucket(bucket)
             meta: dict[str, str | list[str] | tuple[str]] | None = (
                 {DESCRIPTION_META: quote(description, safe=SAFE_META)} if description else None
             )
-            result = self._client.put_object(
-                bucket, key, io.BytesIO(data), len(data), content_type="text/markdown; charset=utf-8", metadata=meta
-            )
+            try:
+                result = self._client.put_object(
+                    bucket, key, io.BytesIO(data), len(data), content_type="text/markdown; charset=utf-8", metadata=meta
+                )
+            except S3Error as exc:
+                if exc.code == "NoSuchBucket":
+                    raise BucketMissing(bucket) from exc
+                raise
             return StoredObject(key, description, str(result.etag).strip('"'), len(data))
 
         return await self._call(put)
 
     async def put_bytes(self, bucket: str, key: str, data: bytes) -> None:
+        """Store bytes, making ``bucket`` when it does not exist (Chronicle's own: the archive's,
+        claim-checked bodies')."""
+
         def put() -> None:
             self._ensure_bucket(bucket)
             self._client.put_object(bucket, key, io.BytesIO(data), len(data))

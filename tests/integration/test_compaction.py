@@ -23,6 +23,7 @@ from services.errors import ProjectionTimeout, SummarizerFailed
 from services.requests import writes
 from services.writes.optimistic import OptimisticWriter
 from tests.conftest import KEYS, make_settings, running_stack
+from tests.e2e.context_support import new_bucket
 from tests.integration.helpers import fault_after_overlay, text_message
 
 T = "tenant-a"
@@ -521,7 +522,7 @@ async def test_a_compaction_whose_prompt_cannot_be_rendered_again_stands(
     re-render after it is refused (``source_not_text``), the compaction stands and is answered,
     and the prompt in force stays (as after a clear)."""
     sid = new_id("not-text")
-    bucket = "src-" + sid[-12:]
+    bucket = new_bucket(stack.settings)  # a document put makes no bucket
     storage = stack.context._storage()
     await storage.put(bucket, object_key(T, "soul.md"), "You are kind.", None)
     block = {"label": "soul", "kind": "readonly", "source": {"bucket": bucket, "key": "soul.md"}}

@@ -19,6 +19,7 @@ from services.bootstrap import Container
 from services.context.blocks import SIZING_ROUNDS
 from services.context.rules import object_key
 from services.errors import ContentionExhausted, PromptTooLarge, SourceMissing, SourceNotText
+from tests.e2e.context_support import new_bucket
 
 T = "tenant-a"
 NOT_UTF8 = b"\xff\xfe policy \xc3\x28"
@@ -75,7 +76,7 @@ def readonly(bucket: str, *keys: str, writable: bool = False) -> SessionConfig:
 async def objects(stack: Container, sid: str) -> str:
     """A bucket holding ``soul.md`` (text), ``policy.bin`` (not UTF-8) and no ``gone.md``."""
     storage = stack.context._storage()
-    bucket = "src-" + sid.lower()[-12:]
+    bucket = new_bucket(stack.settings)  # a document put makes no bucket
     await storage.put(bucket, object_key(T, "soul.md"), "You are kind.", None)
     await storage.put_bytes(bucket, object_key(T, "policy.bin"), NOT_UTF8)
     return bucket

@@ -18,7 +18,7 @@ from minio.versioningconfig import VersioningConfig
 
 from services.errors import ObjectStorageError
 from services.storage import s3 as s3_module
-from services.storage.s3 import SkillStore
+from services.storage.s3 import BucketMissing, SkillStore
 
 Request = tuple[str, str | None, tuple[str, ...]]
 
@@ -78,6 +78,26 @@ async def test_deleting_2500_objects_under_a_prefix_takes_three_requests(
     assert [r for r in requests if r[0] in ("POST", "DELETE")] == [("POST", None, ("delete",))] * 3
     assert list(client.list_objects(bucket, prefix="tenants/t/", recursive=True)) == []
     assert [o.object_name for o in client.list_objects(bucket, recursive=True)] == ["tenants/tx/other"]
+
+
+async def test_a_document_put_is_one_request_and_into_a_missing_bucket_makes_no_bucket(
+    s3_endpoint: str, bucket: str, client: Minio, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """(A put HEADed the bucket and made it when missing: a skills bucket deleted after a check was
+    made again, without its owner's policy.) The PUT alone; a missing bucket is BucketMissing."""
+    store = new_store(s3_endpoint)
+    requests = recorded(store, monkeypatch)
+    stored = await store.put(bucket, "tenants/t/skills/doc", "# doc", "a doc")
+    assert [(method, key) for method, key, _ in requests] == [("PUT", "tenants/t/skills/doc")]
+    assert stored.size == len("# doc")
+    requests.clear()
+    gone = f"gone-{uuid.uuid4().hex[:8]}"
+    with pytest.raises(BucketMissing) as missing:
+        await store.put(gone, "tenants/t/skills/doc", "# doc", None)
+    assert missing.value.bucket == gone
+    assert str(missing.value) == f"bucket {gone!r} does not exist: create it first"
+    assert [(method, key) for method, key, _ in requests] == [("PUT", "tenants/t/skills/doc")]
+    assert not client.bucket_exists(gone)
 
 
 async def test_every_version_and_delete_marker_under_a_prefix_goes(

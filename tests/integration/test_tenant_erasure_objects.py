@@ -54,6 +54,8 @@ async def tenant_with_objects(c: Container) -> tuple[str, str, str, str]:
     skills, sources, foreign = unique("skills"), unique("sources"), unique("foreign")
     store = c.context.skills
     assert store is not None
+    for bucket in (skills, sources, foreign):
+        s3(c).make_bucket(bucket)  # a put makes no bucket
     await store.put(sources, f"tenants/{tenant}/notes/source.md", "read-only text", None)
     await store.put(foreign, f"tenants/{tenant}/staging/doc", "another deployment's", None)
     done = await c.commands.append(tenant, "s1", text_message("m1", "hello"), OMITTED)
@@ -135,6 +137,7 @@ async def test_a_bucket_the_operator_names_is_cleaned_and_makes_a_tenant_with_on
     tenant, bucket = f"t-{uuid.uuid4().hex[:10]}", unique("skills")
     store = c.context.skills
     assert store is not None
+    s3(c).make_bucket(bucket)  # a put makes no bucket
     await store.put(bucket, f"tenants/{tenant}/skills/copied-in", "# never synced", None)
     assert not await c.eraser.tenant_exists(tenant)  # nothing of it names the bucket
     assert await c.eraser.tenant_exists(tenant, [bucket])
@@ -148,6 +151,7 @@ async def test_an_unversioned_bucket_gets_plain_deletes(stack: Container, monkey
     s3:DeleteObjectVersion could not erase anything.)"""
     c = stack
     tenant, bucket = f"t-{uuid.uuid4().hex[:10]}", unique("plain")
+    s3(c).make_bucket(bucket)  # a put makes no bucket
     await c.context.put_skill(tenant, bucket, "skills/a", "# a", None)
     await c.context.put_skill(tenant, bucket, "skills/b", "# b", None)
     lists, removes = Minio.list_objects, Minio.remove_objects
