@@ -109,7 +109,8 @@ class Settings(BaseSettings):
         description="requests a second each tenant may make to one API or `chronicle commands` process (a token "
         "bucket per tenant; over it: 429 rate_limited with Retry-After, nothing done); 0: no limit. A request counts "
         "once per event it publishes: a messages:batch of N messages N, a fork copying N events N + 1, charged "
-        "before it publishes and taking the bucket into debt that the tenant's next requests wait out. With N "
+        "before it publishes (what it then does not publish given back) and taking the bucket into debt that the "
+        "tenant's next requests wait out. With N "
         "processes a tenant's ceiling is N times this",
     )
     rate_limit_burst: NonNegativeInt = Field(

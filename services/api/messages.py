@@ -113,7 +113,8 @@ async def append_batch(
     stored before it, as this answer lists them).
 
     Under a request limit it counts as one request per message: the messages past the first are
-    charged once the batch is checked, before any is appended (``429 rate_limited`` refuses it whole).
+    charged once the batch is checked, before any is appended (``429 rate_limited`` refuses it whole);
+    a failure part-way gives back the charge of the messages after the failing one.
     """
     parent = writes.parent_spec(body.parent_id, "parent_id" in body.model_fields_set)
     return await writes.append_batch(c, tenant, sid, body.messages, parent, idempotency_key, charge)

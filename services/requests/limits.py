@@ -7,7 +7,9 @@ is read); a request over the limit is refused there, before it does anything (``
 with the seconds until one would be admitted), so it is always safe to send again.
 
 A request that publishes more than one event (a batch of N messages, a fork copying N events) is
-charged the rest once it knows how many (:meth:`TenantLimits.charge`), before it publishes any:
+charged the rest once it knows how many (:meth:`TenantLimits.charge`), before it publishes any (and
+given back what it will not publish after all: a batch that fails at a message, a fork refused
+before its first event):
 the bucket may go into debt, so one request larger than the burst is never refused for its size,
 and the tenant's next requests wait until the debt is paid at its rate. A charge that finds the
 bucket in debt already (another request of the tenant, admitted at the same moment, charged first)
@@ -37,8 +39,9 @@ REPORT_EVERY_S = 60.0
 
 Charge = Callable[[int], None]
 """A request's charge for the events it is about to publish beyond its first (``charge(n)``):
-taken from its tenant's bucket, or :class:`RateLimited` raised before anything is published.
-None where no limit applies: nothing to call."""
+taken from its tenant's bucket, or :class:`RateLimited` raised before anything is published;
+``charge(-n)`` gives back ``n`` of what it took for events it did not publish after all (never
+refused). None where no limit applies: nothing to call."""
 
 log = logging.getLogger("chronicle.limits")
 
@@ -112,11 +115,15 @@ class TenantLimits:
     def charge_wait_s(self, tenant: str, tokens: int) -> float:
         """0 when ``tokens`` more are taken from ``tenant``'s bucket for a request it admitted
         (into debt if need be); otherwise, when the bucket was in debt already and would owe more
-        than its burst, nothing is taken and the seconds until a request would be admitted again."""
+        than its burst, nothing is taken and the seconds until a request would be admitted again.
+        A negative ``tokens`` gives them back (a charge's events not published), up to the burst."""
         rate = self.rate_of(tenant)
-        if rate is None or tokens <= 0:
+        if rate is None or tokens == 0:
             return 0.0
         bucket = self._refilled(tenant, rate)
+        if tokens < 0:
+            bucket.tokens = min(rate.burst, bucket.tokens - tokens)
+            return 0.0
         if bucket.tokens < 0.0 and bucket.tokens - tokens < -rate.burst:
             return (1.0 - bucket.tokens) / rate.per_s
         bucket.tokens -= tokens

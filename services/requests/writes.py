@@ -158,7 +158,9 @@ async def append_batch(
     :class:`BatchFailed` with them (``written``); a refusal of the request itself (ids not
     distinct, a message not valid) is raised before anything is written, as is a refusal of
     ``charge`` (its tenant's request limit, charged every message past the first: one event each,
-    a message a retry re-answers included)."""
+    a message a retry re-answers included). A batch that fails at a message is given back the
+    charge of the messages after it, never reached: one refused at its first (an unknown parent,
+    a deleted session, a conflict) costs its one token, as an invalid one does."""
     check_id("session", sid)
     bodies = [checked_message(m, new=True, loc=("messages", i)) for i, m in enumerate(messages)]
     if len({m["id"] for m in bodies}) != len(bodies):
@@ -175,6 +177,8 @@ async def append_batch(
         try:
             r = await c.commands.append(tenant, sid, body, parent, request_key, follow=follow)
         except Exception as exc:  # the messages before it are stored: the answer says so (BatchFailed)
+            if charge is not None and i < len(bodies) - 1:
+                charge(-(len(bodies) - 1 - i))  # the messages after it publish nothing
             raise BatchFailed(exc, i, str(body["id"]), answers) from exc
         answers.append({"id": r.id, "parent_id": r.parent_id, "seq": r.seq, "created": r.created})
         parent = r.tail  # a compaction summary sent back: the last message it covers

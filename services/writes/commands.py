@@ -602,8 +602,11 @@ async def fork(
 
     ``charge`` (the tenant's request limit, services/requests/limits.py) is called with the
     number of copies this call will publish (every event past its first, the new session's
-    creation), once the source is read and before anything is published: a refusal it raises
-    leaves nothing published. A complete fork answered from its log is not charged.
+    creation), once the source is read and before any copy is packed (a body claim-checked, an
+    original stored again, the fork's data key made): a refusal it raises leaves nothing
+    published or stored. A fork refused after the charge and before its first event (a copy the
+    log would refuse) is given the charge back (``charge(-n)``). A complete fork answered from its
+    log is not charged.
     """
     await cmd.optimistic.catch_up(tenant, session)
     gone: Exception | None = None
@@ -637,54 +640,67 @@ async def fork(
     path_ids = [r.id for r in rows]
     carried = [item for item in apply_overlays(path_ids, in_force) if not isinstance(item, str)]
     held = made.copies if made is not None else {}
-    messages: list[Event] = []
-    on_path = set(path_ids)
-    for i, row in enumerate(rows):
-        if ("message", row.id) in held:  # copied by an earlier call of this fork
-            continue
-        # the path's root keeps its parent id (a deleted message's, as in the source), unless it
-        # names a message of the path: a cycle stored before appends refused them (or published
-        # straight to the stream) is not copied, the fork's path starts a new root there
-        parent_id = None if i == 0 and row.parent_id in on_path else row.parent_id
-        outputs = unloaded.outputs(row.id, row.content)
-        body = json.loads(reclaim(row.content, outputs) if outputs else row.content)
-        packed = await cmd._pack(tenant, sid, body)
-        if row.original_ref is not None:  # a capped message keeps its original in the fork too
-            packed = {**packed, **await cmd.carried_original(tenant, session, sid, row.original_ref)}
-        event_id = derived_id("fork-message", tenant, sid, row.id)
-        messages.append(
-            MessageAppended(id=event_id, tenant=tenant, session=sid, message_id=row.id, parent_id=parent_id, **packed)
-        )
-    overlays: list[Event] = []
-    for item in carried:
-        overlay_id = _overlay_copy_id(tenant, sid, item)
-        if ("overlay", overlay_id) in held:
-            continue
-        overlays.append(
-            CompactionRecorded(
-                id=overlay_id,
-                tenant=tenant,
-                session=sid,
-                overlay_id=overlay_id,
-                from_message_id=item.from_message_id,
-                to_message_id=item.to_message_id,
-                leaf_id=at_message_id,
-                tokens_before=item.tokens_before,
-                tokens_after=item.tokens_after,
-                summarizer=item.summarizer,
-                model=item.model,
-                summary=item.summary,
+    # charged before any copy is packed (a body claim-checked, an original stored again, the
+    # fork's data key made), so a refused charge leaves nothing behind: the events past the first
+    # (the creation; a retry's copies when it is made)
+    to_copy = sum(("message", r.id) not in held for r in rows)
+    to_copy += sum(("overlay", _overlay_copy_id(tenant, sid, item)) not in held for item in carried)
+    charged = to_copy if made is None else to_copy - 1
+    if charge is not None:
+        charge(charged)
+    try:
+        messages: list[Event] = []
+        on_path = set(path_ids)
+        for i, row in enumerate(rows):
+            if ("message", row.id) in held:  # copied by an earlier call of this fork
+                continue
+            # the path's root keeps its parent id (a deleted message's, as in the source), unless it
+            # names a message of the path: a cycle stored before appends refused them (or published
+            # straight to the stream) is not copied, the fork's path starts a new root there
+            parent_id = None if i == 0 and row.parent_id in on_path else row.parent_id
+            outputs = unloaded.outputs(row.id, row.content)
+            body = json.loads(reclaim(row.content, outputs) if outputs else row.content)
+            packed = await cmd._pack(tenant, sid, body)
+            if row.original_ref is not None:  # a capped message keeps its original in the fork too
+                packed = {**packed, **await cmd.carried_original(tenant, session, sid, row.original_ref)}
+            event_id = derived_id("fork-message", tenant, sid, row.id)
+            messages.append(
+                MessageAppended(
+                    id=event_id, tenant=tenant, session=sid, message_id=row.id, parent_id=parent_id, **packed
+                )
             )
-        )
-    # the copy of at_message_id last: the fork is complete once its log holds it
-    last = [e for e in messages if _copy_key(e) == ("message", at_message_id)]
-    events = [e for e in messages if e not in last] + overlays + last
-    # Every event is admitted before the first one (the new session) is published: a fork the
-    # log would refuse part-way publishes nothing.
-    for event in events:
-        cmd._pub.encode(event)
-    if charge is not None:  # the events past the first (the creation; a retry's copies when it is made)
-        charge(len(events) if made is None else len(events) - 1)
+        overlays: list[Event] = []
+        for item in carried:
+            overlay_id = _overlay_copy_id(tenant, sid, item)
+            if ("overlay", overlay_id) in held:
+                continue
+            overlays.append(
+                CompactionRecorded(
+                    id=overlay_id,
+                    tenant=tenant,
+                    session=sid,
+                    overlay_id=overlay_id,
+                    from_message_id=item.from_message_id,
+                    to_message_id=item.to_message_id,
+                    leaf_id=at_message_id,
+                    tokens_before=item.tokens_before,
+                    tokens_after=item.tokens_after,
+                    summarizer=item.summarizer,
+                    model=item.model,
+                    summary=item.summary,
+                )
+            )
+        # the copy of at_message_id last: the fork is complete once its log holds it
+        last = [e for e in messages if _copy_key(e) == ("message", at_message_id)]
+        events = [e for e in messages if e not in last] + overlays + last
+        # Every event is admitted before the first one (the new session) is published: a fork the
+        # log would refuse part-way publishes nothing.
+        for event in events:
+            cmd._pub.encode(event)
+    except BaseException:  # nothing published: what was charged for it is given back
+        if charge is not None:
+            charge(-charged)
+        raise
     if made is None:
         try:
             created = await cmd.create_session(

@@ -27,10 +27,11 @@ from services.api.app import build_app
 from services.api.metrics import REGISTRY
 from services.bootstrap import Container
 from services.commands_nats.app import serving_commands
-from services.errors import RateLimited
+from services.errors import BatchFailed, ObjectStorageError, RateLimited
 from services.requests import writes
 from services.requests.limits import Rate, TenantLimits
 from services.settings import Settings
+from services.writes.decisions import ParentSpec
 from tests import raw_http
 from tests.conftest import KEYS, running_stack, tenant_nats, tenant_nats_settings
 from tests.support import served
@@ -336,3 +337,92 @@ async def test_a_refused_charge_publishes_nothing_of_a_batch_or_a_fork(stack: Co
     with pytest.raises(RateLimited):  # its 3 copies, charged once the source is read
         await writes.fork_session(stack, "tenant-a", source, "m2", fork, None, charge)
     assert await stack.publisher.last_subject_seq("tenant-a", fork) == 0  # not even the new session
+
+
+def tokens_left(limits: TenantLimits, tenant: str) -> int:
+    """The whole tokens ``tenant``'s bucket holds (the clock stands still): the requests admitted
+    before one is refused (it takes them)."""
+    n = 0
+    while limits.wait_s(tenant) == 0.0:
+        n += 1
+    return n
+
+
+def still_limits() -> TenantLimits:
+    """tenant-a's bucket, full, on a clock that stands still, the request's own token taken."""
+    limits = TenantLimits(Rate(RATE, BURST), clock=lambda: 0.0)
+    limits.admit("tenant-a")
+    return limits
+
+
+async def test_a_batch_refused_at_its_first_message_costs_its_one_token(stack: Container) -> None:
+    """(It kept its charge for every message, though it published none.) An unknown parent, a
+    deleted session: refused at the first message, the rest of the charge given back."""
+    source = await long_session(stack, 1)
+    deleted = await long_session(stack, 1)
+    await writes.delete_session(stack, "tenant-a", deleted)
+    refusals: list[tuple[str, ParentSpec, str]] = [
+        (source, "no-such-message", "unknown_parent"),
+        (deleted, OMITTED, "session_not_found"),
+    ]
+    for sid, parent, code in refusals:
+        limits = still_limits()
+        with pytest.raises(BatchFailed) as failed:
+            await writes.append_batch(
+                stack, "tenant-a", sid, [message(f"x{i}") for i in range(5)], parent, None, limits.charger("tenant-a")
+            )
+        assert (failed.value.failed_index, getattr(failed.value.cause, "code", None)) == (0, code)
+        assert tokens_left(limits, "tenant-a") == BURST - 1  # the request's token alone
+
+
+async def test_a_batch_failing_at_a_message_is_charged_the_messages_it_reached(stack: Container) -> None:
+    """The third message's id is taken by another body (409): the two before it are stored, the
+    third refused, the two after it never sent: 3 of the 5 tokens taken."""
+    sid = new_id()
+    await writes.append(stack, "tenant-a", sid, {**message("m2"), "role": "assistant"}, OMITTED, None)
+    limits = still_limits()
+    with pytest.raises(BatchFailed) as failed:
+        await writes.append_batch(stack, "tenant-a", sid, messages(5), OMITTED, None, limits.charger("tenant-a"))
+    assert (failed.value.failed_index, getattr(failed.value.cause, "code", None)) == (2, "message_conflict")
+    assert tokens_left(limits, "tenant-a") == 0  # 3 - 1 (its token, m0) - 2 (m1, m2): none left
+    assert limits.wait_s("tenant-a") == pytest.approx(1 / RATE)  # owing nothing: one token away
+
+
+async def test_a_refused_fork_charge_packs_no_copy(stack: Container, monkeypatch: pytest.MonkeyPatch) -> None:
+    """(The copies were packed first: a claim-checked body uploaded, an original stored again, the
+    fork's data key made, for a fork then refused.)"""
+    source = await long_session(stack, 3)
+    limits = TenantLimits(Rate(RATE, BURST), clock=lambda: 0.0)
+    for _ in range(BURST):
+        limits.admit("tenant-a")
+    limits.charge("tenant-a", BURST)  # in debt past the burst: the fork's charge is refused
+    packed: list[str] = []
+    pack = stack.commands._pack
+
+    async def counting(tenant: str, session: str, body: Any, digest: str | None = None) -> dict[str, Any]:
+        packed.append(session)
+        return await pack(tenant, session, body, digest)
+
+    monkeypatch.setattr(stack.commands, "_pack", counting)
+    with pytest.raises(RateLimited):
+        await writes.fork_session(stack, "tenant-a", source, "m2", new_id(), None, limits.charger("tenant-a"))
+    assert packed == []
+
+
+async def test_a_fork_failing_before_its_first_event_is_given_its_charge_back(
+    stack: Container, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Object storage fails while a copy is packed: nothing published, nothing charged past the
+    request's own token."""
+    source = await long_session(stack, 3)
+    limits = still_limits()
+
+    async def failing(tenant: str, session: str, body: Any, digest: str | None = None) -> dict[str, Any]:
+        raise ObjectStorageError("down")
+
+    monkeypatch.setattr(stack.commands, "_pack", failing)
+    fork = new_id()
+    with pytest.raises(ObjectStorageError):
+        await writes.fork_session(stack, "tenant-a", source, "m2", fork, None, limits.charger("tenant-a"))
+    assert await stack.publisher.last_subject_seq("tenant-a", fork) == 0
+    assert tokens_left(limits, "tenant-a") == BURST - 1

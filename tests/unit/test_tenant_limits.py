@@ -137,6 +137,22 @@ def test_a_charge_of_nothing_or_for_a_tenant_without_a_limit_costs_nothing() -> 
     assert limits.charge_wait_s("a", 1) == pytest.approx(2.0)  # owing 1, 2 would be more than the burst
 
 
+def test_a_negative_charge_gives_back_what_was_taken_up_to_the_burst() -> None:
+    """A request that publishes fewer events than it was charged (a batch failing at a message)
+    gives the rest back: ``charge(-n)``, never refused."""
+    limits, _ = limited(per_s=1.0, burst=3)
+    limits.admit("a")
+    charge = limits.charger("a")
+    assert charge is not None
+    charge(9)  # 2 -> -7
+    charge(-9)  # -7 -> 2: the request's own token stays taken
+    assert [limits.wait_s("a") for _ in range(2)] == [0.0, 0.0]
+    assert limits.wait_s("a") == pytest.approx(1.0)
+    charge(-50)  # never more than the burst
+    assert [limits.wait_s("a") for _ in range(3)] == [0.0, 0.0, 0.0]
+    assert limits.wait_s("a") > 0
+
+
 def test_a_refused_charge_is_logged_as_a_refused_request(caplog: pytest.LogCaptureFixture) -> None:
     limits, _ = limited(per_s=1.0, burst=1)
     limits.admit("a")
