@@ -23,6 +23,7 @@ import pytest
 from chronicle_sdk import ChronicleClient
 from events.commands import STATUS_HEADER
 from events.omitted import OMITTED
+from services.api import app as app_module
 from services.api.app import build_app
 from services.api.metrics import REGISTRY
 from services.bootstrap import Container
@@ -234,9 +235,34 @@ async def test_a_fork_of_a_long_session_takes_a_token_per_event_it_copies(api: s
         assert_http_waits_for(refused, 1 + n, time.monotonic() - started)
 
 
+class ObservedLimits(TenantLimits):
+    """The settings' limits (tenant-a: RATE and BURST; tenant-b: none), and an event set when a
+    request is admitted: the server has read its head."""
+
+    def __init__(self) -> None:
+        super().__init__(Rate(RATE, BURST), {"tenant-b": None})
+        self.admitted = asyncio.Event()
+
+    def admit(self, tenant: str) -> None:
+        super().admit(tenant)
+        self.admitted.set()
+
+
+@pytest.fixture
+async def observed(
+    settings: Settings, stack: Container, monkeypatch: pytest.MonkeyPatch
+) -> AsyncIterator[tuple[str, ObservedLimits]]:
+    """A fresh API, as ``api``, whose limits say when they admit a request; its URL and limits."""
+    limits = ObservedLimits()
+    monkeypatch.setattr(app_module, "limits_of", lambda _: limits)
+    async with served(build_app(settings, stack)) as url:
+        yield url, limits
+
+
 async def test_a_batch_admitted_beside_one_that_took_the_bucket_into_debt_is_refused_with_nothing_written(
-    api: str, stack: Container
+    observed: tuple[str, ObservedLimits], stack: Container
 ) -> None:
+    api, limits = observed
     first, other = new_id(), new_id()
     body = json.dumps({"messages": messages(2)}).encode()
     head = (
@@ -249,7 +275,7 @@ async def test_a_batch_admitted_beside_one_that_took_the_bucket_into_debt_is_ref
         started = time.monotonic()
         writer.write(head)  # admitted on its head (3 -> 2 tokens); its body, and so its charge, later
         await writer.drain()
-        await asyncio.sleep(0.3)  # the server reads the head: the retry_after below shows it was admitted
+        await asyncio.wait_for(limits.admitted.wait(), timeout=10)  # the server has read the head
         async with client(api, "tenant-a") as http:  # meanwhile a batch of 10: its token and 9 more (2 -> -8)
             other_batch = await http.post(f"/v1/sessions/{other}/messages:batch", json={"messages": messages(10)})
         assert other_batch.status_code == 201, other_batch.text
