@@ -236,16 +236,21 @@ async def test_a_fork_of_a_long_session_takes_a_token_per_event_it_copies(api: s
 
 
 class ObservedLimits(TenantLimits):
-    """The settings' limits (tenant-a: RATE and BURST; tenant-b: none), and an event set when a
-    request is admitted: the server has read its head."""
+    """The settings' limits (tenant-a: RATE and BURST; tenant-b: none), an event set when a
+    request is admitted (the server has read its head), and the charges asked of them."""
 
     def __init__(self) -> None:
         super().__init__(Rate(RATE, BURST), {"tenant-b": None})
         self.admitted = asyncio.Event()
+        self.charged: list[tuple[str, int]] = []
 
     def admit(self, tenant: str) -> None:
         super().admit(tenant)
         self.admitted.set()
+
+    def charge(self, tenant: str, tokens: int) -> None:
+        self.charged.append((tenant, tokens))
+        super().charge(tenant, tokens)
 
 
 @pytest.fixture
@@ -296,14 +301,22 @@ async def test_a_batch_admitted_beside_one_that_took_the_bucket_into_debt_is_ref
     assert len(other_batch.json()["messages"]) == 10
 
 
-async def test_a_tenant_without_a_limit_is_not_charged(api: str) -> None:
+async def test_a_tenant_without_a_limit_is_not_charged(observed: tuple[str, ObservedLimits]) -> None:
+    """(Its next request being admitted showed no more than a charge under the limit.) In the app
+    that charges tenant-a's batch, tenant-b's batch and fork of 200 ask its limits for nothing,
+    and it has no bucket."""
+    api, limits = observed
     sid = new_id()
     async with client(api, "tenant-b") as http:
         batch = await http.post(f"/v1/sessions/{sid}/messages:batch", json={"messages": messages(200)})
         assert batch.status_code == 201, batch.text
         forked = await http.post(f"/v1/sessions/{sid}/fork", json={"at_message_id": "m199"})
         assert forked.status_code == 201, forked.text
-        assert (await http.get("/v1/sessions")).status_code == 200
+    async with client(api, "tenant-a") as http:
+        batch = await http.post(f"/v1/sessions/{new_id()}/messages:batch", json={"messages": messages(2)})
+        assert batch.status_code == 201, batch.text
+    assert limits.charged == [("tenant-a", 1)]
+    assert "tenant-b" not in limits._buckets  # never counted either
 
 
 async def command(nc: Any, subject: str, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:

@@ -4,10 +4,12 @@ reads as a problem and an HTTP answer. The clock is a variable: no test waits.""
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 
 import pytest
 from pydantic import ValidationError
 from starlette.requests import Request
+from starlette.types import Message, Receive, Scope, Send
 
 from services.api.app import build_app
 from services.api.deps import charge_of
@@ -182,7 +184,34 @@ async def test_without_a_limit_the_api_has_no_limit_layer_and_a_batch_or_fork_ge
 
     assert TenantRateLimit not in layers(Settings(rate_limit=0))  # the hot paths run as without limits
     assert TenantRateLimit in layers(Settings(rate_limit=5))
-    assert await charge_of(Request({"type": "http", "state": {"tenant": "t"}})) is None
+    assert await charge_of(Request({"type": "http", "state": {"tenant": "t"}})) is None  # no layer: no charge
+
+
+async def test_through_the_limit_layer_a_tenant_without_a_rate_gets_no_charge_and_one_with_a_rate_does() -> None:
+    """(Checked on a request no layer had seen, ``charge_of`` was None whatever the layer does.)
+    The same layer, the same requests: the limited tenant's route is handed a charge that takes
+    from its bucket, the free tenant's none, and the free tenant gets no bucket at all."""
+    limits, _ = limited(per_s=1.0, burst=3, free=None)
+    seen: dict[str, Callable[[int], None] | None] = {}
+
+    async def route(scope: Scope, receive: Receive, send: Send) -> None:
+        seen[scope["state"]["tenant"]] = await charge_of(Request(scope))
+
+    async def nothing() -> Message:
+        return {"type": "http.request", "body": b""}
+
+    async def ignore(message: Message) -> None:
+        return None
+
+    layer = TenantRateLimit(route, limits)
+    for tenant in ("free", "a"):
+        await layer({"type": "http", "state": {"tenant": tenant}}, nothing, ignore)
+    assert seen["free"] is None
+    charge = seen["a"]
+    assert charge is not None
+    charge(2)  # 3 - 1 (its admission) - 2
+    assert limits.wait_s("a") == pytest.approx(1.0)
+    assert "free" not in limits._buckets  # never counted, never charged
 
 
 def test_dropping_full_buckets_changes_no_decision(monkeypatch: pytest.MonkeyPatch) -> None:
