@@ -606,7 +606,7 @@ async def fork(
     original stored again, the fork's data key made): a refusal it raises leaves nothing
     published or stored. A fork refused after the charge and before its first event (a copy the
     log would refuse) is given the charge back (``charge(-n)``). A complete fork answered from its
-    log is not charged.
+    log is not charged, one that another call completed after this one's charge is given it back.
     """
     await cmd.optimistic.catch_up(tenant, session)
     gone: Exception | None = None
@@ -713,14 +713,19 @@ async def fork(
             )
             made = ForkMade(created.seq, {}, 0)
         except SessionExists:
-            if new_id is None:
-                raise
             # the same fork's other call created it meanwhile (a client's retry racing the first)
-            made = await _made_fork(cmd, tenant, sid, session, at_message_id, name, len(rows) + len(carried))
-            if made is None:
-                raise
-            if made.complete:
-                return Forked(sid, made.last_seq, made.messages)
+            raced = (
+                None
+                if new_id is None
+                else await _made_fork(cmd, tenant, sid, session, at_message_id, name, len(rows) + len(carried))
+            )
+            if raced is None or raced.complete:  # this call publishes nothing: its charge is given back
+                if charge is not None:
+                    charge(-charged)
+                if raced is None:
+                    raise
+                return Forked(sid, raced.last_seq, raced.messages)
+            made = raced
             events = [e for e in events if _copy_key(e) not in made.copies]
     if await _erased(cmd, tenant, session):  # the usual race, caught before any copy is published
         await _erase_fork(eraser, tenant, session, sid)

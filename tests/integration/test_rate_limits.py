@@ -465,3 +465,24 @@ async def test_a_fork_failing_before_its_first_event_is_given_its_charge_back(
         await writes.fork_session(stack, "tenant-a", source, "m2", fork, None, limits.charger("tenant-a"))
     assert await stack.publisher.last_subject_seq("tenant-a", fork) == 0
     assert tokens_left(limits, "tenant-a") == BURST - 1
+
+
+async def test_a_fork_that_another_call_completed_meanwhile_is_given_its_charge_back(
+    stack: Container, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A client's retry racing the first call: the other call creates the fork and copies it all
+    before this one's creation; this one publishes nothing and answers from the fork's log, as a
+    complete fork is answered uncharged."""
+    source, fork = await long_session(stack, 3), new_id()
+    limits = still_limits()
+    create = stack.commands.create_session
+
+    async def raced(*args: Any, **kwargs: Any) -> Any:
+        monkeypatch.setattr(stack.commands, "create_session", create)
+        await writes.fork_session(stack, "tenant-a", source, "m2", fork, None)  # the other call, complete
+        return await create(*args, **kwargs)  # session_exists: the other call made it
+
+    monkeypatch.setattr(stack.commands, "create_session", raced)
+    forked = await writes.fork_session(stack, "tenant-a", source, "m2", fork, None, limits.charger("tenant-a"))
+    assert forked["messages"] == 3
+    assert tokens_left(limits, "tenant-a") == BURST - 1
