@@ -19,6 +19,7 @@ from services.audit.archive_segments import ArchiveError, lost_line, span
 from services.audit.restore import RestoreRefused, RestoreStopped
 from services.audit.strays import merged, strays
 from services.bootstrap import Container, open_container
+from services.context.rules import object_key
 from services.errors import AsOfPastLog, ChronicleError, ObjectStorageError
 from services.ops.audit_text import rebuild_summary, verify_table
 from services.ops.progress import Progress
@@ -302,7 +303,8 @@ async def run_skills(settings: Settings, args: argparse.Namespace) -> int:
             except BucketMissing as exc:  # the put refused: nothing uploaded, recorded or made
                 print(f"{said} {exc}", file=sys.stderr)
                 return 2
-            print(f"stored {args.bucket}/{args.key} ({len(content.encode())} bytes); recorded at sequence {seq}")
+            stored = f"{args.bucket}/{object_key(args.tenant, args.key)}"  # the tenant's key space, as stored
+            print(f"stored {stored} ({len(content.encode())} bytes); recorded at sequence {seq}")
             return 0
         if c.context.skills is not None and not await c.context.skills.bucket_exists(args.bucket):
             print(f"{said} bucket {args.bucket!r} does not exist: nothing to index", file=sys.stderr)

@@ -691,7 +691,8 @@ async def test_cli_put_and_sync(client: httpx.AsyncClient, api_settings: Setting
         api_settings, "put", str(doc), "--bucket", bucket, "--key", "skills/tax", "--description", "Tax workflows",
         "--tenant", "tenant-a",
     )  # fmt: skip
-    assert out.startswith(f"stored {bucket}/skills/tax ({len(doc.read_bytes())} bytes); recorded at sequence ")
+    stored = f"stored {bucket}/tenants/tenant-a/skills/tax ({len(doc.read_bytes())} bytes); recorded at sequence "
+    assert out.startswith(stored), out
     await listed(client, s, "skills", "- tax: Tax workflows")
     assert (await prompt(client, s))["prompt"] == block("SKILLS (Loadable docs) [loadable]", "- tax: Tax workflows")
     assert (await tool(client, s, "load_context", {"label": "skills", "key": "tax"}))[0] == doc.read_text("utf-8")

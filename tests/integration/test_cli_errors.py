@@ -229,7 +229,7 @@ async def test_skills_put_on_the_stacks_server_records_the_skill(
         async with c.pool.connection() as conn:
             cur = await conn.execute("SELECT tenant, key FROM skills_index WHERE bucket = %s", (bucket,))
             assert await cur.fetchall() == [("default", "skills/x")]
-    said = f"stored {bucket}/skills/x ({len(doc.read_bytes())} bytes); recorded at sequence "
+    said = f"stored {bucket}/tenants/default/skills/x ({len(doc.read_bytes())} bytes); recorded at sequence "
     assert done.stdout.startswith(said), done.stdout
     assert s3.stat_object(bucket, "tenants/default/skills/x").size == len(doc.read_bytes())
     nc = await operator_nats(stack.nats_url)
