@@ -99,11 +99,26 @@ class UnknownEvent(ValueError):
         self.detail = detail
 
 
+def _unknown_type(raw: dict[str, Any]) -> str:
+    """What an event's type that this release does not know is, none included (no field, null, empty,
+    not a string): not ``unknown event type 'None'``, as if a type were named "None"."""
+    if "type" not in raw:
+        return "the event has no type field"
+    kind = raw["type"]
+    if kind is None:
+        return "the event's type is null"
+    if kind == "":
+        return "the event's type is empty"
+    if not isinstance(kind, str):
+        return f"the event's type is not a string: {json.dumps(kind)[:64]}"
+    return f"unknown event type {kind[:64]!r}"
+
+
 def upcast(raw: dict[str, Any]) -> dict[str, Any]:
     """Apply upcasters until ``raw`` is at the current version of its type."""
     kind = raw.get("type")
     if not isinstance(kind, str) or kind not in CURRENT:
-        raise UnknownEvent("unknown_type", f"unknown event type {str(kind)[:64]!r}")
+        raise UnknownEvent("unknown_type", _unknown_type(raw))
     target = CURRENT[kind].VERSION
     version = raw.get("version")
     if not isinstance(version, int) or isinstance(version, bool):

@@ -467,3 +467,12 @@ def test_another_partitions_subject_is_a_subject_mismatch_before_the_version_is_
     assert reason(edited(type="evil.happened"), wrong) == "subject_mismatch"
     assert reason(edited(version=99), own) == "newer_version"  # on its own subject, the version decides
     assert reason(edited(tenant="tenant a"), wrong) == "invalid"  # an id the API refuses is invalid first
+
+
+def test_an_event_without_a_type_is_an_unknown_type_saying_it_has_none() -> None:
+    data, subject = good()
+    raw = raw_of(data)
+    del raw["type"]
+    with pytest.raises(Refused) as refused:
+        admit(json.dumps(raw).encode(), subject, LAYOUT)
+    assert (refused.value.reason, refused.value.detail) == ("unknown_type", "the event has no type field")

@@ -237,18 +237,32 @@ def test_registry_knows_every_event_type() -> None:
     assert len(registry.CURRENT) == len(EVENT_TYPES)
 
 
-@pytest.mark.parametrize("kind", ["session.exploded", "", None, 3])
-def test_unknown_type_is_rejected(kind: object) -> None:
-    raw = {**json.loads(sample(SessionDeleted).to_json()), "type": kind}
-    with pytest.raises(UnknownEvent, match="unknown event type"):
+def test_unknown_type_is_rejected() -> None:
+    raw = {**json.loads(sample(SessionDeleted).to_json()), "type": "session.exploded"}
+    with pytest.raises(UnknownEvent, match=r"unknown event type 'session\.exploded'") as refused:
         decode(raw)
+    assert refused.value.reason == "unknown_type"
 
 
-def test_missing_type_is_rejected() -> None:
+@pytest.mark.parametrize(
+    ("kind", "said"),
+    [("", "the event's type is empty"), (None, "the event's type is null"), (3, "the event's type is not a string: 3")],
+)
+def test_a_type_that_names_none_is_rejected_saying_so(kind: object, said: str) -> None:
+    """A type that is no type at all is an unknown type, its detail says what it is (it said
+    ``unknown event type 'None'`` for null, as if a type were named "None")."""
+    raw = {**json.loads(sample(SessionDeleted).to_json()), "type": kind}
+    with pytest.raises(UnknownEvent) as refused:
+        decode(raw)
+    assert (refused.value.reason, refused.value.detail) == ("unknown_type", said)
+
+
+def test_missing_type_is_rejected_saying_it_has_none() -> None:
     raw = json.loads(sample(SessionDeleted).to_json())
     del raw["type"]
-    with pytest.raises(UnknownEvent):
+    with pytest.raises(UnknownEvent) as refused:
         decode(raw)
+    assert (refused.value.reason, refused.value.detail) == ("unknown_type", "the event has no type field")
 
 
 def test_newer_version_is_rejected() -> None:
