@@ -37,9 +37,6 @@ async def run_archive(settings: Settings, args: argparse.Namespace) -> int:
     problems, or a run found a segment missing that the stream no longer holds; 2: it could not
     run: another run holds the lock, the bucket holds another stream's archive, object storage or
     the stream did not answer)."""
-    if args.segment_events < 1 or (args.to_seq is not None and args.to_seq < 1):
-        print("chronicle archive: --segment-events and --to-seq must be at least 1", file=sys.stderr)
-        return 2
     if args.accept_lost is not None:
         return await _run_accept_lost(settings, args.accept_lost, args.to_seq)
     if args.restore:

@@ -204,8 +204,10 @@ def main(argv: list[str] | None = None) -> int:
         help="accept a hole the stream no longer holds (a range every run reports lost) as lost: recorded in the "
         "manifest, runs stop failing on it and --check says it as a note",
     )
-    p_archive.add_argument("--to-seq", type=int, default=None, help="archive up to this stream sequence")
-    p_archive.add_argument("--segment-events", type=int, default=10_000, help="events per segment (default 10,000)")
+    p_archive.add_argument("--to-seq", type=at_least_one, default=None, help="archive up to this stream sequence")
+    p_archive.add_argument(
+        "--segment-events", type=at_least_one, default=10_000, help="events per segment (default 10,000)"
+    )
     p_skills = sub.add_parser("skills", help="skill documents in object storage")
     skills_sub = p_skills.add_subparsers(dest="skills_command", required=True)
     p_put = skills_sub.add_parser("put", help="upload a skill document and record it in the skills index")

@@ -87,6 +87,14 @@ def chronicle(*args: str, env: dict[str, str] | None = None) -> subprocess.Compl
         ),
         (["bench"], "chronicle bench: the following arguments are required: which"),
         (["chaos", "--bogus"], "chronicle: unrecognized arguments: --bogus"),
+        (  # it named --segment-events too: "--segment-events and --to-seq must be at least 1"
+            ["archive", "--to-seq", "0"],
+            "chronicle archive: argument --to-seq: must be at least 1 (given 0)",
+        ),
+        (
+            ["archive", "--segment-events", "0"],
+            "chronicle archive: argument --segment-events: must be at least 1 (given 0)",
+        ),
     ],
     ids=[
         "unknown-option",
@@ -107,6 +115,8 @@ def chronicle(*args: str, env: dict[str, str] | None = None) -> subprocess.Compl
         "skills-sync-bucket",
         "bench-no-benchmark",
         "chaos-unknown-option",
+        "archive-to-seq",
+        "archive-segment-events",
     ],
 )
 def test_a_refused_command_line_is_one_line_and_exit_2(args: list[str], line: str) -> None:
