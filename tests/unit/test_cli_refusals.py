@@ -27,7 +27,10 @@ def chronicle(*args: str, env: dict[str, str] | None = None) -> subprocess.Compl
 @pytest.mark.parametrize(
     ("args", "line"),
     [
-        (["archive", "--bogus"], "chronicle: unrecognized arguments: --bogus"),
+        (["archive", "--bogus"], "chronicle archive: unrecognized arguments: --bogus"),
+        (["verify", "--bogus"], "chronicle verify: unrecognized arguments: --bogus"),
+        (["quarantine", "list", "--bogus", "x"], "chronicle quarantine list: unrecognized arguments: --bogus x"),
+        (["--bogus", "verify"], "chronicle: unrecognized arguments: --bogus"),
         (
             ["quarantine", "list", "--limit", "0"],
             "chronicle quarantine list: argument --limit: must be at least 1 (given 0)",
@@ -86,7 +89,7 @@ def chronicle(*args: str, env: dict[str, str] | None = None) -> subprocess.Compl
             "chronicle skills sync: argument --bucket: 'Bad_Bucket' is not an S3 bucket name",
         ),
         (["bench"], "chronicle bench: the following arguments are required: which"),
-        (["chaos", "--bogus"], "chronicle: unrecognized arguments: --bogus"),
+        (["chaos", "--bogus"], "chronicle chaos: unrecognized arguments: --bogus"),
         (  # it named --segment-events too: "--segment-events and --to-seq must be at least 1"
             ["archive", "--to-seq", "0"],
             "chronicle archive: argument --to-seq: must be at least 1 (given 0)",
@@ -98,6 +101,9 @@ def chronicle(*args: str, env: dict[str, str] | None = None) -> subprocess.Compl
     ],
     ids=[
         "unknown-option",
+        "verify-unknown-option",
+        "subsubcommand-unknown-option",
+        "top-level-unknown-option",
         "subcommand-type",
         "subcommand-required",
         "subcommand-choice",
