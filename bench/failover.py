@@ -153,8 +153,7 @@ async def _until_current(settings: Settings, replicas: int, timeout_s: float) ->
     start = time.monotonic()
     while time.monotonic() - start < timeout_s:
         with contextlib.suppress(Exception):  # a node still starting, an election: ask again
-            current, _ = copies_current(await stream_info(settings), replicas)
-            if current >= replicas:
+            if copies_current(await stream_info(settings), replicas).current >= replicas:
                 return time.monotonic() - start
         await asyncio.sleep(0.2)
     return None

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import sys
 import time
+from typing import NamedTuple
 
 from nats.js import JetStreamContext
 from nats.js.api import StreamInfo
@@ -27,24 +28,50 @@ def blob_stream(bucket: str) -> str:
     return f"OBJ_{bucket}"
 
 
-def copies_current(info: StreamInfo, replicas: int) -> tuple[int, int]:
-    """How many of the stream's ``replicas`` copies are current (the leader's included), and the
-    largest lag (operations) among the others."""
+class Copies(NamedTuple):
+    """Where a stream's copies stand: ``current`` (the leader's included), the largest ``lag``
+    (operations) a copy reported (None: none did), and how many copies are ``catching_up`` without
+    a lag to show (not listed yet: nats-server lists a new peer once it answers; or not current and
+    no lag given, which its answer leaves out when 0)."""
+
+    current: int
+    lag: int | None
+    catching_up: int
+
+
+def copies_current(info: StreamInfo, replicas: int) -> Copies:
+    """Where the stream's ``replicas`` copies stand (:class:`Copies`)."""
     cluster = info.cluster
     if replicas == 1 or cluster is None:
-        return 1, 0
+        return Copies(1, 0, 0)
     peers = cluster.replicas or []
     current = (1 if cluster.leader else 0) + sum(1 for p in peers if p.current)
-    return current, max((p.lag or 0 for p in peers), default=0)
+    lags = [p.lag for p in peers if p.lag]
+    unknown = sum(1 for p in peers if not p.current and not p.lag) + max(0, replicas - 1 - len(peers))
+    return Copies(current, max(lags, default=None if unknown else 0), unknown)
+
+
+def progress_line(stream: str, copies: Copies, replicas: int) -> str:
+    """``stream``'s progress: its current copies, the largest lag reported and the copies still
+    catching up without one (a copy that has not reported is never said to be at lag 0)."""
+    line = f"{stream}: {copies.current}/{replicas} copies current"
+    if copies.current >= replicas:
+        return line
+    if copies.lag:
+        line += f", largest lag {copies.lag}"
+    if copies.catching_up:
+        more = " more" if copies.lag else ""
+        line += f"; {copies.catching_up}{more} catching up (lag not reported yet)"
+    return line
 
 
 async def wait_current(js: JetStreamContext, stream: str, replicas: int, timeout_s: float) -> bool:
     """Until every copy of ``stream`` is current (True), or ``timeout_s`` passes (False)."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        current, lag = copies_current(await js.stream_info(stream), replicas)
-        print(f"  {stream}: {current}/{replicas} copies current, largest lag {lag}", flush=True)
-        if current >= replicas:
+        copies = copies_current(await js.stream_info(stream), replicas)
+        print(f"  {progress_line(stream, copies, replicas)}", flush=True)
+        if copies.current >= replicas:
             return True
         await asyncio.sleep(1.0)
     return False
