@@ -99,6 +99,10 @@ from projections.quarantine import (
 
 log = logging.getLogger("chronicle.projector")
 
+LOCK_CLASS = "hashtext('chronicle-projector')"
+"""The first key of every projector's advisory lock (two-key form; the second: its checkpoint's name
+hashed): ``pg_locks`` shows them with this ``classid`` and ``objsubid`` 2."""
+
 NOTIFY_CHANNEL = "chronicle_applied"
 PREPARE_SLICE = 100
 FETCH_CHUNK = 48
@@ -598,9 +602,7 @@ class ProjectorRunner:
         while not stop.is_set():
             held: list[str] = []
             for name in self._lock_names():
-                cur = await conn.execute(
-                    "SELECT pg_try_advisory_lock(hashtext('chronicle-projector'), hashtext(%s))", (name,)
-                )
+                cur = await conn.execute(f"SELECT pg_try_advisory_lock({LOCK_CLASS}, hashtext(%s))", (name,))
                 row = await cur.fetchone()
                 if not (row and row[0]):
                     break
@@ -608,7 +610,7 @@ class ProjectorRunner:
             else:
                 return
             for name in held:
-                await conn.execute("SELECT pg_advisory_unlock(hashtext('chronicle-projector'), hashtext(%s))", (name,))
+                await conn.execute(f"SELECT pg_advisory_unlock({LOCK_CLASS}, hashtext(%s))", (name,))
             if not warned:
                 log.warning("another projector holds a checkpoint of %r; waiting for it to stop", self.name)
                 warned = True
