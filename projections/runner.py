@@ -33,8 +33,9 @@ Contract:
   ran records no stray of it, and an erasure recorded meanwhile waits for the batch's commit, so
   its own deletes (step 4 of services/writes/erasure.py) find what the batch recorded.
 * Any other failure (the database or NATS is down) re-positions after an exponential backoff
-  (``retry_base_s`` doubling up to ``retry_cap_s``, reset once a batch commits), one log line per
-  retry (the traceback only on the first of a run of failures, else at DEBUG).
+  (``retry_base_s`` doubling up to ``retry_cap_s``, reset once a batch commits), one warning line
+  per retry, never a traceback (it is logged at DEBUG), naming the error even when its text is
+  empty (:func:`describe`: ``TimeoutError: timed out``).
 * Nothing waits on the database without a bound: connecting (``connect_timeout_s``) and each
   database step (``db_timeout_s``: a commit, positioning, an idle advance) time out and count as a
   failure, so a connection whose server vanished (a Postgres restart) is retried, never awaited
@@ -501,16 +502,15 @@ class ProjectorRunner:
                     self.stats.stalls += 1
                     self._stalls_in_row += 1
                 delay = retry_delay(self._failures, self.retry_base_s, self.retry_cap_s)
+                # one line (docs/reliability.md): a fault the runner recovers from (a database
+                # restart, a node failing over, the process stopped and continued) is expected, and
+                # its line says it all; the traceback is there for whoever logs at DEBUG
                 log.warning(
-                    "projector %s failed (%s: %s); retry %d in %.1fs from its checkpoint",
+                    "projector %s failed (%s); retry %d in %.1fs from its checkpoint",
                     self.name,
-                    type(exc).__name__,
-                    first_line(exc),
+                    describe(exc),
                     self._failures,
                     delay,
-                    # one traceback for a failure in a row, unless NATS's: a node failing over (a
-                    # timeout, a connection lost) is expected on a cluster, and its line says it all
-                    exc_info=self._failures == 1 and not isinstance(exc, nats.errors.Error),
                 )
                 log.debug("projector %s failure", self.name, exc_info=True)
                 await self._drop_broken_connections()
@@ -963,6 +963,14 @@ def first_line(exc: BaseException) -> str:
     """An error's message in one line (its first, at most 300 characters), for a log line."""
     lines = str(exc).strip().splitlines()
     return lines[0][:300] if lines else ""
+
+
+def describe(exc: BaseException) -> str:
+    """``<class>: <first line>`` for a log line, never with an empty message: a timeout raised
+    without text (``asyncio.timeout``'s) is ``TimeoutError: timed out``, any other error without
+    text ``<class>: no message`` (a retry's line read ``failed (TimeoutError: )``)."""
+    text = first_line(exc) or ("timed out" if isinstance(exc, TimeoutError) else "no message")
+    return f"{type(exc).__name__}: {text}"
 
 
 _ROUND: contextvars.ContextVar[int | None] = contextvars.ContextVar("chronicle_projector_round", default=None)

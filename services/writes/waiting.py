@@ -16,7 +16,7 @@ import psycopg
 from psycopg_pool import AsyncConnectionPool
 
 from events.subjects import partition_of
-from projections.runner import NOTIFY_CHANNEL, first_line, partition_checkpoint
+from projections.runner import NOTIFY_CHANNEL, describe, partition_checkpoint
 from services.errors import ProjectionTimeout
 
 log = logging.getLogger("chronicle.waiting")
@@ -83,12 +83,7 @@ class AppliedWaiter:
                 self._listening.clear()
                 delay = min(LISTEN_RETRY_S * 2**failures, LISTEN_RETRY_CAP_S)
                 failures += 1
-                log.warning(
-                    "LISTEN connection lost (%s: %s); reconnecting in %.1fs",
-                    type(exc).__name__,
-                    first_line(exc),
-                    delay,
-                )
+                log.warning("LISTEN connection lost (%s); reconnecting in %.1fs", describe(exc), delay)
                 self._wake()
                 await asyncio.sleep(delay)
 
