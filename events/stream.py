@@ -44,6 +44,15 @@ class TooFewReplicas(RuntimeError):
     operator step (``chronicle stream-replicas N``), never a side effect of a process starting."""
 
 
+def too_few_replicas(stream: str, have: int, replicas: int) -> str:
+    """What is wrong with a stream of ``have`` replicas under a process set to more, and the fix."""
+    return (
+        f"stream {stream} has {have} replica(s); this process is set to {replicas} "
+        f"(CHRONICLE_STREAM_REPLICAS). Move it with `chronicle stream-replicas {replicas}`, or set "
+        f"CHRONICLE_STREAM_REPLICAS={have}"
+    )
+
+
 class PartitionMismatch(RuntimeError):
     """The stream's subjects were made with another partition count than this process's."""
 
@@ -126,11 +135,7 @@ async def ensure_stream(js: JetStreamContext, layout: SubjectLayout, *, replicas
     else:
         have = info.config.num_replicas or 1
         if have < replicas:
-            raise TooFewReplicas(
-                f"stream {layout.stream} has {have} replica(s); this process is set to {replicas} "
-                f"(CHRONICLE_STREAM_REPLICAS). Move it with `chronicle stream-replicas {replicas}`, or set "
-                f"CHRONICLE_STREAM_REPLICAS={have}"
-            )
+            raise TooFewReplicas(too_few_replicas(layout.stream, have, replicas))
     await check_partitions(js, layout)
     await ensure_work_stream(js, layout, replicas=replicas)
 

@@ -17,9 +17,10 @@ import psycopg
 from nats.js.errors import NotFoundError
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
-from events import log as eventlog
 from events.envelope import Event
+from events.stream import too_few_replicas
 from projections.runner import checkpoint_partition
+from services.api import round_trip
 from services.audit import quarantine
 from services.audit.readers import log_mismatch
 from services.bootstrap import Container
@@ -188,10 +189,12 @@ class WorkQueue:
 class Probe:
     """Each backend's answer or the error it gave (a timeout included), asked independently."""
 
-    nats: bool
+    nats: bool  # connected, and the server answered a PING (:func:`services.api.round_trip.answers`)
     last_seq: int | BaseException  # the stream's last sequence
     tables: Tables | BaseException
     work: WorkQueue | BaseException | None = None  # None: not asked
+    nats_failure: BaseException | None = None  # why ``nats`` is false
+    replicas: int | None = None  # the stream's replica count (None: the stream did not answer)
 
     def snapshot(self) -> Snapshot | None:
         if isinstance(self.last_seq, BaseException) or isinstance(self.tables, BaseException):
@@ -249,10 +252,12 @@ def _reap(task: asyncio.Task[Any]) -> None:
         task.exception()  # retrieved: an abandoned probe's error was already reported as a timeout
 
 
-async def _stream_last_seq(c: Container) -> int:
+async def _stream_state(c: Container) -> tuple[int, int]:
+    """The stream's last sequence and its replica count."""
     if not c.nc.is_connected:  # reconnecting: asking JetStream would only wait for the timeout
         raise ConnectionError("NATS is not connected")
-    return await eventlog.last_seq(c.js, c.layout)
+    info = await c.js.stream_info(c.layout.stream)
+    return int(info.state.last_seq), int(info.config.num_replicas or 1)
 
 
 async def work_queue(c: Container) -> WorkQueue:
@@ -271,16 +276,19 @@ async def work_queue(c: Container) -> WorkQueue:
 
 
 async def probe(c: Container, *, work: bool = False) -> Probe:
-    """Ask NATS (the connection's state), the stream and Postgres (and, with ``work``, the
-    compaction work queue), concurrently, each within :data:`PROBE_TIMEOUT_S`; a failure is kept
-    in its own slot, never raised."""
-    last, tables, queue = await asyncio.gather(
-        bounded(_stream_last_seq(c), PROBE_TIMEOUT_S),
+    """Ask NATS (a PING: :func:`services.api.round_trip.answers`), the stream (its last sequence
+    and replica count) and Postgres (and, with ``work``, the compaction work queue), concurrently,
+    each within :data:`PROBE_TIMEOUT_S`; a failure is kept in its own slot, never raised."""
+    pong, stream, tables, queue = await asyncio.gather(
+        round_trip.answers(c.nc, PROBE_TIMEOUT_S),
+        bounded(_stream_state(c), PROBE_TIMEOUT_S),
         bounded(read_tables(c), PROBE_TIMEOUT_S),
         bounded(work_queue(c), PROBE_TIMEOUT_S) if work else asyncio.sleep(0),
         return_exceptions=True,
     )
-    return Probe(c.nc.is_connected, last, tables, queue if work else None)
+    last, replicas = (stream, None) if isinstance(stream, BaseException) else stream
+    failure = pong if isinstance(pong, BaseException) else None
+    return Probe(failure is None, last, tables, queue if work else None, failure, replicas)
 
 
 async def refresh(c: Container, *, work: bool = False) -> Probe:
@@ -440,6 +448,12 @@ async def waiting_since(c: Container, first_waiting: Mapping[str, int]) -> dict[
     return {name: times[s] for name, s in first_waiting.items() if s in times}
 
 
+def replica_reasons(stream: str, replicas: int, setting: int) -> list[str]:
+    """Why the stream's replica count makes the process unready: fewer than it is set to (moved
+    by ``chronicle stream-replicas`` while it ran; every process refuses that at start)."""
+    return [too_few_replicas(stream, replicas, setting)] if replicas < setting else []
+
+
 def compactor_reasons(compactors: int, *, required: bool) -> list[str]:
     """Why the compactors make the deployment unready: none runs while one is ``required``."""
     if compactors or not required:
@@ -493,18 +507,24 @@ async def readiness(c: Container, *, stall_s: float | None = None, max_lag: int 
         "nats": found.nats,
         "postgres": _answers(found.tables),
         "stream": not isinstance(found.last_seq, BaseException),
+        "stream_replicas": None,
         "log": False,
         "compactor": None,
         "lag": None,
         "quarantined": {},
     }
     reasons: list[str] = []
-    if not found.nats:
+    if not c.nc.is_connected:
         reasons.append("NATS is not connected")
+    elif not found.nats:
+        reasons.append(f"NATS does not answer: {_failure(found.nats_failure or TimeoutError())}")
     elif isinstance(found.last_seq, NotFoundError):
         reasons.append(f"stream {c.layout.stream} is missing")
     elif isinstance(found.last_seq, BaseException):
         reasons.append(f"stream {c.layout.stream} does not answer: {_failure(found.last_seq)}")
+    elif found.replicas is not None:
+        out["stream_replicas"] = found.replicas
+        reasons.extend(replica_reasons(c.layout.stream, found.replicas, c.settings.stream_replicas))
     if isinstance(found.tables, BaseException):
         reasons.append(_postgres_failure(found.tables))
     else:

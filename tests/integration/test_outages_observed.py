@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+import signal
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
@@ -256,3 +257,36 @@ async def test_the_pool_fails_fast_after_a_failed_connection_attempt_until_one_s
 
         await until(answers)
         assert pool.unreachable_since is None
+
+
+async def test_with_nats_stopped_readyz_says_nats_does_not_answer(stack: Stack) -> None:
+    """A nats-server that is stopped (SIGSTOP) keeps its TCP connections: the client still counts
+    itself connected, and ``nats`` said true beside ``stream: false`` (an SRE trial). A PING that
+    the server does not answer within the probe's bound makes ``nats`` false, named; once the
+    server continues, the same PING's answer makes it ready again (no client error)."""
+    proc = stack.nats.proc
+    assert proc is not None
+    async with api(stack.url) as client:
+        assert (await client.get("/readyz")).status_code == 200
+        proc.send_signal(signal.SIGSTOP)
+        try:
+            body = await readyz_while_down(client)
+            assert (body["nats"], body["stream"], body["postgres"]) == (False, False, True), body
+            assert body["reasons"] == [f"NATS does not answer: no answer within {PROBE_TIMEOUT_S:g}s"], body
+            assert stack.c.nc.is_connected  # what the check said alone
+        finally:
+            proc.send_signal(signal.SIGCONT)
+
+        async def ready() -> bool:
+            return (await client.get("/readyz")).status_code == 200
+
+        await until(ready)
+        assert stack.c.nc.stats["reconnects"] == 0
+        # the connection still reads: a PING abandoned after its timeout would have ended the
+        # client's read loop when its PONG came (nats-py), leaving it "connected" and deaf
+        nc = stack.c.nc
+        inbox = nc.new_inbox()
+        sub = await nc.subscribe(inbox)
+        await nc.publish(inbox, b"still reading")
+        assert (await sub.next_msg(timeout=5)).data == b"still reading"
+        await sub.unsubscribe()

@@ -4,6 +4,7 @@ it, refused (with the command to run) where an existing stream has fewer, and mo
 from __future__ import annotations
 
 import asyncio
+import uuid
 from collections.abc import AsyncIterator, Iterator
 
 import nats
@@ -13,8 +14,9 @@ from nats.js import JetStreamContext
 from nats.js.api import ConsumerConfig
 
 from events.credentials import nkey_public_key
-from events.stream import ReplicasUnavailable, TooFewReplicas, ensure_stream
+from events.stream import ReplicasUnavailable, TooFewReplicas, ensure_stream, set_replicas
 from events.subjects import SubjectLayout
+from services.api import metrics
 from services.bootstrap import open_container, when_jetstream_ready
 from services.ops.cli import SETTINGS_EXIT
 from services.ops.natsconf import NatsAccess
@@ -179,3 +181,25 @@ async def test_the_streams_creation_time_survives_a_leader_change(
         assert after.created == before.created
     async with open_container(settings):  # the check passes under the new leader
         pass
+
+
+async def test_readyz_names_a_stream_moved_below_the_replica_setting(
+    cluster_nc: NatsClient, cluster_urls: list[str], db_url: str, s3_endpoint: str
+) -> None:
+    """Processes check the stream's replicas at start only: after ``chronicle stream-replicas 1``
+    under processes set to 3, readiness said ready (an SRE trial). It reports the stream's count
+    and is not ready while it is below the setting, saying how to mend it."""
+    three = on_cluster(cluster_urls, db_url, stream_replicas=3, s3_endpoint=s3_endpoint, readiness_compactor=False)
+    three = three.model_copy(update={"stream": f"R{uuid.uuid4().hex[:8]}"})
+    async with open_container(three) as c:
+        assert await _eventually_current(c.js, three.stream, 3)
+        before = await metrics.readiness(c)
+        assert before["stream_replicas"] == 3
+        assert not [r for r in before["reasons"] if "replica" in r], before
+        await set_replicas(c.js, three.stream, 1)  # what `chronicle stream-replicas 1` asks
+        after = await metrics.readiness(c)
+    assert (after["ready"], after["stream_replicas"]) == (False, 1), after
+    assert (
+        f"stream {three.stream} has 1 replica(s); this process is set to 3 (CHRONICLE_STREAM_REPLICAS). Move it "
+        "with `chronicle stream-replicas 3`, or set CHRONICLE_STREAM_REPLICAS=1"
+    ) in after["reasons"], after
