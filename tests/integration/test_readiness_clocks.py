@@ -78,7 +78,7 @@ async def test_readyz_names_the_compactor_when_none_runs(nats_url: str, fresh_db
             stop.set()
             await asyncio.wait_for(task, 15)
 
-        body = await metrics.readiness(c)  # stopped: its presence went with it
+        body = await compactor_seen(c, False)  # stopped: its presence goes with its connection's lock
         assert (body["ready"], body["compactor"]) == (False, False), body
         assert any(r.startswith("no compactor is running") for r in body["reasons"]), body
 
