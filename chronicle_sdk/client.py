@@ -9,7 +9,7 @@ import json
 import random
 import time
 import uuid
-from collections.abc import AsyncGenerator, Mapping, Sequence
+from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
@@ -84,6 +84,7 @@ class _Tries:
     retried: int = 0
     slept: float = 0.0
     started: float = field(default_factory=time.monotonic)
+    on_retry: Callable[[], None] | None = None  # told before each retry (the caller's ``on_retry``)
 
 
 NATS_CONNECT_ATTEMPTS = 3
@@ -375,6 +376,8 @@ class ChronicleClient:
 
     async def _pause(self, tries: _Tries, seconds: float) -> None:
         tries.retried += 1
+        if tries.on_retry is not None:
+            tries.on_retry()
         tries.slept += seconds
         await self._sleep(seconds)
 
@@ -393,12 +396,14 @@ class ChronicleClient:
         tenant_wide: bool = False,
         idempotent: bool | None = None,
         headers: Mapping[str, str] | None = None,
+        on_retry: Callable[[], None] | None = None,
     ) -> Any:
         """Send one API request and return its decoded JSON (or text for NDJSON).
 
         ``session`` makes a GET wait for this client's last write to that session (``min_seq``);
         ``tenant_wide`` waits for its last write to any session. ``idempotent`` (default: every
-        method but POST) allows retrying after failures that may have reached the server.
+        method but POST) allows retrying after failures that may have reached the server;
+        ``on_retry`` is called before each retry (the answer returned is then the last attempt's).
         Errors are raised as typed :class:`~chronicle_sdk.ChronicleError` subclasses; text that
         UTF-8 cannot carry (a lone surrogate, as in a model's output cut inside a surrogate pair)
         is :class:`~chronicle_sdk.InvalidRequest` before anything is sent.
@@ -410,8 +415,9 @@ class ChronicleClient:
             routed = route(method, bare, body, dict(parse_qsl(in_path)) | dict(query), headers or {})
             if routed is not None:
                 with contextlib.suppress(_TooBigForNats):
-                    return await self._command(routed, safe)
-        return await self._http_request(method, path, query, body, session, tenant_wide, safe, headers)
+                    return await self._command(routed, safe, _Tries(on_retry=on_retry))
+        tries = _Tries(on_retry=on_retry)
+        return await self._http_request(method, path, query, body, session, tenant_wide, safe, headers, tries)
 
     async def _http_request(
         self,
@@ -423,6 +429,7 @@ class ChronicleClient:
         tenant_wide: bool,
         safe: bool,
         headers: Mapping[str, str] | None,
+        tries: _Tries,
     ) -> Any:
         if method == "GET" and not any(k == "min_seq" for k, _ in query):
             wait = self.last_seq(None) if tenant_wide else (self.last_seq(session) if session is not None else 0)
@@ -435,7 +442,6 @@ class ChronicleClient:
             **(headers or {}),
         }
         target = _target(path, query)
-        tries = _Tries()
         while True:
             try:
                 resp = await self._http.send(method, target, sent, content)
@@ -545,9 +551,9 @@ class ChronicleClient:
             routed = route(method, path, body, {}, kw.get("headers") or {})
             assert routed is not None, f"{method} {path} has no command"
             with contextlib.suppress(_TooBigForNats):
-                return await self._command(routed, bool(kw.get("idempotent")))
+                return await self._command(routed, bool(kw.get("idempotent")), _Tries())
         return await self._http_request(
-            method, path, [], body, kw.get("session"), False, bool(kw.get("idempotent")), kw.get("headers")
+            method, path, [], body, kw.get("session"), False, bool(kw.get("idempotent")), kw.get("headers"), _Tries()
         )
 
     async def _append_api(
@@ -616,7 +622,7 @@ class ChronicleClient:
 
     # -- commands over NATS -----------------------------------------------------------------
 
-    async def _command(self, routed: Routed, safe: bool) -> Any:
+    async def _command(self, routed: Routed, safe: bool, tries: _Tries) -> Any:
         """Send a write as a NATS command and return its reply as :meth:`request` returns an
         answer: the server ran the route's code, so success, errors and retries are HTTP's."""
         info = await self.nats_publishing()
@@ -629,7 +635,6 @@ class ChronicleClient:
         from nats.errors import TimeoutError as NatsTimeout
 
         not_sent: tuple[type[Exception], ...] = (Unavailable, _NatsDown, *_nats_not_sent())
-        tries = _Tries()
         while True:
             try:
                 direct = await self._connect_direct(info)  # a closed connection is opened again

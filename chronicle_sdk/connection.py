@@ -39,8 +39,10 @@ class Connection(Protocol):
         tenant_wide: bool = False,
         idempotent: bool | None = None,
         headers: Mapping[str, str] | None = None,
+        on_retry: Callable[[], None] | None = None,
     ) -> Any:
-        """Send one API request and return its decoded JSON; errors raise ``ChronicleError`` subclasses."""
+        """Send one API request and return its decoded JSON; errors raise ``ChronicleError`` subclasses.
+        ``on_retry`` is called before each retry the connection makes of it."""
         ...
 
     def stream_lines(self, path: str, params: Mapping[str, Any]) -> AsyncGenerator[bytes, None]:
@@ -60,6 +62,10 @@ class Connection(Protocol):
 
     def note_seq(self, session_id: str, seq: Any) -> None:
         """Remember a write's ``seq`` so that later reads of ``session_id`` wait for it."""
+        ...
+
+    def last_seq(self, session_id: str | None = None) -> int:
+        """The highest write ``seq`` seen for a session (``None``: for any session); 0 if none."""
         ...
 
     async def append(

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from collections.abc import AsyncGenerator, Mapping, Sequence
+from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from chronicle_sdk.config import ConfigBuilder, parse_config
@@ -150,10 +150,17 @@ class Session(ConfigBuilder):
         *,
         idempotent: bool | None = None,
         params: Mapping[str, str] | None = None,
+        on_retry: Callable[[], None] | None = None,
     ) -> Any:
         await self._ensure_ready()
         out = await self.client.request(
-            method, self._path(tail), params=params, body=body, session=self.id, idempotent=idempotent
+            method,
+            self._path(tail),
+            params=params,
+            body=body,
+            session=self.id,
+            idempotent=idempotent,
+            on_retry=on_retry,
         )
         if isinstance(out, dict):
             self.client.note_seq(self.id, out.get("seq"))
@@ -243,37 +250,47 @@ class Session(ConfigBuilder):
 
     async def delete_messages(self, message_ids: Sequence[str]) -> list[str]:
         """Delete messages (``deleteMessages``); returns the ids that existed, which the call
-        deleted, in the order given. Children keep their parent id.
+        deleted, in the order given. Children keep their parent id. One request.
 
         Retried after a failure that may have reached the server (deleting again changes
         nothing). A retry whose first attempt had deleted some of the ids (its answer lost) finds
-        them gone, so the answer is completed from the session's log: the ``messages.deleted``
-        events stored between the call's start (the session's ``last-seq``, read first) and the
-        retry's answer. An id another writer deleted in that window counts as deleted by the
-        call too (the log does not say whose a deletion was). Costs one read more than the
-        delete, and one more (``GET …/events`` of that window) when an id was not deleted by the
-        last attempt."""
+        them gone, so, only when the request was retried, the answer is completed from the
+        session's log: the ``messages.deleted`` events naming only listed ids, stored after the
+        session's last ``seq`` this client knew when the call began (0 when it had written
+        nothing to it: the session's whole log is read) and up to the retry's answer. An id
+        another writer deleted in that window counts as deleted by the call too (the log does not
+        say whose a deletion was). A call answered at its first attempt names only what it
+        deleted, whatever other writers did meanwhile."""
         if not message_ids:
             return []
         await self._ensure_ready()
         wanted = list(dict.fromkeys(message_ids))
-        since = int((await self.client.request("GET", self._path("/last-seq")))["seq"])
+        since = self.client.last_seq(self.id)  # before the first attempt: its deletion comes after
+        retried: list[bool] = []
         # the ids as a JSON list: an id may hold ',' (the query form splits on it)
-        out = await self._write("POST", "/messages:delete", {"ids": list(message_ids)}, idempotent=True)
+        out = await self._write(
+            "POST",
+            "/messages:delete",
+            {"ids": list(message_ids)},
+            idempotent=True,
+            on_retry=lambda: retried.append(True),
+        )
         deleted = {str(i) for i in out.get("deleted", [])}
         seq = int(out.get("seq") or 0)
-        if seq > since and any(i not in deleted for i in wanted):
-            deleted |= await self._deleted_in(since + 1, seq)  # by an attempt whose answer was lost
+        if retried and seq > since and any(i not in deleted for i in wanted):
+            deleted |= await self._deleted_in(since + 1, seq, set(wanted))  # by an attempt whose answer was lost
         return [i for i in wanted if i in deleted]
 
-    async def _deleted_in(self, from_seq: int, to_seq: int) -> set[str]:
+    async def _deleted_in(self, from_seq: int, to_seq: int, wanted: set[str]) -> set[str]:
         """The message ids the session's ``messages.deleted`` events from ``from_seq`` to
-        ``to_seq`` name."""
+        ``to_seq`` name, of those that name only ids of ``wanted`` (a delete of them names no other)."""
         found: set[str] = set()
         for record in await self.get_events(from_seq, to_seq):
             event = record.get("event")
             if isinstance(event, dict) and event.get("type") == "messages.deleted":
-                found.update(str(i) for i in event.get("message_ids") or ())
+                named = {str(i) for i in event.get("message_ids") or ()}
+                if named <= wanted:
+                    found |= named
         return found
 
     async def clear_messages(self) -> None:

@@ -3,6 +3,8 @@ client's retry stores nothing twice and answers what the lost attempt did."""
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
+
 import httpx
 
 from chronicle_sdk import ChronicleClient
@@ -87,3 +89,39 @@ async def test_a_delete_whose_answer_was_lost_answers_the_ids_it_deleted(api_url
         gone = [e for e in await s.get_events() if e["event"]["type"] == "messages.deleted"]
         assert [e["event"]["message_ids"] for e in gone] == [["c", "a"]]  # deleted once
         assert await s.delete_messages(["a", "b"]) == ["b"]  # another call: a was gone before it
+
+
+class InterposingTransport(httpx.AsyncHTTPTransport):
+    """Sends every request to the API, recording its path; before the first request to a path
+    ending in ``before`` it runs ``first`` (another writer's request, made meanwhile)."""
+
+    def __init__(self, before: str) -> None:
+        super().__init__()
+        self.before = before
+        self.first: Callable[[], Awaitable[object]] | None = None
+        self.sent: list[str] = []
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        self.sent.append(request.url.path)
+        if request.url.path.endswith(self.before) and self.first is not None:
+            first, self.first = self.first, None
+            await first()
+        return await super().handle_async_request(request)
+
+
+async def test_a_delete_never_retried_answers_only_its_own_deletions_in_one_request(api_url: str) -> None:
+    """Another writer deletes one of the listed ids just before the call's request: the call
+    (answered at once, never retried) names only what it deleted, and sends nothing but the delete."""
+    transport = InterposingTransport("/messages:delete")
+    async with (
+        ChronicleClient(api_url, KEYS["tenant-a"], transport=transport) as c,
+        ChronicleClient(api_url, KEYS["tenant-a"]) as other,
+    ):
+        s = c.session(sid("raced-delete"))
+        await s.append_all([text("a", "one"), text("b", "two"), text("c", "three")])
+        transport.first = lambda: other.session(s.id).delete_messages(["a"])
+        transport.sent.clear()
+        assert await s.delete_messages(["a", "b"]) == ["b"]  # a was the other writer's deletion
+        assert [p.rsplit("/", 1)[-1] for p in transport.sent] == ["messages:delete"]  # no other request
+        gone = [e["event"]["message_ids"] for e in await s.get_events() if e["event"]["type"] == "messages.deleted"]
+        assert gone == [["a"], ["b"]]

@@ -46,6 +46,9 @@ class RecordingConnection:
     def note_seq(self, session_id: str, seq: Any) -> None:
         self.calls.append(("note_seq", session_id, seq))
 
+    def last_seq(self, session_id: str | None = None) -> int:
+        return 0
+
     async def append(
         self, session_id: str, message: Mapping[str, Any], parent_id: Any = OMITTED, *, via: Any = None
     ) -> AppendResult:
