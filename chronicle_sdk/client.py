@@ -50,6 +50,7 @@ from chronicle_sdk.session import Session
 from chronicle_sdk.transport import Http11Transport, HttpxTransport, Transport, TransportError
 from chronicle_sdk.types import OMITTED, AppendResult, Message, NatsPublishing, ParentId
 from events import ids
+from events.commands import MAX_DELETE_IDS
 from events.messages import UIMessage, body_hash, canonical_json, stored_json
 from events.subjects import SubjectLayout
 from events.validation import validation_detail
@@ -96,7 +97,7 @@ sends a blank line every 15 s while nothing happens)."""
 
 
 _BATCH_LIMIT = 1000  # messages in one POST …/messages:batch (the API's limit)
-_STORED_READS = 16  # reads at once of a direct chain's ids (which of them the session holds)
+_EXISTS_LIMIT = MAX_DELETE_IDS  # ids in one POST …/messages:exists (the API's limit, as a delete's)
 _BATCH_BYTES = 48 * 1024 * 1024  # JSON in one batch: half the API's default request bound (97 MiB)
 
 
@@ -841,17 +842,24 @@ class ChronicleClient:
     async def _stored_ids(self, session_id: str, message_ids: Sequence[str], last: int) -> set[str]:
         """Which of ``message_ids`` the session holds once its events up to ``last`` are applied
         (none when it has no events): a direct chain's messages that are repeats, not created.
-        One read a message, at most :data:`_STORED_READS` at once."""
+        One ``POST …/messages:exists`` for the whole list (one per :data:`_EXISTS_LIMIT` ids);
+        a session that is not there holds none (:meth:`_live_state` says why)."""
         if not last:
             return set()
-        slots = asyncio.Semaphore(_STORED_READS)
+        path = self._path(session_id, "/messages:exists")
 
-        async def held(mid: str) -> bool:
-            async with slots:
-                return await self._has_message(session_id, mid, last)
+        async def held(part: list[str]) -> list[str]:
+            try:
+                out = await self.request("POST", path, params={"min_seq": last}, body={"ids": part}, idempotent=True)
+            except NotFound as exc:
+                if exc.code == "session_not_found":
+                    return []
+                raise
+            return [str(i) for i in out["existing"]]
 
-        found = await asyncio.gather(*(held(mid) for mid in message_ids))
-        return {mid for mid, stored in zip(message_ids, found, strict=True) if stored}
+        ids_ = list(message_ids)
+        parts = [ids_[i : i + _EXISTS_LIMIT] for i in range(0, len(ids_), _EXISTS_LIMIT)]
+        return {mid for found in await asyncio.gather(*(held(part) for part in parts)) for mid in found}
 
     def _publish_error(self, direct: _Direct, exc: Exception) -> ChronicleError:
         """The SDK error for a failed publish: refused by the contract, denied by NATS, or unavailable."""
@@ -902,9 +910,10 @@ class ChronicleClient:
         window appends nothing twice, and no other tenant can derive them; an id that
         is already stored keeps its first body (the projection ignores the repeat), as the
         reference's ``appendAll`` does. ``created`` is False, as over HTTP, for a message whose id
-        the session held before the chain (read before the first, conditional, publish: one read
-        a message when the session has events) and for an event the stream answered "duplicate"
-        (the same chain again inside its duplicate window).
+        the session held before the chain (read once, before the first, conditional, publish: one
+        ``POST …/messages:exists`` for the chain's ids when the session has events; an id stored by
+        another writer while a concurrency conflict is retried is not read again) and for an event
+        the stream answered "duplicate" (the same chain again inside its duplicate window).
 
         A chain holding a body over the payload limit (claim check, which only the server
         writes) is sent whole over HTTP (``messages:batch``): nothing is appended twice there
@@ -940,13 +949,15 @@ class ChronicleClient:
             results.append((mid, parent))
             parent = mid
         direct = await self._connect_direct(info)
+        stored: set[str] | None = None  # read once: an id the session holds stays held
         for attempt in range(self._conflict_attempts):
             last = await self._last_seq(session_id)
-            _, parent_found, stored = await asyncio.gather(
+            _, parent_found, found = await asyncio.gather(
                 self._live_state(session_id, last),
                 self._has_message(session_id, parent_id, last) if parent_id is not None else _none(),
-                self._stored_ids(session_id, [mid for mid, _ in results], last),
+                self._stored_ids(session_id, [mid for mid, _ in results], last) if stored is None else _none(),
             )
+            stored = stored if stored is not None else found or set()
             if parent_id is not None and not parent_found:
                 raise UnknownParent(f"parent message {parent_id!r} is not in this session", status=422)
             first = await self._publish(direct, events[0], last)

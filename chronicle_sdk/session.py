@@ -229,8 +229,9 @@ class Session(ConfigBuilder):
         stored by its own earlier attempt (one ``Idempotency-Key`` per call), and False for ones
         stored before it. Via JetStream, where a call is not retried, it is True for the messages
         new to the session and False for those it held before the chain was published (the
-        client reads each id first when the session has events) or that the stream answered as
-        duplicates (the same chain again inside its duplicate window).
+        client asks once which of the ids it holds, ``POST …/messages:exists``, when the session
+        has events) or that the stream answered as duplicates (the same chain again inside its
+        duplicate window).
         """
         refuse_unnameable_ids(messages)
         await self._ensure_ready()

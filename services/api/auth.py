@@ -17,9 +17,10 @@ OPS_PATHS = frozenset(
 """Operator routes: they show every tenant's totals, so ``CHRONICLE_OPS_KEY`` guards them."""
 
 READ_METHODS = frozenset({"GET", "HEAD"})
-READ_ONLY_POSTS = re.compile(r"^/v1/sessions/[^/]+/tools/(?:session_search|search_context)$")
-"""Tools a read-only key may run: they search and record nothing (a POST because the tool route
-takes the LLM's arguments as its body). The other tools write (``load_context`` records the load)."""
+READ_ONLY_POSTS = re.compile(r"^/v1/sessions/[^/]+/(?:tools/(?:session_search|search_context)|messages:exists)$")
+"""POSTs a read-only key may send: the tools that search and record nothing (a POST because the
+tool route takes the LLM's arguments as its body; the other tools write: ``load_context`` records
+the load), and ``messages:exists`` (a read whose id list fits no URL)."""
 NOT_FOR_READ_ONLY = re.compile(r"^/v1/(?:sessions/[^/]+/data-key|nats)/?$")
 """Reads a read-only key may not make: a session's data key (key material, and made on first read)
 and how to publish over NATS (a read-only key has no NATS identity)."""

@@ -93,6 +93,10 @@ class DeleteMessagesBody(BaseModel):
     ids: list[MessageId] = Field(min_length=1, max_length=MAX_DELETE_IDS)
 
 
+class ExistsBody(DeleteMessagesBody):
+    """The ids a ``messages:exists`` read asks about (as a delete lists them)."""
+
+
 class UpdateBody(BaseModel):
     model_config = _examples({"message": _MESSAGE})
     message: MessageJson

@@ -13,7 +13,7 @@ from events.sealing import KeyUnavailable, SealBroken
 from projections import context_queries, queries
 from projections.reclaimed import reclaim, reclaimed_in
 from services.api import models as m
-from services.api.bodies import AppendBatchBody, AppendBody, DeleteMessagesBody, UpdateBody
+from services.api.bodies import AppendBatchBody, AppendBody, DeleteMessagesBody, ExistsBody, UpdateBody
 from services.api.deps import (
     MAX_SEQ,
     ChargeDep,
@@ -145,6 +145,24 @@ async def get_message(
     async with c.pool.connection() as conn:
         outputs = reclaimed_in(await context_queries.reclaimed(conn, tenant, sid)).outputs(row.id, row.content)
     return Response(reclaim(row.content, outputs) if outputs else row.content, media_type=JSON)
+
+
+@router.post("/v1/sessions/{sid}/messages:exists", response_model=None, responses=ok(m.MessagesExisting))
+async def existing_messages(
+    sid: Sid, body: ExistsBody, tenant: Tenant, c: ContainerDep, min_seq: MinSeq = None
+) -> dict[str, Any]:
+    """Which of the listed ids (at most :data:`MAX_DELETE_IDS`) are messages of the session, in
+    the order given, each once: one read for a whole list, where ``GET …/messages/{mid}`` answers
+    one id with its body. A read (a read-only key may make it) that is a POST because its ids, any
+    id as it is, fit no URL. ``404 session_not_found`` when none is and the session does not exist."""
+    check_id("session", sid)
+    wanted = list(dict.fromkeys(check_id("message", i) for i in body.ids))
+    await caught_up(c, tenant, sid, min_seq)
+    async with c.pool.connection() as conn:
+        found = await queries.existing_ids(conn, tenant, sid, wanted)
+    if not found:
+        await require_session(c, tenant, sid)
+    return {"existing": [i for i in wanted if i in found]}
 
 
 @router.put("/v1/sessions/{sid}/messages/{mid}", response_model=None, responses=ok(m.Updated))

@@ -118,6 +118,10 @@ class MessageRead(RootModel[Message]):
     """The stored message as sent."""
 
 
+class MessagesExisting(_Answer):
+    existing: list[str] = Field(description="the listed ids that are messages of the session, in the order given")
+
+
 class MessagePage(_Answer):
     next_cursor: int | None
     messages: list[Message]

@@ -89,6 +89,9 @@ async def test_a_read_only_key_reads_history_events_and_the_audit_reads(
         r = await reader.get(path)
         assert r.status_code == 200, (path, r.text)
     assert (await reader.head(f"/v1/sessions/{sid}/history")).status_code == 200
+    exists = await reader.post(f"/v1/sessions/{sid}/messages:exists", json={"ids": ["m2", "m9"]})
+    assert exists.status_code == 200, exists.text  # a read, though a POST
+    assert exists.json() == {"existing": ["m2"]}
     async with reader.stream("GET", f"/v1/sessions/{sid}/events", params={"follow": "true"}) as followed:
         assert followed.status_code == 200
         first = await anext(line async for line in followed.aiter_lines() if line.strip())

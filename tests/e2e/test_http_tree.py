@@ -217,3 +217,25 @@ async def test_history_limit_keeps_the_recent_end_and_says_truncated(client: htt
     assert both["truncated"] is True
     for bad in (0, 100_001):
         assert_problem(await client.get(f"/v1/sessions/{sid}/history", params={"limit": bad}), 422, "invalid_request")
+
+
+async def test_messages_exists_answers_which_listed_ids_the_session_holds_in_one_read(
+    client: httpx.AsyncClient,
+) -> None:
+    sid = new_sid()
+    await chain(client, sid, ["a", "b,c"])
+    seq = (await append(client, sid, msg("d", "last")))["seq"]
+    r = await client.post(
+        f"/v1/sessions/{sid}/messages:exists", params={"min_seq": seq}, json={"ids": ["d", "nope", "b,c", "d", "a"]}
+    )
+    assert r.status_code == 200, r.text
+    assert r.json() == {"existing": ["d", "b,c", "a"]}  # in the order given, each once; any id as it is
+    none = await client.post(f"/v1/sessions/{sid}/messages:exists", json={"ids": ["x"]})
+    assert none.status_code == 200, none.text
+    assert none.json() == {"existing": []}
+    unknown = await client.post(f"/v1/sessions/{new_sid()}/messages:exists", json={"ids": ["a"]})
+    assert_problem(unknown, 404, "session_not_found")
+    bad: list[dict[str, Any]] = [{"ids": []}, {"ids": [f"m{i}" for i in range(1001)]}, {}, {"ids": ["a"], "o": 1}]
+    for body in bad:
+        assert_problem(await client.post(f"/v1/sessions/{sid}/messages:exists", json=body), 422, "invalid_request")
+    assert_problem(await client.post(f"/v1/sessions/{sid}/messages:exists", json={"ids": [" a"]}), 422, "invalid_id")

@@ -302,3 +302,36 @@ async def test_a_jetstream_chain_answers_created_only_for_messages_new_to_the_se
             [("a", False)],
         ]
     )
+
+
+async def test_a_jetstream_chain_reads_which_ids_are_stored_once_whatever_its_conflicts(
+    api_url: str, api_settings: Settings
+) -> None:
+    """Into a session that has events, the chain asks once for all its ids (``messages:exists``),
+    never one read a message, and not again when another writer's append makes its first
+    publish conflict."""
+
+    class Interposing(CountingTransport):
+        async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+            if request.url.path.endswith("/messages:exists") and not any(p.endswith(":exists") for _, p in self.calls):
+                await other.append(s.id, text("z", "another writer's"))  # the session moves on: a conflict
+            return await super().handle_async_request(request)
+
+    transport = Interposing()
+    async with (
+        client_for(api_url, api_settings, via="jetstream", transport=transport) as c,
+        client_for(api_url, api_settings) as other,
+    ):
+        s = Session.create(c, sid("exists-once"))
+        await s.append_all([text("a", "one"), text("b", "two")])
+        transport.calls.clear()
+        chain = [text("c", "three"), text("a", "one"), text("b", "two"), text("d", "four")]  # new events all
+        results = await s.append_all(chain, "b")
+        assert [(r.id, r.created) for r in results] == [("c", True), ("a", False), ("b", False), ("d", True)]
+        tails = [(m, p.rsplit("/", 1)[-1]) for m, p in transport.calls]
+        assert tails.count(("POST", "messages:exists")) == 1
+        assert tails.count(("GET", "last-seq")) == 2  # two attempts: the first conflicted
+        reads = [p.rsplit("/messages/", 1)[-1] for _, p in transport.calls if "/messages/" in p]
+        assert reads == ["b", "b"]  # of one message: only the parent's, an attempt each
+        assert ids(await s.get_history("c")) == ["a", "b", "c"]
+        assert ids(await s.get_history("z")) == ["a", "b", "z"]
