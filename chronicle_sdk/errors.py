@@ -161,7 +161,8 @@ class SessionNotFound(NotFound):
 
 
 class SessionErased(Gone):
-    """The session was erased (crypto-shredded): it takes no writes and its id cannot be used again."""
+    """The session was erased (crypto-shredded): its writes and reads raise this (but
+    :meth:`~chronicle_sdk.Session.get_events`, its tombstones), and its id cannot be used again."""
 
     default_code = "session_erased"
 

@@ -112,7 +112,8 @@ class SessionManager(ConfigBuilder):
         return info
 
     async def get(self, session_id: str) -> SessionInfo | None:
-        """The registry entry, or None for an unknown or deleted session (``get(id)``)."""
+        """The registry entry, or None for an unknown or deleted session (``get(id)``); an erased
+        one raises :class:`SessionErased`, as its writes do."""
         out = await self.client.get_optional(session_path(session_id), session=session_id)
         return SessionInfo.from_json(out) if isinstance(out, dict) else None
 

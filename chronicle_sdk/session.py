@@ -84,7 +84,8 @@ class Session(ConfigBuilder):
 
     A session never written reads as empty (no messages, no config, the empty prompt), as the
     reference's implicit sessions do. A deleted session's reads raise :class:`SessionNotFound`
-    (its ``deleted`` is True), as its writes do: it does not read as a new, empty one.
+    (its ``deleted`` is True), an erased one's :class:`SessionErased`, as their writes do: neither
+    reads as a new, empty one (:meth:`get_events` still gives an erased session's tombstones).
     """
 
     def __init__(self, client: Connection, session_id: str) -> None:
@@ -133,7 +134,8 @@ class Session(ConfigBuilder):
     async def _get(self, tail: str, params: Mapping[str, Any] | None = None) -> Any:
         """A read of this session; one that was never written to reads as empty (``{}``), as the
         reference's sessions exist implicitly (the server answers ``404 session_not_found``); a
-        deleted one raises :class:`SessionNotFound`, as its writes do."""
+        deleted one raises :class:`SessionNotFound`, an erased one :class:`SessionErased` (``410``),
+        as their writes do."""
         await self._ensure_ready()
         try:
             return await self.client.request("GET", self._path(tail), params=params, session=self.id)

@@ -56,7 +56,7 @@ async def get_config(sid: Sid, tenant: Tenant, c: ContainerDep, min_seq: MinSeq 
     async with c.pool.connection() as conn:
         stored = await context_queries.config(conn, tenant, sid)
         if stored is None and not await context_queries.session_known(conn, tenant, sid):
-            await live_session(conn, tenant, sid, must_exist=False, writing=False)  # a deleted one says so
+            await live_session(conn, tenant, sid, must_exist=False)  # a deleted or erased one says so
             raise SessionNotFound(f"session {sid!r} does not exist")
     config = stored or SessionConfig()
     return {"config": config.model_dump(mode="json", exclude_none=True)}
@@ -126,7 +126,7 @@ async def get_tools(
     await caught_up(c, tenant, sid, min_seq)
     async with c.pool.connection() as conn:
         if not await context_queries.session_known(conn, tenant, sid):
-            await live_session(conn, tenant, sid, must_exist=False, writing=False)  # a deleted one says so
+            await live_session(conn, tenant, sid, must_exist=False)  # a deleted or erased one says so
             raise SessionNotFound(f"session {sid!r} does not exist")
     specs = await c.context.tools(tenant, sid)
     return {"format": format, "tools": [s.to(format) for s in specs]}

@@ -113,10 +113,11 @@ async def caught_up(c: Container, tenant: str, sid: str, min_seq: int | None) ->
 
 
 async def require_session(c: Container, tenant: str, sid: str) -> queries.SessionRow:
-    """The live session, or ``404 session_not_found`` (never created for this tenant, or deleted).
+    """The live session, or ``404 session_not_found`` (never created for this tenant, or deleted),
+    ``410 session_erased`` (erased).
     Reads call it only when their answer is empty, so the hot path gains no query."""
     async with c.pool.connection() as conn:
-        row = await live_session(conn, tenant, sid, must_exist=True, writing=False)
+        row = await live_session(conn, tenant, sid, must_exist=True)
     assert row is not None
     return row
 

@@ -46,7 +46,7 @@ def _statuses(path: str, op: dict[str, Any]) -> list[int]:
         statuses += [400, 408, 413, 415]
     if path.endswith("/compact"):
         statuses.append(502)
-    if path.startswith("/v1/sessions"):  # a write (or a read that records, as the first prompt read)
+    if path.startswith("/v1/sessions"):  # a write or a read of an erased session
         statuses.append(410)
     return sorted(statuses)
 

@@ -218,7 +218,8 @@ async def erase_session(
     """Erase the session for good (crypto-shredding): its data key is destroyed, so what the log
     holds of it can never be read again; every read-model row and stored object of it is dropped;
     the log keeps tombstones (ids, types, sequences, sizes). Answers once the projections have
-    dropped the rows. Erasing again is harmless. Writes to the session answer 410 afterwards.
+    dropped the rows. Erasing again is harmless. Its writes and reads answer 410 afterwards (but
+    its events: tombstones).
 
     The erasure records who asked (this API key: `tenant:<t> key:<12 hex>`) and the optional
     `reason`, in its `session.erased` event and in `GET /v1/erasures`; erasing again keeps the

@@ -75,8 +75,7 @@ class ContextPrompt(ContextBlocks):
 
         async def decide(conn: Conn) -> Decision:
             nonlocal rendered
-            # freezing is a read (an erased session: 404 as for any read); a refresh is a write (410)
-            await live_session(conn, tenant, session, must_exist=False, writing=reason != "freeze")
+            await live_session(conn, tenant, session, must_exist=False)  # deleted: 404, erased: 410
             latest = await context_queries.latest_prompt(conn, tenant, session)
             if latest is None and not await context_queries.session_known(conn, tenant, session):
                 # a read must not create state: no prompt is frozen for a session that does not exist

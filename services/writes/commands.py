@@ -166,7 +166,7 @@ class Commands:
             if await queries.is_erased(conn, tenant, sid):  # recorded by any process: its id is burnt
                 raise ErasedSession(f"session {sid!r} was erased")
             if parent_session_id is not None:
-                await live_session(conn, tenant, parent_session_id, must_exist=True, writing=False)  # read
+                await live_session(conn, tenant, parent_session_id, must_exist=True)  # erased: 410 as a fork
             event = SessionCreated(
                 tenant=tenant, session=sid, name=name, parent_session_id=parent_session_id, metadata=metadata
             )

@@ -431,11 +431,12 @@ async def test_a_clear_whose_prompt_source_is_no_longer_text_stands_and_answers_
     problem(await client.post(f"/v1/sessions/{s}/system-prompt:refresh"), 409, "source_not_text")
 
 
-async def test_prompt_as_of_seq_of_an_unknown_or_erased_session_is_404_as_other_as_of_reads(
+async def test_prompt_as_of_seq_of_an_unknown_or_erased_session_is_404_or_410_as_other_as_of_reads(
     client: httpx.AsyncClient,
 ) -> None:
     """(It answered 200 ``{"prompt": null}`` where history and context ``as_of_seq`` answer 404.)
-    A live session with no prompt in force then still answers ``null``."""
+    An unknown session is 404, an erased one 410 (as its writes); a live session with no prompt in
+    force then still answers ``null``."""
     unknown, erased = sid(), sid()
     await configure(client, erased, {"blocks": [{"kind": "writable", "label": "memory"}]})
     before = await last_seq(client, erased)
@@ -447,4 +448,4 @@ async def test_prompt_as_of_seq_of_an_unknown_or_erased_session_is_404_as_other_
     for s, seq in ((unknown, 1), (erased, before), (erased, frozen["seq"])):
         for path in ("system-prompt", "history", "context"):
             answer = await client.get(f"/v1/sessions/{s}/{path}", params={"as_of_seq": seq, "min_seq": gone})
-            problem(answer, 404, "session_not_found")
+            problem(answer, *((404, "session_not_found") if s == unknown else (410, "session_erased")))

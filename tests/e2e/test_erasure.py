@@ -212,7 +212,7 @@ async def test_a_canary_written_by_every_path_is_nowhere_after_erasure(
     replayed = [json.loads(line) for line in replay.stdout.splitlines()]
     assert [r["seq"] for r in replayed if "erased" in r] == [line["seq"] for line in before]
     gone = await client.get(f"/v1/sessions/{sid}/history")
-    assert gone.status_code == 404, gone.text
+    assert (gone.status_code, gone.json()["code"]) == (410, "session_erased"), gone.text
 
     verify = cli(settings, "verify")
     assert verify.returncode == 0, verify.stdout + verify.stderr
@@ -418,7 +418,7 @@ async def written_session(c: httpx.AsyncClient, prefix: str) -> str:
     return sid
 
 
-async def test_every_write_to_an_erased_session_is_410_and_writes_nothing(client: httpx.AsyncClient) -> None:
+async def test_every_write_and_read_of_an_erased_session_is_410_and_writes_nothing(client: httpx.AsyncClient) -> None:
     sid = await written_session(client, "erased")
     await ok(await client.post(f"/v1/sessions/{sid}:erase"))
     before = await event_lines(client, sid)
@@ -429,8 +429,19 @@ async def test_every_write_to_an_erased_session_is_410_and_writes_nothing(client
     assert answers == dict.fromkeys(answers, (410, "session_erased"))
     assert await event_lines(client, sid) == before
     assert (await client.get(f"/v1/sessions/{sid}-fork")).status_code == 404  # no fork was made
-    r = await client.get(f"/v1/sessions/{sid}/history")  # reads of it stay 404
-    assert (r.status_code, r.json()["code"]) == (404, "session_not_found")
+    reads = ("", "/history", "/leaf", "/messages/m0", "/messages/m0/children", "/context", "/tools", "/system-prompt")
+    for tail in reads:  # its reads say so as its writes do (they answered 404, as a session never written)
+        r = await client.get(f"/v1/sessions/{sid}{tail}")
+        assert (r.status_code, r.json()["code"], r.json()["detail"]) == (
+            410,
+            "session_erased",
+            f"session {sid!r} was erased",
+        )
+    r = await client.post(f"/v1/sessions/{sid}/messages:exists", json={"ids": ["m0"]})
+    assert (r.status_code, r.json()["code"]) == (410, "session_erased")
+    r = await client.post("/v1/sessions", json={"id": f"{sid}-child", "parent_session_id": sid})
+    assert (r.status_code, r.json()["code"]) == (410, "session_erased")  # a read of it, as a fork's source
+    assert (await client.get(f"/v1/sessions/{sid}/events")).status_code == 200  # the log's tombstones
 
 
 async def test_every_write_to_a_deleted_session_is_404_and_writes_nothing(client: httpx.AsyncClient) -> None:

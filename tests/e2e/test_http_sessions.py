@@ -359,7 +359,7 @@ async def test_erasure_without_encryption_drops_the_rows_and_shows_tombstones(cl
     r = await client.post(f"/v1/sessions/{sid}:erase")
     assert r.status_code == 200, r.text
     assert r.json()["objects_deleted"] == 0
-    assert_problem(await client.get(f"/v1/sessions/{sid}/history"), 404, "session_not_found")
+    assert_problem(await client.get(f"/v1/sessions/{sid}/history"), 410, "session_erased")
     after = await events(client, sid)
     assert [e["seq"] for e in after if "erased" in e] == [e["seq"] for e in before]
     assert "plain words" not in str(after)

@@ -16,6 +16,7 @@ from chronicle_sdk import (
     MessageConflict,
     MessageNotFound,
     Session,
+    SessionErased,
     SessionManager,
     SessionNotFound,
     Unauthorized,
@@ -200,14 +201,9 @@ async def test_deleted_session_refuses_appends(sdk: ChronicleClient) -> None:
         await s.append_message(text("m2", "b"))
 
 
-async def test_a_deleted_sessions_reads_raise_as_its_writes_do(sdk: ChronicleClient) -> None:
-    manager = SessionManager(sdk)
-    info = await manager.create("doomed")
-    s = manager.get_session(info.id)
-    await s.append_all([text("m1", "a"), text("m2", "b")])
-    await s.compact()
-    await manager.delete(info.id)
-    reads: dict[str, Callable[[], Awaitable[object]]] = {
+def every_read(s: Session) -> dict[str, Callable[[], Awaitable[object]]]:
+    """One call of each of a session's reads that a deleted or erased session refuses."""
+    return {
         "get_history": lambda: s.get_history(),
         "get_recent_history": lambda: s.get_recent_history(1000),
         "get_history_row_stats": lambda: s.get_history_row_stats(),
@@ -221,6 +217,16 @@ async def test_a_deleted_sessions_reads_raise_as_its_writes_do(sdk: ChronicleCli
         "tools": lambda: s.tools(),
         "get_system_prompt": lambda: s.get_system_prompt(),
     }
+
+
+async def test_a_deleted_sessions_reads_raise_as_its_writes_do(sdk: ChronicleClient) -> None:
+    manager = SessionManager(sdk)
+    info = await manager.create("doomed")
+    s = manager.get_session(info.id)
+    await s.append_all([text("m1", "a"), text("m2", "b")])
+    await s.compact()
+    await manager.delete(info.id)
+    reads = every_read(s)
     answered: dict[str, object] = {}
     for name, read in reads.items():
         try:
@@ -241,6 +247,26 @@ async def test_a_deleted_sessions_reads_raise_as_its_writes_do(sdk: ChronicleCli
         [],
     )
     assert (await never.get_system_prompt()).version == 0
+
+
+async def test_an_erased_sessions_reads_raise_session_erased_as_its_writes_do(sdk: ChronicleClient) -> None:
+    """(They answered as for a session never written: empty.) The SDK raises the writes' error."""
+    manager = SessionManager(sdk)
+    info = await manager.create("erased")
+    s = manager.get_session(info.id)
+    await s.append_all([text("m1", "a"), text("m2", "b")])
+    await manager.erase(info.id)
+    reads: dict[str, Callable[[], Awaitable[object]]] = {**every_read(s), "manager.get": lambda: manager.get(info.id)}
+    answered: dict[str, object] = {}
+    for name, read in reads.items():
+        try:
+            answered[name] = await read()
+        except SessionErased as exc:
+            answered[name] = (exc.status, exc.code)
+    assert answered == dict.fromkeys(reads, (410, "session_erased"))
+    with pytest.raises(SessionErased):
+        await s.append_message(text("m3", "c"))
+    assert (await s.get_events())[-1]["event"]["type"] == "session.erased"  # the log's audit read stays
 
 
 async def test_invalid_message_is_refused_before_anything_is_written(sdk: ChronicleClient) -> None:

@@ -299,7 +299,7 @@ async def test_a_retry_of_a_cut_fork_whose_source_was_erased_erases_it_and_is_41
     events = await logged(c, fork_id)
     assert types(events)[-1] == "session.erased"
     await c.waiter.wait_all(events[-1][0], timeout_s=20)  # the fork's erasure answers before it is applied
-    assert (await http.get(f"/v1/sessions/{fork_id}")).status_code == 404
+    assert (await http.get(f"/v1/sessions/{fork_id}")).status_code == 410  # erased, as its reads say
 
 
 async def test_a_retry_reads_the_fork_s_log_only_as_far_as_its_copies(

@@ -123,7 +123,7 @@ async function openSession(sid) {
     ]);
     S = { sid, base, session, erased: null, tree: buildTree(nodes), overlays, prompts, leaf: last.leaf_id, page: 1, events: null, eventsPage: null, tab: S && !S.erased ? S.tab : "messages", asOf: null };
   } catch (e) {
-    const erasure = e instanceof ApiError && e.status === 404 ? await erasureInLog(sid).catch(() => null) : null;
+    const erasure = e instanceof ApiError && e.status === 410 ? await erasureInLog(sid).catch(() => null) : null;
     if (erasure) {
       await openErased(erasure);
       return;
@@ -142,8 +142,8 @@ async function openSession(sid) {
 
 // -- an erased session ----------------------------------------------------------------------
 
-/** The erasure of a session whose reads answer 404, or null when it is not erased (unknown,
- * deleted): its log tells. Its newest event is its session.erased event (who, why), or, when
+/** The erasure of a session whose reads answer 410 session_erased, or null when its log has
+ * nothing of it (its erasure not published yet): its log tells. Its newest event is its session.erased event (who, why), or, when
  * something was published after that, a tombstone: then the erasures list has its record. */
 async function erasureInLog(sid) {
   const base = `/v1/sessions/${seg(sid)}`;
@@ -165,7 +165,7 @@ async function findErasure(sid) {
   }
 }
 
-/** An erased session: its reads answer 404, but its log remains, each event a tombstone but its
+/** An erased session: its reads answer 410, but its log remains, each event a tombstone but its
  * session.erased event, so the timeline is what it shows, at that event when it was published. */
 async function openErased(erasure) {
   asOfTicket += 1;
