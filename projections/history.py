@@ -226,6 +226,10 @@ def summaries_in(items: Sequence[tuple[int, Event]]) -> dict[int, bool]:
     return out
 
 
+def _seq_of(item: tuple[int, Event]) -> int:
+    return item[0]
+
+
 async def without_summaries(cur: AsyncCursor[Any], ops: Sequence[OpT]) -> list[OpT]:
     """``ops`` without the inserts whose id an overlay recorded before them reads under (only
     those :func:`summaries_in` left to the overlays table are asked about: rare)."""
@@ -630,12 +634,16 @@ class HistoryProjection:
         self._blobs = blobs
         self._keys = keys
 
-    async def prepare(self, items: Sequence[tuple[int, Event]]) -> list[list[Op]]:
+    async def prepare(
+        self, items: Sequence[tuple[int, Event]], batch: Sequence[tuple[int, Event]] | None = None
+    ) -> list[list[Op]]:
         """One plan per item; claim-checked bodies are fetched here, outside any transaction. The
         items are admitted events (the runner's :class:`~projections.runner.Projection` contract):
-        an inline body's hash, which admission derived or checked, is not computed again."""
+        an inline body's hash, which admission derived or checked, is not computed again. Whether
+        an append is a summary's id is decided over the whole ``batch`` the items are a slice of
+        (the overlays table holds none of its overlays until it commits), in stream order."""
         plans: list[list[Op]] = []
-        summaries = summaries_in(items)
+        summaries = summaries_in(sorted(batch if batch is not None else items, key=_seq_of))
         for seq, event in items:
             body = await unpack_body(event, self._blobs, self._keys) if isinstance(event, MessageBodyEvent) else None
             plans.append(plan(event, seq, body, admitted=True, summary=summaries.get(seq)))

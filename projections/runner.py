@@ -141,7 +141,13 @@ class Planning(Protocol):
 
     name: str
 
-    async def prepare(self, items: Sequence[tuple[int, Event]]) -> list[Any]: ...
+    async def prepare(
+        self, items: Sequence[tuple[int, Event]], batch: Sequence[tuple[int, Event]] | None = None
+    ) -> list[Any]:
+        """One plan per item of ``items``, a slice of ``batch`` (all the items one transaction
+        applies; None: ``items`` are the batch): a decision that depends on the events before an
+        item in its batch reads ``batch``, so a batch prepared in slices plans as a whole one does."""
+        ...
 
     async def apply_prepared(self, conn: psycopg.AsyncConnection[Any], plans: Sequence[Any]) -> None: ...
 
@@ -179,7 +185,11 @@ StoredTimes = Mapping[int, datetime]
 ``recorded_at``, which a rebuild of the same log reproduces."""
 
 
-async def prepare(projections: Sequence[Projection], items: Sequence[tuple[int, Event]]) -> dict[str, list[Any]]:
+async def prepare(
+    projections: Sequence[Projection],
+    items: Sequence[tuple[int, Event]],
+    batch: Sequence[tuple[int, Event]] | None = None,
+) -> dict[str, list[Any]]:
     """The plans of every planning projection for ``items`` (outside any transaction). A
     projection that meets a body that can never be had (:class:`BodyUnavailable`), or an erased
     session's destroyed key (:class:`KeyDestroyed`), has no plans here: :func:`apply_batch`
@@ -188,7 +198,7 @@ async def prepare(projections: Sequence[Projection], items: Sequence[tuple[int, 
     for p in projections:
         if isinstance(p, Planning):
             with contextlib.suppress(BodyUnavailable, KeyDestroyed):
-                plans[p.name] = await p.prepare(items)
+                plans[p.name] = await p.prepare(items, batch)
     return plans
 
 
@@ -789,7 +799,7 @@ class ProjectorRunner:
         unplanned: set[str] = set()
         for start in range(0, len(items), PREPARE_SLICE):
             planning = [p for p in self.projections if isinstance(p, Planning) and p.name not in unplanned]
-            planned = await prepare(planning, items[start : start + PREPARE_SLICE])
+            planned = await prepare(planning, items[start : start + PREPARE_SLICE], items)
             for name, plans in planned.items():
                 prepared.setdefault(name, []).extend(plans)
             unplanned.update(p.name for p in planning if p.name not in planned)

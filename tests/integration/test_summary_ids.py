@@ -149,3 +149,22 @@ async def test_direct_appends_of_a_summarys_id_are_not_stored_while_it_stands_an
         assert set(state.rows) == await _stored_ids(c, sid, [*state.rows, summary["id"], body["id"]])
     await asyncio.wait_for(c.waiter.wait_all(last[-1].seq), 10)
     await assert_rebuild_equals_live(c, fresh_db, c.settings.projector_name)
+
+
+async def test_an_overlay_and_its_ids_append_a_hundred_events_apart_in_one_publish_decide_as_a_rebuild(
+    stack: Container, new_id: Callable[[str], str], fresh_db: str
+) -> None:
+    """(The live projector prepares a batch in slices of 100 and decided each slice over itself: an
+    overlay in one slice left the append of its id in a later one to the overlays table, which held
+    none of the batch's overlays yet, so live stored it and a rebuild did not.)"""
+    c = stack
+    sid, other = new_id("far"), new_id("filler")
+    await _chain(c, sid, 8)
+    ov = _recorded(sid, "r1", "r6")
+    body = text_message(f"compaction_{ov.overlay_id}", "x", "assistant")
+    fillers = [_published(other, text_message(f"f{i}", f"filler {i}"), f"f{i - 1}" if i else None) for i in range(150)]
+    last = await c.publisher.publish_many([ov, *fillers, _published(sid, body, "r7")])
+    await asyncio.wait_for(c.waiter.wait_all(last[-1].seq), 10)
+    assert await _view(c, sid) == ["r0", body["id"], "r7"]
+    assert await _stored_ids(c, sid, [body["id"], "r7"]) == {"r7"}
+    await assert_rebuild_equals_live(c, fresh_db, c.settings.projector_name)

@@ -34,6 +34,7 @@ from projections.history import (
     DeleteMessages,
     DeleteSession,
     EndSession,
+    HistoryProjection,
     InsertMessage,
     Op,
     RenameSession,
@@ -420,3 +421,27 @@ def test_an_append_left_to_the_overlays_table_asks_it_and_other_ids_never_do() -
         BODY,
     )
     assert [op.summary_check for op in plain if isinstance(op, InsertMessage)] == [False]
+
+
+async def test_a_slice_of_a_batch_decides_a_summarys_id_over_the_whole_batch_as_a_rebuild_does() -> None:
+    """(The live projector prepares a batch in slices of 100; each slice decided over itself, so an
+    overlay in one slice left an append of its id in the next to the overlays table, which holds
+    none of the batch's overlays before it commits: the append was stored, where a rebuild, which
+    prepares its batch whole, left it out.) Items out of stream order decide as in it."""
+    fillers: list[tuple[int, Event]] = [
+        (
+            seq,
+            MessageAppended(
+                **ENV, message_id=f"f{seq}", parent_id=None, role="user", body_sha256=body_hash(BODY), message=BODY
+            ),
+        )
+        for seq in range(2, 102)
+    ]
+    batch: list[tuple[int, Event]] = [(1, _recorded("ov")), *fillers, (102, _summary_append("ov"))]
+    history = HistoryProjection()
+    whole = await history.prepare(batch)
+    sliced = [*await history.prepare(batch[:100], batch), *await history.prepare(batch[100:], batch)]
+    assert sliced == whole
+    assert not any(isinstance(op, InsertMessage) for op in whole[-1])  # not stored: the overlay stands
+    shuffled = [batch[-1], *batch[:-1]]  # a redelivery fetched before the events it follows
+    assert (await history.prepare(shuffled))[0] == whole[-1]
