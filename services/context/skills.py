@@ -46,16 +46,29 @@ log = logging.getLogger("chronicle.context")
 
 
 class ContextSkills(ContextBlocks):
-    async def put_skill(self, tenant: str, bucket: str, key: str, content: str, description: str | None) -> int:
+    async def put_skill(
+        self,
+        tenant: str,
+        bucket: str,
+        key: str,
+        content: str,
+        description: str | None,
+        *,
+        bucket_made: Callable[[str], None] | None = None,
+    ) -> int:
         """Store a document and record it in the tenant's skills index (idempotent per etag);
         :class:`~events.sealing.KeyDestroyed` (nothing stored) when the tenant is erased,
         :class:`~services.storage.s3.BucketMissing` (nothing stored, no bucket made) when ``bucket``
-        does not exist (the put itself says so: no check before it that a deletion could slip past)."""
+        does not exist (the put itself says so: no check before it that a deletion could slip past).
+        With ``bucket_made`` (``chronicle skills put --create-bucket``) a missing ``bucket`` is made
+        first, after every other check (a refused put makes none), and ``bucket_made`` is told it."""
         problem = unsafe_object_key(key)
         if problem is not None:
             raise InvalidRequest(f"key {key[:200]!r} is not a safe object key: {problem}")
         if self._pub.keys is not None:  # an erased tenant's record would be refused: upload nothing either
             await self._pub.keys.for_writing(tenant, TENANT_SCOPE)  # KeyDestroyed
+        if bucket_made is not None and await self._storage().create_bucket(bucket):
+            bucket_made(bucket)
         stored = await self._storage().put(bucket, object_key(tenant, key), content, description)
         return await self.record_skill(tenant, bucket, key, stored.description, stored.etag, stored.size)
 

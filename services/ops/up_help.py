@@ -10,7 +10,7 @@ from services.settings import Settings
 
 S3_WHAT = (
     "the S3/MinIO it uses when that answers (as it is); not set and nothing there: moto's in-memory S3 server, "
-    "started there; set and not answering: refused"
+    "started there, with the bucket skills (README, Context memory); set and not answering: refused"
 )
 UP_SETTINGS: tuple[tuple[str, str], ...] = (
     ("data_dir", "its state: NATS data, embedded Postgres, API key, operator seed, key-encryption key, stack.json"),

@@ -87,9 +87,18 @@ class SkillStore:
             endpoint, access_key=access_key, secret_key=secret_key, secure=secure, region=region, http_client=http
         )
 
-    def _ensure_bucket(self, bucket: str) -> None:
-        if not self._client.bucket_exists(bucket):
-            self._client.make_bucket(bucket)
+    def _ensure_bucket(self, bucket: str) -> bool:
+        """Make ``bucket`` unless it exists; True when this call made it."""
+        if self._client.bucket_exists(bucket):
+            return False
+        self._client.make_bucket(bucket)
+        return True
+
+    async def create_bucket(self, bucket: str) -> bool:
+        """Make ``bucket`` unless it exists (asked for: ``chronicle skills put --create-bucket``,
+        the bucket ``chronicle up`` makes on the moto server it starts); True when this call made it.
+        :meth:`put` never makes one."""
+        return await self._call(lambda: self._ensure_bucket(bucket))
 
     async def put(self, bucket: str, key: str, content: str, description: str | None) -> StoredObject:
         """Store a document; the description becomes object metadata (dropped when None).

@@ -115,6 +115,9 @@ def test_up_serves_stops_and_restarts_with_its_data(
 ) -> None:
     api_port, nats_port = free_port(), free_port()
     proc, lines = _start(tmp_path / "data", fresh_db, s3_endpoint, api_port, nats_port)
+    # the run's moto answers there: used as it is, no bucket made on it (only on a moto `up` starts)
+    assert f"chronicle up: using S3/MinIO at {s3_endpoint}\n" in lines
+    assert not [line for line in lines if "made the bucket" in line]
     key = lines[-1].split(":", 1)[1].strip()
     base = f"http://127.0.0.1:{api_port}"
     headers = {"Authorization": f"Bearer {key}"}

@@ -4,6 +4,7 @@ unloaded skills, and ``chronicle skills put|sync``."""
 from __future__ import annotations
 
 import json
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +17,7 @@ from tests.conftest import tenant_nats
 from tests.e2e.context_support import (
     block,
     configure,
+    context,
     events,
     last_seq,
     listed,
@@ -745,3 +747,31 @@ async def test_set_context_into_a_bucket_that_no_longer_exists_is_an_error_resul
     assert not minio(api_settings).bucket_exists(bucket)
     assert await events(client, s) == before
     assert "tax" not in (await prompt(client, s))["prompt"]  # nothing indexed for the tenant either
+
+
+async def test_cli_put_with_create_bucket_makes_a_missing_bucket_and_indexes(
+    client: httpx.AsyncClient, api_settings: Settings, tmp_path: Path
+) -> None:
+    """``--create-bucket``: a skill put into a bucket that does not exist yet, with no S3 client
+    at hand (without it the put is refused: tests/integration/test_cli_errors.py)."""
+    bucket = "sk-" + uuid.uuid4().hex[:16]
+    assert not minio(api_settings).bucket_exists(bucket)
+    doc = tmp_path / "tax.md"
+    doc.write_text("# Tax\nFile by April", encoding="utf-8")
+    out = chronicle(
+        api_settings, "put", str(doc), "--bucket", bucket, "--key", "skills/tax", "--description", "Tax workflows",
+        "--tenant", "tenant-a", "--create-bucket",
+    )  # fmt: skip
+    made, stored = out.splitlines()
+    assert made == f"made bucket {bucket}"
+    assert stored.startswith(f"stored {bucket}/tenants/tenant-a/skills/tax "), stored
+    assert minio(api_settings).bucket_exists(bucket)
+    s = sid()  # a session's skills block takes the bucket now (a missing one is refused)
+    await context(client, s, min_seq=await configure(client, s, {"blocks": [skills_block(bucket, prefix="skills/")]}))
+    await listed(client, s, "skills", "- tax: Tax workflows")
+    # the bucket there now: the same put again says nothing of making it
+    out = chronicle(
+        api_settings, "put", str(doc), "--bucket", bucket, "--key", "skills/tax", "--tenant", "tenant-a",
+        "--create-bucket",
+    )  # fmt: skip
+    assert out.startswith(f"stored {bucket}/tenants/tenant-a/skills/tax "), out

@@ -314,7 +314,36 @@ async def test_skills_put_into_a_bucket_that_does_not_exist_is_one_line_and_make
     argv = ["skills", "put", str(doc), "--bucket", bucket, "--key", "skills/x"]
     done = await asyncio.to_thread(chronicle_cli, stack, *argv)
     assert done.returncode == 2, (done.stdout, done.stderr)
-    assert one_line(done) == f"chronicle skills put: bucket {bucket!r} does not exist: create it first"
+    assert one_line(done) == (
+        f"chronicle skills put: bucket {bucket!r} does not exist: create it first, or pass --create-bucket"
+    )
+    assert done.stdout == ""
+    assert not Minio(s3_endpoint, "testing", "testing", secure=False, region="us-east-1").bucket_exists(bucket)
+
+
+@pytest.mark.parametrize("case", ["missing", "not-utf8", "unsafe-key"])
+async def test_skills_put_with_create_bucket_refused_makes_no_bucket(
+    foreign: tuple[Settings, Settings], s3_endpoint: str, tmp_path: Path, case: str
+) -> None:
+    """``--create-bucket`` makes the bucket only after every other check passed: a put refused
+    for its file or its key leaves none behind."""
+    stack = foreign[0].model_copy(update={"s3_endpoint": s3_endpoint})
+    bucket = f"nonexist-{uuid.uuid4().hex[:8]}"
+    doc = tmp_path / ("nosuch.md" if case == "missing" else "x.md")
+    if case == "not-utf8":
+        doc.write_bytes(b"\xff\xfe\x00binary")
+    elif case == "unsafe-key":
+        doc.write_text("# X\nhow to x", encoding="utf-8")
+    key = "skills/../x" if case == "unsafe-key" else "skills/x"
+    argv = ["skills", "put", str(doc), "--bucket", bucket, "--key", key, "--create-bucket"]
+    done = await asyncio.to_thread(chronicle_cli, stack, *argv)
+    assert done.returncode == 2, (done.stdout, done.stderr)
+    said = {
+        "missing": f"chronicle skills put: {doc}: No such file or directory",
+        "not-utf8": f"chronicle skills put: {doc} is not UTF-8 text (byte 0)",
+        "unsafe-key": f"chronicle skills: key {key!r} is not a safe object key: it has an empty, '.' or '..' segment",
+    }[case]
+    assert one_line(done).startswith(said), done.stderr
     assert done.stdout == ""
     assert not Minio(s3_endpoint, "testing", "testing", secure=False, region="us-east-1").bucket_exists(bucket)
 
