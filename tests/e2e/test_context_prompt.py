@@ -74,13 +74,17 @@ async def test_prompt_renders_every_block_kind_exactly(client: httpx.AsyncClient
         )
         assert res == f'Indexed "{title}" in knowledge.'
     for title, desc in [("tax", "Tax workflows"), ("bank reconciliation", "Bank reconciliation"), ("hidden", "Nope")]:
-        res, seq = await tool(
+        res, written = await tool(
             client,
             s,
             "set_context",
             {"label": "skills", "content": f"# {title}", "metadata": {"title": title, "description": desc}},
         )
-        assert res == f'Indexed "{title.replace(" ", "-")}" in skills.'
+        if title == "hidden":  # outside the block's keys: refused, nothing written (it would never be listed)
+            assert res.startswith('Error: Skill "hidden" is not in the keys allowed in block "skills"'), res
+        else:
+            assert res == f'Indexed "{title.replace(" ", "-")}" in skills.'
+            seq = written
 
     memory = "User likes tea.\nUser lives in Kyoto."
     policy = "Refunds within 30 days."

@@ -47,8 +47,8 @@ def erase_after_creating(monkeypatch: pytest.MonkeyPatch, other: Container, vict
     (another process's request, in the window before the copies)."""
     create = Commands.create_session
 
-    async def create_then_erase(self: Commands, tenant: str, *args: object) -> WriteReceipt:
-        created = await create(self, tenant, *args)  # type: ignore[arg-type]
+    async def create_then_erase(self: Commands, tenant: str, *args: object, **kwargs: object) -> WriteReceipt:
+        created = await create(self, tenant, *args, **kwargs)  # type: ignore[arg-type]
         await other.eraser.erase_session(tenant, victim)
         return created
 

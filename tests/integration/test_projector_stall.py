@@ -138,7 +138,7 @@ class SlowPlanning:
         self.per_item_s = per_item_s
         self.applied: list[int] = []
 
-    async def prepare(self, items: Any) -> list[Any]:
+    async def prepare(self, items: Any, batch: Any = None) -> list[Any]:
         for _ in items:
             await asyncio.sleep(self.per_item_s)
         return [seq for seq, _ in items]
