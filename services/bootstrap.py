@@ -10,7 +10,7 @@ import ssl
 import time
 import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import nats
@@ -51,6 +51,7 @@ from services.context.service import ContextService
 from services.context.tenant_space import TenantSpace
 from services.dbpool import Pool
 from services.settings import Settings, UnusableSetting, shown_nats_url
+from services.slots import AsOfGate
 from services.storage.blobs import CLAIM_CHECK_S3, S3BlobStore
 from services.storage.s3 import SkillStore
 from services.tokens import TokenCounter
@@ -80,6 +81,7 @@ class Container:
     commands: Commands
     context: ContextService
     compaction: CompactionService
+    as_of_gate: AsOfGate = field(default_factory=lambda: AsOfGate(4, 2))  # the settings' (bootstrap)
 
     @property
     def keys(self) -> PgKeyStore:
@@ -668,7 +670,19 @@ async def open_container(
             pool, publisher, commands.optimistic, context, counter, summarizer_of(settings), leases
         )
         yield Container(
-            settings, layout, nc, js, pool, publisher, blobs, waiter, originals, commands, context, compaction
+            settings,
+            layout,
+            nc,
+            js,
+            pool,
+            publisher,
+            blobs,
+            waiter,
+            originals,
+            commands,
+            context,
+            compaction,
+            AsOfGate(settings.as_of_slots, settings.as_of_slots_per_tenant),
         )
     finally:
         await waiter.stop()

@@ -253,6 +253,20 @@ class Settings(BaseSettings):
         description="searches one tenant runs at once in one process; one more is `429 search_busy` at once "
         "(`Retry-After`); default half of `search_slots`",
     )
+    as_of_slots: int = Field(
+        default=4,
+        ge=1,
+        le=1000,
+        description="time-travel reads (`as_of_seq` on `GET …/history` and `GET …/context`) one process folds "
+        "from the log at once: one past it waits for one to end, up to 10 s, then `429 as_of_busy`",
+    )
+    as_of_slots_per_tenant: int = Field(
+        default=2,
+        ge=1,
+        le=1000,
+        description="time-travel reads one tenant has folded at once in one process; one more is "
+        "`429 as_of_busy` at once (`Retry-After`)",
+    )
     readiness_stall_s: float = Field(
         default=60.0, ge=0, description="readyz is 503 when a projector has not advanced this long while events wait"
     )

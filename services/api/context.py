@@ -27,6 +27,7 @@ from services.api.strict_json import StrictJsonRoute
 from services.audit import readers as audit
 from services.errors import ReadOnlyKey, SessionNotFound
 from services.requests import writes
+from services.slots import AS_OF_WAIT_S
 from services.writes.liveness import live_session
 
 ToolCallId = Annotated[str | None, Query(min_length=1, max_length=MAX_TOOL_CALL_ID, pattern=NO_NUL_PATTERN)]
@@ -76,7 +77,8 @@ async def get_context(
     check_id("session", sid)
     head: dict[str, Any] = {}
     if as_of_seq is not None:
-        state = await audit.session_as_of(c, tenant, sid, as_of_seq)
+        async with c.as_of_gate.slot(tenant, AS_OF_WAIT_S):  # bounded: a fold holds the session in memory
+            state = await audit.session_as_of(c, tenant, sid, as_of_seq)
         async with c.pool.connection() as conn:
             blocks = await c.context.blocks(
                 conn,

@@ -17,6 +17,7 @@ from services.api.strict_json import StrictJsonRoute
 from services.audit import readers as audit
 from services.bootstrap import Container
 from services.compaction.micro import recent_window, truncate_older_messages
+from services.slots import AS_OF_WAIT_S
 
 HISTORY_LIMIT = 10_000
 """How many messages a history answers by default (the recent end of a longer path)."""
@@ -92,7 +93,8 @@ async def read_history(
         check_id("message", leaf_id)
     head: dict[str, Any] = {}
     if as_of_seq is not None:  # folded from the log: the same view as the read models had then
-        state = await audit.session_as_of(c, tenant, sid, as_of_seq)
+        async with c.as_of_gate.slot(tenant, AS_OF_WAIT_S):  # bounded: a fold holds the session in memory
+            state = await audit.session_as_of(c, tenant, sid, as_of_seq)
         leaf_id = leaf_id or state.latest_leaf()
         raw = state.path_rows(leaf_id)
         found = state.overlay_list() if compacted and raw else []

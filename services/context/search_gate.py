@@ -12,13 +12,10 @@ pool always keeps connections for everything else.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-from collections.abc import AsyncIterator
-
 from services.errors import RateLimited
+from services.slots import RETRY_AFTER_S, Gate
 
-RETRY_AFTER_S = 1.0
+__all__ = ["RETRY_AFTER_S", "SearchBusy", "SearchGate", "search_slots"]
 
 
 class SearchBusy(RateLimited):
@@ -35,46 +32,8 @@ def search_slots(pool_max: int, total: int | None, per_tenant: int | None) -> tu
     return whole, per_tenant if per_tenant is not None else max(1, whole // 2)
 
 
-class SearchGate:
-    def __init__(self, total: int, per_tenant: int) -> None:
-        self.total = total
-        self.per_tenant = per_tenant
-        self._slots = asyncio.Semaphore(total)
-        self._held: dict[str, int] = {}  # tenant -> searches it runs now (or waits to)
-
-    def running(self, tenant: str) -> int:
-        """The searches ``tenant`` runs (or waits to run) in this process now."""
-        return self._held.get(tenant, 0)
-
-    @contextlib.asynccontextmanager
-    async def slot(self, tenant: str, wait_s: float) -> AsyncIterator[None]:
-        """Hold one of the process's search slots for ``tenant``; :class:`SearchBusy` when the
-        tenant already runs ``per_tenant`` searches, or no slot frees within ``wait_s``."""
-        held = self.running(tenant)
-        if held >= self.per_tenant:
-            raise SearchBusy(
-                RETRY_AFTER_S,
-                f"this tenant runs {held} searches at once in this process, as many as it may "
-                f"(CHRONICLE_SEARCH_SLOTS_PER_TENANT); send the next when one has answered",
-            )
-        self._held[tenant] = held + 1
-        try:
-            try:
-                async with asyncio.timeout(wait_s):
-                    await self._slots.acquire()
-            except TimeoutError:
-                raise SearchBusy(
-                    RETRY_AFTER_S,
-                    f"this process runs {self.total} searches at once (CHRONICLE_SEARCH_SLOTS) and none "
-                    f"ended within {wait_s:g} s",
-                ) from None
-            try:
-                yield
-            finally:
-                self._slots.release()
-        finally:
-            left = self._held[tenant] - 1
-            if left:
-                self._held[tenant] = left
-            else:
-                del self._held[tenant]
+class SearchGate(Gate):
+    what = "searches"
+    total_setting = "CHRONICLE_SEARCH_SLOTS"
+    tenant_setting = "CHRONICLE_SEARCH_SLOTS_PER_TENANT"
+    busy = SearchBusy

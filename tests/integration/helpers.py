@@ -6,6 +6,7 @@ import asyncio
 import uuid
 from typing import Any
 
+import httpx
 import psycopg
 import pytest
 from nats.aio.client import Client as NatsClient
@@ -170,3 +171,12 @@ def fault_after_overlay(
     monkeypatch.setattr(CompactionService, "_publish_unless_changed", recording)
     monkeypatch.setattr(owner, method, faulty)
     return published
+
+
+def tenant_client(app: Any, tenant: str) -> httpx.AsyncClient:
+    """An HTTP client of the API app ``app`` in this process, with ``tenant``'s key (``KEYS``)."""
+    from tests.conftest import KEYS
+
+    return httpx.AsyncClient(
+        transport=httpx.ASGITransport(app=app), base_url="http://c", headers={"Authorization": f"Bearer {KEYS[tenant]}"}
+    )

@@ -28,7 +28,7 @@ from projections.search_bound import SearchTimedOut
 from services.api.app import build_app
 from services.bootstrap import Container
 from tests.conftest import KEYS, make_settings, running_stack
-from tests.integration.helpers import text_message
+from tests.integration.helpers import tenant_client, text_message
 
 TENANT = "tenant-a"
 TIMEOUT_S = 0.5
@@ -148,15 +148,7 @@ async def test_a_tenant_past_its_concurrent_searches_is_told_search_busy_and_ano
         app = build_app(c.settings, c)
         gate = c.context.search_gate
         assert (gate.total, gate.per_tenant) == (2, 1)
-        clients = {
-            t: httpx.AsyncClient(
-                transport=httpx.ASGITransport(app=app),
-                base_url="http://c",
-                headers={"Authorization": f"Bearer {KEYS[t]}"},
-            )
-            for t in (TENANT, "tenant-b")
-        }
-        async with clients[TENANT] as a, clients["tenant-b"] as b:
+        async with tenant_client(app, TENANT) as a, tenant_client(app, "tenant-b") as b:
             async with messages_locked(c.settings.database_url):
                 slow = asyncio.create_task(a.get("/v1/search", params={"q": "friday"}))
                 for _ in range(500):
