@@ -166,9 +166,11 @@ def _opened(data: bytes, keys: KeyLookup | None) -> dict[str, Any]:
 
 def event_line(stored: eventlog.StoredEvent, layout: SubjectLayout, keys: KeyLookup | None) -> bytes:
     """One NDJSON line of ``GET /v1/sessions/{id}/events``: the stored bytes as they are when the
-    contract admits them (always a JSON object then; sealed fields opened for the tenant), an
+    contract admits them (always a JSON object then), written again compactly when they must be:
+    sealed fields opened for the tenant, or raw newlines between the JSON's tokens (whitespace to
+    JSON, which a direct publisher may write: spliced in, one event would be several lines); an
     erased session's event as its tombstone, else the refusal (never the raw bytes, which may not
-    be JSON at all)."""
+    be JSON at all). Always exactly one line."""
     head = {"seq": stored.seq, "stored_at": stored_at(stored)}
     try:
         event = read_event(stored, layout, keys)
@@ -178,7 +180,7 @@ def event_line(stored: eventlog.StoredEvent, layout: SubjectLayout, keys: KeyLoo
     if event is None:
         return json.dumps({**head, "erased": tombstone_of(stored.data)}).encode() + b"\n"
     prefix = json.dumps(head).encode()[:-1] + b', "event": '  # the stored bytes spliced in as they are
-    if b'"sealed"' in stored.data:
+    if b'"sealed"' in stored.data or b"\n" in stored.data or b"\r" in stored.data:
         opened = json.dumps(_opened(stored.data, keys), ensure_ascii=False, separators=(",", ":")).encode()
         return prefix + opened + b"}\n"
     return prefix + stored.data + b"}\n"

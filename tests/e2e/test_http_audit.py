@@ -11,10 +11,11 @@ from typing import Any
 import httpx
 import pytest
 
-from events.catalog import CompactionFailed, SkillUnloaded
+from chronicle_sdk import ChronicleClient
+from events.catalog import CompactionFailed, SessionCreated, SkillUnloaded
 from events.publisher import Publisher
 from services.settings import Settings
-from tests.conftest import operator_nats
+from tests.conftest import KEYS, operator_nats, tenant_nats
 from tests.e2e.helpers import PROBLEM, append, chain, msg, new_sid, stream_last_seq
 
 
@@ -50,6 +51,40 @@ async def test_each_event_line_says_when_the_stream_stored_it(client: httpx.Asyn
     assert stored == sorted(stored)
     assert abs(stored[-1] - datetime.now(UTC)) < timedelta(minutes=1)
     assert all(list(line)[:2] == ["seq", "stored_at"] for line in lines)
+
+
+async def test_an_event_stored_over_several_lines_is_one_line_of_the_page_the_follow_and_the_sdk(
+    client: httpx.AsyncClient, api_url: str, api_settings: Settings
+) -> None:
+    """JSON allows raw newlines (and carriage returns) between tokens, so a tenant publishing
+    straight to the stream may lay an event out over lines; spliced into the NDJSON as stored it
+    was several lines (one of them a record of the tenant's making): the page, a followed answer
+    and the SDK broke, and a lenient reader saw a forged event. Such bytes are written again on
+    one line, the same JSON value."""
+    sid = new_sid()
+    forged = {"seq": 1, "stored_at": "2026-12-01T00:00:00Z", "event": {"type": "message.appended", "session": sid}}
+    created = json.loads(SessionCreated(tenant="tenant-a", session=sid, name="n").to_json())
+    del created["metadata"]
+    data = (json.dumps(created)[:-1] + ', "metadata": {"a":\r\n' + json.dumps(forged) + "\n}}").encode()
+    nc = await tenant_nats(api_settings.nats_url, "tenant-a")
+    try:
+        subject = api_settings.layout().session_subject("tenant-a", sid)
+        seq = int((await nc.jetstream().publish(subject, data, stream=api_settings.stream)).seq)
+    finally:
+        await nc.close()
+
+    page = (await client.get(f"/v1/sessions/{sid}/events")).text
+    followed = (await client.get(f"/v1/sessions/{sid}/events", params={"follow": "true", "to_seq": seq})).text
+    for body in (page, followed):
+        [line] = [line for line in body.split("\n") if line.strip()]
+        record = json.loads(line)
+        assert (record["seq"], record["event"]["type"]) == (seq, "session.created")
+        assert record["event"]["metadata"] == {"a": forged}
+        assert "\r" not in line
+    async with ChronicleClient(api_url, KEYS["tenant-a"]) as sdk:
+        session = sdk.session(sid)
+        assert [r["event"]["metadata"] for r in await session.get_events()] == [{"a": forged}]
+        assert [r["seq"] async for r in session.follow_events(to_seq=seq)] == [seq]
 
 
 async def test_tree_answers_every_branch_a_page_at_a_time(client: httpx.AsyncClient) -> None:
