@@ -19,7 +19,7 @@ import asyncio
 import contextlib
 import socket
 import ssl
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Mapping
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
@@ -73,6 +73,19 @@ class Transport(Protocol):
     async def aclose(self) -> None: ...
 
 
+async def ndjson_lines(chunks: AsyncIterator[bytes]) -> AsyncGenerator[bytes, None]:
+    """The lines (without their ends) of a body arriving as ``chunks``, split on ``\\n`` only (a
+    ``\\r`` before it dropped): never where ``str.splitlines()`` splits too (U+2028, U+2029, U+0085,
+    form feed, …), which a JSON string may hold unescaped, so one NDJSON line stays one."""
+    pending = b""
+    async for data in chunks:
+        *complete, pending = (pending + data).split(b"\n")
+        for line in complete:
+            yield line.rstrip(b"\r")
+    if pending:
+        yield pending
+
+
 class _Stale(Exception):
     """A pooled connection ended before any byte of the answer arrived."""
 
@@ -100,13 +113,18 @@ class _Connection:
         """The body's lines (without their ends) as they arrive; :class:`TimeoutError` when
         nothing arrives for ``idle_s``."""
         chunked = headers.get("transfer-encoding", "").lower() == "chunked"
-        pending = b""
         if not chunked and "content-length" in headers:  # a whole answer (an error's, say)
             async with asyncio.timeout(idle_s):
                 body = await self._reader.readexactly(int(headers["content-length"]))
             for line in body.split(b"\n"):
                 yield line.rstrip(b"\r")
             return
+        chunks = self._chunks(chunked, idle_s)
+        async with contextlib.aclosing(chunks), contextlib.aclosing(ndjson_lines(chunks)) as lines:
+            async for line in lines:
+                yield line
+
+    async def _chunks(self, chunked: bool, idle_s: float) -> AsyncGenerator[bytes, None]:
         while True:
             async with asyncio.timeout(idle_s):
                 if chunked:
@@ -115,12 +133,8 @@ class _Connection:
                 else:
                     data = await self._reader.read(65536)
             if not data:
-                if pending:
-                    yield pending
                 return
-            *complete, pending = (pending + data).split(b"\n")
-            for line in complete:
-                yield line.rstrip(b"\r")
+            yield data
 
     async def head(self, request: bytes) -> tuple[int, dict[str, str], bool]:
         """Send ``request``; (the answer's status, its headers, whether the connection may be reused)."""
@@ -314,7 +328,7 @@ class HttpxTransport:
             async with self._client.stream("GET", target, headers=dict(headers), timeout=timeout) as resp:
                 found = {k.lower(): v for k, v in resp.headers.items()}
                 content = await resp.aread() if resp.status_code != 200 else b""
-                lines = (line.encode() async for line in resp.aiter_lines())
+                lines = ndjson_lines(resp.aiter_bytes())  # not aiter_lines: it splits as str.splitlines()
                 yield Opened(resp.status_code, found, content, lines)
         except httpx.TransportError as exc:
             unsent = isinstance(exc, httpx.ConnectError | httpx.ConnectTimeout | httpx.PoolTimeout)

@@ -84,3 +84,17 @@ async def test_the_httpx_transport_follows_too(api_url: str, api_settings: Setti
         first = await session.append_message(text("m1", "over httpx"))
         got = [r async for r in session.follow_events(to_seq=first.seq)]
         assert [r["seq"] for r in got] == [first.seq]
+
+
+async def test_the_httpx_transport_splits_lines_on_newlines_only(api_url: str) -> None:
+    """U+2028, U+2029 and U+0085 stand unescaped in the events' NDJSON lines (JSON needs no escape
+    for them); httpx's ``aiter_lines`` split there as ``str.splitlines()`` does, so following such a
+    message raised ``JSONDecodeError``, again on every resume at its seq. Split on ``\\n`` only."""
+    body = "para one\u2028para two\u2029three\x85four"
+    async with ChronicleClient(api_url, KEYS["tenant-a"], transport=httpx.AsyncHTTPTransport()) as sdk:
+        session = sdk.session(sid("follow"))
+        first = await session.append_message(text("m1", body))
+        last = await session.append_message(text("m2", "after it"))
+        got = [r async for r in session.follow_events(to_seq=last.seq)]
+        assert [r["seq"] for r in got] == [first.seq, last.seq]
+        assert got[0]["event"]["message"]["parts"][0]["text"] == body
