@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import base64
-import json
 from dataclasses import asdict, dataclass
 from datetime import datetime
 from typing import Any
@@ -19,6 +18,7 @@ import psycopg
 from events.ids import check_tenant, encode_token
 from events.subjects import SubjectLayout
 from services.settings import Settings
+from services.terminal import safe_json, safe_text
 
 DEFAULT_LIMIT = 50
 
@@ -130,8 +130,12 @@ def _tenant_head(layout: SubjectLayout, tenant: str | None) -> str:
 
 
 def format_entry(e: Entry) -> str:
-    who = f"{e.tenant}/{e.session}" if e.tenant is not None else e.subject
-    return f"{e.seq:>10}  {e.recorded_at:%Y-%m-%d %H:%M:%S}  {e.reason:<16}  {who[:60]:<60}  {e.detail[:120]}"
+    """One line of ``chronicle quarantine list``; the session (a subject token decodes to any
+    string), the subject and the detail with their control characters escaped
+    (:mod:`services.terminal`)."""
+    who = safe_text(f"{e.tenant}/{e.session}" if e.tenant is not None else e.subject)
+    detail = safe_text(e.detail)
+    return f"{e.seq:>10}  {e.recorded_at:%Y-%m-%d %H:%M:%S}  {e.reason:<16}  {who[:60]:<60}  {detail[:120]}"
 
 
 async def run_quarantine(settings: Settings, args: argparse.Namespace) -> int:
@@ -145,7 +149,7 @@ async def run_quarantine(settings: Settings, args: argparse.Namespace) -> int:
             if found is None:
                 print(f"sequence {args.seq} is not quarantined")
                 return 1
-            print(json.dumps(found, indent=2, ensure_ascii=False))
+            print(safe_json(found, indent=2, ensure_ascii=False))
             return 0
         entries = await list_quarantined(conn, layout, tenant=args.tenant, limit=args.limit)
         for e in entries:

@@ -57,6 +57,7 @@ from services.bootstrap import Container
 from services.context.rules import object_key
 from services.errors import AsOfPastLog
 from services.storage.s3 import StoredObject
+from services.terminal import safe_text
 
 PROJECTION_TABLES: dict[str, tuple[str, ...]] = {
     "history": ("sessions", "messages", "usage_applied"),
@@ -188,7 +189,12 @@ def event_line(stored: eventlog.StoredEvent, layout: SubjectLayout, keys: KeyLoo
 
 def format_table_row(stored: eventlog.StoredEvent, layout: SubjectLayout, keys: KeyLookup | None) -> str:
     """One row of ``chronicle replay --format table``: its time is ``stored_at``, the stream's
-    clock, as in the JSON lines (never the publisher's ``occurred_at``)."""
+    clock, as in the JSON lines (never the publisher's ``occurred_at``); its control characters
+    escaped (:mod:`services.terminal`: a refusal's detail, an erased event's type are the tenant's)."""
+    return safe_text(_table_row(stored, layout, keys))
+
+
+def _table_row(stored: eventlog.StoredEvent, layout: SubjectLayout, keys: KeyLookup | None) -> str:
     record = replay_record(stored, layout, keys)
     head = f"{stored.seq:>8}  {record['stored_at'] or '':<32}"
     if "erased" in record:

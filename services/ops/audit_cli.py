@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import sys
 from contextlib import aclosing
 from pathlib import Path
@@ -25,6 +24,7 @@ from services.ops.audit_text import rebuild_summary, verify_table
 from services.ops.progress import Progress
 from services.settings import Settings
 from services.storage.s3 import BucketMissing
+from services.terminal import safe_json, safe_json_text, safe_text
 
 
 def storage_unusable(settings: Settings, exc: Exception) -> str:
@@ -209,7 +209,7 @@ async def run_audit(settings: Settings, args: argparse.Namespace) -> int:
                 ):
                     async for stored in events:
                         if args.format == "jsonl":
-                            sys.stdout.write(json.dumps(audit.replay_record(stored, c.layout, c.keys)) + "\n")
+                            sys.stdout.write(safe_json(audit.replay_record(stored, c.layout, c.keys)) + "\n")
                         else:
                             sys.stdout.write(audit.format_table_row(stored, c.layout, c.keys) + "\n")
                         bar(stored.seq, end)
@@ -230,7 +230,7 @@ async def run_audit(settings: Settings, args: argparse.Namespace) -> int:
                         return 2
                     leaf = args.leaf_id or state.latest_leaf()
                     for content in state.path(leaf):
-                        sys.stdout.write(content + "\n")
+                        sys.stdout.write(safe_json_text(content) + "\n")
                 else:
                     async with c.pool.connection() as conn:
                         leaf = args.leaf_id
@@ -239,7 +239,7 @@ async def run_audit(settings: Settings, args: argparse.Namespace) -> int:
                             leaf = row.id if row else None
                         rows = await queries.history(conn, args.tenant, args.session, leaf) if leaf else []
                     for r in rows:
-                        sys.stdout.write(r.content + "\n")
+                        sys.stdout.write(safe_json_text(r.content) + "\n")
             case "rebuild":
                 bar = Progress("rebuild")
                 report = await audit.rebuild_and_swap(c, args.projection, keep_old=args.keep_old, progress=bar)
@@ -265,7 +265,7 @@ async def run_audit(settings: Settings, args: argparse.Namespace) -> int:
                 for table, diffs in result.differences.items():
                     print(f"first differences in {table}:")
                     for line in diffs:
-                        print("  " + line)
+                        print("  " + safe_text(line))  # rows of read models: tenants' text
                 print(f"verified at sequence {result.at_seq}: " + ("identical" if result.ok else "DIFFERENT"))
                 return 0 if result.ok else 1
     return 0

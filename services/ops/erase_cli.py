@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 
 from events.catalog import MAX_ERASURE_REASON
@@ -13,6 +12,7 @@ from projections.keystore import new_kek_line
 from services.bootstrap import open_container
 from services.errors import SessionNotFound
 from services.settings import Settings
+from services.terminal import safe_json
 
 CLI_REQUESTER = "operator (chronicle erase)"
 """``requested_by`` of an erasure made with this command."""
@@ -87,7 +87,7 @@ async def run_erase(settings: Settings, args: argparse.Namespace) -> int:
         for erased in done:
             line = {"tenant": args.tenant, "session": erased.session, "seq": erased.seq}
             line |= {"newly_erased": erased.newly_erased, "objects_deleted": erased.objects_deleted}
-            sys.stdout.write(json.dumps(line) + "\n")
+            sys.stdout.write(safe_json(line) + "\n")
     return 0
 
 
