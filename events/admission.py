@@ -18,7 +18,8 @@ applying it. Checks, in this order (the first failure decides the reason):
    not make it right).
 5. ``unknown_type`` / ``newer_version`` / ``invalid``: the type and version (see the registry).
 6. ``invalid``: the model's validation; the ids as the API checks them (tenant, session unless
-   tenant-scoped, every message id the event names); a ``message.appended``/``message.updated``
+   tenant-scoped, every message id the event names); a skill event's ``bucket`` that is not an
+   S3 bucket name (as a session config's buckets are validated); a ``message.appended``/``message.updated``
    whose inline ``message`` (opened, when sealed) does not hash to the ``body_sha256`` it writes
    out, unless it has an ``original_ref`` (an over-cap message: the hash is its original's). A
    compact event that leaves ``body_sha256`` out has it from its body, always right. A claim-checked
@@ -60,9 +61,12 @@ from events.catalog import (
     MessagesDeleted,
     SessionCreated,
     SessionRenamed,
+    SkillIndexed,
     SkillLoaded,
+    SkillRemoved,
     SkillUnloaded,
 )
+from events.context import is_bucket_name
 from events.envelope import Event
 from events.ids import TENANT_SCOPE, InvalidId, check_message_id, check_session, check_tenant
 from events.limits import MAX_ROLE, MAX_SESSION_NAME, MAX_TOOL_CALL_ID
@@ -184,6 +188,7 @@ def admit(data: bytes, subject: str, layout: SubjectLayout, keys: KeyLookup | No
     except ValidationError as exc:
         raise Refused("invalid", _first_error(exc)) from None
     _check_ids(event)
+    _check_buckets(event)
     _check_lengths(event)
     if isinstance(event, MessageBodyEvent) and "body_sha256" in raw:  # left out, it is the body's own
         _check_body_hash(event)
@@ -254,6 +259,7 @@ def admit_built(event: Event, layout: SubjectLayout) -> tuple[str, bytes]:
     if (bound := _brackets(data)) > MAX_DEPTH:  # rare: parsed back only then
         _check_depth(bound, _parse(data))
     _check_ids(event)
+    _check_buckets(event)
     _check_lengths(event)
     # the compact JSON leaves body_sha256 out when it is the inline body's own (MessageBodyEvent.left_out)
     if isinstance(event, MessageBodyEvent) and b'"body_sha256"' in data:
@@ -462,6 +468,18 @@ def _check_ids(event: Event) -> None:
             check_message_id(mid)
     except InvalidId as exc:
         raise Refused("invalid", str(exc)) from None
+
+
+def _check_buckets(event: Event) -> None:
+    """:class:`Refused` ``invalid`` when a skill event's ``bucket`` is not an S3 bucket name
+    (:func:`events.context.is_bucket_name`, the rule a session config's buckets are validated
+    with, so ``session.configured`` needs no check here). Admitted, its skills-index row named a
+    bucket no object-storage request can be made for: a tenant's erasure, which cleans every
+    bucket the index names, failed on it every time (a rebuild restored the row). Whether a
+    bucket is one of Chronicle's own is a deployment's setting, not the contract's: the
+    services refuse those where they read or write (services/context/blocks.py)."""
+    if isinstance(event, SkillIndexed | SkillRemoved) and not is_bucket_name(event.bucket):
+        raise Refused("invalid", f"bucket: {event.bucket[:100]!r} is not an S3 bucket name")
 
 
 def _check_lengths(event: Event) -> None:

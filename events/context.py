@@ -19,8 +19,23 @@ Bucket = Annotated[str, Field(min_length=3, max_length=63, json_schema_extra={"p
 """An S3 bucket name (checked by :func:`_bucket_name`, which names the bucket in its error)."""
 
 
+_IPV4_RE = re.compile(r"^\d+\.\d+\.\d+\.\d+$")
+
+
+def is_bucket_name(bucket: str) -> bool:
+    """Whether ``bucket`` is an S3 bucket name: :data:`BUCKET_RE`, and none of what S3 (and the
+    ``minio`` client, which refuses such a name with a ``ValueError`` before sending anything)
+    also refuses: ``..``, ``.-`` or ``-.``, the form of an IPv4 address. The contract's one rule:
+    a session config's buckets and a skill event's (events/admission.py) are checked with it."""
+    return (
+        BUCKET_RE.fullmatch(bucket) is not None
+        and not any(pair in bucket for pair in ("..", ".-", "-."))
+        and _IPV4_RE.fullmatch(bucket) is None
+    )
+
+
 def _bucket_name(bucket: str) -> str:
-    if not BUCKET_RE.fullmatch(bucket):
+    if not is_bucket_name(bucket):
         raise ValueError(f"invalid bucket name {bucket!r}")
     return bucket
 

@@ -21,7 +21,7 @@ import psycopg.conninfo
 import pydantic
 import pydantic_settings
 
-from events.context import BUCKET_RE
+from events.context import is_bucket_name
 from events.credentials import tenant_nkey_seed
 from events.ids import InvalidId, check_session, check_tenant
 from events.log import ReadIncomplete
@@ -91,7 +91,7 @@ def session_id(text: str) -> str:
 
 def s3_bucket(text: str) -> str:
     """A ``--bucket`` argument: an S3 bucket name (argparse's type), as a session config's takes it."""
-    if not BUCKET_RE.fullmatch(text):
+    if not is_bucket_name(text):
         raise argparse.ArgumentTypeError(f"{text[:100]!r} is not an S3 bucket name")
     return text
 

@@ -29,6 +29,7 @@ from events.catalog import (
     SessionRenamed,
     SkillIndexed,
     SkillLoaded,
+    SkillRemoved,
     SkillUnloaded,
 )
 from events.commands import RenameSession, RunTool
@@ -293,7 +294,7 @@ def test_every_message_id_an_event_names_is_checked() -> None:
 
 def test_tenant_scope_events_are_admitted_under_the_tenant_scope_subject() -> None:
     event = SkillIndexed(
-        tenant="tenant-a", session=TENANT_SCOPE, bucket="b", key="k", description=None, etag="e", size=1
+        tenant="tenant-a", session=TENANT_SCOPE, bucket="skills", key="k", description=None, etag="e", size=1
     )
     admit(event.to_json(), LAYOUT.session_subject("tenant-a", TENANT_SCOPE), LAYOUT)
 
@@ -476,3 +477,57 @@ def test_an_event_without_a_type_is_an_unknown_type_saying_it_has_none() -> None
     with pytest.raises(Refused) as refused:
         admit(json.dumps(raw).encode(), subject, LAYOUT)
     assert (refused.value.reason, refused.value.detail) == ("unknown_type", "the event has no type field")
+
+
+def skill_event(kind: type[SkillIndexed | SkillRemoved], bucket: str) -> SkillIndexed | SkillRemoved:
+    fields: dict[str, Any] = {"tenant": "acme", "session": TENANT_SCOPE, "bucket": bucket, "key": "k"}
+    if kind is SkillIndexed:
+        fields |= {"description": None, "etag": "e", "size": 1}
+    return kind.model_validate(fields)
+
+
+@pytest.mark.parametrize("kind", [SkillIndexed, SkillRemoved])
+@pytest.mark.parametrize("bucket", ["../not a bucket", "Upper", "ab", "two..dots", "10.0.0.1", ""])
+def test_a_skill_event_whose_bucket_is_no_bucket_name_is_invalid(
+    kind: type[SkillIndexed | SkillRemoved], bucket: str
+) -> None:
+    """(Admitted, its skills-index row made every ``chronicle erase --tenant`` of the tenant die
+    on the minio client's ``ValueError: invalid bucket name``, and a rebuild restored it.)"""
+    event = skill_event(kind, bucket)
+    subject = LAYOUT.session_subject("acme", TENANT_SCOPE)
+    with pytest.raises(Refused) as read:
+        admit(event.to_json(), subject, LAYOUT)
+    assert (read.value.reason, read.value.detail) == ("invalid", f"bucket: {bucket!r} is not an S3 bucket name")
+    with pytest.raises(Refused) as built:
+        admit_built(event, LAYOUT)
+    assert (built.value.reason, built.value.detail) == (read.value.reason, read.value.detail)
+
+
+@pytest.mark.parametrize("kind", [SkillIndexed, SkillRemoved])
+def test_a_skill_event_in_a_bucket_is_admitted(kind: type[SkillIndexed | SkillRemoved]) -> None:
+    event = skill_event(kind, "skills.docs-1")
+    assert admit(event.to_json(), LAYOUT.session_subject("acme", TENANT_SCOPE), LAYOUT) == event
+
+
+@pytest.mark.parametrize(
+    "block",
+    [
+        {"kind": "skills", "label": "s", "bucket": "two..dots"},
+        {"kind": "readonly", "label": "r", "source": {"bucket": "10.0.0.1", "key": "k"}},
+    ],
+)
+def test_a_session_config_naming_what_s3_refuses_as_a_bucket_is_invalid(block: dict[str, Any]) -> None:
+    """A config published straight to JetStream gets the config route's bucket rule."""
+    raw = {
+        "id": "e-1",
+        "type": "session.configured",
+        "version": 1,
+        "tenant": "acme",
+        "session": "s-1",
+        "occurred_at": "2026-01-01T00:00:00+00:00",
+        "config": {"blocks": [block]},
+    }
+    with pytest.raises(Refused) as caught:
+        admit(json.dumps(raw).encode(), LAYOUT.session_subject("acme", "s-1"), LAYOUT)
+    assert caught.value.reason == "invalid"
+    assert "invalid bucket name" in caught.value.detail

@@ -269,9 +269,15 @@ SLUG = f"skills/{CANARY}-alpha"
 ETAG = "9b2cf535f27731c974343645a3985328"
 SKILL_EVENTS: list[Event] = [
     SkillIndexed(
-        tenant="tenant-a", session=TENANT_SCOPE, bucket="b", key=SLUG, description=f"about {CANARY}", etag=ETAG, size=9
+        tenant="tenant-a",
+        session=TENANT_SCOPE,
+        bucket="skills",
+        key=SLUG,
+        description=f"about {CANARY}",
+        etag=ETAG,
+        size=9,
     ),
-    SkillRemoved(tenant="tenant-a", session=TENANT_SCOPE, bucket="b", key=SLUG),
+    SkillRemoved(tenant="tenant-a", session=TENANT_SCOPE, bucket="skills", key=SLUG),
     SkillLoaded(tenant="tenant-a", session="s-1", label="skills", key=SLUG, tool_call_id="call-1"),
     SkillUnloaded(tenant="tenant-a", session="s-1", label="skills", key=SLUG, message_id="m1", tool_call_id="call-1"),
 ]
