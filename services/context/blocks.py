@@ -204,10 +204,19 @@ class ContextBlocks:
         if after > before:
             raise PromptTooLarge(config_too_large(after, before, *most_grown(blocks, was)))
 
-    async def _require_bucket(self, bucket: str) -> None:
-        assert self._skills is not None
+    def refuse_reserved(self, bucket: str) -> None:
+        """:class:`InvalidConfig` when ``bucket`` is one of Chronicle's own (claim-checked bodies,
+        originals, the archive: :attr:`reserved_buckets`). Asked by :meth:`configure` and again
+        where a tenant's object is read or written (a skill put or load, a read-only source): a
+        ``session.configured`` published straight to JetStream is admitted whatever buckets it
+        names (the contract cannot know a deployment's bucket settings), and a tenant's document
+        stored in a reserved bucket would be left there by its erasure, which never cleans one."""
         if bucket in self.reserved_buckets:
             raise InvalidConfig(f"bucket {bucket!r} is reserved for Chronicle's own data")
+
+    async def _require_bucket(self, bucket: str) -> None:
+        assert self._skills is not None
+        self.refuse_reserved(bucket)
         if not await self._skills.bucket_exists(bucket):
             raise InvalidConfig(f"bucket {bucket!r} does not exist")
 
@@ -219,7 +228,8 @@ class ContextBlocks:
     async def _object_text(self, tenant: str, bucket: str, key: str) -> str | None:
         """The text of the tenant's object ``key`` in ``bucket`` (a read-only source or a skill),
         None when it is not there; :class:`SourceNotText` (409) naming it when its bytes are
-        not UTF-8."""
+        not UTF-8; :class:`InvalidConfig` when ``bucket`` is reserved (:meth:`refuse_reserved`)."""
+        self.refuse_reserved(bucket)
         try:
             return await self._storage().get_text(bucket, object_key(tenant, key))
         except UnicodeDecodeError:

@@ -61,7 +61,10 @@ class ContextSkills(ContextBlocks):
         :class:`~services.storage.s3.BucketMissing` (nothing stored, no bucket made) when ``bucket``
         does not exist (the put itself says so: no check before it that a deletion could slip past).
         With ``bucket_made`` (``chronicle skills put --create-bucket``) a missing ``bucket`` is made
-        first, after every other check (a refused put makes none), and ``bucket_made`` is told it."""
+        first, after every other check (a refused put makes none), and ``bucket_made`` is told it.
+        :class:`~services.errors.InvalidConfig` (nothing stored) when ``bucket`` is one of
+        Chronicle's own (:meth:`refuse_reserved`)."""
+        self.refuse_reserved(bucket)
         problem = unsafe_object_key(key)
         if problem is not None:
             raise InvalidRequest(f"key {key[:200]!r} is not a safe object key: {problem}")
@@ -108,7 +111,8 @@ class ContextSkills(ContextBlocks):
         session's prompt past what can be stored (:class:`PromptTooLarge`:
         :meth:`_refuse_unstorable_skill`), and when the block's bucket does not exist
         (:class:`InvalidConfig`, no bucket made, a warning logged for the operator: deleted after
-        the config named it, the deployment's to create again)."""
+        the config named it, the deployment's to create again) or is one of Chronicle's own
+        (:class:`InvalidConfig`: a config published straight to JetStream may name one)."""
         async with self._pool.connection() as conn:
             await live_session(conn, tenant, session, must_exist=False)
             config = await self.config(conn, tenant, session)
@@ -117,6 +121,7 @@ class ContextSkills(ContextBlocks):
             raise BlockNotFound(f'Block "{label}" is not a skill provider')
         if not block.writable:  # the reference's words for a skill provider without ``set``
             raise ReadOnlyBlock(f'Block "{label}" does not support writes')
+        self.refuse_reserved(block.bucket)
         outside = outside_allowlist(block, key)
         if outside is not None:
             raise InvalidRequest(outside)
@@ -176,7 +181,8 @@ class ContextSkills(ContextBlocks):
         self, tenant: str, session: str, label: str, key: str, tool_call_id: str | None = None
     ) -> str | None:
         """The document, recorded as loaded (by ``tool_call_id`` when given); None (never fetched)
-        for a key outside the allowlist."""
+        for a key outside the allowlist; :class:`~services.errors.InvalidConfig` (nothing read)
+        when the block's bucket is one of Chronicle's own (:meth:`refuse_reserved`)."""
         async with self._pool.connection() as conn:
             await live_session(conn, tenant, session, must_exist=False)
             block = find_block(await self.config(conn, tenant, session), label)
