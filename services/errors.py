@@ -159,7 +159,23 @@ PromptTooLarge = _error(
 """A block write, config PUT or skill put after which the session's prompt could not be recorded
 and would be longer than before (services/context/prompt_size.py); nothing was written."""
 UnknownTool = _error("UnknownTool", "unknown_tool", 404, "No such tool for this session")
-ObjectStorageError = _error("ObjectStorageError", "object_storage", 503, "Object storage failed")
+
+
+class ObjectStorageError(ChronicleError):
+    """Object storage could not be used (services/storage/s3.py)."""
+
+    code = "object_storage"
+    status = 503
+    title = "Object storage failed"
+
+
+class BucketUnusable(ObjectStorageError):
+    """The object store answered, refusing a request about one bucket (``AccessDenied``, a bucket
+    in another region, a key it would not delete), or the client refused the bucket's name before
+    sending anything: that bucket cannot be used with these credentials, while the store can (a
+    tenant's erasure cleans the other buckets and names this one: services/context/tenant_space.py)."""
+
+
 TooManyStreams = _error(
     "TooManyStreams", "too_many_streams", 429, "This tenant follows as many event streams as this process allows"
 )

@@ -4,20 +4,31 @@ can hold its objects, which a tenant's erasure deletes whole.
 Those buckets are the ones its skills index names and the ones its sessions' configs read from
 (skills blocks, read-only sources), and any an operator names on top. Never every bucket the
 credentials list: in an account shared with another deployment (staging beside production) or
-another application with a ``tenants/<id>/`` layout, those objects are not this tenant's."""
+another application with a ``tenants/<id>/`` layout, those objects are not this tenant's.
+
+A tenant chooses the buckets its index and configs name (a config or a skill event published
+straight to JetStream included), so none of them may stop its erasure: a name that is no bucket
+name holds nothing and is left out, and a bucket the store refuses
+(:class:`~services.errors.BucketUnusable`: ``AccessDenied``, a key it would not delete) is named in
+the answer while the others are cleaned. Object storage that cannot be used at all (not there,
+credentials refused) still fails the survey before anything is destroyed."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable, Sequence
 from typing import Any
 
 import psycopg
 from psycopg_pool import AsyncConnectionPool
 
+from events.context import is_bucket_name
 from projections import context_queries
 from services.context.rules import named_buckets, object_key
-from services.errors import ObjectStorageError
-from services.storage.s3 import PrefixSurvey, SkillStore
+from services.errors import BucketUnusable, ObjectStorageError
+from services.storage.s3 import NotCleaned, PrefixSurvey, SkillStore
+
+log = logging.getLogger("chronicle.erasure")
 
 
 class TenantSpace:
@@ -44,17 +55,27 @@ class TenantSpace:
             found |= {str(row[0]) for row in await cur.fetchall()}
             for config in await context_queries.tenant_configs(conn, tenant):
                 found |= named_buckets(config)
-        return sorted((found | set(extra)) - self._reserved)
+        found |= set(extra)
+        names = {b for b in found if is_bucket_name(b)}
+        if found - names:  # stored before the contract refused them: no object can be in one
+            shown = ", ".join(repr(b[:100]) for b in sorted(found - names))
+            log.warning("tenant %r: left out what is no S3 bucket name (it holds nothing): %s", tenant, shown)
+        return sorted(names - self._reserved)
 
     async def survey(self, tenant: str, extra: Sequence[str] = ()) -> list[PrefixSurvey]:
         """What each known bucket holds under the tenant's prefix (a bucket that does not exist
         left out); one cheap look at each, so that an object store the erasure could not use
         fails it before anything is destroyed (:class:`ObjectStorageError` naming the bucket).
-        No bucket known: no object-storage call at all."""
+        A bucket the store refuses (:class:`BucketUnusable`) is in the answer with its
+        ``refused`` reason, and fails nothing: the tenant named it. No bucket known: no
+        object-storage call at all."""
         out: list[PrefixSurvey] = []
         for bucket in await self.buckets(tenant, extra):
             try:
                 found = await self._store.survey(bucket, object_key(tenant, ""))
+            except BucketUnusable as exc:
+                out.append(PrefixSurvey(bucket, versioned=False, objects=0, refused=exc.detail))
+                continue
             except ObjectStorageError as exc:
                 raise ObjectStorageError(f"bucket {bucket!r}: {exc.detail}") from exc
             if found is not None:
@@ -73,12 +94,32 @@ class TenantSpace:
             )
 
     async def held(self, tenant: str, extra: Sequence[str] = ()) -> bool:
-        """Whether a known bucket holds an object under the tenant's prefix."""
-        return any(s.objects for s in await self.survey(tenant, extra))
+        """Whether a known bucket holds an object under the tenant's prefix;
+        :class:`BucketUnusable` naming a bucket that could not be looked at when none does (it
+        may)."""
+        surveyed = await self.survey(tenant, extra)
+        if any(s.objects for s in surveyed):
+            return True
+        refused = next((s for s in surveyed if s.refused is not None), None)
+        if refused is not None:
+            raise BucketUnusable(f"bucket {refused.bucket!r}: {refused.refused}")
+        return False
 
-    async def delete(self, tenant: str, surveyed: Sequence[PrefixSurvey]) -> int:
+    async def delete(self, tenant: str, surveyed: Sequence[PrefixSurvey]) -> tuple[int, list[NotCleaned]]:
         """Delete every object under the tenant's prefix in the ``surveyed`` buckets (each version
         in a versioned one); how many keys went (a rerun finishes what a failed one left, and
-        counts only that)."""
+        counts only that), and the buckets left as they were, or part-way: those the survey could
+        not look at, and those the store refused a request of (:class:`BucketUnusable`, the others
+        are cleaned all the same). An object store that fails otherwise fails it
+        (:class:`ObjectStorageError`)."""
         prefix = object_key(tenant, "")
-        return sum([await self._store.delete_under(s.bucket, prefix, versioned=s.versioned) for s in surveyed])
+        deleted, left = 0, []
+        for s in surveyed:
+            if s.refused is not None:
+                left.append(NotCleaned(s.bucket, s.refused))
+                continue
+            try:
+                deleted += await self._store.delete_under(s.bucket, prefix, versioned=s.versioned)
+            except BucketUnusable as exc:
+                left.append(NotCleaned(s.bucket, exc.detail))
+        return deleted, left

@@ -6,13 +6,13 @@ import argparse
 import sys
 
 from events.catalog import MAX_ERASURE_REASON
-from events.context import BUCKET_RE
+from events.context import is_bucket_name
 from events.ids import TENANT_SCOPE
 from projections.keystore import new_kek_line
 from services.bootstrap import open_container
 from services.errors import SessionNotFound
 from services.settings import Settings
-from services.terminal import safe_json
+from services.terminal import safe_json, safe_text
 
 CLI_REQUESTER = "operator (chronicle erase)"
 """``requested_by`` of an erasure made with this command."""
@@ -22,7 +22,7 @@ def bucket_refusal(buckets: list[str], session: str | None) -> str | None:
     """Why ``--bucket`` is refused (None: it is not)."""
     if buckets and session is not None:
         return "--bucket goes with a whole tenant (no --session)"
-    bad = [b for b in buckets if not BUCKET_RE.fullmatch(b)]
+    bad = [b for b in buckets if not is_bucket_name(b)]
     return f"--bucket {bad[0][:100]!r} is not an S3 bucket name" if bad else None
 
 
@@ -34,8 +34,10 @@ async def run_erase(settings: Settings, args: argparse.Namespace) -> int:
     prints what would be erased and exits 1. ``--reason`` (at most 500 characters, no NUL; else
     exit 2, nothing erased) is recorded with each erasure, ``requested_by`` is ``operator
     (chronicle erase)``. ``--bucket`` (a whole tenant's) adds buckets to clean to those Chronicle
-    knows hold the tenant's objects; the dry run lists each bucket with its objects. The stream
-    is never created here: there is nothing to erase in a log that is not."""
+    knows hold the tenant's objects; the dry run lists each bucket with its objects. A tenant
+    erased but for buckets the store refused (named on the tenant scope's line,
+    ``buckets_not_cleaned``, and on stderr) exits 4: run it again once they can be cleaned. The
+    stream is never created here: there is nothing to erase in a log that is not."""
     reason: str | None = getattr(args, "reason", None)
     if reason is not None and (len(reason) > MAX_ERASURE_REASON or "\x00" in reason):
         print(f"chronicle erase: --reason: at most {MAX_ERASURE_REASON} characters, no NUL", file=sys.stderr)
@@ -75,7 +77,15 @@ async def run_erase(settings: Settings, args: argparse.Namespace) -> int:
             for session in sessions:
                 print(f"would erase: {'the tenant-level entries' if session == TENANT_SCOPE else repr(session)}")
             for held in await eraser.tenant_objects(args.tenant, buckets):
-                print(f"would delete: {held.objects} objects under tenants/{args.tenant}/ in bucket {held.bucket!r}")
+                if held.refused is not None:
+                    print(
+                        f"cannot delete: objects under tenants/{args.tenant}/ in bucket {held.bucket!r}: the store "
+                        f"refuses it ({held.refused})"
+                    )
+                else:
+                    print(
+                        f"would delete: {held.objects} objects under tenants/{args.tenant}/ in bucket {held.bucket!r}"
+                    )
             count = sum(1 for session in sessions if session != TENANT_SCOPE)
             print(
                 f"not erased: erasing tenant {args.tenant!r} destroys every session listed ({count}), its tenant-level "
@@ -84,10 +94,28 @@ async def run_erase(settings: Settings, args: argparse.Namespace) -> int:
             return 1
         else:
             done = await eraser.erase_tenant(args.tenant, requested_by=CLI_REQUESTER, reason=reason, buckets=buckets)
+        left = [b for erased in done for b in erased.buckets_not_cleaned]
         for erased in done:
-            line = {"tenant": args.tenant, "session": erased.session, "seq": erased.seq}
+            line: dict[str, object] = {"tenant": args.tenant, "session": erased.session, "seq": erased.seq}
             line |= {"newly_erased": erased.newly_erased, "objects_deleted": erased.objects_deleted}
+            if erased.buckets_not_cleaned:
+                line["buckets_not_cleaned"] = [
+                    {"bucket": b.bucket, "reason": b.reason} for b in erased.buckets_not_cleaned
+                ]
             sys.stdout.write(safe_json(line) + "\n")
+        if left:
+            for b in left:
+                print(
+                    f"chronicle erase: not deleted: objects under tenants/{args.tenant}/ in bucket {b.bucket!r}: "
+                    f"{safe_text(b.reason)}",
+                    file=sys.stderr,
+                )
+            print(
+                f"chronicle erase: tenant {args.tenant!r} is erased but for the buckets above: its erasure is not "
+                "complete until they are cleaned; run it again once the credentials can list and delete there",
+                file=sys.stderr,
+            )
+            return 4  # as object storage that cannot be used (services/ops/cli.py UNREACHABLE_EXIT)
     return 0
 
 

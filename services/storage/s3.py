@@ -20,7 +20,7 @@ from minio.deleteobjects import DeleteObject
 from minio.error import MinioException, S3Error
 from minio.versioningconfig import SUSPENDED
 
-from services.errors import ObjectStorageError
+from services.errors import BucketUnusable, ObjectStorageError
 
 DESCRIPTION_META = "description"
 # S3 metadata values must be ASCII: anything else is percent-encoded (and decoded on listing).
@@ -28,6 +28,12 @@ SAFE_META = " !\"#$&'()*+,-./:;<=>?@[\\]^_`{|}~"
 DELETE_BATCH = 1000
 """Keys (or versions) in one DeleteObjects request: S3's most."""
 T = TypeVar("T")
+STORE_WIDE_CODES = frozenset(
+    {"InvalidAccessKeyId", "SignatureDoesNotMatch", "RequestTimeTooSkewed", "ExpiredToken", "InvalidToken"}
+)
+"""S3 error codes about the credentials or the clock, whatever the bucket: the store cannot be used
+(:class:`~services.errors.ObjectStorageError`); any other error code answers for its bucket
+(:class:`~services.errors.BucketUnusable`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,6 +52,17 @@ class PrefixSurvey:
     versioned: bool
     objects: int
     """Keys under the prefix (each counted once, however many versions it has)."""
+    refused: str | None = None
+    """Why the bucket could not be looked at (:class:`~services.errors.BucketUnusable`: the store
+    refused it), when it could not: ``versioned`` and ``objects`` then say nothing."""
+
+
+@dataclass(frozen=True, slots=True)
+class NotCleaned:
+    """A bucket whose objects under a tenant's prefix its erasure could not delete, and why."""
+
+    bucket: str
+    reason: str
 
 
 READ_TIMEOUT_S = 15.0
@@ -190,8 +207,8 @@ class SkillStore:
         :data:`DELETE_BATCH` (one DeleteObjects request each: s3:DeleteObject, and
         s3:DeleteObjectVersion in a versioned bucket); how many keys went (no bucket: 0).
 
-        A key the store refuses to delete fails it (:class:`ObjectStorageError` naming the first
-        such key and how many of its batch failed) before the next batch is sent. What a failure
+        A key the store refuses to delete fails it (:class:`~services.errors.BucketUnusable` naming
+        the first such key and how many of its batch failed) before the next batch is sent. What a failure
         leaves goes on a rerun."""
 
         def remove() -> int:
@@ -208,7 +225,7 @@ class SkillStore:
                 if failed:
                     first = failed[0]
                     version = f" (version {first.version_id})" if first.version_id else ""
-                    raise ObjectStorageError(
+                    raise BucketUnusable(
                         f"{first.code}: {first.message or 'not deleted'}: key {first.name!r}{version}"
                         f" in bucket {bucket!r} ({len(failed)} of {len(batch)} in its batch not deleted)"
                     )
@@ -257,7 +274,13 @@ class SkillStore:
         try:
             return await asyncio.to_thread(fn)
         except S3Error as exc:
-            raise ObjectStorageError(f"{exc.code}: {exc.message}") from exc
+            if exc.code in STORE_WIDE_CODES:
+                raise ObjectStorageError(f"{exc.code}: {exc.message}") from exc
+            raise BucketUnusable(f"{exc.code}: {exc.message}") from exc
+        except ValueError as exc:  # the client's own checks: "invalid bucket name …", before any request
+            if isinstance(exc, UnicodeError):  # not an argument the client refused
+                raise
+            raise BucketUnusable(str(exc)[:200]) from exc
         # refused, reset, retries exhausted; a 5xx page from a proxy, a response minio cannot read
         except (OSError, urllib3.exceptions.HTTPError, MinioException) as exc:
             raise ObjectStorageError(_reason(exc)) from exc

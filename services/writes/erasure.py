@@ -25,6 +25,7 @@ Order, each step idempotent so a failed erasure is finished by running it again:
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 from collections.abc import Sequence
@@ -45,7 +46,7 @@ from events.publisher import Publisher
 from projections import quarantine, queries
 from projections.keystore import PgKeyStore
 from services.errors import SessionNotFound
-from services.storage.s3 import PrefixSurvey
+from services.storage.s3 import NotCleaned, PrefixSurvey
 
 log = logging.getLogger("chronicle.erasure")
 
@@ -58,6 +59,9 @@ class Erasure:
     seq: int
     newly_erased: bool
     objects_deleted: int
+    buckets_not_cleaned: tuple[NotCleaned, ...] = ()
+    """A tenant scope's: the buckets whose objects under the tenant's prefix could not be deleted
+    (the store refused them); its erasure is not complete until a rerun cleans them."""
 
 
 class TenantObjects(Protocol):
@@ -65,7 +69,8 @@ class TenantObjects(Protocol):
     the read-only sources its sessions read), in the buckets known to hold them."""
 
     async def survey(self, tenant: str, extra: Sequence[str] = ()) -> list[PrefixSurvey]:
-        """What each bucket holds under the tenant's prefix; fails when one cannot be used."""
+        """What each bucket holds under the tenant's prefix (one the store refuses: its
+        ``refused`` reason); fails when object storage cannot be used."""
         ...
 
     async def note(self, tenant: str, surveyed: Sequence[PrefixSurvey]) -> None:
@@ -74,8 +79,9 @@ class TenantObjects(Protocol):
 
     async def held(self, tenant: str, extra: Sequence[str] = ()) -> bool: ...
 
-    async def delete(self, tenant: str, surveyed: Sequence[PrefixSurvey]) -> int:
-        """Delete them all in the surveyed buckets; how many went (a rerun deletes what is left)."""
+    async def delete(self, tenant: str, surveyed: Sequence[PrefixSurvey]) -> tuple[int, list[NotCleaned]]:
+        """Delete them all in the surveyed buckets; how many went (a rerun deletes what is left),
+        and the buckets the store refused (the others cleaned all the same)."""
         ...
 
 
@@ -195,7 +201,10 @@ class Eraser:
         The buckets are found (its sessions' configs name some) and each is looked at before any
         session is erased: object storage that cannot be used fails the erasure with nothing
         destroyed, and a tenant with no bucket known makes no object-storage call. They are noted
-        then, so that a rerun of an erasure that failed later still cleans them.
+        then, so that a rerun of an erasure that failed later still cleans them. A bucket the
+        store refuses (the tenant chose the buckets its configs and index name: ``AccessDenied``,
+        a key it would not delete) stops nothing: everything else is erased, and the tenant
+        scope's :class:`Erasure` names it in ``buckets_not_cleaned`` (a rerun tries it again).
 
         Its sessions are those :meth:`tenant_sessions` lists, those that exist only through refused
         events too (quarantined on their subject, or naming them), so that their erasure is
@@ -220,10 +229,17 @@ class Eraser:
                     await self.erase_session(tenant, s, must_exist=False, requested_by=requested_by, reason=reason)
                 )
                 erased.add(s)
-        documents = await objects.delete(tenant, surveyed) if objects is not None else 0
+        documents, left = await objects.delete(tenant, surveyed) if objects is not None else (0, [])
         scope = await self.erase_session(
             tenant, TENANT_SCOPE, must_exist=False, requested_by=requested_by, reason=reason, deleted_before=documents
         )
+        if left:
+            log.warning(
+                "tenant %r erased but for its objects in %s: run the erasure again once they can be deleted",
+                tenant,
+                ", ".join(f"bucket {b.bucket!r} ({b.reason})" for b in left),
+            )
+            scope = dataclasses.replace(scope, buckets_not_cleaned=tuple(left))
         done.append(scope)
         return done
 

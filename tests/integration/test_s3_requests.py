@@ -16,7 +16,7 @@ from minio.commonconfig import ENABLED
 from minio.deleteobjects import DeleteError, DeleteObject, DeleteResult
 from minio.versioningconfig import VersioningConfig
 
-from services.errors import ObjectStorageError
+from services.errors import BucketUnusable, ObjectStorageError
 from services.storage import s3 as s3_module
 from services.storage.s3 import BucketMissing, SkillStore
 
@@ -165,3 +165,16 @@ def test_the_minio_client_sends_a_batch_delete_only_as_its_errors_are_read(
     assert [o.object_name for o in client.list_objects(bucket)] == ["k"]
     assert list(errors) == []
     assert list(client.list_objects(bucket)) == []
+
+
+@pytest.mark.parametrize("name", ["../not a bucket", "two..dots"])
+async def test_a_name_the_client_refuses_as_a_bucket_is_an_object_storage_error_naming_it(
+    s3_endpoint: str, name: str
+) -> None:
+    """(The minio client's ``ValueError: invalid bucket name`` went through uncaught: a tenant's
+    erasure, its dry run and ``tenant_exists`` died with a traceback.)"""
+    store = new_store(s3_endpoint)
+    with pytest.raises(BucketUnusable, match=r"invalid bucket name|successive"):
+        await store.survey(name, "tenants/t/")
+    with pytest.raises(ObjectStorageError):
+        await store.get_text(name, "tenants/t/doc")
