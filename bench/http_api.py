@@ -51,9 +51,9 @@ async def running_api(
 ) -> AsyncIterator[RunningApi]:
     """The API (and optionally a projector, a compactor and the command service, as ``chronicle
     up`` runs them) as child processes, and a client authenticated to it. Without a compactor,
-    readiness does not wait for one."""
-    if not compactor:
-        cfg = cfg.model_copy(update={"readiness_compactor": False})
+    readiness does not wait for one; nor, without the command service, for that."""
+    waits = {"readiness_compactor": cfg.readiness_compactor and compactor}
+    cfg = cfg.model_copy(update={**waits, "readiness_commands": cfg.readiness_commands and commands})
     base = f"http://{cfg.api_host}:{cfg.api_port}"
     log = infra.tmp / "services.log"
     async with contextlib.AsyncExitStack() as stack:

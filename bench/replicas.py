@@ -44,7 +44,8 @@ CONCURRENCY = 10
 async def api_processes(cfg: Settings, infra: Infra, count: int) -> AsyncIterator[str]:
     """``count`` API processes on ``cfg.api_port`` (SO_REUSEPORT) and one projector; the base URL
     once the API answers ready and every process listens (a process listens once it has started)."""
-    cfg = cfg.model_copy(update={"readiness_compactor": False})  # no compactor runs: readiness waits for none
+    # no compactor or command service runs: readiness waits for none
+    cfg = cfg.model_copy(update={"readiness_compactor": False, "readiness_commands": False})
     log = infra.tmp / "services.log"
     async with contextlib.AsyncExitStack() as stack:
         await stack.enter_async_context(service("projector", cfg, log))

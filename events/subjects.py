@@ -47,6 +47,13 @@ class SubjectLayout:
         return f"{self.commands}.{encode_token(tenant)}.>"
 
     @property
+    def commands_ping(self) -> str:
+        """Where the operator asks whether a ``chronicle commands`` answers (readiness): under the
+        command prefix, on a token no tenant's can be (``$`` is neither plain nor base64url), so
+        outside every tenant's command subjects, which are all a tenant may publish to."""
+        return f"{self.commands}.$ping"
+
+    @property
     def wildcard(self) -> str:
         return f"{self.prefix}.>"
 

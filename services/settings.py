@@ -276,6 +276,20 @@ class Settings(BaseSettings):
         description="readyz is 503 while no `chronicle compactor` runs (compaction requests would wait); false "
         "for a deployment that runs none on purpose",
     )
+    readiness_compaction_wait_s: float = Field(
+        default=300.0,
+        ge=0,
+        description="readyz is 503 when the oldest compaction request has waited this long while no compactor "
+        "took, finished or asked for one (a compactor that hangs keeps its presence); longer than one summary "
+        "may take (`summarizer_timeout_s` times `summarizer_attempts`); 0: not checked; not checked either "
+        "with `readiness_compactor` false",
+    )
+    readiness_commands: bool = Field(
+        default=True,
+        description="readyz is 503 while no `chronicle commands` answers a ping on the operator's own subject "
+        "within 2 s (none runs, or it hangs); false for a deployment that answers no commands over NATS on "
+        "purpose (HTTP only)",
+    )
     command_attempts: int = Field(
         default=100,
         ge=1,

@@ -86,6 +86,7 @@ def make_settings(nats_url: str, db_url: str, **overrides: object) -> Settings:
         "s3_secret_key": "testing",
         "s3_region": "us-east-1",
         "readiness_compactor": False,  # most tests run no compactor; the readiness tests of one set it
+        "readiness_commands": False,  # nor a commands service
         "compaction_backoff_s": (0.5, 1.0),  # a failed or abandoned summary is retried within the tests' waits
         "kek": TEST_KEK,
         "encryption": SEALING,

@@ -10,10 +10,12 @@ import asyncio
 import time
 from collections.abc import Coroutine, Mapping
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any, TypeVar
 
+import nats.errors
 import psycopg
+from nats.js.api import ConsumerInfo
 from nats.js.errors import NotFoundError
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
@@ -25,6 +27,7 @@ from services.audit import quarantine
 from services.audit.readers import log_mismatch
 from services.bootstrap import Container
 from services.compaction import presence
+from services.compaction.queue import KIND
 
 REGISTRY = CollectorRegistry()
 PUBLISHED = Counter(
@@ -93,6 +96,18 @@ COMPACTORS = Gauge(
 COMPACTOR_PULLS = Gauge(
     "chronicle_compactor_pulls_waiting",
     "Pull requests idle compactors hold open on the work queue at this scrape (a busy compactor holds none)",
+    registry=REGISTRY,
+)
+COMPACTION_OLDEST_WAIT = Gauge(
+    "chronicle_compaction_oldest_wait_seconds",
+    "Seconds the oldest compaction request on the work queue has waited (not yet taken, or taken and not "
+    "finished), 0 when none waits",
+    registry=REGISTRY,
+)
+COMMANDS_UP = Gauge(
+    "chronicle_commands_up",
+    "Whether a `chronicle commands` answered this process's last ping (1) or not (0: none runs, or it hangs); "
+    "absent where CHRONICLE_READINESS_COMMANDS is false",
     registry=REGISTRY,
 )
 SOURCES_MISSING = Counter(
@@ -183,6 +198,8 @@ class WorkQueue:
     waiting: int  # requests not yet delivered (a redelivery waits again)
     in_progress: int  # delivered and not yet acknowledged: a compactor is on them
     pulls_waiting: int  # pull requests open: an idle compactor holds one most of the time
+    oldest_at: datetime | None = None  # when the oldest request on the queue was stored (None: none is)
+    active_at: datetime | None = None  # the consumer's last delivery or acknowledgement (None: none yet)
 
 
 @dataclass(frozen=True, slots=True)
@@ -195,6 +212,7 @@ class Probe:
     work: WorkQueue | BaseException | None = None  # None: not asked
     nats_failure: BaseException | None = None  # why ``nats`` is false
     replicas: int | None = None  # the stream's replica count (None: the stream did not answer)
+    commands: BaseException | bool | None = None  # True: a commands service answered; its failure; None: not asked
 
     def snapshot(self) -> Snapshot | None:
         if isinstance(self.last_seq, BaseException) or isinstance(self.tables, BaseException):
@@ -260,42 +278,92 @@ async def _stream_state(c: Container) -> tuple[int, int]:
     return int(info.state.last_seq), int(info.config.num_replicas or 1)
 
 
+async def oldest_request(c: Container) -> datetime | None:
+    """When the oldest compaction request on the work queue was stored (None: none is). An
+    acknowledged request leaves a work-queue stream, so the first message there is the oldest
+    that waits, taken or not: one look-up (the first at or after sequence 1 on the compaction
+    subjects), however long the queue."""
+    try:
+        msg = await c.js.get_msg(c.layout.work_stream, 1, subject=f"{c.layout.work_prefix}.{KIND}.>", next=True)
+    except NotFoundError:  # no message (or no stream yet)
+        return None
+    return msg.time
+
+
+def _last_active(*seqs: Any) -> datetime | None:
+    times = [s.last_active for s in seqs if s is not None and s.last_active is not None]
+    return max(times, default=None)
+
+
 async def work_queue(c: Container) -> WorkQueue:
-    """The compactors' consumer; before any compactor made it, every request on the queue waits."""
+    """The compactors' consumer and the oldest request (asked concurrently); before any compactor
+    made the consumer, every request on the queue waits."""
     if not c.nc.is_connected:
         raise ConnectionError("NATS is not connected")
-    try:
-        info = await c.js.consumer_info(c.layout.work_stream, c.settings.compaction_queue)
-    except NotFoundError:
+    consumer: ConsumerInfo | BaseException
+    oldest: datetime | BaseException | None
+    consumer, oldest = await asyncio.gather(
+        c.js.consumer_info(c.layout.work_stream, c.settings.compaction_queue),
+        oldest_request(c),
+        return_exceptions=True,
+    )
+    if isinstance(oldest, BaseException):
+        raise oldest
+    if isinstance(consumer, NotFoundError):
         try:
             stream = await c.js.stream_info(c.layout.work_stream)
         except NotFoundError:
             return WorkQueue(0, 0, 0)
-        return WorkQueue(int(stream.state.messages), 0, 0)
-    return WorkQueue(int(info.num_pending or 0), int(info.num_ack_pending or 0), int(info.num_waiting or 0))
+        return WorkQueue(int(stream.state.messages), 0, 0, oldest)
+    if isinstance(consumer, BaseException):
+        raise consumer
+    info = consumer
+    return WorkQueue(
+        int(info.num_pending or 0),
+        int(info.num_ack_pending or 0),
+        int(info.num_waiting or 0),
+        oldest,
+        _last_active(info.delivered, info.ack_floor),
+    )
 
 
-async def probe(c: Container, *, work: bool = False) -> Probe:
+async def commands_answer(c: Container, timeout_s: float) -> None:
+    """Return once a ``chronicle commands`` answers the operator's ping
+    (:attr:`events.subjects.SubjectLayout.commands_ping`); :class:`nats.errors.NoRespondersError`
+    when none listens, :class:`TimeoutError` when none answers within ``timeout_s``."""
+    if not c.nc.is_connected:
+        raise ConnectionError("NATS is not connected")
+    try:
+        await c.nc.request(c.layout.commands_ping, b"", timeout=timeout_s)
+    except nats.errors.TimeoutError as exc:
+        raise TimeoutError from exc
+
+
+async def probe(c: Container, *, work: bool = False, commands: bool = False) -> Probe:
     """Ask NATS (a PING: :func:`services.api.round_trip.answers`), the stream (its last sequence
-    and replica count) and Postgres (and, with ``work``, the compaction work queue), concurrently,
-    each within :data:`PROBE_TIMEOUT_S`; a failure is kept in its own slot, never raised."""
-    pong, stream, tables, queue = await asyncio.gather(
+    and replica count) and Postgres (and, with ``work``, the compaction work queue; with
+    ``commands``, a commands service: :func:`commands_answer`), concurrently, each within
+    :data:`PROBE_TIMEOUT_S`; a failure is kept in its own slot, never raised."""
+    pong, stream, tables, queue, answered = await asyncio.gather(
         round_trip.answers(c.nc, PROBE_TIMEOUT_S),
         bounded(_stream_state(c), PROBE_TIMEOUT_S),
         bounded(read_tables(c), PROBE_TIMEOUT_S),
         bounded(work_queue(c), PROBE_TIMEOUT_S) if work else asyncio.sleep(0),
+        bounded(commands_answer(c, PROBE_TIMEOUT_S), PROBE_TIMEOUT_S + 0.5) if commands else asyncio.sleep(0, None),
         return_exceptions=True,
     )
     last, replicas = (stream, None) if isinstance(stream, BaseException) else stream
     failure = pong if isinstance(pong, BaseException) else None
-    return Probe(failure is None, last, tables, queue if work else None, failure, replicas)
+    asked = (answered if isinstance(answered, BaseException) else True) if commands else None
+    return Probe(failure is None, last, tables, queue if work else None, failure, replicas, asked)
 
 
 async def refresh(c: Container, *, work: bool = False) -> Probe:
     """Probe the backends and export what answered; a backend that did not keeps its last known
     values (its ``chronicle_metrics_refresh_age_seconds`` grows) and ``chronicle_backend_up`` 0.
-    Never raises for a backend's failure."""
-    found = await probe(c, work=work)
+    A commands service is asked too unless ``readiness_commands`` is false. Never raises for a
+    backend's failure."""
+    found = await probe(c, work=work, commands=c.settings.readiness_commands)
     export(found, c.settings.projector_name, c.settings.partitions)
     turns = c.commands.optimistic.turns
     WRITE_TURNS.set(len(turns))
@@ -332,6 +400,9 @@ def export(found: Probe, projector: str, partitions: int, now: float | None = No
         COMPACTION_WAITING.set(found.work.waiting)
         COMPACTION_IN_PROGRESS.set(found.work.in_progress)
         COMPACTOR_PULLS.set(found.work.pulls_waiting)
+        COMPACTION_OLDEST_WAIT.set(round(oldest_wait(found.work, datetime.now(UTC)), 3))
+    if found.commands is not None:
+        COMMANDS_UP.set(1 if found.commands is True else 0)
     for backend in BACKENDS:
         BACKEND_UP.labels(backend).set(1 if up[backend] else 0)
         if backend in _refreshed:
@@ -464,6 +535,48 @@ def compactor_reasons(compactors: int, *, required: bool) -> list[str]:
     ]
 
 
+def oldest_wait(queue: WorkQueue, now: datetime) -> float:
+    """Seconds the oldest request on the queue has waited (0: none waits)."""
+    return 0.0 if queue.oldest_at is None else max(0.0, (now - queue.oldest_at).total_seconds())
+
+
+def compaction_wait_reasons(queue: WorkQueue, now: datetime, *, bound_s: float) -> list[str]:
+    """Why the work queue makes the deployment unready: its oldest request has waited past
+    ``bound_s`` (0: never) while no compactor took or finished one for as long (the consumer's last
+    delivery or acknowledgement) and none asks for one (no pull request open). A compactor that
+    hangs (stopped, wedged) keeps its presence but does all three no more; a busy one with a
+    backlog delivers and acknowledges, and an idle one holds a pull open, as it does while a
+    request waits out its retry delay on purpose (a failed summary's backoff)."""
+    if not bound_s or queue.oldest_at is None or queue.pulls_waiting:
+        return []
+    waited = oldest_wait(queue, now)
+    idle = waited if queue.active_at is None else min(waited, max(0.0, (now - queue.active_at).total_seconds()))
+    if idle <= bound_s:
+        return []
+    return [
+        f"the oldest compaction request has waited {waited:.0f}s and no compactor has taken, finished or "
+        f"asked for one for {idle:.0f}s (past {bound_s:g}s): a compactor holds its presence but does not "
+        "work (hung or overloaded); restart the `chronicle compactor` processes"
+    ]
+
+
+def commands_reasons(answer: BaseException | bool | None) -> list[str]:
+    """Why the commands service makes the deployment unready (``answer``: :attr:`Probe.commands`)."""
+    if not isinstance(answer, BaseException):
+        return []
+    if isinstance(answer, nats.errors.NoRespondersError):
+        return [
+            "no commands service is running (nothing listens for the commands over NATS): start `chronicle "
+            "commands`, or set CHRONICLE_READINESS_COMMANDS=false where none runs on purpose"
+        ]
+    if isinstance(answer, TimeoutError):
+        return [
+            f"the commands service does not answer (hung or overloaded): no answer to a ping within "
+            f"{PROBE_TIMEOUT_S:g}s, so commands over NATS time out; restart the `chronicle commands` processes"
+        ]
+    return [f"the commands service could not be asked: {_failure(answer)}"]
+
+
 _first_unapplied: dict[str, datetime] = {}  # projector -> when readiness first saw events and no checkpoint
 
 
@@ -493,7 +606,11 @@ def _postgres_failure(exc: BaseException) -> str:
 
 async def readiness(c: Container, *, stall_s: float | None = None, max_lag: int | None = None) -> dict[str, Any]:
     """``ready`` is false, with ``reasons``, when NATS or Postgres does not answer, no compactor
-    runs (``compactor``: false; unless the setting ``readiness_compactor`` is false), the stream is
+    runs (``compactor``: false; unless the setting ``readiness_compactor`` is false), compactors
+    run but the oldest compaction request has waited past ``readiness_compaction_wait_s`` while
+    none works (:func:`compaction_wait_reasons`; ``compaction_oldest_wait_s``), no commands
+    service answers the operator's ping (``commands``: false; unless ``readiness_commands`` is
+    false: :func:`commands_reasons`), the stream is
     missing or is not the log the read models were made from (``log``: :func:`services.audit.readers.log_mismatch`), a
     projector consumer has stalled while events wait, or the lag passes the threshold
     (``stall_s``/``max_lag``, by default the settings ``readiness_stall_s``/``readiness_max_lag``).
@@ -502,7 +619,8 @@ async def readiness(c: Container, *, stall_s: float | None = None, max_lag: int 
     ``nats``, ``stream`` and ``postgres`` are each their own component's answer (:func:`probe`:
     concurrent, each bounded), so with Postgres down ``nats`` and ``stream`` stay true; ``log`` and
     the lag need both the stream and Postgres."""
-    found = await refresh(c)
+    s = c.settings
+    found = await refresh(c, work=s.readiness_compactor and s.readiness_compaction_wait_s > 0)
     out: dict[str, Any] = {
         "nats": found.nats,
         "postgres": _answers(found.tables),
@@ -510,6 +628,8 @@ async def readiness(c: Container, *, stall_s: float | None = None, max_lag: int 
         "stream_replicas": None,
         "log": False,
         "compactor": None,
+        "compaction_oldest_wait_s": None,
+        "commands": None if found.commands is None else found.commands is True,
         "lag": None,
         "quarantined": {},
     }
@@ -531,9 +651,17 @@ async def readiness(c: Container, *, stall_s: float | None = None, max_lag: int 
         out["quarantined"] = found.tables.quarantined
         out["compactor"] = found.tables.compactors > 0
         reasons.extend(compactor_reasons(found.tables.compactors, required=c.settings.readiness_compactor))
+    if isinstance(found.work, WorkQueue):
+        now = datetime.now(UTC)
+        out["compaction_oldest_wait_s"] = round(oldest_wait(found.work, now), 1)
+        if isinstance(found.tables, BaseException) or found.tables.compactors:  # none at all: said above
+            reasons.extend(compaction_wait_reasons(found.work, now, bound_s=s.readiness_compaction_wait_s))
+    elif isinstance(found.work, BaseException) and found.nats:
+        reasons.append(f"the compaction work queue does not answer: {_failure(found.work)}")
+    if found.nats:  # else NATS is the reason, and no commands service could answer
+        reasons.extend(commands_reasons(found.commands))
     snap = found.snapshot()
     if snap is not None:
-        s = c.settings
         out["lag"] = export_lags(snap, s.projector_name, s.partitions)
         if stall_s is None:
             stall_s = float(getattr(s, "readiness_stall_s", READINESS_STALL_S))

@@ -192,6 +192,24 @@ def command_router(
         )
         return cast("Callable[[Handler], Handler]", registered)
 
+    async def operator_only(msg: Msg, original: Parser) -> NatsMessage:
+        """The ping, if its reply goes to an operator's client (no tenant may publish it at all)."""
+        if not msg.reply.startswith(f"{OPERATOR_INBOX_ROOT}."):
+            raise ForeignReply(f"a ping names the reply subject {storable(msg.reply)}, outside {OPERATOR_INBOX_ROOT}.")
+        return await original(msg)
+
+    @router.subscriber(
+        layout.commands_ping[len(prefix) :],
+        parser=operator_only,
+        ack_policy=AckPolicy.MANUAL,  # core NATS: nothing to ack
+        include_in_schema=False,  # the operator's, not a tenant's: not in the AsyncAPI document
+    )
+    async def ping() -> NatsResponse:
+        """Readiness asks here whether a commands service answers (services/api/metrics.py). No
+        queue group: every process answers, the first answer is enough; its own subscriber, so
+        commands that fill every worker do not hold it back."""
+        return reply({"pong": True})
+
     by = cmd.BY_NAME
 
     @subscriber(by["session.create"])

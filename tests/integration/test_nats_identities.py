@@ -132,6 +132,25 @@ async def test_a_tenant_cannot_request_compaction_work(server: str, settings: Se
         await nc.close()
 
 
+async def test_a_tenant_cannot_send_or_flood_the_operators_commands_ping(server: str, settings: Settings) -> None:
+    """Readiness pings ``chronicle commands`` on a subject of the operator's (services/api/metrics.py):
+    no tenant token can name it, so no tenant may publish there, with or without a reply subject."""
+    ping = settings.layout().commands_ping
+    operator = await operator_nats(server)
+    try:
+        heard = await operator.subscribe(ping)
+        await operator.flush()
+        async with as_tenant(server, "tenant-a") as (nc, violations):
+            await refused(violations, ping, lambda: nc.request(ping, b"", timeout=1))
+            await nc.publish(ping, b"flood")
+            await nc.flush()
+        await operator.publish(ping, b"the operator's")  # the subscription hears what reaches it
+        msg = await heard.next_msg(timeout=5)
+        assert msg.data == b"the operator's"
+    finally:
+        await operator.close()
+
+
 async def test_a_tenant_cannot_delete_or_change_the_stream(server: str, settings: Settings) -> None:
     async with as_tenant(server, "tenant-a") as (nc, violations):
         js = nc.jetstream(timeout=1)
