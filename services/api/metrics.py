@@ -106,8 +106,9 @@ COMPACTION_OLDEST_WAIT = Gauge(
 )
 COMMANDS_UP = Gauge(
     "chronicle_commands_up",
-    "Whether a `chronicle commands` answered this process's last ping (1) or not (0: none runs, or it hangs); "
-    "absent where CHRONICLE_READINESS_COMMANDS is false",
+    "Whether a `chronicle commands` answered this process's last ping (1) or not (0: none runs, or it hangs), "
+    "by command prefix; absent where CHRONICLE_READINESS_COMMANDS is false",
+    ["prefix"],
     registry=REGISTRY,
 )
 SOURCES_MISSING = Counter(
@@ -365,6 +366,8 @@ async def refresh(c: Container, *, work: bool = False) -> Probe:
     backend's failure."""
     found = await probe(c, work=work, commands=c.settings.readiness_commands)
     export(found, c.settings.projector_name, c.settings.partitions)
+    if found.commands is not None:
+        COMMANDS_UP.labels(c.layout.commands).set(1 if found.commands is True else 0)
     turns = c.commands.optimistic.turns
     WRITE_TURNS.set(len(turns))
     WRITES_WAITING.set(turns.waiting)
@@ -401,8 +404,6 @@ def export(found: Probe, projector: str, partitions: int, now: float | None = No
         COMPACTION_IN_PROGRESS.set(found.work.in_progress)
         COMPACTOR_PULLS.set(found.work.pulls_waiting)
         COMPACTION_OLDEST_WAIT.set(round(oldest_wait(found.work, datetime.now(UTC)), 3))
-    if found.commands is not None:
-        COMMANDS_UP.set(1 if found.commands is True else 0)
     for backend in BACKENDS:
         BACKEND_UP.labels(backend).set(1 if up[backend] else 0)
         if backend in _refreshed:

@@ -217,10 +217,13 @@ async def test_readyz_names_a_commands_service_that_is_missing_or_hung(own_setti
         procs.append(commands := start("commands", settings))
         r = await readyz_until(client, 200)
         assert r.json()["commands"] is True
+        up = f'chronicle_commands_up{{prefix="{settings.command_prefix}"}} 1.0'
+        assert up in (await client.get("/metrics")).text.splitlines()
         commands.send_signal(signal.SIGSTOP)
         r = await readyz_until(client, 503)
         body = r.json()
         assert body["commands"] is False
+        assert r.elapsed.total_seconds() < 5  # the ping's 2 s, beside the other probes, not after them
         assert body["reasons"] == [
             "the commands service does not answer (hung or overloaded): no answer to a ping within 2s, so "
             "commands over NATS time out; restart the `chronicle commands` processes"
@@ -241,6 +244,7 @@ async def test_readyz_asks_neither_where_the_settings_say_so(own_settings: Setti
     async with serving(settings, "compactor") as (client, (_, compactor)):
         r = await readyz_until(client, 200)
         assert r.json()["commands"] is None
+        assert "chronicle_commands_up{" not in (await client.get("/metrics")).text  # not asked
         assert r.json()["compaction_oldest_wait_s"] is None  # not asked
         compactor.send_signal(signal.SIGSTOP)
         await request_waits(settings)
