@@ -10,7 +10,7 @@ from typing import Any
 from psycopg import AsyncConnection
 
 from events.context import SessionConfig
-from projections import queries, search_languages
+from projections import pages, queries, search_languages
 from projections import search_query as sq
 from projections.reclaimed import Reclaimed, reclaimed_in
 from projections.search_bound import SEARCH_TIMEOUT_S, bounded
@@ -239,13 +239,16 @@ async def latest_prompt(conn: Conn, tenant: str, session: str) -> PromptRow | No
     return PromptRow(int(row[0]), str(row[1]), int(row[2]), str(row[3]), int(row[4])) if row else None
 
 
-async def prompts(conn: Conn, tenant: str, session: str) -> list[PromptRow]:
-    """Every recorded system prompt of the session, oldest version first."""
+async def prompts(conn: Conn, tenant: str, session: str, after: int, limit: int) -> tuple[list[PromptRow], bool]:
+    """A page of the session's recorded system prompts, oldest version first: those after
+    version ``after``, at most ``limit`` and ending early at :data:`~projections.pages.PAGE_BYTES`
+    of text; and whether more follow."""
     cur = await conn.execute(
-        "SELECT version, text, tokens, reason, seq FROM prompts WHERE tenant = %s AND session_id = %s ORDER BY version",
-        (tenant, session),
+        pages.page_sql("version, tokens, reason, seq", "text", "prompts", "version"),
+        pages.page_params(tenant, session, after, limit),
     )
-    return [PromptRow(int(v), str(t), int(n), str(r), int(q)) for v, t, n, r, q in await cur.fetchall()]
+    rows, more = pages.cut(await cur.fetchall(), limit)
+    return [PromptRow(int(v), str(t), int(n), str(r), int(q)) for v, n, r, q, t in rows], more
 
 
 async def live_session_count(conn: Conn, tenant: str) -> int:

@@ -12,7 +12,7 @@ import json
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import astuple, dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 from psycopg import AsyncConnection
 from psycopg.rows import class_row
@@ -28,6 +28,7 @@ from events.catalog import (
     SessionErased,
 )
 from events.envelope import Event
+from projections import pages
 from projections.overlay_rule import in_force
 
 Statement = tuple[str, tuple[Any, ...]]
@@ -148,26 +149,79 @@ class OverlayProjection:
 
 async def overlays(conn: AsyncConnection[Any], tenant: str, session: str) -> list[Overlay]:
     """Every overlay of the session, oldest first (stream order breaks every tie)."""
-    return await (await send_overlays(conn, tenant, session))()
+    async with conn.cursor(row_factory=class_row(Overlay)) as cur:
+        await cur.execute(
+            "SELECT overlay_id, from_message_id, to_message_id, leaf_id, summary, tokens_before, tokens_after, "
+            "summarizer, model, created_at, seq FROM overlays WHERE tenant = %s AND session_id = %s ORDER BY seq",
+            (tenant, session),
+        )
+        return await cur.fetchall()
 
 
-async def send_overlays(
-    conn: AsyncConnection[Any], tenant: str, session: str
-) -> Callable[[], Awaitable[list[Overlay]]]:
-    """:func:`overlays`, sent now and answered when the returned function is awaited (in pipeline
-    mode the query travels with the statements that follow it)."""
-    cur = conn.cursor(row_factory=class_row(Overlay))
+async def overlay_page(
+    conn: AsyncConnection[Any], tenant: str, session: str, after: int, limit: int
+) -> tuple[list[Overlay], bool]:
+    """A page of the session's overlays, superseded ones included, oldest first: those after
+    sequence ``after``, at most ``limit`` and ending early at :data:`~projections.pages.PAGE_BYTES`
+    of summaries; and whether more follow."""
+    cur = await conn.execute(
+        pages.page_sql(
+            "overlay_id, from_message_id, to_message_id, leaf_id, tokens_before, tokens_after, summarizer, model, "
+            "created_at, seq",
+            "summary",
+            "overlays",
+            "seq",
+        ),
+        pages.page_params(tenant, session, after, limit),
+    )
+    rows, more = pages.cut(await cur.fetchall(), limit)
+    return [
+        Overlay(o, f, to, leaf, text, tb, ta, by, model, at, q)
+        for o, f, to, leaf, tb, ta, by, model, at, q, text in rows
+    ], more
+
+
+@dataclass(frozen=True, slots=True)
+class Span:
+    """An overlay without its summary: what :func:`in_force` needs to pick the ones a path shows."""
+
+    overlay_id: str
+    from_message_id: str
+    to_message_id: str
+
+
+async def send_spans(conn: AsyncConnection[Any], tenant: str, session: str) -> Callable[[], Awaitable[list[Span]]]:
+    """The spans of every overlay of the session, oldest first (stream order breaks every tie),
+    sent now and answered when the returned function is awaited (in pipeline mode the query
+    travels with the statements that follow it). No summary is read: a reader loads those of the
+    overlays in force on its path only (:func:`summaries`)."""
+    cur = conn.cursor(row_factory=class_row(Span))
     await cur.execute(
-        "SELECT overlay_id, from_message_id, to_message_id, leaf_id, summary, tokens_before, tokens_after, "
-        "summarizer, model, created_at, seq FROM overlays WHERE tenant = %s AND session_id = %s ORDER BY seq",
+        "SELECT overlay_id, from_message_id, to_message_id FROM overlays WHERE tenant = %s AND session_id = %s "
+        "ORDER BY seq",
         (tenant, session),
     )
 
-    async def answer() -> list[Overlay]:
+    async def answer() -> list[Span]:
         async with cur:
             return await cur.fetchall()
 
     return answer
+
+
+async def summaries(conn: AsyncConnection[Any], tenant: str, session: str, ids: Sequence[str]) -> dict[str, Overlay]:
+    """The session's overlays named by ``ids`` (its summaries included), by id; read in the
+    transaction that read their spans, so none is missing."""
+    if not ids:
+        return {}
+    async with conn.cursor(row_factory=class_row(Overlay)) as cur:
+        await cur.execute(
+            "SELECT overlay_id, from_message_id, to_message_id, leaf_id, summary, tokens_before, tokens_after, "
+            "summarizer, model, created_at, seq FROM overlays WHERE tenant = %s AND session_id = %s "
+            "AND overlay_id = ANY(%s)",
+            (tenant, session, list(ids)),
+        )
+        return {o.overlay_id: o for o in await cur.fetchall()}
 
 
 async def overlay_at(
@@ -198,20 +252,35 @@ class CompactionFailure:
     created_at: datetime
 
 
-async def failures(conn: AsyncConnection[Any], tenant: str, session: str) -> list[CompactionFailure]:
-    """Every recorded summarizer failure of the session, oldest first."""
-    async with conn.cursor(row_factory=class_row(CompactionFailure)) as cur:
-        await cur.execute(
-            "SELECT seq, leaf_id, summarizer, error, attempt, created_at FROM compaction_failures "
-            "WHERE tenant = %s AND session_id = %s ORDER BY seq",
-            (tenant, session),
-        )
-        return await cur.fetchall()
+async def failures(
+    conn: AsyncConnection[Any], tenant: str, session: str, after: int, limit: int
+) -> tuple[list[CompactionFailure], bool]:
+    """A page of the session's recorded summarizer failures, oldest first: those after sequence
+    ``after``, at most ``limit`` and ending early at :data:`~projections.pages.PAGE_BYTES` of
+    errors; and whether more follow."""
+    cur = await conn.execute(
+        pages.page_sql("seq, leaf_id, summarizer, attempt, created_at", "error", "compaction_failures", "seq"),
+        pages.page_params(tenant, session, after, limit),
+    )
+    rows, more = pages.cut(await cur.fetchall(), limit)
+    return [CompactionFailure(q, leaf, by, error, n, at) for q, leaf, by, n, at, error in rows], more
 
 
-def apply_overlays(path_ids: Sequence[str], all_overlays: Sequence[Overlay]) -> list[str | Overlay]:
+class Spanned(Protocol):
+    """An overlay, or its :class:`Span`: where it starts and ends."""
+
+    @property
+    def from_message_id(self) -> str: ...
+    @property
+    def to_message_id(self) -> str: ...
+
+
+Sp = TypeVar("Sp", bound=Spanned)
+
+
+def apply_overlays(path_ids: Sequence[str], all_overlays: Sequence[Sp]) -> list[str | Sp]:
     """The compacted view of a path: message ids, with covered ranges replaced by the overlay in
-    force there (:func:`in_force`; ``all_overlays`` oldest first)."""
+    force there (:func:`in_force`; ``all_overlays`` oldest first, whole or their spans)."""
     return in_force(path_ids, all_overlays, lambda o: (o.from_message_id, o.to_message_id))
 
 

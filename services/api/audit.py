@@ -2,7 +2,6 @@
 system prompt versions, its compaction failures, and the tenant's quarantined events."""
 
 import json
-from collections.abc import Awaitable, Callable
 from dataclasses import asdict
 from typing import Annotated, Any, TypeVar
 
@@ -25,15 +24,12 @@ from services.api.deps import (
     require_session,
 )
 from services.api.models import ok
-from services.api.paging import more, page
+from services.api.paging import MAX_PAGE, PageLimit, SeqCursor, more, page, session_page
 from services.api.strict_json import StrictJsonRoute
 from services.audit.quarantine import list_quarantined
-from services.bootstrap import Container
 
 router = APIRouter(route_class=StrictJsonRoute)
 JSON = "application/json"
-MAX_TREE_PAGE = 1000
-"""The most messages one tree page answers (``limit``'s bound)."""
 MAX_QUARANTINE = 500
 """The most quarantined events one read answers."""
 T = TypeVar("T")
@@ -69,8 +65,8 @@ async def tree(
     tenant: Tenant,
     c: ContainerDep,
     min_seq: MinSeq = None,
-    cursor: Annotated[int, Query(ge=0, le=MAX_SEQ)] = 0,
-    limit: Annotated[int, Query(ge=1, le=MAX_TREE_PAGE)] = MAX_TREE_PAGE,
+    cursor: SeqCursor = 0,
+    limit: PageLimit = MAX_PAGE,
 ) -> Response:
     """Every message of every branch in append order, a page at a time (``next_cursor``: the next
     page's ``cursor``, null on the last one), with the latest leaf; each node says whether it was
@@ -89,33 +85,44 @@ async def tree(
     return Response(json.dumps(head)[:-1] + ', "messages": [' + nodes + "]}", media_type=JSON)
 
 
-async def _session_read(
-    c: Container, tenant: str, sid: str, min_seq: int | None, read: Callable[[queries.Conn], Awaitable[list[T]]]
-) -> list[T]:
-    """A per-session read: the id checked, read-your-writes, and ``404 session_not_found`` when
-    the answer is empty and the session does not exist for this tenant."""
-    check_id("session", sid)
-    await caught_up(c, tenant, sid, min_seq)
-    async with c.pool.connection() as conn:
-        found = await read(conn)
-    if not found:
-        await require_session(c, tenant, sid)
-    return found
-
-
 @router.get("/v1/sessions/{sid}/prompts", response_model=None, responses=ok(m.Prompts))
-async def prompts(sid: Sid, tenant: Tenant, c: ContainerDep, min_seq: MinSeq = None) -> dict[str, Any]:
-    """Every system prompt version recorded for the session, oldest first; each was in force from
-    its ``seq`` until the next version's."""
-    found = await _session_read(c, tenant, sid, min_seq, lambda conn: context_queries.prompts(conn, tenant, sid))
-    return {"prompts": [asdict(p) for p in found]}
+async def prompts(
+    sid: Sid,
+    tenant: Tenant,
+    c: ContainerDep,
+    min_seq: MinSeq = None,
+    cursor: SeqCursor = 0,
+    limit: PageLimit = MAX_PAGE,
+) -> dict[str, Any]:
+    """The system prompt versions recorded for the session, oldest first, a page at a time
+    (``next_cursor``: the next page's ``cursor``, the last version's number, null on the last
+    page; a page ends early at its text budget); each was in force from its ``seq`` until the
+    next version's."""
+    found, follows = await session_page(
+        c, tenant, sid, min_seq, lambda conn: context_queries.prompts(conn, tenant, sid, cursor, limit)
+    )
+    return {"prompts": [asdict(p) for p in found], "next_cursor": found[-1].version if follows else None}
 
 
 @router.get("/v1/sessions/{sid}/compaction-failures", response_model=None, responses=ok(m.CompactionFailures))
-async def compaction_failures(sid: Sid, tenant: Tenant, c: ContainerDep, min_seq: MinSeq = None) -> dict[str, Any]:
-    """Every recorded summarizer failure of the session (``compaction.failed``), oldest first."""
-    found = await _session_read(c, tenant, sid, min_seq, lambda conn: failures(conn, tenant, sid))
-    return {"failures": [asdict(f) | {"created_at": f.created_at.isoformat()} for f in found]}
+async def compaction_failures(
+    sid: Sid,
+    tenant: Tenant,
+    c: ContainerDep,
+    min_seq: MinSeq = None,
+    cursor: SeqCursor = 0,
+    limit: PageLimit = MAX_PAGE,
+) -> dict[str, Any]:
+    """The recorded summarizer failures of the session (``compaction.failed``), oldest first, a
+    page at a time (``next_cursor``: the next page's ``cursor``, the last one's ``seq``, null on
+    the last page; a page ends early at its text budget)."""
+    found, follows = await session_page(
+        c, tenant, sid, min_seq, lambda conn: failures(conn, tenant, sid, cursor, limit)
+    )
+    return {
+        "failures": [asdict(f) | {"created_at": f.created_at.isoformat()} for f in found],
+        "next_cursor": found[-1].seq if follows else None,
+    }
 
 
 @router.get("/v1/quarantine", response_model=None, responses=ok(m.QuarantineList))

@@ -4,11 +4,12 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Body
 
-from projections.overlays import overlays
+from projections.overlays import overlay_page
 from services.api import models as m
 from services.api.bodies import CompactBody
-from services.api.deps import ContainerDep, MinSeq, Sid, Tenant, caught_up, check_id, require_session
+from services.api.deps import ContainerDep, MinSeq, Sid, Tenant
 from services.api.models import ok
+from services.api.paging import MAX_PAGE, PageLimit, SeqCursor, session_page
 from services.api.strict_json import StrictJsonRoute
 from services.requests import writes
 
@@ -24,12 +25,18 @@ async def compact(
 
 
 @router.get("/v1/sessions/{sid}/compactions", response_model=None, responses=ok(m.Compactions))
-async def compactions(sid: Sid, tenant: Tenant, c: ContainerDep, min_seq: MinSeq = None) -> dict[str, Any]:
-    """Every overlay of the session, superseded ones included, oldest first."""
-    check_id("session", sid)
-    await caught_up(c, tenant, sid, min_seq)
-    async with c.pool.connection() as conn:
-        found = await overlays(conn, tenant, sid)
-    if not found:
-        await require_session(c, tenant, sid)
-    return {"compactions": [writes.overlay_json(o) for o in found]}
+async def compactions(
+    sid: Sid,
+    tenant: Tenant,
+    c: ContainerDep,
+    min_seq: MinSeq = None,
+    cursor: SeqCursor = 0,
+    limit: PageLimit = MAX_PAGE,
+) -> dict[str, Any]:
+    """The overlays of the session, superseded ones included, oldest first, a page at a time
+    (``next_cursor``: the next page's ``cursor``, the last one's ``seq``, null on the last page;
+    a page ends early at its summaries' budget)."""
+    found, follows = await session_page(
+        c, tenant, sid, min_seq, lambda conn: overlay_page(conn, tenant, sid, cursor, limit)
+    )
+    return {"compactions": [writes.overlay_json(o) for o in found], "next_cursor": found[-1].seq if follows else None}

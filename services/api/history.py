@@ -7,7 +7,7 @@ from fastapi import APIRouter, Query, Response
 
 from events.messages import stored_json
 from projections import context_queries, queries
-from projections.overlays import Overlay, apply_overlays, overlay_json, send_overlays
+from projections.overlays import Overlay, Span, apply_overlays, overlay_json, send_spans, summaries
 from projections.reclaimed import reclaim, reclaimed_in
 from services.api import models as m
 from services.api.deps import MAX_SEQ, ContainerDep, LeafId, MinSeq, Sid, Tenant, caught_up, check_id, require_session
@@ -92,15 +92,18 @@ async def read_history(
     if leaf_id is not None:
         check_id("message", leaf_id)
     head: dict[str, Any] = {}
+    shown: list[str | Overlay]
     if as_of_seq is not None:  # folded from the log: the same view as the read models had then
         async with c.as_of_gate.slot(tenant, AS_OF_WAIT_S):  # bounded: a fold holds the session in memory
             state = await audit.session_as_of(c, tenant, sid, as_of_seq)
         leaf_id = leaf_id or state.latest_leaf()
-        raw = state.path_rows(leaf_id)
+        path = state.path_rows(leaf_id)
+        raw = _window(path, max_bytes, min_recent, head)
         found = state.overlay_list() if compacted and raw else []
+        shown = apply_overlays([r.id for r in raw], found)
         unloaded = reclaimed_in(state.reclaimed)
-        head = {"as_of_seq": as_of_seq}
-        if not raw:  # as the read of now: an empty path of a session that does not live is 404
+        head = {"as_of_seq": as_of_seq, **head}
+        if not path:  # as the read of now: an empty path of a session that does not live is 404
             await caught_up(c, tenant, sid, min_seq)  # a session just made is live
             await require_session(c, tenant, sid)
     else:
@@ -122,30 +125,35 @@ async def read_history(
         while True:
             # The reads see one state; pipelined, BEGIN, COMMIT and the read-your-writes check
             # travel with the reads. A state older than min_seq is read again after waiting.
+            # Overlays are read as spans first: only the summaries of those in force on the
+            # path (after max_bytes' window) are loaded, in the same state.
             async with c.pool.connection() as conn, conn.pipeline(), queries.snapshot(conn):
                 fresh = await c.waiter.send_applied_check(conn, tenant, sid, wanted) if wanted else None
-                sent_overlays = await send_overlays(conn, tenant, sid) if compacted else None
+                sent_spans = await send_spans(conn, tenant, sid) if compacted else None
                 sent_reclaimed = await context_queries.send_reclaimed(conn, tenant, sid)
-                leaf_id, raw = await queries.path_from(conn, tenant, sid, leaf)
-                found = await sent_overlays() if sent_overlays is not None else []
+                leaf_id, path = await queries.path_from(conn, tenant, sid, leaf)
+                spans = await sent_spans() if sent_spans is not None else []
                 unloaded = reclaimed_in(await sent_reclaimed())
                 stale = fresh is not None and not await fresh()
+                if not stale:
+                    head = {}
+                    raw = _window(path, max_bytes, min_recent, head)
+                    in_force = apply_overlays([r.id for r in raw], spans)
+                    ids = [s.overlay_id for s in in_force if isinstance(s, Span)]
+                    loaded = await summaries(conn, tenant, sid, ids)
+                    shown = [loaded[s.overlay_id] if isinstance(s, Span) else s for s in in_force]
             if not stale:
                 break
             await caught_up(c, tenant, sid, wanted)
             wanted = None  # applied now, and the read model never goes back
-        if not raw:
+        if not path:
             await require_session(c, tenant, sid)
-    if max_bytes is not None:  # an empty path too: {[], false, 0}, as the reference's
-        start, truncated, total = recent_window([(r.id, len(r.content.encode())) for r in raw], max_bytes, min_recent)
-        raw = raw[start:]
-        head |= {"truncated": truncated, "total_content_bytes": total}
     contents: list[str] = []
-    if not found and unloaded.empty:  # nothing to splice in: the stored bodies as they are
+    if not any(isinstance(item, Overlay) for item in shown) and unloaded.empty:  # the stored bodies as they are
         contents = [r.content for r in raw]
     else:
         by_id = {r.id: r for r in raw}
-        for item in apply_overlays(list(by_id), found):
+        for item in shown:
             if isinstance(item, Overlay):
                 contents.append(overlay_json(item))
                 continue
@@ -160,6 +168,18 @@ async def read_history(
         cut = truncate_older_messages(parsed, keep_recent, max_tool_output_chars, max_text_chars)
         contents = [x if m is p else stored_json(m) for x, m, p in zip(contents, cut, parsed, strict=True)]
     return raw_json({"leaf_id": leaf_id if raw else None, **head}, contents)
+
+
+def _window(
+    raw: list[queries.PathRow], max_bytes: int | None, min_recent: int, head: dict[str, Any]
+) -> list[queries.PathRow]:
+    """The rows ``max_bytes`` keeps (all without it; an empty path too: ``{[], false, 0}``, as the
+    reference's), saying in ``head`` whether it cut and what the path held."""
+    if max_bytes is None:
+        return raw
+    start, truncated, total = recent_window([(r.id, len(r.content.encode())) for r in raw], max_bytes, min_recent)
+    head |= {"truncated": truncated, "total_content_bytes": total}
+    return raw[start:]
 
 
 @router.get("/v1/sessions/{sid}/history/stats", responses=ok(m.HistoryRowStats))

@@ -15,7 +15,6 @@ from projections.reclaimed import reclaim, reclaimed_in
 from services.api import models as m
 from services.api.bodies import AppendBatchBody, AppendBody, DeleteMessagesBody, ExistsBody, UpdateBody
 from services.api.deps import (
-    MAX_SEQ,
     ChargeDep,
     ContainerDep,
     Mid,
@@ -28,15 +27,13 @@ from services.api.deps import (
     require_session,
 )
 from services.api.models import ok
-from services.api.paging import more, page
+from services.api.paging import MAX_PAGE, PageLimit, SeqCursor, more, page
 from services.api.responses import JSON, raw_json
 from services.api.strict_json import StrictJsonRoute
 from services.bootstrap import Container
 from services.errors import InvalidRequest, MessageNotFound, NotFound
 from services.requests import writes
 
-MAX_PAGE = 1000
-"""The most children one read answers (``limit``'s bound and default)."""
 _IDS_ITEM = {
     "type": "string",
     "minLength": 1,
@@ -177,8 +174,8 @@ async def children(
     tenant: Tenant,
     c: ContainerDep,
     min_seq: MinSeq = None,
-    limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = MAX_PAGE,
-    cursor: Annotated[int, Query(ge=0, le=MAX_SEQ)] = 0,
+    limit: PageLimit = MAX_PAGE,
+    cursor: SeqCursor = 0,
 ) -> Response:
     """The message's children in append order, a page at a time (``next_cursor``: the next
     page's ``cursor``, null on the last one)."""

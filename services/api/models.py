@@ -158,6 +158,7 @@ class PathLength(_Answer):
 
 class Compactions(_Answer):
     compactions: list[Overlay]
+    next_cursor: int | None
 
 
 class SearchResult(_Answer):
@@ -247,6 +248,7 @@ class PromptVersion(_Answer):
 
 class Prompts(_Answer):
     prompts: list[PromptVersion]
+    next_cursor: int | None
 
 
 class CompactionFailure(_Answer):
@@ -260,6 +262,7 @@ class CompactionFailure(_Answer):
 
 class CompactionFailures(_Answer):
     failures: list[CompactionFailure]
+    next_cursor: int | None
 
 
 class QuarantinedEvent(_Answer):

@@ -3,9 +3,25 @@
 
 from __future__ import annotations
 
-from typing import TypeVar
+from collections.abc import Awaitable, Callable
+from typing import Annotated, TypeVar
+
+from fastapi import Query
+
+from projections import queries
+from services.api.deps import MAX_SEQ, caught_up, check_id, require_session
+from services.bootstrap import Container
 
 T = TypeVar("T")
+MAX_PAGE = 1000
+"""The most items one page of a session's list answers, and how many it answers by default
+(``limit``'s bound): the tree, a message's children, prompt versions, compactions and
+compaction failures. The last three also end a page early at
+:data:`projections.pages.PAGE_BYTES` of text."""
+PageLimit = Annotated[int, Query(ge=1, le=MAX_PAGE)]
+"""``limit`` of a session's list."""
+SeqCursor = Annotated[int, Query(ge=0, le=MAX_SEQ)]
+"""``cursor`` of a session's list: the page after this sequence (a version, for prompts)."""
 
 
 def more(limit: int) -> int:
@@ -19,3 +35,22 @@ def page(rows: list[T], limit: int) -> tuple[list[T], T | None]:
     if len(rows) > limit:
         return rows[:limit], rows[limit - 1]
     return rows, None
+
+
+async def session_page(
+    c: Container,
+    tenant: str,
+    sid: str,
+    min_seq: int | None,
+    read: Callable[[queries.Conn], Awaitable[tuple[list[T], bool]]],
+) -> tuple[list[T], bool]:
+    """A page of a per-session list (``read``: its items and whether more follow): the id
+    checked, read-your-writes, and ``404 session_not_found`` when the page is empty and the
+    session does not exist for this tenant."""
+    check_id("session", sid)
+    await caught_up(c, tenant, sid, min_seq)
+    async with c.pool.connection() as conn:
+        found, follows = await read(conn)
+    if not found:
+        await require_session(c, tenant, sid)
+    return found, follows

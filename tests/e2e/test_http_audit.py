@@ -192,7 +192,10 @@ async def test_tree_refuses_bad_paging(params: dict[str, Any], client: httpx.Asy
 async def test_prompts_lists_every_version_with_its_reason(client: httpx.AsyncClient) -> None:
     sid = new_sid()
     seq = (await append(client, sid, msg("m1", "hello")))["seq"]
-    assert await _json(await client.get(f"/v1/sessions/{sid}/prompts", params={"min_seq": seq})) == {"prompts": []}
+    assert await _json(await client.get(f"/v1/sessions/{sid}/prompts", params={"min_seq": seq})) == {
+        "prompts": [],
+        "next_cursor": None,
+    }
     config = {"blocks": [{"label": "memory", "kind": "writable", "max_tokens": 100}]}
     await _json(await client.put(f"/v1/sessions/{sid}/config", json=config))
     first = await _json(await client.get(f"/v1/sessions/{sid}/system-prompt"))
@@ -210,7 +213,8 @@ async def test_compaction_failures_are_listed(client: httpx.AsyncClient, api_set
     sid = new_sid()
     seq = (await append(client, sid, msg("m1", "hello")))["seq"]
     assert await _json(await client.get(f"/v1/sessions/{sid}/compaction-failures", params={"min_seq": seq})) == {
-        "failures": []
+        "failures": [],
+        "next_cursor": None,
     }
     nc = await operator_nats(api_settings.nats_url)
     try:

@@ -512,7 +512,7 @@ async def test_a_manual_compaction_recorded_but_not_yet_applied_answers_so(
     r = await http.get(f"/v1/sessions/{sid}/compactions", params={"min_seq": published[0]})
     assert [o["seq"] for o in r.json()["compactions"]] == published
     r = await http.get(f"/v1/sessions/{sid}/compaction-failures", params={"min_seq": published[0]})
-    assert r.json() == {"failures": []}
+    assert r.json() == {"failures": [], "next_cursor": None}
 
 
 async def test_a_compaction_whose_prompt_cannot_be_rendered_again_stands(
@@ -537,7 +537,7 @@ async def test_a_compaction_whose_prompt_cannot_be_rendered_again_stands(
     assert r.json()["overlay"]["seq"] == r.json()["seq"]
     assert (await http.get(f"/v1/sessions/{sid}/system-prompt")).json() == frozen
     r = await http.get(f"/v1/sessions/{sid}/compaction-failures")
-    assert r.json() == {"failures": []}
+    assert r.json() == {"failures": [], "next_cursor": None}
 
 
 @contextlib.asynccontextmanager

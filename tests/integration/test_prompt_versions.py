@@ -33,7 +33,9 @@ async def prompt_events(c: Container, sid: str) -> list[tuple[int, str, str]]:
     """(version, reason, text) of every recorded prompt, read once the session is caught up."""
     await c.commands.optimistic.catch_up(T, sid)
     async with c.pool.connection() as conn:
-        return [(p.version, p.reason, p.text) for p in await context_queries.prompts(conn, T, sid)]
+        found, more = await context_queries.prompts(conn, T, sid, 0, 1000)
+    assert not more
+    return [(p.version, p.reason, p.text) for p in found]
 
 
 @dataclass(frozen=True, slots=True)
