@@ -365,11 +365,16 @@ class Session(ConfigBuilder):
 
     async def get_branches(self, message_id: str) -> list[Message]:
         """Direct children of a message, oldest first (``getBranches``)."""
-        found: list[Message] = []
+        return await self._every_page(f"/messages/{quote(message_id)}/children", "messages")
+
+    async def _every_page(self, path: str, key: str) -> list[Any]:
+        """The ``key`` items of every page of a per-session list, in order: the server answers
+        a page at a time, and each page's ``next_cursor`` is the next one's ``cursor``."""
+        found: list[Any] = []
         params: dict[str, Any] = {}
-        while True:  # the server answers a page at a time
-            out = await self._get(f"/messages/{quote(message_id)}/children", params)
-            found.extend(out.get("messages", []))
+        while True:
+            out = await self._get(path, params)
+            found.extend(out.get(key, []))
             if out.get("next_cursor") is None:
                 return found
             params = {"cursor": out["next_cursor"]}
@@ -494,15 +499,15 @@ class Session(ConfigBuilder):
         return Compaction.from_json(out["overlay"])
 
     async def get_compactions(self) -> list[Compaction]:
-        """Every overlay of the session, superseded ones included, oldest first (``getCompactions``)."""
-        out = await self._get("/compactions")
-        return [Compaction.from_json(c) for c in out.get("compactions", [])]
+        """Every overlay of the session, superseded ones included, oldest first (``getCompactions``);
+        read a page at a time, every page."""
+        return [Compaction.from_json(c) for c in await self._every_page("/compactions", "compactions")]
 
     async def get_compaction_failures(self) -> list[CompactionFailure]:
         """Every recorded summarizer failure of the session, oldest first: why a compaction that
-        was due did not happen (the automatic one then waits for the session to grow)."""
-        out = await self._get("/compaction-failures")
-        return [CompactionFailure.from_json(f) for f in out.get("failures", [])]
+        was due did not happen (the automatic one then waits for the session to grow); read a
+        page at a time, every page."""
+        return [CompactionFailure.from_json(f) for f in await self._every_page("/compaction-failures", "failures")]
 
     # -- context blocks ---------------------------------------------------------------------
 

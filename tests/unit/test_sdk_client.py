@@ -1412,3 +1412,52 @@ async def test_a_chain_request_does_not_end_with_a_summary_when_the_next_can_sta
     assert [len(b["messages"]) for b in rec.bodies()] == [999, 2]
     assert [b["parent_id"] for b in rec.bodies()] == [None, "m998"]
     assert rec.bodies()[1]["messages"][0]["id"].startswith("compaction_")
+
+
+def _overlay_json(seq: int) -> dict[str, Any]:
+    return {
+        "id": f"o{seq}",
+        "message_id": f"compaction_o{seq}",
+        "from_message_id": "a",
+        "to_message_id": "b",
+        "leaf_id": "b",
+        "tokens_before": 10,
+        "tokens_after": 1,
+        "summarizer": "test",
+        "model": None,
+        "summary": f"summary {seq}",
+        "created_at": "2026-12-07T10:00:00+00:00",
+        "seq": seq,
+    }
+
+
+def _failure_json(seq: int) -> dict[str, Any]:
+    return {
+        "seq": seq,
+        "leaf_id": "b",
+        "summarizer": "test",
+        "error": "HTTP 503",
+        "attempt": 1,
+        "created_at": "2026-12-07T10:00:00+00:00",
+    }
+
+
+async def test_a_sessions_compactions_and_failures_are_read_page_after_page() -> None:
+    """The server answers them a page at a time (a page may end early at its text budget): the
+    SDK follows ``next_cursor`` until it is null, each item once, in order."""
+    pages = {None: ([1, 2], 2), "2": ([3, 4], 4), "4": ([5], None)}
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        seqs, nxt = pages[request.url.params.get("cursor")]
+        if request.url.path.endswith("/compactions"):
+            return httpx.Response(200, json={"compactions": [_overlay_json(q) for q in seqs], "next_cursor": nxt})
+        return httpx.Response(200, json={"failures": [_failure_json(q) for q in seqs], "next_cursor": nxt})
+
+    rec = Recorder(handler)
+    async with rec.client() as c:
+        s = Session.create(c, "s1")
+        assert [o.seq for o in await s.get_compactions()] == [1, 2, 3, 4, 5]
+        assert [f.seq for f in await s.get_compaction_failures()] == [1, 2, 3, 4, 5]
+        assert [o.seq for o in await SessionManager(c).get_compactions("s1")] == [1, 2, 3, 4, 5]
+    assert [p.get("cursor") for p in rec.params("/compactions")] == [None, "2", "4"] * 2
+    assert [p.get("cursor") for p in rec.params("/compaction-failures")] == [None, "2", "4"]
