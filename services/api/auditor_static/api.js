@@ -58,3 +58,9 @@ export async function allPages(path, params, pick, next, cursorParam = "cursor")
     if (cursor === null || cursor === undefined) return { items: out, last: page };
   }
 }
+
+/** Every ``key`` item of a session's list that the API pages by ``next_cursor`` (prompts,
+ * compactions, compaction failures: a page ends at 1,000 items or about 4 MiB of text). */
+export async function everyItem(path, key) {
+  return (await allPages(path, {}, (p) => p[key], (p) => p.next_cursor)).items;
+}

@@ -2,7 +2,7 @@
 // compactions and quarantined events; the tenant's erasures, and an erased session's tombstones.
 // Everything comes from the /v1 JSON API.
 
-import { ApiError, allPages, get, getLines, key, seg } from "./api.js";
+import { ApiError, allPages, everyItem, get, getLines, key, seg } from "./api.js";
 import { $, clear, el, json, pager, time } from "./dom.js";
 import { erasedNote, erasureCells, erasureFromEvent } from "./erasures.js";
 import { messageView, overlayView } from "./messages.js";
@@ -118,8 +118,8 @@ async function openSession(sid) {
     const session = await get(base);
     const { items: nodes, last } = await allPages(`${base}/tree`, { limit: 1000 }, (p) => p.messages, (p) => p.next_cursor);
     const [overlays, prompts] = await Promise.all([
-      get(`${base}/compactions`).then((r) => r.compactions, () => []),
-      get(`${base}/prompts`).then((r) => r.prompts, () => []),
+      everyItem(`${base}/compactions`, "compactions").catch(() => []),
+      everyItem(`${base}/prompts`, "prompts").catch(() => []),
     ]);
     S = { sid, base, session, erased: null, tree: buildTree(nodes), overlays, prompts, leaf: last.leaf_id, page: 1, events: null, eventsPage: null, tab: S && !S.erased ? S.tab : "messages", asOf: null };
   } catch (e) {
@@ -484,7 +484,7 @@ function table(testid, headers, rows, { empty = "None.", rowAttrs = () => ({}) }
 }
 
 async function renderCompactions() {
-  const failures = await get(`${S.base}/compaction-failures`).then((r) => r.failures, () => []);
+  const failures = await everyItem(`${S.base}/compaction-failures`, "failures").catch(() => []);
   clear(
     $("overlays"),
     table(
