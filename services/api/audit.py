@@ -33,6 +33,8 @@ JSON = "application/json"
 MAX_QUARANTINE = 500
 """The most quarantined events one read answers."""
 T = TypeVar("T")
+FIRST_VERSION = -(2**31)
+"""The lowest prompt version the read model can hold (an ``integer`` column)."""
 
 
 def tree_node(row: queries.MessageRow, unloaded: dict[str, str]) -> str:
@@ -91,15 +93,17 @@ async def prompts(
     tenant: Tenant,
     c: ContainerDep,
     min_seq: MinSeq = None,
-    cursor: SeqCursor = 0,
+    cursor: Annotated[int | None, Query(ge=FIRST_VERSION, le=MAX_SEQ)] = None,
     limit: PageLimit = MAX_PAGE,
 ) -> dict[str, Any]:
     """The system prompt versions recorded for the session, oldest first, a page at a time
     (``next_cursor``: the next page's ``cursor``, the last version's number, null on the last
     page; a page ends early at its text budget); each was in force from its ``seq`` until the
-    next version's."""
+    next version's. Without ``cursor``, from the first version, whatever its number (a
+    publisher writing straight to the log may number one 0 or below)."""
+    after = FIRST_VERSION - 1 if cursor is None else cursor
     found, follows = await session_page(
-        c, tenant, sid, min_seq, lambda conn: context_queries.prompts(conn, tenant, sid, cursor, limit)
+        c, tenant, sid, min_seq, lambda conn: context_queries.prompts(conn, tenant, sid, after, limit)
     )
     return {"prompts": [asdict(p) for p in found], "next_cursor": found[-1].version if follows else None}
 

@@ -21,7 +21,7 @@ compaction failures. The last three also end a page early at
 PageLimit = Annotated[int, Query(ge=1, le=MAX_PAGE)]
 """``limit`` of a session's list."""
 SeqCursor = Annotated[int, Query(ge=0, le=MAX_SEQ)]
-"""``cursor`` of a session's list: the page after this sequence (a version, for prompts)."""
+"""``cursor`` of a session's list: the page after this sequence (prompts page by version)."""
 
 
 def more(limit: int) -> int:

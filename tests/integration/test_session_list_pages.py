@@ -56,7 +56,9 @@ async def _all_pages(
     pages_: list[dict[str, Any]] = []
     cursor: int | None = None
     while True:
-        r = await http.get(f"/v1/sessions/{sid}/{route}", params=params | ({"cursor": cursor} if cursor else {}))
+        r = await http.get(
+            f"/v1/sessions/{sid}/{route}", params=params | ({"cursor": cursor} if cursor is not None else {})
+        )
         assert r.status_code == 200, r.text
         pages_.append(r.json())
         cursor = r.json()["next_cursor"]
@@ -118,6 +120,28 @@ async def test_a_page_ends_at_its_text_budget(
     assert [len(p[key]) for p in limited] == [2, 2, 2, 1]
 
 
+async def test_prompt_versions_numbered_zero_or_below_are_listed_first(
+    stack: Container, http: httpx.AsyncClient, new_id: Callable[[str], str]
+) -> None:
+    """A publisher writing straight to the log may number a version 0 or below: the list starts
+    at the first version whatever its number (a prompts cursor may be below 0; the others'
+    sequences may not), as it listed them all."""
+    sid = new_id("low")
+    await stack.commands.append(T, sid, text_message("m0", "hello"), None)
+    for version in (-(2**31), -5, 0, 1):
+        await stack.publisher.publish(
+            PromptRendered(tenant=T, session=sid, text=_text(version), tokens=1, version_no=version, reason="refresh")
+        )
+    await stack.commands.optimistic.catch_up(T, sid)
+    whole = (await http.get(f"/v1/sessions/{sid}/prompts")).json()
+    assert ([p["version"] for p in whole["prompts"]], whole["next_cursor"]) == ([-(2**31), -5, 0, 1], None)
+    found = await _all_pages(http, sid, "prompts", "prompts", {"limit": 1})
+    assert [p["next_cursor"] for p in found] == [-(2**31), -5, 0, None]
+    for route in ("compactions", "compaction-failures"):
+        r = await http.get(f"/v1/sessions/{sid}/{route}", params={"cursor": -1})
+        assert (r.status_code, r.json()["code"]) == (422, "invalid_request")
+
+
 async def test_the_texts_past_a_pages_budget_are_not_read(stack: Container, new_id: Callable[[str], str]) -> None:
     """The page's query returns no text for the rows past the budget (NULL): the server never
     holds them, whatever their size."""
@@ -132,7 +156,9 @@ async def test_the_texts_past_a_pages_budget_are_not_read(stack: Container, new_
 
 
 @pytest.mark.parametrize("route", [r for r, _, _ in ROUTES])
-@pytest.mark.parametrize("params", [{"limit": 0}, {"limit": 1001}, {"cursor": -1}, {"cursor": 2**63}, {"limit": "x"}])
+@pytest.mark.parametrize(
+    "params", [{"limit": 0}, {"limit": 1001}, {"cursor": -(2**31) - 1}, {"cursor": 2**63}, {"limit": "x"}]
+)
 async def test_bad_paging_of_a_session_list_is_refused(
     stack: Container, http: httpx.AsyncClient, new_id: Callable[[str], str], route: str, params: dict[str, Any]
 ) -> None:
