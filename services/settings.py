@@ -22,6 +22,7 @@ from pydantic import (
     NonNegativeInt,
     PositiveFloat,
     PositiveInt,
+    PrivateAttr,
     SecretStr,
     ValidationInfo,
     field_validator,
@@ -69,6 +70,8 @@ class Settings(BaseSettings):
     model_config = SettingsConfigDict(
         env_prefix="CHRONICLE_", env_file=".env", extra="ignore", hide_input_in_errors=True
     )
+    _file_entries: tuple[ApiKeyEntry, ...] = PrivateAttr(default=())
+    """The entries of ``api_keys_file`` as last read (at validation, or by :meth:`with_keys_file_read`)."""
 
     nats_url: str = Field(
         default="nats://127.0.0.1:4222",
@@ -201,6 +204,13 @@ class Settings(BaseSettings):
         "'tenant:sha256-hex-of-key:read-only' (reads only: every other method, and `GET …/data-key`, is 403 "
         "read_only_key; no NATS identity); see `chronicle keygen`. A full key's third field lets the tenant "
         "publish to NATS directly (its credentials are derived from the same key)",
+    )
+    api_keys_file: str | None = Field(
+        default=None,
+        description="a file of more `api_keys` entries, one a line (blank lines and lines starting with '#' "
+        "skipped), used with `api_keys` (both count): a bad line stops every process at start, naming the "
+        "file and the line. Edit it and send SIGHUP to `chronicle api` (or `chronicle up`): the keys change "
+        "for the next requests, without a restart (docs/security.md, Rotate credentials)",
     )
     ops_key: SecretStr | None = Field(
         default=None,
@@ -555,6 +565,21 @@ class Settings(BaseSettings):
                 raise ValueError(f"api_keys entry {index} (counting from 0): {exc}") from None
         return entries
 
+    @field_validator("api_keys_file")
+    @classmethod
+    def _key_file_parses(cls, path: str | None) -> str | None:
+        """The file reads and each entry parses (as ``api_keys``'s), so a typo stops every process at
+        start; kept as an absolute path, so that a child process in another directory reads the same file."""
+        if path is None:
+            return None
+        read_api_keys_file(path)
+        return str(Path(path).resolve())
+
+    @model_validator(mode="after")
+    def _key_file_read(self) -> Settings:
+        self._file_entries = tuple(read_api_keys_file(self.api_keys_file)) if self.api_keys_file else ()
+        return self
+
     @field_validator("rate_limits", "search_languages")
     @classmethod
     def _tenants_named(cls, by_tenant: dict[str, Any], info: ValidationInfo) -> dict[str, Any]:
@@ -580,7 +605,21 @@ class Settings(BaseSettings):
         return env
 
     def api_key_entries(self) -> list[ApiKeyEntry]:
-        return [ApiKeyEntry.parse(entry) for entry in self.api_keys]
+        """Every key entry: ``api_keys``'s, then ``api_keys_file``'s as it was last read."""
+        return [*(ApiKeyEntry.parse(entry) for entry in self.api_keys), *self._file_entries]
+
+    def file_entry_count(self) -> int:
+        """How many entries ``api_keys_file`` held when last read."""
+        return len(self._file_entries)
+
+    def with_keys_file_read(self) -> Settings:
+        """These settings with ``api_keys_file`` read again (``api_keys`` kept): what a reload
+        (SIGHUP) serves. A file that does not read, or a bad line, is an :class:`UnusableSetting`
+        naming the file (and the line), and these settings are left as they are."""
+        entries = tuple(read_api_keys_file(self.api_keys_file)) if self.api_keys_file else ()
+        copy = self.model_copy()
+        copy._file_entries = entries
+        return copy
 
     def grants_by_key_hash(self) -> dict[str, KeyGrant]:
         """What each key (by its SHA-256) may do: its tenant, and whether it only reads."""
@@ -811,6 +850,28 @@ class ApiKeyEntry:
         if read_only:
             return cls(tenant, digest.lower(), None, read_only=True)
         return cls(tenant, digest.lower(), nkey or None)
+
+
+def read_api_keys_file(path: str) -> list[ApiKeyEntry]:
+    """The entries of an ``api_keys_file``: one a line, blank lines and ``#`` comments skipped. A
+    file that cannot be read, or a line that is not an entry, is an :class:`UnusableSetting` that
+    names the file and the line number, never the line's text (it may be a raw key pasted there)."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise UnusableSetting(f"{path} cannot be read ({exc.strerror or type(exc).__name__})") from None
+    except UnicodeDecodeError:
+        raise UnusableSetting(f"{path} is not UTF-8 text") from None
+    entries = []
+    for number, line in enumerate(text.splitlines(), start=1):
+        entry = line.strip()
+        if not entry or entry.startswith("#"):
+            continue
+        try:
+            entries.append(ApiKeyEntry.parse(entry))
+        except ValueError as exc:
+            raise UnusableSetting(f"{path} line {number}: {exc}") from None
+    return entries
 
 
 def api_key_entry(tenant: str, key: str, *, read_only: bool = False) -> str:

@@ -9,14 +9,15 @@ from pathlib import Path
 
 import pytest
 
+from events.credentials import nkey_public_key, tenant_nkey_seed
 from services.ops import cli
 from services.ops.localstack import free_port, nats_server_binary, wait_for_port
-from services.settings import new_operator_seed
+from services.settings import api_key_entry, new_operator_seed
 
 
 @pytest.fixture
 def operator(monkeypatch: pytest.MonkeyPatch) -> None:
-    for key in ("CHRONICLE_NATS_ROUTE_PASSWORD", "CHRONICLE_API_KEYS"):
+    for key in ("CHRONICLE_NATS_ROUTE_PASSWORD", "CHRONICLE_API_KEYS", "CHRONICLE_API_KEYS_FILE"):
         monkeypatch.delenv(key, raising=False)
     monkeypatch.setenv("CHRONICLE_NATS_NKEY_SEED", new_operator_seed())
 
@@ -54,3 +55,18 @@ def test_a_cluster_node_listens_on_loopback_for_clients_and_on_its_name_for_rout
     assert cli.main(["nats-config", "--out", str(tmp_path), "--cluster-nodes", "a,b"]) == 0
     node = json.loads((tmp_path / "a.conf").read_text())
     assert (node["host"], node["cluster"]["host"]) == ("127.0.0.1", "a")
+
+
+def test_the_api_keys_file_s_tenants_are_users_with_the_env_s(
+    tmp_path: Path, operator: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A tenant whose key is in ``CHRONICLE_API_KEYS_FILE`` gets its NATS user as one of
+    ``CHRONICLE_API_KEYS`` does (a read-only key none: it has no NATS identity)."""
+    keys = tmp_path / "api-keys"
+    keys.write_text(f"# acme\n{api_key_entry('acme', 'chr_file')}\n{api_key_entry('acme', 'chr_ro', read_only=True)}\n")
+    monkeypatch.setenv("CHRONICLE_API_KEYS_FILE", str(keys))
+    monkeypatch.setenv("CHRONICLE_API_KEYS", json.dumps([api_key_entry("beta", "chr_env")]))
+    users = written(tmp_path, "--port", str(free_port()))["authorization"]["users"]  # type: ignore[index]
+    nkeys = [user["nkey"] for user in users]
+    assert nkeys[1:] == [nkey_public_key(tenant_nkey_seed(key)) for key in ("chr_file", "chr_env")]
+    assert users[1]["permissions"]["publish"]["allow"][0].split(".")[2] == "acme"

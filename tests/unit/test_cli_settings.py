@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from pydantic import ValidationError
 
 from services.ops.cli import SETTINGS_EXIT, main
-from services.settings import Settings
+from services.settings import KeyGrant, Settings, api_key_entry, hash_key
 
 
 @pytest.mark.parametrize(
@@ -108,6 +109,57 @@ def test_a_raw_key_pasted_as_an_api_keys_entry_is_not_echoed(
     with pytest.raises(ValidationError) as refused:  # nor pydantic's own text, for any other caller
         Settings()
     assert "SECRETPART" not in str(refused.value)
+
+
+def test_a_bad_line_of_the_api_keys_file_stops_the_process_with_the_file_and_line(tmp_path: Path) -> None:
+    """``CHRONICLE_API_KEYS_FILE`` is checked as ``CHRONICLE_API_KEYS`` is: a process does not start
+    on a file with a line that is not an entry (one line naming the file and the line number, never
+    the line: a raw key pasted there), exit 2."""
+    keys = tmp_path / "api-keys"
+    keys.write_text(f"# the tenants\n{api_key_entry('acme', 'chr_ok')}\n\nacme:chr_live_SECRETPART\n")
+    done = _api(CHRONICLE_API_KEYS_FILE=str(keys))
+    assert done.returncode == SETTINGS_EXIT, done.stderr
+    assert done.stderr.strip() == (
+        f"chronicle api: setting CHRONICLE_API_KEYS_FILE: Value error, {keys} line 4: an entry of tenant 'acme' is "
+        "not 'tenant:sha256hex[:nkey|:read-only]': the digest is not 64 hex digits"
+    )
+
+
+def test_an_api_keys_file_that_cannot_be_read_stops_the_process_in_one_line(tmp_path: Path) -> None:
+    done = _api(CHRONICLE_API_KEYS_FILE=str(tmp_path / "absent"))
+    assert done.returncode == SETTINGS_EXIT, done.stderr
+    assert done.stderr.strip() == (
+        f"chronicle api: setting CHRONICLE_API_KEYS_FILE: Value error, {tmp_path / 'absent'} cannot be read "
+        "(No such file or directory)"
+    )
+
+
+def test_the_api_keys_file_adds_to_the_env_entries(tmp_path: Path) -> None:
+    """Both count: the file's entries after ``api_keys``', its path kept absolute (a child process in
+    another directory reads the same file); blank lines and comments skipped."""
+    keys = tmp_path / "api-keys"
+    keys.write_text(f"  # a comment\n\n{api_key_entry('acme', 'chr_file', read_only=True)}\n")
+    settings = Settings(api_keys=[api_key_entry("beta", "chr_env")], api_keys_file=str(keys))
+    assert settings.grants_by_key_hash() == {
+        hash_key("chr_env"): KeyGrant("beta"),
+        hash_key("chr_file"): KeyGrant("acme", read_only=True),
+    }
+    assert settings.api_keys_file == str(keys.resolve())
+    keys.write_text(f"{api_key_entry('acme', 'chr_new')}\n")
+    again = settings.with_keys_file_read()  # a reload: the file anew, the env's entries kept
+    assert set(again.grants_by_key_hash()) == {hash_key("chr_env"), hash_key("chr_new")}
+    assert set(settings.grants_by_key_hash()) == {hash_key("chr_env"), hash_key("chr_file")}  # left as it was
+
+
+def _api(**env: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "services.ops.cli", "api"],
+        env={"PATH": "/usr/bin:/bin", **env},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
 
 
 @pytest.mark.parametrize("value", ["", "   "])
