@@ -17,6 +17,7 @@ from services.api.context import router as context_router
 from services.api.guards import BodyLimit, ContentEncoding, HeadAsGet, Utf8Path
 from services.api.history import router as history_router
 from services.api.hot import HotPaths
+from services.api.keyring import KeyRing
 from services.api.limits import TenantRateLimit
 from services.api.log import router as log_router
 from services.api.messages import router as messages_router
@@ -43,9 +44,10 @@ ROUTERS = (
 )
 
 
-def build_app(settings: Settings, container: Container | None = None) -> FastAPI:
-    """The API; opens its own adapters from ``settings`` unless a container is injected."""
-    keys = settings.grants_by_key_hash()
+def build_app(settings: Settings, container: Container | None = None, keys: KeyRing | None = None) -> FastAPI:
+    """The API; opens its own adapters from ``settings`` unless a container is injected; its keys
+    are ``settings``' unless a ring is given (``chronicle api`` reloads that one on SIGHUP)."""
+    keys = keys if keys is not None else KeyRing(settings.grants_by_key_hash())
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:

@@ -7,9 +7,9 @@ import re
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from services.api.deps import grant_for
+from services.api.keyring import KeyRing
 from services.api.problems import from_error
 from services.errors import AmbiguousCredentials, ChronicleError, ReadOnlyKey, Unauthorized
-from services.settings import KeyGrant
 
 OPS_PATHS = frozenset(
     {"/metrics", "/readyz", "/docs", "/docs/oauth2-redirect", "/redoc", "/openapi.json", "/asyncapi.yaml"}
@@ -50,9 +50,10 @@ class ApiKeyAuth:
     ``Authorization`` header, is 401 whatever the body) and puts the tenant in the request state;
     a read-only key's write is 403 before anything runs; with an ops key, the operator routes need
     it. The hot paths (services/api/hot.py) sit inside: they serve only a request it let through.
+    The keys are the ring's as the request arrives (a reload swaps them for the next requests).
     Plain ASGI: no response buffering or copying."""
 
-    def __init__(self, app: ASGIApp, keys: dict[str, KeyGrant], ops_key: str | None = None) -> None:
+    def __init__(self, app: ASGIApp, keys: KeyRing, ops_key: str | None = None) -> None:
         self.app = app
         self.keys = keys
         self.ops_key = ops_key
@@ -67,7 +68,7 @@ class ApiKeyAuth:
                 return
         if scope["type"] == "http" and scope["path"].startswith("/v1/"):
             try:
-                tenant, read_only = grant_for(self.keys, credential(scope).decode("latin-1"))
+                tenant, read_only = grant_for(self.keys.grants, credential(scope).decode("latin-1"))
                 if read_only and (refusal := read_only_refusal(scope)) is not None:
                     raise refusal
             except ChronicleError as exc:

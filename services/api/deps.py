@@ -14,6 +14,7 @@ from events.commands import SessionId as SessionId
 from events.validation import NO_NUL_PATTERN, PRINTABLE_ASCII_PATTERN
 from projections import queries
 from projections.search_query import MAX_QUERY_CHARS
+from services.api.keyring import KeyRing
 from services.bootstrap import Container
 from services.errors import Unauthorized
 from services.requests.checks import check_id as check_id
@@ -44,8 +45,8 @@ async def tenant_of(request: Request) -> str:
     """Set by the authentication middleware before the body is read."""
     tenant = getattr(request.state, "tenant", None)
     if tenant is None:
-        keys: dict[str, KeyGrant] = request.app.state.keys
-        tenant = grant_for(keys, request.headers.get("authorization", "")).tenant
+        keys: KeyRing = request.app.state.keys
+        tenant = grant_for(keys.grants, request.headers.get("authorization", "")).tenant
     return str(tenant)
 
 

@@ -18,6 +18,7 @@ from nats.aio.client import Client as NatsClient
 
 from services.api.app import build_app
 from services.api.http_head import head_bounded_protocol
+from services.api.keyring import KeyRing
 from services.bootstrap import open_container, settle_heap
 from services.brokers import broker_connection
 from services.commands_nats.app import serving_commands
@@ -197,7 +198,7 @@ def api_http_protocol(settings: Settings) -> type[asyncio.Protocol] | str:
 
 
 def run_api(settings: Settings) -> None:
-    """Serve the API until SIGINT/SIGTERM; with ``api_reuse_port`` on a socket shared with the
+    """Serve the API until SIGINT/SIGTERM (SIGHUP reloads its keys); with ``api_reuse_port`` on a socket shared with the
     other API processes on the same port. The adapters open before the server starts, as in every
     other process: what stops it from starting (a setting, NATS or Postgres, another log's read
     models) reaches ``cli.main`` as it is, one line and its exit status, not a server traceback."""
@@ -207,9 +208,15 @@ def run_api(settings: Settings) -> None:
 async def _serve_api(settings: Settings) -> None:
     # the port first: one another process holds stops the API in one line, before anything opens
     sock = api_socket(settings)
+    # SIGHUP reloads the keys (services/api/keyring.py), from now on: uvicorn takes SIGINT and
+    # SIGTERM only (with signal.signal), so this handler of the loop's is left alone by it
+    keys = KeyRing(settings.grants_by_key_hash())
+    loop = asyncio.get_running_loop()
+    loop.add_signal_handler(signal.SIGHUP, keys.reload, settings)
     try:
-        await _serve_api_on(settings, sock)
+        await _serve_api_on(settings, sock, keys)
     finally:
+        loop.remove_signal_handler(signal.SIGHUP)
         sock.close()
 
 
@@ -245,9 +252,9 @@ def _port_unusable(settings: Settings, exc: OSError) -> UnusableResource:
     )
 
 
-async def _serve_api_on(settings: Settings, sock: socket.socket) -> None:
+async def _serve_api_on(settings: Settings, sock: socket.socket, keys: KeyRing) -> None:
     async with open_container(settings, warm_reads=True) as c:
-        app = build_app(settings, c)
+        app = build_app(settings, c, keys)
         settle_heap()
         config = uvicorn.Config(
             app,

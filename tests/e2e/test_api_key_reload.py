@@ -1,0 +1,124 @@
+"""`chronicle api` reloads its keys on SIGHUP: ``CHRONICLE_API_KEYS_FILE`` read again (``CHRONICLE_API_KEYS``
+kept), swapped for the next requests when it parses, the previous keys kept (and an ERROR line)
+when it does not. A real process, spoken to over HTTP."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+
+from bench.support import settings_env
+from services.ops.localstack import free_port, wait_for_port
+from services.settings import Settings, api_key_entry
+from tests.conftest import KEYS
+
+
+@dataclass
+class KeyedApi:
+    """A `chronicle api` whose keys file is ``keys_file``, its log in ``log``."""
+
+    proc: subprocess.Popen[bytes]
+    base: str
+    keys_file: Path
+    log: Path
+
+    def status(self, key: str) -> int:
+        return httpx.get(f"{self.base}/v1/sessions", headers={"Authorization": f"Bearer {key}"}, timeout=30).status_code
+
+    def hangup(self) -> None:
+        self.proc.send_signal(signal.SIGHUP)
+
+    def until(self, what: str, done: Callable[[], bool], timeout: float = 30) -> None:
+        """Poll ``done`` (the positive signal) until it holds; the process must stay up meanwhile."""
+        deadline = time.monotonic() + timeout
+        while not done():
+            assert self.proc.poll() is None, f"chronicle api exited ({self.proc.returncode}):\n{self.log.read_text()}"
+            assert time.monotonic() < deadline, f"not within {timeout} s: {what}\n{self.log.read_text()}"
+            time.sleep(0.1)
+
+    def logged(self, text: str) -> bool:
+        return text in self.log.read_text()
+
+
+@pytest.fixture
+def keyed_api(api_settings: Settings, api_url: str, tmp_path: Path) -> Iterator[KeyedApi]:
+    """A second `chronicle api` on the e2e stack (its database migrated by ``api_url``) whose keys
+    file holds one key of tenant-c; CHRONICLE_API_KEYS is the stack's (tenant-a's and tenant-b's)."""
+    keys_file = tmp_path / "api-keys"
+    keys_file.write_text(f"# tenant-c\n\n{api_key_entry('tenant-c', KEPT)}\n")
+    settings = api_settings.model_copy(update={"api_port": free_port(), "api_keys_file": str(keys_file)})
+    log = tmp_path / "api.log"
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "services.ops.cli", "api"], env=settings_env(settings), stdout=out, stderr=out
+        )
+    try:
+        wait_for_port("127.0.0.1", settings.api_port, proc, "chronicle api", timeout=30)
+        yield KeyedApi(proc, f"http://127.0.0.1:{settings.api_port}", keys_file, log)
+    finally:
+        proc.terminate()
+        assert proc.wait(timeout=20) == 0, log.read_text()
+
+
+KEPT = "key-c-" + uuid.uuid4().hex
+
+
+def test_a_key_added_to_the_file_works_after_sighup_and_not_before(keyed_api: KeyedApi) -> None:
+    assert keyed_api.status(KEPT) == 200  # the file's key, read at start
+    assert keyed_api.status(KEYS["tenant-a"]) == 200  # and CHRONICLE_API_KEYS's, together
+    added = "key-c2-" + uuid.uuid4().hex
+    with keyed_api.keys_file.open("a") as f:
+        f.write(f"{api_key_entry('tenant-c', added, read_only=True)}\n")
+    assert keyed_api.status(added) == 401  # the file changed, no signal yet: nothing reread
+    keyed_api.hangup()
+    keyed_api.until("the added key answers 200", lambda: keyed_api.status(added) == 200)
+    keyed_api.until(
+        "the reload logged", lambda: keyed_api.logged(f"api keys reloaded: 2 entries from {keyed_api.keys_file}")
+    )
+    assert keyed_api.status(KEPT) == 200
+    assert keyed_api.status(KEYS["tenant-a"]) == 200  # the env's keys kept
+    log = keyed_api.log.read_text()
+    assert added not in log
+    assert KEPT not in log
+
+
+def test_a_key_removed_from_the_file_is_401_after_sighup(keyed_api: KeyedApi) -> None:
+    assert keyed_api.status(KEPT) == 200
+    keyed_api.keys_file.write_text("# tenant-c's key revoked\n")
+    keyed_api.hangup()
+    keyed_api.until("the removed key answers 401", lambda: keyed_api.status(KEPT) == 401)
+    keyed_api.until(
+        "the reload logged", lambda: keyed_api.logged(f"api keys reloaded: 0 entries from {keyed_api.keys_file}")
+    )
+    assert keyed_api.status(KEYS["tenant-a"]) == 200
+
+
+def test_an_invalid_file_on_sighup_keeps_the_old_keys_and_logs_why(keyed_api: KeyedApi) -> None:
+    added = "key-c3-" + uuid.uuid4().hex
+    keyed_api.keys_file.write_text(f"{api_key_entry('tenant-c', added)}\n\ntenant-c:{added}\n")  # line 3: a raw key
+    keyed_api.hangup()
+    keyed_api.until("the refusal logged", lambda: keyed_api.logged("api keys not reloaded"))
+    (line,) = [line for line in keyed_api.log.read_text().splitlines() if "api keys not reloaded" in line]
+    assert " ERROR " in line
+    assert f"{keyed_api.keys_file} line 3: an entry of tenant 'tenant-c' is not" in line
+    assert added not in line  # never the line's text: it may be a secret
+    assert keyed_api.status(KEPT) == 200  # the previous keys, whole
+    assert keyed_api.status(added) == 401  # nothing of the new file
+    # unreadable: the same
+    keyed_api.keys_file.unlink()
+    keyed_api.hangup()
+    keyed_api.until(
+        "the second refusal logged",
+        lambda: keyed_api.log.read_text().count("api keys not reloaded") == 2,
+    )
+    assert f"{keyed_api.keys_file} cannot be read (No such file or directory)" in keyed_api.log.read_text()
+    assert keyed_api.status(KEPT) == 200
