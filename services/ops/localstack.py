@@ -31,7 +31,7 @@ import urllib.request
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 from urllib.parse import quote, urlsplit
 
 import psycopg
@@ -48,6 +48,7 @@ from services.settings import (
     LocalStack,
     Settings,
     UnusableResource,
+    UnusableSetting,
     api_key_entry,
     database_address,
     new_api_key,
@@ -92,8 +93,7 @@ def start_nats(
     """A nats-server on loopback with JetStream, configured by ``access`` (never open); its
     configuration is written next to ``store_dir`` (``<store_dir>.conf``)."""
     store_dir.mkdir(parents=True, exist_ok=True)
-    config = server_config(access, host="127.0.0.1", port=port, store_dir=str(store_dir), extra=extra)
-    conf = write_config(store_dir.with_name(store_dir.name + ".conf"), config)
+    conf = write_nats_config(port, store_dir, access, extra)
     proc = subprocess.Popen(
         [nats_server_binary(), "-c", str(conf), "-l", str(log_file)],
         stdout=subprocess.DEVNULL,
@@ -107,6 +107,14 @@ def start_nats(
         proc.wait()
         raise
     return proc
+
+
+def write_nats_config(port: int, store_dir: Path, access: NatsAccess, extra: Mapping[str, Any] | None = None) -> Path:
+    """The configuration :func:`start_nats` runs a server with (``<store_dir>.conf``), written
+    again by a reload with the users of ``access``: the same listener and store, which nats-server
+    needs to take a reload."""
+    config = server_config(access, host="127.0.0.1", port=port, store_dir=str(store_dir), extra=extra)
+    return write_config(store_dir.with_name(store_dir.name + ".conf"), config)
 
 
 ROUTE_PORT_OFFSET = 1000  # node i of a local cluster: client port nats_port + i, route port that + 1000
@@ -126,6 +134,15 @@ def start_cluster_node(
     port, node = nodes[i]
     extra = cluster_extra(node, [peer for _, peer in nodes], password)
     return start_nats(port, data / f"nats-{node.name}", data / f"nats-{node.name}.log", access, extra)
+
+
+def write_cluster_node_config(
+    nodes: list[tuple[int, ClusterNode]], i: int, data: Path, access: NatsAccess, password: str
+) -> Path:
+    """The configuration :func:`start_cluster_node` runs node ``i`` with, written again."""
+    port, node = nodes[i]
+    extra = cluster_extra(node, [peer for _, peer in nodes], password)
+    return write_nats_config(port, data / f"nats-{node.name}", access, extra)
 
 
 def other_log(data: Path, cluster: int) -> str | None:
@@ -393,8 +410,14 @@ def _up_locked(
     settings = settings.model_copy(
         update={"api_keys": [*settings.api_keys, api_key_entry(DEFAULT_TENANT, key)], "nats_nkey_seed": SecretStr(seed)}
     )
+    keys = KeysReload(settings, NatsAccess.of(settings))
+    # from here on SIGHUP reloads the keys (by the loop that watches the stack, once it serves); it
+    # used to end `up` where it stood, leaving the processes it had started (each in a session of its own)
+    signal.signal(signal.SIGHUP, keys.ask)
     env = dict(os.environ)
     env["CHRONICLE_API_KEYS"] = json.dumps(settings.api_keys)
+    if settings.api_keys_file is not None:  # its absolute path, however it was given (.env, secrets dir)
+        env["CHRONICLE_API_KEYS_FILE"] = settings.api_keys_file
     env["CHRONICLE_NATS_URL"] = nats_url
     env["CHRONICLE_NATS_NKEY_SEED"] = seed
     if settings.kek is None and settings.kek_file is None:
@@ -417,7 +440,6 @@ def _up_locked(
             s3 = start_moto(settings) if no_s3 else None
             if s3 is not None:
                 procs.append(s3)  # stopped last
-            access = NatsAccess.of(settings)
             if cluster:
                 password = route_password(data)
                 print(
@@ -428,13 +450,18 @@ def _up_locked(
                 # each waits for its client port only: the routes and the JetStream meta leader form
                 # after, and every Chronicle process waits for JetStream at its start
                 for i in range(len(cluster)):
-                    node = functools.partial(start_cluster_node, cluster, i, data, access, password)
+                    # a node started again takes the users as they are then (a reload may have changed them)
+                    node = functools.partial(_start_node, keys, cluster, i, data, password)
                     started = node()
                     procs.append(started)
                     revive[started] = Revival(cluster[i][1].name, node)
+                    keys.configs.append(
+                        functools.partial(write_cluster_node_config, cluster, i, data, password=password)
+                    )
             else:
                 print(f"chronicle up: starting nats-server on 127.0.0.1:{nats_port} (data {data / 'nats'})", flush=True)
-                procs.append(start_nats(nats_port, data / "nats", data / "nats.log", access))
+                procs.append(start_nats(nats_port, data / "nats", data / "nats.log", keys.access))
+                keys.configs.append(functools.partial(write_nats_config, nats_port, data / "nats"))
             if configured:
                 where = psycopg.conninfo.conninfo_to_dict(db_url)
                 print(
@@ -448,13 +475,78 @@ def _up_locked(
             ensure_database(db_url)
             env["CHRONICLE_DATABASE_URL"] = db_url
             replace(stack, database_url=without_password(db_url)).write(data)
-            return _serve(settings, env, key, procs, revive)
+            return _serve(settings, env, key, procs, revive, keys)
     except KeyboardInterrupt:
         print("\nchronicle up: stopping", flush=True)
         return 0
     finally:
         if pg_server is not None:
             pg_server.cleanup()
+
+
+def _start_node(
+    keys: KeysReload, nodes: list[tuple[int, ClusterNode]], i: int, data: Path, password: str
+) -> subprocess.Popen[bytes]:
+    return start_cluster_node(nodes, i, data, keys.access, password)
+
+
+@dataclass
+class KeysReload:
+    """What SIGHUP to ``chronicle up`` reloads: the tenant keys of ``api_keys_file``. Its
+    nats-servers' configurations are written again with the users of the file as it is now and
+    each server is sent SIGHUP (nats-server reloads its users, and drops the connections of a user
+    it no longer has); each API process is sent SIGHUP (it reads the file itself). A file that
+    does not read or parse changes nothing: one line on stderr, the stack keeps running as it was.
+    The signal handler only takes note (:meth:`ask`): the loop that watches the stack reloads."""
+
+    settings: Settings
+    access: NatsAccess
+    configs: list[Callable[[NatsAccess], Path]] = field(default_factory=list)
+    """How to write each nats-server's configuration with other users."""
+    asked: bool = False
+
+    def ask(self, signum: int, frame: object) -> None:
+        self.asked = True
+
+    def reload(self, procs: list[subprocess.Popen[bytes]]) -> bool:
+        """Act on a SIGHUP (when one came since the last look); True when the keys were reloaded."""
+        if not self.asked:
+            return False
+        self.asked = False
+        file = self.settings.api_keys_file
+        if file is None:
+            _say("chronicle up: SIGHUP: no CHRONICLE_API_KEYS_FILE is set, no keys to reload", sys.stderr)
+            return False
+        try:
+            fresh = self.settings.with_keys_file_read()
+            access = NatsAccess.of(fresh)
+            for write in self.configs:
+                write(access)
+        except (UnusableSetting, OSError) as exc:  # OSError: a configuration not written (the disk full)
+            _say(
+                f"chronicle up: api keys not reloaded, nothing changed (the previous keys stay in force): {exc}",
+                sys.stderr,
+            )
+            return False
+        self.settings, self.access = fresh, access
+        servers = [p for p in procs if p.poll() is None and _named(p) == "nats-server"]
+        apis = [p for p in procs if p.poll() is None and _named(p) == "chronicle api"]
+        for proc in [*servers, *apis]:  # the servers first: a key the API now accepts can publish
+            proc.send_signal(signal.SIGHUP)
+        _say(
+            f"chronicle up: api keys reloaded: {fresh.file_entry_count()} entries from {file} "
+            f"({len(servers)} nats-server configuration(s) written again and reloaded, {len(apis)} API process(es) "
+            "sent SIGHUP)",
+            sys.stdout,
+        )
+        return True
+
+
+def _say(line: str, stream: TextIO) -> None:
+    """``line`` in one write: the processes ``up`` started share its output, and a line they log at
+    once (the API's own reload line) would otherwise land between the text and its newline."""
+    stream.write(line + "\n")
+    stream.flush()
 
 
 @dataclass
@@ -516,6 +608,7 @@ def _serve(
     key: str,
     procs: list[subprocess.Popen[bytes]],
     revive: dict[subprocess.Popen[bytes], Revival],
+    keys: KeysReload,
 ) -> int:
     exe = [sys.executable, "-m", "services.ops.cli"]
     subprocess.run([*exe, "migrate"], env=env, check=True)
@@ -564,6 +657,7 @@ def _serve(
         flush=True,
     )
     while not (dead := revive_dead_nodes(procs, revive)):
+        keys.reload(procs)
         time.sleep(0.5)
     gone = ", ".join(f"{_named(p)} (exit status {p.returncode})" for p in dead)
     print(f"chronicle up: {gone} exited; stopping", file=sys.stderr)

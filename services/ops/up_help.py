@@ -27,6 +27,12 @@ UP_SETTINGS: tuple[tuple[str, str], ...] = (
     ("ops_key", "the key /metrics, /readyz and the API documents then need"),
     ("encryption", "seal personal fields (on for `up` unless set)"),
     ("kek_file", "the key-encryption key's file (default: one made in the data dir); or CHRONICLE_KEK"),
+    (
+        "api_keys_file",
+        "tenant keys, one entry a line, with CHRONICLE_API_KEYS (the data dir's key for tenant default is "
+        "added); after an edit, SIGHUP to `chronicle up` reloads them: nats.conf written again, nats-server and "
+        "the API processes reloaded, no restart",
+    ),
 )
 """The settings ``chronicle up`` reads for the stack it runs, and what each sets."""
 

@@ -12,7 +12,8 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+import uuid
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import httpx
@@ -20,9 +21,10 @@ import nats
 import psycopg
 from nats.js.api import StreamInfo
 
-from events.credentials import tenant_nkey_seed
+from events.credentials import nkey_public_key, tenant_inbox_prefix, tenant_nkey_seed
 from services.ops.cli import UNREACHABLE_EXIT
 from services.ops.localstack import ROUTE_PORT_OFFSET, free_port, port_free
+from services.settings import api_key_entry
 from tests.support import nats_handshake, scratch_database
 
 
@@ -438,3 +440,99 @@ def test_up_refuses_pools_the_server_cannot_hold_naming_what_to_change(
     assert "Chronicle is ready" not in done.stdout
     assert port_free("127.0.0.1", api_port)
     assert port_free("127.0.0.1", nats_port)  # what it had started is stopped
+
+
+async def test_up_reloads_the_api_keys_file_on_sighup(tmp_path: Path, fresh_db: str, s3_endpoint: str) -> None:
+    """SIGHUP to `chronicle up`: the keys file read again, nats.conf written again and nats-server
+    reloaded (a new tenant's NATS user admitted; a removed one refused, its open connection dropped),
+    SIGHUP to every API process (a new key answers 200 on each, a removed one 401); a file that
+    does not parse changes nothing, in one line, and the stack keeps running."""
+    api_port, nats_port = free_port(), free_port()
+    keys_file = tmp_path / "api-keys"
+    keys_file.write_text("# no tenant yet\n")
+    proc, _ = _start(
+        tmp_path / "data", fresh_db, s3_endpoint, api_port, nats_port, "--api-processes", "2",
+        CHRONICLE_API_KEYS_FILE=str(keys_file),
+    )  # fmt: skip
+    out = proc.stdout
+    assert out is not None
+    nats_url, base = f"nats://127.0.0.1:{nats_port}", f"http://127.0.0.1:{api_port}"
+    key = "chr_reload_" + uuid.uuid4().hex
+
+    async def statuses(of: str) -> set[int]:  # a new connection each: the kernel spreads them over both processes
+        async with httpx.AsyncClient(timeout=30) as http:
+            return {
+                (await http.get(f"{base}/v1/sessions", headers={"Authorization": f"Bearer {of}"})).status_code
+                for _ in range(12)
+            }
+
+    async def until(what: str, done: Callable[[], Awaitable[bool]]) -> None:
+        deadline = time.monotonic() + 30
+        while not await done():
+            assert proc.poll() is None, f"chronicle up exited: {proc.returncode}"
+            assert time.monotonic() < deadline, f"not within 30 s: {what}"
+            await asyncio.sleep(0.1)
+
+    async def said(text: str) -> str:
+        """The first line of up's output (and its processes') from now on that holds ``text``."""
+        while text not in (line := await asyncio.to_thread(out.readline)):
+            assert line, f"chronicle up ended before saying {text!r}"
+        return line
+
+    try:
+        assert await statuses(key) == {401}
+        assert await nats_handshake(nats_url, tenant_nkey_seed(key)) == "-ERR 'Authorization Violation'"
+        keys_file.write_text(f"# acme\n{api_key_entry('acme', key)}\n")
+        proc.send_signal(signal.SIGHUP)
+        line = await said("api keys reloaded")
+        assert line.strip() == (
+            f"chronicle up: api keys reloaded: 1 entries from {keys_file} (1 nats-server configuration(s) written "
+            "again and reloaded, 2 API process(es) sent SIGHUP)"
+        )
+        await until("the new key answers 200 on every API process", lambda: _only(statuses(key), 200))
+        await until("nats-server admits the new tenant", lambda: _handshake_is(nats_url, key, "PONG"))
+        conf = json.loads((tmp_path / "data" / "nats.conf").read_text())
+        assert nkey_public_key(tenant_nkey_seed(key)) in [u["nkey"] for u in conf["authorization"]["users"]]
+        nc = await nats.connect(
+            nats_url,
+            nkeys_seed_str=tenant_nkey_seed(key),
+            inbox_prefix=tenant_inbox_prefix("acme"),
+            allow_reconnect=False,
+        )
+        try:
+            keys_file.write_text("# acme revoked\n")
+            proc.send_signal(signal.SIGHUP)
+            await said("api keys reloaded: 0 entries")
+            await until("the removed key answers 401 on every API process", lambda: _only(statuses(key), 401))
+            await until("its open NATS connection dropped", lambda: _is(nc.is_closed))
+            assert await nats_handshake(nats_url, tenant_nkey_seed(key)) == "-ERR 'Authorization Violation'"
+        finally:
+            await nc.close()
+        # a file that does not parse: nothing changes, one line, the stack keeps serving
+        keys_file.write_text(f"{api_key_entry('acme', key)}\nacme:{key}\n")
+        proc.send_signal(signal.SIGHUP)
+        line = await said("api keys not reloaded")
+        assert line.strip() == (
+            "chronicle up: api keys not reloaded, nothing changed (the previous keys stay in force): "
+            f"{keys_file} line 2: an entry of tenant 'acme' is not 'tenant:sha256hex[:nkey|:read-only]': the digest "
+            "is not 64 hex digits"
+        )
+        assert await statuses(key) == {401}
+        assert await nats_handshake(nats_url, tenant_nkey_seed(key)) == "-ERR 'Authorization Violation'"
+        default = (tmp_path / "data" / "api-key").read_text().strip()
+        assert await statuses(default) == {200}  # up's own key, untouched by every reload
+        assert proc.poll() is None
+    finally:
+        _stop(proc)
+
+
+async def _only(statuses: Awaitable[set[int]], status: int) -> bool:
+    return await statuses == {status}
+
+
+async def _handshake_is(url: str, key: str, answer: str) -> bool:
+    return await nats_handshake(url, tenant_nkey_seed(key)) == answer
+
+
+async def _is(value: bool) -> bool:
+    return value
