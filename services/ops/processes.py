@@ -198,10 +198,11 @@ def api_http_protocol(settings: Settings) -> type[asyncio.Protocol] | str:
 
 
 def run_api(settings: Settings) -> None:
-    """Serve the API until SIGINT/SIGTERM (SIGHUP reloads its keys); with ``api_reuse_port`` on a socket shared with the
-    other API processes on the same port. The adapters open before the server starts, as in every
-    other process: what stops it from starting (a setting, NATS or Postgres, another log's read
-    models) reaches ``cli.main`` as it is, one line and its exit status, not a server traceback."""
+    """Serve the API until SIGINT/SIGTERM (SIGHUP reloads its keys); with ``api_reuse_port`` on a
+    socket shared with the other API processes on the same port. The adapters open before the
+    server starts, as in every other process: what stops it from starting (a setting, NATS or
+    Postgres, another log's read models) reaches ``cli.main`` as it is, one line and its exit
+    status, not a server traceback."""
     serve(_serve_api(settings))
 
 
