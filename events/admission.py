@@ -66,7 +66,7 @@ from events.catalog import (
     SkillRemoved,
     SkillUnloaded,
 )
-from events.context import is_bucket_name
+from events.context import BUCKET_RE
 from events.envelope import Event
 from events.ids import TENANT_SCOPE, InvalidId, check_message_id, check_session, check_tenant
 from events.limits import MAX_ROLE, MAX_SESSION_NAME, MAX_TOOL_CALL_ID
@@ -471,14 +471,16 @@ def _check_ids(event: Event) -> None:
 
 
 def _check_buckets(event: Event) -> None:
-    """:class:`Refused` ``invalid`` when a skill event's ``bucket`` is not an S3 bucket name
-    (:func:`events.context.is_bucket_name`, the rule a session config's buckets are validated
-    with, so ``session.configured`` needs no check here). Admitted, its skills-index row named a
-    bucket no object-storage request can be made for: a tenant's erasure, which cleans every
-    bucket the index names, failed on it every time (a rebuild restored the row). Whether a
-    bucket is one of Chronicle's own is a deployment's setting, not the contract's: the
+    """:class:`Refused` ``invalid`` when a skill event's ``bucket`` does not match
+    :data:`events.context.BUCKET_RE`, the rule a session config's buckets are validated with (so
+    ``session.configured`` needs no check here). Admitted, its skills-index row named a bucket
+    such as ``../x``, and a tenant's erasure, which cleans every bucket the index names, failed
+    on it every time (a rebuild restored the row). The fuller rule (``..``, an IPv4 address:
+    :func:`events.context.is_bucket_name`) is the services', not the contract's, so that no
+    config admitted before it is refused on a rebuild; the erasure leaves such names out (they
+    hold nothing). Whether a bucket is one of Chronicle's own is a deployment's setting: the
     services refuse those where they read or write (services/context/blocks.py)."""
-    if isinstance(event, SkillIndexed | SkillRemoved) and not is_bucket_name(event.bucket):
+    if isinstance(event, SkillIndexed | SkillRemoved) and not BUCKET_RE.fullmatch(event.bucket):
         raise Refused("invalid", f"bucket: {event.bucket[:100]!r} is not an S3 bucket name")
 
 

@@ -23,19 +23,22 @@ _IPV4_RE = re.compile(r"^\d+\.\d+\.\d+\.\d+$")
 
 
 def is_bucket_name(bucket: str) -> bool:
-    """Whether ``bucket`` is an S3 bucket name: :data:`BUCKET_RE`, and none of what S3 (and the
-    ``minio`` client, which refuses such a name with a ``ValueError`` before sending anything)
-    also refuses: ``..``, ``.-`` or ``-.``, the form of an IPv4 address. The contract's one rule:
-    a session config's buckets and a skill event's (events/admission.py) are checked with it."""
+    """Whether ``bucket`` is a name an object-storage request can be made for: :data:`BUCKET_RE`,
+    and none of what S3 (and the ``minio`` client, which refuses such a name with a ``ValueError``
+    before sending anything) also refuses: ``..``, ``.-`` or ``-.``, the form of an IPv4 address,
+    a name ending in ``-s3alias`` or ``--ol-s3``. The services' rule (a config put, the CLI, the
+    buckets an erasure cleans); the contract's is :data:`BUCKET_RE` alone (:func:`_bucket_name`),
+    so that no event it admitted before this rule is refused now (a rebuild equals the live model)."""
     return (
         BUCKET_RE.fullmatch(bucket) is not None
         and not any(pair in bucket for pair in ("..", ".-", "-."))
         and _IPV4_RE.fullmatch(bucket) is None
+        and not bucket.endswith(("-s3alias", "--ol-s3"))
     )
 
 
 def _bucket_name(bucket: str) -> str:
-    if not is_bucket_name(bucket):
+    if not BUCKET_RE.fullmatch(bucket):
         raise ValueError(f"invalid bucket name {bucket!r}")
     return bucket
 

@@ -94,7 +94,11 @@ class Container:
     def eraser(self) -> Eraser:
         stores = [*self.blobs.members, self.originals]
         skills = self.context.skills
-        space = None if skills is None else TenantSpace(skills, self.pool, self.context.reserved_buckets)
+        space = (
+            None
+            if skills is None
+            else TenantSpace(skills, self.pool, self.context.reserved_buckets, self.settings.originals_bucket)
+        )
         return Eraser(self.keys, self.publisher, self.pool, stores, space)
 
     def projections(self) -> list[Projection]:

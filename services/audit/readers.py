@@ -167,11 +167,12 @@ def _opened(data: bytes, keys: KeyLookup | None) -> dict[str, Any]:
 
 def event_line(stored: eventlog.StoredEvent, layout: SubjectLayout, keys: KeyLookup | None) -> bytes:
     """One NDJSON line of ``GET /v1/sessions/{id}/events``: the stored bytes as they are when the
-    contract admits them (always a JSON object then), written again compactly when they must be:
-    sealed fields opened for the tenant, or raw newlines between the JSON's tokens (whitespace to
-    JSON, which a direct publisher may write: spliced in, one event would be several lines); an
-    erased session's event as its tombstone, else the refusal (never the raw bytes, which may not
-    be JSON at all). Always exactly one line."""
+    contract admits them (always a JSON object then), with each raw CR or LF made a space (in JSON
+    they can only be whitespace between tokens, which a direct publisher may write: spliced in, one
+    event would be several lines; nothing else changes, where parsing and writing the event again
+    would turn a number such as ``1e400`` into ``Infinity``, no JSON), written again only when its
+    sealed fields are opened for the tenant; an erased session's event as its tombstone, else the
+    refusal (never the raw bytes, which may not be JSON at all). Always exactly one line."""
     head = {"seq": stored.seq, "stored_at": stored_at(stored)}
     try:
         event = read_event(stored, layout, keys)
@@ -181,10 +182,15 @@ def event_line(stored: eventlog.StoredEvent, layout: SubjectLayout, keys: KeyLoo
     if event is None:
         return json.dumps({**head, "erased": tombstone_of(stored.data)}).encode() + b"\n"
     prefix = json.dumps(head).encode()[:-1] + b', "event": '  # the stored bytes spliced in as they are
-    if b'"sealed"' in stored.data or b"\n" in stored.data or b"\r" in stored.data:
+    if b'"sealed"' in stored.data:
         opened = json.dumps(_opened(stored.data, keys), ensure_ascii=False, separators=(",", ":")).encode()
         return prefix + opened + b"}\n"
+    if b"\n" in stored.data or b"\r" in stored.data:
+        return prefix + stored.data.translate(_LINE_BREAKS_AS_SPACES) + b"}\n"
     return prefix + stored.data + b"}\n"
+
+
+_LINE_BREAKS_AS_SPACES = bytes.maketrans(b"\r\n", b"  ")
 
 
 def format_table_row(stored: eventlog.StoredEvent, layout: SubjectLayout, keys: KeyLookup | None) -> str:

@@ -23,7 +23,7 @@ from events.catalog import (
     SearchEntryIndexed,
     SessionConfigured,
 )
-from events.context import ReadonlyBlock, SearchableBlock, SessionConfig, SkillsBlock, WritableBlock
+from events.context import ReadonlyBlock, SearchableBlock, SessionConfig, SkillsBlock, WritableBlock, is_bucket_name
 from events.publisher import Publisher
 from projections import context_queries, queries
 from projections.search_bound import SEARCH_TIMEOUT_S
@@ -36,6 +36,7 @@ from services.context.rules import (
     allowed,
     find_block,
     joined,
+    named_buckets,
     object_key,
     refuse_unsafe,
     skill_sources,
@@ -151,6 +152,9 @@ class ContextBlocks:
         problem = unsafe_keys(config)
         if problem is not None:
             raise InvalidConfig(problem)
+        for bucket in sorted(named_buckets(config)):  # the contract takes what S3 refuses: refused here
+            if not is_bucket_name(bucket):
+                raise InvalidConfig(f"invalid bucket name {bucket!r}: object storage takes no request for it")
         for block in config.blocks:
             if self._skills is None:
                 break
@@ -206,13 +210,17 @@ class ContextBlocks:
 
     def refuse_reserved(self, bucket: str) -> None:
         """:class:`InvalidConfig` when ``bucket`` is one of Chronicle's own (claim-checked bodies,
-        originals, the archive: :attr:`reserved_buckets`). Asked by :meth:`configure` and again
+        originals, the archive: :attr:`reserved_buckets`), or a name no object-storage request can
+        be made for (:func:`events.context.is_bucket_name`: the contract admits ``two..dots``, as
+        it did before that rule, and the client refuses it). Asked by :meth:`configure` and again
         where a tenant's object is read or written (a skill put or load, a read-only source): a
         ``session.configured`` published straight to JetStream is admitted whatever buckets it
         names (the contract cannot know a deployment's bucket settings), and a tenant's document
         stored in a reserved bucket would be left there by its erasure, which never cleans one."""
         if bucket in self.reserved_buckets:
             raise InvalidConfig(f"bucket {bucket!r} is reserved for Chronicle's own data")
+        if not is_bucket_name(bucket):
+            raise InvalidConfig(f"invalid bucket name {bucket!r}: object storage takes no request for it")
 
     async def _require_bucket(self, bucket: str) -> None:
         assert self._skills is not None

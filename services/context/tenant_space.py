@@ -40,10 +40,12 @@ class TenantSpace:
         store: SkillStore,
         pool: AsyncConnectionPool[psycopg.AsyncConnection[Any]],
         reserved: frozenset[str],
+        own: str | None = None,
     ) -> None:
         self._store = store
         self._pool = pool
         self._reserved = reserved
+        self._own = own  # one of Chronicle's own buckets: whether the store can be used at all
 
     async def buckets(self, tenant: str, extra: Iterable[str] = ()) -> list[str]:
         """The buckets the tenant's skills index and session configs name, those an erasure of it
@@ -70,7 +72,13 @@ class TenantSpace:
         ``refused`` reason, and fails nothing: the tenant named it. No bucket known: no
         object-storage call at all."""
         out: list[PrefixSurvey] = []
-        for bucket in await self.buckets(tenant, extra):
+        buckets = await self.buckets(tenant, extra)
+        if buckets and self._own is not None:
+            try:
+                await self._store.check_usable(self._own)
+            except ObjectStorageError as exc:
+                raise ObjectStorageError(f"bucket {self._own!r}: {exc.detail}") from exc
+        for bucket in buckets:
             try:
                 found = await self._store.survey(bucket, object_key(tenant, ""))
             except BucketUnusable as exc:

@@ -80,7 +80,7 @@ async def run_erase(settings: Settings, args: argparse.Namespace) -> int:
                 if held.refused is not None:
                     print(
                         f"cannot delete: objects under tenants/{args.tenant}/ in bucket {held.bucket!r}: the store "
-                        f"refuses it ({held.refused})"
+                        f"refuses it ({safe_text(held.refused)})"
                     )
                 else:
                     print(

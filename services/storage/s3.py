@@ -28,6 +28,9 @@ SAFE_META = " !\"#$&'()*+,-./:;<=>?@[\\]^_`{|}~"
 DELETE_BATCH = 1000
 """Keys (or versions) in one DeleteObjects request: S3's most."""
 T = TypeVar("T")
+BUCKET_NAME_REFUSALS = ("invalid bucket name", "bucket name ")
+"""How the minio client's ``ValueError`` for a bucket name it refuses (before any request) begins;
+another ``ValueError`` (a response it cannot read) is the store's."""
 STORE_WIDE_CODES = frozenset(
     {"InvalidAccessKeyId", "SignatureDoesNotMatch", "RequestTimeTooSkewed", "ExpiredToken", "InvalidToken"}
 )
@@ -186,6 +189,21 @@ class SkillStore:
         data = await self.get_bytes(bucket, key)
         return data.decode("utf-8") if data is not None else None
 
+    async def check_usable(self, bucket: str) -> None:
+        """:class:`~services.errors.ObjectStorageError` unless the credentials may use ``bucket``,
+        one of Chronicle's own (absent is fine): a tenant's erasure asks before it looks at the
+        buckets the tenant named, where a refusal leaves only that bucket (a policy that denies
+        Chronicle its own bucket denies it the store: nothing may be destroyed then)."""
+
+        def look() -> None:
+            try:
+                self._client.get_bucket_versioning(bucket)
+            except S3Error as exc:
+                if exc.code != "NoSuchBucket":
+                    raise ObjectStorageError(f"{exc.code}: {exc.message} (one of Chronicle's own buckets)") from exc
+
+        await self._call(look)
+
     async def survey(self, bucket: str, prefix: str) -> PrefixSurvey | None:
         """How many keys ``bucket`` holds under ``prefix`` (any version of them), and whether it
         keeps versions (versioning enabled, or suspended: versions kept before remain); None when
@@ -193,9 +211,17 @@ class SkillStore:
         bucket: s3:ListBucketVersions too)."""
 
         def look() -> PrefixSurvey | None:
-            if not self._client.bucket_exists(bucket):
-                return None
-            versioned = self._client.get_bucket_versioning(bucket).status in (ENABLED, SUSPENDED)
+            # A GET first, not bucket_exists' HEAD: S3 answers a refused HEAD 403 with no body, which
+            # the client reads as AccessDenied whatever the cause, and refused credentials or a
+            # skewed clock (the store unusable: nothing may be destroyed) then read as a refusal
+            # of this bucket alone; a GET's answer names its code.
+            try:
+                status = self._client.get_bucket_versioning(bucket).status
+            except S3Error as exc:
+                if exc.code == "NoSuchBucket":
+                    return None
+                raise
+            versioned = status in (ENABLED, SUSPENDED)
             keys = {name for name, _ in self._keys_under(bucket, prefix, versioned)}
             return PrefixSurvey(bucket, versioned, len(keys))
 
@@ -277,10 +303,10 @@ class SkillStore:
             if exc.code in STORE_WIDE_CODES:
                 raise ObjectStorageError(f"{exc.code}: {exc.message}") from exc
             raise BucketUnusable(f"{exc.code}: {exc.message}") from exc
-        except ValueError as exc:  # the client's own checks: "invalid bucket name …", before any request
-            if isinstance(exc, UnicodeError):  # not an argument the client refused
-                raise
-            raise BucketUnusable(str(exc)[:200]) from exc
+        except ValueError as exc:
+            if not str(exc).startswith(BUCKET_NAME_REFUSALS) or isinstance(exc, UnicodeError):
+                raise ObjectStorageError(f"{type(exc).__name__}: {str(exc)[:200]}") from exc
+            raise BucketUnusable(str(exc)[:200]) from exc  # the client's check, before any request
         # refused, reset, retries exhausted; a 5xx page from a proxy, a response minio cannot read
         except (OSError, urllib3.exceptions.HTTPError, MinioException) as exc:
             raise ObjectStorageError(_reason(exc)) from exc

@@ -53,3 +53,20 @@ async def test_chronicles_own_buckets_cannot_be_configured(
     r = await client.put(f"/v1/sessions/{s}/config", json=config)
     assert (r.status_code, r.json()["code"]) == (422, "invalid_config")
     assert "reserved" in r.json()["detail"]
+
+
+@pytest.mark.parametrize("bucket", ["two..dots", "10.0.0.1", "team-s3alias"])
+async def test_a_bucket_name_object_storage_refuses_cannot_be_configured(
+    client: httpx.AsyncClient, bucket: str
+) -> None:
+    """The contract admits these (as it always did: a stored config stays admitted); the config
+    route refuses them, where a put or a read answered 503 once the client refused the name."""
+    s = "iso-" + uuid.uuid4().hex[:8]
+    for block in (
+        {"label": "x", "kind": "readonly", "source": {"bucket": bucket, "key": "k"}},
+        {"label": "x", "kind": "skills", "bucket": bucket},
+    ):
+        r = await client.put(f"/v1/sessions/{s}/config", json={"blocks": [block]})
+        assert (r.status_code, r.json()["code"]) == (422, "invalid_config"), r.text
+        assert f"invalid bucket name {bucket!r}" in r.json()["detail"]
+    assert (await client.get(f"/v1/sessions/{s}/context")).status_code == 404  # nothing stored

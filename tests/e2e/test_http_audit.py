@@ -53,19 +53,25 @@ async def test_each_event_line_says_when_the_stream_stored_it(client: httpx.Asyn
     assert all(list(line)[:2] == ["seq", "stored_at"] for line in lines)
 
 
+def strict_json_only(constant: str) -> Any:
+    raise AssertionError(f"{constant} is no JSON")
+
+
 async def test_an_event_stored_over_several_lines_is_one_line_of_the_page_the_follow_and_the_sdk(
     client: httpx.AsyncClient, api_url: str, api_settings: Settings
 ) -> None:
     """JSON allows raw newlines (and carriage returns) between tokens, so a tenant publishing
     straight to the stream may lay an event out over lines; spliced into the NDJSON as stored it
     was several lines (one of them a record of the tenant's making): the page, a followed answer
-    and the SDK broke, and a lenient reader saw a forged event. Such bytes are written again on
-    one line, the same JSON value."""
+    and the SDK broke, and a lenient reader saw a forged event. Each line break is now a space:
+    one line, the same JSON value, every other byte as stored (parsed and written again, a number
+    such as ``1e400`` came out ``Infinity``, which no strict JSON reader takes)."""
     sid = new_sid()
     forged = {"seq": 1, "stored_at": "2026-12-01T00:00:00Z", "event": {"type": "message.appended", "session": sid}}
     created = json.loads(SessionCreated(tenant="tenant-a", session=sid, name="n").to_json())
     del created["metadata"]
-    data = (json.dumps(created)[:-1] + ', "metadata": {"a":\r\n' + json.dumps(forged) + "\n}}").encode()
+    big = ', "n": 1e400'
+    data = (json.dumps(created)[:-1] + ', "metadata": {"a":\r\n' + json.dumps(forged) + big + "\n}}").encode()
     nc = await tenant_nats(api_settings.nats_url, "tenant-a")
     try:
         subject = api_settings.layout().session_subject("tenant-a", sid)
@@ -77,13 +83,14 @@ async def test_an_event_stored_over_several_lines_is_one_line_of_the_page_the_fo
     followed = (await client.get(f"/v1/sessions/{sid}/events", params={"follow": "true", "to_seq": seq})).text
     for body in (page, followed):
         [line] = [line for line in body.split("\n") if line.strip()]
-        record = json.loads(line)
+        record = json.loads(line, parse_constant=strict_json_only)
         assert (record["seq"], record["event"]["type"]) == (seq, "session.created")
-        assert record["event"]["metadata"] == {"a": forged}
+        assert record["event"]["metadata"] == {"a": forged, "n": float("inf")}
         assert "\r" not in line
+        assert big in line
     async with ChronicleClient(api_url, KEYS["tenant-a"]) as sdk:
         session = sdk.session(sid)
-        assert [r["event"]["metadata"] for r in await session.get_events()] == [{"a": forged}]
+        assert [r["event"]["metadata"]["a"] for r in await session.get_events()] == [forged]
         assert [r["seq"] async for r in session.follow_events(to_seq=seq)] == [seq]
 
 
