@@ -583,18 +583,26 @@ def keygen(args: argparse.Namespace) -> int:
         print(f"chronicle keygen: --tenant {args.tenant[:80]!r}: {exc}", file=sys.stderr)
         return SETTINGS_EXIT
     key = new_api_key()
+    entry = api_key_entry(args.tenant, key, read_only=args.read_only)
     if args.read_only:
+        print(f"API key (read-only: no writes, no data keys, no NATS identity): {key}")
+    else:
         print(
-            f"API key (read-only: no writes, no data keys, no NATS identity): {key}\n"
-            f"settings entry: CHRONICLE_API_KEYS='[\"{api_key_entry(args.tenant, key, read_only=True)}\"]'"
+            f"API key: {key}\n"
+            f"NATS seed (derived from the key; for clients other than chronicle_sdk): {tenant_nkey_seed(key)}"
         )
-        return 0
-    print(
-        f"API key: {key}\n"
-        f"NATS seed (derived from the key; for clients other than chronicle_sdk): {tenant_nkey_seed(key)}\n"
-        f"settings entry: CHRONICLE_API_KEYS='[\"{api_key_entry(args.tenant, key)}\"]'"
-    )
+    print(keygen_entry_lines(entry))
     return 0
+
+
+def keygen_entry_lines(entry: str) -> str:
+    """How ``chronicle keygen`` shows a key's ``api_keys`` entry: the bare entry, to be added to
+    the list in force (an assignment pasted for a second key would replace the first's), then a
+    whole assignment for a first key only."""
+    return (
+        f"CHRONICLE_API_KEYS entry (add it to the existing list, keeping the entries there): {entry}\n"
+        f"a first key only (no CHRONICLE_API_KEYS set yet): CHRONICLE_API_KEYS='[\"{entry}\"]'"
+    )
 
 
 def nats_config(settings: Settings, args: argparse.Namespace) -> int:

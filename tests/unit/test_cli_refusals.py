@@ -171,4 +171,4 @@ def test_keygen_reads_no_setting_a_bad_api_keys_entry_or_ops_key_does_not_stop_i
     env = {"PATH": "/usr/bin:/bin", "CHRONICLE_API_KEYS": '["acme:chr_pasted"]', "CHRONICLE_OPS_KEY": " "}
     done = chronicle("keygen", "--tenant", "acme", env=env)
     assert (done.returncode, done.stderr) == (0, "")
-    assert "settings entry: CHRONICLE_API_KEYS='[\"acme:" in done.stdout
+    assert "CHRONICLE_API_KEYS entry (add it to the existing list, keeping the entries there): acme:" in done.stdout

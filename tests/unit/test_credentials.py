@@ -62,6 +62,23 @@ def test_keygen_read_only_prints_a_key_and_its_read_only_entry(capsys: pytest.Ca
     assert main(["keygen", "--operator", "--read-only"]) == 2
 
 
+@pytest.mark.parametrize("extra", [[], ["--read-only"]], ids=["full", "read-only"])
+def test_keygen_prints_the_bare_entry_to_add_first_and_the_whole_assignment_only_for_a_first_key(
+    extra: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A second team's pasted ``CHRONICLE_API_KEYS='[…]'`` replaced the first's keys: the entry
+    comes first, alone and said to be added to the list; the assignment is labelled a first key's."""
+    assert main(["keygen", "--tenant", "acme", *extra]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    key = lines[0].rsplit(": ", 1)[1]
+    entry = api_key_entry("acme", key, read_only=bool(extra))
+    [at] = [i for i, line in enumerate(lines) if line.endswith(f": {entry}")]
+    assert lines[at] == f"CHRONICLE_API_KEYS entry (add it to the existing list, keeping the entries there): {entry}"
+    [assignment] = [i for i, line in enumerate(lines) if "CHRONICLE_API_KEYS='" in line]
+    assert assignment > at
+    assert lines[assignment] == f"a first key only (no CHRONICLE_API_KEYS set yet): CHRONICLE_API_KEYS='[\"{entry}\"]'"
+
+
 @pytest.mark.parametrize("tenant", ["bad name", "", "t" * 65, "ténant"])
 def test_keygen_for_a_tenant_that_is_no_tenant_id_is_one_line_and_exit_2(tenant: str) -> None:
     """As a process, as it is run: one line that names the tenant and the rule, no traceback, no key."""
