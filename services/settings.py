@@ -442,7 +442,8 @@ class Settings(BaseSettings):
         or secrets file: a setting always wins), and with the stack's address its operator seed
         and key-encryption key file when no identity (seed, credentials file) or key is set. No
         record: these settings as they are. With the stack's address goes its database too, unless
-        ``database_url`` is set: ``up`` may run on embedded Postgres, which no default reaches."""
+        ``database_url`` is set: ``up`` may run on embedded Postgres, which no default reaches; and
+        its S3 endpoint unless ``s3_endpoint`` is set (``up --s3-port`` moves its local S3)."""
         stack = LocalStack.read(Path(self.data_dir))
         if stack is None:
             return self
@@ -457,6 +458,11 @@ class Settings(BaseSettings):
             update["kek_file"] = stack.kek_file
         if "database_url" not in self.model_fields_set and stack.database_url:
             update["database_url"] = stack.database_url
+        if "s3_endpoint" not in self.model_fields_set and stack.s3_endpoint:  # `up --s3-port` moves it
+            endpoint, secure = s3_endpoint(stack.s3_endpoint)
+            update["s3_endpoint"] = endpoint
+            if "s3_secure" not in self.model_fields_set:
+                update["s3_secure"] = bool(secure)
         return self.model_copy(update=update)
 
     def request_bytes_limit(self) -> int:
@@ -741,12 +747,14 @@ class LocalStack:
     beside it: its NATS address (a cluster's nodes comma-separated), the files of its operator
     seed and key-encryption key (None: the stack was given them by its environment, and records no
     secret), and the database it uses (embedded Postgres' socket, or the one configured), without
-    a password it may hold (None: a record of an earlier release)."""
+    a password it may hold (None: a record of an earlier release), and the S3 endpoint it uses,
+    with its scheme (``up --s3-port`` moves it; None: a record of an earlier release)."""
 
     nats_url: str
     nats_nkey_seed_file: str | None = None
     kek_file: str | None = None
     database_url: str | None = None
+    s3_endpoint: str | None = None
 
     @classmethod
     def read(cls, data_dir: Path) -> LocalStack | None:
@@ -774,13 +782,16 @@ class LocalStack:
         try:
             record = json.loads(text)
             files = record.get("nats_nkey_seed_file"), record.get("kek_file")
-            stack = cls(record["nats_url"], *files, record.get("database_url"))
+            stack = cls(record["nats_url"], *files, record.get("database_url"), record.get("s3_endpoint"))
+            fields = (stack.nats_nkey_seed_file, stack.kek_file, stack.database_url, stack.s3_endpoint)
             if not (isinstance(stack.nats_url, str) and stack.nats_url.strip()) or not all(
-                isinstance(f, str | None) for f in (stack.nats_nkey_seed_file, stack.kek_file, stack.database_url)
+                isinstance(f, str | None) for f in fields
             ):
                 raise TypeError(stack)
             if stack.database_url is not None:
                 check_database_url(stack.database_url)
+            if stack.s3_endpoint is not None:
+                s3_endpoint(stack.s3_endpoint)
         except (ValueError, KeyError, TypeError, AttributeError):
             raise UnusableSetting(
                 f"{path} is not `chronicle up`'s record of its stack (JSON with its nats_url): remove it (the next "

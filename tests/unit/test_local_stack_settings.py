@@ -21,7 +21,8 @@ DATABASE = "postgresql://postgres:@/chronicle?host=/srv/chronicle/pg"  # embedde
 @pytest.fixture(autouse=True)
 def _no_stack_settings(monkeypatch: pytest.MonkeyPatch) -> None:
     """Whatever the environment running the tests sets, these settings are set only here."""
-    for name in ("NATS_URL", "NATS_NKEY_SEED", "NATS_CREDS_FILE", "KEK", "KEK_FILE", "DATA_DIR", "DATABASE_URL"):
+    names = ("NATS_URL", "NATS_NKEY_SEED", "NATS_CREDS_FILE", "KEK", "KEK_FILE", "DATA_DIR", "DATABASE_URL")
+    for name in (*names, "S3_ENDPOINT", "S3_SECURE"):
         monkeypatch.delenv(f"CHRONICLE_{name}", raising=False)
 
 
@@ -49,6 +50,19 @@ def test_a_command_beside_the_stack_reaches_it_with_its_identity_and_key(recorde
     assert settings.nats_nkey_seed.get_secret_value() == seed
     assert settings.kek_file == str(data / "kek")
     assert settings.database_url == DATABASE
+
+
+def test_a_command_beside_the_stack_uses_its_s3_endpoint_unless_one_is_set(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``up --s3-port 9123`` serves its S3 there: a command beside it (``skills put``, ``erase
+    --bucket``) went to the default 127.0.0.1:9000, where nothing (or another stack's) answers."""
+    LocalStack(URL, s3_endpoint="http://127.0.0.1:9123").write(tmp_path)
+    settings = Settings(data_dir=str(tmp_path)).with_local_stack()
+    assert (settings.s3_endpoint, settings.s3_secure) == ("127.0.0.1:9123", False)
+    assert LocalStack.read(tmp_path) == LocalStack(URL, s3_endpoint="http://127.0.0.1:9123")
+    monkeypatch.setenv("CHRONICLE_S3_ENDPOINT", "minio.internal:9000")
+    assert Settings(data_dir=str(tmp_path)).with_local_stack().s3_endpoint == "minio.internal:9000"
 
 
 def test_a_database_url_that_is_set_wins(recorded: tuple[Path, str], monkeypatch: pytest.MonkeyPatch) -> None:

@@ -20,6 +20,7 @@ def test_up_help_names_the_environment_settings_that_shape_the_stack() -> None:
     for name in ("CHRONICLE_API_PORT", "CHRONICLE_S3_ENDPOINT", "CHRONICLE_DATABASE_URL", "CHRONICLE_DATA_DIR"):
         assert name in done.stdout, done.stdout
     assert "CHRONICLE_API_PORT (default 8080)" in done.stdout
+    assert "--s3-port N" in done.stdout  # the local S3's port, an option (the endpoint stays a setting)
     assert "Every setting: README.md, section Settings" in done.stdout
     assert all(len(line) <= 100 for line in done.stdout.splitlines()), done.stdout
 
