@@ -26,6 +26,21 @@ def bucket_refusal(buckets: list[str], session: str | None) -> str | None:
     return f"--bucket {bad[0][:100]!r} is not an S3 bucket name" if bad else None
 
 
+def keys_left(settings: Settings, tenant: str) -> None:
+    """Warn (stderr, one line) when ``tenant``, whole, is erased while it still has API key entries
+    in the settings: it can write again at once, under new session ids (docs/security.md, Erasing a
+    tenant: its keys go first)."""
+    count = sum(1 for entry in settings.api_key_entries() if entry.tenant == tenant)
+    if count:
+        print(
+            f"chronicle erase: warning: tenant {tenant!r} still has {count} API key entr{'y' if count == 1 else 'ies'} "
+            "in CHRONICLE_API_KEYS: it can write again as soon as it is erased; remove them (and reload nats-server "
+            "for its NATS users) first (docs/security.md, Erasing a tenant)",
+            file=sys.stderr,
+            flush=True,
+        )
+
+
 async def run_erase(settings: Settings, args: argparse.Namespace) -> int:
     """Erase one session (``--session``) or, with ``--yes``, every session of the tenant and its
     tenant-level entries; prints one JSON line per session erased. A session that does not exist
@@ -73,9 +88,14 @@ async def run_erase(settings: Settings, args: argparse.Namespace) -> int:
             )
             return 1
         elif not args.yes:
+            keys_left(settings, args.tenant)
             sessions = await eraser.tenant_sessions(args.tenant)
+            gone = await eraser.erased_sessions(args.tenant)
             for session in sessions:
-                print(f"would erase: {'the tenant-level entries' if session == TENANT_SCOPE else repr(session)}")
+                if session == TENANT_SCOPE:
+                    print("would erase: the tenant-level entries")
+                else:
+                    print(f"{'already erased' if session in gone else 'would erase'}: {session!r}")
             for held in await eraser.tenant_objects(args.tenant, buckets):
                 if held.refused is not None:
                     print(
@@ -86,13 +106,16 @@ async def run_erase(settings: Settings, args: argparse.Namespace) -> int:
                     print(
                         f"would delete: {held.objects} objects under tenants/{args.tenant}/ in bucket {held.bucket!r}"
                     )
-            count = sum(1 for session in sessions if session != TENANT_SCOPE)
+            count = sum(1 for session in sessions if session != TENANT_SCOPE and session not in gone)
+            already = sum(1 for session in sessions if session != TENANT_SCOPE and session in gone)
             print(
-                f"not erased: erasing tenant {args.tenant!r} destroys every session listed ({count}), its tenant-level "
+                f"not erased: erasing tenant {args.tenant!r} destroys every session listed ({count}"
+                f"{f'; {already} already erased, not counted' if already else ''}), its tenant-level "
                 "entries and the objects listed for good. Run again with --yes to erase."
             )
             return 1
         else:
+            keys_left(settings, args.tenant)
             done = await eraser.erase_tenant(args.tenant, requested_by=CLI_REQUESTER, reason=reason, buckets=buckets)
         left = [b for erased in done for b in erased.buckets_not_cleaned]
         for erased in done:

@@ -255,6 +255,13 @@ class Eraser:
         found.update(s for s in named if s == TENANT_SCOPE or _valid_session(s))
         return sorted(found)
 
+    async def erased_sessions(self, tenant: str) -> set[str]:
+        """The sessions of ``tenant`` (its tenant scope among them) whose erasure is recorded: their
+        data keys are gone already (a tenant's dry run lists them apart and does not count them)."""
+        async with self._pool.connection() as conn:
+            cur = await conn.execute("SELECT session_id FROM erasures WHERE tenant = %s", (tenant,))
+            return {row[0] for row in await cur.fetchall()}
+
     async def tenant_objects(self, tenant: str, buckets: Sequence[str] = ()) -> list[PrefixSurvey]:
         """What each bucket known to hold the tenant's objects (and each of ``buckets``) holds
         under its prefix (what its erasure would delete)."""
