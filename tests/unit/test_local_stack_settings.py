@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import re
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -217,3 +218,23 @@ def test_the_stacks_address_given_as_a_bare_host_port_still_takes_its_identity(
 )
 def test_up_records_its_database_without_a_password(used: str, recorded: str) -> None:
     assert without_password(used) == recorded
+
+
+def test_the_readmes_backup_one_liner_reads_the_database_url_up_records(tmp_path: Path) -> None:
+    """The README's backup section says where the URL is under ``chronicle up`` (embedded Postgres:
+    CHRONICLE_DATABASE_URL is not set); its command reads the record ``up`` writes."""
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text(encoding="utf-8")
+    section = readme.split("\n## Backups: what the log cannot restore\n", 1)[1].split("\n## ", 1)[0]
+    [line] = [ln for ln in section.splitlines() if ln.startswith("CHRONICLE_DATABASE_URL=$(python3 -c ")]
+    data = tmp_path / ".chronicle"
+    data.mkdir()
+    LocalStack(URL, database_url=DATABASE).write(data)
+    done = subprocess.run(
+        ["bash", "-c", f'{line}\nprintf %s "$CHRONICLE_DATABASE_URL"'],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+    assert (done.returncode, done.stdout, done.stderr) == (0, DATABASE, "")
