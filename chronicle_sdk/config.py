@@ -173,8 +173,9 @@ class ConfigBuilder:
     ) -> Self:
         """Set the compaction range options (``onCompaction(createCompactFunction({...}))``).
 
-        The summarizer itself runs on the server (an OpenAI-compatible endpoint or the offline
-        one), so only the options of ``createCompactFunction`` are given here; ``None`` keeps
+        The summarizer itself runs on the server (an OpenAI-compatible endpoint,
+        ``CHRONICLE_SUMMARIZER=openai``, for real use; or the default offline one, an extractive
+        placeholder for development), so only the options of ``createCompactFunction`` are given here; ``None`` keeps
         the server default (protect_head 3, tail_token_budget 20000, min_tail_messages 2).
         The newest messages within ``tail_token_budget`` (at least ``min_tail_messages``) are
         never summarised: keep it below :meth:`compact_after`, or automatic compaction skips
