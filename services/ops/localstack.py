@@ -422,11 +422,14 @@ def _up_locked(
     if s3_port is not None and not explicit_s3:
         settings = settings.model_copy(update={"s3_endpoint": f"127.0.0.1:{s3_port}", "s3_secure": False})
     no_s3 = s3_missing(settings, explicit=explicit_s3)  # and S3 too
-    key = api_key(data)
+    # tenant `default`'s key only where no key is configured: an operator who lists the keys gets
+    # those alone (a full key of a tenant nobody asked for, on HTTP and NATS, was added to them)
+    key = None if settings.api_keys or settings.api_keys_file else api_key(data)
     given_seed = settings.nats_nkey_seed is not None  # by its environment: not recorded
     seed = settings.nats_nkey_seed.get_secret_value() if settings.nats_nkey_seed else operator_seed(data)
+    default_key = [] if key is None else [api_key_entry(DEFAULT_TENANT, key)]
     settings = settings.model_copy(
-        update={"api_keys": [*settings.api_keys, api_key_entry(DEFAULT_TENANT, key)], "nats_nkey_seed": SecretStr(seed)}
+        update={"api_keys": [*settings.api_keys, *default_key], "nats_nkey_seed": SecretStr(seed)}
     )
     keys = KeysReload(settings, NatsAccess.of(settings))
     # from here on SIGHUP reloads the keys (by the loop that watches the stack, once it serves); it
@@ -625,7 +628,7 @@ def revive_dead_nodes(
 def _serve(
     settings: Settings,
     env: dict[str, str],
-    key: str,
+    key: str | None,
     procs: list[subprocess.Popen[bytes]],
     revive: dict[subprocess.Popen[bytes], Revival],
     keys: KeysReload,
@@ -671,11 +674,14 @@ def _serve(
     except RuntimeError as exc:  # what the process said (a refusal: its read models are another log's) is above
         print(f"chronicle up: {exc}; stopping", file=sys.stderr, flush=True)
         return 1
-    print(
-        f"\nChronicle is ready: {base}\n  API key (tenant '{DEFAULT_TENANT}'): {key}\n"
-        f"  try: curl -H 'Authorization: Bearer {key}' {base}/v1/sessions\nPress Ctrl-C to stop.",
-        flush=True,
+    keys_line = (
+        f"  API key (tenant '{DEFAULT_TENANT}'): {key}\n"
+        f"  try: curl -H 'Authorization: Bearer {key}' {base}/v1/sessions\n"
+        if key is not None
+        else "  API keys: those configured (CHRONICLE_API_KEYS, CHRONICLE_API_KEYS_FILE); none made for tenant "
+        f"'{DEFAULT_TENANT}'\n"
     )
+    print(f"\nChronicle is ready: {base}\n{keys_line}Press Ctrl-C to stop.", flush=True)
     while not (dead := revive_dead_nodes(procs, revive)):
         keys.reload(procs)
         time.sleep(0.5)

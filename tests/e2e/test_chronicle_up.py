@@ -494,7 +494,9 @@ async def test_up_reloads_the_api_keys_file_on_sighup(tmp_path: Path, fresh_db: 
     does not parse changes nothing, in one line, and the stack keeps running."""
     api_port, nats_port = free_port(), free_port()
     keys_file = tmp_path / "api-keys"
-    keys_file.write_text("# no tenant yet\n")
+    keep = "chr_keep_" + uuid.uuid4().hex  # in every version of the file: the previous keys stay in force
+    kept = f"# ops\n{api_key_entry('ops', keep)}\n"
+    keys_file.write_text(kept)
     proc, _ = _start(
         tmp_path / "data", fresh_db, s3_endpoint, api_port, nats_port, "--api-processes", "2",
         CHRONICLE_API_KEYS_FILE=str(keys_file),
@@ -527,11 +529,11 @@ async def test_up_reloads_the_api_keys_file_on_sighup(tmp_path: Path, fresh_db: 
     try:
         assert await statuses(key) == {401}
         assert await nats_handshake(nats_url, tenant_nkey_seed(key)) == "-ERR 'Authorization Violation'"
-        keys_file.write_text(f"# acme\n{api_key_entry('acme', key)}\n")
+        keys_file.write_text(f"{kept}# acme\n{api_key_entry('acme', key)}\n")
         proc.send_signal(signal.SIGHUP)
         line = await said("api keys reloaded")
         assert line.strip() == (
-            f"chronicle up: api keys reloaded: 1 entries from {keys_file} (1 nats-server configuration(s) written "
+            f"chronicle up: api keys reloaded: 2 entries from {keys_file} (1 nats-server configuration(s) written "
             "again and reloaded, 2 API process(es) sent SIGHUP)"
         )
         await until("the new key answers 200 on every API process", lambda: _only(statuses(key), 200))
@@ -545,16 +547,16 @@ async def test_up_reloads_the_api_keys_file_on_sighup(tmp_path: Path, fresh_db: 
             allow_reconnect=False,
         )
         try:
-            keys_file.write_text("# acme revoked\n")
+            keys_file.write_text(f"{kept}# acme revoked\n")
             proc.send_signal(signal.SIGHUP)
-            await said("api keys reloaded: 0 entries")
+            await said("api keys reloaded: 1 entries")
             await until("the removed key answers 401 on every API process", lambda: _only(statuses(key), 401))
             await until("its open NATS connection dropped", lambda: _is(nc.is_closed))
             assert await nats_handshake(nats_url, tenant_nkey_seed(key)) == "-ERR 'Authorization Violation'"
         finally:
             await nc.close()
         # a file that does not parse: nothing changes, one line, the stack keeps serving
-        keys_file.write_text(f"{api_key_entry('acme', key)}\nacme:{key}\n")
+        keys_file.write_text(f"{api_key_entry('acme', key)}\nacme:{key}\n{kept}")
         proc.send_signal(signal.SIGHUP)
         line = await said("api keys not reloaded")
         assert line.strip() == (
@@ -564,8 +566,8 @@ async def test_up_reloads_the_api_keys_file_on_sighup(tmp_path: Path, fresh_db: 
         )
         assert await statuses(key) == {401}
         assert await nats_handshake(nats_url, tenant_nkey_seed(key)) == "-ERR 'Authorization Violation'"
-        default = (tmp_path / "data" / "api-key").read_text().strip()
-        assert await statuses(default) == {200}  # up's own key, untouched by every reload
+        assert await statuses(keep) == {200}  # the keys in force before the file that does not parse
+        assert not (tmp_path / "data" / "api-key").exists()  # keys configured: none made for tenant default
         assert proc.poll() is None
     finally:
         _stop(proc)
