@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import secrets
 import stat
 from collections.abc import Mapping
@@ -46,6 +47,11 @@ def hash_key(key: str) -> str:
 
 def new_api_key() -> str:
     return "chr_" + secrets.token_urlsafe(24)
+
+
+_SECRET_LIKE = re.compile(r"chr_|S[A-Z][A-Z2-7]{50,}$")
+"""How an API key (:func:`new_api_key`) or an NKey seed begins: not a tenant id, whatever
+``check_tenant`` lets through, and never printed in a refusal."""
 
 
 def new_operator_seed() -> str:
@@ -851,6 +857,8 @@ class ApiKeyEntry:
             named = bool(has_tail)  # an entry with no ':' may be a raw key, not a tenant
         except InvalidId as exc:
             problem, named = str(exc), False
+        if _SECRET_LIKE.match(tenant):  # fields pasted in the wrong order: never named, never taken
+            problem, named = "its first field looks like an API key or an NKey seed, not a tenant id", False
         if len(digest) != 64 or any(ch not in "0123456789abcdefABCDEF" for ch in digest):
             problem = "the digest is not 64 hex digits"
         if has_nkey and not read_only and not is_user_public_key(nkey):
@@ -865,14 +873,20 @@ class ApiKeyEntry:
 
 def read_api_keys_file(path: str) -> list[ApiKeyEntry]:
     """The entries of an ``api_keys_file``: one a line, blank lines and ``#`` comments skipped. A
-    file that cannot be read, or a line that is not an entry, is an :class:`UnusableSetting` that
-    names the file and the line number, never the line's text (it may be a raw key pasted there)."""
+    file that cannot be read, an empty one, or a line that is not an entry, is an
+    :class:`UnusableSetting` that names the file and the line number, never the line's text (it may
+    be a raw key pasted there)."""
     try:
         text = Path(path).read_text(encoding="utf-8")
     except OSError as exc:
         raise UnusableSetting(f"{path} cannot be read ({exc.strerror or type(exc).__name__})") from None
     except UnicodeDecodeError:
         raise UnusableSetting(f"{path} is not UTF-8 text") from None
+    if not text:  # mid-write (`>` truncates first): read on a SIGHUP, it revoked every key and NATS user
+        raise UnusableSetting(
+            f"{path} is empty (being written? write another file and rename it over this one); to configure no key "
+            "from it, give it a comment line"
+        )
     entries = []
     for number, line in enumerate(text.splitlines(), start=1):
         entry = line.strip()

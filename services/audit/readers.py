@@ -182,9 +182,11 @@ def event_line(stored: eventlog.StoredEvent, layout: SubjectLayout, keys: KeyLoo
     if event is None:
         return json.dumps({**head, "erased": tombstone_of(stored.data)}).encode() + b"\n"
     prefix = json.dumps(head).encode()[:-1] + b', "event": '  # the stored bytes spliced in as they are
-    if b'"sealed"' in stored.data:
-        opened = json.dumps(_opened(stored.data, keys), ensure_ascii=False, separators=(",", ":")).encode()
-        return prefix + opened + b"}\n"
+    if b'"sealed"' in stored.data:  # the word may be anywhere (a metadata value): only a sealed event is opened
+        raw: dict[str, Any] = json.loads(stored.data)
+        if SEALED in raw:
+            opened = json.dumps(unseal_fields(raw, keys), ensure_ascii=False, separators=(",", ":")).encode()
+            return prefix + opened + b"}\n"
     if b"\n" in stored.data or b"\r" in stored.data:
         return prefix + stored.data.translate(_LINE_BREAKS_AS_SPACES) + b"}\n"
     return prefix + stored.data + b"}\n"

@@ -34,8 +34,9 @@ def keys_left(settings: Settings, tenant: str) -> None:
     if count:
         print(
             f"chronicle erase: warning: tenant {tenant!r} still has {count} API key entr{'y' if count == 1 else 'ies'} "
-            "in CHRONICLE_API_KEYS: it can write again as soon as it is erased; remove them (and reload nats-server "
-            "for its NATS users) first (docs/security.md, Erasing a tenant)",
+            "in CHRONICLE_API_KEYS or CHRONICLE_API_KEYS_FILE: it can write again as soon as it is erased; remove them "
+            "(SIGHUP the API for the file, and reload nats-server for its NATS users) first (docs/security.md, "
+            "Erasing a tenant)",
             file=sys.stderr,
             flush=True,
         )

@@ -23,6 +23,7 @@ from services.bootstrap import open_container, settle_heap
 from services.brokers import broker_connection
 from services.commands_nats.app import serving_commands
 from services.connection_loss import nats_node
+from services.ops.entry import sighup_before_serving
 from services.settings import Settings, UnusableResource
 
 log = logging.getLogger("chronicle")
@@ -214,6 +215,8 @@ async def _serve_api(settings: Settings) -> None:
     keys = KeyRing(settings.grants_by_key_hash())
     loop = asyncio.get_running_loop()
     loop.add_signal_handler(signal.SIGHUP, keys.reload, settings)
+    if sighup_before_serving():  # recorded by the entry point while this process started
+        keys.reload(settings)
     try:
         await _serve_api_on(settings, sock, keys)
     finally:

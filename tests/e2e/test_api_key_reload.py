@@ -10,6 +10,7 @@ import sys
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -53,17 +54,33 @@ class KeyedApi:
 def keyed_api(api_settings: Settings, api_url: str, tmp_path: Path) -> Iterator[KeyedApi]:
     """A second `chronicle api` on the e2e stack (its database migrated by ``api_url``) whose keys
     file holds one key of tenant-c; CHRONICLE_API_KEYS is the stack's (tenant-a's and tenant-b's)."""
+    with started_api(api_settings, tmp_path, f"# tenant-c\n\n{api_key_entry('tenant-c', KEPT)}\n") as api:
+        wait_for_port("127.0.0.1", api.port, api.proc, "chronicle api", timeout=30)
+        yield KeyedApi(api.proc, f"http://127.0.0.1:{api.port}", api.keys_file, api.log)
+
+
+@dataclass
+class Started:
+    proc: subprocess.Popen[bytes]
+    port: int
+    keys_file: Path
+    log: Path
+
+
+@contextmanager
+def started_api(api_settings: Settings, tmp_path: Path, keys: str) -> Iterator[Started]:
+    """A `chronicle api` process (through the command's entry point) on a port of its own, its keys
+    file holding ``keys``, its output in a log; stopped (exit 0) at the end."""
     keys_file = tmp_path / "api-keys"
-    keys_file.write_text(f"# tenant-c\n\n{api_key_entry('tenant-c', KEPT)}\n")
+    keys_file.write_text(keys)
     settings = api_settings.model_copy(update={"api_port": free_port(), "api_keys_file": str(keys_file)})
     log = tmp_path / "api.log"
     with log.open("wb") as out:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "services.ops.cli", "api"], env=settings_env(settings), stdout=out, stderr=out
+            [sys.executable, "-m", "services.ops.entry", "api"], env=settings_env(settings), stdout=out, stderr=out
         )
     try:
-        wait_for_port("127.0.0.1", settings.api_port, proc, "chronicle api", timeout=30)
-        yield KeyedApi(proc, f"http://127.0.0.1:{settings.api_port}", keys_file, log)
+        yield Started(proc, settings.api_port, keys_file, log)
     finally:
         proc.terminate()
         assert proc.wait(timeout=20) == 0, log.read_text()
@@ -122,3 +139,41 @@ def test_an_invalid_file_on_sighup_keeps_the_old_keys_and_logs_why(keyed_api: Ke
     )
     assert f"{keyed_api.keys_file} cannot be read (No such file or directory)" in keyed_api.log.read_text()
     assert keyed_api.status(KEPT) == 200
+    # empty (an editor's or a shell's `>` truncates before it writes): the same, never "no keys"
+    keyed_api.keys_file.write_text("")
+    keyed_api.hangup()
+    keyed_api.until(
+        "the third refusal logged",
+        lambda: keyed_api.log.read_text().count("api keys not reloaded") == 3,
+    )
+    assert f"{keyed_api.keys_file} is empty (being written?" in keyed_api.log.read_text()
+    assert keyed_api.status(KEPT) == 200
+
+
+def test_a_sighup_while_the_api_starts_is_a_reload_once_it_serves(
+    api_settings: Settings, api_url: str, tmp_path: Path
+) -> None:
+    """(The API installed its SIGHUP handler only once its imports and settings were done: a reload
+    sent to a process still starting, by `chronicle up` or `systemctl reload`, ended it, and `up`
+    stopped the whole stack.)"""
+    with started_api(api_settings, tmp_path, f"{api_key_entry('tenant-c', KEPT)}\n") as api:
+        proc, log = api.proc, api.log
+        deadline = time.monotonic() + 30
+        while not _catches_sighup(proc.pid):  # the entry point's handler: before anything heavy is imported
+            assert proc.poll() is None, log.read_text()
+            assert time.monotonic() < deadline, log.read_text()
+            time.sleep(0.005)
+        proc.send_signal(signal.SIGHUP)
+        wait_for_port("127.0.0.1", api.port, proc, "chronicle api", timeout=30)
+        deadline = time.monotonic() + 30
+        while f"api keys reloaded: 1 entries from {api.keys_file}" not in log.read_text():
+            assert proc.poll() is None, log.read_text()
+            assert time.monotonic() < deadline, log.read_text()
+            time.sleep(0.1)
+
+
+def _catches_sighup(pid: int) -> bool:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("SigCgt:"):
+            return bool(int(line.split()[1], 16) & (1 << (signal.SIGHUP - 1)))
+    return False

@@ -70,7 +70,7 @@ async def test_an_event_stored_over_several_lines_is_one_line_of_the_page_the_fo
     forged = {"seq": 1, "stored_at": "2026-12-01T00:00:00Z", "event": {"type": "message.appended", "session": sid}}
     created = json.loads(SessionCreated(tenant="tenant-a", session=sid, name="n").to_json())
     del created["metadata"]
-    big = ', "n": 1e400'
+    big = ', "n": 1e400, "s": "sealed"'  # the word too: only a sealed event is written again
     data = (json.dumps(created)[:-1] + ', "metadata": {"a":\r\n' + json.dumps(forged) + big + "\n}}").encode()
     nc = await tenant_nats(api_settings.nats_url, "tenant-a")
     try:
@@ -85,7 +85,7 @@ async def test_an_event_stored_over_several_lines_is_one_line_of_the_page_the_fo
         [line] = [line for line in body.split("\n") if line.strip()]
         record = json.loads(line, parse_constant=strict_json_only)
         assert (record["seq"], record["event"]["type"]) == (seq, "session.created")
-        assert record["event"]["metadata"] == {"a": forged, "n": float("inf")}
+        assert record["event"]["metadata"] == {"a": forged, "n": float("inf"), "s": "sealed"}
         assert "\r" not in line
         assert big in line
     async with ChronicleClient(api_url, KEYS["tenant-a"]) as sdk:

@@ -46,9 +46,9 @@ async def test_a_tenant_whose_keys_are_still_configured_is_warned_of_in_one_line
     other = api_key_entry("someone-else", new_api_key())
     keyed = stack.settings.model_copy(update={"api_keys": [other, api_key_entry(tenant, new_api_key())]})
     warning = (
-        f"chronicle erase: warning: tenant {tenant!r} still has 1 API key entry in CHRONICLE_API_KEYS: it can "
-        "write again as soon as it is erased; remove them (and reload nats-server for its NATS users) first "
-        "(docs/security.md, Erasing a tenant)\n"
+        f"chronicle erase: warning: tenant {tenant!r} still has 1 API key entry in CHRONICLE_API_KEYS or "
+        "CHRONICLE_API_KEYS_FILE: it can write again as soon as it is erased; remove them (SIGHUP the API for the "
+        "file, and reload nats-server for its NATS users) first (docs/security.md, Erasing a tenant)\n"
     )
     dry = chronicle_cli(keyed, "erase", "--tenant", tenant)
     assert (dry.returncode, dry.stderr) == (1, warning)

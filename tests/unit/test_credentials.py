@@ -14,7 +14,7 @@ from events.subjects import SubjectLayout
 from services.commands_nats.app import answerable
 from services.ops.cli import SETTINGS_EXIT, main
 from services.ops.natsconf import MissingOperator, NatsAccess, server_config
-from services.settings import ApiKeyEntry, KeyGrant, Settings, api_key_entry, hash_key, new_operator_seed
+from services.settings import ApiKeyEntry, KeyGrant, Settings, api_key_entry, hash_key, new_api_key, new_operator_seed
 
 
 def test_a_keys_nats_identity_is_stable_and_its_own() -> None:
@@ -162,3 +162,15 @@ def test_no_config_without_an_operator_identity() -> None:
 )
 def test_the_command_service_answers_only_under_the_requesters_inbox(reply_to: str, expected: bool) -> None:
     assert answerable(encode_token("tenant-a"), reply_to) is expected
+
+
+@pytest.mark.parametrize("first", ["key", "seed"])
+def test_an_entry_whose_first_field_is_a_key_or_a_seed_is_refused_without_naming_it(first: str) -> None:
+    """(Fields pasted in the wrong order, `<key>:acme`, were refused naming the key as the entry's
+    tenant, in a process's exit line and the API's reload log; `<key>:<64 hex>` was taken, a key
+    of tenant `chr_…`.)"""
+    secret = new_api_key() if first == "key" else new_operator_seed()
+    for entry in (f"{secret}:acme", f"{secret}:{'a' * 64}"):
+        with pytest.raises(ValueError, match="no tenant id before") as refused:
+            ApiKeyEntry.parse(entry)
+        assert secret not in str(refused.value)
