@@ -271,6 +271,10 @@ async def test_with_nats_stopped_readyz_says_nats_does_not_answer(stack: Stack) 
         proc.send_signal(signal.SIGSTOP)
         try:
             body = await readyz_while_down(client)
+            for _ in range(5):  # under load, once, a PONG of the moment the signal landed answered the first
+                if not body["nats"]:
+                    break
+                body = await readyz_while_down(client)
             assert (body["nats"], body["stream"], body["postgres"]) == (False, False, True), body
             assert body["reasons"] == [f"NATS does not answer: no answer within {PROBE_TIMEOUT_S:g}s"], body
             assert stack.c.nc.is_connected  # what the check said alone
