@@ -157,19 +157,20 @@ def test_a_sighup_while_the_api_starts_is_a_reload_once_it_serves(
     sent to a process still starting, by `chronicle up` or `systemctl reload`, ended it, and `up`
     stopped the whole stack.)"""
     with started_api(api_settings, tmp_path, f"{api_key_entry('tenant-c', KEPT)}\n") as api:
-        proc, log = api.proc, api.log
-        deadline = time.monotonic() + 30
-        while not _catches_sighup(proc.pid):  # the entry point's handler: before anything heavy is imported
-            assert proc.poll() is None, log.read_text()
-            assert time.monotonic() < deadline, log.read_text()
-            time.sleep(0.005)
-        proc.send_signal(signal.SIGHUP)
-        wait_for_port("127.0.0.1", api.port, proc, "chronicle api", timeout=30)
-        deadline = time.monotonic() + 30
-        while f"api keys reloaded: 1 entries from {api.keys_file}" not in log.read_text():
-            assert proc.poll() is None, log.read_text()
-            assert time.monotonic() < deadline, log.read_text()
-            time.sleep(0.1)
+        # the entry point's handler, installed before anything heavy is imported
+        _while_up(api, lambda: _catches_sighup(api.proc.pid), step=0.005)
+        api.proc.send_signal(signal.SIGHUP)
+        wait_for_port("127.0.0.1", api.port, api.proc, "chronicle api", timeout=30)
+        _while_up(api, lambda: f"api keys reloaded: 1 entries from {api.keys_file}" in api.log.read_text())
+
+
+def _while_up(api: Started, done: Callable[[], bool], step: float = 0.1) -> None:
+    """Poll ``done`` for up to 30 s while the process stays up."""
+    deadline = time.monotonic() + 30
+    while not done():
+        assert api.proc.poll() is None, api.log.read_text()
+        assert time.monotonic() < deadline, api.log.read_text()
+        time.sleep(step)
 
 
 def _catches_sighup(pid: int) -> bool:

@@ -22,9 +22,9 @@ from services.context.rules import object_key
 from services.errors import ProjectionTimeout, SummarizerFailed
 from services.requests import writes
 from services.writes.optimistic import OptimisticWriter
-from tests.conftest import KEYS, make_settings, running_stack
+from tests.conftest import make_settings, running_stack
 from tests.e2e.context_support import new_bucket
-from tests.integration.helpers import fault_after_overlay, text_message
+from tests.integration.helpers import fault_after_overlay, tenant_client, text_message
 
 T = "tenant-a"
 
@@ -484,9 +484,7 @@ async def test_a_manual_compaction_whose_summarizer_fails_is_summarizer_failed_w
 
 @pytest.fixture
 async def http(stack: Container) -> AsyncIterator[httpx.AsyncClient]:
-    transport = httpx.ASGITransport(app=build_app(stack.settings, stack))
-    headers = {"Authorization": f"Bearer {KEYS[T]}"}
-    async with httpx.AsyncClient(transport=transport, base_url="http://chronicle", headers=headers) as client:
+    async with tenant_client(build_app(stack.settings, stack), T) as client:
         yield client
 
 

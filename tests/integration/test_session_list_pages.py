@@ -15,8 +15,7 @@ from projections import overlays, pages
 from services.api import history
 from services.api.app import build_app
 from services.bootstrap import Container
-from tests.conftest import KEYS
-from tests.integration.helpers import summary_recorded, text_message
+from tests.integration.helpers import summary_recorded, tenant_client, text_message
 
 T = "tenant-a"
 ROUTES = [
@@ -28,9 +27,7 @@ ROUTES = [
 
 @pytest.fixture
 async def http(stack: Container) -> AsyncIterator[httpx.AsyncClient]:
-    transport = httpx.ASGITransport(app=build_app(stack.settings, stack))
-    headers = {"Authorization": f"Bearer {KEYS[T]}"}
-    async with httpx.AsyncClient(transport=transport, base_url="http://chronicle", headers=headers) as client:
+    async with tenant_client(build_app(stack.settings, stack), T) as client:
         yield client
 
 
