@@ -14,7 +14,7 @@ from psycopg import AsyncConnection
 from psycopg.rows import class_row
 
 from events.messages import body_hash
-from projections import search_languages
+from projections import pages, search_languages
 from projections import search_query as sq
 from projections.search_bound import SEARCH_TIMEOUT_S, bounded
 
@@ -399,29 +399,34 @@ async def descends_from(conn: Conn, tenant: str, session: str, message_id: str, 
     return bool(row and row[0])
 
 
-async def children(
-    conn: Conn, tenant: str, session: str, message_id: str, after_seq: int = 0, limit: int | None = None
-) -> list[MessageRow]:
-    """The message's children in append order: those appended after ``after_seq``, at most ``limit``."""
-    async with conn.cursor(row_factory=class_row(MessageRow)) as cur:
-        await cur.execute(
-            f"SELECT {_MESSAGE_COLS} FROM messages WHERE tenant = %s AND session_id = %s AND parent_id = %s "
-            "AND seq > %s ORDER BY seq LIMIT %s",
-            (tenant, session, message_id, after_seq, limit),
-        )
-        return await cur.fetchall()
+_PAGE_COLS = "id, parent_id, role, body_sha256, created_at, seq, original_ref"
+TREE_PAGE = pages.page_sql(_PAGE_COLS, "content", "messages", "seq")
+"""A page of every message of a session (:func:`tree_page`): :func:`pages.page_params`."""
+CHILDREN_PAGE = pages.page_sql(_PAGE_COLS, "content", "messages", "seq", "parent_id = %(m)s")
+"""A page of a message's children (:func:`children_page`): :func:`pages.page_params` and ``m``."""
 
 
-async def session_messages(conn: Conn, tenant: str, session: str, after_seq: int, limit: int) -> list[MessageRow]:
-    """Every message of the session, every branch, in append order: those appended after
-    ``after_seq``, at most ``limit`` (the whole tree a page at a time)."""
-    async with conn.cursor(row_factory=class_row(MessageRow)) as cur:
-        await cur.execute(
-            f"SELECT {_MESSAGE_COLS} FROM messages WHERE tenant = %s AND session_id = %s AND seq > %s "
-            "ORDER BY seq LIMIT %s",
-            (tenant, session, after_seq, limit),
-        )
-        return await cur.fetchall()
+async def _message_page(conn: Conn, sql: str, params: dict[str, Any], limit: int) -> tuple[list[MessageRow], bool]:
+    cur = await conn.execute(sql, params)
+    rows, more = pages.cut(await cur.fetchall(), limit)
+    return [MessageRow(i, p, r, body, sha, at, q, ref) for i, p, r, sha, at, q, ref, body in rows], more
+
+
+async def children_page(
+    conn: Conn, tenant: str, session: str, message_id: str, after_seq: int, limit: int
+) -> tuple[list[MessageRow], bool]:
+    """A page of the message's children in append order: those appended after ``after_seq``, at
+    most ``limit`` and ending early at :data:`~projections.pages.PAGE_BYTES` of bodies; and
+    whether more follow."""
+    params = pages.page_params(tenant, session, after_seq, limit) | {"m": message_id}
+    return await _message_page(conn, CHILDREN_PAGE, params, limit)
+
+
+async def tree_page(conn: Conn, tenant: str, session: str, after_seq: int, limit: int) -> tuple[list[MessageRow], bool]:
+    """A page of every message of the session, every branch, in append order (the whole tree a
+    page at a time): those appended after ``after_seq``, at most ``limit`` and ending early at
+    :data:`~projections.pages.PAGE_BYTES` of bodies; and whether more follow."""
+    return await _message_page(conn, TREE_PAGE, pages.page_params(tenant, session, after_seq, limit), limit)
 
 
 async def history(conn: Conn, tenant: str, session: str, leaf_id: str) -> list[MessageRow]:

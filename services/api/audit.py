@@ -73,16 +73,16 @@ async def tree(
     """Every message of every branch in append order, a page at a time (``next_cursor``: the next
     page's ``cursor``, null on the last one), with the latest leaf; each node says whether it was
     over the row cap (``capped``: ``GET …/messages/{mid}?original=true`` has the original) and
-    which skills' outputs in it are unloaded."""
+    which skills' outputs in it are unloaded. A page ends early at its bytes budget."""
     check_id("session", sid)
     await caught_up(c, tenant, sid, min_seq)
     async with c.pool.connection() as conn, queries.snapshot(conn):
-        rows, last = page(await queries.session_messages(conn, tenant, sid, cursor, more(limit)), limit)
+        rows, follows = await queries.tree_page(conn, tenant, sid, cursor, limit)
         latest = await queries.latest_leaf(conn, tenant, sid)
         found = reclaimed_in(await context_queries.reclaimed(conn, tenant, sid) if rows else {})
     if not rows:
         await require_session(c, tenant, sid)
-    head = {"leaf_id": latest.id if latest else None, "next_cursor": last.seq if last else None}
+    head = {"leaf_id": latest.id if latest else None, "next_cursor": rows[-1].seq if follows else None}
     nodes = ",".join(tree_node(r, found.outputs(r.id, r.content)) for r in rows)
     return Response(json.dumps(head)[:-1] + ', "messages": [' + nodes + "]}", media_type=JSON)
 

@@ -27,7 +27,7 @@ from services.api.deps import (
     require_session,
 )
 from services.api.models import ok
-from services.api.paging import MAX_PAGE, PageLimit, SeqCursor, more, page
+from services.api.paging import MAX_PAGE, PageLimit, SeqCursor
 from services.api.responses import JSON, raw_json
 from services.api.strict_json import StrictJsonRoute
 from services.bootstrap import Container
@@ -178,15 +178,15 @@ async def children(
     cursor: SeqCursor = 0,
 ) -> Response:
     """The message's children in append order, a page at a time (``next_cursor``: the next
-    page's ``cursor``, null on the last one)."""
+    page's ``cursor``, null on the last one; a page ends early at its bytes budget)."""
     check_id("session", sid)
     check_id("message", mid)
     await caught_up(c, tenant, sid, min_seq)
     async with c.pool.connection() as conn:
-        rows, last = page(await queries.children(conn, tenant, sid, mid, cursor, more(limit)), limit)
+        rows, follows = await queries.children_page(conn, tenant, sid, mid, cursor, limit)
     if not rows:
         await require_session(c, tenant, sid)
-    return raw_json({"next_cursor": last.seq if last else None}, [r.content for r in rows])
+    return raw_json({"next_cursor": rows[-1].seq if follows else None}, [r.content for r in rows])
 
 
 @router.delete("/v1/sessions/{sid}/messages", response_model=None, responses=ok(m.MessagesDeleted))

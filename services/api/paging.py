@@ -16,8 +16,8 @@ T = TypeVar("T")
 MAX_PAGE = 1000
 """The most items one page of a session's list answers, and how many it answers by default
 (``limit``'s bound): the tree, a message's children, prompt versions, compactions and
-compaction failures. The last three also end a page early at
-:data:`projections.pages.PAGE_BYTES` of text."""
+compaction failures. Each also ends a page early at :data:`projections.pages.PAGE_BYTES` of
+text (message bodies, prompt texts, summaries, errors)."""
 PageLimit = Annotated[int, Query(ge=1, le=MAX_PAGE)]
 """``limit`` of a session's list."""
 SeqCursor = Annotated[int, Query(ge=0, le=MAX_SEQ)]

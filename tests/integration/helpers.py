@@ -180,3 +180,23 @@ def tenant_client(app: Any, tenant: str) -> httpx.AsyncClient:
     return httpx.AsyncClient(
         transport=httpx.ASGITransport(app=app), base_url="http://c", headers={"Authorization": f"Bearer {KEYS[tenant]}"}
     )
+
+
+async def all_pages(
+    http: httpx.AsyncClient, sid: str, route: str, key: str, params: dict[str, Any]
+) -> list[dict[str, Any]]:
+    """Every page of a session's list (``GET /v1/sessions/{sid}/{route}``) by its ``next_cursor``
+    (each page checked: one that says another follows holds ``key`` items)."""
+    pages: list[dict[str, Any]] = []
+    cursor: int | None = None
+    while True:
+        r = await http.get(
+            f"/v1/sessions/{sid}/{route}", params=params | ({"cursor": cursor} if cursor is not None else {})
+        )
+        assert r.status_code == 200, r.text
+        pages.append(r.json())
+        cursor = r.json()["next_cursor"]
+        if cursor is None:
+            return pages
+        assert r.json()[key], "a page that says another follows holds something"
+        assert len(pages) < 100

@@ -54,7 +54,7 @@ async def _tree(c: Container, sid: str, seq: int) -> tuple[dict[str, str | None]
     """Every message's parent, and the latest leaf's path (root first), once ``seq`` is applied."""
     await c.waiter.wait_session(T, sid, seq)
     async with c.pool.connection() as conn:
-        rows = await queries.session_messages(conn, T, sid, 0, 1000)
+        rows, _ = await queries.tree_page(conn, T, sid, 0, 1000)
         leaf = await queries.latest_leaf(conn, T, sid)
         assert leaf is not None
         path = [r.id for r in await queries.history(conn, T, sid, leaf.id)]

@@ -15,7 +15,7 @@ from projections import overlays, pages
 from services.api import history
 from services.api.app import build_app
 from services.bootstrap import Container
-from tests.integration.helpers import summary_recorded, tenant_client, text_message
+from tests.integration.helpers import all_pages, summary_recorded, tenant_client, text_message
 
 T = "tenant-a"
 ROUTES = [
@@ -46,25 +46,6 @@ async def _session_with_lists(c: Container, sid: str, n: int, text: Callable[[in
     await c.commands.optimistic.catch_up(T, sid)
 
 
-async def _all_pages(
-    http: httpx.AsyncClient, sid: str, route: str, key: str, params: dict[str, Any]
-) -> list[dict[str, Any]]:
-    """Every page of a list by its ``next_cursor`` (each page checked: its cursor is its last item's)."""
-    pages_: list[dict[str, Any]] = []
-    cursor: int | None = None
-    while True:
-        r = await http.get(
-            f"/v1/sessions/{sid}/{route}", params=params | ({"cursor": cursor} if cursor is not None else {})
-        )
-        assert r.status_code == 200, r.text
-        pages_.append(r.json())
-        cursor = r.json()["next_cursor"]
-        if cursor is None:
-            return pages_
-        assert r.json()[key], "a page that says another follows holds something"
-        assert len(pages_) < 100
-
-
 def replace_id(event: CompactionRecorded, i: int) -> CompactionRecorded:
     """The overlay under an id of its own (the helper derives one from its span, and these share one)."""
     oid = f"{event.overlay_id}-{i}"
@@ -84,11 +65,11 @@ async def test_a_session_list_is_read_a_page_at_a_time(
     whole = (await http.get(f"/v1/sessions/{sid}/{route}")).json()
     assert whole["next_cursor"] is None  # the default page (1,000) holds them all
     assert len(whole[key]) == 5
-    found = await _all_pages(http, sid, route, key, {"limit": 2})
+    found = await all_pages(http, sid, route, key, {"limit": 2})
     assert [len(p[key]) for p in found] == [2, 2, 1]
     assert [p["next_cursor"] for p in found] == [found[0][key][-1][cursor_of], found[1][key][-1][cursor_of], None]
     assert [item for p in found for item in p[key]] == whole[key]  # each once, in order
-    exact = await _all_pages(http, sid, route, key, {"limit": 5})  # exactly full: the last page says so
+    exact = await all_pages(http, sid, route, key, {"limit": 5})  # exactly full: the last page says so
     assert [(len(p[key]), p["next_cursor"]) for p in exact] == [(5, None)]
     past = (await http.get(f"/v1/sessions/{sid}/{route}", params={"cursor": 2**63 - 1})).json()
     assert (past[key], past["next_cursor"]) == ([], None)
@@ -110,10 +91,10 @@ async def test_a_page_ends_at_its_text_budget(
     await _session_with_lists(stack, sid, 7, _text)
     whole = (await http.get(f"/v1/sessions/{sid}/{route}")).json()[key]
     monkeypatch.setattr(pages, "PAGE_BYTES", 20)
-    found = await _all_pages(http, sid, route, key, {})
+    found = await all_pages(http, sid, route, key, {})
     assert [len(p[key]) for p in found] == [3, 3, 1]
     assert [item for p in found for item in p[key]] == whole
-    limited = await _all_pages(http, sid, route, key, {"limit": 2})  # the limit first where it is less
+    limited = await all_pages(http, sid, route, key, {"limit": 2})  # the limit first where it is less
     assert [len(p[key]) for p in limited] == [2, 2, 2, 1]
 
 
@@ -132,7 +113,7 @@ async def test_prompt_versions_numbered_zero_or_below_are_listed_first(
     await stack.commands.optimistic.catch_up(T, sid)
     whole = (await http.get(f"/v1/sessions/{sid}/prompts")).json()
     assert ([p["version"] for p in whole["prompts"]], whole["next_cursor"]) == ([-(2**31), -5, 0, 1], None)
-    found = await _all_pages(http, sid, "prompts", "prompts", {"limit": 1})
+    found = await all_pages(http, sid, "prompts", "prompts", {"limit": 1})
     assert [p["next_cursor"] for p in found] == [-(2**31), -5, 0, None]
     for route in ("compactions", "compaction-failures"):
         r = await http.get(f"/v1/sessions/{sid}/{route}", params={"cursor": -1})
