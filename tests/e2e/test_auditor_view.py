@@ -18,7 +18,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from playwright.async_api import Browser, Locator, Page, async_playwright, expect
+from playwright.async_api import Browser, Locator, Page, Route, async_playwright, expect
 
 from bench.support import settings_env
 from services.ops.localstack import free_port, wait_for_port
@@ -370,6 +370,50 @@ async def test_prompt_context_compaction_and_quarantine_panels(page: Page, seede
     await expect(rows).to_have_count(1)
     await expect(rows.first).to_contain_text("not_json")
     await expect(rows.first).to_contain_text(str(seeded.seq_last))
+
+
+OUTAGE = "503 unavailable: the API is restarting"
+
+
+async def answer_503(route: Route) -> None:
+    body = json.dumps({"code": "unavailable", "detail": "the API is restarting"})
+    await route.fulfill(status=503, content_type="application/problem+json", body=body)
+
+
+async def test_a_list_that_fails_to_load_shows_the_failure_never_none(page: Page, seeded: Seeded) -> None:
+    """The compactions and compaction failures answer 503, and the prompts' first page (one
+    version) comes but the next one answers 503: each panel shows the failure, never "None." or
+    "No system prompt", and the prompt version that came stays shown with the failure after it."""
+
+    async def one_page_then_503(route: Route) -> None:
+        if "cursor=" in route.request.url:
+            await answer_503(route)
+        else:
+            await route.continue_(url=route.request.url + ("&" if "?" in route.request.url else "?") + "limit=1")
+
+    await page.route("**/v1/sessions/*/prompts*", one_page_then_503)
+    await page.route("**/v1/sessions/*/compactions*", answer_503)
+    await page.route("**/v1/sessions/*/compaction-failures*", answer_503)
+    await open_session(page, seeded.sid)
+    meta = page.get_by_test_id("session-meta")
+    await expect(meta).to_contain_text("0 overlays (not all loaded)")
+    await expect(meta).to_contain_text("1 prompt version (not all loaded)")
+
+    await page.get_by_test_id("tab-prompts").click()
+    await expect(page.get_by_test_id("prompt-version")).to_have_count(1)
+    await expect(page.get_by_test_id("prompt-version").first).to_contain_text("freeze")
+    await expect(page.get_by_test_id("prompts-error")).to_have_text(
+        f"\N{HORIZONTAL ELLIPSIS} and loading more failed: {OUTAGE}"
+    )
+    await expect(page.get_by_test_id("prompts")).not_to_contain_text("No system prompt")
+
+    await page.get_by_test_id("tab-compactions").click()
+    await expect(page.get_by_test_id("overlays-error")).to_have_text(f"Could not load the compactions: {OUTAGE}")
+    await expect(page.get_by_test_id("failures-error")).to_have_text(
+        f"Could not load the compaction failures: {OUTAGE}"
+    )
+    for panel in ("overlays", "failures"):
+        await expect(page.get_by_test_id(panel)).not_to_contain_text("None.")
 
 
 async def test_a_thousand_message_session_is_paged(page: Page, view_client: httpx.AsyncClient) -> None:

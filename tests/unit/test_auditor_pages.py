@@ -50,3 +50,30 @@ def test_the_view_reads_these_lists_with_that_reader() -> None:
     for route, key in (("compactions", "compactions"), ("prompts", "prompts"), ("compaction-failures", "failures")):
         assert re.search(r"everyItem\(`\$\{(S\.)?base\}/" + route + '`, "' + key + '"\\)', app), route
         assert not re.search(r"\bget\(`\$\{(S\.)?base\}/" + route + "`", app), route
+
+
+# The second page answers 503: the reader throws the API's error, with the first page's items.
+FAILING = """
+globalThis.location = { origin: "http://chronicle.test" };
+globalThis.sessionStorage = { getItem: () => "key" };
+globalThis.fetch = async (url) => url.searchParams.get("cursor") === null
+  ? { ok: true, json: async () => ({ prompts: [{ version: 1 }, { version: 2 }], next_cursor: 2 }) }
+  : { ok: false, status: 503, json: async () => ({ code: "unavailable", detail: "restarting" }) };
+const { ApiError, everyItem } = await import(%s);
+try {
+  await everyItem("/v1/sessions/s1/prompts", "prompts");
+  console.log(JSON.stringify({ threw: false }));
+} catch (e) {
+  const loaded = e.loaded.map((p) => p.version);
+  console.log(JSON.stringify({ api: e instanceof ApiError, status: e.status, code: e.code, loaded }));
+}
+"""
+
+
+@pytest.mark.skipif(shutil.which("node") is None, reason="no node to run the auditor view's script")
+def test_a_later_page_that_fails_throws_its_error_with_the_items_loaded_before() -> None:
+    script = FAILING % json.dumps(API_JS.as_uri())
+    out = subprocess.run(
+        ["node", "--input-type=module", "-e", script], capture_output=True, text=True, check=True, timeout=30
+    )
+    assert json.loads(out.stdout) == {"api": True, "status": 503, "code": "unavailable", "loaded": [1, 2]}

@@ -47,12 +47,19 @@ export async function getLines(path, params) {
   return text.split("\n").filter((line) => line.trim()).map((line) => JSON.parse(line));
 }
 
-/** Every page of a paged read: ``pick`` takes a page's items, ``next`` its next cursor (null at the end). */
+/** Every page of a paged read: ``pick`` takes a page's items, ``next`` its next cursor (null at the end).
+ * A page that fails throws its error, which carries ``loaded``: the items of the pages before it. */
 export async function allPages(path, params, pick, next, cursorParam = "cursor") {
   const out = [];
   let cursor;
   for (;;) {
-    const page = await get(path, { ...params, [cursorParam]: cursor });
+    let page;
+    try {
+      page = await get(path, { ...params, [cursorParam]: cursor });
+    } catch (e) {
+      if (e instanceof Error) e.loaded = out;
+      throw e;
+    }
     out.push(...pick(page));
     cursor = next(page);
     if (cursor === null || cursor === undefined) return { items: out, last: page };

@@ -29,6 +29,25 @@ function problem(e) {
   return e instanceof ApiError ? `${e.status} ${e.code || ""}: ${e.message}` : String(e);
 }
 
+/** A list read by ``everyItem``, whole or as far as it got: ``{items, error}``, ``error`` null when
+ * every page came, else the failure, and ``items`` what the pages before it held. */
+function listed(reading) {
+  return reading.then((items) => ({ items, error: null }), (e) => ({ items: e?.loaded ?? [], error: e }));
+}
+
+/** ``n`` of a list, and whether some of it could not be loaded. */
+function counted(list, one, many) {
+  return `${plural(list.items.length, one, many)}${list.error ? " (not all loaded)" : ""}`;
+}
+
+/** What a panel shows of a list that did not load whole (null when it did): the failure, after
+ * the items that came. */
+function loadFailed(testid, what, list) {
+  if (!list.error) return null;
+  const text = list.items.length ? `… and loading more failed: ${problem(list.error)}` : `Could not load the ${what}: ${problem(list.error)}`;
+  return el("p", { class: "error", "data-testid": testid }, text);
+}
+
 // -- sign in -------------------------------------------------------------------------------
 
 async function signIn(candidate) {
@@ -118,10 +137,10 @@ async function openSession(sid) {
     const session = await get(base);
     const { items: nodes, last } = await allPages(`${base}/tree`, { limit: 1000 }, (p) => p.messages, (p) => p.next_cursor);
     const [overlays, prompts] = await Promise.all([
-      everyItem(`${base}/compactions`, "compactions").catch(() => []),
-      everyItem(`${base}/prompts`, "prompts").catch(() => []),
+      listed(everyItem(`${base}/compactions`, "compactions")),
+      listed(everyItem(`${base}/prompts`, "prompts")),
     ]);
-    S = { sid, base, session, erased: null, tree: buildTree(nodes), overlays, prompts, leaf: last.leaf_id, page: 1, events: null, eventsPage: null, tab: S && !S.erased ? S.tab : "messages", asOf: null };
+    S = { sid, base, session, erased: null, tree: buildTree(nodes), overlays: overlays.items, prompts: prompts.items, lists: { overlays, prompts }, leaf: last.leaf_id, page: 1, events: null, eventsPage: null, tab: S && !S.erased ? S.tab : "messages", asOf: null };
   } catch (e) {
     const erasure = e instanceof ApiError && e.status === 410 ? await erasureInLog(sid).catch(() => null) : null;
     if (erasure) {
@@ -134,7 +153,7 @@ async function openSession(sid) {
   $("session-erased").hidden = true;
   enableTabs();
   $("session-title").textContent = S.session.name || S.sid;
-  $("session-meta").textContent = `id ${S.sid} · created ${time(S.session.created_at)} · last seq ${S.session.seq} · ${plural(S.tree.byId.size, "message")}, ${plural(leaves(S.tree).length, "branch", "branches")}, ${plural(S.overlays.length, "overlay")}, ${plural(S.prompts.length, "prompt version")}`;
+  $("session-meta").textContent = `id ${S.sid} · created ${time(S.session.created_at)} · last seq ${S.session.seq} · ${plural(S.tree.byId.size, "message")}, ${plural(leaves(S.tree).length, "branch", "branches")}, ${counted(S.lists.overlays, "overlay")}, ${counted(S.lists.prompts, "prompt version")}`;
   renderSessions();
   renderMessages();
   await showTab(S.tab);
@@ -172,7 +191,7 @@ async function openErased(erasure) {
   showMain("session");
   const sid = erasure.session_id;
   const seq = Number.isInteger(erasure.seq) ? erasure.seq : null;
-  S = { sid, base: `/v1/sessions/${seg(sid)}`, session: null, erased: erasure, tree: buildTree([]), overlays: [], prompts: [], leaf: null, page: 1, events: null, eventsPage: null, tab: "timeline", asOf: seq };
+  S = { sid, base: `/v1/sessions/${seg(sid)}`, session: null, erased: erasure, tree: buildTree([]), overlays: [], prompts: [], lists: null, leaf: null, page: 1, events: null, eventsPage: null, tab: "timeline", asOf: seq };
   $("pick-note").hidden = true;
   $("session-body").hidden = false;
   $("session-error").textContent = "";
@@ -420,7 +439,7 @@ function renderPrompts() {
   const nodes = [...S.tree.byId.values()];
   clear(
     $("prompts"),
-    S.prompts.length ? null : el("p", { class: "note" }, "No system prompt recorded for this session."),
+    S.prompts.length || S.lists.prompts.error ? null : el("p", { class: "note" }, "No system prompt recorded for this session."),
     S.prompts.map((p, i) => {
       const next = S.prompts[i + 1];
       const turns = nodes.filter((n) => n.seq > p.seq && (!next || n.seq < next.seq));
@@ -438,6 +457,7 @@ function renderPrompts() {
         el("pre", { class: "prompt" }, p.text),
       );
     }),
+    loadFailed("prompts-error", "system prompts", S.lists.prompts),
   );
 }
 
@@ -484,10 +504,11 @@ function table(testid, headers, rows, { empty = "None.", rowAttrs = () => ({}) }
 }
 
 async function renderCompactions() {
-  const failures = await everyItem(`${S.base}/compaction-failures`, "failures").catch(() => []);
+  const failures = await listed(everyItem(`${S.base}/compaction-failures`, "failures"));
+  const overlays = S.lists.overlays;
   clear(
     $("overlays"),
-    table(
+    overlays.error && !overlays.items.length ? null : table(
       "overlay-table",
       ["seq", "range", "leaf", "tokens", "summarizer", "recorded", "summary"],
       S.overlays.map((o) => [
@@ -500,10 +521,12 @@ async function renderCompactions() {
         el("details", {}, el("summary", {}, "summary"), el("pre", {}, o.summary)),
       ]),
     ),
+    loadFailed("overlays-error", "compactions", overlays),
   );
   clear(
     $("failures"),
-    table("failure-table", ["seq", "leaf", "summarizer", "attempt", "error", "recorded"], failures.map((f) => [String(f.seq), f.leaf_id, f.summarizer, String(f.attempt), f.error, time(f.created_at)])),
+    failures.error && !failures.items.length ? null : table("failure-table", ["seq", "leaf", "summarizer", "attempt", "error", "recorded"], failures.items.map((f) => [String(f.seq), f.leaf_id, f.summarizer, String(f.attempt), f.error, time(f.created_at)])),
+    loadFailed("failures-error", "compaction failures", failures),
   );
 }
 
