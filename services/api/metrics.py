@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 
 import nats.errors
 import psycopg
-from nats.js.api import ConsumerInfo
+from nats.js.api import ConsumerInfo, StreamInfo
 from nats.js.errors import NotFoundError
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
@@ -199,8 +199,9 @@ class WorkQueue:
     waiting: int  # requests not yet delivered (a redelivery waits again)
     in_progress: int  # delivered and not yet acknowledged: a compactor is on them
     pulls_waiting: int  # pull requests open: an idle compactor holds one most of the time
-    oldest_at: datetime | None = None  # when the oldest request on the queue was stored (None: none is)
+    oldest_at: datetime | None = None  # when the oldest request that waits was stored (None: none waits)
     active_at: datetime | None = None  # the consumer's last delivery or acknowledgement (None: none yet)
+    at: datetime | None = None  # the server's time when it answered (None: not reported); the times above are its
 
 
 @dataclass(frozen=True, slots=True)
@@ -279,16 +280,37 @@ async def _stream_state(c: Container) -> tuple[int, int]:
     return int(info.state.last_seq), int(info.config.num_replicas or 1)
 
 
-async def oldest_request(c: Container) -> datetime | None:
-    """When the oldest compaction request on the work queue was stored (None: none is). An
-    acknowledged request leaves a work-queue stream, so the first message there is the oldest
-    that waits, taken or not: one look-up (the first at or after sequence 1 on the compaction
+async def _jetstream_info(c: Container, api: str) -> tuple[dict[str, Any], datetime | None]:
+    """JetStream's answer to the info request ``api`` (``CONSUMER.INFO.<stream>.<name>``, say) and
+    the server's time when it answered (its ``ts``; None from a server that reports none). nats-py's
+    info classes drop ``ts``, so its request is made here as nats-py makes it (the API prefix of the
+    context's JetStream domain; an error answer raised as its error, a missing one as
+    :class:`NotFoundError`)."""
+    resp: dict[str, Any] = await c.js._api_request(f"{c.js._prefix}.{api}", b"", timeout=PROBE_TIMEOUT_S)
+    ts = resp.get("ts")
+    return resp, datetime.fromisoformat(ts) if isinstance(ts, str) and ts else None
+
+
+async def oldest_request(c: Container, from_seq: int = 1) -> datetime | None:
+    """When the first compaction request at or after stream sequence ``from_seq`` on the work queue
+    was stored (None: none is). An acknowledged request leaves a work-queue stream, so what remains
+    is in order of age: one look-up (the first at or after ``from_seq`` on the compaction
     subjects), however long the queue."""
     try:
-        msg = await c.js.get_msg(c.layout.work_stream, 1, subject=f"{c.layout.work_prefix}.{KIND}.>", next=True)
+        msg = await c.js.get_msg(c.layout.work_stream, from_seq, subject=f"{c.layout.work_prefix}.{KIND}.>", next=True)
     except NotFoundError:  # no message (or no stream yet)
         return None
     return msg.time
+
+
+def first_live_seq(*, delivered_seq: int, ack_floor_seq: int, ack_pending: int) -> int:
+    """The first stream sequence the oldest request that waits (to be delivered, or to be finished)
+    can have (pure). JetStream delivers a request no more once the consumer's ``max_deliver``
+    deliveries went unacknowledged (a compactor killed on the last), and the work-queue stream keeps
+    it: no longer pending, nor waiting for an ack, nor below the ack floor. With no request waiting
+    for an ack, every delivered one still on the stream is such a one, so the oldest that waits is
+    after the last delivered; else it may be any after the ack floor (one in progress)."""
+    return (ack_floor_seq if ack_pending else delivered_seq) + 1
 
 
 def _last_active(*seqs: Any) -> datetime | None:
@@ -297,34 +319,30 @@ def _last_active(*seqs: Any) -> datetime | None:
 
 
 async def work_queue(c: Container) -> WorkQueue:
-    """The compactors' consumer and the oldest request (asked concurrently); before any compactor
-    made the consumer, every request on the queue waits."""
+    """The compactors' consumer, then the oldest request that waits (:func:`first_live_seq`), with
+    the server's time of the answer (:func:`oldest_wait` measures on its clock); before any
+    compactor made the consumer, every request on the queue waits."""
     if not c.nc.is_connected:
         raise ConnectionError("NATS is not connected")
-    consumer: ConsumerInfo | BaseException
-    oldest: datetime | BaseException | None
-    consumer, oldest = await asyncio.gather(
-        c.js.consumer_info(c.layout.work_stream, c.settings.compaction_queue),
-        oldest_request(c),
-        return_exceptions=True,
-    )
-    if isinstance(oldest, BaseException):
-        raise oldest
-    if isinstance(consumer, NotFoundError):
+    stream = c.layout.work_stream
+    try:
+        resp, at = await _jetstream_info(c, f"CONSUMER.INFO.{stream}.{c.settings.compaction_queue}")
+    except NotFoundError:
         try:
-            stream = await c.js.stream_info(c.layout.work_stream)
+            resp, at = await _jetstream_info(c, f"STREAM.INFO.{stream}")
         except NotFoundError:
             return WorkQueue(0, 0, 0)
-        return WorkQueue(int(stream.state.messages), 0, 0, oldest)
-    if isinstance(consumer, BaseException):
-        raise consumer
-    info = consumer
+        return WorkQueue(int(StreamInfo.from_response(resp).state.messages), 0, 0, await oldest_request(c), at=at)
+    info = ConsumerInfo.from_response(resp)
+    pending, ack_pending = int(info.num_pending or 0), int(info.num_ack_pending or 0)
+    start = first_live_seq(
+        delivered_seq=int(info.delivered.stream_seq if info.delivered else 0),
+        ack_floor_seq=int(info.ack_floor.stream_seq if info.ack_floor else 0),
+        ack_pending=ack_pending,
+    )
+    oldest = await oldest_request(c, start) if pending or ack_pending else None
     return WorkQueue(
-        int(info.num_pending or 0),
-        int(info.num_ack_pending or 0),
-        int(info.num_waiting or 0),
-        oldest,
-        _last_active(info.delivered, info.ack_floor),
+        pending, ack_pending, int(info.num_waiting or 0), oldest, _last_active(info.delivered, info.ack_floor), at
     )
 
 
@@ -537,8 +555,15 @@ def compactor_reasons(compactors: int, *, required: bool) -> list[str]:
 
 
 def oldest_wait(queue: WorkQueue, now: datetime) -> float:
-    """Seconds the oldest request on the queue has waited (0: none waits)."""
-    return 0.0 if queue.oldest_at is None else max(0.0, (now - queue.oldest_at).total_seconds())
+    """Seconds the oldest request that waits has waited (0: none waits), on the NATS server's clock
+    (its store time against its time when it answered, :attr:`WorkQueue.at`): an API host whose
+    clock is off neither makes up a wait nor hides one. ``now`` (this host's clock) only where the
+    server reported no time."""
+    return 0.0 if queue.oldest_at is None else max(0.0, (_server_now(queue, now) - queue.oldest_at).total_seconds())
+
+
+def _server_now(queue: WorkQueue, now: datetime) -> datetime:
+    return now if queue.at is None else queue.at
 
 
 def compaction_wait_reasons(queue: WorkQueue, now: datetime, *, bound_s: float) -> list[str]:
@@ -551,7 +576,8 @@ def compaction_wait_reasons(queue: WorkQueue, now: datetime, *, bound_s: float) 
     if not bound_s or queue.oldest_at is None or queue.pulls_waiting:
         return []
     waited = oldest_wait(queue, now)
-    idle = waited if queue.active_at is None else min(waited, max(0.0, (now - queue.active_at).total_seconds()))
+    since = None if queue.active_at is None else (_server_now(queue, now) - queue.active_at).total_seconds()
+    idle = waited if since is None else min(waited, max(0.0, since))
     if idle <= bound_s:
         return []
     return [

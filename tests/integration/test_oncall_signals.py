@@ -7,14 +7,18 @@ migrating (it said Postgres did not answer)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Awaitable, Callable
 
+import nats.errors
+from nats.js.api import AckPolicy, ConsumerConfig
 from prometheus_client import generate_latest
 
 from events.context import CompactionConfig, SessionConfig
 from events.omitted import OMITTED
 from services.api import metrics
 from services.bootstrap import Container
+from services.compaction.queue import KIND, request
 from tests.conftest import make_settings, running_stack
 from tests.integration.helpers import text_message
 from tests.integration.test_compaction import _Blocking
@@ -127,3 +131,50 @@ async def test_the_quarantine_counter_counts_every_new_refusal_after_an_erasure_
         await c.waiter.wait_all(seqs[-1])
         await metrics.refresh(c)
         assert quarantined_counter("not_json") == start + 4
+
+
+async def test_a_request_whose_last_delivery_went_unanswered_no_longer_counts_as_waiting(
+    nats_url: str, fresh_db: str, s3_endpoint: str
+) -> None:
+    """A compactor killed on a request's last allowed delivery leaves it on the work-queue stream,
+    unacknowledged, and JetStream delivers it no more: it waits for nothing, so the oldest wait
+    (and readiness's) leaves it out; a request stored after it is the oldest that waits. The
+    consumer here allows one delivery and a half-second ack wait; the compactor that dies is a
+    fetch never acknowledged. The ages are the server's (``at``: its time when it answered)."""
+    settings = make_settings(nats_url, fresh_db, s3_endpoint=s3_endpoint)
+    async with running_stack(settings, projector=False) as c:
+        layout = c.layout
+        config = ConsumerConfig(
+            durable_name=settings.compaction_queue,
+            ack_policy=AckPolicy.EXPLICIT,
+            filter_subject=f"{layout.work_prefix}.{KIND}.>",
+            max_deliver=1,
+            ack_wait=0.5,
+        )
+        await c.js.add_consumer(layout.work_stream, config)
+        first = request(T, "dies-on-it", None, 500, 1)
+        ack = await c.js.publish(layout.work_subject(KIND, T, "dies-on-it"), first.to_json(), stream=layout.work_stream)
+        stored = (await c.js.get_msg(layout.work_stream, ack.seq)).time
+        sub = await c.js.pull_subscribe_bind(settings.compaction_queue, stream=layout.work_stream)
+        await sub.fetch(1, timeout=5)  # its one delivery, never acknowledged
+        busy = await until(queue_when(c, lambda q: q.in_progress == 1), "the request in progress")
+        assert busy.oldest_at == stored  # in progress: it waits to be finished
+
+        async def exhausted() -> metrics.WorkQueue | None:
+            with contextlib.suppress(nats.errors.TimeoutError):  # a pull makes the server give it up
+                await sub.fetch(1, timeout=0.2)
+            return await queue_when(c, lambda q: q.in_progress == 0)()
+
+        gone = await until(exhausted, "the request's deliveries exhausted")
+        assert (await c.js.stream_info(layout.work_stream)).state.messages == 1  # still on the stream
+        assert (gone.waiting, gone.oldest_at) == (0, None)
+        assert generate_latest(metrics.REGISTRY).decode().count("chronicle_compaction_oldest_wait_seconds 0.0") == 1
+
+        later = request(T, "stored-after", None, 500, 2)
+        ack = await c.js.publish(
+            layout.work_subject(KIND, T, "stored-after"), later.to_json(), stream=layout.work_stream
+        )
+        stored = (await c.js.get_msg(layout.work_stream, ack.seq)).time
+        waits = await until(queue_when(c, lambda q: q.waiting == 1), "the later request waiting")
+        assert waits.oldest_at == stored
+        assert waits.at is not None  # the pinned nats-server reports its time: the ages are its

@@ -7,7 +7,7 @@ from datetime import UTC, datetime, timedelta
 
 import nats.errors
 
-from services.api.metrics import WorkQueue, commands_reasons, compaction_wait_reasons, oldest_wait
+from services.api.metrics import WorkQueue, commands_reasons, compaction_wait_reasons, first_live_seq, oldest_wait
 
 NOW = datetime(2026, 12, 7, 12, 0, tzinfo=UTC)
 
@@ -56,3 +56,34 @@ def test_the_commands_service_reasons_say_which_failure() -> None:
     assert hung.startswith("the commands service does not answer (hung or overloaded)")
     (other,) = commands_reasons(ConnectionError("NATS is not connected"))
     assert "NATS is not connected" in other
+
+
+def test_the_oldest_wait_is_measured_on_the_nats_servers_clock_not_the_api_hosts() -> None:
+    """The request's store time is the NATS server's; so is the time it answered (``at``). An API
+    host an hour ahead (or behind) reports the wait the server sees: 400 s, not 4000 s (nor 0)."""
+    server_now = NOW
+    stored = server_now - timedelta(seconds=400)
+    for skew in (3600.0, -3600.0):
+        host_now = server_now + timedelta(seconds=skew)
+        q = WorkQueue(1, 0, 0, stored, server_now - timedelta(seconds=400), at=server_now)
+        assert oldest_wait(q, host_now) == 400
+        (reason,) = compaction_wait_reasons(q, host_now, bound_s=300)
+        assert "waited 400s" in reason
+        assert "for 400s" in reason
+        assert compaction_wait_reasons(q, host_now, bound_s=500) == []
+
+
+def test_without_the_servers_time_the_hosts_clock_is_used() -> None:
+    """A server that does not report its time (``at`` None): this host's clock, as before."""
+    assert oldest_wait(queue(400), NOW) == 400
+
+
+def test_a_request_whose_deliveries_ran_out_is_not_looked_for() -> None:
+    """JetStream delivers a request no more once ``max_deliver`` deliveries went unacknowledged;
+    it stays on the work-queue stream, no longer pending nor waiting for an ack. With none waiting
+    for an ack, every delivered request still on the stream is such a one: the oldest request that
+    waits is looked for after the last delivered; else after the ack floor (a request in progress
+    may be as old as that)."""
+    assert first_live_seq(delivered_seq=7, ack_floor_seq=3, ack_pending=0) == 8
+    assert first_live_seq(delivered_seq=7, ack_floor_seq=3, ack_pending=2) == 4
+    assert first_live_seq(delivered_seq=0, ack_floor_seq=0, ack_pending=0) == 1
