@@ -138,7 +138,7 @@ class Container:
             pending_of=pending_of,
         )
         retired = "chronicle-" + s.compactor_name.replace(".", "-")  # its consumer of the log, before
-        return Compactor(self.js, self.layout, broker, work, consumer, retired, s.database_url)
+        return Compactor(self.nc, self.js, self.layout, broker, work, consumer, retired, s.database_url)
 
     def projector(self) -> ProjectorRunner:
         """The projector of ``projector_partitions`` (None: every partition, one checkpoint):

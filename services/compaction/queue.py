@@ -200,6 +200,7 @@ class WorkStats:
     busy: int = 0  # waits for a session's lease that ran out, or read models behind (put off, nothing recorded)
     malformed: int = 0  # messages that were no request of their subject's session (see subscribe)
     dropped: int = 0  # of those, rejected unasked (the subject names no session, or no state to ask)
+    exhausted: int = 0  # requests JetStream gave up, their last delivery unanswered (see Compactor.watch_exhausted)
     in_flight: int = 0
 
 

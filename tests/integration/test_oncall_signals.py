@@ -9,8 +9,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Awaitable, Callable
+from datetime import datetime
 
 import nats.errors
+import pytest
+from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig
 from prometheus_client import generate_latest
 
@@ -133,36 +136,53 @@ async def test_the_quarantine_counter_counts_every_new_refusal_after_an_erasure_
         assert quarantined_counter("not_json") == start + 4
 
 
+async def abandoned_on_its_last_delivery(
+    c: Container, session: str
+) -> tuple[JetStreamContext.PullSubscription, datetime]:
+    """The compactors' consumer made with one delivery allowed and a half-second ack wait, a request
+    of ``session`` on the work queue and its one delivery taken and never acknowledged (a compactor
+    killed on it): the pull subscription, and when the request was stored."""
+    layout = c.layout
+    config = ConsumerConfig(
+        durable_name=c.settings.compaction_queue,
+        ack_policy=AckPolicy.EXPLICIT,
+        filter_subject=f"{layout.work_prefix}.{KIND}.>",
+        max_deliver=1,
+        ack_wait=0.5,
+    )
+    await c.js.add_consumer(layout.work_stream, config)
+    ack = await c.js.publish(
+        layout.work_subject(KIND, T, session), request(T, session, None, 500, 1).to_json(), stream=layout.work_stream
+    )
+    stored = (await c.js.get_msg(layout.work_stream, ack.seq)).time
+    assert stored is not None
+    sub = await c.js.pull_subscribe_bind(c.settings.compaction_queue, stream=layout.work_stream)
+    await sub.fetch(1, timeout=5)  # its one delivery, never acknowledged
+    return sub, stored
+
+
+async def pull(sub: JetStreamContext.PullSubscription) -> None:
+    """Ask for a request: a pull is what makes the server give up one whose last delivery expired."""
+    with contextlib.suppress(nats.errors.TimeoutError):
+        await sub.fetch(1, timeout=0.2)
+
+
 async def test_a_request_whose_last_delivery_went_unanswered_no_longer_counts_as_waiting(
     nats_url: str, fresh_db: str, s3_endpoint: str
 ) -> None:
     """A compactor killed on a request's last allowed delivery leaves it on the work-queue stream,
     unacknowledged, and JetStream delivers it no more: it waits for nothing, so the oldest wait
     (and readiness's) leaves it out; a request stored after it is the oldest that waits. The
-    consumer here allows one delivery and a half-second ack wait; the compactor that dies is a
-    fetch never acknowledged. The ages are the server's (``at``: its time when it answered)."""
+    ages are the server's (``at``: its time when it answered)."""
     settings = make_settings(nats_url, fresh_db, s3_endpoint=s3_endpoint)
     async with running_stack(settings, projector=False) as c:
         layout = c.layout
-        config = ConsumerConfig(
-            durable_name=settings.compaction_queue,
-            ack_policy=AckPolicy.EXPLICIT,
-            filter_subject=f"{layout.work_prefix}.{KIND}.>",
-            max_deliver=1,
-            ack_wait=0.5,
-        )
-        await c.js.add_consumer(layout.work_stream, config)
-        first = request(T, "dies-on-it", None, 500, 1)
-        ack = await c.js.publish(layout.work_subject(KIND, T, "dies-on-it"), first.to_json(), stream=layout.work_stream)
-        stored = (await c.js.get_msg(layout.work_stream, ack.seq)).time
-        sub = await c.js.pull_subscribe_bind(settings.compaction_queue, stream=layout.work_stream)
-        await sub.fetch(1, timeout=5)  # its one delivery, never acknowledged
+        sub, stored = await abandoned_on_its_last_delivery(c, "dies-on-it")
         busy = await until(queue_when(c, lambda q: q.in_progress == 1), "the request in progress")
         assert busy.oldest_at == stored  # in progress: it waits to be finished
 
         async def exhausted() -> metrics.WorkQueue | None:
-            with contextlib.suppress(nats.errors.TimeoutError):  # a pull makes the server give it up
-                await sub.fetch(1, timeout=0.2)
+            await pull(sub)
             return await queue_when(c, lambda q: q.in_progress == 0)()
 
         gone = await until(exhausted, "the request's deliveries exhausted")
@@ -174,7 +194,33 @@ async def test_a_request_whose_last_delivery_went_unanswered_no_longer_counts_as
         ack = await c.js.publish(
             layout.work_subject(KIND, T, "stored-after"), later.to_json(), stream=layout.work_stream
         )
-        stored = (await c.js.get_msg(layout.work_stream, ack.seq)).time
+        stored_after = (await c.js.get_msg(layout.work_stream, ack.seq)).time
         waits = await until(queue_when(c, lambda q: q.waiting == 1), "the later request waiting")
-        assert waits.oldest_at == stored
+        assert waits.oldest_at == stored_after
         assert waits.at is not None  # the pinned nats-server reports its time: the ages are its
+
+
+async def test_a_compactor_drops_and_logs_a_request_whose_deliveries_ran_out(
+    nats_url: str, fresh_db: str, s3_endpoint: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """JetStream tells (an advisory) when it gives up a request whose last delivery went
+    unanswered; a running compactor logs it, naming the session, counts it, and deletes the
+    request from the work-queue stream, which then holds only requests that still wait (it held
+    the request until it expired, a day later)."""
+    settings = make_settings(nats_url, fresh_db, s3_endpoint=s3_endpoint)
+    async with running_stack(settings, projector=False) as c:
+        compactor = c.compactor()
+        watching = await compactor.watch_exhausted()
+        try:
+            sub, _ = await abandoned_on_its_last_delivery(c, "dies-on-it")
+            for _ in range(150):
+                await pull(sub)
+                info = await c.js.stream_info(c.layout.work_stream)
+                if compactor.work.exhausted and info.state.messages == 0:
+                    break
+                await asyncio.sleep(0.1)
+            assert (compactor.work.exhausted, info.state.messages) == (1, 0)
+        finally:
+            await watching.unsubscribe()
+    (line,) = [r.getMessage() for r in caplog.records if "without an answer" in r.getMessage()]
+    assert f"{T}/dies-on-it" in line
