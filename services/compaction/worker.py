@@ -35,6 +35,7 @@ from services.compaction import presence
 from services.compaction.queue import KIND, WorkStats
 
 log = logging.getLogger("chronicle.compactor")
+MAX_DELIVER_ADVISORY = "io.nats.jetstream.advisory.v1.max_deliver"
 
 
 class Compactor:
@@ -177,12 +178,15 @@ async def ensure_consumer(js: JetStreamContext, layout: SubjectLayout, config: C
 
 def exhausted_of(advisory: bytes) -> tuple[int, int] | None:
     """The stream sequence a ``MAX_DELIVERIES`` advisory names and the deliveries it had (None:
-    not such an advisory)."""
+    not such an advisory: no tenant may publish on its subject, but one can have the server send a
+    reply there, the ack of its own event)."""
     try:
         body = json.loads(advisory)
     except ValueError:
         return None
-    seq = body.get("stream_seq") if isinstance(body, dict) else None
+    if not isinstance(body, dict) or body.get("type") != MAX_DELIVER_ADVISORY:
+        return None
+    seq = body.get("stream_seq")
     if not isinstance(seq, int) or seq <= 0:
         return None
     deliveries = body.get("deliveries")
