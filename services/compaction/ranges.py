@@ -17,6 +17,8 @@ from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from services.compaction.micro import stringify
+
 Message = dict[str, Any]
 Counter = Callable[[str], int]
 TOKENS_PER_MESSAGE = 4
@@ -154,8 +156,8 @@ def _js_to_string(value: Any) -> str:
         return "[object Object]"
     if isinstance(value, list):
         return ",".join("" if v is None else _js_to_string(v) for v in value)
-    if isinstance(value, float) and value.is_integer():
-        return str(int(value))
+    if isinstance(value, int | float):
+        return stringify(value)  # a finite number: ``String(n)`` is ``JSON.stringify(n)``
     return str(value)
 
 
@@ -174,7 +176,7 @@ def transcript(messages: Sequence[Message]) -> str:
             name = p.get("toolName")
             lines = [f"[Tool: {'unknown' if name is None else _js_to_string(name)}]"]  # ``toolName ?? "unknown"``
             if _js_truthy(p.get("input")):
-                lines.append(f"Input: {_js_slice(_js_string(p['input']), 500)}")
+                lines.append(f"Input: {_js_slice(stringify(p['input']), 500)}")  # ``JSON.stringify(input)``
             if _js_truthy(p.get("output")):
                 lines.append(f"Output: {_js_slice(_js_to_string(p['output']), 500)}")
             tools.append("\n".join(lines))

@@ -76,3 +76,17 @@ def test_the_transcript_renders_tool_parts_as_the_reference_does() -> None:
         '[assistant]\nLooking.\n[Tool: ]\nInput: {"q":"é"}\nOutput: [object Object]\n[Tool: unknown]\nInput: {}\n'
         "[Tool: unknown]\nOutput: 1,,a,true\n\n---\n\n[user]\none\ntwo"
     )
+
+
+def test_the_transcript_writes_every_tool_input_as_json_stringify_does() -> None:
+    # buildSummaryPrompt: ``Input: ${JSON.stringify(tp.input).slice(0, 500)}`` (a string input
+    # is quoted and escaped; numbers as JavaScript writes them), ``Output: ${String(tp.output)}``
+    part = {"type": "dynamic-tool", "toolCallId": "c1", "toolName": "shell"}
+    messages: list[Message] = [
+        {"id": "a", "role": "assistant", "parts": [{**part, "input": 'ls "my dir"\nwc', "output": 1e-7}]},
+        {"id": "b", "role": "assistant", "parts": [{**part, "input": {"n": 1.0, "x": 2.5e-7}, "output": 1.0}]},
+    ]
+    assert transcript(messages) == (
+        '[assistant]\n\n[Tool: shell]\nInput: "ls \\"my dir\\"\\nwc"\nOutput: 1e-7\n\n---\n\n'
+        '[assistant]\n\n[Tool: shell]\nInput: {"n":1,"x":2.5e-7}\nOutput: 1'
+    )
