@@ -44,7 +44,7 @@ from services.compaction.requester import Requester
 from services.compaction.service import CompactionService, Series
 from services.compaction.state import CompactorState, pending, series, still_due
 from services.compaction.summarizers import OfflineSummarizer, OpenAISummarizer, Summarizer
-from services.compaction.worker import Compactor
+from services.compaction.worker import Compactor, Recorder
 from services.connection_loss import ReconnectNoise, close_nats, nats_node
 from services.context.search_gate import SearchGate, search_slots
 from services.context.service import ContextService
@@ -138,7 +138,8 @@ class Container:
             pending_of=pending_of,
         )
         retired = "chronicle-" + s.compactor_name.replace(".", "-")  # its consumer of the log, before
-        return Compactor(self.nc, self.js, self.layout, broker, work, consumer, retired, s.database_url)
+        recorder = Recorder(self.compaction, series_of, s.compaction_attempts)
+        return Compactor(self.nc, self.js, self.layout, broker, work, consumer, retired, s.database_url, recorder)
 
     def projector(self) -> ProjectorRunner:
         """The projector of ``projector_partitions`` (None: every partition, one checkpoint):

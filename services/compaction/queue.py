@@ -117,6 +117,29 @@ def max_deliveries(attempts: int) -> int:
     return 4 * attempts + 1
 
 
+class DeliveriesExhausted(RuntimeError):
+    """JetStream gave a request up: its last allowed delivery went unanswered, its compactor killed
+    or hung on it (see :class:`~services.compaction.worker.Compactor`); the error of the
+    ``compaction.failed`` recorded for it."""
+
+    def __init__(self, deliveries: int) -> None:
+        times = f"{deliveries} deliver{'y' if deliveries == 1 else 'ies'}"
+        super().__init__(f"the compactor stopped answering on its last allowed delivery ({times})")
+
+
+def exhausted_failure_id(request_id: str, stream_seq: int) -> str:
+    """The id of the ``compaction.failed`` recorded for a request JetStream gave up: derived from
+    the request's id and its work-queue stream sequence, so each hearing of the advisory (a
+    duplicate, another compactor) records the same event."""
+    return derived_id("compaction-exhausted", request_id, stream_seq)
+
+
+def series_number(running: Series, attempts: int) -> int:
+    """The number of a request's attempt: the next of the session's series while it has attempts
+    left, else the first of a new one."""
+    return running.failed + 1 if 0 < running.failed < attempts else 1
+
+
 def consumer_config(layout: SubjectLayout, durable: str, attempts: int, backoff_s: Sequence[float]) -> ConsumerConfig:
     """The one durable every compactor shares. ``backoff`` paces redeliveries of requests whose
     compactor went silent (its first entry is the ack wait a heartbeat renews; the last repeats);
@@ -307,7 +330,7 @@ def subscribe(
                         return
                     # the series' next attempt, or the first of a new one: numbered by what is recorded,
                     # not by deliveries (a nak to wait, or a wait for the lease, is no attempt)
-                    number = (running.failed + 1 if ongoing else 1) if series_of is not None else delivery
+                    number = series_number(running, attempts) if series_of is not None else delivery
                     if final:  # its attempts died unsettled (killed), or it was put off too often
                         error = RuntimeError(f"delivered {delivery} times without an answer")
                         await _give_up(service, req, Attempt(req.id, number, req.estimate), error)

@@ -62,6 +62,12 @@ class Attempt:
     estimate: int = 0  # the request's (the compaction state's estimate, prompt included)
 
 
+def failure_id(attempt: Attempt | None) -> str:
+    """A work-queue attempt's failure: derived from the request's id and the attempt's number (a
+    redelivered attempt records it once); a manual one's: new."""
+    return derived_id("compaction-failed", attempt.request_id, attempt.number) if attempt else new_event_id()
+
+
 @dataclass(frozen=True, slots=True)
 class Series:
     """The session's attempt series in the work queue, from the committed state: ``failed`` is
@@ -406,20 +412,29 @@ class CompactionService:
             raise
 
     async def record_failure(
-        self, tenant: str, session: str, leaf: str | None, exc: BaseException, attempt: Attempt | None = None
+        self,
+        tenant: str,
+        session: str,
+        leaf: str | None,
+        exc: BaseException,
+        attempt: Attempt | None = None,
+        *,
+        event_id: str | None = None,
     ) -> Published | None:
         """Record ``compaction.failed`` (``None``: the session is erased, nothing recorded): for a
         work-queue request, with an id derived from the request's and the attempt's number (a
         redelivered attempt records it once), that number, its estimate and the session's
         compaction settings now (those it was tried under, unless they changed during the
         attempt), and wait until the projector has applied it, as a skip: the compaction state
-        asks for the session again only after enough growth."""
+        asks for the session again only after enough growth. ``event_id``: the event's id in place
+        of the one derived from the attempt (a request JetStream gave up: its stream sequence's)."""
         config = None
         if attempt is not None:
             async with self._pool.connection() as conn:
                 config = (await self._context.config(conn, tenant, session)).compaction
         failed = CompactionFailed(
-            id=derived_id("compaction-failed", attempt.request_id, attempt.number) if attempt else new_event_id(),
+            id=event_id
+            or (derived_id("compaction-failed", attempt.request_id, attempt.number) if attempt else new_event_id()),
             tenant=tenant,
             session=session,
             leaf_id=leaf or "",

@@ -9,7 +9,10 @@ shares: whichever process is free summarises, with explicit acks, bounded redeli
 reads nothing of the log: a session without compaction costs it nothing. A redelivered request is
 checked against the committed state first (:func:`~services.compaction.state.still_due`,
 :func:`~services.compaction.state.series`); a message on a session's work subject that is no
-request of it is read back from there (:func:`~services.compaction.state.pending`).
+request of it is read back from there (:func:`~services.compaction.state.pending`). A request
+JetStream gives up (its last allowed delivery unanswered: the compactor on it died or hung) is
+recorded as the session's ``compaction.failed`` by the compactor that hears the advisory
+(:meth:`Compactor.watch_exhausted`), and deleted from the work queue.
 
 Appends never wait for any of this.
 """
@@ -20,6 +23,7 @@ import asyncio
 import contextlib
 import json
 import logging
+from dataclasses import dataclass
 
 from faststream.nats import NatsBroker
 from nats.aio.client import Client as NatsClient
@@ -27,15 +31,41 @@ from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 from nats.js import JetStreamContext
 from nats.js.api import ConsumerConfig
-from nats.js.errors import NotFoundError
+from nats.js.errors import APIError, NotFoundError
+from pydantic import ValidationError
 
+from events.catalog import CompactionRequested
 from events.subjects import SubjectLayout
 from services import brokers
 from services.compaction import presence
-from services.compaction.queue import KIND, WorkStats
+from services.compaction.lease import LeaseWaitTimedOut
+from services.compaction.queue import (
+    KIND,
+    DeliveriesExhausted,
+    SeriesOf,
+    WorkStats,
+    exhausted_failure_id,
+    series_number,
+)
+from services.compaction.service import Attempt, CompactionService, Series
 
 log = logging.getLogger("chronicle.compactor")
 MAX_DELIVER_ADVISORY = "io.nats.jetstream.advisory.v1.max_deliver"
+ERR_NO_MESSAGE_FOUND = 10057  # JetStream's answer to deleting a message that is not (or no longer) there
+
+
+@dataclass(frozen=True, slots=True)
+class Recorder:
+    """How a compactor records a request JetStream gave up (:meth:`Compactor.watch_exhausted`), as
+    the work queue records a failed attempt: the compaction ``service`` (the session's lease,
+    :meth:`~services.compaction.service.CompactionService.record_failure`), the session's attempt
+    series (``series_of``, None: a series of its own) and ``attempts`` a series has, and how long
+    to wait for the lease (``wait_s``: the queue's ``compact_timeout_s``)."""
+
+    service: CompactionService
+    series_of: SeriesOf | None
+    attempts: int
+    wait_s: float = 600
 
 
 class Compactor:
@@ -52,11 +82,14 @@ class Compactor:
         consumer: ConsumerConfig,
         retired: str | None = None,
         presence_conninfo: str | None = None,
+        recorder: Recorder | None = None,
     ) -> None:
         """``retired``: the durable consumer of the log that compactors kept before the projector
         kept the compaction state; deleted at the start (an upgrade leaves it behind).
         ``presence_conninfo``: the database where this compactor holds its presence while it runs
-        (:mod:`services.compaction.presence`: readiness counts compactors there); None: none."""
+        (:mod:`services.compaction.presence`: readiness counts compactors there); None: none.
+        ``recorder``: records the requests JetStream gives up as ``compaction.failed``; None: they
+        are deleted and logged only."""
         self.nc = nc
         self.js = js
         self.layout = layout
@@ -66,6 +99,8 @@ class Compactor:
         self._retired = retired
         self._presence = presence_conninfo
         self._watching: Subscription | None = None
+        self._settling: set[asyncio.Task[None]] = set()
+        self._recorder = recorder
 
     async def run(self, stop: asyncio.Event) -> None:
         """Take work until ``stop``; a stop while it starts ends the start (with its nats-server
@@ -118,20 +153,39 @@ class Compactor:
         if watching is not None:
             with contextlib.suppress(Exception):  # a closed connection: gone with it
                 await watching.unsubscribe()
+        settling, self._settling = self._settling, set()
+        for task in settling:  # the request stays: the oldest wait leaves it out, it expires
+            task.cancel()
+        for task in settling:
+            with contextlib.suppress(BaseException):
+                await task
 
     async def watch_exhausted(self) -> Subscription:
         """Listen for the requests JetStream gives up (its ``MAX_DELIVERIES`` advisory of the work
         consumer: the last allowed delivery went unanswered, a compactor killed or hung on it; one
-        compactor of a queue group hears each): log it, naming the session, count it
-        (:attr:`WorkStats.exhausted`), and delete it from the work-queue stream, which kept it,
-        unacknowledged, until it expired. Nothing else is recorded for it: the process that would
-        have recorded its ``compaction.failed`` is the one that stopped answering. Unsubscribed
-        when the connection closes."""
+        compactor of a queue group hears each), and settle each in a task of its own
+        (:meth:`_exhausted`; it may wait for its session's lease). Unsubscribed when the
+        connection closes."""
         durable = self._consumer.durable_name
         subject = f"$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.{self.layout.work_stream}.{durable}"
-        return await self.nc.subscribe(subject, queue=f"{durable}-exhausted", cb=self._exhausted)
+        return await self.nc.subscribe(subject, queue=f"{durable}-exhausted", cb=self._heard)
+
+    async def _heard(self, advisory: Msg) -> None:
+        task = asyncio.create_task(self._exhausted(advisory))
+        self._settling.add(task)
+        task.add_done_callback(self._settling.discard)
 
     async def _exhausted(self, advisory: Msg) -> None:
+        """Settle a request JetStream gave up: inside its session's lease (as a compactor records a
+        failed attempt), record its ``compaction.failed`` (:class:`DeliveriesExhausted`; the
+        series' next attempt number; an id derived from the request's and its stream sequence),
+        then delete it from the work-queue stream, which kept it, unacknowledged, until it
+        expired; count it (:attr:`WorkStats.exhausted`) and log it, naming the session. A request
+        no longer on the stream when the lease is held was settled by another hearing of the
+        advisory (a duplicate, another compactor): nothing more. Nothing is recorded for a
+        message that is no request of its subject's session, a session erased, or a lease held by
+        another compaction of the session past its wait (that compaction settles the session):
+        the request is deleted and logged."""
         named = exhausted_of(advisory.data)
         if named is None:
             log.warning("an advisory on %s that names no stream sequence: ignored", advisory.subject)
@@ -140,27 +194,85 @@ class Compactor:
         stream = self.layout.work_stream
         try:
             found = await self.js.get_msg(stream, seq)
-            with contextlib.suppress(NotFoundError):
-                await self.js.delete_msg(stream, seq)
-        except NotFoundError:  # acknowledged after all, or replaced by a newer request of its session
+        except NotFoundError:  # acknowledged after all, replaced by a newer request of its session, or settled
             return
         except Exception as exc:  # NATS: the request stays until it expires (the oldest wait leaves it out)
-            log.warning("a compaction request JetStream gave up (%s seq %d) could not be deleted: %s", stream, seq, exc)
+            log.warning("a compaction request JetStream gave up (%s seq %d) could not be read: %s", stream, seq, exc)
+            return
+        subject = found.subject or ""
+        req = request_in(self.layout, subject, found.data or b"")
+        rec = self._recorder
+        if req is None or rec is None:
+            what = "nothing recorded" + (" (no request of its session)" if req is None else "")
+            deleted = await self._delete(seq)
+        else:
+            try:
+                async with rec.service.leases.hold(req.tenant, req.session, wait_s=rec.wait_s):
+                    if not await self._queued(seq):
+                        return  # another hearing of the advisory recorded and deleted it
+                    running = await rec.series_of(req) if rec.series_of is not None else Series()
+                    attempt = Attempt(req.id, series_number(running, rec.attempts), req.estimate)
+                    published = await rec.service.record_failure(
+                        req.tenant,
+                        req.session,
+                        req.leaf_id,
+                        DeliveriesExhausted(deliveries),
+                        attempt,
+                        event_id=exhausted_failure_id(req.id, seq),
+                    )
+                    what = (
+                        "the session is erased: nothing recorded"
+                        if published is None
+                        else f"recorded as compaction.failed (attempt {attempt.number}, seq {published.seq})"
+                    )
+                    deleted = await self._delete(seq)
+            except LeaseWaitTimedOut:
+                what = "nothing recorded (another compaction of the session held its lease; it settles the session)"
+                deleted = await self._delete(seq)
+            except Exception as exc:  # the database, NATS
+                what = f"its compaction.failed may not be recorded: {type(exc).__name__}: {exc}"
+                deleted = await self._delete(seq)
+        if not deleted:
             return
         self.work.exhausted += 1
         try:
-            where = "/".join(self.layout.work_session(KIND, found.subject or ""))
+            where = "/".join(self.layout.work_session(KIND, subject))
         except ValueError:
-            where = f"subject {found.subject}"
+            where = f"subject {subject}"
         log.error(
             "compaction request of %s (%s seq %d) delivered %d times without an answer (its compactor stopped on "
-            "the last): JetStream delivers it no more; deleted, nothing recorded; the session is asked for again "
-            "when it grows",
+            "the last): JetStream delivers it no more; %s; deleted; the session is asked for again when it grows",
             where,
             stream,
             seq,
             deliveries,
+            what,
         )
+
+    async def _queued(self, seq: int) -> bool:
+        try:
+            await self.js.get_msg(self.layout.work_stream, seq)
+        except NotFoundError:
+            return False
+        return True
+
+    async def _delete(self, seq: int) -> bool:
+        """Delete the work-queue stream's ``seq``: False when it was gone already, or could not be
+        (logged; it stays until it expires, the oldest wait leaves it out)."""
+        stream = self.layout.work_stream
+        try:
+            await self.js.delete_msg(stream, seq)
+        except NotFoundError:
+            return False
+        except APIError as exc:
+            if exc.err_code == ERR_NO_MESSAGE_FOUND:  # deleted meanwhile (the server's answer is no NotFoundError)
+                return False
+            log.warning("a compaction request JetStream gave up (%s seq %d) could not be deleted: %s", stream, seq, exc)
+            return False
+        except Exception as exc:
+            log.warning("a compaction request JetStream gave up (%s seq %d) could not be deleted: %s", stream, seq, exc)
+            return False
+        return True
 
     async def idle(self) -> bool:
         """No request waits in the work queue, none is in flight here."""
@@ -191,3 +303,13 @@ def exhausted_of(advisory: bytes) -> tuple[int, int] | None:
         return None
     deliveries = body.get("deliveries")
     return seq, deliveries if isinstance(deliveries, int) else 0
+
+
+def request_in(layout: SubjectLayout, subject: str, data: bytes) -> CompactionRequested | None:
+    """The request a work-queue message on ``subject`` is (None: no request of that subject's
+    session, such as a publish ack a tenant had the server reflect there)."""
+    try:
+        req = CompactionRequested.model_validate_json(data)
+    except ValidationError:
+        return None
+    return req if layout.work_subject(KIND, req.tenant, req.session) == subject else None

@@ -137,11 +137,12 @@ async def test_the_quarantine_counter_counts_every_new_refusal_after_an_erasure_
 
 
 async def abandoned_on_its_last_delivery(
-    c: Container, session: str
+    c: Container, session: str, leaf: str | None = None
 ) -> tuple[JetStreamContext.PullSubscription, datetime]:
     """The compactors' consumer made with one delivery allowed and a half-second ack wait, a request
-    of ``session`` on the work queue and its one delivery taken and never acknowledged (a compactor
-    killed on it): the pull subscription, and when the request was stored."""
+    of ``session`` (its branch ending at ``leaf``) on the work queue and its one delivery taken and
+    never acknowledged (a compactor killed on it): the pull subscription, and when the request was
+    stored."""
     layout = c.layout
     config = ConsumerConfig(
         durable_name=c.settings.compaction_queue,
@@ -152,7 +153,7 @@ async def abandoned_on_its_last_delivery(
     )
     await c.js.add_consumer(layout.work_stream, config)
     ack = await c.js.publish(
-        layout.work_subject(KIND, T, session), request(T, session, None, 500, 1).to_json(), stream=layout.work_stream
+        layout.work_subject(KIND, T, session), request(T, session, leaf, 500, 1).to_json(), stream=layout.work_stream
     )
     stored = (await c.js.get_msg(layout.work_stream, ack.seq)).time
     assert stored is not None

@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import json
 
-from services.compaction.worker import exhausted_of
+from events.subjects import SubjectLayout
+from services.compaction.queue import KIND, DeliveriesExhausted, exhausted_failure_id, request
+from services.compaction.worker import exhausted_of, request_in
 
 ADVISORY = {
     "type": "io.nats.jetstream.advisory.v1.max_deliver",
@@ -31,3 +33,18 @@ def test_anything_else_on_the_subject_names_nothing() -> None:
     assert exhausted_of(json.dumps({**ADVISORY, "stream_seq": 0}).encode()) is None
     assert exhausted_of(b"not json") is None
     assert exhausted_of(b"[7]") is None
+
+
+def test_only_a_request_of_its_subjects_session_is_recorded_as_given_up() -> None:
+    layout = SubjectLayout()
+    req = request("t", "s", "m9", 500, 3)
+    assert request_in(layout, layout.work_subject(KIND, "t", "s"), req.to_json()) == req
+    assert request_in(layout, layout.work_subject(KIND, "t", "other"), req.to_json()) is None
+    assert request_in(layout, layout.work_subject(KIND, "t", "s"), b'{"stream": "T1", "seq": 7}') is None
+
+
+def test_the_failure_of_a_given_up_request_says_what_happened_and_has_one_id_per_request() -> None:
+    assert str(DeliveriesExhausted(1)) == "the compactor stopped answering on its last allowed delivery (1 delivery)"
+    assert "(17 deliveries)" in str(DeliveriesExhausted(17))
+    assert exhausted_failure_id("r", 7) == exhausted_failure_id("r", 7)
+    assert exhausted_failure_id("r", 7) not in (exhausted_failure_id("r", 8), exhausted_failure_id("q", 7))
