@@ -445,8 +445,10 @@ class CompactionFailed(Event):
     """A summarizer failed: a manual compaction (``POST …/compact``) records each failure; the
     compaction work queue records each failed attempt (``attempt`` is its number in the session's
     series of attempts, the id is derived from the request's and that number, so a redelivered
-    attempt records it once; a later attempt of the series may still succeed). Appends are
-    unaffected.
+    attempt records it once; a later attempt of the series may still succeed). A request JetStream
+    gave up (the compactor on its last allowed delivery died or hung) is recorded as one too, by the
+    compactor that hears the advisory: ``error`` says so, the id is derived from the request's and
+    its work-queue stream sequence. Appends are unaffected.
 
     A work-queue failure also names the request's ``estimate`` (prompt included) and the session's
     compaction settings (``config``) when it was recorded: the compaction state treats it like a
