@@ -67,3 +67,28 @@ async def test_a_request_jetstream_gave_up_is_recorded_as_a_compaction_failure_o
         assert "recorded as compaction.failed (attempt 1" in line
         assert (await c.js.stream_info(c.layout.work_stream)).state.messages == 0
         await assert_rebuild_equals_live(c, fresh_db, settings.projector_name)
+
+
+async def test_a_running_compactor_records_a_request_jetstream_gave_up(
+    nats_url: str, fresh_db: str, s3_endpoint: str
+) -> None:
+    """The advisory heard on the compactor's own subscription (settled in a task of its own): the
+    failure is in the session's compaction failures and the request is off the work queue."""
+    settings = make_settings(nats_url, fresh_db, s3_endpoint=s3_endpoint)
+    async with running_stack(settings) as c:
+        await c.commands.append(T, SID, text_message("m0", "words to summarise"), OMITTED)
+        compactor = c.compactor()
+        watching = await compactor.watch_exhausted()
+        try:
+            sub, _ = await abandoned_on_its_last_delivery(c, SID, "m0")
+            for _ in range(150):
+                await pull(sub)
+                found = await failures(c)
+                if found and compactor.work.exhausted:
+                    break
+                await asyncio.sleep(0.1)
+        finally:
+            await watching.unsubscribe()
+        assert [attempt for attempt, _ in found] == [1]
+        assert compactor.work.exhausted == 1
+        assert (await c.js.stream_info(c.layout.work_stream)).state.messages == 0
