@@ -76,8 +76,9 @@ class Settings(BaseSettings):
     model_config = SettingsConfigDict(
         env_prefix="CHRONICLE_", env_file=".env", extra="ignore", hide_input_in_errors=True
     )
-    _file_entries: tuple[ApiKeyEntry, ...] = PrivateAttr(default=())
-    """The entries of ``api_keys_file`` as last read (at validation, or by :meth:`with_keys_file_read`)."""
+    _file_entries: tuple[ApiKeyEntry, ...] | None = PrivateAttr(default=None)
+    """The entries of ``api_keys_file`` as last read (by the first use of the keys, or by
+    :meth:`with_keys_file_read`); None until then: a process that uses no tenant key never reads it."""
 
     nats_url: str = Field(
         default="nats://127.0.0.1:4222",
@@ -214,9 +215,11 @@ class Settings(BaseSettings):
     api_keys_file: str | None = Field(
         default=None,
         description="a file of more `api_keys` entries, one a line (blank lines and lines starting with '#' "
-        "skipped), used with `api_keys` (both count): a bad line stops every process at start, naming the "
-        "file and the line. Edit it and send SIGHUP to `chronicle api` (or `chronicle up`): the keys change "
-        "for the next requests, without a restart (docs/security.md, Rotate credentials)",
+        "skipped), used with `api_keys` (both count), read by the processes that use the keys (`api`, "
+        "`nats-config`, `up`, `erase`): a file that does not read, an empty one or a bad line stops those at "
+        "start, naming the file and the line; the others never read it. Edit it and send SIGHUP to `chronicle "
+        "api` (or `chronicle up`): the keys change for the next requests, without a restart "
+        "(docs/security.md, Rotate credentials)",
     )
     ops_key: SecretStr | None = Field(
         default=None,
@@ -579,18 +582,14 @@ class Settings(BaseSettings):
 
     @field_validator("api_keys_file")
     @classmethod
-    def _key_file_parses(cls, path: str | None) -> str | None:
-        """The file reads and each entry parses (as ``api_keys``'s), so a typo stops every process at
-        start; kept as an absolute path, so that a child process in another directory reads the same file."""
-        if path is None:
+    def _key_file_absolute(cls, path: str | None) -> str | None:
+        """Kept as an absolute path, so that a child process in another directory reads the same
+        file; not read here (:meth:`api_key_entries` reads it): a process that uses no tenant key
+        (a projector, ``migrate``) starts whatever the file holds. Empty is unset (compose's
+        ``${CHRONICLE_API_KEYS_FILE:-}``)."""
+        if not path:
             return None
-        read_api_keys_file(path)
         return str(Path(path).resolve())
-
-    @model_validator(mode="after")
-    def _key_file_read(self) -> Settings:
-        self._file_entries = tuple(read_api_keys_file(self.api_keys_file)) if self.api_keys_file else ()
-        return self
 
     @field_validator("rate_limits", "search_languages")
     @classmethod
@@ -617,12 +616,19 @@ class Settings(BaseSettings):
         return env
 
     def api_key_entries(self) -> list[ApiKeyEntry]:
-        """Every key entry: ``api_keys``'s, then ``api_keys_file``'s as it was last read."""
-        return [*(ApiKeyEntry.parse(entry) for entry in self.api_keys), *self._file_entries]
+        """Every key entry: ``api_keys``'s, then ``api_keys_file``'s as it was last read (read
+        now, the first time: a file that does not read or parse is an :class:`UnusableSetting`
+        naming the file and the line, and is read again at the next call)."""
+        return [*(ApiKeyEntry.parse(entry) for entry in self.api_keys), *self._read_file_entries()]
 
     def file_entry_count(self) -> int:
         """How many entries ``api_keys_file`` held when last read."""
-        return len(self._file_entries)
+        return len(self._read_file_entries())
+
+    def _read_file_entries(self) -> tuple[ApiKeyEntry, ...]:
+        if self._file_entries is None:
+            self._file_entries = tuple(read_api_keys_file(self.api_keys_file)) if self.api_keys_file else ()
+        return self._file_entries
 
     def with_keys_file_read(self) -> Settings:
         """These settings with ``api_keys_file`` read again (``api_keys`` kept): what a reload

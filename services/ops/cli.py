@@ -43,6 +43,8 @@ from services.settings import (
 )
 
 SERVICES = frozenset({"up", "api", "projector", "compactor", "commands"})
+KEY_USERS = frozenset({"up", "api", "nats-config", "erase"})
+"""The commands that use the tenant keys (``CHRONICLE_API_KEYS_FILE`` read, and refused, at their start)."""
 """The commands that run a service (their log is where a retry is worth a warning); the others are tools."""
 
 DRILLS = {
@@ -335,6 +337,12 @@ def main(argv: list[str] | None = None) -> int:
         for line in setting_errors(exc):
             print(f"chronicle {args.command}: {line}", file=sys.stderr, flush=True)
         return SETTINGS_EXIT
+    if args.command in KEY_USERS:  # the others never read the keys file: a typo there stops no projector
+        try:
+            settings.api_key_entries()
+        except UnusableSetting as exc:
+            print(f"chronicle {args.command}: setting CHRONICLE_API_KEYS_FILE: {exc}", file=sys.stderr, flush=True)
+            return SETTINGS_EXIT
     logs.configure(settings.log_level, settings.log_format)
     if args.command not in SERVICES:  # a tool says in one line what failed: each retry it made is noise
         logging.getLogger("urllib3").setLevel(logging.ERROR)

@@ -26,7 +26,7 @@ from services.bootstrap import open_container
 from services.ops.cli import LOG_MISMATCH_EXIT, SETTINGS_EXIT, UNREACHABLE_EXIT
 from services.ops.localstack import free_port
 from services.ops.natsconf import NatsAccess
-from services.settings import STACK_RECORD, LocalStack, Settings
+from services.settings import STACK_RECORD, LocalStack, Settings, api_key_entry
 from tests.conftest import (
     KEYS,
     OPERATOR_SEED,
@@ -666,3 +666,29 @@ async def test_another_tool_meeting_object_storage_that_is_not_there_exits_4_in_
         "chronicle skills: object storage at CHRONICLE_S3_ENDPOINT (127.0.0.1:1) cannot be used: "
         "Failed to establish a new connection: [Errno 111] Connection refused"
     )
+
+
+@pytest.mark.parametrize("broken", ["bad-line", "absent", "empty"])
+def test_a_broken_keys_file_stops_the_api_and_not_a_process_that_uses_no_keys(
+    elsewhere: Settings, tmp_path: Path, broken: str
+) -> None:
+    """``CHRONICLE_API_KEYS_FILE`` is read by what uses the tenant keys (the API, nats-config, up,
+    erase) and by nothing else: an operator's typo there stopped every process at its next start,
+    and a restarted projector crash-looped on a file it never uses. ``migrate`` starts and does its
+    work; the API, given the same settings, refuses in one line naming the file (and the line)."""
+    keys = tmp_path / "api-keys"
+    if broken == "bad-line":
+        keys.write_text(f"# tenants\n{api_key_entry('acme', 'chr_ok')}\nacme:chr_live_SECRETPART\n")
+    elif broken == "empty":
+        keys.write_text("")
+    settings = elsewhere.model_copy(update={"api_keys_file": str(keys), "api_port": free_port()})
+    migrated = chronicle_cli(settings, "migrate", timeout=90)
+    assert migrated.returncode == 0, migrated.stderr
+    assert str(keys) not in migrated.stderr
+    refused = chronicle_cli(settings, "api", timeout=90)
+    assert refused.returncode == SETTINGS_EXIT, refused.stderr
+    line = one_line(refused)
+    assert line.startswith(f"chronicle api: setting CHRONICLE_API_KEYS_FILE: {keys}"), line
+    assert "SECRETPART" not in refused.stderr
+    if broken == "bad-line":
+        assert f"{keys} line 3: an entry of tenant 'acme' is not" in line

@@ -11,7 +11,7 @@ import pytest
 from pydantic import ValidationError
 
 from services.ops.cli import SETTINGS_EXIT, main
-from services.settings import KeyGrant, Settings, api_key_entry, hash_key
+from services.settings import KeyGrant, Settings, UnusableSetting, api_key_entry, hash_key
 
 
 @pytest.mark.parametrize(
@@ -120,7 +120,7 @@ def test_a_bad_line_of_the_api_keys_file_stops_the_process_with_the_file_and_lin
     done = _api(CHRONICLE_API_KEYS_FILE=str(keys))
     assert done.returncode == SETTINGS_EXIT, done.stderr
     assert done.stderr.strip() == (
-        f"chronicle api: setting CHRONICLE_API_KEYS_FILE: Value error, {keys} line 4: an entry of tenant 'acme' is "
+        f"chronicle api: setting CHRONICLE_API_KEYS_FILE: {keys} line 4: an entry of tenant 'acme' is "
         "not 'tenant:sha256hex[:nkey|:read-only]': the digest is not 64 hex digits"
     )
 
@@ -129,7 +129,7 @@ def test_an_api_keys_file_that_cannot_be_read_stops_the_process_in_one_line(tmp_
     done = _api(CHRONICLE_API_KEYS_FILE=str(tmp_path / "absent"))
     assert done.returncode == SETTINGS_EXIT, done.stderr
     assert done.stderr.strip() == (
-        f"chronicle api: setting CHRONICLE_API_KEYS_FILE: Value error, {tmp_path / 'absent'} cannot be read "
+        f"chronicle api: setting CHRONICLE_API_KEYS_FILE: {tmp_path / 'absent'} cannot be read "
         "(No such file or directory)"
     )
 
@@ -192,3 +192,19 @@ def test_an_ops_key_with_surrounding_whitespace_is_refused_in_one_line(
         "which no request can carry: remove it"
     ]
     assert "chr_ops" not in err
+
+
+def test_settings_with_a_broken_keys_file_build_and_refuse_only_when_the_keys_are_asked_for(tmp_path: Path) -> None:
+    """Every process builds settings; only those that use the tenant keys read the file (a
+    projector's settings build with a file it never uses)."""
+    keys = tmp_path / "api-keys"
+    keys.write_text("acme:chr_live_SECRETPART\n")
+    settings = Settings(api_keys_file=str(keys))
+    assert settings.api_keys_file == str(keys.resolve())
+    with pytest.raises(UnusableSetting, match=f"^{keys} line 1: ") as refused:
+        settings.api_key_entries()
+    assert "SECRETPART" not in str(refused.value)
+    with pytest.raises(UnusableSetting):
+        settings.grants_by_key_hash()
+    keys.write_text(f"{api_key_entry('acme', 'chr_ok')}\n")
+    assert settings.grants_by_key_hash() == {hash_key("chr_ok"): KeyGrant("acme")}  # read once it parses
