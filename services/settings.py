@@ -842,6 +842,15 @@ class KeyGrant(NamedTuple):
     read_only: bool = False
 
 
+def grants_fingerprint(grants: Mapping[str, KeyGrant]) -> str:
+    """A short fingerprint of the keys in force: the first 12 hex digits of the SHA-256 of their
+    ``digest:tenant:ro|rw`` lines, sorted. Equal in two processes that serve the same keys (a
+    reload that reached one and not another shows), different when one key, its tenant or its
+    read-only flag differs; it gives no key, nor any key's digest, away."""
+    lines = sorted(f"{digest}:{g.tenant}:{'ro' if g.read_only else 'rw'}" for digest, g in grants.items())
+    return hashlib.sha256("\n".join(lines).encode()).hexdigest()[:12]
+
+
 @dataclass(frozen=True, slots=True)
 class ApiKeyEntry:
     """One ``tenant:sha256hex[:nkey]`` entry (a full key: a key's digest and, optionally, its NKey

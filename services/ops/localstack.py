@@ -51,6 +51,7 @@ from services.settings import (
     UnusableSetting,
     api_key_entry,
     database_address,
+    grants_fingerprint,
     new_api_key,
     new_operator_seed,
 )
@@ -557,9 +558,9 @@ class KeysReload:
         for proc in [*servers, *apis]:  # the servers first: a key the API now accepts can publish
             proc.send_signal(signal.SIGHUP)
         _say(
-            f"chronicle up: api keys reloaded: {fresh.file_entry_count()} entries from {file} "
-            f"({len(servers)} nats-server configuration(s) written again and reloaded, {len(apis)} API process(es) "
-            "sent SIGHUP)",
+            f"chronicle up: api keys reloaded: {fresh.file_entry_count()} entries from {file}, keys fingerprint "
+            f"{grants_fingerprint(fresh.grants_by_key_hash())} ({len(servers)} nats-server configuration(s) written "
+            f"again and reloaded, {len(apis)} API process(es) sent SIGHUP)",
             sys.stdout,
         )
         return True

@@ -213,6 +213,13 @@ async def _serve_api(settings: Settings) -> None:
     # SIGHUP reloads the keys (services/api/keyring.py), from now on: uvicorn takes SIGINT and
     # SIGTERM only (with signal.signal), so this handler of the loop's is left alone by it
     keys = KeyRing(settings.grants_by_key_hash())
+    log.info(
+        "api keys: %d in force (%d from %s), keys fingerprint %s",
+        len(keys.grants),
+        settings.file_entry_count(),
+        settings.api_keys_file or "no keys file",
+        keys.fingerprint,
+    )
     loop = asyncio.get_running_loop()
     loop.add_signal_handler(signal.SIGHUP, keys.reload, settings)
     if sighup_before_serving():  # recorded by the entry point while this process started

@@ -24,7 +24,7 @@ from nats.js.api import StreamInfo
 from events.credentials import nkey_public_key, tenant_inbox_prefix, tenant_nkey_seed
 from services.ops.cli import UNREACHABLE_EXIT
 from services.ops.localstack import ROUTE_PORT_OFFSET, free_port, port_free
-from services.settings import api_key_entry
+from services.settings import KeyGrant, api_key_entry, grants_fingerprint, hash_key
 from tests.support import nats_handshake, scratch_database
 
 
@@ -497,10 +497,14 @@ async def test_up_reloads_the_api_keys_file_on_sighup(tmp_path: Path, fresh_db: 
     keep = "chr_keep_" + uuid.uuid4().hex  # in every version of the file: the previous keys stay in force
     kept = f"# ops\n{api_key_entry('ops', keep)}\n"
     keys_file.write_text(kept)
-    proc, _ = _start(
+    proc, started = _start(
         tmp_path / "data", fresh_db, s3_endpoint, api_port, nats_port, "--api-processes", "2",
         CHRONICLE_API_KEYS_FILE=str(keys_file),
     )  # fmt: skip
+    # each API process says which keys it serves, as a fingerprint (equal in both, never a key)
+    first = grants_fingerprint({hash_key(keep): KeyGrant("ops")})
+    start_line = f"api keys: 1 in force (1 from {keys_file}), keys fingerprint {first}"
+    assert sum(start_line in line for line in started) == 2, "".join(started)
     out = proc.stdout
     assert out is not None
     nats_url, base = f"nats://127.0.0.1:{nats_port}", f"http://127.0.0.1:{api_port}"
@@ -526,15 +530,30 @@ async def test_up_reloads_the_api_keys_file_on_sighup(tmp_path: Path, fresh_db: 
             assert line, f"chronicle up ended before saying {text!r}"
         return line
 
+    async def said_all(*texts: str) -> list[str]:
+        """A line for each of ``texts`` (in any order, from now on), each line once."""
+        found: list[str | None] = [None] * len(texts)
+        while None in found:
+            line = await asyncio.to_thread(out.readline)
+            assert line, f"chronicle up ended before saying {[t for t, f in zip(texts, found, strict=True) if not f]}"
+            at = next((i for i, t in enumerate(texts) if found[i] is None and t in line), None)
+            if at is not None:
+                found[at] = line
+        return [line for line in found if line is not None]
+
     try:
         assert await statuses(key) == {401}
         assert await nats_handshake(nats_url, tenant_nkey_seed(key)) == "-ERR 'Authorization Violation'"
         keys_file.write_text(f"{kept}# acme\n{api_key_entry('acme', key)}\n")
         proc.send_signal(signal.SIGHUP)
-        line = await said("api keys reloaded")
-        assert line.strip() == (
-            f"chronicle up: api keys reloaded: 2 entries from {keys_file} (1 nats-server configuration(s) written "
-            "again and reloaded, 2 API process(es) sent SIGHUP)"
+        second = grants_fingerprint({hash_key(keep): KeyGrant("ops"), hash_key(key): KeyGrant("acme")})
+        lines = await said_all(
+            "chronicle up: api keys reloaded",
+            *[f"api keys reloaded: 2 entries from {keys_file}, keys fingerprint {second}"] * 2,  # each API process
+        )
+        assert lines[0].strip() == (
+            f"chronicle up: api keys reloaded: 2 entries from {keys_file}, keys fingerprint {second} (1 nats-server "
+            "configuration(s) written again and reloaded, 2 API process(es) sent SIGHUP)"
         )
         await until("the new key answers 200 on every API process", lambda: _only(statuses(key), 200))
         await until("nats-server admits the new tenant", lambda: _handshake_is(nats_url, key, "PONG"))

@@ -15,7 +15,7 @@ import pytest
 from events.credentials import nkey_public_key, tenant_nkey_seed
 from services.ops.localstack import KeysReload, local_cluster, write_cluster_node_config
 from services.ops.natsconf import NatsAccess
-from services.settings import Settings, api_key_entry, new_operator_seed
+from services.settings import Settings, api_key_entry, grants_fingerprint, new_operator_seed
 
 
 def test_a_reload_writes_each_node_s_configuration_again_with_the_file_s_users(
@@ -36,8 +36,10 @@ def test_a_reload_writes_each_node_s_configuration_again_with_the_file_s_users(
     keys_file.write_text(f"{api_key_entry('acme', 'chr_new')}\n")
     keys.ask(signal.SIGHUP, None)
     assert keys.reload([])
+    fingerprint = grants_fingerprint(settings.with_keys_file_read().grants_by_key_hash())
     assert capsys.readouterr().out == (
-        f"chronicle up: api keys reloaded: 1 entries from {keys_file} (0 nats-server configuration(s) written again "
+        f"chronicle up: api keys reloaded: 1 entries from {keys_file}, keys fingerprint {fingerprint} (0 nats-server "
+        "configuration(s) written again "
         "and reloaded, 0 API process(es) sent SIGHUP)\n"
     )
     after = [json.loads(conf.read_text()) for conf in confs]
