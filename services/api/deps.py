@@ -62,12 +62,17 @@ def read_only(request: Request) -> bool:
     return bool(getattr(request.state, "read_only", False))
 
 
+def key_digest(request: Request) -> str:
+    """The SHA-256 of the request's API key, as ``CHRONICLE_API_KEYS`` names it."""
+    _, _, token = request.headers.get("authorization", "").partition(" ")
+    return hash_key(token.strip())
+
+
 async def requester_of(request: Request) -> str:
     """Who a request's API key is, as an erasure records it: ``tenant:<t> key:<12 hex>``, the start
     of the key's SHA-256 as ``CHRONICLE_API_KEYS`` names it (keys have no other id)."""
     tenant = await tenant_of(request)
-    _, _, token = request.headers.get("authorization", "").partition(" ")
-    return f"tenant:{tenant} key:{hash_key(token.strip())[:12]}"
+    return f"tenant:{tenant} key:{key_digest(request)[:12]}"
 
 
 Tenant = Annotated[str, Depends(tenant_of)]

@@ -3,7 +3,9 @@ stores them, in an answer that stays open.
 
 An answer ends when ``to_seq`` is passed (the stream reached it, whichever session's event it
 is), after ``limit`` events, after the session's deletion or erasure, when the client leaves,
-when the process stops (within a tick), or when the client reads too slowly for what is coming
+when the process stops or a reload of the keys (SIGHUP) revoked the key it was opened with, or
+gave it to another tenant (within a tick, as the process stopping: the SDK's follow asks again
+and meets 401), or when the client reads too slowly for what is coming
 (its buffer would grow without bound): the client resumes with ``from_seq`` = the last ``seq`` it
 got + 1 and misses nothing. Each tenant holds at most ``follow_streams_per_tenant`` answers in one
 process with its full keys, and as many again with its read-only keys: an auditor's followers
@@ -32,7 +34,7 @@ from services.errors import TooManyStreams
 KEEPALIVE_S = 15.0
 """How long a followed answer stays silent before it sends a blank line."""
 TICK_S = 1.0
-"""How often a silent answer looks at what ends it (the process stopping, ``to_seq`` reached)."""
+"""How often a silent answer looks at what ends it (the process stopping, its key revoked, ``to_seq`` reached)."""
 NDJSON = "application/x-ndjson"
 ENDING_TYPES = frozenset({SessionDeleted.TYPE, SessionErased.TYPE})
 HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}  # proxies pass each line on at once
@@ -64,10 +66,11 @@ def followed(
     from_seq: int,
     to_seq: int | None,
     limit: int | None,
-    read_only: bool = False,
+    read_only: bool,
+    granted: Callable[[], bool],
 ) -> FollowedResponse:
     """The answer, holding one of the slots of the tenant's full or read-only keys (429
-    ``too_many_streams`` when none is free)."""
+    ``too_many_streams`` when none is free); it ends once ``granted()`` is false (its key revoked)."""
     allowed = c.settings.follow_streams_per_tenant
     slots = (tenant, read_only)
     if _following[slots] >= allowed:
@@ -82,7 +85,7 @@ def followed(
         if not _following[slots]:
             del _following[slots]
 
-    return FollowedResponse(_lines(c, stopping, tenant, sid, from_seq, to_seq, limit), release)
+    return FollowedResponse(_lines(c, stopping, granted, tenant, sid, from_seq, to_seq, limit), release)
 
 
 def open_answers(tenant: str, read_only: bool | None = None) -> int:
@@ -95,6 +98,7 @@ def open_answers(tenant: str, read_only: bool | None = None) -> int:
 async def _lines(
     c: Container,
     stopping: asyncio.Event,
+    granted: Callable[[], bool],
     tenant: str,
     sid: str,
     from_seq: int,
@@ -104,7 +108,11 @@ async def _lines(
     if to_seq is not None and to_seq < from_seq:
         return
     sent = 0  # the session's keys were asked for before the answer began (services/api/log.py)
-    stored = _stored(c, stopping, c.layout.session_subject(tenant, sid), from_seq, to_seq)
+
+    def ended() -> bool:  # the process stops, or a reload revoked the key
+        return stopping.is_set() or not granted()
+
+    stored = _stored(c, ended, c.layout.session_subject(tenant, sid), from_seq, to_seq)
     async with contextlib.aclosing(stored):
         async for ev in stored:
             if ev is None:
@@ -116,17 +124,18 @@ async def _lines(
             shown = audit.event_line(ev, c.layout, c.keys)
             yield shown
             sent += 1
-            if sent == limit or ev.seq == to_seq or ends_session(shown) or stopping.is_set():
+            if sent == limit or ev.seq == to_seq or ends_session(shown) or ended():
                 return
 
 
 async def _stored(
-    c: Container, stopping: asyncio.Event, subject: str, from_seq: int, to_seq: int | None
+    c: Container, ended: Callable[[], bool], subject: str, from_seq: int, to_seq: int | None
 ) -> AsyncGenerator[eventlog.StoredEvent | None, None]:
     """The subject's events from ``from_seq``: what is stored already, read to its end (a backlog
     arrives at once), then what comes next; None when a keep-alive is due. Ends once the stream
-    passed ``to_seq``, when the process stops, or when the reader falls behind (the client
-    resumes from its last ``seq`` + 1)."""
+    passed ``to_seq``, when ``ended()`` (the process stops, the key was revoked: looked at each
+    tick and each event), or when the reader falls behind (the client resumes from its last
+    ``seq`` + 1)."""
     next_seq = from_seq
     async with contextlib.aclosing(eventlog.read(c.js, c.layout, subject, from_seq, to_seq)) as backlog:
         async for old in backlog:
@@ -136,8 +145,8 @@ async def _stored(
     async with contextlib.aclosing(eventlog.follow(c.js, c.layout, subject, next_seq, TICK_S)) as live:
         try:
             async for ev in live:
-                if stopping.is_set():
-                    return  # the process stops: the client resumes elsewhere, from its last seq + 1
+                if ended():
+                    return  # the process stops (the client resumes elsewhere, from its last seq + 1), or the key went
                 if ev is not None:
                     if to_seq is not None and ev.seq > to_seq:
                         return

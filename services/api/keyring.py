@@ -22,6 +22,12 @@ class KeyRing:
     def __init__(self, grants: dict[str, KeyGrant]) -> None:
         self.grants = grants
 
+    def grants_to(self, digest: str, tenant: str) -> bool:
+        """Whether the key of SHA-256 ``digest`` is still one of ``tenant``'s (read-only or full):
+        what an answer opened with it before a reload asks, to go on."""
+        grant = self.grants.get(digest)
+        return grant is not None and grant.tenant == tenant
+
     @property
     def fingerprint(self) -> str:
         """The fingerprint of the keys in force."""

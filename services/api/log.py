@@ -2,6 +2,7 @@
 subject sequence, and the tenant's NATS subjects."""
 
 import contextlib
+import functools
 from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Annotated, Any
 
@@ -15,7 +16,8 @@ from events.credentials import tenant_inbox_prefix, tenant_permissions
 from events.sealing import kid_in
 from services.api import following
 from services.api import models as m
-from services.api.deps import MAX_SEQ, ContainerDep, Sid, Tenant, check_id, read_only
+from services.api.deps import MAX_SEQ, ContainerDep, Sid, Tenant, check_id, key_digest, read_only
+from services.api.keyring import KeyRing
 from services.api.models import ok
 from services.api.responses import NdjsonResponse
 from services.api.strict_json import StrictJsonRoute
@@ -43,7 +45,8 @@ async def events(
         bool,
         Query(
             description="keep the answer open and send each new event of the session as it is stored, until "
-            "`to_seq` is passed, `limit` events were sent or the session is deleted or erased; a blank line "
+            "`to_seq` is passed, `limit` events were sent, the session is deleted or erased or a reload of the "
+            "API keys revoked the key; a blank line "
             f"every {following.KEEPALIVE_S:g} s while nothing comes"
         ),
     ] = False,
@@ -57,8 +60,18 @@ async def events(
     # configured) is ``500 key_unavailable``, not an answer that shows nothing
     await c.keys.refresh([(tenant, sid)])
     if follow:
+        keys: KeyRing = request.app.state.keys
+        digest = key_digest(request)
         return following.followed(
-            c, request.app.state.stopping, tenant, sid, from_seq, to_seq, limit, read_only=read_only(request)
+            c,
+            request.app.state.stopping,
+            tenant,
+            sid,
+            from_seq,
+            to_seq,
+            limit,
+            read_only=read_only(request),
+            granted=functools.partial(keys.grants_to, digest, tenant),
         )
     lines = _page(c, tenant, sid, from_seq, to_seq, limit or MAX_EVENTS_PAGE)
     try:  # the first line too: whatever fails it is a problem answer, before any byte is sent

@@ -4,12 +4,14 @@ when it does not. A real process, spoken to over HTTP."""
 
 from __future__ import annotations
 
+import asyncio
+import json
 import signal
 import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,9 +20,11 @@ import httpx
 import pytest
 
 from bench.support import settings_env
+from chronicle_sdk import ChronicleClient, Unauthorized
 from services.ops.localstack import free_port, wait_for_port
 from services.settings import Settings, api_key_entry
 from tests.conftest import KEYS
+from tests.e2e.helpers import chain, new_sid
 
 
 @dataclass
@@ -117,6 +121,86 @@ def test_a_key_removed_from_the_file_is_401_after_sighup(keyed_api: KeyedApi) ->
         "the reload logged", lambda: keyed_api.logged(f"api keys reloaded: 0 entries from {keyed_api.keys_file}")
     )
     assert keyed_api.status(KEYS["tenant-a"]) == 200
+
+
+async def test_a_followed_answer_ends_once_a_reload_revoked_its_key_and_a_kept_key_s_goes_on(
+    keyed_api: KeyedApi,
+) -> None:
+    """(A followed event answer opened with a key that a reload then removed kept streaming the
+    tenant's events for as long as the client stayed.) It ends soon after the reload, as it ends
+    when the server stops: the SDK's follow asks again and meets 401. One of a key the reload kept
+    goes on."""
+    gone = "key-c-gone-" + uuid.uuid4().hex
+    kept_only = f"{api_key_entry('tenant-c', KEPT)}\n"
+    keyed_api.keys_file.write_text(f"{kept_only}{api_key_entry('tenant-c', gone, read_only=True)}\n")
+    keyed_api.hangup()
+    keyed_api.until("the second key answers 200", lambda: keyed_api.status(gone) == 200)
+    sid = new_sid("revoked-follow")
+    path, follow = f"/v1/sessions/{sid}/events", {"follow": "true"}
+    async with (
+        httpx.AsyncClient(base_url=keyed_api.base, headers=_bearer(KEPT), timeout=30) as writer,
+        httpx.AsyncClient(base_url=keyed_api.base, headers=_bearer(gone), timeout=30) as reader,
+    ):
+        first = await chain(writer, sid, ["m1"])
+        async with (
+            writer.stream("GET", path, params=follow) as kept,
+            reader.stream("GET", path, params=follow) as ended,
+        ):
+            assert (kept.status_code, ended.status_code) == (200, 200)
+            kept_lines, ended_lines = _events(kept.aiter_lines()), _events(ended.aiter_lines())
+            assert (await anext(kept_lines))["seq"] == first
+            assert (await anext(ended_lines))["seq"] == first
+            keyed_api.keys_file.write_text(kept_only)  # the read-only key revoked
+            keyed_api.hangup()
+            # the positive signal: the answer's end, well before a keep-alive is due (15 s)
+            assert await asyncio.wait_for(_rest(ended_lines), timeout=10) == []
+            assert keyed_api.status(gone) == 401  # what the SDK's follow meets when it asks again
+            second = await chain(writer, sid, ["m2"])
+            assert (await asyncio.wait_for(anext(kept_lines), timeout=10))["seq"] == second
+
+
+async def test_the_sdk_s_follow_of_a_revoked_key_raises_unauthorized(keyed_api: KeyedApi) -> None:
+    """The end of a followed answer whose key a reload removed is, to the SDK, a server that
+    stopped: it asks again, meets 401 and raises it (it does not follow on, nor wait forever)."""
+    gone = "key-c-gone-" + uuid.uuid4().hex
+    kept_only = f"{api_key_entry('tenant-c', KEPT)}\n"
+    keyed_api.keys_file.write_text(f"{kept_only}{api_key_entry('tenant-c', gone)}\n")
+    keyed_api.hangup()
+    keyed_api.until("the second key answers 200", lambda: keyed_api.status(gone) == 200)
+    async with ChronicleClient(keyed_api.base, gone) as sdk:
+        session = sdk.session(new_sid("revoked-sdk-follow"))
+        await session.append_message({"id": "m1", "role": "user", "parts": [{"type": "text", "text": "hi"}]})
+        records: list[dict[str, object]] = []
+
+        async def follow() -> None:
+            async for record in session.follow_events():
+                records.append(record)
+
+        following = asyncio.create_task(follow())
+        async with asyncio.timeout(20):
+            while not records:  # the follow is open and has given its first event
+                await asyncio.sleep(0.02)
+        keyed_api.keys_file.write_text(kept_only)
+        keyed_api.hangup()
+        with pytest.raises(Unauthorized):
+            await asyncio.wait_for(following, timeout=20)
+        assert len(records) == 1
+
+
+def _bearer(key: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {key}"}
+
+
+async def _events(lines: AsyncIterator[str]) -> AsyncIterator[dict[str, object]]:
+    """A followed answer's records (keep-alives skipped)."""
+    async for line in lines:
+        if line.strip():
+            record: dict[str, object] = json.loads(line)
+            yield record
+
+
+async def _rest(records: AsyncIterator[dict[str, object]]) -> list[dict[str, object]]:
+    return [record async for record in records]
 
 
 def test_an_invalid_file_on_sighup_keeps_the_old_keys_and_logs_why(keyed_api: KeyedApi) -> None:
