@@ -17,11 +17,11 @@ from urllib.parse import urlsplit
 import pytest
 import yaml
 
-from events.credentials import nkey_public_key
+from events.credentials import nkey_public_key, tenant_nkey_seed
 from projections.keystore import new_kek_line
 from services.ops import cli
 from services.ops.natsconf import NatsAccess, server_config
-from services.settings import Settings, new_operator_seed
+from services.settings import Settings, api_key_entry, hash_key, new_operator_seed
 
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE = ROOT / "compose.yaml"
@@ -41,10 +41,13 @@ PENDING_SETTINGS: frozenset[str] = frozenset()
 _INTERPOLATION = re.compile(r"\$\{(?P<name>[A-Za-z_][A-Za-z0-9_]*)(?:(?P<op>:?[-?])(?P<arg>[^}]*))?\}")
 
 
-def resolve(value: str) -> str:
-    """What compose makes of ``value`` when no variable is set: ``${VAR:-default}`` becomes ``default``."""
+def resolve(value: str, given: dict[str, str] | None = None) -> str:
+    """What compose makes of ``value`` when no variable is set but ``given``'s (a ``.env``):
+    ``${VAR:-default}`` becomes ``default``, or VAR's value where ``given`` sets it (not empty)."""
 
     def default(m: re.Match[str]) -> str:
+        if (given or {}).get(m["name"]):
+            return (given or {})[m["name"]]
         if m["op"] == ":?" and m["name"] in REQUIRED:
             return REQUIRED[m["name"]]
         if m["op"] not in (":-", "-"):
@@ -70,14 +73,14 @@ def services(compose: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return svcs
 
 
-def env_of(service: dict[str, Any]) -> dict[str, str]:
+def env_of(service: dict[str, Any], given: dict[str, str] | None = None) -> dict[str, str]:
     env = service.get("environment", {})
     if isinstance(env, list):  # the `- KEY=value` form
         env = dict(item.split("=", 1) for item in env)
     assert isinstance(env, dict)
     for key, value in env.items():
         assert isinstance(value, str), f"{key}: quote it, compose values are strings ({value!r})"
-    return {key: resolve(value) for key, value in env.items()}
+    return {key: resolve(value, given) for key, value in env.items()}
 
 
 def settings_from(env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> Settings:
@@ -306,6 +309,33 @@ def test_environment_validates_against_settings(
     assert env["CHRONICLE_S3_SECRET_KEY"] == minio["MINIO_ROOT_PASSWORD"]
     assert env["CHRONICLE_S3_SECURE"] in ("false", "true")
     assert s.claim_check_store == "s3"  # large bodies in MinIO, as the design has them
+
+
+def test_a_keys_file_set_in_dot_env_reaches_nats_config_and_the_api(
+    services: dict[str, dict[str, Any]], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """``CHRONICLE_API_KEYS_FILE`` in ``.env`` is passed to nats-config (its tenants' NATS users)
+    and to the API (their keys), as the other settings are; unset it is empty, which the settings
+    take as no file (not the working directory's path)."""
+    for name in (NATS_CONFIG, "api"):
+        assert "CHRONICLE_API_KEYS_FILE" in services[name]["environment"], name
+        assert env_of(services[name])["CHRONICLE_API_KEYS_FILE"] == ""
+    assert settings_from(env_of(services["api"]), monkeypatch).api_keys_file is None
+    keys = tmp_path / "api-keys"  # where the header's mount puts it, in a container
+    keys.write_text(f"# acme\n{api_key_entry('acme', 'chr_from_the_file')}\n")
+    for name in (NATS_CONFIG, "api"):
+        env = env_of(services[name], {"CHRONICLE_API_KEYS_FILE": str(keys)})
+        s = settings_from(env, monkeypatch)
+        assert s.api_keys_file == str(keys)
+        assert hash_key("chr_from_the_file") in s.grants_by_key_hash()
+        assert s.tenant_nkeys()["acme"] == [nkey_public_key(tenant_nkey_seed("chr_from_the_file"))]
+
+
+def test_the_header_says_how_to_give_the_containers_a_keys_file() -> None:
+    header = COMPOSE.read_text().split("\nx-chronicle-env", 1)[0]
+    assert "CHRONICLE_API_KEYS_FILE" in header
+    assert "compose.override.yaml" in header  # the mount, of the file's directory, for nats-config and api
+    assert "docker compose kill -s HUP api" in header  # the API's reload
 
 
 def test_interpolation_resolves_to_defaults() -> None:
