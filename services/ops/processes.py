@@ -213,13 +213,6 @@ async def _serve_api(settings: Settings) -> None:
     # SIGHUP reloads the keys (services/api/keyring.py), from now on: uvicorn takes SIGINT and
     # SIGTERM only (with signal.signal), so this handler of the loop's is left alone by it
     keys = KeyRing(settings.grants_by_key_hash())
-    log.info(
-        "api keys: %d in force (%d from %s), keys fingerprint %s",
-        len(keys.grants),
-        settings.file_entry_count(),
-        settings.api_keys_file or "no keys file",
-        keys.fingerprint,
-    )
     loop = asyncio.get_running_loop()
     loop.add_signal_handler(signal.SIGHUP, keys.reload, settings)
     if sighup_before_serving():  # recorded by the entry point while this process started
@@ -283,6 +276,13 @@ async def _serve_api_on(settings: Settings, sock: socket.socket, keys: KeyRing) 
         for sig in (signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, _stopped_by_the_server)
         async with stopped_if_nats_closes(lambda: [c.nc], lambda: setattr(server, "should_exit", True)):
+            # once nothing stops it from serving (a refusal before it is one line alone)
+            log.info(
+                "api keys: %d in force (keys file: %s), keys fingerprint %s",
+                len(keys.grants),
+                settings.api_keys_file or "none",
+                keys.fingerprint,
+            )
             listen_on(sock, settings)  # not at bind: a TCP probe would take the API as up before it had opened NATS
             await server.serve(sockets=[sock])
 

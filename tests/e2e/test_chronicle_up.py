@@ -503,7 +503,7 @@ async def test_up_reloads_the_api_keys_file_on_sighup(tmp_path: Path, fresh_db: 
     )  # fmt: skip
     # each API process says which keys it serves, as a fingerprint (equal in both, never a key)
     first = grants_fingerprint({hash_key(keep): KeyGrant("ops")})
-    start_line = f"api keys: 1 in force (1 from {keys_file}), keys fingerprint {first}"
+    start_line = f"api keys: 1 in force (keys file: {keys_file}), keys fingerprint {first}"
     assert sum(start_line in line for line in started) == 2, "".join(started)
     out = proc.stdout
     assert out is not None
