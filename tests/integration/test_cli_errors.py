@@ -669,13 +669,14 @@ async def test_another_tool_meeting_object_storage_that_is_not_there_exits_4_in_
 
 
 @pytest.mark.parametrize("broken", ["bad-line", "absent", "empty"])
-def test_a_broken_keys_file_stops_the_api_and_not_a_process_that_uses_no_keys(
+def test_a_broken_keys_file_stops_the_commands_that_use_keys_and_not_one_that_uses_none(
     elsewhere: Settings, tmp_path: Path, broken: str
 ) -> None:
     """``CHRONICLE_API_KEYS_FILE`` is read by what uses the tenant keys (the API, nats-config, up,
     erase) and by nothing else: an operator's typo there stopped every process at its next start,
     and a restarted projector crash-looped on a file it never uses. ``migrate`` starts and does its
-    work; the API, given the same settings, refuses in one line naming the file (and the line)."""
+    work; the API, nats-config, erase and up, given the same settings, each refuse in one line
+    naming the file (and the line), exit 2."""
     keys = tmp_path / "api-keys"
     if broken == "bad-line":
         keys.write_text(f"# tenants\n{api_key_entry('acme', 'chr_ok')}\nacme:chr_live_SECRETPART\n")
@@ -685,10 +686,17 @@ def test_a_broken_keys_file_stops_the_api_and_not_a_process_that_uses_no_keys(
     migrated = chronicle_cli(settings, "migrate", timeout=90)
     assert migrated.returncode == 0, migrated.stderr
     assert str(keys) not in migrated.stderr
-    refused = chronicle_cli(settings, "api", timeout=90)
-    assert refused.returncode == SETTINGS_EXIT, refused.stderr
-    line = one_line(refused)
-    assert line.startswith(f"chronicle api: setting CHRONICLE_API_KEYS_FILE: {keys}"), line
-    assert "SECRETPART" not in refused.stderr
-    if broken == "bad-line":
-        assert f"{keys} line 3: an entry of tenant 'acme' is not" in line
+    for argv in key_users(tmp_path):
+        refused = chronicle_cli(settings, *argv, timeout=90)
+        assert refused.returncode == SETTINGS_EXIT, (argv, refused.stderr)
+        line = one_line(refused)
+        assert line.startswith(f"chronicle {argv[0]}: setting CHRONICLE_API_KEYS_FILE: {keys}"), line
+        assert "SECRETPART" not in refused.stderr
+        if broken == "bad-line":
+            assert f"{keys} line 3: an entry of tenant 'acme' is not" in line
+    assert not (tmp_path / "nats.conf").exists()  # nats-config refused before it wrote anything
+
+
+def key_users(tmp: Path) -> list[list[str]]:
+    """The commands that use the tenant keys, each as it would run (each refuses before it does anything)."""
+    return [["api"], ["nats-config", "--out", str(tmp / "nats.conf")], ["erase", "--tenant", "acme"], ["up"]]
