@@ -24,7 +24,7 @@ distribution, ``chronicle-sdk`` (``sdk/pyproject.toml``), without the server's d
 from chronicle_sdk.client import ChronicleClient, Via
 from chronicle_sdk.config import ObjectSource, Provider, Readonly, Searchable, Skills, Writable
 from chronicle_sdk.connection import Connection
-from chronicle_sdk.convert import to_anthropic_messages, to_openai_messages
+from chronicle_sdk.convert import UnconvertibleMessage, to_anthropic_messages, to_openai_messages
 from chronicle_sdk.errors import (
     AmbiguousCredentials,
     AmbiguousIdempotencyKey,
@@ -171,6 +171,7 @@ __all__ = [
     "TransientError",
     "Unauthorized",
     "Unavailable",
+    "UnconvertibleMessage",
     "UnknownCursor",
     "UnknownParent",
     "UnknownTool",

@@ -29,7 +29,7 @@ SECTIONS: list[tuple[str, ModuleType | None, list[str]]] = [
     ("Sessions", None, ["Session", "SessionManager", "Connection"]),
     ("Context providers", config, ["Readonly", "ObjectSource", "Writable", "Searchable", "Skills", "Provider"]),
     ("Tools", None, ["Tools", "ToolDefinition", "format_session_search"]),
-    ("Converters", convert, ["to_openai_messages", "to_anthropic_messages"]),
+    ("Converters", convert, ["to_openai_messages", "to_anthropic_messages", "UnconvertibleMessage"]),
     (
         "Values",
         None,

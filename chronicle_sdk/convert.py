@@ -19,8 +19,13 @@ followed by the provider's own conversion:
   becomes a ``thinking`` block when it carries one (``providerMetadata.anthropic.signature``,
   or ``signature`` on the part or its AI SDK 4 ``details``), a ``redacted_thinking`` block when
   it carries ``providerMetadata.anthropic.redactedData``, and is skipped otherwise.
-* Unknown part types (``data-*``, ``source-url``, ``step-start`` itself) are skipped; unknown
-  roles are skipped.
+* Unknown part types (``data-*``, ``source-url``, ``step-start`` itself) are skipped.
+* A message is never dropped whole without saying so: a role other than ``system``, ``user`` and
+  ``assistant`` (or none) raises :class:`UnconvertibleMessage` naming it, in both converters.
+  ``system`` messages stay where they are in Chat Completions, which takes them anywhere; the
+  Messages API has no system role (only its ``system=`` parameter), so
+  :func:`to_anthropic_messages` raises for one that holds text, wherever it is: put its text in
+  ``system=`` (beside the frozen prompt) or leave it out of the history you convert.
 """
 
 from __future__ import annotations
@@ -31,6 +36,20 @@ from dataclasses import dataclass
 from typing import Any
 
 Part = Mapping[str, Any]
+
+
+class UnconvertibleMessage(ValueError):
+    """A history message that the target format cannot carry, which a converter raises rather
+    than drop its content: ``index`` (its place in the history), ``message_id`` and ``role``
+    (``None`` when it has none)."""
+
+    def __init__(self, index: int, message: Mapping[str, Any], why: str) -> None:
+        self.index = index
+        mid = message.get("id")
+        self.message_id: str | None = mid if isinstance(mid, str) else None
+        role = message.get("role")
+        self.role: str | None = role if isinstance(role, str) else None
+        super().__init__(f"message {index} ({self.message_id!r}, role {self.role!r}): {why}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,6 +140,10 @@ def _texts(parts: Iterable[Any]) -> list[str]:
     ]
 
 
+def _unknown_role(index: int, message: Mapping[str, Any]) -> UnconvertibleMessage:
+    return UnconvertibleMessage(index, message, "not a system, user or assistant message, which is all a history holds")
+
+
 def _parts(message: Mapping[str, Any]) -> list[Any]:
     parts = message.get("parts")
     return list(parts) if isinstance(parts, list) else []
@@ -135,12 +158,14 @@ def to_openai_messages(history: Sequence[Mapping[str, Any]], system_prompt: str 
     ``system_prompt`` (e.g. ``await session.freeze_system_prompt()``) is sent when non-empty.
     Reasoning parts are dropped (Chat Completions cannot take them back); incomplete tool calls
     are dropped; each complete call becomes an assistant ``tool_calls`` entry followed by a
-    ``tool`` message with its result text.
+    ``tool`` message with its result text. A ``system`` message of the history stays a system
+    message where it is; a message of any other role than these three raises
+    :class:`UnconvertibleMessage`.
     """
     out: list[dict[str, Any]] = []
     if system_prompt:
         out.append({"role": "system", "content": system_prompt})
-    for message in history:
+    for index, message in enumerate(history):
         role = message.get("role")
         parts = _parts(message)
         if role == "system":
@@ -178,6 +203,8 @@ def to_openai_messages(history: Sequence[Mapping[str, Any]], system_prompt: str 
                     ]
                 out.append(msg)
                 out.extend({"role": "tool", "tool_call_id": c.id, "content": _output_text(c.output)} for c in calls)
+        else:
+            raise _unknown_role(index, message)
     return out
 
 
@@ -233,8 +260,13 @@ def to_anthropic_messages(history: Sequence[Mapping[str, Any]]) -> list[dict[str
     Tool calls become ``tool_use`` blocks and their results ``tool_result`` blocks in the next
     user turn (``is_error`` for ``output-error``); incomplete calls are dropped. Reasoning is
     kept only with a signature (see the module docstring). Consecutive messages of one role are
-    merged, as the API requires alternating roles. System-role messages are not part of
-    ``messages`` in the Anthropic API and are skipped; empty text is skipped too.
+    merged, as the API requires alternating roles; empty text is skipped.
+
+    The Messages API has no system role in ``messages``, so a ``system`` message of the history
+    that holds text raises :class:`UnconvertibleMessage` (naming it), wherever it is, rather than
+    lose it: pass its text in ``system=`` (with the frozen prompt) and convert the history
+    without it. One with no text is skipped. A message of another role than ``system``,
+    ``user`` and ``assistant`` raises too.
     """
     out: list[dict[str, Any]] = []
 
@@ -246,10 +278,18 @@ def to_anthropic_messages(history: Sequence[Mapping[str, Any]]) -> list[dict[str
         else:
             out.append({"role": role, "content": content})
 
-    for message in history:
+    for index, message in enumerate(history):
         role = message.get("role")
         parts = _parts(message)
-        if role == "user":
+        if role == "system":
+            if "".join(_texts(parts)):
+                raise UnconvertibleMessage(
+                    index,
+                    message,
+                    "the Messages API has no system role in messages: pass its text in system= "
+                    "(with the frozen prompt) and convert the history without it",
+                )
+        elif role == "user":
             blocks: list[dict[str, Any]] = []
             for p in parts:
                 if not isinstance(p, Mapping):
@@ -285,7 +325,9 @@ def to_anthropic_messages(history: Sequence[Mapping[str, Any]]) -> list[dict[str
                         results.append(result)
                 emit("assistant", content)
                 emit("user", results)
+        else:
+            raise _unknown_role(index, message)
     return out
 
 
-__all__ = ["to_anthropic_messages", "to_openai_messages"]
+__all__ = ["UnconvertibleMessage", "to_anthropic_messages", "to_openai_messages"]

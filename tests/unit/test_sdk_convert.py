@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from chronicle_sdk import to_anthropic_messages, to_openai_messages
+import pytest
+
+from chronicle_sdk import UnconvertibleMessage, to_anthropic_messages, to_openai_messages
 
 
 def user(mid: str, text: str) -> dict[str, Any]:
@@ -227,7 +229,6 @@ def test_system_messages_images_and_unknown_parts() -> None:
                 {"type": "data-weather", "data": {}},
             ],
         },
-        {"id": "x", "role": "data", "parts": [{"type": "text", "text": "ignored"}]},
         {"id": "e", "role": "assistant", "parts": [{"type": "step-start"}]},
     ]
     assert to_openai_messages(history) == [
@@ -241,7 +242,7 @@ def test_system_messages_images_and_unknown_parts() -> None:
             ],
         },
     ]
-    assert to_anthropic_messages(history) == [
+    assert to_anthropic_messages(history[1:]) == [
         {
             "role": "user",
             "content": [
@@ -251,3 +252,42 @@ def test_system_messages_images_and_unknown_parts() -> None:
             ],
         }
     ]
+
+
+def test_openai_keeps_a_mid_history_system_message_where_it_was() -> None:
+    history = [user("u1", "Hi"), {"id": "s1", "role": "system", "parts": [{"type": "text", "text": "Be brief."}]}]
+    assert to_openai_messages(history, "SYSTEM") == [
+        {"role": "system", "content": "SYSTEM"},
+        {"role": "user", "content": "Hi"},
+        {"role": "system", "content": "Be brief."},
+    ]
+
+
+@pytest.mark.parametrize("at", [0, 1])
+def test_anthropic_raises_for_a_system_message_with_text_naming_it(at: int) -> None:
+    history = [user("u1", "Hi"), user("u2", "Bye")]
+    history.insert(at, {"id": "s1", "role": "system", "parts": [{"type": "text", "text": "Be brief."}]})
+    with pytest.raises(UnconvertibleMessage) as raised:
+        to_anthropic_messages(history)
+    assert isinstance(raised.value, ValueError)
+    assert (raised.value.index, raised.value.message_id, raised.value.role) == (at, "s1", "system")
+    assert "'s1'" in str(raised.value)
+    assert "system=" in str(raised.value)  # says where its text goes instead
+
+
+def test_anthropic_skips_a_system_message_without_text() -> None:
+    history = [{"id": "s1", "role": "system", "parts": []}, user("u1", "Hi")]
+    assert to_anthropic_messages(history) == [{"role": "user", "content": [{"type": "text", "text": "Hi"}]}]
+
+
+@pytest.mark.parametrize("convert", [to_openai_messages, to_anthropic_messages])
+@pytest.mark.parametrize("role", ["data", "tool", None])
+def test_an_unknown_role_raises_naming_the_role_and_the_message(convert: Any, role: str | None) -> None:
+    odd: dict[str, Any] = {"id": "x1", "parts": [{"type": "text", "text": "lost?"}]}
+    if role is not None:
+        odd["role"] = role
+    with pytest.raises(UnconvertibleMessage) as raised:
+        convert([user("u1", "Hi"), odd])
+    assert (raised.value.index, raised.value.message_id, raised.value.role) == (1, "x1", role)
+    assert repr(role) in str(raised.value)
+    assert "'x1'" in str(raised.value)
