@@ -101,6 +101,22 @@ _EXISTS_LIMIT = MAX_DELETE_IDS  # ids in one POST …/messages:exists (the API's
 _BATCH_BYTES = 48 * 1024 * 1024  # JSON in one batch: half the API's default request bound (97 MiB)
 
 
+def _chain_stored(err: ChronicleError, messages: Sequence[Mapping[str, Any]]) -> str:
+    """What of a chain sent in several requests is stored when ``err`` stopped it (its
+    ``written`` and ``failed_index`` counted over the chain), and how to go on from there."""
+    index = err.failed_index or 0
+    said = f"(append_all: {len(err.written)} of the chain's {len(messages)} messages are stored, err.written"
+    if isinstance(err, TransientError) and not isinstance(err, RateLimited):
+        said += f"; message {index} may be too"
+    if not err.written:
+        return said + ".)"
+    return (
+        f"{said}; go on from message {index} ({str(messages[index].get('id'))!r}) with "
+        f"append_all(messages[{index}:], parent_id={err.written[-1].id!r}). Sending the whole chain "
+        "again is safe too (the stored messages replay) but, under a rate limit, is charged for them again.)"
+    )
+
+
 def _batches(messages: Sequence[Mapping[str, Any]]) -> list[list[dict[str, Any]]]:
     """The chain in ``messages:batch`` requests: at most :data:`_BATCH_LIMIT` messages and, past
     the first message of each, :data:`_BATCH_BYTES` of JSON (a body over the API's request bound
@@ -190,7 +206,8 @@ class ChronicleClient:
       saying that it may have been applied (read before sending it again). After a 429 the
       client waits at least the server's ``retry_after``; one over ``MAX_RETRY_AFTER_S`` (60 s),
       or past the budget once the ``retries`` are made, raises
-      :class:`~chronicle_sdk.RateLimited` at once instead.
+      :class:`~chronicle_sdk.RateLimited` at once instead (an ``append_all`` refused after its
+      first requests were stored: its ``written`` and ``failed_index`` say what is).
     * How long one call may take, with the defaults: a read (or a write) that waits for the
       server's read models answers ``503 projection_timeout`` after the server's read wait
       (``CHRONICLE_READ_WAIT_TIMEOUT_S``, 5 s), and is retried; ``retries`` + 1 attempts of
@@ -596,7 +613,8 @@ class ChronicleClient:
         results: list[AppendResult] = []
         parent = parent_id
         key = uuid.uuid4().hex  # the call's name in every request and retry: what it stored is created
-        for chunk in _batches(messages):
+        batches = _batches(messages)
+        for chunk in batches:
             try:
                 out = await self._send(
                     via,
@@ -612,6 +630,9 @@ class ChronicleClient:
                 err.written = results + err.written
                 if err.written:
                     self.note_seq(session_id, max(w.seq for w in err.written))  # stored: reads wait for it
+                if len(batches) > 1:  # the server's detail speaks of one request: say what of the chain is stored
+                    err.detail = f"{err.detail.rstrip()} {_chain_stored(err, messages)}"
+                    err.args = (err.detail,)
                 raise
             self.note_seq(session_id, out["seq"])
             results += [

@@ -6,8 +6,8 @@ usually does about them: :class:`Conflict` (409), :class:`NotFound` (404; :class
 is one: what the request names existed and never will again),
 :class:`InvalidRequest` (422/400/413: fix the request) and :class:`TransientError` (the SDK
 already retried, with backoff, before raising it). :class:`RateLimited` (429) is transient: the
-tenant is over its rate limit, nothing was written, and the SDK waits at least its
-``retry_after`` before each retry (one over a minute is raised at once).
+tenant is over its rate limit, nothing of the refused request was written, and the SDK waits at
+least its ``retry_after`` before each retry (one over a minute is raised at once).
 """
 
 from __future__ import annotations
@@ -27,7 +27,10 @@ class ChronicleError(Exception):
     order; empty when nothing of the chain was). After a :class:`TransientError` (no answer, or
     a 5xx) messages of the request that failed may have been stored too. Either way the chain
     may be appended again whole (idempotent by message id), or from ``failed_index`` under
-    ``written[-1].id``. Any other error has ``failed_index`` None and ``written`` empty."""
+    ``written[-1].id``; under a rate limit go on from ``failed_index``: the whole chain again is
+    charged for its stored messages again (one token each), and may be refused at the same place.
+    A chain sent in several requests says in its message too how many of its messages are
+    stored and how to go on. Any other error has ``failed_index`` None and ``written`` empty."""
 
     default_code: ClassVar[str] = "internal_error"
 
@@ -382,7 +385,13 @@ class RequestTimeout(TransientError):
 
 
 class RateLimited(TransientError):
-    """429: the tenant is over its rate limit; nothing was written, so any request may be sent again."""
+    """429: the tenant is over its rate limit; nothing of the refused request was written, so it may
+    be sent again. An :meth:`~chronicle_sdk.Session.append_all` of more than one request (over
+    1,000 messages) may be refused after its first requests were stored: a batch of N messages
+    takes N of the tenant's tokens, so the next request's ``retry_after`` can pass
+    ``MAX_RETRY_AFTER_S`` and be raised at once. Its ``written`` and ``failed_index`` then say
+    what of the chain is stored, and its message how to go on (``append_all(messages[i:],
+    parent_id=written[-1].id)`` once ``retry_after`` has passed)."""
 
     default_code = "rate_limited"
 

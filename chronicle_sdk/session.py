@@ -225,7 +225,13 @@ class Session(ConfigBuilder):
 
         Not atomic: over HTTP or NATS an error part-way (a conflict at the fifth message, say)
         carries the messages stored before it, ``written``, and ``failed_index`` (see
-        :class:`ChronicleError`); this client's reads wait for them.
+        :class:`ChronicleError`); this client's reads wait for them. A chain over 1,000
+        messages is several requests, and under a low rate limit the next request after a
+        stored one may be refused at once (:class:`RateLimited`, a ``retry_after`` over a
+        minute: a batch of N messages takes N tokens); its message says how many of the chain
+        are stored and how to go on: after ``retry_after``, ``append_all(messages[failed_index:],
+        parent_id=written[-1].id)`` (the whole chain again replays the stored ones but is
+        charged for them again).
 
         ``created`` is True for the messages this call stored, also those a retry of it found
         stored by its own earlier attempt (one ``Idempotency-Key`` per call), and False for ones

@@ -379,6 +379,9 @@ async def test_a_chain_failing_part_way_raises_with_what_it_stored(
             ("c", "b", True),
         ]
         assert err.written[0].seq > ex.seq
+        # the server's detail speaks of its request (2 messages); the message says what of the chain is stored
+        assert "3 of the chain's 5 messages are stored" in str(err)
+        assert "append_all(messages[3:], parent_id='c')" in str(err)
         assert ids(await s.get_history()) == ["ex", "a", "b", "c"]  # no min_seq given: the client waits
 
         # at the chain's first message: nothing written, and other errors carry nothing

@@ -22,6 +22,8 @@ import pytest
 from nats.errors import NoRespondersError
 
 from chronicle_sdk import ChronicleClient
+from chronicle_sdk import RateLimited as SdkRateLimited
+from chronicle_sdk.client import MAX_RETRY_AFTER_S
 from events.commands import STATUS_HEADER
 from events.omitted import OMITTED
 from services.api import app as app_module
@@ -166,6 +168,41 @@ async def test_the_sdk_waits_out_a_refusal_and_every_append_lands_once(api: str)
         history = await session.get_history()
     assert refused_over_http() > before  # the server did refuse some
     assert [m["parts"][0]["text"] for m in history] == texts  # each exactly once, in order
+
+
+async def test_append_all_refused_after_its_first_request_says_what_it_stored_and_going_on_stores_the_rest(
+    settings: Settings, stack: Container, api: str
+) -> None:
+    """A chain of 1,001 messages is two requests; at 1 message a second the first (1,000) takes
+    the bucket 1,000 s into debt, past what the SDK waits out, so the second is refused at once.
+    The error says how much of the chain is stored and how to go on from there; sending the whole
+    chain again is a replay of the 1,000 (nothing twice) but is charged for them again, so it is
+    refused at the same place; going on as the error says stores the rest."""
+    chain = messages(1001)
+    sid = new_id()
+    async with ChronicleClient(api, KEYS["tenant-a"]) as sdk:
+        with pytest.raises(SdkRateLimited) as raised:
+            await sdk.session(sid).append_all(chain)
+    err = raised.value
+    assert err.retry_after is not None
+    assert err.retry_after > MAX_RETRY_AFTER_S
+    assert err.failed_index == 1000
+    assert [w.id for w in err.written] == [m["id"] for m in chain[:1000]]
+    assert "1000 of the chain's 1001 messages are stored" in str(err)
+    assert "append_all(messages[1000:], parent_id='m999')" in str(err)
+
+    async with served(build_app(settings, stack)) as fresh, ChronicleClient(fresh, KEYS["tenant-a"]) as sdk:
+        with pytest.raises(SdkRateLimited) as again:  # the whole chain again, with a full bucket
+            await sdk.session(sid).append_all(chain)
+    assert again.value.failed_index == 1000
+    assert [w.created for w in again.value.written] == [False] * 1000  # replayed, not stored twice
+
+    async with served(build_app(settings, stack)) as fresh, ChronicleClient(fresh, KEYS["tenant-a"]) as sdk:
+        session = sdk.session(sid)
+        rest = await session.append_all(chain[err.failed_index :], parent_id=err.written[-1].id)
+        history = await session.get_history()
+    assert [(r.id, r.parent_id, r.created) for r in rest] == [("m1000", "m999", True)]
+    assert [m["id"] for m in history] == [m["id"] for m in chain]
 
 
 # -- weighed by the events a request publishes ----------------------------------------------
