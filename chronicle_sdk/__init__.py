@@ -15,8 +15,9 @@ Moving an agent from the reference is a mechanical rename::
         messages = to_openai_messages(await session.get_history(), prompt)
         tools = await session.tools()  # tools.openai(), tools.anthropic(), await tools.execute(name, args)
 
-The package imports only ``events`` (the contract) and ``pydantic``; ``nats-py`` for the direct
-JetStream path (``nats_url``), ``httpx`` only when an httpx transport is passed in. It is its own
+The package imports only ``events`` (the contract), ``pydantic`` and ``msgspec`` (the answers'
+JSON); ``nats-py`` (and ``cryptography``, to seal events) for the direct JetStream path
+(``nats_url``), ``httpx`` only when an httpx transport is passed in. It is its own
 distribution, ``chronicle-sdk`` (``sdk/pyproject.toml``), without the server's dependencies:
 ``pip install ./sdk``, or ``pip install './sdk[nats]'`` for the direct path.
 """
