@@ -30,6 +30,7 @@ from chronicle_sdk.connection import (
     session_path,
 )
 from chronicle_sdk.errors import (
+    MAX_RETRY_AFTER_S,
     ChronicleError,
     Contention,
     EventIdTaken,
@@ -65,9 +66,6 @@ _NOT_FOUND_CODES = frozenset({"message_not_found", "session_not_found", "not_fou
 # answers after which any request may be sent again: nothing was written
 _NOTHING_WRITTEN = frozenset({"projection_timeout", "contention", "rate_limited", "request_timeout"})
 
-# The longest ``retry_after`` the client waits out before a retry: a RateLimited asking for more is
-# raised at once, for the caller to decide (a sleep of minutes inside one call looks like a hang).
-MAX_RETRY_AFTER_S = 60.0
 RETRY_BUDGET_S = 15.0
 """How long, by default, one call keeps retrying transient failures: past a NATS stream-leader
 election (about 6 s of 503s) or a restart of an API process, with room to spare."""

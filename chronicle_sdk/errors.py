@@ -384,6 +384,12 @@ class RequestTimeout(TransientError):
     default_code = "request_timeout"
 
 
+MAX_RETRY_AFTER_S = 60.0
+"""The longest ``retry_after`` the SDK waits out (a call before its retry, :meth:`Session.follow_events
+<chronicle_sdk.Session.follow_events>` before it resumes): a :class:`RateLimited` asking for more is
+raised at once, for the caller to decide (a sleep of minutes inside one call looks like a hang)."""
+
+
 class RateLimited(TransientError):
     """429: the tenant is over its rate limit; nothing of the refused request was written, so it may
     be sent again. An :meth:`~chronicle_sdk.Session.append_all` of more than one request (over

@@ -10,7 +10,15 @@ from typing import TYPE_CHECKING, Any
 
 from chronicle_sdk.config import ConfigBuilder, parse_config
 from chronicle_sdk.connection import Connection, Via, checked_mapping, quote, refuse_unnameable_ids, session_path
-from chronicle_sdk.errors import InvalidConfig, InvalidRequest, NotFound, RateLimited, SessionNotFound, Unavailable
+from chronicle_sdk.errors import (
+    MAX_RETRY_AFTER_S,
+    InvalidConfig,
+    InvalidRequest,
+    NotFound,
+    RateLimited,
+    SessionNotFound,
+    Unavailable,
+)
 from chronicle_sdk.tools import (
     SESSION_SEARCH,
     ToolDefinition,
@@ -431,7 +439,10 @@ class Session(ConfigBuilder):
         session was deleted or erased (those events are given, then it ends). A lost connection,
         a server that stops or a request limit (``rate_limited``) is waited out and the answer
         resumed from the event after the last one given (up to 8 times in a row, waiting longer
-        after each), so none is missed or given twice. Stop early with
+        after each), so none is missed or given twice. A limit whose ``retry_after`` is over
+        ``MAX_RETRY_AFTER_S`` (60 s: the tenant deep in debt after a large batch or fork) raises
+        :class:`RateLimited` at once, as any call does; follow again from the event after the
+        last one given once it has passed. Stop early with
         ``contextlib.aclosing(session.follow_events())``, which closes the connection at once. An
         event is in the log before the read models apply it: a read after it waits for it by
         itself (read-your-writes)."""
@@ -455,6 +466,8 @@ class Session(ConfigBuilder):
             except (Unavailable, RateLimited) as exc:
                 if isinstance(exc, RateLimited) and exc.code != "rate_limited":
                     raise  # too_many_streams: waiting frees nothing
+                if isinstance(exc, RateLimited) and (exc.retry_after or 0.0) > MAX_RETRY_AFTER_S:
+                    raise  # minutes of silence would read as a hang: the caller decides, as for any call
                 failures += 1
                 if failures > _FOLLOW_RETRIES:
                     raise

@@ -23,7 +23,7 @@ from nats.errors import NoRespondersError
 
 from chronicle_sdk import ChronicleClient
 from chronicle_sdk import RateLimited as SdkRateLimited
-from chronicle_sdk.client import MAX_RETRY_AFTER_S
+from chronicle_sdk.errors import MAX_RETRY_AFTER_S
 from events.commands import STATUS_HEADER
 from events.omitted import OMITTED
 from services.api import app as app_module

@@ -42,8 +42,8 @@ from chronicle_sdk import (
     Via,
     format_session_search,
 )
-from chronicle_sdk.client import MAX_RETRY_AFTER_S, RETRY_BUDGET_S
-from chronicle_sdk.errors import SeqNotReached, UnknownCursor, error_from_problem
+from chronicle_sdk.client import RETRY_BUDGET_S
+from chronicle_sdk.errors import MAX_RETRY_AFTER_S, SeqNotReached, UnknownCursor, error_from_problem
 from chronicle_sdk.tools import MAX_QUERY_CHARS, ToolDefinition, Tools
 from chronicle_sdk.types import NatsPublishing, SearchResult
 from events.subjects import SubjectLayout

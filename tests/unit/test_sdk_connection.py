@@ -10,6 +10,7 @@ import pytest
 
 from chronicle_sdk import OMITTED, AppendResult, MessageNotFound, RateLimited, SessionManager, Unavailable
 from chronicle_sdk import session as sdk_session
+from chronicle_sdk.errors import MAX_RETRY_AFTER_S
 
 
 class RecordingConnection:
@@ -137,3 +138,31 @@ async def test_a_rate_limited_resume_is_waited_out_and_too_many_streams_raises()
     with pytest.raises(RateLimited):
         async for _ in SessionManager(RecordingConnection([[full]])).get_session("s").follow_events():
             pass
+
+
+async def test_a_resume_refused_for_longer_than_the_client_waits_raises_at_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A ``retry_after`` over ``MAX_RETRY_AFTER_S`` (a tenant deep in debt after a big batch) is
+    raised at once, as any call raises it, not slept out in silence (it read as a hang)."""
+    slept: list[float] = []
+
+    async def sleep(seconds: float) -> None:
+        slept.append(seconds)
+
+    monkeypatch.setattr("chronicle_sdk.session.asyncio.sleep", sleep)
+    limited = RateLimited(
+        "deep in debt", code="rate_limited", status=429, problem={"retry_after": MAX_RETRY_AFTER_S + 1}
+    )
+    connection = RecordingConnection([[line(3), limited], [line(4, "session.erased")]])
+    got: list[int] = []
+
+    async def follow() -> None:
+        async for record in SessionManager(connection).get_session("s").follow_events():
+            got.append(record["seq"])
+
+    with pytest.raises(RateLimited) as raised:
+        await follow()
+    assert raised.value is limited
+    assert got == [3]
+    assert slept == []
