@@ -222,10 +222,28 @@ def worker_partitions(partitions: int, workers: int, worker: int) -> list[int]:
     return [p for p in range(partitions) if p % workers == worker]
 
 
+NATS_PING_INTERVAL_S = 3
+NATS_MAX_OUTSTANDING_PINGS = 2
+NATS_STALE_AFTER_S = NATS_PING_INTERVAL_S * (NATS_MAX_OUTSTANDING_PINGS + 1)
+"""How long a connection stays on a server that stops answering while its socket stays open (a
+hung machine, a node stopped with SIGSTOP) before it is taken for stale and the client reconnects
+to another node: each client pings every :data:`NATS_PING_INTERVAL_S` and gives up at the ping
+after :data:`NATS_MAX_OUTSTANDING_PINGS` unanswered. nats-py's defaults (a ping every 120 s, two
+unanswered allowed) kept every publish, fetch and request through such a node timing out for
+minutes (tests/integration/test_hung_nats_node.py)."""
+
+
+STALE_DETECTION: dict[str, Any] = {
+    "ping_interval": NATS_PING_INTERVAL_S,
+    "max_outstanding_pings": NATS_MAX_OUTSTANDING_PINGS,
+}
+"""The connection options of :data:`NATS_STALE_AFTER_S`, for every client and broker Chronicle makes."""
+
+
 def nats_options(settings: Settings) -> dict[str, Any]:
-    """Connection options beyond the URL: the operator NKey or a credentials file, and TLS (CA,
-    client certificate)."""
-    options: dict[str, Any] = {}
+    """Connection options beyond the URL: the operator NKey or a credentials file, TLS (CA, client
+    certificate), and :data:`STALE_DETECTION`."""
+    options: dict[str, Any] = {**STALE_DETECTION}
     if settings.nats_nkey_seed is not None:
         options["nkeys_seed_str"] = settings.nats_nkey_seed.get_secret_value()
     elif settings.nats_creds_file:
@@ -263,6 +281,7 @@ def work_broker(settings: Settings) -> NatsBroker:
         settings.nats_servers(),
         name="chronicle-compactor",
         max_reconnect_attempts=-1,
+        **STALE_DETECTION,
         dont_randomize=True,
         security=nats_security(settings),
         graceful_timeout=1.0,  # a summary cut short at shutdown is redelivered: nothing is lost

@@ -95,13 +95,22 @@ def nats_cluster(tmp: Path, access: NatsAccess, *, size: int = 3) -> Iterator[li
     """``size`` pinned nats-servers clustered on loopback (free ports, a fresh route password),
     configured as Chronicle runs them; their client URLs. JetStream may still be electing its
     meta leader when this yields (``services.bootstrap.when_jetstream_ready``)."""
+    with nats_cluster_nodes(tmp, access, size=size) as nodes:
+        yield [url for url, _ in nodes]
+
+
+@contextlib.contextmanager
+def nats_cluster_nodes(
+    tmp: Path, access: NatsAccess, *, size: int = 3
+) -> Iterator[list[tuple[str, subprocess.Popen[bytes]]]]:
+    """:func:`nats_cluster`, each node's client URL with its process (to stop or kill one)."""
     nodes = [(free_port(), ClusterNode(f"n{i + 1}", "127.0.0.1", free_port())) for i in range(size)]
     password = secrets.token_urlsafe(16)
     procs: list[subprocess.Popen[bytes]] = []
     try:
         for i in range(size):
             procs.append(start_cluster_node(nodes, i, tmp, access, password))
-        yield [f"nats://127.0.0.1:{port}" for port, _ in nodes]
+        yield [(f"nats://127.0.0.1:{port}", proc) for (port, _), proc in zip(nodes, procs, strict=True)]
     finally:
         for proc in procs:
             proc.terminate()

@@ -38,7 +38,7 @@ from events.credentials import TENANT_INBOX_ROOT
 from events.ids import InvalidId, check_tenant, decode_token
 from events.subjects import SubjectLayout
 from services import brokers
-from services.bootstrap import Container, nats_security
+from services.bootstrap import STALE_DETECTION, Container, nats_security
 from services.errors import InvalidRequest, MalformedJson
 from services.requests import writes
 from services.requests.limits import Charge, TenantLimits, limits_of
@@ -318,6 +318,7 @@ def broker_for(settings: Settings, **options: Any) -> NatsBroker:
         settings.nats_servers(),
         name="chronicle-commands",
         max_reconnect_attempts=-1,
+        **STALE_DETECTION,
         reconnect_time_wait=1,
         middlewares=[problems()],
         logger=logging.getLogger("chronicle.commands.broker"),  # the process's log format, not FastStream's colours
