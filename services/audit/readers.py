@@ -231,6 +231,7 @@ class RebuildReport:
     rebound: bool = False  # the read models belonged to another log: replaced, checkpoints reset
     first: bool = False  # the database held no read models (no checkpoint): built, checkpoints set
     stream_last_seq: int = 0  # the stream's last sequence at the swap: the projectors apply what follows the swap's
+    quarantined: dict[str, int] = field(default_factory=dict)  # the quarantine after the swap, by reason
 
 
 def live_horizon(c: Container, checkpoints: dict[str, int]) -> tuple[Horizon, int]:
@@ -321,6 +322,8 @@ async def rebuild_and_swap(
         if not keep_old:
             await conn.execute(f'DROP SCHEMA "{old}" CASCADE')
         await conn.execute(f'DROP SCHEMA "{shadow}" CASCADE')
+        cur = await conn.execute("SELECT reason, count(*) FROM quarantine GROUP BY reason ORDER BY reason")
+        quarantined = {str(reason): int(n) for reason, n in await cur.fetchall()}
     return RebuildReport(
         shadow,
         max(built, live),
@@ -330,6 +333,7 @@ async def rebuild_and_swap(
         rebound=replace and not first,
         first=first,
         stream_last_seq=identity.last_seq,
+        quarantined=quarantined,
     )
 
 

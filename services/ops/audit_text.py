@@ -10,7 +10,9 @@ EMPTY = "(empty)"
 
 def rebuild_summary(projection: str, report: RebuildReport) -> str:
     """The line a rebuild ends with: what it did, the sequence it swapped at and, when the stream
-    holds events past it, that the projector applies them (a rebuild stops at the live checkpoints)."""
+    holds events past it, that the projector applies them (a rebuild stops at the live checkpoints),
+    and how many events the quarantine holds after it, by reason (an SRE trial's rebuild into a new
+    database without the data keys quarantined every sealed event and said nothing of it)."""
     rate = report.events / report.seconds if report.seconds else 0.0
     at = report.swapped_at_seq
     line = (
@@ -21,6 +23,9 @@ def rebuild_summary(projection: str, report: RebuildReport) -> str:
         line += f"; the projector applies what follows sequence {at} (the stream's last is {report.stream_last_seq})"
     if report.kept_old:
         line += f"; old tables kept in schema {report.kept_old}"
+    if report.quarantined:  # a new database without its data keys quarantines every sealed event
+        reasons = ", ".join(f"{reason} {n}" for reason, n in sorted(report.quarantined.items()))
+        line += f"; {sum(report.quarantined.values())} events quarantined ({reasons}: chronicle quarantine list)"
     return line
 
 

@@ -19,6 +19,16 @@ def test_a_rebuild_behind_the_streams_end_says_the_projector_applies_what_follow
     )
 
 
+def test_a_rebuild_that_quarantined_events_says_how_many_and_why() -> None:
+    # an SRE trial rebuilt into a new database without the data keys: every one of 11,912 sealed
+    # events was quarantined, and the rebuild said only "rebuilt all: 11912 events", exit 0
+    report = RebuildReport("rebuild_x", 40, 2.0, 40, stream_last_seq=40, quarantined={"invalid": 38, "too_long": 1})
+    assert rebuild_summary("all", report) == (
+        "rebuilt all: 40 events in 2.0s (20 ev/s); swapped at sequence 40; "
+        "39 events quarantined (invalid 38, too_long 1: chronicle quarantine list)"
+    )
+
+
 def test_a_rebuild_of_no_time_gives_no_rate() -> None:
     assert "(0 ev/s)" in rebuild_summary("all", RebuildReport("rebuild_x", 0, 0.0, 0))
 
