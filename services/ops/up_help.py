@@ -31,8 +31,9 @@ UP_SETTINGS: tuple[tuple[str, str], ...] = (
     ("kek_file", "the key-encryption key's file (default: one made in the data dir); or CHRONICLE_KEK"),
     (
         "api_keys_file",
-        "tenant keys, one entry a line, with CHRONICLE_API_KEYS (the data dir's key for tenant default is "
-        "added); after an edit, SIGHUP to `chronicle up` reloads them: nats.conf written again, nats-server and "
+        "tenant keys, one entry a line, with CHRONICLE_API_KEYS; either set, those are used alone (the data "
+        "dir's key for tenant default is made and used only where no key is configured); after an edit, SIGHUP "
+        "to `chronicle up` reloads them: nats.conf written again, nats-server and "
         "the API processes reloaded, no restart",
     ),
 )

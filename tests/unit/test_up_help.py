@@ -30,3 +30,11 @@ def test_each_setting_up_help_names_is_a_setting_the_readme_documents() -> None:
     for name, _ in UP_SETTINGS:
         assert name in Settings.model_fields, name
         assert re.search(rf"`{name.upper()}`", section), name
+
+
+def test_up_help_says_listed_keys_are_used_alone() -> None:
+    """`up` adds tenant default's key only where no key is configured; its help said a keys file's
+    entries came with the data dir's key for tenant default (an SRE trial read it so)."""
+    what = dict(UP_SETTINGS)["api_keys_file"]
+    assert "is added" not in what, what
+    assert "used alone" in what, what
