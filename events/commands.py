@@ -374,7 +374,9 @@ class Problem(BaseModel):
     errors: list[ProblemError] | None = None
     reason: str | None = None
     retry_after: float | None = Field(
-        default=None, description="`rate_limited`: seconds until a request of this tenant would be admitted"
+        default=None,
+        description="`rate_limited`: seconds until a request of this tenant would be admitted; `unavailable`, "
+        "`projection_timeout`, `contention`: 1, ask again then",
     )
     block: str | None = Field(default=None, description="`prompt_unstorable`: the label of the prompt's largest block")
     size: int | None = Field(default=None, description="`prompt_unstorable`: the prompt's size stored, in bytes")

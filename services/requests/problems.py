@@ -54,8 +54,22 @@ def erased_detail(session: str) -> str:
     return f"session {session!r} was erased"
 
 
+TRANSIENT_503 = ("unavailable", "projection_timeout", "contention")
+"""The 503s that pass by themselves: each says ``retry_after`` 1 (and the HTTP answer ``Retry-After:
+1``) unless it names its own. Not ``search_timeout`` (the same query would run as long again) nor
+``object_storage`` (a bucket these credentials cannot use stays so)."""
+
+
 def problem_of(exc: BaseException) -> Problem | None:
-    """The problem for an error a request may meet; None for one that is a bug (500)."""
+    """The problem for an error a request may meet; None for one that is a bug (500). A transient
+    503 (:data:`TRANSIENT_503`) says when to ask again: the event log's did not, the database's did."""
+    found = _problem_of(exc)
+    if found is not None and found["status"] == 503 and found["code"] in TRANSIENT_503:
+        found.setdefault("retry_after", 1)
+    return found
+
+
+def _problem_of(exc: BaseException) -> Problem | None:
     if isinstance(exc, BatchFailed):
         return batch_problem(exc)
     if isinstance(exc, RateLimited):  # when a request would be admitted, in seconds (ms, rounded up)
