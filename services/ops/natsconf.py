@@ -91,6 +91,18 @@ class ClusterNode:
         return f"nats-route://{ROUTE_USER}:{quote(password, safe='')}@{self.host}:{self.route_port}"
 
 
+ROUTE_PING_INTERVAL_S = 2
+ROUTE_PING_MAX = 2
+NATS_ROUTE_STALE_AFTER_S = ROUTE_PING_INTERVAL_S * (ROUTE_PING_MAX + 1) + 2
+"""How long the other nodes of a generated cluster keep a node that stopped answering with its
+sockets open (a frozen machine, a process stopped with SIGSTOP), and its subscriptions in their
+interest: each server pings its routes (and its idle clients) every :data:`ROUTE_PING_INTERVAL_S`
+and closes one that leaves more than :data:`ROUTE_PING_MAX` unanswered; a few seconds of timer
+slack on top. nats-server's default (a ping every two minutes) kept a hung node's queue members,
+the JetStream direct-get responders of its replica among them, taking their turn at requests
+that then timed out, for minutes (tests/integration/test_hung_nats_node.py)."""
+
+
 def cluster_extra(
     node: ClusterNode, peers: Sequence[ClusterNode], password: str, *, listen: str | None = None
 ) -> dict[str, Any]:
@@ -100,6 +112,8 @@ def cluster_extra(
         raise ValueError("a NATS cluster needs a route password (CHRONICLE_NATS_ROUTE_PASSWORD)")
     return {
         "server_name": node.name,
+        "ping_interval": f"{ROUTE_PING_INTERVAL_S}s",  # routes, and idle clients: NATS_ROUTE_STALE_AFTER_S
+        "ping_max": ROUTE_PING_MAX,
         "cluster": {
             "name": CLUSTER_NAME,
             "host": listen or node.host,

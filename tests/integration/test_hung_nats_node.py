@@ -13,14 +13,17 @@ import time
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 
+import nats
+import nats.errors
 import pytest
 from nats.aio.client import Client as NatsClient
+from nats.aio.msg import Msg
 
 from events.credentials import nkey_public_key
 from events.subjects import SubjectLayout
 from services.bootstrap import NATS_STALE_AFTER_S, connect_nats, work_broker
 from services.commands_nats.app import broker_for
-from services.ops.natsconf import NatsAccess
+from services.ops.natsconf import NATS_ROUTE_STALE_AFTER_S, NatsAccess
 from services.settings import Settings
 from tests.conftest import OPERATOR_SEED, make_settings
 from tests.support import nats_cluster_nodes
@@ -72,3 +75,51 @@ async def test_a_client_leaves_a_node_that_stops_answering_within_its_stale_boun
             hung.send_signal(signal.SIGCONT)
     finally:
         await nc.close()
+
+
+async def test_the_other_nodes_drop_a_hung_nodes_subscriptions_within_the_route_stale_bound(cluster: Nodes) -> None:
+    """A hung node's queue subscriptions stay in the other nodes' interest for as long as its routes
+    look alive: nats-server's default route ping (every two minutes) kept it there, and a request
+    from a node without a local member went to it, unanswered, in turn with the live ones. The trial
+    saw it as JetStream direct gets (any replica answers them: `GET …/last-seq`, and the appends
+    that read a subject's last event) taking 5 or 10 s, one in three, for the whole of a node's stop.
+    The generated cluster configuration pings routes often enough to drop such a node."""
+    hung_url, hung = cluster[0]
+    on_hung, on_live, asking = [await nats.connect(url, nkeys_seed_str=OPERATOR_SEED) for url in cluster_urls(cluster)]
+    try:
+        for nc, name in ((on_hung, b"hung"), (on_live, b"live")):
+
+            async def answer(msg: Msg, name: bytes = name) -> None:
+                await msg.respond(name)
+
+            await nc.subscribe("svc", queue="q", cb=answer)
+            await nc.flush()
+        deadline = time.monotonic() + 10
+        seen: set[bytes] = set()
+        while seen != {b"hung", b"live"}:  # both members are in the asking node's interest
+            assert time.monotonic() < deadline, seen
+            seen.add((await asking.request("svc", b"", timeout=2)).data)
+        hung.send_signal(signal.SIGSTOP)
+        stopped = time.monotonic()
+        try:
+            deadline = stopped + NATS_ROUTE_STALE_AFTER_S + 10  # the bound, and a loaded machine's slack
+            answered = 0
+            while answered < 12:  # in a row: the hung member would take every other one
+                assert time.monotonic() < deadline, (
+                    f"requests still go to the stopped node {hung_url} {time.monotonic() - stopped:.0f}s on"
+                )
+                try:
+                    assert (await asking.request("svc", b"", timeout=1)).data == b"live"
+                except nats.errors.TimeoutError:
+                    answered = 0
+                    continue
+                answered += 1
+        finally:
+            hung.send_signal(signal.SIGCONT)
+    finally:
+        for nc in (on_hung, on_live, asking):
+            await nc.close()
+
+
+def cluster_urls(cluster: Nodes) -> list[str]:
+    return [url for url, _ in cluster]
