@@ -156,9 +156,7 @@ class Compactor:
         settling, self._settling = self._settling, set()
         for task in settling:  # the request stays: the oldest wait leaves it out, it expires
             task.cancel()
-        for task in settling:
-            with contextlib.suppress(BaseException):
-                await task
+        await asyncio.gather(*settling, return_exceptions=True)  # a cancellation of this wait stays one
 
     async def watch_exhausted(self) -> Subscription:
         """Listen for the requests JetStream gives up (its ``MAX_DELIVERIES`` advisory of the work

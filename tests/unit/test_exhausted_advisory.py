@@ -5,11 +5,15 @@ ack of its own event): such a body names nothing."""
 
 from __future__ import annotations
 
+import asyncio
 import json
+from typing import Any, cast
+
+import pytest
 
 from events.subjects import SubjectLayout
 from services.compaction.queue import KIND, DeliveriesExhausted, exhausted_failure_id, request
-from services.compaction.worker import exhausted_of, request_in
+from services.compaction.worker import Compactor, exhausted_of, request_in
 
 ADVISORY = {
     "type": "io.nats.jetstream.advisory.v1.max_deliver",
@@ -48,3 +52,27 @@ def test_the_failure_of_a_given_up_request_says_what_happened_and_has_one_id_per
     assert "(17 deliveries)" in str(DeliveriesExhausted(17))
     assert exhausted_failure_id("r", 7) == exhausted_failure_id("r", 7)
     assert exhausted_failure_id("r", 7) not in (exhausted_failure_id("r", 8), exhausted_failure_id("q", 7))
+
+
+async def test_a_stop_cancelled_while_advisories_settle_stays_cancelled() -> None:
+    """The compactor's stop waits for its advisory tasks to end; a cancellation of that stop
+    (its caller's) is not swallowed with theirs."""
+    compactor = Compactor(*cast(Any, [None] * 6))
+    closing = asyncio.Event()
+
+    async def settling() -> None:
+        try:
+            await asyncio.Event().wait()
+        finally:
+            closing.set()
+            await asyncio.sleep(0.05)  # its cleanup takes a moment
+
+    task = asyncio.create_task(settling())
+    compactor._settling.add(task)
+    await asyncio.sleep(0)
+    stopping = asyncio.create_task(compactor._unwatch())
+    await closing.wait()
+    stopping.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await stopping
+    assert task.done()
