@@ -138,7 +138,7 @@ class Container:
             pending_of=pending_of,
         )
         retired = "chronicle-" + s.compactor_name.replace(".", "-")  # its consumer of the log, before
-        recorder = Recorder(self.compaction, series_of, s.compaction_attempts)
+        recorder = Recorder(self.compaction, series_of, s.compaction_attempts, still_due=due)
         return Compactor(self.nc, self.js, self.layout, broker, work, consumer, retired, s.database_url, recorder)
 
     def projector(self) -> ProjectorRunner:

@@ -12,7 +12,8 @@ checked against the committed state first (:func:`~services.compaction.state.sti
 request of it is read back from there (:func:`~services.compaction.state.pending`). A request
 JetStream gives up (its last allowed delivery unanswered: the compactor on it died or hung) is
 recorded as the session's ``compaction.failed`` by the compactor that hears the advisory
-(:meth:`Compactor.watch_exhausted`), and deleted from the work queue.
+(:meth:`Compactor.watch_exhausted`), and deleted from the work queue; one whose work was done
+before it was given up (no longer due) is deleted with nothing recorded.
 
 Appends never wait for any of this.
 """
@@ -43,6 +44,7 @@ from services.compaction.queue import (
     KIND,
     DeliveriesExhausted,
     SeriesOf,
+    StillDue,
     WorkStats,
     exhausted_failure_id,
     series_number,
@@ -52,6 +54,8 @@ from services.compaction.service import Attempt, CompactionService, Series
 log = logging.getLogger("chronicle.compactor")
 MAX_DELIVER_ADVISORY = "io.nats.jetstream.advisory.v1.max_deliver"
 ERR_NO_MESSAGE_FOUND = 10057  # JetStream's answer to deleting a message that is not (or no longer) there
+RECORD_RETRIES_S = (0.5, 1.0)  # the pauses before recording a given-up request's failure again (in its lease)
+DONE = "its work was done before it was given up"  # what a given-up request no longer due is logged as
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,13 +63,17 @@ class Recorder:
     """How a compactor records a request JetStream gave up (:meth:`Compactor.watch_exhausted`), as
     the work queue records a failed attempt: the compaction ``service`` (the session's lease,
     :meth:`~services.compaction.service.CompactionService.record_failure`), the session's attempt
-    series (``series_of``, None: a series of its own) and ``attempts`` a series has, and how long
-    to wait for the lease (``wait_s``: the queue's ``compact_timeout_s``)."""
+    series (``series_of``, None: a series of its own) and ``attempts`` a series has, whether the
+    request is still due (``still_due``, as the work queue asks it; None: always), and how long an
+    advisory waits for its session's lease (``wait_s``: short, unlike a compaction's wait; past it,
+    another compaction holds the lease and settles the session, and the request is deleted with
+    nothing recorded)."""
 
     service: CompactionService
     series_of: SeriesOf | None
     attempts: int
-    wait_s: float = 600
+    still_due: StillDue | None = None
+    wait_s: float = 30
 
 
 class Compactor:
@@ -100,6 +108,7 @@ class Compactor:
         self._presence = presence_conninfo
         self._watching: Subscription | None = None
         self._settling: set[asyncio.Task[None]] = set()
+        self._one_at_a_time = asyncio.Semaphore(1)  # advisories waiting for a lease (see _exhausted)
         self._recorder = recorder
 
     async def run(self, stop: asyncio.Event) -> None:
@@ -178,12 +187,18 @@ class Compactor:
         failed attempt), record its ``compaction.failed`` (:class:`DeliveriesExhausted`; the
         series' next attempt number; an id derived from the request's and its stream sequence),
         then delete it from the work-queue stream, which kept it, unacknowledged, until it
-        expired; count it (:attr:`WorkStats.exhausted`) and log it, naming the session. A request
-        no longer on the stream when the lease is held was settled by another hearing of the
-        advisory (a duplicate, another compactor): nothing more. Nothing is recorded for a
-        message that is no request of its subject's session, a session erased, or a lease held by
-        another compaction of the session past its wait (that compaction settles the session):
-        the request is deleted and logged."""
+        expired; count it (:attr:`WorkStats.exhausted`) and log it, naming the session. One
+        advisory at a time waits for a lease, and briefly (:attr:`Recorder.wait_s`): advisories
+        never take the lease pool from the compactions. A request no longer on the stream when the
+        lease is held was settled by another hearing of the advisory (a duplicate, another
+        compactor): nothing more. A request whose work was done before it was given up (no failing
+        series, and no longer due: its compactor committed the summary and died before its ack) is
+        deleted with nothing recorded, as the work queue acks it. Nothing is recorded for a message
+        that is no request of its subject's session, a session erased, or a lease held by another
+        compaction of the session past the wait (that compaction settles the session): the request
+        is deleted and logged. A failure that cannot be recorded (the database, NATS: tried
+        :data:`RECORD_RETRIES_S` more times) leaves the request on the stream, logged: the oldest
+        wait leaves it out, a newer request of its session replaces it or it expires."""
         named = exhausted_of(advisory.data)
         if named is None:
             log.warning("an advisory on %s that names no stream sequence: ignored", advisory.subject)
@@ -200,44 +215,44 @@ class Compactor:
         subject = found.subject or ""
         req = request_in(self.layout, subject, found.data or b"")
         rec = self._recorder
+        level = logging.ERROR
         if req is None or rec is None:
-            what = "nothing recorded" + (" (no request of its session)" if req is None else "")
-            deleted = await self._delete(seq)
+            what: str | None = "nothing recorded" + (" (no request of its session)" if req is None else "")
+            if not await self._delete(seq):
+                return
         else:
             try:
-                async with rec.service.leases.hold(req.tenant, req.session, wait_s=rec.wait_s):
-                    if not await self._queued(seq):
-                        return  # another hearing of the advisory recorded and deleted it
-                    running = await rec.series_of(req) if rec.series_of is not None else Series()
-                    attempt = Attempt(req.id, series_number(running, rec.attempts), req.estimate)
-                    published = await rec.service.record_failure(
-                        req.tenant,
-                        req.session,
-                        req.leaf_id,
-                        DeliveriesExhausted(deliveries),
-                        attempt,
-                        event_id=exhausted_failure_id(req.id, seq),
-                    )
-                    what = (
-                        "the session is erased: nothing recorded"
-                        if published is None
-                        else f"recorded as compaction.failed (attempt {attempt.number}, seq {published.seq})"
-                    )
-                    deleted = await self._delete(seq)
+                async with self._one_at_a_time:
+                    what = await self._settle(rec, req, seq, deliveries)
             except LeaseWaitTimedOut:
                 what = "nothing recorded (another compaction of the session held its lease; it settles the session)"
-                deleted = await self._delete(seq)
+                if not await self._delete(seq):
+                    return
             except Exception as exc:  # the database, NATS
-                what = f"its compaction.failed may not be recorded: {type(exc).__name__}: {exc}"
-                deleted = await self._delete(seq)
-        if not deleted:
-            return
+                log.error(
+                    "compaction request of %s/%s (%s seq %d), given up by JetStream after %d deliveries: its "
+                    "compaction.failed could not be recorded (%s: %s); left on the work queue (the oldest wait "
+                    "leaves it out; a newer request of the session replaces it, or it expires)",
+                    req.tenant,
+                    req.session,
+                    stream,
+                    seq,
+                    deliveries,
+                    type(exc).__name__,
+                    exc,
+                )
+                return
+        if what is None:
+            return  # settled by another hearing of the advisory, or not deleted (logged)
+        if what.startswith(DONE):
+            level = logging.WARNING
         self.work.exhausted += 1
         try:
             where = "/".join(self.layout.work_session(KIND, subject))
         except ValueError:
             where = f"subject {subject}"
-        log.error(
+        log.log(
+            level,
             "compaction request of %s (%s seq %d) delivered %d times without an answer (its compactor stopped on "
             "the last): JetStream delivers it no more; %s; deleted; the session is asked for again when it grows",
             where,
@@ -246,6 +261,44 @@ class Compactor:
             deliveries,
             what,
         )
+
+    async def _settle(self, rec: Recorder, req: CompactionRequested, seq: int, deliveries: int) -> str | None:
+        """Inside the session's lease: settle the given-up request ``seq`` and delete it; what to
+        log of it (its failure recorded, or why nothing was). None: it was no longer on the stream
+        (settled by another hearing of the advisory), or could not be deleted (logged)."""
+        async with rec.service.leases.hold(req.tenant, req.session, wait_s=rec.wait_s):
+            if not await self._queued(seq):
+                return None
+            running = await rec.series_of(req) if rec.series_of is not None else Series()
+            ongoing = 0 < running.failed < rec.attempts
+            if not ongoing and rec.still_due is not None and not await rec.still_due(req):
+                return f"{DONE} (no longer due): nothing recorded" if await self._delete(seq) else None
+            attempt = Attempt(req.id, series_number(running, rec.attempts), req.estimate)
+
+            async def record() -> str:
+                published = await rec.service.record_failure(
+                    req.tenant,
+                    req.session,
+                    req.leaf_id,
+                    DeliveriesExhausted(deliveries),
+                    attempt,
+                    event_id=exhausted_failure_id(req.id, seq),  # a try again records it once
+                )
+                if published is None:
+                    return "the session is erased: nothing recorded"
+                return f"recorded as compaction.failed (attempt {attempt.number}, seq {published.seq})"
+
+            what = None
+            for pause_s in RECORD_RETRIES_S:
+                try:
+                    what = await record()
+                    break
+                except Exception as exc:  # the database, NATS
+                    log.warning("the failure of a given-up compaction request not recorded (%s); again", exc)
+                    await asyncio.sleep(pause_s)
+            if what is None:
+                what = await record()  # the last try: its error leaves the request on the stream
+            return what if await self._delete(seq) else None
 
     async def _queued(self, seq: int) -> bool:
         try:
