@@ -43,9 +43,9 @@ from services.settings import (
 )
 
 SERVICES = frozenset({"up", "api", "projector", "compactor", "commands"})
+"""The commands that run a service (their log is where a retry is worth a warning); the others are tools."""
 KEY_USERS = frozenset({"up", "api", "nats-config", "erase"})
 """The commands that use the tenant keys (``CHRONICLE_API_KEYS_FILE`` read, and refused, at their start)."""
-"""The commands that run a service (their log is where a retry is worth a warning); the others are tools."""
 
 DRILLS = {
     "bench": "benchmarks on private infrastructure, against a same-run baseline (source checkout only)",
