@@ -376,7 +376,8 @@ class Problem(BaseModel):
     retry_after: float | None = Field(
         default=None,
         description="`rate_limited`: seconds until a request of this tenant would be admitted; `unavailable`, "
-        "`projection_timeout`, `contention`: 1, ask again then",
+        "`projection_timeout`, `contention`: 1, ask again then (none for a claim-checked body missing from "
+        "object storage)",
     )
     block: str | None = Field(default=None, description="`prompt_unstorable`: the label of the prompt's largest block")
     size: int | None = Field(default=None, description="`prompt_unstorable`: the prompt's size stored, in bytes")

@@ -57,16 +57,23 @@ def erased_detail(session: str) -> str:
 TRANSIENT_503 = ("unavailable", "projection_timeout", "contention")
 """The 503s that pass by themselves: each says ``retry_after`` 1 (and the HTTP answer ``Retry-After:
 1``) unless it names its own. Not ``search_timeout`` (the same query would run as long again) nor
-``object_storage`` (a bucket these credentials cannot use stays so)."""
+``object_storage`` (a bucket these credentials cannot use stays so), nor the ``unavailable`` of a
+claim-checked body missing from object storage (:func:`_missing_blob`)."""
 
 
 def problem_of(exc: BaseException) -> Problem | None:
     """The problem for an error a request may meet; None for one that is a bug (500). A transient
     503 (:data:`TRANSIENT_503`) says when to ask again: the event log's did not, the database's did."""
     found = _problem_of(exc)
-    if found is not None and found["status"] == 503 and found["code"] in TRANSIENT_503:
+    if found is not None and found["status"] == 503 and found["code"] in TRANSIENT_503 and not _missing_blob(exc):
         found.setdefault("retry_after", 1)
     return found
+
+
+def _missing_blob(exc: BaseException) -> bool:
+    """Whether ``exc`` (or the cause of a batch's failure) is a blob missing from object storage: it
+    answers ``503 unavailable`` but does not pass, so it names no time to ask again."""
+    return isinstance(exc.cause if isinstance(exc, BatchFailed) else exc, BlobNotFound)
 
 
 def _problem_of(exc: BaseException) -> Problem | None:

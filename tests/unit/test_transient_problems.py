@@ -9,9 +9,10 @@ import nats.errors
 import psycopg
 import pytest
 
+from events.blobs import BlobNotFound
 from events.publisher import PublishFailed
 from services.api.problems import as_response
-from services.errors import ContentionExhausted, ProjectionTimeout, SearchTimeout, Unavailable
+from services.errors import BatchFailed, ContentionExhausted, ProjectionTimeout, SearchTimeout, Unavailable
 from services.requests.problems import problem_of
 
 TRANSIENT: list[BaseException] = [
@@ -39,3 +40,15 @@ def test_a_search_timeout_still_says_no_retry_after() -> None:
     assert found is not None
     assert "retry_after" not in found
     assert as_response(found).headers.get("retry-after") is None
+
+
+def test_a_missing_blob_keeps_503_unavailable_without_retry_after() -> None:
+    """A claim-checked body that is not in object storage is answered ``503 unavailable`` (as
+    before) but is missing, not passing: asking again a second later finds it missing again."""
+    missing = BlobNotFound("no object sha256:ab… in the bucket")
+    for exc in (missing, BatchFailed(missing, 1, "m1", [{"id": "m0"}])):
+        found = problem_of(exc)
+        assert found is not None
+        assert (found["status"], found["code"]) == (503, "unavailable")
+        assert "retry_after" not in found, found
+        assert as_response(found).headers.get("retry-after") is None
