@@ -108,6 +108,8 @@ def _chain_stored(err: ChronicleError, messages: Sequence[Mapping[str, Any]]) ->
         said += f"; message {index} may be too"
     if not err.written:
         return said + ".)"
+    if not 0 <= index < len(messages):  # a server's answer that names no message of the chain
+        return said + f"; the server's failed_index names no message of the chain ({index}).)"
     return (
         f"{said}; go on from message {index} ({str(messages[index].get('id'))!r}) with "
         f"append_all(messages[{index}:], parent_id={err.written[-1].id!r}). Sending the whole chain "

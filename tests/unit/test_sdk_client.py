@@ -1461,3 +1461,28 @@ async def test_a_sessions_compactions_and_failures_are_read_page_after_page() ->
         assert [o.seq for o in await SessionManager(c).get_compactions("s1")] == [1, 2, 3, 4, 5]
     assert [p.get("cursor") for p in rec.params("/compactions")] == [None, "2", "4"] * 2
     assert [p.get("cursor") for p in rec.params("/compaction-failures")] == [None, "2", "4"]
+
+
+@pytest.mark.parametrize("failed_index", [7, -2000], ids=["past-the-chain", "negative"])
+async def test_a_failed_index_outside_the_chain_keeps_the_servers_error(failed_index: int) -> None:
+    """The chain's error message names the message it failed at; a server's ``failed_index``
+    that names no message of the chain (here 1000 + 7 of 1002, or before the first) must not
+    replace the error with an ``IndexError``."""
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        body = json.loads(request.content)
+        if body["parent_id"] is None:
+            return batch_answer(request)
+        answer = problem(409, "message_conflict", "the id is stored with another body")
+        refused = {**json.loads(answer.content), "failed_index": failed_index, "written": []}
+        return httpx.Response(409, json=refused, headers={"content-type": "application/problem+json"})
+
+    rec = Recorder(handler)
+    async with rec.client() as c:
+        with pytest.raises(MessageConflict) as caught:
+            await c.append_chain("s1", [msg(f"m{i}") for i in range(1002)], None)
+    err = caught.value
+    assert str(err).startswith("the id is stored with another body")
+    assert "1000 of the chain's 1002 messages are stored" in str(err)
+    assert "go on from" not in str(err)  # no message of the chain to go on from
+    assert len(err.written) == 1000
