@@ -10,7 +10,8 @@
 
 A cluster node's configuration adds a ``server_name`` and a ``cluster`` block: routes to the other
 nodes, authenticated with a shared route password (a route is a server-to-server connection that
-bypasses client authorization, so an open route port would be a way around every rule above).
+bypasses client authorization, so an open route port would be a way around every rule above),
+and pings: routes every 2 s, clients every 5 s (:func:`cluster_extra`).
 
 The configuration is JSON, which nats-server's configuration parser reads as it is. Users are
 listed by public key only; a cluster node's file holds the route password, and every file is
@@ -96,30 +97,47 @@ ROUTE_PING_MAX = 2
 NATS_ROUTE_STALE_AFTER_S = ROUTE_PING_INTERVAL_S * (ROUTE_PING_MAX + 1) + 2
 """How long the other nodes of a generated cluster keep a node that stopped answering with its
 sockets open (a frozen machine, a process stopped with SIGSTOP), and its subscriptions in their
-interest: each server pings its routes (and its idle clients) every :data:`ROUTE_PING_INTERVAL_S`
-and closes one that leaves more than :data:`ROUTE_PING_MAX` unanswered; a few seconds of timer
-slack on top. nats-server's default (a ping every two minutes) kept a hung node's queue members,
-the JetStream direct-get responders of its replica among them, taking their turn at requests
-that then timed out, for minutes (tests/integration/test_hung_nats_node.py)."""
+interest: each server pings its routes every :data:`ROUTE_PING_INTERVAL_S` (the ``cluster``
+block's ``ping_interval``, routes only) and closes one that leaves more than
+:data:`ROUTE_PING_MAX` unanswered; a few seconds of timer slack on top. nats-server's default (a
+ping every two minutes) kept a hung node's queue members, the JetStream direct-get responders of
+its replica among them, taking their turn at requests that then timed out, for minutes
+(tests/integration/test_hung_nats_node.py)."""
+
+CLIENT_PING_INTERVAL_S = 5
+CLIENT_PING_MAX = 2
+NATS_CLIENT_DROPPED_AFTER_S = CLIENT_PING_INTERVAL_S * (CLIENT_PING_MAX + 1) + 2
+"""How long a node of a generated cluster keeps a client that stopped answering (a stopped
+``chronicle commands``, its turn in the queue group with it) before it closes it as stale: the
+top-level ``ping_interval`` and ``ping_max``, which apply to clients only once the ``cluster``
+block names its own. Above the clients' own (``services.bootstrap.NATS_STALE_AFTER_S``: a ping
+every 3 s), as NATS asks: the routes' 2 s applied to clients closed any client that could not
+answer for ~5 s (a process starved of CPU) before its own pings would have found a hung server;
+now one is kept at least :data:`CLIENT_PING_INTERVAL_S` times :data:`CLIENT_PING_MAX` (10 s). nats-server's
+default (two minutes) kept a stopped process's share of requests that long."""
 
 
 def cluster_extra(
     node: ClusterNode, peers: Sequence[ClusterNode], password: str, *, listen: str | None = None
 ) -> dict[str, Any]:
     """What :func:`server_config` needs beyond one server for ``node`` of a cluster with ``peers``
-    (the other nodes): its name, and routes that only holders of ``password`` can open."""
+    (the other nodes): its name, routes that only holders of ``password`` can open, and the pings
+    that drop a route (:data:`NATS_ROUTE_STALE_AFTER_S`) or a client (:data:`NATS_CLIENT_DROPPED_AFTER_S`)
+    that stopped answering."""
     if not password:
         raise ValueError("a NATS cluster needs a route password (CHRONICLE_NATS_ROUTE_PASSWORD)")
     return {
         "server_name": node.name,
-        "ping_interval": f"{ROUTE_PING_INTERVAL_S}s",  # routes, and idle clients: NATS_ROUTE_STALE_AFTER_S
-        "ping_max": ROUTE_PING_MAX,
+        "ping_interval": f"{CLIENT_PING_INTERVAL_S}s",  # clients: NATS_CLIENT_DROPPED_AFTER_S
+        "ping_max": CLIENT_PING_MAX,
         "cluster": {
             "name": CLUSTER_NAME,
             "host": listen or node.host,
             "port": node.route_port,
             "authorization": {"user": ROUTE_USER, "password": password},
             "routes": [peer.route_url(password) for peer in peers if peer.name != node.name],
+            "ping_interval": f"{ROUTE_PING_INTERVAL_S}s",  # routes: NATS_ROUTE_STALE_AFTER_S
+            "ping_max": ROUTE_PING_MAX,
         },
     }
 

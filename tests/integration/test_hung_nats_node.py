@@ -7,6 +7,8 @@ from ~20 a second to ~1 for the whole of a 60 s stop of one node of three."""
 from __future__ import annotations
 
 import asyncio
+import base64
+import json
 import signal
 import subprocess
 import time
@@ -15,6 +17,7 @@ from pathlib import Path
 
 import nats
 import nats.errors
+import nkeys
 import pytest
 from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
@@ -23,7 +26,7 @@ from events.credentials import nkey_public_key
 from events.subjects import SubjectLayout
 from services.bootstrap import NATS_STALE_AFTER_S, connect_nats, work_broker
 from services.commands_nats.app import broker_for
-from services.ops.natsconf import NATS_ROUTE_STALE_AFTER_S, NatsAccess
+from services.ops.natsconf import NATS_CLIENT_DROPPED_AFTER_S, NATS_ROUTE_STALE_AFTER_S, NatsAccess
 from services.settings import Settings
 from tests.conftest import OPERATOR_SEED, make_settings
 from tests.support import nats_cluster_nodes
@@ -119,6 +122,35 @@ async def test_the_other_nodes_drop_a_hung_nodes_subscriptions_within_the_route_
     finally:
         for nc in (on_hung, on_live, asking):
             await nc.close()
+
+
+async def test_a_node_drops_a_client_that_stops_answering_but_not_before_the_clients_own_stale_bound(
+    cluster: Nodes,
+) -> None:
+    """A client that stops answering (a stopped commands process) keeps its subscriptions, its turn
+    in a queue group among them, until its server's pings go unanswered: the node drops it. Not
+    sooner than the clients' own detection (:data:`NATS_STALE_AFTER_S`) though: the routes' 2 s
+    pings applied to clients too closed a client starved of CPU for ~5 s after about 6 s. The
+    client here is a bare connection that reads what the server sends and answers nothing."""
+    port = int(cluster[0][0].rsplit(":", 1)[1])
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        info = json.loads((await reader.readline()).split(b" ", 1)[1])
+        key = nkeys.from_seed(OPERATOR_SEED.encode())
+        sig = base64.b64encode(key.sign(info["nonce"].encode())).decode()
+        connect = {"verbose": False, "pedantic": False, "protocol": 1, "nkey": key.public_key.decode(), "sig": sig}
+        writer.write(b"CONNECT " + json.dumps(connect).encode() + b"\r\nSUB svc q 1\r\nPING\r\n")
+        await writer.drain()
+        while (line := await asyncio.wait_for(reader.readline(), timeout=5)) != b"PONG\r\n":
+            assert line.startswith(b"INFO "), line  # admitted: an -ERR otherwise
+        silent = time.monotonic()  # from here on the server's PINGs go unanswered
+        bound = NATS_CLIENT_DROPPED_AFTER_S + 10  # the bound, and a loaded machine's slack
+        while await asyncio.wait_for(reader.read(4096), timeout=max(0.1, silent + bound - time.monotonic())):
+            pass
+        dropped = time.monotonic() - silent
+        assert dropped > NATS_STALE_AFTER_S, f"closed {dropped:.1f}s after it stopped answering"
+    finally:
+        writer.close()
 
 
 def cluster_urls(cluster: Nodes) -> list[str]:

@@ -10,9 +10,16 @@ import pytest
 from nats.js.errors import APIError
 
 from events.stream import ReplicasUnavailable
-from services.bootstrap import when_jetstream_ready
+from services.bootstrap import NATS_PING_INTERVAL_S, NATS_STALE_AFTER_S, when_jetstream_ready
 from services.ops.localstack import ROUTE_PORT_OFFSET, local_cluster, other_log, rotated
-from services.ops.natsconf import ROUTE_USER, ClusterNode, cluster_extra
+from services.ops.natsconf import (
+    CLIENT_PING_INTERVAL_S,
+    CLIENT_PING_MAX,
+    NATS_CLIENT_DROPPED_AFTER_S,
+    ROUTE_USER,
+    ClusterNode,
+    cluster_extra,
+)
 from services.ops.replicas import blob_stream
 from services.settings import Settings
 
@@ -44,6 +51,20 @@ def test_a_node_routes_to_every_other_node_with_the_password() -> None:
         f"nats-route://{ROUTE_USER}:p%40ss%2Fword@127.0.0.1:6002",
     ]
     assert cluster_extra(nodes[0], nodes, "x", listen="0.0.0.0")["cluster"]["host"] == "0.0.0.0"
+
+
+def test_a_node_pings_its_routes_every_2s_and_its_clients_less_often_than_they_ping_it() -> None:
+    """Routes: a hung node's subscriptions leave the others' interest within seconds. Clients: the
+    top-level ping is the clients' (a route takes the cluster block's); NATS asks for a server
+    interval above its clients' so that a client slow to answer (starved of CPU for a few seconds)
+    is not closed before its own pings would have found the server gone."""
+    node = ClusterNode("n1", "127.0.0.1", 6000)
+    extra = cluster_extra(node, [node], "x")
+    assert (extra["cluster"]["ping_interval"], extra["cluster"]["ping_max"]) == ("2s", 2)
+    assert (extra["ping_interval"], extra["ping_max"]) == (f"{CLIENT_PING_INTERVAL_S}s", CLIENT_PING_MAX)
+    assert CLIENT_PING_INTERVAL_S > NATS_PING_INTERVAL_S
+    assert CLIENT_PING_INTERVAL_S * CLIENT_PING_MAX > NATS_STALE_AFTER_S  # the fewest seconds it keeps a silent one
+    assert NATS_CLIENT_DROPPED_AFTER_S >= CLIENT_PING_INTERVAL_S * (CLIENT_PING_MAX + 1)
 
 
 def test_a_cluster_without_a_route_password_is_refused() -> None:

@@ -116,7 +116,8 @@ def test_nats_config_writes_each_node_with_routes_to_the_others(
         assert (tmp_path / f"{name}.conf").stat().st_mode & 0o077 == 0, "the route password is in it"
         cluster = config.pop("cluster")
         assert config.pop("server_name") == name
-        assert (config.pop("ping_interval"), config.pop("ping_max")) == ("2s", 2)  # a hung node's routes close
+        assert (config.pop("ping_interval"), config.pop("ping_max")) == ("5s", 2)  # a stopped client is dropped
+        assert (cluster.pop("ping_interval"), cluster.pop("ping_max")) == ("2s", 2)  # a hung node's routes close
         assert config == server_config(NatsAccess.of(settings), host="0.0.0.0", port=4222, store_dir="/data")
         assert (cluster["host"], cluster["port"], cluster["name"]) == ("0.0.0.0", 6222, "chronicle")
         assert cluster["authorization"] == {"user": ROUTE_USER, "password": ROUTE_PASSWORD}
