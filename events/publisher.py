@@ -274,7 +274,12 @@ class Publisher:
         raise PublishFailed(f"publish of {event.type} {event.id} failed: {last_error!r}") from last_error
 
     async def publish_many(
-        self, events: Sequence[Event], *, window: int = 4000, fresh_id_on_foreign: bool = False
+        self,
+        events: Sequence[Event],
+        *,
+        window: int = 4000,
+        fresh_id_on_foreign: bool = False,
+        into: list[Published] | None = None,
     ) -> list[Published]:
         """Pipeline many unconditional publishes; returns one result per event, in order.
 
@@ -284,9 +289,14 @@ class Publisher:
         duplicate is checked as :meth:`publish` checks it: :class:`ForeignDuplicate` (the events
         before it in ``events`` may be stored), or with ``fresh_id_on_foreign`` the event is
         published again under a fresh id.
+
+        ``into`` (returned, when given) receives each result in order as it is settled: after an
+        error it holds the unbroken acknowledged prefix, the events stored before the one that
+        failed. Events after that one, pipelined with it, may be stored too (their acks, which can
+        come back out of order, are not counted); that one may be too when its ack was lost.
         """
         encoded = [await self.encode_sealed(ev) for ev in events]
-        results: list[Published] = []
+        results: list[Published] = [] if into is None else into
         for start in range(0, len(events), window):
             chunk = events[start : start + window]
             futures = [
