@@ -99,13 +99,20 @@ _EXISTS_LIMIT = MAX_DELETE_IDS  # ids in one POST …/messages:exists (the API's
 _BATCH_BYTES = 48 * 1024 * 1024  # JSON in one batch: half the API's default request bound (97 MiB)
 
 
-def _chain_stored(err: ChronicleError, messages: Sequence[Mapping[str, Any]]) -> str:
+def _chain_stored(err: ChronicleError, messages: Sequence[Mapping[str, Any]], pipelined: bool = False) -> str:
     """What of a chain sent in several requests is stored when ``err`` stopped it (its
-    ``written`` and ``failed_index`` counted over the chain), and how to go on from there."""
+    ``written`` and ``failed_index`` counted over the chain), and how to go on from there.
+    ``pipelined``: the messages after ``failed_index`` were published with it (JetStream), so
+    they may be stored too, whatever the error."""
     index = err.failed_index or 0
     said = f"(append_all: {len(err.written)} of the chain's {len(messages)} messages are stored, err.written"
     if isinstance(err, TransientError) and not isinstance(err, RateLimited):
         said += f"; message {index} may be too"
+    if pipelined and index + 1 < len(messages):
+        said += (
+            f"; messages {index + 1}-{len(messages) - 1} were published with it and may be stored too "
+            "(an acknowledgement after one that failed is not counted)"
+        )
     if not err.written:
         return said + ".)"
     if not 0 <= index < len(messages):  # a server's answer that names no message of the chain
@@ -115,6 +122,19 @@ def _chain_stored(err: ChronicleError, messages: Sequence[Mapping[str, Any]]) ->
         f"append_all(messages[{index}:], parent_id={err.written[-1].id!r}). Sending the whole chain "
         "again is safe too (the stored messages replay) but, under a rate limit, is charged for them again.)"
     )
+
+
+def _chain_failed(
+    err: ChronicleError, messages: Sequence[Mapping[str, Any]], written: list[AppendResult], *, pipelined: bool
+) -> ChronicleError:
+    """``err`` as the error of a chain published straight to JetStream that stopped after
+    ``written`` (its unbroken acknowledged prefix): ``failed_index`` is the message after them,
+    and the error's message says what is stored and how to go on (:func:`_chain_stored`)."""
+    err.written = written
+    err.failed_index = len(written)
+    err.detail = f"{err.detail.rstrip()} {_chain_stored(err, messages, pipelined)}"
+    err.args = (err.detail,)
+    return err
 
 
 def _batches(messages: Sequence[Mapping[str, Any]]) -> list[list[dict[str, Any]]]:
@@ -945,6 +965,7 @@ class ChronicleClient:
         replay (the chain goes on after the last message it covers) or a refusal.
         """
         from events.catalog import MessageAppended, overlay_id_in
+        from events.publisher import Refused
 
         if any(overlay_id_in(str(m.get("id"))) is not None for m in messages):
             return await self._append_chain_api(session_id, messages, parent_id, "http")
@@ -981,16 +1002,26 @@ class ChronicleClient:
             stored = stored if stored is not None else found or set()
             if parent_id is not None and not parent_found:
                 raise UnknownParent(f"parent message {parent_id!r} is not in this session", status=422)
-            first = await self._publish(direct, events[0], last)
+            try:
+                first = await self._publish(direct, events[0], last)
+            except ChronicleError as err:  # a lone conditional publish: nothing after it was sent
+                _chain_failed(err, messages, [], pipelined=False)
+                raise
             if first is None:
                 await self._conflict_pause(attempt)
                 continue
-            published = [first]
+            published = [first]  # the unbroken acknowledged prefix of the chain
             try:
-                published += await direct.publisher.publish_many(events[1:])
+                await direct.publisher.publish_many(events[1:], into=published)
             except Exception as exc:
-                self.note_seq(session_id, first.seq)  # stored: the client's reads wait for it
-                raise self._publish_error(direct, exc) from exc
+                self.note_seq(session_id, max(p.seq for p in published))  # stored: the client's reads wait for it
+                refused = isinstance(exc, Refused)  # admitted before any was published: none after the first was
+                written = [
+                    AppendResult(mid, pid, p.seq, not p.duplicate and mid not in stored)
+                    for (mid, pid), p in zip(results, published, strict=False)
+                ]
+                failed = _chain_failed(self._publish_error(direct, exc), messages, written, pipelined=not refused)
+                raise failed from exc
             self.note_seq(session_id, max(p.seq for p in published))
             return [
                 AppendResult(mid, pid, p.seq, not p.duplicate and mid not in stored)

@@ -29,8 +29,13 @@ class ChronicleError(Exception):
     may be appended again whole (idempotent by message id), or from ``failed_index`` under
     ``written[-1].id``; under a rate limit go on from ``failed_index``: the whole chain again is
     charged for its stored messages again (one token each), and may be refused at the same place.
-    A chain sent in several requests says in its message too how many of its messages are
-    stored and how to go on. Any other error has ``failed_index`` None and ``written`` empty."""
+    A chain sent in several requests, or published straight to JetStream, says in its message
+    too how many of its messages are stored and how to go on. Via JetStream ``written`` is the
+    unbroken prefix of the chain whose publishes were acknowledged (an ack that came back for a
+    later message is not counted): the messages from ``failed_index`` on were published with
+    the one that failed (pipelined), so they may be stored too, and that one may be when its ack
+    was lost with the connection; which of them are cannot be known from the client, and the
+    message says so. Any other error has ``failed_index`` None and ``written`` empty."""
 
     default_code: ClassVar[str] = "internal_error"
 

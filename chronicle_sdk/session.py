@@ -231,9 +231,11 @@ class Session(ConfigBuilder):
         a parent that lands between two of them (attached to the earlier one) is left on a side
         branch, off the latest leaf's path.
 
-        Not atomic: over HTTP or NATS an error part-way (a conflict at the fifth message, say)
-        carries the messages stored before it, ``written``, and ``failed_index`` (see
-        :class:`ChronicleError`); this client's reads wait for them. A chain over 1,000
+        Not atomic: an error part-way (a conflict at the fifth message, say) carries the
+        messages stored before it, ``written``, and ``failed_index`` (see
+        :class:`ChronicleError`); this client's reads wait for them. Via JetStream ``written``
+        is the acknowledged prefix of the chain, and the messages after it were published with
+        the one that failed, so they may be stored too (the error's message says so). A chain over 1,000
         messages is several requests, and under a low rate limit the next request after a
         stored one may be refused at once (:class:`RateLimited`, a ``retry_after`` over a
         minute: a batch of N messages takes N tokens); its message says how many of the chain
