@@ -109,10 +109,12 @@ def _chain_stored(err: ChronicleError, messages: Sequence[Mapping[str, Any]], pi
     if isinstance(err, TransientError) and not isinstance(err, RateLimited):
         said += f"; message {index} may be too"
     if pipelined and index + 1 < len(messages):
-        said += (
-            f"; messages {index + 1}-{len(messages) - 1} were published with it and may be stored too "
-            "(an acknowledgement after one that failed is not counted)"
+        after = (
+            f"message {index + 1} was"
+            if index + 2 == len(messages)
+            else f"messages {index + 1}-{len(messages) - 1} were"
         )
+        said += f"; {after} published with it and may be stored too (an ack after one that failed is not counted)"
     if not err.written:
         return said + ".)"
     if not 0 <= index < len(messages):  # a server's answer that names no message of the chain

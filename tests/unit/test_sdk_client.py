@@ -14,6 +14,7 @@ import pytest
 
 from chronicle_sdk import (
     OMITTED,
+    AppendResult,
     ChronicleClient,
     ChronicleError,
     Conflict,
@@ -42,7 +43,7 @@ from chronicle_sdk import (
     Via,
     format_session_search,
 )
-from chronicle_sdk.client import RETRY_BUDGET_S
+from chronicle_sdk.client import RETRY_BUDGET_S, _chain_stored
 from chronicle_sdk.errors import MAX_RETRY_AFTER_S, SeqNotReached, UnknownCursor, error_from_problem
 from chronicle_sdk.tools import MAX_QUERY_CHARS, ToolDefinition, Tools
 from chronicle_sdk.types import NatsPublishing, SearchResult
@@ -1486,3 +1487,16 @@ async def test_a_failed_index_outside_the_chain_keeps_the_servers_error(failed_i
     assert "1000 of the chain's 1002 messages are stored" in str(err)
     assert "go on from" not in str(err)  # no message of the chain to go on from
     assert len(err.written) == 1000
+
+
+def test_a_pipelined_chains_message_names_the_messages_published_with_the_one_that_failed() -> None:
+    """Via JetStream the messages after ``failed_index`` were published with it: one is named
+    alone, several as a range; a chain that failed at its last message names none."""
+    chain = [{"id": f"m{i}"} for i in range(4)]
+    err = Unavailable("down")
+    err.written, err.failed_index = [AppendResult("m0", None, 5, True), AppendResult("m1", "m0", 6, True)], 2
+    assert "; message 3 was published with it and may be stored too" in _chain_stored(err, chain, pipelined=True)
+    err.failed_index, err.written = 1, err.written[:1]
+    assert "; messages 2-3 were published with it" in _chain_stored(err, chain, pipelined=True)
+    assert "published with it" not in _chain_stored(err, chain[:2], pipelined=True)
+    assert "published with it" not in _chain_stored(err, chain, pipelined=False)
