@@ -315,12 +315,9 @@ class Compactor:
             await self.js.delete_msg(stream, seq)
         except NotFoundError:
             return False
-        except APIError as exc:
-            if exc.err_code == ERR_NO_MESSAGE_FOUND:  # deleted meanwhile (the server's answer is no NotFoundError)
-                return False
-            log.warning("a compaction request JetStream gave up (%s seq %d) could not be deleted: %s", stream, seq, exc)
-            return False
         except Exception as exc:
+            if isinstance(exc, APIError) and exc.err_code == ERR_NO_MESSAGE_FOUND:
+                return False  # deleted meanwhile (the server's answer is no NotFoundError)
             log.warning("a compaction request JetStream gave up (%s seq %d) could not be deleted: %s", stream, seq, exc)
             return False
         return True
