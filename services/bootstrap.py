@@ -38,13 +38,14 @@ from projections.logbinding import check_log, refuse_absent_log
 from projections.migrate import check_schema, migrate, migration_files
 from projections.overlays import OverlayProjection
 from projections.runner import Projection, ProjectorRunner, partition_checkpoint, read_checkpoint
+from services.compaction.exhausted import Recorder
 from services.compaction.lease import Leases
 from services.compaction.queue import Requests, consumer_config, request, subscribe
 from services.compaction.requester import Requester
 from services.compaction.service import CompactionService, Series
 from services.compaction.state import CompactorState, pending, series, still_due
 from services.compaction.summarizers import OfflineSummarizer, OpenAISummarizer, Summarizer
-from services.compaction.worker import Compactor, Recorder
+from services.compaction.worker import Compactor
 from services.connection_loss import ReconnectNoise, close_nats, nats_node
 from services.context.search_gate import SearchGate, search_slots
 from services.context.service import ContextService

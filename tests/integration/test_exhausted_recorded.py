@@ -18,8 +18,8 @@ from events.context import CompactionConfig, SessionConfig
 from events.omitted import OMITTED
 from services.bootstrap import Container
 from services.compaction import state
+from services.compaction.exhausted import RECORD_RETRIES_S
 from services.compaction.service import Series
-from services.compaction.worker import RECORD_RETRIES_S
 from tests.conftest import make_settings, running_stack
 from tests.integration.helpers import assert_rebuild_equals_live, text_message
 from tests.integration.test_oncall_signals import abandoned_on_its_last_delivery, pull
@@ -85,8 +85,8 @@ async def test_a_request_jetstream_gave_up_is_recorded_as_a_compaction_failure_o
         compactor = c.compactor()
         advisory = await given_up(c)
 
-        await asyncio.gather(compactor._exhausted(advisory), compactor._exhausted(advisory))
-        await compactor._exhausted(advisory)
+        await asyncio.gather(compactor.given_up.settle(advisory), compactor.given_up.settle(advisory))
+        await compactor.given_up.settle(advisory)
 
         ((attempt, error),) = await failures(c)
         assert attempt == 1
@@ -145,7 +145,7 @@ async def test_a_request_whose_compaction_was_committed_before_it_was_given_up_r
         else:
             raise AssertionError("the compaction state never saw the overlay")
 
-        await compactor._exhausted(advisory)
+        await compactor.given_up.settle(advisory)
 
         assert await failures(c) == []
         async with c.pool.connection() as conn:
@@ -174,7 +174,7 @@ async def test_a_failure_that_could_not_be_recorded_leaves_the_request_on_the_st
             raise psycopg.OperationalError("server closed the connection unexpectedly")
 
         monkeypatch.setattr(c.compaction, "record_failure", lost)
-        await compactor._exhausted(advisory)
+        await compactor.given_up.settle(advisory)
 
         assert tries == 1 + len(RECORD_RETRIES_S)  # tried again in its lease, then left
         assert await failures(c) == []
@@ -182,7 +182,7 @@ async def test_a_failure_that_could_not_be_recorded_leaves_the_request_on_the_st
         assert compactor.work.exhausted == 0
 
         monkeypatch.setattr(c.compaction, "record_failure", record_failure)
-        await compactor._exhausted(advisory)
+        await compactor.given_up.settle(advisory)
         assert [attempt for attempt, _ in await failures(c)] == [1]
         assert await queued(c) == 0
 
@@ -214,7 +214,7 @@ async def test_advisories_are_settled_one_at_a_time(
                 inside -= 1
 
         monkeypatch.setattr(c.compaction.leases, "hold", counted)
-        await asyncio.gather(*(compactor._exhausted(advisory) for _ in range(3)))
+        await asyncio.gather(*(compactor.given_up.settle(advisory) for _ in range(3)))
 
         assert most == 1
         assert 0 < max(waits) <= 30  # an advisory waits briefly, not a compaction's 600 s

@@ -1,4 +1,4 @@
-"""The advisory JetStream sends when it gives up a compaction request (services/compaction/worker.py
+"""The advisory JetStream sends when it gives up a compaction request (services/compaction/exhausted.py
 ``exhausted_of``): only a ``max_deliver`` advisory names a request to delete. The subject is outside
 every tenant's publish permissions, but a tenant can have the server publish a reply there (the
 ack of its own event): such a body names nothing."""
@@ -12,8 +12,9 @@ from typing import Any, cast
 import pytest
 
 from events.subjects import SubjectLayout
+from services.compaction.exhausted import exhausted_of, request_in
 from services.compaction.queue import KIND, DeliveriesExhausted, exhausted_failure_id, request
-from services.compaction.worker import Compactor, exhausted_of, request_in
+from services.compaction.worker import Compactor
 
 ADVISORY = {
     "type": "io.nats.jetstream.advisory.v1.max_deliver",
@@ -68,7 +69,7 @@ async def test_a_stop_cancelled_while_advisories_settle_stays_cancelled() -> Non
             await asyncio.sleep(0.05)  # its cleanup takes a moment
 
     task = asyncio.create_task(settling())
-    compactor._settling.add(task)
+    compactor.given_up._settling.add(task)
     await asyncio.sleep(0)
     stopping = asyncio.create_task(compactor._unwatch())
     await closing.wait()
