@@ -674,12 +674,17 @@ def check_database_url(url: str) -> str:
 
 
 def database_address(url: str) -> str:
-    """Where ``url`` points, ``host:port/dbname`` (never its password)."""
+    """Where ``url`` points (never its password): ``host:port/dbname``, or for a ``host`` that is
+    a directory the Unix socket in it and the database (no host: libpq's default socket)."""
     try:
         parts = psycopg.conninfo.conninfo_to_dict(url)
     except psycopg.ProgrammingError:
         return "not a connection string"
-    return f"{parts.get('host', 'localhost')}:{parts.get('port', 5432)}/{parts.get('dbname', '')}"
+    host, port, dbname = str(parts.get("host") or ""), parts.get("port") or 5432, parts.get("dbname") or ""
+    if host and not host.startswith("/"):
+        return f"{host}:{port}/{dbname}"
+    socket = f"the Unix socket {host.rstrip('/')}/" if host else "the default Unix socket "
+    return f"{socket}.s.PGSQL.{port}, database {dbname or parts.get('user') or 'named as the login user'}"
 
 
 NATS_SCHEMES = ("nats", "tls")

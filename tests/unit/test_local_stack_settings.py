@@ -164,7 +164,8 @@ def test_a_command_beside_a_stack_that_is_gone_names_the_recorded_database(
     [line] = capsys.readouterr().err.strip().splitlines()
     assert line.startswith(
         f"chronicle quarantine: the database `chronicle up` recorded in {tmp_path / STACK_RECORD} "
-        f"({tmp_path / 'pg'}:5432/chronicle; is that stack running? Set CHRONICLE_DATABASE_URL for another) "
+        f"(the Unix socket {tmp_path / 'pg'}/.s.PGSQL.5432, database chronicle; is that stack running? "
+        "Set CHRONICLE_DATABASE_URL for another) "
         "cannot be used: "
     ), line
 
