@@ -41,6 +41,7 @@ from chronicle_sdk.types import (
     SystemPrompt,
 )
 from events.admission import has_bad_chars
+from events.tool_names import unavailable_tool
 
 if TYPE_CHECKING:
     from chronicle_sdk.config import Provider
@@ -723,7 +724,7 @@ class Session(ConfigBuilder):
         except NotFound as exc:  # a session never written has no tools, as it reads as empty
             if not never_written(exc):
                 raise
-            return f'Error: tool "{name}" is not available in this session'
+            return unavailable_tool(name)
         return str(out["result"])
 
     async def execute_tool(self, name: str, arguments: Any = None, *, tool_call_id: str | None = None) -> str:

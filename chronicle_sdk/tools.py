@@ -9,6 +9,7 @@ from typing import Any
 
 from chronicle_sdk.errors import InvalidRequest, MalformedJson, PayloadTooLarge
 from events.admission import has_bad_chars
+from events.tool_names import unavailable_tool
 
 MAX_ARGUMENT_DEPTH = 64
 """The deepest nesting of arrays and objects Chronicle takes in tool arguments (the server's
@@ -176,7 +177,7 @@ class Tools:
         """
         executor = self._exec.get(name)
         if executor is None:
-            return f'Error: tool "{name}" is not available in this session'
+            return unavailable_tool(name)
         args = parse_arguments(arguments)
         if isinstance(args, str):
             return args

@@ -12,6 +12,7 @@ from typing import Any
 from events.admission import Refused, has_bad_chars
 from events.context import SessionConfig
 from events.sealing import KeyDestroyed
+from events.tool_names import unavailable_tool
 from projections import context_queries
 from projections.search_bound import SearchTimedOut
 from services.context.blocks import Mode
@@ -58,7 +59,7 @@ class ContextTools(ContextSkills, ContextPrompt):
                 config = await self.config(conn, tenant, session)
             names = {spec.name for spec in tool_specs(config, [])}  # the loaded skills change no name
             if name not in names:
-                return f'Error: tool "{name}" is not available in this session'
+                return unavailable_tool(name)
             if not isinstance(args, dict):
                 return "Error: tool arguments must be a JSON object"
             if has_bad_chars(args):

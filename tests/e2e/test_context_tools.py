@@ -4,6 +4,7 @@ result and error string verbatim. Tools never fail the request: errors are ``Err
 from __future__ import annotations
 
 from typing import Any
+from urllib.parse import quote
 
 import httpx
 import pytest
@@ -82,6 +83,21 @@ async def test_tools_of_an_unconfigured_session(client: httpx.AsyncClient) -> No
     assert r.json() == {"config": {"blocks": []}}
     res, _ = await tool(client, s, "set_context", {"label": "memory", "content": "x"})
     assert res == 'Error: tool "set_context" is not available in this session'
+
+
+async def test_an_unknown_tool_name_is_echoed_short_and_printable(client: httpx.AsyncClient) -> None:
+    """A name no tool has comes back in the result (200, as any unknown tool), but cut at 64
+    characters with its length said, its NUL and control characters escaped; nothing recorded."""
+    s = sid()
+    await append(client, s, msg("m1", "hello"))
+    before = await events(client, s)
+    res, _ = await tool(client, s, "x" * 5_000, {})
+    assert res == f'Error: tool "{"x" * 64}… (5000 characters)" is not available in this session'
+    res, _ = await tool(client, s, quote("set\x00context\nnext"), {})  # %00, %0A
+    assert res == 'Error: tool "set\\u0000context\\u000anext" is not available in this session'
+    res, _ = await tool(client, s, "ツール_" + "y" * 60, {})  # a printable name of 64 characters: as given
+    assert res == f'Error: tool "ツール_{"y" * 60}" is not available in this session'
+    assert await events(client, s) == before
 
 
 async def test_provider_formats(client: httpx.AsyncClient, api_settings: Settings) -> None:

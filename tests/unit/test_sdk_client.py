@@ -709,6 +709,8 @@ async def test_session_search_formatting_and_limit() -> None:
         )
         assert await tools.execute("session_search", {"query": "zzz"}) == "No results found."
         assert await tools.execute("nope", {}) == 'Error: tool "nope" is not available in this session'
+        unknown = await tools.execute("n\x00" + "o" * 4_998, {})  # as the server shows it: short, printable
+        assert unknown == f'Error: tool "n\\u0000{"o" * 62}… (5000 characters)" is not available in this session'
     assert rec.params("/v1/search")[0] == {"q": "deploy", "limit": "10"}
     assert format_session_search([SearchResult("x", "user", "hi")]) == "[user] hi"
 
