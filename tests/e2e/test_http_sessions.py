@@ -302,6 +302,19 @@ async def test_rename(client: httpx.AsyncClient) -> None:
     assert [e["event"]["type"] for e in await events(client, sid)] == ["session.created", "session.renamed"]
 
 
+async def test_rename_to_the_empty_name_gives_the_name_a_session_made_without_one_has(
+    client: httpx.AsyncClient,
+) -> None:
+    """``""`` is a name, the default of a create (and of a session made by its first append), as
+    in the reference: a rename to it is taken, not refused."""
+    sid = new_sid()
+    await create(client, id=sid, name="old")
+    r = await client.patch(f"/v1/sessions/{sid}", json={"name": ""})
+    assert r.status_code == 200, r.text
+    r = await client.get(f"/v1/sessions/{sid}", params={"min_seq": r.json()["seq"]})
+    assert r.json()["name"] == ""
+
+
 async def test_rename_unknown_session_is_404(client: httpx.AsyncClient) -> None:
     sid = new_sid()
     r = await client.patch(f"/v1/sessions/{sid}", json={"name": "x"})
