@@ -11,6 +11,11 @@ followed by the provider's own conversion:
   ``errorText``, flagged as an error); a part with no ``state`` counts as complete when it has
   an ``output``. Calls in ``input-streaming``/``input-available`` are dropped, so no orphaned
   tool call ever reaches the provider.
+  A call's input is its ``input``, or, when it has none (an ``output-error`` call whose input
+  did not parse), its ``rawInput``: Chat Completions gets it as JSON ``arguments``; the Messages
+  API takes only an object, so :func:`to_anthropic_messages` sends a text that spells an object
+  as that object and wraps anything else that is no object as ``{"raw_input": <it>}`` (never
+  ``{}``, which would lose what the model wrote).
 * An assistant message is split into steps at ``step-start`` parts, and also where text follows
   a tool call, so that each provider message holds the calls whose results come right after it.
 * Compaction overlays need nothing special: they are plain assistant messages with one text part.
@@ -254,11 +259,32 @@ def _anthropic_image(media: str, url: str) -> dict[str, Any]:
     return {"type": "image", "source": {"type": "url", "url": url}}
 
 
+def _anthropic_input(value: Any) -> Mapping[str, Any]:
+    """A tool call's input as a ``tool_use`` input, which must be an object: an object as it is,
+    none as ``{}``, the text of an object as that object, anything else (what the model wrote
+    that is no object, unparsed) as ``{"raw_input": value}``."""
+    if isinstance(value, Mapping):
+        return value
+    if value is None:
+        return {}
+    if isinstance(value, str):
+        try:
+            parsed = json.loads(value)
+        except ValueError:
+            parsed = None
+        if isinstance(parsed, dict):
+            return parsed
+    return {"raw_input": value}
+
+
 def to_anthropic_messages(history: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     """Messages API ``messages`` for a history; pass the frozen prompt as ``system=`` yourself.
 
     Tool calls become ``tool_use`` blocks and their results ``tool_result`` blocks in the next
-    user turn (``is_error`` for ``output-error``); incomplete calls are dropped. Reasoning is
+    user turn (``is_error`` for ``output-error``); incomplete calls are dropped. A ``tool_use``
+    input must be an object: a call's input that is no object (such as an ``output-error`` call's
+    ``rawInput``, what the model wrote, unparsed) is sent as the object its text spells, else
+    wrapped as ``{"raw_input": <it>}``, never dropped; no input at all is ``{}``. Reasoning is
     kept only with a signature (see the module docstring). Consecutive messages of one role are
     merged, as the API requires alternating roles; empty text is skipped.
 
@@ -313,7 +339,7 @@ def to_anthropic_messages(history: Sequence[Mapping[str, Any]]) -> list[dict[str
                         elif (data := _redacted(p)) is not None:
                             content.append({"type": "redacted_thinking", "data": data})
                     elif (call := _tool_call(p)) is not None:
-                        tool_input = call.input if isinstance(call.input, Mapping) else {}
+                        tool_input = _anthropic_input(call.input)
                         content.append({"type": "tool_use", "id": call.id, "name": call.name, "input": tool_input})
                         result: dict[str, Any] = {
                             "type": "tool_result",

@@ -137,6 +137,29 @@ def test_output_error_and_dynamic_tools_and_stateless_outputs() -> None:
     assert "is_error" not in results[1]
 
 
+@pytest.mark.parametrize(
+    ("raw", "sent"),
+    [
+        ('{"q": 5', {"raw_input": '{"q": 5'}),  # JSON the model broke off: kept, wrapped
+        ('{"q": 5}', {"q": 5}),  # the text of an object (it failed the tool's schema): that object
+        ("[1, 2]", {"raw_input": "[1, 2]"}),
+        ([1, 2], {"raw_input": [1, 2]}),
+        (7, {"raw_input": 7}),
+        (None, {}),
+    ],
+)
+def test_anthropic_keeps_a_tool_input_that_is_no_object_inside_one(raw: Any, sent: dict[str, Any]) -> None:
+    """The Messages API takes only an object as a ``tool_use`` input; an ``output-error`` call's
+    ``rawInput`` (what the model wrote, unparsed) is sent as the object it spells, or wrapped as
+    ``{"raw_input": …}``, never replaced by ``{}``."""
+    part = {"type": "tool-lookup", "toolCallId": "c1", "state": "output-error", "errorText": "Invalid input"}
+    if raw is not None:
+        part["rawInput"] = raw
+    (call, result) = to_anthropic_messages([{"id": "a1", "role": "assistant", "parts": [part]}])
+    assert call["content"] == [{"type": "tool_use", "id": "c1", "name": "lookup", "input": sent}]
+    assert result["content"][0]["is_error"] is True
+
+
 def test_text_after_a_tool_call_starts_a_new_step() -> None:
     history = [{"id": "a", "role": "assistant", "parts": [tool_part("c1"), {"type": "text", "text": "after"}]}]
     assert [m["role"] for m in to_openai_messages(history)] == ["assistant", "tool", "assistant"]
