@@ -25,15 +25,16 @@ def sighup_before_serving() -> bool:
     return bool(_early)
 
 
-def main() -> None:
+def main() -> int:
+    """Run the CLI and return its exit status (the console script exits with it)."""
     if sys.argv[1:2] == ["api"]:
         signal.signal(signal.SIGHUP, _record)
     from services.ops.cli import main as run
 
-    run()
+    return run()
 
 
 if __name__ == "__main__":  # `python -m services.ops.entry`: the module processes.py asks is this one's import
     from services.ops import entry
 
-    entry.main()
+    sys.exit(entry.main())
