@@ -1,4 +1,5 @@
-"""``chronicle bench {ingest,api,history,search,rebuild,context,compaction,peers,api-replicas,all}``.
+"""``chronicle bench <name>``: ingest, api, commands, history, search, rebuild, context, compaction, peers,
+api-replicas, encryption, all.
 
 Benchmarks against a same-run baseline. Each benchmark starts its own infrastructure (see
 :mod:`bench.support`), prints a table, writes JSON (default
