@@ -631,7 +631,6 @@ def _serve(
     keys: KeysReload,
 ) -> int:
     exe = [sys.executable, "-m", "services.ops.cli"]
-    subprocess.run([*exe, "migrate"], env=env, check=True)
     workers = min(settings.projector_workers, settings.partitions)
     room = server_room(env["CHRONICLE_DATABASE_URL"])
     pools = pool_decision(
@@ -645,7 +644,8 @@ def _serve(
     )
     if pools.pool_max is None:
         print(f"chronicle up: {pools.message}", file=sys.stderr, flush=True)
-        return 1
+        return 1  # before the migration: a refused start leaves the database as the release before found it
+    subprocess.run([*exe, "migrate"], env=env, check=True)
     if pools.message:
         print(f"chronicle up: {pools.message}", flush=True)
         env["CHRONICLE_DB_POOL_MAX"] = str(pools.pool_max)

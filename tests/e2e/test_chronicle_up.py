@@ -470,7 +470,9 @@ def test_up_refuses_pools_the_server_cannot_hold_naming_what_to_change(
 ) -> None:
     """(Each process opened pools of up to CHRONICLE_DB_POOL_MAX with no regard for the server's
     max_connections: under load, requests met "too many clients".) A pool size the operator set
-    that the server cannot hold for every process is refused before any process starts."""
+    that the server cannot hold for every process is refused before any process starts, and
+    before the database is migrated (earlier it was migrated first: a new release's `up` refused
+    this way had moved the database on past the release that still ran, which then refused it)."""
     api_port, nats_port = free_port(), free_port()
     done = subprocess.run(
         [sys.executable, "-m", "services.ops.cli", "up", "--nats-port", str(nats_port)],
@@ -485,6 +487,9 @@ def test_up_refuses_pools_the_server_cannot_hold_naming_what_to_change(
     assert "Chronicle is ready" not in done.stdout
     assert port_free("127.0.0.1", api_port)
     assert port_free("127.0.0.1", nats_port)  # what it had started is stopped
+    with psycopg.connect(fresh_db) as conn:
+        migrated = conn.execute("SELECT to_regclass('schema_migrations') IS NOT NULL").fetchone()
+    assert migrated == (False,)
 
 
 async def test_up_reloads_the_api_keys_file_on_sighup(tmp_path: Path, fresh_db: str, s3_endpoint: str) -> None:
