@@ -55,17 +55,29 @@ def _shown_unloaded(output: Any) -> bool:
     return isinstance(output, str) and output.startswith(UNLOADED_MARK)
 
 
+def loaded_nothing(key: str, output: Any) -> bool:
+    """Whether a ``load_context`` output is the tool's answer for a load that loaded nothing:
+    ``Not found: <key>`` (no such document, or one the block's ``keys`` leave out) or an
+    ``Error: …`` (services/context/tools.py). The live tool adds no skill then, but the
+    reference's restore scan took every output for a load, so a failed load read back from
+    history listed a skill that was never loaded (and an unload "reclaimed" its error)."""
+    return isinstance(output, str) and (output == f"Not found: {key}" or output.startswith("Error: "))
+
+
 def scan_loaded(rows: list[tuple[str, str]], unloaded: Reclaimed) -> dict[tuple[str, str], tuple[str, str]]:
     """(label, key) -> (message id, tool call id) of the output that keeps it loaded, in the order
     the reference's set gets them: ``rows`` are assistant messages' (id, stored JSON), oldest
     first. A ``load_context`` part with its output (``state: "output-available"``) and a
     non-empty label and key in its input loads the skill, unless its output, as a history read
-    shows it, starts with ``[skill unloaded:`` (then it unloads it); an ``unload_context`` part
+    shows it, starts with ``[skill unloaded:`` (then it unloads it) or is the tool's answer for a
+    load that loaded nothing (:func:`loaded_nothing`: passed over); an ``unload_context`` part
     with its output unloads it. A load part without a string ``toolCallId`` is passed over: an
     unload could not reclaim it (reclaimed outputs are named by tool call), so it would stay
     loaded for good."""
     loaded: dict[tuple[str, str], tuple[str, str]] = {}
     for mid, name, label, key, call, output in _skill_parts(rows, unloaded):
+        if name == "load_context" and loaded_nothing(key, output):
+            continue
         if name == "unload_context" or _shown_unloaded(output):
             loaded.pop((label, key), None)
         elif isinstance(call, str):
@@ -82,5 +94,9 @@ def load_outputs(rows: list[tuple[str, str]], unloaded: Reclaimed, label: str, k
     return [
         (mid, call)
         for mid, name, lab, k, call, output in _skill_parts(rows, unloaded)
-        if name == "load_context" and (lab, k) == (label, key) and isinstance(call, str) and not _shown_unloaded(output)
+        if name == "load_context"
+        and (lab, k) == (label, key)
+        and isinstance(call, str)
+        and not _shown_unloaded(output)
+        and not loaded_nothing(k, output)
     ]

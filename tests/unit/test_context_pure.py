@@ -29,7 +29,7 @@ from events.context import ReadonlyBlock, SearchableBlock, SessionConfig, Skills
 from events.ids import TENANT_SCOPE
 from projections.context import SESSION_TABLES, plan
 from projections.reclaimed import reclaim, reclaimed_in
-from projections.skill_scan import scan_loaded
+from projections.skill_scan import load_outputs, scan_loaded
 from services.context.rules import joined
 
 T, S = "acme", "chat-1"
@@ -351,3 +351,24 @@ def test_scan_loaded_follows_the_reference_order() -> None:
     unloaded = reclaimed_in({("m1", "c2"): "b", ("", "c7"): "e"})
     assert scan_loaded(rows, unloaded) == {("skills", "a"): ("m2", "c8")}
     assert list(scan_loaded(rows, reclaimed_in({}))) == [("skills", "a"), ("skills", "b"), ("skills", "e")]
+
+
+def test_scan_loaded_passes_over_a_load_that_loaded_nothing() -> None:
+    """A ``load_context`` output that is the tool's answer for a load that loaded nothing
+    (``Not found: <key>``, an ``Error: …``) leaves the skill unloaded, as the live tool does:
+    otherwise the next turn's ``unload_context`` lists a skill that was never loaded."""
+    m1 = {
+        "parts": [
+            _load("c1", "nosuch", "Not found: nosuch"),
+            _load("c2", "broken", "Error: the skill could not be read"),
+            _load("c3", "tax", "# Tax\nNot found: nosuch is fine inside a document"),
+            _load("c4", "other", "Not found: nosuch"),
+        ]
+    }
+    rows = [("m1", json.dumps(m1))]
+    assert scan_loaded(rows, reclaimed_in({})) == {("skills", "tax"): ("m1", "c3"), ("skills", "other"): ("m1", "c4")}
+    # nor is such an output what an unload of a skill loaded elsewhere reclaims
+    m2 = {"parts": [_load("c5", "tax", "Not found: tax"), _load("c6", "tax", "Error: S3 is down")]}
+    rows.append(("m2", json.dumps(m2)))
+    assert load_outputs(rows, reclaimed_in({}), "skills", "tax") == [("m1", "c3")]
+    assert scan_loaded(rows, reclaimed_in({}))[("skills", "tax")] == ("m1", "c3")
