@@ -10,6 +10,10 @@ Each user turn:
    message of AI SDK tool parts; go back to 3 until the model answers in text;
 6. append the answer, then refresh the system prompt so the next turn sees what was learned.
 
+A service passes ``run_turn`` the id of the request it answers (``turn_id``): a turn that
+failed part-way (Chronicle restarting past the SDK's retries, the LLM timing out) can then be
+retried whole without a second user message or answer.
+
 Run it with the project's Python (``.venv/bin/python``; Chronicle from ``make up``; any
 OpenAI-compatible server: OpenAI, vLLM, Ollama, llama.cpp, or the offline stub that
 ``.venv/bin/python -m tests.e2e.stub_llm`` serves)::
@@ -69,15 +73,48 @@ def new_id(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex[:16]}"
 
 
+def stored_answer(history: Sequence[dict[str, Any]], user_id: str) -> str | None:
+    """The text answer that follows the user message ``user_id`` in ``history``, if the turn
+    got that far: its last message is an assistant message of text parts only."""
+    ids = [m.get("id") for m in history]
+    if user_id not in ids or ids[-1] == user_id:
+        return None
+    last = history[-1]
+    parts = last.get("parts") or []
+    if last.get("role") != "assistant" or any(p.get("type") != "text" for p in parts):
+        return None
+    return "\n".join(str(p.get("text", "")) for p in parts)
+
+
 async def run_turn(
-    session: Session, manager: SessionManager, llm: ChatCompletions, user_text: str, max_steps: int = 8
+    session: Session,
+    manager: SessionManager,
+    llm: ChatCompletions,
+    user_text: str,
+    max_steps: int = 8,
+    *,
+    turn_id: str | None = None,
 ) -> str:
-    """One user turn, to the model's text answer (see the module docstring)."""
-    await session.append_message({"id": new_id("user"), "role": "user", "parts": [{"type": "text", "text": user_text}]})
+    """One user turn, to the model's text answer (see the module docstring).
+
+    ``turn_id`` (the id of the request this turn answers, say) makes the turn safe to retry
+    after a failure part-way (Chronicle restarting past the SDK's retries, the LLM timing
+    out): the user message's id is ``user-<turn_id>``, so appending it again is a replay
+    (``created=False``), not a second user message; the loop then goes on from what the
+    first try stored (its tool steps are in the history the model reads), and a turn that
+    was already answered returns the stored answer without calling the model. Without it each
+    call is a new turn with a new id."""
+    user_id = f"user-{turn_id}" if turn_id is not None else new_id("user")
+    appended = await session.append_message(
+        {"id": user_id, "role": "user", "parts": [{"type": "text", "text": user_text}]}
+    )
     prompt = await session.freeze_system_prompt()
     tools: Tools = await session.tools() + manager.tools()
     for _ in range(max_steps):
-        messages = to_openai_messages(await session.get_history(), prompt)
+        history = await session.get_history()
+        if not appended.created and (answer := stored_answer(history, user_id)) is not None:
+            return answer  # a retried turn that its first try answered
+        messages = to_openai_messages(history, prompt)
         reply = await llm.complete(messages, tools.openai())
         calls = reply.get("tool_calls") or []
         if not calls:

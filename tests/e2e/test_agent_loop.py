@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import subprocess
 import sys
@@ -9,9 +10,10 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
-from chronicle_sdk import ChronicleClient, Session
+from chronicle_sdk import ChronicleClient, Session, SessionManager
 from services.settings import Settings
 from tests.conftest import KEYS
 from tests.e2e.sdk_support import open_client, sid, word
@@ -156,3 +158,45 @@ def test_a_failure_is_one_line_on_stderr_and_exit_1(api_url: str, key: str, llm_
     assert done.returncode == 1
     assert len(done.stderr.splitlines()) == 1, done.stderr  # no traceback
     assert done.stderr.startswith(said), done.stderr
+
+
+def load_example() -> Any:
+    """examples/agent_loop.py as a module (it is a script, not a package)."""
+    spec = importlib.util.spec_from_file_location("agent_loop_example", EXAMPLE)
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+async def test_a_turn_retried_with_its_turn_id_appends_nothing_twice(sdk: ChronicleClient) -> None:
+    """The LLM fails after the turn's tool step is stored; the turn retried with the same
+    ``turn_id`` replays the user message and goes on from the stored step; a third try of the
+    answered turn returns the stored answer without calling the model."""
+    example = load_example()
+    script = [
+        StubLLM.call("set_context", {"label": "memory", "content": DEFAULT_FACT}),
+        StubLLM.fail(503),
+        StubLLM.say("Noted."),
+    ]
+    session = Session.create(sdk, sid("agent")).with_context("memory", description="Facts", max_tokens=200)
+    manager = SessionManager(sdk)
+    with StubLLM(script) as stub:
+        llm = example.ChatCompletions(stub.base_url, "stub-key", "stub-model")
+        try:
+            with pytest.raises(httpx.HTTPStatusError):
+                await example.run_turn(session, manager, llm, "Remember teal.", turn_id="t1")
+            assert await example.run_turn(session, manager, llm, "Remember teal.", turn_id="t1") == "Noted."
+            assert await example.run_turn(session, manager, llm, "Remember teal.", turn_id="t1") == "Noted."
+        finally:
+            await llm.aclose()
+        assert len(stub.requests) == 3  # the answered turn's third try called no model
+    history = await session.get_history()
+    assert [m["role"] for m in history] == ["user", "assistant", "assistant"]
+    assert history[0]["id"] == "user-t1"
+    assert history[1]["parts"][1]["type"] == "tool-set_context"
+    assert history[2]["parts"] == [{"type": "text", "text": "Noted."}]
+    memory = await session.get_context_block("memory")
+    assert memory is not None
+    assert memory.content == DEFAULT_FACT
