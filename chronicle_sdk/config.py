@@ -192,7 +192,15 @@ class ConfigBuilder:
         return self
 
     def with_searchable_history(self, label: str) -> Self:
-        """Add a read-only searchable block over all of the tenant's sessions (``withSearchableHistory``)."""
+        """Add a read-only searchable block over all of the tenant's sessions (``withSearchableHistory``).
+
+        Its line in the system prompt is the reference's count of the tenant's sessions
+        (``29 sessions available for search.``), so a prompt re-rendered after any session
+        of the tenant was created or deleted, another user's included, differs: a
+        :meth:`~chronicle_sdk.Session.refresh_system_prompt` after every turn then makes a new
+        prompt version (and misses the LLM provider's prompt cache) whenever one was. Refresh
+        when the turn wrote a block instead; clears and compactions re-render it too.
+        """
         self._searchable_history = label
         self._changed()
         return self

@@ -8,7 +8,9 @@ Each user turn:
 4. call the LLM with the session's tools (``set_context`` …) plus the manager's ``session_search``;
 5. execute the tool calls on Chronicle and append them, with their results, as an assistant
    message of AI SDK tool parts; go back to 3 until the model answers in text;
-6. append the answer, then refresh the system prompt so the next turn sees what was learned.
+6. append the answer, then refresh the system prompt so the next turn sees what was learned
+   (a refresh that renders the same text keeps the prompt and its version; with a searchable
+   history block, whose line counts the tenant's sessions, refresh only after a block write).
 
 A service passes ``run_turn`` the id of the request it answers (``turn_id``): a turn that
 failed part-way (Chronicle restarting past the SDK's retries, the LLM timing out) can then be
