@@ -30,6 +30,10 @@ What it does, and why this way:
   one read (or at a connection's opening), never for a request whose head arrives in one read.
   Between requests uvicorn's keep-alive timeout (5 s) applies as before, and a request's body and
   the app's answer are not timed here (the body is, in the app: services/api/body_timeout.py).
+- **Upgrades.** A request asking to upgrade (``Upgrade: websocket``, ``h2c``) is served as plain
+  HTTP and logged by nobody (uvicorn warned twice for each, advising a WebSocket library, so any
+  client without a key could fill the log); it is never handed to a WebSocket protocol, which
+  would be served without these bounds.
 - **A body answered unread.** An app that answers before it reads a request's body (a wrong key's
   ``401``) never reads the rest, so the app's body timeout does not run, and uvicorn's keep-alive
   timer is stopped by each read of it: a client trickling such a body held its connection, with
@@ -140,6 +144,13 @@ def head_bounded_protocol(
             self._head_before = 0  # of those, at most this many came before the head began
             self._timer: asyncio.TimerHandle | None = None
             self._refused = False
+            # HTTP/1.1 only: a request asking to upgrade is served as HTTP (RFC 9110 lets a server
+            # ignore Upgrade), never handed to a WebSocket protocol a dependency may have installed,
+            # which would be served without the bounds of this module
+            self.ws_protocol_class = None
+
+        def _unsupported_upgrade_warning(self) -> None:
+            pass  # uvicorn warned twice per such request (advising a WebSocket library): any client could fill the log
 
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
             base.connection_made(self, transport)

@@ -13,7 +13,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import httpx
@@ -55,6 +55,23 @@ async def _closed_after(reader: asyncio.StreamReader) -> float:
     start = time.monotonic()
     assert await asyncio.wait_for(reader.read(), 10) == b""
     return time.monotonic() - start
+
+
+@contextlib.contextmanager
+def _uvicorn_warnings() -> Iterator[list[str]]:
+    """The messages uvicorn's server logs at WARNING and above meanwhile."""
+    seen: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda record: seen.append(record.getMessage())  # type: ignore[method-assign]
+    uvicorn_log = logging.getLogger("uvicorn.error")
+    level = uvicorn_log.level
+    uvicorn_log.addHandler(handler)
+    uvicorn_log.setLevel(logging.WARNING)
+    try:
+        yield seen
+    finally:
+        uvicorn_log.removeHandler(handler)
+        uvicorn_log.setLevel(level)
 
 
 async def _served_normally(url: str) -> None:
@@ -119,14 +136,7 @@ async def test_a_head_over_the_bound_is_431_and_the_connection_closes(api: str, 
 async def test_a_refusal_is_not_logged_as_an_invalid_request(api: str) -> None:
     """uvicorn logs what its parser stops on as "Invalid HTTP request received."; a head over the
     bound is no such request (its refusal is logged by nobody), a malformed one still is."""
-    seen: list[str] = []
-    handler = logging.Handler()
-    handler.emit = lambda record: seen.append(record.getMessage())  # type: ignore[method-assign]
-    uvicorn_log = logging.getLogger("uvicorn.error")
-    level = uvicorn_log.level
-    uvicorn_log.addHandler(handler)
-    uvicorn_log.setLevel(logging.WARNING)
-    try:
+    with _uvicorn_warnings() as seen:
         for request, status in [
             (_head("GET", "/v1/sessions", size=LIMIT + 1), 431),  # one read: measured, the parser stopped
             (b"GET /v1/sessions HTTP/1.1\r\nBad Header\r\n\r\n", 400),
@@ -138,9 +148,6 @@ async def test_a_refusal_is_not_logged_as_an_invalid_request(api: str) -> None:
                 assert answer.split()[1] == str(status).encode(), answer
             finally:
                 writer.close()
-    finally:
-        uvicorn_log.removeHandler(handler)
-        uvicorn_log.setLevel(level)
     assert seen == ["Invalid HTTP request received."]
 
 
@@ -325,3 +332,20 @@ async def test_a_head_begun_while_a_slow_answer_is_written_is_timed_from_that_an
             assert TIMEOUT_S * 0.8 < await _closed_after(reader) < TIMEOUT_S * 4  # the third head, unfinished
         finally:
             writer.close()
+
+
+@pytest.mark.parametrize("protocol", ["websocket", "h2c"])
+async def test_an_upgrade_request_is_served_as_http_and_logs_nothing(api: str, protocol: str) -> None:
+    """The API speaks HTTP/1.1 only: a request asking to upgrade is answered as any other (RFC 9110
+    lets a server ignore ``Upgrade``). uvicorn logged two warnings for each (one telling the operator
+    to install a WebSocket library), so any client, with no key, could fill the log with them."""
+    with _uvicorn_warnings() as seen:
+        reader, writer = await connect(api)
+        try:
+            writer.write(_head("GET", "/v1/sessions", "Connection: Upgrade", f"Upgrade: {protocol}"))
+            status, _, body = await answer(reader)
+        finally:
+            writer.close()
+    assert status == 200, body
+    assert "sessions" in body
+    assert seen == []
