@@ -89,6 +89,17 @@ class InvalidId(ValueError):
     """An id is empty, too long, or holds characters we refuse."""
 
 
+_REFUSED_CATEGORIES = {
+    "Cc": "a control",
+    "Cf": "a format",
+    "Co": "a private-use",
+    "Cs": "a surrogate",
+    "Cn": "an unassigned",
+}
+"""Unicode's category C, which no id may hold, by what a refusal calls each (a zero-width joiner
+in an emoji sequence is a format character, neither control nor unassigned)."""
+
+
 def _check(kind: str, value: str, max_len: int) -> str:
     if not value:
         raise InvalidId(f"{kind} must not be empty")
@@ -96,8 +107,12 @@ def _check(kind: str, value: str, max_len: int) -> str:
         raise InvalidId(f"{kind} is longer than {max_len} characters")
     if _PLAIN.fullmatch(value):  # the common case: nothing below can refuse it
         return value
-    if any(unicodedata.category(ch).startswith("C") for ch in value):
-        raise InvalidId(f"{kind} must not contain control or unassigned characters")
+    for ch in value:
+        if (kind_of := _REFUSED_CATEGORIES.get(unicodedata.category(ch))) is not None:
+            raise InvalidId(
+                f"{kind} must not contain U+{ord(ch):04X}, {kind_of} character "
+                "(no control, format, private-use, surrogate or unassigned characters)"
+            )
     if value != value.strip():
         raise InvalidId(f"{kind} must not start or end with whitespace")
     return value

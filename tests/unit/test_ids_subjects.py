@@ -82,6 +82,28 @@ def test_session_and_message_ids_allow_printable_characters(check: Checker, valu
     assert check(value) == value
 
 
+@pytest.mark.parametrize("check", [check_session, check_message_id, check_new_message_id])
+@pytest.mark.parametrize(
+    ("value", "named"),
+    [
+        ("a\u0001b", "U+0001, a control character"),
+        ("👨\u200d👩", "U+200D, a format character"),  # a zero-width joiner (emoji sequences hold it)
+        ("\ufeffid", "U+FEFF, a format character"),
+        ("a\ue000", "U+E000, a private-use character"),
+        ("a\U000f0000", "U+F0000, a private-use character"),
+        ("a\u0378", "U+0378, an unassigned character"),
+        ("a\ud800", "U+D800, a surrogate character"),
+    ],
+)
+def test_an_id_refused_for_a_character_names_it_and_its_kind(check: Checker, value: str, named: str) -> None:
+    """The refusal says which character and why (a joiner in an emoji id was 'control or
+    unassigned', which it is not)."""
+    with pytest.raises(InvalidId) as refused:
+        check(value)
+    assert named in str(refused.value)
+    assert "no control, format, private-use, surrogate or unassigned characters" in str(refused.value)
+
+
 @pytest.mark.parametrize("value", ["a/b", "/a", "a/", "/", "会話/1"])
 def test_session_ids_must_not_hold_a_slash(value: str) -> None:
     with pytest.raises(InvalidId, match="'/'"):
