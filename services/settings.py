@@ -403,8 +403,8 @@ class Settings(BaseSettings):
         default=".chronicle",
         description="`chronicle up`'s state (its NATS and embedded Postgres data, operator seed, key-encryption "
         "key, API key) and its record of the stack it runs (`stack.json`): a command run with the same data dir "
-        "and no CHRONICLE_NATS_URL reaches that stack's NATS, with its operator identity, key-encryption key and "
-        "database (unless CHRONICLE_DATABASE_URL is set)",
+        "and no CHRONICLE_NATS_URL reaches that stack's NATS, with its operator identity, key-encryption key, "
+        "database (unless CHRONICLE_DATABASE_URL is set) and encryption (unless CHRONICLE_ENCRYPTION is set)",
     )
 
     encryption: bool = Field(
@@ -452,7 +452,8 @@ class Settings(BaseSettings):
         and key-encryption key file when no identity (seed, credentials file) or key is set. No
         record: these settings as they are. With the stack's address goes its database too, unless
         ``database_url`` is set: ``up`` may run on embedded Postgres, which no default reaches; and
-        its S3 endpoint unless ``s3_endpoint`` is set (``up --s3-port`` moves its local S3)."""
+        its S3 endpoint unless ``s3_endpoint`` is set (``up --s3-port`` moves its local S3), and its
+        ``encryption`` unless that is set (a command that writes beside a sealing stack seals)."""
         stack = LocalStack.read(Path(self.data_dir))
         if stack is None:
             return self
@@ -472,6 +473,8 @@ class Settings(BaseSettings):
             update["s3_endpoint"] = endpoint
             if "s3_secure" not in self.model_fields_set:
                 update["s3_secure"] = bool(secure)
+        if "encryption" not in self.model_fields_set and stack.encryption is not None:
+            update["encryption"] = stack.encryption
         return self.model_copy(update=update)
 
     def request_bytes_limit(self) -> int:
@@ -764,14 +767,18 @@ class LocalStack:
     beside it: its NATS address (a cluster's nodes comma-separated), the files of its operator
     seed and key-encryption key (None: the stack was given them by its environment, and records no
     secret), and the database it uses (embedded Postgres' socket, or the one configured), without
-    a password it may hold (None: a record of an earlier release), and the S3 endpoint it uses,
-    with its scheme (``up --s3-port`` moves it; None: a record of an earlier release)."""
+    a password it may hold (None: a record of an earlier release), the S3 endpoint it uses,
+    with its scheme (``up --s3-port`` moves it; None: a record of an earlier release), and whether
+    its processes seal (``encryption``: on unless ``up`` was given it; None: a record of an earlier
+    release). A command beside it that writes (``skills put|sync``) seals as the stack does: without
+    it, it wrote its events unsealed, in the log for good, whatever an erasure destroys."""
 
     nats_url: str
     nats_nkey_seed_file: str | None = None
     kek_file: str | None = None
     database_url: str | None = None
     s3_endpoint: str | None = None
+    encryption: bool | None = None
 
     @classmethod
     def read(cls, data_dir: Path) -> LocalStack | None:
@@ -799,10 +806,18 @@ class LocalStack:
         try:
             record = json.loads(text)
             files = record.get("nats_nkey_seed_file"), record.get("kek_file")
-            stack = cls(record["nats_url"], *files, record.get("database_url"), record.get("s3_endpoint"))
+            stack = cls(
+                record["nats_url"],
+                *files,
+                record.get("database_url"),
+                record.get("s3_endpoint"),
+                record.get("encryption"),
+            )
             fields = (stack.nats_nkey_seed_file, stack.kek_file, stack.database_url, stack.s3_endpoint)
-            if not (isinstance(stack.nats_url, str) and stack.nats_url.strip()) or not all(
-                isinstance(f, str | None) for f in fields
+            if (
+                not (isinstance(stack.nats_url, str) and stack.nats_url.strip())
+                or not all(isinstance(f, str | None) for f in fields)
+                or not isinstance(stack.encryption, bool | None)
             ):
                 raise TypeError(stack)
             if stack.database_url is not None:

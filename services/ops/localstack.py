@@ -452,6 +452,8 @@ def _up_locked(
         None if given_seed else str(data / "nats-operator.nk"),
         None if settings.kek is not None else str(Path(settings.kek_file or env["CHRONICLE_KEK_FILE"]).resolve()),
         s3_endpoint=env["CHRONICLE_S3_ENDPOINT"],
+        # a command beside it that writes (`skills put`) seals as its processes do
+        encryption=settings.encryption if "encryption" in settings.model_fields_set else True,
     )
     if "encryption" not in settings.model_fields_set:  # not set (environment or .env): a local stack seals
         env["CHRONICLE_ENCRYPTION"] = "true"

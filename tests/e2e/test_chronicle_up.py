@@ -114,8 +114,8 @@ def _descendants(root: int) -> list[int]:
 
 def test_up_s3_port_starts_its_s3_there_for_every_process_and_records_it(tmp_path: Path, fresh_db: str) -> None:
     """``--s3-port N`` (CHRONICLE_S3_ENDPOINT not set): moto on 127.0.0.1:N, with the bucket
-    skills; every process of the stack given that endpoint, and stack.json recording it for the
-    commands run beside it. (Only 127.0.0.1:9000 could be had: setting the endpoint made it an S3
+    skills; every process of the stack given that endpoint, and stack.json recording it (and that
+    the stack seals) for the commands run beside it: a skill put there is sealed. (Only 127.0.0.1:9000 could be had: setting the endpoint made it an S3
     that must answer.)"""
     api_port, nats_port, s3_port = free_port(), free_port(), free_port()
     proc, lines = _start(tmp_path / "data", fresh_db, "", api_port, nats_port, "--s3-port", str(s3_port))
@@ -131,16 +131,36 @@ def test_up_s3_port_starts_its_s3_there_for_every_process_and_records_it(tmp_pat
             assert _environ(pid).get("CHRONICLE_S3_ENDPOINT") == f"http://127.0.0.1:{s3_port}", _cmdline(pid)
         beside = {k: v for k, v in os.environ.items() if not k.startswith("CHRONICLE_")}
         beside |= {"CHRONICLE_DATA_DIR": str(tmp_path / "data")}
+        assert stack["encryption"] is True
         skill = tmp_path / "tax.md"
         skill.write_text("# tax\n")
+        canary = f"canary{uuid.uuid4().hex}"
         put = subprocess.run(
-            [sys.executable, "-m", "services.ops.cli", "skills", "put", str(skill), "--bucket", "skills", "--key", "t"],
+            [
+                sys.executable,
+                "-m",
+                "services.ops.cli",
+                "skills",
+                "put",
+                str(skill),
+                "--bucket",
+                "skills",
+                "--key",
+                canary,
+                "--description",
+                canary,
+            ],
             env=beside,
             capture_output=True,
             text=True,
             timeout=60,
         )
         assert put.returncode == 0, put.stderr
+        # sealed as the stack seals (the put beside it published its skill.indexed in plaintext)
+        stored = [
+            p for p in (tmp_path / "data" / "nats").rglob("*") if p.is_file() and canary.encode() in p.read_bytes()
+        ]
+        assert stored == []
     finally:
         _stop(proc)
 
@@ -188,6 +208,7 @@ def test_up_serves_stops_and_restarts_with_its_data(
             "kek_file": str((tmp_path / "data" / "kek").resolve()),
             "database_url": fresh_db,
             "s3_endpoint": f"http://{s3_endpoint}",
+            "encryption": True,
         }
         beside = {k: v for k, v in os.environ.items() if not k.startswith("CHRONICLE_")}
         beside |= {"CHRONICLE_DATA_DIR": str(tmp_path / "data")}

@@ -23,7 +23,7 @@ DATABASE = "postgresql://postgres:@/chronicle?host=/srv/chronicle/pg"  # embedde
 def _no_stack_settings(monkeypatch: pytest.MonkeyPatch) -> None:
     """Whatever the environment running the tests sets, these settings are set only here."""
     names = ("NATS_URL", "NATS_NKEY_SEED", "NATS_CREDS_FILE", "KEK", "KEK_FILE", "DATA_DIR", "DATABASE_URL")
-    for name in (*names, "S3_ENDPOINT", "S3_SECURE"):
+    for name in (*names, "S3_ENDPOINT", "S3_SECURE", "ENCRYPTION"):
         monkeypatch.delenv(f"CHRONICLE_{name}", raising=False)
 
 
@@ -64,6 +64,29 @@ def test_a_command_beside_the_stack_uses_its_s3_endpoint_unless_one_is_set(
     assert LocalStack.read(tmp_path) == LocalStack(URL, s3_endpoint="http://127.0.0.1:9123")
     monkeypatch.setenv("CHRONICLE_S3_ENDPOINT", "minio.internal:9000")
     assert Settings(data_dir=str(tmp_path)).with_local_stack().s3_endpoint == "minio.internal:9000"
+
+
+def test_a_command_beside_a_sealing_stack_seals_unless_told_otherwise(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``up`` seals (CHRONICLE_ENCRYPTION set for its processes alone): ``chronicle skills put``
+    beside it, with its data dir alone, took the default (off) and published its ``skill.indexed``
+    unsealed, the skill's key, description and etag in the log for good, past any erasure."""
+    LocalStack(URL, encryption=True).write(tmp_path)
+    assert LocalStack.read(tmp_path) == LocalStack(URL, encryption=True)
+    assert Settings(data_dir=str(tmp_path)).with_local_stack().encryption is True
+    monkeypatch.setenv("CHRONICLE_ENCRYPTION", "false")  # a setting always wins
+    assert Settings(data_dir=str(tmp_path)).with_local_stack().encryption is False
+    monkeypatch.delenv("CHRONICLE_ENCRYPTION")
+    LocalStack(URL, encryption=False).write(tmp_path)  # `up` given CHRONICLE_ENCRYPTION=false
+    assert Settings(data_dir=str(tmp_path), encryption=True).with_local_stack().encryption is True
+    assert Settings(data_dir=str(tmp_path)).with_local_stack().encryption is False
+
+
+def test_a_record_of_an_earlier_release_leaves_encryption_as_set(tmp_path: Path) -> None:
+    (tmp_path / STACK_RECORD).write_text(f'{{"nats_url": "{URL}"}}')
+    assert Settings(data_dir=str(tmp_path)).with_local_stack().encryption is False
+    assert Settings(data_dir=str(tmp_path), encryption=True).with_local_stack().encryption is True
 
 
 def test_a_database_url_that_is_set_wins(recorded: tuple[Path, str], monkeypatch: pytest.MonkeyPatch) -> None:
@@ -137,6 +160,7 @@ def test_a_stack_given_its_secrets_by_its_environment_records_none(tmp_path: Pat
         '{"kek_file": "/k"}',
         f'{{"nats_url": "{URL}", "database_url": 5}}',
         f'{{"nats_url": "{URL}", "database_url": "mysql://h/db"}}',
+        f'{{"nats_url": "{URL}", "encryption": "yes"}}',
     ],
 )
 def test_a_record_that_is_not_one_is_named(tmp_path: Path, text: str) -> None:
