@@ -771,7 +771,10 @@ class LocalStack:
     with its scheme (``up --s3-port`` moves it; None: a record of an earlier release), and whether
     its processes seal (``encryption``: on unless ``up`` was given it; None: a record of an earlier
     release). A command beside it that writes (``skills put|sync``) seals as the stack does: without
-    it, it wrote its events unsealed, in the log for good, whatever an erasure destroys."""
+    it, it wrote its events unsealed, in the log for good, whatever an erasure destroys.
+    ``api_key_file``: the file of the key ``up`` made for tenant ``default`` and serves (None: it
+    made none, the keys being configured, or a record of an earlier release); ``chronicle erase
+    --tenant default`` beside it warns that the tenant can still write, as for a configured key."""
 
     nats_url: str
     nats_nkey_seed_file: str | None = None
@@ -779,6 +782,7 @@ class LocalStack:
     database_url: str | None = None
     s3_endpoint: str | None = None
     encryption: bool | None = None
+    api_key_file: str | None = None
 
     @classmethod
     def read(cls, data_dir: Path) -> LocalStack | None:
@@ -812,8 +816,15 @@ class LocalStack:
                 record.get("database_url"),
                 record.get("s3_endpoint"),
                 record.get("encryption"),
+                record.get("api_key_file"),
             )
-            fields = (stack.nats_nkey_seed_file, stack.kek_file, stack.database_url, stack.s3_endpoint)
+            fields = (
+                stack.nats_nkey_seed_file,
+                stack.kek_file,
+                stack.database_url,
+                stack.s3_endpoint,
+                stack.api_key_file,
+            )
             if (
                 not (isinstance(stack.nats_url, str) and stack.nats_url.strip())
                 or not all(isinstance(f, str | None) for f in fields)

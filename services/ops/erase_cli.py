@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 from events.catalog import MAX_ERASURE_REASON
 from events.context import is_bucket_name
@@ -11,7 +12,8 @@ from events.ids import TENANT_SCOPE
 from projections.keystore import new_kek_line
 from services.bootstrap import open_container
 from services.errors import SessionNotFound
-from services.settings import Settings
+from services.ops.localstack import DEFAULT_TENANT
+from services.settings import LocalStack, Settings
 from services.terminal import safe_json, safe_text
 
 CLI_REQUESTER = "operator (chronicle erase)"
@@ -31,6 +33,17 @@ def keys_left(settings: Settings, tenant: str) -> None:
     in the settings: it can write again at once, under new session ids (docs/security.md, Erasing a
     tenant: its keys go first)."""
     count = sum(1 for entry in settings.api_key_entries() if entry.tenant == tenant)
+    stack = LocalStack.read(Path(settings.data_dir))
+    if stack is not None and stack.api_key_file and tenant == DEFAULT_TENANT and stack.nats_url == settings.nats_url:
+        # the key `chronicle up` made is in no setting of this command: the stack beside it serves it
+        print(
+            f"chronicle erase: warning: tenant {tenant!r} still has the API key `chronicle up` made for it "
+            f"({stack.api_key_file}), served by the stack beside this command: it can write again as soon as it is "
+            "erased; start `chronicle up` again with CHRONICLE_API_KEYS or CHRONICLE_API_KEYS_FILE set (it then "
+            "makes no key) first (docs/security.md, Erasing a tenant)",
+            file=sys.stderr,
+            flush=True,
+        )
     if count:
         print(
             f"chronicle erase: warning: tenant {tenant!r} still has {count} API key entr{'y' if count == 1 else 'ies'} "

@@ -454,6 +454,8 @@ def _up_locked(
         s3_endpoint=env["CHRONICLE_S3_ENDPOINT"],
         # a command beside it that writes (`skills put`) seals as its processes do
         encryption=settings.encryption if "encryption" in settings.model_fields_set else True,
+        # `erase --tenant default` beside it warns that the key it made still writes
+        api_key_file=None if key is None else str((data / "api-key").resolve()),
     )
     if "encryption" not in settings.model_fields_set:  # not set (environment or .env): a local stack seals
         env["CHRONICLE_ENCRYPTION"] = "true"

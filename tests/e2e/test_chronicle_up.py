@@ -115,8 +115,8 @@ def _descendants(root: int) -> list[int]:
 def test_up_s3_port_starts_its_s3_there_for_every_process_and_records_it(tmp_path: Path, fresh_db: str) -> None:
     """``--s3-port N`` (CHRONICLE_S3_ENDPOINT not set): moto on 127.0.0.1:N, with the bucket
     skills; every process of the stack given that endpoint, and stack.json recording it (and that
-    the stack seals) for the commands run beside it: a skill put there is sealed. (Only 127.0.0.1:9000 could be had: setting the endpoint made it an S3
-    that must answer.)"""
+    the stack seals) for the commands run beside it: a skill put there is sealed. (Only
+    127.0.0.1:9000 could be had: setting the endpoint made it an S3 that must answer.)"""
     api_port, nats_port, s3_port = free_port(), free_port(), free_port()
     proc, lines = _start(tmp_path / "data", fresh_db, "", api_port, nats_port, "--s3-port", str(s3_port))
     try:
@@ -209,6 +209,7 @@ def test_up_serves_stops_and_restarts_with_its_data(
             "database_url": fresh_db,
             "s3_endpoint": f"http://{s3_endpoint}",
             "encryption": True,
+            "api_key_file": str((tmp_path / "data" / "api-key").resolve()),
         }
         beside = {k: v for k, v in os.environ.items() if not k.startswith("CHRONICLE_")}
         beside |= {"CHRONICLE_DATA_DIR": str(tmp_path / "data")}
