@@ -41,6 +41,7 @@ from pydantic import SecretStr
 from projections.keystore import new_kek_line
 from services.bootstrap import worker_partitions
 from services.errors import ObjectStorageError
+from services.ops import s3_recording
 from services.ops.connections import extra_connections, pool_decision, server_room
 from services.ops.datalock import data_dir_locked
 from services.ops.natsconf import ClusterNode, NatsAccess, cluster_extra, server_config, write_config
@@ -283,9 +284,13 @@ def make_buckets(settings: Settings, buckets: tuple[str, ...]) -> list[str]:
     return asyncio.run(made())
 
 
-def start_moto(settings: Settings, buckets: tuple[str, ...] = LOCAL_S3_BUCKETS) -> subprocess.Popen[bytes] | None:
+def start_moto(
+    settings: Settings, recording: Path | None = None, buckets: tuple[str, ...] = LOCAL_S3_BUCKETS
+) -> subprocess.Popen[bytes] | None:
     """moto's S3 server at ``s3_endpoint`` (in memory, development only), with ``buckets`` made on
-    it, when installed; otherwise S3 features answer 503 until a MinIO is configured. Something
+    it, when installed; with a ``recording`` (services/ops/s3_recording.py) its objects outlive it:
+    the writes that file keeps are replayed into it, the file rewritten as the objects stand, and
+    every request it serves recorded there; otherwise S3 features answer 503 until a MinIO is configured. Something
     already listening there (it started answering since :func:`s3_missing` looked) is a
     RuntimeError: no bucket is made on a server this did not start."""
     endpoint = settings.s3_endpoint
@@ -296,18 +301,22 @@ def start_moto(settings: Settings, buckets: tuple[str, ...] = LOCAL_S3_BUCKETS) 
     if not exe.exists():
         print(f"chronicle up: no S3/MinIO at {endpoint}; skills and read-only sources are unavailable", flush=True)
         return None
+    kept = f"its objects kept in {recording} across restarts" if recording else "objects are lost when it stops"
     print(
-        f"chronicle up: no S3/MinIO at {endpoint}; starting moto's S3 server there "
-        "(in memory, for local development: objects are lost when it stops)",
+        f"chronicle up: no S3/MinIO at {endpoint}; starting moto's S3 server there (for local development: {kept})",
         flush=True,
     )
+    env = {**os.environ, "MOTO_RECORDER_FILEPATH": str(recording)} if recording else None
     proc = subprocess.Popen(
         [str(exe), "-H", host or "127.0.0.1", "-p", str(port)],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
         start_new_session=True,
+        env=env,
     )
     wait_for_port(host or "127.0.0.1", port, proc, "moto_server")
+    if recording:
+        restore_s3(settings, recording)
     try:
         made = make_buckets(settings, buckets)
     except ObjectStorageError as exc:  # the skills example then needs `--create-bucket`
@@ -316,6 +325,31 @@ def start_moto(settings: Settings, buckets: tuple[str, ...] = LOCAL_S3_BUCKETS) 
         if made:
             print(f"chronicle up: made the bucket(s) {', '.join(made)} on it (README, Context memory)", flush=True)
     return proc
+
+
+def restore_s3(settings: Settings, recording: Path) -> None:
+    """Replay ``recording`` into the local S3 just started, rewrite it as the objects now stand,
+    and record from here on (services/ops/s3_recording.py)."""
+    host, port = settings.s3_address()
+    sent, refused = s3_recording.replay(recording, host or "127.0.0.1", port)
+    if sent:
+        objects = keep_s3(settings, recording)
+        note = f" ({refused} refused by the server)" if refused else ""
+        print(f"chronicle up: restored {objects} object(s) into it from {recording}{note}", flush=True)
+    s3_recording.start_recording(host or "127.0.0.1", port)
+
+
+def keep_s3(settings: Settings, recording: Path) -> int:
+    """Rewrite ``recording`` as the local S3's objects now stand (deleted objects' bytes leave it)."""
+    host, port = settings.s3_address()
+    return s3_recording.snapshot(
+        recording,
+        host or "127.0.0.1",
+        port,
+        settings.s3_access_key,
+        settings.s3_secret_key,
+        settings.s3_region,
+    )
 
 
 def api_key(data_dir: Path) -> str:
@@ -347,13 +381,28 @@ def _secret_file(path: Path, make: Callable[[], str]) -> str:
     return path.read_text().strip()
 
 
+class Children(list[subprocess.Popen[bytes]]):
+    """The stack's processes, stopped in the reverse order of their start; ``before_stop[pid]``
+    runs just before that process is asked to stop, while it still serves."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.before_stop: dict[int, Callable[[], object]] = {}
+
+
 @contextlib.contextmanager
-def _children() -> Iterator[list[subprocess.Popen[bytes]]]:
-    procs: list[subprocess.Popen[bytes]] = []
+def _children() -> Iterator[Children]:
+    procs = Children()
     try:
         yield procs
     finally:
         for proc in reversed(procs):  # API first, then projector, then nats
+            last = procs.before_stop.get(proc.pid)
+            if last is not None and proc.poll() is None:
+                try:
+                    last()
+                except Exception as exc:  # one line; the stop goes on
+                    print(f"chronicle up: before stopping {_named(proc)}: {type(exc).__name__}: {exc}", flush=True)
             if proc.poll() is None:
                 proc.send_signal(signal.SIGTERM)
                 try:
@@ -465,9 +514,12 @@ def _up_locked(
     revive: dict[subprocess.Popen[bytes], Revival] = {}  # a cluster's nodes: started again when one dies
     try:
         with _children() as procs:
-            s3 = start_moto(settings) if no_s3 else None
+            recording = data / s3_recording.RECORDING
+            s3 = start_moto(settings, recording) if no_s3 else None
             if s3 is not None:
                 procs.append(s3)  # stopped last
+                # its objects as they stand, deleted ones' bytes gone from the recording
+                procs.before_stop[s3.pid] = functools.partial(keep_s3, settings, recording)
             if cluster:
                 password = route_password(data)
                 print(

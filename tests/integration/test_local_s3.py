@@ -4,6 +4,9 @@ S3/MinIO that answers is used as it is, no bucket made there."""
 
 from __future__ import annotations
 
+import asyncio
+import base64
+import os
 import uuid
 from pathlib import Path
 
@@ -12,6 +15,7 @@ from minio import Minio
 
 from services.ops.localstack import LOCAL_S3_BUCKETS, free_port, s3_missing, start_moto
 from services.settings import Settings
+from services.storage.s3 import SkillStore
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 
@@ -43,5 +47,58 @@ def test_an_s3_that_answers_is_used_as_it_is_and_gets_no_bucket(s3_endpoint: str
     bucket = f"up-{uuid.uuid4().hex[:12]}"
     assert s3_missing(settings) is False
     with pytest.raises(RuntimeError, match="something listens at"):
-        start_moto(settings, (bucket,))
+        start_moto(settings, buckets=(bucket,))
     assert not s3(settings).bucket_exists(bucket)
+
+
+def test_the_s3_up_starts_keeps_its_objects_across_a_restart(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """moto holds objects in memory: a restarted ``up`` lost every skill, claim-checked body and
+    archive segment its stack had put (the skill index in Postgres still listed them). With its
+    recording, a server stopped without a snapshot (``up`` killed) comes back with what it held:
+    a document with its description and etag, a body put in parts (multipart, over 5 MiB), not
+    an object deleted meanwhile, whose bytes leave the recording at that start."""
+    settings = Settings(s3_endpoint=f"127.0.0.1:{free_port()}")
+    recording = tmp_path / "s3-recording.jsonl"
+    store = SkillStore(
+        settings.s3_endpoint, settings.s3_access_key, settings.s3_secret_key, secure=False, region=settings.s3_region
+    )
+    big = os.urandom(6 * 1024 * 1024 + 5)
+    secret = b"ZEBRA-PASSPORT-4471 " * 4
+
+    async def write() -> str:
+        doc = await store.put("skills", "t/tax.md", "# Tax\nfile by April", "how to file, é")
+        await store.put_bytes("chronicle-originals", "big", big)
+        await store.put_bytes("chronicle-originals", "gone", secret)
+        await store.delete("chronicle-originals", "gone")
+        return doc.etag
+
+    proc = start_moto(settings, recording)
+    assert proc is not None
+    try:
+        etag = asyncio.run(write())
+    finally:
+        proc.kill()
+        proc.wait(timeout=10)
+    assert base64.b64encode(secret).decode() in recording.read_text()  # recorded as served
+    capsys.readouterr()
+
+    proc = start_moto(settings, recording)
+    assert proc is not None
+    try:
+
+        async def read() -> tuple[list[tuple[str, str | None, str]], bytes | None, bytes | None]:
+            docs = [(o.key, o.description, o.etag) for o in await store.list("skills", "")]
+            originals = [await store.get_bytes("chronicle-originals", key) for key in ("big", "gone")]
+            return docs, originals[0], originals[1]
+
+        docs, got_big, got_gone = asyncio.run(read())
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+    assert docs == [("t/tax.md", "how to file, é", etag)]
+    assert got_big == big
+    assert got_gone is None
+    assert base64.b64encode(secret).decode() not in recording.read_text()
+    assert f"chronicle up: restored 2 object(s) into it from {recording}" in capsys.readouterr().out
