@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
-from typing import Any, TypeVar
+from typing import Any
 
 from psycopg import AsyncConnection, AsyncCursor
 
@@ -121,8 +121,21 @@ class InsertMessage:
     seq: int
     original_ref: str | None = None
     # its id has the overlays' prefix, and whether an overlay recorded before it reads under it is
-    # the overlays table's to say (:func:`summaries_in`, :func:`without_summaries`)
+    # the overlays table's to say (:func:`summaries_in`, :func:`settle_summaries`)
     summary_check: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class LeaveOutSummary:
+    """An append of a summary's id left out (:func:`summaries_in`): the parent it was appended
+    under is kept (``left_out_summaries``, the first append's), for the messages appended under
+    it to be stored under that parent instead (:func:`settle_summaries`)."""
+
+    tenant: str
+    session: str
+    id: str
+    parent_id: str | None
+    seq: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -159,6 +172,7 @@ Op = (
     | DeleteSession
     | EraseSession
     | InsertMessage
+    | LeaveOutSummary
     | UpdateMessage
     | DeleteMessages
     | ClearMessages
@@ -166,7 +180,6 @@ Op = (
 
 
 store_json = stored_json
-OpT = TypeVar("OpT", bound=Op)
 
 
 def row_hash(event_hash: str, body: JsonObject, *, own: bool = False) -> str | None:
@@ -202,7 +215,7 @@ def summaries_in(items: Sequence[tuple[int, Event]]) -> dict[int, bool]:
     client's, or a direct publisher's, replay of it, or another body under its id: the first
     holder of an id keeps it, as for messages); False when its session was cleared or deleted
     before it in ``items`` and no overlay since has the id: the overlays recorded before the items
-    are gone, so it is stored. Absent: the overlays table decides (:func:`without_summaries`),
+    are gone, so it is stored. Absent: the overlays table decides (:func:`settle_summaries`),
     as it holds the overlays recorded before the items. Pure: the same events decide the same
     in every batch they are cut into, so a rebuild equals the live read model."""
     recorded: dict[tuple[str, str], set[str]] = {}
@@ -230,22 +243,72 @@ def _seq_of(item: tuple[int, Event]) -> int:
     return item[0]
 
 
-async def without_summaries(cur: AsyncCursor[Any], ops: Sequence[OpT]) -> list[OpT]:
-    """``ops`` without the inserts whose id an overlay recorded before them reads under (only
-    those :func:`summaries_in` left to the overlays table are asked about: rare)."""
-    shadowed: set[int] = set()
+async def settle_summaries(cur: AsyncCursor[Any], ops: Sequence[Op]) -> list[Op]:
+    """``ops`` with the appends of a summary's id left out, and every message appended under one
+    stored under the parent it was appended under instead, in order.
+
+    An insert whose id an overlay recorded before it reads under (only those :func:`summaries_in`
+    left to the overlays table are asked about: rare) is left out as the ones it decided are
+    (:class:`LeaveOutSummary`). An earlier release stored such a summary, sent back by a client,
+    as a message, and the messages appended after it name it as their parent: each such parent
+    is replaced by the one the summary was appended under (the first append of its id, resolved
+    the same way, so a chain of summaries is followed), from this batch's ops or, for a summary
+    left out in an earlier batch, ``left_out_summaries`` (asked only about parents with the
+    overlays' prefix: rare). A clear, deletion or erasure of the session forgets its summaries,
+    as it clears their table. The same log gives the same rows in any batches it is cut into,
+    so a rebuild equals the live read model."""
+    known: dict[tuple[str, str, str], str | None] = {}  # left-out summaries: their (resolved) parent
+    absent: set[tuple[str, str, str]] = set()  # asked of the table, not there
+    cleared: set[tuple[str, str]] = set()  # the table's rows of these sessions are gone in this batch
+
+    async def left_out(key: tuple[str, str, str]) -> bool:
+        if key in known:
+            return True
+        if key in absent or key[:2] in cleared:
+            return False
+        await cur.execute(
+            "SELECT parent_id FROM left_out_summaries WHERE tenant = %s AND session_id = %s AND id = %s", key
+        )
+        row = await cur.fetchone()
+        if row is None:
+            absent.add(key)
+            return False
+        known[key] = row[0]
+        return True
+
+    async def parent_of(tenant: str, session: str, parent: str | None) -> str | None:
+        if parent is None or overlay_id_in(parent) is None:
+            return parent
+        key = (tenant, session, parent)
+        return known[key] if await left_out(key) else parent
+
+    out: list[Op] = []
     for op in ops:
-        if isinstance(op, InsertMessage) and op.summary_check:
-            overlay_id = overlay_id_in(op.id)
-            await cur.execute(
-                "SELECT 1 FROM overlays WHERE tenant = %s AND session_id = %s AND overlay_id = %s AND seq < %s",
-                (op.tenant, op.session, overlay_id, op.seq),
-            )
-            if await cur.fetchone() is not None:
-                shadowed.add(op.seq)
-    if not shadowed:
-        return list(ops)
-    return [op for op in ops if not (isinstance(op, InsertMessage) and op.seq in shadowed)]
+        match op:
+            case InsertMessage(summary_check=True):
+                await cur.execute(
+                    "SELECT 1 FROM overlays WHERE tenant = %s AND session_id = %s AND overlay_id = %s AND seq < %s",
+                    (op.tenant, op.session, overlay_id_in(op.id), op.seq),
+                )
+                if await cur.fetchone() is not None:
+                    op = LeaveOutSummary(op.tenant, op.session, op.id, op.parent_id, op.seq)
+        match op:
+            case LeaveOutSummary():
+                op = replace(op, parent_id=await parent_of(op.tenant, op.session, op.parent_id))
+                key = (op.tenant, op.session, op.id)
+                if not await left_out(key):
+                    known[key] = op.parent_id
+                    absent.discard(key)
+            case InsertMessage() if op.parent_id is not None and overlay_id_in(op.parent_id) is not None:
+                op = replace(op, parent_id=await parent_of(op.tenant, op.session, op.parent_id))
+            case ClearMessages() | DeleteSession() | EraseSession():
+                cleared.add((op.tenant, op.session))
+                for key in [k for k in known if k[:2] == (op.tenant, op.session)]:
+                    del known[key]
+            case _:
+                pass
+        out.append(op)
+    return out
 
 
 def plan(
@@ -259,8 +322,8 @@ def plan(
     """Row operations for one event at stream sequence ``seq``; ``body`` is the resolved body.
     ``admitted``: the contract admitted ``event`` (:func:`hash_is_own`; a projector's events all
     are); else a body's hash is checked against it by hashing. ``summary``: what
-    :func:`summaries_in` says of an append (True: an overlay's message id, not stored; None: the
-    overlays table says, for an id with their prefix)."""
+    :func:`summaries_in` says of an append (True: an overlay's message id, not stored, the parent
+    it was appended under kept; None: the overlays table says, for an id with their prefix)."""
     t, s = event.tenant, event.session
     if isinstance(event, SessionErased):
         return [EraseSession(t, s)]  # no touch: the session's row must not come back
@@ -296,6 +359,8 @@ def plan(
                     summary is None and overlay_id_in(event.message_id) is not None,
                 )
             )
+        case MessageAppended():  # a summary's id: not stored, the parent it was appended under kept
+            ops.append(LeaveOutSummary(t, s, event.message_id, event.parent_id, seq))
         case MessageUpdated():
             assert body is not None
             ops.append(
@@ -347,11 +412,24 @@ _SQL: dict[type[Any], str] = {
         "text_bytes = octet_length(v.txt), "
         "updated_seq = %s FROM (SELECT %s::text AS txt) v WHERE tenant = %s AND session_id = %s AND id = %s"
     ),
+    # the first append of a summary's id keeps its parent; of a deleted or unknown session, dropped
+    LeaveOutSummary: (
+        "INSERT INTO left_out_summaries (tenant, session_id, id, parent_id, seq) "
+        "SELECT u.tenant, u.session_id, u.id, u.parent_id, u.seq FROM (VALUES (%s::text, %s::text, %s::text, "
+        "%s::text, %s::bigint)) AS u(tenant, session_id, id, parent_id, seq) "
+        "WHERE EXISTS (SELECT 1 FROM sessions x "
+        "WHERE x.tenant = u.tenant AND x.id = u.session_id AND x.deleted_at IS NULL) "
+        "ON CONFLICT (tenant, session_id, id) DO NOTHING"
+    ),
     DeleteMessages: "DELETE FROM messages WHERE tenant = %s AND session_id = %s AND id = ANY(%s)",
-    ClearMessages: "DELETE FROM messages WHERE tenant = %s AND session_id = %s",
+    ClearMessages: (
+        "WITH summaries AS (DELETE FROM left_out_summaries WHERE tenant = %s AND session_id = %s) "
+        "DELETE FROM messages WHERE tenant = %s AND session_id = %s"
+    ),
     EraseSession: (
         "WITH gone AS (DELETE FROM messages WHERE tenant = %s AND session_id = %s), "
-        "usage AS (DELETE FROM usage_applied WHERE tenant = %s AND session_id = %s) "
+        "usage AS (DELETE FROM usage_applied WHERE tenant = %s AND session_id = %s), "
+        "summaries AS (DELETE FROM left_out_summaries WHERE tenant = %s AND session_id = %s) "
         "DELETE FROM sessions WHERE tenant = %s AND id = %s"
     ),
 }
@@ -478,10 +556,12 @@ def params(op: Op) -> tuple[Any, ...]:
             )
         case DeleteMessages():
             return (op.tenant, op.session, list(op.ids))
+        case LeaveOutSummary():
+            return (op.tenant, op.session, op.id, op.parent_id, op.seq)
         case ClearMessages():
-            return (op.tenant, op.session)
+            return (op.tenant, op.session) * 2
         case EraseSession():
-            return (op.tenant, op.session) * 3
+            return (op.tenant, op.session) * 4
         case InsertMessage():  # the single-row statement: the staged columns
             return insert_row(op)
 
@@ -595,11 +675,10 @@ async def apply_ops(conn: AsyncConnection[Any], ops: Sequence[Op]) -> None:
     each changed session's latest leaf.
 
     Consecutive operations of one kind go as one ``executemany``. A deleted session also loses
-    its message rows and its applied usage ids (the log keeps them).
+    its message rows, its applied usage ids and its left-out summaries (the log keeps them).
     """
-    rest = [op for op in ops if not isinstance(op, TouchSession)]
     async with conn.cursor() as cur:
-        rest = await without_summaries(cur, rest)
+        rest = await settle_summaries(cur, [op for op in ops if not isinstance(op, TouchSession)])
         touches = sorted(merge_touches(ops), key=lambda t: (t.tenant, t.session))  # one lock order
         if touches:
             await cur.execute(_TOUCH_ALL, columns([params(t) for t in touches]))
@@ -615,7 +694,7 @@ async def apply_ops(conn: AsyncConnection[Any], ops: Sequence[Op]) -> None:
                 await cur.executemany(_SQL[kind], [params(op) for op in rest[i:j]])
             if kind is DeleteSession:
                 deleted = [(op.tenant, op.session) for op in rest[i:j] if isinstance(op, DeleteSession)]
-                for table in ("messages", "usage_applied"):
+                for table in ("messages", "usage_applied", "left_out_summaries"):
                     await cur.executemany(f"DELETE FROM {table} WHERE tenant = %s AND session_id = %s", deleted)
             i = j
         leaves = leaf_changes(rest)

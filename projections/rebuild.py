@@ -66,6 +66,7 @@ TABLES: dict[str, str] = {
     "sessions": "tenant, id",
     "messages": "tenant, session_id, id",
     "usage_applied": "tenant, session_id, event_id",
+    "left_out_summaries": "tenant, session_id, id",
     "session_configs": "tenant, session_id",
     "context_blocks": "tenant, session_id, label",
     "search_entries": "tenant, session_id, label, key",

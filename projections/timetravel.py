@@ -52,6 +52,8 @@ class SessionState:
     config: SessionConfig | None = None
     contents: dict[str, str] = field(default_factory=dict)
     entries: dict[str, set[str]] = field(default_factory=dict)
+    # appends of a summary's id left out: the parent each was (first) appended under, resolved
+    left_out: dict[str, str | None] = field(default_factory=dict)
 
     def apply(self, seq: int, event: Event, body: JsonObject | None = None) -> None:
         match event:
@@ -60,14 +62,16 @@ class SessionState:
                 self.rows.clear()
                 self.overlays.clear()
                 self.reclaimed.clear()
+                self.left_out.clear()
                 self.config = None
                 self.contents.clear()
                 self.entries.clear()
-            case MessageAppended() if (
-                not self.deleted and event.message_id not in self.rows and not self.summary(event.message_id)
-            ):
+            case MessageAppended() if not self.deleted and self.summary(event.message_id):
+                self.left_out.setdefault(event.message_id, self.parent_of(event.parent_id))
+            case MessageAppended() if not self.deleted and event.message_id not in self.rows:
                 assert body is not None
-                self.rows[event.message_id] = _Row(event.message_id, event.parent_id, stored_json(body), seq)
+                parent = self.parent_of(event.parent_id)
+                self.rows[event.message_id] = _Row(event.message_id, parent, stored_json(body), seq)
             case MessageUpdated() if event.message_id in self.rows:
                 assert body is not None
                 self.rows[event.message_id].content = stored_json(body)
@@ -78,6 +82,7 @@ class SessionState:
                 self.rows.clear()
                 self.overlays.clear()
                 self.reclaimed.clear()
+                self.left_out.clear()
             case CompactionRecorded() if event.overlay_id not in self.overlays:
                 self.overlays[event.overlay_id] = overlay_of(event, seq)
             case SkillUnloaded() if event.tool_call_id is not None:
@@ -96,6 +101,11 @@ class SessionState:
         (projections/history.py, :func:`~projections.history.summaries_in`)."""
         overlay_id = overlay_id_in(message_id)
         return overlay_id is not None and overlay_id in self.overlays
+
+    def parent_of(self, parent_id: str | None) -> str | None:
+        """The parent a message appended under ``parent_id`` is stored under: a left-out summary's
+        own (projections/history.py, :func:`~projections.history.settle_summaries`)."""
+        return self.left_out.get(parent_id, parent_id) if parent_id is not None else None
 
     def entry_counts(self) -> dict[str, int]:
         """Entries per searchable block label, as the context read model counts them."""

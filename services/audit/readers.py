@@ -60,7 +60,7 @@ from services.storage.s3 import StoredObject
 from services.terminal import safe_text
 
 PROJECTION_TABLES: dict[str, tuple[str, ...]] = {
-    "history": ("sessions", "messages", "usage_applied"),
+    "history": ("sessions", "messages", "usage_applied", "left_out_summaries"),
     "context": (
         "session_configs",
         "context_blocks",

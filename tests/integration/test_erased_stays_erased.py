@@ -37,6 +37,7 @@ SESSION_ROWS = {  # table -> its session column
     "sessions": "id",
     "messages": "session_id",
     "usage_applied": "session_id",
+    "left_out_summaries": "session_id",
     "session_configs": "session_id",
     "context_blocks": "session_id",
     "search_entries": "session_id",
@@ -79,6 +80,7 @@ def after_erasure(sid: str) -> list[Event]:
             model=None,
             summary="late summary",
         ),
+        appended(T, sid, "compaction_o1", "late-2", "the summary sent back", "assistant"),  # left out
         CompactionFailed(tenant=T, session=sid, leaf_id="late-2", summarizer="test", error="x", attempt=1),
         CompactionSkipped(tenant=T, session=sid, leaf_id="late-2", estimate=9, reason="x", config=config.compaction),
     ]

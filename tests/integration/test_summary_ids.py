@@ -17,6 +17,7 @@ from events.messages import body_hash
 from events.omitted import OMITTED
 from projections import queries
 from projections.overlays import Overlay, overlay_of, overlays
+from services.audit import readers as audit
 from services.audit.readers import session_as_of
 from services.bootstrap import Container
 from services.compaction.service import compacted_view
@@ -167,4 +168,88 @@ async def test_an_overlay_and_its_ids_append_a_hundred_events_apart_in_one_publi
     await asyncio.wait_for(c.waiter.wait_all(last[-1].seq), 10)
     assert await _view(c, sid) == ["r0", body["id"], "r7"]
     assert await _stored_ids(c, sid, [body["id"], "r7"]) == {"r7"}
+    await assert_rebuild_equals_live(c, fresh_db, c.settings.projector_name)
+
+
+async def _history(c: Container, sid: str) -> tuple[str | None, list[tuple[str, str | None]]]:
+    """The session's latest leaf and its history, as ``(id, parent_id)`` pairs root first."""
+    async with c.pool.connection() as conn:
+        leaf = await queries.latest_leaf(conn, T, sid)
+        path = [] if leaf is None else await queries.history(conn, T, sid, leaf.id)
+    return (None if leaf is None else leaf.id), [(m.id, m.parent_id) for m in path]
+
+
+async def test_messages_appended_under_a_summary_an_earlier_release_stored_keep_their_history_whole(
+    stack: Container, new_id: Callable[[str], str]
+) -> None:
+    """An earlier release stored a summary sent back by a client as a message (without a parent:
+    under the latest leaf), and the messages after it under it; this release leaves the summary
+    out, and those messages are stored under the parent the summary was appended under, following
+    a chain of such summaries, live and in a rebuild alike. (Before, their history started after
+    the summary: a rebuild cut the earlier messages off.)"""
+    c, sid = stack, new_id("legacy")
+    await _chain(c, sid, 6)  # r0..r5
+    first, second = _recorded(sid, "r1", "r3"), _recorded(sid, "r0", "r4")
+    x, y = f"compaction_{first.overlay_id}", f"compaction_{second.overlay_id}"
+    # published straight to the stream, as the earlier release wrote them: the summaries and the
+    # first message under them in one batch (the live projector and a rebuild alike) ...
+    last = await c.publisher.publish_many(
+        [
+            first,
+            second,
+            _published(sid, text_message(x, "what was said", "assistant"), "r5"),
+            _published(sid, text_message(y, "what was said before", "assistant"), x),
+            _published(sid, text_message("m0", "after the summaries"), y),
+        ]
+    )
+    await asyncio.wait_for(c.waiter.wait_all(last[-1].seq), 10)
+    # ... and the next ones in batches of their own (live, the summaries are the table's to say)
+    last = await c.publisher.publish_many([_published(sid, text_message("m1", "next"), "m0")])
+    await asyncio.wait_for(c.waiter.wait_all(last[-1].seq), 10)
+    last = await c.publisher.publish_many([_published(sid, text_message("m2", "next again"), y)])
+    await asyncio.wait_for(c.waiter.wait_all(last[-1].seq), 10)
+
+    whole = [(f"r{i}", f"r{i - 1}" if i else None) for i in range(6)]
+    assert await _history(c, sid) == ("m2", [*whole, ("m2", "r5")])
+    async with c.pool.connection() as conn:
+        assert [(m.id, m.parent_id) for m in await queries.history(conn, T, sid, "m1")] == [
+            *whole,
+            ("m0", "r5"),
+            ("m1", "m0"),
+        ]
+    assert await _stored_ids(c, sid, [x, y]) == set()
+    state = await session_as_of(c, T, sid, last[-1].seq)  # time travel folds the log alike
+    assert [r.id for r in state.path_rows("m1")] == [*(m for m, _ in whole), "m0", "m1"]
+
+    report = await audit.verify(c)
+    assert report.ok, report.differences
+    assert (await audit.rebuild_and_swap(c)).swapped_at_seq > 0
+    assert await _history(c, sid) == ("m2", [*whole, ("m2", "r5")])
+    report = await audit.verify(c)
+    assert report.ok, report.differences
+
+
+async def test_a_clear_forgets_the_left_out_summaries_in_its_batch_and_after_it_and_a_rebuild_agrees(
+    stack: Container, new_id: Callable[[str], str], fresh_db: str
+) -> None:
+    c = stack
+    together, apart = new_id("together"), new_id("apart")
+    ids: dict[str, str] = {}
+    for sid in (together, apart):
+        await _chain(c, sid, 3)
+        ov = _recorded(sid, "r0", "r1")
+        ids[sid] = f"compaction_{ov.overlay_id}"
+        last = await c.publisher.publish_many([ov, _published(sid, text_message(ids[sid], "s", "assistant"), "r2")])
+        await asyncio.wait_for(c.waiter.wait_all(last[-1].seq), 10)
+    # the clear and the message under the summary in one batch, and in two
+    last = await c.publisher.publish_many(
+        [MessagesCleared(tenant=T, session=together), _published(together, text_message("m", "m"), ids[together])]
+    )
+    await asyncio.wait_for(c.waiter.wait_all(last[-1].seq), 10)
+    last = await c.publisher.publish_many([MessagesCleared(tenant=T, session=apart)])
+    await asyncio.wait_for(c.waiter.wait_all(last[-1].seq), 10)
+    last = await c.publisher.publish_many([_published(apart, text_message("m", "m"), ids[apart])])
+    await asyncio.wait_for(c.waiter.wait_all(last[-1].seq), 10)
+    for sid in (together, apart):  # the id it names is no summary's any more: kept as it is
+        assert await _history(c, sid) == ("m", [("m", ids[sid])])
     await assert_rebuild_equals_live(c, fresh_db, c.settings.projector_name)

@@ -36,6 +36,7 @@ from projections.history import (
     EndSession,
     HistoryProjection,
     InsertMessage,
+    LeaveOutSummary,
     Op,
     RenameSession,
     TouchSession,
@@ -398,7 +399,10 @@ def _recorded(overlay_id: str) -> CompactionRecorded:
 def test_an_append_of_an_overlays_message_id_recorded_before_it_is_not_stored() -> None:
     items: list[tuple[int, Event]] = [(1, _recorded("ov")), (2, _summary_append("ov"))]
     assert summaries_in(items) == {2: True}
-    assert not any(isinstance(op, InsertMessage) for op in plan(items[1][1], 2, BODY, summary=True))
+    ops = plan(items[1][1], 2, BODY, summary=True)
+    assert not any(isinstance(op, InsertMessage) for op in ops)
+    # the parent it was appended under is kept, for the messages appended under it
+    assert [op for op in ops if isinstance(op, LeaveOutSummary)] == [LeaveOutSummary(T, S, "compaction_ov", "m7", 2)]
 
 
 def test_an_overlay_recorded_after_the_append_or_cleared_before_it_leaves_it_a_message() -> None:

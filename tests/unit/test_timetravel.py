@@ -94,3 +94,23 @@ def test_an_append_under_an_overlays_message_id_is_not_a_message_while_the_overl
     state.apply(4, MessagesCleared(tenant=T, session=S))
     state.apply(5, summary, summary.message)  # the overlay is cleared: the id is a message's again
     assert list(state.rows) == ["compaction_ov"]
+
+
+def test_a_message_under_a_left_out_summary_is_under_the_summarys_parent_until_a_clear() -> None:
+    state = SessionState()
+    for seq, (mid, parent) in enumerate([("m0", None), ("m1", "m0")], start=1):
+        event = appended(T, S, mid, parent)
+        state.apply(seq, event, event.message)
+    state.apply(3, _overlay("ov", "m0", "m0"))
+    state.apply(4, _overlay("ow", "m0", "m1"))
+    x = appended(T, S, "compaction_ov", "m1", "sum", "assistant")
+    y = appended(T, S, "compaction_ow", "compaction_ov", "sum", "assistant")  # a chain of summaries
+    again = appended(T, S, "compaction_ov", "m0", "sum", "assistant")  # the first append's parent holds
+    after = appended(T, S, "m2", "compaction_ow")
+    for seq, event in enumerate([x, y, again, after], start=5):
+        state.apply(seq, event, event.message)
+    assert (list(state.rows), state.rows["m2"].parent_id) == (["m0", "m1", "m2"], "m1")
+    assert [r.id for r in state.path_rows("m2")] == ["m0", "m1", "m2"]
+    state.apply(9, MessagesCleared(tenant=T, session=S))
+    state.apply(10, after, after.message)  # the summaries are forgotten with the overlays
+    assert state.rows["m2"].parent_id == "compaction_ow"
