@@ -72,6 +72,7 @@ from services.writes.decisions import Append, AppendState, Existing, ParentSpec,
 from services.writes.erasure import Eraser
 from services.writes.liveness import live_session
 from services.writes.optimistic import MAX_SESSION_IDS, Decision, OptimisticWriter, UnappliedChain
+from services.writes.unrecorded import OwnObjects, decided
 from services.writes.waiting import AppliedWaiter
 
 Conn = psycopg.AsyncConnection[Any]
@@ -94,6 +95,12 @@ class AppendResult:
     def __post_init__(self) -> None:
         if not self.tail:
             object.__setattr__(self, "tail", self.id)
+
+
+@dataclass(frozen=True, slots=True)
+class _Appended:
+    result: AppendResult
+    stored: bool  # this call's event was stored (not a replay, nor a keyed request's earlier event)
 
 
 @dataclass(frozen=True, slots=True)
@@ -293,18 +300,33 @@ class Commands:
 
     # -- messages -------------------------------------------------------------------------
 
-    async def _pack(self, tenant: str, session: str, body: JsonObject, digest: str | None = None) -> dict[str, Any]:
+    def _fitting(self, body: JsonObject) -> bytes:
+        """The body's stored bytes; :class:`PayloadTooLarge` past the message limit."""
         data = stored_json(body).encode()  # as long as the canonical form: only the key order differs
         if len(data) > self._max:
             raise PayloadTooLarge(f"message is {len(data)} bytes; the limit is {self._max}")
+        return data
+
+    async def _pack(
+        self,
+        tenant: str,
+        session: str,
+        body: JsonObject,
+        digest: str | None = None,
+        own: OwnObjects | None = None,
+    ) -> dict[str, Any]:
+        """Event fields for ``body`` (services.writes.unrecorded: ``own`` records a sealed claim
+        check as the write's)."""
+        data = self._fitting(body)
 
         async def seal(raw: bytes) -> bytes:
             return await self._pub.seal_object(tenant, session, raw)
 
-        return await pack_body(body, self._blobs, self._limit, data=data, digest=digest, seal=seal)
+        store = own.store(self._blobs) if own is not None and self._blobs is not None else self._blobs
+        return await pack_body(body, store, self._limit, data=data, digest=digest, seal=seal)
 
     async def carried_original(
-        self, tenant: str, source: str, target: str, original_ref: dict[str, Any]
+        self, tenant: str, source: str, target: str, original_ref: dict[str, Any], own: OwnObjects | None = None
     ) -> dict[str, Any]:
         """A capped message's original, stored again for the session ``target`` (a fork of
         ``source``: objects belong to one session), as event fields: its hash and reference.
@@ -325,7 +347,8 @@ class Commands:
             whole = open_object(data, keys, tenant, source)
         except (BlobNotFound, NotTheOwner, SealBroken):
             return {}
-        stored = await self._originals.put(await self._pub.seal_object(tenant, target, whole))
+        sealed = await self._pub.seal_object(tenant, target, whole)
+        stored = await (own.put(self._originals, sealed) if own is not None else self._originals.put(sealed))
         return {"body_sha256": body_hash(json.loads(whole)), "original_ref": stored}
 
     async def append(
@@ -352,17 +375,56 @@ class Commands:
         first attempt was stored although its answer was lost answers ``created=True`` too.
 
         A message over the row cap is recorded in the reference's size-capped form, with the
-        untruncated original stored whole in object storage (``original_ref``).
+        untruncated original stored whole in object storage (``original_ref``); only the capped
+        form is claim-checked (the whole one was too, an object no event referenced).
+
+        The objects stored for it are stored before it is decided: sealed ones (this write's own,
+        services/writes/unrecorded.py) are deleted again when it records no event of its own (a
+        replay, a refusal).
         """
-        message_id = str(body["id"])
         digest = body_hash(body)
-        packed = await self._pack(tenant, session, body, digest)
-        if self._originals is not None and json_bytes(body) > self._row_cap:
-            capped, changed = enforce_row_size_limit(body, self._row_cap)
+        own = OwnObjects()
+        publishing = False
+        try:
+            capped, changed = body, False
+            if self._originals is not None and json_bytes(body) > self._row_cap:
+                capped, changed = enforce_row_size_limit(body, self._row_cap)
             if changed:
-                whole = await self._pub.seal_object(tenant, session, stored_json(body).encode())
-                original = await self._originals.put(whole)
-                packed = {**await self._pack(tenant, session, capped), "body_sha256": digest, "original_ref": original}
+                assert self._originals is not None
+                whole = await self._pub.seal_object(tenant, session, self._fitting(body))
+                original = await own.put(self._originals, whole)
+                packed = {
+                    **await self._pack(tenant, session, capped, own=own),
+                    "body_sha256": digest,
+                    "original_ref": original,
+                }
+            else:
+                packed = await self._pack(tenant, session, body, digest, own)
+            publishing = True
+            appended = await self._append_packed(tenant, session, body, packed, parent, request_key, follow=follow)
+        except BaseException as exc:
+            if not publishing or decided(exc):
+                await own.drop()
+            raise
+        if not appended.stored:  # answered by an event already in the log: its references stay
+            await own.settle(self._pub, appended.result.seq)
+        return appended.result
+
+    async def _append_packed(
+        self,
+        tenant: str,
+        session: str,
+        body: JsonObject,
+        packed: dict[str, Any],
+        parent: ParentSpec,
+        request_key: str | None,
+        *,
+        follow: bool,
+    ) -> _Appended:
+        """:meth:`append` of its packed event fields; ``stored``: this call's event was stored."""
+        message_id = str(body["id"])
+        digest = str(packed["body_sha256"])
+        stored = False
 
         # One event id for every attempt of this request: when an attempt was stored but its ack
         # was lost (NATS restarting), a later attempt finds the message and, by the stored event's
@@ -383,7 +445,16 @@ class Commands:
             event = MessageAppended(
                 id=event_id, tenant=tenant, session=session, message_id=message_id, parent_id=pid, **packed
             )
-            return Decision(event, lambda seq: AppendResult(message_id, pid, seq, created=True))
+
+            def answer(seq: int) -> AppendResult:
+                nonlocal stored
+                stored = True
+                return AppendResult(message_id, pid, seq, created=True)
+
+            async def replayed(seq: int) -> AppendResult:  # a keyed request's event, stored before
+                return AppendResult(message_id, pid, seq, created=True)
+
+            return Decision(event, answer, replayed)
 
         async def decided(state: AppendState) -> Decision:
             match decide_append(state, digest, parent, follow=follow):
@@ -491,7 +562,7 @@ class Commands:
             result: AppendResult = await self._optimistic(tenant, session, slow, decide, known)
         except ForeignDuplicate as exc:
             raise self._key_conflict(request_key, exc) from exc
-        return result
+        return _Appended(result, stored)
 
     async def _stored_event_id(self, seq: int) -> str | None:
         """The event id (``Nats-Msg-Id``) stored at stream sequence ``seq``; None if unknown."""
@@ -514,7 +585,12 @@ class Commands:
 
     async def update(self, tenant: str, session: str, body: JsonObject) -> WriteReceipt:
         message_id = str(body["id"])
-        packed = await self._pack(tenant, session, body)
+        own = OwnObjects()
+        try:
+            packed = await self._pack(tenant, session, body, own=own)
+        except BaseException:
+            await own.drop()
+            raise
 
         async def decide(conn: Conn) -> Decision:
             await live_session(conn, tenant, session, must_exist=False)
@@ -523,7 +599,12 @@ class Commands:
             event = MessageUpdated(tenant=tenant, session=session, message_id=message_id, **packed)
             return Decision(event, lambda seq: WriteReceipt(seq, (message_id,)))
 
-        result: WriteReceipt = await self._optimistic(tenant, session, decide)
+        try:
+            result: WriteReceipt = await self._optimistic(tenant, session, decide)
+        except BaseException as exc:  # a refused update stored no event: its sealed claim check goes
+            if decided(exc):
+                await own.drop()
+            raise
         return result
 
     async def delete_messages(self, tenant: str, session: str, ids: list[str]) -> WriteReceipt:
