@@ -729,6 +729,7 @@ async def fork(
     charged = to_copy if made is None else to_copy - 1
     if charge is not None:
         charge(charged)
+    own = OwnObjects()  # the sealed objects packed for the copies: deleted when no copy is published
     try:
         messages: list[Event] = []
         on_path = set(path_ids)
@@ -741,9 +742,9 @@ async def fork(
             parent_id = None if i == 0 and row.parent_id in on_path else row.parent_id
             outputs = unloaded.outputs(row.id, row.content)
             body = json.loads(reclaim(row.content, outputs) if outputs else row.content)
-            packed = await cmd._pack(tenant, sid, body)
+            packed = await cmd._pack(tenant, sid, body, own=own)
             if row.original_ref is not None:  # a capped message keeps its original in the fork too
-                packed = {**packed, **await cmd.carried_original(tenant, session, sid, row.original_ref)}
+                packed = {**packed, **await cmd.carried_original(tenant, session, sid, row.original_ref, own)}
             event_id = derived_id("fork-message", tenant, sid, row.id)
             messages.append(
                 MessageAppended(
@@ -781,35 +782,49 @@ async def fork(
     except BaseException:  # nothing published: what was charged for it is given back
         if charge is not None:
             charge(-charged)
+        await own.drop()
         raise
-    if made is None:
-        try:
-            created = await cmd.create_session(
-                tenant,
-                sid,
-                name if name is not None else source.name,
-                session,
-                {"forked_from": at_message_id},
-                replay=False,  # a fork made before is completed below, never answered as a create
-            )
-            made = ForkMade(created.seq, {}, 0)
-        except SessionExists:
-            # the same fork's other call created it meanwhile (a client's retry racing the first)
-            raced = (
-                None
-                if new_id is None
-                else await _made_fork(cmd, tenant, sid, session, at_message_id, name, len(rows) + len(carried))
-            )
-            if raced is None or raced.complete:  # this call publishes nothing: its charge is given back
-                if charge is not None:
-                    charge(-charged)
-                if raced is None:
-                    raise
-                return Forked(sid, raced.last_seq, raced.messages)
-            made = raced
-            events = [e for e in events if _copy_key(e) not in made.copies]
-    if await _erased(cmd, tenant, session):  # the usual race, caught before any copy is published
-        await _erase_fork(eraser, tenant, session, sid)
+    answered: Forked | None = None
+    try:
+        if made is None:
+            try:
+                created = await cmd.create_session(
+                    tenant,
+                    sid,
+                    name if name is not None else source.name,
+                    session,
+                    {"forked_from": at_message_id},
+                    replay=False,  # a fork made before is completed below, never answered as a create
+                )
+                made = ForkMade(created.seq, {}, 0)
+            except SessionExists:
+                # the same fork's other call created it meanwhile (a client's retry racing the first)
+                raced = (
+                    None
+                    if new_id is None
+                    else await _made_fork(cmd, tenant, sid, session, at_message_id, name, len(rows) + len(carried))
+                )
+                if raced is None or raced.complete:  # this call publishes nothing: its charge is given back
+                    if charge is not None:
+                        charge(-charged)
+                    if raced is None:
+                        raise
+                    answered = Forked(sid, raced.last_seq, raced.messages)
+                else:
+                    made = raced
+                    events = [e for e in events if _copy_key(e) not in made.copies]
+        if answered is None and await _erased(cmd, tenant, session):  # the usual race, before any copy
+            await _erase_fork(eraser, tenant, session, sid)
+    except BaseException as exc:
+        if decided(exc):  # no copy published (a refusal, the source erased meanwhile)
+            await own.drop()
+        raise
+    # the copies' objects that no copy to publish references (another call of this fork published
+    # those copies, or all of them) are this call's own, and not needed
+    await own.drop(_refs_of(events) if answered is None else ())
+    if answered is not None:
+        return answered
+    assert made is not None
     now = datetime.now(UTC)  # the copies happen after the new session's creation
     # A copy's id derives from public inputs (the fork's id may be the client's): one taken on
     # another subject is published again under a fresh id (see events/publisher.py and the
@@ -832,6 +847,17 @@ async def fork(
         raise ErasedSession(f"session {sid!r} was erased while it was being forked")
     seqs = [made.created_seq, *made.copies.values(), *(r.seq for r in results)]
     return Forked(sid, max(seqs), len(rows))
+
+
+def _refs_of(events: list[Event]) -> set[BlobRef]:
+    """The objects the message events among ``events`` reference."""
+    return {
+        ref
+        for e in events
+        if isinstance(e, MessageAppended)
+        for ref in (e.message_ref, e.original_ref)
+        if ref is not None
+    }
 
 
 def _overlay_copy_id(tenant: str, fork_id: str, item: Overlay) -> str:

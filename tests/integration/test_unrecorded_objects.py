@@ -15,7 +15,8 @@ from nats.js.errors import NotFoundError
 from events.blobs import refs_in
 from events.omitted import OMITTED
 from services.bootstrap import Container
-from services.errors import MessageConflict, MessageNotFound
+from services.errors import ErasedSession, MessageConflict, MessageNotFound
+from services.writes import commands as writes
 from services.settings import Settings
 from tests.conftest import make_settings, running_stack
 from tests.integration.helpers import text_message
@@ -128,3 +129,25 @@ async def test_a_repeated_plain_append_keeps_the_shared_object(nats_url: str, fr
         stored = await originals(c)
         assert len(stored) == 1, stored
         assert {k.removeprefix("blobs/") for k in stored} == await referenced(c, "tenant-a", "x-1", "s3")
+
+
+async def test_a_sealed_fork_refused_before_its_copies_leaves_no_original(
+    nats_url: str, fresh_db: str, s3_endpoint: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The source erased while the fork packed its copies (its original stored again under the
+    fork's key): the fork answers 410, publishes no copy, and its original copy is deleted."""
+    settings = settings_for(nats_url, fresh_db, s3_endpoint, encryption=True)
+    async with running_stack(settings) as c:
+        last = await c.commands.append("tenant-a", "x-1", over_cap("big"), OMITTED)
+        await c.waiter.wait_all(last.seq, timeout_s=20)
+        real = writes._erased
+
+        async def erased_meanwhile(cmd: Any, tenant: str, session: str) -> bool:
+            if session == "x-1" and not await real(cmd, tenant, session):
+                await c.eraser.erase_session(tenant, session)  # its own original goes with it
+            return await real(cmd, tenant, session)
+
+        monkeypatch.setattr(writes, "_erased", erased_meanwhile)
+        with pytest.raises(ErasedSession):
+            await writes.fork(c.commands, c.eraser, "tenant-a", "x-1", "big", "f-1", None)
+        assert await originals(c) == []
