@@ -16,8 +16,8 @@ from events.blobs import refs_in
 from events.omitted import OMITTED
 from services.bootstrap import Container
 from services.errors import ErasedSession, MessageConflict, MessageNotFound
-from services.writes import commands as writes
 from services.settings import Settings
+from services.writes import commands as writes
 from tests.conftest import make_settings, running_stack
 from tests.integration.helpers import text_message
 from tests.integration.test_micro_compaction import tool_message
