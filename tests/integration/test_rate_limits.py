@@ -508,7 +508,9 @@ async def test_a_fork_failing_before_its_first_event_is_given_its_charge_back(
     source = await long_session(stack, 3)
     limits = still_limits()
 
-    async def failing(tenant: str, session: str, body: Any, digest: str | None = None) -> dict[str, Any]:
+    async def failing(
+        tenant: str, session: str, body: Any, digest: str | None = None, own: Any = None
+    ) -> dict[str, Any]:
         raise ObjectStorageError("down")
 
     monkeypatch.setattr(stack.commands, "_pack", failing)

@@ -151,3 +151,28 @@ async def test_a_sealed_fork_refused_before_its_copies_leaves_no_original(
         with pytest.raises(ErasedSession):
             await writes.fork(c.commands, c.eraser, "tenant-a", "x-1", "big", "f-1", None)
         assert await originals(c) == []
+
+
+async def test_a_sealed_fork_another_call_completed_leaves_only_that_calls_original(
+    nats_url: str, fresh_db: str, s3_endpoint: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A client's retry racing the first call: the other call made and copied the whole fork
+    before this one's creation; this one publishes nothing, and the original copy it packed goes."""
+    settings = settings_for(nats_url, fresh_db, s3_endpoint, encryption=True)
+    async with running_stack(settings) as c:
+        last = await c.commands.append("tenant-a", "x-1", over_cap("big"), OMITTED)
+        await c.waiter.wait_all(last.seq, timeout_s=20)
+        create = c.commands.create_session
+
+        async def raced(*args: Any, **kwargs: Any) -> Any:
+            monkeypatch.setattr(c.commands, "create_session", create)
+            await writes.fork(c.commands, c.eraser, "tenant-a", "x-1", "big", "f-1", None)  # the other call
+            return await create(*args, **kwargs)  # session_exists: the other call made it
+
+        monkeypatch.setattr(c.commands, "create_session", raced)
+        forked = await writes.fork(c.commands, c.eraser, "tenant-a", "x-1", "big", "f-1", None)
+        assert forked.messages == 1
+        wanted = await referenced(c, "tenant-a", "x-1", "s3") | await referenced(c, "tenant-a", "f-1", "s3")
+        stored = await originals(c)
+        assert len(stored) == 2, stored  # the source's and the fork's
+        assert {k.removeprefix("blobs/") for k in stored} == wanted
