@@ -5,7 +5,7 @@ Only a write's *own* objects are ever deleted: sealed ones (encryption on). Seal
 nonce, so a sealed object's bytes, and its key (their hash), are new: no other write can reference
 it. A plain object's key is the hash of its session and its body: the same body stored before (the
 first of two identical appends) is the very same object, which that first event references, so a
-plain object is never deleted here (docs/security.md, "What an erasure does not reach").
+plain object is never deleted here (docs/security.md, "What erasure does not remove").
 
 Deleted only once the write is decided: answered without a new event of its own (a replay, a
 keyed retry of a request the log already holds), refused (a 4xx, a conflict exhausted, an event
