@@ -17,8 +17,10 @@ The service answers as the operator, which may publish anywhere, so it answers o
 under the requesting tenant's own inbox (``_INBOX_T.<tenant>.``, events/credentials.py), or the
 operator's own clients' default inbox (``_INBOX.``, where no tenant may listen): a request
 naming any other reply subject (another tenant's event subject or inbox, anything) is dropped
-before it does anything, with a warning, and nothing is published. A request with no reply subject
-runs unanswered, as before.
+before it does anything, with a warning, and nothing is published. So is a request with no reply
+subject, before its limit or its body is looked at: that is how JetStream's publish acks arrive when
+a tenant names another tenant's command subject as its publish's reply (the server publishes them,
+past NATS permissions), and each was admitted against that other tenant's limit.
 """
 
 import contextlib
@@ -56,7 +58,8 @@ Parser = Callable[[Msg], Awaitable[NatsMessage]]
 
 
 class ForeignReply(Exception):
-    """A request whose reply subject is not under its tenant's inbox: dropped unanswered."""
+    """A request whose reply subject is not under its tenant's inbox, or that names none: dropped
+    unanswered."""
 
 
 OPERATOR_INBOX_ROOT = "_INBOX"
@@ -67,13 +70,11 @@ it, so a reply there reaches only the client whose inbox it is."""
 
 def answerable(tenant_token: str, reply_to: str) -> bool:
     """True if the operator may answer on ``reply_to`` a request from the tenant whose subject
-    token is ``tenant_token``: no reply subject at all, one under that tenant's inbox, or one
-    under the default inbox of the operator's own clients (no tenant can listen there)."""
-    return (
-        not reply_to
-        or reply_to.startswith(f"{TENANT_INBOX_ROOT}.{tenant_token}.")
-        or reply_to.startswith(f"{OPERATOR_INBOX_ROOT}.")
-    )
+    token is ``tenant_token``: one under that tenant's inbox, or one under the default inbox of the
+    operator's own clients (no tenant can listen there). Never a request with no reply subject: a
+    publish ack JetStream sends to the subject another tenant named as its reply has none, and
+    the tenant whose subject it lands on did not send it."""
+    return reply_to.startswith(f"{TENANT_INBOX_ROOT}.{tenant_token}.") or reply_to.startswith(f"{OPERATOR_INBOX_ROOT}.")
 
 
 def reply(body: dict[str, Any], status: int = 200) -> NatsResponse:
@@ -171,6 +172,11 @@ def command_router(
         """The request, if its reply subject is one the operator may answer (:func:`answerable`);
         else :class:`ForeignReply`, raised before the command or its limit is looked at."""
         token = msg.subject[len(prefix) :].partition(".")[0]
+        if not msg.reply:
+            raise ForeignReply(
+                f"{storable(msg.subject)} names no reply subject (a publish ack JetStream sent there for "
+                "a publisher that named it as its reply, or a request that wants no answer)."
+            )
         if not answerable(token, msg.reply):
             raise ForeignReply(
                 f"{storable(msg.subject)} names the reply subject {storable(msg.reply)}, "

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import math
 import time
 import uuid
@@ -540,3 +541,39 @@ async def test_a_fork_that_another_call_completed_meanwhile_is_given_its_charge_
     forked = await writes.fork_session(stack, "tenant-a", source, "m2", fork, None, limits.charger("tenant-a"))
     assert forked["messages"] == 3
     assert tokens_left(limits, "tenant-a") == BURST - 1
+
+
+async def test_acks_another_tenant_has_jetstream_reflect_onto_a_command_subject_cost_its_tenant_nothing(
+    settings: Settings, stack: Container, caplog: pytest.LogCaptureFixture
+) -> None:
+    """JetStream sends a publish ack to whatever reply subject the publisher names, as the server:
+    tenant-b, publishing its own event again and again under one ``Nats-Msg-Id`` (one stored, the
+    others answered "duplicate"), had an ack land on tenant-a's ``session.create`` subject each
+    time, with no reply subject. Each was admitted against tenant-a's limit before its body was
+    read: tenant-a's own requests were then refused ``429``. A request with no reply subject
+    is now dropped before its limit or its body is looked at (``command dropped``)."""
+    caplog.set_level(logging.WARNING, logger="chronicle.commands")
+    target = settings.layout().command_subject("tenant-a", "session.create")
+    own = settings.layout().session_subject("tenant-b", "s-" + uuid.uuid4().hex[:10])
+    reflected = BURST * 2
+    b = await tenant_nats(settings.nats_url, "tenant-b")
+    a = await tenant_nats(settings.nats_url, "tenant-a")
+    try:
+        async with serving_commands(settings, stack):  # its own buckets: tenant-a's is full
+            seen = await stack.nc.subscribe(target)  # the operator sees what reaches the service
+            await stack.nc.flush()
+            msg_id = uuid.uuid4().hex
+            for _ in range(reflected):
+                await b.publish(own, b"{}", reply=target, headers={"Nats-Msg-Id": msg_id})
+            await b.flush()
+            acks = [await seen.next_msg(timeout=5) for _ in range(reflected)]  # delivered before what follows
+            await seen.unsubscribe()
+            assert all(json.loads(m.data)["stream"] == settings.stream and not m.reply for m in acks)
+            replies = [await request(a, target, json.dumps({"id": uuid.uuid4().hex}).encode()) for _ in range(BURST)]
+    finally:
+        await a.close()
+        await b.close()
+    assert [status for status, _ in replies] == [201] * BURST, replies  # its whole burst is its own
+    dropped = [r.getMessage() for r in caplog.records if "no reply subject" in r.getMessage()]
+    assert len(dropped) == reflected, dropped
+    assert all(target in line for line in dropped), dropped

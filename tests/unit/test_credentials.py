@@ -149,7 +149,7 @@ def test_no_config_without_an_operator_identity() -> None:
 @pytest.mark.parametrize(
     ("reply_to", "expected"),
     [
-        ("", True),  # no reply wanted: nothing is published
+        ("", False),  # none: how a publish ack another tenant reflected there arrives
         ("_INBOX_T.tenant-a.nuid.1", True),
         ("_INBOX_T.tenant-a", False),  # the prefix itself, not under it
         ("_INBOX_T.tenant-ab.nuid.1", False),  # another tenant's inbox that starts alike
