@@ -6,7 +6,7 @@ import uuid
 from datetime import UTC, datetime
 from typing import ClassVar
 
-from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, field_validator
 
 
 def new_event_id() -> str:
@@ -37,6 +37,17 @@ class Event(BaseModel):
     occurred_at: AwareDatetime = Field(default_factory=utcnow)
     correlation_id: str | None = None
     causation_id: str | None = None
+
+    @field_validator("occurred_at")
+    @classmethod
+    def _an_instant_in_utc(cls, value: datetime) -> datetime:
+        """A time that is within the datetime range as written but not in UTC (``0001-01-01T00:00
+        +14:00`` is in year 0) is refused: Postgres stores it, and every read of its row failed."""
+        try:
+            value.astimezone(UTC)
+        except OverflowError:
+            raise ValueError("is outside the years 1 to 9999 in UTC") from None
+        return value
 
     def left_out(self, *, sealed: bool = False) -> set[str]:
         """The fields this event's stored JSON leaves out (they decode to the same values): none,

@@ -544,3 +544,24 @@ def test_a_skill_event_whose_bucket_only_s3_refuses_is_admitted_as_a_config_is(
     event = skill_event(kind, bucket)
     assert admit(event.to_json(), LAYOUT.session_subject("acme", TENANT_SCOPE), LAYOUT) == event
     assert not is_bucket_name(bucket)  # the services' rule: an erasure leaves it out, a put refuses it
+
+
+@pytest.mark.parametrize(
+    "occurred_at",
+    ["0001-01-01T00:00:00+14:00", "9999-12-31T23:59:59-14:00", "0001-01-01T00:59:00+01:00"],
+)
+def test_a_time_that_is_no_instant_in_utc_is_refused(occurred_at: str) -> None:
+    """An ``occurred_at`` within the datetime range as written but outside it in UTC (year 0 or
+    10000): Postgres stored it, and every read of its row then failed (`500`, `timestamp too
+    small`): published straight to the stream, it broke its tenant's session list, search and
+    compaction."""
+    with pytest.raises(Refused) as caught:
+        admit(edited(occurred_at=occurred_at), good()[1], LAYOUT)
+    assert caught.value.reason == "invalid"
+    assert caught.value.detail.startswith("occurred_at: ")
+    assert "in UTC" in caught.value.detail
+
+
+@pytest.mark.parametrize("occurred_at", ["0001-01-01T00:00:00-14:00", "9999-12-31T23:59:59+14:00"])
+def test_a_time_at_the_range_edges_that_is_an_instant_in_utc_is_admitted(occurred_at: str) -> None:
+    assert admit(edited(occurred_at=occurred_at), good()[1], LAYOUT).occurred_at.year in (1, 9999)
