@@ -14,7 +14,9 @@ Each user turn:
 
 A service passes ``run_turn`` the id of the request it answers (``turn_id``): a turn that
 failed part-way (Chronicle restarting past the SDK's retries, the LLM timing out) can then be
-retried whole without a second user message or answer.
+retried whole without a second user message or answer. ``turn_id`` becomes part of a message
+id (``user-<turn_id>``), so the id rules apply to it (a ``/`` is refused); a retry is known by
+its id alone, so one with a different text returns the first try's answer.
 
 Run it with the project's Python (``.venv/bin/python``; Chronicle from ``make up``; any
 OpenAI-compatible server: OpenAI, vLLM, Ollama, llama.cpp, or the offline stub that
@@ -76,12 +78,21 @@ def new_id(prefix: str) -> str:
 
 
 def stored_answer(history: Sequence[dict[str, Any]], user_id: str) -> str | None:
-    """The text answer that follows the user message ``user_id`` in ``history``, if the turn
-    got that far: its last message is an assistant message of text parts only."""
+    """The text answer of the turn that the user message ``user_id`` opens in ``history``, if
+    the turn got that far: the turn is the messages after it up to the next user message, and
+    its last one is an assistant message of text parts only. None for a turn to go on with (no
+    step yet, or a tool step last), or when ``user_id`` is not in ``history``."""
     ids = [m.get("id") for m in history]
-    if user_id not in ids or ids[-1] == user_id:
+    if user_id not in ids:
         return None
-    last = history[-1]
+    turn: list[dict[str, Any]] = []
+    for message in history[ids.index(user_id) + 1 :]:
+        if message.get("role") == "user":
+            break
+        turn.append(message)
+    if not turn:
+        return None
+    last = turn[-1]
     parts = last.get("parts") or []
     if last.get("role") != "assistant" or any(p.get("type") != "text" for p in parts):
         return None
@@ -104,8 +115,9 @@ async def run_turn(
     out): the user message's id is ``user-<turn_id>``, so appending it again is a replay
     (``created=False``), not a second user message; the loop then goes on from what the
     first try stored (its tool steps are in the history the model reads), and a turn that
-    was already answered returns the stored answer without calling the model. Without it each
-    call is a new turn with a new id."""
+    was already answered returns the stored answer without calling the model (the first try's,
+    whatever ``user_text`` the retry passes). ``turn_id`` is part of a message id: one with a
+    ``/`` is refused. Without it each call is a new turn with a new id."""
     user_id = f"user-{turn_id}" if turn_id is not None else new_id("user")
     appended = await session.append_message(
         {"id": user_id, "role": "user", "parts": [{"type": "text", "text": user_text}]}
