@@ -6,9 +6,11 @@ Pure: the rows come from :func:`projections.context_queries.history_loaded_skill
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator
 from typing import Any
 
+from events.tool_names import unavailable_tool
 from projections.reclaimed import Reclaimed
 
 UNLOADED_MARK = "[skill unloaded:"
@@ -55,13 +57,54 @@ def _shown_unloaded(output: Any) -> bool:
     return isinstance(output, str) and output.startswith(UNLOADED_MARK)
 
 
-def loaded_nothing(key: str, output: Any) -> bool:
-    """Whether a ``load_context`` output is the tool's answer for a load that loaded nothing:
-    ``Not found: <key>`` (no such document, or one the block's ``keys`` leave out) or an
-    ``Error: …`` (services/context/tools.py). The live tool adds no skill then, but the
-    reference's restore scan took every output for a load, so a failed load read back from
-    history listed a skill that was never loaded (and an unload "reclaimed" its error)."""
-    return isinstance(output, str) and (output == f"Not found: {key}" or output.startswith("Error: "))
+TOOL_FAILED = "Error: the tool failed unexpectedly; try again later"
+"""What an LLM is told of an unexpected failure of a tool (services/context/tools.py)."""
+ARGS_NOT_AN_OBJECT = "Error: tool arguments must be a JSON object"
+ARGS_BAD_CHARS = "Error: tool arguments must not contain NUL characters or lone surrogates"
+FAILURE_TITLES = frozenset(
+    {
+        "A backing service is unavailable",
+        "Internal error",
+        "Object storage failed",
+        "The read model did not catch up in time",
+        "The search took too long",
+        "The summarizer failed; recorded, retry later",
+        "Too many concurrent writers; retry",
+    }
+)
+"""The titles of the errors a tool shows an LLM as ``Error: <title>`` (a backing service's,
+status 5xx: its detail is for the log); a unit test holds it to services/errors.py."""
+_QUOTED = r"(?:'[^'\n]*'|\"[^\"\n]*\")"
+_BUCKET_FAILURE = re.compile(
+    rf"Error: (?:bucket {_QUOTED} is reserved for Chronicle's own data"
+    rf"|invalid bucket name {_QUOTED}: object storage takes no request for it"
+    rf"|bucket {_QUOTED} does not exist)"
+)
+_TOO_LARGE = re.compile(r"Error: content too large to store \([^\n]*\); write a shorter text")
+
+
+def loaded_nothing(label: str, key: str, output: Any) -> bool:
+    """Whether a ``load_context`` output of ``label``/``key`` is the tool's answer for a load
+    that loaded nothing: ``Not found: <key>`` (no such document, or one the block's ``keys``
+    leave out) or one of the ``Error: …`` results services/context/tools.py gives a load
+    (worded exactly as it words them). The live tool adds no skill then, but the reference's
+    restore scan took every output for a load, so a failed load read back from history listed a
+    skill that was never loaded (and an unload "reclaimed" its error). A loaded document is
+    returned unchanged, so one that merely starts with ``Error: `` is a load."""
+    if not isinstance(output, str):
+        return False
+    if output in (f"Not found: {key}", TOOL_FAILED, ARGS_NOT_AN_OBJECT, ARGS_BAD_CHARS):
+        return True
+    if output == unavailable_tool("load_context") or output == f'Error: Block "{label}" is not a skill provider':
+        return True
+    if output.startswith(f'Error: "{label}" is not a skill block. Skill blocks: ') and "\n" not in output:
+        return True
+    if output.startswith("Error: ") and output[len("Error: ") :] in FAILURE_TITLES:
+        return True
+    not_text = re.compile(
+        rf"Error: object {re.escape(repr(key[:200]))} in bucket {_QUOTED} is not UTF-8 text; upload it as text"
+    )
+    return any(p.fullmatch(output) for p in (_BUCKET_FAILURE, _TOO_LARGE, not_text))
 
 
 def scan_loaded(rows: list[tuple[str, str]], unloaded: Reclaimed) -> dict[tuple[str, str], tuple[str, str]]:
@@ -76,7 +119,7 @@ def scan_loaded(rows: list[tuple[str, str]], unloaded: Reclaimed) -> dict[tuple[
     loaded for good."""
     loaded: dict[tuple[str, str], tuple[str, str]] = {}
     for mid, name, label, key, call, output in _skill_parts(rows, unloaded):
-        if name == "load_context" and loaded_nothing(key, output):
+        if name == "load_context" and loaded_nothing(label, key, output):
             continue
         if name == "unload_context" or _shown_unloaded(output):
             loaded.pop((label, key), None)
@@ -98,5 +141,5 @@ def load_outputs(rows: list[tuple[str, str]], unloaded: Reclaimed, label: str, k
         and (lab, k) == (label, key)
         and isinstance(call, str)
         and not _shown_unloaded(output)
-        and not loaded_nothing(k, output)
+        and not loaded_nothing(lab, k, output)
     ]

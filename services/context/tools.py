@@ -15,6 +15,7 @@ from events.sealing import KeyDestroyed
 from events.tool_names import unavailable_tool
 from projections import context_queries
 from projections.search_bound import SearchTimedOut
+from projections.skill_scan import ARGS_BAD_CHARS, ARGS_NOT_AN_OBJECT, TOOL_FAILED
 from services.context.blocks import Mode
 from services.context.entry_keys import context_entry_key
 from services.context.prompt import ContextPrompt
@@ -30,8 +31,6 @@ from services.errors import (
 from services.writes.liveness import live_session
 
 log = logging.getLogger("chronicle.context")
-TOOL_FAILED = "Error: the tool failed unexpectedly; try again later"
-"""What an LLM is told of an unexpected failure (the exception goes to the log, never to it)."""
 
 
 class ContextTools(ContextSkills, ContextPrompt):
@@ -61,9 +60,9 @@ class ContextTools(ContextSkills, ContextPrompt):
             if name not in names:
                 return unavailable_tool(name)
             if not isinstance(args, dict):
-                return "Error: tool arguments must be a JSON object"
+                return ARGS_NOT_AN_OBJECT
             if has_bad_chars(args):
-                return "Error: tool arguments must not contain NUL characters or lone surrogates"
+                return ARGS_BAD_CHARS
             return await self._dispatch(tenant, session, name, args, tool_call_id)
         except (SessionNotFound, ErasedSession, KeyDestroyed):
             raise  # the request's 404 or 410 (a destroyed key: erased while the tool ran), not a result

@@ -5,12 +5,14 @@ loaded skills."""
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
 from psycopg.types.json import Jsonb
 from pydantic import ValidationError
 
+import services.api.app  # noqa: F401  (every error class defined, for the titles test)
 from events.catalog import (
     ContextWritten,
     MessageAppended,
@@ -29,8 +31,9 @@ from events.context import ReadonlyBlock, SearchableBlock, SessionConfig, Skills
 from events.ids import TENANT_SCOPE
 from projections.context import SESSION_TABLES, plan
 from projections.reclaimed import reclaim, reclaimed_in
-from projections.skill_scan import load_outputs, scan_loaded
+from projections.skill_scan import FAILURE_TITLES, load_outputs, scan_loaded
 from services.context.rules import joined
+from services.errors import ChronicleError
 
 T, S = "acme", "chat-1"
 
@@ -360,7 +363,7 @@ def test_scan_loaded_passes_over_a_load_that_loaded_nothing() -> None:
     m1 = {
         "parts": [
             _load("c1", "nosuch", "Not found: nosuch"),
-            _load("c2", "broken", "Error: the skill could not be read"),
+            _load("c2", "broken", "Error: the tool failed unexpectedly; try again later"),
             _load("c3", "tax", "# Tax\nNot found: nosuch is fine inside a document"),
             _load("c4", "other", "Not found: nosuch"),
         ]
@@ -368,7 +371,39 @@ def test_scan_loaded_passes_over_a_load_that_loaded_nothing() -> None:
     rows = [("m1", json.dumps(m1))]
     assert scan_loaded(rows, reclaimed_in({})) == {("skills", "tax"): ("m1", "c3"), ("skills", "other"): ("m1", "c4")}
     # nor is such an output what an unload of a skill loaded elsewhere reclaims
-    m2 = {"parts": [_load("c5", "tax", "Not found: tax"), _load("c6", "tax", "Error: S3 is down")]}
+    m2 = {"parts": [_load("c5", "tax", "Not found: tax"), _load("c6", "tax", "Error: Object storage failed")]}
     rows.append(("m2", json.dumps(m2)))
     assert load_outputs(rows, reclaimed_in({}), "skills", "tax") == [("m1", "c3")]
     assert scan_loaded(rows, reclaimed_in({}))[("skills", "tax")] == ("m1", "c3")
+
+
+def test_scan_loaded_counts_a_loaded_document_that_starts_with_error() -> None:
+    """A loaded document is the tool's output unchanged: one that starts with ``Error: `` (a
+    runbook of error messages, say) is a load, and only the tool's own failure wordings are not."""
+    doc = "Error: connection refused\n\nWhat to do when the API answers this: check the proxy."
+    m1 = {
+        "parts": [
+            _load("c1", "runbook", doc),
+            _load("c2", "title", "Error: Internal error is what a 500 says"),
+            _load("c3", "x", 'Error: "skills" is not a skill block. Skill blocks: a'),
+            _load("c4", "y", "Error: bucket 'chronicle' is reserved for Chronicle's own data"),
+            _load("c5", "z", "Error: object 'z' in bucket 'b' is not UTF-8 text; upload it as text"),
+            _load("c6", "w", 'Error: tool "load_context" is not available in this session'),
+        ]
+    }
+    rows = [("m1", json.dumps(m1))]
+    assert list(scan_loaded(rows, reclaimed_in({}))) == [("skills", "runbook"), ("skills", "title")]
+    assert load_outputs(rows, reclaimed_in({}), "skills", "runbook") == [("m1", "c1")]
+
+
+def test_the_failure_titles_a_load_may_show_are_the_errors_titles() -> None:
+    """``Error: <title>`` of every error of status 5xx (tools.py shows its title, not its detail)."""
+
+    def subclasses(c: type[ChronicleError]) -> Iterator[type[ChronicleError]]:
+        for sub in c.__subclasses__():
+            yield sub
+            yield from subclasses(sub)
+
+    classes: list[type[ChronicleError]] = [ChronicleError, *subclasses(ChronicleError)]
+    titles = {c.title for c in classes if c.status >= 500}
+    assert titles == FAILURE_TITLES

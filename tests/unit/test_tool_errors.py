@@ -6,8 +6,8 @@ from typing import Any, cast
 
 import pytest
 
+from projections.skill_scan import TOOL_FAILED
 from services.context.service import ContextService
-from services.context.tools import TOOL_FAILED
 from services.errors import BudgetExceeded, ErasedSession, ObjectStorageError, SessionNotFound
 
 
