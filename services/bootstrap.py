@@ -645,11 +645,7 @@ async def open_container(
             await check_schema(conn)
         if log_check:
             await check_log_binding(settings, pool, js)
-        wrapper = settings.key_wrapper()
-        if settings.encryption and wrapper is None:
-            raise UnusableSetting(
-                "CHRONICLE_ENCRYPTION is on and no key-encryption key is set (CHRONICLE_KEK or CHRONICLE_KEK_FILE)"
-            )
+        wrapper = settings.sealing_key_wrapper()
         keys = PgKeyStore(pool, wrapper, seal=settings.encryption, cache_sessions=settings.key_cache_sessions)
         publisher = Publisher(js, layout, keys=keys)
         nats_blobs = JetStreamBlobStore(js, settings.blob_bucket, replicas=settings.stream_replicas)

@@ -79,6 +79,9 @@ class Settings(BaseSettings):
     _file_entries: tuple[ApiKeyEntry, ...] | None = PrivateAttr(default=None)
     """The entries of ``api_keys_file`` as last read (by the first use of the keys, or by
     :meth:`with_keys_file_read`); None until then: a process that uses no tenant key never reads it."""
+    _encryption_record: Path | None = PrivateAttr(default=None)
+    """The ``stack.json`` that ``encryption`` was taken from (:meth:`with_local_stack`); None when
+    it is set here or left at its default."""
 
     nats_url: str = Field(
         default="nats://127.0.0.1:4222",
@@ -445,6 +448,24 @@ class Settings(BaseSettings):
                 ) from None
         return None
 
+    def sealing_key_wrapper(self) -> LocalKek | None:
+        """:meth:`key_wrapper`, for a process that seals with ``encryption`` on:
+        :class:`UnusableSetting` when it is on and no key-encryption key is set, naming where it
+        was turned on (a command beside ``chronicle up`` takes it from the stack's ``stack.json``,
+        never from a setting the user made)."""
+        wrapper = self.key_wrapper()
+        if not self.encryption or wrapper is not None:
+            return wrapper
+        if self._encryption_record is not None:
+            raise UnusableSetting(
+                f"{self._encryption_record} (`chronicle up`'s record of its stack) says the stack seals "
+                "(CHRONICLE_ENCRYPTION on there) and records no key-encryption key file: it was given "
+                "CHRONICLE_KEK or CHRONICLE_KEK_FILE; set the same here, or CHRONICLE_ENCRYPTION=false"
+            )
+        raise UnusableSetting(
+            "CHRONICLE_ENCRYPTION is on and no key-encryption key is set (CHRONICLE_KEK or CHRONICLE_KEK_FILE)"
+        )
+
     def with_local_stack(self) -> Settings:
         """These settings, completed by what ``chronicle up`` recorded in ``data_dir``
         (:class:`LocalStack`): its NATS address when ``nats_url`` is not set (environment, ``.env``
@@ -473,9 +494,13 @@ class Settings(BaseSettings):
             update["s3_endpoint"] = endpoint
             if "s3_secure" not in self.model_fields_set:
                 update["s3_secure"] = bool(secure)
-        if "encryption" not in self.model_fields_set and stack.encryption is not None:
+        taken = "encryption" not in self.model_fields_set and stack.encryption is not None
+        if taken:
             update["encryption"] = stack.encryption
-        return self.model_copy(update=update)
+        completed = self.model_copy(update=update)
+        if taken:
+            completed._encryption_record = Path(self.data_dir) / STACK_RECORD
+        return completed
 
     def request_bytes_limit(self) -> int:
         """The largest request body the API reads (``max_request_bytes``, or its default)."""

@@ -83,6 +83,27 @@ def test_a_command_beside_a_sealing_stack_seals_unless_told_otherwise(
     assert Settings(data_dir=str(tmp_path)).with_local_stack().encryption is False
 
 
+def test_a_command_beside_a_stack_sealing_with_a_key_from_its_environment_says_where_sealing_came_from(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``up`` given CHRONICLE_KEK records no key file and ``encryption: true``: a command beside it
+    without the key was refused with "CHRONICLE_ENCRYPTION is on", a setting the user never made.
+    The refusal names the record and what to set."""
+    monkeypatch.delenv("CHRONICLE_ENCRYPTION", raising=False)
+    monkeypatch.delenv("CHRONICLE_KEK", raising=False)
+    monkeypatch.delenv("CHRONICLE_KEK_FILE", raising=False)
+    LocalStack(URL, encryption=True).write(tmp_path)
+    settings = Settings(data_dir=str(tmp_path)).with_local_stack()
+    with pytest.raises(UnusableSetting) as refused:
+        settings.sealing_key_wrapper()
+    assert str(refused.value).startswith(f"{tmp_path / STACK_RECORD} (`chronicle up`'s record of its stack) says")
+    assert "set the same here, or CHRONICLE_ENCRYPTION=false" in str(refused.value)
+    # set here, it is the setting's refusal, as before
+    with pytest.raises(UnusableSetting, match=r"^CHRONICLE_ENCRYPTION is on and no key-encryption key is set"):
+        Settings(data_dir=str(tmp_path), encryption=True).with_local_stack().sealing_key_wrapper()
+    assert Settings(data_dir=str(tmp_path), encryption=False).with_local_stack().sealing_key_wrapper() is None
+
+
 def test_a_record_of_an_earlier_release_leaves_encryption_as_set(tmp_path: Path) -> None:
     (tmp_path / STACK_RECORD).write_text(f'{{"nats_url": "{URL}"}}')
     assert Settings(data_dir=str(tmp_path)).with_local_stack().encryption is False
