@@ -794,8 +794,9 @@ class LocalStack:
     secret), and the database it uses (embedded Postgres' socket, or the one configured), without
     a password it may hold (None: a record of an earlier release), the S3 endpoint it uses,
     with its scheme (``up --s3-port`` moves it; None: a record of an earlier release), and whether
-    its processes seal (``encryption``: on unless ``up`` was given it; None: a record of an earlier
-    release). A command beside it that writes (``skills put|sync``) seals as the stack does: without
+    its processes seal (``encryption``: on unless ``up`` was given it; a record of an earlier
+    release has none: True when it names a key file, as that ``up`` made its own key and sealed
+    by default, else None). A command beside it that writes (``skills put|sync``) seals as the stack does: without
     it, it wrote its events unsealed, in the log for good, whatever an erasure destroys.
     ``api_key_file``: the file of the key ``up`` made for tenant ``default`` and serves (None: it
     made none, the keys being configured, or a record of an earlier release); ``chronicle erase
@@ -840,7 +841,7 @@ class LocalStack:
                 *files,
                 record.get("database_url"),
                 record.get("s3_endpoint"),
-                record.get("encryption"),
+                record.get("encryption", True if files[1] else None),
                 record.get("api_key_file"),
             )
             fields = (

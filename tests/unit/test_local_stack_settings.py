@@ -104,10 +104,24 @@ def test_a_command_beside_a_stack_sealing_with_a_key_from_its_environment_says_w
     assert Settings(data_dir=str(tmp_path), encryption=False).with_local_stack().sealing_key_wrapper() is None
 
 
-def test_a_record_of_an_earlier_release_leaves_encryption_as_set(tmp_path: Path) -> None:
+def test_a_record_of_an_earlier_release_without_a_key_file_leaves_encryption_as_set(tmp_path: Path) -> None:
     (tmp_path / STACK_RECORD).write_text(f'{{"nats_url": "{URL}"}}')
     assert Settings(data_dir=str(tmp_path)).with_local_stack().encryption is False
     assert Settings(data_dir=str(tmp_path), encryption=True).with_local_stack().encryption is True
+
+
+def test_a_record_of_an_earlier_release_with_its_own_key_file_seals(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An earlier ``up`` recorded no ``encryption``; one that made its own key (``kek_file``)
+    sealed (by default since 12-01): a ``skills put`` beside it took the default (off) and wrote
+    its ``skill.indexed`` in plaintext. A setting still wins."""
+    monkeypatch.delenv("CHRONICLE_ENCRYPTION", raising=False)
+    kek = tmp_path / "kek"
+    (tmp_path / STACK_RECORD).write_text(f'{{"nats_url": "{URL}", "nats_nkey_seed_file": null, "kek_file": "{kek}"}}')
+    assert LocalStack.read(tmp_path) == LocalStack(URL, kek_file=str(kek), encryption=True)
+    assert Settings(data_dir=str(tmp_path)).with_local_stack().encryption is True
+    assert Settings(data_dir=str(tmp_path), encryption=False).with_local_stack().encryption is False
 
 
 def test_a_database_url_that_is_set_wins(recorded: tuple[Path, str], monkeypatch: pytest.MonkeyPatch) -> None:
