@@ -33,7 +33,9 @@ def test_entry_main_returns_the_cli_status(tmp_path: Path, monkeypatch: pytest.M
 
 
 def test_the_entry_module_run_as_a_process_exits_with_the_cli_status(tmp_path: Path) -> None:
-    """``python -m services.ops.entry``: how ``chronicle up`` starts its processes."""
+    """``python -m services.ops.entry``: the entry module run as a program, as the README's
+    Upgrading section names it (the console script calls its ``main``; ``chronicle up`` runs
+    ``python -m services.ops.cli``)."""
     done = subprocess.run(
         [sys.executable, "-m", "services.ops.entry", "nats-config"],
         env=_bare_env(tmp_path),
