@@ -15,7 +15,7 @@ $(VENV)/.installed: pyproject.toml sdk/pyproject.toml
 install: $(VENV)/.installed
 
 up: install
-	$(BIN)/chronicle up
+	@$(BIN)/chronicle up
 
 lint: install
 	$(BIN)/ruff check .
