@@ -32,7 +32,7 @@ from services.ops.localstack import (
     with_database,
 )
 from services.ops.natsconf import ClusterNode, NatsAccess
-from services.ops.processes import ApiServer, api_http_protocol
+from services.ops.processes import ApiServer, api_config
 from services.settings import Settings
 
 DEFAULT_PG = "postgresql://postgres@127.0.0.1:5432/postgres"
@@ -75,8 +75,7 @@ async def served(app: ASGIApp, settings: Settings | None = None) -> AsyncIterato
     API is served with (``settings``' bounds on a request's head, default ones without); yields its
     base URL."""
     port = free_port()
-    http = api_http_protocol(settings or Settings())
-    config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="error", http=http)
+    config = api_config(app, settings or Settings(), host="127.0.0.1", port=port, log_level="error")
     stopping = getattr(getattr(app, "state", None), "stopping", None)  # Chronicle's API: its open answers end
     server = ApiServer(config, stopping) if isinstance(stopping, asyncio.Event) else uvicorn.Server(config)
     task = asyncio.create_task(server.serve())

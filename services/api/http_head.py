@@ -66,6 +66,7 @@ _OVERRIDDEN = (
     "on_message_complete",
     "on_response_complete",
     "send_400_response",
+    "_unsupported_upgrade_warning",
 )
 """The methods of uvicorn's ``HttpToolsProtocol`` the subclass extends, with uvicorn's arguments."""
 _SIGNATURES = {
@@ -77,6 +78,7 @@ _SIGNATURES = {
     "on_message_complete": ["self"],
     "on_response_complete": ["self"],
     "send_400_response": ["self", "msg"],
+    "_unsupported_upgrade_warning": ["self"],
 }
 
 

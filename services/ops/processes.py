@@ -198,6 +198,15 @@ def api_http_protocol(settings: Settings) -> type[asyncio.Protocol] | str:
     return protocol
 
 
+def api_config(app: Any, settings: Settings, **options: Any) -> uvicorn.Config:
+    """uvicorn's configuration for serving the API (``options``: its others): the HTTP protocol of
+    :func:`api_http_protocol`, and no WebSocket protocol (``ws="none"``), so that no request is
+    ever upgraded: the API speaks HTTP/1.1 only, and the plain protocol served where uvicorn's is
+    not the shape the bounds are written for would otherwise hand one asking to a WebSocket
+    library a dependency installed (uvicorn's ``ws="auto"``)."""
+    return uvicorn.Config(app, http=api_http_protocol(settings), ws="none", **options)
+
+
 def run_api(settings: Settings) -> None:
     """Serve the API until SIGINT/SIGTERM (SIGHUP reloads its keys); with ``api_reuse_port`` on a
     socket shared with the other API processes on the same port. The adapters open before the
@@ -260,14 +269,14 @@ async def _serve_api_on(settings: Settings, sock: socket.socket, keys: KeyRing) 
     async with open_container(settings, warm_reads=True) as c:
         app = build_app(settings, c, keys)
         settle_heap()
-        config = uvicorn.Config(
+        config = api_config(
             app,
+            settings,
             host=settings.api_host,
             port=settings.api_port,
             log_level="warning",
             access_log=False,
             timeout_graceful_shutdown=10,
-            http=api_http_protocol(settings),
         )
         server = ApiServer(config, app.state.stopping, lambda: c.nc.is_connected)
         # uvicorn stops on SIGINT/SIGTERM and raises the signal again once it has stopped: with the

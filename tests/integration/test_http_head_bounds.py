@@ -103,6 +103,31 @@ def test_a_protocol_of_another_shape_is_served_plain_with_a_warning(
     assert head_bounded_protocol(LIMIT, TIMEOUT_S, TIMEOUT_S) is not None  # the real one is the right shape
 
 
+@pytest.mark.parametrize("bounded", [True, False], ids=["head-bounded", "plain-httptools"])
+def test_the_api_never_takes_a_websocket_protocol_even_where_one_is_installed(
+    monkeypatch: pytest.MonkeyPatch, bounded: bool
+) -> None:
+    """The head-bounded protocol drops the WebSocket protocol; the plain one served where uvicorn's
+    is of another shape took uvicorn's ``ws="auto"``, which hands an upgrade request to
+    ``websockets`` or ``wsproto`` once a dependency installs one (stood in for here), unbounded."""
+    import uvicorn.protocols.websockets.auto as ws_auto
+
+    class InstalledWebSockets:
+        pass
+
+    monkeypatch.setattr(ws_auto, "AutoWebSocketsProtocol", InstalledWebSockets)
+    if not bounded:
+        monkeypatch.setattr(processes, "head_bounded_protocol", lambda size, timeout, body_timeout: None)
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        pass
+
+    config = processes.api_config(app, Settings(), host="127.0.0.1", port=0)
+    config.load()
+    assert config.ws_protocol_class is None
+    assert (config.http_protocol_class is not HttpToolsProtocol) is bounded
+
+
 @pytest.mark.parametrize("over", [1, LIMIT, 4 * 1024 * 1024], ids=["one-byte", "twice", "4-MiB"])
 async def test_a_head_over_the_bound_is_431_and_the_connection_closes(api: str, new_id: Any, over: int) -> None:
     """One byte over (the head complete in one read: measured), twice the bound and 4 MiB (refused
