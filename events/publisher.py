@@ -41,7 +41,7 @@ from nats.js.errors import APIError, NotFoundError
 from events.admission import MAX_WRITTEN_BYTES, Refused, admit_built
 from events.envelope import Event, new_event_id
 from events.objects import owned
-from events.sealing import SEALED_FIELDS, DataKeys, seal_blob, seal_event, sealed_size
+from events.sealing import SEALED_FIELDS, DataKey, DataKeys, seal_blob, seal_event, sealed_size
 from events.subjects import SubjectLayout
 
 __all__ = [
@@ -173,11 +173,24 @@ class Publisher:
         whatever the limit (:data:`~events.admission.MAX_WRITTEN_BYTES`): for a writer that
         refuses what would not fit before it publishes anything, saying by how much.
         :class:`~events.sealing.KeyDestroyed` when the session is erased."""
-        plain = len(event.to_json())
         if self.keys is None or event.type == "session.erased" or event.type not in SEALED_FIELDS:
-            return plain
-        key = await self.keys.for_writing(event.tenant, event.session)
-        return plain if key is None else sealed_size(event, key)
+            return len(event.to_json())
+        return self.size_with(event, await self.keys.for_writing(event.tenant, event.session))
+
+    async def sizing_key(self, tenant: str, session: str) -> DataKey | None:
+        """The key :meth:`size_with` measures the session's events with (None: this publisher
+        seals nothing), made when the session has none; :class:`~events.sealing.KeyDestroyed`
+        when it is erased. A writer that measures while it holds a database connection fetches it
+        before taking that connection: the key store takes a connection of its own, and writers
+        holding a small pool whole each waited for a second one (for the pool's timeout)."""
+        return await self.keys.for_writing(tenant, session) if self.keys is not None else None
+
+    @staticmethod
+    def size_with(event: Event, key: DataKey | None) -> int:
+        """:meth:`stored_size` with the session's key given (:meth:`sizing_key`), without I/O."""
+        if key is None or event.type not in SEALED_FIELDS:
+            return len(event.to_json())
+        return sealed_size(event, key)
 
     async def seal_object(self, tenant: str, session: str, data: bytes) -> bytes:
         """An object's bytes (a claim-checked body, an original) as this publisher stores them:

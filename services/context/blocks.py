@@ -25,6 +25,7 @@ from events.catalog import (
 )
 from events.context import ReadonlyBlock, SearchableBlock, SessionConfig, SkillsBlock, WritableBlock, is_bucket_name
 from events.publisher import Publisher
+from events.sealing import DataKey
 from projections import context_queries, queries
 from projections.search_bound import SEARCH_TIMEOUT_S
 from projections.search_query import MAX_QUERY_CHARS
@@ -163,9 +164,9 @@ class ContextBlocks:
             elif isinstance(block, ReadonlyBlock) and block.source is not None:
                 await self._require_bucket(block.source.bucket)
 
-        async def decide(texts: Sources, conn: Conn) -> Decision:
+        async def decide(texts: Sources, key: DataKey | None, conn: Conn) -> Decision:
             await live_session(conn, tenant, session, must_exist=False)
-            await self._refuse_unstorable_config(conn, tenant, session, config, texts)
+            await self._refuse_unstorable_config(conn, tenant, session, config, texts, key)
             return Decision(SessionConfigured(tenant=tenant, session=session, config=config), lambda seq: seq)
 
         texts = await self._config_sources(tenant, session, config, sizing=True)
@@ -173,16 +174,22 @@ class ContextBlocks:
         return seq
 
     async def _decide_sized(
-        self, tenant: str, session: str, decide: Callable[[Sources, Conn], Awaitable[Decision]], texts: Sources
+        self,
+        tenant: str,
+        session: str,
+        decide: Callable[[Sources, DataKey | None, Conn], Awaitable[Decision]],
+        texts: Sources,
     ) -> Any:
         """``decide`` (a change that sizes the prompt it would leave) under the session's
-        optimistic concurrency, with ``texts`` the objects read for it. A config it meets whose
-        objects are not among them (:class:`SourcesUnread`) has them read, with no connection
-        held, and the change is decided again; :class:`ContentionExhausted` after
-        :data:`SIZING_ROUNDS` such rounds."""
+        optimistic concurrency, with ``texts`` the objects read for it and the session's data key
+        (:meth:`~events.publisher.Publisher.sizing_key`), both fetched with no connection held. A
+        config it meets whose objects are not among them (:class:`SourcesUnread`) has them read,
+        with no connection held, and the change is decided again; :class:`ContentionExhausted`
+        after :data:`SIZING_ROUNDS` such rounds."""
+        key = await self._pub.sizing_key(tenant, session)
         for _ in range(SIZING_ROUNDS):
             try:
-                return await self._cond.run(tenant, session, partial(decide, texts))
+                return await self._cond.run(tenant, session, partial(decide, texts, key))
             except SourcesUnread as unread:
                 texts = {**texts, **await self._config_sources(tenant, session, unread.config, sizing=True)}
         raise ContentionExhausted(
@@ -190,21 +197,20 @@ class ContextBlocks:
         )
 
     async def _refuse_unstorable_config(
-        self, conn: Conn, tenant: str, session: str, config: SessionConfig, texts: Sources
+        self, conn: Conn, tenant: str, session: str, config: SessionConfig, texts: Sources, key: DataKey | None
     ) -> None:
         """:class:`PromptTooLarge` when the prompt the session would have with ``config``
         (bounded: :mod:`services.context.prompt_size`) is more than an event may be stored as and
         longer than the one of the config in force (a stored config with an unsafe key renders
         none: as an empty prompt); its detail says the room left."""
-        after, blocks = await self._sized(conn, tenant, session, config, texts)
+        after, blocks = await self._sized(conn, tenant, session, config, texts, key)
         if after <= MAX_WRITTEN_BYTES:
             return
         current = await self.config(conn, tenant, session)
         # the config in force's objects not in ``texts`` are read before deciding again (SourcesUnread):
         # the rare refusal's path only
-        before, was = (
-            (0, []) if unsafe_keys(current) is not None else await self._sized(conn, tenant, session, current, texts)
-        )
+        unsafe = unsafe_keys(current) is not None
+        before, was = (0, []) if unsafe else await self._sized(conn, tenant, session, current, texts, key)
         if after > before:
             raise PromptTooLarge(config_too_large(after, before, *most_grown(blocks, was)))
 
@@ -378,7 +384,7 @@ class ContextBlocks:
         a write that lengthens the block is refused (:class:`PromptTooLarge`, nothing written)
         when the session's prompt could not be recorded after it (:meth:`_refuse_unstorable`)."""
 
-        async def decide(texts: Sources, conn: Conn) -> Decision:
+        async def decide(texts: Sources, key: DataKey | None, conn: Conn) -> Decision:
             await live_session(conn, tenant, session, must_exist=False)
             config = await self.config(conn, tenant, session)
             block = find_block(config, label)
@@ -398,7 +404,7 @@ class ContextBlocks:
             if block.max_tokens is not None and tokens > block.max_tokens:
                 raise BudgetExceeded(f'Block "{label}" exceeds maxTokens: {tokens} > {block.max_tokens}')
             if len(new.encode()) > len(current.encode()):  # a write that shortens a block is always the way out
-                await self._refuse_unstorable(conn, tenant, session, config, label, contents, new, texts)
+                await self._refuse_unstorable(conn, tenant, session, config, label, contents, new, texts, key)
             event = ContextWritten(
                 tenant=tenant, session=session, label=label, content=new, tokens=tokens, mode=mode, writer=writer
             )
@@ -420,6 +426,7 @@ class ContextBlocks:
         contents: dict[str, str],
         new: str,
         texts: Sources,
+        key: DataKey | None,
     ) -> None:
         """:class:`PromptTooLarge` when the prompt the session would have with ``new`` in block
         ``label`` (bounded: :mod:`services.context.prompt_size`) is more than an event may be
@@ -428,7 +435,8 @@ class ContextBlocks:
             return  # no prompt can be rendered from it: refused where it is rendered, not here
 
         async def size(content: str) -> int:
-            return (await self._sized(conn, tenant, session, config, texts, contents={**contents, label: content}))[0]
+            with_content = {**contents, label: content}
+            return (await self._sized(conn, tenant, session, config, texts, key, contents=with_content))[0]
 
         after = await size(new)
         if after > MAX_WRITTEN_BYTES:
@@ -441,16 +449,19 @@ class ContextBlocks:
         session: str,
         config: SessionConfig,
         texts: Sources,
+        key: DataKey | None,
         *,
         contents: dict[str, str] | None = None,
         listings: Listings | None = None,
     ) -> tuple[int, list[RenderedBlock]]:
         """The bound on the stored size of the prompt ``config`` renders (``contents`` and
-        ``listings`` in place of the read models', when given), and its blocks as sized."""
+        ``listings`` in place of the read models', when given), and its blocks as sized. ``key``
+        is the session's data key (:meth:`~events.publisher.Publisher.sizing_key`), fetched before
+        ``conn`` was taken: the key store would take a second connection."""
         blocks = await self.blocks(
             conn, tenant, session, config, texts, contents=contents, listings=listings, sizing=True
         )
-        return await self._pub.stored_size(bounding_event(tenant, session, blocks)), blocks
+        return self._pub.size_with(bounding_event(tenant, session, blocks), key), blocks
 
     async def index_entry(self, tenant: str, session: str, label: str, key: str, content: str) -> int:
         async def decide(conn: Conn) -> Decision:

@@ -154,17 +154,19 @@ class ContextSkills(ContextBlocks):
         if unsafe_keys(config) is not None:
             return  # no prompt can be rendered from it: refused where it is rendered, not here
         texts = await self._config_sources(tenant, session, config, sizing=True)
+        data_key = await self._pub.sizing_key(tenant, session)  # with no connection held: the key store takes one
         where = (block.bucket, block.prefix)
         async with self._pool.connection() as conn:
             listings = await context_queries.skill_listings(conn, tenant, skill_sources(config))
             grown = with_skill(listings, block.bucket, block.prefix + key, description)
-            after, _ = await self._sized(conn, tenant, session, config, texts, listings=grown)
+            after, _ = await self._sized(conn, tenant, session, config, texts, data_key, listings=grown)
             if after <= MAX_WRITTEN_BYTES:
                 return
-            before, _ = await self._sized(conn, tenant, session, config, texts, listings=listings)
+            before, _ = await self._sized(conn, tenant, session, config, texts, data_key, listings=listings)
             if after <= before:
                 return
-            without, _ = await self._sized(conn, tenant, session, config, texts, listings={**grown, where: []})
+            emptied = {**grown, where: []}
+            without, _ = await self._sized(conn, tenant, session, config, texts, data_key, listings=emptied)
         raise PromptTooLarge(
             too_large(
                 block.label,
