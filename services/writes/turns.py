@@ -34,12 +34,14 @@ Key = tuple[str, str]
 
 
 class _Turn:
-    """A session's turn: the write holding it and the writes waiting, oldest first."""
+    """A session's turn: the write holding it (since when, loop time) and the writes waiting,
+    oldest first."""
 
-    __slots__ = ("owner", "waiting")
+    __slots__ = ("owner", "since", "waiting")
 
-    def __init__(self, owner: asyncio.Task[object] | None) -> None:
+    def __init__(self, owner: asyncio.Task[object] | None, since: float) -> None:
         self.owner = owner  # None while handed to a waiting write that has not run yet
+        self.since = since
         self.waiting: deque[asyncio.Future[None]] | None = None
 
 
@@ -67,7 +69,7 @@ class SessionTurns:
         turn = self._turns.get(key)
         me = asyncio.current_task()
         if turn is None:  # nobody holds or waits: taken at once, no suspension, no timer
-            turn = self._turns[key] = _Turn(me)
+            turn = self._turns[key] = _Turn(me, asyncio.get_running_loop().time())
             return turn
         if turn.owner is me:
             return None
@@ -79,17 +81,29 @@ class SessionTurns:
             async with asyncio.timeout(self.timeout_s):
                 await handed
         except BaseException as exc:  # timed out or cancelled
+            ahead = 1 + (turn.waiting.index(handed) if handed in turn.waiting else len(turn.waiting))
             if handed.done() and not handed.cancelled():
                 self._hand_on(key, turn)  # handed the turn as it was given up: the next write has it
             elif handed in turn.waiting:  # (a hand-on may have passed over it already)
                 turn.waiting.remove(handed)
             if isinstance(exc, TimeoutError):
-                raise ContentionExhausted(
-                    f"waited {self.timeout_s:g}s for this session's other writes in this process to finish"
-                ) from None
+                raise ContentionExhausted(self._waited(turn, ahead)) from None
             raise
         turn.owner = me
+        turn.since = asyncio.get_running_loop().time()
         return turn
+
+    def _waited(self, turn: _Turn, ahead: int) -> str:
+        """What a write that waited ``timeout_s`` for its turn is told: how many writes were ahead
+        of it and how long the one writing had held the turn (a client's retry of a write still
+        running, waiting for a database connection, say, waits behind its own first attempt)."""
+        held = asyncio.get_running_loop().time() - turn.since
+        writes = "write" if ahead == 1 else "writes"
+        return (
+            f"waited {self.timeout_s:g}s for its turn behind {ahead} earlier {writes} to this session in this "
+            f"process (the one writing has held its turn for {held:.2f}s; a write sent again waits behind its "
+            "first attempt while that still runs)"
+        )
 
     def give_back(self, key: Key, turn: _Turn | None) -> None:
         """End the turn ``take`` gave (None: a re-entry's, nothing to give back): the next

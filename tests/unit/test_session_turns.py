@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import re
 
 import pytest
 
@@ -128,6 +129,22 @@ async def test_a_write_that_waits_too_long_is_contention_and_leaves_the_queue() 
     assert len(turns) == 0
     async with turns.turn(A):  # the session's turn is free again
         assert len(turns) == 1
+
+
+async def test_a_write_that_waits_too_long_says_how_many_writes_were_ahead_and_for_how_long_one_held_it() -> None:
+    """A client's write sent again after its timeout waits behind its own first attempt, still
+    running (waiting for a database connection, say): the answer says so rather than blaming
+    "other writes"."""
+    turns = SessionTurns(timeout_s=0.05)
+    writes = Writes(turns, 1)  # the first attempt, holding the turn
+    await _settle()
+    with pytest.raises(ContentionExhausted) as raised:
+        await turns.take(A)  # the retry
+    detail = str(raised.value)
+    assert "behind 1 earlier write to this session in this process" in detail
+    assert re.search(r"the one writing has held its turn for 0\.\d\ds", detail), detail
+    assert "a write sent again waits behind its first attempt" in detail
+    await writes.finish()
 
 
 async def test_a_write_that_holds_its_sessions_turn_goes_on_when_it_writes_again() -> None:
