@@ -353,6 +353,7 @@ def main(argv: list[str] | None = None) -> int:
     from services.errors import ChronicleError, ObjectStorageError, ProjectionTimeout
 
     given_url, given_database = settings.nats_url, settings.database_url
+    name_connections(args.command, os.environ)
     try:
         if args.command not in OWN_NATS:
             settings = settings.with_local_stack()
@@ -520,6 +521,20 @@ refusing, not answering, or without that database)."""
 
 INTERRUPTED_EXIT = 130
 """The exit status of a command stopped by Ctrl-C (SIGINT; 128 + 2, as a shell reports it)."""
+
+
+APP_NAME_PREFIX = "chronicle-"
+
+
+def name_connections(command: str, environ: dict[str, str] | os._Environ[str]) -> None:
+    """Name this process's Postgres connections ``chronicle-<command>`` (``chronicle-api``,
+    ``chronicle-projector``, ...) in ``pg_stat_activity``, through libpq's ``PGAPPNAME``: every
+    connection (the pool's, the LISTEN one, the leases') gets it. An ``application_name`` in
+    ``CHRONICLE_DATABASE_URL`` wins, and so does a ``PGAPPNAME`` the operator set; one inherited from a
+    Chronicle parent (``chronicle up`` starting its services) is replaced."""
+    given = environ.get("PGAPPNAME")
+    if given is None or given.startswith(APP_NAME_PREFIX):
+        environ["PGAPPNAME"] = APP_NAME_PREFIX + command
 
 
 OWN_NATS = frozenset({"up", "nats-config", "migrate", *DRILLS})
