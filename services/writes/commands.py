@@ -59,6 +59,7 @@ from projections.overlays import overlays as overlays_of
 from projections.reclaimed import reclaim, reclaimed_in
 from services.compaction.micro import ROW_MAX_BYTES, enforce_row_size_limit, json_bytes
 from services.errors import (
+    ContentionExhausted,
     ErasedSession,
     IdempotencyKeyConflict,
     IdempotencyKeyReused,
@@ -77,6 +78,20 @@ from services.writes.waiting import AppliedWaiter
 
 Conn = psycopg.AsyncConnection[Any]
 T = TypeVar("T")
+
+CREATE_READS = 3
+"""How many times a create decides again after reading a session's first event from the log
+(:class:`_FirstUnread`): more only when the session is deleted and made again meanwhile."""
+
+
+class _FirstUnread(Exception):
+    """A create met a live session whose first event (at ``seq``) it has not read: the log and the
+    key store (a second connection) are asked with the decision's connection given back, and
+    the create decides again."""
+
+    def __init__(self, seq: int) -> None:
+        super().__init__(f"the session's first event (sequence {seq}) was not read before the decision")
+        self.seq = seq
 
 
 log = logging.getLogger("chronicle.writes")
@@ -160,12 +175,15 @@ class Commands:
         sid = session or str(uuid.uuid4())
         if parent_session_id is not None:
             await self.optimistic.catch_up(tenant, parent_session_id)
+        firsts: dict[int, SessionCreated | None] = {}  # read from the log with no connection held
 
         async def decide(conn: Conn) -> Decision:
             row = await queries.get_session(conn, tenant, sid)
             if row is not None:
                 if replay and row.deleted_at is None:
-                    first = await self._created_by(tenant, sid, row.created_seq)
+                    if row.created_seq not in firsts:
+                        raise _FirstUnread(row.created_seq)
+                    first = firsts[row.created_seq]
                     asked = (name, metadata, parent_session_id)
                     if first is not None and (first.name, first.metadata, first.parent_session_id) == asked:
                         return Decision(None, lambda _: WriteReceipt(row.created_seq, (sid,), written=False))
@@ -179,8 +197,14 @@ class Commands:
             )
             return Decision(event, lambda seq: WriteReceipt(seq, (sid,)))
 
-        result: WriteReceipt = await self._optimistic(tenant, sid, decide)
-        return result
+        for _ in range(CREATE_READS):
+            try:
+                result: WriteReceipt = await self._optimistic(tenant, sid, decide)
+            except _FirstUnread as unread:  # the log and the key store are asked with no connection held
+                firsts[unread.seq] = await self._created_by(tenant, sid, unread.seq)
+                continue
+            return result
+        raise ContentionExhausted(f"session {sid!r} was made again {CREATE_READS} times while its creation was read")
 
     async def _created_by(self, tenant: str, sid: str, seq: int) -> SessionCreated | None:
         """The ``session.created`` stored at ``seq`` (a session's first event, unsealed when sealed);

@@ -16,6 +16,7 @@ import httpx
 import pytest
 
 from services.api.app import build_app
+from services.bootstrap import open_container
 from services.settings import Settings
 from tests.conftest import KEYS, make_settings, running_stack
 from tests.integration.helpers import text_message
@@ -58,3 +59,22 @@ async def conversation(http: httpx.AsyncClient, turns: int = 2) -> list[int]:
 async def test_concurrent_conversations_on_a_pool_of_one_are_all_answered(http: httpx.AsyncClient) -> None:
     answers = await asyncio.gather(*(conversation(http) for _ in range(CONVERSATIONS)))
     assert all(s in (200, 201) for statuses in answers for s in statuses), answers
+
+
+async def test_a_create_sent_again_to_another_process_on_a_pool_of_one_is_replayed(
+    settings: Settings, http: httpx.AsyncClient
+) -> None:
+    """A create whose answer was lost, sent again to a process that does not hold the session's
+    key (another API, or this one restarted): its replay reads the first ``session.created`` from
+    the log and opens it with the key, which that process's key store fetches from Postgres. It
+    did so with the decision's connection held: a second connection, which a pool of one never
+    has (30 s, then ``503``)."""
+    sid = f"pool-{uuid.uuid4().hex[:8]}"
+    first = await http.post("/v1/sessions", json={"id": sid, "name": "first"})
+    assert first.status_code == 201, first.text
+    async with open_container(settings) as other, served(build_app(settings, other)) as url:
+        headers = {"Authorization": f"Bearer {KEYS['tenant-a']}"}
+        async with httpx.AsyncClient(base_url=url, headers=headers, timeout=ANSWER_S) as again:
+            replayed = await again.post("/v1/sessions", json={"id": sid, "name": "first"})
+    assert replayed.status_code in (200, 201), replayed.text
+    assert replayed.json()["seq"] == first.json()["seq"]
