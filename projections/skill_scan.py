@@ -81,6 +81,8 @@ _BUCKET_FAILURE = re.compile(
     rf"|bucket {_QUOTED} does not exist)"
 )
 _TOO_LARGE = re.compile(r"Error: content too large to store \([^\n]*\); write a shorter text")
+# the object is named as stored, the block's prefix before the key (services/context/blocks.py)
+_NOT_TEXT = re.compile(rf"Error: object [^\n]+ in bucket {_QUOTED} is not UTF-8 text; upload it as text")
 
 
 def loaded_nothing(label: str, key: str, output: Any) -> bool:
@@ -101,10 +103,7 @@ def loaded_nothing(label: str, key: str, output: Any) -> bool:
         return True
     if output.startswith("Error: ") and output[len("Error: ") :] in FAILURE_TITLES:
         return True
-    not_text = re.compile(
-        rf"Error: object {re.escape(repr(key[:200]))} in bucket {_QUOTED} is not UTF-8 text; upload it as text"
-    )
-    return any(p.fullmatch(output) for p in (_BUCKET_FAILURE, _TOO_LARGE, not_text))
+    return any(p.fullmatch(output) for p in (_BUCKET_FAILURE, _TOO_LARGE, _NOT_TEXT))
 
 
 def scan_loaded(rows: list[tuple[str, str]], unloaded: Reclaimed) -> dict[tuple[str, str], tuple[str, str]]:

@@ -389,6 +389,8 @@ def test_scan_loaded_counts_a_loaded_document_that_starts_with_error() -> None:
             _load("c4", "y", "Error: bucket 'chronicle' is reserved for Chronicle's own data"),
             _load("c5", "z", "Error: object 'z' in bucket 'b' is not UTF-8 text; upload it as text"),
             _load("c6", "w", 'Error: tool "load_context" is not available in this session'),
+            # a block with a prefix names the object as stored, the prefix before the key
+            _load("c7", "v", "Error: object 'team/skills/v' in bucket 'b' is not UTF-8 text; upload it as text"),
         ]
     }
     rows = [("m1", json.dumps(m1))]
