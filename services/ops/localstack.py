@@ -316,7 +316,12 @@ def start_moto(
     )
     wait_for_port(host or "127.0.0.1", port, proc, "moto_server")
     if recording:
-        restore_s3(settings, recording)
+        try:
+            restore_s3(settings, recording)
+        except BaseException:  # not yet among the stack's children: nothing else would stop it
+            proc.kill()
+            proc.wait()
+            raise
     try:
         made = make_buckets(settings, buckets)
     except ObjectStorageError as exc:  # the skills example then needs `--create-bucket`
@@ -331,11 +336,15 @@ def restore_s3(settings: Settings, recording: Path) -> None:
     """Replay ``recording`` into the local S3 just started, rewrite it as the objects now stand,
     and record from here on (services/ops/s3_recording.py)."""
     host, port = settings.s3_address()
-    sent, refused = s3_recording.replay(recording, host or "127.0.0.1", port)
-    if sent:
+    replayed = s3_recording.replay(recording, host or "127.0.0.1", port)
+    if recording.exists():  # rewritten whole: no torn end for moto to append to, no deleted bytes
         objects = keep_s3(settings, recording)
-        note = f" ({refused} refused by the server)" if refused else ""
-        print(f"chronicle up: restored {objects} object(s) into it from {recording}{note}", flush=True)
+        if replayed.sent or replayed.torn:
+            notes = [f"{replayed.refused} write(s) refused by the server"] if replayed.refused else []
+            notes += [f"{replayed.torn} unreadable fragment(s) left out"] if replayed.torn else []
+            note = f" ({'; '.join(notes)})" if notes else ""
+            print(f"chronicle up: restored {objects} object(s) into it from {recording}{note}", flush=True)
+    s3_recording.own_file(recording)
     s3_recording.start_recording(host or "127.0.0.1", port)
 
 

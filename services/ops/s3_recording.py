@@ -22,6 +22,7 @@ import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 from urllib.parse import parse_qsl, quote, urlencode, urlsplit
 
 from minio import Minio
@@ -55,13 +56,36 @@ class Write:
         return dict(parse_qsl(urlsplit(self.target).query, keep_blank_values=True))
 
 
-def writes(lines: Iterable[str]) -> list[Write]:
-    """The write requests of a recording, in order. A line that does not parse (the last one
-    of a stack killed while moto wrote it) is passed over, as are reads and moto's own API."""
-    out: list[Write] = []
+def entries(lines: Iterable[str]) -> tuple[list[Any], int]:
+    """The JSON values of a recording, in order, and how many fragments did not parse. moto's
+    server is threaded and writes an entry and its newline separately, so two requests served at
+    once can share a line (``{A}{B}``, the newlines after): each line is read value by value. What
+    does not parse (the end of a stack killed while moto wrote it) is counted, not replayed."""
+    decoder = json.JSONDecoder()
+    out: list[Any] = []
+    torn = 0
     for line in lines:
+        at, end = 0, len(line)
+        while True:
+            while at < end and line[at].isspace():
+                at += 1
+            if at >= end:
+                break
+            try:
+                value, at = decoder.raw_decode(line, at)
+            except ValueError:
+                torn += 1
+                break
+            out.append(value)
+    return out, torn
+
+
+def writes(values: Iterable[Any]) -> list[Write]:
+    """The write requests among a recording's :func:`entries`, in order: reads and moto's own
+    API are not replayed, nor an entry that is not a request."""
+    out: list[Write] = []
+    for entry in values:
         try:
-            entry = json.loads(line)
             method = str(entry["method"]).upper()
             url = urlsplit(str(entry["url"]))
             raw = entry.get("body") or ""
@@ -101,13 +125,23 @@ class UploadIds:
 _UPLOAD_ID = re.compile(rb"<UploadId>([^<]+)</UploadId>")
 
 
-def replay(recording: Path, host: str, port: int) -> tuple[int, int]:
-    """Send the recording's writes to the S3 server at ``host:port``, in order: (sent, refused).
-    No recording: (0, 0)."""
+@dataclass(frozen=True)
+class Replayed:
+    """What :func:`replay` did: writes sent, refused by the server, fragments that did not parse."""
+
+    sent: int = 0
+    refused: int = 0
+    torn: int = 0
+
+
+def replay(recording: Path, host: str, port: int) -> Replayed:
+    """Send the recording's writes to the S3 server at ``host:port``, in order. No recording:
+    nothing sent."""
     if not recording.exists():
-        return 0, 0
+        return Replayed()
     with recording.open(encoding="utf-8", errors="replace") as lines:
-        recorded = writes(lines)
+        values, torn = entries(lines)
+    recorded = writes(values)
     ids = UploadIds()
     refused = 0
     conn = http.client.HTTPConnection(host, port, timeout=60)
@@ -125,7 +159,7 @@ def replay(recording: Path, host: str, port: int) -> tuple[int, int]:
                     ids.started(write.path, match.group(1).decode())
     finally:
         conn.close()
-    return len(recorded), refused
+    return Replayed(len(recorded), refused, torn)
 
 
 def put_line(host: str, port: int, path: str, headers: Mapping[str, str], body: bytes) -> str:
@@ -147,7 +181,8 @@ def snapshot(recording: Path, host: str, port: int, access_key: str, secret_key:
     client = Minio(f"{host}:{port}", access_key=access_key, secret_key=secret_key, secure=False, region=region)
     tmp = recording.with_name(recording.name + ".tmp")
     objects = 0
-    with tmp.open("w", encoding="utf-8") as out:
+    # every object's bytes: readable by its owner alone, as the stack's other secrets are
+    with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w", encoding="utf-8") as out:
         for bucket in client.list_buckets():
             out.write(put_line(host, port, f"/{quote(bucket.name)}", {}, b""))
             for item in client.list_objects(bucket.name, recursive=True):
@@ -171,6 +206,12 @@ def snapshot(recording: Path, host: str, port: int, access_key: str, secret_key:
         os.fsync(out.fileno())
     tmp.replace(recording)
     return objects
+
+
+def own_file(recording: Path) -> None:
+    """Make ``recording`` (missing: empty) readable by its owner alone before moto appends to it."""
+    os.close(os.open(recording, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600))
+    recording.chmod(0o600)
 
 
 def start_recording(host: str, port: int) -> None:

@@ -102,3 +102,14 @@ def test_the_s3_up_starts_keeps_its_objects_across_a_restart(
     assert got_gone is None
     assert base64.b64encode(secret).decode() not in recording.read_text()
     assert f"chronicle up: restored 2 object(s) into it from {recording}" in capsys.readouterr().out
+    assert recording.stat().st_mode & 0o777 == 0o600  # every object's bytes: its owner's alone
+
+    proc = start_moto(settings, recording)  # the rewritten file (a put of each object) replays too
+    assert proc is not None
+    try:
+        docs, got_big, got_gone = asyncio.run(read())
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+    assert docs == [("t/tax.md", "how to file, é", etag)]
+    assert (got_big, got_gone) == (big, None)

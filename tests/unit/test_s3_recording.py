@@ -9,7 +9,7 @@ import subprocess
 import sys
 
 from services.ops.localstack import _children
-from services.ops.s3_recording import UploadIds, Write, put_line, writes
+from services.ops.s3_recording import UploadIds, Write, entries, put_line, writes
 
 
 def line(method: str, url: str, body: bytes = b"", **headers: str) -> str:
@@ -33,20 +33,37 @@ def test_only_writes_are_replayed_and_a_torn_last_line_is_passed_over() -> None:
         line("DELETE", "http://127.0.0.1:9000/skills/a.md"),
         line("PUT", "http://127.0.0.1:9000/skills/b.md", b"cut")[:40],
     ]
-    assert writes(recorded) == [
+    values, torn = entries(recorded)
+    assert writes(values) == [
         Write("PUT", "/skills", {}, b""),
         Write("PUT", "/skills/a.md?x=1", {"Content-Type": "text/markdown"}, b"doc"),
         Write("DELETE", "/skills/a.md", {}, b""),
     ]
+    assert torn == 1
+
+
+def test_two_requests_moto_wrote_on_one_line_are_both_replayed() -> None:
+    """moto's threads write an entry and its newline apart: two bodies put at once can land as
+    ``{A}{B}`` and two newlines; the line was passed over whole, losing both objects."""
+    a = line("PUT", "http://h:1/b/a", b"A" * 10_000)
+    b = line("PUT", "http://h:1/b/b", b"B" * 10_000)
+    values, torn = entries([a + b + "\n", "\n"])
+    assert [(w.target, len(w.body)) for w in writes(values)] == [("/b/a", 10_000), ("/b/b", 10_000)]
+    assert torn == 0
 
 
 def test_a_recorded_upload_id_becomes_the_one_its_path_was_last_given() -> None:
     ids = UploadIds()
-    start = writes([line("POST", "http://h:1/b/big?uploads=")])[0]
+    start = writes(entries([line("POST", "http://h:1/b/big?uploads=")])[0])[0]
     assert ids.target(start) == "/b/big?uploads="
     ids.started(start.path, "NEW-1")
     part, done = writes(
-        [line("PUT", "http://h:1/b/big?partNumber=1&uploadId=OLD-1"), line("POST", "http://h:1/b/big?uploadId=OLD-1")]
+        entries(
+            [
+                line("PUT", "http://h:1/b/big?partNumber=1&uploadId=OLD-1"),
+                line("POST", "http://h:1/b/big?uploadId=OLD-1"),
+            ]
+        )[0]
     )
     assert ids.target(part) == "/b/big?partNumber=1&uploadId=NEW-1"
     ids.started(start.path, "NEW-2")  # a later upload at the same path keeps OLD-1's mapping
@@ -54,7 +71,9 @@ def test_a_recorded_upload_id_becomes_the_one_its_path_was_last_given() -> None:
 
 
 def test_a_snapshot_line_is_a_put_the_replay_reads_back() -> None:
-    [write] = writes([put_line("127.0.0.1", 9000, "/skills/t%2Fa.md", {"x-amz-meta-description": "d"}, b"\x00doc")])
+    [write] = writes(
+        entries([put_line("127.0.0.1", 9000, "/skills/t%2Fa.md", {"x-amz-meta-description": "d"}, b"\x00doc")])[0]
+    )
     assert write == Write("PUT", "/skills/t%2Fa.md", {"x-amz-meta-description": "d"}, b"\x00doc")
 
 
