@@ -33,7 +33,7 @@ def completion_text(answer: Any) -> str:
 
 def describe(exc: BaseException | None, timeout_s: float) -> str:
     """A failure in words: its message, else its kind (httpx's timeouts say nothing)."""
-    if isinstance(exc, httpx.TimeoutException):
+    if isinstance(exc, httpx.TimeoutException | TimeoutError):
         return f"{type(exc).__name__}: no answer within {timeout_s:g} s"
     if exc is None:
         return "no attempt was made"
@@ -155,7 +155,10 @@ class OpenAISummarizer:
         async with httpx.AsyncClient(timeout=self.timeout_s) as client:
             for attempt in range(self.attempts):
                 try:
-                    resp = await client.post(url, json=body, headers=headers)
+                    # httpx's timeout bounds each read, not the answer: one sent a byte at a time
+                    # would hold the summary (and a manual compaction's lease) for as long as it sends
+                    async with asyncio.timeout(self.timeout_s):
+                        resp = await client.post(url, json=body, headers=headers)
                     if resp.status_code == 429 or resp.status_code >= 500:
                         raise SummarizerError(f"HTTP {resp.status_code}: {resp.text[:200]}")
                     if resp.status_code >= 400:
@@ -165,7 +168,7 @@ class OpenAISummarizer:
                     last = exc
                     if not str(exc).startswith(("HTTP 429", "HTTP 5", NOT_A_COMPLETION)):
                         raise
-                except (httpx.TransportError, httpx.TimeoutException, ValueError) as exc:
+                except (httpx.TransportError, httpx.TimeoutException, TimeoutError, ValueError) as exc:
                     last = exc
                 await asyncio.sleep(self.backoff_s * (2**attempt) * (0.5 + random.random()))  # noqa: S311
         raise SummarizerError(f"summarizer failed after {self.attempts} attempts: {describe(last, self.timeout_s)}")

@@ -54,6 +54,12 @@ class StubLLM:
         return {"content": text, "delay": seconds}
 
     @staticmethod
+    def trickle(text: str, pad: int, every_s: float) -> Reply:
+        """A scripted text answer sent slowly: ``pad`` bytes of JSON whitespace first, one each
+        ``every_s`` seconds (each read is quick; the whole answer is not), then the completion."""
+        return {"content": text, "trickle": (pad, every_s)}
+
+    @staticmethod
     def answer(body: Any) -> Reply:
         """A scripted 200 whose JSON body is ``body`` as given (a summarizer answering nonsense)."""
         return {"raw": body}
@@ -86,7 +92,7 @@ class StubLLM:
     ) -> None:
         self.stop()
 
-    def _next(self, request: dict[str, Any]) -> tuple[int, Any]:
+    def _next(self, request: dict[str, Any]) -> tuple[int, Any, tuple[int, float]]:
         with self._lock:
             self.requests.append(request)
             reply = self.script.pop(0) if self.script else self.say(self.fallback)
@@ -94,9 +100,9 @@ class StubLLM:
         if "delay" in reply:
             time.sleep(float(reply["delay"]))
         if "raw" in reply:
-            return 200, reply["raw"]
+            return 200, reply["raw"], (0, 0.0)
         if "status" in reply:
-            return int(reply["status"]), {"error": {"message": "scripted failure", "type": "server_error"}}
+            return int(reply["status"]), {"error": {"message": "scripted failure", "type": "server_error"}}, (0, 0.0)
         message: dict[str, Any] = {"role": "assistant", "content": reply.get("content")}
         finish = "stop"
         if reply.get("tool_calls"):
@@ -109,14 +115,18 @@ class StubLLM:
                 for i, c in enumerate(reply["tool_calls"])
             ]
             finish = "tool_calls"
-        return 200, {
-            "id": f"chatcmpl-{n}",
-            "object": "chat.completion",
-            "created": int(time.time()),
-            "model": request.get("model", "stub"),
-            "choices": [{"index": 0, "message": message, "finish_reason": finish}],
-            "usage": {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0},
-        }
+        return (
+            200,
+            {
+                "id": f"chatcmpl-{n}",
+                "object": "chat.completion",
+                "created": int(time.time()),
+                "model": request.get("model", "stub"),
+                "choices": [{"index": 0, "message": message, "finish_reason": finish}],
+                "usage": {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0},
+            },
+            reply.get("trickle", (0, 0.0)),
+        )
 
     def _handler(self) -> type[BaseHTTPRequestHandler]:
         stub = self
@@ -137,13 +147,21 @@ class StubLLM:
                     return
                 self._send(*stub._next(request))
 
-            def _send(self, status: int, body: Any) -> None:
+            def _send(self, status: int, body: Any, trickle: tuple[int, float] = (0, 0.0)) -> None:
+                pad, every_s = trickle
                 data = json.dumps(body).encode()
                 self.send_response(status)
                 self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
+                self.send_header("Content-Length", str(pad + len(data)))
                 self.end_headers()
-                self.wfile.write(data)
+                try:
+                    for _ in range(pad):
+                        self.wfile.write(b" ")
+                        self.wfile.flush()
+                        time.sleep(every_s)
+                    self.wfile.write(data)
+                except (BrokenPipeError, ConnectionResetError):
+                    pass  # the client gave up waiting
 
             def log_message(self, format: str, *args: Any) -> None:
                 pass

@@ -3,6 +3,8 @@ client against a local stub server (retries on 5xx, gives up with SummarizerErro
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from services.compaction.ranges import Message, Plan, plan_compaction
@@ -87,5 +89,18 @@ async def test_a_summarizer_that_times_out_is_named_with_its_timeout() -> None:
     """httpx's timeouts have no message: the recorded failure said nothing after its colon."""
     with StubLLM([StubLLM.slow("too late", 2.0)]) as llm:
         s = OpenAISummarizer(base_url=llm.base_url, model="m", attempts=1, backoff_s=0.01, timeout_s=0.2)
-        with pytest.raises(SummarizerError, match=r"after 1 attempts: ReadTimeout: no answer within 0\.2 s$"):
+        timed_out = r"after 1 attempts: (ReadTimeout|TimeoutError): no answer within 0\.2 s$"
+        with pytest.raises(SummarizerError, match=timed_out):
             await s.summarize(_plan(_msgs(10)))
+
+
+async def test_an_answer_that_trickles_in_is_cut_at_the_timeout_of_the_whole_attempt() -> None:
+    """httpx's timeout bounds each read, not the answer: a server sending a byte at a time, each
+    within the timeout, held the summary (and, for a manual compaction, the session's lease) for as
+    long as it kept sending."""
+    with StubLLM([StubLLM.trickle("too late", pad=40, every_s=0.1)]) as llm:
+        s = OpenAISummarizer(base_url=llm.base_url, model="m", attempts=1, backoff_s=0.01, timeout_s=0.5)
+        started = time.monotonic()
+        with pytest.raises(SummarizerError, match=r"after 1 attempts: TimeoutError: no answer within 0\.5 s$"):
+            await s.summarize(_plan(_msgs(10)))
+        assert time.monotonic() - started < 2.0  # the answer would have taken 4 s
