@@ -42,6 +42,7 @@ from projections.overlays import Overlay, apply_overlays, overlays
 from services.compaction.lease import Leases
 from services.compaction.ranges import Message, Plan, Skip, message_tokens, plan_compaction
 from services.compaction.summarizers import Summarizer, SummarizerError
+from services.context.entry_keys import js_trim
 from services.context.service import ContextService
 from services.errors import ProjectionTimeout
 from services.tokens import TokenCounter
@@ -245,7 +246,7 @@ class CompactionService:
         if isinstance(plan, Skip):
             return _Nothing(leaf, cfg, plan.reason, last)
         summary = await self._summarize(tenant, session, leaf, plan, attempt)
-        if not summary.strip():
+        if not js_trim(summary):  # the reference's ``!summary.trim()``: U+FEFF blank, U+001C not
             return _Nothing(leaf, cfg, "the summarizer returned an empty summary", last)
         # The new overlay replaces exactly view[start:end]: from its first message (an overlay
         # there: from that overlay's first) to its last (an overlay there: to that one's last).

@@ -578,3 +578,33 @@ async def test_a_manual_compaction_does_not_wait_for_the_turn_of_the_sessions_wr
         r = await http.post(f"/v1/sessions/{sid}/compact", json={})
     assert r.status_code == 200, r.text
     assert r.json()["compacted"] is True, r.json()
+
+
+class _Says:
+    """A summarizer that answers ``text``, whatever it is asked."""
+
+    name = "says"
+    model: str | None = None
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+
+    async def summarize(self, plan: Plan) -> str:
+        return self.text
+
+
+@pytest.mark.parametrize(("summary", "recorded"), [("\ufeff \u3000\n", False), ("\x1c", True)])
+async def test_a_summary_is_blank_as_javascripts_trim_says(
+    stack: Container, new_id: Callable[[str], str], monkeypatch: pytest.MonkeyPatch, summary: str, recorded: bool
+) -> None:
+    """The reference records nothing for a summary that ``summary.trim()`` leaves empty (§4.3): a
+    byte-order mark is blank there (Python's ``strip()`` kept it, and the mark was recorded as the
+    summary), U+001C is not (``strip()`` removed it, and nothing was recorded)."""
+    sid = new_id("blank")
+    monkeypatch.setattr(stack.compaction, "summarizer", _Says(summary))
+    await stack.context.configure(T, sid, SessionConfig(compaction=CompactionConfig(**CMP)))
+    await _append_chain(stack, sid, [f"m{i}" for i in range(12)])
+    outcome = await stack.compaction.compact(T, sid)
+    assert (outcome.overlay is not None) is recorded
+    if not recorded:
+        assert outcome.reason == "the summarizer returned an empty summary"
