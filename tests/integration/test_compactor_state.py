@@ -10,6 +10,7 @@ from events.catalog import (
     CompactionSkipped,
     MessageAppended,
     MessagesDeleted,
+    MessageUpdated,
     PromptRendered,
     SessionConfigured,
 )
@@ -94,6 +95,38 @@ async def test_estimate_threshold_and_prompt(stack: Container, new_id: Callable[
         row = await cur.fetchone()
     assert row is not None
     assert row[0] == 4 + count("sum") + message_tokens({"parts": [{"type": "text", "text": "short"}]}, count)
+
+
+async def test_any_event_that_puts_the_branch_over_makes_it_due_not_only_an_append(
+    stack: Container, new_id: Callable[[str], str]
+) -> None:
+    """The reference checks ``compactAfter`` only when a new message is appended (§4.1); here an
+    update that grows a message, or a config that lowers ``compact_after``, makes the session due
+    at once (README, "Where we differ"), as a frozen prompt does (above)."""
+    count = stack.context.counter.count
+    state = CompactorState(new_id("w"), count, None, adopt=False)
+    feed = _Feeder(stack, state, 20_000_000)
+    grown, lowered = new_id("grown"), new_id("lowered")
+    texts = [f"hello number {i} " * 5 for i in range(3)]
+    total = sum(message_tokens({"parts": [{"type": "text", "text": t}]}, count) for t in texts)
+    for sid in (grown, lowered):
+        events = [_msg(sid, f"m{i}", f"m{i - 1}" if i else None, t) for i, t in enumerate(texts)]
+        await feed(SessionConfigured(tenant=T, session=sid, config=at_most(total)), *events)
+        assert (T, sid) not in state.candidates  # equal to the threshold: not over it
+
+    longer = {"id": "m1", "role": "user", "parts": [{"type": "text", "text": "a much longer text " * 20}]}
+    update = MessageUpdated(
+        tenant=T, session=grown, message_id="m1", role="user", body_sha256=body_hash(longer), message=longer
+    )
+    await feed(update)
+    assert state.candidates[(T, grown)].estimate > total
+
+    await feed(SessionConfigured(tenant=T, session=lowered, config=at_most(total - 1)))
+    assert state.candidates[(T, lowered)].estimate == total
+
+
+def at_most(tokens: int) -> SessionConfig:
+    return SessionConfig(compaction=CompactionConfig(compact_after=tokens))
 
 
 async def _compactor_rows(stack: Container, worker: str, sid: str) -> int:
