@@ -1,5 +1,6 @@
 """Messages: append (one or a chain), read, update, children, delete, clear."""
 
+import logging
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Query, Response
@@ -33,6 +34,8 @@ from services.api.strict_json import StrictJsonRoute
 from services.bootstrap import Container
 from services.errors import InvalidRequest, MessageNotFound, NotFound
 from services.requests import writes
+
+log = logging.getLogger("chronicle.api")
 
 _IDS_ITEM = {
     "type": "string",
@@ -131,13 +134,27 @@ async def get_message(
         await require_session(c, tenant, sid)
         raise MessageNotFound(f"message {mid!r} is not in this session")
     if original and row.original_ref is not None:
+        gone = NotFound(f"message {mid!r} has no original this session can read")  # one answer: it learns nothing more
         try:  # a reference published straight to the log may name what is not this session's
-            data = await c.originals.get(BlobRef.model_validate(row.original_ref))
-            if is_sealed_object(data):
-                await c.keys.refresh([(tenant, sid)])
+            ref = BlobRef.model_validate(row.original_ref)
+            data = await c.originals.get(ref)
+        except BlobNotFound as exc:  # the operator's to know (a lost bucket: readyz and verify cannot see it)
+            log.warning(
+                "message %r of session %s/%s: its original %s is not in bucket %r (%s)",
+                mid,
+                tenant,
+                sid,
+                ref.key[:200],
+                c.settings.originals_bucket,
+                exc,
+            )
+            raise gone from None
+        if is_sealed_object(data):  # the session's own key: a KEK this process lacks is 500 key_unavailable
+            await c.keys.refresh([(tenant, sid)])
+        try:
             data = open_object(data, c.keys, tenant, sid)
-        except (BlobNotFound, NotTheOwner, SealBroken, KeyUnavailable):  # one answer: it learns nothing more
-            raise NotFound(f"message {mid!r} has no original this session can read") from None
+        except (NotTheOwner, SealBroken, KeyUnavailable):  # another session's object, or none it can open
+            raise gone from None
         return Response(data, media_type=JSON)
     async with c.pool.connection() as conn:
         outputs = reclaimed_in(await context_queries.reclaimed(conn, tenant, sid)).outputs(row.id, row.content)
