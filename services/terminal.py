@@ -23,6 +23,14 @@ def safe_text(text: str) -> str:
     return _CONTROL.sub(lambda found: f"\\x{ord(found.group()):02x}", text)
 
 
+def clipped(text: str, limit: int) -> str:
+    """:func:`safe_text` of ``text``'s first ``limit`` characters, and how many more it had: one row of
+    a read model may hold megabytes (a message's whole body), which one printed line must not."""
+    if len(text) <= limit:
+        return safe_text(text)
+    return f"{safe_text(text[:limit])} … ({len(text) - limit:,} more characters)"
+
+
 def safe_json_text(text: str) -> str:
     """JSON text (``json.dumps``'s, a stored message's) with DEL and the C1 control characters as
     ``\\u00NN`` escapes: the same JSON value, since they can only stand inside its strings (JSON

@@ -24,7 +24,7 @@ from services.ops.audit_text import rebuild_summary, verify_table
 from services.ops.progress import Progress
 from services.settings import Settings
 from services.storage.s3 import BucketMissing
-from services.terminal import safe_json, safe_json_text, safe_text
+from services.terminal import clipped, safe_json, safe_json_text
 
 
 def storage_unusable(settings: Settings, exc: Exception) -> str:
@@ -120,6 +120,7 @@ async def _run_accept_lost(settings: Settings, given: str, to_seq: int | None) -
     return 0
 
 
+DIFFERENCE_CHARS = 1_000  # of each row `verify` prints: enough to tell it, never a whole body
 STREAM_REFUSALS = (PartitionMismatch, ReplicasUnavailable, TooFewReplicas)
 """What the stream's creation (or the empty stream found) may refuse: said in one line."""
 
@@ -265,7 +266,7 @@ async def run_audit(settings: Settings, args: argparse.Namespace) -> int:
                 for table, diffs in result.differences.items():
                     print(f"first differences in {table}:")
                     for line in diffs:
-                        print("  " + safe_text(line))  # rows of read models: tenants' text
+                        print("  " + clipped(line, DIFFERENCE_CHARS))  # rows of read models: tenants' text
                 print(f"verified at sequence {result.at_seq}: " + ("identical" if result.ok else "DIFFERENT"))
                 return 0 if result.ok else 1
     return 0

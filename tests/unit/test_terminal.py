@@ -12,7 +12,8 @@ from events.log import StoredEvent
 from events.subjects import SubjectLayout
 from services.audit.quarantine import _entry, format_entry
 from services.audit.readers import format_table_row
-from services.terminal import safe_json, safe_json_text, safe_text
+from services.ops.audit_cli import DIFFERENCE_CHARS
+from services.terminal import clipped, safe_json, safe_json_text, safe_text
 
 LAYOUT = SubjectLayout()
 EVIL = "\x1b[1A\x1b[2K\x1b]0;pwned\x07\x9b31m\x7f"
@@ -53,3 +54,14 @@ def test_a_replay_table_row_of_a_refusal_naming_the_tenants_field_is_escaped() -
     assert "REFUSED" in row
     assert not CONTROL.search(row)
     assert "bad\\x1b]0;x\\x07" in row
+
+
+def test_a_verify_difference_of_a_large_row_is_one_bounded_line_saying_what_it_left_out() -> None:
+    # verify printed a 500 KB message row whole (a restored log missing its claim-checked body)
+    row = "live:    " + '{"id": "mid500", "content": "' + "y" * 500_000 + '"}' + EVIL
+    shown = clipped(row, DIFFERENCE_CHARS)
+    assert len(shown) < DIFFERENCE_CHARS + 40
+    assert shown.startswith('live:    {"id": "mid500"')
+    assert shown.endswith(f" … ({len(row) - DIFFERENCE_CHARS:,} more characters)")
+    assert clipped("live:    short" + EVIL, DIFFERENCE_CHARS) == safe_text("live:    short" + EVIL)
+    assert not CONTROL.search(clipped(EVIL * 500, DIFFERENCE_CHARS))
