@@ -13,6 +13,7 @@ from typing import Any, Protocol
 
 import httpx
 
+from events.admission import MAX_WRITTEN_BYTES
 from services.compaction.ranges import Message, Plan, _parts, is_tool_part
 
 NOT_A_COMPLETION = "the answer is not a chat completion"
@@ -123,11 +124,47 @@ class OfflineSummarizer:
         questions = [f"- {_clip(t, 200)}" for r, t in turns if r == "user" and t.rstrip().endswith("?")]
         open_items = _section(plan.previous_summary, "Open Items")
         open_items = [x for x in open_items if x != "- None recorded."] + questions or ["- None recorded."]
+        # the oldest points, then the oldest open items, go first when over the budget or the
+        # bound; counted line by line (re-rendering the body after each drop was quadratic: a
+        # 50,000-message middle took 34 s)
+        points = _drop_oldest(topic, points, state, open_items, budget_chars)
+        open_items = _drop_oldest(
+            topic, points, state, open_items, MAX_WRITTEN_BYTES, trim_open=True
+        )  # the bound alone
         body = _sections(topic, points, state, open_items)
-        while len(body) > budget_chars and len(points) > 1:
-            points.pop(0)  # the oldest points go first when over budget
-            body = _sections(topic, points, state, open_items)
+        if len(body.encode()) > OFFLINE_SUMMARY_MAX_BYTES:  # topic and state alone over it
+            body = body.encode()[:OFFLINE_SUMMARY_MAX_BYTES].decode(errors="ignore")
         return body
+
+
+OFFLINE_SUMMARY_MAX_BYTES = MAX_WRITTEN_BYTES // 8
+"""The most UTF-8 bytes of an offline summary, whatever its budget (a fifth of the middle's tokens
+grows with the session: a 50,000-message middle asked for ~2 MB, over what an overlay's event may
+store, so the compaction of a long session always failed). An eighth of what an event stores
+leaves room for JSON escapes (a control character is 6 bytes) and sealing's base64."""
+
+
+def _drop_oldest(
+    topic: list[str],
+    points: list[str],
+    state: str,
+    open_items: list[str],
+    budget_chars: int,
+    *,
+    trim_open: bool = False,
+) -> list[str]:
+    """``points`` (``open_items`` with ``trim_open``) without their oldest lines, as few as make
+    :func:`_sections` of them fit ``budget_chars`` characters and
+    :data:`OFFLINE_SUMMARY_MAX_BYTES` bytes; at least one line is kept."""
+    lines = open_items if trim_open else points
+    body = _sections(topic, points, state, open_items)
+    chars, size = len(body), len(body.encode())
+    drop = 0
+    while drop < len(lines) - 1 and (chars > budget_chars or size > OFFLINE_SUMMARY_MAX_BYTES):
+        chars -= len(lines[drop]) + 1
+        size -= len(lines[drop].encode()) + 1
+        drop += 1
+    return lines[drop:]
 
 
 @dataclass
