@@ -551,7 +551,9 @@ _PATH_PAGE_SQL = (
 )
 
 
-async def path_from(conn: Conn, tenant: str, session: str, leaf_id: str | None) -> tuple[str | None, list[PathRow]]:
+async def path_from(
+    conn: Conn, tenant: str, session: str, leaf_id: str | None, want: int | None = None
+) -> tuple[str | None, list[PathRow]]:
     """(the leaf, the ids and bodies of the path to it, root first); ``leaf_id`` None: the latest leaf.
 
     The session's messages are read newest first, a page at a time, and the path is walked
@@ -559,7 +561,9 @@ async def path_from(conn: Conn, tenant: str, session: str, leaf_id: str | None) 
     leaf), so a session of up to :data:`PATH_PAGE` messages takes one round trip, sent with the
     leaf's query (and, in pipeline mode, with whatever the caller sent before). A walk that
     leaves the pages read so far reads the next (older) one; a parent missing once every page
-    is read (deleted) or a repeated id ends the path."""
+    is read (deleted) or a repeated id ends the path. With ``want``, only the path's newest
+    ``want`` rows (its recent end): the walk stops there, so a read of the recent end of a long
+    session reads about ``want`` rows, not the whole path."""
     leaf_cur = (
         await conn.execute("SELECT leaf_id FROM sessions WHERE tenant = %s AND id = %s", (tenant, session))
         if leaf_id is None
@@ -577,11 +581,12 @@ async def path_from(conn: Conn, tenant: str, session: str, leaf_id: str | None) 
     parent: dict[str, str | None] = {}
     content: dict[str, str] = {}
     node: str | None = leaf_id
+    enough = want if want is not None else -1
     while True:
         start = 0
         if not parent:  # the usual shape: the page's rows are the path, newest first
             for mid, pid, body, _ in rows:
-                if mid != node or mid in seen:
+                if mid != node or mid in seen or len(path) == enough:
                     break
                 path.append(PathRow(mid, body))
                 seen.add(mid)
@@ -590,11 +595,11 @@ async def path_from(conn: Conn, tenant: str, session: str, leaf_id: str | None) 
         for mid, pid, body, _ in rows[start:]:
             parent[mid] = pid
             content[mid] = body
-        while node is not None and node in parent and node not in seen:
+        while node is not None and node in parent and node not in seen and len(path) != enough:
             path.append(PathRow(node, content[node]))
             seen.add(node)
             node = parent[node]
-        if node is None or node in seen or len(rows) < PATH_PAGE:
+        if node is None or node in seen or len(rows) < PATH_PAGE or len(path) == enough:
             break
         cur = await conn.execute(_PATH_PAGE_SQL, (tenant, session, rows[-1][3], PATH_PAGE))
         rows = await cur.fetchall()

@@ -131,8 +131,14 @@ async def read_history(
                 fresh = await c.waiter.send_applied_check(conn, tenant, sid, wanted) if wanted else None
                 sent_spans = await send_spans(conn, tenant, sid) if compacted else None
                 sent_reclaimed = await context_queries.send_reclaimed(conn, tenant, sid)
-                leaf_id, path = await queries.path_from(conn, tenant, sid, leaf)
+                # without max_bytes the answer is the path's recent end: only limit + 1 rows of
+                # it are read (the one more says it was cut), read whole again only where an
+                # overlay may stand over the part left out (it counts as one message)
+                want = limit + 1 if max_bytes is None else None
+                leaf_id, path = await queries.path_from(conn, tenant, sid, leaf, want)
                 spans = await sent_spans() if sent_spans is not None else []
+                if spans and len(path) == want:
+                    leaf_id, path = await queries.path_from(conn, tenant, sid, leaf_id)
                 unloaded = reclaimed_in(await sent_reclaimed())
                 stale = fresh is not None and not await fresh()
                 if not stale:

@@ -6,6 +6,7 @@ walks take several; the row stats of a path (:func:`projections.queries.path_sta
 
 from __future__ import annotations
 
+import json
 import random
 from collections.abc import Callable
 from typing import Any
@@ -16,9 +17,10 @@ from events.catalog import MessageAppended, MessagesCleared, MessagesDeleted
 from events.envelope import Event
 from projections import queries
 from projections.history import HistoryProjection
+from projections.overlays import OverlayProjection
 from projections.runner import apply_batch
 from services.bootstrap import Container
-from tests.integration.helpers import appended
+from tests.integration.helpers import appended, summary_recorded
 
 T = "tenant-a"
 
@@ -194,3 +196,89 @@ async def single(
     return await queries.single_branch(
         conn, T, sid, leaf, min_seq=min_seq, checkpoints=["no-such-checkpoint"], limit=limit, overlays=True
     )
+
+
+@pytest.mark.parametrize("seed", range(4))
+async def test_the_recent_end_of_a_path_is_the_walked_paths_end(
+    stack: Container, new_id: Callable[[str], str], monkeypatch: pytest.MonkeyPatch, seed: int
+) -> None:
+    """``path_from`` with ``want`` is the newest ``want`` rows of the whole path, for every leaf
+    of random trees (branches, deletes, re-appends, cycles) and pages of 3."""
+    rng = random.Random(100 + seed)
+    sid = new_id("want")
+    items = [(51_000_000 + seed * 1_000 + i, e) for i, e in enumerate(random_tree(rng, sid, 60))]
+    async with stack.pool.connection() as conn, conn.transaction():
+        await apply_batch(conn, "want-test-" + sid, [HistoryProjection()], items, notify=False)
+    monkeypatch.setattr(queries, "PATH_PAGE", 3)
+    async with stack.pool.connection() as conn:
+        cur = await conn.execute("SELECT id FROM messages WHERE tenant = %s AND session_id = %s", (T, sid))
+        for leaf in [None, *[r[0] for r in await cur.fetchall()]]:
+            whole_leaf, whole = await queries.path_from(conn, T, sid, leaf)
+            for want in (1, 2, 4, 7, 100):
+                got_leaf, got = await queries.path_from(conn, T, sid, leaf, want)
+                assert (got_leaf, got) == (whole_leaf, whole[-want:]), (leaf, want)
+
+
+class _CountingConn:
+    """A connection that counts the path pages (``_PATH_PAGE_SQL``) read through it."""
+
+    def __init__(self, conn: Any, pages: list[int]) -> None:
+        self._conn, self._pages = conn, pages
+
+    async def execute(self, sql: Any, params: Any = None) -> Any:
+        if sql == queries._PATH_PAGE_SQL:
+            self._pages.append(1)
+        return await self._conn.execute(sql, params)
+
+
+async def test_a_history_read_of_a_long_sessions_recent_end_reads_only_that_end(
+    stack: Container, new_id: Callable[[str], str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``GET …/history?limit=N`` of a session of many messages on several branches (so not the
+    single-branch read) reads about N rows of the path, not the whole path: a 50,000-message
+    session's history with ``limit=100`` read every body (160 ms against 3 ms for a small one).
+    The answer is the path's newest N messages, ``truncated``."""
+    from services.api.history import read_history
+
+    sid = new_id("recent-end")
+    events: list[Event] = [appended(T, sid, "side", None)]
+    events += [appended(T, sid, f"m{i}", f"m{i - 1}" if i else None) for i in range(60)]
+    items = [(52_000_000 + i, e) for i, e in enumerate(events)]
+    async with stack.pool.connection() as conn, conn.transaction():
+        await apply_batch(conn, "recent-end-" + sid, [HistoryProjection()], items, notify=False)
+    monkeypatch.setattr(queries, "PATH_PAGE", 3)
+    pages: list[int] = []
+    real = queries.path_from
+
+    async def counted(conn: Any, *args: Any) -> Any:
+        return await real(_CountingConn(conn, pages), *args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(queries, "path_from", counted)
+    answer = await read_history(stack, T, sid, limit=4)
+    body = json.loads(bytes(answer.body))
+    assert [m["id"] for m in body["messages"]] == ["m56", "m57", "m58", "m59"]
+    assert body["truncated"] is True
+    assert len(pages) <= 2  # 5 rows (limit + 1) in pages of 3; the whole path is 21 pages
+
+
+async def test_a_cut_history_of_a_compacted_session_counts_the_overlay_as_one_message(
+    stack: Container, new_id: Callable[[str], str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Where an overlay stands over the part of the path a ``limit`` leaves out, the path is read
+    whole (the overlay counts as one message): ``limit=4`` over 60 messages whose first 57 are
+    summarised is the summary and the last 3."""
+    from services.api.history import read_history
+
+    sid = new_id("recent-ov")
+    events: list[Event] = [appended(T, sid, "side", None)]
+    events += [appended(T, sid, f"m{i}", f"m{i - 1}" if i else None) for i in range(60)]
+    events.append(summary_recorded(T, sid, "m0", "m56"))
+    items = [(53_000_000 + i, e) for i, e in enumerate(events)]
+    async with stack.pool.connection() as conn, conn.transaction():
+        await apply_batch(conn, "recent-ov-" + sid, [HistoryProjection(), OverlayProjection()], items, notify=False)
+    monkeypatch.setattr(queries, "PATH_PAGE", 3)
+    body = json.loads(bytes((await read_history(stack, T, sid, limit=4)).body))
+    ids = [m["id"] for m in body["messages"]]
+    assert ids[0].startswith("compaction_")
+    assert ids[1:] == ["m57", "m58", "m59"]
+    assert "truncated" not in body  # the summary and the last 3 are the whole compacted path
