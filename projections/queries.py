@@ -692,20 +692,57 @@ async def search(
         return await _search(conn, tenant, session, parts, limit)
 
 
-async def _search(conn: Conn, tenant: str, session: str | None, parts: list[sq.Part], limit: int) -> list[SearchHit]:
-    config = await search_languages.config_of(conn, tenant)  # the one its rows were indexed with
+SEARCH_WINDOW = 20_000
+"""Newest messages of the scope read first, in ``seq`` order, for the candidates: where they hold
+``SEARCH_CANDIDATES`` matches (a common word), those are the newest matches and nothing else is
+read; otherwise every match of the scope is (the word index), as before."""
+
+_COLS = "m.session_id, m.id, m.role, m.content, m.text_bytes, m.content_tsv, m.created_at, m.seq"
+_SCOPE = "m.tenant = %(t)s AND (%(s)s::text IS NULL OR m.session_id = %(s)s)"
+# The newest window's plan is fixed, never a planner's guess from statistics (autovacuum may be
+# off: with none, Postgres read every row of the tenant by its bitmap and sorted them): an index
+# scan newest first, which stops at the candidates.
+_PLAN_FIXED = (
+    "SELECT set_config('enable_bitmapscan', 'off', true), set_config('enable_sort', 'off', true), "
+    "set_config('enable_seqscan', 'off', true)"
+)
+_PLAN_FREE = "RESET enable_bitmapscan; RESET enable_sort; RESET enable_seqscan"
+
+
+def newest_matches_sql(parts: list[sq.Part]) -> str:
+    """The scope's newest ``cand`` matches among its newest ``window`` messages, (session, id)."""
     match = sq.match_sql(parts)
-    scope = "m.tenant = %(t)s AND (%(s)s::text IS NULL OR m.session_id = %(s)s)"
-    sample = f"SELECT m.content_tsv FROM messages m WHERE {scope} ORDER BY m.seq DESC LIMIT %(sample)s"
-    async with conn.cursor(row_factory=class_row(SearchHit)) as cur:
-        await cur.execute(
-            f"""
-            WITH cand AS MATERIALIZED (
-                SELECT m.session_id, m.id, m.role, m.content, m.text_bytes, m.content_tsv, m.created_at, m.seq
+    return f"""
+        SELECT r.session_id, r.id FROM (
+            SELECT m.session_id, m.id, m.seq, m.content_tsv FROM messages m
+            WHERE {_SCOPE} ORDER BY m.seq DESC LIMIT %(window)s
+        ) r
+        WHERE numnode({match}) > 0 AND r.content_tsv @@ {match}
+        ORDER BY r.seq DESC
+        LIMIT %(cand)s
+    """
+
+
+def search_sql(parts: list[sq.Part], *, newest: bool) -> str:
+    """The search statement (:func:`search`'s, parameters as it passes them). ``newest``: the
+    candidates are the messages named by ``ns``/``ni`` (what :func:`newest_matches_sql` found,
+    each read by its key); otherwise the scope's newest ``cand`` matches by the word index."""
+    match = sq.match_sql(parts)
+    sample = f"SELECT m.content_tsv FROM messages m WHERE {_SCOPE} ORDER BY m.seq DESC LIMIT %(sample)s"
+    cand = (
+        f"""SELECT {_COLS} FROM unnest(%(ns)s::text[], %(ni)s::text[]) AS f(session_id, id)
+                CROSS JOIN LATERAL (SELECT * FROM messages m
+                  WHERE m.tenant = %(t)s AND m.session_id = f.session_id AND m.id = f.id OFFSET 0) m"""
+        if newest
+        else f"""SELECT {_COLS}
                 FROM messages m
-                WHERE {scope} AND numnode({match}) > 0 AND m.content_tsv @@ {match}
+                WHERE {_SCOPE} AND numnode({match}) > 0 AND m.content_tsv @@ {match}
                 ORDER BY m.seq DESC
-                LIMIT %(cand)s
+                LIMIT %(cand)s"""
+    )
+    return f"""
+            WITH cand AS MATERIALIZED (
+                {cand}
             ),
             scored AS MATERIALIZED (  -- each frequency computed once, for the candidates only
                 SELECT c.session_id, c.id, c.role, c.content, c.created_at, c.seq,
@@ -724,16 +761,32 @@ async def _search(conn: Conn, tenant: str, session: str | None, parts: list[sq.P
             FROM ranked r  -- the text is not stored (migration 017): derived for the hits only
             CROSS JOIN LATERAL (SELECT chronicle_search.message_text(r.content) AS text) t
             ORDER BY r.rank DESC, r.seq DESC
-            """,
-            {
-                "t": tenant,
-                "s": session,
-                "cand": SEARCH_CANDIDATES,
-                "sample": SEARCH_SAMPLE,
-                "limit": limit,
-                **sq.params(parts, config),
-            },
-        )
+            """
+
+
+async def _search(conn: Conn, tenant: str, session: str | None, parts: list[sq.Part], limit: int) -> list[SearchHit]:
+    """Inside :func:`~projections.search_bound.bounded`'s transaction (the plan settings are local
+    to it). The candidates are the scope's newest :data:`SEARCH_CANDIDATES` matches: looked for
+    in its newest :data:`SEARCH_WINDOW` messages first, and only when fewer are there, in every
+    match (earlier always: a word in 105,000 of a tenant's 206,000 messages took 525 ms)."""
+    config = await search_languages.config_of(conn, tenant)  # the one its rows were indexed with
+    params = {
+        "t": tenant,
+        "s": session,
+        "window": SEARCH_WINDOW,
+        "cand": SEARCH_CANDIDATES,
+        "sample": SEARCH_SAMPLE,
+        "limit": limit,
+        **sq.params(parts, config),
+    }
+    await conn.execute(_PLAN_FIXED)
+    found = await (await conn.execute(newest_matches_sql(parts), params)).fetchall()
+    await conn.execute(_PLAN_FREE)
+    newest = len(found) >= SEARCH_CANDIDATES
+    if newest:
+        params |= {"ns": [r[0] for r in found], "ni": [r[1] for r in found]}
+    async with conn.cursor(row_factory=class_row(SearchHit)) as cur:
+        await cur.execute(search_sql(parts, newest=newest), params)
         return await cur.fetchall()
 
 
