@@ -732,7 +732,8 @@ def search_sql(parts: list[sq.Part], *, newest: bool) -> str:
     cand = (
         f"""SELECT {_COLS} FROM unnest(%(ns)s::text[], %(ni)s::text[]) AS f(session_id, id)
                 CROSS JOIN LATERAL (SELECT * FROM messages m
-                  WHERE m.tenant = %(t)s AND m.session_id = f.session_id AND m.id = f.id OFFSET 0) m"""
+                  WHERE m.tenant = %(t)s AND m.session_id = f.session_id AND m.id = f.id
+                    AND m.content_tsv @@ {match} OFFSET 0) m"""
         if newest
         else f"""SELECT {_COLS}
                 FROM messages m

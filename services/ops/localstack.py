@@ -338,10 +338,16 @@ def restore_s3(settings: Settings, recording: Path) -> None:
     host, port = settings.s3_address()
     replayed = s3_recording.replay(recording, host or "127.0.0.1", port)
     if recording.exists():  # rewritten whole: no torn end for moto to append to, no deleted bytes
+        kept = recording.with_name(recording.name + ".torn")
+        if replayed.torn:  # what could not be read is kept aside, never rewritten away
+            shutil.copyfile(recording, kept)
+            kept.chmod(0o600)
         objects = keep_s3(settings, recording)
         if replayed.sent or replayed.torn:
             notes = [f"{replayed.refused} write(s) refused by the server"] if replayed.refused else []
-            notes += [f"{replayed.torn} unreadable fragment(s) left out"] if replayed.torn else []
+            notes += (
+                [f"{replayed.torn} unreadable fragment(s) left out, the file kept as {kept}"] if replayed.torn else []
+            )
             note = f" ({'; '.join(notes)})" if notes else ""
             print(f"chronicle up: restored {objects} object(s) into it from {recording}{note}", flush=True)
     s3_recording.own_file(recording)

@@ -113,3 +113,22 @@ def test_the_s3_up_starts_keeps_its_objects_across_a_restart(
         proc.wait(timeout=10)
     assert docs == [("t/tax.md", "how to file, é", etag)]
     assert (got_big, got_gone) == (big, None)
+
+
+def test_a_recording_that_does_not_parse_is_kept_aside_not_rewritten_away(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The file is rewritten as the objects stand at each start: one moto could not read (cut,
+    damaged) was replaced by an empty server's snapshot, its bytes gone for good."""
+    settings = Settings(s3_endpoint=f"127.0.0.1:{free_port()}")
+    recording = tmp_path / "s3-recording.jsonl"
+    damaged = b'{"method": "PUT", "url": "http://h:1/skills/a.md", "body": "ZG9j", "body_enc'
+    recording.write_bytes(damaged)
+    proc = start_moto(settings, recording)
+    assert proc is not None
+    proc.terminate()
+    proc.wait(timeout=10)
+    kept = tmp_path / "s3-recording.jsonl.torn"
+    assert kept.read_bytes() == damaged
+    assert kept.stat().st_mode & 0o777 == 0o600
+    assert f"1 unreadable fragment(s) left out, the file kept as {kept}" in capsys.readouterr().out
