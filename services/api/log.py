@@ -89,7 +89,7 @@ async def _page(
     opened, met at a later event) ends the answer without its last chunk: the client sees it cut
     short, never a complete answer missing events (docs/http-api.md)."""
     subject = c.layout.session_subject(tenant, sid)
-    async with contextlib.aclosing(eventlog.read(c.js, c.layout, subject, from_seq, to_seq)) as read:
+    async with contextlib.aclosing(eventlog.read(c.js, c.layout, subject, from_seq, to_seq, limit=page)) as read:
         n = 0
         async for ev in read:
             if (kid := kid_in(ev.data)) is not None:  # asked again if evicted or made since (a long page)
