@@ -210,9 +210,8 @@ async def _scanned(conn: Conn, tenant: str, session: str) -> tuple[list[tuple[st
         return [], reclaimed_in({})
     sent_reclaimed = await send_reclaimed(conn, tenant, session)
     cur = await conn.execute(
-        "SELECT id, content FROM messages WHERE tenant = %s AND session_id = %s AND id = ANY(%s) "
-        "AND strpos(content, 'load_context') > 0",  # unload_context too
-        (tenant, session, wanted),
+        queries.by_ids_sql("id, content", "AND strpos(content, 'load_context') > 0"),  # unload_context too
+        (wanted, tenant, session),
     )
     unloaded = reclaimed_in(await sent_reclaimed())
     found = {str(mid): str(content) for mid, content in await cur.fetchall()}

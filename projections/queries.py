@@ -90,6 +90,18 @@ _SESSION_COLS = (
 _MESSAGE_COLS = "id, parent_id, role, content, body_sha256, created_at, seq, original_ref"
 
 
+def by_ids_sql(cols: str, also: str = "") -> str:
+    """``SELECT cols`` of a session's messages named by an id array (parameters: the ids, the
+    tenant, the session), each read by one probe of the key: ``id = ANY(ids)`` let the planner,
+    taking a session for a few rows (no statistics, or a session far above the average), read
+    every row of the session through its bitmap instead (20 ms and more for a few ids of a
+    50,000-message session). ``also``: a further condition on the row."""
+    return (
+        f"SELECT m.* FROM unnest(%s::text[]) AS q(id) CROSS JOIN LATERAL (SELECT {cols} FROM messages "
+        f"WHERE tenant = %s AND session_id = %s AND id = q.id {also} OFFSET 0) m"
+    )
+
+
 @contextlib.asynccontextmanager
 async def snapshot(conn: Conn) -> AsyncIterator[None]:
     """A read-only REPEATABLE READ transaction on an autocommit connection: several reads that
@@ -228,10 +240,7 @@ async def get_message(conn: Conn, tenant: str, session: str, message_id: str) ->
 
 async def existing_ids(conn: Conn, tenant: str, session: str, message_ids: list[str]) -> set[str]:
     """Which of ``message_ids`` are messages of the session (one set-based query)."""
-    cur = await conn.execute(
-        "SELECT id FROM messages WHERE tenant = %s AND session_id = %s AND id = ANY(%s)",
-        (tenant, session, message_ids),
-    )
+    cur = await conn.execute(by_ids_sql("id"), (message_ids, tenant, session))
     return {row[0] for row in await cur.fetchall()}
 
 
@@ -239,11 +248,10 @@ async def latest_leaf(conn: Conn, tenant: str, session: str) -> MessageRow | Non
     """The most recently appended message without children (ties impossible: seq is total), as
     the projector keeps it in ``sessions.leaf_id``: one index lookup, whatever the session's size."""
     async with conn.cursor(row_factory=class_row(MessageRow)) as cur:
-        await cur.execute(
-            f"SELECT {', '.join('m.' + c.strip() for c in _MESSAGE_COLS.split(','))} FROM sessions x "
-            "JOIN messages m ON m.tenant = x.tenant AND m.session_id = x.id AND m.id = x.leaf_id "
-            "WHERE x.tenant = %s AND x.id = %s",
-            (tenant, session),
+        await cur.execute(  # the leaf's id first (a scalar), so the row is one probe of the key whatever the plan
+            f"SELECT {_MESSAGE_COLS} FROM messages WHERE tenant = %s AND session_id = %s "
+            "AND id = (SELECT leaf_id FROM sessions WHERE tenant = %s AND id = %s)",
+            (tenant, session, tenant, session),
         )
         return await cur.fetchone()
 
@@ -470,6 +478,7 @@ class SingleBranch:
     leaf_id: str
     body: str  # the messages' stored JSON, root first, joined with ","
     count: int
+    truncated: bool = False  # the path is longer: ``body`` is its recent end, ``limit`` messages
 
 
 _SINGLE_BRANCH_SQL = """
@@ -483,11 +492,9 @@ WITH st AS MATERIALIZED (
 )
 SELECT st.leaf, m.content
 FROM st LEFT JOIN LATERAL (
-  SELECT content FROM messages
-  WHERE tenant = %(t)s AND session_id = %(s)s
-    AND st.single AND st.fresh AND NOT st.has_rc AND NOT st.has_ov AND st.leaf IS NOT NULL
+  SELECT content FROM chronicle_newest_messages(%(t)s, %(s)s, %(lim)s) AS content  -- newest first, its plan fixed (034)
+  WHERE st.single AND st.fresh AND NOT st.has_rc AND NOT st.has_ov AND st.leaf IS NOT NULL
     AND (%(l)s::text IS NULL OR %(l)s = st.leaf)
-  ORDER BY seq LIMIT %(lim)s
 ) m ON true
 """
 # When every message is the child of the one appended before it (``sessions.single_branch``, kept
@@ -509,10 +516,11 @@ async def single_branch(
     """A history read in one statement (one snapshot, no transaction), when the session is a
     single branch (``sessions.single_branch``: its messages in append order each the child of
     the one before, the first a root) and the leaf asked for (``leaf_id``, or the latest leaf)
-    is its newest message. None when the read needs :func:`path_from` and the overlays and
-    unloaded outputs instead: another shape or leaf, more than ``limit`` messages, none, a
-    summary overlay (``overlays``: they are applied), an unloaded skill output, or a state older
-    than ``min_seq`` (by the projector's ``checkpoints``, as
+    is its newest message: the newest ``limit`` messages, ``truncated`` when there are more (the
+    recent end, as :func:`path_from` with ``want`` gives it), read newest first and no further.
+    None when the read needs :func:`path_from` and the overlays and unloaded outputs instead:
+    another shape or leaf, none, a summary overlay (``overlays``: they are applied), an unloaded
+    skill output, or a state older than ``min_seq`` (by the projector's ``checkpoints``, as
     :meth:`AppliedWaiter.send_applied_check`)."""
     cur = await conn.execute(
         _SINGLE_BRANCH_SQL,
@@ -527,9 +535,11 @@ async def single_branch(
         },
     )
     rows = await cur.fetchall()
-    if not rows or rows[0][1] is None or len(rows) > limit:
+    if not rows or rows[0][1] is None:
         return None
-    return SingleBranch(str(rows[0][0]), ",".join([r[1] for r in rows]), len(rows))
+    kept = rows[:limit]
+    kept.reverse()  # root first
+    return SingleBranch(str(rows[0][0]), ",".join([r[1] for r in kept]), len(kept), truncated=len(rows) > limit)
 
 
 async def warm_reads(conn: Conn) -> None:
@@ -545,10 +555,7 @@ async def warm_reads(conn: Conn) -> None:
 
 PATH_PAGE = 2_000
 """Messages read per round trip by :func:`path_from`, newest first."""
-_PATH_PAGE_SQL = (
-    "SELECT id, parent_id, content, seq FROM messages WHERE tenant = %s AND session_id = %s AND seq < %s "
-    "ORDER BY seq DESC LIMIT %s"
-)
+_PATH_PAGE_SQL = "SELECT id, parent_id, content, seq FROM chronicle_messages_below(%s, %s, %s, %s)"  # migration 034
 
 
 async def path_from(
@@ -569,11 +576,12 @@ async def path_from(
         if leaf_id is None
         else None
     )
-    cur = await conn.execute(_PATH_PAGE_SQL, (tenant, session, 2**63 - 1, PATH_PAGE))
+    first = PATH_PAGE if want is None else min(PATH_PAGE, want + 1)  # a recent end: about what it needs
+    cur = await conn.execute(_PATH_PAGE_SQL, (tenant, session, 2**63 - 1, first))
     if leaf_cur is not None:
         row = await leaf_cur.fetchone()
         leaf_id = row[0] if row else None
-    rows = await cur.fetchall()
+    rows, size = await cur.fetchall(), first
     if leaf_id is None:
         return None, []
     path: list[PathRow] = []
@@ -599,9 +607,10 @@ async def path_from(
             path.append(PathRow(node, content[node]))
             seen.add(node)
             node = parent[node]
-        if node is None or node in seen or len(rows) < PATH_PAGE or len(path) == enough:
+        if node is None or node in seen or len(rows) < size or len(path) == enough:
             break
         cur = await conn.execute(_PATH_PAGE_SQL, (tenant, session, rows[-1][3], PATH_PAGE))
+        size = PATH_PAGE
         rows = await cur.fetchall()
     path.reverse()
     return leaf_id, path
@@ -655,10 +664,7 @@ async def _rows_of(
             f"SELECT {cols} FROM messages WHERE tenant = %s AND session_id = %s", (tenant, session)
         )
     else:
-        cur = await conn.execute(
-            f"SELECT {cols} FROM messages WHERE tenant = %s AND session_id = %s AND id = ANY(%s)",
-            (tenant, session, ids),
-        )
+        cur = await conn.execute(by_ids_sql(cols), (ids, tenant, session))
     by_id = {row[0]: row for row in await cur.fetchall()}
     out: list[T] = []
     for i in ids:  # leaf first: an ancestor deleted since the walk ends the path there

@@ -120,7 +120,10 @@ async def read_history(
                     overlays=compacted,
                 )
             if single is not None:
-                return joined_json({"leaf_id": single.leaf_id}, single.body)
+                head = (
+                    {"leaf_id": single.leaf_id, "truncated": True} if single.truncated else {"leaf_id": single.leaf_id}
+                )
+                return joined_json(head, single.body)
         wanted, leaf = min_seq, leaf_id
         while True:
             # The reads see one state; pipelined, BEGIN, COMMIT and the read-your-writes check

@@ -181,8 +181,13 @@ async def test_a_long_chain_is_read_a_page_at_a_time(
         await check_single_branch(conn, sid, None)
         await check_single_branch(conn, sid, "m9")
         await check_single_branch(conn, sid, "m5")  # not the newest: the path is not every message
-        assert await single(conn, sid, limit=9) is None  # over the limit
-        assert await single(conn, sid, limit=10) is not None
+        over = await single(conn, sid, limit=9)  # over the limit: its recent end, as path_from gives it
+        _, recent = await queries.path_from(conn, T, sid, None, want=9)
+        assert over is not None
+        assert (over.body, over.count, over.truncated) == (",".join(r.content for r in recent), 9, True)
+        whole = await single(conn, sid, limit=10)
+        assert whole is not None
+        assert (whole.count, whole.truncated) == (10, False)
         cur = await conn.execute("SELECT last_seq FROM sessions WHERE tenant = %s AND id = %s", (T, sid))
         row = await cur.fetchone()
         assert row is not None
