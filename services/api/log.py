@@ -23,9 +23,12 @@ from services.api.responses import NdjsonResponse
 from services.api.strict_json import StrictJsonRoute
 from services.audit import readers as audit
 from services.bootstrap import Container
+from services.errors import InvalidRequest
 
 MAX_EVENTS_PAGE = 10_000
 """The most events one ``GET …/events`` answers (``limit``'s bound and default)."""
+LAST_SEQ_HEADER = "Chronicle-Last-Seq"
+"""A page's header: the sequence of the session's newest event when the read began (0: none)."""
 router = APIRouter(route_class=StrictJsonRoute)
 
 
@@ -56,6 +59,8 @@ async def events(
     broadcasts to a session's clients, as the log has it: the answer stays open and each new
     event is sent as it is stored (services/api/following.py)."""
     check_id("session", sid)
+    if to_seq is not None and to_seq < from_seq:  # not an empty answer, which reads as "no events there"
+        raise InvalidRequest(f"to_seq ({to_seq}) is below from_seq ({from_seq})")
     # asked before the answer starts: a data key that cannot be opened (KeyUnavailable: a KEK not
     # configured) is ``500 key_unavailable``, not an answer that shows nothing
     await c.keys.refresh([(tenant, sid)])
@@ -73,13 +78,18 @@ async def events(
             read_only=read_only(request),
             granted=functools.partial(keys.grants_to, digest, tenant),
         )
-    lines = _page(c, tenant, sid, from_seq, to_seq, limit or MAX_EVENTS_PAGE)
+    # where the log ends for this read, said in a header: a page whose last line is at this
+    # sequence (or at ``to_seq``) is the end, whatever its size
+    end = await eventlog.last_seq(c.js, c.layout, c.layout.session_subject(tenant, sid))
+    lines = _page(c, tenant, sid, from_seq, end if to_seq is None else min(to_seq, end), limit or MAX_EVENTS_PAGE)
     try:  # the first line too: whatever fails it is a problem answer, before any byte is sent
         first = await anext(lines, None)
     except BaseException:
         await lines.aclose()
         raise
-    return _PageResponse(first, lines)
+    response = _PageResponse(first, lines)
+    response.headers[LAST_SEQ_HEADER] = str(end)
+    return response
 
 
 async def _page(

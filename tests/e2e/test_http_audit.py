@@ -53,6 +53,33 @@ async def test_each_event_line_says_when_the_stream_stored_it(client: httpx.Asyn
     assert all(list(line)[:2] == ["seq", "stored_at"] for line in lines)
 
 
+async def test_a_page_says_where_the_sessions_log_ended_when_it_was_read(client: httpx.AsyncClient) -> None:
+    """``Chronicle-Last-Seq``: a page of exactly ``limit`` lines whose last is at that sequence is
+    the end; one before it is not (an auditor tells a whole read from one that stopped early)."""
+    sid = new_sid()
+    for i in range(3):
+        await append(client, sid, msg(f"m{i}", "x"))
+    whole = await client.get(f"/v1/sessions/{sid}/events", params={"limit": 3})
+    seqs = [json.loads(line)["seq"] for line in whole.text.splitlines()]
+    assert whole.headers["chronicle-last-seq"] == str(seqs[-1])
+    first = await client.get(f"/v1/sessions/{sid}/events", params={"limit": 2})
+    assert [json.loads(line)["seq"] for line in first.text.splitlines()] == seqs[:2]
+    assert first.headers["chronicle-last-seq"] == str(seqs[-1])  # more after this page
+    empty = await client.get(f"/v1/sessions/{new_sid()}/events")
+    assert (empty.status_code, empty.text, empty.headers["chronicle-last-seq"]) == (200, "", "0")
+
+
+@pytest.mark.parametrize("follow", ["false", "true"])
+async def test_events_to_seq_below_from_seq_is_refused_not_an_empty_page(
+    client: httpx.AsyncClient, follow: str
+) -> None:
+    sid = new_sid()
+    await append(client, sid, msg("m1", "x"))
+    r = await client.get(f"/v1/sessions/{sid}/events", params={"from_seq": 5, "to_seq": 4, "follow": follow})
+    await _problem(r, 422, "invalid_request")
+    assert "to_seq (4) is below from_seq (5)" in r.json()["detail"]
+
+
 def strict_json_only(constant: str) -> Any:
     raise AssertionError(f"{constant} is no JSON")
 
