@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
+from datetime import datetime
 
 from events import log as eventlog
 from events.log import StoredEvent
@@ -30,6 +31,7 @@ from projections.logbinding import stream_identity
 from services.audit.archive_segments import (
     ArchiveError,
     Manifest,
+    Restoration,
     Segment,
     compare,
     decode,
@@ -134,6 +136,41 @@ def store_of(c: Container) -> SkillStore:
     return store
 
 
+def taken_over(manifest: Manifest, created: datetime | None) -> Restoration | None:
+    """The restoration that made the stream the archive now names from the archive of the stream
+    created at ``created``, when that stream is not the one the archive names (None otherwise): a
+    restore on another NATS server (a drill, a copy for an auditor) while the archived stream lived
+    on, the archive going on with the restored one since."""
+    if created is None or manifest.stream_created == created or not manifest.restorations:
+        return None
+    last = manifest.restorations[-1]
+    return last if last.stream_created == manifest.stream_created and last.restored_from == created else None
+
+
+def taken_over_hint(manifest: Manifest, created: datetime | None) -> str:
+    """What to add to the line that refuses another stream's archive when a restore took this
+    stream's archive over (empty otherwise): what happened, and the way back."""
+    taken = taken_over(manifest, created)
+    if taken is None:
+        return ""
+    return (
+        f": `chronicle archive --restore` made that stream from this stream's archive on "
+        f"{taken.restored_at.isoformat()} (sequences 1..{taken.through_seq}), and the archive went on with it. If that "
+        "restore was a drill or a copy and this stream is still the log, `chronicle archive --reclaim` gives the "
+        "archive back to this stream (restore drills with `chronicle archive --restore --drill`, which leaves the "
+        "archive as it is)"
+    )
+
+
+def another_stream(bucket: str, manifest: Manifest, created: datetime | None) -> str:
+    """The line that refuses to archive into the archive of another stream of the same name."""
+    return (
+        f"bucket {bucket!r} holds the archive of another stream {manifest.stream!r} (created "
+        f"{manifest.stream_created.isoformat()}, this one {created.isoformat() if created else 'at an unknown time'})"
+        + taken_over_hint(manifest, created)
+    )
+
+
 async def read_manifest(store: SkillStore, bucket: str, stream: str) -> Manifest | None:
     data = await store.get_bytes(bucket, manifest_key(stream))
     return parse_manifest(data) if data is not None else None
@@ -155,10 +192,7 @@ async def archive(
         if manifest is None:
             manifest = Manifest(stream=stream, stream_created=identity.created)
         elif manifest.stream_created != identity.created:
-            raise ArchiveError(
-                f"bucket {bucket!r} holds the archive of another stream {stream!r} (created "
-                f"{manifest.stream_created.isoformat()}, this one {identity.created.isoformat()})"
-            )
+            raise ArchiveError(another_stream(bucket, manifest, identity.created))
         objects = await segment_objects(store, bucket, manifest.stream)
         adopted, kept = await _unlisted(c, store, bucket, manifest, objects)
         missing = [s for s in manifest.segments if s.key not in objects]
@@ -399,12 +433,14 @@ async def check(c: Container) -> Checked:
         out.problems.append(f"bucket {bucket!r} holds no archive of stream {stream!r}")
         return out
     first_held, last_held = int(info.state.first_seq), int(info.state.last_seq)
-    out.archive_last, out.stream_last = manifest.last_seq, last_held
     same_stream = manifest.stream_created == info.created
-    if not same_stream:
+    if same_stream:  # how far it reaches is said of this stream's archive only
+        out.archive_last, out.stream_last = manifest.last_seq, last_held
+    else:
         out.problems.append(
             f"the archive is of another stream {stream!r} (created {manifest.stream_created.isoformat()}); this one "
             f"was created {info.created.isoformat() if info.created else 'at an unknown time'}"
+            + taken_over_hint(manifest, info.created)
         )
     out.problems.extend(
         f"segment object {key} is not in the manifest" for key in await unlisted(store, bucket, manifest)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
-from services.audit.archive import locked, read_manifest, save, segment_objects, store_of
+from services.audit.archive import another_stream, locked, read_manifest, save, segment_objects, store_of
 from services.audit.archive_segments import AcceptedLoss, ArchiveError, key_range, span, uncovered
 from services.bootstrap import Container
 
@@ -25,7 +25,7 @@ async def accept_lost(c: Container, first: int, last: int) -> AcceptedLoss | Non
             raise ArchiveError(f"bucket {bucket!r} holds no archive of stream {stream!r}")
         info = await c.js.stream_info(stream)
         if manifest.stream_created != info.created:
-            raise ArchiveError(f"bucket {bucket!r} holds the archive of another stream {stream!r}")
+            raise ArchiveError(another_stream(bucket, manifest, info.created))
         stream_first = int(info.state.first_seq)
         said = span(first, last)
         if last > manifest.last_seq:

@@ -12,7 +12,10 @@ with a gap would renumber every later event, and nothing is published from one.
 The restored stream has a new creation time, so the manifest records the restoration (the stream
 created at T2 holds sequences 1..N of the stream created at T1) and names the new stream: the next
 ``chronicle archive`` continues after N, and ``--check`` compares sequences 1..N without their
-stored times (the stream stored them anew). The read models' binding (projections/logbinding.py)
+stored times (the stream stored them anew). A drill (``--restore --drill``: a restore on another
+NATS server while the archived stream lives on) leaves the manifest as it is; a restore that was
+not one took the archive over from a stream that lives on, which :func:`reclaim` undoes
+(``--reclaim``). The read models' binding (projections/logbinding.py)
 is rewritten only when it names the archived stream and no checkpoint is beyond what was restored;
 otherwise the command says what to run. What the archive does not hold is said too: claim-checked
 bodies in the JetStream object store.
@@ -40,8 +43,8 @@ from events.publisher import HDR_MSG_ID
 from events.stream import DUPLICATE_WINDOW_S, ensure_stream
 from events.subjects import SubjectLayout
 from projections.logbinding import LogIdentity, bind, highest_checkpoint, read_binding, stream_identity
-from services.audit.archive import locked, read_manifest, store_of, unlisted
-from services.audit.archive_segments import ArchiveError, Manifest, Restoration, decode, manifest_key
+from services.audit.archive import another_stream, locked, read_manifest, save, store_of, taken_over, unlisted
+from services.audit.archive_segments import ArchiveError, Manifest, Restoration, decode, manifest_key, span
 from services.bootstrap import Container
 from services.storage.s3 import SkillStore
 
@@ -71,13 +74,22 @@ class Restored:
     stream_created: datetime
     restored_from: datetime
     advice: list[str]
+    drill: bool = False
+    """The manifest was left as it was: the archive stays the archived stream's."""
 
 
 async def restore(
-    c: Container, *, window: int = WINDOW, progress: Callable[[int, int], None] | None = None
+    c: Container,
+    *,
+    window: int = WINDOW,
+    progress: Callable[[int, int], None] | None = None,
+    drill: bool = False,
 ) -> Restored:
     """Restore the archive of ``c.layout.stream`` into that stream (which ``c`` found or created
-    empty): :class:`RestoreRefused` before anything is published, :class:`RestoreStopped` after."""
+    empty): :class:`RestoreRefused` before anything is published, :class:`RestoreStopped` after.
+    ``drill``: the manifest is left as it is (a restore drill, or a copy for an auditor, on another
+    NATS server while the archived stream lives on and goes on archiving): the archive stays the
+    archived stream's, and the restored stream is not archived into that bucket."""
     store, bucket, stream = store_of(c), c.settings.archive_bucket, c.layout.stream
     async with locked(c, stream):
         manifest = await read_manifest(store, bucket, stream)
@@ -110,7 +122,7 @@ async def restore(
         if repeats:
             await _duplicate_window(c, RESTORE_DUPLICATE_WINDOW_S)
         try:
-            return await _published(c, store, bucket, manifest, repeats, window, progress)
+            return await _published(c, store, bucket, manifest, repeats, window, progress, drill)
         except (RestoreRefused, RestoreStopped):
             raise
         except Exception as exc:  # a flush that timed out, the stream gone: part may be stored
@@ -143,6 +155,7 @@ async def _published(
     repeats: set[str],
     window: int,
     progress: Callable[[int, int], None] | None,
+    drill: bool,
 ) -> Restored:
     stream = c.layout.stream
     before = await stream_identity(c.js, stream)
@@ -178,9 +191,10 @@ async def _published(
             + ": something else wrote to it during the restore; delete it and restore again"
         )
     original = manifest.stream_created
-    await _record(store, bucket, manifest, before.created)
+    if not drill:
+        await _record(store, bucket, manifest, before.created)
     advice = [await _rebind(c, after, original), await _blobs(c, list(refs.values()))]
-    return Restored(done, len(manifest.segments), after.last_seq, before.created, original, advice)
+    return Restored(done, len(manifest.segments), after.last_seq, before.created, original, advice, drill)
 
 
 async def whole(
@@ -344,6 +358,49 @@ async def _record(store: SkillStore, bucket: str, manifest: Manifest, created: d
     )
     manifest.stream_created = created
     await store.put_bytes(bucket, manifest_key(manifest.stream), manifest.model_dump_json(indent=1).encode())
+
+
+async def reclaim(c: Container) -> Restoration:
+    """Give the archive back to ``c.layout.stream`` after a restore on another NATS server took it
+    over (:func:`services.audit.archive.taken_over`: the manifest names the stream that restore
+    made, restored from this one's archive): the restoration is dropped from the manifest, which
+    names this stream again. Refused (:class:`ArchiveError`, nothing changed) when the archive is
+    this stream's already, when it was not taken from this stream, when the restored stream has
+    archived events of its own into it since (they are not this stream's), and when this stream
+    holds fewer events than were restored (it is not the log that was archived). The restoration
+    dropped is returned."""
+    store, bucket, stream = store_of(c), c.settings.archive_bucket, c.layout.stream
+    async with locked(c, stream):
+        manifest = await read_manifest(store, bucket, stream)
+        if manifest is None:
+            raise ArchiveError(f"bucket {bucket!r} holds no archive of stream {stream!r}: nothing to reclaim")
+        identity = await stream_identity(c.js, stream)
+        if manifest.stream_created == identity.created:
+            raise ArchiveError(
+                f"the archive in bucket {bucket!r} is this stream's (created {manifest.stream_created.isoformat()}): "
+                "nothing to reclaim"
+            )
+        taken = taken_over(manifest, identity.created)
+        if taken is None:
+            raise ArchiveError(
+                f"{another_stream(bucket, manifest, identity.created)}, and no restore made that stream from this "
+                "stream's archive: nothing to reclaim (archive this stream into another CHRONICLE_ARCHIVE_BUCKET)"
+            )
+        if manifest.last_seq > taken.through_seq:
+            raise ArchiveError(
+                f"the stream restored on {taken.restored_at.isoformat()} has archived "
+                f"{span(taken.through_seq + 1, manifest.last_seq)} into bucket {bucket!r} since: they are its "
+                "events, not this stream's; nothing changed (archive this stream into another CHRONICLE_ARCHIVE_BUCKET)"
+            )
+        if identity.last_seq < taken.through_seq:
+            raise ArchiveError(
+                f"this stream ends at sequence {identity.last_seq}, before the {taken.through_seq} events restored "
+                "from its archive: it is not the log that was archived; nothing changed"
+            )
+        manifest.restorations.pop()
+        manifest.stream_created = taken.restored_from
+        await save(store, bucket, manifest)
+        return taken
 
 
 async def _rebind(c: Container, identity: LogIdentity, original: datetime) -> str:

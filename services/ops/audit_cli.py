@@ -37,13 +37,21 @@ async def run_archive(settings: Settings, args: argparse.Namespace) -> int:
     problems, or a run found a segment missing that the stream no longer holds; 2: it could not
     run: another run holds the lock, the bucket holds another stream's archive, object storage or
     the stream did not answer)."""
+    if args.drill and not args.restore:
+        print("chronicle archive: --drill goes with --restore", file=sys.stderr)
+        return 2
     if args.accept_lost is not None:
         return await _run_accept_lost(settings, args.accept_lost, args.to_seq)
+    if args.reclaim:
+        if args.to_seq is not None:
+            print("chronicle archive: --reclaim takes no --to-seq", file=sys.stderr)
+            return 2
+        return await _run_reclaim(settings)
     if args.restore:
         if args.to_seq is not None:
             print("chronicle archive: --restore restores the whole archive (no --to-seq)", file=sys.stderr)
             return 2
-        return await _run_restore(settings)
+        return await _run_restore(settings, drill=args.drill)
     # the log alone: no read model is read, and the stream is never created (it is the source)
     async with open_container(settings, log_check=False, create_stream=False) as c:
         try:
@@ -125,15 +133,37 @@ STREAM_REFUSALS = (PartitionMismatch, ReplicasUnavailable, TooFewReplicas)
 """What the stream's creation (or the empty stream found) may refuse: said in one line."""
 
 
-async def _run_restore(settings: Settings) -> int:
+async def _run_reclaim(settings: Settings) -> int:
+    """``chronicle archive --reclaim`` (0: the archive is this stream's again; 2: refused, nothing
+    changed, or it could not run)."""
+    async with open_container(settings, log_check=False, create_stream=False) as c:
+        try:
+            taken = await restore.reclaim(c)
+        except ObjectStorageError as exc:
+            print(f"chronicle archive: {storage_unusable(settings, exc)}", file=sys.stderr)
+            return 2
+        except (ArchiveBusy, ArchiveError, ChronicleError, TimeoutError) as exc:
+            print(f"chronicle archive: {exc}", file=sys.stderr)
+            return 2
+    print(
+        f"the archive in bucket {settings.archive_bucket!r} is this stream's again (created "
+        f"{taken.restored_from.isoformat()}); the restoration of {taken.restored_at.isoformat()} into the stream "
+        f"created {taken.stream_created.isoformat()} is dropped from its manifest, and that stream is no longer "
+        "archived there. Run `chronicle archive --check`, then `chronicle archive` as before"
+    )
+    return 0
+
+
+async def _run_restore(settings: Settings, *, drill: bool = False) -> int:
     """``chronicle archive --restore`` (0: restored; 2: refused, nothing published, or it could not
-    run; 1: it stopped partway, the stream holding part of the archive)."""
+    run; 1: it stopped partway, the stream holding part of the archive). ``drill``: the archive's
+    manifest is left as it is."""
     # a missing stream is what a restore is for: it creates it (as the services do) once it has
     # found the archive whole, so a refusal leaves the NATS server as it was
     async with open_container(settings, log_check=False, create_stream=False, absent_stream=True) as c:
         bar = Progress("restore")
         try:
-            done = await restore.restore(c, progress=bar)
+            done = await restore.restore(c, progress=bar, drill=drill)
         except RestoreStopped as exc:
             bar.close()
             print(f"chronicle archive: {exc}", file=sys.stderr)
@@ -150,11 +180,18 @@ async def _run_restore(settings: Settings) -> int:
         print(
             f"restored {done.events} events from {done.segments} segments of bucket {settings.archive_bucket!r} into "
             f"stream {settings.stream!r} (created {done.stream_created.isoformat()}), sequences 1..{done.last_seq}; "
-            f"the archive continues on it (it was the archive of the stream created {done.restored_from.isoformat()})"
+            + (
+                f"a drill: the archive is left as it was, the archive of the stream created "
+                f"{done.restored_from.isoformat()} (this stream is not archived into bucket "
+                f"{settings.archive_bucket!r}: give it another CHRONICLE_ARCHIVE_BUCKET)"
+                if done.drill
+                else f"the archive continues on it (it was the archive of the stream created "
+                f"{done.restored_from.isoformat()})"
+            )
         )
         print(
-            "stored times: the restored events carry the restore's time; the archive keeps the original ones "
-            "(`chronicle archive --check` compares the restored sequences without them)"
+            "stored times: the restored events carry the restore's time; the archive keeps the original ones"
+            + ("" if done.drill else " (`chronicle archive --check` compares the restored sequences without them)")
         )
         for line in done.advice:
             print(line)

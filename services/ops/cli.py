@@ -220,11 +220,24 @@ def main(argv: list[str] | None = None) -> int:
         "sequence 1, each as its manifest says, every stream event of their ranges archived once and equal",
     )
     archive_mode.add_argument(
+        "--reclaim",
+        action="store_true",
+        help="give the archive back to this stream after a restore on another NATS server (a drill made without "
+        "--drill) took it over: only when that restore was made from this stream's archive and has archived nothing "
+        "of its own into it since",
+    )
+    archive_mode.add_argument(
         "--accept-lost",
         metavar="FIRST-LAST",
         default=None,
         help="accept a hole the stream no longer holds (a range every run reports lost) as lost: recorded in the "
         "manifest, runs stop failing on it and --check says it as a note",
+    )
+    p_archive.add_argument(
+        "--drill",
+        action="store_true",
+        help="with --restore: a restore drill (or a copy for an auditor) on another NATS server while the archived "
+        "stream lives on: the archive's manifest is left as it is, so the archive stays that stream's",
     )
     p_archive.add_argument("--to-seq", type=at_least_one, default=None, help="archive up to this stream sequence")
     p_archive.add_argument(

@@ -8,26 +8,30 @@ from __future__ import annotations
 import hashlib
 import re
 import subprocess
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 from nats.js.errors import NotFoundError
 
 from events import log as eventlog
 from events.context import CompactionConfig, SessionConfig
+from events.credentials import nkey_public_key
 from events.log import StoredEvent
 from events.omitted import OMITTED
 from events.stream import DUPLICATE_WINDOW_S, ensure_stream
+from events.subjects import SubjectLayout
 from projections.logbinding import Binding, read_binding
 from services.audit import archive
 from services.audit import readers as audit
 from services.audit.archive_segments import Segment, decode, encode, manifest_key, parse_manifest, segment_of
 from services.bootstrap import open_container
+from services.ops.natsconf import NatsAccess
 from services.settings import Settings
-from tests.conftest import make_settings, operator_nats, running_stack
+from tests.conftest import OPERATOR_SEED, make_settings, operator_nats, running_stack
 from tests.integration.helpers import text_message
-from tests.support import chronicle_cli
+from tests.support import chronicle_cli, nats_server
 
 T = "tenant-a"
 
@@ -351,3 +355,92 @@ async def test_a_restore_from_a_bucket_without_the_archive_or_with_to_seq_is_ref
     assert both.returncode == 2
     assert "not allowed with argument" in both.stderr
     assert not await _exists(settings)
+
+
+@pytest.fixture
+def drill_nats(tmp_path: Path) -> Iterator[str]:
+    """Another nats-server (the operator identity only): where a restore drill makes the log again
+    while the archived stream lives on."""
+    with nats_server(tmp_path, NatsAccess((nkey_public_key(OPERATOR_SEED),), SubjectLayout())) as url:
+        yield url
+
+
+async def test_a_restore_drill_on_another_nats_server_leaves_the_archive_to_the_live_stream(
+    settings: Settings, archived: Stored, drill_nats: str, backup: Callable[[str], str]
+) -> None:
+    """`--restore --drill` restores the whole log elsewhere (a drill, an auditor's copy) and writes
+    nothing to the archive: the live stream keeps archiving into it and `--check` stays clean (a
+    restore without it made the archive the restored stream's, and every later `chronicle archive`
+    of the live stream exited 2)."""
+    manifest = await _get(settings, manifest_key(settings.stream))
+    drill = settings.model_copy(update={"nats_url": drill_nats, "database_url": backup(settings.database_url)})
+    done = chronicle_cli(drill, "archive", "--restore", "--drill", timeout=25)
+    assert done.returncode == 0, done.stderr
+    assert f"restored {len(archived)} events" in done.stdout
+    assert "a drill: the archive is left as it was" in done.stdout
+    assert "rebound projector" in done.stdout  # the drill's copy of the database follows its log
+    assert await _stored(drill) == archived
+    assert await _get(settings, manifest_key(settings.stream)) == manifest  # not one byte changed
+    assert "1 missing here" in done.stdout  # a claim-checked body stays in the live server's object store
+
+    async with running_stack(settings) as c:  # the live stack goes on, and so does its archive
+        more = await c.commands.append(T, "kept", text_message("after", "after the drill"), OMITTED)
+        await c.waiter.wait_session(T, "kept", more.seq)
+    run = chronicle_cli(settings, "archive")
+    assert run.returncode == 0, run.stderr
+    assert f"the archive now ends at sequence {more.seq}" in run.stdout
+    check = chronicle_cli(settings, "archive", "--check")
+    assert check.returncode == 0, check.stdout + check.stderr
+    assert f"{more.seq} equal to the stream's; 0 problems" in check.stdout
+
+    refused = chronicle_cli(drill, "archive")  # the drill's stream is not archived there
+    assert refused.returncode == 2
+    assert "holds the archive of another stream" in refused.stderr
+    alone = chronicle_cli(settings, "archive", "--drill")
+    assert alone.returncode == 2
+    assert alone.stderr.strip() == "chronicle archive: --drill goes with --restore"
+
+
+async def test_a_live_stream_whose_archive_a_restore_elsewhere_took_says_so_and_reclaims_it(
+    settings: Settings, archived: Stored, drill_nats: str, backup: Callable[[str], str]
+) -> None:
+    """A restore made elsewhere without `--drill` takes the archive over: the live stream's runs
+    and checks say that restore did it and name `--reclaim`, which gives the archive back once
+    (refused, nothing changed, while the restored stream has archived events of its own into it,
+    and when there is nothing to reclaim)."""
+    drill = settings.model_copy(update={"nats_url": drill_nats, "database_url": backup(settings.database_url)})
+    done = chronicle_cli(drill, "archive", "--restore", timeout=25)
+    assert done.returncode == 0, done.stderr
+
+    run = chronicle_cli(settings, "archive")
+    assert run.returncode == 2
+    assert "made that stream from this stream's archive" in run.stderr
+    assert "`chronicle archive --reclaim`" in run.stderr
+    check = chronicle_cli(settings, "archive", "--check")
+    assert check.returncode == 1
+    assert "`chronicle archive --reclaim`" in check.stdout
+    assert "reaches" not in check.stdout  # how far another stream's archive reaches says nothing of this one
+
+    async with running_stack(drill) as c:  # the restored stream archives an event of its own there
+        more = await c.commands.append(T, "kept", text_message("drill", "written in the drill"), OMITTED)
+        await c.waiter.wait_session(T, "kept", more.seq)
+    assert chronicle_cli(drill, "archive").returncode == 0
+    taken = await _get(settings, manifest_key(settings.stream))
+    refused = chronicle_cli(settings, "archive", "--reclaim")
+    assert refused.returncode == 2
+    assert f"has archived sequence {more.seq} into bucket" in refused.stderr
+    assert await _get(settings, manifest_key(settings.stream)) == taken
+
+    manifest = parse_manifest(taken)  # the drill's segment dropped by hand: only the restoration stands
+    drills = [s.key for s in manifest.segments if s.last > len(archived)]
+    manifest.segments = [s for s in manifest.segments if s.last <= len(archived)]
+    await _put(settings, {manifest_key(settings.stream): manifest.model_dump_json().encode(), **dict.fromkeys(drills)})
+    back = chronicle_cli(settings, "archive", "--reclaim")
+    assert back.returncode == 0, back.stderr
+    assert "is this stream's again" in back.stdout
+    check = chronicle_cli(settings, "archive", "--check")
+    assert f"{len(archived)} equal to the stream's; 0 problems" in check.stdout
+    again = chronicle_cli(settings, "archive", "--reclaim")
+    assert again.returncode == 2
+    assert "nothing to reclaim" in again.stderr
+    assert chronicle_cli(drill, "archive", "--reclaim").returncode == 2  # the drill's stream took nothing
