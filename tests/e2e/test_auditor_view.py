@@ -14,6 +14,7 @@ import subprocess
 import sys
 import time
 from collections.abc import AsyncIterator, Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 
 import httpx
@@ -21,6 +22,8 @@ import pytest
 from playwright.async_api import Browser, Locator, Page, Route, async_playwright, expect
 
 from bench.support import settings_env
+from events.catalog import MessagesDeleted
+from events.publisher import Publisher
 from services.ops.localstack import free_port, wait_for_port
 from services.settings import Settings, api_key_entry
 from tests.conftest import KEYS, READ_ONLY_KEY, operator_nats
@@ -335,6 +338,41 @@ async def test_the_time_slider_shows_history_context_and_prompt_as_of_a_sequence
     await expect(page.get_by_test_id("asof-context").get_by_test_id("block")).to_have_count(2)
     await slider.press("End")
     assert (await asof_ids(page, seeded.seq_last))[1].startswith("compaction_")
+
+
+async def test_the_timeline_shows_when_the_log_stored_each_event_not_the_time_its_publisher_wrote(
+    page: Page, view_client: httpx.AsyncClient, view_api: tuple[str, Settings]
+) -> None:
+    """A tenant publishing straight to the stream writes any ``occurred_at`` (docs/http-api.md, the
+    log): the time column is the log's ``stored_at``, with the publisher's time beside it when they
+    are far apart (it showed the publisher's 2001 date as the event's time, and the log's nowhere)."""
+    sid = new_sid("audit-clock")
+    r = await view_client.post("/v1/sessions", json={"id": sid, "name": "Backdated"})
+    assert r.status_code == 201, r.text
+    nc = await operator_nats(view_api[1].nats_url)
+    try:
+        backdated = datetime(2001, 2, 3, 4, 5, 6, tzinfo=UTC)
+        ack = await Publisher(nc.jetstream(), view_api[1].layout()).publish(
+            MessagesDeleted(tenant="tenant-a", session=sid, message_ids=["none"], occurred_at=backdated)
+        )
+    finally:
+        await nc.close()
+    lines = [json.loads(x) for x in (await view_client.get(f"/v1/sessions/{sid}/events")).text.splitlines() if x]
+    stored = {line["seq"]: line["stored_at"] for line in lines}
+    assert lines[-1]["event"]["occurred_at"].startswith("2001-02-03")
+
+    await sign_in(page)
+    await page.get_by_test_id("session-filter").fill(sid)
+    await page.locator(f'[data-testid="session-item"][data-sid="{sid}"] button').click()
+    await page.get_by_test_id("tab-timeline").click()
+    forged = page.locator(f'[data-testid="event"][data-seq="{ack.seq}"]').get_by_test_id("event-time")
+    stored_at = stored[ack.seq].replace("T", " ").split(".")[0]
+    await expect(forged).to_contain_text(stored_at)
+    await expect(forged.get_by_test_id("event-occurred")).to_have_text("publisher says 2001-02-03 04:05:06Z")
+    created = page.locator(f'[data-testid="event"][data-seq="{r.json()["seq"]}"]').get_by_test_id("event-time")
+    await expect(created).to_contain_text(stored[r.json()["seq"]].replace("T", " ").split(".")[0])
+    await expect(created.get_by_test_id("event-occurred")).to_have_count(0)  # the API's own: the same clock
+    await expect(page.get_by_test_id("asof-note")).to_contain_text(f"stored {stored_at}")
 
 
 async def test_prompt_context_compaction_and_quarantine_panels(page: Page, seeded: Seeded) -> None:

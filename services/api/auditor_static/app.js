@@ -322,19 +322,40 @@ async function loadEvents() {
   S.events = events;
 }
 
-// a line is an event, a refusal, or an erased session's tombstone (its envelope and size only)
+// a line is an event, a refusal, or an erased session's tombstone (its envelope and size only):
+// [type, the publisher's occurred_at (ISO, or null), who, what]
 function eventCells(e) {
   const ev = e.event;
-  if (ev) return [ev.type, time(ev.occurred_at), who(ev), what(ev)];
-  if (e.refused) return [`refused: ${e.refused.reason}`, "", "", e.refused.detail];
+  if (ev) return [ev.type, ev.occurred_at, who(ev), what(ev)];
+  if (e.refused) return [`refused: ${e.refused.reason}`, null, "", e.refused.detail];
   const gone = e.erased || {};
   const type = typeof gone.type === "string" ? gone.type : "event";
-  const at = typeof gone.occurred_at === "string" ? time(gone.occurred_at) : "";
-  return [`erased: ${type}`, at, "", "erased (tombstone)"];
+  return [`erased: ${type}`, gone.occurred_at, "", "erased (tombstone)"];
+}
+
+const SKEW_MS = 60_000; // a publisher's occurred_at further than this from stored_at is shown beside it
+
+/** When the log stored the event (``stored_at``: the stream's clock, which no publisher sets),
+ * with the publisher's own ``occurred_at`` beside it when the two are more than a minute apart:
+ * a tenant publishing straight to the stream writes any time there, and an auditor reads the
+ * log's. */
+function timeCell(line, occurred) {
+  const stored = Date.parse(line.stored_at);
+  const claimed = typeof occurred === "string" ? Date.parse(occurred) : NaN;
+  const skewed = !Number.isNaN(stored) && !Number.isNaN(claimed) && Math.abs(claimed - stored) > SKEW_MS;
+  return el(
+    "td",
+    {
+      "data-testid": "event-time",
+      title: `stored by the log at ${line.stored_at ?? "an unknown time"}${typeof occurred === "string" ? `; the publisher's occurred_at: ${occurred}` : ""}`,
+    },
+    time(line.stored_at),
+    skewed ? el("span", { class: "skew", "data-testid": "event-occurred" }, ` publisher says ${time(occurred)}`) : null,
+  );
 }
 
 function eventRow(e) {
-  const cells = eventCells(e);
+  const [type, occurred, by, about] = eventCells(e);
   const kind = e.event ? "" : e.refused ? "refused" : "erased";
   return el(
     "tr",
@@ -345,7 +366,10 @@ function eventRow(e) {
       onclick: () => setAsOf(e.seq),
     },
     el("td", {}, String(e.seq)),
-    ...cells.map((text) => el("td", {}, text)),
+    el("td", {}, type),
+    timeCell(e, occurred),
+    el("td", {}, by),
+    el("td", {}, about),
   );
 }
 
@@ -386,7 +410,7 @@ async function showAsOf() {
   $("asof-slider").value = String(Math.max(0, i));
   $("asof-seq").value = String(seq);
   const ev = i >= 0 ? S.events[i].event : null;
-  $("asof-note").textContent = i >= 0 ? `event ${i + 1} of ${S.events.length}${ev ? ` · ${ev.type} · ${time(ev.occurred_at)}` : ""}` : "before the first event";
+  $("asof-note").textContent = i >= 0 ? `event ${i + 1} of ${S.events.length}${ev ? ` · ${ev.type}` : ""} · stored ${time(S.events[i].stored_at)}` : "before the first event";
   $("asof-event").textContent = i >= 0 ? json(S.events[i]) : "";
   if (S.erased) {
     showErasedAsOf(seq);
