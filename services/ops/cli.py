@@ -341,6 +341,9 @@ def main(argv: list[str] | None = None) -> int:
     # option as its first word: `chronicle bench --help` was refused)
     runs_drill = bool(argv) and argv[0] in DRILLS
     args = argparse.Namespace(command=argv[0], rest=argv[1:]) if runs_drill else parser.parse_args(argv)
+    if args.command == "replay" and args.to_seq is not None and args.to_seq < args.from_seq:
+        # an empty range printed nothing and exited 0, as a session without events there would
+        p_replay.error(f"argument --to-seq: must be at least --from-seq {args.from_seq} (given {args.to_seq})")
     if args.command == "keygen":  # no setting used: it makes the entry a bad CHRONICLE_API_KEYS lacks
         return keygen(args)
 

@@ -48,6 +48,10 @@ def chronicle(*args: str, env: dict[str, str] | None = None) -> subprocess.Compl
             ["replay", "--session", "s1", "--to-seq", "-1"],
             "chronicle replay: argument --to-seq: must be at least 1 (given -1)",
         ),
+        (  # an empty range: nothing printed and exit 0, as for a session without events there
+            ["replay", "--session", "s1", "--from-seq", "30", "--to-seq", "10"],
+            "chronicle replay: argument --to-seq: must be at least --from-seq 30 (given 10)",
+        ),
         (
             ["history", "--session", "s1", "--as-of-seq", "-3"],
             "chronicle history: argument --as-of-seq: must be at least 0 (given -3)",
@@ -109,6 +113,7 @@ def chronicle(*args: str, env: dict[str, str] | None = None) -> subprocess.Compl
         "subcommand-choice",
         "replay-from-seq",
         "replay-to-seq",
+        "replay-empty-range",
         "history-as-of-seq",
         "history-as-of-seq-word",
         "replay-session-id",
