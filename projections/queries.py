@@ -157,11 +157,15 @@ async def erased_at(conn: Conn, tenant: str, session: str) -> datetime | None:
     return None if row is None else row[0]
 
 
-async def list_sessions(conn: Conn, tenant: str, limit: int, before_seq: int | None) -> list[SessionRow]:
-    """Live sessions, newest created first; ``before_seq`` is the cursor (a ``created_seq``)."""
+async def list_sessions(
+    conn: Conn, tenant: str, limit: int, before_seq: int | None, *, deleted: bool = False
+) -> list[SessionRow]:
+    """Live sessions (``deleted``: deleted ones instead), newest created first; ``before_seq`` is
+    the cursor (a ``created_seq``). Each walks its own partial index (migrations 001 and 034)."""
+    which = "deleted_at IS NOT NULL" if deleted else "deleted_at IS NULL"
     async with conn.cursor(row_factory=class_row(SessionRow)) as cur:
         await cur.execute(
-            f"SELECT {_SESSION_COLS} FROM sessions WHERE tenant = %s AND deleted_at IS NULL AND id <> '' "
+            f"SELECT {_SESSION_COLS} FROM sessions WHERE tenant = %s AND {which} AND id <> '' "
             "AND (%s::bigint IS NULL OR created_seq < %s) ORDER BY created_seq DESC LIMIT %s",
             (tenant, before_seq, before_seq, limit),
         )

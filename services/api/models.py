@@ -106,8 +106,14 @@ class DataKey(_Answer):
     key: str = Field(description="the 32-byte AES-256-GCM key, base64")
 
 
+class ListedSession(Session):
+    deleted_at: str | None = Field(
+        default=None, description="when it was deleted: only in `deleted=true` lists, which hold deleted sessions"
+    )
+
+
 class SessionPage(_Answer):
-    sessions: list[Session]
+    sessions: list[ListedSession]
     next_cursor: int | str | None = Field(
         description="the next page's `cursor` (an integer for `order=created`, a string for `order=recent`), "
         "null on the last page"

@@ -29,7 +29,7 @@ from services.api.deps import (
 from services.api.models import ok
 from services.api.paging import more, page
 from services.api.strict_json import StrictJsonRoute
-from services.errors import CursorOrderMismatch, EncryptionOff, UnknownCursor
+from services.errors import CursorOrderMismatch, EncryptionOff, InvalidRequest, UnknownCursor
 from services.requests import writes
 from services.requests.checks import no_nul
 from services.writes.liveness import live_session
@@ -145,16 +145,31 @@ async def list_sessions(
         ),
     ] = None,
     min_seq: MinSeq = None,
+    deleted: Annotated[
+        bool,
+        Query(
+            description="`true`: the tenant's deleted sessions instead of its live ones, newest created first "
+            "(`order=created` only), each with `deleted_at`: their events stay in the log (`GET …/events`, "
+            "history `as_of_seq` before the deletion). Erased sessions are `GET /v1/erasures`"
+        ),
+    ] = False,
 ) -> dict[str, Any]:
     """Live sessions of the tenant, a page at a time (``next_cursor``: the next page's
     ``cursor``, null on the last one). Paging ``order=recent`` while sessions are active: no
     session is on two pages, and every session not active since the first page is on one; a
     session active again meanwhile moves before the pages already read, so the walk shows it
-    only if it had already passed it (a new first page shows it first)."""
+    only if it had already passed it (a new first page shows it first). ``deleted``: the deleted
+    ones instead, by creation only."""
+    if deleted and order != "created":
+        raise InvalidRequest("deleted=true lists by creation only: leave order out, or order=created")
     after = _cursor_of(order, cursor)
     await caught_up_all(c, min_seq)
     async with c.pool.connection() as conn:
-        if order == "recent":
+        if deleted:
+            read = await queries.list_sessions(
+                conn, tenant, more(limit), after if isinstance(after, int) else None, deleted=True
+            )
+        elif order == "recent":
             read = await queries.list_sessions_recent(
                 conn, tenant, more(limit), after if isinstance(after, tuple) else None
             )
@@ -164,7 +179,8 @@ async def list_sessions(
     nxt: int | str | None = None
     if last is not None:
         nxt = f"{RECENT_CURSOR}{last.last_seq}.{last.id}" if order == "recent" else last.created_seq
-    return {"sessions": [_session_json(r) for r in rows], "next_cursor": nxt}
+    shown = [_session_json(r) | ({"deleted_at": r.deleted_at.isoformat()} if r.deleted_at else {}) for r in rows]
+    return {"sessions": shown, "next_cursor": nxt}
 
 
 @router.get("/v1/sessions/{sid}", response_model=None, responses=ok(m.Session))

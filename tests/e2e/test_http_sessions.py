@@ -349,6 +349,36 @@ async def test_delete_session(client: httpx.AsyncClient) -> None:
     assert created["seq"] < seq
 
 
+async def test_deleted_sessions_are_listed_for_auditors_with_when_newest_created_first(
+    client: httpx.AsyncClient,
+) -> None:
+    """The log keeps a deleted session's events, but no list named it: an auditor exporting a
+    tenant's log could not find it (``deleted=true`` was ``422``, an unknown parameter)."""
+    made = [await create(client, id=new_sid("gone"), name=f"gone {i}") for i in range(3)]
+    live = await create(client, id=new_sid("kept"))
+    deletions = [(await client.delete(f"/v1/sessions/{m['id']}")).json() for m in made]
+    last = max(d["seq"] for d in deletions)
+
+    r = await client.get("/v1/sessions", params={"deleted": "true", "limit": 2, "min_seq": last})
+    assert r.status_code == 200, r.text
+    page = r.json()
+    seen = page["sessions"]
+    while page["next_cursor"] is not None and len(seen) < 500:
+        page = (await client.get("/v1/sessions", params={"deleted": "true", "cursor": page["next_cursor"]})).json()
+        seen += page["sessions"]
+    ids = [s["id"] for s in seen]
+    assert [i for i in ids if i in {m["id"] for m in made}] == [m["id"] for m in reversed(made)]
+    assert live["id"] not in ids
+    assert all(s["deleted_at"] for s in seen)
+    listed = next(s for s in seen if s["id"] == made[0]["id"])
+    assert (listed["name"], listed["seq"]) == ("gone 0", deletions[0]["seq"])
+    lives = (await client.get("/v1/sessions", params={"limit": 500, "min_seq": last})).json()["sessions"]
+    assert live["id"] in [s["id"] for s in lives]
+    assert all("deleted_at" not in s for s in lives)  # the live list's answers as they were
+    refused = await client.get("/v1/sessions", params={"deleted": "true", "order": "recent"})
+    assert "order=created" in assert_problem(refused, 422, "invalid_request")["detail"]
+
+
 async def test_delete_unknown_session_is_404(client: httpx.AsyncClient) -> None:
     sid = new_sid()
     assert_problem(await client.delete(f"/v1/sessions/{sid}"), 404, "session_not_found")
