@@ -271,6 +271,16 @@ async def run_audit(settings: Settings, args: argparse.Namespace) -> int:
                         sys.stdout.write(safe_json_text(content) + "\n")
                 else:
                     async with c.pool.connection() as conn:
+                        listed = await queries.get_session(conn, args.tenant, args.session)
+                    if listed is not None and listed.deleted_at is not None:  # its rows are gone, its log is not
+                        print(
+                            f"chronicle history: session {args.session!r} of tenant {args.tenant!r} was deleted at "
+                            f"{listed.deleted_at.isoformat()}: no history now; `--as-of-seq N`, N a sequence before "
+                            "its deletion, shows it as it was then (`chronicle replay` shows its events)",
+                            file=sys.stderr,
+                        )
+                        return 1
+                    async with c.pool.connection() as conn:
                         leaf = args.leaf_id
                         if leaf is None:
                             row = await queries.latest_leaf(conn, args.tenant, args.session)

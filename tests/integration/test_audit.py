@@ -187,6 +187,26 @@ async def test_history_of_an_erased_or_never_written_session_is_one_line_exit_1_
         ]
 
 
+async def test_history_now_of_a_deleted_session_is_one_line_exit_1_and_as_of_before_it_shows_it(
+    stack: Container, new_id: Callable[[str], str]
+) -> None:
+    """A deleted session's read models are gone but its log is not: the history of now printed
+    nothing and exited 0, as for a session that never held a message; it says it was deleted and
+    how to read it as it was."""
+    sid = new_id("deleted")
+    await stack.commands.append(T, sid, text_message("m0", "hello"), OMITTED)
+    before = await eventlog.last_seq(stack.js, stack.layout)
+    gone = await stack.commands.delete_session(T, sid)
+    await stack.waiter.wait_session(T, sid, gone.seq)
+    done = chronicle_cli(stack.settings, "history", "--tenant", T, "--session", sid)
+    assert (done.returncode, done.stdout) == (1, ""), done.stderr
+    [line] = done.stderr.strip().splitlines()
+    assert line.startswith(f"chronicle history: session {sid!r} of tenant {T!r} was deleted at "), line
+    assert "--as-of-seq" in line
+    done = chronicle_cli(stack.settings, "history", "--tenant", T, "--session", sid, "--as-of-seq", str(before))
+    assert (done.returncode, [json.loads(x)["id"] for x in done.stdout.splitlines()]) == (0, ["m0"])
+
+
 async def test_rebuild_swaps_in_identical_tables_and_projection_continues(nats_url: str, fresh_db: str) -> None:
     settings = make_settings(nats_url, fresh_db)
     async with running_stack(settings) as c:
