@@ -75,6 +75,11 @@ def at_least_one(text: str) -> int:
     return _whole(text, 1)
 
 
+def none_or_more(text: str) -> int:
+    """A count that may be 0 (argparse's type)."""
+    return _whole(text, 0)
+
+
 def as_of_sequence(text: str) -> int:
     """A stream sequence to read a state as of: 0 (before the first event) or more, as
     ``as_of_seq`` over HTTP (argparse's type)."""
@@ -202,7 +207,7 @@ def main(argv: list[str] | None = None) -> int:
         "--yes", action="store_true", help="rewrite the binding (without it: print both, change nothing)"
     )
     p_verify = sub.add_parser("verify", help="rebuild into a shadow schema and compare with the live read models")
-    p_verify.add_argument("--limit", type=int, default=5, help="differences to print per table")
+    p_verify.add_argument("--limit", type=none_or_more, default=5, help="differences to print per table")
     p_archive = sub.add_parser(
         "archive", help="copy the log to object storage for auditors (CHRONICLE_ARCHIVE_BUCKET), or check that copy"
     )

@@ -98,6 +98,10 @@ def chronicle(*args: str, env: dict[str, str] | None = None) -> subprocess.Compl
             ["archive", "--to-seq", "0"],
             "chronicle archive: argument --to-seq: must be at least 1 (given 0)",
         ),
+        (  # taken, and nothing said: it printed no difference, as if there were none to print
+            ["verify", "--limit", "-1"],
+            "chronicle verify: argument --limit: must be at least 0 (given -1)",
+        ),
         (
             ["archive", "--segment-events", "0"],
             "chronicle archive: argument --segment-events: must be at least 1 (given 0)",
@@ -127,6 +131,7 @@ def chronicle(*args: str, env: dict[str, str] | None = None) -> subprocess.Compl
         "bench-no-benchmark",
         "chaos-unknown-option",
         "archive-to-seq",
+        "verify-negative-limit",
         "archive-segment-events",
     ],
 )
