@@ -161,7 +161,7 @@ async def list_sessions(
     conn: Conn, tenant: str, limit: int, before_seq: int | None, *, deleted: bool = False
 ) -> list[SessionRow]:
     """Live sessions (``deleted``: deleted ones instead), newest created first; ``before_seq`` is
-    the cursor (a ``created_seq``). Each walks its own partial index (migrations 001 and 034)."""
+    the cursor (a ``created_seq``). Each walks its own partial index (migrations 001 and 035)."""
     which = "deleted_at IS NOT NULL" if deleted else "deleted_at IS NULL"
     async with conn.cursor(row_factory=class_row(SessionRow)) as cur:
         await cur.execute(
