@@ -213,6 +213,14 @@ async def _history_gone(c: Container, tenant: str, session: str) -> str | None:
     return None
 
 
+def _no_leaf(args: argparse.Namespace, when: str) -> str:
+    """The refusal of a ``--leaf-id`` the session does not hold (never an empty success)."""
+    return (
+        f"chronicle history: no message {args.leaf_id!r} in session {args.session!r} of tenant {args.tenant!r}"
+        f"{when}: no path to show"
+    )
+
+
 async def run_audit(settings: Settings, args: argparse.Namespace) -> int:
     # the log's tools read the stream itself; a rebuild repairs a database bound to another log.
     # None of them writes to the log: a missing stream is an error, never created (a rebuild from
@@ -267,7 +275,11 @@ async def run_audit(settings: Settings, args: argparse.Namespace) -> int:
                         )
                         return 2
                     leaf = args.leaf_id or state.latest_leaf()
-                    for content in state.path(leaf):
+                    path = state.path(leaf)
+                    if args.leaf_id is not None and not path:
+                        print(_no_leaf(args, f" as of sequence {args.as_of_seq}"), file=sys.stderr)
+                        return 1
+                    for content in path:
                         sys.stdout.write(safe_json_text(content) + "\n")
                 else:
                     async with c.pool.connection() as conn:
@@ -286,6 +298,9 @@ async def run_audit(settings: Settings, args: argparse.Namespace) -> int:
                             row = await queries.latest_leaf(conn, args.tenant, args.session)
                             leaf = row.id if row else None
                         rows = await queries.history(conn, args.tenant, args.session, leaf) if leaf else []
+                    if args.leaf_id is not None and not rows:
+                        print(_no_leaf(args, ""), file=sys.stderr)
+                        return 1
                     for r in rows:
                         sys.stdout.write(safe_json_text(r.content) + "\n")
             case "rebuild":

@@ -207,6 +207,24 @@ async def test_history_now_of_a_deleted_session_is_one_line_exit_1_and_as_of_bef
     assert (done.returncode, [json.loads(x)["id"] for x in done.stdout.splitlines()]) == (0, ["m0"])
 
 
+async def test_history_of_a_leaf_the_session_does_not_hold_is_one_line_exit_1(
+    stack: Container, new_id: Callable[[str], str]
+) -> None:
+    """``--leaf-id`` of no message of the session printed nothing and exited 0, as an empty path."""
+    sid = new_id("noleaf")
+    done_append = await stack.commands.append(T, sid, text_message("m0", "hello"), OMITTED)
+    await stack.waiter.wait_session(T, sid, done_append.seq)
+    seq = str(await eventlog.last_seq(stack.js, stack.layout))
+    for extra, when in (((), ""), (("--as-of-seq", seq), f" as of sequence {seq}")):
+        done = chronicle_cli(stack.settings, "history", "--tenant", T, "--session", sid, "--leaf-id", "nope", *extra)
+        assert (done.returncode, done.stdout) == (1, ""), done.stderr
+        assert done.stderr.strip() == (
+            f"chronicle history: no message 'nope' in session {sid!r} of tenant {T!r}{when}: no path to show"
+        )
+        done = chronicle_cli(stack.settings, "history", "--tenant", T, "--session", sid, "--leaf-id", "m0", *extra)
+        assert (done.returncode, [json.loads(x)["id"] for x in done.stdout.splitlines()]) == (0, ["m0"])
+
+
 async def test_rebuild_swaps_in_identical_tables_and_projection_continues(nats_url: str, fresh_db: str) -> None:
     settings = make_settings(nats_url, fresh_db)
     async with running_stack(settings) as c:
