@@ -160,7 +160,10 @@ async def _read_subject(
     window: 70 to 100 ms for a page of 100 in a session of 50,000). Where the gets stop short of
     ``end`` (a replica answering before it applied the last events; an event deleted since) the
     rest is read through an ordered consumer, from the stream's leader; so is everything after
-    the first event where the server answers one event, not a batch (a server before 2.11)."""
+    the first event where the server answers one event, not a batch (a server before 2.11), and
+    after a get no server answered (no responders, or the replica answering went away). A reply
+    is the server's status only without a sequence: a stored event may carry a header named
+    ``Status`` (a direct publisher's), which a status check by that name took for the batch's end."""
     nc: NatsClient = js._nc  # nats-py has no batched direct get: asked on its connection
     inbox = nc.new_inbox()
     sub = await nc.subscribe(inbox, pending_msgs_limit=-1, pending_bytes_limit=0)  # a batch is bounded in bytes
@@ -173,11 +176,12 @@ async def _read_subject(
             while True:
                 try:
                     msg = await sub.next_msg(timeout=idle_timeout_s)
-                except (TimeoutError, nats.errors.TimeoutError) as exc:
-                    raise TimeoutError("the event stream stopped delivering before the end") from exc
+                except (TimeoutError, nats.errors.TimeoutError):
+                    status = "silent"  # the replica answering went away: the leader's consumer reads on
+                    break
                 headers = msg.headers or {}
-                status = headers.get("Status")
-                if status is not None:
+                if "Nats-Sequence" not in headers:  # the server's status (every stored event has its sequence;
+                    status = headers.get("Status", "")  # a stored header may be named Status too)
                     break
                 seq = int(headers["Nats-Sequence"])
                 if seq > end:
@@ -191,11 +195,12 @@ async def _read_subject(
                     break
             if status == "204" and headers.get("Nats-Num-Pending", "0") != "0":
                 continue  # the batch's end (its count or its bytes): ask for the next
-            if status not in ("204", "404", "unbatched"):
+            if status not in ("204", "404", "503", "silent", "unbatched"):
                 raise nats.js.errors.APIError(
                     code=int(status) if status.isdigit() else None, description=headers.get("Description")
                 )
-            break  # nothing more on this server (204 with none pending, 404): done, or read on from the leader
+            break  # nothing more on this server (204 with none pending, 404), none answering (503, silent): done,
+            # or read on from the leader
     finally:
         with contextlib.suppress(nats.errors.Error):
             await sub.unsubscribe()

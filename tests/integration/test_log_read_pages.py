@@ -128,3 +128,41 @@ async def test_a_server_before_2_11_answers_one_event_a_get_and_the_read_goes_on
         proc.wait(timeout=10)
     assert [seq for seq, _ in read] == [3, 5, 7, 9, 11, 13, 15, 17, 19]
     assert read[0][1] == {"Nats-Msg-Id": "ev-2"}
+
+
+async def test_a_stored_header_named_status_is_read_as_the_event_it_belongs_to(
+    nats_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A direct publisher may store a header named ``Status``: a reply was taken for the server's
+    status by that name (a 204 ended the batch early and the rest of it leaked into the next, out
+    of order and repeated; any other value failed every read of the session)."""
+    monkeypatch.setattr(eventlog, "DIRECT_BATCH", 4)
+    async with _stream(nats_url) as (_, js, layout):
+        a = layout.session_subject("t", "a")
+        for i in range(10):
+            status = {2: "204", 5: "500", 7: "200"}.get(i)
+            headers = {"Nats-Msg-Id": f"ev-{i}"} | ({"Status": status} if status else {})
+            await js.publish(a, f"{i}".encode(), headers=headers)
+        pushed = [e async for e in eventlog._read_consumer(js, layout, a, 1, 10, 5.0)]
+        batched = [e async for e in eventlog.read(js, layout, a)]
+    assert [e.seq for e in pushed] == list(range(1, 11))
+    assert batched == pushed
+    assert batched[2].headers == {"Nats-Msg-Id": "ev-2", "Status": "204"}
+
+
+async def test_a_stream_that_answers_no_direct_get_is_read_through_a_consumer(nats_url: str) -> None:
+    """No server answers a direct get (a stream made without ``allow_direct``: no responders): the
+    read goes on through the ordered consumer, not a failure."""
+    nc = await operator_nats(nats_url)
+    js = nc.jetstream()
+    layout = _layout()
+    try:
+        await js.add_stream(name=layout.stream, subjects=[layout.wildcard], allow_direct=False)
+        a, b = layout.session_subject("t", "a"), layout.session_subject("t", "b")
+        await _publish(js, [a, b] * 5)
+        # (its last sequence is asked without a direct get here: ``read`` asks it with one)
+        read = [e.seq async for e in eventlog._read_subject(js, layout, a, 1, 9, 5.0, 3)]
+    finally:
+        await js.delete_stream(layout.stream)
+        await nc.close()
+    assert read[:3] == [1, 3, 5]

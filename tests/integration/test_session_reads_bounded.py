@@ -1,6 +1,6 @@
 """Reads that need a few rows of one session read about that many, whatever the session's size
 and whatever the planner knows of ``messages`` (autovacuum may be off; a session may be far
-larger than the tenant's average one): the latest leaf, which of a few ids exist, the oldest
+larger than the tenant's average one): the latest leaf, which of a few ids exist, the newest
 rows of a single branch, the recent end of a path. Earlier, Postgres took a session for a few
 rows and read every row of it through its bitmap (then sorted them): 20-45 ms for any of these
 on a 50,000-message session. Real Postgres, in a database of the test's own: the table as it is
