@@ -33,6 +33,7 @@ from services.audit.archive_segments import (
     Manifest,
     Restoration,
     Segment,
+    chained,
     compare,
     decode,
     encode,
@@ -108,6 +109,9 @@ class Checked:
     """The last sequence the manifest lists (0: none)."""
     stream_last: int | None = None
     """The stream's last sequence when the check began (None: the check stopped before it)."""
+    digests: dict[int, str] = field(default_factory=dict)
+    """The archive's digest through each segment's last sequence (:func:`chained`), as far as
+    every segment before it could be read; an anchor is checked against these."""
 
     @property
     def reach(self) -> str | None:
@@ -458,6 +462,7 @@ async def check(c: Container) -> Checked:
             "without their stored time"
         )
     after = 0
+    digest: str | None = ""  # None once a segment could not be read: nothing after it is chained
     for segment in manifest.segments:
         if segment.first != after + 1 and same_stream:
             await _gap(c, out, manifest, segment, after, first_held)
@@ -467,14 +472,18 @@ async def check(c: Container) -> Checked:
         data = await store.get_bytes(bucket, segment.key)
         if data is None:
             out.problems.append(f"segment {segment.key} is missing")
+            digest = None
             continue
         try:
             events = decode(data, segment)
         except ArchiveError as exc:
             out.problems.append(str(exc))
+            digest = None
             continue
         out.segments += 1
         out.events += len(events)
+        if digest is not None:
+            digest = out.digests[segment.last] = chained(digest, segment.first, segment.last, events)
         if not same_stream:
             continue
         held = [e async for e in eventlog.read(c.js, c.layout, None, segment.first, segment.last)]

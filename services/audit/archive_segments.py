@@ -129,6 +129,28 @@ def ndjson(events: Iterable[StoredEvent]) -> bytes:
     return ("\n".join(lines) + "\n").encode()
 
 
+def chained(previous: str, first: int, last: int, events: Iterable[StoredEvent]) -> str:
+    """The archive's digest through a segment: SHA-256 over the digest through the segment before
+    (``""`` before the first), the segment's range and its events as archived (:func:`ndjson`:
+    sequence, subject, stored time, headers, bytes). A digest an auditor keeps where the operator
+    cannot change it proves later that the archive through that sequence is what it was: a
+    segment rewritten, added inside the range, dropped or reordered changes it, whatever the
+    manifest was made to say."""
+    content = hashlib.sha256(ndjson(events)).hexdigest()
+    return hashlib.sha256(f"{previous}\n{first}\n{last}\n{content}".encode()).hexdigest()
+
+
+def parse_anchor(text: str) -> tuple[int, str] | None:
+    """``SEQ:DIGEST`` (a sequence and a 64-hex-digit digest, as ``--check`` prints them); None if not."""
+    seq, sep, digest = text.partition(":")
+    digest = digest.strip().lower()
+    if not sep or not seq.isdigit() or int(seq) < 1 or len(digest) != 64:
+        return None
+    if any(ch not in "0123456789abcdef" for ch in digest):
+        return None
+    return int(seq), digest
+
+
 def decode(data: bytes, segment: Segment) -> list[StoredEvent]:
     """The events of a segment, checked against its manifest entry: its SHA-256, then each line,
     then the sequence range and count. :class:`ArchiveError` for anything else."""

@@ -14,7 +14,7 @@ from projections import queries
 from services.audit import archive, archive_accept, restore
 from services.audit import readers as audit
 from services.audit.archive import ArchiveBusy
-from services.audit.archive_segments import ArchiveError, lost_line, span
+from services.audit.archive_segments import ArchiveError, lost_line, parse_anchor, span
 from services.audit.restore import RestoreRefused, RestoreStopped
 from services.audit.strays import merged, strays
 from services.bootstrap import Container, open_container
@@ -40,6 +40,16 @@ async def run_archive(settings: Settings, args: argparse.Namespace) -> int:
     if args.drill and not args.restore:
         print("chronicle archive: --drill goes with --restore", file=sys.stderr)
         return 2
+    anchor = None
+    if args.anchor is not None:
+        anchor = parse_anchor(args.anchor)
+        if not args.check or anchor is None:
+            print(
+                "chronicle archive: --anchor goes with --check and takes SEQ:DIGEST, as `--check` prints it "
+                "(a sequence, then the 64 hexadecimal digits of the digest)",
+                file=sys.stderr,
+            )
+            return 2
     if args.accept_lost is not None:
         return await _run_accept_lost(settings, args.accept_lost, args.to_seq)
     if args.reclaim:
@@ -57,6 +67,8 @@ async def run_archive(settings: Settings, args: argparse.Namespace) -> int:
         try:
             if args.check:
                 checked = await archive.check(c)
+                if anchor is not None:
+                    checked.problems.extend(anchor_problems(checked, *anchor))
                 for note in checked.notes:
                     print(f"note: {note}")
                 for problem in checked.problems:
@@ -67,6 +79,9 @@ async def run_archive(settings: Settings, args: argparse.Namespace) -> int:
                 )
                 if checked.reach is not None:
                     print(checked.reach)
+                if checked.digests:
+                    through = max(checked.digests)
+                    print(f"digest through sequence {through}: {through}:{checked.digests[through]}")
                 return 0 if checked.ok else 1
             done = await archive.archive(c, segment_events=args.segment_events, to_seq=args.to_seq)
         except ObjectStorageError as exc:
@@ -384,3 +399,25 @@ async def run_skills(settings: Settings, args: argparse.Namespace) -> int:
             return 2
         print(f"indexed {report.indexed}, removed {report.removed}, unchanged {report.unchanged}")
     return 0
+
+
+def anchor_problems(checked: archive.Checked, seq: int, digest: str) -> list[str]:
+    """What an anchor (a digest through ``seq`` an auditor kept) says of the archive now: nothing
+    when the archive through ``seq`` is what it was."""
+    if seq not in checked.digests:
+        ends = sorted(checked.digests)
+        return [
+            f"anchor {seq}: no segment that could be read ends at sequence {seq}"
+            + (
+                f" (the readable ones end at {', '.join(map(str, ends[-5:]))}{', …' if len(ends) > 5 else ''})"
+                if ends
+                else ""
+            )
+            + ": the archive through it cannot be proved what it was"
+        ]
+    if checked.digests[seq] != digest:
+        return [
+            f"anchor {seq}: the archive through sequence {seq} is not what it was when the anchor was taken "
+            f"(its digest is {checked.digests[seq]}): a segment was rewritten, added, dropped or reordered"
+        ]
+    return []

@@ -222,7 +222,8 @@ def main(argv: list[str] | None = None) -> int:
         "--check",
         action="store_true",
         help="prove the archive whole and equal to the stream up to where it reaches: segments contiguous from "
-        "sequence 1, each as its manifest says, every stream event of their ranges archived once and equal",
+        "sequence 1, each as its manifest says, every stream event of their ranges archived once and equal; "
+        "prints the archive's digest through its last sequence (SEQ:DIGEST), for an auditor to keep",
     )
     archive_mode.add_argument(
         "--reclaim",
@@ -245,6 +246,13 @@ def main(argv: list[str] | None = None) -> int:
         "stream lives on: the archive's manifest is left as it is, so the archive stays that stream's",
     )
     p_archive.add_argument("--to-seq", type=at_least_one, default=None, help="archive up to this stream sequence")
+    p_archive.add_argument(
+        "--anchor",
+        default=None,
+        metavar="SEQ:DIGEST",
+        help="with --check: a digest an earlier --check printed (kept by an auditor): the archive through SEQ must "
+        "be what it was then, else a problem (exit 1)",
+    )
     p_archive.add_argument(
         "--segment-events", type=at_least_one, default=10_000, help="events per segment (default 10,000)"
     )

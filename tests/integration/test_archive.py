@@ -5,6 +5,7 @@ NATS, Postgres, S3 (moto), and the CLI as a process."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import gzip
 import re
 import socket
@@ -303,7 +304,10 @@ async def test_the_last_segment_dropped_with_its_manifest_entry_is_an_archive_be
     )
     done = await asyncio.to_thread(cli, c.settings, "--check")
     assert done.returncode == 0, done.stdout
-    assert done.stdout.strip().splitlines()[-1] == checked.reach
+    assert done.stdout.strip().splitlines()[-2:] == [
+        checked.reach,
+        f"digest through sequence {segments[1].last}: {segments[1].last}:{checked.digests[segments[1].last]}",
+    ]
 
 
 async def test_an_archive_claiming_more_than_the_stream_holds_is_a_problem(stack: Container) -> None:
@@ -634,3 +638,38 @@ async def test_archiving_a_stream_that_never_held_an_event_makes_nothing_and_say
     ]
     assert (await archive.archive(c)).events == 1
     assert (await archive.check(c)).ok
+
+
+async def test_a_digest_kept_by_an_auditor_proves_the_archive_through_its_sequence_unchanged(stack: Container) -> None:
+    """``--check`` prints the archive's digest through its last sequence; ``--check --anchor`` with
+    a digest kept from an earlier check passes while the archive through that sequence is what it
+    was, and names the anchor once a segment there was rewritten with its manifest entry made to
+    match (what an operator who controls the bucket could do), however the rest compares."""
+    c = stack
+    end, segments = await _three_segments(c)
+    first = await asyncio.to_thread(cli, c.settings, "--check")
+    assert first.returncode == 0, first.stdout
+    [line] = [x for x in first.stdout.splitlines() if x.startswith("digest through sequence")]
+    anchor = line.split(": ", 1)[1]
+    assert anchor.startswith(f"{end}:")
+    middle = segments[1].last
+    digest_middle = (await archive.check(c)).digests[middle]
+    await appended(c, "s-1", 3, start=9)  # archived later: the anchors through earlier sequences hold
+    await archive.archive(c, segment_events=3)
+    for kept in (anchor, f"{middle}:{digest_middle}"):
+        again = await asyncio.to_thread(cli, c.settings, "--check", "--anchor", kept)
+        assert again.returncode == 0, again.stdout
+    events = await _events_of(c, segments[0])
+    forged = [events[0], *events[1:-1], dataclasses.replace(events[-1], data=b'{"forged": true}')]
+    await _rewrite(c, 0, forged)
+    tampered = await asyncio.to_thread(cli, c.settings, "--check", "--anchor", f"{middle}:{digest_middle}")
+    assert tampered.returncode == 1, tampered.stdout
+    assert f"problem: anchor {middle}: the archive through sequence {middle} is not what it was" in tampered.stdout
+    nowhere = await asyncio.to_thread(cli, c.settings, "--check", "--anchor", f"{middle + 1}:{digest_middle}")
+    assert (
+        f"problem: anchor {middle + 1}: no segment that could be read ends at sequence {middle + 1}" in nowhere.stdout
+    )
+    for bad in (("--anchor", anchor), ("--check", "--anchor", "12:nothex"), ("--check", "--anchor", "0:" + "a" * 64)):
+        refused = await asyncio.to_thread(cli, c.settings, *bad)
+        assert refused.returncode == 2, (bad, refused.stdout)
+        assert "--anchor goes with --check and takes SEQ:DIGEST" in refused.stderr
