@@ -126,12 +126,31 @@ class _PageResponse(StreamingResponse):
             await self._rest.aclose()
 
 
+PAGE_CHUNK_BYTES = 64 * 1024
+"""A page's lines are sent in chunks of about this many bytes: one send a line (a write, a chunk
+header and the middlewares' wrappers each) was about a third of the API's time for a page."""
+
+
 async def _starting_with(first: bytes | None, rest: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+    """The page's lines, ``first`` first, joined into chunks of :data:`PAGE_CHUNK_BYTES` or more
+    (the last one smaller). A line that fails ends the answer there, after the lines made before
+    it: the client sees them, then an answer cut short, as when each line was sent alone."""
     if first is None:
         return
-    yield first
-    async for line in rest:
-        yield line
+    chunk, size = [first], len(first)
+    try:
+        async for line in rest:
+            chunk.append(line)
+            size += len(line)
+            if size >= PAGE_CHUNK_BYTES:
+                yield b"".join(chunk)
+                chunk, size = [], 0
+    except Exception:
+        if chunk:
+            yield b"".join(chunk)
+        raise
+    if chunk:
+        yield b"".join(chunk)
 
 
 @router.get("/v1/sessions/{sid}/last-seq", response_model=None, responses=ok(m.Seq))
