@@ -121,7 +121,8 @@ class Settings(BaseSettings):
         default=0,
         description="requests a second each tenant may make to one API or `chronicle commands` process (a token "
         "bucket per tenant; over it: 429 rate_limited with Retry-After, nothing done); 0: no limit. A request counts "
-        "once per event it publishes: a messages:batch of N messages N, a fork copying N events N + 1, charged "
+        "once per event it publishes (a messages:batch of N messages N, a fork copying N events N + 1), or once per "
+        "`rate_limit_token_bytes` of its body when that is more, charged "
         "before it publishes (what it then does not publish given back) and taking the bucket into debt that the "
         "tenant's next requests wait out. With N "
         "processes a tenant's ceiling is N times this",
@@ -130,6 +131,12 @@ class Settings(BaseSettings):
         default=0,
         description="requests (events: a batch or fork counts each one) a tenant may make at once before "
         "`rate_limit` applies; 0: one second's worth",
+    )
+    rate_limit_token_bytes: NonNegativeInt = Field(
+        default=64 * 1024,
+        description="under a request limit, the body bytes one token pays for: a request counts at least one token "
+        "per this many bytes of its body begun (HTTP and commands), the larger of that and the events it publishes, "
+        "taken before the body is read (a chunked one as it arrives); 0: bodies are not weighed",
     )
     rate_limits: dict[str, NonNegativeFloat] = Field(
         default_factory=dict,

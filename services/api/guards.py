@@ -28,7 +28,7 @@ def too_large(limit: int, detail: str) -> JSONResponse:
     return response
 
 
-def _declared_length(headers: list[tuple[bytes, bytes]]) -> int | None:
+def declared_length(headers: list[tuple[bytes, bytes]]) -> int | None:
     for name, value in headers:
         if name == b"content-length":
             try:
@@ -38,7 +38,7 @@ def _declared_length(headers: list[tuple[bytes, bytes]]) -> int | None:
     return None
 
 
-def _chunked(headers: list[tuple[bytes, bytes]]) -> bool:
+def chunked(headers: list[tuple[bytes, bytes]]) -> bool:
     return any(name == b"transfer-encoding" for name, _ in headers)
 
 
@@ -56,11 +56,11 @@ class BodyLimit:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        declared = _declared_length(scope["headers"])
+        declared = declared_length(scope["headers"])
         if declared is not None and declared > self.limit:
             await too_large(self.limit, f"Content-Length is {declared} bytes")(scope, receive, send)
             return
-        if declared is not None or not _chunked(scope["headers"]):  # the server reads at most what was declared
+        if declared is not None or not chunked(scope["headers"]):  # the server reads at most what was declared
             await self.app(scope, receive, send)
             return
         received = 0

@@ -1,24 +1,45 @@
 """Per-tenant request limits over HTTP (services/requests/limits.py): a tenant over its limit gets
 ``429 rate_limited`` with ``Retry-After`` before anything reads its request. A request of a limited
-tenant carries its charge (``scope["state"]["charge"]``, :data:`services.requests.limits.Charge`)
-for the routes that publish more than one event (a batch, a fork: :func:`services.api.deps.charge_of`)."""
+tenant carries its charge (``scope["state"]["charge"]``, a
+:class:`services.requests.limits.RequestCharge`) for the routes that publish more than one event (a
+batch, a fork: :func:`services.api.deps.charge_of`), and its body is weighed: a declared
+``Content-Length`` before anything is read (over what the bucket may owe: ``429``, the body never
+read), a body of unknown length (chunked) as it arrives (refused part-way the same, the app's own
+answer to the body it could not read replaced by the ``429``)."""
 
 from __future__ import annotations
 
-from functools import partial
+from starlette.responses import Response
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from starlette.types import ASGIApp, Receive, Scope, Send
-
+from services.api.guards import Refusal, chunked, declared_length
 from services.api.metrics import RATE_LIMITED
 from services.api.problems import as_response
 from services.errors import RateLimited
-from services.requests.limits import TenantLimits
+from services.requests.limits import RequestCharge, TenantLimits
 from services.requests.problems import problem_of
+
+
+class _Refused(Exception):
+    """Raised to the app by ``receive`` once the body that arrived weighs more than the bucket
+    may owe."""
+
+
+def _refused(exc: RateLimited, unread: bool = False) -> Response:
+    """The ``429`` of a refusal, counted; ``unread``: a body is left unread (weighed, refused), so
+    the connection is closed after it, as a ``413``'s is (the client stops sending it)."""
+    RATE_LIMITED.labels("http").inc()
+    body = problem_of(exc)
+    assert body is not None
+    response = as_response(body)
+    if unread:
+        response.headers["Connection"] = "close"
+    return response
 
 
 class TenantRateLimit:
     """ASGI middleware inside the key check (the tenant is known): counts each ``/v1`` request
-    against its tenant's bucket and refuses the ones over the limit."""
+    against its tenant's bucket, weighs its body, and refuses the ones over the limit."""
 
     def __init__(self, app: ASGIApp, limits: TenantLimits) -> None:
         self.app = app
@@ -26,23 +47,61 @@ class TenantRateLimit:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         tenant = scope.get("state", {}).get("tenant") if scope["type"] == "http" else None
-        if tenant is not None:
-            try:
-                self.limits.admit(tenant)
-            except RateLimited as exc:
-                RATE_LIMITED.labels("http").inc()
-                body = problem_of(exc)
-                assert body is not None
-                await as_response(body)(scope, receive, send)
-                return
-            if self.limits.rate_of(tenant) is not None:
-                scope["state"]["charge"] = partial(self._charge, tenant)
-        await self.app(scope, receive, send)
-
-    def _charge(self, tenant: str, tokens: int) -> None:
-        """The tenant's charge (:meth:`TenantLimits.charge`), its refusals counted as the others."""
+        if tenant is None:
+            await self.app(scope, receive, send)
+            return
+        declared = declared_length(scope.get("headers", []))
         try:
-            self.limits.charge(tenant, tokens)
+            self.limits.admit(tenant)
+        except RateLimited as exc:
+            await _refused(exc)(scope, receive, send)
+            return
+        charge = self.limits.charger(tenant)
+        if charge is not None and declared:
+            try:
+                charge.weigh(declared)  # before the body is read: the server reads no more than that
+            except RateLimited as exc:
+                await _refused(exc, unread=True)(scope, receive, send)
+                return
+        if charge is None:
+            await self.app(scope, receive, send)
+            return
+        scope["state"]["charge"] = _Counted(charge)
+        if declared is not None or not chunked(scope.get("headers", [])):
+            await self.app(scope, receive, send)
+            return
+        await self._weighed_as_it_arrives(scope, receive, send, charge)
+
+    async def _weighed_as_it_arrives(self, scope: Scope, receive: Receive, send: Send, charge: RequestCharge) -> None:
+        received = 0
+        refusal = Refusal()
+
+        async def weighed() -> Message:
+            nonlocal received
+            if refusal.response is not None:
+                raise _Refused
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                try:
+                    charge.weigh(received)
+                except RateLimited as exc:
+                    refusal.response = _refused(exc, unread=True)
+                    raise _Refused from None
+            return message
+
+        await refusal.run(self.app, scope, weighed, send)
+
+
+class _Counted:
+    """A route's charge (:class:`RequestCharge`), its refusals counted as the middleware's."""
+
+    def __init__(self, charge: RequestCharge) -> None:
+        self._charge = charge
+
+    def __call__(self, tokens: int) -> None:
+        try:
+            self._charge(tokens)
         except RateLimited:
             RATE_LIMITED.labels("http").inc()
             raise

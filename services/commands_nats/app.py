@@ -158,14 +158,20 @@ def command_router(
     prefix = f"{layout.commands}."
     router = NatsRouter(prefix=prefix)
 
-    def charger(tenant: str) -> Charge | None:
-        return limits.charger(tenant) if limits is not None else None
+    def charger(tenant: str, msg: NatsMessage) -> Charge | None:
+        """The request's charge, its body (weighed as it was admitted: :func:`decoded`) counted."""
+        return limits.charger(tenant, weighed=len(msg.body)) if limits is not None else None
 
     async def decoded(msg: NatsMessage) -> Any:
-        """The request's JSON, once its tenant (the subject's token) is under its limit: a request
-        over it is refused before its body is parsed, whatever the body."""
+        """The request's JSON, once its tenant (the subject's token) is under its limit and its
+        body weighed (services/requests/limits.py): a request over it is refused before its body is
+        parsed, whatever the body."""
         if limits is not None:
-            limits.admit(tenant_of(msg.raw_message.subject[len(prefix) :].partition(".")[0]))
+            tenant = tenant_of(msg.raw_message.subject[len(prefix) :].partition(".")[0])
+            limits.admit(tenant)
+            charge = limits.charger(tenant)
+            if charge is not None:
+                charge.weigh(len(msg.body))
         return await _strict_json(msg)
 
     async def parsed(msg: Msg, original: Parser) -> NatsMessage:
@@ -252,10 +258,10 @@ def command_router(
         return reply(await writes.end_session(container(), tenant_of(tenant), body.session_id, body.reason))
 
     @subscriber(by["session.fork"])
-    async def fork_session(body: cmd.ForkSession, tenant: str = Path()) -> NatsResponse:
+    async def fork_session(body: cmd.ForkSession, msg: NatsMessage, tenant: str = Path()) -> NatsResponse:
         t = tenant_of(tenant)
         out = await writes.fork_session(
-            container(), t, body.session_id, body.at_message_id, body.id, body.name, charger(t)
+            container(), t, body.session_id, body.at_message_id, body.id, body.name, charger(t, msg)
         )
         return reply(out, 201)
 
@@ -268,11 +274,11 @@ def command_router(
         return reply(out, 201 if out["created"] else 200)
 
     @subscriber(by["append_batch"])
-    async def append_batch(body: cmd.AppendBatch, tenant: str = Path()) -> NatsResponse:
+    async def append_batch(body: cmd.AppendBatch, msg: NatsMessage, tenant: str = Path()) -> NatsResponse:
         parent = writes.parent_spec(body.parent_id, "parent_id" in body.model_fields_set)
         t = tenant_of(tenant)
         out = await writes.append_batch(
-            container(), t, body.session_id, body.messages, parent, body.idempotency_key, charger(t)
+            container(), t, body.session_id, body.messages, parent, body.idempotency_key, charger(t, msg)
         )
         return reply(out, 201)
 

@@ -16,6 +16,14 @@ bucket in debt already (another request of the tenant, admitted at the same mome
 and would leave it owing more than its burst is refused (``429``, nothing published): concurrent
 requests cannot each take the tenant deep into debt.
 
+A request's body is weighed too (:class:`RequestCharge`): it counts at least one token per
+``token_bytes`` of its body begun (``CHRONICLE_RATE_LIMIT_TOKEN_BYTES``, 64 KiB), the larger of
+that and its events, taken before the body is read (a body of unknown length as it arrives).
+Reading, parsing and checking a body costs the process in proportion to its bytes, on the event
+loop every tenant's requests share: a 95 MB batch that fails validation at its last message cost
+one token and ~2 s of the API's loop, so a tenant within a limit of 50 a second could keep the
+API from answering anyone.
+
 The buckets are a pure core: the clock is passed in.
 """
 
@@ -26,7 +34,6 @@ import math
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from functools import partial
 
 from services.errors import RateLimited
 from services.settings import Settings
@@ -61,6 +68,14 @@ class Rate:
         return cls(per_s, float(burst or max(1, math.ceil(per_s))))
 
 
+def body_weight(size: int, token_bytes: int) -> int:
+    """The tokens a request body of ``size`` bytes weighs: one per ``token_bytes`` begun, at least
+    one (the request's own); one whatever its size when ``token_bytes`` is 0 (bodies not weighed)."""
+    if token_bytes <= 0 or size <= token_bytes:
+        return 1
+    return -(-size // token_bytes)
+
+
 @dataclass(slots=True)
 class _Bucket:
     tokens: float
@@ -79,7 +94,11 @@ class TenantLimits:
         default: Rate | None,
         overrides: Mapping[str, Rate | None] | None = None,
         clock: Callable[[], float] = time.monotonic,
+        token_bytes: int = 0,
     ) -> None:
+        """``token_bytes``: the body bytes one token pays for (:func:`body_weight`; 0: bodies are
+        not weighed)."""
+        self.token_bytes = token_bytes
         self._default = default
         self._overrides = dict(overrides or {})
         self._clock = clock
@@ -112,10 +131,12 @@ class TenantLimits:
             return 0.0
         return (1.0 - bucket.tokens) / rate.per_s
 
-    def charge_wait_s(self, tenant: str, tokens: int) -> float:
+    def charge_wait_s(self, tenant: str, tokens: int, own: int = 0) -> float:
         """0 when ``tokens`` more are taken from ``tenant``'s bucket for a request it admitted
         (into debt if need be); otherwise, when the bucket was in debt already and would owe more
         than its burst, nothing is taken and the seconds until a request would be admitted again.
+        ``own``: what the request's earlier charges took (its body's weight): a debt of its own
+        making is not one found (others' requests, admitted at the same moment, charged first).
         A negative ``tokens`` gives them back (a charge's events not published), up to the burst."""
         rate = self.rate_of(tenant)
         if rate is None or tokens == 0:
@@ -124,7 +145,7 @@ class TenantLimits:
         if tokens < 0:
             bucket.tokens = min(rate.burst, bucket.tokens - tokens)
             return 0.0
-        if bucket.tokens < 0.0 and bucket.tokens - tokens < -rate.burst:
+        if bucket.tokens + own < 0.0 and bucket.tokens - tokens < -rate.burst:
             return (1.0 - bucket.tokens) / rate.per_s
         bucket.tokens -= tokens
         return 0.0
@@ -134,15 +155,22 @@ class TenantLimits:
         (logged once in :data:`REPORT_EVERY_S` per tenant)."""
         self._refuse(tenant, self.wait_s(tenant))
 
-    def charge(self, tenant: str, tokens: int) -> None:
-        """Charge an admitted request of ``tenant`` ``tokens`` more (:meth:`charge_wait_s`), or raise
-        :class:`RateLimited` when that is refused (logged as :meth:`admit` logs)."""
-        why = f": the {tokens} more events of this request find the bucket owing more than it may"
-        self._refuse(tenant, self.charge_wait_s(tenant, tokens), why)
+    def charge(self, tenant: str, tokens: int, what: str = "events", own: int = 0) -> None:
+        """Charge an admitted request of ``tenant`` ``tokens`` more (:meth:`charge_wait_s`, ``own``
+        its earlier charges), or raise :class:`RateLimited` when that is refused (logged as
+        :meth:`admit` logs)."""
+        why = f": the {tokens} more {what} of this request find the bucket owing more than it may"
+        self._refuse(tenant, self.charge_wait_s(tenant, tokens, own), why)
 
-    def charger(self, tenant: str) -> Charge | None:
-        """What charges ``tenant``'s requests (:meth:`charge`); None when it has no limit."""
-        return None if self.rate_of(tenant) is None else partial(self.charge, tenant)
+    def charger(self, tenant: str, weighed: int = 0) -> RequestCharge | None:
+        """What charges an admitted request of ``tenant`` (:class:`RequestCharge`), its body of
+        ``weighed`` bytes already weighed (:meth:`RequestCharge.weigh`: its weight taken); None when
+        the tenant has no limit."""
+        if self.rate_of(tenant) is None:
+            return None
+        charge = RequestCharge(self, tenant)
+        charge.weight = body_weight(weighed, self.token_bytes)
+        return charge
 
     def _refuse(self, tenant: str, wait: float, why: str = "") -> None:
         if wait > 0:
@@ -177,6 +205,36 @@ class TenantLimits:
         self._buckets = {t: b for t, b in self._buckets.items() if not full(t, b)}
 
 
+class RequestCharge:
+    """One admitted request's charge (a :data:`Charge`): the larger of the events it publishes and
+    its body's weight (:func:`body_weight`), its admission's token included. ``charge(n)`` counts
+    ``n`` more events (``-n``: fewer, given back), :meth:`weigh` the body's bytes so far; each takes
+    from the bucket only what raises the larger of the two (gives back what lowers it), so a batch
+    of N small messages still counts N, and one of a few large ones its bytes, never both. A
+    refusal (:class:`RateLimited`) takes and changes nothing."""
+
+    def __init__(self, limits: TenantLimits, tenant: str) -> None:
+        self._limits = limits
+        self._tenant = tenant
+        self.events = 1
+        self.weight = 1
+
+    def __call__(self, tokens: int) -> None:
+        self._take(self.events + tokens, self.weight, "events")
+
+    def weigh(self, size: int) -> None:
+        """The body has ``size`` bytes (so far): the tokens that weighs past what was taken."""
+        weight = max(self.weight, body_weight(size, self._limits.token_bytes))
+        self._take(self.events, weight, f"tokens its body of {size} bytes weighs")
+
+    def _take(self, events: int, weight: int, what: str) -> None:
+        taken = max(self.events, self.weight)
+        more = max(events, weight) - taken
+        if more:
+            self._limits.charge(self._tenant, more, what, own=taken - 1)
+        self.events, self.weight = events, weight
+
+
 def limits_of(settings: Settings) -> TenantLimits | None:
     """The process's limits from ``rate_limit``, ``rate_limit_burst`` and ``rate_limits`` (a
     tenant's own rate takes the same burst setting: 0 is one second of its own rate); None when
@@ -185,4 +243,4 @@ def limits_of(settings: Settings) -> TenantLimits | None:
     overrides = {t: Rate.of(per_s, settings.rate_limit_burst) for t, per_s in settings.rate_limits.items()}
     if default is None and not any(overrides.values()):
         return None
-    return TenantLimits(default, overrides)
+    return TenantLimits(default, overrides, token_bytes=settings.rate_limit_token_bytes)

@@ -42,13 +42,19 @@ from tests.conftest import KEYS, running_stack, tenant_nats, tenant_nats_setting
 from tests.support import served
 
 RATE, BURST = 1.0, 3  # tenant-a: 3 requests at once, then 1 a second (the margin of every test); tenant-b: no limit
+TOKEN_BYTES = 4096  # a body counts a token per 4 KiB begun (every other test's bodies are smaller than their events)
 SLACK_S = 0.002  # retry_after is given in whole milliseconds, rounded up
 
 
 @pytest.fixture(scope="module")
 def settings(tmp_path_factory: pytest.TempPathFactory, pg_admin: str, s3_endpoint: str) -> Iterator[Settings]:
     tmp = tmp_path_factory.mktemp("limits-nats")
-    limits = {"rate_limit": RATE, "rate_limit_burst": BURST, "rate_limits": {"tenant-b": 0}}
+    limits = {
+        "rate_limit": RATE,
+        "rate_limit_burst": BURST,
+        "rate_limits": {"tenant-b": 0},
+        "rate_limit_token_bytes": TOKEN_BYTES,
+    }
     with tenant_nats_settings(tmp, pg_admin, s3_endpoint, **limits) as s:
         yield s
 
@@ -279,6 +285,7 @@ class ObservedLimits(TenantLimits):
 
     def __init__(self) -> None:
         super().__init__(Rate(RATE, BURST), {"tenant-b": None})
+        self.token_bytes = TOKEN_BYTES
         self.admitted = asyncio.Event()
         self.charged: list[tuple[str, int]] = []
 
@@ -286,9 +293,9 @@ class ObservedLimits(TenantLimits):
         super().admit(tenant)
         self.admitted.set()
 
-    def charge(self, tenant: str, tokens: int) -> None:
+    def charge(self, tenant: str, tokens: int, what: str = "events", own: int = 0) -> None:
         self.charged.append((tenant, tokens))
-        super().charge(tenant, tokens)
+        super().charge(tenant, tokens, what, own)
 
 
 @pytest.fixture
@@ -577,3 +584,132 @@ async def test_acks_another_tenant_has_jetstream_reflect_onto_a_command_subject_
     dropped = [r.getMessage() for r in caplog.records if "no reply subject" in r.getMessage()]
     assert len(dropped) == reflected, dropped
     assert all(target in line for line in dropped), dropped
+
+
+# -- weighed by the bytes of a request's body -----------------------------------------------
+
+
+def sized(mid: str, units: float) -> dict[str, Any]:
+    """A message whose request body weighs ``units`` tokens (a little less than as many 4 KiB)."""
+    return {"id": mid, "role": "user", "parts": [{"type": "text", "text": "x" * int(units * TOKEN_BYTES - 200)}]}
+
+
+async def test_a_body_counts_a_token_per_token_bytes_and_the_next_request_waits_them_out(api: str) -> None:
+    """(A body was not weighed: an append of any size cost one token, so a tenant within its limit
+    could have the API read and parse 95 MB bodies at its request rate, on the loop every tenant
+    shares.) One append of a 5-unit body takes 5 tokens."""
+    sid = new_id()
+    async with client(api, "tenant-a") as http:
+        started = time.monotonic()
+        appended = await http.post(f"/v1/sessions/{sid}/messages", json={"message": sized("big", 5)})
+        assert appended.status_code == 201, appended.text  # never refused for its size
+        assert 4 * TOKEN_BYTES < len(appended.request.content) <= 5 * TOKEN_BYTES
+        refused = await http.get("/v1/sessions")
+        assert_http_waits_for(refused, 5, time.monotonic() - started)
+
+
+async def test_a_declared_body_is_weighed_before_it_is_read(observed: tuple[str, ObservedLimits]) -> None:
+    """The head of an append declaring a 5-unit body is admitted and its weight taken at once:
+    another request sent before the body is refused, waiting for those 5 tokens; the body sent
+    then is appended."""
+    api, limits = observed
+    sid = new_id()
+    body = json.dumps({"message": sized("m0", 5)}).encode()
+    head = (
+        f"POST /v1/sessions/{sid}/messages HTTP/1.1\r\nHost: chronicle\r\n"
+        f"Authorization: {raw_http.AUTH}\r\nContent-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+    ).encode()
+    reader, writer = await raw_http.connect(api)
+    try:
+        started = time.monotonic()
+        writer.write(head)
+        await writer.drain()
+        await asyncio.wait_for(limits.admitted.wait(), timeout=10)  # the server has read the head
+        async with client(api, "tenant-a") as http:
+            refused = await http.get("/v1/sessions")
+        assert_http_waits_for(refused, 5, time.monotonic() - started)
+        writer.write(body)
+        await writer.drain()
+        status, _, appended = await raw_http.answer(reader)
+    finally:
+        writer.close()
+    assert status == 201, appended
+    assert limits.charged == [("tenant-a", 4)]  # its weight past the admission's token, before the body
+
+
+async def test_a_chunked_body_is_weighed_as_it_arrives_and_refused_once_the_bucket_may_owe_no_more(
+    observed: tuple[str, ObservedLimits], stack: Container
+) -> None:
+    """A chunked append is admitted on its head (3 -> 2 tokens); a batch of 10 then takes the
+    bucket into debt (2 -> -8); the append's first chunk, over 2 units, would owe more than the
+    burst: 429, the connection closed, nothing of it written. Unweighed, it was appended."""
+    api, limits = observed
+    sid = new_id()
+    body = json.dumps({"message": sized("m0", 3)}).encode()
+    head = (
+        f"POST /v1/sessions/{sid}/messages HTTP/1.1\r\nHost: chronicle\r\nAuthorization: {raw_http.AUTH}\r\n"
+        "Content-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n"
+    ).encode()
+    before = refused_over_http()
+    reader, writer = await raw_http.connect(api)
+    try:
+        writer.write(head)
+        await writer.drain()
+        await asyncio.wait_for(limits.admitted.wait(), timeout=10)
+        async with client(api, "tenant-a") as http:
+            batch = await http.post(f"/v1/sessions/{new_id()}/messages:batch", json={"messages": messages(10)})
+        assert batch.status_code == 201, batch.text
+        first = body[: 2 * TOKEN_BYTES + 100]
+        writer.write(f"{len(first):x}\r\n".encode() + first + b"\r\n")
+        await writer.drain()
+        status, headers, problem = await raw_http.answer(reader)
+    finally:
+        writer.close()
+    assert status == 429, problem
+    assert problem["code"] == "rate_limited"
+    assert "its body of" in problem["detail"]
+    assert headers["connection"] == "close"
+    assert refused_over_http() - before == 1
+    assert await stack.publisher.last_subject_seq("tenant-a", sid) == 0  # nothing of it
+
+
+async def test_a_batch_counts_the_larger_of_its_messages_and_its_bodys_weight(api: str) -> None:
+    """Two messages of 2.5 units each: a 5-unit body, 2 events: 5 tokens, not 6 or 7."""
+    sid = new_id()
+    async with client(api, "tenant-a") as http:
+        started = time.monotonic()
+        batch = await http.post(
+            f"/v1/sessions/{sid}/messages:batch", json={"messages": [sized("m0", 2.5), sized("m1", 2.5)]}
+        )
+        assert batch.status_code == 201, batch.text
+        assert 4 * TOKEN_BYTES < len(batch.request.content) <= 5 * TOKEN_BYTES
+        refused = await http.get("/v1/sessions")
+        assert_http_waits_for(refused, 5, time.monotonic() - started)
+
+
+async def test_over_nats_a_command_is_weighed_by_its_payload_as_over_http(settings: Settings, stack: Container) -> None:
+    layout = settings.layout()
+    nc = await tenant_nats(settings.nats_url, "tenant-a")
+    try:
+        async with serving_commands(settings, stack):  # fresh buckets
+            started = time.monotonic()
+            data = json.dumps({"session_id": new_id(), "message": sized("m0", 5)}).encode()
+            assert 4 * TOKEN_BYTES < len(data) <= 5 * TOKEN_BYTES
+            status, out = await request(nc, layout.command_subject("tenant-a", "append"), data)
+            assert status == 201, out
+            status, refusal = await command(nc, layout.command_subject("tenant-a", "session.create"), {"id": new_id()})
+            assert status == 429
+            assert_waits_for(refusal, 5, time.monotonic() - started)
+        async with serving_commands(settings, stack):  # a batch: the larger of its events and its weight
+            started = time.monotonic()
+            status, out = await command(
+                nc,
+                layout.command_subject("tenant-a", "append_batch"),
+                {"session_id": new_id(), "messages": [sized("m0", 2.5), sized("m1", 2.5)]},
+            )
+            assert status == 201, out
+            status, refusal = await command(nc, layout.command_subject("tenant-a", "session.create"), {"id": new_id()})
+            assert status == 429
+            assert_waits_for(refusal, 5, time.monotonic() - started)
+    finally:
+        await nc.close()

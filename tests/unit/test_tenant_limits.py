@@ -17,7 +17,7 @@ from services.api.limits import TenantRateLimit
 from services.api.problems import as_response
 from services.errors import RateLimited
 from services.requests import limits as limits_module
-from services.requests.limits import Rate, TenantLimits, limits_of
+from services.requests.limits import Rate, TenantLimits, body_weight, limits_of
 from services.requests.problems import problem_of
 from services.settings import Settings
 
@@ -150,9 +150,89 @@ def test_a_negative_charge_gives_back_what_was_taken_up_to_the_burst() -> None:
     charge(-9)  # -7 -> 2: the request's own token stays taken
     assert [limits.wait_s("a") for _ in range(2)] == [0.0, 0.0]
     assert limits.wait_s("a") == pytest.approx(1.0)
-    charge(-50)  # never more than the burst
+    limits.charge("a", -50)  # never more than the burst (a request's own charge gives back only what it took)
     assert [limits.wait_s("a") for _ in range(3)] == [0.0, 0.0, 0.0]
     assert limits.wait_s("a") > 0
+
+
+@pytest.mark.parametrize(
+    ("size", "token_bytes", "weight"),
+    [(0, 1024, 1), (1024, 1024, 1), (1025, 1024, 2), (10 * 1024, 1024, 10), (95_000_000, 65536, 1450), (10**9, 0, 1)],
+)
+def test_a_body_weighs_a_token_per_token_bytes_begun(size: int, token_bytes: int, weight: int) -> None:
+    assert body_weight(size, token_bytes) == weight
+
+
+def weighing(per_s: float = 1.0, burst: int = 3, token_bytes: int = 1000) -> tuple[TenantLimits, Clock]:
+    clock = Clock()
+    return TenantLimits(Rate.of(per_s, burst), clock=clock, token_bytes=token_bytes), clock
+
+
+def level(limits: TenantLimits, tenant: str) -> float:
+    """The tokens ``tenant``'s bucket holds (negative: owed), taking none."""
+    return limits._buckets[tenant].tokens
+
+
+def test_a_request_counts_the_larger_of_its_events_and_its_bodys_weight_never_both() -> None:
+    """(A body was not weighed: a 95 MB request that failed validation cost one token.) A body of
+    5 units weighs 5 tokens, taken before the body is read; a batch of 3 events in it adds
+    nothing; one of 8 adds the 3 past the weight; giving events back stops at the weight."""
+    limits, _ = weighing(per_s=1.0, burst=10)
+    limits.admit("a")  # 10 -> 9
+    charge = limits.charger("a")
+    assert charge is not None
+    charge.weigh(4_001)  # 5 units: 4 more
+    assert level(limits, "a") == 5
+    charge(2)  # 3 events, fewer than its weight: nothing more
+    assert level(limits, "a") == 5
+    charge(5)  # 8 events: 3 past its weight
+    assert level(limits, "a") == 2
+    charge(-7)  # 1 event: back to its weight, not below
+    assert level(limits, "a") == 5
+    charge.weigh(2_000)  # a smaller size later (what arrived so far) lowers nothing
+    assert level(limits, "a") == 5
+    charge.weigh(6_500)  # more of the body arrived: 7 units
+    assert level(limits, "a") == 3
+
+
+def test_a_body_is_never_refused_for_its_size_but_one_weighed_in_debt_is_and_takes_nothing() -> None:
+    limits, _ = weighing(per_s=1.0, burst=3)
+    for _ in range(3):
+        limits.admit("a")  # three requests admitted at once: 0 left
+    first, second = limits.charger("a"), limits.charger("a")
+    assert first is not None
+    assert second is not None
+    first.weigh(100_000)  # 100 units, owing nothing before: taken whole (0 -> -99)
+    with pytest.raises(RateLimited) as caught:
+        second.weigh(2_500)  # 3 units in debt past the burst: refused
+    assert "its body of 2500 bytes" in caught.value.detail
+    assert (second.events, second.weight) == (1, 1)  # nothing taken, nothing counted
+    assert limits.wait_s("a") == pytest.approx(100.0)
+
+
+def test_a_charger_for_a_body_weighed_at_admission_takes_its_weight_again_never() -> None:
+    """A command is weighed as it is admitted, and its handler's charge made later: told the
+    body's size, it counts that weight as taken."""
+    limits, _ = weighing(per_s=1.0, burst=3)
+    limits.admit("a")
+    admitted = limits.charger("a")
+    assert admitted is not None
+    admitted.weigh(4_001)  # 2 -> -2
+    handler = limits.charger("a", weighed=4_001)
+    assert handler is not None
+    handler(4)  # a batch of 5 messages in it: as many as its weight
+    assert limits.wait_s("a") == pytest.approx(3.0)
+    handler(1)  # 6: one more
+    assert limits.wait_s("a") == pytest.approx(4.0)
+
+
+def test_settings_weigh_bodies_by_64_kib_unless_told_otherwise() -> None:
+    default = limits_of(Settings(rate_limit=10))
+    assert default is not None
+    assert default.token_bytes == 65536
+    off = limits_of(Settings(rate_limit=10, rate_limit_token_bytes=0))
+    assert off is not None
+    assert off.token_bytes == 0
 
 
 def test_a_refused_charge_is_logged_as_a_refused_request(caplog: pytest.LogCaptureFixture) -> None:
@@ -290,3 +370,20 @@ def test_a_refusal_is_a_429_problem_with_the_wait_and_retry_after_in_whole_secon
     assert resp.headers["retry-after"] == header
     assert resp.media_type == "application/problem+json"
     assert json.loads(bytes(resp.body))["detail"] == "tenant 't' is over its limit"
+
+
+def test_a_debt_of_the_requests_own_body_is_not_one_it_finds() -> None:
+    """A batch of 1,000 small messages in an 80 KB body: its weight (20) took the bucket into debt
+    as it was read; its 980 events past that are still taken (they were refused, the request's own
+    debt taken for another's); a second request's charge in that debt is refused."""
+    limits, _ = weighing(per_s=1.0, burst=3, token_bytes=4096)
+    limits.admit("a")
+    limits.admit("a")  # another request, admitted at the same moment
+    batch, other = limits.charger("a"), limits.charger("a")
+    assert batch is not None
+    assert other is not None
+    batch.weigh(80_000)  # 20 units: 1 -> -18
+    batch(999)  # 1,000 events: 980 more, its own debt notwithstanding
+    assert level(limits, "a") == -998
+    with pytest.raises(RateLimited):
+        other(1)
