@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -139,6 +140,40 @@ async def compacted_view(
     return leaf_id, rows, view
 
 
+class _Counted:
+    """A message's tokens, counted once per compaction (planning and measuring ask for the same
+    messages again): by the message object, which the compaction keeps alive throughout."""
+
+    def __init__(self, tokens: Callable[[Message], int]) -> None:
+        self._tokens = tokens
+        self._known: dict[int, int] = {}
+
+    def __call__(self, msg: Message) -> int:
+        key = id(msg)
+        if key not in self._known:
+            self._known[key] = self._tokens(msg)
+        return self._known[key]
+
+    def total(self, messages: Sequence[Message]) -> int:
+        return sum(self(m) for m in messages)
+
+
+def _planned(
+    view: list[queries.MessageRow | Overlay], cfg: CompactionConfig, tokens: Callable[[Message], int]
+) -> tuple[list[Message], Plan | Skip]:
+    """The view as messages and the range to compact in it (CPU only: run in a worker thread)."""
+    messages = [as_message(v) for v in view]
+    plan = plan_compaction(
+        messages,
+        tokens,
+        overlays={i for i, v in enumerate(view) if isinstance(v, Overlay)},
+        protect_head=cfg.protect_head,
+        tail_token_budget=cfg.tail_token_budget,
+        min_tail_messages=cfg.min_tail_messages,
+    )
+    return messages, plan
+
+
 def as_message(item: queries.MessageRow | Overlay) -> Message:
     if isinstance(item, Overlay):
         return item.as_message()
@@ -234,15 +269,12 @@ class CompactionService:
             prompt = await context_queries.latest_prompt(conn, tenant, session)
         if leaf is None or not view:
             return _Nothing(leaf, cfg, "no messages", last)
-        messages = [as_message(v) for v in view]
-        plan = plan_compaction(
-            messages,
-            self.tokens,
-            overlays={i for i, v in enumerate(view) if isinstance(v, Overlay)},
-            protect_head=cfg.protect_head,
-            tail_token_budget=cfg.tail_token_budget,
-            min_tail_messages=cfg.min_tail_messages,
-        )
+        # Parsing the branch and counting its tokens costs in proportion to the branch (a
+        # 5,000-message one ~0.5 s): in a worker thread, so the process's event loop, which every
+        # tenant's requests share (a manual compaction runs in the API), goes on meanwhile;
+        # tiktoken counts without the GIL. Each message is counted once (``counted``).
+        counted = _Counted(self.tokens)
+        messages, plan = await asyncio.to_thread(_planned, view, cfg, counted)
         if isinstance(plan, Skip):
             return _Nothing(leaf, cfg, plan.reason, last)
         summary = await self._summarize(tenant, session, leaf, plan, attempt)
@@ -254,10 +286,13 @@ class CompactionService:
         first = head.from_message_id if isinstance(head, Overlay) else head.id
         last_id = tail.to_message_id if isinstance(tail, Overlay) else tail.id
         prompt_tokens = prompt.tokens if prompt else 0
-        before = sum(self.tokens(m) for m in messages) + prompt_tokens
         covered = messages[plan.start : plan.end]
         summary_msg: Message = {"id": "", "role": "assistant", "parts": [{"type": "text", "text": summary}]}
-        after = before - sum(self.tokens(m) for m in covered) + self.tokens(summary_msg)
+        branch, summarised, summary_tokens = await asyncio.to_thread(
+            lambda: (counted.total(messages), counted.total(covered), self.tokens(summary_msg))
+        )
+        before = branch + prompt_tokens
+        after = before - summarised + summary_tokens
         overlay_id = derived_id("overlay", tenant, session, first, last_id)
         event = CompactionRecorded(
             id=overlay_id,

@@ -101,6 +101,11 @@ class OfflineSummarizer:
     model: str | None = None
 
     async def summarize(self, plan: Plan) -> str:
+        """The summary, made in a worker thread: it reads every summarised message (a
+        50,000-message middle ~1 s), and the process's event loop serves every tenant."""
+        return await asyncio.to_thread(self._summary, plan)
+
+    def _summary(self, plan: Plan) -> str:
         budget_chars = max(400, plan.budget * 4)
         turns = [(str(m.get("role")), _text(m)) for m in plan.middle]
         turns = [(r, t) for r, t in turns if t]

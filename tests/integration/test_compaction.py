@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import threading
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 import httpx
@@ -15,6 +16,8 @@ from events.omitted import OMITTED, ParentId
 from projections.overlays import Overlay, overlays
 from services.api.app import build_app
 from services.bootstrap import Container
+from services.compaction import service as service_module
+from services.compaction import summarizers as summarizers_module
 from services.compaction.ranges import Plan
 from services.compaction.service import Outcome, compacted_view
 from services.compaction.summarizers import SummarizerError
@@ -114,6 +117,46 @@ async def test_manual_compaction_is_iterative_and_branch_local(stack: Container,
     await _append_chain(stack, short, ["x0", "x1"])
     outcome = await stack.compaction.compact(T, short)
     assert (outcome.overlay, outcome.reason) == (None, "too few messages")
+
+
+async def test_a_manual_compaction_parses_counts_and_summarises_off_the_event_loop(
+    stack: Container, new_id: Callable[[str], str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """(All of it ran on the event loop: in the API, 4 compactions of 5,000-message sessions held
+    every tenant's requests 0.6-1.2 s, an outside trial found.) The branch's messages are parsed,
+    their tokens counted and the offline summary written in worker threads, each message counted
+    once; the loop only awaits them."""
+    sid = new_id("loop")
+    config = SessionConfig(compaction=CompactionConfig(protect_head=1, tail_token_budget=10, min_tail_messages=2))
+    await stack.context.configure(T, sid, config)
+    await _append_chain(stack, sid, [f"m{i}" for i in range(30)])
+    await stack.commands.optimistic.catch_up(T, sid)
+    ran: dict[str, set[int]] = {"parse": set(), "count": set(), "summary": set()}
+    counted: list[str] = []
+
+    def spying(kind: str, real: Callable[..., object]) -> Callable[..., object]:
+        def spy(*args: object) -> object:
+            ran[kind].add(threading.get_ident())
+            return real(*args)
+
+        return spy
+
+    real_tokens = stack.compaction.tokens
+    monkeypatch.setattr(service_module, "as_message", spying("parse", service_module.as_message))
+    monkeypatch.setattr(summarizers_module, "_clip", spying("summary", summarizers_module._clip))
+
+    def tokens(msg: dict[str, object]) -> int:
+        ran["count"].add(threading.get_ident())
+        counted.append(str(msg.get("id")))
+        return real_tokens(msg)
+
+    monkeypatch.setattr(stack.compaction, "tokens", tokens)
+    outcome = await stack.compaction.compact(T, sid)
+    assert outcome.overlay is not None
+    loop_thread = threading.get_ident()
+    assert all(ran.values()), ran  # each kind of work was done
+    assert loop_thread not in set().union(*ran.values()), ran
+    assert sorted(counted) == sorted({*counted}), counted  # no message counted twice
 
 
 class _Recording:
