@@ -51,7 +51,7 @@ from psycopg_pool import AsyncConnectionPool, PoolTimeout
 from events.catalog import MessageAppended
 from events.envelope import Event
 from events.publisher import ConcurrencyConflict, Publisher
-from services.errors import ContentionExhausted, ErasedSession
+from services.errors import ContentionExhausted, ErasedSession, ProjectionTimeout
 from services.writes.turns import SessionTurns
 from services.writes.waiting import AppliedWaiter
 
@@ -151,6 +151,15 @@ class OptimisticWriter:
         self.turns = SessionTurns(turn_timeout_s)
         self._chains: OrderedDict[tuple[str, str], UnappliedChain] = OrderedDict()
         self._known_ids = 0  # ids kept by all chains
+
+    async def applied_in_time(self, tenant: str, session: str, seq: int) -> bool:
+        """Whether the projection applies the session's events up to ``seq`` within the read wait
+        (``CHRONICLE_READ_WAIT_TIMEOUT_S``); False when it has not by then."""
+        try:
+            await self._waiter.wait_session(tenant, session, seq)
+        except ProjectionTimeout:
+            return False
+        return True
 
     async def catch_up(self, tenant: str, session: str) -> int:
         """Wait until the projection has applied every event of the session; returns its last seq."""
