@@ -56,6 +56,12 @@ def checked_message(raw: dict[str, Any], *, new: bool, loc: Loc = ("message",)) 
     (:func:`events.ids.check_new_message_id`: one holding a ``/``, or ``.`` or ``..``). An update
     names a stored message, which keeps its id. A refusal names the fields in its ``errors``,
     each ``loc`` under ``loc`` (where the message is in the body)."""
+    checked_size(raw, new=new, loc=loc)
+    return raw
+
+
+def checked_size(raw: dict[str, Any], *, new: bool, loc: Loc = ("message",)) -> int:
+    """:func:`checked_message`, answering the bytes the message is stored as."""
     try:
         UIMessage.model_validate(raw)
     except ValidationError as exc:
@@ -67,9 +73,9 @@ def checked_message(raw: dict[str, Any], *, new: bool, loc: Loc = ("message",)) 
         except ids.InvalidId as exc:
             raise InvalidId(str(exc)) from exc
     try:
-        stored_json(raw).encode("utf-8")
+        size = len(stored_json(raw).encode("utf-8"))
     except UnicodeEncodeError as exc:
         raise invalid_fields([field_error(loc, "contains invalid Unicode (a lone surrogate)")]) from exc
     if has_bad_chars(raw):
         raise invalid_fields([field_error(loc, "must not contain NUL characters or lone surrogates")])
-    return raw
+    return size
