@@ -82,7 +82,8 @@ def build_app(settings: Settings, container: Container | None = None, keys: KeyR
     app.add_middleware(ContentEncoding)  # a coded body is refused unread
     app.add_middleware(Utf8Path)
     if (limits := limits_of(settings)) is not None:
-        app.add_middleware(TenantRateLimit, limits=limits)  # before the hot paths: they are requests too
+        # before the hot paths (they are requests too); a body the limit refuses unread is not weighed
+        app.add_middleware(TenantRateLimit, limits=limits, body_limit=settings.request_bytes_limit())
     app.add_middleware(ApiKeyAuth, keys=keys, ops_key=ops_key)
     app.add_middleware(HeadAsGet)  # HEAD is GET to every layer inside, without the body
     # every reader of a body inside: it must be whole in time, else 408 (services/api/body_timeout.py)

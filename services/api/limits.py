@@ -12,7 +12,7 @@ from __future__ import annotations
 from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from services.api.guards import Refusal, chunked, declared_length
+from services.api.guards import Refusal, chunked, content_codings, declared_length
 from services.api.metrics import RATE_LIMITED
 from services.api.problems import as_response
 from services.errors import RateLimited
@@ -41,25 +41,28 @@ class TenantRateLimit:
     """ASGI middleware inside the key check (the tenant is known): counts each ``/v1`` request
     against its tenant's bucket, weighs its body, and refuses the ones over the limit."""
 
-    def __init__(self, app: ASGIApp, limits: TenantLimits) -> None:
+    def __init__(self, app: ASGIApp, limits: TenantLimits, body_limit: int | None = None) -> None:
         self.app = app
         self.limits = limits
+        self.body_limit = body_limit  # a declared body over it is refused unread (413): never weighed
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         tenant = scope.get("state", {}).get("tenant") if scope["type"] == "http" else None
         if tenant is None:
             await self.app(scope, receive, send)
             return
-        declared = declared_length(scope.get("headers", []))
+        headers = scope.get("headers", [])
+        declared = declared_length(headers)
+        weighed = declared if declared and self._readable(scope["method"], declared, headers) else None
         try:
             self.limits.admit(tenant)
         except RateLimited as exc:
             await _refused(exc)(scope, receive, send)
             return
         charge = self.limits.charger(tenant)
-        if charge is not None and declared:
+        if charge is not None and weighed:
             try:
-                charge.weigh(declared)  # before the body is read: the server reads no more than that
+                charge.weigh(weighed)  # before the body is read: the server reads no more than that
             except RateLimited as exc:
                 await _refused(exc, unread=True)(scope, receive, send)
                 return
@@ -71,6 +74,16 @@ class TenantRateLimit:
             await self.app(scope, receive, send)
             return
         await self._weighed_as_it_arrives(scope, receive, send, charge)
+
+    def _readable(self, method: str, declared: int, headers: list[tuple[bytes, bytes]]) -> bool:
+        """Whether a declared body may be read, so weighed before it is: not one that is refused
+        unread (over the body limit: ``413``; sent with a content coding: ``415``), nor a ``GET``'s
+        (no route reads one). A declared length costs nothing by itself: weighing what a head
+        claimed (``Content-Length: 10**30``) put the tenant in debt for good, a read-only key's
+        request too."""
+        if method in ("GET", "HEAD") or content_codings(headers):
+            return False
+        return self.body_limit is None or declared <= self.body_limit
 
     async def _weighed_as_it_arrives(self, scope: Scope, receive: Receive, send: Send, charge: RequestCharge) -> None:
         received = 0

@@ -637,6 +637,40 @@ async def test_a_declared_body_is_weighed_before_it_is_read(observed: tuple[str,
     assert limits.charged == [("tenant-a", 4)]  # its weight past the admission's token, before the body
 
 
+@pytest.mark.parametrize(
+    ("method", "extra", "size", "status"),
+    [
+        ("POST", "", 2**62, 413),  # over the body limit: refused unread
+        ("POST", "Content-Encoding: gzip\r\n", 5 * TOKEN_BYTES, 415),  # a coded body: refused unread
+        ("GET", "", 5 * TOKEN_BYTES, 200),  # no route reads a GET's body
+    ],
+    ids=["over-the-limit", "coded", "get"],
+)
+async def test_a_declared_body_that_is_never_read_is_not_weighed(
+    observed: tuple[str, ObservedLimits], method: str, extra: str, size: int, status: int
+) -> None:
+    """What a head claims costs nothing by itself: a Content-Length of 2**62 put the tenant in
+    debt for ~10**12 s (every later request 429, a read-only key's request too), though the 413
+    read none of it; a 415's body and a GET's were weighed in full too."""
+    api, limits = observed
+    path = "/v1/sessions" if method == "GET" else f"/v1/sessions/{new_id()}/messages"
+    head = (
+        f"{method} {path} HTTP/1.1\r\nHost: chronicle\r\nAuthorization: {raw_http.AUTH}\r\n"
+        f"Content-Type: application/json\r\n{extra}Content-Length: {size}\r\n\r\n"
+    ).encode()
+    reader, writer = await raw_http.connect(api)
+    try:
+        writer.write(head + (b"x" * size if size < TOKEN_BYTES * 10 and method == "GET" else b""))
+        await writer.drain()
+        answered, _, _ = await raw_http.answer(reader)
+    finally:
+        writer.close()
+    assert answered == status
+    assert limits.charged == []  # no weight taken for it
+    async with client(api, "tenant-a") as http:
+        assert (await http.get("/v1/sessions")).status_code == 200  # the bucket owes nothing
+
+
 async def test_a_chunked_body_is_weighed_as_it_arrives_and_refused_once_the_bucket_may_owe_no_more(
     observed: tuple[str, ObservedLimits], stack: Container
 ) -> None:
