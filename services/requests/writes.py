@@ -180,8 +180,10 @@ async def append_batch(
     if charge is not None:
         charge(len(bodies) - 1)
     answers: list[Answer] = []
-    paced, chunk = True, 0
-    ends: list[int] = []  # the last sequence of each chunk of BATCH_CHUNK_BYTES stored
+    pacer, chunk = (
+        c.commands.optimistic.pacer(tenant, sid),
+        0,
+    )  # chunks of BATCH_CHUNK_BYTES (services/writes/pacing.py)
     for i, body in enumerate(bodies):
         # a replayed previous message may have had children before this batch came (the
         # reference's "send the prefix again, then a regenerated answer"): its next message is
@@ -190,10 +192,9 @@ async def append_batch(
         follow = i > 0 and bool(answers[-1]["created"])
         try:
             if chunk >= BATCH_CHUNK_BYTES:  # a chunk stored: at most two ahead of the projector
-                ends.append(answers[-1]["seq"])
+                pacer.stored(answers[-1]["seq"])
                 chunk = 0
-                if paced and len(ends) >= 2:
-                    paced = await c.commands.optimistic.applied_in_time(tenant, sid, ends[-2])
+                await pacer.turn()
             chunk += sizes[i]
             r = await c.commands.append(tenant, sid, body, parent, request_key, follow=follow)
         except Exception as exc:  # the messages before it are stored: the answer says so (BatchFailed)

@@ -874,17 +874,14 @@ async def fork(
     # the last is applied. The log is one order for every tenant, and a fork's copies published
     # at once (20,000 in ~3 s) held every other tenant's events behind them until the projector
     # had applied them all (their reads with min_seq and their writes waited, 503
-    # projection_timeout past the read wait). A chunk the projector has not applied within the
-    # read wait ends the pacing (it is behind for another reason): the rest is published at
+    # projection_timeout past the read wait). Past the read wait in all, the rest is published at
     # once, as before.
-    paced = True
-    ends: list[int] = []  # the last sequence of each chunk published
+    pacer = cmd.optimistic.pacer(tenant, sid)  # its waits share one budget (services/writes/pacing.py)
     for start in range(0, len(copies) - 1, FORK_CHUNK):
-        if paced and len(ends) >= 2:
-            paced = await cmd.optimistic.applied_in_time(tenant, sid, ends[-2])
+        await pacer.turn()
         chunk = copies[start : min(start + FORK_CHUNK, len(copies) - 1)]
         results += await cmd._pub.publish_many(chunk, fresh_id_on_foreign=True)
-        ends.append(results[-1].seq)
+        pacer.stored(results[-1].seq)
     if copies:  # only once every other copy is stored
         results += await cmd._pub.publish_many(copies[-1:], fresh_id_on_foreign=True)
     # An erasure is recorded before its event is published: one not recorded now came after every

@@ -51,7 +51,8 @@ from psycopg_pool import AsyncConnectionPool, PoolTimeout
 from events.catalog import MessageAppended
 from events.envelope import Event
 from events.publisher import ConcurrencyConflict, Publisher
-from services.errors import ContentionExhausted, ErasedSession, ProjectionTimeout
+from services.errors import ContentionExhausted, ErasedSession
+from services.writes.pacing import Pacer
 from services.writes.turns import SessionTurns
 from services.writes.waiting import AppliedWaiter
 
@@ -152,14 +153,9 @@ class OptimisticWriter:
         self._chains: OrderedDict[tuple[str, str], UnappliedChain] = OrderedDict()
         self._known_ids = 0  # ids kept by all chains
 
-    async def applied_in_time(self, tenant: str, session: str, seq: int) -> bool:
-        """Whether the projection applies the session's events up to ``seq`` within the read wait
-        (``CHRONICLE_READ_WAIT_TIMEOUT_S``); False when it has not by then."""
-        try:
-            await self._waiter.wait_session(tenant, session, seq)
-        except ProjectionTimeout:
-            return False
-        return True
+    def pacer(self, tenant: str, session: str) -> Pacer:
+        """Pacing of one long write to ``session`` (:mod:`services.writes.pacing`), its budget the read wait."""
+        return Pacer(self._waiter, tenant, session, self._waiter.timeout_s)
 
     async def catch_up(self, tenant: str, session: str) -> int:
         """Wait until the projection has applied every event of the session; returns its last seq."""

@@ -45,6 +45,11 @@ class AppliedWaiter:
         self._task: asyncio.Task[None] | None = None
         self._listening = asyncio.Event()
 
+    @property
+    def timeout_s(self) -> float:
+        """How long a read waits for the projection (``CHRONICLE_READ_WAIT_TIMEOUT_S``)."""
+        return self._timeout
+
     async def start(self) -> None:
         self._task = asyncio.create_task(self._listen(), name="chronicle-listen")
         with contextlib.suppress(TimeoutError):
