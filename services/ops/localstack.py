@@ -290,7 +290,8 @@ def start_moto(
     """moto's S3 server at ``s3_endpoint`` (in memory, development only), with ``buckets`` made on
     it, when installed; with a ``recording`` (services/ops/s3_recording.py) its objects outlive it:
     the writes that file keeps are replayed into it, the file rewritten as the objects stand, and
-    every request it serves recorded there; otherwise S3 features answer 503 until a MinIO is configured. Something
+    every write it serves recorded there (its reads are not: services/ops/moto_server.py);
+    otherwise S3 features answer 503 until a MinIO is configured. Something
     already listening there (it started answering since :func:`s3_missing` looked) is a
     RuntimeError: no bucket is made on a server this did not start."""
     endpoint = settings.s3_endpoint
@@ -307,8 +308,8 @@ def start_moto(
         flush=True,
     )
     env = {**os.environ, "MOTO_RECORDER_FILEPATH": str(recording)} if recording else None
-    proc = subprocess.Popen(
-        [str(exe), "-H", host or "127.0.0.1", "-p", str(port)],
+    proc = subprocess.Popen(  # moto's server, recording its writes only (services/ops/moto_server.py)
+        [sys.executable, "-m", "services.ops.moto_server", "-H", host or "127.0.0.1", "-p", str(port)],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
         start_new_session=True,
@@ -763,6 +764,8 @@ def _named(proc: subprocess.Popen[bytes]) -> str:
     args = [str(a) for a in proc.args] if isinstance(proc.args, list | tuple) else [str(proc.args)]
     if "services.ops.cli" in args:
         return "chronicle " + " ".join(args[args.index("services.ops.cli") + 1 :])
+    if "-m" in args[:-1]:  # a module of ours run as a server's command: services.ops.moto_server
+        return args[args.index("-m") + 1].rsplit(".", 1)[-1]
     return Path(args[0]).name
 
 

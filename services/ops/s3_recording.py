@@ -1,12 +1,13 @@
 """The local S3 of ``chronicle up`` kept across restarts.
 
 moto's S3 server holds its objects in memory. ``chronicle up`` starts it with moto's recorder
-writing every request it serves to ``<data dir>/s3-recording.jsonl`` (one JSON object a line:
-method, URL, headers, body), and at the next start replays that file's writes into the new
-server, so skills, claim-checked bodies and archive segments outlive a restart as they do on
-MinIO. After the replay, and again when the stack stops while the server still runs, the file is
-rewritten as the server's objects now stand (one put a bucket and an object): the bytes of an
-object deleted meanwhile (an erasure's included) leave the file then, and reads never pile up in it.
+writing every write request it serves to ``<data dir>/s3-recording.jsonl`` (one JSON object a
+line: method, URL, headers, body; reads are left out: services/ops/moto_server.py), and at the
+next start replays that file's writes into the new server, so skills, claim-checked bodies and
+archive segments outlive a restart as they do on MinIO. After the replay, and again when the stack
+stops while the server still runs, the file is rewritten as the server's objects now stand (one
+put a bucket and an object): the bytes of an object deleted meanwhile (an erasure's included)
+leave the file then.
 
 Pure parts (:func:`writes`, :class:`UploadIds`, :func:`put_line`) beside the thin HTTP shell
 (:func:`replay`, :func:`snapshot`, :func:`start_recording`).
@@ -215,7 +216,8 @@ def own_file(recording: Path) -> None:
 
 
 def start_recording(host: str, port: int) -> None:
-    """Turn moto's recorder on (it appends each request it serves to its recording file)."""
+    """Turn moto's recorder on (it appends each write it serves to its recording file, as
+    services/ops/moto_server.py runs it)."""
     conn = http.client.HTTPConnection(host, port, timeout=10)
     try:
         conn.request("POST", "/moto-api/recorder/start-recording")

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 from minio import Minio
 
+from services.ops import s3_recording
 from services.ops.localstack import LOCAL_S3_BUCKETS, free_port, s3_missing, start_moto
 from services.settings import Settings
 from services.storage.s3 import SkillStore
@@ -132,3 +133,46 @@ def test_a_recording_that_does_not_parse_is_kept_aside_not_rewritten_away(
     assert kept.read_bytes() == damaged
     assert kept.stat().st_mode & 0o777 == 0o600
     assert f"1 unreadable fragment(s) left out, the file kept as {kept}" in capsys.readouterr().out
+
+
+def test_reads_served_by_the_s3_up_starts_never_grow_its_recording(tmp_path: Path) -> None:
+    """moto's recorder appended every request it served, reads included: on a stack left running
+    (a soak of 40 minutes: skill loads, context renders) the recording grew by a line of headers
+    (~800 bytes) for each GET and HEAD, without bound until the next start rewrote it, though only
+    its writes are ever replayed. Now only the writes are recorded, and the objects still come back."""
+    settings = Settings(s3_endpoint=f"127.0.0.1:{free_port()}")
+    recording = tmp_path / "s3-recording.jsonl"
+    store = SkillStore(
+        settings.s3_endpoint, settings.s3_access_key, settings.s3_secret_key, secure=False, region=settings.s3_region
+    )
+
+    async def write_then_read() -> None:
+        await store.put("skills", "t/tax.md", "# Tax\nfile by April", "how to file")
+        for _ in range(50):
+            assert await store.get_text("skills", "t/tax.md") == "# Tax\nfile by April"
+            assert await store.bucket_exists("skills")
+            assert [o.key for o in await store.list("skills", "t/")] == ["t/tax.md"]
+
+    proc = start_moto(settings, recording)
+    assert proc is not None
+    try:
+        after_start = recording.stat().st_size
+        asyncio.run(write_then_read())
+        values, torn = s3_recording.entries(recording.read_text().splitlines())
+    finally:
+        proc.kill()  # no snapshot at a clean stop: the file as moto left it
+        proc.wait(timeout=10)
+    assert torn == 0
+    methods = [v["method"] for v in values]
+    assert "GET" not in methods, methods
+    assert "HEAD" not in methods, methods
+    assert len(s3_recording.writes(values)) == len(values)
+    assert recording.stat().st_size - after_start < 4_000  # the one put, not 150 reads
+
+    proc = start_moto(settings, recording)
+    assert proc is not None
+    try:
+        assert asyncio.run(store.get_text("skills", "t/tax.md")) == "# Tax\nfile by April"
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
