@@ -9,6 +9,7 @@ import json
 import random
 import time
 import uuid
+from collections import OrderedDict
 from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -89,6 +90,11 @@ class _Tries:
 NATS_CONNECT_ATTEMPTS = 3
 """Tries per server of the first NATS connect (a second apart) before it fails as
 :class:`Unavailable`; once connected, the client reconnects for as long as it is open."""
+REMEMBERED_SESSIONS = 10_000
+"""Sessions whose last write ``seq`` a client remembers (those written to most recently, about
+200 bytes each); a read of another waits for the highest ``seq`` of the sessions it forgot. A
+client kept every session it ever wrote to: an agent service's long-lived client grew by one
+entry per conversation without bound, and each tenant-wide read took the highest of them all."""
 FOLLOW_IDLE_S = 60.0
 """How long a followed answer may stay silent before the connection counts as lost (the server
 sends a blank line every 15 s while nothing happens)."""
@@ -243,7 +249,10 @@ class ChronicleClient:
       waited out during the ``retries`` (up to 4 times 60 s). Lower ``timeout_s``, ``retries`` or
       ``retry_budget_s`` to bound a call more tightly.
     * Read-your-writes: remembers the ``seq`` of its last write per session and sends it as
-      ``min_seq`` on every read of that session (tenant-wide reads send the highest one).
+      ``min_seq`` on every read of that session (tenant-wide reads send the highest one). It
+      remembers the ``REMEMBERED_SESSIONS`` (10,000) sessions it wrote to last: a read of one
+      written before those sends the highest ``seq`` of the sessions it forgot, which is at least
+      that session's own.
     * Commands over NATS: with ``nats_url`` and ``via="nats"``, every write (appends, sessions,
       messages, context, tools, prompts, compaction) is sent as a NATS request to the server's
       command service (``chronicle commands``) instead of an HTTP request: the server runs the
@@ -317,7 +326,9 @@ class ChronicleClient:
             if transport is None
             else HttpxTransport(self.base_url, transport, timeout_s=timeout_s)
         )
-        self._seqs: dict[str, int] = {}
+        self._seqs: OrderedDict[str, int] = OrderedDict()  # written to least recently first
+        self._highest_seq = 0  # of every session written to
+        self._forgotten_seq = 0  # of the sessions dropped from _seqs
         self._publishing: NatsPublishing | None = None
         self._direct: _Direct | None = None
         self._direct_lock = asyncio.Lock()
@@ -368,15 +379,24 @@ class ChronicleClient:
     # -- read-your-writes -------------------------------------------------------------------
 
     def last_seq(self, session_id: str | None = None) -> int:
-        """The highest write ``seq`` seen for a session (``None``: for any session); 0 if none."""
+        """The highest write ``seq`` seen for a session (``None``: for any session); 0 if none.
+
+        The client remembers the :data:`REMEMBERED_SESSIONS` sessions it wrote to last; for one it
+        wrote to before those (or never), the highest ``seq`` of the sessions it forgot: at least
+        that session's own, so its reads still wait for its writes."""
         if session_id is None:
-            return max(self._seqs.values(), default=0)
-        return self._seqs.get(session_id, 0)
+            return self._highest_seq
+        return self._seqs.get(session_id, self._forgotten_seq)
 
     def note_seq(self, session_id: str, seq: Any) -> None:
         """Remember a write's ``seq`` so that later reads of ``session_id`` wait for it."""
-        if isinstance(seq, int) and not isinstance(seq, bool) and seq > self._seqs.get(session_id, 0):
+        if isinstance(seq, int) and not isinstance(seq, bool) and seq > self.last_seq(session_id):
             self._seqs[session_id] = seq
+            self._seqs.move_to_end(session_id)
+            self._highest_seq = max(self._highest_seq, seq)
+            while len(self._seqs) > REMEMBERED_SESSIONS:
+                _, dropped = self._seqs.popitem(last=False)
+                self._forgotten_seq = max(self._forgotten_seq, dropped)
 
     # -- HTTP -------------------------------------------------------------------------------
 

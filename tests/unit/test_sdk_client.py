@@ -6,6 +6,7 @@ import asyncio
 import json
 import math
 import time
+import tracemalloc
 from collections.abc import Callable
 from typing import Any
 
@@ -43,7 +44,7 @@ from chronicle_sdk import (
     Via,
     format_session_search,
 )
-from chronicle_sdk.client import RETRY_BUDGET_S, _chain_stored
+from chronicle_sdk.client import REMEMBERED_SESSIONS, RETRY_BUDGET_S, _chain_stored
 from chronicle_sdk.errors import MAX_RETRY_AFTER_S, SeqNotReached, UnknownCursor, error_from_problem
 from chronicle_sdk.tools import MAX_QUERY_CHARS, ToolDefinition, Tools
 from chronicle_sdk.types import NatsPublishing, SearchResult
@@ -1502,3 +1503,41 @@ def test_a_pipelined_chains_message_names_the_messages_published_with_the_one_th
     assert "; messages 2-3 were published with it" in _chain_stored(err, chain, pipelined=True)
     assert "published with it" not in _chain_stored(err, chain[:2], pipelined=True)
     assert "published with it" not in _chain_stored(err, chain, pipelined=False)
+
+
+async def test_a_client_remembers_a_bounded_number_of_sessions_and_still_waits_for_each_write() -> None:
+    """A long-lived client (an agent service's, one conversation after another) kept the last write
+    ``seq`` of every session it ever wrote to: its memory grew by an entry per session without
+    bound, and every tenant-wide read took the highest of all of them. It now remembers the
+    sessions it wrote to last; a read of one it forgot waits for the highest ``seq`` it forgot (at
+    least that session's own write), a tenant-wide read for the highest it saw."""
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/v1/search":
+            return httpx.Response(200, json={"results": []})
+        return httpx.Response(200, json={"leaf_id": None, "messages": []})
+
+    rec = Recorder(handler)
+    sessions = 10 * REMEMBERED_SESSIONS
+    async with rec.client() as c:
+        tracemalloc.start()
+        try:
+            before = tracemalloc.get_traced_memory()[0]
+            for i in range(sessions):
+                c.note_seq(f"conversation-{i:08d}-{'x' * 24}", i + 1)
+            held = tracemalloc.get_traced_memory()[0] - before
+        finally:
+            tracemalloc.stop()
+        assert held < 400 * REMEMBERED_SESSIONS  # ~200 bytes a session remembered; every one: ~20 MB
+        forgotten = sessions - REMEMBERED_SESSIONS  # the highest seq of a forgotten session
+        await Session.create(c, f"conversation-{0:08d}-{'x' * 24}").get_history()  # forgotten: seq 1
+        await Session.create(c, f"conversation-{forgotten - 1:08d}-{'x' * 24}").get_history()  # forgotten
+        await Session.create(c, f"conversation-{sessions - 1:08d}-{'x' * 24}").get_history()  # remembered
+        await SessionManager(c).search("x")
+        assert c.last_seq() == sessions
+    assert rec.params("/history") == [
+        {"min_seq": str(forgotten)},
+        {"min_seq": str(forgotten)},
+        {"min_seq": str(sessions)},
+    ]
+    assert rec.params("/v1/search") == [{"q": "x", "limit": "20", "min_seq": str(sessions)}]
