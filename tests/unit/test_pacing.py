@@ -50,6 +50,19 @@ async def test_the_waits_of_one_write_share_the_budget_then_the_rest_goes_at_onc
     assert not pacer.on
 
 
+async def test_the_time_spent_storing_chunks_is_not_counted_against_the_budget() -> None:
+    """A write that takes longer to store than the budget, its waits short, stays paced to the end
+    (the budget counted the whole write: the largest writes lost their pacing partway)."""
+    waiter = _Waiter(each_s=0.01)
+    pacer = _pacer(waiter, budget_s=0.2)
+    for chunk in range(8):
+        await pacer.turn()
+        await asyncio.sleep(0.05)  # storing the chunk: 0.4 s in all, twice the budget
+        pacer.stored(chunk + 1)
+    assert [seq for seq, _ in waiter.asked] == [1, 2, 3, 4, 5, 6]
+    assert pacer.on
+
+
 async def test_a_wait_that_fails_ends_the_pacing_and_not_the_write() -> None:
     for fails in (PoolTimeout("pool"), psycopg.OperationalError("gone"), ProjectionTimeout("late")):
         waiter = _Waiter(fails=fails)
