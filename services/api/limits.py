@@ -70,10 +70,34 @@ class TenantRateLimit:
             await self.app(scope, receive, send)
             return
         scope["state"]["charge"] = _Counted(charge)
+        if weighed and charge.weight > 1:  # a weight past the admission's token: given back if unread
+            await self._read_as_weighed(scope, receive, send, charge, weighed)
+            return
         if declared is not None or not chunked(scope.get("headers", [])):
             await self.app(scope, receive, send)
             return
         await self._weighed_as_it_arrives(scope, receive, send, charge)
+
+    async def _read_as_weighed(
+        self, scope: Scope, receive: Receive, send: Send, charge: RequestCharge, weighed: int
+    ) -> None:
+        """The app, a body weighed before it was read: what it did not read of it is given back
+        when it ends (a route refusing unread, ``404``/``405``/``422`` on its path, or a client
+        gone mid-body), so a length claimed, never sent, leaves no debt."""
+        received = 0
+
+        async def counted() -> Message:
+            nonlocal received
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+            return message
+
+        try:
+            await self.app(scope, counted, send)
+        finally:
+            if received < weighed:
+                charge.read(received)
 
     def _readable(self, method: str, declared: int, headers: list[tuple[bytes, bytes]]) -> bool:
         """Whether a declared body may be read, so weighed before it is: not one that is refused

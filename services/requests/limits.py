@@ -227,6 +227,13 @@ class RequestCharge:
         weight = max(self.weight, body_weight(size, self._limits.token_bytes))
         self._take(self.events, weight, f"tokens its body of {size} bytes weighs")
 
+    def read(self, size: int) -> None:
+        """The body read was ``size`` bytes in the end, less than weighed before it was read (a
+        request refused unread, a client gone mid-body): the weight of what was not read is given
+        back, never what its events took."""
+        weight = min(self.weight, max(1, body_weight(size, self._limits.token_bytes)))
+        self._take(self.events, weight, "tokens")
+
     def _take(self, events: int, weight: int, what: str) -> None:
         taken = max(self.events, self.weight)
         more = max(events, weight) - taken

@@ -671,6 +671,31 @@ async def test_a_declared_body_that_is_never_read_is_not_weighed(
         assert (await http.get("/v1/sessions")).status_code == 200  # the bucket owes nothing
 
 
+async def test_a_weighed_body_the_route_never_reads_is_given_back(observed: tuple[str, ObservedLimits]) -> None:
+    """A body weighed before it is read, then refused unread on its path (here a session id that
+    is not UTF-8 once decoded: ``422``) and never sent: its weight is given back when the request
+    ends (it was kept: a read-only key could send such heads, each leaving ~1,500 tokens of debt,
+    ~30 s of 429 for every writer of its tenant)."""
+    api, limits = observed
+    head = (
+        f"POST /v1/sessions/%FF/messages HTTP/1.1\r\nHost: chronicle\r\nAuthorization: {raw_http.AUTH}\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {5 * TOKEN_BYTES}\r\n\r\n"
+    ).encode()
+    reader, writer = await raw_http.connect(api)
+    try:
+        writer.write(head)  # the body is never sent
+        await writer.drain()
+        answered, _, _ = await raw_http.answer(reader)
+    finally:
+        writer.close()
+    assert answered == 422
+    async with asyncio.timeout(5):  # given back as the request ends, after its answer
+        while limits.charged != [("tenant-a", 4), ("tenant-a", -4)]:
+            await asyncio.sleep(0.01)
+    async with client(api, "tenant-a") as http:
+        assert (await http.get("/v1/sessions")).status_code == 200  # the bucket owes nothing
+
+
 async def test_a_chunked_body_is_weighed_as_it_arrives_and_refused_once_the_bucket_may_owe_no_more(
     observed: tuple[str, ObservedLimits], stack: Container
 ) -> None:
