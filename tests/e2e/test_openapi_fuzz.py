@@ -44,6 +44,8 @@ BEYOND_SCHEMA = (
     "message ids in a batch must be distinct",
     "must not contain NUL characters or lone surrogates",
     "levels",  # "nested deeper than 64 levels"
+    "is below from_seq",  # an events range the wrong way round (to_seq < from_seq)
+    "deleted=true lists by creation only",  # deleted sessions with order=recent
 )
 """Rules JSON Schema cannot state (docs/http-api.md states them): between two values, and about
 every string or the body's depth. The generator is told (``codec``, ``allow-x00``), but the
