@@ -364,6 +364,7 @@ async def test_the_timeline_shows_when_the_log_stored_each_event_not_the_time_it
     await sign_in(page)
     await page.get_by_test_id("session-filter").fill(sid)
     await page.locator(f'[data-testid="session-item"][data-sid="{sid}"] button').click()
+    await expect(page.get_by_test_id("session-title")).to_have_text("Backdated")  # open before its tab is chosen
     await page.get_by_test_id("tab-timeline").click()
     forged = page.locator(f'[data-testid="event"][data-seq="{ack.seq}"]').get_by_test_id("event-time")
     stored_at = stored[ack.seq].replace("T", " ").split(".")[0]
