@@ -17,6 +17,16 @@ AUTH = f"Bearer {KEYS['tenant-a']}"
 JSON = {"Content-Type": "application/json"}
 
 
+def head(method: str, path: str, *, length: int | None = None, extra: str = "") -> bytes:
+    """A request's head as tenant-a sends it, with a JSON body of ``length`` bytes declared (none
+    declared when ``None``) and ``extra`` header lines (each ending in CRLF)."""
+    declared = "" if length is None else f"Content-Length: {length}\r\n"
+    return (
+        f"{method} {path} HTTP/1.1\r\nHost: chronicle\r\nAuthorization: {AUTH}\r\n"
+        f"Content-Type: application/json\r\n{extra}{declared}\r\n"
+    ).encode()
+
+
 async def connect(url: str) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
     host, port = url.removeprefix("http://").split(":")
     return await asyncio.open_connection(host, int(port))

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -17,9 +16,8 @@ from events import log as eventlog
 from events.omitted import OMITTED
 from services.bootstrap import Container
 from services.requests import writes
-from tests.conftest import make_settings, running_stack
+from tests.integration.conftest import Projector, observed_waits
 from tests.integration.test_compaction import T
-from tests.integration.test_fork_paced import Projector
 
 CHUNK_BYTES = 2000  # two of these messages
 
@@ -31,37 +29,6 @@ def message(i: int) -> dict[str, Any]:
 async def stored(c: Container, sid: str) -> int:
     subject = c.layout.session_subject(T, sid)
     return sum([json.loads(e.data)["type"] == "message.appended" async for e in eventlog.read(c.js, c.layout, subject)])
-
-
-@pytest.fixture
-async def stack_and_projector(
-    nats_url: str, fresh_db: str, s3_endpoint: str
-) -> AsyncIterator[tuple[Container, Projector]]:
-    settings = make_settings(nats_url, fresh_db, s3_endpoint=s3_endpoint)
-    async with running_stack(settings, projector=False) as c:
-        projector = Projector(c)
-        projector.start()
-        try:
-            yield c, projector
-        finally:
-            await projector.stop()
-
-
-def observed_waits(c: Container, monkeypatch: pytest.MonkeyPatch, sid: str) -> tuple[list[int], asyncio.Event]:
-    """The sequences the batch waits for the projector to apply (its pacing), and an event set at
-    the first."""
-    waits: list[int] = []
-    waiting = asyncio.Event()
-    wait_session = c.waiter.wait_session
-
-    async def observed(tenant: str, session: str, seq: int, timeout_s: float | None = None) -> None:
-        if session == sid and seq > 0:
-            waits.append(seq)
-            waiting.set()
-        await wait_session(tenant, session, seq, timeout_s)
-
-    monkeypatch.setattr(c.waiter, "wait_session", observed)
-    return waits, waiting
 
 
 async def test_a_batch_is_at_most_two_chunks_ahead_of_the_projector(

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -16,43 +15,10 @@ from events import log as eventlog
 from services.bootstrap import Container
 from services.writes import commands as commands_module
 from services.writes.commands import fork
-from tests.conftest import make_settings, running_stack
+from tests.integration.conftest import Projector, observed_waits
 from tests.integration.test_compaction import T, _append_chain
 
 CHUNK = 10
-
-
-class Projector:
-    """The stack's projector, which a test stops and starts again."""
-
-    def __init__(self, c: Container) -> None:
-        self._c = c
-        self._stop = asyncio.Event()
-        self._task: asyncio.Task[None] | None = None
-
-    def start(self) -> None:
-        self._stop.clear()
-        self._task = asyncio.create_task(self._c.projector().run(self._stop))
-
-    async def stop(self) -> None:
-        self._stop.set()
-        if self._task is not None:
-            await asyncio.wait_for(self._task, timeout=15)
-            self._task = None
-
-
-@pytest.fixture
-async def stack_and_projector(
-    nats_url: str, fresh_db: str, s3_endpoint: str
-) -> AsyncIterator[tuple[Container, Projector]]:
-    settings = make_settings(nats_url, fresh_db, s3_endpoint=s3_endpoint)
-    async with running_stack(settings, projector=False) as c:
-        projector = Projector(c)
-        projector.start()
-        try:
-            yield c, projector
-        finally:
-            await projector.stop()
 
 
 async def fork_types(c: Container, sid: str) -> list[str]:
@@ -74,15 +40,7 @@ async def test_a_fork_is_at_most_two_chunks_of_its_copies_ahead_of_the_projector
     await c.commands.optimistic.catch_up(T, sid)
     await projector.stop()
 
-    waits: list[int] = []
-    waiting = asyncio.Event()
-    wait_session = c.waiter.wait_session
-
-    async def observed(tenant: str, session: str, seq: int, timeout_s: float | None = None) -> None:
-        if session == fork_id and seq > 0:
-            waits.append(seq)
-            waiting.set()
-        await wait_session(tenant, session, seq, timeout_s)
+    waits, waiting = observed_waits(c, monkeypatch, fork_id)
 
     sizes: list[int] = []
     publish_many = c.commands._pub.publish_many
@@ -91,7 +49,6 @@ async def test_a_fork_is_at_most_two_chunks_of_its_copies_ahead_of_the_projector
         sizes.append(len(events))
         return await publish_many(events, **kw)
 
-    monkeypatch.setattr(c.waiter, "wait_session", observed)
     monkeypatch.setattr(c.commands._pub, "publish_many", counted)
     forking = asyncio.create_task(fork(c.commands, c.eraser, T, sid, "m24", fork_id, None))
     first_wait = asyncio.create_task(waiting.wait())
@@ -118,15 +75,7 @@ async def test_a_projector_that_does_not_catch_up_ends_the_pacing_and_the_fork_i
     await _append_chain(c, sid, [f"m{i}" for i in range(35)])
     await c.commands.optimistic.catch_up(T, sid)
     await projector.stop()
-    waits: list[int] = []
-    wait_session = c.waiter.wait_session
-
-    async def observed(tenant: str, session: str, seq: int, timeout_s: float | None = None) -> None:
-        if session == fork_id and seq > 0:
-            waits.append(seq)
-        await wait_session(tenant, session, seq, timeout_s)
-
-    monkeypatch.setattr(c.waiter, "wait_session", observed)
+    waits, _ = observed_waits(c, monkeypatch, fork_id)
     forked = await asyncio.wait_for(fork(c.commands, c.eraser, T, sid, "m34", fork_id, None), timeout=30)
     assert forked.messages == 35
     assert len(waits) == 1  # the wait for the first chunk timed out: no other chunk waited

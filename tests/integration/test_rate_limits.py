@@ -315,10 +315,7 @@ async def test_a_batch_admitted_beside_one_that_took_the_bucket_into_debt_is_ref
     api, limits = observed
     first, other = new_id(), new_id()
     body = json.dumps({"messages": messages(2)}).encode()
-    head = (
-        f"POST /v1/sessions/{first}/messages:batch HTTP/1.1\r\nHost: chronicle\r\n"
-        f"Authorization: {raw_http.AUTH}\r\nContent-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
-    ).encode()
+    head = raw_http.head("POST", f"/v1/sessions/{first}/messages:batch", length=len(body))
     before = refused_over_http()
     reader, writer = await raw_http.connect(api)
     try:
@@ -615,10 +612,7 @@ async def test_a_declared_body_is_weighed_before_it_is_read(observed: tuple[str,
     api, limits = observed
     sid = new_id()
     body = json.dumps({"message": sized("m0", 5)}).encode()
-    head = (
-        f"POST /v1/sessions/{sid}/messages HTTP/1.1\r\nHost: chronicle\r\n"
-        f"Authorization: {raw_http.AUTH}\r\nContent-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
-    ).encode()
+    head = raw_http.head("POST", f"/v1/sessions/{sid}/messages", length=len(body))
     reader, writer = await raw_http.connect(api)
     try:
         started = time.monotonic()
@@ -654,10 +648,7 @@ async def test_a_declared_body_that_is_never_read_is_not_weighed(
     read none of it; a 415's body and a GET's were weighed in full too."""
     api, limits = observed
     path = "/v1/sessions" if method == "GET" else f"/v1/sessions/{new_id()}/messages"
-    head = (
-        f"{method} {path} HTTP/1.1\r\nHost: chronicle\r\nAuthorization: {raw_http.AUTH}\r\n"
-        f"Content-Type: application/json\r\n{extra}Content-Length: {size}\r\n\r\n"
-    ).encode()
+    head = raw_http.head(method, path, length=size, extra=extra)
     reader, writer = await raw_http.connect(api)
     try:
         writer.write(head + (b"x" * size if size < TOKEN_BYTES * 10 and method == "GET" else b""))
@@ -677,10 +668,7 @@ async def test_a_weighed_body_the_route_never_reads_is_given_back(observed: tupl
     ends (it was kept: a read-only key could send such heads, each leaving ~1,500 tokens of debt,
     ~30 s of 429 for every writer of its tenant)."""
     api, limits = observed
-    head = (
-        f"POST /v1/sessions/%FF/messages HTTP/1.1\r\nHost: chronicle\r\nAuthorization: {raw_http.AUTH}\r\n"
-        f"Content-Type: application/json\r\nContent-Length: {5 * TOKEN_BYTES}\r\n\r\n"
-    ).encode()
+    head = raw_http.head("POST", "/v1/sessions/%FF/messages", length=5 * TOKEN_BYTES)
     reader, writer = await raw_http.connect(api)
     try:
         writer.write(head)  # the body is never sent
@@ -705,10 +693,7 @@ async def test_a_chunked_body_is_weighed_as_it_arrives_and_refused_once_the_buck
     api, limits = observed
     sid = new_id()
     body = json.dumps({"message": sized("m0", 3)}).encode()
-    head = (
-        f"POST /v1/sessions/{sid}/messages HTTP/1.1\r\nHost: chronicle\r\nAuthorization: {raw_http.AUTH}\r\n"
-        "Content-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n"
-    ).encode()
+    head = raw_http.head("POST", f"/v1/sessions/{sid}/messages", extra="Transfer-Encoding: chunked\r\n")
     before = refused_over_http()
     reader, writer = await raw_http.connect(api)
     try:
