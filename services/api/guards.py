@@ -6,6 +6,7 @@ the key check (a bad key is 401 whatever the request)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from urllib.parse import unquote_to_bytes
 
 from starlette.responses import JSONResponse, Response
@@ -15,9 +16,10 @@ from services.api.problems import from_error
 from services.errors import InvalidId, InvalidRequest, RequestTooLarge, UnsupportedContentEncoding
 
 
-class _BodyTooLarge(Exception):
-    """Raised to the app by ``receive`` once the body has passed the limit; the middleware
-    answers 413 in place of whatever the app made of it."""
+class _RefusedMidBody(Exception):
+    """Raised to the app by a counted ``receive`` (:class:`CountedReceive`) once its body is
+    refused (past the size limit, weighing more than the tenant's bucket may owe): the guard
+    answers its refusal in place of whatever the app made of it."""
 
 
 def too_large(limit: int, detail: str) -> JSONResponse:
@@ -63,22 +65,11 @@ class BodyLimit:
         if declared is not None or not chunked(scope["headers"]):  # the server reads at most what was declared
             await self.app(scope, receive, send)
             return
-        received = 0
-        refusal = Refusal()
 
-        async def limited() -> Message:
-            nonlocal received
-            if refusal.response is not None:
-                raise _BodyTooLarge
-            message = await receive()
-            if message["type"] == "http.request":
-                received += len(message.get("body", b""))
-                if received > self.limit:
-                    refusal.response = too_large(self.limit, f"the body passed {self.limit} bytes")
-                    raise _BodyTooLarge
-            return message
+        def refuse(received: int) -> Response | None:
+            return too_large(self.limit, f"the body passed {self.limit} bytes") if received > self.limit else None
 
-        await refusal.run(self.app, scope, limited, send)
+        await Refusal().run_counted(self.app, scope, receive, send, refuse)
 
 
 class Refusal:
@@ -107,6 +98,43 @@ class Refusal:
                 raise
         if self.response is not None and not self._started:
             await self.response(scope, receive, send)
+
+    async def run_counted(
+        self, app: ASGIApp, scope: Scope, receive: Receive, send: Send, refuse: Callable[[int], Response | None]
+    ) -> None:
+        """:meth:`run` with ``receive`` counted: ``refuse``, given the body's bytes received so
+        far after each part of it, answers the refusal that ends the read (``None``: read on)."""
+        await self.run(app, scope, CountedReceive(receive, self, refuse), send)
+
+
+class CountedReceive:
+    """A ``receive`` that counts the body's bytes as they arrive (:attr:`received`) and, given a
+    :class:`Refusal` and its ``refuse``, refuses the body mid-way (raising to the app; every later
+    read raises too)."""
+
+    def __init__(
+        self,
+        receive: Receive,
+        refusal: Refusal | None = None,
+        refuse: Callable[[int], Response | None] | None = None,
+    ) -> None:
+        self._receive = receive
+        self._refusal = refusal
+        self._refuse = refuse
+        self.received = 0
+
+    async def __call__(self) -> Message:
+        refusal = self._refusal
+        if refusal is not None and refusal.response is not None:
+            raise _RefusedMidBody
+        message = await self._receive()
+        if message["type"] == "http.request":
+            self.received += len(message.get("body", b""))
+            if refusal is not None and self._refuse is not None:
+                refusal.response = self._refuse(self.received)
+                if refusal.response is not None:
+                    raise _RefusedMidBody
+        return message
 
 
 def content_codings(headers: list[tuple[bytes, bytes]]) -> list[str]:

@@ -10,19 +10,14 @@ answer to the body it could not read replaced by the ``429``)."""
 from __future__ import annotations
 
 from starlette.responses import Response
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.types import ASGIApp, Receive, Scope, Send
 
-from services.api.guards import Refusal, chunked, content_codings, declared_length
+from services.api.guards import CountedReceive, Refusal, chunked, content_codings, declared_length
 from services.api.metrics import RATE_LIMITED
 from services.api.problems import as_response
 from services.errors import RateLimited
 from services.requests.limits import RequestCharge, TenantLimits
 from services.requests.problems import problem_of
-
-
-class _Refused(Exception):
-    """Raised to the app by ``receive`` once the body that arrived weighs more than the bucket
-    may owe."""
 
 
 def _refused(exc: RateLimited, unread: bool = False) -> Response:
@@ -84,20 +79,12 @@ class TenantRateLimit:
         """The app, a body weighed before it was read: what it did not read of it is given back
         when it ends (a route refusing unread, ``404``/``405``/``422`` on its path, or a client
         gone mid-body), so a length claimed, never sent, leaves no debt."""
-        received = 0
-
-        async def counted() -> Message:
-            nonlocal received
-            message = await receive()
-            if message["type"] == "http.request":
-                received += len(message.get("body", b""))
-            return message
-
+        counted = CountedReceive(receive)
         try:
             await self.app(scope, counted, send)
         finally:
-            if received < weighed:
-                charge.read(received)
+            if counted.received < weighed:
+                charge.read(counted.received)
 
     def _readable(self, method: str, declared: int, headers: list[tuple[bytes, bytes]]) -> bool:
         """Whether a declared body may be read, so weighed before it is: not one that is refused
@@ -110,24 +97,15 @@ class TenantRateLimit:
         return self.body_limit is None or declared <= self.body_limit
 
     async def _weighed_as_it_arrives(self, scope: Scope, receive: Receive, send: Send, charge: RequestCharge) -> None:
-        received = 0
-        refusal = Refusal()
 
-        async def weighed() -> Message:
-            nonlocal received
-            if refusal.response is not None:
-                raise _Refused
-            message = await receive()
-            if message["type"] == "http.request":
-                received += len(message.get("body", b""))
-                try:
-                    charge.weigh(received)
-                except RateLimited as exc:
-                    refusal.response = _refused(exc, unread=True)
-                    raise _Refused from None
-            return message
+        def refuse(received: int) -> Response | None:
+            try:
+                charge.weigh(received)
+            except RateLimited as exc:
+                return _refused(exc, unread=True)
+            return None
 
-        await refusal.run(self.app, scope, weighed, send)
+        await Refusal().run_counted(self.app, scope, receive, send, refuse)
 
 
 class _Counted:
