@@ -62,6 +62,7 @@ class PathRow(NamedTuple):
 
     id: str
     content: str
+    seq: int = 0  # its append's sequence (where a read walked the session's rows: :func:`path_from`)
 
 
 class RowStat(NamedTuple):
@@ -559,13 +560,19 @@ async def warm_reads(conn: Conn) -> None:
 
 PATH_PAGE = 2_000
 """Messages read per round trip by :func:`path_from`, newest first."""
+LINKS_PER_ROW = 5
+"""Rows without their bodies (:func:`path_from` without ``bodies``) read per round trip for each
+message a page with bodies reads."""
 _PATH_PAGE_SQL = "SELECT id, parent_id, content, seq FROM chronicle_messages_below(%s, %s, %s, %s)"  # migration 034
+_PATH_LINKS_SQL = "SELECT id, parent_id, '', seq FROM chronicle_message_links_below(%s, %s, %s, %s)"  # migration 036
 
 
 async def path_from(
-    conn: Conn, tenant: str, session: str, leaf_id: str | None, want: int | None = None
+    conn: Conn, tenant: str, session: str, leaf_id: str | None, want: int | None = None, *, bodies: bool = True
 ) -> tuple[str | None, list[PathRow]]:
     """(the leaf, the ids and bodies of the path to it, root first); ``leaf_id`` None: the latest leaf.
+    Without ``bodies``, the ids alone (each row's ``content`` empty): the session's rows are read
+    without their bodies, for a reader that loads the few it shows (:func:`bodies_of`).
 
     The session's messages are read newest first, a page at a time, and the path is walked
     as they come: a path is usually the newest messages (an agent appends under the latest
@@ -580,8 +587,10 @@ async def path_from(
         if leaf_id is None
         else None
     )
-    first = PATH_PAGE if want is None else min(PATH_PAGE, want + 1)  # a recent end: about what it needs
-    cur = await conn.execute(_PATH_PAGE_SQL, (tenant, session, 2**63 - 1, first))
+    page = PATH_PAGE if bodies else PATH_PAGE * LINKS_PER_ROW
+    first = page if want is None else min(page, want + 1)  # a recent end: about what it needs
+    page_sql = _PATH_PAGE_SQL if bodies else _PATH_LINKS_SQL
+    cur = await conn.execute(page_sql, (tenant, session, 2**63 - 1, first))
     if leaf_cur is not None:
         row = await leaf_cur.fetchone()
         leaf_id = row[0] if row else None
@@ -591,33 +600,54 @@ async def path_from(
     path: list[PathRow] = []
     seen: set[str] = set()
     parent: dict[str, str | None] = {}
-    content: dict[str, str] = {}
+    content: dict[str, tuple[str, int]] = {}
     node: str | None = leaf_id
     enough = want if want is not None else -1
     while True:
         start = 0
         if not parent:  # the usual shape: the page's rows are the path, newest first
-            for mid, pid, body, _ in rows:
+            for mid, pid, body, seq in rows:
                 if mid != node or mid in seen or len(path) == enough:
                     break
-                path.append(PathRow(mid, body))
+                path.append(PathRow(mid, body, seq))
                 seen.add(mid)
                 node = pid
                 start += 1
-        for mid, pid, body, _ in rows[start:]:
+        for mid, pid, body, seq in rows[start:]:
             parent[mid] = pid
-            content[mid] = body
+            content[mid] = (body, seq)
         while node is not None and node in parent and node not in seen and len(path) != enough:
-            path.append(PathRow(node, content[node]))
+            path.append(PathRow(node, *content[node]))
             seen.add(node)
             node = parent[node]
         if node is None or node in seen or len(rows) < size or len(path) == enough:
             break
-        cur = await conn.execute(_PATH_PAGE_SQL, (tenant, session, rows[-1][3], PATH_PAGE))
-        size = PATH_PAGE
+        cur = await conn.execute(page_sql, (tenant, session, rows[-1][3], page))
+        size = page
         rows = await cur.fetchall()
     path.reverse()
     return leaf_id, path
+
+
+_MESSAGES_AT_SQL = "SELECT seq, content FROM chronicle_messages_at(%s, %s, %s)"  # migration 036
+
+
+async def bodies_of(conn: Conn, tenant: str, session: str, rows: list[PathRow]) -> list[PathRow]:
+    """``rows`` (walked without their bodies: :func:`path_from`) with their stored bodies, in
+    that order (a row the session no longer holds is left out). Read by sequence: the session's
+    rows below the newest of them, as many as they are (they usually are those rows: the recent
+    end of a branch), then any not among those one by one (``chronicle_messages_at``, migration
+    036). Asked by id, a planner without statistics may take ``messages_by_seq`` for the key and
+    filter the session for each."""
+    if not rows:
+        return []
+    needed = {r.seq for r in rows}
+    cur = await conn.execute(_PATH_PAGE_SQL, (tenant, session, max(needed) + 1, len(needed)))
+    found = {seq: body for _, _, body, seq in await cur.fetchall() if seq in needed}
+    if missing := [seq for seq in needed if seq not in found]:
+        cur = await conn.execute(_MESSAGES_AT_SQL, (tenant, session, missing))
+        found.update(await cur.fetchall())
+    return [PathRow(r.id, found[r.seq], r.seq) for r in rows if r.seq in found]
 
 
 _PATH_STATS_SQL = (

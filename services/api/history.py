@@ -134,20 +134,25 @@ async def read_history(
                 fresh = await c.waiter.send_applied_check(conn, tenant, sid, wanted) if wanted else None
                 sent_spans = await send_spans(conn, tenant, sid) if compacted else None
                 sent_reclaimed = await context_queries.send_reclaimed(conn, tenant, sid)
-                # without max_bytes the answer is the path's recent end: only limit + 1 rows of
-                # it are read (the one more says it was cut), read whole again only where an
-                # overlay may stand over the part left out (it counts as one message)
-                want = limit + 1 if max_bytes is None else None
-                leaf_id, path = await queries.path_from(conn, tenant, sid, leaf, want)
                 spans = await sent_spans() if sent_spans is not None else []
-                if spans and len(path) == want:
-                    leaf_id, path = await queries.path_from(conn, tenant, sid, leaf_id)
+                # a compacted path (without max_bytes, which counts every body): its ids, then the
+                # bodies of what shows, never those its summaries stand over. Else, without
+                # max_bytes, the path's recent end: limit + 1 rows of it (the one more says it was cut)
+                links = bool(spans) and max_bytes is None
+                want = limit + 1 if max_bytes is None and not links else None
+                leaf_id, path = await queries.path_from(conn, tenant, sid, leaf, want, bodies=not links)
                 unloaded = reclaimed_in(await sent_reclaimed())
                 stale = fresh is not None and not await fresh()
                 if not stale:
                     head = {}
                     raw = _window(path, max_bytes, min_recent, head)
                     in_force = apply_overlays([r.id for r in raw], spans)
+                    if links:  # the recent end of what shows (an overlay counts as one message), its bodies read
+                        if len(in_force) > limit:
+                            in_force, head["truncated"] = in_force[-limit:], True
+                        walked = {r.id: r for r in raw}
+                        shows = [walked[i] for i in in_force if isinstance(i, str)]
+                        raw = await queries.bodies_of(conn, tenant, sid, shows)
                     ids = [s.overlay_id for s in in_force if isinstance(s, Span)]
                     loaded = await summaries(conn, tenant, sid, ids)
                     shown = [loaded[s.overlay_id] if isinstance(s, Span) else s for s in in_force]
@@ -166,7 +171,9 @@ async def read_history(
             if isinstance(item, Overlay):
                 contents.append(overlay_json(item))
                 continue
-            row = by_id[item]
+            row = by_id.get(item)
+            if row is None:  # not read: a compacted path's bodies are read in its snapshot, so never
+                continue
             outputs = unloaded.outputs(row.id, row.content)
             contents.append(reclaim(row.content, outputs) if outputs else row.content)
     if len(contents) > limit:  # the recent end, as max_bytes keeps it
@@ -176,7 +183,7 @@ async def read_history(
         parsed = [json.loads(x) for x in contents]
         cut = truncate_older_messages(parsed, keep_recent, max_tool_output_chars, max_text_chars)
         contents = [x if m is p else stored_json(m) for x, m, p in zip(contents, cut, parsed, strict=True)]
-    return raw_json({"leaf_id": leaf_id if raw else None, **head}, contents)
+    return raw_json({"leaf_id": leaf_id if raw or shown else None, **head}, contents)
 
 
 def _window(

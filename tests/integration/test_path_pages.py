@@ -255,8 +255,8 @@ async def test_a_history_read_of_a_long_sessions_recent_end_reads_only_that_end(
     pages: list[int] = []
     real = queries.path_from
 
-    async def counted(conn: Any, *args: Any) -> Any:
-        return await real(_CountingConn(conn, pages), *args)  # type: ignore[arg-type]
+    async def counted(conn: Any, *args: Any, **kwargs: Any) -> Any:
+        return await real(_CountingConn(conn, pages), *args, **kwargs)  # type: ignore[arg-type]
 
     monkeypatch.setattr(queries, "path_from", counted)
     answer = await read_history(stack, T, sid, limit=4)
@@ -287,3 +287,62 @@ async def test_a_cut_history_of_a_compacted_session_counts_the_overlay_as_one_me
     assert ids[0].startswith("compaction_")
     assert ids[1:] == ["m57", "m58", "m59"]
     assert "truncated" not in body  # the summary and the last 3 are the whole compacted path
+
+
+class _BodyCountingConn:
+    """A connection that counts the message bodies the statements sent through it asked for:
+    path pages with bodies (their row count) and bodies asked by sequence."""
+
+    def __init__(self, conn: Any, asked: list[int]) -> None:
+        self._conn, self._asked = conn, asked
+
+    def pipeline(self) -> Any:
+        return self._conn.pipeline()
+
+    async def execute(self, sql: Any, params: Any = None) -> Any:
+        if sql == queries._PATH_PAGE_SQL:
+            self._asked.append(params[3])
+        elif sql == getattr(queries, "_MESSAGES_AT_SQL", None):
+            self._asked.append(len(params[2]))
+        return await self._conn.execute(sql, params)
+
+
+async def test_a_compacted_history_reads_the_bodies_of_what_shows_only(
+    stack: Container, new_id: Callable[[str], str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A history read of a compacted session walks the path without its bodies and reads the
+    bodies of the messages that show: 200 messages whose first 190 are summarised (a sibling
+    branch's message among the last ones) ask for 10 bodies, not 200 (a compacted session of
+    20,000 messages read every body, ~20 MB, for a 43 KB answer: 485 ms against 118 ms for the
+    same session uncompacted). The answer is the summary and the last ten, in order."""
+    from services.api.history import read_history
+
+    sid = new_id("compacted-bodies")
+    events: list[Event] = [appended(T, sid, f"m{i}", f"m{i - 1}" if i else None, f"text {i}") for i in range(196)]
+    events.append(appended(T, sid, "sibling", "m195", "a sibling"))
+    events += [appended(T, sid, f"m{i}", f"m{i - 1}", f"text {i}") for i in range(196, 200)]
+    events.append(summary_recorded(T, sid, "m0", "m189"))
+    items = [(54_000_000 + i, e) for i, e in enumerate(events)]
+    async with stack.pool.connection() as conn, conn.transaction():
+        await apply_batch(conn, "compacted-" + sid, [HistoryProjection(), OverlayProjection()], items, notify=False)
+    monkeypatch.setattr(queries, "PATH_PAGE", 3)  # the walk in pages of 15 rows without bodies
+    asked: list[int] = []
+    real = queries.path_from
+    real_bodies = getattr(queries, "bodies_of", None)
+
+    async def counted(conn: Any, *args: Any, **kwargs: Any) -> Any:
+        return await real(_BodyCountingConn(conn, asked), *args, **kwargs)  # type: ignore[arg-type]
+
+    async def counted_bodies(conn: Any, *args: Any) -> Any:
+        assert real_bodies is not None
+        return await real_bodies(_BodyCountingConn(conn, asked), *args)
+
+    monkeypatch.setattr(queries, "path_from", counted)
+    monkeypatch.setattr(queries, "bodies_of", counted_bodies, raising=False)
+    body = json.loads(bytes((await read_history(stack, T, sid)).body))
+    ids = [m["id"] for m in body["messages"]]
+    assert ids[0].startswith("compaction_")
+    assert ids[1:] == [f"m{i}" for i in range(190, 200)]
+    assert [m["parts"][0]["text"] for m in body["messages"][1:]] == [f"text {i}" for i in range(190, 200)]
+    assert body["leaf_id"] == "m199"
+    assert sum(asked) == 11  # the ten below the newest (the sibling among them), then m190 by sequence
