@@ -38,6 +38,7 @@ from projections.logbinding import check_log, refuse_absent_log
 from projections.migrate import check_schema, migrate, migration_files
 from projections.overlays import OverlayProjection
 from projections.runner import Projection, ProjectorRunner, partition_checkpoint, read_checkpoint
+from services import natsclient
 from services.compaction.exhausted import Recorder
 from services.compaction.lease import Leases
 from services.compaction.queue import Requests, consumer_config, request, subscribe
@@ -404,7 +405,7 @@ async def connect_nats(settings: Settings, *, starting: bool = False) -> NatsCli
             nats_log.warning("%s", line)
 
     connecting = asyncio.ensure_future(
-        nats.connect(
+        natsclient.connect(
             settings.nats_servers(),
             name="chronicle",
             max_reconnect_attempts=NATS_CONNECT_ATTEMPTS,

@@ -1,0 +1,93 @@
+"""Headers a publisher stores with its events are never taken for the server's status or control
+messages (services/natsclient.py): NATS permissions filter subjects, not headers, so a tenant
+publishing straight to its subjects chooses them. An event stored with ``Status: 404`` was skipped
+by the projector's fetch, which then re-positioned for ever (every tenant's projections halted);
+an empty one stored as a stalled heartbeat had a reader of the log publish, as the operator, to the
+subject its ``Nats-Consumer-Stalled`` header named (``$JS.API.STREAM.DELETE.<stream>``: the log
+deleted)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import uuid
+from collections.abc import AsyncIterator
+
+import psycopg
+
+from events import log as eventlog
+from events.catalog import SessionCreated
+from events.log import StoredEvent
+from tests.conftest import make_settings, operator_nats, running_stack
+from tests.integration.helpers import text_message
+
+STATUS_HEADERS = [
+    {"Status": "404"},
+    {"Status": "408", "Description": "Request Timeout"},
+    {"Status": "409", "Description": "Exceeded MaxWaiting"},
+    {"Status": "400", "Description": "Bad Request"},
+    {"Status": "503"},
+    {"Status": "100", "Description": "Idle Heartbeat"},
+]
+
+
+async def first_event(events: AsyncIterator[StoredEvent | None]) -> StoredEvent:
+    async for stored in events:
+        if stored is not None:
+            return stored
+    raise AssertionError("the follower ended")
+
+
+async def test_events_stored_with_status_headers_are_projected_as_events(
+    nats_url: str, fresh_db: str, s3_endpoint: str
+) -> None:
+    settings = make_settings(nats_url, fresh_db, s3_endpoint=s3_endpoint)
+    async with running_stack(settings) as c:
+        outside = await operator_nats(nats_url)  # headers pass NATS permissions: any publisher's will do
+        try:
+            js = outside.jetstream()
+            b = f"b-{uuid.uuid4().hex[:8]}"
+            subject = c.layout.session_subject("tenant-b", b)
+            created = SessionCreated(tenant="tenant-b", session=b, name="stored with Status: 404")
+            await js.publish(subject, created.to_json(), headers=STATUS_HEADERS[0], stream=settings.stream)
+            junk = [
+                (await js.publish(subject, b"not json", headers=h, stream=settings.stream)).seq for h in STATUS_HEADERS
+            ]
+        finally:
+            await outside.close()
+        r = await c.commands.append("tenant-a", f"a-{b}", text_message("m0", "after the headers"), None)
+        await c.waiter.wait_all(r.seq, timeout_s=20)  # the projector went past every one of them
+        async with await psycopg.AsyncConnection.connect(fresh_db) as conn:
+            cur = await conn.execute("SELECT name FROM sessions WHERE tenant = 'tenant-b' AND id = %s", (b,))
+            assert await cur.fetchone() == ("stored with Status: 404",)
+            cur = await conn.execute("SELECT seq, reason FROM quarantine WHERE subject = %s ORDER BY seq", (subject,))
+            assert await cur.fetchall() == [(seq, "not_json") for seq in junk]
+
+
+async def test_an_event_stored_as_a_stalled_heartbeat_is_read_as_an_event_and_answered_by_no_one(
+    nats_url: str, fresh_db: str, s3_endpoint: str
+) -> None:
+    settings = make_settings(nats_url, fresh_db, s3_endpoint=s3_endpoint)
+    async with running_stack(settings, projector=False) as c:
+        token = uuid.uuid4().hex[:8]
+        victim = f"VICTIM-{token}"
+        await c.js.add_stream(name=victim, subjects=[f"victim.{token}"])
+        stalled = {
+            "Status": "100",
+            "Description": "Idle Heartbeat",
+            "Nats-Consumer-Stalled": f"$JS.API.STREAM.DELETE.{victim}",
+        }
+        subject = c.layout.session_subject("tenant-b", f"b-{token}")
+        outside = await operator_nats(nats_url)
+        try:
+            ack = await outside.jetstream().publish(subject, b"", headers=stalled, stream=settings.stream)
+        finally:
+            await outside.close()
+        async with contextlib.aclosing(eventlog.follow(c.js, c.layout, subject)) as followed:
+            followed_first = await asyncio.wait_for(first_event(followed), 20)  # an ordered consumer of the session
+        whole_log = [e async for e in eventlog.read(c.js, c.layout, None, ack.seq, ack.seq)]  # of the whole log
+        assert (followed_first.seq, followed_first.data) == (ack.seq, b"")
+        assert [(e.seq, e.headers) for e in whole_log] == [(ack.seq, stalled)]
+        await c.js._nc.flush()  # what the readers published, if anything, has reached the server
+        assert (await c.js.stream_info(victim)).config.name == victim  # nobody asked to delete it
+        await c.js.delete_stream(victim)
