@@ -14,10 +14,12 @@ import uuid
 from collections.abc import AsyncIterator
 
 import psycopg
+import pytest
 
 from events import log as eventlog
 from events.catalog import SessionCreated
 from events.log import StoredEvent
+from events.publisher import ForeignDuplicate
 from tests.conftest import make_settings, operator_nats, running_stack
 from tests.integration.helpers import text_message
 
@@ -91,3 +93,44 @@ async def test_an_event_stored_as_a_stalled_heartbeat_is_read_as_an_event_and_an
         await c.js._nc.flush()  # what the readers published, if anything, has reached the server
         assert (await c.js.stream_info(victim)).config.name == victim  # nobody asked to delete it
         await c.js.delete_stream(victim)
+
+
+async def test_a_session_whose_newest_event_is_stored_empty_with_a_status_header_keeps_its_log(
+    nats_url: str, fresh_db: str, s3_endpoint: str
+) -> None:
+    settings = make_settings(nats_url, fresh_db, s3_endpoint=s3_endpoint)
+    async with running_stack(settings, projector=False) as c:
+        outside = await operator_nats(nats_url)
+        try:
+            js = outside.jetstream()
+            for status in ("404", "503"):
+                b = f"b-{uuid.uuid4().hex[:8]}"
+                subject = c.layout.session_subject("tenant-b", b)
+                created = SessionCreated(tenant="tenant-b", session=b)
+                first = (await js.publish(subject, created.to_json(), stream=settings.stream)).seq
+                newest = (await js.publish(subject, b"", headers={"Status": status}, stream=settings.stream)).seq
+                # a direct get of it was the server saying "no message" (404) or failing (503):
+                # the session's last sequence was 0 (its events page empty, every write a conflict)
+                assert await c.publisher.last_subject_seq("tenant-b", b) == newest
+                assert [e.seq async for e in eventlog.read(c.js, c.layout, subject)] == [first, newest]
+        finally:
+            await outside.close()
+
+
+async def test_an_id_held_by_another_subjects_event_stored_with_status_503_is_a_foreign_duplicate(
+    nats_url: str, fresh_db: str, s3_endpoint: str
+) -> None:
+    settings = make_settings(nats_url, fresh_db, s3_endpoint=s3_endpoint)
+    async with running_stack(settings, projector=False) as c:
+        event = SessionCreated(tenant="tenant-a", session=f"a-{uuid.uuid4().hex[:8]}")
+        taken = {"Nats-Msg-Id": event.id, "Status": "503"}
+        outside = await operator_nats(nats_url)
+        try:  # tenant B takes the id A's event is about to be published under, its event stored with Status: 503
+            subject = c.layout.session_subject("tenant-b", "b-1")
+            held = (await outside.jetstream().publish(subject, b"{}", headers=taken, stream=settings.stream)).seq
+        finally:
+            await outside.close()
+        with pytest.raises(ForeignDuplicate):  # it read as "no responders", and failed A's write
+            await c.publisher.check_duplicate(event, held)
+        published = await c.publisher.publish(event, fresh_id_on_foreign=True)
+        assert (published.seq > held, published.duplicate) == (True, False)
