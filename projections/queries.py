@@ -93,14 +93,11 @@ _MESSAGE_COLS = "id, parent_id, role, content, body_sha256, created_at, seq, ori
 
 def by_ids_sql(cols: str, also: str = "") -> str:
     """``SELECT cols`` of a session's messages named by an id array (parameters: the ids, the
-    tenant, the session), each read by one probe of the key: ``id = ANY(ids)`` let the planner,
-    taking a session for a few rows (no statistics, or a session far above the average), read
-    every row of the session through its bitmap instead (20 ms and more for a few ids of a
-    50,000-message session). ``also``: a further condition on the row."""
-    return (
-        f"SELECT m.* FROM unnest(%s::text[]) AS q(id) CROSS JOIN LATERAL (SELECT {cols} FROM messages "
-        f"WHERE tenant = %s AND session_id = %s AND id = q.id {also} OFFSET 0) m"
-    )
+    tenant, the session), each found through the primary key whatever the planner knows
+    (``chronicle_messages_by_ids``, migration 037): asked ``id = x``, a planner without statistics
+    took ``messages_by_seq`` for the key and filtered the whole session for each id (1 s for 40 ids
+    of a 20,000-message session). ``also``: a further condition on the row."""
+    return f"SELECT {cols} FROM chronicle_messages_by_ids(%s, %s, %s) m WHERE true {also}"
 
 
 @contextlib.asynccontextmanager
@@ -237,8 +234,8 @@ async def list_sessions_recent(conn: Conn, tenant: str, limit: int, after: tuple
 async def get_message(conn: Conn, tenant: str, session: str, message_id: str) -> MessageRow | None:
     async with conn.cursor(row_factory=class_row(MessageRow)) as cur:
         await cur.execute(
-            f"SELECT {_MESSAGE_COLS} FROM messages WHERE tenant = %s AND session_id = %s AND id = %s",
-            (tenant, session, message_id),
+            f"SELECT {_MESSAGE_COLS} FROM chronicle_messages_by_ids(ARRAY[%s], %s, %s)",  # through the key (037)
+            (message_id, tenant, session),
         )
         return await cur.fetchone()
 
@@ -253,9 +250,9 @@ async def latest_leaf(conn: Conn, tenant: str, session: str) -> MessageRow | Non
     """The most recently appended message without children (ties impossible: seq is total), as
     the projector keeps it in ``sessions.leaf_id``: one index lookup, whatever the session's size."""
     async with conn.cursor(row_factory=class_row(MessageRow)) as cur:
-        await cur.execute(  # the leaf's id first (a scalar), so the row is one probe of the key whatever the plan
-            f"SELECT {_MESSAGE_COLS} FROM messages WHERE tenant = %s AND session_id = %s "
-            "AND id = (SELECT leaf_id FROM sessions WHERE tenant = %s AND id = %s)",
+        await cur.execute(  # the leaf's id first (a scalar), then its row through the key whatever the plan
+            f"SELECT {_MESSAGE_COLS} FROM chronicle_messages_by_ids("
+            "ARRAY[(SELECT leaf_id FROM sessions WHERE tenant = %s AND id = %s)], %s, %s)",
             (tenant, session, tenant, session),
         )
         return await cur.fetchone()
