@@ -17,8 +17,10 @@ NATS server while the archived stream lives on) leaves the manifest as it is; a 
 not one took the archive over from a stream that lives on, which :func:`reclaim` undoes
 (``--reclaim``). The read models' binding (projections/logbinding.py)
 is rewritten only when it names the archived stream and no checkpoint is beyond what was restored;
-otherwise the command says what to run. What the archive does not hold is said too: claim-checked
-bodies in the JetStream object store.
+otherwise the command says what to run. What the archive does not hold is looked for too: every
+object the restored events reference (claim-checked bodies in the JetStream object store or in S3,
+over-cap originals in S3) must be where its reference says; those missing (but an erased
+session's, which its erasure deleted) are :attr:`Restored.missing`, and the command exits 1.
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ from nats.aio.msg import Msg
 from nats.errors import Error as NatsError
 from nats.js.errors import NotFoundError
 
-from events.blobs import BlobRef, refs_in
+from events.blobs import SHA256_HEX, BlobRef, refs_in
 from events.log import StoredEvent
 from events.objectstore import JetStreamBlobStore
 from events.publisher import HDR_MSG_ID
@@ -46,6 +48,7 @@ from projections.logbinding import LogIdentity, bind, highest_checkpoint, read_b
 from services.audit.archive import another_stream, locked, read_manifest, save, store_of, taken_over, unlisted
 from services.audit.archive_segments import ArchiveError, Manifest, Restoration, decode, manifest_key, span
 from services.bootstrap import Container
+from services.storage.blobs import CLAIM_CHECK_S3
 from services.storage.s3 import SkillStore
 
 WINDOW = 1000
@@ -76,6 +79,33 @@ class Restored:
     advice: list[str]
     drill: bool = False
     """The manifest was left as it was: the archive stays the archived stream's."""
+    missing: tuple[MissingObjects, ...] = ()
+    """Objects the restored events reference that are not where their references say (an erased
+    session's apart): one entry per store; empty when the restore is whole."""
+
+
+NAMED = 3
+"""How many of a store's missing objects a report names."""
+
+
+@dataclass(frozen=True, slots=True)
+class MissingObjects:
+    """One store's objects that restored events reference and that are not there."""
+
+    what: str
+    """The objects and where they are looked for (``claim-checked bodies in S3 bucket 'b'``)."""
+    referenced: int
+    """How many the restored events reference (an erased session's, expected gone, apart)."""
+    missing: tuple[tuple[str, int], ...]
+    """(key, sequence of the first restored event referencing it) of each one missing."""
+    why: str = ""
+    """Set when the store could not be asked at all (then every reference counts as missing)."""
+
+    def line(self) -> str:
+        named = ", ".join(f"{key} (sequence {seq})" for key, seq in self.missing[:NAMED])
+        more = f" and {len(self.missing) - NAMED} more" if len(self.missing) > NAMED else ""
+        cause = f" (it could not be asked: {self.why})" if self.why else ""
+        return f"{len(self.missing)} of {self.referenced} {self.what} are missing{cause}: {named}{more}"
 
 
 async def restore(
@@ -165,7 +195,9 @@ async def _published(
         raise RestoreRefused(f"stream {stream!r} has no creation time: the archive could not be bound to it")
     done = 0
     sent: dict[str, float] = {}  # a repeated id: when its last copy was acknowledged
-    refs: dict[str, BlobRef] = {}  # the claim checks of the JetStream object store, by key
+    refs: dict[tuple[str, str], tuple[BlobRef, StoredEvent]] = {}  # every object referenced: the first event naming it
+    naming: dict[tuple[str, str], set[str]] = {}  # the subjects of the events naming each object
+    erased: set[str] = set()  # the subjects of erased sessions: their erasure deleted their objects
     for segment in manifest.segments:
         data = await store.get_bytes(bucket, segment.key)
         if data is None:  # gone since the check: said as the check says it
@@ -174,7 +206,12 @@ async def _published(
             events = decode(data, segment)
         except ArchiveError as exc:
             raise RestoreStopped(_stopped(segment.first, str(exc), done)) from None
-        refs.update((r.key, r) for e in events for r in refs_in(e.data) if r.store == JetStreamBlobStore.kind)
+        for e in events:
+            for r in refs_in(e.data):
+                refs.setdefault((r.store, r.key), (r, e))
+                naming.setdefault((r.store, r.key), set()).add(e.subject)
+            if _erasure(e):
+                erased.add(e.subject)
         for run in _runs(events, repeats, window):
             again = [sent[_msg_id(e)] for e in run if _msg_id(e) in sent]
             if again:  # the id's first copy must have left the (small) duplicate window
@@ -193,8 +230,21 @@ async def _published(
     original = manifest.stream_created
     if not drill:
         await _record(store, bucket, manifest, before.created)
-    advice = [await _rebind(c, after, original), await _blobs(c, list(refs.values()))]
-    return Restored(done, len(manifest.segments), after.last_seq, before.created, original, advice, drill)
+    advice = [await _rebind(c, after, original)]
+    expected = {k for k, subjects in naming.items() if subjects <= erased}  # only erased sessions name them
+    missing: list[MissingObjects] = []
+    for kind, what in _stores(c).items():
+        found = await _objects(c, kind, what, [v for (k, _), v in refs.items() if k == kind], expected)
+        advice.append(found[0])
+        if found[1] is not None:
+            missing.append(found[1])
+    foreign = [v for (k, _), v in refs.items() if k not in _stores(c)]
+    if foreign:
+        kinds = ", ".join(sorted({r.store for r, _ in foreign}))
+        missing.append(MissingObjects(f"objects of stores not configured here ({kinds})", len(foreign), _keys(foreign)))
+    return Restored(
+        done, len(manifest.segments), after.last_seq, before.created, original, advice, drill, tuple(missing)
+    )
 
 
 async def whole(
@@ -436,19 +486,74 @@ async def _rebind(c: Container, identity: LogIdentity, original: datetime) -> st
         )
 
 
-async def _blobs(c: Container, refs: list[BlobRef]) -> str:
-    """Claim-checked bodies of the JetStream object store are not in the archive: how many the
-    restored events reference, and how many of those the bucket here lacks."""
-    bucket = c.settings.blob_bucket
-    head = f"not in the archive: claim-checked bodies (JetStream object store bucket {bucket!r})"
+def _erasure(event: StoredEvent) -> bool:
+    """Whether ``event`` is a ``session.erased`` (its type is never sealed)."""
+    if b'"session.erased"' not in event.data:
+        return False
+    try:
+        raw = json.loads(event.data)
+    except ValueError:
+        return False
+    return isinstance(raw, dict) and raw.get("type") == "session.erased"
+
+
+def _stores(c: Container) -> dict[str, str]:
+    """The stores a reference may name here, by kind: what their objects are, and where."""
+    s = c.settings
+    return {
+        JetStreamBlobStore.kind: f"claim-checked bodies in the JetStream object store bucket {s.blob_bucket!r}",
+        CLAIM_CHECK_S3: f"claim-checked bodies in S3 bucket {s.claim_check_bucket!r}",
+        "s3": f"over-cap messages' originals in S3 bucket {s.originals_bucket!r}",
+    }
+
+
+def _keys(refs: list[tuple[BlobRef, StoredEvent]]) -> tuple[tuple[str, int], ...]:
+    return tuple(sorted(((r.key, e.seq) for r, e in refs), key=lambda k: k[1]))
+
+
+async def _objects(
+    c: Container, kind: str, what: str, refs: list[tuple[BlobRef, StoredEvent]], erased: set[tuple[str, str]]
+) -> tuple[str, MissingObjects | None]:
+    """The line said of one store's objects that the restored events reference, and those missing
+    (None when none is): those only erased sessions name (``erased``: store and key) are deleted
+    by their erasure, so they are counted apart and expected. The JetStream object store is not in
+    the archive (NATS's data directory holds it); S3's buckets are not touched by a lost log, but
+    may have lost objects of their own."""
     if not refs:
-        return f"{head}; no restored event references one"
-    store = JetStreamBlobStore(c.js, bucket)
-    missing = [r for r in refs if not await store.has(r)]
-    if not missing:
-        return f"{head}; the restored events reference {len(refs)} objects, all present here"
-    return (
-        f"{head}; the restored events reference {len(refs)} objects, {len(missing)} missing here (an erased "
-        "session's are deleted by its erasure, and counted too): their messages stay unreadable until the bucket is "
-        "restored from a backup of the NATS data directory"
+        return f"{what}: no restored event references one", None
+    try:
+        present = await _present(c, kind, refs)
+    except Exception as exc:  # the store did not answer: nothing is known present
+        line = f"{what}: the restored events reference {len(refs)}, which could not be looked for ({exc!r})"
+        return line, MissingObjects(what, len(refs), _keys(refs), why=repr(exc))
+    gone = [(r, e) for r, e in refs if r.key not in present]
+    expected = [(r, e) for r, e in gone if (r.store, r.key) in erased]
+    lost = [(r, e) for r, e in gone if (r.store, r.key) not in erased]
+    said = f"{what}: the restored events reference {len(refs)}, " + (
+        f"{len(lost)} missing" if lost else "all present" if not expected else "none missing"
     )
+    if expected:
+        said += f" (and {len(expected)} of erased sessions, deleted by their erasure: expected)"
+    if lost and kind == JetStreamBlobStore.kind:
+        said += (
+            "; not in the archive: their messages stay unreadable until the bucket is restored from a copy of the "
+            "NATS data directory"
+        )
+    elif lost:
+        said += "; their messages stay unreadable until the bucket's objects are restored (versioning, a backup)"
+    return said, MissingObjects(what, len(refs) - len(expected), _keys(lost)) if lost else None
+
+
+async def _present(c: Container, kind: str, refs: list[tuple[BlobRef, StoredEvent]]) -> set[str]:
+    """The keys of ``refs`` the store of ``kind`` holds: each asked of the JetStream object store
+    (its info, no bytes); an S3 bucket's listing under ``blobs/`` once, for all of them."""
+    if kind == JetStreamBlobStore.kind:
+        store = JetStreamBlobStore(c.js, c.settings.blob_bucket)
+        return {r.key for r, _ in refs if await store.has(r)}
+    bucket = c.settings.claim_check_bucket if kind == CLAIM_CHECK_S3 else c.settings.originals_bucket
+    listed = set(await store_of(c).keys(bucket, "blobs/"))
+    return {
+        r.key
+        for r, _ in refs
+        if SHA256_HEX.fullmatch(r.sha256) and r.key == f"{bucket}/blobs/{r.sha256}" and f"blobs/{r.sha256}" in listed
+    }

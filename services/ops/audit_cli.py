@@ -170,9 +170,10 @@ async def _run_reclaim(settings: Settings) -> int:
 
 
 async def _run_restore(settings: Settings, *, drill: bool = False) -> int:
-    """``chronicle archive --restore`` (0: restored; 2: refused, nothing published, or it could not
-    run; 1: it stopped partway, the stream holding part of the archive). ``drill``: the archive's
-    manifest is left as it is."""
+    """``chronicle archive --restore`` (0: restored whole; 2: refused, nothing published, or it could
+    not run; 1: not whole: it stopped partway, the stream holding part of the archive, or every
+    event was restored but objects they reference are missing, one line per store on stderr).
+    ``drill``: the archive's manifest is left as it is."""
     # a missing stream is what a restore is for: it creates it (as the services do) once it has
     # found the archive whole, so a refusal leaves the NATS server as it was
     async with open_container(settings, log_check=False, create_stream=False, absent_stream=True) as c:
@@ -210,7 +211,9 @@ async def _run_restore(settings: Settings, *, drill: bool = False) -> int:
         )
         for line in done.advice:
             print(line)
-        return 0
+        for missing in done.missing:
+            print(f"chronicle archive: restored, but not whole: {missing.line()}", file=sys.stderr)
+        return 1 if done.missing else 0
 
 
 async def _history_gone(c: Container, tenant: str, session: str) -> str | None:

@@ -16,6 +16,7 @@ import pytest
 from nats.js.errors import NotFoundError
 
 from events import log as eventlog
+from events.blobs import refs_in
 from events.context import CompactionConfig, SessionConfig
 from events.credentials import nkey_public_key
 from events.log import StoredEvent
@@ -37,12 +38,16 @@ T = "tenant-a"
 
 
 @pytest.fixture
-def settings(nats_url: str, fresh_db: str, s3_endpoint: str) -> Settings:
+def settings(nats_url: str, fresh_db: str, s3_endpoint: str, request: pytest.FixtureRequest) -> Settings:
+    """The stack's settings; claim-checked bodies in the JetStream object store, or in S3 when the
+    test is given ``"s3"`` (``indirect``)."""
     return make_settings(
         nats_url,
         fresh_db,
         s3_endpoint=s3_endpoint,
         archive_bucket=f"archive-{fresh_db[-8:]}",
+        claim_check_bucket=f"bodies-{fresh_db[-8:]}",
+        claim_check_store=getattr(request, "param", "nats"),
         encryption=True,
         payload_limit_bytes=1024,
     )
@@ -79,8 +84,9 @@ async def _exists(settings: Settings) -> bool:
 
 @pytest.fixture
 async def archived(settings: Settings) -> Stored:
-    """A stack's log with sealed events, a compaction and an erasure, archived in segments of 5;
-    yields the events as the stream stored them."""
+    """A stack's log with sealed events, a compaction, a claim-checked body and an erasure (of a
+    session with a claim-checked body of its own, which the erasure deletes), archived in segments
+    of 5; yields the events as the stream stored them."""
     async with running_stack(settings) as c:
         config = SessionConfig(compaction=CompactionConfig(protect_head=1, tail_token_budget=10, min_tail_messages=2))
         await c.context.configure(T, "kept", config)
@@ -90,6 +96,7 @@ async def archived(settings: Settings) -> Stored:
         await c.commands.append(T, "kept", text_message("big", "claim-checked " * 200), OMITTED)  # over 1024 B
         for i in range(5):
             await c.commands.append(T, "gone", text_message(f"g{i}", f"to be erased {i}"), OMITTED)
+        await c.commands.append(T, "gone", text_message("gbig", "erased with its body " * 100), OMITTED)
         erased = await c.eraser.erase_session(T, "gone")
         last = await eventlog.last_seq(c.js, c.layout)
         await c.waiter.wait_session(T, "kept", last)
@@ -105,8 +112,10 @@ async def test_a_lost_log_is_restored_rebound_verified_and_archived_on(settings:
     assert f"restored {len(archived)} events" in done.stdout
     assert "rebound projector" in done.stdout
     assert re.search(
-        r"not in the archive: claim-checked bodies .*reference [1-9]\d* objects, all present here", done.stdout
-    )
+        r"claim-checked bodies in the JetStream object store bucket .*: the restored events reference 2, none "
+        r"missing \(and 1 of erased sessions, deleted by their erasure: expected\)",
+        done.stdout,
+    ), done.stdout
     assert await _stored(settings) == archived  # every event as it was: sequence, subject, bytes, headers
 
     async with running_stack(settings) as c:  # the binding names the restored stream: the stack starts
@@ -130,6 +139,44 @@ async def test_a_lost_log_is_restored_rebound_verified_and_archived_on(settings:
     check = chronicle_cli(settings, "archive", "--check")
     assert check.returncode == 0, check.stdout + check.stderr
     assert f"{more.seq} equal to the stream's; 0 problems" in check.stdout
+
+
+async def _delete_body(settings: Settings, archived: Stored) -> str:
+    """The object of the claim-checked body of session "kept" deleted where it is stored; its key."""
+    kept = settings.layout().session_subject(T, "kept")
+    (ref,) = [r for _, subject, data, _ in archived if subject == kept for r in refs_in(data)]
+    async with open_container(settings, log_check=False, create_stream=False) as c:
+        await c.blobs.delete(ref)
+    return ref.key
+
+
+@pytest.mark.parametrize("settings", ["nats", "s3"], indirect=True)
+async def test_a_restore_whose_events_reference_a_missing_body_says_which_and_exits_1(
+    settings: Settings, archived: Stored
+) -> None:
+    """Every event is restored, but a claim-checked body one of them references is gone (the
+    JetStream object store lost with the log, or an object deleted from S3): the restore says which
+    store lacks how many of them, names them, and exits 1 (it said `… missing here` and exited 0,
+    and an operator took the restore for whole). The erased session's body, which its erasure
+    deleted, is expected gone and not counted."""
+    key = await _delete_body(settings, archived)
+    await _delete_stream(settings)
+
+    done = restore_cli(settings)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert f"restored {len(archived)} events" in done.stdout
+    assert await _stored(settings) == archived  # the log itself is whole
+    where = (
+        f"in the JetStream object store bucket {settings.blob_bucket!r}"
+        if settings.claim_check_store == "nats"
+        else f"in S3 bucket {settings.claim_check_bucket!r}"
+    )
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1, done.stderr
+    assert lines[0].startswith(
+        f"chronicle archive: restored, but not whole: 1 of 1 claim-checked bodies {where} are missing: {key} (sequence "
+    ), lines[0]
+    assert "and 1 of erased sessions, deleted by their erasure: expected" in done.stdout, done.stdout
 
 
 async def test_a_restore_into_a_stream_that_holds_events_is_refused_in_one_line(
@@ -234,11 +281,9 @@ async def test_an_archive_behind_the_read_models_is_restored_but_not_rebound(
     await _delete_stream(settings, objects=True)
 
     done = restore_cli(settings)
-    assert done.returncode == 0, done.stderr
+    assert done.returncode == 1, done.stderr  # the bodies went with the object store
     assert f"sequences 1..{last.first - 1}" in done.stdout
-    found = re.search(r"reference (\d+) objects, (\d+) missing here", done.stdout)
-    assert found is not None, done.stdout
-    assert found[1] == found[2] != "0"
+    assert re.search(r"restored, but not whole: (\d+) of \1 claim-checked bodies", done.stderr), done.stderr
     assert f"read models: not rebound: checkpoint {settings.projector_name!r} is at sequence {len(archived)}" in (
         done.stdout
     )
@@ -375,13 +420,14 @@ async def test_a_restore_drill_on_another_nats_server_leaves_the_archive_to_the_
     manifest = await _get(settings, manifest_key(settings.stream))
     drill = settings.model_copy(update={"nats_url": drill_nats, "database_url": backup(settings.database_url)})
     done = chronicle_cli(drill, "archive", "--restore", "--drill", timeout=25)
-    assert done.returncode == 0, done.stderr
+    # a claim-checked body stays in the live server's object store: the drill's copy lacks it
+    assert done.returncode == 1, done.stderr
+    assert "restored, but not whole: 1 of 1 claim-checked bodies in the JetStream object store" in done.stderr
     assert f"restored {len(archived)} events" in done.stdout
     assert "a drill: the archive is left as it was" in done.stdout
     assert "rebound projector" in done.stdout  # the drill's copy of the database follows its log
     assert await _stored(drill) == archived
     assert await _get(settings, manifest_key(settings.stream)) == manifest  # not one byte changed
-    assert "1 missing here" in done.stdout  # a claim-checked body stays in the live server's object store
 
     async with running_stack(settings) as c:  # the live stack goes on, and so does its archive
         more = await c.commands.append(T, "kept", text_message("after", "after the drill"), OMITTED)
@@ -410,7 +456,8 @@ async def test_a_live_stream_whose_archive_a_restore_elsewhere_took_says_so_and_
     and when there is nothing to reclaim)."""
     drill = settings.model_copy(update={"nats_url": drill_nats, "database_url": backup(settings.database_url)})
     done = chronicle_cli(drill, "archive", "--restore", timeout=25)
-    assert done.returncode == 0, done.stderr
+    assert done.returncode == 1, done.stderr  # restored, but the claim-checked body stayed in the live server
+    assert f"restored {len(archived)} events" in done.stdout
 
     run = chronicle_cli(settings, "archive")
     assert run.returncode == 2
