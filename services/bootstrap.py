@@ -417,7 +417,11 @@ async def connect_nats(settings: Settings, *, starting: bool = False) -> NatsCli
         )
     )
     either: list[asyncio.Future[Any]] = [connecting, refused]
-    await asyncio.wait(either, return_when=asyncio.FIRST_COMPLETED)
+    try:
+        await asyncio.wait(either, return_when=asyncio.FIRST_COMPLETED)
+    except asyncio.CancelledError:  # the process stopped while it connects: no attempt goes on
+        connecting.cancel()
+        raise
     if connecting.done() and isinstance(connecting.exception(), nats.errors.NoServersError):
         refused.cancel()
         last = f": {failed[-1]!r}" if failed else ""
@@ -627,11 +631,13 @@ async def open_container(
         kwargs={"autocommit": True},
         configure=configured_connection(warm_reads=warm_reads),
     )
-    await pool.open(wait=True, timeout=15)
     waiter = AppliedWaiter(
         pool, settings.database_url, settings.read_wait_timeout_s, settings.projector_name, settings.partitions
     )
     try:
+        # inside: a start cut short here (the process stopped, Postgres not answering) closes the
+        # pool's connecting workers and the NATS connection too, or they would keep the process up
+        await pool.open(wait=True, timeout=15)
         js = nc.jetstream()
         if create_stream:
             await when_jetstream_ready(lambda: ensure_stream(js, layout, replicas=settings.stream_replicas), nc=nc)

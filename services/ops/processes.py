@@ -5,8 +5,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import signal
 import socket
+import sys
+import threading
 from collections.abc import AsyncIterator, Callable, Coroutine, Iterable
 from types import FrameType
 from typing import Any
@@ -78,61 +81,172 @@ async def stopped_if_nats_closes(
         raise NatsClosed(repr(gone[0].last_error) if gone[0].last_error is not None else "no error given")
 
 
-def _stop_on_signals(stop: asyncio.Event) -> None:
+STOP_LIMIT_S = 20.0
+"""How long a process may take to stop after SIGINT/SIGTERM before whatever it still waits on is
+cancelled: more than the projector's batch in flight is given to commit (``stop_grace_s``, 15 s)."""
+EXIT_LIMIT_S = 25.0
+"""How long after SIGINT/SIGTERM a process exits at the latest (status 0), whatever is left: a task
+that ignores its cancellation, a thread in a call that does not return (the interpreter would
+wait for both before it exits)."""
+
+
+def _exit_after(seconds: float) -> None:
+    """:func:`_exit_now` in ``seconds``, from a thread of its own: the event loop may be what hangs."""
+    last = threading.Timer(seconds, _exit_now)
+    last.daemon = True
+    last.start()
+
+
+def _exit_now() -> None:
+    """The process did not end within :data:`EXIT_LIMIT_S` of its stop: one line, and out."""
+    log.warning("did not end within %.0f s of its stop; exiting without waiting for what is left", EXIT_LIMIT_S)
+    for handler in logging.getLogger().handlers:
+        with contextlib.suppress(Exception):
+            handler.flush()
+    with contextlib.suppress(Exception):
+        sys.stdout.flush()
+        sys.stderr.flush()
+    os._exit(0)
+
+
+class Stopping:
+    """SIGINT/SIGTERM for a long-running process (:func:`stoppable`). The first signal sets
+    ``event``: a process that is serving (:meth:`serving` called) ends on it by itself, its work in
+    flight finished (the projector's batch commits or rolls back). One still starting (connecting
+    to NATS, waiting for Postgres or for JetStream, which never watch ``event``) is cancelled at
+    once instead, closing what it opened. Either way a process that has not ended
+    :data:`STOP_LIMIT_S` after the signal is cancelled wherever it waits (a close on a server that
+    no longer answers, a reconnect loop), and so is one given a second signal: a supervisor's
+    SIGTERM is never left waiting for SIGKILL (a projector whose nats-server was gone, or whose
+    Postgres did not answer, ignored it: its start waited up to a minute for JetStream, or for
+    ever for the database). Should anything still keep it (a task that ignores its cancellation, a
+    thread the interpreter would wait for), it exits 0 :data:`EXIT_LIMIT_S` after the signal."""
+
+    def __init__(self, task: asyncio.Task[Any]) -> None:
+        self.event = asyncio.Event()
+        self.cancelled = False  # the main task was cancelled here (its CancelledError is the stop)
+        self._task = task
+        self._serving = False
+        self._limit: asyncio.TimerHandle | None = None
+
+    def serving(self, *, signals: bool = True) -> None:
+        """From here the process ends on ``event`` by itself; without ``signals`` the signals are
+        no longer taken here at all (uvicorn takes them: the API)."""
+        self._serving = True
+        if not signals:
+            loop = asyncio.get_running_loop()
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                loop.remove_signal_handler(sig)
+
+    def closing(self, limit_s: float) -> None:
+        """The process has stopped serving (by its own stop, the API's uvicorn having taken the
+        signal): what it still does (closing) is cancelled after ``limit_s``."""
+        self.close()
+        self._serving = True
+        self._limit = asyncio.get_running_loop().call_later(limit_s, self._cancel)
+        _exit_after(limit_s + EXIT_LIMIT_S - STOP_LIMIT_S)
+
+    def signalled(self) -> None:
+        if not self.event.is_set():
+            _exit_after(EXIT_LIMIT_S)
+        if self.event.is_set() or not self._serving:
+            self.close()
+            self._cancel()  # a second signal, or a start that watches nothing
+        else:
+            self._limit = asyncio.get_running_loop().call_later(STOP_LIMIT_S, self._cancel)
+        self.event.set()
+
+    def _cancel(self) -> None:
+        """Cancel the main task, and again every second until it ends: a ``finally`` that waits
+        (a close, a task given time to end after its cancellation) is cut short too."""
+        if self._task.done():
+            return
+        if not self.cancelled:
+            said = "while starting" if not self._serving else "now: cancelling what it still waits on"
+            log.warning("stopping %s", said)
+        self.cancelled = True
+        self._task.cancel()
+        self._limit = asyncio.get_running_loop().call_later(1.0, self._cancel)
+
+    def close(self) -> None:
+        if self._limit is not None:
+            self._limit.cancel()
+
+
+@contextlib.asynccontextmanager
+async def stoppable() -> AsyncIterator[Stopping]:
+    """SIGINT/SIGTERM handled as :class:`Stopping` says while the body runs; the cancellation it
+    makes ends the body quietly (the process exits 0, as after any stop)."""
+    task = asyncio.current_task()
+    assert task is not None
+    stopping = Stopping(task)
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
+        loop.add_signal_handler(sig, stopping.signalled)
+    try:
+        yield stopping
+    except asyncio.CancelledError:
+        if not stopping.cancelled:
+            raise
+        task.uncancel()
+    finally:
+        stopping.close()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(sig)
 
 
 async def run_projector(settings: Settings) -> None:
     """Apply events until SIGINT/SIGTERM; the batch in flight commits (or rolls back) first."""
-    stop = asyncio.Event()
-    _stop_on_signals(stop)
-    async with open_container(settings) as c, stopped_if_nats_closes(lambda: [c.nc], stop.set):
-        runner = c.projector()
-        settle_heap()
-        log.info(
-            "projector %s consuming %s via NATS %s",
-            runner.name,
-            runner.filter_subject or c.layout.wildcard,
-            nats_node(c.nc),
-        )
-        await runner.run(stop)
-    st = runner.stats
-    log.info("projector stopped: %d events applied in %d batches", st.applied, st.batches)
+    async with stoppable() as stopping:
+        stop = stopping.event
+        async with open_container(settings) as c, stopped_if_nats_closes(lambda: [c.nc], stop.set):
+            runner = c.projector()
+            settle_heap()
+            log.info(
+                "projector %s consuming %s via NATS %s",
+                runner.name,
+                runner.filter_subject or c.layout.wildcard,
+                nats_node(c.nc),
+            )
+            stopping.serving()
+            await runner.run(stop)
+        st = runner.stats
+        log.info("projector stopped: %d events applied in %d batches", st.applied, st.batches)
 
 
 async def run_compactor(settings: Settings) -> None:
     """Take compaction requests (the projector publishes them) and summarise until SIGINT/SIGTERM."""
-    stop = asyncio.Event()
-    _stop_on_signals(stop)
-    async with open_container(settings) as c:
-        compactor = c.compactor()  # its work queue on a connection of its own
-        settle_heap()
-        log.info(
-            "compactor taking %s with the %s summarizer via NATS %s",
-            settings.compaction_queue,
-            settings.summarizer,
-            nats_node(c.nc),
-        )
-        async with stopped_if_nats_closes(lambda: [c.nc, broker_connection(compactor.broker)], stop.set):
-            await compactor.run(stop)
-    log.info("compactor stopped")
+    async with stoppable() as stopping:
+        stop = stopping.event
+        async with open_container(settings) as c:
+            compactor = c.compactor()  # its work queue on a connection of its own
+            settle_heap()
+            log.info(
+                "compactor taking %s with the %s summarizer via NATS %s",
+                settings.compaction_queue,
+                settings.summarizer,
+                nats_node(c.nc),
+            )
+            async with stopped_if_nats_closes(lambda: [c.nc, broker_connection(compactor.broker)], stop.set):
+                stopping.serving()
+                await compactor.run(stop)
+        log.info("compactor stopped")
 
 
 async def run_commands(settings: Settings) -> None:
     """Answer commands over NATS request/reply until SIGINT/SIGTERM (requests in flight finish)."""
-    stop = asyncio.Event()
-    _stop_on_signals(stop)
-    async with (
-        open_container(settings) as c,
-        serving_commands(settings, c) as broker,  # the requests come on its own connection
-        stopped_if_nats_closes(lambda: [c.nc, broker_connection(broker)], stop.set),
-    ):
-        settle_heap()
-        log.info("commands answered on %s.<tenant>.<command> via NATS %s", c.layout.commands, nats_node(c.nc))
-        await stop.wait()
-    log.info("commands stopped")
+    async with stoppable() as stopping:
+        stop = stopping.event
+        async with (
+            open_container(settings) as c,
+            serving_commands(settings, c) as broker,  # the requests come on its own connection
+            stopped_if_nats_closes(lambda: [c.nc, broker_connection(broker)], stop.set),
+        ):
+            settle_heap()
+            log.info("commands answered on %s.<tenant>.<command> via NATS %s", c.layout.commands, nats_node(c.nc))
+            stopping.serving()
+            await stop.wait()
+        log.info("commands stopped")
 
 
 def listening_socket(host: str, port: int, *, reuse_port: bool) -> socket.socket:
@@ -152,6 +266,8 @@ def listening_socket(host: str, port: int, *, reuse_port: bool) -> socket.socket
     return sock
 
 
+API_GRACEFUL_S = 10
+"""How long the API's stop waits for the requests in flight (uvicorn's graceful shutdown)."""
 NATS_LOST_GRACE_S = 1
 """How long the API's stop waits for the requests in flight when its NATS connection is down
 (instead of its graceful 10 s): a request waiting on the event log cannot end sooner than the
@@ -227,7 +343,8 @@ async def _serve_api(settings: Settings) -> None:
     if sighup_before_serving():  # recorded by the entry point while this process started
         keys.reload(settings)
     try:
-        await _serve_api_on(settings, sock, keys)
+        async with stoppable() as stopping:  # uvicorn takes the signals once it serves
+            await _serve_api_on(settings, sock, keys, stopping)
     finally:
         loop.remove_signal_handler(signal.SIGHUP)
         sock.close()
@@ -265,7 +382,7 @@ def _port_unusable(settings: Settings, exc: OSError) -> UnusableResource:
     )
 
 
-async def _serve_api_on(settings: Settings, sock: socket.socket, keys: KeyRing) -> None:
+async def _serve_api_on(settings: Settings, sock: socket.socket, keys: KeyRing, stopping: Stopping) -> None:
     async with open_container(settings, warm_reads=True) as c:
         app = build_app(settings, c, keys)
         settle_heap()
@@ -276,12 +393,13 @@ async def _serve_api_on(settings: Settings, sock: socket.socket, keys: KeyRing) 
             port=settings.api_port,
             log_level="warning",
             access_log=False,
-            timeout_graceful_shutdown=10,
+            timeout_graceful_shutdown=API_GRACEFUL_S,
         )
         server = ApiServer(config, app.state.stopping, lambda: c.nc.is_connected)
         # uvicorn stops on SIGINT/SIGTERM and raises the signal again once it has stopped: with the
         # default handlers that would end the process before the adapters close (and SIGINT would
         # be a KeyboardInterrupt traceback); with these it exits 0 after them, as the other processes do
+        stopping.serving(signals=False)  # until now a signal stopped its start
         for sig in (signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, _stopped_by_the_server)
         async with stopped_if_nats_closes(lambda: [c.nc], lambda: setattr(server, "should_exit", True)):
@@ -294,6 +412,7 @@ async def _serve_api_on(settings: Settings, sock: socket.socket, keys: KeyRing) 
             )
             listen_on(sock, settings)  # not at bind: a TCP probe would take the API as up before it had opened NATS
             await server.serve(sockets=[sock])
+            stopping.closing(STOP_LIMIT_S - API_GRACEFUL_S)
 
 
 def _stopped_by_the_server(signum: int, frame: FrameType | None) -> None:
