@@ -116,6 +116,11 @@ SOURCES_MISSING = Counter(
     "Context reads and prompt renders refused because a read-only block's object is missing (409 source_missing)",
     registry=REGISTRY,
 )
+OBJECT_STORAGE_FAILED = Counter(
+    "chronicle_object_storage_failures",
+    "Requests answered 503 object_storage: S3/MinIO could not be used (skills, read-only sources, originals)",
+    registry=REGISTRY,
+)
 WRITE_TURNS = Gauge(
     "chronicle_session_write_turns",
     "Sessions with a write of this API process holding or waiting for their turn (services/writes/turns.py)",

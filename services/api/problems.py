@@ -23,7 +23,7 @@ from events.publisher import PublishFailed
 from events.sealing import KeyDestroyed, KeyUnavailable
 from events.validation import error_items
 from projections.search_bound import SearchTimedOut
-from services.api.metrics import SOURCES_MISSING
+from services.api.metrics import OBJECT_STORAGE_FAILED, SOURCES_MISSING
 from services.errors import BatchFailed, ChronicleError, InvalidRequest, SourceMissing
 from services.requests.problems import Problem, internal_error, invalid_request, problem_of
 from services.requests.problems import problem as problem_body
@@ -71,6 +71,8 @@ def http_problem_of(exc: BaseException) -> Problem | None:
     in the body (a message's shape) have ``loc`` from the body's root; over HTTP they start with
     ``body``, as FastAPI's own validation errors do."""
     found = problem_of(exc)
+    if found is not None and found["code"] == "object_storage":  # a batch's too (its cause's code)
+        OBJECT_STORAGE_FAILED.inc()
     if found is not None and isinstance(exc, InvalidRequest) and exc.errors is not None:
         found["errors"] = [{**e, "loc": ["body", *e["loc"]]} for e in exc.errors]
     return found

@@ -18,7 +18,7 @@ from events.publisher import PublishFailed, lost_connection
 from events.sealing import KeyDestroyed, KeyUnavailable
 from events.validation import error_items, validation_detail
 from projections.search_bound import SearchTimedOut
-from services.errors import BatchFailed, ChronicleError, ErasedSession, RateLimited, SearchTimeout
+from services.errors import BatchFailed, ChronicleError, ErasedSession, ObjectStorageError, RateLimited, SearchTimeout
 
 log = logging.getLogger("chronicle.requests")
 
@@ -82,6 +82,8 @@ def _problem_of(exc: BaseException) -> Problem | None:
     if isinstance(exc, RateLimited):  # when a request would be admitted, in seconds (ms, rounded up)
         retry_after = max(0.001, math.ceil(exc.retry_after_s * 1000) / 1000)
         return problem(exc.status, exc.code, exc.title, exc.detail, retry_after=retry_after)
+    if isinstance(exc, ObjectStorageError):  # the tenant's 503 says why; the operator's log too
+        log.warning("object storage failed: %s", exc.detail)
     if isinstance(exc, ChronicleError):
         return problem(exc.status, exc.code, exc.title, exc.detail, **exc.fields())
     if isinstance(exc, ValidationError):
