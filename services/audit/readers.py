@@ -52,7 +52,7 @@ from projections.runner import checkpoint_partition
 from projections.search_languages import Language
 from projections.timetravel import SessionState
 from services.audit.quarantine import raw_text
-from services.audit.shadows import claim_shadow
+from services.audit.shadows import held_shadow
 from services.bootstrap import Container
 from services.context.rules import object_key
 from services.errors import AsOfPastLog
@@ -309,21 +309,23 @@ async def rebuild_and_swap(
     # once, to their compaction state, which no rebuild touches); what they apply meanwhile is
     # caught up. Read models of another log, or none: the whole log, the checkpoints reset to it.
     held = {} if replace else partition_horizons(name, c.layout.partitions, await _checkpoints(c))
-    shadow = await claim_shadow(c.settings.database_url, "rebuild")  # made here: this run's own to drop
-    old = "old_" + shadow.removeprefix("rebuild_")
-    swapped = False
-    try:
-        built, live, identity = await _build_and_swap(c, shadow, old, tables, held, replace=replace, progress=progress)
-        swapped = True
-    finally:
-        if not swapped:  # failed or interrupted before the swap committed: the live tables are untouched
-            await drop_shadow(c.settings.database_url, shadow)
-    async with await psycopg.AsyncConnection.connect(c.settings.database_url, autocommit=True) as conn:
-        if not keep_old:
-            await conn.execute(f'DROP SCHEMA "{old}" CASCADE')
-        await conn.execute(f'DROP SCHEMA "{shadow}" CASCADE')
-        cur = await conn.execute("SELECT reason, count(*) FROM quarantine GROUP BY reason ORDER BY reason")
-        quarantined = {str(reason): int(n) for reason, n in await cur.fetchall()}
+    async with held_shadow(c.settings.database_url, "rebuild") as shadow:  # this run's own to drop
+        old = "old_" + shadow.removeprefix("rebuild_")
+        swapped = False
+        try:
+            built, live, identity = await _build_and_swap(
+                c, shadow, old, tables, held, replace=replace, progress=progress
+            )
+            swapped = True
+        finally:
+            if not swapped:  # failed or interrupted before the swap committed: the live tables are untouched
+                await drop_shadow(c.settings.database_url, shadow)
+        async with await psycopg.AsyncConnection.connect(c.settings.database_url, autocommit=True) as conn:
+            if not keep_old:
+                await conn.execute(f'DROP SCHEMA "{old}" CASCADE')
+            await conn.execute(f'DROP SCHEMA "{shadow}" CASCADE')
+            cur = await conn.execute("SELECT reason, count(*) FROM quarantine GROUP BY reason ORDER BY reason")
+            quarantined = {str(reason): int(n) for reason, n in await cur.fetchall()}
     return RebuildReport(
         shadow,
         max(built, live),
@@ -528,11 +530,11 @@ async def verify(c: Container, *, limit: int = 5, progress: Callable[[int, int],
     mismatch = await log_mismatch(c)
     if mismatch is not None:
         raise mismatch.restated("nothing to verify against")
-    shadow = await claim_shadow(c.settings.database_url, "verify")  # made here: this run's own to drop
-    try:
-        return await _verify_in(c, shadow, limit, progress)
-    finally:  # whatever happened (a key missing, Ctrl-C): the shadow is a copy, never kept
-        await drop_shadow(c.settings.database_url, shadow)
+    async with held_shadow(c.settings.database_url, "verify") as shadow:  # this run's own to drop
+        try:
+            return await _verify_in(c, shadow, limit, progress)
+        finally:  # whatever happened (a key missing, Ctrl-C): the shadow is a copy, never kept
+            await drop_shadow(c.settings.database_url, shadow)
 
 
 async def _verify_in(

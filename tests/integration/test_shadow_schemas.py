@@ -1,5 +1,6 @@
 """``chronicle verify`` and ``chronicle rebuild`` build a copy of the read models in a shadow
-schema (``verify_<ts>``, ``rebuild_<ts>``): a failure or Ctrl-C never leaves one behind, and a
+schema (``verify_<ts>``, ``rebuild_<ts>``): a failure or Ctrl-C never leaves one behind, one that
+a run killed outright left is dropped by the next run (never one a running run holds), and a
 rebuild that fails before its swap leaves the live read models as they were."""
 
 from __future__ import annotations
@@ -184,25 +185,69 @@ async def test_a_run_that_fails_drops_its_own_shadow_and_leaves_another_runs_of_
     """Another run's shadow made in the same second, with the very tag this run draws first: this
     run claims another name, and its cleanup after a failure leaves the other run's schema."""
     tag = shadows_mod.shadow_tag(token="abc123")
-    other = await shadows_mod.claim_shadow(projected.database_url, command)
-    async with await psycopg.AsyncConnection.connect(projected.database_url, autocommit=True) as conn:
-        await conn.execute(f'ALTER SCHEMA "{other}" RENAME TO "{command}_{tag}"')
-    other = f"{command}_{tag}"
-    draws = iter([tag])
+    draws = iter([tag, tag])
     real_tag = shadows_mod.shadow_tag
     monkeypatch.setattr(shadows_mod, "shadow_tag", lambda: next(draws, None) or real_tag())
     claimed: list[str] = []
     claim = shadows_mod.claim_shadow
 
-    async def claiming(conninfo: str, kind: str) -> str:
-        claimed.append(await claim(conninfo, kind))
+    async def claiming(conn: psycopg.AsyncConnection[Any], kind: str) -> str:
+        claimed.append(await claim(conn, kind))
         return claimed[-1]
 
-    monkeypatch.setattr(audit, "claim_shadow", claiming)
+    monkeypatch.setattr(shadows_mod, "claim_shadow", claiming)
     monkeypatch.setattr(audit, "checksums" if command == "verify" else "_catch_up", failing(RuntimeError("injected")))
-    async with open_container(projected) as c:
+    async with shadows_mod.held_shadow(projected.database_url, command) as other, open_container(projected) as c:
+        assert other == f"{command}_{tag}"  # the other run, going on, drew the tag first
         with pytest.raises(RuntimeError, match="injected"):
             await (audit.verify(c) if command == "verify" else audit.rebuild_and_swap(c))
-    assert len(claimed) == 1
-    assert claimed[0] != other
-    assert await shadows(projected) == [other]
+        assert await shadows(projected) == [other]
+    assert len(claimed) == 2
+    assert claimed[1] != other
+
+
+KILLED = textwrap.dedent(
+    """
+    import os, signal, sys
+    from services.audit import readers
+    from services.ops.cli import main
+
+    command, step = sys.argv[1], sys.argv[2]
+
+    async def killed(*_args, **_kwargs):  # the shadow is built: SIGKILL now, as the OOM killer does
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    setattr(readers, step, killed)
+    sys.exit(main([command]))
+    """
+)
+
+
+@pytest.mark.parametrize(("command", "step"), [("verify", "checksums"), ("rebuild", "_catch_up")])
+async def test_a_shadow_left_by_a_killed_run_is_dropped_by_the_next_run(
+    projected: Settings, command: str, step: str
+) -> None:
+    """(A verify or rebuild killed with SIGKILL, by the OOM killer, a timeout or a lost machine,
+    left a whole copy of the read models, message bodies included, that nothing dropped and no
+    erasure touched; each such run left one more.) A real SIGKILL, sent by the process itself
+    once its shadow is built; the next run says what it dropped."""
+    from bench.support import settings_env
+
+    before = await live_state(projected)
+    killed = await asyncio.to_thread(
+        subprocess.run,
+        [sys.executable, "-c", KILLED, command, step],
+        env=settings_env(projected),
+        capture_output=True,
+        text=True,
+        timeout=90,
+        check=False,
+    )
+    assert killed.returncode == -9, (killed.stdout, killed.stderr)
+    (left,) = await shadows(projected)
+    assert left.startswith(f"{command}_")
+    assert await live_state(projected) == before
+    done = await asyncio.to_thread(chronicle_cli, projected, command, timeout=90)
+    assert done.returncode == 0, (done.stdout, done.stderr)
+    assert f"dropped shadow schema {left}" in done.stderr
+    assert await shadows(projected) == []
