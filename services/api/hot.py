@@ -26,6 +26,7 @@ from services.api.messages import append_one
 from services.api.metrics import HOT_PATHS
 from services.api.problems import as_response, http_problem_of
 from services.bootstrap import Container
+from services.offload import off_loop, weigh_body
 from services.requests.strict_json import strict_loads
 
 _APPEND = re.compile(r"/v1/sessions/([^/]+)/messages")
@@ -65,7 +66,10 @@ class HotPaths:
         body, more = await _read_body(receive)
         plain, key = _append_headers(scope["headers"])
         # a query: the route takes none, and refuses one (services/api/strict_json.py)
-        parsed = _append_body(body) if plain and not more and not scope["query_string"] else None
+        parsed = None
+        if plain and not more and not scope["query_string"]:
+            weigh_body(len(body))  # a large one is parsed and checked off the loop (services/offload.py)
+            parsed = await off_loop(_append_body, body)
         if parsed is None:
             _HANDED_ON["append"].inc()
             await self.app(scope, _replay(body, more, receive), send)

@@ -15,13 +15,14 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.routing import APIRoute
 
 from services.errors import AmbiguousIdempotencyKey, UnsupportedMediaType
+from services.offload import off_loop, weigh_body
 from services.requests.strict_json import strict_loads
 
 
 class StrictJsonRequest(Request):
     async def json(self) -> Any:
         if not hasattr(self, "_strict_json"):
-            self._strict_json = strict_loads(await self.body())
+            self._strict_json = await off_loop(strict_loads, await self.body())
         return self._strict_json
 
 
@@ -60,7 +61,8 @@ class StrictJsonRoute(APIRoute):
             if request.scope["query_string"] and (scalars or known is not None):
                 check_query(request, scalars, known)
             strict_request = StrictJsonRequest(request.scope, request.receive)
-            if takes_body and await strict_request.body():
+            if takes_body and (body := await strict_request.body()):
+                weigh_body(len(body))  # a large one is parsed and checked off the loop (services/offload.py)
                 declared = request.headers.getlist("content-type")
                 if len(declared) > 1:  # a proxy may judge one and the app another: neither is taken
                     raise UnsupportedMediaType(

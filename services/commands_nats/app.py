@@ -42,6 +42,7 @@ from events.subjects import SubjectLayout
 from services import brokers
 from services.bootstrap import STALE_DETECTION, Container, nats_security
 from services.errors import InvalidRequest, MalformedJson
+from services.offload import off_loop, weigh_body
 from services.requests import writes
 from services.requests.limits import Charge, TenantLimits, limits_of
 from services.requests.problems import Problem, internal_error, invalid_request, problem_of, validation_errors
@@ -84,7 +85,7 @@ def reply(body: dict[str, Any], status: int = 200) -> NatsResponse:
 async def _strict_json(msg: NatsMessage) -> Any:
     """The request's JSON, parsed as strictly as an HTTP body (services/requests/strict_json.py)."""
     try:
-        return strict_loads(msg.body)
+        return await off_loop(strict_loads, msg.body)
     except json.JSONDecodeError as exc:  # what strict_loads refuses itself is its own problem already
         raise MalformedJson(f"the request is not valid JSON: {exc.msg}") from exc
 
@@ -172,6 +173,7 @@ def command_router(
             charge = limits.charger(tenant)
             if charge is not None:
                 charge.weigh(len(msg.body))
+        weigh_body(len(msg.body))  # a large one is parsed and checked off the loop (services/offload.py)
         return await _strict_json(msg)
 
     async def parsed(msg: Msg, original: Parser) -> NatsMessage:

@@ -31,6 +31,7 @@ from services.errors import (
     RateLimited,
     SummarizerFailed,
 )
+from services.offload import off_loop
 from services.requests.checks import check_id, checked_message, checked_size, field_error, invalid_fields, no_nul
 from services.requests.limits import Charge
 from services.writes.commands import fork
@@ -131,7 +132,7 @@ async def append(
 ) -> Answer:
     """One message; ``created`` is false for the same message again (HTTP answers it with 200)."""
     check_id("session", sid)
-    body = checked_message(message, new=True)
+    body = await off_loop(checked_message, message, new=True)
     r = await c.commands.append(tenant, sid, body, parent, request_key)
     return {"id": r.id, "parent_id": r.parent_id, "seq": r.seq, "created": r.created}
 
@@ -173,7 +174,7 @@ async def append_batch(
     projector (a chunk is begun once the one before the last is applied); a projector that does
     not apply a chunk within the read wait ends the pacing, and the rest goes at once."""
     check_id("session", sid)
-    sizes = [checked_size(m, new=True, loc=("messages", i)) for i, m in enumerate(messages)]
+    sizes = await off_loop(lambda: [checked_size(m, new=True, loc=("messages", i)) for i, m in enumerate(messages)])
     bodies = messages
     if len({m["id"] for m in bodies}) != len(bodies):
         raise invalid_fields([field_error(("messages",), "message ids in a batch must be distinct")])
@@ -211,7 +212,7 @@ async def update_message(c: Container, tenant: str, sid: str, mid: str | None, m
     check_id("session", sid)
     if mid is not None:
         check_id("message", mid)
-    body = checked_message(message, new=False)
+    body = await off_loop(checked_message, message, new=False)
     if mid is not None and body["id"] != mid:
         raise invalid_fields([field_error(("message", "id"), "must equal the id in the path")])
     w = await c.commands.update(tenant, sid, body)

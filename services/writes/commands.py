@@ -69,6 +69,7 @@ from services.errors import (
     SessionNotFound,
     Unavailable,
 )
+from services.offload import off_loop
 from services.writes.decisions import Append, AppendState, Existing, ParentSpec, Replay, Summary, decide_append
 from services.writes.erasure import Eraser
 from services.writes.liveness import live_session
@@ -331,6 +332,24 @@ class Commands:
             raise PayloadTooLarge(f"message is {len(data)} bytes; the limit is {self._max}")
         return data
 
+    def _measured(self, body: JsonObject) -> tuple[str, JsonObject, bytes | None, bytes]:
+        """What an append computes of its body before any I/O, the CPU-heavy part (run off the
+        loop for a large body: services/offload.py): its hash, the form it is recorded in (capped
+        when over the row cap), the stored bytes of the whole body when capped (its original,
+        None when not capped) and those of the recorded form; :class:`PayloadTooLarge` past the
+        message limit."""
+        digest = body_hash(body)
+        if self._originals is None or json_bytes(body) <= self._row_cap:
+            return digest, body, None, self._fitting(body)
+        capped, changed = enforce_row_size_limit(body, self._row_cap)
+        if not changed:
+            return digest, body, None, self._fitting(body)
+        return digest, capped, self._fitting(body), self._fitting(capped)
+
+    def _fitting_and_hash(self, body: JsonObject) -> tuple[bytes, str]:
+        """:meth:`_fitting`, and the body's hash (off the loop for a large body)."""
+        return self._fitting(body), body_hash(body)
+
     async def _pack(
         self,
         tenant: str,
@@ -338,10 +357,12 @@ class Commands:
         body: JsonObject,
         digest: str | None = None,
         own: OwnObjects | None = None,
+        *,
+        data: bytes | None = None,
     ) -> dict[str, Any]:
         """Event fields for ``body`` (services.writes.unrecorded: ``own`` records a sealed claim
-        check as the write's)."""
-        data = self._fitting(body)
+        check as the write's); ``data``: its :meth:`_fitting` bytes, when the caller has them."""
+        data = self._fitting(body) if data is None else data
 
         async def seal(raw: bytes) -> bytes:
             return await self._pub.seal_object(tenant, session, raw)
@@ -406,24 +427,19 @@ class Commands:
         services/writes/unrecorded.py) are deleted again when it records no event of its own (a
         replay, a refusal).
         """
-        digest = body_hash(body)
+        digest, capped, whole, data = await off_loop(self._measured, body)
         own = OwnObjects()
         publishing = False
         try:
-            capped, changed = body, False
-            if self._originals is not None and json_bytes(body) > self._row_cap:
-                capped, changed = enforce_row_size_limit(body, self._row_cap)
-            if changed:
+            if whole is not None:
                 assert self._originals is not None
-                whole = await self._pub.seal_object(tenant, session, self._fitting(body))
-                original = await own.put(self._originals, whole)
+                original = await own.put(self._originals, await self._pub.seal_object(tenant, session, whole))
                 packed = {
-                    **await self._pack(tenant, session, capped, own=own),
-                    "body_sha256": digest,
+                    **await self._pack(tenant, session, capped, digest, own, data=data),
                     "original_ref": original,
                 }
             else:
-                packed = await self._pack(tenant, session, body, digest, own)
+                packed = await self._pack(tenant, session, body, digest, own, data=data)
             publishing = True
             appended = await self._append_packed(tenant, session, body, packed, parent, request_key, follow=follow)
         except BaseException as exc:
@@ -611,7 +627,8 @@ class Commands:
         message_id = str(body["id"])
         own = OwnObjects()
         try:
-            packed = await self._pack(tenant, session, body, own=own)
+            data, digest = await off_loop(self._fitting_and_hash, body)
+            packed = await self._pack(tenant, session, body, digest, own, data=data)
         except BaseException:
             await own.drop()
             raise
