@@ -341,6 +341,15 @@ class PayloadTooLarge(InvalidRequest):
     default_code = "payload_too_large"
 
 
+class SkillTooLarge(PayloadTooLarge):
+    """A skill document over the server's ``max_skill_bytes`` (``CHRONICLE_MAX_SKILL_BYTES``, 1 MiB
+    by default): nothing stored. The ``set_context`` tool answers such a put, and ``load_context``
+    a document stored larger before the bound (nothing loaded), as an ``Error: …`` result in the
+    same words; ``chronicle skills put`` exits 2 naming this code."""
+
+    default_code = "skill_too_large"
+
+
 class HeaderTooLarge(InvalidRequest):
     """``431``: the request line and headers are over the server's ``api_max_header_bytes``
     (64 KiB by default): nothing reached the API; a request the SDK builds never is."""
@@ -513,6 +522,7 @@ BY_CODE: dict[str, type[ChronicleError]] = {
         InvalidId,
         MalformedJson,
         PayloadTooLarge,
+        SkillTooLarge,
         HeaderTooLarge,
         UnsupportedMediaType,
         UnsupportedContentEncoding,
@@ -613,6 +623,7 @@ __all__ = [
     "SessionErased",
     "SessionExists",
     "SessionNotFound",
+    "SkillTooLarge",
     "SummarizerFailed",
     "TooManyStreams",
     "TransientError",

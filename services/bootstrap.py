@@ -690,6 +690,7 @@ async def open_container(
             {settings.originals_bucket, settings.claim_check_bucket, settings.archive_bucket}
         )
         context.search_timeout_s = settings.search_timeout_s
+        context.max_skill_bytes = settings.max_skill_bytes
         context.search_gate = SearchGate(
             *search_slots(settings.db_pool_max, settings.search_slots, settings.search_slots_per_tenant)
         )

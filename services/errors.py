@@ -158,6 +158,9 @@ PromptTooLarge = _error(
 )
 """A block write, config PUT or skill put after which the session's prompt could not be recorded
 and would be longer than before (services/context/prompt_size.py); nothing was written."""
+SkillTooLarge = _error("SkillTooLarge", "skill_too_large", 413, "The skill document is larger than a skill may be")
+"""A skill document over ``CHRONICLE_MAX_SKILL_BYTES``: a put of one stores nothing, a load of one
+stored larger loads nothing (services/context/skills.py)."""
 UnknownTool = _error("UnknownTool", "unknown_tool", 404, "No such tool for this session")
 
 

@@ -175,6 +175,14 @@ class Settings(BaseSettings):
         "services/api/guards.py); unset: 3 times `max_message_bytes` + 1 MiB, enough for any one message at its "
         "limit even with every non-ASCII character \\u-escaped. A batch larger than this must be split",
     )
+    max_skill_bytes: int = Field(
+        default=1024 * 1024,
+        ge=1024,
+        description="the largest skill document (UTF-8 bytes) a skill put (`chronicle skills put`, the "
+        "`set_context` tool on a skills block) stores, else refused (`413 skill_too_large`, nothing stored), and "
+        "that `load_context` loads: one stored larger (before this bound, or uploaded out of band) is answered "
+        "`Error: …` and not loaded (its whole text was the tool's result, for the LLM's context)",
+    )
     blob_bucket: str = "chronicle-blobs"
 
     api_host: str = "127.0.0.1"

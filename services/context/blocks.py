@@ -239,13 +239,15 @@ class ContextBlocks:
 
     # -- blocks -----------------------------------------------------------------------------
 
-    async def _object_text(self, tenant: str, bucket: str, key: str) -> str | None:
+    async def _object_text(self, tenant: str, bucket: str, key: str, *, limit: int | None = None) -> str | None:
         """The text of the tenant's object ``key`` in ``bucket`` (a read-only source or a skill),
         None when it is not there; :class:`SourceNotText` (409) naming it when its bytes are
-        not UTF-8; :class:`InvalidConfig` when ``bucket`` is reserved (:meth:`refuse_reserved`)."""
+        not UTF-8; :class:`InvalidConfig` when ``bucket`` is reserved (:meth:`refuse_reserved`);
+        :class:`~services.storage.s3.ObjectTooLarge` when it has more than ``limit`` bytes
+        (never read whole)."""
         self.refuse_reserved(bucket)
         try:
-            return await self._storage().get_text(bucket, object_key(tenant, key))
+            return await self._storage().get_text(bucket, object_key(tenant, key), limit=limit)
         except UnicodeDecodeError:
             raise SourceNotText(
                 f"object {key[:200]!r} in bucket {bucket!r} is not UTF-8 text; upload it as text"

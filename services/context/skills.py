@@ -37,15 +37,32 @@ from services.errors import (
     InvalidRequest,
     PromptTooLarge,
     ReadOnlyBlock,
+    SkillTooLarge,
 )
-from services.storage.s3 import BucketMissing
+from services.storage.s3 import BucketMissing, ObjectTooLarge
 from services.writes.liveness import live_session
 from services.writes.optimistic import Decision
 
 log = logging.getLogger("chronicle.context")
 
+MAX_SKILL_BYTES = 1024 * 1024
+"""The largest skill document, in UTF-8 bytes (``CHRONICLE_MAX_SKILL_BYTES``, set by
+services/bootstrap.py): a loaded skill's whole text is a tool result, which an agent puts in the
+LLM's context and the session's history (a 28.5 MB one was stored and loaded whole before)."""
+
 
 class ContextSkills(ContextBlocks):
+    max_skill_bytes = MAX_SKILL_BYTES
+
+    def _refuse_oversized(self, key: str, content: str) -> None:
+        """:class:`SkillTooLarge` when ``content`` is more than :attr:`max_skill_bytes`."""
+        size = len(content.encode("utf-8", "surrogatepass"))
+        if size > self.max_skill_bytes:
+            raise SkillTooLarge(
+                f'Skill "{key[:200]}" is {size:,} bytes, more than the {self.max_skill_bytes:,} a skill document may '
+                "have (CHRONICLE_MAX_SKILL_BYTES); nothing was stored: write a shorter document, or split it in several"
+            )
+
     async def put_skill(
         self,
         tenant: str,
@@ -63,11 +80,13 @@ class ContextSkills(ContextBlocks):
         With ``bucket_made`` (``chronicle skills put --create-bucket``) a missing ``bucket`` is made
         first, after every other check (a refused put makes none), and ``bucket_made`` is told it.
         :class:`~services.errors.InvalidConfig` (nothing stored) when ``bucket`` is one of
-        Chronicle's own (:meth:`refuse_reserved`)."""
+        Chronicle's own (:meth:`refuse_reserved`); :class:`SkillTooLarge` (nothing stored) when
+        ``content`` is more than :attr:`max_skill_bytes`."""
         self.refuse_reserved(bucket)
         problem = unsafe_object_key(key)
         if problem is not None:
             raise InvalidRequest(f"key {key[:200]!r} is not a safe object key: {problem}")
+        self._refuse_oversized(key, content)
         if self._pub.keys is not None:  # an erased tenant's record would be refused: upload nothing either
             await self._pub.keys.for_writing(tenant, TENANT_SCOPE)  # KeyDestroyed
         if bucket_made is not None and await self._storage().create_bucket(bucket):
@@ -125,6 +144,7 @@ class ContextSkills(ContextBlocks):
         outside = outside_allowlist(block, key)
         if outside is not None:
             raise InvalidRequest(outside)
+        self._refuse_oversized(key, content)  # before the prompt is sized: nothing is read for it
         await self._refuse_unstorable_skill(tenant, session, config, block, key, description)
         try:
             return await self.put_skill(tenant, block.bucket, block.prefix + key, content, description)
@@ -184,7 +204,11 @@ class ContextSkills(ContextBlocks):
     ) -> str | None:
         """The document, recorded as loaded (by ``tool_call_id`` when given); None (never fetched)
         for a key outside the allowlist; :class:`~services.errors.InvalidConfig` (nothing read)
-        when the block's bucket is one of Chronicle's own (:meth:`refuse_reserved`)."""
+        when the block's bucket is one of Chronicle's own (:meth:`refuse_reserved`);
+        :class:`SkillTooLarge` (nothing recorded, no more than :attr:`max_skill_bytes` + 1 bytes
+        of it read) for a document larger than a skill may be, stored before the bound or
+        uploaded out of band: it is not cut short, which would hand the LLM part of a document
+        as if whole."""
         async with self._pool.connection() as conn:
             await live_session(conn, tenant, session, must_exist=False)
             block = find_block(await self.config(conn, tenant, session), label)
@@ -192,7 +216,13 @@ class ContextSkills(ContextBlocks):
             raise BlockNotFound(f'Block "{label}" is not a skill provider')
         if not allows(block, key) or unsafe_object_key(block.prefix + key) is not None:
             return None
-        text = await self._object_text(tenant, block.bucket, block.prefix + key)
+        try:
+            text = await self._object_text(tenant, block.bucket, block.prefix + key, limit=self.max_skill_bytes)
+        except ObjectTooLarge:
+            raise SkillTooLarge(
+                f'Skill "{key[:200]}" is more than the {self.max_skill_bytes:,} bytes a skill document may have '
+                "(CHRONICLE_MAX_SKILL_BYTES): it was not loaded; it loads once it is stored again, shorter"
+            ) from None
         if text is None:
             return None
         event = SkillLoaded(tenant=tenant, session=session, label=label, key=key, tool_call_id=tool_call_id)

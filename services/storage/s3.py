@@ -82,6 +82,14 @@ class BucketMissing(Exception):
         self.bucket = bucket
 
 
+class ObjectTooLarge(Exception):
+    """An object read with a bound (:meth:`SkillStore.get_bytes`'s ``limit``) is larger than it."""
+
+    def __init__(self, bucket: str, key: str, limit: int) -> None:
+        super().__init__(f"object {key!r} in bucket {bucket!r} is more than {limit} bytes")
+        self.limit = limit
+
+
 class SkillStore:
     def __init__(
         self,
@@ -152,13 +160,19 @@ class SkillStore:
 
         await self._call(put)
 
-    async def get_bytes(self, bucket: str, key: str) -> bytes | None:
+    async def get_bytes(self, bucket: str, key: str, *, limit: int | None = None) -> bytes | None:
+        """The object's bytes, None when it does not exist. With ``limit``, at most ``limit`` + 1
+        bytes are asked for (a ranged read: a larger object is never downloaded whole), and a
+        larger object is :class:`ObjectTooLarge`."""
+
         def get() -> bytes | None:
             try:
-                resp = self._client.get_object(bucket, key)
+                resp = self._client.get_object(bucket, key, length=limit + 1 if limit is not None else 0)
             except S3Error as exc:
                 if exc.code in ("NoSuchKey", "NoSuchBucket"):
                     return None
+                if exc.code == "InvalidRange":  # a range from byte 0 of an empty object
+                    return b""
                 raise
             try:
                 return bytes(resp.read())
@@ -166,7 +180,10 @@ class SkillStore:
                 resp.close()
                 resp.release_conn()
 
-        return await self._call(get)
+        data = await self._call(get)
+        if data is not None and limit is not None and len(data) > limit:
+            raise ObjectTooLarge(bucket, key, limit)
+        return data
 
     async def delete(self, bucket: str, key: str) -> None:
         """Remove an object (none there: nothing to do)."""
@@ -183,10 +200,10 @@ class SkillStore:
     async def bucket_exists(self, bucket: str) -> bool:
         return await self._call(lambda: bool(self._client.bucket_exists(bucket)))
 
-    async def get_text(self, bucket: str, key: str) -> str | None:
+    async def get_text(self, bucket: str, key: str, *, limit: int | None = None) -> str | None:
         """The object's text, or None when it does not exist; :class:`UnicodeDecodeError` when its
-        bytes are not UTF-8."""
-        data = await self.get_bytes(bucket, key)
+        bytes are not UTF-8; :class:`ObjectTooLarge` when it has more than ``limit`` bytes."""
+        data = await self.get_bytes(bucket, key, limit=limit)
         return data.decode("utf-8") if data is not None else None
 
     async def check_usable(self, bucket: str) -> None:

@@ -48,10 +48,10 @@ def watched_reads(stack: Container) -> Iterator[list[tuple[str, int]]]:
     reads: list[tuple[str, int]] = []
     get_text = storage.get_text
 
-    async def watched(bucket: str, key: str) -> str | None:  # get_text's own signature
+    async def watched(bucket: str, key: str, *, limit: int | None = None) -> str | None:  # get_text's own signature
         held = sum(n for t, n in holders.items() if "ProjectorRunner" not in repr(t.get_coro()))
         reads.append((key.removeprefix(object_key(T, "")), held))
-        return await get_text(bucket, key)
+        return await get_text(bucket, key, limit=limit)
 
     storage.get_text = watched  # type: ignore[method-assign]
     stack.pool.connection = tracked  # type: ignore[method-assign]
