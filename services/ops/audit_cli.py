@@ -32,6 +32,18 @@ def storage_unusable(settings: Settings, exc: Exception) -> str:
     return f"object storage at CHRONICLE_S3_ENDPOINT ({settings.s3_endpoint}) cannot be used: {exc}"
 
 
+ARCHIVE_CANNOT_RUN = (ObjectStorageError, ArchiveBusy, ArchiveError, ChronicleError, TimeoutError)
+"""What stops an archive command before it could decide anything: exit 2, not a finding."""
+
+
+def cannot_run(settings: Settings, exc: Exception) -> int:
+    """Exit status 2 for an archive command that could not run, saying why in one line (object
+    storage's failure named as :func:`storage_unusable` names it)."""
+    why = storage_unusable(settings, exc) if isinstance(exc, ObjectStorageError) else str(exc)
+    print(f"chronicle archive: {why}", file=sys.stderr)
+    return 2
+
+
 async def run_archive(settings: Settings, args: argparse.Namespace) -> int:
     """``chronicle archive`` (0: archived, or the check found nothing wrong; 1: the check found
     problems, or a run found a segment missing that the stream no longer holds; 2: it could not
@@ -84,12 +96,8 @@ async def run_archive(settings: Settings, args: argparse.Namespace) -> int:
                     print(f"digest through sequence {through}: {through}:{checked.digests[through]}")
                 return 0 if checked.ok else 1
             done = await archive.archive(c, segment_events=args.segment_events, to_seq=args.to_seq)
-        except ObjectStorageError as exc:
-            print(f"chronicle archive: {storage_unusable(settings, exc)}", file=sys.stderr)
-            return 2
-        except (ArchiveBusy, ArchiveError, ChronicleError, TimeoutError) as exc:  # could not run: not a finding
-            print(f"chronicle archive: {exc}", file=sys.stderr)
-            return 2
+        except ARCHIVE_CANNOT_RUN as exc:  # could not run: not a finding
+            return cannot_run(settings, exc)
         for segment in done.adopted:
             said = span(segment.first, segment.last)
             print(f"listed again segment {segment.key} ({said}): its events are the stream's")
@@ -127,12 +135,8 @@ async def _run_accept_lost(settings: Settings, given: str, to_seq: int | None) -
     async with open_container(settings, log_check=False, create_stream=False) as c:
         try:
             loss = await archive_accept.accept_lost(c, low, high)
-        except ObjectStorageError as exc:
-            print(f"chronicle archive: {storage_unusable(settings, exc)}", file=sys.stderr)
-            return 2
-        except (ArchiveBusy, ArchiveError, ChronicleError, TimeoutError) as exc:
-            print(f"chronicle archive: {exc}", file=sys.stderr)
-            return 2
+        except ARCHIVE_CANNOT_RUN as exc:
+            return cannot_run(settings, exc)
     if loss is None:
         print(f"{span(low, high)}: already accepted as lost; nothing changed")
     else:
@@ -154,12 +158,8 @@ async def _run_reclaim(settings: Settings) -> int:
     async with open_container(settings, log_check=False, create_stream=False) as c:
         try:
             taken = await restore.reclaim(c)
-        except ObjectStorageError as exc:
-            print(f"chronicle archive: {storage_unusable(settings, exc)}", file=sys.stderr)
-            return 2
-        except (ArchiveBusy, ArchiveError, ChronicleError, TimeoutError) as exc:
-            print(f"chronicle archive: {exc}", file=sys.stderr)
-            return 2
+        except ARCHIVE_CANNOT_RUN as exc:
+            return cannot_run(settings, exc)
     print(
         f"the archive in bucket {settings.archive_bucket!r} is this stream's again (created "
         f"{taken.restored_from.isoformat()}); the restoration of {taken.restored_at.isoformat()} into the stream "
@@ -184,14 +184,9 @@ async def _run_restore(settings: Settings, *, drill: bool = False) -> int:
             bar.close()
             print(f"chronicle archive: {exc}", file=sys.stderr)
             return 1
-        except ObjectStorageError as exc:
+        except (*ARCHIVE_CANNOT_RUN, RestoreRefused, *STREAM_REFUSALS) as exc:
             bar.close()
-            print(f"chronicle archive: {storage_unusable(settings, exc)}", file=sys.stderr)
-            return 2
-        except (RestoreRefused, ArchiveBusy, ArchiveError, ChronicleError, TimeoutError, *STREAM_REFUSALS) as exc:
-            bar.close()
-            print(f"chronicle archive: {exc}", file=sys.stderr)
-            return 2
+            return cannot_run(settings, exc)
         bar.close()
         print(
             f"restored {done.events} events from {done.segments} segments of bucket {settings.archive_bucket!r} into "
