@@ -31,7 +31,7 @@ from services.errors import (
     RateLimited,
     SummarizerFailed,
 )
-from services.offload import off_loop
+from services.offload import off_loop, weigh_body
 from services.requests.checks import check_id, checked_message, checked_size, field_error, invalid_fields, no_nul
 from services.requests.limits import Charge
 from services.writes.commands import fork
@@ -197,6 +197,7 @@ async def append_batch(
                 chunk = 0
                 await pacer.turn()
             chunk += sizes[i]
+            weigh_body(sizes[i])  # each message's own steps leave the loop by its size, not the batch's
             r = await c.commands.append(tenant, sid, body, parent, request_key, follow=follow)
         except Exception as exc:  # the messages before it are stored: the answer says so (BatchFailed)
             if charge is not None and i < len(bodies) - 1:

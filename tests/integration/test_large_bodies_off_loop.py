@@ -178,6 +178,29 @@ async def test_a_large_batch_and_update_over_http_leave_the_loop_to_other_reques
     assert read.json() == updated
 
 
+async def test_a_large_batch_of_small_messages_leaves_the_loop_for_its_parse_not_for_each_message(
+    http: httpx.AsyncClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each message of a batch is measured (hashed, serialised) where its own size says: a batch
+    of 300 messages of ~1 KB, a body over the threshold, sent every message's step through the
+    two off-loop threads (a hop each, queued behind other tenants' large bodies)."""
+    sid = await _session(http)
+    threads: list[str] = []
+    measured = commands.Commands._measured
+
+    def observed(self: commands.Commands, body: Any) -> Any:
+        threads.append(threading.current_thread().name)
+        return measured(self, body)
+
+    monkeypatch.setattr(commands.Commands, "_measured", observed)
+    batch = {"messages": [_message(f"m{i}", "y" * 1000) for i in range(300)]}
+    assert len(json.dumps(batch)) >= OFF_LOOP_BYTES
+    answer = await http.post(f"/v1/sessions/{sid}/messages:batch", json=batch)
+    assert answer.status_code == 201, answer.text[:300]
+    assert len(threads) == 300
+    assert not [t for t in threads if t.startswith("chronicle-off-loop")]
+
+
 async def test_a_large_bodys_refusals_are_the_small_ones(http: httpx.AsyncClient) -> None:
     sid = await _session(http)
     pad = "x" * OFF_LOOP_BYTES
