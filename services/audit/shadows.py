@@ -89,5 +89,8 @@ async def held_shadow(conninfo: str, kind: str) -> AsyncIterator[str]:
     shadows abandoned by earlier runs are dropped (:func:`drop_abandoned`). The caller drops its
     shadow; a run killed before it does leaves it to the next run."""
     async with await psycopg.AsyncConnection.connect(conninfo, autocommit=True) as conn:
+        # idle for the whole run: a server's (role's, database's) idle_session_timeout would end
+        # it, and the lock with it, and the next run would drop the shadow of a run going on
+        await conn.execute("SET idle_session_timeout = 0")
         await drop_abandoned(conn)
         yield await claim_shadow(conn, kind)

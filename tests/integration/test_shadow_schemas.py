@@ -6,6 +6,7 @@ rebuild that fails before its swap leaves the live read models as they were."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import subprocess
 import sys
 import textwrap
@@ -251,3 +252,27 @@ async def test_a_shadow_left_by_a_killed_run_is_dropped_by_the_next_run(
     assert done.returncode == 0, (done.stdout, done.stderr)
     assert f"dropped shadow schema {left}" in done.stderr
     assert await shadows(projected) == []
+
+
+async def test_a_runs_shadow_lock_outlives_the_servers_idle_session_timeout(projected: Settings) -> None:
+    """A run's lock on its shadow is held by a connection idle for the whole run: a server (or a
+    role, or a database) with ``idle_session_timeout`` ended it, the lock went with it, and the
+    next run dropped the shadow of a run still going. The holder's connection turns it off."""
+    async with await psycopg.AsyncConnection.connect(projected.database_url, autocommit=True) as admin:
+        db = admin.info.dbname
+        await admin.execute(f"ALTER DATABASE \"{db}\" SET idle_session_timeout = '1s'")
+    try:
+        async with shadows_mod.held_shadow(projected.database_url, "verify") as mine:
+            idle = await psycopg.AsyncConnection.connect(projected.database_url, autocommit=True)
+            async with asyncio.timeout(30):  # an idle connection of the same database is ended meanwhile
+                while not idle.closed:
+                    await asyncio.sleep(1.5)
+                    with contextlib.suppress(psycopg.OperationalError):
+                        await idle.execute("SELECT 1")
+            async with await psycopg.AsyncConnection.connect(projected.database_url, autocommit=True) as other:
+                await other.execute("SET idle_session_timeout = 0")
+                assert await shadows_mod.drop_abandoned(other) == []
+            assert await shadows(projected) == [mine]
+    finally:
+        async with await psycopg.AsyncConnection.connect(projected.database_url, autocommit=True) as admin:
+            await admin.execute(f'ALTER DATABASE "{db}" RESET idle_session_timeout')
