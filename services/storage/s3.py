@@ -175,7 +175,8 @@ class SkillStore:
                     return b""
                 raise
             try:
-                return bytes(resp.read())
+                # no more than asked for, should the store ignore the range and send it all
+                return bytes(resp.read(limit + 1) if limit is not None else resp.read())
             finally:
                 resp.close()
                 resp.release_conn()
