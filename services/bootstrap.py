@@ -16,7 +16,6 @@ from typing import Any
 import nats
 import nats.errors
 import psycopg
-from faststream.nats import NatsBroker
 from faststream.nats.security import NatsCredentials, NatsNKey, NatsSecurity
 from nats.aio.client import Client as NatsClient
 from nats.js import JetStreamContext
@@ -276,10 +275,10 @@ def nats_security(settings: Settings) -> NatsSecurity | None:
     return NatsSecurity(ssl_context=tls) if tls is not None else None
 
 
-def work_broker(settings: Settings) -> NatsBroker:
+def work_broker(settings: Settings) -> natsclient.Broker:
     """A FastStream broker for the compaction work queue, connected as :func:`connect_nats` is
     (started and stopped by its :class:`Compactor`)."""
-    return NatsBroker(
+    return natsclient.Broker(
         settings.nats_servers(),
         name="chronicle-compactor",
         max_reconnect_attempts=-1,

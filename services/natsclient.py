@@ -32,6 +32,7 @@ from typing import Any
 import nats.aio.client
 import nats.errors
 import nats.js.client
+from faststream.nats import NatsBroker
 from nats.aio.msg import Msg
 from nats.js import api
 from nats.js.manager import JetStreamManager
@@ -134,3 +135,15 @@ async def connect(servers: str | list[str], **options: Any) -> Client:
     nc = Client()
     await nc.connect(servers, **options)
     return nc
+
+
+class Broker(NatsBroker):
+    """FastStream's NATS broker, connected by :func:`connect` (FastStream takes no client class:
+    its ``_connect`` calls ``nats.connect``, whose client is nats-py's own), so its push consumers
+    and requests read a stream's message as the :class:`Client` does and its pull subscribers'
+    fetches are told by :func:`guard_status_headers`; everything else as FastStream does it."""
+
+    async def _connect(self) -> Client:
+        connection = await connect(**self._connection_kwargs)
+        self.config.connect(connection)
+        return connection

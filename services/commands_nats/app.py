@@ -39,7 +39,7 @@ from events.commands import STATUS_HEADER
 from events.credentials import TENANT_INBOX_ROOT
 from events.ids import InvalidId, check_tenant, decode_token
 from events.subjects import SubjectLayout
-from services import brokers
+from services import brokers, natsclient
 from services.bootstrap import STALE_DETECTION, Container, nats_security
 from services.errors import InvalidRequest, MalformedJson
 from services.offload import off_loop, weigh_body
@@ -325,10 +325,11 @@ def command_router(
     return router
 
 
-def broker_for(settings: Settings, **options: Any) -> NatsBroker:
-    """A FastStream broker that connects as Chronicle's operator identity (per-message logs at
+def broker_for(settings: Settings, **options: Any) -> natsclient.Broker:
+    """A FastStream broker that connects as Chronicle's operator identity, with its NATS client
+    (:class:`services.natsclient.Broker`; per-message logs at
     DEBUG: a service answering thousands of requests a second logs what goes wrong, not each one)."""
-    return NatsBroker(
+    return natsclient.Broker(
         settings.nats_servers(),
         name="chronicle-commands",
         max_reconnect_attempts=-1,

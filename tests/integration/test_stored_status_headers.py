@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 import psycopg
 import pytest
@@ -20,6 +20,10 @@ from events import log as eventlog
 from events.catalog import SessionCreated
 from events.log import StoredEvent
 from events.publisher import ForeignDuplicate
+from services.bootstrap import work_broker
+from services.commands_nats.app import broker_for
+from services.natsclient import Broker
+from services.settings import Settings
 from tests.conftest import make_settings, operator_nats, running_stack
 from tests.integration.helpers import text_message
 
@@ -134,3 +138,27 @@ async def test_an_id_held_by_another_subjects_event_stored_with_status_503_is_a_
             await c.publisher.check_duplicate(event, held)
         published = await c.publisher.publish(event, fresh_id_on_foreign=True)
         assert (published.seq > held, published.duplicate) == (True, False)
+
+
+@pytest.mark.parametrize("make_broker", [work_broker, broker_for], ids=["compactor", "commands"])
+async def test_the_brokers_connections_read_an_event_stored_as_a_heartbeat_as_an_event(
+    nats_url: str, fresh_db: str, make_broker: Callable[[Settings], Broker]
+) -> None:
+    """The FastStream brokers (the compactor's work queue, ``chronicle commands``) connect with the
+    guarded client too: nats-py's own took such an event, delivered to a push consumer, for an idle
+    heartbeat and dropped it."""
+    broker = make_broker(make_settings(nats_url, fresh_db))
+    nc = await broker.connect()
+    try:
+        js = nc.jetstream()
+        token = uuid.uuid4().hex[:8]
+        await js.add_stream(name=f"HEARTBEAT-{token}", subjects=[f"heartbeat.{token}"])
+        heartbeat = {"Status": "100", "Description": "Idle Heartbeat"}
+        ack = await js.publish(f"heartbeat.{token}", b"", headers=heartbeat)
+        sub = await js.subscribe(f"heartbeat.{token}", ordered_consumer=True)
+        msg = await sub.next_msg(timeout=10)
+        assert (msg.metadata.sequence.stream, msg.data, msg.headers) == (ack.seq, b"", heartbeat)
+        await sub.unsubscribe()
+        await js.delete_stream(f"HEARTBEAT-{token}")
+    finally:
+        await broker.stop()
