@@ -102,6 +102,13 @@ class Settings(BaseSettings):
     nats_tls_ca_file: str | None = Field(default=None, description="CA bundle that signed the NATS server's cert")
     nats_tls_cert_file: str | None = Field(default=None, description="client certificate, for mutual TLS")
     nats_tls_key_file: str | None = Field(default=None, description="the client certificate's key")
+    nats_sync_interval: str | None = Field(
+        default=None,
+        description="how often the nats-server that `chronicle up` runs, or that `chronicle nats-config` "
+        "configures, writes JetStream to disk (fsync): `always` (every write, before it is acknowledged; "
+        "fewer writes a second) or a duration such as `10s` or `1m30s`; unset: the server's default, 2m (a "
+        "power loss of a lone NATS host can lose up to that much acknowledged writes: README, Guarantees)",
+    )
     database_url: str = Field(
         default="postgresql://postgres@127.0.0.1:5432/chronicle",
         description="postgresql://user[:password]@host[:port]/dbname (postgres:// too), or a libpq key=value "
@@ -555,6 +562,13 @@ class Settings(BaseSettings):
         ``nats://host:port`` (the form ``chronicle up`` records, so it still finds its stack)."""
         return nats_urls(value)
 
+    @field_validator("nats_sync_interval")
+    @classmethod
+    def _sync_interval_parses(cls, value: str | None) -> str | None:
+        """``always`` or a duration nats-server reads; empty is unset (compose's
+        ``${CHRONICLE_NATS_SYNC_INTERVAL:-}``)."""
+        return sync_interval(value) if value and value.strip() else None
+
     @field_validator("originals_bucket", "claim_check_bucket", "archive_bucket")
     @classmethod
     def _s3_bucket_named(cls, bucket: str) -> str:
@@ -767,6 +781,26 @@ def nats_urls(value: str) -> str:
             raise ValueError(f"{of}not nats://host:port (or tls://host:port; host:port alone is taken as nats://)")
         fixed.append(url)
     return value if fixed == [e for e in entries if e] and "://" in value else ",".join(fixed)
+
+
+SYNC_ALWAYS = "always"
+_DURATION = re.compile(r"(?:(?:\d+(?:\.\d*)?|\.\d+)(?:ns|us|µs|μs|ms|s|m|h))+")
+"""A duration as nats-server reads one (Go's ``time.ParseDuration``, unsigned): ``10s``, ``1m30s``, ``500ms``."""
+
+
+def sync_interval(value: str) -> str:
+    """``value`` as nats-server's ``jetstream.sync_interval`` takes it: ``always`` (any case), or a
+    duration above zero; a :class:`ValueError` saying what is taken otherwise (nats-server itself
+    refuses to start on a bad one, after ``chronicle up`` started its other parts)."""
+    given = value.strip()
+    if given.lower() == SYNC_ALWAYS:
+        return SYNC_ALWAYS
+    if not _DURATION.fullmatch(given) or not re.search(r"[1-9]", given):
+        raise ValueError(
+            "not a NATS sync interval: `always` (fsync every write before it is acknowledged) or a duration "
+            "above zero with its unit, such as 10s, 500ms or 1m30s; unset for the server's default (2m)"
+        )
+    return given
 
 
 def s3_endpoint(value: str) -> tuple[str, bool | None]:

@@ -694,7 +694,13 @@ def nats_config(settings: Settings, args: argparse.Namespace) -> int:
     names = [n.strip() for n in args.cluster_nodes.split(",") if n.strip()]
     if names:
         return nats_cluster_config(settings, access, args, names)
-    config = server_config(access, host=args.host or NATS_CONFIG_HOST, port=args.port, store_dir=args.store_dir)
+    config = server_config(
+        access,
+        host=args.host or NATS_CONFIG_HOST,
+        port=args.port,
+        store_dir=args.store_dir,
+        sync_interval=settings.nats_sync_interval,
+    )
     if args.out is None:
         print(json.dumps(config, indent=2))
     else:
@@ -714,7 +720,14 @@ def nats_cluster_config(settings: Settings, access: NatsAccess, args: argparse.N
     for node in nodes:
         extra = cluster_extra(node, nodes, password, listen=args.host)
         host = args.host or NATS_CONFIG_HOST
-        config = server_config(access, host=host, port=args.port, store_dir=args.store_dir, extra=extra)
+        config = server_config(
+            access,
+            host=host,
+            port=args.port,
+            store_dir=args.store_dir,
+            sync_interval=settings.nats_sync_interval,
+            extra=extra,
+        )
         write_config(args.out / f"{node.name}.conf", config)
     print(f"wrote {len(nodes)} node configurations in {args.out} ({len(access.users())} users)")
     return 0

@@ -90,12 +90,19 @@ def nats_server_binary() -> str:
 
 
 def start_nats(
-    port: int, store_dir: Path, log_file: Path, access: NatsAccess, extra: Mapping[str, Any] | None = None
+    port: int,
+    store_dir: Path,
+    log_file: Path,
+    access: NatsAccess,
+    extra: Mapping[str, Any] | None = None,
+    *,
+    sync_interval: str | None = None,
 ) -> subprocess.Popen[bytes]:
-    """A nats-server on loopback with JetStream, configured by ``access`` (never open); its
-    configuration is written next to ``store_dir`` (``<store_dir>.conf``)."""
+    """A nats-server on loopback with JetStream, configured by ``access`` (never open) and fsyncing
+    at ``sync_interval`` (None: the server's default); its configuration is written next to
+    ``store_dir`` (``<store_dir>.conf``)."""
     store_dir.mkdir(parents=True, exist_ok=True)
-    conf = write_nats_config(port, store_dir, access, extra)
+    conf = write_nats_config(port, store_dir, access, extra, sync_interval=sync_interval)
     proc = subprocess.Popen(
         [nats_server_binary(), "-c", str(conf), "-l", str(log_file)],
         stdout=subprocess.DEVNULL,
@@ -111,11 +118,20 @@ def start_nats(
     return proc
 
 
-def write_nats_config(port: int, store_dir: Path, access: NatsAccess, extra: Mapping[str, Any] | None = None) -> Path:
+def write_nats_config(
+    port: int,
+    store_dir: Path,
+    access: NatsAccess,
+    extra: Mapping[str, Any] | None = None,
+    *,
+    sync_interval: str | None = None,
+) -> Path:
     """The configuration :func:`start_nats` runs a server with (``<store_dir>.conf``), written
     again by a reload with the users of ``access``: the same listener and store, which nats-server
     needs to take a reload."""
-    config = server_config(access, host="127.0.0.1", port=port, store_dir=str(store_dir), extra=extra)
+    config = server_config(
+        access, host="127.0.0.1", port=port, store_dir=str(store_dir), sync_interval=sync_interval, extra=extra
+    )
     return write_config(store_dir.with_name(store_dir.name + ".conf"), config)
 
 
@@ -130,21 +146,34 @@ def local_cluster(nats_port: int, size: int) -> list[tuple[int, ClusterNode]]:
 
 
 def start_cluster_node(
-    nodes: list[tuple[int, ClusterNode]], i: int, data: Path, access: NatsAccess, password: str
+    nodes: list[tuple[int, ClusterNode]],
+    i: int,
+    data: Path,
+    access: NatsAccess,
+    password: str,
+    *,
+    sync_interval: str | None = None,
 ) -> subprocess.Popen[bytes]:
     """Node ``i`` of ``nodes`` (its store ``data/nats-<name>``, its log ``data/nats-<name>.log``)."""
     port, node = nodes[i]
     extra = cluster_extra(node, [peer for _, peer in nodes], password)
-    return start_nats(port, data / f"nats-{node.name}", data / f"nats-{node.name}.log", access, extra)
+    store, log = data / f"nats-{node.name}", data / f"nats-{node.name}.log"
+    return start_nats(port, store, log, access, extra, sync_interval=sync_interval)
 
 
 def write_cluster_node_config(
-    nodes: list[tuple[int, ClusterNode]], i: int, data: Path, access: NatsAccess, password: str
+    nodes: list[tuple[int, ClusterNode]],
+    i: int,
+    data: Path,
+    access: NatsAccess,
+    password: str,
+    *,
+    sync_interval: str | None = None,
 ) -> Path:
     """The configuration :func:`start_cluster_node` runs node ``i`` with, written again."""
     port, node = nodes[i]
     extra = cluster_extra(node, [peer for _, peer in nodes], password)
-    return write_nats_config(port, data / f"nats-{node.name}", access, extra)
+    return write_nats_config(port, data / f"nats-{node.name}", access, extra, sync_interval=sync_interval)
 
 
 def other_log(data: Path, cluster: int) -> str | None:
@@ -498,6 +527,7 @@ def _up_locked(
         update={"api_keys": [*settings.api_keys, *default_key], "nats_nkey_seed": SecretStr(seed)}
     )
     keys = KeysReload(settings, NatsAccess.of(settings))
+    synced = settings.nats_sync_interval  # JetStream's fsync (None: nats-server's default, every 2 minutes)
     # from here on SIGHUP reloads the keys (by the loop that watches the stack, once it serves); it
     # used to end `up` where it stood, leaving the processes it had started (each in a session of its own)
     signal.signal(signal.SIGHUP, keys.ask)
@@ -552,12 +582,16 @@ def _up_locked(
                     procs.append(started)
                     revive[started] = Revival(cluster[i][1].name, node)
                     keys.configs.append(
-                        functools.partial(write_cluster_node_config, cluster, i, data, password=password)
+                        functools.partial(
+                            write_cluster_node_config, cluster, i, data, password=password, sync_interval=synced
+                        )
                     )
             else:
                 print(f"chronicle up: starting nats-server on 127.0.0.1:{nats_port} (data {data / 'nats'})", flush=True)
-                procs.append(start_nats(nats_port, data / "nats", data / "nats.log", keys.access))
-                keys.configs.append(functools.partial(write_nats_config, nats_port, data / "nats"))
+                procs.append(start_nats(nats_port, data / "nats", data / "nats.log", keys.access, sync_interval=synced))
+                keys.configs.append(
+                    functools.partial(write_nats_config, nats_port, data / "nats", sync_interval=synced)
+                )
             if configured:
                 print(f"chronicle up: using Postgres at {database_address(db_url)}", flush=True)
             else:
@@ -579,7 +613,7 @@ def _up_locked(
 def _start_node(
     keys: KeysReload, nodes: list[tuple[int, ClusterNode]], i: int, data: Path, password: str
 ) -> subprocess.Popen[bytes]:
-    return start_cluster_node(nodes, i, data, keys.access, password)
+    return start_cluster_node(nodes, i, data, keys.access, password, sync_interval=keys.settings.nats_sync_interval)
 
 
 @dataclass

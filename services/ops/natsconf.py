@@ -68,13 +68,24 @@ class NatsAccess:
 
 
 def server_config(
-    access: NatsAccess, *, host: str, port: int, store_dir: str, extra: Mapping[str, Any] | None = None
+    access: NatsAccess,
+    *,
+    host: str,
+    port: int,
+    store_dir: str,
+    sync_interval: str | None = None,
+    extra: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """A nats-server configuration with JetStream and :class:`NatsAccess`'s users only."""
+    """A nats-server configuration with JetStream and :class:`NatsAccess`'s users only; JetStream
+    fsyncs at ``sync_interval`` (``settings.nats_sync_interval``: ``always``, or a duration) where
+    it is given, else at the server's default (every 2 minutes)."""
+    jetstream: dict[str, Any] = {"store_dir": store_dir}
+    if sync_interval is not None:
+        jetstream["sync_interval"] = sync_interval
     return {
         "host": host,
         "port": port,
-        "jetstream": {"store_dir": store_dir},
+        "jetstream": jetstream,
         "authorization": {"users": access.users()},
         **(extra or {}),
     }

