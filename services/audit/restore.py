@@ -20,7 +20,12 @@ is rewritten only when it names the archived stream and no checkpoint is beyond 
 otherwise the command says what to run. What the archive does not hold is looked for too: every
 object the restored events reference (claim-checked bodies in the JetStream object store or in S3,
 over-cap originals in S3) must be where its reference says; those missing (but an erased
-session's, which its erasure deleted) are :attr:`Restored.missing`, and the command exits 1.
+session's, which its erasure deleted) are :attr:`Restored.missing`, and the command exits 1. The
+referencing events are decided as the projector decides them (projections/quarantine.py's
+``screen``, with this database's keys and erasures): only an erasure the projector honours (its
+key destroyed or its erasure recorded, or its proof holding) makes its session's objects expected
+gone, and an object only events the contract refuses name (raw events a tenant published on its
+own subjects, quarantined) is said apart and never makes the restore not whole.
 """
 
 from __future__ import annotations
@@ -39,12 +44,15 @@ from nats.errors import Error as NatsError
 from nats.js.errors import NotFoundError
 
 from events.blobs import SHA256_HEX, BlobRef, refs_in
+from events.catalog import SessionErased
 from events.log import StoredEvent
 from events.objectstore import JetStreamBlobStore
 from events.publisher import HDR_MSG_ID
+from events.sealing import kid_in
 from events.stream import DUPLICATE_WINDOW_S, ensure_stream
 from events.subjects import SubjectLayout
 from projections.logbinding import LogIdentity, bind, highest_checkpoint, read_binding, stream_identity
+from projections.quarantine import Quarantined, Tombstone, screen
 from services.audit.archive import another_stream, locked, read_manifest, save, store_of, taken_over, unlisted
 from services.audit.archive_segments import ArchiveError, Manifest, Restoration, decode, manifest_key, span
 from services.bootstrap import Container
@@ -57,6 +65,8 @@ ACK_WAIT_S = 30.0
 """How long a window's acks are awaited (an answer, error or not, settles one at once)."""
 RESTORE_DUPLICATE_WINDOW_S = 1.0
 """The stream's duplicate window while an archive holding an id twice is restored (then set back)."""
+SCREEN_SLICE = 1000
+"""How many referencing events have their sessions' keys loaded at once before they are screened."""
 
 
 class RestoreRefused(RuntimeError):
@@ -195,9 +205,7 @@ async def _published(
         raise RestoreRefused(f"stream {stream!r} has no creation time: the archive could not be bound to it")
     done = 0
     sent: dict[str, float] = {}  # a repeated id: when its last copy was acknowledged
-    refs: dict[tuple[str, str], tuple[BlobRef, StoredEvent]] = {}  # every object referenced: the first event naming it
-    naming: dict[tuple[str, str], set[str]] = {}  # the subjects of the events naming each object
-    erased: set[str] = set()  # the subjects of erased sessions: their erasure deleted their objects
+    screened: list[StoredEvent] = []  # the events naming an object, and the erasures: screened once all is restored
     for segment in manifest.segments:
         data = await store.get_bytes(bucket, segment.key)
         if data is None:  # gone since the check: said as the check says it
@@ -206,12 +214,7 @@ async def _published(
             events = decode(data, segment)
         except ArchiveError as exc:
             raise RestoreStopped(_stopped(segment.first, str(exc), done)) from None
-        for e in events:
-            for r in refs_in(e.data):
-                refs.setdefault((r.store, r.key), (r, e))
-                naming.setdefault((r.store, r.key), set()).add(e.subject)
-            if _erasure(e):
-                erased.add(e.subject)
+        screened.extend(e for e in events if _erasure(e) or refs_in(e.data))
         for run in _runs(events, repeats, window):
             again = [sent[_msg_id(e)] for e in run if _msg_id(e) in sent]
             if again:  # the id's first copy must have left the (small) duplicate window
@@ -231,7 +234,7 @@ async def _published(
     if not drill:
         await _record(store, bucket, manifest, before.created)
     advice = [await _rebind(c, after, original)]
-    expected = {k for k, subjects in naming.items() if subjects <= erased}  # only erased sessions name them
+    refs, refused, expected = await _referenced(c, screened, advice)
     missing: list[MissingObjects] = []
     for kind, what in _stores(c).items():
         found = await _objects(c, kind, what, [v for (k, _), v in refs.items() if k == kind], expected)
@@ -242,6 +245,8 @@ async def _published(
     if foreign:
         kinds = ", ".join(sorted({r.store for r, _ in foreign}))
         missing.append(MissingObjects(f"objects of stores not configured here ({kinds})", len(foreign), _keys(foreign)))
+    if refused:
+        advice.append(await _refused(c, list(refused.values())))
     return Restored(
         done, len(manifest.segments), after.last_seq, before.created, original, advice, drill, tuple(missing)
     )
@@ -484,6 +489,79 @@ async def _rebind(c: Container, identity: LogIdentity, original: datetime) -> st
             f"read models: rebound projector {name!r} to the restored stream (it was bound to the archived one); "
             "run `chronicle verify` to compare them with the log"
         )
+
+
+Objects = dict[tuple[str, str], tuple[BlobRef, StoredEvent]]
+"""Objects referenced, by store and key: each one's reference and the first event naming it."""
+
+
+async def _referenced(
+    c: Container, events: list[StoredEvent], advice: list[str]
+) -> tuple[Objects, Objects, set[tuple[str, str]]]:
+    """The objects ``events`` reference, split as the projector decides the events naming them
+    (:func:`projections.quarantine.screen`, with this database's keys and erasures, in log order):
+    those an admitted event of a session not erased names (they must be there), those only events
+    the contract refuses name (a tenant's own raw events, quarantined: said apart), and (store,
+    key) of those expected gone (every other event naming them is an erased session's, erased by a
+    ``session.erased`` the projector honours, or a tombstone). When the events cannot be screened
+    (the keys not readable), every reference counts and ``advice`` says why."""
+    decided: dict[int, str] = {}
+    erased: set[str] = set()  # the subjects of erased sessions: their erasure deleted their objects
+    try:
+        for start in range(0, len(events), SCREEN_SLICE):
+            chunk = events[start : start + SCREEN_SLICE]
+            await c.keys.load(_wanted(c, chunk))
+            for e in chunk:
+                found = screen(e.seq, e.subject, e.data, c.layout, c.keys, c.keys)
+                if isinstance(found, Quarantined | Tombstone):
+                    decided[e.seq] = "refused" if isinstance(found, Quarantined) else "erased"
+                elif isinstance(found[1], SessionErased):
+                    erased.add(e.subject)
+    except Exception as exc:  # no key-encryption key, the database gone: nothing is exempt
+        advice.append(f"referenced objects: the events could not be screened ({exc!r}): every reference counts")
+        decided, erased = {}, set()
+    refs: Objects = {}
+    refused: Objects = {}
+    fates: dict[tuple[str, str], set[str]] = {}
+    for e in events:
+        fate = decided.get(e.seq) or ("erased" if e.subject in erased else "kept")
+        for r in refs_in(e.data):
+            (refused if fate == "refused" else refs).setdefault((r.store, r.key), (r, e))
+            fates.setdefault((r.store, r.key), set()).add(fate)
+    refused = {k: v for k, v in refused.items() if fates[k] == {"refused"}}
+    refs = {k: v for k, v in refs.items() if k not in refused}
+    return refs, refused, {k for k in refs if "kept" not in fates[k]}
+
+
+def _wanted(c: Container, events: list[StoredEvent]) -> set[tuple[str, str, str | None]]:
+    """(tenant, session, key id) of each event's subject, as the projector loads them."""
+    found: set[tuple[str, str, str | None]] = set()
+    for e in events:
+        try:
+            found.add((*c.layout.parse(e.subject), kid_in(e.data)))
+        except ValueError:  # no session subject: screened as refused
+            continue
+    return found
+
+
+async def _refused(c: Container, refs: list[tuple[BlobRef, StoredEvent]]) -> str:
+    """The line said of the objects only refused events reference (not counted in what is missing)."""
+    stores = _stores(c)
+    gone = [(r, e) for r, e in refs if r.store not in stores]
+    for kind in stores:
+        mine = [(r, e) for r, e in refs if r.store == kind]
+        if mine:
+            try:
+                present = await _present(c, kind, mine)
+            except Exception:  # the store did not answer: said as missing
+                present = set()
+            gone.extend((r, e) for r, e in mine if r.key not in present)
+    named = ", ".join(f"{key} (sequence {seq})" for key, seq in _keys(gone)[:NAMED])
+    return (
+        f"refused events: {len(refs)} objects are referenced only by events the contract refuses (raw events a "
+        f"tenant published itself, which the projector quarantines: `chronicle quarantine list`), "
+        f"{len(gone)} of them missing{': ' + named if named else ''}; not counted: no readable message names them"
+    )
 
 
 def _erasure(event: StoredEvent) -> bool:

@@ -172,7 +172,8 @@ async def _run_reclaim(settings: Settings) -> int:
 async def _run_restore(settings: Settings, *, drill: bool = False) -> int:
     """``chronicle archive --restore`` (0: restored whole; 2: refused, nothing published, or it could
     not run; 1: not whole: it stopped partway, the stream holding part of the archive, or every
-    event was restored but objects they reference are missing, one line per store on stderr).
+    event was restored but objects they reference are missing, one line per store on stderr, each
+    ``restored, but not whole``: the stream is kept; a stop is ``restore stopped at``: delete it).
     ``drill``: the archive's manifest is left as it is."""
     # a missing stream is what a restore is for: it creates it (as the services do) once it has
     # found the archive whole, so a refusal leaves the NATS server as it was

@@ -6,9 +6,10 @@ as a process."""
 from __future__ import annotations
 
 import hashlib
+import json
 import re
 import subprocess
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
 
@@ -16,7 +17,8 @@ import pytest
 from nats.js.errors import NotFoundError
 
 from events import log as eventlog
-from events.blobs import refs_in
+from events.blobs import BlobRef, refs_in
+from events.catalog import MessageAppended, SessionErased
 from events.context import CompactionConfig, SessionConfig
 from events.credentials import nkey_public_key
 from events.log import StoredEvent
@@ -27,7 +29,7 @@ from projections.logbinding import Binding, read_binding
 from services.audit import archive
 from services.audit import readers as audit
 from services.audit.archive_segments import Segment, decode, encode, manifest_key, parse_manifest, segment_of
-from services.bootstrap import open_container
+from services.bootstrap import Container, open_container
 from services.ops.natsconf import NatsAccess
 from services.settings import Settings
 from tests.conftest import OPERATOR_SEED, make_settings, operator_nats, running_stack
@@ -141,9 +143,9 @@ async def test_a_lost_log_is_restored_rebound_verified_and_archived_on(settings:
     assert f"{more.seq} equal to the stream's; 0 problems" in check.stdout
 
 
-async def _delete_body(settings: Settings, archived: Stored) -> str:
-    """The object of the claim-checked body of session "kept" deleted where it is stored; its key."""
-    kept = settings.layout().session_subject(T, "kept")
+async def _delete_body(settings: Settings, archived: Stored, session: str = "kept") -> str:
+    """The object of the claim-checked body of ``session`` deleted where it is stored; its key."""
+    kept = settings.layout().session_subject(T, session)
     (ref,) = [r for _, subject, data, _ in archived if subject == kept for r in refs_in(data)]
     async with open_container(settings, log_check=False, create_stream=False) as c:
         await c.blobs.delete(ref)
@@ -177,6 +179,66 @@ async def test_a_restore_whose_events_reference_a_missing_body_says_which_and_ex
         f"chronicle archive: restored, but not whole: 1 of 1 claim-checked bodies {where} are missing: {key} (sequence "
     ), lines[0]
     assert "and 1 of erased sessions, deleted by their erasure: expected" in done.stdout, done.stdout
+
+
+async def _tenants_own(settings: Settings, publish: Callable[[Container], Awaitable[int]]) -> Stored:
+    """What ``publish`` writes after the fixture's log (returning its last sequence), applied by
+    the projector and archived; the events as the stream stored them."""
+    async with running_stack(settings) as c:
+        await c.waiter.wait_all(await publish(c))
+        await archive.archive(c, segment_events=5)
+    return await _stored(settings)
+
+
+async def test_a_tenants_own_erasure_does_not_excuse_its_sessions_missing_body(
+    settings: Settings, archived: Stored
+) -> None:
+    """A tenant publishes a ``session.erased`` of its own session on its own subject (no proof,
+    nothing recorded): the projector quarantines it (``unrecorded_erasure``) and the session stays
+    live, so its body, lost, is missing: the restore names it and exits 1 (it counted it as an
+    erased session's, expected gone, and exited 0 while the message was unreadable)."""
+
+    async def forged(c: Container) -> int:
+        await c.commands.append(T, "faked", text_message("fbig", "not erased at all " * 100), OMITTED)
+        return (await c.publisher.publish(SessionErased(tenant=T, session="faked", reason="forged"))).seq
+
+    key = await _delete_body(settings, await _tenants_own(settings, forged), "faked")
+    await _delete_stream(settings)
+
+    done = restore_cli(settings)
+    assert done.returncode == 1, done.stdout + done.stderr
+    (line,) = done.stderr.strip().splitlines()
+    assert line.startswith("chronicle archive: restored, but not whole: 1 of 2 claim-checked bodies "), line
+    assert f"are missing: {key} (sequence " in line, line
+    assert "and 1 of erased sessions, deleted by their erasure: expected" in done.stdout, done.stdout
+
+
+async def test_a_tenants_refused_event_naming_a_made_up_object_is_said_apart_and_the_restore_is_whole(
+    settings: Settings, archived: Stored
+) -> None:
+    """A tenant publishes on its own subject a raw event the contract refuses (quarantined), naming
+    an object that never existed: it is said on a line of its own, as the tenant's refused events,
+    and the restore exits 0 (it exited 1, "not whole", on every restore from then on)."""
+    made_up = BlobRef(store="jetstream-object", key="0" * 64, sha256="0" * 64, size=10)
+    event = MessageAppended(
+        tenant=T, session="kept", message_id="x", parent_id=None, role="user", body_sha256="0" * 64, message_ref=made_up
+    )
+    raw = {**json.loads(event.to_json()), "not_in_the_contract": 1}
+
+    async def refused(c: Container) -> int:
+        return (await c.js.publish(settings.layout().session_subject(T, "kept"), json.dumps(raw).encode())).seq
+
+    stored = await _tenants_own(settings, refused)
+    await _delete_stream(settings)
+
+    done = restore_cli(settings)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert (
+        "refused events: 1 objects are referenced only by events the contract refuses (raw events a tenant published "
+        f"itself, which the projector quarantines: `chronicle quarantine list`), 1 of them missing: {made_up.key} "
+        f"(sequence {stored[-1][0]})"
+    ) in done.stdout, done.stdout
+    assert "the restored events reference 2, none missing" in done.stdout, done.stdout
 
 
 async def test_a_restore_into_a_stream_that_holds_events_is_refused_in_one_line(
