@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import os
 import signal
@@ -48,6 +49,11 @@ class NatsClosed(nats.errors.Error):
         return f"the connection was closed for good ({self.args[0]}): the process stopped; start it again"
 
 
+class StoppedAfterFailure(NatsClosed):
+    """The process stopped for a failure (its NATS connection closed for good), and its closing
+    was cut short: still that failure, whatever cancelled the close (never a stop's exit 0)."""
+
+
 NATS_CLOSED_POLL_S = 1.0
 """How often a process looks whether its NATS connection is closed for good."""
 
@@ -90,23 +96,27 @@ that ignores its cancellation, a thread in a call that does not return (the inte
 wait for both before it exits)."""
 
 
-def _exit_after(seconds: float) -> None:
+FORCED_AFTER_FAILURE_EXIT = 1
+"""The status of a process forced out while it closed after a failure (not a stop asked for)."""
+
+
+def _exit_after(seconds: float, status: int = 0) -> None:
     """:func:`_exit_now` in ``seconds``, from a thread of its own: the event loop may be what hangs."""
-    last = threading.Timer(seconds, _exit_now)
+    last = threading.Timer(seconds, _exit_now, args=(status,))
     last.daemon = True
     last.start()
 
 
-def _exit_now() -> None:
-    """The process did not end within :data:`EXIT_LIMIT_S` of its stop: one line, and out."""
-    log.warning("did not end within %.0f s of its stop; exiting without waiting for what is left", EXIT_LIMIT_S)
-    for handler in logging.getLogger().handlers:
-        with contextlib.suppress(Exception):
-            handler.flush()
+def _exit_now(status: int = 0) -> None:
+    """The process did not end within :data:`EXIT_LIMIT_S` of its stop: one line, and out. The line
+    is written to stderr's file descriptor, never through logging, whose handler's lock a stuck
+    thread may hold (a full stderr pipe), which would keep this exit from happening."""
     with contextlib.suppress(Exception):
         sys.stdout.flush()
-        sys.stderr.flush()
-    os._exit(0)
+    line = f"did not end within {EXIT_LIMIT_S:.0f} s of its stop; exiting without waiting for what is left\n"
+    with contextlib.suppress(Exception):
+        os.write(2, line.encode())
+    os._exit(status)
 
 
 class Stopping:
@@ -125,6 +135,7 @@ class Stopping:
     def __init__(self, task: asyncio.Task[Any]) -> None:
         self.event = asyncio.Event()
         self.cancelled = False  # the main task was cancelled here (its CancelledError is the stop)
+        self.failed = False  # stopping for a failure, not a signal (:meth:`closing`)
         self._task = task
         self._serving = False
         self._limit: asyncio.TimerHandle | None = None
@@ -138,13 +149,17 @@ class Stopping:
             for sig in (signal.SIGINT, signal.SIGTERM):
                 loop.remove_signal_handler(sig)
 
-    def closing(self, limit_s: float) -> None:
+    def closing(self, limit_s: float, *, failed: bool = False) -> None:
         """The process has stopped serving (by its own stop, the API's uvicorn having taken the
-        signal): what it still does (closing) is cancelled after ``limit_s``."""
+        signal; ``failed``: for a failure, no signal): what it still does (closing) is cancelled
+        after ``limit_s``. A process stopping for a failure keeps a failure's exit status whatever
+        ends it (a supervisor restarting on failure must see one): the cancellation is then an
+        error, and the last-resort exit status :data:`FORCED_AFTER_FAILURE_EXIT`."""
         self.close()
         self._serving = True
+        self.failed = failed
         self._limit = asyncio.get_running_loop().call_later(limit_s, self._cancel)
-        _exit_after(limit_s + EXIT_LIMIT_S - STOP_LIMIT_S)
+        _exit_after(limit_s + EXIT_LIMIT_S - STOP_LIMIT_S, FORCED_AFTER_FAILURE_EXIT if failed else 0)
 
     def signalled(self) -> None:
         if not self.event.is_set():
@@ -189,6 +204,8 @@ async def stoppable() -> AsyncIterator[Stopping]:
         if not stopping.cancelled:
             raise
         task.uncancel()
+        if stopping.failed:  # its closing after a failure was cut short: still a failure
+            raise StoppedAfterFailure("its close after that did not end in time: cancelled") from None
     finally:
         stopping.close()
         for sig in (signal.SIGINT, signal.SIGTERM):
@@ -287,6 +304,11 @@ class ApiServer(uvicorn.Server):
         super().__init__(config)
         self._stopping = stopping
         self._nats_connected = nats_connected
+        self.signalled = False  # stopped by a signal (else: by a failure, ``should_exit`` set)
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        self.signalled = True
+        super().handle_exit(sig, frame)
 
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
         self._stopping.set()
@@ -396,12 +418,13 @@ async def _serve_api_on(settings: Settings, sock: socket.socket, keys: KeyRing, 
             timeout_graceful_shutdown=API_GRACEFUL_S,
         )
         server = ApiServer(config, app.state.stopping, lambda: c.nc.is_connected)
+        stopped_by_the_server = functools.partial(_stopped_by_the_server, server)
         # uvicorn stops on SIGINT/SIGTERM and raises the signal again once it has stopped: with the
         # default handlers that would end the process before the adapters close (and SIGINT would
         # be a KeyboardInterrupt traceback); with these it exits 0 after them, as the other processes do
         stopping.serving(signals=False)  # until now a signal stopped its start
         for sig in (signal.SIGINT, signal.SIGTERM):
-            signal.signal(sig, _stopped_by_the_server)
+            signal.signal(sig, stopped_by_the_server)
         async with stopped_if_nats_closes(lambda: [c.nc], lambda: setattr(server, "should_exit", True)):
             # once nothing stops it from serving (a refusal before it is one line alone)
             log.info(
@@ -412,8 +435,12 @@ async def _serve_api_on(settings: Settings, sock: socket.socket, keys: KeyRing, 
             )
             listen_on(sock, settings)  # not at bind: a TCP probe would take the API as up before it had opened NATS
             await server.serve(sockets=[sock])
-            stopping.closing(STOP_LIMIT_S - API_GRACEFUL_S)
+            stopping.closing(STOP_LIMIT_S - API_GRACEFUL_S, failed=not server.signalled)
 
 
-def _stopped_by_the_server(signum: int, frame: FrameType | None) -> None:
-    """A signal uvicorn has acted on already (it stopped the server), raised again: nothing more."""
+def _stopped_by_the_server(server: ApiServer, signum: int, frame: FrameType | None) -> None:
+    """A signal uvicorn has acted on already (it stopped the server), raised again: nothing more;
+    or one come before uvicorn took the signals (it would have been lost: the API served on), which
+    stops the server as uvicorn would."""
+    server.signalled = True
+    server.should_exit = True
