@@ -107,16 +107,28 @@ def _exit_after(seconds: float, status: int = 0) -> None:
     last.start()
 
 
+EXIT_LINE_WAIT_S = 1.0
+"""How long the last-resort exit waits for its line to be written before it exits without it."""
+
+
 def _exit_now(status: int = 0) -> None:
     """The process did not end within :data:`EXIT_LIMIT_S` of its stop: one line, and out. The line
     is written to stderr's file descriptor, never through logging, whose handler's lock a stuck
-    thread may hold (a full stderr pipe), which would keep this exit from happening."""
+    thread may hold, and from a thread of its own waited on :data:`EXIT_LINE_WAIT_S` at most: a full
+    stderr (or stdout) pipe, whose reader is stuck, blocks any write, and must not keep this exit
+    from happening."""
+    line = f"did not end within {EXIT_LIMIT_S:.0f} s of its stop; exiting without waiting for what is left\n"
+    writer = threading.Thread(target=_last_words, args=(line.encode(),), daemon=True)
+    writer.start()
+    writer.join(EXIT_LINE_WAIT_S)
+    os._exit(status)
+
+
+def _last_words(line: bytes) -> None:
     with contextlib.suppress(Exception):
         sys.stdout.flush()
-    line = f"did not end within {EXIT_LIMIT_S:.0f} s of its stop; exiting without waiting for what is left\n"
     with contextlib.suppress(Exception):
-        os.write(2, line.encode())
-    os._exit(status)
+        os.write(2, line)
 
 
 class Stopping:
